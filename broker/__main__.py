@@ -1,0 +1,5 @@
+import sys
+
+from broker.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The acceptor process: accepts TCP connections and hands each socket to the
+least-loaded IO worker (SCM_RIGHTS over that worker's handoff socketpair).
+
+The listening socket is created by the supervisor and inherited, so a
+restarted acceptor loses no connection: the kernel's backlog holds them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from typing import NoReturn
+
+from setproctitle import setproctitle
+
+from shm import layout as L
+from shm.segment import Segment
+
+
+def pick_worker(seg: Segment, workers: int, tried: set[int]) -> int | None:
+    """The ready worker with the fewest connections, not in `tried`."""
+    a, layout = seg.atomic, seg.layout
+    best, best_load = None, None
+    for i in range(workers):
+        if i in tried:
+            continue
+        slot = layout.proc(i)
+        ready = a.load(slot + L.P_READY)
+        load = a.load(slot + L.P_CONNECTIONS) + (0 if ready else 1 << 32)
+        if best_load is None or load < best_load:
+            best, best_load = i, load
+    return best
+
+
+def hand_off(seg: Segment, handoffs: list[socket.socket], conn: socket.socket) -> bool:
+    tried: set[int] = set()
+    while True:
+        worker = pick_worker(seg, len(handoffs), tried)
+        if worker is None:
+            return False
+        try:
+            socket.send_fds(handoffs[worker], [b"c"], [conn.fileno()], socket.MSG_DONTWAIT)
+        except (BlockingIOError, OSError):
+            tried.add(worker)  # its queue is full (hung or restarting): next one
+            continue
+        seg.atomic.fetch_add(seg.layout.proc(worker) + L.P_CONNECTIONS, 1)
+        return True
+
+
+def run_acceptor(
+    port: int, seg: Segment, listener: socket.socket, handoffs: list[socket.socket]
+) -> NoReturn:
+    setproctitle(f"shoal: acceptor (port {port})")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    slot = seg.layout.proc(L.acceptor_slot(seg.layout))
+    seg.atomic.store(slot + L.P_PID, os.getpid())
+    listener.setblocking(True)
+    seg.atomic.store(slot + L.P_READY, 1)
+    while True:
+        try:
+            conn, _addr = listener.accept()
+        except OSError:
+            # EMFILE and friends: keep serving, but do not spin on them.
+            time.sleep(0.01)
+            continue
+        with conn:
+            if hand_off(seg, handoffs, conn):
+                seg.atomic.fetch_add(slot + L.P_CONNECTIONS, 1)

@@ -1,0 +1,96 @@
+"""The `shoal` command: run the broker (default), `status`, or `perf`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from broker.config import Config, default_workers
+
+
+def _broker_parser() -> argparse.ArgumentParser:
+    d = Config()
+    p = argparse.ArgumentParser(prog="shoal", description="Shoal AMQP 0-9-1 broker")
+    p.add_argument("--bind", default=d.bind, help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=d.port, help="AMQP port (default %(default)s)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help=f"IO worker processes (default: one per CPU, here {default_workers()})",
+    )
+    p.add_argument(
+        "--runtime-dir",
+        default="",
+        help="directory for the shared-memory segment (default: $RUNTIME_DIRECTORY, "
+        "else /dev/shm/shoal-<port>)",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=d.graceful_timeout,
+        help="seconds SIGTERM waits for clients to close (default %(default)s)",
+    )
+    p.add_argument("--max-queues", type=int, default=d.max_queues, help="default %(default)s")
+    p.add_argument(
+        "--queue-capacity",
+        type=int,
+        default=d.queue_capacity,
+        help="entries one queue can hold, a power of two (default %(default)s)",
+    )
+    p.add_argument(
+        "--arena-mb",
+        type=int,
+        default=d.arena_mb,
+        help="shared memory for message bodies per IO worker, MiB (default %(default)s)",
+    )
+    p.add_argument("--frame-max", type=int, default=d.frame_max, help="default %(default)s")
+    p.add_argument(
+        "--heartbeat", type=int, default=d.heartbeat, help="seconds (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-message-size",
+        type=int,
+        default=d.max_message_size,
+        help="bytes (default %(default)s)",
+    )
+    p.add_argument("--default-user", default=d.default_user)
+    p.add_argument("--default-pass", default=d.default_pass)
+    p.add_argument(
+        "--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"]
+    )
+    return p
+
+
+def config_from_args(argv: list[str]) -> Config:
+    ns = _broker_parser().parse_args(argv)
+    return Config(**{k: v for k, v in vars(ns).items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "perf":
+        from broker import perf
+
+        return perf.main(args[1:])
+    if args and args[0] == "status":
+        p = argparse.ArgumentParser(prog="shoal status")
+        p.add_argument("--port", type=int, default=5672)
+        p.add_argument("--runtime-dir", default="")
+        p.add_argument("--json", action="store_true")
+        ns = p.parse_args(args[1:])
+        from broker import status
+
+        cfg = Config(port=ns.port, runtime_dir=ns.runtime_dir)
+        return status.main(cfg.runtime_path(), ns.json)
+    if args and args[0] == "run":
+        args = args[1:]
+    config = config_from_args(args)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
+    )
+    from broker.supervisor import run_supervisor
+
+    return run_supervisor(config)

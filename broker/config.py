@@ -1,0 +1,42 @@
+"""Broker settings: one typed struct, shared by the CLI and every process."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+
+def default_workers() -> int:
+    """One IO worker per CPU, at least 1; see docs/benchmarks.md for why."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+class Config(msgspec.Struct, frozen=True):
+    bind: str = "0.0.0.0"
+    port: int = 5672
+    workers: int = 0  # 0: default_workers()
+    runtime_dir: str = ""  # "": $RUNTIME_DIRECTORY or /dev/shm/shoal-<port>
+    graceful_timeout: float = 10.0
+    max_queues: int = 1024
+    queue_capacity: int = 1 << 18
+    arena_mb: int = 256
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat: int = 60
+    max_message_size: int = 16 << 20
+    default_user: str = "guest"
+    default_pass: str = "guest"
+    default_vhost: str = "/"
+    log_level: str = "info"
+
+    def worker_count(self) -> int:
+        return self.workers or default_workers()
+
+    def runtime_path(self) -> str:
+        if self.runtime_dir:
+            return self.runtime_dir
+        systemd_dir = os.environ.get("RUNTIME_DIRECTORY")
+        if systemd_dir:
+            return systemd_dir.split(":")[0]
+        return f"/dev/shm/shoal-{self.port}"

@@ -1,0 +1,152 @@
+"""Qpid's QueueConsumerManager: which consumer of a queue to notify next.
+
+A pure state machine (no IO, no shared memory) kept by the scheduler per
+queue. Consumers move between lists as their state changes:
+
+    INTERESTED      ready for work; one deque per consumer priority
+    NOTIFIED        told there is work; pulls until the queue gives it nothing
+    NOT_INTERESTED  out of credit, or its connection is backed up
+    NON_ACQUIRING   browsers: always notified, never take entries
+
+At most one acquiring consumer is notified at a time. A notified consumer that
+runs dry goes to the back of its priority's Interested deque, which gives the
+round-robin fairness Qpid calls "asymptotic".
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterator
+from enum import Enum
+
+
+class State(Enum):
+    INTERESTED = "interested"
+    NOTIFIED = "notified"
+    NOT_INTERESTED = "not_interested"
+    NON_ACQUIRING = "non_acquiring"
+
+
+class _Node:
+    __slots__ = ("acquiring", "key", "priority", "state")
+
+    def __init__(self, key: Hashable, priority: int, acquiring: bool, state: State) -> None:
+        self.key = key
+        self.priority = priority
+        self.acquiring = acquiring
+        self.state = state
+
+
+class QueueConsumerManager:
+    __slots__ = ("_interested", "_nodes", "_priorities", "notified")
+
+    def __init__(self) -> None:
+        self._nodes: dict[Hashable, _Node] = {}
+        self._interested: dict[int, deque[Hashable]] = {}
+        self._priorities: list[int] = []  # descending
+        self.notified: Hashable | None = None
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._nodes
+
+    def keys(self) -> Iterator[Hashable]:
+        return iter(self._nodes)
+
+    def state(self, key: Hashable) -> State:
+        return self._nodes[key].state
+
+    def counts(self) -> dict[State, int]:
+        out = dict.fromkeys(State, 0)
+        for node in self._nodes.values():
+            out[node.state] += 1
+        return out
+
+    def add(
+        self, key: Hashable, priority: int = 0, acquiring: bool = True, interested: bool = True
+    ) -> None:
+        if key in self._nodes:
+            raise KeyError(f"consumer {key!r} already registered")
+        if not acquiring:
+            state = State.NON_ACQUIRING if interested else State.NOT_INTERESTED
+        else:
+            state = State.INTERESTED if interested else State.NOT_INTERESTED
+        node = _Node(key, priority, acquiring, state)
+        self._nodes[key] = node
+        if state is State.INTERESTED:
+            self._push(node)
+
+    def remove(self, key: Hashable) -> bool:
+        """Forget a consumer; True if it was the notified one."""
+        node = self._nodes.pop(key, None)
+        if node is None:
+            return False
+        if node.state is State.INTERESTED:
+            self._interested[node.priority].remove(key)
+        if self.notified == key:
+            self.notified = None
+            return True
+        return False
+
+    def set_interest(self, key: Hashable, interested: bool) -> bool:
+        """Returns True if this took the notified consumer out of NOTIFIED."""
+        node = self._nodes.get(key)
+        if node is None:
+            return False
+        was_notified = self.notified == key
+        if not node.acquiring:
+            node.state = State.NON_ACQUIRING if interested else State.NOT_INTERESTED
+            return False
+        if interested:
+            if node.state is State.NOT_INTERESTED:
+                node.state = State.INTERESTED
+                self._push(node)
+            return False
+        if node.state is State.INTERESTED:
+            self._interested[node.priority].remove(key)
+        node.state = State.NOT_INTERESTED
+        if was_notified:
+            self.notified = None
+        return was_notified
+
+    def has_interested(self) -> bool:
+        return any(self._interested[p] for p in self._priorities)
+
+    def notify_next(self) -> Hashable | None:
+        """Move the first Interested consumer of the highest priority to
+        NOTIFIED and return it; None if one is already notified or none is
+        interested."""
+        if self.notified is not None:
+            return None
+        for priority in self._priorities:
+            pending = self._interested[priority]
+            if pending:
+                key = pending.popleft()
+                self._nodes[key].state = State.NOTIFIED
+                self.notified = key
+                return key
+        return None
+
+    def done(self, key: Hashable) -> bool:
+        """The notified consumer ran dry (or yielded): back of Interested.
+        False if `key` was not the notified consumer (a stale report)."""
+        if self.notified != key:
+            return False
+        self.notified = None
+        node = self._nodes[key]
+        node.state = State.INTERESTED
+        self._push(node)
+        return True
+
+    def non_acquiring(self) -> list[Hashable]:
+        return [k for k, n in self._nodes.items() if n.state is State.NON_ACQUIRING]
+
+    def _push(self, node: _Node) -> None:
+        pending = self._interested.get(node.priority)
+        if pending is None:
+            pending = self._interested[node.priority] = deque()
+            self._priorities.append(node.priority)
+            self._priorities.sort(reverse=True)
+        pending.append(node.key)

@@ -1,0 +1,410 @@
+"""The scheduler process: queue definitions and who-to-notify decisions.
+
+It owns, per queue, a QueueConsumerManager, and is the only writer of the
+queue table's create/delete. It never touches messages on the hot path:
+publishers append to the shared-memory logs themselves and wake the scheduler
+only when it is watching an idle queue (shm/wake.py); consumers pull entries
+themselves once notified. All its state can be rebuilt from the segment and
+the workers (each answers RESYNC with HELLO), so it may be killed at any time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import signal
+import socket
+from functools import partial
+from typing import Any
+
+import uvloop
+from setproctitle import setproctitle
+
+from broker import errors as E
+from broker.config import Config
+from broker.consumers import QueueConsumerManager
+from broker.ipc import Link, Msg
+from shm import layout as L
+from shm.queues import QueueStore
+from shm.segment import Segment
+from shm.wake import Waker
+
+log = logging.getLogger("shoal.scheduler")
+
+SWEEP_INTERVAL = 1.0
+
+ConsumerKey = tuple[int, int]  # (worker index, consumer id)
+
+
+class QueueState:
+    __slots__ = (
+        "auto_delete",
+        "durable",
+        "exclusive",
+        "had_consumers",
+        "name",
+        "owner",
+        "qcm",
+        "qid",
+    )
+
+    def __init__(
+        self, qid: int, name: bytes, durable: bool, exclusive: bool, auto_delete: bool, owner: int
+    ) -> None:
+        self.qid = qid
+        self.name = name
+        self.durable = durable
+        self.exclusive = exclusive
+        self.auto_delete = auto_delete
+        self.owner = owner
+        self.had_consumers = False
+        self.qcm = QueueConsumerManager()
+
+
+class Scheduler:
+    def __init__(
+        self, config: Config, seg: Segment, efd: int, links: dict[int, socket.socket]
+    ) -> None:
+        self.config = config
+        self.seg = seg
+        self.a = seg.atomic
+        self.store = QueueStore(seg, 0)
+        self.waker = Waker(seg, efd)
+        self.efd = efd
+        self.loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.links = {i: Link(s, self.loop, partial(self._on_message, i)) for i, s in links.items()}
+        self.queues: dict[int, QueueState] = {}
+        self.by_name: dict[bytes, QueueState] = {}
+        self.consumers: dict[ConsumerKey, tuple[int, bool]] = {}  # -> (qid, exclusive)
+        self.free_qids: list[int] = []
+        self.suspects: set[int] = set()
+        self.slot = seg.layout.proc(L.scheduler_slot(seg.layout))
+        self.vhost = config.default_vhost
+
+    # ----------------------------------------------------------------- boot
+    def run(self) -> int:
+        self._load_queues()
+        self.loop.add_reader(self.efd, self._on_wake)
+        self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)
+        self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
+        slot = self.slot
+        self.a.store(slot + L.P_PID, os.getpid())
+        for link in self.links.values():
+            link.send(Msg.RESYNC)
+        self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self.a.store(slot + L.P_READY, 1)
+        self.loop.run_forever()
+        return 0
+
+    def _load_queues(self) -> None:
+        """Rebuild the queue index from the segment (a restarted scheduler)."""
+        used = set()
+        for name, qid in self.store.scan_names():
+            flags = self.store.word(qid, L.Q_FLAGS)
+            q = QueueState(
+                qid,
+                name,
+                bool(flags & L.QF_DURABLE),
+                bool(flags & L.QF_EXCLUSIVE),
+                bool(flags & L.QF_AUTO_DELETE),
+                self.store.word(qid, L.Q_OWNER),
+            )
+            self.queues[qid] = q
+            self.by_name[name] = q
+            used.add(qid)
+        self.free_qids = [q for q in range(self.seg.layout.limits.max_queues) if q not in used]
+
+    # ------------------------------------------------------------ messages
+    def _on_message(self, worker: int, m: list[Any]) -> None:
+        kind = m[0]
+        try:
+            if kind == Msg.DONE:
+                self._done((worker, m[1]), m[2])
+            elif kind == Msg.INTEREST:
+                self._interest((worker, m[1]), m[2])
+            elif kind == Msg.CONSUME:
+                self._reply(worker, m[1], self._consume(worker, *m[2:]))
+            elif kind == Msg.CANCEL:
+                self._remove_consumer((worker, m[1]))
+            elif kind == Msg.DECLARE:
+                self._reply(worker, m[1], self._declare(*m[2:]))
+            elif kind == Msg.DELETE:
+                self._reply(worker, m[1], self._delete(*m[2:]))
+            elif kind == Msg.PURGE:
+                self._reply(worker, m[1], self._purge(*m[2:]))
+            elif kind == Msg.CONN_CLOSED:
+                self._connection_closed(m[1])
+            elif kind == Msg.HELLO:
+                self._hello(worker, m[3])
+            elif kind == Msg.WORKER_GONE:
+                self._worker_gone(worker)
+        except E.AMQPError as exc:
+            if kind in (Msg.CONSUME, Msg.DECLARE, Msg.DELETE, Msg.PURGE):
+                self.links[worker].send(Msg.REPLY, m[1], False, [exc.reply_code, exc.reply_text])
+            else:
+                log.warning("worker %d: %s", worker, exc)
+
+    def _reply(self, worker: int, req: int, payload: Any) -> None:
+        self.links[worker].send(Msg.REPLY, req, True, payload)
+
+    # ------------------------------------------------------------- queues
+    def _declare(
+        self,
+        name: bytes,
+        passive: bool,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        owner: int,
+        conn_id: int,
+    ) -> list[Any]:
+        q = self.by_name.get(name) if name else None
+        if q is not None:
+            self._check_exclusive(q, conn_id)
+            if not passive:
+                for arg, got, have in (
+                    ("durable", durable, q.durable),
+                    ("auto_delete", auto_delete, q.auto_delete),
+                ):
+                    if got != have:
+                        raise E.ChannelError(
+                            E.PRECONDITION_FAILED,
+                            f"inequivalent arg '{arg}' for queue '{name.decode()}' in vhost "
+                            f"'{self.vhost}': received '{str(got).lower()}' but current is "
+                            f"'{str(have).lower()}'",
+                        )
+                if exclusive != q.exclusive:
+                    raise E.ChannelError(E.RESOURCE_LOCKED, self._locked_text(q))
+        elif passive:
+            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), self.vhost))
+        else:
+            if not name:
+                name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
+            if not self.free_qids:
+                raise E.ChannelError(
+                    E.RESOURCE_ERROR,
+                    f"cannot declare queue '{name.decode()}': the limit of "
+                    f"{self.seg.layout.limits.max_queues} queues is reached (--max-queues)",
+                )
+            qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
+            flags = (
+                (L.QF_DURABLE if durable else 0)
+                | (L.QF_EXCLUSIVE if exclusive else 0)
+                | (L.QF_AUTO_DELETE if auto_delete else 0)
+            )
+            self.store.create(qid, name, flags, owner)
+            q = QueueState(qid, name, durable, exclusive, auto_delete, owner)
+            self.queues[qid] = q
+            self.by_name[name] = q
+        return [q.qid, q.name, self.store.word(q.qid, L.Q_READY), len(q.qcm)]
+
+    def _locked_text(self, q: QueueState) -> str:
+        return (
+            f"cannot obtain exclusive access to locked queue '{q.name.decode()}' in vhost "
+            f"'{self.vhost}'. It could be originally declared on another connection or the "
+            "exclusive property value does not match that of the original declaration."
+        )
+
+    def _check_exclusive(self, q: QueueState, conn_id: int) -> None:
+        if q.exclusive and q.owner != conn_id:
+            raise E.ChannelError(E.RESOURCE_LOCKED, self._locked_text(q))
+
+    def _lookup(self, name: bytes, conn_id: int) -> QueueState:
+        q = self.by_name.get(name)
+        if q is None:
+            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), self.vhost))
+        self._check_exclusive(q, conn_id)
+        return q
+
+    def _delete(self, name: bytes, if_unused: bool, if_empty: bool, conn_id: int) -> int:
+        q = self.by_name.get(name)
+        if q is None:
+            return 0  # RabbitMQ: deleting a missing queue succeeds
+        self._check_exclusive(q, conn_id)
+        if if_unused and len(q.qcm):
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{self.vhost}' in use"
+            )
+        ready = self.store.word(q.qid, L.Q_READY)
+        if if_empty and (ready or self.store.word(q.qid, L.Q_UNACKED)):
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED,
+                f"queue '{name.decode()}' in vhost '{self.vhost}' is not empty",
+            )
+        self._remove_queue(q)
+        return ready
+
+    def _purge(self, name: bytes, conn_id: int) -> int:
+        return self.store.purge(self._lookup(name, conn_id).qid)
+
+    def _remove_queue(self, q: QueueState) -> None:
+        for key in list(q.qcm.keys()):
+            self.consumers.pop(key, None)  # type: ignore[arg-type]
+            worker, cid = key  # type: ignore[misc]
+            link = self.links.get(worker)
+            if link is not None:
+                link.send(Msg.CONSUMER_GONE, cid)
+        self.store.remove(q.qid)
+        self.queues.pop(q.qid, None)
+        self.by_name.pop(q.name, None)
+        self.free_qids.append(q.qid)
+
+    def _connection_closed(self, conn_id: int) -> None:
+        for q in [q for q in self.queues.values() if q.exclusive and q.owner == conn_id]:
+            self._remove_queue(q)
+
+    # ----------------------------------------------------------- consumers
+    def _consume(
+        self,
+        worker: int,
+        cid: int,
+        qid: int,
+        priority: int,
+        acquiring: bool,
+        exclusive: bool,
+        interested: bool,
+        conn_id: int,
+    ) -> list[Any]:
+        q = self.queues.get(qid)
+        if q is None:
+            raise E.ChannelError(E.NOT_FOUND, f"queue {qid} was deleted")
+        self._check_exclusive(q, conn_id)
+        in_use = f"queue '{q.name.decode()}' in vhost '{self.vhost}' in exclusive use"
+        if any(self.consumers[k][1] for k in q.qcm.keys()):  # type: ignore[index]
+            raise E.ChannelError(E.ACCESS_REFUSED, in_use)
+        if exclusive and len(q.qcm):
+            raise E.ChannelError(E.ACCESS_REFUSED, in_use)
+        self._add_consumer(q, (worker, cid), priority, acquiring, exclusive, interested)
+        return []
+
+    def _add_consumer(
+        self,
+        q: QueueState,
+        key: ConsumerKey,
+        priority: int,
+        acquiring: bool,
+        exclusive: bool,
+        interested: bool,
+    ) -> None:
+        q.qcm.add(key, priority, acquiring, interested)
+        q.had_consumers = True
+        self.consumers[key] = (q.qid, exclusive)
+        self.a.store(self.seg.layout.queue(q.qid) + L.Q_CONSUMERS, len(q.qcm))
+        if interested:
+            self._check_work(q)
+
+    def _remove_consumer(self, key: ConsumerKey) -> None:
+        entry = self.consumers.pop(key, None)
+        if entry is None:
+            return
+        q = self.queues.get(entry[0])
+        if q is None:
+            return
+        q.qcm.remove(key)
+        self.a.store(self.seg.layout.queue(q.qid) + L.Q_CONSUMERS, len(q.qcm))
+        if q.auto_delete and q.had_consumers and not len(q.qcm):
+            self._remove_queue(q)
+            return
+        self._check_work(q)
+
+    def _interest(self, key: ConsumerKey, interested: bool) -> None:
+        entry = self.consumers.get(key)
+        q = self.queues.get(entry[0]) if entry else None
+        if q is None:
+            return
+        q.qcm.set_interest(key, interested)
+        self._check_work(q)
+
+    def _done(self, key: ConsumerKey, changes: int) -> None:
+        entry = self.consumers.get(key)
+        q = self.queues.get(entry[0]) if entry else None
+        if q is None or not q.qcm.done(key):
+            return
+        if changes < 0:  # yielded with work left: the next consumer's turn
+            self._notify(q)
+        else:
+            self._park(q, changes)
+
+    def _hello(self, worker: int, records: list[list[Any]]) -> None:
+        """A worker (re)introduces itself with its full consumer state."""
+        self._drop_worker_consumers(worker)
+        for cid, qid, priority, acquiring, exclusive, interested in records:
+            q = self.queues.get(qid)
+            if q is None:
+                self.links[worker].send(Msg.CONSUMER_GONE, cid)
+                continue
+            self._add_consumer(q, (worker, cid), priority, acquiring, exclusive, interested)
+
+    def _worker_gone(self, worker: int) -> None:
+        self._drop_worker_consumers(worker)
+        for q in [q for q in self.queues.values() if q.exclusive and q.owner >> 40 == worker]:
+            self._remove_queue(q)
+
+    def _drop_worker_consumers(self, worker: int) -> None:
+        for key in [k for k in self.consumers if k[0] == worker]:
+            self._remove_consumer(key)
+
+    # ------------------------------------------------------ notification
+    def _notify(self, q: QueueState) -> None:
+        key = q.qcm.notify_next()
+        if key is None:
+            return
+        worker, cid = key  # type: ignore[misc]
+        self.links[worker].send(Msg.NOTIFY, cid)
+
+    def _check_work(self, q: QueueState) -> None:
+        """No consumer is notified: notify one if the queue has ready entries,
+        else watch the queue so the next publisher wakes us."""
+        if q.qcm.notified is not None:
+            return
+        watch = self.seg.layout.queue(q.qid) + L.Q_WATCH
+        if not q.qcm.has_interested():
+            self.a.store(watch, 0)
+            return
+        self.a.store(watch, 1)
+        if self.a.load(self.seg.layout.queue(q.qid) + L.Q_READY) and self.a.cas(watch, 1, 0):
+            self._notify(q)
+
+    def _park(self, q: QueueState, changes: int) -> None:
+        """The notified consumer found nothing after reading CHANGES=changes."""
+        qaddr = self.seg.layout.queue(q.qid)
+        if not q.qcm.has_interested():
+            self.a.store(qaddr + L.Q_WATCH, 0)
+            return
+        self.a.store(qaddr + L.Q_WATCH, 1)
+        if self.a.load(qaddr + L.Q_CHANGES) != changes and self.a.cas(qaddr + L.Q_WATCH, 1, 0):
+            self._notify(q)
+
+    def _on_wake(self) -> None:
+        for qid in self.waker.drain(self.seg.layout.limits.max_queues):
+            q = self.queues.get(qid)
+            if q is not None and q.qcm.notified is None:
+                self._notify(q)
+
+    def _sweep(self) -> None:
+        """Belt and braces: a queue that has ready entries and interested
+        consumers but nobody notified, on two sweeps in a row, has lost a
+        wake-up. Rescue it and count it (P_RESCUES), so tests can assert that
+        this never happens."""
+        stalled = {
+            q.qid
+            for q in self.queues.values()
+            if q.qcm.notified is None
+            and q.qcm.has_interested()
+            and self.a.load(self.seg.layout.queue(q.qid) + L.Q_READY)
+        }
+        for qid in stalled & self.suspects:
+            q = self.queues[qid]
+            self.a.fetch_add(self.slot + L.P_RESCUES, 1)
+            log.warning("queue %r: lost wake-up rescued by the sweep", q.name)
+            self._notify(q)
+        self.suspects = stalled
+        self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+
+def run_scheduler(config: Config, seg: Segment, efd: int, links: dict[int, socket.socket]) -> int:
+    setproctitle(f"shoal: scheduler (port {config.port})")
+    return Scheduler(config, seg, efd, links).run()

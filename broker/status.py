@@ -1,0 +1,101 @@
+"""`shoal status`: what a running broker's processes and queues are doing,
+read from its shared-memory segment (no connection to the broker needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from shm import layout as L
+from shm.arena import arena_usage
+from shm.queues import QueueStore
+from shm.segment import Segment
+
+_ROLES = {
+    L.ROLE_WORKER: "io-worker",
+    L.ROLE_ACCEPTOR: "acceptor",
+    L.ROLE_SCHEDULER: "scheduler",
+    L.ROLE_SUPERVISOR: "supervisor",
+}
+
+
+def snapshot(seg: Segment) -> dict[str, Any]:
+    a, layout = seg.atomic, seg.layout
+    now = time.monotonic_ns()
+    processes = []
+    for slot in range(layout.proc_slots):
+        base = layout.proc(slot)
+        role = a.load(base + L.P_ROLE)
+        if not role:
+            continue
+        entry: dict[str, Any] = {
+            "role": _ROLES.get(role, str(role)),
+            "pid": a.load(base + L.P_PID),
+            "ready": bool(a.load(base + L.P_READY)),
+            "connections": a.load(base + L.P_CONNECTIONS),
+        }
+        if role == L.ROLE_WORKER:
+            beat = a.load(base + L.P_HEARTBEAT_NS)
+            used, blocks = arena_usage(seg, slot)
+            entry.update(
+                index=slot,
+                incarnation=a.load(base + L.P_INCARNATION),
+                heartbeat_age_s=round((now - beat) / 1e9, 3) if beat else None,
+                published=a.load(base + L.P_PUBLISHED),
+                delivered=a.load(base + L.P_DELIVERED),
+                arena_used_bytes=used,
+                arena_live_blocks=blocks,
+            )
+        if role == L.ROLE_SCHEDULER:
+            entry["lost_wakeups_rescued"] = a.load(base + L.P_RESCUES)
+        processes.append(entry)
+    store = QueueStore(seg)
+    queues = []
+    for name, qid in sorted(store.scan_names()):
+        queues.append(
+            {
+                "name": name.decode(errors="replace"),
+                "messages_ready": store.word(qid, L.Q_READY),
+                "messages_unacked": store.word(qid, L.Q_UNACKED),
+                "consumers": store.word(qid, L.Q_CONSUMERS),
+                "published": store.word(qid, L.Q_PUBLISHED),
+                "head": store.word(qid, L.Q_HEAD),
+                "tail": store.word(qid, L.Q_TAIL),
+            }
+        )
+    return {
+        "segment": seg.path,
+        "segment_allocated_bytes": seg.allocated_bytes(),
+        "processes": processes,
+        "queues": queues,
+    }
+
+
+def render(snap: dict[str, Any]) -> str:
+    lines = [f"segment {snap['segment']} ({snap['segment_allocated_bytes']} bytes allocated)", ""]
+    lines.append(f"{'ROLE':<12}{'INDEX':>6}{'PID':>9}{'READY':>7}{'CONNS':>7}{'ARENA BYTES':>13}")
+    for p in snap["processes"]:
+        lines.append(
+            f"{p['role']:<12}{p.get('index', ''):>6}{p['pid']:>9}{'yes' if p['ready'] else 'no':>7}"
+            f"{p['connections']:>7}{p.get('arena_used_bytes', ''):>13}"
+        )
+    lines += ["", f"{'QUEUE':<32}{'READY':>10}{'UNACKED':>10}{'CONSUMERS':>11}"]
+    for q in snap["queues"]:
+        lines.append(
+            f"{q['name'][:31]:<32}{q['messages_ready']:>10}{q['messages_unacked']:>10}{q['consumers']:>11}"
+        )
+    return "\n".join(lines)
+
+
+def main(runtime_dir: str, as_json: bool) -> int:
+    path = os.path.join(runtime_dir, "shoal.shm")
+    try:
+        seg = Segment.attach(path)
+    except (OSError, ValueError) as exc:
+        print(f"shoal status: no running broker at {runtime_dir}: {exc}")
+        return 1
+    snap = snapshot(seg)
+    print(json.dumps(snap, indent=2) if as_json else render(snap))
+    return 0

@@ -1,0 +1,401 @@
+"""The supervisor: creates shared state, forks and reaps every other process,
+owns the signals. It never runs an event loop, so fork() is safe here.
+
+Children: one acceptor, N IO workers, one scheduler. A dead child is replaced;
+before an IO worker is replaced, the entries it had acquired go back to their
+queues (redelivered), the cell it was publishing is tombstoned, the blocks it
+was filling are released, and the scheduler is told to forget its consumers.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+from setproctitle import setproctitle
+
+from broker import systemd
+from broker.acceptor import run_acceptor
+from broker.config import Config
+from broker.ipc import Msg, encode, socketpair
+from broker.scheduler import run_scheduler
+from shm import arena
+from shm import layout as L
+from shm.queues import QueueStore
+from shm.segment import Segment
+from shm.wake import Waker
+from workers.main import run_worker
+
+log = logging.getLogger("shoal.supervisor")
+
+BOOT_ERROR = 3
+MAX_BACKOFF = 30.0
+STABLE_AFTER = 10.0  # a child that lived this long resets its failure count
+SEGMENT_NAME = "shoal.shm"
+
+
+class Child:
+    __slots__ = ("failures", "incarnation", "index", "pid", "restart_at", "role", "started")
+
+    def __init__(self, role: str, index: int = 0) -> None:
+        self.role = role
+        self.index = index
+        self.pid = 0
+        self.incarnation = 0
+        self.started = 0.0
+        self.failures = 0
+        self.restart_at = 0.0
+
+    def __repr__(self) -> str:
+        name = f"{self.role} {self.index}" if self.role == "io-worker" else self.role
+        return f"{name} (pid {self.pid})"
+
+
+class Supervisor:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.workers = config.worker_count()
+        self.children: list[Child] = []
+        self.signals: list[int] = []
+        self.stopping = False
+        self.ready_sent = False
+        self.seg: Segment | None = None
+        self.listener: socket.socket | None = None
+        self.efd = -1
+        self.sched_pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.handoff_pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.created_dir = False
+        self.last_status = ""
+
+    # ------------------------------------------------------------- set-up
+    def prepare(self) -> None:
+        config = self.config
+        runtime = config.runtime_path()
+        if not os.path.isdir(runtime):
+            os.makedirs(runtime, mode=0o700)
+            self.created_dir = True
+        path = os.path.join(runtime, SEGMENT_NAME)
+        if os.path.exists(path):
+            _remove_stale_segment(path)
+        limits = L.Limits(
+            max_workers=max(self.workers, 1),
+            max_queues=config.max_queues,
+            queue_capacity=config.queue_capacity,
+            arena_bytes=config.arena_mb << 20,
+        )
+        self.seg = Segment.create(path, limits)
+        a = self.seg.atomic
+        sup = self.seg.layout.proc(L.supervisor_slot(self.seg.layout))
+        a.store(sup + L.P_PID, os.getpid())
+        a.store(sup + L.P_ROLE, L.ROLE_SUPERVISOR)
+        family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((config.bind, config.port))
+        listener.listen(1024)
+        listener.set_inheritable(True)
+        self.listener = listener
+        self.efd = os.eventfd(0, os.EFD_NONBLOCK)
+        os.set_inheritable(self.efd, True)
+        for _ in range(self.workers):
+            self.sched_pairs.append(socketpair())
+            a_end, b_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            for s in (a_end, b_end):
+                s.set_inheritable(True)
+            self.handoff_pairs.append((a_end, b_end))
+        self.children.append(Child("scheduler"))
+        self.children += [Child("io-worker", i) for i in range(self.workers)]
+        self.children.append(Child("acceptor"))
+
+    # ---------------------------------------------------------------- run
+    def run(self) -> int:
+        setproctitle(f"shoal: supervisor (port {self.config.port})")
+        try:
+            self.prepare()
+            return self._run()
+        finally:
+            self._cleanup()
+
+    def _run(self) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, self._on_signal)
+        self._wake_fds = (wake_r, wake_w)
+        log.info(
+            "shoal starting: %d IO workers, listening on %s:%d, runtime %s",
+            self.workers,
+            self.config.bind,
+            self.config.port,
+            self.config.runtime_path(),
+        )
+        for child in self.children:
+            self._spawn(child)
+        return self._main_loop(wake_r)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signals.append(signum)  # only enqueue: the main loop does the work
+
+    def _main_loop(self, wake_r: int) -> int:
+        while True:
+            try:
+                select.select([wake_r], [], [], 0.5)
+            except InterruptedError:
+                pass
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
+            while self.signals:
+                sig = self.signals.pop(0)
+                if sig == signal.SIGCHLD:
+                    self._reap()
+                elif sig == signal.SIGTERM:
+                    return self._graceful_stop()
+                elif sig in (signal.SIGINT, signal.SIGQUIT):
+                    return self._fast_stop()
+                elif sig == signal.SIGHUP:
+                    log.info("SIGHUP: nothing to reload yet")
+            self._reap()
+            now = time.monotonic()
+            for child in self.children:
+                if not child.pid and child.restart_at and now >= child.restart_at:
+                    self._spawn(child)
+            self._report()
+
+    # ----------------------------------------------------------- children
+    def _spawn(self, child: Child) -> None:
+        child.incarnation += 1
+        child.restart_at = 0.0
+        child.started = time.monotonic()
+        pid = os.fork()
+        if pid:
+            child.pid = pid
+            return
+        code = BOOT_ERROR
+        try:
+            signal.set_wakeup_fd(-1)
+            for fd in self._wake_fds:
+                os.close(fd)
+            for sig in (
+                signal.SIGTERM,
+                signal.SIGINT,
+                signal.SIGCHLD,
+                signal.SIGHUP,
+                signal.SIGQUIT,
+            ):
+                signal.signal(sig, signal.SIG_DFL)
+            code = self._child_main(child)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def _child_main(self, child: Child) -> int:
+        seg = self.seg
+        assert seg is not None and self.listener is not None
+        keep: set[int] = set()
+        a = seg.atomic
+        if child.role == "io-worker":
+            sched_end = self.sched_pairs[child.index][1]
+            handoff_end = self.handoff_pairs[child.index][1]
+            keep = {sched_end.fileno(), handoff_end.fileno()}
+            slot = seg.layout.proc(child.index)
+            a.store(slot + L.P_ROLE, L.ROLE_WORKER)
+            main: Callable[[], int] = lambda: run_worker(  # noqa: E731
+                self.config, seg, child.index, child.incarnation, self.efd, sched_end, handoff_end
+            )
+        elif child.role == "scheduler":
+            links = {i: pair[0] for i, pair in enumerate(self.sched_pairs)}
+            keep = {s.fileno() for s in links.values()}
+            a.store(seg.layout.proc(L.scheduler_slot(seg.layout)) + L.P_ROLE, L.ROLE_SCHEDULER)
+            main = lambda: run_scheduler(self.config, seg, self.efd, links)  # noqa: E731
+        else:
+            handoffs = [pair[0] for pair in self.handoff_pairs]
+            keep = {s.fileno() for s in handoffs} | {self.listener.fileno()}
+            a.store(seg.layout.proc(L.acceptor_slot(seg.layout)) + L.P_ROLE, L.ROLE_ACCEPTOR)
+            main = lambda: run_acceptor(self.config.port, seg, self.listener, handoffs)  # type: ignore[arg-type]  # noqa: E731
+        for s in self._all_sockets():
+            if s.fileno() not in keep:
+                s.close()
+        return main()
+
+    def _all_sockets(self) -> list[socket.socket]:
+        out: list[socket.socket] = [self.listener] if self.listener else []
+        for pair in self.sched_pairs + self.handoff_pairs:
+            out += pair
+        return out
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = next((c for c in self.children if c.pid == pid), None)
+            if child is None:
+                continue
+            child.pid = 0
+            if self.stopping:
+                continue
+            self._child_died(child, status)
+
+    def _child_died(self, child: Child, status: int) -> None:
+        how = (
+            f"killed by signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"exited with code {os.WEXITSTATUS(status)}"
+        )
+        if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+            how += " (perhaps out of memory?)"
+        log.warning("%s %s %s", child.role, child.index if child.role == "io-worker" else "", how)
+        if child.role == "io-worker":
+            self._recover_worker(child.index)
+        lived = time.monotonic() - child.started
+        if lived > STABLE_AFTER:
+            child.failures = 0
+        child.failures += 1
+        # The first restart is immediate; a child that keeps dying waits longer
+        # each time, so a crash at boot cannot make the supervisor spin.
+        delay = 0.0 if child.failures <= 1 else min(MAX_BACKOFF, 0.25 * 2 ** (child.failures - 2))
+        child.restart_at = time.monotonic() + delay
+
+    def _recover_worker(self, index: int) -> None:
+        seg = self.seg
+        assert seg is not None
+        a = seg.atomic
+        slot = seg.layout.proc(index)
+        a.store(slot + L.P_READY, 0)
+        # 1. The scheduler forgets the worker's consumers and exclusive queues.
+        #    Written into the worker's end, so it arrives on the worker's link.
+        try:
+            self.sched_pairs[index][1].send(encode(Msg.WORKER_GONE, index), socket.MSG_DONTWAIT)
+        except OSError as exc:
+            log.error("could not tell the scheduler that worker %d died: %s", index, exc)
+        # 2. Its unacknowledged deliveries go back to their queues.
+        released = QueueStore(seg, 0).release_owner(index + 1)
+        waker = Waker(seg, self.efd)
+        for qid in released:
+            waker.work_added(qid)
+        # 3. Bodies it was still filling are released; its connections are gone.
+        arena.recover(seg, index)
+        a.store(slot + L.P_CONNECTIONS, 0)
+        if released:
+            log.info("worker %d: %d messages requeued", index, sum(released.values()))
+
+    # ------------------------------------------------------------ status
+    def _report(self) -> None:
+        seg = self.seg
+        assert seg is not None
+        a = seg.atomic
+        workers_ready = sum(a.load(seg.layout.proc(i) + L.P_READY) for i in range(self.workers))
+        connections = sum(a.load(seg.layout.proc(i) + L.P_CONNECTIONS) for i in range(self.workers))
+        acceptor_ready = a.load(seg.layout.proc(L.acceptor_slot(seg.layout)) + L.P_READY)
+        status = f"{workers_ready}/{self.workers} IO workers ready, {connections} connections"
+        if not self.ready_sent and workers_ready == self.workers and acceptor_ready:
+            self.ready_sent = True
+            systemd.notify(f"READY=1\nSTATUS={status}\nMAINPID={os.getpid()}")
+            log.info("ready: %s", status)
+            self.last_status = status
+        elif self.ready_sent and status != self.last_status:
+            systemd.notify(f"STATUS={status}")
+            self.last_status = status
+
+    # ------------------------------------------------------------ stopping
+    def _signal_children(self, sig: int, roles: tuple[str, ...]) -> None:
+        for child in self.children:
+            if child.pid and child.role in roles:
+                try:
+                    os.kill(child.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _wait_for(self, roles: tuple[str, ...], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while any(c.pid for c in self.children if c.role in roles):
+            self._reap()
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _graceful_stop(self) -> int:
+        self.stopping = True
+        systemd.notify("STOPPING=1\nSTATUS=stopping: closing client connections")
+        log.info("SIGTERM: graceful stop")
+        self._signal_children(signal.SIGTERM, ("acceptor",))
+        if self.listener is not None:
+            self.listener.close()
+        self._wait_for(("acceptor",), 2.0)
+        self._signal_children(signal.SIGTERM, ("io-worker",))
+        if not self._wait_for(("io-worker",), self.config.graceful_timeout + 1.0):
+            self._signal_children(signal.SIGKILL, ("io-worker",))
+        self._signal_children(signal.SIGTERM, ("scheduler", "acceptor"))
+        if not self._wait_for(("scheduler", "acceptor", "io-worker"), 3.0):
+            self._signal_children(signal.SIGKILL, ("scheduler", "acceptor", "io-worker"))
+            self._wait_for(("scheduler", "acceptor", "io-worker"), 3.0)
+        return 0
+
+    def _fast_stop(self) -> int:
+        self.stopping = True
+        systemd.notify("STOPPING=1\nSTATUS=fast stop")
+        log.info("fast stop")
+        roles = ("scheduler", "acceptor", "io-worker")
+        self._signal_children(signal.SIGKILL, roles)
+        self._wait_for(roles, 5.0)
+        return 0
+
+    def _cleanup(self) -> None:
+        if self.seg is not None:
+            self.seg.unlink()
+        if self.created_dir:
+            try:
+                os.rmdir(self.config.runtime_path())
+            except OSError:
+                pass
+
+
+def _remove_stale_segment(path: str) -> None:
+    """A segment left by a broker that died (kill -9 of the supervisor)."""
+    try:
+        old = Segment.attach(path)
+        pid = old.atomic.load(L.H_SUPERVISOR_PID)
+    except (ValueError, OSError):
+        pid = 0
+    if pid and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            raise SystemExit(f"{path}: in use by another broker (pid {pid})") from None
+        else:
+            raise SystemExit(f"{path}: in use by another broker (pid {pid})")
+    os.unlink(path)
+
+
+def run_supervisor(config: Config) -> int:
+    try:
+        return Supervisor(config).run()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            log.error("cannot listen on %s:%d: address already in use", config.bind, config.port)
+            return 1
+        raise

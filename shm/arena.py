@@ -1,0 +1,177 @@
+"""Message-body arenas: one per IO worker, allocated only by its owner.
+
+A block is `[u64 size][u64 refs][payload]`. The owner is the only process that
+allocates, splits or coalesces blocks, so the block structure needs no lock.
+Any process may drop a reference with one atomic fetch-add; the block is free
+once its refcount word is 0 and the owner reuses it lazily. While the owner is
+still filling or routing a block, the HOLD bit in the refcount word keeps it
+live; a dead owner's HOLD bits are dropped by `recover()`.
+
+Allocation is next-fit from a rotating cursor: in the usual FIFO traffic the
+blocks ahead of the cursor are the oldest and already freed, so an allocation
+looks at one or two blocks; a block held for a long time (an unacked message)
+is stepped over instead of blocking the arena.
+"""
+
+from __future__ import annotations
+
+from shm import layout as L
+from shm.segment import Segment
+
+
+def body_refs_drop(seg: Segment, block: int, count: int = 1) -> bool:
+    """Drop `count` references to the block at absolute offset `block`.
+
+    Returns True if this freed the block. Safe from any process.
+    """
+    a = seg.atomic
+    # Read the size while we still hold a reference: once the count reaches 0
+    # the owner may coalesce and reuse the block at any moment.
+    size = a.load(block + L.B_SIZE)
+    old = a.fetch_add(block + L.B_REFS, -count)
+    if old != count:
+        return False
+    _account_free(seg, block, size)
+    return True
+
+
+def _account_free(seg: Segment, block: int, size: int) -> None:
+    a = seg.atomic
+    arena_bytes = seg.layout.limits.arena_bytes
+    arena = seg.layout.arenas + (block - seg.layout.arenas) // arena_bytes * arena_bytes
+    a.fetch_add(arena + L.A_USED, -size)
+    a.fetch_add(arena + L.A_LIVE, -1)
+
+
+def release_hold(seg: Segment, block: int) -> bool:
+    """The owner is done routing: drop the HOLD bit. True if that freed the block."""
+    a = seg.atomic
+    size = a.load(block + L.B_SIZE)
+    old = a.fetch_add(block + L.B_REFS, -L.HOLD)
+    if old != L.HOLD:
+        return False
+    _account_free(seg, block, size)
+    return True
+
+
+class Arena:
+    """The owner's allocator over its arena (one instance, in the owner only)."""
+
+    __slots__ = ("atomic", "base", "cursor", "end", "first", "seg")
+
+    def __init__(self, seg: Segment, worker: int) -> None:
+        self.seg = seg
+        self.atomic = seg.atomic
+        self.base = seg.layout.arena(worker)
+        self.first = self.base + L.ARENA_HEADER
+        self.end = self.base + seg.layout.limits.arena_bytes
+        self.cursor = self.first
+
+    def alloc(self, payload: int) -> int | None:
+        """Reserve a block for `payload` bytes, held (HOLD) by the caller.
+
+        Returns the block's absolute offset, or None if the arena has no room.
+        """
+        need = (L.BLOCK_HEADER + payload + L.BLOCK_ALIGN - 1) & ~(L.BLOCK_ALIGN - 1)
+        a = self.atomic
+        off = self.cursor
+        scanned = 0
+        total = self.end - self.first
+        while scanned < total + need:
+            size = a.load(off + L.B_SIZE)
+            if a.load(off + L.B_REFS) == 0:
+                # Coalesce following free blocks (only the owner changes sizes).
+                nxt = off + size
+                while size < need and nxt < self.end and a.load(nxt + L.B_REFS) == 0:
+                    size += a.load(nxt + L.B_SIZE)
+                    nxt = off + size
+                    a.store(off + L.B_SIZE, size)
+                if size >= need:
+                    if size - need >= L.BLOCK_MIN_SPLIT:
+                        # Remainder header first: if we die here, the block
+                        # still spans it and the remainder is simply unused.
+                        a.store(off + need + L.B_REFS, 0)
+                        a.store(off + need + L.B_SIZE, size - need)
+                        a.store(off + L.B_SIZE, need)
+                        size = need
+                    a.store(off + L.B_REFS, L.HOLD)
+                    a.fetch_add(self.base + L.A_USED, size)
+                    a.fetch_add(self.base + L.A_LIVE, 1)
+                    nxt = off + size
+                    self.cursor = nxt if nxt < self.end else self.first
+                    return off
+            scanned += size
+            off += size
+            if off >= self.end:
+                off = self.first
+        return None
+
+    def used_bytes(self) -> int:
+        return self.atomic.load(self.base + L.A_USED)
+
+
+def arena_usage(seg: Segment, worker: int) -> tuple[int, int]:
+    """(bytes, blocks) live in a worker's arena."""
+    base = seg.layout.arena(worker)
+    return seg.atomic.load(base + L.A_USED), seg.atomic.load(base + L.A_LIVE)
+
+
+def recover(seg: Segment, worker: int) -> int:
+    """After `worker` died: drop the HOLD of every block it was still filling.
+
+    Run by the supervisor before the replacement starts, so no other process
+    allocates in this arena meanwhile. Returns the number of blocks released.
+    """
+    a = seg.atomic
+    base = seg.layout.arena(worker)
+    off = base + L.ARENA_HEADER
+    end = base + seg.layout.limits.arena_bytes
+    released = 0
+    while off < end:
+        size = a.load(off + L.B_SIZE)
+        if size == 0:  # never happens in a consistent arena; do not loop forever
+            break
+        if a.load(off + L.B_REFS) & L.HOLD:
+            release_hold(seg, off)
+            released += 1
+        off += size
+    return released
+
+
+def write_message(
+    seg: Segment, block: int, exchange: bytes, routing_key: bytes, props: bytes, body_len: int
+) -> int:
+    """Write a message record's prefix; returns the absolute offset of its body."""
+    buf = seg.buf
+    p = block + L.BLOCK_HEADER
+    L.MSG_PREFIX.pack_into(buf, p, len(exchange), len(routing_key), 0, len(props), body_len)
+    p += L.MSG_PREFIX.size
+    buf[p : p + len(exchange)] = exchange
+    p += len(exchange)
+    buf[p : p + len(routing_key)] = routing_key
+    p += len(routing_key)
+    buf[p : p + len(props)] = props
+    return p + len(props)
+
+
+def message_size(exchange: bytes, routing_key: bytes, props: bytes, body_len: int) -> int:
+    return L.MSG_PREFIX.size + len(exchange) + len(routing_key) + len(props) + body_len
+
+
+def read_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes]:
+    """(exchange, routing key, raw properties, body) of a block, copied out.
+
+    Copied, not viewed: once acked (or at once for no-ack) the block may be
+    reused while the event loop still holds the bytes in its write buffer.
+    """
+    buf = seg.buf
+    p = block + L.BLOCK_HEADER
+    ex_len, rk_len, _, props_len, body_len = L.MSG_PREFIX.unpack_from(buf, p)
+    p += L.MSG_PREFIX.size
+    exchange = buf[p : p + ex_len]
+    p += ex_len
+    routing_key = buf[p : p + rk_len]
+    p += rk_len
+    props = buf[p : p + props_len]
+    p += props_len
+    return exchange, routing_key, props, buf[p : p + body_len]

@@ -1,0 +1,199 @@
+"""The shared-memory segment's layout: the single source of truth for offsets.
+
+One segment file (created by the supervisor under the runtime directory, mapped
+before fork so every child inherits the mapping) holds, in order:
+
+    +-------------------------------+ 0
+    | header        (HEADER_SIZE)   |  magic, version, limits, catalog generation
+    +-------------------------------+
+    | process table (PROC_SLOTS x   |  one slot per child: pid, heartbeat,
+    |                PROC_SIZE)     |  connection count, append intent
+    +-------------------------------+
+    | wake bitmap   (max_queues/8)  |  one bit per queue: "scheduler, look here"
+    +-------------------------------+
+    | queue table   (max_queues x   |  per queue: state, tail, head, counters, name
+    |                QUEUE_SIZE)    |
+    +-------------------------------+
+    | queue logs    (max_queues x   |  per queue: a ring of 16-byte cells
+    |                capacity x 16) |  (state word, body reference)
+    +-------------------------------+
+    | arenas        (max_workers x  |  per IO worker: message bodies, allocated
+    |                arena_bytes)   |  only by that worker, freed by anyone
+    +-------------------------------+
+
+Every word is 8-byte aligned and accessed through shm._atomic.Atomic.
+See shm/ARCHITECTURE.md for the states, transitions and owners.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+
+MAGIC = int.from_bytes(b"SHOALSHM", "little")
+VERSION = 1
+
+HEADER_SIZE = 4096
+# header words
+H_MAGIC = 0
+H_VERSION = 8
+H_SUPERVISOR_PID = 16
+H_CATALOG_GEN = 24  # bumped by the scheduler on every queue create/delete
+H_LIMITS_LEN = 32
+H_LIMITS = 64  # msgspec-encoded Limits, up to 512 bytes
+H_LIMITS_MAX = 512
+
+# process table
+PROC_SLOTS_EXTRA = 4  # supervisor, acceptor, scheduler, spare
+PROC_SIZE = 128
+P_PID = 0
+P_INCARNATION = 8
+P_HEARTBEAT_NS = 16
+P_CONNECTIONS = 24
+P_READY = 32  # 1 once the process is serving
+P_INTENT_QUEUE = 40  # qid + 1 of an append in progress (0: none)
+P_INTENT_SEQ = 48  # the sequence number that append reserved
+P_CHANNELS = 56
+P_CONSUMERS = 64
+P_PUBLISHED = 72  # messages accepted from publishers (worker-local counter)
+P_DELIVERED = 80
+P_RESCUES = 88  # scheduler: lost wake-ups rescued by its sweep (should stay 0)
+P_ROLE = 96  # ROLE_* of the process in this slot
+ROLE_WORKER, ROLE_ACCEPTOR, ROLE_SCHEDULER, ROLE_SUPERVISOR = 1, 2, 3, 4
+
+# queue table
+QUEUE_SIZE = 512
+Q_STATE = 0  # (generation << 8) | QS_*
+Q_TAIL = 8  # next sequence number to reserve
+Q_HEAD = 16  # lowest sequence number that may still be live
+Q_CHANGES = 24  # state-change counter (seed 000): bumped on append and release
+Q_WATCH = 32  # 1: the scheduler waits for work; whoever makes work must wake it
+Q_READY = 40  # entries AVAILABLE
+Q_UNACKED = 48  # entries ACQUIRED
+Q_RELEASE_GEN = 56  # bumped on every release: consumers rewind their pointers
+Q_RELEASE_LOW = 64  # lowest sequence ever released
+Q_FLAGS = 72  # QF_* bits
+Q_OWNER = 80  # exclusive owner: (worker << 40) | connection id
+Q_CONSUMERS = 88  # written by the scheduler
+Q_PUBLISHED = 96
+Q_DELIVERED = 104
+Q_ACKED = 112
+Q_REDELIVERED = 120
+Q_NAME_LEN = 128
+Q_NAME = 136
+Q_NAME_MAX = 255
+
+QS_FREE = 0
+QS_ACTIVE = 1
+
+QF_DURABLE = 1
+QF_EXCLUSIVE = 2
+QF_AUTO_DELETE = 4
+
+# queue log cells: word = seq << 20 | owner << 8 | flags << 4 | state
+CELL_SIZE = 16
+SEQ_SHIFT = 20
+OWNER_SHIFT = 8
+OWNER_MASK = 0xFFF
+STATE_MASK = 0xF
+FLAG_REDELIVERED = 1 << 4
+
+S_EMPTY = 0  # reserved (or never used): not yet readable
+S_AVAILABLE = 1
+S_ACQUIRED = 2
+S_DELETED = 3
+
+# arenas: block = [u64 size][u64 refcount word][payload]
+ARENA_HEADER = 64
+A_USED = 0  # bytes in live blocks
+A_LIVE = 8  # live blocks
+BLOCK_HEADER = 16
+B_SIZE = 0
+B_REFS = 8
+HOLD = 1 << 62  # set in the refcount word while the publishing worker still fills or routes
+BLOCK_ALIGN = 16
+BLOCK_MIN_SPLIT = 64
+
+# message record inside a block's payload
+MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, pad, props len, body len
+
+
+class Limits(msgspec.Struct, frozen=True):
+    """Sizes fixed when the segment is created."""
+
+    max_workers: int = 64
+    max_queues: int = 1024
+    queue_capacity: int = 1 << 18  # entries per queue log; a power of two
+    arena_bytes: int = 256 << 20  # per IO worker
+
+    def __post_init__(self) -> None:
+        cap = self.queue_capacity
+        if cap < 16 or cap & (cap - 1):
+            raise ValueError("queue_capacity must be a power of two >= 16")
+        if not 1 <= self.max_workers <= OWNER_MASK - 1:
+            raise ValueError(f"max_workers must be 1..{OWNER_MASK - 1}")
+        if self.max_queues < 1 or self.max_queues % 64:
+            raise ValueError("max_queues must be a positive multiple of 64")
+        if self.arena_bytes < 1 << 16 or self.arena_bytes % 4096:
+            raise ValueError("arena_bytes must be a multiple of 4096 and at least 64 KiB")
+
+
+def _align(n: int, to: int = 4096) -> int:
+    return (n + to - 1) // to * to
+
+
+class Layout:
+    """Offsets derived from Limits; identical in every process."""
+
+    __slots__ = (
+        "arenas",
+        "bitmap",
+        "limits",
+        "logs",
+        "proc_slots",
+        "procs",
+        "queues",
+        "size",
+    )
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.proc_slots = limits.max_workers + PROC_SLOTS_EXTRA
+        off = HEADER_SIZE
+        self.procs = off
+        off = _align(off + self.proc_slots * PROC_SIZE)
+        self.bitmap = off
+        off = _align(off + limits.max_queues // 8)
+        self.queues = off
+        off = _align(off + limits.max_queues * QUEUE_SIZE)
+        self.logs = off
+        off = _align(off + limits.max_queues * limits.queue_capacity * CELL_SIZE)
+        self.arenas = off
+        off += limits.max_workers * limits.arena_bytes
+        self.size = off
+
+    def proc(self, slot: int) -> int:
+        return self.procs + slot * PROC_SIZE
+
+    def queue(self, qid: int) -> int:
+        return self.queues + qid * QUEUE_SIZE
+
+    def log(self, qid: int) -> int:
+        return self.logs + qid * self.limits.queue_capacity * CELL_SIZE
+
+    def arena(self, worker: int) -> int:
+        return self.arenas + worker * self.limits.arena_bytes
+
+
+# Process-table slots for the roles that are not IO workers.
+def supervisor_slot(layout: Layout) -> int:
+    return layout.limits.max_workers
+
+
+def acceptor_slot(layout: Layout) -> int:
+    return layout.limits.max_workers + 1
+
+
+def scheduler_slot(layout: Layout) -> int:
+    return layout.limits.max_workers + 2

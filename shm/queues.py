@@ -1,0 +1,336 @@
+"""Queue table and queue logs in shared memory.
+
+Every queue is a ring of 16-byte cells indexed by a monotonically increasing
+sequence number (seq & mask). A cell's state word carries its sequence number,
+its state, the owner that acquired it and a redelivered flag:
+
+    bits 63..20 seq | 19..8 owner (worker index + 1) | 4 redelivered | 3..0 state
+
+Because the sequence number is part of the word, a compare-and-swap can never
+act on a cell that has since been reused for a later sequence (no ABA), and a
+reader that looks for `seq` and finds a newer one knows `seq` is long gone.
+Transitions (who may make them is in shm/ARCHITECTURE.md):
+
+    EMPTY(older seq) --publish--> AVAILABLE --acquire(owner)--> ACQUIRED(owner)
+    ACQUIRED(owner) --ack--> DELETED          ACQUIRED(owner) --release--> AVAILABLE+redelivered
+    AVAILABLE --purge/delete queue--> DELETED  ACQUIRED --delete queue--> DELETED
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from shm import layout as L
+from shm.arena import body_refs_drop
+from shm.segment import Segment
+
+_SEQ = L.SEQ_SHIFT
+_AVAIL = L.S_AVAILABLE
+_ACQ = L.S_ACQUIRED
+_DEL = L.S_DELETED
+_REDELIVERED = L.FLAG_REDELIVERED
+
+
+def _unpublished(word: int, seq: int) -> bool:
+    """True if a cell's word does not yet hold `seq` (it still carries an
+    older lap, or is the never-used word 0 of seq 0)."""
+    wseq = word >> _SEQ
+    return wseq < seq or (wseq == seq and word & L.STATE_MASK == L.S_EMPTY)
+
+
+class QueueFull(Exception):
+    """The queue's log has no free cell."""
+
+
+class QueueStore:
+    """Queue operations for one process. `owner` is the IO worker index + 1
+    (0 for the supervisor and the scheduler, which never acquire)."""
+
+    __slots__ = (
+        "_names",
+        "_names_gen",
+        "a",
+        "cap",
+        "layout",
+        "mask",
+        "owner",
+        "owner_bits",
+        "seg",
+    )
+
+    def __init__(self, seg: Segment, owner: int = 0) -> None:
+        self.seg = seg
+        self.a = seg.atomic
+        self.layout = seg.layout
+        self.cap = seg.layout.limits.queue_capacity
+        self.mask = self.cap - 1
+        self.owner = owner
+        self.owner_bits = owner << L.OWNER_SHIFT
+        self._names: dict[bytes, int] = {}
+        self._names_gen = -1
+
+    # ----------------------------------------------------------------- catalog
+    def catalog_generation(self) -> int:
+        return self.a.load(L.H_CATALOG_GEN)
+
+    def lookup(self, name: bytes) -> int | None:
+        """qid of the active queue called `name`, from a cache rebuilt only
+        when the scheduler bumps the catalog generation."""
+        gen = self.a.load(L.H_CATALOG_GEN)
+        if gen != self._names_gen:
+            self._names = dict(self.scan_names())
+            # Re-read: if it moved while we scanned, rescan next time.
+            self._names_gen = gen if self.a.load(L.H_CATALOG_GEN) == gen else -1
+        return self._names.get(name)
+
+    def scan_names(self) -> Iterator[tuple[bytes, int]]:
+        for qid in range(self.layout.limits.max_queues):
+            if self.a.load(self.layout.queue(qid) + L.Q_STATE) & 0xFF == L.QS_ACTIVE:
+                yield self.name(qid), qid
+
+    def name(self, qid: int) -> bytes:
+        q = self.layout.queue(qid)
+        n = self.a.load(q + L.Q_NAME_LEN)
+        return bytes(self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + n])
+
+    def is_active(self, qid: int) -> bool:
+        return self.a.load(self.layout.queue(qid) + L.Q_STATE) & 0xFF == L.QS_ACTIVE
+
+    def word(self, qid: int, field: int) -> int:
+        return self.a.load(self.layout.queue(qid) + field)
+
+    def create(self, qid: int, name: bytes, flags: int, owner_conn: int) -> None:
+        """Scheduler only: make a FREE slot an active queue called `name`."""
+        if len(name) > L.Q_NAME_MAX:
+            raise ValueError("queue name longer than 255 bytes")
+        a, q = self.a, self.layout.queue(qid)
+        state = a.load(q + L.Q_STATE)
+        if state & 0xFF != L.QS_FREE:
+            raise ValueError(f"queue slot {qid} is in use")
+        # The log continues from the old tail, so sequence numbers of a
+        # deleted queue never match cells of the new one.
+        tail = a.load(q + L.Q_TAIL)
+        a.store(q + L.Q_HEAD, tail)
+        for field in (
+            L.Q_READY,
+            L.Q_UNACKED,
+            L.Q_WATCH,
+            L.Q_CONSUMERS,
+            L.Q_PUBLISHED,
+            L.Q_DELIVERED,
+            L.Q_ACKED,
+            L.Q_REDELIVERED,
+        ):
+            a.store(q + field, 0)
+        a.store(q + L.Q_RELEASE_LOW, tail)
+        a.store(q + L.Q_FLAGS, flags)
+        a.store(q + L.Q_OWNER, owner_conn)
+        self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + len(name)] = name
+        a.store(q + L.Q_NAME_LEN, len(name))
+        a.store(q + L.Q_STATE, ((state >> 8) + 1) << 8 | L.QS_ACTIVE)
+        a.fetch_add(L.H_CATALOG_GEN, 1)
+
+    def remove(self, qid: int) -> int:
+        """Scheduler only: deactivate a queue and delete every entry it holds,
+        dropping their body references. Returns the number of messages dropped."""
+        a, q = self.a, self.layout.queue(qid)
+        state = a.load(q + L.Q_STATE)
+        a.store(q + L.Q_STATE, (state >> 8) << 8 | L.QS_FREE)
+        a.fetch_add(L.H_CATALOG_GEN, 1)
+        dropped = 0
+        ring = self.layout.log(qid)
+        head, tail = a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)
+        for seq in range(head, tail):
+            cell = ring + (seq & self.mask) * L.CELL_SIZE
+            while True:
+                w = a.load(cell)
+                wseq, st = w >> _SEQ, w & L.STATE_MASK
+                if wseq > seq or (wseq == seq and st == _DEL):
+                    break
+                # A cell still being published (older seq) is tombstoned too:
+                # the publisher's CAS then fails and it drops its reference.
+                if a.cas(cell, w, seq << _SEQ | _DEL):
+                    if wseq == seq and st in (_AVAIL, _ACQ):
+                        body_refs_drop(self.seg, a.load(cell + 8))
+                        dropped += 1
+                    break
+        a.store(q + L.Q_HEAD, tail)
+        for field in (L.Q_READY, L.Q_UNACKED):
+            a.store(q + field, 0)
+        return dropped
+
+    # ---------------------------------------------------------------- the log
+    def append(self, qid: int, block: int, intent: int) -> int:
+        """Publish a reference to `block` at the tail; returns its seq.
+
+        `intent` is this worker's process-table slot: the reserved seq is
+        recorded there so that, if we die between reserving and publishing,
+        the supervisor can tombstone the cell instead of leaving a hole that
+        would stall FIFO consumers. Raises QueueFull.
+        """
+        a, q = self.a, self.layout.queue(qid)
+        cap = self.cap
+        while True:
+            t = a.load(q + L.Q_TAIL)
+            if t - a.load(q + L.Q_HEAD) >= cap:
+                raise QueueFull(qid)
+            a.store(intent + L.P_INTENT_SEQ, t)
+            a.store(intent + L.P_INTENT_QUEUE, qid + 1)
+            if a.cas(q + L.Q_TAIL, t, t + 1):
+                break
+        cell = self.layout.log(qid) + (t & self.mask) * L.CELL_SIZE
+        old = a.load(cell)
+        a.store(cell + 8, block)
+        published = _unpublished(old, t) and a.cas(cell, old, t << _SEQ | _AVAIL)
+        a.store(intent + L.P_INTENT_QUEUE, 0)
+        if not published:  # the queue was deleted under us
+            raise QueueFull(qid)
+        a.fetch_add(q + L.Q_READY, 1)
+        a.fetch_add(q + L.Q_PUBLISHED, 1)
+        a.fetch_add(q + L.Q_CHANGES, 1)
+        return t
+
+    def acquire(self, qid: int, pointer: int) -> tuple[int, int, bool] | int:
+        """Acquire the first AVAILABLE entry at or after `pointer` for this owner.
+
+        Returns (seq, block, redelivered) on success, else the new pointer
+        (how far the scan got: the tail, or a cell still being published).
+        """
+        a, q = self.a, self.layout.queue(qid)
+        ring = self.layout.log(qid)
+        head = a.load(q + L.Q_HEAD)
+        start = pointer if pointer > head else head
+        while True:
+            tail = a.load(q + L.Q_TAIL)
+            found = a.find_entry(ring, self.mask, start, tail)
+            if found < 0:
+                return tail if found == -1 else -found - 2
+            cell = ring + (found & self.mask) * L.CELL_SIZE
+            w = a.load(cell)
+            if w >> _SEQ == found and w & L.STATE_MASK == _AVAIL:
+                acquired = found << _SEQ | self.owner_bits | (w & _REDELIVERED) | _ACQ
+                if a.cas(cell, w, acquired):
+                    a.fetch_add(q + L.Q_READY, -1)
+                    a.fetch_add(q + L.Q_UNACKED, 1)
+                    return found, a.load(cell + 8), bool(w & _REDELIVERED)
+            start = found  # lost a race for it: look again from there
+
+    def ack(self, qid: int, seq: int) -> int:
+        """Delete an entry this owner acquired; returns its body block (the
+        caller drops the reference), or 0 if the entry is no longer ours
+        (its queue was deleted, or the supervisor released it)."""
+        a = self.a
+        cell = self.layout.log(qid) + (seq & self.mask) * L.CELL_SIZE
+        w = a.load(cell)
+        if w >> _SEQ != seq or w & L.STATE_MASK != _ACQ or w & 0xFFF00 != self.owner_bits:
+            return 0
+        block = a.load(cell + 8)
+        if not a.cas(cell, w, seq << _SEQ | _DEL):
+            return 0
+        q = self.layout.queue(qid)
+        a.fetch_add(q + L.Q_UNACKED, -1)
+        a.fetch_add(q + L.Q_ACKED, 1)
+        if a.load(q + L.Q_HEAD) == seq:
+            self._advance_head(qid)
+        return block
+
+    def take_no_ack(self, qid: int, seq: int) -> None:
+        """An entry delivered without acknowledgement is deleted at once."""
+        block = self.ack(qid, seq)
+        if block:
+            body_refs_drop(self.seg, block)
+
+    def release(self, qid: int, seq: int, owner_bits: int | None = None) -> bool:
+        """ACQUIRED(owner) -> AVAILABLE with the redelivered flag; the entry
+        keeps its place in the queue. True if released."""
+        a = self.a
+        bits = self.owner_bits if owner_bits is None else owner_bits
+        cell = self.layout.log(qid) + (seq & self.mask) * L.CELL_SIZE
+        w = a.load(cell)
+        if w >> _SEQ != seq or w & L.STATE_MASK != _ACQ or w & 0xFFF00 != bits:
+            return False
+        if not a.cas(cell, w, seq << _SEQ | _REDELIVERED | _AVAIL):
+            return False
+        q = self.layout.queue(qid)
+        a.fetch_add(q + L.Q_UNACKED, -1)
+        a.fetch_add(q + L.Q_READY, 1)
+        a.fetch_add(q + L.Q_REDELIVERED, 1)
+        low = a.load(q + L.Q_RELEASE_LOW)
+        while seq < low and not a.cas(q + L.Q_RELEASE_LOW, low, seq):
+            low = a.load(q + L.Q_RELEASE_LOW)
+        a.fetch_add(q + L.Q_RELEASE_GEN, 1)
+        a.fetch_add(q + L.Q_CHANGES, 1)
+        return True
+
+    def purge(self, qid: int) -> int:
+        """Delete every AVAILABLE entry; returns how many were deleted."""
+        a, q = self.a, self.layout.queue(qid)
+        ring = self.layout.log(qid)
+        purged = 0
+        for seq in range(a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)):
+            cell = ring + (seq & self.mask) * L.CELL_SIZE
+            w = a.load(cell)
+            if (
+                w >> _SEQ == seq
+                and w & L.STATE_MASK == _AVAIL
+                and a.cas(cell, w, seq << _SEQ | _DEL)
+            ):
+                a.fetch_add(q + L.Q_READY, -1)
+                body_refs_drop(self.seg, a.load(cell + 8))
+                purged += 1
+        self._advance_head(qid)
+        return purged
+
+    def release_owner(self, owner: int) -> dict[int, int]:
+        """Supervisor, after IO worker `owner - 1` died: put back every entry
+        it had acquired (they are redelivered) and tombstone the cell it had
+        reserved but not published. Returns {qid: entries released}."""
+        a, layout = self.a, self.layout
+        bits = owner << L.OWNER_SHIFT
+        slot = layout.proc(owner - 1)
+        intent_q = a.load(slot + L.P_INTENT_QUEUE)
+        if intent_q:
+            qid, seq = intent_q - 1, a.load(slot + L.P_INTENT_SEQ)
+            cell = layout.log(qid) + (seq & self.mask) * L.CELL_SIZE
+            w = a.load(cell)
+            if _unpublished(w, seq) and a.load(layout.queue(qid) + L.Q_TAIL) > seq:
+                a.cas(cell, w, seq << _SEQ | _DEL)
+            a.store(slot + L.P_INTENT_QUEUE, 0)
+        released: dict[int, int] = {}
+        for qid in range(layout.limits.max_queues):
+            q = layout.queue(qid)
+            if not a.load(q + L.Q_UNACKED):
+                continue
+            ring = layout.log(qid)
+            for seq in range(a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)):
+                w = a.load(ring + (seq & self.mask) * L.CELL_SIZE)
+                if w & L.STATE_MASK == _ACQ and w & 0xFFF00 == bits and w >> _SEQ == seq:
+                    if self.release(qid, seq, bits):
+                        released[qid] = released.get(qid, 0) + 1
+            self._advance_head(qid)
+        return released
+
+    def _advance_head(self, qid: int) -> None:
+        """Move the head past deleted cells so they can be reused. Safe to
+        run concurrently: every step is a CAS from the value just read."""
+        a, q = self.a, self.layout.queue(qid)
+        ring = self.layout.log(qid)
+        mask = self.mask
+        h = a.load(q + L.Q_HEAD)
+        while h < a.load(q + L.Q_TAIL):
+            w = a.load(ring + (h & mask) * L.CELL_SIZE)
+            if w >> _SEQ != h or w & L.STATE_MASK != _DEL:
+                return
+            if not a.cas(q + L.Q_HEAD, h, h + 1):
+                h = a.load(q + L.Q_HEAD)
+                continue
+            h += 1
+
+    def rewind_point(self, qid: int, release_gen: int) -> tuple[int, int] | None:
+        """If entries were released since `release_gen`, return (new
+        release_gen, lowest released seq) so a consumer moves its pointer back."""
+        q = self.layout.queue(qid)
+        gen = self.a.load(q + L.Q_RELEASE_GEN)
+        if gen == release_gen:
+            return None
+        return gen, self.a.load(q + L.Q_RELEASE_LOW)

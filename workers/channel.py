@@ -1,0 +1,655 @@
+"""One AMQP channel: publish assembly, consumers, acknowledgements, and the
+channel-level methods. Sans IO: it writes through its Connection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as C
+
+from broker import errors as E
+from broker.ipc import Msg
+from shm import layout as L
+from shm.arena import (
+    body_refs_drop,
+    message_size,
+    read_message,
+    release_hold,
+    write_message,
+)
+from shm.queues import QueueFull
+from workers import framing as F
+from workers.consumer import Consumer, pull, update_interest
+from workers.context import RemoteError
+
+if TYPE_CHECKING:
+    from workers.connection import Connection
+
+# Publish assembly states
+IDLE, EXPECT_HEADER, EXPECT_BODY = 0, 1, 2
+RETRY_DELAY = 0.005  # seconds between retries while a queue or the arena is full
+
+
+class Pending:
+    """A message being assembled from its publish, header and body frames."""
+
+    __slots__ = (
+        "block",
+        "body",
+        "body_off",
+        "body_size",
+        "exchange",
+        "header",
+        "mandatory",
+        "qids",
+        "received",
+        "routing_key",
+    )
+
+    def __init__(self, exchange: bytes, routing_key: bytes, mandatory: bool) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.header = b""
+        self.body_size = 0
+        self.received = 0
+        self.qids: list[int] = []
+        self.block = 0
+        self.body_off = 0
+        self.body: bytearray | None = None  # only for unroutable messages
+
+
+class Channel:
+    __slots__ = (
+        "backlog",
+        "busy",
+        "closing",
+        "confirm",
+        "confirm_high",
+        "confirm_sent",
+        "conn",
+        "consumers",
+        "ctx",
+        "flow_active",
+        "last_queue",
+        "next_tag",
+        "number",
+        "pending",
+        "prefetch_count",
+        "publish_seq",
+        "state",
+        "unacked",
+    )
+
+    def __init__(self, conn: Connection, number: int) -> None:
+        self.conn = conn
+        self.ctx = conn.ctx
+        self.number = number
+        self.state = IDLE
+        self.pending: Pending | None = None
+        self.consumers: dict[bytes, Consumer] = {}
+        # delivery tag -> (consumer or None for basic.get, qid, seq)
+        self.unacked: dict[int, tuple[Consumer | None, int, int]] = {}
+        self.next_tag = 1
+        self.prefetch_count = 0
+        self.confirm = False
+        self.publish_seq = 0
+        self.confirm_high = 0
+        self.confirm_sent = 0
+        self.flow_active = True
+        self.closing = False
+        self.busy = False
+        self.backlog: deque[tuple[int, memoryview]] = deque()
+        self.last_queue = b""
+
+    # ------------------------------------------------------------- dispatch
+    def handle(self, ftype: int, payload: memoryview) -> None:
+        if self.busy:
+            self.backlog.append((ftype, payload))
+            return
+        if self.closing:
+            # After we sent channel.close only close/close-ok matter.
+            if ftype == F.FRAME_METHOD and F.method_index(payload) in (
+                C.Channel.Close.index,
+                C.Channel.CloseOk.index,
+            ):
+                self._method(F.decode_method(payload))
+            return
+        try:
+            if ftype == F.FRAME_METHOD:
+                if self.state != IDLE:
+                    raise E.ConnectionError_(
+                        E.UNEXPECTED_FRAME,
+                        f"expected content header for class 60, got non content header frame instead",
+                    )
+                index = F.method_index(payload)
+                if index == F.PUBLISH:
+                    self._on_publish(payload)
+                elif index == F.ACK:
+                    tag, bits = F.decode_ack(payload)
+                    self._settle(tag, bool(bits & 1), None)
+                elif index == F.NACK:
+                    tag, bits = F.decode_ack(payload)
+                    self._settle(tag, bool(bits & 1), bool(bits & 2))
+                elif index == F.REJECT:
+                    tag, bits = F.decode_ack(payload)
+                    self._settle(tag, False, bool(bits & 1))
+                else:
+                    self._method(F.decode_method(payload))
+            elif ftype == F.FRAME_HEADER:
+                self._on_header(payload)
+            elif ftype == F.FRAME_BODY:
+                self._on_body(payload)
+            else:
+                raise E.ConnectionError_(E.FRAME_ERROR, f"unexpected frame type {ftype} on channel")
+        except E.ChannelError as exc:
+            self.fail(exc)
+
+    def _method(self, method: Any) -> None:
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise E.ConnectionError_(
+                E.COMMAND_INVALID,
+                f"method {method.name} is not allowed on a channel",
+                *divmod(method.index, 0x10000),
+            )
+        result = handler(self, method)
+        if result is not None:
+            self._run_async(result, method)
+
+    def _run_async(self, coro: Coroutine[Any, Any, None], method: Any) -> None:
+        """Hold the channel's later frames until `coro` (a scheduler round
+        trip) is done: replies must go out in order."""
+        self.busy = True
+        task = self.ctx.loop.create_task(coro)
+        task.add_done_callback(lambda t: self._async_done(t, method))
+
+    def _async_done(self, task: asyncio.Task[None], method: Any) -> None:
+        self.busy = False
+        if self.conn.closed:
+            return
+        exc = task.exception() if not task.cancelled() else None
+        if isinstance(exc, RemoteError):
+            exc = E.ChannelError(exc.reply_code, exc.reply_text, *divmod(method.index, 0x10000))
+        if isinstance(exc, E.ChannelError):
+            self.fail(exc)
+        elif isinstance(exc, E.ConnectionError_):
+            self.conn.fail(exc)
+            return
+        elif exc is not None:
+            self.conn.fail(E.ConnectionError_(E.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
+            return
+        self.resume()
+
+    def suspend_retry(self, payload: memoryview | None, ftype: int = 0) -> None:
+        """Back-pressure: a queue or the arena is full. Keep the frame, stop
+        reading the socket, and try again shortly."""
+        if payload is not None:
+            self.backlog.appendleft((ftype, payload))
+        self.busy = True
+        self.conn.hold_reading(self)
+        self.ctx.loop.call_later(RETRY_DELAY, self._retry)
+
+    def _retry(self) -> None:
+        if self.conn.closed:
+            return
+        self.busy = False
+        if self.pending is not None and self.state == IDLE and self.pending.qids:
+            self._complete()  # retry appending a finished message
+            if self.busy:
+                return
+        self.conn.release_reading(self)
+        self.resume()
+
+    def resume(self) -> None:
+        while self.backlog and not self.busy and not self.conn.closed:
+            ftype, payload = self.backlog.popleft()
+            self.handle(ftype, payload)
+        self.conn.flush_confirms(self)
+
+    # ------------------------------------------------------------- publish
+    def _on_publish(self, payload: memoryview) -> None:
+        exchange, routing_key, mandatory, immediate = F.decode_publish(payload)
+        if immediate:
+            raise E.ConnectionError_(E.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        if exchange:
+            raise E.ChannelError(
+                E.NOT_FOUND,
+                f"no exchange '{exchange.decode(errors='replace')}' in vhost '{self.conn.vhost}'",
+                60,
+                40,
+            )
+        self.pending = Pending(exchange, routing_key, mandatory)
+        self.state = EXPECT_HEADER
+
+    def _on_header(self, payload: memoryview) -> None:
+        pending = self.pending
+        if self.state != EXPECT_HEADER or pending is None:
+            raise E.ConnectionError_(
+                E.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        class_id, body_size = F.decode_content_header(payload)
+        if class_id != 60:
+            raise E.ConnectionError_(E.FRAME_ERROR, f"content header for class {class_id}")
+        limit = self.ctx.config.max_message_size
+        if body_size > limit:
+            self.state = IDLE
+            self.pending = None
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size {limit}",
+                60,
+                40,
+            )
+        if not pending.header:
+            pending.header = bytes(payload)
+            pending.body_size = body_size
+            qid = self.ctx.store.lookup(pending.routing_key)
+            pending.qids = [] if qid is None else [qid]
+        if pending.qids:
+            size = message_size(pending.exchange, pending.routing_key, pending.header, body_size)
+            block = self.ctx.arena.alloc(size)
+            if block is None:
+                self.suspend_retry(payload, F.FRAME_HEADER)
+                return
+            pending.block = block
+            pending.body_off = write_message(
+                self.ctx.seg,
+                block,
+                pending.exchange,
+                pending.routing_key,
+                pending.header,
+                body_size,
+            )
+        else:
+            pending.body = bytearray()
+        if body_size == 0:
+            self.state = IDLE
+            self._complete()
+        else:
+            self.state = EXPECT_BODY
+
+    def _on_body(self, payload: memoryview) -> None:
+        pending = self.pending
+        if self.state != EXPECT_BODY or pending is None:
+            raise E.ConnectionError_(
+                E.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        n = len(payload)
+        if pending.received + n > pending.body_size:
+            raise E.ConnectionError_(
+                E.FRAME_ERROR, "content body is larger than the size in its content header"
+            )
+        if pending.body is not None:
+            pending.body += payload
+        else:
+            start = pending.body_off + pending.received
+            self.ctx.seg.buf[start : start + n] = payload
+        pending.received += n
+        if pending.received == pending.body_size:
+            self.state = IDLE
+            self._complete()
+
+    def _complete(self) -> None:
+        """Append the finished message to its queues, then confirm it."""
+        pending = self.pending
+        assert pending is not None
+        ctx = self.ctx
+        if pending.qids:
+            block = pending.block
+            a = ctx.atomic
+            while pending.qids:
+                qid = pending.qids[0]
+                a.fetch_add(block + L.B_REFS, 1)
+                try:
+                    ctx.store.append(qid, block, ctx.slot)
+                except QueueFull:
+                    a.fetch_add(block + L.B_REFS, -1)
+                    if ctx.store.is_active(qid):
+                        self.suspend_retry(None)
+                        return
+                    # The queue was deleted meanwhile: the message is dropped
+                    # for it, exactly as if it had been deleted a moment later.
+                pending.qids.pop(0)
+                ctx.waker.work_added(qid)
+            release_hold(ctx.seg, block)
+        elif pending.mandatory:
+            self._return(pending)
+        self.pending = None
+        ctx.count(L.P_PUBLISHED)
+        if self.confirm:
+            self.publish_seq += 1
+            self.confirm_high = self.publish_seq
+
+    def _return(self, pending: Pending) -> None:
+        method = C.Basic.Return(
+            reply_code=312,
+            reply_text="NO_ROUTE",
+            exchange=pending.exchange.decode(),
+            routing_key=pending.routing_key.decode(errors="replace"),
+        )
+        frames = [F.encode_method(self.number, method)]
+        frames += F.encode_content(
+            self.number, pending.header, bytes(pending.body or b""), self.conn.frame_max
+        )
+        self.conn.write_many(frames)
+
+    # ------------------------------------------------------------ delivery
+    def can_deliver(self) -> bool:
+        return self.flow_active and not self.closing and self.conn.can_deliver()
+
+    def deliver(
+        self, consumer: Consumer, seq: int, block: int, redelivered: bool, out: list[bytes]
+    ) -> None:
+        exchange, routing_key, header, body = read_message(self.ctx.seg, block)
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if consumer.no_ack:
+            self.ctx.store.take_no_ack(consumer.qid, seq)
+        else:
+            self.unacked[tag] = (consumer, consumer.qid, seq)
+            consumer.unacked += 1
+        out.append(
+            F.encode_deliver(
+                self.number, consumer.tag_sstr, tag, redelivered, exchange, routing_key
+            )
+        )
+        out += F.encode_content(self.number, header, body, self.conn.frame_max)
+
+    def _settle(self, tag: int, multiple: bool, requeue: bool | None) -> None:
+        """Ack (requeue None), or nack/reject (requeue True/False)."""
+        unacked = self.unacked
+        if multiple:
+            tags = [t for t in unacked if t <= tag] if tag else list(unacked)
+        elif tag in unacked:
+            tags = [tag]
+        else:
+            tags = []
+        if not tags and (tag or not multiple):
+            method_id = 80 if requeue is None else 120 if multiple else 90
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
+            )
+        touched: set[Consumer] = set()
+        for t in tags:
+            consumer, qid, seq = unacked.pop(t)
+            self._finish(qid, seq, requeue)
+            if consumer is not None:
+                consumer.unacked -= 1
+                touched.add(consumer)
+        for consumer in touched:
+            update_interest(self.ctx, consumer)
+
+    def _finish(self, qid: int, seq: int, requeue: bool | None) -> None:
+        ctx = self.ctx
+        if requeue:
+            if ctx.store.release(qid, seq):
+                ctx.waker.work_added(qid)
+            return
+        block = ctx.store.ack(qid, seq)
+        if block:
+            body_refs_drop(ctx.seg, block)
+
+    def requeue_all(self) -> None:
+        for _consumer, qid, seq in self.unacked.values():
+            self._finish(qid, seq, True)
+        self.unacked.clear()
+
+    # -------------------------------------------------------- lifecycle
+    def fail(self, exc: E.AMQPError) -> None:
+        """A channel exception: close this channel, keep the connection."""
+        self.release()
+        self.closing = True
+        self.backlog.clear()
+        self.conn.write(
+            F.encode_method(
+                self.number,
+                C.Channel.Close(
+                    reply_code=exc.reply_code,
+                    reply_text=exc.reply_text[:255],
+                    class_id=exc.class_id,
+                    method_id=exc.method_id,
+                ),
+            )
+        )
+
+    def release(self) -> None:
+        """Cancel consumers and requeue unacked messages (close or crash)."""
+        for consumer in self.consumers.values():
+            self._drop_consumer(consumer)
+        self.consumers.clear()
+        self.requeue_all()
+        pending = self.pending
+        if pending is not None and pending.block and pending.body is None:
+            # A half-received message was never appended anywhere.
+            release_hold(self.ctx.seg, pending.block)
+        self.pending = None
+        self.state = IDLE
+
+    def _drop_consumer(self, consumer: Consumer) -> None:
+        if not consumer.cancelled:
+            consumer.cancelled = True
+            self.ctx.send(Msg.CANCEL, consumer.cid)
+        self.ctx.consumers.pop(consumer.cid, None)
+
+    # ------------------------------------------------------ method handlers
+    def _channel_close(self, method: C.Channel.Close) -> None:
+        self.release()
+        self.conn.write(F.encode_method(self.number, C.Channel.CloseOk()))
+        self.conn.forget_channel(self.number)
+
+    def _channel_close_ok(self, method: C.Channel.CloseOk) -> None:
+        self.conn.forget_channel(self.number)
+
+    def _channel_open(self, method: C.Channel.Open) -> None:
+        raise E.ConnectionError_(E.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+
+    def _channel_flow(self, method: C.Channel.Flow) -> None:
+        self.flow_active = method.active
+        self.conn.write(F.encode_method(self.number, C.Channel.FlowOk(active=method.active)))
+        for consumer in self.consumers.values():
+            update_interest(self.ctx, consumer)
+
+    def _basic_qos(self, method: C.Basic.Qos) -> None:
+        # Applied to live consumers too (as LavinMQ does): Celery relies on it.
+        self.prefetch_count = method.prefetch_count
+        self.conn.write(F.encode_method(self.number, C.Basic.QosOk()))
+        for consumer in self.consumers.values():
+            update_interest(self.ctx, consumer)
+
+    def _confirm_select(self, method: C.Confirm.Select) -> None:
+        self.confirm = True
+        if not method.nowait:
+            self.conn.write(F.encode_method(self.number, C.Confirm.SelectOk()))
+
+    def _resolve_queue(self, name: str, class_method: tuple[int, int]) -> tuple[bytes, int]:
+        raw = name.encode() if name else self.last_queue
+        if not raw:
+            raise E.ChannelError(E.NOT_FOUND, "no previously declared queue", *class_method)
+        qid = self.ctx.store.lookup(raw)
+        if qid is None:
+            raise E.ChannelError(
+                E.NOT_FOUND,
+                E.no_queue(raw.decode(errors="replace"), self.conn.vhost),
+                *class_method,
+            )
+        return raw, qid
+
+    async def _queue_declare(self, method: C.Queue.Declare) -> None:
+        name = method.queue.encode()
+        if name.startswith(b"amq.") and not method.passive:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED,
+                f"queue name '{method.queue}' contains reserved prefix 'amq.*'",
+                50,
+                10,
+            )
+        owner = self.conn.id if method.exclusive else 0
+        qid, qname, ready, consumers = await self.ctx.request(
+            Msg.DECLARE,
+            name,
+            method.passive,
+            method.durable,
+            method.exclusive,
+            method.auto_delete,
+            owner,
+            self.conn.id,
+        )
+        self.last_queue = qname
+        if not method.nowait:
+            self.conn.write(
+                F.encode_method(
+                    self.number,
+                    C.Queue.DeclareOk(
+                        queue=qname.decode(), message_count=ready, consumer_count=consumers
+                    ),
+                )
+            )
+
+    async def _queue_delete(self, method: C.Queue.Delete) -> None:
+        name = method.queue.encode() if method.queue else self.last_queue
+        count = await self.ctx.request(
+            Msg.DELETE, name, method.if_unused, method.if_empty, self.conn.id
+        )
+        if not method.nowait:
+            self.conn.write(F.encode_method(self.number, C.Queue.DeleteOk(message_count=count)))
+
+    async def _queue_purge(self, method: C.Queue.Purge) -> None:
+        name = method.queue.encode() if method.queue else self.last_queue
+        count = await self.ctx.request(Msg.PURGE, name, self.conn.id)
+        if not method.nowait:
+            self.conn.write(F.encode_method(self.number, C.Queue.PurgeOk(message_count=count)))
+
+    async def _basic_consume(self, method: C.Basic.Consume) -> None:
+        name, qid = self._resolve_queue(method.queue, (60, 20))
+        tag = method.consumer_tag.encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
+        if tag in self.consumers:
+            raise E.ConnectionError_(
+                E.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag.decode()}'", 60, 20
+            )
+        args = method.arguments or {}
+        priority = args.get("x-priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED,
+                f"invalid arg 'x-priority' for consumer: {priority!r}",
+                60,
+                20,
+            )
+        ctx = self.ctx
+        consumer = Consumer(
+            ctx.next_cid(), tag, self, qid, name, method.no_ack, method.exclusive, priority
+        )
+        # Registered as not interested: no delivery may overtake consume-ok.
+        consumer.interested = False
+        self.consumers[tag] = consumer
+        ctx.consumers[consumer.cid] = consumer
+        try:
+            await ctx.request(
+                Msg.CONSUME,
+                consumer.cid,
+                qid,
+                priority,
+                True,
+                method.exclusive,
+                False,
+                self.conn.id,
+            )
+        except BaseException:
+            consumer.cancelled = True
+            self.consumers.pop(tag, None)
+            ctx.consumers.pop(consumer.cid, None)
+            raise
+        if consumer.cancelled:
+            return
+        if not method.nowait:
+            self.conn.write(
+                F.encode_method(self.number, C.Basic.ConsumeOk(consumer_tag=tag.decode()))
+            )
+        update_interest(ctx, consumer)
+
+    def _basic_cancel(self, method: C.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(method.consumer_tag.encode(), None)
+        if consumer is not None:
+            self._drop_consumer(consumer)
+        if not method.nowait:
+            self.conn.write(
+                F.encode_method(self.number, C.Basic.CancelOk(consumer_tag=method.consumer_tag))
+            )
+
+    def consumer_gone(self, consumer: Consumer) -> None:
+        """The scheduler cancelled this consumer (its queue was deleted)."""
+        self.consumers.pop(consumer.tag, None)
+        consumer.cancelled = True
+        self.ctx.consumers.pop(consumer.cid, None)
+        if self.conn.capabilities.get("consumer_cancel_notify"):
+            self.conn.write(
+                F.encode_method(
+                    self.number, C.Basic.Cancel(consumer_tag=consumer.tag.decode(), nowait=True)
+                )
+            )
+
+    def _basic_get(self, method: C.Basic.Get) -> None:
+        # A one-message temporary subscription: acquire from the head.
+        _name, qid = self._resolve_queue(method.queue, (60, 70))
+        ctx = self.ctx
+        got = ctx.store.acquire(qid, 0)
+        if got.__class__ is int:
+            self.conn.write(F.encode_method(self.number, C.Basic.GetEmpty()))
+            return
+        seq, block, redelivered = got  # type: ignore[misc]
+        exchange, routing_key, header, body = read_message(ctx.seg, block)
+        tag = self.next_tag
+        self.next_tag += 1
+        if method.no_ack:
+            ctx.store.take_no_ack(qid, seq)
+        else:
+            self.unacked[tag] = (None, qid, seq)
+        ready = ctx.store.word(qid, L.Q_READY)
+        frames = [
+            F.encode_method(
+                self.number,
+                C.Basic.GetOk(
+                    delivery_tag=tag,
+                    redelivered=redelivered,
+                    exchange=exchange.decode(),
+                    routing_key=routing_key.decode(errors="replace"),
+                    message_count=ready,
+                ),
+            )
+        ]
+        frames += F.encode_content(self.number, header, body, self.conn.frame_max)
+        self.conn.write_many(frames)
+        ctx.count(L.P_DELIVERED)
+
+    def _basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
+        touched = {c for c, _q, _s in self.unacked.values() if c is not None}
+        self.requeue_all()
+        for consumer in touched:
+            consumer.unacked = 0
+            update_interest(self.ctx, consumer)
+        if isinstance(method, C.Basic.Recover):
+            self.conn.write(F.encode_method(self.number, C.Basic.RecoverOk()))
+
+
+_Handler = Callable[[Channel, Any], Coroutine[Any, Any, None] | None]
+_HANDLERS: dict[type, _Handler] = {
+    C.Channel.Close: Channel._channel_close,
+    C.Channel.CloseOk: Channel._channel_close_ok,
+    C.Channel.Open: Channel._channel_open,
+    C.Channel.Flow: Channel._channel_flow,
+    C.Basic.Qos: Channel._basic_qos,
+    C.Basic.Consume: Channel._basic_consume,
+    C.Basic.Cancel: Channel._basic_cancel,
+    C.Basic.Get: Channel._basic_get,
+    C.Basic.Recover: Channel._basic_recover,
+    C.Basic.RecoverAsync: Channel._basic_recover,
+    C.Confirm.Select: Channel._confirm_select,
+    C.Queue.Declare: Channel._queue_declare,
+    C.Queue.Delete: Channel._queue_delete,
+    C.Queue.Purge: Channel._queue_purge,
+}

@@ -1,0 +1,141 @@
+"""A consumer on this worker, and the pull loop that serves it.
+
+The scheduler tells a consumer that its queue has work (NOTIFY); the consumer
+then pulls entries itself, acquiring each with a compare-and-swap on its state
+word, until the queue gives it nothing (DONE), its credit or its connection's
+write buffer runs out (INTEREST false), or it has had a fair burst (DONE -1,
+yield). It keeps a pointer into the queue log and skips entries others hold.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from broker.ipc import Msg
+from shm import layout as L
+
+if TYPE_CHECKING:
+    from workers.channel import Channel
+    from workers.context import WorkerContext
+
+# Deliveries per notification before yielding to other consumers of the queue
+# (Qpid's MAX_ASYNC_DELIVERIES): keeps one fast consumer from starving the rest.
+BURST = 256
+
+
+class Consumer:
+    __slots__ = (
+        "acquiring",
+        "cancelled",
+        "channel",
+        "cid",
+        "exclusive",
+        "interested",
+        "no_ack",
+        "notified",
+        "pointer",
+        "priority",
+        "qid",
+        "queue_name",
+        "release_gen",
+        "tag",
+        "tag_sstr",
+        "unacked",
+    )
+
+    def __init__(
+        self,
+        cid: int,
+        tag: bytes,
+        channel: Channel,
+        qid: int,
+        queue_name: bytes,
+        no_ack: bool,
+        exclusive: bool,
+        priority: int,
+    ) -> None:
+        self.cid = cid
+        self.tag = tag
+        self.tag_sstr = bytes((len(tag),)) + tag
+        self.channel = channel
+        self.qid = qid
+        self.queue_name = queue_name
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.acquiring = True
+        self.pointer = 0
+        self.release_gen = 0
+        self.unacked = 0
+        self.notified = False
+        self.interested = True
+        self.cancelled = False
+
+    def record(self) -> list[object]:
+        return [self.cid, self.qid, self.priority, self.acquiring, self.exclusive, self.interested]
+
+    def has_credit(self) -> bool:
+        if self.no_ack:
+            return True
+        prefetch = self.channel.prefetch_count
+        return prefetch == 0 or self.unacked < prefetch
+
+    def wants_work(self) -> bool:
+        return not self.cancelled and self.has_credit() and self.channel.can_deliver()
+
+
+def update_interest(ctx: WorkerContext, consumer: Consumer) -> None:
+    """Tell the scheduler when this consumer's readiness changes."""
+    want = consumer.wants_work()
+    if want != consumer.interested and not consumer.cancelled:
+        consumer.interested = want
+        if not want:
+            consumer.notified = False
+        ctx.send(Msg.INTEREST, consumer.cid, want)
+
+
+def pull(ctx: WorkerContext, consumer: Consumer) -> None:
+    """Serve a NOTIFY: deliver until the queue, the credit or the burst ends."""
+    if consumer.cancelled or not consumer.interested:
+        return  # a NOTIFY that crossed our INTEREST(false) or CANCEL
+    consumer.notified = True
+    store = ctx.store
+    qid = consumer.qid
+    changes_word = ctx.seg.layout.queue(qid) + L.Q_CHANGES
+    load = ctx.atomic.load
+    channel = consumer.channel
+    out: list[bytes] = []
+    delivered = 0
+    try:
+        while True:
+            if not consumer.wants_work():
+                consumer.notified = False
+                update_interest(ctx, consumer)
+                return
+            if delivered >= BURST:
+                consumer.notified = False
+                ctx.send(Msg.DONE, consumer.cid, -1)
+                return
+            # Read the state-change counter before scanning: anything published
+            # after this read bumps it, and the scheduler compares.
+            changes = load(changes_word)
+            rewind = store.rewind_point(qid, consumer.release_gen)
+            if rewind is not None:
+                consumer.release_gen = rewind[0]
+                if rewind[1] < consumer.pointer:
+                    consumer.pointer = rewind[1]
+            got = store.acquire(qid, consumer.pointer)
+            if got.__class__ is int:
+                consumer.pointer = got  # type: ignore[assignment]
+                consumer.notified = False
+                ctx.send(Msg.DONE, consumer.cid, changes)
+                return
+            seq, block, redelivered = got  # type: ignore[misc]
+            consumer.pointer = seq + 1
+            channel.deliver(consumer, seq, block, redelivered, out)
+            delivered += 1
+    finally:
+        if out:
+            channel.conn.write_many(out)
+        if delivered:
+            ctx.count(L.P_DELIVERED, delivered)

@@ -1,0 +1,110 @@
+"""Everything an IO worker's connections share: shared memory, the scheduler
+link, and the registry of this worker's consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from broker.config import Config
+from broker.ipc import Link, Msg
+from shm import layout as L
+from shm.arena import Arena
+from shm.queues import QueueStore
+from shm.segment import Segment
+from shm.wake import Waker
+
+if TYPE_CHECKING:
+    from workers.connection import Connection
+    from workers.consumer import Consumer
+
+
+class RemoteError(Exception):
+    """The scheduler refused a request with an AMQP reply code."""
+
+    def __init__(self, reply_code: int, reply_text: str) -> None:
+        super().__init__(reply_text)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+
+
+class WorkerContext:
+    def __init__(
+        self,
+        config: Config,
+        seg: Segment,
+        index: int,
+        incarnation: int,
+        efd: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.config = config
+        self.seg = seg
+        self.atomic = seg.atomic
+        self.index = index
+        self.incarnation = incarnation
+        self.owner = index + 1
+        self.loop = loop
+        self.store = QueueStore(seg, self.owner)
+        self.arena = Arena(seg, index)
+        self.waker = Waker(seg, efd)
+        self.slot = seg.layout.proc(index)
+        self.link: Link | None = None
+        self.connections: set[Connection] = set()
+        self.consumers: dict[int, Consumer] = {}
+        self._cids = itertools.count(1)
+        self._conn_ids = itertools.count(1)
+        self._reqs = itertools.count(1)
+        self._pending: dict[int, tuple[asyncio.Future[Any], tuple[Any, ...]]] = {}
+        self.closing = False
+
+    # ------------------------------------------------------------ identifiers
+    def next_cid(self) -> int:
+        return next(self._cids)
+
+    def next_connection_id(self) -> int:
+        """Globally unique while this worker lives: worker index in the high bits."""
+        return (self.index << 40) | (self.incarnation << 24 & (0xFFFF << 24)) | next(self._conn_ids)
+
+    # -------------------------------------------------------- scheduler link
+    def attach_link(self, link: Link) -> None:
+        self.link = link
+
+    def send(self, *items: Any) -> None:
+        if self.link is not None:
+            self.link.send(*items)
+
+    def request(self, kind: Msg, *args: Any) -> asyncio.Future[Any]:
+        """Send a request to the scheduler; the future gets the reply payload
+        or a RemoteError."""
+        req = next(self._reqs)
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        message = (kind, req, *args)
+        self._pending[req] = (fut, message)
+        self.send(*message)
+        return fut
+
+    def on_reply(self, req: int, ok: bool, payload: Any) -> None:
+        entry = self._pending.pop(req, None)
+        if entry is None or entry[0].done():
+            return
+        if ok:
+            entry[0].set_result(payload)
+        else:
+            entry[0].set_exception(RemoteError(payload[0], payload[1]))
+
+    def hello(self) -> None:
+        """(Re-)introduce this worker and its consumers to the scheduler, and
+        re-send requests a dead scheduler may not have answered."""
+        records = [c.record() for c in self.consumers.values()]
+        self.send(Msg.HELLO, self.index, self.incarnation, records)
+        for _fut, message in list(self._pending.values()):
+            self.send(*message)
+
+    # --------------------------------------------------------------- counters
+    def count(self, field: int, delta: int = 1) -> None:
+        self.atomic.fetch_add(self.slot + field, delta)
+
+    def heartbeat(self, now_ns: int) -> None:
+        self.atomic.store(self.slot + L.P_HEARTBEAT_NS, now_ns)
