@@ -149,4 +149,7 @@ def run_worker(
     handoff_sock: socket.socket,
 ) -> int:
     setproctitle(f"shoal: io-worker {index} (port {config.port})")
+    # Fault injection for tests of the supervisor's crash-loop back-off.
+    if os.environ.get("SHOAL_FAULT_WORKER_BOOT") == str(index):
+        raise RuntimeError(f"injected boot failure of io-worker {index}")
     return Worker(config, seg, index, incarnation, efd, sched_sock, handoff_sock).run()

@@ -1,0 +1,171 @@
+"""Start and stop a real Shoal broker as a separate process for tests.
+
+Every wait here is a bounded poll of a condition (the segment says the workers
+are ready, a port accepts, a process is gone), never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from broker.status import snapshot
+from shm.segment import Segment
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Broker:
+    def __init__(self, tmp: Path, workers: int = 2, args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.workers = workers
+        self.runtime_dir = str(tmp / f"run-{self.port}")
+        self.log_path = tmp / f"broker-{self.port}.log"
+        self.args = args
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._seg: Segment | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def start(self, wait: bool = True) -> Broker:
+        cmd = [
+            sys.executable,
+            "-m",
+            "broker",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+            "--runtime-dir",
+            self.runtime_dir,
+            "--graceful-timeout",
+            "5",
+            "--arena-mb",
+            "64",
+            "--max-queues",
+            "256",
+            *self.args,
+        ]
+        env = dict(os.environ)
+        env.update(self.env or {})
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        if wait:
+            wait_for(self.ready, 20, f"broker on port {self.port} to be ready")
+        return self
+
+    def segment(self) -> Segment:
+        if self._seg is None:
+            self._seg = Segment.attach(os.path.join(self.runtime_dir, "shoal.shm"))
+        return self._seg
+
+    def status(self) -> dict[str, Any]:
+        return snapshot(self.segment())
+
+    def ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+        if not os.path.exists(os.path.join(self.runtime_dir, "shoal.shm")):
+            return False
+        try:
+            procs = self.status()["processes"]
+        except (OSError, ValueError):
+            return False
+        workers = [p for p in procs if p["role"] == "io-worker" and p["ready"]]
+        others = {p["role"] for p in procs if p["ready"]}
+        if len(workers) < self.workers or not {"acceptor", "scheduler"} <= others:
+            return False
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def pids(self, role: str) -> dict[int, int]:
+        """index -> pid for io-workers; 0 -> pid for other roles."""
+        out = {}
+        for p in self.status()["processes"]:
+            if p["role"] == role and p["ready"]:
+                out[p.get("index", 0)] = p["pid"]
+        return out
+
+    def worker_of_pid(self, pid: int) -> int:
+        return next(i for i, p in self.pids("io-worker").items() if p == pid)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def family(self) -> list[psutil.Process]:
+        """The supervisor and every process it forked."""
+        if self.proc is None:
+            return []
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        family = self.family()
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            for p in family:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            self.proc.wait(5)
+            raise AssertionError(f"broker did not stop within {timeout}s:\n{self.log()}") from None
+        # Children must be gone too (the supervisor reaps them before exiting).
+        gone, alive = psutil.wait_procs(family, timeout=5)
+        for p in alive:
+            p.kill()
+        assert not alive, f"processes left behind: {alive}"
+        self._seg = None
+        return code
+
+    def assert_clean(self) -> None:
+        assert not os.path.exists(os.path.join(self.runtime_dir, "shoal.shm")), "segment left behind"
+        leftovers = [
+            p.info
+            for p in psutil.process_iter(["pid", "cmdline"])
+            if p.info["cmdline"] and f"(port {self.port})" in " ".join(p.info["cmdline"])
+        ]
+        assert not leftovers, f"processes left behind: {leftovers}"

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.broker_process import Broker
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator[type]:
+    started: list[Broker] = []
+
+    def make(workers: int = 2, args: tuple[str, ...] = (), env: dict[str, str] | None = None, wait: bool = True) -> Broker:
+        b = Broker(tmp_path, workers, args, env)
+        started.append(b)
+        return b.start(wait)
+
+    yield make  # type: ignore[misc]
+    for b in started:
+        if b.proc is not None and b.proc.poll() is None:
+            b.stop()
+        b.assert_clean()
+
+
+@pytest.fixture
+def broker(broker_factory) -> Broker:  # type: ignore[no-untyped-def]
+    return broker_factory(workers=2)

@@ -1,0 +1,157 @@
+"""Bad input on one connection closes that connection with the right AMQP
+error, and a client on the same worker carries on."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pika
+import pytest
+from pamqp import commands as C
+from pamqp import frame as pamqp_frame
+
+from tests.broker_process import Broker, wait_for
+
+
+def handshake(port: int) -> socket.socket:
+    """A raw client that completes the handshake and opens channel 1."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"AMQP\x00\x00\x09\x01")
+    expect(s, C.Connection.Start)
+    s.sendall(pamqp_frame.marshal(C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest"), 0))
+    expect(s, C.Connection.Tune)
+    s.sendall(pamqp_frame.marshal(C.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0), 0))
+    s.sendall(pamqp_frame.marshal(C.Connection.Open(virtual_host="/"), 0))
+    expect(s, C.Connection.OpenOk)
+    s.sendall(pamqp_frame.marshal(C.Channel.Open(), 1))
+    expect(s, C.Channel.OpenOk)
+    return s
+
+
+def read_frame(s: socket.socket) -> object:
+    buf = b""
+    while True:
+        try:
+            consumed, _ch, frame = pamqp_frame.unmarshal(buf)
+            return frame
+        except Exception:
+            pass
+        chunk = s.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+
+
+def expect(s: socket.socket, cls: type) -> object:
+    frame = read_frame(s)
+    assert isinstance(frame, cls), f"expected {cls.__name__}, got {frame!r}"
+    return frame
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    s.settimeout(10)
+    while True:
+        try:
+            data = s.recv(65536)
+        except ConnectionResetError:
+            return True
+        if not data:
+            return True
+
+
+@pytest.fixture
+def one_worker(broker_factory) -> Broker:  # type: ignore[no-untyped-def]
+    return broker_factory(workers=1)
+
+
+@pytest.fixture
+def bystander(one_worker: Broker):  # type: ignore[no-untyped-def]
+    conn = pika.BlockingConnection(pika.URLParameters(one_worker.url))
+    ch = conn.channel()
+    ch.queue_declare("bystander")
+    yield ch
+    # The bystander, on the same worker, still publishes and consumes.
+    ch.basic_publish("", "bystander", b"alive")
+    assert ch.basic_get("bystander", auto_ack=True)[2] == b"alive"
+    conn.close()
+
+
+def error_close(s: socket.socket) -> C.Connection.Close:
+    frame = expect(s, C.Connection.Close)
+    assert closed_by_server(s) or True
+    return frame  # type: ignore[return-value]
+
+
+def test_garbage_instead_of_protocol_header(one_worker: Broker, bystander) -> None:  # type: ignore[no-untyped-def]
+    s = socket.create_connection(("127.0.0.1", one_worker.port), timeout=10)
+    s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    assert s.recv(8) == b"AMQP\x00\x00\x09\x01"  # the spec: reply with our header, close
+    assert closed_by_server(s)
+
+
+def test_garbage_after_handshake(one_worker: Broker, bystander) -> None:  # type: ignore[no-untyped-def]
+    s = handshake(one_worker.port)
+    s.sendall(b"\x07" + b"\xff" * 40)
+    close = error_close(s)
+    assert close.reply_code == 501
+    assert close.reply_text.startswith("FRAME_ERROR")
+
+
+def test_frame_larger_than_frame_max(one_worker: Broker, bystander) -> None:  # type: ignore[no-untyped-def]
+    s = handshake(one_worker.port)
+    s.sendall(struct.pack(">BHI", 3, 1, 200_000) + b"x" * 1000)
+    close = error_close(s)
+    assert close.reply_code == 501
+    assert "frame_too_large" in close.reply_text
+
+
+def test_wrong_frame_end(one_worker: Broker, bystander) -> None:  # type: ignore[no-untyped-def]
+    s = handshake(one_worker.port)
+    good = pamqp_frame.marshal(C.Basic.Qos(prefetch_count=1), 1)
+    s.sendall(good[:-1] + b"\x00")
+    close = error_close(s)
+    assert close.reply_code == 501
+    assert "invalid_frame_end_marker" in close.reply_text
+
+
+def test_body_without_publish_is_unexpected_frame(one_worker: Broker, bystander) -> None:  # type: ignore[no-untyped-def]
+    s = handshake(one_worker.port)
+    s.sendall(struct.pack(">BHI", 3, 1, 3) + b"abc\xce")
+    close = error_close(s)
+    assert close.reply_code == 505
+    assert close.reply_text.startswith("UNEXPECTED_FRAME")
+
+
+def test_oversized_message_is_precondition_failed(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    broker = broker_factory(workers=1, args=("--max-message-size", "1000"))
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("big")
+    ch.basic_publish("", "big", b"x" * 2000)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_declare("big", passive=True)
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text == "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1000"
+    ch = conn.channel()
+    assert ch.queue_declare("big", passive=True).method.message_count == 0
+    conn.close()
+
+
+def test_client_vanishing_mid_frame(one_worker: Broker, bystander) -> None:  # type: ignore[no-untyped-def]
+    bystander.queue_declare("half")
+    s = handshake(one_worker.port)
+    s.sendall(pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="half"), 1))
+    header = pamqp_frame.marshal(
+        __import__("pamqp.header", fromlist=["ContentHeader"]).ContentHeader(body_size=100_000), 1
+    )
+    s.sendall(header)
+    s.sendall(struct.pack(">BHI", 3, 1, 50_000) + b"y" * 20_000)  # half a frame, then gone
+    s.close()
+    seg = one_worker.segment()
+    from shm import layout as L
+
+    # The half-written message is never delivered and its space comes back.
+    wait_for(lambda: seg.atomic.load(seg.layout.arena(0) + L.A_LIVE) == 0, 10, "the partial body to be freed")
+    assert bystander.queue_declare("half", passive=True).method.message_count == 0
+    wait_for(lambda: one_worker.status()["processes"][0]["connections"] == 1, 10, "the connection count")
