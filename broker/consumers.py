@@ -16,8 +16,10 @@ round-robin fairness Qpid calls "asymptotic".
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from enum import Enum
+
+ConsumerKey = tuple[int, int]  # (IO worker index, consumer id on that worker)
 
 
 class State(Enum):
@@ -30,7 +32,7 @@ class State(Enum):
 class _Node:
     __slots__ = ("acquiring", "key", "priority", "state")
 
-    def __init__(self, key: Hashable, priority: int, acquiring: bool, state: State) -> None:
+    def __init__(self, key: ConsumerKey, priority: int, acquiring: bool, state: State) -> None:
         self.key = key
         self.priority = priority
         self.acquiring = acquiring
@@ -41,21 +43,21 @@ class QueueConsumerManager:
     __slots__ = ("_interested", "_nodes", "_priorities", "notified")
 
     def __init__(self) -> None:
-        self._nodes: dict[Hashable, _Node] = {}
-        self._interested: dict[int, deque[Hashable]] = {}
+        self._nodes: dict[ConsumerKey, _Node] = {}
+        self._interested: dict[int, deque[ConsumerKey]] = {}
         self._priorities: list[int] = []  # descending
-        self.notified: Hashable | None = None
+        self.notified: ConsumerKey | None = None
 
     def __len__(self) -> int:
         return len(self._nodes)
 
-    def __contains__(self, key: Hashable) -> bool:
+    def __contains__(self, key: ConsumerKey) -> bool:
         return key in self._nodes
 
-    def keys(self) -> Iterator[Hashable]:
+    def __iter__(self) -> Iterator[ConsumerKey]:
         return iter(self._nodes)
 
-    def state(self, key: Hashable) -> State:
+    def state(self, key: ConsumerKey) -> State:
         return self._nodes[key].state
 
     def counts(self) -> dict[State, int]:
@@ -65,7 +67,7 @@ class QueueConsumerManager:
         return out
 
     def add(
-        self, key: Hashable, priority: int = 0, acquiring: bool = True, interested: bool = True
+        self, key: ConsumerKey, priority: int = 0, acquiring: bool = True, interested: bool = True
     ) -> None:
         if key in self._nodes:
             raise KeyError(f"consumer {key!r} already registered")
@@ -78,7 +80,7 @@ class QueueConsumerManager:
         if state is State.INTERESTED:
             self._push(node)
 
-    def remove(self, key: Hashable) -> bool:
+    def remove(self, key: ConsumerKey) -> bool:
         """Forget a consumer; True if it was the notified one."""
         node = self._nodes.pop(key, None)
         if node is None:
@@ -90,7 +92,7 @@ class QueueConsumerManager:
             return True
         return False
 
-    def set_interest(self, key: Hashable, interested: bool) -> bool:
+    def set_interest(self, key: ConsumerKey, interested: bool) -> bool:
         """Returns True if this took the notified consumer out of NOTIFIED."""
         node = self._nodes.get(key)
         if node is None:
@@ -114,7 +116,7 @@ class QueueConsumerManager:
     def has_interested(self) -> bool:
         return any(self._interested[p] for p in self._priorities)
 
-    def notify_next(self) -> Hashable | None:
+    def notify_next(self) -> ConsumerKey | None:
         """Move the first Interested consumer of the highest priority to
         NOTIFIED and return it; None if one is already notified or none is
         interested."""
@@ -129,7 +131,7 @@ class QueueConsumerManager:
                 return key
         return None
 
-    def done(self, key: Hashable) -> bool:
+    def done(self, key: ConsumerKey) -> bool:
         """The notified consumer ran dry (or yielded): back of Interested.
         False if `key` was not the notified consumer (a stale report)."""
         if self.notified != key:
@@ -140,7 +142,7 @@ class QueueConsumerManager:
         self._push(node)
         return True
 
-    def non_acquiring(self) -> list[Hashable]:
+    def non_acquiring(self) -> list[ConsumerKey]:
         return [k for k, n in self._nodes.items() if n.state is State.NON_ACQUIRING]
 
     def _push(self, node: _Node) -> None:

@@ -24,7 +24,7 @@ from setproctitle import setproctitle
 
 from broker import errors as E
 from broker.config import Config
-from broker.consumers import QueueConsumerManager
+from broker.consumers import ConsumerKey, QueueConsumerManager
 from broker.ipc import Link, Msg
 from shm import layout as L
 from shm.queues import QueueStore
@@ -34,8 +34,6 @@ from shm.wake import Waker
 log = logging.getLogger("shoal.scheduler")
 
 SWEEP_INTERVAL = 1.0
-
-ConsumerKey = tuple[int, int]  # (worker index, consumer id)
 
 
 class QueueState:
@@ -241,9 +239,9 @@ class Scheduler:
         return self.store.purge(self._lookup(name, conn_id).qid)
 
     def _remove_queue(self, q: QueueState) -> None:
-        for key in list(q.qcm.keys()):
-            self.consumers.pop(key, None)  # type: ignore[arg-type]
-            worker, cid = key  # type: ignore[misc]
+        for key in list(q.qcm):
+            self.consumers.pop(key, None)
+            worker, cid = key
             link = self.links.get(worker)
             if link is not None:
                 link.send(Msg.CONSUMER_GONE, cid)
@@ -273,7 +271,7 @@ class Scheduler:
             raise E.ChannelError(E.NOT_FOUND, f"queue {qid} was deleted")
         self._check_exclusive(q, conn_id)
         in_use = f"queue '{q.name.decode()}' in vhost '{self.vhost}' in exclusive use"
-        if any(self.consumers[k][1] for k in q.qcm.keys()):  # type: ignore[index]
+        if any(self.consumers[k][1] for k in q.qcm):
             raise E.ChannelError(E.ACCESS_REFUSED, in_use)
         if exclusive and len(q.qcm):
             raise E.ChannelError(E.ACCESS_REFUSED, in_use)
@@ -352,7 +350,7 @@ class Scheduler:
         key = q.qcm.notify_next()
         if key is None:
             return
-        worker, cid = key  # type: ignore[misc]
+        worker, cid = key
         self.links[worker].send(Msg.NOTIFY, cid)
 
     def _check_work(self, q: QueueState) -> None:

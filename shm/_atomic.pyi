@@ -1,4 +1,4 @@
-from collections.abc import Buffer
+from typing_extensions import Buffer
 
 class Atomic:
     def __init__(self, buffer: Buffer, /) -> None: ...

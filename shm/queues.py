@@ -304,9 +304,9 @@ class QueueStore:
             ring = layout.log(qid)
             for seq in range(a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)):
                 w = a.load(ring + (seq & self.mask) * L.CELL_SIZE)
-                if w & L.STATE_MASK == _ACQ and w & 0xFFF00 == bits and w >> _SEQ == seq:
-                    if self.release(qid, seq, bits):
-                        released[qid] = released.get(qid, 0) + 1
+                mine = w & L.STATE_MASK == _ACQ and w & 0xFFF00 == bits and w >> _SEQ == seq
+                if mine and self.release(qid, seq, bits):
+                    released[qid] = released.get(qid, 0) + 1
             self._advance_head(qid)
         return released
 

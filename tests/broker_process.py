@@ -30,7 +30,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+def wait_for(
+    condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.02
+) -> Any:
     """Poll `condition` until it returns something truthy; fail after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -43,7 +45,13 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 class Broker:
-    def __init__(self, tmp: Path, workers: int = 2, args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        workers: int = 2,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.workers = workers
         self.runtime_dir = str(tmp / f"run-{self.port}")
@@ -81,7 +89,9 @@ class Broker:
         env = dict(os.environ)
         env.update(self.env or {})
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+            )
         if wait:
             wait_for(self.ready, 20, f"broker on port {self.port} to be ready")
         return self
@@ -154,7 +164,7 @@ class Broker:
             self.proc.wait(5)
             raise AssertionError(f"broker did not stop within {timeout}s:\n{self.log()}") from None
         # Children must be gone too (the supervisor reaps them before exiting).
-        gone, alive = psutil.wait_procs(family, timeout=5)
+        _gone, alive = psutil.wait_procs(family, timeout=5)
         for p in alive:
             p.kill()
         assert not alive, f"processes left behind: {alive}"
@@ -162,7 +172,9 @@ class Broker:
         return code
 
     def assert_clean(self) -> None:
-        assert not os.path.exists(os.path.join(self.runtime_dir, "shoal.shm")), "segment left behind"
+        assert not os.path.exists(os.path.join(self.runtime_dir, "shoal.shm")), (
+            "segment left behind"
+        )
         leftovers = [
             p.info
             for p in psutil.process_iter(["pid", "cmdline"])

@@ -12,7 +12,12 @@ from tests.broker_process import Broker
 def broker_factory(tmp_path: Path) -> Iterator[type]:
     started: list[Broker] = []
 
-    def make(workers: int = 2, args: tuple[str, ...] = (), env: dict[str, str] | None = None, wait: bool = True) -> Broker:
+    def make(
+        workers: int = 2,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> Broker:
         b = Broker(tmp_path, workers, args, env)
         started.append(b)
         return b.start(wait)

@@ -23,7 +23,7 @@ from shm.arena import (
 )
 from shm.queues import QueueFull
 from workers import framing as F
-from workers.consumer import Consumer, pull, update_interest
+from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
 
 if TYPE_CHECKING:
@@ -124,7 +124,8 @@ class Channel:
                 if self.state != IDLE:
                     raise E.ConnectionError_(
                         E.UNEXPECTED_FRAME,
-                        f"expected content header for class 60, got non content header frame instead",
+                        "expected content header for class 60, "
+                        "got non content header frame instead",
                     )
                 index = F.method_index(payload)
                 if index == F.PUBLISH:
@@ -449,7 +450,7 @@ class Channel:
         raise E.ConnectionError_(E.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
 
     def _channel_flow(self, method: C.Channel.Flow) -> None:
-        self.flow_active = method.active
+        self.flow_active = bool(method.active)
         self.conn.write(F.encode_method(self.number, C.Channel.FlowOk(active=method.active)))
         for consumer in self.consumers.values():
             update_interest(self.ctx, consumer)
@@ -489,7 +490,7 @@ class Channel:
                 10,
             )
         owner = self.conn.id if method.exclusive else 0
-        qid, qname, ready, consumers = await self.ctx.request(
+        _qid, qname, ready, consumers = await self.ctx.request(
             Msg.DECLARE,
             name,
             method.passive,
@@ -526,7 +527,7 @@ class Channel:
 
     async def _basic_consume(self, method: C.Basic.Consume) -> None:
         name, qid = self._resolve_queue(method.queue, (60, 20))
-        tag = method.consumer_tag.encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
+        tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
         if tag in self.consumers:
             raise E.ConnectionError_(
                 E.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag.decode()}'", 60, 20
@@ -573,13 +574,12 @@ class Channel:
         update_interest(ctx, consumer)
 
     def _basic_cancel(self, method: C.Basic.Cancel) -> None:
-        consumer = self.consumers.pop(method.consumer_tag.encode(), None)
+        tag = method.consumer_tag or ""
+        consumer = self.consumers.pop(tag.encode(), None)
         if consumer is not None:
             self._drop_consumer(consumer)
         if not method.nowait:
-            self.conn.write(
-                F.encode_method(self.number, C.Basic.CancelOk(consumer_tag=method.consumer_tag))
-            )
+            self.conn.write(F.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag)))
 
     def consumer_gone(self, consumer: Consumer) -> None:
         """The scheduler cancelled this consumer (its queue was deleted)."""

@@ -62,7 +62,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.id = ctx.next_connection_id()
-        self.transport: asyncio.Transport | None = None
+        self.transport: Any = None  # uvloop's TCPTransport
         self.state = AWAIT_HEADER
         self.reader = F.FrameReader(ctx.config.frame_max)
         self.head = b""
@@ -84,9 +84,9 @@ class Connection(asyncio.Protocol):
         self.confirm_channels: set[Channel] = set()
 
     # ------------------------------------------------------------ transport
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, transport: Any) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -286,7 +286,7 @@ class Connection(asyncio.Protocol):
         if expected is not None and not isinstance(method, expected):
             raise E.ConnectionError_(
                 E.COMMAND_INVALID,
-                f"expected {expected.name}, got {method.name}",
+                f"expected {expected.__name__}, got {method.name}",
                 *divmod(method.index, 0x10000),
             )
         if isinstance(method, C.Connection.StartOk):

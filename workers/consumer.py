@@ -126,7 +126,7 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                     consumer.pointer = rewind[1]
             got = store.acquire(qid, consumer.pointer)
             if got.__class__ is int:
-                consumer.pointer = got  # type: ignore[assignment]
+                consumer.pointer = got
                 consumer.notified = False
                 ctx.send(Msg.DONE, consumer.cid, changes)
                 return

@@ -89,7 +89,8 @@ class FrameReader:
             if data[stop] != FRAME_END:
                 raise FrameError(
                     501,
-                    f"FRAME_ERROR - type {ftype}, first 16 octets = <<>>: {{invalid_frame_end_marker,{data[stop]}}}",
+                    f"FRAME_ERROR - type {ftype}, first 16 octets = <<>>: "
+                    f"{{invalid_frame_end_marker,{data[stop]}}}",
                 )
             if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
                 raise FrameError(501, f"FRAME_ERROR - unknown frame type {ftype}")
@@ -118,7 +119,7 @@ def decode_method(payload: memoryview) -> Any:
     try:
         method.unmarshal(bytes(payload[4:]))
     except Exception as exc:  # pamqp raises assorted errors on truncated input
-        raise FrameError(502, f"SYNTAX_ERROR - cannot decode {cls.name}: {exc}") from exc
+        raise FrameError(502, f"SYNTAX_ERROR - cannot decode {cls.__name__}: {exc}") from exc
     return method
 
 

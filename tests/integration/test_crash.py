@@ -59,7 +59,9 @@ def test_kill_worker_redelivers_its_unacked_and_spares_other_workers(broker: Bro
         return False
 
     wait_for(victim_dropped, 10, "the victim's connection to drop")
-    wait_for(lambda: broker.pids("io-worker").get(index, old_pid) != old_pid, 10, "a replacement worker")
+    wait_for(
+        lambda: broker.pids("io-worker").get(index, old_pid) != old_pid, 10, "a replacement worker"
+    )
 
     # The bystander saw nothing: same connection, same consumer, still served.
     bch.basic_publish("", "steady", b"after")
@@ -68,7 +70,9 @@ def test_kill_worker_redelivers_its_unacked_and_spares_other_workers(broker: Bro
 
     # The victim's 10 unacked messages are back, in order, flagged redelivered.
     got: list[tuple[bytes, bool]] = []
-    bch.basic_consume("work", lambda c, m, p, b: (got.append((b, m.redelivered)), c.basic_ack(m.delivery_tag)))
+    bch.basic_consume(
+        "work", lambda c, m, p, b: (got.append((b, m.redelivered)), c.basic_ack(m.delivery_tag))
+    )
     drain(bystander, got, 30)
     assert got[:10] == [(str(i).encode(), True) for i in range(10)]
     assert got[10:] == [(str(i).encode(), False) for i in range(10, 30)]
@@ -94,7 +98,11 @@ def test_kill_scheduler_consumers_keep_receiving(broker: Broker) -> None:
         pch.basic_publish("", "s", b"b%d" % i)
     drain(conn, got, 70, timeout=15)
     assert got == [b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(50)]
-    new = wait_for(lambda: broker.pids("scheduler").get(0, old) != old and broker.pids("scheduler")[0], 10, "new scheduler")
+    new = wait_for(
+        lambda: broker.pids("scheduler").get(0, old) != old and broker.pids("scheduler")[0],
+        10,
+        "new scheduler",
+    )
     assert new != old
     # The rebuilt scheduler still knows the queue and its consumer.
     declared = pch.queue_declare("s", passive=True).method
@@ -124,13 +132,21 @@ def test_worker_crashing_at_boot_backs_off(broker_factory) -> None:  # type: ign
     broker = broker_factory(workers=2, env={"SHOAL_FAULT_WORKER_BOOT": "1"}, wait=False)
     started = time.monotonic()
     supervisor = psutil.Process(broker.proc.pid)
-    wait_for(lambda: os.path.exists(broker.runtime_dir) and broker.pids("io-worker").get(0), 15, "worker 0")
+    wait_for(
+        lambda: os.path.exists(broker.runtime_dir) and broker.pids("io-worker").get(0),
+        15,
+        "worker 0",
+    )
     # Clients are served by the healthy worker meanwhile.
     conn = connect(broker)
     assert worker_of(conn) == 0
     conn.close()
     # Back-off doubles from 0.25 s: the 6th failed boot cannot come before
     # 0 + 0.25 + 0.5 + 1 + 2 = 3.75 s. A spinning supervisor would get there at once.
-    wait_for(lambda: broker.log().count("RuntimeError: injected boot failure") >= 6, 20, "six failed boots")
+    wait_for(
+        lambda: broker.log().count("RuntimeError: injected boot failure") >= 6,
+        20,
+        "six failed boots",
+    )
     assert time.monotonic() - started >= 3.5, "the supervisor restarts a crashing worker too often"
     assert sum(supervisor.cpu_times()[:2]) < 1.0, "the supervisor spins"

@@ -19,9 +19,13 @@ def handshake(port: int) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(b"AMQP\x00\x00\x09\x01")
     expect(s, C.Connection.Start)
-    s.sendall(pamqp_frame.marshal(C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest"), 0))
+    s.sendall(
+        pamqp_frame.marshal(C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest"), 0)
+    )
     expect(s, C.Connection.Tune)
-    s.sendall(pamqp_frame.marshal(C.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0), 0))
+    s.sendall(
+        pamqp_frame.marshal(C.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0), 0)
+    )
     s.sendall(pamqp_frame.marshal(C.Connection.Open(virtual_host="/"), 0))
     expect(s, C.Connection.OpenOk)
     s.sendall(pamqp_frame.marshal(C.Channel.Open(), 1))
@@ -33,7 +37,7 @@ def read_frame(s: socket.socket) -> object:
     buf = b""
     while True:
         try:
-            consumed, _ch, frame = pamqp_frame.unmarshal(buf)
+            _consumed, _ch, frame = pamqp_frame.unmarshal(buf)
             return frame
         except Exception:
             pass
@@ -132,7 +136,10 @@ def test_oversized_message_is_precondition_failed(broker_factory) -> None:  # ty
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
         ch.queue_declare("big", passive=True)
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1000"
+    assert (
+        exc.value.reply_text
+        == "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1000"
+    )
     ch = conn.channel()
     assert ch.queue_declare("big", passive=True).method.message_count == 0
     conn.close()
@@ -152,6 +159,12 @@ def test_client_vanishing_mid_frame(one_worker: Broker, bystander) -> None:  # t
     from shm import layout as L
 
     # The half-written message is never delivered and its space comes back.
-    wait_for(lambda: seg.atomic.load(seg.layout.arena(0) + L.A_LIVE) == 0, 10, "the partial body to be freed")
+    wait_for(
+        lambda: seg.atomic.load(seg.layout.arena(0) + L.A_LIVE) == 0,
+        10,
+        "the partial body to be freed",
+    )
     assert bystander.queue_declare("half", passive=True).method.message_count == 0
-    wait_for(lambda: one_worker.status()["processes"][0]["connections"] == 1, 10, "the connection count")
+    wait_for(
+        lambda: one_worker.status()["processes"][0]["connections"] == 1, 10, "the connection count"
+    )

@@ -12,7 +12,9 @@ from tests.broker_process import Broker, wait_for
 
 
 def pika_connection(broker: Broker, **kw: object) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(broker.url + "?" + "&".join(f"{k}={v}" for k, v in kw.items())))
+    return pika.BlockingConnection(
+        pika.URLParameters(broker.url + "?" + "&".join(f"{k}={v}" for k, v in kw.items()))
+    )
 
 
 def worker_of(conn: pika.BlockingConnection) -> int:
@@ -33,7 +35,12 @@ def test_publish_on_one_worker_is_delivered_by_another(broker: Broker) -> None:
     pch.queue_declare("cross")
     cch = consumer.channel()
     for i in range(10):
-        pch.basic_publish("", "cross", f"m{i}".encode(), pika.BasicProperties(content_type="text/plain", headers={"n": i}))
+        pch.basic_publish(
+            "",
+            "cross",
+            f"m{i}".encode(),
+            pika.BasicProperties(content_type="text/plain", headers={"n": i}),
+        )
     got = []
     for method, props, body in cch.consume("cross", inactivity_timeout=5):
         assert method is not None, "delivery did not arrive"
@@ -135,7 +142,9 @@ def test_bad_login_is_refused(broker: Broker) -> None:
     params = pika.URLParameters(f"amqp://guest:wrong@127.0.0.1:{broker.port}/")
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as exc:
         pika.BlockingConnection(params)
-    assert "(403) 'ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN" in str(exc.value)
+    assert "(403) 'ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN" in str(
+        exc.value
+    )
 
 
 def test_aio_pika_round_trip_with_manual_and_multiple_ack(broker: Broker) -> None:

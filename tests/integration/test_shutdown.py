@@ -30,7 +30,11 @@ def test_sigterm_closes_clients_cleanly(broker_factory) -> None:  # type: ignore
             return False
 
         wait_for(closed_by_broker, 10, "connection.close from the broker")
-    assert closed == [(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")] * 3
+    assert (
+        closed
+        == [(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")]
+        * 3
+    )
     assert broker.stop(timeout=10) == 0
     assert time.monotonic() - started < 5 + 3, "exceeded --graceful-timeout"
     broker.assert_clean()

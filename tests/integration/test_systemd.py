@@ -33,7 +33,9 @@ def test_sd_notify_messages(broker_factory, tmp_path) -> None:  # type: ignore[n
         s.sendall(b"AMQP\x00\x00\x09\x01")
         assert s.recv(1)[:1] == b"\x01"
         # STATUS= follows the connection count.
-        wait_for(lambda: "STATUS=2/2 IO workers ready, 1 connections" in receive(), 10, "STATUS update")
+        wait_for(
+            lambda: "STATUS=2/2 IO workers ready, 1 connections" in receive(), 10, "STATUS update"
+        )
     started = time.monotonic()
     broker.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: any("STOPPING=1" in m for m in receive()), 10, "STOPPING=1")

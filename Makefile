@@ -1,0 +1,33 @@
+# The two commands of the README. Each installs what it needs into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml shm/_atomic.c
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+## Start the broker with sane defaults (0.0.0.0:5672, one IO worker per CPU).
+run: $(STAMP)
+	$(VENV)/bin/shoal $(ARGS)
+
+## Run the test suite (unit, shared-memory races, integration with real clients).
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check broker workers shm tests bench
+	$(VENV)/bin/ruff format --check broker workers shm tests bench
+	$(VENV)/bin/mypy
+
+## Side-by-side throughput against RabbitMQ (needs rabbitmq-server installed).
+bench: $(STAMP)
+	$(PY) bench/compare.py --start-shoal --start-rabbitmq $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info shm/*.so
