@@ -7,7 +7,9 @@ both ends, a restart of either side reuses the same channel: nothing has to
 reconnect, and SEQPACKET keeps each message whole, so a process killed in the
 middle of a send never leaves half a message for its replacement.
 
-Messages are msgpack arrays whose first item is a `Msg` code.
+Messages are msgpack arrays whose first item is a `Msg` code. Everything sent
+during one event-loop iteration leaves as one datagram (an array of messages),
+so a burst of acks or notifications costs one system call, not one each.
 """
 
 from __future__ import annotations
@@ -44,17 +46,18 @@ class Msg(IntEnum):
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
-MAX_MESSAGE = 1 << 16
+MAX_MESSAGE = 1 << 20  # a HELLO lists every consumer of a worker
 
 
 def encode(*items: Any) -> bytes:
-    return _encode(items)
+    """One message as a datagram of its own (for the supervisor, which has no loop)."""
+    return _encode([items])
 
 
 class Link:
     """One end of a SEQPACKET socketpair, driven by an asyncio loop."""
 
-    __slots__ = ("_loop", "_on_message", "_out", "_writing", "sock")
+    __slots__ = ("_batch", "_inbox", "_loop", "_on_message", "_out", "_writing", "sock")
 
     def __init__(
         self,
@@ -67,19 +70,29 @@ class Link:
         self._loop = loop
         self._on_message = on_message
         self._out: deque[bytes] = deque()
+        self._batch: list[tuple[Any, ...]] = []
+        self._inbox = bytearray(MAX_MESSAGE)
         self._writing = False
         loop.add_reader(sock.fileno(), self._readable)
 
     def send(self, *items: Any) -> None:
-        data = _encode(items)
-        if self._out:
-            self._out.append(data)
-            return
-        try:
-            self.sock.send(data)
-        except BlockingIOError:
-            self._out.append(data)
-            self._start_writing()
+        if not self._batch:
+            self._loop.call_soon(self.flush)
+        self._batch.append(items)
+
+    def flush(self) -> None:
+        batch, self._batch = self._batch, []
+        # Keep each datagram well under the socket buffer.
+        for start in range(0, len(batch), 512):
+            data = _encode(batch[start : start + 512])
+            if self._out:
+                self._out.append(data)
+                continue
+            try:
+                self.sock.send(data)
+            except BlockingIOError:
+                self._out.append(data)
+                self._start_writing()
 
     def _start_writing(self) -> None:
         if not self._writing:
@@ -99,12 +112,13 @@ class Link:
     def _readable(self) -> None:
         for _ in range(256):  # bounded, so one busy link cannot starve the loop
             try:
-                data = self.sock.recv(MAX_MESSAGE)
+                n = self.sock.recv_into(self._inbox)
             except BlockingIOError:
                 return
-            if not data:
+            if not n:
                 return
-            self._on_message(_decode(data))
+            for message in _decode(memoryview(self._inbox)[:n]):
+                self._on_message(message)
 
     def close(self) -> None:
         self._loop.remove_reader(self.sock.fileno())

@@ -1,0 +1,62 @@
+"""Qpid's QueueConsumerManager as a pure state machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.consumers import QueueConsumerManager, State
+
+
+def test_notifies_one_at_a_time_round_robin() -> None:
+    qcm = QueueConsumerManager()
+    for c in (1, 2, 3):
+        qcm.add((0, c))
+    assert qcm.notify_next() == (0, 1)
+    assert qcm.notify_next() is None, "only one acquiring consumer is notified at a time"
+    assert qcm.done((0, 1))
+    assert [qcm.notify_next(), qcm.done((0, 2)), qcm.notify_next()] == [(0, 2), True, (0, 3)]
+    qcm.done((0, 3))
+    assert qcm.notify_next() == (0, 1), "a consumer that ran dry goes to the back"
+
+
+def test_priorities_win_and_uninterested_are_skipped() -> None:
+    qcm = QueueConsumerManager()
+    qcm.add((0, 1), priority=0)
+    qcm.add((0, 2), priority=10)
+    qcm.add((0, 3), priority=10, interested=False)
+    assert qcm.notify_next() == (0, 2)
+    assert qcm.set_interest((0, 2), False), "the notified consumer lost interest"
+    assert qcm.state((0, 2)) is State.NOT_INTERESTED
+    assert qcm.notify_next() == (0, 1), "the lower priority gets work when the higher cannot"
+    qcm.done((0, 1))
+    qcm.set_interest((0, 3), True)
+    assert qcm.notify_next() == (0, 3)
+
+
+def test_stale_done_is_ignored_and_removal_clears_notified() -> None:
+    qcm = QueueConsumerManager()
+    qcm.add((0, 1))
+    qcm.add((1, 1))
+    assert qcm.notify_next() == (0, 1)
+    assert not qcm.done((1, 1)), "only the notified consumer may report done"
+    assert qcm.remove((0, 1))
+    assert qcm.notified is None
+    assert qcm.notify_next() == (1, 1)
+    assert not qcm.remove((5, 5))
+
+
+def test_non_acquiring_consumers_are_kept_apart() -> None:
+    qcm = QueueConsumerManager()
+    qcm.add((0, 1), acquiring=False)
+    qcm.add((0, 2))
+    assert qcm.non_acquiring() == [(0, 1)]
+    assert qcm.notify_next() == (0, 2)
+    qcm.set_interest((0, 1), False)
+    assert qcm.counts()[State.NOT_INTERESTED] == 1
+
+
+def test_adding_twice_is_an_error() -> None:
+    qcm = QueueConsumerManager()
+    qcm.add((0, 1))
+    with pytest.raises(KeyError):
+        qcm.add((0, 1))
