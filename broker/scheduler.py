@@ -144,6 +144,11 @@ class Scheduler:
                 self.links[worker].send(Msg.REPLY, m[1], False, [exc.reply_code, exc.reply_text])
             else:
                 log.warning("worker %d: %s", worker, exc)
+        except Exception:
+            # A bug must not cost the other messages of the batch or the process.
+            log.exception("worker %d: failed to handle %r", worker, m)
+            if kind in (Msg.CONSUME, Msg.DECLARE, Msg.DELETE, Msg.PURGE):
+                self.links[worker].send(Msg.REPLY, m[1], False, [541, "INTERNAL_ERROR"])
 
     def _reply(self, worker: int, req: int, payload: Any) -> None:
         self.links[worker].send(Msg.REPLY, req, True, payload)
@@ -269,6 +274,8 @@ class Scheduler:
         q = self.queues.get(qid)
         if q is None:
             raise E.ChannelError(E.NOT_FOUND, f"queue {qid} was deleted")
+        if (worker, cid) in self.consumers:
+            return []  # re-sent after a scheduler restart; HELLO registered it already
         self._check_exclusive(q, conn_id)
         in_use = f"queue '{q.name.decode()}' in vhost '{self.vhost}' in exclusive use"
         if any(self.consumers[k][1] for k in q.qcm):
@@ -333,6 +340,8 @@ class Scheduler:
             q = self.queues.get(qid)
             if q is None:
                 self.links[worker].send(Msg.CONSUMER_GONE, cid)
+                continue
+            if (worker, cid) in self.consumers:
                 continue
             self._add_consumer(q, (worker, cid), priority, acquiring, exclusive, interested)
 

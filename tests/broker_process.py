@@ -97,6 +97,7 @@ class Broker:
         return self
 
     def segment(self) -> Segment:
+        """The broker's segment (raises OSError/ValueError until it exists)."""
         if self._seg is None:
             self._seg = Segment.attach(os.path.join(self.runtime_dir, "shoal.shm"))
         return self._seg
@@ -121,9 +122,15 @@ class Broker:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def pids(self, role: str) -> dict[int, int]:
-        """index -> pid for io-workers; 0 -> pid for other roles."""
-        out = {}
-        for p in self.status()["processes"]:
+        """index -> pid for io-workers; 0 -> pid for other roles ({} while the
+        segment is still being created)."""
+        out: dict[int, int] = {}
+        try:
+            processes = self.status()["processes"]
+        except (OSError, ValueError):
+            self._seg = None
+            return out
+        for p in processes:
             if p["role"] == role and p["ready"]:
                 out[p.get("index", 0)] = p["pid"]
         return out

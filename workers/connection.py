@@ -9,6 +9,7 @@ leaves in one `writelines`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import struct
@@ -28,6 +29,8 @@ from workers.consumer import update_interest
 from workers.context import WorkerContext
 
 VERSION = "0.1.0"
+
+log = logging.getLogger("shoal.connection")
 
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
@@ -166,6 +169,14 @@ class Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- input
     def data_received(self, data: bytes) -> None:
+        try:
+            self._data_received(data)
+        except Exception as exc:
+            # A bug in handling one client must cost that client only.
+            log.exception("connection %x: internal error", self.id)
+            self.fail(E.ConnectionError_(E.INTERNAL_ERROR, f"{type(exc).__name__}"))
+
+    def _data_received(self, data: bytes) -> None:
         self.last_recv = time.monotonic()
         if self.state == AWAIT_HEADER:
             data = self._protocol_header(data)
@@ -177,19 +188,51 @@ class Connection(asyncio.Protocol):
             self._frame_error(exc)
             return
         try:
-            for ftype, channel, payload in frames:
-                if self.closed:
-                    return
-                if channel == 0:
-                    self._channel_zero(ftype, payload)
-                else:
-                    self._on_channel_frame(ftype, channel, payload)
+            self._dispatch(frames)
         except E.ConnectionError_ as exc:
             self.fail(exc)
         except F.FrameError as exc:
             self._frame_error(exc)
         for channel_obj in self.confirm_channels:
             self.flush_confirms(channel_obj)
+
+    def _dispatch(self, frames: list[tuple[int, int, memoryview]]) -> None:
+        channels = self.channels
+        count = len(frames)
+        i = 0
+        while i < count:
+            ftype, number, payload = frames[i]
+            i += 1
+            if self.state != OPEN:
+                if self.closed:
+                    return
+                # While closing only connection.close/close-ok matter.
+                if number == 0:
+                    self._channel_zero(ftype, payload)
+                elif self.state != CLOSING:
+                    self._on_channel_frame(ftype, number, payload)
+                continue
+            if number == 0:
+                self._channel_zero(ftype, payload)
+                continue
+            channel = channels.get(number)
+            # Fast path: publish + header + one body frame for an idle channel.
+            if (
+                channel is not None
+                and ftype == F.FRAME_METHOD
+                and i + 1 < count
+                and payload[:4] == F.PUBLISH_ID
+                and frames[i][0] == F.FRAME_HEADER
+                and frames[i + 1][0] == F.FRAME_BODY
+                and frames[i][1] == number
+                and frames[i + 1][1] == number
+                and channel.fast_publish(payload, frames[i][2], frames[i + 1][2])
+            ):
+                i += 2
+                if channel.confirm:
+                    self.confirm_channels.add(channel)
+                continue
+            self._on_channel_frame(ftype, number, payload)
 
     def _frame_error(self, exc: F.FrameError) -> None:
         self.fail(E.ConnectionError_(exc.reply_code, exc.reply_text))

@@ -29,6 +29,7 @@ ACCEPTED_HEADERS = (PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09", b"AMQP\x01\x01\x09
 
 # Method indexes (class_id << 16 | method_id) taken from pamqp, not typed in.
 PUBLISH = commands.Basic.Publish.index
+PUBLISH_ID = PUBLISH.to_bytes(4, "big")
 ACK = commands.Basic.Ack.index
 NACK = commands.Basic.Nack.index
 REJECT = commands.Basic.Reject.index

@@ -6,6 +6,7 @@ Post-fork only: the loop is created here, never in the supervisor.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -24,6 +25,8 @@ from workers.consumer import pull
 from workers.context import WorkerContext
 
 HEARTBEAT_INTERVAL = 1.0
+
+log = logging.getLogger("shoal.worker")
 
 
 class Worker:
@@ -101,6 +104,12 @@ class Worker:
         self.loop.create_task(adopt())
 
     def _on_scheduler_message(self, message: list[Any]) -> None:
+        try:
+            self._dispatch(message)
+        except Exception:
+            log.exception("failed to handle scheduler message %r", message)
+
+    def _dispatch(self, message: list[Any]) -> None:
         kind = message[0]
         ctx = self.ctx
         if kind == Msg.NOTIFY:
