@@ -31,6 +31,8 @@ import struct
 
 import msgspec
 
+from shm import _atomic
+
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
 VERSION = 1
 
@@ -117,6 +119,17 @@ BLOCK_MIN_SPLIT = 64
 
 # message record inside a block's payload
 MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, pad, props len, body len
+
+
+# The C transitions (acquire, ack, advance_head) hard-code these offsets.
+assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _atomic.Q_ACKED) == (
+    Q_TAIL,
+    Q_HEAD,
+    Q_READY,
+    Q_UNACKED,
+    Q_ACKED,
+), "shm/_atomic.c and shm/layout.py disagree on the queue record"
+assert _atomic.SEQ_SHIFT == SEQ_SHIFT
 
 
 class Limits(msgspec.Struct, frozen=True):

@@ -191,48 +191,25 @@ class QueueStore:
         return t
 
     def acquire(self, qid: int, pointer: int) -> tuple[int, int, bool] | int:
-        """Acquire the first AVAILABLE entry at or after `pointer` for this owner.
+        """Acquire the first AVAILABLE entry at or after `pointer` for this owner:
+        AVAILABLE -> ACQUIRED(owner) by CAS, skipping entries others hold.
 
         Returns (seq, block, redelivered) on success, else the new pointer
-        (how far the scan got: the tail, or a cell still being published).
+        (how far the scan got: the tail, or a cell still being published,
+        which a FIFO consumer must not skip). One C call (shm/_atomic.c).
         """
-        a, q = self.a, self.layout.queue(qid)
-        ring = self.layout.log(qid)
-        head = a.load(q + L.Q_HEAD)
-        start = pointer if pointer > head else head
-        while True:
-            tail = a.load(q + L.Q_TAIL)
-            found = a.find_entry(ring, self.mask, start, tail)
-            if found < 0:
-                return tail if found == -1 else -found - 2
-            cell = ring + (found & self.mask) * L.CELL_SIZE
-            w = a.load(cell)
-            if w >> _SEQ == found and w & L.STATE_MASK == _AVAIL:
-                acquired = found << _SEQ | self.owner_bits | (w & _REDELIVERED) | _ACQ
-                if a.cas(cell, w, acquired):
-                    a.fetch_add(q + L.Q_READY, -1)
-                    a.fetch_add(q + L.Q_UNACKED, 1)
-                    return found, a.load(cell + 8), bool(w & _REDELIVERED)
-            start = found  # lost a race for it: look again from there
+        return self.a.acquire(
+            self.layout.queue(qid), self.layout.log(qid), self.mask, pointer, self.owner_bits
+        )
 
     def ack(self, qid: int, seq: int) -> int:
-        """Delete an entry this owner acquired; returns its body block (the
-        caller drops the reference), or 0 if the entry is no longer ours
-        (its queue was deleted, or the supervisor released it)."""
-        a = self.a
-        cell = self.layout.log(qid) + (seq & self.mask) * L.CELL_SIZE
-        w = a.load(cell)
-        if w >> _SEQ != seq or w & L.STATE_MASK != _ACQ or w & 0xFFF00 != self.owner_bits:
-            return 0
-        block = a.load(cell + 8)
-        if not a.cas(cell, w, seq << _SEQ | _DEL):
-            return 0
-        q = self.layout.queue(qid)
-        a.fetch_add(q + L.Q_UNACKED, -1)
-        a.fetch_add(q + L.Q_ACKED, 1)
-        if a.load(q + L.Q_HEAD) == seq:
-            self._advance_head(qid)
-        return block
+        """ACQUIRED(this owner) -> DELETED, then advance the head past deleted
+        cells. Returns the entry's body block (the caller drops the
+        reference), or 0 if the entry is no longer ours (its queue was
+        deleted, or the supervisor released it). One C call."""
+        return self.a.ack(
+            self.layout.queue(qid), self.layout.log(qid), self.mask, seq, self.owner_bits
+        )
 
     def take_no_ack(self, qid: int, seq: int) -> None:
         """An entry delivered without acknowledgement is deleted at once."""
@@ -299,10 +276,15 @@ class QueueStore:
         released: dict[int, int] = {}
         for qid in range(layout.limits.max_queues):
             q = layout.queue(qid)
-            if not a.load(q + L.Q_UNACKED):
+            head, tail = a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)
+            # Not filtered on Q_UNACKED: the worker may have died between an
+            # acquire's CAS and its counter update (UNACKED still 0, entry
+            # ours), or after an ack or the tombstone above but before the head
+            # moved past it; every non-empty queue is scanned and its head advanced.
+            if head == tail:
                 continue
             ring = layout.log(qid)
-            for seq in range(a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)):
+            for seq in range(head, tail):
                 w = a.load(ring + (seq & self.mask) * L.CELL_SIZE)
                 mine = w & L.STATE_MASK == _ACQ and w & 0xFFF00 == bits and w >> _SEQ == seq
                 if mine and self.release(qid, seq, bits):
@@ -313,18 +295,7 @@ class QueueStore:
     def _advance_head(self, qid: int) -> None:
         """Move the head past deleted cells so they can be reused. Safe to
         run concurrently: every step is a CAS from the value just read."""
-        a, q = self.a, self.layout.queue(qid)
-        ring = self.layout.log(qid)
-        mask = self.mask
-        h = a.load(q + L.Q_HEAD)
-        while h < a.load(q + L.Q_TAIL):
-            w = a.load(ring + (h & mask) * L.CELL_SIZE)
-            if w >> _SEQ != h or w & L.STATE_MASK != _DEL:
-                return
-            if not a.cas(q + L.Q_HEAD, h, h + 1):
-                h = a.load(q + L.Q_HEAD)
-                continue
-            h += 1
+        self.a.advance_head(self.layout.queue(qid), self.layout.log(qid), self.mask)
 
     def rewind_point(self, qid: int, release_gen: int) -> tuple[int, int] | None:
         """If entries were released since `release_gen`, return (new
