@@ -15,6 +15,8 @@ is stepped over instead of blocking the arena.
 
 from __future__ import annotations
 
+import mmap
+
 from shm import layout as L
 from shm.segment import Segment
 
@@ -57,7 +59,7 @@ def release_hold(seg: Segment, block: int) -> bool:
 class Arena:
     """The owner's allocator over its arena (one instance, in the owner only)."""
 
-    __slots__ = ("atomic", "base", "cursor", "end", "first", "seg")
+    __slots__ = ("atomic", "base", "cursor", "dirty", "end", "first", "seg")
 
     def __init__(self, seg: Segment, worker: int) -> None:
         self.seg = seg
@@ -66,6 +68,7 @@ class Arena:
         self.first = self.base + L.ARENA_HEADER
         self.end = self.base + seg.layout.limits.arena_bytes
         self.cursor = self.first
+        self.dirty = True
 
     def alloc(self, payload: int) -> int | None:
         """Reserve a block for `payload` bytes, held (HOLD) by the caller.
@@ -95,6 +98,7 @@ class Arena:
                         a.store(off + L.B_SIZE, need)
                         size = need
                     a.store(off + L.B_REFS, L.HOLD)
+                    self.dirty = True
                     a.fetch_add(self.base + L.A_USED, size)
                     a.fetch_add(self.base + L.A_LIVE, 1)
                     nxt = off + size
@@ -104,10 +108,37 @@ class Arena:
             off += size
             if off >= self.end:
                 off = self.first
+        # The scan may have coalesced free blocks across the cursor, leaving it
+        # on a header that is now inside a larger free block: restart from the
+        # first block, which is always a block boundary.
+        self.cursor = self.first
         return None
 
     def used_bytes(self) -> int:
         return self.atomic.load(self.base + L.A_USED)
+
+    def trim(self) -> bool:
+        """Give an empty arena's pages back to the OS (tmpfs): shared-memory
+        use returns to its baseline after a burst. Owner only, on idle ticks.
+
+        Safe because A_LIVE == 0 means every block's refcount already reached
+        0 (the count drops before the accounting), and only the owner, who is
+        running this, allocates. Returns True if it trimmed.
+        """
+        a = self.atomic
+        if not self.dirty or a.load(self.base + L.A_LIVE) or a.load(self.base + L.A_USED):
+            return False
+        # One free block spanning the arena, then punch out every page after
+        # the first (which holds the arena and block headers).
+        a.store(self.first + L.B_REFS, 0)
+        a.store(self.first + L.B_SIZE, self.end - self.first)
+        self.cursor = self.first
+        page = mmap.PAGESIZE
+        start = self.base + page
+        if self.end > start:
+            self.seg.buf.madvise(mmap.MADV_REMOVE, start, self.end - start)
+        self.dirty = False
+        return True
 
 
 def arena_usage(seg: Segment, worker: int) -> tuple[int, int]:

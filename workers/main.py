@@ -73,6 +73,7 @@ class Worker:
 
     def _tick(self) -> None:
         self.ctx.heartbeat(time.monotonic_ns())
+        self.ctx.arena.trim()
         self.loop.call_later(HEARTBEAT_INTERVAL, self._tick)
 
     def _on_handoff(self) -> None:
