@@ -1,0 +1,188 @@
+"""The connection state machine without sockets: a fake transport records
+what the broker writes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pamqp import commands as C
+from pamqp import frame as pamqp_frame
+
+from broker.config import Config
+from shm import layout as L
+from shm.segment import Segment
+from workers.connection import Connection
+from workers.context import WorkerContext
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.data += b"".join(parts)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> Any:
+        return None
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+class Client:
+    """Drives one Connection and decodes what it writes."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.loop = ctx.loop
+        self.transport = FakeTransport()
+        self.conn = Connection(ctx)
+        self.conn.connection_made(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.conn.data_received(data)
+        self.loop.run_until_complete(asyncio.sleep(0))  # run the scheduled flush
+
+    def method(self, channel: int, method: Any) -> None:
+        self.send(pamqp_frame.marshal(method, channel))
+
+    def received(self) -> list[tuple[int, Any]]:
+        out, data = [], self.transport.data
+        self.transport.data = b""
+        while data:
+            n, channel, frame = pamqp_frame.unmarshal(data)
+            out.append((channel, frame))
+            data = data[n:]
+        return out
+
+    def open(self) -> None:
+        self.send(b"AMQP\x00\x00\x09\x01")
+        self.method(0, C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest"))
+        self.method(0, C.Connection.TuneOk(channel_max=100, frame_max=131072, heartbeat=0))
+        self.method(0, C.Connection.Open(virtual_host="/"))
+        frames = [type(f) for _ch, f in self.received()]
+        assert frames == [C.Connection.Start, C.Connection.Tune, C.Connection.OpenOk]
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> Iterator[WorkerContext]:
+    limits = L.Limits(max_workers=1, max_queues=64, queue_capacity=64, arena_bytes=1 << 16)
+    seg = Segment.create(str(tmp_path / "seg"), limits)
+    loop = asyncio.new_event_loop()
+    efd = os.eventfd(0, os.EFD_NONBLOCK)
+    yield WorkerContext(Config(), seg, 0, 1, efd, loop)
+    loop.close()
+    os.close(efd)
+    seg.unlink()
+
+
+def test_start_advertises_capabilities_and_the_worker(ctx: WorkerContext) -> None:
+    client = Client(ctx)
+    client.send(b"AMQP\x00\x00\x09\x01")
+    ((_ch, start),) = client.received()
+    props = start.server_properties
+    assert props["product"] == "Shoal" and props["shoal_worker"] == 0
+    for capability in (
+        "publisher_confirms",
+        "basic.nack",
+        "consumer_cancel_notify",
+        "connection.blocked",
+        "authentication_failure_close",
+        "per_consumer_qos",
+    ):
+        assert props["capabilities"][capability] is True
+    assert start.mechanisms.split() == ["PLAIN", "AMQPLAIN"]
+
+
+def test_09_header_is_accepted_and_a_bad_one_answered(ctx: WorkerContext) -> None:
+    old = Client(ctx)
+    old.send(b"AMQP\x01\x01\x00\x09")
+    assert isinstance(old.received()[0][1], C.Connection.Start)
+    bad = Client(ctx)
+    bad.send(b"HTTP/1.1")
+    assert bad.transport.data == b"AMQP\x00\x00\x09\x01" and bad.transport.closed
+
+
+def test_bad_password_is_403(ctx: WorkerContext) -> None:
+    client = Client(ctx)
+    client.send(b"AMQP\x00\x00\x09\x01")
+    client.received()
+    client.method(0, C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0nope"))
+    ((_ch, close),) = client.received()
+    assert isinstance(close, C.Connection.Close) and close.reply_code == 403
+    assert close.reply_text.startswith("ACCESS_REFUSED - Login was refused")
+
+
+def test_frames_on_a_channel_that_is_not_open(ctx: WorkerContext) -> None:
+    client = Client(ctx)
+    client.open()
+    client.method(3, C.Basic.Qos(prefetch_count=1))
+    ((_ch, close),) = client.received()
+    assert close.reply_code == 504
+    assert close.reply_text == "CHANNEL_ERROR - expected 'channel.open'"
+
+
+def test_second_channel_open_is_a_channel_error(ctx: WorkerContext) -> None:
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.method(1, C.Channel.Open())
+    frames = client.received()
+    assert isinstance(frames[0][1], C.Channel.OpenOk)
+    assert frames[1][1].reply_code == 504
+    assert frames[1][1].reply_text == "CHANNEL_ERROR - second 'channel.open' seen"
+
+
+def test_publish_to_unknown_exchange_closes_only_the_channel(ctx: WorkerContext) -> None:
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.method(1, C.Basic.Publish(exchange="nope", routing_key="x"))
+    frames = client.received()
+    close = frames[-1][1]
+    assert frames[-1][0] == 1 and isinstance(close, C.Channel.Close)
+    assert (close.reply_code, close.reply_text) == (
+        404,
+        "NOT_FOUND - no exchange 'nope' in vhost '/'",
+    )
+    # The connection is fine: another channel opens.
+    client.method(2, C.Channel.Open())
+    assert isinstance(client.received()[0][1], C.Channel.OpenOk)
+
+
+def test_heartbeat_on_a_channel_is_a_frame_error(ctx: WorkerContext) -> None:
+    client = Client(ctx)
+    client.open()
+    client.send(b"\x08\x00\x05\x00\x00\x00\x00\xce")
+    ((_ch, close),) = client.received()
+    assert close.reply_code == 501
+
+
+def test_method_on_channel_zero_out_of_order(ctx: WorkerContext) -> None:
+    client = Client(ctx)
+    client.send(b"AMQP\x00\x00\x09\x01")
+    client.received()
+    client.method(0, C.Connection.Open(virtual_host="/"))
+    ((_ch, close),) = client.received()
+    assert close.reply_code == 503
