@@ -416,8 +416,9 @@ class AmqpUri:
 class AmqpConnection(asyncio.Protocol):
     """One AMQP connection with channel 1 open.
 
-    Subclasses override ``_on_frame`` for their hot path and pass everything else to
-    ``_slow_frame``, which decodes with pamqp.  Setup code awaits ``rpc``.
+    Subclasses put their hot path in front of ``_on_frame`` (the producer's confirms) or
+    of the whole frame loop (the consumer's ``DeliveryParser``) and leave every other
+    frame to ``_slow_frame``, which decodes with pamqp.  Setup code awaits ``rpc``.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -430,6 +431,8 @@ class AmqpConnection(asyncio.Protocol):
         self.lost = False
         self.blocked = False
         self.write_paused = False
+        # Set once Connection.Close is sent: the broker ignores anything after it.
+        self.closing = False
         self._inbox: collections.deque[tuple[int, Any]] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
 
@@ -475,7 +478,11 @@ class AmqpConnection(asyncio.Protocol):
             self._send(b"\x08\x00\x00\x00\x00\x00\x00\xce")
 
     def _slow_frame(self, buf: bytes | bytearray, start: int, end: int) -> None:
-        _, channel, value = frame.unmarshal(bytes(buf[start - 7 : end + 1]))
+        try:
+            _, channel, value = frame.unmarshal(bytes(buf[start - 7 : end + 1]))
+        except Exception as exc:  # pamqp raises several types for undecodable input
+            self._fail(f"undecodable frame from broker: {describe(exc)}")
+            return
         if isinstance(value, commands.Connection.Close):
             self._send(frame.marshal(commands.Connection.CloseOk(), 0))
             self._fail(f"broker closed the connection: {value.reply_code} {value.reply_text}")
@@ -535,10 +542,7 @@ class AmqpConnection(asyncio.Protocol):
 
     async def rpc(self, request: Any, reply: type, channel: int = 1, timeout: float = 5.0) -> Any:
         self._send(frame.marshal(request, channel))
-        _, value = await self.receive(timeout)
-        if not isinstance(value, reply):
-            raise BrokerError(f"expected {reply.__name__}, got {type(value).__name__}")
-        return value
+        return await self.rpc_wait(reply, timeout)
 
     async def handshake(self, uri: AmqpUri, timeout: float) -> None:
         start = await self.rpc_wait(commands.Connection.Start, timeout)
@@ -593,6 +597,7 @@ class AmqpConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         self._inbox.clear()
+        self.closing = True
         self._send(
             frame.marshal(
                 commands.Connection.Close(
@@ -920,8 +925,9 @@ class Consumer(AmqpConnection):
             self._fail(f"protocol error: {exc}")
             return
         if deliveries.ack_tags:
-            multiple = self.multiple_acks
-            self._send(b"".join([encode_ack(tag, multiple) for tag in deliveries.ack_tags]))
+            if not self.closing:
+                multiple = self.multiple_acks
+                self._send(b"".join([encode_ack(tag, multiple) for tag in deliveries.ack_tags]))
             deliveries.ack_tags.clear()
         # Everything in one read arrived at the same instant, so one clock read and one
         # window test serve the whole chunk.
@@ -949,6 +955,11 @@ class Consumer(AmqpConnection):
 
 
 # --- child processes --------------------------------------------------------------
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``; timeouts often carry no message of their own."""
+    return f"{type(exc).__name__}: {str(exc) or 'timed out'}"
 
 
 def _die_with_parent() -> None:
@@ -979,7 +990,7 @@ def _child_main(
         if result is not None:
             conn.send(("result", index, result))
     except BaseException as exc:  # reported to main, which decides
-        conn.send(("error", index, f"{role} {index}: {type(exc).__name__}: {exc}"))
+        conn.send(("error", index, f"{role} {index}: {describe(exc)}"))
     finally:
         loop.close()
         conn.close()
@@ -1128,7 +1139,7 @@ def run_perf(cfg: PerfConfig) -> dict[str, Any]:
     except Exception as exc:  # any failure here means "cannot run"
         return {
             "config": asdict(cfg),
-            "errors": [f"setup failed: {type(exc).__name__}: {exc}"],
+            "errors": [f"setup failed: {describe(exc)}"],
             "fatal": True,
         }
     ctx = multiprocessing.get_context("fork")
@@ -1159,7 +1170,7 @@ def run_perf(cfg: PerfConfig) -> dict[str, Any]:
             try:
                 _run_async(_delete_queue(cfg), 3.0)
             except Exception as exc:  # cleanup must not hide the result
-                errors.append(f"queue delete failed: {type(exc).__name__}: {exc}")
+                errors.append(f"queue delete failed: {describe(exc)}")
     report = summarize(cfg, [c.result for c in children if c.result is not None])
     report["server"] = server
     report["errors"] = errors

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import socket
 
 import pytest
 from pamqp import body, commands, frame, header
@@ -372,3 +374,15 @@ def test_summarize_and_format() -> None:
     text = perf.format_human(report)
     assert text.startswith("shoal perf: 1 producer(s) -> 1 consumer(s), 64 B, confirm 10")
     assert "published 100 msg/s  consumed 50 msg/s  latency ms p50 1." in text
+
+
+def test_unreachable_broker_fails_fast(capsys: pytest.CaptureFixture[str]) -> None:
+    # A bound but not listening socket refuses connections: no broker, no waiting.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        uri = f"amqp://guest:guest@127.0.0.1:{port}/"
+        assert perf.main(["--uri", uri, "--duration", "1", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["fatal"]
+    assert "setup failed: ConnectionRefusedError" in report["errors"][0]
