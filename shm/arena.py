@@ -97,10 +97,13 @@ class Arena:
                         a.store(off + need + L.B_SIZE, size - need)
                         a.store(off + L.B_SIZE, need)
                         size = need
-                    a.store(off + L.B_REFS, L.HOLD)
+                    # Count the block before marking it live: if we die in
+                    # between, the counters are high (harmless), never below
+                    # the live blocks (trim() would punch out a live one).
                     self.dirty = True
                     a.fetch_add(self.base + L.A_USED, size)
                     a.fetch_add(self.base + L.A_LIVE, 1)
+                    a.store(off + L.B_REFS, L.HOLD)
                     nxt = off + size
                     self.cursor = nxt if nxt < self.end else self.first
                     return off

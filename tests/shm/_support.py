@@ -1,0 +1,100 @@
+"""Helpers shared by the shared-memory tests (not a test module)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shm import layout as L
+from shm.arena import Arena, release_hold
+from shm.queues import QueueStore
+from shm.segment import Segment
+
+SegmentFactory = Callable[[L.Limits], Segment]
+
+# Small enough that rings and arenas wrap within a few dozen operations.
+SMALL = L.Limits(max_workers=4, max_queues=64, queue_capacity=16, arena_bytes=1 << 16)
+
+
+def cell_offset(seg: Segment, qid: int, seq: int) -> int:
+    mask = seg.layout.limits.queue_capacity - 1
+    return seg.layout.log(qid) + (seq & mask) * L.CELL_SIZE
+
+
+def cell_word(seg: Segment, qid: int, seq: int) -> int:
+    return seg.atomic.load(cell_offset(seg, qid, seq))
+
+
+def cell_state(seg: Segment, qid: int, seq: int) -> tuple[int, int, int, int]:
+    """(seq, owner, flags, state) of the cell that `seq` maps to."""
+    w = cell_word(seg, qid, seq)
+    return (
+        w >> L.SEQ_SHIFT,
+        (w >> L.OWNER_SHIFT) & L.OWNER_MASK,
+        w & 0xF0,
+        w & L.STATE_MASK,
+    )
+
+
+def qword(seg: Segment, qid: int, field: int) -> int:
+    return seg.atomic.load(seg.layout.queue(qid) + field)
+
+
+def signed(value: int) -> int:
+    """A u64 counter read back as a signed number (a drift below 0 shows as -1)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def write_payload(seg: Segment, block: int, payload: bytes) -> None:
+    start = block + L.BLOCK_HEADER
+    seg.buf[start : start + len(payload)] = payload
+
+
+def read_payload(seg: Segment, block: int, n: int) -> bytes:
+    start = block + L.BLOCK_HEADER
+    return bytes(seg.buf[start : start + n])
+
+
+def publish(
+    seg: Segment, store: QueueStore, arena: Arena, qid: int, payload: bytes, worker: int = 0
+) -> tuple[int, int]:
+    """Append one message exactly as workers/channel.py does: allocate a held
+    block, take the queue's reference, append, then drop the HOLD.
+    Returns (seq, block)."""
+    block = arena.alloc(len(payload))
+    assert block is not None, "arena full"
+    write_payload(seg, block, payload)
+    seg.atomic.fetch_add(block + L.B_REFS, 1)
+    try:
+        seq = store.append(qid, block, seg.layout.proc(worker))
+    except BaseException:
+        seg.atomic.fetch_add(block + L.B_REFS, -1)
+        release_hold(seg, block)
+        raise
+    release_hold(seg, block)
+    return seq, block
+
+
+def walk_arena(seg: Segment, worker: int) -> list[tuple[int, int, int]]:
+    """Every block of a worker's arena as (offset, size, refcount word),
+    following the size chain from the first block."""
+    a = seg.atomic
+    base = seg.layout.arena(worker)
+    off, end = base + L.ARENA_HEADER, base + seg.layout.limits.arena_bytes
+    blocks = []
+    while off < end:
+        size = a.load(off + L.B_SIZE)
+        assert size > 0 and size % L.BLOCK_ALIGN == 0, f"corrupt block at {off}: size {size}"
+        blocks.append((off, size, a.load(off + L.B_REFS)))
+        off += size
+    assert off == end, "the block chain overruns the arena"
+    return blocks
+
+
+def live_blocks(seg: Segment, worker: int) -> list[tuple[int, int, int]]:
+    """The blocks that are really live (refcount word != 0), from a walk."""
+    return [b for b in walk_arena(seg, worker) if b[2]]
+
+
+def arena_counters(seg: Segment, worker: int) -> tuple[int, int]:
+    base = seg.layout.arena(worker)
+    return seg.atomic.load(base + L.A_USED), seg.atomic.load(base + L.A_LIVE)

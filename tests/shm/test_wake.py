@@ -1,0 +1,185 @@
+"""Scheduler wake-ups: Q_WATCH, the queue bitmap and the eventfd."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from shm import layout as L
+from shm.segment import Segment
+from shm.wake import Waker
+
+from ._support import SegmentFactory, qword
+
+
+@pytest.fixture
+def efd() -> Iterator[int]:
+    fd = os.eventfd(0, os.EFD_NONBLOCK)
+    yield fd
+    os.close(fd)
+
+
+@pytest.fixture
+def waker(seg: Segment, efd: int) -> Waker:
+    return Waker(seg, efd)
+
+
+def readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def watch(seg: Segment, qid: int) -> None:
+    seg.atomic.store(seg.layout.queue(qid) + L.Q_WATCH, 1)
+
+
+def bitmap_word(seg: Segment, index: int) -> int:
+    return seg.atomic.load(seg.layout.bitmap + index * 8)
+
+
+def test_no_kick_while_the_scheduler_is_not_watching(seg: Segment, waker: Waker, efd: int) -> None:
+    waker.work_added(3)
+    assert bitmap_word(seg, 0) == 0
+    assert not readable(efd)
+    assert waker.drain(64) == []
+
+
+def test_a_watched_queue_is_kicked_once(seg: Segment, waker: Waker, efd: int) -> None:
+    watch(seg, 3)
+    waker.work_added(3)
+    assert qword(seg, 3, L.Q_WATCH) == 0  # the CAS took the watch
+    assert bitmap_word(seg, 0) == 1 << 3
+    assert readable(efd)
+    waker.work_added(3)  # the watch is gone: no second kick
+    assert os.eventfd_read(efd) == 1
+    assert not readable(efd)
+
+
+def test_drain_returns_the_queues_and_clears_bits_and_eventfd(
+    seg: Segment, waker: Waker, efd: int
+) -> None:
+    for qid in (1, 5, 63):
+        watch(seg, qid)
+        waker.work_added(qid)
+    assert bitmap_word(seg, 0) == (1 << 1) | (1 << 5) | (1 << 63)
+    assert waker.drain(64) == [1, 5, 63]
+    assert bitmap_word(seg, 0) == 0
+    assert not readable(efd)
+    assert waker.drain(64) == []
+
+
+def test_eventfd_written_once_per_empty_bitmap_word(make_segment: SegmentFactory, efd: int) -> None:
+    limits = L.Limits(max_workers=2, max_queues=128, queue_capacity=16, arena_bytes=1 << 16)
+    big = make_segment(limits)
+    waker = Waker(big, efd)
+    waker.kick(3)
+    waker.kick(4)  # same word, already non-empty: no second write
+    waker.kick(70)  # second word
+    assert os.eventfd_read(efd) == 2
+    assert waker.drain(128) == [3, 4, 70]
+    assert not readable(efd)
+
+
+def test_eventfd_readable_iff_a_kick_happened(seg: Segment, waker: Waker, efd: int) -> None:
+    for round_ in range(5):
+        watched = round_ % 2 == 0
+        if watched:
+            watch(seg, 2)
+        waker.work_added(2)
+        assert readable(efd) is watched
+        assert waker.drain(64) == ([2] if watched else [])
+        assert not readable(efd)
+
+
+# ------------------------------------------------------------------- the race
+ROUNDS = 3000
+
+
+def jitter(r: int, spread: int) -> int:
+    """A deterministic, well-mixed busy-wait length in range(spread)."""
+    return (r * 2654435761 >> 7) % spread
+
+
+ROUND_WORD = 0  # control page: the round the scheduler is parking in
+DONE_WORD = 8
+
+
+def test_no_lost_wakeup_between_park_and_publish(seg: Segment, efd: int) -> None:
+    """A publisher (child) bumps Q_CHANGES and calls work_added() while the
+    scheduler (this process) parks: store Q_WATCH=1, then re-read Q_CHANGES.
+    In every round one of the two must see the other: either the scheduler
+    sees the new CHANGES (and takes its watch back), or the publisher sees
+    WATCH=1 and kicks the eventfd. A lost wake-up shows as a round that
+    waits on the eventfd in vain."""
+    import mmap
+
+    from shm._atomic import Atomic
+
+    ctrl_buf = mmap.mmap(-1, 4096)
+    ctrl = Atomic(ctrl_buf)
+    a, qid = seg.atomic, 7
+    changes_word = seg.layout.queue(qid) + L.Q_CHANGES
+    watch_word = seg.layout.queue(qid) + L.Q_WATCH
+    waker = Waker(seg, efd)
+    # On one CPU the two sides would only take turns; on two, they race.
+    cpus = sorted(os.sched_getaffinity(0))
+    pid = os.fork()
+    if pid == 0:  # the publisher
+        code = 1
+        try:
+            if len(cpus) >= 2:
+                os.sched_setaffinity(0, {cpus[1]})
+            deadline = time.monotonic() + 30
+            for r in range(1, ROUNDS + 1):
+                spins = 0
+                while ctrl.load(ROUND_WORD) != r:
+                    spins += 1
+                    if spins % 4096 == 0 and time.monotonic() > deadline:
+                        os._exit(3)
+                for _ in range(jitter(r, 8)):  # vary which side gets there first
+                    pass
+                a.fetch_add(changes_word, 1)
+                waker.work_added(qid)
+                ctrl.store(DONE_WORD, r)
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        if len(cpus) >= 2:
+            os.sched_setaffinity(0, {cpus[0]})
+        by_kick = by_recheck = 0
+        for r in range(1, ROUNDS + 1):
+            changes = a.load(changes_word)
+            ctrl.store(ROUND_WORD, r)  # let the publisher go: it races our park
+            for _ in range(jitter(r, 64)):
+                pass
+            a.store(watch_word, 1)
+            if a.load(changes_word) != changes and a.cas(watch_word, 1, 0):
+                by_recheck += 1
+            else:
+                # Parked: the publisher must kick us. Bounded wait.
+                assert select.select([efd], [], [], 5.0)[0], f"lost wake-up in round {r}"
+                assert waker.drain(64) == [qid]
+                by_kick += 1
+            # Wait for the round's publish to finish, then check that exactly
+            # one side acted: no kick is left over after either outcome.
+            deadline = time.monotonic() + 5
+            while ctrl.load(DONE_WORD) != r:
+                assert time.monotonic() < deadline, "publisher stalled"
+            assert a.load(changes_word) == r
+            assert a.load(watch_word) == 0
+            assert not readable(efd), f"two wake-ups in round {r}"
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert by_kick + by_recheck == ROUNDS
+        print(f"wake-ups: {by_kick} by kick, {by_recheck} by the scheduler's recheck")
+    finally:
+        os.sched_setaffinity(0, cpus)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
