@@ -27,9 +27,8 @@ from broker.acceptor import run_acceptor
 from broker.config import Config
 from broker.ipc import Msg, encode, socketpair
 from broker.scheduler import run_scheduler
-from shm import arena
 from shm import layout as L
-from shm.queues import QueueStore
+from shm.recovery import recover_worker
 from shm.segment import Segment
 from shm.wake import Waker
 from workers.main import run_worker
@@ -289,13 +288,12 @@ class Supervisor:
             self.sched_pairs[index][1].send(encode(Msg.WORKER_GONE, index), socket.MSG_DONTWAIT)
         except OSError as exc:
             log.error("could not tell the scheduler that worker %d died: %s", index, exc)
-        # 2. Its unacknowledged deliveries go back to their queues.
-        released = QueueStore(seg, 0).release_owner(index + 1)
+        # 2. Its unacknowledged deliveries go back to their queues; bodies it
+        #    was still filling or routing are settled (shm/recovery.py).
+        released = recover_worker(seg, index)
         waker = Waker(seg, self.efd)
         for qid in released:
             waker.work_added(qid)
-        # 3. Bodies it was still filling are released; its connections are gone.
-        arena.recover(seg, index)
         a.store(slot + L.P_CONNECTIONS, 0)
         if released:
             log.info("worker %d: %d messages requeued", index, sum(released.values()))

@@ -213,6 +213,11 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define ST_DELETED 3ULL
 #define OWNER_BITS 0xFFF00ULL
 #define REDELIVERED 16ULL
+/* arena block header and arena header (shm/layout.py: B_SIZE, B_REFS, A_USED, A_LIVE) */
+#define B_SIZE 0
+#define B_REFS 8
+#define A_USED 0
+#define A_LIVE 8
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
 #define CAS(p, e, d) \
@@ -311,9 +316,13 @@ Atomic_acquire(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /*
- * ack(queue, ring, mask, seq, owner_bits) -> block
- * ACQUIRED(owner) -> DELETED; returns the body block (the caller drops the
- * reference) or 0 if the entry is no longer this owner's.
+ * ack(queue, ring, mask, seq, owner_bits, arenas, arena_bytes) -> int
+ * ACQUIRED(owner) -> DELETED, then drop the entry's reference to its body
+ * block (accounting the block as free in its arena if that was the last),
+ * then advance the head. All in one call, so a worker killed between the
+ * CAS and the reference drop (a leaked body) is a window of a few
+ * instructions, not of Python code. Returns 1, or 0 if the entry is no
+ * longer this owner's (its queue was deleted, or it was released).
  */
 static PyObject *
 Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -321,28 +330,49 @@ Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t *q;
     char *ring;
     unsigned long long mask;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "ack(queue, ring, mask, seq, owner_bits)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "ack(queue, ring, mask, seq, owner_bits, arenas, arena_bytes)");
         return NULL;
     }
     if (queue_args(self, args, &q, &ring, &mask) < 0)
         return NULL;
     uint64_t seq = PyLong_AsUnsignedLongLong(args[3]);
     uint64_t owner = PyLong_AsUnsignedLongLong(args[4]);
+    Py_ssize_t arenas = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t arena_bytes = PyLong_AsSsize_t(args[6]);
     if (PyErr_Occurred())
         return NULL;
+    if (arenas < 0 || arena_bytes <= 0 || (arenas & 7) || (arena_bytes & 7)) {
+        PyErr_SetString(PyExc_ValueError, "bad arena geometry");
+        return NULL;
+    }
     uint64_t *cell = cell_of(ring, mask, seq);
     uint64_t w = LOAD(cell);
     if ((w >> SEQ_SHIFT) != seq || (w & ST_MASK) != ST_ACQUIRED || (w & OWNER_BITS) != owner)
         return PyLong_FromLong(0);
     uint64_t block = LOAD(cell + 1);
+    if (block < (uint64_t)arenas || (block & 7) || block + 16 > (uint64_t)self->len) {
+        PyErr_Format(PyExc_IndexError, "cell %llu refers to a block out of range",
+                     (unsigned long long)seq);
+        return NULL;
+    }
     if (!CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED))
         return PyLong_FromLong(0);
     ADD(q + Q_UNACKED / 8, (uint64_t)-1);
     ADD(q + Q_ACKED / 8, 1);
+    /* Read the size while we still hold a reference (see shm/arena.py). */
+    uint64_t *b = (uint64_t *)(self->base + block);
+    uint64_t size = LOAD(b + B_SIZE / 8);
+    if (ADD(b + B_REFS / 8, (uint64_t)-1) == 1) {
+        uint64_t *arena = (uint64_t *)(self->base + arenas +
+                                       (block - arenas) / arena_bytes * arena_bytes);
+        ADD(arena + A_USED / 8, (uint64_t)0 - size);
+        ADD(arena + A_LIVE / 8, (uint64_t)-1);
+    }
     if (LOAD(q + Q_HEAD / 8) == seq)
         advance_head(q, ring, mask);
-    return PyLong_FromUnsignedLongLong(block);
+    return PyLong_FromLong(1);
 }
 
 static PyObject *
@@ -408,7 +438,10 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "Q_READY", Q_READY) < 0 ||
         PyModule_AddIntConstant(m, "Q_UNACKED", Q_UNACKED) < 0 ||
         PyModule_AddIntConstant(m, "Q_ACKED", Q_ACKED) < 0 ||
-        PyModule_AddIntConstant(m, "SEQ_SHIFT", SEQ_SHIFT) < 0) {
+        PyModule_AddIntConstant(m, "SEQ_SHIFT", SEQ_SHIFT) < 0 ||
+        PyModule_AddIntConstant(m, "B_REFS", B_REFS) < 0 ||
+        PyModule_AddIntConstant(m, "A_USED", A_USED) < 0 ||
+        PyModule_AddIntConstant(m, "A_LIVE", A_LIVE) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -6,6 +6,9 @@ Q_READY: int
 Q_UNACKED: int
 Q_ACKED: int
 SEQ_SHIFT: int
+B_REFS: int
+A_USED: int
+A_LIVE: int
 
 class Atomic:
     def __init__(self, buffer: Buffer, /) -> None: ...
@@ -18,5 +21,15 @@ class Atomic:
     def acquire(
         self, queue: int, ring: int, mask: int, start: int, owner_bits: int, /
     ) -> tuple[int, int, bool] | int: ...
-    def ack(self, queue: int, ring: int, mask: int, seq: int, owner_bits: int, /) -> int: ...
+    def ack(
+        self,
+        queue: int,
+        ring: int,
+        mask: int,
+        seq: int,
+        owner_bits: int,
+        arenas: int,
+        arena_bytes: int,
+        /,
+    ) -> int: ...
     def advance_head(self, queue: int, ring: int, mask: int, /) -> None: ...

@@ -150,6 +150,24 @@ def arena_usage(seg: Segment, worker: int) -> tuple[int, int]:
     return seg.atomic.load(base + L.A_USED), seg.atomic.load(base + L.A_LIVE)
 
 
+def held_blocks(seg: Segment, worker: int) -> list[int]:
+    """Blocks of a worker's arena with HOLD set: the ones it was filling or
+    routing. Only meaningful once the worker is dead."""
+    a = seg.atomic
+    base = seg.layout.arena(worker)
+    off = base + L.ARENA_HEADER
+    end = base + seg.layout.limits.arena_bytes
+    held = []
+    while off < end:
+        size = a.load(off + L.B_SIZE)
+        if size == 0:  # never happens in a consistent arena; do not loop forever
+            break
+        if a.load(off + L.B_REFS) & L.HOLD:
+            held.append(off)
+        off += size
+    return held
+
+
 def recover(seg: Segment, worker: int) -> int:
     """After `worker` died: drop the HOLD of every block it was still filling.
 

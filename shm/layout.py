@@ -74,7 +74,6 @@ Q_WATCH = 32  # 1: the scheduler waits for work; whoever makes work must wake it
 Q_READY = 40  # entries AVAILABLE
 Q_UNACKED = 48  # entries ACQUIRED
 Q_RELEASE_GEN = 56  # bumped on every release: consumers rewind their pointers
-Q_RELEASE_LOW = 64  # lowest sequence ever released
 Q_FLAGS = 72  # QF_* bits
 Q_OWNER = 80  # exclusive owner: (worker << 40) | connection id
 Q_CONSUMERS = 88  # written by the scheduler
@@ -129,7 +128,12 @@ assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _ato
     Q_UNACKED,
     Q_ACKED,
 ), "shm/_atomic.c and shm/layout.py disagree on the queue record"
-assert _atomic.SEQ_SHIFT == SEQ_SHIFT
+assert (_atomic.SEQ_SHIFT, _atomic.B_REFS, _atomic.A_USED, _atomic.A_LIVE) == (
+    SEQ_SHIFT,
+    B_REFS,
+    A_USED,
+    A_LIVE,
+)
 
 
 class Limits(msgspec.Struct, frozen=True):

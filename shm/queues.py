@@ -39,7 +39,12 @@ def _unpublished(word: int, seq: int) -> bool:
 
 
 class QueueFull(Exception):
-    """The queue's log has no free cell."""
+    """The queue's log has no free cell (or the queue is gone)."""
+
+
+class QueueGone(QueueFull):
+    """The queue was deleted while the entry was appended; the entry and its
+    reference were taken back."""
 
 
 class QueueStore:
@@ -122,7 +127,6 @@ class QueueStore:
             L.Q_REDELIVERED,
         ):
             a.store(q + field, 0)
-        a.store(q + L.Q_RELEASE_LOW, tail)
         a.store(q + L.Q_FLAGS, flags)
         a.store(q + L.Q_OWNER, owner_conn)
         self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + len(name)] = name
@@ -170,6 +174,10 @@ class QueueStore:
         """
         a, q = self.a, self.layout.queue(qid)
         cap = self.cap
+        # A queue deleted since the caller looked it up must not get entries:
+        # check before reserving, and again after publishing (below).
+        if a.load(q + L.Q_STATE) & 0xFF != L.QS_ACTIVE:
+            raise QueueFull(qid)
         while True:
             t = a.load(q + L.Q_TAIL)
             if t - a.load(q + L.Q_HEAD) >= cap:
@@ -183,8 +191,14 @@ class QueueStore:
         a.store(cell + 8, block)
         published = _unpublished(old, t) and a.cas(cell, old, t << _SEQ | _AVAIL)
         a.store(intent + L.P_INTENT_QUEUE, 0)
-        if not published:  # the queue was deleted under us
+        if not published:  # the queue was deleted under us: remove() tombstoned it
             raise QueueFull(qid)
+        if a.load(q + L.Q_STATE) & 0xFF != L.QS_ACTIVE:
+            # Deleted between our checks: take the entry back unless remove()
+            # already tombstoned it (then it dropped the reference itself).
+            if a.cas(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL):
+                body_refs_drop(self.seg, block)
+            raise QueueGone(qid)
         a.fetch_add(q + L.Q_READY, 1)
         a.fetch_add(q + L.Q_PUBLISHED, 1)
         a.fetch_add(q + L.Q_CHANGES, 1)
@@ -202,20 +216,27 @@ class QueueStore:
             self.layout.queue(qid), self.layout.log(qid), self.mask, pointer, self.owner_bits
         )
 
-    def ack(self, qid: int, seq: int) -> int:
-        """ACQUIRED(this owner) -> DELETED, then advance the head past deleted
-        cells. Returns the entry's body block (the caller drops the
-        reference), or 0 if the entry is no longer ours (its queue was
+    def ack(self, qid: int, seq: int) -> bool:
+        """ACQUIRED(this owner) -> DELETED, drop the entry's reference to its
+        body (freeing the block if it was the last), advance the head past
+        deleted cells. False if the entry is no longer ours (its queue was
         deleted, or the supervisor released it). One C call."""
-        return self.a.ack(
-            self.layout.queue(qid), self.layout.log(qid), self.mask, seq, self.owner_bits
+        layout = self.layout
+        return bool(
+            self.a.ack(
+                layout.queue(qid),
+                layout.log(qid),
+                self.mask,
+                seq,
+                self.owner_bits,
+                layout.arenas,
+                layout.limits.arena_bytes,
+            )
         )
 
     def take_no_ack(self, qid: int, seq: int) -> None:
         """An entry delivered without acknowledgement is deleted at once."""
-        block = self.ack(qid, seq)
-        if block:
-            body_refs_drop(self.seg, block)
+        self.ack(qid, seq)
 
     def release(self, qid: int, seq: int, owner_bits: int | None = None) -> bool:
         """ACQUIRED(owner) -> AVAILABLE with the redelivered flag; the entry
@@ -232,9 +253,6 @@ class QueueStore:
         a.fetch_add(q + L.Q_UNACKED, -1)
         a.fetch_add(q + L.Q_READY, 1)
         a.fetch_add(q + L.Q_REDELIVERED, 1)
-        low = a.load(q + L.Q_RELEASE_LOW)
-        while seq < low and not a.cas(q + L.Q_RELEASE_LOW, low, seq):
-            low = a.load(q + L.Q_RELEASE_LOW)
         a.fetch_add(q + L.Q_RELEASE_GEN, 1)
         a.fetch_add(q + L.Q_CHANGES, 1)
         return True
@@ -292,16 +310,30 @@ class QueueStore:
             self._advance_head(qid)
         return released
 
+    def count_references(self, blocks: set[int]) -> dict[int, int]:
+        """How many live (AVAILABLE or ACQUIRED) cells, in all queues, point
+        at each of `blocks`. Supervisor recovery only: O(queued entries)."""
+        a, layout = self.a, self.layout
+        counts: dict[int, int] = {}
+        for qid in range(layout.limits.max_queues):
+            q = layout.queue(qid)
+            ring = layout.log(qid)
+            for seq in range(a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)):
+                cell = ring + (seq & self.mask) * L.CELL_SIZE
+                w = a.load(cell)
+                if w >> _SEQ == seq and w & L.STATE_MASK in (_AVAIL, _ACQ):
+                    block = a.load(cell + 8)
+                    if block in blocks:
+                        counts[block] = counts.get(block, 0) + 1
+        return counts
+
     def _advance_head(self, qid: int) -> None:
         """Move the head past deleted cells so they can be reused. Safe to
         run concurrently: every step is a CAS from the value just read."""
         self.a.advance_head(self.layout.queue(qid), self.layout.log(qid), self.mask)
 
-    def rewind_point(self, qid: int, release_gen: int) -> tuple[int, int] | None:
-        """If entries were released since `release_gen`, return (new
-        release_gen, lowest released seq) so a consumer moves its pointer back."""
-        q = self.layout.queue(qid)
-        gen = self.a.load(q + L.Q_RELEASE_GEN)
-        if gen == release_gen:
-            return None
-        return gen, self.a.load(q + L.Q_RELEASE_LOW)
+    def release_generation(self, qid: int) -> int:
+        """Bumped by every release. A consumer that sees it change moves its
+        pointer back to the head: the released entry is somewhere behind it,
+        and re-scanning the acquired cells in between is a C loop."""
+        return self.a.load(self.layout.queue(qid) + L.Q_RELEASE_GEN)

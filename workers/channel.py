@@ -15,13 +15,12 @@ from broker import errors as E
 from broker.ipc import Msg
 from shm import layout as L
 from shm.arena import (
-    body_refs_drop,
     message_size,
     read_message,
     release_hold,
     write_message,
 )
-from shm.queues import QueueFull
+from shm.queues import QueueFull, QueueGone
 from workers import framing as F
 from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
@@ -341,6 +340,8 @@ class Channel:
                 a.fetch_add(block + L.B_REFS, 1)
                 try:
                     ctx.store.append(qid, block, ctx.slot)
+                except QueueGone:
+                    pass  # deleted meanwhile: append took its reference back
                 except QueueFull:
                     a.fetch_add(block + L.B_REFS, -1)
                     if ctx.store.is_active(qid):
@@ -424,9 +425,7 @@ class Channel:
             if ctx.store.release(qid, seq):
                 ctx.waker.work_added(qid)
             return
-        block = ctx.store.ack(qid, seq)
-        if block:
-            body_refs_drop(ctx.seg, block)
+        ctx.store.ack(qid, seq)
 
     def requeue_all(self) -> None:
         for _consumer, qid, seq in self.unacked.values():

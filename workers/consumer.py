@@ -119,11 +119,10 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
             # Read the state-change counter before scanning: anything published
             # after this read bumps it, and the scheduler compares.
             changes = load(changes_word)
-            rewind = store.rewind_point(qid, consumer.release_gen)
-            if rewind is not None:
-                consumer.release_gen = rewind[0]
-                if rewind[1] < consumer.pointer:
-                    consumer.pointer = rewind[1]
+            release_gen = store.release_generation(qid)
+            if release_gen != consumer.release_gen:
+                consumer.release_gen = release_gen
+                consumer.pointer = 0  # acquire() starts at the head
             got = store.acquire(qid, consumer.pointer)
             if got.__class__ is int:
                 consumer.pointer = got
