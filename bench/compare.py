@@ -648,7 +648,21 @@ def write_report(
         lines += scenario_table(index, shoal, rabbit)
     lines += ceiling
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines).rstrip() + "\n")
+    path.write_text("\n".join(lines).rstrip() + "\n" + kept_sections(path))
+
+
+KEEP_MARKER = "<!-- Hand-written below this line: bench/compare.py keeps it. -->"
+
+
+def kept_sections(path: Path) -> str:
+    """The hand-written analysis after KEEP_MARKER in the previous report
+    (profiles, the choice of --workers), carried over when regenerating."""
+    try:
+        old = path.read_text()
+    except OSError:
+        return ""
+    at = old.find(KEEP_MARKER)
+    return "" if at < 0 else "\n" + old[at:]
 
 
 def measure_ceiling(opts: argparse.Namespace) -> list[str]:
