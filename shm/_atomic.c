@@ -439,6 +439,7 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "Q_UNACKED", Q_UNACKED) < 0 ||
         PyModule_AddIntConstant(m, "Q_ACKED", Q_ACKED) < 0 ||
         PyModule_AddIntConstant(m, "SEQ_SHIFT", SEQ_SHIFT) < 0 ||
+        PyModule_AddIntConstant(m, "B_SIZE", B_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "B_REFS", B_REFS) < 0 ||
         PyModule_AddIntConstant(m, "A_USED", A_USED) < 0 ||
         PyModule_AddIntConstant(m, "A_LIVE", A_LIVE) < 0) {

@@ -6,6 +6,7 @@ Q_READY: int
 Q_UNACKED: int
 Q_ACKED: int
 SEQ_SHIFT: int
+B_SIZE: int
 B_REFS: int
 A_USED: int
 A_LIVE: int

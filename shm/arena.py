@@ -5,7 +5,7 @@ allocates, splits or coalesces blocks, so the block structure needs no lock.
 Any process may drop a reference with one atomic fetch-add; the block is free
 once its refcount word is 0 and the owner reuses it lazily. While the owner is
 still filling or routing a block, the HOLD bit in the refcount word keeps it
-live; a dead owner's HOLD bits are dropped by `recover()`.
+live; a dead owner's HOLD bits are settled by `shm.recovery.recover_worker()`.
 
 Allocation is next-fit from a rotating cursor: in the usual FIFO traffic the
 blocks ahead of the cursor are the oldest and already freed, so an allocation
@@ -166,28 +166,6 @@ def held_blocks(seg: Segment, worker: int) -> list[int]:
             held.append(off)
         off += size
     return held
-
-
-def recover(seg: Segment, worker: int) -> int:
-    """After `worker` died: drop the HOLD of every block it was still filling.
-
-    Run by the supervisor before the replacement starts, so no other process
-    allocates in this arena meanwhile. Returns the number of blocks released.
-    """
-    a = seg.atomic
-    base = seg.layout.arena(worker)
-    off = base + L.ARENA_HEADER
-    end = base + seg.layout.limits.arena_bytes
-    released = 0
-    while off < end:
-        size = a.load(off + L.B_SIZE)
-        if size == 0:  # never happens in a consistent arena; do not loop forever
-            break
-        if a.load(off + L.B_REFS) & L.HOLD:
-            release_hold(seg, off)
-            released += 1
-        off += size
-    return released
 
 
 def write_message(

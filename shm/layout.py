@@ -128,8 +128,9 @@ assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _ato
     Q_UNACKED,
     Q_ACKED,
 ), "shm/_atomic.c and shm/layout.py disagree on the queue record"
-assert (_atomic.SEQ_SHIFT, _atomic.B_REFS, _atomic.A_USED, _atomic.A_LIVE) == (
+assert (_atomic.SEQ_SHIFT, _atomic.B_SIZE, _atomic.B_REFS, _atomic.A_USED, _atomic.A_LIVE) == (
     SEQ_SHIFT,
+    B_SIZE,
     B_REFS,
     A_USED,
     A_LIVE,

@@ -151,11 +151,16 @@ class QueueStore:
                 wseq, st = w >> _SEQ, w & L.STATE_MASK
                 if wseq > seq or (wseq == seq and st == _DEL):
                     break
+                live = wseq == seq and st in (_AVAIL, _ACQ)
+                # The body word is read while the cell still holds `seq` live:
+                # once it is DELETED the head may pass it and a publisher
+                # reuse the cell (and its body word) for seq + capacity.
+                block = a.load(cell + 8) if live else 0
                 # A cell still being published (older seq) is tombstoned too:
                 # the publisher's CAS then fails and it drops its reference.
                 if a.cas(cell, w, seq << _SEQ | _DEL):
-                    if wseq == seq and st in (_AVAIL, _ACQ):
-                        body_refs_drop(self.seg, a.load(cell + 8))
+                    if live:
+                        body_refs_drop(self.seg, block)
                         dropped += 1
                     break
         a.store(q + L.Q_HEAD, tail)
@@ -176,7 +181,8 @@ class QueueStore:
         cap = self.cap
         # A queue deleted since the caller looked it up must not get entries:
         # check before reserving, and again after publishing (below).
-        if a.load(q + L.Q_STATE) & 0xFF != L.QS_ACTIVE:
+        state = a.load(q + L.Q_STATE)
+        if state & 0xFF != L.QS_ACTIVE:
             raise QueueFull(qid)
         while True:
             t = a.load(q + L.Q_TAIL)
@@ -193,8 +199,9 @@ class QueueStore:
         a.store(intent + L.P_INTENT_QUEUE, 0)
         if not published:  # the queue was deleted under us: remove() tombstoned it
             raise QueueFull(qid)
-        if a.load(q + L.Q_STATE) & 0xFF != L.QS_ACTIVE:
-            # Deleted between our checks: take the entry back unless remove()
+        if a.load(q + L.Q_STATE) != state:
+            # Deleted between our checks (and maybe re-created in the same
+            # slot: the generation moved): take the entry back unless remove()
             # already tombstoned it (then it dropped the reference itself).
             if a.cas(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL):
                 body_refs_drop(self.seg, block)
@@ -265,13 +272,13 @@ class QueueStore:
         for seq in range(a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)):
             cell = ring + (seq & self.mask) * L.CELL_SIZE
             w = a.load(cell)
-            if (
-                w >> _SEQ == seq
-                and w & L.STATE_MASK == _AVAIL
-                and a.cas(cell, w, seq << _SEQ | _DEL)
-            ):
+            if w >> _SEQ != seq or w & L.STATE_MASK != _AVAIL:
+                continue
+            # Read the body before the CAS, as in remove() and the C ack.
+            block = a.load(cell + 8)
+            if a.cas(cell, w, seq << _SEQ | _DEL):
                 a.fetch_add(q + L.Q_READY, -1)
-                body_refs_drop(self.seg, a.load(cell + 8))
+                body_refs_drop(self.seg, block)
                 purged += 1
         self._advance_head(qid)
         return purged

@@ -19,10 +19,14 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     was still filling or routing (HOLD set): their reference counts are
     recounted from the live cells that point at them, and the HOLD dropped.
 
-    The recount reads the cells before the count word, so a concurrent ack
-    can only make us keep a reference too many (a leak of one block), never
-    drop one too many (a body freed while an entry still points at it).
-    Returns {qid: entries released}.
+    The recount reads the cells before the count word, so an entry deleted
+    and dropped concurrently can only make us keep a reference too many (a
+    leak of one block). It cannot see a drop still in flight: a concurrent
+    ack (or purge, remove) that has CAS'd the cell to DELETED but not yet
+    decremented the count word is taken for an orphan reference and dropped
+    a second time, freeing the body early if another queue's entry still
+    points at it (shm/ARCHITECTURE.md, section 8; strict xfail in
+    tests/shm/test_queues.py). Returns {qid: entries released}.
     """
     store = QueueStore(seg, 0)
     released = store.release_owner(worker + 1)

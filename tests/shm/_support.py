@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from shm import layout as L
 from shm.arena import Arena, release_hold
-from shm.queues import QueueStore
+from shm.queues import QueueGone, QueueStore
 from shm.segment import Segment
 
 SegmentFactory = Callable[[L.Limits], Segment]
@@ -58,14 +58,18 @@ def publish(
     seg: Segment, store: QueueStore, arena: Arena, qid: int, payload: bytes, worker: int = 0
 ) -> tuple[int, int]:
     """Append one message exactly as workers/channel.py does: allocate a held
-    block, take the queue's reference, append, then drop the HOLD.
-    Returns (seq, block)."""
+    block, take the queue's reference, append, then drop the HOLD. If append
+    raises QueueGone it took the reference back itself; on QueueFull the
+    caller gives it back. Returns (seq, block)."""
     block = arena.alloc(len(payload))
     assert block is not None, "arena full"
     write_payload(seg, block, payload)
     seg.atomic.fetch_add(block + L.B_REFS, 1)
     try:
         seq = store.append(qid, block, seg.layout.proc(worker))
+    except QueueGone:
+        release_hold(seg, block)
+        raise
     except BaseException:
         seg.atomic.fetch_add(block + L.B_REFS, -1)
         release_hold(seg, block)
@@ -98,3 +102,54 @@ def live_blocks(seg: Segment, worker: int) -> list[tuple[int, int, int]]:
 def arena_counters(seg: Segment, worker: int) -> tuple[int, int]:
     base = seg.layout.arena(worker)
     return seg.atomic.load(base + L.A_USED), seg.atomic.load(base + L.A_LIVE)
+
+
+class Died(Exception):
+    """Stands for SIGKILL at a chosen point of an operation."""
+
+
+class Interposer:
+    """Delegates to a real Atomic and calls `hook(n, op, offset)` right after
+    each write (store, cas, fetch_add, fetch_or; n counts them from 1). The
+    hook may act as another process would at that instant, or raise Died."""
+
+    def __init__(self, real: object, hook: Callable[[int, str, int], None]) -> None:
+        self.real = real
+        self.hook = hook
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+    def _wrote(self, op: str, offset: int) -> None:
+        self.writes += 1
+        self.hook(self.writes, op, offset)
+
+    def store(self, offset: int, value: int) -> None:
+        self.real.store(offset, value)  # type: ignore[attr-defined]
+        self._wrote("store", offset)
+
+    def cas(self, offset: int, expected: int, desired: int) -> bool:
+        ok: bool = self.real.cas(offset, expected, desired)  # type: ignore[attr-defined]
+        self._wrote("cas", offset)
+        return ok
+
+    def fetch_add(self, offset: int, delta: int) -> int:
+        old: int = self.real.fetch_add(offset, delta)  # type: ignore[attr-defined]
+        self._wrote("fetch_add", offset)
+        return old
+
+    def fetch_or(self, offset: int, bits: int) -> int:
+        old: int = self.real.fetch_or(offset, bits)  # type: ignore[attr-defined]
+        self._wrote("fetch_or", offset)
+        return old
+
+
+def dies_after(writes: int) -> Callable[[int, str, int], None]:
+    """An Interposer hook: SIGKILL right after the given number of writes."""
+
+    def hook(n: int, op: str, offset: int) -> None:
+        if n == writes:
+            raise Died
+
+    return hook

@@ -11,17 +11,22 @@ from shm.arena import (
     Arena,
     arena_usage,
     body_refs_drop,
+    held_blocks,
     message_size,
     read_message,
-    recover,
     release_hold,
     write_message,
 )
+from shm.queues import QueueStore
+from shm.recovery import recover_worker
 from shm.segment import Segment
 
 from ._support import (
     SMALL,
+    Died,
+    Interposer,
     SegmentFactory,
+    dies_after,
     live_blocks,
     read_payload,
     signed,
@@ -215,35 +220,55 @@ def test_failed_alloc_leaves_the_cursor_on_a_block_boundary(seg: Segment, arena:
     assert {b for b, _, r in walk_arena(seg, WORKER) if r} == live
 
 
-def test_recover_drops_the_hold_of_every_block_a_dead_owner_was_filling(
+def test_recover_worker_settles_every_block_a_dead_owner_was_filling_or_routing(
     seg: Segment, arena: Arena
 ) -> None:
+    """What the supervisor runs after an IO worker died (shm/recovery.py): the
+    HOLD of every block it still held is dropped, and the references it had
+    taken are recounted from the queue entries that really point at them."""
+    sched = QueueStore(seg, 0)
+    sched.create(2, b"q", 0, 0)
+    sched.create(3, b"r", 0, 0)
+    producer = QueueStore(seg, WORKER + 1)
+    slot = seg.layout.proc(WORKER)
     filling = arena.alloc(200)  # half received: only the HOLD
-    routing = arena.alloc(200)  # appended to one queue, still routing
+    routing = arena.alloc(200)  # appended to queue 2, killed before queue 3
     published = arena.alloc(200)  # appended and finished
-    assert filling and routing and published
-    seg.atomic.fetch_add(routing + L.B_REFS, 1)
-    seg.atomic.fetch_add(published + L.B_REFS, 1)
+    orphan = arena.alloc(200)  # reference taken for an append that never happened
+    assert filling and routing and published and orphan
+    for block, qid in ((routing, 2), (published, 2), (published, 3)):
+        seg.atomic.fetch_add(block + L.B_REFS, 1)
+        producer.append(qid, block, slot)
     release_hold(seg, published)
-    assert arena_usage(seg, WORKER)[1] == 3
+    seg.atomic.fetch_add(orphan + L.B_REFS, 1)
+    assert held_blocks(seg, WORKER) == [filling, routing, orphan]
+    assert arena_usage(seg, WORKER)[1] == 4
 
-    assert recover(seg, WORKER) == 2
+    assert recover_worker(seg, WORKER) == {}
 
-    assert refs(seg, filling) == 0
-    assert refs(seg, routing) == 1 and refs(seg, published) == 1
-    assert arena_usage(seg, WORKER)[1] == 2
-    assert body_refs_drop(seg, routing) and body_refs_drop(seg, published)
+    assert held_blocks(seg, WORKER) == []
+    assert refs(seg, filling) == 0 and refs(seg, orphan) == 0
+    assert refs(seg, routing) == 1 and refs(seg, published) == 2
+    assert arena_usage(seg, WORKER) == (2 * size(seg, routing), 2)
+    consumer = QueueStore(seg, WORKER + 2)
+    for qid in (2, 2, 3):
+        got = consumer.acquire(qid, 0)
+        assert not isinstance(got, int)
+        assert consumer.ack(qid, got[0])
     assert arena_usage(seg, WORKER) == (0, 0)
-    assert recover(seg, WORKER) == 0
+    assert live_blocks(seg, WORKER) == []
+    assert recover_worker(seg, WORKER) == {}
     # The replacement worker's allocator starts afresh over the same arena.
     fresh = Arena(seg, WORKER)
     assert fresh.alloc(200) == filling
 
 
-def test_recover_leaves_other_arenas_alone(seg: Segment, arena: Arena) -> None:
+def test_recover_worker_leaves_other_arenas_alone(seg: Segment, arena: Arena) -> None:
     other = Arena(seg, WORKER + 1).alloc(10)
     assert other is not None
-    assert recover(seg, WORKER) == 0
+    assert held_blocks(seg, WORKER + 1) == [other]
+    assert held_blocks(seg, WORKER) == []
+    assert recover_worker(seg, WORKER) == {}
     assert refs(seg, other) == L.HOLD
 
 
@@ -275,38 +300,9 @@ def test_trim_gives_an_empty_arena_back_and_starts_afresh(seg: Segment, arena: A
     assert arena.alloc(100) == arena.first
 
 
-class Died(Exception):
-    """Stands for SIGKILL at a chosen point of an allocator operation."""
-
-
-class DyingAtomic:
-    """Delegates to the real Atomic, and 'dies' right after the n-th write."""
-
-    def __init__(self, real: object, writes: int) -> None:
-        self.real = real
-        self.left = writes
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.real, name)
-
-    def _wrote(self) -> None:
-        self.left -= 1
-        if self.left == 0:
-            raise Died
-
-    def store(self, offset: int, value: int) -> None:
-        self.real.store(offset, value)  # type: ignore[attr-defined]
-        self._wrote()
-
-    def fetch_add(self, offset: int, delta: int) -> int:
-        old: int = self.real.fetch_add(offset, delta)  # type: ignore[attr-defined]
-        self._wrote()
-        return old
-
-
-@pytest.mark.parametrize("dies_after", range(1, 8))
+@pytest.mark.parametrize("writes", range(1, 8))
 def test_owner_killed_anywhere_in_alloc_never_lets_trim_wipe_a_live_block(
-    make_segment: SegmentFactory, dies_after: int
+    make_segment: SegmentFactory, writes: int
 ) -> None:
     """Crash-point test: the owner dies right after the n-th shared write of
     alloc(); the supervisor recovers the arena; the replacement worker
@@ -317,12 +313,12 @@ def test_owner_killed_anywhere_in_alloc_never_lets_trim_wipe_a_live_block(
     block short and the next same-size block brought them to exactly 0.)"""
     seg = make_segment(SMALL)
     dying = Arena(seg, WORKER)
-    dying.atomic = DyingAtomic(seg.atomic, dies_after)  # type: ignore[assignment]
+    dying.atomic = Interposer(seg.atomic, dies_after(writes))  # type: ignore[assignment]
     try:
         dying.alloc(1000)
     except Died:
         pass
-    recover(seg, WORKER)
+    recover_worker(seg, WORKER)
 
     fresh = Arena(seg, WORKER)
     block = fresh.alloc(1000)

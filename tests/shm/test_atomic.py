@@ -206,7 +206,9 @@ def test_find_entry_checks_the_ring_bounds(atomic: Atomic) -> None:
 
 # ------------------------------------------- acquire / ack / advance_head in C
 QUEUE = 0  # a queue record at offset 0 of the page ...
-RING = 512  # ... and its 16-cell ring
+RING = 512  # ... its 16-cell ring ...
+ARENAS = 2048  # ... and two 1 KiB arenas behind it
+ARENA_BYTES = 1024
 OWNER = 5 << L.OWNER_SHIFT
 
 
@@ -219,6 +221,29 @@ def publish_by_hand(atomic: Atomic, seq: int, block: int) -> None:
     atomic.store(cell(seq), seq << L.SEQ_SHIFT | L.S_AVAILABLE)
     atomic.fetch_add(QUEUE + L.Q_READY, 1)
     atomic.store(QUEUE + L.Q_TAIL, max(atomic.load(QUEUE + L.Q_TAIL), seq + 1))
+
+
+def arena_base(arena: int) -> int:
+    return ARENAS + arena * ARENA_BYTES
+
+
+def block_by_hand(atomic: Atomic, arena: int, index: int, refs: int, size: int = 128) -> int:
+    """A live block of `size` bytes, counted in its arena's header like alloc()
+    counts it, with refcount word `refs`. Blocks are laid out 128 bytes apart."""
+    block = arena_base(arena) + L.ARENA_HEADER + index * 128
+    atomic.store(block + L.B_SIZE, size)
+    atomic.store(block + L.B_REFS, refs)
+    atomic.fetch_add(arena_base(arena) + L.A_USED, size)
+    atomic.fetch_add(arena_base(arena) + L.A_LIVE, 1)
+    return block
+
+
+def usage(atomic: Atomic, arena: int) -> tuple[int, int]:
+    return atomic.load(arena_base(arena) + L.A_USED), atomic.load(arena_base(arena) + L.A_LIVE)
+
+
+def ack(atomic: Atomic, seq: int, owner: int = OWNER) -> int:
+    return atomic.ack(QUEUE, RING, MASK, seq, owner, ARENAS, ARENA_BYTES)
 
 
 def test_c_acquire_takes_the_first_available_and_counts_it(atomic: Atomic) -> None:
@@ -249,16 +274,68 @@ def test_c_acquire_stops_at_a_cell_not_yet_published(atomic: Atomic) -> None:
 
 
 def test_c_ack_deletes_only_the_owners_entry_and_advances_the_head(atomic: Atomic) -> None:
+    blocks = [block_by_hand(atomic, 0, seq, refs=1) for seq in range(3)]
     for seq in range(3):
-        publish_by_hand(atomic, seq, 1000 + seq)
+        publish_by_hand(atomic, seq, blocks[seq])
         atomic.acquire(QUEUE, RING, MASK, seq, OWNER)
-    assert atomic.ack(QUEUE, RING, MASK, 1, 6 << L.OWNER_SHIFT) == 0  # another owner's
-    assert atomic.ack(QUEUE, RING, MASK, 1, OWNER) == 1001
-    assert atomic.ack(QUEUE, RING, MASK, 1, OWNER) == 0  # already deleted
+    assert ack(atomic, 1, 6 << L.OWNER_SHIFT) == 0  # another owner's
+    assert atomic.load(blocks[1] + L.B_REFS) == 1 and usage(atomic, 0) == (3 * 128, 3)
+    assert ack(atomic, 1) == 1
+    assert atomic.load(cell(1)) == 1 << L.SEQ_SHIFT | L.S_DELETED
+    assert atomic.load(blocks[1] + L.B_REFS) == 0  # its reference dropped: the block is free
+    assert usage(atomic, 0) == (2 * 128, 2)
+    assert ack(atomic, 1) == 0  # already deleted: nothing dropped twice
+    assert atomic.load(blocks[1] + L.B_REFS) == 0 and usage(atomic, 0) == (2 * 128, 2)
     assert atomic.load(QUEUE + L.Q_HEAD) == 0
-    assert atomic.ack(QUEUE, RING, MASK, 0, OWNER) == 1000
+    assert ack(atomic, 0) == 1
     assert atomic.load(QUEUE + L.Q_HEAD) == 2  # past 0 and 1
     assert atomic.load(QUEUE + L.Q_UNACKED) == 1 and atomic.load(QUEUE + L.Q_ACKED) == 2
+    assert usage(atomic, 0) == (128, 1)
+    assert atomic.load(blocks[2] + L.B_REFS) == 1  # the entry still acquired keeps its body
+
+
+def test_c_ack_frees_a_block_only_with_its_last_reference(atomic: Atomic) -> None:
+    """A body appended to two queues (here: two entries of one ring) is freed,
+    and accounted in its own arena, by the ack that drops the last reference;
+    a block still held by its publisher (HOLD) is not freed at all."""
+    other = block_by_hand(atomic, 0, 0, refs=1, size=64)  # arena 0: must stay untouched
+    shared = block_by_hand(atomic, 1, 2, refs=2, size=96)  # arena 1, not its first block
+    held = block_by_hand(atomic, 1, 4, refs=L.HOLD + 1, size=48)
+    for seq, block in enumerate((shared, shared, held)):
+        publish_by_hand(atomic, seq, block)
+        atomic.acquire(QUEUE, RING, MASK, seq, OWNER)
+    assert usage(atomic, 1) == (96 + 48, 2)
+    assert ack(atomic, 0) == 1
+    assert atomic.load(shared + L.B_REFS) == 1 and usage(atomic, 1) == (96 + 48, 2)
+    assert ack(atomic, 1) == 1
+    assert atomic.load(shared + L.B_REFS) == 0 and usage(atomic, 1) == (48, 1)
+    assert ack(atomic, 2) == 1
+    assert atomic.load(held + L.B_REFS) == L.HOLD and usage(atomic, 1) == (48, 1)
+    assert usage(atomic, 0) == (64, 1) and atomic.load(other + L.B_REFS) == 1
+    assert atomic.load(QUEUE + L.Q_HEAD) == 3
+
+
+@pytest.mark.parametrize("body", [0, ARENAS - 16, ARENAS + L.ARENA_HEADER + 4, 4096 - 8])
+def test_c_ack_refuses_a_body_outside_the_arenas_before_changing_anything(
+    atomic: Atomic, page: mmap.mmap, body: int
+) -> None:
+    publish_by_hand(atomic, 0, body)
+    atomic.acquire(QUEUE, RING, MASK, 0, OWNER)
+    before = bytes(page)
+    with pytest.raises(IndexError):
+        ack(atomic, 0)
+    assert bytes(page) == before  # still ACQUIRED, counters and arenas untouched
+
+
+@pytest.mark.parametrize(("arenas", "arena_bytes"), [(-8, 1024), (4, 1024), (ARENAS, 0), (0, 12)])
+def test_c_ack_refuses_a_bad_arena_geometry(atomic: Atomic, arenas: int, arena_bytes: int) -> None:
+    block = block_by_hand(atomic, 0, 0, refs=1)
+    publish_by_hand(atomic, 0, block)
+    atomic.acquire(QUEUE, RING, MASK, 0, OWNER)
+    with pytest.raises(ValueError, match="geometry"):
+        atomic.ack(QUEUE, RING, MASK, 0, OWNER, arenas, arena_bytes)
+    assert atomic.load(cell(0)) & L.STATE_MASK == L.S_ACQUIRED
+    assert atomic.load(block + L.B_REFS) == 1
 
 
 def test_c_advance_head_stops_at_the_first_live_cell(atomic: Atomic) -> None:
@@ -281,8 +358,8 @@ def test_c_queue_operations_check_their_offsets(atomic: Atomic, queue: int, ring
     with pytest.raises(IndexError):
         atomic.acquire(queue, ring, MASK, 0, OWNER)
     with pytest.raises(IndexError):
-        atomic.ack(queue, ring, MASK, 0, OWNER)
+        atomic.ack(queue, ring, MASK, 0, OWNER, ARENAS, ARENA_BYTES)
     with pytest.raises(IndexError):
         atomic.advance_head(queue, ring, MASK)
     with pytest.raises(TypeError):
-        atomic.ack(QUEUE, RING, MASK, 0)  # type: ignore[call-arg]
+        atomic.ack(QUEUE, RING, MASK, 0, OWNER)  # type: ignore[call-arg]  # the old signature
