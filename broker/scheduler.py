@@ -68,7 +68,7 @@ class Scheduler:
         self.config = config
         self.seg = seg
         self.a = seg.atomic
-        self.store = QueueStore(seg, 0)
+        self.store = QueueStore(seg, 0, L.scheduler_slot(seg.layout))
         self.waker = Waker(seg, efd)
         self.efd = efd
         self.loop = uvloop.new_event_loop()

@@ -316,7 +316,7 @@ Atomic_acquire(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /*
- * ack(queue, ring, mask, seq, owner_bits, arenas, arena_bytes) -> int
+ * ack(queue, ring, mask, seq, owner_bits, arenas, arena_bytes, dropping) -> int
  * ACQUIRED(owner) -> DELETED, then drop the entry's reference to its body
  * block (accounting the block as free in its arena if that was the last),
  * then advance the head. All in one call, so a worker killed between the
@@ -330,9 +330,9 @@ Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t *q;
     char *ring;
     unsigned long long mask;
-    if (nargs != 7) {
+    if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError,
-                        "ack(queue, ring, mask, seq, owner_bits, arenas, arena_bytes)");
+                        "ack(queue, ring, mask, seq, owner_bits, arenas, arena_bytes, dropping)");
         return NULL;
     }
     if (queue_args(self, args, &q, &ring, &mask) < 0)
@@ -341,7 +341,10 @@ Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t owner = PyLong_AsUnsignedLongLong(args[4]);
     Py_ssize_t arenas = PyLong_AsSsize_t(args[5]);
     Py_ssize_t arena_bytes = PyLong_AsSsize_t(args[6]);
-    if (PyErr_Occurred())
+    /* The caller's P_DROPPING word: names the block from before the CAS
+     * until after the drop, so a recovery recount sees the drop in flight. */
+    uint64_t *dropping = word_at(self, args[7]);
+    if (PyErr_Occurred() || dropping == NULL)
         return NULL;
     if (arenas < 0 || arena_bytes <= 0 || (arenas & 7) || (arena_bytes & 7)) {
         PyErr_SetString(PyExc_ValueError, "bad arena geometry");
@@ -357,19 +360,25 @@ Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
                      (unsigned long long)seq);
         return NULL;
     }
-    if (!CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED))
-        return PyLong_FromLong(0);
-    ADD(q + Q_UNACKED / 8, (uint64_t)-1);
-    ADD(q + Q_ACKED / 8, 1);
-    /* Read the size while we still hold a reference (see shm/arena.py). */
+    /* Read the size while our entry still holds a reference (see
+     * shm/arena.py), before the CAS, so that only the reference drop lies
+     * between the CAS and the drop: a kill in that window leaks the body. */
     uint64_t *b = (uint64_t *)(self->base + block);
     uint64_t size = LOAD(b + B_SIZE / 8);
+    __atomic_store_n(dropping, block, __ATOMIC_SEQ_CST);
+    if (!CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED)) {
+        __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
+        return PyLong_FromLong(0);
+    }
     if (ADD(b + B_REFS / 8, (uint64_t)-1) == 1) {
         uint64_t *arena = (uint64_t *)(self->base + arenas +
                                        (block - arenas) / arena_bytes * arena_bytes);
         ADD(arena + A_USED / 8, (uint64_t)0 - size);
         ADD(arena + A_LIVE / 8, (uint64_t)-1);
     }
+    __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
+    ADD(q + Q_UNACKED / 8, (uint64_t)-1);
+    ADD(q + Q_ACKED / 8, 1);
     if (LOAD(q + Q_HEAD / 8) == seq)
         advance_head(q, ring, mask);
     return PyLong_FromLong(1);

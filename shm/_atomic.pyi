@@ -31,6 +31,7 @@ class Atomic:
         owner_bits: int,
         arenas: int,
         arena_bytes: int,
+        dropping: int,
         /,
     ) -> int: ...
     def advance_head(self, queue: int, ring: int, mask: int, /) -> None: ...

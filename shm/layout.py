@@ -62,6 +62,10 @@ P_PUBLISHED = 72  # messages accepted from publishers (worker-local counter)
 P_DELIVERED = 80
 P_RESCUES = 88  # scheduler: lost wake-ups rescued by its sweep (should stay 0)
 P_ROLE = 96  # ROLE_* of the process in this slot
+# The body block whose reference this process is dropping after deleting a
+# cell (set before the cell's CAS, cleared after the drop; 0: none): lets a
+# recovery recount see drops in flight (shm/recovery.py).
+P_DROPPING = 104
 ROLE_WORKER, ROLE_ACCEPTOR, ROLE_SCHEDULER, ROLE_SUPERVISOR = 1, 2, 3, 4
 
 # queue table

@@ -56,6 +56,7 @@ class QueueStore:
         "_names_gen",
         "a",
         "cap",
+        "dropping",
         "layout",
         "mask",
         "owner",
@@ -63,7 +64,10 @@ class QueueStore:
         "seg",
     )
 
-    def __init__(self, seg: Segment, owner: int = 0) -> None:
+    def __init__(self, seg: Segment, owner: int = 0, slot: int | None = None) -> None:
+        """`owner`: IO worker index + 1, or 0 for processes that never acquire.
+        `slot`: this process's process-table slot (default: the worker's own,
+        or the supervisor's), where it advertises a reference drop in flight."""
         self.seg = seg
         self.a = seg.atomic
         self.layout = seg.layout
@@ -73,6 +77,9 @@ class QueueStore:
         self.owner_bits = owner << L.OWNER_SHIFT
         self._names: dict[bytes, int] = {}
         self._names_gen = -1
+        if slot is None:
+            slot = owner - 1 if owner else L.supervisor_slot(seg.layout)
+        self.dropping = seg.layout.proc(slot) + L.P_DROPPING
 
     # ----------------------------------------------------------------- catalog
     def catalog_generation(self) -> int:
@@ -158,10 +165,8 @@ class QueueStore:
                 block = a.load(cell + 8) if live else 0
                 # A cell still being published (older seq) is tombstoned too:
                 # the publisher's CAS then fails and it drops its reference.
-                if a.cas(cell, w, seq << _SEQ | _DEL):
-                    if live:
-                        body_refs_drop(self.seg, block)
-                        dropped += 1
+                if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
+                    dropped += 1 if live else 0
                     break
         a.store(q + L.Q_HEAD, tail)
         for field in (L.Q_READY, L.Q_UNACKED):
@@ -203,8 +208,7 @@ class QueueStore:
             # Deleted between our checks (and maybe re-created in the same
             # slot: the generation moved): take the entry back unless remove()
             # already tombstoned it (then it dropped the reference itself).
-            if a.cas(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL):
-                body_refs_drop(self.seg, block)
+            self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
             raise QueueGone(qid)
         a.fetch_add(q + L.Q_READY, 1)
         a.fetch_add(q + L.Q_PUBLISHED, 1)
@@ -238,6 +242,7 @@ class QueueStore:
                 self.owner_bits,
                 layout.arenas,
                 layout.limits.arena_bytes,
+                self.dropping,
             )
         )
 
@@ -276,9 +281,8 @@ class QueueStore:
                 continue
             # Read the body before the CAS, as in remove() and the C ack.
             block = a.load(cell + 8)
-            if a.cas(cell, w, seq << _SEQ | _DEL):
+            if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
                 a.fetch_add(q + L.Q_READY, -1)
-                body_refs_drop(self.seg, block)
                 purged += 1
         self._advance_head(qid)
         return purged
@@ -316,6 +320,23 @@ class QueueStore:
                     released[qid] = released.get(qid, 0) + 1
             self._advance_head(qid)
         return released
+
+    def _delete_and_drop(self, cell: int, expected: int, deleted: int, block: int) -> bool:
+        """CAS a cell to DELETED and drop its body reference (if `block`),
+        advertising the drop in flight in this process's P_DROPPING word
+        from before the CAS until after the drop, as the C ack does."""
+        a = self.a
+        if block:
+            a.store(self.dropping, block)
+        try:
+            if not a.cas(cell, expected, deleted):
+                return False
+            if block:
+                body_refs_drop(self.seg, block)
+            return True
+        finally:
+            if block:
+                a.store(self.dropping, 0)
 
     def count_references(self, blocks: set[int]) -> dict[int, int]:
         """How many live (AVAILABLE or ACQUIRED) cells, in all queues, point

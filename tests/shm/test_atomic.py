@@ -209,6 +209,7 @@ QUEUE = 0  # a queue record at offset 0 of the page ...
 RING = 512  # ... its 16-cell ring ...
 ARENAS = 2048  # ... and two 1 KiB arenas behind it
 ARENA_BYTES = 1024
+DROPPING = 1024  # the caller's P_DROPPING word, between the ring and the arenas
 OWNER = 5 << L.OWNER_SHIFT
 
 
@@ -243,7 +244,9 @@ def usage(atomic: Atomic, arena: int) -> tuple[int, int]:
 
 
 def ack(atomic: Atomic, seq: int, owner: int = OWNER) -> int:
-    return atomic.ack(QUEUE, RING, MASK, seq, owner, ARENAS, ARENA_BYTES)
+    done = atomic.ack(QUEUE, RING, MASK, seq, owner, ARENAS, ARENA_BYTES, DROPPING)
+    assert atomic.load(DROPPING) == 0, "a finished ack must not advertise a drop in flight"
+    return done
 
 
 def test_c_acquire_takes_the_first_available_and_counts_it(atomic: Atomic) -> None:
@@ -333,7 +336,7 @@ def test_c_ack_refuses_a_bad_arena_geometry(atomic: Atomic, arenas: int, arena_b
     publish_by_hand(atomic, 0, block)
     atomic.acquire(QUEUE, RING, MASK, 0, OWNER)
     with pytest.raises(ValueError, match="geometry"):
-        atomic.ack(QUEUE, RING, MASK, 0, OWNER, arenas, arena_bytes)
+        atomic.ack(QUEUE, RING, MASK, 0, OWNER, arenas, arena_bytes, DROPPING)
     assert atomic.load(cell(0)) & L.STATE_MASK == L.S_ACQUIRED
     assert atomic.load(block + L.B_REFS) == 1
 
@@ -358,7 +361,7 @@ def test_c_queue_operations_check_their_offsets(atomic: Atomic, queue: int, ring
     with pytest.raises(IndexError):
         atomic.acquire(queue, ring, MASK, 0, OWNER)
     with pytest.raises(IndexError):
-        atomic.ack(queue, ring, MASK, 0, OWNER, ARENAS, ARENA_BYTES)
+        atomic.ack(queue, ring, MASK, 0, OWNER, ARENAS, ARENA_BYTES, DROPPING)
     with pytest.raises(IndexError):
         atomic.advance_head(queue, ring, MASK)
     with pytest.raises(TypeError):

@@ -742,12 +742,6 @@ def test_purge_drops_the_body_of_the_entry_it_deleted(env: Env) -> None:
     assert live_blocks(env.seg, PRODUCER) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: recover_worker() cannot see a reference drop in flight (a cell already "
-    "DELETED by a concurrent ack, purge or remove whose count word is not yet "
-    "decremented) and drops it a second time (see shm/ARCHITECTURE.md, section 8)",
-)
 def test_recovery_racing_an_ack_in_flight_frees_nothing_still_queued(env: Env) -> None:
     """The dead publisher had routed a block to two queues and not yet dropped
     the HOLD. Meanwhile a consumer's ack of the first entry is between its CAS
@@ -760,12 +754,15 @@ def test_recovery_racing_an_ack_in_flight_frees_nothing_still_queued(env: Env) -
     for qid in (env.qid, 6):
         env.seg.atomic.fetch_add(block + L.B_REFS, 1)
         env.producer.append(qid, block, slot)
-    # Killed before release_hold(). The consumer's ack, first half:
+    # Killed before release_hold(). The consumer's ack, first half, as the C
+    # ack does it: advertise the drop, then CAS the cell.
     seq, _, _ = env.take(env.c1)
     cell = cell_offset(env.seg, env.qid, seq)
+    env.seg.atomic.store(env.c1.dropping, block)
     assert env.seg.atomic.cas(cell, env.seg.atomic.load(cell), seq << L.SEQ_SHIFT | L.S_DELETED)
     recover_worker(env.seg, PRODUCER)
     env.seg.atomic.fetch_add(block + L.B_REFS, -1)  # the ack, second half
+    env.seg.atomic.store(env.c1.dropping, 0)
     assert cell_state(env.seg, 6, 0)[3] == L.S_AVAILABLE
     assert env.seg.atomic.load(block + L.B_REFS) == 1, "freed while queue 6 still holds it"
 
