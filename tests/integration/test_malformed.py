@@ -53,13 +53,17 @@ def expect(s: socket.socket, cls: type) -> object:
     return frame
 
 
-def closed_by_server(s: socket.socket) -> bool:
-    s.settimeout(10)
+def closed_by_server(s: socket.socket, timeout: float = 2.0) -> bool:
+    """True once the broker closes the socket; False if it is still open after
+    `timeout` (less than the broker's 3 s wait for a missing close-ok)."""
+    s.settimeout(timeout)
     while True:
         try:
             data = s.recv(65536)
         except ConnectionResetError:
             return True
+        except TimeoutError:
+            return False
         if not data:
             return True
 
@@ -82,8 +86,11 @@ def bystander(one_worker: Broker):  # type: ignore[no-untyped-def]
 
 
 def error_close(s: socket.socket) -> C.Connection.Close:
+    """The broker's connection.close; we answer close-ok, as a client must,
+    and the broker must then close the socket."""
     frame = expect(s, C.Connection.Close)
-    assert closed_by_server(s) or True
+    s.sendall(pamqp_frame.marshal(C.Connection.CloseOk(), 0))
+    assert closed_by_server(s), "the broker kept the connection open after close-ok"
     return frame  # type: ignore[return-value]
 
 
