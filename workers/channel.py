@@ -62,6 +62,17 @@ class Pending:
         self.body: bytearray | None = None  # only for unroutable messages
 
 
+class Transaction:
+    """What a transactional channel has done since its last commit/rollback:
+    whole messages (routed, held, not yet appended) and acknowledgements."""
+
+    __slots__ = ("publishes", "settles")
+
+    def __init__(self) -> None:
+        self.publishes: list[Pending] = []
+        self.settles: list[tuple[int, bool, bool | None]] = []
+
+
 class Channel:
     __slots__ = (
         "backlog",
@@ -81,6 +92,7 @@ class Channel:
         "prefetch_count",
         "publish_seq",
         "state",
+        "tx",
         "unacked",
     )
 
@@ -104,6 +116,7 @@ class Channel:
         self.busy = False
         self.backlog: deque[tuple[int, memoryview]] = deque()
         self.last_queue = b""
+        self.tx: Transaction | None = None
 
     # ------------------------------------------------------------- dispatch
     def handle(self, ftype: int, payload: memoryview) -> None:
@@ -131,13 +144,13 @@ class Channel:
                     self._on_publish(payload)
                 elif index == F.ACK:
                     tag, bits = F.decode_ack(payload)
-                    self._settle(tag, bool(bits & 1), None)
+                    self._acknowledge(tag, bool(bits & 1), None)
                 elif index == F.NACK:
                     tag, bits = F.decode_ack(payload)
-                    self._settle(tag, bool(bits & 1), bool(bits & 2))
+                    self._acknowledge(tag, bool(bits & 1), bool(bits & 2))
                 elif index == F.REJECT:
                     tag, bits = F.decode_ack(payload)
-                    self._settle(tag, False, bool(bits & 1))
+                    self._acknowledge(tag, False, bool(bits & 1))
                 else:
                     self._method(F.decode_method(payload))
             elif ftype == F.FRAME_HEADER:
@@ -328,30 +341,18 @@ class Channel:
             self._complete()
 
     def _complete(self) -> None:
-        """Append the finished message to its queues, then confirm it."""
+        """Append the finished message to its queues, then confirm it (or,
+        in a transaction, keep it for tx.commit)."""
         pending = self.pending
         assert pending is not None
         ctx = self.ctx
-        if pending.qids:
-            block = pending.block
-            a = ctx.atomic
-            while pending.qids:
-                qid = pending.qids[0]
-                a.fetch_add(block + L.B_REFS, 1)
-                try:
-                    ctx.store.append(qid, block, ctx.slot)
-                except QueueGone:
-                    pass  # deleted meanwhile: append took its reference back
-                except QueueFull:
-                    a.fetch_add(block + L.B_REFS, -1)
-                    if ctx.store.is_active(qid):
-                        self.suspend_retry(None)
-                        return
-                    # The queue was deleted meanwhile: the message is dropped
-                    # for it, exactly as if it had been deleted a moment later.
-                pending.qids.pop(0)
-                ctx.waker.work_added(qid)
-            release_hold(ctx.seg, block)
+        if self.tx is not None:
+            if pending.qids or pending.mandatory:
+                self.tx.publishes.append(pending)
+        elif pending.qids:
+            if not self._append(pending):
+                self.suspend_retry(None)
+                return
         elif pending.mandatory:
             self._return(pending)
         self.pending = None
@@ -359,6 +360,31 @@ class Channel:
         if self.confirm:
             self.publish_seq += 1
             self.confirm_high = self.publish_seq
+
+    def _append(self, pending: Pending) -> bool:
+        """Append a routed message to each of its queues, then drop the
+        publisher's HOLD. False if a queue is full: `pending.qids` keeps the
+        queues still to do, and the caller retries later."""
+        ctx = self.ctx
+        block = pending.block
+        a = ctx.atomic
+        while pending.qids:
+            qid = pending.qids[0]
+            a.fetch_add(block + L.B_REFS, 1)
+            try:
+                ctx.store.append(qid, block, ctx.slot)
+            except QueueGone:
+                pass  # deleted meanwhile: append took its reference back
+            except QueueFull:
+                a.fetch_add(block + L.B_REFS, -1)
+                if ctx.store.is_active(qid):
+                    return False
+                # The queue was deleted meanwhile: the message is dropped
+                # for it, exactly as if it had been deleted a moment later.
+            pending.qids.pop(0)
+            ctx.waker.work_added(qid)
+        release_hold(ctx.seg, block)
+        return True
 
     def _return(self, pending: Pending) -> None:
         method = C.Basic.Return(
@@ -394,6 +420,12 @@ class Channel:
             )
         )
         out += F.encode_content(self.number, header, body, self.conn.frame_max)
+
+    def _acknowledge(self, tag: int, multiple: bool, requeue: bool | None) -> None:
+        if self.tx is not None:
+            self.tx.settles.append((tag, multiple, requeue))  # applied on commit
+        else:
+            self._settle(tag, multiple, requeue)
 
     def _settle(self, tag: int, multiple: bool, requeue: bool | None) -> None:
         """Ack (requeue None), or nack/reject (requeue True/False)."""
@@ -451,10 +483,12 @@ class Channel:
         )
 
     def release(self) -> None:
-        """Cancel consumers and requeue unacked messages (close or crash)."""
+        """Cancel consumers, roll back an open transaction and requeue unacked
+        messages (close or crash)."""
         for consumer in self.consumers.values():
             self._drop_consumer(consumer)
         self.consumers.clear()
+        self._rollback()
         self.requeue_all()
         pending = self.pending
         if pending is not None and pending.block and pending.body is None:
@@ -495,9 +529,70 @@ class Channel:
             update_interest(self.ctx, consumer)
 
     def _confirm_select(self, method: C.Confirm.Select) -> None:
+        if self.tx is not None:
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
+            )
         self.confirm = True
         if not method.nowait:
             self.conn.write(F.encode_method(self.number, C.Confirm.SelectOk()))
+
+    def _tx_select(self, method: C.Tx.Select) -> None:
+        if self.confirm:
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
+            )
+        if self.tx is None:
+            self.tx = Transaction()
+        self.conn.write(F.encode_method(self.number, C.Tx.SelectOk()))
+
+    def _tx_commit(self, method: C.Tx.Commit) -> Coroutine[Any, Any, None]:
+        if self.tx is None:
+            raise E.ChannelError(E.PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+        tx, self.tx = self.tx, Transaction()
+        return self._commit(tx)
+
+    async def _commit(self, tx: Transaction) -> None:
+        """Publishes first, in order, then acknowledgements; the channel's
+        later frames wait (busy) until commit-ok is sent."""
+        todo = list(tx.publishes)
+        try:
+            while todo:
+                pending = todo[0]
+                if not pending.qids:
+                    self._return(pending)  # mandatory and unroutable
+                elif not self._append(pending):
+                    await asyncio.sleep(RETRY_DELAY)  # a queue is full: back-pressure
+                    if self.conn.closed or self.closing:
+                        return
+                    continue
+                todo.pop(0)
+        finally:
+            # Closed mid-commit: what was not appended is dropped, as at a rollback.
+            for pending in todo:
+                if pending.qids and pending.body is None:
+                    release_hold(self.ctx.seg, pending.block)
+        for tag, multiple, requeue in tx.settles:
+            self._settle(tag, multiple, requeue)
+        self.conn.write(F.encode_method(self.number, C.Tx.CommitOk()))
+
+    def _tx_rollback(self, method: C.Tx.Rollback) -> None:
+        if self.tx is None:
+            raise E.ChannelError(E.PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+        self._rollback()
+        self.tx = Transaction()
+        self.conn.write(F.encode_method(self.number, C.Tx.RollbackOk()))
+
+    def _rollback(self) -> None:
+        """Forget the transaction's publishes (their bodies are freed) and
+        acknowledgements (the messages stay unacknowledged)."""
+        if self.tx is None:
+            return
+        for pending in self.tx.publishes:
+            if pending.qids and pending.body is None:
+                release_hold(self.ctx.seg, pending.block)
+        self.tx.publishes.clear()
+        self.tx.settles.clear()
 
     def _resolve_queue(self, name: str, class_method: tuple[int, int]) -> tuple[bytes, int]:
         raw = name.encode() if name else self.last_queue
@@ -681,6 +776,9 @@ _HANDLERS: dict[type, _Handler] = {
     C.Basic.Recover: Channel._basic_recover,
     C.Basic.RecoverAsync: Channel._basic_recover,
     C.Confirm.Select: Channel._confirm_select,
+    C.Tx.Select: Channel._tx_select,
+    C.Tx.Commit: Channel._tx_commit,
+    C.Tx.Rollback: Channel._tx_rollback,
     C.Queue.Declare: Channel._queue_declare,
     C.Queue.Delete: Channel._queue_delete,
     C.Queue.Purge: Channel._queue_purge,

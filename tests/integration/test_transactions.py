@@ -1,0 +1,91 @@
+"""tx.select / tx.commit / tx.rollback with pika: publishes and acks take
+effect atomically at commit, and not at all on rollback."""
+
+from __future__ import annotations
+
+import pika
+import pytest
+
+from shm import layout as L
+from tests.broker_process import Broker, wait_for
+
+
+def count(broker: Broker, queue: str) -> int:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        conn.close()
+
+
+def test_publishes_appear_only_on_commit(broker: Broker) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("txq")
+    ch.tx_select()
+    for i in range(3):
+        ch.basic_publish("", "txq", str(i).encode())
+    ch.queue_declare("txq", passive=True)  # a round trip: the publishes are in
+    assert count(broker, "txq") == 0
+    ch.tx_commit()
+    assert count(broker, "txq") == 3
+    ch.basic_publish("", "txq", b"rolled back")
+    ch.tx_rollback()
+    assert count(broker, "txq") == 3
+    ch.tx_commit()  # an empty transaction
+    bodies = [ch.basic_get("txq", auto_ack=True)[2] for _ in range(3)]
+    assert bodies == [b"0", b"1", b"2"]
+    conn.close()
+    seg = broker.segment()
+    wait_for(
+        lambda: not seg.atomic.load(seg.layout.arena(0) + L.A_LIVE), 5, "rolled-back body freed"
+    )
+
+
+def test_acks_take_effect_on_commit_only(broker: Broker) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("txa")
+    for i in range(2):
+        ch.basic_publish("", "txa", str(i).encode())
+    ch.tx_select()
+    first, _p, _b = ch.basic_get("txa")
+    second, _p, _b = ch.basic_get("txa")
+    ch.basic_ack(first.delivery_tag)
+    ch.tx_rollback()  # the ack is forgotten: still unacked
+    ch.basic_ack(second.delivery_tag)
+    ch.tx_commit()  # only the second is acked
+    ch.close()  # closing requeues the first
+    ch = conn.channel()
+    method, _p, body = ch.basic_get("txa", auto_ack=True)
+    assert body == b"0" and method.redelivered
+    assert ch.basic_get("txa") == (None, None, None)
+    conn.close()
+
+
+def test_tx_and_confirm_do_not_mix(broker: Broker) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.tx_select()
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text == "PRECONDITION_FAILED - cannot switch from confirm to tx mode"
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.tx_commit()
+    assert exc.value.reply_text == "PRECONDITION_FAILED - channel is not transactional"
+    conn.close()
+
+
+def test_mandatory_unroutable_is_returned_at_commit(broker: Broker) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    returned: list[bytes] = []
+    ch.add_on_return_callback(lambda c, m, p, b: returned.append(b))
+    ch.tx_select()
+    ch.basic_publish("", "nowhere", b"lost?", mandatory=True)
+    ch.tx_commit()
+    wait_for(lambda: conn.process_data_events(0.05) or returned, 5, "basic.return")
+    assert returned == [b"lost?"]
+    conn.close()
