@@ -85,15 +85,19 @@ class Channel:
         "consumers",
         "ctx",
         "flow_active",
+        "global_prefetch",
+        "global_prefetch_size",
         "last_queue",
         "next_tag",
         "number",
         "pending",
         "prefetch_count",
+        "prefetch_size",
         "publish_seq",
         "state",
         "tx",
         "unacked",
+        "unacked_bytes",
     )
 
     def __init__(self, conn: Connection, number: int) -> None:
@@ -103,10 +107,16 @@ class Channel:
         self.state = IDLE
         self.pending: Pending | None = None
         self.consumers: dict[bytes, Consumer] = {}
-        # delivery tag -> (consumer or None for basic.get, qid, seq)
-        self.unacked: dict[int, tuple[Consumer | None, int, int]] = {}
+        # delivery tag -> (consumer or None for basic.get, qid, seq, body bytes)
+        self.unacked: dict[int, tuple[Consumer | None, int, int, int]] = {}
         self.next_tag = 1
+        # basic.qos: per consumer (global=false) and per channel (global=true),
+        # in messages and in body bytes.
         self.prefetch_count = 0
+        self.prefetch_size = 0
+        self.global_prefetch = 0
+        self.global_prefetch_size = 0
+        self.unacked_bytes = 0
         self.confirm = False
         self.publish_seq = 0
         self.confirm_high = 0
@@ -412,8 +422,11 @@ class Channel:
         if consumer.no_ack:
             self.ctx.store.take_no_ack(consumer.qid, seq)
         else:
-            self.unacked[tag] = (consumer, consumer.qid, seq)
+            size = len(body)
+            self.unacked[tag] = (consumer, consumer.qid, seq, size)
             consumer.unacked += 1
+            consumer.unacked_bytes += size
+            self.unacked_bytes += size
         out.append(
             F.encode_deliver(
                 self.number, consumer.tag_sstr, tag, redelivered, exchange, routing_key
@@ -443,11 +456,15 @@ class Channel:
             )
         touched: set[Consumer] = set()
         for t in tags:
-            consumer, qid, seq = unacked.pop(t)
+            consumer, qid, seq, size = unacked.pop(t)
             self._finish(qid, seq, requeue)
+            self.unacked_bytes -= size
             if consumer is not None:
                 consumer.unacked -= 1
+                consumer.unacked_bytes -= size
                 touched.add(consumer)
+        if self.global_prefetch or self.global_prefetch_size:
+            touched.update(self.consumers.values())  # channel-wide credit came back
         for consumer in touched:
             update_interest(self.ctx, consumer)
 
@@ -460,9 +477,12 @@ class Channel:
         ctx.store.ack(qid, seq)
 
     def requeue_all(self) -> None:
-        for _consumer, qid, seq in self.unacked.values():
+        for consumer, qid, seq, _size in self.unacked.values():
             self._finish(qid, seq, True)
+            if consumer is not None:
+                consumer.unacked = consumer.unacked_bytes = 0
         self.unacked.clear()
+        self.unacked_bytes = 0
 
     # -------------------------------------------------------- lifecycle
     def fail(self, exc: E.AMQPError) -> None:
@@ -523,7 +543,14 @@ class Channel:
 
     def _basic_qos(self, method: C.Basic.Qos) -> None:
         # Applied to live consumers too (as LavinMQ does): Celery relies on it.
-        self.prefetch_count = method.prefetch_count
+        # global=true limits the channel as a whole (RabbitMQ 3.x semantics,
+        # which 4.x denies by default); both limits may be set at once.
+        if method.global_:
+            self.global_prefetch = method.prefetch_count
+            self.global_prefetch_size = method.prefetch_size
+        else:
+            self.prefetch_count = method.prefetch_count
+            self.prefetch_size = method.prefetch_size
         self.conn.write(F.encode_method(self.number, C.Basic.QosOk()))
         for consumer in self.consumers.values():
             update_interest(self.ctx, consumer)
@@ -735,7 +762,8 @@ class Channel:
         if method.no_ack:
             ctx.store.take_no_ack(qid, seq)
         else:
-            self.unacked[tag] = (None, qid, seq)
+            self.unacked[tag] = (None, qid, seq, len(body))
+            self.unacked_bytes += len(body)
         ready = ctx.store.word(qid, L.Q_READY)
         frames = [
             F.encode_method(
@@ -754,10 +782,8 @@ class Channel:
         ctx.count(L.P_DELIVERED)
 
     def _basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
-        touched = {c for c, _q, _s in self.unacked.values() if c is not None}
         self.requeue_all()
-        for consumer in touched:
-            consumer.unacked = 0
+        for consumer in self.consumers.values():
             update_interest(self.ctx, consumer)
         if isinstance(method, C.Basic.Recover):
             self.conn.write(F.encode_method(self.number, C.Basic.RecoverOk()))

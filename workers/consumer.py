@@ -41,6 +41,7 @@ class Consumer:
         "tag",
         "tag_sstr",
         "unacked",
+        "unacked_bytes",
     )
 
     def __init__(
@@ -67,6 +68,7 @@ class Consumer:
         self.pointer = 0
         self.release_gen = 0
         self.unacked = 0
+        self.unacked_bytes = 0
         self.notified = False
         self.interested = True
         self.cancelled = False
@@ -75,10 +77,19 @@ class Consumer:
         return [self.cid, self.qid, self.priority, self.acquiring, self.exclusive, self.interested]
 
     def has_credit(self) -> bool:
+        """basic.qos credit. A byte limit admits one more message while the
+        unacknowledged bytes are below it (the next message's size is not
+        known before it is acquired), so it may be exceeded by one message."""
         if self.no_ack:
             return True
-        prefetch = self.channel.prefetch_count
-        return prefetch == 0 or self.unacked < prefetch
+        ch = self.channel
+        if ch.prefetch_count and self.unacked >= ch.prefetch_count:
+            return False
+        if ch.global_prefetch and len(ch.unacked) >= ch.global_prefetch:
+            return False
+        if ch.prefetch_size and self.unacked_bytes >= ch.prefetch_size:
+            return False
+        return not (ch.global_prefetch_size and ch.unacked_bytes >= ch.global_prefetch_size)
 
     def wants_work(self) -> bool:
         return not self.cancelled and self.has_credit() and self.channel.can_deliver()

@@ -1,0 +1,74 @@
+"""basic.qos: per-consumer and channel-wide (global) limits, in messages and
+in bytes, applied to consumers that already exist."""
+
+from __future__ import annotations
+
+import pika
+
+from tests.broker_process import Broker, wait_for
+
+
+def settle(conn: pika.BlockingConnection, rounds: int = 10) -> None:
+    """Give the broker several round trips to over-deliver, if it would."""
+    for _ in range(rounds):
+        conn.process_data_events(0.02)
+
+
+def test_global_prefetch_is_shared_by_the_channel_s_consumers(broker: Broker) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    for q in ("g1", "g2"):
+        ch.queue_declare(q)
+        for i in range(10):
+            ch.basic_publish("", q, str(i).encode())
+    ch.basic_qos(prefetch_count=3, global_qos=True)
+    got: list[pika.spec.Basic.Deliver] = []
+    for q in ("g1", "g2"):
+        ch.basic_consume(q, lambda c, m, p, b: got.append(m))
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) >= 3, 5, "3 deliveries")
+    settle(conn)
+    assert len(got) == 3, "global qos limits the channel, not each consumer"
+    ch.basic_ack(got[0].delivery_tag)
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) >= 4, 5, "one more")
+    settle(conn)
+    assert len(got) == 4
+    conn.close()
+
+
+def test_qos_change_applies_to_a_live_consumer(broker: Broker) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("live")
+    for i in range(20):
+        ch.basic_publish("", "live", str(i).encode())
+    ch.basic_qos(prefetch_count=2)
+    got: list[pika.spec.Basic.Deliver] = []
+    ch.basic_consume("live", lambda c, m, p, b: got.append(m))
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) >= 2, 5, "2 deliveries")
+    settle(conn)
+    assert len(got) == 2
+    ch.basic_qos(prefetch_count=7)  # raised on the live consumer (LavinMQ, Celery)
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) >= 7, 5, "7 deliveries")
+    settle(conn)
+    assert len(got) == 7
+    conn.close()
+
+
+def test_prefetch_size_limits_unacknowledged_bytes(broker: Broker) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("bytes")
+    for _ in range(10):
+        ch.basic_publish("", "bytes", b"x" * 1000)
+    ch.basic_qos(prefetch_size=2500)
+    got: list[pika.spec.Basic.Deliver] = []
+    ch.basic_consume("bytes", lambda c, m, p, b: got.append(m))
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) >= 3, 5, "3 deliveries")
+    settle(conn)
+    # 2500 bytes admit a third 1000-byte message while 2000 are unacked, no more.
+    assert len(got) == 3
+    ch.basic_ack(got[-1].delivery_tag, multiple=True)
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) >= 6, 5, "3 more")
+    settle(conn)
+    assert len(got) == 6
+    conn.close()
