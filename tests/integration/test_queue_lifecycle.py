@@ -1,0 +1,96 @@
+"""Queue declare/delete/purge semantics and the server-sent basic.cancel."""
+
+from __future__ import annotations
+
+import pika
+import pytest
+
+from tests.broker_process import Broker, wait_for
+
+
+def connect(broker: Broker) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(broker.url))
+
+
+def test_deleting_a_queue_cancels_its_consumers(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("doomed")
+    cancelled: list[str] = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    tag = ch.basic_consume("doomed", lambda *a: None)
+    other = connect(broker)
+    assert other.channel().queue_delete("doomed").method.message_count == 0
+    wait_for(lambda: conn.process_data_events(0.05) or cancelled, 5, "server-sent basic.cancel")
+    assert cancelled == [tag]
+    conn.close()
+    other.close()
+
+
+def test_delete_if_unused_and_if_empty(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("busy")
+    ch.basic_publish("", "busy", b"x")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_delete("busy", if_empty=True)
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text == "PRECONDITION_FAILED - queue 'busy' in vhost '/' is not empty"
+    ch = conn.channel()
+    ch.basic_consume("busy", lambda *a: None)
+    ch2 = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch2.queue_delete("busy", if_unused=True)
+    assert exc.value.reply_text == "PRECONDITION_FAILED - queue 'busy' in vhost '/' in use"
+    conn.close()
+
+
+def test_purge_counts_and_keeps_unacked(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("p")
+    for i in range(5):
+        ch.basic_publish("", "p", str(i).encode())
+    held, _props, _body = ch.basic_get("p")
+    assert ch.queue_purge("p").method.message_count == 4
+    ch.basic_reject(held.delivery_tag, requeue=True)
+    assert ch.queue_declare("p", passive=True).method.message_count == 1
+    conn.close()
+
+
+def test_redeclare_with_other_properties_is_refused(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("eq", durable=False)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_declare("eq", durable=True)
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text == (
+        "PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'eq' in vhost '/': "
+        "received 'true' but current is 'false'"
+    )
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_declare("amq.mine")
+    assert exc.value.reply_code == 403
+    conn.close()
+
+
+def test_auto_delete_queue_goes_with_its_last_consumer(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ad", auto_delete=True)
+    tag = ch.basic_consume("ad", lambda *a: None)
+    ch.basic_cancel(tag)
+    probe = conn.channel()
+
+    def gone() -> bool:
+        try:
+            conn.channel().queue_declare("ad", passive=True)
+        except pika.exceptions.ChannelClosedByBroker as e:
+            return e.reply_code == 404
+        return False
+
+    wait_for(gone, 5, "auto-delete")
+    probe.close()
+    conn.close()
