@@ -232,7 +232,9 @@ class Scheduler:
                 E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{self.vhost}' in use"
             )
         ready = self.store.word(q.qid, L.Q_READY)
-        if if_empty and (ready or self.store.word(q.qid, L.Q_UNACKED)):
+        # RabbitMQ counts ready messages only: a message delivered and not
+        # yet acknowledged does not make the queue "not empty".
+        if if_empty and ready:
             raise E.ChannelError(
                 E.PRECONDITION_FAILED,
                 f"queue '{name.decode()}' in vhost '{self.vhost}' is not empty",

@@ -94,3 +94,16 @@ def test_auto_delete_queue_goes_with_its_last_consumer(broker: Broker) -> None:
     wait_for(gone, 5, "auto-delete")
     probe.close()
     conn.close()
+
+
+def test_delete_if_empty_counts_ready_messages_only(broker: Broker) -> None:
+    """As RabbitMQ: a delivered, unacknowledged message does not make the
+    queue 'not empty' (aio-pika deletes with if_empty by default)."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("in-flight")
+    ch.basic_publish("", "in-flight", b"x")
+    method, _props, _body = ch.basic_get("in-flight")
+    assert method is not None
+    assert ch.queue_delete("in-flight", if_empty=True).method.message_count == 0
+    conn.close()
