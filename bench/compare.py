@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from broker.cli import local_command
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
 SHOAL = "Shoal"
@@ -125,20 +127,7 @@ def started_shoal(workers: int, extra: Sequence[str]) -> Iterator[Target]:
     """Run ``python -m broker`` for the duration of the block; stop it after."""
     port = free_port()
     runtime = tempfile.mkdtemp(prefix="shoal-bench-")
-    cmd = [
-        sys.executable,
-        "-m",
-        "broker",
-        "--bind",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--runtime-dir",
-        runtime,
-        *extra,
-    ]
+    cmd = local_command(port, workers, runtime, *extra)
     log_path = Path(runtime) / "broker.log"
     shown = "python " + shlex.join(cmd[1:])
     target = Target(SHOAL, f"amqp://guest:guest@127.0.0.1:{port}/", shown)

@@ -63,6 +63,25 @@ def _broker_parser() -> argparse.ArgumentParser:
     return p
 
 
+def local_command(port: int, workers: int, runtime_dir: str, *extra: str) -> list[str]:
+    """The command line that starts a broker on 127.0.0.1 for tests,
+    benchmarks and the interop runner (one place, so they agree)."""
+    return [
+        sys.executable,
+        "-m",
+        "broker",
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--runtime-dir",
+        runtime_dir,
+        *extra,
+    ]
+
+
 def config_from_args(argv: list[str]) -> Config:
     ns = _broker_parser().parse_args(argv)
     return Config(**{k: v for k, v in vars(ns).items()})

@@ -41,6 +41,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from broker.cli import local_command
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CACHE = HERE / ".cache"
@@ -225,22 +227,7 @@ class Shoal:
         return f"amqp://guest:guest@127.0.0.1:{self.port}//"
 
     def __enter__(self) -> Shoal:
-        cmd = [
-            sys.executable,
-            "-m",
-            "broker",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "2",
-            "--runtime-dir",
-            self.rundir,
-            "--graceful-timeout",
-            "2",
-            *self.extra,
-        ]
+        cmd = local_command(self.port, 2, self.rundir, "--graceful-timeout", "2", *self.extra)
         log(" ".join(cmd))
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.logfile, "w")

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from broker.cli import local_command
 from broker.status import snapshot
 from shm.segment import Segment
 
@@ -44,6 +44,18 @@ def wait_for(
         time.sleep(interval)
 
 
+def queue_gone(conn: Any, name: str) -> bool:
+    """True once a passive declare of `name` on a fresh channel of the pika
+    connection `conn` fails with 404 (a poll condition for wait_for)."""
+    import pika
+
+    try:
+        conn.channel().queue_declare(name, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return bool(exc.reply_code == 404)
+    return False
+
+
 class Broker:
     def __init__(
         self,
@@ -66,26 +78,13 @@ class Broker:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     def start(self, wait: bool = True) -> Broker:
-        cmd = [
-            sys.executable,
-            "-m",
-            "broker",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            str(self.workers),
-            "--runtime-dir",
+        cmd = local_command(
+            self.port,
+            self.workers,
             self.runtime_dir,
-            "--graceful-timeout",
-            "5",
-            "--arena-mb",
-            "64",
-            "--max-queues",
-            "256",
+            *("--graceful-timeout", "5", "--arena-mb", "64", "--max-queues", "256"),
             *self.args,
-        ]
+        )
         env = dict(os.environ)
         env.update(self.env or {})
         with open(self.log_path, "wb") as log:

@@ -8,7 +8,7 @@ import aio_pika
 import pika
 import pytest
 
-from tests.broker_process import Broker, wait_for
+from tests.broker_process import Broker, queue_gone, wait_for
 
 
 def pika_connection(broker: Broker, **kw: object) -> pika.BlockingConnection:
@@ -126,14 +126,7 @@ def test_exclusive_queue_is_deleted_with_its_connection(broker: Broker) -> None:
     owner.close()
     ch = other.channel()
 
-    def gone() -> bool:
-        try:
-            other.channel().queue_declare(name, passive=True)
-        except pika.exceptions.ChannelClosedByBroker as e:
-            return e.reply_code == 404
-        return False
-
-    wait_for(gone, 5, "exclusive queue deletion")
+    wait_for(lambda: queue_gone(other, name), 5, "exclusive queue deletion")
     ch.close()
     other.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pika
 import pytest
 
-from tests.broker_process import Broker, wait_for
+from tests.broker_process import Broker, queue_gone, wait_for
 
 
 def connect(broker: Broker) -> pika.BlockingConnection:
@@ -84,14 +84,7 @@ def test_auto_delete_queue_goes_with_its_last_consumer(broker: Broker) -> None:
     ch.basic_cancel(tag)
     probe = conn.channel()
 
-    def gone() -> bool:
-        try:
-            conn.channel().queue_declare("ad", passive=True)
-        except pika.exceptions.ChannelClosedByBroker as e:
-            return e.reply_code == 404
-        return False
-
-    wait_for(gone, 5, "auto-delete")
+    wait_for(lambda: queue_gone(conn, "ad"), 5, "auto-delete")
     probe.close()
     conn.close()
 
