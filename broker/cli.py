@@ -45,6 +45,12 @@ def _broker_parser() -> argparse.ArgumentParser:
         default=d.arena_mb,
         help="shared memory for message bodies per IO worker, MiB (default %(default)s)",
     )
+    p.add_argument(
+        "--catalog-mb",
+        type=int,
+        default=d.catalog_mb,
+        help="shared memory for exchange and binding definitions, MiB (default %(default)s)",
+    )
     p.add_argument("--frame-max", type=int, default=d.frame_max, help="default %(default)s")
     p.add_argument(
         "--heartbeat", type=int, default=d.heartbeat, help="seconds (default %(default)s)"

@@ -21,6 +21,7 @@ class Config(msgspec.Struct, frozen=True):
     max_queues: int = 1024
     queue_capacity: int = 1 << 18
     arena_mb: int = 256
+    catalog_mb: int = 16  # exchanges and bindings journal
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60

@@ -36,6 +36,10 @@ class Msg(IntEnum):
     DELETE = 8  # req, name, if_unused, if_empty
     PURGE = 9  # req, name
     WORKER_GONE = 10  # written by the supervisor into a dead worker's end
+    EXCHANGE_DECLARE = 11  # req, vhost, name, type, passive, durable, auto_delete, internal, args
+    EXCHANGE_DELETE = 12  # req, vhost, name, if_unused
+    BIND = 13  # req, vhost, source, kind ("q"/"e"), dest, routing_key, args, conn_id
+    UNBIND = 14  # req, vhost, source, kind, dest, routing_key, args, conn_id
     # scheduler -> worker
     REPLY = 20  # req, ok, payload (a list on success, [code, text] on failure)
     NOTIFY = 21  # cid

@@ -10,7 +10,7 @@ falls back to an exchange's `alternate-exchange` when nothing matched.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 # A destination: ("q", queue name) or ("e", exchange name).
@@ -114,15 +114,44 @@ def headers_match(binding: Mapping[str, Any], headers: Mapping[str, Any] | None)
     return want_all
 
 
-class Exchange:
-    __slots__ = ("alternate", "bindings", "direct", "fanout", "headers", "name", "topic", "type")
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
-    def __init__(self, name: str, type_: str, alternate: str | None = None) -> None:
-        if type_ not in ("direct", "fanout", "topic", "headers"):
+
+class Exchange:
+    __slots__ = (
+        "alternate",
+        "arguments",
+        "auto_delete",
+        "bindings",
+        "direct",
+        "durable",
+        "fanout",
+        "headers",
+        "internal",
+        "name",
+        "topic",
+        "type",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        type_: str,
+        alternate: str | None = None,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        if type_ not in EXCHANGE_TYPES:
             raise ValueError(f"unknown exchange type {type_!r}")
         self.name = name
         self.type = type_
         self.alternate = alternate
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = dict(arguments or {})
         # (dest, routing key, arguments) -> True: bindings are a set
         self.bindings: dict[tuple[Dest, str, tuple[tuple[str, Any], ...]], dict[str, Any]] = {}
         self.direct: dict[str, set[Dest]] = {}
@@ -134,7 +163,7 @@ class Exchange:
         self, dest: Dest, routing_key: str, arguments: Mapping[str, Any] | None = None
     ) -> bool:
         args = dict(arguments or {})
-        key = (dest, routing_key, _frozen(args))
+        key = (dest, routing_key, frozen_args(args))
         if key in self.bindings:
             return False
         self.bindings[key] = args
@@ -152,7 +181,7 @@ class Exchange:
         self, dest: Dest, routing_key: str, arguments: Mapping[str, Any] | None = None
     ) -> bool:
         args = dict(arguments or {})
-        key = (dest, routing_key, _frozen(args))
+        key = (dest, routing_key, frozen_args(args))
         if self.bindings.pop(key, None) is None:
             return False
         if self.type == "direct":
@@ -184,38 +213,116 @@ class Exchange:
         return {dest for args, dest in self.headers if headers_match(args, headers)}
 
 
-def _frozen(args: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+def frozen_args(args: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, repr(v)) for k, v in args.items()))
 
 
+BindingKey = tuple[str, str, tuple[tuple[str, Any], ...]]  # source, routing key, frozen args
+
+
 class Router:
-    """All exchanges of a virtual host."""
+    """All exchanges of a virtual host, with an index of bindings by
+    destination so deleting a queue costs its own bindings, not all."""
 
     def __init__(self) -> None:
         self.exchanges: dict[str, Exchange] = {}
+        self.by_dest: dict[Dest, dict[BindingKey, dict[str, Any]]] = {}
 
-    def declare(self, name: str, type_: str, alternate: str | None = None) -> Exchange:
+    def declare(
+        self,
+        name: str,
+        type_: str,
+        alternate: str | None = None,
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> Exchange:
         exchange = self.exchanges.get(name)
         if exchange is None:
-            exchange = self.exchanges[name] = Exchange(name, type_, alternate)
+            exchange = Exchange(name, type_, alternate, durable, auto_delete, internal, arguments)
+            self.exchanges[name] = exchange
         return exchange
 
+    def bind(
+        self, source: str, dest: Dest, routing_key: str, arguments: Mapping[str, Any] | None
+    ) -> bool:
+        exchange = self.exchanges.get(source)
+        if exchange is None or not exchange.bind(dest, routing_key, arguments):
+            return False
+        args = dict(arguments or {})
+        self.by_dest.setdefault(dest, {})[(source, routing_key, frozen_args(args))] = args
+        return True
+
+    def unbind(
+        self, source: str, dest: Dest, routing_key: str, arguments: Mapping[str, Any] | None
+    ) -> bool:
+        exchange = self.exchanges.get(source)
+        if exchange is None or not exchange.unbind(dest, routing_key, arguments):
+            return False
+        index = self.by_dest.get(dest)
+        if index is not None:
+            index.pop((source, routing_key, frozen_args(dict(arguments or {}))), None)
+            if not index:
+                del self.by_dest[dest]
+        return True
+
+    def bindings_to(self, dest: Dest) -> list[tuple[str, str, dict[str, Any]]]:
+        return [(src, rk, args) for (src, rk, _f), args in self.by_dest.get(dest, {}).items()]
+
+    def drop_dest(self, dest: Dest) -> set[str]:
+        """Remove every binding to `dest`; returns the source exchanges that
+        lost a binding (the caller auto-deletes those left with none)."""
+        sources = set()
+        for source, rk, args in self.bindings_to(dest):
+            self.unbind(source, dest, rk, args)
+            sources.add(source)
+        return sources
+
+    def delete(self, name: str) -> set[str]:
+        """Delete an exchange with its bindings, both ways; returns the
+        exchanges that lost a binding to it."""
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return set()
+        for dest, rk, _f in list(exchange.bindings):
+            self.unbind(name, dest, rk, exchange.bindings.get((dest, rk, _f)))
+        sources = self.drop_dest(("e", name))
+        del self.exchanges[name]
+        sources.discard(name)
+        return sources
+
     def route(
-        self, exchange: str, routing_key: str, headers: Mapping[str, Any] | None = None
+        self,
+        exchange: str,
+        routing_key: str,
+        headers: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
     ) -> set[str]:
         """Queue names a message reaches. The default exchange ("") routes to
         the queue named like the routing key (the caller checks it exists)."""
+        return self.route_checked(exchange, routing_key, headers)[0]
+
+    def route_checked(
+        self,
+        exchange: str,
+        routing_key: str,
+        headers: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
+    ) -> tuple[set[str], bool]:
+        """route(), plus whether a headers exchange was consulted (then the
+        result depends on the message, not only on its routing key).
+        `headers` may be a function: it is called only if needed."""
         if exchange == "":
-            return {routing_key}
+            return {routing_key}, False
         queues: set[str] = set()
-        self._route(exchange, routing_key, headers, queues, set())
-        return queues
+        lazy = _LazyHeaders(headers)
+        self._route(exchange, routing_key, lazy, queues, set())
+        return queues, lazy.used
 
     def _route(
         self,
         name: str,
         routing_key: str,
-        headers: Mapping[str, Any] | None,
+        headers: _LazyHeaders,
         queues: set[str],
         visited: set[str],
     ) -> None:
@@ -227,7 +334,8 @@ class Router:
             return
         before = len(queues)
         found_exchange = False
-        for kind, dest in exchange.match(routing_key, headers):
+        table = headers.get() if exchange.type == "headers" else None
+        for kind, dest in exchange.match(routing_key, table):
             if kind == "q":
                 queues.add(dest)
             else:
@@ -237,11 +345,29 @@ class Router:
             self._route(exchange.alternate, routing_key, headers, queues, visited)
 
     def unbind_all(self, dest: Dest) -> None:
-        """A queue or exchange was deleted: drop every binding to it."""
+        """A queue or exchange was deleted: drop every binding to it,
+        including those made directly on an Exchange (not indexed)."""
+        self.drop_dest(dest)
         for exchange in self.exchanges.values():
             for d, rk, args in list(exchange.bindings):
                 if d == dest:
                     exchange.unbind(d, rk, dict(exchange.bindings[(d, rk, args)]))
+
+
+class _LazyHeaders:
+    __slots__ = ("source", "table", "used")
+
+    def __init__(self, source: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None) -> None:
+        self.source = source
+        self.table: Mapping[str, Any] | None = None
+        self.used = False
+
+    def get(self) -> Mapping[str, Any]:
+        if not self.used:
+            self.used = True
+            source = self.source
+            self.table = source() if callable(source) else source
+        return self.table or {}
 
 
 def declare_defaults(router: Router) -> Iterable[Exchange]:

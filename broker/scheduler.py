@@ -25,8 +25,11 @@ from setproctitle import setproctitle
 from broker import errors as E
 from broker.config import Config
 from broker.consumers import ConsumerKey, QueueConsumerManager
+from broker.definitions import Definitions, Op, default_exchange_ops
 from broker.ipc import Link, Msg
+from broker.routing import frozen_args as _frozen_args
 from shm import layout as L
+from shm.catalog import CatalogFull, CatalogWriter
 from shm.queues import QueueStore
 from shm.segment import Segment
 from shm.wake import Waker
@@ -34,6 +37,20 @@ from shm.wake import Waker
 log = logging.getLogger("shoal.scheduler")
 
 SWEEP_INTERVAL = 1.0
+
+
+_REQUESTS = frozenset(
+    (
+        Msg.CONSUME,
+        Msg.DECLARE,
+        Msg.DELETE,
+        Msg.PURGE,
+        Msg.EXCHANGE_DECLARE,
+        Msg.EXCHANGE_DELETE,
+        Msg.BIND,
+        Msg.UNBIND,
+    )
+)
 
 
 class QueueState:
@@ -81,10 +98,13 @@ class Scheduler:
         self.suspects: set[int] = set()
         self.slot = seg.layout.proc(L.scheduler_slot(seg.layout))
         self.vhost = config.default_vhost
+        self.catalog = CatalogWriter(seg)
+        self.definitions = Definitions()
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
         self._load_queues()
+        self._load_definitions()
         self.loop.add_reader(self.efd, self._on_wake)
         self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
@@ -96,6 +116,30 @@ class Scheduler:
         self.a.store(slot + L.P_READY, 1)
         self.loop.run_forever()
         return 0
+
+    def _load_definitions(self) -> None:
+        """Replay the journal (a restarted scheduler), or start it with the
+        default exchanges (a new broker)."""
+        ops = self.catalog.load()
+        if not ops:
+            ops = default_exchange_ops(self.vhost)
+            self.catalog.compact(ops)
+        for op in ops:
+            self.definitions.apply(op)
+
+    def _journal(self, op: list[Any]) -> None:
+        """Apply a definitions change and journal it for the IO workers,
+        before the reply: a client that got declare-ok or bind-ok can
+        publish through it at once, from any connection."""
+        self.definitions.apply(op)
+        try:
+            self.catalog.append(op, self.definitions.snapshot)
+        except CatalogFull:
+            self.definitions.apply(_inverse(op))
+            raise E.ChannelError(
+                E.RESOURCE_ERROR,
+                "the definitions journal is full (raise --catalog-mb)",
+            ) from None
 
     def _load_queues(self) -> None:
         """Rebuild the queue index from the segment (a restarted scheduler)."""
@@ -133,6 +177,14 @@ class Scheduler:
                 self._reply(worker, m[1], self._delete(*m[2:]))
             elif kind == Msg.PURGE:
                 self._reply(worker, m[1], self._purge(*m[2:]))
+            elif kind == Msg.EXCHANGE_DECLARE:
+                self._reply(worker, m[1], self._exchange_declare(*m[2:]))
+            elif kind == Msg.EXCHANGE_DELETE:
+                self._reply(worker, m[1], self._exchange_delete(*m[2:]))
+            elif kind == Msg.BIND:
+                self._reply(worker, m[1], self._bind(*m[2:], unbind=False))
+            elif kind == Msg.UNBIND:
+                self._reply(worker, m[1], self._bind(*m[2:], unbind=True))
             elif kind == Msg.CONN_CLOSED:
                 self._connection_closed(m[1])
             elif kind == Msg.HELLO:
@@ -140,14 +192,14 @@ class Scheduler:
             elif kind == Msg.WORKER_GONE:
                 self._worker_gone(worker)
         except E.AMQPError as exc:
-            if kind in (Msg.CONSUME, Msg.DECLARE, Msg.DELETE, Msg.PURGE):
+            if kind in _REQUESTS:
                 self.links[worker].send(Msg.REPLY, m[1], False, [exc.reply_code, exc.reply_text])
             else:
                 log.warning("worker %d: %s", worker, exc)
         except Exception:
             # A bug must not cost the other messages of the batch or the process.
             log.exception("worker %d: failed to handle %r", worker, m)
-            if kind in (Msg.CONSUME, Msg.DECLARE, Msg.DELETE, Msg.PURGE):
+            if kind in _REQUESTS:
                 self.links[worker].send(Msg.REPLY, m[1], False, [541, "INTERNAL_ERROR"])
 
     def _reply(self, worker: int, req: int, payload: Any) -> None:
@@ -256,10 +308,119 @@ class Scheduler:
         self.queues.pop(q.qid, None)
         self.by_name.pop(q.name, None)
         self.free_qids.append(q.qid)
+        dest = ("q", q.name.decode())
+        router = self.definitions.router(self.vhost)
+        sources = {source for source, _rk, _args in router.bindings_to(dest)}
+        if sources:
+            self._journal(["Q", self.vhost, dest[1]])
+            self._auto_delete(self.vhost, sources)
 
     def _connection_closed(self, conn_id: int) -> None:
         for q in [q for q in self.queues.values() if q.exclusive and q.owner == conn_id]:
             self._remove_queue(q)
+
+    # ----------------------------------------------------------- exchanges
+    def _exchange_declare(
+        self,
+        vhost: str,
+        name: str,
+        type_: str,
+        passive: bool,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        args: dict[str, Any],
+    ) -> list[Any]:
+        # The IO worker has checked the name ("" and amq.* rules) and the type.
+        x = self.definitions.router(vhost).exchanges.get(name)
+        if x is None:
+            if passive:
+                raise E.ChannelError(E.NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'")
+            if name.startswith("amq."):
+                raise E.ChannelError(
+                    E.ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
+                )
+            self._journal(["x", vhost, name, type_, durable, auto_delete, internal, args])
+            return []
+        if passive:
+            return []
+        alternate = args.get("alternate-exchange")
+        for arg, got, have in (
+            ("type", type_, x.type),
+            ("durable", durable, x.durable),
+            ("auto_delete", auto_delete, x.auto_delete),
+            ("internal", internal, x.internal),
+            ("alternate-exchange", alternate, x.arguments.get("alternate-exchange")),
+        ):
+            if got != have:
+                raise E.ChannelError(
+                    E.PRECONDITION_FAILED,
+                    f"inequivalent arg '{arg}' for exchange '{name}' in vhost '{vhost}': "
+                    f"received {_shown(got)} but current is {_shown(have)}",
+                )
+        return []
+
+    def _exchange_delete(self, vhost: str, name: str, if_unused: bool) -> list[Any]:
+        router = self.definitions.router(vhost)
+        x = router.exchanges.get(name)
+        if x is None:
+            return []  # as RabbitMQ 3.x: deleting a missing exchange succeeds
+        if if_unused and x.bindings:
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use"
+            )
+        sources = {source for source, _rk, _args in router.bindings_to(("e", name))}
+        self._journal(["X", vhost, name])
+        self._auto_delete(vhost, sources - {name})
+        return []
+
+    def _auto_delete(self, vhost: str, sources: set[str]) -> None:
+        """Delete auto-delete exchanges that just lost their last binding."""
+        router = self.definitions.router(vhost)
+        while sources:
+            name = sources.pop()
+            x = router.exchanges.get(name)
+            if x is None or not x.auto_delete or x.bindings:
+                continue
+            sources |= {source for source, _rk, _a in router.bindings_to(("e", name))}
+            self._journal(["X", vhost, name])
+            sources.discard(name)
+
+    def _bind(
+        self,
+        vhost: str,
+        source: str,
+        kind: str,
+        dest: str,
+        routing_key: str,
+        args: dict[str, Any],
+        conn_id: int,
+        *,
+        unbind: bool,
+    ) -> list[Any]:
+        router = self.definitions.router(vhost)
+        if source not in router.exchanges:
+            raise E.ChannelError(E.NOT_FOUND, f"no exchange '{source}' in vhost '{vhost}'")
+        if kind == "q":
+            q = self.by_name.get(dest.encode())
+            if q is None:
+                raise E.ChannelError(E.NOT_FOUND, E.no_queue(dest, vhost))
+            self._check_exclusive(q, conn_id)
+        elif dest not in router.exchanges:
+            raise E.ChannelError(E.NOT_FOUND, f"no exchange '{dest}' in vhost '{vhost}'")
+        exchange = router.exchanges[source]
+        bound = (
+            (kind, dest),
+            routing_key,
+            _frozen_args(args),
+        ) in exchange.bindings
+        if unbind:
+            if bound:  # unbinding what is not bound succeeds, as in RabbitMQ
+                self._journal(["u", vhost, source, kind, dest, routing_key, args])
+                self._auto_delete(vhost, {source})
+        elif not bound:
+            self._journal(["b", vhost, source, kind, dest, routing_key, args])
+        return []
 
     # ----------------------------------------------------------- consumers
     def _consume(
@@ -412,6 +573,27 @@ class Scheduler:
             self._notify(q)
         self.suspects = stalled
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+
+def _inverse(op: Op) -> Op:
+    """The operation that undoes a growing change (declare, bind); only
+    those can fail to fit in the journal."""
+    if op[0] == "x":
+        return ["X", op[1], op[2]]
+    if op[0] == "b":
+        return ["u", *op[1:]]
+    if op[0] == "u":
+        return ["b", *op[1:]]
+    raise ValueError(f"no inverse for {op[0]!r}")
+
+
+def _shown(value: Any) -> str:
+    """A value as RabbitMQ's equivalence errors show it."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return f"'{str(value).lower()}'"
+    return f"'{value}'"
 
 
 def run_scheduler(config: Config, seg: Segment, efd: int, links: dict[int, socket.socket]) -> int:

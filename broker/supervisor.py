@@ -89,6 +89,7 @@ class Supervisor:
             max_queues=config.max_queues,
             queue_capacity=config.queue_capacity,
             arena_bytes=config.arena_mb << 20,
+            catalog_bytes=config.catalog_mb << 20,
         )
         self.seg = Segment.create(path, limits)
         a = self.seg.atomic

@@ -14,6 +14,9 @@ before fork so every child inherits the mapping) holds, in order:
     | queue table   (max_queues x   |  per queue: state, tail, head, counters, name
     |                QUEUE_SIZE)    |
     +-------------------------------+
+    | definitions   (catalog_bytes) |  exchanges and bindings: a journal written
+    |                               |  by the scheduler (shm/catalog.py)
+    +-------------------------------+
     | queue logs    (max_queues x   |  per queue: a ring of 16-byte cells
     |                capacity x 16) |  (state word, body reference)
     +-------------------------------+
@@ -34,7 +37,7 @@ import msgspec
 from shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 1
+VERSION = 2
 
 HEADER_SIZE = 4096
 # header words
@@ -148,6 +151,7 @@ class Limits(msgspec.Struct, frozen=True):
     max_queues: int = 1024
     queue_capacity: int = 1 << 18  # entries per queue log; a power of two
     arena_bytes: int = 256 << 20  # per IO worker
+    catalog_bytes: int = 16 << 20  # exchanges and bindings journal (two halves)
 
     def __post_init__(self) -> None:
         cap = self.queue_capacity
@@ -159,6 +163,8 @@ class Limits(msgspec.Struct, frozen=True):
             raise ValueError("max_queues must be a positive multiple of 64")
         if self.arena_bytes < 1 << 16 or self.arena_bytes % 4096:
             raise ValueError("arena_bytes must be a multiple of 4096 and at least 64 KiB")
+        if self.catalog_bytes < 1 << 16 or self.catalog_bytes % 4096:
+            raise ValueError("catalog_bytes must be a multiple of 4096 and at least 64 KiB")
 
 
 def _align(n: int, to: int = 4096) -> int:
@@ -171,6 +177,7 @@ class Layout:
     __slots__ = (
         "arenas",
         "bitmap",
+        "catalog",
         "limits",
         "logs",
         "proc_slots",
@@ -189,6 +196,8 @@ class Layout:
         off = _align(off + limits.max_queues // 8)
         self.queues = off
         off = _align(off + limits.max_queues * QUEUE_SIZE)
+        self.catalog = off
+        off = _align(off + limits.catalog_bytes)
         self.logs = off
         off = _align(off + limits.max_queues * limits.queue_capacity * CELL_SIZE)
         self.arenas = off

@@ -13,6 +13,7 @@ from pamqp import commands as C
 
 from broker import errors as E
 from broker.ipc import Msg
+from broker.routing import EXCHANGE_TYPES
 from shm import layout as L
 from shm.arena import (
     message_size,
@@ -239,13 +240,7 @@ class Channel:
         exchange, routing_key, mandatory, immediate = F.decode_publish(payload)
         if immediate:
             raise E.ConnectionError_(E.NOT_IMPLEMENTED, "immediate=true", 60, 40)
-        if exchange:
-            raise E.ChannelError(
-                E.NOT_FOUND,
-                f"no exchange '{exchange.decode(errors='replace')}' in vhost '{self.conn.vhost}'",
-                60,
-                40,
-            )
+        # Routed once the content header is in: a headers exchange needs it.
         self.pending = Pending(exchange, routing_key, mandatory)
         self.state = EXPECT_HEADER
 
@@ -263,12 +258,15 @@ class Channel:
             return False
         exchange, routing_key, mandatory, immediate = F.decode_publish(method)
         ctx = self.ctx
-        if exchange or immediate or body_size > ctx.config.max_message_size:
-            return False
-        qid = ctx.store.lookup(routing_key)
-        if qid is None:
+        if immediate or body_size > ctx.config.max_message_size:
             return False
         raw_header = bytes(header)
+        try:
+            qids = self._route(exchange, routing_key, raw_header)
+        except E.AMQPError:
+            return False  # the general path raises it again, in order
+        if not qids:
+            return False
         block = ctx.arena.alloc(message_size(exchange, routing_key, raw_header, body_size))
         if block is None:
             return False
@@ -277,10 +275,18 @@ class Channel:
         pending = self.pending = Pending(exchange, routing_key, mandatory)
         pending.header = raw_header
         pending.body_size = pending.received = body_size
-        pending.qids = [qid]
+        pending.qids = qids
         pending.block = block
         self._complete()
         return True
+
+    def _route(self, exchange: bytes, routing_key: bytes, raw_header: bytes) -> list[int]:
+        """qids a message reaches (the default exchange: the queue named by
+        the routing key). Raises ChannelError for a missing exchange."""
+        if not exchange:
+            qid = self.ctx.store.lookup(routing_key)
+            return [] if qid is None else [qid]
+        return list(self.ctx.routes.route(self.conn.vhost, exchange, routing_key, raw_header))
 
     def _on_header(self, payload: memoryview) -> None:
         pending = self.pending
@@ -304,8 +310,11 @@ class Channel:
         if not pending.header:
             pending.header = bytes(payload)
             pending.body_size = body_size
-            qid = self.ctx.store.lookup(pending.routing_key)
-            pending.qids = [] if qid is None else [qid]
+            try:
+                pending.qids = self._route(pending.exchange, pending.routing_key, pending.header)
+            except E.ChannelError:
+                self.pending = None  # its body frames are dropped by the closing channel
+                raise
         if pending.qids:
             size = message_size(pending.exchange, pending.routing_key, pending.header, body_size)
             block = self.ctx.arena.alloc(size)
@@ -679,6 +688,106 @@ class Channel:
         if not method.nowait:
             self.conn.write(F.encode_method(self.number, C.Queue.PurgeOk(message_count=count)))
 
+    # ---------------------------------------------------- exchanges, bindings
+    def _exchange_declare(self, method: C.Exchange.Declare) -> Coroutine[Any, Any, None]:
+        if not method.exchange:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10
+            )
+        if not method.passive and method.exchange_type not in EXCHANGE_TYPES:
+            raise E.ConnectionError_(
+                E.COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'", 40, 10
+            )
+        return self._definitions_rpc(
+            method,
+            C.Exchange.DeclareOk(),
+            Msg.EXCHANGE_DECLARE,
+            method.exchange,
+            method.exchange_type,
+            method.passive,
+            method.durable,
+            method.auto_delete,
+            method.internal,
+            dict(method.arguments or {}),
+        )
+
+    def _exchange_delete(self, method: C.Exchange.Delete) -> Coroutine[Any, Any, None]:
+        name = method.exchange
+        if not name:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 20
+            )
+        if name.startswith("amq."):
+            raise E.ChannelError(
+                E.ACCESS_REFUSED,
+                f"deletion of system exchange '{name}' in vhost '{self.conn.vhost}' not allowed",
+                40,
+                20,
+            )
+        return self._definitions_rpc(
+            method, C.Exchange.DeleteOk(), Msg.EXCHANGE_DELETE, name, method.if_unused
+        )
+
+    def _exchange_bind(
+        self, method: C.Exchange.Bind | C.Exchange.Unbind
+    ) -> Coroutine[Any, Any, None]:
+        unbind = isinstance(method, C.Exchange.Unbind)
+        for name in (method.source, method.destination):
+            if not name:
+                raise E.ChannelError(
+                    E.ACCESS_REFUSED,
+                    "operation not permitted on the default exchange",
+                    *divmod(method.index, 0x10000),
+                )
+        return self._definitions_rpc(
+            method,
+            C.Exchange.UnbindOk() if unbind else C.Exchange.BindOk(),
+            Msg.UNBIND if unbind else Msg.BIND,
+            method.source,
+            "e",
+            method.destination,
+            method.routing_key,
+            dict(method.arguments or {}),
+            self.conn.id,
+        )
+
+    def _queue_bind(self, method: C.Queue.Bind | C.Queue.Unbind) -> Coroutine[Any, Any, None]:
+        unbind = isinstance(method, C.Queue.Unbind)
+        class_method = divmod(method.index, 0x10000)
+        if not method.exchange:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED, "operation not permitted on the default exchange", *class_method
+            )
+        queue = method.queue
+        routing_key = method.routing_key
+        if not queue:
+            # The spec's shortcuts: the channel's last declared queue, and
+            # its name as routing key when both are empty.
+            if not self.last_queue:
+                raise E.ChannelError(E.NOT_FOUND, "no previously declared queue", *class_method)
+            queue = self.last_queue.decode()
+            if not routing_key:
+                routing_key = queue
+        return self._definitions_rpc(
+            method,
+            C.Queue.UnbindOk() if unbind else C.Queue.BindOk(),
+            Msg.UNBIND if unbind else Msg.BIND,
+            method.exchange,
+            "q",
+            queue,
+            routing_key,
+            dict(method.arguments or {}),
+            self.conn.id,
+        )
+
+    async def _definitions_rpc(self, method: Any, ok: Any, kind: Msg, *args: Any) -> None:
+        """A definitions change or check, decided by the scheduler; it has
+        journaled the change before it replies, so publishes after the -ok
+        route through it (shm/catalog.py)."""
+        await self.ctx.request(kind, self.conn.vhost, *args)
+        if not getattr(method, "nowait", False):
+            self.conn.write(F.encode_method(self.number, ok))
+
     async def _basic_consume(self, method: C.Basic.Consume) -> None:
         name, qid = self._resolve_queue(method.queue, (60, 20))
         tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
@@ -806,6 +915,12 @@ _HANDLERS: dict[type, _Handler] = {
     C.Tx.Commit: Channel._tx_commit,
     C.Tx.Rollback: Channel._tx_rollback,
     C.Queue.Declare: Channel._queue_declare,
+    C.Queue.Bind: Channel._queue_bind,
+    C.Queue.Unbind: Channel._queue_bind,
+    C.Exchange.Declare: Channel._exchange_declare,
+    C.Exchange.Delete: Channel._exchange_delete,
+    C.Exchange.Bind: Channel._exchange_bind,
+    C.Exchange.Unbind: Channel._exchange_bind,
     C.Queue.Delete: Channel._queue_delete,
     C.Queue.Purge: Channel._queue_purge,
 }

@@ -14,6 +14,7 @@ from shm.arena import Arena
 from shm.queues import QueueStore
 from shm.segment import Segment
 from shm.wake import Waker
+from workers.routes import Routes
 
 if TYPE_CHECKING:
     from workers.connection import Connection
@@ -47,6 +48,7 @@ class WorkerContext:
         self.owner = index + 1
         self.loop = loop
         self.store = QueueStore(seg, self.owner)
+        self.routes = Routes(seg, self.store)
         self.arena = Arena(seg, index)
         self.waker = Waker(seg, efd)
         self.slot = seg.layout.proc(index)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from pamqp import commands as C
 from pamqp import frame as pamqp_frame
+from pamqp.body import ContentBody as Body
+from pamqp.header import ContentHeader
 
 from broker.config import Config
 from shm import layout as L
@@ -159,6 +161,10 @@ def test_publish_to_unknown_exchange_closes_only_the_channel(ctx: WorkerContext)
     client.open()
     client.method(1, C.Channel.Open())
     client.method(1, C.Basic.Publish(exchange="nope", routing_key="x"))
+    # Routing waits for the content header (a headers exchange needs it).
+    header = ContentHeader(0, 2, C.Basic.Properties())
+    client.send(pamqp_frame.marshal(header, 1))
+    client.send(pamqp_frame.marshal(Body(b"hi"), 1))
     frames = client.received()
     close = frames[-1][1]
     assert frames[-1][0] == 1 and isinstance(close, C.Channel.Close)

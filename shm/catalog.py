@@ -1,0 +1,179 @@
+"""The definitions journal: exchanges and bindings, shared by every process.
+
+The scheduler is the only writer. It appends one record per change (an
+operation of broker/definitions.py, msgpack-encoded) to the active half of a
+two-half region; IO workers replay the records they have not seen yet before
+they route a publish, so a change costs each reader only that change, not a
+rebuild. When the active half is full the writer compacts: it writes the
+current state, as a list of operations, into the other half and switches.
+
+Region (`Layout.catalog`, `catalog_bytes` long):
+
+    word C_EPOCH   even E: half (E // 2) % 2 is active and complete
+                   odd E:  the writer is compacting into half ((E + 1) // 2) % 2;
+                           half (E // 2) % 2 is still complete and readable
+    word C_GEN     bumped after every append or compaction (readers' fast check)
+    half 0, half 1 word H_USED (bytes of records) + records [u32 length][payload]
+
+A record's bytes are written before `H_USED` is advanced past them (seq_cst
+stores), so a reader never sees a partial record; a half is rewritten only
+by the compaction two epochs later, which a reader detects by re-reading
+C_EPOCH after copying (`_still_valid`) and then reloads from scratch. A
+writer killed mid-append leaves `H_USED` unchanged: the record never existed
+(and its client never got a reply).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgspec
+
+from shm import layout as L
+from shm.segment import Segment
+
+C_EPOCH = 0
+C_GEN = 8
+REGION_HEADER = 64
+H_USED = 0
+HALF_HEADER = 64
+_LEN = struct.Struct("<I")
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+
+class CatalogFull(Exception):
+    """The current definitions do not fit in one half of the region."""
+
+
+def _half(layout: L.Layout, epoch: int) -> int:
+    size = layout.limits.catalog_bytes
+    half_size = (size - REGION_HEADER) // 2
+    return layout.catalog + REGION_HEADER + ((epoch // 2) % 2) * half_size
+
+
+def half_capacity(layout: L.Layout) -> int:
+    return (layout.limits.catalog_bytes - REGION_HEADER) // 2 - HALF_HEADER
+
+
+def _frame(ops: list[Any]) -> bytes:
+    out = bytearray()
+    for op in ops:
+        payload = _encode(op)
+        out += _LEN.pack(len(payload))
+        out += payload
+    return bytes(out)
+
+
+def _parse(data: bytes) -> list[Any]:
+    ops = []
+    pos = 0
+    while pos < len(data):
+        (n,) = _LEN.unpack_from(data, pos)
+        pos += 4
+        ops.append(_decode(data[pos : pos + n]))
+        pos += n
+    return ops
+
+
+class CatalogWriter:
+    """The scheduler's end."""
+
+    def __init__(self, seg: Segment) -> None:
+        self.seg = seg
+        self.a = seg.atomic
+        self.base = seg.layout.catalog
+        self.capacity = half_capacity(seg.layout)
+
+    def load(self) -> list[Any]:
+        """Every operation in the active half (a restarted scheduler replays
+        them). An interrupted compaction is finished by the next one."""
+        epoch = self.a.load(self.base + C_EPOCH)
+        if epoch % 2:  # killed while compacting: the old half is complete
+            epoch -= 1
+            self.a.store(self.base + C_EPOCH, epoch)
+        half = _half(self.seg.layout, epoch)
+        used = self.a.load(half + H_USED)
+        start = half + HALF_HEADER
+        # A predecessor killed after an append but before its C_GEN bump:
+        # make sure readers look.
+        self.a.fetch_add(self.base + C_GEN, 1)
+        return _parse(bytes(self.seg.buf[start : start + used]))
+
+    def append(self, op: Any, snapshot: Any) -> None:
+        """Journal one operation. `snapshot()` gives the state *after* the
+        operation as a list of operations, used when the half is full.
+        Raises CatalogFull (nothing written) if even that does not fit."""
+        record = _frame([op])
+        a = self.a
+        epoch = a.load(self.base + C_EPOCH)
+        half = _half(self.seg.layout, epoch)
+        used = a.load(half + H_USED)
+        if used + len(record) <= self.capacity:
+            start = half + HALF_HEADER + used
+            self.seg.buf[start : start + len(record)] = record
+            a.store(half + H_USED, used + len(record))
+            a.fetch_add(self.base + C_GEN, 1)
+            return
+        self.compact(snapshot())
+
+    def compact(self, ops: list[Any]) -> None:
+        data = _frame(ops)
+        if len(data) > self.capacity:
+            raise CatalogFull(len(data))
+        a = self.a
+        epoch = a.load(self.base + C_EPOCH)
+        a.store(self.base + C_EPOCH, epoch + 1)  # readers: the other half is being rewritten
+        half = _half(self.seg.layout, epoch + 2)
+        start = half + HALF_HEADER
+        self.seg.buf[start : start + len(data)] = data
+        a.store(half + H_USED, len(data))
+        a.store(self.base + C_EPOCH, epoch + 2)
+        a.fetch_add(self.base + C_GEN, 1)
+
+
+class CatalogReader:
+    """An IO worker's end: `poll()` returns what changed since the last call."""
+
+    __slots__ = ("a", "base", "epoch", "gen", "offset", "seg")
+
+    def __init__(self, seg: Segment) -> None:
+        self.seg = seg
+        self.a = seg.atomic
+        self.base = seg.layout.catalog
+        self.gen = -1
+        self.epoch = -1
+        self.offset = 0
+
+    def changed(self) -> bool:
+        """One atomic load: is there anything new?"""
+        return self.a.load(self.base + C_GEN) != self.gen
+
+    def poll(self) -> tuple[bool, list[Any]]:
+        """(reset, operations): on reset, discard all state and replay the
+        operations from nothing; otherwise apply them on top."""
+        a = self.a
+        while True:
+            gen = a.load(self.base + C_GEN)
+            epoch = a.load(self.base + C_EPOCH)
+            readable = epoch - (epoch % 2)  # the complete half
+            reset = readable != self.epoch
+            offset = 0 if reset else self.offset
+            half = _half(self.seg.layout, readable)
+            used = a.load(half + H_USED)
+            start = half + HALF_HEADER
+            data = bytes(self.seg.buf[start + offset : start + used])
+            if not self._still_valid(epoch):
+                self.epoch = -1  # torn by a compaction: start again from scratch
+                continue
+            self.gen = gen
+            self.epoch = readable
+            self.offset = used
+            return reset, _parse(data)
+
+    def _still_valid(self, epoch_before: int) -> bool:
+        # The half we read is next rewritten by the compaction that starts
+        # at (epoch_before | 1) + 2 (odd: compacting into it).
+        return self.a.load(self.base + C_EPOCH) < (epoch_before | 1) + 2

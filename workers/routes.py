@@ -1,0 +1,92 @@
+"""An IO worker's view of exchanges and bindings: which queues a publish reaches.
+
+The definitions live in the shared-memory journal the scheduler writes
+(shm/catalog.py). Before routing, the worker checks one word for news and
+replays only what changed. Routing results are cached per (vhost, exchange,
+routing key) until the definitions or the queue table change, so a steady
+publish stream to a topic exchange costs one dict lookup, not a trie walk.
+Headers exchanges are not cached: their result depends on each message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pamqp.header import ContentHeader
+
+from broker import errors as E
+from broker.definitions import Definitions
+from shm.catalog import CatalogReader
+from shm.queues import QueueStore
+from shm.segment import Segment
+
+CACHE_MAX = 4096
+
+
+def message_headers(raw_header: bytes) -> dict[str, Any]:
+    """The `headers` table of a raw content header (only headers exchanges need it)."""
+    header = ContentHeader()
+    try:
+        header.unmarshal(raw_header)
+    except Exception as exc:
+        raise E.ConnectionError_(E.SYNTAX_ERROR, f"malformed content header: {exc}") from exc
+    return header.properties.headers or {}
+
+
+class Routes:
+    __slots__ = ("_cache", "_queue_gen", "definitions", "reader", "store")
+
+    def __init__(self, seg: Segment, store: QueueStore) -> None:
+        self.reader = CatalogReader(seg)
+        self.store = store
+        self.definitions = Definitions()
+        self._cache: dict[tuple[str, bytes, bytes], tuple[int, ...]] = {}
+        self._queue_gen = -1
+
+    def sync(self) -> None:
+        """Replay what the scheduler journaled since the last call."""
+        if not self.reader.changed():
+            return
+        reset, ops = self.reader.poll()
+        if reset:
+            self.definitions = Definitions()
+        for op in ops:
+            self.definitions.apply(op)
+        self._cache.clear()
+
+    def route(
+        self, vhost: str, exchange: bytes, routing_key: bytes, raw_header: bytes
+    ) -> tuple[int, ...]:
+        """qids of the queues a message published to a named exchange reaches.
+        Raises ChannelError for a missing or internal exchange."""
+        self.sync()
+        queue_gen = self.store.catalog_generation()
+        if queue_gen != self._queue_gen:
+            self._cache.clear()
+            self._queue_gen = queue_gen
+        key = (vhost, exchange, routing_key)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        router = self.definitions.vhosts.get(vhost)
+        name = exchange.decode(errors="replace")
+        x = router.exchanges.get(name) if router is not None else None
+        if router is None or x is None:
+            raise E.ChannelError(E.NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'", 60, 40)
+        if x.internal:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{name}' in vhost '{vhost}'",
+                60,
+                40,
+            )
+        names, by_headers = router.route_checked(
+            name, routing_key.decode(errors="replace"), lambda: message_headers(raw_header)
+        )
+        lookup = self.store.lookup
+        qids = tuple(qid for n in names if (qid := lookup(n.encode())) is not None)
+        if not by_headers:
+            if len(self._cache) >= CACHE_MAX:
+                self._cache.clear()
+            self._cache[key] = qids
+        return qids
