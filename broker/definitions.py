@@ -9,7 +9,8 @@ operation is a plain list so it travels as msgpack:
     ["X", vhost, name]                                 delete an exchange (+ its bindings)
     ["b", vhost, source, kind, dest, routing_key, arguments]   bind (kind "q" or "e")
     ["u", vhost, source, kind, dest, routing_key, arguments]   unbind
-    ["Q", vhost, queue]                                a queue went: drop bindings to it
+    ["q", vhost, queue, arguments]                     a queue's x-arguments
+    ["Q", vhost, queue]                                a queue went: its bindings and arguments
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def default_exchange_ops(vhost: str) -> list[Op]:
 
 
 class Definitions:
-    __slots__ = ("vhosts",)
+    __slots__ = ("queue_arguments", "vhosts")
 
     def __init__(self) -> None:
         self.vhosts: dict[str, Router] = {}
+        # (vhost, queue) -> x-arguments, for queues declared with any
+        self.queue_arguments: dict[tuple[str, str], dict[str, Any]] = {}
 
     def router(self, vhost: str) -> Router:
         router = self.vhosts.get(vhost)
@@ -69,8 +72,11 @@ class Definitions:
         elif kind == "u":
             _k, _v, source, dkind, dest, rk, args = op
             router.unbind(source, (dkind, dest), rk, args)
+        elif kind == "q":
+            self.queue_arguments[(vhost, op[2])] = op[3]
         elif kind == "Q":
             router.drop_dest(("q", op[2]))
+            self.queue_arguments.pop((vhost, op[2]), None)
         else:
             raise ValueError(f"unknown definitions operation {kind!r}")
 
@@ -85,4 +91,6 @@ class Definitions:
             for x in router.exchanges.values():
                 for (dest, rk, _f), args in x.bindings.items():
                     ops.append(["b", vhost, x.name, dest[0], dest[1], rk, args])
+        for (vhost, queue), args in self.queue_arguments.items():
+            ops.append(["q", vhost, queue, args])
         return ops

@@ -126,6 +126,13 @@ class Scheduler:
             self.catalog.compact(ops)
         for op in ops:
             self.definitions.apply(op)
+        # A predecessor killed between a queue change and its journal record
+        # may have left bindings or arguments of queues that do not exist.
+        stale = {name for _vhost, name in self.definitions.queue_arguments}
+        for router in self.definitions.vhosts.values():
+            stale |= {name for kind, name in router.by_dest if kind == "q"}
+        for name in stale - {q.decode() for q in self.by_name}:
+            self._journal(["Q", self.vhost, name])
 
     def _journal(self, op: list[Any]) -> None:
         """Apply a definitions change and journal it for the IO workers,
@@ -215,6 +222,7 @@ class Scheduler:
         auto_delete: bool,
         owner: int,
         conn_id: int,
+        arguments: dict[str, Any],
     ) -> list[Any]:
         q = self.by_name.get(name) if name else None
         if q is not None:
@@ -233,6 +241,7 @@ class Scheduler:
                         )
                 if exclusive != q.exclusive:
                     raise E.ChannelError(E.RESOURCE_LOCKED, self._locked_text(q))
+                self._check_queue_arguments(q, arguments)
         elif passive:
             raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), self.vhost))
         else:
@@ -244,6 +253,8 @@ class Scheduler:
                     f"cannot declare queue '{name.decode()}': the limit of "
                     f"{self.seg.layout.limits.max_queues} queues is reached (--max-queues)",
                 )
+            if arguments:  # first: if the journal is full, nothing was created
+                self._journal(["q", self.vhost, name.decode(), arguments])
             qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
             flags = (
                 (L.QF_DURABLE if durable else 0)
@@ -255,6 +266,19 @@ class Scheduler:
             self.queues[qid] = q
             self.by_name[name] = q
         return [q.qid, q.name, self.store.word(q.qid, L.Q_READY), len(q.qcm)]
+
+    def _check_queue_arguments(self, q: QueueState, arguments: dict[str, Any]) -> None:
+        """RabbitMQ compares the arguments it knows on a redeclare; others
+        (a client's own x-foo) may differ."""
+        current = self.definitions.queue_arguments.get((self.vhost, q.name.decode()), {})
+        for key in EQUIVALENT_QUEUE_ARGUMENTS:
+            got, have = arguments.get(key), current.get(key)
+            if got != have or (type(got) is bool) != (type(have) is bool):
+                raise E.ChannelError(
+                    E.PRECONDITION_FAILED,
+                    f"inequivalent arg '{key}' for queue '{q.name.decode()}' in vhost "
+                    f"'{self.vhost}': received {_typed(got)} but current is {_typed(have)}",
+                )
 
     def _locked_text(self, q: QueueState) -> str:
         return (
@@ -311,7 +335,7 @@ class Scheduler:
         dest = ("q", q.name.decode())
         router = self.definitions.router(self.vhost)
         sources = {source for source, _rk, _args in router.bindings_to(dest)}
-        if sources:
+        if sources or (self.vhost, dest[1]) in self.definitions.queue_arguments:
             self._journal(["Q", self.vhost, dest[1]])
             self._auto_delete(self.vhost, sources)
 
@@ -584,7 +608,47 @@ def _inverse(op: Op) -> Op:
         return ["u", *op[1:]]
     if op[0] == "u":
         return ["b", *op[1:]]
+    if op[0] == "q":
+        return ["Q", op[1], op[2]]
     raise ValueError(f"no inverse for {op[0]!r}")
+
+
+# The queue arguments RabbitMQ 3.10 checks for equivalence on redeclare.
+EQUIVALENT_QUEUE_ARGUMENTS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-type",
+    "x-single-active-consumer",
+    "x-delivery-limit",
+)
+
+
+def _typed(value: Any) -> str:
+    """A field value as RabbitMQ's argument equivalence errors show it."""
+    if value is None:
+        return "none"
+    kind = (
+        "bool"
+        if isinstance(value, bool)
+        else "long"
+        if isinstance(value, int)
+        else "double"
+        if isinstance(value, float)
+        else "longstr"
+        if isinstance(value, (str, bytes))
+        else type(value).__name__
+    )
+    shown = value.decode(errors="replace") if isinstance(value, bytes) else value
+    if isinstance(shown, bool):
+        shown = str(shown).lower()
+    return f"the value '{shown}' of type '{kind}'"
 
 
 def _shown(value: Any) -> str:

@@ -246,6 +246,19 @@ class QueueStore:
             )
         )
 
+    def held_block(self, qid: int, seq: int) -> int | None:
+        """The body block of an entry this owner holds (ACQUIRED), or None if
+        it is no longer ours (its queue was deleted, or it was released)."""
+        a = self.a
+        cell = self.layout.log(qid) + (seq & self.mask) * L.CELL_SIZE
+        held = seq << _SEQ | self.owner_bits | _ACQ
+        word = a.load(cell)
+        if word & ~_REDELIVERED != held:
+            return None
+        block = a.load(cell + 8)
+        # Still ours after reading the reference: it was not freed meanwhile.
+        return block if a.load(cell) == word else None
+
     def take_no_ack(self, qid: int, seq: int) -> None:
         """An entry delivered without acknowledgement is deleted at once."""
         self.ack(qid, seq)

@@ -662,6 +662,7 @@ class Channel:
             method.auto_delete,
             owner,
             self.conn.id,
+            dict(method.arguments or {}),
         )
         self.last_queue = qname
         if not method.nowait:
@@ -891,11 +892,37 @@ class Channel:
         ctx.count(L.P_DELIVERED)
 
     def _basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
-        self.requeue_all()
+        if method.requeue:
+            self.requeue_all()
+        else:
+            self._redeliver_in_place()
         for consumer in self.consumers.values():
             update_interest(self.ctx, consumer)
         if isinstance(method, C.Basic.Recover):
             self.conn.write(F.encode_method(self.number, C.Basic.RecoverOk()))
+
+    def _redeliver_in_place(self) -> None:
+        """recover(requeue=false), as the spec says (RabbitMQ answers 540):
+        each unacknowledged message goes again, redelivered, under a new
+        tag, to the consumer that had it; messages from basic.get, or of a
+        consumer since cancelled, are requeued instead."""
+        ctx = self.ctx
+        out: list[bytes] = []
+        for tag in sorted(self.unacked):
+            consumer, qid, seq, size = self.unacked.pop(tag)
+            self.unacked_bytes -= size
+            if consumer is not None:
+                consumer.unacked -= 1
+                consumer.unacked_bytes -= size
+            block = None
+            if consumer is not None and not consumer.cancelled:
+                block = ctx.store.held_block(qid, seq)
+            if consumer is None or block is None:
+                self._finish(qid, seq, True)
+                continue
+            self.deliver(consumer, seq, block, True, out)
+        if out:
+            self.conn.write_many(out)
 
 
 _Handler = Callable[[Channel, Any], Coroutine[Any, Any, None] | None]
