@@ -70,6 +70,10 @@ SCENARIOS = (
         "1 producer -> 1 consumer, 64 B, confirms (window 200)",
         ("--size", "64", "--confirm", "200", *COMMON),
     ),
+    Scenario(
+        "1 producer -> fanout exchange -> 10 queues, 1 consumer each, 64 B",
+        ("--fanout", "10", "--consumers", "10", "--size", "64", *COMMON),
+    ),
 )
 
 
@@ -695,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds (median reported)")
     p.add_argument("--pause", type=float, default=1.0, help="seconds between runs")
     p.add_argument(
-        "--scenarios", default="1,2,3,4", help="comma-separated scenario numbers (default all)"
+        "--scenarios", default="1,2,3,4,5", help="comma-separated scenario numbers (default all)"
     )
     p.add_argument("--client-ceiling", action="store_true", help="also measure the client")
     p.add_argument("--ceiling-duration", type=float, default=5.0)

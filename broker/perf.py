@@ -658,6 +658,20 @@ class PerfConfig:
     queue_generated: bool
     persistent: bool
     rate: int
+    fanout: int = 0  # > 0: publish to a fanout exchange bound to this many queues
+
+    def exchange(self) -> str:
+        return f"{self.queue}-fanout" if self.fanout else ""
+
+    def queues(self) -> list[str]:
+        if self.fanout:
+            return [f"{self.queue}-{i}" for i in range(self.fanout)]
+        return [self.queue]
+
+    def queue_for(self, index: int) -> str:
+        """The queue consumer `index` reads (spread over the fan-out's queues)."""
+        queues = self.queues()
+        return queues[index % len(queues)]
 
 
 @dataclass(frozen=True)
@@ -718,7 +732,7 @@ class Producer(AmqpConnection):
         if self.blocked and not was_blocked:
             self.blocked_events += 1
 
-    async def setup(self, cfg: PerfConfig) -> None:
+    async def setup(self, cfg: PerfConfig, index: int = 0) -> None:
         if cfg.confirm:
             await self.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
             self.confirms = ConfirmTracker()
@@ -726,7 +740,11 @@ class Producer(AmqpConnection):
     async def run(self, cfg: PerfConfig, window: Window) -> dict[str, Any]:
         self.window = window
         template = build_publish_template(
-            cfg.queue, cfg.size, persistent=cfg.persistent, frame_max=self.frame_max
+            "" if cfg.fanout else cfg.queue,
+            cfg.size,
+            exchange=cfg.exchange(),
+            persistent=cfg.persistent,
+            frame_max=self.frame_max,
         )
         batch = max(1, BATCH_BYTES // len(template.message(0)))
         if cfg.rate:
@@ -908,13 +926,14 @@ class Consumer(AmqpConnection):
         self.multiple_acks = True
         self.deliveries = DeliveryParser(self._on_frame)
 
-    async def setup(self, cfg: PerfConfig) -> None:
+    async def setup(self, cfg: PerfConfig, index: int = 0) -> None:
         if not cfg.no_ack:
             await self.rpc(commands.Basic.Qos(prefetch_count=cfg.prefetch), commands.Basic.QosOk)
             self.deliveries.ack_every = cfg.multi_ack
             self.multiple_acks = cfg.multi_ack > 1
         await self.rpc(
-            commands.Basic.Consume(queue=cfg.queue, no_ack=cfg.no_ack), commands.Basic.ConsumeOk
+            commands.Basic.Consume(queue=cfg.queue_for(index), no_ack=cfg.no_ack),
+            commands.Basic.ConsumeOk,
         )
 
     def data_received(self, data: bytes) -> None:
@@ -986,7 +1005,7 @@ def _child_main(
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        result = _run_child(loop, role, cfg, conn, go, start_at)
+        result = _run_child(loop, role, index, cfg, conn, go, start_at)
         if result is not None:
             conn.send(("result", index, result))
     except BaseException as exc:  # reported to main, which decides
@@ -999,6 +1018,7 @@ def _child_main(
 def _run_child(
     loop: asyncio.AbstractEventLoop,
     role: str,
+    index: int,
     cfg: PerfConfig,
     conn: multiprocessing.connection.Connection,
     go: Any,
@@ -1009,7 +1029,7 @@ def _run_child(
     client = loop.run_until_complete(connect(factory, uri))
     assert isinstance(client, (Producer, Consumer))
     try:
-        loop.run_until_complete(asyncio.wait_for(client.setup(cfg), CONNECT_TIMEOUT_S))
+        loop.run_until_complete(asyncio.wait_for(client.setup(cfg, index), CONNECT_TIMEOUT_S))
         conn.send(("ready", 0, None))
         # Blocking here is fine: nothing is flowing until every process is ready.
         if not go.wait(READY_TIMEOUT_S + 2):
@@ -1038,10 +1058,23 @@ async def _declare_queue(cfg: PerfConfig) -> str:
         # Auto-delete cleans up after a killed run; with no consumer it would never
         # trigger, and a durable queue is meant to outlive connections.
         auto_delete = not durable and cfg.consumers > 0 and cfg.queue_generated
-        await client.rpc(
-            commands.Queue.Declare(queue=cfg.queue, durable=durable, auto_delete=auto_delete),
-            commands.Queue.DeclareOk,
-        )
+        if cfg.fanout:
+            await client.rpc(
+                commands.Exchange.Declare(
+                    exchange=cfg.exchange(), exchange_type="fanout", durable=durable
+                ),
+                commands.Exchange.DeclareOk,
+            )
+        for queue in cfg.queues():
+            await client.rpc(
+                commands.Queue.Declare(queue=queue, durable=durable, auto_delete=auto_delete),
+                commands.Queue.DeclareOk,
+            )
+            if cfg.fanout:
+                await client.rpc(
+                    commands.Queue.Bind(queue=queue, exchange=cfg.exchange()),
+                    commands.Queue.BindOk,
+                )
         return server_name(client.server_properties)
     finally:
         await client.close()
@@ -1050,7 +1083,12 @@ async def _declare_queue(cfg: PerfConfig) -> str:
 async def _delete_queue(cfg: PerfConfig) -> None:
     client = await connect(AmqpConnection, AmqpUri.parse(cfg.uri))
     try:
-        await client.rpc(commands.Queue.Delete(queue=cfg.queue), commands.Queue.DeleteOk)
+        for queue in cfg.queues():
+            await client.rpc(commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk)
+        if cfg.fanout:
+            await client.rpc(
+                commands.Exchange.Delete(exchange=cfg.exchange()), commands.Exchange.DeleteOk
+            )
     finally:
         await client.close()
 
@@ -1289,6 +1327,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="queue name (default perf-<random>, deleted at the end; a named queue is kept)",
     )
     p.add_argument("--persistent", action="store_true", help="delivery_mode 2 and a durable queue")
+    p.add_argument(
+        "--fanout",
+        type=_non_negative_int,
+        default=0,
+        help="publish to a fanout exchange bound to N queues; consumers are spread "
+        "over them (0 = publish straight to one queue)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--rate", type=_non_negative_int, default=0, help="per-producer msg/s cap, 0 = unlimited"
@@ -1326,6 +1371,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         queue_generated=generated,
         persistent=args.persistent,
         rate=args.rate,
+        fanout=args.fanout,
     )
 
 
