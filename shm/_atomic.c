@@ -201,7 +201,13 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
  * each instead of 6-10 atomic calls from Python. Field offsets of the queue
  * record are module constants; shm/layout.py asserts they match its own.
  */
+#define Q_STATE 0
 #define Q_TAIL 8
+#define Q_CHANGES 24
+#define Q_PUBLISHED 96
+#define QS_ACTIVE 1ULL
+#define P_INTENT_QUEUE 40
+#define P_INTENT_SEQ 48
 #define Q_HEAD 16
 #define Q_READY 40
 #define Q_UNACKED 48
@@ -400,7 +406,73 @@ Atomic_advance_head(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/*
+ * append(queue, ring, mask, block, intent, qid) -> int
+ * Reserve the tail (recording the intent in the process slot at `intent`),
+ * write the body reference, publish the cell AVAILABLE, count it. Returns
+ * the seq; -1 if the queue is full, not active, or was deleted before the
+ * cell was published (remove() tombstoned it: nothing to undo); -2 - seq if
+ * the queue was deleted after the cell was published (the caller takes the
+ * entry back). The Python original is QueueStore.append's docstring.
+ */
+static PyObject *
+Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t *q;
+    char *ring;
+    unsigned long long mask;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append(queue, ring, mask, block, intent, qid)");
+        return NULL;
+    }
+    if (queue_args(self, args, &q, &ring, &mask) < 0)
+        return NULL;
+    uint64_t block = PyLong_AsUnsignedLongLong(args[3]);
+    Py_ssize_t ioff = PyLong_AsSsize_t(args[4]);
+    uint64_t qid = PyLong_AsUnsignedLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (ioff < 0 || (ioff & 7) || ioff + P_INTENT_SEQ + 8 > self->len) {
+        PyErr_SetString(PyExc_IndexError, "intent slot out of range");
+        return NULL;
+    }
+    uint64_t *intent_queue = (uint64_t *)(self->base + ioff + P_INTENT_QUEUE);
+    uint64_t *intent_seq = (uint64_t *)(self->base + ioff + P_INTENT_SEQ);
+    uint64_t state = LOAD(q + Q_STATE / 8);
+    if ((state & 0xFF) != QS_ACTIVE)
+        return PyLong_FromLong(-1);
+    uint64_t t;
+    for (;;) {
+        t = LOAD(q + Q_TAIL / 8);
+        if (t - LOAD(q + Q_HEAD / 8) >= mask + 1)
+            return PyLong_FromLong(-1);
+        __atomic_store_n(intent_seq, t, __ATOMIC_SEQ_CST);
+        __atomic_store_n(intent_queue, qid + 1, __ATOMIC_SEQ_CST);
+        uint64_t expected = t;
+        if (CAS(q + Q_TAIL / 8, &expected, t + 1))
+            break;
+    }
+    uint64_t *cell = cell_of(ring, mask, t);
+    uint64_t old = LOAD(cell);
+    __atomic_store_n(cell + 1, block, __ATOMIC_SEQ_CST);
+    uint64_t wseq = old >> SEQ_SHIFT;
+    int published = 0;
+    if (wseq < t || (wseq == t && (old & ST_MASK) == 0))
+        published = CAS(cell, &old, (t << SEQ_SHIFT) | ST_AVAILABLE);
+    __atomic_store_n(intent_queue, 0, __ATOMIC_SEQ_CST);
+    if (!published)
+        return PyLong_FromLong(-1);
+    if (LOAD(q + Q_STATE / 8) != state)
+        return PyLong_FromLongLong(-2 - (long long)t);
+    ADD(q + Q_READY / 8, 1);
+    ADD(q + Q_PUBLISHED / 8, 1);
+    ADD(q + Q_CHANGES / 8, 1);
+    return PyLong_FromUnsignedLongLong(t);
+}
+
 static PyMethodDef Atomic_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))Atomic_append, METH_FASTCALL,
+     "Publish a body reference at a queue's tail."},
     {"acquire", (PyCFunction)(void (*)(void))Atomic_acquire, METH_FASTCALL,
      "Acquire the first AVAILABLE entry of a queue log."},
     {"ack", (PyCFunction)(void (*)(void))Atomic_ack, METH_FASTCALL,
@@ -442,7 +514,12 @@ PyInit__atomic(void)
     PyObject *m = PyModule_Create(&atomicmodule);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "Q_TAIL", Q_TAIL) < 0 ||
+    if (PyModule_AddIntConstant(m, "Q_STATE", Q_STATE) < 0 ||
+        PyModule_AddIntConstant(m, "Q_CHANGES", Q_CHANGES) < 0 ||
+        PyModule_AddIntConstant(m, "Q_PUBLISHED", Q_PUBLISHED) < 0 ||
+        PyModule_AddIntConstant(m, "P_INTENT_QUEUE", P_INTENT_QUEUE) < 0 ||
+        PyModule_AddIntConstant(m, "P_INTENT_SEQ", P_INTENT_SEQ) < 0 ||
+        PyModule_AddIntConstant(m, "Q_TAIL", Q_TAIL) < 0 ||
         PyModule_AddIntConstant(m, "Q_HEAD", Q_HEAD) < 0 ||
         PyModule_AddIntConstant(m, "Q_READY", Q_READY) < 0 ||
         PyModule_AddIntConstant(m, "Q_UNACKED", Q_UNACKED) < 0 ||

@@ -135,6 +135,13 @@ assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _ato
     Q_UNACKED,
     Q_ACKED,
 ), "shm/_atomic.c and shm/layout.py disagree on the queue record"
+assert (
+    _atomic.Q_STATE,
+    _atomic.Q_CHANGES,
+    _atomic.Q_PUBLISHED,
+    _atomic.P_INTENT_QUEUE,
+    _atomic.P_INTENT_SEQ,
+) == (Q_STATE, Q_CHANGES, Q_PUBLISHED, P_INTENT_QUEUE, P_INTENT_SEQ), "append offsets"
 assert (_atomic.SEQ_SHIFT, _atomic.B_SIZE, _atomic.B_REFS, _atomic.A_USED, _atomic.A_LIVE) == (
     SEQ_SHIFT,
     B_SIZE,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from shm import layout as L
+from shm._atomic import Atomic
 from shm.arena import body_refs_drop
 from shm.segment import Segment
 
@@ -180,12 +181,41 @@ class QueueStore:
         `intent` is this worker's process-table slot: the reserved seq is
         recorded there so that, if we die between reserving and publishing,
         the supervisor can tombstone the cell instead of leaving a hole that
-        would stall FIFO consumers. Raises QueueFull.
+        would stall FIFO consumers. Raises QueueFull. One C call
+        (shm/_atomic.c `append`), in these steps:
+
+        - the queue must be ACTIVE (checked before reserving, and its state
+          word compared again after publishing);
+        - CAS the tail t -> t+1 unless the log is full, with (qid, t)
+          stored in the intent words first;
+        - store the body reference, then CAS the cell from its older lap
+          (or never-used EMPTY) to `t | AVAILABLE`; if that fails, remove()
+          tombstoned it: the caller keeps its reference (QueueFull);
+        - clear the intent; bump READY, PUBLISHED and CHANGES.
         """
+        layout = self.layout
+        if self.a.__class__ is not Atomic:
+            return self.append_steps(qid, block, intent)
+        t = self.a.append(layout.queue(qid), layout.log(qid), self.mask, block, intent, qid)
+        if t >= 0:
+            return t
+        if t == -1:
+            raise QueueFull(qid)
+        # Deleted between our checks (and maybe re-created in the same slot:
+        # the generation moved): take the entry back unless remove() already
+        # tombstoned it (then it dropped the reference itself).
+        t = -2 - t
+        cell = layout.log(qid) + (t & self.mask) * L.CELL_SIZE
+        self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
+        raise QueueGone(qid)
+
+    def append_steps(self, qid: int, block: int, intent: int) -> int:
+        """append() one shared-memory operation at a time, exactly as the C
+        code does them: the model the shm tests interpose on (to run another
+        process's action, or a SIGKILL, between any two steps). Used when
+        `self.a` is not the plain Atomic."""
         a, q = self.a, self.layout.queue(qid)
         cap = self.cap
-        # A queue deleted since the caller looked it up must not get entries:
-        # check before reserving, and again after publishing (below).
         state = a.load(q + L.Q_STATE)
         if state & 0xFF != L.QS_ACTIVE:
             raise QueueFull(qid)
@@ -202,12 +232,9 @@ class QueueStore:
         a.store(cell + 8, block)
         published = _unpublished(old, t) and a.cas(cell, old, t << _SEQ | _AVAIL)
         a.store(intent + L.P_INTENT_QUEUE, 0)
-        if not published:  # the queue was deleted under us: remove() tombstoned it
+        if not published:
             raise QueueFull(qid)
         if a.load(q + L.Q_STATE) != state:
-            # Deleted between our checks (and maybe re-created in the same
-            # slot: the generation moved): take the entry back unless remove()
-            # already tombstoned it (then it dropped the reference itself).
             self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
             raise QueueGone(qid)
         a.fetch_add(q + L.Q_READY, 1)

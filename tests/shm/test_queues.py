@@ -815,3 +815,44 @@ def test_sequence_numbers_continue_across_a_recreated_slot(env: Env) -> None:
     env.ack(env.c1, CAP + 1)
     assert env.q(L.Q_HEAD) == env.q(L.Q_TAIL) == CAP + 2
     assert arena_usage(env.seg, PRODUCER) == (0, 0)
+
+
+def test_c_append_matches_the_step_model(make_segment: SegmentFactory) -> None:
+    """The C append and append_steps() (the model the interposing tests
+    above exercise) leave identical shared memory: through wrap-around,
+    a full log, and a deleted queue."""
+
+    def run(use_model: bool) -> bytes:
+        seg = make_segment(SMALL)
+        sched = QueueStore(seg, 0)
+        producer = QueueStore(seg, PRODUCER + 1)
+        consumer = QueueStore(seg, 3)
+        append = producer.append_steps if use_model else producer.append
+        slot = seg.layout.proc(PRODUCER)
+        sched.create(7, b"q7", 0, 0)
+        block = Arena(seg, PRODUCER).alloc(100)
+        assert block is not None
+        seg.atomic.fetch_add(block + L.B_REFS, 1000)  # never freed by the acks
+        results: list[object] = []
+        for _round in range(3):
+            for _ in range(SMALL.queue_capacity + 1):  # one more than fits
+                try:
+                    results.append(append(7, block, slot))
+                except QueueFull:
+                    results.append("full")
+            while (got := consumer.acquire(7, 0)).__class__ is tuple:
+                consumer.ack(7, got[0])  # type: ignore[index]
+        sched.remove(7)
+        try:
+            append(7, block, slot)
+        except QueueFull as exc:
+            results.append(type(exc).__name__)
+        layout = seg.layout
+        return (
+            repr(results).encode()
+            + bytes(seg.buf[layout.queue(7) : layout.queue(7) + L.QUEUE_SIZE])
+            + bytes(seg.buf[layout.log(7) : layout.log(8)])
+            + bytes(seg.buf[slot : slot + L.PROC_SIZE])
+        )
+
+    assert run(use_model=False) == run(use_model=True)
