@@ -66,3 +66,11 @@ class ConnectionError_(AMQPError):
 
 def no_queue(name: str, vhost: str) -> str:
     return f"no queue '{name}' in vhost '{vhost}'"
+
+
+def locked_queue(name: str, vhost: str) -> str:
+    return (
+        f"cannot obtain exclusive access to locked queue '{name}' in vhost "
+        f"'{vhost}'. It could be originally declared on another connection or the "
+        "exclusive property value does not match that of the original declaration."
+    )

@@ -281,11 +281,7 @@ class Scheduler:
                 )
 
     def _locked_text(self, q: QueueState) -> str:
-        return (
-            f"cannot obtain exclusive access to locked queue '{q.name.decode()}' in vhost "
-            f"'{self.vhost}'. It could be originally declared on another connection or the "
-            "exclusive property value does not match that of the original declaration."
-        )
+        return E.locked_queue(q.name.decode(), self.vhost)
 
     def _check_exclusive(self, q: QueueState, conn_id: int) -> None:
         if q.exclusive and q.owner != conn_id:

@@ -1,5 +1,10 @@
 from typing_extensions import Buffer
 
+Q_STATE: int
+Q_CHANGES: int
+Q_PUBLISHED: int
+P_INTENT_QUEUE: int
+P_INTENT_SEQ: int
 Q_TAIL: int
 Q_HEAD: int
 Q_READY: int
@@ -19,6 +24,9 @@ class Atomic:
     def fetch_add(self, offset: int, delta: int, /) -> int: ...
     def fetch_or(self, offset: int, bits: int, /) -> int: ...
     def find_entry(self, ring_offset: int, mask: int, start: int, end: int, /) -> int: ...
+    def append(
+        self, queue: int, ring: int, mask: int, block: int, intent: int, qid: int, /
+    ) -> int: ...
     def acquire(
         self, queue: int, ring: int, mask: int, start: int, owner_bits: int, /
     ) -> tuple[int, int, bool] | int: ...

@@ -71,7 +71,7 @@ class Transaction:
 
     def __init__(self) -> None:
         self.publishes: list[Pending] = []
-        self.settles: list[tuple[int, bool, bool | None]] = []
+        self.settles: list[tuple[int, bool, bool | None, int]] = []
 
 
 class Channel:
@@ -144,24 +144,33 @@ class Channel:
             return
         try:
             if ftype == F.FRAME_METHOD:
-                if self.state != IDLE:
+                if self.state == EXPECT_HEADER:
                     raise E.ConnectionError_(
                         E.UNEXPECTED_FRAME,
                         "expected content header for class 60, "
                         "got non content header frame instead",
+                        60,
+                        40,
+                    )
+                if self.state == EXPECT_BODY:
+                    raise E.ConnectionError_(
+                        E.UNEXPECTED_FRAME,
+                        "expected content body, got non content body frame instead",
+                        60,
+                        40,
                     )
                 index = F.method_index(payload)
                 if index == F.PUBLISH:
                     self._on_publish(payload)
                 elif index == F.ACK:
                     tag, bits = F.decode_ack(payload)
-                    self._acknowledge(tag, bool(bits & 1), None)
+                    self._acknowledge(tag, bool(bits & 1), None, 80)
                 elif index == F.NACK:
                     tag, bits = F.decode_ack(payload)
-                    self._acknowledge(tag, bool(bits & 1), bool(bits & 2))
+                    self._acknowledge(tag, bool(bits & 1), bool(bits & 2), 120)
                 elif index == F.REJECT:
                     tag, bits = F.decode_ack(payload)
-                    self._acknowledge(tag, False, bool(bits & 1))
+                    self._acknowledge(tag, False, bool(bits & 1), 90)
                 else:
                     self._method(F.decode_method(payload))
             elif ftype == F.FRAME_HEADER:
@@ -177,9 +186,7 @@ class Channel:
         handler = _HANDLERS.get(type(method))
         if handler is None:
             raise E.ConnectionError_(
-                E.COMMAND_INVALID,
-                f"method {method.name} is not allowed on a channel",
-                *divmod(method.index, 0x10000),
+                E.COMMAND_INVALID, "unimplemented method", *divmod(method.index, 0x10000)
             )
         result = handler(self, method)
         if result is not None:
@@ -296,7 +303,12 @@ class Channel:
             )
         class_id, body_size = F.decode_content_header(payload)
         if class_id != 60:
-            raise E.ConnectionError_(E.FRAME_ERROR, f"content header for class {class_id}")
+            raise E.ConnectionError_(
+                E.UNEXPECTED_FRAME,
+                f"expected content header for class 60, got one for class {class_id} instead",
+                60,
+                40,
+            )
         limit = self.ctx.config.max_message_size
         if body_size > limit:
             self.state = IDLE
@@ -443,14 +455,15 @@ class Channel:
         )
         out += F.encode_content(self.number, header, body, self.conn.frame_max)
 
-    def _acknowledge(self, tag: int, multiple: bool, requeue: bool | None) -> None:
+    def _acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
         if self.tx is not None:
-            self.tx.settles.append((tag, multiple, requeue))  # applied on commit
+            self.tx.settles.append((tag, multiple, requeue, method_id))  # applied on commit
         else:
-            self._settle(tag, multiple, requeue)
+            self._settle(tag, multiple, requeue, method_id)
 
-    def _settle(self, tag: int, multiple: bool, requeue: bool | None) -> None:
-        """Ack (requeue None), or nack/reject (requeue True/False)."""
+    def _settle(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
+        """Ack (requeue None), or nack/reject (requeue True/False); `method_id`
+        (ack 80, reject 90, nack 120) goes into the close of an unknown tag."""
         unacked = self.unacked
         if multiple:
             tags = [t for t in unacked if t <= tag] if tag else list(unacked)
@@ -459,7 +472,6 @@ class Channel:
         else:
             tags = []
         if not tags and (tag or not multiple):
-            method_id = 80 if requeue is None else 120 if multiple else 90
             raise E.ChannelError(
                 E.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
             )
@@ -608,8 +620,8 @@ class Channel:
             for pending in todo:
                 if pending.qids and pending.body is None:
                     release_hold(self.ctx.seg, pending.block)
-        for tag, multiple, requeue in tx.settles:
-            self._settle(tag, multiple, requeue)
+        for tag, multiple, requeue, method_id in tx.settles:
+            self._settle(tag, multiple, requeue, method_id)
         self.conn.write(F.encode_method(self.number, C.Tx.CommitOk()))
 
     def _tx_rollback(self, method: C.Tx.Rollback) -> None:
@@ -639,6 +651,16 @@ class Channel:
             raise E.ChannelError(
                 E.NOT_FOUND,
                 E.no_queue(raw.decode(errors="replace"), self.conn.vhost),
+                *class_method,
+            )
+        store = self.ctx.store
+        if (
+            store.word(qid, L.Q_FLAGS) & L.QF_EXCLUSIVE
+            and store.word(qid, L.Q_OWNER) != self.conn.id
+        ):
+            raise E.ChannelError(
+                E.RESOURCE_LOCKED,
+                E.locked_queue(raw.decode(errors="replace"), self.conn.vhost),
                 *class_method,
             )
         return raw, qid

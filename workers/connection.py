@@ -50,6 +50,7 @@ def server_properties(ctx: WorkerContext) -> dict[str, Any]:
             "publisher_confirms": True,
             "basic.nack": True,
             "consumer_cancel_notify": True,
+            "exchange_exchange_bindings": True,
             "connection.blocked": True,
             "authentication_failure_close": True,
             "per_consumer_qos": True,
@@ -235,7 +236,7 @@ class Connection(asyncio.Protocol):
             self._on_channel_frame(ftype, number, payload)
 
     def _frame_error(self, exc: F.FrameError) -> None:
-        self.fail(E.ConnectionError_(exc.reply_code, exc.reply_text))
+        self.fail(E.ConnectionError_(exc.reply_code, exc.reply_text, exc.class_id, exc.method_id))
 
     def _protocol_header(self, data: bytes) -> bytes:
         self.head += data
@@ -274,20 +275,23 @@ class Connection(asyncio.Protocol):
             return
         if self.state != OPEN:
             raise E.ConnectionError_(E.COMMAND_INVALID, "channel frame before connection.open")
-        if ftype == F.FRAME_METHOD and F.method_index(payload) == C.Channel.Open.index:
-            if number > self.channel_max:
+        index = F.method_index(payload) if ftype == F.FRAME_METHOD else 0
+        if index == C.Channel.Open.index:
+            # RabbitMQ limits how many channels are open, not their numbers.
+            if self.channel_max and len(self.channels) >= self.channel_max:
                 raise E.ConnectionError_(
                     E.NOT_ALLOWED,
-                    f"channel number {number} exceeds channel_max {self.channel_max}",
-                    20,
-                    10,
+                    f"number of channels opened ({len(self.channels)}) has reached the "
+                    f"negotiated channel_max ({self.channel_max})",
                 )
             self.channels[number] = Channel(self, number)
             self.write(F.encode_method(number, C.Channel.OpenOk()))
             return
         if ftype == F.FRAME_HEARTBEAT:
             raise E.ConnectionError_(E.FRAME_ERROR, "heartbeat frame on a non-zero channel")
-        raise E.ConnectionError_(E.CHANNEL_ERROR, "expected 'channel.open'")
+        raise E.ConnectionError_(
+            E.CHANNEL_ERROR, "expected 'channel.open'", *divmod(index, 0x10000)
+        )
 
     def flush_confirms(self, channel: Channel) -> None:
         """One cumulative basic.ack per channel per read, not one per message."""
@@ -360,8 +364,6 @@ class Connection(asyncio.Protocol):
                 E.ACCESS_REFUSED,
                 f"Login was refused using authentication mechanism {method.mechanism}. "
                 "For details see the broker logfile.",
-                10,
-                11,
             )
         self.state = AWAIT_TUNE_OK
         self.write(
@@ -377,17 +379,26 @@ class Connection(asyncio.Protocol):
 
     def _tune_ok(self, method: C.Connection.TuneOk) -> None:
         config = self.ctx.config
-        if method.frame_max and method.frame_max < 4096:
-            raise E.ConnectionError_(
-                E.NOT_ALLOWED, f"frame_max={method.frame_max} < 4096 min size", 10, 31
-            )
-        if method.frame_max > config.frame_max:
-            raise E.ConnectionError_(
-                E.NOT_ALLOWED,
-                f"frame_max={method.frame_max} > {config.frame_max} max size",
-                10,
-                31,
-            )
+        # RabbitMQ's texts, and its class/method ids (those of connection.tune).
+        for name, value, low, high in (
+            ("frame_max", method.frame_max, 4096, config.frame_max),
+            ("channel_max", method.channel_max, 0, config.channel_max),
+        ):
+            if value and value < low:
+                raise E.ConnectionError_(
+                    E.NOT_ALLOWED,
+                    f"negotiated {name} = {value} is lower than the minimum allowed value ({low})",
+                    10,
+                    30,
+                )
+            if high and value > high:
+                raise E.ConnectionError_(
+                    E.NOT_ALLOWED,
+                    f"negotiated {name} = {value} is higher than the maximum allowed value "
+                    f"({high})",
+                    10,
+                    30,
+                )
         self.frame_max = method.frame_max or config.frame_max
         self.reader.frame_max = self.frame_max
         self.channel_max = method.channel_max or config.channel_max

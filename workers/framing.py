@@ -47,10 +47,14 @@ HEARTBEAT_FRAME = _HEARTBEAT
 class FrameError(Exception):
     """A framing violation: the connection must close with this code."""
 
-    def __init__(self, reply_code: int, reply_text: str) -> None:
+    def __init__(
+        self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
+    ) -> None:
         super().__init__(reply_text)
         self.reply_code = reply_code
         self.reply_text = reply_text
+        self.class_id = class_id
+        self.method_id = method_id
 
 
 class FrameReader:
@@ -78,7 +82,9 @@ class FrameReader:
         unpack = _HEADER.unpack_from
         while end - off >= 7:
             ftype, channel, size = unpack(data, off)
-            if size + FRAME_OVERHEAD > frame_max:
+            # RabbitMQ forgives the 8 bytes of framing many clients leave
+            # out of their sums; so do we (its error text counts them).
+            if size > frame_max:
                 raise FrameError(
                     501,
                     f"FRAME_ERROR - type {ftype}, all octets = <<>>: "
@@ -120,8 +126,19 @@ def decode_method(payload: memoryview) -> Any:
     try:
         method.unmarshal(bytes(payload[4:]))
     except Exception as exc:  # pamqp raises assorted errors on truncated input
-        raise FrameError(502, f"SYNTAX_ERROR - cannot decode {cls.__name__}: {exc}") from exc
+        raise FrameError(
+            501,
+            f"FRAME_ERROR - cannot decode {erlang_binary(bytes(payload[4:]))}",
+            index >> 16,
+            index & 0xFFFF,
+        ) from exc
     return method
+
+
+def erlang_binary(data: bytes, limit: int = 64) -> str:
+    """Bytes as RabbitMQ prints them in error texts: <<0,0,3>>."""
+    shown = ",".join(str(b) for b in data[:limit])
+    return f"<<{shown}{',...' if len(data) > limit else ''}>>"
 
 
 def _shortstr(payload: memoryview, off: int) -> tuple[bytes, int]:
