@@ -29,13 +29,13 @@ class TopicTrie:
 
     def add(self, pattern: str, dest: Dest) -> None:
         node = self._root
-        for word in pattern.split("."):
+        for word in _words(pattern):
             node = node.children.setdefault(word, _Node())
         node.dests.add(dest)
 
     def remove(self, pattern: str, dest: Dest) -> None:
         path = [self._root]
-        words = pattern.split(".")
+        words = _words(pattern)
         for word in words:
             child = path[-1].children.get(word)
             if child is None:
@@ -51,7 +51,7 @@ class TopicTrie:
 
     def match(self, routing_key: str) -> set[Dest]:
         out: set[Dest] = set()
-        words = routing_key.split(".")
+        words = _words(routing_key)
         self._match(self._root, words, 0, out, set())
         return out
 
@@ -81,12 +81,20 @@ class TopicTrie:
             self._match(star, words, i + 1, out, seen)
 
 
+def _words(key: str) -> list[str]:
+    """RabbitMQ's split: the empty key has no words (not one empty word)."""
+    return key.split(".") if key else []
+
+
 class _Node:
     __slots__ = ("children", "dests")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
         self.dests: set[Dest] = set()
+
+
+X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
 
 def headers_match(binding: Mapping[str, Any], headers: Mapping[str, Any] | None) -> bool:

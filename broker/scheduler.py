@@ -27,6 +27,7 @@ from broker.config import Config
 from broker.consumers import ConsumerKey, QueueConsumerManager
 from broker.definitions import Definitions, Op, default_exchange_ops
 from broker.ipc import Link, Msg
+from broker.routing import X_MATCH_MODES
 from broker.routing import frozen_args as _frozen_args
 from shm import layout as L
 from shm.catalog import CatalogFull, CatalogWriter
@@ -277,7 +278,7 @@ class Scheduler:
                 raise E.ChannelError(
                     E.PRECONDITION_FAILED,
                     f"inequivalent arg '{key}' for queue '{q.name.decode()}' in vhost "
-                    f"'{self.vhost}': received {_typed(got)} but current is {_typed(have)}",
+                    f"'{self.vhost}': {_argument_mismatch(got, have)}",
                 )
 
     def _locked_text(self, q: QueueState) -> str:
@@ -364,13 +365,11 @@ class Scheduler:
             return []
         if passive:
             return []
-        alternate = args.get("alternate-exchange")
         for arg, got, have in (
             ("type", type_, x.type),
             ("durable", durable, x.durable),
             ("auto_delete", auto_delete, x.auto_delete),
             ("internal", internal, x.internal),
-            ("alternate-exchange", alternate, x.arguments.get("alternate-exchange")),
         ):
             if got != have:
                 raise E.ChannelError(
@@ -378,6 +377,14 @@ class Scheduler:
                     f"inequivalent arg '{arg}' for exchange '{name}' in vhost '{vhost}': "
                     f"received {_shown(got)} but current is {_shown(have)}",
                 )
+        key = "alternate-exchange"
+        new_alternate, old_alternate = args.get(key), x.arguments.get(key)
+        if new_alternate != old_alternate:
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED,
+                f"inequivalent arg '{key}' for exchange '{name}' in vhost '{vhost}': "
+                f"{_argument_mismatch(new_alternate, old_alternate)}",
+            )
         return []
 
     def _exchange_delete(self, vhost: str, name: str, if_unused: bool) -> list[Any]:
@@ -429,6 +436,15 @@ class Scheduler:
         elif dest not in router.exchanges:
             raise E.ChannelError(E.NOT_FOUND, f"no exchange '{dest}' in vhost '{vhost}'")
         exchange = router.exchanges[source]
+        if exchange.type == "headers" and not unbind:
+            mode = args.get("x-match", "all")
+            if mode not in X_MATCH_MODES:
+                shown = mode.decode(errors="replace") if isinstance(mode, bytes) else mode
+                raise E.ChannelError(
+                    E.PRECONDITION_FAILED,
+                    f'Invalid x-match field value <<"{shown}">>; expected all, any, '
+                    "all-with-x, or any-with-x",
+                )
         bound = (
             (kind, dest),
             routing_key,
@@ -645,6 +661,14 @@ def _typed(value: Any) -> str:
     if isinstance(shown, bool):
         shown = str(shown).lower()
     return f"the value '{shown}' of type '{kind}'"
+
+
+def _argument_mismatch(got: Any, have: Any) -> str:
+    """RabbitMQ's rabbit_misc:assert_args_equivalence wording: typed when
+    one side is missing, plain values when both are there."""
+    if got is None or have is None:
+        return f"received {_typed(got)} but current is {_typed(have)}"
+    return f"received {_shown(got)} but current is {_shown(have)}"
 
 
 def _shown(value: Any) -> str:
