@@ -4,6 +4,7 @@ channel-level methods. Sans IO: it writes through its Connection."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -26,12 +27,17 @@ from workers import framing as F
 from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
 
+log = logging.getLogger("shoal.worker")
+
 if TYPE_CHECKING:
     from workers.connection import Connection
 
 # Publish assembly states
 IDLE, EXPECT_HEADER, EXPECT_BODY = 0, 1, 2
 RETRY_DELAY = 0.005  # seconds between retries while a queue or the arena is full
+# Fault injection for the tests: declaring a queue of this name raises inside
+# the worker, to show a bug costs its own client only (541 INTERNAL_ERROR).
+_FAULT_QUEUE = os.environ.get("SHOAL_FAULT_INTERNAL_QUEUE", "").encode()
 
 
 class Pending:
@@ -212,7 +218,14 @@ class Channel:
             self.conn.fail(exc)
             return
         elif exc is not None:
-            self.conn.fail(E.ConnectionError_(E.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
+            log.error("connection %x: internal error", self.conn.id, exc_info=exc)
+            self.conn.fail(
+                E.ConnectionError_(
+                    E.INTERNAL_ERROR,
+                    f"{type(exc).__name__}: {exc}",
+                    *divmod(method.index, 0x10000),
+                )
+            )
             return
         self.resume()
 
@@ -667,6 +680,8 @@ class Channel:
 
     async def _queue_declare(self, method: C.Queue.Declare) -> None:
         name = method.queue.encode()
+        if _FAULT_QUEUE and name == _FAULT_QUEUE:
+            raise RuntimeError("injected fault")
         if name.startswith(b"amq.") and not method.passive:
             raise E.ChannelError(
                 E.ACCESS_REFUSED,

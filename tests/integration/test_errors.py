@@ -21,6 +21,7 @@ Codes with no test:
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from pamqp import commands as C
@@ -439,3 +440,35 @@ def test_immediate_publish_is_not_implemented(broker: Broker) -> None:
         60,
         40,
     )
+
+
+# ------------------------------------------------------------- 502
+def test_method_frame_without_a_method_id_is_a_syntax_error(broker: Broker) -> None:
+    """RabbitMQ sends 502 only for a malformed login response, and then
+    closes the socket without a frame; Shoal answers a method frame too short
+    to hold a class and method id with 502, which a client can see."""
+    assert hard_error(broker.port, frame(1, 1, b"\x00\x3c")) == (
+        502,
+        "SYNTAX_ERROR - method frame shorter than its method id",
+        0,
+        0,
+    )
+
+
+# ------------------------------------------------------------- 541
+def test_internal_error_costs_only_its_own_connection(broker_factory: Any) -> None:
+    """A bug while handling one client (injected: declaring the queue named
+    by SHOAL_FAULT_INTERNAL_QUEUE raises in the worker) closes that client's
+    connection with 541; the worker and a bystander on it carry on."""
+    broker = broker_factory(workers=1, env={"SHOAL_FAULT_INTERNAL_QUEUE": "boom"})
+    bystander = raw_connect(broker.port)
+    bystander.method(1, C.Queue.Declare(queue="bystander"))
+    bystander.expect(C.Queue.DeclareOk, 1)
+    data = method(1, C.Queue.Declare(queue="boom"))
+    assert hard_error(broker.port, data) == (
+        541,
+        "INTERNAL_ERROR - RuntimeError: injected fault",
+        50,
+        10,
+    )
+    alive(bystander)
