@@ -11,11 +11,11 @@ end (501), a frame far above frame_max (501), a body frame with no publish
 Consumer-tag reuse (530), exclusive-consume refusals (403) and consume on a
 missing queue (404) are in tests/integration/test_basic.py.
 
-Codes with no test:
-  502 SYNTAX_ERROR: RabbitMQ raises it only for a malformed SASL response,
-      and then closes the socket without a connection.close; a method whose
-      arguments are truncated is a 501 (rabbit_misc:frame_error, tested here).
-  541 INTERNAL_ERROR: a broker fault; no client input is known to provoke one.
+502 SYNTAX_ERROR: RabbitMQ raises it only for a malformed SASL response, and
+then closes the socket without a connection.close (a method whose arguments
+are truncated is a 501, tested here); Shoal's visible 502 is a method frame
+too short for its ids. 541 INTERNAL_ERROR is a broker fault: no client input
+provokes one, so a test injects it (SHOAL_FAULT_INTERNAL_QUEUE).
 """
 
 from __future__ import annotations
