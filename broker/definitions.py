@@ -5,6 +5,8 @@ The scheduler changes definitions by operations; each is applied to its own
 replay the same operations into theirs and route publishes through it. An
 operation is a plain list so it travels as msgpack:
 
+    ["v", vhost, id]                                   a virtual host and its id (queue records
+                                                       carry the id: shm/layout.py Q_VHOST)
     ["x", vhost, name, type, durable, auto_delete, internal, arguments]   declare
     ["X", vhost, name]                                 delete an exchange (+ its bindings)
     ["b", vhost, source, kind, dest, routing_key, arguments]   bind (kind "q" or "e")
@@ -35,11 +37,17 @@ def default_exchange_ops(vhost: str) -> list[Op]:
     return [["x", vhost, name, type_, True, False, False, {}] for name, type_ in DEFAULT_EXCHANGES]
 
 
+def new_vhost_ops(vhost: str, vhost_id: int) -> list[Op]:
+    """A virtual host: its id, then its amq.* exchanges."""
+    return [["v", vhost, vhost_id], *default_exchange_ops(vhost)]
+
+
 class Definitions:
-    __slots__ = ("queue_arguments", "vhosts")
+    __slots__ = ("queue_arguments", "vhost_ids", "vhosts")
 
     def __init__(self) -> None:
         self.vhosts: dict[str, Router] = {}
+        self.vhost_ids: dict[str, int] = {}
         # (vhost, queue) -> x-arguments, for queues declared with any
         self.queue_arguments: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -52,7 +60,9 @@ class Definitions:
     def apply(self, op: Op) -> None:
         kind, vhost = op[0], op[1]
         router = self.router(vhost)
-        if kind == "x":
+        if kind == "v":
+            self.vhost_ids[vhost] = op[2]
+        elif kind == "x":
             _k, _v, name, type_, durable, auto_delete, internal, args = op
             alternate = args.get("alternate-exchange")
             router.declare(
@@ -82,7 +92,7 @@ class Definitions:
 
     def snapshot(self) -> list[Op]:
         """Operations that rebuild this state from nothing (for compaction)."""
-        ops: list[Op] = []
+        ops: list[Op] = [["v", vhost, vhost_id] for vhost, vhost_id in self.vhost_ids.items()]
         for vhost, router in self.vhosts.items():
             for x in router.exchanges.values():
                 ops.append(

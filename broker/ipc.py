@@ -27,14 +27,14 @@ import msgspec
 class Msg(IntEnum):
     # worker -> scheduler
     HELLO = 1  # worker, incarnation, [[cid, qid, priority, acquiring, exclusive, interested]...]
-    DECLARE = 2  # req, name, passive, durable, exclusive, auto_delete, owner_conn, arguments
+    DECLARE = 2  # req, vhost, name, passive, durable, exclusive, auto_delete, owner, conn, args
     CONSUME = 3  # req, cid, qid, priority, acquiring, exclusive, interested
     CANCEL = 4  # cid
     INTEREST = 5  # cid, interested
     DONE = 6  # cid, changes seen before the scan that found nothing; -1: yielded
     CONN_CLOSED = 7  # owner_conn
-    DELETE = 8  # req, name, if_unused, if_empty
-    PURGE = 9  # req, name
+    DELETE = 8  # req, vhost, name, if_unused, if_empty, conn_id
+    PURGE = 9  # req, vhost, name, conn_id
     WORKER_GONE = 10  # written by the supervisor into a dead worker's end
     EXCHANGE_DECLARE = 11  # req, vhost, name, type, passive, durable, auto_delete, internal, args
     EXCHANGE_DELETE = 12  # req, vhost, name, if_unused

@@ -25,7 +25,7 @@ from setproctitle import setproctitle
 from broker import errors as E
 from broker.config import Config
 from broker.consumers import ConsumerKey, QueueConsumerManager
-from broker.definitions import Definitions, Op, default_exchange_ops
+from broker.definitions import Definitions, Op, new_vhost_ops
 from broker.ipc import Link, Msg
 from broker.routing import X_MATCH_MODES
 from broker.routing import frozen_args as _frozen_args
@@ -64,12 +64,21 @@ class QueueState:
         "owner",
         "qcm",
         "qid",
+        "vhost",
     )
 
     def __init__(
-        self, qid: int, name: bytes, durable: bool, exclusive: bool, auto_delete: bool, owner: int
+        self,
+        qid: int,
+        vhost: str,
+        name: bytes,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        owner: int,
     ) -> None:
         self.qid = qid
+        self.vhost = vhost
         self.name = name
         self.durable = durable
         self.exclusive = exclusive
@@ -93,7 +102,7 @@ class Scheduler:
         asyncio.set_event_loop(self.loop)
         self.links = {i: Link(s, self.loop, partial(self._on_message, i)) for i, s in links.items()}
         self.queues: dict[int, QueueState] = {}
-        self.by_name: dict[bytes, QueueState] = {}
+        self.by_name: dict[tuple[str, bytes], QueueState] = {}
         self.consumers: dict[ConsumerKey, tuple[int, bool]] = {}  # -> (qid, exclusive)
         self.free_qids: list[int] = []
         self.suspects: set[int] = set()
@@ -104,8 +113,9 @@ class Scheduler:
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
-        self._load_queues()
         self._load_definitions()
+        self._load_queues()
+        self._drop_stale_definitions()
         self.loop.add_reader(self.efd, self._on_wake)
         self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
@@ -123,17 +133,19 @@ class Scheduler:
         default exchanges (a new broker)."""
         ops = self.catalog.load()
         if not ops:
-            ops = default_exchange_ops(self.vhost)
+            ops = new_vhost_ops(self.vhost, 0)
             self.catalog.compact(ops)
         for op in ops:
             self.definitions.apply(op)
-        # A predecessor killed between a queue change and its journal record
-        # may have left bindings or arguments of queues that do not exist.
-        stale = {name for _vhost, name in self.definitions.queue_arguments}
-        for router in self.definitions.vhosts.values():
-            stale |= {name for kind, name in router.by_dest if kind == "q"}
-        for name in stale - {q.decode() for q in self.by_name}:
-            self._journal(["Q", self.vhost, name])
+
+    def _drop_stale_definitions(self) -> None:
+        """A predecessor killed between a queue change and its journal record
+        may have left bindings or arguments of queues that do not exist."""
+        stale = set(self.definitions.queue_arguments)
+        for vhost, router in self.definitions.vhosts.items():
+            stale |= {(vhost, name) for kind, name in router.by_dest if kind == "q"}
+        for vhost, name in stale - {(v, n.decode()) for v, n in self.by_name}:
+            self._journal(["Q", vhost, name])
 
     def _journal(self, op: list[Any]) -> None:
         """Apply a definitions change and journal it for the IO workers,
@@ -152,10 +164,12 @@ class Scheduler:
     def _load_queues(self) -> None:
         """Rebuild the queue index from the segment (a restarted scheduler)."""
         used = set()
-        for name, qid in self.store.scan_names():
+        vhosts = {vhost_id: name for name, vhost_id in self.definitions.vhost_ids.items()}
+        for vhost_id, name, qid in self.store.scan():
             flags = self.store.word(qid, L.Q_FLAGS)
             q = QueueState(
                 qid,
+                vhosts.get(vhost_id, self.vhost),
                 name,
                 bool(flags & L.QF_DURABLE),
                 bool(flags & L.QF_EXCLUSIVE),
@@ -163,7 +177,7 @@ class Scheduler:
                 self.store.word(qid, L.Q_OWNER),
             )
             self.queues[qid] = q
-            self.by_name[name] = q
+            self.by_name[(q.vhost, name)] = q
             used.add(qid)
         self.free_qids = [q for q in range(self.seg.layout.limits.max_queues) if q not in used]
 
@@ -216,6 +230,7 @@ class Scheduler:
     # ------------------------------------------------------------- queues
     def _declare(
         self,
+        vhost: str,
         name: bytes,
         passive: bool,
         durable: bool,
@@ -225,7 +240,7 @@ class Scheduler:
         conn_id: int,
         arguments: dict[str, Any],
     ) -> list[Any]:
-        q = self.by_name.get(name) if name else None
+        q = self.by_name.get((vhost, name)) if name else None
         if q is not None:
             self._check_exclusive(q, conn_id)
             if not passive:
@@ -237,14 +252,14 @@ class Scheduler:
                         raise E.ChannelError(
                             E.PRECONDITION_FAILED,
                             f"inequivalent arg '{arg}' for queue '{name.decode()}' in vhost "
-                            f"'{self.vhost}': received '{str(got).lower()}' but current is "
+                            f"'{vhost}': received '{str(got).lower()}' but current is "
                             f"'{str(have).lower()}'",
                         )
                 if exclusive != q.exclusive:
                     raise E.ChannelError(E.RESOURCE_LOCKED, self._locked_text(q))
                 self._check_queue_arguments(q, arguments)
         elif passive:
-            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), self.vhost))
+            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), vhost))
         else:
             if not name:
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
@@ -255,54 +270,56 @@ class Scheduler:
                     f"{self.seg.layout.limits.max_queues} queues is reached (--max-queues)",
                 )
             if arguments:  # first: if the journal is full, nothing was created
-                self._journal(["q", self.vhost, name.decode(), arguments])
+                self._journal(["q", vhost, name.decode(), arguments])
             qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
             flags = (
                 (L.QF_DURABLE if durable else 0)
                 | (L.QF_EXCLUSIVE if exclusive else 0)
                 | (L.QF_AUTO_DELETE if auto_delete else 0)
             )
-            self.store.create(qid, name, flags, owner)
-            q = QueueState(qid, name, durable, exclusive, auto_delete, owner)
+            self.store.create(qid, name, flags, owner, self.definitions.vhost_ids[vhost])
+            q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             self.queues[qid] = q
-            self.by_name[name] = q
+            self.by_name[(vhost, name)] = q
         return [q.qid, q.name, self.store.word(q.qid, L.Q_READY), len(q.qcm)]
 
     def _check_queue_arguments(self, q: QueueState, arguments: dict[str, Any]) -> None:
         """RabbitMQ compares the arguments it knows on a redeclare; others
         (a client's own x-foo) may differ."""
-        current = self.definitions.queue_arguments.get((self.vhost, q.name.decode()), {})
+        current = self.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
         for key in EQUIVALENT_QUEUE_ARGUMENTS:
             got, have = arguments.get(key), current.get(key)
             if got != have or (type(got) is bool) != (type(have) is bool):
                 raise E.ChannelError(
                     E.PRECONDITION_FAILED,
                     f"inequivalent arg '{key}' for queue '{q.name.decode()}' in vhost "
-                    f"'{self.vhost}': {_argument_mismatch(got, have)}",
+                    f"'{q.vhost}': {_argument_mismatch(got, have)}",
                 )
 
     def _locked_text(self, q: QueueState) -> str:
-        return E.locked_queue(q.name.decode(), self.vhost)
+        return E.locked_queue(q.name.decode(), q.vhost)
 
     def _check_exclusive(self, q: QueueState, conn_id: int) -> None:
         if q.exclusive and q.owner != conn_id:
             raise E.ChannelError(E.RESOURCE_LOCKED, self._locked_text(q))
 
-    def _lookup(self, name: bytes, conn_id: int) -> QueueState:
-        q = self.by_name.get(name)
+    def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
+        q = self.by_name.get((vhost, name))
         if q is None:
-            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), self.vhost))
+            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), vhost))
         self._check_exclusive(q, conn_id)
         return q
 
-    def _delete(self, name: bytes, if_unused: bool, if_empty: bool, conn_id: int) -> int:
-        q = self.by_name.get(name)
+    def _delete(
+        self, vhost: str, name: bytes, if_unused: bool, if_empty: bool, conn_id: int
+    ) -> int:
+        q = self.by_name.get((vhost, name))
         if q is None:
             return 0  # RabbitMQ: deleting a missing queue succeeds
         self._check_exclusive(q, conn_id)
         if if_unused and len(q.qcm):
             raise E.ChannelError(
-                E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{self.vhost}' in use"
+                E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
             )
         ready = self.store.word(q.qid, L.Q_READY)
         # RabbitMQ counts ready messages only: a message delivered and not
@@ -310,13 +327,13 @@ class Scheduler:
         if if_empty and ready:
             raise E.ChannelError(
                 E.PRECONDITION_FAILED,
-                f"queue '{name.decode()}' in vhost '{self.vhost}' is not empty",
+                f"queue '{name.decode()}' in vhost '{vhost}' is not empty",
             )
         self._remove_queue(q)
         return ready
 
-    def _purge(self, name: bytes, conn_id: int) -> int:
-        return self.store.purge(self._lookup(name, conn_id).qid)
+    def _purge(self, vhost: str, name: bytes, conn_id: int) -> int:
+        return self.store.purge(self._lookup(vhost, name, conn_id).qid)
 
     def _remove_queue(self, q: QueueState) -> None:
         for key in list(q.qcm):
@@ -327,14 +344,14 @@ class Scheduler:
                 link.send(Msg.CONSUMER_GONE, cid)
         self.store.remove(q.qid)
         self.queues.pop(q.qid, None)
-        self.by_name.pop(q.name, None)
+        self.by_name.pop((q.vhost, q.name), None)
         self.free_qids.append(q.qid)
         dest = ("q", q.name.decode())
-        router = self.definitions.router(self.vhost)
+        router = self.definitions.router(q.vhost)
         sources = {source for source, _rk, _args in router.bindings_to(dest)}
-        if sources or (self.vhost, dest[1]) in self.definitions.queue_arguments:
-            self._journal(["Q", self.vhost, dest[1]])
-            self._auto_delete(self.vhost, sources)
+        if sources or (q.vhost, dest[1]) in self.definitions.queue_arguments:
+            self._journal(["Q", q.vhost, dest[1]])
+            self._auto_delete(q.vhost, sources)
 
     def _connection_closed(self, conn_id: int) -> None:
         for q in [q for q in self.queues.values() if q.exclusive and q.owner == conn_id]:
@@ -429,7 +446,7 @@ class Scheduler:
         if source not in router.exchanges:
             raise E.ChannelError(E.NOT_FOUND, f"no exchange '{source}' in vhost '{vhost}'")
         if kind == "q":
-            q = self.by_name.get(dest.encode())
+            q = self.by_name.get((vhost, dest.encode()))
             if q is None:
                 raise E.ChannelError(E.NOT_FOUND, E.no_queue(dest, vhost))
             self._check_exclusive(q, conn_id)
@@ -476,7 +493,7 @@ class Scheduler:
         if (worker, cid) in self.consumers:
             return []  # re-sent after a scheduler restart; HELLO registered it already
         self._check_exclusive(q, conn_id)
-        in_use = f"queue '{q.name.decode()}' in vhost '{self.vhost}' in exclusive use"
+        in_use = f"queue '{q.name.decode()}' in vhost '{q.vhost}' in exclusive use"
         if any(self.consumers[k][1] for k in q.qcm):
             raise E.ChannelError(E.ACCESS_REFUSED, in_use)
         if exclusive and len(q.qcm):

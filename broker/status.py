@@ -8,8 +8,10 @@ import os
 import time
 from typing import Any
 
+from broker.definitions import Definitions
 from shm import layout as L
 from shm.arena import arena_usage
+from shm.catalog import CatalogReader
 from shm.queues import QueueStore
 from shm.segment import Segment
 
@@ -52,10 +54,15 @@ def snapshot(seg: Segment) -> dict[str, Any]:
             entry["lost_wakeups_rescued"] = a.load(base + L.P_RESCUES)
         processes.append(entry)
     store = QueueStore(seg)
+    definitions = Definitions()
+    for op in CatalogReader(seg).poll()[1]:
+        definitions.apply(op)
+    vhosts = {vhost_id: name for name, vhost_id in definitions.vhost_ids.items()}
     queues = []
-    for name, qid in sorted(store.scan_names()):
+    for vhost_id, name, qid in sorted(store.scan()):
         queues.append(
             {
+                "vhost": vhosts.get(vhost_id, str(vhost_id)),
                 "name": name.decode(errors="replace"),
                 "messages_ready": store.word(qid, L.Q_READY),
                 "messages_unacked": store.word(qid, L.Q_UNACKED),

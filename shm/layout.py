@@ -81,6 +81,7 @@ Q_WATCH = 32  # 1: the scheduler waits for work; whoever makes work must wake it
 Q_READY = 40  # entries AVAILABLE
 Q_UNACKED = 48  # entries ACQUIRED
 Q_RELEASE_GEN = 56  # bumped on every release: consumers rewind their pointers
+Q_VHOST = 64  # id of the virtual host the queue belongs to (broker/definitions.py)
 Q_FLAGS = 72  # QF_* bits
 Q_OWNER = 80  # exclusive owner: (worker << 40) | connection id
 Q_CONSUMERS = 88  # written by the scheduler

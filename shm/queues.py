@@ -76,7 +76,7 @@ class QueueStore:
         self.mask = self.cap - 1
         self.owner = owner
         self.owner_bits = owner << L.OWNER_SHIFT
-        self._names: dict[bytes, int] = {}
+        self._names: dict[tuple[int, bytes], int] = {}
         self._names_gen = -1
         if slot is None:
             slot = owner - 1 if owner else L.supervisor_slot(seg.layout)
@@ -86,20 +86,27 @@ class QueueStore:
     def catalog_generation(self) -> int:
         return self.a.load(L.H_CATALOG_GEN)
 
-    def lookup(self, name: bytes) -> int | None:
-        """qid of the active queue called `name`, from a cache rebuilt only
-        when the scheduler bumps the catalog generation."""
+    def lookup(self, name: bytes, vhost: int = 0) -> int | None:
+        """qid of the active queue called `name` in virtual host `vhost` (an
+        id), from a cache rebuilt only when the scheduler bumps the catalog
+        generation."""
         gen = self.a.load(L.H_CATALOG_GEN)
         if gen != self._names_gen:
-            self._names = dict(self.scan_names())
+            self._names = {(v, n): qid for v, n, qid in self.scan()}
             # Re-read: if it moved while we scanned, rescan next time.
             self._names_gen = gen if self.a.load(L.H_CATALOG_GEN) == gen else -1
-        return self._names.get(name)
+        return self._names.get((vhost, name))
+
+    def scan(self) -> Iterator[tuple[int, bytes, int]]:
+        """(vhost id, name, qid) of every active queue."""
+        for qid in range(self.layout.limits.max_queues):
+            q = self.layout.queue(qid)
+            if self.a.load(q + L.Q_STATE) & 0xFF == L.QS_ACTIVE:
+                yield self.a.load(q + L.Q_VHOST), self.name(qid), qid
 
     def scan_names(self) -> Iterator[tuple[bytes, int]]:
-        for qid in range(self.layout.limits.max_queues):
-            if self.a.load(self.layout.queue(qid) + L.Q_STATE) & 0xFF == L.QS_ACTIVE:
-                yield self.name(qid), qid
+        for _vhost, name, qid in self.scan():
+            yield name, qid
 
     def name(self, qid: int) -> bytes:
         q = self.layout.queue(qid)
@@ -112,8 +119,9 @@ class QueueStore:
     def word(self, qid: int, field: int) -> int:
         return self.a.load(self.layout.queue(qid) + field)
 
-    def create(self, qid: int, name: bytes, flags: int, owner_conn: int) -> None:
-        """Scheduler only: make a FREE slot an active queue called `name`."""
+    def create(self, qid: int, name: bytes, flags: int, owner_conn: int, vhost: int = 0) -> None:
+        """Scheduler only: make a FREE slot an active queue called `name` in
+        virtual host `vhost` (an id)."""
         if len(name) > L.Q_NAME_MAX:
             raise ValueError("queue name longer than 255 bytes")
         a, q = self.a, self.layout.queue(qid)
@@ -137,6 +145,7 @@ class QueueStore:
             a.store(q + field, 0)
         a.store(q + L.Q_FLAGS, flags)
         a.store(q + L.Q_OWNER, owner_conn)
+        a.store(q + L.Q_VHOST, vhost)
         self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + len(name)] = name
         a.store(q + L.Q_NAME_LEN, len(name))
         a.store(q + L.Q_STATE, ((state >> 8) + 1) << 8 | L.QS_ACTIVE)

@@ -303,10 +303,13 @@ class Channel:
     def _route(self, exchange: bytes, routing_key: bytes, raw_header: bytes) -> list[int]:
         """qids a message reaches (the default exchange: the queue named by
         the routing key). Raises ChannelError for a missing exchange."""
+        conn = self.conn
         if not exchange:
-            qid = self.ctx.store.lookup(routing_key)
+            qid = self.ctx.store.lookup(routing_key, conn.vhost_id)
             return [] if qid is None else [qid]
-        return list(self.ctx.routes.route(self.conn.vhost, exchange, routing_key, raw_header))
+        return list(
+            self.ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, raw_header)
+        )
 
     def _on_header(self, payload: memoryview) -> None:
         pending = self.pending
@@ -659,7 +662,7 @@ class Channel:
         raw = name.encode() if name else self.last_queue
         if not raw:
             raise E.ChannelError(E.NOT_FOUND, "no previously declared queue", *class_method)
-        qid = self.ctx.store.lookup(raw)
+        qid = self.ctx.store.lookup(raw, self.conn.vhost_id)
         if qid is None:
             raise E.ChannelError(
                 E.NOT_FOUND,
@@ -692,6 +695,7 @@ class Channel:
         owner = self.conn.id if method.exclusive else 0
         _qid, qname, ready, consumers = await self.ctx.request(
             Msg.DECLARE,
+            self.conn.vhost,
             name,
             method.passive,
             method.durable,
@@ -715,14 +719,14 @@ class Channel:
     async def _queue_delete(self, method: C.Queue.Delete) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
         count = await self.ctx.request(
-            Msg.DELETE, name, method.if_unused, method.if_empty, self.conn.id
+            Msg.DELETE, self.conn.vhost, name, method.if_unused, method.if_empty, self.conn.id
         )
         if not method.nowait:
             self.conn.write(F.encode_method(self.number, C.Queue.DeleteOk(message_count=count)))
 
     async def _queue_purge(self, method: C.Queue.Purge) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
-        count = await self.ctx.request(Msg.PURGE, name, self.conn.id)
+        count = await self.ctx.request(Msg.PURGE, self.conn.vhost, name, self.conn.id)
         if not method.nowait:
             self.conn.write(F.encode_method(self.number, C.Queue.PurgeOk(message_count=count)))
 

@@ -75,6 +75,7 @@ class Connection(asyncio.Protocol):
         self.channel_max = ctx.config.channel_max
         self.heartbeat = 0
         self.vhost = ctx.config.default_vhost
+        self.vhost_id = 0
         self.capabilities: dict[str, Any] = {}
         self.out: list[bytes] = []
         self.flush_scheduled = False
@@ -406,7 +407,8 @@ class Connection(asyncio.Protocol):
         self.state = AWAIT_OPEN
 
     def _open(self, method: C.Connection.Open) -> None:
-        if method.virtual_host != self.ctx.config.default_vhost:
+        vhost_id = self.ctx.routes.vhost_id(method.virtual_host)
+        if vhost_id is None:
             raise E.ConnectionError_(
                 E.NOT_ALLOWED,
                 f"vhost {method.virtual_host} not found",
@@ -414,6 +416,7 @@ class Connection(asyncio.Protocol):
                 40,
             )
         self.vhost = method.virtual_host
+        self.vhost_id = vhost_id
         self.state = OPEN
         self.write(F.encode_method(0, C.Connection.OpenOk()))
         if self.timer is not None:

@@ -40,8 +40,13 @@ class Routes:
         self.reader = CatalogReader(seg)
         self.store = store
         self.definitions = Definitions()
-        self._cache: dict[tuple[str, bytes, bytes], tuple[int, ...]] = {}
+        self._cache: dict[tuple[int, bytes, bytes], tuple[int, ...]] = {}
         self._queue_gen = -1
+
+    def vhost_id(self, vhost: str) -> int | None:
+        """The id of a virtual host (None: there is no such vhost)."""
+        self.sync()
+        return self.definitions.vhost_ids.get(vhost)
 
     def sync(self) -> None:
         """Replay what the scheduler journaled since the last call."""
@@ -55,7 +60,7 @@ class Routes:
         self._cache.clear()
 
     def route(
-        self, vhost: str, exchange: bytes, routing_key: bytes, raw_header: bytes
+        self, vhost: str, vhost_id: int, exchange: bytes, routing_key: bytes, raw_header: bytes
     ) -> tuple[int, ...]:
         """qids of the queues a message published to a named exchange reaches.
         Raises ChannelError for a missing or internal exchange."""
@@ -64,7 +69,7 @@ class Routes:
         if queue_gen != self._queue_gen:
             self._cache.clear()
             self._queue_gen = queue_gen
-        key = (vhost, exchange, routing_key)
+        key = (vhost_id, exchange, routing_key)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -84,7 +89,7 @@ class Routes:
             name, routing_key.decode(errors="replace"), lambda: message_headers(raw_header)
         )
         lookup = self.store.lookup
-        qids = tuple(qid for n in names if (qid := lookup(n.encode())) is not None)
+        qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)
         if not by_headers:
             if len(self._cache) >= CACHE_MAX:
                 self._cache.clear()

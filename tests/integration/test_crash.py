@@ -118,6 +118,7 @@ def test_kill_acceptor_is_replaced_and_connections_survive(broker: Broker) -> No
     conn = connect(broker)
     ch = conn.channel()
     ch.queue_declare("acc")
+    ch.confirm_delivery()  # the publish below is in the queue before basic_get looks
     old = broker.pids("acceptor")[0]
     os.kill(old, signal.SIGKILL)
     wait_for(lambda: broker.pids("acceptor").get(0, old) != old, 10, "new acceptor")

@@ -856,3 +856,16 @@ def test_c_append_matches_the_step_model(make_segment: SegmentFactory) -> None:
         )
 
     assert run(use_model=False) == run(use_model=True)
+
+
+def test_queue_names_are_per_virtual_host(make_segment: SegmentFactory) -> None:
+    """Two vhosts may each have a queue called "q": lookup keys on both."""
+    seg = make_segment(SMALL)
+    sched = QueueStore(seg, 0)
+    sched.create(5, b"q", 0, 0, vhost=0)
+    sched.create(6, b"q", 0, 0, vhost=1)
+    reader = QueueStore(seg, 1)
+    assert reader.lookup(b"q") == 5
+    assert reader.lookup(b"q", 1) == 6
+    assert reader.lookup(b"q", 2) is None
+    assert sorted(sched.scan()) == [(0, b"q", 5), (1, b"q", 6)]
