@@ -112,7 +112,8 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
     consumer.notified = True
     store = ctx.store
     qid = consumer.qid
-    changes_word = ctx.seg.layout.queue(qid) + L.Q_CHANGES
+    record = ctx.seg.layout.queue(qid)
+    changes_word = record + L.Q_CHANGES
     load = ctx.atomic.load
     channel = consumer.channel
     out: list[bytes] = []
@@ -124,6 +125,12 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                 update_interest(ctx, consumer)
                 return
             if delivered >= BURST:
+                if load(record + L.Q_CONSUMERS) <= 1:
+                    # The queue's only consumer: nobody to yield to, so skip
+                    # the round trip through the scheduler; only let the
+                    # worker's other connections have their turn first.
+                    ctx.loop.call_soon(pull, ctx, consumer)
+                    return
                 consumer.notified = False
                 ctx.send(Msg.DONE, consumer.cid, -1)
                 return
