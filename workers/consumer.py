@@ -103,6 +103,12 @@ def update_interest(ctx: WorkerContext, consumer: Consumer) -> None:
         if not want:
             consumer.notified = False
         ctx.send(Msg.INTEREST, consumer.cid, want)
+        if want and ctx.atomic.load(ctx.seg.layout.queue(consumer.qid) + L.Q_CONSUMERS) == 1:
+            # The queue's only consumer got credit back: start pulling now
+            # rather than after the scheduler's NOTIFY. Harmless if that
+            # NOTIFY comes too (acquisition is by CAS; the scheduler ignores
+            # a DONE from a consumer it did not notify).
+            ctx.loop.call_soon(pull, ctx, consumer)
 
 
 def pull(ctx: WorkerContext, consumer: Consumer) -> None:
