@@ -443,7 +443,22 @@ class Scheduler:
         unbind: bool,
     ) -> list[Any]:
         router = self.definitions.router(vhost)
-        if source not in router.exchanges:
+        exchange = router.exchanges.get(source)
+        bound = (
+            exchange is not None
+            and (
+                (kind, dest),
+                routing_key,
+                _frozen_args(args),
+            )
+            in exchange.bindings
+        )
+        if unbind and not bound:
+            # RabbitMQ (rabbit_binding:remove) answers unbind-ok for a binding
+            # that does not exist, even when its exchange or queue is gone
+            # too (an auto-delete queue or exchange that went first).
+            return []
+        if exchange is None:
             raise E.ChannelError(E.NOT_FOUND, f"no exchange '{source}' in vhost '{vhost}'")
         if kind == "q":
             q = self.by_name.get((vhost, dest.encode()))
@@ -452,7 +467,6 @@ class Scheduler:
             self._check_exclusive(q, conn_id)
         elif dest not in router.exchanges:
             raise E.ChannelError(E.NOT_FOUND, f"no exchange '{dest}' in vhost '{vhost}'")
-        exchange = router.exchanges[source]
         if exchange.type == "headers" and not unbind:
             mode = args.get("x-match", "all")
             if mode not in X_MATCH_MODES:
@@ -462,15 +476,9 @@ class Scheduler:
                     f'Invalid x-match field value <<"{shown}">>; expected all, any, '
                     "all-with-x, or any-with-x",
                 )
-        bound = (
-            (kind, dest),
-            routing_key,
-            _frozen_args(args),
-        ) in exchange.bindings
         if unbind:
-            if bound:  # unbinding what is not bound succeeds, as in RabbitMQ
-                self._journal(["u", vhost, source, kind, dest, routing_key, args])
-                self._auto_delete(vhost, {source})
+            self._journal(["u", vhost, source, kind, dest, routing_key, args])
+            self._auto_delete(vhost, {source})
         elif not bound:
             self._journal(["b", vhost, source, kind, dest, routing_key, args])
         return []

@@ -939,3 +939,25 @@ def test_thousands_of_bindings_through_journal_compaction(broker_factory: Any) -
         verify([x for x in bindings if x not in dropped], "d")
     finally:
         c.close()
+
+
+def test_unbinding_what_is_gone_succeeds(broker: Broker, clients: Clients) -> None:
+    """As RabbitMQ (rabbit_binding:remove): unbind-ok for a binding that does
+    not exist, even when its queue and its auto-delete exchange went first —
+    aio-pika's cleanups (delete the queue, then unbind it) and its RPC
+    pattern's close() rely on it. A binding that exists still needs both."""
+    ch = clients.connect().channel()
+    ch.exchange_declare("ad-x", "direct", auto_delete=True)
+    ch.queue_declare("ad-q")
+    ch.queue_bind("ad-q", "ad-x", "k")
+    ch.queue_delete("ad-q")  # its last binding: the exchange goes too
+    assert channel_error(ch, lambda: ch.exchange_declare("ad-x", passive=True))[0] == 404
+    ch = clients.connect().channel()
+    ch.queue_declare("ad-q2")
+    ch.queue_unbind("ad-q2", "ad-x", "k")  # exchange missing, binding too: ok
+    ch.queue_unbind("ad-q2", "amq.direct", "never-bound")
+    ch.exchange_unbind("amq.fanout", "amq.direct", "never-bound")
+    assert channel_error(ch, lambda: ch.queue_bind("ad-q2", "ad-x", "k")) == (
+        404,
+        "NOT_FOUND - no exchange 'ad-x' in vhost '/'",
+    )
