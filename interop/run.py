@@ -3,14 +3,16 @@
 
     python interop/run.py                       # both suites against a fresh Shoal
     python interop/run.py --suite aiormq -k channel
-    python interop/run.py --url amqp://guest:guest@127.0.0.1:5672//   # e.g. RabbitMQ
-    python interop/run.py --deselect-file interop/deselect.txt
+    python interop/run.py --url amqp://guest:guest@127.0.0.1:5672// --label rabbitmq
+    python interop/run.py --deselect-file interop/deselect.txt --suite-timeout 900
 
 Steps: download the sdists (cached in interop/.cache/sdist), unpack a fresh
-copy of each (interop/.cache/src), install what their tests need into the
-running interpreter's environment, start Shoal on a free port (unless --url),
-replace the suites' Docker fixtures with ones that yield our URL, run pytest
-with a per-test timeout and JUnit XML, stop the broker, print counts.
+copy of each (interop/.cache/src), install what their tests need into a
+virtual environment of their own (interop/.cache/venv, so that the suites'
+pytest plugins stay out of Shoal's own test run), start Shoal on a free
+port (unless --url), replace the suites' Docker fixtures with ones that
+yield our URL, run pytest with a per-test timeout, stop the broker, print
+counts.
 
 The fixture override: both suites get their broker from session fixtures
 (`rabbitmq_container`, `amqp_direct_url`, and in aio-pika `docker` plus a
@@ -22,13 +24,26 @@ INTEROP_TLS_PORT from the environment.  Tests that need the AMQPS listener
 are skipped when no --tls-port is given; tests that start their own Docker
 broker (aio-pika tests/test_robust_recovery.py) are always skipped.
 
-Results: interop/.cache/results/<suite>.xml (JUnit), <suite>.log (pytest
-output), shoal-<suite>.log (broker log).
+Outcomes come from interop/pytest_interop.py, a plugin loaded into the
+suites' pytest: it writes each test report to a JSON-lines file as it
+happens, applies the deselect list, and ends the run between two tests when
+--suite-timeout is reached.  A run that still has to be killed keeps every
+outcome recorded so far.
+
+Results, per suite, in interop/.cache/results/ (LABEL is "shoal" or --label):
+LABEL-SUITE.jsonl (raw reports), LABEL-SUITE.txt (one line per test:
+outcome, id, message), LABEL-SUITE.log (pytest output), LABEL-SUITE.xml
+(JUnit, when pytest got to write it), shoal-SUITE-broker.log (broker log).
+
+Exit status 0 only if every selected test passed or was skipped, every
+collected test ran, and the deselect list has no entry that matches nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -38,7 +53,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from broker.cli import local_command
@@ -46,6 +60,8 @@ from broker.cli import local_command
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CACHE = HERE / ".cache"
+RESULTS = CACHE / "results"
+PLUGIN = "pytest_interop"  # interop/pytest_interop.py
 
 SUITES = {
     # name: (pip requirement, sdist file prefix)
@@ -56,15 +72,17 @@ SUITES = {
 # What the suites' tests import or load as pytest plugins (from their
 # pyproject dependency groups "test"/"dev", minus coverage, docs and lint
 # tools; Docker/testcontainers are replaced by the conftest override).
+# Pinned to the versions the recorded counts were taken with.  No uvloop:
+# aiomisc would pick it up; the suites' default is the asyncio loop.
 TEST_REQUIREMENTS = [
     "aio-pika==10.2.1",
     "aiormq==7.2.4",
-    "aiomisc",
-    "aiomisc-pytest>=2,<3",
-    "pytest",
-    "pytest-timeout",
-    "shortuuid",
-    "timeout-decorator",
+    "aiomisc==18.0.37",
+    "aiomisc-pytest==2.0.0",
+    "pytest==9.2.0",
+    "pytest-timeout==2.4.0",
+    "shortuuid==1.0.13",
+    "timeout-decorator==0.5.0",
 ]
 
 MARK = "# --- shoal interop overrides (appended by interop/run.py) ---"
@@ -157,6 +175,7 @@ def download() -> Path:
             "-m",
             "pip",
             "download",
+            "-q",
             "--no-deps",
             "--no-binary",
             names,
@@ -186,12 +205,24 @@ def unpack(sdist: Path, suite: str) -> Path:
     return dest
 
 
-def install(skip: bool) -> None:
-    if skip:
-        return
-    cmd = [sys.executable, "-m", "pip", "install", "-q", *TEST_REQUIREMENTS]
-    log(" ".join(cmd))
-    subprocess.run(cmd, check=True)
+def venv_python(venv: Path, skip_install: bool) -> Path:
+    """The suites' interpreter: a venv of their own, created on first use."""
+    python = venv / "bin" / "python"
+    stamp = venv / ".interop-installed"
+    want = hashlib.sha256("\n".join(TEST_REQUIREMENTS).encode()).hexdigest()
+    if skip_install:
+        if not python.exists():
+            raise SystemExit(f"--no-install but no venv at {venv}")
+        return python
+    if not python.exists():
+        log(f"creating {venv}")
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    if not stamp.exists() or stamp.read_text() != want:
+        cmd = [str(python), "-m", "pip", "install", "-q", "--upgrade", "pip", *TEST_REQUIREMENTS]
+        log(" ".join(cmd))
+        subprocess.run(cmd, check=True)
+        stamp.write_text(want)
+    return python
 
 
 def free_port() -> int:
@@ -221,6 +252,7 @@ class Shoal:
         self.logfile = logfile
         self.extra = extra
         self.proc: subprocess.Popen | None = None
+        self.crashed = False
 
     @property
     def url(self) -> str:
@@ -252,6 +284,8 @@ class Shoal:
                 self.proc.wait()
         if self.proc is not None:
             log(f"broker exited with {self.proc.returncode}")
+            if self.proc.returncode != 0:
+                self.crashed = True
         self._fh.close()
         shutil.rmtree(self.rundir, ignore_errors=True)
 
@@ -274,80 +308,147 @@ def read_deselect(path: str | None, suite: str) -> list[str]:
     return out
 
 
-def counts(xml: Path) -> dict[str, int]:
-    c = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
-    if not xml.exists():
-        return c
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        kinds = {child.tag for child in case}
-        if "failure" in kinds:
-            c["failed"] += 1
-        elif "error" in kinds:
-            c["error"] += 1
-        elif "skipped" in kinds:
-            c["skipped"] += 1
+def outcomes(jsonl: Path) -> tuple[dict[str, tuple[str, str]], dict[str, int], list[str]]:
+    """Per test id: (outcome, message); the collected and deselected
+    counts; the deselect entries that matched nothing.  A test is `failed` if its call
+    failed, `error` if setup or teardown failed, `skipped` if skipped (or
+    xfailed), else `passed`."""
+    rank = {"passed": 0, "skipped": 1, "error": 2, "failed": 3}
+    tests: dict[str, tuple[str, str]] = {}
+    n = {"collected": 0, "deselected": 0}
+    unmatched: list[str] = []
+    if not jsonl.exists():
+        return tests, n, unmatched
+    for line in jsonl.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a kill
+        if "collected" in r or "deselected" in r:
+            n.update(r)
+            continue
+        if "unmatched_deselect" in r:
+            unmatched.append(r["unmatched_deselect"])
+            continue
+        if r["outcome"] == "skipped":
+            kind = "skipped"
+        elif r["outcome"] == "failed":
+            kind = "failed" if r["when"] == "call" else "error"
+        elif r["when"] == "call" or r["nodeid"] not in tests:
+            kind = "passed"
         else:
-            c["passed"] += 1
-    return c
+            continue  # setup/teardown passed: keeps what the call said
+        old = tests.get(r["nodeid"])
+        if old is None or rank[kind] >= rank[old[0]]:
+            tests[r["nodeid"]] = (kind, r["message"] if kind != "passed" else "")
+    return tests, n, unmatched
 
 
-def run_suite(suite: str, src: Path, url: str, args: argparse.Namespace) -> dict[str, int]:
-    results = CACHE / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    xml = results / f"{suite}.xml"
-    xml.unlink(missing_ok=True)
+def stop_pytest(proc: subprocess.Popen, suite: str) -> None:
+    """SIGINT (twice: the first can be swallowed by the suites' event loop),
+    then SIGTERM, then SIGKILL, to the whole process group."""
+    for sig, wait in ((signal.SIGINT, 10), (signal.SIGINT, 20), (signal.SIGTERM, 15)):
+        log(f"{suite}: sending {sig.name} to pytest")
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    log(f"{suite}: killing pytest")
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_suite(
+    suite: str, src: Path, python: Path, url: str, args: argparse.Namespace
+) -> dict[str, int]:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"{args.label}-{suite}"
+    xml, jsonl, txt, logpath = (stem.with_suffix(s) for s in (".xml", ".jsonl", ".txt", ".log"))
+    for f in (xml, jsonl, txt):
+        f.unlink(missing_ok=True)
+    deselect = RESULTS / f"{args.label}-{suite}.deselect"
+    deselect.write_text("".join(t + "\n" for t in read_deselect(args.deselect_file, suite)))
     cmd = [
-        sys.executable,
+        str(python),
         "-m",
         "pytest",
         "tests",
+        "-p",
+        PLUGIN,
         "-p",
         "no:cacheprovider",
         "-o",
         "log_cli=false",
         f"--timeout={args.timeout}",
-        "-rA",
+        "--timeout-method=signal",
+        "-rfE",
         "-q",
         f"--junitxml={xml}",
     ]
     if args.k:
         cmd += ["-k", args.k]
-    for test_id in read_deselect(args.deselect_file, suite):
-        cmd += ["--deselect", test_id]
     cmd += args.pytest_args
-    env = dict(os.environ, INTEROP_AMQP_URL=url)
+    started = time.time()
+    deadline = started + args.suite_timeout
+    env = dict(
+        os.environ,
+        INTEROP_AMQP_URL=url,
+        INTEROP_RESULTS=str(jsonl),
+        INTEROP_DESELECT=str(deselect),
+        INTEROP_DEADLINE=str(deadline),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    )
+    env.pop("VIRTUAL_ENV", None)
     if args.tls_port:
         env["INTEROP_TLS_PORT"] = str(args.tls_port)
     else:
         env.pop("INTEROP_TLS_PORT", None)
-    logpath = results / f"{suite}.log"
     log(f"{suite}: {' '.join(cmd)}  (cwd {src}, log {logpath})")
     with open(logpath, "w") as fh:
         proc = subprocess.Popen(
             cmd, cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            proc.wait(args.suite_timeout)
-        except (subprocess.TimeoutExpired, BaseException) as exc:
-            if not isinstance(exc, subprocess.TimeoutExpired):
-                log(f"{suite}: interrupted, stopping pytest")
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise
-            log(f"{suite}: suite exceeded {args.suite_timeout} s, stopping pytest")
-            # SIGINT first: pytest then still writes the JUnit XML and summary
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    c = counts(xml)
+            # The plugin stops between tests at the deadline; a test can then
+            # still take up to --timeout, plus the session teardown.
+            proc.wait(args.suite_timeout + args.timeout + 60)
+        except subprocess.TimeoutExpired:
+            log(f"{suite}: pytest did not stop at the {args.suite_timeout} s limit")
+            stop_pytest(proc, suite)
+        except BaseException:
+            log(f"{suite}: interrupted, stopping pytest")
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    wall = time.time() - started
+    tests, n, unmatched = outcomes(jsonl)
+    with open(txt, "w") as fh:
+        for nodeid, (kind, msg) in sorted(tests.items()):
+            fh.write(f"{kind:8} {nodeid}" + (f"  # {msg.splitlines()[0]}" if msg else "") + "\n")
+    c = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    for kind, _ in tests.values():
+        c[kind] += 1
+    c["not run"] = max(0, n["collected"] - len(tests))
+    c["deselected"] = n["deselected"]
     c["rc"] = proc.returncode
+    c["wall"] = round(wall)
+    c["unmatched"] = len(unmatched)
+    for entry in unmatched:
+        log(f"{suite}: deselect entry matches no test: {entry}")
+    bad = [(n, k, m) for n, (k, m) in sorted(tests.items()) if k in ("failed", "error")]
+    if bad:
+        log(f"{suite}: {len(bad)} failed or errored (all outcomes in {txt}):")
+        for nodeid, kind, msg in bad:
+            first = msg.splitlines()[0][:200] if msg else ""
+            print(f"    {kind.upper():6} {nodeid}  {first}", flush=True)
     return c
 
 
@@ -355,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", choices=["aio-pika", "aiormq", "all"], default="all")
     p.add_argument("--url", help="AMQP URL of a running broker; skip starting Shoal")
+    p.add_argument("--label", help="results file prefix (default: shoal, or 'url' with --url)")
     p.add_argument(
         "--tls-port",
         type=int,
@@ -367,7 +469,18 @@ def main(argv: list[str] | None = None) -> int:
         "(optionally 'aio-pika:' or 'aiormq:' first), '# reason' after",
     )
     p.add_argument("--timeout", type=int, default=30, help="per-test timeout, s (30)")
-    p.add_argument("--suite-timeout", type=int, default=1800, help="whole-suite limit, s")
+    p.add_argument(
+        "--suite-timeout",
+        type=int,
+        default=1800,
+        help="per-suite limit, s (1800): no test is started after it",
+    )
+    p.add_argument(
+        "--venv",
+        type=Path,
+        default=CACHE / "venv",
+        help="virtual environment for the suites (interop/.cache/venv)",
+    )
     p.add_argument("--no-install", action="store_true", help="skip pip install")
     p.add_argument(
         "--broker-arg",
@@ -377,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = p.parse_args(argv)
+    if args.label is None:
+        args.label = "url" if args.url else "shoal"
 
     suites = list(SUITES) if args.suite == "all" else [args.suite]
 
@@ -385,31 +500,47 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     sdist = download()
-    install(args.no_install)
+    python = venv_python(args.venv.resolve(), args.no_install)
     # The RabbitMQ test image raises max_message_size to 128 MiB for these
     # suites; give Shoal the same limit unless told otherwise.
     broker_extra = args.broker_arg or ["--max-message-size", str(128 * 1024 * 1024)]
 
     summary: dict[str, dict[str, int]] = {}
+    crashed = []
     for suite in suites:
         src = unpack(sdist, suite)
         if args.url:
-            summary[suite] = run_suite(suite, src, args.url, args)
+            summary[suite] = run_suite(suite, src, python, args.url, args)
         else:
-            with Shoal(CACHE / "results" / f"shoal-{suite}.log", broker_extra) as broker:
-                summary[suite] = run_suite(suite, src, broker.url, args)
+            broker_log = RESULTS / f"{args.label}-{suite}-broker.log"
+            with Shoal(broker_log, broker_extra) as broker:
+                summary[suite] = run_suite(suite, src, python, broker.url, args)
+            if broker.crashed:
+                crashed.append(suite)
+                log(f"{suite}: the broker did not exit cleanly, see {broker_log}")
+            errors = [
+                line
+                for line in broker_log.read_text(errors="replace").splitlines()
+                if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")
+            ]
+            if errors:
+                log(f"{suite}: {len(errors)} ERROR/Traceback lines in {broker_log}, first:")
+                print("    " + errors[0], flush=True)
 
     target = args.url or "Shoal (started by run.py)"
     print(f"\nresults against {target}")
-    print(f"{'suite':10} {'passed':>7} {'failed':>7} {'error':>7} {'skipped':>8} {'total':>7}")
-    bad = False
+    cols = ("passed", "failed", "error", "skipped", "not run", "deselected")
+    print(f"{'suite':10}" + "".join(f"{c:>11}" for c in cols) + f"{'total':>9}{'wall':>8}")
+    bad = bool(crashed)
     for suite, c in summary.items():
-        total = c["passed"] + c["failed"] + c["error"] + c["skipped"]
+        total = sum(c[k] for k in cols)
         print(
-            f"{suite:10} {c['passed']:7} {c['failed']:7} {c['error']:7} {c['skipped']:8} "
-            f"{total:7}   (pytest rc {c['rc']})"
+            f"{suite:10}"
+            + "".join(f"{c[k]:11}" for k in cols)
+            + f"{total:9}{c['wall']:7}s   (pytest rc {c['rc']})"
         )
-        bad |= c["failed"] + c["error"] > 0 or total == 0
+        bad |= c["failed"] + c["error"] + c["not run"] + c["unmatched"] > 0
+        bad |= total == 0 or c["rc"] not in (0, 1)
     return 1 if bad else 0
 
 
