@@ -104,10 +104,6 @@ class QueueStore:
             if self.a.load(q + L.Q_STATE) & 0xFF == L.QS_ACTIVE:
                 yield self.a.load(q + L.Q_VHOST), self.name(qid), qid
 
-    def scan_names(self) -> Iterator[tuple[bytes, int]]:
-        for _vhost, name, qid in self.scan():
-            yield name, qid
-
     def name(self, qid: int) -> bytes:
         q = self.layout.queue(qid)
         n = self.a.load(q + L.Q_NAME_LEN)

@@ -785,7 +785,7 @@ def test_lookup_cache_follows_the_catalog_generation(env: Env) -> None:
     assert reader.lookup(b"r") is None
     env.sched.remove(7)
     assert reader.lookup(b"s") is None
-    assert dict(env.sched.scan_names()) == {b"q": env.qid}
+    assert list(env.sched.scan()) == [(0, b"q", env.qid)]
 
 
 def test_sequence_numbers_continue_across_a_recreated_slot(env: Env) -> None:
