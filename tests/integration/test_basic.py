@@ -224,6 +224,22 @@ def pump(conn: pika.BlockingConnection, seconds: float = 0.3) -> None:
         conn.process_data_events(0.02)
 
 
+def queue_with_consumer(
+    conn: pika.BlockingConnection, queue: str, messages: int, prefetch: int = 0
+) -> tuple[Any, list[tuple[bytes, bool, int]]]:
+    """A channel consuming `queue`, which holds m0..m<messages-1>: the channel,
+    and the list its deliveries land in as (body, redelivered, tag)."""
+    ch = conn.channel()
+    ch.queue_declare(queue)
+    for i in range(messages):
+        ch.basic_publish("", queue, f"m{i}".encode())
+    if prefetch:
+        ch.basic_qos(prefetch_count=prefetch)
+    got: list[tuple[bytes, bool, int]] = []
+    ch.basic_consume(queue, lambda c, m, p, b: got.append((b, m.redelivered, m.delivery_tag)))
+    return ch, got
+
+
 def ready_count(conn: pika.BlockingConnection, queue: str) -> int:
     ch = conn.channel()
     count = int(ch.queue_declare(queue, passive=True).method.message_count)
@@ -238,13 +254,8 @@ def run(coro: Any, timeout: float = 20) -> Any:
 # ------------------------------------------------------- nack, reject, recover
 def test_nack_and_reject_with_requeue_put_the_message_back_first(broker: Broker) -> None:
     conn = pika_connection(broker)
-    ch = conn.channel()
-    ch.queue_declare("requeue")
-    for i in range(3):
-        ch.basic_publish("", "requeue", f"m{i}".encode())
-    ch.basic_qos(prefetch_count=1)  # m1 and m2 stay in the queue while m0 is out
-    got: list[tuple[bytes, bool, int]] = []
-    ch.basic_consume("requeue", lambda c, m, p, b: got.append((b, m.redelivered, m.delivery_tag)))
+    # prefetch 1: m1 and m2 stay in the queue while m0 is out
+    ch, got = queue_with_consumer(conn, "requeue", 3, prefetch=1)
     collect(conn, got, 1)
     assert got == [(b"m0", False, 1)]
     ch.basic_nack(1, requeue=True)
@@ -288,12 +299,7 @@ def test_nack_and_reject_without_requeue_drop_the_message(broker: Broker) -> Non
 
 def test_nack_multiple_settles_every_tag_up_to_it(broker: Broker) -> None:
     conn = pika_connection(broker)
-    ch = conn.channel()
-    ch.queue_declare("multi")
-    for i in range(5):
-        ch.basic_publish("", "multi", f"m{i}".encode())
-    got: list[tuple[bytes, bool, int]] = []
-    ch.basic_consume("multi", lambda c, m, p, b: got.append((b, m.redelivered, m.delivery_tag)))
+    ch, got = queue_with_consumer(conn, "multi", 5)
     collect(conn, got, 5)
     assert [t for _b, _r, t in got] == [1, 2, 3, 4, 5]
     ch.basic_nack(3, multiple=True, requeue=True)  # tags 1, 2 and 3; not 4 and 5
@@ -339,12 +345,7 @@ def test_aio_pika_nack_reject_and_redelivered_flag(broker: Broker) -> None:
 
 def test_recover_with_requeue_redelivers_unacked(broker: Broker) -> None:
     conn = pika_connection(broker)
-    ch = conn.channel()
-    ch.queue_declare("recover")
-    for i in range(2):
-        ch.basic_publish("", "recover", f"m{i}".encode())
-    got: list[tuple[bytes, bool, int]] = []
-    ch.basic_consume("recover", lambda c, m, p, b: got.append((b, m.redelivered, m.delivery_tag)))
+    ch, got = queue_with_consumer(conn, "recover", 2)
     collect(conn, got, 2)
     assert got == [(b"m0", False, 1), (b"m1", False, 2)]
     ch.basic_recover(requeue=True)
