@@ -57,6 +57,10 @@ class QueueConsumerManager:
     def __iter__(self) -> Iterator[ConsumerKey]:
         return iter(self._nodes)
 
+    def is_browser(self, key: ConsumerKey) -> bool:
+        node = self._nodes.get(key)
+        return node is not None and not node.acquiring
+
     def state(self, key: ConsumerKey) -> State:
         return self._nodes[key].state
 

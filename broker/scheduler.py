@@ -24,7 +24,7 @@ from setproctitle import setproctitle
 
 from broker import errors as E
 from broker.config import Config
-from broker.consumers import ConsumerKey, QueueConsumerManager
+from broker.consumers import ConsumerKey, QueueConsumerManager, State
 from broker.definitions import Definitions, Op, new_vhost_ops
 from broker.ipc import Link, Msg
 from broker.routing import X_MATCH_MODES
@@ -57,6 +57,7 @@ _REQUESTS = frozenset(
 class QueueState:
     __slots__ = (
         "auto_delete",
+        "browsing",
         "durable",
         "exclusive",
         "had_consumers",
@@ -86,6 +87,9 @@ class QueueState:
         self.owner = owner
         self.had_consumers = False
         self.qcm = QueueConsumerManager()
+        # Browsers that ran dry, with the Q_CHANGES value they read before
+        # their last scan: each is notified again as soon as it moves.
+        self.browsing: dict[ConsumerKey, int] = {}
 
 
 class Scheduler:
@@ -523,6 +527,14 @@ class Scheduler:
         self.consumers[key] = (q.qid, exclusive)
         self.a.store(self.seg.layout.queue(q.qid) + L.Q_CONSUMERS, len(q.qcm))
         if interested:
+            self._interested(q, key)
+
+    def _interested(self, q: QueueState, key: ConsumerKey) -> None:
+        """A consumer became ready: a browser scans at once (it competes
+        with nobody); an acquiring one waits for its turn."""
+        if q.qcm.is_browser(key):
+            self.links[key[0]].send(Msg.NOTIFY, key[1])
+        else:
             self._check_work(q)
 
     def _remove_consumer(self, key: ConsumerKey) -> None:
@@ -533,6 +545,7 @@ class Scheduler:
         if q is None:
             return
         q.qcm.remove(key)
+        q.browsing.pop(key, None)
         self.a.store(self.seg.layout.queue(q.qid) + L.Q_CONSUMERS, len(q.qcm))
         if q.auto_delete and q.had_consumers and not len(q.qcm):
             self._remove_queue(q)
@@ -545,13 +558,25 @@ class Scheduler:
         if q is None:
             return
         q.qcm.set_interest(key, interested)
-        self._check_work(q)
+        if interested:
+            self._interested(q, key)
+        else:
+            q.browsing.pop(key, None)
+            self._check_work(q)
 
     def _done(self, key: ConsumerKey, changes: int) -> None:
         entry = self.consumers.get(key)
         q = self.queues.get(entry[0]) if entry else None
-        if q is None or not q.qcm.done(key):
+        if q is None:
             return
+        if q.qcm.is_browser(key):
+            if q.qcm.state(key) is State.NON_ACQUIRING:
+                q.browsing[key] = changes
+                self._watch(q, None)
+            return
+        if not q.qcm.done(key):
+            return
+        self._wake_browsers(q)
         if changes < 0:  # yielded with work left: the next consumer's turn
             self._notify(q)
         else:
@@ -589,49 +614,74 @@ class Scheduler:
     def _check_work(self, q: QueueState) -> None:
         """No consumer is notified: notify one if the queue has ready entries,
         else watch the queue so the next publisher wakes us."""
-        if q.qcm.notified is not None:
-            return
-        watch = self.seg.layout.queue(q.qid) + L.Q_WATCH
-        if not q.qcm.has_interested():
-            self.a.store(watch, 0)
-            return
-        self.a.store(watch, 1)
-        if self.a.load(self.seg.layout.queue(q.qid) + L.Q_READY) and self.a.cas(watch, 1, 0):
-            self._notify(q)
+        self._watch(q, None)
 
     def _park(self, q: QueueState, changes: int) -> None:
         """The notified consumer found nothing after reading CHANGES=changes."""
+        self._watch(q, changes)
+
+    def _watch(self, q: QueueState, changes: int | None) -> None:
+        """Arm the queue's wake-up (Q_WATCH, shm/wake.py) while anyone waits
+        for work: an acquiring consumer when none is notified, or a browser
+        that ran dry. Then look for work that came before the watch was set:
+        ready entries (`changes` None) or CHANGES moved from `changes` for
+        an acquirer, CHANGES moved from each browser's own value."""
         qaddr = self.seg.layout.queue(q.qid)
-        if not q.qcm.has_interested():
-            self.a.store(qaddr + L.Q_WATCH, 0)
+        acquirer = q.qcm.notified is None and q.qcm.has_interested()
+        if not acquirer and not q.browsing:
+            if q.qcm.notified is None:
+                self.a.store(qaddr + L.Q_WATCH, 0)
             return
         self.a.store(qaddr + L.Q_WATCH, 1)
-        if self.a.load(qaddr + L.Q_CHANGES) != changes and self.a.cas(qaddr + L.Q_WATCH, 1, 0):
+        now = self.a.load(qaddr + L.Q_CHANGES)
+        self._wake_browsers(q, now)
+        if not acquirer:
+            return
+        work = self.a.load(qaddr + L.Q_READY) != 0 if changes is None else now != changes
+        if work and self.a.cas(qaddr + L.Q_WATCH, 1, 0):
             self._notify(q)
+
+    def _wake_browsers(self, q: QueueState, now: int | None = None) -> None:
+        if not q.browsing:
+            return
+        if now is None:
+            now = self.a.load(self.seg.layout.queue(q.qid) + L.Q_CHANGES)
+        for key, changes in list(q.browsing.items()):
+            if changes != now:
+                del q.browsing[key]
+                self.links[key[0]].send(Msg.NOTIFY, key[1])
 
     def _on_wake(self) -> None:
         for qid in self.waker.drain(self.seg.layout.limits.max_queues):
             q = self.queues.get(qid)
-            if q is not None and q.qcm.notified is None:
-                self._notify(q)
+            if q is not None:
+                self._watch(q, None)
+
+    def _stalled(self, q: QueueState) -> bool:
+        qaddr = self.seg.layout.queue(q.qid)
+        if q.browsing and any(
+            changes != self.a.load(qaddr + L.Q_CHANGES) for changes in q.browsing.values()
+        ):
+            return True
+        return (
+            q.qcm.notified is None
+            and q.qcm.has_interested()
+            and self.a.load(qaddr + L.Q_READY) != 0
+        )
 
     def _sweep(self) -> None:
         """Belt and braces: a queue that has ready entries and interested
         consumers but nobody notified, on two sweeps in a row, has lost a
         wake-up. Rescue it and count it (P_RESCUES), so tests can assert that
         this never happens."""
-        stalled = {
-            q.qid
-            for q in self.queues.values()
-            if q.qcm.notified is None
-            and q.qcm.has_interested()
-            and self.a.load(self.seg.layout.queue(q.qid) + L.Q_READY)
-        }
+        stalled = {q.qid for q in self.queues.values() if self._stalled(q)}
         for qid in stalled & self.suspects:
             q = self.queues[qid]
             self.a.fetch_add(self.slot + L.P_RESCUES, 1)
             log.warning("queue %r: lost wake-up rescued by the sweep", q.name)
-            self._notify(q)
+            self._wake_browsers(q)
+            if q.qcm.notified is None:
+                self._notify(q)
         self.suspects = stalled
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
 

@@ -205,3 +205,28 @@ def read_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes]:
     props = buf[p : p + props_len]
     p += props_len
     return exchange, routing_key, props, buf[p : p + body_len]
+
+
+def peek_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes] | None:
+    """read_message() for a reader that holds no reference (a browser).
+
+    The block may be freed, coalesced into a neighbour and reused while we
+    copy, so every length is checked against the arena before it is used: a
+    stale block yields None or garbage, never a read outside the arena. The
+    caller must re-check that the queue cell still holds the entry live after
+    the copy; only then is the copy the message (shm/ARCHITECTURE.md, 3a).
+    """
+    layout = seg.layout
+    arena_bytes = layout.limits.arena_bytes
+    index = (block - layout.arenas) // arena_bytes
+    if block < layout.arenas or index >= layout.limits.max_workers:
+        return None
+    end = layout.arenas + (index + 1) * arena_bytes
+    size = seg.atomic.load(block + L.B_SIZE)  # the whole block, header included
+    fixed = L.BLOCK_HEADER + L.MSG_PREFIX.size
+    if size < fixed or block + size > end:
+        return None
+    lengths = L.MSG_PREFIX.unpack_from(seg.buf, block + L.BLOCK_HEADER)
+    if fixed + sum(lengths) > size:
+        return None
+    return read_message(seg, block)

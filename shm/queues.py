@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from shm import layout as L
 from shm._atomic import Atomic
-from shm.arena import body_refs_drop
+from shm.arena import body_refs_drop, peek_message
 from shm.segment import Segment
 
 _SEQ = L.SEQ_SHIFT
@@ -30,6 +30,9 @@ _AVAIL = L.S_AVAILABLE
 _ACQ = L.S_ACQUIRED
 _DEL = L.S_DELETED
 _REDELIVERED = L.FLAG_REDELIVERED
+
+# (exchange, routing key, raw content header, body), as shm.arena.read_message gives it
+Message = tuple[bytes, bytes, bytes, bytes]
 
 
 def _unpublished(word: int, seq: int) -> bool:
@@ -258,6 +261,35 @@ class QueueStore:
         return self.a.acquire(
             self.layout.queue(qid), self.layout.log(qid), self.mask, pointer, self.owner_bits
         )
+
+    def peek(self, qid: int, pointer: int) -> tuple[int, Message, bool] | int:
+        """A browser's read: the first AVAILABLE entry at or after `pointer`,
+        copied out without acquiring it and without writing shared memory.
+
+        Returns (seq, message, redelivered), or the pointer to resume from
+        (the tail, or a cell still being published: browsers keep FIFO order
+        too). The copy is taken while the cell holds the entry AVAILABLE and
+        kept only if the cell still holds it live (AVAILABLE or ACQUIRED)
+        afterwards: while it does, its body reference pins the block, so the
+        bytes copied in between are the message (shm/ARCHITECTURE.md, 3a).
+        """
+        a, q = self.a, self.layout.queue(qid)
+        ring, mask = self.layout.log(qid), self.mask
+        seq = max(pointer, a.load(q + L.Q_HEAD))
+        tail = a.load(q + L.Q_TAIL)
+        while seq < tail:
+            cell = ring + (seq & mask) * L.CELL_SIZE
+            word = a.load(cell)
+            if _unpublished(word, seq):
+                return seq
+            if word >> _SEQ == seq and word & L.STATE_MASK == _AVAIL:
+                message = peek_message(self.seg, a.load(cell + 8))
+                after = a.load(cell)
+                live = after >> _SEQ == seq and after & L.STATE_MASK in (_AVAIL, _ACQ)
+                if message is not None and live:
+                    return seq, message, bool(word & _REDELIVERED)
+            seq += 1
+        return tail
 
     def ack(self, qid: int, seq: int) -> bool:
         """ACQUIRED(this owner) -> DELETED, drop the entry's reference to its

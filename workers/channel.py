@@ -22,7 +22,7 @@ from shm.arena import (
     release_hold,
     write_message,
 )
-from shm.queues import QueueFull, QueueGone
+from shm.queues import Message, QueueFull, QueueGone
 from workers import framing as F
 from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
@@ -453,11 +453,25 @@ class Channel:
     def deliver(
         self, consumer: Consumer, seq: int, block: int, redelivered: bool, out: list[bytes]
     ) -> None:
-        exchange, routing_key, header, body = read_message(self.ctx.seg, block)
+        """Deliver entry `seq`, acquired by `consumer`, into `out`."""
+        self._send(consumer, seq, read_message(self.ctx.seg, block), redelivered, out)
+
+    def deliver_copy(
+        self, consumer: Consumer, message: Message, redelivered: bool, out: list[bytes]
+    ) -> None:
+        """A browser's delivery: a copy, nothing acquired; acking its tag
+        settles nothing (seq -1)."""
+        self._send(consumer, -1, message, redelivered, out)
+
+    def _send(
+        self, consumer: Consumer, seq: int, message: Message, redelivered: bool, out: list[bytes]
+    ) -> None:
+        exchange, routing_key, header, body = message
         tag = self.next_tag
         self.next_tag = tag + 1
         if consumer.no_ack:
-            self.ctx.store.take_no_ack(consumer.qid, seq)
+            if seq >= 0:
+                self.ctx.store.take_no_ack(consumer.qid, seq)
         else:
             size = len(body)
             self.unacked[tag] = (consumer, consumer.qid, seq, size)
@@ -506,6 +520,8 @@ class Channel:
             update_interest(self.ctx, consumer)
 
     def _finish(self, qid: int, seq: int, requeue: bool | None) -> None:
+        if seq < 0:
+            return  # a browser's copy: nothing was taken from the queue
         ctx = self.ctx
         if requeue:
             if ctx.store.release(qid, seq):
@@ -840,15 +856,22 @@ class Channel:
         args = method.arguments or {}
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED,
-                f"invalid arg 'x-priority' for consumer: {priority!r}",
-                60,
-                20,
-            )
+            raise _invalid_consumer_argument("x-priority", priority)
+        browse, auto_close = (
+            _flag_argument(args, name) for name in ("x-filter-no-consume", "x-filter-auto-close")
+        )
         ctx = self.ctx
         consumer = Consumer(
-            ctx.next_cid(), tag, self, qid, name, method.no_ack, method.exclusive, priority
+            ctx.next_cid(),
+            tag,
+            self,
+            qid,
+            name,
+            method.no_ack,
+            method.exclusive,
+            priority,
+            acquiring=not browse,
+            auto_close=auto_close,
         )
         # Registered as not interested: no delivery may overtake consume-ok.
         consumer.interested = False
@@ -860,7 +883,7 @@ class Channel:
                 consumer.cid,
                 qid,
                 priority,
-                True,
+                consumer.acquiring,
                 method.exclusive,
                 False,
                 self.conn.id,
@@ -885,6 +908,11 @@ class Channel:
             self._drop_consumer(consumer)
         if not method.nowait:
             self.conn.write(F.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag)))
+
+    def cancel_from_server(self, consumer: Consumer) -> None:
+        """An auto-close browser reached the end of its queue."""
+        self._drop_consumer(consumer)
+        self.consumer_gone(consumer)
 
     def consumer_gone(self, consumer: Consumer) -> None:
         """The scheduler cancelled this consumer (its queue was deleted)."""
@@ -955,6 +983,8 @@ class Channel:
             if consumer is not None:
                 consumer.unacked -= 1
                 consumer.unacked_bytes -= size
+            if seq < 0:
+                continue  # a browser's copy: there is nothing to redeliver
             block = None
             if consumer is not None and not consumer.cancelled:
                 block = ctx.store.held_block(qid, seq)
@@ -964,6 +994,20 @@ class Channel:
             self.deliver(consumer, seq, block, True, out)
         if out:
             self.conn.write_many(out)
+
+
+def _invalid_consumer_argument(name: str, value: object) -> E.ChannelError:
+    return E.ChannelError(
+        E.PRECONDITION_FAILED, f"invalid arg '{name}' for consumer: {value!r}", 60, 20
+    )
+
+
+def _flag_argument(args: dict[str, Any], name: str) -> bool:
+    """A boolean consume argument (absent: false)."""
+    value = args.get(name, False)
+    if not isinstance(value, bool):
+        raise _invalid_consumer_argument(name, value)
+    return value
 
 
 _Handler = Callable[[Channel, Any], Coroutine[Any, Any, None] | None]

@@ -26,6 +26,7 @@ BURST = 256
 class Consumer:
     __slots__ = (
         "acquiring",
+        "auto_close",
         "cancelled",
         "channel",
         "cid",
@@ -54,6 +55,8 @@ class Consumer:
         no_ack: bool,
         exclusive: bool,
         priority: int,
+        acquiring: bool = True,
+        auto_close: bool = False,
     ) -> None:
         self.cid = cid
         self.tag = tag
@@ -64,7 +67,10 @@ class Consumer:
         self.no_ack = no_ack
         self.exclusive = exclusive
         self.priority = priority
-        self.acquiring = True
+        # A browser (x-filter-no-consume) sees entries without taking them;
+        # with x-filter-auto-close it is cancelled once it reaches the end.
+        self.acquiring = acquiring
+        self.auto_close = auto_close
         self.pointer = 0
         self.release_gen = 0
         self.unacked = 0
@@ -115,6 +121,9 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
     """Serve a NOTIFY: deliver until the queue, the credit or the burst ends."""
     if consumer.cancelled or not consumer.interested:
         return  # a NOTIFY that crossed our INTEREST(false) or CANCEL
+    if not consumer.acquiring:
+        browse(ctx, consumer)
+        return
     consumer.notified = True
     store = ctx.store
     qid = consumer.qid
@@ -156,6 +165,52 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
             seq, block, redelivered = got  # type: ignore[misc]
             consumer.pointer = seq + 1
             channel.deliver(consumer, seq, block, redelivered, out)
+            delivered += 1
+    finally:
+        if out:
+            channel.conn.write_many(out)
+        if delivered:
+            ctx.count(L.P_DELIVERED, delivered)
+
+
+def browse(ctx: WorkerContext, consumer: Consumer) -> None:
+    """Serve a browser: copy entries out in queue order without acquiring
+    them, from its own pointer, which never moves back (releases behind it
+    are not seen again). It competes with nobody, so a burst yields only to
+    the worker's other connections, and running dry reports DONE so that
+    the scheduler wakes it at the next change."""
+    consumer.notified = True
+    store = ctx.store
+    qid = consumer.qid
+    changes_word = ctx.seg.layout.queue(qid) + L.Q_CHANGES
+    load = ctx.atomic.load
+    channel = consumer.channel
+    out: list[bytes] = []
+    delivered = 0
+    try:
+        while True:
+            if not consumer.wants_work():
+                consumer.notified = False
+                update_interest(ctx, consumer)
+                return
+            if delivered >= BURST:
+                ctx.loop.call_soon(pull, ctx, consumer)
+                return
+            changes = load(changes_word)
+            got = store.peek(qid, consumer.pointer)
+            if got.__class__ is int:
+                consumer.pointer = got
+                consumer.notified = False
+                if consumer.auto_close:
+                    channel.conn.write_many(out)
+                    out = []
+                    channel.cancel_from_server(consumer)
+                else:
+                    ctx.send(Msg.DONE, consumer.cid, changes)
+                return
+            seq, message, redelivered = got  # type: ignore[misc]
+            consumer.pointer = seq + 1
+            channel.deliver_copy(consumer, message, redelivered, out)
             delivered += 1
     finally:
         if out:

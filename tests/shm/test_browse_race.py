@@ -1,0 +1,134 @@
+"""The browser's read (QueueStore.peek) against a forked producer and
+consumer that wrap a 16-cell ring and a 64 KiB arena many times over: every
+copy a browser keeps is exactly the message of the seq it names, even though
+the block under it is freed, coalesced and reused while it copies, and the
+browser's pointer only moves forward. A peek writes nothing to shared
+memory, so the entry store stays exactly as the two writers leave it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import time
+
+from shm import layout as L
+from shm.arena import Arena, message_size, release_hold, write_message
+from shm.queues import QueueFull, QueueStore
+from shm.segment import Segment
+
+from ._support import SMALL, SegmentFactory, arena_counters, live_blocks, qword
+
+QID = 3
+MESSAGES = 100_000
+ID = struct.Struct("<Q")
+DEADLINE = 60.0
+
+
+def body_for(mid: int) -> bytes:
+    # Sizes vary so that freed blocks are coalesced and split again.
+    return ID.pack(mid) + bytes((mid & 0xFF,)) * (8 + (mid * 37) % 700)
+
+
+def rk_for(mid: int) -> bytes:
+    return b"k%d" % mid
+
+
+def produce(seg: Segment) -> None:
+    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    slot = seg.layout.proc(0)
+    a = seg.atomic
+    deadline = time.monotonic() + DEADLINE
+    for mid in range(MESSAGES):
+        body, rk = body_for(mid), rk_for(mid)
+        while (block := arena.alloc(message_size(b"x", rk, b"hdr", len(body)))) is None:
+            assert time.monotonic() < deadline
+            os.sched_yield()
+        start = write_message(seg, block, b"x", rk, b"hdr", len(body))
+        seg.buf[start : start + len(body)] = body
+        while True:
+            a.fetch_add(block + L.B_REFS, 1)
+            try:
+                store.append(QID, block, slot)
+                break
+            except QueueFull:
+                a.fetch_add(block + L.B_REFS, -1)
+                assert time.monotonic() < deadline
+                os.sched_yield()
+        release_hold(seg, block)
+
+
+def consume(seg: Segment) -> None:
+    store = QueueStore(seg, 2)
+    pointer, got = 0, 0
+    deadline = time.monotonic() + DEADLINE
+    while got < MESSAGES:
+        taken = store.acquire(QID, pointer)
+        if isinstance(taken, int):
+            pointer = taken
+            assert time.monotonic() < deadline
+            os.sched_yield()
+            continue
+        seq, _block, _redelivered = taken
+        pointer = seq + 1
+        assert store.ack(QID, seq)
+        got += 1
+
+
+def child(target: object, seg: Segment) -> int:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            target(seg)  # type: ignore[operator]
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    return pid
+
+
+def test_browser_copies_are_exact_while_blocks_are_reused(make_segment: SegmentFactory) -> None:
+    seg = make_segment(SMALL)
+    QueueStore(seg, 0).create(QID, b"browse-race", 0, 0)
+    pids = [child(produce, seg), child(consume, seg)]
+    status: dict[int, int] = {}
+
+    def running() -> bool:
+        for pid in pids:
+            if pid not in status:
+                reaped, code = os.waitpid(pid, os.WNOHANG)
+                if reaped:
+                    status[pid] = code
+        return len(status) < len(pids)
+
+    browser = QueueStore(seg, 0)
+    pointer, kept, last_seq = 0, 0, -1
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while running():
+            assert time.monotonic() < deadline, "the writers did not finish"
+            got = browser.peek(QID, pointer)
+            if isinstance(got, int):
+                assert got >= pointer
+                pointer = got
+                continue
+            seq, (exchange, rk, header, body), _redelivered = got
+            assert seq > last_seq and seq >= pointer, "the browser's pointer moved back"
+            (mid,) = ID.unpack_from(body)
+            # One producer, FIFO: message `mid` is seq `mid` of this fresh queue.
+            assert mid == seq
+            assert (exchange, rk, header, body) == (b"x", rk_for(mid), b"hdr", body_for(mid))
+            last_seq, pointer = seq, seq + 1
+            kept += 1
+    finally:
+        for pid in pids:
+            if pid not in status:
+                os.kill(pid, signal.SIGKILL)
+                status[pid] = os.waitpid(pid, 0)[1]
+    assert all(code == 0 for code in status.values()), status
+    assert kept > 100, f"the browser kept only {kept} copies: the race was not exercised"
+    assert qword(seg, QID, L.Q_HEAD) == qword(seg, QID, L.Q_TAIL) == MESSAGES
+    assert live_blocks(seg, 0) == [] and arena_counters(seg, 0) == (0, 0)
