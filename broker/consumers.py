@@ -16,7 +16,7 @@ round-robin fairness Qpid calls "asymptotic".
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 
 ConsumerKey = tuple[int, int]  # (IO worker index, consumer id on that worker)
@@ -40,9 +40,12 @@ class _Node:
 
 
 class QueueConsumerManager:
-    __slots__ = ("_interested", "_nodes", "_priorities", "notified")
+    __slots__ = ("_interested", "_nodes", "_priorities", "notified", "single_active")
 
-    def __init__(self) -> None:
+    def __init__(self, single_active: bool = False) -> None:
+        # x-single-active-consumer: only the acquiring consumer registered
+        # first may be notified; the next one takes over when it goes.
+        self.single_active = single_active
         self._nodes: dict[ConsumerKey, _Node] = {}
         self._interested: dict[int, deque[ConsumerKey]] = {}
         self._priorities: list[int] = []  # descending
@@ -117,20 +120,34 @@ class QueueConsumerManager:
             self.notified = None
         return was_notified
 
-    def has_interested(self) -> bool:
-        return any(self._interested[p] for p in self._priorities)
+    def active(self) -> ConsumerKey | None:
+        """The acquiring consumer registered first (the single active one)."""
+        return next((key for key, node in self._nodes.items() if node.acquiring), None)
 
-    def notify_next(self) -> ConsumerKey | None:
-        """Move the first Interested consumer of the highest priority to
-        NOTIFIED and return it; None if one is already notified or none is
-        interested."""
+    def candidates(self) -> Iterator[ConsumerKey]:
+        """Interested acquiring consumers, in the order they are notified:
+        highest priority first, round-robin within a priority."""
+        if self.single_active:
+            key = self.active()
+            if key is not None and self._nodes[key].state is State.INTERESTED:
+                yield key
+            return
+        for priority in self._priorities:
+            yield from self._interested[priority]
+
+    def has_interested(self) -> bool:
+        return next(self.candidates(), None) is not None
+
+    def notify_next(self, skip: Callable[[ConsumerKey], bool] | None = None) -> ConsumerKey | None:
+        """Move the first candidate that `skip` does not exclude to NOTIFIED
+        and return it; None if one is already notified or none qualifies."""
         if self.notified is not None:
             return None
-        for priority in self._priorities:
-            pending = self._interested[priority]
-            if pending:
-                key = pending.popleft()
-                self._nodes[key].state = State.NOTIFIED
+        for key in self.candidates():
+            if skip is None or not skip(key):
+                node = self._nodes[key]
+                self._interested[node.priority].remove(key)
+                node.state = State.NOTIFIED
                 self.notified = key
                 return key
         return None

@@ -40,6 +40,7 @@ class Msg(IntEnum):
     EXCHANGE_DELETE = 12  # req, vhost, name, if_unused
     BIND = 13  # req, vhost, source, kind ("q"/"e"), dest, routing_key, args, conn_id
     UNBIND = 14  # req, vhost, source, kind, dest, routing_key, args, conn_id
+    LEVEL = 15  # req, qid, priority: the slot for that level of a priority queue
     # scheduler -> worker
     REPLY = 20  # req, ok, payload (a list on success, [code, text] on failure)
     NOTIFY = 21  # cid

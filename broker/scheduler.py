@@ -50,6 +50,7 @@ _REQUESTS = frozenset(
         Msg.EXCHANGE_DELETE,
         Msg.BIND,
         Msg.UNBIND,
+        Msg.LEVEL,
     )
 )
 
@@ -58,9 +59,12 @@ class QueueState:
     __slots__ = (
         "auto_delete",
         "browsing",
+        "dry",
         "durable",
         "exclusive",
         "had_consumers",
+        "levels",
+        "max_priority",
         "name",
         "owner",
         "qcm",
@@ -90,6 +94,14 @@ class QueueState:
         # Browsers that ran dry, with the Q_CHANGES value they read before
         # their last scan: each is notified again as soon as it moves.
         self.browsing: dict[ConsumerKey, int] = {}
+        # Acquiring consumers that ran dry, with the Q_CHANGES value they read
+        # before that scan: they have seen everything up to it (a selector
+        # consumer may leave entries behind), so each is skipped until it moves.
+        self.dry: dict[ConsumerKey, int] = {}
+        # Priority queues: priority -> the qid whose log holds it (0 is the
+        # queue's own); other levels get a slot when a message first needs one.
+        self.max_priority = 0
+        self.levels = {0: qid}
 
 
 class Scheduler:
@@ -109,6 +121,7 @@ class Scheduler:
         self.by_name: dict[tuple[str, bytes], QueueState] = {}
         self.consumers: dict[ConsumerKey, tuple[int, bool]] = {}  # -> (qid, exclusive)
         self.free_qids: list[int] = []
+        self.level_of: dict[int, QueueState] = {}  # level slot qid -> its queue
         self.suspects: set[int] = set()
         self.slot = seg.layout.proc(L.scheduler_slot(seg.layout))
         self.vhost = config.default_vhost
@@ -180,8 +193,19 @@ class Scheduler:
                 bool(flags & L.QF_AUTO_DELETE),
                 self.store.word(qid, L.Q_OWNER),
             )
+            q.max_priority = self.store.word(qid, L.Q_MAX_PRIORITY)
+            arguments = self.definitions.queue_arguments.get((q.vhost, name.decode()), {})
+            q.qcm.single_active = arguments.get("x-single-active-consumer") is True
             self.queues[qid] = q
             self.by_name[(q.vhost, name)] = q
+            used.add(qid)
+        for parent, level, qid in self.store.level_slots():
+            owner = self.queues.get(parent)
+            if owner is None:  # a predecessor died between the two removals
+                self.store.remove(qid)
+                continue
+            owner.levels[level] = qid
+            self.level_of[qid] = owner
             used.add(qid)
         self.free_qids = [q for q in range(self.seg.layout.limits.max_queues) if q not in used]
 
@@ -211,6 +235,8 @@ class Scheduler:
                 self._reply(worker, m[1], self._bind(*m[2:], unbind=False))
             elif kind == Msg.UNBIND:
                 self._reply(worker, m[1], self._bind(*m[2:], unbind=True))
+            elif kind == Msg.LEVEL:
+                self._reply(worker, m[1], self._level(*m[2:]))
             elif kind == Msg.CONN_CLOSED:
                 self._connection_closed(m[1])
             elif kind == Msg.HELLO:
@@ -267,6 +293,8 @@ class Scheduler:
         else:
             if not name:
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
+            max_priority = _max_priority(name, vhost, arguments)
+            single_active = _single_active(name, vhost, arguments)
             if not self.free_qids:
                 raise E.ChannelError(
                     E.RESOURCE_ERROR,
@@ -281,11 +309,41 @@ class Scheduler:
                 | (L.QF_EXCLUSIVE if exclusive else 0)
                 | (L.QF_AUTO_DELETE if auto_delete else 0)
             )
-            self.store.create(qid, name, flags, owner, self.definitions.vhost_ids[vhost])
+            self.store.create(
+                qid, name, flags, owner, self.definitions.vhost_ids[vhost], max_priority
+            )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
+            q.max_priority = max_priority
+            q.qcm.single_active = single_active
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
-        return [q.qid, q.name, self.store.word(q.qid, L.Q_READY), len(q.qcm)]
+        return [q.qid, q.name, self._sum(q, L.Q_READY), len(q.qcm)]
+
+    def _level(self, qid: int, level: int) -> list[Any]:
+        """A publisher needs priority `level` of queue `qid`: give it a slot.
+        Without a free slot the message goes to the nearest lower level that
+        exists (level 0 always does), which only blurs order within it."""
+        q = self.queues.get(qid)
+        if q is None or not 0 < level <= q.max_priority:
+            return [-1]  # deleted meanwhile (or not a priority queue): drop it
+        have = q.levels.get(level)
+        if have is not None:
+            return [have]
+        if not self.free_qids:
+            log.warning("queue %r: no free slot for priority %d (--max-queues)", q.name, level)
+            return [q.levels[max(p for p in q.levels if p < level)]]
+        slot = self.free_qids.pop(0)
+        vhost_id = self.definitions.vhost_ids[q.vhost]
+        self.store.create(slot, b"", 0, 0, vhost_id, parent=qid, level=level)
+        q.levels[level] = slot
+        self.level_of[slot] = q
+        # Watched from the start, so its first publisher wakes us if we wait.
+        self.a.store(self.seg.layout.queue(slot) + L.Q_WATCH, 1)
+        return [slot]
+
+    def _sum(self, q: QueueState, field: int) -> int:
+        """A queue-record counter over all the queue's levels."""
+        return sum(self.store.word(qid, field) for qid in q.levels.values())
 
     def _check_queue_arguments(self, q: QueueState, arguments: dict[str, Any]) -> None:
         """RabbitMQ compares the arguments it knows on a redeclare; others
@@ -325,7 +383,7 @@ class Scheduler:
             raise E.ChannelError(
                 E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
             )
-        ready = self.store.word(q.qid, L.Q_READY)
+        ready = self._sum(q, L.Q_READY)
         # RabbitMQ counts ready messages only: a message delivered and not
         # yet acknowledged does not make the queue "not empty".
         if if_empty and ready:
@@ -337,7 +395,8 @@ class Scheduler:
         return ready
 
     def _purge(self, vhost: str, name: bytes, conn_id: int) -> int:
-        return self.store.purge(self._lookup(vhost, name, conn_id).qid)
+        q = self._lookup(vhost, name, conn_id)
+        return sum(self.store.purge(qid) for qid in q.levels.values())
 
     def _remove_queue(self, q: QueueState) -> None:
         for key in list(q.qcm):
@@ -346,7 +405,11 @@ class Scheduler:
             link = self.links.get(worker)
             if link is not None:
                 link.send(Msg.CONSUMER_GONE, cid)
-        self.store.remove(q.qid)
+        for level, qid in q.levels.items():
+            self.store.remove(qid)
+            if level:
+                self.level_of.pop(qid, None)
+                self.free_qids.append(qid)
         self.queues.pop(q.qid, None)
         self.by_name.pop((q.vhost, q.name), None)
         self.free_qids.append(q.qid)
@@ -546,6 +609,7 @@ class Scheduler:
             return
         q.qcm.remove(key)
         q.browsing.pop(key, None)
+        q.dry.pop(key, None)
         self.a.store(self.seg.layout.queue(q.qid) + L.Q_CONSUMERS, len(q.qcm))
         if q.auto_delete and q.had_consumers and not len(q.qcm):
             self._remove_queue(q)
@@ -572,15 +636,16 @@ class Scheduler:
         if q.qcm.is_browser(key):
             if q.qcm.state(key) is State.NON_ACQUIRING:
                 q.browsing[key] = changes
-                self._watch(q, None)
+                self._watch(q)
             return
+        if changes < 0:
+            q.dry.pop(key, None)  # yielded with work left
+        else:
+            q.dry[key] = changes  # true even of a pull we did not ask for
         if not q.qcm.done(key):
             return
         self._wake_browsers(q)
-        if changes < 0:  # yielded with work left: the next consumer's turn
-            self._notify(q)
-        else:
-            self._park(q, changes)
+        self._watch(q)  # the next consumer's turn, or wait for a change
 
     def _hello(self, worker: int, records: list[list[Any]]) -> None:
         """A worker (re)introduces itself with its full consumer state."""
@@ -604,48 +669,48 @@ class Scheduler:
             self._remove_consumer(key)
 
     # ------------------------------------------------------ notification
-    def _notify(self, q: QueueState) -> None:
-        key = q.qcm.notify_next()
-        if key is None:
-            return
-        worker, cid = key
-        self.links[worker].send(Msg.NOTIFY, cid)
-
     def _check_work(self, q: QueueState) -> None:
-        """No consumer is notified: notify one if the queue has ready entries,
-        else watch the queue so the next publisher wakes us."""
-        self._watch(q, None)
+        """A consumer came, went or changed interest: see who is next."""
+        self._watch(q)
 
-    def _park(self, q: QueueState, changes: int) -> None:
-        """The notified consumer found nothing after reading CHANGES=changes."""
-        self._watch(q, changes)
-
-    def _watch(self, q: QueueState, changes: int | None) -> None:
+    def _watch(self, q: QueueState) -> None:
         """Arm the queue's wake-up (Q_WATCH, shm/wake.py) while anyone waits
         for work: an acquiring consumer when none is notified, or a browser
         that ran dry. Then look for work that came before the watch was set:
-        ready entries (`changes` None) or CHANGES moved from `changes` for
-        an acquirer, CHANGES moved from each browser's own value."""
-        qaddr = self.seg.layout.queue(q.qid)
+        for acquirers, ready entries and a candidate that has not looked at
+        the queue since its last change (a consumer that ran dry at the
+        current CHANGES, e.g. one whose selector wants none of what is
+        there, is skipped); for each browser, CHANGES moved from its value."""
         acquirer = q.qcm.notified is None and q.qcm.has_interested()
+        watches = [self.seg.layout.queue(qid) + L.Q_WATCH for qid in q.levels.values()]
         if not acquirer and not q.browsing:
             if q.qcm.notified is None:
-                self.a.store(qaddr + L.Q_WATCH, 0)
+                for watch in watches:
+                    self.a.store(watch, 0)
             return
-        self.a.store(qaddr + L.Q_WATCH, 1)
-        now = self.a.load(qaddr + L.Q_CHANGES)
+        for watch in watches:
+            self.a.store(watch, 1)
+        now = self._sum(q, L.Q_CHANGES)
         self._wake_browsers(q, now)
         if not acquirer:
             return
-        work = self.a.load(qaddr + L.Q_READY) != 0 if changes is None else now != changes
-        if work and self.a.cas(qaddr + L.Q_WATCH, 1, 0):
-            self._notify(q)
+        if not self._sum(q, L.Q_READY):
+            return
+        dry = q.dry
+        key = q.qcm.notify_next(lambda k: dry.get(k) == now)
+        if key is None:
+            return  # all have seen this state: wait for the next change
+        # Claim the wake-up: a publisher that claimed one first only causes
+        # a spurious _on_wake (a notified queue is left alone).
+        for watch in watches:
+            self.a.store(watch, 0)
+        self.links[key[0]].send(Msg.NOTIFY, key[1])
 
     def _wake_browsers(self, q: QueueState, now: int | None = None) -> None:
         if not q.browsing:
             return
         if now is None:
-            now = self.a.load(self.seg.layout.queue(q.qid) + L.Q_CHANGES)
+            now = self._sum(q, L.Q_CHANGES)
         for key, changes in list(q.browsing.items()):
             if changes != now:
                 del q.browsing[key]
@@ -653,21 +718,19 @@ class Scheduler:
 
     def _on_wake(self) -> None:
         for qid in self.waker.drain(self.seg.layout.limits.max_queues):
-            q = self.queues.get(qid)
+            q = self.queues.get(qid) or self.level_of.get(qid)
             if q is not None:
-                self._watch(q, None)
+                self._watch(q)
 
     def _stalled(self, q: QueueState) -> bool:
-        qaddr = self.seg.layout.queue(q.qid)
-        if q.browsing and any(
-            changes != self.a.load(qaddr + L.Q_CHANGES) for changes in q.browsing.values()
-        ):
-            return True
-        return (
-            q.qcm.notified is None
-            and q.qcm.has_interested()
-            and self.a.load(qaddr + L.Q_READY) != 0
-        )
+        if q.browsing:
+            now = self._sum(q, L.Q_CHANGES)
+            if any(changes != now for changes in q.browsing.values()):
+                return True
+        if q.qcm.notified is not None or not self._sum(q, L.Q_READY):
+            return False
+        now = self._sum(q, L.Q_CHANGES)
+        return any(q.dry.get(key) != now for key in q.qcm.candidates())
 
     def _sweep(self) -> None:
         """Belt and braces: a queue that has ready entries and interested
@@ -680,10 +743,51 @@ class Scheduler:
             self.a.fetch_add(self.slot + L.P_RESCUES, 1)
             log.warning("queue %r: lost wake-up rescued by the sweep", q.name)
             self._wake_browsers(q)
-            if q.qcm.notified is None:
-                self._notify(q)
+            self._watch(q)
         self.suspects = stalled
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+
+def _max_priority(name: bytes, vhost: str, arguments: dict[str, Any]) -> int:
+    """x-max-priority, checked as RabbitMQ 3.10 does (an integer 0..255)."""
+    value = arguments.get("x-max-priority")
+    if value is None:
+        return 0
+    where = f"invalid arg 'x-max-priority' for queue '{name.decode()}' in vhost '{vhost}'"
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{_field_type(value)}}}"
+        )
+    if not 0 <= value <= 255:
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED, f"{where}: {{max_priority_out_of_range,{value}}}"
+        )
+    return value
+
+
+def _single_active(name: bytes, vhost: str, arguments: dict[str, Any]) -> bool:
+    """x-single-active-consumer, a boolean as RabbitMQ 3.10 requires."""
+    value = arguments.get("x-single-active-consumer", False)
+    if not isinstance(value, bool):
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED,
+            f"invalid arg 'x-single-active-consumer' for queue '{name.decode()}' in vhost "
+            f"'{vhost}': {{unacceptable_type,{_field_type(value)}}}",
+        )
+    return value
+
+
+def _field_type(value: Any) -> str:
+    """The AMQP field type of a value, as RabbitMQ's errors name it."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, (str, bytes)):
+        return "longstr"
+    return type(value).__name__
 
 
 def _inverse(op: Op) -> Op:
@@ -721,17 +825,7 @@ def _typed(value: Any) -> str:
     """A field value as RabbitMQ's argument equivalence errors show it."""
     if value is None:
         return "none"
-    kind = (
-        "bool"
-        if isinstance(value, bool)
-        else "long"
-        if isinstance(value, int)
-        else "double"
-        if isinstance(value, float)
-        else "longstr"
-        if isinstance(value, (str, bytes))
-        else type(value).__name__
-    )
+    kind = _field_type(value)
     shown = value.decode(errors="replace") if isinstance(value, bytes) else value
     if isinstance(shown, bool):
         shown = str(shown).lower()

@@ -59,17 +59,26 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         definitions.apply(op)
     vhosts = {vhost_id: name for name, vhost_id in definitions.vhost_ids.items()}
     queues = []
+    priority_queues = store.priority_levels()
     for vhost_id, name, qid in sorted(store.scan()):
+        levels = priority_queues.get(qid)
+        logs = [qid] if levels is None else levels.descending
+
+        def total(field: int, logs: list[int] = logs) -> int:
+            return sum(store.word(log_qid, field) for log_qid in logs)
+
         queues.append(
             {
                 "vhost": vhosts.get(vhost_id, str(vhost_id)),
                 "name": name.decode(errors="replace"),
-                "messages_ready": store.word(qid, L.Q_READY),
-                "messages_unacked": store.word(qid, L.Q_UNACKED),
+                "messages_ready": total(L.Q_READY),
+                "messages_unacked": total(L.Q_UNACKED),
                 "consumers": store.word(qid, L.Q_CONSUMERS),
-                "published": store.word(qid, L.Q_PUBLISHED),
+                "published": total(L.Q_PUBLISHED),
                 "head": store.word(qid, L.Q_HEAD),
                 "tail": store.word(qid, L.Q_TAIL),
+                "max_priority": levels.max_priority if levels else 0,
+                "priority_levels_used": sorted(levels.by_level) if levels else [],
             }
         )
     return {

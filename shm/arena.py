@@ -207,7 +207,9 @@ def read_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes]:
     return exchange, routing_key, props, buf[p : p + body_len]
 
 
-def peek_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes] | None:
+def peek_message(
+    seg: Segment, block: int, body: bool = True
+) -> tuple[bytes, bytes, bytes, bytes] | None:
     """read_message() for a reader that holds no reference (a browser).
 
     The block may be freed, coalesced into a neighbour and reused while we
@@ -229,4 +231,7 @@ def peek_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes] 
     lengths = L.MSG_PREFIX.unpack_from(seg.buf, block + L.BLOCK_HEADER)
     if fixed + sum(lengths) > size:
         return None
+    if not body:  # a selector looks at the properties only
+        p = block + fixed + lengths[0] + lengths[1]
+        return b"", b"", seg.buf[p : p + lengths[3]], b""
     return read_message(seg, block)

@@ -37,7 +37,7 @@ import msgspec
 from shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 2
+VERSION = 3
 
 HEADER_SIZE = 4096
 # header words
@@ -92,6 +92,12 @@ Q_REDELIVERED = 120
 Q_NAME_LEN = 128
 Q_NAME = 136
 Q_NAME_MAX = 255
+# Strict priority queues (x-max-priority): the declared queue's own log is
+# level 0; each other level that gets a message has a slot of its own, made
+# by the scheduler on first use (shm/ARCHITECTURE.md, section 2a).
+Q_MAX_PRIORITY = 392  # declared queue: its x-max-priority (0: not a priority queue)
+Q_PARENT = 400  # level slot: qid + 1 of its declared queue (0: a declared queue)
+Q_LEVEL = 408  # level slot: its priority
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -127,6 +133,8 @@ BLOCK_MIN_SPLIT = 64
 # message record inside a block's payload
 MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, pad, props len, body len
 
+
+assert Q_NAME + Q_NAME_MAX < Q_MAX_PRIORITY and Q_LEVEL + 8 <= QUEUE_SIZE
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.
 assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _atomic.Q_ACKED) == (

@@ -18,7 +18,7 @@ Transitions (who may make them is in shm/ARCHITECTURE.md):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from shm import layout as L
 from shm._atomic import Atomic
@@ -56,6 +56,7 @@ class QueueStore:
     (0 for the supervisor and the scheduler, which never acquire)."""
 
     __slots__ = (
+        "_levels",
         "_names",
         "_names_gen",
         "a",
@@ -80,6 +81,7 @@ class QueueStore:
         self.owner = owner
         self.owner_bits = owner << L.OWNER_SHIFT
         self._names: dict[tuple[int, bytes], int] = {}
+        self._levels: dict[int, PriorityLevels] = {}
         self._names_gen = -1
         if slot is None:
             slot = owner - 1 if owner else L.supervisor_slot(seg.layout)
@@ -93,19 +95,55 @@ class QueueStore:
         """qid of the active queue called `name` in virtual host `vhost` (an
         id), from a cache rebuilt only when the scheduler bumps the catalog
         generation."""
-        gen = self.a.load(L.H_CATALOG_GEN)
-        if gen != self._names_gen:
-            self._names = {(v, n): qid for v, n, qid in self.scan()}
-            # Re-read: if it moved while we scanned, rescan next time.
-            self._names_gen = gen if self.a.load(L.H_CATALOG_GEN) == gen else -1
+        self._refresh()
         return self._names.get((vhost, name))
 
-    def scan(self) -> Iterator[tuple[int, bytes, int]]:
-        """(vhost id, name, qid) of every active queue."""
+    def priority_levels(self) -> dict[int, PriorityLevels]:
+        """The priority queues by qid, with their level slots (same cache)."""
+        self._refresh()
+        return self._levels
+
+    def _refresh(self) -> None:
+        gen = self.a.load(L.H_CATALOG_GEN)
+        if gen == self._names_gen:
+            return
+        names: dict[tuple[int, bytes], int] = {}
+        levels: dict[int, PriorityLevels] = {}
+        children: list[tuple[int, int, int]] = []
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
-            if self.a.load(q + L.Q_STATE) & 0xFF == L.QS_ACTIVE:
+            if self.a.load(q + L.Q_STATE) & 0xFF != L.QS_ACTIVE:
+                continue
+            parent = self.a.load(q + L.Q_PARENT)
+            if parent:
+                children.append((parent - 1, self.a.load(q + L.Q_LEVEL), qid))
+                continue
+            names[(self.a.load(q + L.Q_VHOST), self.name(qid))] = qid
+            top = self.a.load(q + L.Q_MAX_PRIORITY)
+            if top:
+                levels[qid] = PriorityLevels(top, qid)
+        for parent, level, qid in children:
+            if parent in levels:
+                levels[parent].add(level, qid)
+        self._names, self._levels = names, levels
+        # Re-read: if it moved while we scanned, rescan next time.
+        self._names_gen = gen if self.a.load(L.H_CATALOG_GEN) == gen else -1
+
+    def scan(self) -> Iterator[tuple[int, bytes, int]]:
+        """(vhost id, name, qid) of every active declared queue (not the
+        level slots of priority queues)."""
+        for qid in range(self.layout.limits.max_queues):
+            q = self.layout.queue(qid)
+            if self.a.load(q + L.Q_STATE) & 0xFF == L.QS_ACTIVE and not self.a.load(q + L.Q_PARENT):
                 yield self.a.load(q + L.Q_VHOST), self.name(qid), qid
+
+    def level_slots(self) -> Iterator[tuple[int, int, int]]:
+        """(declared queue's qid, level, qid) of every active level slot."""
+        for qid in range(self.layout.limits.max_queues):
+            q = self.layout.queue(qid)
+            parent = self.a.load(q + L.Q_PARENT)
+            if parent and self.a.load(q + L.Q_STATE) & 0xFF == L.QS_ACTIVE:
+                yield parent - 1, self.a.load(q + L.Q_LEVEL), qid
 
     def name(self, qid: int) -> bytes:
         q = self.layout.queue(qid)
@@ -118,9 +156,20 @@ class QueueStore:
     def word(self, qid: int, field: int) -> int:
         return self.a.load(self.layout.queue(qid) + field)
 
-    def create(self, qid: int, name: bytes, flags: int, owner_conn: int, vhost: int = 0) -> None:
+    def create(
+        self,
+        qid: int,
+        name: bytes,
+        flags: int,
+        owner_conn: int,
+        vhost: int = 0,
+        max_priority: int = 0,
+        parent: int | None = None,
+        level: int = 0,
+    ) -> None:
         """Scheduler only: make a FREE slot an active queue called `name` in
-        virtual host `vhost` (an id)."""
+        virtual host `vhost` (an id); with `parent`, a level slot of that
+        priority queue (nameless, found through the parent only)."""
         if len(name) > L.Q_NAME_MAX:
             raise ValueError("queue name longer than 255 bytes")
         a, q = self.a, self.layout.queue(qid)
@@ -145,6 +194,9 @@ class QueueStore:
         a.store(q + L.Q_FLAGS, flags)
         a.store(q + L.Q_OWNER, owner_conn)
         a.store(q + L.Q_VHOST, vhost)
+        a.store(q + L.Q_MAX_PRIORITY, max_priority)
+        a.store(q + L.Q_PARENT, 0 if parent is None else parent + 1)
+        a.store(q + L.Q_LEVEL, level)
         self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + len(name)] = name
         a.store(q + L.Q_NAME_LEN, len(name))
         a.store(q + L.Q_STATE, ((state >> 8) + 1) << 8 | L.QS_ACTIVE)
@@ -288,6 +340,35 @@ class QueueStore:
                 live = after >> _SEQ == seq and after & L.STATE_MASK in (_AVAIL, _ACQ)
                 if message is not None and live:
                     return seq, message, bool(word & _REDELIVERED)
+            seq += 1
+        return tail
+
+    def acquire_matching(
+        self, qid: int, pointer: int, wanted: Callable[[bytes], bool]
+    ) -> tuple[int, int, bool] | int:
+        """acquire() for a consumer with a selector: the first AVAILABLE entry
+        at or after `pointer` whose content header `wanted` accepts. Each
+        header is read as peek() reads (shm/ARCHITECTURE.md 3a), before any
+        write; only a wanted entry is CAS'd to ACQUIRED, so the others stay
+        for other consumers. Same returns as acquire()."""
+        a, q = self.a, self.layout.queue(qid)
+        ring, mask = self.layout.log(qid), self.mask
+        seq = max(pointer, a.load(q + L.Q_HEAD))
+        tail = a.load(q + L.Q_TAIL)
+        while seq < tail:
+            cell = ring + (seq & mask) * L.CELL_SIZE
+            word = a.load(cell)
+            if _unpublished(word, seq):
+                return seq
+            if word >> _SEQ == seq and word & L.STATE_MASK == _AVAIL:
+                copy = peek_message(self.seg, a.load(cell + 8), body=False)
+                if copy is not None and a.load(cell) == word and wanted(copy[2]):
+                    taken = word & _REDELIVERED | seq << _SEQ | self.owner_bits | _ACQ
+                    if a.cas(cell, word, taken):
+                        a.fetch_add(q + L.Q_READY, -1)
+                        a.fetch_add(q + L.Q_UNACKED, 1)
+                        return seq, a.load(cell + 8), bool(word & _REDELIVERED)
+                    continue  # it changed meanwhile: look at it again
             seq += 1
         return tail
 
@@ -442,3 +523,21 @@ class QueueStore:
         pointer back to the head: the released entry is somewhere behind it,
         and re-scanning the acquired cells in between is a C loop."""
         return self.a.load(self.layout.queue(qid) + L.Q_RELEASE_GEN)
+
+
+class PriorityLevels:
+    """A priority queue's level slots: `by_level[p]` is the qid whose log
+    holds priority `p` (the declared queue's own qid for 0), `descending`
+    the qids that exist, highest priority first. Levels without a message
+    ever have no slot: nothing walks them."""
+
+    __slots__ = ("by_level", "descending", "max_priority")
+
+    def __init__(self, max_priority: int, qid: int) -> None:
+        self.max_priority = max_priority
+        self.by_level = {0: qid}
+        self.descending = [qid]
+
+    def add(self, level: int, qid: int) -> None:
+        self.by_level[level] = qid
+        self.descending = [self.by_level[p] for p in sorted(self.by_level, reverse=True)]

@@ -15,6 +15,7 @@ from pamqp import commands as C
 from broker import errors as E
 from broker.ipc import Msg
 from broker.routing import EXCHANGE_TYPES
+from broker.selector import Selector, SelectorError, compile_selector
 from shm import layout as L
 from shm.arena import (
     message_size,
@@ -26,6 +27,7 @@ from shm.queues import Message, QueueFull, QueueGone
 from workers import framing as F
 from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
+from workers.levels import Levels
 
 log = logging.getLogger("shoal.worker")
 
@@ -397,6 +399,10 @@ class Channel:
             if pending.qids or pending.mandatory:
                 self.tx.publishes.append(pending)
         elif pending.qids:
+            missing = self._assign_levels(pending)
+            if missing is not None:
+                self._make_level(pending, *missing)
+                return
             if not self._append(pending):
                 self.suspend_retry(None)
                 return
@@ -407,6 +413,52 @@ class Channel:
         if self.confirm:
             self.publish_seq += 1
             self.confirm_high = self.publish_seq
+
+    def _assign_levels(self, pending: Pending) -> tuple[int, int] | None:
+        """Point each priority queue among the message's queues at the log of
+        the message's priority (workers/levels.py). Returns (queue, level)
+        of one whose level has no log yet: the scheduler must make it."""
+        priority_queues = self.ctx.store.priority_levels()
+        if not priority_queues:
+            return None
+        qids = pending.qids
+        for i, qid in enumerate(qids):
+            levels = priority_queues.get(qid)
+            if levels is None:
+                continue
+            level = min(F.message_priority(pending.header), levels.max_priority)
+            target = levels.by_level.get(level)
+            if target is None:
+                return qid, level
+            qids[i] = target
+        return None
+
+    def _make_level(self, pending: Pending, qid: int, level: int) -> None:
+        """Ask the scheduler for a level's log; the channel (and the socket)
+        waits, so later publishes keep their order behind this one."""
+        self.busy = True
+        self.conn.hold_reading(self)
+        reply = self.ctx.request(Msg.LEVEL, qid, level)
+
+        def made(reply: asyncio.Future[Any]) -> None:
+            if self.conn.closed:
+                return
+            self.busy = False
+            if not reply.cancelled() and reply.exception() is None:
+                self._use_level(pending, qid, reply.result()[0])
+            self._complete()
+            if not self.busy:
+                self.conn.release_reading(self)
+                self.resume()
+
+        reply.add_done_callback(made)
+
+    @staticmethod
+    def _use_level(pending: Pending, qid: int, target: int) -> None:
+        """The scheduler's answer: the level's log, or -1 if the queue was
+        deleted (the append then finds it gone and drops the message)."""
+        if target >= 0 and qid in pending.qids:
+            pending.qids[pending.qids.index(qid)] = target
 
     def _append(self, pending: Pending) -> bool:
         """Append a routed message to each of its queues, then drop the
@@ -451,30 +503,43 @@ class Channel:
         return self.flow_active and not self.closing and self.conn.can_deliver()
 
     def deliver(
-        self, consumer: Consumer, seq: int, block: int, redelivered: bool, out: list[bytes]
+        self,
+        consumer: Consumer,
+        qid: int,
+        seq: int,
+        block: int,
+        redelivered: bool,
+        out: list[bytes],
     ) -> None:
-        """Deliver entry `seq`, acquired by `consumer`, into `out`."""
-        self._send(consumer, seq, read_message(self.ctx.seg, block), redelivered, out)
+        """Deliver entry `seq` of log `qid` (the consumer's queue, or one of
+        its priority levels), acquired by `consumer`, into `out`."""
+        self._send(consumer, qid, seq, read_message(self.ctx.seg, block), redelivered, out)
 
     def deliver_copy(
         self, consumer: Consumer, message: Message, redelivered: bool, out: list[bytes]
     ) -> None:
         """A browser's delivery: a copy, nothing acquired; acking its tag
         settles nothing (seq -1)."""
-        self._send(consumer, -1, message, redelivered, out)
+        self._send(consumer, consumer.qid, -1, message, redelivered, out)
 
     def _send(
-        self, consumer: Consumer, seq: int, message: Message, redelivered: bool, out: list[bytes]
+        self,
+        consumer: Consumer,
+        qid: int,
+        seq: int,
+        message: Message,
+        redelivered: bool,
+        out: list[bytes],
     ) -> None:
         exchange, routing_key, header, body = message
         tag = self.next_tag
         self.next_tag = tag + 1
         if consumer.no_ack:
             if seq >= 0:
-                self.ctx.store.take_no_ack(consumer.qid, seq)
+                self.ctx.store.take_no_ack(qid, seq)
         else:
             size = len(body)
-            self.unacked[tag] = (consumer, consumer.qid, seq, size)
+            self.unacked[tag] = (consumer, qid, seq, size)
             consumer.unacked += 1
             consumer.unacked_bytes += size
             self.unacked_bytes += size
@@ -639,6 +704,13 @@ class Channel:
         try:
             while todo:
                 pending = todo[0]
+                missing = self._assign_levels(pending) if pending.qids else None
+                if missing is not None:
+                    reply = await self.ctx.request(Msg.LEVEL, *missing)
+                    self._use_level(pending, missing[0], reply[0])
+                    if self.conn.closed or self.closing:
+                        return
+                    continue
                 if not pending.qids:
                     self._return(pending)  # mandatory and unroutable
                 elif not self._append(pending):
@@ -860,6 +932,7 @@ class Channel:
         browse, auto_close = (
             _flag_argument(args, name) for name in ("x-filter-no-consume", "x-filter-auto-close")
         )
+        selector = _selector_argument(args)
         ctx = self.ctx
         consumer = Consumer(
             ctx.next_cid(),
@@ -872,6 +945,8 @@ class Channel:
             priority,
             acquiring=not browse,
             auto_close=auto_close,
+            wanted=None if selector is None else selector.matches,
+            levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,
         )
         # Registered as not interested: no delivery may overtake consume-ok.
         consumer.interested = False
@@ -930,8 +1005,13 @@ class Channel:
         # A one-message temporary subscription: acquire from the head.
         _name, qid = self._resolve_queue(method.queue, (60, 70))
         ctx = self.ctx
-        got = ctx.store.acquire(qid, 0)
-        if got.__class__ is int:
+        levels = ctx.store.priority_levels().get(qid)
+        logs = [qid] if levels is None else levels.descending  # highest priority first
+        for log_qid in logs:
+            got = ctx.store.acquire(log_qid, 0)
+            if got.__class__ is not int:
+                break
+        else:
             self.conn.write(F.encode_method(self.number, C.Basic.GetEmpty()))
             return
         seq, block, redelivered = got  # type: ignore[misc]
@@ -939,11 +1019,11 @@ class Channel:
         tag = self.next_tag
         self.next_tag += 1
         if method.no_ack:
-            ctx.store.take_no_ack(qid, seq)
+            ctx.store.take_no_ack(log_qid, seq)
         else:
-            self.unacked[tag] = (None, qid, seq, len(body))
+            self.unacked[tag] = (None, log_qid, seq, len(body))
             self.unacked_bytes += len(body)
-        ready = ctx.store.word(qid, L.Q_READY)
+        ready = sum(ctx.store.word(log_qid, L.Q_READY) for log_qid in logs)
         frames = [
             F.encode_method(
                 self.number,
@@ -991,7 +1071,7 @@ class Channel:
             if consumer is None or block is None:
                 self._finish(qid, seq, True)
                 continue
-            self.deliver(consumer, seq, block, True, out)
+            self.deliver(consumer, qid, seq, block, True, out)
         if out:
             self.conn.write_many(out)
 
@@ -1008,6 +1088,22 @@ def _flag_argument(args: dict[str, Any], name: str) -> bool:
     if not isinstance(value, bool):
         raise _invalid_consumer_argument(name, value)
     return value
+
+
+def _selector_argument(args: dict[str, Any]) -> Selector | None:
+    """x-filter-jms-selector, compiled; an empty one selects everything."""
+    text = args.get("x-filter-jms-selector")
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    if not isinstance(text, str):
+        raise _invalid_consumer_argument("x-filter-jms-selector", text)
+    try:
+        selector = compile_selector(text)
+    except SelectorError as exc:
+        raise E.ChannelError(E.PRECONDITION_FAILED, str(exc), 60, 20) from None
+    return selector if text.strip() else None
 
 
 _Handler = Callable[[Channel, Any], Coroutine[Any, Any, None] | None]

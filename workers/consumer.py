@@ -9,10 +9,12 @@ yield). It keeps a pointer into the queue log and skips entries others hold.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker.ipc import Msg
 from shm import layout as L
+from workers.levels import Levels
 
 if TYPE_CHECKING:
     from workers.channel import Channel
@@ -32,6 +34,7 @@ class Consumer:
         "cid",
         "exclusive",
         "interested",
+        "levels",
         "no_ack",
         "notified",
         "pointer",
@@ -43,6 +46,7 @@ class Consumer:
         "tag_sstr",
         "unacked",
         "unacked_bytes",
+        "wanted",
     )
 
     def __init__(
@@ -57,6 +61,8 @@ class Consumer:
         priority: int,
         acquiring: bool = True,
         auto_close: bool = False,
+        levels: Levels | None = None,
+        wanted: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.cid = cid
         self.tag = tag
@@ -71,6 +77,12 @@ class Consumer:
         # with x-filter-auto-close it is cancelled once it reaches the end.
         self.acquiring = acquiring
         self.auto_close = auto_close
+        # A priority queue's levels, with a pointer each; None: one log, and
+        # `pointer` / `release_gen` below are used instead.
+        self.levels = levels
+        # A selector (x-filter-jms-selector) over the content header: the
+        # consumer takes only entries it accepts and leaves the rest.
+        self.wanted = wanted
         self.pointer = 0
         self.release_gen = 0
         self.unacked = 0
@@ -151,20 +163,32 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                 return
             # Read the state-change counter before scanning: anything published
             # after this read bumps it, and the scheduler compares.
-            changes = load(changes_word)
-            release_gen = store.release_generation(qid)
-            if release_gen != consumer.release_gen:
-                consumer.release_gen = release_gen
-                consumer.pointer = 0  # acquire() starts at the head
-            got = store.acquire(qid, consumer.pointer)
-            if got.__class__ is int:
-                consumer.pointer = got
+            levels = consumer.levels
+            if levels is None:
+                changes = load(changes_word)
+                release_gen = store.release_generation(qid)
+                if release_gen != consumer.release_gen:
+                    consumer.release_gen = release_gen
+                    consumer.pointer = 0  # acquire() starts at the head
+                if consumer.wanted is None:
+                    got = store.acquire(qid, consumer.pointer)
+                else:
+                    got = store.acquire_matching(qid, consumer.pointer, consumer.wanted)
+                if got.__class__ is int:
+                    consumer.pointer = got
+                    taken = None
+                else:
+                    seq, block, redelivered = got  # type: ignore[misc]
+                    consumer.pointer = seq + 1
+                    taken = (qid, seq, block, redelivered)
+            else:
+                changes = levels.changes()
+                taken = levels.acquire(consumer.wanted)
+            if taken is None:
                 consumer.notified = False
                 ctx.send(Msg.DONE, consumer.cid, changes)
                 return
-            seq, block, redelivered = got  # type: ignore[misc]
-            consumer.pointer = seq + 1
-            channel.deliver(consumer, seq, block, redelivered, out)
+            channel.deliver(consumer, *taken, out)
             delivered += 1
     finally:
         if out:
@@ -196,10 +220,21 @@ def browse(ctx: WorkerContext, consumer: Consumer) -> None:
             if delivered >= BURST:
                 ctx.loop.call_soon(pull, ctx, consumer)
                 return
-            changes = load(changes_word)
-            got = store.peek(qid, consumer.pointer)
-            if got.__class__ is int:
-                consumer.pointer = got
+            levels = consumer.levels
+            if levels is None:
+                changes = load(changes_word)
+                got = store.peek(qid, consumer.pointer)
+                if got.__class__ is int:
+                    consumer.pointer = got
+                    copy = None
+                else:
+                    seq, message, redelivered = got  # type: ignore[misc]
+                    consumer.pointer = seq + 1
+                    copy = (message, redelivered)
+            else:
+                changes = levels.changes()
+                copy = levels.peek()
+            if copy is None:
                 consumer.notified = False
                 if consumer.auto_close:
                     channel.conn.write_many(out)
@@ -208,8 +243,7 @@ def browse(ctx: WorkerContext, consumer: Consumer) -> None:
                 else:
                     ctx.send(Msg.DONE, consumer.cid, changes)
                 return
-            seq, message, redelivered = got  # type: ignore[misc]
-            consumer.pointer = seq + 1
+            message, redelivered = copy
             channel.deliver_copy(consumer, message, redelivered, out)
             delivered += 1
     finally:

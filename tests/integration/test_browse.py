@@ -6,51 +6,16 @@ with connections on both IO workers."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pika
 import pytest
 
 from tests.broker_process import Broker
+from tests.clients import connect, connections_on_both_workers, pump
 
 BROWSE = {"x-filter-no-consume": True}
 SNAPSHOT = {"x-filter-no-consume": True, "x-filter-auto-close": True}
-
-
-def connect(broker: Broker) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(broker.url))
-
-
-def worker_of(conn: pika.BlockingConnection) -> int:
-    return int(conn._impl.server_properties["shoal_worker"])
-
-
-def connections_on_both_workers(broker: Broker) -> tuple[pika.BlockingConnection, ...]:
-    """Two connections on different IO workers (the acceptor balances by load,
-    so a few tries are enough; bounded)."""
-    first = connect(broker)
-    spare = []
-    for _ in range(8):
-        other = connect(broker)
-        if worker_of(other) != worker_of(first):
-            for c in spare:
-                c.close()
-            return first, other
-        spare.append(other)
-    raise AssertionError("every connection landed on the same worker")
-
-
-def pump(
-    conns: list[pika.BlockingConnection], done: Callable[[], bool], timeout: float, what: str
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        for c in conns:
-            c.process_data_events(time_limit=0.02)
 
 
 def fill(ch: Any, queue: str, n: int, start: int = 0) -> None:
@@ -111,6 +76,7 @@ def test_browser_is_notified_of_new_messages(broker: Broker) -> None:
 def test_auto_close_browser_gets_a_snapshot_then_a_cancel(broker: Broker) -> None:
     pub, browser_conn = connections_on_both_workers(broker)
     ch = pub.channel()
+    ch.confirm_delivery()  # all 1000 are in the queue before the snapshot starts
     ch.queue_declare("b3")
     fill(ch, "b3", 1000)
     bch = browser_conn.channel()

@@ -60,3 +60,31 @@ def test_adding_twice_is_an_error() -> None:
     qcm.add((0, 1))
     with pytest.raises(KeyError):
         qcm.add((0, 1))
+
+
+def test_skipped_consumers_keep_their_place() -> None:
+    """The scheduler skips consumers that already looked at the queue's
+    current state (a selector that wants none of what is there)."""
+    qcm = QueueConsumerManager()
+    for c in (1, 2, 3):
+        qcm.add((0, c))
+    assert qcm.notify_next(skip=lambda k: k in {(0, 1), (0, 2)}) == (0, 3)
+    assert qcm.notify_next() is None
+    qcm.done((0, 3))
+    assert list(qcm.candidates()) == [(0, 1), (0, 2), (0, 3)]
+    assert qcm.notify_next(skip=lambda k: True) is None
+    assert qcm.notified is None and qcm.has_interested()
+
+
+def test_single_active_consumer_is_the_first_registered() -> None:
+    qcm = QueueConsumerManager(single_active=True)
+    qcm.add((0, 9), acquiring=False)  # a browser is never the active consumer
+    qcm.add((1, 1))
+    qcm.add((0, 2), priority=10)
+    assert qcm.active() == (1, 1)
+    qcm.set_interest((1, 1), False)
+    assert not qcm.has_interested(), "the others wait even while the active one has no credit"
+    assert qcm.notify_next() is None
+    qcm.remove((1, 1))
+    assert qcm.active() == (0, 2)
+    assert qcm.notify_next() == (0, 2)

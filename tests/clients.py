@@ -1,0 +1,48 @@
+"""pika helpers shared by the integration tests (not a test module)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pika
+
+from tests.broker_process import Broker
+
+
+def connect(broker: Broker) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(broker.url))
+
+
+def worker_of(conn: pika.BlockingConnection) -> int:
+    """The IO worker a connection landed on (server property shoal_worker)."""
+    return int(conn._impl.server_properties["shoal_worker"])
+
+
+def connections_on_both_workers(
+    broker: Broker,
+) -> tuple[pika.BlockingConnection, pika.BlockingConnection]:
+    """Two connections on different IO workers (the acceptor balances by load,
+    so a few tries are enough; bounded)."""
+    first = connect(broker)
+    spare = []
+    for _ in range(8):
+        other = connect(broker)
+        if worker_of(other) != worker_of(first):
+            for c in spare:
+                c.close()
+            return first, other
+        spare.append(other)
+    raise AssertionError("every connection landed on the same worker")
+
+
+def pump(
+    conns: list[pika.BlockingConnection], done: Callable[[], bool], timeout: float, what: str
+) -> None:
+    """Run the connections' I/O until `done()`; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        for c in conns:
+            c.process_data_events(time_limit=0.02)

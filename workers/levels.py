@@ -1,0 +1,93 @@
+"""A consumer's view of a strict priority queue (x-max-priority).
+
+Each priority level that ever got a message has a log of its own (a level
+slot, made by the scheduler on first use; level 0 is the declared queue's
+own log). A consumer keeps one pointer per level and always takes from the
+highest level that has an entry, so a message of a higher priority is
+delivered before any lower one however late it arrives: the consumer's
+pointer into the higher level was behind it all along (Qpid's seed 002
+moves pointers back; separate logs make that implicit). A level with no
+ready entry costs one load; a level never used costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shm import layout as L
+from shm.queues import Message, QueueStore
+
+
+class Levels:
+    __slots__ = ("gen", "pointers", "qid", "qids", "records", "release_gens", "store")
+
+    def __init__(self, store: QueueStore, qid: int) -> None:
+        self.store = store
+        self.qid = qid
+        self.gen = -1
+        self.qids: list[int] = []
+        self.records: list[int] = []
+        self.pointers: dict[int, int] = {}
+        self.release_gens: dict[int, int] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Pick up levels made since (the catalog generation moved)."""
+        store = self.store
+        gen = store.catalog_generation()
+        if gen == self.gen:
+            return
+        levels = store.priority_levels().get(self.qid)
+        self.qids = levels.descending if levels is not None else [self.qid]
+        self.records = [store.layout.queue(qid) for qid in self.qids]
+        self.gen = gen
+
+    def changes(self) -> int:
+        """Q_CHANGES summed over the levels known (the scheduler sums over
+        all of them: a level made since only makes its sum differ)."""
+        load = self.store.a.load
+        return sum(load(record + L.Q_CHANGES) for record in self.records)
+
+    def acquire(
+        self, wanted: Callable[[bytes], bool] | None = None
+    ) -> tuple[int, int, int, bool] | None:
+        """(qid, seq, block, redelivered) of the first available entry of the
+        highest level that has one (and that `wanted`, a selector, accepts),
+        acquired; None if none has."""
+        self.refresh()
+        store = self.store
+        load = store.a.load
+        for qid, record in zip(self.qids, self.records, strict=True):
+            if not load(record + L.Q_READY):
+                continue
+            pointer = self.pointers.get(qid, 0)
+            gen = load(record + L.Q_RELEASE_GEN)
+            if gen != self.release_gens.get(qid, 0):
+                self.release_gens[qid] = gen
+                pointer = 0  # a release put an entry back behind us
+            if wanted is None:
+                got = store.acquire(qid, pointer)
+            else:
+                got = store.acquire_matching(qid, pointer, wanted)
+            if got.__class__ is int:
+                self.pointers[qid] = got
+                continue
+            seq, block, redelivered = got  # type: ignore[misc]
+            self.pointers[qid] = seq + 1
+            return qid, seq, block, redelivered
+        return None
+
+    def peek(self) -> tuple[Message, bool] | None:
+        """A browser's read: the next available entry, highest level first,
+        copied without acquiring it. Browsers' pointers never move back."""
+        self.refresh()
+        store = self.store
+        for qid in self.qids:
+            got = store.peek(qid, self.pointers.get(qid, 0))
+            if got.__class__ is int:
+                self.pointers[qid] = got
+                continue
+            seq, message, redelivered = got  # type: ignore[misc]
+            self.pointers[qid] = seq + 1
+            return message, redelivered
+        return None
