@@ -104,10 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--port", type=int, default=5672)
         p.add_argument("--runtime-dir", default="")
         p.add_argument("--json", action="store_true")
+        p.add_argument(
+            "--consumers",
+            action="store_true",
+            help="per queue, its consumers: scheduler state, priority, pointer, credit, unacked",
+        )
         ns = p.parse_args(args[1:])
         from broker import status
 
         cfg = Config(port=ns.port, runtime_dir=ns.runtime_dir)
+        if ns.consumers:
+            return status.consumers_main(cfg.runtime_path(), ns.json)
         return status.main(cfg.runtime_path(), ns.json)
     if args and args[0] == "run":
         args = args[1:]

@@ -41,11 +41,13 @@ class Msg(IntEnum):
     BIND = 13  # req, vhost, source, kind ("q"/"e"), dest, routing_key, args, conn_id
     UNBIND = 14  # req, vhost, source, kind, dest, routing_key, args, conn_id
     LEVEL = 15  # req, qid, priority: the slot for that level of a priority queue
+    CONSUMERS = 16  # req, [Consumer.inspect() ...]: a worker's answer to INSPECT
     # scheduler -> worker
     REPLY = 20  # req, ok, payload (a list on success, [code, text] on failure)
     NOTIFY = 21  # cid
     CONSUMER_GONE = 22  # cid: its queue was deleted
     RESYNC = 23  # a (new) scheduler asks for HELLO
+    INSPECT = 24  # req: the scheduler asks for the worker's consumers (shoal status)
 
 
 _encode = msgspec.msgpack.Encoder().encode

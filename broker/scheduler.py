@@ -26,6 +26,7 @@ from broker import errors as E
 from broker.config import Config
 from broker.consumers import ConsumerKey, QueueConsumerManager, State
 from broker.definitions import Definitions, Op, new_vhost_ops
+from broker.introspect import Introspection, socket_path
 from broker.ipc import Link, Msg
 from broker.routing import X_MATCH_MODES
 from broker.routing import frozen_args as _frozen_args
@@ -127,6 +128,7 @@ class Scheduler:
         self.vhost = config.default_vhost
         self.catalog = CatalogWriter(seg)
         self.definitions = Definitions()
+        self.introspection = Introspection(self, socket_path(config.runtime_path()))
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
@@ -141,8 +143,12 @@ class Scheduler:
         for link in self.links.values():
             link.send(Msg.RESYNC)
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self.loop.run_until_complete(self.introspection.start())
         self.a.store(slot + L.P_READY, 1)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            self.introspection.close()
         return 0
 
     def _load_definitions(self) -> None:
@@ -235,6 +241,8 @@ class Scheduler:
                 self._reply(worker, m[1], self._bind(*m[2:], unbind=False))
             elif kind == Msg.UNBIND:
                 self._reply(worker, m[1], self._bind(*m[2:], unbind=True))
+            elif kind == Msg.CONSUMERS:
+                self.introspection.on_consumers(worker, m[1], m[2])
             elif kind == Msg.LEVEL:
                 self._reply(worker, m[1], self._level(*m[2:]))
             elif kind == Msg.CONN_CLOSED:
@@ -317,7 +325,7 @@ class Scheduler:
             q.qcm.single_active = single_active
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
-        return [q.qid, q.name, self._sum(q, L.Q_READY), len(q.qcm)]
+        return [q.qid, q.name, self.total(q, L.Q_READY), len(q.qcm)]
 
     def _level(self, qid: int, level: int) -> list[Any]:
         """A publisher needs priority `level` of queue `qid`: give it a slot.
@@ -341,7 +349,7 @@ class Scheduler:
         self.a.store(self.seg.layout.queue(slot) + L.Q_WATCH, 1)
         return [slot]
 
-    def _sum(self, q: QueueState, field: int) -> int:
+    def total(self, q: QueueState, field: int) -> int:
         """A queue-record counter over all the queue's levels."""
         return sum(self.store.word(qid, field) for qid in q.levels.values())
 
@@ -383,7 +391,7 @@ class Scheduler:
             raise E.ChannelError(
                 E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
             )
-        ready = self._sum(q, L.Q_READY)
+        ready = self.total(q, L.Q_READY)
         # RabbitMQ counts ready messages only: a message delivered and not
         # yet acknowledged does not make the queue "not empty".
         if if_empty and ready:
@@ -690,11 +698,11 @@ class Scheduler:
             return
         for watch in watches:
             self.a.store(watch, 1)
-        now = self._sum(q, L.Q_CHANGES)
+        now = self.total(q, L.Q_CHANGES)
         self._wake_browsers(q, now)
         if not acquirer:
             return
-        if not self._sum(q, L.Q_READY):
+        if not self.total(q, L.Q_READY):
             return
         dry = q.dry
         key = q.qcm.notify_next(lambda k: dry.get(k) == now)
@@ -710,7 +718,7 @@ class Scheduler:
         if not q.browsing:
             return
         if now is None:
-            now = self._sum(q, L.Q_CHANGES)
+            now = self.total(q, L.Q_CHANGES)
         for key, changes in list(q.browsing.items()):
             if changes != now:
                 del q.browsing[key]
@@ -724,12 +732,12 @@ class Scheduler:
 
     def _stalled(self, q: QueueState) -> bool:
         if q.browsing:
-            now = self._sum(q, L.Q_CHANGES)
+            now = self.total(q, L.Q_CHANGES)
             if any(changes != now for changes in q.browsing.values()):
                 return True
-        if q.qcm.notified is not None or not self._sum(q, L.Q_READY):
+        if q.qcm.notified is not None or not self.total(q, L.Q_READY):
             return False
-        now = self._sum(q, L.Q_CHANGES)
+        now = self.total(q, L.Q_CHANGES)
         return any(q.dry.get(key) != now for key in q.qcm.candidates())
 
     def _sweep(self) -> None:

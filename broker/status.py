@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from typing import Any
 
 from broker.definitions import Definitions
+from broker.introspect import socket_path
 from shm import layout as L
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
@@ -114,4 +116,63 @@ def main(runtime_dir: str, as_json: bool) -> int:
         return 1
     snap = snapshot(seg)
     print(json.dumps(snap, indent=2) if as_json else render(snap))
+    return 0
+
+
+def query_consumers(runtime_dir: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Ask the scheduler's control socket (broker/introspect.py)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(socket_path(runtime_dir))
+        sock.sendall(b"consumers\n")
+        chunks = []
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+    answer: dict[str, Any] = json.loads(b"".join(chunks))
+    return answer
+
+
+def render_consumers(answer: dict[str, Any]) -> str:
+    lines = []
+    for q in answer["queues"]:
+        extra = []
+        if q["max_priority"]:
+            extra.append(f"max priority {q['max_priority']}")
+        if q["single_active_consumer"]:
+            extra.append("single active consumer")
+        lines.append(
+            f"queue '{q['name']}' in vhost '{q['vhost']}': {q['messages_ready']} ready, "
+            f"{q['messages_unacked']} unacked" + "".join(f", {e}" for e in extra)
+        )
+        if not q["consumers"]:
+            lines.append("  (no consumers)")
+            continue
+        lines.append(
+            f"  {'WORKER':>6} {'TAG':<24} {'STATE':<15}{'PRIO':>5} {'POINTER':>9}"
+            f"{'CREDIT':>8}{'UNACKED':>9}  SELECTOR"
+        )
+        for c in q["consumers"]:
+            state = c["state"] + ("*" if c.get("active") else "")
+            pointer = c.get("pointer", "?")
+            if isinstance(pointer, dict):  # one per priority level: the highest's
+                pointer = f"p{max(pointer, key=int)}:{pointer[max(pointer, key=int)]}"
+            credit = c.get("credit", "?")
+            lines.append(
+                f"  {c['worker']:>6} {str(c.get('tag', c['cid']))[:24]:<24} {state:<15}"
+                f"{c.get('priority', ''):>5} {pointer:>9}"
+                f"{'-' if credit is None else credit:>8}{c.get('unacked', '?'):>9}"
+                f"  {c.get('selector') or ''}"
+            )
+    if answer["missing_workers"]:
+        lines.append(f"no answer from workers {answer['missing_workers']}")
+    return "\n".join(lines)
+
+
+def consumers_main(runtime_dir: str, as_json: bool) -> int:
+    try:
+        answer = query_consumers(runtime_dir)
+    except OSError as exc:
+        print(f"shoal status: no scheduler answering at {runtime_dir}: {exc}")
+        return 1
+    print(json.dumps(answer, indent=2) if as_json else render_consumers(answer))
     return 0

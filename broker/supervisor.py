@@ -25,6 +25,7 @@ from setproctitle import setproctitle
 from broker import systemd
 from broker.acceptor import run_acceptor
 from broker.config import Config
+from broker.introspect import socket_path
 from broker.ipc import Msg, encode, socketpair
 from broker.scheduler import run_scheduler
 from shm import layout as L
@@ -364,6 +365,10 @@ class Supervisor:
     def _cleanup(self) -> None:
         if self.seg is not None:
             self.seg.unlink()
+        try:  # the scheduler's control socket, if it was killed
+            os.unlink(socket_path(self.config.runtime_path()))
+        except FileNotFoundError:
+            pass
         if self.created_dir:
             try:
                 os.rmdir(self.config.runtime_path())

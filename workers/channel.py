@@ -946,6 +946,7 @@ class Channel:
             acquiring=not browse,
             auto_close=auto_close,
             wanted=None if selector is None else selector.matches,
+            selector=None if selector is None else selector.text,
             levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,
         )
         # Registered as not interested: no delivery may overtake consume-ok.

@@ -10,7 +10,7 @@ yield). It keeps a pointer into the queue log and skips entries others hold.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.ipc import Msg
 from shm import layout as L
@@ -42,6 +42,7 @@ class Consumer:
         "qid",
         "queue_name",
         "release_gen",
+        "selector",
         "tag",
         "tag_sstr",
         "unacked",
@@ -63,6 +64,7 @@ class Consumer:
         auto_close: bool = False,
         levels: Levels | None = None,
         wanted: Callable[[bytes], bool] | None = None,
+        selector: str | None = None,
     ) -> None:
         self.cid = cid
         self.tag = tag
@@ -83,6 +85,7 @@ class Consumer:
         # A selector (x-filter-jms-selector) over the content header: the
         # consumer takes only entries it accepts and leaves the rest.
         self.wanted = wanted
+        self.selector = selector
         self.pointer = 0
         self.release_gen = 0
         self.unacked = 0
@@ -93,6 +96,36 @@ class Consumer:
 
     def record(self) -> list[object]:
         return [self.cid, self.qid, self.priority, self.acquiring, self.exclusive, self.interested]
+
+    def inspect(self) -> dict[str, Any]:
+        """What `shoal status --consumers` shows of this consumer."""
+        ch = self.channel
+        credit = None if self.no_ack or not ch.prefetch_count else ch.prefetch_count - self.unacked
+        if self.levels is None:
+            pointer: object = self.pointer
+        else:
+            levels = self.levels
+            pointer = {
+                str(priority): levels.pointers.get(qid, 0)
+                for priority, qid in zip(levels.priorities, levels.qids, strict=True)
+            }
+        return {
+            "cid": self.cid,
+            "tag": self.tag.decode(errors="replace"),
+            "connection": f"{ch.conn.id:x}",
+            "channel": ch.number,
+            "priority": self.priority,
+            "acquiring": self.acquiring,
+            "exclusive": self.exclusive,
+            "no_ack": self.no_ack,
+            "selector": self.selector,
+            "pointer": pointer,
+            "credit": credit,
+            "unacked": self.unacked,
+            "unacked_bytes": self.unacked_bytes,
+            "can_deliver": self.wants_work(),
+            "pulling": self.notified,
+        }
 
     def has_credit(self) -> bool:
         """basic.qos credit. A byte limit admits one more message while the

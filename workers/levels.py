@@ -19,13 +19,23 @@ from shm.queues import Message, QueueStore
 
 
 class Levels:
-    __slots__ = ("gen", "pointers", "qid", "qids", "records", "release_gens", "store")
+    __slots__ = (
+        "gen",
+        "pointers",
+        "priorities",
+        "qid",
+        "qids",
+        "records",
+        "release_gens",
+        "store",
+    )
 
     def __init__(self, store: QueueStore, qid: int) -> None:
         self.store = store
         self.qid = qid
         self.gen = -1
         self.qids: list[int] = []
+        self.priorities: list[int] = []  # of self.qids, in the same order
         self.records: list[int] = []
         self.pointers: dict[int, int] = {}
         self.release_gens: dict[int, int] = {}
@@ -38,7 +48,11 @@ class Levels:
         if gen == self.gen:
             return
         levels = store.priority_levels().get(self.qid)
-        self.qids = levels.descending if levels is not None else [self.qid]
+        if levels is None:  # deleted meanwhile: the consumer is being cancelled
+            self.priorities, self.qids = [0], [self.qid]
+        else:
+            self.priorities = sorted(levels.by_level, reverse=True)
+            self.qids = [levels.by_level[p] for p in self.priorities]
         self.records = [store.layout.queue(qid) for qid in self.qids]
         self.gen = gen
 

@@ -125,6 +125,8 @@ class Worker:
                 consumer.channel.consumer_gone(consumer)
         elif kind == Msg.RESYNC:
             ctx.hello()
+        elif kind == Msg.INSPECT:
+            ctx.send(Msg.CONSUMERS, message[1], [c.inspect() for c in ctx.consumers.values()])
 
     def _graceful_stop(self) -> None:
         if self.stopping:

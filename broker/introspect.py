@@ -1,0 +1,138 @@
+"""The scheduler's control socket: what `shoal status --consumers` shows.
+
+The scheduler knows each consumer's place in its queue's
+QueueConsumerManager (interested, notified, not interested, non-acquiring);
+only the consumer's IO worker knows its pointer, credit and unacked count.
+A request on `<runtime dir>/scheduler.sock` (one line, `consumers`) makes
+the scheduler ask every worker (INSPECT) and answer with one JSON document
+that joins the two, per queue. A worker that does not answer within
+REPLY_TIMEOUT is named in `missing_workers`; its consumers are listed with
+the scheduler's half only. Nothing here is on the message path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from broker.ipc import Msg
+from shm import layout as L
+
+if TYPE_CHECKING:
+    from broker.scheduler import QueueState, Scheduler
+
+SOCKET_NAME = "scheduler.sock"
+REPLY_TIMEOUT = 2.0
+REQUEST_TIMEOUT = 5.0
+
+
+def socket_path(runtime_dir: str) -> str:
+    return os.path.join(runtime_dir, SOCKET_NAME)
+
+
+class Introspection:
+    def __init__(self, scheduler: Scheduler, path: str) -> None:
+        self.scheduler = scheduler
+        self.path = path
+        self._reqs = itertools.count(1)
+        # req -> (records by worker, workers still to answer, all answered)
+        self._waiting: dict[int, tuple[dict[int, list[Any]], set[int], asyncio.Future[None]]] = {}
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        try:
+            os.unlink(self.path)  # left by a predecessor killed with SIGKILL
+        except FileNotFoundError:
+            pass
+        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def on_consumers(self, worker: int, req: int, records: list[Any]) -> None:
+        """A worker's answer to INSPECT."""
+        waiting = self._waiting.get(req)
+        if waiting is None:
+            return  # too late: the request has been answered already
+        replies, expected, done = waiting
+        replies[worker] = records
+        expected.discard(worker)
+        if not expected and not done.done():
+            done.set_result(None)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT)
+            if line.strip() == b"consumers":
+                answer: dict[str, Any] = await self.consumers()
+            else:
+                answer = {"error": f"unknown request {line.strip()[:40]!r}; try 'consumers'"}
+            writer.write(json.dumps(answer).encode() + b"\n")
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def consumers(self) -> dict[str, Any]:
+        scheduler = self.scheduler
+        req = next(self._reqs)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        replies: dict[int, list[Any]] = {}
+        expected = set(scheduler.links)
+        self._waiting[req] = (replies, expected, done)
+        try:
+            for link in scheduler.links.values():
+                link.send(Msg.INSPECT, req)
+            if expected:
+                await asyncio.wait_for(done, REPLY_TIMEOUT)
+        except TimeoutError:
+            pass
+        finally:
+            del self._waiting[req]
+        by_key = {
+            (worker, record["cid"]): record
+            for worker, records in replies.items()
+            for record in records
+        }
+        queues = sorted(scheduler.queues.values(), key=lambda q: (q.vhost, q.name))
+        return {
+            "queues": [self._queue(q, by_key) for q in queues],
+            "missing_workers": sorted(expected),
+        }
+
+    def _queue(
+        self, q: QueueState, by_key: dict[tuple[int, int], dict[str, Any]]
+    ) -> dict[str, Any]:
+        scheduler = self.scheduler
+        now = scheduler.total(q, L.Q_CHANGES)
+        active = q.qcm.active() if q.qcm.single_active else None
+        consumers = []
+        for key in q.qcm:
+            entry: dict[str, Any] = {
+                "worker": key[0],
+                "state": q.qcm.state(key).value,
+                # Ran dry at the queue's current state: skipped until it changes.
+                "seen_everything": q.dry.get(key) == now or q.browsing.get(key) == now,
+            }
+            if q.qcm.single_active:
+                entry["active"] = key == active
+            entry.update(by_key.get(key, {"cid": key[1]}))
+            consumers.append(entry)
+        return {
+            "vhost": q.vhost,
+            "name": q.name.decode(errors="replace"),
+            "max_priority": q.max_priority,
+            "single_active_consumer": q.qcm.single_active,
+            "messages_ready": scheduler.total(q, L.Q_READY),
+            "messages_unacked": scheduler.total(q, L.Q_UNACKED),
+            "consumers": consumers,
+        }
