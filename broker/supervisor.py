@@ -25,10 +25,12 @@ from setproctitle import setproctitle
 from broker import systemd
 from broker.acceptor import run_acceptor
 from broker.config import Config
+from broker.definitions import new_vhost_ops
 from broker.introspect import socket_path
 from broker.ipc import Msg, encode, socketpair
 from broker.scheduler import run_scheduler
 from shm import layout as L
+from shm.catalog import CatalogWriter
 from shm.recovery import recover_worker
 from shm.segment import Segment
 from shm.wake import Waker
@@ -97,6 +99,11 @@ class Supervisor:
         sup = self.seg.layout.proc(L.supervisor_slot(self.seg.layout))
         a.store(sup + L.P_PID, os.getpid())
         a.store(sup + L.P_ROLE, L.ROLE_SUPERVISOR)
+        # The default vhost and its exchanges are journaled before any child
+        # runs: a client the acceptor hands to a worker before the scheduler
+        # has started must find "/" (the scheduler replays this, and is the
+        # only writer from then on).
+        CatalogWriter(self.seg).compact(new_vhost_ops(config.default_vhost, 0))
         family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

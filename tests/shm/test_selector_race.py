@@ -1,0 +1,154 @@
+"""Selector consumers (QueueStore.acquire_matching) racing plain acquirers
+and each other across processes, one of them killed with SIGKILL halfway:
+every message is acked exactly once, a selector consumer only ever acks
+messages its selector wants, and the killed consumer's entries come back
+(release_owner, as the supervisor does) for the others."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import struct
+import time
+from collections.abc import Callable
+
+from shm import layout as L
+from shm._atomic import Atomic
+from shm.arena import Arena, message_size, read_message, release_hold, write_message
+from shm.queues import QueueFull, QueueStore
+from shm.segment import Segment
+
+from ._support import SMALL, SegmentFactory, qword
+
+QID = 5
+MESSAGES = 60_000
+DEADLINE = 60.0
+ID = struct.Struct("<Q")
+# Control page: per message id, how many times it was acked, and by whom.
+ACKS = 0
+ACKED_BY = MESSAGES * 8
+DONE = 2 * MESSAGES * 8  # count of acked messages
+CTRL = DONE + 8
+
+
+def header_for(mid: int) -> bytes:
+    # The selector reads this "header": the message's residue mod 3.
+    return b"r%d" % (mid % 3)
+
+
+def wants(residue: int) -> Callable[[bytes], bool]:
+    wanted = b"r%d" % residue
+    return lambda header: header == wanted
+
+
+def produce(seg: Segment, ctrl: Atomic) -> None:
+    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    slot = seg.layout.proc(0)
+    a = seg.atomic
+    deadline = time.monotonic() + DEADLINE
+    for mid in range(MESSAGES):
+        header, body = header_for(mid), ID.pack(mid)
+        while (block := arena.alloc(message_size(b"", b"", header, len(body)))) is None:
+            assert time.monotonic() < deadline
+            os.sched_yield()
+        start = write_message(seg, block, b"", b"", header, len(body))
+        seg.buf[start : start + len(body)] = body
+        while True:
+            a.fetch_add(block + L.B_REFS, 1)
+            try:
+                store.append(QID, block, slot)
+                break
+            except QueueFull:
+                a.fetch_add(block + L.B_REFS, -1)
+                assert time.monotonic() < deadline
+                os.sched_yield()
+        release_hold(seg, block)
+
+
+def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None:
+    """Acquire (with a selector when `residue` is given) and ack at once."""
+    store = QueueStore(seg, owner)
+    wanted = None if residue is None else wants(residue)
+    pointer = release_gen = 0
+    deadline = time.monotonic() + DEADLINE
+    while ctrl.load(DONE) < MESSAGES:
+        assert time.monotonic() < deadline, "consumers did not finish"
+        gen = store.release_generation(QID)
+        if gen != release_gen:
+            release_gen, pointer = gen, 0
+        if wanted is None:
+            got = store.acquire(QID, pointer)
+        else:
+            got = store.acquire_matching(QID, pointer, wanted)
+        if isinstance(got, int):
+            pointer = got
+            os.sched_yield()
+            continue
+        seq, block, _redelivered = got
+        pointer = seq + 1
+        _ex, _rk, header, body = read_message(seg, block)
+        (mid,) = ID.unpack(body)
+        assert wanted is None or wanted(header), f"selector {residue} took {header!r}"
+        assert store.ack(QID, seq)
+        ctrl.fetch_add(ACKS + mid * 8, 1)
+        ctrl.store(ACKED_BY + mid * 8, owner)
+        ctrl.fetch_add(DONE, 1)
+
+
+def fork(target: Callable[..., None], *args: object) -> int:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            target(*args)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    return pid
+
+
+def test_selector_consumers_race_plain_ones_and_survive_a_sigkill(
+    make_segment: SegmentFactory,
+) -> None:
+    seg = make_segment(SMALL)
+    QueueStore(seg, 0).create(QID, b"selector-race", 0, 0)
+    ctrl = Atomic(mmap.mmap(-1, CTRL))
+    # Owners 2..4 select residues 0..2 (owner 2 is killed); 5 is a plain consumer.
+    victim = fork(consume, seg, ctrl, 2, 0)
+    pids = [fork(produce, seg, ctrl), victim]
+    pids += [fork(consume, seg, ctrl, owner, owner - 2) for owner in (3, 4)]
+    pids.append(fork(consume, seg, ctrl, 5, None))
+    status: dict[int, int] = {}
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while ctrl.load(DONE) < MESSAGES // 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        os.kill(victim, signal.SIGKILL)
+        status[victim] = os.waitpid(victim, 0)[1]
+        # What the supervisor does for a dead worker: put its entries back.
+        QueueStore(seg, 0).release_owner(2)
+        for pid in pids:
+            if pid not in status:
+                while (reaped := os.waitpid(pid, os.WNOHANG))[0] == 0:
+                    assert time.monotonic() < deadline + 30, "a child did not finish"
+                    time.sleep(0.01)
+                status[pid] = reaped[1]
+    finally:
+        for pid in pids:
+            if pid not in status:
+                os.kill(pid, signal.SIGKILL)
+                status[pid] = os.waitpid(pid, 0)[1]
+    assert os.WIFSIGNALED(status.pop(victim))
+    assert all(code == 0 for code in status.values()), status
+    acks = [ctrl.load(ACKS + mid * 8) for mid in range(MESSAGES)]
+    assert acks == [1] * MESSAGES, "a message was lost or acked twice"
+    by = [ctrl.load(ACKED_BY + mid * 8) for mid in range(MESSAGES)]
+    for mid, owner in enumerate(by):
+        assert owner == 5 or owner - 2 == mid % 3, f"message {mid} went to selector {owner - 2}"
+    assert {3, 4, 5} <= set(by), "a consumer got nothing: the race was not exercised"
+    assert qword(seg, QID, L.Q_HEAD) == qword(seg, QID, L.Q_TAIL) == MESSAGES
