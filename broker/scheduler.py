@@ -698,11 +698,13 @@ class Scheduler:
             return
         for watch in watches:
             self.a.store(watch, 1)
+        # READY first, CHANGES second; publishers and releasers bump them in
+        # the opposite order: any entry counted in `ready` is counted in `now`
+        # too, so a consumer that ran dry at `now` has had it in its scan.
+        ready = self.total(q, L.Q_READY)
         now = self.total(q, L.Q_CHANGES)
         self._wake_browsers(q, now)
-        if not acquirer:
-            return
-        if not self.total(q, L.Q_READY):
+        if not acquirer or not ready:
             return
         dry = q.dry
         key = q.qcm.notify_next(lambda k: dry.get(k) == now)
@@ -737,7 +739,7 @@ class Scheduler:
                 return True
         if q.qcm.notified is not None or not self.total(q, L.Q_READY):
             return False
-        now = self.total(q, L.Q_CHANGES)
+        now = self.total(q, L.Q_CHANGES)  # after READY, as in _watch
         return any(q.dry.get(key) != now for key in q.qcm.candidates())
 
     def _sweep(self) -> None:

@@ -464,9 +464,12 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyLong_FromLong(-1);
     if (LOAD(q + Q_STATE / 8) != state)
         return PyLong_FromLongLong(-2 - (long long)t);
+    /* CHANGES before READY: the scheduler reads READY then CHANGES, so a
+     * READY it sees counting this entry comes with a CHANGES that does too
+     * (shm/ARCHITECTURE.md 7, "several consumers"). */
+    ADD(q + Q_CHANGES / 8, 1);
     ADD(q + Q_READY / 8, 1);
     ADD(q + Q_PUBLISHED / 8, 1);
-    ADD(q + Q_CHANGES / 8, 1);
     return PyLong_FromUnsignedLongLong(t);
 }
 

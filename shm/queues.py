@@ -297,9 +297,9 @@ class QueueStore:
         if a.load(q + L.Q_STATE) != state:
             self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
             raise QueueGone(qid)
+        a.fetch_add(q + L.Q_CHANGES, 1)  # before READY, as in the C append
         a.fetch_add(q + L.Q_READY, 1)
         a.fetch_add(q + L.Q_PUBLISHED, 1)
-        a.fetch_add(q + L.Q_CHANGES, 1)
         return t
 
     def acquire(self, qid: int, pointer: int) -> tuple[int, int, bool] | int:
@@ -420,11 +420,14 @@ class QueueStore:
         if not a.cas(cell, w, seq << _SEQ | _REDELIVERED | _AVAIL):
             return False
         q = self.layout.queue(qid)
+        # RELEASE_GEN, then CHANGES, then READY: a consumer that reads CHANGES
+        # after this bump also sees the generation and rewinds; the scheduler
+        # reads READY then CHANGES (as for append).
+        a.fetch_add(q + L.Q_RELEASE_GEN, 1)
+        a.fetch_add(q + L.Q_CHANGES, 1)
         a.fetch_add(q + L.Q_UNACKED, -1)
         a.fetch_add(q + L.Q_READY, 1)
         a.fetch_add(q + L.Q_REDELIVERED, 1)
-        a.fetch_add(q + L.Q_RELEASE_GEN, 1)
-        a.fetch_add(q + L.Q_CHANGES, 1)
         return True
 
     def purge(self, qid: int) -> int:
