@@ -52,6 +52,7 @@ class Pending:
         "body_size",
         "exchange",
         "header",
+        "levelled",
         "mandatory",
         "qids",
         "received",
@@ -69,6 +70,8 @@ class Pending:
         self.block = 0
         self.body_off = 0
         self.body: bytearray | None = None  # only for unroutable messages
+        # Logs the scheduler chose for a priority level (LEVEL replies): final.
+        self.levelled: set[int] | None = None
 
 
 class Transaction:
@@ -424,7 +427,7 @@ class Channel:
         qids = pending.qids
         for i, qid in enumerate(qids):
             levels = priority_queues.get(qid)
-            if levels is None:
+            if levels is None or (pending.levelled is not None and qid in pending.levelled):
                 continue
             level = min(F.message_priority(pending.header), levels.max_priority)
             target = levels.by_level.get(level)
@@ -444,8 +447,14 @@ class Channel:
             if self.conn.closed:
                 return
             self.busy = False
-            if not reply.cancelled() and reply.exception() is None:
-                self._use_level(pending, qid, reply.result()[0])
+            exc = reply.exception() if not reply.cancelled() else None
+            if exc is not None or reply.cancelled():
+                log.error("connection %x: no priority level log", self.conn.id, exc_info=exc)
+                self.conn.fail(
+                    E.ConnectionError_(E.INTERNAL_ERROR, "no log for a priority level", 60, 40)
+                )
+                return
+            self._use_level(pending, qid, reply.result()[0])
             self._complete()
             if not self.busy:
                 self.conn.release_reading(self)
@@ -455,10 +464,14 @@ class Channel:
 
     @staticmethod
     def _use_level(pending: Pending, qid: int, target: int) -> None:
-        """The scheduler's answer: the level's log, or -1 if the queue was
+        """The scheduler's answer: the level's log (with no slot free, a
+        lower level's, maybe the queue's own), or -1 if the queue was
         deleted (the append then finds it gone and drops the message)."""
         if target >= 0 and qid in pending.qids:
             pending.qids[pending.qids.index(qid)] = target
+            if pending.levelled is None:
+                pending.levelled = set()
+            pending.levelled.add(target)
 
     def _append(self, pending: Pending) -> bool:
         """Append a routed message to each of its queues, then drop the

@@ -203,3 +203,38 @@ def test_invalid_max_priority_is_refused(broker: Broker, value: Any, detail: str
         f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue 'p7' in vhost '/': {detail}"
     )
     conn.close()
+
+
+def test_transactional_publishes_reach_new_levels_in_order(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    declare(ch, "p8")
+    ch.tx_select()
+    for i, priority in enumerate([2, 0, 9, 2, 9]):
+        publish(ch, "p8", f"{priority}:{i}", priority)
+    assert ch.queue_declare("p8", arguments={"x-max-priority": MAX}).method.message_count == 0
+    ch.tx_commit()  # levels 2 and 9 are made during the commit
+    got = []
+    while (message := ch.basic_get("p8", auto_ack=True))[0] is not None:
+        got.append(message[2])
+    assert got == [b"9:2", b"9:4", b"2:0", b"2:3", b"0:1"]
+    conn.close()
+
+
+def test_without_a_free_slot_a_new_level_falls_back_to_a_lower_one(broker_factory: Any) -> None:
+    broker = broker_factory(args=("--max-queues", "64"))
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare(ch, "p9")
+    for i in range(62):  # 63 slots used: one left, for the first level
+        ch.queue_declare(f"filler-{i}")
+    for priority in (0, 1, 5, 3):
+        publish(ch, "p9", f"{priority}:x", priority)
+    got = []
+    while (message := ch.basic_get("p9", auto_ack=True))[0] is not None:
+        got.append(message[2])
+    # Level 1 got the last slot; 5 and 3 share it, in arrival order, ahead of 0.
+    assert got == [b"1:x", b"5:x", b"3:x", b"0:x"]
+    assert "no free slot for priority 5" in broker.log()
+    conn.close()
