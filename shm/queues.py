@@ -344,18 +344,23 @@ class QueueStore:
         return tail
 
     def acquire_matching(
-        self, qid: int, pointer: int, wanted: Callable[[bytes], bool]
+        self, qid: int, pointer: int, wanted: Callable[[bytes], bool], limit: int = 1024
     ) -> tuple[int, int, bool] | int:
         """acquire() for a consumer with a selector: the first AVAILABLE entry
         at or after `pointer` whose content header `wanted` accepts. Each
         header is read as peek() reads (shm/ARCHITECTURE.md 3a), before any
         write; only a wanted entry is CAS'd to ACQUIRED, so the others stay
-        for other consumers. Same returns as acquire()."""
+        for other consumers. Same returns as acquire(), plus one: after
+        `limit` unwanted entries it stops and returns -1 - (where it got to),
+        so that a long run of them is read in bounded slices."""
         a, q = self.a, self.layout.queue(qid)
         ring, mask = self.layout.log(qid), self.mask
         seq = max(pointer, a.load(q + L.Q_HEAD))
         tail = a.load(q + L.Q_TAIL)
+        stop = seq + limit
         while seq < tail:
+            if seq >= stop:
+                return -1 - seq
             cell = ring + (seq & mask) * L.CELL_SIZE
             word = a.load(cell)
             if _unpublished(word, seq):

@@ -189,19 +189,15 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                 consumer.notified = False
                 update_interest(ctx, consumer)
                 return
-            if delivered >= LOCAL_BURST and load(record + L.Q_CONSUMERS) <= 1:
-                # The queue's only consumer: nobody to yield to, so skip the
-                # round trip through the scheduler; only let the worker's
-                # other connections have their turn first.
-                ctx.loop.call_soon(pull, ctx, consumer)
-                return
-            if delivered >= BURST:
-                consumer.notified = False
-                ctx.send(Msg.DONE, consumer.cid, -1)
+            if delivered >= LOCAL_BURST and (
+                delivered >= BURST or load(record + L.Q_CONSUMERS) <= 1
+            ):
+                _yield(ctx, consumer, record)
                 return
             # Read the state-change counter before scanning: anything published
             # after this read bumps it, and the scheduler compares.
             levels = consumer.levels
+            taken: tuple[int, int, int, bool] | int | None
             if levels is None:
                 changes = load(changes_word)
                 release_gen = store.release_generation(qid)
@@ -213,8 +209,12 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                 else:
                     got = store.acquire_matching(qid, consumer.pointer, consumer.wanted)
                 if got.__class__ is int:
-                    consumer.pointer = got
-                    taken = None
+                    if got < 0:  # a selector's slice of unwanted entries
+                        consumer.pointer = -1 - got
+                        taken = -1
+                    else:
+                        consumer.pointer = got
+                        taken = None
                 else:
                     seq, block, redelivered = got  # type: ignore[misc]
                     consumer.pointer = seq + 1
@@ -222,17 +222,36 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
             else:
                 changes = levels.changes()
                 taken = levels.acquire(consumer.wanted)
+            if isinstance(taken, int):
+                # A selector read its slice of unwanted entries: bounded work.
+                # Let the others run and go on from the pointer later (the
+                # queue is not dry for this consumer yet).
+                _yield(ctx, consumer, record)
+                return
             if taken is None:
                 consumer.notified = False
                 ctx.send(Msg.DONE, consumer.cid, changes)
                 return
-            channel.deliver(consumer, *taken, out)
+            log_qid, seq, block, redelivered = taken
+            channel.deliver(consumer, log_qid, seq, block, redelivered, out)
             delivered += 1
     finally:
         if out:
             channel.conn.write_many(out)
         if delivered:
             ctx.count(L.P_DELIVERED, delivered)
+
+
+def _yield(ctx: WorkerContext, consumer: Consumer, record: int) -> None:
+    """End a turn with work left. The queue's only consumer has nobody to
+    yield to, so it skips the round trip through the scheduler and only lets
+    the worker's other connections run first; otherwise DONE -1 hands the
+    turn to the next consumer."""
+    if ctx.atomic.load(record + L.Q_CONSUMERS) <= 1:
+        ctx.loop.call_soon(pull, ctx, consumer)
+        return
+    consumer.notified = False
+    ctx.send(Msg.DONE, consumer.cid, -1)
 
 
 def browse(ctx: WorkerContext, consumer: Consumer) -> None:
@@ -248,14 +267,14 @@ def browse(ctx: WorkerContext, consumer: Consumer) -> None:
     load = ctx.atomic.load
     channel = consumer.channel
     out: list[bytes] = []
-    delivered = 0
+    delivered = looked = 0
     try:
         while True:
             if not consumer.wants_work():
                 consumer.notified = False
                 update_interest(ctx, consumer)
                 return
-            if delivered >= LOCAL_BURST:
+            if looked >= LOCAL_BURST:
                 ctx.loop.call_soon(pull, ctx, consumer)
                 return
             levels = consumer.levels
@@ -282,6 +301,9 @@ def browse(ctx: WorkerContext, consumer: Consumer) -> None:
                     ctx.send(Msg.DONE, consumer.cid, changes)
                 return
             message, redelivered = copy
+            looked += 1
+            if consumer.wanted is not None and not consumer.wanted(message[2]):
+                continue  # a browser with a selector: not one it wants to see
             channel.deliver_copy(consumer, message, redelivered, out)
             delivered += 1
     finally:

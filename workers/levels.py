@@ -64,10 +64,11 @@ class Levels:
 
     def acquire(
         self, wanted: Callable[[bytes], bool] | None = None
-    ) -> tuple[int, int, int, bool] | None:
+    ) -> tuple[int, int, int, bool] | int | None:
         """(qid, seq, block, redelivered) of the first available entry of the
         highest level that has one (and that `wanted`, a selector, accepts),
-        acquired; None if none has."""
+        acquired; None if none has; -1 if a selector read its slice of
+        unwanted entries (acquire_matching) and the caller should yield."""
         self.refresh()
         store = self.store
         load = store.a.load
@@ -84,6 +85,9 @@ class Levels:
             else:
                 got = store.acquire_matching(qid, pointer, wanted)
             if got.__class__ is int:
+                if got < 0:
+                    self.pointers[qid] = -1 - got
+                    return -1
                 self.pointers[qid] = got
                 continue
             seq, block, redelivered = got  # type: ignore[misc]

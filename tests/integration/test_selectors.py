@@ -151,3 +151,56 @@ def test_an_invalid_selector_fails_the_consume_with_its_position(
     assert exc.value.reply_text.startswith("PRECONDITION_FAILED - invalid selector")
     assert where in exc.value.reply_text
     conn.close()
+
+
+def test_a_browser_with_a_selector_sees_only_what_it_selects(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("sel5")
+    for i in range(20):
+        ch.basic_publish("", "sel5", b"%d" % i, pika.BasicProperties(headers={"n": i}))
+    seen: list[int] = []
+    cancelled: list[str] = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    ch.basic_consume(
+        "sel5",
+        lambda c, m, p, b: seen.append(int(b)),
+        auto_ack=True,
+        arguments={
+            "x-filter-no-consume": True,
+            "x-filter-auto-close": True,
+            "x-filter-jms-selector": "n >= 15 OR n = 3",
+        },
+    )
+    pump([conn], lambda: bool(cancelled), 10, "the end of the browse")
+    assert seen == [3, 15, 16, 17, 18, 19]
+    assert ch.queue_declare("sel5", passive=True).method.message_count == 20
+    conn.close()
+
+
+@pytest.mark.parametrize("consumers", [1, 2])
+def test_a_long_run_of_unwanted_messages_is_read_in_slices(broker: Broker, consumers: int) -> None:
+    """More unwanted entries than one slice (1024) in front of the wanted
+    ones: the selector consumer yields between slices and still gets them,
+    whether it is the queue's only consumer or one of two."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("sel6")
+    for _ in range(3000):
+        ch.basic_publish("", "sel6", b"no", pika.BasicProperties(headers={"k": "no"}))
+    for i in range(3):
+        ch.basic_publish("", "sel6", b"%d" % i, pika.BasicProperties(headers={"k": "yes"}))
+    got: list[bytes] = []
+    for _ in range(consumers):
+        ch.basic_consume(
+            "sel6",
+            lambda c, m, p, b: got.append(b),
+            auto_ack=True,
+            arguments={"x-filter-jms-selector": "k = 'yes'"},
+        )
+    pump([conn], lambda: len(got) >= 3, 10, "the wanted messages behind the unwanted ones")
+    assert sorted(got) == [b"0", b"1", b"2"]
+    assert ch.queue_declare("sel6", passive=True).method.message_count == 3000
+    conn.close()
