@@ -653,6 +653,13 @@ class Scheduler:
         if not q.qcm.done(key):
             return
         self._wake_browsers(q)
+        if changes < 0:
+            # A yield with work left: the next consumer's turn at once (the
+            # one that yielded is a candidate again, at the back).
+            nxt = q.qcm.notify_next()
+            if nxt is not None:
+                self.links[nxt[0]].send(Msg.NOTIFY, nxt[1])
+                return
         self._watch(q)  # the next consumer's turn, or wait for a change
 
     def _hello(self, worker: int, records: list[list[Any]]) -> None:
