@@ -66,6 +66,18 @@ def _broker_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"]
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="Prometheus endpoint, /metrics (default %(default)s; 0: off)",
+    )
+    p.add_argument("--metrics-bind", default=d.metrics_bind, help="default: --bind")
+    p.add_argument(
+        "--cluster-name",
+        default=d.cluster_name,
+        help="rabbitmq_cluster label of the metrics (default shoal@<hostname>)",
+    )
     return p
 
 
@@ -84,6 +96,10 @@ def local_command(port: int, workers: int, runtime_dir: str, *extra: str) -> lis
         str(workers),
         "--runtime-dir",
         runtime_dir,
+        # No metrics endpoint unless asked for: 15692 may be taken (by another
+        # test's broker, or a RabbitMQ started for comparison).
+        "--metrics-port",
+        "0",
         *extra,
     ]
 

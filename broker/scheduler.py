@@ -31,9 +31,11 @@ from broker.ipc import Link, Msg
 from broker.routing import X_MATCH_MODES
 from broker.routing import frozen_args as _frozen_args
 from shm import layout as L
+from shm import stats as S
 from shm.catalog import CatalogFull, CatalogWriter
 from shm.queues import QueueStore
 from shm.segment import Segment
+from shm.stats import Counters
 from shm.wake import Waker
 
 log = logging.getLogger("shoal.scheduler")
@@ -129,6 +131,7 @@ class Scheduler:
         self.catalog = CatalogWriter(seg)
         self.definitions = Definitions()
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
+        self.stats = Counters(seg, L.scheduler_slot(seg.layout))
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
@@ -229,8 +232,10 @@ class Scheduler:
                 self._remove_consumer((worker, m[1]))
             elif kind == Msg.DECLARE:
                 self._reply(worker, m[1], self._declare(*m[2:]))
+                self.stats.flush()
             elif kind == Msg.DELETE:
                 self._reply(worker, m[1], self._delete(*m[2:]))
+                self.stats.flush()
             elif kind == Msg.PURGE:
                 self._reply(worker, m[1], self._purge(*m[2:]))
             elif kind == Msg.EXCHANGE_DECLARE:
@@ -278,6 +283,7 @@ class Scheduler:
         conn_id: int,
         arguments: dict[str, Any],
     ) -> list[Any]:
+        self.stats.v[S.QUEUES_DECLARED] += 1
         q = self.by_name.get((vhost, name)) if name else None
         if q is not None:
             self._check_exclusive(q, conn_id)
@@ -323,6 +329,7 @@ class Scheduler:
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.max_priority = max_priority
             q.qcm.single_active = single_active
+            self.stats.v[S.QUEUES_CREATED] += 1
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
         return [q.qid, q.name, self.total(q, L.Q_READY), len(q.qcm)]
@@ -420,6 +427,7 @@ class Scheduler:
                 self.free_qids.append(qid)
         self.queues.pop(q.qid, None)
         self.by_name.pop((q.vhost, q.name), None)
+        self.stats.v[S.QUEUES_DELETED] += 1
         self.free_qids.append(q.qid)
         dest = ("q", q.name.decode())
         router = self.definitions.router(q.vhost)
@@ -762,6 +770,7 @@ class Scheduler:
             self._wake_browsers(q)
             self._watch(q)
         self.suspects = stalled
+        self.stats.flush()
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
 
 

@@ -12,17 +12,11 @@ from typing import Any
 from broker.definitions import Definitions
 from broker.introspect import socket_path
 from shm import layout as L
+from shm import stats as S
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
 from shm.queues import QueueStore
 from shm.segment import Segment
-
-_ROLES = {
-    L.ROLE_WORKER: "io-worker",
-    L.ROLE_ACCEPTOR: "acceptor",
-    L.ROLE_SCHEDULER: "scheduler",
-    L.ROLE_SUPERVISOR: "supervisor",
-}
 
 
 def snapshot(seg: Segment) -> dict[str, Any]:
@@ -35,20 +29,21 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         if not role:
             continue
         entry: dict[str, Any] = {
-            "role": _ROLES.get(role, str(role)),
+            "role": L.ROLE_NAMES.get(role, str(role)),
             "pid": a.load(base + L.P_PID),
             "ready": bool(a.load(base + L.P_READY)),
             "connections": a.load(base + L.P_CONNECTIONS),
         }
         if role == L.ROLE_WORKER:
+            counters = S.read(seg, slot)
             beat = a.load(base + L.P_HEARTBEAT_NS)
             used, blocks = arena_usage(seg, slot)
             entry.update(
                 index=slot,
                 incarnation=a.load(base + L.P_INCARNATION),
                 heartbeat_age_s=round((now - beat) / 1e9, 3) if beat else None,
-                published=a.load(base + L.P_PUBLISHED),
-                delivered=a.load(base + L.P_DELIVERED),
+                published=counters[S.RECEIVED],
+                delivered=sum(counters[i] for i in S.DELIVERED),
                 arena_used_bytes=used,
                 arena_live_blocks=blocks,
             )

@@ -28,6 +28,7 @@ from broker.config import Config
 from broker.definitions import new_vhost_ops
 from broker.introspect import socket_path
 from broker.ipc import Msg, encode, socketpair
+from broker.metrics import serve as serve_metrics
 from broker.scheduler import run_scheduler
 from shm import layout as L
 from shm.catalog import CatalogWriter
@@ -122,6 +123,8 @@ class Supervisor:
         self.children.append(Child("scheduler"))
         self.children += [Child("io-worker", i) for i in range(self.workers)]
         self.children.append(Child("acceptor"))
+        if config.metrics_port:
+            self.children.append(Child("metrics"))
 
     # ---------------------------------------------------------------- run
     def run(self) -> int:
@@ -233,6 +236,9 @@ class Supervisor:
             keep = {s.fileno() for s in links.values()}
             a.store(seg.layout.proc(L.scheduler_slot(seg.layout)) + L.P_ROLE, L.ROLE_SCHEDULER)
             main = lambda: run_scheduler(self.config, seg, self.efd, links)  # noqa: E731
+        elif child.role == "metrics":
+            a.store(seg.layout.proc(L.metrics_slot(seg.layout)) + L.P_ROLE, L.ROLE_METRICS)
+            main = lambda: serve_metrics(self.config, seg)  # noqa: E731
         else:
             handoffs = [pair[0] for pair in self.handoff_pairs]
             keep = {s.fileno() for s in handoffs} | {self.listener.fileno()}
@@ -354,17 +360,19 @@ class Supervisor:
         self._signal_children(signal.SIGTERM, ("io-worker",))
         if not self._wait_for(("io-worker",), self.config.graceful_timeout + 1.0):
             self._signal_children(signal.SIGKILL, ("io-worker",))
-        self._signal_children(signal.SIGTERM, ("scheduler", "acceptor"))
-        if not self._wait_for(("scheduler", "acceptor", "io-worker"), 3.0):
-            self._signal_children(signal.SIGKILL, ("scheduler", "acceptor", "io-worker"))
-            self._wait_for(("scheduler", "acceptor", "io-worker"), 3.0)
+        # The metrics process goes last: it served scrapes during the drain.
+        rest = ("scheduler", "acceptor", "io-worker", "metrics")
+        self._signal_children(signal.SIGTERM, ("scheduler", "acceptor", "metrics"))
+        if not self._wait_for(rest, 3.0):
+            self._signal_children(signal.SIGKILL, rest)
+            self._wait_for(rest, 3.0)
         return 0
 
     def _fast_stop(self) -> int:
         self.stopping = True
         systemd.notify("STOPPING=1\nSTATUS=fast stop")
         log.info("fast stop")
-        roles = ("scheduler", "acceptor", "io-worker")
+        roles = ("scheduler", "acceptor", "io-worker", "metrics")
         self._signal_children(signal.SIGKILL, roles)
         self._wait_for(roles, 5.0)
         return 0

@@ -37,7 +37,7 @@ import msgspec
 from shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 3
+VERSION = 4
 
 HEADER_SIZE = 4096
 # header words
@@ -50,8 +50,8 @@ H_LIMITS = 64  # msgspec-encoded Limits, up to 512 bytes
 H_LIMITS_MAX = 512
 
 # process table
-PROC_SLOTS_EXTRA = 4  # supervisor, acceptor, scheduler, spare
-PROC_SIZE = 128
+PROC_SLOTS_EXTRA = 4  # supervisor, acceptor, scheduler, metrics
+PROC_SIZE = 512
 P_PID = 0
 P_INCARNATION = 8
 P_HEARTBEAT_NS = 16
@@ -61,15 +61,22 @@ P_INTENT_QUEUE = 40  # qid + 1 of an append in progress (0: none)
 P_INTENT_SEQ = 48  # the sequence number that append reserved
 P_CHANNELS = 56
 P_CONSUMERS = 64
-P_PUBLISHED = 72  # messages accepted from publishers (worker-local counter)
-P_DELIVERED = 80
+# 72, 80: unused (message counters moved to P_STATS, shm/stats.py)
 P_RESCUES = 88  # scheduler: lost wake-ups rescued by its sweep (should stay 0)
 P_ROLE = 96  # ROLE_* of the process in this slot
 # The body block whose reference this process is dropping after deleting a
 # cell (set before the cell's CAS, cleared after the drop; 0: none): lets a
 # recovery recount see drops in flight (shm/recovery.py).
 P_DROPPING = 104
-ROLE_WORKER, ROLE_ACCEPTOR, ROLE_SCHEDULER, ROLE_SUPERVISOR = 1, 2, 3, 4
+P_STATS = 128  # shm/stats.py: the process's counters, flushed by itself
+ROLE_WORKER, ROLE_ACCEPTOR, ROLE_SCHEDULER, ROLE_SUPERVISOR, ROLE_METRICS = 1, 2, 3, 4, 5
+ROLE_NAMES = {
+    ROLE_WORKER: "io-worker",
+    ROLE_ACCEPTOR: "acceptor",
+    ROLE_SCHEDULER: "scheduler",
+    ROLE_SUPERVISOR: "supervisor",
+    ROLE_METRICS: "metrics",
+}
 
 # queue table
 QUEUE_SIZE = 512
@@ -244,3 +251,7 @@ def acceptor_slot(layout: Layout) -> int:
 
 def scheduler_slot(layout: Layout) -> int:
     return layout.limits.max_workers + 2
+
+
+def metrics_slot(layout: Layout) -> int:
+    return layout.limits.max_workers + 3

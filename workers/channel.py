@@ -17,6 +17,7 @@ from broker.ipc import Msg
 from broker.routing import EXCHANGE_TYPES
 from broker.selector import Selector, SelectorError, compile_selector
 from shm import layout as L
+from shm import stats as S
 from shm.arena import (
     message_size,
     read_message,
@@ -105,6 +106,7 @@ class Channel:
         "pending",
         "prefetch_count",
         "prefetch_size",
+        "publish_count",
         "publish_seq",
         "state",
         "tx",
@@ -131,6 +133,7 @@ class Channel:
         self.unacked_bytes = 0
         self.confirm = False
         self.publish_seq = 0
+        self.publish_count = 0  # messages this channel published (it is a "publisher")
         self.confirm_high = 0
         self.confirm_sent = 0
         self.flow_active = True
@@ -398,6 +401,7 @@ class Channel:
         pending = self.pending
         assert pending is not None
         ctx = self.ctx
+        routed = bool(pending.qids)  # _append consumes the list
         if self.tx is not None:
             if pending.qids or pending.mandatory:
                 self.tx.publishes.append(pending)
@@ -412,8 +416,16 @@ class Channel:
         elif pending.mandatory:
             self._return(pending)
         self.pending = None
-        ctx.count(L.P_PUBLISHED)
+        self.publish_count += 1
+        v = ctx.stats.v
+        v[S.RECEIVED] += 1
+        if routed:
+            v[S.ROUTED] += 1
+        else:
+            v[S.UNROUTABLE_RETURNED if pending.mandatory else S.UNROUTABLE_DROPPED] += 1
+        ctx.stats.size(pending.body_size)
         if self.confirm:
+            v[S.RECEIVED_CONFIRM] += 1
             self.publish_seq += 1
             self.confirm_high = self.publish_seq
 
@@ -547,10 +559,15 @@ class Channel:
         exchange, routing_key, header, body = message
         tag = self.next_tag
         self.next_tag = tag + 1
+        v = self.ctx.stats.v
+        if redelivered:
+            v[S.REDELIVERED] += 1
         if consumer.no_ack:
+            v[S.DELIVERED_CONSUME_AUTO_ACK] += 1
             if seq >= 0:
                 self.ctx.store.take_no_ack(qid, seq)
         else:
+            v[S.DELIVERED_CONSUME_MANUAL_ACK] += 1
             size = len(body)
             self.unacked[tag] = (consumer, qid, seq, size)
             consumer.unacked += 1
@@ -583,6 +600,8 @@ class Channel:
             raise E.ChannelError(
                 E.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
             )
+        if requeue is None:
+            self.ctx.stats.v[S.ACKNOWLEDGED] += len(tags)
         touched: set[Consumer] = set()
         for t in tags:
             consumer, qid, seq, size = unacked.pop(t)
@@ -1026,9 +1045,14 @@ class Channel:
             if got.__class__ is not int:
                 break
         else:
+            ctx.stats.v[S.GET_EMPTY] += 1
             self.conn.write(F.encode_method(self.number, C.Basic.GetEmpty()))
             return
         seq, block, redelivered = got  # type: ignore[misc]
+        v = ctx.stats.v
+        v[S.DELIVERED_GET_AUTO_ACK if method.no_ack else S.DELIVERED_GET_MANUAL_ACK] += 1
+        if redelivered:
+            v[S.REDELIVERED] += 1
         exchange, routing_key, header, body = read_message(ctx.seg, block)
         tag = self.next_tag
         self.next_tag += 1
@@ -1052,7 +1076,6 @@ class Channel:
         ]
         frames += F.encode_content(self.number, header, body, self.conn.frame_max)
         self.conn.write_many(frames)
-        ctx.count(L.P_DELIVERED)
 
     def _basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
         if method.requeue:

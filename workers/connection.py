@@ -23,6 +23,7 @@ from pamqp import decode as pamqp_decode
 from broker import errors as E
 from broker.ipc import Msg
 from shm import layout as L
+from shm import stats as S
 from workers import framing as F
 from workers.channel import Channel
 from workers.consumer import update_interest
@@ -92,6 +93,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = transport
+        self.ctx.stats.v[S.CONNECTIONS_OPENED] += 1
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -111,8 +113,11 @@ class Connection(asyncio.Protocol):
             self.timer.cancel()
         for channel in self.channels.values():
             channel.release()
-        self.channels.clear()
         ctx = self.ctx
+        v = ctx.stats.v
+        v[S.CHANNELS_CLOSED] += len(self.channels)
+        v[S.CONNECTIONS_CLOSED] += 1
+        self.channels.clear()
         ctx.connections.discard(self)
         ctx.count(L.P_CONNECTIONS, -1)
         ctx.send(Msg.CONN_CLOSED, self.id)
@@ -286,6 +291,7 @@ class Connection(asyncio.Protocol):
                     f"negotiated channel_max ({self.channel_max})",
                 )
             self.channels[number] = Channel(self, number)
+            self.ctx.stats.v[S.CHANNELS_OPENED] += 1
             self.write(F.encode_method(number, C.Channel.OpenOk()))
             return
         if ftype == F.FRAME_HEARTBEAT:
@@ -297,12 +303,14 @@ class Connection(asyncio.Protocol):
     def flush_confirms(self, channel: Channel) -> None:
         """One cumulative basic.ack per channel per read, not one per message."""
         if channel.confirm_high > channel.confirm_sent and channel.number in self.channels:
+            self.ctx.stats.v[S.CONFIRMED] += channel.confirm_high - channel.confirm_sent
             channel.confirm_sent = channel.confirm_high
             self.write(F.encode_ack(channel.number, channel.confirm_high, True))
 
     def forget_channel(self, number: int) -> None:
         channel = self.channels.pop(number, None)
         if channel is not None:
+            self.ctx.stats.v[S.CHANNELS_CLOSED] += 1
             self.confirm_channels.discard(channel)
             self.release_reading(channel)
 

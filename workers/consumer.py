@@ -238,8 +238,6 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
     finally:
         if out:
             channel.conn.write_many(out)
-        if delivered:
-            ctx.count(L.P_DELIVERED, delivered)
 
 
 def _yield(ctx: WorkerContext, consumer: Consumer, record: int) -> None:
@@ -309,5 +307,3 @@ def browse(ctx: WorkerContext, consumer: Consumer) -> None:
     finally:
         if out:
             channel.conn.write_many(out)
-        if delivered:
-            ctx.count(L.P_DELIVERED, delivered)

@@ -13,6 +13,7 @@ from shm import layout as L
 from shm.arena import Arena
 from shm.queues import QueueStore
 from shm.segment import Segment
+from shm.stats import Counters
 from shm.wake import Waker
 from workers.routes import Routes
 
@@ -52,6 +53,7 @@ class WorkerContext:
         self.arena = Arena(seg, index)
         self.waker = Waker(seg, efd)
         self.slot = seg.layout.proc(index)
+        self.stats = Counters(seg, index)
         self.link: Link | None = None
         self.connections: set[Connection] = set()
         self.consumers: dict[int, Consumer] = {}

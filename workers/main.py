@@ -19,6 +19,7 @@ from setproctitle import setproctitle
 from broker.config import Config
 from broker.ipc import Link, Msg
 from shm import layout as L
+from shm import stats as S
 from shm.segment import Segment
 from workers.connection import Connection
 from workers.consumer import pull
@@ -64,12 +65,26 @@ class Worker:
         a.store(slot + L.P_PID, os.getpid())
         a.store(slot + L.P_INCARNATION, self.incarnation)
         self._tick()
+        self._flush_stats()
         a.store(slot + L.P_READY, 1)
         try:
             loop.run_forever()
         finally:
             a.store(slot + L.P_READY, 0)
+            self._flush_stats(again=False)
         return 0
+
+    def _flush_stats(self, again: bool = True) -> None:
+        """Store this worker's statistics for the metrics process (shm/stats.py)."""
+        ctx = self.ctx
+        v = ctx.stats.v
+        channels = [ch for conn in ctx.connections for ch in conn.channels.values()]
+        v[S.CHANNELS] = len(channels)
+        v[S.CONSUMERS] = len(ctx.consumers)
+        v[S.PUBLISHERS] = sum(1 for ch in channels if ch.publish_count)
+        ctx.stats.flush()
+        if again:
+            self.loop.call_later(S.FLUSH_INTERVAL, self._flush_stats)
 
     def _tick(self) -> None:
         self.ctx.heartbeat(time.monotonic_ns())

@@ -1,0 +1,566 @@
+"""The metrics process: a Prometheus endpoint over the shared-memory segment.
+
+It serves, on `--metrics-port` (default 15692, 0: off), what RabbitMQ's
+`rabbitmq_prometheus` plugin serves, with the same family names, so that
+RabbitMQ's dashboards and alerts work against Shoal unchanged:
+
+    /metrics             aggregated: queue families summed, no per-object labels
+    /metrics/per-object  the same with {vhost, queue} labels per queue
+    /metrics/detailed    only the families named by ?family= (prefix
+                         rabbitmq_detailed_), optionally ?vhost= filtered
+
+plus `shoal_*` families of its own (per-process CPU and memory, arenas,
+the scheduler's lost wake-ups). Everything is read from the segment when a
+scrape comes: the counters that workers and the scheduler keep in their
+process-table slots (shm/stats.py), the queue records, and the definitions
+journal for vhost names. No message crosses a process boundary for a
+statistic, and a scrape costs the message path nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import resource
+import shutil
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import psutil
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+from setproctitle import setproctitle
+
+from broker.config import Config
+from broker.definitions import Definitions
+from shm import layout as L
+from shm import stats as S
+from shm.arena import arena_usage
+from shm.catalog import CatalogReader
+from shm.queues import QueueStore
+from shm.segment import Segment
+
+log = logging.getLogger("shoal.metrics")
+
+VERSION = "0.1.0"
+PROTOCOL = "amqp091"
+QUEUE_TYPE = "rabbit_classic_queue"  # what RabbitMQ calls a queue like Shoal's
+
+# rabbitmq_global_* families: (name, help, stats word or words summed)
+GLOBAL_PROTOCOL_COUNTERS = (
+    ("messages_received", "Total number of messages received from publishers", S.RECEIVED),
+    (
+        "messages_received_confirm",
+        "Total number of messages received from publishers expecting confirmations",
+        S.RECEIVED_CONFIRM,
+    ),
+    ("messages_routed", "Total number of messages routed to queues or streams", S.ROUTED),
+    (
+        "messages_unroutable_dropped",
+        "Total number of messages published as non-mandatory into an exchange and dropped as"
+        " unroutable",
+        S.UNROUTABLE_DROPPED,
+    ),
+    (
+        "messages_unroutable_returned",
+        "Total number of messages published as mandatory into an exchange and returned to the"
+        " publisher as unroutable",
+        S.UNROUTABLE_RETURNED,
+    ),
+    ("messages_confirmed", "Total number of messages confirmed to publishers", S.CONFIRMED),
+)
+GLOBAL_QUEUE_TYPE_COUNTERS = (
+    ("messages_delivered", "Total number of messages delivered to consumers", S.DELIVERED),
+    (
+        "messages_delivered_consume_manual_ack",
+        "Total number of messages delivered to consumers using basic.consume with manual"
+        " acknowledgment",
+        (S.DELIVERED_CONSUME_MANUAL_ACK,),
+    ),
+    (
+        "messages_delivered_consume_auto_ack",
+        "Total number of messages delivered to consumers using basic.consume with automatic"
+        " acknowledgment",
+        (S.DELIVERED_CONSUME_AUTO_ACK,),
+    ),
+    (
+        "messages_delivered_get_manual_ack",
+        "Total number of messages delivered to consumers using basic.get with manual"
+        " acknowledgment",
+        (S.DELIVERED_GET_MANUAL_ACK,),
+    ),
+    (
+        "messages_delivered_get_auto_ack",
+        "Total number of messages delivered to consumers using basic.get with automatic"
+        " acknowledgment",
+        (S.DELIVERED_GET_AUTO_ACK,),
+    ),
+    (
+        "messages_get_empty",
+        "Total number of times basic.get operations fetched no message",
+        (S.GET_EMPTY,),
+    ),
+    (
+        "messages_redelivered",
+        "Total number of messages redelivered to consumers",
+        (S.REDELIVERED,),
+    ),
+    (
+        "messages_acknowledged",
+        "Total number of messages acknowledged by consumers",
+        (S.ACKNOWLEDGED,),
+    ),
+)
+CHURN = (
+    ("connections_opened", "Total number of connections opened", S.CONNECTIONS_OPENED),
+    (
+        "connections_closed",
+        "Total number of connections closed or terminated",
+        S.CONNECTIONS_CLOSED,
+    ),
+    ("channels_opened", "Total number of channels opened", S.CHANNELS_OPENED),
+    ("channels_closed", "Total number of channels closed", S.CHANNELS_CLOSED),
+    ("queues_declared", "Total number of queues declared", S.QUEUES_DECLARED),
+    ("queues_created", "Total number of queues created", S.QUEUES_CREATED),
+    ("queues_deleted", "Total number of queues deleted", S.QUEUES_DELETED),
+)
+# /metrics/detailed?family= names (RabbitMQ's table names) that Shoal serves.
+DETAILED_FAMILIES = frozenset(
+    ("queue_coarse_metrics", "queue_consumer_count", "connection_churn_metrics")
+)
+
+
+class QueueRow:
+    __slots__ = ("consumers", "name", "published", "ready", "unacked", "vhost")
+
+    def __init__(self, vhost: str, name: str) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.ready = self.unacked = self.consumers = self.published = 0
+
+
+class Snapshot:
+    """What one scrape reads from the segment, once."""
+
+    def __init__(self, seg: Segment, store: QueueStore, vhosts: dict[int, str]) -> None:
+        self.stats = S.totals(seg)
+        a, layout = seg.atomic, seg.layout
+        self.connections = sum(
+            a.load(layout.proc(slot) + L.P_CONNECTIONS)
+            for slot in range(layout.limits.max_workers)
+            if a.load(layout.proc(slot) + L.P_ROLE) == L.ROLE_WORKER
+        )
+        levels = store.priority_levels()
+        self.queues: list[QueueRow] = []
+        for vhost_id, name, qid in sorted(store.scan()):
+            row = QueueRow(vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"))
+            priority = levels.get(qid)
+            for log_qid in [qid] if priority is None else priority.descending:
+                row.ready += store.word(log_qid, L.Q_READY)
+                row.unacked += store.word(log_qid, L.Q_UNACKED)
+                row.published += store.word(log_qid, L.Q_PUBLISHED)
+            row.consumers = store.word(qid, L.Q_CONSUMERS)
+            self.queues.append(row)
+
+
+class ShoalCollector(Collector):
+    """Builds the families of one endpoint from a fresh Snapshot."""
+
+    def __init__(self, exporter: Exporter, endpoint: str) -> None:
+        self.exporter = exporter
+        self.endpoint = endpoint  # "aggregated", "per-object" or "detailed"
+        self.families: frozenset[str] = frozenset()
+        self.vhosts: frozenset[str] = frozenset()
+
+    def collect(self) -> Iterable[Metric]:
+        exporter = self.exporter
+        snap = exporter.snapshot()
+        yield from exporter.identity(self.endpoint)
+        if self.endpoint == "detailed":
+            yield from self._detailed(snap)
+            return
+        per_object = self.endpoint == "per-object"
+        yield from _totals(snap)
+        yield from _queues(snap, "rabbitmq_", per_object, None)
+        yield from _churn(snap, "rabbitmq_")
+        yield from _globals(snap)
+        yield from exporter.node()
+        yield from exporter.processes()
+
+    def _detailed(self, snap: Snapshot) -> Iterator[Metric]:
+        vhosts = self.vhosts or None
+        if self.families & {"queue_coarse_metrics", "queue_consumer_count"}:
+            yield from _queues(snap, "rabbitmq_detailed_", True, vhosts, self.families)
+        if "connection_churn_metrics" in self.families:
+            yield from _churn(snap, "rabbitmq_detailed_")
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _totals(snap: Snapshot) -> Iterator[Metric]:
+    v = snap.stats
+    yield _gauge("rabbitmq_connections", "Connections currently open", snap.connections)
+    yield _gauge("rabbitmq_channels", "Channels currently open", v[S.CHANNELS])
+    yield _gauge("rabbitmq_consumers", "Consumers currently connected", v[S.CONSUMERS])
+    yield _gauge("rabbitmq_queues", "Queues available", len(snap.queues))
+
+
+def _queues(
+    snap: Snapshot,
+    prefix: str,
+    per_object: bool,
+    vhosts: frozenset[str] | None,
+    families: frozenset[str] = frozenset(("queue_coarse_metrics", "queue_consumer_count")),
+) -> Iterator[Metric]:
+    rows = [q for q in snap.queues if vhosts is None or q.vhost in vhosts]
+    labels = ["vhost", "queue"] if per_object else []
+    if "queue_coarse_metrics" in families:
+        for name, doc, value in (
+            (
+                "queue_messages_ready",
+                "Messages ready to be delivered to consumers",
+                lambda q: q.ready,
+            ),
+            (
+                "queue_messages_unacked",
+                "Messages delivered to consumers but not yet acknowledged",
+                lambda q: q.unacked,
+            ),
+            (
+                "queue_messages",
+                "Sum of ready and unacknowledged messages - total queue depth",
+                lambda q: q.ready + q.unacked,
+            ),
+        ):
+            gauge = GaugeMetricFamily(prefix + name, doc, labels=labels)
+            _fill(gauge, rows, per_object, value)
+            yield gauge
+        published = CounterMetricFamily(
+            prefix + "queue_messages_published",
+            "Total number of messages published to queues",
+            labels=labels,
+        )
+        _fill(published, rows, per_object, lambda q: q.published)
+        yield published
+    if "queue_consumer_count" in families:
+        consumers = GaugeMetricFamily(
+            prefix + "queue_consumers", "Consumers on a queue", labels=labels
+        )
+        _fill(consumers, rows, per_object, lambda q: q.consumers)
+        yield consumers
+    if per_object:
+        info = GaugeMetricFamily(
+            prefix + "queue_info",
+            "A metric with a constant '1' value and labels that provide some queue details",
+            labels=["vhost", "queue", "queue_type", "membership"],
+        )
+        for q in rows:
+            info.add_metric([q.vhost, q.name, QUEUE_TYPE, "leader"], 1)
+        yield info
+
+
+def _fill(family: Any, rows: list[QueueRow], per_object: bool, value: Any) -> None:
+    if per_object:
+        for q in rows:
+            family.add_metric([q.vhost, q.name], value(q))
+    else:
+        family.add_metric([], sum(value(q) for q in rows))
+
+
+def _churn(snap: Snapshot, prefix: str) -> Iterator[Metric]:
+    for name, doc, word in CHURN:
+        yield CounterMetricFamily(prefix + name, doc, value=snap.stats[word])
+
+
+def _globals(snap: Snapshot) -> Iterator[Metric]:
+    v = snap.stats
+    for name, doc, word in GLOBAL_PROTOCOL_COUNTERS:
+        family = CounterMetricFamily("rabbitmq_global_" + name, doc, labels=["protocol"])
+        family.add_metric([PROTOCOL], v[word])
+        yield family
+    for name, doc, words in GLOBAL_QUEUE_TYPE_COUNTERS:
+        family = CounterMetricFamily(
+            "rabbitmq_global_" + name, doc, labels=["protocol", "queue_type"]
+        )
+        family.add_metric([PROTOCOL, QUEUE_TYPE], sum(v[w] for w in words))
+        yield family
+    for name, doc, word in (
+        ("publishers", "Current number of publishers", S.PUBLISHERS),
+        ("consumers", "Current number of consumers", S.CONSUMERS),
+    ):
+        gauge = GaugeMetricFamily("rabbitmq_global_" + name, doc, labels=["protocol"])
+        gauge.add_metric([PROTOCOL], v[word])
+        yield gauge
+    sizes = HistogramMetricFamily(
+        "rabbitmq_message_size_bytes",
+        "Size of messages received from publishers",
+        labels=["protocol"],
+    )
+    cumulative = S.cumulative_sizes(v)
+    buckets = [(floatToGoString(b), c) for b, c in zip(S.SIZE_BOUNDS, cumulative, strict=False)]
+    buckets.append(("+Inf", cumulative[-1]))
+    sizes.add_metric([PROTOCOL], buckets, sum_value=v[S.SIZE_SUM])
+    yield sizes
+
+
+class Exporter:
+    """The metrics process's state: the segment, and psutil handles of the
+    broker's processes (kept between scrapes, for CPU times)."""
+
+    def __init__(self, config: Config, seg: Segment) -> None:
+        self.config = config
+        self.seg = seg
+        self.store = QueueStore(seg, 0, L.metrics_slot(seg.layout))
+        self.reader = CatalogReader(seg)
+        self.definitions = Definitions()
+        self.started = time.time()
+        self.node_name = f"shoal@{socket.gethostname()}"
+        self.cluster = config.cluster_name or self.node_name
+        self._procs: dict[int, psutil.Process] = {}
+
+    def snapshot(self) -> Snapshot:
+        # The journal is read incrementally: keep what earlier scrapes replayed.
+        reset, ops = self.reader.poll()
+        if reset:
+            self.definitions = Definitions()
+        for op in ops:
+            self.definitions.apply(op)
+        vhosts = {vhost_id: name for name, vhost_id in self.definitions.vhost_ids.items()}
+        return Snapshot(self.seg, self.store, vhosts)
+
+    def identity(self, endpoint: str) -> Iterator[Metric]:
+        identity = InfoMetricFamily("rabbitmq_identity", "RabbitMQ node & cluster identity info")
+        identity.add_metric(
+            [],
+            {
+                "rabbitmq_node": self.node_name,
+                "rabbitmq_cluster": self.cluster,
+                "rabbitmq_cluster_permanent_id": f"shoal-{self.cluster}",
+                "rabbitmq_endpoint": endpoint,
+            },
+        )
+        yield identity
+        build = InfoMetricFamily("rabbitmq_build", "RabbitMQ & Erlang/OTP version info")
+        build.add_metric(
+            [],
+            {
+                "rabbitmq_version": f"shoal-{VERSION}",
+                "erlang_version": f"python-{platform.python_version()}",
+                "prometheus_plugin_version": VERSION,
+                "prometheus_client_version": "0.26",
+                "product_name": "Shoal",
+                "product_version": VERSION,
+            },
+        )
+        yield build
+
+    def node(self) -> Iterator[Metric]:
+        procs = self._processes()
+        yield _gauge(
+            "rabbitmq_erlang_uptime_seconds",
+            "Node uptime (the broker's: Shoal runs no Erlang)",
+            time.time() - self.started_at(),
+        )
+        rss = sum(_safe(lambda p=p: p.memory_info().rss) for _role, _index, p in procs)
+        yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", rss)
+        fds = max((_safe(lambda p=p: p.num_fds()) for _r, _i, p in procs), default=0)
+        yield _gauge(
+            "rabbitmq_process_open_fds",
+            "Open file descriptors (of the broker process that has most)",
+            fds,
+        )
+        yield _gauge(
+            "rabbitmq_process_max_fds",
+            "Open file descriptors limit (per process)",
+            resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        )
+        runtime = self.config.runtime_path()
+        free = shutil.disk_usage(runtime).free if os.path.isdir(runtime) else 0
+        yield _gauge(
+            "rabbitmq_disk_space_available_bytes",
+            "Disk space available in bytes (the file system of the runtime directory, where the"
+            " shared-memory segment lives)",
+            free,
+        )
+
+    def processes(self) -> Iterator[Metric]:
+        cpu = CounterMetricFamily(
+            "shoal_process_cpu_seconds", "CPU time of each broker process", labels=["role", "index"]
+        )
+        rss = GaugeMetricFamily(
+            "shoal_process_resident_memory_bytes",
+            "Resident memory of each broker process",
+            labels=["role", "index"],
+        )
+        for role, index, p in self._processes():
+            times = _safe(lambda p=p: p.cpu_times())
+            if times:
+                cpu.add_metric([role, str(index)], times.user + times.system)
+            rss.add_metric([role, str(index)], _safe(lambda p=p: p.memory_info().rss))
+        yield cpu
+        yield rss
+        seg, a = self.seg, self.seg.atomic
+        conns = GaugeMetricFamily(
+            "shoal_worker_connections", "Client connections per IO worker", labels=["index"]
+        )
+        arena = GaugeMetricFamily(
+            "shoal_arena_used_bytes",
+            "Message bodies held in each IO worker's shared-memory arena",
+            labels=["index"],
+        )
+        for slot in range(seg.layout.limits.max_workers):
+            base = seg.layout.proc(slot)
+            if a.load(base + L.P_ROLE) != L.ROLE_WORKER:
+                continue
+            conns.add_metric([str(slot)], a.load(base + L.P_CONNECTIONS))
+            arena.add_metric([str(slot)], arena_usage(seg, slot)[0])
+        yield conns
+        yield arena
+        yield _gauge(
+            "shoal_shm_arena_bytes",
+            "Shared memory for message bodies, all IO workers' arenas together",
+            seg.layout.limits.arena_bytes * self._workers(),
+        )
+        yield _gauge(
+            "shoal_shm_allocated_bytes",
+            "Pages of the shared-memory segment in use",
+            seg.allocated_bytes(),
+        )
+        yield CounterMetricFamily(
+            "shoal_scheduler_lost_wakeups_rescued",
+            "Wake-ups the scheduler's sweep had to rescue (should stay 0)",
+            value=a.load(seg.layout.proc(L.scheduler_slot(seg.layout)) + L.P_RESCUES),
+        )
+
+    def _workers(self) -> int:
+        a, layout = self.seg.atomic, self.seg.layout
+        return sum(
+            1
+            for slot in range(layout.limits.max_workers)
+            if a.load(layout.proc(slot) + L.P_ROLE) == L.ROLE_WORKER
+        )
+
+    def started_at(self) -> float:
+        pid = self.seg.atomic.load(L.H_SUPERVISOR_PID)
+        supervisor = self._process(pid)
+        return _safe(lambda: supervisor.create_time(), self.started) if supervisor else self.started
+
+    def _process(self, pid: int) -> psutil.Process | None:
+        proc = self._procs.get(pid)
+        if proc is None:
+            try:
+                proc = self._procs[pid] = psutil.Process(pid)
+            except psutil.Error:
+                return None
+        return proc
+
+    def _processes(self) -> list[tuple[str, int, psutil.Process]]:
+        """(role, index, process) of every live broker process."""
+        a, layout = self.seg.atomic, self.seg.layout
+        out = []
+        for slot in range(layout.proc_slots):
+            base = layout.proc(slot)
+            role = a.load(base + L.P_ROLE)
+            pid = a.load(base + L.P_PID)
+            if not role or not pid:
+                continue
+            proc = self._process(pid)
+            if proc is not None and proc.is_running():
+                index = slot if role == L.ROLE_WORKER else 0
+                out.append((L.ROLE_NAMES.get(role, str(role)), index, proc))
+        live = {p.pid for _r, _i, p in out}
+        self._procs = {pid: p for pid, p in self._procs.items() if pid in live}
+        return out
+
+
+def _safe(read: Any, default: Any = 0) -> Any:
+    """A psutil read of a process that may have just exited."""
+    try:
+        return read()
+    except psutil.Error:
+        return default
+
+
+class Endpoints:
+    """One registry per endpoint path."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+        self.registries: dict[str, tuple[CollectorRegistry, ShoalCollector]] = {}
+        for path, endpoint in (
+            ("/metrics", "aggregated"),
+            ("/metrics/per-object", "per-object"),
+            ("/metrics/detailed", "detailed"),
+        ):
+            registry = CollectorRegistry(auto_describe=False)
+            collector = ShoalCollector(exporter, endpoint)
+            registry.register(collector)
+            self.registries[path] = (registry, collector)
+
+    def render(self, url: str) -> bytes | None:
+        parts = urlsplit(url)
+        entry = self.registries.get(parts.path.rstrip("/") or "/")
+        if entry is None:
+            return None
+        registry, collector = entry
+        if collector.endpoint == "detailed":
+            query = parse_qs(parts.query)
+            # Unknown family names are ignored, as RabbitMQ does.
+            collector.families = frozenset(query.get("family", [])) & DETAILED_FAMILIES
+            collector.vhosts = frozenset(query.get("vhost", []))
+        return generate_latest(registry)
+
+
+def serve(config: Config, seg: Segment) -> int:
+    setproctitle(f"shoal: metrics (port {config.port})")
+    exporter = Exporter(config, seg)
+    endpoints = Endpoints(exporter)
+    slot = seg.layout.proc(L.metrics_slot(seg.layout))
+    seg.atomic.store(slot + L.P_PID, os.getpid())
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            try:
+                body = endpoints.render(self.path)
+            except Exception:
+                log.exception("metrics: scrape of %s failed", self.path)
+                self.send_error(500)
+                return
+            if body is None:
+                self.send_error(404, "try /metrics, /metrics/per-object or /metrics/detailed")
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # one line per scrape is noise
+
+    bind = config.metrics_bind or config.bind
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    ThreadingHTTPServer.address_family = family
+    server = ThreadingHTTPServer((bind, config.metrics_port), Handler)
+    seg.atomic.store(slot + L.P_READY, 1)
+    log.info("metrics on http://%s:%d/metrics", bind, config.metrics_port)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,111 @@
+"""Per-process statistics in the process table, for the metrics endpoint.
+
+Each process keeps its counters as plain Python integers on its hot path
+(an increment costs what a Python attribute update costs, no atomic
+operation) and stores them into its own process-table slot from a timer
+(`Counters.flush`, every FLUSH_INTERVAL). The slot has one writer, so plain
+stores suffice, and the metrics process sums the slots when it is scraped:
+no message ever crosses a process boundary for a statistic. A replacement
+process continues from the values its predecessor stored (counters never
+go backwards across a worker restart; what the predecessor counted after
+its last flush is lost, at most FLUSH_INTERVAL's worth).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from shm import layout as L
+from shm.segment import Segment
+
+FLUSH_INTERVAL = 0.25
+
+# Counters (monotonic), named after RabbitMQ's rabbitmq_global_* and churn families.
+(
+    RECEIVED,
+    RECEIVED_CONFIRM,
+    ROUTED,
+    UNROUTABLE_DROPPED,
+    UNROUTABLE_RETURNED,
+    CONFIRMED,
+    DELIVERED_CONSUME_MANUAL_ACK,
+    DELIVERED_CONSUME_AUTO_ACK,
+    DELIVERED_GET_MANUAL_ACK,
+    DELIVERED_GET_AUTO_ACK,
+    GET_EMPTY,
+    REDELIVERED,
+    ACKNOWLEDGED,
+    CONNECTIONS_OPENED,
+    CONNECTIONS_CLOSED,
+    CHANNELS_OPENED,
+    CHANNELS_CLOSED,
+    QUEUES_DECLARED,
+    QUEUES_CREATED,
+    QUEUES_DELETED,
+    SIZE_SUM,
+) = range(21)
+DELIVERED = (
+    DELIVERED_CONSUME_MANUAL_ACK,
+    DELIVERED_CONSUME_AUTO_ACK,
+    DELIVERED_GET_MANUAL_ACK,
+    DELIVERED_GET_AUTO_ACK,
+)
+# Message sizes (body bytes of each publish), RabbitMQ 4.1's buckets; one
+# word per bucket, not cumulative (the last: above 100 MB).
+SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
+SIZE_BUCKETS = 21
+COUNTERS = SIZE_BUCKETS + len(SIZE_BOUNDS) + 1
+# Gauges (current values; a new process starts them at 0).
+CHANNELS, CONSUMERS, PUBLISHERS = range(COUNTERS, COUNTERS + 3)
+WORDS = COUNTERS + 3
+assert L.P_STATS + WORDS * 8 <= L.PROC_SIZE
+
+_bisect = bisect.bisect_left
+
+
+class Counters:
+    """One process's statistics: `v[i]` on the hot path, flush() to publish."""
+
+    __slots__ = ("a", "base", "v")
+
+    def __init__(self, seg: Segment, slot: int) -> None:
+        self.a = seg.atomic
+        self.base = seg.layout.proc(slot) + L.P_STATS
+        self.v = [self.a.load(self.base + 8 * i) for i in range(COUNTERS)] + [0] * (
+            WORDS - COUNTERS
+        )
+
+    def size(self, body_bytes: int) -> None:
+        v = self.v
+        v[SIZE_BUCKETS + _bisect(SIZE_BOUNDS, body_bytes)] += 1
+        v[SIZE_SUM] += body_bytes
+
+    def flush(self) -> None:
+        store, base = self.a.store, self.base
+        for i, value in enumerate(self.v):
+            store(base + 8 * i, value)
+
+
+def read(seg: Segment, slot: int) -> list[int]:
+    """One slot's statistics as last flushed."""
+    a, base = seg.atomic, seg.layout.proc(slot) + L.P_STATS
+    return [a.load(base + 8 * i) for i in range(WORDS)]
+
+
+def totals(seg: Segment) -> list[int]:
+    """Every process's statistics, summed (what the metrics endpoint shows)."""
+    out = [0] * WORDS
+    for slot in range(seg.layout.proc_slots):
+        for i, value in enumerate(read(seg, slot)):
+            out[i] += value
+    return out
+
+
+def cumulative_sizes(values: list[int]) -> list[int]:
+    """The size buckets as a Prometheus histogram wants them: cumulative,
+    the last one (+Inf) being the count."""
+    out, running = [], 0
+    for i in range(len(SIZE_BOUNDS) + 1):
+        running += values[SIZE_BUCKETS + i]
+        out.append(running)
+    return out
