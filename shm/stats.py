@@ -63,6 +63,12 @@ assert L.P_STATS + WORDS * 8 <= L.PROC_SIZE
 _bisect = bisect.bisect_left
 
 
+def size_bucket(body_bytes: int) -> int:
+    """Index of the size bucket (from SIZE_BUCKETS) a message body falls in:
+    the first bound it does not exceed (Prometheus' `le`)."""
+    return _bisect(SIZE_BOUNDS, body_bytes)
+
+
 class Counters:
     """One process's statistics: `v[i]` on the hot path, flush() to publish."""
 
@@ -75,14 +81,12 @@ class Counters:
             WORDS - COUNTERS
         )
 
-    def size(self, body_bytes: int) -> None:
-        v = self.v
-        v[SIZE_BUCKETS + _bisect(SIZE_BOUNDS, body_bytes)] += 1
-        v[SIZE_SUM] += body_bytes
-
     def flush(self) -> None:
+        v = self.v
+        # Every publish is routed, returned or dropped: no separate count kept.
+        v[RECEIVED] = v[ROUTED] + v[UNROUTABLE_DROPPED] + v[UNROUTABLE_RETURNED]
         store, base = self.a.store, self.base
-        for i, value in enumerate(self.v):
+        for i, value in enumerate(v):
             store(base + 8 * i, value)
 
 

@@ -25,6 +25,18 @@ from shm.arena import (
     write_message,
 )
 from shm.queues import Message, QueueFull, QueueGone
+from shm.stats import (
+    DELIVERED_CONSUME_AUTO_ACK,
+    DELIVERED_CONSUME_MANUAL_ACK,
+    RECEIVED_CONFIRM,
+    REDELIVERED,
+    ROUTED,
+    SIZE_BUCKETS,
+    SIZE_SUM,
+    UNROUTABLE_DROPPED,
+    UNROUTABLE_RETURNED,
+    size_bucket,
+)
 from workers import framing as F
 from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
@@ -109,6 +121,7 @@ class Channel:
         "publish_count",
         "publish_seq",
         "state",
+        "stats",
         "tx",
         "unacked",
         "unacked_bytes",
@@ -134,6 +147,7 @@ class Channel:
         self.confirm = False
         self.publish_seq = 0
         self.publish_count = 0  # messages this channel published (it is a "publisher")
+        self.stats = conn.ctx.stats.v  # this worker's counters (shm/stats.py)
         self.confirm_high = 0
         self.confirm_sent = 0
         self.flow_active = True
@@ -400,7 +414,6 @@ class Channel:
         in a transaction, keep it for tx.commit)."""
         pending = self.pending
         assert pending is not None
-        ctx = self.ctx
         routed = bool(pending.qids)  # _append consumes the list
         if self.tx is not None:
             if pending.qids or pending.mandatory:
@@ -417,15 +430,17 @@ class Channel:
             self._return(pending)
         self.pending = None
         self.publish_count += 1
-        v = ctx.stats.v
-        v[S.RECEIVED] += 1
+        # Statistics (shm/stats.py): RECEIVED is derived at flush time.
+        stats = self.stats
         if routed:
-            v[S.ROUTED] += 1
+            stats[ROUTED] += 1
         else:
-            v[S.UNROUTABLE_RETURNED if pending.mandatory else S.UNROUTABLE_DROPPED] += 1
-        ctx.stats.size(pending.body_size)
+            stats[UNROUTABLE_RETURNED if pending.mandatory else UNROUTABLE_DROPPED] += 1
+        size = pending.body_size
+        stats[SIZE_SUM] += size
+        stats[SIZE_BUCKETS if size <= 100 else SIZE_BUCKETS + size_bucket(size)] += 1
         if self.confirm:
-            v[S.RECEIVED_CONFIRM] += 1
+            stats[RECEIVED_CONFIRM] += 1
             self.publish_seq += 1
             self.confirm_high = self.publish_seq
 
@@ -559,15 +574,15 @@ class Channel:
         exchange, routing_key, header, body = message
         tag = self.next_tag
         self.next_tag = tag + 1
-        v = self.ctx.stats.v
+        stats = self.stats
         if redelivered:
-            v[S.REDELIVERED] += 1
+            stats[REDELIVERED] += 1
         if consumer.no_ack:
-            v[S.DELIVERED_CONSUME_AUTO_ACK] += 1
+            stats[DELIVERED_CONSUME_AUTO_ACK] += 1
             if seq >= 0:
                 self.ctx.store.take_no_ack(qid, seq)
         else:
-            v[S.DELIVERED_CONSUME_MANUAL_ACK] += 1
+            stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
             size = len(body)
             self.unacked[tag] = (consumer, qid, seq, size)
             consumer.unacked += 1
@@ -601,7 +616,7 @@ class Channel:
                 E.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
             )
         if requeue is None:
-            self.ctx.stats.v[S.ACKNOWLEDGED] += len(tags)
+            self.stats[S.ACKNOWLEDGED] += len(tags)
         touched: set[Consumer] = set()
         for t in tags:
             consumer, qid, seq, size = unacked.pop(t)
