@@ -8,6 +8,23 @@ import pytest
 from tests.broker_process import Broker
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--prometheus",
+        action="store_true",
+        help="run the tests that start a real Prometheus (their own CI step)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--prometheus"):
+        return
+    skip = pytest.mark.skip(reason="needs --prometheus (a CI step of its own)")
+    for item in items:
+        if "prometheus" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator[type]:
     started: list[Broker] = []
