@@ -144,12 +144,12 @@ DETAILED_FAMILIES = frozenset(
 
 
 class QueueRow:
-    __slots__ = ("consumers", "name", "published", "ready", "unacked", "vhost")
+    __slots__ = ("bytes", "consumers", "name", "published", "ready", "unacked", "vhost")
 
     def __init__(self, vhost: str, name: str) -> None:
         self.vhost = vhost
         self.name = name
-        self.ready = self.unacked = self.consumers = self.published = 0
+        self.ready = self.unacked = self.consumers = self.published = self.bytes = 0
 
 
 class Snapshot:
@@ -172,6 +172,7 @@ class Snapshot:
                 row.ready += store.word(log_qid, L.Q_READY)
                 row.unacked += store.word(log_qid, L.Q_UNACKED)
                 row.published += store.word(log_qid, L.Q_PUBLISHED)
+                row.bytes += store.word(log_qid, L.Q_BYTES)
             row.consumers = store.word(qid, L.Q_CONSUMERS)
             self.queues.append(row)
 
@@ -245,6 +246,11 @@ def _queues(
                 "queue_messages",
                 "Sum of ready and unacknowledged messages - total queue depth",
                 lambda q: q.ready + q.unacked,
+            ),
+            (
+                "queue_messages_bytes",
+                "Size in bytes of ready and unacknowledged messages (their bodies)",
+                lambda q: q.bytes,
             ),
         ):
             gauge = GaugeMetricFamily(prefix + name, doc, labels=labels)

@@ -212,6 +212,10 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define Q_READY 40
 #define Q_UNACKED 48
 #define Q_ACKED 112
+#define Q_BYTES 416
+/* the body length in a block's message record: payload (block + 16), then
+ * exchange len u8, routing key len u8, pad u16, properties len u32, body len u64 */
+#define MSG_BODY_LEN 24
 #define SEQ_SHIFT 20
 #define ST_MASK 15ULL
 #define ST_AVAILABLE 1ULL
@@ -371,6 +375,7 @@ Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
      * between the CAS and the drop: a kill in that window leaks the body. */
     uint64_t *b = (uint64_t *)(self->base + block);
     uint64_t size = LOAD(b + B_SIZE / 8);
+    uint64_t body = block + MSG_BODY_LEN + 8 <= (uint64_t)self->len ? b[MSG_BODY_LEN / 8] : 0;
     __atomic_store_n(dropping, block, __ATOMIC_SEQ_CST);
     if (!CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED)) {
         __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
@@ -384,6 +389,7 @@ Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
     ADD(q + Q_UNACKED / 8, (uint64_t)-1);
+    ADD(q + Q_BYTES / 8, (uint64_t)0 - body);
     ADD(q + Q_ACKED / 8, 1);
     if (LOAD(q + Q_HEAD / 8) == seq)
         advance_head(q, ring, mask);
@@ -436,6 +442,13 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_IndexError, "intent slot out of range");
         return NULL;
     }
+    if ((block & 7) || block + MSG_BODY_LEN + 8 > (uint64_t)self->len) {
+        PyErr_SetString(PyExc_IndexError, "block out of range");
+        return NULL;
+    }
+    /* The publisher wrote the record before appending: its body length is
+     * what the queue's byte count (Q_BYTES) adds. */
+    uint64_t body = *(uint64_t *)(self->base + block + MSG_BODY_LEN);
     uint64_t *intent_queue = (uint64_t *)(self->base + ioff + P_INTENT_QUEUE);
     uint64_t *intent_seq = (uint64_t *)(self->base + ioff + P_INTENT_SEQ);
     uint64_t state = LOAD(q + Q_STATE / 8);
@@ -469,6 +482,7 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
      * (shm/ARCHITECTURE.md 7, "several consumers"). */
     ADD(q + Q_CHANGES / 8, 1);
     ADD(q + Q_READY / 8, 1);
+    ADD(q + Q_BYTES / 8, body);
     ADD(q + Q_PUBLISHED / 8, 1);
     return PyLong_FromUnsignedLongLong(t);
 }
@@ -527,6 +541,8 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "Q_READY", Q_READY) < 0 ||
         PyModule_AddIntConstant(m, "Q_UNACKED", Q_UNACKED) < 0 ||
         PyModule_AddIntConstant(m, "Q_ACKED", Q_ACKED) < 0 ||
+        PyModule_AddIntConstant(m, "Q_BYTES", Q_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "MSG_BODY_LEN", MSG_BODY_LEN) < 0 ||
         PyModule_AddIntConstant(m, "SEQ_SHIFT", SEQ_SHIFT) < 0 ||
         PyModule_AddIntConstant(m, "B_SIZE", B_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "B_REFS", B_REFS) < 0 ||

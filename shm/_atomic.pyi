@@ -10,6 +10,8 @@ Q_HEAD: int
 Q_READY: int
 Q_UNACKED: int
 Q_ACKED: int
+Q_BYTES: int
+MSG_BODY_LEN: int
 SEQ_SHIFT: int
 B_SIZE: int
 B_REFS: int

@@ -184,6 +184,13 @@ def write_message(
     return p + len(props)
 
 
+def body_length(seg: Segment, block: int) -> int:
+    """The body length recorded in a block's message (what Q_BYTES counts)."""
+    return int.from_bytes(
+        seg.buf[block + L.BLOCK_HEADER + 8 : block + L.BLOCK_HEADER + 16], "little"
+    )
+
+
 def message_size(exchange: bytes, routing_key: bytes, props: bytes, body_len: int) -> int:
     return L.MSG_PREFIX.size + len(exchange) + len(routing_key) + len(props) + body_len
 

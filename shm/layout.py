@@ -105,6 +105,7 @@ Q_NAME_MAX = 255
 Q_MAX_PRIORITY = 392  # declared queue: its x-max-priority (0: not a priority queue)
 Q_PARENT = 400  # level slot: qid + 1 of its declared queue (0: a declared queue)
 Q_LEVEL = 408  # level slot: its priority
+Q_BYTES = 416  # body bytes of the entries AVAILABLE or ACQUIRED (append +, delete -)
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -141,7 +142,7 @@ BLOCK_MIN_SPLIT = 64
 MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, pad, props len, body len
 
 
-assert Q_NAME + Q_NAME_MAX < Q_MAX_PRIORITY and Q_LEVEL + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_MAX_PRIORITY and Q_BYTES + 8 <= QUEUE_SIZE
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.
 assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _atomic.Q_ACKED) == (
@@ -158,6 +159,9 @@ assert (
     _atomic.P_INTENT_QUEUE,
     _atomic.P_INTENT_SEQ,
 ) == (Q_STATE, Q_CHANGES, Q_PUBLISHED, P_INTENT_QUEUE, P_INTENT_SEQ), "append offsets"
+# The body length C reads from a message record (append, ack).
+assert _atomic.Q_BYTES == Q_BYTES
+assert _atomic.MSG_BODY_LEN == BLOCK_HEADER + 8 == BLOCK_HEADER + MSG_PREFIX.size - 8
 assert (_atomic.SEQ_SHIFT, _atomic.B_SIZE, _atomic.B_REFS, _atomic.A_USED, _atomic.A_LIVE) == (
     SEQ_SHIFT,
     B_SIZE,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 from shm import layout as L
 from shm._atomic import Atomic
-from shm.arena import body_refs_drop, peek_message
+from shm.arena import body_length, body_refs_drop, peek_message
 from shm.segment import Segment
 
 _SEQ = L.SEQ_SHIFT
@@ -183,6 +183,7 @@ class QueueStore:
         for field in (
             L.Q_READY,
             L.Q_UNACKED,
+            L.Q_BYTES,
             L.Q_WATCH,
             L.Q_CONSUMERS,
             L.Q_PUBLISHED,
@@ -230,7 +231,7 @@ class QueueStore:
                     dropped += 1 if live else 0
                     break
         a.store(q + L.Q_HEAD, tail)
-        for field in (L.Q_READY, L.Q_UNACKED):
+        for field in (L.Q_READY, L.Q_UNACKED, L.Q_BYTES):
             a.store(q + field, 0)
         return dropped
 
@@ -299,6 +300,7 @@ class QueueStore:
             raise QueueGone(qid)
         a.fetch_add(q + L.Q_CHANGES, 1)  # before READY, as in the C append
         a.fetch_add(q + L.Q_READY, 1)
+        a.fetch_add(q + L.Q_BYTES, body_length(self.seg, block))
         a.fetch_add(q + L.Q_PUBLISHED, 1)
         return t
 
@@ -447,8 +449,10 @@ class QueueStore:
                 continue
             # Read the body before the CAS, as in remove() and the C ack.
             block = a.load(cell + 8)
+            size = body_length(self.seg, block)
             if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
                 a.fetch_add(q + L.Q_READY, -1)
+                a.fetch_add(q + L.Q_BYTES, -size)
                 purged += 1
         self._advance_head(qid)
         return purged

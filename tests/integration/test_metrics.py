@@ -132,6 +132,7 @@ def test_per_object_and_detailed_views(metered: tuple[Broker, int]) -> None:
             ch.basic_publish("", name, b"x")
     per_object = scrape(port, "/metrics/per-object")
     assert value(per_object, "rabbitmq_queue_messages_ready", vhost="/", queue="a") == 3
+    assert value(per_object, "rabbitmq_queue_messages_bytes", vhost="/", queue="a") == 3
     assert value(per_object, "rabbitmq_queue_messages_ready", vhost="/", queue="b") == 1
     assert (
         value(
@@ -202,3 +203,35 @@ def test_counters_do_not_go_back_when_a_worker_or_the_exporter_restarts(
         ch2.basic_publish("", "m3", b"y")
     wait_for(lambda: answered() == 55, 10, "55 received")
     conn2.close()
+
+
+def test_queue_bytes_follow_publish_ack_purge_and_delete(metered: tuple[Broker, int]) -> None:
+    broker, port = metered
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("bytes", arguments={"x-max-priority": 2})
+    for size, priority in ((100, 0), (2_000, 1), (30_000, 2), (7, 2)):
+        ch.basic_publish("", "bytes", b"x" * size, pika.BasicProperties(priority=priority))
+
+    def queue_bytes() -> float | None:
+        return value(
+            scrape(port, "/metrics/per-object"),
+            "rabbitmq_queue_messages_bytes",
+            vhost="/",
+            queue="bytes",
+        )
+
+    assert queue_bytes() == 32_107
+    got = ch.basic_get("bytes")  # 30,000 (priority 2, first): unacked still counts
+    assert queue_bytes() == 32_107
+    ch.basic_ack(got[0].delivery_tag)
+    assert queue_bytes() == 2_107
+    assert ch.basic_get("bytes", auto_ack=True)[2] == b"x" * 7
+    assert queue_bytes() == 2_100
+    ch.queue_purge("bytes")
+    assert queue_bytes() == 0
+    ch.basic_publish("", "bytes", b"y" * 50)
+    assert queue_bytes() == 50
+    ch.queue_delete("bytes")
+    conn.close()
