@@ -1,0 +1,915 @@
+"""Shoal's Grafana dashboards, as code (grafana-foundation-sdk).
+
+    python grafana/build.py            write grafana/dashboards/shoal-*.json
+    python grafana/build.py --check    exit 1 if a committed file differs
+
+The JSON files are committed; this script is the source of truth for them. It
+needs `grafana-foundation-sdk==1769699379!11.6.0` (the `test` extra): other
+versions emit other JSON (the default `pip install` picks Grafana 10.1's
+models, schemaVersion 36).
+
+Every query joins the broker's `rabbitmq_identity_info` the way RabbitMQ's
+own dashboards do, so one Grafana shows several brokers (pick one with the
+`rabbitmq_cluster` variable) and never adds up two scrape jobs of the same
+broker (the hidden `endpoint` variable: `aggregated` when /metrics is
+scraped, else `per-object`). Per-queue panels read /metrics/per-object
+(`rabbitmq_endpoint="per-object"`), which Prometheus must scrape as a job of
+its own (grafana/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SDK = "grafana-foundation-sdk"
+SDK_VERSION = "1769699379!11.6.0"  # Grafana 11.6 models: schemaVersion 41
+
+try:
+    from grafana_foundation_sdk.builders import (
+        bargauge,
+        common,
+        dashboard,
+        prometheus,
+        stat,
+        table,
+        timeseries,
+    )
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import common as cm
+    from grafana_foundation_sdk.models.dashboard import (
+        DashboardCursorSync,
+        DataSourceRef,
+        DataTransformerConfig,
+        Threshold,
+        ThresholdsMode,
+        VariableHide,
+        VariableRefresh,
+        VariableSort,
+    )
+    from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    print(f"build.py needs {SDK}=={SDK_VERSION} (pip install '.[test]'): {exc}", file=sys.stderr)
+    sys.exit(2)
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "dashboards"
+
+DS = DataSourceRef(type_val="prometheus", uid="${DS_PROMETHEUS}")
+TAGS = ["shoal", "rabbitmq-prometheus"]
+
+# --- PromQL helpers ----------------------------------------------------------
+
+RATE = "$__rate_interval"
+
+
+def identity(endpoint: str = "$endpoint") -> str:
+    """The broker's identity series, filtered to the chosen cluster and one
+    endpoint (so that /metrics and /metrics/per-object never add up)."""
+    return (
+        'rabbitmq_identity_info{rabbitmq_cluster="$rabbitmq_cluster", '
+        f'rabbitmq_endpoint="{endpoint}"}}'
+    )
+
+
+def join(expr: str, endpoint: str = "$endpoint") -> str:
+    """`expr` with rabbitmq_cluster and rabbitmq_node from the identity series.
+    `expr` must bind tighter than `*` (a selector, a function call, or a
+    parenthesised expression)."""
+    return f"{expr} * on(instance, job) group_left(rabbitmq_cluster, rabbitmq_node) " + identity(
+        endpoint
+    )
+
+
+def rate(family: str) -> str:
+    return f"rate({family}[{RATE}])"
+
+
+def total(expr: str, endpoint: str = "$endpoint") -> str:
+    """One number for the cluster."""
+    return f"sum({join(expr, endpoint)})"
+
+
+def by(labels: str, expr: str, endpoint: str = "$endpoint", op: str = "sum") -> str:
+    """One series per value of `labels`."""
+    return f"{op} by ({labels}) ({join(expr, endpoint)})"
+
+
+def per_node(expr: str) -> str:
+    return by("rabbitmq_node", expr)
+
+
+def per_queue(expr: str) -> str:
+    """Per-queue families exist on /metrics/per-object only."""
+    return by("vhost, queue", expr, "per-object")
+
+
+# --- panel helpers -----------------------------------------------------------
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> Any:
+    query = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DS)
+    return query.instant() if instant else query.range()
+
+
+def thresholds(*steps: tuple[float | None, str]) -> Any:
+    return (
+        dashboard.ThresholdsConfig()
+        .mode(ThresholdsMode.ABSOLUTE)
+        .steps([Threshold(value=value, color=color) for value, color in steps])
+    )
+
+
+NEUTRAL = thresholds((None, "blue"))
+
+
+def stat_panel(
+    title: str,
+    expr: str,
+    description: str,
+    unit: str = "short",
+    steps: Any = NEUTRAL,
+    legend: str = "",
+) -> Any:
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .height(4)
+        .span(4)
+        .unit(unit)
+        .thresholds(steps)
+        .graph_mode(cm.BigValueGraphMode.NONE)
+        .color_mode(cm.BigValueColorMode.VALUE)
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]))
+        .with_target(target(expr, legend, instant=True))
+    )
+
+
+def graph(
+    title: str,
+    description: str,
+    targets: list[tuple[str, str]],
+    unit: str = "short",
+    span: int = 12,
+    height: int = 8,
+    max_value: float | None = None,
+) -> Any:
+    """A time series panel; `targets` are (expr, legend) pairs, refIds A, B, ..."""
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DS)
+        .height(height)
+        .span(span)
+        .unit(unit)
+        .min(0)
+        .fill_opacity(10)
+        .legend(
+            common.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.LIST)
+            .placement(cm.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+    )
+    if max_value is not None:
+        panel = panel.max(max_value)
+    assert len(targets) <= 8
+    for ref, (expr, legend) in zip("ABCDEFGH", targets, strict=False):
+        panel = panel.with_target(target(expr, legend, ref))
+    return panel
+
+
+class Board:
+    """A dashboard builder that numbers its panels (the SDK does not: a panel
+    without .id() has no id at all) and lays them out left to right."""
+
+    def __init__(self, uid: str, title: str, description: str) -> None:
+        endpoint_help = "aggregated if /metrics is scraped, else per-object"
+        self.next_id = 0
+        self.builder = (
+            dashboard.Dashboard(title)
+            .uid(uid)
+            .description(description)
+            .tags(TAGS)
+            .editable()
+            .refresh("15s")
+            .time("now-1h", "now")
+            .timezone("browser")
+            .tooltip(DashboardCursorSync.CROSSHAIR)
+            .with_variable(
+                dashboard.DatasourceVariable("DS_PROMETHEUS")
+                .label("Data source")
+                .type("prometheus")
+            )
+            .with_variable(
+                query_variable(
+                    "rabbitmq_cluster",
+                    "Cluster",
+                    "label_values(rabbitmq_identity_info, rabbitmq_cluster)",
+                )
+            )
+            .with_variable(
+                query_variable(
+                    "endpoint",
+                    "Endpoint",
+                    'label_values(rabbitmq_identity_info{rabbitmq_cluster="$rabbitmq_cluster", '
+                    'rabbitmq_endpoint=~"aggregated|per-object"}, rabbitmq_endpoint)',
+                )
+                .description(endpoint_help)
+                .hide(VariableHide.HIDE_VARIABLE)
+            )
+        )
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def add(self, *panels: Any) -> Board:
+        for panel in panels:
+            self.builder = self.builder.with_panel(panel.id(self._id()))
+        return self
+
+    def row(self, title: str) -> Board:
+        self.builder = self.builder.with_row(dashboard.Row(title).id(self._id()))
+        return self
+
+    def build(self) -> Any:
+        return self.builder.build()
+
+
+def query_variable(name: str, label: str, query: str) -> Any:
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query({"qryType": 1, "query": query, "refId": f"PrometheusVariableQuery-{name}"})
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+    )
+
+
+# --- the dashboards ----------------------------------------------------------
+
+
+def overview() -> Any:
+    """RabbitMQ-Overview's view of one Shoal cluster, from /metrics."""
+    b = Board(
+        "shoal-overview",
+        "Shoal / Overview",
+        "Shoal's RabbitMQ-compatible families (rabbitmq_*) from /metrics: messages in and out,"
+        " queued messages, connections, channels, queues and the node.",
+    )
+    b.add(
+        stat_panel(
+            "Ready messages",
+            total("rabbitmq_queue_messages_ready"),
+            "Messages waiting in queues to be delivered (rabbitmq_queue_messages_ready).",
+        ),
+        stat_panel(
+            "Unacknowledged messages",
+            total("rabbitmq_queue_messages_unacked"),
+            "Messages delivered and not yet acknowledged (rabbitmq_queue_messages_unacked).",
+        ),
+        stat_panel(
+            "Incoming messages / s",
+            total(rate("rabbitmq_global_messages_received_total")),
+            "Messages received from publishers per second.",
+        ),
+        stat_panel(
+            "Outgoing messages / s",
+            total(rate("rabbitmq_global_messages_delivered_total")),
+            "Messages delivered to consumers and basic.get per second.",
+        ),
+        stat_panel(
+            "Publishers",
+            total("rabbitmq_global_publishers"),
+            "Channels that have published (rabbitmq_global_publishers).",
+        ),
+        stat_panel(
+            "Consumers",
+            total("rabbitmq_global_consumers"),
+            "Consumers currently attached (rabbitmq_global_consumers).",
+        ),
+        stat_panel(
+            "Connections",
+            total("rabbitmq_connections"),
+            "Client connections currently open.",
+        ),
+        stat_panel("Channels", total("rabbitmq_channels"), "Channels currently open."),
+        stat_panel("Queues", total("rabbitmq_queues"), "Queues declared."),
+        stat_panel(
+            "Nodes",
+            f"count({identity()})",
+            "Brokers (scrape targets) in this cluster.",
+        ),
+        stat_panel(
+            "Uptime",
+            f"min({join('rabbitmq_erlang_uptime_seconds')})",
+            "Time since the broker started (the youngest node's).",
+            unit="s",
+        ),
+        stat_panel(
+            "Unroutable messages / s",
+            total(
+                "(rate(rabbitmq_global_messages_unroutable_dropped_total[$__rate_interval])"
+                " + rate(rabbitmq_global_messages_unroutable_returned_total[$__rate_interval]))"
+            ),
+            "Messages that no queue took, dropped or returned to the publisher, per second.",
+            steps=thresholds((None, "blue"), (1, "orange")),
+        ),
+    )
+    b.row("NODES")
+    b.add(
+        table.Panel()
+        .title("Nodes")
+        .description("One row per broker: uptime, versions.")
+        .datasource(DS)
+        .height(5)
+        .span(24)
+        .unit("s")
+        .with_target(
+            prometheus.Dataquery()
+            .expr(
+                join(
+                    "rabbitmq_erlang_uptime_seconds * on(instance, job)"
+                    " group_left(rabbitmq_version, product_version, erlang_version)"
+                    " rabbitmq_build_info"
+                )
+            )
+            .format(PromQueryFormat.TABLE)
+            .instant()
+            .legend_format("")
+            .ref_id("A")
+            .datasource(DS)
+        )
+        .with_transformation(
+            DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {
+                        "Time": True,
+                        "__name__": True,
+                        "job": True,
+                        "rabbitmq_cluster": True,
+                    },
+                    "renameByName": {"Value": "Uptime"},
+                },
+            )
+        ),
+        graph(
+            "Resident memory",
+            "Memory of all the broker's processes together"
+            " (rabbitmq_process_resident_memory_bytes).",
+            [(per_node("rabbitmq_process_resident_memory_bytes"), "{{rabbitmq_node}}")],
+            unit="bytes",
+            span=8,
+        ),
+        graph(
+            "Disk space available",
+            "Free space on the file system of the runtime directory, where the"
+            " shared-memory segment lives.",
+            [(per_node("rabbitmq_disk_space_available_bytes"), "{{rabbitmq_node}}")],
+            unit="bytes",
+            span=8,
+        ),
+        graph(
+            "File descriptors available",
+            "Open-file limit minus the descriptors of the broker process that has most.",
+            [
+                (
+                    per_node("(rabbitmq_process_max_fds - rabbitmq_process_open_fds)"),
+                    "{{rabbitmq_node}}",
+                )
+            ],
+            span=8,
+        ),
+    )
+    b.row("QUEUED MESSAGES")
+    b.add(
+        graph(
+            "Messages ready to be delivered to consumers",
+            "rabbitmq_queue_messages_ready, all queues together.",
+            [(per_node("rabbitmq_queue_messages_ready"), "{{rabbitmq_node}}")],
+        ),
+        graph(
+            "Messages pending consumer acknowledgement",
+            "rabbitmq_queue_messages_unacked, all queues together.",
+            [(per_node("rabbitmq_queue_messages_unacked"), "{{rabbitmq_node}}")],
+        ),
+    )
+    b.row("INCOMING MESSAGES")
+    b.add(
+        graph(
+            "Messages published / s",
+            "Messages received from publishers.",
+            [(per_node(rate("rabbitmq_global_messages_received_total")), "{{rabbitmq_node}}")],
+        ),
+        graph(
+            "Messages routed to queues / s",
+            "Messages that at least one queue took.",
+            [(per_node(rate("rabbitmq_global_messages_routed_total")), "{{rabbitmq_node}}")],
+        ),
+        graph(
+            "Messages confirmed to publishers / s",
+            "Publisher confirms sent, and messages received on channels in confirm mode.",
+            [
+                (per_node(rate("rabbitmq_global_messages_confirmed_total")), "confirmed"),
+                (
+                    per_node(rate("rabbitmq_global_messages_received_confirm_total")),
+                    "received in confirm mode",
+                ),
+            ],
+        ),
+        graph(
+            "Unroutable messages dropped & returned / s",
+            "Messages no queue took: dropped (not mandatory) or returned (mandatory).",
+            [
+                (
+                    per_node(rate("rabbitmq_global_messages_unroutable_dropped_total")),
+                    "dropped {{rabbitmq_node}}",
+                ),
+                (
+                    per_node(rate("rabbitmq_global_messages_unroutable_returned_total")),
+                    "returned {{rabbitmq_node}}",
+                ),
+            ],
+        ),
+        graph(
+            "Average message size",
+            "Mean body size of the messages received in each interval"
+            " (rabbitmq_message_size_bytes); empty while nothing is published.",
+            [
+                (
+                    f"{per_node(rate('rabbitmq_message_size_bytes_sum'))}"
+                    f" / {per_node(rate('rabbitmq_message_size_bytes_count'))}",
+                    "{{rabbitmq_node}}",
+                )
+            ],
+            unit="bytes",
+        ),
+        bargauge.Panel()
+        .title("Message size distribution")
+        .description(
+            "Messages received in the dashboard's time range, per size bucket"
+            " (rabbitmq_message_size_bytes_bucket; the heatmap format turns the"
+            " cumulative buckets into counts per bucket)."
+        )
+        .datasource(DS)
+        .height(8)
+        .span(12)
+        .unit("short")
+        .orientation(cm.VizOrientation.HORIZONTAL)
+        .display_mode(cm.BarGaugeDisplayMode.GRADIENT)
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]))
+        .with_target(
+            prometheus.Dataquery()
+            .expr(by("le", "increase(rabbitmq_message_size_bytes_bucket[$__range])"))
+            .format(PromQueryFormat.HEATMAP)
+            .instant()
+            .legend_format("{{le}}")
+            .ref_id("A")
+            .datasource(DS)
+        ),
+    )
+    b.row("OUTGOING MESSAGES")
+    b.add(
+        graph(
+            "Messages delivered / s",
+            "Messages delivered to consumers and to basic.get (rabbitmq_global_messages_delivered"
+            "_total).",
+            [(per_node(rate("rabbitmq_global_messages_delivered_total")), "{{rabbitmq_node}}")],
+        ),
+        graph(
+            "Messages delivered by mode / s",
+            "basic.consume and basic.get, with manual or automatic acknowledgement.",
+            [
+                (
+                    total(rate("rabbitmq_global_messages_delivered_consume_manual_ack_total")),
+                    "consume, manual ack",
+                ),
+                (
+                    total(rate("rabbitmq_global_messages_delivered_consume_auto_ack_total")),
+                    "consume, auto ack",
+                ),
+                (
+                    total(rate("rabbitmq_global_messages_delivered_get_manual_ack_total")),
+                    "get, manual ack",
+                ),
+                (
+                    total(rate("rabbitmq_global_messages_delivered_get_auto_ack_total")),
+                    "get, auto ack",
+                ),
+            ],
+        ),
+        graph(
+            "Messages acknowledged / s",
+            "Acknowledgements received from consumers.",
+            [
+                (
+                    per_node(rate("rabbitmq_global_messages_acknowledged_total")),
+                    "{{rabbitmq_node}}",
+                )
+            ],
+            span=8,
+        ),
+        graph(
+            "Messages redelivered / s",
+            "Deliveries of messages that were delivered before (rejected, nacked, or their"
+            " consumer went away).",
+            [
+                (
+                    per_node(rate("rabbitmq_global_messages_redelivered_total")),
+                    "{{rabbitmq_node}}",
+                )
+            ],
+            span=8,
+        ),
+        graph(
+            "basic.get on empty queues / s",
+            "basic.get that found no message (polling instead of consuming).",
+            [(per_node(rate("rabbitmq_global_messages_get_empty_total")), "{{rabbitmq_node}}")],
+            span=8,
+        ),
+    )
+    b.row("CONNECTIONS, CHANNELS, QUEUES")
+    b.add(
+        graph(
+            "Connections, channels, consumers, queues",
+            "Open connections and channels, attached consumers, declared queues.",
+            [
+                (total("rabbitmq_connections"), "connections"),
+                (total("rabbitmq_channels"), "channels"),
+                (total("rabbitmq_consumers"), "consumers"),
+                (total("rabbitmq_queues"), "queues"),
+            ],
+        ),
+        graph(
+            "Connections opened & closed / s",
+            "Connection churn.",
+            [
+                (total(rate("rabbitmq_connections_opened_total")), "opened"),
+                (total(rate("rabbitmq_connections_closed_total")), "closed"),
+            ],
+        ),
+        graph(
+            "Channels opened & closed / s",
+            "Channel churn.",
+            [
+                (total(rate("rabbitmq_channels_opened_total")), "opened"),
+                (total(rate("rabbitmq_channels_closed_total")), "closed"),
+            ],
+        ),
+        graph(
+            "Queues declared, created & deleted / s",
+            "queue.declare calls (declared), of which new queues (created), and deletions.",
+            [
+                (total(rate("rabbitmq_queues_declared_total")), "declared"),
+                (total(rate("rabbitmq_queues_created_total")), "created"),
+                (total(rate("rabbitmq_queues_deleted_total")), "deleted"),
+            ],
+        ),
+    )
+    return b.build()
+
+
+def processes() -> Any:
+    """Shoal's own process model: per-process CPU and memory, IO workers."""
+    b = Board(
+        "shoal-processes",
+        "Shoal / Processes",
+        "Shoal's processes (supervisor, acceptor, IO workers, scheduler, metrics): CPU and"
+        " resident memory by role and index, connections and arena use per IO worker, the"
+        " shared-memory segment, and the scheduler's rescued wake-ups (shoal_* families).",
+    )
+    proc = "role, index, rabbitmq_node"
+    proc_legend = "{{role}} {{index}} ({{rabbitmq_node}})"
+    worker_legend = "worker {{index}} ({{rabbitmq_node}})"
+    b.add(
+        stat_panel(
+            "Processes",
+            f"count({join('shoal_process_resident_memory_bytes')})",
+            "Live broker processes.",
+        ),
+        stat_panel(
+            "CPU",
+            total(rate("shoal_process_cpu_seconds_total")),
+            "CPU time of all broker processes per second: 100% = one core busy.",
+            unit="percentunit",
+        ),
+        stat_panel(
+            "Resident memory",
+            total("shoal_process_resident_memory_bytes"),
+            "Resident memory of all broker processes (shared pages count in each).",
+            unit="bytes",
+        ),
+        stat_panel(
+            "Worker connections",
+            total("shoal_worker_connections"),
+            "Client connections, all IO workers together.",
+        ),
+        stat_panel(
+            "Shared memory allocated",
+            total("shoal_shm_allocated_bytes"),
+            "Pages of the shared-memory segment in use.",
+            unit="bytes",
+        ),
+        stat_panel(
+            "Lost wake-ups rescued",
+            total("increase(shoal_scheduler_lost_wakeups_rescued_total[$__range])"),
+            "Wake-ups the scheduler's sweep had to rescue in the time range (should stay 0).",
+            steps=thresholds((None, "green"), (1, "red")),
+        ),
+    )
+    b.row("CPU")
+    b.add(
+        graph(
+            "CPU by process",
+            "CPU seconds per second of each process (shoal_process_cpu_seconds_total);"
+            " 100% = one core.",
+            [(by(proc, rate("shoal_process_cpu_seconds_total")), proc_legend)],
+            unit="percentunit",
+        ),
+        graph(
+            "CPU by role",
+            "The same, summed per role.",
+            [
+                (
+                    by("role, rabbitmq_node", rate("shoal_process_cpu_seconds_total")),
+                    "{{role}} ({{rabbitmq_node}})",
+                )
+            ],
+            unit="percentunit",
+        ),
+    )
+    b.row("MEMORY")
+    b.add(
+        graph(
+            "Resident memory by process",
+            "RSS of each process (shoal_process_resident_memory_bytes); pages of the shared"
+            " segment count in every process that touched them.",
+            [(by(proc, "shoal_process_resident_memory_bytes"), proc_legend)],
+            unit="bytes",
+        ),
+        graph(
+            "Resident memory by role",
+            "The same, summed per role.",
+            [
+                (
+                    by("role, rabbitmq_node", "shoal_process_resident_memory_bytes"),
+                    "{{role}} ({{rabbitmq_node}})",
+                )
+            ],
+            unit="bytes",
+        ),
+    )
+    b.row("IO WORKERS")
+    b.add(
+        graph(
+            "Connections per IO worker",
+            "Client connections each IO worker serves (shoal_worker_connections); the acceptor"
+            " balances new ones.",
+            [(by("index, rabbitmq_node", "shoal_worker_connections"), worker_legend)],
+        ),
+        graph(
+            "Arena use per IO worker",
+            "Message bodies held in each IO worker's shared-memory arena (shoal_arena_used_bytes).",
+            [(by("index, rabbitmq_node", "shoal_arena_used_bytes"), worker_legend)],
+            unit="bytes",
+        ),
+    )
+    b.row("SHARED MEMORY & SCHEDULER")
+    b.add(
+        graph(
+            "Shared-memory segment",
+            "Pages of the segment in use, the arenas' size (all IO workers), and the part of"
+            " the arenas holding message bodies.",
+            [
+                (per_node("shoal_shm_allocated_bytes"), "allocated {{rabbitmq_node}}"),
+                (per_node("shoal_shm_arena_bytes"), "arenas {{rabbitmq_node}}"),
+                (per_node("shoal_arena_used_bytes"), "arenas in use {{rabbitmq_node}}"),
+            ],
+            unit="bytes",
+        ),
+        graph(
+            "Lost wake-ups rescued / s",
+            "Wake-ups of consumers that the scheduler's periodic sweep had to deliver because"
+            " the direct notification was lost (shoal_scheduler_lost_wakeups_rescued_total)."
+            " Anything above 0 is a bug to report.",
+            [
+                (
+                    per_node(rate("shoal_scheduler_lost_wakeups_rescued_total")),
+                    "{{rabbitmq_node}}",
+                )
+            ],
+        ),
+    )
+    return b.build()
+
+
+def capacity() -> Any:
+    """Where the broker runs out of room: queue depth, in vs out, arenas."""
+    b = Board(
+        "shoal-capacity",
+        "Shoal / Capacity",
+        "Queue depth per queue, publish vs deliver rates, and shared-memory arena use against"
+        " its size. Flow-control panels (queue capacity, blocked publishers, memory"
+        " watermark) come later: see grafana/README.md. Per-queue panels need"
+        " /metrics/per-object scraped.",
+    )
+    queue_legend = "{{queue}} ({{vhost}})"
+    arena_share = total("shoal_arena_used_bytes") + " / " + total("shoal_shm_arena_bytes")
+    b.add(
+        stat_panel(
+            "Ready messages",
+            total("rabbitmq_queue_messages_ready"),
+            "Messages waiting in all queues.",
+        ),
+        stat_panel(
+            "Unacknowledged messages",
+            total("rabbitmq_queue_messages_unacked"),
+            "Messages delivered and not yet acknowledged, all queues.",
+        ),
+        stat_panel(
+            "Published / s",
+            total(rate("rabbitmq_global_messages_received_total")),
+            "Messages received from publishers per second.",
+        ),
+        stat_panel(
+            "Delivered / s",
+            total(rate("rabbitmq_global_messages_delivered_total")),
+            "Messages delivered to consumers and basic.get per second.",
+        ),
+        stat_panel(
+            "Arena use",
+            arena_share,
+            "Message bodies held in the IO workers' arenas, as a share of their size.",
+            unit="percentunit",
+            steps=thresholds((None, "green"), (0.7, "orange"), (0.9, "red")),
+        ),
+        stat_panel(
+            "Queues by type",
+            by("queue_type", "rabbitmq_queue_info", "per-object", op="count"),
+            "Queues seen on /metrics/per-object, by type (rabbitmq_queue_info).",
+            legend="{{queue_type}}",
+        ),
+    )
+    b.row("QUEUE DEPTH (per queue, /metrics/per-object)")
+    b.add(
+        graph(
+            "Messages ready per queue (top 20)",
+            "rabbitmq_queue_messages_ready of the 20 deepest queues.",
+            [(f"topk(20, {per_queue('rabbitmq_queue_messages_ready')})", queue_legend)],
+        ),
+        graph(
+            "Messages unacknowledged per queue (top 20)",
+            "rabbitmq_queue_messages_unacked of the 20 queues with most.",
+            [(f"topk(20, {per_queue('rabbitmq_queue_messages_unacked')})", queue_legend)],
+        ),
+        graph(
+            "Messages published per queue / s (top 20)",
+            "rabbitmq_queue_messages_published_total: messages each queue took.",
+            [
+                (
+                    f"topk(20, {per_queue(rate('rabbitmq_queue_messages_published_total'))})",
+                    queue_legend,
+                )
+            ],
+        ),
+        graph(
+            "Consumers per queue (top 20)",
+            "rabbitmq_queue_consumers: a deep queue with no consumer only grows.",
+            [(f"topk(20, {per_queue('rabbitmq_queue_consumers')})", queue_legend)],
+        ),
+    )
+    b.row("PUBLISH VS DELIVER")
+    b.add(
+        graph(
+            "Published vs delivered / s",
+            "Messages in (received, routed) against messages out (delivered, acknowledged)."
+            " Routed above delivered for long means queues grow.",
+            [
+                (total(rate("rabbitmq_global_messages_received_total")), "published"),
+                (total(rate("rabbitmq_global_messages_routed_total")), "routed"),
+                (total(rate("rabbitmq_global_messages_delivered_total")), "delivered"),
+                (total(rate("rabbitmq_global_messages_acknowledged_total")), "acknowledged"),
+            ],
+        ),
+        graph(
+            "Queue depth change / s",
+            "How fast all queues together grow (above 0) or drain (below 0):"
+            " deriv(rabbitmq_queue_messages).",
+            [(per_node("deriv(rabbitmq_queue_messages[$__rate_interval])"), "{{rabbitmq_node}}")],
+        ),
+    )
+    b.row("SHARED MEMORY")
+    b.add(
+        graph(
+            "Arena use vs size",
+            "Message bodies held in all IO workers' arenas (shoal_arena_used_bytes) against"
+            " their size (shoal_shm_arena_bytes); the segment's allocated pages for scale.",
+            [
+                (total("shoal_arena_used_bytes"), "in use"),
+                (total("shoal_shm_arena_bytes"), "size"),
+                (total("shoal_shm_allocated_bytes"), "segment allocated"),
+            ],
+            unit="bytes",
+            span=8,
+        ),
+        graph(
+            "Arena use (% of size)",
+            "All arenas together.",
+            [(arena_share, "all arenas")],
+            unit="percentunit",
+            span=8,
+            max_value=1,
+        ),
+        graph(
+            "Fullest IO worker arena (% of its size)",
+            "The fullest worker's arena against one arena's size (the arenas' size over the"
+            " number of IO workers): a publisher on that worker waits first.",
+            [
+                (
+                    by("rabbitmq_node", "shoal_arena_used_bytes", op="max")
+                    + f" / ({per_node('shoal_shm_arena_bytes')}"
+                    + f" / {by('rabbitmq_node', 'shoal_arena_used_bytes', op='count')})",
+                    "{{rabbitmq_node}}",
+                )
+            ],
+            unit="percentunit",
+            span=8,
+            max_value=1,
+        ),
+    )
+    return b.build()
+
+
+DASHBOARDS: dict[str, Callable[[], Any]] = {
+    "shoal-overview.json": overview,
+    "shoal-processes.json": processes,
+    "shoal-capacity.json": capacity,
+}
+
+
+def render(model: Any) -> str:
+    """Deterministic text: sorted keys, 2-space indent, trailing newline."""
+    data = json.loads(json.dumps(model, cls=JSONEncoder))
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def generate() -> dict[Path, str]:
+    return {OUT / name: render(make()) for name, make in DASHBOARDS.items()}
+
+
+def check_sdk() -> str | None:
+    try:
+        found = metadata.version(SDK)
+    except metadata.PackageNotFoundError:
+        return f"{SDK} is not installed"
+    if found != SDK_VERSION:
+        return f"{SDK}=={found} is installed; the dashboards are built with =={SDK_VERSION}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if a committed file differs; write nothing"
+    )
+    args = parser.parse_args(argv)
+    problem = check_sdk()
+    if problem:
+        print(f"build.py: {problem}", file=sys.stderr)
+        return 2
+    stale = []
+    for path, text in generate().items():
+        old = path.read_text() if path.exists() else ""
+        if old == text:
+            continue
+        if args.check:
+            stale.append(path)
+            diff = difflib.unified_diff(
+                old.splitlines(), text.splitlines(), str(path), "generated", lineterm="", n=1
+            )
+            print("\n".join(list(diff)[:40]), file=sys.stderr)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path.relative_to(HERE.parent)}")
+    if stale:
+        names = ", ".join(str(p.relative_to(HERE.parent)) for p in stale)
+        print(f"out of date: {names}; run python grafana/build.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
