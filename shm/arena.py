@@ -238,7 +238,16 @@ def peek_message(
     lengths = L.MSG_PREFIX.unpack_from(seg.buf, block + L.BLOCK_HEADER)
     if fixed + sum(lengths) > size:
         return None
+    # Slice with the lengths just checked (read_message would read them again,
+    # and they may have changed since).
+    ex_len, rk_len, _pad, props_len, body_len = lengths
+    buf, p = seg.buf, block + fixed
+    exchange = buf[p : p + ex_len]
+    p += ex_len
+    routing_key = buf[p : p + rk_len]
+    p += rk_len
+    props = buf[p : p + props_len]
     if not body:  # a selector looks at the properties only
-        p = block + fixed + lengths[0] + lengths[1]
-        return b"", b"", seg.buf[p : p + lengths[3]], b""
-    return read_message(seg, block)
+        return b"", b"", props, b""
+    p += props_len
+    return exchange, routing_key, props, buf[p : p + body_len]

@@ -73,13 +73,17 @@ class Levels:
         store = self.store
         load = store.a.load
         for qid, record in zip(self.qids, self.records, strict=True):
-            if not load(record + L.Q_READY):
-                continue
             pointer = self.pointers.get(qid, 0)
             gen = load(record + L.Q_RELEASE_GEN)
             if gen != self.release_gens.get(qid, 0):
                 self.release_gens[qid] = gen
                 pointer = 0  # a release put an entry back behind us
+            elif pointer >= load(record + L.Q_TAIL):
+                # Nothing reserved past our pointer: skip the level. (Not
+                # Q_READY: a publisher bumps it after Q_CHANGES, so a level
+                # could look empty to a scan that Q_CHANGES says saw it; the
+                # tail is reserved before the cell is even published.)
+                continue
             if wanted is None:
                 got = store.acquire(qid, pointer)
             else:

@@ -49,6 +49,7 @@ def test_browser_sees_every_message_in_order_and_leaves_them(broker: Broker) -> 
     ch.basic_consume("b1", lambda c, m, p, body: got.append(body), auto_ack=True)
     pump([pub], lambda: len(got) >= 1000, 20, "1000 consumed messages")
     assert [int(b) for b in got] == list(range(1000))
+    browser_conn.process_data_events(time_limit=0.3)
     assert len(seen) == 1000  # the browser was not handed anything twice
     pub.close()
     browser_conn.close()
@@ -153,6 +154,7 @@ def test_browsers_and_two_acquirers_together(broker: Broker) -> None:
     assert everything == list(range(n)), "a message was lost or delivered to both acquirers"
     assert acquired[0] and acquired[1]
     for seen in browsed:
+        assert seen, "a browser saw nothing: the test did not exercise browsing"
         assert seen == sorted(set(seen)), "a browser saw messages out of order or twice"
     assert ready(pch, "b5") == 0
     for c in (*conns, pub):

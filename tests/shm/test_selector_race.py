@@ -82,7 +82,8 @@ def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None
         else:
             got = store.acquire_matching(QID, pointer, wanted)
         if isinstance(got, int):
-            pointer = got
+            # -1 - seq: a slice of unwanted entries ended there (not the end)
+            pointer = got if got >= 0 else -1 - got
             os.sched_yield()
             continue
         seq, block, _redelivered = got
