@@ -164,16 +164,13 @@ class Snapshot:
             for slot in range(layout.limits.max_workers)
             if a.load(layout.proc(slot) + L.P_ROLE) == L.ROLE_WORKER
         )
-        levels = store.priority_levels()
         self.queues: list[QueueRow] = []
         for vhost_id, name, qid in sorted(store.scan()):
             row = QueueRow(vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"))
-            priority = levels.get(qid)
-            for log_qid in [qid] if priority is None else priority.descending:
-                row.ready += store.word(log_qid, L.Q_READY)
-                row.unacked += store.word(log_qid, L.Q_UNACKED)
-                row.published += store.word(log_qid, L.Q_PUBLISHED)
-                row.bytes += store.word(log_qid, L.Q_BYTES)
+            row.ready = store.total(qid, L.Q_READY)
+            row.unacked = store.total(qid, L.Q_UNACKED)
+            row.published = store.total(qid, L.Q_PUBLISHED)
+            row.bytes = store.total(qid, L.Q_BYTES)
             row.consumers = store.word(qid, L.Q_CONSUMERS)
             self.queues.append(row)
 

@@ -59,19 +59,14 @@ def snapshot(seg: Segment) -> dict[str, Any]:
     priority_queues = store.priority_levels()
     for vhost_id, name, qid in sorted(store.scan()):
         levels = priority_queues.get(qid)
-        logs = [qid] if levels is None else levels.descending
-
-        def total(field: int, logs: list[int] = logs) -> int:
-            return sum(store.word(log_qid, field) for log_qid in logs)
-
         queues.append(
             {
                 "vhost": vhosts.get(vhost_id, str(vhost_id)),
                 "name": name.decode(errors="replace"),
-                "messages_ready": total(L.Q_READY),
-                "messages_unacked": total(L.Q_UNACKED),
+                "messages_ready": store.total(qid, L.Q_READY),
+                "messages_unacked": store.total(qid, L.Q_UNACKED),
                 "consumers": store.word(qid, L.Q_CONSUMERS),
-                "published": total(L.Q_PUBLISHED),
+                "published": store.total(qid, L.Q_PUBLISHED),
                 "head": store.word(qid, L.Q_HEAD),
                 "tail": store.word(qid, L.Q_TAIL),
                 "max_priority": levels.max_priority if levels else 0,

@@ -129,6 +129,16 @@ class QueueStore:
         # Re-read: if it moved while we scanned, rescan next time.
         self._names_gen = gen if self.a.load(L.H_CATALOG_GEN) == gen else -1
 
+    def logs(self, qid: int) -> list[int]:
+        """The logs that make up queue `qid`: itself, or for a priority queue
+        the logs of its levels in use, highest priority first."""
+        levels = self.priority_levels().get(qid)
+        return [qid] if levels is None else levels.descending
+
+    def total(self, qid: int, field: int) -> int:
+        """A queue-record counter summed over the queue's logs."""
+        return sum(self.word(log_qid, field) for log_qid in self.logs(qid))
+
     def scan(self) -> Iterator[tuple[int, bytes, int]]:
         """(vhost id, name, qid) of every active declared queue (not the
         level slots of priority queues)."""

@@ -452,11 +452,14 @@ class Channel:
         if not priority_queues:
             return None
         qids = pending.qids
+        priority = -1  # parsed from the header once, if a priority queue needs it
         for i, qid in enumerate(qids):
             levels = priority_queues.get(qid)
             if levels is None or (pending.levelled is not None and qid in pending.levelled):
                 continue
-            level = min(F.message_priority(pending.header), levels.max_priority)
+            if priority < 0:
+                priority = F.message_priority(pending.header)
+            level = min(priority, levels.max_priority)
             target = levels.by_level.get(level)
             if target is None:
                 return qid, level
@@ -1053,8 +1056,7 @@ class Channel:
         # A one-message temporary subscription: acquire from the head.
         _name, qid = self._resolve_queue(method.queue, (60, 70))
         ctx = self.ctx
-        levels = ctx.store.priority_levels().get(qid)
-        logs = [qid] if levels is None else levels.descending  # highest priority first
+        logs = ctx.store.logs(qid)  # highest priority first
         for log_qid in logs:
             got = ctx.store.acquire(log_qid, 0)
             if got.__class__ is not int:
