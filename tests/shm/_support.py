@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 
 from shm import layout as L
-from shm.arena import Arena, release_hold
-from shm.queues import QueueGone, QueueStore
+from shm.arena import Arena, message_size, release_hold, write_message
+from shm.queues import QueueFull, QueueGone, QueueStore
 from shm.segment import Segment
 
 SegmentFactory = Callable[[L.Limits], Segment]
@@ -153,3 +155,34 @@ def dies_after(writes: int) -> Callable[[int, str, int], None]:
             raise Died
 
     return hook
+
+
+def publish_until_accepted(
+    seg: Segment,
+    store: QueueStore,
+    arena: Arena,
+    qid: int,
+    message: tuple[bytes, bytes, bytes, bytes],
+    slot: int,
+    deadline: float,
+) -> None:
+    """Publish a message record (exchange, routing key, header, body) as a
+    worker does, waiting (bounded by `deadline`, a time.monotonic() value)
+    while the arena or the queue is full: for forked producers in races."""
+    exchange, routing_key, header, body = message
+    size = message_size(exchange, routing_key, header, len(body))
+    while (block := arena.alloc(size)) is None:
+        assert time.monotonic() < deadline, "the arena stayed full"
+        os.sched_yield()
+    start = write_message(seg, block, exchange, routing_key, header, len(body))
+    seg.buf[start : start + len(body)] = body
+    while True:
+        seg.atomic.fetch_add(block + L.B_REFS, 1)
+        try:
+            store.append(qid, block, slot)
+            break
+        except QueueFull:
+            seg.atomic.fetch_add(block + L.B_REFS, -1)
+            assert time.monotonic() < deadline, "the queue stayed full"
+            os.sched_yield()
+    release_hold(seg, block)

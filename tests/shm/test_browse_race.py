@@ -13,11 +13,18 @@ import struct
 import time
 
 from shm import layout as L
-from shm.arena import Arena, message_size, release_hold, write_message
-from shm.queues import QueueFull, QueueStore
+from shm.arena import Arena
+from shm.queues import QueueStore
 from shm.segment import Segment
 
-from ._support import SMALL, SegmentFactory, arena_counters, live_blocks, qword
+from ._support import (
+    SMALL,
+    SegmentFactory,
+    arena_counters,
+    live_blocks,
+    publish_until_accepted,
+    qword,
+)
 
 QID = 3
 MESSAGES = 100_000
@@ -37,25 +44,10 @@ def rk_for(mid: int) -> bytes:
 def produce(seg: Segment) -> None:
     store, arena = QueueStore(seg, 1), Arena(seg, 0)
     slot = seg.layout.proc(0)
-    a = seg.atomic
     deadline = time.monotonic() + DEADLINE
     for mid in range(MESSAGES):
-        body, rk = body_for(mid), rk_for(mid)
-        while (block := arena.alloc(message_size(b"x", rk, b"hdr", len(body)))) is None:
-            assert time.monotonic() < deadline
-            os.sched_yield()
-        start = write_message(seg, block, b"x", rk, b"hdr", len(body))
-        seg.buf[start : start + len(body)] = body
-        while True:
-            a.fetch_add(block + L.B_REFS, 1)
-            try:
-                store.append(QID, block, slot)
-                break
-            except QueueFull:
-                a.fetch_add(block + L.B_REFS, -1)
-                assert time.monotonic() < deadline
-                os.sched_yield()
-        release_hold(seg, block)
+        message = (b"x", rk_for(mid), b"hdr", body_for(mid))
+        publish_until_accepted(seg, store, arena, QID, message, slot, deadline)
 
 
 def consume(seg: Segment) -> None:

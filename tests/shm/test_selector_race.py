@@ -15,11 +15,11 @@ from collections.abc import Callable
 
 from shm import layout as L
 from shm._atomic import Atomic
-from shm.arena import Arena, message_size, read_message, release_hold, write_message
-from shm.queues import QueueFull, QueueStore
+from shm.arena import Arena, read_message
+from shm.queues import QueueStore
 from shm.segment import Segment
 
-from ._support import SMALL, SegmentFactory, qword
+from ._support import SMALL, SegmentFactory, publish_until_accepted, qword
 
 QID = 5
 MESSAGES = 60_000
@@ -45,25 +45,10 @@ def wants(residue: int) -> Callable[[bytes], bool]:
 def produce(seg: Segment, ctrl: Atomic) -> None:
     store, arena = QueueStore(seg, 1), Arena(seg, 0)
     slot = seg.layout.proc(0)
-    a = seg.atomic
     deadline = time.monotonic() + DEADLINE
     for mid in range(MESSAGES):
-        header, body = header_for(mid), ID.pack(mid)
-        while (block := arena.alloc(message_size(b"", b"", header, len(body)))) is None:
-            assert time.monotonic() < deadline
-            os.sched_yield()
-        start = write_message(seg, block, b"", b"", header, len(body))
-        seg.buf[start : start + len(body)] = body
-        while True:
-            a.fetch_add(block + L.B_REFS, 1)
-            try:
-                store.append(QID, block, slot)
-                break
-            except QueueFull:
-                a.fetch_add(block + L.B_REFS, -1)
-                assert time.monotonic() < deadline
-                os.sched_yield()
-        release_hold(seg, block)
+        message = (b"", b"", header_for(mid), ID.pack(mid))
+        publish_until_accepted(seg, store, arena, QID, message, slot, deadline)
 
 
 def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None:
