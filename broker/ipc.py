@@ -48,6 +48,7 @@ class Msg(IntEnum):
     CONSUMER_GONE = 22  # cid: its queue was deleted
     RESYNC = 23  # a (new) scheduler asks for HELLO
     INSPECT = 24  # req: the scheduler asks for the worker's consumers (shoal status)
+    UNBLOCK = 25  # qid: the queue fell to its resume size; release its publishers
 
 
 _encode = msgspec.msgpack.Encoder().encode

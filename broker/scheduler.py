@@ -30,6 +30,7 @@ from broker.introspect import Introspection, socket_path
 from broker.ipc import Link, Msg
 from broker.routing import X_MATCH_MODES
 from broker.routing import frozen_args as _frozen_args
+from shm import flow
 from shm import layout as L
 from shm import stats as S
 from shm.catalog import CatalogFull, CatalogWriter
@@ -308,6 +309,7 @@ class Scheduler:
             if not name:
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
             max_priority = _max_priority(name, vhost, arguments)
+            capacity, resume = _capacity(name, vhost, arguments)
             single_active = _single_active(name, vhost, arguments)
             if not self.free_qids:
                 raise E.ChannelError(
@@ -324,7 +326,14 @@ class Scheduler:
                 | (L.QF_AUTO_DELETE if auto_delete else 0)
             )
             self.store.create(
-                qid, name, flags, owner, self.definitions.vhost_ids[vhost], max_priority
+                qid,
+                name,
+                flags,
+                owner,
+                self.definitions.vhost_ids[vhost],
+                max_priority,
+                capacity=capacity,
+                resume=resume,
             )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.max_priority = max_priority
@@ -411,7 +420,9 @@ class Scheduler:
 
     def _purge(self, vhost: str, name: bytes, conn_id: int) -> int:
         q = self._lookup(vhost, name, conn_id)
-        return sum(self.store.purge(qid) for qid in q.levels.values())
+        purged = sum(self.store.purge(qid) for qid in q.levels.values())
+        flow.drained(self.seg, self.waker, q.qid)  # may release its publishers
+        return purged
 
     def _remove_queue(self, q: QueueState) -> None:
         for key in list(q.qcm):
@@ -420,6 +431,8 @@ class Scheduler:
             link = self.links.get(worker)
             if link is not None:
                 link.send(Msg.CONSUMER_GONE, cid)
+        if self.store.word(q.qid, L.Q_FLOW) != L.FLOW_OPEN:
+            self._unblock(q.qid)  # its publishers wait for nothing now
         for level, qid in q.levels.items():
             self.store.remove(qid)
             if level:
@@ -731,6 +744,11 @@ class Scheduler:
             self.a.store(watch, 0)
         self.links[key[0]].send(Msg.NOTIFY, key[1])
 
+    def _unblock(self, qid: int) -> None:
+        """Release every publisher blocked on queue `qid` (shm/flow.py)."""
+        for link in self.links.values():
+            link.send(Msg.UNBLOCK, qid)
+
     def _wake_browsers(self, q: QueueState, now: int | None = None) -> None:
         if not q.browsing:
             return
@@ -743,6 +761,8 @@ class Scheduler:
 
     def _on_wake(self) -> None:
         for qid in self.waker.drain(self.seg.layout.limits.max_queues):
+            if flow.take_release(self.seg, qid):
+                self._unblock(qid)
             q = self.queues.get(qid) or self.level_of.get(qid)
             if q is not None:
                 self._watch(q)
@@ -789,6 +809,38 @@ def _max_priority(name: bytes, vhost: str, arguments: dict[str, Any]) -> int:
             E.PRECONDITION_FAILED, f"{where}: {{max_priority_out_of_range,{value}}}"
         )
     return value
+
+
+def _capacity(name: bytes, vhost: str, arguments: dict[str, Any]) -> tuple[int, int]:
+    """x-capacity and x-flow-resume-capacity (bytes, Qpid's arguments): the
+    resume size defaults to 80 % of the capacity and may not exceed it."""
+    values = []
+    for key in ("x-capacity", "x-flow-resume-capacity"):
+        value = arguments.get(key)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED,
+                f"invalid arg '{key}' for queue '{name.decode()}' in vhost '{vhost}': "
+                f"{{unacceptable_type,{_field_type(value)}}}"
+                if not isinstance(value, int) or isinstance(value, bool)
+                else f"invalid arg '{key}' for queue '{name.decode()}' in vhost '{vhost}': "
+                f"{{value_negative,{value}}}",
+            )
+        values.append(value)
+    capacity, resume = values
+    if not capacity:
+        return 0, 0
+    if resume is None:
+        resume = capacity * 4 // 5
+    if resume > capacity:
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED,
+            f"invalid arg 'x-flow-resume-capacity' for queue '{name.decode()}' in vhost "
+            f"'{vhost}': {resume} is above x-capacity {capacity}",
+        )
+    return capacity, resume
 
 
 def _single_active(name: bytes, vhost: str, arguments: dict[str, Any]) -> bool:
@@ -844,6 +896,8 @@ EQUIVALENT_QUEUE_ARGUMENTS = (
     "x-queue-type",
     "x-single-active-consumer",
     "x-delivery-limit",
+    "x-capacity",
+    "x-flow-resume-capacity",
 )
 
 

@@ -106,6 +106,12 @@ Q_MAX_PRIORITY = 392  # declared queue: its x-max-priority (0: not a priority qu
 Q_PARENT = 400  # level slot: qid + 1 of its declared queue (0: a declared queue)
 Q_LEVEL = 408  # level slot: its priority
 Q_BYTES = 416  # body bytes of the entries AVAILABLE or ACQUIRED (append +, delete -)
+# Producer flow control (seed 001): x-capacity and x-flow-resume-capacity in
+# bytes (0: none), and the release handshake word (shm/flow.py).
+Q_CAPACITY = 424
+Q_RESUME = 432
+Q_FLOW = 440  # FLOW_* below
+FLOW_OPEN, FLOW_BLOCKED, FLOW_RELEASE = 0, 1, 2
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -142,7 +148,7 @@ BLOCK_MIN_SPLIT = 64
 MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, pad, props len, body len
 
 
-assert Q_NAME + Q_NAME_MAX < Q_MAX_PRIORITY and Q_BYTES + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_MAX_PRIORITY and Q_FLOW + 8 <= QUEUE_SIZE
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.
 assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _atomic.Q_ACKED) == (

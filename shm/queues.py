@@ -176,6 +176,8 @@ class QueueStore:
         max_priority: int = 0,
         parent: int | None = None,
         level: int = 0,
+        capacity: int = 0,
+        resume: int = 0,
     ) -> None:
         """Scheduler only: make a FREE slot an active queue called `name` in
         virtual host `vhost` (an id); with `parent`, a level slot of that
@@ -208,6 +210,9 @@ class QueueStore:
         a.store(q + L.Q_MAX_PRIORITY, max_priority)
         a.store(q + L.Q_PARENT, 0 if parent is None else parent + 1)
         a.store(q + L.Q_LEVEL, level)
+        a.store(q + L.Q_CAPACITY, capacity)
+        a.store(q + L.Q_RESUME, resume)
+        a.store(q + L.Q_FLOW, L.FLOW_OPEN)
         self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + len(name)] = name
         a.store(q + L.Q_NAME_LEN, len(name))
         a.store(q + L.Q_STATE, ((state >> 8) + 1) << 8 | L.QS_ACTIVE)

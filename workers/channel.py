@@ -16,6 +16,7 @@ from broker import errors as E
 from broker.ipc import Msg
 from broker.routing import EXCHANGE_TYPES
 from broker.selector import Selector, SelectorError, compile_selector
+from shm import flow
 from shm import layout as L
 from shm import stats as S
 from shm.arena import (
@@ -110,6 +111,7 @@ class Channel:
         "consumers",
         "ctx",
         "flow_active",
+        "flow_backlog",
         "global_prefetch",
         "global_prefetch_size",
         "last_queue",
@@ -154,6 +156,9 @@ class Channel:
         self.closing = False
         self.busy = False
         self.backlog: deque[tuple[int, memoryview]] = deque()
+        # Publishes (and what follows them) kept while the connection is
+        # flow-blocked on a queue over capacity (shm/flow.py).
+        self.flow_backlog: deque[tuple[int, memoryview]] = deque()
         self.last_queue = b""
         self.tx: Transaction | None = None
 
@@ -161,6 +166,8 @@ class Channel:
     def handle(self, ftype: int, payload: memoryview) -> None:
         if self.busy:
             self.backlog.append((ftype, payload))
+            return
+        if (self.conn.flow_blocked or self.flow_backlog) and self._keep_for_flow(ftype, payload):
             return
         if self.closing:
             # After we sent channel.close only close/close-ok matter.
@@ -251,6 +258,38 @@ class Channel:
             return
         self.resume()
 
+    def _keep_for_flow(self, ftype: int, payload: memoryview) -> bool:
+        """While the connection is flow-blocked, keep a new publish, and every
+        frame after one kept, for later. Other methods pass, and acks always
+        do: consumers on a blocked connection keep acking (an ack never falls
+        inside a message's frames, so it cannot overtake a half-kept one)."""
+        if self.closing:
+            return False
+        if ftype == F.FRAME_METHOD and self.state == IDLE:
+            index = F.method_index(payload)
+            if index in _NEVER_KEPT or (index != F.PUBLISH and not self.flow_backlog):
+                return False
+        elif not self.flow_backlog:
+            return False  # the rest of a message whose publish was accepted
+        self.flow_backlog.append((ftype, payload))
+        self.conn.flow_held(len(payload))
+        return True
+
+    def release_flow(self) -> None:
+        """The connection is no longer flow-blocked: handle what was kept, in
+        order, until it is all done or the connection blocks again."""
+        kept, self.flow_backlog = self.flow_backlog, deque()
+        released = 0
+        while kept and not self.conn.closed:
+            ftype, payload = kept.popleft()
+            released += len(payload)
+            self.handle(ftype, payload)
+            if self.flow_backlog:  # blocked again: the rest stays behind it
+                self.flow_backlog.extend(kept)
+                break
+        self.conn.held_bytes -= released
+        self.conn.flush_confirms(self)
+
     def suspend_retry(self, payload: memoryview | None, ftype: int = 0) -> None:
         """Back-pressure: a queue or the arena is full. Keep the frame, stop
         reading the socket, and try again shortly."""
@@ -295,6 +334,8 @@ class Channel:
         """
         if self.state != IDLE or self.busy or self.closing or len(header) < 14:
             return False
+        if self.conn.flow_blocked or self.flow_backlog:
+            return False  # handle() keeps it (flow control)
         class_id, body_size = F.decode_content_header(header)
         if body_size != len(body) or class_id != 60:
             return False
@@ -510,11 +551,18 @@ class Channel:
         ctx = self.ctx
         block = pending.block
         a = ctx.atomic
+        queues = ctx.seg.layout.queues
         while pending.qids:
             qid = pending.qids[0]
             a.fetch_add(block + L.B_REFS, 1)
             try:
                 ctx.store.append(qid, block, ctx.slot)
+                # x-capacity (one load when the queue has none): over it,
+                # this connection's next publishes wait (shm/flow.py).
+                if a.load(queues + qid * L.QUEUE_SIZE + L.Q_CAPACITY) and flow.over_capacity(
+                    ctx.seg, qid
+                ):
+                    self.conn.flow_block(qid)
             except QueueGone:
                 pass  # deleted meanwhile: append took its reference back
             except QueueFull:
@@ -584,6 +632,7 @@ class Channel:
             stats[DELIVERED_CONSUME_AUTO_ACK] += 1
             if seq >= 0:
                 self.ctx.store.take_no_ack(qid, seq)
+                self._drained(qid)
         else:
             stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
             size = len(body)
@@ -643,6 +692,14 @@ class Channel:
                 ctx.waker.work_added(qid)
             return
         ctx.store.ack(qid, seq)
+        self._drained(qid)
+
+    def _drained(self, qid: int) -> None:
+        """Entries of `qid` were deleted: release its blocked publishers if
+        that took it to its resume size (one load unless some are blocked)."""
+        ctx = self.ctx
+        if ctx.atomic.load(ctx.seg.layout.queues + qid * L.QUEUE_SIZE + L.Q_FLOW):
+            flow.drained(ctx.seg, ctx.waker, qid)
 
     def requeue_all(self) -> None:
         for consumer, qid, seq, _size in self.unacked.values():
@@ -682,6 +739,10 @@ class Channel:
         if pending is not None and pending.block and pending.body is None:
             # A half-received message was never appended anywhere.
             release_hold(self.ctx.seg, pending.block)
+        # Publishes kept by flow control are dropped with the channel, like
+        # the unconfirmed publishes of a channel that closes.
+        self.conn.held_bytes -= sum(len(payload) for _ftype, payload in self.flow_backlog)
+        self.flow_backlog.clear()
         self.pending = None
         self.state = IDLE
 
@@ -1075,6 +1136,7 @@ class Channel:
         self.next_tag += 1
         if method.no_ack:
             ctx.store.take_no_ack(log_qid, seq)
+            self._drained(log_qid)
         else:
             self.unacked[tag] = (None, log_qid, seq, len(body))
             self.unacked_bytes += len(body)
@@ -1159,6 +1221,10 @@ def _selector_argument(args: dict[str, Any]) -> Selector | None:
         raise E.ChannelError(E.PRECONDITION_FAILED, str(exc), 60, 20) from None
     return selector if text.strip() else None
 
+
+# Methods that pass a channel's flow-control backlog: acks (consumers on a
+# blocked connection keep acking) and the close handshake.
+_NEVER_KEPT = frozenset((F.ACK, F.NACK, F.REJECT, C.Channel.Close.index, C.Channel.CloseOk.index))
 
 _Handler = Callable[[Channel, Any], Coroutine[Any, Any, None] | None]
 _HANDLERS: dict[type, _Handler] = {

@@ -22,6 +22,7 @@ from pamqp import decode as pamqp_decode
 
 from broker import errors as E
 from broker.ipc import Msg
+from shm import flow
 from shm import layout as L
 from shm import stats as S
 from workers import framing as F
@@ -32,6 +33,11 @@ from workers.context import WorkerContext
 VERSION = "0.1.0"
 
 log = logging.getLogger("shoal.connection")
+
+# Publish frames a flow-blocked connection's channels may keep before the
+# socket stops being read.
+MAX_HELD_BYTES = 4 << 20
+FLOW_HELD = "flow-held"  # the read holder for that
 
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
@@ -81,8 +87,12 @@ class Connection(asyncio.Protocol):
         self.out: list[bytes] = []
         self.flush_scheduled = False
         self.write_paused = False
-        self.read_holders: set[Channel] = set()
+        self.read_holders: set[object] = set()
         self.blocked_sent = False
+        # Queues over capacity this connection published to (shm/flow.py):
+        # while any, its channels keep their publishes for later.
+        self.flow_blocked: set[int] = set()
+        self.held_bytes = 0  # frames those channels keep
         self.closed = False
         self.last_recv = time.monotonic()
         self.sent_since_tick = False
@@ -155,24 +165,62 @@ class Connection(asyncio.Protocol):
         self.out = []
 
     # ---------------------------------------------------------- read holds
-    def hold_reading(self, channel: Channel) -> None:
-        """Stop reading this client (a queue or the arena is full), and tell
-        clients that understand it that they are blocked."""
+    def hold_reading(self, holder: object, reason: str = "low on shared memory") -> None:
+        """Stop reading this client (a queue log or the arena is full, or too
+        much is held back by flow control), and tell clients that understand
+        it that they are blocked."""
         if not self.read_holders and self.transport is not None:
             self.transport.pause_reading()
-            if self.capabilities.get("connection.blocked") and not self.blocked_sent:
-                self.blocked_sent = True
-                self.write(F.encode_method(0, C.Connection.Blocked(reason="low on shared memory")))
-        self.read_holders.add(channel)
+        self.read_holders.add(holder)
+        self._blocked(reason)
 
-    def release_reading(self, channel: Channel) -> None:
-        if channel in self.read_holders:
-            self.read_holders.discard(channel)
+    def release_reading(self, holder: object) -> None:
+        if holder in self.read_holders:
+            self.read_holders.discard(holder)
             if not self.read_holders and self.transport is not None and not self.closed:
                 self.transport.resume_reading()
-                if self.blocked_sent:
-                    self.blocked_sent = False
-                    self.write(F.encode_method(0, C.Connection.Unblocked()))
+            self._blocked()
+
+    def _blocked(self, reason: str = "") -> None:
+        """connection.blocked when something starts holding this publisher
+        back, connection.unblocked when nothing does any more."""
+        blocked = bool(self.read_holders or self.flow_blocked)
+        if blocked == self.blocked_sent or not self.capabilities.get("connection.blocked"):
+            return
+        self.blocked_sent = blocked
+        if blocked:
+            self.write(F.encode_method(0, C.Connection.Blocked(reason=reason[:255])))
+        elif not self.closed:
+            self.write(F.encode_method(0, C.Connection.Unblocked()))
+
+    # ------------------------------------------------- flow control (seed 001)
+    def flow_block(self, qid: int) -> None:
+        """A publish took queue `qid` above its capacity: hold this
+        connection's further publishes until the queue is back at its resume
+        size. Consumers and acks on the connection go on."""
+        if qid in self.flow_blocked or not flow.arm(self.ctx.seg, qid):
+            return
+        self.flow_blocked.add(qid)
+        name = self.ctx.store.name(qid).decode(errors="replace")
+        self._blocked(f"queue '{name}' in vhost '{self.vhost}' is over its capacity")
+
+    def flow_unblock(self, qid: int) -> None:
+        if qid not in self.flow_blocked:
+            return
+        self.flow_blocked.discard(qid)
+        if self.flow_blocked:
+            return  # still held back by another queue
+        self._blocked()
+        for channel in list(self.channels.values()):
+            channel.release_flow()
+        self.release_reading(FLOW_HELD)
+
+    def flow_held(self, size: int) -> None:
+        """A channel kept a frame back: past a bound, stop reading too (a
+        client that ignores connection.blocked gets TCP back-pressure)."""
+        self.held_bytes += size
+        if self.held_bytes > MAX_HELD_BYTES:
+            self.hold_reading(FLOW_HELD)
 
     # ---------------------------------------------------------------- input
     def data_received(self, data: bytes) -> None:

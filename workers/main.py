@@ -140,6 +140,9 @@ class Worker:
                 consumer.channel.consumer_gone(consumer)
         elif kind == Msg.RESYNC:
             ctx.hello()
+        elif kind == Msg.UNBLOCK:
+            for conn in list(ctx.connections):
+                conn.flow_unblock(message[1])
         elif kind == Msg.INSPECT:
             ctx.send(Msg.CONSUMERS, message[1], [c.inspect() for c in ctx.consumers.values()])
 

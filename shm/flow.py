@@ -1,0 +1,63 @@
+"""Producer flow control on queue capacity (Qpid's seed 001), across processes.
+
+A queue declared with `x-capacity` (bytes) blocks the publishers that take it
+above capacity, and releases all of them when it falls to its resume size
+(`x-flow-resume-capacity`). Publishers and consumers of one queue are in
+different worker processes, so the release is a handshake on the queue's
+Q_FLOW word (shm/ARCHITECTURE.md, section 10):
+
+    publisher over capacity:  CAS Q_FLOW OPEN -> BLOCKED, then load Q_BYTES:
+                              at or below the resume size already (a consumer
+                              drained meanwhile)? do not block.
+    acker (any worker):       Q_BYTES goes down (the ack), then load Q_FLOW:
+                              BLOCKED and Q_BYTES <= resume? CAS BLOCKED ->
+                              RELEASE and kick the queue's wake bit.
+    scheduler, on the wake:   CAS RELEASE -> OPEN, send UNBLOCK(qid) to every
+                              worker; each releases its connections blocked on it.
+
+Both sides write one word and then read the other's (Dekker, as the wake-ups
+of section 7), so a drain is never missed: either the acker sees BLOCKED, or
+the publisher sees the lower Q_BYTES and does not block.
+"""
+
+from __future__ import annotations
+
+from shm import layout as L
+from shm.segment import Segment
+from shm.wake import Waker
+
+
+def over_capacity(seg: Segment, qid: int) -> bool:
+    """After an append: is the queue above its capacity (if it has one)?"""
+    a, q = seg.atomic, seg.layout.queue(qid)
+    capacity = a.load(q + L.Q_CAPACITY)
+    return bool(capacity) and a.load(q + L.Q_BYTES) > capacity
+
+
+def arm(seg: Segment, qid: int) -> bool:
+    """A publisher is about to block on `qid`: arm the release, then look
+    again. False: the queue already fell to its resume size, do not block."""
+    a, q = seg.atomic, seg.layout.queue(qid)
+    a.cas(q + L.Q_FLOW, L.FLOW_OPEN, L.FLOW_BLOCKED)
+    return a.load(q + L.Q_BYTES) > a.load(q + L.Q_RESUME)
+
+
+def drained(seg: Segment, waker: Waker, qid: int) -> None:
+    """After entries of `qid` were deleted (ack, no-ack delivery, purge):
+    release its blocked publishers if it is at or below its resume size."""
+    a, q = seg.atomic, seg.layout.queue(qid)
+    if (
+        a.load(q + L.Q_FLOW) == L.FLOW_BLOCKED
+        and a.load(q + L.Q_BYTES) <= a.load(q + L.Q_RESUME)
+        and a.cas(q + L.Q_FLOW, L.FLOW_BLOCKED, L.FLOW_RELEASE)
+    ):
+        waker.kick(qid)
+
+
+def take_release(seg: Segment, qid: int) -> bool:
+    """Scheduler, on a wake: True if a release of `qid` was requested (and
+    is now taken: the caller sends UNBLOCK)."""
+    a, q = seg.atomic, seg.layout.queue(qid)
+    return a.load(q + L.Q_FLOW) == L.FLOW_RELEASE and a.cas(
+        q + L.Q_FLOW, L.FLOW_RELEASE, L.FLOW_OPEN
+    )

@@ -1,0 +1,146 @@
+"""Producer flow control on queue capacity (x-capacity, x-flow-resume-capacity;
+Qpid's seed 001): a publisher that takes a queue above its capacity gets
+connection.blocked (the client's blocked callback fires) and its publishes wait
+in the broker; when consumers bring the queue down to its resume size,
+connection.unblocked comes and the publishes go on. pika and aio-pika over
+real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aio_pika
+import pika
+import pytest
+
+from tests.broker_process import Broker
+from tests.clients import connect, pump
+
+BODY = b"x" * 1000
+CAPACITY = {"x-capacity": 20_000, "x-flow-resume-capacity": 10_000}
+
+
+def depth(conn: pika.BlockingConnection, queue: str) -> int:
+    return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+
+
+def test_a_fast_producer_is_blocked_at_capacity_and_resumes_at_the_resume_size(
+    broker: Broker,
+) -> None:
+    producer, watcher = connect(broker), connect(broker)
+    events: list[str] = []
+    producer.add_on_connection_blocked_callback(lambda _c, frame: events.append("blocked"))
+    producer.add_on_connection_unblocked_callback(lambda _c, frame: events.append("unblocked"))
+    pch = producer.channel()
+    pch.queue_declare("capped", arguments=CAPACITY)
+    for _ in range(60):  # 60 kB against a 20 kB capacity
+        pch.basic_publish("", "capped", BODY)
+    pump([producer], lambda: "blocked" in events, 10, "connection.blocked")
+    # The publishes past capacity wait in the broker: the queue stops at the
+    # message that crossed the capacity.
+    producer.process_data_events(time_limit=0.3)
+    assert depth(watcher, "capped") == 21
+    assert events == ["blocked"]
+    # Drain below the resume size (10 kB): the rest comes in, in order.
+    got: list[bytes] = []
+    wch = watcher.channel()
+    wch.basic_qos(prefetch_count=5)
+    wch.basic_consume("capped", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    pump([producer, watcher], lambda: len(got) >= 60, 20, "all 60 messages")
+    assert events[:2] == ["blocked", "unblocked"]
+    assert depth(watcher, "capped") == 0
+    producer.close()
+    watcher.close()
+
+
+def test_the_queue_never_exceeds_capacity_by_more_than_what_was_in_flight(
+    broker: Broker,
+) -> None:
+    producer, consumer = connect(broker), connect(broker)
+    pch = producer.channel()
+    pch.queue_declare("capped2", arguments=CAPACITY)
+    cch = consumer.channel()
+    cch.basic_qos(prefetch_count=1)
+    slow: list[int] = []
+    cch.basic_consume("capped2", lambda c, m, p, b: slow.append(m.delivery_tag))
+    peak = 0
+    for round_ in range(200):
+        pch.basic_publish("", "capped2", BODY)
+        if round_ % 10 == 0:
+            producer.process_data_events(time_limit=0)
+            consumer.process_data_events(time_limit=0.01)
+            if slow:
+                cch.basic_ack(slow.pop())
+            peak = max(peak, depth(consumer, "capped2"))
+    producer.process_data_events(time_limit=0.3)
+    peak = max(peak, depth(consumer, "capped2"))
+    # 20 fit under the capacity, one more crossed it; an ack can let one more in.
+    # (Without flow control the 200 publishes would have piled up.)
+    assert 15 <= peak <= 22
+    producer.close()
+    consumer.close()
+
+
+def test_consumers_on_a_blocked_connection_keep_receiving_and_acking(broker: Broker) -> None:
+    conn = connect(broker)
+    pch, cch = conn.channel(), conn.channel()
+    pch.queue_declare("capped3", arguments=CAPACITY)
+    for _ in range(40):
+        pch.basic_publish("", "capped3", BODY)
+    got: list[bytes] = []
+    cch.basic_qos(prefetch_count=3)
+    cch.basic_consume("capped3", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    # One connection publishes over capacity and consumes: its acks must get
+    # through while its publishes wait, or it would never be unblocked.
+    pump([conn], lambda: len(got) >= 40, 20, "all 40 messages on one connection")
+    conn.close()
+
+
+def test_publisher_confirms_wait_while_blocked(broker: Broker) -> None:
+    async def run() -> None:
+        producer = await aio_pika.connect(broker.url)
+        consumer = await aio_pika.connect(broker.url)
+        pch = await producer.channel()  # publisher confirms on
+        await pch.declare_queue("capped4", arguments=CAPACITY)
+        for _ in range(20):
+            await pch.default_exchange.publish(aio_pika.Message(BODY), "capped4")
+        crossing = pch.default_exchange.publish(aio_pika.Message(BODY), "capped4")
+        await asyncio.wait_for(crossing, 10)  # the one that crosses is accepted
+        waiting = asyncio.ensure_future(
+            pch.default_exchange.publish(aio_pika.Message(BODY), "capped4")
+        )
+        done, _ = await asyncio.wait([waiting], timeout=0.5)
+        assert not done, "a publish past capacity was confirmed"
+        cch = await consumer.channel()
+        async with (await cch.get_queue("capped4")).iterator() as it:
+            count = 0
+            async for message in it:
+                await message.ack()
+                count += 1
+                if count == 15:
+                    break
+        await asyncio.wait_for(waiting, 10)  # confirmed once the queue drained
+        await producer.close()
+        await consumer.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("arguments", "text"),
+    [
+        ({"x-capacity": "big"}, "{unacceptable_type,longstr}"),
+        ({"x-capacity": -1}, "{value_negative,-1}"),
+        ({"x-capacity": 100, "x-flow-resume-capacity": 200}, "200 is above x-capacity 100"),
+    ],
+)
+def test_invalid_capacity_arguments_are_refused(
+    broker: Broker, arguments: dict[str, Any], text: str
+) -> None:
+    conn = connect(broker)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        conn.channel().queue_declare("bad-cap", arguments=arguments)
+    assert exc.value.reply_code == 406
+    assert text in exc.value.reply_text
+    conn.close()
