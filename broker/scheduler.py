@@ -790,6 +790,13 @@ class Scheduler:
             self._wake_browsers(q)
             self._watch(q)
         self.suspects = stalled
+        for q in self.queues.values():
+            # An acker killed between its byte decrement and its Q_FLOW check
+            # (or before its kick) would leave publishers blocked for good.
+            if self.store.word(q.qid, L.Q_FLOW) != L.FLOW_OPEN:
+                flow.drained(self.seg, self.waker, q.qid)
+                if flow.take_release(self.seg, q.qid):
+                    self._unblock(q.qid)
         self.stats.flush()
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
 

@@ -14,6 +14,8 @@ import aio_pika
 import pika
 import pytest
 
+from shm import layout as L
+from shm.queues import QueueStore
 from tests.broker_process import Broker
 from tests.clients import connect, pump
 
@@ -144,3 +146,24 @@ def test_invalid_capacity_arguments_are_refused(
     assert exc.value.reply_code == 406
     assert text in exc.value.reply_text
     conn.close()
+
+
+def test_a_release_that_no_acker_requested_is_found_by_the_sweep(broker: Broker) -> None:
+    """An acker killed between its byte decrement and its look at Q_FLOW
+    never requests the release; the scheduler's sweep notices the queue at
+    its resume size and releases the publishers (within about a second)."""
+    producer = connect(broker)
+    events: list[str] = []
+    producer.add_on_connection_blocked_callback(lambda _c, frame: events.append("blocked"))
+    producer.add_on_connection_unblocked_callback(lambda _c, frame: events.append("unblocked"))
+    pch = producer.channel()
+    pch.queue_declare("capped5", arguments=CAPACITY)
+    for _ in range(25):
+        pch.basic_publish("", "capped5", BODY)
+    pump([producer], lambda: "blocked" in events, 10, "connection.blocked")
+    seg = broker.segment()
+    qid = next(q for v, name, q in QueueStore(seg).scan() if name == b"capped5")
+    # What an acker would see after draining, without it ever looking:
+    seg.atomic.store(seg.layout.queue(qid) + L.Q_RESUME, 1 << 40)
+    pump([producer], lambda: "unblocked" in events, 10, "connection.unblocked from the sweep")
+    producer.close()
