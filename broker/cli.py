@@ -61,6 +61,34 @@ def _broker_parser() -> argparse.ArgumentParser:
         default=d.max_message_size,
         help="bytes (default %(default)s)",
     )
+    p.add_argument(
+        "--memory-high-watermark",
+        type=float,
+        default=d.memory_high_watermark,
+        help="share of RAM message bodies may take before publishers are blocked, 0: no "
+        "RAM limit (default %(default)s, as RabbitMQ's vm_memory_high_watermark)",
+    )
+    p.add_argument(
+        "--arena-high-watermark",
+        type=float,
+        default=d.arena_high_watermark,
+        help="share of an IO worker's arena (--arena-mb) at which publishers are blocked "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--memory-low-watermark",
+        type=float,
+        default=d.memory_low_watermark,
+        help="publishers resume once every arena is at this share of its high watermark "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--disk-free-limit",
+        type=int,
+        default=d.disk_free_limit,
+        help="bytes the runtime directory's file system must keep free, else publishers "
+        "are blocked (default %(default)s, as RabbitMQ's disk_free_limit)",
+    )
     p.add_argument("--default-user", default=d.default_user)
     p.add_argument("--default-pass", default=d.default_pass)
     p.add_argument(

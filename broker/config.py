@@ -26,6 +26,12 @@ class Config(msgspec.Struct, frozen=True):
     channel_max: int = 2047
     heartbeat: int = 60
     max_message_size: int = 16 << 20
+    # Memory guard (shm/memory.py): publishers are blocked while an arena is
+    # above the lower of its two high marks, released at `low` x that mark.
+    memory_high_watermark: float = 0.4  # share of RAM for message bodies (all arenas)
+    arena_high_watermark: float = 0.9  # share of each IO worker's arena
+    memory_low_watermark: float = 0.8  # share of the high mark
+    disk_free_limit: int = 50_000_000  # bytes the runtime directory's file system keeps free
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"

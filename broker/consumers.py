@@ -64,6 +64,10 @@ class QueueConsumerManager:
         node = self._nodes.get(key)
         return node is not None and not node.acquiring
 
+    def states(self) -> Iterator[State]:
+        """The state of each consumer (for the metrics)."""
+        return (node.state for node in self._nodes.values())
+
     def state(self, key: ConsumerKey) -> State:
         return self._nodes[key].state
 

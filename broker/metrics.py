@@ -40,6 +40,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
+    UntypedMetricFamily,
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -48,6 +49,7 @@ from setproctitle import setproctitle
 from broker.config import Config
 from broker.definitions import Definitions
 from shm import layout as L
+from shm import memory
 from shm import stats as S
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
@@ -380,8 +382,24 @@ class Exporter:
             "Node uptime (the broker's: Shoal runs no Erlang)",
             time.time() - self.started_at(),
         )
-        rss = sum(_safe(lambda p=p: p.memory_info().rss) for _role, _index, p in procs)
-        yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", rss)
+        # Resident memory counted once: each process's private pages, plus the
+        # pages of the shared segment (in every process's RSS, but one copy).
+        seg = self.seg
+        private = sum(_safe(lambda p=p: _private_bytes(p)) for _role, _index, p in procs)
+        resident = private + seg.allocated_bytes()
+        yield _gauge("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", resident)
+        marks = memory.configured(seg)
+        workers = self._worker_slots()
+        arena_used = sum(arena_usage(seg, slot)[0] for slot in workers)
+        # The resident memory at which the memory alarm fires, all else equal:
+        # the arenas at their high watermarks, so that RabbitMQ's panel
+        # "memory available before publishers blocked" (limit - resident)
+        # shows the room left for message bodies.
+        yield _gauge(
+            "rabbitmq_resident_memory_limit_bytes",
+            "Memory high watermark in bytes",
+            resident - arena_used + marks.high * len(workers),
+        )
         fds = max((_safe(lambda p=p: p.num_fds()) for _r, _i, p in procs), default=0)
         yield _gauge(
             "rabbitmq_process_open_fds",
@@ -401,6 +419,21 @@ class Exporter:
             " shared-memory segment lives)",
             free,
         )
+        yield _gauge(
+            "rabbitmq_disk_space_available_limit_bytes",
+            "Free disk space low watermark in bytes",
+            marks.disk_free_limit,
+        )
+        alarms = memory.broker_alarms(seg)
+        for name, bit, doc in (
+            ("memory_used_watermark", memory.ALARM_MEMORY, "memory watermark"),
+            ("free_disk_space_watermark", memory.ALARM_DISK, "free disk space watermark"),
+        ):
+            alarm = UntypedMetricFamily(
+                f"rabbitmq_alarms_{name}", f"is 1 if {doc} alarm is in effect"
+            )
+            alarm.add_metric([], 1 if alarms & bit else 0)
+            yield alarm
 
     def processes(self) -> Iterator[Metric]:
         cpu = CounterMetricFamily(
@@ -438,12 +471,45 @@ class Exporter:
         yield _gauge(
             "shoal_shm_arena_bytes",
             "Shared memory for message bodies, all IO workers' arenas together",
-            seg.layout.limits.arena_bytes * self._workers(),
+            seg.layout.limits.arena_bytes * len(self._worker_slots()),
         )
         yield _gauge(
             "shoal_shm_allocated_bytes",
             "Pages of the shared-memory segment in use",
             seg.allocated_bytes(),
+        )
+        marks = memory.configured(seg)
+        yield _gauge(
+            "shoal_shm_high_watermark_bytes",
+            "Message bodies the arenas may hold before publishers are blocked (memory guard), "
+            "all IO workers together",
+            marks.high * len(self._worker_slots()),
+        )
+        yield _gauge(
+            "shoal_arena_high_watermark_bytes",
+            "An IO worker's arena above this raises the memory alarm",
+            marks.high,
+        )
+        yield _gauge(
+            "shoal_arena_low_watermark_bytes",
+            "The memory alarm clears once every arena is at or below this",
+            marks.low,
+        )
+        alarms = GaugeMetricFamily(
+            "shoal_worker_alarm",
+            "1 while an IO worker raises a resource alarm that blocks all publishers",
+            labels=["index", "resource"],
+        )
+        for slot in self._worker_slots():
+            bits = a.load(seg.layout.proc(slot) + L.P_ALARMS)
+            alarms.add_metric([str(slot), "memory"], 1 if bits & memory.ALARM_MEMORY else 0)
+            alarms.add_metric([str(slot), "disk"], 1 if bits & memory.ALARM_DISK else 0)
+        yield alarms
+        yield CounterMetricFamily(
+            "shoal_arena_full",
+            "Allocations an arena refused (the publish waited; the memory guard should make "
+            "this stay 0)",
+            value=S.totals(seg)[S.ARENA_FULL],
         )
         yield CounterMetricFamily(
             "shoal_scheduler_lost_wakeups_rescued",
@@ -451,13 +517,13 @@ class Exporter:
             value=a.load(seg.layout.proc(L.scheduler_slot(seg.layout)) + L.P_RESCUES),
         )
 
-    def _workers(self) -> int:
+    def _worker_slots(self) -> list[int]:
         a, layout = self.seg.atomic, self.seg.layout
-        return sum(
-            1
+        return [
+            slot
             for slot in range(layout.limits.max_workers)
             if a.load(layout.proc(slot) + L.P_ROLE) == L.ROLE_WORKER
-        )
+        ]
 
     def started_at(self) -> float:
         pid = self.seg.atomic.load(L.H_SUPERVISOR_PID)
@@ -490,6 +556,13 @@ class Exporter:
         live = {p.pid for _r, _i, p in out}
         self._procs = {pid: p for pid, p in self._procs.items() if pid in live}
         return out
+
+
+def _private_bytes(proc: psutil.Process) -> int:
+    """Resident memory of one process that is not shared (file-backed or
+    shared-memory pages are counted elsewhere, or not ours)."""
+    info = proc.memory_info()
+    return int(info.rss - getattr(info, "shared", 0))
 
 
 def _safe(read: Any, default: Any = 0) -> Any:

@@ -777,6 +777,14 @@ class Scheduler:
         now = self.total(q, L.Q_CHANGES)  # after READY, as in _watch
         return any(q.dry.get(key) != now for key in q.qcm.candidates())
 
+    def _count_consumer_states(self) -> None:
+        v = self.stats.v
+        for gauge in _STATE_GAUGES.values():
+            v[gauge] = 0
+        for q in self.queues.values():
+            for state in q.qcm.states():
+                v[_STATE_GAUGES[state]] += 1
+
     def _sweep(self) -> None:
         """Belt and braces: a queue that has ready entries and interested
         consumers but nobody notified, on two sweeps in a row, has lost a
@@ -797,8 +805,17 @@ class Scheduler:
                 flow.drained(self.seg, self.waker, q.qid)
                 if flow.take_release(self.seg, q.qid):
                     self._unblock(q.qid)
+        self._count_consumer_states()
         self.stats.flush()
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+
+_STATE_GAUGES = {
+    State.INTERESTED: S.CONSUMERS_INTERESTED,
+    State.NOTIFIED: S.CONSUMERS_NOTIFIED,
+    State.NOT_INTERESTED: S.CONSUMERS_NOT_INTERESTED,
+    State.NON_ACQUIRING: S.CONSUMERS_NON_ACQUIRING,
+}
 
 
 def _max_priority(name: bytes, vhost: str, arguments: dict[str, Any]) -> int:

@@ -20,6 +20,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+import psutil
 from setproctitle import setproctitle
 
 from broker import systemd
@@ -31,6 +32,7 @@ from broker.ipc import Msg, encode, socketpair
 from broker.metrics import serve as serve_metrics
 from broker.scheduler import run_scheduler
 from shm import layout as L
+from shm import memory
 from shm.catalog import CatalogWriter
 from shm.recovery import recover_worker
 from shm.segment import Segment
@@ -96,6 +98,18 @@ class Supervisor:
             catalog_bytes=config.catalog_mb << 20,
         )
         self.seg = Segment.create(path, limits)
+        memory.configure(
+            self.seg,
+            memory.watermarks(
+                limits.arena_bytes,
+                self.workers,
+                arena_share=config.arena_high_watermark,
+                ram_share=config.memory_high_watermark,
+                low_ratio=config.memory_low_watermark,
+                ram_bytes=psutil.virtual_memory().total,
+                disk_free_limit=config.disk_free_limit,
+            ),
+        )
         a = self.seg.atomic
         sup = self.seg.layout.proc(L.supervisor_slot(self.seg.layout))
         a.store(sup + L.P_PID, os.getpid())

@@ -213,6 +213,7 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define Q_UNACKED 48
 #define Q_ACKED 112
 #define Q_BYTES 416
+#define Q_READY_BYTES 448
 /* the body length in a block's message record: payload (block + 16), then
  * exchange len u8, routing key len u8, pad u16, properties len u32, body len u64 */
 #define MSG_BODY_LEN 24
@@ -315,6 +316,10 @@ Atomic_acquire(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
                 ADD(q + Q_READY / 8, (uint64_t)-1);
                 ADD(q + Q_UNACKED / 8, 1);
                 uint64_t block = LOAD(cell + 1);
+                /* Ours now: the body cannot be freed under us. */
+                if (!(block & 7) && block + MSG_BODY_LEN + 8 <= (uint64_t)self->len)
+                    ADD(q + Q_READY_BYTES / 8,
+                        (uint64_t)0 - *(uint64_t *)(self->base + block + MSG_BODY_LEN));
                 return Py_BuildValue("(KKO)", (unsigned long long)seq,
                                      (unsigned long long)block,
                                      (w & REDELIVERED) ? Py_True : Py_False);
@@ -483,6 +488,7 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     ADD(q + Q_CHANGES / 8, 1);
     ADD(q + Q_READY / 8, 1);
     ADD(q + Q_BYTES / 8, body);
+    ADD(q + Q_READY_BYTES / 8, body);
     ADD(q + Q_PUBLISHED / 8, 1);
     return PyLong_FromUnsignedLongLong(t);
 }
@@ -542,6 +548,7 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "Q_UNACKED", Q_UNACKED) < 0 ||
         PyModule_AddIntConstant(m, "Q_ACKED", Q_ACKED) < 0 ||
         PyModule_AddIntConstant(m, "Q_BYTES", Q_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "Q_READY_BYTES", Q_READY_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "MSG_BODY_LEN", MSG_BODY_LEN) < 0 ||
         PyModule_AddIntConstant(m, "SEQ_SHIFT", SEQ_SHIFT) < 0 ||
         PyModule_AddIntConstant(m, "B_SIZE", B_SIZE) < 0 ||

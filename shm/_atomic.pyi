@@ -11,6 +11,7 @@ Q_READY: int
 Q_UNACKED: int
 Q_ACKED: int
 Q_BYTES: int
+Q_READY_BYTES: int
 MSG_BODY_LEN: int
 SEQ_SHIFT: int
 B_SIZE: int

@@ -59,7 +59,7 @@ def release_hold(seg: Segment, block: int) -> bool:
 class Arena:
     """The owner's allocator over its arena (one instance, in the owner only)."""
 
-    __slots__ = ("atomic", "base", "cursor", "dirty", "end", "first", "seg")
+    __slots__ = ("atomic", "base", "cursor", "dirty", "end", "first", "seg", "used")
 
     def __init__(self, seg: Segment, worker: int) -> None:
         self.seg = seg
@@ -69,6 +69,7 @@ class Arena:
         self.end = self.base + seg.layout.limits.arena_bytes
         self.cursor = self.first
         self.dirty = True
+        self.used = 0  # the arena's live bytes as of this owner's last allocation
 
     def alloc(self, payload: int) -> int | None:
         """Reserve a block for `payload` bytes, held (HOLD) by the caller.
@@ -101,7 +102,7 @@ class Arena:
                     # between, the counters are high (harmless), never below
                     # the live blocks (trim() would punch out a live one).
                     self.dirty = True
-                    a.fetch_add(self.base + L.A_USED, size)
+                    self.used = a.fetch_add(self.base + L.A_USED, size) + size
                     a.fetch_add(self.base + L.A_LIVE, 1)
                     a.store(off + L.B_REFS, L.HOLD)
                     nxt = off + size

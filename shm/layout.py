@@ -37,7 +37,7 @@ import msgspec
 from shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 4
+VERSION = 5
 
 HEADER_SIZE = 4096
 # header words
@@ -46,6 +46,12 @@ H_VERSION = 8
 H_SUPERVISOR_PID = 16
 H_CATALOG_GEN = 24  # bumped by the scheduler on every queue create/delete
 H_LIMITS_LEN = 32
+# Memory guard (shm/memory.py): per-arena high and low watermarks in bytes,
+# and the free space the runtime directory's file system must keep; written
+# once by the supervisor.
+H_MEM_HIGH = 40
+H_MEM_LOW = 48
+H_DISK_FREE_LIMIT = 56
 H_LIMITS = 64  # msgspec-encoded Limits, up to 512 bytes
 H_LIMITS_MAX = 512
 
@@ -61,7 +67,8 @@ P_INTENT_QUEUE = 40  # qid + 1 of an append in progress (0: none)
 P_INTENT_SEQ = 48  # the sequence number that append reserved
 P_CHANNELS = 56
 P_CONSUMERS = 64
-# 72, 80: unused (message counters moved to P_STATS, shm/stats.py)
+P_ALARMS = 72  # IO worker: ALARM_* bits it raises (shm/memory.py); one writer
+# 80: unused (message counters moved to P_STATS, shm/stats.py)
 P_RESCUES = 88  # scheduler: lost wake-ups rescued by its sweep (should stay 0)
 P_ROLE = 96  # ROLE_* of the process in this slot
 # The body block whose reference this process is dropping after deleting a
@@ -112,6 +119,17 @@ Q_CAPACITY = 424
 Q_RESUME = 432
 Q_FLOW = 440  # FLOW_* below
 FLOW_OPEN, FLOW_BLOCKED, FLOW_RELEASE = 0, 1, 2
+# Length limits (x-max-length, x-max-length-bytes, x-overflow): as RabbitMQ,
+# they count ready entries only, so the bodies of the AVAILABLE entries are
+# kept apart from Q_BYTES (append +, acquire -, release +, purge -).
+Q_READY_BYTES = 448
+Q_MAX_LENGTH = 456  # limit + 1 (0: none; a limit of 0 is allowed)
+Q_MAX_BYTES = 464  # limit + 1 (0: none)
+Q_OVERFLOW = 472  # OVERFLOW_* below
+OVERFLOW_DROP_HEAD, OVERFLOW_REJECT_PUBLISH, OVERFLOW_REJECT_PUBLISH_DLX = 0, 1, 2
+# Connections blocked on this queue (over its capacity), all workers together:
+# +1 when one blocks, -1 when it is released or closes (for the metrics).
+Q_BLOCKED_PUBLISHERS = 480
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -148,7 +166,7 @@ BLOCK_MIN_SPLIT = 64
 MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, pad, props len, body len
 
 
-assert Q_NAME + Q_NAME_MAX < Q_MAX_PRIORITY and Q_FLOW + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_MAX_PRIORITY and Q_BLOCKED_PUBLISHERS + 8 <= QUEUE_SIZE
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.
 assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _atomic.Q_ACKED) == (
@@ -166,7 +184,7 @@ assert (
     _atomic.P_INTENT_SEQ,
 ) == (Q_STATE, Q_CHANGES, Q_PUBLISHED, P_INTENT_QUEUE, P_INTENT_SEQ), "append offsets"
 # The body length C reads from a message record (append, ack).
-assert _atomic.Q_BYTES == Q_BYTES
+assert _atomic.Q_BYTES == Q_BYTES and _atomic.Q_READY_BYTES == Q_READY_BYTES
 assert _atomic.MSG_BODY_LEN == BLOCK_HEADER + 8 == BLOCK_HEADER + MSG_PREFIX.size - 8
 assert (_atomic.SEQ_SHIFT, _atomic.B_SIZE, _atomic.B_REFS, _atomic.A_USED, _atomic.A_LIVE) == (
     SEQ_SHIFT,

@@ -196,6 +196,8 @@ class QueueStore:
             L.Q_READY,
             L.Q_UNACKED,
             L.Q_BYTES,
+            L.Q_READY_BYTES,
+            L.Q_BLOCKED_PUBLISHERS,
             L.Q_WATCH,
             L.Q_CONSUMERS,
             L.Q_PUBLISHED,
@@ -246,7 +248,7 @@ class QueueStore:
                     dropped += 1 if live else 0
                     break
         a.store(q + L.Q_HEAD, tail)
-        for field in (L.Q_READY, L.Q_UNACKED, L.Q_BYTES):
+        for field in (L.Q_READY, L.Q_UNACKED, L.Q_BYTES, L.Q_READY_BYTES):
             a.store(q + field, 0)
         return dropped
 
@@ -315,7 +317,9 @@ class QueueStore:
             raise QueueGone(qid)
         a.fetch_add(q + L.Q_CHANGES, 1)  # before READY, as in the C append
         a.fetch_add(q + L.Q_READY, 1)
-        a.fetch_add(q + L.Q_BYTES, body_length(self.seg, block))
+        body = body_length(self.seg, block)
+        a.fetch_add(q + L.Q_BYTES, body)
+        a.fetch_add(q + L.Q_READY_BYTES, body)
         a.fetch_add(q + L.Q_PUBLISHED, 1)
         return t
 
@@ -387,9 +391,11 @@ class QueueStore:
                 if copy is not None and a.load(cell) == word and wanted(copy[2]):
                     taken = word & _REDELIVERED | seq << _SEQ | self.owner_bits | _ACQ
                     if a.cas(cell, word, taken):
+                        block = a.load(cell + 8)
                         a.fetch_add(q + L.Q_READY, -1)
                         a.fetch_add(q + L.Q_UNACKED, 1)
-                        return seq, a.load(cell + 8), bool(word & _REDELIVERED)
+                        a.fetch_add(q + L.Q_READY_BYTES, -body_length(self.seg, block))
+                        return seq, block, bool(word & _REDELIVERED)
                     continue  # it changed meanwhile: look at it again
             seq += 1
         return tail
@@ -439,6 +445,9 @@ class QueueStore:
         w = a.load(cell)
         if w >> _SEQ != seq or w & L.STATE_MASK != _ACQ or w & 0xFFF00 != bits:
             return False
+        # The body's size while the entry is still ours (once AVAILABLE it
+        # may be taken and freed at once).
+        body = body_length(self.seg, a.load(cell + 8))
         if not a.cas(cell, w, seq << _SEQ | _REDELIVERED | _AVAIL):
             return False
         q = self.layout.queue(qid)
@@ -448,6 +457,7 @@ class QueueStore:
         a.fetch_add(q + L.Q_RELEASE_GEN, 1)
         a.fetch_add(q + L.Q_CHANGES, 1)
         a.fetch_add(q + L.Q_UNACKED, -1)
+        a.fetch_add(q + L.Q_READY_BYTES, body)
         a.fetch_add(q + L.Q_READY, 1)
         a.fetch_add(q + L.Q_REDELIVERED, 1)
         return True
@@ -468,6 +478,7 @@ class QueueStore:
             if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
                 a.fetch_add(q + L.Q_READY, -1)
                 a.fetch_add(q + L.Q_BYTES, -size)
+                a.fetch_add(q + L.Q_READY_BYTES, -size)
                 purged += 1
         self._advance_head(qid)
         return purged

@@ -43,7 +43,8 @@ FLUSH_INTERVAL = 0.25
     QUEUES_CREATED,
     QUEUES_DELETED,
     SIZE_SUM,
-) = range(21)
+    ARENA_FULL,  # allocations the arena refused (the memory guard should prevent them)
+) = range(22)
 DELIVERED = (
     DELIVERED_CONSUME_MANUAL_ACK,
     DELIVERED_CONSUME_AUTO_ACK,
@@ -53,11 +54,24 @@ DELIVERED = (
 # Message sizes (body bytes of each publish), RabbitMQ 4.1's buckets; one
 # word per bucket, not cumulative (the last: above 100 MB).
 SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
-SIZE_BUCKETS = 21
+SIZE_BUCKETS = 22
 COUNTERS = SIZE_BUCKETS + len(SIZE_BOUNDS) + 1
 # Gauges (current values; a new process starts them at 0).
-CHANNELS, CONSUMERS, PUBLISHERS = range(COUNTERS, COUNTERS + 3)
-WORDS = COUNTERS + 3
+GAUGES = (
+    # IO workers
+    CHANNELS,
+    CONSUMERS,
+    PUBLISHERS,
+    BLOCKED_CAPACITY,  # connections blocked by a queue over its capacity
+    BLOCKED_MEMORY,  # ... by the memory alarm
+    BLOCKED_DISK,  # ... by the disk alarm
+    # the scheduler: consumers per QueueConsumerManager state (broker/consumers.py)
+    CONSUMERS_INTERESTED,
+    CONSUMERS_NOTIFIED,
+    CONSUMERS_NOT_INTERESTED,
+    CONSUMERS_NON_ACQUIRING,
+) = tuple(range(COUNTERS, COUNTERS + 10))
+WORDS = COUNTERS + len(GAUGES)
 assert L.P_STATS + WORDS * 8 <= L.PROC_SIZE
 
 _bisect = bisect.bisect_left

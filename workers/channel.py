@@ -167,7 +167,10 @@ class Channel:
         if self.busy:
             self.backlog.append((ftype, payload))
             return
-        if (self.conn.flow_blocked or self.flow_backlog) and self._keep_for_flow(ftype, payload):
+        conn = self.conn
+        if (conn.flow_blocked or self.flow_backlog or conn.alarm_reason) and self._keep_for_flow(
+            ftype, payload
+        ):
             return
         if self.closing:
             # After we sent channel.close only close/close-ok matter.
@@ -269,6 +272,8 @@ class Channel:
             index = F.method_index(payload)
             if index in _NEVER_KEPT or (index != F.PUBLISH and not self.flow_backlog):
                 return False
+            if self.conn.alarm_reason:
+                self.conn.alarm_felt()  # a publish under the alarm (RabbitMQ's should_block)
         elif not self.flow_backlog:
             return False  # the rest of a message whose publish was accepted
         self.flow_backlog.append((ftype, payload))
@@ -334,8 +339,9 @@ class Channel:
         """
         if self.state != IDLE or self.busy or self.closing or len(header) < 14:
             return False
-        if self.conn.flow_blocked or self.flow_backlog:
-            return False  # handle() keeps it (flow control)
+        conn = self.conn
+        if conn.flow_blocked or self.flow_backlog or conn.alarm_reason:
+            return False  # handle() keeps it (flow control, resource alarms)
         class_id, body_size = F.decode_content_header(header)
         if body_size != len(body) or class_id != 60:
             return False
@@ -350,7 +356,7 @@ class Channel:
             return False  # the general path raises it again, in order
         if not qids:
             return False
-        block = ctx.arena.alloc(message_size(exchange, routing_key, raw_header, body_size))
+        block = ctx.alloc(message_size(exchange, routing_key, raw_header, body_size))
         if block is None:
             return False
         start = write_message(ctx.seg, block, exchange, routing_key, raw_header, body_size)
@@ -408,7 +414,7 @@ class Channel:
                 raise
         if pending.qids:
             size = message_size(pending.exchange, pending.routing_key, pending.header, body_size)
-            block = self.ctx.arena.alloc(size)
+            block = self.ctx.alloc(size)
             if block is None:
                 self.suspend_retry(payload, F.FRAME_HEADER)
                 return

@@ -22,7 +22,7 @@ from pamqp import decode as pamqp_decode
 
 from broker import errors as E
 from broker.ipc import Msg
-from shm import flow
+from shm import flow, memory
 from shm import layout as L
 from shm import stats as S
 from workers import framing as F
@@ -38,6 +38,9 @@ log = logging.getLogger("shoal.connection")
 # socket stops being read.
 MAX_HELD_BYTES = 4 << 20
 FLOW_HELD = "flow-held"  # the read holder for that
+# In `flow_blocked` while the broker-wide memory or disk alarm is raised
+# (shm/memory.py); queue ids are never negative.
+ALARM = -1
 
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
@@ -91,8 +94,10 @@ class Connection(asyncio.Protocol):
         self.blocked_sent = False
         # Queues over capacity this connection published to (shm/flow.py):
         # while any, its channels keep their publishes for later.
-        self.flow_blocked: set[int] = set()
+        # (qid -> the queue's Q_STATE then, ALARM -> 0)
+        self.flow_blocked: dict[int, int] = {}
         self.held_bytes = 0  # frames those channels keep
+        self.alarm_reason = ""  # while the memory or disk alarm is raised (shm/memory.py)
         self.closed = False
         self.last_recv = time.monotonic()
         self.sent_since_tick = False
@@ -129,6 +134,8 @@ class Connection(asyncio.Protocol):
         v[S.CONNECTIONS_CLOSED] += 1
         self.channels.clear()
         ctx.connections.discard(self)
+        for qid, state in self.flow_blocked.items():
+            self._count_blocked(qid, -1, state)
         ctx.count(L.P_CONNECTIONS, -1)
         ctx.send(Msg.CONN_CLOSED, self.id)
 
@@ -200,20 +207,51 @@ class Connection(asyncio.Protocol):
         size. Consumers and acks on the connection go on."""
         if qid in self.flow_blocked or not flow.arm(self.ctx.seg, qid):
             return
-        self.flow_blocked.add(qid)
+        self.flow_blocked[qid] = self._count_blocked(qid, 1, None)
         name = self.ctx.store.name(qid).decode(errors="replace")
         self._blocked(f"queue '{name}' in vhost '{self.vhost}' is over its capacity")
+
+    def alarm(self, bits: int) -> None:
+        """The broker-wide memory or disk alarm was raised (bits) or cleared
+        (0). As in RabbitMQ, only publishers are blocked: a connection that
+        has published is blocked now, any other at its first publish."""
+        if self.state != OPEN:
+            return  # told at connection.open, if still raised then
+        self.alarm_reason = memory.reason(bits) if bits else ""
+        if not bits:
+            self.flow_unblock(ALARM)
+        elif any(channel.publish_count for channel in self.channels.values()):
+            self.alarm_felt()
+
+    def alarm_felt(self) -> None:
+        """A publisher meets the raised alarm: hold its publishes (as a
+        queue over capacity does) and say why, in RabbitMQ's words."""
+        if ALARM not in self.flow_blocked:
+            self.flow_blocked[ALARM] = 0
+            self._blocked(self.alarm_reason)
 
     def flow_unblock(self, qid: int) -> None:
         if qid not in self.flow_blocked:
             return
-        self.flow_blocked.discard(qid)
+        self._count_blocked(qid, -1, self.flow_blocked.pop(qid))
         if self.flow_blocked:
             return  # still held back by another queue
         self._blocked()
         for channel in list(self.channels.values()):
             channel.release_flow()
         self.release_reading(FLOW_HELD)
+
+    def _count_blocked(self, qid: int, delta: int, state: int | None) -> int:
+        """Keep the queue's count of blocked publishers (Q_BLOCKED_PUBLISHERS,
+        for the metrics) unless the queue was deleted since (`state`, its
+        Q_STATE when this connection blocked on it, changed). Returns Q_STATE."""
+        if qid == ALARM:
+            return 0
+        a, q = self.ctx.atomic, self.ctx.seg.layout.queue(qid)
+        now = a.load(q + L.Q_STATE)
+        if state is None or state == now:
+            a.fetch_add(q + L.Q_BLOCKED_PUBLISHERS, delta)
+        return now
 
     def flow_held(self, size: int) -> None:
         """A channel kept a frame back: past a bound, stop reading too (a
@@ -475,6 +513,8 @@ class Connection(asyncio.Protocol):
         self.vhost_id = vhost_id
         self.state = OPEN
         self.write(F.encode_method(0, C.Connection.OpenOk()))
+        if self.ctx.guard.alarms:
+            self.alarm(self.ctx.guard.alarms)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

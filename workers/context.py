@@ -15,6 +15,7 @@ from shm.queues import QueueStore
 from shm.segment import Segment
 from shm.stats import Counters
 from shm.wake import Waker
+from workers.memory_guard import MemoryGuard
 from workers.routes import Routes
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class WorkerContext:
         self.routes = Routes(seg, self.store)
         self.arena = Arena(seg, index)
         self.waker = Waker(seg, efd)
+        self.guard = MemoryGuard(self)
         self.slot = seg.layout.proc(index)
         self.stats = Counters(seg, index)
         self.link: Link | None = None
@@ -62,6 +64,18 @@ class WorkerContext:
         self._reqs = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], tuple[Any, ...]]] = {}
         self.closing = False
+
+    def alloc(self, size: int) -> int | None:
+        """A block for a message of `size` bytes from this worker's arena
+        (None: no room), raising the memory alarm once the arena is above
+        its high watermark."""
+        arena = self.arena
+        block = arena.alloc(size)
+        if block is None:
+            self.guard.arena_full()
+        elif arena.used > self.guard.high:
+            self.guard.allocated(arena.used)
+        return block
 
     # ------------------------------------------------------------ identifiers
     def next_cid(self) -> int:

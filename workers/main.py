@@ -19,9 +19,10 @@ from setproctitle import setproctitle
 from broker.config import Config
 from broker.ipc import Link, Msg
 from shm import layout as L
+from shm import memory
 from shm import stats as S
 from shm.segment import Segment
-from workers.connection import Connection
+from workers.connection import ALARM, Connection
 from workers.consumer import pull
 from workers.context import WorkerContext
 
@@ -66,6 +67,7 @@ class Worker:
         a.store(slot + L.P_INCARNATION, self.incarnation)
         self._tick()
         self._flush_stats()
+        self._poll_alarms()
         a.store(slot + L.P_READY, 1)
         try:
             loop.run_forever()
@@ -82,6 +84,14 @@ class Worker:
         v[S.CHANNELS] = len(channels)
         v[S.CONSUMERS] = len(ctx.consumers)
         v[S.PUBLISHERS] = sum(1 for ch in channels if ch.publish_count)
+        capacity = memory_ = disk = 0
+        for conn in ctx.connections:
+            if conn.flow_blocked:
+                if ALARM in conn.flow_blocked:
+                    memory_ += "memory" in conn.alarm_reason
+                    disk += "disk" in conn.alarm_reason
+                capacity += any(qid != ALARM for qid in conn.flow_blocked)
+        v[S.BLOCKED_CAPACITY], v[S.BLOCKED_MEMORY], v[S.BLOCKED_DISK] = capacity, memory_, disk
         ctx.stats.flush()
         if again:
             self.loop.call_later(S.FLUSH_INTERVAL, self._flush_stats)
@@ -90,6 +100,10 @@ class Worker:
         self.ctx.heartbeat(time.monotonic_ns())
         self.ctx.arena.trim()
         self.loop.call_later(HEARTBEAT_INTERVAL, self._tick)
+
+    def _poll_alarms(self) -> None:
+        self.ctx.guard.poll()
+        self.loop.call_later(memory.POLL_INTERVAL, self._poll_alarms)
 
     def _on_handoff(self) -> None:
         for _ in range(64):

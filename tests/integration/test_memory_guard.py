@@ -1,0 +1,155 @@
+"""The broker-wide memory guard (shm/memory.py): without any queue capacity, a
+publisher that fills the message store is blocked before an allocation can
+fail, every publisher broker-wide with it, and all resume below the low mark.
+Consumers are never blocked. pika and aio-pika over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aio_pika
+import pika
+import pytest
+
+from shm import stats as S
+from tests.broker_process import Broker, free_port
+from tests.clients import connect, connections_on_both_workers, pump
+from tests.integration.test_metrics import scrape, value
+
+BODY = b"m" * 100_000
+# 4 MiB arenas: the high mark is 90 % (3.77 MB, 37 bodies), the low 80 % of that.
+SMALL = ("--arena-mb", "4")
+
+
+@pytest.fixture
+def small(broker_factory: Any) -> Broker:
+    return broker_factory(args=SMALL)
+
+
+def depth(conn: pika.BlockingConnection, queue: str) -> int:
+    return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+
+
+def watch_blocks(conn: pika.BlockingConnection) -> list[str]:
+    events: list[str] = []
+    conn.add_on_connection_blocked_callback(
+        lambda _c, frame: events.append(f"blocked: {frame.method.reason}")
+    )
+    conn.add_on_connection_unblocked_callback(lambda _c, frame: events.append("unblocked"))
+    return events
+
+
+def arena_full(broker: Broker) -> int:
+    seg = broker.segment()
+    return sum(S.read(seg, slot)[S.ARENA_FULL] for slot in range(seg.layout.proc_slots))
+
+
+def test_a_publisher_filling_the_store_is_blocked_before_allocation_fails(
+    small: Broker,
+) -> None:
+    producer, consumer = connect(small), connect(small)
+    pevents, cevents = watch_blocks(producer), watch_blocks(consumer)
+    pch = producer.channel()
+    pch.queue_declare("hoard")
+    cch = consumer.channel()
+    cch.queue_declare("hoard", passive=True)
+    for i in range(80):  # 8 MB into a 4 MiB arena, no consumer yet
+        pch.basic_publish("", "hoard", BODY, pika.BasicProperties(message_id=str(i)))
+    pump([producer], lambda: bool(pevents), 10, "connection.blocked")
+    assert pevents == ["blocked: low on memory"]
+    producer.process_data_events(time_limit=0.3)
+    stalled = depth(consumer, "hoard")
+    assert 30 <= stalled <= 40, stalled  # stopped at the high mark, not at 80
+    assert arena_full(small) == 0  # no allocation ever failed
+    # Consumers are not publishers: never blocked, and they drain the store.
+    got: list[str] = []
+    cch.basic_qos(prefetch_count=10)
+    cch.basic_consume(
+        "hoard", lambda c, m, p, b: (got.append(p.message_id), c.basic_ack(m.delivery_tag))
+    )
+    pump([producer, consumer], lambda: len(got) == 80, 30, "all 80 messages")
+    assert got == [str(i) for i in range(80)]  # the held publishes went on, in order
+    # Released below the low mark; the held publishes may raise it once more.
+    pump([producer], lambda: pevents[-1] == "unblocked", 10, "connection.unblocked")
+    assert pevents == ["blocked: low on memory", "unblocked"] * (len(pevents) // 2)
+    assert cevents == []
+    assert arena_full(small) == 0
+    producer.close()
+    consumer.close()
+
+
+def test_the_alarm_blocks_publishers_on_every_worker(small: Broker) -> None:
+    filler, other = connections_on_both_workers(small)
+    fevents, oevents = watch_blocks(filler), watch_blocks(other)
+    fch, och = filler.channel(), other.channel()
+    fch.queue_declare("fill")
+    och.queue_declare("elsewhere")
+    och.basic_publish("", "elsewhere", b"before")  # `other` is a publisher
+    for _ in range(45):
+        fch.basic_publish("", "fill", BODY)
+    pump([filler, other], lambda: bool(fevents) and bool(oevents), 10, "both blocked")
+    assert oevents == ["blocked: low on memory"]
+    # The other worker's arena has room, yet its publishes wait: the alarm is
+    # broker-wide, as RabbitMQ's is.
+    och.basic_publish("", "elsewhere", b"during")
+    other.process_data_events(time_limit=0.3)
+    assert depth(filler, "elsewhere") == 1
+    # (Not on the blocked channels: what they send now waits behind their
+    # held publishes, in order.)
+    admin = connect(small)
+    admin.channel().queue_purge("fill")
+    pump([filler, other], lambda: "unblocked" in oevents, 10, "connection.unblocked")
+    pump([filler, other], lambda: depth(admin, "elsewhere") == 2, 10, "the held publish")
+    admin.close()
+    filler.close()
+    other.close()
+
+
+def test_confirms_wait_under_the_alarm_and_come_after_it(small: Broker) -> None:
+    async def run() -> None:
+        producer = await aio_pika.connect(small.url)
+        consumer = await aio_pika.connect(small.url)
+        pch = await producer.channel()  # publisher confirms on
+        queue = await pch.declare_queue("confirmed")
+        confirmed = 0
+        waiting = None
+        for _ in range(60):
+            publish = asyncio.ensure_future(
+                pch.default_exchange.publish(aio_pika.Message(BODY), "confirmed")
+            )
+            done, _ = await asyncio.wait([publish], timeout=1)
+            if not done:
+                waiting = publish
+                break
+            confirmed += 1
+        assert waiting is not None, "60 publishes into a 4 MiB arena were all confirmed"
+        assert 30 <= confirmed <= 40, confirmed
+        cch = await consumer.channel()
+        await (await cch.get_queue(queue.name)).purge()
+        await asyncio.wait_for(waiting, 10)  # confirmed once the alarm cleared
+        await producer.close()
+        await consumer.close()
+
+    asyncio.run(run())
+
+
+def test_low_disk_blocks_publishers_and_shows_in_the_metrics(broker_factory: Any) -> None:
+    port = free_port()
+    # More free space than any file system has: the disk alarm is raised at once.
+    broker = broker_factory(args=("--disk-free-limit", str(1 << 60), "--metrics-port", str(port)))
+    conn = connect(broker)
+    events = watch_blocks(conn)
+    ch = conn.channel()
+    ch.queue_declare("d")
+    ch.basic_publish("", "d", b"x")
+    pump([conn], lambda: bool(events), 10, "connection.blocked")
+    assert events == ["blocked: low on disk"]
+    conn.process_data_events(time_limit=0.3)
+    assert depth(conn, "d") == 0
+    samples = scrape(port)
+    assert value(samples, "rabbitmq_alarms_free_disk_space_watermark") == 1
+    assert value(samples, "rabbitmq_alarms_memory_used_watermark") == 0
+    assert value(samples, "rabbitmq_disk_space_available_limit_bytes") == 1 << 60
+    assert value(samples, "shoal_worker_alarm", index="0", resource="disk") == 1
+    conn.close()

@@ -1,0 +1,78 @@
+"""An IO worker's side of the broker-wide memory guard (shm/memory.py).
+
+The worker raises its own alarm bits (its arena above the high mark, seen on
+the allocation that crossed it; the runtime file system short of space, seen
+by the poll), and applies the broker-wide alarm (any worker's bits) to all
+its connections: blocked while it is raised, unblocked when it clears.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from shm import memory
+from shm import stats as S
+
+if TYPE_CHECKING:
+    from workers.context import WorkerContext
+
+log = logging.getLogger("shoal.memory")
+
+
+class MemoryGuard:
+    __slots__ = ("alarms", "ctx", "high", "marks", "raised", "runtime")
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.marks = memory.configured(ctx.seg)
+        # 0 (no guard configured, as in tests of the store alone): never raised.
+        self.high = self.marks.high or 1 << 62
+        self.raised = 0  # this worker's own ALARM_* bits
+        self.alarms = 0  # the broker-wide bits its connections were told of
+        self.runtime = ctx.config.runtime_path()
+
+    def allocated(self, used: int) -> None:
+        """An allocation took the arena to `used` bytes, above the high mark
+        (the caller checks; this is off the hot path): raise now, before the
+        next publish of any connection of this worker allocates."""
+        if not self.raised & memory.ALARM_MEMORY:
+            self._raise(self.raised | memory.ALARM_MEMORY)
+
+    def arena_full(self) -> None:
+        """The arena refused an allocation: the guard should have prevented
+        that (a watermark of 1.0, or one message larger than the headroom)."""
+        self.ctx.stats.v[S.ARENA_FULL] += 1
+        self.allocated(self.ctx.arena.used_bytes())
+
+    def poll(self) -> None:
+        """Re-evaluate this worker's bits, then apply everyone's."""
+        try:
+            free = memory.free_bytes(self.runtime)
+        except OSError:
+            free = 1 << 62  # the directory went away: shutting down
+        bits = memory.own_alarms(self.ctx.arena.used_bytes(), free, self.raised, self.marks)
+        if bits != self.raised:
+            self._raise(bits)
+        else:
+            self.apply(memory.broker_alarms(self.ctx.seg))
+
+    def _raise(self, bits: int) -> None:
+        if bits & ~self.raised:
+            log.warning(
+                "io-worker %d raises the %s alarm (arena %d bytes, high watermark %d)",
+                self.ctx.index,
+                memory.reason(bits & ~self.raised),
+                self.ctx.arena.used_bytes(),
+                self.marks.high,
+            )
+        self.raised = bits
+        memory.publish_alarms(self.ctx.seg, self.ctx.index, bits)
+        self.apply(memory.broker_alarms(self.ctx.seg))
+
+    def apply(self, bits: int) -> None:
+        if bits == self.alarms:
+            return
+        self.alarms = bits
+        for conn in list(self.ctx.connections):
+            conn.alarm(bits)
