@@ -15,6 +15,33 @@ scrape comes: the counters that workers and the scheduler keep in their
 process-table slots (shm/stats.py), the queue records, and the definitions
 journal for vhost names. No message crosses a process boundary for a
 statistic, and a scrape costs the message path nothing.
+
+Capacity and flow control (issue 5), on /metrics and /metrics/per-object:
+
+    rabbitmq_queue_messages_ready_bytes    bodies of the ready messages
+    rabbitmq_queue_messages_unacked_bytes  bodies of the unacknowledged ones
+    shoal_queue_capacity_bytes             the queue's x-capacity (*)
+    shoal_queue_flow_resume_bytes          its x-flow-resume-capacity (*)
+    shoal_queue_flow_blocked               1 while it holds publishers back (*)
+    shoal_queue_blocked_publishers         connections blocked on it (*)
+    shoal_blocked_publishers{reason}       connections blocked, by reason:
+                                           capacity, memory, disk (one held
+                                           back for two counts under both)
+    shoal_consumers{state}                 consumers per scheduler state:
+                                           interested, notified, not_interested,
+                                           non_acquiring (broker/consumers.py)
+    shoal_shm_arena_bytes                  shared memory for bodies, all arenas
+    shoal_arena_used_bytes{index}          ... used, per IO worker
+    shoal_shm_high_watermark_bytes         ... the memory guard's limit, all arenas
+    shoal_arena_high_watermark_bytes,      the memory guard, per arena; and
+    shoal_arena_low_watermark_bytes,       which worker raises which alarm
+    shoal_worker_alarm{index,resource}
+
+(*) per object, a series only for the queues declared with x-capacity;
+aggregated, summed over all queues. Per-queue values are summed over a
+priority queue's levels; capacity and resume size are the declared queue's.
+The stats gauges lag by at most a flush: 0.25 s for IO workers (blocked
+publishers), 1 s for the scheduler (consumer states).
 """
 
 from __future__ import annotations
@@ -146,13 +173,47 @@ DETAILED_FAMILIES = frozenset(
 )
 
 
+# shoal_consumers{state}: the scheduler's gauges per QueueConsumerManager state.
+CONSUMER_STATES = (
+    ("interested", S.CONSUMERS_INTERESTED),
+    ("notified", S.CONSUMERS_NOTIFIED),
+    ("not_interested", S.CONSUMERS_NOT_INTERESTED),
+    ("non_acquiring", S.CONSUMERS_NON_ACQUIRING),
+)
+# shoal_blocked_publishers{reason}: the IO workers' gauges per reason.
+BLOCKED_REASONS = (
+    ("capacity", S.BLOCKED_CAPACITY),
+    ("memory", S.BLOCKED_MEMORY),
+    ("disk", S.BLOCKED_DISK),
+)
+
+
 class QueueRow:
-    __slots__ = ("bytes", "consumers", "name", "published", "ready", "unacked", "vhost")
+    __slots__ = (
+        "blocked",
+        "bytes",
+        "capacity",
+        "consumers",
+        "flow_blocked",
+        "name",
+        "published",
+        "ready",
+        "ready_bytes",
+        "resume",
+        "unacked",
+        "vhost",
+    )
 
     def __init__(self, vhost: str, name: str) -> None:
         self.vhost = vhost
         self.name = name
         self.ready = self.unacked = self.consumers = self.published = self.bytes = 0
+        self.ready_bytes = self.capacity = self.resume = self.flow_blocked = self.blocked = 0
+
+    @property
+    def unacked_bytes(self) -> int:
+        # Two words read apart: an append between them could make this < 0.
+        return max(0, self.bytes - self.ready_bytes)
 
 
 class Snapshot:
@@ -167,13 +228,20 @@ class Snapshot:
             if a.load(layout.proc(slot) + L.P_ROLE) == L.ROLE_WORKER
         )
         self.queues: list[QueueRow] = []
+        word = store.word
         for vhost_id, name, qid in sorted(store.scan()):
             row = QueueRow(vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"))
-            row.ready = store.total(qid, L.Q_READY)
-            row.unacked = store.total(qid, L.Q_UNACKED)
-            row.published = store.total(qid, L.Q_PUBLISHED)
-            row.bytes = store.total(qid, L.Q_BYTES)
-            row.consumers = store.word(qid, L.Q_CONSUMERS)
+            logs = store.logs(qid)  # a priority queue's levels
+            row.ready = sum(word(log_qid, L.Q_READY) for log_qid in logs)
+            row.unacked = sum(word(log_qid, L.Q_UNACKED) for log_qid in logs)
+            row.published = sum(word(log_qid, L.Q_PUBLISHED) for log_qid in logs)
+            row.bytes = sum(word(log_qid, L.Q_BYTES) for log_qid in logs)
+            row.ready_bytes = sum(word(log_qid, L.Q_READY_BYTES) for log_qid in logs)
+            row.consumers = word(qid, L.Q_CONSUMERS)
+            row.capacity = word(qid, L.Q_CAPACITY)
+            row.resume = word(qid, L.Q_RESUME)
+            row.blocked = sum(word(log_qid, L.Q_BLOCKED_PUBLISHERS) for log_qid in logs)
+            row.flow_blocked = int(any(word(log_qid, L.Q_FLOW) != L.FLOW_OPEN for log_qid in logs))
             self.queues.append(row)
 
 
@@ -196,6 +264,7 @@ class ShoalCollector(Collector):
         per_object = self.endpoint == "per-object"
         yield from _totals(snap)
         yield from _queues(snap, "rabbitmq_", per_object, None)
+        yield from _flow_control(snap, per_object)
         yield from _churn(snap, "rabbitmq_")
         yield from _globals(snap)
         yield from exporter.node()
@@ -252,6 +321,16 @@ def _queues(
                 "Size in bytes of ready and unacknowledged messages (their bodies)",
                 lambda q: q.bytes,
             ),
+            (
+                "queue_messages_ready_bytes",
+                "Size in bytes of ready messages (their bodies)",
+                lambda q: q.ready_bytes,
+            ),
+            (
+                "queue_messages_unacked_bytes",
+                "Size in bytes of all unacknowledged messages (their bodies)",
+                lambda q: q.unacked_bytes,
+            ),
         ):
             gauge = GaugeMetricFamily(prefix + name, doc, labels=labels)
             _fill(gauge, rows, per_object, value)
@@ -286,6 +365,62 @@ def _fill(family: Any, rows: list[QueueRow], per_object: bool, value: Any) -> No
             family.add_metric([q.vhost, q.name], value(q))
     else:
         family.add_metric([], sum(value(q) for q in rows))
+
+
+def _flow_control(snap: Snapshot, per_object: bool) -> Iterator[Metric]:
+    """Producer flow control (x-capacity) per queue, blocked publishers by
+    reason, consumers by scheduler state. Per object, the queue families
+    have a series for each queue with an x-capacity only (no series: no
+    limit); aggregated, they are summed over all queues."""
+    capped = [q for q in snap.queues if q.capacity]
+    labels = ["vhost", "queue"] if per_object else []
+    for name, doc, value in (
+        (
+            "shoal_queue_capacity_bytes",
+            "The queue's x-capacity: body bytes above which its publishers are blocked",
+            lambda q: q.capacity,
+        ),
+        (
+            "shoal_queue_flow_resume_bytes",
+            "The queue's x-flow-resume-capacity: body bytes at or below which its blocked"
+            " publishers are released",
+            lambda q: q.resume,
+        ),
+        (
+            "shoal_queue_flow_blocked",
+            "1 while the queue holds its publishers back (over its capacity, until it drains"
+            " to its resume size)",
+            lambda q: q.flow_blocked,
+        ),
+        (
+            "shoal_queue_blocked_publishers",
+            "Connections whose publishes wait because this queue is over its capacity",
+            lambda q: q.blocked,
+        ),
+    ):
+        gauge = GaugeMetricFamily(name, doc, labels=labels)
+        _fill(gauge, capped, per_object, value)
+        yield gauge
+    v = snap.stats
+    blocked = GaugeMetricFamily(
+        "shoal_blocked_publishers",
+        "Connections whose publishes are held back (connection.blocked), by reason: a queue"
+        " over its capacity, the memory alarm, the disk alarm (one held back for two reasons"
+        " counts under both)",
+        labels=["reason"],
+    )
+    for reason, word in BLOCKED_REASONS:
+        blocked.add_metric([reason], v[word])
+    yield blocked
+    consumers = GaugeMetricFamily(
+        "shoal_consumers",
+        "Consumers by the scheduler's state for them: interested (ready for work), notified"
+        " (pulling), not_interested (out of credit or backed up), non_acquiring (browsers)",
+        labels=["state"],
+    )
+    for state, word in CONSUMER_STATES:
+        consumers.add_metric([state], v[word])
+    yield consumers
 
 
 def _churn(snap: Snapshot, prefix: str) -> Iterator[Metric]:

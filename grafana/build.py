@@ -716,17 +716,27 @@ def processes() -> Any:
 
 
 def capacity() -> Any:
-    """Where the broker runs out of room: queue depth, in vs out, arenas."""
+    """Where the broker runs out of room, and how it holds publishers back:
+    queue depth, in vs out, x-capacity flow control, blocked publishers,
+    consumer states, arenas against the memory guard's watermarks."""
     b = Board(
         "shoal-capacity",
-        "Shoal / Capacity",
-        "Queue depth per queue, publish vs deliver rates, and shared-memory arena use against"
-        " its size. Flow-control panels (queue capacity, blocked publishers, memory"
-        " watermark) come later: see grafana/README.md. Per-queue panels need"
-        " /metrics/per-object scraped.",
+        "Shoal / Capacity & flow control",
+        "Queue depth per queue, publish vs deliver rates, producer flow control (queues against"
+        " their x-capacity, publishers blocked per queue and per reason), consumers per"
+        " scheduler state, and shared memory against the memory guard's watermarks and its"
+        " size. Per-queue panels need /metrics/per-object scraped.",
     )
     queue_legend = "{{queue}} ({{vhost}})"
     arena_share = total("shoal_arena_used_bytes") + " / " + total("shoal_shm_arena_bytes")
+    watermark_share = (
+        total("shoal_arena_used_bytes") + " / " + total("shoal_shm_high_watermark_bytes")
+    )
+    # The 20 capped queues holding most bytes, and their limits.
+    capped_bytes = (
+        f"topk(20, {per_queue('rabbitmq_queue_messages_bytes')}"
+        f" and {per_queue('shoal_queue_capacity_bytes')})"
+    )
     b.add(
         stat_panel(
             "Ready messages",
@@ -760,6 +770,53 @@ def capacity() -> Any:
             by("queue_type", "rabbitmq_queue_info", "per-object", op="count"),
             "Queues seen on /metrics/per-object, by type (rabbitmq_queue_info).",
             legend="{{queue_type}}",
+        ),
+        stat_panel(
+            "Blocked publishers",
+            total("shoal_blocked_publishers"),
+            "Connections whose publishes are held back now (connection.blocked), for any"
+            " reason: a queue over its x-capacity, the memory or the disk alarm"
+            " (shoal_blocked_publishers; one held back for two reasons counts twice).",
+            steps=thresholds((None, "green"), (1, "orange")),
+        ),
+        stat_panel(
+            "Queues at capacity",
+            total("shoal_queue_flow_blocked"),
+            "Queues holding their publishers back: over their x-capacity, until they drain to"
+            " their x-flow-resume-capacity (shoal_queue_flow_blocked).",
+            steps=thresholds((None, "green"), (1, "orange")),
+        ),
+        stat_panel(
+            "Queues with a capacity",
+            f"count({join('shoal_queue_capacity_bytes', 'per-object')})",
+            "Queues declared with x-capacity (shoal_queue_capacity_bytes on /metrics/per-object).",
+        ),
+        stat_panel(
+            "Shared memory (% of high watermark)",
+            watermark_share,
+            "Message bodies in the IO workers' arenas against the memory guard's high"
+            " watermark, all arenas together (shoal_shm_high_watermark_bytes): an arena above"
+            " its own share raises the memory alarm, which blocks every publisher.",
+            unit="percentunit",
+            steps=thresholds((None, "green"), (0.8, "orange"), (1, "red")),
+        ),
+        stat_panel(
+            "Memory available before publishers blocked",
+            total(
+                "(rabbitmq_resident_memory_limit_bytes - rabbitmq_process_resident_memory_bytes)"
+            ),
+            "rabbitmq_resident_memory_limit_bytes - rabbitmq_process_resident_memory_bytes, as"
+            " in RabbitMQ-Overview: the room left for message bodies before the memory alarm.",
+            unit="bytes",
+            steps=thresholds((None, "red"), (0, "orange"), (64 << 20, "green")),
+        ),
+        stat_panel(
+            "Resource alarms",
+            by("resource", "shoal_worker_alarm", op="max"),
+            "1 while an IO worker raises the memory or the disk alarm, which blocks all"
+            " publishers (shoal_worker_alarm).",
+            steps=thresholds((None, "green"), (1, "red")),
+            legend="{{resource}}",
         ),
     )
     b.row("QUEUE DEPTH (per queue, /metrics/per-object)")
@@ -802,22 +859,130 @@ def capacity() -> Any:
                 (total(rate("rabbitmq_global_messages_delivered_total")), "delivered"),
                 (total(rate("rabbitmq_global_messages_acknowledged_total")), "acknowledged"),
             ],
+            span=8,
         ),
         graph(
             "Queue depth change / s",
             "How fast all queues together grow (above 0) or drain (below 0):"
             " deriv(rabbitmq_queue_messages).",
             [(per_node("deriv(rabbitmq_queue_messages[$__rate_interval])"), "{{rabbitmq_node}}")],
+            span=8,
+        ),
+        graph(
+            "Message bytes ready vs unacknowledged",
+            "Bodies of the messages waiting in all queues (rabbitmq_queue_messages_ready_bytes)"
+            " and of those delivered and not yet acknowledged"
+            " (rabbitmq_queue_messages_unacked_bytes): x-capacity counts both.",
+            [
+                (total("rabbitmq_queue_messages_ready_bytes"), "ready"),
+                (total("rabbitmq_queue_messages_unacked_bytes"), "unacknowledged"),
+            ],
+            unit="bytes",
+            span=8,
+        ),
+    )
+    b.row("FLOW CONTROL (x-capacity, per queue, /metrics/per-object)")
+    b.add(
+        graph(
+            "Queue bytes against capacity (top 20)",
+            "Message bodies in each queue declared with x-capacity, as a share of its capacity"
+            " (rabbitmq_queue_messages_bytes / shoal_queue_capacity_bytes). Above 100%, the"
+            " queue holds its publishers back until it drains to its resume size.",
+            [
+                (
+                    f"topk(20, {per_queue('rabbitmq_queue_messages_bytes')}"
+                    f" / {per_queue('shoal_queue_capacity_bytes')})",
+                    queue_legend,
+                )
+            ],
+            unit="percentunit",
+        ),
+        graph(
+            "Queue bytes, capacity and resume size (top 20)",
+            "The 20 capped queues holding most bytes: their message bodies, their x-capacity"
+            " (shoal_queue_capacity_bytes) and their x-flow-resume-capacity"
+            " (shoal_queue_flow_resume_bytes).",
+            [
+                (capped_bytes, "bytes {{queue}} ({{vhost}})"),
+                (
+                    f"{per_queue('shoal_queue_capacity_bytes')} and {capped_bytes}",
+                    "capacity {{queue}} ({{vhost}})",
+                ),
+                (
+                    f"{per_queue('shoal_queue_flow_resume_bytes')} and {capped_bytes}",
+                    "resume {{queue}} ({{vhost}})",
+                ),
+            ],
+            unit="bytes",
+        ),
+        graph(
+            "Publishers blocked per queue (top 20)",
+            "Connections whose publishes wait because this queue is over its capacity"
+            " (shoal_queue_blocked_publishers).",
+            [(f"topk(20, {per_queue('shoal_queue_blocked_publishers')})", queue_legend)],
+        ),
+        graph(
+            "Queues holding publishers back (top 20)",
+            "1 while a queue is over its capacity and has not yet drained to its resume size"
+            " (shoal_queue_flow_blocked).",
+            [(f"topk(20, {per_queue('shoal_queue_flow_blocked')})", queue_legend)],
+            max_value=1,
+        ),
+    )
+    b.row("BLOCKED PUBLISHERS & CONSUMERS")
+    b.add(
+        graph(
+            "Blocked publishers by reason",
+            "Connections held back by connection.blocked, by reason: capacity (a queue over"
+            " its x-capacity), memory (an arena above its high watermark), disk (the runtime"
+            " file system below its free-space limit) (shoal_blocked_publishers).",
+            [
+                (
+                    by("reason, rabbitmq_node", "shoal_blocked_publishers"),
+                    "{{reason}} ({{rabbitmq_node}})",
+                )
+            ],
+            span=8,
+        ),
+        graph(
+            "Resource alarms per IO worker",
+            "1 while an IO worker raises the memory or the disk alarm (shoal_worker_alarm);"
+            " any one blocks every publisher of the broker.",
+            [
+                (
+                    by("resource, index, rabbitmq_node", "shoal_worker_alarm", op="max"),
+                    "{{resource}} worker {{index}} ({{rabbitmq_node}})",
+                )
+            ],
+            span=8,
+            max_value=1,
+        ),
+        graph(
+            "Consumers by scheduler state",
+            "The scheduler's state for each consumer (shoal_consumers): interested (ready for"
+            " work), notified (pulling now), not_interested (out of credit, or its connection"
+            " backed up), non_acquiring (browsers). Many not_interested: consumers are the"
+            " bottleneck.",
+            [
+                (
+                    by("state, rabbitmq_node", "shoal_consumers"),
+                    "{{state}} ({{rabbitmq_node}})",
+                )
+            ],
+            span=8,
         ),
     )
     b.row("SHARED MEMORY")
     b.add(
         graph(
-            "Arena use vs size",
+            "Arena use vs high watermark and size",
             "Message bodies held in all IO workers' arenas (shoal_arena_used_bytes) against"
-            " their size (shoal_shm_arena_bytes); the segment's allocated pages for scale.",
+            " the memory guard's high watermark (shoal_shm_high_watermark_bytes, publishers"
+            " are blocked above it) and the arenas' size (shoal_shm_arena_bytes); the"
+            " segment's allocated pages for scale.",
             [
                 (total("shoal_arena_used_bytes"), "in use"),
+                (total("shoal_shm_high_watermark_bytes"), "high watermark"),
                 (total("shoal_shm_arena_bytes"), "size"),
                 (total("shoal_shm_allocated_bytes"), "segment allocated"),
             ],
@@ -847,6 +1012,60 @@ def capacity() -> Any:
             unit="percentunit",
             span=8,
             max_value=1,
+        ),
+        graph(
+            "Arena use per IO worker vs the memory alarm's watermarks",
+            "Each IO worker's arena (shoal_arena_used_bytes): above the high watermark"
+            " (shoal_arena_high_watermark_bytes) it raises the memory alarm, which clears once"
+            " every arena is at or below the low watermark (shoal_arena_low_watermark_bytes).",
+            [
+                (
+                    by("index, rabbitmq_node", "shoal_arena_used_bytes"),
+                    "worker {{index}} ({{rabbitmq_node}})",
+                ),
+                (
+                    by("rabbitmq_node", "shoal_arena_high_watermark_bytes", op="max"),
+                    "high watermark ({{rabbitmq_node}})",
+                ),
+                (
+                    by("rabbitmq_node", "shoal_arena_low_watermark_bytes", op="max"),
+                    "low watermark ({{rabbitmq_node}})",
+                ),
+            ],
+            unit="bytes",
+            span=8,
+        ),
+        graph(
+            "Memory available before publishers blocked",
+            "rabbitmq_resident_memory_limit_bytes - rabbitmq_process_resident_memory_bytes:"
+            " the resident memory left before the memory alarm, the arenas being what grows.",
+            [
+                (
+                    per_node(
+                        "(rabbitmq_resident_memory_limit_bytes"
+                        " - rabbitmq_process_resident_memory_bytes)"
+                    ),
+                    "{{rabbitmq_node}}",
+                )
+            ],
+            unit="bytes",
+            span=8,
+        ),
+        graph(
+            "Disk space available before publishers blocked",
+            "rabbitmq_disk_space_available_bytes - rabbitmq_disk_space_available_limit_bytes:"
+            " free space on the runtime directory's file system above the disk alarm's limit.",
+            [
+                (
+                    per_node(
+                        "(rabbitmq_disk_space_available_bytes"
+                        " - rabbitmq_disk_space_available_limit_bytes)"
+                    ),
+                    "{{rabbitmq_node}}",
+                )
+            ],
+            unit="bytes",
+            span=8,
         ),
     )
     return b.build()

@@ -67,9 +67,21 @@ EXPORTED: dict[str, tuple[str, ...]] = {
             "rabbitmq_process_open_fds",
             "rabbitmq_process_max_fds",
             "rabbitmq_disk_space_available_bytes",
+            "rabbitmq_disk_space_available_limit_bytes",
+            "rabbitmq_resident_memory_limit_bytes",
+            "rabbitmq_queue_messages_bytes",
+            "rabbitmq_queue_messages_ready_bytes",
+            "rabbitmq_queue_messages_unacked_bytes",
             "shoal_shm_arena_bytes",
             "shoal_shm_allocated_bytes",
+            "shoal_shm_high_watermark_bytes",
+            "shoal_arena_high_watermark_bytes",
+            "shoal_arena_low_watermark_bytes",
             "shoal_scheduler_lost_wakeups_rescued_total",
+            "shoal_queue_capacity_bytes",
+            "shoal_queue_flow_resume_bytes",
+            "shoal_queue_flow_blocked",
+            "shoal_queue_blocked_publishers",
         ),
         (),
     ),
@@ -106,6 +118,9 @@ EXPORTED: dict[str, tuple[str, ...]] = {
     "shoal_process_resident_memory_bytes": ("role", "index"),
     "shoal_worker_connections": ("index",),
     "shoal_arena_used_bytes": ("index",),
+    "shoal_worker_alarm": ("index", "resource"),
+    "shoal_blocked_publishers": ("reason",),
+    "shoal_consumers": ("state",),
 }
 # /metrics/per-object: the same, except these (per-queue labels, queue_info).
 PER_OBJECT: dict[str, tuple[str, ...]] = {
@@ -116,6 +131,14 @@ PER_OBJECT: dict[str, tuple[str, ...]] = {
             "rabbitmq_queue_messages",
             "rabbitmq_queue_messages_published_total",
             "rabbitmq_queue_consumers",
+            "rabbitmq_queue_messages_bytes",
+            "rabbitmq_queue_messages_ready_bytes",
+            "rabbitmq_queue_messages_unacked_bytes",
+            # only for the queues declared with x-capacity
+            "shoal_queue_capacity_bytes",
+            "shoal_queue_flow_resume_bytes",
+            "shoal_queue_flow_blocked",
+            "shoal_queue_blocked_publishers",
         ),
         ("vhost", "queue"),
     ),
@@ -258,8 +281,9 @@ def test_queries_use_exported_families_and_their_labels(name: str) -> None:
 
 def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
     """Scrape broker/metrics.py in-process over a fresh segment with one IO
-    worker (this process) and one queue: every allowlisted family is there
-    with exactly the allowlisted labels."""
+    worker (this process) and two queues, one with an x-capacity: every
+    allowlisted family is there with exactly the allowlisted labels, and the
+    flow-control families per object only for the capped queue."""
     from broker.config import Config
     from broker.metrics import Endpoints, Exporter
     from shm import layout as L
@@ -272,9 +296,12 @@ def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
         worker = seg.layout.proc(0)
         seg.atomic.store(worker + L.P_ROLE, L.ROLE_WORKER)
         seg.atomic.store(worker + L.P_PID, os.getpid())
-        QueueStore(seg).create(0, b"q", 0, 0)
+        store = QueueStore(seg)
+        store.create(0, b"q", 0, 0)
+        store.create(1, b"capped", 0, 0, capacity=20_000, resume=10_000)
         endpoints = Endpoints(Exporter(Config(), seg))
         scraped = {}
+        capacities: dict[str, float] = {}
         for path in ("/metrics", "/metrics/per-object"):
             body = endpoints.render(path)
             assert body is not None
@@ -282,6 +309,8 @@ def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
             for family in text_string_to_metric_families(body.decode()):
                 for sample in family.samples:
                     found.setdefault(sample.name, set()).update(sample.labels)
+                    if sample.name == "shoal_queue_capacity_bytes":
+                        capacities[sample.labels.get("queue", "")] = sample.value
             scraped[path] = found
     finally:
         seg.unlink()
@@ -295,6 +324,7 @@ def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
         wrong = {n: sorted(found[n]) for n, want in expected.items() if found[n] != set(want)}
         assert not wrong, f"{path}: labels differ from the allowlist: {wrong}"
     assert "rabbitmq_queue_info" not in scraped["/metrics"]
+    assert capacities == {"": 20_000, "capped": 20_000}  # /metrics, then per object
 
 
 # --- generation, copies, provisioning ----------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.broker_process import Broker, free_port, wait_for
-from tests.clients import connect
+from tests.clients import connect, pump
 
 AMQP = {"protocol": "amqp091"}
 CLASSIC = {"protocol": "amqp091", "queue_type": "rabbit_classic_queue"}
@@ -287,3 +287,75 @@ def test_concurrent_scrapes_each_get_their_own_view(metered: tuple[Broker, int])
     for t in threads:
         t.join(60)
     assert not errors, errors[:5]
+
+
+def test_capacity_and_a_publisher_blocked_on_it(metered: tuple[Broker, int]) -> None:
+    """A queue declared with x-capacity shows its capacity and resume size
+    per object; a publisher that takes it over capacity shows as blocked on
+    it (per queue) and for capacity (per reason), and no longer once the
+    queue drained and released it."""
+    broker, port = metered
+    producer, watcher = connect(broker), connect(broker)
+    events: list[str] = []
+    producer.add_on_connection_blocked_callback(lambda _c, _frame: events.append("blocked"))
+    producer.add_on_connection_unblocked_callback(lambda _c, _frame: events.append("unblocked"))
+    pch = producer.channel()
+    pch.queue_declare("capped", arguments={"x-capacity": 20_000, "x-flow-resume-capacity": 10_000})
+    pch.queue_declare("uncapped")
+    q = {"vhost": "/", "queue": "capped"}
+    s = scrape(port, "/metrics/per-object")
+    assert value(s, "shoal_queue_capacity_bytes", **q) == 20_000
+    assert value(s, "shoal_queue_flow_resume_bytes", **q) == 10_000
+    assert value(s, "shoal_queue_blocked_publishers", **q) == 0
+    assert value(s, "shoal_queue_flow_blocked", **q) == 0
+    # Only queues with a capacity have the flow-control families.
+    assert value(s, "shoal_queue_capacity_bytes", vhost="/", queue="uncapped") is None
+    assert value(s, "rabbitmq_queue_messages_bytes", vhost="/", queue="uncapped") == 0
+
+    for _ in range(25):  # 25 kB against 20 kB: the 21st crosses the capacity
+        pch.basic_publish("", "capped", b"x" * 1_000)
+    pump([producer], lambda: "blocked" in events, 10, "connection.blocked")
+
+    def blocked(n: int) -> Any:
+        def check() -> Any:
+            per_object = scrape(port, "/metrics/per-object")
+            aggregated = scrape(port)
+            seen = (
+                value(per_object, "shoal_queue_blocked_publishers", **q),
+                value(per_object, "shoal_queue_flow_blocked", **q),
+                value(per_object, "shoal_blocked_publishers", reason="capacity"),
+                value(aggregated, "shoal_blocked_publishers", reason="capacity"),
+                value(aggregated, "shoal_queue_blocked_publishers"),
+            )
+            return per_object if seen == (n, n, n, n, n) else None
+
+        return wait_for(check, 10, f"{n} publisher(s) blocked on 'capped' in the metrics")
+
+    s = blocked(1)
+    assert value(s, "shoal_blocked_publishers", reason="memory") == 0
+    assert value(s, "shoal_blocked_publishers", reason="disk") == 0
+    assert value(s, "rabbitmq_queue_messages_ready_bytes", **q) == 21_000  # the rest wait
+    assert value(s, "rabbitmq_queue_messages_unacked_bytes", **q) == 0
+
+    got: list[bytes] = []
+    wch = watcher.channel()
+    wch.basic_qos(prefetch_count=5)
+    wch.basic_consume("capped", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    pump([producer, watcher], lambda: len(got) >= 25, 20, "all 25 messages")
+    assert events[:2] == ["blocked", "unblocked"]
+    s = blocked(0)
+    assert value(s, "rabbitmq_queue_messages_bytes", **q) == 0
+    # The scheduler's consumer states (flushed every second) count the one consumer.
+    wait_for(
+        lambda: (
+            sum(
+                value(scrape(port), "shoal_consumers", state=state) or 0
+                for state in ("interested", "notified", "not_interested", "non_acquiring")
+            )
+            == 1
+        ),
+        10,
+        "one consumer in the scheduler's states",
+    )
+    producer.close()
+    watcher.close()

@@ -40,10 +40,16 @@ SCRAPE = "1s"
 NOT_YET: dict[str, str] = {}
 
 
+CAPPED = {"x-capacity": 20_000, "x-flow-resume-capacity": 10_000}
+
+
 def load(uri: str, stop: threading.Event) -> None:
     """Everything the dashboards count: confirms, routed / dropped / returned
     publishes, deliveries with and without ack, gets (also empty),
-    redeliveries, queue and channel and connection churn, sizes 10 B-200 kB."""
+    redeliveries, queue and channel and connection churn, sizes 10 B-200 kB,
+    and producer flow control: a publisher of its own connection fills a
+    queue with an x-capacity until it is blocked, and a purge every few
+    rounds releases it."""
     conn = pika.BlockingConnection(pika.URLParameters(uri))
     ch = conn.channel()
     ch.queue_declare("dash")
@@ -56,7 +62,21 @@ def load(uri: str, stop: threading.Event) -> None:
     confirmed = conn.channel()
     confirmed.confirm_delivery()
     ch.queue_declare("dash-get")
+    capped = pika.BlockingConnection(pika.URLParameters(uri))
+    blocked = threading.Event()  # set by connection.blocked, cleared by .unblocked
+    capped.add_on_connection_blocked_callback(lambda _c, _frame: blocked.set())
+    capped.add_on_connection_unblocked_callback(lambda _c, _frame: blocked.clear())
+    capped_ch = capped.channel()
+    capped_ch.queue_declare("dash-capped", arguments=CAPPED)
+    rounds = 0
     while not stop.is_set():
+        rounds += 1
+        if not blocked.is_set():  # 12 kB a round: over capacity in the second
+            for _ in range(3):
+                capped_ch.basic_publish("", "dash-capped", b"c" * 4_000)
+        if rounds % 5 == 0:
+            ch.queue_purge("dash-capped")  # releases the publisher
+        capped.process_data_events(time_limit=0)
         for size in (10, 500, 5_000, 50_000, 200_000):
             ch.basic_publish("", "dash", b"x" * size)
         ch.basic_publish("", "dash-auto", b"auto")
@@ -79,6 +99,7 @@ def load(uri: str, stop: threading.Event) -> None:
         extra.channel().close()
         extra.close()
         conn.process_data_events(time_limit=0.1)
+    capped.close()
     conn.close()
 
 
@@ -234,3 +255,21 @@ def test_every_panel_query_returns_data(prometheus: tuple[str, Broker], path: Pa
     print(f"{path.name}: {count} queries, {len(waived)} waived: {waived}")
     assert count, f"{path.name} has no queries"
     assert not failures, "queries without data:\n" + "\n".join(failures)
+
+
+def test_the_load_blocks_a_publisher_on_capacity(prometheus: tuple[str, Broker]) -> None:
+    """The flow-control panels show a real block, not just zeros: the load's
+    capped queue held its publisher back in at least one scrape."""
+    base, _broker = prometheus
+
+    def seen(query: str) -> bool:
+        result = api(base, "/api/v1/query", query=query)["result"]
+        return bool(result) and float(result[0]["value"][1]) >= 1
+
+    for query in (
+        'max_over_time(shoal_queue_blocked_publishers{job="shoal-per-object",'
+        ' queue="dash-capped"}[5m])',
+        'max_over_time(shoal_queue_flow_blocked{job="shoal-per-object", queue="dash-capped"}[5m])',
+        'max_over_time(shoal_blocked_publishers{job="shoal", reason="capacity"}[5m])',
+    ):
+        wait_for(lambda query=query: seen(query), 30, query, interval=0.5)
