@@ -89,6 +89,19 @@ def _broker_parser() -> argparse.ArgumentParser:
         help="bytes the runtime directory's file system must keep free, else publishers "
         "are blocked (default %(default)s, as RabbitMQ's disk_free_limit)",
     )
+    p.add_argument(
+        "--default-capacity",
+        type=int,
+        default=d.default_capacity,
+        help="x-capacity, bytes, of queues declared without one (default %(default)s: none)",
+    )
+    p.add_argument(
+        "--default-flow-resume-capacity",
+        type=int,
+        default=d.default_flow_resume_capacity,
+        help="x-flow-resume-capacity, bytes, of queues declared without one (default: 80%% of "
+        "the capacity)",
+    )
     p.add_argument("--default-user", default=d.default_user)
     p.add_argument("--default-pass", default=d.default_pass)
     p.add_argument(
@@ -133,7 +146,15 @@ def local_command(port: int, workers: int, runtime_dir: str, *extra: str) -> lis
 
 
 def config_from_args(argv: list[str]) -> Config:
-    ns = _broker_parser().parse_args(argv)
+    parser = _broker_parser()
+    ns = parser.parse_args(argv)
+    if ns.default_capacity < 0 or ns.default_flow_resume_capacity < 0:
+        parser.error("--default-capacity and --default-flow-resume-capacity are bytes >= 0")
+    if ns.default_flow_resume_capacity > (ns.default_capacity or 0):
+        parser.error("--default-flow-resume-capacity is above --default-capacity")
+    for flag in ("memory_high_watermark", "arena_high_watermark", "memory_low_watermark"):
+        if not 0 <= getattr(ns, flag) <= 1:
+            parser.error(f"--{flag.replace('_', '-')} is a fraction, 0 to 1")
     return Config(**{k: v for k, v in vars(ns).items()})
 
 

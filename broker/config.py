@@ -32,6 +32,9 @@ class Config(msgspec.Struct, frozen=True):
     arena_high_watermark: float = 0.9  # share of each IO worker's arena
     memory_low_watermark: float = 0.8  # share of the high mark
     disk_free_limit: int = 50_000_000  # bytes the runtime directory's file system keeps free
+    # Producer flow control for queues declared without x-capacity (0: none).
+    default_capacity: int = 0
+    default_flow_resume_capacity: int = 0  # 0: 80 % of the capacity
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"

@@ -309,7 +309,8 @@ class Scheduler:
             if not name:
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
             max_priority = _max_priority(name, vhost, arguments)
-            capacity, resume = _capacity(name, vhost, arguments)
+            capacity, resume = _capacity(name, vhost, self._with_capacity_defaults(arguments))
+            limits = _length_limits(name, vhost, arguments)
             single_active = _single_active(name, vhost, arguments)
             if not self.free_qids:
                 raise E.ChannelError(
@@ -334,6 +335,7 @@ class Scheduler:
                 max_priority,
                 capacity=capacity,
                 resume=resume,
+                length_limits=limits,
             )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.max_priority = max_priority
@@ -358,7 +360,25 @@ class Scheduler:
             return [q.levels[max(p for p in q.levels if p < level)]]
         slot = self.free_qids.pop(0)
         vhost_id = self.definitions.vhost_ids[q.vhost]
-        self.store.create(slot, b"", 0, 0, vhost_id, parent=qid, level=level)
+        # A level has its queue's capacity and length limits, so that a publish
+        # to it finds them with the same one load as a queue's own publish.
+        word = self.store.word
+        self.store.create(
+            slot,
+            b"",
+            0,
+            0,
+            vhost_id,
+            parent=qid,
+            level=level,
+            capacity=word(qid, L.Q_CAPACITY),
+            resume=word(qid, L.Q_RESUME),
+            length_limits=(
+                word(qid, L.Q_MAX_LENGTH),
+                word(qid, L.Q_MAX_BYTES),
+                word(qid, L.Q_OVERFLOW),
+            ),
+        )
         q.levels[level] = slot
         self.level_of[slot] = q
         # Watched from the start, so its first publisher wakes us if we wait.
@@ -421,7 +441,7 @@ class Scheduler:
     def _purge(self, vhost: str, name: bytes, conn_id: int) -> int:
         q = self._lookup(vhost, name, conn_id)
         purged = sum(self.store.purge(qid) for qid in q.levels.values())
-        flow.drained(self.seg, self.waker, q.qid)  # may release its publishers
+        flow.drained(self.seg, self.waker, *self.store.flow_queue(q.qid))  # may release
         return purged
 
     def _remove_queue(self, q: QueueState) -> None:
@@ -777,6 +797,17 @@ class Scheduler:
         now = self.total(q, L.Q_CHANGES)  # after READY, as in _watch
         return any(q.dry.get(key) != now for key in q.qcm.candidates())
 
+    def _with_capacity_defaults(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The broker-wide capacity (--default-capacity) for a queue declared
+        without x-capacity; its own arguments win."""
+        config = self.config
+        if "x-capacity" in arguments or not config.default_capacity:
+            return arguments
+        defaults: dict[str, Any] = {"x-capacity": config.default_capacity}
+        if config.default_flow_resume_capacity:
+            defaults["x-flow-resume-capacity"] = config.default_flow_resume_capacity
+        return {**defaults, **arguments}
+
     def _count_consumer_states(self) -> None:
         v = self.stats.v
         for gauge in _STATE_GAUGES.values():
@@ -802,7 +833,7 @@ class Scheduler:
             # An acker killed between its byte decrement and its Q_FLOW check
             # (or before its kick) would leave publishers blocked for good.
             if self.store.word(q.qid, L.Q_FLOW) != L.FLOW_OPEN:
-                flow.drained(self.seg, self.waker, q.qid)
+                flow.drained(self.seg, self.waker, *self.store.flow_queue(q.qid))
                 if flow.take_release(self.seg, q.qid):
                     self._unblock(q.qid)
         self._count_consumer_states()
@@ -835,25 +866,58 @@ def _max_priority(name: bytes, vhost: str, arguments: dict[str, Any]) -> int:
     return value
 
 
+def _non_negative(name: bytes, vhost: str, arguments: dict[str, Any], key: str) -> int | None:
+    """An integer argument >= 0 (None if absent), refused as RabbitMQ 3.10's
+    check_non_neg_int_arg refuses it."""
+    value = arguments.get(key)
+    if value is None:
+        return None
+    where = f"invalid arg '{key}' for queue '{name.decode()}' in vhost '{vhost}'"
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{_field_type(value)}}}"
+        )
+    if value < 0:
+        raise E.ChannelError(E.PRECONDITION_FAILED, f"{where}: {{value_negative,{value}}}")
+    return value
+
+
+OVERFLOW_MODES = {
+    "drop-head": L.OVERFLOW_DROP_HEAD,
+    "reject-publish": L.OVERFLOW_REJECT_PUBLISH,
+    "reject-publish-dlx": L.OVERFLOW_REJECT_PUBLISH_DLX,
+}
+
+
+def _length_limits(name: bytes, vhost: str, arguments: dict[str, Any]) -> tuple[int, int, int]:
+    """x-max-length, x-max-length-bytes and x-overflow, as the queue record
+    holds them: each limit + 1 (0: none), and the overflow mode."""
+    max_length = _non_negative(name, vhost, arguments, "x-max-length")
+    max_bytes = _non_negative(name, vhost, arguments, "x-max-length-bytes")
+    overflow = arguments.get("x-overflow", "drop-head")
+    where = f"invalid arg 'x-overflow' for queue '{name.decode()}' in vhost '{vhost}'"
+    if isinstance(overflow, bytes):
+        overflow = overflow.decode(errors="replace")
+    if not isinstance(overflow, str):
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{_field_type(overflow)}}}"
+        )
+    if overflow not in OVERFLOW_MODES:
+        raise E.ChannelError(E.PRECONDITION_FAILED, f"{where}: invalid_overflow")
+    if max_length is None and max_bytes is None:
+        return 0, 0, 0
+    return (
+        0 if max_length is None else max_length + 1,
+        0 if max_bytes is None else max_bytes + 1,
+        OVERFLOW_MODES[overflow],
+    )
+
+
 def _capacity(name: bytes, vhost: str, arguments: dict[str, Any]) -> tuple[int, int]:
     """x-capacity and x-flow-resume-capacity (bytes, Qpid's arguments): the
     resume size defaults to 80 % of the capacity and may not exceed it."""
-    values = []
-    for key in ("x-capacity", "x-flow-resume-capacity"):
-        value = arguments.get(key)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 0
-        ):
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED,
-                f"invalid arg '{key}' for queue '{name.decode()}' in vhost '{vhost}': "
-                f"{{unacceptable_type,{_field_type(value)}}}"
-                if not isinstance(value, int) or isinstance(value, bool)
-                else f"invalid arg '{key}' for queue '{name.decode()}' in vhost '{vhost}': "
-                f"{{value_negative,{value}}}",
-            )
-        values.append(value)
-    capacity, resume = values
+    capacity = _non_negative(name, vhost, arguments, "x-capacity")
+    resume = _non_negative(name, vhost, arguments, "x-flow-resume-capacity")
     if not capacity:
         return 0, 0
     if resume is None:

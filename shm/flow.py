@@ -18,6 +18,12 @@ Q_FLOW word (shm/ARCHITECTURE.md, section 10):
 Both sides write one word and then read the other's (Dekker, as the wake-ups
 of section 7), so a drain is never missed: either the acker sees BLOCKED, or
 the publisher sees the lower Q_BYTES and does not block.
+
+A priority queue's levels are logs of their own (section 2a): its flow words
+are the declared queue's, and its byte count is the sum over its logs (each
+level slot carries a copy of the capacity, so a publish to it finds it with
+one load). Each log's Q_BYTES is written before anyone reads the sum, so the
+argument above holds for the sum as for one word.
 """
 
 from __future__ import annotations
@@ -27,28 +33,36 @@ from shm.segment import Segment
 from shm.wake import Waker
 
 
-def over_capacity(seg: Segment, qid: int) -> bool:
+def queue_bytes(seg: Segment, qid: int, logs: list[int] | None = None) -> int:
+    """Q_BYTES of a queue: of its own log, or summed over `logs` (the levels
+    of a priority queue, whose flow words are the declared queue's)."""
+    a, layout = seg.atomic, seg.layout
+    if logs is None:
+        return a.load(layout.queue(qid) + L.Q_BYTES)
+    return sum(a.load(layout.queue(log) + L.Q_BYTES) for log in logs)
+
+
+def over_capacity(seg: Segment, qid: int, logs: list[int] | None = None) -> bool:
     """After an append: is the queue above its capacity (if it has one)?"""
-    a, q = seg.atomic, seg.layout.queue(qid)
-    capacity = a.load(q + L.Q_CAPACITY)
-    return bool(capacity) and a.load(q + L.Q_BYTES) > capacity
+    capacity = seg.atomic.load(seg.layout.queue(qid) + L.Q_CAPACITY)
+    return bool(capacity) and queue_bytes(seg, qid, logs) > capacity
 
 
-def arm(seg: Segment, qid: int) -> bool:
+def arm(seg: Segment, qid: int, logs: list[int] | None = None) -> bool:
     """A publisher is about to block on `qid`: arm the release, then look
     again. False: the queue already fell to its resume size, do not block."""
     a, q = seg.atomic, seg.layout.queue(qid)
     a.cas(q + L.Q_FLOW, L.FLOW_OPEN, L.FLOW_BLOCKED)
-    return a.load(q + L.Q_BYTES) > a.load(q + L.Q_RESUME)
+    return queue_bytes(seg, qid, logs) > a.load(q + L.Q_RESUME)
 
 
-def drained(seg: Segment, waker: Waker, qid: int) -> None:
+def drained(seg: Segment, waker: Waker, qid: int, logs: list[int] | None = None) -> None:
     """After entries of `qid` were deleted (ack, no-ack delivery, purge):
     release its blocked publishers if it is at or below its resume size."""
     a, q = seg.atomic, seg.layout.queue(qid)
     if (
         a.load(q + L.Q_FLOW) == L.FLOW_BLOCKED
-        and a.load(q + L.Q_BYTES) <= a.load(q + L.Q_RESUME)
+        and queue_bytes(seg, qid, logs) <= a.load(q + L.Q_RESUME)
         and a.cas(q + L.Q_FLOW, L.FLOW_BLOCKED, L.FLOW_RELEASE)
     ):
         waker.kick(qid)

@@ -125,8 +125,8 @@ FLOW_OPEN, FLOW_BLOCKED, FLOW_RELEASE = 0, 1, 2
 Q_READY_BYTES = 448
 Q_MAX_LENGTH = 456  # limit + 1 (0: none; a limit of 0 is allowed)
 Q_MAX_BYTES = 464  # limit + 1 (0: none)
-Q_OVERFLOW = 472  # OVERFLOW_* below
-OVERFLOW_DROP_HEAD, OVERFLOW_REJECT_PUBLISH, OVERFLOW_REJECT_PUBLISH_DLX = 0, 1, 2
+Q_OVERFLOW = 472  # OVERFLOW_* below; 0 while the queue has no length limit (one load)
+OVERFLOW_DROP_HEAD, OVERFLOW_REJECT_PUBLISH, OVERFLOW_REJECT_PUBLISH_DLX = 1, 2, 3
 # Connections blocked on this queue (over its capacity), all workers together:
 # +1 when one blocks, -1 when it is released or closes (for the metrics).
 Q_BLOCKED_PUBLISHERS = 480

@@ -135,6 +135,16 @@ class QueueStore:
         levels = self.priority_levels().get(qid)
         return [qid] if levels is None else levels.descending
 
+    def flow_queue(self, qid: int) -> tuple[int, list[int] | None]:
+        """The queue whose flow words (shm/flow.py) govern log `qid`, and the
+        logs whose bytes count against its capacity (None: its own only)."""
+        parent = self.word(qid, L.Q_PARENT)
+        if parent:
+            return parent - 1, self.logs(parent - 1)
+        if self.word(qid, L.Q_MAX_PRIORITY):
+            return qid, self.logs(qid)
+        return qid, None
+
     def total(self, qid: int, field: int) -> int:
         """A queue-record counter summed over the queue's logs."""
         return sum(self.word(log_qid, field) for log_qid in self.logs(qid))
@@ -178,6 +188,7 @@ class QueueStore:
         level: int = 0,
         capacity: int = 0,
         resume: int = 0,
+        length_limits: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         """Scheduler only: make a FREE slot an active queue called `name` in
         virtual host `vhost` (an id); with `parent`, a level slot of that
@@ -215,6 +226,10 @@ class QueueStore:
         a.store(q + L.Q_CAPACITY, capacity)
         a.store(q + L.Q_RESUME, resume)
         a.store(q + L.Q_FLOW, L.FLOW_OPEN)
+        for field, value in zip(
+            (L.Q_MAX_LENGTH, L.Q_MAX_BYTES, L.Q_OVERFLOW), length_limits, strict=True
+        ):
+            a.store(q + field, value)
         self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + len(name)] = name
         a.store(q + L.Q_NAME_LEN, len(name))
         a.store(q + L.Q_STATE, ((state >> 8) + 1) << 8 | L.QS_ACTIVE)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pika
+import pytest
 
 from tests.broker_process import Broker
 
@@ -46,3 +48,18 @@ def pump(
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         for c in conns:
             c.process_data_events(time_limit=0.02)
+
+
+def assert_declare_refused(
+    broker: Broker, queue: str, arguments: dict[str, Any], text: str
+) -> None:
+    """queue.declare with `arguments` is refused: 406 PRECONDITION_FAILED,
+    the reply text containing `text`."""
+    conn = connect(broker)
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+            conn.channel().queue_declare(queue, arguments=arguments)
+        assert exc.value.reply_code == 406
+        assert text in exc.value.reply_text
+    finally:
+        conn.close()

@@ -39,6 +39,7 @@ from shm.stats import (
     size_bucket,
 )
 from workers import framing as F
+from workers import limits
 from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
 from workers.levels import Levels
@@ -70,6 +71,7 @@ class Pending:
         "mandatory",
         "qids",
         "received",
+        "rejected",
         "routing_key",
     )
 
@@ -86,6 +88,7 @@ class Pending:
         self.body: bytearray | None = None  # only for unroutable messages
         # Logs the scheduler chose for a priority level (LEVEL replies): final.
         self.levelled: set[int] | None = None
+        self.rejected = False  # a queue refused it (x-overflow reject-publish)
 
 
 class Transaction:
@@ -112,6 +115,7 @@ class Channel:
         "ctx",
         "flow_active",
         "flow_backlog",
+        "flow_told",
         "global_prefetch",
         "global_prefetch_size",
         "last_queue",
@@ -149,6 +153,7 @@ class Channel:
         self.confirm = False
         self.publish_seq = 0
         self.publish_count = 0  # messages this channel published (it is a "publisher")
+        self.flow_told = True  # the last channel.flow active= we sent (send_flow)
         self.stats = conn.ctx.stats.v  # this worker's counters (shm/stats.py)
         self.confirm_high = 0
         self.confirm_sent = 0
@@ -489,7 +494,22 @@ class Channel:
         if self.confirm:
             stats[RECEIVED_CONFIRM] += 1
             self.publish_seq += 1
-            self.confirm_high = self.publish_seq
+            if pending.rejected:
+                self._nack_publish()
+            else:
+                self.confirm_high = self.publish_seq
+
+    def _nack_publish(self) -> None:
+        """A queue refused the message (x-overflow reject-publish): basic.nack
+        it, after acking the publishes before it (acks are cumulative)."""
+        self.conn.flush_confirms(self)
+        self.confirm_high = self.confirm_sent = self.publish_seq
+        self.conn.write(
+            F.encode_method(
+                self.number,
+                C.Basic.Nack(delivery_tag=self.publish_seq, multiple=False, requeue=False),
+            )
+        )
 
     def _assign_levels(self, pending: Pending) -> tuple[int, int] | None:
         """Point each priority queue among the message's queues at the log of
@@ -517,7 +537,7 @@ class Channel:
         """Ask the scheduler for a level's log; the channel (and the socket)
         waits, so later publishes keep their order behind this one."""
         self.busy = True
-        self.conn.hold_reading(self)
+        self.conn.hold_reading(self, reason=None)  # a round trip: not "blocked"
         reply = self.ctx.request(Msg.LEVEL, qid, level)
 
         def made(reply: asyncio.Future[Any]) -> None:
@@ -560,15 +580,25 @@ class Channel:
         queues = ctx.seg.layout.queues
         while pending.qids:
             qid = pending.qids[0]
+            q = queues + qid * L.QUEUE_SIZE
+            # Length limits (one load when the queue has none): workers/limits.py.
+            limited = a.load(q + L.Q_OVERFLOW)
+            if limited and not limits.admits(ctx.store, qid, pending.body_size):
+                pending.rejected = True
+                pending.qids.pop(0)
+                continue
             a.fetch_add(block + L.B_REFS, 1)
             try:
                 ctx.store.append(qid, block, ctx.slot)
+                if limited:
+                    for dropped in limits.drop_head(ctx.store, qid):
+                        self._drained(dropped)
                 # x-capacity (one load when the queue has none): over it,
                 # this connection's next publishes wait (shm/flow.py).
-                if a.load(queues + qid * L.QUEUE_SIZE + L.Q_CAPACITY) and flow.over_capacity(
-                    ctx.seg, qid
-                ):
-                    self.conn.flow_block(qid)
+                if a.load(q + L.Q_CAPACITY):
+                    target, logs = ctx.store.flow_queue(qid)
+                    if flow.over_capacity(ctx.seg, target, logs):
+                        self.conn.flow_block(target, logs)
             except QueueGone:
                 pass  # deleted meanwhile: append took its reference back
             except QueueFull:
@@ -702,10 +732,11 @@ class Channel:
 
     def _drained(self, qid: int) -> None:
         """Entries of `qid` were deleted: release its blocked publishers if
-        that took it to its resume size (one load unless some are blocked)."""
+        that took it to its resume size (one load unless it has a capacity)."""
         ctx = self.ctx
-        if ctx.atomic.load(ctx.seg.layout.queues + qid * L.QUEUE_SIZE + L.Q_FLOW):
-            flow.drained(ctx.seg, ctx.waker, qid)
+        if ctx.atomic.load(ctx.seg.layout.queues + qid * L.QUEUE_SIZE + L.Q_CAPACITY):
+            target, logs = ctx.store.flow_queue(qid)
+            flow.drained(ctx.seg, ctx.waker, target, logs)
 
     def requeue_all(self) -> None:
         for consumer, qid, seq, _size in self.unacked.values():
@@ -769,6 +800,17 @@ class Channel:
 
     def _channel_open(self, method: C.Channel.Open) -> None:
         raise E.ConnectionError_(E.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+
+    def send_flow(self, active: bool) -> None:
+        """Tell a client that obeys channel.flow to stop (or resume)
+        publishing on this channel; once per change."""
+        if active == self.flow_told or self.closing:
+            return
+        self.flow_told = active
+        self.conn.write(F.encode_method(self.number, C.Channel.Flow(active=active)))
+
+    def _channel_flow_ok(self, method: C.Channel.FlowOk) -> None:
+        pass  # the client's answer to send_flow: nothing to do
 
     def _channel_flow(self, method: C.Channel.Flow) -> None:
         self.flow_active = bool(method.active)
@@ -1236,6 +1278,7 @@ _Handler = Callable[[Channel, Any], Coroutine[Any, Any, None] | None]
 _HANDLERS: dict[type, _Handler] = {
     C.Channel.Close: Channel._channel_close,
     C.Channel.CloseOk: Channel._channel_close_ok,
+    C.Channel.FlowOk: Channel._channel_flow_ok,
     C.Channel.Open: Channel._channel_open,
     C.Channel.Flow: Channel._channel_flow,
     C.Basic.Qos: Channel._basic_qos,

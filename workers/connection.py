@@ -87,10 +87,12 @@ class Connection(asyncio.Protocol):
         self.vhost = ctx.config.default_vhost
         self.vhost_id = 0
         self.capabilities: dict[str, Any] = {}
+        self.obeys_channel_flow = False  # see _obeys_channel_flow
         self.out: list[bytes] = []
         self.flush_scheduled = False
         self.write_paused = False
         self.read_holders: set[object] = set()
+        self.blocking_holders: set[object] = set()  # those the client is told of
         self.blocked_sent = False
         # Queues over capacity this connection published to (shm/flow.py):
         # while any, its channels keep their publishes for later.
@@ -172,26 +174,36 @@ class Connection(asyncio.Protocol):
         self.out = []
 
     # ---------------------------------------------------------- read holds
-    def hold_reading(self, holder: object, reason: str = "low on shared memory") -> None:
+    def hold_reading(self, holder: object, reason: str | None = "low on shared memory") -> None:
         """Stop reading this client (a queue log or the arena is full, or too
         much is held back by flow control), and tell clients that understand
-        it that they are blocked."""
+        it that they are blocked; with no `reason`, a short internal wait (a
+        scheduler round trip) that clients are not told of."""
         if not self.read_holders and self.transport is not None:
             self.transport.pause_reading()
         self.read_holders.add(holder)
-        self._blocked(reason)
+        if reason is not None:
+            self.blocking_holders.add(holder)
+            self._blocked(reason)
 
     def release_reading(self, holder: object) -> None:
         if holder in self.read_holders:
             self.read_holders.discard(holder)
             if not self.read_holders and self.transport is not None and not self.closed:
                 self.transport.resume_reading()
-            self._blocked()
+            if holder in self.blocking_holders:
+                self.blocking_holders.discard(holder)
+                self._blocked()
 
     def _blocked(self, reason: str = "") -> None:
         """connection.blocked when something starts holding this publisher
-        back, connection.unblocked when nothing does any more."""
-        blocked = bool(self.read_holders or self.flow_blocked)
+        back, connection.unblocked when nothing does any more; and to a
+        client that obeys channel.flow, channel.flow on its publishing channels."""
+        blocked = bool(self.blocking_holders or self.flow_blocked)
+        if self.obeys_channel_flow:
+            for channel in self.channels.values():
+                if channel.publish_count:
+                    channel.send_flow(not blocked)
         if blocked == self.blocked_sent or not self.capabilities.get("connection.blocked"):
             return
         self.blocked_sent = blocked
@@ -201,11 +213,11 @@ class Connection(asyncio.Protocol):
             self.write(F.encode_method(0, C.Connection.Unblocked()))
 
     # ------------------------------------------------- flow control (seed 001)
-    def flow_block(self, qid: int) -> None:
-        """A publish took queue `qid` above its capacity: hold this
-        connection's further publishes until the queue is back at its resume
-        size. Consumers and acks on the connection go on."""
-        if qid in self.flow_blocked or not flow.arm(self.ctx.seg, qid):
+    def flow_block(self, qid: int, logs: list[int] | None = None) -> None:
+        """A publish took queue `qid` (its `logs`, if a priority queue) above
+        its capacity: hold this connection's further publishes until the queue
+        is back at its resume size. Consumers and acks on the connection go on."""
+        if qid in self.flow_blocked or not flow.arm(self.ctx.seg, qid, logs):
             return
         self.flow_blocked[qid] = self._count_blocked(qid, 1, None)
         name = self.ctx.store.name(qid).decode(errors="replace")
@@ -452,6 +464,7 @@ class Connection(asyncio.Protocol):
         props = method.client_properties or {}
         caps = props.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
+        self.obeys_channel_flow = _obeys_channel_flow(props)
         user, password = _credentials(method.mechanism, method.response)
         config = self.ctx.config
         if user != config.default_user or password != config.default_pass:
@@ -584,6 +597,24 @@ class Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+# Clients that answer a server's channel.flow with channel.flow-ok (and,
+# but for py-amqp, stop publishing on the channel until it is re-opened):
+# RabbitMQ's Java, .NET and Erlang clients, and py-amqp (kombu, Celery).
+# Others must not get it: pika only logs it, and aiormq would take it for the
+# reply to its next request. No capability announces it, so the client's
+# product / platform properties decide.
+CHANNEL_FLOW_PLATFORMS = frozenset({"Java", ".NET", ".NET Core", "Erlang"})
+CHANNEL_FLOW_PRODUCTS = frozenset({"py-amqp"})
+
+
+def _obeys_channel_flow(props: dict[str, Any]) -> bool:
+    def text(key: str) -> str:
+        value = props.get(key)
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+
+    return text("platform") in CHANNEL_FLOW_PLATFORMS or text("product") in CHANNEL_FLOW_PRODUCTS
 
 
 def _credentials(mechanism: str, response: Any) -> tuple[str, str]:

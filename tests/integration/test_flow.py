@@ -17,7 +17,7 @@ import pytest
 from shm import layout as L
 from shm.queues import QueueStore
 from tests.broker_process import Broker
-from tests.clients import connect, pump
+from tests.clients import assert_declare_refused, connect, pump
 
 BODY = b"x" * 1000
 CAPACITY = {"x-capacity": 20_000, "x-flow-resume-capacity": 10_000}
@@ -140,12 +140,7 @@ def test_publisher_confirms_wait_while_blocked(broker: Broker) -> None:
 def test_invalid_capacity_arguments_are_refused(
     broker: Broker, arguments: dict[str, Any], text: str
 ) -> None:
-    conn = connect(broker)
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
-        conn.channel().queue_declare("bad-cap", arguments=arguments)
-    assert exc.value.reply_code == 406
-    assert text in exc.value.reply_text
-    conn.close()
+    assert_declare_refused(broker, "bad-cap", arguments, text)
 
 
 def test_a_release_that_no_acker_requested_is_found_by_the_sweep(broker: Broker) -> None:
@@ -167,3 +162,113 @@ def test_a_release_that_no_acker_requested_is_found_by_the_sweep(broker: Broker)
     seg.atomic.store(seg.layout.queue(qid) + L.Q_RESUME, 1 << 40)
     pump([producer], lambda: "unblocked" in events, 10, "connection.unblocked from the sweep")
     producer.close()
+
+
+def test_a_broker_wide_default_capacity_applies_to_queues_without_one(
+    broker_factory: Any,
+) -> None:
+    broker = broker_factory(args=("--default-capacity", "20000"))
+    producer, watcher = connect(broker), connect(broker)
+    events: list[str] = []
+    producer.add_on_connection_blocked_callback(lambda _c, frame: events.append("blocked"))
+    pch = producer.channel()
+    pch.queue_declare("plain")
+    pch.queue_declare("own", arguments={"x-capacity": 0})  # its own argument wins: none
+    for _ in range(30):
+        pch.basic_publish("", "own", BODY)
+    # A round trip on the same socket: the 30 publishes before it arrived.
+    producer.channel().confirm_delivery()
+    assert events == [] and depth(watcher, "own") == 30
+    for _ in range(40):
+        pch.basic_publish("", "plain", BODY)
+    pump([producer], lambda: "blocked" in events, 10, "connection.blocked")
+    producer.process_data_events(time_limit=0.3)
+    assert depth(watcher, "plain") == 21
+    producer.close()
+    watcher.close()
+
+
+def test_a_priority_queue_counts_all_its_levels_against_its_capacity(broker: Broker) -> None:
+    producer, watcher = connect(broker), connect(broker)
+    events: list[str] = []
+    producer.add_on_connection_blocked_callback(lambda _c, frame: events.append("blocked"))
+    producer.add_on_connection_unblocked_callback(lambda _c, frame: events.append("unblocked"))
+    pch = producer.channel()
+    pch.queue_declare("capped-prio", arguments={**CAPACITY, "x-max-priority": 5})
+    for i in range(60):  # spread over 6 levels: no one level is over 20 kB
+        pch.basic_publish("", "capped-prio", BODY, pika.BasicProperties(priority=i % 6))
+    pump([producer], lambda: "blocked" in events, 10, "connection.blocked")
+    producer.process_data_events(time_limit=0.3)
+    assert depth(watcher, "capped-prio") == 21
+    got: list[int] = []
+    wch = watcher.channel()
+    wch.basic_qos(prefetch_count=5)
+    wch.basic_consume(
+        "capped-prio", lambda c, m, p, b: (got.append(p.priority), c.basic_ack(m.delivery_tag))
+    )
+    pump([producer, watcher], lambda: len(got) >= 60, 20, "all 60 messages")
+    assert events[:2] == ["blocked", "unblocked"]
+    producer.close()
+    watcher.close()
+
+
+def test_clients_that_obey_channel_flow_get_it_too(broker: Broker) -> None:
+    """py-amqp (kombu, Celery) answers a server's channel.flow: its channel
+    goes inactive while the connection is blocked, active again after."""
+    import amqp
+
+    events: list[str] = []
+    client = amqp.Connection(
+        f"127.0.0.1:{broker.port}",
+        on_blocked=lambda reason: events.append(f"blocked: {reason}"),
+        on_unblocked=lambda: events.append("unblocked"),
+    )
+    client.connect()
+    ch = client.channel()
+    ch.queue_declare("capped-flow", arguments=CAPACITY)
+    for _ in range(25):
+        ch.basic_publish(amqp.Message(BODY), routing_key="capped-flow")
+
+    def drain_until(done: Any, what: str) -> None:
+        for _ in range(100):  # at most 100 x 0.1 s
+            if done():
+                return
+            try:
+                client.drain_events(timeout=0.1)
+            except TimeoutError:
+                pass
+        raise AssertionError(f"timed out waiting for {what}")
+
+    drain_until(lambda: not ch.active and events, "channel.flow(active=false), blocked")
+    assert len(events) == 1 and events[0].startswith("blocked")  # py-amqp drops the reason
+    watcher = connect(broker)
+    watcher.channel().queue_purge("capped-flow")
+    drain_until(lambda: ch.active and "unblocked" in events, "channel.flow(active=true)")
+    watcher.close()
+    client.close()
+
+
+def test_clients_that_do_not_obey_channel_flow_never_get_it(broker: Broker) -> None:
+    """aiormq would take a server's channel.flow for the reply to its next
+    request: a blocked and released aio-pika publisher must go on working."""
+
+    async def run() -> None:
+        producer = await aio_pika.connect(broker.url)
+        consumer = await aio_pika.connect(broker.url)
+        pch = await producer.channel()
+        await pch.declare_queue("capped-nf", arguments=CAPACITY)
+        for _ in range(21):
+            await pch.default_exchange.publish(aio_pika.Message(BODY), "capped-nf")
+        waiting = asyncio.ensure_future(
+            pch.default_exchange.publish(aio_pika.Message(BODY), "capped-nf")
+        )
+        cch = await consumer.channel()
+        await (await cch.get_queue("capped-nf")).purge()
+        await asyncio.wait_for(waiting, 10)
+        # The channel's request/reply pairing is intact.
+        declared = await pch.declare_queue("capped-nf", passive=True)
+        assert declared.name == "capped-nf"
+        await producer.close()
+        await consumer.close()
+
+    asyncio.run(run())

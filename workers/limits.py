@@ -1,0 +1,76 @@
+"""Queue length limits (x-max-length, x-max-length-bytes, x-overflow), applied
+by the publishing worker around its append, as RabbitMQ applies them: only
+ready messages count (not the unacknowledged), and the overflow mode says
+what gives way when a publish would exceed a limit:
+
+    drop-head       the publish goes in, then the oldest ready messages (of
+                    the highest priority level, the next to be delivered) are
+                    deleted until the queue is within its limits again.
+    reject-publish  the publish is refused by this queue (basic.nack under
+                    publisher confirms, dropped without; other queues it was
+                    routed to still take it).
+    reject-publish-dlx  as reject-publish (no dead-lettering exists yet to
+                    take the refused message).
+
+The counts are shared-memory words that other workers change concurrently:
+a limit is held as RabbitMQ's is under concurrent publishers, within the
+publishes in flight at the same moment.
+"""
+
+from __future__ import annotations
+
+from shm import layout as L
+from shm.queues import QueueStore
+
+# A drop-head publish deletes at most this many entries (a large message can
+# take many small ones out of a byte limit); the next publish goes on.
+MAX_DROPS = 4096
+
+
+def _declared(store: QueueStore, qid: int) -> int:
+    """The declared queue of a log (itself, or a priority level's queue)."""
+    parent = store.word(qid, L.Q_PARENT)
+    return parent - 1 if parent else qid
+
+
+def _over(store: QueueStore, logs: list[int], count: int, size: int) -> bool:
+    """Would the queue (its `logs`) exceed a limit with `count` more ready
+    messages of `size` body bytes?"""
+    head = logs[0]
+    max_length = store.word(head, L.Q_MAX_LENGTH)
+    if max_length and sum(store.word(q, L.Q_READY) for q in logs) + count > max_length - 1:
+        return True
+    max_bytes = store.word(head, L.Q_MAX_BYTES)
+    return bool(
+        max_bytes and sum(store.word(q, L.Q_READY_BYTES) for q in logs) + size > max_bytes - 1
+    )
+
+
+def admits(store: QueueStore, qid: int, body_size: int) -> bool:
+    """Before appending to log `qid` (whose Q_OVERFLOW is set): False if its
+    queue refuses the message (a reject-publish mode, at its limit)."""
+    if store.word(qid, L.Q_OVERFLOW) == L.OVERFLOW_DROP_HEAD:
+        return True
+    return not _over(store, store.logs(_declared(store, qid)), 1, body_size)
+
+
+def drop_head(store: QueueStore, qid: int) -> list[int]:
+    """After appending to log `qid` of a drop-head queue: delete ready
+    messages from the head until the queue is within its limits. Returns
+    the logs it deleted from (their publishers may be waiting on capacity)."""
+    if store.word(qid, L.Q_OVERFLOW) != L.OVERFLOW_DROP_HEAD:
+        return []
+    logs = store.logs(_declared(store, qid))
+    touched: list[int] = []
+    for _ in range(MAX_DROPS):
+        if not _over(store, logs, 0, 0):
+            break
+        for log in logs:  # highest priority first: the head as consumers see it
+            taken = store.acquire(log, 0)
+            if isinstance(taken, tuple) and store.ack(log, taken[0]):
+                if log not in touched:
+                    touched.append(log)
+                break
+        else:
+            break  # nothing ready to drop (entries still being published)
+    return touched
