@@ -646,6 +646,22 @@ class Exporter:
             "this stay 0)",
             value=S.totals(seg)[S.ARENA_FULL],
         )
+        totals = S.totals(seg)
+        yield CounterMetricFamily(
+            "shoal_scheduler_notifications",
+            "NOTIFY messages the scheduler sent to IO workers (a consumer's turn to pull)",
+            value=totals[S.NOTIFICATIONS],
+        )
+        yield CounterMetricFamily(
+            "shoal_publisher_blocks",
+            "Times a connection was blocked (queue capacity, memory or disk alarm, full log)",
+            value=totals[S.PUBLISHER_BLOCKS],
+        )
+        yield CounterMetricFamily(
+            "shoal_publisher_blocked_seconds",
+            "Time connections spent blocked, summed over connections",
+            value=totals[S.PUBLISHER_BLOCKED_MS] / 1000,
+        )
         yield CounterMetricFamily(
             "shoal_scheduler_lost_wakeups_rescued",
             "Wake-ups the scheduler's sweep had to rescue (should stay 0)",

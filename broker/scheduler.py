@@ -645,7 +645,7 @@ class Scheduler:
         """A consumer became ready: a browser scans at once (it competes
         with nobody); an acquiring one waits for its turn."""
         if q.qcm.is_browser(key):
-            self.links[key[0]].send(Msg.NOTIFY, key[1])
+            self._notify(key)
         else:
             self._check_work(q)
 
@@ -699,7 +699,7 @@ class Scheduler:
             # one that yielded is a candidate again, at the back).
             nxt = q.qcm.notify_next()
             if nxt is not None:
-                self.links[nxt[0]].send(Msg.NOTIFY, nxt[1])
+                self._notify(nxt)
                 return
         self._watch(q)  # the next consumer's turn, or wait for a change
 
@@ -762,6 +762,11 @@ class Scheduler:
         # a spurious _on_wake (a notified queue is left alone).
         for watch in watches:
             self.a.store(watch, 0)
+        self._notify(key)
+
+    def _notify(self, key: ConsumerKey) -> None:
+        """Tell a consumer's worker to pull (counted for the metrics)."""
+        self.stats.v[S.NOTIFICATIONS] += 1
         self.links[key[0]].send(Msg.NOTIFY, key[1])
 
     def _unblock(self, qid: int) -> None:
@@ -777,7 +782,7 @@ class Scheduler:
         for key, changes in list(q.browsing.items()):
             if changes != now:
                 del q.browsing[key]
-                self.links[key[0]].send(Msg.NOTIFY, key[1])
+                self._notify(key)
 
     def _on_wake(self) -> None:
         for qid in self.waker.drain(self.seg.layout.limits.max_queues):

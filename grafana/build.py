@@ -700,6 +700,13 @@ def processes() -> Any:
             unit="bytes",
         ),
         graph(
+            "Scheduler notifications / s",
+            "NOTIFY messages the scheduler sends to IO workers: a consumer's turn to pull"
+            " (shoal_scheduler_notifications_total). About one per burst of deliveries, not"
+            " one per message.",
+            [(per_node(rate("shoal_scheduler_notifications_total")), "{{rabbitmq_node}}")],
+        ),
+        graph(
             "Lost wake-ups rescued / s",
             "Wake-ups of consumers that the scheduler's periodic sweep had to deliver because"
             " the direct notification was lost (shoal_scheduler_lost_wakeups_rescued_total)."
@@ -970,6 +977,21 @@ def capacity() -> Any:
                 )
             ],
             span=8,
+        ),
+        graph(
+            "Publishers blocked / s, and time blocked",
+            "How often connections are blocked (shoal_publisher_blocks_total, any reason)"
+            " and the share of time they spend blocked, summed over connections"
+            " (shoal_publisher_blocked_seconds_total: 2 means two connections blocked all"
+            " the time).",
+            [
+                (per_node(rate("shoal_publisher_blocks_total")), "blocks/s {{rabbitmq_node}}"),
+                (
+                    per_node(rate("shoal_publisher_blocked_seconds_total")),
+                    "blocked s/s {{rabbitmq_node}}",
+                ),
+            ],
+            span=12,
         ),
     )
     b.row("SHARED MEMORY")

@@ -44,7 +44,10 @@ FLUSH_INTERVAL = 0.25
     QUEUES_DELETED,
     SIZE_SUM,
     ARENA_FULL,  # allocations the arena refused (the memory guard should prevent them)
-) = range(22)
+    NOTIFICATIONS,  # the scheduler: NOTIFY messages sent to consumers' workers
+    PUBLISHER_BLOCKS,  # connections that went from publishing to blocked
+    PUBLISHER_BLOCKED_MS,  # milliseconds they spent blocked, summed
+) = range(25)
 DELIVERED = (
     DELIVERED_CONSUME_MANUAL_ACK,
     DELIVERED_CONSUME_AUTO_ACK,
@@ -54,7 +57,7 @@ DELIVERED = (
 # Message sizes (body bytes of each publish), RabbitMQ 4.1's buckets; one
 # word per bucket, not cumulative (the last: above 100 MB).
 SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
-SIZE_BUCKETS = 22
+SIZE_BUCKETS = 25
 COUNTERS = SIZE_BUCKETS + len(SIZE_BOUNDS) + 1
 # Gauges (current values; a new process starts them at 0).
 GAUGES = (

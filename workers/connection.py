@@ -94,6 +94,7 @@ class Connection(asyncio.Protocol):
         self.read_holders: set[object] = set()
         self.blocking_holders: set[object] = set()  # those the client is told of
         self.blocked_sent = False
+        self.blocked_at = 0.0  # monotonic time it was blocked at (0: it is not)
         # Queues over capacity this connection published to (shm/flow.py):
         # while any, its channels keep their publishes for later.
         # (qid -> the queue's Q_STATE then, ALARM -> 0)
@@ -138,6 +139,8 @@ class Connection(asyncio.Protocol):
         ctx.connections.discard(self)
         for qid, state in self.flow_blocked.items():
             self._count_blocked(qid, -1, state)
+        if self.blocked_at:
+            self._count_blocked_time(False)
         ctx.count(L.P_CONNECTIONS, -1)
         ctx.send(Msg.CONN_CLOSED, self.id)
 
@@ -200,6 +203,8 @@ class Connection(asyncio.Protocol):
         back, connection.unblocked when nothing does any more; and to a
         client that obeys channel.flow, channel.flow on its publishing channels."""
         blocked = bool(self.blocking_holders or self.flow_blocked)
+        if blocked != bool(self.blocked_at):
+            self._count_blocked_time(blocked)
         if self.obeys_channel_flow:
             for channel in self.channels.values():
                 if channel.publish_count:
@@ -211,6 +216,17 @@ class Connection(asyncio.Protocol):
             self.write(F.encode_method(0, C.Connection.Blocked(reason=reason[:255])))
         elif not self.closed:
             self.write(F.encode_method(0, C.Connection.Unblocked()))
+
+    def _count_blocked_time(self, blocked: bool) -> None:
+        """How often and how long publishers are blocked (for the metrics)."""
+        v = self.ctx.stats.v
+        now = time.monotonic()
+        if blocked:
+            v[S.PUBLISHER_BLOCKS] += 1
+            self.blocked_at = now
+        else:
+            v[S.PUBLISHER_BLOCKED_MS] += int((now - self.blocked_at) * 1000)
+            self.blocked_at = 0.0
 
     # ------------------------------------------------- flow control (seed 001)
     def flow_block(self, qid: int, logs: list[int] | None = None) -> None:

@@ -357,5 +357,11 @@ def test_capacity_and_a_publisher_blocked_on_it(metered: tuple[Broker, int]) -> 
         10,
         "one consumer in the scheduler's states",
     )
+    # How often and how long publishers were blocked, and the scheduler's
+    # notifications (the consumer was notified at least once to get 25).
+    totals = scrape(port)
+    assert value(totals, "shoal_publisher_blocks_total") == 1
+    assert (value(totals, "shoal_publisher_blocked_seconds_total") or 0) > 0
+    assert (value(totals, "shoal_scheduler_notifications_total") or 0) >= 1
     producer.close()
     watcher.close()
