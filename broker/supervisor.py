@@ -323,6 +323,11 @@ class Supervisor:
         waker = Waker(seg, self.efd)
         for qid in released:
             waker.work_added(qid)
+        # A worker killed between setting a wake bit and writing the eventfd
+        # (Waker.kick) left the bit set with no wake-up, and later kicks of the
+        # same 64 queues see the word non-zero and write nothing: wake the
+        # scheduler now rather than leave it to its sweep (within a second).
+        os.eventfd_write(self.efd, 1)
         a.store(slot + L.P_CONNECTIONS, 0)
         if released:
             log.info("worker %d: %d messages requeued", index, sum(released.values()))
