@@ -87,7 +87,8 @@ def _broker_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.disk_free_limit,
         help="bytes the runtime directory's file system must keep free, else publishers "
-        "are blocked (default %(default)s, as RabbitMQ's disk_free_limit)",
+        "are blocked (default: 50 MB as RabbitMQ's disk_free_limit, or a tenth of that file "
+        "system if less)",
     )
     p.add_argument(
         "--default-capacity",

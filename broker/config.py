@@ -31,7 +31,10 @@ class Config(msgspec.Struct, frozen=True):
     memory_high_watermark: float = 0.4  # share of RAM for message bodies (all arenas)
     arena_high_watermark: float = 0.9  # share of each IO worker's arena
     memory_low_watermark: float = 0.8  # share of the high mark
-    disk_free_limit: int = 50_000_000  # bytes the runtime directory's file system keeps free
+    # Bytes the runtime directory's file system keeps free; -1: 50 MB (RabbitMQ's
+    # default) or a tenth of that file system, whichever is less (a container's
+    # /dev/shm may be 64 MiB in all).
+    disk_free_limit: int = -1
     # Producer flow control for queues declared without x-capacity (0: none).
     default_capacity: int = 0
     default_flow_resume_capacity: int = 0  # 0: 80 % of the capacity

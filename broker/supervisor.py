@@ -64,6 +64,15 @@ class Child:
         return f"{name} (pid {self.pid})"
 
 
+def _disk_free_limit(configured: int, runtime: str) -> int:
+    """--disk-free-limit, or by default 50 MB or a tenth of the runtime
+    directory's file system, whichever is less."""
+    if configured >= 0:
+        return configured
+    st = os.statvfs(runtime)
+    return min(50_000_000, st.f_blocks * st.f_frsize // 10)
+
+
 class Supervisor:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -107,7 +116,7 @@ class Supervisor:
                 ram_share=config.memory_high_watermark,
                 low_ratio=config.memory_low_watermark,
                 ram_bytes=psutil.virtual_memory().total,
-                disk_free_limit=config.disk_free_limit,
+                disk_free_limit=_disk_free_limit(config.disk_free_limit, runtime),
             ),
         )
         a = self.seg.atomic

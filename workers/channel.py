@@ -732,11 +732,16 @@ class Channel:
 
     def _drained(self, qid: int) -> None:
         """Entries of `qid` were deleted: release its blocked publishers if
-        that took it to its resume size (one load unless it has a capacity)."""
+        that took it to its resume size (one load unless it has a capacity,
+        three unless publishers are blocked on it)."""
         ctx = self.ctx
-        if ctx.atomic.load(ctx.seg.layout.queues + qid * L.QUEUE_SIZE + L.Q_CAPACITY):
-            target, logs = ctx.store.flow_queue(qid)
-            flow.drained(ctx.seg, ctx.waker, target, logs)
+        a, queues = ctx.atomic, ctx.seg.layout.queues
+        q = queues + qid * L.QUEUE_SIZE
+        if a.load(q + L.Q_CAPACITY):
+            parent = a.load(q + L.Q_PARENT)
+            target = parent - 1 if parent else qid
+            if a.load(queues + target * L.QUEUE_SIZE + L.Q_FLOW) == L.FLOW_BLOCKED:
+                flow.drained(ctx.seg, ctx.waker, *ctx.store.flow_queue(qid))
 
     def requeue_all(self) -> None:
         for consumer, qid, seq, _size in self.unacked.values():

@@ -615,13 +615,14 @@ class Connection(asyncio.Protocol):
             self.timer = None
 
 
-# Clients that answer a server's channel.flow with channel.flow-ok (and,
-# but for py-amqp, stop publishing on the channel until it is re-opened):
-# RabbitMQ's Java, .NET and Erlang clients, and py-amqp (kombu, Celery).
-# Others must not get it: pika only logs it, and aiormq would take it for the
-# reply to its next request. No capability announces it, so the client's
-# product / platform properties decide.
-CHANNEL_FLOW_PLATFORMS = frozenset({"Java", ".NET", ".NET Core", "Erlang"})
+# Clients that answer a server's channel.flow with channel.flow-ok and hold
+# their publishes until it is re-opened (RabbitMQ's Java and .NET clients), or
+# answer and carry on (py-amqp: kombu, Celery). Others must not get it: pika
+# only logs it, aiormq would take it for the reply to its next request, and
+# the Erlang client (shovels, Elixir) silently discards what is published by
+# cast meanwhile. No capability announces it, so the client's product /
+# platform properties decide.
+CHANNEL_FLOW_PLATFORMS = frozenset({"Java", ".NET", ".NET Core"})
 CHANNEL_FLOW_PRODUCTS = frozenset({"py-amqp"})
 
 

@@ -53,8 +53,8 @@ class WorkerContext:
         self.routes = Routes(seg, self.store)
         self.arena = Arena(seg, index)
         self.waker = Waker(seg, efd)
-        self.guard = MemoryGuard(self)
         self.slot = seg.layout.proc(index)
+        self.guard = MemoryGuard(self)  # reads this worker's slot
         self.stats = Counters(seg, index)
         self.link: Link | None = None
         self.connections: set[Connection] = set()

@@ -33,17 +33,28 @@ def _declared(store: QueueStore, qid: int) -> int:
     return parent - 1 if parent else qid
 
 
+def _counted(store: QueueStore, logs: list[int], field: int) -> int:
+    """A ready counter over the queue's logs. Each is a separate word that
+    others change around their CAS (a consumer's decrement may land before
+    the publisher's increment): read as signed and clamped at 0, a moment's
+    "-1" is not 2**64 - 1, which would empty a drop-head queue."""
+    total = 0
+    for q in logs:
+        value = store.word(q, field)
+        if value < 1 << 63:
+            total += value
+    return total
+
+
 def _over(store: QueueStore, logs: list[int], count: int, size: int) -> bool:
     """Would the queue (its `logs`) exceed a limit with `count` more ready
     messages of `size` body bytes?"""
     head = logs[0]
     max_length = store.word(head, L.Q_MAX_LENGTH)
-    if max_length and sum(store.word(q, L.Q_READY) for q in logs) + count > max_length - 1:
+    if max_length and _counted(store, logs, L.Q_READY) + count > max_length - 1:
         return True
     max_bytes = store.word(head, L.Q_MAX_BYTES)
-    return bool(
-        max_bytes and sum(store.word(q, L.Q_READY_BYTES) for q in logs) + size > max_bytes - 1
-    )
+    return bool(max_bytes and _counted(store, logs, L.Q_READY_BYTES) + size > max_bytes - 1)
 
 
 def admits(store: QueueStore, qid: int, body_size: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from shm import layout as L
 from shm import memory
 from shm import stats as S
 
@@ -28,7 +29,10 @@ class MemoryGuard:
         self.marks = memory.configured(ctx.seg)
         # 0 (no guard configured, as in tests of the store alone): never raised.
         self.high = self.marks.high or 1 << 62
-        self.raised = 0  # this worker's own ALARM_* bits
+        # This worker's own ALARM_* bits: a replacement takes over what its
+        # dead predecessor raised (its arena too), so that the hysteresis
+        # goes on from there and its poll clears the bit at the low mark.
+        self.raised = ctx.atomic.load(ctx.slot + L.P_ALARMS)
         self.alarms = 0  # the broker-wide bits its connections were told of
         self.runtime = ctx.config.runtime_path()
 

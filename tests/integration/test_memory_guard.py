@@ -6,6 +6,8 @@ Consumers are never blocked. pika and aio-pika over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from typing import Any
 
 import aio_pika
@@ -13,8 +15,8 @@ import pika
 import pytest
 
 from shm import stats as S
-from tests.broker_process import Broker, free_port
-from tests.clients import connect, connections_on_both_workers, pump
+from tests.broker_process import Broker, free_port, wait_for
+from tests.clients import connect, connections_on_both_workers, pump, worker_of
 from tests.integration.test_metrics import scrape, value
 
 BODY = b"m" * 100_000
@@ -103,6 +105,40 @@ def test_the_alarm_blocks_publishers_on_every_worker(small: Broker) -> None:
     pump([filler, other], lambda: depth(admin, "elsewhere") == 2, 10, "the held publish")
     admin.close()
     filler.close()
+    other.close()
+
+
+def test_the_alarm_of_a_worker_that_died_clears_once_its_arena_drains(small: Broker) -> None:
+    """A worker killed while its alarm is raised: its replacement takes the
+    arena over and clears the alarm at the low mark, as the worker would have."""
+    filler, other = connections_on_both_workers(small)
+    oevents = watch_blocks(other)
+    fch, och = filler.channel(), other.channel()
+    fch.queue_declare("orphans")
+    och.queue_declare("later")
+    och.basic_publish("", "later", b"before")  # `other` is a publisher
+    for _ in range(45):
+        fch.basic_publish("", "orphans", BODY)
+    pump([filler, other], lambda: bool(oevents), 10, "the other worker's publisher blocked")
+    # Below the high mark, above the low one: the alarm stays raised, and a
+    # replacement finds the arena where its own check would not raise it.
+    # (On the surviving worker: a blocked connection may still get and purge.)
+    ach = other.channel()
+    for _ in range(4):
+        assert ach.basic_get("orphans", auto_ack=True)[0] is not None
+    other.process_data_events(time_limit=0.3)
+    assert oevents == ["blocked: low on memory"]
+    index = worker_of(filler)
+    old = small.pids("io-worker")[index]
+    os.kill(old, signal.SIGKILL)
+    wait_for(
+        lambda: small.pids("io-worker").get(index, old) != old, 20, "a replacement worker"
+    )
+    # The queue keeps the dead worker's messages (its arena): drain them.
+    ach.queue_purge("orphans")
+    pump([other], lambda: "unblocked" in oevents, 10, "connection.unblocked")
+    och.basic_publish("", "later", b"after")
+    pump([other], lambda: depth(other, "later") == 2, 10, "a publish after the alarm")
     other.close()
 
 
