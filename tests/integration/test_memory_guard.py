@@ -131,9 +131,7 @@ def test_the_alarm_of_a_worker_that_died_clears_once_its_arena_drains(small: Bro
     index = worker_of(filler)
     old = small.pids("io-worker")[index]
     os.kill(old, signal.SIGKILL)
-    wait_for(
-        lambda: small.pids("io-worker").get(index, old) != old, 20, "a replacement worker"
-    )
+    wait_for(lambda: small.pids("io-worker").get(index, old) != old, 20, "a replacement worker")
     # The queue keeps the dead worker's messages (its arena): drain them.
     ach.queue_purge("orphans")
     pump([other], lambda: "unblocked" in oevents, 10, "connection.unblocked")
