@@ -213,7 +213,7 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define Q_UNACKED 48
 #define Q_ACKED 112
 #define Q_BYTES 416
-#define Q_READY_BYTES 448
+#define Q_READY_BYTES 392
 /* the body length in a block's message record: payload (block + 16), then
  * exchange len u8, routing key len u8, pad u16, properties len u32, body len u64 */
 #define MSG_BODY_LEN 24

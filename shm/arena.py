@@ -16,6 +16,7 @@ is stepped over instead of blocking the arena.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 
 from shm import layout as L
 from shm.segment import Segment
@@ -59,7 +60,18 @@ def release_hold(seg: Segment, block: int) -> bool:
 class Arena:
     """The owner's allocator over its arena (one instance, in the owner only)."""
 
-    __slots__ = ("atomic", "base", "cursor", "dirty", "end", "first", "seg", "used")
+    __slots__ = (
+        "atomic",
+        "base",
+        "cursor",
+        "dirty",
+        "end",
+        "first",
+        "high",
+        "on_high",
+        "seg",
+        "used",
+    )
 
     def __init__(self, seg: Segment, worker: int) -> None:
         self.seg = seg
@@ -70,6 +82,10 @@ class Arena:
         self.cursor = self.first
         self.dirty = True
         self.used = 0  # the arena's live bytes as of this owner's last allocation
+        # Called with the arena's size when an allocation takes it above `high`
+        # (the memory guard, workers/memory_guard.py): one compare per allocation.
+        self.high = 1 << 62
+        self.on_high: Callable[[int], None] | None = None
 
     def alloc(self, payload: int) -> int | None:
         """Reserve a block for `payload` bytes, held (HOLD) by the caller.
@@ -102,7 +118,9 @@ class Arena:
                     # between, the counters are high (harmless), never below
                     # the live blocks (trim() would punch out a live one).
                     self.dirty = True
-                    self.used = a.fetch_add(self.base + L.A_USED, size) + size
+                    used = self.used = a.fetch_add(self.base + L.A_USED, size) + size
+                    if used > self.high and self.on_high is not None:
+                        self.on_high(used)
                     a.fetch_add(self.base + L.A_LIVE, 1)
                     a.store(off + L.B_REFS, L.HOLD)
                     nxt = off + size

@@ -109,7 +109,13 @@ Q_NAME_MAX = 255
 # Strict priority queues (x-max-priority): the declared queue's own log is
 # level 0; each other level that gets a message has a slot of its own, made
 # by the scheduler on first use (shm/ARCHITECTURE.md, section 2a).
-Q_MAX_PRIORITY = 392  # declared queue: its x-max-priority (0: not a priority queue)
+Q_MAX_PRIORITY = 448  # declared queue: its x-max-priority (0: not a priority queue)
+# Length limits (x-max-length, x-max-length-bytes, x-overflow): as RabbitMQ,
+# they count ready entries only, so the bodies of the AVAILABLE entries are
+# kept apart from Q_BYTES (append +, acquire -, release +, purge -). On
+# Q_BYTES's cache line: the publisher and the consumer write both, and a word
+# of its own line would add a line bouncing between them per message.
+Q_READY_BYTES = 392
 Q_PARENT = 400  # level slot: qid + 1 of its declared queue (0: a declared queue)
 Q_LEVEL = 408  # level slot: its priority
 Q_BYTES = 416  # body bytes of the entries AVAILABLE or ACQUIRED (append +, delete -)
@@ -119,10 +125,8 @@ Q_CAPACITY = 424
 Q_RESUME = 432
 Q_FLOW = 440  # FLOW_* below
 FLOW_OPEN, FLOW_BLOCKED, FLOW_RELEASE = 0, 1, 2
-# Length limits (x-max-length, x-max-length-bytes, x-overflow): as RabbitMQ,
-# they count ready entries only, so the bodies of the AVAILABLE entries are
-# kept apart from Q_BYTES (append +, acquire -, release +, purge -).
-Q_READY_BYTES = 448
+# The limits themselves (read-only once created, a line apart from the
+# counters above, so reading them per publish costs no cache-line transfer).
 Q_MAX_LENGTH = 456  # limit + 1 (0: none; a limit of 0 is allowed)
 Q_MAX_BYTES = 464  # limit + 1 (0: none)
 Q_OVERFLOW = 472  # OVERFLOW_* below; 0 while the queue has no length limit (one load)
@@ -166,7 +170,8 @@ BLOCK_MIN_SPLIT = 64
 MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, pad, props len, body len
 
 
-assert Q_NAME + Q_NAME_MAX < Q_MAX_PRIORITY and Q_BLOCKED_PUBLISHERS + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_BLOCKED_PUBLISHERS + 8 <= QUEUE_SIZE
+assert Q_READY_BYTES // 64 == Q_BYTES // 64 != Q_OVERFLOW // 64  # cache lines, see above
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.
 assert (_atomic.Q_TAIL, _atomic.Q_HEAD, _atomic.Q_READY, _atomic.Q_UNACKED, _atomic.Q_ACKED) == (

@@ -43,6 +43,7 @@ from workers import limits
 from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
 from workers.levels import Levels
+from workers.memory_guard import ALARM_PENDING
 
 log = logging.getLogger("shoal.worker")
 
@@ -172,10 +173,7 @@ class Channel:
         if self.busy:
             self.backlog.append((ftype, payload))
             return
-        conn = self.conn
-        if (conn.flow_blocked or self.flow_backlog or conn.alarm_reason) and self._keep_for_flow(
-            ftype, payload
-        ):
+        if (self.conn.flow_blocked or self.flow_backlog) and self._keep_for_flow(ftype, payload):
             return
         if self.closing:
             # After we sent channel.close only close/close-ok matter.
@@ -277,7 +275,7 @@ class Channel:
             index = F.method_index(payload)
             if index in _NEVER_KEPT or (index != F.PUBLISH and not self.flow_backlog):
                 return False
-            if self.conn.alarm_reason:
+            if ALARM_PENDING in self.conn.flow_blocked:
                 self.conn.alarm_felt()  # a publish under the alarm (RabbitMQ's should_block)
         elif not self.flow_backlog:
             return False  # the rest of a message whose publish was accepted
@@ -344,8 +342,7 @@ class Channel:
         """
         if self.state != IDLE or self.busy or self.closing or len(header) < 14:
             return False
-        conn = self.conn
-        if conn.flow_blocked or self.flow_backlog or conn.alarm_reason:
+        if self.conn.flow_blocked or self.flow_backlog:
             return False  # handle() keeps it (flow control, resource alarms)
         class_id, body_size = F.decode_content_header(header)
         if body_size != len(body) or class_id != 60:
@@ -361,9 +358,9 @@ class Channel:
             return False  # the general path raises it again, in order
         if not qids:
             return False
-        block = ctx.alloc(message_size(exchange, routing_key, raw_header, body_size))
+        block = ctx.arena.alloc(message_size(exchange, routing_key, raw_header, body_size))
         if block is None:
-            return False
+            return False  # the general path waits for room (and counts it)
         start = write_message(ctx.seg, block, exchange, routing_key, raw_header, body_size)
         ctx.seg.buf[start : start + body_size] = body
         pending = self.pending = Pending(exchange, routing_key, mandatory)
@@ -419,8 +416,9 @@ class Channel:
                 raise
         if pending.qids:
             size = message_size(pending.exchange, pending.routing_key, pending.header, body_size)
-            block = self.ctx.alloc(size)
+            block = self.ctx.arena.alloc(size)
             if block is None:
+                self.ctx.guard.arena_full()
                 self.suspend_retry(payload, F.FRAME_HEADER)
                 return
             pending.block = block

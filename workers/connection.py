@@ -29,6 +29,7 @@ from workers import framing as F
 from workers.channel import Channel
 from workers.consumer import update_interest
 from workers.context import WorkerContext
+from workers.memory_guard import ALARM, ALARM_PENDING
 
 VERSION = "0.1.0"
 
@@ -38,9 +39,6 @@ log = logging.getLogger("shoal.connection")
 # socket stops being read.
 MAX_HELD_BYTES = 4 << 20
 FLOW_HELD = "flow-held"  # the read holder for that
-# In `flow_blocked` while the broker-wide memory or disk alarm is raised
-# (shm/memory.py); queue ids are never negative.
-ALARM = -1
 
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
@@ -202,7 +200,8 @@ class Connection(asyncio.Protocol):
         """connection.blocked when something starts holding this publisher
         back, connection.unblocked when nothing does any more; and to a
         client that obeys channel.flow, channel.flow on its publishing channels."""
-        blocked = bool(self.blocking_holders or self.flow_blocked)
+        flow_blocked = self.flow_blocked
+        blocked = bool(self.blocking_holders or len(flow_blocked) > (ALARM_PENDING in flow_blocked))
         if blocked != bool(self.blocked_at):
             self._count_blocked_time(blocked)
         if self.obeys_channel_flow:
@@ -247,13 +246,17 @@ class Connection(asyncio.Protocol):
             return  # told at connection.open, if still raised then
         self.alarm_reason = memory.reason(bits) if bits else ""
         if not bits:
+            self.flow_blocked.pop(ALARM_PENDING, None)
             self.flow_unblock(ALARM)
         elif any(channel.publish_count for channel in self.channels.values()):
             self.alarm_felt()
+        elif ALARM not in self.flow_blocked:
+            self.flow_blocked[ALARM_PENDING] = 0
 
     def alarm_felt(self) -> None:
         """A publisher meets the raised alarm: hold its publishes (as a
         queue over capacity does) and say why, in RabbitMQ's words."""
+        self.flow_blocked.pop(ALARM_PENDING, None)
         if ALARM not in self.flow_blocked:
             self.flow_blocked[ALARM] = 0
             self._blocked(self.alarm_reason)
@@ -261,9 +264,10 @@ class Connection(asyncio.Protocol):
     def flow_unblock(self, qid: int) -> None:
         if qid not in self.flow_blocked:
             return
-        self._count_blocked(qid, -1, self.flow_blocked.pop(qid))
-        if self.flow_blocked:
-            return  # still held back by another queue
+        flow_blocked = self.flow_blocked
+        self._count_blocked(qid, -1, flow_blocked.pop(qid))
+        if len(flow_blocked) > (ALARM_PENDING in flow_blocked):
+            return  # still held back by another queue (or the alarm)
         self._blocked()
         for channel in list(self.channels.values()):
             channel.release_flow()
@@ -273,7 +277,7 @@ class Connection(asyncio.Protocol):
         """Keep the queue's count of blocked publishers (Q_BLOCKED_PUBLISHERS,
         for the metrics) unless the queue was deleted since (`state`, its
         Q_STATE when this connection blocked on it, changed). Returns Q_STATE."""
-        if qid == ALARM:
+        if qid < 0:  # ALARM, ALARM_PENDING
             return 0
         a, q = self.ctx.atomic, self.ctx.seg.layout.queue(qid)
         now = a.load(q + L.Q_STATE)

@@ -55,6 +55,8 @@ class WorkerContext:
         self.waker = Waker(seg, efd)
         self.slot = seg.layout.proc(index)
         self.guard = MemoryGuard(self)  # reads this worker's slot
+        self.arena.high = self.guard.high
+        self.arena.on_high = self.guard.allocated
         self.stats = Counters(seg, index)
         self.link: Link | None = None
         self.connections: set[Connection] = set()
@@ -64,18 +66,6 @@ class WorkerContext:
         self._reqs = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], tuple[Any, ...]]] = {}
         self.closing = False
-
-    def alloc(self, size: int) -> int | None:
-        """A block for a message of `size` bytes from this worker's arena
-        (None: no room), raising the memory alarm once the arena is above
-        its high watermark."""
-        arena = self.arena
-        block = arena.alloc(size)
-        if block is None:
-            self.guard.arena_full()
-        elif arena.used > self.guard.high:
-            self.guard.allocated(arena.used)
-        return block
 
     # ------------------------------------------------------------ identifiers
     def next_cid(self) -> int:

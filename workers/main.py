@@ -22,9 +22,10 @@ from shm import layout as L
 from shm import memory
 from shm import stats as S
 from shm.segment import Segment
-from workers.connection import ALARM, Connection
+from workers.connection import Connection
 from workers.consumer import pull
 from workers.context import WorkerContext
+from workers.memory_guard import ALARM
 
 HEARTBEAT_INTERVAL = 1.0
 
@@ -90,7 +91,7 @@ class Worker:
                 if ALARM in conn.flow_blocked:
                     memory_ += "memory" in conn.alarm_reason
                     disk += "disk" in conn.alarm_reason
-                capacity += any(qid != ALARM for qid in conn.flow_blocked)
+                capacity += any(qid >= 0 for qid in conn.flow_blocked)
         v[S.BLOCKED_CAPACITY], v[S.BLOCKED_MEMORY], v[S.BLOCKED_DISK] = capacity, memory_, disk
         ctx.stats.flush()
         if again:

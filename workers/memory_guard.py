@@ -20,6 +20,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shoal.memory")
 
+# In a connection's `flow_blocked` while the broker-wide alarm is raised, for
+# a connection that publishes (queue ids are never negative). ALARM_PENDING
+# instead for one that has not published (yet): its channels look at each
+# frame, as for any block, but only a publish blocks it (and tells it):
+# consumers are never blocked, as in RabbitMQ.
+ALARM = -1
+ALARM_PENDING = -2
+
 
 class MemoryGuard:
     __slots__ = ("alarms", "ctx", "high", "marks", "raised", "runtime")
@@ -38,7 +46,7 @@ class MemoryGuard:
 
     def allocated(self, used: int) -> None:
         """An allocation took the arena to `used` bytes, above the high mark
-        (the caller checks; this is off the hot path): raise now, before the
+        (Arena.alloc checks; this is off the hot path): raise now, before the
         next publish of any connection of this worker allocates."""
         if not self.raised & memory.ALARM_MEMORY:
             self._raise(self.raised | memory.ALARM_MEMORY)
