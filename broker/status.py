@@ -12,6 +12,7 @@ from typing import Any
 from broker.definitions import Definitions
 from broker.introspect import socket_path
 from shm import layout as L
+from shm import memory
 from shm import stats as S
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
@@ -40,6 +41,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
             used, blocks = arena_usage(seg, slot)
             entry.update(
                 index=slot,
+                alarms=_alarm_names(a.load(base + L.P_ALARMS)),
                 incarnation=a.load(base + L.P_INCARNATION),
                 heartbeat_age_s=round((now - beat) / 1e9, 3) if beat else None,
                 published=counters[S.RECEIVED],
@@ -70,29 +72,69 @@ def snapshot(seg: Segment) -> dict[str, Any]:
                 "head": store.word(qid, L.Q_HEAD),
                 "tail": store.word(qid, L.Q_TAIL),
                 "max_priority": levels.max_priority if levels else 0,
+                "bytes": store.total(qid, L.Q_BYTES),
+                "capacity": store.word(qid, L.Q_CAPACITY),
+                "flow": _FLOW_NAMES.get(store.word(qid, L.Q_FLOW), "?"),
+                "blocked_publishers": store.word(qid, L.Q_BLOCKED_PUBLISHERS),
+                "max_length": _limit(store.word(qid, L.Q_MAX_LENGTH)),
+                "max_length_bytes": _limit(store.word(qid, L.Q_MAX_BYTES)),
+                "overflow": _OVERFLOW_NAMES.get(store.word(qid, L.Q_OVERFLOW)),
                 "priority_levels_used": sorted(levels.by_level) if levels else [],
             }
         )
+    marks = memory.configured(seg)
     return {
         "segment": seg.path,
         "segment_allocated_bytes": seg.allocated_bytes(),
+        # The broker-wide resource alarms (shm/memory.py): publishers are
+        # blocked while any is raised.
+        "alarms": _alarm_names(memory.broker_alarms(seg)),
+        "arena_high_watermark_bytes": marks.high,
+        "arena_low_watermark_bytes": marks.low,
+        "disk_free_limit_bytes": marks.disk_free_limit,
         "processes": processes,
         "queues": queues,
     }
 
 
+_FLOW_NAMES = {L.FLOW_OPEN: "open", L.FLOW_BLOCKED: "blocked", L.FLOW_RELEASE: "releasing"}
+_OVERFLOW_NAMES = {
+    L.OVERFLOW_DROP_HEAD: "drop-head",
+    L.OVERFLOW_REJECT_PUBLISH: "reject-publish",
+    L.OVERFLOW_REJECT_PUBLISH_DLX: "reject-publish-dlx",
+}
+
+
+_ALARM_NAMES = ((memory.ALARM_MEMORY, "memory"), (memory.ALARM_DISK, "disk"))
+
+
+def _alarm_names(bits: int) -> list[str]:
+    return [name for bit, name in _ALARM_NAMES if bits & bit]
+
+
+def _limit(word: int) -> int | None:
+    """A length limit as the queue record holds it (limit + 1, 0: none)."""
+    return word - 1 if word else None
+
+
 def render(snap: dict[str, Any]) -> str:
-    lines = [f"segment {snap['segment']} ({snap['segment_allocated_bytes']} bytes allocated)", ""]
+    alarms = snap["alarms"]
+    lines = [
+        f"segment {snap['segment']} ({snap['segment_allocated_bytes']} bytes allocated)",
+        "alarms: " + (", ".join(f"low on {name}: publishers blocked" for name in alarms) or "none"),
+        "",
+    ]
     lines.append(f"{'ROLE':<12}{'INDEX':>6}{'PID':>9}{'READY':>7}{'CONNS':>7}{'ARENA BYTES':>13}")
     for p in snap["processes"]:
         lines.append(
             f"{p['role']:<12}{p.get('index', ''):>6}{p['pid']:>9}{'yes' if p['ready'] else 'no':>7}"
             f"{p['connections']:>7}{p.get('arena_used_bytes', ''):>13}"
         )
-    lines += ["", f"{'QUEUE':<32}{'READY':>10}{'UNACKED':>10}{'CONSUMERS':>11}"]
+    lines += ["", f"{'QUEUE':<32}{'READY':>10}{'UNACKED':>10}{'CONSUMERS':>11}{'FLOW':>10}"]
     for q in snap["queues"]:
         lines.append(
-            f"{q['name'][:31]:<32}{q['messages_ready']:>10}{q['messages_unacked']:>10}{q['consumers']:>11}"
+            f"{q['name'][:31]:<32}{q['messages_ready']:>10}{q['messages_unacked']:>10}"
+            f"{q['consumers']:>11}{q['flow'] if q['capacity'] else '':>10}"
         )
     return "\n".join(lines)
 

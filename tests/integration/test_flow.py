@@ -43,6 +43,9 @@ def test_a_fast_producer_is_blocked_at_capacity_and_resumes_at_the_resume_size(
     # message that crossed the capacity.
     producer.process_data_events(time_limit=0.3)
     assert depth(watcher, "capped") == 21
+    # shoal status shows the queue holding its publisher back.
+    (row,) = [q for q in broker.status()["queues"] if q["name"] == "capped"]
+    assert (row["capacity"], row["flow"], row["blocked_publishers"]) == (20_000, "blocked", 1)
     assert events == ["blocked"]
     # Drain below the resume size (10 kB): the rest comes in, in order.
     got: list[bytes] = []

@@ -42,6 +42,8 @@ def test_drop_head_keeps_the_newest_messages(broker: Broker) -> None:
     ch.queue_declare("newest", arguments={"x-max-length": 3})
     publish(ch, "newest", [b"%d" % i for i in range(10)])
     assert drain(ch, "newest") == [b"7", b"8", b"9"]
+    (row,) = [q for q in broker.status()["queues"] if q["name"] == "newest"]
+    assert (row["max_length"], row["max_length_bytes"], row["overflow"]) == (3, None, "drop-head")
     ch.queue_declare("newest-bytes", arguments={"x-max-length-bytes": 2500})
     publish(ch, "newest-bytes", [bytes([65 + i]) * 1000 for i in range(6)])
     assert drain(ch, "newest-bytes") == [b"E" * 1000, b"F" * 1000]

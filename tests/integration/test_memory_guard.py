@@ -14,6 +14,7 @@ import aio_pika
 import pika
 import pytest
 
+from broker.status import render
 from shm import stats as S
 from tests.broker_process import Broker, free_port, wait_for
 from tests.clients import connect, connections_on_both_workers, pump, worker_of
@@ -186,4 +187,9 @@ def test_low_disk_blocks_publishers_and_shows_in_the_metrics(broker_factory: Any
     assert value(samples, "rabbitmq_alarms_memory_used_watermark") == 0
     assert value(samples, "rabbitmq_disk_space_available_limit_bytes") == 1 << 60
     assert value(samples, "shoal_worker_alarm", index="0", resource="disk") == 1
+    # shoal status says so too.
+    status = broker.status()
+    assert status["alarms"] == ["disk"]
+    assert status["disk_free_limit_bytes"] == 1 << 60
+    assert "alarms: low on disk: publishers blocked" in render(status)
     conn.close()
