@@ -30,22 +30,28 @@ class State(Enum):
 
 
 class _Node:
-    __slots__ = ("acquiring", "key", "priority", "state")
+    __slots__ = ("acquiring", "key", "priority", "since", "state")
 
-    def __init__(self, key: ConsumerKey, priority: int, acquiring: bool, state: State) -> None:
+    def __init__(
+        self, key: ConsumerKey, priority: int, acquiring: bool, state: State, since: int
+    ) -> None:
         self.key = key
         self.priority = priority
         self.acquiring = acquiring
         self.state = state
+        self.since = since
 
 
 class QueueConsumerManager:
-    __slots__ = ("_interested", "_nodes", "_priorities", "notified", "single_active")
+    __slots__ = ("_interested", "_nodes", "_priorities", "held", "notified", "single_active")
 
     def __init__(self, single_active: bool = False) -> None:
         # x-single-active-consumer: only the acquiring consumer registered
         # first may be notified; the next one takes over when it goes.
         self.single_active = single_active
+        # A restarted scheduler holds a single-active queue until every worker
+        # has told it its consumers: it must know which one came first.
+        self.held = False
         self._nodes: dict[ConsumerKey, _Node] = {}
         self._interested: dict[int, deque[ConsumerKey]] = {}
         self._priorities: list[int] = []  # descending
@@ -78,15 +84,22 @@ class QueueConsumerManager:
         return out
 
     def add(
-        self, key: ConsumerKey, priority: int = 0, acquiring: bool = True, interested: bool = True
+        self,
+        key: ConsumerKey,
+        priority: int = 0,
+        acquiring: bool = True,
+        interested: bool = True,
+        since: int = 0,
     ) -> None:
+        """Register a consumer; `since` orders registrations across scheduler
+        restarts (for the single active one), else the order of add() does."""
         if key in self._nodes:
             raise KeyError(f"consumer {key!r} already registered")
         if not acquiring:
             state = State.NON_ACQUIRING if interested else State.NOT_INTERESTED
         else:
             state = State.INTERESTED if interested else State.NOT_INTERESTED
-        node = _Node(key, priority, acquiring, state)
+        node = _Node(key, priority, acquiring, state, since)
         self._nodes[key] = node
         if state is State.INTERESTED:
             self._push(node)
@@ -124,14 +137,24 @@ class QueueConsumerManager:
             self.notified = None
         return was_notified
 
+    def since(self, key: ConsumerKey) -> int:
+        return self._nodes[key].since
+
     def active(self) -> ConsumerKey | None:
-        """The acquiring consumer registered first (the single active one)."""
-        return next((key for key, node in self._nodes.items() if node.acquiring), None)
+        """The acquiring consumer registered first (the single active one):
+        the least `since`, then the first added."""
+        best: _Node | None = None
+        for node in self._nodes.values():
+            if node.acquiring and (best is None or node.since < best.since):
+                best = node
+        return None if best is None else best.key
 
     def candidates(self) -> Iterator[ConsumerKey]:
         """Interested acquiring consumers, in the order they are notified:
         highest priority first, round-robin within a priority."""
         if self.single_active:
+            if self.held:
+                return
             key = self.active()
             if key is not None and self._nodes[key].state is State.INTERESTED:
                 yield key

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from functools import partial
 from typing import Any
 
@@ -42,6 +43,7 @@ from shm.wake import Waker
 log = logging.getLogger("shoal.scheduler")
 
 SWEEP_INTERVAL = 1.0
+HELLO_WAIT = 5.0  # seconds a restarted scheduler waits for every worker's HELLO
 
 
 _REQUESTS = frozenset(
@@ -122,6 +124,7 @@ class Scheduler:
         asyncio.set_event_loop(self.loop)
         self.links = {i: Link(s, self.loop, partial(self._on_message, i)) for i, s in links.items()}
         self.queues: dict[int, QueueState] = {}
+        self.awaiting_hello: set[int] = set()  # workers a restarted scheduler waits for
         self.by_name: dict[tuple[str, bytes], QueueState] = {}
         self.consumers: dict[ConsumerKey, tuple[int, bool]] = {}  # -> (qid, exclusive)
         self.free_qids: list[int] = []
@@ -144,6 +147,13 @@ class Scheduler:
         self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
         slot = self.slot
         self.a.store(slot + L.P_PID, os.getpid())
+        # Single-active queues (a restart: they exist already) wait for every
+        # worker's HELLO, at most HELLO_WAIT, before one of their consumers is
+        # made active: the first registered must stay the one.
+        self.awaiting_hello = set(self.links)
+        for q in self.queues.values():
+            q.qcm.held = q.qcm.single_active
+        self.loop.call_later(HELLO_WAIT, self._release_held)
         for link in self.links.values():
             link.send(Msg.RESYNC)
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
@@ -614,16 +624,22 @@ class Scheduler:
         q = self.queues.get(qid)
         if q is None:
             raise E.ChannelError(E.NOT_FOUND, f"queue {qid} was deleted")
-        if (worker, cid) in self.consumers:
-            return []  # re-sent after a scheduler restart; HELLO registered it already
+        key = (worker, cid)
+        if key in self.consumers:
+            # Re-sent after a scheduler restart; HELLO registered it already.
+            return [q.qcm.since(key)] if key in q.qcm else []
         self._check_exclusive(q, conn_id)
         in_use = f"queue '{q.name.decode()}' in vhost '{q.vhost}' in exclusive use"
         if any(self.consumers[k][1] for k in q.qcm):
             raise E.ChannelError(E.ACCESS_REFUSED, in_use)
         if exclusive and len(q.qcm):
             raise E.ChannelError(E.ACCESS_REFUSED, in_use)
-        self._add_consumer(q, (worker, cid), priority, acquiring, exclusive, interested)
-        return []
+        # When it registered (the worker keeps it and tells a restarted
+        # scheduler): a single-active queue's first consumer stays the active
+        # one. CLOCK_MONOTONIC is one clock for every process of the machine.
+        since = time.monotonic_ns()
+        self._add_consumer(q, key, priority, acquiring, exclusive, interested, since)
+        return [since]
 
     def _add_consumer(
         self,
@@ -633,8 +649,9 @@ class Scheduler:
         acquiring: bool,
         exclusive: bool,
         interested: bool,
+        since: int,
     ) -> None:
-        q.qcm.add(key, priority, acquiring, interested)
+        q.qcm.add(key, priority, acquiring, interested, since)
         q.had_consumers = True
         self.consumers[key] = (q.qid, exclusive)
         self.a.store(self.seg.layout.queue(q.qid) + L.Q_CONSUMERS, len(q.qcm))
@@ -706,17 +723,35 @@ class Scheduler:
     def _hello(self, worker: int, records: list[list[Any]]) -> None:
         """A worker (re)introduces itself with its full consumer state."""
         self._drop_worker_consumers(worker)
-        for cid, qid, priority, acquiring, exclusive, interested in records:
+        for cid, qid, priority, acquiring, exclusive, interested, since in records:
             q = self.queues.get(qid)
             if q is None:
                 self.links[worker].send(Msg.CONSUMER_GONE, cid)
                 continue
             if (worker, cid) in self.consumers:
                 continue
-            self._add_consumer(q, (worker, cid), priority, acquiring, exclusive, interested)
+            # since 0: its CONSUME was never answered; it registers now.
+            since = since or time.monotonic_ns()
+            self._add_consumer(q, (worker, cid), priority, acquiring, exclusive, interested, since)
+        self._heard_from(worker)
+
+    def _heard_from(self, worker: int) -> None:
+        """A worker said HELLO (or is gone): once all have, the single-active
+        queues a restarted scheduler held may notify again."""
+        self.awaiting_hello.discard(worker)
+        if not self.awaiting_hello:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        self.awaiting_hello.clear()
+        for q in self.queues.values():
+            if q.qcm.held:
+                q.qcm.held = False
+                self._check_work(q)
 
     def _worker_gone(self, worker: int) -> None:
         self._drop_worker_consumers(worker)
+        self._heard_from(worker)
         for q in [q for q in self.queues.values() if q.exclusive and q.owner >> 40 == worker]:
             self._remove_queue(q)
 

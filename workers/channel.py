@@ -1116,7 +1116,7 @@ class Channel:
         self.consumers[tag] = consumer
         ctx.consumers[consumer.cid] = consumer
         try:
-            await ctx.request(
+            registered = await ctx.request(
                 Msg.CONSUME,
                 consumer.cid,
                 qid,
@@ -1131,6 +1131,8 @@ class Channel:
             self.consumers.pop(tag, None)
             ctx.consumers.pop(consumer.cid, None)
             raise
+        if registered:
+            consumer.since = registered[0]
         if consumer.cancelled:
             return
         if not method.nowait:

@@ -48,6 +48,7 @@ class Consumer:
         "queue_name",
         "release_gen",
         "selector",
+        "since",
         "tag",
         "tag_sstr",
         "unacked",
@@ -98,9 +99,18 @@ class Consumer:
         self.notified = False
         self.interested = True
         self.cancelled = False
+        self.since = 0  # when the scheduler registered it (its CONSUME reply)
 
     def record(self) -> list[object]:
-        return [self.cid, self.qid, self.priority, self.acquiring, self.exclusive, self.interested]
+        return [
+            self.cid,
+            self.qid,
+            self.priority,
+            self.acquiring,
+            self.exclusive,
+            self.interested,
+            self.since,
+        ]
 
     def inspect(self) -> dict[str, Any]:
         """What `shoal status --consumers` shows of this consumer."""

@@ -5,13 +5,15 @@ pika over real sockets, consumers on both IO workers."""
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import pika
 import pytest
 
-from tests.broker_process import Broker
-from tests.clients import connect, pump
+from tests.broker_process import Broker, wait_for
+from tests.clients import connect, connections_on_both_workers, pump, worker_of
 
 SAC = {"x-single-active-consumer": True}
 
@@ -71,3 +73,40 @@ def test_single_active_consumer_must_be_a_boolean(broker: Broker) -> None:
         "in vhost '/': {unacceptable_type,longstr}"
     )
     conn.close()
+
+
+@pytest.mark.parametrize("first_on", [0, 1])
+def test_the_active_consumer_stays_active_across_a_scheduler_restart(
+    broker: Broker, first_on: int
+) -> None:
+    """A restarted scheduler rebuilds its consumers from the workers' HELLOs,
+    which come in any order: the consumer registered first (on either worker)
+    must stay the single active one, and no other may get a message meanwhile."""
+    first, second = connections_on_both_workers(broker)
+    if worker_of(first) != first_on:
+        first, second = second, first
+    pub = connect(broker)
+    pch = pub.channel()
+    pch.queue_declare("sac-restart", arguments=SAC)
+    got: list[list[bytes]] = [[], []]
+    for i, conn in enumerate((first, second)):
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        ch.basic_consume(
+            "sac-restart",
+            lambda c, m, p, b, i=i: (got[i].append(b), c.basic_ack(m.delivery_tag)),
+        )
+    for n in range(10):
+        pch.basic_publish("", "sac-restart", b"a%d" % n)
+    pump([first, second], lambda: len(got[0]) == 10, 10, "the first ten")
+    old = broker.pids("scheduler")[0]
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: broker.pids("scheduler").get(0, old) != old, 15, "a new scheduler")
+    for n in range(10):
+        pch.basic_publish("", "sac-restart", b"b%d" % n)
+    pump([first, second], lambda: len(got[0]) == 20, 15, "ten more after the restart")
+    second.process_data_events(time_limit=0.3)
+    assert got[1] == []
+    assert got[0] == [b"a%d" % n for n in range(10)] + [b"b%d" % n for n in range(10)]
+    for c in (first, second, pub):
+        c.close()
