@@ -36,10 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.compare import amqp_ready, free_port, started_rabbitmq  # noqa: E402
+from bench.compare import amqp_ready, free_port, perf_command, started_rabbitmq  # noqa: E402
 from broker.cli import local_command  # noqa: E402
 
-PERF = ("--size", "64", "--prefetch", "500", "--multi-ack", "100", "--json")
+PERF = ("--size", "64", "--prefetch", "500", "--multi-ack", "100")
 
 
 def build_baseline(ref: str, where: Path) -> Path:
@@ -105,18 +105,7 @@ def perf(uri: str, duration: float, scrape: int, interval: float) -> float:
         thread.start()
     try:
         out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "broker.perf",
-                "--uri",
-                uri,
-                *PERF,
-                "--duration",
-                str(duration),
-                "--warmup",
-                "2",
-            ],
+            perf_command(uri, PERF, duration, 2),
             cwd=ROOT,
             check=True,
             capture_output=True,
