@@ -43,6 +43,23 @@ def watch_blocks(conn: pika.BlockingConnection) -> list[str]:
     return events
 
 
+def alarm_from_one_worker(
+    broker: Broker, fill: str, elsewhere: str
+) -> tuple[pika.BlockingConnection, pika.BlockingConnection, Any, list[str], list[str]]:
+    """Two connections on different workers, both publishers, their blocked
+    events watched; the first fills its worker's arena past the high mark
+    (45 x 100 kB into 4 MiB)."""
+    filler, other = connections_on_both_workers(broker)
+    fevents, oevents = watch_blocks(filler), watch_blocks(other)
+    fch, och = filler.channel(), other.channel()
+    fch.queue_declare(fill)
+    och.queue_declare(elsewhere)
+    och.basic_publish("", elsewhere, b"before")  # `other` is a publisher
+    for _ in range(45):
+        fch.basic_publish("", fill, BODY)
+    return filler, other, och, fevents, oevents
+
+
 def arena_full(broker: Broker) -> int:
     seg = broker.segment()
     return sum(S.read(seg, slot)[S.ARENA_FULL] for slot in range(seg.layout.proc_slots))
@@ -83,14 +100,7 @@ def test_a_publisher_filling_the_store_is_blocked_before_allocation_fails(
 
 
 def test_the_alarm_blocks_publishers_on_every_worker(small: Broker) -> None:
-    filler, other = connections_on_both_workers(small)
-    fevents, oevents = watch_blocks(filler), watch_blocks(other)
-    fch, och = filler.channel(), other.channel()
-    fch.queue_declare("fill")
-    och.queue_declare("elsewhere")
-    och.basic_publish("", "elsewhere", b"before")  # `other` is a publisher
-    for _ in range(45):
-        fch.basic_publish("", "fill", BODY)
+    filler, other, och, fevents, oevents = alarm_from_one_worker(small, "fill", "elsewhere")
     pump([filler, other], lambda: bool(fevents) and bool(oevents), 10, "both blocked")
     assert oevents == ["blocked: low on memory"]
     # The other worker's arena has room, yet its publishes wait: the alarm is
@@ -112,14 +122,7 @@ def test_the_alarm_blocks_publishers_on_every_worker(small: Broker) -> None:
 def test_the_alarm_of_a_worker_that_died_clears_once_its_arena_drains(small: Broker) -> None:
     """A worker killed while its alarm is raised: its replacement takes the
     arena over and clears the alarm at the low mark, as the worker would have."""
-    filler, other = connections_on_both_workers(small)
-    oevents = watch_blocks(other)
-    fch, och = filler.channel(), other.channel()
-    fch.queue_declare("orphans")
-    och.queue_declare("later")
-    och.basic_publish("", "later", b"before")  # `other` is a publisher
-    for _ in range(45):
-        fch.basic_publish("", "orphans", BODY)
+    filler, other, och, _, oevents = alarm_from_one_worker(small, "orphans", "later")
     pump([filler, other], lambda: bool(oevents), 10, "the other worker's publisher blocked")
     # Below the high mark, above the low one: the alarm stays raised, and a
     # replacement finds the arena where its own check would not raise it.
