@@ -64,9 +64,12 @@ def server_properties(ctx: WorkerContext) -> dict[str, Any]:
             "per_consumer_qos": True,
             "consumer_priorities": True,
         },
-        # Which IO worker serves this connection: visible to any client.
-        "shoal_worker": ctx.index,
-        "shoal_worker_pid": os.getpid(),
+        # Which IO worker serves this connection: visible to any client. As
+        # strings: RabbitMQ sends only long strings, booleans and tables here,
+        # and codecs written against AMQP 0-8 know no short-short-int ('b'),
+        # the type pamqp picks for a small integer.
+        "shoal_worker": str(ctx.index),
+        "shoal_worker_pid": str(os.getpid()),
     }
 
 

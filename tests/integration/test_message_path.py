@@ -27,8 +27,8 @@ def test_publish_on_one_worker_is_delivered_by_another(broker: Broker) -> None:
     # Least-loaded hand-off: the second connection goes to the other worker.
     assert {worker_of(publisher), worker_of(consumer)} == {0, 1}
     pids = broker.pids("io-worker")
-    assert publisher._impl.server_properties["shoal_worker_pid"] == pids[worker_of(publisher)]
-    assert consumer._impl.server_properties["shoal_worker_pid"] == pids[worker_of(consumer)]
+    for conn in (publisher, consumer):
+        assert conn._impl.server_properties["shoal_worker_pid"] == str(pids[worker_of(conn)])
     assert pids[0] != pids[1]
 
     pch = publisher.channel()

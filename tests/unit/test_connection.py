@@ -108,7 +108,7 @@ def test_start_advertises_capabilities_and_the_worker(ctx: WorkerContext) -> Non
     client.send(b"AMQP\x00\x00\x09\x01")
     ((_ch, start),) = client.received()
     props = start.server_properties
-    assert props["product"] == "Shoal" and props["shoal_worker"] == 0
+    assert props["product"] == "Shoal" and props["shoal_worker"] == "0"
     for capability in (
         "publisher_confirms",
         "basic.nack",
