@@ -55,4 +55,9 @@ class Config(msgspec.Struct, frozen=True):
         systemd_dir = os.environ.get("RUNTIME_DIRECTORY")
         if systemd_dir:
             return systemd_dir.split(":")[0]
+        return self.default_runtime_path()
+
+    def default_runtime_path(self) -> str:
+        """Without --runtime-dir or systemd's: a directory Shoal makes and
+        removes, left behind only by a broker killed with SIGKILL."""
         return f"/dev/shm/shoal-{self.port}"

@@ -96,9 +96,13 @@ class Supervisor:
         if not os.path.isdir(runtime):
             os.makedirs(runtime, mode=0o700)
             self.created_dir = True
+        elif config.runtime_path() == config.default_runtime_path():
+            self.created_dir = True  # /dev/shm/shoal-<port> is ours by its name
         path = os.path.join(runtime, SEGMENT_NAME)
-        if os.path.exists(path):
-            _remove_stale_segment(path)
+        if os.path.exists(path) and _remove_stale_segment(path):
+            # A broker that died (kill -9) left its directory behind: it was
+            # that broker's to remove, so it is ours now.
+            self.created_dir = True
         limits = L.Limits(
             max_workers=max(self.workers, 1),
             max_queues=config.max_queues,
@@ -419,8 +423,10 @@ class Supervisor:
                 pass
 
 
-def _remove_stale_segment(path: str) -> None:
-    """A segment left by a broker that died (kill -9 of the supervisor)."""
+def _remove_stale_segment(path: str) -> bool:
+    """Remove a segment left by a broker that died (kill -9 of the
+    supervisor); refuse to start if its broker is alive. True if the segment
+    was a dead Shoal broker's."""
     try:
         old = Segment.attach(path)
         pid = old.atomic.load(L.H_SUPERVISOR_PID)
@@ -436,6 +442,11 @@ def _remove_stale_segment(path: str) -> None:
         else:
             raise SystemExit(f"{path}: in use by another broker (pid {pid})")
     os.unlink(path)
+    if pid:
+        log.warning("removed the stale segment %s of a broker that is gone (pid %d)", path, pid)
+    else:
+        log.warning("removed %s: not a segment this version of Shoal can read", path)
+    return bool(pid)
 
 
 def run_supervisor(config: Config) -> int:
