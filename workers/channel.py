@@ -968,11 +968,16 @@ class Channel:
 
     async def _queue_delete(self, method: C.Queue.Delete) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
-        count = await self.ctx.request(
-            Msg.DELETE, self.conn.vhost, name, method.if_unused, method.if_empty, self.conn.id
-        )
-        if not method.nowait:
-            self.conn.write(F.encode_method(self.number, C.Queue.DeleteOk(message_count=count)))
+        conn = self.conn
+        conn.queue_delete_started()  # its consumers' basic.cancel follow the delete-ok
+        try:
+            count = await self.ctx.request(
+                Msg.DELETE, conn.vhost, name, method.if_unused, method.if_empty, conn.id
+            )
+            if not method.nowait:
+                conn.write(F.encode_method(self.number, C.Queue.DeleteOk(message_count=count)))
+        finally:
+            conn.queue_delete_done()
 
     async def _queue_purge(self, method: C.Queue.Purge) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
@@ -1160,10 +1165,11 @@ class Channel:
         consumer.cancelled = True
         self.ctx.consumers.pop(consumer.cid, None)
         if self.conn.capabilities.get("consumer_cancel_notify"):
-            self.conn.write(
+            self.conn.write_cancel(
+                self,
                 F.encode_method(
                     self.number, C.Basic.Cancel(consumer_tag=consumer.tag.decode(), nowait=True)
-                )
+                ),
             )
 
     def _basic_get(self, method: C.Basic.Get) -> None:

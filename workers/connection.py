@@ -107,6 +107,10 @@ class Connection(asyncio.Protocol):
         self.sent_since_tick = False
         self.timer: asyncio.TimerHandle | None = None
         self.confirm_channels: set[Channel] = set()
+        # queue.delete requests in flight on this connection's channels, and
+        # the server basic.cancel frames held until their delete-ok is out.
+        self.deletes_in_flight = 0
+        self.held_cancels: list[tuple[Channel, bytes]] = []
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport: Any) -> None:
@@ -427,6 +431,30 @@ class Connection(asyncio.Protocol):
             self.ctx.stats.v[S.CONFIRMED] += channel.confirm_high - channel.confirm_sent
             channel.confirm_sent = channel.confirm_high
             self.write(F.encode_ack(channel.number, channel.confirm_high, True))
+
+    def write_cancel(self, channel: Channel, frame: bytes) -> None:
+        """A server basic.cancel (its queue was deleted). While this
+        connection deletes a queue, the cancels wait for the delete-ok, as in
+        RabbitMQ: py-amqp (kombu, Celery) would raise ConsumerCancelled inside
+        its wait for delete-ok otherwise."""
+        if self.deletes_in_flight:
+            self.held_cancels.append((channel, frame))
+        else:
+            self.write(frame)
+
+    def queue_delete_started(self) -> None:
+        self.deletes_in_flight += 1
+
+    def queue_delete_done(self) -> None:
+        """The delete-ok (or the error) is written: send the held cancels of
+        channels still open."""
+        self.deletes_in_flight -= 1
+        if self.deletes_in_flight:
+            return
+        held, self.held_cancels = self.held_cancels, []
+        for channel, frame in held:
+            if self.channels.get(channel.number) is channel and not channel.closing:
+                self.write(frame)
 
     def forget_channel(self, number: int) -> None:
         channel = self.channels.pop(number, None)
