@@ -796,6 +796,12 @@ class Channel:
     def _channel_close(self, method: C.Channel.Close) -> None:
         self.release()
         self.conn.write(F.encode_method(self.number, C.Channel.CloseOk()))
+        if self.closing:
+            # The client's channel.close crossed ours: answered, as RabbitMQ
+            # does, and the channel stays until the client's close-ok for
+            # ours arrives (that frame is part of the handshake, not one on
+            # a closed channel).
+            return
         self.conn.forget_channel(self.number)
 
     def _channel_close_ok(self, method: C.Channel.CloseOk) -> None:
