@@ -32,7 +32,7 @@ class Msg(IntEnum):
     CANCEL = 4  # cid
     INTEREST = 5  # cid, interested
     DONE = 6  # cid, changes seen before the scan that found nothing; -1: yielded
-    CONN_CLOSED = 7  # owner_conn
+    CONN_CLOSED = 7  # req, conn_id: its exclusive queues go; the reply lets close-ok out
     DELETE = 8  # req, vhost, name, if_unused, if_empty, conn_id
     PURGE = 9  # req, vhost, name, conn_id
     WORKER_GONE = 10  # written by the supervisor into a dead worker's end

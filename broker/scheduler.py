@@ -57,6 +57,7 @@ _REQUESTS = frozenset(
         Msg.BIND,
         Msg.UNBIND,
         Msg.LEVEL,
+        Msg.CONN_CLOSED,
     )
 )
 
@@ -262,7 +263,8 @@ class Scheduler:
             elif kind == Msg.LEVEL:
                 self._reply(worker, m[1], self._level(*m[2:]))
             elif kind == Msg.CONN_CLOSED:
-                self._connection_closed(m[1])
+                self._connection_closed(m[2])
+                self._reply(worker, m[1], None)
             elif kind == Msg.HELLO:
                 self._hello(worker, m[3])
             elif kind == Msg.WORKER_GONE:

@@ -44,6 +44,9 @@ AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED =
 
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
+# After the close handshake: how long the client may take to close its end of
+# the socket before we close ours anyway (see _close_gracefully).
+LINGER_TIMEOUT = 2.0
 
 
 def server_properties(ctx: WorkerContext) -> dict[str, Any]:
@@ -103,6 +106,8 @@ class Connection(asyncio.Protocol):
         self.held_bytes = 0  # frames those channels keep
         self.alarm_reason = ""  # while the memory or disk alarm is raised (shm/memory.py)
         self.closed = False
+        self.eof_sent = False  # our end is shut for writing (_close_gracefully)
+        self.released = False  # see _release
         self.last_recv = time.monotonic()
         self.sent_since_tick = False
         self.timer: asyncio.TimerHandle | None = None
@@ -134,6 +139,20 @@ class Connection(asyncio.Protocol):
         self.state = CLOSED
         if self.timer is not None:
             self.timer.cancel()
+        self._release()
+        # Only now: a worker stopping gracefully waits for its connections'
+        # sockets, those in their close handshake's linger included.
+        self.ctx.connections.discard(self)
+
+    def _release(self) -> asyncio.Future[Any] | None:
+        """Once, when the connection ends (its close handshake, or the socket
+        going): give back its channels (unacked messages requeued, consumers
+        cancelled) and its place in the worker's counts, and tell the
+        scheduler, which deletes its exclusive queues. The future is the
+        scheduler's answer (None if already released)."""
+        if self.released:
+            return None
+        self.released = True
         for channel in self.channels.values():
             channel.release()
         ctx = self.ctx
@@ -141,13 +160,14 @@ class Connection(asyncio.Protocol):
         v[S.CHANNELS_CLOSED] += len(self.channels)
         v[S.CONNECTIONS_CLOSED] += 1
         self.channels.clear()
-        ctx.connections.discard(self)
+        self.confirm_channels.clear()
         for qid, state in self.flow_blocked.items():
             self._count_blocked(qid, -1, state)
+        self.flow_blocked.clear()
         if self.blocked_at:
             self._count_blocked_time(False)
         ctx.count(L.P_CONNECTIONS, -1)
-        ctx.send(Msg.CONN_CLOSED, self.id)
+        return ctx.request(Msg.CONN_CLOSED, self.id)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -176,7 +196,7 @@ class Connection(asyncio.Protocol):
 
     def flush(self) -> None:
         self.flush_scheduled = False
-        if self.out and self.transport is not None and not self.closed:
+        if self.out and self.transport is not None and not self.closed and not self.eof_sent:
             self.transport.writelines(self.out)
             self.sent_since_tick = True
         self.out = []
@@ -301,6 +321,8 @@ class Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- input
     def data_received(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return  # what the client sent before it saw our close-ok: discarded
         try:
             self._data_received(data)
         except Exception as exc:
@@ -336,7 +358,7 @@ class Connection(asyncio.Protocol):
             ftype, number, payload = frames[i]
             i += 1
             if self.state != OPEN:
-                if self.closed:
+                if self.state == CLOSED:
                     return
                 # While closing only connection.close/close-ok matter.
                 if number == 0:
@@ -474,7 +496,8 @@ class Connection(asyncio.Protocol):
             if isinstance(method, C.Connection.CloseOk | C.Connection.Close):
                 if isinstance(method, C.Connection.Close):
                     self.write(F.encode_method(0, C.Connection.CloseOk()))
-                self._close_transport()
+                self._release()
+                self._close_gracefully()
             return
         expected = {
             AWAIT_START_OK: C.Connection.StartOk,
@@ -482,11 +505,7 @@ class Connection(asyncio.Protocol):
             AWAIT_OPEN: C.Connection.Open,
         }.get(self.state)
         if isinstance(method, C.Connection.Close):
-            for channel in self.channels.values():
-                channel.release()
-            self.channels.clear()
-            self.write(F.encode_method(0, C.Connection.CloseOk()))
-            self._close_transport()
+            self._client_close()
             return
         if expected is not None and not isinstance(method, expected):
             raise E.ConnectionError_(
@@ -585,6 +604,29 @@ class Connection(asyncio.Protocol):
         if self.heartbeat:
             self.timer = self.ctx.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
+    def _client_close(self) -> None:
+        """connection.close from the client. As RabbitMQ does, close-ok goes
+        once the connection's channels are closed and its exclusive queues
+        deleted, so that the client may at once declare them again
+        elsewhere; what it sends meanwhile is discarded."""
+        self.state = CLOSED
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        released = self._release()
+        if released is None:
+            self._send_close_ok()
+            return
+        # Bounded: a scheduler being restarted answers once it is back (the
+        # request is sent again), but the client need not wait for that.
+        self.timer = self.ctx.loop.call_later(CLOSE_OK_TIMEOUT, self._send_close_ok)
+        released.add_done_callback(lambda _released: self._send_close_ok())
+
+    def _send_close_ok(self) -> None:
+        if not self.closed and not self.eof_sent:
+            self.write(F.encode_method(0, C.Connection.CloseOk()))
+            self._close_gracefully()  # cancels the timer
+
     # ------------------------------------------------------------- timers
     def _handshake_timeout(self) -> None:
         self.timer = None
@@ -640,6 +682,31 @@ class Connection(asyncio.Protocol):
             )
         else:
             self._close_transport()
+
+    def _close_gracefully(self) -> None:
+        """The close handshake is over. Send what is queued and a FIN, then
+        read and discard until the client closes its end (eof_received closes
+        ours) or LINGER_TIMEOUT passes. Closing at once would leave the
+        client's last frames (a second connection.close from another thread,
+        a heartbeat) arriving at a closed socket, or unread in it: the kernel
+        answers with a RST, and the client sees "connection reset by peer",
+        possibly before it has read our close-ok. RabbitMQ, too, waits for
+        the client to close the socket."""
+        self.state = CLOSED
+        self.flush()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        self.eof_sent = True
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError):  # the socket is already gone
+            self._close_transport()
+            return
+        self.timer = self.ctx.loop.call_later(LINGER_TIMEOUT, self._close_transport)
 
     def _close_transport(self) -> None:
         self.flush()

@@ -14,14 +14,17 @@ from pamqp import frame as pamqp_frame
 from tests.broker_process import Broker, wait_for
 
 
-def handshake(port: int) -> socket.socket:
+def handshake(port: int, capabilities: dict[str, bool] | None = None) -> socket.socket:
     """A raw client that completes the handshake and opens channel 1."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(b"AMQP\x00\x00\x09\x01")
     expect(s, C.Connection.Start)
-    s.sendall(
-        pamqp_frame.marshal(C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest"), 0)
+    start_ok = C.Connection.StartOk(
+        client_properties={"capabilities": capabilities or {}},
+        mechanism="PLAIN",
+        response="\0guest\0guest",
     )
+    s.sendall(pamqp_frame.marshal(start_ok, 0))
     expect(s, C.Connection.Tune)
     s.sendall(
         pamqp_frame.marshal(C.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0), 0)

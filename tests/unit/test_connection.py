@@ -28,6 +28,7 @@ class FakeTransport:
     def __init__(self) -> None:
         self.data = b""
         self.closed = False
+        self.eof = False  # write_eof: our end shut for writing
         self.paused = False
 
     def write(self, data: bytes) -> None:
@@ -38,6 +39,9 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    def write_eof(self) -> None:
+        self.eof = True
 
     def abort(self) -> None:
         self.closed = True
@@ -67,6 +71,14 @@ class Client:
     def send(self, data: bytes) -> None:
         self.conn.data_received(data)
         self.loop.run_until_complete(asyncio.sleep(0))  # run the scheduled flush
+
+    def scheduler_answers(self) -> None:
+        """Play the scheduler: answer every request in flight (with None)."""
+        ctx = self.conn.ctx
+        for req in list(ctx._pending):
+            ctx.on_reply(req, True, None)
+        for _ in range(3):  # the futures' callbacks, then the flush
+            self.loop.run_until_complete(asyncio.sleep(0))
 
     def method(self, channel: int, method: Any) -> None:
         self.send(pamqp_frame.marshal(method, channel))
@@ -196,3 +208,38 @@ def test_method_on_channel_zero_out_of_order(ctx: WorkerContext) -> None:
     client.method(0, C.Connection.Open(virtual_host="/"))
     ((_ch, close),) = client.received()
     assert close.reply_code == 503
+
+
+def test_after_close_ok_the_broker_shuts_writing_and_discards_input(ctx: WorkerContext) -> None:
+    """Closing the socket at once would meet the client's last frames with a
+    RST: the broker sends close-ok and a FIN, then discards what still comes
+    until the client closes its end."""
+    client = Client(ctx)
+    client.open()
+    close = C.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
+    client.method(0, close)
+    assert client.received() == [], "close-ok waits for the scheduler (exclusive queues)"
+    client.scheduler_answers()
+    assert [type(f) for _ch, f in client.received()] == [C.Connection.CloseOk]
+    assert client.transport.eof and not client.transport.closed
+    client.method(0, close)  # a second close (another thread of the client)
+    client.send(b"\x08\x00\x00\x00\x00\x00\x00\xce")  # a heartbeat
+    assert client.received() == [] and not client.transport.closed
+    client.conn.timer.cancel()  # type: ignore[union-attr]
+
+
+def test_crossing_channel_close_is_part_of_the_handshake(ctx: WorkerContext) -> None:
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.method(2, C.Channel.Open())
+    client.received()
+    client.method(1, C.Basic.Get(queue="missing"))  # the broker closes channel 1
+    client.method(1, C.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
+    frames = client.received()
+    assert [(ch, type(f)) for ch, f in frames] == [(1, C.Channel.Close), (1, C.Channel.CloseOk)]
+    client.method(1, C.Channel.CloseOk())  # the client's answer to the broker's close
+    client.method(2, C.Basic.Qos(prefetch_count=5))
+    assert [(ch, type(f)) for ch, f in client.received()] == [(2, C.Basic.QosOk)]
+    client.method(1, C.Channel.Open())
+    assert [(ch, type(f)) for ch, f in client.received()] == [(1, C.Channel.OpenOk)]
