@@ -109,6 +109,7 @@ class Channel:
         "busy",
         "closing",
         "confirm",
+        "confirm_held",
         "confirm_high",
         "confirm_sent",
         "conn",
@@ -158,6 +159,9 @@ class Channel:
         self.stats = conn.ctx.stats.v  # this worker's counters (shm/stats.py)
         self.confirm_high = 0
         self.confirm_sent = 0
+        # Confirms held until this channel's own consumer has been handed the
+        # message (Connection.flush_confirms): RabbitMQ's order.
+        self.confirm_held = False
         self.flow_active = True
         self.closing = False
         self.busy = False
@@ -497,10 +501,19 @@ class Channel:
             else:
                 self.confirm_high = self.publish_seq
 
+    def _consumes(self, qid: int) -> bool:
+        """Whether one of this channel's consumers on `qid` can take a
+        message now. RabbitMQ's queue hands a message to such a consumer
+        before it confirms it, so the client sees basic.deliver before
+        basic.ack; clients that publish with confirms and then wait for the
+        delivery (aiormq's own tests) rely on that order when the connection
+        breaks between the two."""
+        return any(c.qid == qid and c.wants_work() for c in self.consumers.values())
+
     def _nack_publish(self) -> None:
         """A queue refused the message (x-overflow reject-publish): basic.nack
         it, after acking the publishes before it (acks are cumulative)."""
-        self.conn.flush_confirms(self)
+        self.conn.flush_confirms(self, force=True)
         self.confirm_high = self.confirm_sent = self.publish_seq
         self.conn.write(
             F.encode_method(
@@ -607,6 +620,8 @@ class Channel:
                 # for it, exactly as if it had been deleted a moment later.
             pending.qids.pop(0)
             ctx.waker.work_added(qid)
+            if self.confirm and self.consumers and not self.confirm_held:
+                self.confirm_held = self._consumes(qid)
         release_hold(ctx.seg, block)
         return True
 
@@ -794,6 +809,7 @@ class Channel:
 
     # ------------------------------------------------------ method handlers
     def _channel_close(self, method: C.Channel.Close) -> None:
+        self.conn.flush_confirms(self, force=True)
         self.release()
         self.conn.write(F.encode_method(self.number, C.Channel.CloseOk()))
         if self.closing:

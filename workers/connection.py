@@ -47,6 +47,10 @@ CLOSE_OK_TIMEOUT = 3.0
 # After the close handshake: how long the client may take to close its end of
 # the socket before we close ours anyway (see _close_gracefully).
 LINGER_TIMEOUT = 2.0
+# The longest a confirm waits for the delivery to the publishing channel's own
+# consumer, which RabbitMQ sends first (Channel._consumes): the scheduler may
+# hand the message to another consumer, or be slow.
+CONFIRM_HOLD = 0.01
 
 
 def server_properties(ctx: WorkerContext) -> dict[str, Any]:
@@ -112,6 +116,7 @@ class Connection(asyncio.Protocol):
         self.sent_since_tick = False
         self.timer: asyncio.TimerHandle | None = None
         self.confirm_channels: set[Channel] = set()
+        self.confirm_timer: asyncio.TimerHandle | None = None  # see flush_confirms
         # queue.delete requests in flight on this connection's channels, and
         # the server basic.cancel frames held until their delete-ok is out.
         self.deletes_in_flight = 0
@@ -139,6 +144,8 @@ class Connection(asyncio.Protocol):
         self.state = CLOSED
         if self.timer is not None:
             self.timer.cancel()
+        if self.confirm_timer is not None:
+            self.confirm_timer.cancel()
         self._release()
         # Only now: a worker stopping gracefully waits for its connections'
         # sockets, those in their close handshake's linger included.
@@ -447,12 +454,33 @@ class Connection(asyncio.Protocol):
             E.CHANNEL_ERROR, "expected 'channel.open'", *divmod(index, 0x10000)
         )
 
-    def flush_confirms(self, channel: Channel) -> None:
-        """One cumulative basic.ack per channel per read, not one per message."""
+    def flush_confirms(self, channel: Channel, force: bool = False) -> None:
+        """One cumulative basic.ack per channel per read, not one per message.
+        Held (unless forced) while the channel's own consumer is about to get
+        one of the messages: until a delivery is written to this connection
+        (deliveries_written), at most CONFIRM_HOLD."""
         if channel.confirm_high > channel.confirm_sent and channel.number in self.channels:
+            if channel.confirm_held and not force:
+                if self.confirm_timer is None:
+                    self.confirm_timer = self.ctx.loop.call_later(
+                        CONFIRM_HOLD, self.deliveries_written
+                    )
+                return
+            channel.confirm_held = False
             self.ctx.stats.v[S.CONFIRMED] += channel.confirm_high - channel.confirm_sent
             channel.confirm_sent = channel.confirm_high
             self.write(F.encode_ack(channel.number, channel.confirm_high, True))
+
+    def deliveries_written(self) -> None:
+        """Deliveries are queued for writing (or CONFIRM_HOLD passed): the
+        held confirms follow them."""
+        if self.confirm_timer is None:
+            return
+        self.confirm_timer.cancel()
+        self.confirm_timer = None
+        for channel in self.confirm_channels:
+            if channel.confirm_held:
+                self.flush_confirms(channel, force=True)
 
     def write_cancel(self, channel: Channel, frame: bytes) -> None:
         """A server basic.cancel (its queue was deleted). While this

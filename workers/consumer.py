@@ -247,7 +247,10 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
             delivered += 1
     finally:
         if out:
-            channel.conn.write_many(out)
+            conn = channel.conn
+            conn.write_many(out)
+            if conn.confirm_timer is not None:
+                conn.deliveries_written()
 
 
 def _yield(ctx: WorkerContext, consumer: Consumer, record: int) -> None:

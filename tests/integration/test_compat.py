@@ -308,3 +308,36 @@ def test_exclusive_queues_are_gone_when_close_ok_arrives(broker: Broker) -> None
             owner.sock.close()
     finally:
         other.close()
+
+
+# ------------------------------- deliver before ack on the consuming channel
+
+
+def test_own_consumer_gets_the_delivery_before_the_confirm(broker: Broker) -> None:
+    """A channel in confirm mode consumes the queue it publishes to: as in
+    RabbitMQ, whose queue hands the message to the consumer before it
+    confirms it, basic.deliver reaches the client before basic.ack. A client
+    that waits for the confirm and then for the delivery (aiormq's
+    test_connection_close_stairway) would otherwise wait forever when the
+    connection breaks between the two frames."""
+    w = Wire(handshake(broker.port))
+    w.send(1, C.Confirm.Select())
+    w.expect(C.Confirm.SelectOk)
+    w.send(1, C.Queue.Declare(queue="", exclusive=True))
+    queue = w.expect(C.Queue.DeclareOk).queue  # type: ignore[attr-defined]
+    w.send(1, C.Basic.Consume(queue=queue, consumer_tag="c", no_ack=True))
+    w.expect(C.Basic.ConsumeOk)
+    for tag in range(1, 51):
+        w.send(
+            1,
+            C.Basic.Publish(exchange="", routing_key=queue),
+            pamqp_header.ContentHeader(body_size=4),
+            pamqp_body.ContentBody(b"test"),
+        )
+        deliver = w.read()
+        assert isinstance(deliver, C.Basic.Deliver), f"publish {tag}: {deliver!r} came first"
+        w.expect(pamqp_header.ContentHeader)
+        w.expect(pamqp_body.ContentBody)
+        ack = w.expect(C.Basic.Ack)
+        assert ack.delivery_tag == tag  # type: ignore[attr-defined]
+    w.sock.close()
