@@ -9,8 +9,9 @@ queue. Consumers move between lists as their state changes:
     NON_ACQUIRING   browsers: always notified, never take entries
 
 At most one acquiring consumer is notified at a time. A notified consumer that
-runs dry goes to the back of its priority's Interested deque, which gives the
-round-robin fairness Qpid calls "asymptotic".
+runs dry, or has taken its share of what was ready (workers/consumer.py,
+turn_quota), goes to the back of its priority's Interested deque, which gives
+the round-robin fairness Qpid calls "asymptotic".
 """
 
 from __future__ import annotations

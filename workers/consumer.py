@@ -3,8 +3,10 @@
 The scheduler tells a consumer that its queue has work (NOTIFY); the consumer
 then pulls entries itself, acquiring each with a compare-and-swap on its state
 word, until the queue gives it nothing (DONE), its credit or its connection's
-write buffer runs out (INTEREST false), or it has had a fair burst (DONE -1,
-yield). It keeps a pointer into the queue log and skips entries others hold.
+write buffer runs out (INTEREST false), or it has had its turn (DONE -1,
+yield): its share of what was ready when the turn began, when the queue has
+other consumers (turn_quota), at most a burst. It keeps a pointer into the
+queue log and skips entries others hold.
 """
 
 from __future__ import annotations
@@ -28,6 +30,22 @@ BURST = 256
 # bounds what a draining backlog adds to a quiet queue's latency on the same
 # worker (bench/quiet_queue.py).
 LOCAL_BURST = 64
+
+
+def turn_quota(ready: int, consumers: int) -> int:
+    """Deliveries a notified consumer may take before the next consumer's turn.
+
+    The queue's only consumer takes a burst. Otherwise a turn takes the
+    consumer's share of the entries ready when it begins (at least one):
+    taking all of them, up to its credit, would make each consumer's share of
+    the queue hang on how many happened to be ready at its turn, which under
+    CPU contention is mostly how late the worker got to the NOTIFY. With
+    shares, a small backlog is dealt round-robin, message by message, as
+    RabbitMQ does; a large one still goes out in bursts (no extra round trips).
+    """
+    if consumers <= 1:
+        return BURST
+    return min(BURST, max(1, -(-ready // consumers)))
 
 
 class Consumer:
@@ -193,11 +211,17 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
     channel = consumer.channel
     out: list[bytes] = []
     delivered = 0
+    quota = turn_quota(_ready(ctx, consumer, record), load(record + L.Q_CONSUMERS))
     try:
         while True:
             if not consumer.wants_work():
                 consumer.notified = False
                 update_interest(ctx, consumer)
+                return
+            if delivered >= quota and _ready(ctx, consumer, record):
+                # Its share taken and work left: the next consumer's turn. (With
+                # nothing ready the scan below reports DONE, as at any turn's end.)
+                _yield(ctx, consumer, record)
                 return
             if delivered >= LOCAL_BURST and (
                 delivered >= BURST or load(record + L.Q_CONSUMERS) <= 1
@@ -251,6 +275,15 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
             conn.write_many(out)
             if conn.confirm_timer is not None:
                 conn.deliveries_written()
+
+
+def _ready(ctx: WorkerContext, consumer: Consumer, record: int) -> int:
+    """Entries ready in the consumer's queue (over all levels of a priority queue)."""
+    load = ctx.atomic.load
+    levels = consumer.levels
+    if levels is None:
+        return int(load(record + L.Q_READY))
+    return sum(int(load(level + L.Q_READY)) for level in levels.records)
 
 
 def _yield(ctx: WorkerContext, consumer: Consumer, record: int) -> None:

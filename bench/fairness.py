@@ -1,0 +1,328 @@
+"""Fairness under load: how evenly one queue's identical consumers share its messages.
+
+N consumer processes, each a pika ``BlockingConnection`` with ``basic.qos`` prefetch
+10 that acknowledges every message on its own, consume one queue while the main
+process publishes M small messages into it (one pika ``BlockingConnection``). Each
+run counts the messages each consumer got; its share is that count over M (a fair
+share is 1/N). The report gives, per run, the least and the greatest share, and over
+all runs the least, the median and the greatest share of any consumer, and the
+standard deviation of the shares.
+
+    python bench/fairness.py --start-shoal --consumers 4 --runs 20
+    python bench/fairness.py --start-shoal --consumers 16 --runs 20 --load 3
+    python bench/fairness.py --uri amqp://guest:guest@127.0.0.1:5672/ --consumers 4
+
+``--start-shoal`` runs a broker on a free port for the duration (``--workers`` IO
+workers, default 2); ``--uri`` targets a running broker (RabbitMQ, say). ``--load N``
+adds CPU contention that is the same for every broker: N processes, each busy 5 ms
+then asleep 2 ms, for as long as the runs last. ``--json`` prints every run's counts
+as one JSON object instead of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from broker.cli import local_command  # noqa: E402
+from broker.scheduler import SWEEP_INTERVAL  # noqa: E402
+from shm import stats as S  # noqa: E402
+from shm.segment import Segment  # noqa: E402
+
+PREFETCH = 10
+BODY = b"x" * 32
+RUN_TIMEOUT_S = 300.0  # one run: every message consumed within this, or the run fails
+START_TIMEOUT_S = 30.0
+LOAD_BUSY_S = 0.005
+LOAD_IDLE_S = 0.002
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def amqp_ready(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2.0) as sock:
+            sock.sendall(b"AMQP\x00\x00\x09\x01")
+            return sock.recv(1)[:1] == b"\x01"
+    except OSError:
+        return False
+
+
+class BrokerWatch:
+    """What the Shoal we started has used so far: CPU seconds (all its
+    processes) and scheduler notifications (consumer turns)."""
+
+    def __init__(self, pid: int, runtime: str) -> None:
+        self.root = psutil.Process(pid)
+        self.seg = Segment.attach(os.path.join(runtime, "shoal.shm"))
+
+    def cpu(self) -> float:
+        total = 0.0
+        for p in [self.root, *self.root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def notifications(self) -> int:
+        # The scheduler publishes its counters once a second (SWEEP_INTERVAL).
+        time.sleep(SWEEP_INTERVAL + 0.1)
+        return S.totals(self.seg)[S.NOTIFICATIONS]
+
+
+@contextlib.contextmanager
+def started_shoal(workers: int) -> Iterator[tuple[str, BrokerWatch]]:
+    port = free_port()
+    runtime = tempfile.mkdtemp(prefix="shoal-fairness-")
+    cmd = local_command(port, workers, runtime)
+    with open(Path(runtime) / "broker.log", "wb") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not amqp_ready(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (Path(runtime) / "broker.log").read_text(errors="replace")[-2000:]
+                raise SystemExit(f"Shoal did not start:\n{tail}")
+            time.sleep(0.1)
+        yield f"amqp://guest:guest@127.0.0.1:{port}/", BrokerWatch(proc.pid, runtime)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
+        # The broker's children share its session; make sure none outlives it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.wait(5)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _hog(stop: Any) -> None:
+    while not stop.is_set():
+        until = time.perf_counter() + LOAD_BUSY_S
+        while time.perf_counter() < until:
+            pass
+        time.sleep(LOAD_IDLE_S)
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int) -> Iterator[None]:
+    """`processes` processes that compete for the CPU while the block runs."""
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    hogs = [ctx.Process(target=_hog, args=(stop,), daemon=True) for _ in range(processes)]
+    for p in hogs:
+        p.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in hogs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def consumer_main(
+    uri: str,
+    queue: str,
+    index: int,
+    counts: Any,
+    workers: Any,
+    cpu: Any,
+    ready: Any,
+    stop: Any,
+) -> None:
+    """One consumer process: prefetch 10, one basic.ack per message."""
+    conn = pika.BlockingConnection(pika.URLParameters(uri))
+    workers[index] = int((conn._impl.server_properties or {}).get("shoal_worker", -1))
+    channel = conn.channel()
+    channel.basic_qos(prefetch_count=PREFETCH)
+
+    def on_message(ch: Any, method: Any, _props: Any, _body: bytes) -> None:
+        counts[index] += 1
+        ch.basic_ack(method.delivery_tag)
+
+    channel.basic_consume(queue, on_message)
+    ready.release()
+    try:
+        while not stop.is_set():
+            conn.process_data_events(time_limit=0.05)
+    finally:
+        cpu[index] = time.process_time()
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def one_run(uri: str, consumers: int, messages: int) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("fork")
+    queue = f"fairness-{uuid.uuid4().hex[:8]}"
+    admin = pika.BlockingConnection(pika.URLParameters(uri))
+    publisher_worker = int((admin._impl.server_properties or {}).get("shoal_worker", -1))
+    channel = admin.channel()
+    channel.queue_declare(queue)
+    # One writer per slot: no lock needed.
+    counts = ctx.Array("q", consumers, lock=False)
+    workers = ctx.Array("q", consumers, lock=False)
+    cpu = ctx.Array("d", consumers, lock=False)
+    ready = ctx.Semaphore(0)
+    stop = ctx.Event()
+    procs = [
+        ctx.Process(
+            target=consumer_main,
+            args=(uri, queue, i, counts, workers, cpu, ready, stop),
+            daemon=True,
+        )
+        for i in range(consumers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            if not ready.acquire(timeout=START_TIMEOUT_S):
+                raise RuntimeError("a consumer did not start")
+        started = time.monotonic()
+        for _ in range(messages):
+            channel.basic_publish("", queue, BODY)
+        deadline = started + RUN_TIMEOUT_S
+        while sum(counts) < messages:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {sum(counts)} of {messages} consumed")
+            admin.process_data_events(time_limit=0.01)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        with contextlib.suppress(Exception):
+            channel.queue_delete(queue)
+            admin.close()
+    return {
+        "counts": list(counts),
+        "workers": list(workers),
+        "publisher_worker": publisher_worker,
+        "cpu_s": [round(c, 3) for c in cpu],
+        "seconds": round(elapsed, 3),
+    }
+
+
+def summarise(runs: list[dict[str, Any]], messages: int) -> dict[str, float]:
+    """Shares in per cent, over every consumer of every run."""
+    shares = [100 * c / messages for run in runs for c in run["counts"]]
+    return {
+        "min": min(shares),
+        "median": statistics.median(shares),
+        "max": max(shares),
+        "stdev": statistics.pstdev(shares),
+        "median_run_min": statistics.median(100 * min(r["counts"]) / messages for r in runs),
+        "median_run_max": statistics.median(100 * max(r["counts"]) / messages for r in runs),
+        "median_seconds": statistics.median(r["seconds"] for r in runs),
+        "median_broker_cpu_s": statistics.median(r.get("broker_cpu_s", 0.0) for r in runs),
+        "median_turns": statistics.median(r.get("turns", 0) for r in runs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--uri", help="a running broker, e.g. amqp://guest:guest@host:5672/")
+    target.add_argument("--start-shoal", action="store_true", help="start Shoal on a free port")
+    parser.add_argument("--workers", type=int, default=2, help="Shoal's IO workers (default 2)")
+    parser.add_argument("--consumers", type=int, default=4)
+    parser.add_argument("--messages", type=int, default=None, help="default 1000 per consumer")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--load", type=int, default=0, help="CPU-bound processes to run alongside")
+    parser.add_argument("--json", action="store_true", help="print every run's counts as JSON")
+    ns = parser.parse_args(argv)
+    messages = ns.messages or 1000 * ns.consumers
+
+    runs = []
+    with contextlib.ExitStack() as stack:
+        watch: BrokerWatch | None = None
+        if ns.uri:
+            uri = ns.uri
+        else:
+            uri, watch = stack.enter_context(started_shoal(ns.workers))
+        if ns.load:
+            stack.enter_context(cpu_load(ns.load))
+        for i in range(ns.runs):
+            if watch:
+                cpu, turns = watch.cpu(), watch.notifications()
+            run = one_run(uri, ns.consumers, messages)
+            if watch:
+                run["broker_cpu_s"] = round(watch.cpu() - cpu, 3)
+                run["turns"] = watch.notifications() - turns
+            runs.append(run)
+            if not ns.json:
+                shares = " ".join(f"{100 * c / messages:4.1f}" for c in run["counts"])
+                low, high = min(run["counts"]), max(run["counts"])
+                placed = "".join(str(w) for w in run["workers"] if w >= 0)
+                where = f"  workers {placed} (publisher {run['publisher_worker']})"
+                if "broker_cpu_s" in run:
+                    where += f"  broker CPU {run['broker_cpu_s']:.2f} s, {run['turns']} turns"
+                print(
+                    f"run {i + 1:2d}: min {100 * low / messages:4.1f} %  "
+                    f"max {100 * high / messages:4.1f} %  {run['seconds']:6.2f} s  "
+                    f"shares {shares}" + (where if placed else ""),
+                    flush=True,
+                )
+    summary = summarise(runs, messages)
+    if ns.json:
+        print(
+            json.dumps(
+                {
+                    "consumers": ns.consumers,
+                    "messages": messages,
+                    "load": ns.load,
+                    "runs": runs,
+                    "summary": summary,
+                }
+            )
+        )
+        return 0
+    print(
+        f"{ns.consumers} consumers, {messages} messages, {ns.runs} runs, load {ns.load} "
+        f"(fair share {100 / ns.consumers:.2f} %): share min {summary['min']:.1f} %, median "
+        f"{summary['median']:.1f} %, max {summary['max']:.1f} %, stdev {summary['stdev']:.2f}; "
+        f"per run, median of the least {summary['median_run_min']:.1f} % and of the "
+        f"greatest {summary['median_run_max']:.1f} %"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

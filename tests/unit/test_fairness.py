@@ -1,0 +1,193 @@
+"""Fairness of the hand-off between a queue's consumers (issue 11, item 6).
+
+The real pull loop (workers/consumer.py) over a real shared-memory queue, with
+the real QueueConsumerManager taking the scheduler's part; only the channel
+(credit bookkeeping, no frames) and the worker context (the scheduler link
+records what is sent) are stand-ins. Everything runs in this process, in
+order: nothing depends on timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.consumers import QueueConsumerManager
+from broker.ipc import Msg
+from shm import layout as L
+from shm.arena import Arena
+from shm.queues import QueueStore
+from shm.segment import Segment
+from tests.shm._support import publish
+from workers.consumer import BURST, Consumer, pull
+
+QID = 3
+WORKER = 0  # the consumers' worker (the publisher's arena is worker 1's)
+
+
+class FakeConn:
+    def write_many(self, frames: list[bytes]) -> None:
+        pass
+
+
+class FakeChannel:
+    """What pull() asks of a channel: credit (basic.qos) and deliver()."""
+
+    def __init__(self, prefetch: int) -> None:
+        self.prefetch_count = prefetch
+        self.global_prefetch = 0
+        self.prefetch_size = 0
+        self.global_prefetch_size = 0
+        self.unacked: dict[int, Any] = {}
+        self.unacked_bytes = 0
+        self.conn = FakeConn()
+
+    def can_deliver(self) -> bool:
+        return True
+
+    def deliver(
+        self,
+        consumer: Consumer,
+        qid: int,
+        seq: int,
+        block: int,
+        redelivered: bool,
+        out: list[bytes],
+    ) -> None:
+        consumer.unacked += 1
+
+
+class FakeContext:
+    """The worker context pull() uses; send() records the scheduler messages."""
+
+    def __init__(self, seg: Segment) -> None:
+        self.seg = seg
+        self.atomic = seg.atomic
+        self.store = QueueStore(seg, WORKER + 1)
+        self.sent: list[tuple[Any, ...]] = []
+
+    def send(self, *items: Any) -> None:
+        self.sent.append(items)
+
+
+@pytest.fixture
+def seg(tmp_path: Path) -> Iterator[Segment]:
+    limits = L.Limits(max_workers=2, max_queues=64, queue_capacity=256, arena_bytes=1 << 16)
+    seg = Segment.create(str(tmp_path / "seg"), limits)
+    QueueStore(seg, 0).create(QID, b"q", 0, 0)
+    yield seg
+    seg.unlink()
+
+
+def fill(seg: Segment, n: int) -> None:
+    producer, arena = QueueStore(seg, 2), Arena(seg, 1)
+    for i in range(n):
+        publish(seg, producer, arena, QID, b"m%d" % i, 1)
+
+
+def consumers(seg: Segment, n: int, prefetch: int) -> list[Consumer]:
+    """n consumers of the queue, as registered: the scheduler keeps Q_CONSUMERS."""
+    seg.atomic.store(seg.layout.queue(QID) + L.Q_CONSUMERS, n)
+    return [
+        Consumer(cid, b"c%d" % cid, FakeChannel(prefetch), QID, b"q", False, False, 0)  # type: ignore[arg-type]
+        for cid in range(n)
+    ]
+
+
+def ready(seg: Segment) -> int:
+    return int(seg.atomic.load(seg.layout.queue(QID) + L.Q_READY))
+
+
+def deal(ctx: FakeContext, group: list[Consumer]) -> list[int]:
+    """Turns as the scheduler gives them (broker/scheduler.py): notify the
+    first Interested consumer; DONE puts it at the back, INTEREST false takes
+    it out; the next one's turn, until nobody is notified. Returns what each
+    consumer got."""
+    qcm = QueueConsumerManager()
+    for c in group:
+        qcm.add((WORKER, c.cid))
+    got = [0] * len(group)
+    key = qcm.notify_next()
+    while key is not None:
+        consumer = group[key[1]]
+        before = consumer.unacked
+        ctx.sent.clear()
+        pull(ctx, consumer)  # type: ignore[arg-type]
+        got[consumer.cid] += consumer.unacked - before
+        for kind, cid, value in ctx.sent:
+            assert cid == consumer.cid
+            if kind == Msg.DONE:
+                qcm.done(key)
+            elif kind == Msg.INTEREST and not value:
+                qcm.set_interest(key, False)
+        key = qcm.notify_next() if ready(ctx.seg) else None
+    return got
+
+
+def test_turn_quota() -> None:
+    from workers.consumer import turn_quota
+
+    assert turn_quota(1000, 1) == BURST, "the only consumer takes a burst"
+    assert turn_quota(12, 4) == 3
+    assert turn_quota(13, 4) == 4
+    assert turn_quota(1, 4) == 1 and turn_quota(0, 4) == 1
+    assert turn_quota(10**6, 4) == BURST
+
+
+def test_a_turn_takes_its_share_of_the_backlog_not_its_credit(seg: Segment) -> None:
+    """Four consumers, twelve entries ready: the notified one takes three and
+    hands the turn on (DONE -1), however much credit it has."""
+    fill(seg, 12)
+    ctx = FakeContext(seg)
+    first = consumers(seg, 4, prefetch=10)[0]
+    pull(ctx, first)  # type: ignore[arg-type]
+    assert first.unacked == 3, f"took {first.unacked} of 12 ready (credit 10)"
+    assert ctx.sent == [(Msg.DONE, first.cid, -1)], "a yield: the next consumer's turn"
+    assert ready(seg) == 9
+
+
+def test_the_last_share_ends_the_turn_as_dry(seg: Segment) -> None:
+    """A share that empties the queue ends with DONE(changes), as any turn
+    that runs dry, so the scheduler waits for the next publish."""
+    fill(seg, 1)
+    ctx = FakeContext(seg)
+    first = consumers(seg, 4, prefetch=10)[0]
+    pull(ctx, first)  # type: ignore[arg-type]
+    assert first.unacked == 1 and ready(seg) == 0
+    ((kind, cid, changes),) = ctx.sent
+    assert (kind, cid) == (Msg.DONE, first.cid) and changes >= 0
+
+
+def test_the_only_consumer_is_not_held_to_a_share(seg: Segment) -> None:
+    fill(seg, 12)
+    ctx = FakeContext(seg)
+    (only,) = consumers(seg, 1, prefetch=10)
+    pull(ctx, only)  # type: ignore[arg-type]
+    assert only.unacked == 10
+    assert ctx.sent == [(Msg.INTEREST, only.cid, False)], "stopped by its credit"
+
+
+def test_a_burst_is_dealt_to_every_waiting_consumer(seg: Segment) -> None:
+    """Twenty entries for four idle consumers with prefetch 10. Taking all it
+    could, the first notified took ten, the second the other ten and the last
+    two nothing: a consumer's share hung on how much was ready at its turn.
+    Dealt in shares, every consumer gets part of the burst."""
+    fill(seg, 20)
+    ctx = FakeContext(seg)
+    got = deal(ctx, consumers(seg, 4, prefetch=10))
+    assert sum(got) == 20 and ready(seg) == 0
+    assert min(got) >= 3 and max(got) <= 8, f"dealt {got}"
+
+
+def test_a_deep_backlog_still_goes_out_in_bursts(seg: Segment) -> None:
+    """No extra round trips when there is plenty: with 200 ready and credit
+    10, each of four consumers takes its full credit in one turn."""
+    fill(seg, 200)
+    ctx = FakeContext(seg)
+    group = consumers(seg, 4, prefetch=10)
+    got = deal(ctx, group)
+    assert got == [10, 10, 10, 10]
+    assert ready(seg) == 160
