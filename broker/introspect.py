@@ -19,7 +19,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from broker.ipc import Msg
-from shm import layout as L
 
 if TYPE_CHECKING:
     from broker.scheduler import QueueState, Scheduler
@@ -113,7 +112,7 @@ class Introspection:
         self, q: QueueState, by_key: dict[tuple[int, int], dict[str, Any]]
     ) -> dict[str, Any]:
         scheduler = self.scheduler
-        now = scheduler.total(q, L.Q_CHANGES)
+        now = scheduler.changes(q)
         active = q.qcm.active() if q.qcm.single_active else None
         consumers = []
         for key in q.qcm:
@@ -132,7 +131,7 @@ class Introspection:
             "name": q.name.decode(errors="replace"),
             "max_priority": q.max_priority,
             "single_active_consumer": q.qcm.single_active,
-            "messages_ready": scheduler.total(q, L.Q_READY),
-            "messages_unacked": scheduler.total(q, L.Q_UNACKED),
+            "messages_ready": scheduler.ready(q),
+            "messages_unacked": scheduler.unacked(q),
             "consumers": consumers,
         }

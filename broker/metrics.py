@@ -75,8 +75,8 @@ from setproctitle import setproctitle
 
 from broker.config import Config
 from broker.definitions import Definitions
+from shm import counters, memory
 from shm import layout as L
-from shm import memory
 from shm import stats as S
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
@@ -228,20 +228,19 @@ class Snapshot:
             if a.load(layout.proc(slot) + L.P_ROLE) == L.ROLE_WORKER
         )
         self.queues: list[QueueRow] = []
-        word = store.word
         for vhost_id, name, qid in sorted(store.scan()):
             row = QueueRow(vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"))
-            logs = store.logs(qid)  # a priority queue's levels
-            row.ready = sum(word(log_qid, L.Q_READY) for log_qid in logs)
-            row.unacked = sum(word(log_qid, L.Q_UNACKED) for log_qid in logs)
-            row.published = sum(word(log_qid, L.Q_PUBLISHED) for log_qid in logs)
-            row.bytes = sum(word(log_qid, L.Q_BYTES) for log_qid in logs)
-            row.ready_bytes = sum(word(log_qid, L.Q_READY_BYTES) for log_qid in logs)
-            row.consumers = word(qid, L.Q_CONSUMERS)
-            row.capacity = word(qid, L.Q_CAPACITY)
-            row.resume = word(qid, L.Q_RESUME)
-            row.blocked = sum(word(log_qid, L.Q_BLOCKED_PUBLISHERS) for log_qid in logs)
-            row.flow_blocked = int(any(word(log_qid, L.Q_FLOW) != L.FLOW_OPEN for log_qid in logs))
+            c = counters.read(store, qid)  # summed over a priority queue's levels
+            row.ready = c.ready
+            row.unacked = c.unacked
+            row.published = c.published
+            row.bytes = c.bytes
+            row.ready_bytes = c.ready_bytes
+            row.consumers = c.consumers
+            row.capacity = c.capacity
+            row.resume = c.resume
+            row.blocked = c.blocked_publishers
+            row.flow_blocked = int(c.flow_blocked)
             self.queues.append(row)
 
 

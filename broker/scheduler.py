@@ -204,7 +204,7 @@ class Scheduler:
         used = set()
         vhosts = {vhost_id: name for name, vhost_id in self.definitions.vhost_ids.items()}
         for vhost_id, name, qid in self.store.scan():
-            flags = self.store.word(qid, L.Q_FLAGS)
+            flags = self.store.flags(qid)
             q = QueueState(
                 qid,
                 vhosts.get(vhost_id, self.vhost),
@@ -212,9 +212,9 @@ class Scheduler:
                 bool(flags & L.QF_DURABLE),
                 bool(flags & L.QF_EXCLUSIVE),
                 bool(flags & L.QF_AUTO_DELETE),
-                self.store.word(qid, L.Q_OWNER),
+                self.store.owner_connection(qid),
             )
-            q.max_priority = self.store.word(qid, L.Q_MAX_PRIORITY)
+            q.max_priority = self.store.max_priority(qid)
             arguments = self.definitions.queue_arguments.get((q.vhost, name.decode()), {})
             q.qcm.single_active = arguments.get("x-single-active-consumer") is True
             self.queues[qid] = q
@@ -355,7 +355,7 @@ class Scheduler:
             self.stats.v[S.QUEUES_CREATED] += 1
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
-        return [q.qid, q.name, self.total(q, L.Q_READY), len(q.qcm)]
+        return [q.qid, q.name, self.ready(q), len(q.qcm)]
 
     def _level(self, qid: int, level: int) -> list[Any]:
         """A publisher needs priority `level` of queue `qid`: give it a slot.
@@ -374,7 +374,7 @@ class Scheduler:
         vhost_id = self.definitions.vhost_ids[q.vhost]
         # A level has its queue's capacity and length limits, so that a publish
         # to it finds them with the same one load as a queue's own publish.
-        word = self.store.word
+        capacity, resume, length_limits = self.store.limits_of(qid)
         self.store.create(
             slot,
             b"",
@@ -383,23 +383,29 @@ class Scheduler:
             vhost_id,
             parent=qid,
             level=level,
-            capacity=word(qid, L.Q_CAPACITY),
-            resume=word(qid, L.Q_RESUME),
-            length_limits=(
-                word(qid, L.Q_MAX_LENGTH),
-                word(qid, L.Q_MAX_BYTES),
-                word(qid, L.Q_OVERFLOW),
-            ),
+            capacity=capacity,
+            resume=resume,
+            length_limits=length_limits,
         )
         q.levels[level] = slot
         self.level_of[slot] = q
         # Watched from the start, so its first publisher wakes us if we wait.
-        self.a.store(self.seg.layout.queue(slot) + L.Q_WATCH, 1)
+        self.store.set_watch(slot, True)
         return [slot]
 
-    def total(self, q: QueueState, field: int) -> int:
-        """A queue-record counter over all the queue's levels."""
-        return sum(self.store.word(qid, field) for qid in q.levels.values())
+    def ready(self, q: QueueState) -> int:
+        """Ready entries over all the queue's levels."""
+        log_ready = self.store.log_ready
+        return sum(log_ready(qid) for qid in q.levels.values())
+
+    def unacked(self, q: QueueState) -> int:
+        log_unacked = self.store.log_unacked
+        return sum(log_unacked(qid) for qid in q.levels.values())
+
+    def changes(self, q: QueueState) -> int:
+        """CHANGES summed over all the queue's levels."""
+        changes = self.store.changes
+        return sum(changes(qid) for qid in q.levels.values())
 
     def _check_queue_arguments(self, q: QueueState, arguments: dict[str, Any]) -> None:
         """RabbitMQ compares the arguments it knows on a redeclare; others
@@ -439,7 +445,7 @@ class Scheduler:
             raise E.ChannelError(
                 E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
             )
-        ready = self.total(q, L.Q_READY)
+        ready = self.ready(q)
         # RabbitMQ counts ready messages only: a message delivered and not
         # yet acknowledged does not make the queue "not empty".
         if if_empty and ready:
@@ -463,7 +469,7 @@ class Scheduler:
             link = self.links.get(worker)
             if link is not None:
                 link.send(Msg.CONSUMER_GONE, cid)
-        if self.store.word(q.qid, L.Q_FLOW) != L.FLOW_OPEN:
+        if not self.store.flow_open(q.qid):
             self._unblock(q.qid)  # its publishers wait for nothing now
         for level, qid in q.levels.items():
             self.store.remove(qid)
@@ -656,7 +662,7 @@ class Scheduler:
         q.qcm.add(key, priority, acquiring, interested, since)
         q.had_consumers = True
         self.consumers[key] = (q.qid, exclusive)
-        self.a.store(self.seg.layout.queue(q.qid) + L.Q_CONSUMERS, len(q.qcm))
+        self.store.set_consumer_count(q.qid, len(q.qcm))
         if interested:
             self._interested(q, key)
 
@@ -678,7 +684,7 @@ class Scheduler:
         q.qcm.remove(key)
         q.browsing.pop(key, None)
         q.dry.pop(key, None)
-        self.a.store(self.seg.layout.queue(q.qid) + L.Q_CONSUMERS, len(q.qcm))
+        self.store.set_consumer_count(q.qid, len(q.qcm))
         if q.auto_delete and q.had_consumers and not len(q.qcm):
             self._remove_queue(q)
             return
@@ -775,19 +781,19 @@ class Scheduler:
         current CHANGES, e.g. one whose selector wants none of what is
         there, is skipped); for each browser, CHANGES moved from its value."""
         acquirer = q.qcm.notified is None and q.qcm.has_interested()
-        watches = [self.seg.layout.queue(qid) + L.Q_WATCH for qid in q.levels.values()]
+        logs = q.levels.values()
         if not acquirer and not q.browsing:
             if q.qcm.notified is None:
-                for watch in watches:
-                    self.a.store(watch, 0)
+                for log in logs:
+                    self.store.set_watch(log, False)
             return
-        for watch in watches:
-            self.a.store(watch, 1)
+        for log in logs:
+            self.store.set_watch(log, True)
         # READY first, CHANGES second; publishers and releasers bump them in
         # the opposite order: any entry counted in `ready` is counted in `now`
         # too, so a consumer that ran dry at `now` has had it in its scan.
-        ready = self.total(q, L.Q_READY)
-        now = self.total(q, L.Q_CHANGES)
+        ready = self.ready(q)
+        now = self.changes(q)
         self._wake_browsers(q, now)
         if not acquirer or not ready:
             return
@@ -797,8 +803,8 @@ class Scheduler:
             return  # all have seen this state: wait for the next change
         # Claim the wake-up: a publisher that claimed one first only causes
         # a spurious _on_wake (a notified queue is left alone).
-        for watch in watches:
-            self.a.store(watch, 0)
+        for log in logs:
+            self.store.set_watch(log, False)
         self._notify(key)
 
     def _notify(self, key: ConsumerKey) -> None:
@@ -815,7 +821,7 @@ class Scheduler:
         if not q.browsing:
             return
         if now is None:
-            now = self.total(q, L.Q_CHANGES)
+            now = self.changes(q)
         for key, changes in list(q.browsing.items()):
             if changes != now:
                 del q.browsing[key]
@@ -831,12 +837,12 @@ class Scheduler:
 
     def _stalled(self, q: QueueState) -> bool:
         if q.browsing:
-            now = self.total(q, L.Q_CHANGES)
+            now = self.changes(q)
             if any(changes != now for changes in q.browsing.values()):
                 return True
-        if q.qcm.notified is not None or not self.total(q, L.Q_READY):
+        if q.qcm.notified is not None or not self.ready(q):
             return False
-        now = self.total(q, L.Q_CHANGES)  # after READY, as in _watch
+        now = self.changes(q)  # after READY, as in _watch
         return any(q.dry.get(key) != now for key in q.qcm.candidates())
 
     def _with_capacity_defaults(self, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -874,7 +880,7 @@ class Scheduler:
         for q in self.queues.values():
             # An acker killed between its byte decrement and its Q_FLOW check
             # (or before its kick) would leave publishers blocked for good.
-            if self.store.word(q.qid, L.Q_FLOW) != L.FLOW_OPEN:
+            if not self.store.flow_open(q.qid):
                 flow.drained(self.seg, self.waker, *self.store.flow_queue(q.qid))
                 if flow.take_release(self.seg, q.qid):
                     self._unblock(q.qid)

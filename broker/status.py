@@ -11,8 +11,8 @@ from typing import Any
 
 from broker.definitions import Definitions
 from broker.introspect import socket_path
+from shm import counters, memory
 from shm import layout as L
-from shm import memory
 from shm import stats as S
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
@@ -36,7 +36,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
             "connections": a.load(base + L.P_CONNECTIONS),
         }
         if role == L.ROLE_WORKER:
-            counters = S.read(seg, slot)
+            worker_counters = S.read(seg, slot)
             beat = a.load(base + L.P_HEARTBEAT_NS)
             used, blocks = arena_usage(seg, slot)
             entry.update(
@@ -44,8 +44,8 @@ def snapshot(seg: Segment) -> dict[str, Any]:
                 alarms=_alarm_names(a.load(base + L.P_ALARMS)),
                 incarnation=a.load(base + L.P_INCARNATION),
                 heartbeat_age_s=round((now - beat) / 1e9, 3) if beat else None,
-                published=counters[S.RECEIVED],
-                delivered=sum(counters[i] for i in S.DELIVERED),
+                published=worker_counters[S.RECEIVED],
+                delivered=sum(worker_counters[i] for i in S.DELIVERED),
                 arena_used_bytes=used,
                 arena_live_blocks=blocks,
             )
@@ -61,24 +61,25 @@ def snapshot(seg: Segment) -> dict[str, Any]:
     priority_queues = store.priority_levels()
     for vhost_id, name, qid in sorted(store.scan()):
         levels = priority_queues.get(qid)
+        c = counters.read(store, qid)
         queues.append(
             {
                 "vhost": vhosts.get(vhost_id, str(vhost_id)),
                 "name": name.decode(errors="replace"),
-                "messages_ready": store.total(qid, L.Q_READY),
-                "messages_unacked": store.total(qid, L.Q_UNACKED),
-                "consumers": store.word(qid, L.Q_CONSUMERS),
-                "published": store.total(qid, L.Q_PUBLISHED),
-                "head": store.word(qid, L.Q_HEAD),
-                "tail": store.word(qid, L.Q_TAIL),
+                "messages_ready": c.ready,
+                "messages_unacked": c.unacked,
+                "consumers": c.consumers,
+                "published": c.published,
+                "head": c.head,
+                "tail": c.tail,
                 "max_priority": levels.max_priority if levels else 0,
-                "bytes": store.total(qid, L.Q_BYTES),
-                "capacity": store.word(qid, L.Q_CAPACITY),
-                "flow": _FLOW_NAMES.get(store.word(qid, L.Q_FLOW), "?"),
-                "blocked_publishers": store.word(qid, L.Q_BLOCKED_PUBLISHERS),
-                "max_length": _limit(store.word(qid, L.Q_MAX_LENGTH)),
-                "max_length_bytes": _limit(store.word(qid, L.Q_MAX_BYTES)),
-                "overflow": _OVERFLOW_NAMES.get(store.word(qid, L.Q_OVERFLOW)),
+                "bytes": c.bytes,
+                "capacity": c.capacity,
+                "flow": counters.FLOW_NAMES.get(c.flow, "?"),
+                "blocked_publishers": c.blocked_publishers,
+                "max_length": _limit(c.max_length),
+                "max_length_bytes": _limit(c.max_bytes),
+                "overflow": counters.OVERFLOW_NAMES.get(c.overflow),
                 "priority_levels_used": sorted(levels.by_level) if levels else [],
             }
         )
@@ -95,14 +96,6 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         "processes": processes,
         "queues": queues,
     }
-
-
-_FLOW_NAMES = {L.FLOW_OPEN: "open", L.FLOW_BLOCKED: "blocked", L.FLOW_RELEASE: "releasing"}
-_OVERFLOW_NAMES = {
-    L.OVERFLOW_DROP_HEAD: "drop-head",
-    L.OVERFLOW_REJECT_PUBLISH: "reject-publish",
-    L.OVERFLOW_REJECT_PUBLISH_DLX: "reject-publish-dlx",
-}
 
 
 _ALARM_NAMES = ((memory.ALARM_MEMORY, "memory"), (memory.ALARM_DISK, "disk"))

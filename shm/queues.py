@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from shm import flow, limits
 from shm import layout as L
 from shm._atomic import Atomic
 from shm.arena import body_length, body_refs_drop, peek_message
 from shm.segment import Segment
+from shm.wake import Waker
 
 _SEQ = L.SEQ_SHIFT
 _AVAIL = L.S_AVAILABLE
@@ -40,6 +42,14 @@ def _unpublished(word: int, seq: int) -> bool:
     older lap, or is the never-used word 0 of seq 0)."""
     wseq = word >> _SEQ
     return wseq < seq or (wseq == seq and word & L.STATE_MASK == L.S_EMPTY)
+
+
+# What QueueStore.publish did with a message for one queue.
+APPENDED = 0  # it is in the queue
+REJECTED = 1  # refused by the queue's length limit (x-overflow reject-publish)
+OVER_CAPACITY = 2  # appended, and the queue is now over its x-capacity: its publisher waits
+GONE = 3  # the queue was deleted meanwhile: dropped for it, as if deleted a moment later
+FULL = 4  # its log has no free cell: nothing was done, publish again later
 
 
 class QueueFull(Exception):
@@ -67,13 +77,19 @@ class QueueStore:
         "owner",
         "owner_bits",
         "seg",
+        "waker",
     )
 
-    def __init__(self, seg: Segment, owner: int = 0, slot: int | None = None) -> None:
+    def __init__(
+        self, seg: Segment, owner: int = 0, slot: int | None = None, waker: Waker | None = None
+    ) -> None:
         """`owner`: IO worker index + 1, or 0 for processes that never acquire.
         `slot`: this process's process-table slot (default: the worker's own,
-        or the supervisor's), where it advertises a reference drop in flight."""
+        or the supervisor's), where it advertises a reference drop in flight.
+        `waker`: the scheduler's wake-up (shm/wake.py), needed by publish,
+        settle and requeue."""
         self.seg = seg
+        self.waker = waker
         self.a = seg.atomic
         self.layout = seg.layout
         self.cap = seg.layout.limits.queue_capacity
@@ -135,15 +151,101 @@ class QueueStore:
         levels = self.priority_levels().get(qid)
         return [qid] if levels is None else levels.descending
 
+    def declared(self, qid: int) -> int:
+        """The declared queue that log `qid` belongs to: itself, or for a level
+        of a priority queue (section 2a of shm/ARCHITECTURE.md) the queue the
+        client declared. Every rule that applies to "the queue" (length
+        limits, capacity, flow) asks this."""
+        parent = self.a.load(self.layout.queue(qid) + L.Q_PARENT)
+        return parent - 1 if parent else qid
+
     def flow_queue(self, qid: int) -> tuple[int, list[int] | None]:
         """The queue whose flow words (shm/flow.py) govern log `qid`, and the
         logs whose bytes count against its capacity (None: its own only)."""
-        parent = self.word(qid, L.Q_PARENT)
-        if parent:
-            return parent - 1, self.logs(parent - 1)
+        declared = self.declared(qid)
+        if declared != qid:
+            return declared, self.logs(declared)
         if self.word(qid, L.Q_MAX_PRIORITY):
             return qid, self.logs(qid)
         return qid, None
+
+    def changes(self, qid: int) -> int:
+        """Log `qid`'s state-change counter (Q_CHANGES: bumped by every
+        append and release; the scheduler compares what a consumer saw)."""
+        return self.a.load(self.layout.queue(qid) + L.Q_CHANGES)
+
+    def tail(self, qid: int) -> int:
+        """The next seq log `qid` will reserve (reserved before published)."""
+        return self.a.load(self.layout.queue(qid) + L.Q_TAIL)
+
+    def consumer_count(self, qid: int) -> int:
+        """Consumers of queue `qid`, as the scheduler last wrote them."""
+        return self.a.load(self.layout.queue(qid) + L.Q_CONSUMERS)
+
+    def count_blocked_publisher(self, qid: int, delta: int, state: int | None) -> int:
+        """A connection blocks on (delta 1) or is released from (-1) queue
+        `qid`'s capacity: keep the queue's count for the metrics, unless the
+        queue was deleted since (`state`, its Q_STATE when the connection
+        blocked, changed). Returns Q_STATE, to pass back on release."""
+        a, q = self.a, self.layout.queue(qid)
+        now = a.load(q + L.Q_STATE)
+        if state is None or state == now:
+            a.fetch_add(q + L.Q_BLOCKED_PUBLISHERS, delta)
+        return now
+
+    def log_ready(self, qid: int) -> int:
+        """Ready entries in log `qid` alone."""
+        return self.a.load(self.layout.queue(qid) + L.Q_READY)
+
+    def log_unacked(self, qid: int) -> int:
+        """Acquired, unsettled entries in log `qid` alone."""
+        return self.a.load(self.layout.queue(qid) + L.Q_UNACKED)
+
+    def set_consumer_count(self, qid: int, count: int) -> None:
+        """Scheduler: publish queue `qid`'s consumer count (consumer_count)."""
+        self.a.store(self.layout.queue(qid) + L.Q_CONSUMERS, count)
+
+    def set_watch(self, qid: int, watching: bool) -> None:
+        """Scheduler: ask publishers to wake it (shm/wake.py) at log `qid`'s
+        next change, or stop asking."""
+        self.a.store(self.layout.queue(qid) + L.Q_WATCH, int(watching))
+
+    def flow_open(self, qid: int) -> bool:
+        """Whether queue `qid`'s flow word is FLOW_OPEN (shm/flow.py)."""
+        return self.a.load(self.layout.queue(qid) + L.Q_FLOW) == L.FLOW_OPEN
+
+    def flags(self, qid: int) -> int:
+        """Queue `qid`'s QF_* flags (durable, exclusive, auto-delete)."""
+        return self.a.load(self.layout.queue(qid) + L.Q_FLAGS)
+
+    def owner_connection(self, qid: int) -> int:
+        """The connection id recorded as queue `qid`'s owner (0: none)."""
+        return self.a.load(self.layout.queue(qid) + L.Q_OWNER)
+
+    def max_priority(self, qid: int) -> int:
+        """Queue `qid`'s x-max-priority (0: not a priority queue)."""
+        return self.a.load(self.layout.queue(qid) + L.Q_MAX_PRIORITY)
+
+    def limits_of(self, qid: int) -> tuple[int, int, tuple[int, int, int]]:
+        """(capacity, resume, (max length, max bytes, overflow)) of queue
+        `qid`, as its record holds them: what create() takes to give a
+        priority level the same limits."""
+        word = self.word
+        return (
+            word(qid, L.Q_CAPACITY),
+            word(qid, L.Q_RESUME),
+            (word(qid, L.Q_MAX_LENGTH), word(qid, L.Q_MAX_BYTES), word(qid, L.Q_OVERFLOW)),
+        )
+
+    def ready(self, qid: int) -> int:
+        """Messages ready in queue `qid` (over all its logs)."""
+        return self.total(qid, L.Q_READY)
+
+    def exclusive_owner(self, qid: int) -> int | None:
+        """The connection id that owns an exclusive queue (None: not exclusive)."""
+        if self.flags(qid) & L.QF_EXCLUSIVE:
+            return self.owner_connection(qid)
+        return None
 
     def total(self, qid: int, field: int) -> int:
         """A queue-record counter summed over the queue's logs."""
@@ -266,6 +368,74 @@ class QueueStore:
         for field in (L.Q_READY, L.Q_UNACKED, L.Q_BYTES, L.Q_READY_BYTES):
             a.store(q + field, 0)
         return dropped
+
+    # ------------------------------------------------- publish and settle
+    # What a queue does with a message beyond its log: length limits and
+    # overflow, capacity flow control, the scheduler's wake-up. One call per
+    # queue for a publish and one for an ack or a requeue, so that a worker
+    # never reads a queue record itself and every path that enqueues or
+    # settles passes here.
+
+    def publish(self, qid: int, block: int, body_size: int, intent: int) -> int:
+        """Append a reference to `block` (its body `body_size` bytes) to log
+        `qid` under the queue's rules; returns the outcome (APPENDED,
+        REJECTED, OVER_CAPACITY, GONE or FULL). `intent`: as for append().
+        Entries a drop-head limit deletes release the queue's capacity."""
+        a = self.a
+        q = self.layout.queue(qid)
+        limited = a.load(q + L.Q_OVERFLOW)  # one load when the queue has no limit
+        if limited and not limits.admits(self, qid, body_size):
+            return REJECTED
+        a.fetch_add(block + L.B_REFS, 1)
+        try:
+            self.append(qid, block, intent)
+        except QueueGone:
+            return GONE  # append took its reference back
+        except QueueFull:
+            a.fetch_add(block + L.B_REFS, -1)
+            return FULL if self.is_active(qid) else GONE
+        outcome = APPENDED
+        if limited:
+            for dropped in limits.drop_head(self, qid):
+                self._drained(dropped)
+        if a.load(q + L.Q_CAPACITY):  # one load when the queue has no capacity
+            target, logs = self.flow_queue(qid)
+            if flow.over_capacity(self.seg, target, logs):
+                outcome = OVER_CAPACITY
+        assert self.waker is not None
+        self.waker.work_added(qid)
+        return outcome
+
+    def settle(self, qid: int, seq: int) -> None:
+        """An acquired entry is done with (ack, or reject without requeue):
+        delete it, and release the queue's blocked publishers if that took
+        it to its resume size."""
+        self.ack(qid, seq)
+        self._drained(qid)
+
+    def settle_taken(self, qid: int, seq: int) -> None:
+        """An entry delivered with no-ack (or fetched by basic.get no-ack):
+        settle() for an entry whose acquire counted it as unacked."""
+        self.take_no_ack(qid, seq)
+        self._drained(qid)
+
+    def requeue(self, qid: int, seq: int) -> None:
+        """An acquired entry goes back to the queue, redelivered, and the
+        scheduler hears of the work."""
+        if self.release(qid, seq):
+            assert self.waker is not None
+            self.waker.work_added(qid)
+
+    def _drained(self, qid: int) -> None:
+        """Entries of `qid` were deleted: release its blocked publishers if
+        that took it to its resume size (one load unless it has a capacity,
+        three unless publishers are blocked on it)."""
+        a, layout = self.a, self.layout
+        if a.load(layout.queue(qid) + L.Q_CAPACITY):
+            target = self.declared(qid)
+            if a.load(layout.queue(target) + L.Q_FLOW) == L.FLOW_BLOCKED:
+                assert self.waker is not None
+                flow.drained(self.seg, self.waker, *self.flow_queue(qid))
 
     # ---------------------------------------------------------------- the log
     def append(self, qid: int, block: int, intent: int) -> int:

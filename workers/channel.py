@@ -16,8 +16,6 @@ from broker import errors as E
 from broker.ipc import Msg
 from broker.routing import EXCHANGE_TYPES
 from broker.selector import Selector, SelectorError, compile_selector
-from shm import flow
-from shm import layout as L
 from shm import stats as S
 from shm.arena import (
     message_size,
@@ -25,7 +23,7 @@ from shm.arena import (
     release_hold,
     write_message,
 )
-from shm.queues import Message, QueueFull, QueueGone
+from shm.queues import FULL, OVER_CAPACITY, REJECTED, Message
 from shm.stats import (
     DELIVERED_CONSUME_AUTO_ACK,
     DELIVERED_CONSUME_MANUAL_ACK,
@@ -39,7 +37,6 @@ from shm.stats import (
     size_bucket,
 )
 from workers import framing as F
-from workers import limits
 from workers.consumer import Consumer, update_interest
 from workers.context import RemoteError
 from workers.levels import Levels
@@ -587,39 +584,19 @@ class Channel:
         queues still to do, and the caller retries later."""
         ctx = self.ctx
         block = pending.block
-        a = ctx.atomic
-        queues = ctx.seg.layout.queues
+        publish = ctx.store.publish
         while pending.qids:
             qid = pending.qids[0]
-            q = queues + qid * L.QUEUE_SIZE
-            # Length limits (one load when the queue has none): workers/limits.py.
-            limited = a.load(q + L.Q_OVERFLOW)
-            if limited and not limits.admits(ctx.store, qid, pending.body_size):
-                pending.rejected = True
-                pending.qids.pop(0)
-                continue
-            a.fetch_add(block + L.B_REFS, 1)
-            try:
-                ctx.store.append(qid, block, ctx.slot)
-                if limited:
-                    for dropped in limits.drop_head(ctx.store, qid):
-                        self._drained(dropped)
-                # x-capacity (one load when the queue has none): over it,
-                # this connection's next publishes wait (shm/flow.py).
-                if a.load(q + L.Q_CAPACITY):
-                    target, logs = ctx.store.flow_queue(qid)
-                    if flow.over_capacity(ctx.seg, target, logs):
-                        self.conn.flow_block(target, logs)
-            except QueueGone:
-                pass  # deleted meanwhile: append took its reference back
-            except QueueFull:
-                a.fetch_add(block + L.B_REFS, -1)
-                if ctx.store.is_active(qid):
+            outcome = publish(qid, block, pending.body_size, ctx.slot)
+            if outcome:
+                if outcome == FULL:
                     return False
-                # The queue was deleted meanwhile: the message is dropped
-                # for it, exactly as if it had been deleted a moment later.
+                if outcome == REJECTED:
+                    pending.rejected = True
+                elif outcome == OVER_CAPACITY:
+                    # This connection's next publishes wait (shm/flow.py).
+                    self.conn.flow_block(*ctx.store.flow_queue(qid))
             pending.qids.pop(0)
-            ctx.waker.work_added(qid)
             if self.confirm and self.consumers and not self.confirm_held:
                 self.confirm_held = self._consumes(qid)
         release_hold(ctx.seg, block)
@@ -680,8 +657,7 @@ class Channel:
         if consumer.no_ack:
             stats[DELIVERED_CONSUME_AUTO_ACK] += 1
             if seq >= 0:
-                self.ctx.store.take_no_ack(qid, seq)
-                self._drained(qid)
+                self.ctx.store.settle_taken(qid, seq)
         else:
             stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
             size = len(body)
@@ -735,26 +711,10 @@ class Channel:
     def _finish(self, qid: int, seq: int, requeue: bool | None) -> None:
         if seq < 0:
             return  # a browser's copy: nothing was taken from the queue
-        ctx = self.ctx
         if requeue:
-            if ctx.store.release(qid, seq):
-                ctx.waker.work_added(qid)
-            return
-        ctx.store.ack(qid, seq)
-        self._drained(qid)
-
-    def _drained(self, qid: int) -> None:
-        """Entries of `qid` were deleted: release its blocked publishers if
-        that took it to its resume size (one load unless it has a capacity,
-        three unless publishers are blocked on it)."""
-        ctx = self.ctx
-        a, queues = ctx.atomic, ctx.seg.layout.queues
-        q = queues + qid * L.QUEUE_SIZE
-        if a.load(q + L.Q_CAPACITY):
-            parent = a.load(q + L.Q_PARENT)
-            target = parent - 1 if parent else qid
-            if a.load(queues + target * L.QUEUE_SIZE + L.Q_FLOW) == L.FLOW_BLOCKED:
-                flow.drained(ctx.seg, ctx.waker, *ctx.store.flow_queue(qid))
+            self.ctx.store.requeue(qid, seq)
+        else:
+            self.ctx.store.settle(qid, seq)
 
     def requeue_all(self) -> None:
         for consumer, qid, seq, _size in self.unacked.values():
@@ -941,11 +901,8 @@ class Channel:
                 E.no_queue(raw.decode(errors="replace"), self.conn.vhost),
                 *class_method,
             )
-        store = self.ctx.store
-        if (
-            store.word(qid, L.Q_FLAGS) & L.QF_EXCLUSIVE
-            and store.word(qid, L.Q_OWNER) != self.conn.id
-        ):
+        owner = self.ctx.store.exclusive_owner(qid)
+        if owner is not None and owner != self.conn.id:
             raise E.ChannelError(
                 E.RESOURCE_LOCKED,
                 E.locked_queue(raw.decode(errors="replace"), self.conn.vhost),
@@ -1216,12 +1173,11 @@ class Channel:
         tag = self.next_tag
         self.next_tag += 1
         if method.no_ack:
-            ctx.store.take_no_ack(log_qid, seq)
-            self._drained(log_qid)
+            ctx.store.settle_taken(log_qid, seq)
         else:
             self.unacked[tag] = (None, log_qid, seq, len(body))
             self.unacked_bytes += len(body)
-        ready = sum(ctx.store.word(log_qid, L.Q_READY) for log_qid in logs)
+        ready = ctx.store.ready(qid)
         frames = [
             F.encode_method(
                 self.number,

@@ -313,11 +313,7 @@ class Connection(asyncio.Protocol):
         Q_STATE when this connection blocked on it, changed). Returns Q_STATE."""
         if qid < 0:  # ALARM, ALARM_PENDING
             return 0
-        a, q = self.ctx.atomic, self.ctx.seg.layout.queue(qid)
-        now = a.load(q + L.Q_STATE)
-        if state is None or state == now:
-            a.fetch_add(q + L.Q_BLOCKED_PUBLISHERS, delta)
-        return now
+        return self.ctx.store.count_blocked_publisher(qid, delta, state)
 
     def flow_held(self, size: int) -> None:
         """A channel kept a frame back: past a bound, stop reading too (a

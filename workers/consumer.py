@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.ipc import Msg
-from shm import layout as L
 from workers.levels import Levels
 
 if TYPE_CHECKING:
@@ -187,7 +186,7 @@ def update_interest(ctx: WorkerContext, consumer: Consumer) -> None:
         if not want:
             consumer.notified = False
         ctx.send(Msg.INTEREST, consumer.cid, want)
-        if want and ctx.atomic.load(ctx.seg.layout.queue(consumer.qid) + L.Q_CONSUMERS) == 1:
+        if want and ctx.store.consumer_count(consumer.qid) == 1:
             # The queue's only consumer got credit back: start pulling now
             # rather than after the scheduler's NOTIFY. Harmless if that
             # NOTIFY comes too (acquisition is by CAS; the scheduler ignores
@@ -205,35 +204,30 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
     consumer.notified = True
     store = ctx.store
     qid = consumer.qid
-    record = ctx.seg.layout.queue(qid)
-    changes_word = record + L.Q_CHANGES
-    load = ctx.atomic.load
     channel = consumer.channel
     out: list[bytes] = []
     delivered = 0
-    quota = turn_quota(_ready(ctx, consumer, record), load(record + L.Q_CONSUMERS))
+    quota = turn_quota(store.ready(qid), store.consumer_count(qid))
     try:
         while True:
             if not consumer.wants_work():
                 consumer.notified = False
                 update_interest(ctx, consumer)
                 return
-            if delivered >= quota and _ready(ctx, consumer, record):
+            if delivered >= quota and store.ready(qid):
                 # Its share taken and work left: the next consumer's turn. (With
                 # nothing ready the scan below reports DONE, as at any turn's end.)
-                _yield(ctx, consumer, record)
+                _yield(ctx, consumer)
                 return
-            if delivered >= LOCAL_BURST and (
-                delivered >= BURST or load(record + L.Q_CONSUMERS) <= 1
-            ):
-                _yield(ctx, consumer, record)
+            if delivered >= LOCAL_BURST and (delivered >= BURST or store.consumer_count(qid) <= 1):
+                _yield(ctx, consumer)
                 return
             # Read the state-change counter before scanning: anything published
             # after this read bumps it, and the scheduler compares.
             levels = consumer.levels
             taken: tuple[int, int, int, bool] | int | None
             if levels is None:
-                changes = load(changes_word)
+                changes = store.changes(qid)
                 release_gen = store.release_generation(qid)
                 if release_gen != consumer.release_gen:
                     consumer.release_gen = release_gen
@@ -260,7 +254,7 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                 # A selector read its slice of unwanted entries: bounded work.
                 # Let the others run and go on from the pointer later (the
                 # queue is not dry for this consumer yet).
-                _yield(ctx, consumer, record)
+                _yield(ctx, consumer)
                 return
             if taken is None:
                 consumer.notified = False
@@ -277,21 +271,12 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                 conn.deliveries_written()
 
 
-def _ready(ctx: WorkerContext, consumer: Consumer, record: int) -> int:
-    """Entries ready in the consumer's queue (over all levels of a priority queue)."""
-    load = ctx.atomic.load
-    levels = consumer.levels
-    if levels is None:
-        return int(load(record + L.Q_READY))
-    return sum(int(load(level + L.Q_READY)) for level in levels.records)
-
-
-def _yield(ctx: WorkerContext, consumer: Consumer, record: int) -> None:
+def _yield(ctx: WorkerContext, consumer: Consumer) -> None:
     """End a turn with work left. The queue's only consumer has nobody to
     yield to, so it skips the round trip through the scheduler and only lets
     the worker's other connections run first; otherwise DONE -1 hands the
     turn to the next consumer."""
-    if ctx.atomic.load(record + L.Q_CONSUMERS) <= 1:
+    if ctx.store.consumer_count(consumer.qid) <= 1:
         ctx.loop.call_soon(pull, ctx, consumer)
         return
     consumer.notified = False
@@ -307,8 +292,6 @@ def browse(ctx: WorkerContext, consumer: Consumer) -> None:
     consumer.notified = True
     store = ctx.store
     qid = consumer.qid
-    changes_word = ctx.seg.layout.queue(qid) + L.Q_CHANGES
-    load = ctx.atomic.load
     channel = consumer.channel
     out: list[bytes] = []
     delivered = looked = 0
@@ -323,7 +306,7 @@ def browse(ctx: WorkerContext, consumer: Consumer) -> None:
                 return
             levels = consumer.levels
             if levels is None:
-                changes = load(changes_word)
+                changes = store.changes(qid)
                 got = store.peek(qid, consumer.pointer)
                 if got.__class__ is int:
                     consumer.pointer = got

@@ -49,10 +49,10 @@ class WorkerContext:
         self.incarnation = incarnation
         self.owner = index + 1
         self.loop = loop
-        self.store = QueueStore(seg, self.owner)
+        self.waker = Waker(seg, efd)
+        self.store = QueueStore(seg, self.owner, waker=self.waker)
         self.routes = Routes(seg, self.store)
         self.arena = Arena(seg, index)
-        self.waker = Waker(seg, efd)
         self.slot = seg.layout.proc(index)
         self.guard = MemoryGuard(self)  # reads this worker's slot
         self.arena.high = self.guard.high

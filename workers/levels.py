@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shm import layout as L
 from shm.queues import Message, QueueStore
 
 
@@ -25,7 +24,6 @@ class Levels:
         "priorities",
         "qid",
         "qids",
-        "records",
         "release_gens",
         "store",
     )
@@ -36,7 +34,6 @@ class Levels:
         self.gen = -1
         self.qids: list[int] = []
         self.priorities: list[int] = []  # of self.qids, in the same order
-        self.records: list[int] = []
         self.pointers: dict[int, int] = {}
         self.release_gens: dict[int, int] = {}
         self.refresh()
@@ -53,14 +50,13 @@ class Levels:
         else:
             self.priorities = sorted(levels.by_level, reverse=True)
             self.qids = [levels.by_level[p] for p in self.priorities]
-        self.records = [store.layout.queue(qid) for qid in self.qids]
         self.gen = gen
 
     def changes(self) -> int:
         """Q_CHANGES summed over the levels known (the scheduler sums over
         all of them: a level made since only makes its sum differ)."""
-        load = self.store.a.load
-        return sum(load(record + L.Q_CHANGES) for record in self.records)
+        changes = self.store.changes
+        return sum(changes(qid) for qid in self.qids)
 
     def acquire(
         self, wanted: Callable[[bytes], bool] | None = None
@@ -71,14 +67,13 @@ class Levels:
         unwanted entries (acquire_matching) and the caller should yield."""
         self.refresh()
         store = self.store
-        load = store.a.load
-        for qid, record in zip(self.qids, self.records, strict=True):
+        for qid in self.qids:
             pointer = self.pointers.get(qid, 0)
-            gen = load(record + L.Q_RELEASE_GEN)
+            gen = store.release_generation(qid)
             if gen != self.release_gens.get(qid, 0):
                 self.release_gens[qid] = gen
                 pointer = 0  # a release put an entry back behind us
-            elif pointer >= load(record + L.Q_TAIL):
+            elif pointer >= store.tail(qid):
                 # Nothing reserved past our pointer: skip the level. (Not
                 # Q_READY: a publisher bumps it after Q_CHANGES, so a level
                 # could look empty to a scan that Q_CHANGES says saw it; the

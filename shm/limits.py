@@ -1,5 +1,5 @@
 """Queue length limits (x-max-length, x-max-length-bytes, x-overflow), applied
-by the publishing worker around its append, as RabbitMQ applies them: only
+around an append (QueueStore.publish), as RabbitMQ applies them: only
 ready messages count (not the unacknowledged), and the overflow mode says
 what gives way when a publish would exceed a limit:
 
@@ -19,18 +19,16 @@ publishes in flight at the same moment.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from shm import layout as L
-from shm.queues import QueueStore
+
+if TYPE_CHECKING:
+    from shm.queues import QueueStore
 
 # A drop-head publish deletes at most this many entries (a large message can
 # take many small ones out of a byte limit); the next publish goes on.
 MAX_DROPS = 4096
-
-
-def _declared(store: QueueStore, qid: int) -> int:
-    """The declared queue of a log (itself, or a priority level's queue)."""
-    parent = store.word(qid, L.Q_PARENT)
-    return parent - 1 if parent else qid
 
 
 def _counted(store: QueueStore, logs: list[int], field: int) -> int:
@@ -62,7 +60,7 @@ def admits(store: QueueStore, qid: int, body_size: int) -> bool:
     queue refuses the message (a reject-publish mode, at its limit)."""
     if store.word(qid, L.Q_OVERFLOW) == L.OVERFLOW_DROP_HEAD:
         return True
-    return not _over(store, store.logs(_declared(store, qid)), 1, body_size)
+    return not _over(store, store.logs(store.declared(qid)), 1, body_size)
 
 
 def drop_head(store: QueueStore, qid: int) -> list[int]:
@@ -71,7 +69,7 @@ def drop_head(store: QueueStore, qid: int) -> list[int]:
     the logs it deleted from (their publishers may be waiting on capacity)."""
     if store.word(qid, L.Q_OVERFLOW) != L.OVERFLOW_DROP_HEAD:
         return []
-    logs = store.logs(_declared(store, qid))
+    logs = store.logs(store.declared(qid))
     touched: list[int] = []
     for _ in range(MAX_DROPS):
         if not _over(store, logs, 0, 0):

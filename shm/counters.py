@@ -1,0 +1,71 @@
+"""A queue's counters and settings, read from its record(s) in one place.
+
+For observers (metrics, `shoal status`, the scheduler's introspection): what
+a queue holds and how it is limited, summed over the logs of a priority
+queue. Each word is read once, without a lock: the figures are a moment's
+view, each exact on its own, not a consistent snapshot of all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shm import layout as L
+from shm.queues import QueueStore
+
+FLOW_NAMES = {L.FLOW_OPEN: "open", L.FLOW_BLOCKED: "blocked", L.FLOW_RELEASE: "releasing"}
+OVERFLOW_NAMES = {
+    L.OVERFLOW_DROP_HEAD: "drop-head",
+    L.OVERFLOW_REJECT_PUBLISH: "reject-publish",
+    L.OVERFLOW_REJECT_PUBLISH_DLX: "reject-publish-dlx",
+}
+
+
+@dataclass(slots=True)
+class QueueCounters:
+    ready: int
+    unacked: int
+    published: int
+    bytes: int  # body bytes of its entries, ready and unacked
+    ready_bytes: int
+    consumers: int
+    head: int
+    tail: int
+    changes: int
+    capacity: int  # x-capacity (0: none)
+    resume: int  # x-flow-resume-capacity
+    flow: int  # L.FLOW_*: the declared queue's flow word
+    flow_blocked: bool  # any of its logs not FLOW_OPEN
+    blocked_publishers: int
+    max_length: int  # 0: no limit
+    max_bytes: int  # 0: no limit
+    overflow: int  # L.OVERFLOW_* (0: no length limit)
+
+
+def read(store: QueueStore, qid: int) -> QueueCounters:
+    """The counters of declared queue `qid`, summed over its logs."""
+    logs = store.logs(qid)
+    word = store.word
+
+    def total(field: int) -> int:
+        return sum(word(log, field) for log in logs)
+
+    return QueueCounters(
+        ready=total(L.Q_READY),
+        unacked=total(L.Q_UNACKED),
+        published=total(L.Q_PUBLISHED),
+        bytes=total(L.Q_BYTES),
+        ready_bytes=total(L.Q_READY_BYTES),
+        consumers=word(qid, L.Q_CONSUMERS),
+        head=word(qid, L.Q_HEAD),
+        tail=word(qid, L.Q_TAIL),
+        changes=total(L.Q_CHANGES),
+        capacity=word(qid, L.Q_CAPACITY),
+        resume=word(qid, L.Q_RESUME),
+        flow=word(qid, L.Q_FLOW),
+        flow_blocked=any(word(log, L.Q_FLOW) != L.FLOW_OPEN for log in logs),
+        blocked_publishers=total(L.Q_BLOCKED_PUBLISHERS),
+        max_length=word(qid, L.Q_MAX_LENGTH),
+        max_bytes=word(qid, L.Q_MAX_BYTES),
+        overflow=word(qid, L.Q_OVERFLOW),
+    )

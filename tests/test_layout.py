@@ -1,0 +1,119 @@
+"""The shape of the code, checked with `ast` (no third-party tool): which
+package may import which, no import cycles, and queue records read and
+written only inside shm/ (docs/ARCHITECTURE.md, "Code layout")."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("broker", "workers", "shm")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def imports(path: Path, known: dict[str, Path], type_checking: bool) -> set[str]:
+    """The project modules `path` imports (with `type_checking`, also those
+    imported only for annotations under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    if not type_checking:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                for child in node.body:
+                    skipped.update(id(n) for n in ast.walk(child))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            if name in known:
+                found.add(name)
+    return found
+
+
+def graph(type_checking: bool) -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(path, known, type_checking) - {name} for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_at_run_time() -> None:
+    assert cycles(graph(type_checking=False)) == []
+
+
+def test_shm_imports_nothing_above_it() -> None:
+    for name, targets in graph(type_checking=True).items():
+        if name.startswith("shm"):
+            above = sorted(t for t in targets if not t.startswith("shm"))
+            assert not above, f"{name} imports {above}"
+
+
+QUEUE_RECORD = re.compile(r"\bL\.(Q|B)_[A-Z_]+|QUEUE_SIZE")
+
+
+def test_queue_records_are_read_and_written_only_in_shm() -> None:
+    """Workers and the broker's processes go through QueueStore (and
+    shm/counters.py for observers): a queue's rules live in one place."""
+    offenders = []
+    for name, path in modules().items():
+        if name.startswith("shm"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if QUEUE_RECORD.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
