@@ -162,7 +162,7 @@ def config_from_args(argv: list[str]) -> Config:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "perf":
-        from broker import perf
+        import perf
 
         return perf.main(args[1:])
     if args and args[0] == "status":

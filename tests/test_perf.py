@@ -10,7 +10,7 @@ import socket
 import pytest
 from pamqp import body, commands, frame, header
 
-from broker import perf
+import perf
 
 QUEUE = "perf-0123456789ab"
 

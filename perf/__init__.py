@@ -1393,7 +1393,3 @@ def main(argv: list[str] | None = None) -> int:
     if report.get("fatal") or report.get("errors"):
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
