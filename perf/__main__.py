@@ -2,6 +2,6 @@
 
 import sys
 
-from perf import main
+from perf.cli import main
 
 sys.exit(main())
