@@ -21,8 +21,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check broker workers shm tests bench interop grafana
-	$(VENV)/bin/ruff format --check broker workers shm tests bench interop grafana
+	$(VENV)/bin/ruff check broker workers shm perf tests bench interop grafana
+	$(VENV)/bin/ruff format --check broker workers shm perf tests bench interop grafana
 	$(VENV)/bin/mypy
 
 ## Side-by-side throughput against RabbitMQ (needs rabbitmq-server installed).

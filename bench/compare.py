@@ -1,6 +1,6 @@
 """Compare Shoal with RabbitMQ on this machine and write docs/benchmarks.md.
 
-Every scenario runs ``python -m broker.perf ... --json`` against each broker.  Runs
+Every scenario runs ``python -m perf ... --json`` against each broker.  Runs
 alternate between the brokers (Shoal, RabbitMQ, Shoal, RabbitMQ, ...) so that
 background noise on the machine hits both alike, and each table reports the median
 over ``--rounds``.
@@ -349,7 +349,7 @@ def perf_command(uri: str, args: Sequence[str], duration: float, warmup: float) 
     return [
         sys.executable,
         "-m",
-        "broker.perf",
+        "perf",
         "--uri",
         uri,
         *args,
@@ -454,7 +454,7 @@ def scenario_table(index: int, shoal: Target, rabbit: Target) -> list[str]:
     lines = [
         f"### {index + 1}. {scenario.title}",
         "",
-        f"`broker.perf` options: `{shlex.join(scenario.args)}`",
+        f"`perf` options: `{shlex.join(scenario.args)}`",
         "",
         f"| | Shoal | {rabbit_label} | Shoal / RabbitMQ |",
         "|---|---:|---:|---:|",
@@ -585,7 +585,7 @@ def write_report(
         *busy_warning(load),
         "## Method",
         "",
-        "The load generator is `broker.perf` (`shoal perf`): one OS process per producer and "
+        "The load generator is the `perf` package (`shoal perf`): one OS process per producer and "
         "per consumer, each with a uvloop event loop and one connection. Producers publish "
         "as fast as the broker accepts (TCP backpressure, no rate cap) to a fresh "
         "non-durable queue; consumers use `basic.qos` prefetch 500 and ack with "
@@ -612,7 +612,7 @@ def write_report(
     for target in targets:
         uri = target.uri or "<unavailable>"
         lines.append(
-            "python -m broker.perf "
+            "python -m perf "
             + shlex.join(
                 [
                     "--uri",
@@ -629,7 +629,7 @@ def write_report(
     lines += [
         "```",
         "",
-        "Each scenario passes its own options to `broker.perf` (shown under its heading).",
+        "Each scenario passes its own options to `perf` (shown under its heading).",
         "",
         "## Results",
         "",
@@ -663,7 +663,7 @@ def measure_ceiling(opts: argparse.Namespace) -> list[str]:
     lines = [
         "## Load generator ceiling",
         "",
-        "One `broker.perf` process against a null broker (in `bench/compare.py`) that "
+        "One `perf` process against a null broker (in `bench/compare.py`) that "
         "answers the handshake and then discards publishes or streams deliveries as fast "
         "as it can, so these are the client's own limits on this machine:",
         "",

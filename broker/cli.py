@@ -162,9 +162,9 @@ def config_from_args(argv: list[str]) -> Config:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "perf":
-        from broker import perf
+        from perf.cli import main as perf_main
 
-        return perf.main(args[1:])
+        return perf_main(args[1:])
     if args and args[0] == "status":
         p = argparse.ArgumentParser(prog="shoal status")
         p.add_argument("--port", type=int, default=5672)

@@ -10,7 +10,22 @@ import socket
 import pytest
 from pamqp import body, commands, frame, header
 
-from broker import perf
+from perf.cli import build_parser, config_from_args, main
+from perf.connection import AmqpUri
+from perf.consumer import DeliveryParser
+from perf.producer import ConfirmTracker
+from perf.report import format_human, summarize
+from perf.stats import Histogram, bucket_bounds, bucket_index, latency_summary_ms
+from perf.wire import (
+    FRAME_METHOD,
+    TIMESTAMP_BYTES,
+    FrameParser,
+    ProtocolError,
+    build_publish_template,
+    encode_ack,
+    parse_confirm,
+    parse_deliver_tag,
+)
 
 QUEUE = "perf-0123456789ab"
 
@@ -43,7 +58,7 @@ def _delivery(tag: int, body_value: bytes, consumer_tag: str = "amq.ctag-xyz") -
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("size", [0, 5, 8, 64, 4096])
 def test_publish_template_decodes_with_pamqp(size: int, persistent: bool) -> None:
-    template = perf.build_publish_template(QUEUE, size, persistent=persistent)
+    template = build_publish_template(QUEUE, size, persistent=persistent)
     stamp = 0x0102030405060708
     frames = _unmarshal_all(template.message(stamp))
 
@@ -58,13 +73,13 @@ def test_publish_template_decodes_with_pamqp(size: int, persistent: bool) -> Non
     assert content.properties.delivery_mode == (2 if persistent else None)
     payload = b"".join(v.value for _, v in frames[2:] if isinstance(v, body.ContentBody))
     assert len(payload) == size
-    if size >= perf.TIMESTAMP_BYTES:
+    if size >= TIMESTAMP_BYTES:
         assert payload[:8] == stamp.to_bytes(8, "big")
     assert len(frames) == 2 + (1 if size else 0)
 
 
 def test_publish_template_splits_body_at_frame_max() -> None:
-    template = perf.build_publish_template(QUEUE, 10_000, frame_max=4096)
+    template = build_publish_template(QUEUE, 10_000, frame_max=4096)
     frames = _unmarshal_all(template.message(42))
     bodies = [v.value for _, v in frames if isinstance(v, body.ContentBody)]
     assert [len(b) for b in bodies] == [4088, 4088, 1824]
@@ -72,7 +87,7 @@ def test_publish_template_splits_body_at_frame_max() -> None:
 
 
 def test_publish_batch_is_repeated_messages() -> None:
-    template = perf.build_publish_template(QUEUE, 64)
+    template = build_publish_template(QUEUE, 64)
     frames = _unmarshal_all(template.batch(7, 3))
     assert [type(v) for _, v in frames] == [
         commands.Basic.Publish,
@@ -83,7 +98,7 @@ def test_publish_batch_is_repeated_messages() -> None:
 
 @pytest.mark.parametrize("multiple", [False, True])
 def test_encode_ack_decodes_with_pamqp(multiple: bool) -> None:
-    ((channel, value),) = _unmarshal_all(perf.encode_ack(2**40 + 3, multiple))
+    ((channel, value),) = _unmarshal_all(encode_ack(2**40 + 3, multiple))
     assert channel == 1
     assert isinstance(value, commands.Basic.Ack)
     assert value.delivery_tag == 2**40 + 3
@@ -99,7 +114,7 @@ def test_parse_deliver_tag(consumer_tag: str) -> None:
         consumer_tag=consumer_tag, delivery_tag=987654321, exchange="ex", routing_key="rk"
     )
     raw = frame.marshal(method, 1)
-    assert perf.parse_deliver_tag(raw, 7) == 987654321
+    assert parse_deliver_tag(raw, 7) == 987654321
 
 
 @pytest.mark.parametrize(
@@ -112,7 +127,7 @@ def test_parse_deliver_tag(consumer_tag: str) -> None:
     ],
 )
 def test_parse_confirm(value: commands.Basic.Ack, expected: tuple[int, bool]) -> None:
-    assert perf.parse_confirm(frame.marshal(value, 1), 7) == expected
+    assert parse_confirm(frame.marshal(value, 1), 7) == expected
 
 
 # --- frame splitting --------------------------------------------------------------
@@ -142,9 +157,9 @@ class _Recorder:
         self.frames.append((frame_type, channel, bytes(buf[start:end])))
 
 
-def _recording_parser() -> tuple[perf.FrameParser, list[tuple[int, int, bytes]]]:
+def _recording_parser() -> tuple[FrameParser, list[tuple[int, int, bytes]]]:
     recorder = _Recorder()
-    return perf.FrameParser(recorder), recorder.frames
+    return FrameParser(recorder), recorder.frames
 
 
 def test_frame_parser_handles_every_split_point() -> None:
@@ -167,8 +182,8 @@ def test_frame_parser_handles_one_byte_at_a_time() -> None:
 def test_frame_parser_rejects_bad_frame_end() -> None:
     raw = bytearray(frame.marshal(body.ContentBody(b"abc"), 1))
     raw[-1] = 0x00
-    parser = perf.FrameParser(lambda *_: None)
-    with pytest.raises(perf.ProtocolError):
+    parser = FrameParser(lambda *_: None)
+    with pytest.raises(ProtocolError):
         parser.feed(bytes(raw))
 
 
@@ -207,18 +222,18 @@ def test_delivery_parser_handles_every_split_point() -> None:
     stream, stamps, ack_tags = _delivery_stream()
     for cut in range(len(stream) + 1):
         recorder = _Recorder()
-        parser = perf.DeliveryParser(recorder, ack_every=2)
+        parser = DeliveryParser(recorder, ack_every=2)
         parser.feed(stream[:cut])
         parser.feed(stream[cut:])
         assert parser.delivered == 6, cut
         assert _expand(parser.runs) == stamps, cut
         assert parser.ack_tags == ack_tags, cut
-        assert [f[0] for f in recorder.frames] == [perf.FRAME_METHOD], cut
+        assert [f[0] for f in recorder.frames] == [FRAME_METHOD], cut
 
 
 def test_delivery_parser_one_byte_at_a_time() -> None:
     stream, stamps, _ = _delivery_stream()
-    parser = perf.DeliveryParser(lambda *_: None, ack_every=0)
+    parser = DeliveryParser(lambda *_: None, ack_every=0)
     for i in range(len(stream)):
         parser.feed(stream[i : i + 1])
     assert parser.delivered == 6
@@ -228,7 +243,7 @@ def test_delivery_parser_one_byte_at_a_time() -> None:
 
 def test_delivery_parser_collapses_a_batch_into_one_run() -> None:
     stamp = (5).to_bytes(8, "big")
-    parser = perf.DeliveryParser(lambda *_: None, ack_every=100)
+    parser = DeliveryParser(lambda *_: None, ack_every=100)
     parser.feed(b"".join(_delivery(tag, stamp + b"z" * 56) for tag in range(1, 251)))
     assert parser.runs == [(5, 250)]
     assert parser.ack_tags == [100, 200]
@@ -239,11 +254,11 @@ def test_delivery_parser_collapses_a_batch_into_one_run() -> None:
 
 def test_bucket_bounds_cover_values_without_gaps() -> None:
     previous_high = 0
-    for index in range(perf.bucket_index(1 << 30) + 1):
-        low, high = perf.bucket_bounds(index)
+    for index in range(bucket_index(1 << 30) + 1):
+        low, high = bucket_bounds(index)
         assert low == previous_high
-        assert perf.bucket_index(low) == index
-        assert perf.bucket_index(high - 1) == index
+        assert bucket_index(low) == index
+        assert bucket_index(high - 1) == index
         # At most 1/64 relative width: the precision the percentiles promise.
         assert high - low <= max(1, low // 64)
         previous_high = high
@@ -258,7 +273,7 @@ def _nearest_rank(values: list[int], q: float) -> int:
 def test_histogram_percentiles_match_exact_within_precision(seed: int) -> None:
     rng = random.Random(seed)
     values = [int(rng.lognormvariate(7, 1.5)) for _ in range(20_000)] + [0, 3, 10**7]
-    hist = perf.Histogram()
+    hist = Histogram()
     for value in values:
         hist.record(value)
     for q in (0.1, 1, 25, 50, 90, 95, 99, 99.9, 100):
@@ -271,22 +286,22 @@ def test_histogram_percentiles_match_exact_within_precision(seed: int) -> None:
 
 
 def test_histogram_small_values_are_exact() -> None:
-    hist = perf.Histogram()
+    hist = Histogram()
     for value in range(1, 101):
         hist.record(value)
     assert hist.percentile(50) == 50
     assert hist.percentile(99) == 99
     assert hist.percentile(100) == 100
-    assert perf.Histogram().percentile(50) is None
+    assert Histogram().percentile(50) is None
 
 
 def test_histogram_counts_merge_and_wire_round_trip() -> None:
-    a, b = perf.Histogram(), perf.Histogram()
+    a, b = Histogram(), Histogram()
     a.record(10, count=90)
     b.record(1000, count=10)
     b.record(-5)  # clock skew cannot produce a negative latency bucket
-    merged = perf.Histogram.from_wire(a.to_wire())
-    merged.merge(perf.Histogram.from_wire(b.to_wire()))
+    merged = Histogram.from_wire(a.to_wire())
+    merged.merge(Histogram.from_wire(b.to_wire()))
     assert merged.total == 101
     assert merged.percentile(50) == 10
     assert merged.percentile(95) == pytest.approx(1000, rel=1 / 64)
@@ -294,21 +309,21 @@ def test_histogram_counts_merge_and_wire_round_trip() -> None:
 
 
 def test_latency_summary_converts_microseconds_to_ms() -> None:
-    hist = perf.Histogram()
+    hist = Histogram()
     hist.record(2000, count=100)
-    summary = perf.latency_summary_ms(hist)
+    summary = latency_summary_ms(hist)
     assert summary is not None
     assert summary["p50"] == pytest.approx(2.0, rel=1 / 64)
     assert summary["max"] == 2.0
-    assert perf.latency_summary_ms(perf.Histogram()) is None
+    assert latency_summary_ms(Histogram()) is None
 
 
 # --- publisher confirms -----------------------------------------------------------
 
 
 def test_confirm_tracker_multiple_and_out_of_order_acks() -> None:
-    tracker = perf.ConfirmTracker()
-    hist = perf.Histogram()
+    tracker = ConfirmTracker()
+    hist = Histogram()
     tracker.sent(5, send_ns=0)  # tags 1-5
     tracker.sent(5, send_ns=1_000_000)  # tags 6-10
     assert tracker.outstanding == 10
@@ -328,9 +343,9 @@ def test_confirm_tracker_multiple_and_out_of_order_acks() -> None:
 
 
 def test_confirm_tracker_rejects_unknown_tag() -> None:
-    tracker = perf.ConfirmTracker()
+    tracker = ConfirmTracker()
     tracker.sent(2, send_ns=0)
-    with pytest.raises(perf.ProtocolError):
+    with pytest.raises(ProtocolError):
         tracker.settle(3, False, True, 0, None)
 
 
@@ -338,27 +353,27 @@ def test_confirm_tracker_rejects_unknown_tag() -> None:
 
 
 def test_uri_parsing() -> None:
-    uri = perf.AmqpUri.parse("amqp://u%40x:p%2Fw@example:5673/%2Fvh")
-    assert uri == perf.AmqpUri("example", 5673, "u@x", "p/w", "/vh")
-    assert perf.AmqpUri.parse("amqp://127.0.0.1").vhost == "/"
-    assert perf.AmqpUri.parse("amqp://127.0.0.1/").vhost == "/"
+    uri = AmqpUri.parse("amqp://u%40x:p%2Fw@example:5673/%2Fvh")
+    assert uri == AmqpUri("example", 5673, "u@x", "p/w", "/vh")
+    assert AmqpUri.parse("amqp://127.0.0.1").vhost == "/"
+    assert AmqpUri.parse("amqp://127.0.0.1/").vhost == "/"
     with pytest.raises(ValueError):
-        perf.AmqpUri.parse("amqps://127.0.0.1/")
+        AmqpUri.parse("amqps://127.0.0.1/")
 
 
 def test_config_rejects_a_multi_ack_that_would_stall() -> None:
-    parser = perf.build_parser()
+    parser = build_parser()
     with pytest.raises(SystemExit):
-        perf.config_from_args(parser.parse_args(["--prefetch", "10", "--multi-ack", "20"]), parser)
-    cfg = perf.config_from_args(parser.parse_args(["--no-ack", "--multi-ack", "0"]), parser)
+        config_from_args(parser.parse_args(["--prefetch", "10", "--multi-ack", "20"]), parser)
+    cfg = config_from_args(parser.parse_args(["--no-ack", "--multi-ack", "0"]), parser)
     assert cfg.no_ack
     assert cfg.queue.startswith("perf-") and cfg.queue_generated
 
 
 def test_summarize_and_format() -> None:
-    parser = perf.build_parser()
-    cfg = perf.config_from_args(parser.parse_args(["--duration", "2", "--confirm", "10"]), parser)
-    latency = perf.Histogram()
+    parser = build_parser()
+    cfg = config_from_args(parser.parse_args(["--duration", "2", "--confirm", "10"]), parser)
+    latency = Histogram()
     latency.record(1500, count=4)
     results = [
         {"role": "producer", "published": 200, "acked": 180, "nacked": 0,
@@ -366,12 +381,12 @@ def test_summarize_and_format() -> None:
         {"role": "consumer", "consumed": 100, "latency_hist": latency.to_wire(),
          "cpu_s": 0.5, "wall_s": 2.0},
     ]  # fmt: skip
-    report = perf.summarize(cfg, results)
+    report = summarize(cfg, results)
     assert report["published_rate"] == 100
     assert report["consumed_rate"] == 50
     assert report["client_cpu_percent"] == 50
     assert report["latency_ms"]["p50"] == pytest.approx(1.5, rel=1 / 64)
-    text = perf.format_human(report)
+    text = format_human(report)
     assert text.startswith("shoal perf: 1 producer(s) -> 1 consumer(s), 64 B, confirm 10")
     assert "published 100 msg/s  consumed 50 msg/s  latency ms p50 1." in text
 
@@ -382,7 +397,7 @@ def test_unreachable_broker_fails_fast(capsys: pytest.CaptureFixture[str]) -> No
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         uri = f"amqp://guest:guest@127.0.0.1:{port}/"
-        assert perf.main(["--uri", uri, "--duration", "1", "--json"]) == 1
+        assert main(["--uri", uri, "--duration", "1", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["fatal"]
     assert "setup failed: ConnectionRefusedError" in report["errors"][0]
