@@ -1,4 +1,4 @@
-"""Topic routing with many bindings: the trie (broker/routing.py) against a
+"""Topic routing with many bindings: the trie (broker/amqp/routing.py) against a
 naive scan of one compiled regex per binding.
 
     python bench/topic_routing.py --bindings 10000 --keys 20000
@@ -11,7 +11,7 @@ import random
 import re
 import time
 
-from broker.routing import TopicTrie
+from broker.amqp.routing import TopicTrie
 
 WORDS = [f"w{i}" for i in range(50)]
 

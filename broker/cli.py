@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             help="per queue, its consumers: scheduler state, priority, pointer, credit, unacked",
         )
         ns = p.parse_args(args[1:])
-        from broker import status
+        from broker.observe import status
 
         cfg = Config(port=ns.port, runtime_dir=ns.runtime_dir)
         if ns.consumers:
@@ -189,6 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
     )
-    from broker.supervisor import run_supervisor
+    from broker.supervisor.main import run_supervisor
 
     return run_supervisor(config)

@@ -42,7 +42,7 @@ class Config(msgspec.Struct, frozen=True):
     default_pass: str = "guest"
     default_vhost: str = "/"
     log_level: str = "info"
-    metrics_port: int = 15692  # Prometheus endpoint (broker/metrics.py); 0: off
+    metrics_port: int = 15692  # Prometheus endpoint (broker/observe/metrics.py); 0: off
     metrics_bind: str = ""  # "": the same address as --bind
     cluster_name: str = ""  # rabbitmq_identity_info's rabbitmq_cluster ("": shoal@<host>)
 

@@ -1,7 +1,7 @@
 """The definitions journal: exchanges and bindings, shared by every process.
 
 The scheduler is the only writer. It appends one record per change (an
-operation of broker/definitions.py, msgpack-encoded) to the active half of a
+operation of broker/amqp/definitions.py, msgpack-encoded) to the active half of a
 two-half region; IO workers replay the records they have not seen yet before
 they route a publish, so a change costs each reader only that change, not a
 rebuild. When the active half is full the writer compacts: it writes the

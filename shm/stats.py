@@ -68,7 +68,7 @@ GAUGES = (
     BLOCKED_CAPACITY,  # connections blocked by a queue over its capacity
     BLOCKED_MEMORY,  # ... by the memory alarm
     BLOCKED_DISK,  # ... by the disk alarm
-    # the scheduler: consumers per QueueConsumerManager state (broker/consumers.py)
+    # the scheduler: consumers per QueueConsumerManager state (broker/scheduler/consumers.py)
     CONSUMERS_INTERESTED,
     CONSUMERS_NOTIFIED,
     CONSUMERS_NOT_INTERESTED,

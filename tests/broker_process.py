@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from broker.cli import local_command
-from broker.status import snapshot
+from broker.observe.status import snapshot
 from shm.segment import Segment
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """Shoal's Grafana dashboards (grafana/): well-formed Grafana JSON, generated
-by grafana/build.py, and querying only families that broker/metrics.py
+by grafana/build.py, and querying only families that broker/observe/metrics.py
 exports, with labels those families have. Fast and offline: no broker, no
 Prometheus (tests/prometheus runs the queries against a real one)."""
 
@@ -26,7 +26,7 @@ OURS = ("shoal-overview.json", "shoal-processes.json", "shoal-capacity.json")
 RABBITMQ_ORIGINAL = Path("/work/shared/research/rabbitmq-dashboards")
 DS_UID = "${DS_PROMETHEUS}"
 
-# What broker/metrics.py exports on /metrics, as Prometheus stores it
+# What broker/observe/metrics.py exports on /metrics, as Prometheus stores it
 # (counters with _total, the histogram's _bucket/_sum/_count), with the labels
 # of each; test_allowlist_is_what_the_broker_exports holds it to the code.
 EXPORTED: dict[str, tuple[str, ...]] = {
@@ -283,12 +283,12 @@ def test_queries_use_exported_families_and_their_labels(name: str) -> None:
 
 
 def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
-    """Scrape broker/metrics.py in-process over a fresh segment with one IO
+    """Scrape broker/observe/metrics.py in-process over a fresh segment with one IO
     worker (this process) and two queues, one with an x-capacity: every
     allowlisted family is there with exactly the allowlisted labels, and the
     flow-control families per object only for the capped queue."""
     from broker.config import Config
-    from broker.metrics import Endpoints, Exporter
+    from broker.observe.metrics import Endpoints, Exporter
     from shm import layout as L
     from shm.queues import QueueStore
     from shm.segment import Segment

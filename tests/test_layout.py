@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("broker", "workers", "shm")
+PACKAGES = ("broker", "workers", "shm", "perf")
 
 
 def modules() -> dict[str, Path]:
@@ -99,6 +99,49 @@ def test_shm_imports_nothing_above_it() -> None:
             assert not above, f"{name} imports {above}"
 
 
+# What the sans-IO AMQP model may not use: sockets, processes, event loops,
+# files and shared memory belong to the roles that drive it.
+IO_MODULES = {
+    "asyncio",
+    "mmap",
+    "multiprocessing",
+    "os",
+    "selectors",
+    "signal",
+    "socket",
+    "subprocess",
+    "threading",
+    "uvloop",
+}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_amqp_model_does_no_io() -> None:
+    """broker/amqp/ (errors, routing, definitions, selectors) is tested
+    without sockets: it imports no IO module and nothing of Shoal outside
+    itself."""
+    checked = 0
+    for name, path in modules().items():
+        if not name.startswith("broker.amqp"):
+            continue
+        checked += 1
+        used = top_level_imports(path)
+        assert not used & IO_MODULES, f"{name} imports {sorted(used & IO_MODULES)}"
+        project = graph(type_checking=True)[name]
+        outside = sorted(t for t in project if not t.startswith("broker.amqp"))
+        assert not outside, f"{name} imports {outside}"
+    assert checked >= 4
+
+
 QUEUE_RECORD = re.compile(r"\bL\.(Q|B)_[A-Z_]+|QUEUE_SIZE")
 
 
@@ -113,6 +156,14 @@ def test_queue_records_are_read_and_written_only_in_shm() -> None:
             if QUEUE_RECORD.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_load_generator_imports_nothing_of_the_broker() -> None:
+    """perf/ measures any AMQP broker; it must not lean on Shoal's code."""
+    for name, targets in graph(type_checking=True).items():
+        if name.startswith("perf"):
+            outside = sorted(t for t in targets if not t.startswith("perf"))
+            assert not outside, f"{name} imports {outside}"
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
-from broker import errors as E
+from broker.amqp import errors as E
+from broker.amqp.routing import EXCHANGE_TYPES
+from broker.amqp.selector import Selector, SelectorError, compile_selector
 from broker.ipc import Msg
-from broker.routing import EXCHANGE_TYPES
-from broker.selector import Selector, SelectorError, compile_selector
 from shm import stats as S
 from shm.arena import (
     message_size,

@@ -20,7 +20,7 @@ from typing import Any
 from pamqp import commands as C
 from pamqp import decode as pamqp_decode
 
-from broker import errors as E
+from broker.amqp import errors as E
 from broker.ipc import Msg
 from shm import flow, memory
 from shm import layout as L

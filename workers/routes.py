@@ -14,8 +14,8 @@ from typing import Any
 
 from pamqp.header import ContentHeader
 
-from broker import errors as E
-from broker.definitions import Definitions
+from broker.amqp import errors as E
+from broker.amqp.definitions import Definitions
 from shm.catalog import CatalogReader
 from shm.queues import QueueStore
 from shm.segment import Segment

@@ -102,7 +102,7 @@ def channel_error(ch: Any, call: Callable[[], Any]) -> tuple[int, str]:
 
 
 def topic_match(pattern: str, key: str) -> bool:
-    """RabbitMQ's topic matching, written independently of broker/routing.py:
+    """RabbitMQ's topic matching, written independently of broker/amqp/routing.py:
     '.'-separated words, the empty key has no words, '*' is one word, '#'
     zero or more."""
     p = pattern.split(".") if pattern else []

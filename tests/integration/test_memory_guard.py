@@ -14,7 +14,7 @@ import aio_pika
 import pika
 import pytest
 
-from broker.status import render
+from broker.observe.status import render
 from shm import stats as S
 from tests.broker_process import Broker, free_port, wait_for
 from tests.clients import connect, connections_on_both_workers, pump, worker_of

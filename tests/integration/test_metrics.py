@@ -1,4 +1,4 @@
-"""The Prometheus endpoint (broker/metrics.py): RabbitMQ's family names with
+"""The Prometheus endpoint (broker/observe/metrics.py): RabbitMQ's family names with
 values that match what clients did, per-object and detailed views, and
 counters that survive the restart of the process that kept them. pika over
 real sockets; the endpoint read over HTTP and parsed with prometheus_client."""
@@ -245,7 +245,7 @@ def test_concurrent_scrapes_each_get_their_own_view(metered: tuple[Broker, int])
     """The HTTP server is threaded: answers to scrapes running at once stay
     each its own (a smoke check: the races it guards against, in the
     detailed endpoint's filter and the journal reader, are excluded by
-    construction in broker/metrics.py, one collector per request and a lock
+    construction in broker/observe/metrics.py, one collector per request and a lock
     around rendering; 900 concurrent scrapes did not hit them without)."""
     broker, port = metered
     conn = connect(broker)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from broker.definitions import Definitions, Op, default_exchange_ops
+from broker.amqp.definitions import Definitions, Op, default_exchange_ops
 from shm import layout as L
 from shm._atomic import Atomic
 from shm.catalog import (
@@ -273,7 +273,7 @@ def assert_equivalent(got: Definitions, want: Definitions) -> None:
 
 
 class Scheduler:
-    """The writer's side as broker/scheduler.py drives it."""
+    """The writer's side as broker/scheduler/main.py drives it."""
 
     def __init__(self, seg: Segment, ops: list[Op] | None = None) -> None:
         self.writer = CatalogWriter(seg)

@@ -15,8 +15,8 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody as Body
 from pamqp.header import ContentHeader
 
+from broker.amqp.definitions import new_vhost_ops
 from broker.config import Config
-from broker.definitions import new_vhost_ops
 from shm import layout as L
 from shm.catalog import CatalogWriter
 from shm.segment import Segment

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from broker.consumers import QueueConsumerManager
 from broker.ipc import Msg
+from broker.scheduler.consumers import QueueConsumerManager
 from shm import layout as L
 from shm.arena import Arena
 from shm.queues import QueueStore
@@ -102,7 +102,7 @@ def ready(seg: Segment) -> int:
 
 
 def deal(ctx: FakeContext, group: list[Consumer]) -> list[int]:
-    """Turns as the scheduler gives them (broker/scheduler.py): notify the
+    """Turns as the scheduler gives them (broker/scheduler/main.py): notify the
     first Interested consumer; DONE puts it at the back, INTEREST false takes
     it out; the next one's turn, until nobody is notified. Returns what each
     consumer got."""

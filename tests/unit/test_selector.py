@@ -1,4 +1,4 @@
-"""JMS message selectors (broker.selector): parsing, SQL three-valued logic,
+"""JMS message selectors (broker.amqp.selector): parsing, SQL three-valued logic,
 identifier resolution from encoded AMQP 0-9-1 content headers."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pamqp import commands, header
 
-from broker.selector import Selector, SelectorError, compile_selector
+from broker.amqp.selector import Selector, SelectorError, compile_selector
 
 
 def encode(body_size: int = 0, **props: Any) -> bytes:

@@ -9,8 +9,8 @@ import socket
 import time
 from typing import Any
 
-from broker.definitions import Definitions
-from broker.introspect import socket_path
+from broker.amqp.definitions import Definitions
+from broker.scheduler.introspect import socket_path
 from shm import counters, memory
 from shm import layout as L
 from shm import stats as S
@@ -145,7 +145,7 @@ def main(runtime_dir: str, as_json: bool) -> int:
 
 
 def query_consumers(runtime_dir: str, timeout: float = 10.0) -> dict[str, Any]:
-    """Ask the scheduler's control socket (broker/introspect.py)."""
+    """Ask the scheduler's control socket (broker/scheduler/introspect.py)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(socket_path(runtime_dir))

@@ -23,14 +23,14 @@ from collections.abc import Callable
 import psutil
 from setproctitle import setproctitle
 
-from broker import systemd
-from broker.acceptor import run_acceptor
+from broker.amqp.definitions import new_vhost_ops
 from broker.config import Config
-from broker.definitions import new_vhost_ops
-from broker.introspect import socket_path
 from broker.ipc import Msg, encode, socketpair
-from broker.metrics import serve as serve_metrics
-from broker.scheduler import run_scheduler
+from broker.observe.metrics import serve as serve_metrics
+from broker.scheduler.introspect import socket_path
+from broker.scheduler.main import run_scheduler
+from broker.supervisor import systemd
+from broker.supervisor.acceptor import run_acceptor
 from shm import layout as L
 from shm import memory
 from shm.catalog import CatalogWriter

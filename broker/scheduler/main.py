@@ -23,14 +23,14 @@ from typing import Any
 import uvloop
 from setproctitle import setproctitle
 
-from broker import errors as E
+from broker.amqp import errors as E
+from broker.amqp.definitions import Definitions, Op, new_vhost_ops
+from broker.amqp.routing import X_MATCH_MODES
+from broker.amqp.routing import frozen_args as _frozen_args
 from broker.config import Config
-from broker.consumers import ConsumerKey, QueueConsumerManager, State
-from broker.definitions import Definitions, Op, new_vhost_ops
-from broker.introspect import Introspection, socket_path
 from broker.ipc import Link, Msg
-from broker.routing import X_MATCH_MODES
-from broker.routing import frozen_args as _frozen_args
+from broker.scheduler.consumers import ConsumerKey, QueueConsumerManager, State
+from broker.scheduler.introspect import Introspection, socket_path
 from shm import flow
 from shm import layout as L
 from shm import stats as S

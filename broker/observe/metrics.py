@@ -29,7 +29,7 @@ Capacity and flow control (issue 5), on /metrics and /metrics/per-object:
                                            back for two counts under both)
     shoal_consumers{state}                 consumers per scheduler state:
                                            interested, notified, not_interested,
-                                           non_acquiring (broker/consumers.py)
+                                           non_acquiring (broker/scheduler/consumers.py)
     shoal_shm_arena_bytes                  shared memory for bodies, all arenas
     shoal_arena_used_bytes{index}          ... used, per IO worker
     shoal_shm_high_watermark_bytes         ... the memory guard's limit, all arenas
@@ -73,8 +73,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from setproctitle import setproctitle
 
+from broker.amqp.definitions import Definitions
 from broker.config import Config
-from broker.definitions import Definitions
 from shm import counters, memory
 from shm import layout as L
 from shm import stats as S

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.routing import Router
+from broker.amqp.routing import Router
 
 DEFAULT_EXCHANGES = (
     ("amq.direct", "direct"),

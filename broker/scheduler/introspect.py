@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from broker.ipc import Msg
 
 if TYPE_CHECKING:
-    from broker.scheduler import QueueState, Scheduler
+    from broker.scheduler.main import QueueState, Scheduler
 
 SOCKET_NAME = "scheduler.sock"
 REPLY_TIMEOUT = 2.0
