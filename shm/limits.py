@@ -19,12 +19,20 @@ publishes in flight at the same moment.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shm import layout as L
 
-if TYPE_CHECKING:
-    from shm.queues import QueueStore
+
+class QueueStore(Protocol):
+    """What the limits use of shm.queues.QueueStore (which calls them)."""
+
+    def word(self, qid: int, field: int) -> int: ...
+    def logs(self, qid: int) -> list[int]: ...
+    def declared(self, qid: int) -> int: ...
+    def acquire(self, qid: int, pointer: int) -> tuple[int, int, bool] | int: ...
+    def ack(self, qid: int, seq: int) -> bool: ...
+
 
 # A drop-head publish deletes at most this many entries (a large message can
 # take many small ones out of a byte limit); the next publish goes on.
