@@ -24,7 +24,7 @@ from pamqp import header as pamqp_header
 from pamqp.body import ContentBody
 
 from broker.config import Config
-from shm import layout as L
+from shm import layout
 from shm.segment import Segment
 from workers.connection import Connection
 from workers.consumer import Consumer, pull
@@ -76,7 +76,7 @@ def main() -> None:
     d = tempfile.mkdtemp()
     seg = Segment.create(
         os.path.join(d, "seg"),
-        L.Limits(max_workers=1, max_queues=64, queue_capacity=1 << 17, arena_bytes=256 << 20),
+        layout.Limits(max_workers=1, max_queues=64, queue_capacity=1 << 17, arena_bytes=256 << 20),
     )
     loop = asyncio.new_event_loop()
     ctx = WorkerContext(Config(), seg, 0, 1, os.eventfd(0, os.EFD_NONBLOCK), loop)
@@ -101,7 +101,7 @@ def main() -> None:
         ch = conn.channels[1]
         consumer = Consumer(1, b"ctag", ch, 0, b"bench", True, False, 0)
         ctx.consumers[1] = consumer
-        while ctx.store.word(0, L.Q_READY):
+        while ctx.store.word(0, layout.Q_READY):
             pull(ctx, consumer)
             conn.flush()
     if prof:

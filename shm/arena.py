@@ -18,7 +18,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 
-from shm import layout as L
+from shm import layout
 from shm.segment import Segment
 
 
@@ -30,8 +30,8 @@ def body_refs_drop(seg: Segment, block: int, count: int = 1) -> bool:
     a = seg.atomic
     # Read the size while we still hold a reference: once the count reaches 0
     # the owner may coalesce and reuse the block at any moment.
-    size = a.load(block + L.B_SIZE)
-    old = a.fetch_add(block + L.B_REFS, -count)
+    size = a.load(block + layout.B_SIZE)
+    old = a.fetch_add(block + layout.B_REFS, -count)
     if old != count:
         return False
     _account_free(seg, block, size)
@@ -42,16 +42,16 @@ def _account_free(seg: Segment, block: int, size: int) -> None:
     a = seg.atomic
     arena_bytes = seg.layout.limits.arena_bytes
     arena = seg.layout.arenas + (block - seg.layout.arenas) // arena_bytes * arena_bytes
-    a.fetch_add(arena + L.A_USED, -size)
-    a.fetch_add(arena + L.A_LIVE, -1)
+    a.fetch_add(arena + layout.A_USED, -size)
+    a.fetch_add(arena + layout.A_LIVE, -1)
 
 
 def release_hold(seg: Segment, block: int) -> bool:
     """The owner is done routing: drop the HOLD bit. True if that freed the block."""
     a = seg.atomic
-    size = a.load(block + L.B_SIZE)
-    old = a.fetch_add(block + L.B_REFS, -L.HOLD)
-    if old != L.HOLD:
+    size = a.load(block + layout.B_SIZE)
+    old = a.fetch_add(block + layout.B_REFS, -layout.HOLD)
+    if old != layout.HOLD:
         return False
     _account_free(seg, block, size)
     return True
@@ -77,7 +77,7 @@ class Arena:
         self.seg = seg
         self.atomic = seg.atomic
         self.base = seg.layout.arena(worker)
-        self.first = self.base + L.ARENA_HEADER
+        self.first = self.base + layout.ARENA_HEADER
         self.end = self.base + seg.layout.limits.arena_bytes
         self.cursor = self.first
         self.dirty = True
@@ -92,37 +92,37 @@ class Arena:
 
         Returns the block's absolute offset, or None if the arena has no room.
         """
-        need = (L.BLOCK_HEADER + payload + L.BLOCK_ALIGN - 1) & ~(L.BLOCK_ALIGN - 1)
+        need = (layout.BLOCK_HEADER + payload + layout.BLOCK_ALIGN - 1) & ~(layout.BLOCK_ALIGN - 1)
         a = self.atomic
         off = self.cursor
         scanned = 0
         total = self.end - self.first
         while scanned < total + need:
-            size = a.load(off + L.B_SIZE)
-            if a.load(off + L.B_REFS) == 0:
+            size = a.load(off + layout.B_SIZE)
+            if a.load(off + layout.B_REFS) == 0:
                 # Coalesce following free blocks (only the owner changes sizes).
                 nxt = off + size
-                while size < need and nxt < self.end and a.load(nxt + L.B_REFS) == 0:
-                    size += a.load(nxt + L.B_SIZE)
+                while size < need and nxt < self.end and a.load(nxt + layout.B_REFS) == 0:
+                    size += a.load(nxt + layout.B_SIZE)
                     nxt = off + size
-                    a.store(off + L.B_SIZE, size)
+                    a.store(off + layout.B_SIZE, size)
                 if size >= need:
-                    if size - need >= L.BLOCK_MIN_SPLIT:
+                    if size - need >= layout.BLOCK_MIN_SPLIT:
                         # Remainder header first: if we die here, the block
                         # still spans it and the remainder is simply unused.
-                        a.store(off + need + L.B_REFS, 0)
-                        a.store(off + need + L.B_SIZE, size - need)
-                        a.store(off + L.B_SIZE, need)
+                        a.store(off + need + layout.B_REFS, 0)
+                        a.store(off + need + layout.B_SIZE, size - need)
+                        a.store(off + layout.B_SIZE, need)
                         size = need
                     # Count the block before marking it live: if we die in
                     # between, the counters are high (harmless), never below
                     # the live blocks (trim() would punch out a live one).
                     self.dirty = True
-                    used = self.used = a.fetch_add(self.base + L.A_USED, size) + size
+                    used = self.used = a.fetch_add(self.base + layout.A_USED, size) + size
                     if used > self.high and self.on_high is not None:
                         self.on_high(used)
-                    a.fetch_add(self.base + L.A_LIVE, 1)
-                    a.store(off + L.B_REFS, L.HOLD)
+                    a.fetch_add(self.base + layout.A_LIVE, 1)
+                    a.store(off + layout.B_REFS, layout.HOLD)
                     nxt = off + size
                     self.cursor = nxt if nxt < self.end else self.first
                     return off
@@ -137,7 +137,7 @@ class Arena:
         return None
 
     def used_bytes(self) -> int:
-        return self.atomic.load(self.base + L.A_USED)
+        return self.atomic.load(self.base + layout.A_USED)
 
     def trim(self) -> bool:
         """Give an empty arena's pages back to the OS (tmpfs): shared-memory
@@ -148,12 +148,12 @@ class Arena:
         running this, allocates. Returns True if it trimmed.
         """
         a = self.atomic
-        if not self.dirty or a.load(self.base + L.A_LIVE) or a.load(self.base + L.A_USED):
+        if not self.dirty or a.load(self.base + layout.A_LIVE) or a.load(self.base + layout.A_USED):
             return False
         # One free block spanning the arena, then punch out every page after
         # the first (which holds the arena and block headers).
-        a.store(self.first + L.B_REFS, 0)
-        a.store(self.first + L.B_SIZE, self.end - self.first)
+        a.store(self.first + layout.B_REFS, 0)
+        a.store(self.first + layout.B_SIZE, self.end - self.first)
         self.cursor = self.first
         page = mmap.PAGESIZE
         start = self.base + page
@@ -166,7 +166,7 @@ class Arena:
 def arena_usage(seg: Segment, worker: int) -> tuple[int, int]:
     """(bytes, blocks) live in a worker's arena."""
     base = seg.layout.arena(worker)
-    return seg.atomic.load(base + L.A_USED), seg.atomic.load(base + L.A_LIVE)
+    return seg.atomic.load(base + layout.A_USED), seg.atomic.load(base + layout.A_LIVE)
 
 
 def held_blocks(seg: Segment, worker: int) -> list[int]:
@@ -174,14 +174,14 @@ def held_blocks(seg: Segment, worker: int) -> list[int]:
     routing. Only meaningful once the worker is dead."""
     a = seg.atomic
     base = seg.layout.arena(worker)
-    off = base + L.ARENA_HEADER
+    off = base + layout.ARENA_HEADER
     end = base + seg.layout.limits.arena_bytes
     held = []
     while off < end:
-        size = a.load(off + L.B_SIZE)
+        size = a.load(off + layout.B_SIZE)
         if size == 0:  # never happens in a consistent arena; do not loop forever
             break
-        if a.load(off + L.B_REFS) & L.HOLD:
+        if a.load(off + layout.B_REFS) & layout.HOLD:
             held.append(off)
         off += size
     return held
@@ -192,9 +192,9 @@ def write_message(
 ) -> int:
     """Write a message record's prefix; returns the absolute offset of its body."""
     buf = seg.buf
-    p = block + L.BLOCK_HEADER
-    L.MSG_PREFIX.pack_into(buf, p, len(exchange), len(routing_key), 0, len(props), body_len)
-    p += L.MSG_PREFIX.size
+    p = block + layout.BLOCK_HEADER
+    layout.MSG_PREFIX.pack_into(buf, p, len(exchange), len(routing_key), 0, len(props), body_len)
+    p += layout.MSG_PREFIX.size
     buf[p : p + len(exchange)] = exchange
     p += len(exchange)
     buf[p : p + len(routing_key)] = routing_key
@@ -206,12 +206,12 @@ def write_message(
 def body_length(seg: Segment, block: int) -> int:
     """The body length recorded in a block's message (what Q_BYTES counts)."""
     return int.from_bytes(
-        seg.buf[block + L.BLOCK_HEADER + 8 : block + L.BLOCK_HEADER + 16], "little"
+        seg.buf[block + layout.BLOCK_HEADER + 8 : block + layout.BLOCK_HEADER + 16], "little"
     )
 
 
 def message_size(exchange: bytes, routing_key: bytes, props: bytes, body_len: int) -> int:
-    return L.MSG_PREFIX.size + len(exchange) + len(routing_key) + len(props) + body_len
+    return layout.MSG_PREFIX.size + len(exchange) + len(routing_key) + len(props) + body_len
 
 
 def read_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes]:
@@ -221,9 +221,9 @@ def read_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes]:
     reused while the event loop still holds the bytes in its write buffer.
     """
     buf = seg.buf
-    p = block + L.BLOCK_HEADER
-    ex_len, rk_len, _, props_len, body_len = L.MSG_PREFIX.unpack_from(buf, p)
-    p += L.MSG_PREFIX.size
+    p = block + layout.BLOCK_HEADER
+    ex_len, rk_len, _, props_len, body_len = layout.MSG_PREFIX.unpack_from(buf, p)
+    p += layout.MSG_PREFIX.size
     exchange = buf[p : p + ex_len]
     p += ex_len
     routing_key = buf[p : p + rk_len]
@@ -244,17 +244,17 @@ def peek_message(
     caller must re-check that the queue cell still holds the entry live after
     the copy; only then is the copy the message (shm/ARCHITECTURE.md, 3a).
     """
-    layout = seg.layout
-    arena_bytes = layout.limits.arena_bytes
-    index = (block - layout.arenas) // arena_bytes
-    if block < layout.arenas or index >= layout.limits.max_workers:
+    offsets = seg.layout
+    arena_bytes = offsets.limits.arena_bytes
+    index = (block - offsets.arenas) // arena_bytes
+    if block < offsets.arenas or index >= offsets.limits.max_workers:
         return None
-    end = layout.arenas + (index + 1) * arena_bytes
-    size = seg.atomic.load(block + L.B_SIZE)  # the whole block, header included
-    fixed = L.BLOCK_HEADER + L.MSG_PREFIX.size
+    end = offsets.arenas + (index + 1) * arena_bytes
+    size = seg.atomic.load(block + layout.B_SIZE)  # the whole block, header included
+    fixed = layout.BLOCK_HEADER + layout.MSG_PREFIX.size
     if size < fixed or block + size > end:
         return None
-    lengths = L.MSG_PREFIX.unpack_from(seg.buf, block + L.BLOCK_HEADER)
+    lengths = layout.MSG_PREFIX.unpack_from(seg.buf, block + layout.BLOCK_HEADER)
     if fixed + sum(lengths) > size:
         return None
     # Slice with the lengths just checked (read_message would read them again,

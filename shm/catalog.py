@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from shm import layout as L
+from shm import layout
 from shm.segment import Segment
 
 C_EPOCH = 0
@@ -48,14 +48,14 @@ class CatalogFull(Exception):
     """The current definitions do not fit in one half of the region."""
 
 
-def _half(layout: L.Layout, epoch: int) -> int:
-    size = layout.limits.catalog_bytes
+def _half(offsets: layout.Layout, epoch: int) -> int:
+    size = offsets.limits.catalog_bytes
     half_size = (size - REGION_HEADER) // 2
-    return layout.catalog + REGION_HEADER + ((epoch // 2) % 2) * half_size
+    return offsets.catalog + REGION_HEADER + ((epoch // 2) % 2) * half_size
 
 
-def half_capacity(layout: L.Layout) -> int:
-    return (layout.limits.catalog_bytes - REGION_HEADER) // 2 - HALF_HEADER
+def half_capacity(offsets: layout.Layout) -> int:
+    return (offsets.limits.catalog_bytes - REGION_HEADER) // 2 - HALF_HEADER
 
 
 def _frame(ops: list[Any]) -> bytes:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shm import layout as L
+from shm import layout
 from shm.queues import QueueStore
 
-FLOW_NAMES = {L.FLOW_OPEN: "open", L.FLOW_BLOCKED: "blocked", L.FLOW_RELEASE: "releasing"}
+FLOW_NAMES = {
+    layout.FLOW_OPEN: "open",
+    layout.FLOW_BLOCKED: "blocked",
+    layout.FLOW_RELEASE: "releasing",
+}
 OVERFLOW_NAMES = {
-    L.OVERFLOW_DROP_HEAD: "drop-head",
-    L.OVERFLOW_REJECT_PUBLISH: "reject-publish",
-    L.OVERFLOW_REJECT_PUBLISH_DLX: "reject-publish-dlx",
+    layout.OVERFLOW_DROP_HEAD: "drop-head",
+    layout.OVERFLOW_REJECT_PUBLISH: "reject-publish",
+    layout.OVERFLOW_REJECT_PUBLISH_DLX: "reject-publish-dlx",
 }
 
 
@@ -34,12 +38,12 @@ class QueueCounters:
     changes: int
     capacity: int  # x-capacity (0: none)
     resume: int  # x-flow-resume-capacity
-    flow: int  # L.FLOW_*: the declared queue's flow word
+    flow: int  # layout.FLOW_*: the declared queue's flow word
     flow_blocked: bool  # any of its logs not FLOW_OPEN
     blocked_publishers: int
     max_length: int  # 0: no limit
     max_bytes: int  # 0: no limit
-    overflow: int  # L.OVERFLOW_* (0: no length limit)
+    overflow: int  # layout.OVERFLOW_* (0: no length limit)
 
 
 def read(store: QueueStore, qid: int) -> QueueCounters:
@@ -51,21 +55,21 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
         return sum(word(log, field) for log in logs)
 
     return QueueCounters(
-        ready=total(L.Q_READY),
-        unacked=total(L.Q_UNACKED),
-        published=total(L.Q_PUBLISHED),
-        bytes=total(L.Q_BYTES),
-        ready_bytes=total(L.Q_READY_BYTES),
-        consumers=word(qid, L.Q_CONSUMERS),
-        head=word(qid, L.Q_HEAD),
-        tail=word(qid, L.Q_TAIL),
-        changes=total(L.Q_CHANGES),
-        capacity=word(qid, L.Q_CAPACITY),
-        resume=word(qid, L.Q_RESUME),
-        flow=word(qid, L.Q_FLOW),
-        flow_blocked=any(word(log, L.Q_FLOW) != L.FLOW_OPEN for log in logs),
-        blocked_publishers=total(L.Q_BLOCKED_PUBLISHERS),
-        max_length=word(qid, L.Q_MAX_LENGTH),
-        max_bytes=word(qid, L.Q_MAX_BYTES),
-        overflow=word(qid, L.Q_OVERFLOW),
+        ready=total(layout.Q_READY),
+        unacked=total(layout.Q_UNACKED),
+        published=total(layout.Q_PUBLISHED),
+        bytes=total(layout.Q_BYTES),
+        ready_bytes=total(layout.Q_READY_BYTES),
+        consumers=word(qid, layout.Q_CONSUMERS),
+        head=word(qid, layout.Q_HEAD),
+        tail=word(qid, layout.Q_TAIL),
+        changes=total(layout.Q_CHANGES),
+        capacity=word(qid, layout.Q_CAPACITY),
+        resume=word(qid, layout.Q_RESUME),
+        flow=word(qid, layout.Q_FLOW),
+        flow_blocked=any(word(log, layout.Q_FLOW) != layout.FLOW_OPEN for log in logs),
+        blocked_publishers=total(layout.Q_BLOCKED_PUBLISHERS),
+        max_length=word(qid, layout.Q_MAX_LENGTH),
+        max_bytes=word(qid, layout.Q_MAX_BYTES),
+        overflow=word(qid, layout.Q_OVERFLOW),
     )

@@ -28,7 +28,7 @@ argument above holds for the sum as for one word.
 
 from __future__ import annotations
 
-from shm import layout as L
+from shm import layout
 from shm.segment import Segment
 from shm.wake import Waker
 
@@ -36,15 +36,15 @@ from shm.wake import Waker
 def queue_bytes(seg: Segment, qid: int, logs: list[int] | None = None) -> int:
     """Q_BYTES of a queue: of its own log, or summed over `logs` (the levels
     of a priority queue, whose flow words are the declared queue's)."""
-    a, layout = seg.atomic, seg.layout
+    a, offsets = seg.atomic, seg.layout
     if logs is None:
-        return a.load(layout.queue(qid) + L.Q_BYTES)
-    return sum(a.load(layout.queue(log) + L.Q_BYTES) for log in logs)
+        return a.load(offsets.queue(qid) + layout.Q_BYTES)
+    return sum(a.load(offsets.queue(log) + layout.Q_BYTES) for log in logs)
 
 
 def over_capacity(seg: Segment, qid: int, logs: list[int] | None = None) -> bool:
     """After an append: is the queue above its capacity (if it has one)?"""
-    capacity = seg.atomic.load(seg.layout.queue(qid) + L.Q_CAPACITY)
+    capacity = seg.atomic.load(seg.layout.queue(qid) + layout.Q_CAPACITY)
     return bool(capacity) and queue_bytes(seg, qid, logs) > capacity
 
 
@@ -52,8 +52,8 @@ def arm(seg: Segment, qid: int, logs: list[int] | None = None) -> bool:
     """A publisher is about to block on `qid`: arm the release, then look
     again. False: the queue already fell to its resume size, do not block."""
     a, q = seg.atomic, seg.layout.queue(qid)
-    a.cas(q + L.Q_FLOW, L.FLOW_OPEN, L.FLOW_BLOCKED)
-    return queue_bytes(seg, qid, logs) > a.load(q + L.Q_RESUME)
+    a.cas(q + layout.Q_FLOW, layout.FLOW_OPEN, layout.FLOW_BLOCKED)
+    return queue_bytes(seg, qid, logs) > a.load(q + layout.Q_RESUME)
 
 
 def drained(seg: Segment, waker: Waker, qid: int, logs: list[int] | None = None) -> None:
@@ -61,9 +61,9 @@ def drained(seg: Segment, waker: Waker, qid: int, logs: list[int] | None = None)
     release its blocked publishers if it is at or below its resume size."""
     a, q = seg.atomic, seg.layout.queue(qid)
     if (
-        a.load(q + L.Q_FLOW) == L.FLOW_BLOCKED
-        and queue_bytes(seg, qid, logs) <= a.load(q + L.Q_RESUME)
-        and a.cas(q + L.Q_FLOW, L.FLOW_BLOCKED, L.FLOW_RELEASE)
+        a.load(q + layout.Q_FLOW) == layout.FLOW_BLOCKED
+        and queue_bytes(seg, qid, logs) <= a.load(q + layout.Q_RESUME)
+        and a.cas(q + layout.Q_FLOW, layout.FLOW_BLOCKED, layout.FLOW_RELEASE)
     ):
         waker.kick(qid)
 
@@ -72,6 +72,6 @@ def take_release(seg: Segment, qid: int) -> bool:
     """Scheduler, on a wake: True if a release of `qid` was requested (and
     is now taken: the caller sends UNBLOCK)."""
     a, q = seg.atomic, seg.layout.queue(qid)
-    return a.load(q + L.Q_FLOW) == L.FLOW_RELEASE and a.cas(
-        q + L.Q_FLOW, L.FLOW_RELEASE, L.FLOW_OPEN
+    return a.load(q + layout.Q_FLOW) == layout.FLOW_RELEASE and a.cas(
+        q + layout.Q_FLOW, layout.FLOW_RELEASE, layout.FLOW_OPEN
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from shm import layout as L
+from shm import layout
 
 
 class QueueStore(Protocol):
@@ -56,17 +56,17 @@ def _over(store: QueueStore, logs: list[int], count: int, size: int) -> bool:
     """Would the queue (its `logs`) exceed a limit with `count` more ready
     messages of `size` body bytes?"""
     head = logs[0]
-    max_length = store.word(head, L.Q_MAX_LENGTH)
-    if max_length and _counted(store, logs, L.Q_READY) + count > max_length - 1:
+    max_length = store.word(head, layout.Q_MAX_LENGTH)
+    if max_length and _counted(store, logs, layout.Q_READY) + count > max_length - 1:
         return True
-    max_bytes = store.word(head, L.Q_MAX_BYTES)
-    return bool(max_bytes and _counted(store, logs, L.Q_READY_BYTES) + size > max_bytes - 1)
+    max_bytes = store.word(head, layout.Q_MAX_BYTES)
+    return bool(max_bytes and _counted(store, logs, layout.Q_READY_BYTES) + size > max_bytes - 1)
 
 
 def admits(store: QueueStore, qid: int, body_size: int) -> bool:
     """Before appending to log `qid` (whose Q_OVERFLOW is set): False if its
     queue refuses the message (a reject-publish mode, at its limit)."""
-    if store.word(qid, L.Q_OVERFLOW) == L.OVERFLOW_DROP_HEAD:
+    if store.word(qid, layout.Q_OVERFLOW) == layout.OVERFLOW_DROP_HEAD:
         return True
     return not _over(store, store.logs(store.declared(qid)), 1, body_size)
 
@@ -75,7 +75,7 @@ def drop_head(store: QueueStore, qid: int) -> list[int]:
     """After appending to log `qid` of a drop-head queue: delete ready
     messages from the head until the queue is within its limits. Returns
     the logs it deleted from (their publishers may be waiting on capacity)."""
-    if store.word(qid, L.Q_OVERFLOW) != L.OVERFLOW_DROP_HEAD:
+    if store.word(qid, layout.Q_OVERFLOW) != layout.OVERFLOW_DROP_HEAD:
         return []
     logs = store.logs(store.declared(qid))
     touched: list[int] = []

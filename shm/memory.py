@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from shm import layout as L
+from shm import layout
 from shm.segment import Segment
 
 ALARM_MEMORY = 1
@@ -66,14 +66,16 @@ def watermarks(
 
 def configure(seg: Segment, marks: Watermarks) -> None:
     a = seg.atomic
-    a.store(L.H_MEM_HIGH, marks.high)
-    a.store(L.H_MEM_LOW, marks.low)
-    a.store(L.H_DISK_FREE_LIMIT, marks.disk_free_limit)
+    a.store(layout.H_MEM_HIGH, marks.high)
+    a.store(layout.H_MEM_LOW, marks.low)
+    a.store(layout.H_DISK_FREE_LIMIT, marks.disk_free_limit)
 
 
 def configured(seg: Segment) -> Watermarks:
     a = seg.atomic
-    return Watermarks(a.load(L.H_MEM_HIGH), a.load(L.H_MEM_LOW), a.load(L.H_DISK_FREE_LIMIT))
+    return Watermarks(
+        a.load(layout.H_MEM_HIGH), a.load(layout.H_MEM_LOW), a.load(layout.H_DISK_FREE_LIMIT)
+    )
 
 
 def own_alarms(used: int, free: int, raised: int, marks: Watermarks) -> int:
@@ -89,15 +91,15 @@ def own_alarms(used: int, free: int, raised: int, marks: Watermarks) -> int:
 
 
 def publish_alarms(seg: Segment, worker: int, bits: int) -> None:
-    seg.atomic.store(seg.layout.proc(worker) + L.P_ALARMS, bits)
+    seg.atomic.store(seg.layout.proc(worker) + layout.P_ALARMS, bits)
 
 
 def broker_alarms(seg: Segment) -> int:
     """ALARM_* bits raised by any worker: the broker-wide alarm."""
-    a, layout = seg.atomic, seg.layout
+    a, offsets = seg.atomic, seg.layout
     bits = 0
-    for slot in range(layout.limits.max_workers):
-        bits |= a.load(layout.proc(slot) + L.P_ALARMS)
+    for slot in range(offsets.limits.max_workers):
+        bits |= a.load(offsets.proc(slot) + layout.P_ALARMS)
     return bits
 
 

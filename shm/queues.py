@@ -20,18 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from shm import flow, limits
-from shm import layout as L
+from shm import flow, layout, limits
 from shm._atomic import Atomic
 from shm.arena import body_length, body_refs_drop, peek_message
 from shm.segment import Segment
 from shm.wake import Waker
 
-_SEQ = L.SEQ_SHIFT
-_AVAIL = L.S_AVAILABLE
-_ACQ = L.S_ACQUIRED
-_DEL = L.S_DELETED
-_REDELIVERED = L.FLAG_REDELIVERED
+_SEQ = layout.SEQ_SHIFT
+_AVAIL = layout.S_AVAILABLE
+_ACQ = layout.S_ACQUIRED
+_DEL = layout.S_DELETED
+_REDELIVERED = layout.FLAG_REDELIVERED
 
 # (exchange, routing key, raw content header, body), as shm.arena.read_message gives it
 Message = tuple[bytes, bytes, bytes, bytes]
@@ -41,7 +40,7 @@ def _unpublished(word: int, seq: int) -> bool:
     """True if a cell's word does not yet hold `seq` (it still carries an
     older lap, or is the never-used word 0 of seq 0)."""
     wseq = word >> _SEQ
-    return wseq < seq or (wseq == seq and word & L.STATE_MASK == L.S_EMPTY)
+    return wseq < seq or (wseq == seq and word & layout.STATE_MASK == layout.S_EMPTY)
 
 
 # What QueueStore.publish did with a message for one queue.
@@ -95,17 +94,17 @@ class QueueStore:
         self.cap = seg.layout.limits.queue_capacity
         self.mask = self.cap - 1
         self.owner = owner
-        self.owner_bits = owner << L.OWNER_SHIFT
+        self.owner_bits = owner << layout.OWNER_SHIFT
         self._names: dict[tuple[int, bytes], int] = {}
         self._levels: dict[int, PriorityLevels] = {}
         self._names_gen = -1
         if slot is None:
-            slot = owner - 1 if owner else L.supervisor_slot(seg.layout)
-        self.dropping = seg.layout.proc(slot) + L.P_DROPPING
+            slot = owner - 1 if owner else layout.supervisor_slot(seg.layout)
+        self.dropping = seg.layout.proc(slot) + layout.P_DROPPING
 
     # ----------------------------------------------------------------- catalog
     def catalog_generation(self) -> int:
-        return self.a.load(L.H_CATALOG_GEN)
+        return self.a.load(layout.H_CATALOG_GEN)
 
     def lookup(self, name: bytes, vhost: int = 0) -> int | None:
         """qid of the active queue called `name` in virtual host `vhost` (an
@@ -120,7 +119,7 @@ class QueueStore:
         return self._levels
 
     def _refresh(self) -> None:
-        gen = self.a.load(L.H_CATALOG_GEN)
+        gen = self.a.load(layout.H_CATALOG_GEN)
         if gen == self._names_gen:
             return
         names: dict[tuple[int, bytes], int] = {}
@@ -128,14 +127,14 @@ class QueueStore:
         children: list[tuple[int, int, int]] = []
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
-            if self.a.load(q + L.Q_STATE) & 0xFF != L.QS_ACTIVE:
+            if self.a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
                 continue
-            parent = self.a.load(q + L.Q_PARENT)
+            parent = self.a.load(q + layout.Q_PARENT)
             if parent:
-                children.append((parent - 1, self.a.load(q + L.Q_LEVEL), qid))
+                children.append((parent - 1, self.a.load(q + layout.Q_LEVEL), qid))
                 continue
-            names[(self.a.load(q + L.Q_VHOST), self.name(qid))] = qid
-            top = self.a.load(q + L.Q_MAX_PRIORITY)
+            names[(self.a.load(q + layout.Q_VHOST), self.name(qid))] = qid
+            top = self.a.load(q + layout.Q_MAX_PRIORITY)
             if top:
                 levels[qid] = PriorityLevels(top, qid)
         for parent, level, qid in children:
@@ -143,7 +142,7 @@ class QueueStore:
                 levels[parent].add(level, qid)
         self._names, self._levels = names, levels
         # Re-read: if it moved while we scanned, rescan next time.
-        self._names_gen = gen if self.a.load(L.H_CATALOG_GEN) == gen else -1
+        self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
 
     def logs(self, qid: int) -> list[int]:
         """The logs that make up queue `qid`: itself, or for a priority queue
@@ -156,7 +155,7 @@ class QueueStore:
         of a priority queue (section 2a of shm/ARCHITECTURE.md) the queue the
         client declared. Every rule that applies to "the queue" (length
         limits, capacity, flow) asks this."""
-        parent = self.a.load(self.layout.queue(qid) + L.Q_PARENT)
+        parent = self.a.load(self.layout.queue(qid) + layout.Q_PARENT)
         return parent - 1 if parent else qid
 
     def flow_queue(self, qid: int) -> tuple[int, list[int] | None]:
@@ -165,22 +164,22 @@ class QueueStore:
         declared = self.declared(qid)
         if declared != qid:
             return declared, self.logs(declared)
-        if self.word(qid, L.Q_MAX_PRIORITY):
+        if self.word(qid, layout.Q_MAX_PRIORITY):
             return qid, self.logs(qid)
         return qid, None
 
     def changes(self, qid: int) -> int:
         """Log `qid`'s state-change counter (Q_CHANGES: bumped by every
         append and release; the scheduler compares what a consumer saw)."""
-        return self.a.load(self.layout.queue(qid) + L.Q_CHANGES)
+        return self.a.load(self.layout.queue(qid) + layout.Q_CHANGES)
 
     def tail(self, qid: int) -> int:
         """The next seq log `qid` will reserve (reserved before published)."""
-        return self.a.load(self.layout.queue(qid) + L.Q_TAIL)
+        return self.a.load(self.layout.queue(qid) + layout.Q_TAIL)
 
     def consumer_count(self, qid: int) -> int:
         """Consumers of queue `qid`, as the scheduler last wrote them."""
-        return self.a.load(self.layout.queue(qid) + L.Q_CONSUMERS)
+        return self.a.load(self.layout.queue(qid) + layout.Q_CONSUMERS)
 
     def count_blocked_publisher(self, qid: int, delta: int, state: int | None) -> int:
         """A connection blocks on (delta 1) or is released from (-1) queue
@@ -188,43 +187,43 @@ class QueueStore:
         queue was deleted since (`state`, its Q_STATE when the connection
         blocked, changed). Returns Q_STATE, to pass back on release."""
         a, q = self.a, self.layout.queue(qid)
-        now = a.load(q + L.Q_STATE)
+        now = a.load(q + layout.Q_STATE)
         if state is None or state == now:
-            a.fetch_add(q + L.Q_BLOCKED_PUBLISHERS, delta)
+            a.fetch_add(q + layout.Q_BLOCKED_PUBLISHERS, delta)
         return now
 
     def log_ready(self, qid: int) -> int:
         """Ready entries in log `qid` alone."""
-        return self.a.load(self.layout.queue(qid) + L.Q_READY)
+        return self.a.load(self.layout.queue(qid) + layout.Q_READY)
 
     def log_unacked(self, qid: int) -> int:
         """Acquired, unsettled entries in log `qid` alone."""
-        return self.a.load(self.layout.queue(qid) + L.Q_UNACKED)
+        return self.a.load(self.layout.queue(qid) + layout.Q_UNACKED)
 
     def set_consumer_count(self, qid: int, count: int) -> None:
         """Scheduler: publish queue `qid`'s consumer count (consumer_count)."""
-        self.a.store(self.layout.queue(qid) + L.Q_CONSUMERS, count)
+        self.a.store(self.layout.queue(qid) + layout.Q_CONSUMERS, count)
 
     def set_watch(self, qid: int, watching: bool) -> None:
         """Scheduler: ask publishers to wake it (shm/wake.py) at log `qid`'s
         next change, or stop asking."""
-        self.a.store(self.layout.queue(qid) + L.Q_WATCH, int(watching))
+        self.a.store(self.layout.queue(qid) + layout.Q_WATCH, int(watching))
 
     def flow_open(self, qid: int) -> bool:
         """Whether queue `qid`'s flow word is FLOW_OPEN (shm/flow.py)."""
-        return self.a.load(self.layout.queue(qid) + L.Q_FLOW) == L.FLOW_OPEN
+        return self.a.load(self.layout.queue(qid) + layout.Q_FLOW) == layout.FLOW_OPEN
 
     def flags(self, qid: int) -> int:
         """Queue `qid`'s QF_* flags (durable, exclusive, auto-delete)."""
-        return self.a.load(self.layout.queue(qid) + L.Q_FLAGS)
+        return self.a.load(self.layout.queue(qid) + layout.Q_FLAGS)
 
     def owner_connection(self, qid: int) -> int:
         """The connection id recorded as queue `qid`'s owner (0: none)."""
-        return self.a.load(self.layout.queue(qid) + L.Q_OWNER)
+        return self.a.load(self.layout.queue(qid) + layout.Q_OWNER)
 
     def max_priority(self, qid: int) -> int:
         """Queue `qid`'s x-max-priority (0: not a priority queue)."""
-        return self.a.load(self.layout.queue(qid) + L.Q_MAX_PRIORITY)
+        return self.a.load(self.layout.queue(qid) + layout.Q_MAX_PRIORITY)
 
     def limits_of(self, qid: int) -> tuple[int, int, tuple[int, int, int]]:
         """(capacity, resume, (max length, max bytes, overflow)) of queue
@@ -232,18 +231,22 @@ class QueueStore:
         priority level the same limits."""
         word = self.word
         return (
-            word(qid, L.Q_CAPACITY),
-            word(qid, L.Q_RESUME),
-            (word(qid, L.Q_MAX_LENGTH), word(qid, L.Q_MAX_BYTES), word(qid, L.Q_OVERFLOW)),
+            word(qid, layout.Q_CAPACITY),
+            word(qid, layout.Q_RESUME),
+            (
+                word(qid, layout.Q_MAX_LENGTH),
+                word(qid, layout.Q_MAX_BYTES),
+                word(qid, layout.Q_OVERFLOW),
+            ),
         )
 
     def ready(self, qid: int) -> int:
         """Messages ready in queue `qid` (over all its logs)."""
-        return self.total(qid, L.Q_READY)
+        return self.total(qid, layout.Q_READY)
 
     def exclusive_owner(self, qid: int) -> int | None:
         """The connection id that owns an exclusive queue (None: not exclusive)."""
-        if self.flags(qid) & L.QF_EXCLUSIVE:
+        if self.flags(qid) & layout.QF_EXCLUSIVE:
             return self.owner_connection(qid)
         return None
 
@@ -256,24 +259,26 @@ class QueueStore:
         level slots of priority queues)."""
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
-            if self.a.load(q + L.Q_STATE) & 0xFF == L.QS_ACTIVE and not self.a.load(q + L.Q_PARENT):
-                yield self.a.load(q + L.Q_VHOST), self.name(qid), qid
+            if self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE and not self.a.load(
+                q + layout.Q_PARENT
+            ):
+                yield self.a.load(q + layout.Q_VHOST), self.name(qid), qid
 
     def level_slots(self) -> Iterator[tuple[int, int, int]]:
         """(declared queue's qid, level, qid) of every active level slot."""
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
-            parent = self.a.load(q + L.Q_PARENT)
-            if parent and self.a.load(q + L.Q_STATE) & 0xFF == L.QS_ACTIVE:
-                yield parent - 1, self.a.load(q + L.Q_LEVEL), qid
+            parent = self.a.load(q + layout.Q_PARENT)
+            if parent and self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE:
+                yield parent - 1, self.a.load(q + layout.Q_LEVEL), qid
 
     def name(self, qid: int) -> bytes:
         q = self.layout.queue(qid)
-        n = self.a.load(q + L.Q_NAME_LEN)
-        return bytes(self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + n])
+        n = self.a.load(q + layout.Q_NAME_LEN)
+        return bytes(self.seg.buf[q + layout.Q_NAME : q + layout.Q_NAME + n])
 
     def is_active(self, qid: int) -> bool:
-        return self.a.load(self.layout.queue(qid) + L.Q_STATE) & 0xFF == L.QS_ACTIVE
+        return self.a.load(self.layout.queue(qid) + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE
 
     def word(self, qid: int, field: int) -> int:
         return self.a.load(self.layout.queue(qid) + field)
@@ -295,63 +300,63 @@ class QueueStore:
         """Scheduler only: make a FREE slot an active queue called `name` in
         virtual host `vhost` (an id); with `parent`, a level slot of that
         priority queue (nameless, found through the parent only)."""
-        if len(name) > L.Q_NAME_MAX:
+        if len(name) > layout.Q_NAME_MAX:
             raise ValueError("queue name longer than 255 bytes")
         a, q = self.a, self.layout.queue(qid)
-        state = a.load(q + L.Q_STATE)
-        if state & 0xFF != L.QS_FREE:
+        state = a.load(q + layout.Q_STATE)
+        if state & 0xFF != layout.QS_FREE:
             raise ValueError(f"queue slot {qid} is in use")
         # The log continues from the old tail, so sequence numbers of a
         # deleted queue never match cells of the new one.
-        tail = a.load(q + L.Q_TAIL)
-        a.store(q + L.Q_HEAD, tail)
+        tail = a.load(q + layout.Q_TAIL)
+        a.store(q + layout.Q_HEAD, tail)
         for field in (
-            L.Q_READY,
-            L.Q_UNACKED,
-            L.Q_BYTES,
-            L.Q_READY_BYTES,
-            L.Q_BLOCKED_PUBLISHERS,
-            L.Q_WATCH,
-            L.Q_CONSUMERS,
-            L.Q_PUBLISHED,
-            L.Q_DELIVERED,
-            L.Q_ACKED,
-            L.Q_REDELIVERED,
+            layout.Q_READY,
+            layout.Q_UNACKED,
+            layout.Q_BYTES,
+            layout.Q_READY_BYTES,
+            layout.Q_BLOCKED_PUBLISHERS,
+            layout.Q_WATCH,
+            layout.Q_CONSUMERS,
+            layout.Q_PUBLISHED,
+            layout.Q_DELIVERED,
+            layout.Q_ACKED,
+            layout.Q_REDELIVERED,
         ):
             a.store(q + field, 0)
-        a.store(q + L.Q_FLAGS, flags)
-        a.store(q + L.Q_OWNER, owner_conn)
-        a.store(q + L.Q_VHOST, vhost)
-        a.store(q + L.Q_MAX_PRIORITY, max_priority)
-        a.store(q + L.Q_PARENT, 0 if parent is None else parent + 1)
-        a.store(q + L.Q_LEVEL, level)
-        a.store(q + L.Q_CAPACITY, capacity)
-        a.store(q + L.Q_RESUME, resume)
-        a.store(q + L.Q_FLOW, L.FLOW_OPEN)
+        a.store(q + layout.Q_FLAGS, flags)
+        a.store(q + layout.Q_OWNER, owner_conn)
+        a.store(q + layout.Q_VHOST, vhost)
+        a.store(q + layout.Q_MAX_PRIORITY, max_priority)
+        a.store(q + layout.Q_PARENT, 0 if parent is None else parent + 1)
+        a.store(q + layout.Q_LEVEL, level)
+        a.store(q + layout.Q_CAPACITY, capacity)
+        a.store(q + layout.Q_RESUME, resume)
+        a.store(q + layout.Q_FLOW, layout.FLOW_OPEN)
         for field, value in zip(
-            (L.Q_MAX_LENGTH, L.Q_MAX_BYTES, L.Q_OVERFLOW), length_limits, strict=True
+            (layout.Q_MAX_LENGTH, layout.Q_MAX_BYTES, layout.Q_OVERFLOW), length_limits, strict=True
         ):
             a.store(q + field, value)
-        self.seg.buf[q + L.Q_NAME : q + L.Q_NAME + len(name)] = name
-        a.store(q + L.Q_NAME_LEN, len(name))
-        a.store(q + L.Q_STATE, ((state >> 8) + 1) << 8 | L.QS_ACTIVE)
-        a.fetch_add(L.H_CATALOG_GEN, 1)
+        self.seg.buf[q + layout.Q_NAME : q + layout.Q_NAME + len(name)] = name
+        a.store(q + layout.Q_NAME_LEN, len(name))
+        a.store(q + layout.Q_STATE, ((state >> 8) + 1) << 8 | layout.QS_ACTIVE)
+        a.fetch_add(layout.H_CATALOG_GEN, 1)
 
     def remove(self, qid: int) -> int:
         """Scheduler only: deactivate a queue and delete every entry it holds,
         dropping their body references. Returns the number of messages dropped."""
         a, q = self.a, self.layout.queue(qid)
-        state = a.load(q + L.Q_STATE)
-        a.store(q + L.Q_STATE, (state >> 8) << 8 | L.QS_FREE)
-        a.fetch_add(L.H_CATALOG_GEN, 1)
+        state = a.load(q + layout.Q_STATE)
+        a.store(q + layout.Q_STATE, (state >> 8) << 8 | layout.QS_FREE)
+        a.fetch_add(layout.H_CATALOG_GEN, 1)
         dropped = 0
         ring = self.layout.log(qid)
-        head, tail = a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)
+        head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
         for seq in range(head, tail):
-            cell = ring + (seq & self.mask) * L.CELL_SIZE
+            cell = ring + (seq & self.mask) * layout.CELL_SIZE
             while True:
                 w = a.load(cell)
-                wseq, st = w >> _SEQ, w & L.STATE_MASK
+                wseq, st = w >> _SEQ, w & layout.STATE_MASK
                 if wseq > seq or (wseq == seq and st == _DEL):
                     break
                 live = wseq == seq and st in (_AVAIL, _ACQ)
@@ -364,8 +369,8 @@ class QueueStore:
                 if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
                     dropped += 1 if live else 0
                     break
-        a.store(q + L.Q_HEAD, tail)
-        for field in (L.Q_READY, L.Q_UNACKED, L.Q_BYTES, L.Q_READY_BYTES):
+        a.store(q + layout.Q_HEAD, tail)
+        for field in (layout.Q_READY, layout.Q_UNACKED, layout.Q_BYTES, layout.Q_READY_BYTES):
             a.store(q + field, 0)
         return dropped
 
@@ -383,22 +388,22 @@ class QueueStore:
         Entries a drop-head limit deletes release the queue's capacity."""
         a = self.a
         q = self.layout.queue(qid)
-        limited = a.load(q + L.Q_OVERFLOW)  # one load when the queue has no limit
+        limited = a.load(q + layout.Q_OVERFLOW)  # one load when the queue has no limit
         if limited and not limits.admits(self, qid, body_size):
             return REJECTED
-        a.fetch_add(block + L.B_REFS, 1)
+        a.fetch_add(block + layout.B_REFS, 1)
         try:
             self.append(qid, block, intent)
         except QueueGone:
             return GONE  # append took its reference back
         except QueueFull:
-            a.fetch_add(block + L.B_REFS, -1)
+            a.fetch_add(block + layout.B_REFS, -1)
             return FULL if self.is_active(qid) else GONE
         outcome = APPENDED
         if limited:
             for dropped in limits.drop_head(self, qid):
                 self._drained(dropped)
-        if a.load(q + L.Q_CAPACITY):  # one load when the queue has no capacity
+        if a.load(q + layout.Q_CAPACITY):  # one load when the queue has no capacity
             target, logs = self.flow_queue(qid)
             if flow.over_capacity(self.seg, target, logs):
                 outcome = OVER_CAPACITY
@@ -430,10 +435,10 @@ class QueueStore:
         """Entries of `qid` were deleted: release its blocked publishers if
         that took it to its resume size (one load unless it has a capacity,
         three unless publishers are blocked on it)."""
-        a, layout = self.a, self.layout
-        if a.load(layout.queue(qid) + L.Q_CAPACITY):
+        a, offsets = self.a, self.layout
+        if a.load(offsets.queue(qid) + layout.Q_CAPACITY):
             target = self.declared(qid)
-            if a.load(layout.queue(target) + L.Q_FLOW) == L.FLOW_BLOCKED:
+            if a.load(offsets.queue(target) + layout.Q_FLOW) == layout.FLOW_BLOCKED:
                 assert self.waker is not None
                 flow.drained(self.seg, self.waker, *self.flow_queue(qid))
 
@@ -456,10 +461,10 @@ class QueueStore:
           tombstoned it: the caller keeps its reference (QueueFull);
         - clear the intent; bump READY, PUBLISHED and CHANGES.
         """
-        layout = self.layout
+        offsets = self.layout
         if self.a.__class__ is not Atomic:
             return self.append_steps(qid, block, intent)
-        t = self.a.append(layout.queue(qid), layout.log(qid), self.mask, block, intent, qid)
+        t = self.a.append(offsets.queue(qid), offsets.log(qid), self.mask, block, intent, qid)
         if t >= 0:
             return t
         if t == -1:
@@ -468,7 +473,7 @@ class QueueStore:
         # the generation moved): take the entry back unless remove() already
         # tombstoned it (then it dropped the reference itself).
         t = -2 - t
-        cell = layout.log(qid) + (t & self.mask) * L.CELL_SIZE
+        cell = offsets.log(qid) + (t & self.mask) * layout.CELL_SIZE
         self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
         raise QueueGone(qid)
 
@@ -479,33 +484,33 @@ class QueueStore:
         `self.a` is not the plain Atomic."""
         a, q = self.a, self.layout.queue(qid)
         cap = self.cap
-        state = a.load(q + L.Q_STATE)
-        if state & 0xFF != L.QS_ACTIVE:
+        state = a.load(q + layout.Q_STATE)
+        if state & 0xFF != layout.QS_ACTIVE:
             raise QueueFull(qid)
         while True:
-            t = a.load(q + L.Q_TAIL)
-            if t - a.load(q + L.Q_HEAD) >= cap:
+            t = a.load(q + layout.Q_TAIL)
+            if t - a.load(q + layout.Q_HEAD) >= cap:
                 raise QueueFull(qid)
-            a.store(intent + L.P_INTENT_SEQ, t)
-            a.store(intent + L.P_INTENT_QUEUE, qid + 1)
-            if a.cas(q + L.Q_TAIL, t, t + 1):
+            a.store(intent + layout.P_INTENT_SEQ, t)
+            a.store(intent + layout.P_INTENT_QUEUE, qid + 1)
+            if a.cas(q + layout.Q_TAIL, t, t + 1):
                 break
-        cell = self.layout.log(qid) + (t & self.mask) * L.CELL_SIZE
+        cell = self.layout.log(qid) + (t & self.mask) * layout.CELL_SIZE
         old = a.load(cell)
         a.store(cell + 8, block)
         published = _unpublished(old, t) and a.cas(cell, old, t << _SEQ | _AVAIL)
-        a.store(intent + L.P_INTENT_QUEUE, 0)
+        a.store(intent + layout.P_INTENT_QUEUE, 0)
         if not published:
             raise QueueFull(qid)
-        if a.load(q + L.Q_STATE) != state:
+        if a.load(q + layout.Q_STATE) != state:
             self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
             raise QueueGone(qid)
-        a.fetch_add(q + L.Q_CHANGES, 1)  # before READY, as in the C append
-        a.fetch_add(q + L.Q_READY, 1)
+        a.fetch_add(q + layout.Q_CHANGES, 1)  # before READY, as in the C append
+        a.fetch_add(q + layout.Q_READY, 1)
         body = body_length(self.seg, block)
-        a.fetch_add(q + L.Q_BYTES, body)
-        a.fetch_add(q + L.Q_READY_BYTES, body)
-        a.fetch_add(q + L.Q_PUBLISHED, 1)
+        a.fetch_add(q + layout.Q_BYTES, body)
+        a.fetch_add(q + layout.Q_READY_BYTES, body)
+        a.fetch_add(q + layout.Q_PUBLISHED, 1)
         return t
 
     def acquire(self, qid: int, pointer: int) -> tuple[int, int, bool] | int:
@@ -533,17 +538,17 @@ class QueueStore:
         """
         a, q = self.a, self.layout.queue(qid)
         ring, mask = self.layout.log(qid), self.mask
-        seq = max(pointer, a.load(q + L.Q_HEAD))
-        tail = a.load(q + L.Q_TAIL)
+        seq = max(pointer, a.load(q + layout.Q_HEAD))
+        tail = a.load(q + layout.Q_TAIL)
         while seq < tail:
-            cell = ring + (seq & mask) * L.CELL_SIZE
+            cell = ring + (seq & mask) * layout.CELL_SIZE
             word = a.load(cell)
             if _unpublished(word, seq):
                 return seq
-            if word >> _SEQ == seq and word & L.STATE_MASK == _AVAIL:
+            if word >> _SEQ == seq and word & layout.STATE_MASK == _AVAIL:
                 message = peek_message(self.seg, a.load(cell + 8))
                 after = a.load(cell)
-                live = after >> _SEQ == seq and after & L.STATE_MASK in (_AVAIL, _ACQ)
+                live = after >> _SEQ == seq and after & layout.STATE_MASK in (_AVAIL, _ACQ)
                 if message is not None and live:
                     return seq, message, bool(word & _REDELIVERED)
             seq += 1
@@ -561,25 +566,25 @@ class QueueStore:
         so that a long run of them is read in bounded slices."""
         a, q = self.a, self.layout.queue(qid)
         ring, mask = self.layout.log(qid), self.mask
-        seq = max(pointer, a.load(q + L.Q_HEAD))
-        tail = a.load(q + L.Q_TAIL)
+        seq = max(pointer, a.load(q + layout.Q_HEAD))
+        tail = a.load(q + layout.Q_TAIL)
         stop = seq + limit
         while seq < tail:
             if seq >= stop:
                 return -1 - seq
-            cell = ring + (seq & mask) * L.CELL_SIZE
+            cell = ring + (seq & mask) * layout.CELL_SIZE
             word = a.load(cell)
             if _unpublished(word, seq):
                 return seq
-            if word >> _SEQ == seq and word & L.STATE_MASK == _AVAIL:
+            if word >> _SEQ == seq and word & layout.STATE_MASK == _AVAIL:
                 copy = peek_message(self.seg, a.load(cell + 8), body=False)
                 if copy is not None and a.load(cell) == word and wanted(copy[2]):
                     taken = word & _REDELIVERED | seq << _SEQ | self.owner_bits | _ACQ
                     if a.cas(cell, word, taken):
                         block = a.load(cell + 8)
-                        a.fetch_add(q + L.Q_READY, -1)
-                        a.fetch_add(q + L.Q_UNACKED, 1)
-                        a.fetch_add(q + L.Q_READY_BYTES, -body_length(self.seg, block))
+                        a.fetch_add(q + layout.Q_READY, -1)
+                        a.fetch_add(q + layout.Q_UNACKED, 1)
+                        a.fetch_add(q + layout.Q_READY_BYTES, -body_length(self.seg, block))
                         return seq, block, bool(word & _REDELIVERED)
                     continue  # it changed meanwhile: look at it again
             seq += 1
@@ -590,16 +595,16 @@ class QueueStore:
         body (freeing the block if it was the last), advance the head past
         deleted cells. False if the entry is no longer ours (its queue was
         deleted, or the supervisor released it). One C call."""
-        layout = self.layout
+        offsets = self.layout
         return bool(
             self.a.ack(
-                layout.queue(qid),
-                layout.log(qid),
+                offsets.queue(qid),
+                offsets.log(qid),
                 self.mask,
                 seq,
                 self.owner_bits,
-                layout.arenas,
-                layout.limits.arena_bytes,
+                offsets.arenas,
+                offsets.limits.arena_bytes,
                 self.dropping,
             )
         )
@@ -608,7 +613,7 @@ class QueueStore:
         """The body block of an entry this owner holds (ACQUIRED), or None if
         it is no longer ours (its queue was deleted, or it was released)."""
         a = self.a
-        cell = self.layout.log(qid) + (seq & self.mask) * L.CELL_SIZE
+        cell = self.layout.log(qid) + (seq & self.mask) * layout.CELL_SIZE
         held = seq << _SEQ | self.owner_bits | _ACQ
         word = a.load(cell)
         if word & ~_REDELIVERED != held:
@@ -626,9 +631,9 @@ class QueueStore:
         keeps its place in the queue. True if released."""
         a = self.a
         bits = self.owner_bits if owner_bits is None else owner_bits
-        cell = self.layout.log(qid) + (seq & self.mask) * L.CELL_SIZE
+        cell = self.layout.log(qid) + (seq & self.mask) * layout.CELL_SIZE
         w = a.load(cell)
-        if w >> _SEQ != seq or w & L.STATE_MASK != _ACQ or w & 0xFFF00 != bits:
+        if w >> _SEQ != seq or w & layout.STATE_MASK != _ACQ or w & 0xFFF00 != bits:
             return False
         # The body's size while the entry is still ours (once AVAILABLE it
         # may be taken and freed at once).
@@ -639,12 +644,12 @@ class QueueStore:
         # RELEASE_GEN, then CHANGES, then READY: a consumer that reads CHANGES
         # after this bump also sees the generation and rewinds; the scheduler
         # reads READY then CHANGES (as for append).
-        a.fetch_add(q + L.Q_RELEASE_GEN, 1)
-        a.fetch_add(q + L.Q_CHANGES, 1)
-        a.fetch_add(q + L.Q_UNACKED, -1)
-        a.fetch_add(q + L.Q_READY_BYTES, body)
-        a.fetch_add(q + L.Q_READY, 1)
-        a.fetch_add(q + L.Q_REDELIVERED, 1)
+        a.fetch_add(q + layout.Q_RELEASE_GEN, 1)
+        a.fetch_add(q + layout.Q_CHANGES, 1)
+        a.fetch_add(q + layout.Q_UNACKED, -1)
+        a.fetch_add(q + layout.Q_READY_BYTES, body)
+        a.fetch_add(q + layout.Q_READY, 1)
+        a.fetch_add(q + layout.Q_REDELIVERED, 1)
         return True
 
     def purge(self, qid: int) -> int:
@@ -652,18 +657,18 @@ class QueueStore:
         a, q = self.a, self.layout.queue(qid)
         ring = self.layout.log(qid)
         purged = 0
-        for seq in range(a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)):
-            cell = ring + (seq & self.mask) * L.CELL_SIZE
+        for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
+            cell = ring + (seq & self.mask) * layout.CELL_SIZE
             w = a.load(cell)
-            if w >> _SEQ != seq or w & L.STATE_MASK != _AVAIL:
+            if w >> _SEQ != seq or w & layout.STATE_MASK != _AVAIL:
                 continue
             # Read the body before the CAS, as in remove() and the C ack.
             block = a.load(cell + 8)
             size = body_length(self.seg, block)
             if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
-                a.fetch_add(q + L.Q_READY, -1)
-                a.fetch_add(q + L.Q_BYTES, -size)
-                a.fetch_add(q + L.Q_READY_BYTES, -size)
+                a.fetch_add(q + layout.Q_READY, -1)
+                a.fetch_add(q + layout.Q_BYTES, -size)
+                a.fetch_add(q + layout.Q_READY_BYTES, -size)
                 purged += 1
         self._advance_head(qid)
         return purged
@@ -672,31 +677,31 @@ class QueueStore:
         """Supervisor, after IO worker `owner - 1` died: put back every entry
         it had acquired (they are redelivered) and tombstone the cell it had
         reserved but not published. Returns {qid: entries released}."""
-        a, layout = self.a, self.layout
-        bits = owner << L.OWNER_SHIFT
-        slot = layout.proc(owner - 1)
-        intent_q = a.load(slot + L.P_INTENT_QUEUE)
+        a, offsets = self.a, self.layout
+        bits = owner << layout.OWNER_SHIFT
+        slot = offsets.proc(owner - 1)
+        intent_q = a.load(slot + layout.P_INTENT_QUEUE)
         if intent_q:
-            qid, seq = intent_q - 1, a.load(slot + L.P_INTENT_SEQ)
-            cell = layout.log(qid) + (seq & self.mask) * L.CELL_SIZE
+            qid, seq = intent_q - 1, a.load(slot + layout.P_INTENT_SEQ)
+            cell = offsets.log(qid) + (seq & self.mask) * layout.CELL_SIZE
             w = a.load(cell)
-            if _unpublished(w, seq) and a.load(layout.queue(qid) + L.Q_TAIL) > seq:
+            if _unpublished(w, seq) and a.load(offsets.queue(qid) + layout.Q_TAIL) > seq:
                 a.cas(cell, w, seq << _SEQ | _DEL)
-            a.store(slot + L.P_INTENT_QUEUE, 0)
+            a.store(slot + layout.P_INTENT_QUEUE, 0)
         released: dict[int, int] = {}
-        for qid in range(layout.limits.max_queues):
-            q = layout.queue(qid)
-            head, tail = a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)
+        for qid in range(offsets.limits.max_queues):
+            q = offsets.queue(qid)
+            head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
             # Not filtered on Q_UNACKED: the worker may have died between an
             # acquire's CAS and its counter update (UNACKED still 0, entry
             # ours), or after an ack or the tombstone above but before the head
             # moved past it; every non-empty queue is scanned and its head advanced.
             if head == tail:
                 continue
-            ring = layout.log(qid)
+            ring = offsets.log(qid)
             for seq in range(head, tail):
-                w = a.load(ring + (seq & self.mask) * L.CELL_SIZE)
-                mine = w & L.STATE_MASK == _ACQ and w & 0xFFF00 == bits and w >> _SEQ == seq
+                w = a.load(ring + (seq & self.mask) * layout.CELL_SIZE)
+                mine = w & layout.STATE_MASK == _ACQ and w & 0xFFF00 == bits and w >> _SEQ == seq
                 if mine and self.release(qid, seq, bits):
                     released[qid] = released.get(qid, 0) + 1
             self._advance_head(qid)
@@ -722,15 +727,15 @@ class QueueStore:
     def count_references(self, blocks: set[int]) -> dict[int, int]:
         """How many live (AVAILABLE or ACQUIRED) cells, in all queues, point
         at each of `blocks`. Supervisor recovery only: O(queued entries)."""
-        a, layout = self.a, self.layout
+        a, offsets = self.a, self.layout
         counts: dict[int, int] = {}
-        for qid in range(layout.limits.max_queues):
-            q = layout.queue(qid)
-            ring = layout.log(qid)
-            for seq in range(a.load(q + L.Q_HEAD), a.load(q + L.Q_TAIL)):
-                cell = ring + (seq & self.mask) * L.CELL_SIZE
+        for qid in range(offsets.limits.max_queues):
+            q = offsets.queue(qid)
+            ring = offsets.log(qid)
+            for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
+                cell = ring + (seq & self.mask) * layout.CELL_SIZE
                 w = a.load(cell)
-                if w >> _SEQ == seq and w & L.STATE_MASK in (_AVAIL, _ACQ):
+                if w >> _SEQ == seq and w & layout.STATE_MASK in (_AVAIL, _ACQ):
                     block = a.load(cell + 8)
                     if block in blocks:
                         counts[block] = counts.get(block, 0) + 1
@@ -745,7 +750,7 @@ class QueueStore:
         """Bumped by every release. A consumer that sees it change moves its
         pointer back to the head: the released entry is somewhere behind it,
         and re-scanning the acquired cells in between is a C loop."""
-        return self.a.load(self.layout.queue(qid) + L.Q_RELEASE_GEN)
+        return self.a.load(self.layout.queue(qid) + layout.Q_RELEASE_GEN)
 
 
 class PriorityLevels:

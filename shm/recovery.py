@@ -7,7 +7,7 @@ release entries concurrently, and every step below is safe against that.
 
 from __future__ import annotations
 
-from shm import layout as L
+from shm import layout
 from shm.arena import held_blocks, release_hold
 from shm.queues import QueueStore
 from shm.segment import Segment
@@ -16,12 +16,12 @@ from shm.segment import Segment
 def dropping(seg: Segment, dead_slot: int) -> dict[int, int]:
     """Blocks whose reference a live process is dropping right now
     (P_DROPPING). The dead process's own word is stale, not in flight."""
-    a, layout = seg.atomic, seg.layout
+    a, offsets = seg.atomic, seg.layout
     counts: dict[int, int] = {}
-    for slot in range(layout.proc_slots):
+    for slot in range(offsets.proc_slots):
         if slot == dead_slot:
             continue
-        block = a.load(layout.proc(slot) + L.P_DROPPING)
+        block = a.load(offsets.proc(slot) + layout.P_DROPPING)
         if block:
             counts[block] = counts.get(block, 0) + 1
     return counts
@@ -50,12 +50,12 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
         in_flight = dropping(seg, worker)
         a = seg.atomic
         for block in held:
-            refs = a.load(block + L.B_REFS) - L.HOLD
+            refs = a.load(block + layout.B_REFS) - layout.HOLD
             excess = refs - live.get(block, 0) - in_flight.get(block, 0)
             if excess:
-                a.fetch_add(block + L.B_REFS, -excess)
+                a.fetch_add(block + layout.B_REFS, -excess)
             release_hold(seg, block)
     # Killed inside an ack between the cell's CAS and the drop, the worker
     # leaks that one reference: whether the drop happened cannot be told.
-    seg.atomic.store(seg.layout.proc(worker) + L.P_DROPPING, 0)
+    seg.atomic.store(seg.layout.proc(worker) + layout.P_DROPPING, 0)
     return released

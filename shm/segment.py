@@ -15,7 +15,7 @@ import os
 
 import msgspec
 
-from shm import layout as L
+from shm import layout
 from shm._atomic import Atomic
 
 
@@ -24,35 +24,37 @@ class Segment:
 
     __slots__ = ("atomic", "buf", "layout", "path")
 
-    def __init__(self, path: str, buf: mmap.mmap, layout: L.Layout) -> None:
+    def __init__(self, path: str, buf: mmap.mmap, offsets: layout.Layout) -> None:
         self.path = path
         self.buf = buf
-        self.layout = layout
+        self.layout = offsets
         self.atomic = Atomic(buf)
 
     @classmethod
-    def create(cls, path: str, limits: L.Limits) -> Segment:
-        layout = L.Layout(limits)
+    def create(cls, path: str, limits: layout.Limits) -> Segment:
+        offsets = layout.Layout(limits)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             # Sparse on tmpfs: pages are only allocated when touched.
-            os.ftruncate(fd, layout.size)
-            buf = mmap.mmap(fd, layout.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            os.ftruncate(fd, offsets.size)
+            buf = mmap.mmap(fd, offsets.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         encoded = msgspec.msgpack.encode(limits)
-        if len(encoded) > L.H_LIMITS_MAX:
+        if len(encoded) > layout.H_LIMITS_MAX:
             raise ValueError("limits too large for the header")
-        buf[L.H_LIMITS : L.H_LIMITS + len(encoded)] = encoded
-        seg = cls(path, buf, layout)
-        seg.atomic.store(L.H_LIMITS_LEN, len(encoded))
-        seg.atomic.store(L.H_VERSION, L.VERSION)
-        seg.atomic.store(L.H_SUPERVISOR_PID, os.getpid())
+        buf[layout.H_LIMITS : layout.H_LIMITS + len(encoded)] = encoded
+        seg = cls(path, buf, offsets)
+        seg.atomic.store(layout.H_LIMITS_LEN, len(encoded))
+        seg.atomic.store(layout.H_VERSION, layout.VERSION)
+        seg.atomic.store(layout.H_SUPERVISOR_PID, os.getpid())
         for worker in range(limits.max_workers):
-            base = layout.arena(worker)
+            base = offsets.arena(worker)
             # One free block spanning the whole arena.
-            seg.atomic.store(base + L.ARENA_HEADER + L.B_SIZE, limits.arena_bytes - L.ARENA_HEADER)
-        seg.atomic.store(L.H_MAGIC, L.MAGIC)  # last: the segment is complete
+            seg.atomic.store(
+                base + layout.ARENA_HEADER + layout.B_SIZE, limits.arena_bytes - layout.ARENA_HEADER
+            )
+        seg.atomic.store(layout.H_MAGIC, layout.MAGIC)  # last: the segment is complete
         return seg
 
     @classmethod
@@ -65,13 +67,13 @@ class Segment:
             os.close(fd)
         magic = int.from_bytes(buf[0:8], "little")
         version = int.from_bytes(buf[8:16], "little")
-        if magic != L.MAGIC or version != L.VERSION:
+        if magic != layout.MAGIC or version != layout.VERSION:
             buf.close()
-            raise ValueError(f"{path}: not a Shoal segment of version {L.VERSION}")
-        n = int.from_bytes(buf[L.H_LIMITS_LEN : L.H_LIMITS_LEN + 8], "little")
-        raw = bytes(buf[L.H_LIMITS : L.H_LIMITS + n])
-        limits = msgspec.msgpack.decode(raw, type=L.Limits)
-        return cls(path, buf, L.Layout(limits))
+            raise ValueError(f"{path}: not a Shoal segment of version {layout.VERSION}")
+        n = int.from_bytes(buf[layout.H_LIMITS_LEN : layout.H_LIMITS_LEN + 8], "little")
+        raw = bytes(buf[layout.H_LIMITS : layout.H_LIMITS + n])
+        limits = msgspec.msgpack.decode(raw, type=layout.Limits)
+        return cls(path, buf, layout.Layout(limits))
 
     def unlink(self) -> None:
         try:

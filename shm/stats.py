@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 
-from shm import layout as L
+from shm import layout
 from shm.segment import Segment
 
 FLUSH_INTERVAL = 0.25
@@ -75,7 +75,7 @@ GAUGES = (
     CONSUMERS_NON_ACQUIRING,
 ) = tuple(range(COUNTERS, COUNTERS + 10))
 WORDS = COUNTERS + len(GAUGES)
-assert L.P_STATS + WORDS * 8 <= L.PROC_SIZE
+assert layout.P_STATS + WORDS * 8 <= layout.PROC_SIZE
 
 _bisect = bisect.bisect_left
 
@@ -93,7 +93,7 @@ class Counters:
 
     def __init__(self, seg: Segment, slot: int) -> None:
         self.a = seg.atomic
-        self.base = seg.layout.proc(slot) + L.P_STATS
+        self.base = seg.layout.proc(slot) + layout.P_STATS
         self.v = [self.a.load(self.base + 8 * i) for i in range(COUNTERS)] + [0] * (
             WORDS - COUNTERS
         )
@@ -109,7 +109,7 @@ class Counters:
 
 def read(seg: Segment, slot: int) -> list[int]:
     """One slot's statistics as last flushed."""
-    a, base = seg.atomic, seg.layout.proc(slot) + L.P_STATS
+    a, base = seg.atomic, seg.layout.proc(slot) + layout.P_STATS
     return [a.load(base + 8 * i) for i in range(WORDS)]
 
 

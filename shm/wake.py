@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from shm import layout as L
+from shm import layout
 from shm.segment import Segment
 
 
@@ -27,7 +27,7 @@ class Waker:
         """Call after bumping Q_CHANGES. The seq_cst order of (our CHANGES
         increment, our WATCH load) against the scheduler's (WATCH store,
         CHANGES load) guarantees one of us sees the other: no lost wake-up."""
-        watch = self.queues + qid * L.QUEUE_SIZE + L.Q_WATCH
+        watch = self.queues + qid * layout.QUEUE_SIZE + layout.Q_WATCH
         if self.a.load(watch) and self.a.cas(watch, 1, 0):
             self.kick(qid)
 

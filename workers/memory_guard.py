@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from shm import layout as L
-from shm import memory
+from shm import layout, memory
 from shm import stats as S
 
 if TYPE_CHECKING:
@@ -40,7 +39,7 @@ class MemoryGuard:
         # This worker's own ALARM_* bits: a replacement takes over what its
         # dead predecessor raised (its arena too), so that the hysteresis
         # goes on from there and its poll clears the bit at the low mark.
-        self.raised = ctx.atomic.load(ctx.slot + L.P_ALARMS)
+        self.raised = ctx.atomic.load(ctx.slot + layout.P_ALARMS)
         self.alarms = 0  # the broker-wide bits its connections were told of
         self.runtime = ctx.config.runtime_path()
 

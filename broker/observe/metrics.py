@@ -75,8 +75,7 @@ from setproctitle import setproctitle
 
 from broker.amqp.definitions import Definitions
 from broker.config import Config
-from shm import counters, memory
-from shm import layout as L
+from shm import counters, layout, memory
 from shm import stats as S
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
@@ -221,11 +220,11 @@ class Snapshot:
 
     def __init__(self, seg: Segment, store: QueueStore, vhosts: dict[int, str]) -> None:
         self.stats = S.totals(seg)
-        a, layout = seg.atomic, seg.layout
+        a, offsets = seg.atomic, seg.layout
         self.connections = sum(
-            a.load(layout.proc(slot) + L.P_CONNECTIONS)
-            for slot in range(layout.limits.max_workers)
-            if a.load(layout.proc(slot) + L.P_ROLE) == L.ROLE_WORKER
+            a.load(offsets.proc(slot) + layout.P_CONNECTIONS)
+            for slot in range(offsets.limits.max_workers)
+            if a.load(offsets.proc(slot) + layout.P_ROLE) == layout.ROLE_WORKER
         )
         self.queues: list[QueueRow] = []
         for vhost_id, name, qid in sorted(store.scan()):
@@ -465,7 +464,7 @@ class Exporter:
     def __init__(self, config: Config, seg: Segment) -> None:
         self.config = config
         self.seg = seg
-        self.store = QueueStore(seg, 0, L.metrics_slot(seg.layout))
+        self.store = QueueStore(seg, 0, layout.metrics_slot(seg.layout))
         self.reader = CatalogReader(seg)
         self.definitions = Definitions()
         self.started = time.time()
@@ -596,9 +595,9 @@ class Exporter:
         )
         for slot in range(seg.layout.limits.max_workers):
             base = seg.layout.proc(slot)
-            if a.load(base + L.P_ROLE) != L.ROLE_WORKER:
+            if a.load(base + layout.P_ROLE) != layout.ROLE_WORKER:
                 continue
-            conns.add_metric([str(slot)], a.load(base + L.P_CONNECTIONS))
+            conns.add_metric([str(slot)], a.load(base + layout.P_CONNECTIONS))
             arena.add_metric([str(slot)], arena_usage(seg, slot)[0])
         yield conns
         yield arena
@@ -635,7 +634,7 @@ class Exporter:
             labels=["index", "resource"],
         )
         for slot in self._worker_slots():
-            bits = a.load(seg.layout.proc(slot) + L.P_ALARMS)
+            bits = a.load(seg.layout.proc(slot) + layout.P_ALARMS)
             alarms.add_metric([str(slot), "memory"], 1 if bits & memory.ALARM_MEMORY else 0)
             alarms.add_metric([str(slot), "disk"], 1 if bits & memory.ALARM_DISK else 0)
         yield alarms
@@ -664,19 +663,19 @@ class Exporter:
         yield CounterMetricFamily(
             "shoal_scheduler_lost_wakeups_rescued",
             "Wake-ups the scheduler's sweep had to rescue (should stay 0)",
-            value=a.load(seg.layout.proc(L.scheduler_slot(seg.layout)) + L.P_RESCUES),
+            value=a.load(seg.layout.proc(layout.scheduler_slot(seg.layout)) + layout.P_RESCUES),
         )
 
     def _worker_slots(self) -> list[int]:
-        a, layout = self.seg.atomic, self.seg.layout
+        a, offsets = self.seg.atomic, self.seg.layout
         return [
             slot
-            for slot in range(layout.limits.max_workers)
-            if a.load(layout.proc(slot) + L.P_ROLE) == L.ROLE_WORKER
+            for slot in range(offsets.limits.max_workers)
+            if a.load(offsets.proc(slot) + layout.P_ROLE) == layout.ROLE_WORKER
         ]
 
     def started_at(self) -> float:
-        pid = self.seg.atomic.load(L.H_SUPERVISOR_PID)
+        pid = self.seg.atomic.load(layout.H_SUPERVISOR_PID)
         supervisor = self._process(pid)
         return _safe(lambda: supervisor.create_time(), self.started) if supervisor else self.started
 
@@ -691,18 +690,18 @@ class Exporter:
 
     def _processes(self) -> list[tuple[str, int, psutil.Process]]:
         """(role, index, process) of every live broker process."""
-        a, layout = self.seg.atomic, self.seg.layout
+        a, offsets = self.seg.atomic, self.seg.layout
         out = []
-        for slot in range(layout.proc_slots):
-            base = layout.proc(slot)
-            role = a.load(base + L.P_ROLE)
-            pid = a.load(base + L.P_PID)
+        for slot in range(offsets.proc_slots):
+            base = offsets.proc(slot)
+            role = a.load(base + layout.P_ROLE)
+            pid = a.load(base + layout.P_PID)
             if not role or not pid:
                 continue
             proc = self._process(pid)
             if proc is not None and proc.is_running():
-                index = slot if role == L.ROLE_WORKER else 0
-                out.append((L.ROLE_NAMES.get(role, str(role)), index, proc))
+                index = slot if role == layout.ROLE_WORKER else 0
+                out.append((layout.ROLE_NAMES.get(role, str(role)), index, proc))
         live = {p.pid for _r, _i, p in out}
         self._procs = {pid: p for pid, p in self._procs.items() if pid in live}
         return out
@@ -760,8 +759,8 @@ def serve(config: Config, seg: Segment) -> int:
     setproctitle(f"shoal: metrics (port {config.port})")
     exporter = Exporter(config, seg)
     endpoints = Endpoints(exporter)
-    slot = seg.layout.proc(L.metrics_slot(seg.layout))
-    seg.atomic.store(slot + L.P_PID, os.getpid())
+    slot = seg.layout.proc(layout.metrics_slot(seg.layout))
+    seg.atomic.store(slot + layout.P_PID, os.getpid())
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -787,7 +786,7 @@ def serve(config: Config, seg: Segment) -> int:
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     ThreadingHTTPServer.address_family = family
     server = ThreadingHTTPServer((bind, config.metrics_port), Handler)
-    seg.atomic.store(slot + L.P_READY, 1)
+    seg.atomic.store(slot + layout.P_READY, 1)
     log.info("metrics on http://%s:%d/metrics", bind, config.metrics_port)
     try:
         server.serve_forever()

@@ -11,8 +11,7 @@ from typing import Any
 
 from broker.amqp.definitions import Definitions
 from broker.scheduler.introspect import socket_path
-from shm import counters, memory
-from shm import layout as L
+from shm import counters, layout, memory
 from shm import stats as S
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
@@ -21,36 +20,36 @@ from shm.segment import Segment
 
 
 def snapshot(seg: Segment) -> dict[str, Any]:
-    a, layout = seg.atomic, seg.layout
+    a, offsets = seg.atomic, seg.layout
     now = time.monotonic_ns()
     processes = []
-    for slot in range(layout.proc_slots):
-        base = layout.proc(slot)
-        role = a.load(base + L.P_ROLE)
+    for slot in range(offsets.proc_slots):
+        base = offsets.proc(slot)
+        role = a.load(base + layout.P_ROLE)
         if not role:
             continue
         entry: dict[str, Any] = {
-            "role": L.ROLE_NAMES.get(role, str(role)),
-            "pid": a.load(base + L.P_PID),
-            "ready": bool(a.load(base + L.P_READY)),
-            "connections": a.load(base + L.P_CONNECTIONS),
+            "role": layout.ROLE_NAMES.get(role, str(role)),
+            "pid": a.load(base + layout.P_PID),
+            "ready": bool(a.load(base + layout.P_READY)),
+            "connections": a.load(base + layout.P_CONNECTIONS),
         }
-        if role == L.ROLE_WORKER:
+        if role == layout.ROLE_WORKER:
             worker_counters = S.read(seg, slot)
-            beat = a.load(base + L.P_HEARTBEAT_NS)
+            beat = a.load(base + layout.P_HEARTBEAT_NS)
             used, blocks = arena_usage(seg, slot)
             entry.update(
                 index=slot,
-                alarms=_alarm_names(a.load(base + L.P_ALARMS)),
-                incarnation=a.load(base + L.P_INCARNATION),
+                alarms=_alarm_names(a.load(base + layout.P_ALARMS)),
+                incarnation=a.load(base + layout.P_INCARNATION),
                 heartbeat_age_s=round((now - beat) / 1e9, 3) if beat else None,
                 published=worker_counters[S.RECEIVED],
                 delivered=sum(worker_counters[i] for i in S.DELIVERED),
                 arena_used_bytes=used,
                 arena_live_blocks=blocks,
             )
-        if role == L.ROLE_SCHEDULER:
-            entry["lost_wakeups_rescued"] = a.load(base + L.P_RESCUES)
+        if role == layout.ROLE_SCHEDULER:
+            entry["lost_wakeups_rescued"] = a.load(base + layout.P_RESCUES)
         processes.append(entry)
     store = QueueStore(seg)
     definitions = Definitions()

@@ -16,20 +16,20 @@ from typing import NoReturn
 
 from setproctitle import setproctitle
 
-from shm import layout as L
+from shm import layout
 from shm.segment import Segment
 
 
 def pick_worker(seg: Segment, workers: int, tried: set[int]) -> int | None:
     """The ready worker with the fewest connections, not in `tried`."""
-    a, layout = seg.atomic, seg.layout
+    a, offsets = seg.atomic, seg.layout
     best, best_load = None, None
     for i in range(workers):
         if i in tried:
             continue
-        slot = layout.proc(i)
-        ready = a.load(slot + L.P_READY)
-        load = a.load(slot + L.P_CONNECTIONS) + (0 if ready else 1 << 32)
+        slot = offsets.proc(i)
+        ready = a.load(slot + layout.P_READY)
+        load = a.load(slot + layout.P_CONNECTIONS) + (0 if ready else 1 << 32)
         if best_load is None or load < best_load:
             best, best_load = i, load
     return best
@@ -46,7 +46,7 @@ def hand_off(seg: Segment, handoffs: list[socket.socket], conn: socket.socket) -
         except (BlockingIOError, OSError):
             tried.add(worker)  # its queue is full (hung or restarting): next one
             continue
-        seg.atomic.fetch_add(seg.layout.proc(worker) + L.P_CONNECTIONS, 1)
+        seg.atomic.fetch_add(seg.layout.proc(worker) + layout.P_CONNECTIONS, 1)
         return True
 
 
@@ -56,10 +56,10 @@ def run_acceptor(
     setproctitle(f"shoal: acceptor (port {port})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
-    slot = seg.layout.proc(L.acceptor_slot(seg.layout))
-    seg.atomic.store(slot + L.P_PID, os.getpid())
+    slot = seg.layout.proc(layout.acceptor_slot(seg.layout))
+    seg.atomic.store(slot + layout.P_PID, os.getpid())
     listener.setblocking(True)
-    seg.atomic.store(slot + L.P_READY, 1)
+    seg.atomic.store(slot + layout.P_READY, 1)
     while True:
         try:
             conn, _addr = listener.accept()
@@ -69,4 +69,4 @@ def run_acceptor(
             continue
         with conn:
             if hand_off(seg, handoffs, conn):
-                seg.atomic.fetch_add(slot + L.P_CONNECTIONS, 1)
+                seg.atomic.fetch_add(slot + layout.P_CONNECTIONS, 1)
