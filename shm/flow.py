@@ -1,4 +1,5 @@
-"""Producer flow control on queue capacity (Qpid's seed 001), across processes.
+"""Producer flow control on queue capacity, across processes (the Qpid Java
+broker's "AMQP 0-9 Tactical Producer Flow Control": x-capacity, resume capacity).
 
 A queue declared with `x-capacity` (bytes) blocks the publishers that take it
 above capacity, and releases all of them when it falls to its resume size

@@ -90,7 +90,7 @@ QUEUE_SIZE = 512
 Q_STATE = 0  # (generation << 8) | QS_*
 Q_TAIL = 8  # next sequence number to reserve
 Q_HEAD = 16  # lowest sequence number that may still be live
-Q_CHANGES = 24  # state-change counter (seed 000): bumped on append and release
+Q_CHANGES = 24  # state-change counter (as Qpid's delivery design): bumped by append, release
 Q_WATCH = 32  # 1: the scheduler waits for work; whoever makes work must wake it
 Q_READY = 40  # entries AVAILABLE
 Q_UNACKED = 48  # entries ACQUIRED
@@ -119,7 +119,7 @@ Q_READY_BYTES = 392
 Q_PARENT = 400  # level slot: qid + 1 of its declared queue (0: a declared queue)
 Q_LEVEL = 408  # level slot: its priority
 Q_BYTES = 416  # body bytes of the entries AVAILABLE or ACQUIRED (append +, delete -)
-# Producer flow control (seed 001): x-capacity and x-flow-resume-capacity in
+# Producer flow control (Qpid's, shm/flow.py): x-capacity and x-flow-resume-capacity in
 # bytes (0: none), and the release handshake word (shm/flow.py).
 Q_CAPACITY = 424
 Q_RESUME = 432

@@ -261,7 +261,7 @@ class Connection(asyncio.Protocol):
             v[S.PUBLISHER_BLOCKED_MS] += int((now - self.blocked_at) * 1000)
             self.blocked_at = 0.0
 
-    # ------------------------------------------------- flow control (seed 001)
+    # ----------------------- flow control (Qpid Java broker's producer flow control)
     def flow_block(self, qid: int, logs: list[int] | None = None) -> None:
         """A publish took queue `qid` (its `logs`, if a priority queue) above
         its capacity: hold this connection's further publishes until the queue

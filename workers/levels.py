@@ -5,8 +5,8 @@ slot, made by the scheduler on first use; level 0 is the declared queue's
 own log). A consumer keeps one pointer per level and always takes from the
 highest level that has an entry, so a message of a higher priority is
 delivered before any lower one however late it arrives: the consumer's
-pointer into the higher level was behind it all along (Qpid's seed 002
-moves pointers back; separate logs make that implicit). A level with no
+pointer into the higher level was behind it all along (Qpid's
+PriorityQueueList moves pointers back; separate logs make that implicit). A level with no
 ready entry costs one load; a level never used costs nothing.
 """
 

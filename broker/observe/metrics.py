@@ -16,7 +16,7 @@ process-table slots (shm/stats.py), the queue records, and the definitions
 journal for vhost names. No message crosses a process boundary for a
 statistic, and a scrape costs the message path nothing.
 
-Capacity and flow control (issue 5), on /metrics and /metrics/per-object:
+Capacity and flow control, on /metrics and /metrics/per-object:
 
     rabbitmq_queue_messages_ready_bytes    bodies of the ready messages
     rabbitmq_queue_messages_unacked_bytes  bodies of the unacknowledged ones
