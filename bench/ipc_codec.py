@@ -1,0 +1,106 @@
+"""What one control message costs between an IO worker and the scheduler:
+build it as the sender does, encode the datagram, decode it, and dispatch it
+through the receiver's real dispatch code (handlers that would touch shared
+memory are stubbed; DONE, INTEREST and NOTIFY run their real handler, which
+finds no such consumer and returns).
+
+    python bench/ipc_codec.py [--repeat 15] [--number 10000]
+
+Prints ns per operation (the best of --repeat runs, each --number operations;
+the batch row is per datagram of 100 DONEs). No sockets: system calls are the
+same before and after a codec change and would only add noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import timeit
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from broker import ipc  # noqa: E402
+from broker.ipc import Msg  # noqa: E402
+from broker.scheduler import Scheduler  # noqa: E402
+from workers.main import Worker  # noqa: E402
+
+ARGUMENTS = {"x-max-length": 1000, "x-queue-type": "classic", "x-dead-letter-exchange": "dlx"}
+
+
+class _Sink:
+    """A Link or stats stand-in: accepts anything, keeps nothing."""
+
+    def send(self, *items: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def _scheduler() -> Scheduler:
+    s = object.__new__(Scheduler)
+    s.links = {0: _Sink()}
+    s.consumers = {}
+    s.queues = {}
+    s.stats = _Sink()
+    s._declare = lambda *a: [1, b"q", 0, 0]
+    return s
+
+
+def _worker() -> Worker:
+    w = object.__new__(Worker)
+
+    class Ctx:
+        consumers: dict[int, Any] = {}
+
+    w.ctx = Ctx()
+    return w
+
+
+def cases() -> dict[str, Any]:
+    encode, decode = ipc._encode, ipc._decode
+    on_scheduler = _scheduler()._on_message
+    on_worker = _worker()._dispatch
+
+    def to_scheduler(*items: Any) -> None:
+        for m in decode(encode([items])):
+            on_scheduler(0, m)
+
+    def to_worker(*items: Any) -> None:
+        for m in decode(encode([items])):
+            on_worker(m)
+
+    def batch() -> None:
+        for m in decode(encode([(Msg.DONE, cid, 12345) for cid in range(100)])):
+            on_scheduler(0, m)
+
+    return {
+        "DONE": lambda: to_scheduler(Msg.DONE, 7, 12345),
+        "NOTIFY": lambda: to_worker(Msg.NOTIFY, 7),
+        "INTEREST": lambda: to_scheduler(Msg.INTEREST, 7, True),
+        "DECLARE (3 arguments)": lambda: to_scheduler(
+            Msg.DECLARE, 42, "/", b"orders", False, True, False, False, 0, 1 << 40 | 5, ARGUMENTS
+        ),
+        "100 DONEs, one datagram": batch,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--number", type=int, default=10000)
+    args = parser.parse_args()
+    print(f"Python {platform.python_version()}, {platform.machine()}")
+    print("| message | ns per op |\n|---|---:|")
+    for name, fn in cases().items():
+        number = args.number // 100 if name.startswith("100") else args.number
+        best = min(timeit.repeat(fn, number=number, repeat=args.repeat))
+        print(f"| {name} | {best / number * 1e9:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
