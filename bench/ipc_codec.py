@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from broker import ipc  # noqa: E402
-from broker.ipc import Msg  # noqa: E402
 from broker.scheduler import Scheduler  # noqa: E402
 from workers.main import Worker  # noqa: E402
 
@@ -34,7 +33,7 @@ ARGUMENTS = {"x-max-length": 1000, "x-queue-type": "classic", "x-dead-letter-exc
 class _Sink:
     """A Link or stats stand-in: accepts anything, keeps nothing."""
 
-    def send(self, *items: Any) -> None:
+    def send(self, message: Any) -> None:
         pass
 
     def flush(self) -> None:
@@ -47,7 +46,7 @@ def _scheduler() -> Scheduler:
     s.consumers = {}
     s.queues = {}
     s.stats = _Sink()
-    s._declare = lambda *a: [1, b"q", 0, 0]
+    s._declare = lambda *a: [1, b"q", 0, 0]  # the handler's work is not the codec's
     return s
 
 
@@ -62,29 +61,35 @@ def _worker() -> Worker:
 
 
 def cases() -> dict[str, Any]:
-    encode, decode = ipc._encode, ipc._decode
+    # What Link.flush and Link._readable do with a datagram.
+    encode = ipc._encode
+    to_scheduler_decode = ipc.SCHEDULER_INBOUND.batch.decode
+    to_worker_decode = ipc.WORKER_INBOUND.batch.decode
     on_scheduler = _scheduler()._on_message
-    on_worker = _worker()._dispatch
+    on_worker = _worker()._on_scheduler_message
 
-    def to_scheduler(*items: Any) -> None:
-        for m in decode(encode([items])):
+    def to_scheduler(message: ipc.Message) -> None:
+        for m in to_scheduler_decode(encode([message])):
             on_scheduler(0, m)
 
-    def to_worker(*items: Any) -> None:
-        for m in decode(encode([items])):
+    def to_worker(message: ipc.Message) -> None:
+        for m in to_worker_decode(encode([message])):
             on_worker(m)
 
+    def declare() -> None:
+        m = ipc.Declare("/", b"orders", False, True, False, False, 0, 1 << 40 | 5, ARGUMENTS)
+        m.req = 42  # as WorkerContext.request does
+        to_scheduler(m)
+
     def batch() -> None:
-        for m in decode(encode([(Msg.DONE, cid, 12345) for cid in range(100)])):
+        for m in to_scheduler_decode(encode([ipc.Done(cid, 12345) for cid in range(100)])):
             on_scheduler(0, m)
 
     return {
-        "DONE": lambda: to_scheduler(Msg.DONE, 7, 12345),
-        "NOTIFY": lambda: to_worker(Msg.NOTIFY, 7),
-        "INTEREST": lambda: to_scheduler(Msg.INTEREST, 7, True),
-        "DECLARE (3 arguments)": lambda: to_scheduler(
-            Msg.DECLARE, 42, "/", b"orders", False, True, False, False, 0, 1 << 40 | 5, ARGUMENTS
-        ),
+        "DONE": lambda: to_scheduler(ipc.Done(7, 12345)),
+        "NOTIFY": lambda: to_worker(ipc.Notify(7)),
+        "INTEREST": lambda: to_scheduler(ipc.Interest(7, True)),
+        "DECLARE (3 arguments)": declare,
         "100 DONEs, one datagram": batch,
     }
 

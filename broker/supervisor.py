@@ -28,7 +28,7 @@ from broker.acceptor import run_acceptor
 from broker.config import Config
 from broker.definitions import new_vhost_ops
 from broker.introspect import socket_path
-from broker.ipc import Msg, encode, socketpair
+from broker.ipc import WorkerGone, encode, socketpair
 from broker.metrics import serve as serve_metrics
 from broker.scheduler import run_scheduler
 from shm import layout as L
@@ -327,7 +327,7 @@ class Supervisor:
         # 1. The scheduler forgets the worker's consumers and exclusive queues.
         #    Written into the worker's end, so it arrives on the worker's link.
         try:
-            self.sched_pairs[index][1].send(encode(Msg.WORKER_GONE, index), socket.MSG_DONTWAIT)
+            self.sched_pairs[index][1].send(encode(WorkerGone(index)), socket.MSG_DONTWAIT)
         except OSError as exc:
             log.error("could not tell the scheduler that worker %d died: %s", index, exc)
         # 2. Its unacknowledged deliveries go back to their queues; bodies it
