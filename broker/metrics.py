@@ -74,7 +74,7 @@ from prometheus_client.utils import floatToGoString
 from setproctitle import setproctitle
 
 from broker.config import Config
-from broker.definitions import Definitions
+from broker.definitions import Definitions, Op
 from shm import layout as L
 from shm import memory
 from shm import stats as S
@@ -467,7 +467,7 @@ class Exporter:
         self.config = config
         self.seg = seg
         self.store = QueueStore(seg, 0, L.metrics_slot(seg.layout))
-        self.reader = CatalogReader(seg)
+        self.reader = CatalogReader(seg, Op)
         self.definitions = Definitions()
         self.started = time.time()
         self.node_name = f"shoal@{socket.gethostname()}"

@@ -24,11 +24,11 @@ from typing import Any, TypeVar, cast
 import uvloop
 from setproctitle import setproctitle
 
+from broker import definitions as D
 from broker import errors as E
 from broker import ipc
 from broker.config import Config
 from broker.consumers import ConsumerKey, QueueConsumerManager, State
-from broker.definitions import Definitions, Op, new_vhost_ops
 from broker.introspect import Introspection, socket_path
 from broker.routing import X_MATCH_MODES
 from broker.routing import frozen_args as _frozen_args
@@ -121,8 +121,8 @@ class Scheduler:
         self.suspects: set[int] = set()
         self.slot = seg.layout.proc(L.scheduler_slot(seg.layout))
         self.vhost = config.default_vhost
-        self.catalog = CatalogWriter(seg)
-        self.definitions = Definitions()
+        self.catalog = CatalogWriter(seg, D.Op)
+        self.definitions = D.Definitions()
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
         self.stats = Counters(seg, L.scheduler_slot(seg.layout))
 
@@ -159,7 +159,7 @@ class Scheduler:
         default exchanges (a new broker)."""
         ops = self.catalog.load()
         if not ops:
-            ops = new_vhost_ops(self.vhost, 0)
+            ops = D.new_vhost_ops(self.vhost, 0)
             self.catalog.compact(ops)
         for op in ops:
             self.definitions.apply(op)
@@ -171,9 +171,9 @@ class Scheduler:
         for vhost, router in self.definitions.vhosts.items():
             stale |= {(vhost, name) for kind, name in router.by_dest if kind == "q"}
         for vhost, name in stale - {(v, n.decode()) for v, n in self.by_name}:
-            self._journal(["Q", vhost, name])
+            self._journal(D.QueueGone(vhost, name))
 
-    def _journal(self, op: list[Any]) -> None:
+    def _journal(self, op: D.Op) -> None:
         """Apply a definitions change and journal it for the IO workers,
         before the reply: a client that got declare-ok or bind-ok can
         publish through it at once, from any connection."""
@@ -181,7 +181,7 @@ class Scheduler:
         try:
             self.catalog.append(op, self.definitions.snapshot)
         except CatalogFull:
-            self.definitions.apply(_inverse(op))
+            self.definitions.apply(D.inverse(op))
             raise E.ChannelError(
                 E.RESOURCE_ERROR,
                 "the definitions journal is full (raise --catalog-mb)",
@@ -361,7 +361,7 @@ class Scheduler:
                     f"{self.seg.layout.limits.max_queues} queues is reached (--max-queues)",
                 )
             if arguments:  # first: if the journal is full, nothing was created
-                self._journal(["q", vhost, name.decode(), arguments])
+                self._journal(D.QueueArgumentsSet(vhost, name.decode(), arguments))
             qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
             flags = (
                 (L.QF_DURABLE if durable else 0)
@@ -508,7 +508,7 @@ class Scheduler:
         router = self.definitions.router(q.vhost)
         sources = {source for source, _rk, _args in router.bindings_to(dest)}
         if sources or (q.vhost, dest[1]) in self.definitions.queue_arguments:
-            self._journal(["Q", q.vhost, dest[1]])
+            self._journal(D.QueueGone(q.vhost, dest[1]))
             self._auto_delete(q.vhost, sources)
 
     def _connection_closed(self, conn_id: int) -> None:
@@ -536,7 +536,9 @@ class Scheduler:
                 raise E.ChannelError(
                     E.ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
                 )
-            self._journal(["x", vhost, name, type_, durable, auto_delete, internal, args])
+            self._journal(
+                D.ExchangeDeclared(vhost, name, type_, durable, auto_delete, internal, args)
+            )
             return []
         if passive:
             return []
@@ -572,7 +574,7 @@ class Scheduler:
                 E.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use"
             )
         sources = {source for source, _rk, _args in router.bindings_to(("e", name))}
-        self._journal(["X", vhost, name])
+        self._journal(D.ExchangeDeleted(vhost, name))
         self._auto_delete(vhost, sources - {name})
         return []
 
@@ -585,7 +587,7 @@ class Scheduler:
             if x is None or not x.auto_delete or x.bindings:
                 continue
             sources |= {source for source, _rk, _a in router.bindings_to(("e", name))}
-            self._journal(["X", vhost, name])
+            self._journal(D.ExchangeDeleted(vhost, name))
             sources.discard(name)
 
     def _bind(
@@ -635,10 +637,10 @@ class Scheduler:
                     "all-with-x, or any-with-x",
                 )
         if unbind:
-            self._journal(["u", vhost, source, kind, dest, routing_key, args])
+            self._journal(D.Unbound(vhost, source, kind, dest, routing_key, args))
             self._auto_delete(vhost, {source})
         elif not bound:
-            self._journal(["b", vhost, source, kind, dest, routing_key, args])
+            self._journal(D.Bound(vhost, source, kind, dest, routing_key, args))
         return []
 
     # ----------------------------------------------------------- consumers
@@ -1068,20 +1070,6 @@ def _field_type(value: Any) -> str:
     if isinstance(value, (str, bytes)):
         return "longstr"
     return type(value).__name__
-
-
-def _inverse(op: Op) -> Op:
-    """The operation that undoes a growing change (declare, bind); only
-    those can fail to fit in the journal."""
-    if op[0] == "x":
-        return ["X", op[1], op[2]]
-    if op[0] == "b":
-        return ["u", *op[1:]]
-    if op[0] == "u":
-        return ["b", *op[1:]]
-    if op[0] == "q":
-        return ["Q", op[1], op[2]]
-    raise ValueError(f"no inverse for {op[0]!r}")
 
 
 # The queue arguments RabbitMQ 3.10 checks for equivalence on redeclare.

@@ -9,7 +9,7 @@ import socket
 import time
 from typing import Any
 
-from broker.definitions import Definitions
+from broker.definitions import Definitions, Op
 from broker.introspect import socket_path
 from shm import layout as L
 from shm import memory
@@ -54,7 +54,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         processes.append(entry)
     store = QueueStore(seg)
     definitions = Definitions()
-    for op in CatalogReader(seg).poll()[1]:
+    for op in CatalogReader(seg, Op).poll()[1]:
         definitions.apply(op)
     vhosts = {vhost_id: name for name, vhost_id in definitions.vhost_ids.items()}
     queues = []

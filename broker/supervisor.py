@@ -26,7 +26,7 @@ from setproctitle import setproctitle
 from broker import systemd
 from broker.acceptor import run_acceptor
 from broker.config import Config
-from broker.definitions import new_vhost_ops
+from broker.definitions import Op, new_vhost_ops
 from broker.introspect import socket_path
 from broker.ipc import WorkerGone, encode, socketpair
 from broker.metrics import serve as serve_metrics
@@ -131,7 +131,7 @@ class Supervisor:
         # runs: a client the acceptor hands to a worker before the scheduler
         # has started must find "/" (the scheduler replays this, and is the
         # only writer from then on).
-        CatalogWriter(self.seg).compact(new_vhost_ops(config.default_vhost, 0))
+        CatalogWriter(self.seg, Op).compact(new_vhost_ops(config.default_vhost, 0))
         family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
