@@ -7,86 +7,323 @@ both ends, a restart of either side reuses the same channel: nothing has to
 reconnect, and SEQPACKET keeps each message whole, so a process killed in the
 middle of a send never leaves half a message for its replacement.
 
-Messages are msgpack arrays whose first item is a `Msg` code. Everything sent
-during one event-loop iteration leaves as one datagram (an array of messages),
-so a burst of acks or notifications costs one system call, not one each.
+Every message is a class below: a msgspec Struct encoded as a msgpack array
+whose first item is the message's code (its tag), then its fields in the
+order they are declared. Each end decodes into the classes of its own
+direction (`ToScheduler`, `ToWorker`), so a field of the wrong type is
+caught where it arrives, with its name. Everything sent during one
+event-loop iteration leaves as one datagram (an array of messages), so a
+burst of acks or notifications costs one system call, not one each.
+
+A request (a `Request` subclass) carries a `req` id, set by the worker's
+`WorkerContext.request` and echoed by the scheduler's `Reply`; it is encoded
+last, after the message's own fields.
+
+The classes are gc=False: none refers back to itself or to anything that
+refers to it, so the cycle collector need not track them (cheaper to make,
+and a burst of DONEs does not trigger collections).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections import deque
 from collections.abc import Callable
-from enum import IntEnum
-from typing import Any
+from typing import Any, Generic, TypeVar, Union
 
 import msgspec
 
+log = logging.getLogger("shoal.ipc")
 
-class Msg(IntEnum):
-    # worker -> scheduler
-    HELLO = 1  # worker, incarnation, [[cid, qid, priority, acquiring, exclusive, interested]...]
-    DECLARE = 2  # req, vhost, name, passive, durable, exclusive, auto_delete, owner, conn, args
-    CONSUME = 3  # req, cid, qid, priority, acquiring, exclusive, interested
-    CANCEL = 4  # cid
-    INTEREST = 5  # cid, interested
-    DONE = 6  # cid, changes seen before the scan that found nothing; -1: yielded
-    CONN_CLOSED = 7  # req, conn_id: its exclusive queues go; the reply lets close-ok out
-    DELETE = 8  # req, vhost, name, if_unused, if_empty, conn_id
-    PURGE = 9  # req, vhost, name, conn_id
-    WORKER_GONE = 10  # written by the supervisor into a dead worker's end
-    EXCHANGE_DECLARE = 11  # req, vhost, name, type, passive, durable, auto_delete, internal, args
-    EXCHANGE_DELETE = 12  # req, vhost, name, if_unused
-    BIND = 13  # req, vhost, source, kind ("q"/"e"), dest, routing_key, args, conn_id
-    UNBIND = 14  # req, vhost, source, kind, dest, routing_key, args, conn_id
-    LEVEL = 15  # req, qid, priority: the slot for that level of a priority queue
-    CONSUMERS = 16  # req, [Consumer.inspect() ...]: a worker's answer to INSPECT
-    # scheduler -> worker
-    REPLY = 20  # req, ok, payload (a list on success, [code, text] on failure)
-    NOTIFY = 21  # cid
-    CONSUMER_GONE = 22  # cid: its queue was deleted
-    RESYNC = 23  # a (new) scheduler asks for HELLO
-    INSPECT = 24  # req: the scheduler asks for the worker's consumers (shoal status)
-    UNBLOCK = 25  # qid: the queue fell to its resume size; release its publishers
 
+class Message(msgspec.Struct, array_like=True, gc=False):
+    """Base of every control message."""
+
+
+class Request(Message, kw_only=True):
+    """A message the scheduler answers with a `Reply` of the same `req`."""
+
+    # 0 until WorkerContext.request numbers it (a request sent with a plain
+    # send() gets a reply nobody waits for).
+    req: int = 0
+
+
+class ConsumerRecord(msgspec.Struct, array_like=True, gc=False):
+    """What a worker tells a (new) scheduler about one of its consumers."""
+
+    cid: int
+    qid: int
+    priority: int
+    acquiring: bool
+    exclusive: bool
+    interested: bool
+    since: int  # CLOCK_MONOTONIC ns of its registration; 0: CONSUME not answered yet
+
+
+# ------------------------------------------------------ worker -> scheduler
+class Hello(Message, tag=1):
+    """A worker (re)introduces itself with every consumer it has."""
+
+    worker: int
+    incarnation: int
+    consumers: list[ConsumerRecord]
+
+
+class Declare(Request, tag=2):
+    """queue.declare. Reply: [qid, name, ready, consumers]."""
+
+    vhost: str
+    name: bytes  # b"": the scheduler makes up an amq.gen- name
+    passive: bool
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    owner: int  # the connection id of an exclusive queue, else 0
+    conn_id: int
+    arguments: dict[str, Any]
+
+
+class Consume(Request, tag=3):
+    """basic.consume. Reply: [since] (or [] for one HELLO registered already)."""
+
+    cid: int
+    qid: int
+    priority: int
+    acquiring: bool
+    exclusive: bool
+    interested: bool
+    conn_id: int
+
+
+class Cancel(Message, tag=4):
+    cid: int
+
+
+class Interest(Message, tag=5):
+    """A consumer's readiness (credit, a writable socket) changed."""
+
+    cid: int
+    interested: bool
+
+
+class Done(Message, tag=6):
+    """A notified consumer's turn is over."""
+
+    cid: int
+    changes: int  # the queue's CHANGES read before the scan that found nothing; -1: yielded
+
+
+class ConnClosed(Request, tag=7):
+    """A connection closed: its exclusive queues go; the reply lets close-ok out."""
+
+    conn_id: int
+
+
+class Delete(Request, tag=8):
+    """queue.delete. Reply: the count of ready messages it held."""
+
+    vhost: str
+    name: bytes
+    if_unused: bool
+    if_empty: bool
+    conn_id: int
+
+
+class Purge(Request, tag=9):
+    """queue.purge. Reply: the count of messages purged."""
+
+    vhost: str
+    name: bytes
+    conn_id: int
+
+
+class WorkerGone(Message, tag=10):
+    """Written by the supervisor into a dead worker's end (see `encode`)."""
+
+    worker: int
+
+
+class ExchangeDeclare(Request, tag=11):
+    vhost: str
+    name: str
+    exchange_type: str
+    passive: bool
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict[str, Any]
+
+
+class ExchangeDelete(Request, tag=12):
+    vhost: str
+    name: str
+    if_unused: bool
+
+
+class Binding(Request):
+    """queue.bind/unbind or exchange.bind/unbind."""
+
+    vhost: str
+    source: str
+    kind: str  # "q": dest is a queue, "e": an exchange
+    dest: str
+    routing_key: str
+    arguments: dict[str, Any]
+    conn_id: int
+
+
+class Bind(Binding, tag=13):
+    pass
+
+
+class Unbind(Binding, tag=14):
+    pass
+
+
+class Level(Request, tag=15):
+    """A publisher needs the log of one priority level of a priority queue.
+    Reply: [that level's qid], [-1] if the queue is gone."""
+
+    qid: int
+    level: int
+
+
+class Consumers(Message, tag=16):
+    """A worker's answer to INSPECT: Consumer.inspect() of each consumer."""
+
+    req: int
+    consumers: list[dict[str, Any]]
+
+
+# ------------------------------------------------------ scheduler -> worker
+class Reply(Message, tag=20):
+    req: int
+    ok: bool
+    payload: Any  # the handler's result on success, [reply code, reply text] on failure
+
+
+class Notify(Message, tag=21):
+    cid: int
+
+
+class ConsumerGone(Message, tag=22):
+    """Its queue was deleted."""
+
+    cid: int
+
+
+class Resync(Message, tag=23):
+    """A (new) scheduler asks for HELLO."""
+
+
+class Inspect(Message, tag=24):
+    """The scheduler asks for the worker's consumers (`shoal status`)."""
+
+    req: int
+
+
+class Unblock(Message, tag=25):
+    """The queue fell to its resume size: release its publishers."""
+
+    qid: int
+
+
+# What each end receives. A Union, not `A | B`: mypy takes it as a type alias.
+ToScheduler = Union[  # noqa: UP007
+    Hello,
+    Declare,
+    Consume,
+    Cancel,
+    Interest,
+    Done,
+    ConnClosed,
+    Delete,
+    Purge,
+    WorkerGone,
+    ExchangeDeclare,
+    ExchangeDelete,
+    Bind,
+    Unbind,
+    Level,
+    Consumers,
+]
+ToWorker = Union[Reply, Notify, ConsumerGone, Resync, Inspect, Unblock]  # noqa: UP007
+
+M = TypeVar("M")
+
+
+class Inbound(Generic[M]):
+    """How one end decodes its datagrams: all at once, or (when one message
+    in a datagram is malformed) one by one."""
+
+    __slots__ = ("batch", "one")
+
+    def __init__(
+        self, batch: msgspec.msgpack.Decoder[list[M]], one: msgspec.msgpack.Decoder[M]
+    ) -> None:
+        self.batch = batch
+        self.one = one
+
+
+SCHEDULER_INBOUND: Inbound[ToScheduler] = Inbound(
+    msgspec.msgpack.Decoder(list[ToScheduler]), msgspec.msgpack.Decoder(ToScheduler)
+)
+WORKER_INBOUND: Inbound[ToWorker] = Inbound(
+    msgspec.msgpack.Decoder(list[ToWorker]), msgspec.msgpack.Decoder(ToWorker)
+)
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder().decode
+_raw_batch = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 
 MAX_MESSAGE = 1 << 20  # a HELLO lists every consumer of a worker
 
 
-def encode(*items: Any) -> bytes:
+def encode(message: Message) -> bytes:
     """One message as a datagram of its own (for the supervisor, which has no loop)."""
-    return _encode([items])
+    return _encode([message])
 
 
-class Link:
+def salvage(inbound: Inbound[M], data: bytes) -> list[M]:
+    """The messages of a datagram that did not decode as a whole: one
+    malformed message (a sender's bug) must not cost the others."""
+    out = []
+    for raw in _raw_batch(data):
+        try:
+            out.append(inbound.one.decode(raw))
+        except msgspec.ValidationError as exc:
+            log.error("dropped a malformed control message: %s", exc)
+    return out
+
+
+class Link(Generic[M]):
     """One end of a SEQPACKET socketpair, driven by an asyncio loop."""
 
-    __slots__ = ("_batch", "_inbox", "_loop", "_on_message", "_out", "_writing", "sock")
+    __slots__ = ("_batch", "_inbound", "_inbox", "_loop", "_on_message", "_out", "_writing", "sock")
 
     def __init__(
         self,
         sock: socket.socket,
         loop: asyncio.AbstractEventLoop,
-        on_message: Callable[[list[Any]], None],
+        on_message: Callable[[M], None],
+        inbound: Inbound[M],
     ) -> None:
         self.sock = sock
         sock.setblocking(False)
         self._loop = loop
         self._on_message = on_message
+        self._inbound = inbound
         self._out: deque[bytes] = deque()
-        self._batch: list[tuple[Any, ...]] = []
+        self._batch: list[Message] = []
         self._inbox = bytearray(MAX_MESSAGE)
         self._writing = False
         loop.add_reader(sock.fileno(), self._readable)
 
-    def send(self, *items: Any) -> None:
+    def send(self, message: Message) -> None:
         if not self._batch:
             self._loop.call_soon(self.flush)
-        self._batch.append(items)
+        self._batch.append(message)
 
     def flush(self) -> None:
         batch, self._batch = self._batch, []
@@ -118,6 +355,7 @@ class Link:
         self._loop.remove_writer(self.sock.fileno())
 
     def _readable(self) -> None:
+        decode = self._inbound.batch.decode
         for _ in range(256):  # bounded, so one busy link cannot starve the loop
             try:
                 n = self.sock.recv_into(self._inbox)
@@ -125,7 +363,12 @@ class Link:
                 return
             if not n:
                 return
-            for message in _decode(memoryview(self._inbox)[:n]):
+            data = memoryview(self._inbox)[:n]
+            try:
+                messages = decode(data)
+            except msgspec.ValidationError:
+                messages = salvage(self._inbound, bytes(data))
+            for message in messages:
                 self._on_message(message)
 
     def close(self) -> None:

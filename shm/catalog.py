@@ -26,6 +26,7 @@ writer killed mid-append leaves `H_USED` unchanged: the record never existed
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -41,7 +42,6 @@ HALF_HEADER = 64
 _LEN = struct.Struct("<I")
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder().decode
 
 
 class CatalogFull(Exception):
@@ -67,22 +67,24 @@ def _frame(ops: list[Any]) -> bytes:
     return bytes(out)
 
 
-def _parse(data: bytes) -> list[Any]:
+def _parse(data: bytes, decode: Callable[[bytes], Any]) -> list[Any]:
     ops = []
     pos = 0
     while pos < len(data):
         (n,) = _LEN.unpack_from(data, pos)
         pos += 4
-        ops.append(_decode(data[pos : pos + n]))
+        ops.append(decode(data[pos : pos + n]))
         pos += n
     return ops
 
 
 class CatalogWriter:
-    """The scheduler's end."""
+    """The scheduler's end. `record` is the msgspec type of one record
+    (broker/definitions.py Op); this module knows nothing of its meaning."""
 
-    def __init__(self, seg: Segment) -> None:
+    def __init__(self, seg: Segment, record: Any) -> None:
         self.seg = seg
+        self._decode = msgspec.msgpack.Decoder(record).decode
         self.a = seg.atomic
         self.base = seg.layout.catalog
         self.capacity = half_capacity(seg.layout)
@@ -100,7 +102,7 @@ class CatalogWriter:
         # A predecessor killed after an append but before its C_GEN bump:
         # make sure readers look.
         self.a.fetch_add(self.base + C_GEN, 1)
-        return _parse(bytes(self.seg.buf[start : start + used]))
+        return _parse(bytes(self.seg.buf[start : start + used]), self._decode)
 
     def append(self, op: Any, snapshot: Any) -> None:
         """Journal one operation. `snapshot()` gives the state *after* the
@@ -135,12 +137,14 @@ class CatalogWriter:
 
 
 class CatalogReader:
-    """An IO worker's end: `poll()` returns what changed since the last call."""
+    """An IO worker's end: `poll()` returns what changed since the last call,
+    decoded as `record` (see CatalogWriter)."""
 
-    __slots__ = ("a", "base", "epoch", "gen", "offset", "seg")
+    __slots__ = ("_decode", "a", "base", "epoch", "gen", "offset", "seg")
 
-    def __init__(self, seg: Segment) -> None:
+    def __init__(self, seg: Segment, record: Any) -> None:
         self.seg = seg
+        self._decode = msgspec.msgpack.Decoder(record).decode
         self.a = seg.atomic
         self.base = seg.layout.catalog
         self.gen = -1
@@ -171,7 +175,7 @@ class CatalogReader:
             self.gen = gen
             self.epoch = readable
             self.offset = used
-            return reset, _parse(data)
+            return reset, _parse(data, self._decode)
 
     def _still_valid(self, epoch_before: int) -> bool:
         # The half we read is next rewritten by the compaction that starts

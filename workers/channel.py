@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
+from broker import ipc
 from broker.amqp import errors as E
 from broker.amqp.routing import EXCHANGE_TYPES
 from broker.amqp.selector import Selector, SelectorError, compile_selector
-from broker.ipc import Msg
 from shm import stats as S
 from shm.arena import (
     message_size,
@@ -546,7 +546,7 @@ class Channel:
         waits, so later publishes keep their order behind this one."""
         self.busy = True
         self.conn.hold_reading(self, reason=None)  # a round trip: not "blocked"
-        reply = self.ctx.request(Msg.LEVEL, qid, level)
+        reply = self.ctx.request(ipc.Level(qid, level))
 
         def made(reply: asyncio.Future[Any]) -> None:
             if self.conn.closed:
@@ -764,7 +764,7 @@ class Channel:
     def _drop_consumer(self, consumer: Consumer) -> None:
         if not consumer.cancelled:
             consumer.cancelled = True
-            self.ctx.send(Msg.CANCEL, consumer.cid)
+            self.ctx.send(ipc.Cancel(consumer.cid))
         self.ctx.consumers.pop(consumer.cid, None)
 
     # ------------------------------------------------------ method handlers
@@ -850,7 +850,7 @@ class Channel:
                 pending = todo[0]
                 missing = self._assign_levels(pending) if pending.qids else None
                 if missing is not None:
-                    reply = await self.ctx.request(Msg.LEVEL, *missing)
+                    reply = await self.ctx.request(ipc.Level(*missing))
                     self._use_level(pending, missing[0], reply[0])
                     if self.conn.closed or self.closing:
                         return
@@ -923,16 +923,17 @@ class Channel:
             )
         owner = self.conn.id if method.exclusive else 0
         _qid, qname, ready, consumers = await self.ctx.request(
-            Msg.DECLARE,
-            self.conn.vhost,
-            name,
-            method.passive,
-            method.durable,
-            method.exclusive,
-            method.auto_delete,
-            owner,
-            self.conn.id,
-            dict(method.arguments or {}),
+            ipc.Declare(
+                vhost=self.conn.vhost,
+                name=name,
+                passive=method.passive,
+                durable=method.durable,
+                exclusive=method.exclusive,
+                auto_delete=method.auto_delete,
+                owner=owner,
+                conn_id=self.conn.id,
+                arguments=dict(method.arguments or {}),
+            )
         )
         self.last_queue = qname
         if not method.nowait:
@@ -951,7 +952,7 @@ class Channel:
         conn.queue_delete_started()  # its consumers' basic.cancel follow the delete-ok
         try:
             count = await self.ctx.request(
-                Msg.DELETE, conn.vhost, name, method.if_unused, method.if_empty, conn.id
+                ipc.Delete(conn.vhost, name, method.if_unused, method.if_empty, conn.id)
             )
             if not method.nowait:
                 conn.write(F.encode_method(self.number, C.Queue.DeleteOk(message_count=count)))
@@ -960,7 +961,7 @@ class Channel:
 
     async def _queue_purge(self, method: C.Queue.Purge) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
-        count = await self.ctx.request(Msg.PURGE, self.conn.vhost, name, self.conn.id)
+        count = await self.ctx.request(ipc.Purge(self.conn.vhost, name, self.conn.id))
         if not method.nowait:
             self.conn.write(F.encode_method(self.number, C.Queue.PurgeOk(message_count=count)))
 
@@ -977,14 +978,16 @@ class Channel:
         return self._definitions_rpc(
             method,
             C.Exchange.DeclareOk(),
-            Msg.EXCHANGE_DECLARE,
-            method.exchange,
-            method.exchange_type,
-            method.passive,
-            method.durable,
-            method.auto_delete,
-            method.internal,
-            dict(method.arguments or {}),
+            ipc.ExchangeDeclare(
+                vhost=self.conn.vhost,
+                name=method.exchange,
+                exchange_type=method.exchange_type,
+                passive=method.passive,
+                durable=method.durable,
+                auto_delete=method.auto_delete,
+                internal=method.internal,
+                arguments=dict(method.arguments or {}),
+            ),
         )
 
     def _exchange_delete(self, method: C.Exchange.Delete) -> Coroutine[Any, Any, None]:
@@ -1001,7 +1004,9 @@ class Channel:
                 20,
             )
         return self._definitions_rpc(
-            method, C.Exchange.DeleteOk(), Msg.EXCHANGE_DELETE, name, method.if_unused
+            method,
+            C.Exchange.DeleteOk(),
+            ipc.ExchangeDelete(self.conn.vhost, name, method.if_unused),
         )
 
     def _exchange_bind(
@@ -1018,13 +1023,15 @@ class Channel:
         return self._definitions_rpc(
             method,
             C.Exchange.UnbindOk() if unbind else C.Exchange.BindOk(),
-            Msg.UNBIND if unbind else Msg.BIND,
-            method.source,
-            "e",
-            method.destination,
-            method.routing_key,
-            dict(method.arguments or {}),
-            self.conn.id,
+            (ipc.Unbind if unbind else ipc.Bind)(
+                vhost=self.conn.vhost,
+                source=method.source,
+                kind="e",
+                dest=method.destination,
+                routing_key=method.routing_key,
+                arguments=dict(method.arguments or {}),
+                conn_id=self.conn.id,
+            ),
         )
 
     def _queue_bind(self, method: C.Queue.Bind | C.Queue.Unbind) -> Coroutine[Any, Any, None]:
@@ -1047,20 +1054,23 @@ class Channel:
         return self._definitions_rpc(
             method,
             C.Queue.UnbindOk() if unbind else C.Queue.BindOk(),
-            Msg.UNBIND if unbind else Msg.BIND,
-            method.exchange,
-            "q",
-            queue,
-            routing_key,
-            dict(method.arguments or {}),
-            self.conn.id,
+            (ipc.Unbind if unbind else ipc.Bind)(
+                vhost=self.conn.vhost,
+                source=method.exchange,
+                kind="q",
+                dest=queue,
+                routing_key=routing_key,
+                arguments=dict(method.arguments or {}),
+                conn_id=self.conn.id,
+            ),
         )
 
-    async def _definitions_rpc(self, method: Any, ok: Any, kind: Msg, *args: Any) -> None:
+    async def _definitions_rpc(self, method: Any, ok: Any, request: ipc.Request) -> None:
         """A definitions change or check, decided by the scheduler; it has
         journaled the change before it replies, so publishes after the -ok
-        route through it (shm/catalog.py)."""
-        await self.ctx.request(kind, self.conn.vhost, *args)
+        route through it (shm/catalog.py). Sent when the coroutine runs, as
+        the channel's turn comes."""
+        await self.ctx.request(request)
         if not getattr(method, "nowait", False):
             self.conn.write(F.encode_method(self.number, ok))
 
@@ -1101,14 +1111,15 @@ class Channel:
         ctx.consumers[consumer.cid] = consumer
         try:
             registered = await ctx.request(
-                Msg.CONSUME,
-                consumer.cid,
-                qid,
-                priority,
-                consumer.acquiring,
-                method.exclusive,
-                False,
-                self.conn.id,
+                ipc.Consume(
+                    cid=consumer.cid,
+                    qid=qid,
+                    priority=priority,
+                    acquiring=consumer.acquiring,
+                    exclusive=method.exclusive,
+                    interested=False,  # no delivery may overtake consume-ok
+                    conn_id=self.conn.id,
+                )
             )
         except BaseException:
             consumer.cancelled = True

@@ -20,8 +20,8 @@ from typing import Any
 from pamqp import commands as C
 from pamqp import decode as pamqp_decode
 
+from broker import ipc
 from broker.amqp import errors as E
-from broker.ipc import Msg
 from shm import flow, memory
 from shm import layout as L
 from shm import stats as S
@@ -174,7 +174,7 @@ class Connection(asyncio.Protocol):
         if self.blocked_at:
             self._count_blocked_time(False)
         ctx.count(L.P_CONNECTIONS, -1)
-        return ctx.request(Msg.CONN_CLOSED, self.id)
+        return ctx.request(ipc.ConnClosed(self.id))
 
     def pause_writing(self) -> None:
         self.write_paused = True

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from broker.ipc import Msg
+from broker import ipc
 from workers.levels import Levels
 
 if TYPE_CHECKING:
@@ -118,8 +118,8 @@ class Consumer:
         self.cancelled = False
         self.since = 0  # when the scheduler registered it (its CONSUME reply)
 
-    def record(self) -> list[object]:
-        return [
+    def record(self) -> ipc.ConsumerRecord:
+        return ipc.ConsumerRecord(
             self.cid,
             self.qid,
             self.priority,
@@ -127,7 +127,7 @@ class Consumer:
             self.exclusive,
             self.interested,
             self.since,
-        ]
+        )
 
     def inspect(self) -> dict[str, Any]:
         """What `shoal status --consumers` shows of this consumer."""
@@ -185,7 +185,7 @@ def update_interest(ctx: WorkerContext, consumer: Consumer) -> None:
         consumer.interested = want
         if not want:
             consumer.notified = False
-        ctx.send(Msg.INTEREST, consumer.cid, want)
+        ctx.send(ipc.Interest(consumer.cid, want))
         if want and ctx.store.consumer_count(consumer.qid) == 1:
             # The queue's only consumer got credit back: start pulling now
             # rather than after the scheduler's NOTIFY. Harmless if that
@@ -258,7 +258,7 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                 return
             if taken is None:
                 consumer.notified = False
-                ctx.send(Msg.DONE, consumer.cid, changes)
+                ctx.send(ipc.Done(consumer.cid, changes))
                 return
             log_qid, seq, block, redelivered = taken
             channel.deliver(consumer, log_qid, seq, block, redelivered, out)
@@ -280,7 +280,7 @@ def _yield(ctx: WorkerContext, consumer: Consumer) -> None:
         ctx.loop.call_soon(pull, ctx, consumer)
         return
     consumer.notified = False
-    ctx.send(Msg.DONE, consumer.cid, -1)
+    ctx.send(ipc.Done(consumer.cid, -1))
 
 
 def browse(ctx: WorkerContext, consumer: Consumer) -> None:
@@ -325,7 +325,7 @@ def browse(ctx: WorkerContext, consumer: Consumer) -> None:
                     out = []
                     channel.cancel_from_server(consumer)
                 else:
-                    ctx.send(Msg.DONE, consumer.cid, changes)
+                    ctx.send(ipc.Done(consumer.cid, changes))
                 return
             message, redelivered = copy
             looked += 1

@@ -7,8 +7,8 @@ import asyncio
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from broker import ipc
 from broker.config import Config
-from broker.ipc import Link, Msg
 from shm import layout as L
 from shm.arena import Arena
 from shm.queues import QueueStore
@@ -58,13 +58,13 @@ class WorkerContext:
         self.arena.high = self.guard.high
         self.arena.on_high = self.guard.allocated
         self.stats = Counters(seg, index)
-        self.link: Link | None = None
+        self.link: ipc.Link[ipc.ToWorker] | None = None
         self.connections: set[Connection] = set()
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)
         self._conn_ids = itertools.count(1)
         self._reqs = itertools.count(1)
-        self._pending: dict[int, tuple[asyncio.Future[Any], tuple[Any, ...]]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any], ipc.Request]] = {}
         self.closing = False
 
     # ------------------------------------------------------------ identifiers
@@ -76,21 +76,20 @@ class WorkerContext:
         return (self.index << 40) | (self.incarnation << 24 & (0xFFFF << 24)) | next(self._conn_ids)
 
     # -------------------------------------------------------- scheduler link
-    def attach_link(self, link: Link) -> None:
+    def attach_link(self, link: ipc.Link[ipc.ToWorker]) -> None:
         self.link = link
 
-    def send(self, *items: Any) -> None:
+    def send(self, message: ipc.Message) -> None:
         if self.link is not None:
-            self.link.send(*items)
+            self.link.send(message)
 
-    def request(self, kind: Msg, *args: Any) -> asyncio.Future[Any]:
-        """Send a request to the scheduler; the future gets the reply payload
-        or a RemoteError."""
-        req = next(self._reqs)
+    def request(self, message: ipc.Request) -> asyncio.Future[Any]:
+        """Send a request to the scheduler (numbering it); the future gets
+        the reply payload or a RemoteError."""
+        message.req = req = next(self._reqs)
         fut: asyncio.Future[Any] = self.loop.create_future()
-        message = (kind, req, *args)
         self._pending[req] = (fut, message)
-        self.send(*message)
+        self.send(message)
         return fut
 
     def on_reply(self, req: int, ok: bool, payload: Any) -> None:
@@ -106,9 +105,9 @@ class WorkerContext:
         """(Re-)introduce this worker and its consumers to the scheduler, and
         re-send requests a dead scheduler may not have answered."""
         records = [c.record() for c in self.consumers.values()]
-        self.send(Msg.HELLO, self.index, self.incarnation, records)
+        self.send(ipc.Hello(self.index, self.incarnation, records))
         for _fut, message in list(self._pending.values()):
-            self.send(*message)
+            self.send(message)
 
     # --------------------------------------------------------------- counters
     def count(self, field: int, delta: int = 1) -> None:

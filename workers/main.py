@@ -11,13 +11,14 @@ import os
 import signal
 import socket
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import uvloop
 from setproctitle import setproctitle
 
+from broker import ipc
 from broker.config import Config
-from broker.ipc import Link, Msg
 from shm import layout as L
 from shm import memory
 from shm import stats as S
@@ -57,7 +58,9 @@ class Worker:
 
     def run(self) -> int:
         loop, ctx = self.loop, self.ctx
-        ctx.attach_link(Link(self.sched_sock, loop, self._on_scheduler_message))
+        ctx.attach_link(
+            ipc.Link(self.sched_sock, loop, self._on_scheduler_message, ipc.WORKER_INBOUND)
+        )
         ctx.hello()
         self.handoff_sock.setblocking(False)
         loop.add_reader(self.handoff_sock.fileno(), self._on_handoff)
@@ -134,32 +137,35 @@ class Worker:
 
         self.loop.create_task(adopt())
 
-    def _on_scheduler_message(self, message: list[Any]) -> None:
+    def _on_scheduler_message(self, message: ipc.ToWorker) -> None:
         try:
-            self._dispatch(message)
+            _HANDLERS[type(message)](self, message)
         except Exception:
             log.exception("failed to handle scheduler message %r", message)
 
-    def _dispatch(self, message: list[Any]) -> None:
-        kind = message[0]
+    def _notify(self, m: ipc.Notify) -> None:
+        consumer = self.ctx.consumers.get(m.cid)
+        if consumer is not None:
+            pull(self.ctx, consumer)
+
+    def _reply(self, m: ipc.Reply) -> None:
+        self.ctx.on_reply(m.req, m.ok, m.payload)
+
+    def _consumer_gone(self, m: ipc.ConsumerGone) -> None:
+        consumer = self.ctx.consumers.get(m.cid)
+        if consumer is not None:
+            consumer.channel.consumer_gone(consumer)
+
+    def _resync(self, m: ipc.Resync) -> None:
+        self.ctx.hello()
+
+    def _unblock(self, m: ipc.Unblock) -> None:
+        for conn in list(self.ctx.connections):
+            conn.flow_unblock(m.qid)
+
+    def _inspect(self, m: ipc.Inspect) -> None:
         ctx = self.ctx
-        if kind == Msg.NOTIFY:
-            consumer = ctx.consumers.get(message[1])
-            if consumer is not None:
-                pull(ctx, consumer)
-        elif kind == Msg.REPLY:
-            ctx.on_reply(message[1], message[2], message[3])
-        elif kind == Msg.CONSUMER_GONE:
-            consumer = ctx.consumers.get(message[1])
-            if consumer is not None:
-                consumer.channel.consumer_gone(consumer)
-        elif kind == Msg.RESYNC:
-            ctx.hello()
-        elif kind == Msg.UNBLOCK:
-            for conn in list(ctx.connections):
-                conn.flow_unblock(message[1])
-        elif kind == Msg.INSPECT:
-            ctx.send(Msg.CONSUMERS, message[1], [c.inspect() for c in ctx.consumers.values()])
+        ctx.send(ipc.Consumers(m.req, [c.inspect() for c in ctx.consumers.values()]))
 
     def _graceful_stop(self) -> None:
         if self.stopping:
@@ -182,6 +188,28 @@ class Worker:
 
     def _fast_stop(self) -> None:
         self.loop.stop()
+
+
+_M = TypeVar("_M", bound=ipc.Message)
+Handler = Callable[[Worker, Any], None]
+
+
+def _on(cls: type[_M], handler: Callable[[Worker, _M], None]) -> tuple[type, Handler]:
+    """A table entry, checked by mypy: the handler takes that message."""
+    return cls, handler
+
+
+# How a worker handles each message from the scheduler, by its class.
+_HANDLERS: dict[type, Handler] = dict(
+    (
+        _on(ipc.Notify, Worker._notify),
+        _on(ipc.Reply, Worker._reply),
+        _on(ipc.ConsumerGone, Worker._consumer_gone),
+        _on(ipc.Resync, Worker._resync),
+        _on(ipc.Unblock, Worker._unblock),
+        _on(ipc.Inspect, Worker._inspect),
+    )
+)
 
 
 def run_worker(

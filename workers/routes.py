@@ -15,7 +15,7 @@ from typing import Any
 from pamqp.header import ContentHeader
 
 from broker.amqp import errors as E
-from broker.amqp.definitions import Definitions
+from broker.amqp.definitions import Definitions, Op
 from shm.catalog import CatalogReader
 from shm.queues import QueueStore
 from shm.segment import Segment
@@ -37,7 +37,7 @@ class Routes:
     __slots__ = ("_cache", "_queue_gen", "definitions", "reader", "store")
 
     def __init__(self, seg: Segment, store: QueueStore) -> None:
-        self.reader = CatalogReader(seg)
+        self.reader = CatalogReader(seg, Op)
         self.store = store
         self.definitions = Definitions()
         self._cache: dict[tuple[int, bytes, bytes], tuple[int, ...]] = {}

@@ -3,21 +3,27 @@
 The scheduler changes definitions by operations; each is applied to its own
 `Definitions` and journaled in shared memory (shm/catalog.py); IO workers
 replay the same operations into theirs and route publishes through it. An
-operation is a plain list so it travels as msgpack:
+operation is a msgspec Struct, encoded as a msgpack array led by its letter
+(its tag), then its fields in order:
 
-    ["v", vhost, id]                                   a virtual host and its id (queue records
-                                                       carry the id: shm/layout.py Q_VHOST)
-    ["x", vhost, name, type, durable, auto_delete, internal, arguments]   declare
-    ["X", vhost, name]                                 delete an exchange (+ its bindings)
-    ["b", vhost, source, kind, dest, routing_key, arguments]   bind (kind "q" or "e")
-    ["u", vhost, source, kind, dest, routing_key, arguments]   unbind
-    ["q", vhost, queue, arguments]                     a queue's x-arguments
-    ["Q", vhost, queue]                                a queue went: its bindings and arguments
+    v  VHostAdded         vhost, id: queue records carry the id (shm/layout.py Q_VHOST)
+    x  ExchangeDeclared   vhost, name, exchange_type, durable, auto_delete, internal, arguments
+    X  ExchangeDeleted    vhost, name: and its bindings, both ways
+    b  Bound              vhost, source, kind ("q" or "e"), dest, routing_key, arguments
+    u  Unbound            the same fields
+    q  QueueArgumentsSet  vhost, queue, arguments: a queue's x-arguments
+    Q  QueueGone          vhost, queue: its bindings and arguments go
+
+The journal lives only in the shared-memory segment, which a broker creates
+afresh when it starts: no other version's records are ever read back.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, Union
+
+import msgspec
 
 from broker.amqp.routing import Router
 
@@ -29,17 +35,88 @@ DEFAULT_EXCHANGES = (
     ("amq.match", "headers"),
 )
 
-Op = list[Any]
+
+class Operation(msgspec.Struct, array_like=True, gc=False):
+    """Base of every journal record: each belongs to one virtual host.
+    gc=False: a record holds strings and an arguments dict, never itself."""
+
+    vhost: str
+
+
+class VHostAdded(Operation, tag="v"):
+    id: int
+
+
+class ExchangeDeclared(Operation, tag="x"):
+    name: str
+    exchange_type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict[str, Any]
+
+
+class ExchangeDeleted(Operation, tag="X"):
+    name: str
+
+
+class _Binding(Operation):
+    source: str
+    kind: str  # "q": dest is a queue, "e": an exchange
+    dest: str
+    routing_key: str
+    arguments: dict[str, Any]
+
+
+class Bound(_Binding, tag="b"):
+    pass
+
+
+class Unbound(_Binding, tag="u"):
+    pass
+
+
+class QueueArgumentsSet(Operation, tag="q"):
+    queue: str
+    arguments: dict[str, Any]
+
+
+class QueueGone(Operation, tag="Q"):
+    queue: str
+
+
+# One journal record (shm/catalog.py decodes into this). A Union, not `A | B`:
+# mypy takes it as a type alias.
+Op = Union[  # noqa: UP007
+    VHostAdded, ExchangeDeclared, ExchangeDeleted, Bound, Unbound, QueueArgumentsSet, QueueGone
+]
 
 
 def default_exchange_ops(vhost: str) -> list[Op]:
     """The amq.* exchanges every virtual host starts with (durable)."""
-    return [["x", vhost, name, type_, True, False, False, {}] for name, type_ in DEFAULT_EXCHANGES]
+    return [
+        ExchangeDeclared(vhost, name, type_, True, False, False, {})
+        for name, type_ in DEFAULT_EXCHANGES
+    ]
 
 
 def new_vhost_ops(vhost: str, vhost_id: int) -> list[Op]:
     """A virtual host: its id, then its amq.* exchanges."""
-    return [["v", vhost, vhost_id], *default_exchange_ops(vhost)]
+    return [VHostAdded(vhost, vhost_id), *default_exchange_ops(vhost)]
+
+
+def inverse(op: Op) -> Op:
+    """The operation that undoes a growing change (declare, bind, queue
+    arguments); only those can fail to fit in the journal."""
+    if isinstance(op, ExchangeDeclared):
+        return ExchangeDeleted(op.vhost, op.name)
+    if isinstance(op, Bound):
+        return Unbound(*msgspec.structs.astuple(op))
+    if isinstance(op, Unbound):
+        return Bound(*msgspec.structs.astuple(op))
+    if isinstance(op, QueueArgumentsSet):
+        return QueueGone(op.vhost, op.queue)
+    raise ValueError(f"no inverse for {op!r}")
 
 
 class Definitions:
@@ -58,49 +135,79 @@ class Definitions:
         return router
 
     def apply(self, op: Op) -> None:
-        kind, vhost = op[0], op[1]
-        router = self.router(vhost)
-        if kind == "v":
-            self.vhost_ids[vhost] = op[2]
-        elif kind == "x":
-            _k, _v, name, type_, durable, auto_delete, internal, args = op
-            alternate = args.get("alternate-exchange")
-            router.declare(
-                name,
-                type_,
-                alternate if isinstance(alternate, str) and alternate else None,
-                durable,
-                auto_delete,
-                internal,
-                args,
-            )
-        elif kind == "X":
-            router.delete(op[2])
-        elif kind == "b":
-            _k, _v, source, dkind, dest, rk, args = op
-            router.bind(source, (dkind, dest), rk, args)
-        elif kind == "u":
-            _k, _v, source, dkind, dest, rk, args = op
-            router.unbind(source, (dkind, dest), rk, args)
-        elif kind == "q":
-            self.queue_arguments[(vhost, op[2])] = op[3]
-        elif kind == "Q":
-            router.drop_dest(("q", op[2]))
-            self.queue_arguments.pop((vhost, op[2]), None)
-        else:
-            raise ValueError(f"unknown definitions operation {kind!r}")
+        handler = _APPLY.get(type(op))
+        if handler is None:
+            raise ValueError(f"unknown definitions operation {op!r}")
+        # Every operation makes its vhost known, even one that changes nothing.
+        handler(self, self.router(op.vhost), op)
+
+    def _vhost_added(self, router: Router, op: VHostAdded) -> None:
+        self.vhost_ids[op.vhost] = op.id
+
+    def _exchange_declared(self, router: Router, op: ExchangeDeclared) -> None:
+        alternate = op.arguments.get("alternate-exchange")
+        router.declare(
+            op.name,
+            op.exchange_type,
+            alternate if isinstance(alternate, str) and alternate else None,
+            op.durable,
+            op.auto_delete,
+            op.internal,
+            op.arguments,
+        )
+
+    def _exchange_deleted(self, router: Router, op: ExchangeDeleted) -> None:
+        router.delete(op.name)
+
+    def _bound(self, router: Router, op: Bound) -> None:
+        router.bind(op.source, (op.kind, op.dest), op.routing_key, op.arguments)
+
+    def _unbound(self, router: Router, op: Unbound) -> None:
+        router.unbind(op.source, (op.kind, op.dest), op.routing_key, op.arguments)
+
+    def _queue_arguments_set(self, router: Router, op: QueueArgumentsSet) -> None:
+        self.queue_arguments[(op.vhost, op.queue)] = op.arguments
+
+    def _queue_gone(self, router: Router, op: QueueGone) -> None:
+        router.drop_dest(("q", op.queue))
+        self.queue_arguments.pop((op.vhost, op.queue), None)
 
     def snapshot(self) -> list[Op]:
         """Operations that rebuild this state from nothing (for compaction)."""
-        ops: list[Op] = [["v", vhost, vhost_id] for vhost, vhost_id in self.vhost_ids.items()]
+        ops: list[Op] = [VHostAdded(vhost, vhost_id) for vhost, vhost_id in self.vhost_ids.items()]
         for vhost, router in self.vhosts.items():
             for x in router.exchanges.values():
                 ops.append(
-                    ["x", vhost, x.name, x.type, x.durable, x.auto_delete, x.internal, x.arguments]
+                    ExchangeDeclared(
+                        vhost, x.name, x.type, x.durable, x.auto_delete, x.internal, x.arguments
+                    )
                 )
             for x in router.exchanges.values():
                 for (dest, rk, _f), args in x.bindings.items():
-                    ops.append(["b", vhost, x.name, dest[0], dest[1], rk, args])
+                    ops.append(Bound(vhost, x.name, dest[0], dest[1], rk, args))
         for (vhost, queue), args in self.queue_arguments.items():
-            ops.append(["q", vhost, queue, args])
+            ops.append(QueueArgumentsSet(vhost, queue, args))
         return ops
+
+
+_O = TypeVar("_O", bound=Operation)
+_Apply = Callable[[Definitions, Router, Any], None]
+
+
+def _on(cls: type[_O], handler: Callable[[Definitions, Router, _O], None]) -> tuple[type, _Apply]:
+    """A table entry, checked by mypy: the handler takes that operation."""
+    return cls, handler
+
+
+# How Definitions.apply applies each operation, by its class.
+_APPLY: dict[type, _Apply] = dict(
+    (
+        _on(VHostAdded, Definitions._vhost_added),
+        _on(ExchangeDeclared, Definitions._exchange_declared),
+        _on(ExchangeDeleted, Definitions._exchange_deleted),
+        _on(Bound, Definitions._bound),
+        _on(Unbound, Definitions._unbound),
+        _on(QueueArgumentsSet, Definitions._queue_arguments_set),
+        _on(QueueGone, Definitions._queue_gone),
+    )
+)

@@ -73,7 +73,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from setproctitle import setproctitle
 
-from broker.amqp.definitions import Definitions
+from broker.amqp.definitions import Definitions, Op
 from broker.config import Config
 from shm import counters, layout, memory
 from shm import stats as S
@@ -465,7 +465,7 @@ class Exporter:
         self.config = config
         self.seg = seg
         self.store = QueueStore(seg, 0, layout.metrics_slot(seg.layout))
-        self.reader = CatalogReader(seg)
+        self.reader = CatalogReader(seg, Op)
         self.definitions = Definitions()
         self.started = time.time()
         self.node_name = f"shoal@{socket.gethostname()}"

@@ -9,7 +9,7 @@ import socket
 import time
 from typing import Any
 
-from broker.amqp.definitions import Definitions
+from broker.amqp.definitions import Definitions, Op
 from broker.scheduler.introspect import socket_path
 from shm import counters, layout, memory
 from shm import stats as S
@@ -53,7 +53,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         processes.append(entry)
     store = QueueStore(seg)
     definitions = Definitions()
-    for op in CatalogReader(seg).poll()[1]:
+    for op in CatalogReader(seg, Op).poll()[1]:
         definitions.apply(op)
     vhosts = {vhost_id: name for name, vhost_id in definitions.vhost_ids.items()}
     queues = []

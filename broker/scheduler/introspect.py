@@ -18,7 +18,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from broker.ipc import Msg
+from broker import ipc
 
 if TYPE_CHECKING:
     from broker.scheduler.main import QueueState, Scheduler
@@ -90,7 +90,7 @@ class Introspection:
         self._waiting[req] = (replies, expected, done)
         try:
             for link in scheduler.links.values():
-                link.send(Msg.INSPECT, req)
+                link.send(ipc.Inspect(req))
             if expected:
                 await asyncio.wait_for(done, REPLY_TIMEOUT)
         except TimeoutError:

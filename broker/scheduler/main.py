@@ -17,18 +17,19 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import uvloop
 from setproctitle import setproctitle
 
+from broker import ipc
+from broker.amqp import definitions as D
 from broker.amqp import errors as E
-from broker.amqp.definitions import Definitions, Op, new_vhost_ops
 from broker.amqp.routing import X_MATCH_MODES
 from broker.amqp.routing import frozen_args as _frozen_args
 from broker.config import Config
-from broker.ipc import Link, Msg
 from broker.scheduler.consumers import ConsumerKey, QueueConsumerManager, State
 from broker.scheduler.introspect import Introspection, socket_path
 from shm import flow
@@ -44,22 +45,6 @@ log = logging.getLogger("shoal.scheduler")
 
 SWEEP_INTERVAL = 1.0
 HELLO_WAIT = 5.0  # seconds a restarted scheduler waits for every worker's HELLO
-
-
-_REQUESTS = frozenset(
-    (
-        Msg.CONSUME,
-        Msg.DECLARE,
-        Msg.DELETE,
-        Msg.PURGE,
-        Msg.EXCHANGE_DECLARE,
-        Msg.EXCHANGE_DELETE,
-        Msg.BIND,
-        Msg.UNBIND,
-        Msg.LEVEL,
-        Msg.CONN_CLOSED,
-    )
-)
 
 
 class QueueState:
@@ -123,7 +108,10 @@ class Scheduler:
         self.efd = efd
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.links = {i: Link(s, self.loop, partial(self._on_message, i)) for i, s in links.items()}
+        self.links = {
+            i: ipc.Link(s, self.loop, partial(self._on_message, i), ipc.SCHEDULER_INBOUND)
+            for i, s in links.items()
+        }
         self.queues: dict[int, QueueState] = {}
         self.awaiting_hello: set[int] = set()  # workers a restarted scheduler waits for
         self.by_name: dict[tuple[str, bytes], QueueState] = {}
@@ -133,8 +121,8 @@ class Scheduler:
         self.suspects: set[int] = set()
         self.slot = seg.layout.proc(L.scheduler_slot(seg.layout))
         self.vhost = config.default_vhost
-        self.catalog = CatalogWriter(seg)
-        self.definitions = Definitions()
+        self.catalog = CatalogWriter(seg, D.Op)
+        self.definitions = D.Definitions()
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
         self.stats = Counters(seg, L.scheduler_slot(seg.layout))
 
@@ -156,7 +144,7 @@ class Scheduler:
             q.qcm.held = q.qcm.single_active
         self.loop.call_later(HELLO_WAIT, self._release_held)
         for link in self.links.values():
-            link.send(Msg.RESYNC)
+            link.send(ipc.Resync())
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.loop.run_until_complete(self.introspection.start())
         self.a.store(slot + L.P_READY, 1)
@@ -171,7 +159,7 @@ class Scheduler:
         default exchanges (a new broker)."""
         ops = self.catalog.load()
         if not ops:
-            ops = new_vhost_ops(self.vhost, 0)
+            ops = D.new_vhost_ops(self.vhost, 0)
             self.catalog.compact(ops)
         for op in ops:
             self.definitions.apply(op)
@@ -183,9 +171,9 @@ class Scheduler:
         for vhost, router in self.definitions.vhosts.items():
             stale |= {(vhost, name) for kind, name in router.by_dest if kind == "q"}
         for vhost, name in stale - {(v, n.decode()) for v, n in self.by_name}:
-            self._journal(["Q", vhost, name])
+            self._journal(D.QueueGone(vhost, name))
 
-    def _journal(self, op: list[Any]) -> None:
+    def _journal(self, op: D.Op) -> None:
         """Apply a definitions change and journal it for the IO workers,
         before the reply: a client that got declare-ok or bind-ok can
         publish through it at once, from any connection."""
@@ -193,7 +181,7 @@ class Scheduler:
         try:
             self.catalog.append(op, self.definitions.snapshot)
         except CatalogFull:
-            self.definitions.apply(_inverse(op))
+            self.definitions.apply(D.inverse(op))
             raise E.ChannelError(
                 E.RESOURCE_ERROR,
                 "the definitions journal is full (raise --catalog-mb)",
@@ -231,57 +219,99 @@ class Scheduler:
         self.free_qids = [q for q in range(self.seg.layout.limits.max_queues) if q not in used]
 
     # ------------------------------------------------------------ messages
-    def _on_message(self, worker: int, m: list[Any]) -> None:
-        kind = m[0]
+    def _on_message(self, worker: int, m: ipc.ToScheduler) -> None:
+        cls = type(m)
         try:
-            if kind == Msg.DONE:
-                self._done((worker, m[1]), m[2])
-            elif kind == Msg.INTEREST:
-                self._interest((worker, m[1]), m[2])
-            elif kind == Msg.CONSUME:
-                self._reply(worker, m[1], self._consume(worker, *m[2:]))
-            elif kind == Msg.CANCEL:
-                self._remove_consumer((worker, m[1]))
-            elif kind == Msg.DECLARE:
-                self._reply(worker, m[1], self._declare(*m[2:]))
-                self.stats.flush()
-            elif kind == Msg.DELETE:
-                self._reply(worker, m[1], self._delete(*m[2:]))
-                self.stats.flush()
-            elif kind == Msg.PURGE:
-                self._reply(worker, m[1], self._purge(*m[2:]))
-            elif kind == Msg.EXCHANGE_DECLARE:
-                self._reply(worker, m[1], self._exchange_declare(*m[2:]))
-            elif kind == Msg.EXCHANGE_DELETE:
-                self._reply(worker, m[1], self._exchange_delete(*m[2:]))
-            elif kind == Msg.BIND:
-                self._reply(worker, m[1], self._bind(*m[2:], unbind=False))
-            elif kind == Msg.UNBIND:
-                self._reply(worker, m[1], self._bind(*m[2:], unbind=True))
-            elif kind == Msg.CONSUMERS:
-                self.introspection.on_consumers(worker, m[1], m[2])
-            elif kind == Msg.LEVEL:
-                self._reply(worker, m[1], self._level(*m[2:]))
-            elif kind == Msg.CONN_CLOSED:
-                self._connection_closed(m[2])
-                self._reply(worker, m[1], None)
-            elif kind == Msg.HELLO:
-                self._hello(worker, m[3])
-            elif kind == Msg.WORKER_GONE:
-                self._worker_gone(worker)
+            notice = _NOTICES.get(cls)
+            if notice is not None:
+                notice(self, worker, m)
+            else:
+                self._reply(worker, cast(ipc.Request, m).req, _REQUESTS[cls](self, worker, m))
         except E.AMQPError as exc:
-            if kind in _REQUESTS:
-                self.links[worker].send(Msg.REPLY, m[1], False, [exc.reply_code, exc.reply_text])
+            if isinstance(m, ipc.Request):
+                self.links[worker].send(ipc.Reply(m.req, False, [exc.reply_code, exc.reply_text]))
             else:
                 log.warning("worker %d: %s", worker, exc)
         except Exception:
             # A bug must not cost the other messages of the batch or the process.
             log.exception("worker %d: failed to handle %r", worker, m)
-            if kind in _REQUESTS:
-                self.links[worker].send(Msg.REPLY, m[1], False, [541, "INTERNAL_ERROR"])
+            if isinstance(m, ipc.Request):
+                self.links[worker].send(ipc.Reply(m.req, False, [541, "INTERNAL_ERROR"]))
 
     def _reply(self, worker: int, req: int, payload: Any) -> None:
-        self.links[worker].send(Msg.REPLY, req, True, payload)
+        self.links[worker].send(ipc.Reply(req, True, payload))
+
+    # Requests: each returns the payload of its reply (see _REQUESTS).
+    def _on_declare(self, worker: int, m: ipc.Declare) -> list[Any]:
+        payload = self._declare(
+            m.vhost,
+            m.name,
+            m.passive,
+            m.durable,
+            m.exclusive,
+            m.auto_delete,
+            m.owner,
+            m.conn_id,
+            m.arguments,
+        )
+        self.stats.flush()
+        return payload
+
+    def _on_delete(self, worker: int, m: ipc.Delete) -> int:
+        count = self._delete(m.vhost, m.name, m.if_unused, m.if_empty, m.conn_id)
+        self.stats.flush()
+        return count
+
+    def _on_purge(self, worker: int, m: ipc.Purge) -> int:
+        return self._purge(m.vhost, m.name, m.conn_id)
+
+    def _on_exchange_declare(self, worker: int, m: ipc.ExchangeDeclare) -> list[Any]:
+        return self._exchange_declare(
+            m.vhost,
+            m.name,
+            m.exchange_type,
+            m.passive,
+            m.durable,
+            m.auto_delete,
+            m.internal,
+            m.arguments,
+        )
+
+    def _on_exchange_delete(self, worker: int, m: ipc.ExchangeDelete) -> list[Any]:
+        return self._exchange_delete(m.vhost, m.name, m.if_unused)
+
+    def _on_bind(self, worker: int, m: ipc.Binding) -> list[Any]:
+        return self._bind(
+            m.vhost,
+            m.source,
+            m.kind,
+            m.dest,
+            m.routing_key,
+            m.arguments,
+            m.conn_id,
+            unbind=isinstance(m, ipc.Unbind),
+        )
+
+    def _on_level(self, worker: int, m: ipc.Level) -> list[Any]:
+        return self._level(m.qid, m.level)
+
+    def _on_consume(self, worker: int, m: ipc.Consume) -> list[Any]:
+        return self._consume(
+            worker, m.cid, m.qid, m.priority, m.acquiring, m.exclusive, m.interested, m.conn_id
+        )
+
+    def _on_conn_closed(self, worker: int, m: ipc.ConnClosed) -> None:
+        self._connection_closed(m.conn_id)
+
+    # Notices: nobody waits for an answer (see _NOTICES).
+    def _on_cancel(self, worker: int, m: ipc.Cancel) -> None:
+        self._remove_consumer((worker, m.cid))
+
+    def _on_consumers(self, worker: int, m: ipc.Consumers) -> None:
+        self.introspection.on_consumers(worker, m.req, m.consumers)
+
+    def _on_worker_gone(self, worker: int, m: ipc.WorkerGone) -> None:
+        self._worker_gone(worker)  # the link it came on says which: m.worker is the same
 
     # ------------------------------------------------------------- queues
     def _declare(
@@ -331,7 +361,7 @@ class Scheduler:
                     f"{self.seg.layout.limits.max_queues} queues is reached (--max-queues)",
                 )
             if arguments:  # first: if the journal is full, nothing was created
-                self._journal(["q", vhost, name.decode(), arguments])
+                self._journal(D.QueueArgumentsSet(vhost, name.decode(), arguments))
             qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
             flags = (
                 (L.QF_DURABLE if durable else 0)
@@ -468,7 +498,7 @@ class Scheduler:
             worker, cid = key
             link = self.links.get(worker)
             if link is not None:
-                link.send(Msg.CONSUMER_GONE, cid)
+                link.send(ipc.ConsumerGone(cid))
         if not self.store.flow_open(q.qid):
             self._unblock(q.qid)  # its publishers wait for nothing now
         for level, qid in q.levels.items():
@@ -484,7 +514,7 @@ class Scheduler:
         router = self.definitions.router(q.vhost)
         sources = {source for source, _rk, _args in router.bindings_to(dest)}
         if sources or (q.vhost, dest[1]) in self.definitions.queue_arguments:
-            self._journal(["Q", q.vhost, dest[1]])
+            self._journal(D.QueueGone(q.vhost, dest[1]))
             self._auto_delete(q.vhost, sources)
 
     def _connection_closed(self, conn_id: int) -> None:
@@ -512,7 +542,9 @@ class Scheduler:
                 raise E.ChannelError(
                     E.ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
                 )
-            self._journal(["x", vhost, name, type_, durable, auto_delete, internal, args])
+            self._journal(
+                D.ExchangeDeclared(vhost, name, type_, durable, auto_delete, internal, args)
+            )
             return []
         if passive:
             return []
@@ -548,7 +580,7 @@ class Scheduler:
                 E.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use"
             )
         sources = {source for source, _rk, _args in router.bindings_to(("e", name))}
-        self._journal(["X", vhost, name])
+        self._journal(D.ExchangeDeleted(vhost, name))
         self._auto_delete(vhost, sources - {name})
         return []
 
@@ -561,7 +593,7 @@ class Scheduler:
             if x is None or not x.auto_delete or x.bindings:
                 continue
             sources |= {source for source, _rk, _a in router.bindings_to(("e", name))}
-            self._journal(["X", vhost, name])
+            self._journal(D.ExchangeDeleted(vhost, name))
             sources.discard(name)
 
     def _bind(
@@ -611,10 +643,10 @@ class Scheduler:
                     "all-with-x, or any-with-x",
                 )
         if unbind:
-            self._journal(["u", vhost, source, kind, dest, routing_key, args])
+            self._journal(D.Unbound(vhost, source, kind, dest, routing_key, args))
             self._auto_delete(vhost, {source})
         elif not bound:
-            self._journal(["b", vhost, source, kind, dest, routing_key, args])
+            self._journal(D.Bound(vhost, source, kind, dest, routing_key, args))
         return []
 
     # ----------------------------------------------------------- consumers
@@ -690,7 +722,8 @@ class Scheduler:
             return
         self._check_work(q)
 
-    def _interest(self, key: ConsumerKey, interested: bool) -> None:
+    def _interest(self, worker: int, m: ipc.Interest) -> None:
+        key, interested = (worker, m.cid), m.interested
         entry = self.consumers.get(key)
         q = self.queues.get(entry[0]) if entry else None
         if q is None:
@@ -702,7 +735,8 @@ class Scheduler:
             q.browsing.pop(key, None)
             self._check_work(q)
 
-    def _done(self, key: ConsumerKey, changes: int) -> None:
+    def _done(self, worker: int, m: ipc.Done) -> None:
+        key, changes = (worker, m.cid), m.changes
         entry = self.consumers.get(key)
         q = self.queues.get(entry[0]) if entry else None
         if q is None:
@@ -728,19 +762,21 @@ class Scheduler:
                 return
         self._watch(q)  # the next consumer's turn, or wait for a change
 
-    def _hello(self, worker: int, records: list[list[Any]]) -> None:
+    def _hello(self, worker: int, m: ipc.Hello) -> None:
         """A worker (re)introduces itself with its full consumer state."""
         self._drop_worker_consumers(worker)
-        for cid, qid, priority, acquiring, exclusive, interested, since in records:
-            q = self.queues.get(qid)
+        for c in m.consumers:
+            q = self.queues.get(c.qid)
             if q is None:
-                self.links[worker].send(Msg.CONSUMER_GONE, cid)
+                self.links[worker].send(ipc.ConsumerGone(c.cid))
                 continue
-            if (worker, cid) in self.consumers:
+            if (worker, c.cid) in self.consumers:
                 continue
             # since 0: its CONSUME was never answered; it registers now.
-            since = since or time.monotonic_ns()
-            self._add_consumer(q, (worker, cid), priority, acquiring, exclusive, interested, since)
+            since = c.since or time.monotonic_ns()
+            self._add_consumer(
+                q, (worker, c.cid), c.priority, c.acquiring, c.exclusive, c.interested, since
+            )
         self._heard_from(worker)
 
     def _heard_from(self, worker: int) -> None:
@@ -810,12 +846,12 @@ class Scheduler:
     def _notify(self, key: ConsumerKey) -> None:
         """Tell a consumer's worker to pull (counted for the metrics)."""
         self.stats.v[S.NOTIFICATIONS] += 1
-        self.links[key[0]].send(Msg.NOTIFY, key[1])
+        self.links[key[0]].send(ipc.Notify(key[1]))
 
     def _unblock(self, qid: int) -> None:
         """Release every publisher blocked on queue `qid` (shm/flow.py)."""
         for link in self.links.values():
-            link.send(Msg.UNBLOCK, qid)
+            link.send(ipc.Unblock(qid))
 
     def _wake_browsers(self, q: QueueState, now: int | None = None) -> None:
         if not q.browsing:
@@ -888,6 +924,44 @@ class Scheduler:
         self.stats.flush()
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
 
+
+_M = TypeVar("_M", bound=ipc.Message)
+Handler = Callable[[Scheduler, int, Any], Any]  # (scheduler, worker, message)
+
+
+def _on(cls: type[_M], handler: Callable[[Scheduler, int, _M], object]) -> tuple[type, Handler]:
+    """A table entry, checked by mypy: the handler takes that message."""
+    return cls, handler
+
+
+# How the scheduler handles each message a worker sends, by its class.
+# Notices: nothing is answered.
+_NOTICES: dict[type, Handler] = dict(
+    (
+        _on(ipc.Done, Scheduler._done),
+        _on(ipc.Interest, Scheduler._interest),
+        _on(ipc.Cancel, Scheduler._on_cancel),
+        _on(ipc.Hello, Scheduler._hello),
+        _on(ipc.Consumers, Scheduler._on_consumers),
+        _on(ipc.WorkerGone, Scheduler._on_worker_gone),
+    )
+)
+# Requests: the handler's result is the payload of a Reply with the same req;
+# an AMQPError it raises becomes a failed Reply.
+_REQUESTS: dict[type, Handler] = dict(
+    (
+        _on(ipc.Declare, Scheduler._on_declare),
+        _on(ipc.Consume, Scheduler._on_consume),
+        _on(ipc.Delete, Scheduler._on_delete),
+        _on(ipc.Purge, Scheduler._on_purge),
+        _on(ipc.ExchangeDeclare, Scheduler._on_exchange_declare),
+        _on(ipc.ExchangeDelete, Scheduler._on_exchange_delete),
+        _on(ipc.Bind, Scheduler._on_bind),
+        _on(ipc.Unbind, Scheduler._on_bind),
+        _on(ipc.Level, Scheduler._on_level),
+        _on(ipc.ConnClosed, Scheduler._on_conn_closed),
+    )
+)
 
 _STATE_GAUGES = {
     State.INTERESTED: S.CONSUMERS_INTERESTED,
@@ -1002,20 +1076,6 @@ def _field_type(value: Any) -> str:
     if isinstance(value, (str, bytes)):
         return "longstr"
     return type(value).__name__
-
-
-def _inverse(op: Op) -> Op:
-    """The operation that undoes a growing change (declare, bind); only
-    those can fail to fit in the journal."""
-    if op[0] == "x":
-        return ["X", op[1], op[2]]
-    if op[0] == "b":
-        return ["u", *op[1:]]
-    if op[0] == "u":
-        return ["b", *op[1:]]
-    if op[0] == "q":
-        return ["Q", op[1], op[2]]
-    raise ValueError(f"no inverse for {op[0]!r}")
 
 
 # The queue arguments RabbitMQ 3.10 checks for equivalence on redeclare.

@@ -23,9 +23,9 @@ from collections.abc import Callable
 import psutil
 from setproctitle import setproctitle
 
-from broker.amqp.definitions import new_vhost_ops
+from broker.amqp.definitions import Op, new_vhost_ops
 from broker.config import Config
-from broker.ipc import Msg, encode, socketpair
+from broker.ipc import WorkerGone, encode, socketpair
 from broker.observe.metrics import serve as serve_metrics
 from broker.scheduler.introspect import socket_path
 from broker.scheduler.main import run_scheduler
@@ -131,7 +131,7 @@ class Supervisor:
         # runs: a client the acceptor hands to a worker before the scheduler
         # has started must find "/" (the scheduler replays this, and is the
         # only writer from then on).
-        CatalogWriter(self.seg).compact(new_vhost_ops(config.default_vhost, 0))
+        CatalogWriter(self.seg, Op).compact(new_vhost_ops(config.default_vhost, 0))
         family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -327,7 +327,7 @@ class Supervisor:
         # 1. The scheduler forgets the worker's consumers and exclusive queues.
         #    Written into the worker's end, so it arrives on the worker's link.
         try:
-            self.sched_pairs[index][1].send(encode(Msg.WORKER_GONE, index), socket.MSG_DONTWAIT)
+            self.sched_pairs[index][1].send(encode(WorkerGone(index)), socket.MSG_DONTWAIT)
         except OSError as exc:
             log.error("could not tell the scheduler that worker %d died: %s", index, exc)
         # 2. Its unacknowledged deliveries go back to their queues; bodies it

@@ -24,9 +24,21 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import msgspec
 import pytest
 
-from broker.amqp.definitions import Definitions, Op, default_exchange_ops
+from broker.amqp.definitions import (
+    Bound,
+    Definitions,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    Op,
+    QueueArgumentsSet,
+    QueueGone,
+    Unbound,
+    default_exchange_ops,
+    inverse,
+)
 from shm import layout as L
 from shm._atomic import Atomic
 from shm.catalog import (
@@ -102,12 +114,12 @@ def fingerprint(defs: Definitions) -> int:
 class Model:
     """What the definitions must be, as plain sets: an exchange is declared
     once (a redeclare changes nothing), deleting one drops its bindings both
-    ways, "q" records a queue's x-arguments, "Q" drops the bindings to a queue
-    and its arguments. `fp` is kept incrementally."""
+    ways, QueueArgumentsSet records a queue's x-arguments, QueueGone drops the
+    bindings to a queue and its arguments. `fp` is kept incrementally."""
 
     def __init__(self) -> None:
         self.exchanges: dict[tuple[str, str], tuple[Any, str]] = {}  # -> (item, type)
-        self.bindings: dict[Any, Op] = {}  # item -> the "b" operation
+        self.bindings: dict[Any, Bound] = {}  # item -> the Bound operation
         self.queue_args: dict[tuple[str, str], Any] = {}  # -> item
         self.fp = 0
 
@@ -118,15 +130,15 @@ class Model:
         self.fp = (self.fp - hash(item)) & MASK
 
     def apply(self, op: Op) -> None:
-        kind, vhost = op[0], op[1]
-        if kind == "x":
-            _k, _v, name, type_, d, ad, i, args = op
+        vhost = op.vhost
+        if isinstance(op, ExchangeDeclared):
+            _v, name, type_, d, ad, i, args = msgspec.structs.astuple(op)
             if (vhost, name) not in self.exchanges:
                 item = exchange_item(vhost, name, type_, d, ad, i, args)
                 self.exchanges[vhost, name] = (item, type_)
                 self._add(item)
-        elif kind == "X":
-            name = op[2]
+        elif isinstance(op, ExchangeDeleted):
+            name = op.name
             entry = self.exchanges.pop((vhost, name), None)
             if entry is not None:
                 self._drop(entry[0])
@@ -137,29 +149,29 @@ class Model:
             ]:
                 del self.bindings[item]
                 self._drop(item)
-        elif kind in "bu":
-            _k, _v, source, dkind, dest, rk, args = op
-            item = binding_item(vhost, source, dkind, dest, rk, args)
-            if kind == "b" and (vhost, source) in self.exchanges and item not in self.bindings:
-                self.bindings[item] = ["b", *op[1:]]
-                self._add(item)
-            elif kind == "u" and self.bindings.pop(item, None) is not None:
+        elif isinstance(op, Bound | Unbound):
+            item = binding_item(*msgspec.structs.astuple(op))
+            if isinstance(op, Bound):
+                if (vhost, op.source) in self.exchanges and item not in self.bindings:
+                    self.bindings[item] = op
+                    self._add(item)
+            elif self.bindings.pop(item, None) is not None:
                 self._drop(item)
-        elif kind == "q":
-            old = self.queue_args.pop((vhost, op[2]), None)
+        elif isinstance(op, QueueArgumentsSet):
+            old = self.queue_args.pop((vhost, op.queue), None)
             if old is not None:
                 self._drop(old)
-            self.queue_args[vhost, op[2]] = queue_item(vhost, op[2], op[3])
-            self._add(self.queue_args[vhost, op[2]])
-        elif kind == "Q":
-            for item in [b for b in self.bindings if b[1] == vhost and b[3:5] == ("q", op[2])]:
+            self.queue_args[vhost, op.queue] = queue_item(vhost, op.queue, op.arguments)
+            self._add(self.queue_args[vhost, op.queue])
+        elif isinstance(op, QueueGone):
+            for item in [b for b in self.bindings if b[1] == vhost and b[3:5] == ("q", op.queue)]:
                 del self.bindings[item]
                 self._drop(item)
-            old = self.queue_args.pop((vhost, op[2]), None)
+            old = self.queue_args.pop((vhost, op.queue), None)
             if old is not None:
                 self._drop(old)
         else:
-            raise ValueError(kind)
+            raise ValueError(op)
 
 
 def random_args(rng: random.Random, type_: str) -> dict[str, Any]:
@@ -187,11 +199,11 @@ def next_op(rng: random.Random, model: Model) -> Op:
             if rng.random() < 0.3:
                 args["alternate-exchange"] = rng.choice(EXCHANGES)
             flags = [rng.random() < 0.5 for _ in range(3)]
-            return ["x", vhost, name, type_, *flags, args]
+            return ExchangeDeclared(vhost, name, type_, *flags, args)
         if roll < 0.15:
             mine = [n for n in declared if not n.startswith("amq.")]
             if mine:
-                return ["X", vhost, rng.choice(mine)]
+                return ExchangeDeleted(vhost, rng.choice(mine))
             continue
         if roll < 0.62:
             if not declared:
@@ -204,8 +216,8 @@ def next_op(rng: random.Random, model: Model) -> Op:
                 dkind, dest = "e", rng.choice(declared)
             words = rng.choices(WORDS if type_ == "topic" else WORDS[:3], k=rng.randrange(1, 4))
             rk = ".".join(words)
-            op: Op = ["b", vhost, source, dkind, dest, rk, random_args(rng, type_)]
-            if binding_item(*op[1:]) in model.bindings:
+            op = Bound(vhost, source, dkind, dest, rk, random_args(rng, type_))
+            if binding_item(*msgspec.structs.astuple(op)) in model.bindings:
                 continue
             return op
         if roll < 0.90:
@@ -215,16 +227,16 @@ def next_op(rng: random.Random, model: Model) -> Op:
             # most of the time, so that the state stays small.
             items = list(model.bindings)
             item = items[-1 - min(int(rng.expovariate(0.05)), len(items) - 1)]
-            return ["u", *model.bindings[item][1:]]
+            return inverse(model.bindings[item])
         queue = rng.choice(QUEUES)
         if roll < 0.95:
             if (vhost, queue) not in model.queue_args:  # a queue declared with x-arguments
-                return ["q", vhost, queue, {"x-max-length": rng.randrange(1, 100)}]
+                return QueueArgumentsSet(vhost, queue, {"x-max-length": rng.randrange(1, 100)})
             continue
         if (vhost, queue) in model.queue_args or any(
             b[1] == vhost and b[3:5] == ("q", queue) for b in model.bindings
         ):
-            return ["Q", vhost, queue]
+            return QueueGone(vhost, queue)
 
 
 def initial_ops() -> list[Op]:
@@ -276,7 +288,7 @@ class Scheduler:
     """The writer's side as broker/scheduler/main.py drives it."""
 
     def __init__(self, seg: Segment, ops: list[Op] | None = None) -> None:
-        self.writer = CatalogWriter(seg)
+        self.writer = CatalogWriter(seg, Op)
         self.defs = replay(ops or [])
 
     def do(self, op: Op) -> None:
@@ -288,7 +300,7 @@ class Replica:
     """The reader's side as workers/routes.py drives it."""
 
     def __init__(self, seg: Segment) -> None:
-        self.reader = CatalogReader(seg)
+        self.reader = CatalogReader(seg, Op)
         self.defs = Definitions()
         self.resets = 0
 
@@ -336,11 +348,11 @@ def test_poll_returns_only_new_operations(seg: Segment) -> None:
 
     for op in ops[3:]:
         sched.do(op)
-    bind = ["b", "/", "amq.topic", "q", "q1", "a.*", {}]
+    bind = Bound("/", "amq.topic", "q", "q1", "a.*", {})
     sched.do(bind)
     assert reader.poll() == (False, [*ops[3:], bind])
     # A reader that starts late gets everything at once, as a reset.
-    late = CatalogReader(seg)
+    late = CatalogReader(seg, Op)
     assert late.poll() == (True, [*ops, bind])
     assert epoch(seg) == 0  # no compaction so far
 
@@ -356,9 +368,9 @@ def test_compaction_resets_readers_to_the_snapshot(seg: Segment) -> None:
     # state does not; the writer compacts when the half is full.
     n = 0
     while epoch(seg) == before:
-        op = ["b", "/", "amq.direct", "q", f"q{n % 4}", f"key-{n}", {}]
+        op = Bound("/", "amq.direct", "q", f"q{n % 4}", f"key-{n}", {})
         sched.do(op)
-        sched.do(["u", *op[1:]])
+        sched.do(inverse(op))
         n += 1
         assert n < 10_000, "the writer never compacted"
     assert epoch(seg) == before + 2
@@ -367,13 +379,13 @@ def test_compaction_resets_readers_to_the_snapshot(seg: Segment) -> None:
     # The compaction came with a bind or an unbind: the snapshot of the state
     # after it, then maybe the unbind appended to the fresh half.
     assert ops == sched.defs.snapshot() or (
-        ops[-1] == ["u", *op[1:]] and ops[:-1] == replay(ops[:-1]).snapshot()
+        ops[-1] == inverse(op) and ops[:-1] == replay(ops[:-1]).snapshot()
     )
     replica.defs = replay(ops)
     assert_equivalent(replica.defs, sched.defs)
 
     # After the reset, appends are incremental again.
-    more = ["b", "/", "amq.fanout", "q", "q9", "", {}]
+    more = Bound("/", "amq.fanout", "q", "q9", "", {})
     sched.do(more)
     assert replica.reader.poll() == (False, [more])
 
@@ -400,7 +412,7 @@ def test_load_replays_to_the_same_state(seg: Segment) -> None:
             compacted = True
             appended = sched.defs.snapshot()
         if i in (0, 10, 100) or i % 500 == 499:
-            loaded = CatalogWriter(seg).load()
+            loaded = CatalogWriter(seg, Op).load()
             # The last compaction's snapshot, then the very operations since.
             assert loaded == appended
             defs = replay(loaded)
@@ -409,7 +421,7 @@ def test_load_replays_to_the_same_state(seg: Segment) -> None:
     assert compacted and epoch(seg) >= 6, "3000 operations should compact several times"
     # load() makes readers look once more, and changes nothing else.
     g, e = gen(seg), epoch(seg)
-    CatalogWriter(seg).load()
+    CatalogWriter(seg, Op).load()
     assert (gen(seg), epoch(seg)) == (g + 1, e)
 
 
@@ -418,24 +430,26 @@ def test_catalog_full_changes_nothing(seg: Segment) -> None:
     for op in initial_ops():
         sched.do(op)
     capacity = half_capacity(seg.layout)
-    huge = [["b", "/", "amq.direct", "q", "q0", "k" * 200 + str(i), {}] for i in range(1000)]
-    reader = CatalogReader(seg)
+    huge: list[Op] = [
+        Bound("/", "amq.direct", "q", "q0", "k" * 200 + str(i), {}) for i in range(1000)
+    ]
+    reader = CatalogReader(seg, Op)
     reader.poll()
     g, e = gen(seg), epoch(seg)
     with pytest.raises(CatalogFull):
         sched.writer.compact(initial_ops() + huge)
     assert (gen(seg), epoch(seg)) == (g, e)
     assert not reader.changed()
-    assert CatalogWriter(seg).load() == initial_ops()
+    assert CatalogWriter(seg, Op).load() == initial_ops()
 
     # Grow the live state until an append needs a compaction that cannot fit.
-    sched2 = Scheduler(seg, CatalogWriter(seg).load())
+    sched2 = Scheduler(seg, CatalogWriter(seg, Op).load())
     reader.poll()
     i = 0
     while True:
-        op = ["b", "/", "amq.topic", "q", f"q{i % 16}", f"{i}." + "w" * 150, {}]
+        op = Bound("/", "amq.topic", "q", f"q{i % 16}", f"{i}." + "w" * 150, {})
         before_gen, before_epoch = gen(seg), epoch(seg)
-        before_ops = CatalogWriter(seg).load()  # (bumps gen: readers look once)
+        before_ops = CatalogWriter(seg, Op).load()  # (bumps gen: readers look once)
         before_gen += 1
         sched2.defs.apply(op)
         try:
@@ -446,9 +460,9 @@ def test_catalog_full_changes_nothing(seg: Segment) -> None:
         assert i < 5000, "the state never outgrew a half"
     # Nothing was written: same generation, same epoch, same operations.
     assert (gen(seg), epoch(seg)) == (before_gen, before_epoch)
-    assert CatalogWriter(seg).load() == before_ops
+    assert CatalogWriter(seg, Op).load() == before_ops
     assert i * 150 > capacity // 2  # it did fill up first
-    sched2.defs.apply(["u", *op[1:]])  # what the scheduler does on CatalogFull
+    sched2.defs.apply(inverse(op))  # what the scheduler does on CatalogFull
     assert_equivalent(replay(before_ops), sched2.defs)
 
 
@@ -634,7 +648,7 @@ def test_reader_racing_the_writer_ends_with_its_state(
         assert checker.k == len(ops)
         assert fingerprint(checker.replica.defs) == prints[-1]
         assert_equivalent(checker.replica.defs, replay(initial_ops() + ops))
-        assert_equivalent(replay(CatalogWriter(seg).load()), checker.replica.defs)
+        assert_equivalent(replay(CatalogWriter(seg, Op).load()), checker.replica.defs)
         total_resets += checker.replica.resets
         total_polls += checker.polls
         total_compactions += epoch(seg) // 2
@@ -695,7 +709,7 @@ def test_writer_killed_anywhere_leaves_a_consistent_prefix(
     the restarts, always holds a prefix and ends with the final state."""
     seg = make_segment(LIMITS)
     ops, prints = generate(seed=7, n=100_000)
-    CatalogWriter(seg).compact(initial_ops())
+    CatalogWriter(seg, Op).compact(initial_ops())
     ctrl.store(DONE, 0)
     checker = Checker(seg, ctrl, prints)
     rng = random.Random(3)
@@ -725,7 +739,7 @@ def test_writer_killed_anywhere_leaves_a_consistent_prefix(
         odd_epochs_left += epoch(seg) % 2
         checker.check()  # readers may poll a dead writer's journal
 
-        loaded = replay(CatalogWriter(seg).load())
+        loaded = replay(CatalogWriter(seg, Op).load())
         fp = fingerprint(loaded)
         if what == "random":
             assert fp in (prints[done], prints[done + 1]), f"not a prefix after a kill at {done}"
@@ -752,4 +766,4 @@ def test_writer_killed_anywhere_leaves_a_consistent_prefix(
     assert checker.k == end
     want = replay(initial_ops() + ops[:end])
     assert_equivalent(checker.replica.defs, want)
-    assert_equivalent(replay(CatalogWriter(seg).load()), want)
+    assert_equivalent(replay(CatalogWriter(seg, Op).load()), want)

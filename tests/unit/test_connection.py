@@ -15,7 +15,7 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody as Body
 from pamqp.header import ContentHeader
 
-from broker.amqp.definitions import new_vhost_ops
+from broker.amqp.definitions import Op, new_vhost_ops
 from broker.config import Config
 from shm import layout as L
 from shm.catalog import CatalogWriter
@@ -106,7 +106,7 @@ def ctx(tmp_path: Path) -> Iterator[WorkerContext]:
     limits = L.Limits(max_workers=1, max_queues=64, queue_capacity=64, arena_bytes=1 << 16)
     seg = Segment.create(str(tmp_path / "seg"), limits)
     # What the scheduler journals first: the default vhost and its exchanges.
-    CatalogWriter(seg).compact(new_vhost_ops("/", 0))
+    CatalogWriter(seg, Op).compact(new_vhost_ops("/", 0))
     loop = asyncio.new_event_loop()
     efd = os.eventfd(0, os.EFD_NONBLOCK)
     yield WorkerContext(Config(), seg, 0, 1, efd, loop)

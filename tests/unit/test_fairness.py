@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from broker.ipc import Msg
+from broker import ipc
 from broker.scheduler.consumers import QueueConsumerManager
 from shm import layout as L
 from shm.arena import Arena
@@ -67,10 +67,10 @@ class FakeContext:
         self.seg = seg
         self.atomic = seg.atomic
         self.store = QueueStore(seg, WORKER + 1)
-        self.sent: list[tuple[Any, ...]] = []
+        self.sent: list[ipc.Message] = []
 
-    def send(self, *items: Any) -> None:
-        self.sent.append(items)
+    def send(self, message: ipc.Message) -> None:
+        self.sent.append(message)
 
 
 @pytest.fixture
@@ -117,11 +117,11 @@ def deal(ctx: FakeContext, group: list[Consumer]) -> list[int]:
         ctx.sent.clear()
         pull(ctx, consumer)  # type: ignore[arg-type]
         got[consumer.cid] += consumer.unacked - before
-        for kind, cid, value in ctx.sent:
-            assert cid == consumer.cid
-            if kind == Msg.DONE:
+        for m in ctx.sent:
+            assert isinstance(m, ipc.Done | ipc.Interest) and m.cid == consumer.cid
+            if isinstance(m, ipc.Done):
                 qcm.done(key)
-            elif kind == Msg.INTEREST and not value:
+            elif not m.interested:
                 qcm.set_interest(key, False)
         key = qcm.notify_next() if ready(ctx.seg) else None
     return got
@@ -145,7 +145,7 @@ def test_a_turn_takes_its_share_of_the_backlog_not_its_credit(seg: Segment) -> N
     first = consumers(seg, 4, prefetch=10)[0]
     pull(ctx, first)  # type: ignore[arg-type]
     assert first.unacked == 3, f"took {first.unacked} of 12 ready (credit 10)"
-    assert ctx.sent == [(Msg.DONE, first.cid, -1)], "a yield: the next consumer's turn"
+    assert ctx.sent == [ipc.Done(first.cid, -1)], "a yield: the next consumer's turn"
     assert ready(seg) == 9
 
 
@@ -157,8 +157,8 @@ def test_the_last_share_ends_the_turn_as_dry(seg: Segment) -> None:
     first = consumers(seg, 4, prefetch=10)[0]
     pull(ctx, first)  # type: ignore[arg-type]
     assert first.unacked == 1 and ready(seg) == 0
-    ((kind, cid, changes),) = ctx.sent
-    assert (kind, cid) == (Msg.DONE, first.cid) and changes >= 0
+    (done,) = ctx.sent
+    assert isinstance(done, ipc.Done) and done.cid == first.cid and done.changes >= 0
 
 
 def test_the_only_consumer_is_not_held_to_a_share(seg: Segment) -> None:
@@ -167,7 +167,7 @@ def test_the_only_consumer_is_not_held_to_a_share(seg: Segment) -> None:
     (only,) = consumers(seg, 1, prefetch=10)
     pull(ctx, only)  # type: ignore[arg-type]
     assert only.unacked == 10
-    assert ctx.sent == [(Msg.INTEREST, only.cid, False)], "stopped by its credit"
+    assert ctx.sent == [ipc.Interest(only.cid, False)], "stopped by its credit"
 
 
 def test_a_burst_is_dealt_to_every_waiting_consumer(seg: Segment) -> None:
