@@ -27,6 +27,7 @@ from shm import layout as L
 from shm import stats as S
 from workers import framing as F
 from workers.channel import Channel
+from workers.channel_state import ChannelState
 from workers.consumer import update_interest
 from workers.context import WorkerContext
 from workers.memory_guard import ALARM, ALARM_PENDING
@@ -120,7 +121,7 @@ class Connection(asyncio.Protocol):
         # queue.delete requests in flight on this connection's channels, and
         # the server basic.cancel frames held until their delete-ok is out.
         self.deletes_in_flight = 0
-        self.held_cancels: list[tuple[Channel, bytes]] = []
+        self.held_cancels: list[tuple[ChannelState, bytes]] = []
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport: Any) -> None:
@@ -450,7 +451,7 @@ class Connection(asyncio.Protocol):
             E.CHANNEL_ERROR, "expected 'channel.open'", *divmod(index, 0x10000)
         )
 
-    def flush_confirms(self, channel: Channel, force: bool = False) -> None:
+    def flush_confirms(self, channel: ChannelState, force: bool = False) -> None:
         """One cumulative basic.ack per channel per read, not one per message.
         Held (unless forced) while the channel's own consumer is about to get
         one of the messages: until a delivery is written to this connection
@@ -478,7 +479,7 @@ class Connection(asyncio.Protocol):
             if channel.confirm_held:
                 self.flush_confirms(channel, force=True)
 
-    def write_cancel(self, channel: Channel, frame: bytes) -> None:
+    def write_cancel(self, channel: ChannelState, frame: bytes) -> None:
         """A server basic.cancel (its queue was deleted). While this
         connection deletes a queue, the cancels wait for the delete-ok, as in
         RabbitMQ: py-amqp (kombu, Celery) would raise ConsumerCancelled inside

@@ -11,15 +11,13 @@ queue log and skips entries others hold.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker import ipc
+from shm.queues import Message, QueueStore
 from workers.levels import Levels
-
-if TYPE_CHECKING:
-    from workers.channel import Channel
-    from workers.context import WorkerContext
 
 # Deliveries per notification before yielding to other consumers of the queue
 # (Qpid's MAX_ASYNC_DELIVERIES): keeps one fast consumer from starving the rest.
@@ -29,6 +27,52 @@ BURST = 256
 # bounds what a draining backlog adds to a quiet queue's latency on the same
 # worker (bench/quiet_queue.py).
 LOCAL_BURST = 64
+
+
+class PullContext(Protocol):
+    """What the pull loop uses of its worker (workers/context.py)."""
+
+    @property
+    def store(self) -> QueueStore: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    def send(self, message: ipc.ToScheduler) -> None: ...
+
+
+class DeliveryConnection(Protocol):
+    """What the pull loop uses of a consumer's connection."""
+
+    id: int
+    confirm_timer: asyncio.TimerHandle | None
+
+    def write_many(self, frames: list[bytes]) -> None: ...
+    def deliveries_written(self) -> None: ...
+
+
+class DeliveryChannel(Protocol):
+    """What a consumer uses of its channel (workers/delivery.py)."""
+
+    @property
+    def conn(self) -> DeliveryConnection: ...
+    @property
+    def number(self) -> int: ...
+    def can_deliver(self) -> bool: ...
+    def has_credit(self, consumer: Consumer) -> bool: ...
+    def credit_left(self, consumer: Consumer) -> int | None: ...
+    def deliver(
+        self,
+        consumer: Consumer,
+        qid: int,
+        seq: int,
+        block: int,
+        redelivered: bool,
+        out: list[bytes],
+    ) -> None: ...
+    def deliver_copy(
+        self, consumer: Consumer, message: Message, redelivered: bool, out: list[bytes]
+    ) -> None: ...
+    def cancel_from_server(self, consumer: Consumer) -> None: ...
+    def consumer_gone(self, consumer: Consumer) -> None: ...
 
 
 def turn_quota(ready: int, consumers: int) -> int:
@@ -77,7 +121,7 @@ class Consumer:
         self,
         cid: int,
         tag: bytes,
-        channel: Channel,
+        channel: DeliveryChannel,
         qid: int,
         queue_name: bytes,
         no_ack: bool,
@@ -132,7 +176,7 @@ class Consumer:
     def inspect(self) -> dict[str, Any]:
         """What `shoal status --consumers` shows of this consumer."""
         ch = self.channel
-        credit = None if self.no_ack or not ch.prefetch_count else ch.prefetch_count - self.unacked
+        credit = None if self.no_ack else ch.credit_left(self)
         if self.levels is None:
             pointer: object = self.pointer
         else:
@@ -160,25 +204,14 @@ class Consumer:
         }
 
     def has_credit(self) -> bool:
-        """basic.qos credit. A byte limit admits one more message while the
-        unacknowledged bytes are below it (the next message's size is not
-        known before it is acquired), so it may be exceeded by one message."""
-        if self.no_ack:
-            return True
-        ch = self.channel
-        if ch.prefetch_count and self.unacked >= ch.prefetch_count:
-            return False
-        if ch.global_prefetch and len(ch.unacked) >= ch.global_prefetch:
-            return False
-        if ch.prefetch_size and self.unacked_bytes >= ch.prefetch_size:
-            return False
-        return not (ch.global_prefetch_size and ch.unacked_bytes >= ch.global_prefetch_size)
+        """basic.qos credit, which the channel keeps (workers/delivery.py)."""
+        return self.no_ack or self.channel.has_credit(self)
 
     def wants_work(self) -> bool:
         return not self.cancelled and self.has_credit() and self.channel.can_deliver()
 
 
-def update_interest(ctx: WorkerContext, consumer: Consumer) -> None:
+def update_interest(ctx: PullContext, consumer: Consumer) -> None:
     """Tell the scheduler when this consumer's readiness changes."""
     want = consumer.wants_work()
     if want != consumer.interested and not consumer.cancelled:
@@ -194,7 +227,7 @@ def update_interest(ctx: WorkerContext, consumer: Consumer) -> None:
             ctx.loop.call_soon(pull, ctx, consumer)
 
 
-def pull(ctx: WorkerContext, consumer: Consumer) -> None:
+def pull(ctx: PullContext, consumer: Consumer) -> None:
     """Serve a NOTIFY: deliver until the queue, the credit or the burst ends."""
     if consumer.cancelled or not consumer.interested:
         return  # a NOTIFY that crossed our INTEREST(false) or CANCEL
@@ -271,7 +304,7 @@ def pull(ctx: WorkerContext, consumer: Consumer) -> None:
                 conn.deliveries_written()
 
 
-def _yield(ctx: WorkerContext, consumer: Consumer) -> None:
+def _yield(ctx: PullContext, consumer: Consumer) -> None:
     """End a turn with work left. The queue's only consumer has nobody to
     yield to, so it skips the round trip through the scheduler and only lets
     the worker's other connections run first; otherwise DONE -1 hands the
@@ -283,7 +316,7 @@ def _yield(ctx: WorkerContext, consumer: Consumer) -> None:
     ctx.send(ipc.Done(consumer.cid, -1))
 
 
-def browse(ctx: WorkerContext, consumer: Consumer) -> None:
+def browse(ctx: PullContext, consumer: Consumer) -> None:
     """Serve a browser: copy entries out in queue order without acquiring
     them, from its own pointer, which never moves back (releases behind it
     are not seen again). It competes with nobody, so a burst yields only to

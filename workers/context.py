@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import ipc
 from broker.config import Config
@@ -19,8 +20,27 @@ from workers.memory_guard import MemoryGuard
 from workers.routes import Routes
 
 if TYPE_CHECKING:
-    from workers.connection import Connection
     from workers.consumer import Consumer
+
+
+class Publisher(Protocol):
+    @property
+    def publish_count(self) -> int: ...
+
+
+class WorkerConnection(Protocol):
+    """A connection, as the worker's other parts see it through the
+    registry (workers/connection.py adds and removes itself)."""
+
+    flow_blocked: dict[int, int]
+    alarm_reason: str
+    transport: Any
+
+    @property
+    def channels(self) -> Mapping[int, Publisher]: ...
+    def alarm(self, bits: int) -> None: ...
+    def flow_unblock(self, qid: int) -> None: ...
+    def shutdown(self) -> None: ...
 
 
 class RemoteError(Exception):
@@ -59,7 +79,7 @@ class WorkerContext:
         self.arena.on_high = self.guard.allocated
         self.stats = Counters(seg, index)
         self.link: ipc.Link[ipc.ToWorker] | None = None
-        self.connections: set[Connection] = set()
+        self.connections: set[WorkerConnection] = set()
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)
         self._conn_ids = itertools.count(1)

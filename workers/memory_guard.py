@@ -9,13 +9,16 @@ its connections: blocked while it is raised, unblocked when it clears.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Collection
+from typing import Protocol
 
+from broker.config import Config
 from shm import layout, memory
 from shm import stats as S
-
-if TYPE_CHECKING:
-    from workers.context import WorkerContext
+from shm._atomic import Atomic
+from shm.arena import Arena
+from shm.segment import Segment
+from shm.stats import Counters
 
 log = logging.getLogger("shoal.memory")
 
@@ -28,10 +31,37 @@ ALARM = -1
 ALARM_PENDING = -2
 
 
+class Alarmed(Protocol):
+    """A connection, as the guard tells it of the broker-wide alarm."""
+
+    def alarm(self, bits: int) -> None: ...
+
+
+class GuardHost(Protocol):
+    """What the guard reads of its worker (workers/context.py)."""
+
+    @property
+    def seg(self) -> Segment: ...
+    @property
+    def atomic(self) -> Atomic: ...
+    @property
+    def arena(self) -> Arena: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def stats(self) -> Counters: ...
+    @property
+    def connections(self) -> Collection[Alarmed]: ...
+
+
 class MemoryGuard:
     __slots__ = ("alarms", "ctx", "high", "marks", "raised", "runtime")
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: GuardHost) -> None:
         self.ctx = ctx
         self.marks = memory.configured(ctx.seg)
         # 0 (no guard configured, as in tests of the store alone): never raised.

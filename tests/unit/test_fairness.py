@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -34,19 +33,18 @@ class FakeConn:
 
 
 class FakeChannel:
-    """What pull() asks of a channel: credit (basic.qos) and deliver()."""
+    """What pull() asks of a channel (consumer.DeliveryChannel): credit
+    (basic.qos prefetch count) and deliver()."""
 
     def __init__(self, prefetch: int) -> None:
         self.prefetch_count = prefetch
-        self.global_prefetch = 0
-        self.prefetch_size = 0
-        self.global_prefetch_size = 0
-        self.unacked: dict[int, Any] = {}
-        self.unacked_bytes = 0
         self.conn = FakeConn()
 
     def can_deliver(self) -> bool:
         return True
+
+    def has_credit(self, consumer: Consumer) -> bool:
+        return consumer.unacked < self.prefetch_count
 
     def deliver(
         self,

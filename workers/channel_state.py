@@ -1,0 +1,201 @@
+"""One AMQP channel's state, shared by the parts that act on it (workers/
+channel.py dispatches; publish.py, delivery.py, declare.py and tx.py do the
+work), and what those parts need of their connection: a Protocol, so that a
+channel never holds the whole Connection.
+
+Credit and unacknowledged messages belong to delivery.py: only it changes
+`unacked`, `unacked_bytes`, `next_tag` and the prefetch limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any, Protocol
+
+from broker.amqp import errors as E
+from workers.consumer import Consumer
+from workers.context import WorkerContext
+
+log = logging.getLogger("shoal.worker")
+
+# Publish assembly states
+IDLE, EXPECT_HEADER, EXPECT_BODY = 0, 1, 2
+RETRY_DELAY = 0.005  # seconds between retries while a queue or the arena is full
+
+
+class ChannelConnection(Protocol):
+    """What a channel uses of its connection."""
+
+    ctx: WorkerContext
+    id: int
+    vhost: str
+    vhost_id: int
+    frame_max: int
+    closed: bool
+    capabilities: dict[str, Any]
+    flow_blocked: dict[int, int]
+    held_bytes: int
+    confirm_timer: asyncio.TimerHandle | None
+
+    def write(self, data: bytes) -> None: ...
+    def write_many(self, frames: list[bytes]) -> None: ...
+    def can_deliver(self) -> bool: ...
+    def fail(self, exc: E.AMQPError) -> None: ...
+    def flush_confirms(self, channel: ChannelState, force: bool = False) -> None: ...
+    def write_cancel(self, channel: ChannelState, frame: bytes) -> None: ...
+    def hold_reading(self, holder: object, reason: str | None = ...) -> None: ...
+    def release_reading(self, holder: object) -> None: ...
+    def flow_block(self, qid: int, logs: list[int] | None = None) -> None: ...
+    def flow_held(self, size: int) -> None: ...
+    def alarm_felt(self) -> None: ...
+    def queue_delete_started(self) -> None: ...
+    def queue_delete_done(self) -> None: ...
+    def forget_channel(self, number: int) -> None: ...
+    def deliveries_written(self) -> None: ...
+
+
+class Pending:
+    """A message being assembled from its publish, header and body frames."""
+
+    __slots__ = (
+        "block",
+        "body",
+        "body_off",
+        "body_size",
+        "exchange",
+        "header",
+        "levelled",
+        "mandatory",
+        "qids",
+        "received",
+        "rejected",
+        "routing_key",
+    )
+
+    def __init__(self, exchange: bytes, routing_key: bytes, mandatory: bool) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.header = b""
+        self.body_size = 0
+        self.received = 0
+        self.qids: list[int] = []
+        self.block = 0
+        self.body_off = 0
+        self.body: bytearray | None = None  # only for unroutable messages
+        # Logs the scheduler chose for a priority level (LEVEL replies): final.
+        self.levelled: set[int] | None = None
+        self.rejected = False  # a queue refused it (x-overflow reject-publish)
+
+
+class Transaction:
+    """What a transactional channel has done since its last commit/rollback:
+    whole messages (routed, held, not yet appended) and acknowledgements."""
+
+    __slots__ = ("publishes", "settles")
+
+    def __init__(self) -> None:
+        self.publishes: list[Pending] = []
+        self.settles: list[tuple[int, bool, bool | None, int]] = []
+
+
+class ChannelState:
+    __slots__ = (
+        "backlog",
+        "busy",
+        "closing",
+        "confirm",
+        "confirm_held",
+        "confirm_high",
+        "confirm_sent",
+        "conn",
+        "consumers",
+        "ctx",
+        "flow_active",
+        "flow_backlog",
+        "flow_told",
+        "global_prefetch",
+        "global_prefetch_size",
+        "last_queue",
+        "next_tag",
+        "number",
+        "pending",
+        "prefetch_count",
+        "prefetch_size",
+        "publish_count",
+        "publish_seq",
+        "state",
+        "stats",
+        "tx",
+        "unacked",
+        "unacked_bytes",
+    )
+
+    def __init__(self, conn: ChannelConnection, number: int) -> None:
+        self.conn = conn
+        self.ctx = conn.ctx
+        self.number = number
+        self.state = IDLE
+        self.pending: Pending | None = None
+        self.consumers: dict[bytes, Consumer] = {}
+        # delivery tag -> (consumer or None for basic.get, qid, seq, body bytes)
+        self.unacked: dict[int, tuple[Consumer | None, int, int, int]] = {}
+        self.next_tag = 1
+        # basic.qos: per consumer (global=false) and per channel (global=true),
+        # in messages and in body bytes.
+        self.prefetch_count = 0
+        self.prefetch_size = 0
+        self.global_prefetch = 0
+        self.global_prefetch_size = 0
+        self.unacked_bytes = 0
+        self.confirm = False
+        self.publish_seq = 0
+        self.publish_count = 0  # messages this channel published (it is a "publisher")
+        self.flow_told = True  # the last channel.flow active= we sent (send_flow)
+        self.stats = conn.ctx.stats.v  # this worker's counters (shm/stats.py)
+        self.confirm_high = 0
+        self.confirm_sent = 0
+        # Confirms held until this channel's own consumer has been handed the
+        # message (Connection.flush_confirms): RabbitMQ's order.
+        self.confirm_held = False
+        self.flow_active = True
+        self.closing = False
+        self.busy = False
+        self.backlog: deque[tuple[int, memoryview]] = deque()
+        # Publishes (and what follows them) kept while the connection is
+        # flow-blocked on a queue over capacity (shm/flow.py).
+        self.flow_backlog: deque[tuple[int, memoryview]] = deque()
+        self.last_queue = b""
+        self.tx: Transaction | None = None
+
+    # What the parts call on each other: each is defined by the part that
+    # owns it (the Channel class combines them).
+    def fail(self, exc: E.AMQPError) -> None:
+        raise NotImplementedError
+
+    def resume(self) -> None:
+        raise NotImplementedError
+
+    def handle(self, ftype: int, payload: memoryview) -> None:
+        raise NotImplementedError
+
+    def _resolve_queue(self, name: str, class_method: tuple[int, int]) -> tuple[bytes, int]:
+        raise NotImplementedError  # declare.py
+
+    def _settle(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
+        raise NotImplementedError  # delivery.py
+
+    def _assign_levels(self, pending: Pending) -> tuple[int, int] | None:
+        raise NotImplementedError  # publish.py
+
+    @staticmethod
+    def _use_level(pending: Pending, qid: int, target: int) -> None:
+        raise NotImplementedError  # publish.py
+
+    def _append(self, pending: Pending) -> bool:
+        raise NotImplementedError  # publish.py
+
+    def _return(self, pending: Pending) -> None:
+        raise NotImplementedError  # publish.py

@@ -1,0 +1,215 @@
+"""A channel's declarations: queues and exchanges declared, deleted, purged,
+bound and unbound, each a request to the scheduler (which owns the
+definitions) answered in order."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Coroutine
+from typing import Any
+
+from pamqp import commands as C
+
+from broker import ipc
+from broker.amqp import errors as E
+from broker.amqp.routing import EXCHANGE_TYPES
+from workers import framing as F
+from workers.channel_state import (
+    ChannelState,
+)
+
+log = logging.getLogger("shoal.worker")
+
+# Fault injection for the tests: declaring a queue of this name raises inside
+# the worker, to show a bug costs its own client only (541 INTERNAL_ERROR).
+_FAULT_QUEUE = os.environ.get("SHOAL_FAULT_INTERNAL_QUEUE", "").encode()
+
+
+class Declaring(ChannelState):
+    """The declaring side of a channel."""
+
+    __slots__ = ()
+
+    def _resolve_queue(self, name: str, class_method: tuple[int, int]) -> tuple[bytes, int]:
+        raw = name.encode() if name else self.last_queue
+        if not raw:
+            raise E.ChannelError(E.NOT_FOUND, "no previously declared queue", *class_method)
+        qid = self.ctx.store.lookup(raw, self.conn.vhost_id)
+        if qid is None:
+            raise E.ChannelError(
+                E.NOT_FOUND,
+                E.no_queue(raw.decode(errors="replace"), self.conn.vhost),
+                *class_method,
+            )
+        owner = self.ctx.store.exclusive_owner(qid)
+        if owner is not None and owner != self.conn.id:
+            raise E.ChannelError(
+                E.RESOURCE_LOCKED,
+                E.locked_queue(raw.decode(errors="replace"), self.conn.vhost),
+                *class_method,
+            )
+        return raw, qid
+
+    async def _queue_declare(self, method: C.Queue.Declare) -> None:
+        name = method.queue.encode()
+        if _FAULT_QUEUE and name == _FAULT_QUEUE:
+            raise RuntimeError("injected fault")
+        if name.startswith(b"amq.") and not method.passive:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED,
+                f"queue name '{method.queue}' contains reserved prefix 'amq.*'",
+                50,
+                10,
+            )
+        owner = self.conn.id if method.exclusive else 0
+        _qid, qname, ready, consumers = await self.ctx.request(
+            ipc.Declare(
+                vhost=self.conn.vhost,
+                name=name,
+                passive=method.passive,
+                durable=method.durable,
+                exclusive=method.exclusive,
+                auto_delete=method.auto_delete,
+                owner=owner,
+                conn_id=self.conn.id,
+                arguments=dict(method.arguments or {}),
+            )
+        )
+        self.last_queue = qname
+        if not method.nowait:
+            self.conn.write(
+                F.encode_method(
+                    self.number,
+                    C.Queue.DeclareOk(
+                        queue=qname.decode(), message_count=ready, consumer_count=consumers
+                    ),
+                )
+            )
+
+    async def _queue_delete(self, method: C.Queue.Delete) -> None:
+        name = method.queue.encode() if method.queue else self.last_queue
+        conn = self.conn
+        conn.queue_delete_started()  # its consumers' basic.cancel follow the delete-ok
+        try:
+            count = await self.ctx.request(
+                ipc.Delete(conn.vhost, name, method.if_unused, method.if_empty, conn.id)
+            )
+            if not method.nowait:
+                conn.write(F.encode_method(self.number, C.Queue.DeleteOk(message_count=count)))
+        finally:
+            conn.queue_delete_done()
+
+    async def _queue_purge(self, method: C.Queue.Purge) -> None:
+        name = method.queue.encode() if method.queue else self.last_queue
+        count = await self.ctx.request(ipc.Purge(self.conn.vhost, name, self.conn.id))
+        if not method.nowait:
+            self.conn.write(F.encode_method(self.number, C.Queue.PurgeOk(message_count=count)))
+
+    def _exchange_declare(self, method: C.Exchange.Declare) -> Coroutine[Any, Any, None]:
+        if not method.exchange:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10
+            )
+        if not method.passive and method.exchange_type not in EXCHANGE_TYPES:
+            raise E.ConnectionError_(
+                E.COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'", 40, 10
+            )
+        return self._definitions_rpc(
+            method,
+            C.Exchange.DeclareOk(),
+            ipc.ExchangeDeclare(
+                vhost=self.conn.vhost,
+                name=method.exchange,
+                exchange_type=method.exchange_type,
+                passive=method.passive,
+                durable=method.durable,
+                auto_delete=method.auto_delete,
+                internal=method.internal,
+                arguments=dict(method.arguments or {}),
+            ),
+        )
+
+    def _exchange_delete(self, method: C.Exchange.Delete) -> Coroutine[Any, Any, None]:
+        name = method.exchange
+        if not name:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 20
+            )
+        if name.startswith("amq."):
+            raise E.ChannelError(
+                E.ACCESS_REFUSED,
+                f"deletion of system exchange '{name}' in vhost '{self.conn.vhost}' not allowed",
+                40,
+                20,
+            )
+        return self._definitions_rpc(
+            method,
+            C.Exchange.DeleteOk(),
+            ipc.ExchangeDelete(self.conn.vhost, name, method.if_unused),
+        )
+
+    def _exchange_bind(
+        self, method: C.Exchange.Bind | C.Exchange.Unbind
+    ) -> Coroutine[Any, Any, None]:
+        unbind = isinstance(method, C.Exchange.Unbind)
+        for name in (method.source, method.destination):
+            if not name:
+                raise E.ChannelError(
+                    E.ACCESS_REFUSED,
+                    "operation not permitted on the default exchange",
+                    *divmod(method.index, 0x10000),
+                )
+        return self._definitions_rpc(
+            method,
+            C.Exchange.UnbindOk() if unbind else C.Exchange.BindOk(),
+            (ipc.Unbind if unbind else ipc.Bind)(
+                vhost=self.conn.vhost,
+                source=method.source,
+                kind="e",
+                dest=method.destination,
+                routing_key=method.routing_key,
+                arguments=dict(method.arguments or {}),
+                conn_id=self.conn.id,
+            ),
+        )
+
+    def _queue_bind(self, method: C.Queue.Bind | C.Queue.Unbind) -> Coroutine[Any, Any, None]:
+        unbind = isinstance(method, C.Queue.Unbind)
+        class_method = divmod(method.index, 0x10000)
+        if not method.exchange:
+            raise E.ChannelError(
+                E.ACCESS_REFUSED, "operation not permitted on the default exchange", *class_method
+            )
+        queue = method.queue
+        routing_key = method.routing_key
+        if not queue:
+            # The spec's shortcuts: the channel's last declared queue, and
+            # its name as routing key when both are empty.
+            if not self.last_queue:
+                raise E.ChannelError(E.NOT_FOUND, "no previously declared queue", *class_method)
+            queue = self.last_queue.decode()
+            if not routing_key:
+                routing_key = queue
+        return self._definitions_rpc(
+            method,
+            C.Queue.UnbindOk() if unbind else C.Queue.BindOk(),
+            (ipc.Unbind if unbind else ipc.Bind)(
+                vhost=self.conn.vhost,
+                source=method.exchange,
+                kind="q",
+                dest=queue,
+                routing_key=routing_key,
+                arguments=dict(method.arguments or {}),
+                conn_id=self.conn.id,
+            ),
+        )
+
+    async def _definitions_rpc(self, method: Any, ok: Any, request: ipc.Request) -> None:
+        """A definitions change or check, decided by the scheduler; it has
+        journaled the change before it replies, so publishes after the -ok
+        route through it (shm/catalog.py). Sent when the coroutine runs, as
+        the channel's turn comes."""
+        await self.ctx.request(request)
+        if not getattr(method, "nowait", False):
+            self.conn.write(F.encode_method(self.number, ok))

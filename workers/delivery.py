@@ -1,0 +1,380 @@
+"""A channel's deliveries: its consumers (basic.consume, basic.cancel, the
+server's cancel), basic.get, credit (basic.qos) and the unacknowledged
+messages it owns (ack, nack, reject, recover, requeue on close)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from pamqp import commands as C
+
+from broker import ipc
+from broker.amqp import errors as E
+from broker.amqp.selector import Selector, SelectorError, compile_selector
+from shm import stats as S
+from shm.arena import (
+    read_message,
+)
+from shm.queues import Message
+from shm.stats import (
+    DELIVERED_CONSUME_AUTO_ACK,
+    DELIVERED_CONSUME_MANUAL_ACK,
+    REDELIVERED,
+)
+from workers import framing as F
+from workers.channel_state import (
+    ChannelState,
+)
+from workers.consumer import Consumer, update_interest
+from workers.levels import Levels
+
+log = logging.getLogger("shoal.worker")
+
+
+class Delivery(ChannelState):
+    """The delivery side of a channel: the only owner of credit and unacked counts."""
+
+    __slots__ = ()
+
+    def can_deliver(self) -> bool:
+        return self.flow_active and not self.closing and self.conn.can_deliver()
+
+    def has_credit(self, consumer: Consumer) -> bool:
+        """basic.qos credit of an acknowledging consumer. A byte limit admits
+        one more message while the unacknowledged bytes are below it (the
+        next message's size is not known before it is acquired), so it may be
+        exceeded by one message."""
+        if self.prefetch_count and consumer.unacked >= self.prefetch_count:
+            return False
+        if self.global_prefetch and len(self.unacked) >= self.global_prefetch:
+            return False
+        if self.prefetch_size and consumer.unacked_bytes >= self.prefetch_size:
+            return False
+        return not (self.global_prefetch_size and self.unacked_bytes >= self.global_prefetch_size)
+
+    def credit_left(self, consumer: Consumer) -> int | None:
+        """Messages the consumer may still take under its prefetch count
+        (None: no count limit), for `shoal status --consumers`."""
+        return self.prefetch_count - consumer.unacked if self.prefetch_count else None
+
+    def deliver(
+        self,
+        consumer: Consumer,
+        qid: int,
+        seq: int,
+        block: int,
+        redelivered: bool,
+        out: list[bytes],
+    ) -> None:
+        """Deliver entry `seq` of log `qid` (the consumer's queue, or one of
+        its priority levels), acquired by `consumer`, into `out`."""
+        self._send(consumer, qid, seq, read_message(self.ctx.seg, block), redelivered, out)
+
+    def deliver_copy(
+        self, consumer: Consumer, message: Message, redelivered: bool, out: list[bytes]
+    ) -> None:
+        """A browser's delivery: a copy, nothing acquired; acking its tag
+        settles nothing (seq -1)."""
+        self._send(consumer, consumer.qid, -1, message, redelivered, out)
+
+    def _send(
+        self,
+        consumer: Consumer,
+        qid: int,
+        seq: int,
+        message: Message,
+        redelivered: bool,
+        out: list[bytes],
+    ) -> None:
+        exchange, routing_key, header, body = message
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        stats = self.stats
+        if redelivered:
+            stats[REDELIVERED] += 1
+        if consumer.no_ack:
+            stats[DELIVERED_CONSUME_AUTO_ACK] += 1
+            if seq >= 0:
+                self.ctx.store.settle_taken(qid, seq)
+        else:
+            stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
+            size = len(body)
+            self.unacked[tag] = (consumer, qid, seq, size)
+            consumer.unacked += 1
+            consumer.unacked_bytes += size
+            self.unacked_bytes += size
+        out.append(
+            F.encode_deliver(
+                self.number, consumer.tag_sstr, tag, redelivered, exchange, routing_key
+            )
+        )
+        out += F.encode_content(self.number, header, body, self.conn.frame_max)
+
+    def _acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
+        if self.tx is not None:
+            self.tx.settles.append((tag, multiple, requeue, method_id))  # applied on commit
+        else:
+            self._settle(tag, multiple, requeue, method_id)
+
+    def _settle(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
+        """Ack (requeue None), or nack/reject (requeue True/False); `method_id`
+        (ack 80, reject 90, nack 120) goes into the close of an unknown tag."""
+        unacked = self.unacked
+        if multiple:
+            tags = [t for t in unacked if t <= tag] if tag else list(unacked)
+        elif tag in unacked:
+            tags = [tag]
+        else:
+            tags = []
+        if not tags and (tag or not multiple):
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
+            )
+        if requeue is None:
+            self.stats[S.ACKNOWLEDGED] += len(tags)
+        touched: set[Consumer] = set()
+        for t in tags:
+            consumer, qid, seq, size = unacked.pop(t)
+            self._finish(qid, seq, requeue)
+            self.unacked_bytes -= size
+            if consumer is not None:
+                consumer.unacked -= 1
+                consumer.unacked_bytes -= size
+                touched.add(consumer)
+        if self.global_prefetch or self.global_prefetch_size:
+            touched.update(self.consumers.values())  # channel-wide credit came back
+        for consumer in touched:
+            update_interest(self.ctx, consumer)
+
+    def _finish(self, qid: int, seq: int, requeue: bool | None) -> None:
+        if seq < 0:
+            return  # a browser's copy: nothing was taken from the queue
+        if requeue:
+            self.ctx.store.requeue(qid, seq)
+        else:
+            self.ctx.store.settle(qid, seq)
+
+    def requeue_all(self) -> None:
+        for consumer, qid, seq, _size in self.unacked.values():
+            self._finish(qid, seq, True)
+            if consumer is not None:
+                consumer.unacked = consumer.unacked_bytes = 0
+        self.unacked.clear()
+        self.unacked_bytes = 0
+
+    def _drop_consumer(self, consumer: Consumer) -> None:
+        if not consumer.cancelled:
+            consumer.cancelled = True
+            self.ctx.send(ipc.Cancel(consumer.cid))
+        self.ctx.consumers.pop(consumer.cid, None)
+
+    def _basic_qos(self, method: C.Basic.Qos) -> None:
+        # Applied to live consumers too (as LavinMQ does): Celery relies on it.
+        # global=true limits the channel as a whole (RabbitMQ 3.x semantics,
+        # which 4.x denies by default); both limits may be set at once.
+        if method.global_:
+            self.global_prefetch = method.prefetch_count
+            self.global_prefetch_size = method.prefetch_size
+        else:
+            self.prefetch_count = method.prefetch_count
+            self.prefetch_size = method.prefetch_size
+        self.conn.write(F.encode_method(self.number, C.Basic.QosOk()))
+        for consumer in self.consumers.values():
+            update_interest(self.ctx, consumer)
+
+    async def _basic_consume(self, method: C.Basic.Consume) -> None:
+        name, qid = self._resolve_queue(method.queue, (60, 20))
+        tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
+        if tag in self.consumers:
+            raise E.ConnectionError_(
+                E.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag.decode()}'", 60, 20
+            )
+        args = method.arguments or {}
+        priority = args.get("x-priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise _invalid_consumer_argument("x-priority", priority)
+        browse, auto_close = (
+            _flag_argument(args, name) for name in ("x-filter-no-consume", "x-filter-auto-close")
+        )
+        selector = _selector_argument(args)
+        ctx = self.ctx
+        consumer = Consumer(
+            ctx.next_cid(),
+            tag,
+            self,
+            qid,
+            name,
+            method.no_ack,
+            method.exclusive,
+            priority,
+            acquiring=not browse,
+            auto_close=auto_close,
+            wanted=None if selector is None else selector.matches,
+            selector=None if selector is None else selector.text,
+            levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,
+        )
+        # Registered as not interested: no delivery may overtake consume-ok.
+        consumer.interested = False
+        self.consumers[tag] = consumer
+        ctx.consumers[consumer.cid] = consumer
+        try:
+            registered = await ctx.request(
+                ipc.Consume(
+                    cid=consumer.cid,
+                    qid=qid,
+                    priority=priority,
+                    acquiring=consumer.acquiring,
+                    exclusive=method.exclusive,
+                    interested=False,  # no delivery may overtake consume-ok
+                    conn_id=self.conn.id,
+                )
+            )
+        except BaseException:
+            consumer.cancelled = True
+            self.consumers.pop(tag, None)
+            ctx.consumers.pop(consumer.cid, None)
+            raise
+        if registered:
+            consumer.since = registered[0]
+        if consumer.cancelled:
+            return
+        if not method.nowait:
+            self.conn.write(
+                F.encode_method(self.number, C.Basic.ConsumeOk(consumer_tag=tag.decode()))
+            )
+        update_interest(ctx, consumer)
+
+    def _basic_cancel(self, method: C.Basic.Cancel) -> None:
+        tag = method.consumer_tag or ""
+        consumer = self.consumers.pop(tag.encode(), None)
+        if consumer is not None:
+            self._drop_consumer(consumer)
+        if not method.nowait:
+            self.conn.write(F.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag)))
+
+    def cancel_from_server(self, consumer: Consumer) -> None:
+        """An auto-close browser reached the end of its queue."""
+        self._drop_consumer(consumer)
+        self.consumer_gone(consumer)
+
+    def consumer_gone(self, consumer: Consumer) -> None:
+        """The scheduler cancelled this consumer (its queue was deleted)."""
+        self.consumers.pop(consumer.tag, None)
+        consumer.cancelled = True
+        self.ctx.consumers.pop(consumer.cid, None)
+        if self.conn.capabilities.get("consumer_cancel_notify"):
+            self.conn.write_cancel(
+                self,
+                F.encode_method(
+                    self.number, C.Basic.Cancel(consumer_tag=consumer.tag.decode(), nowait=True)
+                ),
+            )
+
+    def _basic_get(self, method: C.Basic.Get) -> None:
+        # A one-message temporary subscription: acquire from the head.
+        _name, qid = self._resolve_queue(method.queue, (60, 70))
+        ctx = self.ctx
+        logs = ctx.store.logs(qid)  # highest priority first
+        for log_qid in logs:
+            got = ctx.store.acquire(log_qid, 0)
+            if got.__class__ is not int:
+                break
+        else:
+            ctx.stats.v[S.GET_EMPTY] += 1
+            self.conn.write(F.encode_method(self.number, C.Basic.GetEmpty()))
+            return
+        seq, block, redelivered = got  # type: ignore[misc]
+        v = ctx.stats.v
+        v[S.DELIVERED_GET_AUTO_ACK if method.no_ack else S.DELIVERED_GET_MANUAL_ACK] += 1
+        if redelivered:
+            v[S.REDELIVERED] += 1
+        exchange, routing_key, header, body = read_message(ctx.seg, block)
+        tag = self.next_tag
+        self.next_tag += 1
+        if method.no_ack:
+            ctx.store.settle_taken(log_qid, seq)
+        else:
+            self.unacked[tag] = (None, log_qid, seq, len(body))
+            self.unacked_bytes += len(body)
+        ready = ctx.store.ready(qid)
+        frames = [
+            F.encode_method(
+                self.number,
+                C.Basic.GetOk(
+                    delivery_tag=tag,
+                    redelivered=redelivered,
+                    exchange=exchange.decode(),
+                    routing_key=routing_key.decode(errors="replace"),
+                    message_count=ready,
+                ),
+            )
+        ]
+        frames += F.encode_content(self.number, header, body, self.conn.frame_max)
+        self.conn.write_many(frames)
+
+    def _basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
+        if method.requeue:
+            self.requeue_all()
+        else:
+            self._redeliver_in_place()
+        for consumer in self.consumers.values():
+            update_interest(self.ctx, consumer)
+        if isinstance(method, C.Basic.Recover):
+            self.conn.write(F.encode_method(self.number, C.Basic.RecoverOk()))
+
+    def _redeliver_in_place(self) -> None:
+        """recover(requeue=false), as the spec says (RabbitMQ answers 540):
+        each unacknowledged message goes again, redelivered, under a new
+        tag, to the consumer that had it; messages from basic.get, or of a
+        consumer since cancelled, are requeued instead."""
+        ctx = self.ctx
+        out: list[bytes] = []
+        for tag in sorted(self.unacked):
+            consumer, qid, seq, size = self.unacked.pop(tag)
+            self.unacked_bytes -= size
+            if consumer is not None:
+                consumer.unacked -= 1
+                consumer.unacked_bytes -= size
+            if seq < 0:
+                continue  # a browser's copy: there is nothing to redeliver
+            block = None
+            if consumer is not None and not consumer.cancelled:
+                block = ctx.store.held_block(qid, seq)
+            if consumer is None or block is None:
+                self._finish(qid, seq, True)
+                continue
+            self.deliver(consumer, qid, seq, block, True, out)
+        if out:
+            self.conn.write_many(out)
+
+
+def _invalid_consumer_argument(name: str, value: object) -> E.ChannelError:
+    return E.ChannelError(
+        E.PRECONDITION_FAILED, f"invalid arg '{name}' for consumer: {value!r}", 60, 20
+    )
+
+
+def _flag_argument(args: dict[str, Any], name: str) -> bool:
+    """A boolean consume argument (absent: false)."""
+    value = args.get(name, False)
+    if not isinstance(value, bool):
+        raise _invalid_consumer_argument(name, value)
+    return value
+
+
+def _selector_argument(args: dict[str, Any]) -> Selector | None:
+    """x-filter-jms-selector, compiled; an empty one selects everything."""
+    text = args.get("x-filter-jms-selector")
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    if not isinstance(text, str):
+        raise _invalid_consumer_argument("x-filter-jms-selector", text)
+    try:
+        selector = compile_selector(text)
+    except SelectorError as exc:
+        raise E.ChannelError(E.PRECONDITION_FAILED, str(exc), 60, 20) from None
+    return selector if text.strip() else None

@@ -1,0 +1,365 @@
+"""A channel's publishes: assembling a message from its publish, header and
+body frames (or the fast path for all three in one read), routing it,
+appending it to its queues (QueueStore.publish), publisher confirms and
+mandatory returns, and waiting while a queue or the arena is full."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pamqp import commands as C
+
+from broker import ipc
+from broker.amqp import errors as E
+from shm.arena import (
+    message_size,
+    release_hold,
+    write_message,
+)
+from shm.queues import FULL, OVER_CAPACITY, REJECTED
+from shm.stats import (
+    RECEIVED_CONFIRM,
+    ROUTED,
+    SIZE_BUCKETS,
+    SIZE_SUM,
+    UNROUTABLE_DROPPED,
+    UNROUTABLE_RETURNED,
+    size_bucket,
+)
+from workers import framing as F
+from workers.channel_state import (
+    EXPECT_BODY,
+    EXPECT_HEADER,
+    IDLE,
+    RETRY_DELAY,
+    ChannelState,
+    Pending,
+)
+
+log = logging.getLogger("shoal.worker")
+
+
+class Publishing(ChannelState):
+    """The publish side of a channel."""
+
+    __slots__ = ()
+
+    def suspend_retry(self, payload: memoryview | None, ftype: int = 0) -> None:
+        """Back-pressure: a queue or the arena is full. Keep the frame, stop
+        reading the socket, and try again shortly."""
+        if payload is not None:
+            self.backlog.appendleft((ftype, payload))
+        self.busy = True
+        self.conn.hold_reading(self)
+        self.ctx.loop.call_later(RETRY_DELAY, self._retry)
+
+    def _retry(self) -> None:
+        if self.conn.closed:
+            return
+        self.busy = False
+        if self.pending is not None and self.state == IDLE and self.pending.qids:
+            self._complete()  # retry appending a finished message
+            if self.busy:
+                return
+        self.conn.release_reading(self)
+        self.resume()
+
+    def _on_publish(self, payload: memoryview) -> None:
+        exchange, routing_key, mandatory, immediate = F.decode_publish(payload)
+        if immediate:
+            raise E.ConnectionError_(E.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        # Routed once the content header is in: a headers exchange needs it.
+        self.pending = Pending(exchange, routing_key, mandatory)
+        self.state = EXPECT_HEADER
+
+    def fast_publish(self, method: memoryview, header: memoryview, body: memoryview) -> bool:
+        """A whole message in three frames, for an idle channel, to a queue.
+
+        Returns False, having changed nothing, whenever the general path is
+        needed (errors, unroutable, a body in several frames, a full arena):
+        the caller then feeds the frames one by one.
+        """
+        if self.state != IDLE or self.busy or self.closing or len(header) < 14:
+            return False
+        if self.conn.flow_blocked or self.flow_backlog:
+            return False  # handle() keeps it (flow control, resource alarms)
+        class_id, body_size = F.decode_content_header(header)
+        if body_size != len(body) or class_id != 60:
+            return False
+        exchange, routing_key, mandatory, immediate = F.decode_publish(method)
+        ctx = self.ctx
+        if immediate or body_size > ctx.config.max_message_size:
+            return False
+        raw_header = bytes(header)
+        try:
+            qids = self._route(exchange, routing_key, raw_header)
+        except E.AMQPError:
+            return False  # the general path raises it again, in order
+        if not qids:
+            return False
+        block = ctx.arena.alloc(message_size(exchange, routing_key, raw_header, body_size))
+        if block is None:
+            return False  # the general path waits for room (and counts it)
+        start = write_message(ctx.seg, block, exchange, routing_key, raw_header, body_size)
+        ctx.seg.buf[start : start + body_size] = body
+        pending = self.pending = Pending(exchange, routing_key, mandatory)
+        pending.header = raw_header
+        pending.body_size = pending.received = body_size
+        pending.qids = qids
+        pending.block = block
+        self._complete()
+        return True
+
+    def _route(self, exchange: bytes, routing_key: bytes, raw_header: bytes) -> list[int]:
+        """qids a message reaches (the default exchange: the queue named by
+        the routing key). Raises ChannelError for a missing exchange."""
+        conn = self.conn
+        if not exchange:
+            qid = self.ctx.store.lookup(routing_key, conn.vhost_id)
+            return [] if qid is None else [qid]
+        return list(
+            self.ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, raw_header)
+        )
+
+    def _on_header(self, payload: memoryview) -> None:
+        pending = self.pending
+        if self.state != EXPECT_HEADER or pending is None:
+            raise E.ConnectionError_(
+                E.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        class_id, body_size = F.decode_content_header(payload)
+        if class_id != 60:
+            raise E.ConnectionError_(
+                E.UNEXPECTED_FRAME,
+                f"expected content header for class 60, got one for class {class_id} instead",
+                60,
+                40,
+            )
+        limit = self.ctx.config.max_message_size
+        if body_size > limit:
+            self.state = IDLE
+            self.pending = None
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size {limit}",
+                60,
+                40,
+            )
+        if not pending.header:
+            pending.header = bytes(payload)
+            pending.body_size = body_size
+            try:
+                pending.qids = self._route(pending.exchange, pending.routing_key, pending.header)
+            except E.ChannelError:
+                self.pending = None  # its body frames are dropped by the closing channel
+                raise
+        if pending.qids:
+            size = message_size(pending.exchange, pending.routing_key, pending.header, body_size)
+            block = self.ctx.arena.alloc(size)
+            if block is None:
+                self.ctx.guard.arena_full()
+                self.suspend_retry(payload, F.FRAME_HEADER)
+                return
+            pending.block = block
+            pending.body_off = write_message(
+                self.ctx.seg,
+                block,
+                pending.exchange,
+                pending.routing_key,
+                pending.header,
+                body_size,
+            )
+        else:
+            pending.body = bytearray()
+        if body_size == 0:
+            self.state = IDLE
+            self._complete()
+        else:
+            self.state = EXPECT_BODY
+
+    def _on_body(self, payload: memoryview) -> None:
+        pending = self.pending
+        if self.state != EXPECT_BODY or pending is None:
+            raise E.ConnectionError_(
+                E.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
+        n = len(payload)
+        if pending.received + n > pending.body_size:
+            raise E.ConnectionError_(
+                E.FRAME_ERROR, "content body is larger than the size in its content header"
+            )
+        if pending.body is not None:
+            pending.body += payload
+        else:
+            start = pending.body_off + pending.received
+            self.ctx.seg.buf[start : start + n] = payload
+        pending.received += n
+        if pending.received == pending.body_size:
+            self.state = IDLE
+            self._complete()
+
+    def _complete(self) -> None:
+        """Append the finished message to its queues, then confirm it (or,
+        in a transaction, keep it for tx.commit)."""
+        pending = self.pending
+        assert pending is not None
+        routed = bool(pending.qids)  # _append consumes the list
+        if self.tx is not None:
+            if pending.qids or pending.mandatory:
+                self.tx.publishes.append(pending)
+        elif pending.qids:
+            missing = self._assign_levels(pending)
+            if missing is not None:
+                self._make_level(pending, *missing)
+                return
+            if not self._append(pending):
+                self.suspend_retry(None)
+                return
+        elif pending.mandatory:
+            self._return(pending)
+        self.pending = None
+        self.publish_count += 1
+        # Statistics (shm/stats.py): RECEIVED is derived at flush time.
+        stats = self.stats
+        if routed:
+            stats[ROUTED] += 1
+        else:
+            stats[UNROUTABLE_RETURNED if pending.mandatory else UNROUTABLE_DROPPED] += 1
+        size = pending.body_size
+        stats[SIZE_SUM] += size
+        stats[SIZE_BUCKETS if size <= 100 else SIZE_BUCKETS + size_bucket(size)] += 1
+        if self.confirm:
+            stats[RECEIVED_CONFIRM] += 1
+            self.publish_seq += 1
+            if pending.rejected:
+                self._nack_publish()
+            else:
+                self.confirm_high = self.publish_seq
+
+    def _consumes(self, qid: int) -> bool:
+        """Whether one of this channel's consumers on `qid` can take a
+        message now. RabbitMQ's queue hands a message to such a consumer
+        before it confirms it, so the client sees basic.deliver before
+        basic.ack; clients that publish with confirms and then wait for the
+        delivery (aiormq's own tests) rely on that order when the connection
+        breaks between the two."""
+        return any(c.qid == qid and c.wants_work() for c in self.consumers.values())
+
+    def _nack_publish(self) -> None:
+        """A queue refused the message (x-overflow reject-publish): basic.nack
+        it, after acking the publishes before it (acks are cumulative)."""
+        self.conn.flush_confirms(self, force=True)
+        self.confirm_high = self.confirm_sent = self.publish_seq
+        self.conn.write(
+            F.encode_method(
+                self.number,
+                C.Basic.Nack(delivery_tag=self.publish_seq, multiple=False, requeue=False),
+            )
+        )
+
+    def _assign_levels(self, pending: Pending) -> tuple[int, int] | None:
+        """Point each priority queue among the message's queues at the log of
+        the message's priority (workers/levels.py). Returns (queue, level)
+        of one whose level has no log yet: the scheduler must make it."""
+        priority_queues = self.ctx.store.priority_levels()
+        if not priority_queues:
+            return None
+        qids = pending.qids
+        priority = -1  # parsed from the header once, if a priority queue needs it
+        for i, qid in enumerate(qids):
+            levels = priority_queues.get(qid)
+            if levels is None or (pending.levelled is not None and qid in pending.levelled):
+                continue
+            if priority < 0:
+                priority = F.message_priority(pending.header)
+            level = min(priority, levels.max_priority)
+            target = levels.by_level.get(level)
+            if target is None:
+                return qid, level
+            qids[i] = target
+        return None
+
+    def _make_level(self, pending: Pending, qid: int, level: int) -> None:
+        """Ask the scheduler for a level's log; the channel (and the socket)
+        waits, so later publishes keep their order behind this one."""
+        self.busy = True
+        self.conn.hold_reading(self, reason=None)  # a round trip: not "blocked"
+        reply = self.ctx.request(ipc.Level(qid, level))
+
+        def made(reply: asyncio.Future[Any]) -> None:
+            if self.conn.closed:
+                return
+            self.busy = False
+            exc = reply.exception() if not reply.cancelled() else None
+            if exc is not None or reply.cancelled():
+                log.error("connection %x: no priority level log", self.conn.id, exc_info=exc)
+                self.conn.fail(
+                    E.ConnectionError_(E.INTERNAL_ERROR, "no log for a priority level", 60, 40)
+                )
+                return
+            self._use_level(pending, qid, reply.result()[0])
+            self._complete()
+            if not self.busy:
+                self.conn.release_reading(self)
+                self.resume()
+
+        reply.add_done_callback(made)
+
+    @staticmethod
+    def _use_level(pending: Pending, qid: int, target: int) -> None:
+        """The scheduler's answer: the level's log (with no slot free, a
+        lower level's, maybe the queue's own), or -1 if the queue was
+        deleted (the append then finds it gone and drops the message)."""
+        if target >= 0 and qid in pending.qids:
+            pending.qids[pending.qids.index(qid)] = target
+            if pending.levelled is None:
+                pending.levelled = set()
+            pending.levelled.add(target)
+
+    def _append(self, pending: Pending) -> bool:
+        """Append a routed message to each of its queues, then drop the
+        publisher's HOLD. False if a queue is full: `pending.qids` keeps the
+        queues still to do, and the caller retries later."""
+        ctx = self.ctx
+        block = pending.block
+        publish = ctx.store.publish
+        while pending.qids:
+            qid = pending.qids[0]
+            outcome = publish(qid, block, pending.body_size, ctx.slot)
+            if outcome:
+                if outcome == FULL:
+                    return False
+                if outcome == REJECTED:
+                    pending.rejected = True
+                elif outcome == OVER_CAPACITY:
+                    # This connection's next publishes wait (shm/flow.py).
+                    self.conn.flow_block(*ctx.store.flow_queue(qid))
+            pending.qids.pop(0)
+            if self.confirm and self.consumers and not self.confirm_held:
+                self.confirm_held = self._consumes(qid)
+        release_hold(ctx.seg, block)
+        return True
+
+    def _return(self, pending: Pending) -> None:
+        method = C.Basic.Return(
+            reply_code=312,
+            reply_text="NO_ROUTE",
+            exchange=pending.exchange.decode(),
+            routing_key=pending.routing_key.decode(errors="replace"),
+        )
+        frames = [F.encode_method(self.number, method)]
+        frames += F.encode_content(
+            self.number, pending.header, bytes(pending.body or b""), self.conn.frame_max
+        )
+        self.conn.write_many(frames)
+
+    def _confirm_select(self, method: C.Confirm.Select) -> None:
+        if self.tx is not None:
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
+            )
+        self.confirm = True
+        if not method.nowait:
+            self.conn.write(F.encode_method(self.number, C.Confirm.SelectOk()))

@@ -1,0 +1,95 @@
+"""A channel's transactions (tx.select, tx.commit, tx.rollback): publishes
+and acknowledgements held until commit, which applies them in order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from pamqp import commands as C
+
+from broker import ipc
+from broker.amqp import errors as E
+from shm.arena import (
+    release_hold,
+)
+from workers import framing as F
+from workers.channel_state import (
+    RETRY_DELAY,
+    ChannelState,
+    Transaction,
+)
+
+log = logging.getLogger("shoal.worker")
+
+
+class Transactions(ChannelState):
+    """The transactional side of a channel."""
+
+    __slots__ = ()
+
+    def _tx_select(self, method: C.Tx.Select) -> None:
+        if self.confirm:
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
+            )
+        if self.tx is None:
+            self.tx = Transaction()
+        self.conn.write(F.encode_method(self.number, C.Tx.SelectOk()))
+
+    def _tx_commit(self, method: C.Tx.Commit) -> Coroutine[Any, Any, None]:
+        if self.tx is None:
+            raise E.ChannelError(E.PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+        tx, self.tx = self.tx, Transaction()
+        return self._commit(tx)
+
+    async def _commit(self, tx: Transaction) -> None:
+        """Publishes first, in order, then acknowledgements; the channel's
+        later frames wait (busy) until commit-ok is sent."""
+        todo = list(tx.publishes)
+        try:
+            while todo:
+                pending = todo[0]
+                missing = self._assign_levels(pending) if pending.qids else None
+                if missing is not None:
+                    reply = await self.ctx.request(ipc.Level(*missing))
+                    self._use_level(pending, missing[0], reply[0])
+                    if self.conn.closed or self.closing:
+                        return
+                    continue
+                if not pending.qids:
+                    self._return(pending)  # mandatory and unroutable
+                elif not self._append(pending):
+                    await asyncio.sleep(RETRY_DELAY)  # a queue is full: back-pressure
+                    if self.conn.closed or self.closing:
+                        return
+                    continue
+                todo.pop(0)
+        finally:
+            # Closed mid-commit: what was not appended is dropped, as at a rollback.
+            for pending in todo:
+                if pending.qids and pending.body is None:
+                    release_hold(self.ctx.seg, pending.block)
+        for tag, multiple, requeue, method_id in tx.settles:
+            self._settle(tag, multiple, requeue, method_id)
+        self.conn.write(F.encode_method(self.number, C.Tx.CommitOk()))
+
+    def _tx_rollback(self, method: C.Tx.Rollback) -> None:
+        if self.tx is None:
+            raise E.ChannelError(E.PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+        self._rollback()
+        self.tx = Transaction()
+        self.conn.write(F.encode_method(self.number, C.Tx.RollbackOk()))
+
+    def _rollback(self) -> None:
+        """Forget the transaction's publishes (their bodies are freed) and
+        acknowledgements (the messages stay unacknowledged)."""
+        if self.tx is None:
+            return
+        for pending in self.tx.publishes:
+            if pending.qids and pending.body is None:
+                release_hold(self.ctx.seg, pending.block)
+        self.tx.publishes.clear()
+        self.tx.settles.clear()
