@@ -75,8 +75,7 @@ from setproctitle import setproctitle
 
 from broker.amqp.definitions import Definitions, Op
 from broker.config import Config
-from shm import counters, layout, memory
-from shm import stats as S
+from shm import counters, layout, memory, stats
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
 from shm.queues import QueueStore
@@ -90,81 +89,81 @@ QUEUE_TYPE = "rabbit_classic_queue"  # what RabbitMQ calls a queue like Shoal's
 
 # rabbitmq_global_* families: (name, help, stats word or words summed)
 GLOBAL_PROTOCOL_COUNTERS = (
-    ("messages_received", "Total number of messages received from publishers", S.RECEIVED),
+    ("messages_received", "Total number of messages received from publishers", stats.RECEIVED),
     (
         "messages_received_confirm",
         "Total number of messages received from publishers expecting confirmations",
-        S.RECEIVED_CONFIRM,
+        stats.RECEIVED_CONFIRM,
     ),
-    ("messages_routed", "Total number of messages routed to queues or streams", S.ROUTED),
+    ("messages_routed", "Total number of messages routed to queues or streams", stats.ROUTED),
     (
         "messages_unroutable_dropped",
         "Total number of messages published as non-mandatory into an exchange and dropped as"
         " unroutable",
-        S.UNROUTABLE_DROPPED,
+        stats.UNROUTABLE_DROPPED,
     ),
     (
         "messages_unroutable_returned",
         "Total number of messages published as mandatory into an exchange and returned to the"
         " publisher as unroutable",
-        S.UNROUTABLE_RETURNED,
+        stats.UNROUTABLE_RETURNED,
     ),
-    ("messages_confirmed", "Total number of messages confirmed to publishers", S.CONFIRMED),
+    ("messages_confirmed", "Total number of messages confirmed to publishers", stats.CONFIRMED),
 )
 GLOBAL_QUEUE_TYPE_COUNTERS = (
-    ("messages_delivered", "Total number of messages delivered to consumers", S.DELIVERED),
+    ("messages_delivered", "Total number of messages delivered to consumers", stats.DELIVERED),
     (
         "messages_delivered_consume_manual_ack",
         "Total number of messages delivered to consumers using basic.consume with manual"
         " acknowledgment",
-        (S.DELIVERED_CONSUME_MANUAL_ACK,),
+        (stats.DELIVERED_CONSUME_MANUAL_ACK,),
     ),
     (
         "messages_delivered_consume_auto_ack",
         "Total number of messages delivered to consumers using basic.consume with automatic"
         " acknowledgment",
-        (S.DELIVERED_CONSUME_AUTO_ACK,),
+        (stats.DELIVERED_CONSUME_AUTO_ACK,),
     ),
     (
         "messages_delivered_get_manual_ack",
         "Total number of messages delivered to consumers using basic.get with manual"
         " acknowledgment",
-        (S.DELIVERED_GET_MANUAL_ACK,),
+        (stats.DELIVERED_GET_MANUAL_ACK,),
     ),
     (
         "messages_delivered_get_auto_ack",
         "Total number of messages delivered to consumers using basic.get with automatic"
         " acknowledgment",
-        (S.DELIVERED_GET_AUTO_ACK,),
+        (stats.DELIVERED_GET_AUTO_ACK,),
     ),
     (
         "messages_get_empty",
         "Total number of times basic.get operations fetched no message",
-        (S.GET_EMPTY,),
+        (stats.GET_EMPTY,),
     ),
     (
         "messages_redelivered",
         "Total number of messages redelivered to consumers",
-        (S.REDELIVERED,),
+        (stats.REDELIVERED,),
     ),
     (
         "messages_acknowledged",
         "Total number of messages acknowledged by consumers",
-        (S.ACKNOWLEDGED,),
+        (stats.ACKNOWLEDGED,),
     ),
 )
 CHURN = (
-    ("connections_opened", "Total number of connections opened", S.CONNECTIONS_OPENED),
+    ("connections_opened", "Total number of connections opened", stats.CONNECTIONS_OPENED),
     (
         "connections_closed",
         "Total number of connections closed or terminated",
-        S.CONNECTIONS_CLOSED,
+        stats.CONNECTIONS_CLOSED,
     ),
-    ("channels_opened", "Total number of channels opened", S.CHANNELS_OPENED),
-    ("channels_closed", "Total number of channels closed", S.CHANNELS_CLOSED),
-    ("queues_declared", "Total number of queues declared", S.QUEUES_DECLARED),
-    ("queues_created", "Total number of queues created", S.QUEUES_CREATED),
-    ("queues_deleted", "Total number of queues deleted", S.QUEUES_DELETED),
+    ("channels_opened", "Total number of channels opened", stats.CHANNELS_OPENED),
+    ("channels_closed", "Total number of channels closed", stats.CHANNELS_CLOSED),
+    ("queues_declared", "Total number of queues declared", stats.QUEUES_DECLARED),
+    ("queues_created", "Total number of queues created", stats.QUEUES_CREATED),
+    ("queues_deleted", "Total number of queues deleted", stats.QUEUES_DELETED),
 )
 # /metrics/detailed?family= names (RabbitMQ's table names) that Shoal serves.
 DETAILED_FAMILIES = frozenset(
@@ -174,16 +173,16 @@ DETAILED_FAMILIES = frozenset(
 
 # shoal_consumers{state}: the scheduler's gauges per QueueConsumerManager state.
 CONSUMER_STATES = (
-    ("interested", S.CONSUMERS_INTERESTED),
-    ("notified", S.CONSUMERS_NOTIFIED),
-    ("not_interested", S.CONSUMERS_NOT_INTERESTED),
-    ("non_acquiring", S.CONSUMERS_NON_ACQUIRING),
+    ("interested", stats.CONSUMERS_INTERESTED),
+    ("notified", stats.CONSUMERS_NOTIFIED),
+    ("not_interested", stats.CONSUMERS_NOT_INTERESTED),
+    ("non_acquiring", stats.CONSUMERS_NON_ACQUIRING),
 )
 # shoal_blocked_publishers{reason}: the IO workers' gauges per reason.
 BLOCKED_REASONS = (
-    ("capacity", S.BLOCKED_CAPACITY),
-    ("memory", S.BLOCKED_MEMORY),
-    ("disk", S.BLOCKED_DISK),
+    ("capacity", stats.BLOCKED_CAPACITY),
+    ("memory", stats.BLOCKED_MEMORY),
+    ("disk", stats.BLOCKED_DISK),
 )
 
 
@@ -219,7 +218,7 @@ class Snapshot:
     """What one scrape reads from the segment, once."""
 
     def __init__(self, seg: Segment, store: QueueStore, vhosts: dict[int, str]) -> None:
-        self.stats = S.totals(seg)
+        self.stats = stats.totals(seg)
         a, offsets = seg.atomic, seg.layout
         self.connections = sum(
             a.load(offsets.proc(slot) + layout.P_CONNECTIONS)
@@ -283,8 +282,8 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 def _totals(snap: Snapshot) -> Iterator[Metric]:
     v = snap.stats
     yield _gauge("rabbitmq_connections", "Connections currently open", snap.connections)
-    yield _gauge("rabbitmq_channels", "Channels currently open", v[S.CHANNELS])
-    yield _gauge("rabbitmq_consumers", "Consumers currently connected", v[S.CONSUMERS])
+    yield _gauge("rabbitmq_channels", "Channels currently open", v[stats.CHANNELS])
+    yield _gauge("rabbitmq_consumers", "Consumers currently connected", v[stats.CONSUMERS])
     yield _gauge("rabbitmq_queues", "Queues available", len(snap.queues))
 
 
@@ -439,8 +438,8 @@ def _globals(snap: Snapshot) -> Iterator[Metric]:
         family.add_metric([PROTOCOL, QUEUE_TYPE], sum(v[w] for w in words))
         yield family
     for name, doc, word in (
-        ("publishers", "Current number of publishers", S.PUBLISHERS),
-        ("consumers", "Current number of consumers", S.CONSUMERS),
+        ("publishers", "Current number of publishers", stats.PUBLISHERS),
+        ("consumers", "Current number of consumers", stats.CONSUMERS),
     ):
         gauge = GaugeMetricFamily("rabbitmq_global_" + name, doc, labels=["protocol"])
         gauge.add_metric([PROTOCOL], v[word])
@@ -450,10 +449,10 @@ def _globals(snap: Snapshot) -> Iterator[Metric]:
         "Size of messages received from publishers",
         labels=["protocol"],
     )
-    cumulative = S.cumulative_sizes(v)
-    buckets = [(floatToGoString(b), c) for b, c in zip(S.SIZE_BOUNDS, cumulative, strict=False)]
+    cumulative = stats.cumulative_sizes(v)
+    buckets = [(floatToGoString(b), c) for b, c in zip(stats.SIZE_BOUNDS, cumulative, strict=False)]
     buckets.append(("+Inf", cumulative[-1]))
-    sizes.add_metric([PROTOCOL], buckets, sum_value=v[S.SIZE_SUM])
+    sizes.add_metric([PROTOCOL], buckets, sum_value=v[stats.SIZE_SUM])
     yield sizes
 
 
@@ -642,23 +641,23 @@ class Exporter:
             "shoal_arena_full",
             "Allocations an arena refused (the publish waited; the memory guard should make "
             "this stay 0)",
-            value=S.totals(seg)[S.ARENA_FULL],
+            value=stats.totals(seg)[stats.ARENA_FULL],
         )
-        totals = S.totals(seg)
+        totals = stats.totals(seg)
         yield CounterMetricFamily(
             "shoal_scheduler_notifications",
             "NOTIFY messages the scheduler sent to IO workers (a consumer's turn to pull)",
-            value=totals[S.NOTIFICATIONS],
+            value=totals[stats.NOTIFICATIONS],
         )
         yield CounterMetricFamily(
             "shoal_publisher_blocks",
             "Times a connection was blocked (queue capacity, memory or disk alarm, full log)",
-            value=totals[S.PUBLISHER_BLOCKS],
+            value=totals[stats.PUBLISHER_BLOCKS],
         )
         yield CounterMetricFamily(
             "shoal_publisher_blocked_seconds",
             "Time connections spent blocked, summed over connections",
-            value=totals[S.PUBLISHER_BLOCKED_MS] / 1000,
+            value=totals[stats.PUBLISHER_BLOCKED_MS] / 1000,
         )
         yield CounterMetricFamily(
             "shoal_scheduler_lost_wakeups_rescued",
