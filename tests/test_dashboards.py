@@ -288,7 +288,8 @@ def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
     allowlisted family is there with exactly the allowlisted labels, and the
     flow-control families per object only for the capped queue."""
     from broker.config import Config
-    from broker.observe.metrics import Endpoints, Exporter
+    from broker.observe.exporter import Exporter
+    from broker.observe.metrics import Endpoints
     from shm import layout as L
     from shm.queues import QueueStore
     from shm.segment import Segment

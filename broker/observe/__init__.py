@@ -1,2 +1,3 @@
-"""Observability: the Prometheus endpoint (metrics) and `shoal status`,
-both read from the shared-memory segment."""
+"""Observability: the Prometheus endpoint (metrics, building its families in
+scrape, families and exporter) and `shoal status`, all read from the
+shared-memory segment."""

@@ -11,8 +11,7 @@ from typing import Any
 
 from broker.amqp.definitions import Definitions, Op
 from broker.scheduler.introspect import socket_path
-from shm import counters, layout, memory
-from shm import stats as S
+from shm import counters, layout, memory, stats
 from shm.arena import arena_usage
 from shm.catalog import CatalogReader
 from shm.queues import QueueStore
@@ -35,7 +34,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
             "connections": a.load(base + layout.P_CONNECTIONS),
         }
         if role == layout.ROLE_WORKER:
-            worker_counters = S.read(seg, slot)
+            worker_counters = stats.read(seg, slot)
             beat = a.load(base + layout.P_HEARTBEAT_NS)
             used, blocks = arena_usage(seg, slot)
             entry.update(
@@ -43,8 +42,8 @@ def snapshot(seg: Segment) -> dict[str, Any]:
                 alarms=_alarm_names(a.load(base + layout.P_ALARMS)),
                 incarnation=a.load(base + layout.P_INCARNATION),
                 heartbeat_age_s=round((now - beat) / 1e9, 3) if beat else None,
-                published=worker_counters[S.RECEIVED],
-                delivered=sum(worker_counters[i] for i in S.DELIVERED),
+                published=worker_counters[stats.RECEIVED],
+                delivered=sum(worker_counters[i] for i in stats.DELIVERED),
                 arena_used_bytes=used,
                 arena_live_blocks=blocks,
             )

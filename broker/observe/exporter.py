@@ -1,0 +1,308 @@
+"""The metrics process's state between scrapes, and the families read from
+the broker's processes rather than from the queue records.
+
+The state: the definitions journal replayed so far (for vhost names) and
+psutil handles of the broker's processes (kept for their CPU times). The
+families: rabbitmq_identity and rabbitmq_build; the node's (uptime, resident
+memory and its limit, file descriptors, disk space, alarms); and Shoal's
+per process (CPU, memory), per IO worker (connections, arena, alarms), the
+memory guard's marks and the scheduler's counters."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    UntypedMetricFamily,
+)
+
+from broker.amqp.definitions import Definitions, Op
+from broker.config import Config
+from broker.observe.families import plain_gauge
+from broker.observe.scrape import Snapshot
+from shm import layout, memory, stats
+from shm.arena import arena_usage
+from shm.catalog import CatalogReader
+from shm.queues import QueueStore
+from shm.segment import Segment
+
+VERSION = "0.1.0"
+
+
+class Exporter:
+    """The metrics process's state: the segment, and psutil handles of the
+    broker's processes (kept between scrapes, for CPU times)."""
+
+    def __init__(self, config: Config, seg: Segment) -> None:
+        self.config = config
+        self.seg = seg
+        self.store = QueueStore(seg, 0, layout.metrics_slot(seg.layout))
+        self.reader = CatalogReader(seg, Op)
+        self.definitions = Definitions()
+        self.started = time.time()
+        self.node_name = f"shoal@{socket.gethostname()}"
+        self.cluster = config.cluster_name or self.node_name
+        self._procs: dict[int, psutil.Process] = {}
+
+    def snapshot(self) -> Snapshot:
+        # The journal is read incrementally: keep what earlier scrapes replayed.
+        reset, ops = self.reader.poll()
+        if reset:
+            self.definitions = Definitions()
+        for op in ops:
+            self.definitions.apply(op)
+        vhosts = {vhost_id: name for name, vhost_id in self.definitions.vhost_ids.items()}
+        return Snapshot(self.seg, self.store, vhosts)
+
+    def identity(self, endpoint: str) -> Iterator[Metric]:
+        identity = InfoMetricFamily("rabbitmq_identity", "RabbitMQ node & cluster identity info")
+        identity.add_metric(
+            [],
+            {
+                "rabbitmq_node": self.node_name,
+                "rabbitmq_cluster": self.cluster,
+                "rabbitmq_cluster_permanent_id": f"shoal-{self.cluster}",
+                "rabbitmq_endpoint": endpoint,
+            },
+        )
+        yield identity
+        build = InfoMetricFamily("rabbitmq_build", "RabbitMQ & Erlang/OTP version info")
+        build.add_metric(
+            [],
+            {
+                "rabbitmq_version": f"shoal-{VERSION}",
+                "erlang_version": f"python-{platform.python_version()}",
+                "prometheus_plugin_version": VERSION,
+                "prometheus_client_version": "0.26",
+                "product_name": "Shoal",
+                "product_version": VERSION,
+            },
+        )
+        yield build
+
+    def node(self) -> Iterator[Metric]:
+        procs = self._processes()
+        yield plain_gauge(
+            "rabbitmq_erlang_uptime_seconds",
+            "Node uptime (the broker's: Shoal runs no Erlang)",
+            time.time() - self.started_at(),
+        )
+        # Resident memory counted once: each process's private pages, plus the
+        # pages of the shared segment (in every process's RSS, but one copy).
+        seg = self.seg
+        private = sum(_safe(lambda p=p: _private_bytes(p)) for _role, _index, p in procs)
+        resident = private + seg.allocated_bytes()
+        yield plain_gauge(
+            "rabbitmq_process_resident_memory_bytes", "Memory used in bytes", resident
+        )
+        marks = memory.configured(seg)
+        workers = self._worker_slots()
+        arena_used = sum(arena_usage(seg, slot)[0] for slot in workers)
+        # The resident memory at which the memory alarm fires, all else equal:
+        # the arenas at their high watermarks, so that RabbitMQ's panel
+        # "memory available before publishers blocked" (limit - resident)
+        # shows the room left for message bodies.
+        yield plain_gauge(
+            "rabbitmq_resident_memory_limit_bytes",
+            "Memory high watermark in bytes",
+            resident - arena_used + marks.high * len(workers),
+        )
+        fds = max((_safe(lambda p=p: p.num_fds()) for _r, _i, p in procs), default=0)
+        yield plain_gauge(
+            "rabbitmq_process_open_fds",
+            "Open file descriptors (of the broker process that has most)",
+            fds,
+        )
+        yield plain_gauge(
+            "rabbitmq_process_max_fds",
+            "Open file descriptors limit (per process)",
+            resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        )
+        runtime = self.config.runtime_path()
+        free = shutil.disk_usage(runtime).free if os.path.isdir(runtime) else 0
+        yield plain_gauge(
+            "rabbitmq_disk_space_available_bytes",
+            "Disk space available in bytes (the file system of the runtime directory, where the"
+            " shared-memory segment lives)",
+            free,
+        )
+        yield plain_gauge(
+            "rabbitmq_disk_space_available_limit_bytes",
+            "Free disk space low watermark in bytes",
+            marks.disk_free_limit,
+        )
+        alarms = memory.broker_alarms(seg)
+        for name, bit, doc in (
+            ("memory_used_watermark", memory.ALARM_MEMORY, "memory watermark"),
+            ("free_disk_space_watermark", memory.ALARM_DISK, "free disk space watermark"),
+        ):
+            alarm = UntypedMetricFamily(
+                f"rabbitmq_alarms_{name}", f"is 1 if {doc} alarm is in effect"
+            )
+            alarm.add_metric([], 1 if alarms & bit else 0)
+            yield alarm
+
+    def processes(self) -> Iterator[Metric]:
+        cpu = CounterMetricFamily(
+            "shoal_process_cpu_seconds", "CPU time of each broker process", labels=["role", "index"]
+        )
+        rss = GaugeMetricFamily(
+            "shoal_process_resident_memory_bytes",
+            "Resident memory of each broker process",
+            labels=["role", "index"],
+        )
+        for role, index, p in self._processes():
+            times = _safe(lambda p=p: p.cpu_times())
+            if times:
+                cpu.add_metric([role, str(index)], times.user + times.system)
+            rss.add_metric([role, str(index)], _safe(lambda p=p: p.memory_info().rss))
+        yield cpu
+        yield rss
+        seg, a = self.seg, self.seg.atomic
+        conns = GaugeMetricFamily(
+            "shoal_worker_connections", "Client connections per IO worker", labels=["index"]
+        )
+        arena = GaugeMetricFamily(
+            "shoal_arena_used_bytes",
+            "Message bodies held in each IO worker's shared-memory arena",
+            labels=["index"],
+        )
+        for slot in range(seg.layout.limits.max_workers):
+            base = seg.layout.proc(slot)
+            if a.load(base + layout.P_ROLE) != layout.ROLE_WORKER:
+                continue
+            conns.add_metric([str(slot)], a.load(base + layout.P_CONNECTIONS))
+            arena.add_metric([str(slot)], arena_usage(seg, slot)[0])
+        yield conns
+        yield arena
+        yield plain_gauge(
+            "shoal_shm_arena_bytes",
+            "Shared memory for message bodies, all IO workers' arenas together",
+            seg.layout.limits.arena_bytes * len(self._worker_slots()),
+        )
+        yield plain_gauge(
+            "shoal_shm_allocated_bytes",
+            "Pages of the shared-memory segment in use",
+            seg.allocated_bytes(),
+        )
+        marks = memory.configured(seg)
+        yield plain_gauge(
+            "shoal_shm_high_watermark_bytes",
+            "Message bodies the arenas may hold before publishers are blocked (memory guard), "
+            "all IO workers together",
+            marks.high * len(self._worker_slots()),
+        )
+        yield plain_gauge(
+            "shoal_arena_high_watermark_bytes",
+            "An IO worker's arena above this raises the memory alarm",
+            marks.high,
+        )
+        yield plain_gauge(
+            "shoal_arena_low_watermark_bytes",
+            "The memory alarm clears once every arena is at or below this",
+            marks.low,
+        )
+        alarms = GaugeMetricFamily(
+            "shoal_worker_alarm",
+            "1 while an IO worker raises a resource alarm that blocks all publishers",
+            labels=["index", "resource"],
+        )
+        for slot in self._worker_slots():
+            bits = a.load(seg.layout.proc(slot) + layout.P_ALARMS)
+            alarms.add_metric([str(slot), "memory"], 1 if bits & memory.ALARM_MEMORY else 0)
+            alarms.add_metric([str(slot), "disk"], 1 if bits & memory.ALARM_DISK else 0)
+        yield alarms
+        yield CounterMetricFamily(
+            "shoal_arena_full",
+            "Allocations an arena refused (the publish waited; the memory guard should make "
+            "this stay 0)",
+            value=stats.totals(seg)[stats.ARENA_FULL],
+        )
+        totals = stats.totals(seg)
+        yield CounterMetricFamily(
+            "shoal_scheduler_notifications",
+            "NOTIFY messages the scheduler sent to IO workers (a consumer's turn to pull)",
+            value=totals[stats.NOTIFICATIONS],
+        )
+        yield CounterMetricFamily(
+            "shoal_publisher_blocks",
+            "Times a connection was blocked (queue capacity, memory or disk alarm, full log)",
+            value=totals[stats.PUBLISHER_BLOCKS],
+        )
+        yield CounterMetricFamily(
+            "shoal_publisher_blocked_seconds",
+            "Time connections spent blocked, summed over connections",
+            value=totals[stats.PUBLISHER_BLOCKED_MS] / 1000,
+        )
+        yield CounterMetricFamily(
+            "shoal_scheduler_lost_wakeups_rescued",
+            "Wake-ups the scheduler's sweep had to rescue (should stay 0)",
+            value=a.load(seg.layout.proc(layout.scheduler_slot(seg.layout)) + layout.P_RESCUES),
+        )
+
+    def _worker_slots(self) -> list[int]:
+        a, offsets = self.seg.atomic, self.seg.layout
+        return [
+            slot
+            for slot in range(offsets.limits.max_workers)
+            if a.load(offsets.proc(slot) + layout.P_ROLE) == layout.ROLE_WORKER
+        ]
+
+    def started_at(self) -> float:
+        pid = self.seg.atomic.load(layout.H_SUPERVISOR_PID)
+        supervisor = self._process(pid)
+        return _safe(lambda: supervisor.create_time(), self.started) if supervisor else self.started
+
+    def _process(self, pid: int) -> psutil.Process | None:
+        proc = self._procs.get(pid)
+        if proc is None:
+            try:
+                proc = self._procs[pid] = psutil.Process(pid)
+            except psutil.Error:
+                return None
+        return proc
+
+    def _processes(self) -> list[tuple[str, int, psutil.Process]]:
+        """(role, index, process) of every live broker process."""
+        a, offsets = self.seg.atomic, self.seg.layout
+        out = []
+        for slot in range(offsets.proc_slots):
+            base = offsets.proc(slot)
+            role = a.load(base + layout.P_ROLE)
+            pid = a.load(base + layout.P_PID)
+            if not role or not pid:
+                continue
+            proc = self._process(pid)
+            if proc is not None and proc.is_running():
+                index = slot if role == layout.ROLE_WORKER else 0
+                out.append((layout.ROLE_NAMES.get(role, str(role)), index, proc))
+        live = {p.pid for _r, _i, p in out}
+        self._procs = {pid: p for pid, p in self._procs.items() if pid in live}
+        return out
+
+
+def _private_bytes(proc: psutil.Process) -> int:
+    """Resident memory of one process that is not shared (file-backed or
+    shared-memory pages are counted elsewhere, or not ours)."""
+    info = proc.memory_info()
+    return int(info.rss - getattr(info, "shared", 0))
+
+
+def _safe(read: Any, default: Any = 0) -> Any:
+    """A psutil read of a process that may have just exited."""
+    try:
+        return read()
+    except psutil.Error:
+        return default

@@ -1,0 +1,67 @@
+"""What one scrape reads from the shared-memory segment, once: the
+statistics of every process-table slot summed (shm/stats.py), the IO
+workers' open connections, and each queue's counters (shm/counters.py,
+summed over a priority queue's levels). The families of a scrape are built
+from this Snapshot in families.py."""
+
+from __future__ import annotations
+
+from shm import counters, layout, stats
+from shm.queues import QueueStore
+from shm.segment import Segment
+
+
+class QueueRow:
+    __slots__ = (
+        "blocked",
+        "bytes",
+        "capacity",
+        "consumers",
+        "flow_blocked",
+        "name",
+        "published",
+        "ready",
+        "ready_bytes",
+        "resume",
+        "unacked",
+        "vhost",
+    )
+
+    def __init__(self, vhost: str, name: str) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.ready = self.unacked = self.consumers = self.published = self.bytes = 0
+        self.ready_bytes = self.capacity = self.resume = self.flow_blocked = self.blocked = 0
+
+    @property
+    def unacked_bytes(self) -> int:
+        # Two words read apart: an append between them could make this < 0.
+        return max(0, self.bytes - self.ready_bytes)
+
+
+class Snapshot:
+    """What one scrape reads from the segment, once."""
+
+    def __init__(self, seg: Segment, store: QueueStore, vhosts: dict[int, str]) -> None:
+        self.stats = stats.totals(seg)
+        a, offsets = seg.atomic, seg.layout
+        self.connections = sum(
+            a.load(offsets.proc(slot) + layout.P_CONNECTIONS)
+            for slot in range(offsets.limits.max_workers)
+            if a.load(offsets.proc(slot) + layout.P_ROLE) == layout.ROLE_WORKER
+        )
+        self.queues: list[QueueRow] = []
+        for vhost_id, name, qid in sorted(store.scan()):
+            row = QueueRow(vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"))
+            c = counters.read(store, qid)  # summed over a priority queue's levels
+            row.ready = c.ready
+            row.unacked = c.unacked
+            row.published = c.published
+            row.bytes = c.bytes
+            row.ready_bytes = c.ready_bytes
+            row.consumers = c.consumers
+            row.capacity = c.capacity
+            row.resume = c.resume
+            row.blocked = c.blocked_publishers
+            row.flow_blocked = int(c.flow_blocked)
+            self.queues.append(row)
