@@ -18,11 +18,12 @@ Transitions (who may make them is in shm/ARCHITECTURE.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from shm import flow, layout, limits
 from shm._atomic import Atomic
 from shm.arena import body_length, body_refs_drop, peek_message
+from shm.directory import QueueDirectory
 from shm.segment import Segment
 from shm.wake import Waker
 
@@ -60,24 +61,11 @@ class QueueGone(QueueFull):
     reference were taken back."""
 
 
-class QueueStore:
+class QueueStore(QueueDirectory):
     """Queue operations for one process. `owner` is the IO worker index + 1
     (0 for the supervisor and the scheduler, which never acquire)."""
 
-    __slots__ = (
-        "_levels",
-        "_names",
-        "_names_gen",
-        "a",
-        "cap",
-        "dropping",
-        "layout",
-        "mask",
-        "owner",
-        "owner_bits",
-        "seg",
-        "waker",
-    )
+    __slots__ = ("cap", "dropping", "mask", "owner", "owner_bits", "waker")
 
     def __init__(
         self, seg: Segment, owner: int = 0, slot: int | None = None, waker: Waker | None = None
@@ -87,202 +75,17 @@ class QueueStore:
         or the supervisor's), where it advertises a reference drop in flight.
         `waker`: the scheduler's wake-up (shm/wake.py), needed by publish,
         settle and requeue."""
-        self.seg = seg
+        super().__init__(seg)
         self.waker = waker
-        self.a = seg.atomic
-        self.layout = seg.layout
         self.cap = seg.layout.limits.queue_capacity
         self.mask = self.cap - 1
         self.owner = owner
         self.owner_bits = owner << layout.OWNER_SHIFT
-        self._names: dict[tuple[int, bytes], int] = {}
-        self._levels: dict[int, PriorityLevels] = {}
-        self._names_gen = -1
         if slot is None:
             slot = owner - 1 if owner else layout.supervisor_slot(seg.layout)
         self.dropping = seg.layout.proc(slot) + layout.P_DROPPING
 
-    # ----------------------------------------------------------------- catalog
-    def catalog_generation(self) -> int:
-        return self.a.load(layout.H_CATALOG_GEN)
-
-    def lookup(self, name: bytes, vhost: int = 0) -> int | None:
-        """qid of the active queue called `name` in virtual host `vhost` (an
-        id), from a cache rebuilt only when the scheduler bumps the catalog
-        generation."""
-        self._refresh()
-        return self._names.get((vhost, name))
-
-    def priority_levels(self) -> dict[int, PriorityLevels]:
-        """The priority queues by qid, with their level slots (same cache)."""
-        self._refresh()
-        return self._levels
-
-    def _refresh(self) -> None:
-        gen = self.a.load(layout.H_CATALOG_GEN)
-        if gen == self._names_gen:
-            return
-        names: dict[tuple[int, bytes], int] = {}
-        levels: dict[int, PriorityLevels] = {}
-        children: list[tuple[int, int, int]] = []
-        for qid in range(self.layout.limits.max_queues):
-            q = self.layout.queue(qid)
-            if self.a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
-                continue
-            parent = self.a.load(q + layout.Q_PARENT)
-            if parent:
-                children.append((parent - 1, self.a.load(q + layout.Q_LEVEL), qid))
-                continue
-            names[(self.a.load(q + layout.Q_VHOST), self.name(qid))] = qid
-            top = self.a.load(q + layout.Q_MAX_PRIORITY)
-            if top:
-                levels[qid] = PriorityLevels(top, qid)
-        for parent, level, qid in children:
-            if parent in levels:
-                levels[parent].add(level, qid)
-        self._names, self._levels = names, levels
-        # Re-read: if it moved while we scanned, rescan next time.
-        self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
-
-    def logs(self, qid: int) -> list[int]:
-        """The logs that make up queue `qid`: itself, or for a priority queue
-        the logs of its levels in use, highest priority first."""
-        levels = self.priority_levels().get(qid)
-        return [qid] if levels is None else levels.descending
-
-    def declared(self, qid: int) -> int:
-        """The declared queue that log `qid` belongs to: itself, or for a level
-        of a priority queue (section 2a of shm/ARCHITECTURE.md) the queue the
-        client declared. Every rule that applies to "the queue" (length
-        limits, capacity, flow) asks this."""
-        parent = self.a.load(self.layout.queue(qid) + layout.Q_PARENT)
-        return parent - 1 if parent else qid
-
-    def flow_queue(self, qid: int) -> tuple[int, list[int] | None]:
-        """The queue whose flow words (shm/flow.py) govern log `qid`, and the
-        logs whose bytes count against its capacity (None: its own only)."""
-        declared = self.declared(qid)
-        if declared != qid:
-            return declared, self.logs(declared)
-        if self.word(qid, layout.Q_MAX_PRIORITY):
-            return qid, self.logs(qid)
-        return qid, None
-
-    def changes(self, qid: int) -> int:
-        """Log `qid`'s state-change counter (Q_CHANGES: bumped by every
-        append and release; the scheduler compares what a consumer saw)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_CHANGES)
-
-    def tail(self, qid: int) -> int:
-        """The next seq log `qid` will reserve (reserved before published)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_TAIL)
-
-    def consumer_count(self, qid: int) -> int:
-        """Consumers of queue `qid`, as the scheduler last wrote them."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_CONSUMERS)
-
-    def count_blocked_publisher(self, qid: int, delta: int, state: int | None) -> int:
-        """A connection blocks on (delta 1) or is released from (-1) queue
-        `qid`'s capacity: keep the queue's count for the metrics, unless the
-        queue was deleted since (`state`, its Q_STATE when the connection
-        blocked, changed). Returns Q_STATE, to pass back on release."""
-        a, q = self.a, self.layout.queue(qid)
-        now = a.load(q + layout.Q_STATE)
-        if state is None or state == now:
-            a.fetch_add(q + layout.Q_BLOCKED_PUBLISHERS, delta)
-        return now
-
-    def log_ready(self, qid: int) -> int:
-        """Ready entries in log `qid` alone."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_READY)
-
-    def log_unacked(self, qid: int) -> int:
-        """Acquired, unsettled entries in log `qid` alone."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_UNACKED)
-
-    def set_consumer_count(self, qid: int, count: int) -> None:
-        """Scheduler: publish queue `qid`'s consumer count (consumer_count)."""
-        self.a.store(self.layout.queue(qid) + layout.Q_CONSUMERS, count)
-
-    def set_watch(self, qid: int, watching: bool) -> None:
-        """Scheduler: ask publishers to wake it (shm/wake.py) at log `qid`'s
-        next change, or stop asking."""
-        self.a.store(self.layout.queue(qid) + layout.Q_WATCH, int(watching))
-
-    def flow_open(self, qid: int) -> bool:
-        """Whether queue `qid`'s flow word is FLOW_OPEN (shm/flow.py)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_FLOW) == layout.FLOW_OPEN
-
-    def flags(self, qid: int) -> int:
-        """Queue `qid`'s QF_* flags (durable, exclusive, auto-delete)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_FLAGS)
-
-    def owner_connection(self, qid: int) -> int:
-        """The connection id recorded as queue `qid`'s owner (0: none)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_OWNER)
-
-    def max_priority(self, qid: int) -> int:
-        """Queue `qid`'s x-max-priority (0: not a priority queue)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_MAX_PRIORITY)
-
-    def limits_of(self, qid: int) -> tuple[int, int, tuple[int, int, int]]:
-        """(capacity, resume, (max length, max bytes, overflow)) of queue
-        `qid`, as its record holds them: what create() takes to give a
-        priority level the same limits."""
-        word = self.word
-        return (
-            word(qid, layout.Q_CAPACITY),
-            word(qid, layout.Q_RESUME),
-            (
-                word(qid, layout.Q_MAX_LENGTH),
-                word(qid, layout.Q_MAX_BYTES),
-                word(qid, layout.Q_OVERFLOW),
-            ),
-        )
-
-    def ready(self, qid: int) -> int:
-        """Messages ready in queue `qid` (over all its logs)."""
-        return self.total(qid, layout.Q_READY)
-
-    def exclusive_owner(self, qid: int) -> int | None:
-        """The connection id that owns an exclusive queue (None: not exclusive)."""
-        if self.flags(qid) & layout.QF_EXCLUSIVE:
-            return self.owner_connection(qid)
-        return None
-
-    def total(self, qid: int, field: int) -> int:
-        """A queue-record counter summed over the queue's logs."""
-        return sum(self.word(log_qid, field) for log_qid in self.logs(qid))
-
-    def scan(self) -> Iterator[tuple[int, bytes, int]]:
-        """(vhost id, name, qid) of every active declared queue (not the
-        level slots of priority queues)."""
-        for qid in range(self.layout.limits.max_queues):
-            q = self.layout.queue(qid)
-            if self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE and not self.a.load(
-                q + layout.Q_PARENT
-            ):
-                yield self.a.load(q + layout.Q_VHOST), self.name(qid), qid
-
-    def level_slots(self) -> Iterator[tuple[int, int, int]]:
-        """(declared queue's qid, level, qid) of every active level slot."""
-        for qid in range(self.layout.limits.max_queues):
-            q = self.layout.queue(qid)
-            parent = self.a.load(q + layout.Q_PARENT)
-            if parent and self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE:
-                yield parent - 1, self.a.load(q + layout.Q_LEVEL), qid
-
-    def name(self, qid: int) -> bytes:
-        q = self.layout.queue(qid)
-        n = self.a.load(q + layout.Q_NAME_LEN)
-        return bytes(self.seg.buf[q + layout.Q_NAME : q + layout.Q_NAME + n])
-
-    def is_active(self, qid: int) -> bool:
-        return self.a.load(self.layout.queue(qid) + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE
-
-    def word(self, qid: int, field: int) -> int:
-        return self.a.load(self.layout.queue(qid) + field)
-
+    # ------------------------------------------------- create and remove
     def create(
         self,
         qid: int,
@@ -745,27 +548,3 @@ class QueueStore:
         """Move the head past deleted cells so they can be reused. Safe to
         run concurrently: every step is a CAS from the value just read."""
         self.a.advance_head(self.layout.queue(qid), self.layout.log(qid), self.mask)
-
-    def release_generation(self, qid: int) -> int:
-        """Bumped by every release. A consumer that sees it change moves its
-        pointer back to the head: the released entry is somewhere behind it,
-        and re-scanning the acquired cells in between is a C loop."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_RELEASE_GEN)
-
-
-class PriorityLevels:
-    """A priority queue's level slots: `by_level[p]` is the qid whose log
-    holds priority `p` (the declared queue's own qid for 0), `descending`
-    the qids that exist, highest priority first. Levels without a message
-    ever have no slot: nothing walks them."""
-
-    __slots__ = ("by_level", "descending", "max_priority")
-
-    def __init__(self, max_priority: int, qid: int) -> None:
-        self.max_priority = max_priority
-        self.by_level = {0: qid}
-        self.descending = [qid]
-
-    def add(self, level: int, qid: int) -> None:
-        self.by_level[level] = qid
-        self.descending = [self.by_level[p] for p in sorted(self.by_level, reverse=True)]
