@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
-import struct
-import sys
 import time
 from typing import Any
 
 from pamqp import commands as C
-from pamqp import decode as pamqp_decode
 
 from broker import ipc
 from broker.amqp import errors as E
@@ -26,13 +22,12 @@ from shm import flow, memory
 from shm import layout as L
 from shm import stats as S
 from workers import framing as F
+from workers import negotiation
 from workers.channel import Channel
 from workers.channel_state import ChannelState
 from workers.consumer import update_interest
 from workers.context import WorkerContext
 from workers.memory_guard import ALARM, ALARM_PENDING
-
-VERSION = "0.1.0"
 
 log = logging.getLogger("shoal.connection")
 
@@ -52,33 +47,6 @@ LINGER_TIMEOUT = 2.0
 # consumer, which RabbitMQ sends first (Channel._consumes): the scheduler may
 # hand the message to another consumer, or be slow.
 CONFIRM_HOLD = 0.01
-
-
-def server_properties(ctx: WorkerContext) -> dict[str, Any]:
-    return {
-        "product": "Shoal",
-        "version": VERSION,
-        "platform": f"Python {sys.version.split()[0]}",
-        "copyright": "Shoal authors",
-        "information": "Licensed under the Apache License 2.0",
-        "cluster_name": f"shoal@{socket.gethostname()}",
-        "capabilities": {
-            "publisher_confirms": True,
-            "basic.nack": True,
-            "consumer_cancel_notify": True,
-            "exchange_exchange_bindings": True,
-            "connection.blocked": True,
-            "authentication_failure_close": True,
-            "per_consumer_qos": True,
-            "consumer_priorities": True,
-        },
-        # Which IO worker serves this connection: visible to any client. As
-        # strings: RabbitMQ sends only long strings, booleans and tables here,
-        # and codecs written against AMQP 0-8 know no short-short-int ('b'),
-        # the type pamqp picks for a small integer.
-        "shoal_worker": str(ctx.index),
-        "shoal_worker_pid": str(os.getpid()),
-    }
 
 
 class Connection(asyncio.Protocol):
@@ -415,7 +383,7 @@ class Connection(asyncio.Protocol):
                 C.Connection.Start(
                     version_major=0,
                     version_minor=9,
-                    server_properties=server_properties(self.ctx),
+                    server_properties=negotiation.server_properties(self.ctx.index),
                     mechanisms="PLAIN AMQPLAIN",
                     locales="en_US",
                 ),
@@ -559,15 +527,9 @@ class Connection(asyncio.Protocol):
         props = method.client_properties or {}
         caps = props.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
-        self.obeys_channel_flow = _obeys_channel_flow(props)
-        user, password = _credentials(method.mechanism, method.response)
+        self.obeys_channel_flow = negotiation.obeys_channel_flow(props)
         config = self.ctx.config
-        if user != config.default_user or password != config.default_pass:
-            raise E.ConnectionError_(
-                E.ACCESS_REFUSED,
-                f"Login was refused using authentication mechanism {method.mechanism}. "
-                "For details see the broker logfile.",
-            )
+        negotiation.check_login(method, config.default_user, config.default_pass)
         self.state = AWAIT_TUNE_OK
         self.write(
             F.encode_method(
@@ -582,26 +544,7 @@ class Connection(asyncio.Protocol):
 
     def _tune_ok(self, method: C.Connection.TuneOk) -> None:
         config = self.ctx.config
-        # RabbitMQ's texts, and its class/method ids (those of connection.tune).
-        for name, value, low, high in (
-            ("frame_max", method.frame_max, 4096, config.frame_max),
-            ("channel_max", method.channel_max, 0, config.channel_max),
-        ):
-            if value and value < low:
-                raise E.ConnectionError_(
-                    E.NOT_ALLOWED,
-                    f"negotiated {name} = {value} is lower than the minimum allowed value ({low})",
-                    10,
-                    30,
-                )
-            if high and value > high:
-                raise E.ConnectionError_(
-                    E.NOT_ALLOWED,
-                    f"negotiated {name} = {value} is higher than the maximum allowed value "
-                    f"({high})",
-                    10,
-                    30,
-                )
+        negotiation.check_tune_ok(method, config.frame_max, config.channel_max)
         self.frame_max = method.frame_max or config.frame_max
         self.reader.frame_max = self.frame_max
         self.channel_max = method.channel_max or config.channel_max
@@ -740,40 +683,3 @@ class Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-
-
-# Clients that answer a server's channel.flow with channel.flow-ok and hold
-# their publishes until it is re-opened (RabbitMQ's Java and .NET clients), or
-# answer and carry on (py-amqp: kombu, Celery). Others must not get it: pika
-# only logs it, aiormq would take it for the reply to its next request, and
-# the Erlang client (shovels, Elixir) silently discards what is published by
-# cast meanwhile. No capability announces it, so the client's product /
-# platform properties decide.
-CHANNEL_FLOW_PLATFORMS = frozenset({"Java", ".NET", ".NET Core"})
-CHANNEL_FLOW_PRODUCTS = frozenset({"py-amqp"})
-
-
-def _obeys_channel_flow(props: dict[str, Any]) -> bool:
-    def text(key: str) -> str:
-        value = props.get(key)
-        return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
-
-    return text("platform") in CHANNEL_FLOW_PLATFORMS or text("product") in CHANNEL_FLOW_PRODUCTS
-
-
-def _credentials(mechanism: str, response: Any) -> tuple[str, str]:
-    raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
-    if mechanism == "PLAIN":
-        parts = raw.split(b"\0")
-        if len(parts) != 3:
-            return "", ""
-        return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-    if mechanism == "AMQPLAIN":
-        try:
-            _n, table = pamqp_decode.field_table(struct.pack(">I", len(raw)) + raw)
-        except Exception:
-            return "", ""
-        login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-        as_str = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
-        return as_str(login), as_str(password)
-    return "", ""

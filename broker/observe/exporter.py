@@ -28,6 +28,7 @@ from prometheus_client.core import (
     UntypedMetricFamily,
 )
 
+from broker import VERSION
 from broker.amqp.definitions import Definitions, Op
 from broker.config import Config
 from broker.observe.families import plain_gauge
@@ -37,8 +38,6 @@ from shm.arena import arena_usage
 from shm.catalog import CatalogReader
 from shm.queues import QueueStore
 from shm.segment import Segment
-
-VERSION = "0.1.0"
 
 
 class Exporter:

@@ -1,0 +1,117 @@
+"""The connection handshake's rules, without IO: what the server says of
+itself in connection.start, the client's credentials, and the limits a
+client may tune to (RabbitMQ's reply texts). workers/connection.py drives
+the handshake and calls these."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+from typing import Any
+
+from pamqp import commands as C
+from pamqp import decode as pamqp_decode
+
+from broker import VERSION
+from broker.amqp import errors as E
+
+
+def server_properties(worker: int) -> dict[str, Any]:
+    """connection.start's server-properties table."""
+    return {
+        "product": "Shoal",
+        "version": VERSION,
+        "platform": f"Python {sys.version.split()[0]}",
+        "copyright": "Shoal authors",
+        "information": "Licensed under the Apache License 2.0",
+        "cluster_name": f"shoal@{socket.gethostname()}",
+        "capabilities": {
+            "publisher_confirms": True,
+            "basic.nack": True,
+            "consumer_cancel_notify": True,
+            "exchange_exchange_bindings": True,
+            "connection.blocked": True,
+            "authentication_failure_close": True,
+            "per_consumer_qos": True,
+            "consumer_priorities": True,
+        },
+        # Which IO worker serves this connection: visible to any client. As
+        # strings: RabbitMQ sends only long strings, booleans and tables here,
+        # and codecs written against AMQP 0-8 know no short-short-int ('b'),
+        # the type pamqp picks for a small integer.
+        "shoal_worker": str(worker),
+        "shoal_worker_pid": str(os.getpid()),
+    }
+
+
+def check_login(method: C.Connection.StartOk, user: str, password: str) -> None:
+    """connection.start-ok's credentials against the configured user."""
+    got_user, got_password = _credentials(method.mechanism, method.response)
+    if got_user != user or got_password != password:
+        raise E.ConnectionError_(
+            E.ACCESS_REFUSED,
+            f"Login was refused using authentication mechanism {method.mechanism}. "
+            "For details see the broker logfile.",
+        )
+
+
+def check_tune_ok(method: C.Connection.TuneOk, frame_max: int, channel_max: int) -> None:
+    """The client's connection.tune-ok within what we offered, or RabbitMQ's
+    error (with the class/method ids of connection.tune)."""
+    for name, value, low, high in (
+        ("frame_max", method.frame_max, 4096, frame_max),
+        ("channel_max", method.channel_max, 0, channel_max),
+    ):
+        if value and value < low:
+            raise E.ConnectionError_(
+                E.NOT_ALLOWED,
+                f"negotiated {name} = {value} is lower than the minimum allowed value ({low})",
+                10,
+                30,
+            )
+        if high and value > high:
+            raise E.ConnectionError_(
+                E.NOT_ALLOWED,
+                f"negotiated {name} = {value} is higher than the maximum allowed value ({high})",
+                10,
+                30,
+            )
+
+
+# Clients that answer a server's channel.flow with channel.flow-ok and hold
+# their publishes until it is re-opened (RabbitMQ's Java and .NET clients), or
+# answer and carry on (py-amqp: kombu, Celery). Others must not get it: pika
+# only logs it, aiormq would take it for the reply to its next request, and
+# the Erlang client (shovels, Elixir) silently discards what is published by
+# cast meanwhile. No capability announces it, so the client's product /
+# platform properties decide.
+CHANNEL_FLOW_PLATFORMS = frozenset({"Java", ".NET", ".NET Core"})
+CHANNEL_FLOW_PRODUCTS = frozenset({"py-amqp"})
+
+
+def obeys_channel_flow(props: dict[str, Any]) -> bool:
+    def text(key: str) -> str:
+        value = props.get(key)
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+
+    return text("platform") in CHANNEL_FLOW_PLATFORMS or text("product") in CHANNEL_FLOW_PRODUCTS
+
+
+def _credentials(mechanism: str, response: Any) -> tuple[str, str]:
+    raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
+    if mechanism == "PLAIN":
+        parts = raw.split(b"\0")
+        if len(parts) != 3:
+            return "", ""
+        return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
+    if mechanism == "AMQPLAIN":
+        try:
+            _n, table = pamqp_decode.field_table(struct.pack(">I", len(raw)) + raw)
+        except Exception:
+            return "", ""
+        login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
+        as_str = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
+        return as_str(login), as_str(password)
+    return "", ""
