@@ -13,11 +13,11 @@ from typing import Any
 
 from pamqp import commands as C
 
-from broker.amqp import errors as E
+from broker.amqp import errors
 from shm.arena import (
     release_hold,
 )
-from workers import framing as F
+from workers import framing
 from workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -45,57 +45,59 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
             return
         if self.closing:
             # After we sent channel.close only close/close-ok matter.
-            if ftype == F.FRAME_METHOD and F.method_index(payload) in (
+            if ftype == framing.FRAME_METHOD and framing.method_index(payload) in (
                 C.Channel.Close.index,
                 C.Channel.CloseOk.index,
             ):
-                self._method(F.decode_method(payload))
+                self._method(framing.decode_method(payload))
             return
         try:
-            if ftype == F.FRAME_METHOD:
+            if ftype == framing.FRAME_METHOD:
                 if self.state == EXPECT_HEADER:
-                    raise E.ConnectionError_(
-                        E.UNEXPECTED_FRAME,
+                    raise errors.ConnectionError_(
+                        errors.UNEXPECTED_FRAME,
                         "expected content header for class 60, "
                         "got non content header frame instead",
                         60,
                         40,
                     )
                 if self.state == EXPECT_BODY:
-                    raise E.ConnectionError_(
-                        E.UNEXPECTED_FRAME,
+                    raise errors.ConnectionError_(
+                        errors.UNEXPECTED_FRAME,
                         "expected content body, got non content body frame instead",
                         60,
                         40,
                     )
-                index = F.method_index(payload)
-                if index == F.PUBLISH:
+                index = framing.method_index(payload)
+                if index == framing.PUBLISH:
                     self._on_publish(payload)
-                elif index == F.ACK:
-                    tag, bits = F.decode_ack(payload)
+                elif index == framing.ACK:
+                    tag, bits = framing.decode_ack(payload)
                     self._acknowledge(tag, bool(bits & 1), None, 80)
-                elif index == F.NACK:
-                    tag, bits = F.decode_ack(payload)
+                elif index == framing.NACK:
+                    tag, bits = framing.decode_ack(payload)
                     self._acknowledge(tag, bool(bits & 1), bool(bits & 2), 120)
-                elif index == F.REJECT:
-                    tag, bits = F.decode_ack(payload)
+                elif index == framing.REJECT:
+                    tag, bits = framing.decode_ack(payload)
                     self._acknowledge(tag, False, bool(bits & 1), 90)
                 else:
-                    self._method(F.decode_method(payload))
-            elif ftype == F.FRAME_HEADER:
+                    self._method(framing.decode_method(payload))
+            elif ftype == framing.FRAME_HEADER:
                 self._on_header(payload)
-            elif ftype == F.FRAME_BODY:
+            elif ftype == framing.FRAME_BODY:
                 self._on_body(payload)
             else:
-                raise E.ConnectionError_(E.FRAME_ERROR, f"unexpected frame type {ftype} on channel")
-        except E.ChannelError as exc:
+                raise errors.ConnectionError_(
+                    errors.FRAME_ERROR, f"unexpected frame type {ftype} on channel"
+                )
+        except errors.ChannelError as exc:
             self.fail(exc)
 
     def _method(self, method: Any) -> None:
         handler = _HANDLERS.get(type(method))
         if handler is None:
-            raise E.ConnectionError_(
-                E.COMMAND_INVALID, "unimplemented method", *divmod(method.index, 0x10000)
+            raise errors.ConnectionError_(
+                errors.COMMAND_INVALID, "unimplemented method", *divmod(method.index, 0x10000)
             )
         result = handler(self, method)
         if result is not None:
@@ -114,17 +116,19 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
             return
         exc = task.exception() if not task.cancelled() else None
         if isinstance(exc, RemoteError):
-            exc = E.ChannelError(exc.reply_code, exc.reply_text, *divmod(method.index, 0x10000))
-        if isinstance(exc, E.ChannelError):
+            exc = errors.ChannelError(
+                exc.reply_code, exc.reply_text, *divmod(method.index, 0x10000)
+            )
+        if isinstance(exc, errors.ChannelError):
             self.fail(exc)
-        elif isinstance(exc, E.ConnectionError_):
+        elif isinstance(exc, errors.ConnectionError_):
             self.conn.fail(exc)
             return
         elif exc is not None:
             log.error("connection %x: internal error", self.conn.id, exc_info=exc)
             self.conn.fail(
-                E.ConnectionError_(
-                    E.INTERNAL_ERROR,
+                errors.ConnectionError_(
+                    errors.INTERNAL_ERROR,
                     f"{type(exc).__name__}: {exc}",
                     *divmod(method.index, 0x10000),
                 )
@@ -139,9 +143,9 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         inside a message's frames, so it cannot overtake a half-kept one)."""
         if self.closing:
             return False
-        if ftype == F.FRAME_METHOD and self.state == IDLE:
-            index = F.method_index(payload)
-            if index in _NEVER_KEPT or (index != F.PUBLISH and not self.flow_backlog):
+        if ftype == framing.FRAME_METHOD and self.state == IDLE:
+            index = framing.method_index(payload)
+            if index in _NEVER_KEPT or (index != framing.PUBLISH and not self.flow_backlog):
                 return False
             if ALARM_PENDING in self.conn.flow_blocked:
                 self.conn.alarm_felt()  # a publish under the alarm (RabbitMQ's should_block)
@@ -172,13 +176,13 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
             self.handle(ftype, payload)
         self.conn.flush_confirms(self)
 
-    def fail(self, exc: E.AMQPError) -> None:
+    def fail(self, exc: errors.AMQPError) -> None:
         """A channel exception: close this channel, keep the connection."""
         self.release()
         self.closing = True
         self.backlog.clear()
         self.conn.write(
-            F.encode_method(
+            framing.encode_method(
                 self.number,
                 C.Channel.Close(
                     reply_code=exc.reply_code,
@@ -211,7 +215,7 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
     def _channel_close(self, method: C.Channel.Close) -> None:
         self.conn.flush_confirms(self, force=True)
         self.release()
-        self.conn.write(F.encode_method(self.number, C.Channel.CloseOk()))
+        self.conn.write(framing.encode_method(self.number, C.Channel.CloseOk()))
         if self.closing:
             # The client's channel.close crossed ours: answered, as RabbitMQ
             # does, and the channel stays until the client's close-ok for
@@ -224,7 +228,7 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         self.conn.forget_channel(self.number)
 
     def _channel_open(self, method: C.Channel.Open) -> None:
-        raise E.ConnectionError_(E.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        raise errors.ConnectionError_(errors.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
 
     def send_flow(self, active: bool) -> None:
         """Tell a client that obeys channel.flow to stop (or resume)
@@ -232,21 +236,23 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         if active == self.flow_told or self.closing:
             return
         self.flow_told = active
-        self.conn.write(F.encode_method(self.number, C.Channel.Flow(active=active)))
+        self.conn.write(framing.encode_method(self.number, C.Channel.Flow(active=active)))
 
     def _channel_flow_ok(self, method: C.Channel.FlowOk) -> None:
         pass  # the client's answer to send_flow: nothing to do
 
     def _channel_flow(self, method: C.Channel.Flow) -> None:
         self.flow_active = bool(method.active)
-        self.conn.write(F.encode_method(self.number, C.Channel.FlowOk(active=method.active)))
+        self.conn.write(framing.encode_method(self.number, C.Channel.FlowOk(active=method.active)))
         for consumer in self.consumers.values():
             update_interest(self.ctx, consumer)
 
 
 # Methods that pass a channel's flow-control backlog: acks (consumers on a
 # blocked connection keep acking) and the close handshake.
-_NEVER_KEPT = frozenset((F.ACK, F.NACK, F.REJECT, C.Channel.Close.index, C.Channel.CloseOk.index))
+_NEVER_KEPT = frozenset(
+    (framing.ACK, framing.NACK, framing.REJECT, C.Channel.Close.index, C.Channel.CloseOk.index)
+)
 
 _Handler = Callable[[Channel, Any], Coroutine[Any, Any, None] | None]
 _HANDLERS: dict[type, _Handler] = {

@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from typing import Any, Protocol
 
-from broker.amqp import errors as E
+from broker.amqp import errors
 from workers.consumer import Consumer
 from workers.context import WorkerContext
 
@@ -42,7 +42,7 @@ class ChannelConnection(Protocol):
     def write(self, data: bytes) -> None: ...
     def write_many(self, frames: list[bytes]) -> None: ...
     def can_deliver(self) -> bool: ...
-    def fail(self, exc: E.AMQPError) -> None: ...
+    def fail(self, exc: errors.AMQPError) -> None: ...
     def flush_confirms(self, channel: ChannelState, force: bool = False) -> None: ...
     def write_cancel(self, channel: ChannelState, frame: bytes) -> None: ...
     def hold_reading(self, holder: object, reason: str | None = ...) -> None: ...
@@ -172,7 +172,7 @@ class ChannelState:
 
     # What the parts call on each other: each is defined by the part that
     # owns it (the Channel class combines them).
-    def fail(self, exc: E.AMQPError) -> None:
+    def fail(self, exc: errors.AMQPError) -> None:
         raise NotImplementedError
 
     def resume(self) -> None:

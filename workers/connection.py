@@ -17,12 +17,9 @@ from typing import Any
 from pamqp import commands as C
 
 from broker import ipc
-from broker.amqp import errors as E
-from shm import flow, memory
-from shm import layout as L
-from shm import stats as S
-from workers import framing as F
-from workers import negotiation
+from broker.amqp import errors
+from shm import flow, layout, memory, stats
+from workers import framing, negotiation
 from workers.channel import Channel
 from workers.channel_state import ChannelState
 from workers.consumer import update_interest
@@ -55,7 +52,7 @@ class Connection(asyncio.Protocol):
         self.id = ctx.next_connection_id()
         self.transport: Any = None  # uvloop's TCPTransport
         self.state = AWAIT_HEADER
-        self.reader = F.FrameReader(ctx.config.frame_max)
+        self.reader = framing.FrameReader(ctx.config.frame_max)
         self.head = b""
         self.channels: dict[int, Channel] = {}
         self.frame_max = ctx.config.frame_max
@@ -95,7 +92,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = transport
-        self.ctx.stats.v[S.CONNECTIONS_OPENED] += 1
+        self.ctx.stats.v[stats.CONNECTIONS_OPENED] += 1
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -133,8 +130,8 @@ class Connection(asyncio.Protocol):
             channel.release()
         ctx = self.ctx
         v = ctx.stats.v
-        v[S.CHANNELS_CLOSED] += len(self.channels)
-        v[S.CONNECTIONS_CLOSED] += 1
+        v[stats.CHANNELS_CLOSED] += len(self.channels)
+        v[stats.CONNECTIONS_CLOSED] += 1
         self.channels.clear()
         self.confirm_channels.clear()
         for qid, state in self.flow_blocked.items():
@@ -142,7 +139,7 @@ class Connection(asyncio.Protocol):
         self.flow_blocked.clear()
         if self.blocked_at:
             self._count_blocked_time(False)
-        ctx.count(L.P_CONNECTIONS, -1)
+        ctx.count(layout.P_CONNECTIONS, -1)
         return ctx.request(ipc.ConnClosed(self.id))
 
     def pause_writing(self) -> None:
@@ -215,19 +212,19 @@ class Connection(asyncio.Protocol):
             return
         self.blocked_sent = blocked
         if blocked:
-            self.write(F.encode_method(0, C.Connection.Blocked(reason=reason[:255])))
+            self.write(framing.encode_method(0, C.Connection.Blocked(reason=reason[:255])))
         elif not self.closed:
-            self.write(F.encode_method(0, C.Connection.Unblocked()))
+            self.write(framing.encode_method(0, C.Connection.Unblocked()))
 
     def _count_blocked_time(self, blocked: bool) -> None:
         """How often and how long publishers are blocked (for the metrics)."""
         v = self.ctx.stats.v
         now = time.monotonic()
         if blocked:
-            v[S.PUBLISHER_BLOCKS] += 1
+            v[stats.PUBLISHER_BLOCKS] += 1
             self.blocked_at = now
         else:
-            v[S.PUBLISHER_BLOCKED_MS] += int((now - self.blocked_at) * 1000)
+            v[stats.PUBLISHER_BLOCKED_MS] += int((now - self.blocked_at) * 1000)
             self.blocked_at = 0.0
 
     # ----------------------- flow control (Qpid Java broker's producer flow control)
@@ -300,7 +297,7 @@ class Connection(asyncio.Protocol):
         except Exception as exc:
             # A bug in handling one client must cost that client only.
             log.exception("connection %x: internal error", self.id)
-            self.fail(E.ConnectionError_(E.INTERNAL_ERROR, f"{type(exc).__name__}"))
+            self.fail(errors.ConnectionError_(errors.INTERNAL_ERROR, f"{type(exc).__name__}"))
 
     def _data_received(self, data: bytes) -> None:
         self.last_recv = time.monotonic()
@@ -310,14 +307,14 @@ class Connection(asyncio.Protocol):
                 return
         try:
             frames = self.reader.feed(data)
-        except F.FrameError as exc:
+        except framing.FrameError as exc:
             self._frame_error(exc)
             return
         try:
             self._dispatch(frames)
-        except E.ConnectionError_ as exc:
+        except errors.ConnectionError_ as exc:
             self.fail(exc)
-        except F.FrameError as exc:
+        except framing.FrameError as exc:
             self._frame_error(exc)
         for channel_obj in self.confirm_channels:
             self.flush_confirms(channel_obj)
@@ -345,11 +342,11 @@ class Connection(asyncio.Protocol):
             # Fast path: publish + header + one body frame for an idle channel.
             if (
                 channel is not None
-                and ftype == F.FRAME_METHOD
+                and ftype == framing.FRAME_METHOD
                 and i + 1 < count
-                and payload[:4] == F.PUBLISH_ID
-                and frames[i][0] == F.FRAME_HEADER
-                and frames[i + 1][0] == F.FRAME_BODY
+                and payload[:4] == framing.PUBLISH_ID
+                and frames[i][0] == framing.FRAME_HEADER
+                and frames[i + 1][0] == framing.FRAME_BODY
                 and frames[i][1] == number
                 and frames[i + 1][1] == number
                 and channel.fast_publish(payload, frames[i][2], frames[i + 1][2])
@@ -360,8 +357,10 @@ class Connection(asyncio.Protocol):
                 continue
             self._on_channel_frame(ftype, number, payload)
 
-    def _frame_error(self, exc: F.FrameError) -> None:
-        self.fail(E.ConnectionError_(exc.reply_code, exc.reply_text, exc.class_id, exc.method_id))
+    def _frame_error(self, exc: framing.FrameError) -> None:
+        self.fail(
+            errors.ConnectionError_(exc.reply_code, exc.reply_text, exc.class_id, exc.method_id)
+        )
 
     def _protocol_header(self, data: bytes) -> bytes:
         self.head += data
@@ -369,16 +368,16 @@ class Connection(asyncio.Protocol):
             return b""
         header, rest = self.head[:8], self.head[8:]
         self.head = b""
-        if header not in F.ACCEPTED_HEADERS:
+        if header not in framing.ACCEPTED_HEADERS:
             # The spec: answer with the header we support, then close.
             assert self.transport is not None
-            self.transport.write(F.PROTOCOL_HEADER)
+            self.transport.write(framing.PROTOCOL_HEADER)
             self.transport.close()
             self.state = CLOSED
             return b""
         self.state = AWAIT_START_OK
         self.write(
-            F.encode_method(
+            framing.encode_method(
                 0,
                 C.Connection.Start(
                     version_major=0,
@@ -399,24 +398,28 @@ class Connection(asyncio.Protocol):
                 self.confirm_channels.add(channel)
             return
         if self.state != OPEN:
-            raise E.ConnectionError_(E.COMMAND_INVALID, "channel frame before connection.open")
-        index = F.method_index(payload) if ftype == F.FRAME_METHOD else 0
+            raise errors.ConnectionError_(
+                errors.COMMAND_INVALID, "channel frame before connection.open"
+            )
+        index = framing.method_index(payload) if ftype == framing.FRAME_METHOD else 0
         if index == C.Channel.Open.index:
             # RabbitMQ limits how many channels are open, not their numbers.
             if self.channel_max and len(self.channels) >= self.channel_max:
-                raise E.ConnectionError_(
-                    E.NOT_ALLOWED,
+                raise errors.ConnectionError_(
+                    errors.NOT_ALLOWED,
                     f"number of channels opened ({len(self.channels)}) has reached the "
                     f"negotiated channel_max ({self.channel_max})",
                 )
             self.channels[number] = Channel(self, number)
-            self.ctx.stats.v[S.CHANNELS_OPENED] += 1
-            self.write(F.encode_method(number, C.Channel.OpenOk()))
+            self.ctx.stats.v[stats.CHANNELS_OPENED] += 1
+            self.write(framing.encode_method(number, C.Channel.OpenOk()))
             return
-        if ftype == F.FRAME_HEARTBEAT:
-            raise E.ConnectionError_(E.FRAME_ERROR, "heartbeat frame on a non-zero channel")
-        raise E.ConnectionError_(
-            E.CHANNEL_ERROR, "expected 'channel.open'", *divmod(index, 0x10000)
+        if ftype == framing.FRAME_HEARTBEAT:
+            raise errors.ConnectionError_(
+                errors.FRAME_ERROR, "heartbeat frame on a non-zero channel"
+            )
+        raise errors.ConnectionError_(
+            errors.CHANNEL_ERROR, "expected 'channel.open'", *divmod(index, 0x10000)
         )
 
     def flush_confirms(self, channel: ChannelState, force: bool = False) -> None:
@@ -432,9 +435,9 @@ class Connection(asyncio.Protocol):
                     )
                 return
             channel.confirm_held = False
-            self.ctx.stats.v[S.CONFIRMED] += channel.confirm_high - channel.confirm_sent
+            self.ctx.stats.v[stats.CONFIRMED] += channel.confirm_high - channel.confirm_sent
             channel.confirm_sent = channel.confirm_high
-            self.write(F.encode_ack(channel.number, channel.confirm_high, True))
+            self.write(framing.encode_ack(channel.number, channel.confirm_high, True))
 
     def deliveries_written(self) -> None:
         """Deliveries are queued for writing (or CONFIRM_HOLD passed): the
@@ -474,21 +477,23 @@ class Connection(asyncio.Protocol):
     def forget_channel(self, number: int) -> None:
         channel = self.channels.pop(number, None)
         if channel is not None:
-            self.ctx.stats.v[S.CHANNELS_CLOSED] += 1
+            self.ctx.stats.v[stats.CHANNELS_CLOSED] += 1
             self.confirm_channels.discard(channel)
             self.release_reading(channel)
 
     # ------------------------------------------------------------ channel 0
     def _channel_zero(self, ftype: int, payload: memoryview) -> None:
-        if ftype == F.FRAME_HEARTBEAT:
+        if ftype == framing.FRAME_HEARTBEAT:
             return
-        if ftype != F.FRAME_METHOD:
-            raise E.ConnectionError_(E.UNEXPECTED_FRAME, f"frame type {ftype} on channel 0")
-        method = F.decode_method(payload)
+        if ftype != framing.FRAME_METHOD:
+            raise errors.ConnectionError_(
+                errors.UNEXPECTED_FRAME, f"frame type {ftype} on channel 0"
+            )
+        method = framing.decode_method(payload)
         if self.state == CLOSING:
             if isinstance(method, C.Connection.CloseOk | C.Connection.Close):
                 if isinstance(method, C.Connection.Close):
-                    self.write(F.encode_method(0, C.Connection.CloseOk()))
+                    self.write(framing.encode_method(0, C.Connection.CloseOk()))
                 self._release()
                 self._close_gracefully()
             return
@@ -501,8 +506,8 @@ class Connection(asyncio.Protocol):
             self._client_close()
             return
         if expected is not None and not isinstance(method, expected):
-            raise E.ConnectionError_(
-                E.COMMAND_INVALID,
+            raise errors.ConnectionError_(
+                errors.COMMAND_INVALID,
                 f"expected {expected.__name__}, got {method.name}",
                 *divmod(method.index, 0x10000),
             )
@@ -513,12 +518,12 @@ class Connection(asyncio.Protocol):
         elif isinstance(method, C.Connection.Open):
             self._open(method)
         elif isinstance(method, C.Connection.UpdateSecret):
-            self.write(F.encode_method(0, C.Connection.UpdateSecretOk()))
+            self.write(framing.encode_method(0, C.Connection.UpdateSecretOk()))
         elif isinstance(method, C.Connection.Blocked | C.Connection.Unblocked):
             pass
         else:
-            raise E.ConnectionError_(
-                E.COMMAND_INVALID,
+            raise errors.ConnectionError_(
+                errors.COMMAND_INVALID,
                 f"{method.name} is not valid on channel 0",
                 *divmod(method.index, 0x10000),
             )
@@ -532,7 +537,7 @@ class Connection(asyncio.Protocol):
         negotiation.check_login(method, config.default_user, config.default_pass)
         self.state = AWAIT_TUNE_OK
         self.write(
-            F.encode_method(
+            framing.encode_method(
                 0,
                 C.Connection.Tune(
                     channel_max=config.channel_max,
@@ -554,8 +559,8 @@ class Connection(asyncio.Protocol):
     def _open(self, method: C.Connection.Open) -> None:
         vhost_id = self.ctx.routes.vhost_id(method.virtual_host)
         if vhost_id is None:
-            raise E.ConnectionError_(
-                E.NOT_ALLOWED,
+            raise errors.ConnectionError_(
+                errors.NOT_ALLOWED,
                 f"vhost {method.virtual_host} not found",
                 10,
                 40,
@@ -563,7 +568,7 @@ class Connection(asyncio.Protocol):
         self.vhost = method.virtual_host
         self.vhost_id = vhost_id
         self.state = OPEN
-        self.write(F.encode_method(0, C.Connection.OpenOk()))
+        self.write(framing.encode_method(0, C.Connection.OpenOk()))
         if self.ctx.guard.alarms:
             self.alarm(self.ctx.guard.alarms)
         if self.timer is not None:
@@ -592,7 +597,7 @@ class Connection(asyncio.Protocol):
 
     def _send_close_ok(self) -> None:
         if not self.closed and not self.eof_sent:
-            self.write(F.encode_method(0, C.Connection.CloseOk()))
+            self.write(framing.encode_method(0, C.Connection.CloseOk()))
             self._close_gracefully()  # cancels the timer
 
     # ------------------------------------------------------------- timers
@@ -610,12 +615,12 @@ class Connection(asyncio.Protocol):
             self._close_transport()
             return
         if not self.sent_since_tick:
-            self.write(F.HEARTBEAT_FRAME)
+            self.write(framing.HEARTBEAT_FRAME)
         self.sent_since_tick = False
         self.timer = self.ctx.loop.call_later(interval / 2, self._heartbeat_tick)
 
     # ------------------------------------------------------------ closing
-    def fail(self, exc: E.AMQPError) -> None:
+    def fail(self, exc: errors.AMQPError) -> None:
         """A connection exception: send connection.close and wait for close-ok."""
         if self.state in (CLOSING, CLOSED):
             return
@@ -626,7 +631,7 @@ class Connection(asyncio.Protocol):
             channel.release()
         self.state = CLOSING
         self.write(
-            F.encode_method(
+            framing.encode_method(
                 0,
                 C.Connection.Close(
                     reply_code=exc.reply_code,
@@ -644,8 +649,9 @@ class Connection(asyncio.Protocol):
         """Broker shutdown: close with 320 CONNECTION_FORCED, as RabbitMQ does."""
         if self.state == OPEN:
             self.fail(
-                E.ConnectionError_(
-                    E.CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"
+                errors.ConnectionError_(
+                    errors.CONNECTION_FORCED,
+                    "broker forced connection closure with reason 'shutdown'",
                 )
             )
         else:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import ipc
 from broker.config import Config
-from shm import layout as L
+from shm import layout
 from shm.arena import Arena
 from shm.queues import QueueStore
 from shm.segment import Segment
@@ -134,4 +134,4 @@ class WorkerContext:
         self.atomic.fetch_add(self.slot + field, delta)
 
     def heartbeat(self, now_ns: int) -> None:
-        self.atomic.store(self.slot + L.P_HEARTBEAT_NS, now_ns)
+        self.atomic.store(self.slot + layout.P_HEARTBEAT_NS, now_ns)

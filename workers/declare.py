@@ -12,9 +12,9 @@ from typing import Any
 from pamqp import commands as C
 
 from broker import ipc
-from broker.amqp import errors as E
+from broker.amqp import errors
 from broker.amqp.routing import EXCHANGE_TYPES
-from workers import framing as F
+from workers import framing
 from workers.channel_state import (
     ChannelState,
 )
@@ -34,19 +34,21 @@ class Declaring(ChannelState):
     def _resolve_queue(self, name: str, class_method: tuple[int, int]) -> tuple[bytes, int]:
         raw = name.encode() if name else self.last_queue
         if not raw:
-            raise E.ChannelError(E.NOT_FOUND, "no previously declared queue", *class_method)
+            raise errors.ChannelError(
+                errors.NOT_FOUND, "no previously declared queue", *class_method
+            )
         qid = self.ctx.store.lookup(raw, self.conn.vhost_id)
         if qid is None:
-            raise E.ChannelError(
-                E.NOT_FOUND,
-                E.no_queue(raw.decode(errors="replace"), self.conn.vhost),
+            raise errors.ChannelError(
+                errors.NOT_FOUND,
+                errors.no_queue(raw.decode(errors="replace"), self.conn.vhost),
                 *class_method,
             )
         owner = self.ctx.store.exclusive_owner(qid)
         if owner is not None and owner != self.conn.id:
-            raise E.ChannelError(
-                E.RESOURCE_LOCKED,
-                E.locked_queue(raw.decode(errors="replace"), self.conn.vhost),
+            raise errors.ChannelError(
+                errors.RESOURCE_LOCKED,
+                errors.locked_queue(raw.decode(errors="replace"), self.conn.vhost),
                 *class_method,
             )
         return raw, qid
@@ -56,8 +58,8 @@ class Declaring(ChannelState):
         if _FAULT_QUEUE and name == _FAULT_QUEUE:
             raise RuntimeError("injected fault")
         if name.startswith(b"amq.") and not method.passive:
-            raise E.ChannelError(
-                E.ACCESS_REFUSED,
+            raise errors.ChannelError(
+                errors.ACCESS_REFUSED,
                 f"queue name '{method.queue}' contains reserved prefix 'amq.*'",
                 50,
                 10,
@@ -79,7 +81,7 @@ class Declaring(ChannelState):
         self.last_queue = qname
         if not method.nowait:
             self.conn.write(
-                F.encode_method(
+                framing.encode_method(
                     self.number,
                     C.Queue.DeclareOk(
                         queue=qname.decode(), message_count=ready, consumer_count=consumers
@@ -96,7 +98,9 @@ class Declaring(ChannelState):
                 ipc.Delete(conn.vhost, name, method.if_unused, method.if_empty, conn.id)
             )
             if not method.nowait:
-                conn.write(F.encode_method(self.number, C.Queue.DeleteOk(message_count=count)))
+                conn.write(
+                    framing.encode_method(self.number, C.Queue.DeleteOk(message_count=count))
+                )
         finally:
             conn.queue_delete_done()
 
@@ -104,16 +108,18 @@ class Declaring(ChannelState):
         name = method.queue.encode() if method.queue else self.last_queue
         count = await self.ctx.request(ipc.Purge(self.conn.vhost, name, self.conn.id))
         if not method.nowait:
-            self.conn.write(F.encode_method(self.number, C.Queue.PurgeOk(message_count=count)))
+            self.conn.write(
+                framing.encode_method(self.number, C.Queue.PurgeOk(message_count=count))
+            )
 
     def _exchange_declare(self, method: C.Exchange.Declare) -> Coroutine[Any, Any, None]:
         if not method.exchange:
-            raise E.ChannelError(
-                E.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10
+            raise errors.ChannelError(
+                errors.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10
             )
         if not method.passive and method.exchange_type not in EXCHANGE_TYPES:
-            raise E.ConnectionError_(
-                E.COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'", 40, 10
+            raise errors.ConnectionError_(
+                errors.COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'", 40, 10
             )
         return self._definitions_rpc(
             method,
@@ -133,12 +139,12 @@ class Declaring(ChannelState):
     def _exchange_delete(self, method: C.Exchange.Delete) -> Coroutine[Any, Any, None]:
         name = method.exchange
         if not name:
-            raise E.ChannelError(
-                E.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 20
+            raise errors.ChannelError(
+                errors.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 20
             )
         if name.startswith("amq."):
-            raise E.ChannelError(
-                E.ACCESS_REFUSED,
+            raise errors.ChannelError(
+                errors.ACCESS_REFUSED,
                 f"deletion of system exchange '{name}' in vhost '{self.conn.vhost}' not allowed",
                 40,
                 20,
@@ -155,8 +161,8 @@ class Declaring(ChannelState):
         unbind = isinstance(method, C.Exchange.Unbind)
         for name in (method.source, method.destination):
             if not name:
-                raise E.ChannelError(
-                    E.ACCESS_REFUSED,
+                raise errors.ChannelError(
+                    errors.ACCESS_REFUSED,
                     "operation not permitted on the default exchange",
                     *divmod(method.index, 0x10000),
                 )
@@ -178,8 +184,10 @@ class Declaring(ChannelState):
         unbind = isinstance(method, C.Queue.Unbind)
         class_method = divmod(method.index, 0x10000)
         if not method.exchange:
-            raise E.ChannelError(
-                E.ACCESS_REFUSED, "operation not permitted on the default exchange", *class_method
+            raise errors.ChannelError(
+                errors.ACCESS_REFUSED,
+                "operation not permitted on the default exchange",
+                *class_method,
             )
         queue = method.queue
         routing_key = method.routing_key
@@ -187,7 +195,9 @@ class Declaring(ChannelState):
             # The spec's shortcuts: the channel's last declared queue, and
             # its name as routing key when both are empty.
             if not self.last_queue:
-                raise E.ChannelError(E.NOT_FOUND, "no previously declared queue", *class_method)
+                raise errors.ChannelError(
+                    errors.NOT_FOUND, "no previously declared queue", *class_method
+                )
             queue = self.last_queue.decode()
             if not routing_key:
                 routing_key = queue
@@ -212,4 +222,4 @@ class Declaring(ChannelState):
         the channel's turn comes."""
         await self.ctx.request(request)
         if not getattr(method, "nowait", False):
-            self.conn.write(F.encode_method(self.number, ok))
+            self.conn.write(framing.encode_method(self.number, ok))

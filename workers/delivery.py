@@ -11,9 +11,9 @@ from typing import Any
 from pamqp import commands as C
 
 from broker import ipc
-from broker.amqp import errors as E
+from broker.amqp import errors
 from broker.amqp.selector import Selector, SelectorError, compile_selector
-from shm import stats as S
+from shm import stats
 from shm.arena import (
     read_message,
 )
@@ -23,7 +23,7 @@ from shm.stats import (
     DELIVERED_CONSUME_MANUAL_ACK,
     REDELIVERED,
 )
-from workers import framing as F
+from workers import framing
 from workers.channel_state import (
     ChannelState,
 )
@@ -91,26 +91,26 @@ class Delivery(ChannelState):
         exchange, routing_key, header, body = message
         tag = self.next_tag
         self.next_tag = tag + 1
-        stats = self.stats
+        worker_stats = self.stats
         if redelivered:
-            stats[REDELIVERED] += 1
+            worker_stats[REDELIVERED] += 1
         if consumer.no_ack:
-            stats[DELIVERED_CONSUME_AUTO_ACK] += 1
+            worker_stats[DELIVERED_CONSUME_AUTO_ACK] += 1
             if seq >= 0:
                 self.ctx.store.settle_taken(qid, seq)
         else:
-            stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
+            worker_stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
             size = len(body)
             self.unacked[tag] = (consumer, qid, seq, size)
             consumer.unacked += 1
             consumer.unacked_bytes += size
             self.unacked_bytes += size
         out.append(
-            F.encode_deliver(
+            framing.encode_deliver(
                 self.number, consumer.tag_sstr, tag, redelivered, exchange, routing_key
             )
         )
-        out += F.encode_content(self.number, header, body, self.conn.frame_max)
+        out += framing.encode_content(self.number, header, body, self.conn.frame_max)
 
     def _acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
         if self.tx is not None:
@@ -129,11 +129,11 @@ class Delivery(ChannelState):
         else:
             tags = []
         if not tags and (tag or not multiple):
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
             )
         if requeue is None:
-            self.stats[S.ACKNOWLEDGED] += len(tags)
+            self.stats[stats.ACKNOWLEDGED] += len(tags)
         touched: set[Consumer] = set()
         for t in tags:
             consumer, qid, seq, size = unacked.pop(t)
@@ -180,7 +180,7 @@ class Delivery(ChannelState):
         else:
             self.prefetch_count = method.prefetch_count
             self.prefetch_size = method.prefetch_size
-        self.conn.write(F.encode_method(self.number, C.Basic.QosOk()))
+        self.conn.write(framing.encode_method(self.number, C.Basic.QosOk()))
         for consumer in self.consumers.values():
             update_interest(self.ctx, consumer)
 
@@ -188,8 +188,8 @@ class Delivery(ChannelState):
         name, qid = self._resolve_queue(method.queue, (60, 20))
         tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
         if tag in self.consumers:
-            raise E.ConnectionError_(
-                E.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag.decode()}'", 60, 20
+            raise errors.ConnectionError_(
+                errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag.decode()}'", 60, 20
             )
         args = method.arguments or {}
         priority = args.get("x-priority", 0)
@@ -242,7 +242,7 @@ class Delivery(ChannelState):
             return
         if not method.nowait:
             self.conn.write(
-                F.encode_method(self.number, C.Basic.ConsumeOk(consumer_tag=tag.decode()))
+                framing.encode_method(self.number, C.Basic.ConsumeOk(consumer_tag=tag.decode()))
             )
         update_interest(ctx, consumer)
 
@@ -252,7 +252,7 @@ class Delivery(ChannelState):
         if consumer is not None:
             self._drop_consumer(consumer)
         if not method.nowait:
-            self.conn.write(F.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag)))
+            self.conn.write(framing.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag)))
 
     def cancel_from_server(self, consumer: Consumer) -> None:
         """An auto-close browser reached the end of its queue."""
@@ -267,7 +267,7 @@ class Delivery(ChannelState):
         if self.conn.capabilities.get("consumer_cancel_notify"):
             self.conn.write_cancel(
                 self,
-                F.encode_method(
+                framing.encode_method(
                     self.number, C.Basic.Cancel(consumer_tag=consumer.tag.decode(), nowait=True)
                 ),
             )
@@ -282,14 +282,14 @@ class Delivery(ChannelState):
             if got.__class__ is not int:
                 break
         else:
-            ctx.stats.v[S.GET_EMPTY] += 1
-            self.conn.write(F.encode_method(self.number, C.Basic.GetEmpty()))
+            ctx.stats.v[stats.GET_EMPTY] += 1
+            self.conn.write(framing.encode_method(self.number, C.Basic.GetEmpty()))
             return
         seq, block, redelivered = got  # type: ignore[misc]
         v = ctx.stats.v
-        v[S.DELIVERED_GET_AUTO_ACK if method.no_ack else S.DELIVERED_GET_MANUAL_ACK] += 1
+        v[stats.DELIVERED_GET_AUTO_ACK if method.no_ack else stats.DELIVERED_GET_MANUAL_ACK] += 1
         if redelivered:
-            v[S.REDELIVERED] += 1
+            v[stats.REDELIVERED] += 1
         exchange, routing_key, header, body = read_message(ctx.seg, block)
         tag = self.next_tag
         self.next_tag += 1
@@ -300,7 +300,7 @@ class Delivery(ChannelState):
             self.unacked_bytes += len(body)
         ready = ctx.store.ready(qid)
         frames = [
-            F.encode_method(
+            framing.encode_method(
                 self.number,
                 C.Basic.GetOk(
                     delivery_tag=tag,
@@ -311,7 +311,7 @@ class Delivery(ChannelState):
                 ),
             )
         ]
-        frames += F.encode_content(self.number, header, body, self.conn.frame_max)
+        frames += framing.encode_content(self.number, header, body, self.conn.frame_max)
         self.conn.write_many(frames)
 
     def _basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
@@ -322,7 +322,7 @@ class Delivery(ChannelState):
         for consumer in self.consumers.values():
             update_interest(self.ctx, consumer)
         if isinstance(method, C.Basic.Recover):
-            self.conn.write(F.encode_method(self.number, C.Basic.RecoverOk()))
+            self.conn.write(framing.encode_method(self.number, C.Basic.RecoverOk()))
 
     def _redeliver_in_place(self) -> None:
         """recover(requeue=false), as the spec says (RabbitMQ answers 540):
@@ -350,9 +350,9 @@ class Delivery(ChannelState):
             self.conn.write_many(out)
 
 
-def _invalid_consumer_argument(name: str, value: object) -> E.ChannelError:
-    return E.ChannelError(
-        E.PRECONDITION_FAILED, f"invalid arg '{name}' for consumer: {value!r}", 60, 20
+def _invalid_consumer_argument(name: str, value: object) -> errors.ChannelError:
+    return errors.ChannelError(
+        errors.PRECONDITION_FAILED, f"invalid arg '{name}' for consumer: {value!r}", 60, 20
     )
 
 
@@ -376,5 +376,5 @@ def _selector_argument(args: dict[str, Any]) -> Selector | None:
     try:
         selector = compile_selector(text)
     except SelectorError as exc:
-        raise E.ChannelError(E.PRECONDITION_FAILED, str(exc), 60, 20) from None
+        raise errors.ChannelError(errors.PRECONDITION_FAILED, str(exc), 60, 20) from None
     return selector if text.strip() else None

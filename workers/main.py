@@ -19,9 +19,7 @@ from setproctitle import setproctitle
 
 from broker import ipc
 from broker.config import Config
-from shm import layout as L
-from shm import memory
-from shm import stats as S
+from shm import layout, memory, stats
 from shm.segment import Segment
 from workers.connection import Connection
 from workers.consumer import pull
@@ -67,16 +65,16 @@ class Worker:
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
         a, slot = ctx.atomic, ctx.slot
-        a.store(slot + L.P_PID, os.getpid())
-        a.store(slot + L.P_INCARNATION, self.incarnation)
+        a.store(slot + layout.P_PID, os.getpid())
+        a.store(slot + layout.P_INCARNATION, self.incarnation)
         self._tick()
         self._flush_stats()
         self._poll_alarms()
-        a.store(slot + L.P_READY, 1)
+        a.store(slot + layout.P_READY, 1)
         try:
             loop.run_forever()
         finally:
-            a.store(slot + L.P_READY, 0)
+            a.store(slot + layout.P_READY, 0)
             self._flush_stats(again=False)
         return 0
 
@@ -85,9 +83,9 @@ class Worker:
         ctx = self.ctx
         v = ctx.stats.v
         channels = [ch for conn in ctx.connections for ch in conn.channels.values()]
-        v[S.CHANNELS] = len(channels)
-        v[S.CONSUMERS] = len(ctx.consumers)
-        v[S.PUBLISHERS] = sum(1 for ch in channels if ch.publish_count)
+        v[stats.CHANNELS] = len(channels)
+        v[stats.CONSUMERS] = len(ctx.consumers)
+        v[stats.PUBLISHERS] = sum(1 for ch in channels if ch.publish_count)
         capacity = memory_ = disk = 0
         for conn in ctx.connections:
             if conn.flow_blocked:
@@ -95,10 +93,14 @@ class Worker:
                     memory_ += "memory" in conn.alarm_reason
                     disk += "disk" in conn.alarm_reason
                 capacity += any(qid >= 0 for qid in conn.flow_blocked)
-        v[S.BLOCKED_CAPACITY], v[S.BLOCKED_MEMORY], v[S.BLOCKED_DISK] = capacity, memory_, disk
+        v[stats.BLOCKED_CAPACITY], v[stats.BLOCKED_MEMORY], v[stats.BLOCKED_DISK] = (
+            capacity,
+            memory_,
+            disk,
+        )
         ctx.stats.flush()
         if again:
-            self.loop.call_later(S.FLUSH_INTERVAL, self._flush_stats)
+            self.loop.call_later(stats.FLUSH_INTERVAL, self._flush_stats)
 
     def _tick(self) -> None:
         self.ctx.heartbeat(time.monotonic_ns())
@@ -124,7 +126,7 @@ class Worker:
         sock = socket.socket(fileno=fd)
         if self.stopping:
             sock.close()
-            self.ctx.count(L.P_CONNECTIONS, -1)
+            self.ctx.count(layout.P_CONNECTIONS, -1)
             return
         sock.setblocking(False)
 
@@ -133,7 +135,7 @@ class Worker:
                 await self.loop.connect_accepted_socket(lambda: Connection(self.ctx), sock)
             except OSError:
                 sock.close()
-                self.ctx.count(L.P_CONNECTIONS, -1)
+                self.ctx.count(layout.P_CONNECTIONS, -1)
 
         self.loop.create_task(adopt())
 

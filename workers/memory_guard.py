@@ -13,8 +13,7 @@ from collections.abc import Collection
 from typing import Protocol
 
 from broker.config import Config
-from shm import layout, memory
-from shm import stats as S
+from shm import layout, memory, stats
 from shm._atomic import Atomic
 from shm.arena import Arena
 from shm.segment import Segment
@@ -83,7 +82,7 @@ class MemoryGuard:
     def arena_full(self) -> None:
         """The arena refused an allocation: the guard should have prevented
         that (a watermark of 1.0, or one message larger than the headroom)."""
-        self.ctx.stats.v[S.ARENA_FULL] += 1
+        self.ctx.stats.v[stats.ARENA_FULL] += 1
         self.allocated(self.ctx.arena.used_bytes())
 
     def poll(self) -> None:

@@ -15,7 +15,7 @@ from pamqp import commands as C
 from pamqp import decode as pamqp_decode
 
 from broker import VERSION
-from broker.amqp import errors as E
+from broker.amqp import errors
 
 
 def server_properties(worker: int) -> dict[str, Any]:
@@ -50,8 +50,8 @@ def check_login(method: C.Connection.StartOk, user: str, password: str) -> None:
     """connection.start-ok's credentials against the configured user."""
     got_user, got_password = _credentials(method.mechanism, method.response)
     if got_user != user or got_password != password:
-        raise E.ConnectionError_(
-            E.ACCESS_REFUSED,
+        raise errors.ConnectionError_(
+            errors.ACCESS_REFUSED,
             f"Login was refused using authentication mechanism {method.mechanism}. "
             "For details see the broker logfile.",
         )
@@ -65,15 +65,15 @@ def check_tune_ok(method: C.Connection.TuneOk, frame_max: int, channel_max: int)
         ("channel_max", method.channel_max, 0, channel_max),
     ):
         if value and value < low:
-            raise E.ConnectionError_(
-                E.NOT_ALLOWED,
+            raise errors.ConnectionError_(
+                errors.NOT_ALLOWED,
                 f"negotiated {name} = {value} is lower than the minimum allowed value ({low})",
                 10,
                 30,
             )
         if high and value > high:
-            raise E.ConnectionError_(
-                E.NOT_ALLOWED,
+            raise errors.ConnectionError_(
+                errors.NOT_ALLOWED,
                 f"negotiated {name} = {value} is higher than the maximum allowed value ({high})",
                 10,
                 30,

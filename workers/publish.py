@@ -12,7 +12,7 @@ from typing import Any
 from pamqp import commands as C
 
 from broker import ipc
-from broker.amqp import errors as E
+from broker.amqp import errors
 from shm.arena import (
     message_size,
     release_hold,
@@ -28,7 +28,7 @@ from shm.stats import (
     UNROUTABLE_RETURNED,
     size_bucket,
 )
-from workers import framing as F
+from workers import framing
 from workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -67,9 +67,9 @@ class Publishing(ChannelState):
         self.resume()
 
     def _on_publish(self, payload: memoryview) -> None:
-        exchange, routing_key, mandatory, immediate = F.decode_publish(payload)
+        exchange, routing_key, mandatory, immediate = framing.decode_publish(payload)
         if immediate:
-            raise E.ConnectionError_(E.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+            raise errors.ConnectionError_(errors.NOT_IMPLEMENTED, "immediate=true", 60, 40)
         # Routed once the content header is in: a headers exchange needs it.
         self.pending = Pending(exchange, routing_key, mandatory)
         self.state = EXPECT_HEADER
@@ -85,17 +85,17 @@ class Publishing(ChannelState):
             return False
         if self.conn.flow_blocked or self.flow_backlog:
             return False  # handle() keeps it (flow control, resource alarms)
-        class_id, body_size = F.decode_content_header(header)
+        class_id, body_size = framing.decode_content_header(header)
         if body_size != len(body) or class_id != 60:
             return False
-        exchange, routing_key, mandatory, immediate = F.decode_publish(method)
+        exchange, routing_key, mandatory, immediate = framing.decode_publish(method)
         ctx = self.ctx
         if immediate or body_size > ctx.config.max_message_size:
             return False
         raw_header = bytes(header)
         try:
             qids = self._route(exchange, routing_key, raw_header)
-        except E.AMQPError:
+        except errors.AMQPError:
             return False  # the general path raises it again, in order
         if not qids:
             return False
@@ -126,13 +126,13 @@ class Publishing(ChannelState):
     def _on_header(self, payload: memoryview) -> None:
         pending = self.pending
         if self.state != EXPECT_HEADER or pending is None:
-            raise E.ConnectionError_(
-                E.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            raise errors.ConnectionError_(
+                errors.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
             )
-        class_id, body_size = F.decode_content_header(payload)
+        class_id, body_size = framing.decode_content_header(payload)
         if class_id != 60:
-            raise E.ConnectionError_(
-                E.UNEXPECTED_FRAME,
+            raise errors.ConnectionError_(
+                errors.UNEXPECTED_FRAME,
                 f"expected content header for class 60, got one for class {class_id} instead",
                 60,
                 40,
@@ -141,8 +141,8 @@ class Publishing(ChannelState):
         if body_size > limit:
             self.state = IDLE
             self.pending = None
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED,
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
                 f"message size {body_size} is larger than configured max size {limit}",
                 60,
                 40,
@@ -152,7 +152,7 @@ class Publishing(ChannelState):
             pending.body_size = body_size
             try:
                 pending.qids = self._route(pending.exchange, pending.routing_key, pending.header)
-            except E.ChannelError:
+            except errors.ChannelError:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise
         if pending.qids:
@@ -160,7 +160,7 @@ class Publishing(ChannelState):
             block = self.ctx.arena.alloc(size)
             if block is None:
                 self.ctx.guard.arena_full()
-                self.suspend_retry(payload, F.FRAME_HEADER)
+                self.suspend_retry(payload, framing.FRAME_HEADER)
                 return
             pending.block = block
             pending.body_off = write_message(
@@ -182,13 +182,13 @@ class Publishing(ChannelState):
     def _on_body(self, payload: memoryview) -> None:
         pending = self.pending
         if self.state != EXPECT_BODY or pending is None:
-            raise E.ConnectionError_(
-                E.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            raise errors.ConnectionError_(
+                errors.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
             )
         n = len(payload)
         if pending.received + n > pending.body_size:
-            raise E.ConnectionError_(
-                E.FRAME_ERROR, "content body is larger than the size in its content header"
+            raise errors.ConnectionError_(
+                errors.FRAME_ERROR, "content body is larger than the size in its content header"
             )
         if pending.body is not None:
             pending.body += payload
@@ -253,7 +253,7 @@ class Publishing(ChannelState):
         self.conn.flush_confirms(self, force=True)
         self.confirm_high = self.confirm_sent = self.publish_seq
         self.conn.write(
-            F.encode_method(
+            framing.encode_method(
                 self.number,
                 C.Basic.Nack(delivery_tag=self.publish_seq, multiple=False, requeue=False),
             )
@@ -273,7 +273,7 @@ class Publishing(ChannelState):
             if levels is None or (pending.levelled is not None and qid in pending.levelled):
                 continue
             if priority < 0:
-                priority = F.message_priority(pending.header)
+                priority = framing.message_priority(pending.header)
             level = min(priority, levels.max_priority)
             target = levels.by_level.get(level)
             if target is None:
@@ -296,7 +296,9 @@ class Publishing(ChannelState):
             if exc is not None or reply.cancelled():
                 log.error("connection %x: no priority level log", self.conn.id, exc_info=exc)
                 self.conn.fail(
-                    E.ConnectionError_(E.INTERNAL_ERROR, "no log for a priority level", 60, 40)
+                    errors.ConnectionError_(
+                        errors.INTERNAL_ERROR, "no log for a priority level", 60, 40
+                    )
                 )
                 return
             self._use_level(pending, qid, reply.result()[0])
@@ -349,17 +351,17 @@ class Publishing(ChannelState):
             exchange=pending.exchange.decode(),
             routing_key=pending.routing_key.decode(errors="replace"),
         )
-        frames = [F.encode_method(self.number, method)]
-        frames += F.encode_content(
+        frames = [framing.encode_method(self.number, method)]
+        frames += framing.encode_content(
             self.number, pending.header, bytes(pending.body or b""), self.conn.frame_max
         )
         self.conn.write_many(frames)
 
     def _confirm_select(self, method: C.Confirm.Select) -> None:
         if self.tx is not None:
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
             )
         self.confirm = True
         if not method.nowait:
-            self.conn.write(F.encode_method(self.number, C.Confirm.SelectOk()))
+            self.conn.write(framing.encode_method(self.number, C.Confirm.SelectOk()))

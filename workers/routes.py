@@ -14,7 +14,7 @@ from typing import Any
 
 from pamqp.header import ContentHeader
 
-from broker.amqp import errors as E
+from broker.amqp import errors
 from broker.amqp.definitions import Definitions, Op
 from shm.catalog import CatalogReader
 from shm.queues import QueueStore
@@ -29,7 +29,9 @@ def message_headers(raw_header: bytes) -> dict[str, Any]:
     try:
         header.unmarshal(raw_header)
     except Exception as exc:
-        raise E.ConnectionError_(E.SYNTAX_ERROR, f"malformed content header: {exc}") from exc
+        raise errors.ConnectionError_(
+            errors.SYNTAX_ERROR, f"malformed content header: {exc}"
+        ) from exc
     return header.properties.headers or {}
 
 
@@ -77,10 +79,12 @@ class Routes:
         name = exchange.decode(errors="replace")
         x = router.exchanges.get(name) if router is not None else None
         if router is None or x is None:
-            raise E.ChannelError(E.NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'", 60, 40)
+            raise errors.ChannelError(
+                errors.NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'", 60, 40
+            )
         if x.internal:
-            raise E.ChannelError(
-                E.ACCESS_REFUSED,
+            raise errors.ChannelError(
+                errors.ACCESS_REFUSED,
                 f"cannot publish to internal exchange '{name}' in vhost '{vhost}'",
                 60,
                 40,

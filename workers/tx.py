@@ -11,11 +11,11 @@ from typing import Any
 from pamqp import commands as C
 
 from broker import ipc
-from broker.amqp import errors as E
+from broker.amqp import errors
 from shm.arena import (
     release_hold,
 )
-from workers import framing as F
+from workers import framing
 from workers.channel_state import (
     RETRY_DELAY,
     ChannelState,
@@ -32,16 +32,18 @@ class Transactions(ChannelState):
 
     def _tx_select(self, method: C.Tx.Select) -> None:
         if self.confirm:
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
             )
         if self.tx is None:
             self.tx = Transaction()
-        self.conn.write(F.encode_method(self.number, C.Tx.SelectOk()))
+        self.conn.write(framing.encode_method(self.number, C.Tx.SelectOk()))
 
     def _tx_commit(self, method: C.Tx.Commit) -> Coroutine[Any, Any, None]:
         if self.tx is None:
-            raise E.ChannelError(E.PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, "channel is not transactional", 90, 20
+            )
         tx, self.tx = self.tx, Transaction()
         return self._commit(tx)
 
@@ -74,14 +76,16 @@ class Transactions(ChannelState):
                     release_hold(self.ctx.seg, pending.block)
         for tag, multiple, requeue, method_id in tx.settles:
             self._settle(tag, multiple, requeue, method_id)
-        self.conn.write(F.encode_method(self.number, C.Tx.CommitOk()))
+        self.conn.write(framing.encode_method(self.number, C.Tx.CommitOk()))
 
     def _tx_rollback(self, method: C.Tx.Rollback) -> None:
         if self.tx is None:
-            raise E.ChannelError(E.PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, "channel is not transactional", 90, 30
+            )
         self._rollback()
         self.tx = Transaction()
-        self.conn.write(F.encode_method(self.number, C.Tx.RollbackOk()))
+        self.conn.write(framing.encode_method(self.number, C.Tx.RollbackOk()))
 
     def _rollback(self) -> None:
         """Forget the transaction's publishes (their bodies are freed) and
