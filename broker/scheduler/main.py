@@ -27,7 +27,7 @@ from setproctitle import setproctitle
 from broker import ipc
 from broker.amqp import definitions as D
 from broker.amqp import errors as E
-from broker.amqp.routing import X_MATCH_MODES
+from broker.amqp import x_arguments as X
 from broker.amqp.routing import frozen_args as _frozen_args
 from broker.config import Config
 from broker.scheduler.consumers import ConsumerKey, QueueConsumerManager, State
@@ -350,10 +350,10 @@ class Scheduler:
         else:
             if not name:
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
-            max_priority = _max_priority(name, vhost, arguments)
-            capacity, resume = _capacity(name, vhost, self._with_capacity_defaults(arguments))
-            limits = _length_limits(name, vhost, arguments)
-            single_active = _single_active(name, vhost, arguments)
+            max_priority = X.max_priority(name, vhost, arguments)
+            capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(arguments))
+            limits = _length_record(*X.length_limits(name, vhost, arguments))
+            single_active = X.single_active(name, vhost, arguments)
             if not self.free_qids:
                 raise E.ChannelError(
                     E.RESOURCE_ERROR,
@@ -438,17 +438,8 @@ class Scheduler:
         return sum(changes(qid) for qid in q.levels.values())
 
     def _check_queue_arguments(self, q: QueueState, arguments: dict[str, Any]) -> None:
-        """RabbitMQ compares the arguments it knows on a redeclare; others
-        (a client's own x-foo) may differ."""
         current = self.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
-        for key in EQUIVALENT_QUEUE_ARGUMENTS:
-            got, have = arguments.get(key), current.get(key)
-            if got != have or (type(got) is bool) != (type(have) is bool):
-                raise E.ChannelError(
-                    E.PRECONDITION_FAILED,
-                    f"inequivalent arg '{key}' for queue '{q.name.decode()}' in vhost "
-                    f"'{q.vhost}': {_argument_mismatch(got, have)}",
-                )
+        X.check_equivalent(q.name, q.vhost, arguments, current)
 
     def _locked_text(self, q: QueueState) -> str:
         return E.locked_queue(q.name.decode(), q.vhost)
@@ -558,7 +549,7 @@ class Scheduler:
                 raise E.ChannelError(
                     E.PRECONDITION_FAILED,
                     f"inequivalent arg '{arg}' for exchange '{name}' in vhost '{vhost}': "
-                    f"received {_shown(got)} but current is {_shown(have)}",
+                    f"received {X.shown(got)} but current is {X.shown(have)}",
                 )
         key = "alternate-exchange"
         new_alternate, old_alternate = args.get(key), x.arguments.get(key)
@@ -566,7 +557,7 @@ class Scheduler:
             raise E.ChannelError(
                 E.PRECONDITION_FAILED,
                 f"inequivalent arg '{key}' for exchange '{name}' in vhost '{vhost}': "
-                f"{_argument_mismatch(new_alternate, old_alternate)}",
+                f"{X.argument_mismatch(new_alternate, old_alternate)}",
             )
         return []
 
@@ -634,14 +625,7 @@ class Scheduler:
         elif dest not in router.exchanges:
             raise E.ChannelError(E.NOT_FOUND, f"no exchange '{dest}' in vhost '{vhost}'")
         if exchange.type == "headers" and not unbind:
-            mode = args.get("x-match", "all")
-            if mode not in X_MATCH_MODES:
-                shown = mode.decode(errors="replace") if isinstance(mode, bytes) else mode
-                raise E.ChannelError(
-                    E.PRECONDITION_FAILED,
-                    f'Invalid x-match field value <<"{shown}">>; expected all, any, '
-                    "all-with-x, or any-with-x",
-                )
+            X.check_x_match(args)
         if unbind:
             self._journal(D.Unbound(vhost, source, kind, dest, routing_key, args))
             self._auto_delete(vhost, {source})
@@ -971,158 +955,26 @@ _STATE_GAUGES = {
 }
 
 
-def _max_priority(name: bytes, vhost: str, arguments: dict[str, Any]) -> int:
-    """x-max-priority, checked as RabbitMQ 3.10 does (an integer 0..255)."""
-    value = arguments.get("x-max-priority")
-    if value is None:
-        return 0
-    where = f"invalid arg 'x-max-priority' for queue '{name.decode()}' in vhost '{vhost}'"
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{_field_type(value)}}}"
-        )
-    if not 0 <= value <= 255:
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED, f"{where}: {{max_priority_out_of_range,{value}}}"
-        )
-    return value
-
-
-def _non_negative(name: bytes, vhost: str, arguments: dict[str, Any], key: str) -> int | None:
-    """An integer argument >= 0 (None if absent), refused as RabbitMQ 3.10's
-    check_non_neg_int_arg refuses it."""
-    value = arguments.get(key)
-    if value is None:
-        return None
-    where = f"invalid arg '{key}' for queue '{name.decode()}' in vhost '{vhost}'"
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{_field_type(value)}}}"
-        )
-    if value < 0:
-        raise E.ChannelError(E.PRECONDITION_FAILED, f"{where}: {{value_negative,{value}}}")
-    return value
-
-
-OVERFLOW_MODES = {
+# x-overflow as the queue record holds it (shm/layout.py).
+_OVERFLOW_CODES = {
     "drop-head": L.OVERFLOW_DROP_HEAD,
     "reject-publish": L.OVERFLOW_REJECT_PUBLISH,
     "reject-publish-dlx": L.OVERFLOW_REJECT_PUBLISH_DLX,
 }
 
 
-def _length_limits(name: bytes, vhost: str, arguments: dict[str, Any]) -> tuple[int, int, int]:
-    """x-max-length, x-max-length-bytes and x-overflow, as the queue record
-    holds them: each limit + 1 (0: none), and the overflow mode."""
-    max_length = _non_negative(name, vhost, arguments, "x-max-length")
-    max_bytes = _non_negative(name, vhost, arguments, "x-max-length-bytes")
-    overflow = arguments.get("x-overflow", "drop-head")
-    where = f"invalid arg 'x-overflow' for queue '{name.decode()}' in vhost '{vhost}'"
-    if isinstance(overflow, bytes):
-        overflow = overflow.decode(errors="replace")
-    if not isinstance(overflow, str):
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{_field_type(overflow)}}}"
-        )
-    if overflow not in OVERFLOW_MODES:
-        raise E.ChannelError(E.PRECONDITION_FAILED, f"{where}: invalid_overflow")
+def _length_record(
+    max_length: int | None, max_bytes: int | None, overflow: str
+) -> tuple[int, int, int]:
+    """Checked length limits as the queue record holds them: each limit + 1
+    (0: none), and the overflow mode (0 while there is no limit)."""
     if max_length is None and max_bytes is None:
         return 0, 0, 0
     return (
         0 if max_length is None else max_length + 1,
         0 if max_bytes is None else max_bytes + 1,
-        OVERFLOW_MODES[overflow],
+        _OVERFLOW_CODES[overflow],
     )
-
-
-def _capacity(name: bytes, vhost: str, arguments: dict[str, Any]) -> tuple[int, int]:
-    """x-capacity and x-flow-resume-capacity (bytes, Qpid's arguments): the
-    resume size defaults to 80 % of the capacity and may not exceed it."""
-    capacity = _non_negative(name, vhost, arguments, "x-capacity")
-    resume = _non_negative(name, vhost, arguments, "x-flow-resume-capacity")
-    if not capacity:
-        return 0, 0
-    if resume is None:
-        resume = capacity * 4 // 5
-    if resume > capacity:
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED,
-            f"invalid arg 'x-flow-resume-capacity' for queue '{name.decode()}' in vhost "
-            f"'{vhost}': {resume} is above x-capacity {capacity}",
-        )
-    return capacity, resume
-
-
-def _single_active(name: bytes, vhost: str, arguments: dict[str, Any]) -> bool:
-    """x-single-active-consumer, a boolean as RabbitMQ 3.10 requires."""
-    value = arguments.get("x-single-active-consumer", False)
-    if not isinstance(value, bool):
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED,
-            f"invalid arg 'x-single-active-consumer' for queue '{name.decode()}' in vhost "
-            f"'{vhost}': {{unacceptable_type,{_field_type(value)}}}",
-        )
-    return value
-
-
-def _field_type(value: Any) -> str:
-    """The AMQP field type of a value, as RabbitMQ's errors name it."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "long"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, (str, bytes)):
-        return "longstr"
-    return type(value).__name__
-
-
-# The queue arguments RabbitMQ 3.10 checks for equivalence on redeclare.
-EQUIVALENT_QUEUE_ARGUMENTS = (
-    "x-expires",
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-length-bytes",
-    "x-max-priority",
-    "x-overflow",
-    "x-queue-mode",
-    "x-queue-type",
-    "x-single-active-consumer",
-    "x-delivery-limit",
-    "x-capacity",
-    "x-flow-resume-capacity",
-)
-
-
-def _typed(value: Any) -> str:
-    """A field value as RabbitMQ's argument equivalence errors show it."""
-    if value is None:
-        return "none"
-    kind = _field_type(value)
-    shown = value.decode(errors="replace") if isinstance(value, bytes) else value
-    if isinstance(shown, bool):
-        shown = str(shown).lower()
-    return f"the value '{shown}' of type '{kind}'"
-
-
-def _argument_mismatch(got: Any, have: Any) -> str:
-    """RabbitMQ's rabbit_misc:assert_args_equivalence wording: typed when
-    one side is missing, plain values when both are there."""
-    if got is None or have is None:
-        return f"received {_typed(got)} but current is {_typed(have)}"
-    return f"received {_shown(got)} but current is {_shown(have)}"
-
-
-def _shown(value: Any) -> str:
-    """A value as RabbitMQ's equivalence errors show it."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return f"'{str(value).lower()}'"
-    return f"'{value}'"
 
 
 def run_scheduler(config: Config, seg: Segment, efd: int, links: dict[int, socket.socket]) -> int:
