@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from broker import ipc
 
 if TYPE_CHECKING:
-    from broker.scheduler.main import QueueState, Scheduler
+    from broker.scheduler.main import Scheduler
+    from broker.scheduler.state import QueueState
 
 SOCKET_NAME = "scheduler.sock"
 REPLY_TIMEOUT = 2.0
