@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from broker.cli import local_command  # noqa: E402
-from broker.scheduler.main import SWEEP_INTERVAL  # noqa: E402
+from broker.scheduler.notify import SWEEP_INTERVAL  # noqa: E402
 from shm import stats as S  # noqa: E402
 from shm.segment import Segment  # noqa: E402
 

@@ -16,12 +16,11 @@ import asyncio
 import itertools
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from broker import ipc
-
-if TYPE_CHECKING:
-    from broker.scheduler.main import QueueState, Scheduler
+from broker.scheduler.state import QueueState
 
 SOCKET_NAME = "scheduler.sock"
 REPLY_TIMEOUT = 2.0
@@ -32,8 +31,25 @@ def socket_path(runtime_dir: str) -> str:
     return os.path.join(runtime_dir, SOCKET_NAME)
 
 
+class SchedulerView(Protocol):
+    """What the control socket reads of the scheduler (main.Scheduler), so
+    that this module does not import it: the scheduler imports this one."""
+
+    @property
+    def links(self) -> Mapping[int, ipc.Link[ipc.ToScheduler]]: ...
+
+    @property
+    def queues(self) -> Mapping[int, QueueState]: ...
+
+    def ready(self, q: QueueState) -> int: ...
+
+    def unacked(self, q: QueueState) -> int: ...
+
+    def changes(self, q: QueueState) -> int: ...
+
+
 class Introspection:
-    def __init__(self, scheduler: Scheduler, path: str) -> None:
+    def __init__(self, scheduler: SchedulerView, path: str) -> None:
         self.scheduler = scheduler
         self.path = path
         self._reqs = itertools.count(1)

@@ -285,7 +285,7 @@ def assert_equivalent(got: Definitions, want: Definitions) -> None:
 
 
 class Scheduler:
-    """The writer's side as broker/scheduler/main.py drives it."""
+    """The writer's side as broker/scheduler/journal.py drives it."""
 
     def __init__(self, seg: Segment, ops: list[Op] | None = None) -> None:
         self.writer = CatalogWriter(seg, Op)

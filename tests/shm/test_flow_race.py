@@ -18,7 +18,7 @@ handshake can release, so a missed drain (the acker and the publisher both
 missing the other's write) or a release never kicked shows as a publisher
 stuck. With ackers SIGKILLed (at random by the parent, and by themselves
 right between the ack's byte decrement and the Q_FLOW check), the parent
-also runs the scheduler's sweep rule (broker/scheduler/main.py `_sweep`: a queue
+also runs the scheduler's sweep rule (broker/scheduler/notify.py `_sweep`: a queue
 whose Q_FLOW is not OPEN gets the acker's check and its release taken) and
 puts the dead ackers' entries back (QueueStore.release_owner, as
 shm.recovery does) before starting replacements.

@@ -100,7 +100,7 @@ def ready(seg: Segment) -> int:
 
 
 def deal(ctx: FakeContext, group: list[Consumer]) -> list[int]:
-    """Turns as the scheduler gives them (broker/scheduler/main.py): notify the
+    """Turns as the scheduler gives them (broker/scheduler/notify.py): notify the
     first Interested consumer; DONE puts it at the back, INTEREST false takes
     it out; the next one's turn, until nobody is notified. Returns what each
     consumer got."""

@@ -1,0 +1,188 @@
+"""Queue and binding x-arguments: their checks, with RabbitMQ 3.10's error
+texts (client test suites match on them), as pure functions (no IO).
+
+The scheduler calls them on queue.declare and queue.bind; what a checked
+argument becomes in the shared-memory queue record is the scheduler's
+business (broker/scheduler/queues.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.amqp import errors as E
+from broker.amqp.routing import X_MATCH_MODES
+
+
+def max_priority(name: bytes, vhost: str, arguments: dict[str, Any]) -> int:
+    """x-max-priority, checked as RabbitMQ 3.10 does (an integer 0..255)."""
+    value = arguments.get("x-max-priority")
+    if value is None:
+        return 0
+    where = f"invalid arg 'x-max-priority' for queue '{name.decode()}' in vhost '{vhost}'"
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(value)}}}"
+        )
+    if not 0 <= value <= 255:
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED, f"{where}: {{max_priority_out_of_range,{value}}}"
+        )
+    return value
+
+
+def non_negative(name: bytes, vhost: str, arguments: dict[str, Any], key: str) -> int | None:
+    """An integer argument >= 0 (None if absent), refused as RabbitMQ 3.10's
+    check_non_neg_int_arg refuses it."""
+    value = arguments.get(key)
+    if value is None:
+        return None
+    where = f"invalid arg '{key}' for queue '{name.decode()}' in vhost '{vhost}'"
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(value)}}}"
+        )
+    if value < 0:
+        raise E.ChannelError(E.PRECONDITION_FAILED, f"{where}: {{value_negative,{value}}}")
+    return value
+
+
+# The x-overflow values RabbitMQ 3.10 accepts.
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+
+
+def length_limits(
+    name: bytes, vhost: str, arguments: dict[str, Any]
+) -> tuple[int | None, int | None, str]:
+    """x-max-length, x-max-length-bytes (None: no limit) and x-overflow
+    (checked even when there is no limit, as RabbitMQ does)."""
+    max_length = non_negative(name, vhost, arguments, "x-max-length")
+    max_bytes = non_negative(name, vhost, arguments, "x-max-length-bytes")
+    overflow = arguments.get("x-overflow", "drop-head")
+    where = f"invalid arg 'x-overflow' for queue '{name.decode()}' in vhost '{vhost}'"
+    if isinstance(overflow, bytes):
+        overflow = overflow.decode(errors="replace")
+    if not isinstance(overflow, str):
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(overflow)}}}"
+        )
+    if overflow not in OVERFLOW_MODES:
+        raise E.ChannelError(E.PRECONDITION_FAILED, f"{where}: invalid_overflow")
+    return max_length, max_bytes, overflow
+
+
+def capacity(name: bytes, vhost: str, arguments: dict[str, Any]) -> tuple[int, int]:
+    """x-capacity and x-flow-resume-capacity (bytes, Qpid's arguments): the
+    resume size defaults to 80 % of the capacity and may not exceed it."""
+    size = non_negative(name, vhost, arguments, "x-capacity")
+    resume = non_negative(name, vhost, arguments, "x-flow-resume-capacity")
+    if not size:
+        return 0, 0
+    if resume is None:
+        resume = size * 4 // 5
+    if resume > size:
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED,
+            f"invalid arg 'x-flow-resume-capacity' for queue '{name.decode()}' in vhost "
+            f"'{vhost}': {resume} is above x-capacity {size}",
+        )
+    return size, resume
+
+
+def single_active(name: bytes, vhost: str, arguments: dict[str, Any]) -> bool:
+    """x-single-active-consumer, a boolean as RabbitMQ 3.10 requires."""
+    value = arguments.get("x-single-active-consumer", False)
+    if not isinstance(value, bool):
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED,
+            f"invalid arg 'x-single-active-consumer' for queue '{name.decode()}' in vhost "
+            f"'{vhost}': {{unacceptable_type,{field_type(value)}}}",
+        )
+    return value
+
+
+def field_type(value: Any) -> str:
+    """The AMQP field type of a value, as RabbitMQ's errors name it."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, (str, bytes)):
+        return "longstr"
+    return type(value).__name__
+
+
+# The queue arguments RabbitMQ 3.10 checks for equivalence on redeclare.
+EQUIVALENT_QUEUE_ARGUMENTS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-queue-type",
+    "x-single-active-consumer",
+    "x-delivery-limit",
+    "x-capacity",
+    "x-flow-resume-capacity",
+)
+
+
+def check_equivalent(
+    name: bytes, vhost: str, arguments: dict[str, Any], current: dict[str, Any]
+) -> None:
+    """RabbitMQ compares the arguments it knows on a redeclare; others
+    (a client's own x-foo) may differ."""
+    for key in EQUIVALENT_QUEUE_ARGUMENTS:
+        got, have = arguments.get(key), current.get(key)
+        if got != have or (type(got) is bool) != (type(have) is bool):
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED,
+                f"inequivalent arg '{key}' for queue '{name.decode()}' in vhost "
+                f"'{vhost}': {argument_mismatch(got, have)}",
+            )
+
+
+def check_x_match(args: dict[str, Any]) -> None:
+    """A headers exchange binding's x-match, refused with RabbitMQ's text."""
+    mode = args.get("x-match", "all")
+    if mode not in X_MATCH_MODES:
+        text = mode.decode(errors="replace") if isinstance(mode, bytes) else mode
+        raise E.ChannelError(
+            E.PRECONDITION_FAILED,
+            f'Invalid x-match field value <<"{text}">>; expected all, any, '
+            "all-with-x, or any-with-x",
+        )
+
+
+def typed(value: Any) -> str:
+    """A field value as RabbitMQ's argument equivalence errors show it."""
+    if value is None:
+        return "none"
+    kind = field_type(value)
+    shown = value.decode(errors="replace") if isinstance(value, bytes) else value
+    if isinstance(shown, bool):
+        shown = str(shown).lower()
+    return f"the value '{shown}' of type '{kind}'"
+
+
+def argument_mismatch(got: Any, have: Any) -> str:
+    """RabbitMQ's rabbit_misc:assert_args_equivalence wording: typed when
+    one side is missing, plain values when both are there."""
+    if got is None or have is None:
+        return f"received {typed(got)} but current is {typed(have)}"
+    return f"received {shown(got)} but current is {shown(have)}"
+
+
+def shown(value: Any) -> str:
+    """A value as RabbitMQ's equivalence errors show it."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return f"'{str(value).lower()}'"
+    return f"'{value}'"

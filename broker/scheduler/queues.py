@@ -1,0 +1,276 @@
+"""Queue lifecycle: queue.declare (its arguments checked by
+broker/amqp/x_arguments.py), delete and purge, the exclusive and
+auto-delete rules, priority levels' slots, and the queue index a restarted
+scheduler rebuilds from the segment. The scheduler is the only creator and
+remover of queue table slots.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from typing import Any
+
+from broker import ipc
+from broker.amqp import definitions as D
+from broker.amqp import errors as E
+from broker.amqp import x_arguments as X
+from broker.scheduler.journal import Journal
+from broker.scheduler.state import QueueState
+from shm import flow
+from shm import layout as L
+from shm import stats as S
+
+log = logging.getLogger("shoal.scheduler")
+
+
+class QueueLifecycle(Journal):
+    """Queues: built on the definitions journal (a queue's arguments and
+    bindings are journaled, and go with it)."""
+
+    def _load_queues(self) -> None:
+        """Rebuild the queue index from the segment (a restarted scheduler)."""
+        used = set()
+        vhosts = {vhost_id: name for name, vhost_id in self.definitions.vhost_ids.items()}
+        for vhost_id, name, qid in self.store.scan():
+            flags = self.store.flags(qid)
+            q = QueueState(
+                qid,
+                vhosts.get(vhost_id, self.vhost),
+                name,
+                bool(flags & L.QF_DURABLE),
+                bool(flags & L.QF_EXCLUSIVE),
+                bool(flags & L.QF_AUTO_DELETE),
+                self.store.owner_connection(qid),
+            )
+            q.max_priority = self.store.max_priority(qid)
+            arguments = self.definitions.queue_arguments.get((q.vhost, name.decode()), {})
+            q.qcm.single_active = arguments.get("x-single-active-consumer") is True
+            self.queues[qid] = q
+            self.by_name[(q.vhost, name)] = q
+            used.add(qid)
+        for parent, level, qid in self.store.level_slots():
+            owner = self.queues.get(parent)
+            if owner is None:  # a predecessor died between the two removals
+                self.store.remove(qid)
+                continue
+            owner.levels[level] = qid
+            self.level_of[qid] = owner
+            used.add(qid)
+        self.free_qids = [q for q in range(self.seg.layout.limits.max_queues) if q not in used]
+
+    def _declare(
+        self,
+        vhost: str,
+        name: bytes,
+        passive: bool,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        owner: int,
+        conn_id: int,
+        arguments: dict[str, Any],
+    ) -> list[Any]:
+        self.stats.v[S.QUEUES_DECLARED] += 1
+        q = self.by_name.get((vhost, name)) if name else None
+        if q is not None:
+            q.check_exclusive(conn_id)
+            if not passive:
+                for arg, got, have in (
+                    ("durable", durable, q.durable),
+                    ("auto_delete", auto_delete, q.auto_delete),
+                ):
+                    if got != have:
+                        raise E.ChannelError(
+                            E.PRECONDITION_FAILED,
+                            f"inequivalent arg '{arg}' for queue '{name.decode()}' in vhost "
+                            f"'{vhost}': received '{str(got).lower()}' but current is "
+                            f"'{str(have).lower()}'",
+                        )
+                if exclusive != q.exclusive:
+                    raise E.ChannelError(E.RESOURCE_LOCKED, q.locked_text())
+                self._check_queue_arguments(q, arguments)
+        elif passive:
+            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), vhost))
+        else:
+            if not name:
+                name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
+            max_priority = X.max_priority(name, vhost, arguments)
+            capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(arguments))
+            limits = _length_record(*X.length_limits(name, vhost, arguments))
+            single_active = X.single_active(name, vhost, arguments)
+            if not self.free_qids:
+                raise E.ChannelError(
+                    E.RESOURCE_ERROR,
+                    f"cannot declare queue '{name.decode()}': the limit of "
+                    f"{self.seg.layout.limits.max_queues} queues is reached (--max-queues)",
+                )
+            if arguments:  # first: if the journal is full, nothing was created
+                self._journal(D.QueueArgumentsSet(vhost, name.decode(), arguments))
+            qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
+            flags = (
+                (L.QF_DURABLE if durable else 0)
+                | (L.QF_EXCLUSIVE if exclusive else 0)
+                | (L.QF_AUTO_DELETE if auto_delete else 0)
+            )
+            self.store.create(
+                qid,
+                name,
+                flags,
+                owner,
+                self.definitions.vhost_ids[vhost],
+                max_priority,
+                capacity=capacity,
+                resume=resume,
+                length_limits=limits,
+            )
+            q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
+            q.max_priority = max_priority
+            q.qcm.single_active = single_active
+            self.stats.v[S.QUEUES_CREATED] += 1
+            self.queues[qid] = q
+            self.by_name[(vhost, name)] = q
+        return [q.qid, q.name, self.ready(q), len(q.qcm)]
+
+    def _with_capacity_defaults(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The broker-wide capacity (--default-capacity) for a queue declared
+        without x-capacity; its own arguments win."""
+        config = self.config
+        if "x-capacity" in arguments or not config.default_capacity:
+            return arguments
+        defaults: dict[str, Any] = {"x-capacity": config.default_capacity}
+        if config.default_flow_resume_capacity:
+            defaults["x-flow-resume-capacity"] = config.default_flow_resume_capacity
+        return {**defaults, **arguments}
+
+    def _check_queue_arguments(self, q: QueueState, arguments: dict[str, Any]) -> None:
+        current = self.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
+        X.check_equivalent(q.name, q.vhost, arguments, current)
+
+    def _level(self, qid: int, level: int) -> list[Any]:
+        """A publisher needs priority `level` of queue `qid`: give it a slot.
+        Without a free slot the message goes to the nearest lower level that
+        exists (level 0 always does), which only blurs order within it."""
+        q = self.queues.get(qid)
+        if q is None or not 0 < level <= q.max_priority:
+            return [-1]  # deleted meanwhile (or not a priority queue): drop it
+        have = q.levels.get(level)
+        if have is not None:
+            return [have]
+        if not self.free_qids:
+            log.warning("queue %r: no free slot for priority %d (--max-queues)", q.name, level)
+            return [q.levels[max(p for p in q.levels if p < level)]]
+        slot = self.free_qids.pop(0)
+        vhost_id = self.definitions.vhost_ids[q.vhost]
+        # A level has its queue's capacity and length limits, so that a publish
+        # to it finds them with the same one load as a queue's own publish.
+        capacity, resume, length_limits = self.store.limits_of(qid)
+        self.store.create(
+            slot,
+            b"",
+            0,
+            0,
+            vhost_id,
+            parent=qid,
+            level=level,
+            capacity=capacity,
+            resume=resume,
+            length_limits=length_limits,
+        )
+        q.levels[level] = slot
+        self.level_of[slot] = q
+        # Watched from the start, so its first publisher wakes us if we wait.
+        self.store.set_watch(slot, True)
+        return [slot]
+
+    def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
+        q = self.by_name.get((vhost, name))
+        if q is None:
+            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), vhost))
+        q.check_exclusive(conn_id)
+        return q
+
+    def _delete(
+        self, vhost: str, name: bytes, if_unused: bool, if_empty: bool, conn_id: int
+    ) -> int:
+        q = self.by_name.get((vhost, name))
+        if q is None:
+            return 0  # RabbitMQ: deleting a missing queue succeeds
+        q.check_exclusive(conn_id)
+        if if_unused and len(q.qcm):
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
+            )
+        ready = self.ready(q)
+        # RabbitMQ counts ready messages only: a message delivered and not
+        # yet acknowledged does not make the queue "not empty".
+        if if_empty and ready:
+            raise E.ChannelError(
+                E.PRECONDITION_FAILED,
+                f"queue '{name.decode()}' in vhost '{vhost}' is not empty",
+            )
+        self._remove_queue(q)
+        return ready
+
+    def _purge(self, vhost: str, name: bytes, conn_id: int) -> int:
+        q = self._lookup(vhost, name, conn_id)
+        purged = sum(self.store.purge(qid) for qid in q.levels.values())
+        flow.drained(self.seg, self.waker, *self.store.flow_queue(q.qid))  # may release
+        return purged
+
+    def _remove_queue(self, q: QueueState) -> None:
+        for key in list(q.qcm):
+            self.consumers.pop(key, None)
+            worker, cid = key
+            link = self.links.get(worker)
+            if link is not None:
+                link.send(ipc.ConsumerGone(cid))
+        if not self.store.flow_open(q.qid):
+            self._unblock(q.qid)  # its publishers wait for nothing now
+        for level, qid in q.levels.items():
+            self.store.remove(qid)
+            if level:
+                self.level_of.pop(qid, None)
+                self.free_qids.append(qid)
+        self.queues.pop(q.qid, None)
+        self.by_name.pop((q.vhost, q.name), None)
+        self.stats.v[S.QUEUES_DELETED] += 1
+        self.free_qids.append(q.qid)
+        dest = ("q", q.name.decode())
+        router = self.definitions.router(q.vhost)
+        sources = {source for source, _rk, _args in router.bindings_to(dest)}
+        if sources or (q.vhost, dest[1]) in self.definitions.queue_arguments:
+            self._journal(D.QueueGone(q.vhost, dest[1]))
+            self._auto_delete(q.vhost, sources)
+
+    def _connection_closed(self, conn_id: int) -> None:
+        for q in [q for q in self.queues.values() if q.exclusive and q.owner == conn_id]:
+            self._remove_queue(q)
+
+    def _unblock(self, qid: int) -> None:
+        """Release every publisher blocked on queue `qid` (shm/flow.py)."""
+        for link in self.links.values():
+            link.send(ipc.Unblock(qid))
+
+
+# x-overflow as the queue record holds it (shm/layout.py).
+_OVERFLOW_CODES = {
+    "drop-head": L.OVERFLOW_DROP_HEAD,
+    "reject-publish": L.OVERFLOW_REJECT_PUBLISH,
+    "reject-publish-dlx": L.OVERFLOW_REJECT_PUBLISH_DLX,
+}
+
+
+def _length_record(
+    max_length: int | None, max_bytes: int | None, overflow: str
+) -> tuple[int, int, int]:
+    """Checked length limits as the queue record holds them: each limit + 1
+    (0: none), and the overflow mode (0 while there is no limit)."""
+    if max_length is None and max_bytes is None:
+        return 0, 0, 0
+    return (
+        0 if max_length is None else max_length + 1,
+        0 if max_bytes is None else max_bytes + 1,
+        _OVERFLOW_CODES[overflow],
+    )

@@ -1,0 +1,127 @@
+"""What the scheduler knows: a QueueState per declared queue, and the
+SchedulerState that every layer of the Scheduler reads and writes.
+
+The Scheduler (main.py) is one object built in layers, each a module with
+one job that uses only the layers below it: journal.py (exchanges, bindings,
+the definitions journal), queues.py (queue lifecycle), notify.py (consumers'
+turns, wake-ups, the sweep), main.py (the process loop and message
+dispatch). This module decides nothing; it declares the shared state, and
+the sums over a queue's priority levels that every layer (and the control
+socket, introspect.py) reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker import ipc
+from broker.amqp import definitions as D
+from broker.amqp import errors as E
+from broker.config import Config
+from broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
+from shm._atomic import Atomic
+from shm.catalog import CatalogWriter
+from shm.queues import QueueStore
+from shm.segment import Segment
+from shm.stats import Counters
+from shm.wake import Waker
+
+
+class QueueState:
+    """A declared queue as the scheduler keeps it: its declaration, its
+    consumers' turns (QueueConsumerManager) and its priority levels."""
+
+    __slots__ = (
+        "auto_delete",
+        "browsing",
+        "dry",
+        "durable",
+        "exclusive",
+        "had_consumers",
+        "levels",
+        "max_priority",
+        "name",
+        "owner",
+        "qcm",
+        "qid",
+        "vhost",
+    )
+
+    def __init__(
+        self,
+        qid: int,
+        vhost: str,
+        name: bytes,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        owner: int,
+    ) -> None:
+        self.qid = qid
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive = exclusive
+        self.auto_delete = auto_delete
+        self.owner = owner
+        self.had_consumers = False
+        self.qcm = QueueConsumerManager()
+        # Browsers that ran dry, with the Q_CHANGES value they read before
+        # their last scan: each is notified again as soon as it moves.
+        self.browsing: dict[ConsumerKey, int] = {}
+        # Acquiring consumers that ran dry, with the Q_CHANGES value they read
+        # before that scan: they have seen everything up to it (a selector
+        # consumer may leave entries behind), so each is skipped until it moves.
+        self.dry: dict[ConsumerKey, int] = {}
+        # Priority queues: priority -> the qid whose log holds it (0 is the
+        # queue's own); other levels get a slot when a message first needs one.
+        self.max_priority = 0
+        self.levels = {0: qid}
+
+    def locked_text(self) -> str:
+        return E.locked_queue(self.name.decode(), self.vhost)
+
+    def check_exclusive(self, conn_id: int) -> None:
+        """An exclusive queue is for its declaring connection only."""
+        if self.exclusive and self.owner != conn_id:
+            raise E.ChannelError(E.RESOURCE_LOCKED, self.locked_text())
+
+
+class SchedulerState:
+    """The scheduler's state, built by Scheduler.__init__ (main.py). One
+    process, one thread, so nothing here is locked."""
+
+    config: Config
+    seg: Segment
+    a: Atomic
+    store: QueueStore
+    waker: Waker
+    efd: int
+    loop: asyncio.AbstractEventLoop
+    links: dict[int, ipc.Link[ipc.ToScheduler]]  # worker slot -> its control link
+    queues: dict[int, QueueState]  # qid -> declared queue
+    by_name: dict[tuple[str, bytes], QueueState]  # (vhost, name) -> declared queue
+    level_of: dict[int, QueueState]  # level slot qid -> its queue
+    free_qids: list[int]
+    consumers: dict[ConsumerKey, tuple[int, bool]]  # -> (qid, exclusive)
+    awaiting_hello: set[int]  # workers a restarted scheduler waits for
+    suspects: set[int]  # queues the last sweep found stalled
+    slot: int  # offset of the scheduler's process table slot
+    vhost: str  # the default virtual host
+    catalog: CatalogWriter
+    definitions: D.Definitions
+    stats: Counters
+
+    def ready(self, q: QueueState) -> int:
+        """Ready entries over all the queue's levels."""
+        log_ready = self.store.log_ready
+        return sum(log_ready(qid) for qid in q.levels.values())
+
+    def unacked(self, q: QueueState) -> int:
+        log_unacked = self.store.log_unacked
+        return sum(log_unacked(qid) for qid in q.levels.values())
+
+    def changes(self, q: QueueState) -> int:
+        """CHANGES summed over all the queue's levels."""
+        changes = self.store.changes
+        return sum(changes(qid) for qid in q.levels.values())

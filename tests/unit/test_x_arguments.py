@@ -1,0 +1,79 @@
+"""Queue and binding x-argument checks, without a broker: RabbitMQ 3.10's
+error texts (the integration tests check them again through a client)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.amqp import errors as E
+from broker.amqp import x_arguments as X
+
+
+def refusal(check: Any, *args: Any) -> str:
+    with pytest.raises(E.ChannelError) as info:
+        check(*args)
+    assert info.value.reply_code == E.PRECONDITION_FAILED
+    return info.value.reply_text
+
+
+def test_max_priority() -> None:
+    assert X.max_priority(b"q", "/", {}) == 0
+    assert X.max_priority(b"q", "/", {"x-max-priority": 10}) == 10
+    assert refusal(X.max_priority, b"q", "/", {"x-max-priority": 256}).endswith(
+        "invalid arg 'x-max-priority' for queue 'q' in vhost '/': {max_priority_out_of_range,256}"
+    )
+    assert refusal(X.max_priority, b"q", "/", {"x-max-priority": True}).endswith(
+        "{unacceptable_type,bool}"
+    )
+
+
+def test_length_limits_are_checked_even_without_a_limit() -> None:
+    assert X.length_limits(b"q", "/", {}) == (None, None, "drop-head")
+    assert X.length_limits(b"q", "/", {"x-max-length": 0, "x-overflow": b"reject-publish"}) == (
+        0,
+        None,
+        "reject-publish",
+    )
+    assert refusal(X.length_limits, b"q", "/", {"x-overflow": "drop-tail"}).endswith(
+        "invalid_overflow"
+    )
+    assert refusal(X.length_limits, b"q", "/", {"x-max-length-bytes": -1}).endswith(
+        "{value_negative,-1}"
+    )
+
+
+def test_capacity_resumes_at_80_percent_by_default() -> None:
+    assert X.capacity(b"q", "/", {}) == (0, 0)
+    assert X.capacity(b"q", "/", {"x-capacity": 1000}) == (1000, 800)
+    assert refusal(
+        X.capacity, b"q", "/", {"x-capacity": 10, "x-flow-resume-capacity": 11}
+    ).endswith("11 is above x-capacity 10")
+
+
+def test_equivalence_names_both_values_as_rabbitmq_does() -> None:
+    X.check_equivalent(b"q", "/", {"x-foo": 1}, {"x-foo": 2})  # not one RabbitMQ knows
+    assert refusal(X.check_equivalent, b"q", "/", {"x-max-length": 5}, {}).endswith(
+        "inequivalent arg 'x-max-length' for queue 'q' in vhost '/': "
+        "received the value '5' of type 'long' but current is none"
+    )
+    assert refusal(
+        X.check_equivalent, b"q", "/", {"x-max-length": 5}, {"x-max-length": 6}
+    ).endswith("received '5' but current is '6'")
+    # 1 == True in Python; RabbitMQ tells a long from a bool.
+    assert "inequivalent arg 'x-single-active-consumer'" in refusal(
+        X.check_equivalent,
+        b"q",
+        "/",
+        {"x-single-active-consumer": 1},
+        {"x-single-active-consumer": True},
+    )
+
+
+def test_x_match() -> None:
+    X.check_x_match({})
+    X.check_x_match({"x-match": "any-with-x"})
+    assert 'Invalid x-match field value <<"some">>' in refusal(
+        X.check_x_match, {"x-match": b"some"}
+    )
