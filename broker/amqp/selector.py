@@ -15,6 +15,10 @@ Decoding is lazy: compilation records which identifiers the selector uses, so
 ``Selector.matches`` decodes only the basic properties it needs, stops after
 the last of them, and in the ``headers`` table decodes only the values of the
 keys it needs (the others are skipped by their encoded length).
+
+One concept in one module, over the usual length: the lexer, the parser and
+the compiler of one small language share its grammar, its value rules and
+the lazy property decoder, and read best side by side.
 """
 
 from __future__ import annotations
