@@ -3,6 +3,7 @@
 throughput of this tree against a baseline commit, runs alternating.
 
     python bench/overhead.py --baseline 4b32ed5 --rounds 3 [--rabbitmq]
+    python bench/overhead.py --baseline 4b32ed5 --producers 4 --consumers 4 --no-scrape
 
 Variants, each a fresh 2-worker broker per run:
 
@@ -88,7 +89,7 @@ def shoal(tree: Path, metrics: bool) -> Iterator[tuple[str, int]]:
             proc.wait(5)
 
 
-def perf(uri: str, duration: float, scrape: int, interval: float) -> float:
+def perf(uri: str, duration: float, scrape: int, interval: float, load: tuple[str, ...]) -> float:
     stop = threading.Event()
 
     def scraper() -> None:
@@ -105,7 +106,7 @@ def perf(uri: str, duration: float, scrape: int, interval: float) -> float:
         thread.start()
     try:
         out = subprocess.run(
-            perf_command(uri, PERF, duration, 2),
+            perf_command(uri, PERF + load, duration, 2),
             cwd=ROOT,
             check=True,
             capture_output=True,
@@ -124,7 +125,11 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--scrape-interval", type=float, default=15.0)
     p.add_argument("--rabbitmq", action="store_true", help="also RabbitMQ 3.10 (Debian)")
+    p.add_argument("--producers", type=int, default=1)
+    p.add_argument("--consumers", type=int, default=1)
+    p.add_argument("--no-scrape", action="store_true", help="leave out the scraped variant")
     opts = p.parse_args()
+    load = ("--producers", str(opts.producers), "--consumers", str(opts.consumers))
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         baseline = build_baseline(opts.baseline, Path(tmp))
@@ -133,6 +138,8 @@ def main() -> int:
             ("this tree, endpoint off", ROOT, False),
             (f"this tree, scraped every {opts.scrape_interval:g} s", ROOT, True),
         ]
+        if opts.no_scrape:
+            variants.pop()
         try:
             for round_ in range(opts.rounds):
                 # Each round starts with another variant: no variant always
@@ -140,7 +147,7 @@ def main() -> int:
                 shift = round_ % len(variants)
                 for name, tree, metrics in variants[shift:] + variants[:shift]:
                     with shoal(tree, metrics) as (uri, scrape):
-                        rate = perf(uri, opts.duration, scrape, opts.scrape_interval)
+                        rate = perf(uri, opts.duration, scrape, opts.scrape_interval, load)
                     results.setdefault(name, []).append(rate)
                     print(f"{name}: {rate:,.0f} msg/s", file=sys.stderr)
             if opts.rabbitmq:
@@ -149,7 +156,7 @@ def main() -> int:
                         print(target.unavailable, file=sys.stderr)
                     else:
                         for _ in range(opts.rounds):
-                            rate = perf(target.uri, opts.duration, 0, opts.scrape_interval)
+                            rate = perf(target.uri, opts.duration, 0, opts.scrape_interval, load)
                             results.setdefault("RabbitMQ 3.10", []).append(rate)
                             print(f"RabbitMQ: {rate:,.0f} msg/s", file=sys.stderr)
         finally:
@@ -159,7 +166,8 @@ def main() -> int:
             )
     base = statistics.median(results[variants[0][0]])
     print(
-        f"{datetime.date.today()}, {platform.node()} ({os.cpu_count()} CPUs), 1 -> 1, 64 B,"
+        f"{datetime.date.today()}, {platform.node()} ({os.cpu_count()} CPUs),"
+        f" {opts.producers} -> {opts.consumers}, 64 B,"
         f" prefetch 500, multi-ack 100, {opts.duration:g} s after 2 s warm-up, medians of"
         f" {opts.rounds}:\n"
     )
