@@ -23,6 +23,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker workers shm perf tests bench interop grafana
 	$(VENV)/bin/ruff format --check broker workers shm perf tests bench interop grafana
+	@# mypy cannot follow setuptools' package-dir mapping: it checks the
+	@# packages as shoal.* through a tree of links (pyproject, [tool.mypy]).
+	mkdir -p .build/mypy/shoal
+	for p in broker workers shm perf; do ln -sfn ../../../$$p .build/mypy/shoal/$$p; done
 	$(VENV)/bin/mypy
 
 ## Side-by-side throughput against RabbitMQ (needs rabbitmq-server installed).
@@ -30,4 +34,4 @@ bench: $(STAMP)
 	$(PY) bench/compare.py --start-shoal --start-rabbitmq $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info shm/*.so
+	rm -rf $(VENV) build .build *.egg-info shm/*.so

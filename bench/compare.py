@@ -1,6 +1,6 @@
 """Compare Shoal with RabbitMQ on this machine and write docs/benchmarks.md.
 
-Every scenario runs ``python -m perf ... --json`` against each broker.  Runs
+Every scenario runs ``python -m shoal.perf ... --json`` against each broker.  Runs
 alternate between the brokers (Shoal, RabbitMQ, Shoal, RabbitMQ, ...) so that
 background noise on the machine hits both alike, and each table reports the median
 over ``--rounds``.
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from broker.cli import local_command
+from shoal.broker.cli import local_command
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
@@ -128,7 +128,7 @@ def host_port(uri: str) -> tuple[str, int]:
 
 @contextlib.contextmanager
 def started_shoal(workers: int, extra: Sequence[str]) -> Iterator[Target]:
-    """Run ``python -m broker`` for the duration of the block; stop it after."""
+    """Run ``python -m shoal.broker`` for the duration of the block; stop it after."""
     port = free_port()
     runtime = tempfile.mkdtemp(prefix="shoal-bench-")
     cmd = local_command(port, workers, runtime, *extra)
@@ -349,7 +349,7 @@ def perf_command(uri: str, args: Sequence[str], duration: float, warmup: float) 
     return [
         sys.executable,
         "-m",
-        "perf",
+        "shoal.perf",
         "--uri",
         uri,
         *args,
@@ -612,7 +612,7 @@ def write_report(
     for target in targets:
         uri = target.uri or "<unavailable>"
         lines.append(
-            "python -m perf "
+            "python -m shoal.perf "
             + shlex.join(
                 [
                     "--uri",
@@ -690,10 +690,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Benchmark Shoal against RabbitMQ.")
     p.add_argument("--shoal-uri", help="use an already running Shoal")
     p.add_argument("--rabbit-uri", help="use an already running RabbitMQ")
-    p.add_argument("--start-shoal", action="store_true", help="start `python -m broker`")
+    p.add_argument("--start-shoal", action="store_true", help="start `python -m shoal.broker`")
     p.add_argument("--start-rabbitmq", action="store_true", help="start a private RabbitMQ node")
     p.add_argument("--workers", type=int, default=2, help="Shoal IO workers (default 2)")
-    p.add_argument("--shoal-args", default="", help="extra arguments for `python -m broker`")
+    p.add_argument("--shoal-args", default="", help="extra arguments for `python -m shoal.broker`")
     p.add_argument("--duration", type=float, default=15.0, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per run")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds (median reported)")

@@ -45,10 +45,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.cli import local_command  # noqa: E402
-from broker.scheduler.notify import SWEEP_INTERVAL  # noqa: E402
-from shm import stats as S  # noqa: E402
-from shm.segment import Segment  # noqa: E402
+from shoal.broker.cli import local_command  # noqa: E402
+from shoal.broker.scheduler.notify import SWEEP_INTERVAL  # noqa: E402
+from shoal.shm import stats as S  # noqa: E402
+from shoal.shm.segment import Segment  # noqa: E402
 
 PREFETCH = 10
 BODY = b"x" * 32

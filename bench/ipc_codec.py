@@ -23,9 +23,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker import ipc  # noqa: E402
-from broker.scheduler.main import Scheduler  # noqa: E402
-from workers.main import Worker  # noqa: E402
+from shoal.broker import ipc  # noqa: E402
+from shoal.broker.scheduler.main import Scheduler  # noqa: E402
+from shoal.workers.main import Worker  # noqa: E402
 
 ARGUMENTS = {"x-max-length": 1000, "x-queue-type": "classic", "x-dead-letter-exchange": "dlx"}
 

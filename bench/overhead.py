@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,26 +39,57 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.compare import amqp_ready, free_port, perf_command, started_rabbitmq  # noqa: E402
-from broker.cli import local_command  # noqa: E402
+from shoal.broker.cli import local_command  # noqa: E402
 
 PERF = ("--size", "64", "--prefetch", "500", "--multi-ack", "100")
 
 
 def build_baseline(ref: str, where: Path) -> Path:
-    """A worktree of `ref` with its C extension built in place."""
+    """A worktree of `ref`, with this tree's built C extension when `ref`'s
+    shm/_atomic.c is the same (building it there would need the setuptools
+    of an isolated build, not the venv's), else built in place."""
     tree = where / "baseline"
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref],
         check=True,
         capture_output=True,
     )
-    subprocess.run(
-        [sys.executable, "-c", "from setuptools import setup; setup()", "build_ext", "--inplace"],
-        cwd=tree,
-        check=True,
-        capture_output=True,
-    )
+    same = (tree / "shm" / "_atomic.c").read_bytes() == (ROOT / "shm" / "_atomic.c").read_bytes()
+    built = sorted((ROOT / "shm").glob("_atomic*.so"))
+    if same and built:
+        shutil.copy(built[0], tree / "shm" / built[0].name)
+    else:
+        subprocess.run(
+            [sys.executable, "-c", "from setuptools import setup; setup()", "build_ext", "-i"],
+            cwd=tree,
+            check=True,
+            capture_output=True,
+        )
     return tree
+
+
+def namespaced(tree: Path) -> bool:
+    """Whether `tree` installs its packages under shoal. (pyproject.toml)."""
+    return '"shoal.broker" = "broker"' in (tree / "pyproject.toml").read_text()
+
+
+def command(tree: Path, port: int, runtime: str, metrics_port: int) -> tuple[list[str], str]:
+    """The broker's command line and PYTHONPATH for `tree`. This tree runs
+    as the installed shoal.broker; a baseline from before the shoal
+    namespace as `broker` from its worktree; a later baseline as shoal.broker
+    through a link tree of its own folders, found before the installed one."""
+    cmd = local_command(port, 2, runtime, "--metrics-port", str(metrics_port))
+    if tree == ROOT:
+        return cmd, str(tree)
+    if not namespaced(tree):
+        cmd[cmd.index("shoal.broker")] = "broker"
+        return cmd, str(tree)
+    links = tree / ".build" / "overhead" / "shoal"
+    links.mkdir(parents=True, exist_ok=True)
+    for package in ("broker", "workers", "shm", "perf"):
+        if not (links / package).exists():
+            (links / package).symlink_to(tree / package)
+    return cmd, str(links.parent)
 
 
 @contextlib.contextmanager
@@ -65,8 +97,8 @@ def shoal(tree: Path, metrics: bool) -> Iterator[tuple[str, int]]:
     port = free_port()
     metrics_port = free_port() if metrics else 0
     runtime = tempfile.mkdtemp(prefix="shoal-overhead-")
-    cmd = local_command(port, 2, runtime, "--metrics-port", str(metrics_port))
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    cmd, pythonpath = command(tree, port, runtime, metrics_port)
+    env = {**os.environ, "PYTHONPATH": pythonpath}
     proc = subprocess.Popen(
         cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

@@ -23,12 +23,12 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 from pamqp.body import ContentBody
 
-from broker.config import Config
-from shm import layout
-from shm.segment import Segment
-from workers.connection import Connection
-from workers.consumer import Consumer, pull
-from workers.context import WorkerContext
+from shoal.broker.config import Config
+from shoal.shm import layout
+from shoal.shm.segment import Segment
+from shoal.workers.connection import Connection
+from shoal.workers.consumer import Consumer, pull
+from shoal.workers.context import WorkerContext
 
 
 class FakeTransport:
@@ -80,12 +80,12 @@ def main() -> None:
     )
     loop = asyncio.new_event_loop()
     ctx = WorkerContext(Config(), seg, 0, 1, os.eventfd(0, os.EFD_NONBLOCK), loop)
-    from shm.queues import QueueStore
+    from shoal.shm.queues import QueueStore
 
     QueueStore(seg).create(0, b"bench", 0, 0)
     conn = Connection(ctx)
     conn.connection_made(FakeTransport())
-    from workers.channel import Channel
+    from shoal.workers.channel import Channel
 
     conn.state = 4  # OPEN
     conn.channels[1] = Channel(conn, 1)

@@ -39,7 +39,7 @@ from pamqp.header import ContentHeader
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.cli import local_command  # noqa: E402
+from shoal.broker.cli import local_command  # noqa: E402
 from tests.broker_process import free_port, wait_for  # noqa: E402
 
 BACKLOG = 1_000_000

@@ -11,7 +11,7 @@ import random
 import re
 import time
 
-from broker.amqp.routing import TopicTrie
+from shoal.broker.amqp.routing import TopicTrie
 
 WORDS = [f"w{i}" for i in range(50)]
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from broker.config import Config, default_workers
+from shoal.broker.config import Config, default_workers
 
 
 def _broker_parser() -> argparse.ArgumentParser:
@@ -129,7 +129,7 @@ def local_command(port: int, workers: int, runtime_dir: str, *extra: str) -> lis
     return [
         sys.executable,
         "-m",
-        "broker",
+        "shoal.broker",
         "--bind",
         "127.0.0.1",
         "--port",
@@ -162,7 +162,7 @@ def config_from_args(argv: list[str]) -> Config:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "perf":
-        from perf.cli import main as perf_main
+        from shoal.perf.cli import main as perf_main
 
         return perf_main(args[1:])
     if args and args[0] == "status":
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             help="per queue, its consumers: scheduler state, priority, pointer, credit, unacked",
         )
         ns = p.parse_args(args[1:])
-        from broker.observe import status
+        from shoal.broker.observe import status
 
         cfg = Config(port=ns.port, runtime_dir=ns.runtime_dir)
         if ns.consumers:
@@ -189,6 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
     )
-    from broker.supervisor.main import run_supervisor
+    from shoal.broker.supervisor.main import run_supervisor
 
     return run_supervisor(config)

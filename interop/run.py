@@ -55,7 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from broker.cli import local_command
+from shoal.broker.cli import local_command
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         "--broker-arg",
         action="append",
         default=[],
-        help="extra argument for `python -m broker` (repeatable; use --broker-arg=--x form)",
+        help="extra argument for `python -m shoal.broker` (repeatable; use --broker-arg=--x form)",
     )
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = p.parse_args(argv)

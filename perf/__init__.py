@@ -13,7 +13,7 @@ batch are written by one ``write`` call and so share a send time.
 
 Modules, in the order a run uses them:
 
-- ``cli``: the command line (``shoal perf``, ``python -m perf``) and ``main``.
+- ``cli``: the command line (``shoal perf``, ``python -m shoal.perf``) and ``main``.
 - ``config``: ``PerfConfig`` (one run's options), the shared ``Window`` and phase limits.
 - ``runner``: declares the queues, forks the producer and consumer processes, starts
   them together and collects their results.

@@ -1,7 +1,7 @@
-"""``python -m perf``: the same load generator as ``shoal perf``."""
+"""``python -m shoal.perf``: the same load generator as ``shoal perf``."""
 
 import sys
 
-from perf.cli import main
+from shoal.perf.cli import main
 
 sys.exit(main())

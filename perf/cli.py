@@ -1,4 +1,4 @@
-"""The command line of ``shoal perf`` and ``python -m perf``."""
+"""The command line of ``shoal perf`` and ``python -m shoal.perf``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import secrets
 import sys
 
-from perf.config import PerfConfig
-from perf.connection import AmqpUri
-from perf.report import format_human
-from perf.runner import run_perf
+from shoal.perf.config import PerfConfig
+from shoal.perf.connection import AmqpUri
+from shoal.perf.report import format_human
+from shoal.perf.runner import run_perf
 
 # --- command line -----------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from typing import Any, cast
 
 from pamqp import commands, common, frame
 
-from perf.config import CLOSE_TIMEOUT_S, CONNECT_TIMEOUT_S
-from perf.wire import (
+from shoal.perf.config import CLOSE_TIMEOUT_S, CONNECT_TIMEOUT_S
+from shoal.perf.wire import (
     CLIENT_FRAME_MAX,
     FRAME_HEARTBEAT,
     FRAME_METHOD,

@@ -8,10 +8,10 @@ from typing import Any
 
 from pamqp import commands
 
-from perf.config import PerfConfig, Window
-from perf.connection import AmqpConnection
-from perf.stats import Histogram
-from perf.wire import (
+from shoal.perf.config import PerfConfig, Window
+from shoal.perf.connection import AmqpConnection
+from shoal.perf.stats import Histogram
+from shoal.perf.wire import (
     BASIC_DELIVER,
     FRAME_BODY,
     FRAME_END,

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from perf.config import PerfConfig
-from perf.stats import Histogram, latency_summary_ms
+from shoal.perf.config import PerfConfig
+from shoal.perf.stats import Histogram, latency_summary_ms
 
 
 def summarize(cfg: PerfConfig, results: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 import uvloop
 from pamqp import commands
 
-from perf.config import (
+from shoal.perf.config import (
     CONNECT_TIMEOUT_S,
     JOIN_TIMEOUT_S,
     READY_TIMEOUT_S,
@@ -25,10 +25,10 @@ from perf.config import (
     PerfConfig,
     Window,
 )
-from perf.connection import AmqpConnection, AmqpUri, connect, describe, server_name
-from perf.consumer import Consumer
-from perf.producer import Producer
-from perf.report import summarize
+from shoal.perf.connection import AmqpConnection, AmqpUri, connect, describe, server_name
+from shoal.perf.consumer import Consumer
+from shoal.perf.producer import Producer
+from shoal.perf.report import summarize
 
 # --- child processes --------------------------------------------------------------
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 
-from shm import layout
-from shm.segment import Segment
+from shoal.shm import layout
+from shoal.shm.segment import Segment
 
 
 def body_refs_drop(seg: Segment, block: int, count: int = 1) -> bool:

@@ -31,8 +31,8 @@ from typing import Any
 
 import msgspec
 
-from shm import layout
-from shm.segment import Segment
+from shoal.shm import layout
+from shoal.shm.segment import Segment
 
 C_EPOCH = 0
 C_GEN = 8

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shm import layout
-from shm.queues import QueueStore
+from shoal.shm import layout
+from shoal.shm.queues import QueueStore
 
 FLOW_NAMES = {
     layout.FLOW_OPEN: "open",

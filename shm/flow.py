@@ -29,9 +29,9 @@ argument above holds for the sum as for one word.
 
 from __future__ import annotations
 
-from shm import layout
-from shm.segment import Segment
-from shm.wake import Waker
+from shoal.shm import layout
+from shoal.shm.segment import Segment
+from shoal.shm.wake import Waker
 
 
 def queue_bytes(seg: Segment, qid: int, logs: list[int] | None = None) -> int:

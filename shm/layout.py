@@ -34,7 +34,7 @@ import struct
 
 import msgspec
 
-from shm import _atomic
+from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
 VERSION = 5

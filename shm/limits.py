@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from shm import layout
+from shoal.shm import layout
 
 
 class QueueStore(Protocol):

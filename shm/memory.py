@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import os
 
-from shm import layout
-from shm.segment import Segment
+from shoal.shm import layout
+from shoal.shm.segment import Segment
 
 ALARM_MEMORY = 1
 ALARM_DISK = 2

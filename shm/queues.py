@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shm import flow, layout, limits
-from shm._atomic import Atomic
-from shm.arena import body_length, body_refs_drop, peek_message
-from shm.directory import QueueDirectory
-from shm.segment import Segment
-from shm.wake import Waker
+from shoal.shm import flow, layout, limits
+from shoal.shm._atomic import Atomic
+from shoal.shm.arena import body_length, body_refs_drop, peek_message
+from shoal.shm.directory import QueueDirectory
+from shoal.shm.segment import Segment
+from shoal.shm.wake import Waker
 
 _SEQ = layout.SEQ_SHIFT
 _AVAIL = layout.S_AVAILABLE

@@ -7,10 +7,10 @@ release entries concurrently, and every step below is safe against that.
 
 from __future__ import annotations
 
-from shm import layout
-from shm.arena import held_blocks, release_hold
-from shm.queues import QueueStore
-from shm.segment import Segment
+from shoal.shm import layout
+from shoal.shm.arena import held_blocks, release_hold
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
 
 
 def dropping(seg: Segment, dead_slot: int) -> dict[int, int]:

@@ -15,8 +15,8 @@ import os
 
 import msgspec
 
-from shm import layout
-from shm._atomic import Atomic
+from shoal.shm import layout
+from shoal.shm._atomic import Atomic
 
 
 class Segment:

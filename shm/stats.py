@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import bisect
 
-from shm import layout
-from shm.segment import Segment
+from shoal.shm import layout
+from shoal.shm.segment import Segment
 
 FLUSH_INTERVAL = 0.25
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from shm import layout
-from shm.segment import Segment
+from shoal.shm import layout
+from shoal.shm.segment import Segment
 
 
 class Waker:

@@ -17,9 +17,9 @@ from typing import Any
 
 import psutil
 
-from broker.cli import local_command
-from broker.observe.status import snapshot
-from shm.segment import Segment
+from shoal.broker.cli import local_command
+from shoal.broker.observe.status import snapshot
+from shoal.shm.segment import Segment
 
 ROOT = Path(__file__).resolve().parent.parent
 

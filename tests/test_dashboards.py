@@ -287,12 +287,12 @@ def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
     worker (this process) and two queues, one with an x-capacity: every
     allowlisted family is there with exactly the allowlisted labels, and the
     flow-control families per object only for the capped queue."""
-    from broker.config import Config
-    from broker.observe.exporter import Exporter
-    from broker.observe.metrics import Endpoints
-    from shm import layout as L
-    from shm.queues import QueueStore
-    from shm.segment import Segment
+    from shoal.broker.config import Config
+    from shoal.broker.observe.exporter import Exporter
+    from shoal.broker.observe.metrics import Endpoints
+    from shoal.shm import layout as L
+    from shoal.shm.queues import QueueStore
+    from shoal.shm.segment import Segment
 
     limits = L.Limits(max_workers=2, max_queues=64, queue_capacity=16, arena_bytes=1 << 16)
     seg = Segment.create(str(tmp_path / "metrics.shm"), limits)

@@ -10,13 +10,13 @@ import socket
 import pytest
 from pamqp import body, commands, frame, header
 
-from perf.cli import build_parser, config_from_args, main
-from perf.connection import AmqpUri
-from perf.consumer import DeliveryParser
-from perf.producer import ConfirmTracker
-from perf.report import format_human, summarize
-from perf.stats import Histogram, bucket_bounds, bucket_index, latency_summary_ms
-from perf.wire import (
+from shoal.perf.cli import build_parser, config_from_args, main
+from shoal.perf.connection import AmqpUri
+from shoal.perf.consumer import DeliveryParser
+from shoal.perf.producer import ConfirmTracker
+from shoal.perf.report import format_human, summarize
+from shoal.perf.stats import Histogram, bucket_bounds, bucket_index, latency_summary_ms
+from shoal.perf.wire import (
     FRAME_METHOD,
     TIMESTAMP_BYTES,
     FrameParser,

@@ -13,23 +13,23 @@ from typing import Any
 
 from pamqp import commands as C
 
-from broker.amqp import errors
-from shm.arena import (
+from shoal.broker.amqp import errors
+from shoal.shm.arena import (
     release_hold,
 )
-from workers import framing
-from workers.channel_state import (
+from shoal.workers import framing
+from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
     IDLE,
 )
-from workers.consumer import update_interest
-from workers.context import RemoteError
-from workers.declare import Declaring
-from workers.delivery import Delivery
-from workers.memory_guard import ALARM_PENDING
-from workers.publish import Publishing
-from workers.tx import Transactions
+from shoal.workers.consumer import update_interest
+from shoal.workers.context import RemoteError
+from shoal.workers.declare import Declaring
+from shoal.workers.delivery import Delivery
+from shoal.workers.memory_guard import ALARM_PENDING
+from shoal.workers.publish import Publishing
+from shoal.workers.tx import Transactions
 
 log = logging.getLogger("shoal.worker")
 

@@ -14,9 +14,9 @@ import logging
 from collections import deque
 from typing import Any, Protocol
 
-from broker.amqp import errors
-from workers.consumer import Consumer
-from workers.context import WorkerContext
+from shoal.broker.amqp import errors
+from shoal.workers.consumer import Consumer
+from shoal.workers.context import WorkerContext
 
 log = logging.getLogger("shoal.worker")
 

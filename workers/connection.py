@@ -16,15 +16,15 @@ from typing import Any
 
 from pamqp import commands as C
 
-from broker import ipc
-from broker.amqp import errors
-from shm import flow, layout, memory, stats
-from workers import framing, negotiation
-from workers.channel import Channel
-from workers.channel_state import ChannelState
-from workers.consumer import update_interest
-from workers.context import WorkerContext
-from workers.memory_guard import ALARM, ALARM_PENDING
+from shoal.broker import ipc
+from shoal.broker.amqp import errors
+from shoal.shm import flow, layout, memory, stats
+from shoal.workers import framing, negotiation
+from shoal.workers.channel import Channel
+from shoal.workers.channel_state import ChannelState
+from shoal.workers.consumer import update_interest
+from shoal.workers.context import WorkerContext
+from shoal.workers.memory_guard import ALARM, ALARM_PENDING
 
 log = logging.getLogger("shoal.connection")
 

@@ -15,9 +15,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from broker import ipc
-from shm.queues import Message, QueueStore
-from workers.levels import Levels
+from shoal.broker import ipc
+from shoal.shm.queues import Message, QueueStore
+from shoal.workers.levels import Levels
 
 # Deliveries per notification before yielding to other consumers of the queue
 # (Qpid's MAX_ASYNC_DELIVERIES): keeps one fast consumer from starving the rest.

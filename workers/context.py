@@ -8,19 +8,19 @@ import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import ipc
-from broker.config import Config
-from shm import layout
-from shm.arena import Arena
-from shm.queues import QueueStore
-from shm.segment import Segment
-from shm.stats import Counters
-from shm.wake import Waker
-from workers.memory_guard import MemoryGuard
-from workers.routes import Routes
+from shoal.broker import ipc
+from shoal.broker.config import Config
+from shoal.shm import layout
+from shoal.shm.arena import Arena
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.shm.stats import Counters
+from shoal.shm.wake import Waker
+from shoal.workers.memory_guard import MemoryGuard
+from shoal.workers.routes import Routes
 
 if TYPE_CHECKING:
-    from workers.consumer import Consumer
+    from shoal.workers.consumer import Consumer
 
 
 class Publisher(Protocol):

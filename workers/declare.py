@@ -11,11 +11,11 @@ from typing import Any
 
 from pamqp import commands as C
 
-from broker import ipc
-from broker.amqp import errors
-from broker.amqp.routing import EXCHANGE_TYPES
-from workers import framing
-from workers.channel_state import (
+from shoal.broker import ipc
+from shoal.broker.amqp import errors
+from shoal.broker.amqp.routing import EXCHANGE_TYPES
+from shoal.workers import framing
+from shoal.workers.channel_state import (
     ChannelState,
 )
 

@@ -10,25 +10,25 @@ from typing import Any
 
 from pamqp import commands as C
 
-from broker import ipc
-from broker.amqp import errors
-from broker.amqp.selector import Selector, SelectorError, compile_selector
-from shm import stats
-from shm.arena import (
+from shoal.broker import ipc
+from shoal.broker.amqp import errors
+from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
+from shoal.shm import stats
+from shoal.shm.arena import (
     read_message,
 )
-from shm.queues import Message
-from shm.stats import (
+from shoal.shm.queues import Message
+from shoal.shm.stats import (
     DELIVERED_CONSUME_AUTO_ACK,
     DELIVERED_CONSUME_MANUAL_ACK,
     REDELIVERED,
 )
-from workers import framing
-from workers.channel_state import (
+from shoal.workers import framing
+from shoal.workers.channel_state import (
     ChannelState,
 )
-from workers.consumer import Consumer, update_interest
-from workers.levels import Levels
+from shoal.workers.consumer import Consumer, update_interest
+from shoal.workers.levels import Levels
 
 log = logging.getLogger("shoal.worker")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shm.queues import Message, QueueStore
+from shoal.shm.queues import Message, QueueStore
 
 
 class Levels:

@@ -17,14 +17,14 @@ from typing import Any, TypeVar
 import uvloop
 from setproctitle import setproctitle
 
-from broker import ipc
-from broker.config import Config
-from shm import layout, memory, stats
-from shm.segment import Segment
-from workers.connection import Connection
-from workers.consumer import pull
-from workers.context import WorkerContext
-from workers.memory_guard import ALARM
+from shoal.broker import ipc
+from shoal.broker.config import Config
+from shoal.shm import layout, memory, stats
+from shoal.shm.segment import Segment
+from shoal.workers.connection import Connection
+from shoal.workers.consumer import pull
+from shoal.workers.context import WorkerContext
+from shoal.workers.memory_guard import ALARM
 
 HEARTBEAT_INTERVAL = 1.0
 

@@ -12,12 +12,12 @@ import logging
 from collections.abc import Collection
 from typing import Protocol
 
-from broker.config import Config
-from shm import layout, memory, stats
-from shm._atomic import Atomic
-from shm.arena import Arena
-from shm.segment import Segment
-from shm.stats import Counters
+from shoal.broker.config import Config
+from shoal.shm import layout, memory, stats
+from shoal.shm._atomic import Atomic
+from shoal.shm.arena import Arena
+from shoal.shm.segment import Segment
+from shoal.shm.stats import Counters
 
 log = logging.getLogger("shoal.memory")
 

@@ -14,8 +14,8 @@ from typing import Any
 from pamqp import commands as C
 from pamqp import decode as pamqp_decode
 
-from broker import VERSION
-from broker.amqp import errors
+from shoal.broker import VERSION
+from shoal.broker.amqp import errors
 
 
 def server_properties(worker: int) -> dict[str, Any]:

@@ -11,15 +11,15 @@ from typing import Any
 
 from pamqp import commands as C
 
-from broker import ipc
-from broker.amqp import errors
-from shm.arena import (
+from shoal.broker import ipc
+from shoal.broker.amqp import errors
+from shoal.shm.arena import (
     message_size,
     release_hold,
     write_message,
 )
-from shm.queues import FULL, OVER_CAPACITY, REJECTED
-from shm.stats import (
+from shoal.shm.queues import FULL, OVER_CAPACITY, REJECTED
+from shoal.shm.stats import (
     RECEIVED_CONFIRM,
     ROUTED,
     SIZE_BUCKETS,
@@ -28,8 +28,8 @@ from shm.stats import (
     UNROUTABLE_RETURNED,
     size_bucket,
 )
-from workers import framing
-from workers.channel_state import (
+from shoal.workers import framing
+from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
     IDLE,

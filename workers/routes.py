@@ -14,11 +14,11 @@ from typing import Any
 
 from pamqp.header import ContentHeader
 
-from broker.amqp import errors
-from broker.amqp.definitions import Definitions, Op
-from shm.catalog import CatalogReader
-from shm.queues import QueueStore
-from shm.segment import Segment
+from shoal.broker.amqp import errors
+from shoal.broker.amqp.definitions import Definitions, Op
+from shoal.shm.catalog import CatalogReader
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
 
 CACHE_MAX = 4096
 

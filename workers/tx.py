@@ -10,13 +10,13 @@ from typing import Any
 
 from pamqp import commands as C
 
-from broker import ipc
-from broker.amqp import errors
-from shm.arena import (
+from shoal.broker import ipc
+from shoal.broker.amqp import errors
+from shoal.shm.arena import (
     release_hold,
 )
-from workers import framing
-from workers.channel_state import (
+from shoal.workers import framing
+from shoal.workers.channel_state import (
     RETRY_DELAY,
     ChannelState,
     Transaction,

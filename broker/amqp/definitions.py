@@ -25,7 +25,7 @@ from typing import Any, TypeVar, Union
 
 import msgspec
 
-from broker.amqp.routing import Router
+from shoal.broker.amqp.routing import Router
 
 DEFAULT_EXCHANGES = (
     ("amq.direct", "direct"),

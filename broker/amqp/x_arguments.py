@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.amqp import errors as E
-from broker.amqp.routing import X_MATCH_MODES
+from shoal.broker.amqp import errors as E
+from shoal.broker.amqp.routing import X_MATCH_MODES
 
 
 def max_priority(name: bytes, vhost: str, arguments: dict[str, Any]) -> int:

@@ -28,16 +28,16 @@ from prometheus_client.core import (
     UntypedMetricFamily,
 )
 
-from broker import VERSION
-from broker.amqp.definitions import Definitions, Op
-from broker.config import Config
-from broker.observe.families import plain_gauge
-from broker.observe.scrape import Snapshot
-from shm import layout, memory, stats
-from shm.arena import arena_usage
-from shm.catalog import CatalogReader
-from shm.queues import QueueStore
-from shm.segment import Segment
+from shoal.broker import VERSION
+from shoal.broker.amqp.definitions import Definitions, Op
+from shoal.broker.config import Config
+from shoal.broker.observe.families import plain_gauge
+from shoal.broker.observe.scrape import Snapshot
+from shoal.shm import layout, memory, stats
+from shoal.shm.arena import arena_usage
+from shoal.shm.catalog import CatalogReader
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
 
 
 class Exporter:

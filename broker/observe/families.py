@@ -19,8 +19,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from broker.observe.scrape import QueueRow, Snapshot
-from shm import stats
+from shoal.broker.observe.scrape import QueueRow, Snapshot
+from shoal.shm import stats
 
 PROTOCOL = "amqp091"
 QUEUE_TYPE = "rabbit_classic_queue"  # what RabbitMQ calls a queue like Shoal's

@@ -65,12 +65,12 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from setproctitle import setproctitle
 
-from broker.config import Config
-from broker.observe import families
-from broker.observe.exporter import Exporter
-from broker.observe.scrape import Snapshot
-from shm import layout
-from shm.segment import Segment
+from shoal.broker.config import Config
+from shoal.broker.observe import families
+from shoal.broker.observe.exporter import Exporter
+from shoal.broker.observe.scrape import Snapshot
+from shoal.shm import layout
+from shoal.shm.segment import Segment
 
 log = logging.getLogger("shoal.metrics")
 

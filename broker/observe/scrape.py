@@ -6,9 +6,9 @@ from this Snapshot in families.py."""
 
 from __future__ import annotations
 
-from shm import counters, layout, stats
-from shm.queues import QueueStore
-from shm.segment import Segment
+from shoal.shm import counters, layout, stats
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
 
 
 class QueueRow:

@@ -9,13 +9,13 @@ import socket
 import time
 from typing import Any
 
-from broker.amqp.definitions import Definitions, Op
-from broker.scheduler.introspect import socket_path
-from shm import counters, layout, memory, stats
-from shm.arena import arena_usage
-from shm.catalog import CatalogReader
-from shm.queues import QueueStore
-from shm.segment import Segment
+from shoal.broker.amqp.definitions import Definitions, Op
+from shoal.broker.scheduler.introspect import socket_path
+from shoal.shm import counters, layout, memory, stats
+from shoal.shm.arena import arena_usage
+from shoal.shm.catalog import CatalogReader
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
 
 
 def snapshot(seg: Segment) -> dict[str, Any]:

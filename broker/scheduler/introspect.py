@@ -19,8 +19,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from broker import ipc
-from broker.scheduler.state import QueueState
+from shoal.broker import ipc
+from shoal.broker.scheduler.state import QueueState
 
 SOCKET_NAME = "scheduler.sock"
 REPLY_TIMEOUT = 2.0

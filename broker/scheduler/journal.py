@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.amqp import definitions as D
-from broker.amqp import errors as E
-from broker.amqp import x_arguments as X
-from broker.amqp.routing import frozen_args as _frozen_args
-from broker.scheduler.state import SchedulerState
-from shm.catalog import CatalogFull
+from shoal.broker.amqp import definitions as D
+from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import x_arguments as X
+from shoal.broker.amqp.routing import frozen_args as _frozen_args
+from shoal.broker.scheduler.state import SchedulerState
+from shoal.shm.catalog import CatalogFull
 
 
 class Journal(SchedulerState):

@@ -26,18 +26,18 @@ from typing import Any, TypeVar, cast
 import uvloop
 from setproctitle import setproctitle
 
-from broker import ipc
-from broker.amqp import definitions as D
-from broker.amqp import errors as E
-from broker.config import Config
-from broker.scheduler.introspect import Introspection, socket_path
-from broker.scheduler.notify import SWEEP_INTERVAL, Notification
-from shm import layout as L
-from shm.catalog import CatalogWriter
-from shm.queues import QueueStore
-from shm.segment import Segment
-from shm.stats import Counters
-from shm.wake import Waker
+from shoal.broker import ipc
+from shoal.broker.amqp import definitions as D
+from shoal.broker.amqp import errors as E
+from shoal.broker.config import Config
+from shoal.broker.scheduler.introspect import Introspection, socket_path
+from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
+from shoal.shm import layout as L
+from shoal.shm.catalog import CatalogWriter
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.shm.stats import Counters
+from shoal.shm.wake import Waker
 
 log = logging.getLogger("shoal.scheduler")
 

@@ -11,14 +11,14 @@ import logging
 import time
 from typing import Any
 
-from broker import ipc
-from broker.amqp import errors as E
-from broker.scheduler.consumers import ConsumerKey, State
-from broker.scheduler.queues import QueueLifecycle
-from broker.scheduler.state import QueueState
-from shm import flow
-from shm import layout as L
-from shm import stats as S
+from shoal.broker import ipc
+from shoal.broker.amqp import errors as E
+from shoal.broker.scheduler.consumers import ConsumerKey, State
+from shoal.broker.scheduler.queues import QueueLifecycle
+from shoal.broker.scheduler.state import QueueState
+from shoal.shm import flow
+from shoal.shm import layout as L
+from shoal.shm import stats as S
 
 log = logging.getLogger("shoal.scheduler")
 

@@ -12,15 +12,15 @@ import logging
 import os
 from typing import Any
 
-from broker import ipc
-from broker.amqp import definitions as D
-from broker.amqp import errors as E
-from broker.amqp import x_arguments as X
-from broker.scheduler.journal import Journal
-from broker.scheduler.state import QueueState
-from shm import flow
-from shm import layout as L
-from shm import stats as S
+from shoal.broker import ipc
+from shoal.broker.amqp import definitions as D
+from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import x_arguments as X
+from shoal.broker.scheduler.journal import Journal
+from shoal.broker.scheduler.state import QueueState
+from shoal.shm import flow
+from shoal.shm import layout as L
+from shoal.shm import stats as S
 
 log = logging.getLogger("shoal.scheduler")
 

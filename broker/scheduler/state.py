@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import asyncio
 
-from broker import ipc
-from broker.amqp import definitions as D
-from broker.amqp import errors as E
-from broker.config import Config
-from broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
-from shm._atomic import Atomic
-from shm.catalog import CatalogWriter
-from shm.queues import QueueStore
-from shm.segment import Segment
-from shm.stats import Counters
-from shm.wake import Waker
+from shoal.broker import ipc
+from shoal.broker.amqp import definitions as D
+from shoal.broker.amqp import errors as E
+from shoal.broker.config import Config
+from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
+from shoal.shm._atomic import Atomic
+from shoal.shm.catalog import CatalogWriter
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.shm.stats import Counters
+from shoal.shm.wake import Waker
 
 
 class QueueState:

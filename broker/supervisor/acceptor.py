@@ -16,8 +16,8 @@ from typing import NoReturn
 
 from setproctitle import setproctitle
 
-from shm import layout
-from shm.segment import Segment
+from shoal.shm import layout
+from shoal.shm.segment import Segment
 
 
 def pick_worker(seg: Segment, workers: int, tried: set[int]) -> int | None:

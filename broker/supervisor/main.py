@@ -23,21 +23,21 @@ from collections.abc import Callable
 import psutil
 from setproctitle import setproctitle
 
-from broker.amqp.definitions import Op, new_vhost_ops
-from broker.config import Config
-from broker.ipc import WorkerGone, encode, socketpair
-from broker.observe.metrics import serve as serve_metrics
-from broker.scheduler.introspect import socket_path
-from broker.scheduler.main import run_scheduler
-from broker.supervisor import systemd
-from broker.supervisor.acceptor import run_acceptor
-from shm import layout as L
-from shm import memory
-from shm.catalog import CatalogWriter
-from shm.recovery import recover_worker
-from shm.segment import Segment
-from shm.wake import Waker
-from workers.main import run_worker
+from shoal.broker.amqp.definitions import Op, new_vhost_ops
+from shoal.broker.config import Config
+from shoal.broker.ipc import WorkerGone, encode, socketpair
+from shoal.broker.observe.metrics import serve as serve_metrics
+from shoal.broker.scheduler.introspect import socket_path
+from shoal.broker.scheduler.main import run_scheduler
+from shoal.broker.supervisor import systemd
+from shoal.broker.supervisor.acceptor import run_acceptor
+from shoal.shm import layout as L
+from shoal.shm import memory
+from shoal.shm.catalog import CatalogWriter
+from shoal.shm.recovery import recover_worker
+from shoal.shm.segment import Segment
+from shoal.shm.wake import Waker
+from shoal.workers.main import run_worker
 
 log = logging.getLogger("shoal.supervisor")
 

@@ -24,7 +24,7 @@ import aio_pika
 import pika
 import pytest
 
-from shm.catalog import C_EPOCH
+from shoal.shm.catalog import C_EPOCH
 from tests.broker_process import Broker, queue_gone, wait_for
 
 ChannelClosed = pika.exceptions.ChannelClosedByBroker

@@ -14,8 +14,8 @@ import aio_pika
 import pika
 import pytest
 
-from shm import layout as L
-from shm.queues import QueueStore
+from shoal.shm import layout as L
+from shoal.shm.queues import QueueStore
 from tests.broker_process import Broker
 from tests.clients import assert_declare_refused, connect, pump
 

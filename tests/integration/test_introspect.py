@@ -18,7 +18,15 @@ from tests.clients import connect, connections_on_both_workers, pump
 
 def shoal_status(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "broker", "status", "--runtime-dir", broker.runtime_dir, *args],
+        [
+            sys.executable,
+            "-m",
+            "shoal.broker",
+            "status",
+            "--runtime-dir",
+            broker.runtime_dir,
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -117,7 +125,15 @@ def test_status_answers_after_a_scheduler_restart(broker: Broker) -> None:
 
 def test_status_without_a_broker_says_so(tmp_path: Any) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "broker", "status", "--consumers", "--runtime-dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "shoal.broker",
+            "status",
+            "--consumers",
+            "--runtime-dir",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=30,

@@ -166,7 +166,7 @@ def test_client_vanishing_mid_frame(one_worker: Broker, bystander) -> None:  # t
     s.sendall(struct.pack(">BHI", 3, 1, 50_000) + b"y" * 20_000)  # half a frame, then gone
     s.close()
     seg = one_worker.segment()
-    from shm import layout as L
+    from shoal.shm import layout as L
 
     # The half-written message is never delivered and its space comes back.
     wait_for(

@@ -10,7 +10,7 @@ import time
 
 import aio_pika
 
-from shm import layout as L
+from shoal.shm import layout as L
 from tests.broker_process import Broker
 
 CONSUMERS = 20

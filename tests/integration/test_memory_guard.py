@@ -14,8 +14,8 @@ import aio_pika
 import pika
 import pytest
 
-from broker.observe.status import render
-from shm import stats as S
+from shoal.broker.observe.status import render
+from shoal.shm import stats as S
 from tests.broker_process import Broker, free_port, wait_for
 from tests.clients import connect, connections_on_both_workers, pump, worker_of
 from tests.integration.test_metrics import scrape, value

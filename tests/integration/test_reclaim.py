@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pika
 
-from shm import layout as L
+from shoal.shm import layout as L
 from tests.broker_process import Broker, wait_for
 
 BODY = 64 * 1024

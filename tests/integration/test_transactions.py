@@ -6,7 +6,7 @@ from __future__ import annotations
 import pika
 import pytest
 
-from shm import layout as L
+from shoal.shm import layout as L
 from tests.broker_process import Broker, wait_for
 
 

@@ -6,10 +6,10 @@ import os
 import time
 from collections.abc import Callable
 
-from shm import layout as L
-from shm.arena import Arena, message_size, release_hold, write_message
-from shm.queues import QueueFull, QueueGone, QueueStore
-from shm.segment import Segment
+from shoal.shm import layout as L
+from shoal.shm.arena import Arena, message_size, release_hold, write_message
+from shoal.shm.queues import QueueFull, QueueGone, QueueStore
+from shoal.shm.segment import Segment
 
 SegmentFactory = Callable[[L.Limits], Segment]
 

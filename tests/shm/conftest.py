@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shm import layout as L
-from shm.segment import Segment
+from shoal.shm import layout as L
+from shoal.shm.segment import Segment
 
 from ._support import SMALL, SegmentFactory
 

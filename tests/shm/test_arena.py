@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from shm import layout as L
-from shm.arena import (
+from shoal.shm import layout as L
+from shoal.shm.arena import (
     Arena,
     arena_usage,
     body_refs_drop,
@@ -17,9 +17,9 @@ from shm.arena import (
     release_hold,
     write_message,
 )
-from shm.queues import QueueStore
-from shm.recovery import recover_worker
-from shm.segment import Segment
+from shoal.shm.queues import QueueStore
+from shoal.shm.recovery import recover_worker
+from shoal.shm.segment import Segment
 
 from ._support import (
     SMALL,

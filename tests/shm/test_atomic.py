@@ -6,8 +6,8 @@ import mmap
 
 import pytest
 
-from shm import layout as L
-from shm._atomic import Atomic
+from shoal.shm import layout as L
+from shoal.shm._atomic import Atomic
 
 U64 = 1 << 64
 

@@ -12,10 +12,10 @@ import signal
 import struct
 import time
 
-from shm import layout as L
-from shm.arena import Arena
-from shm.queues import QueueStore
-from shm.segment import Segment
+from shoal.shm import layout as L
+from shoal.shm.arena import Arena
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
 
 from ._support import (
     SMALL,

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from broker.amqp.definitions import (
+from shoal.broker.amqp.definitions import (
     Bound,
     Definitions,
     ExchangeDeclared,
@@ -39,9 +39,9 @@ from broker.amqp.definitions import (
     default_exchange_ops,
     inverse,
 )
-from shm import layout as L
-from shm._atomic import Atomic
-from shm.catalog import (
+from shoal.shm import layout as L
+from shoal.shm._atomic import Atomic
+from shoal.shm.catalog import (
     C_EPOCH,
     C_GEN,
     H_USED,
@@ -50,7 +50,7 @@ from shm.catalog import (
     CatalogWriter,
     half_capacity,
 )
-from shm.segment import Segment
+from shoal.shm.segment import Segment
 
 from ._support import Interposer, SegmentFactory
 

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shm import flow
-from shm import layout as L
-from shm._atomic import Atomic
-from shm.arena import Arena
-from shm.queues import QueueStore
-from shm.segment import Segment
-from shm.wake import Waker
+from shoal.shm import flow
+from shoal.shm import layout as L
+from shoal.shm._atomic import Atomic
+from shoal.shm.arena import Arena
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.shm.wake import Waker
 
 from ._support import SegmentFactory, publish_until_accepted, qword
 

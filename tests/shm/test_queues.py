@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import pytest
 
-import shm.queues
-from shm import layout as L
-from shm.arena import Arena, arena_usage, body_refs_drop
-from shm.queues import QueueFull, QueueGone, QueueStore
-from shm.recovery import recover_worker
-from shm.segment import Segment
+from shoal.shm import layout as L
+from shoal.shm import queues as queues_module
+from shoal.shm.arena import Arena, arena_usage, body_refs_drop
+from shoal.shm.queues import QueueFull, QueueGone, QueueStore
+from shoal.shm.recovery import recover_worker
+from shoal.shm.segment import Segment
 
 from ._support import (
     SMALL,
@@ -602,7 +602,7 @@ def test_publisher_killed_taking_back_an_entry_of_a_deleted_queue(
     def killed(*args: object) -> bool:
         raise Died
 
-    monkeypatch.setattr(shm.queues, "body_refs_drop", killed)
+    monkeypatch.setattr(queues_module, "body_refs_drop", killed)
     publish_cas = _after_write("cas", cell_offset(env.seg, env.qid, 0), lambda: _free_slot(env))
     env.producer.a = Interposer(env.seg.atomic, publish_cas)  # type: ignore[assignment]
     block = env.arena.alloc(100)

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shm import layout as L
-from shm._atomic import Atomic
-from shm.arena import Arena, release_hold
-from shm.queues import QueueFull, QueueGone, QueueStore
-from shm.recovery import recover_worker
-from shm.segment import Segment
+from shoal.shm import layout as L
+from shoal.shm._atomic import Atomic
+from shoal.shm.arena import Arena, release_hold
+from shoal.shm.queues import QueueFull, QueueGone, QueueStore
+from shoal.shm.recovery import recover_worker
+from shoal.shm.segment import Segment
 
 from ._support import SegmentFactory, arena_counters, cell_state, live_blocks, qword, signed
 

@@ -13,11 +13,11 @@ import struct
 import time
 from collections.abc import Callable
 
-from shm import layout as L
-from shm._atomic import Atomic
-from shm.arena import Arena, read_message
-from shm.queues import QueueStore
-from shm.segment import Segment
+from shoal.shm import layout as L
+from shoal.shm._atomic import Atomic
+from shoal.shm.arena import Arena, read_message
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
 
 from ._support import SMALL, SegmentFactory, publish_until_accepted, qword
 

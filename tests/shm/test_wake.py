@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from shm import layout as L
-from shm.segment import Segment
-from shm.wake import Waker
+from shoal.shm import layout as L
+from shoal.shm.segment import Segment
+from shoal.shm.wake import Waker
 
 from ._support import SegmentFactory, qword
 
@@ -117,7 +117,7 @@ def test_no_lost_wakeup_between_park_and_publish(seg: Segment, efd: int) -> None
     waits on the eventfd in vain."""
     import mmap
 
-    from shm._atomic import Atomic
+    from shoal.shm._atomic import Atomic
 
     ctrl_buf = mmap.mmap(-1, 4096)
     ctrl = Atomic(ctrl_buf)

@@ -15,13 +15,13 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody as Body
 from pamqp.header import ContentHeader
 
-from broker.amqp.definitions import Op, new_vhost_ops
-from broker.config import Config
-from shm import layout as L
-from shm.catalog import CatalogWriter
-from shm.segment import Segment
-from workers.connection import Connection
-from workers.context import WorkerContext
+from shoal.broker.amqp.definitions import Op, new_vhost_ops
+from shoal.broker.config import Config
+from shoal.shm import layout as L
+from shoal.shm.catalog import CatalogWriter
+from shoal.shm.segment import Segment
+from shoal.workers.connection import Connection
+from shoal.workers.context import WorkerContext
 
 
 class FakeTransport:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.scheduler.consumers import QueueConsumerManager, State
+from shoal.broker.scheduler.consumers import QueueConsumerManager, State
 
 
 def test_notifies_one_at_a_time_round_robin() -> None:

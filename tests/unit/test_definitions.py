@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from broker.amqp import definitions as D
+from shoal.broker.amqp import definitions as D
 
 DECODE = msgspec.msgpack.Decoder(D.Op).decode
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from broker import ipc
-from broker.scheduler.consumers import QueueConsumerManager
-from shm import layout as L
-from shm.arena import Arena
-from shm.queues import QueueStore
-from shm.segment import Segment
+from shoal.broker import ipc
+from shoal.broker.scheduler.consumers import QueueConsumerManager
+from shoal.shm import layout as L
+from shoal.shm.arena import Arena
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.workers.consumer import BURST, Consumer, pull
 from tests.shm._support import publish
-from workers.consumer import BURST, Consumer, pull
 
 QID = 3
 WORKER = 0  # the consumers' worker (the publisher's arena is worker 1's)
@@ -126,7 +126,7 @@ def deal(ctx: FakeContext, group: list[Consumer]) -> list[int]:
 
 
 def test_turn_quota() -> None:
-    from workers.consumer import turn_quota
+    from shoal.workers.consumer import turn_quota
 
     assert turn_quota(1000, 1) == BURST, "the only consumer takes a burst"
     assert turn_quota(12, 4) == 3

@@ -11,7 +11,7 @@ from pamqp import commands as C
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
-from workers import framing as F
+from shoal.workers import framing as F
 
 STREAM = b"".join(
     [

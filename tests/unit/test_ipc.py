@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from broker import ipc
-from broker.scheduler import main as sched
-from workers import main as worker_main
+from shoal.broker import ipc
+from shoal.broker.scheduler import main as sched
+from shoal.workers import main as worker_main
 
 TO_SCHEDULER = typing.get_args(ipc.ToScheduler)
 TO_WORKER = typing.get_args(ipc.ToWorker)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.amqp.routing import Router, TopicTrie, headers_match
+from shoal.broker.amqp.routing import Router, TopicTrie, headers_match
 
 # (pattern, routing key, matches) — RabbitMQ's topic semantics.
 TOPIC_CASES = [

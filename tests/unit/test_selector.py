@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pamqp import commands, header
 
-from broker.amqp.selector import Selector, SelectorError, compile_selector
+from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
 
 
 def encode(body_size: int = 0, **props: Any) -> bytes:

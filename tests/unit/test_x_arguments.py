@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from broker.amqp import errors as E
-from broker.amqp import x_arguments as X
+from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import x_arguments as X
 
 
 def refusal(check: Any, *args: Any) -> str:
