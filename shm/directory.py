@@ -14,16 +14,20 @@ from collections.abc import Iterator
 from shoal.shm import layout
 from shoal.shm.segment import Segment
 
+_QUEUE_SIZE = layout.QUEUE_SIZE
+
 
 class QueueDirectory:
     """Read access (and the scheduler's few writes) to the queue records."""
 
-    __slots__ = ("_levels", "_names", "_names_gen", "a", "layout", "seg")
+    __slots__ = ("_levels", "_names", "_names_gen", "a", "layout", "queues", "seg")
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
         self.a = seg.atomic
         self.layout = seg.layout
+        # The queue table's offset: record(qid) is inlined on hot paths.
+        self.queues = seg.layout.queues
         self._names: dict[tuple[int, bytes], int] = {}
         self._levels: dict[int, PriorityLevels] = {}
         self._names_gen = -1
@@ -80,7 +84,7 @@ class QueueDirectory:
         of a priority queue (section 2a of shm/ARCHITECTURE.md) the queue the
         client declared. Every rule that applies to "the queue" (length
         limits, capacity, flow) asks this."""
-        parent = self.a.load(self.layout.queue(qid) + layout.Q_PARENT)
+        parent = self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_PARENT)
         return parent - 1 if parent else qid
 
     def flow_queue(self, qid: int) -> tuple[int, list[int] | None]:
@@ -96,15 +100,15 @@ class QueueDirectory:
     def changes(self, qid: int) -> int:
         """Log `qid`'s state-change counter (Q_CHANGES: bumped by every
         append and release; the scheduler compares what a consumer saw)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_CHANGES)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_CHANGES)
 
     def tail(self, qid: int) -> int:
         """The next seq log `qid` will reserve (reserved before published)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_TAIL)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_TAIL)
 
     def consumer_count(self, qid: int) -> int:
         """Consumers of queue `qid`, as the scheduler last wrote them."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_CONSUMERS)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_CONSUMERS)
 
     def count_blocked_publisher(self, qid: int, delta: int, state: int | None) -> int:
         """A connection blocks on (delta 1) or is released from (-1) queue
@@ -119,36 +123,36 @@ class QueueDirectory:
 
     def log_ready(self, qid: int) -> int:
         """Ready entries in log `qid` alone."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_READY)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY)
 
     def log_unacked(self, qid: int) -> int:
         """Acquired, unsettled entries in log `qid` alone."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_UNACKED)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_UNACKED)
 
     def set_consumer_count(self, qid: int, count: int) -> None:
         """Scheduler: publish queue `qid`'s consumer count (consumer_count)."""
-        self.a.store(self.layout.queue(qid) + layout.Q_CONSUMERS, count)
+        self.a.store(self.queues + qid * _QUEUE_SIZE + layout.Q_CONSUMERS, count)
 
     def set_watch(self, qid: int, watching: bool) -> None:
         """Scheduler: ask publishers to wake it (shm/wake.py) at log `qid`'s
         next change, or stop asking."""
-        self.a.store(self.layout.queue(qid) + layout.Q_WATCH, int(watching))
+        self.a.store(self.queues + qid * _QUEUE_SIZE + layout.Q_WATCH, int(watching))
 
     def flow_open(self, qid: int) -> bool:
         """Whether queue `qid`'s flow word is FLOW_OPEN (shm/flow.py)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_FLOW) == layout.FLOW_OPEN
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_FLOW) == layout.FLOW_OPEN
 
     def flags(self, qid: int) -> int:
         """Queue `qid`'s QF_* flags (durable, exclusive, auto-delete)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_FLAGS)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_FLAGS)
 
     def owner_connection(self, qid: int) -> int:
         """The connection id recorded as queue `qid`'s owner (0: none)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_OWNER)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_OWNER)
 
     def max_priority(self, qid: int) -> int:
         """Queue `qid`'s x-max-priority (0: not a priority queue)."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_MAX_PRIORITY)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_MAX_PRIORITY)
 
     def limits_of(self, qid: int) -> tuple[int, int, tuple[int, int, int]]:
         """(capacity, resume, (max length, max bytes, overflow)) of queue
@@ -167,7 +171,11 @@ class QueueDirectory:
 
     def ready(self, qid: int) -> int:
         """Messages ready in queue `qid` (over all its logs)."""
-        return self.total(qid, layout.Q_READY)
+        self._refresh()  # one load unless the catalog changed
+        levels = self._levels.get(qid)
+        if levels is None:
+            return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY)
+        return sum(self.log_ready(log) for log in levels.descending)
 
     def exclusive_owner(self, qid: int) -> int | None:
         """The connection id that owns an exclusive queue (None: not exclusive)."""
@@ -203,16 +211,18 @@ class QueueDirectory:
         return bytes(self.seg.buf[q + layout.Q_NAME : q + layout.Q_NAME + n])
 
     def is_active(self, qid: int) -> bool:
-        return self.a.load(self.layout.queue(qid) + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE
+        return (
+            self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE
+        )
 
     def word(self, qid: int, field: int) -> int:
-        return self.a.load(self.layout.queue(qid) + field)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + field)
 
     def release_generation(self, qid: int) -> int:
         """Bumped by every release. A consumer that sees it change moves its
         pointer back to the head: the released entry is somewhere behind it,
         and re-scanning the acquired cells in between is a C loop."""
-        return self.a.load(self.layout.queue(qid) + layout.Q_RELEASE_GEN)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_RELEASE_GEN)
 
 
 class PriorityLevels:

@@ -190,7 +190,7 @@ class QueueStore(QueueDirectory):
         REJECTED, OVER_CAPACITY, GONE or FULL). `intent`: as for append().
         Entries a drop-head limit deletes release the queue's capacity."""
         a = self.a
-        q = self.layout.queue(qid)
+        q = self.queues + qid * layout.QUEUE_SIZE
         limited = a.load(q + layout.Q_OVERFLOW)  # one load when the queue has no limit
         if limited and not limits.admits(self, qid, body_size):
             return REJECTED
@@ -210,8 +210,7 @@ class QueueStore(QueueDirectory):
             target, logs = self.flow_queue(qid)
             if flow.over_capacity(self.seg, target, logs):
                 outcome = OVER_CAPACITY
-        assert self.waker is not None
-        self.waker.work_added(qid)
+        self.waker.work_added(qid)  # type: ignore[union-attr]  # publishers have one
         return outcome
 
     def settle(self, qid: int, seq: int) -> None:
@@ -238,10 +237,10 @@ class QueueStore(QueueDirectory):
         """Entries of `qid` were deleted: release its blocked publishers if
         that took it to its resume size (one load unless it has a capacity,
         three unless publishers are blocked on it)."""
-        a, offsets = self.a, self.layout
-        if a.load(offsets.queue(qid) + layout.Q_CAPACITY):
+        a, queues = self.a, self.queues
+        if a.load(queues + qid * layout.QUEUE_SIZE + layout.Q_CAPACITY):
             target = self.declared(qid)
-            if a.load(offsets.queue(target) + layout.Q_FLOW) == layout.FLOW_BLOCKED:
+            if a.load(queues + target * layout.QUEUE_SIZE + layout.Q_FLOW) == layout.FLOW_BLOCKED:
                 assert self.waker is not None
                 flow.drained(self.seg, self.waker, *self.flow_queue(qid))
 
