@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from shoal.broker.cli import local_command  # noqa: E402
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL  # noqa: E402
-from shoal.shm import stats as S  # noqa: E402
+from shoal.shm import stats  # noqa: E402
 from shoal.shm.segment import Segment  # noqa: E402
 
 PREFETCH = 10
@@ -92,7 +92,7 @@ class BrokerWatch:
     def notifications(self) -> int:
         # The scheduler publishes its counters once a second (SWEEP_INTERVAL).
         time.sleep(SWEEP_INTERVAL + 0.1)
-        return S.totals(self.seg)[S.NOTIFICATIONS]
+        return stats.totals(self.seg)[stats.NOTIFICATIONS]
 
 
 @contextlib.contextmanager

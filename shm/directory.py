@@ -9,7 +9,8 @@ operations and the queue rules on top (QueueStore).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 from shoal.shm import layout
 from shoal.shm.segment import Segment
@@ -101,6 +102,10 @@ class QueueDirectory:
         """Log `qid`'s state-change counter (Q_CHANGES: bumped by every
         append and release; the scheduler compares what a consumer saw)."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_CHANGES)
+
+    def changes_reader(self, qid: int) -> Callable[[], int]:
+        """changes(qid) as one C call, for a loop that reads it per entry."""
+        return partial(self.a.load, self.queues + qid * _QUEUE_SIZE + layout.Q_CHANGES)
 
     def tail(self, qid: int) -> int:
         """The next seq log `qid` will reserve (reserved before published)."""

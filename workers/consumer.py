@@ -58,6 +58,7 @@ class DeliveryChannel(Protocol):
     def number(self) -> int: ...
     def can_deliver(self) -> bool: ...
     def has_credit(self, consumer: Consumer) -> bool: ...
+    def wants_work(self, consumer: Consumer) -> bool: ...
     def credit_left(self, consumer: Consumer) -> int | None: ...
     def deliver(
         self,
@@ -208,7 +209,8 @@ class Consumer:
         return self.no_ack or self.channel.has_credit(self)
 
     def wants_work(self) -> bool:
-        return not self.cancelled and self.has_credit() and self.channel.can_deliver()
+        """Not cancelled, within its credit, and its channel can deliver."""
+        return self.channel.wants_work(self)
 
 
 def update_interest(ctx: PullContext, consumer: Consumer) -> None:
@@ -241,6 +243,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     out: list[bytes] = []
     delivered = 0
     quota = turn_quota(store.ready(qid), store.consumer_count(qid))
+    changes_now = store.changes_reader(qid)
     try:
         while True:
             if not consumer.wants_work():
@@ -260,7 +263,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
             levels = consumer.levels
             taken: tuple[int, int, int, bool] | int | None
             if levels is None:
-                changes = store.changes(qid)
+                changes = changes_now()
                 release_gen = store.release_generation(qid)
                 if release_gen != consumer.release_gen:
                     consumer.release_gen = release_gen

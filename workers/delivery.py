@@ -41,6 +41,16 @@ class Delivery(ChannelState):
     def can_deliver(self) -> bool:
         return self.flow_active and not self.closing and self.conn.can_deliver()
 
+    def wants_work(self, consumer: Consumer) -> bool:
+        """Consumer.wants_work, in one call on the delivery path."""
+        return (
+            not consumer.cancelled
+            and (consumer.no_ack or self.has_credit(consumer))
+            and self.flow_active
+            and not self.closing
+            and self.conn.can_deliver()
+        )
+
     def has_credit(self, consumer: Consumer) -> bool:
         """basic.qos credit of an acknowledging consumer. A byte limit admits
         one more message while the unacknowledged bytes are below it (the

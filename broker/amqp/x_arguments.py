@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import errors
 from shoal.broker.amqp.routing import X_MATCH_MODES
 
 
@@ -21,12 +21,12 @@ def max_priority(name: bytes, vhost: str, arguments: dict[str, Any]) -> int:
         return 0
     where = f"invalid arg 'x-max-priority' for queue '{name.decode()}' in vhost '{vhost}'"
     if not isinstance(value, int) or isinstance(value, bool):
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(value)}}}"
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(value)}}}"
         )
     if not 0 <= value <= 255:
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED, f"{where}: {{max_priority_out_of_range,{value}}}"
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED, f"{where}: {{max_priority_out_of_range,{value}}}"
         )
     return value
 
@@ -39,11 +39,13 @@ def non_negative(name: bytes, vhost: str, arguments: dict[str, Any], key: str) -
         return None
     where = f"invalid arg '{key}' for queue '{name.decode()}' in vhost '{vhost}'"
     if not isinstance(value, int) or isinstance(value, bool):
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(value)}}}"
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(value)}}}"
         )
     if value < 0:
-        raise E.ChannelError(E.PRECONDITION_FAILED, f"{where}: {{value_negative,{value}}}")
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED, f"{where}: {{value_negative,{value}}}"
+        )
     return value
 
 
@@ -63,11 +65,11 @@ def length_limits(
     if isinstance(overflow, bytes):
         overflow = overflow.decode(errors="replace")
     if not isinstance(overflow, str):
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(overflow)}}}"
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED, f"{where}: {{unacceptable_type,{field_type(overflow)}}}"
         )
     if overflow not in OVERFLOW_MODES:
-        raise E.ChannelError(E.PRECONDITION_FAILED, f"{where}: invalid_overflow")
+        raise errors.ChannelError(errors.PRECONDITION_FAILED, f"{where}: invalid_overflow")
     return max_length, max_bytes, overflow
 
 
@@ -81,8 +83,8 @@ def capacity(name: bytes, vhost: str, arguments: dict[str, Any]) -> tuple[int, i
     if resume is None:
         resume = size * 4 // 5
     if resume > size:
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED,
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
             f"invalid arg 'x-flow-resume-capacity' for queue '{name.decode()}' in vhost "
             f"'{vhost}': {resume} is above x-capacity {size}",
         )
@@ -93,8 +95,8 @@ def single_active(name: bytes, vhost: str, arguments: dict[str, Any]) -> bool:
     """x-single-active-consumer, a boolean as RabbitMQ 3.10 requires."""
     value = arguments.get("x-single-active-consumer", False)
     if not isinstance(value, bool):
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED,
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
             f"invalid arg 'x-single-active-consumer' for queue '{name.decode()}' in vhost "
             f"'{vhost}': {{unacceptable_type,{field_type(value)}}}",
         )
@@ -141,8 +143,8 @@ def check_equivalent(
     for key in EQUIVALENT_QUEUE_ARGUMENTS:
         got, have = arguments.get(key), current.get(key)
         if got != have or (type(got) is bool) != (type(have) is bool):
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED,
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
                 f"inequivalent arg '{key}' for queue '{name.decode()}' in vhost "
                 f"'{vhost}': {argument_mismatch(got, have)}",
             )
@@ -153,8 +155,8 @@ def check_x_match(args: dict[str, Any]) -> None:
     mode = args.get("x-match", "all")
     if mode not in X_MATCH_MODES:
         text = mode.decode(errors="replace") if isinstance(mode, bytes) else mode
-        raise E.ChannelError(
-            E.PRECONDITION_FAILED,
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
             f'Invalid x-match field value <<"{text}">>; expected all, any, '
             "all-with-x, or any-with-x",
         )

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.broker.amqp import definitions as D
-from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import definitions, errors
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.amqp.routing import frozen_args as _frozen_args
 from shoal.broker.scheduler.state import SchedulerState
@@ -24,7 +23,7 @@ class Journal(SchedulerState):
         default exchanges (a new broker)."""
         ops = self.catalog.load()
         if not ops:
-            ops = D.new_vhost_ops(self.vhost, 0)
+            ops = definitions.new_vhost_ops(self.vhost, 0)
             self.catalog.compact(ops)
         for op in ops:
             self.definitions.apply(op)
@@ -36,9 +35,9 @@ class Journal(SchedulerState):
         for vhost, router in self.definitions.vhosts.items():
             stale |= {(vhost, name) for kind, name in router.by_dest if kind == "q"}
         for vhost, name in stale - {(v, n.decode()) for v, n in self.by_name}:
-            self._journal(D.QueueGone(vhost, name))
+            self._journal(definitions.QueueGone(vhost, name))
 
-    def _journal(self, op: D.Op) -> None:
+    def _journal(self, op: definitions.Op) -> None:
         """Apply a definitions change and journal it for the IO workers,
         before the reply: a client that got declare-ok or bind-ok can
         publish through it at once, from any connection."""
@@ -46,9 +45,9 @@ class Journal(SchedulerState):
         try:
             self.catalog.append(op, self.definitions.snapshot)
         except CatalogFull:
-            self.definitions.apply(D.inverse(op))
-            raise E.ChannelError(
-                E.RESOURCE_ERROR,
+            self.definitions.apply(definitions.inverse(op))
+            raise errors.ChannelError(
+                errors.RESOURCE_ERROR,
                 "the definitions journal is full (raise --catalog-mb)",
             ) from None
 
@@ -67,13 +66,18 @@ class Journal(SchedulerState):
         x = self.definitions.router(vhost).exchanges.get(name)
         if x is None:
             if passive:
-                raise E.ChannelError(E.NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'")
+                raise errors.ChannelError(
+                    errors.NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'"
+                )
             if name.startswith("amq."):
-                raise E.ChannelError(
-                    E.ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'"
+                raise errors.ChannelError(
+                    errors.ACCESS_REFUSED,
+                    f"exchange name '{name}' contains reserved prefix 'amq.*'",
                 )
             self._journal(
-                D.ExchangeDeclared(vhost, name, type_, durable, auto_delete, internal, args)
+                definitions.ExchangeDeclared(
+                    vhost, name, type_, durable, auto_delete, internal, args
+                )
             )
             return []
         if passive:
@@ -85,16 +89,16 @@ class Journal(SchedulerState):
             ("internal", internal, x.internal),
         ):
             if got != have:
-                raise E.ChannelError(
-                    E.PRECONDITION_FAILED,
+                raise errors.ChannelError(
+                    errors.PRECONDITION_FAILED,
                     f"inequivalent arg '{arg}' for exchange '{name}' in vhost '{vhost}': "
                     f"received {X.shown(got)} but current is {X.shown(have)}",
                 )
         key = "alternate-exchange"
         new_alternate, old_alternate = args.get(key), x.arguments.get(key)
         if new_alternate != old_alternate:
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED,
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
                 f"inequivalent arg '{key}' for exchange '{name}' in vhost '{vhost}': "
                 f"{X.argument_mismatch(new_alternate, old_alternate)}",
             )
@@ -106,11 +110,11 @@ class Journal(SchedulerState):
         if x is None:
             return []  # as RabbitMQ 3.x: deleting a missing exchange succeeds
         if if_unused and x.bindings:
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use"
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use"
             )
         sources = {source for source, _rk, _args in router.bindings_to(("e", name))}
-        self._journal(D.ExchangeDeleted(vhost, name))
+        self._journal(definitions.ExchangeDeleted(vhost, name))
         self._auto_delete(vhost, sources - {name})
         return []
 
@@ -123,7 +127,7 @@ class Journal(SchedulerState):
             if x is None or not x.auto_delete or x.bindings:
                 continue
             sources |= {source for source, _rk, _a in router.bindings_to(("e", name))}
-            self._journal(D.ExchangeDeleted(vhost, name))
+            self._journal(definitions.ExchangeDeleted(vhost, name))
             sources.discard(name)
 
     def _bind(
@@ -155,19 +159,21 @@ class Journal(SchedulerState):
             # too (an auto-delete queue or exchange that went first).
             return []
         if exchange is None:
-            raise E.ChannelError(E.NOT_FOUND, f"no exchange '{source}' in vhost '{vhost}'")
+            raise errors.ChannelError(
+                errors.NOT_FOUND, f"no exchange '{source}' in vhost '{vhost}'"
+            )
         if kind == "q":
             q = self.by_name.get((vhost, dest.encode()))
             if q is None:
-                raise E.ChannelError(E.NOT_FOUND, E.no_queue(dest, vhost))
+                raise errors.ChannelError(errors.NOT_FOUND, errors.no_queue(dest, vhost))
             q.check_exclusive(conn_id)
         elif dest not in router.exchanges:
-            raise E.ChannelError(E.NOT_FOUND, f"no exchange '{dest}' in vhost '{vhost}'")
+            raise errors.ChannelError(errors.NOT_FOUND, f"no exchange '{dest}' in vhost '{vhost}'")
         if exchange.type == "headers" and not unbind:
             X.check_x_match(args)
         if unbind:
-            self._journal(D.Unbound(vhost, source, kind, dest, routing_key, args))
+            self._journal(definitions.Unbound(vhost, source, kind, dest, routing_key, args))
             self._auto_delete(vhost, {source})
         elif not bound:
-            self._journal(D.Bound(vhost, source, kind, dest, routing_key, args))
+            self._journal(definitions.Bound(vhost, source, kind, dest, routing_key, args))
         return []

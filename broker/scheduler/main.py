@@ -27,12 +27,11 @@ import uvloop
 from setproctitle import setproctitle
 
 from shoal.broker import ipc
-from shoal.broker.amqp import definitions as D
-from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import definitions, errors
 from shoal.broker.config import Config
 from shoal.broker.scheduler.introspect import Introspection, socket_path
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
-from shoal.shm import layout as L
+from shoal.shm import layout
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
@@ -53,7 +52,7 @@ class Scheduler(Notification):
         self.config = config
         self.seg = seg
         self.a = seg.atomic
-        self.store = QueueStore(seg, 0, L.scheduler_slot(seg.layout))
+        self.store = QueueStore(seg, 0, layout.scheduler_slot(seg.layout))
         self.waker = Waker(seg, efd)
         self.efd = efd
         self.loop = uvloop.new_event_loop()
@@ -69,12 +68,12 @@ class Scheduler(Notification):
         self.free_qids = []
         self.level_of = {}
         self.suspects = set()
-        self.slot = seg.layout.proc(L.scheduler_slot(seg.layout))
+        self.slot = seg.layout.proc(layout.scheduler_slot(seg.layout))
         self.vhost = config.default_vhost
-        self.catalog = CatalogWriter(seg, D.Op)
-        self.definitions = D.Definitions()
+        self.catalog = CatalogWriter(seg, definitions.Op)
+        self.definitions = definitions.Definitions()
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
-        self.stats = Counters(seg, L.scheduler_slot(seg.layout))
+        self.stats = Counters(seg, layout.scheduler_slot(seg.layout))
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
@@ -85,7 +84,7 @@ class Scheduler(Notification):
         self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
         slot = self.slot
-        self.a.store(slot + L.P_PID, os.getpid())
+        self.a.store(slot + layout.P_PID, os.getpid())
         # Single-active queues (a restart: they exist already) wait for every
         # worker's HELLO, at most HELLO_WAIT, before one of their consumers is
         # made active: the first registered must stay the one.
@@ -97,7 +96,7 @@ class Scheduler(Notification):
             link.send(ipc.Resync())
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.loop.run_until_complete(self.introspection.start())
-        self.a.store(slot + L.P_READY, 1)
+        self.a.store(slot + layout.P_READY, 1)
         try:
             self.loop.run_forever()
         finally:
@@ -113,7 +112,7 @@ class Scheduler(Notification):
                 notice(self, worker, m)
             else:
                 self._reply(worker, cast(ipc.Request, m).req, _REQUESTS[cls](self, worker, m))
-        except E.AMQPError as exc:
+        except errors.AMQPError as exc:
             if isinstance(m, ipc.Request):
                 self.links[worker].send(ipc.Reply(m.req, False, [exc.reply_code, exc.reply_text]))
             else:

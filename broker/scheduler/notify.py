@@ -12,13 +12,11 @@ import time
 from typing import Any
 
 from shoal.broker import ipc
-from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import errors
 from shoal.broker.scheduler.consumers import ConsumerKey, State
 from shoal.broker.scheduler.queues import QueueLifecycle
 from shoal.broker.scheduler.state import QueueState
-from shoal.shm import flow
-from shoal.shm import layout as L
-from shoal.shm import stats as S
+from shoal.shm import flow, layout, stats
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -43,7 +41,7 @@ class Notification(QueueLifecycle):
     ) -> list[Any]:
         q = self.queues.get(qid)
         if q is None:
-            raise E.ChannelError(E.NOT_FOUND, f"queue {qid} was deleted")
+            raise errors.ChannelError(errors.NOT_FOUND, f"queue {qid} was deleted")
         key = (worker, cid)
         if key in self.consumers:
             # Re-sent after a scheduler restart; HELLO registered it already.
@@ -51,9 +49,9 @@ class Notification(QueueLifecycle):
         q.check_exclusive(conn_id)
         in_use = f"queue '{q.name.decode()}' in vhost '{q.vhost}' in exclusive use"
         if any(self.consumers[k][1] for k in q.qcm):
-            raise E.ChannelError(E.ACCESS_REFUSED, in_use)
+            raise errors.ChannelError(errors.ACCESS_REFUSED, in_use)
         if exclusive and len(q.qcm):
-            raise E.ChannelError(E.ACCESS_REFUSED, in_use)
+            raise errors.ChannelError(errors.ACCESS_REFUSED, in_use)
         # When it registered (the worker keeps it and tells a restarted
         # scheduler): a single-active queue's first consumer stays the active
         # one. CLOCK_MONOTONIC is one clock for every process of the machine.
@@ -225,7 +223,7 @@ class Notification(QueueLifecycle):
 
     def _notify(self, key: ConsumerKey) -> None:
         """Tell a consumer's worker to pull (counted for the metrics)."""
-        self.stats.v[S.NOTIFICATIONS] += 1
+        self.stats.v[stats.NOTIFICATIONS] += 1
         self.links[key[0]].send(ipc.Notify(key[1]))
 
     def _wake_browsers(self, q: QueueState, now: int | None = None) -> None:
@@ -272,7 +270,7 @@ class Notification(QueueLifecycle):
         stalled = {q.qid for q in self.queues.values() if self._stalled(q)}
         for qid in stalled & self.suspects:
             q = self.queues[qid]
-            self.a.fetch_add(self.slot + L.P_RESCUES, 1)
+            self.a.fetch_add(self.slot + layout.P_RESCUES, 1)
             log.warning("queue %r: lost wake-up rescued by the sweep", q.name)
             self._wake_browsers(q)
             self._watch(q)
@@ -290,8 +288,8 @@ class Notification(QueueLifecycle):
 
 
 _STATE_GAUGES = {
-    State.INTERESTED: S.CONSUMERS_INTERESTED,
-    State.NOTIFIED: S.CONSUMERS_NOTIFIED,
-    State.NOT_INTERESTED: S.CONSUMERS_NOT_INTERESTED,
-    State.NON_ACQUIRING: S.CONSUMERS_NON_ACQUIRING,
+    State.INTERESTED: stats.CONSUMERS_INTERESTED,
+    State.NOTIFIED: stats.CONSUMERS_NOTIFIED,
+    State.NOT_INTERESTED: stats.CONSUMERS_NOT_INTERESTED,
+    State.NON_ACQUIRING: stats.CONSUMERS_NON_ACQUIRING,
 }

@@ -13,14 +13,11 @@ import os
 from typing import Any
 
 from shoal.broker import ipc
-from shoal.broker.amqp import definitions as D
-from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import definitions, errors
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.state import QueueState
-from shoal.shm import flow
-from shoal.shm import layout as L
-from shoal.shm import stats as S
+from shoal.shm import flow, layout, stats
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -39,9 +36,9 @@ class QueueLifecycle(Journal):
                 qid,
                 vhosts.get(vhost_id, self.vhost),
                 name,
-                bool(flags & L.QF_DURABLE),
-                bool(flags & L.QF_EXCLUSIVE),
-                bool(flags & L.QF_AUTO_DELETE),
+                bool(flags & layout.QF_DURABLE),
+                bool(flags & layout.QF_EXCLUSIVE),
+                bool(flags & layout.QF_AUTO_DELETE),
                 self.store.owner_connection(qid),
             )
             q.max_priority = self.store.max_priority(qid)
@@ -72,7 +69,7 @@ class QueueLifecycle(Journal):
         conn_id: int,
         arguments: dict[str, Any],
     ) -> list[Any]:
-        self.stats.v[S.QUEUES_DECLARED] += 1
+        self.stats.v[stats.QUEUES_DECLARED] += 1
         q = self.by_name.get((vhost, name)) if name else None
         if q is not None:
             q.check_exclusive(conn_id)
@@ -82,17 +79,19 @@ class QueueLifecycle(Journal):
                     ("auto_delete", auto_delete, q.auto_delete),
                 ):
                     if got != have:
-                        raise E.ChannelError(
-                            E.PRECONDITION_FAILED,
+                        raise errors.ChannelError(
+                            errors.PRECONDITION_FAILED,
                             f"inequivalent arg '{arg}' for queue '{name.decode()}' in vhost "
                             f"'{vhost}': received '{str(got).lower()}' but current is "
                             f"'{str(have).lower()}'",
                         )
                 if exclusive != q.exclusive:
-                    raise E.ChannelError(E.RESOURCE_LOCKED, q.locked_text())
+                    raise errors.ChannelError(errors.RESOURCE_LOCKED, q.locked_text())
                 self._check_queue_arguments(q, arguments)
         elif passive:
-            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), vhost))
+            raise errors.ChannelError(
+                errors.NOT_FOUND, errors.no_queue(name.decode(errors="replace"), vhost)
+            )
         else:
             if not name:
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
@@ -101,18 +100,18 @@ class QueueLifecycle(Journal):
             limits = _length_record(*X.length_limits(name, vhost, arguments))
             single_active = X.single_active(name, vhost, arguments)
             if not self.free_qids:
-                raise E.ChannelError(
-                    E.RESOURCE_ERROR,
+                raise errors.ChannelError(
+                    errors.RESOURCE_ERROR,
                     f"cannot declare queue '{name.decode()}': the limit of "
                     f"{self.seg.layout.limits.max_queues} queues is reached (--max-queues)",
                 )
             if arguments:  # first: if the journal is full, nothing was created
-                self._journal(D.QueueArgumentsSet(vhost, name.decode(), arguments))
+                self._journal(definitions.QueueArgumentsSet(vhost, name.decode(), arguments))
             qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
             flags = (
-                (L.QF_DURABLE if durable else 0)
-                | (L.QF_EXCLUSIVE if exclusive else 0)
-                | (L.QF_AUTO_DELETE if auto_delete else 0)
+                (layout.QF_DURABLE if durable else 0)
+                | (layout.QF_EXCLUSIVE if exclusive else 0)
+                | (layout.QF_AUTO_DELETE if auto_delete else 0)
             )
             self.store.create(
                 qid,
@@ -128,7 +127,7 @@ class QueueLifecycle(Journal):
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.max_priority = max_priority
             q.qcm.single_active = single_active
-            self.stats.v[S.QUEUES_CREATED] += 1
+            self.stats.v[stats.QUEUES_CREATED] += 1
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
         return [q.qid, q.name, self.ready(q), len(q.qcm)]
@@ -187,7 +186,9 @@ class QueueLifecycle(Journal):
     def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
         q = self.by_name.get((vhost, name))
         if q is None:
-            raise E.ChannelError(E.NOT_FOUND, E.no_queue(name.decode(errors="replace"), vhost))
+            raise errors.ChannelError(
+                errors.NOT_FOUND, errors.no_queue(name.decode(errors="replace"), vhost)
+            )
         q.check_exclusive(conn_id)
         return q
 
@@ -199,15 +200,15 @@ class QueueLifecycle(Journal):
             return 0  # RabbitMQ: deleting a missing queue succeeds
         q.check_exclusive(conn_id)
         if if_unused and len(q.qcm):
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
             )
         ready = self.ready(q)
         # RabbitMQ counts ready messages only: a message delivered and not
         # yet acknowledged does not make the queue "not empty".
         if if_empty and ready:
-            raise E.ChannelError(
-                E.PRECONDITION_FAILED,
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
                 f"queue '{name.decode()}' in vhost '{vhost}' is not empty",
             )
         self._remove_queue(q)
@@ -235,13 +236,13 @@ class QueueLifecycle(Journal):
                 self.free_qids.append(qid)
         self.queues.pop(q.qid, None)
         self.by_name.pop((q.vhost, q.name), None)
-        self.stats.v[S.QUEUES_DELETED] += 1
+        self.stats.v[stats.QUEUES_DELETED] += 1
         self.free_qids.append(q.qid)
         dest = ("q", q.name.decode())
         router = self.definitions.router(q.vhost)
         sources = {source for source, _rk, _args in router.bindings_to(dest)}
         if sources or (q.vhost, dest[1]) in self.definitions.queue_arguments:
-            self._journal(D.QueueGone(q.vhost, dest[1]))
+            self._journal(definitions.QueueGone(q.vhost, dest[1]))
             self._auto_delete(q.vhost, sources)
 
     def _connection_closed(self, conn_id: int) -> None:
@@ -256,9 +257,9 @@ class QueueLifecycle(Journal):
 
 # x-overflow as the queue record holds it (shm/layout.py).
 _OVERFLOW_CODES = {
-    "drop-head": L.OVERFLOW_DROP_HEAD,
-    "reject-publish": L.OVERFLOW_REJECT_PUBLISH,
-    "reject-publish-dlx": L.OVERFLOW_REJECT_PUBLISH_DLX,
+    "drop-head": layout.OVERFLOW_DROP_HEAD,
+    "reject-publish": layout.OVERFLOW_REJECT_PUBLISH,
+    "reject-publish-dlx": layout.OVERFLOW_REJECT_PUBLISH_DLX,
 }
 
 

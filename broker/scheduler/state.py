@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 
 from shoal.broker import ipc
-from shoal.broker.amqp import definitions as D
-from shoal.broker.amqp import errors as E
+from shoal.broker.amqp import errors
+from shoal.broker.amqp.definitions import Definitions
 from shoal.broker.config import Config
 from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
 from shoal.shm._atomic import Atomic
@@ -79,12 +79,12 @@ class QueueState:
         self.levels = {0: qid}
 
     def locked_text(self) -> str:
-        return E.locked_queue(self.name.decode(), self.vhost)
+        return errors.locked_queue(self.name.decode(), self.vhost)
 
     def check_exclusive(self, conn_id: int) -> None:
         """An exclusive queue is for its declaring connection only."""
         if self.exclusive and self.owner != conn_id:
-            raise E.ChannelError(E.RESOURCE_LOCKED, self.locked_text())
+            raise errors.ChannelError(errors.RESOURCE_LOCKED, self.locked_text())
 
 
 class SchedulerState:
@@ -109,7 +109,7 @@ class SchedulerState:
     slot: int  # offset of the scheduler's process table slot
     vhost: str  # the default virtual host
     catalog: CatalogWriter
-    definitions: D.Definitions
+    definitions: Definitions
     stats: Counters
 
     def ready(self, q: QueueState) -> int:

@@ -31,8 +31,7 @@ from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
 from shoal.broker.supervisor import systemd
 from shoal.broker.supervisor.acceptor import run_acceptor
-from shoal.shm import layout as L
-from shoal.shm import memory
+from shoal.shm import layout, memory
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Segment
@@ -103,7 +102,7 @@ class Supervisor:
             # A broker that died (kill -9) left its directory behind: it was
             # that broker's to remove, so it is ours now.
             self.created_dir = True
-        limits = L.Limits(
+        limits = layout.Limits(
             max_workers=max(self.workers, 1),
             max_queues=config.max_queues,
             queue_capacity=config.queue_capacity,
@@ -124,9 +123,9 @@ class Supervisor:
             ),
         )
         a = self.seg.atomic
-        sup = self.seg.layout.proc(L.supervisor_slot(self.seg.layout))
-        a.store(sup + L.P_PID, os.getpid())
-        a.store(sup + L.P_ROLE, L.ROLE_SUPERVISOR)
+        sup = self.seg.layout.proc(layout.supervisor_slot(self.seg.layout))
+        a.store(sup + layout.P_PID, os.getpid())
+        a.store(sup + layout.P_ROLE, layout.ROLE_SUPERVISOR)
         # The default vhost and its exchanges are journaled before any child
         # runs: a client the acceptor hands to a worker before the scheduler
         # has started must find "/" (the scheduler replays this, and is the
@@ -254,22 +253,31 @@ class Supervisor:
             handoff_end = self.handoff_pairs[child.index][1]
             keep = {sched_end.fileno(), handoff_end.fileno()}
             slot = seg.layout.proc(child.index)
-            a.store(slot + L.P_ROLE, L.ROLE_WORKER)
+            a.store(slot + layout.P_ROLE, layout.ROLE_WORKER)
             main: Callable[[], int] = lambda: run_worker(  # noqa: E731
                 self.config, seg, child.index, child.incarnation, self.efd, sched_end, handoff_end
             )
         elif child.role == "scheduler":
             links = {i: pair[0] for i, pair in enumerate(self.sched_pairs)}
             keep = {s.fileno() for s in links.values()}
-            a.store(seg.layout.proc(L.scheduler_slot(seg.layout)) + L.P_ROLE, L.ROLE_SCHEDULER)
+            a.store(
+                seg.layout.proc(layout.scheduler_slot(seg.layout)) + layout.P_ROLE,
+                layout.ROLE_SCHEDULER,
+            )
             main = lambda: run_scheduler(self.config, seg, self.efd, links)  # noqa: E731
         elif child.role == "metrics":
-            a.store(seg.layout.proc(L.metrics_slot(seg.layout)) + L.P_ROLE, L.ROLE_METRICS)
+            a.store(
+                seg.layout.proc(layout.metrics_slot(seg.layout)) + layout.P_ROLE,
+                layout.ROLE_METRICS,
+            )
             main = lambda: serve_metrics(self.config, seg)  # noqa: E731
         else:
             handoffs = [pair[0] for pair in self.handoff_pairs]
             keep = {s.fileno() for s in handoffs} | {self.listener.fileno()}
-            a.store(seg.layout.proc(L.acceptor_slot(seg.layout)) + L.P_ROLE, L.ROLE_ACCEPTOR)
+            a.store(
+                seg.layout.proc(layout.acceptor_slot(seg.layout)) + layout.P_ROLE,
+                layout.ROLE_ACCEPTOR,
+            )
             main = lambda: run_acceptor(self.config.port, seg, self.listener, handoffs)  # type: ignore[arg-type]  # noqa: E731
         for s in self._all_sockets():
             if s.fileno() not in keep:
@@ -323,7 +331,7 @@ class Supervisor:
         assert seg is not None
         a = seg.atomic
         slot = seg.layout.proc(index)
-        a.store(slot + L.P_READY, 0)
+        a.store(slot + layout.P_READY, 0)
         # 1. The scheduler forgets the worker's consumers and exclusive queues.
         #    Written into the worker's end, so it arrives on the worker's link.
         try:
@@ -341,7 +349,7 @@ class Supervisor:
         # same 64 queues see the word non-zero and write nothing: wake the
         # scheduler now rather than leave it to its sweep (within a second).
         os.eventfd_write(self.efd, 1)
-        a.store(slot + L.P_CONNECTIONS, 0)
+        a.store(slot + layout.P_CONNECTIONS, 0)
         if released:
             log.info("worker %d: %d messages requeued", index, sum(released.values()))
 
@@ -350,9 +358,13 @@ class Supervisor:
         seg = self.seg
         assert seg is not None
         a = seg.atomic
-        workers_ready = sum(a.load(seg.layout.proc(i) + L.P_READY) for i in range(self.workers))
-        connections = sum(a.load(seg.layout.proc(i) + L.P_CONNECTIONS) for i in range(self.workers))
-        acceptor_ready = a.load(seg.layout.proc(L.acceptor_slot(seg.layout)) + L.P_READY)
+        workers_ready = sum(
+            a.load(seg.layout.proc(i) + layout.P_READY) for i in range(self.workers)
+        )
+        connections = sum(
+            a.load(seg.layout.proc(i) + layout.P_CONNECTIONS) for i in range(self.workers)
+        )
+        acceptor_ready = a.load(seg.layout.proc(layout.acceptor_slot(seg.layout)) + layout.P_READY)
         status = f"{workers_ready}/{self.workers} IO workers ready, {connections} connections"
         if not self.ready_sent and workers_ready == self.workers and acceptor_ready:
             self.ready_sent = True
@@ -429,7 +441,7 @@ def _remove_stale_segment(path: str) -> bool:
     was a dead Shoal broker's."""
     try:
         old = Segment.attach(path)
-        pid = old.atomic.load(L.H_SUPERVISOR_PID)
+        pid = old.atomic.load(layout.H_SUPERVISOR_PID)
     except (ValueError, OSError):
         pid = 0
     if pid and pid != os.getpid():

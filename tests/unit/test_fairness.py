@@ -46,6 +46,9 @@ class FakeChannel:
     def has_credit(self, consumer: Consumer) -> bool:
         return consumer.unacked < self.prefetch_count
 
+    def wants_work(self, consumer: Consumer) -> bool:
+        return not consumer.cancelled and self.has_credit(consumer)
+
     def deliver(
         self,
         consumer: Consumer,
