@@ -1,8 +1,9 @@
 """Does a queue with a 1M-message backlog slow a quiet queue on the same worker?
 
-Issue 4's bounded-work criterion, as a benchmark (not a timed test): the
-round-trip latency of single messages through a quiet queue (publish, then
-wait for its delivery; one at a time, 5 ms apart) is measured three times:
+A queue's backlog must cost other queues nothing (bounded work); as a
+benchmark, not a timed test: the round-trip latency of single messages
+through a quiet queue (publish, then wait for its delivery; one at a time,
+5 ms apart) is measured three times:
 
   1. unloaded: nothing else in the broker;
   2. idle backlog: another queue holds 1,000,000 messages;

@@ -1,4 +1,4 @@
-"""Differences from RabbitMQ that other clients' test suites found (issue 11),
+"""Differences from RabbitMQ that other clients' test suites found,
 each shown with a real client over a real socket: pika and py-amqp, and raw
 frames where the behaviour is in the frame order or the TCP close itself."""
 

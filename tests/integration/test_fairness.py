@@ -1,4 +1,4 @@
-"""Fairness between a queue's consumers, as pika clients see it (issue 11, item 6).
+"""Fairness between a queue's consumers, as pika clients see it.
 
 Four identical consumers, prefetch 10, wait on a queue; a burst of 20 messages
 arrives at once. RabbitMQ deals it round-robin, 5 each. Shoal used to hand the

@@ -1,5 +1,5 @@
 """Producer flow control on queue capacity (x-capacity, x-flow-resume-capacity;
-Qpid's seed 001): a publisher that takes a queue above its capacity gets
+Qpid's producer flow control): a publisher that takes a queue above its capacity gets
 connection.blocked (the client's blocked callback fires) and its publishes wait
 in the broker; when consumers bring the queue down to its resume size,
 connection.unblocked comes and the publishes go on. pika and aio-pika over

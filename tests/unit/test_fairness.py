@@ -1,4 +1,4 @@
-"""Fairness of the hand-off between a queue's consumers (issue 11, item 6).
+"""Fairness of the hand-off between a queue's consumers.
 
 The real pull loop (workers/consumer.py) over a real shared-memory queue, with
 the real QueueConsumerManager taking the scheduler's part; only the channel
