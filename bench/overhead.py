@@ -81,6 +81,9 @@ def command(tree: Path, port: int, runtime: str, metrics_port: int) -> tuple[lis
     cmd = local_command(port, 2, runtime, "--metrics-port", str(metrics_port))
     if tree == ROOT:
         return cmd, str(tree)
+    if "--data-dir" not in (tree / "broker" / "cli.py").read_text():
+        at = cmd.index("--data-dir")  # a baseline from before the data directory
+        del cmd[at : at + 2]
     if not namespaced(tree):
         cmd[cmd.index("shoal.broker")] = "broker"
         return cmd, str(tree)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from shoal.broker.config import Config, default_workers
@@ -25,6 +26,13 @@ def _broker_parser() -> argparse.ArgumentParser:
         default="",
         help="directory for the shared-memory segment (default: $RUNTIME_DIRECTORY, "
         "else /dev/shm/shoal-<port>)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default="",
+        help="directory for what outlives the broker, locked by one broker at a time "
+        "(default: $STATE_DIRECTORY, else $XDG_DATA_HOME/shoal/<port>, "
+        "~/.local/share/shoal/<port> without XDG_DATA_HOME)",
     )
     p.add_argument(
         "--graceful-timeout",
@@ -123,9 +131,14 @@ def _broker_parser() -> argparse.ArgumentParser:
     return p
 
 
-def local_command(port: int, workers: int, runtime_dir: str, *extra: str) -> list[str]:
+def local_command(
+    port: int, workers: int, runtime_dir: str, *extra: str, data_dir: str = ""
+) -> list[str]:
     """The command line that starts a broker on 127.0.0.1 for tests,
-    benchmarks and the interop runner (one place, so they agree)."""
+    benchmarks and the interop runner (one place, so they agree). The data
+    directory is `data_dir`, by default `data` inside the runtime directory:
+    a harness that removes its temporary runtime directory removes both, and
+    nothing is written under the user's home."""
     return [
         sys.executable,
         "-m",
@@ -138,6 +151,8 @@ def local_command(port: int, workers: int, runtime_dir: str, *extra: str) -> lis
         str(workers),
         "--runtime-dir",
         runtime_dir,
+        "--data-dir",
+        data_dir or os.path.join(runtime_dir, "data"),
         # No metrics endpoint unless asked for: 15692 may be taken (by another
         # test's broker, or a RabbitMQ started for comparison).
         "--metrics-port",

@@ -17,6 +17,7 @@ class Config(msgspec.Struct, frozen=True):
     port: int = 5672
     workers: int = 0  # 0: default_workers()
     runtime_dir: str = ""  # "": $RUNTIME_DIRECTORY or /dev/shm/shoal-<port>
+    data_dir: str = ""  # "": $STATE_DIRECTORY or $XDG_DATA_HOME/shoal/<port> (data_path)
     graceful_timeout: float = 10.0
     max_queues: int = 1024
     queue_capacity: int = 1 << 18
@@ -56,6 +57,19 @@ class Config(msgspec.Struct, frozen=True):
         if systemd_dir:
             return systemd_dir.split(":")[0]
         return self.default_runtime_path()
+
+    def data_path(self) -> str:
+        """Where what must outlive the broker is kept: --data-dir; else
+        systemd's StateDirectory= ($STATE_DIRECTORY); else one directory per
+        port under $XDG_DATA_HOME (~/.local/share), which `make run` finds
+        again at its next start."""
+        if self.data_dir:
+            return self.data_dir
+        systemd_dir = os.environ.get("STATE_DIRECTORY")
+        if systemd_dir:
+            return systemd_dir.split(":")[0]
+        base = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+        return os.path.join(base, "shoal", str(self.port))
 
     def default_runtime_path(self) -> str:
         """Without --runtime-dir or systemd's: a directory Shoal makes and

@@ -67,6 +67,9 @@ class Broker:
         self.port = free_port()
         self.workers = workers
         self.runtime_dir = str(tmp / f"run-{self.port}")
+        # Beside the runtime directory, not in it: the broker removes its
+        # runtime directory at a clean stop, and the data must stay.
+        self.data_dir = str(tmp / f"data-{self.port}")
         self.log_path = tmp / f"broker-{self.port}.log"
         self.args = args
         self.env = env
@@ -84,6 +87,7 @@ class Broker:
             self.runtime_dir,
             *("--graceful-timeout", "5", "--arena-mb", "64", "--max-queues", "256"),
             *self.args,
+            data_dir=self.data_dir,
         )
         env = dict(os.environ)
         env.update(self.env or {})

@@ -29,7 +29,7 @@ from shoal.broker.ipc import WorkerGone, encode, socketpair
 from shoal.broker.observe.metrics import serve as serve_metrics
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
-from shoal.broker.supervisor import systemd
+from shoal.broker.supervisor import datadir, systemd
 from shoal.broker.supervisor.acceptor import run_acceptor
 from shoal.shm import layout, memory
 from shoal.shm.catalog import CatalogWriter
@@ -87,6 +87,7 @@ class Supervisor:
         self.handoff_pairs: list[tuple[socket.socket, socket.socket]] = []
         self.created_dir = False
         self.last_status = ""
+        self.data_lock = -1  # the data directory's lock (datadir.py), held while we run
 
     # ------------------------------------------------------------- set-up
     def prepare(self) -> None:
@@ -155,6 +156,9 @@ class Supervisor:
     # ---------------------------------------------------------------- run
     def run(self) -> int:
         setproctitle(f"shoal: supervisor (port {self.config.port})")
+        # First, before anything is created or cleaned up: a broker that
+        # holds this data directory must not lose its files to us.
+        self.data_lock = datadir.lock(self.config.data_path())
         try:
             self.prepare()
             return self._run()
@@ -282,6 +286,7 @@ class Supervisor:
         for s in self._all_sockets():
             if s.fileno() not in keep:
                 s.close()
+        os.close(self.data_lock)  # the lock is the supervisor's alone
         return main()
 
     def _all_sockets(self) -> list[socket.socket]:
@@ -464,6 +469,9 @@ def _remove_stale_segment(path: str) -> bool:
 def run_supervisor(config: Config) -> int:
     try:
         return Supervisor(config).run()
+    except datadir.DataDirInUse as exc:
+        log.error("%s", exc)
+        return 1
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             log.error("cannot listen on %s:%d: address already in use", config.bind, config.port)

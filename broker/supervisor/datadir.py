@@ -1,0 +1,50 @@
+"""The data directory: where what must outlive the broker is kept (durable
+definitions and messages), and its lock.
+
+One broker per data directory: the supervisor holds an exclusive `flock` on
+`<data dir>/shoal.lock` for its lifetime, with its pid written in the file,
+so a second broker pointed at the same directory stops at once and names the
+first. The kernel drops the lock when the holder dies, kill -9 included, so
+a crash never leaves a stale lock behind. Children close their copy of the
+descriptor right after the fork: only the supervisor holds the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+
+LOCK_NAME = "shoal.lock"
+
+
+class DataDirInUse(Exception):
+    """Another broker holds the data directory's lock."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid else "pid unknown"
+        super().__init__(f"data directory {path} is in use by another broker ({holder})")
+        self.path = path
+        self.pid = pid
+
+
+def lock(path: str) -> int:
+    """Create `path` if needed (0700) and take its lock; returns the lock's
+    descriptor, to keep open while the broker runs. Raises DataDirInUse."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _holder(fd)
+        os.close(fd)
+        raise DataDirInUse(path, pid) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _holder(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    return None
