@@ -56,8 +56,6 @@ class DeliveryChannel(Protocol):
     def conn(self) -> DeliveryConnection: ...
     @property
     def number(self) -> int: ...
-    def can_deliver(self) -> bool: ...
-    def has_credit(self, consumer: Consumer) -> bool: ...
     def wants_work(self, consumer: Consumer) -> bool: ...
     def credit_left(self, consumer: Consumer) -> int | None: ...
     def deliver(
@@ -203,10 +201,6 @@ class Consumer:
             "can_deliver": self.wants_work(),
             "pulling": self.notified,
         }
-
-    def has_credit(self) -> bool:
-        """basic.qos credit, which the channel keeps (workers/delivery.py)."""
-        return self.no_ack or self.channel.has_credit(self)
 
     def wants_work(self) -> bool:
         """Not cancelled, within its credit, and its channel can deliver."""

@@ -38,9 +38,6 @@ class Delivery(ChannelState):
 
     __slots__ = ()
 
-    def can_deliver(self) -> bool:
-        return self.flow_active and not self.closing and self.conn.can_deliver()
-
     def wants_work(self, consumer: Consumer) -> bool:
         """Consumer.wants_work, in one call on the delivery path."""
         return (

@@ -40,9 +40,6 @@ class FakeChannel:
         self.prefetch_count = prefetch
         self.conn = FakeConn()
 
-    def can_deliver(self) -> bool:
-        return True
-
     def has_credit(self, consumer: Consumer) -> bool:
         return consumer.unacked < self.prefetch_count
 
