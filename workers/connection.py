@@ -77,6 +77,7 @@ class Connection(asyncio.Protocol):
         self.alarm_reason = ""  # while the memory or disk alarm is raised (shm/memory.py)
         self.closed = False
         self.eof_sent = False  # our end is shut for writing (_close_gracefully)
+        self.eof_received_early = False  # the client shut its end before our close-ok
         self.released = False  # see _release
         self.last_recv = time.monotonic()
         self.sent_since_tick = False
@@ -116,6 +117,16 @@ class Connection(asyncio.Protocol):
         # Only now: a worker stopping gracefully waits for its connections'
         # sockets, those in their close handshake's linger included.
         self.ctx.connections.discard(self)
+
+    def eof_received(self) -> bool | None:
+        """The client shut its end for writing. Normally the transport then
+        closes. But a client that sent connection.close and shut its end at
+        once is still owed close-ok, which waits for the scheduler (see
+        _client_close): keep the socket open for writing until it goes."""
+        if self.state == CLOSED and not self.eof_sent and not self.closed:
+            self.eof_received_early = True
+            return True
+        return None
 
     def _release(self) -> asyncio.Future[Any] | None:
         """Once, when the connection ends (its close handshake, or the socket
@@ -673,6 +684,11 @@ class Connection(asyncio.Protocol):
             self.timer = None
         transport = self.transport
         if transport is None or self.closed:
+            return
+        if self.eof_received_early:
+            # Nothing more will come from the client: close (after what is
+            # queued has been written).
+            self._close_transport()
             return
         self.eof_sent = True
         try:

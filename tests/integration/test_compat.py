@@ -250,6 +250,25 @@ def test_close_ok_then_a_clean_tcp_close(broker: Broker) -> None:
     s.close()
 
 
+def test_close_ok_reaches_a_client_that_shut_its_end_before_it(broker: Broker) -> None:
+    """close-ok waits for the scheduler (exclusive queues go first). With the
+    scheduler stopped, the client's EOF surely arrives before it: the broker
+    still owes, and sends, close-ok (after its bounded wait), then closes."""
+    w = Wire(handshake(broker.port))
+    s = w.sock
+    scheduler = broker.pids("scheduler")[0]
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        w.send(0, C.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(15)
+        w.expect(C.Connection.CloseOk)
+        assert s.recv(65536) == b""
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+        s.close()
+
+
 def test_broker_closes_its_end_once_the_client_has(broker: Broker) -> None:
     """Waiting for the client's end to close holds nothing longer than
     that: once pika has closed, so has the broker."""
