@@ -89,8 +89,8 @@ def command(tree: Path, port: int, runtime: str, metrics_port: int) -> tuple[lis
         return cmd, str(tree)
     links = tree / ".build" / "overhead" / "shoal"
     links.mkdir(parents=True, exist_ok=True)
-    for package in ("broker", "workers", "shm", "perf"):
-        if not (links / package).exists():
+    for package in ("broker", "workers", "shm", "store", "perf"):
+        if (tree / package).is_dir() and not (links / package).exists():
             (links / package).symlink_to(tree / package)
     return cmd, str(links.parent)
 

@@ -37,7 +37,7 @@ import msgspec
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 5
+VERSION = 6
 
 HEADER_SIZE = 4096
 # header words
@@ -54,6 +54,10 @@ H_MEM_LOW = 48
 H_DISK_FREE_LIMIT = 56
 H_LIMITS = 64  # msgspec-encoded Limits, up to 512 bytes
 H_LIMITS_MAX = 512
+# 1 once the scheduler has restored the durable definitions from the data
+# directory (broker/scheduler/durable.py): the acceptor accepts no
+# connection before, and a scheduler restarted after it does not restore.
+H_RESTORED = H_LIMITS + H_LIMITS_MAX
 
 # process table
 PROC_SLOTS_EXTRA = 4  # supervisor, acceptor, scheduler, metrics
@@ -68,7 +72,7 @@ P_INTENT_SEQ = 48  # the sequence number that append reserved
 P_CHANNELS = 56
 P_CONSUMERS = 64
 P_ALARMS = 72  # IO worker: ALARM_* bits it raises (shm/memory.py); one writer
-# 80: unused (message counters moved to P_STATS, shm/stats.py)
+P_DISK_FREE = 80  # IO worker: free bytes its last poll saw (shm/memory.py); one writer
 P_RESCUES = 88  # scheduler: lost wake-ups rescued by its sweep (should stay 0)
 P_ROLE = 96  # ROLE_* of the process in this slot
 # The body block whose reference this process is dropping after deleting a

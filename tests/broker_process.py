@@ -181,6 +181,30 @@ class Broker:
         self._seg = None
         return code
 
+    def crash(self) -> None:
+        """kill -9 of the whole broker at once, as a power cut would stop
+        it; its stale segment is removed by the next start."""
+        family = self.family()
+        for p in family:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        _gone, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, f"processes survived SIGKILL: {alive}"
+        if self.proc is not None:
+            self.proc.wait(5)
+        self._seg = None
+
+    def restart(self, crash: bool = False) -> Broker:
+        """Stop (SIGTERM, or SIGKILL of every process) and start again with
+        the same command: same port, runtime and data directories."""
+        if crash:
+            self.crash()
+        else:
+            assert self.stop() == 0
+        return self.start()
+
     def assert_clean(self) -> None:
         assert not os.path.exists(os.path.join(self.runtime_dir, "shoal.shm")), (
             "segment left behind"

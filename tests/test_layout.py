@@ -8,8 +8,10 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("broker", "workers", "shm", "perf")
+PACKAGES = ("broker", "workers", "shm", "store", "perf")
 
 
 def modules() -> dict[str, Path]:
@@ -109,10 +111,11 @@ def test_modules_stay_small_unless_one_concept_needs_the_length() -> None:
             assert "one concept" in doc.lower(), f"{name}: {text.count(chr(10))} lines"
 
 
-def test_shm_imports_nothing_above_it() -> None:
+@pytest.mark.parametrize("package", ["shoal.shm", "shoal.store"])
+def test_the_storage_layers_import_nothing_above_them(package: str) -> None:
     for name, targets in graph(type_checking=True).items():
-        if name.startswith("shoal.shm"):
-            above = sorted(t for t in targets if not t.startswith("shoal.shm"))
+        if name.startswith(package):
+            above = sorted(t for t in targets if not t.startswith(package))
             assert not above, f"{name} imports {above}"
 
 

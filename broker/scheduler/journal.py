@@ -1,29 +1,41 @@
 """The scheduler's exchanges and bindings: exchange.declare and delete,
 queue.bind and unbind, auto-delete exchanges. Each change is applied to the
 definitions and journaled in shared memory (shm/catalog.py) for the IO
-workers before the reply; a restarted scheduler replays the journal.
+workers before the reply; a restarted scheduler replays the journal. A
+change to durable definitions is also on disk before the reply (durable.py).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from shoal.broker.amqp import definitions, errors
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.amqp.routing import frozen_args as _frozen_args
+from shoal.broker.scheduler import durable
 from shoal.broker.scheduler.state import SchedulerState
 from shoal.shm.catalog import CatalogFull
+
+log = logging.getLogger("shoal.scheduler")
 
 
 class Journal(SchedulerState):
     """Definitions changes: the Scheduler's lowest layer (state.py)."""
 
-    def _load_definitions(self) -> None:
-        """Replay the journal (a restarted scheduler), or start it with the
-        default exchanges (a new broker)."""
-        ops = self.catalog.load()
-        if not ops:
-            ops = definitions.new_vhost_ops(self.vhost, 0)
+    def _load_definitions(self, restored: durable.Restored | None) -> None:
+        """Replay the journal (a restarted scheduler), or start it afresh
+        with the `restored` durable definitions (the broker's first
+        scheduler): vhosts, durable exchanges and the bindings between
+        durable entities, the default vhost and its amq.* exchanges first
+        if it is new. Durable queues come next (queues.py)."""
+        if restored is None:
+            ops = self.catalog.load()
+        else:
+            ops = restored.operations()
+            ids = restored.definitions.vhost_ids
+            if self.vhost not in ids:
+                ops[:0] = definitions.new_vhost_ops(self.vhost, max(ids.values(), default=-1) + 1)
             self.catalog.compact(ops)
         for op in ops:
             self.definitions.apply(op)
@@ -37,10 +49,12 @@ class Journal(SchedulerState):
         for vhost, name in stale - {(v, n.decode()) for v, n in self.by_name}:
             self._journal(definitions.QueueGone(vhost, name))
 
-    def _journal(self, op: definitions.Op) -> None:
+    def _journal(self, op: definitions.Op, persist: bool = True) -> None:
         """Apply a definitions change and journal it for the IO workers,
         before the reply: a client that got declare-ok or bind-ok can
-        publish through it at once, from any connection."""
+        publish through it at once, from any connection. A change to
+        durable definitions is on disk before the reply too."""
+        lasting = persist and self._is_durable_change(op)
         self.definitions.apply(op)
         try:
             self.catalog.append(op, self.definitions.snapshot)
@@ -50,6 +64,93 @@ class Journal(SchedulerState):
                 errors.RESOURCE_ERROR,
                 "the definitions journal is full (raise --catalog-mb)",
             ) from None
+        if not lasting or isinstance(op, definitions.QueueArgumentsSet | definitions.QueueGone):
+            return
+        try:
+            self._persist(op)
+        except errors.ChannelError:
+            if isinstance(op, definitions.ExchangeDeclared | definitions.Bound):
+                self._journal(definitions.inverse(op), persist=False)  # not on disk: undone
+                raise
+            # A removal stays done; the log says otherwise until the next
+            # start's snapshot fails to find what it removed again.
+
+    def _persist(self, *changes: durable.Record) -> None:
+        """Durable changes to disk (fdatasync'd) before their reply."""
+        if self.restoring:
+            return  # the snapshot written once restored holds them
+        try:
+            self.durable.write(*changes)
+        except OSError as exc:
+            log.error("cannot write the durable definitions: %s", exc)
+            raise errors.ChannelError(
+                errors.RESOURCE_ERROR,
+                f"cannot write the durable definitions to disk ({exc.strerror})",
+            ) from None
+
+    def _is_durable_change(self, op: definitions.Op) -> bool:
+        """Whether `op` (not yet applied) changes the durable definitions."""
+        if isinstance(op, definitions.VHostAdded):
+            return True
+        if isinstance(op, definitions.ExchangeDeclared):
+            return op.durable
+        if isinstance(op, definitions.ExchangeDeleted):
+            return self._is_durable_entity(op.vhost, "e", op.name)
+        if isinstance(op, definitions.Bound | definitions.Unbound):
+            return self._is_durable_entity(op.vhost, "e", op.source) and (
+                self._is_durable_entity(op.vhost, op.kind, op.dest)
+            )
+        return False  # a queue's own records are queues.py's
+
+    def _is_durable_entity(self, vhost: str, kind: str, name: str) -> bool:
+        """A durable exchange ("e"), or a durable queue ("q") that is not
+        exclusive: those outlive the broker (RabbitMQ's rule)."""
+        if kind == "e":
+            router = self.definitions.vhosts.get(vhost)
+            x = router.exchanges.get(name) if router is not None else None
+            return x is not None and x.durable
+        q = self.by_name.get((vhost, name.encode()))
+        return q is not None and q.durable and not q.exclusive
+
+    def _durable_snapshot(self) -> list[durable.Record]:
+        """The durable definitions as they are now, as records that rebuild
+        them: vhosts, durable exchanges, durable queues, then bindings."""
+        snapshot: list[durable.Record] = [
+            definitions.VHostAdded(vhost, vhost_id)
+            for vhost, vhost_id in self.definitions.vhost_ids.items()
+        ]
+        routers = self.definitions.vhosts.items()
+        for vhost, router in routers:
+            snapshot += [
+                definitions.ExchangeDeclared(
+                    vhost, x.name, x.type, True, x.auto_delete, x.internal, x.arguments
+                )
+                for x in router.exchanges.values()
+                if x.durable
+            ]
+        for q in self.queues.values():
+            if q.durable and not q.exclusive:
+                name = q.name.decode()
+                arguments = self.definitions.queue_arguments.get((q.vhost, name), {})
+                snapshot.append(durable.QueueDeclared(q.vhost, name, q.auto_delete, arguments))
+        for vhost, router in routers:
+            for x in router.exchanges.values():
+                if not x.durable:
+                    continue
+                for ((kind, dest), routing_key, _frozen), arguments in x.bindings.items():
+                    if self._is_durable_entity(vhost, kind, dest):
+                        snapshot.append(
+                            definitions.Bound(vhost, x.name, kind, dest, routing_key, arguments)
+                        )
+        return snapshot
+
+    def _compact_durable_if_due(self) -> None:
+        """Once the log's appended changes outgrow its snapshot: a new one."""
+        if self.durable.needs_compaction():
+            try:
+                self.durable.rewrite(self._durable_snapshot())
+            except OSError as exc:  # the appended log stays, and is whole
+                log.error("cannot compact the durable definitions: %s", exc)
 
     def _exchange_declare(
         self,

@@ -29,6 +29,7 @@ from setproctitle import setproctitle
 from shoal.broker import ipc
 from shoal.broker.amqp import definitions, errors
 from shoal.broker.config import Config
+from shoal.broker.scheduler.durable import DefinitionsLog
 from shoal.broker.scheduler.introspect import Introspection, socket_path
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
 from shoal.shm import layout
@@ -72,14 +73,23 @@ class Scheduler(Notification):
         self.vhost = config.default_vhost
         self.catalog = CatalogWriter(seg, definitions.Op)
         self.definitions = definitions.Definitions()
+        self.restoring = False
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
         self.stats = Counters(seg, layout.scheduler_slot(seg.layout))
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
-        self._load_definitions()
+        self.durable, restored = DefinitionsLog.open(self.config.data_path())
+        first = not self.a.load(layout.H_RESTORED)
+        self._load_definitions(restored if first else None)
         self._load_queues()
+        if first:
+            self._restore_queues(restored)
         self._drop_stale_definitions()
+        # At every start, what holds now: also right after a predecessor
+        # killed between the queue table and the log.
+        self.durable.rewrite(self._durable_snapshot())
+        self.a.store(layout.H_RESTORED, 1)
         self.loop.add_reader(self.efd, self._on_wake)
         self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
@@ -122,6 +132,7 @@ class Scheduler(Notification):
             log.exception("worker %d: failed to handle %r", worker, m)
             if isinstance(m, ipc.Request):
                 self.links[worker].send(ipc.Reply(m.req, False, [541, "INTERNAL_ERROR"]))
+        self._compact_durable_if_due()
 
     def _reply(self, worker: int, req: int, payload: Any) -> None:
         self.links[worker].send(ipc.Reply(req, True, payload))

@@ -15,6 +15,7 @@ from typing import Any
 from shoal.broker import ipc
 from shoal.broker.amqp import definitions, errors
 from shoal.broker.amqp import x_arguments as X
+from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.state import QueueState
 from shoal.shm import flow, layout, stats
@@ -56,6 +57,46 @@ class QueueLifecycle(Journal):
             self.level_of[qid] = owner
             used.add(qid)
         self.free_qids = [q for q in range(self.seg.layout.limits.max_queues) if q not in used]
+
+    def _restore_queues(self, restored: Restored) -> None:
+        """A new broker: declare the durable queues the data directory
+        holds (before the acceptor takes a connection). A queue that cannot
+        be declared any more (a limit lowered since) is logged and left out,
+        and with it its bindings (_drop_stale_definitions). One that exists
+        was restored by a scheduler killed before it finished: its
+        arguments are journaled again (the journal was started afresh)."""
+        self.restoring = True
+        try:
+            for record in restored.queues.values():
+                if (record.vhost, record.queue.encode()) in self.by_name:
+                    if record.arguments:
+                        self._journal(
+                            definitions.QueueArgumentsSet(
+                                record.vhost, record.queue, record.arguments
+                            )
+                        )
+                    continue
+                try:
+                    self._declare(
+                        record.vhost,
+                        record.queue.encode(),
+                        False,
+                        True,
+                        False,
+                        record.auto_delete,
+                        0,
+                        0,
+                        record.arguments,
+                    )
+                except errors.AMQPError as exc:
+                    log.error(
+                        "durable queue %r in vhost %r not restored: %s",
+                        record.queue,
+                        record.vhost,
+                        exc.reply_text,
+                    )
+        finally:
+            self.restoring = False
 
     def _declare(
         self,
@@ -107,6 +148,13 @@ class QueueLifecycle(Journal):
                 )
             if arguments:  # first: if the journal is full, nothing was created
                 self._journal(definitions.QueueArgumentsSet(vhost, name.decode(), arguments))
+            if durable and not exclusive:  # on disk before the queue exists
+                try:
+                    self._persist(QueueDeclared(vhost, name.decode(), auto_delete, arguments))
+                except errors.ChannelError:
+                    if arguments:
+                        self._journal(definitions.QueueGone(vhost, name.decode()))
+                    raise
             qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
             flags = (
                 (layout.QF_DURABLE if durable else 0)
@@ -236,6 +284,11 @@ class QueueLifecycle(Journal):
                 self.free_qids.append(qid)
         self.queues.pop(q.qid, None)
         self.by_name.pop((q.vhost, q.name), None)
+        if q.durable and not q.exclusive:
+            try:
+                self._persist(QueueDeleted(q.vhost, q.name.decode()))
+            except errors.ChannelError:
+                pass  # logged; gone until a restart brings it back
         self.stats.v[stats.QUEUES_DELETED] += 1
         self.free_qids.append(q.qid)
         dest = ("q", q.name.decode())

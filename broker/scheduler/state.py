@@ -19,6 +19,7 @@ from shoal.broker.amqp import errors
 from shoal.broker.amqp.definitions import Definitions
 from shoal.broker.config import Config
 from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
+from shoal.broker.scheduler.durable import DefinitionsLog
 from shoal.shm._atomic import Atomic
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.queues import QueueStore
@@ -110,6 +111,8 @@ class SchedulerState:
     vhost: str  # the default virtual host
     catalog: CatalogWriter
     definitions: Definitions
+    durable: DefinitionsLog  # what of the definitions outlives the broker (durable.py)
+    restoring: bool  # while the durable definitions are being restored: not logged again
     stats: Counters
 
     def ready(self, q: QueueState) -> int:

@@ -59,6 +59,10 @@ def run_acceptor(
     slot = seg.layout.proc(layout.acceptor_slot(seg.layout))
     seg.atomic.store(slot + layout.P_PID, os.getpid())
     listener.setblocking(True)
+    # Connections wait in the listen backlog until the durable definitions
+    # are restored: a client must never find its durable queue missing.
+    while not seg.atomic.load(layout.H_RESTORED):
+        time.sleep(0.005)
     seg.atomic.store(slot + layout.P_READY, 1)
     while True:
         try:

@@ -63,13 +63,16 @@ class Child:
         return f"{name} (pid {self.pid})"
 
 
-def _disk_free_limit(configured: int, runtime: str) -> int:
-    """--disk-free-limit, or by default 50 MB or a tenth of the runtime
-    directory's file system, whichever is less."""
+def _disk_free_limit(configured: int, *paths: str) -> int:
+    """--disk-free-limit, or by default 50 MB or a tenth of the smallest
+    file system of `paths` (data and runtime directories), whichever is less."""
     if configured >= 0:
         return configured
-    st = os.statvfs(runtime)
-    return min(50_000_000, st.f_blocks * st.f_frsize // 10)
+    sizes = []
+    for path in paths:
+        st = os.statvfs(path)
+        sizes.append(st.f_blocks * st.f_frsize)
+    return min(50_000_000, min(sizes) // 10)
 
 
 class Supervisor:
@@ -120,7 +123,9 @@ class Supervisor:
                 ram_share=config.memory_high_watermark,
                 low_ratio=config.memory_low_watermark,
                 ram_bytes=psutil.virtual_memory().total,
-                disk_free_limit=_disk_free_limit(config.disk_free_limit, runtime),
+                disk_free_limit=_disk_free_limit(
+                    config.disk_free_limit, config.data_path(), runtime
+                ),
             ),
         )
         a = self.seg.atomic
@@ -128,9 +133,9 @@ class Supervisor:
         a.store(sup + layout.P_PID, os.getpid())
         a.store(sup + layout.P_ROLE, layout.ROLE_SUPERVISOR)
         # The default vhost and its exchanges are journaled before any child
-        # runs: a client the acceptor hands to a worker before the scheduler
-        # has started must find "/" (the scheduler replays this, and is the
-        # only writer from then on).
+        # runs, so that a worker always finds "/" (the broker's first
+        # scheduler replaces this with the durable definitions before the
+        # acceptor takes a connection, and is the only writer from then on).
         CatalogWriter(self.seg, Op).compact(new_vhost_ops(config.default_vhost, 0))
         family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)

@@ -1,6 +1,6 @@
 """The data directory (--data-dir): one broker at a time, and where it is by
-default. Nothing durable is kept there yet; the lock comes first so that two
-brokers can never write one store."""
+default. The lock comes first so that two brokers can never write one store
+(what is kept there: test_durable_definitions.py)."""
 
 from __future__ import annotations
 

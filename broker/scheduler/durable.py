@@ -1,0 +1,134 @@
+"""The durable definitions: what of the definitions outlives the broker.
+
+As RabbitMQ keeps them: virtual hosts, durable exchanges, durable queues
+that are not exclusive (with their arguments), and bindings whose source
+and destination are both durable. Everything else vanishes with the broker.
+
+They live in `definitions.log` in the data directory, a record file
+(store/records.py) of the journal's operations (broker/amqp/definitions.py)
+plus two of its own, for queues, which the shared-memory journal does not
+carry (queues live in the queue table there):
+
+    D  QueueDeclared  vhost, queue, auto_delete, arguments
+    R  QueueDeleted   vhost, queue: and every binding to it
+
+The scheduler, the only writer, appends a change's record and fdatasyncs it
+before the change's -ok reply (journal.py, queues.py). At every start it
+replays the log and writes it again as a snapshot of what it then holds
+(`rewrite`), which also drops a change that a scheduler killed between the
+queue table and the log had left half done; it does the same once the
+appended records outgrow the snapshot (`needs_compaction`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Union
+
+import msgspec
+
+from shoal.broker.amqp import definitions as D
+from shoal.store import records
+
+log = logging.getLogger("shoal.scheduler")
+
+MAGIC = b"SHOALD"
+VERSION = 1
+FILENAME = "definitions.log"
+MIN_COMPACTION_BYTES = 1 << 20
+
+
+class QueueDeclared(D.Operation, tag="D"):
+    queue: str
+    auto_delete: bool
+    arguments: dict[str, Any]
+
+
+class QueueDeleted(D.Operation, tag="R"):
+    queue: str
+
+
+Record = Union[  # noqa: UP007 (a Union: mypy takes it as a type alias)
+    D.VHostAdded,
+    D.ExchangeDeclared,
+    D.ExchangeDeleted,
+    D.Bound,
+    D.Unbound,
+    QueueDeclared,
+    QueueDeleted,
+]
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Record).decode
+
+
+class Restored:
+    """The durable definitions as the log left them."""
+
+    __slots__ = ("definitions", "queues")
+
+    def __init__(self) -> None:
+        self.definitions = D.Definitions()  # vhosts, exchanges, bindings
+        self.queues: dict[tuple[str, str], QueueDeclared] = {}  # in declaration order
+
+    def apply(self, record: Record) -> None:
+        if isinstance(record, QueueDeclared):
+            self.queues[(record.vhost, record.queue)] = record
+        elif isinstance(record, QueueDeleted):
+            self.queues.pop((record.vhost, record.queue), None)
+            self.definitions.apply(D.QueueGone(record.vhost, record.queue))
+        else:
+            self.definitions.apply(record)
+
+    def operations(self) -> list[D.Op]:
+        """Vhosts, exchanges and bindings, as journal operations."""
+        return self.definitions.snapshot()
+
+
+class DefinitionsLog:
+    """definitions.log, open for appending."""
+
+    __slots__ = ("file", "snapshot_size")
+
+    def __init__(self, file: records.RecordFile) -> None:
+        self.file = file
+        self.snapshot_size = file.size
+
+    @classmethod
+    def open(cls, data_dir: str) -> tuple[DefinitionsLog, Restored]:
+        path = os.path.join(data_dir, FILENAME)
+        file, payloads, skipped = records.open_records(path, MAGIC, VERSION)
+        if skipped is not None:
+            log.warning(
+                "%s: skipped %d bytes at offset %d (%s): a change cut short by a crash, "
+                "never acknowledged",
+                path,
+                skipped.size,
+                skipped.offset,
+                skipped.reason,
+            )
+        restored = Restored()
+        for payload in payloads:
+            restored.apply(_decode(payload))
+        return cls(file), restored
+
+    def write(self, *changes: Record) -> None:
+        """Append changes and make them durable (before their -ok)."""
+        self.file.append([_encode(change) for change in changes])
+        self.file.sync()
+
+    def rewrite(self, snapshot: list[Record]) -> None:
+        """Put a snapshot of the whole state in place of the log."""
+        old = self.file
+        self.file = records.replace_records(
+            old.path, MAGIC, VERSION, [_encode(r) for r in snapshot]
+        )
+        old.close()
+        self.snapshot_size = self.file.size
+
+    def needs_compaction(self) -> bool:
+        return self.file.size > max(MIN_COMPACTION_BYTES, 2 * self.snapshot_size)
+
+    def close(self) -> None:
+        self.file.close()

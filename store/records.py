@@ -1,0 +1,175 @@
+"""Append-only files of checksummed records: the disk format under what
+Shoal keeps across restarts (the definitions log, broker/scheduler/durable.py).
+
+A file is an 8-byte header, then records:
+
+    header   magic (6 bytes, says what the file holds) | u16 format version
+    record   u32 length | u32 crc32(payload) | payload
+
+A record is durable once `sync` (fdatasync) returns after its `append`. A
+file that a power cut or a crash left cut short, or whose tail is corrupt,
+ends at its last record whose length and checksum hold: `open_records`
+returns the records before it, reports what it skipped, and truncates the
+file there, so that the next append follows a good record. A bad record in
+the middle ends the file too: what follows it cannot be trusted to be in
+order.
+
+fdatasync, not fsync: the records' bytes and the file's size are what a
+reader needs; the modification time is not worth a second journal write.
+A new or replaced file's directory entry is made durable by an fsync of
+the directory (`replace_records`).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterable
+from typing import NamedTuple
+
+_HEADER = struct.Struct("<6sH")
+_RECORD = struct.Struct("<II")
+HEADER_SIZE = _HEADER.size
+RECORD_OVERHEAD = _RECORD.size
+MAX_RECORD = 1 << 30  # a length above this is corruption, not a record
+
+
+class FormatError(Exception):
+    """The file is not of this kind or version: never overwritten."""
+
+
+class Skipped(NamedTuple):
+    """What `open_records` dropped from a file's tail."""
+
+    offset: int  # where the bad tail began
+    size: int  # its bytes
+    reason: str  # "truncated record", "checksum mismatch", ...
+
+
+def encode(payload: bytes) -> bytes:
+    """One record's bytes."""
+    return _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_all(data: bytes | memoryview, start: int) -> tuple[list[bytes], int, str]:
+    """The good records of `data` from `start`; where they end, and why
+    (\"\" when they end with the data)."""
+    records: list[bytes] = []
+    view = memoryview(data)
+    at, end = start, len(view)
+    while at < end:
+        if end - at < RECORD_OVERHEAD:
+            return records, at, "truncated record header"
+        length, crc = _RECORD.unpack_from(view, at)
+        if length > MAX_RECORD:
+            return records, at, f"impossible record length {length}"
+        body = at + RECORD_OVERHEAD
+        if end - body < length:
+            return records, at, "truncated record"
+        payload = bytes(view[body : body + length])
+        if zlib.crc32(payload) != crc:
+            return records, at, "checksum mismatch"
+        records.append(payload)
+        at = body + length
+    return records, at, ""
+
+
+class RecordFile:
+    """A record file open for appending: one writer (one process)."""
+
+    __slots__ = ("fd", "path", "size")
+
+    def __init__(self, path: str, fd: int, size: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.size = size  # bytes in the file, header included
+
+    def append(self, payloads: Iterable[bytes]) -> None:
+        """Write records (durable only after `sync`). A failed write is
+        cut off again, so the file never keeps half a record."""
+        data = b"".join(encode(p) for p in payloads)
+        try:
+            _write_all(self.fd, data)
+        except OSError:
+            os.ftruncate(self.fd, self.size)
+            raise
+        self.size += len(data)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def open_records(
+    path: str, magic: bytes, version: int
+) -> tuple[RecordFile, list[bytes], Skipped | None]:
+    """Open (or create) the record file at `path`: its good records, what
+    was skipped at its tail (already cut off), and the file for appending."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    try:
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read()
+        if len(data) < HEADER_SIZE:
+            # New, or cut short before its header was whole: nothing was
+            # ever acknowledged from it.
+            skipped = Skipped(0, len(data), "truncated header") if data else None
+            header = _HEADER.pack(magic, version)
+            os.ftruncate(fd, 0)
+            _write_all(fd, header)
+            os.fdatasync(fd)
+            _sync_directory(os.path.dirname(path) or ".")
+            os.lseek(fd, 0, os.SEEK_END)
+            return RecordFile(path, fd, HEADER_SIZE), [], skipped
+        got_magic, got_version = _HEADER.unpack_from(data)
+        if got_magic != magic or got_version != version:
+            raise FormatError(
+                f"{path}: not a {magic.decode(errors='replace')} file of format version "
+                f"{version} (found {got_magic!r}, version {got_version})"
+            )
+        records, end, reason = decode_all(data, HEADER_SIZE)
+        skipped = None
+        if end < len(data):
+            skipped = Skipped(end, len(data) - end, reason)
+            os.ftruncate(fd, end)
+            os.fdatasync(fd)
+        os.lseek(fd, 0, os.SEEK_END)
+        return RecordFile(path, fd, end), records, skipped
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def replace_records(path: str, magic: bytes, version: int, payloads: Iterable[bytes]) -> RecordFile:
+    """Write a new file of `payloads` and put it in place of `path` at
+    once (rename): a crash leaves the old file or the new one, whole."""
+    tmp = path + ".new"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    try:
+        data = _HEADER.pack(magic, version) + b"".join(encode(p) for p in payloads)
+        _write_all(fd, data)
+        os.fdatasync(fd)
+        os.rename(tmp, path)
+        _sync_directory(os.path.dirname(path) or ".")
+    except BaseException:
+        os.close(fd)
+        raise
+    return RecordFile(path, fd, len(data))
+
+
+def _sync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,179 @@
+"""Durable definitions outlive the broker, stopped or killed, and transient
+ones do not, as in RabbitMQ: durable exchanges, durable queues that are not
+exclusive (with their arguments), bindings between durable entities."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pika
+import pytest
+
+from shoal.broker.scheduler import durable
+from tests.broker_process import Broker, wait_for
+from tests.clients import connect
+
+
+def exists(conn: pika.BlockingConnection, kind: str, name: str) -> bool:
+    try:
+        ch = conn.channel()
+        if kind == "queue":
+            ch.queue_declare(name, passive=True)
+        else:
+            ch.exchange_declare(name, passive=True)
+        ch.close()
+        return True
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        assert exc.reply_code == 404
+        return False
+
+
+def ready(conn: pika.BlockingConnection, queue: str) -> int:
+    return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+
+
+def declare_everything(ch: Any) -> None:
+    ch.exchange_declare("d.topic", "topic", durable=True, arguments={"alternate-exchange": "d.ae"})
+    ch.exchange_declare("d.ae", "fanout", durable=True)
+    ch.exchange_declare("d.inner", "direct", durable=True, auto_delete=True)
+    ch.exchange_declare("t.direct", "direct", durable=False)
+    ch.queue_declare("d.q", durable=True, arguments={"x-max-length": 10, "x-max-priority": 5})
+    ch.queue_declare("d.ae-q", durable=True)
+    ch.queue_declare("d.auto", durable=True, auto_delete=True)
+    ch.queue_declare("t.q", durable=False)
+    ch.queue_declare("d.excl", durable=True, exclusive=True)
+    ch.queue_bind("d.q", "d.topic", "a.#")
+    ch.queue_bind("d.ae-q", "d.ae")
+    ch.exchange_bind("d.inner", "d.topic", "via.#")  # destination, source
+    ch.queue_bind("d.q", "d.inner", "via.inner")
+    ch.queue_bind("t.q", "d.topic", "a.#")  # to a transient queue: not kept
+    ch.queue_bind("d.q", "t.direct", "k")  # from a transient exchange: not kept
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "sigkill"])
+def test_durable_definitions_outlive_the_broker_and_transient_ones_do_not(
+    broker: Broker, crash: bool
+) -> None:
+    conn = connect(broker)
+    declare_everything(conn.channel())
+    # No pause: the -ok replies mean the changes are on disk.
+    broker.restart(crash=crash)
+    conn = connect(broker)
+    for name in ("d.topic", "d.ae", "d.inner", "amq.direct", "amq.topic"):
+        assert exists(conn, "exchange", name), name
+    assert not exists(conn, "exchange", "t.direct")
+    for name in ("d.q", "d.ae-q", "d.auto"):
+        assert exists(conn, "queue", name), name
+    for name in ("t.q", "d.excl"):
+        assert not exists(conn, "queue", name), name
+
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("d.topic", "a.b", b"direct binding")
+    ch.basic_publish("d.topic", "via.inner", b"through the exchange binding")
+    ch.basic_publish("d.topic", "nothing.matches", b"to the alternate exchange")
+    assert ready(conn, "d.q") == 2
+    assert ready(conn, "d.ae-q") == 1
+    # The queue's arguments came back: a different x-max-length is refused,
+    # the same declaration is accepted, and the limit holds.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        conn.channel().queue_declare("d.q", durable=True, arguments={"x-max-length": 11})
+    assert refused.value.reply_code == 406
+    assert "x-max-length" in refused.value.reply_text
+    ch = conn.channel()
+    ch.queue_declare("d.q", durable=True, arguments={"x-max-length": 10, "x-max-priority": 5})
+    ch.confirm_delivery()
+    for i in range(12):
+        ch.basic_publish("", "d.q", str(i).encode())
+    assert ready(conn, "d.q") == 10
+    # The alternate exchange argument: inequivalent if changed.
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        conn.channel().exchange_declare("d.topic", "topic", durable=True)
+    assert refused.value.reply_code == 406
+    conn.close()
+
+
+def test_deletions_and_unbinds_are_durable_too(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    declare_everything(ch)
+    ch.queue_unbind("d.q", "d.topic", "a.#")
+    ch.queue_delete("d.ae-q")
+    ch.exchange_unbind("d.inner", "d.topic", "via.#")  # d.inner is auto-delete...
+    ch.queue_unbind("d.q", "d.inner", "via.inner")  # ...and goes with its last binding
+    conn.close()
+    broker.restart(crash=True)
+    conn = connect(broker)
+    assert not exists(conn, "queue", "d.ae-q")
+    assert not exists(conn, "exchange", "d.inner")
+    assert exists(conn, "exchange", "d.ae")
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish(
+        "d.topic", "a.b", b"unbound: goes to the alternate exchange, whose queue is gone"
+    )
+    assert ready(conn, "d.q") == 0
+    # A queue declared again after its deletion is a new, empty queue with
+    # the new arguments: the old record does not come back.
+    ch.queue_declare("d.ae-q", durable=True, arguments={"x-max-length": 3})
+    conn.close()
+    broker.restart(crash=True)
+    conn = connect(broker)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        conn.channel().queue_declare("d.ae-q", durable=True)
+    assert refused.value.reply_code == 406
+    conn.close()
+
+
+def test_a_torn_definitions_log_is_cut_at_its_last_whole_record(broker: Broker) -> None:
+    conn = connect(broker)
+    conn.channel().queue_declare("kept", durable=True)
+    conn.close()
+    broker.crash()
+    path = os.path.join(broker.data_dir, durable.FILENAME)
+    with open(path, "ab") as f:  # half a record: a power cut in mid-write
+        f.write(b"\x40\x00\x00\x00\x12\x34\x56\x78partial")
+    broker.start()
+    wait_for(lambda: "skipped 15 bytes" in broker.log(), 10, "the skipped tail in the log")
+    conn = connect(broker)
+    assert exists(conn, "queue", "kept")
+    conn.close()
+
+
+def test_a_scheduler_killed_mid_change_leaves_the_log_right(broker: Broker) -> None:
+    """A restarted scheduler writes what the queue table holds to the log:
+    what one killed between the two would have missed is there after the
+    next start."""
+    conn = connect(broker)
+    conn.channel().queue_declare("before", durable=True)
+    old = broker.pids("scheduler")[0]
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: broker.pids("scheduler").get(0, old) != old, 15, "a new scheduler")
+    conn.channel().queue_declare("after", durable=True)
+    conn.close()
+    broker.restart(crash=True)
+    conn = connect(broker)
+    assert exists(conn, "queue", "before")
+    assert exists(conn, "queue", "after")
+    conn.close()
+
+
+def test_the_log_stays_small_under_churn(broker: Broker) -> None:
+    """Appended changes are folded into a snapshot once they outgrow it."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("stays", durable=True)
+    big = {"x-note": "n" * 2000}
+    for i in range(700):  # ~1.4 MB of records: more than the compaction threshold
+        ch.queue_declare(f"churn-{i % 10}", durable=True, arguments=big)
+        ch.queue_delete(f"churn-{i % 10}")
+    conn.close()
+    size = os.path.getsize(os.path.join(broker.data_dir, durable.FILENAME))
+    assert size < durable.MIN_COMPACTION_BYTES + 10_000
+    broker.restart(crash=True)
+    conn = connect(broker)
+    assert exists(conn, "queue", "stays")
+    assert not exists(conn, "queue", "churn-3")
+    conn.close()

@@ -1,0 +1,93 @@
+"""Record files (store/records.py): what comes back after a clean close, a
+torn tail, a corrupt record, and a replacement cut short."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from shoal.store import records
+
+MAGIC = b"TESTRC"
+
+
+def reopen(path: Path) -> tuple[list[bytes], records.Skipped | None, int]:
+    f, got, skipped = records.open_records(str(path), MAGIC, 1)
+    size = f.size
+    f.close()
+    return got, skipped, size
+
+
+def test_appended_records_come_back_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    f, got, skipped = records.open_records(str(path), MAGIC, 1)
+    assert (got, skipped) == ([], None)
+    payloads = [os.urandom(n) for n in (0, 1, 100, 70_000)]
+    f.append(payloads[:2])
+    f.append(payloads[2:])
+    f.sync()
+    f.close()
+    got, skipped, size = reopen(path)
+    assert got == payloads and skipped is None
+    assert size == path.stat().st_size
+
+
+@pytest.mark.parametrize("cut", [1, 4, 8, 9, 50])
+def test_a_torn_tail_is_skipped_and_cut_off(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / "r.log"
+    f, _, _ = records.open_records(str(path), MAGIC, 1)
+    f.append([b"first", b"second", b"x" * 100])
+    f.close()
+    whole = path.stat().st_size
+    os.truncate(path, whole - cut)
+    got, skipped, size = reopen(path)
+    assert got == [b"first", b"second"]
+    assert skipped is not None and skipped.size == 108 - cut
+    assert path.stat().st_size == size == whole - 108
+    # What is appended next follows the last good record.
+    f, _, _ = records.open_records(str(path), MAGIC, 1)
+    f.append([b"third"])
+    f.close()
+    assert reopen(path)[:2] == ([b"first", b"second", b"third"], None)
+
+
+def test_a_corrupt_record_ends_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    f, _, _ = records.open_records(str(path), MAGIC, 1)
+    f.append([b"good", b"flipped", b"after"])
+    f.close()
+    data = bytearray(path.read_bytes())
+    at = records.HEADER_SIZE + records.RECORD_OVERHEAD + 4 + records.RECORD_OVERHEAD
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    got, skipped, _ = reopen(path)
+    assert got == [b"good"]
+    assert skipped is not None and skipped.reason == "checksum mismatch"
+
+
+def test_another_kind_of_file_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    path.write_bytes(b"SOMETHING ELSE ENTIRELY")
+    with pytest.raises(records.FormatError):
+        records.open_records(str(path), MAGIC, 1)
+    assert path.read_bytes() == b"SOMETHING ELSE ENTIRELY"
+    f, _, _ = records.open_records(str(tmp_path / "v.log"), MAGIC, 1)
+    f.close()
+    with pytest.raises(records.FormatError):
+        records.open_records(str(tmp_path / "v.log"), MAGIC, 2)
+
+
+def test_replace_puts_a_whole_new_file_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    f, _, _ = records.open_records(str(path), MAGIC, 1)
+    f.append([b"old"] * 10)
+    f.close()
+    g = records.replace_records(str(path), MAGIC, 1, [b"new"])
+    g.append([b"appended"])
+    g.close()
+    assert reopen(path)[:2] == ([b"new", b"appended"], None)
+    # A replacement cut short before its rename leaves the old file whole.
+    (tmp_path / "r.log.new").write_bytes(b"half a")
+    assert reopen(path)[0] == [b"new", b"appended"]
