@@ -94,9 +94,9 @@ def _broker_parser() -> argparse.ArgumentParser:
         "--disk-free-limit",
         type=int,
         default=d.disk_free_limit,
-        help="bytes the runtime directory's file system must keep free, else publishers "
-        "are blocked (default: 50 MB as RabbitMQ's disk_free_limit, or a tenth of that file "
-        "system if less)",
+        help="bytes the data directory's and the runtime directory's file systems must keep "
+        "free, else publishers are blocked (default: 50 MB as RabbitMQ's disk_free_limit, or "
+        "a tenth of the smaller file system if less)",
     )
     p.add_argument(
         "--default-capacity",

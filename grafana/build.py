@@ -1076,7 +1076,8 @@ def capacity() -> Any:
         graph(
             "Disk space available before publishers blocked",
             "rabbitmq_disk_space_available_bytes - rabbitmq_disk_space_available_limit_bytes:"
-            " free space on the runtime directory's file system above the disk alarm's limit.",
+            " free space above the disk alarm's limit, on the data or runtime directory's file"
+            " system, whichever has less.",
             [
                 (
                     per_node(

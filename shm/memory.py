@@ -9,8 +9,10 @@ of the sparse segment fault (SIGBUS), so the guard watches both:
     memory: an arena above its high watermark (H_MEM_HIGH, bytes per arena:
             a share of the arena, and of the RAM share given to messages
             divided among the workers). Cleared once at or below H_MEM_LOW.
-    disk:   the runtime directory's file system has less than
-            H_DISK_FREE_LIMIT bytes free (RabbitMQ's disk_free_limit).
+    disk:   the data directory's or the runtime directory's file system
+            has less than H_DISK_FREE_LIMIT bytes free (RabbitMQ's
+            disk_free_limit, which watches its data directory). Each
+            worker's poll stores what it saw in P_DISK_FREE.
 
 Each IO worker raises and clears its own ALARM_* bits in its process slot
 (P_ALARMS: one writer, plain stores) when its allocations or its poll see the
@@ -94,6 +96,22 @@ def publish_alarms(seg: Segment, worker: int, bits: int) -> None:
     seg.atomic.store(seg.layout.proc(worker) + layout.P_ALARMS, bits)
 
 
+def publish_disk_free(seg: Segment, worker: int, free: int) -> None:
+    seg.atomic.store(seg.layout.proc(worker) + layout.P_DISK_FREE, free)
+
+
+def disk_free(seg: Segment) -> int | None:
+    """The least free space any IO worker's last poll saw (None before
+    the first poll)."""
+    a, offsets = seg.atomic, seg.layout
+    seen = []
+    for slot in range(offsets.limits.max_workers):
+        base = offsets.proc(slot)
+        if a.load(base + layout.P_ROLE) == layout.ROLE_WORKER and a.load(base + layout.P_DISK_FREE):
+            seen.append(a.load(base + layout.P_DISK_FREE))
+    return min(seen) if seen else None
+
+
 def broker_alarms(seg: Segment) -> int:
     """ALARM_* bits raised by any worker: the broker-wide alarm."""
     a, offsets = seg.atomic, seg.layout
@@ -103,11 +121,14 @@ def broker_alarms(seg: Segment) -> int:
     return bits
 
 
-def free_bytes(path: str) -> int:
-    """Free space of the file system holding `path` (for unprivileged
-    writers, as tmpfs reports it)."""
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
+def free_bytes(*paths: str) -> int:
+    """Free space of the file systems holding `paths`, the least of them
+    (for unprivileged writers, as tmpfs reports it)."""
+    free = []
+    for path in paths:
+        st = os.statvfs(path)
+        free.append(st.f_bavail * st.f_frsize)
+    return min(free)
 
 
 def reason(bits: int) -> str:

@@ -119,10 +119,8 @@ class Connection(asyncio.Protocol):
         self.ctx.connections.discard(self)
 
     def eof_received(self) -> bool | None:
-        """The client shut its end for writing. Normally the transport then
-        closes. But a client that sent connection.close and shut its end at
-        once is still owed close-ok, which waits for the scheduler (see
-        _client_close): keep the socket open for writing until it goes."""
+        """The client shut its end. If it is still owed close-ok (which waits
+        for the scheduler, _client_close), keep ours open to send it."""
         if self.state == CLOSED and not self.eof_sent and not self.closed:
             self.eof_received_early = True
             return True
@@ -187,10 +185,9 @@ class Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------- read holds
     def hold_reading(self, holder: object, reason: str | None = "low on shared memory") -> None:
-        """Stop reading this client (a queue log or the arena is full, or too
-        much is held back by flow control), and tell clients that understand
-        it that they are blocked; with no `reason`, a short internal wait (a
-        scheduler round trip) that clients are not told of."""
+        """Stop reading this client (a full queue log or arena, too much held
+        back by flow control) and tell it it is blocked; with no `reason`, a
+        short internal wait (a scheduler round trip) it is not told of."""
         if not self.read_holders and self.transport is not None:
             self.transport.pause_reading()
         self.read_holders.add(holder)
@@ -240,9 +237,8 @@ class Connection(asyncio.Protocol):
 
     # ----------------------- flow control (Qpid Java broker's producer flow control)
     def flow_block(self, qid: int, logs: list[int] | None = None) -> None:
-        """A publish took queue `qid` (its `logs`, if a priority queue) above
-        its capacity: hold this connection's further publishes until the queue
-        is back at its resume size. Consumers and acks on the connection go on."""
+        """A publish took queue `qid` (`logs`: a priority queue's) above its
+        capacity: hold further publishes until it is back at its resume size."""
         if qid in self.flow_blocked or not flow.arm(self.ctx.seg, qid, logs):
             return
         self.flow_blocked[qid] = self._count_blocked(qid, 1, None)
@@ -250,9 +246,8 @@ class Connection(asyncio.Protocol):
         self._blocked(f"queue '{name}' in vhost '{self.vhost}' is over its capacity")
 
     def alarm(self, bits: int) -> None:
-        """The broker-wide memory or disk alarm was raised (bits) or cleared
-        (0). As in RabbitMQ, only publishers are blocked: a connection that
-        has published is blocked now, any other at its first publish."""
+        """The broker-wide memory or disk alarm was raised (bits) or cleared (0).
+        As in RabbitMQ only publishers are blocked, others at their first publish."""
         if self.state != OPEN:
             return  # told at connection.open, if still raised then
         self.alarm_reason = memory.reason(bits) if bits else ""
@@ -685,9 +680,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.closed:
             return
-        if self.eof_received_early:
-            # Nothing more will come from the client: close (after what is
-            # queued has been written).
+        if self.eof_received_early:  # nothing more comes: close once written
             self._close_transport()
             return
         self.eof_sent = True

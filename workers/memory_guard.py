@@ -58,7 +58,7 @@ class GuardHost(Protocol):
 
 
 class MemoryGuard:
-    __slots__ = ("alarms", "ctx", "high", "marks", "raised", "runtime")
+    __slots__ = ("alarms", "ctx", "high", "marks", "raised", "watched")
 
     def __init__(self, ctx: GuardHost) -> None:
         self.ctx = ctx
@@ -70,7 +70,9 @@ class MemoryGuard:
         # goes on from there and its poll clears the bit at the low mark.
         self.raised = ctx.atomic.load(ctx.slot + layout.P_ALARMS)
         self.alarms = 0  # the broker-wide bits its connections were told of
-        self.runtime = ctx.config.runtime_path()
+        # The file systems that must not fill: the data directory's (the
+        # disk store) and the runtime directory's (the segment's pages).
+        self.watched = (ctx.config.data_path(), ctx.config.runtime_path())
 
     def allocated(self, used: int) -> None:
         """An allocation took the arena to `used` bytes, above the high mark
@@ -88,9 +90,10 @@ class MemoryGuard:
     def poll(self) -> None:
         """Re-evaluate this worker's bits, then apply everyone's."""
         try:
-            free = memory.free_bytes(self.runtime)
+            free = memory.free_bytes(*self.watched)
         except OSError:
             free = 1 << 62  # the directory went away: shutting down
+        memory.publish_disk_free(self.ctx.seg, self.ctx.index, free)
         bits = memory.own_alarms(self.ctx.arena.used_bytes(), free, self.raised, self.marks)
         if bits != self.raised:
             self._raise(bits)

@@ -10,10 +10,8 @@ memory guard's marks and the scheduler's counters."""
 
 from __future__ import annotations
 
-import os
 import platform
 import resource
-import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -129,13 +127,12 @@ class Exporter:
             "Open file descriptors limit (per process)",
             resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         )
-        runtime = self.config.runtime_path()
-        free = shutil.disk_usage(runtime).free if os.path.isdir(runtime) else 0
+        free = memory.disk_free(seg)
         yield plain_gauge(
             "rabbitmq_disk_space_available_bytes",
-            "Disk space available in bytes (the file system of the runtime directory, where the"
-            " shared-memory segment lives)",
-            free,
+            "Disk space available in bytes (the less of the data directory's and the runtime"
+            " directory's file systems, as the IO workers' last poll saw it)",
+            0 if free is None else free,
         )
         yield plain_gauge(
             "rabbitmq_disk_space_available_limit_bytes",

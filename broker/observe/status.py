@@ -91,6 +91,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         "arena_high_watermark_bytes": marks.high,
         "arena_low_watermark_bytes": marks.low,
         "disk_free_limit_bytes": marks.disk_free_limit,
+        "disk_free_bytes": memory.disk_free(seg),
         "processes": processes,
         "queues": queues,
     }
@@ -113,6 +114,8 @@ def render(snap: dict[str, Any]) -> str:
     lines = [
         f"segment {snap['segment']} ({snap['segment_allocated_bytes']} bytes allocated)",
         "alarms: " + (", ".join(f"low on {name}: publishers blocked" for name in alarms) or "none"),
+        f"disk: {snap['disk_free_bytes']} bytes free, limit {snap['disk_free_limit_bytes']}"
+        " (the data and runtime directories' file systems)",
         "",
     ]
     lines.append(f"{'ROLE':<12}{'INDEX':>6}{'PID':>9}{'READY':>7}{'CONNS':>7}{'ARENA BYTES':>13}")

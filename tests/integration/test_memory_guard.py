@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -172,10 +175,8 @@ def test_confirms_wait_under_the_alarm_and_come_after_it(small: Broker) -> None:
     asyncio.run(run())
 
 
-def test_low_disk_blocks_publishers_and_shows_in_the_metrics(broker_factory: Any) -> None:
-    port = free_port()
-    # More free space than any file system has: the disk alarm is raised at once.
-    broker = broker_factory(args=("--disk-free-limit", str(1 << 60), "--metrics-port", str(port)))
+def blocked_on_disk(broker: Broker) -> pika.BlockingConnection:
+    """A connection that publishes once and is blocked "low on disk"."""
     conn = connect(broker)
     events = watch_blocks(conn)
     ch = conn.channel()
@@ -183,6 +184,14 @@ def test_low_disk_blocks_publishers_and_shows_in_the_metrics(broker_factory: Any
     ch.basic_publish("", "d", b"x")
     pump([conn], lambda: bool(events), 10, "connection.blocked")
     assert events == ["blocked: low on disk"]
+    return conn
+
+
+def test_low_disk_blocks_publishers_and_shows_in_the_metrics(broker_factory: Any) -> None:
+    port = free_port()
+    # More free space than any file system has: the disk alarm is raised at once.
+    broker = broker_factory(args=("--disk-free-limit", str(1 << 60), "--metrics-port", str(port)))
+    conn = blocked_on_disk(broker)
     conn.process_data_events(time_limit=0.3)
     assert depth(conn, "d") == 0
     samples = scrape(port)
@@ -196,3 +205,27 @@ def test_low_disk_blocks_publishers_and_shows_in_the_metrics(broker_factory: Any
     assert status["disk_free_limit_bytes"] == 1 << 60
     assert "alarms: low on disk: publishers blocked" in render(status)
     conn.close()
+
+
+def test_a_data_directory_low_on_disk_blocks_publishers(
+    broker_factory: Any, tmp_path: Path
+) -> None:
+    """The disk alarm watches the data directory's file system (RabbitMQ
+    watches its data directory), not only the runtime directory's: with the
+    limit between the two file systems' free space, only the data
+    directory's raises it."""
+    small = tempfile.mkdtemp(dir="/dev/shm", prefix="shoal-test-data-")
+    try:
+        free_small, free_big = shutil.disk_usage(small).free, shutil.disk_usage(tmp_path).free
+        if free_big - free_small < 1 << 30:
+            pytest.skip("needs /dev/shm to have at least 1 GiB less free space than the tmp dir")
+        limit = (free_small + free_big) // 2
+        broker = broker_factory(args=("--data-dir", small, "--disk-free-limit", str(limit)))
+        conn = blocked_on_disk(broker)
+        status = broker.status()
+        assert status["alarms"] == ["disk"]
+        assert status["disk_free_bytes"] < limit
+        conn.close()
+        broker.stop()
+    finally:
+        shutil.rmtree(small, ignore_errors=True)
