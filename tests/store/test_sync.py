@@ -30,7 +30,7 @@ def test_requests_during_a_sync_share_the_next_one(tmp_path: Path) -> None:
     answered = threading.Semaphore(0)
     n = 2000
     try:
-        for i in range(n):
+        for _ in range(n):
             os.write(fd, b"x" * 64)
             sync.request(lambda error: answered.release())
         for _ in range(n):
