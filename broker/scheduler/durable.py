@@ -7,9 +7,11 @@ and destination are both durable. Everything else vanishes with the broker.
 They live in `definitions.log` in the data directory, a record file
 (store/records.py) of the journal's operations (broker/amqp/definitions.py)
 plus two of its own, for queues, which the shared-memory journal does not
-carry (queues live in the queue table there):
+carry (queues live in the queue table there). A durable queue's uid (63
+random bits) names it in the message store (docs/durability.md): a queue
+deleted and declared again is another queue, and never inherits messages.
 
-    D  QueueDeclared  vhost, queue, auto_delete, arguments
+    D  QueueDeclared  vhost, queue, auto_delete, arguments, uid
     R  QueueDeleted   vhost, queue: and every binding to it
 
 The scheduler, the only writer, appends a change's record and fdatasyncs it
@@ -43,6 +45,12 @@ class QueueDeclared(D.Operation, tag="D"):
     queue: str
     auto_delete: bool
     arguments: dict[str, Any]
+    uid: int
+
+
+def new_uid() -> int:
+    """A durable queue's uid: 63 random bits, never 0."""
+    return int.from_bytes(os.urandom(8), "little") >> 1 or 1
 
 
 class QueueDeleted(D.Operation, tag="R"):

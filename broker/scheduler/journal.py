@@ -132,7 +132,9 @@ class Journal(SchedulerState):
             if q.durable and not q.exclusive:
                 name = q.name.decode()
                 arguments = self.definitions.queue_arguments.get((q.vhost, name), {})
-                snapshot.append(durable.QueueDeclared(q.vhost, name, q.auto_delete, arguments))
+                snapshot.append(
+                    durable.QueueDeclared(q.vhost, name, q.auto_delete, arguments, q.uid)
+                )
         for vhost, router in routers:
             for x in router.exchanges.values():
                 if not x.durable:

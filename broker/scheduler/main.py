@@ -85,6 +85,8 @@ class Scheduler(Notification):
         self._load_queues()
         if first:
             self._restore_queues(restored)
+        else:
+            self._known_uids(restored)
         self._drop_stale_definitions()
         # At every start, what holds now: also right after a predecessor
         # killed between the queue table and the log.

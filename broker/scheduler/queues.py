@@ -15,7 +15,7 @@ from typing import Any
 from shoal.broker import ipc
 from shoal.broker.amqp import definitions, errors
 from shoal.broker.amqp import x_arguments as X
-from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored
+from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.state import QueueState
 from shoal.shm import flow, layout, stats
@@ -58,6 +58,15 @@ class QueueLifecycle(Journal):
             used.add(qid)
         self.free_qids = [q for q in range(self.seg.layout.limits.max_queues) if q not in used]
 
+    def _known_uids(self, restored: Restored) -> None:
+        """A restarted scheduler: its durable queues' uids, from the log
+        (a queue a predecessor created but was killed before logging gets
+        a new one, logged by the snapshot that follows)."""
+        for q in self.queues.values():
+            if q.durable and not q.exclusive:
+                record = restored.queues.get((q.vhost, q.name.decode()))
+                q.uid = record.uid if record is not None else new_uid()
+
     def _restore_queues(self, restored: Restored) -> None:
         """A new broker: declare the durable queues the data directory
         holds (before the acceptor takes a connection). A queue that cannot
@@ -87,6 +96,7 @@ class QueueLifecycle(Journal):
                         0,
                         0,
                         record.arguments,
+                        record.uid,
                     )
                 except errors.AMQPError as exc:
                     log.error(
@@ -109,6 +119,7 @@ class QueueLifecycle(Journal):
         owner: int,
         conn_id: int,
         arguments: dict[str, Any],
+        uid: int = 0,
     ) -> list[Any]:
         self.stats.v[stats.QUEUES_DECLARED] += 1
         q = self.by_name.get((vhost, name)) if name else None
@@ -149,8 +160,9 @@ class QueueLifecycle(Journal):
             if arguments:  # first: if the journal is full, nothing was created
                 self._journal(definitions.QueueArgumentsSet(vhost, name.decode(), arguments))
             if durable and not exclusive:  # on disk before the queue exists
+                uid = uid or new_uid()
                 try:
-                    self._persist(QueueDeclared(vhost, name.decode(), auto_delete, arguments))
+                    self._persist(QueueDeclared(vhost, name.decode(), auto_delete, arguments, uid))
                 except errors.ChannelError:
                     if arguments:
                         self._journal(definitions.QueueGone(vhost, name.decode()))
@@ -173,6 +185,7 @@ class QueueLifecycle(Journal):
                 length_limits=limits,
             )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
+            q.uid = uid if durable and not exclusive else 0
             q.max_priority = max_priority
             q.qcm.single_active = single_active
             self.stats.v[stats.QUEUES_CREATED] += 1

@@ -45,6 +45,7 @@ class QueueState:
         "owner",
         "qcm",
         "qid",
+        "uid",
         "vhost",
     )
 
@@ -66,6 +67,7 @@ class QueueState:
         self.auto_delete = auto_delete
         self.owner = owner
         self.had_consumers = False
+        self.uid = 0  # a durable queue's, in the data directory (durable.py); else 0
         self.qcm = QueueConsumerManager()
         # Browsers that ran dry, with the Q_CHANGES value they read before
         # their last scan: each is notified again as soon as it moves.

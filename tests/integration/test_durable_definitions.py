@@ -177,3 +177,38 @@ def test_the_log_stays_small_under_churn(broker: Broker) -> None:
     assert exists(conn, "queue", "stays")
     assert not exists(conn, "queue", "churn-3")
     conn.close()
+
+
+def logged_uids(broker: Broker) -> dict[str, int]:
+    _log, restored = durable.DefinitionsLog.open(broker.data_dir)
+    _log.close()
+    return {name: record.uid for (_vhost, name), record in restored.queues.items()}
+
+
+def test_a_durable_queue_keeps_its_uid_and_a_new_one_gets_another(broker: Broker) -> None:
+    """The uid names the queue's messages on disk: it survives restarts of
+    the broker and of the scheduler; a queue deleted and declared again is
+    another queue."""
+    conn = connect(broker)
+    conn.channel().queue_declare("u", durable=True)
+    conn.close()
+    broker.restart(crash=True)
+    assert broker.stop() == 0
+    uid = logged_uids(broker)["u"]
+    assert uid > 0
+    broker.start()
+    old = broker.pids("scheduler")[0]
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: broker.pids("scheduler").get(0, old) != old, 15, "a new scheduler")
+    conn = connect(broker)
+    conn.channel().queue_declare("other", durable=True)  # the new scheduler is up
+    broker.stop()
+    assert logged_uids(broker)["u"] == uid
+    broker.start()
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_delete("u")
+    ch.queue_declare("u", durable=True)
+    conn.close()
+    broker.stop()
+    assert logged_uids(broker)["u"] != uid
