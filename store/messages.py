@@ -1,0 +1,213 @@
+"""The message store's files: segments of PUBLISH records, each written by
+one IO worker, and per segment one file of SETTLE records per worker that
+settled something in it (docs/durability.md, "The message store").
+
+    <dir>/<segment>.seg              PUBLISH records (record files, records.py)
+    <dir>/<segment>.acks.<writer>    SETTLE records for that segment
+
+PUBLISH  u8 'P' | u16 n | n x (u64 queue uid, u8 level, u32 epoch, u64 seq) | message
+         `message` is the body block's payload as shared memory holds it
+         (shm/layout.py MSG_PREFIX, exchange, routing key, properties, body):
+         written once, whatever the number of durable queues it went to.
+SETTLE   u8 'S' | u64 offset of the PUBLISH record in its segment | u64 queue uid
+
+A segment is deleted by unlinking the `.seg` first, then its ack files: a
+crash in between leaves acks of nothing (removed by the next recovery),
+never a segment without its acks. Recovery (`recover`) reads everything
+back and returns, per queue and level, the live messages in queue order:
+(epoch, seq), the broker start and the entry's place in its log.
+
+This module keeps the format and the reading; which worker writes what,
+when it syncs and when a segment may go belong to the workers.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from shoal.store import records
+
+SEGMENT_MAGIC = b"SHOALM"
+ACKS_MAGIC = b"SHOALA"
+VERSION = 1
+SEGMENT_BYTES = 8 << 20  # a segment is sealed once it is this large
+
+_KIND = struct.Struct("<cH")
+_ENTRY = struct.Struct("<QBIQ")
+_SETTLE = struct.Struct("<cQQ")
+
+
+class Entry(NamedTuple):
+    """A message's place in one durable queue."""
+
+    uid: int  # the queue's uid (definitions.log)
+    level: int  # its priority level (0 for a queue without priorities)
+    epoch: int  # the broker start that appended it
+    seq: int  # its sequence number in that level's log then
+
+
+def encode_publish(entries: Iterable[Entry], message: bytes | memoryview) -> bytes:
+    entries = list(entries)
+    head = _KIND.pack(b"P", len(entries)) + b"".join(_ENTRY.pack(*e) for e in entries)
+    return head + bytes(message)
+
+
+def decode_publish(payload: bytes) -> tuple[list[Entry], memoryview]:
+    kind, n = _KIND.unpack_from(payload)
+    if kind != b"P":
+        raise ValueError(f"not a PUBLISH record: {kind!r}")
+    at = _KIND.size
+    entries = []
+    for _ in range(n):
+        entries.append(Entry(*_ENTRY.unpack_from(payload, at)))
+        at += _ENTRY.size
+    return entries, memoryview(payload)[at:]
+
+
+def encode_settle(offset: int, uid: int) -> bytes:
+    return _SETTLE.pack(b"S", offset, uid)
+
+
+def decode_settle(payload: bytes) -> tuple[int, int]:
+    kind, offset, uid = _SETTLE.unpack(payload)
+    if kind != b"S":
+        raise ValueError(f"not a SETTLE record: {kind!r}")
+    return offset, uid
+
+
+def segment_name(epoch: int, writer: int, counter: int) -> str:
+    """Unique in a data directory: the broker start, the IO worker, its count."""
+    return f"{epoch:010d}-{writer:04d}-{counter:08d}"
+
+
+def segment_path(directory: str, segment: str) -> str:
+    return os.path.join(directory, segment + ".seg")
+
+
+def acks_path(directory: str, segment: str, writer: int) -> str:
+    return os.path.join(directory, f"{segment}.acks.{writer}")
+
+
+class SegmentWriter:
+    """The segment an IO worker appends its PUBLISH records to."""
+
+    __slots__ = ("file", "segment")
+
+    def __init__(self, directory: str, segment: str) -> None:
+        self.segment = segment
+        self.file, existing, _skipped = records.open_records(
+            segment_path(directory, segment), SEGMENT_MAGIC, VERSION
+        )
+        if existing:
+            self.file.close()
+            raise FileExistsError(f"segment {segment} already holds records")
+
+    def append(self, payloads: list[bytes]) -> list[int]:
+        """Write PUBLISH records (durable after a sync of `file.fd`);
+        returns each record's offset, by which SETTLE records name it."""
+        offsets = []
+        at = self.file.size
+        for payload in payloads:
+            offsets.append(at)
+            at += records.RECORD_OVERHEAD + len(payload)
+        self.file.append(payloads)
+        return offsets
+
+    def full(self) -> bool:
+        return self.file.size >= SEGMENT_BYTES
+
+
+class AckWriter:
+    """One worker's SETTLE records for one segment."""
+
+    __slots__ = ("file",)
+
+    def __init__(self, directory: str, segment: str, writer: int) -> None:
+        self.file, _existing, _skipped = records.open_records(
+            acks_path(directory, segment, writer), ACKS_MAGIC, VERSION
+        )
+
+    def settle(self, settled: Iterable[tuple[int, int]]) -> None:
+        """(offset, queue uid) pairs: those entries are gone."""
+        self.file.append([encode_settle(offset, uid) for offset, uid in settled])
+
+
+def delete_segment(directory: str, segment: str) -> None:
+    """The segment first, then its ack files (see the module docstring)."""
+    try:
+        os.unlink(segment_path(directory, segment))
+    except FileNotFoundError:
+        pass
+    prefix = segment + ".acks."
+    for name in os.listdir(directory):
+        if name.startswith(prefix):
+            os.unlink(os.path.join(directory, name))
+
+
+class Live(NamedTuple):
+    """A live message of one queue level, as recovery found it."""
+
+    epoch: int
+    seq: int
+    segment: str
+    offset: int
+    message: memoryview
+
+
+class Recovered(NamedTuple):
+    queues: dict[tuple[int, int], list[Live]]  # (uid, level) -> live messages in order
+    skipped: list[tuple[str, records.Skipped]]  # torn tails cut off, per file
+    removed: list[str]  # files removed: acks of deleted segments, segments with nothing live
+
+
+def recover(directory: str, uids: set[int]) -> Recovered:
+    """Read every segment and ack file of `directory`: the live messages of
+    the queues whose uids are given, per queue and level in (epoch, seq)
+    order. Entries of other uids (deleted queues) are dead; a segment left
+    with nothing live is deleted, and so are ack files of no segment."""
+    names = sorted(os.listdir(directory))
+    segments = [n[: -len(".seg")] for n in names if n.endswith(".seg")]
+    acks: dict[str, list[str]] = {}
+    for name in names:
+        if ".acks." in name:
+            acks.setdefault(name.split(".acks.")[0], []).append(name)
+    skipped: list[tuple[str, records.Skipped]] = []
+    removed: list[str] = []
+    for orphan in set(acks) - set(segments):
+        for name in acks[orphan]:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+    queues: dict[tuple[int, int], list[Live]] = {}
+    for segment in segments:
+        settled: set[tuple[int, int]] = set()
+        for name in acks.get(segment, []):
+            payloads = _read(os.path.join(directory, name), ACKS_MAGIC, skipped)
+            settled.update(decode_settle(p) for p in payloads)
+        live = 0
+        offset = records.HEADER_SIZE
+        for payload in _read(segment_path(directory, segment), SEGMENT_MAGIC, skipped):
+            entries, message = decode_publish(payload)
+            for uid, level, epoch, seq in entries:
+                if uid in uids and (offset, uid) not in settled:
+                    queues.setdefault((uid, level), []).append(
+                        Live(epoch, seq, segment, offset, message)
+                    )
+                    live += 1
+            offset += records.RECORD_OVERHEAD + len(payload)
+        if not live:
+            delete_segment(directory, segment)
+            removed.append(segment + ".seg")
+    for messages in queues.values():
+        messages.sort(key=lambda m: (m.epoch, m.seq))
+    return Recovered(queues, skipped, removed)
+
+
+def _read(path: str, magic: bytes, skipped: list[tuple[str, records.Skipped]]) -> list[bytes]:
+    file, payloads, cut = records.open_records(path, magic, VERSION)
+    file.close()
+    if cut is not None:
+        skipped.append((os.path.basename(path), cut))
+    return payloads
