@@ -71,6 +71,11 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Record).decode
 
 
+class UnreadableDefinitions(Exception):
+    """definitions.log is not a log this version can read: the broker does
+    not start (rather than start without the definitions it promised)."""
+
+
 class Restored:
     """The durable definitions as the log left them."""
 
@@ -106,7 +111,10 @@ class DefinitionsLog:
     @classmethod
     def open(cls, data_dir: str) -> tuple[DefinitionsLog, Restored]:
         path = os.path.join(data_dir, FILENAME)
-        file, payloads, skipped = records.open_records(path, MAGIC, VERSION)
+        try:
+            file, payloads, skipped = records.open_records(path, MAGIC, VERSION)
+        except records.FormatError as exc:
+            raise UnreadableDefinitions(str(exc)) from None
         if skipped is not None:
             log.warning(
                 "%s: skipped %d bytes at offset %d (%s): a change cut short by a crash, "
@@ -117,8 +125,12 @@ class DefinitionsLog:
                 skipped.reason,
             )
         restored = Restored()
-        for payload in payloads:
-            restored.apply(_decode(payload))
+        for number, payload in enumerate(payloads):
+            try:
+                restored.apply(_decode(payload))
+            except (msgspec.DecodeError, ValueError) as exc:
+                file.close()
+                raise UnreadableDefinitions(f"{path}: record {number}: {exc}") from None
         return cls(file), restored
 
     def write(self, *changes: Record) -> None:

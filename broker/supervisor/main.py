@@ -27,6 +27,7 @@ from shoal.broker.amqp.definitions import Op, new_vhost_ops
 from shoal.broker.config import Config
 from shoal.broker.ipc import WorkerGone, encode, socketpair
 from shoal.broker.observe.metrics import serve as serve_metrics
+from shoal.broker.scheduler.durable import DefinitionsLog, UnreadableDefinitions
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
 from shoal.broker.supervisor import datadir, systemd
@@ -165,6 +166,11 @@ class Supervisor:
         # holds this data directory must not lose its files to us.
         self.data_lock = datadir.lock(self.config.data_path())
         try:
+            # Read once here (the scheduler reads it again): a log this
+            # version cannot read stops the broker with one clear line,
+            # instead of a scheduler failing in a loop; a torn tail is
+            # cut off and logged.
+            DefinitionsLog.open(self.config.data_path())[0].close()
             self.prepare()
             return self._run()
         finally:
@@ -474,7 +480,7 @@ def _remove_stale_segment(path: str) -> bool:
 def run_supervisor(config: Config) -> int:
     try:
         return Supervisor(config).run()
-    except datadir.DataDirInUse as exc:
+    except (datadir.DataDirInUse, UnreadableDefinitions) as exc:
         log.error("%s", exc)
         return 1
     except OSError as exc:

@@ -212,3 +212,20 @@ def test_a_durable_queue_keeps_its_uid_and_a_new_one_gets_another(broker: Broker
     conn.close()
     broker.stop()
     assert logged_uids(broker)["u"] != uid
+
+
+def test_a_log_it_cannot_read_stops_the_broker_with_one_clear_line(
+    broker_factory: Any,
+) -> None:
+    """Starting without the definitions it promised would be worse: the
+    broker exits 1 and says which file, and leaves the file as it was."""
+    broker: Broker = broker_factory(workers=1)
+    assert broker.stop() == 0
+    path = os.path.join(broker.data_dir, durable.FILENAME)
+    with open(path, "wb") as f:
+        f.write(b"SHOALD\x09\x00")  # a format version from the future
+    broker.start(wait=False)
+    assert broker.proc is not None and broker.proc.wait(20) == 1
+    assert f"{path}: not a SHOALD file of format version 1" in broker.log()
+    with open(path, "rb") as f:
+        assert f.read() == b"SHOALD\x09\x00"
