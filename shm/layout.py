@@ -72,7 +72,7 @@ P_INTENT_SEQ = 48  # the sequence number that append reserved
 P_CHANNELS = 56
 P_CONSUMERS = 64
 P_ALARMS = 72  # IO worker: ALARM_* bits it raises (shm/memory.py); one writer
-P_DISK_FREE = 80  # IO worker: free bytes its last poll saw (shm/memory.py); one writer
+P_DISK_FREE = 80  # IO worker: 1 + free bytes its last poll saw (shm/memory.py); one writer
 P_RESCUES = 88  # scheduler: lost wake-ups rescued by its sweep (should stay 0)
 P_ROLE = 96  # ROLE_* of the process in this slot
 # The body block whose reference this process is dropping after deleting a

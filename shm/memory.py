@@ -97,7 +97,8 @@ def publish_alarms(seg: Segment, worker: int, bits: int) -> None:
 
 
 def publish_disk_free(seg: Segment, worker: int, free: int) -> None:
-    seg.atomic.store(seg.layout.proc(worker) + layout.P_DISK_FREE, free)
+    # + 1: 0 means "not polled yet", and a full disk must not read as that.
+    seg.atomic.store(seg.layout.proc(worker) + layout.P_DISK_FREE, free + 1)
 
 
 def disk_free(seg: Segment) -> int | None:
@@ -107,8 +108,9 @@ def disk_free(seg: Segment) -> int | None:
     seen = []
     for slot in range(offsets.limits.max_workers):
         base = offsets.proc(slot)
-        if a.load(base + layout.P_ROLE) == layout.ROLE_WORKER and a.load(base + layout.P_DISK_FREE):
-            seen.append(a.load(base + layout.P_DISK_FREE))
+        stored = a.load(base + layout.P_DISK_FREE)
+        if a.load(base + layout.P_ROLE) == layout.ROLE_WORKER and stored:
+            seen.append(stored - 1)
     return min(seen) if seen else None
 
 

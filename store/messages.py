@@ -141,6 +141,7 @@ def delete_segment(directory: str, segment: str) -> None:
         os.unlink(segment_path(directory, segment))
     except FileNotFoundError:
         pass
+    records.sync_directory(directory)  # the segment's unlink reaches the disk first
     prefix = segment + ".acks."
     for name in os.listdir(directory):
         if name.startswith(prefix):

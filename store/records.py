@@ -4,7 +4,10 @@ Shoal keeps across restarts (the definitions log, broker/scheduler/durable.py).
 A file is an 8-byte header, then records:
 
     header   magic (6 bytes, says what the file holds) | u16 format version
-    record   u32 length | u32 crc32(payload) | payload
+    record   u32 length | u32 crc32(length bytes + payload) | payload
+
+The checksum covers the length too, so that zeros (an appended tail that a
+power cut left unwritten on some file systems) never read as a record.
 
 A record is durable once `sync` (fdatasync) returns after its `append`. A
 file that a power cut or a crash left cut short, or whose tail is corrupt,
@@ -39,6 +42,21 @@ class FormatError(Exception):
     """The file is not of this kind or version: never overwritten."""
 
 
+class BrokenFile(OSError):
+    """A failed write could not be undone: the file takes no more appends
+    (its owner writes a new one, `replace_records`)."""
+
+
+class ReplacedUnsynced(OSError):
+    """`replace_records` renamed the new file into place but could not
+    fsync the directory: `file` is the one to use from now on, and the
+    rename may not survive a power cut."""
+
+    def __init__(self, error: OSError, file: RecordFile) -> None:
+        super().__init__(error.errno, error.strerror)
+        self.file = file
+
+
 class Skipped(NamedTuple):
     """What `open_records` dropped from a file's tail."""
 
@@ -47,9 +65,13 @@ class Skipped(NamedTuple):
     reason: str  # "truncated record", "checksum mismatch", ...
 
 
+def _checksum(length: int, payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload, zlib.crc32(length.to_bytes(4, "little")))
+
+
 def encode(payload: bytes) -> bytes:
     """One record's bytes."""
-    return _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+    return _RECORD.pack(len(payload), _checksum(len(payload), payload)) + payload
 
 
 def decode_all(data: bytes | memoryview, start: int) -> tuple[list[bytes], int, str]:
@@ -68,7 +90,7 @@ def decode_all(data: bytes | memoryview, start: int) -> tuple[list[bytes], int, 
         if end - body < length:
             return records, at, "truncated record"
         payload = bytes(view[body : body + length])
-        if zlib.crc32(payload) != crc:
+        if _checksum(length, payload) != crc:
             return records, at, "checksum mismatch"
         records.append(payload)
         at = body + length
@@ -78,21 +100,28 @@ def decode_all(data: bytes | memoryview, start: int) -> tuple[list[bytes], int, 
 class RecordFile:
     """A record file open for appending: one writer (one process)."""
 
-    __slots__ = ("fd", "path", "size")
+    __slots__ = ("broken", "fd", "path", "size")
 
     def __init__(self, path: str, fd: int, size: int) -> None:
         self.path = path
         self.fd = fd
-        self.size = size  # bytes in the file, header included
+        self.size = size  # bytes in the file, header included: where the next record goes
+        self.broken = False
 
     def append(self, payloads: Iterable[bytes]) -> None:
-        """Write records (durable only after `sync`). A failed write is
-        cut off again, so the file never keeps half a record."""
+        """Write records (durable only after `sync`) at the end of the last
+        good one. A failed write is cut off again, so the file never keeps
+        half a record; if that fails too, the file is broken."""
+        if self.broken:
+            raise BrokenFile(5, f"{self.path}: an earlier write could not be undone")
         data = b"".join(encode(p) for p in payloads)
         try:
-            _write_all(self.fd, data)
+            _write_all(self.fd, data, self.size)
         except OSError:
-            os.ftruncate(self.fd, self.size)
+            try:
+                os.ftruncate(self.fd, self.size)
+            except OSError:
+                self.broken = True
             raise
         self.size += len(data)
 
@@ -105,10 +134,14 @@ class RecordFile:
             self.fd = -1
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """pwrite: the file position plays no part, so a write cut short and
+    truncated away leaves nothing that moves the next record."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
 
 
 def open_records(
@@ -126,10 +159,9 @@ def open_records(
             skipped = Skipped(0, len(data), "truncated header") if data else None
             header = _HEADER.pack(magic, version)
             os.ftruncate(fd, 0)
-            _write_all(fd, header)
+            _write_all(fd, header, 0)
             os.fdatasync(fd)
-            _sync_directory(os.path.dirname(path) or ".")
-            os.lseek(fd, 0, os.SEEK_END)
+            sync_directory(os.path.dirname(path) or ".")
             return RecordFile(path, fd, HEADER_SIZE), [], skipped
         got_magic, got_version = _HEADER.unpack_from(data)
         if got_magic != magic or got_version != version:
@@ -143,7 +175,6 @@ def open_records(
             skipped = Skipped(end, len(data) - end, reason)
             os.ftruncate(fd, end)
             os.fdatasync(fd)
-        os.lseek(fd, 0, os.SEEK_END)
         return RecordFile(path, fd, end), records, skipped
     except BaseException:
         os.close(fd)
@@ -157,17 +188,21 @@ def replace_records(path: str, magic: bytes, version: int, payloads: Iterable[by
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
     try:
         data = _HEADER.pack(magic, version) + b"".join(encode(p) for p in payloads)
-        _write_all(fd, data)
+        _write_all(fd, data, 0)
         os.fdatasync(fd)
         os.rename(tmp, path)
-        _sync_directory(os.path.dirname(path) or ".")
     except BaseException:
         os.close(fd)
         raise
-    return RecordFile(path, fd, len(data))
+    file = RecordFile(path, fd, len(data))  # the file from here on, whatever follows
+    try:
+        sync_directory(os.path.dirname(path) or ".")
+    except OSError as exc:
+        raise ReplacedUnsynced(exc, file) from exc
+    return file
 
 
-def _sync_directory(path: str) -> None:
+def sync_directory(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import traceback
 from collections.abc import Callable
 
 Done = Callable[[BaseException | None], None]
@@ -30,6 +31,7 @@ class GroupSync:
     __slots__ = (
         "_busy",
         "_cond",
+        "_error",
         "_fd",
         "_pending",
         "_stopped",
@@ -44,6 +46,7 @@ class GroupSync:
         self._pending: list[Done] = []
         self._stopped = False
         self._busy = False  # a sync is running (its batch not yet called back)
+        self._error: OSError | None = None  # a sync failed: so do all after it
         self.syncs = 0  # fdatasync calls made
         self.synced_requests = 0  # requests they served
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -59,10 +62,10 @@ class GroupSync:
             self._cond.notify()
 
     def set_fd(self, fd: int) -> None:
-        """Sync another file from now on (a new segment). Requests made
-        before the switch must be served by a sync of the old file first:
-        call `drain` before closing it."""
+        """Sync another file from now on (a new segment), once every request
+        made before the switch has been served by a sync of the old one."""
         with self._cond:
+            self._cond.wait_for(lambda: not self._pending and not self._busy)
             self._fd = fd
 
     def drain(self) -> None:
@@ -87,15 +90,22 @@ class GroupSync:
                 batch, self._pending = self._pending, []
                 fd = self._fd
                 self._busy = True
-            error: BaseException | None = None
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                error = exc
+            error = self._error
+            if error is None:
+                try:
+                    os.fdatasync(fd)
+                except OSError as exc:
+                    # A later fdatasync that succeeds does not prove these
+                    # pages reached the disk (the kernel may have dropped
+                    # them): the file is done with, every request fails.
+                    error = self._error = exc
             self.syncs += 1
             self.synced_requests += len(batch)
             for done in batch:
-                done(error)
+                try:
+                    done(error)
+                except Exception:  # a callback's bug must not stop the syncs
+                    traceback.print_exc()
             with cond:
                 self._busy = False
                 cond.notify_all()

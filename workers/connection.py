@@ -119,8 +119,7 @@ class Connection(asyncio.Protocol):
         self.ctx.connections.discard(self)
 
     def eof_received(self) -> bool | None:
-        """The client shut its end. If it is still owed close-ok (which waits
-        for the scheduler, _client_close), keep ours open to send it."""
+        """The client shut its end: if still owed close-ok (_client_close), keep ours open."""
         if self.state == CLOSED and not self.eof_sent and not self.closed:
             self.eof_received_early = True
             return True
@@ -682,6 +681,7 @@ class Connection(asyncio.Protocol):
             return
         if self.eof_received_early:  # nothing more comes: close once written
             self._close_transport()
+            self.eof_sent = True  # and nothing more goes (no second close-ok)
             return
         self.eof_sent = True
         try:

@@ -102,11 +102,15 @@ class Restored:
 class DefinitionsLog:
     """definitions.log, open for appending."""
 
-    __slots__ = ("file", "snapshot_size")
+    __slots__ = ("dirty", "file", "snapshot_size")
 
     def __init__(self, file: records.RecordFile) -> None:
         self.file = file
         self.snapshot_size = file.size
+        # A write failed: the file may disagree with what holds (a record
+        # written but not synced, a removal not written). It is rewritten
+        # from memory before anything is appended again.
+        self.dirty = False
 
     @classmethod
     def open(cls, data_dir: str) -> tuple[DefinitionsLog, Restored]:
@@ -134,21 +138,36 @@ class DefinitionsLog:
         return cls(file), restored
 
     def write(self, *changes: Record) -> None:
-        """Append changes and make them durable (before their -ok)."""
-        self.file.append([_encode(change) for change in changes])
-        self.file.sync()
+        """Append changes and make them durable (before their -ok). Only
+        when not `dirty` (the caller rewrites first)."""
+        try:
+            self.file.append([_encode(change) for change in changes])
+            self.file.sync()
+        except OSError:
+            self.dirty = True
+            raise
 
     def rewrite(self, snapshot: list[Record]) -> None:
         """Put a snapshot of the whole state in place of the log."""
         old = self.file
-        self.file = records.replace_records(
-            old.path, MAGIC, VERSION, [_encode(r) for r in snapshot]
-        )
+        try:
+            self.file = records.replace_records(
+                old.path, MAGIC, VERSION, [_encode(r) for r in snapshot]
+            )
+        except records.ReplacedUnsynced as exc:
+            self.file = exc.file  # the old file is gone from the directory
+            old.close()
+            self.dirty = True
+            raise
+        except OSError:
+            self.dirty = True
+            raise
         old.close()
         self.snapshot_size = self.file.size
+        self.dirty = False
 
     def needs_compaction(self) -> bool:
-        return self.file.size > max(MIN_COMPACTION_BYTES, 2 * self.snapshot_size)
+        return self.dirty or self.file.size > max(MIN_COMPACTION_BYTES, 2 * self.snapshot_size)
 
     def close(self) -> None:
         self.file.close()

@@ -76,10 +76,13 @@ class Journal(SchedulerState):
             # start's snapshot fails to find what it removed again.
 
     def _persist(self, *changes: durable.Record) -> None:
-        """Durable changes to disk (fdatasync'd) before their reply."""
+        """Durable changes to disk (fdatasync'd) before their reply. After
+        a failed write, the log is first rewritten from memory."""
         if self.restoring:
             return  # the snapshot written once restored holds them
         try:
+            if self.durable.dirty:
+                self.durable.rewrite(self._durable_snapshot())
             self.durable.write(*changes)
         except OSError as exc:
             log.error("cannot write the durable definitions: %s", exc)
@@ -128,6 +131,8 @@ class Journal(SchedulerState):
                 for x in router.exchanges.values()
                 if x.durable
             ]
+        for record, _bindings in self.unrestored.values():
+            snapshot.append(record)
         for q in self.queues.values():
             if q.durable and not q.exclusive:
                 name = q.name.decode()
@@ -144,6 +149,8 @@ class Journal(SchedulerState):
                         snapshot.append(
                             definitions.Bound(vhost, x.name, kind, dest, routing_key, arguments)
                         )
+        for _record, bindings in self.unrestored.values():
+            snapshot += bindings
         return snapshot
 
     def _compact_durable_if_due(self) -> None:
@@ -151,8 +158,8 @@ class Journal(SchedulerState):
         if self.durable.needs_compaction():
             try:
                 self.durable.rewrite(self._durable_snapshot())
-            except OSError as exc:  # the appended log stays, and is whole
-                log.error("cannot compact the durable definitions: %s", exc)
+            except OSError as exc:  # tried again after the next request
+                log.error("cannot rewrite the durable definitions: %s", exc)
 
     def _exchange_declare(
         self,

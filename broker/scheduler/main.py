@@ -74,6 +74,7 @@ class Scheduler(Notification):
         self.catalog = CatalogWriter(seg, definitions.Op)
         self.definitions = definitions.Definitions()
         self.restoring = False
+        self.unrestored = {}
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
         self.stats = Counters(seg, layout.scheduler_slot(seg.layout))
 
@@ -90,7 +91,10 @@ class Scheduler(Notification):
         self._drop_stale_definitions()
         # At every start, what holds now: also right after a predecessor
         # killed between the queue table and the log.
-        self.durable.rewrite(self._durable_snapshot())
+        try:
+            self.durable.rewrite(self._durable_snapshot())
+        except OSError as exc:  # dirty: rewritten before the next change
+            log.error("cannot rewrite the durable definitions: %s", exc)
         self.a.store(layout.H_RESTORED, 1)
         self.loop.add_reader(self.efd, self._on_wake)
         self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)

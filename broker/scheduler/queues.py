@@ -70,22 +70,28 @@ class QueueLifecycle(Journal):
     def _restore_queues(self, restored: Restored) -> None:
         """A new broker: declare the durable queues the data directory
         holds (before the acceptor takes a connection). A queue that cannot
-        be declared any more (a limit lowered since) is logged and left out,
-        and with it its bindings (_drop_stale_definitions). One that exists
+        be declared any more (a limit lowered since) is logged and left out
+        of this start with its bindings, but kept in the log for a later
+        one (`unrestored`). One that exists
         was restored by a scheduler killed before it finished: its
         arguments are journaled again (the journal was started afresh)."""
         self.restoring = True
         try:
             for record in restored.queues.values():
-                if (record.vhost, record.queue.encode()) in self.by_name:
-                    if record.arguments:
-                        self._journal(
-                            definitions.QueueArgumentsSet(
-                                record.vhost, record.queue, record.arguments
-                            )
-                        )
-                    continue
                 try:
+                    q = self.by_name.get((record.vhost, record.queue.encode()))
+                    if q is not None:
+                        q.uid = record.uid
+                        q.qcm.single_active = (
+                            record.arguments.get("x-single-active-consumer") is True
+                        )
+                        if record.arguments:
+                            self._journal(
+                                definitions.QueueArgumentsSet(
+                                    record.vhost, record.queue, record.arguments
+                                )
+                            )
+                        continue
                     self._declare(
                         record.vhost,
                         record.queue.encode(),
@@ -100,10 +106,21 @@ class QueueLifecycle(Journal):
                     )
                 except errors.AMQPError as exc:
                     log.error(
-                        "durable queue %r in vhost %r not restored: %s",
+                        "durable queue %r in vhost %r not restored (kept in the data "
+                        "directory for a later start): %s",
                         record.queue,
                         record.vhost,
                         exc.reply_text,
+                    )
+                    router = restored.definitions.router(record.vhost)
+                    self.unrestored[(record.vhost, record.queue)] = (
+                        record,
+                        [
+                            definitions.Bound(record.vhost, x.name, "q", dest, key, arguments)
+                            for x in router.exchanges.values()
+                            for ((kind, dest), key, _frozen), arguments in x.bindings.items()
+                            if kind == "q" and dest == record.queue
+                        ],
                     )
         finally:
             self.restoring = False
@@ -160,6 +177,7 @@ class QueueLifecycle(Journal):
             if arguments:  # first: if the journal is full, nothing was created
                 self._journal(definitions.QueueArgumentsSet(vhost, name.decode(), arguments))
             if durable and not exclusive:  # on disk before the queue exists
+                self.unrestored.pop((vhost, name.decode()), None)  # this one takes its place
                 uid = uid or new_uid()
                 try:
                     self._persist(QueueDeclared(vhost, name.decode(), auto_delete, arguments, uid))

@@ -16,10 +16,10 @@ import asyncio
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
-from shoal.broker.amqp.definitions import Definitions
+from shoal.broker.amqp.definitions import Bound, Definitions
 from shoal.broker.config import Config
 from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
-from shoal.broker.scheduler.durable import DefinitionsLog
+from shoal.broker.scheduler.durable import DefinitionsLog, QueueDeclared
 from shoal.shm._atomic import Atomic
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.queues import QueueStore
@@ -115,6 +115,9 @@ class SchedulerState:
     definitions: Definitions
     durable: DefinitionsLog  # what of the definitions outlives the broker (durable.py)
     restoring: bool  # while the durable definitions are being restored: not logged again
+    # Durable queues the log holds but this start could not declare (a limit
+    # lowered since), with their bindings: kept in the log for a later start.
+    unrestored: dict[tuple[str, str], tuple[QueueDeclared, list[Bound]]]
     stats: Counters
 
     def ready(self, q: QueueState) -> int:

@@ -229,3 +229,30 @@ def test_a_log_it_cannot_read_stops_the_broker_with_one_clear_line(
     assert f"{path}: not a SHOALD file of format version 1" in broker.log()
     with open(path, "rb") as f:
         assert f.read() == b"SHOALD\x09\x00"
+
+
+def test_a_queue_a_lowered_limit_leaves_out_is_kept_for_a_later_start(broker: Broker) -> None:
+    names = [f"k{i}" for i in range(65)]  # one more than --max-queues 64 allows
+    conn = connect(broker)
+    ch = conn.channel()
+    for name in names:
+        ch.queue_declare(name, durable=True)
+        ch.queue_bind(name, "amq.direct", name)
+    conn.close()
+    assert broker.stop() == 0
+    normal = broker.args
+    broker.args = (*normal, "--max-queues", "64")
+    broker.start()
+    wait_for(lambda: "durable queue 'k64' in vhost '/' not restored" in broker.log(), 10, "the log")
+    conn = connect(broker)
+    assert exists(conn, "queue", "k63") and not exists(conn, "queue", "k64")
+    conn.close()
+    assert broker.stop() == 0
+    broker.args = normal
+    broker.start()
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("amq.direct", "k64", b"bound again")
+    assert ready(conn, "k64") == 1
+    conn.close()

@@ -91,3 +91,40 @@ def test_replace_puts_a_whole_new_file_in_place(tmp_path: Path) -> None:
     # A replacement cut short before its rename leaves the old file whole.
     (tmp_path / "r.log.new").write_bytes(b"half a")
     assert reopen(path)[0] == [b"new", b"appended"]
+
+
+def test_zeros_at_the_tail_are_not_records(tmp_path: Path) -> None:
+    """A power cut can leave an appended, unsynced tail as zeros: they fail
+    the checksum (it covers the length), and are cut off."""
+    path = tmp_path / "r.log"
+    f, _, _ = records.open_records(str(path), MAGIC, 1)
+    f.append([b"good"])
+    f.close()
+    with open(path, "ab") as out:
+        out.write(bytes(4096))
+    got, skipped, _ = reopen(path)
+    assert got == [b"good"]
+    assert skipped is not None and skipped.size == 4096
+
+
+@pytest.mark.parametrize("size", [1, 7])
+def test_a_header_cut_short_is_written_again_at_the_start(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "r.log"
+    path.write_bytes(MAGIC[:size])
+    f, got, skipped = records.open_records(str(path), MAGIC, 1)
+    f.append([b"after"])
+    f.close()
+    assert got == [] and skipped is not None and skipped.reason == "truncated header"
+    assert reopen(path)[:2] == ([b"after"], None)
+
+
+def test_a_write_that_cannot_be_undone_breaks_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    f, _, _ = records.open_records(str(path), MAGIC, 1)
+    os.close(f.fd)
+    f.fd = os.open(path, os.O_RDONLY)  # writes and truncates fail from here
+    with pytest.raises(OSError):
+        f.append([b"x"])
+    with pytest.raises(records.BrokenFile):
+        f.append([b"y"])
+    f.close()
