@@ -155,6 +155,14 @@ class QueueDirectory:
         """The connection id recorded as queue `qid`'s owner (0: none)."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_OWNER)
 
+    def uid(self, qid: int) -> int:
+        """Durable queue `qid`'s uid (0: not durable, or exclusive)."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_UID)
+
+    def set_uid(self, qid: int, uid: int) -> None:
+        """Scheduler only: a restarted scheduler's uid from the log."""
+        self.a.store(self.queues + qid * _QUEUE_SIZE + layout.Q_UID, uid)
+
     def max_priority(self, qid: int) -> int:
         """Queue `qid`'s x-max-priority (0: not a priority queue)."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_MAX_PRIORITY)

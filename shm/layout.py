@@ -58,6 +58,9 @@ H_LIMITS_MAX = 512
 # directory (broker/scheduler/durable.py): the acceptor accepts no
 # connection before, and a scheduler restarted after it does not restore.
 H_RESTORED = H_LIMITS + H_LIMITS_MAX
+# This broker start's number (broker/supervisor/datadir.py next_epoch),
+# written once by the supervisor before it forks.
+H_EPOCH = H_RESTORED + 8
 
 # process table
 PROC_SLOTS_EXTRA = 4  # supervisor, acceptor, scheduler, metrics
@@ -138,6 +141,9 @@ OVERFLOW_DROP_HEAD, OVERFLOW_REJECT_PUBLISH, OVERFLOW_REJECT_PUBLISH_DLX = 1, 2,
 # Connections blocked on this queue (over its capacity), all workers together:
 # +1 when one blocks, -1 when it is released or closes (for the metrics).
 Q_BLOCKED_PUBLISHERS = 480
+# A durable queue's uid (broker/scheduler/durable.py; 0: not durable, or
+# exclusive), written by the scheduler: the message store names it so.
+Q_UID = 488
 
 QS_FREE = 0
 QS_ACTIVE = 1

@@ -99,10 +99,12 @@ class QueueStore(QueueDirectory):
         capacity: int = 0,
         resume: int = 0,
         length_limits: tuple[int, int, int] = (0, 0, 0),
+        uid: int = 0,
     ) -> None:
         """Scheduler only: make a FREE slot an active queue called `name` in
         virtual host `vhost` (an id); with `parent`, a level slot of that
-        priority queue (nameless, found through the parent only)."""
+        priority queue (nameless, found through the parent only). `uid`: a
+        durable queue's (broker/scheduler/durable.py)."""
         if len(name) > layout.Q_NAME_MAX:
             raise ValueError("queue name longer than 255 bytes")
         a, q = self.a, self.layout.queue(qid)
@@ -136,6 +138,7 @@ class QueueStore(QueueDirectory):
         a.store(q + layout.Q_CAPACITY, capacity)
         a.store(q + layout.Q_RESUME, resume)
         a.store(q + layout.Q_FLOW, layout.FLOW_OPEN)
+        a.store(q + layout.Q_UID, uid)
         for field, value in zip(
             (layout.Q_MAX_LENGTH, layout.Q_MAX_BYTES, layout.Q_OVERFLOW), length_limits, strict=True
         ):

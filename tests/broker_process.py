@@ -19,6 +19,7 @@ import psutil
 
 from shoal.broker.cli import local_command
 from shoal.broker.observe.status import snapshot
+from shoal.shm import layout
 from shoal.shm.segment import Segment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,8 +115,14 @@ class Broker:
         if not os.path.exists(os.path.join(self.runtime_dir, "shoal.shm")):
             return False
         try:
+            # Not the segment a killed predecessor left (until this broker
+            # removes it, it is still there): this broker's own.
+            if self.segment().atomic.load(layout.H_SUPERVISOR_PID) != self.proc.pid:  # type: ignore[union-attr]
+                self._seg = None
+                return False
             procs = self.status()["processes"]
         except (OSError, ValueError):
+            self._seg = None
             return False
         workers = [p for p in procs if p["role"] == "io-worker" and p["ready"]]
         others = {p["role"] for p in procs if p["ready"]}

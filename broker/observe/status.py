@@ -64,6 +64,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
             {
                 "vhost": vhosts.get(vhost_id, str(vhost_id)),
                 "name": name.decode(errors="replace"),
+                "uid": store.uid(qid),  # a durable queue's (0: transient or exclusive)
                 "messages_ready": c.ready,
                 "messages_unacked": c.unacked,
                 "consumers": c.consumers,
@@ -92,6 +93,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         "arena_low_watermark_bytes": marks.low,
         "disk_free_limit_bytes": marks.disk_free_limit,
         "disk_free_bytes": memory.disk_free(seg),
+        "epoch": a.load(layout.H_EPOCH),  # this start's number (the data directory's)
         "processes": processes,
         "queues": queues,
     }

@@ -66,6 +66,7 @@ class QueueLifecycle(Journal):
             if q.durable and not q.exclusive:
                 record = restored.queues.get((q.vhost, q.name.decode()))
                 q.uid = record.uid if record is not None else new_uid()
+                self.store.set_uid(q.qid, q.uid)
 
     def _restore_queues(self, restored: Restored) -> None:
         """A new broker: declare the durable queues the data directory
@@ -82,6 +83,7 @@ class QueueLifecycle(Journal):
                     q = self.by_name.get((record.vhost, record.queue.encode()))
                     if q is not None:
                         q.uid = record.uid
+                        self.store.set_uid(q.qid, q.uid)
                         q.qcm.single_active = (
                             record.arguments.get("x-single-active-consumer") is True
                         )
@@ -201,6 +203,7 @@ class QueueLifecycle(Journal):
                 capacity=capacity,
                 resume=resume,
                 length_limits=limits,
+                uid=uid if durable and not exclusive else 0,
             )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.uid = uid if durable and not exclusive else 0

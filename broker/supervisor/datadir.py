@@ -44,6 +44,39 @@ def lock(path: str) -> int:
     return fd
 
 
+EPOCH_NAME = "epoch"
+
+
+def next_epoch(path: str) -> int:
+    """This start's number: one more than the last start's, kept in
+    `<data dir>/epoch` (replaced whole: write, fdatasync, rename, fsync of
+    the directory). The message store orders a queue's messages by
+    (epoch, seq): what a start recovers comes before what it appends."""
+    file = os.path.join(path, EPOCH_NAME)
+    try:
+        with open(file) as f:
+            last = int(f.read().strip() or 0)
+    except FileNotFoundError:
+        last = 0
+    except ValueError as exc:
+        raise ValueError(f"{file}: not an epoch number") from exc
+    epoch = last + 1
+    tmp = file + ".new"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, f"{epoch}\n".encode())
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, file)
+    directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return epoch
+
+
 def _holder(fd: int) -> int | None:
     with contextlib.suppress(OSError, ValueError):
         return int(os.pread(fd, 32, 0).decode().strip() or 0) or None

@@ -130,6 +130,7 @@ class Supervisor:
             ),
         )
         a = self.seg.atomic
+        a.store(layout.H_EPOCH, datadir.next_epoch(config.data_path()))
         sup = self.seg.layout.proc(layout.supervisor_slot(self.seg.layout))
         a.store(sup + layout.P_PID, os.getpid())
         a.store(sup + layout.P_ROLE, layout.ROLE_SUPERVISOR)

@@ -12,6 +12,7 @@ import pika
 import pytest
 
 from shoal.broker.scheduler import durable
+from shoal.store import records
 from tests.broker_process import Broker, wait_for
 from tests.clients import connect
 
@@ -256,3 +257,43 @@ def test_a_queue_a_lowered_limit_leaves_out_is_kept_for_a_later_start(broker: Br
     ch.basic_publish("amq.direct", "k64", b"bound again")
     assert ready(conn, "k64") == 1
     conn.close()
+
+
+def test_each_start_has_the_next_epoch_and_queues_show_their_uid(broker: Broker) -> None:
+    def uids() -> dict[str, int]:
+        return {q["name"]: q["uid"] for q in broker.status()["queues"]}
+
+    first = broker.status()["epoch"]
+    assert first >= 1
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("lasting", durable=True)
+    ch.queue_declare("passing", durable=False)
+    ch.queue_declare("mine", durable=True, exclusive=True)
+    shown = uids()
+    assert shown["lasting"] > 0 and shown["passing"] == 0 and shown["mine"] == 0
+    broker.restart(crash=True)
+    assert broker.status()["epoch"] == first + 1
+    assert uids() == {"lasting": shown["lasting"]}
+    # A restarted scheduler writes the same uid into the queue table.
+    old = broker.pids("scheduler")[0]
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: broker.pids("scheduler").get(0, old) != old, 15, "a new scheduler")
+    conn = connect(broker)
+    conn.channel().queue_declare("lasting", durable=True)  # the new scheduler answers
+    conn.close()
+    assert uids() == {"lasting": shown["lasting"]} == logged_uids_now(broker)
+    broker.restart()
+    assert broker.status()["epoch"] == first + 2
+
+
+def logged_uids_now(broker: Broker) -> dict[str, int]:
+    """The log's uids while the broker runs (the scheduler appends to it;
+    reading it is safe: records are whole once written)."""
+    with open(os.path.join(broker.data_dir, durable.FILENAME), "rb") as f:
+        data = f.read()
+    payloads, _end, _reason = records.decode_all(data, records.HEADER_SIZE)
+    restored = durable.Restored()
+    for payload in payloads:
+        restored.apply(durable._decode(payload))
+    return {name: record.uid for (_vhost, name), record in restored.queues.items()}
