@@ -51,6 +51,11 @@ def declare_everything(ch: Any) -> None:
     ch.queue_bind("d.q", "d.inner", "via.inner")
     ch.queue_bind("t.q", "d.topic", "a.#")  # to a transient queue: not kept
     ch.queue_bind("d.q", "t.direct", "k")  # from a transient exchange: not kept
+    ch.queue_bind("d.q", "amq.direct", "amqk")  # from a default exchange: kept
+    # Durable and auto-delete, bound only to a transient queue: RabbitMQ 3.10
+    # keeps it after a restart, with no bindings (checked against it).
+    ch.exchange_declare("d.src", "fanout", durable=True, auto_delete=True)
+    ch.queue_bind("t.q", "d.src")
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "sigkill"])
@@ -62,7 +67,7 @@ def test_durable_definitions_outlive_the_broker_and_transient_ones_do_not(
     # No pause: the -ok replies mean the changes are on disk.
     broker.restart(crash=crash)
     conn = connect(broker)
-    for name in ("d.topic", "d.ae", "d.inner", "amq.direct", "amq.topic"):
+    for name in ("d.topic", "d.ae", "d.inner", "d.src", "amq.direct", "amq.topic"):
         assert exists(conn, "exchange", name), name
     assert not exists(conn, "exchange", "t.direct")
     for name in ("d.q", "d.ae-q", "d.auto"):
@@ -75,7 +80,8 @@ def test_durable_definitions_outlive_the_broker_and_transient_ones_do_not(
     ch.basic_publish("d.topic", "a.b", b"direct binding")
     ch.basic_publish("d.topic", "via.inner", b"through the exchange binding")
     ch.basic_publish("d.topic", "nothing.matches", b"to the alternate exchange")
-    assert ready(conn, "d.q") == 2
+    ch.basic_publish("amq.direct", "amqk", b"through amq.direct")
+    assert ready(conn, "d.q") == 3
     assert ready(conn, "d.ae-q") == 1
     # The queue's arguments came back: a different x-max-length is refused,
     # the same declaration is accepted, and the limit holds.
