@@ -56,14 +56,18 @@ def encode_publish(entries: Iterable[Entry], message: bytes | memoryview) -> byt
 
 
 def decode_publish(payload: bytes) -> tuple[list[Entry], memoryview]:
-    kind, n = _KIND.unpack_from(payload)
-    if kind != b"P":
-        raise ValueError(f"not a PUBLISH record: {kind!r}")
-    at = _KIND.size
-    entries = []
-    for _ in range(n):
-        entries.append(Entry(*_ENTRY.unpack_from(payload, at)))
-        at += _ENTRY.size
+    """Raises ValueError for anything but a PUBLISH record."""
+    try:
+        kind, n = _KIND.unpack_from(payload)
+        if kind != b"P":
+            raise ValueError(f"not a PUBLISH record: {kind!r}")
+        at = _KIND.size
+        entries = []
+        for _ in range(n):
+            entries.append(Entry(*_ENTRY.unpack_from(payload, at)))
+            at += _ENTRY.size
+    except struct.error as exc:
+        raise ValueError(f"PUBLISH record cut short: {exc}") from None
     return entries, memoryview(payload)[at:]
 
 
@@ -72,7 +76,11 @@ def encode_settle(offset: int, uid: int) -> bytes:
 
 
 def decode_settle(payload: bytes) -> tuple[int, int]:
-    kind, offset, uid = _SETTLE.unpack(payload)
+    """Raises ValueError for anything but a SETTLE record."""
+    try:
+        kind, offset, uid = _SETTLE.unpack(payload)
+    except struct.error as exc:
+        raise ValueError(f"not a SETTLE record: {exc}") from None
     if kind != b"S":
         raise ValueError(f"not a SETTLE record: {kind!r}")
     return offset, uid
@@ -135,17 +143,22 @@ class AckWriter:
         self.file.append([encode_settle(offset, uid) for offset, uid in settled])
 
 
-def delete_segment(directory: str, segment: str) -> None:
-    """The segment first, then its ack files (see the module docstring)."""
+def delete_segment(directory: str, segment: str, acks: list[str] | None = None) -> None:
+    """The segment first, then its ack files (see the module docstring):
+    `acks` their names if the caller knows them, else the directory says."""
     try:
         os.unlink(segment_path(directory, segment))
     except FileNotFoundError:
         pass
     records.sync_directory(directory)  # the segment's unlink reaches the disk first
-    prefix = segment + ".acks."
-    for name in os.listdir(directory):
-        if name.startswith(prefix):
+    if acks is None:
+        prefix = segment + ".acks."
+        acks = [name for name in os.listdir(directory) if name.startswith(prefix)]
+    for name in acks:
+        try:
             os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
 
 
 class Live(NamedTuple):
@@ -199,7 +212,7 @@ def recover(directory: str, uids: set[int]) -> Recovered:
                     live += 1
             offset += records.RECORD_OVERHEAD + len(payload)
         if not live:
-            delete_segment(directory, segment)
+            delete_segment(directory, segment, acks.get(segment, []))
             removed.append(segment + ".seg")
     for messages in queues.values():
         messages.sort(key=lambda m: (m.epoch, m.seq))

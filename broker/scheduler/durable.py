@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Union
 
 import msgspec
@@ -39,6 +40,7 @@ MAGIC = b"SHOALD"
 VERSION = 1
 FILENAME = "definitions.log"
 MIN_COMPACTION_BYTES = 1 << 20
+RETRY_INTERVAL = 1.0  # seconds between tries of a rewrite that failed (a full disk)
 
 
 class QueueDeclared(D.Operation, tag="D"):
@@ -102,7 +104,7 @@ class Restored:
 class DefinitionsLog:
     """definitions.log, open for appending."""
 
-    __slots__ = ("dirty", "file", "snapshot_size")
+    __slots__ = ("dirty", "file", "retry_at", "snapshot_size")
 
     def __init__(self, file: records.RecordFile) -> None:
         self.file = file
@@ -111,6 +113,7 @@ class DefinitionsLog:
         # written but not synced, a removal not written). It is rewritten
         # from memory before anything is appended again.
         self.dirty = False
+        self.retry_at = 0.0  # after a failed rewrite: not before (time.monotonic)
 
     @classmethod
     def open(cls, data_dir: str) -> tuple[DefinitionsLog, Restored]:
@@ -158,15 +161,21 @@ class DefinitionsLog:
             self.file = exc.file  # the old file is gone from the directory
             old.close()
             self.dirty = True
+            self.retry_at = time.monotonic() + RETRY_INTERVAL
             raise
         except OSError:
             self.dirty = True
+            self.retry_at = time.monotonic() + RETRY_INTERVAL
             raise
         old.close()
         self.snapshot_size = self.file.size
         self.dirty = False
 
     def needs_compaction(self) -> bool:
+        """Time for a rewrite (a dirty log, or appends that outgrew the
+        snapshot), unless one failed less than RETRY_INTERVAL ago."""
+        if self.retry_at and time.monotonic() < self.retry_at:
+            return False
         return self.dirty or self.file.size > max(MIN_COMPACTION_BYTES, 2 * self.snapshot_size)
 
     def close(self) -> None:

@@ -108,3 +108,12 @@ def test_records_round_trip() -> None:
     assert got == entries and bytes(message) == b"payload"
     assert M.decode_settle(M.encode_settle(1234, 5)) == (1234, 5)
     assert records.RECORD_OVERHEAD == 8
+
+
+def test_records_of_another_kind_are_refused_as_such() -> None:
+    with pytest.raises(ValueError):
+        M.decode_settle(M.encode_publish([], b"x"))
+    with pytest.raises(ValueError):
+        M.decode_publish(M.encode_settle(1, 2))
+    with pytest.raises(ValueError):
+        M.decode_publish(b"P\x05\x00")  # says 5 entries, has none
