@@ -74,8 +74,9 @@ _decode = msgspec.msgpack.Decoder(Record).decode
 
 
 class UnreadableDefinitions(Exception):
-    """definitions.log is not a log this version can read: the broker does
-    not start (rather than start without the definitions it promised)."""
+    """definitions.log is not a log this version can read, or what it holds
+    does not fit in the definitions journal: the broker does not start
+    (rather than start without the definitions it promised)."""
 
 
 class Restored:
@@ -96,9 +97,14 @@ class Restored:
         else:
             self.definitions.apply(record)
 
-    def operations(self) -> list[D.Op]:
-        """Vhosts, exchanges and bindings, as journal operations."""
-        return self.definitions.snapshot()
+    def operations(self, default_vhost: str) -> list[D.Op]:
+        """Vhosts, exchanges and bindings as journal operations, the default
+        vhost and its amq.* exchanges first if the log has no such vhost."""
+        ops = self.definitions.snapshot()
+        ids = self.definitions.vhost_ids
+        if default_vhost not in ids:
+            ops[:0] = D.new_vhost_ops(default_vhost, max(ids.values(), default=-1) + 1)
+        return ops
 
 
 class DefinitionsLog:

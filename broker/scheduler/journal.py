@@ -32,10 +32,7 @@ class Journal(SchedulerState):
         if restored is None:
             ops = self.catalog.load()
         else:
-            ops = restored.operations()
-            ids = restored.definitions.vhost_ids
-            if self.vhost not in ids:
-                ops[:0] = definitions.new_vhost_ops(self.vhost, max(ids.values(), default=-1) + 1)
+            ops = restored.operations(self.vhost)
             self.catalog.compact(ops)
         for op in ops:
             self.definitions.apply(op)

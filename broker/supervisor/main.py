@@ -23,17 +23,17 @@ from collections.abc import Callable
 import psutil
 from setproctitle import setproctitle
 
-from shoal.broker.amqp.definitions import Op, new_vhost_ops
+from shoal.broker.amqp.definitions import Op
 from shoal.broker.config import Config
 from shoal.broker.ipc import WorkerGone, encode, socketpair
 from shoal.broker.observe.metrics import serve as serve_metrics
-from shoal.broker.scheduler.durable import DefinitionsLog, UnreadableDefinitions
+from shoal.broker.scheduler.durable import DefinitionsLog, Restored, UnreadableDefinitions
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
 from shoal.broker.supervisor import datadir, systemd
 from shoal.broker.supervisor.acceptor import run_acceptor
 from shoal.shm import layout, memory
-from shoal.shm.catalog import CatalogWriter
+from shoal.shm.catalog import CatalogFull, CatalogWriter
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
@@ -79,6 +79,8 @@ def _disk_free_limit(configured: int, *paths: str) -> int:
 class Supervisor:
     def __init__(self, config: Config) -> None:
         self.config = config
+        # The durable definitions, read first thing by run() (none: a new broker's).
+        self.restored = Restored()
         self.workers = config.worker_count()
         self.children: list[Child] = []
         self.signals: list[int] = []
@@ -134,11 +136,19 @@ class Supervisor:
         sup = self.seg.layout.proc(layout.supervisor_slot(self.seg.layout))
         a.store(sup + layout.P_PID, os.getpid())
         a.store(sup + layout.P_ROLE, layout.ROLE_SUPERVISOR)
-        # The default vhost and its exchanges are journaled before any child
-        # runs, so that a worker always finds "/" (the broker's first
-        # scheduler replaces this with the durable definitions before the
-        # acceptor takes a connection, and is the only writer from then on).
-        CatalogWriter(self.seg, Op).compact(new_vhost_ops(config.default_vhost, 0))
+        # The durable definitions (at least the default vhost and its
+        # exchanges) are journaled before any child runs, so that a worker
+        # always finds its vhost; the broker's first scheduler journals them
+        # again as it restores the queues, and is the only writer from then
+        # on. Here, too, a journal too small for them stops the broker.
+        try:
+            CatalogWriter(self.seg, Op).compact(self.restored.operations(config.default_vhost))
+        except CatalogFull as exc:
+            raise UnreadableDefinitions(
+                f"the durable definitions need {exc.args[0]} bytes of the definitions "
+                f"journal, more than --catalog-mb {config.catalog_mb} holds (half of it): "
+                "raise --catalog-mb"
+            ) from None
         family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -171,7 +181,8 @@ class Supervisor:
             # version cannot read stops the broker with one clear line,
             # instead of a scheduler failing in a loop; a torn tail is
             # cut off and logged.
-            DefinitionsLog.open(self.config.data_path())[0].close()
+            definitions_log, self.restored = DefinitionsLog.open(self.config.data_path())
+            definitions_log.close()
             self.prepare()
             return self._run()
         finally:

@@ -303,3 +303,28 @@ def logged_uids_now(broker: Broker) -> dict[str, int]:
     for payload in payloads:
         restored.apply(durable._decode(payload))
     return {name: record.uid for (_vhost, name), record in restored.queues.items()}
+
+
+def test_definitions_a_smaller_journal_cannot_hold_stop_the_broker_clearly(
+    broker: Broker,
+) -> None:
+    """A restart with a --catalog-mb too small for the durable definitions
+    exits 1 saying so (not a scheduler failing in a loop), and leaves them
+    for a start with enough."""
+    conn = connect(broker)
+    ch = conn.channel()
+    for i in range(3000):  # about 600 kB of journal: more than half of 1 MiB
+        ch.exchange_declare(f"wide-{i:05d}-" + "x" * 150, "fanout", durable=True)
+    conn.close()
+    assert broker.stop() == 0
+    normal = broker.args
+    broker.args = (*normal, "--catalog-mb", "1")
+    broker.start(wait=False)
+    assert broker.proc is not None and broker.proc.wait(20) == 1
+    assert "the durable definitions need" in broker.log()
+    assert "raise --catalog-mb" in broker.log()
+    broker.args = normal
+    broker.start()
+    conn = connect(broker)
+    assert exists(conn, "exchange", "wide-02999-" + "x" * 150)
+    conn.close()
