@@ -28,8 +28,12 @@ ID = struct.Struct("<Q")
 # Control page: per message id, how many times it was acked, and by whom.
 ACKS = 0
 ACKED_BY = MESSAGES * 8
-DONE = 2 * MESSAGES * 8  # count of acked messages
-CTRL = DONE + 8
+DONE = 2 * MESSAGES * 8  # count of acked messages (progress: when to kill the victim)
+PRODUCED = DONE + 8  # 1 once the producer has appended every message
+# Per consumer (owner): mid + 1 of the message it is acking, until it has
+# recorded the ack; a consumer killed in between leaves it set.
+PENDING = PRODUCED + 8
+CTRL = PENDING + 8 * 8
 
 
 def header_for(mid: int) -> bytes:
@@ -49,6 +53,13 @@ def produce(seg: Segment, ctrl: Atomic) -> None:
     for mid in range(MESSAGES):
         message = (b"", b"", header_for(mid), ID.pack(mid))
         publish_until_accepted(seg, store, arena, QID, message, slot, deadline)
+    ctrl.store(PRODUCED, 1)
+
+
+def drained(seg: Segment, ctrl: Atomic) -> bool:
+    """Every message appended and deleted. Not DONE == MESSAGES: a consumer
+    killed between its ack and recording it would leave that short forever."""
+    return bool(ctrl.load(PRODUCED)) and qword(seg, QID, L.Q_HEAD) == qword(seg, QID, L.Q_TAIL)
 
 
 def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None:
@@ -57,7 +68,7 @@ def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None
     wanted = None if residue is None else wants(residue)
     pointer = release_gen = 0
     deadline = time.monotonic() + DEADLINE
-    while ctrl.load(DONE) < MESSAGES:
+    while not drained(seg, ctrl):
         assert time.monotonic() < deadline, "consumers did not finish"
         gen = store.release_generation(QID)
         if gen != release_gen:
@@ -76,10 +87,12 @@ def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None
         _ex, _rk, header, body = read_message(seg, block)
         (mid,) = ID.unpack(body)
         assert wanted is None or wanted(header), f"selector {residue} took {header!r}"
+        ctrl.store(PENDING + owner * 8, mid + 1)
         assert store.ack(QID, seq)
         ctrl.fetch_add(ACKS + mid * 8, 1)
         ctrl.store(ACKED_BY + mid * 8, owner)
         ctrl.fetch_add(DONE, 1)
+        ctrl.store(PENDING + owner * 8, 0)
 
 
 def fork(target: Callable[..., None], *args: object) -> int:
@@ -132,9 +145,22 @@ def test_selector_consumers_race_plain_ones_and_survive_a_sigkill(
     assert os.WIFSIGNALED(status.pop(victim))
     assert all(code == 0 for code in status.values()), status
     acks = [ctrl.load(ACKS + mid * 8) for mid in range(MESSAGES)]
+    # The victim may have died after its ack took the message and before it
+    # had recorded it (count, then owner): that one message is acked (the
+    # queue drained without delivering it again) and not, or half, recorded.
+    # Any other gap is a loss.
+    pending = ctrl.load(PENDING + 2 * 8)
+    if pending:
+        mid = pending - 1
+        if acks[mid] == 0:
+            acks[mid] = 1
+        if ctrl.load(ACKED_BY + mid * 8) == 0:
+            ctrl.store(ACKED_BY + mid * 8, 2)
     assert acks == [1] * MESSAGES, "a message was lost or acked twice"
     by = [ctrl.load(ACKED_BY + mid * 8) for mid in range(MESSAGES)]
     for mid, owner in enumerate(by):
         assert owner == 5 or owner - 2 == mid % 3, f"message {mid} went to selector {owner - 2}"
-    assert {3, 4, 5} <= set(by), "a consumer got nothing: the race was not exercised"
+    # The scheduler of the box may starve one consumer for the whole run
+    # (seen once in ~45 runs on 2 cores); two racing are a race.
+    assert len({3, 4, 5} & set(by)) >= 2, "consumers got nothing: the race was not exercised"
     assert qword(seg, QID, L.Q_HEAD) == qword(seg, QID, L.Q_TAIL) == MESSAGES
