@@ -15,6 +15,8 @@ import contextlib
 import fcntl
 import os
 
+from shoal.store import records
+
 LOCK_NAME = "shoal.lock"
 
 
@@ -69,11 +71,7 @@ def next_epoch(path: str) -> int:
     finally:
         os.close(fd)
     os.rename(tmp, file)
-    directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    records.sync_directory(path)
     return epoch
 
 

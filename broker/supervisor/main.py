@@ -132,7 +132,10 @@ class Supervisor:
             ),
         )
         a = self.seg.atomic
-        a.store(layout.H_EPOCH, datadir.next_epoch(config.data_path()))
+        try:
+            a.store(layout.H_EPOCH, datadir.next_epoch(config.data_path()))
+        except ValueError as exc:  # a damaged epoch file: say so in one line
+            raise UnreadableDefinitions(str(exc)) from None
         sup = self.seg.layout.proc(layout.supervisor_slot(self.seg.layout))
         a.store(sup + layout.P_PID, os.getpid())
         a.store(sup + layout.P_ROLE, layout.ROLE_SUPERVISOR)

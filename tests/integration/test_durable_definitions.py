@@ -328,3 +328,13 @@ def test_definitions_a_smaller_journal_cannot_hold_stop_the_broker_clearly(
     conn = connect(broker)
     assert exists(conn, "exchange", "wide-02999-" + "x" * 150)
     conn.close()
+
+
+def test_a_damaged_epoch_file_stops_the_broker_with_one_clear_line(broker: Broker) -> None:
+    assert broker.stop() == 0
+    path = os.path.join(broker.data_dir, "epoch")
+    with open(path, "w") as f:
+        f.write("not a number\n")
+    broker.start(wait=False)
+    assert broker.proc is not None and broker.proc.wait(20) == 1
+    assert f"{path}: not an epoch number" in broker.log()
