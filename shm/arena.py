@@ -16,6 +16,7 @@ is stepped over instead of blocking the arena.
 from __future__ import annotations
 
 import mmap
+import struct
 from collections.abc import Callable
 
 from shoal.shm import layout
@@ -203,6 +204,42 @@ def write_message(
     return p + len(props)
 
 
+def _tag_at(seg: Segment, block: int) -> tuple[int, int]:
+    """(offset of the message's flags, offset of its tag)."""
+    p = block + layout.BLOCK_HEADER
+    ex_len, rk_len, flags, props_len, body_len = layout.MSG_PREFIX.unpack_from(seg.buf, p)
+    return flags, p + layout.MSG_PREFIX.size + ex_len + rk_len + props_len + body_len
+
+
+def write_tag(seg: Segment, block: int, slot: int, check: int, offset: int) -> None:
+    """Tag a persistent message with where its PUBLISH record is (shm/segtable.py):
+    the block must have been allocated with TAG_SIZE bytes to spare."""
+    _flags, at = _tag_at(seg, block)
+    layout.MSG_TAG.pack_into(seg.buf, at, slot, check, offset)
+    p = block + layout.BLOCK_HEADER + 2
+    seg.buf[p : p + 2] = layout.MSG_TAGGED.to_bytes(2, "little")
+
+
+def read_tag(seg: Segment, block: int) -> tuple[int, int, int] | None:
+    """(segment slot, check, record offset) of a tagged message; None for an
+    untagged one. A reader that holds no reference (purge, before its CAS)
+    may see a block freed and reused meanwhile: lengths that point outside
+    the block give None, and the CAS that follows decides whether it counts."""
+    flags, at = _tag_at(seg, block)
+    if not flags & layout.MSG_TAGGED or at + TAG_SIZE > block + seg.atomic.load(
+        block + layout.B_SIZE
+    ):
+        return None
+    try:
+        slot, check, offset = layout.MSG_TAG.unpack_from(seg.buf, at)
+    except struct.error:  # a reused block's lengths, past the segment's end
+        return None
+    return slot, check, offset
+
+
+TAG_SIZE = layout.MSG_TAG.size
+
+
 def body_length(seg: Segment, block: int) -> int:
     """The body length recorded in a block's message (what Q_BYTES counts)."""
     return int.from_bytes(
@@ -255,11 +292,11 @@ def peek_message(
     if size < fixed or block + size > end:
         return None
     lengths = layout.MSG_PREFIX.unpack_from(seg.buf, block + layout.BLOCK_HEADER)
-    if fixed + sum(lengths) > size:
+    if fixed + sum(lengths) - lengths[2] > size:  # lengths[2]: the flags
         return None
     # Slice with the lengths just checked (read_message would read them again,
     # and they may have changed since).
-    ex_len, rk_len, _pad, props_len, body_len = lengths
+    ex_len, rk_len, _flags, props_len, body_len = lengths
     buf, p = seg.buf, block + fixed
     exchange = buf[p : p + ex_len]
     p += ex_len

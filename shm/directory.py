@@ -159,6 +159,10 @@ class QueueDirectory:
         """Durable queue `qid`'s uid (0: not durable, or exclusive)."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_UID)
 
+    def level(self, qid: int) -> int:
+        """The priority level log `qid` holds (0: a declared queue's own log)."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_LEVEL)
+
     def set_uid(self, qid: int, uid: int) -> None:
         """Scheduler only: a restarted scheduler's uid from the log."""
         self.a.store(self.queues + qid * _QUEUE_SIZE + layout.Q_UID, uid)

@@ -37,7 +37,7 @@ import msgspec
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 6
+VERSION = 7
 
 HEADER_SIZE = 4096
 # header words
@@ -61,6 +61,10 @@ H_RESTORED = H_LIMITS + H_LIMITS_MAX
 # This broker start's number (broker/supervisor/datadir.py next_epoch),
 # written once by the supervisor before it forks.
 H_EPOCH = H_RESTORED + 8
+# The message store's recovery (workers/recovery.py), run by IO worker 0
+# once per broker start: LOAD_* below. The acceptor waits for LOAD_DONE.
+H_LOADED = H_EPOCH + 8
+LOAD_NOT_BEGUN, LOAD_RUNNING, LOAD_DONE = 0, 1, 2
 
 # process table
 PROC_SLOTS_EXTRA = 4  # supervisor, acceptor, scheduler, metrics
@@ -177,7 +181,21 @@ BLOCK_ALIGN = 16
 BLOCK_MIN_SPLIT = 64
 
 # message record inside a block's payload
-MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, pad, props len, body len
+MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, flags, props len, body len
+# Message flags (MSG_PREFIX's third field). TAGGED: a persistent message of a
+# durable queue; MSG_TAG follows the body: where its PUBLISH record is
+# (segment table slot, the low 32 bits of that segment's name, record offset).
+MSG_TAGGED = 1
+MSG_TAG = struct.Struct("<IIQ")
+
+# The message store's segment table (shm/segtable.py): per IO worker,
+# SEGMENT_SLOTS slots of the segments it owns (wrote, or recovered).
+SEGMENT_SLOTS = 1024
+SEGMENT_SLOT_SIZE = 32
+SG_NAME = 0  # epoch << 32 | counter (0: a free slot); written by the owner
+SG_WRITER = 8  # the writer in the segment's file name, + 1; SEALED_BIT once sealed
+SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
+SEALED_BIT = 1 << 32
 
 
 assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_BLOCKED_PUBLISHERS + 8 <= QUEUE_SIZE
@@ -249,6 +267,7 @@ class Layout:
         "proc_slots",
         "procs",
         "queues",
+        "segments",
         "size",
     )
 
@@ -264,6 +283,8 @@ class Layout:
         off = _align(off + limits.max_queues * QUEUE_SIZE)
         self.catalog = off
         off = _align(off + limits.catalog_bytes)
+        self.segments = off
+        off = _align(off + limits.max_workers * SEGMENT_SLOTS * SEGMENT_SLOT_SIZE)
         self.logs = off
         off = _align(off + limits.max_queues * limits.queue_capacity * CELL_SIZE)
         self.arenas = off
@@ -281,6 +302,10 @@ class Layout:
 
     def arena(self, worker: int) -> int:
         return self.arenas + worker * self.limits.arena_bytes
+
+    def segment_slot(self, slot: int) -> int:
+        """A segment-table slot by its global index (worker * SEGMENT_SLOTS + i)."""
+        return self.segments + slot * SEGMENT_SLOT_SIZE
 
 
 # Process-table slots for the roles that are not IO workers.

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from shoal.shm import flow, layout, limits
 from shoal.shm._atomic import Atomic
-from shoal.shm.arena import body_length, body_refs_drop, peek_message
+from shoal.shm.arena import body_length, body_refs_drop, peek_message, read_tag
 from shoal.shm.directory import QueueDirectory
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
@@ -35,6 +35,11 @@ _REDELIVERED = layout.FLAG_REDELIVERED
 
 # (exchange, routing key, raw content header, body), as shm.arena.read_message gives it
 Message = tuple[bytes, bytes, bytes, bytes]
+
+# Told of every durable entry of a tagged (persistent) message that this
+# process deletes: (message tag as shm.arena.read_tag gives it, queue uid;
+# 0 when the queue itself is being deleted: nothing to record, only to count).
+Settled = Callable[[tuple[int, int, int], int], None]
 
 
 def _unpublished(word: int, seq: int) -> bool:
@@ -65,7 +70,16 @@ class QueueStore(QueueDirectory):
     """Queue operations for one process. `owner` is the IO worker index + 1
     (0 for the supervisor and the scheduler, which never acquire)."""
 
-    __slots__ = ("cap", "dropping", "mask", "owner", "owner_bits", "waker")
+    __slots__ = (
+        "cap",
+        "dropping",
+        "last_seq",
+        "mask",
+        "owner",
+        "owner_bits",
+        "settled",
+        "waker",
+    )
 
     def __init__(
         self, seg: Segment, owner: int = 0, slot: int | None = None, waker: Waker | None = None
@@ -84,6 +98,9 @@ class QueueStore(QueueDirectory):
         if slot is None:
             slot = owner - 1 if owner else layout.supervisor_slot(seg.layout)
         self.dropping = seg.layout.proc(slot) + layout.P_DROPPING
+        self.last_seq = 0  # the seq of publish()'s last append
+        # The message store's hook (None: no store): see Settled above.
+        self.settled: Settled | None = None
 
     # ------------------------------------------------- create and remove
     def create(
@@ -158,6 +175,9 @@ class QueueStore(QueueDirectory):
         dropped = 0
         ring = self.layout.log(qid)
         head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
+        # The message store counts the durable entries dropped here down (the
+        # queue's uid is gone from definitions.log: recovery skips them anyway).
+        uid = a.load(q + layout.Q_UID) if self.settled is not None else 0
         for seq in range(head, tail):
             cell = ring + (seq & self.mask) * layout.CELL_SIZE
             while True:
@@ -170,10 +190,13 @@ class QueueStore(QueueDirectory):
                 # once it is DELETED the head may pass it and a publisher
                 # reuse the cell (and its body word) for seq + capacity.
                 block = a.load(cell + 8) if live else 0
+                tag = read_tag(self.seg, block) if uid and block else None
                 # A cell still being published (older seq) is tombstoned too:
                 # the publisher's CAS then fails and it drops its reference.
                 if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
                     dropped += 1 if live else 0
+                    if tag is not None:  # uid 0: count it down, write no record
+                        self.settled(tag, 0)  # type: ignore[misc]  # uid implies a hook
                     break
         a.store(q + layout.Q_HEAD, tail)
         for field in (layout.Q_READY, layout.Q_UNACKED, layout.Q_BYTES, layout.Q_READY_BYTES):
@@ -199,7 +222,7 @@ class QueueStore(QueueDirectory):
             return REJECTED
         a.fetch_add(block + layout.B_REFS, 1)
         try:
-            self.append(qid, block, intent)
+            self.last_seq = self.append(qid, block, intent)
         except QueueGone:
             return GONE  # append took its reference back
         except QueueFull:
@@ -399,8 +422,23 @@ class QueueStore(QueueDirectory):
         """ACQUIRED(this owner) -> DELETED, drop the entry's reference to its
         body (freeing the block if it was the last), advance the head past
         deleted cells. False if the entry is no longer ours (its queue was
-        deleted, or the supervisor released it). One C call."""
+        deleted, or the supervisor released it). One C call (and, for a
+        durable queue while the message store is on, a read of the tag first)."""
         offsets = self.layout
+        settled = self.settled
+        if settled is not None:
+            uid = self.a.load(offsets.queue(qid) + layout.Q_UID)
+            if uid:
+                block = self.held_block(qid, seq)
+                tag = read_tag(self.seg, block) if block is not None else None
+                self.settled = None
+                try:
+                    done = self.ack(qid, seq)
+                finally:
+                    self.settled = settled
+                if done and tag is not None:
+                    settled(tag, uid)
+                return done
         return bool(
             self.a.ack(
                 offsets.queue(qid),
@@ -426,6 +464,12 @@ class QueueStore(QueueDirectory):
         block = a.load(cell + 8)
         # Still ours after reading the reference: it was not freed meanwhile.
         return block if a.load(cell) == word else None
+
+    def mark_redelivered(self, qid: int, seq: int) -> None:
+        """A message a recovery appended: it may have been delivered before
+        the crash. Only before any consumer can see the queue."""
+        cell = self.layout.log(qid) + (seq & self.mask) * layout.CELL_SIZE
+        self.a.cas(cell, seq << _SEQ | _AVAIL, seq << _SEQ | _REDELIVERED | _AVAIL)
 
     def take_no_ack(self, qid: int, seq: int) -> None:
         """An entry delivered without acknowledgement is deleted at once."""
@@ -462,15 +506,20 @@ class QueueStore(QueueDirectory):
         a, q = self.a, self.layout.queue(qid)
         ring = self.layout.log(qid)
         purged = 0
+        uid = a.load(q + layout.Q_UID) if self.settled is not None else 0
         for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
             cell = ring + (seq & self.mask) * layout.CELL_SIZE
             w = a.load(cell)
             if w >> _SEQ != seq or w & layout.STATE_MASK != _AVAIL:
                 continue
-            # Read the body before the CAS, as in remove() and the C ack.
+            # Read the body before the CAS, as in remove() and the C ack
+            # (and its tag: used only if the CAS shows it was still ours).
             block = a.load(cell + 8)
             size = body_length(self.seg, block)
+            tag = read_tag(self.seg, block) if uid else None
             if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
+                if tag is not None:
+                    self.settled(tag, uid)  # type: ignore[misc]  # uid implies a hook
                 a.fetch_add(q + layout.Q_READY, -1)
                 a.fetch_add(q + layout.Q_BYTES, -size)
                 a.fetch_add(q + layout.Q_READY_BYTES, -size)

@@ -34,6 +34,9 @@ SEGMENT_MAGIC = b"SHOALM"
 ACKS_MAGIC = b"SHOALA"
 VERSION = 1
 SEGMENT_BYTES = 8 << 20  # a segment is sealed once it is this large
+# The seq of an entry whose append failed (the queue refused the message, or
+# was deleted meanwhile): its record was reserved for it, recovery skips it.
+UNAPPENDED = (1 << 64) - 1
 
 _KIND = struct.Struct("<cH")
 _ENTRY = struct.Struct("<QBIQ")
@@ -47,6 +50,17 @@ class Entry(NamedTuple):
     level: int  # its priority level (0 for a queue without priorities)
     epoch: int  # the broker start that appended it
     seq: int  # its sequence number in that level's log then
+
+
+def publish_size(entries: int, message_len: int) -> int:
+    """The bytes a PUBLISH record of `entries` queues takes in its segment."""
+    return records.RECORD_OVERHEAD + _KIND.size + entries * _ENTRY.size + message_len
+
+
+def parse_segment_name(segment: str) -> tuple[int, int, int]:
+    """(epoch, writer, counter) of a segment_name()."""
+    epoch, writer, counter = segment.split("-")
+    return int(epoch), int(writer), int(counter)
 
 
 def encode_publish(entries: Iterable[Entry], message: bytes | memoryview) -> bytes:
@@ -86,6 +100,13 @@ def decode_settle(payload: bytes) -> tuple[int, int]:
     return offset, uid
 
 
+def store_directory(data_dir: str) -> str:
+    """The message store's directory in a data directory (made if missing)."""
+    path = os.path.join(data_dir, "msgs")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def segment_name(epoch: int, writer: int, counter: int) -> str:
     """Unique in a data directory: the broker start, the IO worker, its count."""
     return f"{epoch:010d}-{writer:04d}-{counter:08d}"
@@ -112,6 +133,10 @@ class SegmentWriter:
         if existing:
             self.file.close()
             raise FileExistsError(f"segment {segment} already holds records")
+
+    @property
+    def size(self) -> int:
+        return self.file.size
 
     def append(self, payloads: list[bytes]) -> list[int]:
         """Write PUBLISH records (durable after a sync of `file.fd`);
@@ -177,16 +202,25 @@ class Recovered(NamedTuple):
     removed: list[str]  # files removed: acks of deleted segments, segments with nothing live
 
 
-def recover(directory: str, uids: set[int]) -> Recovered:
+def recover(directory: str, uids: set[int], before_epoch: int | None = None) -> Recovered:
     """Read every segment and ack file of `directory`: the live messages of
     the queues whose uids are given, per queue and level in (epoch, seq)
     order. Entries of other uids (deleted queues) are dead; a segment left
-    with nothing live is deleted, and so are ack files of no segment."""
+    with nothing live is deleted, and so are ack files of no segment. With
+    `before_epoch`, files of that start and later ones are left alone."""
+
+    def earlier(segment: str) -> bool:
+        try:
+            epoch = parse_segment_name(segment)[0]
+        except ValueError:
+            return False  # not ours
+        return before_epoch is None or epoch < before_epoch
+
     names = sorted(os.listdir(directory))
-    segments = [n[: -len(".seg")] for n in names if n.endswith(".seg")]
+    segments = [n[: -len(".seg")] for n in names if n.endswith(".seg") and earlier(n[:-4])]
     acks: dict[str, list[str]] = {}
     for name in names:
-        if ".acks." in name:
+        if ".acks." in name and earlier(name.split(".acks.")[0]):
             acks.setdefault(name.split(".acks.")[0], []).append(name)
     skipped: list[tuple[str, records.Skipped]] = []
     removed: list[str] = []
@@ -205,7 +239,7 @@ def recover(directory: str, uids: set[int]) -> Recovered:
         for payload in _read(segment_path(directory, segment), SEGMENT_MAGIC, skipped):
             entries, message = decode_publish(payload)
             for uid, level, epoch, seq in entries:
-                if uid in uids and (offset, uid) not in settled:
+                if uid in uids and seq != UNAPPENDED and (offset, uid) not in settled:
                     queues.setdefault((uid, level), []).append(
                         Live(epoch, seq, segment, offset, message)
                     )

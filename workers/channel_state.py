@@ -14,7 +14,11 @@ import logging
 from collections import deque
 from typing import Any, Protocol
 
+from pamqp import commands as C
+
 from shoal.broker.amqp import errors
+from shoal.shm.stats import CONFIRMED
+from shoal.workers import framing
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
 
@@ -64,14 +68,18 @@ class Pending:
         "body",
         "body_off",
         "body_size",
+        "durable",
+        "entries",
         "exchange",
         "header",
         "levelled",
         "mandatory",
         "qids",
         "received",
+        "record",
         "rejected",
         "routing_key",
+        "tag_slot",
     )
 
     def __init__(self, exchange: bytes, routing_key: bytes, mandatory: bool) -> None:
@@ -88,6 +96,13 @@ class Pending:
         # Logs the scheduler chose for a priority level (LEVEL replies): final.
         self.levelled: set[int] | None = None
         self.rejected = False  # a queue refused it (x-overflow reject-publish)
+        # The message store (workers/persist.py): `durable`, persistent and
+        # routed to a durable queue (its block has room for a tag); then
+        # its record's index, and per durable queue (uid, level), its entry.
+        self.durable = False
+        self.record = -1
+        self.entries: dict[int, tuple[int, int, int]] | None = None  # qid -> (uid, level, seq)
+        self.tag_slot = 0  # its segment's slot (shm/segtable.py)
 
 
 class Transaction:
@@ -131,6 +146,7 @@ class ChannelState:
         "tx",
         "unacked",
         "unacked_bytes",
+        "unsynced",
     )
 
     def __init__(self, conn: ChannelConnection, number: int) -> None:
@@ -169,6 +185,43 @@ class ChannelState:
         self.flow_backlog: deque[tuple[int, memoryview]] = deque()
         self.last_queue = b""
         self.tx: Transaction | None = None
+        # Persistent publishes whose records are not yet durable, in order:
+        # (publish seq, record index, nack owed); see confirmable().
+        self.unsynced: deque[tuple[int, int, bool]] = deque()
+
+    def confirmable(self) -> int:
+        """The publish seq up to which confirms may go now: confirm_high,
+        unless a persistent publish at or below it waits for its record's
+        sync (workers/persist.py). A nack owed behind such publishes is
+        sent once they are durable (acks are cumulative)."""
+        unsynced = self.unsynced
+        if unsynced:
+            synced = self.ctx.persist.synced  # type: ignore[union-attr]  # set when used
+            while unsynced and unsynced[0][1] < synced:
+                seq, _record, nack = unsynced.popleft()
+                if nack:
+                    self._send_nack(seq)
+            if unsynced:
+                return min(self.confirm_high, unsynced[0][0] - 1)
+        return self.confirm_high
+
+    def synced(self) -> bool:
+        """Records became durable: send the confirms they allow; True while
+        some still wait (workers/persist.py Confirming)."""
+        self.conn.flush_confirms(self)
+        return bool(self.unsynced)
+
+    def _send_nack(self, seq: int) -> None:
+        """basic.nack publish `seq`, after acking those before it."""
+        if seq - 1 > self.confirm_sent:
+            self.stats[CONFIRMED] += seq - 1 - self.confirm_sent
+            self.conn.write(framing.encode_ack(self.number, seq - 1, True))
+        self.confirm_sent = seq
+        self.conn.write(
+            framing.encode_method(
+                self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False)
+            )
+        )
 
     # What the parts call on each other: each is defined by the part that
     # owns it (the Channel class combines them).

@@ -137,9 +137,8 @@ class Connection(asyncio.Protocol):
         for channel in self.channels.values():
             channel.release()
         ctx = self.ctx
-        v = ctx.stats.v
-        v[stats.CHANNELS_CLOSED] += len(self.channels)
-        v[stats.CONNECTIONS_CLOSED] += 1
+        ctx.stats.v[stats.CHANNELS_CLOSED] += len(self.channels)
+        ctx.stats.v[stats.CONNECTIONS_CLOSED] += 1
         self.channels.clear()
         self.confirm_channels.clear()
         for qid, state in self.flow_blocked.items():
@@ -428,11 +427,12 @@ class Connection(asyncio.Protocol):
         )
 
     def flush_confirms(self, channel: ChannelState, force: bool = False) -> None:
-        """One cumulative basic.ack per channel per read, not one per message.
-        Held (unless forced) while the channel's own consumer is about to get
-        one of the messages: until a delivery is written to this connection
-        (deliveries_written), at most CONFIRM_HOLD."""
-        if channel.confirm_high > channel.confirm_sent and channel.number in self.channels:
+        """One cumulative basic.ack per channel per read, not one per message,
+        up to what is durable (ChannelState.confirmable). Held (unless forced)
+        while the channel's own consumer is about to get one: until a
+        delivery is written (deliveries_written), at most CONFIRM_HOLD."""
+        high = channel.confirmable() if channel.unsynced else channel.confirm_high
+        if high > channel.confirm_sent and self.channels.get(channel.number) is channel:
             if channel.confirm_held and not force:
                 if self.confirm_timer is None:
                     self.confirm_timer = self.ctx.loop.call_later(
@@ -440,9 +440,9 @@ class Connection(asyncio.Protocol):
                     )
                 return
             channel.confirm_held = False
-            self.ctx.stats.v[stats.CONFIRMED] += channel.confirm_high - channel.confirm_sent
-            channel.confirm_sent = channel.confirm_high
-            self.write(framing.encode_ack(channel.number, channel.confirm_high, True))
+            self.ctx.stats.v[stats.CONFIRMED] += high - channel.confirm_sent
+            channel.confirm_sent = high
+            self.write(framing.encode_ack(channel.number, high, True))
 
     def deliveries_written(self) -> None:
         """Deliveries are queued for writing (or CONFIRM_HOLD passed): the

@@ -17,6 +17,7 @@ from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
 from shoal.workers.memory_guard import MemoryGuard
+from shoal.workers.persist import Persister
 from shoal.workers.routes import Routes
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class WorkerContext:
         self.arena.on_high = self.guard.allocated
         self.stats = Counters(seg, index)
         self.link: ipc.Link[ipc.ToWorker] | None = None
+        self.persist: Persister | None = None  # the message store, once open (open_store)
         self.connections: set[WorkerConnection] = set()
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)
@@ -86,6 +88,11 @@ class WorkerContext:
         self._reqs = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], ipc.Request]] = {}
         self.closing = False
+
+    def open_store(self, directory: str) -> None:
+        """Start writing the message store (workers/persist.py) in `directory`."""
+        self.persist = Persister(self.seg, self.index, self.incarnation, directory, self.loop)
+        self.store.settled = self.persist.settle
 
     # ------------------------------------------------------------ identifiers
     def next_cid(self) -> int:

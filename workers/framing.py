@@ -168,30 +168,41 @@ def decode_content_header(payload: memoryview) -> tuple[int, int]:
     return class_id, body_size
 
 
-def message_priority(header: bytes) -> int:
-    """basic.properties priority of a raw content header (0 when absent).
+def _octet_property(header: bytes, bit: int) -> int:
+    """An octet property of a raw content header (delivery-mode 0x1000,
+    priority 0x0800): 0 when absent.
 
     Properties come in flag order: content-type and content-encoding
     (shortstr), headers (table), delivery-mode (octet), then priority; only
-    those before it are skipped. A header too short for what its flags
-    claim counts as priority 0 (the message was accepted as it is)."""
+    those before the one wanted are skipped. A header too short for what
+    its flags claim counts as 0 (the message was accepted as it is)."""
     try:
         flags = int.from_bytes(header[12:14], "big")
-        if not flags & 0x0800:
+        if not flags & bit:
             return 0
         off = 14
         while int.from_bytes(header[off - 2 : off], "big") & 1:
             off += 2  # continuation flag words (unused in 0-9-1)
-        for bit in (0x8000, 0x4000):
-            if flags & bit:
+        for before in (0x8000, 0x4000):
+            if flags & before:
                 off += 1 + header[off]
         if flags & 0x2000:
             off += 4 + int.from_bytes(header[off : off + 4], "big")
-        if flags & 0x1000:
+        if bit == 0x0800 and flags & 0x1000:
             off += 1
         return header[off]
     except IndexError:
         return 0
+
+
+def message_priority(header: bytes) -> int:
+    """basic.properties priority of a raw content header (0 when absent)."""
+    return _octet_property(header, 0x0800)
+
+
+def delivery_mode(header: bytes) -> int:
+    """basic.properties delivery-mode of a raw content header (2: persistent)."""
+    return _octet_property(header, 0x1000)
 
 
 def decode_ack(payload: memoryview) -> tuple[int, int]:

@@ -21,6 +21,8 @@ from shoal.broker import ipc
 from shoal.broker.config import Config
 from shoal.shm import layout, memory, stats
 from shoal.shm.segment import Segment
+from shoal.store.messages import store_directory
+from shoal.workers import restore
 from shoal.workers.connection import Connection
 from shoal.workers.consumer import pull
 from shoal.workers.context import WorkerContext
@@ -67,6 +69,9 @@ class Worker:
         a, slot = ctx.atomic, ctx.slot
         a.store(slot + layout.P_PID, os.getpid())
         a.store(slot + layout.P_INCARNATION, self.incarnation)
+        ctx.open_store(store_directory(self.config.data_path()))
+        if self.index == 0:
+            loop.create_task(restore.load(ctx))
         self._tick()
         self._flush_stats()
         self._poll_alarms()
@@ -76,6 +81,8 @@ class Worker:
         finally:
             a.store(slot + layout.P_READY, 0)
             self._flush_stats(again=False)
+            if ctx.persist is not None:
+                ctx.persist.close()
         return 0
 
     def _flush_stats(self, again: bool = True) -> None:

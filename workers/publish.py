@@ -14,11 +14,14 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.shm.arena import (
+    TAG_SIZE,
     message_size,
     release_hold,
     write_message,
+    write_tag,
 )
-from shoal.shm.queues import FULL, OVER_CAPACITY, REJECTED
+from shoal.shm.layout import BLOCK_HEADER
+from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED
 from shoal.shm.stats import (
     RECEIVED_CONFIRM,
     ROUTED,
@@ -28,6 +31,7 @@ from shoal.shm.stats import (
     UNROUTABLE_RETURNED,
     size_bucket,
 )
+from shoal.store.messages import UNAPPENDED, Entry, encode_publish
 from shoal.workers import framing
 from shoal.workers.channel_state import (
     EXPECT_BODY,
@@ -99,18 +103,27 @@ class Publishing(ChannelState):
             return False  # the general path raises it again, in order
         if not qids:
             return False
-        block = ctx.arena.alloc(message_size(exchange, routing_key, raw_header, body_size))
+        durable = self._to_store(raw_header, qids)
+        size = message_size(exchange, routing_key, raw_header, body_size)
+        block = ctx.arena.alloc(size + TAG_SIZE if durable else size)
         if block is None:
             return False  # the general path waits for room (and counts it)
         start = write_message(ctx.seg, block, exchange, routing_key, raw_header, body_size)
         ctx.seg.buf[start : start + body_size] = body
         pending = self.pending = Pending(exchange, routing_key, mandatory)
+        pending.durable = durable
         pending.header = raw_header
         pending.body_size = pending.received = body_size
         pending.qids = qids
         pending.block = block
         self._complete()
         return True
+
+    def _to_store(self, raw_header: bytes, qids: list[int]) -> bool:
+        """Whether a message goes to the message store: persistent
+        (delivery-mode 2) and routed to at least one durable queue."""
+        uid = self.ctx.store.uid
+        return any(uid(qid) for qid in qids) and framing.delivery_mode(raw_header) == 2
 
     def _route(self, exchange: bytes, routing_key: bytes, raw_header: bytes) -> list[int]:
         """qids a message reaches (the default exchange: the queue named by
@@ -157,7 +170,8 @@ class Publishing(ChannelState):
                 raise
         if pending.qids:
             size = message_size(pending.exchange, pending.routing_key, pending.header, body_size)
-            block = self.ctx.arena.alloc(size)
+            pending.durable = self._to_store(pending.header, pending.qids)
+            block = self.ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
             if block is None:
                 self.ctx.guard.arena_full()
                 self.suspend_retry(payload, framing.FRAME_HEADER)
@@ -234,9 +248,12 @@ class Publishing(ChannelState):
             stats[RECEIVED_CONFIRM] += 1
             self.publish_seq += 1
             if pending.rejected:
-                self._nack_publish()
+                self._nack_publish(pending.record)
             else:
                 self.confirm_high = self.publish_seq
+                if pending.record >= 0:  # its confirm waits for its record's sync
+                    self.unsynced.append((self.publish_seq, pending.record, False))
+                    self.ctx.persist.wait(self)  # type: ignore[union-attr]
 
     def _consumes(self, qid: int) -> bool:
         """Whether one of this channel's consumers on `qid` can take a
@@ -247,9 +264,18 @@ class Publishing(ChannelState):
         breaks between the two."""
         return any(c.qid == qid and c.wants_work() for c in self.consumers.values())
 
-    def _nack_publish(self) -> None:
+    def _nack_publish(self, record: int) -> None:
         """A queue refused the message (x-overflow reject-publish): basic.nack
-        it, after acking the publishes before it (acks are cumulative)."""
+        it, after acking the publishes before it (acks are cumulative); once
+        they are durable if some wait for their sync (or it has a record)."""
+        unsynced = self.unsynced
+        if unsynced or record >= 0:
+            unsynced.append(
+                (self.publish_seq, max(record, unsynced[-1][1] if unsynced else 0), True)
+            )
+            self.confirm_high = self.publish_seq
+            self.ctx.persist.wait(self)  # type: ignore[union-attr]
+            return
         self.conn.flush_confirms(self, force=True)
         self.confirm_high = self.confirm_sent = self.publish_seq
         self.conn.write(
@@ -326,6 +352,9 @@ class Publishing(ChannelState):
         queues still to do, and the caller retries later."""
         ctx = self.ctx
         block = pending.block
+        if pending.durable and pending.entries is None and not self._reserve(pending):
+            return False  # no segment slot free: retried like a full queue
+        entries = pending.entries
         publish = ctx.store.publish
         while pending.qids:
             qid = pending.qids[0]
@@ -338,11 +367,67 @@ class Publishing(ChannelState):
                 elif outcome == OVER_CAPACITY:
                     # This connection's next publishes wait (shm/flow.py).
                     self.conn.flow_block(*ctx.store.flow_queue(qid))
+            if entries and qid in entries:
+                self._entry_done(pending, qid, outcome)
             pending.qids.pop(0)
             if self.confirm and self.consumers and not self.confirm_held:
                 self.confirm_held = self._consumes(qid)
+        if pending.record >= 0:
+            self._record_done(pending)
         release_hold(ctx.seg, block)
         return True
+
+    def _reserve(self, pending: Pending) -> bool:
+        """Before the first append of a message for the store: reserve its
+        record and tag its block with it (workers/persist.py), so that an
+        ack on any worker can name the record. False: no segment slot."""
+        store = self.ctx.store
+        entries = {
+            qid: (uid, store.level(qid), UNAPPENDED)
+            for qid in pending.qids
+            if (uid := store.uid(qid))
+        }
+        if entries:
+            persist = self.ctx.persist
+            assert persist is not None
+            size = message_size(
+                pending.exchange, pending.routing_key, pending.header, pending.body_size
+            )
+            got = persist.reserve(len(entries), size)
+            if got is None:
+                return False
+            pending.record, pending.tag_slot, check, offset = got
+            write_tag(self.ctx.seg, pending.block, pending.tag_slot, check, offset)
+        pending.entries = entries
+        return True
+
+    def _entry_done(self, pending: Pending, qid: int, outcome: int) -> None:
+        """Its append to durable queue `qid` is done: keep the entry's seq,
+        or count it out of the segment if the queue refused it or was gone."""
+        entries, persist = pending.entries, self.ctx.persist
+        assert entries is not None and persist is not None
+        uid, level, _ = entries[qid]
+        if outcome in (APPENDED, OVER_CAPACITY):
+            entries[qid] = (uid, level, self.ctx.store.last_seq)
+        else:
+            entries[qid] = (uid, level, UNAPPENDED)
+            persist.uncount(pending.tag_slot)
+
+    def _record_done(self, pending: Pending) -> None:
+        """Every append is done: the record is complete (written at the end
+        of this loop iteration)."""
+        seg, persist, entries = self.ctx.seg, self.ctx.persist, pending.entries
+        assert persist is not None and entries is not None
+        start = pending.block + BLOCK_HEADER
+        size = message_size(
+            pending.exchange, pending.routing_key, pending.header, pending.body_size
+        )
+        epoch = persist.epoch
+        payload = encode_publish(
+            [Entry(uid, level, epoch, seq) for uid, level, seq in entries.values()],
+            seg.buf[start : start + size],
+        )
+        persist.complete(pending.record, payload)
 
     def _return(self, pending: Pending) -> None:
         method = C.Basic.Return(

@@ -76,6 +76,14 @@ class Transactions(ChannelState):
                     release_hold(self.ctx.seg, pending.block)
         for tag, multiple, requeue, method_id in tx.settles:
             self._settle(tag, multiple, requeue, method_id)
+        # Commit-ok once the transaction's persistent publishes and its acks
+        # are on disk (workers/persist.py).
+        records = [p.record for p in tx.publishes if p.record >= 0]
+        persist = self.ctx.persist
+        if persist is not None and (records or tx.settles):
+            await persist.durable(max(records, default=-1) + 1)
+            if self.conn.closed:
+                return
         self.conn.write(framing.encode_method(self.number, C.Tx.CommitOk()))
 
     def _tx_rollback(self, method: C.Tx.Rollback) -> None:

@@ -36,8 +36,11 @@ from shoal.shm import layout
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
+from shoal.shm.segtable import SegmentTable
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
+from shoal.store.messages import store_directory
+from shoal.store.settles import SettleWriter
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -81,6 +84,13 @@ class Scheduler(Notification):
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
         self.durable, restored = DefinitionsLog.open(self.config.data_path())
+        # Purges and queue deletions settle persistent messages too.
+        self.settles = SettleWriter(
+            store_directory(self.config.data_path()),
+            layout.scheduler_slot(self.seg.layout),
+            SegmentTable(self.seg, 0),
+        )
+        self.store.settled = self.settles.settle
         first = not self.a.load(layout.H_RESTORED)
         self._load_definitions(restored if first else None)
         self._load_queues()
@@ -139,6 +149,7 @@ class Scheduler(Notification):
             if isinstance(m, ipc.Request):
                 self.links[worker].send(ipc.Reply(m.req, False, [541, "INTERNAL_ERROR"]))
         self._compact_durable_if_due()
+        self.settles.flush()
 
     def _reply(self, worker: int, req: int, payload: Any) -> None:
         self.links[worker].send(ipc.Reply(req, True, payload))

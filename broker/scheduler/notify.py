@@ -284,6 +284,8 @@ class Notification(QueueLifecycle):
                     self._unblock(q.qid)
         self._count_consumer_states()
         self.stats.flush()
+        self.settles.flush()
+        self.settles.sweep()
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
 
 

@@ -258,6 +258,7 @@ class QueueLifecycle(Journal):
             capacity=capacity,
             resume=resume,
             length_limits=length_limits,
+            uid=q.uid,  # the message store names a level's entries by its queue
         )
         q.levels[level] = slot
         self.level_of[slot] = q

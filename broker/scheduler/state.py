@@ -26,6 +26,7 @@ from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
+from shoal.store.settles import SettleWriter
 
 
 class QueueState:
@@ -114,6 +115,7 @@ class SchedulerState:
     catalog: CatalogWriter
     definitions: Definitions
     durable: DefinitionsLog  # what of the definitions outlives the broker (durable.py)
+    settles: SettleWriter  # persistent messages purged or deleted (store/settles.py)
     restoring: bool  # while the durable definitions are being restored: not logged again
     # Durable queues the log holds but this start could not declare (a limit
     # lowered since), with their bindings: kept in the log for a later start.

@@ -60,8 +60,9 @@ def run_acceptor(
     seg.atomic.store(slot + layout.P_PID, os.getpid())
     listener.setblocking(True)
     # Connections wait in the listen backlog until the durable definitions
-    # are restored: a client must never find its durable queue missing.
-    while not seg.atomic.load(layout.H_RESTORED):
+    # and the message store are loaded: a client must never find its durable
+    # queue missing, or its persistent messages not yet there.
+    while seg.atomic.load(layout.H_LOADED) != layout.LOAD_DONE:
         time.sleep(0.005)
     seg.atomic.store(slot + layout.P_READY, 1)
     while True:

@@ -1,0 +1,100 @@
+"""The message store's segment table: which segment files are live, and how
+many durable queue entries still point into each (docs/durability.md).
+
+Each IO worker owns SEGMENT_SLOTS slots: the segments it writes, and (worker
+0) the segments a recovery loaded messages from. A persistent message's
+block is tagged with its segment's global slot index (shm/arena.py
+write_tag), so whoever deletes one of its durable entries (an ack on any
+worker, a purge by the scheduler) can name the segment and count it down.
+
+    SG_NAME    epoch << 32 | counter; 0 for a free slot     owner writes
+    SG_WRITER  writer + 1, | SEALED_BIT once sealed         owner writes
+    SG_LIVE    durable entries pointing into the segment    owner adds, anyone subtracts
+
+Only the owner claims, seals and frees its slots; it frees one (and deletes
+the files) once the slot is sealed and SG_LIVE is 0. A process killed
+between deleting an entry and counting it down leaves the segment on disk
+until the next start's recovery, never a loss. A restarted worker seals
+the slots its predecessor left open and carries on counting them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from shoal.shm import layout
+from shoal.shm.segment import Segment
+
+
+class SegmentName(NamedTuple):
+    epoch: int
+    writer: int
+    counter: int
+
+
+class SegmentTable:
+    __slots__ = ("a", "first", "layout")
+
+    def __init__(self, seg: Segment, worker: int) -> None:
+        """The table as IO worker `worker` sees it (its own slots are the ones
+        it may claim); any worker index serves a process that only counts down."""
+        self.a = seg.atomic
+        self.layout = seg.layout
+        self.first = worker * layout.SEGMENT_SLOTS
+
+    def _at(self, slot: int) -> int:
+        return self.layout.segment_slot(slot)
+
+    def claim(self, name: SegmentName, live: int = 0, sealed: bool = False) -> int | None:
+        """A free slot of ours for segment `name` (None: all are in use)."""
+        a = self.a
+        for slot in range(self.first, self.first + layout.SEGMENT_SLOTS):
+            at = self._at(slot)
+            if a.load(at + layout.SG_NAME) == 0:
+                a.store(at + layout.SG_LIVE, live)
+                a.store(
+                    at + layout.SG_WRITER, name.writer + 1 | (layout.SEALED_BIT if sealed else 0)
+                )
+                a.store(at + layout.SG_NAME, name.epoch << 32 | name.counter)
+                return slot
+        return None
+
+    def name(self, slot: int, check: int) -> SegmentName | None:
+        """The segment in `slot`, if it is still the one whose counter's low
+        32 bits are `check` (a message tag's), else None."""
+        a = self.a
+        at = self._at(slot)
+        word = a.load(at + layout.SG_NAME)
+        if word == 0 or word & 0xFFFFFFFF != check:
+            return None
+        writer = (a.load(at + layout.SG_WRITER) & 0xFFFFFFFF) - 1
+        return SegmentName(word >> 32, writer, word & 0xFFFFFFFF)
+
+    def add(self, slot: int, count: int) -> None:
+        self.a.fetch_add(self._at(slot) + layout.SG_LIVE, count)
+
+    def seal(self, slot: int) -> None:
+        at = self._at(slot)
+        self.a.store(at + layout.SG_WRITER, self.a.load(at + layout.SG_WRITER) | layout.SEALED_BIT)
+
+    def live(self, slot: int) -> int:
+        value = self.a.load(self._at(slot) + layout.SG_LIVE)
+        return value - (1 << 64) if value >= 1 << 63 else value
+
+    def owned(self) -> list[tuple[int, SegmentName, bool]]:
+        """Our claimed slots: (slot, name, sealed)."""
+        a, found = self.a, []
+        for slot in range(self.first, self.first + layout.SEGMENT_SLOTS):
+            at = self._at(slot)
+            word = a.load(at + layout.SG_NAME)
+            if word:
+                writer = a.load(at + layout.SG_WRITER)
+                name = SegmentName(word >> 32, (writer & 0xFFFFFFFF) - 1, word & 0xFFFFFFFF)
+                found.append((slot, name, bool(writer & layout.SEALED_BIT)))
+        return found
+
+    def free(self, slot: int) -> None:
+        at = self._at(slot)
+        self.a.store(at + layout.SG_NAME, 0)
+        self.a.store(at + layout.SG_WRITER, 0)
+        self.a.store(at + layout.SG_LIVE, 0)

@@ -1,0 +1,112 @@
+"""One process's SETTLE records (store/messages.py): which durable entries of
+persistent messages it deleted, written to its ack file of each segment.
+
+Buffered: `settle` is called on the hot path (an ack), `flush` once per
+event-loop iteration writes every buffered record with one write per ack
+file. No sync: an ack that did not reach the disk before a power cut only
+brings its message back flagged redelivered (docs/durability.md). `sync`
+makes them durable for tx.commit.
+
+The segment a message's tag names, and the count of its live entries, live
+in shared memory (shm/segtable.py); this module sees that table through a
+Protocol, so that it needs nothing from shm/.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Protocol
+
+from shoal.store.messages import AckWriter, segment_name
+
+log = logging.getLogger("shoal.store")
+
+# (segment slot, check, record offset) as shm.arena.read_tag gives it
+Tag = tuple[int, int, int]
+
+
+class Segments(Protocol):
+    """shm/segtable.py SegmentTable, as far as settling needs it."""
+
+    def name(self, slot: int, check: int) -> tuple[int, int, int] | None:
+        """(epoch, writer, counter) of the segment a tag names (None: gone)."""
+        ...
+
+    def add(self, slot: int, count: int) -> None: ...
+
+
+class SettleWriter:
+    __slots__ = ("_files", "_unsynced", "directory", "pending", "segments", "writer")
+
+    def __init__(self, directory: str, writer: int, segments: Segments) -> None:
+        """`writer`: this process's number in ack file names."""
+        self.directory = directory
+        self.writer = writer
+        self.segments = segments
+        self._files: dict[tuple[int, int], AckWriter] = {}
+        self._unsynced: set[tuple[int, int]] = set()
+        self.pending: list[tuple[Tag, int]] = []
+
+    def settle(self, tag: Tag, uid: int) -> None:
+        self.pending.append((tag, uid))
+
+    def flush(self) -> None:
+        """Write what is buffered, then count the segments down (after the
+        write: a segment must not be deleted before its acks are written,
+        or they would make an ack file of no segment)."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        by_segment: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for (slot, check, offset), uid in pending:
+            by_segment.setdefault((slot, check), []).append((offset, uid))
+        for key, settled in by_segment.items():
+            # uid 0: its queue was deleted (definitions.log says so already).
+            records = [s for s in settled if s[1]]
+            try:
+                if records:
+                    self._file(key).settle(records)
+                    self._unsynced.add(key)
+            except (OSError, LookupError) as exc:
+                # Not fatal: without the record the message comes back,
+                # flagged redelivered, after a crash.
+                log.error("cannot record %d acks in segment slot %d: %s", len(records), key[0], exc)
+            self.segments.add(key[0], -len(settled))
+
+    def _file(self, key: tuple[int, int]) -> AckWriter:
+        file = self._files.get(key)
+        if file is None:
+            name = self.name_of(*key)
+            if name is None:
+                raise LookupError("the segment is gone")
+            file = self._files[key] = AckWriter(self.directory, name, self.writer)
+        return file
+
+    def name_of(self, slot: int, check: int) -> str | None:
+        """The file name of the segment a tag names (None: it is gone)."""
+        name = self.segments.name(slot, check)
+        return None if name is None else segment_name(*name)
+
+    def sync(self) -> None:
+        """fdatasync every ack file written since the last sync (blocking,
+        on the caller's thread: only tx.commit asks, and only when its
+        transaction settled something)."""
+        keys, self._unsynced = self._unsynced, set()
+        for key in keys:
+            file = self._files.get(key)
+            if file is not None:
+                os.fdatasync(file.file.fd)
+
+    def sweep(self) -> None:
+        """Close the ack files of segments that were deleted (an open
+        descriptor would keep their disk space)."""
+        for key in [k for k in self._files if self.name_of(*k) is None]:
+            self._files.pop(key).file.close()
+            self._unsynced.discard(key)
+
+    def close(self) -> None:
+        self.flush()
+        for file in self._files.values():
+            file.file.close()
+        self._files.clear()

@@ -1,0 +1,281 @@
+"""An IO worker's side of the message store (docs/durability.md): the PUBLISH
+records of its persistent messages, its SETTLE records, group commit, and
+deleting the segments it owns once nothing points into them.
+
+A persistent message routed to a durable queue reserves its record before
+it is appended (`reserve`: the record's offset is known, the body block is
+tagged with it and the segment counts its entries), so that whoever acks
+one of its entries, on any worker, can name the record. Once the appends
+are done the record is complete (`complete`); at the end of the loop
+iteration `flush` writes the complete records, in order, with one write,
+and asks the sync thread (store/sync.py) to make them durable. A channel's
+confirms wait for that (workers/channel_state.py `confirmable`).
+
+Records are written in reservation order: one whose appends wait for room
+in a full queue holds back the records reserved after it (their confirms
+wait with it). That ends with backlogs on disk (issue 13, item 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from typing import Protocol
+
+from shoal.shm import layout
+from shoal.shm.segment import Segment
+from shoal.shm.segtable import SegmentName, SegmentTable
+from shoal.store import messages, records
+from shoal.store.settles import SettleWriter
+from shoal.store.sync import GroupSync
+
+log = logging.getLogger("shoal.worker")
+
+SWEEP_INTERVAL = 1.0  # how often the owner looks for segments to delete
+
+
+class Confirming(Protocol):
+    """A channel whose confirms wait for a sync."""
+
+    def synced(self) -> bool:
+        """Send what the sync allows; True if it still waits for a later one."""
+        ...
+
+
+class _Segment:
+    __slots__ = ("check", "slot", "writer")
+
+    def __init__(self, writer: messages.SegmentWriter, slot: int, check: int) -> None:
+        self.writer = writer
+        self.slot = slot
+        self.check = check
+
+
+class _Record:
+    __slots__ = ("index", "payload", "segment")
+
+    def __init__(self, index: int, segment: _Segment) -> None:
+        self.index = index
+        self.segment = segment
+        self.payload: bytes | None = None  # None until its appends are done
+
+
+class Persister:
+    def __init__(
+        self,
+        seg: Segment,
+        worker: int,
+        incarnation: int,
+        directory: str,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.seg = seg
+        self.loop = loop
+        self.directory = directory
+        self.worker = worker
+        self.epoch = seg.atomic.load(layout.H_EPOCH)
+        self.table = SegmentTable(seg, worker)
+        self.settles = SettleWriter(directory, worker, self.table)
+        # Counters in segment names: unique per incarnation of this worker.
+        self._counter = (incarnation & 0xFFF) << 20
+        for slot, _name, sealed in self.table.owned():
+            if not sealed:  # a predecessor's open segment: it writes no more
+                self.table.seal(slot)
+        self.segment: _Segment | None = None  # where records are reserved
+        self.reserved = 0  # end of the last reservation in it
+        self._synced_segment: _Segment | None = None  # the file `sync` syncs
+        self.sync: GroupSync | None = None
+        self.records: deque[_Record] = deque()
+        self.next_index = 0  # records [0, next_index) reserved
+        self.written = 0  # records [0, written) written
+        self.synced = 0  # records [0, synced) durable: their confirms may go
+        self.waiting: set[Confirming] = set()
+        self._synced_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._flush_scheduled = False
+        self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    # ------------------------------------------------------------ settles
+    def settle(self, tag: tuple[int, int, int], uid: int) -> None:
+        """QueueStore.settled: this worker deleted a durable entry of a
+        persistent message (an ack, a reject, a no-ack delivery, drop-head)."""
+        self.settles.pending.append((tag, uid))
+        self.schedule()
+
+    # ------------------------------------------------------------ publish
+    def reserve(self, entries: int, message_len: int) -> tuple[int, int, int, int] | None:
+        """Room for a PUBLISH record of `entries` durable queues: (record
+        index, segment slot, check, offset), the last three for the tag.
+        None if no segment slot is free (the caller waits and retries)."""
+        size = messages.publish_size(entries, message_len)
+        segment = self.segment
+        if segment is None or (
+            self.reserved + size > messages.SEGMENT_BYTES and self.reserved > records.HEADER_SIZE
+        ):
+            segment = self._open_segment()
+            if segment is None:
+                return None
+        offset = self.reserved
+        self.reserved += size
+        record = _Record(self.next_index, segment)
+        self.records.append(record)
+        self.next_index += 1
+        self.table.add(segment.slot, entries)
+        return record.index, segment.slot, segment.check, offset
+
+    def _open_segment(self) -> _Segment | None:
+        self._counter += 1
+        counter = self._counter & 0xFFFFFFFF
+        slot = self.table.claim(SegmentName(self.epoch, self.worker, counter))
+        if slot is None:
+            log.error(
+                "io-worker %d: all %d segment slots in use", self.worker, layout.SEGMENT_SLOTS
+            )
+            return None
+        name = messages.segment_name(self.epoch, self.worker, counter)
+        writer = messages.SegmentWriter(self.directory, name)
+        self.segment = _Segment(writer, slot, counter)
+        self.reserved = writer.size
+        return self.segment
+
+    def uncount(self, slot: int, entries: int = 1) -> None:
+        """Reserved entries whose appends failed (the queue refused or was gone)."""
+        self.table.add(slot, -entries)
+
+    def complete(self, index: int, payload: bytes) -> None:
+        records = self.records
+        records[index - records[0].index].payload = payload
+        self.schedule()
+
+    def wait(self, channel: Confirming) -> None:
+        self.waiting.add(channel)
+
+    # ------------------------------------------------------------ writing
+    def schedule(self) -> None:
+        """Flush at the end of this loop iteration (acks call it too)."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        self.settles.flush()
+        records = self.records
+        batch: list[_Record] = []
+        while records and records[0].payload is not None:
+            record = records.popleft()
+            if batch and record.segment is not batch[0].segment:
+                self._write(batch)
+                batch = []
+            batch.append(record)
+        if batch:
+            self._write(batch)
+
+    def _write(self, batch: list[_Record]) -> None:
+        segment = batch[0].segment
+        if segment is not self._synced_segment:
+            self._switch(segment)
+        try:
+            segment.writer.append([r.payload for r in batch])  # type: ignore[misc]
+        except OSError as exc:
+            self._fatal(exc)
+        upto = self.written = batch[-1].index + 1
+        loop = self.loop
+
+        def done(error: BaseException | None) -> None:  # on the sync thread
+            try:
+                loop.call_soon_threadsafe(self._synced, upto, error)
+            except RuntimeError:  # the loop is closed: the worker is stopping
+                pass
+
+        assert self.sync is not None
+        self.sync.request(done)
+
+    def _switch(self, segment: _Segment) -> None:
+        """Records of a new segment: every sync of the old one runs first
+        (set_fd waits for them), then the old one is sealed: once nothing
+        points into it, its owner's sweep deletes it."""
+        old = self._synced_segment
+        if self.sync is None:
+            self.sync = GroupSync(segment.writer.file.fd, name=f"shoal-sync-{self.worker}")
+        else:
+            self.sync.set_fd(segment.writer.file.fd)
+        if old is not None:
+            old.writer.file.close()
+            self.table.seal(old.slot)
+        self._synced_segment = segment
+
+    def _synced(self, upto: int, error: BaseException | None) -> None:
+        if error is not None:
+            self._fatal(error)
+        if upto <= self.synced:
+            return
+        self.synced = upto
+        waiting, self.waiting = self.waiting, set()
+        for channel in waiting:
+            if channel.synced():
+                self.waiting.add(channel)
+        if self._synced_waiters:
+            due = [w for w in self._synced_waiters if w[0] <= upto]
+            self._synced_waiters = [w for w in self._synced_waiters if w[0] > upto]
+            for _index, fut in due:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _fatal(self, error: BaseException) -> None:
+        """A write or a sync of the store failed: nothing can be confirmed
+        any more (a later fdatasync that succeeds proves nothing about the
+        pages this one lost). The worker exits; its supervisor starts
+        another, its clients reconnect and publish their unconfirmed
+        messages again."""
+        log.critical("io-worker %d: the message store failed: %s", self.worker, error)
+        logging.shutdown()
+        os._exit(70)
+
+    async def durable(self, upto: int) -> None:
+        """Return once records [0, upto) are durable, and every SETTLE this
+        worker wrote (tx.commit)."""
+        self.flush()
+        self.settles.sync()
+        if upto > self.synced:
+            fut: asyncio.Future[None] = self.loop.create_future()
+            self._synced_waiters.append((upto, fut))
+            await fut
+
+    # ------------------------------------------------------------ deleting
+    def _sweep(self) -> None:
+        """Delete our sealed segments that nothing points into any more;
+        close ack files of segments deleted (by us or by their owners)."""
+        self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        table = self.table
+        open_ = self.segment
+        if (
+            open_ is not None
+            and not self.records
+            and self.synced == self.written
+            and self.reserved > records.HEADER_SIZE
+            and table.live(open_.slot) <= 0
+        ):
+            # Drained: seal the open segment too (the next publish opens a
+            # new one), so that disk use returns to its baseline.
+            self.segment = None
+            open_.writer.file.close()
+            table.seal(open_.slot)
+        for slot, name, sealed in table.owned():
+            if sealed and table.live(slot) <= 0:
+                try:
+                    messages.delete_segment(self.directory, messages.segment_name(*name))
+                except OSError as exc:
+                    log.error("cannot delete segment %s: %s", name, exc)
+                    continue
+                table.free(slot)
+        self.settles.sweep()
+
+    def close(self) -> None:
+        """A clean stop: write what is buffered and wait for its sync."""
+        self._sweeper.cancel()
+        self.flush()
+        self.settles.close()
+        if self.sync is not None:
+            self.sync.close()

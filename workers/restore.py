@@ -1,0 +1,132 @@
+"""The message store's recovery at a broker start (docs/durability.md).
+
+IO worker 0, once per broker start, after the scheduler restored the
+durable queues (H_RESTORED) and before the acceptor takes a connection
+(H_LOADED): reads every segment of earlier starts with its ack files
+(store/messages.py recover), and appends each durable queue's live
+messages to it, level by level, in their old order, flagged redelivered
+(after a crash any of them may have been delivered; the flag is allowed to
+say "maybe"). Each loaded body is tagged with its old record, so its acks
+go to that segment's ack files, and the segment (claimed in worker 0's
+segment table, sealed) is deleted once all of them are gone.
+
+What does not fit (an arena or a queue log too small for the backlog) stays
+on disk, still counted in its segment, and is loaded at a later start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from shoal.broker import ipc
+from shoal.shm import layout
+from shoal.shm.arena import TAG_SIZE, body_length, release_hold, write_tag
+from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY
+from shoal.shm.segtable import SegmentName
+from shoal.store.messages import Live, parse_segment_name, recover
+from shoal.workers.context import WorkerContext
+
+log = logging.getLogger("shoal.worker")
+
+
+async def load(ctx: WorkerContext) -> None:
+    a = ctx.atomic
+    while not a.load(layout.H_RESTORED):  # the durable queues come first
+        await asyncio.sleep(0.005)
+    state = a.load(layout.H_LOADED)
+    if state == layout.LOAD_DONE:
+        return  # a restarted worker 0: this start's recovery is done
+    if state == layout.LOAD_RUNNING:
+        log.error(
+            "the message store's recovery was interrupted (io-worker 0 died); "
+            "messages it had loaded may now be in their queues twice"
+        )
+    a.store(layout.H_LOADED, layout.LOAD_RUNNING)
+    started = time.monotonic()
+    try:
+        loaded, queues = await _load(ctx)
+        log.info(
+            "message store: %d messages of %d queues recovered in %.2f s",
+            loaded,
+            queues,
+            time.monotonic() - started,
+        )
+    except Exception:
+        log.exception("the message store's recovery failed; its messages stay on disk")
+    finally:
+        a.store(layout.H_LOADED, layout.LOAD_DONE)
+
+
+async def _load(ctx: WorkerContext) -> tuple[int, int]:
+    store, persist = ctx.store, ctx.persist
+    assert persist is not None
+    uids = {uid: qid for _vhost, _name, qid in store.scan() if (uid := store.uid(qid))}
+    found = recover(persist.directory, set(uids), before_epoch=persist.epoch)
+    for file, cut in found.skipped:
+        log.warning(
+            "message store: %s: %d bytes at offset %d skipped (%s)",
+            file,
+            cut.size,
+            cut.offset,
+            cut.reason,
+        )
+    # Every segment with live messages: a sealed slot of worker 0's table,
+    # counting them, so that it is deleted once they are all settled.
+    counts: dict[str, int] = {}
+    for messages in found.queues.values():
+        for message in messages:
+            counts[message.segment] = counts.get(message.segment, 0) + 1
+    slots: dict[str, tuple[int, int]] = {}
+    for segment, live in counts.items():
+        segment_name = SegmentName(*parse_segment_name(segment))
+        slot = persist.table.claim(segment_name, live=live, sealed=True)
+        if slot is None:
+            raise RuntimeError(f"more than {layout.SEGMENT_SLOTS} segments to recover")
+        slots[segment] = (slot, segment_name.counter)
+    loaded = 0
+    for (uid, level), messages in found.queues.items():
+        qid = uids[uid]
+        if level:
+            qid = (await ctx.request(ipc.Level(qid, level)))[0]
+        loaded += _append(ctx, qid, uid, messages, slots)
+    return loaded, len({uid for uid, _level in found.queues})
+
+
+def _append(
+    ctx: WorkerContext, qid: int, uid: int, messages: list[Live], slots: dict[str, tuple[int, int]]
+) -> int:
+    seg, store, persist = ctx.seg, ctx.store, ctx.persist
+    assert persist is not None
+    for done, message in enumerate(messages):
+        size = len(message.message)
+        block = ctx.arena.alloc(size + TAG_SIZE)
+        if block is None:
+            _left_on_disk(ctx, qid, len(messages) - done, "the arena (--arena-mb)")
+            return done
+        start = block + layout.BLOCK_HEADER
+        seg.buf[start : start + size] = message.message
+        slot, check = slots[message.segment]
+        tag = (slot, check, message.offset)
+        write_tag(seg, block, *tag)
+        outcome = store.publish(qid, block, body_length(seg, block), ctx.slot)
+        release_hold(seg, block)
+        if outcome in (APPENDED, OVER_CAPACITY):
+            store.mark_redelivered(qid, store.last_seq)
+        elif outcome == FULL:
+            _left_on_disk(ctx, qid, len(messages) - done, "its log (--queue-capacity)")
+            return done
+        else:  # refused by its length limit, or deleted meanwhile: settled
+            persist.settle(tag, uid)
+    return len(messages)
+
+
+def _left_on_disk(ctx: WorkerContext, qid: int, count: int, where: str) -> None:
+    log.error(
+        "message store: queue %r: %d messages do not fit in %s; they stay on disk "
+        "for a later start",
+        ctx.store.name(qid).decode(errors="replace"),
+        count,
+        where,
+    )
