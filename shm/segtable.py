@@ -93,6 +93,12 @@ class SegmentTable:
                 found.append((slot, name, bool(writer & layout.SEALED_BIT)))
         return found
 
+    def all_claimed(self) -> list[int]:
+        """Every claimed slot, of every worker (for `shoal status`)."""
+        a, offsets = self.a, self.layout
+        slots = range(offsets.limits.max_workers * layout.SEGMENT_SLOTS)
+        return [slot for slot in slots if a.load(self._at(slot) + layout.SG_NAME)]
+
     def free(self, slot: int) -> None:
         at = self._at(slot)
         self.a.store(at + layout.SG_NAME, 0)

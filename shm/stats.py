@@ -58,7 +58,12 @@ DELIVERED = (
 # word per bucket, not cumulative (the last: above 100 MB).
 SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
 SIZE_BUCKETS = 25
-COUNTERS = SIZE_BUCKETS + len(SIZE_BOUNDS) + 1
+# The message store (workers/persist.py): fdatasync calls of its segments,
+# the PUBLISH records they made durable, and the bytes written to segments.
+STORE_SYNCS = SIZE_BUCKETS + len(SIZE_BOUNDS) + 1
+STORE_SYNCED_RECORDS = STORE_SYNCS + 1
+STORE_WRITTEN_BYTES = STORE_SYNCS + 2
+COUNTERS = STORE_SYNCS + 3
 # Gauges (current values; a new process starts them at 0).
 GAUGES = (
     # IO workers

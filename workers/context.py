@@ -91,7 +91,9 @@ class WorkerContext:
 
     def open_store(self, directory: str) -> None:
         """Start writing the message store (workers/persist.py) in `directory`."""
-        self.persist = Persister(self.seg, self.index, self.incarnation, directory, self.loop)
+        self.persist = Persister(
+            self.seg, self.index, self.incarnation, directory, self.loop, self.stats.v
+        )
         self.store.settled = self.persist.settle
 
     # ------------------------------------------------------------ identifiers

@@ -24,7 +24,7 @@ import os
 from collections import deque
 from typing import Protocol
 
-from shoal.shm import layout
+from shoal.shm import layout, stats
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentName, SegmentTable
 from shoal.store import messages, records
@@ -70,8 +70,11 @@ class Persister:
         incarnation: int,
         directory: str,
         loop: asyncio.AbstractEventLoop,
+        counters: list[int],
     ) -> None:
         self.seg = seg
+        self.counters = counters  # the worker's statistics (shm/stats.py)
+        self._syncs_counted = 0
         self.loop = loop
         self.directory = directory
         self.worker = worker
@@ -176,10 +179,12 @@ class Persister:
         segment = batch[0].segment
         if segment is not self._synced_segment:
             self._switch(segment)
+        size = segment.writer.size
         try:
             segment.writer.append([r.payload for r in batch])  # type: ignore[misc]
         except OSError as exc:
             self._fatal(exc)
+        self.counters[stats.STORE_WRITTEN_BYTES] += segment.writer.size - size
         upto = self.written = batch[-1].index + 1
         loop = self.loop
 
@@ -211,6 +216,11 @@ class Persister:
             self._fatal(error)
         if upto <= self.synced:
             return
+        counters = self.counters
+        counters[stats.STORE_SYNCED_RECORDS] += upto - self.synced
+        syncs = self.sync.syncs if self.sync is not None else 0
+        counters[stats.STORE_SYNCS] += syncs - self._syncs_counted
+        self._syncs_counted = syncs
         self.synced = upto
         waiting, self.waiting = self.waiting, set()
         for channel in waiting:

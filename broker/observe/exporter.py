@@ -37,6 +37,21 @@ from shoal.shm.catalog import CatalogReader
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 
+# The message store's group commit (workers/persist.py).
+STORE_COUNTERS = (
+    ("shoal_store_syncs", "fdatasync calls of the message store's segments", stats.STORE_SYNCS),
+    (
+        "shoal_store_synced_records",
+        "Persistent messages (PUBLISH records) those syncs made durable",
+        stats.STORE_SYNCED_RECORDS,
+    ),
+    (
+        "shoal_store_written_bytes",
+        "Bytes written to the message store's segments",
+        stats.STORE_WRITTEN_BYTES,
+    ),
+)
+
 
 class Exporter:
     """The metrics process's state: the segment, and psutil handles of the
@@ -242,6 +257,8 @@ class Exporter:
             "Time connections spent blocked, summed over connections",
             value=totals[stats.PUBLISHER_BLOCKED_MS] / 1000,
         )
+        for name, doc, word in STORE_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=totals[word])
         yield CounterMetricFamily(
             "shoal_scheduler_lost_wakeups_rescued",
             "Wake-ups the scheduler's sweep had to rescue (should stay 0)",

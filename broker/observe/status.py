@@ -16,6 +16,7 @@ from shoal.shm.arena import arena_usage
 from shoal.shm.catalog import CatalogReader
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
+from shoal.shm.segtable import SegmentTable
 
 
 def snapshot(seg: Segment) -> dict[str, Any]:
@@ -83,6 +84,9 @@ def snapshot(seg: Segment) -> dict[str, Any]:
             }
         )
     marks = memory.configured(seg)
+    totals = stats.totals(seg)
+    segments = SegmentTable(seg, 0)
+    live = [(slot, segments.live(slot)) for slot in segments.all_claimed()]
     return {
         "segment": seg.path,
         "segment_allocated_bytes": seg.allocated_bytes(),
@@ -94,6 +98,15 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         "disk_free_limit_bytes": marks.disk_free_limit,
         "disk_free_bytes": memory.disk_free(seg),
         "epoch": a.load(layout.H_EPOCH),  # this start's number (the data directory's)
+        # The message store (workers/persist.py, shm/segtable.py).
+        "store": {
+            "loaded": a.load(layout.H_LOADED) == layout.LOAD_DONE,
+            "segments": len(live),
+            "live_entries": sum(n for _slot, n in live),
+            "syncs": totals[stats.STORE_SYNCS],
+            "synced_records": totals[stats.STORE_SYNCED_RECORDS],
+            "written_bytes": totals[stats.STORE_WRITTEN_BYTES],
+        },
         "processes": processes,
         "queues": queues,
     }
@@ -118,6 +131,8 @@ def render(snap: dict[str, Any]) -> str:
         "alarms: " + (", ".join(f"low on {name}: publishers blocked" for name in alarms) or "none"),
         f"disk: {snap['disk_free_bytes']} bytes free, limit {snap['disk_free_limit_bytes']}"
         " (the data and runtime directories' file systems)",
+        "message store: {segments} segments, {live_entries} live entries; {syncs} syncs made "
+        "{synced_records} records durable, {written_bytes} bytes written".format(**snap["store"]),
         "",
     ]
     lines.append(f"{'ROLE':<12}{'INDEX':>6}{'PID':>9}{'READY':>7}{'CONNS':>7}{'ARENA BYTES':>13}")

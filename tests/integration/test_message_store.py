@@ -83,3 +83,30 @@ def test_confirmed_persistent_messages_outlive_the_broker(broker: Broker, crash:
     # Everything acked: the segments go (an owner sweeps once a second).
     wait_for(lambda: not [f for f in store_files(broker) if f.endswith(".seg")], 10, "no segment")
     assert [f for f in store_files(broker) if ".acks." in f] == []
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_a_damaged_segment_tail_is_skipped_and_logged(broker: Broker, damage: str) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("torn", durable=True)
+    for i in range(50):
+        ch.basic_publish("", "torn", b"m%d" % i + b"." * 200, PERSISTENT)
+    conn.close()
+    broker.crash()
+    (segment,) = [f for f in store_files(broker) if f.endswith(".seg")]
+    path = os.path.join(msgs_dir(broker), segment)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        if damage == "truncated":  # a power cut in the middle of the last record
+            f.truncate(size - 100)
+        else:  # the last record's bytes are not what was written
+            f.seek(size - 50)
+            f.write(b"\xff" * 20)
+    broker.start()
+    conn = connect(broker)
+    got = drain(conn.channel(), "torn")
+    assert [b.split(b".")[0] for b, _ in got] == [b"m%d" % i for i in range(49)]
+    log = broker.log()
+    assert f"{segment}: " in log and "skipped" in log, log[-2000:]
