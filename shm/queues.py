@@ -424,21 +424,20 @@ class QueueStore(QueueDirectory):
         deleted cells. False if the entry is no longer ours (its queue was
         deleted, or the supervisor released it). One C call (and, for a
         durable queue while the message store is on, a read of the tag first)."""
-        offsets = self.layout
         settled = self.settled
         if settled is not None:
-            uid = self.a.load(offsets.queue(qid) + layout.Q_UID)
+            uid = self.a.load(self.layout.queue(qid) + layout.Q_UID)
             if uid:
                 block = self.held_block(qid, seq)
                 tag = read_tag(self.seg, block) if block is not None else None
-                self.settled = None
-                try:
-                    done = self.ack(qid, seq)
-                finally:
-                    self.settled = settled
+                done = self._ack(qid, seq)
                 if done and tag is not None:
                     settled(tag, uid)
                 return done
+        return self._ack(qid, seq)
+
+    def _ack(self, qid: int, seq: int) -> bool:
+        offsets = self.layout
         return bool(
             self.a.ack(
                 offsets.queue(qid),

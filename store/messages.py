@@ -9,6 +9,8 @@ PUBLISH  u8 'P' | u16 n | n x (u64 queue uid, u8 level, u32 epoch, u64 seq) | me
          `message` is the body block's payload as shared memory holds it
          (shm/layout.py MSG_PREFIX, exchange, routing key, properties, body):
          written once, whatever the number of durable queues it went to.
+AMEND    u8 'A' | u64 offset of a PUBLISH record in this segment | u16 n | n x entry
+         the entries the PUBLISH record left PENDING (their queues were full)
 SETTLE   u8 'S' | u64 offset of the PUBLISH record in its segment | u64 queue uid
 
 A segment is deleted by unlinking the `.seg` first, then its ack files: a
@@ -37,8 +39,13 @@ SEGMENT_BYTES = 8 << 20  # a segment is sealed once it is this large
 # The seq of an entry whose append failed (the queue refused the message, or
 # was deleted meanwhile): its record was reserved for it, recovery skips it.
 UNAPPENDED = (1 << 64) - 1
+# The seq of an entry whose append waited for room in a full queue when its
+# record was written: an AMEND record later in the same segment gives its
+# (epoch, seq); without one, the append never happened.
+PENDING = (1 << 64) - 2
 
 _KIND = struct.Struct("<cH")
+_AMEND = struct.Struct("<cQH")
 _ENTRY = struct.Struct("<QBIQ")
 _SETTLE = struct.Struct("<cQQ")
 
@@ -67,6 +74,27 @@ def encode_publish(entries: Iterable[Entry], message: bytes | memoryview) -> byt
     entries = list(entries)
     head = _KIND.pack(b"P", len(entries)) + b"".join(_ENTRY.pack(*e) for e in entries)
     return head + bytes(message)
+
+
+def encode_amend(offset: int, entries: Iterable[Entry]) -> bytes:
+    entries = list(entries)
+    return _AMEND.pack(b"A", offset, len(entries)) + b"".join(_ENTRY.pack(*e) for e in entries)
+
+
+def decode_amend(payload: bytes) -> tuple[int, list[Entry]]:
+    """Raises ValueError for anything but an AMEND record."""
+    try:
+        kind, offset, n = _AMEND.unpack_from(payload)
+        if kind != b"A":
+            raise ValueError(f"not an AMEND record: {kind!r}")
+        at = _AMEND.size
+        return offset, [Entry(*_ENTRY.unpack_from(payload, at + i * _ENTRY.size)) for i in range(n)]
+    except struct.error as exc:
+        raise ValueError(f"AMEND record cut short: {exc}") from None
+
+
+def amend_size(entries: int) -> int:
+    return records.RECORD_OVERHEAD + _AMEND.size + entries * _ENTRY.size
 
 
 def decode_publish(payload: bytes) -> tuple[list[Entry], memoryview]:
@@ -235,15 +263,25 @@ def recover(directory: str, uids: set[int], before_epoch: int | None = None) -> 
             payloads = _read(os.path.join(directory, name), ACKS_MAGIC, skipped)
             settled.update(decode_settle(p) for p in payloads)
         live = 0
+        payloads = _read(segment_path(directory, segment), SEGMENT_MAGIC, skipped)
+        amended: dict[tuple[int, int], Entry] = {}  # (PUBLISH offset, uid) -> entry
+        for payload in payloads:
+            if payload[:1] == b"A":
+                target, late = decode_amend(payload)
+                amended.update(((target, e.uid), e) for e in late)
         offset = records.HEADER_SIZE
-        for payload in _read(segment_path(directory, segment), SEGMENT_MAGIC, skipped):
-            entries, message = decode_publish(payload)
-            for uid, level, epoch, seq in entries:
-                if uid in uids and seq != UNAPPENDED and (offset, uid) not in settled:
-                    queues.setdefault((uid, level), []).append(
-                        Live(epoch, seq, segment, offset, message)
-                    )
-                    live += 1
+        for payload in payloads:
+            if payload[:1] != b"A":
+                entries, message = decode_publish(payload)
+                for entry in entries:
+                    if entry.seq == PENDING:
+                        entry = amended.get((offset, entry.uid), entry)
+                    uid, level, epoch, seq = entry
+                    if uid in uids and seq < PENDING and (offset, uid) not in settled:
+                        queues.setdefault((uid, level), []).append(
+                            Live(epoch, seq, segment, offset, message)
+                        )
+                        live += 1
             offset += records.RECORD_OVERHEAD + len(payload)
         if not live:
             delete_segment(directory, segment, acks.get(segment, []))

@@ -14,9 +14,6 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker.amqp import errors
-from shoal.shm.arena import (
-    release_hold,
-)
 from shoal.workers import framing
 from shoal.workers.channel_state import (
     EXPECT_BODY,
@@ -203,8 +200,8 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         self.requeue_all()
         pending = self.pending
         if pending is not None and pending.block and pending.body is None:
-            # A half-received message was never appended anywhere.
-            release_hold(self.ctx.seg, pending.block)
+            # A message half received, or waiting for room in a full queue.
+            self._drop_pending(pending)
         # Publishes kept by flow control are dropped with the channel, like
         # the unconfirmed publishes of a channel that closes.
         self.conn.held_bytes -= sum(len(payload) for _ftype, payload in self.flow_backlog)

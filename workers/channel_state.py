@@ -72,6 +72,7 @@ class Pending:
         "entries",
         "exchange",
         "header",
+        "late",
         "levelled",
         "mandatory",
         "qids",
@@ -79,7 +80,7 @@ class Pending:
         "record",
         "rejected",
         "routing_key",
-        "tag_slot",
+        "tag",
     )
 
     def __init__(self, exchange: bytes, routing_key: bytes, mandatory: bool) -> None:
@@ -102,7 +103,10 @@ class Pending:
         self.durable = False
         self.record = -1
         self.entries: dict[int, tuple[int, int, int]] | None = None  # qid -> (uid, level, seq)
-        self.tag_slot = 0  # its segment's slot (shm/segtable.py)
+        self.tag = (0, 0, 0)  # (segment slot, check, record offset): shm/arena.py write_tag
+        # Durable queues still to append to when its record was written (a
+        # queue was full): their seqs go in an AMEND record (workers/records.py).
+        self.late: list[int] | None = None
 
 
 class Transaction:
@@ -248,6 +252,9 @@ class ChannelState:
         raise NotImplementedError  # publish.py
 
     def _append(self, pending: Pending) -> bool:
+        raise NotImplementedError  # publish.py
+
+    def _drop_pending(self, pending: Pending) -> None:
         raise NotImplementedError  # publish.py
 
     def _return(self, pending: Pending) -> None:

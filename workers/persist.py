@@ -119,13 +119,49 @@ class Persister:
             segment = self._open_segment()
             if segment is None:
                 return None
+        index, offset = self._add_record(segment, size)
+        self.table.add(segment.slot, entries)
+        return index, segment.slot, segment.check, offset
+
+    def _add_record(self, segment: _Segment, size: int) -> tuple[int, int]:
         offset = self.reserved
         self.reserved += size
         record = _Record(self.next_index, segment)
         self.records.append(record)
         self.next_index += 1
-        self.table.add(segment.slot, entries)
-        return record.index, segment.slot, segment.check, offset
+        return record.index, offset
+
+    def amend(self, slot: int, check: int, payload: bytes) -> int:
+        """Write an AMEND record (store/messages.py) into the segment of the
+        PUBLISH record it amends: the index of a record whose sync covers it,
+        or -1 if it is durable already. Rare (a publish that waited for room
+        in a full queue), so an older segment is reopened and synced here."""
+        self.flush()  # nothing reserved is left behind: every record is complete
+        segment = self.segment
+        if segment is not None and (segment.slot, segment.check) == (slot, check):
+            index, _offset = self._add_record(segment, len(payload) + records.RECORD_OVERHEAD)
+            self.complete(index, payload)
+            return index
+        old = self._synced_segment
+        if old is not None and (old.slot, old.check) == (slot, check):
+            file, close = old.writer.file, False  # rotated, not yet switched away from
+        else:
+            name = self.table.name(slot, check)
+            assert name is not None  # the entries it amends keep it alive
+            path = messages.segment_path(self.directory, messages.segment_name(*name))
+            file, _records, _cut = records.open_records(
+                path, messages.SEGMENT_MAGIC, messages.VERSION
+            )
+            close = True
+        try:
+            file.append([payload])
+            file.sync()
+        except OSError as exc:
+            self._fatal(exc)
+        finally:
+            if close:
+                file.close()
+        return -1
 
     def _open_segment(self) -> _Segment | None:
         self._counter += 1

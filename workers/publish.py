@@ -18,10 +18,8 @@ from shoal.shm.arena import (
     message_size,
     release_hold,
     write_message,
-    write_tag,
 )
-from shoal.shm.layout import BLOCK_HEADER
-from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED
+from shoal.shm.queues import FULL, OVER_CAPACITY, REJECTED
 from shoal.shm.stats import (
     RECEIVED_CONFIRM,
     ROUTED,
@@ -31,8 +29,7 @@ from shoal.shm.stats import (
     UNROUTABLE_RETURNED,
     size_bucket,
 )
-from shoal.store.messages import UNAPPENDED, Entry, encode_publish
-from shoal.workers import framing
+from shoal.workers import framing, records
 from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -349,10 +346,11 @@ class Publishing(ChannelState):
     def _append(self, pending: Pending) -> bool:
         """Append a routed message to each of its queues, then drop the
         publisher's HOLD. False if a queue is full: `pending.qids` keeps the
-        queues still to do, and the caller retries later."""
+        queues still to do, and the caller retries later. A message for the
+        message store has its record reserved first (workers/records.py)."""
         ctx = self.ctx
         block = pending.block
-        if pending.durable and pending.entries is None and not self._reserve(pending):
+        if pending.durable and pending.entries is None and not records.reserve(ctx, pending):
             return False  # no segment slot free: retried like a full queue
         entries = pending.entries
         publish = ctx.store.publish
@@ -361,6 +359,8 @@ class Publishing(ChannelState):
             outcome = publish(qid, block, pending.body_size, ctx.slot)
             if outcome:
                 if outcome == FULL:
+                    if entries:
+                        records.wait_for_room(ctx, pending)
                     return False
                 if outcome == REJECTED:
                     pending.rejected = True
@@ -368,66 +368,22 @@ class Publishing(ChannelState):
                     # This connection's next publishes wait (shm/flow.py).
                     self.conn.flow_block(*ctx.store.flow_queue(qid))
             if entries and qid in entries:
-                self._entry_done(pending, qid, outcome)
+                records.appended(ctx, pending, qid, outcome)
             pending.qids.pop(0)
             if self.confirm and self.consumers and not self.confirm_held:
                 self.confirm_held = self._consumes(qid)
-        if pending.record >= 0:
-            self._record_done(pending)
+        if entries:
+            records.finish(ctx, pending)
         release_hold(ctx.seg, block)
         return True
 
-    def _reserve(self, pending: Pending) -> bool:
-        """Before the first append of a message for the store: reserve its
-        record and tag its block with it (workers/persist.py), so that an
-        ack on any worker can name the record. False: no segment slot."""
-        store = self.ctx.store
-        entries = {
-            qid: (uid, store.level(qid), UNAPPENDED)
-            for qid in pending.qids
-            if (uid := store.uid(qid))
-        }
-        if entries:
-            persist = self.ctx.persist
-            assert persist is not None
-            size = message_size(
-                pending.exchange, pending.routing_key, pending.header, pending.body_size
-            )
-            got = persist.reserve(len(entries), size)
-            if got is None:
-                return False
-            pending.record, pending.tag_slot, check, offset = got
-            write_tag(self.ctx.seg, pending.block, pending.tag_slot, check, offset)
-        pending.entries = entries
-        return True
-
-    def _entry_done(self, pending: Pending, qid: int, outcome: int) -> None:
-        """Its append to durable queue `qid` is done: keep the entry's seq,
-        or count it out of the segment if the queue refused it or was gone."""
-        entries, persist = pending.entries, self.ctx.persist
-        assert entries is not None and persist is not None
-        uid, level, _ = entries[qid]
-        if outcome in (APPENDED, OVER_CAPACITY):
-            entries[qid] = (uid, level, self.ctx.store.last_seq)
-        else:
-            entries[qid] = (uid, level, UNAPPENDED)
-            persist.uncount(pending.tag_slot)
-
-    def _record_done(self, pending: Pending) -> None:
-        """Every append is done: the record is complete (written at the end
-        of this loop iteration)."""
-        seg, persist, entries = self.ctx.seg, self.ctx.persist, pending.entries
-        assert persist is not None and entries is not None
-        start = pending.block + BLOCK_HEADER
-        size = message_size(
-            pending.exchange, pending.routing_key, pending.header, pending.body_size
-        )
-        epoch = persist.epoch
-        payload = encode_publish(
-            [Entry(uid, level, epoch, seq) for uid, level, seq in entries.values()],
-            seg.buf[start : start + size],
-        )
-        persist.complete(pending.record, payload)
+    def _drop_pending(self, pending: Pending) -> None:
+        """A routed message abandoned before all its appends (its channel
+        closed, or its transaction): its record keeps what was appended; the
+        publisher's HOLD is dropped."""
+        if pending.entries:
+            records.abandon(self.ctx, pending)
+        release_hold(self.ctx.seg, pending.block)
 
     def _return(self, pending: Pending) -> None:
         method = C.Basic.Return(

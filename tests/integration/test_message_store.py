@@ -110,3 +110,43 @@ def test_a_damaged_segment_tail_is_skipped_and_logged(broker: Broker, damage: st
     assert [b.split(b".")[0] for b, _ in got] == [b"m%d" % i for i in range(49)]
     log = broker.log()
     assert f"{segment}: " in log and "skipped" in log, log[-2000:]
+
+
+def test_a_publish_waiting_for_a_full_queue_holds_back_no_other_confirm(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    """One worker: a persistent message to a durable queue whose log is full
+    waits for room; another publisher's confirms on the same worker do not
+    wait with it, and the waiting message, once appended, survives a crash
+    in both of its queues."""
+    broker = broker_factory(workers=1, args=("--queue-capacity", "16"))
+    setup = connect(broker).channel()
+    setup.exchange_declare("fan", "fanout", durable=True)
+    for name in ("full", "other", "b"):
+        setup.queue_declare(name, durable=True)
+    for name in ("full", "other"):
+        setup.queue_bind(name, "fan")
+    for i in range(16):
+        setup.basic_publish("", "full", b"f%d" % i, PERSISTENT)
+    waiting = connect(broker)
+    waiting.channel().basic_publish("fan", "", b"late", PERSISTENT)  # "full" has no room
+    waiting.process_data_events(time_limit=0.2)
+    confirming = connect(broker).channel()
+    confirming.confirm_delivery()
+    for i in range(10):  # each returns once confirmed (the queue holds 16)
+        confirming.basic_publish("", "b", b"b%d" % i, PERSISTENT)
+    method, _props, body = setup.basic_get("full")
+    assert body == b"f0"
+    setup.basic_ack(method.delivery_tag)
+    wait_for(lambda: ready_count(broker, "full") == 16, 10, "the waiting message appended")
+    broker.restart(crash=True)
+    ch = connect(broker).channel()
+    assert [b for b, _ in drain(ch, "full")] == [b"f%d" % i for i in range(1, 16)] + [b"late"]
+    assert [b for b, _ in drain(ch, "other")] == [b"late"]
+    assert len(drain(ch, "b")) == 10
+
+
+def ready_count(broker: Broker, queue: str) -> int:
+    conn = connect(broker)
+    try:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        conn.close()

@@ -117,3 +117,22 @@ def test_records_of_another_kind_are_refused_as_such() -> None:
         M.decode_publish(M.encode_settle(1, 2))
     with pytest.raises(ValueError):
         M.decode_publish(b"P\x05\x00")  # says 5 entries, has none
+
+
+def test_pending_entries_live_only_with_their_amend_record(tmp_path: Path) -> None:
+    """A PUBLISH written while one of its queues was full leaves that entry
+    PENDING; an AMEND record later in the segment gives its seq. Entries
+    failed (UNAPPENDED) or never amended are not messages."""
+    d = str(tmp_path)
+    w = M.SegmentWriter(d, M.segment_name(1, 0, 0))
+    first = publish(w, b"x", M.Entry(Q1, 0, 1, 4), M.Entry(Q2, 0, 1, M.PENDING))
+    publish(w, b"y", M.Entry(Q2, 0, 1, 0))
+    never = publish(w, b"z", M.Entry(Q1, 0, 1, M.UNAPPENDED), M.Entry(Q2, 0, 1, M.PENDING))
+    w.append([M.encode_amend(first, [M.Entry(Q2, 0, 1, 7)])])
+    recovered = M.recover(d, {Q1, Q2})
+    assert bodies(recovered, Q1) == [b"x"]
+    assert bodies(recovered, Q2) == [b"y", b"x"]  # by the amended seq
+    M.AckWriter(d, w.segment, 0).settle([(first, Q2), (never, Q1)])
+    assert bodies(M.recover(d, {Q1, Q2}), Q2) == [b"y"]
+    with pytest.raises(ValueError):
+        M.decode_amend(M.encode_settle(first, Q1))
