@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--shoal-args", default="--queue-capacity 2097152")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="throughput rounds (0: skip)")
     p.add_argument("--duration", type=float, default=15.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument(
@@ -289,9 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *machine_info(),
             "",
-            *throughput(shoal, rabbit, opts),
-            "",
         ]
+        if opts.rounds:
+            lines += [*throughput(shoal, rabbit, opts), ""]
         if opts.recovery:
             lines += recovery(shoal, rabbit, opts.recovery, empty)
         print("\n".join(lines))

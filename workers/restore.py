@@ -25,7 +25,7 @@ from shoal.shm import layout
 from shoal.shm.arena import TAG_SIZE, body_length, release_hold, write_tag
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY
 from shoal.shm.segtable import SegmentName
-from shoal.store.messages import Live, parse_segment_name, recover
+from shoal.store.messages import MESSAGE, OFFSET, SEGMENT, Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
 
 log = logging.getLogger("shoal.worker")
@@ -77,7 +77,7 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
     counts: dict[str, int] = {}
     for messages in found.queues.values():
         for message in messages:
-            counts[message.segment] = counts.get(message.segment, 0) + 1
+            counts[message[SEGMENT]] = counts.get(message[SEGMENT], 0) + 1
     slots: dict[str, tuple[int, int]] = {}
     for segment, live in counts.items():
         segment_name = SegmentName(*parse_segment_name(segment))
@@ -100,15 +100,15 @@ def _append(
     seg, store, persist = ctx.seg, ctx.store, ctx.persist
     assert persist is not None
     for done, message in enumerate(messages):
-        size = len(message.message)
+        size = len(message[MESSAGE])
         block = ctx.arena.alloc(size + TAG_SIZE)
         if block is None:
             _left_on_disk(ctx, qid, len(messages) - done, "the arena (--arena-mb)")
             return done
         start = block + layout.BLOCK_HEADER
-        seg.buf[start : start + size] = message.message
-        slot, check = slots[message.segment]
-        tag = (slot, check, message.offset)
+        seg.buf[start : start + size] = message[MESSAGE]
+        slot, check = slots[message[SEGMENT]]
+        tag = (slot, check, message[OFFSET])
         write_tag(seg, block, *tag)
         outcome = store.publish(qid, block, body_length(seg, block), ctx.slot)
         release_hold(seg, block)

@@ -21,7 +21,7 @@ def publish(writer: M.SegmentWriter, body: bytes, *entries: M.Entry) -> int:
 
 
 def bodies(recovered: M.Recovered, uid: int, level: int = 0) -> list[bytes]:
-    return [bytes(m.message) for m in recovered.queues.get((uid, level), [])]
+    return [bytes(m[M.MESSAGE]) for m in recovered.queues.get((uid, level), [])]
 
 
 def test_live_messages_come_back_per_queue_in_queue_order(tmp_path: Path) -> None:
@@ -136,3 +136,13 @@ def test_pending_entries_live_only_with_their_amend_record(tmp_path: Path) -> No
     assert bodies(M.recover(d, {Q1, Q2}), Q2) == [b"y"]
     with pytest.raises(ValueError):
         M.decode_amend(M.encode_settle(first, Q1))
+
+
+def test_a_lone_pending_entry_lives_by_its_amend_record(tmp_path: Path) -> None:
+    d = str(tmp_path)
+    w = M.SegmentWriter(d, M.segment_name(1, 0, 0))
+    lone = publish(w, b"x", M.Entry(Q1, 0, 1, M.PENDING))
+    publish(w, b"y", M.Entry(Q1, 0, 1, 3))
+    publish(w, b"z", M.Entry(Q1, 0, 1, M.PENDING))  # never amended
+    w.append([M.encode_amend(lone, [M.Entry(Q1, 0, 1, 9)])])
+    assert bodies(M.recover(d, {Q1}), Q1) == [b"y", b"x"]

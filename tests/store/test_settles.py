@@ -41,7 +41,7 @@ def test_settles_are_written_per_segment_then_counted_down(tmp_path: Path) -> No
     settles.flush()
     assert table.live[3] == 8
     assert (tmp_path / f"{segment}.acks.5").exists()
-    assert [bytes(m.message) for m in M.recover(d, {Q1}).queues[(Q1, 0)]] == [b"b"]
+    assert [bytes(m[M.MESSAGE]) for m in M.recover(d, {Q1}).queues[(Q1, 0)]] == [b"b"]
     # `a` is settled; `b`'s entry is still live in the file: its queue's
     # uid is what recovery drops it by.
     del table.names[(3, 7)]
