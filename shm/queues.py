@@ -32,6 +32,8 @@ _AVAIL = layout.S_AVAILABLE
 _ACQ = layout.S_ACQUIRED
 _DEL = layout.S_DELETED
 _REDELIVERED = layout.FLAG_REDELIVERED
+_QSIZE = layout.QUEUE_SIZE
+_QUID = layout.Q_UID
 
 # (exchange, routing key, raw content header, body), as shm.arena.read_message gives it
 Message = tuple[bytes, bytes, bytes, bytes]
@@ -422,23 +424,15 @@ class QueueStore(QueueDirectory):
         """ACQUIRED(this owner) -> DELETED, drop the entry's reference to its
         body (freeing the block if it was the last), advance the head past
         deleted cells. False if the entry is no longer ours (its queue was
-        deleted, or the supervisor released it). One C call (and, for a
-        durable queue while the message store is on, a read of the tag first)."""
-        settled = self.settled
-        if settled is not None:
-            uid = self.a.load(self.layout.queue(qid) + layout.Q_UID)
-            if uid:
-                block = self.held_block(qid, seq)
-                tag = read_tag(self.seg, block) if block is not None else None
-                done = self._ack(qid, seq)
-                if done and tag is not None:
-                    settled(tag, uid)
-                return done
-        return self._ack(qid, seq)
-
-    def _ack(self, qid: int, seq: int) -> bool:
+        deleted, or the supervisor released it). One C call; for a durable
+        queue while the message store is on, the message's tag is read first
+        (the entry still holds the block) and the store told after."""
         offsets = self.layout
-        return bool(
+        tag = None
+        if self.settled is not None and (uid := self.a.load(self.queues + qid * _QSIZE + _QUID)):
+            block = self.held_block(qid, seq)
+            tag = read_tag(self.seg, block) if block is not None else None
+        done = bool(
             self.a.ack(
                 offsets.queue(qid),
                 offsets.log(qid),
@@ -450,6 +444,9 @@ class QueueStore(QueueDirectory):
                 self.dropping,
             )
         )
+        if tag is not None and done:
+            self.settled(tag, uid)  # type: ignore[misc]  # a tag implies the hook
+        return done
 
     def held_block(self, qid: int, seq: int) -> int | None:
         """The body block of an entry this owner holds (ACQUIRED), or None if

@@ -119,8 +119,14 @@ class Publishing(ChannelState):
     def _to_store(self, raw_header: bytes, qids: list[int]) -> bool:
         """Whether a message goes to the message store: persistent
         (delivery-mode 2) and routed to at least one durable queue."""
+        # The flags' delivery-mode bit first: most transient messages stop
+        # at one byte (the hot path of a broker with no persistent traffic).
+        if len(raw_header) < 14 or not raw_header[12] & 0x10 or self.ctx.persist is None:
+            return False
+        if framing.delivery_mode(raw_header) != 2:
+            return False
         uid = self.ctx.store.uid
-        return any(uid(qid) for qid in qids) and framing.delivery_mode(raw_header) == 2
+        return any(uid(qid) for qid in qids)
 
     def _route(self, exchange: bytes, routing_key: bytes, raw_header: bytes) -> list[int]:
         """qids a message reaches (the default exchange: the queue named by

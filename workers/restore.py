@@ -25,7 +25,7 @@ from shoal.shm import layout
 from shoal.shm.arena import TAG_SIZE, body_length, release_hold, write_tag
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY
 from shoal.shm.segtable import SegmentName
-from shoal.store.messages import MESSAGE, OFFSET, SEGMENT, Live, parse_segment_name, recover
+from shoal.store.messages import Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
 
 log = logging.getLogger("shoal.worker")
@@ -76,8 +76,8 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
     # counting them, so that it is deleted once they are all settled.
     counts: dict[str, int] = {}
     for messages in found.queues.values():
-        for message in messages:
-            counts[message[SEGMENT]] = counts.get(message[SEGMENT], 0) + 1
+        for _epoch, _seq, segment, _offset, _message in messages:
+            counts[segment] = counts.get(segment, 0) + 1
     slots: dict[str, tuple[int, int]] = {}
     for segment, live in counts.items():
         segment_name = SegmentName(*parse_segment_name(segment))
@@ -99,16 +99,16 @@ def _append(
 ) -> int:
     seg, store, persist = ctx.seg, ctx.store, ctx.persist
     assert persist is not None
-    for done, message in enumerate(messages):
-        size = len(message[MESSAGE])
+    for done, (_epoch, _seq, segment, offset, message) in enumerate(messages):
+        size = len(message)
         block = ctx.arena.alloc(size + TAG_SIZE)
         if block is None:
             _left_on_disk(ctx, qid, len(messages) - done, "the arena (--arena-mb)")
             return done
         start = block + layout.BLOCK_HEADER
-        seg.buf[start : start + size] = message[MESSAGE]
-        slot, check = slots[message[SEGMENT]]
-        tag = (slot, check, message[OFFSET])
+        seg.buf[start : start + size] = message
+        slot, check = slots[segment]
+        tag = (slot, check, offset)
         write_tag(seg, block, *tag)
         outcome = store.publish(qid, block, body_length(seg, block), ctx.slot)
         release_hold(seg, block)
