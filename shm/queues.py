@@ -57,6 +57,7 @@ REJECTED = 1  # refused by the queue's length limit (x-overflow reject-publish)
 OVER_CAPACITY = 2  # appended, and the queue is now over its x-capacity: its publisher waits
 GONE = 3  # the queue was deleted meanwhile: dropped for it, as if deleted a moment later
 FULL = 4  # its log has no free cell: nothing was done, publish again later
+REMOVED = 5  # GONE, and remove() deleted the entry: it told the message store itself
 
 
 class QueueFull(Exception):
@@ -65,7 +66,12 @@ class QueueFull(Exception):
 
 class QueueGone(QueueFull):
     """The queue was deleted while the entry was appended; the entry and its
-    reference were taken back."""
+    reference were taken back, by the appender (`taken_back`) or by remove()
+    (which then also told the message store: shm/ARCHITECTURE.md 13)."""
+
+    def __init__(self, qid: int, taken_back: bool) -> None:
+        super().__init__(qid)
+        self.taken_back = taken_back
 
 
 class QueueStore(QueueDirectory):
@@ -225,8 +231,8 @@ class QueueStore(QueueDirectory):
         a.fetch_add(block + layout.B_REFS, 1)
         try:
             self.last_seq = self.append(qid, block, intent)
-        except QueueGone:
-            return GONE  # append took its reference back
+        except QueueGone as gone:  # its reference is taken back
+            return GONE if gone.taken_back else REMOVED
         except QueueFull:
             a.fetch_add(block + layout.B_REFS, -1)
             return FULL if self.is_active(qid) else GONE
@@ -304,8 +310,8 @@ class QueueStore(QueueDirectory):
         # tombstoned it (then it dropped the reference itself).
         t = -2 - t
         cell = offsets.log(qid) + (t & self.mask) * layout.CELL_SIZE
-        self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
-        raise QueueGone(qid)
+        taken = self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
+        raise QueueGone(qid, taken)
 
     def append_steps(self, qid: int, block: int, intent: int) -> int:
         """append() one shared-memory operation at a time, exactly as the C
@@ -333,8 +339,8 @@ class QueueStore(QueueDirectory):
         if not published:
             raise QueueFull(qid)
         if a.load(q + layout.Q_STATE) != state:
-            self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
-            raise QueueGone(qid)
+            taken = self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
+            raise QueueGone(qid, taken)
         a.fetch_add(q + layout.Q_CHANGES, 1)  # before READY, as in the C append
         a.fetch_add(q + layout.Q_READY, 1)
         body = body_length(self.seg, block)

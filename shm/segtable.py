@@ -32,6 +32,13 @@ class SegmentName(NamedTuple):
     counter: int
 
 
+def check_of(name: SegmentName) -> int:
+    """The 32 bits a message tag carries to say which segment it means: the
+    counter mixed with the epoch, so that a slot reused by a segment of
+    another start (whose counter may repeat) does not pass for the old one."""
+    return (name.counter ^ name.epoch * 0x9E3779B1) & 0xFFFFFFFF
+
+
 class SegmentTable:
     __slots__ = ("a", "first", "layout")
 
@@ -60,20 +67,24 @@ class SegmentTable:
         return None
 
     def name(self, slot: int, check: int) -> SegmentName | None:
-        """The segment in `slot`, if it is still the one whose counter's low
-        32 bits are `check` (a message tag's), else None."""
+        """The segment in `slot`, if it is still the one `check` (a message
+        tag's, check_of) names, else None."""
         a = self.a
         at = self._at(slot)
         word = a.load(at + layout.SG_NAME)
-        if word == 0 or word & 0xFFFFFFFF != check:
+        if word == 0:
             return None
         writer = (a.load(at + layout.SG_WRITER) & 0xFFFFFFFF) - 1
-        return SegmentName(word >> 32, writer, word & 0xFFFFFFFF)
+        name = SegmentName(word >> 32, writer, word & 0xFFFFFFFF)
+        return name if check_of(name) == check else None
 
     def add(self, slot: int, count: int) -> None:
         self.a.fetch_add(self._at(slot) + layout.SG_LIVE, count)
 
-    def seal(self, slot: int) -> None:
+    def seal(self, slot: int, check: int) -> None:
+        """Seal our segment in `slot` (nothing if the slot holds another now)."""
+        if self.name(slot, check) is None:
+            return
         at = self._at(slot)
         self.a.store(at + layout.SG_WRITER, self.a.load(at + layout.SG_WRITER) | layout.SEALED_BIT)
 

@@ -225,16 +225,24 @@ EPOCH, SEQ, SEGMENT, OFFSET, MESSAGE = range(5)
 
 class Recovered(NamedTuple):
     queues: dict[tuple[int, int], list[Live]]  # (uid, level) -> live messages in order
+    kept: dict[str, int]  # segment -> live entries of the `keep` uids (not loaded)
     skipped: list[tuple[str, records.Skipped]]  # torn tails cut off, per file
     removed: list[str]  # files removed: acks of deleted segments, segments with nothing live
 
 
-def recover(directory: str, uids: set[int], before_epoch: int | None = None) -> Recovered:
+def recover(
+    directory: str,
+    uids: set[int],
+    before_epoch: int | None = None,
+    keep: frozenset[int] | set[int] = frozenset(),
+) -> Recovered:
     """Read every segment and ack file of `directory`: the live messages of
     the queues whose uids are given, per queue and level in (epoch, seq)
-    order. Entries of other uids (deleted queues) are dead; a segment left
-    with nothing live is deleted, and so are ack files of no segment. With
-    `before_epoch`, files of that start and later ones are left alone."""
+    order. Entries of the `keep` uids (queues that exist but are not loaded
+    now) are only counted, per segment; entries of other uids (deleted
+    queues) are dead. A segment with nothing live or kept is deleted, and so
+    are ack files of no segment. With `before_epoch`, files of that start
+    and later ones are left alone."""
 
     def earlier(segment: str) -> bool:
         try:
@@ -256,6 +264,7 @@ def recover(directory: str, uids: set[int], before_epoch: int | None = None) -> 
             os.unlink(os.path.join(directory, name))
             removed.append(name)
     queues: dict[tuple[int, int], list[Live]] = {}
+    kept: dict[str, int] = {}
     for segment in segments:
         settled: set[tuple[int, int]] = set()
         for name in acks.get(segment, []):
@@ -275,7 +284,9 @@ def recover(directory: str, uids: set[int], before_epoch: int | None = None) -> 
                 _kind, _n, uid, level, epoch, seq = one(payload)
                 if seq == PENDING and (offset, uid) in amended:
                     uid, level, epoch, seq = amended[(offset, uid)]
-                if uid in uids and seq < PENDING and (offset, uid) not in settled:
+                if uid in keep and seq < PENDING and (offset, uid) not in settled:
+                    kept[segment] = kept.get(segment, 0) + 1
+                elif uid in uids and seq < PENDING and (offset, uid) not in settled:
                     message = memoryview(payload)[one_size:]
                     got = queues.get((uid, level))
                     if got is None:
@@ -288,18 +299,20 @@ def recover(directory: str, uids: set[int], before_epoch: int | None = None) -> 
                     if entry.seq == PENDING:
                         entry = amended.get((offset, entry.uid), entry)
                     uid, level, epoch, seq = entry
-                    if uid in uids and seq < PENDING and (offset, uid) not in settled:
+                    if uid in keep and seq < PENDING and (offset, uid) not in settled:
+                        kept[segment] = kept.get(segment, 0) + 1
+                    elif uid in uids and seq < PENDING and (offset, uid) not in settled:
                         queues.setdefault((uid, level), []).append(
                             (epoch, seq, segment, offset, message)
                         )
                         live += 1
             offset += records.RECORD_OVERHEAD + len(payload)
-        if not live:
+        if not live and segment not in kept:
             delete_segment(directory, segment, acks.get(segment, []))
             removed.append(segment + ".seg")
     for messages in queues.values():
         messages.sort(key=_queue_order)
-    return Recovered(queues, skipped, removed)
+    return Recovered(queues, kept, skipped, removed)
 
 
 _queue_order = operator.itemgetter(EPOCH, SEQ)

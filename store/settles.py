@@ -44,7 +44,7 @@ class SettleWriter:
         self.directory = directory
         self.writer = writer
         self.segments = segments
-        self._files: dict[tuple[int, int], AckWriter] = {}
+        self._files: dict[tuple[int, int], tuple[str, AckWriter]] = {}
         self._unsynced: set[tuple[int, int]] = set()
         self.pending: list[tuple[Tag, int]] = []
 
@@ -62,25 +62,34 @@ class SettleWriter:
         for (slot, check, offset), uid in pending:
             by_segment.setdefault((slot, check), []).append((offset, uid))
         for key, settled in by_segment.items():
+            name = self.name_of(*key)
+            if name is None:
+                # Cannot be while its entries were live (they keep the slot):
+                # counting down would hit whatever segment holds the slot now.
+                log.error("acks of %d entries name no live segment (slot %d)", len(settled), key[0])
+                continue
             # uid 0: its queue was deleted (definitions.log says so already).
             records = [s for s in settled if s[1]]
             try:
                 if records:
-                    self._file(key).settle(records)
+                    self._file(key, name).settle(records)
                     self._unsynced.add(key)
-            except (OSError, LookupError) as exc:
+            except OSError as exc:
                 # Not fatal: without the record the message comes back,
                 # flagged redelivered, after a crash.
-                log.error("cannot record %d acks in segment slot %d: %s", len(records), key[0], exc)
+                log.error("cannot record %d acks in segment %s: %s", len(records), name, exc)
             self.segments.add(key[0], -len(settled))
 
-    def _file(self, key: tuple[int, int]) -> AckWriter:
-        file = self._files.get(key)
-        if file is None:
-            name = self.name_of(*key)
-            if name is None:
-                raise LookupError("the segment is gone")
-            file = self._files[key] = AckWriter(self.directory, name, self.writer)
+    def _file(self, key: tuple[int, int], name: str) -> AckWriter:
+        """This process's ack file of segment `name` (a cached one of an
+        earlier segment in the same slot is closed first)."""
+        cached = self._files.get(key)
+        if cached is not None and cached[0] == name:
+            return cached[1]
+        if cached is not None:
+            cached[1].file.close()
+        file = AckWriter(self.directory, name, self.writer)
+        self._files[key] = (name, file)
         return file
 
     def name_of(self, slot: int, check: int) -> str | None:
@@ -94,19 +103,19 @@ class SettleWriter:
         transaction settled something)."""
         keys, self._unsynced = self._unsynced, set()
         for key in keys:
-            file = self._files.get(key)
-            if file is not None:
-                os.fdatasync(file.file.fd)
+            cached = self._files.get(key)
+            if cached is not None:
+                os.fdatasync(cached[1].file.fd)
 
     def sweep(self) -> None:
         """Close the ack files of segments that were deleted (an open
         descriptor would keep their disk space)."""
-        for key in [k for k in self._files if self.name_of(*k) is None]:
-            self._files.pop(key).file.close()
+        for key in [k for k, (name, _) in self._files.items() if self.name_of(*k) != name]:
+            self._files.pop(key)[1].file.close()
             self._unsynced.discard(key)
 
     def close(self) -> None:
         self.flush()
-        for file in self._files.values():
+        for _name, file in self._files.values():
             file.file.close()
         self._files.clear()

@@ -206,6 +206,10 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         # the unconfirmed publishes of a channel that closes.
         self.conn.held_bytes -= sum(len(payload) for _ftype, payload in self.flow_backlog)
         self.flow_backlog.clear()
+        # Confirms still waiting for a sync are never sent: the channel is gone.
+        self.unsynced.clear()
+        if self.ctx.persist is not None:
+            self.ctx.persist.waiting.discard(self)
         self.pending = None
         self.state = IDLE
 

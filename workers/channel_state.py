@@ -211,7 +211,11 @@ class ChannelState:
 
     def synced(self) -> bool:
         """Records became durable: send the confirms they allow; True while
-        some still wait (workers/persist.py Confirming)."""
+        some still wait (workers/persist.py Confirming). Nothing once the
+        server has closed the channel (it only waits for close-ok)."""
+        if self.closing:
+            self.unsynced.clear()
+            return False
         self.conn.flush_confirms(self)
         return bool(self.unsynced)
 

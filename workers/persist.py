@@ -22,11 +22,11 @@ import asyncio
 import logging
 import os
 from collections import deque
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from shoal.shm import layout, stats
 from shoal.shm.segment import Segment
-from shoal.shm.segtable import SegmentName, SegmentTable
+from shoal.shm.segtable import SegmentName, SegmentTable, check_of
 from shoal.store import messages, records
 from shoal.store.settles import SettleWriter
 from shoal.store.sync import GroupSync
@@ -83,9 +83,9 @@ class Persister:
         self.settles = SettleWriter(directory, worker, self.table)
         # Counters in segment names: unique per incarnation of this worker.
         self._counter = (incarnation & 0xFFF) << 20
-        for slot, _name, sealed in self.table.owned():
+        for slot, name, sealed in self.table.owned():
             if not sealed:  # a predecessor's open segment: it writes no more
-                self.table.seal(slot)
+                self.table.seal(slot, check_of(name))
         self.segment: _Segment | None = None  # where records are reserved
         self.reserved = 0  # end of the last reservation in it
         self._synced_segment: _Segment | None = None  # the file `sync` syncs
@@ -165,16 +165,19 @@ class Persister:
 
     def _open_segment(self) -> _Segment | None:
         self._counter += 1
-        counter = self._counter & 0xFFFFFFFF
-        slot = self.table.claim(SegmentName(self.epoch, self.worker, counter))
+        name = SegmentName(self.epoch, self.worker, self._counter & 0xFFFFFFFF)
+        slot = self.table.claim(name)
         if slot is None:
             log.error(
                 "io-worker %d: all %d segment slots in use", self.worker, layout.SEGMENT_SLOTS
             )
             return None
-        name = messages.segment_name(self.epoch, self.worker, counter)
-        writer = messages.SegmentWriter(self.directory, name)
-        self.segment = _Segment(writer, slot, counter)
+        try:
+            writer = messages.SegmentWriter(self.directory, messages.segment_name(*name))
+        except OSError as exc:
+            self.table.free(slot)
+            self._fatal(exc)
+        self.segment = _Segment(writer, slot, check_of(name))
         self.reserved = writer.size
         return self.segment
 
@@ -244,7 +247,7 @@ class Persister:
             self.sync.set_fd(segment.writer.file.fd)
         if old is not None:
             old.writer.file.close()
-            self.table.seal(old.slot)
+            self.table.seal(old.slot, old.check)
         self._synced_segment = segment
 
     def _synced(self, upto: int, error: BaseException | None) -> None:
@@ -269,7 +272,7 @@ class Persister:
                 if not fut.done():
                     fut.set_result(None)
 
-    def _fatal(self, error: BaseException) -> None:
+    def _fatal(self, error: BaseException) -> NoReturn:
         """A write or a sync of the store failed: nothing can be confirmed
         any more (a later fdatasync that succeeds proves nothing about the
         pages this one lost). The worker exits; its supervisor starts
@@ -306,8 +309,10 @@ class Persister:
             # Drained: seal the open segment too (the next publish opens a
             # new one), so that disk use returns to its baseline.
             self.segment = None
+            if self._synced_segment is open_:
+                self._synced_segment = None  # the next segment's first write seals nothing
             open_.writer.file.close()
-            table.seal(open_.slot)
+            table.seal(open_.slot, open_.check)
         for slot, name, sealed in table.owned():
             if sealed and table.live(slot) <= 0:
                 try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from shoal.shm.arena import message_size, write_tag
 from shoal.shm.layout import BLOCK_HEADER
-from shoal.shm.queues import APPENDED, OVER_CAPACITY
+from shoal.shm.queues import APPENDED, OVER_CAPACITY, REMOVED
 from shoal.store.messages import (
     PENDING,
     UNAPPENDED,
@@ -71,7 +71,8 @@ def appended(ctx: WorkerContext, pending: Pending, qid: int, outcome: int) -> No
         entries[qid] = (uid, level, ctx.store.last_seq)
     else:
         entries[qid] = (uid, level, UNAPPENDED)
-        _persist(ctx).uncount(pending.tag[0])
+        if outcome != REMOVED:  # remove() counted that one down itself
+            _persist(ctx).uncount(pending.tag[0])
 
 
 def wait_for_room(ctx: WorkerContext, pending: Pending) -> None:

@@ -21,10 +21,11 @@ import logging
 import time
 
 from shoal.broker import ipc
+from shoal.broker.scheduler.durable import logged_queue_uids
 from shoal.shm import layout
 from shoal.shm.arena import TAG_SIZE, body_length, release_hold, write_tag
-from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY
-from shoal.shm.segtable import SegmentName
+from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
+from shoal.shm.segtable import SegmentName, check_of
 from shoal.store.messages import Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
 
@@ -63,7 +64,10 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
     store, persist = ctx.store, ctx.persist
     assert persist is not None
     uids = {uid: qid for _vhost, _name, qid in store.scan() if (uid := store.uid(qid))}
-    found = recover(persist.directory, set(uids), before_epoch=persist.epoch)
+    # Durable queues this start could not declare (a lowered --max-queues)
+    # keep their messages on disk for a later start.
+    keep = logged_queue_uids(ctx.config.data_path()) - set(uids)
+    found = recover(persist.directory, set(uids), before_epoch=persist.epoch, keep=keep)
     for file, cut in found.skipped:
         log.warning(
             "message store: %s: %d bytes at offset %d skipped (%s)",
@@ -74,7 +78,7 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
         )
     # Every segment with live messages: a sealed slot of worker 0's table,
     # counting them, so that it is deleted once they are all settled.
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = dict(found.kept)
     for messages in found.queues.values():
         for _epoch, _seq, segment, _offset, _message in messages:
             counts[segment] = counts.get(segment, 0) + 1
@@ -84,7 +88,7 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
         slot = persist.table.claim(segment_name, live=live, sealed=True)
         if slot is None:
             raise RuntimeError(f"more than {layout.SEGMENT_SLOTS} segments to recover")
-        slots[segment] = (slot, segment_name.counter)
+        slots[segment] = (slot, check_of(segment_name))
     loaded = 0
     for (uid, level), messages in found.queues.items():
         qid = uids[uid]
@@ -117,7 +121,7 @@ def _append(
         elif outcome == FULL:
             _left_on_disk(ctx, qid, len(messages) - done, "its log (--queue-capacity)")
             return done
-        else:  # refused by its length limit, or deleted meanwhile: settled
+        elif outcome != REMOVED:  # refused by its length limit, or gone: settled
             persist.settle(tag, uid)
     return len(messages)
 

@@ -107,6 +107,25 @@ class Restored:
         return ops
 
 
+def logged_queue_uids(data_dir: str) -> set[int]:
+    """The uids of every durable queue definitions.log holds, declared at
+    this start or not (a lowered --max-queues), read without writing: the
+    message store's recovery keeps the messages of the latter on disk."""
+    try:
+        with open(os.path.join(data_dir, FILENAME), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return set()
+    payloads, _end, _reason = records.decode_all(data, records.HEADER_SIZE)
+    restored = Restored()
+    for payload in payloads:
+        try:
+            restored.apply(_decode(payload))
+        except (msgspec.DecodeError, ValueError):
+            break  # the scheduler's own reading stops the broker for that
+    return {queue.uid for queue in restored.queues.values()}
+
+
 class DefinitionsLog:
     """definitions.log, open for appending."""
 

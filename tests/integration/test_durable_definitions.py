@@ -245,6 +245,11 @@ def test_a_queue_a_lowered_limit_leaves_out_is_kept_for_a_later_start(broker: Br
     for name in names:
         ch.queue_declare(name, durable=True)
         ch.queue_bind(name, "amq.direct", name)
+    # Its persistent messages wait on disk too (the message store's recovery
+    # keeps the segments of a queue that is not declared at this start).
+    ch.confirm_delivery()
+    for name in ("k0", "k64"):
+        ch.basic_publish("", name, b"kept", pika.BasicProperties(delivery_mode=2))
     conn.close()
     assert broker.stop() == 0
     normal = broker.args
@@ -253,6 +258,14 @@ def test_a_queue_a_lowered_limit_leaves_out_is_kept_for_a_later_start(broker: Br
     wait_for(lambda: "durable queue 'k64' in vhost '/' not restored" in broker.log(), 10, "the log")
     conn = connect(broker)
     assert exists(conn, "queue", "k63") and not exists(conn, "queue", "k64")
+    ch = conn.channel()
+    method, _props, body = ch.basic_get("k0")  # its segment now counts k64's message only
+    assert body == b"kept"
+    ch.basic_ack(method.delivery_tag)
+    assert ch.basic_get("k0")[0] is None  # a round trip: the ack is counted down by now
+    # What `shoal status` shows live is k64's message, which keeps the
+    # segment from the owner's sweep.
+    assert broker.status()["store"]["live_entries"] == 1
     conn.close()
     assert broker.stop() == 0
     broker.args = normal
@@ -261,7 +274,8 @@ def test_a_queue_a_lowered_limit_leaves_out_is_kept_for_a_later_start(broker: Br
     ch = conn.channel()
     ch.confirm_delivery()
     ch.basic_publish("amq.direct", "k64", b"bound again")
-    assert ready(conn, "k64") == 1
+    assert ready(conn, "k64") == 2 and ready(conn, "k0") == 0
+    assert ch.basic_get("k64", auto_ack=True)[2] == b"kept"
     conn.close()
 
 
