@@ -44,6 +44,7 @@ class QueueCounters:
     max_length: int  # 0: no limit
     max_bytes: int  # 0: no limit
     overflow: int  # layout.OVERFLOW_* (0: no length limit)
+    paged_out: int = 0  # in paging files (workers/spill.py), counted in `ready` too
 
 
 def read(store: QueueStore, qid: int) -> QueueCounters:
@@ -54,8 +55,9 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
     def total(field: int) -> int:
         return sum(word(log, field) for log in logs)
 
+    paged_out = word(qid, layout.Q_SPILLED)
     return QueueCounters(
-        ready=total(layout.Q_READY),
+        ready=total(layout.Q_READY) + paged_out,
         unacked=total(layout.Q_UNACKED),
         published=total(layout.Q_PUBLISHED),
         bytes=total(layout.Q_BYTES),
@@ -72,4 +74,5 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
         max_length=word(qid, layout.Q_MAX_LENGTH),
         max_bytes=word(qid, layout.Q_MAX_BYTES),
         overflow=word(qid, layout.Q_OVERFLOW),
+        paged_out=paged_out,
     )

@@ -130,6 +130,11 @@ class QueueDirectory:
         """Ready entries in log `qid` alone."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY)
 
+    def spilled(self, qid: int) -> int:
+        """Messages of queue `qid` in the IO workers' paging files
+        (workers/spill.py): counted as ready, not yet in its log."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_SPILLED)
+
     def log_unacked(self, qid: int) -> int:
         """Acquired, unsettled entries in log `qid` alone."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_UNACKED)

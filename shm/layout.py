@@ -37,7 +37,7 @@ import msgspec
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 7
+VERSION = 8
 
 HEADER_SIZE = 4096
 # header words
@@ -148,6 +148,12 @@ Q_BLOCKED_PUBLISHERS = 480
 # A durable queue's uid (broker/scheduler/durable.py; 0: not durable, or
 # exclusive), written by the scheduler: the message store names it so.
 Q_UID = 488
+# Backlogs larger than the log (workers/spill.py): messages of this queue
+# held in the IO workers' paging files, all workers together (+1 when one
+# spills, -1 when it pages it back in or drops it), and the count of purges,
+# which tells a paging worker which of its spilled messages a purge took.
+Q_SPILLED = 496
+Q_PURGES = 504
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -198,7 +204,7 @@ SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
 SEALED_BIT = 1 << 32
 
 
-assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_BLOCKED_PUBLISHERS + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_PURGES + 8 <= QUEUE_SIZE
 assert Q_READY_BYTES // 64 == Q_BYTES // 64 != Q_OVERFLOW // 64  # cache lines, see above
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.

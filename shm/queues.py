@@ -152,6 +152,7 @@ class QueueStore(QueueDirectory):
             layout.Q_DELIVERED,
             layout.Q_ACKED,
             layout.Q_REDELIVERED,
+            layout.Q_SPILLED,
         ):
             a.store(q + field, 0)
         a.store(q + layout.Q_FLAGS, flags)
@@ -504,8 +505,13 @@ class QueueStore(QueueDirectory):
         return True
 
     def purge(self, qid: int) -> int:
-        """Delete every AVAILABLE entry; returns how many were deleted."""
+        """Delete every AVAILABLE entry; returns how many were deleted, the
+        messages in paging files included (their workers drop them:
+        workers/spill.py)."""
         a, q = self.a, self.layout.queue(qid)
+        # The count first: the bump tells the pagers to drop (and uncount) them.
+        spilled = a.load(q + layout.Q_SPILLED)
+        a.fetch_add(q + layout.Q_PURGES, 1)
         ring = self.layout.log(qid)
         purged = 0
         uid = a.load(q + layout.Q_UID) if self.settled is not None else 0
@@ -527,7 +533,7 @@ class QueueStore(QueueDirectory):
                 a.fetch_add(q + layout.Q_READY_BYTES, -size)
                 purged += 1
         self._advance_head(qid)
-        return purged
+        return purged + spilled
 
     def release_owner(self, owner: int) -> dict[int, int]:
         """Supervisor, after IO worker `owner - 1` died: put back every entry

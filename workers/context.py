@@ -19,6 +19,7 @@ from shoal.shm.wake import Waker
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.persist import Persister
 from shoal.workers.routes import Routes
+from shoal.workers.spill import Spiller
 
 if TYPE_CHECKING:
     from shoal.workers.consumer import Consumer
@@ -81,6 +82,7 @@ class WorkerContext:
         self.stats = Counters(seg, index)
         self.link: ipc.Link[ipc.ToWorker] | None = None
         self.persist: Persister | None = None  # the message store, once open (open_store)
+        self.spill: Spiller | None = None  # paging files, with the store (open_store)
         self.connections: set[WorkerConnection] = set()
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)
@@ -89,12 +91,17 @@ class WorkerContext:
         self._pending: dict[int, tuple[asyncio.Future[Any], ipc.Request]] = {}
         self.closing = False
 
-    def open_store(self, directory: str) -> None:
-        """Start writing the message store (workers/persist.py) in `directory`."""
+    def open_store(self, directory: str, paging: str) -> None:
+        """Start writing the message store (workers/persist.py) in `directory`
+        and paging files (workers/spill.py) in `paging`."""
         self.persist = Persister(
             self.seg, self.index, self.incarnation, directory, self.loop, self.stats.v
         )
         self.store.settled = self.persist.settle
+        self.spill = Spiller(
+            self.seg, self.store, self.arena, paging, self.index, self.slot, self.loop
+        )
+        self.spill.settle = self.persist.settle
 
     # ------------------------------------------------------------ identifiers
     def next_cid(self) -> int:

@@ -32,6 +32,11 @@ from shoal.workers.levels import Levels
 
 log = logging.getLogger("shoal.worker")
 
+# basic.get on a queue whose messages are in another worker's paging file
+# waits for its pager (every 2 ms) this many times this long at most.
+GET_TRIES = 250
+GET_RETRY_DELAY = 0.004
+
 
 class Delivery(ChannelState):
     """The delivery side of a channel: the only owner of credit and unacked counts."""
@@ -279,7 +284,26 @@ class Delivery(ChannelState):
                 ),
             )
 
-    def _basic_get(self, method: C.Basic.Get) -> None:
+    def _get_later(self, method: C.Basic.Get, tries: int) -> None:
+        """Try basic.get again in a moment; the channel's later frames wait."""
+        self.busy = True
+        self.conn.hold_reading(self, reason=None)
+
+        def again() -> None:
+            if self.conn.closed:
+                return
+            self.busy = False
+            try:
+                self._basic_get(method, tries)
+            except errors.AMQPError as exc:  # the queue was deleted meanwhile
+                self.fail(exc)
+            if not self.busy:
+                self.conn.release_reading(self)
+                self.resume()
+
+        self.ctx.loop.call_later(GET_RETRY_DELAY, again)
+
+    def _basic_get(self, method: C.Basic.Get, tries: int = GET_TRIES) -> None:
         # A one-message temporary subscription: acquire from the head.
         _name, qid = self._resolve_queue(method.queue, (60, 70))
         ctx = self.ctx
@@ -289,6 +313,14 @@ class Delivery(ChannelState):
             if got.__class__ is not int:
                 break
         else:
+            if tries and ctx.store.spilled(qid):
+                # Its messages are in paging files (workers/spill.py): this
+                # worker's are paged in now, another's by its pager soon.
+                if ctx.spill is not None and ctx.spill.page_in_now(qid):
+                    self._basic_get(method, tries - 1)
+                else:
+                    self._get_later(method, tries - 1)
+                return
             ctx.stats.v[stats.GET_EMPTY] += 1
             self.conn.write(framing.encode_method(self.number, C.Basic.GetEmpty()))
             return
@@ -305,7 +337,7 @@ class Delivery(ChannelState):
         else:
             self.unacked[tag] = (None, log_qid, seq, len(body))
             self.unacked_bytes += len(body)
-        ready = ctx.store.ready(qid)
+        ready = ctx.store.ready(qid) + ctx.store.spilled(qid)
         frames = [
             framing.encode_method(
                 self.number,

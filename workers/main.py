@@ -27,6 +27,7 @@ from shoal.workers.connection import Connection
 from shoal.workers.consumer import pull
 from shoal.workers.context import WorkerContext
 from shoal.workers.memory_guard import ALARM
+from shoal.workers.spill import paging_directory
 
 HEARTBEAT_INTERVAL = 1.0
 
@@ -69,7 +70,8 @@ class Worker:
         a, slot = ctx.atomic, ctx.slot
         a.store(slot + layout.P_PID, os.getpid())
         a.store(slot + layout.P_INCARNATION, self.incarnation)
-        ctx.open_store(store_directory(self.config.data_path()))
+        data_dir = self.config.data_path()
+        ctx.open_store(store_directory(data_dir), paging_directory(data_dir))
         if self.index == 0:
             loop.create_task(restore.load(ctx))
         self._tick()
@@ -83,6 +85,8 @@ class Worker:
             self._flush_stats(again=False)
             if ctx.persist is not None:
                 ctx.persist.close()
+            if ctx.spill is not None:
+                ctx.spill.close()
         return 0
 
     def _flush_stats(self, again: bool = True) -> None:

@@ -38,6 +38,7 @@ from shoal.workers.channel_state import (
     ChannelState,
     Pending,
 )
+from shoal.workers.spill import PAGE_IN_INTERVAL, block_payload
 
 log = logging.getLogger("shoal.worker")
 
@@ -55,6 +56,14 @@ class Publishing(ChannelState):
         self.busy = True
         self.conn.hold_reading(self)
         self.ctx.loop.call_later(RETRY_DELAY, self._retry)
+
+    def _rest(self) -> None:
+        """Pacing: this worker spilled its share for now (workers/spill.py):
+        read no more until its next page-in interval (the client is not
+        told: it is not blocked, only slowed down)."""
+        self.busy = True
+        self.conn.hold_reading(self, reason=None)
+        self.ctx.loop.call_later(PAGE_IN_INTERVAL, self._retry)
 
     def _retry(self) -> None:
         if self.conn.closed:
@@ -257,6 +266,9 @@ class Publishing(ChannelState):
                 if pending.record >= 0:  # its confirm waits for its record's sync
                     self.unsynced.append((self.publish_seq, pending.record, False))
                     self.ctx.persist.wait(self)  # type: ignore[union-attr]
+        spill = self.ctx.spill
+        if spill is not None and spill.files and spill.exhausted:
+            self._rest()
 
     def _consumes(self, qid: int) -> bool:
         """Whether one of this channel's consumers on `qid` can take a
@@ -359,12 +371,20 @@ class Publishing(ChannelState):
         if pending.durable and pending.entries is None and not records.reserve(ctx, pending):
             return False  # no segment slot free: retried like a full queue
         entries = pending.entries
-        publish = ctx.store.publish
+        publish, spill, arena = ctx.store.publish, ctx.spill, ctx.arena
         while pending.qids:
             qid = pending.qids[0]
+            if spill is not None and (
+                qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))
+            ):
+                self._spill(pending, qid)  # a backlog past its log or the arena
+                continue
             outcome = publish(qid, block, pending.body_size, ctx.slot)
             if outcome:
                 if outcome == FULL:
+                    if spill is not None and spill.eligible(qid):
+                        self._spill(pending, qid)
+                        continue
                     if entries:
                         records.wait_for_room(ctx, pending)
                     return False
@@ -382,6 +402,17 @@ class Publishing(ChannelState):
             records.finish(ctx, pending)
         release_hold(ctx.seg, block)
         return True
+
+    def _spill(self, pending: Pending, qid: int) -> None:
+        """The message goes to this worker's paging file for `qid`
+        (workers/spill.py), and its record names the queue's tail."""
+        ctx = self.ctx
+        spill = ctx.spill
+        assert spill is not None
+        spill.put(qid, block_payload(ctx.seg, pending.block))
+        if pending.entries and qid in pending.entries:
+            records.spilled(pending, qid, spill.tail(qid))
+        pending.qids.pop(0)
 
     def _drop_pending(self, pending: Pending) -> None:
         """A routed message abandoned before all its appends (its channel

@@ -75,6 +75,17 @@ def appended(ctx: WorkerContext, pending: Pending, qid: int, outcome: int) -> No
             _persist(ctx).uncount(pending.tag[0])
 
 
+def spilled(pending: Pending, qid: int, tail: int) -> None:
+    """The message went to a paging file for durable queue `qid`
+    (workers/spill.py): the entry names the queue's tail at that moment,
+    which puts it after every message the worker appended before it and
+    before every one it appends after, in recovery's order."""
+    entries = pending.entries
+    assert entries is not None
+    uid, level, _ = entries[qid]
+    entries[qid] = (uid, level, tail)
+
+
 def wait_for_room(ctx: WorkerContext, pending: Pending) -> None:
     """A queue is full: complete the record now (once), the entries not yet
     appended PENDING, and remember them for the AMEND record."""

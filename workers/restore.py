@@ -10,8 +10,11 @@ say "maybe"). Each loaded body is tagged with its old record, so its acks
 go to that segment's ack files, and the segment (claimed in worker 0's
 segment table, sealed) is deleted once all of them are gone.
 
-What does not fit (an arena or a queue log too small for the backlog) stays
-on disk, still counted in its segment, and is loaded at a later start.
+What does not fit (an arena or a queue log too small for the backlog) goes
+to worker 0's paging files (workers/spill.py), paged in as the queue
+drains; for a queue that may not spill (priorities, a length limit or an
+x-capacity) it stays on disk, still counted in its segment, and is loaded
+at a later start.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
 from shoal.shm.segtable import SegmentName, check_of
 from shoal.store.messages import Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
+from shoal.workers.spill import REDELIVERED, tagged_payload
 
 log = logging.getLogger("shoal.worker")
 
@@ -101,24 +105,40 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
 def _append(
     ctx: WorkerContext, qid: int, uid: int, messages: list[Live], slots: dict[str, tuple[int, int]]
 ) -> int:
-    seg, store, persist = ctx.seg, ctx.store, ctx.persist
-    assert persist is not None
+    seg, store, persist, spill = ctx.seg, ctx.store, ctx.persist, ctx.spill
+    assert persist is not None and spill is not None
+    # What the log or the arena cannot hold goes to a paging file
+    # (workers/spill.py), unless the queue's rules forbid it.
+    may_spill = spill.eligible(qid)
+    spilling = False
     for done, (_epoch, _seq, segment, offset, message) in enumerate(messages):
+        slot, check = slots[segment]
+        tag = (slot, check, offset)
+        if may_spill and (spilling or spill.pressed(qid)):
+            spilling = True
+            spill.put(qid, tagged_payload(message, tag), REDELIVERED)
+            continue
         size = len(message)
         block = ctx.arena.alloc(size + TAG_SIZE)
         if block is None:
+            if may_spill:
+                spilling = True
+                spill.put(qid, tagged_payload(message, tag), REDELIVERED)
+                continue
             _left_on_disk(ctx, qid, len(messages) - done, "the arena (--arena-mb)")
             return done
         start = block + layout.BLOCK_HEADER
         seg.buf[start : start + size] = message
-        slot, check = slots[segment]
-        tag = (slot, check, offset)
         write_tag(seg, block, *tag)
         outcome = store.publish(qid, block, body_length(seg, block), ctx.slot)
         release_hold(seg, block)
         if outcome in (APPENDED, OVER_CAPACITY):
             store.mark_redelivered(qid, store.last_seq)
         elif outcome == FULL:
+            if may_spill:
+                spilling = True
+                spill.put(qid, tagged_payload(message, tag), REDELIVERED)
+                continue
             _left_on_disk(ctx, qid, len(messages) - done, "its log (--queue-capacity)")
             return done
         elif outcome != REMOVED:  # refused by its length limit, or gone: settled

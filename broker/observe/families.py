@@ -154,6 +154,11 @@ def queues(
                 lambda q: q.ready,
             ),
             (
+                "queue_messages_paged_out",
+                "Messages paged out to disk (counted in queue_messages_ready)",
+                lambda q: q.paged_out,
+            ),
+            (
                 "queue_messages_unacked",
                 "Messages delivered to consumers but not yet acknowledged",
                 lambda q: q.unacked,

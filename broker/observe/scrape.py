@@ -19,6 +19,7 @@ class QueueRow:
         "consumers",
         "flow_blocked",
         "name",
+        "paged_out",
         "published",
         "ready",
         "ready_bytes",
@@ -32,6 +33,7 @@ class QueueRow:
         self.name = name
         self.ready = self.unacked = self.consumers = self.published = self.bytes = 0
         self.ready_bytes = self.capacity = self.resume = self.flow_blocked = self.blocked = 0
+        self.paged_out = 0
 
     @property
     def unacked_bytes(self) -> int:
@@ -59,6 +61,7 @@ class Snapshot:
             row.published = c.published
             row.bytes = c.bytes
             row.ready_bytes = c.ready_bytes
+            row.paged_out = c.paged_out
             row.consumers = c.consumers
             row.capacity = c.capacity
             row.resume = c.resume

@@ -42,6 +42,7 @@ class SchedulerView(Protocol):
     def queues(self) -> Mapping[int, QueueState]: ...
 
     def ready(self, q: QueueState) -> int: ...
+    def messages(self, q: QueueState) -> int: ...
 
     def unacked(self, q: QueueState) -> int: ...
 
@@ -147,7 +148,7 @@ class Introspection:
             "name": q.name.decode(errors="replace"),
             "max_priority": q.max_priority,
             "single_active_consumer": q.qcm.single_active,
-            "messages_ready": scheduler.ready(q),
+            "messages_ready": scheduler.messages(q),
             "messages_unacked": scheduler.unacked(q),
             "consumers": consumers,
         }

@@ -212,7 +212,7 @@ class QueueLifecycle(Journal):
             self.stats.v[stats.QUEUES_CREATED] += 1
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
-        return [q.qid, q.name, self.ready(q), len(q.qcm)]
+        return [q.qid, q.name, self.messages(q), len(q.qcm)]
 
     def _with_capacity_defaults(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """The broker-wide capacity (--default-capacity) for a queue declared
@@ -286,7 +286,7 @@ class QueueLifecycle(Journal):
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
             )
-        ready = self.ready(q)
+        ready = self.messages(q)
         # RabbitMQ counts ready messages only: a message delivered and not
         # yet acknowledged does not make the queue "not empty".
         if if_empty and ready:

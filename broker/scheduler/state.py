@@ -127,6 +127,11 @@ class SchedulerState:
         log_ready = self.store.log_ready
         return sum(log_ready(qid) for qid in q.levels.values())
 
+    def messages(self, q: QueueState) -> int:
+        """Ready messages, those in paging files (workers/spill.py) included:
+        the count a client is told."""
+        return self.ready(q) + self.store.spilled(q.qid)
+
     def unacked(self, q: QueueState) -> int:
         log_unacked = self.store.log_unacked
         return sum(log_unacked(qid) for qid in q.levels.values())

@@ -1,0 +1,345 @@
+"""Queues longer than their log: paging files (docs/durability.md, "Backlogs
+larger than memory").
+
+A queue's log in shared memory is a window of --queue-capacity cells over
+the queue, and its bodies live in the publishing worker's arena. When a
+publish finds the log full, or the worker's arena more than half used by a
+queue with a backlog, the message goes to this worker's paging file for that
+queue instead (`put`), and so does every later message this worker publishes
+to the queue until the file is empty again: one worker's messages keep their
+order (messages of different workers, hence of different channels, have
+none between them). The pager (`_tick`, every PAGE_IN_INTERVAL while a file
+has messages) appends them back to the log, oldest first, while the log is
+less than FILL_FRACTION full and the arena less than 3/8 used (or the log
+nearly empty: its consumers never starve on another queue's backlog).
+
+A paging file holds the block's payload as shared memory held it, the
+message store's tag included: a persistent message is in the message store
+too, its record's entry for the queue saying where in the queue it goes
+(workers/records.py `spilled`), so recovery does not need the paging files,
+which are removed when empty and at every start. What a paging file gives
+back is an ordinary publish; the count of a queue's paged-out messages is
+its Q_SPILLED word (counted as ready in what clients see).
+
+    record: u32 payload bytes | u32 the queue's Q_PURGES when spilled | u8 flags | payload
+
+A purge bumps Q_PURGES: records spilled before it are dropped as they are
+read (their persistent ones settled). A deleted queue (its Q_STATE changed)
+has its whole file dropped. Queues with a length limit, an x-capacity or
+priorities never spill: their rules need every message in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+from collections.abc import Callable
+
+from shoal.shm import layout
+from shoal.shm.arena import Arena, body_length, release_hold
+from shoal.shm.queues import FULL, GONE, REMOVED, QueueStore
+from shoal.shm.segment import Segment
+
+log = logging.getLogger("shoal.worker")
+
+_RECORD = struct.Struct("<IIB")
+REDELIVERED = 1  # the record's flags: page it in flagged redelivered (recovery)
+PAGE_IN_INTERVAL = 0.002
+READ_CHUNK = 1 << 20
+FLUSH_BYTES = 1 << 20
+FILL_FRACTION = 0.75  # the pager fills a log up to this part of its cells
+PRESSED_READY = 1024  # arena pressure spills only queues with this many ready
+KEEP_READY = 256  # the pager feeds a log with fewer ready whatever the arena
+# Spilling to queues with consumers is paced: per PAGE_IN_INTERVAL a worker
+# spills this many messages (and bytes) to them before its publishing channels
+# rest until the next interval, so that publishers who outrun their consumers
+# cannot take the whole machine from the deliveries (what the log being full
+# did before paging files). A queue with no consumer fills at full speed.
+SPILL_BURST = 64
+SPILL_BURST_BYTES = 256 << 10
+_TAGGED = layout.MSG_TAGGED
+_TAG = layout.MSG_TAG
+_PREFIX = layout.MSG_PREFIX
+_H = layout.BLOCK_HEADER
+
+Settle = Callable[[tuple[int, int, int], int], None]
+
+
+def paging_directory(data_dir: str) -> str:
+    """The paging files' directory in a data directory (made if missing)."""
+    path = os.path.join(data_dir, "paging")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def block_payload(seg: Segment, block: int) -> bytes:
+    """The message bytes of a block, its tag included (what a record holds)."""
+    p = block + _H
+    ex_len, rk_len, flags, props_len, body_len = _PREFIX.unpack_from(seg.buf, p)
+    size = _PREFIX.size + ex_len + rk_len + props_len + body_len
+    if flags & _TAGGED:
+        size += _TAG.size
+    return seg.buf[p : p + size]
+
+
+def tagged_payload(message: bytes | memoryview, tag: tuple[int, int, int]) -> bytes:
+    """A message read from the message store, tagged with its record."""
+    payload = bytearray(message)
+    payload[2:4] = _TAGGED.to_bytes(2, "little")
+    return bytes(payload + _TAG.pack(*tag))
+
+
+def _tag_of(payload: memoryview) -> tuple[int, int, int] | None:
+    if not int.from_bytes(payload[2:4], "little") & _TAGGED:
+        return None
+    slot, check, offset = _TAG.unpack_from(payload, len(payload) - _TAG.size)
+    return slot, check, offset
+
+
+class _File:
+    """One queue's paging file of this worker: bytes [read_at, flushed) are
+    in the file, the rest in `buffer`."""
+
+    __slots__ = ("buffer", "count", "fd", "flushed", "path", "read_at", "state", "uid")
+
+    def __init__(self, path: str, state: int, uid: int) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.state = state  # the queue's Q_STATE: another one means it was deleted
+        self.uid = uid
+        self.buffer = bytearray()
+        self.flushed = 0
+        self.read_at = 0
+        self.count = 0  # records not yet paged in or dropped
+
+    def flush(self) -> None:
+        if self.buffer:
+            os.pwrite(self.fd, self.buffer, self.flushed)
+            self.flushed += len(self.buffer)
+            self.buffer.clear()
+
+    def close(self) -> None:
+        os.close(self.fd)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class Spiller:
+    """This worker's paging files, one per queue it spilled to."""
+
+    def __init__(
+        self,
+        seg: Segment,
+        store: QueueStore,
+        arena: Arena,
+        directory: str,
+        worker: int,
+        intent: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.seg = seg
+        self.a = seg.atomic
+        self.store = store
+        self.arena = arena
+        self.directory = directory
+        self.worker = worker
+        self.intent = intent  # this worker's process-table slot (QueueStore.publish)
+        self.loop = loop
+        self.settle: Settle | None = None  # the message store's (workers/persist.py)
+        self.files: dict[int, _File] = {}
+        cap = seg.layout.limits.queue_capacity
+        self.fill = int(cap * FILL_FRACTION)
+        arena_bytes = seg.layout.limits.arena_bytes
+        self.arena_high = arena_bytes // 2  # publishes spill above it ...
+        self.arena_fill = arena_bytes * 3 // 8  # ... and the pager fills up to it
+        self._timer: asyncio.TimerHandle | None = None
+        self._files = 0
+        self.tokens = SPILL_BURST  # spills left in this interval (pacing, above)
+        self.token_bytes = SPILL_BURST_BYTES
+        prefix = f"{worker}-"
+        for name in os.listdir(directory):  # a predecessor's: not kept
+            if name.startswith(prefix):
+                os.unlink(os.path.join(directory, name))
+
+    # ------------------------------------------------------------ spilling
+    def eligible(self, qid: int) -> bool:
+        """Whether the queue may spill: no length limit, capacity or priorities."""
+        a, q = self.a, self.seg.layout.queue(qid)
+        return not (
+            a.load(q + layout.Q_OVERFLOW)
+            or a.load(q + layout.Q_CAPACITY)
+            or a.load(q + layout.Q_PARENT)
+            or a.load(q + layout.Q_MAX_PRIORITY)
+        )
+
+    def pressed(self, qid: int) -> bool:
+        """The arena is more than half used (the caller checked): whether
+        `qid` has the backlog that should go to disk."""
+        if self.a.load(self.arena.base + layout.A_USED) <= self.arena_high:
+            return False
+        return self.store.log_ready(qid) >= PRESSED_READY and self.eligible(qid)
+
+    def put(self, qid: int, payload: bytes | memoryview, flags: int = 0) -> None:
+        """Spill a message (its block's payload) for queue `qid`."""
+        a, q = self.a, self.seg.layout.queue(qid)
+        file = self.files.get(qid)
+        if file is None:
+            self._files += 1
+            path = os.path.join(self.directory, f"{self.worker}-{qid}-{self._files}")
+            file = self.files[qid] = _File(
+                path, a.load(q + layout.Q_STATE), a.load(q + layout.Q_UID)
+            )
+        purges = a.load(q + layout.Q_PURGES) & 0xFFFFFFFF
+        buffer = file.buffer
+        buffer += _RECORD.pack(len(payload), purges, flags)
+        buffer += payload
+        file.count += 1
+        a.fetch_add(q + layout.Q_SPILLED, 1)
+        if a.load(q + layout.Q_CONSUMERS):  # pacing: consumers compete for the CPU
+            self.tokens -= 1
+            self.token_bytes -= len(payload)
+        if len(buffer) >= FLUSH_BYTES:
+            file.flush()
+        if self._timer is None:
+            self._timer = self.loop.call_later(PAGE_IN_INTERVAL, self._tick)
+
+    def tail(self, qid: int) -> int:
+        """Where a message spilled now goes in the queue's order: the log's
+        tail (the seq a persistent message's record names, for recovery)."""
+        return self.a.load(self.seg.layout.queue(qid) + layout.Q_TAIL)
+
+    # ------------------------------------------------------------ paging in
+    @property
+    def exhausted(self) -> bool:
+        """Whether this interval's spills are used up: publishers rest."""
+        return self.tokens <= 0 or self.token_bytes <= 0
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.tokens, self.token_bytes = SPILL_BURST, SPILL_BURST_BYTES
+        for qid, file in list(self.files.items()):
+            try:
+                self.page_in(qid, file)
+            except OSError:
+                log.exception("io-worker %d: paging file %s unreadable", self.worker, file.path)
+        if self.files:
+            self._timer = self.loop.call_later(PAGE_IN_INTERVAL, self._tick)
+
+    def page_in_now(self, qid: int) -> bool:
+        """basic.get on an empty log: page in this worker's messages of `qid`
+        now. True if it had some."""
+        file = self.files.get(qid)
+        if file is None:
+            return False
+        self.page_in(qid, file)
+        return True
+
+    def page_in(self, qid: int, file: _File) -> None:
+        a, q = self.a, self.seg.layout.queue(qid)
+        if a.load(q + layout.Q_STATE) != file.state:
+            self._drop(qid, file, counted=False)  # the queue was deleted
+            return
+        room = self.fill - (a.load(q + layout.Q_TAIL) - a.load(q + layout.Q_HEAD))
+        if room <= 0:
+            return
+        if (
+            a.load(self.arena.base + layout.A_USED) > self.arena_fill
+            and a.load(q + layout.Q_READY) >= KEEP_READY
+        ):
+            return
+        file.flush()
+        seg, buf, store, arena = self.seg, self.seg.buf, self.store, self.arena
+        unpack, head = _RECORD.unpack_from, _RECORD.size
+        spilled = q + layout.Q_SPILLED
+        while room > 0 and file.count:
+            chunk = memoryview(os.pread(file.fd, READ_CHUNK, file.read_at))
+            pos, end = 0, len(chunk)
+            purges = a.load(q + layout.Q_PURGES) & 0xFFFFFFFF
+            while room > 0 and pos + head <= end:
+                size, spilled_at, flags = unpack(chunk, pos)
+                if pos + head + size > end:
+                    if pos == 0 and end < head + size:  # a record larger than a chunk
+                        chunk = memoryview(os.pread(file.fd, head + size, file.read_at))
+                        if len(chunk) < head + size:
+                            raise OSError(f"paging file {file.path} cut short")
+                        end = len(chunk)
+                        continue
+                    break
+                payload = chunk[pos + head : pos + head + size]
+                if spilled_at == purges:
+                    block = arena.alloc(size)
+                    if block is None:
+                        return  # the arena is full: later
+                    buf[block + _H : block + _H + size] = payload
+                    outcome = store.publish(qid, block, body_length(seg, block), self.intent)
+                    release_hold(seg, block)
+                    if outcome == FULL:
+                        return
+                    if outcome in (GONE, REMOVED):
+                        if outcome == GONE:
+                            self._settle(payload, file.uid)
+                        self._drop(qid, file, counted=False, skip=pos + head + size)
+                        return
+                    if flags & REDELIVERED:
+                        store.mark_redelivered(qid, store.last_seq)
+                    room -= 1
+                else:  # purged since
+                    self._settle(payload, file.uid)
+                pos += head + size
+                file.read_at += head + size
+                file.count -= 1
+                a.fetch_add(spilled, -1)
+            if not end:
+                break
+        if not file.count:
+            self._close(qid, file)
+
+    def _settle(self, payload: memoryview, uid: int) -> None:
+        tag = _tag_of(payload)
+        if tag is not None and self.settle is not None:
+            self.settle(tag, uid)
+
+    def _drop(self, qid: int, file: _File, counted: bool, skip: int = 0) -> None:
+        """Drop every record left (the queue was deleted): their persistent
+        messages' entries are counted out of their segments."""
+        file.flush()
+        file.read_at += skip
+        at, head = file.read_at, _RECORD.size
+        while True:
+            chunk = memoryview(os.pread(file.fd, READ_CHUNK, at))
+            pos = 0
+            while pos + head <= len(chunk):
+                size = _RECORD.unpack_from(chunk, pos)[0]
+                if pos + head + size > len(chunk):
+                    if pos == 0 and len(chunk) < head + size:
+                        chunk = memoryview(os.pread(file.fd, head + size, at))
+                        if len(chunk) < head + size:
+                            break
+                        continue
+                    break
+                self._settle(chunk[pos + head : pos + head + size], file.uid)
+                pos += head + size
+            at += pos
+            if not pos:
+                break
+        if counted:
+            self.a.fetch_add(self.seg.layout.queue(qid) + layout.Q_SPILLED, -file.count)
+        file.count = 0
+        self._close(qid, file)
+
+    def _close(self, qid: int, file: _File) -> None:
+        del self.files[qid]
+        file.close()
+
+    def close(self) -> None:
+        """The worker stops: its paging files go (transient messages are not
+        kept across a restart; persistent ones are in the message store)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        for file in self.files.values():
+            file.close()
+        self.files.clear()
