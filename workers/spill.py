@@ -52,6 +52,7 @@ FLUSH_BYTES = 1 << 20
 FILL_FRACTION = 0.75  # the pager fills a log up to this part of its cells
 PRESSED_READY = 1024  # arena pressure spills only queues with this many ready
 KEEP_READY = 256  # the pager feeds a log with fewer ready whatever the arena
+PAGE_IN_BATCH = 4096  # messages per queue per tick at most (the loop stays responsive)
 # Spilling to queues with consumers is paced: per PAGE_IN_INTERVAL a worker
 # spills this many messages (and bytes) to them before its publishing channels
 # rest until the next interval, so that publishers who outrun their consumers
@@ -246,11 +247,14 @@ class Spiller:
         room = self.fill - (a.load(q + layout.Q_TAIL) - a.load(q + layout.Q_HEAD))
         if room <= 0:
             return
-        if (
-            a.load(self.arena.base + layout.A_USED) > self.arena_fill
-            and a.load(q + layout.Q_READY) >= KEEP_READY
-        ):
-            return
+        # Bytes this call may add to the arena: up to the fill mark, or a
+        # little past it for a log running dry.
+        budget = self.arena_fill - a.load(self.arena.base + layout.A_USED)
+        if budget <= 0:
+            if a.load(q + layout.Q_READY) >= KEEP_READY:
+                return
+            budget = self.arena_high - self.arena_fill
+        room = min(room, PAGE_IN_BATCH)
         file.flush()
         seg, buf, store, arena = self.seg, self.seg.buf, self.store, self.arena
         unpack, head = _RECORD.unpack_from, _RECORD.size
@@ -271,6 +275,9 @@ class Spiller:
                     break
                 payload = chunk[pos + head : pos + head + size]
                 if spilled_at == purges:
+                    if budget <= 0:
+                        return
+                    budget -= size
                     block = arena.alloc(size)
                     if block is None:
                         return  # the arena is full: later
