@@ -6,8 +6,9 @@ it (prefetch 500, multi-ack 100). Shoal runs with `--arena-mb` per IO
 worker (2 x 128 MiB: 256 MiB of arenas by default); RabbitMQ 3.10 with its
 defaults, in the same run. Reports publish and drain rates, the broker's
 peak memory (Shoal: the proportional set size of all its processes, shared
-memory counted once; RabbitMQ: the resident size of its beam.smp) and the
-peak disk use of its data directory.
+memory counted once, and apart the pages its shared-memory segment holds;
+RabbitMQ: the resident size of its beam.smp) and the peak disk use of its
+data directory.
 
     python bench/backlog.py --count 10000000
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import sys
 import threading
@@ -38,9 +40,9 @@ QUEUE = "backlog"
 class Peak:
     """Samples a broker's memory and disk use every second."""
 
-    def __init__(self, memory: Any, disk: Any) -> None:
-        self.memory, self.disk = memory, disk
-        self.max_memory = self.max_disk = 0
+    def __init__(self, memory: Any, disk: Any, shared: Any) -> None:
+        self.memory, self.disk, self.shared = memory, disk, shared
+        self.max_memory = self.max_disk = self.max_shared = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -57,6 +59,7 @@ class Peak:
             with contextlib.suppress(psutil.Error, OSError):
                 self.max_memory = max(self.max_memory, self.memory())
                 self.max_disk = max(self.max_disk, self.disk())
+                self.max_shared = max(self.max_shared, self.shared())
 
 
 def shoal_memory(shoal: Shoal) -> int:
@@ -67,6 +70,15 @@ def shoal_memory(shoal: Shoal) -> int:
         with contextlib.suppress(psutil.NoSuchProcess):
             total += p.memory_full_info().pss
     return total
+
+
+def shoal_shared(shoal: Shoal) -> int:
+    """Bytes of shared memory the broker's segment holds (pages allocated)."""
+    return os.stat(os.path.join(shoal.runtime, "shoal.shm")).st_blocks * 512
+
+
+def fmt_mib(value: int) -> str:
+    return f"{value / 2**20:,.0f}" if value else "-"
 
 
 def rabbit_memory(rabbit: Rabbit) -> int:
@@ -104,7 +116,9 @@ def run_phase(uri: str, args: tuple[str, ...], want: Any, have: Any, slice_s: fl
     return time.monotonic() - started
 
 
-def measure(name: str, target: Any, memory: Any, disk: Any, opts: argparse.Namespace) -> str:
+def measure(
+    name: str, target: Any, memory: Any, disk: Any, shared: Any, opts: argparse.Namespace
+) -> str:
     have = lambda: ready_count(target.uri, QUEUE)  # noqa: E731
     declare(target.uri)
     base_disk = disk()
@@ -114,14 +128,15 @@ def measure(name: str, target: Any, memory: Any, disk: Any, opts: argparse.Names
         "--producers", "0", "--consumers", "1", "--prefetch", "500", "--multi-ack", "100",
         *common,
     )  # fmt: skip
-    with Peak(memory, lambda: disk() - base_disk) as peak:
+    with Peak(memory, lambda: disk() - base_disk, shared) as peak:
         fill_s = run_phase(target.uri, fill_args, lambda n: n >= opts.count, have, opts.slice)
         backlog = have()
         drain_s = run_phase(target.uri, drain_args, lambda n: n < 1000, have, opts.slice)
         drain_s += get_rest(target.uri)  # perf acks every 100th: the tail by basic.get
     line = (
         f"| {name} | {backlog:,} | {backlog / fill_s:,.0f} | {backlog / drain_s:,.0f} "
-        f"| {peak.max_memory / 2**20:,.0f} | {peak.max_disk / 2**30:,.1f} |"
+        f"| {peak.max_memory / 2**20:,.0f} | {fmt_mib(peak.max_shared)} "
+        f"| {peak.max_disk / 2**30:,.1f} |"
     )
     print(line, file=sys.stderr, flush=True)
     return line
@@ -148,9 +163,16 @@ def main(argv: list[str] | None = None) -> int:
             *machine_info(),
             "",
             "| broker | backlog (messages) | publish msg/s (confirms) | drain msg/s "
-            "| peak memory (MiB) | peak disk (GiB) |",
-            "|---|---:|---:|---:|---:|---:|",
-            measure("Shoal", shoal, lambda: shoal_memory(shoal), lambda: du(shoal.data), opts),
+            "| peak memory (MiB) | of it shared memory (MiB) | peak disk (GiB) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            measure(
+                "Shoal",
+                shoal,
+                lambda: shoal_memory(shoal),
+                lambda: du(shoal.data),
+                lambda: shoal_shared(shoal),
+                opts,
+            ),
         ]
         shoal.stop()
         if rabbit is not None:
@@ -161,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                     rabbit,
                     lambda: rabbit_memory(rabbit),
                     lambda: rabbit.data_bytes(),
+                    lambda: 0,
                     opts,
                 )
             )

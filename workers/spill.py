@@ -232,12 +232,14 @@ class Spiller:
 
     def page_in_now(self, qid: int) -> bool:
         """basic.get on an empty log: page in this worker's messages of `qid`
-        now. True if it had some."""
+        now. True if that appended some."""
         file = self.files.get(qid)
         if file is None:
             return False
+        tail = self.seg.layout.queue(qid) + layout.Q_TAIL
+        before = self.a.load(tail)
         self.page_in(qid, file)
-        return True
+        return self.a.load(tail) != before
 
     def page_in(self, qid: int, file: _File) -> None:
         a, q = self.a, self.seg.layout.queue(qid)
@@ -258,13 +260,13 @@ class Spiller:
         file.flush()
         seg, buf, store, arena = self.seg, self.seg.buf, self.store, self.arena
         unpack, head = _RECORD.unpack_from, _RECORD.size
-        spilled = q + layout.Q_SPILLED
+        spilled, purged = q + layout.Q_SPILLED, q + layout.Q_PURGES
         while room > 0 and file.count:
             chunk = memoryview(os.pread(file.fd, READ_CHUNK, file.read_at))
             pos, end = 0, len(chunk)
-            purges = a.load(q + layout.Q_PURGES) & 0xFFFFFFFF
             while room > 0 and pos + head <= end:
                 size, spilled_at, flags = unpack(chunk, pos)
+                purges = a.load(purged) & 0xFFFFFFFF  # per record: a purge may come now
                 if pos + head + size > end:
                     if pos == 0 and end < head + size:  # a record larger than a chunk
                         chunk = memoryview(os.pread(file.fd, head + size, file.read_at))
