@@ -337,7 +337,8 @@ class Delivery(ChannelState):
         else:
             self.unacked[tag] = (None, log_qid, seq, len(body))
             self.unacked_bytes += len(body)
-        ready = ctx.store.ready(qid) + ctx.store.spilled(qid)
+        spilled = ctx.store.spilled(qid)  # first: a page-in meanwhile counts twice, not never
+        ready = ctx.store.ready(qid) + spilled
         frames = [
             framing.encode_method(
                 self.number,

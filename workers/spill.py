@@ -53,6 +53,7 @@ FILL_FRACTION = 0.75  # the pager fills a log up to this part of its cells
 PRESSED_READY = 1024  # arena pressure spills only queues with this many ready
 KEEP_READY = 256  # the pager feeds a log with fewer ready whatever the arena
 PAGE_IN_BATCH = 4096  # messages per queue per tick at most (the loop stays responsive)
+READ_BUDGET = 16 << 20  # bytes of a paging file read per tick at most (purged ones too)
 # Spilling to queues with consumers is paced: per PAGE_IN_INTERVAL a worker
 # spills this many messages (and bytes) to them before its publishing channels
 # rest until the next interval, so that publishers who outrun their consumers
@@ -103,7 +104,17 @@ class _File:
     """One queue's paging file of this worker: bytes [read_at, flushed) are
     in the file, the rest in `buffer`."""
 
-    __slots__ = ("buffer", "count", "fd", "flushed", "path", "read_at", "state", "uid")
+    __slots__ = (
+        "buffer",
+        "count",
+        "fd",
+        "flushed",
+        "path",
+        "read_at",
+        "state",
+        "tagged",
+        "uid",
+    )
 
     def __init__(self, path: str, state: int, uid: int) -> None:
         self.path = path
@@ -114,6 +125,7 @@ class _File:
         self.flushed = 0
         self.read_at = 0
         self.count = 0  # records not yet paged in or dropped
+        self.tagged = 0  # persistent records written (a dropped file must settle them)
 
     def flush(self) -> None:
         if self.buffer:
@@ -199,6 +211,8 @@ class Spiller:
         buffer += _RECORD.pack(len(payload), purges, flags)
         buffer += payload
         file.count += 1
+        if payload[2] & _TAGGED:  # the flags' low byte (shm/layout.py MSG_PREFIX)
+            file.tagged += 1
         a.fetch_add(q + layout.Q_SPILLED, 1)
         if a.load(q + layout.Q_CONSUMERS):  # pacing: consumers compete for the CPU
             self.tokens -= 1
@@ -244,7 +258,7 @@ class Spiller:
     def page_in(self, qid: int, file: _File) -> None:
         a, q = self.a, self.seg.layout.queue(qid)
         if a.load(q + layout.Q_STATE) != file.state:
-            self._drop(qid, file, counted=False)  # the queue was deleted
+            self._drop(qid, file)  # the queue was deleted
             return
         room = self.fill - (a.load(q + layout.Q_TAIL) - a.load(q + layout.Q_HEAD))
         if room <= 0:
@@ -261,10 +275,11 @@ class Spiller:
         seg, buf, store, arena = self.seg, self.seg.buf, self.store, self.arena
         unpack, head = _RECORD.unpack_from, _RECORD.size
         spilled, purged = q + layout.Q_SPILLED, q + layout.Q_PURGES
-        while room > 0 and file.count:
+        start = file.read_at  # purged records are read too: READ_BUDGET per tick
+        while room > 0 and file.count and file.read_at - start < READ_BUDGET:
             chunk = memoryview(os.pread(file.fd, READ_CHUNK, file.read_at))
             pos, end = 0, len(chunk)
-            while room > 0 and pos + head <= end:
+            while room > 0 and pos + head <= end and file.read_at - start < READ_BUDGET:
                 size, spilled_at, flags = unpack(chunk, pos)
                 purges = a.load(purged) & 0xFFFFFFFF  # per record: a purge may come now
                 if pos + head + size > end:
@@ -291,7 +306,7 @@ class Spiller:
                     if outcome in (GONE, REMOVED):
                         if outcome == GONE:
                             self._settle(payload, file.uid)
-                        self._drop(qid, file, counted=False, skip=pos + head + size)
+                        self._drop(qid, file, skip=pos + head + size)
                         return
                     if flags & REDELIVERED:
                         store.mark_redelivered(qid, store.last_seq)
@@ -312,32 +327,34 @@ class Spiller:
         if tag is not None and self.settle is not None:
             self.settle(tag, uid)
 
-    def _drop(self, qid: int, file: _File, counted: bool, skip: int = 0) -> None:
-        """Drop every record left (the queue was deleted): their persistent
-        messages' entries are counted out of their segments."""
+    def _drop(self, qid: int, file: _File, skip: int = 0) -> None:
+        """The queue was deleted: drop the file's records (`skip`: bytes
+        already dealt with). Persistent ones have their entries counted out
+        of their segments, READ_BUDGET bytes per tick; the file goes once
+        they are all read (at once if it holds none)."""
         file.flush()
         file.read_at += skip
-        at, head = file.read_at, _RECORD.size
-        while True:
-            chunk = memoryview(os.pread(file.fd, READ_CHUNK, at))
+        head, start = _RECORD.size, file.read_at
+        while file.tagged and file.read_at - start < READ_BUDGET:
+            chunk = memoryview(os.pread(file.fd, READ_CHUNK, file.read_at))
             pos = 0
             while pos + head <= len(chunk):
                 size = _RECORD.unpack_from(chunk, pos)[0]
                 if pos + head + size > len(chunk):
                     if pos == 0 and len(chunk) < head + size:
-                        chunk = memoryview(os.pread(file.fd, head + size, at))
+                        chunk = memoryview(os.pread(file.fd, head + size, file.read_at))
                         if len(chunk) < head + size:
                             break
                         continue
                     break
                 self._settle(chunk[pos + head : pos + head + size], file.uid)
                 pos += head + size
-            at += pos
             if not pos:
                 break
-        if counted:
-            self.a.fetch_add(self.seg.layout.queue(qid) + layout.Q_SPILLED, -file.count)
-        file.count = 0
+            file.read_at += pos
+        else:
+            if file.tagged:
+                return  # more next tick
         self._close(qid, file)
 
     def _close(self, qid: int, file: _File) -> None:

@@ -130,7 +130,8 @@ class SchedulerState:
     def messages(self, q: QueueState) -> int:
         """Ready messages, those in paging files (workers/spill.py) included:
         the count a client is told."""
-        return self.ready(q) + self.store.spilled(q.qid)
+        spilled = self.store.spilled(q.qid)  # first: a page-in meanwhile counts twice, not never
+        return self.ready(q) + spilled
 
     def unacked(self, q: QueueState) -> int:
         log_unacked = self.store.log_unacked

@@ -213,8 +213,10 @@ def test_basic_get_reaches_another_workers_paging_file(broker_factory) -> None: 
         method, _props, got = gch.basic_get("g", auto_ack=True)
         assert method is not None, f"get-empty at {i} of {count}"
         assert int.from_bytes(got[:8], "big") == i
-        # One more while a page-in is between its append and its count-down.
-        assert method.message_count - (count - i - 1) in (0, 1), (i, method.message_count)
+        # Never fewer than are left: a page-in between the two words the
+        # count reads (paged out first, then the log) may count some twice.
+        assert method.message_count >= count - i - 1, (i, method.message_count)
+    assert method.message_count == 0
     assert gch.basic_get("g")[0] is None
     publisher.close()
     getter.close()
