@@ -37,7 +37,7 @@ import msgspec
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 8
+VERSION = 9
 
 HEADER_SIZE = 4096
 # header words
@@ -97,7 +97,7 @@ ROLE_NAMES = {
 }
 
 # queue table
-QUEUE_SIZE = 512
+QUEUE_SIZE = 1024
 Q_STATE = 0  # (generation << 8) | QS_*
 Q_TAIL = 8  # next sequence number to reserve
 Q_HEAD = 16  # lowest sequence number that may still be live
@@ -154,6 +154,22 @@ Q_UID = 488
 # which tells a paging worker which of its spilled messages a purge took.
 Q_SPILLED = 496
 Q_PURGES = 504
+# Stream queues (x-queue-type stream, QF_STREAM; shm/streams.py, workers/streams.py):
+# the log above only stages their messages until the stream's writer (one IO
+# worker) has appended them to the stream's segment files. Settings first,
+# written by the scheduler at create:
+Q_STREAM_ID = 512  # names the stream's directory in the data directory
+Q_STREAM_MAX_BYTES = 520  # x-max-length-bytes (0: none)
+Q_STREAM_MAX_AGE = 528  # x-max-age in ms (0: none)
+Q_STREAM_SEGMENT_BYTES = 536  # x-stream-max-segment-size-bytes
+# ...then the writer's words (one writer: the owning worker), a line apart:
+Q_STREAM_OPEN = 576  # the writer's stamp once it has opened the files (0: not yet)
+Q_STREAM_FIRST = 584  # the first offset retention kept
+Q_STREAM_NEXT = 592  # offsets below it are durable: readers read up to it
+Q_STREAM_SYNCED = 600  # log seqs below it are durable (publisher confirms)
+Q_STREAM_LAST_CHUNK = 608  # first offset of the last durable chunk ("last")
+Q_STREAM_BYTES = 616  # bytes of the segment files kept
+Q_STREAM_SEGMENTS = 624  # segment files kept
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -161,6 +177,7 @@ QS_ACTIVE = 1
 QF_DURABLE = 1
 QF_EXCLUSIVE = 2
 QF_AUTO_DELETE = 4
+QF_STREAM = 8
 
 # queue log cells: word = seq << 20 | owner << 8 | flags << 4 | state
 CELL_SIZE = 16
@@ -204,7 +221,7 @@ SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
 SEALED_BIT = 1 << 32
 
 
-assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_PURGES + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_STREAM_SEGMENTS + 8 <= QUEUE_SIZE
 assert Q_READY_BYTES // 64 == Q_BYTES // 64 != Q_OVERFLOW // 64  # cache lines, see above
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.

@@ -208,6 +208,7 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         self.flow_backlog.clear()
         # Confirms still waiting for a sync are never sent: the channel is gone.
         self.unsynced.clear()
+        self.stream_waits.clear()
         if self.ctx.persist is not None:
             self.ctx.persist.waiting.discard(self)
         self.pending = None

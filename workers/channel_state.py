@@ -80,6 +80,7 @@ class Pending:
         "record",
         "rejected",
         "routing_key",
+        "streams",
         "tag",
     )
 
@@ -107,6 +108,9 @@ class Pending:
         # Durable queues still to append to when its record was written (a
         # queue was full): their seqs go in an AMEND record (workers/records.py).
         self.late: list[int] | None = None
+        # Stream queues it was appended to: (qid, seq); its confirm waits
+        # until each stream's writer has synced that seq (workers/streams.py).
+        self.streams: list[tuple[int, int]] | None = None
 
 
 class Transaction:
@@ -147,6 +151,7 @@ class ChannelState:
         "publish_seq",
         "state",
         "stats",
+        "stream_waits",
         "tx",
         "unacked",
         "unacked_bytes",
@@ -192,12 +197,16 @@ class ChannelState:
         # Persistent publishes whose records are not yet durable, in order:
         # (publish seq, record index, nack owed); see confirmable().
         self.unsynced: deque[tuple[int, int, bool]] = deque()
+        # Publishes to stream queues not yet durable in the streams' files,
+        # in order: (publish seq, [(qid, log seq)]); see confirmable().
+        self.stream_waits: deque[tuple[int, list[tuple[int, int]]]] = deque()
 
     def confirmable(self) -> int:
         """The publish seq up to which confirms may go now: confirm_high,
         unless a persistent publish at or below it waits for its record's
         sync (workers/persist.py). A nack owed behind such publishes is
         sent once they are durable (acks are cumulative)."""
+        high = self.confirm_high
         unsynced = self.unsynced
         if unsynced:
             synced = self.ctx.persist.synced  # type: ignore[union-attr]  # set when used
@@ -206,8 +215,15 @@ class ChannelState:
                 if nack:
                     self._send_nack(seq)
             if unsynced:
-                return min(self.confirm_high, unsynced[0][0] - 1)
-        return self.confirm_high
+                high = min(high, unsynced[0][0] - 1)
+        waits = self.stream_waits
+        if waits:
+            synced_seq = self.ctx.streams.words.synced_seq  # type: ignore[union-attr]
+            while waits and all(synced_seq(qid) > seq for qid, seq in waits[0][1]):
+                waits.popleft()
+            if waits:
+                high = min(high, waits[0][0] - 1)
+        return high
 
     def synced(self) -> bool:
         """Records became durable: send the confirms they allow; True while
@@ -215,9 +231,10 @@ class ChannelState:
         server has closed the channel (it only waits for close-ok)."""
         if self.closing:
             self.unsynced.clear()
+            self.stream_waits.clear()
             return False
         self.conn.flush_confirms(self)
-        return bool(self.unsynced)
+        return bool(self.unsynced or self.stream_waits)
 
     def _send_nack(self, seq: int) -> None:
         """basic.nack publish `seq`, after acking those before it."""

@@ -17,7 +17,10 @@ from typing import Any, Protocol
 
 from shoal.broker import ipc
 from shoal.shm.queues import Message, QueueStore
+from shoal.store.streams import StreamMessage
 from shoal.workers.levels import Levels
+from shoal.workers.streams import BURST as STREAM_BURST
+from shoal.workers.streams import StreamReading, Streams, start_reading
 
 # Deliveries per notification before yielding to other consumers of the queue
 # (Qpid's MAX_ASYNC_DELIVERIES): keeps one fast consumer from starving the rest.
@@ -36,6 +39,8 @@ class PullContext(Protocol):
     def store(self) -> QueueStore: ...
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def streams(self) -> Streams | None: ...
     def send(self, message: ipc.ToScheduler) -> None: ...
 
 
@@ -69,6 +74,9 @@ class DeliveryChannel(Protocol):
     ) -> None: ...
     def deliver_copy(
         self, consumer: Consumer, message: Message, redelivered: bool, out: list[bytes]
+    ) -> None: ...
+    def deliver_stream(
+        self, consumer: Consumer, message: StreamMessage, out: list[bytes]
     ) -> None: ...
     def cancel_from_server(self, consumer: Consumer) -> None: ...
     def consumer_gone(self, consumer: Consumer) -> None: ...
@@ -109,6 +117,7 @@ class Consumer:
         "release_gen",
         "selector",
         "since",
+        "stream",
         "tag",
         "tag_sstr",
         "unacked",
@@ -131,6 +140,7 @@ class Consumer:
         levels: Levels | None = None,
         wanted: Callable[[bytes], bool] | None = None,
         selector: str | None = None,
+        stream: StreamReading | None = None,
     ) -> None:
         self.cid = cid
         self.tag = tag
@@ -152,6 +162,9 @@ class Consumer:
         # consumer takes only entries it accepts and leaves the rest.
         self.wanted = wanted
         self.selector = selector
+        # A stream queue's consumer: a browser reading the stream's files
+        # from its own cursor (workers/streams.py).
+        self.stream = stream
         self.pointer = 0
         self.release_gen = 0
         self.unacked = 0
@@ -195,6 +208,7 @@ class Consumer:
             "no_ack": self.no_ack,
             "selector": self.selector,
             "pointer": pointer,
+            "offset": None if self.stream is None else self.stream.offset,
             "credit": credit,
             "unacked": self.unacked,
             "unacked_bytes": self.unacked_bytes,
@@ -227,6 +241,9 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     """Serve a NOTIFY: deliver until the queue, the credit or the burst ends."""
     if consumer.cancelled or not consumer.interested:
         return  # a NOTIFY that crossed our INTEREST(false) or CANCEL
+    if consumer.stream is not None:
+        stream_pull(ctx, consumer)
+        return
     if not consumer.acquiring:
         browse(ctx, consumer)
         return
@@ -366,3 +383,45 @@ def browse(ctx: PullContext, consumer: Consumer) -> None:
     finally:
         if out:
             channel.conn.write_many(out)
+
+
+def stream_pull(ctx: PullContext, consumer: Consumer) -> None:
+    """Serve a stream consumer: deliver durable messages from its cursor
+    (workers/streams.py) within its credit, a burst at a time; DONE with
+    the stream's NEXT offset as read before reading, which the scheduler
+    compares as a browser's changes value."""
+    reading, streams = consumer.stream, ctx.streams
+    assert reading is not None and streams is not None
+    consumer.notified = True
+    qid = consumer.qid
+    out: list[bytes] = []
+    delivered = 0
+    try:
+        changes = streams.words.next_offset(qid)
+        if reading.cursor is None and not start_reading(streams, qid, reading):
+            consumer.notified = False
+            ctx.send(ipc.Done(consumer.cid, changes))
+            return
+        cursor = reading.cursor
+        assert cursor is not None
+        deliver = consumer.channel.deliver_stream
+        while True:
+            if not consumer.wants_work():
+                consumer.notified = False
+                update_interest(ctx, consumer)
+                return
+            if delivered >= STREAM_BURST:
+                ctx.loop.call_soon(pull, ctx, consumer)
+                return
+            if not reading.buffer:
+                reading.buffer = cursor.read_chunk(changes)
+                if not reading.buffer:
+                    consumer.notified = False
+                    ctx.send(ipc.Done(consumer.cid, changes))
+                    return
+                reading.buffer.reverse()  # popped from the end
+            deliver(consumer, reading.buffer.pop(), out)
+            delivered += 1
+    finally:
+        if out:
+            consumer.channel.conn.write_many(out)

@@ -20,6 +20,7 @@ from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.persist import Persister
 from shoal.workers.routes import Routes
 from shoal.workers.spill import Spiller
+from shoal.workers.streams import Streams
 
 if TYPE_CHECKING:
     from shoal.workers.consumer import Consumer
@@ -83,6 +84,7 @@ class WorkerContext:
         self.link: ipc.Link[ipc.ToWorker] | None = None
         self.persist: Persister | None = None  # the message store, once open (open_store)
         self.spill: Spiller | None = None  # paging files, with the store (open_store)
+        self.streams: Streams | None = None  # stream queues' files, with the store (open_store)
         self.connections: set[WorkerConnection] = set()
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)
@@ -91,9 +93,10 @@ class WorkerContext:
         self._pending: dict[int, tuple[asyncio.Future[Any], ipc.Request]] = {}
         self.closing = False
 
-    def open_store(self, directory: str, paging: str) -> None:
-        """Start writing the message store (workers/persist.py) in `directory`
-        and paging files (workers/spill.py) in `paging`."""
+    def open_store(self, directory: str, paging: str, streams: str) -> None:
+        """Start writing the message store (workers/persist.py) in `directory`,
+        paging files (workers/spill.py) in `paging`, and the stream queues
+        this worker writes (workers/streams.py) under `streams`."""
         self.persist = Persister(
             self.seg, self.index, self.incarnation, directory, self.loop, self.stats.v
         )
@@ -102,6 +105,17 @@ class WorkerContext:
             self.seg, self.store, self.arena, paging, self.index, self.slot, self.loop
         )
         self.spill.settle = self.persist.settle
+        self.streams = Streams(
+            self.seg,
+            self.store,
+            self.waker,
+            streams,
+            self.index,
+            self.incarnation,
+            self.config.worker_count(),
+            self.loop,
+        )
+        self.streams.start()
 
     # ------------------------------------------------------------ identifiers
     def next_cid(self) -> int:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
+from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
 from shoal.shm import stats
 from shoal.shm.arena import (
@@ -23,12 +25,14 @@ from shoal.shm.stats import (
     DELIVERED_CONSUME_MANUAL_ACK,
     REDELIVERED,
 )
+from shoal.store.streams import StreamMessage
 from shoal.workers import framing
 from shoal.workers.channel_state import (
     ChannelState,
 )
 from shoal.workers.consumer import Consumer, update_interest
 from shoal.workers.levels import Levels
+from shoal.workers.streams import StreamReading
 
 log = logging.getLogger("shoal.worker")
 
@@ -90,6 +94,12 @@ class Delivery(ChannelState):
         """A browser's delivery: a copy, nothing acquired; acking its tag
         settles nothing (seq -1)."""
         self._send(consumer, consumer.qid, -1, message, redelivered, out)
+
+    def deliver_stream(self, consumer: Consumer, message: StreamMessage, out: list[bytes]) -> None:
+        """A stream consumer's delivery: a copy from the stream's files;
+        acking its tag only returns credit (seq -1)."""
+        _offset, exchange, routing_key, header, body = message
+        self._send(consumer, consumer.qid, -1, (exchange, routing_key, header, body), False, out)  # type: ignore[arg-type]
 
     def _send(
         self,
@@ -181,6 +191,8 @@ class Delivery(ChannelState):
             consumer.cancelled = True
             self.ctx.send(ipc.Cancel(consumer.cid))
         self.ctx.consumers.pop(consumer.cid, None)
+        if consumer.stream is not None:
+            consumer.stream.close()
 
     def _basic_qos(self, method: C.Basic.Qos) -> None:
         # Applied to live consumers too (as LavinMQ does): Celery relies on it.
@@ -212,6 +224,7 @@ class Delivery(ChannelState):
         )
         selector = _selector_argument(args)
         ctx = self.ctx
+        stream = self._stream_reading(name, qid, method, args)
         consumer = Consumer(
             ctx.next_cid(),
             tag,
@@ -221,8 +234,9 @@ class Delivery(ChannelState):
             method.no_ack,
             method.exclusive,
             priority,
-            acquiring=not browse,
+            acquiring=not browse and stream is None,
             auto_close=auto_close,
+            stream=stream,
             wanted=None if selector is None else selector.matches,
             selector=None if selector is None else selector.text,
             levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,
@@ -258,6 +272,29 @@ class Delivery(ChannelState):
             )
         update_interest(ctx, consumer)
 
+    def _stream_reading(
+        self, name: bytes, qid: int, method: C.Basic.Consume, args: dict[str, Any]
+    ) -> StreamReading | None:
+        """A consumer of a stream queue: where it starts. RabbitMQ's rules:
+        acknowledging consumers with a prefetch count only."""
+        streams = self.ctx.streams
+        if streams is None or not streams.words.is_stream(qid):
+            return None
+        if method.no_ack:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
+                "consumer must use manual acknowledgements (no_ack=false) on stream queue "
+                f"'{name.decode(errors='replace')}' in vhost '{self.conn.vhost}'",
+                60,
+                20,
+            )
+        if not self.prefetch_count and not self.global_prefetch:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, "consumer prefetch count is not set", 60, 20
+            )
+        now_ms = int(time.time() * 1000)
+        return StreamReading(amqp_streams.start_spec(args, now_ms))
+
     def _basic_cancel(self, method: C.Basic.Cancel) -> None:
         tag = method.consumer_tag or ""
         consumer = self.consumers.pop(tag.encode(), None)
@@ -276,6 +313,8 @@ class Delivery(ChannelState):
         self.consumers.pop(consumer.tag, None)
         consumer.cancelled = True
         self.ctx.consumers.pop(consumer.cid, None)
+        if consumer.stream is not None:
+            consumer.stream.close()
         if self.conn.capabilities.get("consumer_cancel_notify"):
             self.conn.write_cancel(
                 self,
@@ -305,8 +344,16 @@ class Delivery(ChannelState):
 
     def _basic_get(self, method: C.Basic.Get, tries: int = GET_TRIES) -> None:
         # A one-message temporary subscription: acquire from the head.
-        _name, qid = self._resolve_queue(method.queue, (60, 70))
+        name, qid = self._resolve_queue(method.queue, (60, 70))
         ctx = self.ctx
+        if ctx.streams is not None and ctx.streams.words.is_stream(qid):
+            raise errors.ChannelError(
+                errors.NOT_IMPLEMENTED,
+                f"basic.get not supported by stream queue '{name.decode(errors='replace')}' "
+                f"in vhost '{self.conn.vhost}'",
+                60,
+                70,
+            )
         logs = ctx.store.logs(qid)  # highest priority first
         for log_qid in logs:
             got = ctx.store.acquire(log_qid, 0)

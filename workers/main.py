@@ -22,6 +22,7 @@ from shoal.broker.config import Config
 from shoal.shm import layout, memory, stats
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
+from shoal.store.streams import streams_directory
 from shoal.workers import restore
 from shoal.workers.connection import Connection
 from shoal.workers.consumer import pull
@@ -71,7 +72,9 @@ class Worker:
         a.store(slot + layout.P_PID, os.getpid())
         a.store(slot + layout.P_INCARNATION, self.incarnation)
         data_dir = self.config.data_path()
-        ctx.open_store(store_directory(data_dir), paging_directory(data_dir))
+        ctx.open_store(
+            store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
+        )
         if self.index == 0:
             loop.create_task(restore.load(ctx))
         self._tick()
@@ -87,6 +90,8 @@ class Worker:
                 ctx.persist.close()
             if ctx.spill is not None:
                 ctx.spill.close()
+            if ctx.streams is not None:
+                ctx.streams.close()
         return 0
 
     def _flush_stats(self, again: bool = True) -> None:

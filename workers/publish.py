@@ -19,7 +19,7 @@ from shoal.shm.arena import (
     release_hold,
     write_message,
 )
-from shoal.shm.queues import FULL, OVER_CAPACITY, REJECTED
+from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED
 from shoal.shm.stats import (
     RECEIVED_CONFIRM,
     ROUTED,
@@ -266,6 +266,9 @@ class Publishing(ChannelState):
                 if pending.record >= 0:  # its confirm waits for its record's sync
                     self.unsynced.append((self.publish_seq, pending.record, False))
                     self.ctx.persist.wait(self)  # type: ignore[union-attr]
+                if pending.streams:  # ... or for its streams' writers
+                    self.stream_waits.append((self.publish_seq, pending.streams))
+                    self.ctx.streams.wait(self)  # type: ignore[union-attr]
         spill = self.ctx.spill
         if spill is not None and spill.files and spill.exhausted:
             self._rest()
@@ -372,6 +375,10 @@ class Publishing(ChannelState):
             return False  # no segment slot free: retried like a full queue
         entries = pending.entries
         publish, spill, arena = ctx.store.publish, ctx.spill, ctx.arena
+        streams = ctx.streams
+        if streams is not None:
+            streams.refresh()  # one load unless a queue was created or deleted
+            stream_qids = streams.qids
         while pending.qids:
             qid = pending.qids[0]
             if spill is not None and (
@@ -395,6 +402,10 @@ class Publishing(ChannelState):
                     self.conn.flow_block(*ctx.store.flow_queue(qid))
             if entries and qid in entries:
                 records.appended(ctx, pending, qid, outcome)
+            if streams is not None and qid in stream_qids and outcome == APPENDED:
+                if pending.streams is None:
+                    pending.streams = []
+                pending.streams.append((qid, ctx.store.last_seq))
             pending.qids.pop(0)
             if self.confirm and self.consumers and not self.confirm_held:
                 self.confirm_held = self._consumes(qid)

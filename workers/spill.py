@@ -180,10 +180,12 @@ class Spiller:
 
     # ------------------------------------------------------------ spilling
     def eligible(self, qid: int) -> bool:
-        """Whether the queue may spill: no length limit, capacity or priorities."""
+        """Whether the queue may spill: no length limit, capacity or
+        priorities, not a stream (its log only stages for its writer)."""
         a, q = self.a, self.seg.layout.queue(qid)
         return not (
-            a.load(q + layout.Q_OVERFLOW)
+            a.load(q + layout.Q_FLAGS) & layout.QF_STREAM
+            or a.load(q + layout.Q_OVERFLOW)
             or a.load(q + layout.Q_CAPACITY)
             or a.load(q + layout.Q_PARENT)
             or a.load(q + layout.Q_MAX_PRIORITY)

@@ -38,6 +38,7 @@ from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
 from shoal.shm.stats import Counters
+from shoal.shm.streams import StreamWords
 from shoal.shm.wake import Waker
 from shoal.store.messages import store_directory
 from shoal.store.settles import SettleWriter
@@ -58,6 +59,7 @@ class Scheduler(Notification):
         self.a = seg.atomic
         self.store = QueueStore(seg, 0, layout.scheduler_slot(seg.layout))
         self.waker = Waker(seg, efd)
+        self.stream_words = StreamWords(seg)
         self.efd = efd
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)

@@ -194,6 +194,11 @@ class Notification(QueueLifecycle):
         the queue since its last change (a consumer that ran dry at the
         current CHANGES, e.g. one whose selector wants none of what is
         there, is skipped); for each browser, CHANGES moved from its value."""
+        if q.stream:
+            # Its writer wakes us whenever its durable end moves (Waker.kick);
+            # publishers to it must not (they would, per append, if watched).
+            self._wake_browsers(q)
+            return
         acquirer = q.qcm.notified is None and q.qcm.has_interested()
         logs = q.levels.values()
         if not acquirer and not q.browsing:

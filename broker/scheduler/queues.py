@@ -10,15 +10,18 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import shutil
 from typing import Any
 
 from shoal.broker import ipc
-from shoal.broker.amqp import definitions, errors
+from shoal.broker.amqp import definitions, errors, streams
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.state import QueueState
 from shoal.shm import flow, layout, stats
+from shoal.shm.streams import StreamSettings
+from shoal.store.streams import stream_directory, streams_directory
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -43,6 +46,7 @@ class QueueLifecycle(Journal):
                 self.store.owner_connection(qid),
             )
             q.max_priority = self.store.max_priority(qid)
+            q.stream = bool(flags & layout.QF_STREAM)
             arguments = self.definitions.queue_arguments.get((q.vhost, name.decode()), {})
             q.qcm.single_active = arguments.get("x-single-active-consumer") is True
             self.queues[qid] = q
@@ -66,7 +70,8 @@ class QueueLifecycle(Journal):
             if q.durable and not q.exclusive:
                 record = restored.queues.get((q.vhost, q.name.decode()))
                 q.uid = record.uid if record is not None else new_uid()
-                self.store.set_uid(q.qid, q.uid)
+                if not q.stream:  # a stream's uid names its files (shm/streams.py)
+                    self.store.set_uid(q.qid, q.uid)
 
     def _restore_queues(self, restored: Restored) -> None:
         """A new broker: declare the durable queues the data directory
@@ -83,7 +88,8 @@ class QueueLifecycle(Journal):
                     q = self.by_name.get((record.vhost, record.queue.encode()))
                     if q is not None:
                         q.uid = record.uid
-                        self.store.set_uid(q.qid, q.uid)
+                        if not q.stream:
+                            self.store.set_uid(q.qid, q.uid)
                         q.qcm.single_active = (
                             record.arguments.get("x-single-active-consumer") is True
                         )
@@ -166,10 +172,18 @@ class QueueLifecycle(Journal):
         else:
             if not name:
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
-            max_priority = X.max_priority(name, vhost, arguments)
-            capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(arguments))
-            limits = _length_record(*X.length_limits(name, vhost, arguments))
-            single_active = X.single_active(name, vhost, arguments)
+            stream = None
+            if streams.is_stream(arguments):
+                stream = streams.declare_arguments(
+                    name, vhost, arguments, durable, exclusive, auto_delete
+                )
+                max_priority, capacity, resume, limits = 0, 0, 0, (0, 0, 0)
+                single_active = False
+            else:
+                max_priority = X.max_priority(name, vhost, arguments)
+                capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(arguments))
+                limits = _length_record(*X.length_limits(name, vhost, arguments))
+                single_active = X.single_active(name, vhost, arguments)
             if not self.free_qids:
                 raise errors.ChannelError(
                     errors.RESOURCE_ERROR,
@@ -192,7 +206,13 @@ class QueueLifecycle(Journal):
                 (layout.QF_DURABLE if durable else 0)
                 | (layout.QF_EXCLUSIVE if exclusive else 0)
                 | (layout.QF_AUTO_DELETE if auto_delete else 0)
+                | (layout.QF_STREAM if stream is not None else 0)
             )
+            if stream is not None:  # before create() makes the queue active
+                self.stream_words.set_settings(
+                    qid,
+                    StreamSettings(uid, stream.max_bytes, stream.max_age_ms, stream.segment_bytes),
+                )
             self.store.create(
                 qid,
                 name,
@@ -203,10 +223,12 @@ class QueueLifecycle(Journal):
                 capacity=capacity,
                 resume=resume,
                 length_limits=limits,
-                uid=uid if durable and not exclusive else 0,
+                # A stream's messages are in its own files, not the message store.
+                uid=uid if durable and not exclusive and stream is None else 0,
             )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.uid = uid if durable and not exclusive else 0
+            q.stream = stream is not None
             q.max_priority = max_priority
             q.qcm.single_active = single_active
             self.stats.v[stats.QUEUES_CREATED] += 1
@@ -299,6 +321,11 @@ class QueueLifecycle(Journal):
 
     def _purge(self, vhost: str, name: bytes, conn_id: int) -> int:
         q = self._lookup(vhost, name, conn_id)
+        if q.stream:
+            raise errors.ChannelError(
+                errors.NOT_IMPLEMENTED,
+                f"purge not supported by stream queue '{name.decode()}' in vhost '{vhost}'",
+            )
         purged = sum(self.store.purge(qid) for qid in q.levels.values())
         flow.drained(self.seg, self.waker, *self.store.flow_queue(q.qid))  # may release
         return purged
@@ -319,6 +346,11 @@ class QueueLifecycle(Journal):
                 self.free_qids.append(qid)
         self.queues.pop(q.qid, None)
         self.by_name.pop((q.vhost, q.name), None)
+        if q.stream:  # its files go with it (a reader with one open reads on)
+            shutil.rmtree(
+                stream_directory(streams_directory(self.config.data_path()), q.uid),
+                ignore_errors=True,
+            )
         if q.durable and not q.exclusive:
             try:
                 self._persist(QueueDeleted(q.vhost, q.name.decode()))

@@ -25,6 +25,7 @@ from shoal.shm.catalog import CatalogWriter
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
+from shoal.shm.streams import StreamWords
 from shoal.shm.wake import Waker
 from shoal.store.settles import SettleWriter
 
@@ -46,6 +47,7 @@ class QueueState:
         "owner",
         "qcm",
         "qid",
+        "stream",
         "uid",
         "vhost",
     )
@@ -81,6 +83,9 @@ class QueueState:
         # queue's own); other levels get a slot when a message first needs one.
         self.max_priority = 0
         self.levels = {0: qid}
+        # A stream queue (x-queue-type stream): its consumers are browsers of
+        # its files, woken when its durable offsets move (shm/streams.py).
+        self.stream = False
 
     def locked_text(self) -> str:
         return errors.locked_queue(self.name.decode(), self.vhost)
@@ -121,6 +126,7 @@ class SchedulerState:
     # lowered since), with their bindings: kept in the log for a later start.
     unrestored: dict[tuple[str, str], tuple[QueueDeclared, list[Bound]]]
     stats: Counters
+    stream_words: StreamWords
 
     def ready(self, q: QueueState) -> int:
         """Ready entries over all the queue's levels."""
@@ -130,6 +136,9 @@ class SchedulerState:
     def messages(self, q: QueueState) -> int:
         """Ready messages, those in paging files (workers/spill.py) included:
         the count a client is told."""
+        if q.stream:
+            bounds = self.stream_words.bounds(q.qid)
+            return bounds.next - bounds.first
         spilled = self.store.spilled(q.qid)  # first: a page-in meanwhile counts twice, not never
         return self.ready(q) + spilled
 
@@ -138,6 +147,9 @@ class SchedulerState:
         return sum(log_unacked(qid) for qid in q.levels.values())
 
     def changes(self, q: QueueState) -> int:
-        """CHANGES summed over all the queue's levels."""
+        """CHANGES summed over all the queue's levels; a stream's durable
+        end (its consumers read only up to it)."""
+        if q.stream:
+            return self.stream_words.next_offset(q.qid)
         changes = self.store.changes
         return sum(changes(qid) for qid in q.levels.values())

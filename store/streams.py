@@ -1,0 +1,390 @@
+"""A stream queue's files: segments of chunks of messages, each message at
+an offset (docs/streams.md).
+
+A stream lives in a directory of its own, `<data>/streams/<id>/`, as
+segment files named by the offset of their first message,
+`<offset:020d>.segment`. A segment is a sequence of chunks; a chunk is what
+the writer took from the staging log in one go:
+
+    chunk header (CHUNK)   magic, crc32 of the rest of the header and the
+                           records, first offset, count, records' size,
+                           timestamp (ms, when written), origin, last seq
+    records                count x (u32 size | u8 exchange len | u8 routing
+                           key len | u32 header len | exchange | routing
+                           key | content header | body)
+
+The content header is the one the client sent with the `x-stream-offset`
+header added (broker/amqp/streams.py), so a delivery copies it as it is.
+`origin` and `last seq` name the staging log the chunk came from (broker
+start, queue generation) and its last entry: a writer that replaces a
+killed one skips the entries already written. One writer appends, with
+plain writes; readers (any process) use their own file descriptors and
+never read past the offset the writer published as durable. Retention
+deletes whole segments, oldest first, never the one being written; a
+reader that has the file open goes on reading it.
+
+No shared memory here: shm/streams.py holds what processes share.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MAGIC = 0x53484B31  # "SHK1"
+CHUNK = struct.Struct("<IIQIIQQQ")  # magic, crc, first, count, size, timestamp, origin, last seq
+RECORD = struct.Struct("<IBBI")  # size (after this u32), exchange len, routing key len, header len
+SUFFIX = ".segment"
+
+# A stream's record of one message, as a reader hands it out.
+StreamMessage = tuple[int, bytes, bytes, bytes, memoryview]  # offset, exchange, rk, header, body
+
+
+def streams_directory(data_dir: str) -> str:
+    return os.path.join(data_dir, "streams")
+
+
+def stream_directory(root: str, stream_id: int) -> str:
+    """A stream's directory, named by its durable queue's uid."""
+    return os.path.join(root, f"{stream_id:016x}")
+
+
+def segment_name(first_offset: int) -> str:
+    return f"{first_offset:020d}{SUFFIX}"
+
+
+def list_segments(directory: str) -> list[int]:
+    """First offsets of the segment files in `directory`, ascending."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[: -len(SUFFIX)]) for n in names if n.endswith(SUFFIX) and n[:20].isdigit())
+
+
+def encode_record(
+    exchange: bytes, routing_key: bytes, header: bytes, body: bytes | memoryview
+) -> bytes:
+    size = RECORD.size - 4 + len(exchange) + len(routing_key) + len(header) + len(body)
+    return b"".join(
+        (
+            RECORD.pack(size, len(exchange), len(routing_key), len(header)),
+            exchange,
+            routing_key,
+            header,
+            body,
+        )
+    )
+
+
+def encode_chunk(
+    first: int, records: list[bytes], timestamp_ms: int, origin: int, last_seq: int
+) -> bytes:
+    payload = b"".join(records)
+    rest = CHUNK.pack(MAGIC, 0, first, len(records), len(payload), timestamp_ms, origin, last_seq)[
+        8:
+    ]
+    crc = zlib.crc32(payload, zlib.crc32(rest))
+    return struct.pack("<II", MAGIC, crc) + rest + payload
+
+
+def decode_records(first: int, payload: memoryview) -> Iterator[StreamMessage]:
+    """The records of one chunk's payload, with their offsets."""
+    pos = 0
+    offset = first
+    end = len(payload)
+    unpack = RECORD.unpack_from
+    while pos < end:
+        size, xlen, rlen, hlen = unpack(payload, pos)
+        start = pos + RECORD.size
+        ex_end = start + xlen
+        rk_end = ex_end + rlen
+        h_end = rk_end + hlen
+        stop = pos + 4 + size
+        yield (
+            offset,
+            bytes(payload[start:ex_end]),
+            bytes(payload[ex_end:rk_end]),
+            bytes(payload[rk_end:h_end]),
+            payload[h_end:stop],
+        )
+        pos = stop
+        offset += 1
+
+
+@dataclass
+class ChunkHeader:
+    position: int
+    first: int
+    count: int
+    size: int
+    timestamp: int
+    origin: int
+    last_seq: int
+    crc: int
+
+    @property
+    def end(self) -> int:
+        """The position after the chunk."""
+        return self.position + CHUNK.size + self.size
+
+    @property
+    def next(self) -> int:
+        """The offset after the chunk's last message."""
+        return self.first + self.count
+
+
+def read_header(fd: int, position: int) -> ChunkHeader | None:
+    raw = os.pread(fd, CHUNK.size, position)
+    if len(raw) < CHUNK.size:
+        return None
+    magic, crc, first, count, size, timestamp, origin, last_seq = CHUNK.unpack(raw)
+    if magic != MAGIC:
+        return None
+    return ChunkHeader(position, first, count, size, timestamp, origin, last_seq, crc)
+
+
+def _valid(fd: int, header: ChunkHeader) -> bool:
+    payload = os.pread(fd, header.size, header.position + CHUNK.size)
+    if len(payload) < header.size:
+        return False
+    rest = CHUNK.pack(
+        MAGIC,
+        0,
+        header.first,
+        header.count,
+        header.size,
+        header.timestamp,
+        header.origin,
+        header.last_seq,
+    )[8:]
+    return zlib.crc32(payload, zlib.crc32(rest)) == header.crc
+
+
+class StreamLog:
+    """The writer's side of one stream's directory: open (recover the tail),
+    append chunks, roll segments, apply retention."""
+
+    def __init__(self, directory: str, segment_bytes: int, max_bytes: int, max_age_ms: int) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.max_bytes = max_bytes
+        self.max_age_ms = max_age_ms
+        os.makedirs(directory, exist_ok=True)
+        self.segments = list_segments(directory)
+        self.sizes: dict[int, int] = {}
+        self.fd = -1
+        self.position = 0
+        self.next = 0
+        self.last_chunk = 0
+        self.last_origin = 0
+        self.last_seq = -1
+        if not self.segments:
+            self._create(0)
+        else:
+            for first in self.segments[:-1]:
+                self.sizes[first] = os.stat(self._path(first)).st_size
+            self._recover(self.segments[-1])
+
+    def _path(self, first: int) -> str:
+        return os.path.join(self.directory, segment_name(first))
+
+    def _create(self, first: int) -> None:
+        self.fd = os.open(self._path(first), os.O_RDWR | os.O_CREAT, 0o640)
+        self.position = 0
+        if first not in self.segments:
+            self.segments.append(first)
+        self.sizes[first] = 0
+        self.next = first
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)  # the new name is durable before anything in it is confirmed
+        finally:
+            os.close(dfd)
+
+    def _recover(self, first: int) -> None:
+        """Open the last segment: keep its chunks up to the first torn or
+        corrupt one, cut the rest off."""
+        self.fd = os.open(self._path(first), os.O_RDWR)
+        position, nxt, last = 0, first, first
+        while True:
+            header = read_header(self.fd, position)
+            if header is None or header.first != nxt or not _valid(self.fd, header):
+                break
+            position, nxt, last = header.end, header.next, header.first
+            self.last_origin, self.last_seq = header.origin, header.last_seq
+        os.ftruncate(self.fd, position)
+        os.fdatasync(self.fd)
+        self.position = position
+        self.sizes[first] = position
+        self.next, self.last_chunk = nxt, last
+
+    @property
+    def first(self) -> int:
+        return self.segments[0]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def append(self, records: list[bytes], origin: int, last_seq: int) -> int:
+        """Write one chunk of `records` at the next offset (rolling to a new
+        segment first if this one is full); returns the offset after it.
+        Durable once the caller's fdatasync of `fd` returns."""
+        if self.position >= self.segment_bytes and self.position:
+            os.fdatasync(self.fd)  # its chunks are durable before the next file's
+            os.close(self.fd)
+            self._create(self.next)
+        chunk = encode_chunk(self.next, records, time.time_ns() // 1_000_000, origin, last_seq)
+        written = os.pwrite(self.fd, chunk, self.position)
+        if written != len(chunk):
+            raise OSError(f"short write to stream segment in {self.directory}")
+        self.last_chunk = self.next
+        self.position += len(chunk)
+        self.sizes[self.segments[-1]] = self.position
+        self.next += len(records)
+        self.last_origin, self.last_seq = origin, last_seq
+        return self.next
+
+    def apply_retention(self, now_ms: int | None = None) -> bool:
+        """Delete the oldest segments while the stream is over its size or
+        they are older than its age (never the segment being written).
+        True if one was deleted."""
+        deleted = False
+        while len(self.segments) > 1:
+            oldest = self.segments[0]
+            over_size = self.max_bytes and self.total_bytes > self.max_bytes
+            too_old = False
+            if self.max_age_ms and not over_size:
+                if now_ms is None:
+                    now_ms = time.time_ns() // 1_000_000
+                # A sealed segment's last write is its newest message's time.
+                mtime = os.stat(self._path(oldest)).st_mtime_ns // 1_000_000
+                too_old = mtime < now_ms - self.max_age_ms
+            if not (over_size or too_old):
+                break
+            try:
+                os.unlink(self._path(oldest))
+            except FileNotFoundError:
+                pass
+            self.segments.pop(0)
+            self.sizes.pop(oldest, None)
+            deleted = True
+        return deleted
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class StreamCursor:
+    """A reader's position in a stream: the segment file it has open, the
+    position of the next chunk there, and the next offset it wants.
+    Any process may have any number; they share nothing but the files."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.fd = -1
+        self.segment = -1  # first offset of the open segment
+        self.position = 0
+        self.offset = 0  # the next offset to hand out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _open(self, first: int) -> bool:
+        try:
+            fd = os.open(os.path.join(self.directory, segment_name(first)), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        self.close()
+        self.fd, self.segment, self.position = fd, first, 0
+        return True
+
+    def seek(self, offset: int, durable_next: int) -> None:
+        """Position at `offset` (clamped to the first one kept and to
+        `durable_next`)."""
+        for _ in range(8):  # retention may delete the file between list and open
+            segments = list_segments(self.directory)
+            if not segments:
+                self.offset = offset
+                return
+            offset = max(offset, segments[0])
+            offset = min(offset, durable_next)
+            i = max(0, bisect.bisect_right(segments, offset) - 1)
+            if self._open(segments[i]):
+                break
+        else:
+            return
+        self.offset = offset
+        while True:
+            header = read_header(self.fd, self.position)
+            if header is None or header.first >= durable_next or header.next > offset:
+                return
+            self.position = header.end
+
+    def seek_time(self, timestamp_ms: int, durable_next: int) -> None:
+        """Position at the first chunk written at or after `timestamp_ms`
+        (chunk granularity, as RabbitMQ's streams)."""
+        segments = list_segments(self.directory)
+        for first in segments:
+            path = os.path.join(self.directory, segment_name(first))
+            try:
+                if os.stat(path).st_mtime_ns // 1_000_000 < timestamp_ms and first != segments[-1]:
+                    continue  # its last chunk is older: all of it is
+            except FileNotFoundError:
+                continue
+            if not self._open(first):
+                continue
+            while True:
+                header = read_header(self.fd, self.position)
+                if header is None or header.first >= durable_next:
+                    self.offset = durable_next if header is None else header.first
+                    if header is None:
+                        self.offset = max(self.offset, first)
+                    return
+                if header.timestamp >= timestamp_ms:
+                    self.offset = header.first
+                    return
+                self.position = header.end
+        self.seek(durable_next, durable_next)
+
+    def read_chunk(self, durable_next: int) -> list[StreamMessage]:
+        """The messages of the next chunk at or after the cursor's offset,
+        below `durable_next`; [] when there is none yet. Moves past it."""
+        while self.offset < durable_next:
+            if self.fd < 0:
+                self.seek(self.offset, durable_next)
+                if self.fd < 0:
+                    return []
+            header = read_header(self.fd, self.position)
+            if header is None:
+                # The end of this segment: the next one starts at the offset
+                # after its last chunk, which the cursor wants next.
+                if self.segment == self.offset:
+                    return []  # a new segment, its first chunk not there yet
+                if not self._open(self.offset):
+                    self.seek(self.offset, durable_next)  # retention took it: skip ahead
+                    if self.fd < 0 or self.segment == -1:
+                        return []
+                continue
+            if header.first >= durable_next:
+                return []
+            self.position = header.end
+            if header.next <= self.offset:
+                continue
+            payload = memoryview(os.pread(self.fd, header.size, header.position + CHUNK.size))
+            start = self.offset  # messages before it were handed out already
+            self.offset = header.next
+            if header.first >= start:
+                return list(decode_records(header.first, payload))
+            return [m for m in decode_records(header.first, payload) if m[0] >= start]
+        return []

@@ -1,0 +1,339 @@
+"""An IO worker's part in stream queues (docs/streams.md): writing the
+streams it owns, reading for its stream consumers, and holding publisher
+confirms until a stream has the message on disk.
+
+Publishers on any worker append a stream's messages to its log in shared
+memory, as for any queue. Each stream has one writer, the IO worker
+`qid % workers`: every TICK it takes what the log holds (acquire, in log
+order), appends it to the stream's current segment as one chunk
+(store/streams.py), each message with its offset in an `x-stream-offset`
+header, and deletes the entries; an fdatasync on a thread follows, after
+which it publishes the new bounds (shm/streams.py: NEXT, the offsets a
+reader may read, and SYNCED, the log seqs a confirm may cover) and wakes
+the scheduler, which notifies the stream's consumers (browsers whose
+"changes" value is NEXT). A writer that replaces a killed one opens the
+files again, cuts a torn chunk off and skips the log entries its
+predecessor wrote (the last chunk names the last one).
+
+A stream consumer is a browser (the scheduler notifies it; it never takes
+entries) with a cursor into the files: it delivers whole chunks within its
+credit, each message with the header the writer added. Acks only return
+credit. Publishers' channels with confirms waiting for a stream are looked
+at every TICK while they wait (the writer may be another worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Protocol
+
+from shoal.broker.amqp import streams as amqp_streams
+from shoal.shm import layout
+from shoal.shm.arena import read_message
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.shm.streams import StreamBounds, StreamWords
+from shoal.shm.wake import Waker
+from shoal.store import streams as files
+from shoal.store.streams import stream_directory
+
+log = logging.getLogger("shoal.worker")
+
+TICK = 0.001  # how often a writer looks at its streams' logs, and waiting confirms are checked
+RETENTION_INTERVAL = 1.0
+CHUNK_MESSAGES = 4096  # a chunk's most messages ...
+CHUNK_BYTES = 4 << 20  # ... and bytes (of bodies), as one write
+BURST = 256  # deliveries before a stream consumer lets the worker's other connections run
+
+
+class Confirming(Protocol):
+    def synced(self) -> bool: ...
+
+
+class _Writer:
+    """One owned stream: its files, where it is in the log, its sync."""
+
+    __slots__ = ("file", "origin", "pointer", "skip_below", "state", "syncing", "unsynced_seq")
+
+    def __init__(self, file: files.StreamLog, origin: int, state: int, skip_below: int) -> None:
+        self.file = file
+        self.origin = origin
+        self.state = state  # the queue's state word (generation) when opened
+        self.skip_below = skip_below
+        self.pointer = 0
+        self.syncing = False
+        self.unsynced_seq = -1  # last log seq written, not yet synced (-1: none)
+
+
+class Streams:
+    """The worker's stream writers, stream readers' helpers and confirm waits."""
+
+    def __init__(
+        self,
+        seg: Segment,
+        store: QueueStore,
+        waker: Waker,
+        root: str,
+        index: int,
+        incarnation: int,
+        workers: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.seg = seg
+        self.store = store
+        self.words = StreamWords(seg)
+        self.waker = waker
+        self.root = root
+        self.index = index
+        self.workers = max(1, workers)
+        self.stamp = (incarnation & 0xFFFFFF) << 16 | (index + 1)
+        self.epoch = seg.atomic.load(layout.H_EPOCH)
+        self.loop = loop
+        self.qids: frozenset[int] = frozenset()  # every active stream queue
+        self.writers: dict[int, _Writer] = {}
+        self.waiting: set[Confirming] = set()
+        self._gen = -1
+        self._last_retention = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------- catalog
+    def refresh(self) -> None:
+        """Which queues are streams (and which of them this worker writes),
+        again when the scheduler has created or deleted a queue."""
+        gen = self.store.catalog_generation()
+        if gen == self._gen:
+            return
+        self._gen = gen
+        found = set()
+        for _vhost, _name, qid in self.store.scan():
+            if self.words.is_stream(qid):
+                found.add(qid)
+        self.qids = frozenset(found)
+        for qid in list(self.writers):
+            writer = self.writers[qid]
+            if qid not in found or self.store.word(qid, layout.Q_STATE) != writer.state:
+                writer.file.close()
+                del self.writers[qid]
+
+    def owns(self, qid: int) -> bool:
+        return qid % self.workers == self.index
+
+    def start(self) -> None:
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._closed:
+            self._timer = self.loop.call_later(TICK, self.tick)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for writer in self.writers.values():
+            writer.file.close()
+        self.writers.clear()
+
+    # --------------------------------------------------------------- ticks
+    def tick(self) -> None:
+        try:
+            self.refresh()
+            for qid in self.qids:
+                if self.owns(qid):
+                    self._write(qid)
+            now = time.monotonic()
+            if now - self._last_retention >= RETENTION_INTERVAL:
+                self._last_retention = now
+                for qid, writer in self.writers.items():
+                    if writer.file.apply_retention():
+                        self._publish(qid, writer, None)
+            if self.waiting:
+                self.confirms_moved()
+        except Exception:
+            log.exception("stream writer tick failed")
+        self._schedule()
+
+    def confirms_moved(self) -> None:
+        waiting, self.waiting = self.waiting, set()
+        for channel in waiting:
+            if channel.synced():
+                self.waiting.add(channel)
+
+    def wait(self, channel: Confirming) -> None:
+        self.waiting.add(channel)
+
+    # -------------------------------------------------------------- writer
+    def _open(self, qid: int) -> _Writer | None:
+        settings = self.words.settings(qid)
+        state = self.store.word(qid, layout.Q_STATE)
+        origin = (self.epoch & 0xFFFFFFFF) << 32 | (state >> 8) & 0xFFFFFFFF
+        try:
+            file = files.StreamLog(
+                stream_directory(self.root, settings.stream_id),
+                settings.segment_bytes,
+                settings.max_bytes,
+                settings.max_age_ms,
+            )
+        except OSError:
+            log.exception("stream queue %r: cannot open its files", self.store.name(qid))
+            return None
+        skip_below = file.last_seq + 1 if file.last_origin == origin else 0
+        writer = _Writer(file, origin, state, skip_below)
+        file.apply_retention()
+        self.writers[qid] = writer
+        self._publish(qid, writer, skip_below)
+        self.words.set_opened(qid, self.stamp)
+        return writer
+
+    def _write(self, qid: int) -> None:
+        writer = self.writers.get(qid)
+        if writer is None:
+            writer = self._open(qid)
+            if writer is None:
+                return
+        store, seg = self.store, self.seg
+        records: list[bytes] = []
+        seqs: list[int] = []
+        size = 0
+        nxt = writer.file.next
+        while len(records) < CHUNK_MESSAGES and size < CHUNK_BYTES:
+            got = store.acquire(qid, writer.pointer)
+            if got.__class__ is int:
+                writer.pointer = got
+                break
+            seq, block, _redelivered = got  # type: ignore[misc]
+            writer.pointer = seq + 1
+            seqs.append(seq)
+            if seq < writer.skip_below:
+                continue  # its predecessor wrote it before it was killed
+            exchange, routing_key, header, body = read_message(seg, block)
+            header = amqp_streams.with_offset(header, nxt + len(records))
+            records.append(files.encode_record(exchange, routing_key, header, body))
+            size += len(body)
+        if not seqs:
+            return
+        if records:
+            try:
+                writer.file.append(records, writer.origin, seqs[-1])
+            except OSError:
+                # The queue was deleted (its directory with it) or the disk
+                # failed: nothing is confirmed; the entries stay in the log.
+                log.exception("stream queue %r: write failed", store.name(qid))
+                for seq in seqs:
+                    store.requeue(qid, seq)
+                writer.pointer = seqs[0]
+                return
+            writer.unsynced_seq = seqs[-1]
+        for seq in seqs:
+            store.settle(qid, seq)
+        if not records:
+            writer.skip_below = max(writer.skip_below, seqs[-1] + 1)
+        self._sync(qid, writer)
+
+    def _sync(self, qid: int, writer: _Writer) -> None:
+        """fdatasync on a thread, one at a time per stream; what is written
+        meanwhile waits for the next one. A dup of the descriptor: a segment
+        roll closes the old one while the sync may still run."""
+        if writer.syncing or writer.unsynced_seq < 0:
+            return
+        writer.syncing = True
+        upto = writer.unsynced_seq
+        writer.unsynced_seq = -1
+        fd = os.dup(writer.file.fd)
+        bounds = self._bounds(writer)
+
+        def sync() -> None:
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+
+        def done(fut: asyncio.Future[None]) -> None:
+            writer.syncing = False
+            if fut.exception() is not None:
+                log.error("stream queue sync failed: %s", fut.exception())
+                return  # nothing more is confirmed; the worker's restart recovers
+            if self.writers.get(qid) is writer:
+                self.words.publish_bounds(qid, bounds, upto + 1)
+                self.waker.kick(qid)
+                if self.waiting:
+                    self.confirms_moved()
+                self._sync(qid, writer)
+
+        self.loop.run_in_executor(None, sync).add_done_callback(done)
+
+    @staticmethod
+    def _bounds(writer: _Writer) -> StreamBounds:
+        file = writer.file
+        return StreamBounds(
+            file.first, file.next, file.last_chunk, file.total_bytes, len(file.segments)
+        )
+
+    def _publish(self, qid: int, writer: _Writer, synced_seq: int | None) -> None:
+        """Bounds after opening (everything in the files is synced) or
+        after retention (the synced seq stays)."""
+        if synced_seq is None:
+            synced_seq = self.words.synced_seq(qid)
+            bounds = self.words.bounds(qid)
+            file = writer.file
+            bounds = bounds._replace(
+                first=file.first, bytes=file.total_bytes, segments=len(file.segments)
+            )
+        else:
+            bounds = self._bounds(writer)
+        self.words.publish_bounds(qid, bounds, synced_seq)
+        self.waker.kick(qid)
+
+    # ------------------------------------------------------------- readers
+    def cursor(self, qid: int) -> files.StreamCursor:
+        return files.StreamCursor(stream_directory(self.root, self.words.settings(qid).stream_id))
+
+
+class StreamReading:
+    """A stream consumer's state: where it starts, its cursor, the chunk
+    it is delivering."""
+
+    __slots__ = ("buffer", "cursor", "spec")
+
+    def __init__(self, spec: amqp_streams.StartSpec) -> None:
+        self.spec = spec
+        self.cursor: files.StreamCursor | None = None
+        self.buffer: list[files.StreamMessage] = []
+
+    @property
+    def offset(self) -> int | None:
+        """The next offset it will deliver (None: not started)."""
+        if self.buffer:
+            return self.buffer[-1][0]  # popped from the end
+        return None if self.cursor is None else self.cursor.offset
+
+    def close(self) -> None:
+        if self.cursor is not None:
+            self.cursor.close()
+
+
+def start_reading(streams: Streams, qid: int, reading: StreamReading) -> bool:
+    """Open the consumer's cursor where its x-stream-offset says, once the
+    stream's writer has opened the files."""
+    words = streams.words
+    if not words.opened_by(qid):
+        return False
+    bounds = words.bounds(qid)
+    cursor = streams.cursor(qid)
+    spec = reading.spec
+    if spec.kind == amqp_streams.FIRST:
+        cursor.seek(bounds.first, bounds.next)
+    elif spec.kind == amqp_streams.LAST:
+        cursor.seek(bounds.last_chunk, bounds.next)
+    elif spec.kind == amqp_streams.NEXT:
+        cursor.seek(bounds.next, bounds.next)
+    elif spec.kind == amqp_streams.OFFSET:
+        cursor.seek(spec.value, bounds.next)
+        cursor.offset = max(cursor.offset, min(spec.value, bounds.next))
+    else:
+        cursor.seek_time(spec.value, bounds.next)
+    reading.cursor = cursor
+    return True
