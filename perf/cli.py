@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="publish to a fanout exchange bound to N queues; consumers are spread "
         "over them (0 = publish straight to one queue)",
     )
+    p.add_argument(
+        "--stream", action="store_true", help="a stream queue (durable, x-queue-type stream)"
+    )
+    p.add_argument(
+        "--stream-offset",
+        default="next",
+        help="consumers' x-stream-offset: first, last, next, an offset, or spread:N "
+        "(consumer i of C starts at i * N // C)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--rate", type=_non_negative_int, default=0, help="per-producer msg/s cap, 0 = unlimited"
@@ -105,6 +114,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         persistent=args.persistent,
         rate=args.rate,
         fanout=args.fanout,
+        stream=args.stream,
+        stream_offset=args.stream_offset,
     )
 
 

@@ -33,6 +33,16 @@ class PerfConfig:
     persistent: bool
     rate: int
     fanout: int = 0  # > 0: publish to a fanout exchange bound to this many queues
+    stream: bool = False  # declare a stream queue (x-queue-type stream)
+    # Consumers' x-stream-offset: "first", "last", "next", an offset, or
+    # "spread:N" (consumer i of C starts at offset i * N // C).
+    stream_offset: str = "next"
+
+    def stream_offset_for(self, index: int) -> int | str:
+        value = self.stream_offset
+        if value.startswith("spread:"):
+            return index * int(value[7:]) // max(1, self.consumers)
+        return int(value) if value.isdigit() else value
 
     def exchange(self) -> str:
         return f"{self.queue}-fanout" if self.fanout else ""

@@ -145,7 +145,11 @@ class Consumer(AmqpConnection):
             self.deliveries.ack_every = cfg.multi_ack
             self.multiple_acks = cfg.multi_ack > 1
         await self.rpc(
-            commands.Basic.Consume(queue=cfg.queue_for(index), no_ack=cfg.no_ack),
+            commands.Basic.Consume(
+                queue=cfg.queue_for(index),
+                no_ack=cfg.no_ack,
+                arguments={"x-stream-offset": cfg.stream_offset_for(index)} if cfg.stream else None,
+            ),
             commands.Basic.ConsumeOk,
         )
 

@@ -106,10 +106,11 @@ def _run_child(
 async def _declare_queue(cfg: PerfConfig) -> str:
     client = await connect(AmqpConnection, AmqpUri.parse(cfg.uri))
     try:
-        durable = cfg.persistent
+        durable = cfg.persistent or cfg.stream
         # Auto-delete cleans up after a killed run; with no consumer it would never
         # trigger, and a durable queue is meant to outlive connections.
         auto_delete = not durable and cfg.consumers > 0 and cfg.queue_generated
+        arguments: dict[str, Any] | None = {"x-queue-type": "stream"} if cfg.stream else None
         if cfg.fanout:
             await client.rpc(
                 commands.Exchange.Declare(
@@ -119,7 +120,9 @@ async def _declare_queue(cfg: PerfConfig) -> str:
             )
         for queue in cfg.queues():
             await client.rpc(
-                commands.Queue.Declare(queue=queue, durable=durable, auto_delete=auto_delete),
+                commands.Queue.Declare(
+                    queue=queue, durable=durable, auto_delete=auto_delete, arguments=arguments
+                ),
                 commands.Queue.DeclareOk,
             )
             if cfg.fanout:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from shoal.shm import layout
 from shoal.shm.queues import QueueStore
+from shoal.shm.streams import StreamBounds, StreamWords
 
 FLOW_NAMES = {
     layout.FLOW_OPEN: "open",
@@ -45,6 +46,9 @@ class QueueCounters:
     max_bytes: int  # 0: no limit
     overflow: int  # layout.OVERFLOW_* (0: no length limit)
     paged_out: int = 0  # in paging files (workers/spill.py), counted in `ready` too
+    # A stream queue's durable offsets (shm/streams.py); `ready` is then the
+    # messages it keeps (next - first), as queue.declare-ok counts them.
+    stream: StreamBounds | None = None
 
 
 def read(store: QueueStore, qid: int) -> QueueCounters:
@@ -56,8 +60,13 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
         return sum(word(log, field) for log in logs)
 
     paged_out = word(qid, layout.Q_SPILLED)
+    stream = None
+    ready = total(layout.Q_READY) + paged_out
+    if word(qid, layout.Q_FLAGS) & layout.QF_STREAM:
+        stream = StreamWords(store.seg).bounds(qid)
+        ready = stream.next - stream.first
     return QueueCounters(
-        ready=total(layout.Q_READY) + paged_out,
+        ready=ready,
         unacked=total(layout.Q_UNACKED),
         published=total(layout.Q_PUBLISHED),
         bytes=total(layout.Q_BYTES),
@@ -75,4 +84,5 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
         max_bytes=word(qid, layout.Q_MAX_BYTES),
         overflow=word(qid, layout.Q_OVERFLOW),
         paged_out=paged_out,
+        stream=stream,
     )

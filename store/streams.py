@@ -285,7 +285,9 @@ class StreamLog:
 
 class StreamCursor:
     """A reader's position in a stream: the segment file it has open, the
-    position of the next chunk there, and the next offset it wants.
+    position of the next chunk there and the offset that chunk starts at
+    (`at`), and the next offset it wants (`offset`, which may be ahead: a
+    consumer that asked for an offset not yet written skips up to it).
     Any process may have any number; they share nothing but the files."""
 
     def __init__(self, directory: str) -> None:
@@ -293,6 +295,7 @@ class StreamCursor:
         self.fd = -1
         self.segment = -1  # first offset of the open segment
         self.position = 0
+        self.at = 0
         self.offset = 0  # the next offset to hand out
 
     def close(self) -> None:
@@ -306,20 +309,22 @@ class StreamCursor:
         except FileNotFoundError:
             return False
         self.close()
-        self.fd, self.segment, self.position = fd, first, 0
+        self.fd, self.segment, self.position, self.at = fd, first, 0, first
         return True
 
     def seek(self, offset: int, durable_next: int) -> None:
-        """Position at `offset` (clamped to the first one kept and to
-        `durable_next`)."""
+        """Position at `offset`: one below the first kept means the first
+        kept, one at or past `durable_next` waits for it (and skips what
+        comes before it)."""
         for _ in range(8):  # retention may delete the file between list and open
             segments = list_segments(self.directory)
             if not segments:
-                self.offset = offset
+                self.close()
+                self.offset = self.at = offset
                 return
             offset = max(offset, segments[0])
-            offset = min(offset, durable_next)
-            i = max(0, bisect.bisect_right(segments, offset) - 1)
+            target = min(offset, durable_next)
+            i = max(0, bisect.bisect_right(segments, target) - 1)
             if self._open(segments[i]):
                 break
         else:
@@ -327,13 +332,13 @@ class StreamCursor:
         self.offset = offset
         while True:
             header = read_header(self.fd, self.position)
-            if header is None or header.first >= durable_next or header.next > offset:
+            if header is None or header.first >= durable_next or header.next > target:
                 return
-            self.position = header.end
+            self.position, self.at = header.end, header.next
 
     def seek_time(self, timestamp_ms: int, durable_next: int) -> None:
         """Position at the first chunk written at or after `timestamp_ms`
-        (chunk granularity, as RabbitMQ's streams)."""
+        (chunk granularity, as RabbitMQ's streams); none: the end."""
         segments = list_segments(self.directory)
         for first in segments:
             path = os.path.join(self.directory, segment_name(first))
@@ -347,38 +352,39 @@ class StreamCursor:
             while True:
                 header = read_header(self.fd, self.position)
                 if header is None or header.first >= durable_next:
-                    self.offset = durable_next if header is None else header.first
-                    if header is None:
-                        self.offset = max(self.offset, first)
-                    return
+                    break
                 if header.timestamp >= timestamp_ms:
                     self.offset = header.first
                     return
-                self.position = header.end
+                self.position, self.at = header.end, header.next
         self.seek(durable_next, durable_next)
 
     def read_chunk(self, durable_next: int) -> list[StreamMessage]:
-        """The messages of the next chunk at or after the cursor's offset,
-        below `durable_next`; [] when there is none yet. Moves past it."""
-        while self.offset < durable_next:
+        """The messages of the next chunk that has any at or after the
+        cursor's offset, below `durable_next`; [] when there is none yet.
+        Moves past it."""
+        for _ in range(1024):  # bounded: each turn passes a chunk or opens a file
+            if self.at >= durable_next:
+                return []
             if self.fd < 0:
                 self.seek(self.offset, durable_next)
                 if self.fd < 0:
                     return []
+                continue
             header = read_header(self.fd, self.position)
             if header is None:
-                # The end of this segment: the next one starts at the offset
-                # after its last chunk, which the cursor wants next.
-                if self.segment == self.offset:
+                # The end of this segment: the next one is named by the
+                # offset after its last chunk.
+                if self.segment == self.at:
                     return []  # a new segment, its first chunk not there yet
-                if not self._open(self.offset):
+                if not self._open(self.at):
                     self.seek(self.offset, durable_next)  # retention took it: skip ahead
-                    if self.fd < 0 or self.segment == -1:
+                    if self.fd < 0:
                         return []
                 continue
             if header.first >= durable_next:
                 return []
-            self.position = header.end
+            self.position, self.at = header.end, header.next
             if header.next <= self.offset:
                 continue
             payload = memoryview(os.pread(self.fd, header.size, header.position + CHUNK.size))

@@ -13,6 +13,7 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
+from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
 from shoal.workers import framing
 from shoal.workers.channel_state import (
@@ -106,6 +107,10 @@ class Declaring(ChannelState):
 
     async def _queue_purge(self, method: C.Queue.Purge) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
+        qid = self.ctx.store.lookup(name, self.conn.vhost_id)
+        streams = self.ctx.streams
+        if qid is not None and streams is not None and streams.words.is_stream(qid):
+            raise amqp_streams.not_supported("queue.purge", name, self.conn.vhost, 50, 30)
         count = await self.ctx.request(ipc.Purge(self.conn.vhost, name, self.conn.id))
         if not method.nowait:
             self.conn.write(

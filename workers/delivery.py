@@ -280,20 +280,30 @@ class Delivery(ChannelState):
         streams = self.ctx.streams
         if streams is None or not streams.words.is_stream(qid):
             return None
-        if method.no_ack:
+        where = f"queue '{name.decode(errors='replace')}' in vhost '{self.conn.vhost}'"
+        if "x-priority" in args:
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED,
-                "consumer must use manual acknowledgements (no_ack=false) on stream queue "
-                f"'{name.decode(errors='replace')}' in vhost '{self.conn.vhost}'",
+                f"invalid arg 'x-priority' for {where} of queue type rabbit_stream_queue",
                 60,
                 20,
             )
         if not self.prefetch_count and not self.global_prefetch:
             raise errors.ChannelError(
-                errors.PRECONDITION_FAILED, "consumer prefetch count is not set", 60, 20
+                errors.PRECONDITION_FAILED,
+                f"consumer prefetch count is not set for '{where}'",
+                60,
+                20,
+            )
+        if method.no_ack:
+            raise errors.ConnectionError_(
+                errors.NOT_IMPLEMENTED,
+                f"automatic acknowledgement not supported by stream queues {where}",
+                60,
+                20,
             )
         now_ms = int(time.time() * 1000)
-        return StreamReading(amqp_streams.start_spec(args, now_ms))
+        return StreamReading(amqp_streams.start_spec(args, now_ms, name, self.conn.vhost))
 
     def _basic_cancel(self, method: C.Basic.Cancel) -> None:
         tag = method.consumer_tag or ""
@@ -347,13 +357,7 @@ class Delivery(ChannelState):
         name, qid = self._resolve_queue(method.queue, (60, 70))
         ctx = self.ctx
         if ctx.streams is not None and ctx.streams.words.is_stream(qid):
-            raise errors.ChannelError(
-                errors.NOT_IMPLEMENTED,
-                f"basic.get not supported by stream queue '{name.decode(errors='replace')}' "
-                f"in vhost '{self.conn.vhost}'",
-                60,
-                70,
-            )
+            raise amqp_streams.not_supported("basic.get", name, self.conn.vhost, 60, 70)
         logs = ctx.store.logs(qid)  # highest priority first
         for log_qid in logs:
             got = ctx.store.acquire(log_qid, 0)

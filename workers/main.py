@@ -183,7 +183,15 @@ class Worker:
 
     def _inspect(self, m: ipc.Inspect) -> None:
         ctx = self.ctx
-        ctx.send(ipc.Consumers(m.req, [c.inspect() for c in ctx.consumers.values()]))
+        records = []
+        for consumer in ctx.consumers.values():
+            record = consumer.inspect()
+            offset = record.get("offset")
+            if offset is not None and ctx.streams is not None:
+                # How far behind the stream's durable end it is.
+                record["lag"] = max(0, ctx.streams.words.next_offset(consumer.qid) - offset)
+            records.append(record)
+        ctx.send(ipc.Consumers(m.req, records))
 
     def _graceful_stop(self) -> None:
         if self.stopping:

@@ -332,7 +332,6 @@ def start_reading(streams: Streams, qid: int, reading: StreamReading) -> bool:
         cursor.seek(bounds.next, bounds.next)
     elif spec.kind == amqp_streams.OFFSET:
         cursor.seek(spec.value, bounds.next)
-        cursor.offset = max(cursor.offset, min(spec.value, bounds.next))
     else:
         cursor.seek_time(spec.value, bounds.next)
     reading.cursor = cursor

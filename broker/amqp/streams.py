@@ -11,12 +11,12 @@ import struct
 from typing import Any, NamedTuple
 
 from shoal.broker.amqp import errors
-from shoal.broker.amqp.x_arguments import field_type, non_negative
+from shoal.broker.amqp.x_arguments import field_type
 
 # RabbitMQ's default segment size (x-stream-max-segment-size-bytes).
 DEFAULT_SEGMENT_BYTES = 500_000_000
-# Arguments of classic queues that a stream does not have: RabbitMQ 3.10
-# refuses them on a stream declare.
+# Arguments of other queue types: RabbitMQ 3.10 refuses them on a stream
+# declare (after checking the stream's own), whatever their value.
 UNSUPPORTED = (
     "x-max-length",
     "x-max-priority",
@@ -28,9 +28,13 @@ UNSUPPORTED = (
     "x-single-active-consumer",
     "x-delivery-limit",
     "x-queue-mode",
+    "x-queue-master-locator",
+    "x-max-in-memory-length",
     "x-capacity",
     "x-flow-resume-capacity",
 )
+MAX_SEGMENT_BYTES = 3_000_000_000  # RabbitMQ's ceiling for x-stream-max-segment-size-bytes
+QUEUE_TYPE = "rabbit_stream_queue"
 
 _AGE_UNITS_MS = {
     "Y": 365 * 86_400_000,
@@ -51,10 +55,10 @@ def is_stream(arguments: dict[str, Any]) -> bool:
 
 
 def parse_age(text: str) -> int | None:
-    """A RabbitMQ age ("7D", "12h", "30m", "10s", "1Y", "1M") in ms; None
-    if it is not one."""
+    """A RabbitMQ age ("7D", "12h", "30m", "10s", "1Y", "1M": a positive
+    integer and a unit) in ms; None if it is not one."""
     match = _AGE.match(text)
-    if match is None:
+    if match is None or not int(match.group(1)):
         return None
     return int(match.group(1)) * _AGE_UNITS_MS[match.group(2)]
 
@@ -73,46 +77,86 @@ def declare_arguments(
     exclusive: bool,
     auto_delete: bool,
 ) -> StreamArguments:
-    """A stream declare's checks: durable, not exclusive nor auto-delete,
-    and only the arguments a stream has."""
-    qname = name.decode(errors="replace")
-    where = f"queue '{qname}' in vhost '{vhost}'"
+    """A stream declare's checks, in RabbitMQ 3.10's order and words:
+    durable, not exclusive nor auto-delete, the stream's own arguments, then
+    the arguments of other queue types."""
+    where = f"queue '{name.decode(errors='replace')}' in vhost '{vhost}'"
+    for refused, prop in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner")):
+        if refused:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, f"invalid property '{prop}' for {where}"
+            )
     if not durable:
         raise errors.ChannelError(
             errors.PRECONDITION_FAILED, f"invalid property 'non-durable' for {where}"
         )
-    if exclusive:
+    max_bytes = _integer(arguments, "x-max-length-bytes", where)
+    segment = _integer(arguments, "x-stream-max-segment-size-bytes", where)
+    if segment is not None and segment > MAX_SEGMENT_BYTES:
         raise errors.ChannelError(
-            errors.PRECONDITION_FAILED, f"invalid property 'exclusive-owner' for {where}"
+            errors.PRECONDITION_FAILED,
+            "Exceeded max value for x-stream-max-segment-size-bytes",
         )
-    if auto_delete:
-        raise errors.ChannelError(
-            errors.PRECONDITION_FAILED, f"invalid property 'auto-delete' for {where}"
-        )
-    for key in UNSUPPORTED:
-        if key in arguments:
-            raise errors.ChannelError(
-                errors.PRECONDITION_FAILED, f"invalid arg '{key}' for {where}"
-            )
-    max_bytes = non_negative(name, vhost, arguments, "x-max-length-bytes") or 0
-    segment = non_negative(name, vhost, arguments, "x-stream-max-segment-size-bytes")
     age = arguments.get("x-max-age")
     age_ms = 0
     if age is not None:
-        text = age.decode(errors="replace") if isinstance(age, bytes) else age
-        parsed = parse_age(text) if isinstance(text, str) else None
-        if parsed is None:
+        if not isinstance(age, (str, bytes)):
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED,
-                f"invalid arg 'x-max-age' for {where}: "
-                + (
-                    f"{{invalid_max_age,{text}}}"
-                    if isinstance(text, str)
-                    else f"{{unacceptable_type,{field_type(age)}}}"
-                ),
+                f"invalid arg 'x-max-age' for {where}: {{unacceptable_type,{field_type(age)}}}",
+            )
+        text = age.decode(errors="replace") if isinstance(age, bytes) else age
+        parsed = parse_age(text)
+        if parsed is None:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, f"invalid arg 'x-max-age' for {where}: invalid_max_age"
             )
         age_ms = parsed
-    return StreamArguments(max_bytes, age_ms, segment or DEFAULT_SEGMENT_BYTES)
+    for key in UNSUPPORTED:
+        if key in arguments:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
+                f"invalid arg '{key}' for {where} of queue type {QUEUE_TYPE}",
+            )
+    return StreamArguments(max_bytes or 0, age_ms, segment or DEFAULT_SEGMENT_BYTES)
+
+
+def server_named_refused() -> errors.ChannelError:
+    return errors.ChannelError(
+        errors.PRECONDITION_FAILED,
+        f"Cannot declare a server-named queue for type {QUEUE_TYPE}",
+    )
+
+
+def _integer(arguments: dict[str, Any], key: str, where: str) -> int | None:
+    """A stream's integer argument, in RabbitMQ's words when it is not one."""
+    value = arguments.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
+            f"invalid arg '{key}' for {where}: \"expected integer, got {field_type(value)}\"",
+        )
+    if value < 0:
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
+            f"invalid arg '{key}' for {where}: {{value_negative,{value}}}",
+        )
+    return value
+
+
+def not_supported(
+    what: str, name: bytes, vhost: str, class_id: int, method_id: int
+) -> errors.ConnectionError_:
+    """basic.get and queue.purge on a stream: RabbitMQ closes the connection."""
+    return errors.ConnectionError_(
+        errors.NOT_IMPLEMENTED,
+        f"{what} not supported by stream queues queue '{name.decode(errors='replace')}' "
+        f"in vhost '{vhost}'",
+        class_id,
+        method_id,
+    )
 
 
 # --------------------------------------------------------------- consumers
@@ -127,36 +171,40 @@ class StartSpec(NamedTuple):
     value: int = 0
 
 
-def start_spec(arguments: dict[str, Any], now_ms: int) -> StartSpec:
-    """A consumer's x-stream-offset (default: next, as RabbitMQ)."""
+def start_spec(arguments: dict[str, Any], now_ms: int, name: bytes, vhost: str) -> StartSpec:
+    """A consumer's x-stream-offset (default: next, as RabbitMQ). A
+    negative offset means the first, as in RabbitMQ."""
     value = arguments.get("x-stream-offset")
     if value is None:
         return StartSpec(NEXT)
     if isinstance(value, bool):
-        raise _invalid_offset(value)
+        raise _invalid_offset(value, name, vhost)
     if isinstance(value, int):
-        if value < 0:
-            raise _invalid_offset(value)
-        return StartSpec(OFFSET, value)
+        return StartSpec(OFFSET, value) if value >= 0 else StartSpec(FIRST)
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=datetime.UTC)
         return StartSpec(TIMESTAMP, int(value.timestamp() * 1000))
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    if isinstance(value, str):
-        if value in (FIRST, LAST, NEXT):
-            return StartSpec(value)
-        age = parse_age(value)
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    if isinstance(text, str):
+        if text in (FIRST, LAST, NEXT):
+            return StartSpec(text)
+        age = parse_age(text)
         if age is not None:
             return StartSpec(TIMESTAMP, now_ms - age)
-    raise _invalid_offset(value)
+    raise _invalid_offset(value, name, vhost)
 
 
-def _invalid_offset(value: object) -> errors.ChannelError:
+def _invalid_offset(value: object, name: bytes, vhost: str) -> errors.ChannelError:
+    if isinstance(value, (str, bytes)):
+        raw = value.encode() if isinstance(value, str) else value
+        shown = f'{{longstr,<<"{raw.decode(errors="replace")}">>}}'
+    else:
+        shown = f"{{{field_type(value)},{value}}}"
     return errors.ChannelError(
         errors.PRECONDITION_FAILED,
-        f"invalid arg 'x-stream-offset' for consumer: {value!r}",
+        f"invalid arg 'x-stream-offset' for queue '{name.decode(errors='replace')}' in vhost "
+        f"'{vhost}': {{invalid_stream_offset_arg,{shown}}}",
         60,
         20,
     )

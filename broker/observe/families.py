@@ -24,6 +24,7 @@ from shoal.shm import stats
 
 PROTOCOL = "amqp091"
 QUEUE_TYPE = "rabbit_classic_queue"  # what RabbitMQ calls a queue like Shoal's
+STREAM_QUEUE_TYPE = "rabbit_stream_queue"
 
 # rabbitmq_global_* families: (name, help, stats word or words summed)
 GLOBAL_PROTOCOL_COUNTERS = (
@@ -200,6 +201,23 @@ def queues(
         )
         _fill(consumers, rows, per_object, lambda q: q.consumers)
         yield consumers
+    streams = [q for q in rows if q.stream is not None]
+    if streams and "queue_coarse_metrics" in families:
+        # A stream's offsets: what its consumers' offsets are compared with.
+        for name, doc, value in (
+            ("stream_first_offset", "The first offset a stream queue keeps", lambda b: b.first),
+            (
+                "stream_last_offset",
+                "The last durable offset of a stream queue (-1: none yet)",
+                lambda b: b.next - 1,
+            ),
+            ("stream_bytes", "Bytes of a stream queue's segment files", lambda b: b.bytes),
+            ("stream_segments", "Segment files of a stream queue", lambda b: b.segments),
+        ):
+            gauge = GaugeMetricFamily(prefix + name, doc, labels=["vhost", "queue"])
+            for q in streams:
+                gauge.add_metric([q.vhost, q.name], value(q.stream))
+            yield gauge
     if per_object:
         info = GaugeMetricFamily(
             prefix + "queue_info",
@@ -207,7 +225,8 @@ def queues(
             labels=["vhost", "queue", "queue_type", "membership"],
         )
         for q in rows:
-            info.add_metric([q.vhost, q.name, QUEUE_TYPE, "leader"], 1)
+            kind = QUEUE_TYPE if q.stream is None else STREAM_QUEUE_TYPE
+            info.add_metric([q.vhost, q.name, kind, "leader"], 1)
         yield info
 
 

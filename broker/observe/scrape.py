@@ -9,6 +9,7 @@ from __future__ import annotations
 from shoal.shm import counters, layout, stats
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
+from shoal.shm.streams import StreamBounds
 
 
 class QueueRow:
@@ -24,6 +25,7 @@ class QueueRow:
         "ready",
         "ready_bytes",
         "resume",
+        "stream",
         "unacked",
         "vhost",
     )
@@ -34,6 +36,7 @@ class QueueRow:
         self.ready = self.unacked = self.consumers = self.published = self.bytes = 0
         self.ready_bytes = self.capacity = self.resume = self.flow_blocked = self.blocked = 0
         self.paged_out = 0
+        self.stream: StreamBounds | None = None  # a stream queue's offsets
 
     @property
     def unacked_bytes(self) -> int:
@@ -62,6 +65,7 @@ class Snapshot:
             row.bytes = c.bytes
             row.ready_bytes = c.ready_bytes
             row.paged_out = c.paged_out
+            row.stream = c.stream
             row.consumers = c.consumers
             row.capacity = c.capacity
             row.resume = c.resume

@@ -17,6 +17,7 @@ from shoal.shm.catalog import CatalogReader
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
+from shoal.shm.streams import StreamBounds
 
 
 def snapshot(seg: Segment) -> dict[str, Any]:
@@ -81,6 +82,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
                 "max_length_bytes": _limit(c.max_bytes),
                 "overflow": counters.OVERFLOW_NAMES.get(c.overflow),
                 "priority_levels_used": sorted(levels.by_level) if levels else [],
+                "stream": None if c.stream is None else _stream(c.stream),
             }
         )
     marks = memory.configured(seg)
@@ -115,6 +117,18 @@ def snapshot(seg: Segment) -> dict[str, Any]:
 _ALARM_NAMES = ((memory.ALARM_MEMORY, "memory"), (memory.ALARM_DISK, "disk"))
 
 
+def _stream(bounds: StreamBounds) -> dict[str, int]:
+    """A stream queue's offsets (docs/streams.md)."""
+    return {
+        "first_offset": bounds.first,
+        "last_offset": bounds.next - 1,  # -1: nothing written yet
+        "next_offset": bounds.next,
+        "last_chunk_offset": bounds.last_chunk,
+        "bytes": bounds.bytes,
+        "segments": bounds.segments,
+    }
+
+
 def _alarm_names(bits: int) -> list[str]:
     return [name for bit, name in _ALARM_NAMES if bits & bit]
 
@@ -147,6 +161,11 @@ def render(snap: dict[str, Any]) -> str:
             f"{q['name'][:31]:<32}{q['messages_ready']:>10}{q['messages_unacked']:>10}"
             f"{q['consumers']:>11}{q['flow'] if q['capacity'] else '':>10}"
         )
+        if q["stream"] is not None:
+            lines.append(
+                "  stream: offsets {first_offset}..{last_offset}, {bytes} bytes in "
+                "{segments} segments".format(**q["stream"])
+            )
     return "\n".join(lines)
 
 
@@ -206,6 +225,8 @@ def render_consumers(answer: dict[str, Any]) -> str:
                 f"{'-' if credit is None else credit:>8}{c.get('unacked', '?'):>9}"
                 f"  {c.get('selector') or ''}"
             )
+            if c.get("offset") is not None:
+                lines.append(f"{'':>9}stream offset {c['offset']}, lag {c.get('lag', '?')}")
     if answer["missing_workers"]:
         lines.append(f"no answer from workers {answer['missing_workers']}")
     return "\n".join(lines)

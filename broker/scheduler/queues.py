@@ -171,6 +171,8 @@ class QueueLifecycle(Journal):
             )
         else:
             if not name:
+                if streams.is_stream(arguments):
+                    raise streams.server_named_refused()
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
             stream = None
             if streams.is_stream(arguments):

@@ -14,8 +14,10 @@ import aio_pika
 import pika
 import pytest
 
-from tests.broker_process import Broker, wait_for
+from shoal.broker.observe.status import query_consumers
+from tests.broker_process import Broker, free_port, wait_for
 from tests.clients import connect, connections_on_both_workers, pump
+from tests.integration.test_metrics import scrape, value
 
 STREAM = {"x-queue-type": "stream"}
 
@@ -86,34 +88,117 @@ def test_offsets_and_start_forms(broker: Broker) -> None:
     assert got == [100, 101, 102, 103, 104]
     cch.close()
     # a timestamp and an interval: everything here is newer than a minute
-    then = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=1)
+    then = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)
     assert consume(conn, "s1", 105, then)[0][0] == 0
     assert consume(conn, "s1", 105, "1m")[0][0] == 0
     # the default is next
     conn.close()
 
 
-def test_consumer_rules(broker: Broker) -> None:
+def test_refusals_with_rabbitmqs_codes_and_texts(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()
     declare(ch, "s2")
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
-        ch.basic_consume("s2", lambda *a: None)
-    assert exc.value.reply_code == 406
+
+    def refused(call: Any, code: int, text: str, connection: bool = False) -> None:
+        nonlocal conn, ch
+        kind = (
+            pika.exceptions.ConnectionClosedByBroker
+            if connection
+            else pika.exceptions.ChannelClosedByBroker
+        )
+        with pytest.raises(kind) as exc:
+            call(ch)
+        assert (exc.value.reply_code, exc.value.reply_text) == (code, text)
+        if connection:
+            conn = connect(broker)
+        ch = conn.channel()
+
+    where = "queue 's2' in vhost '/'"
+    refused(
+        lambda c: c.basic_consume("s2", lambda *a: None),
+        406,
+        f"PRECONDITION_FAILED - consumer prefetch count is not set for '{where}'",
+    )
+    refused(
+        lambda c: (c.basic_qos(prefetch_count=1), c.basic_consume("s2", print, auto_ack=True)),
+        540,
+        f"NOT_IMPLEMENTED - automatic acknowledgement not supported by stream queues {where}",
+        connection=True,
+    )
+    refused(
+        lambda c: (
+            c.basic_qos(prefetch_count=1),
+            c.basic_consume("s2", print, arguments={"x-stream-offset": "0s"}),
+        ),
+        406,
+        f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for {where}: "
+        '{invalid_stream_offset_arg,{longstr,<<"0s">>}}',
+    )
+    refused(
+        lambda c: c.basic_get("s2"),
+        540,
+        f"NOT_IMPLEMENTED - basic.get not supported by stream queues {where}",
+        connection=True,
+    )
+    refused(
+        lambda c: c.queue_purge("s2"),
+        540,
+        f"NOT_IMPLEMENTED - queue.purge not supported by stream queues {where}",
+        connection=True,
+    )
+    for durable, exclusive, auto_delete, prop in (
+        (False, False, False, "non-durable"),
+        (True, True, False, "exclusive-owner"),
+        (True, False, True, "auto-delete"),
+    ):
+        refused(
+            lambda c, d=durable, e=exclusive, a=auto_delete: c.queue_declare(
+                "s3", durable=d, exclusive=e, auto_delete=a, arguments=STREAM
+            ),
+            406,
+            f"PRECONDITION_FAILED - invalid property '{prop}' for queue 's3' in vhost '/'",
+        )
+    refused(
+        lambda c: declare(c, "s3", **{"x-max-length": 10}),
+        406,
+        "PRECONDITION_FAILED - invalid arg 'x-max-length' for queue 's3' in vhost '/' "
+        "of queue type rabbit_stream_queue",
+    )
+    refused(
+        lambda c: declare(c, "s3", **{"x-max-age": "7d"}),
+        406,
+        "PRECONDITION_FAILED - invalid arg 'x-max-age' for queue 's3' in vhost '/': "
+        "invalid_max_age",
+    )
+    refused(
+        lambda c: declare(c, ""),
+        406,
+        "PRECONDITION_FAILED - Cannot declare a server-named queue for type rabbit_stream_queue",
+    )
+    conn.close()
+
+
+def test_an_offset_past_the_end_waits_for_it_and_a_negative_one_is_first(
+    broker: Broker,
+) -> None:
+    conn = connect(broker)
     ch = conn.channel()
-    ch.basic_qos(prefetch_count=1)
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
-        ch.basic_consume("s2", lambda *a: None, auto_ack=True)
-    assert exc.value.reply_code == 406
-    ch = conn.channel()
-    ch.basic_qos(prefetch_count=1)
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
-        ch.basic_consume("s2", lambda *a: None, arguments={"x-stream-offset": "nope"})
-    assert exc.value.reply_code == 406
-    ch = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
-        ch.queue_declare("s3", durable=False, arguments=STREAM)
-    assert exc.value.reply_code == 406
+    ch.confirm_delivery()
+    declare(ch, "s11")
+    publish(ch, "s11", 10)
+    assert consume(conn, "s11", 10, -5)[0][0] == 0
+    got: list[int] = []
+    cch = conn.channel()
+    cch.basic_qos(prefetch_count=100)
+    cch.basic_consume(
+        "s11",
+        lambda c, m, p, b: (got.append(p.headers["x-stream-offset"]), c.basic_ack(m.delivery_tag)),
+        arguments={"x-stream-offset": 20},
+    )
+    publish(ch, "s11", 15, 10)  # offsets 10..24
+    pump([conn], lambda: len(got) >= 5, 10, "offsets 20..24")
+    assert got == [20, 21, 22, 23, 24]
     conn.close()
 
 
@@ -224,3 +309,35 @@ def test_aio_pika_consumes_a_stream(broker: Broker) -> None:
             return seen
 
     assert asyncio.run(asyncio.wait_for(main(), 30)) == list(range(200))
+
+
+def test_offsets_and_lag_in_status_and_metrics(broker_factory: Any) -> None:
+    port = free_port()
+    broker = broker_factory(args=("--metrics-port", str(port)))
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare(ch, "s10")
+    publish(ch, "s10", 30)
+    q = next(q for q in broker.status()["queues"] if q["name"] == "s10")
+    assert q["messages_ready"] == 30
+    assert q["stream"]["first_offset"] == 0 and q["stream"]["last_offset"] == 29
+    samples = scrape(port)
+    assert value(samples, "rabbitmq_stream_last_offset", vhost="/", queue="s10") == 29
+    assert value(samples, "rabbitmq_stream_first_offset", vhost="/", queue="s10") == 0
+    # a consumer that took 10 (prefetch 10, no acks): 20 behind
+    cch = conn.channel()
+    cch.basic_qos(prefetch_count=10)
+    got: list[int] = []
+    cch.basic_consume(
+        "s10",
+        lambda c, m, p, b: got.append(1),
+        consumer_tag="lagging",
+        arguments={"x-stream-offset": 0},
+    )
+    pump([conn], lambda: len(got) == 10, 10, "ten deliveries")
+    answer = query_consumers(broker.runtime_dir)
+    stream = next(q for q in answer["queues"] if q["name"] == "s10")
+    consumer = stream["consumers"][0]
+    assert (consumer["offset"], consumer["lag"]) == (10, 20)
+    conn.close()
