@@ -89,6 +89,11 @@ class StreamWords:
         """The stamp of the writer that opened the files (0: none yet)."""
         return self.a.load(self._at(qid, layout.Q_STREAM_OPEN))
 
+    def writer(self, qid: int) -> int | None:
+        """The index of the IO worker that writes the stream (None: none yet)."""
+        stamp = self.opened_by(qid)
+        return (stamp & 0xFFFF) - 1 if stamp else None
+
     def set_opened(self, qid: int, stamp: int) -> None:
         self.a.store(self._at(qid, layout.Q_STREAM_OPEN), stamp)
 

@@ -208,6 +208,8 @@ class ChannelState:
         sent once they are durable (acks are cumulative)."""
         high = self.confirm_high
         unsynced = self.unsynced
+        if not unsynced and not self.stream_waits:
+            return high  # the common case: nothing waits for a disk
         if unsynced:
             synced = self.ctx.persist.synced  # type: ignore[union-attr]  # set when used
             while unsynced and unsynced[0][1] < synced:

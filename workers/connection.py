@@ -431,11 +431,7 @@ class Connection(asyncio.Protocol):
         up to what is durable (ChannelState.confirmable). Held (unless forced)
         while the channel's own consumer is about to get one: until a
         delivery is written (deliveries_written), at most CONFIRM_HOLD."""
-        high = (
-            channel.confirmable()
-            if channel.unsynced or channel.stream_waits
-            else channel.confirm_high
-        )
+        high = channel.confirmable()
         if high > channel.confirm_sent and self.channels.get(channel.number) is channel:
             if channel.confirm_held and not force:
                 if self.confirm_timer is None:

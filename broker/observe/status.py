@@ -17,7 +17,7 @@ from shoal.shm.catalog import CatalogReader
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
-from shoal.shm.streams import StreamBounds
+from shoal.shm.streams import StreamBounds, StreamWords
 
 
 def snapshot(seg: Segment) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
                 "max_length_bytes": _limit(c.max_bytes),
                 "overflow": counters.OVERFLOW_NAMES.get(c.overflow),
                 "priority_levels_used": sorted(levels.by_level) if levels else [],
-                "stream": None if c.stream is None else _stream(c.stream),
+                "stream": None if c.stream is None else _stream(c.stream, StreamWords(seg).writer(qid)),
             }
         )
     marks = memory.configured(seg)
@@ -117,9 +117,11 @@ def snapshot(seg: Segment) -> dict[str, Any]:
 _ALARM_NAMES = ((memory.ALARM_MEMORY, "memory"), (memory.ALARM_DISK, "disk"))
 
 
-def _stream(bounds: StreamBounds) -> dict[str, int]:
-    """A stream queue's offsets (docs/streams.md)."""
+def _stream(bounds: StreamBounds, writer: int | None) -> dict[str, int | None]:
+    """A stream queue's offsets (docs/streams.md) and the IO worker that
+    writes it (None: not opened yet)."""
     return {
+        "writer": writer,
         "first_offset": bounds.first,
         "last_offset": bounds.next - 1,  # -1: nothing written yet
         "next_offset": bounds.next,

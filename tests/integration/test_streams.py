@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
+import signal
 import time
 from typing import Any
 
@@ -341,3 +343,43 @@ def test_offsets_and_lag_in_status_and_metrics(broker_factory: Any) -> None:
     consumer = stream["consumers"][0]
     assert (consumer["offset"], consumer["lag"]) == (10, 20)
     conn.close()
+
+
+def test_writer_killed_mid_stream_loses_no_confirmed_message_and_writes_none_twice(
+    broker: Broker,
+) -> None:
+    """SIGKILL of the IO worker that writes the stream while a publisher on
+    the other worker keeps publishing with confirms: the worker's successor
+    opens the files again and skips what its predecessor wrote; every
+    confirmed message is in the stream once, offsets dense."""
+    a, b = connections_on_both_workers(broker)
+    setup = a.channel()
+    declare(setup, "s12")
+    publish_probe = a.channel()
+    publish_probe.confirm_delivery()
+    publish(publish_probe, "s12", 1)  # the writer opens the files
+    writer = next(q for q in broker.status()["queues"] if q["name"] == "s12")["stream"]["writer"]
+    publisher = a if int(a._impl.server_properties["shoal_worker"]) != writer else b
+    other = b if publisher is a else a
+    other.close()
+    ch = publisher.channel()
+    ch.confirm_delivery()
+    confirmed = 1
+    victim = broker.pids("io-worker")[writer]
+    for i in range(1, 6001):
+        if i == 2000:
+            os.kill(victim, signal.SIGKILL)
+        try:
+            ch.basic_publish("", "s12", f"m{i}".encode())
+            confirmed = i + 1
+        except pika.exceptions.AMQPError:
+            break  # a nack or a closed channel: the rest is unconfirmed
+    wait_for(lambda: broker.pids("io-worker").get(writer) not in (None, victim), 20, "a new worker")
+    conn = connect(broker)
+    got = consume(conn, "s12", confirmed, "first", prefetch=1000, timeout=30)
+    bodies = [body for _offset, body in got]
+    assert [offset for offset, _ in got] == list(range(len(got)))
+    assert len(set(bodies)) == len(bodies), "a message written twice"
+    assert set(bodies) >= {f"m{i}".encode() for i in range(confirmed)}
+    conn.close()
+    publisher.close()
