@@ -53,6 +53,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
             entry["lost_wakeups_rescued"] = a.load(base + layout.P_RESCUES)
         processes.append(entry)
     store = QueueStore(seg)
+    stream_words = StreamWords(seg)
     definitions = Definitions()
     for op in CatalogReader(seg, Op).poll()[1]:
         definitions.apply(op)
@@ -82,7 +83,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
                 "max_length_bytes": _limit(c.max_bytes),
                 "overflow": counters.OVERFLOW_NAMES.get(c.overflow),
                 "priority_levels_used": sorted(levels.by_level) if levels else [],
-                "stream": None if c.stream is None else _stream(c.stream, StreamWords(seg).writer(qid)),
+                "stream": None if c.stream is None else _stream(c.stream, stream_words.writer(qid)),
             }
         )
     marks = memory.configured(seg)
