@@ -232,6 +232,10 @@ class QueueDirectory:
         n = self.a.load(q + layout.Q_NAME_LEN)
         return bytes(self.seg.buf[q + layout.Q_NAME : q + layout.Q_NAME + n])
 
+    def generation(self, qid: int) -> int:
+        """How many times slot `qid` has been created (its Q_STATE's high bits)."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_STATE) >> 8
+
     def is_active(self, qid: int) -> bool:
         return (
             self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE

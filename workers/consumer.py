@@ -117,6 +117,7 @@ class Consumer:
         "release_gen",
         "selector",
         "since",
+        "stamp",
         "stream",
         "tag",
         "tag_sstr",
@@ -141,6 +142,7 @@ class Consumer:
         wanted: Callable[[bytes], bool] | None = None,
         selector: str | None = None,
         stream: StreamReading | None = None,
+        stamp: bool = False,
     ) -> None:
         self.cid = cid
         self.tag = tag
@@ -165,6 +167,9 @@ class Consumer:
         # A stream queue's consumer: a browser reading the stream's files
         # from its own cursor (workers/streams.py).
         self.stream = stream
+        # x-shoal-id: each delivery carries a header naming the queue entry,
+        # the same when the entry is delivered again (duplicates detectable).
+        self.stamp = stamp
         self.pointer = 0
         self.release_gen = 0
         self.unacked = 0

@@ -12,10 +12,10 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker import ipc
-from shoal.broker.amqp import errors
+from shoal.broker.amqp import errors, properties
 from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
-from shoal.shm import stats
+from shoal.shm import layout, stats
 from shoal.shm.arena import (
     read_message,
 )
@@ -111,6 +111,8 @@ class Delivery(ChannelState):
         out: list[bytes],
     ) -> None:
         exchange, routing_key, header, body = message
+        if consumer.stamp and seq >= 0:
+            header = properties.add_header(header, self._entry_id(qid, seq))
         tag = self.next_tag
         self.next_tag = tag + 1
         worker_stats = self.stats
@@ -133,6 +135,14 @@ class Delivery(ChannelState):
             )
         )
         out += framing.encode_content(self.number, header, body, self.conn.frame_max)
+
+    def _entry_id(self, qid: int, seq: int) -> bytes:
+        """The x-shoal-id header entry of log `qid`'s entry `seq`: this broker
+        start, the slot and its generation, the seq; a redelivery of the same
+        entry (after a requeue or a lost connection) carries the same id."""
+        ctx = self.ctx
+        value = f"{ctx.atomic.load(layout.H_EPOCH):x}.{qid:x}.{ctx.store.generation(qid):x}.{seq:x}"
+        return properties.string_entry(b"x-shoal-id", value.encode())
 
     def _acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
         if self.tx is not None:
@@ -223,6 +233,7 @@ class Delivery(ChannelState):
             _flag_argument(args, name) for name in ("x-filter-no-consume", "x-filter-auto-close")
         )
         selector = _selector_argument(args)
+        stamp = _flag_argument(args, "x-shoal-id")
         ctx = self.ctx
         stream = self._stream_reading(name, qid, method, args)
         consumer = Consumer(
@@ -237,6 +248,7 @@ class Delivery(ChannelState):
             acquiring=not browse and stream is None,
             auto_close=auto_close,
             stream=stream,
+            stamp=stamp,
             wanted=None if selector is None else selector.matches,
             selector=None if selector is None else selector.text,
             levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,

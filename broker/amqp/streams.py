@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import datetime
 import re
-import struct
 from typing import Any, NamedTuple
 
-from shoal.broker.amqp import errors
+from shoal.broker.amqp import errors, properties
 from shoal.broker.amqp.x_arguments import field_type
 
 # RabbitMQ's default segment size (x-stream-max-segment-size-bytes).
@@ -211,45 +210,7 @@ def _invalid_offset(value: object, name: bytes, vhost: str) -> errors.ChannelErr
 
 
 # ---------------------------------------------------- the offset header
-_HEADERS_FLAG = 0x2000
-_CONTENT_TYPE_FLAG = 0x8000
-_CONTENT_ENCODING_FLAG = 0x4000
-_OFFSET_KEY = b"\x0fx-stream-offset"
-_LONG = struct.Struct(">q")
-
-
 def with_offset(header: bytes | memoryview, offset: int) -> bytes:
-    """A content header payload (class, weight, body size, flags,
-    properties) with `x-stream-offset` (a signed 64-bit integer, as
-    RabbitMQ sends it) appended to its headers table, made if it had none."""
-    raw = bytes(header)
-    flags = int.from_bytes(raw[12:14], "big")
-    pos = 14
-    if flags & _CONTENT_TYPE_FLAG:
-        pos += 1 + raw[pos]
-    if flags & _CONTENT_ENCODING_FLAG:
-        pos += 1 + raw[pos]
-    entry = _OFFSET_KEY + b"l" + _LONG.pack(offset)
-    if flags & _HEADERS_FLAG:
-        size = int.from_bytes(raw[pos : pos + 4], "big")
-        end = pos + 4 + size
-        return b"".join(
-            (
-                raw[:pos],
-                (size + len(entry)).to_bytes(4, "big"),
-                raw[pos + 4 : end],
-                entry,
-                raw[end:],
-            )
-        )
-    flags |= _HEADERS_FLAG
-    return b"".join(
-        (
-            raw[:12],
-            flags.to_bytes(2, "big"),
-            raw[14:pos],
-            len(entry).to_bytes(4, "big"),
-            entry,
-            raw[pos:],
-        )
-    )
+    """A content header payload with `x-stream-offset` (a signed 64-bit
+    integer, as RabbitMQ sends it) added to its headers table."""
+    return properties.add_header(header, properties.long_entry(b"x-stream-offset", offset))
