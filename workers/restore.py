@@ -61,7 +61,24 @@ async def load(ctx: WorkerContext) -> None:
     except Exception:
         log.exception("the message store's recovery failed; its messages stay on disk")
     finally:
+        await _streams_opened(ctx)
         a.store(layout.H_LOADED, layout.LOAD_DONE)
+
+
+async def _streams_opened(ctx: WorkerContext, timeout: float = 30.0) -> None:
+    """The stream queues' writers (any worker) have opened their files, so
+    the first client is told their counts (bounded: a writer that cannot
+    open its files logs why and leaves the stream empty)."""
+    streams = ctx.streams
+    if streams is None:
+        return
+    deadline = time.monotonic() + timeout
+    streams.refresh()
+    while any(not streams.words.opened_by(qid) for qid in streams.qids):
+        if time.monotonic() > deadline:
+            log.error("stream queues not opened by their writers within %.0f s", timeout)
+            return
+        await asyncio.sleep(0.005)
 
 
 async def _load(ctx: WorkerContext) -> tuple[int, int]:

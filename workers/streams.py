@@ -43,6 +43,7 @@ from shoal.store.streams import stream_directory
 log = logging.getLogger("shoal.worker")
 
 TICK = 0.001  # how often a writer looks at its streams' logs, and waiting confirms are checked
+IDLE_TICK = 0.01  # ... and how often when it writes none and holds no confirm
 RETENTION_INTERVAL = 1.0
 CHUNK_MESSAGES = 4096  # a chunk's most messages ...
 CHUNK_BYTES = 4 << 20  # ... and bytes (of bodies), as one write
@@ -98,6 +99,7 @@ class Streams:
         self._gen = -1
         self._last_retention = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._fast = False  # the timer runs every TICK
         self._closed = False
 
     # ------------------------------------------------------------- catalog
@@ -126,8 +128,14 @@ class Streams:
         self._schedule()
 
     def _schedule(self) -> None:
-        if not self._closed:
-            self._timer = self.loop.call_later(TICK, self.tick)
+        """Every TICK while this worker writes a stream or holds confirms
+        for one; else only often enough to see a new stream (a publish to
+        one calls refresh() and wait() itself)."""
+        if self._closed:
+            return
+        busy = self.waiting or any(self.owns(qid) for qid in self.qids)
+        self._fast = bool(busy)
+        self._timer = self.loop.call_later(TICK if busy else IDLE_TICK, self.tick)
 
     def close(self) -> None:
         self._closed = True
@@ -164,6 +172,9 @@ class Streams:
 
     def wait(self, channel: Confirming) -> None:
         self.waiting.add(channel)
+        if not self._fast and self._timer is not None:
+            self._timer.cancel()
+            self._schedule()
 
     # -------------------------------------------------------------- writer
     def _open(self, qid: int) -> _Writer | None:
