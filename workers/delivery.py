@@ -243,7 +243,8 @@ class Delivery(ChannelState):
             qid,
             name,
             method.no_ack,
-            method.exclusive,
+            # RabbitMQ ignores `exclusive` on a stream (nobody takes anything).
+            method.exclusive and stream is None,
             priority,
             acquiring=not browse and stream is None,
             auto_close=auto_close,
@@ -264,7 +265,7 @@ class Delivery(ChannelState):
                     qid=qid,
                     priority=priority,
                     acquiring=consumer.acquiring,
-                    exclusive=method.exclusive,
+                    exclusive=consumer.exclusive,
                     interested=False,  # no delivery may overtake consume-ok
                     conn_id=self.conn.id,
                 )

@@ -138,10 +138,18 @@ class Streams:
         self._timer = self.loop.call_later(TICK if busy else IDLE_TICK, self.tick)
 
     def close(self) -> None:
+        """A stopping worker: what its streams' logs hold is written and
+        synced first (publishes without confirms made just before a clean
+        stop are kept), then the files are closed."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        for writer in self.writers.values():
+        for qid, writer in list(self.writers.items()):
+            try:
+                self._write(qid)
+                os.fdatasync(writer.file.fd)
+            except Exception:
+                log.exception("stream queue %r: final write failed", self.store.name(qid))
             writer.file.close()
         self.writers.clear()
 

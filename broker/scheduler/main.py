@@ -98,6 +98,7 @@ class Scheduler(Notification):
         self._load_queues()
         if first:
             self._restore_queues(restored)
+            self._drop_stale_streams()
         else:
             self._known_uids(restored)
         self._drop_stale_definitions()

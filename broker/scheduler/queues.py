@@ -367,6 +367,29 @@ class QueueLifecycle(Journal):
             self._journal(definitions.QueueGone(q.vhost, dest[1]))
             self._auto_delete(q.vhost, sources)
 
+    def _drop_stale_streams(self) -> None:
+        """At a broker's start: the directories of streams that no durable
+        queue names any more (a delete whose removal raced the stream's
+        writer creating a segment) go."""
+        root = streams_directory(self.config.data_path())
+        keep = {
+            os.path.basename(stream_directory(root, q.uid))
+            for q in self.queues.values()
+            if q.stream
+        }
+        keep |= {
+            os.path.basename(stream_directory(root, record.uid))
+            for record, _bindings in self.unrestored.values()
+        }
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name not in keep:
+                log.warning("removing the files of a deleted stream (%s)", name)
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
     def _connection_closed(self, conn_id: int) -> None:
         for q in [q for q in self.queues.values() if q.exclusive and q.owner == conn_id]:
             self._remove_queue(q)
