@@ -1,0 +1,82 @@
+"""pika helpers for the connector's tests (not a test module)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pika
+
+STREAM = {"x-queue-type": "stream"}
+
+
+def connect(url: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(url))
+
+
+def publish(
+    url: str,
+    queue: str,
+    n: int,
+    start: int = 0,
+    stream: bool = True,
+    ids: bool = True,
+    declare: bool = True,
+) -> None:
+    """Messages m<i> (message_id id-<i>) for i in [start, start + n), with
+    confirms; declares the queue (a stream unless stream=False)."""
+    conn = connect(url)
+    ch = conn.channel()
+    if declare:
+        ch.queue_declare(queue, durable=True, arguments=STREAM if stream else None)
+    ch.confirm_delivery()
+    for i in range(start, start + n):
+        props = pika.BasicProperties(
+            message_id=f"id-{i}" if ids else None, headers={"i": i, "tag": b"t"}
+        )
+        ch.basic_publish("", queue, f"m{i}".encode(), props)
+    conn.close()
+
+
+def count(url: str, queue: str) -> int:
+    conn = connect(url)
+    try:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        conn.close()
+
+
+def drain(url: str, queue: str, timeout: float = 10.0) -> list[tuple[bytes, Any, bool]]:
+    """Consume (and ack) everything in a classic queue: (body, properties,
+    redelivered) in order."""
+    conn = connect(url)
+    ch = conn.channel()
+    got: list[tuple[bytes, Any, bool]] = []
+    n = int(ch.queue_declare(queue, passive=True).method.message_count)
+    for method, props, body in ch.consume(queue, inactivity_timeout=timeout):
+        if method is None:
+            break
+        got.append((body, props, method.redelivered))
+        ch.basic_ack(method.delivery_tag)
+        if len(got) >= n:
+            break
+    conn.close()
+    return got
+
+
+def browse_all(url: str, queue: str) -> list[tuple[bytes, bool]]:
+    """(body, redelivered) of every ready message, without taking any."""
+    conn = connect(url)
+    ch = conn.channel()
+    seen: list[tuple[bytes, bool]] = []
+    done: list[bool] = []
+    ch.add_on_cancel_callback(lambda _f: done.append(True))
+    ch.basic_consume(
+        queue,
+        lambda _c, m, _p, b: seen.append((b, m.redelivered)),
+        auto_ack=True,
+        arguments={"x-filter-no-consume": True, "x-filter-auto-close": True},
+    )
+    while not done:
+        conn.process_data_events(time_limit=0.05)
+    conn.close()
+    return seen
