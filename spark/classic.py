@@ -270,9 +270,21 @@ class ClassicSource:
             # Spooled by a driver killed before Spark logged this batch: the
             # same rows, the same end.
             key = orphan[0]
-            log.info("queue %r: re-emitting spooled batch %s", self.queue, key)
+            log.warning(
+                "shoal.spark: queue %r: re-emitting spooled batch [%d, %d) (its reader "
+                "stopped before Spark logged it)",
+                self.queue,
+                *key,
+            )
             return self.spool.read(*key), {self.queue: key[1]}
+        dropped = self.duplicates_dropped
         rows, last_tag = self._consume()
+        if self.duplicates_dropped > dropped:
+            log.warning(
+                "shoal.spark: queue %r: dropped %d redelivered messages already handed to Spark",
+                self.queue,
+                self.duplicates_dropped - dropped,
+            )
         if not rows:
             if last_tag is not None:  # only redeliveries of rows Spark has
                 self._ch.basic_ack(last_tag, multiple=True)

@@ -6,6 +6,9 @@ from typing import Any
 
 import pika
 
+from shoal.spark.options import Options
+from shoal.spark.publish import Publisher
+
 STREAM = {"x-queue-type": "stream"}
 
 
@@ -13,28 +16,18 @@ def connect(url: str) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(url))
 
 
-def publish(
-    url: str,
-    queue: str,
-    n: int,
-    start: int = 0,
-    stream: bool = True,
-    ids: bool = True,
-    declare: bool = True,
-) -> None:
-    """Messages m<i> (message_id id-<i>) for i in [start, start + n), with
-    confirms; declares the queue (a stream unless stream=False)."""
+def publish(url: str, queue: str, n: int, start: int = 0, stream: bool = True) -> None:
+    """Messages m<i> (message_id id-<i>, headers i and tag) for i in
+    [start, start + n), with confirms, pipelined (the connector's publisher);
+    declares the queue first (a stream unless stream=False)."""
     conn = connect(url)
-    ch = conn.channel()
-    if declare:
-        ch.queue_declare(queue, durable=True, arguments=STREAM if stream else None)
-    ch.confirm_delivery()
-    for i in range(start, start + n):
-        props = pika.BasicProperties(
-            message_id=f"id-{i}" if ids else None, headers={"i": i, "tag": b"t"}
-        )
-        ch.basic_publish("", queue, f"m{i}".encode(), props)
+    conn.channel().queue_declare(queue, durable=True, arguments=STREAM if stream else None)
     conn.close()
+    rows = (
+        {"body": f"m{i}".encode(), "message_id": f"id-{i}", "headers": {"i": i, "tag": b"t"}}
+        for i in range(start, start + n)
+    )
+    Publisher(Options.parse({"uri": url, "routingKey": queue})).publish_all(rows, "test")
 
 
 def count(url: str, queue: str) -> int:

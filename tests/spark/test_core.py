@@ -204,11 +204,11 @@ def test_classic_source_survives_a_killed_reader(broker: Broker, tmp_path: Path)
 
 
 def test_classic_available_now_budget(broker: Broker, tmp_path: Path) -> None:
-    publish(broker.url, "cb", 30, stream=False, ids=False)
+    publish(broker.url, "cb", 30, stream=False)
     o = options(broker, queue="cb", spoolLocation=str(tmp_path), maxMessagesPerTrigger="20")
     src = ClassicSource(o)
     src.prepare_available_now()
-    publish(broker.url, "cb", 30, 30, stream=False, ids=False, declare=False)
+    publish(broker.url, "cb", 30, 30, stream=False)
     rows, end = src.read({"cb": 0})
     rows2, end2 = src.read(end)
     assert (len(rows), len(rows2)) == (20, 10)
