@@ -21,12 +21,12 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check broker workers shm store perf tests bench interop grafana
-	$(VENV)/bin/ruff format --check broker workers shm store perf tests bench interop grafana
+	$(VENV)/bin/ruff check broker workers shm store perf spark tests bench interop grafana
+	$(VENV)/bin/ruff format --check broker workers shm store perf spark tests bench interop grafana
 	@# mypy cannot follow setuptools' package-dir mapping: it checks the
 	@# packages as shoal.* through a tree of links (pyproject, [tool.mypy]).
 	mkdir -p .build/mypy/shoal
-	for p in broker workers shm store perf; do ln -sfn ../../../$$p .build/mypy/shoal/$$p; done
+	for p in broker workers shm store perf spark; do ln -sfn ../../../$$p .build/mypy/shoal/$$p; done
 	$(VENV)/bin/mypy
 
 ## Side-by-side throughput against RabbitMQ (needs rabbitmq-server installed).

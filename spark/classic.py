@@ -292,6 +292,7 @@ class ClassicSource:
         end = s + len(rows)
         self.spool.write(s, end, rows)
         self._remember(s, end, rows)
+        assert last_tag is not None  # rows came from deliveries
         self._pending.append((end, last_tag))
         return rows, {self.queue: end}
 

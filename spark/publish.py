@@ -128,9 +128,9 @@ class Publisher:
                 if nack:
                     self._nacked.append(where)
         else:
-            where = pending.pop(method.delivery_tag, None)
-            if nack and where is not None:
-                self._nacked.append(where)
+            found = pending.pop(method.delivery_tag, None)
+            if nack and found is not None:
+                self._nacked.append(found)
 
     def _check(self, ch: Any) -> None:
         if ch.is_closed:
