@@ -7,6 +7,7 @@ Spark driver process with SIGKILL mid-batch and restart it from its checkpoint
 from __future__ import annotations
 
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -272,3 +273,25 @@ def test_classic_query_killed_mid_batch_loses_nothing(
     duplicates = len(ids) - len(set(ids))
     print(f"classic queue after a killed driver: {len(ids)} rows, {duplicates} duplicates")
     assert count(broker.url, "work") == 0
+
+
+def test_examples(spark: Any, broker: Broker, tmp_path: Path, capsys: Any) -> None:
+    """spark/examples: archive a stream to Parquet (twice: each message once),
+    replay the archive into amq.topic, count by type."""
+    examples = ROOT / "spark" / "examples"
+
+    def example(name: str, *argv: str) -> None:
+        module = runpy.run_path(str(examples / f"{name}.py"), run_name="example")
+        assert module["main"](["--uri", broker.url, *argv], spark) == 0
+
+    out = str(tmp_path / "archive")
+    example("archive_stream", "--output", out, "--demo", "300")
+    example("archive_stream", "--output", out, "--demo", "200")
+    assert "500 messages of stream 'events'" in capsys.readouterr().out
+    example("replay_parquet", "--input", f"{out}/events", "--bind-queue", "replayed")
+    got = drain(broker.url, "replayed")
+    assert len(got) == 500 and len({p.message_id for _b, p, _r in got}) == 500
+    assert {p.type for _b, p, _r in got} == {"order.created", "order.paid", "user.signup"}
+    example("count_by_routing_key")
+    printed = capsys.readouterr().out
+    assert "counted 500 messages of stream 'events' by type" in printed
