@@ -50,8 +50,8 @@ def spark() -> Iterator[Any]:
     reason = missing()
     if reason is not None:
         pytest.fail(f"SHOAL_SPARK_REQUIRED=1 but {reason}")
-    from tests.spark.driver import build_session
+    from tests.spark.driver import build_session, stop_session
 
     session = build_session("shoal-tests")
     yield session
-    session.stop()
+    stop_session(session)

@@ -47,6 +47,31 @@ def build_session(app: str) -> Any:
     return spark
 
 
+def stop_session(spark: Any) -> None:
+    """Stop Spark and wait for its JVM to exit (it exits when its stdin
+    closes), so no JVM outlives the process that started it."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    spark.stop()
+    proc = getattr(gateway, "proc", None)
+    if proc is None:
+        return
+    try:
+        gateway.shutdown()
+    except Exception:
+        pass
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(30)
+    except Exception:
+        proc.kill()
+        proc.wait(10)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--uri", required=True)
@@ -91,7 +116,7 @@ def main() -> None:
         print(f"driver: query failed: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
     print("driver: done", flush=True)
-    spark.stop()
+    stop_session(spark)
 
 
 if __name__ == "__main__":
