@@ -54,15 +54,26 @@ class BrowsePartition(InputPartition):
 
 
 def _queue_types(options: Options) -> dict[str, bool]:
-    """{queue: is a stream} for every option queue (one connection)."""
+    """{queue: is a stream} for every option queue, asked of the broker (one
+    connection; amqp.is_stream takes nothing). An explicit queueType that
+    does not match a queue is refused here, before anything reads it."""
     queues = options.require_queues()
-    if options.queue_type != "auto":
-        return dict.fromkeys(queues, options.queue_type == "stream")
     conn = amqp.connect(options.uri)
     try:
-        return {q: amqp.is_stream(conn, q, options.uri) for q in queues}
+        types = {q: amqp.is_stream(conn, q, options.uri) for q in queues}
     finally:
         amqp.close_quietly(conn)
+    if options.queue_type != "auto":
+        wanted = options.queue_type == "stream"
+        other = sorted(q for q, stream in types.items() if stream != wanted)
+        if other:
+            actual = "classic" if wanted else "stream"
+            raise ShoalSparkError(
+                f"queueType={options.queue_type} but {other} {'is' if len(other) == 1 else 'are'} "
+                f"{actual} queue{'s' if len(other) > 1 else ''}: drop the option (auto) or "
+                "name the right type"
+            )
+    return types
 
 
 class ShoalBatchReader(DataSourceReader):

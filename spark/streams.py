@@ -70,6 +70,7 @@ class StreamSource:
         self.queues = options.require_queues()
         self._conn: Any = None
         self._target: dict[str, int] | None = None
+        self._verified = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -81,6 +82,8 @@ class StreamSource:
     def _bounds_once(self) -> dict[str, tuple[int, int]]:
         if self._conn is None or not self._conn.is_open:
             self._conn = amqp.connect(self.options.uri)
+        if not self._verified:
+            self.check_streams()
         out = {}
         for queue in self.queues:
             ch = self._conn.channel()
@@ -115,6 +118,7 @@ class StreamSource:
                     f"queue '{queue}' is a classic queue, not a stream: read it with "
                     "option queueType=classic (one queue, at-least-once, spark/README.md)"
                 )
+        self._verified = True
 
     def resolve(self, wanted: dict[str, Any]) -> dict[str, int]:
         """startingOffsets/endingOffsets values ("earliest", "latest", int) as
@@ -133,7 +137,6 @@ class StreamSource:
         return dict(sorted(out.items()))
 
     def initial_offset(self) -> dict[str, int]:
-        self.check_streams()
         return self.resolve(self.options.starting_offsets)
 
     def _checked(self, start: dict[str, Any]) -> dict[str, int]:

@@ -60,6 +60,8 @@ def test_batch_reads_a_stream_range_and_snapshots_a_classic_queue(
 
     with pytest.raises(Exception, match="queue 'nope' does not exist in vhost '/'"):
         reader(spark, broker, "nope").collect()
+    with pytest.raises(Exception, match=r"queueType=stream but \['c'\] is classic queue"):
+        reader(spark, broker, "c", queueType="stream").collect()
 
 
 def test_write_publishes_every_row_once_and_unroutable_fails(spark: Any, broker: Broker) -> None:
@@ -272,6 +274,9 @@ def test_classic_query_killed_mid_batch_loses_nothing(
     assert set(ids) == {f"id-{i}" for i in range(total)}, "a message was lost"
     duplicates = len(ids) - len(set(ids))
     print(f"classic queue after a killed driver: {len(ids)} rows, {duplicates} duplicates")
+    # The kill left deliveries unacked; the broker delivered them again and
+    # the restarted reader recognised them by message_id.
+    assert "redelivered messages already handed to Spark" in log.read_text(errors="replace")
     assert count(broker.url, "work") == 0
 
 
