@@ -73,7 +73,9 @@ class Spool:
         return os.path.join(self.dir, f"{start:020d}-{end:020d}.jsonl")
 
     def batches(self) -> list[tuple[int, int]]:
-        """(start, end) of every spool file, in order."""
+        """(start, end) of every spool file, in order. A `.tmp` file is a write
+        that a killed reader did not finish: its messages were never acked
+        and come back from the broker, so it is removed."""
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:
@@ -83,6 +85,8 @@ class Spool:
             m = _SPOOL_NAME.match(name)
             if m:
                 found.append((int(m.group(1)), int(m.group(2))))
+            elif name.endswith(".jsonl.tmp"):
+                os.remove(os.path.join(self.dir, name))
         return sorted(found)
 
     def write(self, start: int, end: int, rows: list[tuple[Any, ...]]) -> None:
@@ -232,10 +236,11 @@ class ClassicSource:
                 amqp.close_quietly(self._conn)
                 self._reset()
         committed = sorted((k for k in self._files if k[1] <= through), reverse=True)
+        window = self.options.dedupe_window
         kept = 0
-        for key in committed:
+        for i, key in enumerate(committed):
             kept += len(self._files[key])
-            if kept > self.options.dedupe_window or self.options.dedupe_window == 0:
+            if window == 0 or (kept > window and i > 0):
                 self._forget(key)
 
     # -- Spark's calls ---------------------------------------------------------------

@@ -199,13 +199,20 @@ def test_classic_source_survives_a_killed_reader(broker: Broker, tmp_path: Path)
     assert end3 == {"cl": 250}
     assert b.read(end3) == ([], {"cl": 250})
     b.commit(end3)
+    assert len(b.spool.batches()) == 3  # kept for the dedupe window
     assert count(broker.url, "cl") == 0
     b.stop()
 
 
 def test_classic_available_now_budget(broker: Broker, tmp_path: Path) -> None:
     publish(broker.url, "cb", 30, stream=False)
-    o = options(broker, queue="cb", spoolLocation=str(tmp_path), maxMessagesPerTrigger="20")
+    o = options(
+        broker,
+        queue="cb",
+        spoolLocation=str(tmp_path),
+        maxMessagesPerTrigger="20",
+        dedupeWindow="0",
+    )
     src = ClassicSource(o)
     src.prepare_available_now()
     publish(broker.url, "cb", 30, 30, stream=False)
@@ -214,6 +221,7 @@ def test_classic_available_now_budget(broker: Broker, tmp_path: Path) -> None:
     assert (len(rows), len(rows2)) == (20, 10)
     assert src.read(end2) == ([], end2)
     src.commit(end2)
+    assert src.spool.batches() == []  # dedupeWindow 0: committed batches are not kept
     src.stop()
     assert count(broker.url, "cb") == 30
 
