@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -195,14 +194,16 @@ def finish(log: Path, *args: str) -> None:
 
 
 class Producer(threading.Thread):
-    """Publishes ids [start, stop) in chunks with pauses (the connector's
-    publisher: confirms, message_id id-<i>)."""
+    """Publishes ids [start, stop) in chunks, pausing 0.5 s between chunks
+    until told to hurry (the connector's publisher: confirms, message_id
+    id-<i>)."""
 
     def __init__(self, url: str, queue: str, start: int, stop: int, chunk: int) -> None:
         super().__init__(daemon=True)
         self.options = Options.parse({"uri": url, "routingKey": queue})
         self.range = (start, stop, chunk)
         self.error: BaseException | None = None
+        self.hurry = threading.Event()
 
     def run(self) -> None:
         start, stop, chunk = self.range
@@ -213,7 +214,7 @@ class Producer(threading.Thread):
                     for i in range(a, min(a + chunk, stop))
                 )
                 Publisher(self.options).publish_all(rows, "unused")
-                time.sleep(0.3)
+                self.hurry.wait(0.5)
         except BaseException as exc:
             self.error = exc
 
@@ -232,6 +233,7 @@ def kill_mid_batch(
     finally:
         kill_driver(proc)
     assert producer_running, "the producer had finished before the kill"
+    producer.hurry.set()
     producer.join(120)
     assert producer.error is None, producer.error
     return cp, out, log, argv
