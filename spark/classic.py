@@ -20,10 +20,11 @@ from the broker:
   at or before `start`: at most one batch is unacked at a time;
 - a message the broker delivers again (redelivered: the connection of a
   killed driver dropped it unacked) whose dedupe id (rows.dedupe_id: the
-  message_id) is in a retained spool file was already handed to Spark: it is
-  acked and dropped. Spool files of committed batches are kept while they
-  hold at most `dedupeWindow` ids, for that. Messages without a message_id
-  come back as duplicates (at-least-once).
+  broker-stamped x-shoal-id, else the message_id) is in a retained spool
+  file was already handed to Spark: it is acked and dropped. Spool files of
+  committed batches are kept while they hold at most `dedupeWindow` ids, for
+  that. A message that comes back after a broker restart has a new
+  x-shoal-id: without a message_id it becomes a duplicate (at-least-once).
 
 Batch (browse): a browsing consumer (x-filter-no-consume) that the broker
 cancels once it reaches the end of the queue: a copy of every ready message in
@@ -43,10 +44,10 @@ from typing import Any
 
 import pika.exceptions
 
-from shoal.spark import amqp
+import shoal.spark.amqp as amqp
 from shoal.spark.errors import ShoalSparkError
 from shoal.spark.options import Options
-from shoal.spark.rows import dedupe_id, from_json, message_row, now, to_json
+from shoal.spark.rows import SHOAL_ID, dedupe_id, from_json, message_row, now, to_json
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,8 @@ class ClassicSource:
             buffer.append((method, properties, body))
 
         try:
-            ch.basic_consume(self.queue, on_message)
+            # x-shoal-id: each delivery names its queue entry (rows.dedupe_id).
+            ch.basic_consume(self.queue, on_message, arguments={SHOAL_ID: True})
         except pika.exceptions.ChannelClosedByBroker as exc:
             amqp.close_quietly(conn)
             raise amqp.not_found(exc, "queue", self.queue, self.options.uri) or amqp.broker_error(

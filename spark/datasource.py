@@ -36,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from shoal.spark import amqp
+import shoal.spark.amqp as amqp
 from shoal.spark.classic import ClassicSource, browse
 from shoal.spark.errors import ShoalSparkError
 from shoal.spark.options import Options

@@ -22,7 +22,7 @@ import pika
 import pika.exceptions
 import pika.spec
 
-from shoal.spark import amqp
+import shoal.spark.amqp as amqp
 from shoal.spark.errors import ShoalSparkError
 from shoal.spark.options import Options
 from shoal.spark.rows import PROPERTY_COLUMNS, header_text

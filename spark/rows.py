@@ -54,6 +54,7 @@ _TYPES = {
 SCHEMA_DDL = ", ".join(f"`{name}` {_TYPES.get(name, 'STRING')}" for name in COLUMNS)
 INDEX = {name: i for i, name in enumerate(COLUMNS)}
 _UTC = datetime.UTC
+SHOAL_ID = "x-shoal-id"  # docs/streams.md: the consume argument and the header
 _STREAM_OFFSET = "x-stream-offset"
 
 
@@ -118,9 +119,14 @@ def message_row(
 def dedupe_id(row: tuple[Any, ...]) -> str | None:
     """The id by which classic-queue mode recognises a message it has already
     handed to Spark when the broker delivers it again (after a connection
-    loss or a restart): the message_id property for now. None: the message
-    cannot be recognised, so a redelivery of it becomes a duplicate row.
-    The hook for a broker-stamped id (a header) when Shoal has one."""
+    loss): the broker-stamped `x-shoal-id` header (the queue entry, the same
+    on every redelivery while the broker runs; the consumer asks for it),
+    else the message_id property. None: the message cannot be recognised, so
+    a redelivery of it becomes a duplicate row."""
+    headers = row[INDEX["headers"]] or {}
+    stamped = headers.get(SHOAL_ID)
+    if stamped:
+        return str(stamped)
     value = row[INDEX["message_id"]]
     return None if value is None or value == "" else str(value)
 

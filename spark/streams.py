@@ -19,7 +19,7 @@ from typing import Any
 
 import pika.exceptions
 
-from shoal.spark import amqp
+import shoal.spark.amqp as amqp
 from shoal.spark.bounds import stream_bounds
 from shoal.spark.errors import DataLossError, ShoalSparkError
 from shoal.spark.options import Options

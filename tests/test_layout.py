@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("broker", "workers", "shm", "store", "perf")
+PACKAGES = ("broker", "workers", "shm", "store", "perf", "spark")
 
 
 def modules() -> dict[str, Path]:
@@ -183,6 +183,15 @@ def test_the_load_generator_imports_nothing_of_the_broker() -> None:
     for name, targets in graph(type_checking=True).items():
         if name.startswith("shoal.perf"):
             outside = sorted(t for t in targets if not t.startswith("shoal.perf"))
+            assert not outside, f"{name} imports {outside}"
+
+
+def test_the_spark_connector_imports_nothing_of_the_broker() -> None:
+    """spark/ is installed into Spark's environment and talks AMQP to a
+    broker over the network: it must not lean on the broker's code."""
+    for name, targets in graph(type_checking=True).items():
+        if name.startswith("shoal.spark"):
+            outside = sorted(t for t in targets if not t.startswith("shoal.spark"))
             assert not outside, f"{name} imports {outside}"
 
 

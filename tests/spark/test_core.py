@@ -204,6 +204,42 @@ def test_classic_source_survives_a_killed_reader(broker: Broker, tmp_path: Path)
     b.stop()
 
 
+def test_classic_source_drops_redeliveries_by_the_broker_stamped_id(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Messages without a message_id: the x-shoal-id header the broker puts
+    on each delivery recognises the redelivered copies after a lost
+    connection."""
+    conn = connect(broker.url)
+    ch = conn.channel()
+    ch.queue_declare("nid")
+    for i in range(150):
+        ch.basic_publish("", "nid", f"m{i}".encode())
+    conn.close()
+    o = options(broker, queue="nid", spoolLocation=str(tmp_path), maxMessagesPerTrigger="100")
+    a = ClassicSource(o)
+    rows0, end0 = a.read({"nid": 0})
+    assert all(r[INDEX["headers"]]["x-shoal-id"] for r in rows0)
+    a._conn._impl._transport._sock.close()  # killed before Spark committed anything
+    a._conn = None
+    wait_for(lambda: count(broker.url, "nid") == 150, 10, "the unacked messages to return")
+    b = ClassicSource(o)
+    again, end = b.read({"nid": 0})  # the orphan batch, re-emitted from the spool
+    assert end == end0 and again == rows0
+    rest: list[Any] = []
+    for _ in range(50):  # a read returns what has arrived: bounded retries
+        more, end = b.read(end)
+        rest += more
+        if len(rest) >= 50:
+            break
+    assert b.duplicates_dropped == 100
+    assert bodies(rest) == [f"m{i}".encode() for i in range(100, 150)]
+    b.commit(end)
+    b.read(end)
+    assert count(broker.url, "nid") == 0
+    b.stop()
+
+
 def test_classic_available_now_budget(broker: Broker, tmp_path: Path) -> None:
     publish(broker.url, "cb", 30, stream=False)
     o = options(
