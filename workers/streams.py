@@ -43,6 +43,10 @@ from shoal.store.streams import stream_directory
 log = logging.getLogger("shoal.worker")
 
 TICK = 0.001  # how often a writer looks at its streams' logs, and waiting confirms are checked
+# While a channel of this worker waits to confirm a publish to a stream
+# (whose writer may be another worker): its confirm latency, so the rate of a
+# publisher with a window of confirms.
+CONFIRM_TICK = 0.0002
 IDLE_TICK = 0.01  # ... and how often when it writes none and holds no confirm
 RETENTION_INTERVAL = 1.0
 CHUNK_MESSAGES = 4096  # a chunk's most messages ...
@@ -99,7 +103,7 @@ class Streams:
         self._gen = -1
         self._last_retention = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        self._fast = False  # the timer runs every TICK
+        self._confirm_timer: asyncio.TimerHandle | None = None
         self._closed = False
 
     # ------------------------------------------------------------- catalog
@@ -128,13 +132,12 @@ class Streams:
         self._schedule()
 
     def _schedule(self) -> None:
-        """Every TICK while this worker writes a stream or holds confirms
-        for one; else only often enough to see a new stream (a publish to
-        one calls refresh() and wait() itself)."""
+        """Every TICK while this worker writes a stream; else only often
+        enough to see a new stream (a publish to one calls refresh() itself;
+        waiting confirms have their own timer, see wait())."""
         if self._closed:
             return
-        busy = self.waiting or any(self.owns(qid) for qid in self.qids)
-        self._fast = bool(busy)
+        busy = any(self.owns(qid) for qid in self.qids)
         self._timer = self.loop.call_later(TICK if busy else IDLE_TICK, self.tick)
 
     def close(self) -> None:
@@ -166,8 +169,6 @@ class Streams:
                 for qid, writer in self.writers.items():
                     if writer.file.apply_retention():
                         self._publish(qid, writer, None)
-            if self.waiting:
-                self.confirms_moved()
         except Exception:
             log.exception("stream writer tick failed")
         self._schedule()
@@ -180,9 +181,19 @@ class Streams:
 
     def wait(self, channel: Confirming) -> None:
         self.waiting.add(channel)
-        if not self._fast and self._timer is not None:
-            self._timer.cancel()
-            self._schedule()
+        if self._confirm_timer is None and not self._closed:
+            self._confirm_timer = self.loop.call_later(CONFIRM_TICK, self._poll_confirms)
+
+    def _poll_confirms(self) -> None:
+        """While channels wait: send what the streams' writers have synced
+        (they may be other workers, which cannot call us)."""
+        self._confirm_timer = None
+        try:
+            self.confirms_moved()
+        except Exception:
+            log.exception("stream confirms failed")
+        if self.waiting and not self._closed:
+            self._confirm_timer = self.loop.call_later(CONFIRM_TICK, self._poll_confirms)
 
     # -------------------------------------------------------------- writer
     def _open(self, qid: int) -> _Writer | None:
@@ -280,6 +291,9 @@ class Streams:
                 self.waker.kick(qid)
                 if self.waiting:
                     self.confirms_moved()
+                # Take what came meanwhile now, not at the next tick: the
+                # next sync starts at once (group commit without a delay).
+                self._write(qid)
                 self._sync(qid, writer)
 
         self.loop.run_in_executor(None, sync).add_done_callback(done)
