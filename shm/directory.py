@@ -21,7 +21,7 @@ _QUEUE_SIZE = layout.QUEUE_SIZE
 class QueueDirectory:
     """Read access (and the scheduler's few writes) to the queue records."""
 
-    __slots__ = ("_levels", "_names", "_names_gen", "a", "layout", "queues", "seg")
+    __slots__ = ("_levels", "_names", "_names_gen", "_streams", "a", "layout", "queues", "seg")
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
@@ -31,6 +31,7 @@ class QueueDirectory:
         self.queues = seg.layout.queues
         self._names: dict[tuple[int, bytes], int] = {}
         self._levels: dict[int, PriorityLevels] = {}
+        self._streams: frozenset[int] = frozenset()
         self._names_gen = -1
 
     def catalog_generation(self) -> int:
@@ -48,6 +49,11 @@ class QueueDirectory:
         self._refresh()
         return self._levels
 
+    def stream_queues(self) -> frozenset[int]:
+        """The stream queues' qids (same cache)."""
+        self._refresh()
+        return self._streams
+
     def _refresh(self) -> None:
         gen = self.a.load(layout.H_CATALOG_GEN)
         if gen == self._names_gen:
@@ -55,6 +61,7 @@ class QueueDirectory:
         names: dict[tuple[int, bytes], int] = {}
         levels: dict[int, PriorityLevels] = {}
         children: list[tuple[int, int, int]] = []
+        streams = set()
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
             if self.a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
@@ -67,10 +74,12 @@ class QueueDirectory:
             top = self.a.load(q + layout.Q_MAX_PRIORITY)
             if top:
                 levels[qid] = PriorityLevels(top, qid)
+            if self.a.load(q + layout.Q_FLAGS) & layout.QF_STREAM:
+                streams.add(qid)
         for parent, level, qid in children:
             if parent in levels:
                 levels[parent].add(level, qid)
-        self._names, self._levels = names, levels
+        self._names, self._levels, self._streams = names, levels, frozenset(streams)
         # Re-read: if it moved while we scanned, rescan next time.
         self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
 

@@ -61,12 +61,22 @@ class Confirming(Protocol):
 class _Writer:
     """One owned stream: its files, where it is in the log, its sync."""
 
-    __slots__ = ("file", "origin", "pointer", "skip_below", "state", "syncing", "unsynced_seq")
+    __slots__ = (
+        "file",
+        "generation",
+        "origin",
+        "pointer",
+        "skip_below",
+        "syncing",
+        "unsynced_seq",
+    )
 
-    def __init__(self, file: files.StreamLog, origin: int, state: int, skip_below: int) -> None:
+    def __init__(
+        self, file: files.StreamLog, origin: int, generation: int, skip_below: int
+    ) -> None:
         self.file = file
         self.origin = origin
-        self.state = state  # the queue's state word (generation) when opened
+        self.generation = generation  # the queue slot's, when opened
         self.skip_below = skip_below
         self.pointer = 0
         self.syncing = False
@@ -100,7 +110,6 @@ class Streams:
         self.qids: frozenset[int] = frozenset()  # every active stream queue
         self.writers: dict[int, _Writer] = {}
         self.waiting: set[Confirming] = set()
-        self._gen = -1
         self._last_retention = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._confirm_timer: asyncio.TimerHandle | None = None
@@ -110,18 +119,13 @@ class Streams:
     def refresh(self) -> None:
         """Which queues are streams (and which of them this worker writes),
         again when the scheduler has created or deleted a queue."""
-        gen = self.store.catalog_generation()
-        if gen == self._gen:
+        found = self.store.stream_queues()  # the queue cache: one load unless changed
+        if found is self.qids:
             return
-        self._gen = gen
-        found = set()
-        for _vhost, _name, qid in self.store.scan():
-            if self.words.is_stream(qid):
-                found.add(qid)
-        self.qids = frozenset(found)
+        self.qids = found
         for qid in list(self.writers):
             writer = self.writers[qid]
-            if qid not in found or self.store.word(qid, layout.Q_STATE) != writer.state:
+            if qid not in found or self.store.generation(qid) != writer.generation:
                 writer.file.close()
                 del self.writers[qid]
 
@@ -198,8 +202,8 @@ class Streams:
     # -------------------------------------------------------------- writer
     def _open(self, qid: int) -> _Writer | None:
         settings = self.words.settings(qid)
-        state = self.store.word(qid, layout.Q_STATE)
-        origin = (self.epoch & 0xFFFFFFFF) << 32 | (state >> 8) & 0xFFFFFFFF
+        generation = self.store.generation(qid)
+        origin = (self.epoch & 0xFFFFFFFF) << 32 | generation & 0xFFFFFFFF
         try:
             file = files.StreamLog(
                 stream_directory(self.root, settings.stream_id),
@@ -211,7 +215,7 @@ class Streams:
             log.exception("stream queue %r: cannot open its files", self.store.name(qid))
             return None
         skip_below = file.last_seq + 1 if file.last_origin == origin else 0
-        writer = _Writer(file, origin, state, skip_below)
+        writer = _Writer(file, origin, generation, skip_below)
         file.apply_retention()
         self.writers[qid] = writer
         self._publish(qid, writer, skip_below)
