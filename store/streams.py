@@ -10,11 +10,14 @@ the writer took from the staging log in one go:
                            records, first offset, count, records' size,
                            timestamp (ms, when written), origin, last seq
     records                count x (u32 size | u8 exchange len | u8 routing
-                           key len | u32 header len | exchange | routing
-                           key | content header | body)
+                           key len | u32 header len | u8 filter len |
+                           exchange | routing key | filter value | content
+                           header | body)
 
 The content header is the one the client sent with the `x-stream-offset`
-header added (broker/amqp/streams.py), so a delivery copies it as it is.
+header added (broker/amqp/streams.py), so a delivery copies it as it is; the
+filter value is its `x-stream-filter-value` header, read once by the writer
+so that a filtering reader never decodes headers.
 `origin` and `last seq` name the staging log the chunk came from (broker
 start, queue generation) and its last entry: a writer that replaces a
 killed one skips the entries already written. One writer appends, with
@@ -36,13 +39,15 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-MAGIC = 0x53484B31  # "SHK1"
+MAGIC = 0x53484B32  # "SHK2"
 CHUNK = struct.Struct("<IIQIIQQQ")  # magic, crc, first, count, size, timestamp, origin, last seq
-RECORD = struct.Struct("<IBBI")  # size (after this u32), exchange len, routing key len, header len
+# size (after this u32), exchange len, routing key len, header len, filter value len
+RECORD = struct.Struct("<IBBIB")
 SUFFIX = ".segment"
 
-# A stream's record of one message, as a reader hands it out.
-StreamMessage = tuple[int, bytes, bytes, bytes, memoryview]  # offset, exchange, rk, header, body
+# A stream's record of one message, as a reader hands it out: offset,
+# exchange, routing key, content header, body, filter value (b"": none).
+StreamMessage = tuple[int, bytes, bytes, bytes, memoryview, bytes]
 
 
 def streams_directory(data_dir: str) -> str:
@@ -68,14 +73,28 @@ def list_segments(directory: str) -> list[int]:
 
 
 def encode_record(
-    exchange: bytes, routing_key: bytes, header: bytes, body: bytes | memoryview
+    exchange: bytes,
+    routing_key: bytes,
+    header: bytes,
+    body: bytes | memoryview,
+    filter_value: bytes = b"",
 ) -> bytes:
-    size = RECORD.size - 4 + len(exchange) + len(routing_key) + len(header) + len(body)
+    filter_value = filter_value[:255]
+    size = (
+        RECORD.size
+        - 4
+        + len(exchange)
+        + len(routing_key)
+        + len(filter_value)
+        + len(header)
+        + len(body)
+    )
     return b"".join(
         (
-            RECORD.pack(size, len(exchange), len(routing_key), len(header)),
+            RECORD.pack(size, len(exchange), len(routing_key), len(header), len(filter_value)),
             exchange,
             routing_key,
+            filter_value,
             header,
             body,
         )
@@ -100,18 +119,20 @@ def decode_records(first: int, payload: memoryview) -> Iterator[StreamMessage]:
     end = len(payload)
     unpack = RECORD.unpack_from
     while pos < end:
-        size, xlen, rlen, hlen = unpack(payload, pos)
+        size, xlen, rlen, hlen, flen = unpack(payload, pos)
         start = pos + RECORD.size
         ex_end = start + xlen
         rk_end = ex_end + rlen
-        h_end = rk_end + hlen
+        f_end = rk_end + flen
+        h_end = f_end + hlen
         stop = pos + 4 + size
         yield (
             offset,
             bytes(payload[start:ex_end]),
             bytes(payload[ex_end:rk_end]),
-            bytes(payload[rk_end:h_end]),
+            bytes(payload[f_end:h_end]),
             payload[h_end:stop],
+            bytes(payload[rk_end:f_end]),
         )
         pos = stop
         offset += 1

@@ -20,6 +20,7 @@ from shoal.shm.queues import Message, QueueStore
 from shoal.store.streams import StreamMessage
 from shoal.workers.levels import Levels
 from shoal.workers.streams import BURST as STREAM_BURST
+from shoal.workers.streams import SCAN as STREAM_SCAN
 from shoal.workers.streams import StreamReading, Streams, start_reading
 
 # Deliveries per notification before yielding to other consumers of the queue
@@ -410,12 +411,14 @@ def stream_pull(ctx: PullContext, consumer: Consumer) -> None:
         cursor = reading.cursor
         assert cursor is not None
         deliver = consumer.channel.deliver_stream
+        wanted = reading.filter
+        looked = 0
         while True:
             if not consumer.wants_work():
                 consumer.notified = False
                 update_interest(ctx, consumer)
                 return
-            if delivered >= STREAM_BURST:
+            if delivered >= STREAM_BURST or looked >= STREAM_SCAN:
                 ctx.loop.call_soon(pull, ctx, consumer)
                 return
             if not reading.buffer:
@@ -425,7 +428,11 @@ def stream_pull(ctx: PullContext, consumer: Consumer) -> None:
                     ctx.send(ipc.Done(consumer.cid, changes))
                     return
                 reading.buffer.reverse()  # popped from the end
-            deliver(consumer, reading.buffer.pop(), out)
+            message = reading.buffer.pop()
+            if wanted is not None and not wanted.accepts(message[5]):
+                looked += 1  # x-stream-filter: not one it wants (no credit used)
+                continue
+            deliver(consumer, message, out)
             delivered += 1
     finally:
         if out:

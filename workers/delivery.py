@@ -98,7 +98,7 @@ class Delivery(ChannelState):
     def deliver_stream(self, consumer: Consumer, message: StreamMessage, out: list[bytes]) -> None:
         """A stream consumer's delivery: a copy from the stream's files;
         acking its tag only returns credit (seq -1)."""
-        _offset, exchange, routing_key, header, body = message
+        _offset, exchange, routing_key, header, body, _filter = message
         self._send(consumer, consumer.qid, -1, (exchange, routing_key, header, body), False, out)  # type: ignore[arg-type]
 
     def _send(
@@ -316,7 +316,10 @@ class Delivery(ChannelState):
                 20,
             )
         now_ms = int(time.time() * 1000)
-        return StreamReading(amqp_streams.start_spec(args, now_ms, name, self.conn.vhost))
+        return StreamReading(
+            amqp_streams.start_spec(args, now_ms, name, self.conn.vhost),
+            amqp_streams.filter_spec(args, name, self.conn.vhost),
+        )
 
     def _basic_cancel(self, method: C.Basic.Cancel) -> None:
         tag = method.consumer_tag or ""

@@ -52,6 +52,7 @@ RETENTION_INTERVAL = 1.0
 CHUNK_MESSAGES = 4096  # a chunk's most messages ...
 CHUNK_BYTES = 4 << 20  # ... and bytes (of bodies), as one write
 BURST = 256  # deliveries before a stream consumer lets the worker's other connections run
+SCAN = 4096  # ... or messages its x-stream-filter passed over
 
 
 class Confirming(Protocol):
@@ -244,8 +245,9 @@ class Streams:
             if seq < writer.skip_below:
                 continue  # its predecessor wrote it before it was killed
             exchange, routing_key, header, body = read_message(seg, block)
+            value = amqp_streams.filter_value(header)
             header = amqp_streams.with_offset(header, nxt + len(records))
-            records.append(files.encode_record(exchange, routing_key, header, body))
+            records.append(files.encode_record(exchange, routing_key, header, body, value))
             size += len(body)
         if not seqs:
             return
@@ -333,10 +335,13 @@ class StreamReading:
     """A stream consumer's state: where it starts, its cursor, the chunk
     it is delivering."""
 
-    __slots__ = ("buffer", "cursor", "spec")
+    __slots__ = ("buffer", "cursor", "filter", "spec")
 
-    def __init__(self, spec: amqp_streams.StartSpec) -> None:
+    def __init__(
+        self, spec: amqp_streams.StartSpec, filter_spec: amqp_streams.FilterSpec | None = None
+    ) -> None:
         self.spec = spec
+        self.filter = filter_spec  # x-stream-filter: deliver only what it accepts
         self.cursor: files.StreamCursor | None = None
         self.buffer: list[files.StreamMessage] = []
 

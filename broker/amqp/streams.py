@@ -209,6 +209,76 @@ def _invalid_offset(value: object, name: bytes, vhost: str) -> errors.ChannelErr
     )
 
 
+# ---------------------------------------------------------------- filtering
+_FILTER_KEY = b"\x15x-stream-filter-value"
+
+
+def filter_value(header: bytes | memoryview) -> bytes:
+    """A stored message's `x-stream-filter-value` header (a string; b"":
+    none), found without decoding the properties: the writer reads it once
+    per message so that filtering readers never decode headers. A key that
+    only looks like it (inside another value) is told apart by its type byte
+    and length; a false find costs nothing but a missed filter value."""
+    raw = bytes(header)
+    at = raw.find(_FILTER_KEY)
+    if at < 0:
+        return b""
+    at += len(_FILTER_KEY)
+    kind = raw[at : at + 1]
+    if kind == b"S":
+        size = int.from_bytes(raw[at + 1 : at + 5], "big")
+        return raw[at + 5 : at + 5 + size][:255]
+    if kind == b"s":
+        size = raw[at + 1]
+        return raw[at + 2 : at + 2 + size]
+    return b""
+
+
+class FilterSpec(NamedTuple):
+    """A consumer's x-stream-filter (the values it wants) and
+    x-stream-match-unfiltered (also messages without a value)."""
+
+    values: frozenset[bytes]
+    match_unfiltered: bool
+
+    def accepts(self, value: bytes) -> bool:
+        return value in self.values if value else self.match_unfiltered
+
+
+def filter_spec(arguments: dict[str, Any], name: bytes, vhost: str) -> FilterSpec | None:
+    """x-stream-filter: a string or an array of strings (as RabbitMQ 3.13+);
+    None: no filtering. Shoal filters exactly, per message (RabbitMQ's Bloom
+    filters let some others through, which its clients filter again)."""
+    wanted = arguments.get("x-stream-filter")
+    unfiltered = arguments.get("x-stream-match-unfiltered", False)
+    where = f"queue '{name.decode(errors='replace')}' in vhost '{vhost}'"
+    if wanted is None:
+        return None
+    items = wanted if isinstance(wanted, list) else [wanted]
+    values = set()
+    for item in items:
+        if isinstance(item, str):
+            item = item.encode()
+        if not isinstance(item, bytes):
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
+                f"invalid arg 'x-stream-filter' for {where}: "
+                f"{{unacceptable_type,{field_type(item)}}}",
+                60,
+                20,
+            )
+        values.add(item)
+    if not isinstance(unfiltered, bool):
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
+            f"invalid arg 'x-stream-match-unfiltered' for {where}: "
+            f"{{unacceptable_type,{field_type(unfiltered)}}}",
+            60,
+            20,
+        )
+    return FilterSpec(frozenset(values), unfiltered)
+
+
 # ---------------------------------------------------- the offset header
 def with_offset(header: bytes | memoryview, offset: int) -> bytes:
     """A content header payload with `x-stream-offset` (a signed 64-bit

@@ -383,3 +383,37 @@ def test_writer_killed_mid_stream_loses_no_confirmed_message_and_writes_none_twi
     assert set(bodies) >= {f"m{i}".encode() for i in range(confirmed)}
     conn.close()
     publisher.close()
+
+
+def test_filtering_delivers_only_the_values_asked_for(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare(ch, "s13")
+    regions = ["emea", "apac", "amer", None]
+    for i in range(400):
+        region = regions[i % 4]
+        headers = {} if region is None else {"x-stream-filter-value": region}
+        ch.basic_publish("", "s13", f"m{i}".encode(), pika.BasicProperties(headers=headers))
+
+    def read(arguments: dict[str, Any], n: int) -> list[int]:
+        got: list[int] = []
+        cch = conn.channel()
+        cch.basic_qos(prefetch_count=20)  # credit is spent on delivered messages only
+        cch.basic_consume(
+            "s13",
+            lambda c, m, p, b: (
+                got.append(p.headers["x-stream-offset"]),
+                c.basic_ack(m.delivery_tag),
+            ),
+            arguments={"x-stream-offset": "first", **arguments},
+        )
+        pump([conn], lambda: len(got) >= n, 10, f"{n} filtered deliveries")
+        conn.process_data_events(time_limit=0.2)
+        cch.close()
+        return got
+
+    assert read({"x-stream-filter": "apac"}, 100) == list(range(1, 400, 4))
+    both = read({"x-stream-filter": ["emea", "amer"], "x-stream-match-unfiltered": True}, 300)
+    assert both == [i for i in range(400) if i % 4 != 1]
+    conn.close()

@@ -143,3 +143,43 @@ def test_start_specs() -> None:
     for bad in ("0s", "foo", True, 1.5):
         with pytest.raises(errors.ChannelError):
             spec({"x-stream-offset": bad}, 0, b"q", "/")
+
+
+def test_a_record_keeps_its_filter_value(tmp_path: Path) -> None:
+    d = str(tmp_path / "s")
+    log = files.StreamLog(d, segment_bytes=1 << 20, max_bytes=0, max_age_ms=0)
+    log.append(
+        [
+            files.encode_record(b"x", b"rk", b"hdr", b"body", b"emea"),
+            files.encode_record(b"", b"", b"h", b""),
+        ],
+        origin=1,
+        last_seq=1,
+    )
+    cursor = files.StreamCursor(d)
+    cursor.seek(0, log.next)
+    (o1, x1, rk1, h1, b1, f1), (o2, _x, _rk, _h, b2, f2) = cursor.read_chunk(log.next)
+    assert (o1, x1, rk1, h1, bytes(b1), f1) == (0, b"x", b"rk", b"hdr", b"body", b"emea")
+    assert (o2, bytes(b2), f2) == (1, b"", b"")
+    cursor.close()
+    log.close()
+
+
+def test_the_filter_value_is_found_in_the_headers() -> None:
+    for headers, want in (
+        ({"x-stream-filter-value": "apac", "other": 1}, b"apac"),
+        ({"other": "x-stream-filter-value"}, b""),
+        ({}, b""),
+    ):
+        raw = _content_header({"headers": headers, "content_type": "t"})
+        assert amqp_streams.filter_value(raw) == want
+    spec = amqp_streams.filter_spec({"x-stream-filter": ["a", "b"]}, b"q", "/")
+    assert spec is not None and spec.accepts(b"a") and not spec.accepts(b"c")
+    assert not spec.accepts(b"")
+    spec = amqp_streams.filter_spec(
+        {"x-stream-filter": "a", "x-stream-match-unfiltered": True}, b"q", "/"
+    )
+    assert spec is not None and spec.accepts(b"") and not spec.accepts(b"b")
+    assert amqp_streams.filter_spec({}, b"q", "/") is None
+    with pytest.raises(errors.ChannelError):
+        amqp_streams.filter_spec({"x-stream-filter": 5}, b"q", "/")
