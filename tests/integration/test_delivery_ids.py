@@ -45,8 +45,10 @@ def test_a_redelivered_entry_keeps_its_id(broker: Broker) -> None:
     assert all(redelivered for *_, redelivered in again)
     assert len({i for i, _, _ in first}) == 10
     # without the argument, no header is added (and the client's stay)
-    ch = conn.channel()
-    ch.basic_publish("", "ids", b"plain", pika.BasicProperties(headers={"mine": 1}))
-    _method, props, _body = ch.basic_get("ids", auto_ack=True)
+    ch = conn.channel()  # ("ids" still has the consumer above: another queue)
+    ch.confirm_delivery()
+    ch.queue_declare("plain")
+    ch.basic_publish("", "plain", b"plain", pika.BasicProperties(headers={"mine": 1}))
+    _method, props, _body = ch.basic_get("plain", auto_ack=True)
     assert props.headers == {"mine": 1}
     conn.close()
