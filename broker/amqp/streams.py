@@ -260,23 +260,21 @@ def filter_spec(arguments: dict[str, Any], name: bytes, vhost: str) -> FilterSpe
         if isinstance(item, str):
             item = item.encode()
         if not isinstance(item, bytes):
-            raise errors.ChannelError(
-                errors.PRECONDITION_FAILED,
-                f"invalid arg 'x-stream-filter' for {where}: "
-                f"{{unacceptable_type,{field_type(item)}}}",
-                60,
-                20,
-            )
+            raise _unacceptable("x-stream-filter", item, where)
         values.add(item)
     if not isinstance(unfiltered, bool):
-        raise errors.ChannelError(
-            errors.PRECONDITION_FAILED,
-            f"invalid arg 'x-stream-match-unfiltered' for {where}: "
-            f"{{unacceptable_type,{field_type(unfiltered)}}}",
-            60,
-            20,
-        )
+        raise _unacceptable("x-stream-match-unfiltered", unfiltered, where)
     return FilterSpec(frozenset(values), unfiltered)
+
+
+def _unacceptable(key: str, value: object, where: str) -> errors.ChannelError:
+    """A consume argument of the wrong type (basic.consume's class/method)."""
+    return errors.ChannelError(
+        errors.PRECONDITION_FAILED,
+        f"invalid arg '{key}' for {where}: {{unacceptable_type,{field_type(value)}}}",
+        60,
+        20,
+    )
 
 
 # ---------------------------------------------------- the offset header
