@@ -417,3 +417,25 @@ def test_filtering_delivers_only_the_values_asked_for(broker: Broker) -> None:
     both = read({"x-stream-filter": ["emea", "amer"], "x-stream-match-unfiltered": True}, 300)
     assert both == [i for i in range(400) if i % 4 != 1]
     conn.close()
+
+
+def test_last_starts_at_the_last_chunk_and_delete_cancels_consumers(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    declare(ch, "s14")
+    publish(ch, "s14", 5)  # one at a time, each confirmed: a chunk each
+    assert consume(conn, "s14", 1, "last") == [(4, b"m4")]
+    other = connect(broker)
+    och = other.channel()
+    och.basic_qos(prefetch_count=10)
+    cancelled: list[str] = []
+    och.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    och.basic_consume("s14", lambda *a: None, consumer_tag="doomed")
+    streams = os.path.join(broker.data_dir, "streams")
+    before = set(os.listdir(streams))
+    assert ch.queue_delete("s14").method.message_count == 5
+    pump([other], lambda: cancelled == ["doomed"], 10, "the server's basic.cancel")
+    assert len(before - set(os.listdir(streams))) == 1  # its files went with it
+    conn.close()
+    other.close()
