@@ -196,6 +196,7 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         for consumer in self.consumers.values():
             self._drop_consumer(consumer)
         self.consumers.clear()
+        self.drop_reply_queue()
         self._rollback()
         self.requeue_all()
         pending = self.pending

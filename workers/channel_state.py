@@ -149,6 +149,7 @@ class ChannelState:
         "prefetch_size",
         "publish_count",
         "publish_seq",
+        "reply_queue",
         "state",
         "stats",
         "stream_waits",
@@ -193,6 +194,9 @@ class ChannelState:
         # flow-blocked on a queue over capacity (shm/flow.py).
         self.flow_backlog: deque[tuple[int, memoryview]] = deque()
         self.last_queue = b""
+        # Direct reply-to (workers/reply_to.py): the queue this channel's
+        # reply consumer reads (b"": none).
+        self.reply_queue = b""
         self.tx: Transaction | None = None
         # Persistent publishes whose records are not yet durable, in order:
         # (publish seq, record index, nack owed); see confirmable().
@@ -276,6 +280,9 @@ class ChannelState:
 
     def _append(self, pending: Pending) -> bool:
         raise NotImplementedError  # publish.py
+
+    def drop_reply_queue(self) -> None:
+        raise NotImplementedError  # delivery.py
 
     def _drop_pending(self, pending: Pending) -> None:
         raise NotImplementedError  # publish.py

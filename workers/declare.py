@@ -15,7 +15,7 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
-from shoal.workers import framing
+from shoal.workers import framing, reply_to
 from shoal.workers.channel_state import (
     ChannelState,
 )
@@ -58,6 +58,15 @@ class Declaring(ChannelState):
         name = method.queue.encode()
         if _FAULT_QUEUE and name == _FAULT_QUEUE:
             raise RuntimeError("injected fault")
+        if method.passive and method.queue == reply_to.PSEUDO_QUEUE:
+            if not method.nowait:  # as RabbitMQ: the pseudo-queue "exists", 0 and 1
+                self.conn.write(
+                    framing.encode_method(
+                        self.number,
+                        C.Queue.DeclareOk(queue=method.queue, message_count=0, consumer_count=1),
+                    )
+                )
+            return
         if name.startswith(b"amq.") and not method.passive:
             raise errors.ChannelError(
                 errors.ACCESS_REFUSED,

@@ -26,7 +26,7 @@ from shoal.shm.stats import (
     REDELIVERED,
 )
 from shoal.store.streams import StreamMessage
-from shoal.workers import framing
+from shoal.workers import framing, reply_to
 from shoal.workers.channel_state import (
     ChannelState,
 )
@@ -219,6 +219,13 @@ class Delivery(ChannelState):
             update_interest(self.ctx, consumer)
 
     async def _basic_consume(self, method: C.Basic.Consume) -> None:
+        if method.queue == reply_to.PSEUDO_QUEUE:
+            # Direct reply-to: the channel's own reply queue, made first.
+            reply_to.check_consume(self, method.no_ack)
+            name = reply_to.new_name()
+            await self.ctx.request(reply_to.declare_request(self.conn.vhost, name, self.conn.id))
+            self.reply_queue = name
+            method.queue = name.decode()
         name, qid = self._resolve_queue(method.queue, (60, 20))
         tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
         if tag in self.consumers:
@@ -326,8 +333,18 @@ class Delivery(ChannelState):
         consumer = self.consumers.pop(tag.encode(), None)
         if consumer is not None:
             self._drop_consumer(consumer)
+            if consumer.queue_name == self.reply_queue:
+                self.drop_reply_queue()
         if not method.nowait:
             self.conn.write(framing.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag)))
+
+    def drop_reply_queue(self) -> None:
+        """The reply consumer is gone (cancelled, or its channel closed): so
+        is its queue; later replies to it are unroutable."""
+        name, self.reply_queue = self.reply_queue, b""
+        if name:
+            done = self.ctx.request(ipc.Delete(self.conn.vhost, name, False, False, self.conn.id))
+            done.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def cancel_from_server(self, consumer: Consumer) -> None:
         """An auto-close browser reached the end of its queue."""

@@ -29,7 +29,7 @@ from shoal.shm.stats import (
     UNROUTABLE_RETURNED,
     size_bucket,
 )
-from shoal.workers import framing, records
+from shoal.workers import framing, records, reply_to
 from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -102,8 +102,8 @@ class Publishing(ChannelState):
         ctx = self.ctx
         if immediate or body_size > ctx.config.max_message_size:
             return False
-        raw_header = bytes(header)
         try:
+            raw_header = reply_to.rewrite(self, bytes(header))
             qids = self._route(exchange, routing_key, raw_header)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
@@ -173,7 +173,11 @@ class Publishing(ChannelState):
                 40,
             )
         if not pending.header:
-            pending.header = bytes(payload)
+            try:
+                pending.header = reply_to.rewrite(self, bytes(payload))
+            except errors.ChannelError:
+                self.pending = None  # its body frames are dropped by the closing channel
+                raise
             pending.body_size = body_size
             try:
                 pending.qids = self._route(pending.exchange, pending.routing_key, pending.header)

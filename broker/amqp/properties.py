@@ -57,3 +57,42 @@ def add_header(header: bytes | memoryview, entry: bytes) -> bytes:
             raw[pos:],
         )
     )
+
+
+_DELIVERY_MODE_FLAG = 0x1000
+_PRIORITY_FLAG = 0x0800
+_CORRELATION_ID_FLAG = 0x0400
+REPLY_TO_FLAG = 0x0200
+
+
+def _reply_to_at(raw: bytes) -> int:
+    """Where the reply-to shortstr starts (the caller checked its flag)."""
+    flags = int.from_bytes(raw[12:14], "big")
+    pos = 14
+    if flags & _CONTENT_TYPE_FLAG:
+        pos += 1 + raw[pos]
+    if flags & _CONTENT_ENCODING_FLAG:
+        pos += 1 + raw[pos]
+    if flags & _HEADERS_FLAG:
+        pos += 4 + int.from_bytes(raw[pos : pos + 4], "big")
+    if flags & _DELIVERY_MODE_FLAG:
+        pos += 1
+    if flags & _PRIORITY_FLAG:
+        pos += 1
+    if flags & _CORRELATION_ID_FLAG:
+        pos += 1 + raw[pos]
+    return pos
+
+
+def reply_to(header: bytes) -> bytes | None:
+    """The reply-to property of a content header payload (None: not set)."""
+    if len(header) < 14 or not header[12] & (REPLY_TO_FLAG >> 8):
+        return None
+    at = _reply_to_at(header)
+    return header[at + 1 : at + 1 + header[at]]
+
+
+def with_reply_to(header: bytes, value: bytes) -> bytes:
+    """`header` (whose reply-to is set) with reply-to replaced by `value`."""
+    at = _reply_to_at(header)
+    return header[:at] + bytes((len(value),)) + value + header[at + 1 + header[at] :]
