@@ -241,6 +241,14 @@ class QueueDirectory:
         n = self.a.load(q + layout.Q_NAME_LEN)
         return bytes(self.seg.buf[q + layout.Q_NAME : q + layout.Q_NAME + n])
 
+    def count_get(self, qid: int) -> None:
+        """A basic.get on queue `qid` (its use, for x-expires)."""
+        self.a.fetch_add(self.queues + qid * _QUEUE_SIZE + layout.Q_GETS, 1)
+
+    def gets(self, qid: int) -> int:
+        """basic.get calls on queue `qid` since it was created."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_GETS)
+
     def generation(self, qid: int) -> int:
         """How many times slot `qid` has been created (its Q_STATE's high bits)."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_STATE) >> 8

@@ -170,6 +170,9 @@ Q_STREAM_SYNCED = 600  # log seqs below it are durable (publisher confirms)
 Q_STREAM_LAST_CHUNK = 608  # first offset of the last durable chunk ("last")
 Q_STREAM_BYTES = 616  # bytes of the segment files kept
 Q_STREAM_SEGMENTS = 624  # segment files kept
+# basic.get calls on the queue (any worker, fetch_add): the scheduler sees a
+# queue with x-expires used when it moves (broker/scheduler/expiry.py).
+Q_GETS = 640
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -221,7 +224,7 @@ SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
 SEALED_BIT = 1 << 32
 
 
-assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_STREAM_SEGMENTS + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_GETS + 8 <= QUEUE_SIZE
 assert Q_READY_BYTES // 64 == Q_BYTES // 64 != Q_OVERFLOW // 64  # cache lines, see above
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.

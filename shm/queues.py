@@ -153,6 +153,7 @@ class QueueStore(QueueDirectory):
             layout.Q_ACKED,
             layout.Q_REDELIVERED,
             layout.Q_SPILLED,
+            layout.Q_GETS,
         ):
             a.store(q + field, 0)
         a.store(q + layout.Q_FLAGS, flags)

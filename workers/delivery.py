@@ -391,6 +391,8 @@ class Delivery(ChannelState):
         ctx = self.ctx
         if ctx.streams is not None and ctx.streams.words.is_stream(qid):
             raise amqp_streams.not_supported("basic.get", name, self.conn.vhost, 60, 70)
+        if tries == GET_TRIES:
+            ctx.store.count_get(qid)  # the queue is in use (x-expires)
         logs = ctx.store.logs(qid)  # highest priority first
         for log_qid in logs:
             got = ctx.store.acquire(log_qid, 0)

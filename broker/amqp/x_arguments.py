@@ -49,6 +49,19 @@ def non_negative(name: bytes, vhost: str, arguments: dict[str, Any], key: str) -
     return value
 
 
+def expires(name: bytes, vhost: str, arguments: dict[str, Any]) -> int | None:
+    """x-expires in ms (None: none): a positive integer, as RabbitMQ 3.10's
+    check_expires_arg wants it."""
+    value = non_negative(name, vhost, arguments, "x-expires")
+    if value == 0:
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
+            f"invalid arg 'x-expires' for queue '{name.decode()}' in vhost '{vhost}': "
+            "{value_zero,0}",
+        )
+    return value
+
+
 # The x-overflow values RabbitMQ 3.10 accepts.
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 

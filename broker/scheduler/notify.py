@@ -14,7 +14,7 @@ from typing import Any
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.scheduler.consumers import ConsumerKey, State
-from shoal.broker.scheduler.queues import QueueLifecycle
+from shoal.broker.scheduler.expiry import QueueExpiry
 from shoal.broker.scheduler.state import QueueState
 from shoal.shm import flow, layout, stats
 
@@ -23,7 +23,7 @@ log = logging.getLogger("shoal.scheduler")
 SWEEP_INTERVAL = 1.0
 
 
-class Notification(QueueLifecycle):
+class Notification(QueueExpiry):
     """Consumers' turns: built on queue lifecycle (the last consumer of an
     auto-delete queue, or a dead worker's exclusive queues, remove it)."""
 
@@ -71,6 +71,9 @@ class Notification(QueueLifecycle):
     ) -> None:
         q.qcm.add(key, priority, acquiring, interested, since)
         q.had_consumers = True
+        if q.expiry_timer is not None:  # in use while it has a consumer
+            q.expiry_timer.cancel()
+            q.expiry_timer = None
         self.consumers[key] = (q.qid, exclusive)
         self.store.set_consumer_count(q.qid, len(q.qcm))
         if interested:
@@ -98,6 +101,8 @@ class Notification(QueueLifecycle):
         if q.auto_delete and q.had_consumers and not len(q.qcm):
             self._remove_queue(q)
             return
+        if not len(q.qcm):
+            self._queue_used(q)  # x-expires: its clock starts now
         self._check_work(q)
 
     def _interest(self, worker: int, m: ipc.Interest) -> None:

@@ -49,6 +49,9 @@ class QueueLifecycle(Journal):
             q.stream = bool(flags & layout.QF_STREAM)
             arguments = self.definitions.queue_arguments.get((q.vhost, name.decode()), {})
             q.qcm.single_active = arguments.get("x-single-active-consumer") is True
+            expires = arguments.get("x-expires")
+            q.expires_ms = expires if isinstance(expires, int) else 0
+            self._queue_used(q)  # a restarted scheduler: the clock starts again
             self.queues[qid] = q
             self.by_name[(q.vhost, name)] = q
             used.add(qid)
@@ -165,6 +168,7 @@ class QueueLifecycle(Journal):
                 if exclusive != q.exclusive:
                     raise errors.ChannelError(errors.RESOURCE_LOCKED, q.locked_text())
                 self._check_queue_arguments(q, arguments)
+            self._queue_used(q)
         elif passive:
             raise errors.ChannelError(
                 errors.NOT_FOUND, errors.no_queue(name.decode(errors="replace"), vhost)
@@ -186,6 +190,7 @@ class QueueLifecycle(Journal):
                 capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(arguments))
                 limits = _length_record(*X.length_limits(name, vhost, arguments))
                 single_active = X.single_active(name, vhost, arguments)
+            expires = X.expires(name, vhost, arguments) or 0
             if not self.free_qids:
                 raise errors.ChannelError(
                     errors.RESOURCE_ERROR,
@@ -231,11 +236,13 @@ class QueueLifecycle(Journal):
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.uid = uid if durable and not exclusive else 0
             q.stream = stream is not None
+            q.expires_ms = expires
             q.max_priority = max_priority
             q.qcm.single_active = single_active
             self.stats.v[stats.QUEUES_CREATED] += 1
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
+            self._queue_used(q)
         return [q.qid, q.name, self.messages(q), len(q.qcm)]
 
     def _with_capacity_defaults(self, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -332,7 +339,13 @@ class QueueLifecycle(Journal):
         flow.drained(self.seg, self.waker, *self.store.flow_queue(q.qid))  # may release
         return purged
 
+    def _queue_used(self, q: QueueState) -> None:
+        """Declared, redeclared, or its last consumer went (expiry.py)."""
+
     def _remove_queue(self, q: QueueState) -> None:
+        if q.expiry_timer is not None:
+            q.expiry_timer.cancel()
+            q.expiry_timer = None
         for key in list(q.qcm):
             self.consumers.pop(key, None)
             worker, cid = key

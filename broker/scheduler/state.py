@@ -40,7 +40,11 @@ class QueueState:
         "dry",
         "durable",
         "exclusive",
+        "expires_ms",
+        "expiry_timer",
+        "gets_seen",
         "had_consumers",
+        "last_used",
         "levels",
         "max_priority",
         "name",
@@ -86,6 +90,13 @@ class QueueState:
         # A stream queue (x-queue-type stream): its consumers are browsers of
         # its files, woken when its durable offsets move (shm/streams.py).
         self.stream = False
+        # x-expires (broker/scheduler/expiry.py): ms unused before it is
+        # deleted (0: never), when it was last used, the basic.get count then,
+        # and the timer armed while it has no consumer.
+        self.expires_ms = 0
+        self.last_used = 0.0
+        self.gets_seen = 0
+        self.expiry_timer: asyncio.TimerHandle | None = None
 
     def locked_text(self) -> str:
         return errors.locked_queue(self.name.decode(), self.vhost)
