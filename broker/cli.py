@@ -40,6 +40,14 @@ def _broker_parser() -> argparse.ArgumentParser:
         default=d.graceful_timeout,
         help="seconds SIGTERM waits for clients to close (default %(default)s)",
     )
+    p.add_argument(
+        "--consumer-timeout",
+        type=int,
+        default=d.consumer_timeout,
+        help="ms a consumer may hold a delivery unacknowledged before it is cancelled and "
+        "its deliveries requeued; queues and consumers may set x-consumer-timeout "
+        "(0: no limit; default %(default)s, 30 min)",
+    )
     p.add_argument("--max-queues", type=int, default=d.max_queues, help="default %(default)s")
     p.add_argument(
         "--queue-capacity",

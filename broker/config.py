@@ -26,6 +26,9 @@ class Config(msgspec.Struct, frozen=True):
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60
+    # A consumer holding a delivery unacked longer is cancelled (ms; 0: no
+    # limit; workers/timeouts.py). RabbitMQ's default, 30 min.
+    consumer_timeout: int = 1_800_000
     max_message_size: int = 16 << 20
     # Memory guard (shm/memory.py): publishers are blocked while an arena is
     # above the lower of its two high marks, released at `low` x that mark.

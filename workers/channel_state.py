@@ -136,6 +136,7 @@ class ChannelState:
         "conn",
         "consumers",
         "ctx",
+        "delivery_marks",
         "flow_active",
         "flow_backlog",
         "flow_told",
@@ -153,6 +154,7 @@ class ChannelState:
         "state",
         "stats",
         "stream_waits",
+        "timed_out_tags",
         "tx",
         "unacked",
         "unacked_bytes",
@@ -197,6 +199,11 @@ class ChannelState:
         # Direct reply-to (workers/reply_to.py): the queue this channel's
         # reply consumer reads (b"": none).
         self.reply_queue = b""
+        # Consumer timeouts (workers/timeouts.py): delivery tags marked with
+        # the time once a second, and tags requeued by a timeout (their
+        # late acks are ignored).
+        self.delivery_marks: deque[tuple[int, float]] = deque()
+        self.timed_out_tags: set[int] = set()
         self.tx: Transaction | None = None
         # Persistent publishes whose records are not yet durable, in order:
         # (publish seq, record index, nack owed); see confirmable().

@@ -122,6 +122,7 @@ class Consumer:
         "stream",
         "tag",
         "tag_sstr",
+        "timeout_ms",
         "unacked",
         "unacked_bytes",
         "wanted",
@@ -171,6 +172,7 @@ class Consumer:
         # x-shoal-id: each delivery carries a header naming the queue entry,
         # the same when the entry is delivered again (duplicates detectable).
         self.stamp = stamp
+        self.timeout_ms = 0  # consumer timeout (workers/timeouts.py; 0: none)
         self.pointer = 0
         self.release_gen = 0
         self.unacked = 0

@@ -26,7 +26,7 @@ from shoal.shm.stats import (
     REDELIVERED,
 )
 from shoal.store.streams import StreamMessage
-from shoal.workers import framing, reply_to
+from shoal.workers import framing, reply_to, timeouts
 from shoal.workers.channel_state import (
     ChannelState,
 )
@@ -160,6 +160,9 @@ class Delivery(ChannelState):
             tags = [tag]
         else:
             tags = []
+        if not tags and tag in self.timed_out_tags:
+            self.timed_out_tags.discard(tag)  # requeued by its consumer's timeout
+            return
         if not tags and (tag or not multiple):
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
@@ -261,6 +264,12 @@ class Delivery(ChannelState):
             selector=None if selector is None else selector.text,
             levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,
         )
+        ctx.routes.sync()  # the queue's arguments, for its x-consumer-timeout
+        consumer.timeout_ms = timeouts.consumer_timeout_ms(
+            args,
+            ctx.routes.definitions.queue_arguments.get((self.conn.vhost, name.decode()), {}),
+            ctx.config.consumer_timeout,
+        )
         # Registered as not interested: no delivery may overtake consume-ok.
         consumer.interested = False
         self.consumers[tag] = consumer
@@ -337,6 +346,37 @@ class Delivery(ChannelState):
                 self.drop_reply_queue()
         if not method.nowait:
             self.conn.write(framing.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag)))
+
+    def time_out(self, consumer: Consumer, tags: list[int]) -> None:
+        """Consumer timeout (workers/timeouts.py): requeue its unacked
+        deliveries and cancel it; a client that cannot hear a server cancel
+        loses the channel instead, as in RabbitMQ 3.x."""
+        if not self.conn.capabilities.get("consumer_cancel_notify"):
+            self.fail(
+                errors.ChannelError(
+                    errors.PRECONDITION_FAILED,
+                    f"delivery acknowledgement on channel {self.number} timed out. Timeout "
+                    f"value used: {consumer.timeout_ms} ms. This timeout value can be "
+                    "configured, see consumers doc guide to learn more",
+                )
+            )
+            return
+        for tag in tags:
+            _consumer, qid, seq, size = self.unacked.pop(tag)
+            self._finish(qid, seq, True)
+            self.unacked_bytes -= size
+            self.timed_out_tags.add(tag)
+        consumer.unacked = consumer.unacked_bytes = 0
+        log.info(
+            "connection %x channel %d: consumer %r timed out (%d ms), %d requeued",
+            self.conn.id,
+            self.number,
+            consumer.tag.decode(errors="replace"),
+            consumer.timeout_ms,
+            len(tags),
+        )
+        self.consumers.pop(consumer.tag, None)
+        self.cancel_from_server(consumer)
 
     def drop_reply_queue(self) -> None:
         """The reply consumer is gone (cancelled, or its channel closed): so

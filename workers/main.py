@@ -23,7 +23,7 @@ from shoal.shm import layout, memory, stats
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
 from shoal.store.streams import streams_directory
-from shoal.workers import restore
+from shoal.workers import restore, timeouts
 from shoal.workers.connection import Connection
 from shoal.workers.consumer import pull
 from shoal.workers.context import WorkerContext
@@ -121,6 +121,14 @@ class Worker:
     def _tick(self) -> None:
         self.ctx.heartbeat(time.monotonic_ns())
         self.ctx.arena.trim()
+        now = time.monotonic()
+        for conn in list(self.ctx.connections):
+            for channel in list(conn.channels.values()):
+                try:
+                    timeouts.mark(channel, now)  # type: ignore[arg-type]
+                    timeouts.check(channel, now)  # type: ignore[arg-type]
+                except Exception:
+                    log.exception("consumer timeout check failed")
         self.loop.call_later(HEARTBEAT_INTERVAL, self._tick)
 
     def _poll_alarms(self) -> None:

@@ -1,0 +1,103 @@
+"""Consumer timeouts (issue 15, item 6): a consumer that holds a delivery
+unacknowledged longer than its timeout is cancelled (a server basic.cancel)
+and its unacknowledged messages are requeued; its channel and the channel's
+other consumers carry on. (RabbitMQ 3.x closes the whole channel with 406;
+a client that did not announce consumer_cancel_notify gets that instead, as
+it would never learn of the cancel.)
+
+The timeout: the consumer's `x-consumer-timeout` argument, else its
+queue's, else the broker's `--consumer-timeout` (ms; 30 min as RabbitMQ's;
+0: none). Nothing is done per delivery: once a second the worker marks each
+channel's next delivery tag with the time, so a tag's delivery time is known
+to within a second (from the marks around it), and looks at each channel's
+oldest unacknowledged deliveries until one is younger than the shortest
+timeout there. A consumer is cancelled at most a second late, never early.
+Acks of the requeued tags that come later are ignored, not errors.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from typing import Any, Protocol
+
+from shoal.broker.amqp import errors
+
+# (delivery tag, monotonic time): tags at or above it were delivered after it.
+Marks = deque[tuple[int, float]]
+
+
+class TimedChannel(Protocol):
+    """What the check uses of a channel (workers/delivery.py)."""
+
+    next_tag: int
+    unacked: dict[int, Any]
+    delivery_marks: Marks
+    timed_out_tags: set[int]
+    consumers: dict[bytes, Any]
+
+    def time_out(self, consumer: Any, tags: list[int]) -> None: ...
+
+
+def consumer_timeout_ms(
+    consumer_args: dict[str, Any], queue_args: dict[str, Any], default_ms: int
+) -> int:
+    """A consumer's timeout in ms (0: none); a bad value is refused."""
+    for args in (consumer_args, queue_args):
+        value = args.get("x-consumer-timeout")
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
+                f"invalid arg 'x-consumer-timeout' for consumer: {value!r}",
+                60,
+                20,
+            )
+        return value
+    return default_ms
+
+
+def mark(channel: TimedChannel, now: float) -> None:
+    """Once a second: tags from channel.next_tag on are delivered after `now`.
+    Marks older than the oldest unacknowledged delivery are dropped."""
+    marks = channel.delivery_marks
+    if not channel.unacked:
+        marks.clear()
+    elif marks and marks[0][0] <= next(iter(channel.unacked)):
+        while len(marks) > 1 and marks[1][0] <= next(iter(channel.unacked)):
+            marks.popleft()
+    if not marks or marks[-1][0] != channel.next_tag:
+        marks.append((channel.next_tag, now))
+
+
+def delivered_before(marks: Marks, tag: int) -> float | None:
+    """A time the delivery of `tag` came before: that of the first mark
+    above it (None: none yet, it is younger than the last mark)."""
+    tags = [t for t, _ in marks]
+    i = bisect.bisect_right(tags, tag)
+    return marks[i][1] if i < len(marks) else None
+
+
+def check(channel: TimedChannel, now: float) -> None:
+    """Cancel the consumers whose oldest delivery is older than their
+    timeout."""
+    if not channel.unacked or not channel.delivery_marks:
+        return
+    timeouts = [c.timeout_ms for c in channel.consumers.values() if c.timeout_ms]
+    if not timeouts:
+        return
+    shortest = min(timeouts) / 1000
+    expired: dict[Any, list[int]] = {}
+    for tag, entry in channel.unacked.items():
+        consumer = entry[0]
+        before = delivered_before(channel.delivery_marks, tag)
+        if before is None or now - before < shortest:
+            break  # this one and every later one are younger than any timeout
+        if consumer is None or not consumer.timeout_ms or consumer.cancelled:
+            continue  # basic.get, or a consumer with no (or a longer) timeout
+        if now - before >= consumer.timeout_ms / 1000:
+            expired.setdefault(consumer, [])
+    for consumer in expired:
+        tags = [t for t, e in channel.unacked.items() if e[0] is consumer]
+        channel.time_out(consumer, tags)
