@@ -189,7 +189,11 @@ class ClassicSource:
 
         try:
             # x-shoal-id: each delivery names its queue entry (rows.dedupe_id).
-            ch.basic_consume(self.queue, on_message, arguments={SHOAL_ID: True})
+            # x-consumer-timeout 0: a batch stays unacked until Spark commits
+            # it, which may take longer than the broker's consumer timeout.
+            ch.basic_consume(
+                self.queue, on_message, arguments={SHOAL_ID: True, "x-consumer-timeout": 0}
+            )
         except pika.exceptions.ChannelClosedByBroker as exc:
             amqp.close_quietly(conn)
             raise amqp.not_found(exc, "queue", self.queue, self.options.uri) or amqp.broker_error(
