@@ -60,21 +60,22 @@ def consumer_timeout_ms(
 
 def mark(channel: TimedChannel, now: float) -> None:
     """Once a second: tags from channel.next_tag on are delivered after `now`.
-    Marks older than the oldest unacknowledged delivery are dropped."""
+    Marks at or below the oldest unacknowledged delivery are dropped."""
     marks = channel.delivery_marks
     if not channel.unacked:
         marks.clear()
-    elif marks and marks[0][0] <= next(iter(channel.unacked)):
-        while len(marks) > 1 and marks[1][0] <= next(iter(channel.unacked)):
+    else:  # only the first mark above a delivery dates it
+        oldest = next(iter(channel.unacked))
+        while marks and marks[0][0] <= oldest:
             marks.popleft()
     if not marks or marks[-1][0] != channel.next_tag:
         marks.append((channel.next_tag, now))
 
 
-def delivered_before(marks: Marks, tag: int) -> float | None:
+def delivered_before(tags: list[int], marks: Marks, tag: int) -> float | None:
     """A time the delivery of `tag` came before: that of the first mark
-    above it (None: none yet, it is younger than the last mark)."""
-    tags = [t for t, _ in marks]
+    above it (None: none yet, it is younger than the last mark). `tags`:
+    the marks' tags, in order."""
     i = bisect.bisect_right(tags, tag)
     return marks[i][1] if i < len(marks) else None
 
@@ -89,9 +90,11 @@ def check(channel: TimedChannel, now: float) -> None:
         return
     shortest = min(timeouts) / 1000
     expired: dict[Any, list[int]] = {}
+    marks = channel.delivery_marks
+    tags = [t for t, _ in marks]
     for tag, entry in channel.unacked.items():
         consumer = entry[0]
-        before = delivered_before(channel.delivery_marks, tag)
+        before = delivered_before(tags, marks, tag)
         if before is None or now - before < shortest:
             break  # this one and every later one are younger than any timeout
         if consumer is None or not consumer.timeout_ms or consumer.cancelled:
