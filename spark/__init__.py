@@ -21,3 +21,21 @@ def register(spark: Any) -> None:
     from shoal.spark.datasource import ShoalDataSource
 
     spark.dataSource.register(ShoalDataSource)
+
+
+def local_session(app: str, **conf: str) -> Any:
+    """A local[2] SparkSession with format "shoal" registered, for the
+    examples and small jobs: Spark's Python workers run this interpreter."""
+    import os
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName(app)
+    for key, value in {"spark.ui.showConsoleProgress": "false", **conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark

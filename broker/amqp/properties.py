@@ -24,17 +24,24 @@ def string_entry(key: bytes, value: bytes) -> bytes:
     return bytes((len(key),)) + key + b"S" + len(value).to_bytes(4, "big") + value
 
 
-def add_header(header: bytes | memoryview, entry: bytes) -> bytes:
-    """`header` with `entry` appended to its headers table (made if it had
-    none). A client decoding the table into a map sees the last entry of a
-    key: the one added here."""
-    raw = bytes(header)
+def _headers_at(raw: bytes) -> tuple[int, int]:
+    """The property flags, and where the headers table is (or would be):
+    after content-type and content-encoding, the only properties before it."""
     flags = int.from_bytes(raw[12:14], "big")
     pos = 14
     if flags & _CONTENT_TYPE_FLAG:
         pos += 1 + raw[pos]
     if flags & _CONTENT_ENCODING_FLAG:
         pos += 1 + raw[pos]
+    return flags, pos
+
+
+def add_header(header: bytes | memoryview, entry: bytes) -> bytes:
+    """`header` with `entry` appended to its headers table (made if it had
+    none). A client decoding the table into a map sees the last entry of a
+    key: the one added here."""
+    raw = bytes(header)
+    flags, pos = _headers_at(raw)
     if flags & _HEADERS_FLAG:
         size = int.from_bytes(raw[pos : pos + 4], "big")
         end = pos + 4 + size
@@ -67,12 +74,7 @@ REPLY_TO_FLAG = 0x0200
 
 def _reply_to_at(raw: bytes) -> int:
     """Where the reply-to shortstr starts (the caller checked its flag)."""
-    flags = int.from_bytes(raw[12:14], "big")
-    pos = 14
-    if flags & _CONTENT_TYPE_FLAG:
-        pos += 1 + raw[pos]
-    if flags & _CONTENT_ENCODING_FLAG:
-        pos += 1 + raw[pos]
+    flags, pos = _headers_at(raw)
     if flags & _HEADERS_FLAG:
         pos += 4 + int.from_bytes(raw[pos : pos + 4], "big")
     if flags & _DELIVERY_MODE_FLAG:

@@ -21,25 +21,12 @@ import sys
 import uuid
 from typing import Any
 
-DEFAULT_URI = "amqp://guest:guest@localhost:5672/"
+from shoal.spark import local_session
+from shoal.spark.options import DEFAULT_URI
 
 
 def session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    from shoal.spark import register
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("shoal-archive")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return local_session("shoal-archive", **{"spark.sql.session.timeZone": "UTC"})
 
 
 def publish_demo(uri: str, queue: str, n: int) -> None:

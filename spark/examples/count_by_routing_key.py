@@ -13,29 +13,15 @@ for the routing key), counts printed to the console after each micro-batch
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-DEFAULT_URI = "amqp://guest:guest@localhost:5672/"
+from shoal.spark import local_session
+from shoal.spark.options import DEFAULT_URI
 
 
 def session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    from shoal.spark import register
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("shoal-count")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return local_session("shoal-count", **{"spark.sql.shuffle.partitions": "2"})
 
 
 def main(argv: list[str] | None = None, spark: Any = None) -> int:

@@ -15,28 +15,15 @@ consumer can drop copies of messages it already saw.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
-DEFAULT_URI = "amqp://guest:guest@localhost:5672/"
+from shoal.spark import local_session
+from shoal.spark.options import DEFAULT_URI
 
 
 def session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    from shoal.spark import register
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("shoal-replay")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return local_session("shoal-replay")
 
 
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
