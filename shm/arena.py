@@ -189,35 +189,63 @@ def held_blocks(seg: Segment, worker: int) -> list[int]:
 
 
 def write_message(
-    seg: Segment, block: int, exchange: bytes, routing_key: bytes, props: bytes, body_len: int
+    seg: Segment,
+    block: int,
+    exchange: bytes,
+    routing_key: bytes,
+    props: bytes,
+    body_len: int,
+    times: tuple[int, int] | None = None,
 ) -> int:
-    """Write a message record's prefix; returns the absolute offset of its body."""
+    """Write a message record's prefix (and, with `times`, its MSG_TIME after
+    the body-to-be: published and expires at, ms); returns the absolute
+    offset of its body."""
     buf = seg.buf
     p = block + layout.BLOCK_HEADER
-    layout.MSG_PREFIX.pack_into(buf, p, len(exchange), len(routing_key), 0, len(props), body_len)
+    flags = 0 if times is None else layout.MSG_TIMED
+    layout.MSG_PREFIX.pack_into(
+        buf, p, len(exchange), len(routing_key), flags, len(props), body_len
+    )
     p += layout.MSG_PREFIX.size
     buf[p : p + len(exchange)] = exchange
     p += len(exchange)
     buf[p : p + len(routing_key)] = routing_key
     p += len(routing_key)
     buf[p : p + len(props)] = props
-    return p + len(props)
+    p += len(props)
+    if times is not None:
+        layout.MSG_TIME.pack_into(buf, p + body_len, *times)
+    return p
 
 
 def _tag_at(seg: Segment, block: int) -> tuple[int, int]:
-    """(offset of the message's flags, offset of its tag)."""
+    """(the message's flags, offset of its tag)."""
     p = block + layout.BLOCK_HEADER
     ex_len, rk_len, flags, props_len, body_len = layout.MSG_PREFIX.unpack_from(seg.buf, p)
-    return flags, p + layout.MSG_PREFIX.size + ex_len + rk_len + props_len + body_len
+    at = p + layout.MSG_PREFIX.size + ex_len + rk_len + props_len + body_len
+    return flags, at + TIME_SIZE if flags & layout.MSG_TIMED else at
 
 
 def write_tag(seg: Segment, block: int, slot: int, check: int, offset: int) -> None:
     """Tag a persistent message with where its PUBLISH record is (shm/segtable.py):
     the block must have been allocated with TAG_SIZE bytes to spare."""
-    _flags, at = _tag_at(seg, block)
+    flags, at = _tag_at(seg, block)
     layout.MSG_TAG.pack_into(seg.buf, at, slot, check, offset)
     p = block + layout.BLOCK_HEADER + 2
-    seg.buf[p : p + 2] = layout.MSG_TAGGED.to_bytes(2, "little")
+    seg.buf[p : p + 2] = (flags | layout.MSG_TAGGED).to_bytes(2, "little")
+
+
+def message_times(seg: Segment, block: int) -> tuple[int, int] | None:
+    """(published, expires at) in ms of a TIMED message a reference pins
+    (None: not timed)."""
+    buf = seg.buf
+    p = block + layout.BLOCK_HEADER
+    if not buf[p + 2] & layout.MSG_TIMED:
+        return None
+    ex_len, rk_len, _flags, props_len, body_len = layout.MSG_PREFIX.unpack_from(buf, p)
+    at = p + layout.MSG_PREFIX.size + ex_len + rk_len + props_len + body_len
+    published, expires = layout.MSG_TIME.unpack_from(buf, at)
+    return published, expires
 
 
 def read_tag(seg: Segment, block: int) -> tuple[int, int, int] | None:
@@ -238,6 +266,7 @@ def read_tag(seg: Segment, block: int) -> tuple[int, int, int] | None:
 
 
 TAG_SIZE = layout.MSG_TAG.size
+TIME_SIZE = layout.MSG_TIME.size
 
 
 def body_length(seg: Segment, block: int) -> int:
@@ -247,8 +276,12 @@ def body_length(seg: Segment, block: int) -> int:
     )
 
 
-def message_size(exchange: bytes, routing_key: bytes, props: bytes, body_len: int) -> int:
-    return layout.MSG_PREFIX.size + len(exchange) + len(routing_key) + len(props) + body_len
+def message_size(
+    exchange: bytes, routing_key: bytes, props: bytes, body_len: int, timed: bool = False
+) -> int:
+    """A message record's bytes (its tag excluded)."""
+    size = layout.MSG_PREFIX.size + len(exchange) + len(routing_key) + len(props) + body_len
+    return size + TIME_SIZE if timed else size
 
 
 def read_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes]:
@@ -270,6 +303,30 @@ def read_message(seg: Segment, block: int) -> tuple[bytes, bytes, bytes, bytes]:
     return exchange, routing_key, props, buf[p : p + body_len]
 
 
+_FIXED = layout.BLOCK_HEADER + layout.MSG_PREFIX.size
+
+
+def _unpinned_lengths(
+    seg: Segment, block: int
+) -> tuple[tuple[int, int, int, int, int], int] | None:
+    """A message record's prefix (lengths and flags) and its block's size,
+    for a reader that holds no reference: None unless the block lies in an
+    arena and the lengths fit in it."""
+    offsets = seg.layout
+    arena_bytes = offsets.limits.arena_bytes
+    index = (block - offsets.arenas) // arena_bytes
+    if block < offsets.arenas or index >= offsets.limits.max_workers:
+        return None
+    end = offsets.arenas + (index + 1) * arena_bytes
+    size = seg.atomic.load(block + layout.B_SIZE)  # the whole block, header included
+    if size < _FIXED or block + size > end:
+        return None
+    lengths = layout.MSG_PREFIX.unpack_from(seg.buf, block + layout.BLOCK_HEADER)
+    if _FIXED + sum(lengths) - lengths[2] > size:  # lengths[2]: the flags
+        return None
+    return lengths, size
+
+
 def peek_message(
     seg: Segment, block: int, body: bool = True
 ) -> tuple[bytes, bytes, bytes, bytes] | None:
@@ -281,23 +338,13 @@ def peek_message(
     caller must re-check that the queue cell still holds the entry live after
     the copy; only then is the copy the message (shm/ARCHITECTURE.md, 3a).
     """
-    offsets = seg.layout
-    arena_bytes = offsets.limits.arena_bytes
-    index = (block - offsets.arenas) // arena_bytes
-    if block < offsets.arenas or index >= offsets.limits.max_workers:
-        return None
-    end = offsets.arenas + (index + 1) * arena_bytes
-    size = seg.atomic.load(block + layout.B_SIZE)  # the whole block, header included
-    fixed = layout.BLOCK_HEADER + layout.MSG_PREFIX.size
-    if size < fixed or block + size > end:
-        return None
-    lengths = layout.MSG_PREFIX.unpack_from(seg.buf, block + layout.BLOCK_HEADER)
-    if fixed + sum(lengths) - lengths[2] > size:  # lengths[2]: the flags
+    checked = _unpinned_lengths(seg, block)
+    if checked is None:
         return None
     # Slice with the lengths just checked (read_message would read them again,
     # and they may have changed since).
-    ex_len, rk_len, _flags, props_len, body_len = lengths
-    buf, p = seg.buf, block + fixed
+    (ex_len, rk_len, _flags, props_len, body_len), _size = checked
+    buf, p = seg.buf, block + _FIXED
     exchange = buf[p : p + ex_len]
     p += ex_len
     routing_key = buf[p : p + rk_len]
@@ -307,3 +354,20 @@ def peek_message(
         return b"", b"", props, b""
     p += props_len
     return exchange, routing_key, props, buf[p : p + body_len]
+
+
+def peek_times(seg: Segment, block: int) -> tuple[int, int] | None:
+    """message_times() for a reader that holds no reference (the expirer,
+    before it acquires): every length is checked against the block as
+    peek_message checks it, and the caller keeps the result only if the
+    entry's cell is unchanged afterwards (shm/ARCHITECTURE.md 3a). None: not
+    timed, or a stale block."""
+    checked = _unpinned_lengths(seg, block)
+    if checked is None:
+        return None
+    (ex_len, rk_len, flags, props_len, body_len), size = checked
+    at = _FIXED + ex_len + rk_len + props_len + body_len
+    if not flags & layout.MSG_TIMED or at + TIME_SIZE > size:
+        return None
+    published, expires = layout.MSG_TIME.unpack_from(seg.buf, block + at)
+    return published, expires

@@ -21,7 +21,18 @@ _QUEUE_SIZE = layout.QUEUE_SIZE
 class QueueDirectory:
     """Read access (and the scheduler's few writes) to the queue records."""
 
-    __slots__ = ("_levels", "_names", "_names_gen", "_streams", "a", "layout", "queues", "seg")
+    __slots__ = (
+        "_active",
+        "_levels",
+        "_names",
+        "_names_gen",
+        "_streams",
+        "_ttl",
+        "a",
+        "layout",
+        "queues",
+        "seg",
+    )
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
@@ -32,6 +43,8 @@ class QueueDirectory:
         self._names: dict[tuple[int, bytes], int] = {}
         self._levels: dict[int, PriorityLevels] = {}
         self._streams: frozenset[int] = frozenset()
+        self._ttl: frozenset[int] = frozenset()
+        self._active: tuple[int, ...] = ()
         self._names_gen = -1
 
     def catalog_generation(self) -> int:
@@ -54,6 +67,32 @@ class QueueDirectory:
         self._refresh()
         return self._streams
 
+    def active_logs(self) -> tuple[int, ...]:
+        """Every active log: declared queues and level slots (same cache)."""
+        self._refresh()
+        return self._active
+
+    def ttl_queues(self) -> frozenset[int]:
+        """The qids (declared queues and level slots) with a message TTL (same cache)."""
+        self._refresh()
+        return self._ttl
+
+    def message_ttl(self, qid: int) -> int:
+        """Log `qid`'s Q_MESSAGE_TTL word: its TTL in ms + 1 (0: none)."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_MESSAGE_TTL)
+
+    def mark_timed(self, qid: int) -> None:
+        """A message with an expiry time went into log `qid`: its owner's
+        expirer looks at it from now on (a load, and one store per queue)."""
+        at = self.queues + qid * _QUEUE_SIZE + layout.Q_TIMED
+        if not self.a.load(at):
+            self.a.store(at, 1)
+
+    def timed(self, qid: int) -> bool:
+        """Whether log `qid` may hold messages that expire."""
+        q = self.queues + qid * _QUEUE_SIZE
+        return bool(self.a.load(q + layout.Q_MESSAGE_TTL) or self.a.load(q + layout.Q_TIMED))
+
     def _refresh(self) -> None:
         gen = self.a.load(layout.H_CATALOG_GEN)
         if gen == self._names_gen:
@@ -62,10 +101,15 @@ class QueueDirectory:
         levels: dict[int, PriorityLevels] = {}
         children: list[tuple[int, int, int]] = []
         streams = set()
+        ttl = set()
+        active = []
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
             if self.a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
                 continue
+            active.append(qid)
+            if self.a.load(q + layout.Q_MESSAGE_TTL):
+                ttl.add(qid)
             parent = self.a.load(q + layout.Q_PARENT)
             if parent:
                 children.append((parent - 1, self.a.load(q + layout.Q_LEVEL), qid))
@@ -80,6 +124,8 @@ class QueueDirectory:
             if parent in levels:
                 levels[parent].add(level, qid)
         self._names, self._levels, self._streams = names, levels, frozenset(streams)
+        self._ttl = frozenset(ttl)
+        self._active = tuple(active)
         # Re-read: if it moved while we scanned, rescan next time.
         self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
 
@@ -235,6 +281,10 @@ class QueueDirectory:
             parent = self.a.load(q + layout.Q_PARENT)
             if parent and self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE:
                 yield parent - 1, self.a.load(q + layout.Q_LEVEL), qid
+
+    def vhost_of(self, qid: int) -> int:
+        """The id of the virtual host queue `qid` belongs to."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_VHOST)
 
     def name(self, qid: int) -> bytes:
         q = self.layout.queue(qid)

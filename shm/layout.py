@@ -37,7 +37,7 @@ import msgspec
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 9
+VERSION = 10
 
 HEADER_SIZE = 4096
 # header words
@@ -68,7 +68,7 @@ LOAD_NOT_BEGUN, LOAD_RUNNING, LOAD_DONE = 0, 1, 2
 
 # process table
 PROC_SLOTS_EXTRA = 4  # supervisor, acceptor, scheduler, metrics
-PROC_SIZE = 512
+PROC_SIZE = 1024
 P_PID = 0
 P_INCARNATION = 8
 P_HEARTBEAT_NS = 16
@@ -173,6 +173,14 @@ Q_STREAM_SEGMENTS = 624  # segment files kept
 # basic.get calls on the queue (any worker, fetch_add): the scheduler sees a
 # queue with x-expires used when it moves (broker/scheduler/expiry.py).
 Q_GETS = 640
+# Message TTL (x-message-ttl, broker/amqp/lifecycle.py): the queue's TTL in ms
+# + 1 (0: none), written by the scheduler at create (a level slot copies its
+# queue's). Q_TIMED: 1 once a message with an expiry time (shm/arena.py
+# MSG_TIMED) was appended, so the owning worker's expirer (workers/expiry.py)
+# looks at the queue's head; set by publishers (a load first: one store per
+# queue's life).
+Q_MESSAGE_TTL = 648
+Q_TIMED = 656
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -213,6 +221,13 @@ MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, flags, pr
 # (segment table slot, the low 32 bits of that segment's name, record offset).
 MSG_TAGGED = 1
 MSG_TAG = struct.Struct("<IIQ")
+# TIMED: MSG_TIME follows the body (before a tag): when the message was
+# published and its own expiry (the `expiration` property; 0: none), both in
+# ms since the epoch (wall clock: persistent messages keep them across
+# restarts). Stamped only on messages routed to a queue with a TTL or
+# carrying an expiration (workers/expiry.py).
+MSG_TIMED = 2
+MSG_TIME = struct.Struct("<qq")
 
 # The message store's segment table (shm/segtable.py): per IO worker,
 # SEGMENT_SLOTS slots of the segments it owns (wrote, or recovered).
@@ -224,7 +239,7 @@ SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
 SEALED_BIT = 1 << 32
 
 
-assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_GETS + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_TIMED + 8 <= QUEUE_SIZE
 assert Q_READY_BYTES // 64 == Q_BYTES // 64 != Q_OVERFLOW // 64  # cache lines, see above
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.

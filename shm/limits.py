@@ -9,8 +9,12 @@ what gives way when a publish would exceed a limit:
     reject-publish  the publish is refused by this queue (basic.nack under
                     publisher confirms, dropped without; other queues it was
                     routed to still take it).
-    reject-publish-dlx  as reject-publish (no dead-lettering exists yet to
-                    take the refused message).
+    reject-publish-dlx  as reject-publish, and the refused message is
+                    dead-lettered (reason maxlen).
+
+Messages a drop-head deletes are dead-lettered too (reason maxlen): the
+worker's hook (QueueStore.dropped, workers/dead_letter.py) sees each while
+its entry is still held, before the delete.
 
 The counts are shared-memory words that other workers change concurrently:
 a limit is held as RabbitMQ's is under concurrent publishers, within the
@@ -19,6 +23,7 @@ publishes in flight at the same moment.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from shoal.shm import layout
@@ -71,7 +76,9 @@ def admits(store: QueueStore, qid: int, body_size: int) -> bool:
     return not _over(store, store.logs(store.declared(qid)), 1, body_size)
 
 
-def drop_head(store: QueueStore, qid: int) -> list[int]:
+def drop_head(
+    store: QueueStore, qid: int, dropped: Callable[[int, int], None] | None = None
+) -> list[int]:
     """After appending to log `qid` of a drop-head queue: delete ready
     messages from the head until the queue is within its limits. Returns
     the logs it deleted from (their publishers may be waiting on capacity)."""
@@ -84,6 +91,8 @@ def drop_head(store: QueueStore, qid: int) -> list[int]:
             break
         for log in logs:  # highest priority first: the head as consumers see it
             taken = store.acquire(log, 0)
+            if isinstance(taken, tuple) and dropped is not None:
+                dropped(log, taken[1])
             if isinstance(taken, tuple) and store.ack(log, taken[0]):
                 if log not in touched:
                     touched.append(log)

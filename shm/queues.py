@@ -80,6 +80,7 @@ class QueueStore(QueueDirectory):
 
     __slots__ = (
         "cap",
+        "dropped",
         "dropping",
         "last_seq",
         "mask",
@@ -109,6 +110,10 @@ class QueueStore(QueueDirectory):
         self.last_seq = 0  # the seq of publish()'s last append
         # The message store's hook (None: no store): see Settled above.
         self.settled: Settled | None = None
+        # Dead-lettering's hook (None: none): (log, block) of a message a
+        # length limit drops (drop-head) or refuses (reject-publish-dlx),
+        # called while the entry or the publisher still holds the block.
+        self.dropped: Callable[[int, int], None] | None = None
 
     # ------------------------------------------------- create and remove
     def create(
@@ -125,11 +130,13 @@ class QueueStore(QueueDirectory):
         resume: int = 0,
         length_limits: tuple[int, int, int] = (0, 0, 0),
         uid: int = 0,
+        message_ttl: int = 0,
     ) -> None:
         """Scheduler only: make a FREE slot an active queue called `name` in
         virtual host `vhost` (an id); with `parent`, a level slot of that
         priority queue (nameless, found through the parent only). `uid`: a
-        durable queue's (broker/scheduler/durable.py)."""
+        durable queue's (broker/scheduler/durable.py). `message_ttl`: the
+        Q_MESSAGE_TTL word (TTL in ms + 1; 0: none)."""
         if len(name) > layout.Q_NAME_MAX:
             raise ValueError("queue name longer than 255 bytes")
         a, q = self.a, self.layout.queue(qid)
@@ -154,8 +161,10 @@ class QueueStore(QueueDirectory):
             layout.Q_REDELIVERED,
             layout.Q_SPILLED,
             layout.Q_GETS,
+            layout.Q_TIMED,
         ):
             a.store(q + field, 0)
+        a.store(q + layout.Q_MESSAGE_TTL, message_ttl)
         a.store(q + layout.Q_FLAGS, flags)
         a.store(q + layout.Q_OWNER, owner_conn)
         a.store(q + layout.Q_VHOST, vhost)
@@ -229,6 +238,10 @@ class QueueStore(QueueDirectory):
         q = self.queues + qid * layout.QUEUE_SIZE
         limited = a.load(q + layout.Q_OVERFLOW)  # one load when the queue has no limit
         if limited and not limits.admits(self, qid, body_size):
+            if limited == layout.OVERFLOW_REJECT_PUBLISH_DLX and self.dropped is not None:
+                last = self.last_seq  # the hook's own publishes must not change it
+                self.dropped(qid, block)
+                self.last_seq = last
             return REJECTED
         a.fetch_add(block + layout.B_REFS, 1)
         try:
@@ -240,8 +253,10 @@ class QueueStore(QueueDirectory):
             return FULL if self.is_active(qid) else GONE
         outcome = APPENDED
         if limited:
-            for dropped in limits.drop_head(self, qid):
+            last = self.last_seq
+            for dropped in limits.drop_head(self, qid, self.dropped):
                 self._drained(dropped)
+            self.last_seq = last
         if a.load(q + layout.Q_CAPACITY):  # one load when the queue has no capacity
             target, logs = self.flow_queue(qid)
             if flow.over_capacity(self.seg, target, logs):

@@ -63,7 +63,14 @@ SIZE_BUCKETS = 25
 STORE_SYNCS = SIZE_BUCKETS + len(SIZE_BOUNDS) + 1
 STORE_SYNCED_RECORDS = STORE_SYNCS + 1
 STORE_WRITTEN_BYTES = STORE_SYNCS + 2
-COUNTERS = STORE_SYNCS + 3
+# Dead-lettered (or, without a dead-letter exchange, dropped) messages, as
+# RabbitMQ 3.13's rabbitmq_global_messages_dead_lettered_*_total: one word
+# per (queue type, reason, strategy); dead_lettered() gives the index.
+DEAD_LETTERED = STORE_SYNCS + 3
+DEAD_LETTER_QUEUE_TYPES = ("classic", "quorum")
+DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit")
+DEAD_LETTER_STRATEGIES = ("disabled", "at_most_once", "at_least_once")
+COUNTERS = DEAD_LETTERED + 2 * 4 * 3
 # Gauges (current values; a new process starts them at 0).
 GAUGES = (
     # IO workers
@@ -83,6 +90,12 @@ WORDS = COUNTERS + len(GAUGES)
 assert layout.P_STATS + WORDS * 8 <= layout.PROC_SIZE
 
 _bisect = bisect.bisect_left
+
+
+def dead_lettered(queue_type: int, reason: int, strategy: int) -> int:
+    """The DEAD_LETTERED word of a (queue type, reason, strategy), each an
+    index into the tuples above."""
+    return DEAD_LETTERED + (queue_type * 4 + reason) * 3 + strategy
 
 
 def size_bucket(body_bytes: int) -> int:

@@ -82,6 +82,7 @@ class Pending:
         "routing_key",
         "streams",
         "tag",
+        "times",
     )
 
     def __init__(self, exchange: bytes, routing_key: bytes, mandatory: bool) -> None:
@@ -105,6 +106,8 @@ class Pending:
         self.record = -1
         self.entries: dict[int, tuple[int, int, int]] | None = None  # qid -> (uid, level, seq)
         self.tag = (0, 0, 0)  # (segment slot, check, record offset): shm/arena.py write_tag
+        # (published, expires at) in ms when it may expire (workers/expiry.py)
+        self.times: tuple[int, int] | None = None
         # Durable queues still to append to when its record was written (a
         # queue was full): their seqs go in an AMEND record (workers/records.py).
         self.late: list[int] | None = None

@@ -33,6 +33,12 @@ BURST = 256
 LOCAL_BURST = 64
 
 
+class MessageExpiry(Protocol):
+    """workers/expiry.py, as the pull loop uses it."""
+
+    def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool: ...
+
+
 class PullContext(Protocol):
     """What the pull loop uses of its worker (workers/context.py)."""
 
@@ -42,6 +48,8 @@ class PullContext(Protocol):
     def loop(self) -> asyncio.AbstractEventLoop: ...
     @property
     def streams(self) -> Streams | None: ...
+    @property
+    def expiry(self) -> MessageExpiry: ...
     def send(self, message: ipc.ToScheduler) -> None: ...
 
 
@@ -263,6 +271,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     delivered = 0
     quota = turn_quota(store.ready(qid), store.consumer_count(qid))
     changes_now = store.changes_reader(qid)
+    drop_if_expired = ctx.expiry.drop_if_expired
     try:
         while True:
             if not consumer.wants_work():
@@ -316,6 +325,8 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 ctx.send(ipc.Done(consumer.cid, changes))
                 return
             log_qid, seq, block, redelivered = taken
+            if drop_if_expired(log_qid, seq, block):
+                continue  # dead-lettered instead (workers/expiry.py)
             channel.deliver(consumer, log_qid, seq, block, redelivered, out)
             delivered += 1
     finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from shoal.broker import ipc
 from shoal.broker.config import Config
@@ -16,14 +16,12 @@ from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
+from shoal.workers.consumer import Consumer, MessageExpiry
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.persist import Persister
 from shoal.workers.routes import Routes
 from shoal.workers.spill import Spiller
 from shoal.workers.streams import Streams
-
-if TYPE_CHECKING:
-    from shoal.workers.consumer import Consumer
 
 
 class Publisher(Protocol):
@@ -44,6 +42,22 @@ class WorkerConnection(Protocol):
     def alarm(self, bits: int) -> None: ...
     def flow_unblock(self, qid: int) -> None: ...
     def shutdown(self) -> None: ...
+
+
+class DeadLettering(Protocol):
+    """workers/dead_letter.py, as settling a delivery uses it."""
+
+    def dead_letter(self, qid: int, block: int, reason: str) -> None: ...
+
+
+class _NoExpiry:
+    """Until the worker starts its own (workers/main.py)."""
+
+    def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
+        return False
+
+    def dead_letter(self, qid: int, block: int, reason: str) -> None:
+        pass
 
 
 class RemoteError(Exception):
@@ -85,6 +99,9 @@ class WorkerContext:
         self.persist: Persister | None = None  # the message store, once open (open_store)
         self.spill: Spiller | None = None  # paging files, with the store (open_store)
         self.streams: Streams | None = None  # stream queues' files, with the store (open_store)
+        # Message TTL and dead-lettering (workers/expiry.py, workers/dead_letter.py).
+        self.expiry: MessageExpiry = _NoExpiry()
+        self.dead_letters: DeadLettering = _NoExpiry()
         self.connections: set[WorkerConnection] = set()
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)

@@ -12,7 +12,7 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker import ipc
-from shoal.broker.amqp import errors, properties
+from shoal.broker.amqp import dead_letter, errors, properties
 from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
 from shoal.shm import layout, stats
@@ -186,10 +186,15 @@ class Delivery(ChannelState):
     def _finish(self, qid: int, seq: int, requeue: bool | None) -> None:
         if seq < 0:
             return  # a browser's copy: nothing was taken from the queue
+        store = self.ctx.store
         if requeue:
-            self.ctx.store.requeue(qid, seq)
-        else:
-            self.ctx.store.settle(qid, seq)
+            store.requeue(qid, seq)
+            return
+        if requeue is False:  # rejected: dead-lettered first (workers/dead_letter.py)
+            block = store.held_block(qid, seq)
+            if block is not None:
+                self.ctx.dead_letters.dead_letter(qid, block, dead_letter.REJECTED)
+        store.settle(qid, seq)
 
     def requeue_all(self) -> None:
         for consumer, qid, seq, _size in self.unacked.values():
@@ -436,6 +441,10 @@ class Delivery(ChannelState):
         logs = ctx.store.logs(qid)  # highest priority first
         for log_qid in logs:
             got = ctx.store.acquire(log_qid, 0)
+            while isinstance(got, tuple) and ctx.expiry.drop_if_expired(
+                log_qid, got[0], got[1], get=True
+            ):
+                got = ctx.store.acquire(log_qid, 0)  # that one expired: dead-lettered
             if got.__class__ is not int:
                 break
         else:

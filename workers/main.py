@@ -27,6 +27,8 @@ from shoal.workers import restore, timeouts
 from shoal.workers.connection import Connection
 from shoal.workers.consumer import pull
 from shoal.workers.context import WorkerContext
+from shoal.workers.dead_letter import DeadLetters
+from shoal.workers.expiry import Expiry
 from shoal.workers.memory_guard import ALARM
 from shoal.workers.spill import paging_directory
 
@@ -75,6 +77,10 @@ class Worker:
         ctx.open_store(
             store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
         )
+        ctx.dead_letters = dead_letters = DeadLetters(ctx)
+        ctx.store.dropped = dead_letters.dropped_by_limit
+        ctx.expiry = expiry = Expiry(ctx, dead_letters)
+        expiry.start()
         if self.index == 0:
             loop.create_task(restore.load(ctx))
         self._tick()
@@ -92,6 +98,7 @@ class Worker:
                 ctx.spill.close()
             if ctx.streams is not None:
                 ctx.streams.close()
+            expiry.close()
         return 0
 
     def _flush_stats(self, again: bool = True) -> None:

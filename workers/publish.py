@@ -12,7 +12,7 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker import ipc
-from shoal.broker.amqp import errors
+from shoal.broker.amqp import errors, ttl
 from shoal.shm.arena import (
     TAG_SIZE,
     message_size,
@@ -38,6 +38,7 @@ from shoal.workers.channel_state import (
     ChannelState,
     Pending,
 )
+from shoal.workers.expiry import now_ms
 from shoal.workers.spill import PAGE_IN_INTERVAL, block_payload
 
 log = logging.getLogger("shoal.worker")
@@ -105,19 +106,21 @@ class Publishing(ChannelState):
         try:
             raw_header = reply_to.rewrite(self, bytes(header))
             qids = self._route(exchange, routing_key, raw_header)
+            times = self._times(raw_header, qids)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
         if not qids:
             return False
         durable = self._to_store(raw_header, qids)
-        size = message_size(exchange, routing_key, raw_header, body_size)
+        size = message_size(exchange, routing_key, raw_header, body_size, times is not None)
         block = ctx.arena.alloc(size + TAG_SIZE if durable else size)
         if block is None:
             return False  # the general path waits for room (and counts it)
-        start = write_message(ctx.seg, block, exchange, routing_key, raw_header, body_size)
+        start = write_message(ctx.seg, block, exchange, routing_key, raw_header, body_size, times)
         ctx.seg.buf[start : start + body_size] = body
         pending = self.pending = Pending(exchange, routing_key, mandatory)
         pending.durable = durable
+        pending.times = times
         pending.header = raw_header
         pending.body_size = pending.received = body_size
         pending.qids = qids
@@ -136,6 +139,19 @@ class Publishing(ChannelState):
             return False
         uid = self.ctx.store.uid
         return any(uid(qid) for qid in qids)
+
+    def _times(self, raw_header: bytes, qids: list[int]) -> tuple[int, int] | None:
+        """(published, expires at) in ms for a message that may expire: it
+        has an `expiration` (checked: ChannelError as RabbitMQ's) or reaches
+        a queue with a TTL. None for the others (one byte and one set test)."""
+        if len(raw_header) < 14 or not raw_header[12] & 0x01:  # no expiration (flag 0x0100)
+            ttl_queues = self.ctx.store.ttl_queues()
+            if not ttl_queues or ttl_queues.isdisjoint(qids):
+                return None
+            return now_ms(), 0
+        own = ttl.expiration_ms(raw_header)
+        now = now_ms()
+        return now, 0 if own is None else now + own
 
     def _route(self, exchange: bytes, routing_key: bytes, raw_header: bytes) -> list[int]:
         """qids a message reaches (the default exchange: the queue named by
@@ -175,17 +191,17 @@ class Publishing(ChannelState):
         if not pending.header:
             try:
                 pending.header = reply_to.rewrite(self, bytes(payload))
-            except errors.ChannelError:
-                self.pending = None  # its body frames are dropped by the closing channel
-                raise
-            pending.body_size = body_size
-            try:
+                pending.body_size = body_size
                 pending.qids = self._route(pending.exchange, pending.routing_key, pending.header)
+                pending.times = self._times(pending.header, pending.qids)
             except errors.ChannelError:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise
         if pending.qids:
-            size = message_size(pending.exchange, pending.routing_key, pending.header, body_size)
+            timed = pending.times is not None
+            size = message_size(
+                pending.exchange, pending.routing_key, pending.header, body_size, timed
+            )
             pending.durable = self._to_store(pending.header, pending.qids)
             block = self.ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
             if block is None:
@@ -200,6 +216,7 @@ class Publishing(ChannelState):
                 pending.routing_key,
                 pending.header,
                 body_size,
+                pending.times,
             )
         else:
             pending.body = bytearray()
@@ -406,6 +423,8 @@ class Publishing(ChannelState):
                     self.conn.flow_block(*ctx.store.flow_queue(qid))
             if entries and qid in entries:
                 records.appended(ctx, pending, qid, outcome)
+            if pending.times is not None:
+                ctx.store.mark_timed(qid)
             if streams is not None and qid in stream_qids and outcome == APPENDED:
                 if pending.streams is None:
                     pending.streams = []

@@ -31,7 +31,13 @@ from shoal.workers.persist import Persister
 
 def _message_size(pending: Pending) -> int:
     """The message's bytes in its block (the tag excluded)."""
-    return message_size(pending.exchange, pending.routing_key, pending.header, pending.body_size)
+    return message_size(
+        pending.exchange,
+        pending.routing_key,
+        pending.header,
+        pending.body_size,
+        pending.times is not None,
+    )
 
 
 def _persist(ctx: WorkerContext) -> Persister:
@@ -47,9 +53,7 @@ def reserve(ctx: WorkerContext, pending: Pending) -> bool:
         qid: (uid, store.level(qid), UNAPPENDED) for qid in pending.qids if (uid := store.uid(qid))
     }
     if entries:
-        size = message_size(
-            pending.exchange, pending.routing_key, pending.header, pending.body_size
-        )
+        size = _message_size(pending)
         got = _persist(ctx).reserve(len(entries), size)
         if got is None:
             return False

@@ -151,6 +151,8 @@ def _append(
         release_hold(seg, block)
         if outcome in (APPENDED, OVER_CAPACITY):
             store.mark_redelivered(qid, store.last_seq)
+            if message[2] & layout.MSG_TIMED:  # the flags' low byte
+                store.mark_timed(qid)
         elif outcome == FULL:
             if may_spill:
                 spilling = True

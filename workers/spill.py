@@ -81,6 +81,8 @@ def block_payload(seg: Segment, block: int) -> bytes:
     p = block + _H
     ex_len, rk_len, flags, props_len, body_len = _PREFIX.unpack_from(seg.buf, p)
     size = _PREFIX.size + ex_len + rk_len + props_len + body_len
+    if flags & layout.MSG_TIMED:
+        size += layout.MSG_TIME.size
     if flags & _TAGGED:
         size += _TAG.size
     return seg.buf[p : p + size]
@@ -89,7 +91,8 @@ def block_payload(seg: Segment, block: int) -> bytes:
 def tagged_payload(message: bytes | memoryview, tag: tuple[int, int, int]) -> bytes:
     """A message read from the message store, tagged with its record."""
     payload = bytearray(message)
-    payload[2:4] = _TAGGED.to_bytes(2, "little")
+    flags = int.from_bytes(payload[2:4], "little") | _TAGGED
+    payload[2:4] = flags.to_bytes(2, "little")
     return bytes(payload + _TAG.pack(*tag))
 
 
@@ -312,6 +315,8 @@ class Spiller:
                         return
                     if flags & REDELIVERED:
                         store.mark_redelivered(qid, store.last_seq)
+                    if payload[2] & layout.MSG_TIMED:  # it may expire (workers/expiry.py)
+                        store.mark_timed(qid)
                     room -= 1
                 else:  # purged since
                     self._settle(payload, file.uid)

@@ -98,3 +98,77 @@ def with_reply_to(header: bytes, value: bytes) -> bytes:
     """`header` (whose reply-to is set) with reply-to replaced by `value`."""
     at = _reply_to_at(header)
     return header[:at] + bytes((len(value),)) + value + header[at + 1 + header[at] :]
+
+
+EXPIRATION_FLAG = 0x0100
+HEADERS_FLAG = _HEADERS_FLAG
+# The basic class's properties in wire order: (flag, kind), kind being how
+# the value is encoded: "s" shortstr, "t" table, "o" octet, "q" 64-bit.
+_BASIC_PROPERTIES = (
+    (0x8000, "s"),  # content-type
+    (0x4000, "s"),  # content-encoding
+    (0x2000, "t"),  # headers
+    (0x1000, "o"),  # delivery-mode
+    (0x0800, "o"),  # priority
+    (0x0400, "s"),  # correlation-id
+    (0x0200, "s"),  # reply-to
+    (0x0100, "s"),  # expiration
+    (0x0080, "s"),  # message-id
+    (0x0040, "q"),  # timestamp
+    (0x0020, "s"),  # type
+    (0x0010, "s"),  # user-id
+    (0x0008, "s"),  # app-id
+    (0x0004, "s"),  # cluster-id
+)
+
+
+def split(header: bytes) -> tuple[bytes, dict[int, bytes]]:
+    """A content header payload as (class, weight and body size: 12 bytes;
+    {flag: the property's value bytes}), each value without its length
+    prefix (a table's body, a string's bytes). Raises ValueError when the
+    lengths do not add up."""
+    raw = bytes(header)
+    flags = int.from_bytes(raw[12:14], "big")
+    values: dict[int, bytes] = {}
+    at = 14
+    for flag, kind in _BASIC_PROPERTIES:
+        if not flags & flag:
+            continue
+        if kind == "s":
+            start, end = at + 1, at + 1 + raw[at]
+        elif kind == "t":
+            start = at + 4
+            end = start + int.from_bytes(raw[at:start], "big")
+        else:
+            start, end = at, at + (1 if kind == "o" else 8)
+        if end > len(raw):
+            raise ValueError("content header properties past its end")
+        values[flag] = raw[start:end]
+        at = end
+    return raw[:12], values
+
+
+def join(prefix: bytes, values: dict[int, bytes]) -> bytes:
+    """split()'s inverse."""
+    flags = 0
+    parts = [prefix, b""]
+    for flag, kind in _BASIC_PROPERTIES:
+        value = values.get(flag)
+        if value is None:
+            continue
+        flags |= flag
+        if kind == "s":
+            parts.append(bytes((len(value),)) + value)
+        elif kind == "t":
+            parts.append(len(value).to_bytes(4, "big") + value)
+        else:
+            parts.append(value)
+    parts[1] = flags.to_bytes(2, "big")
+    return b"".join(parts)
+
+
+def expiration(header: bytes) -> bytes | None:
+    """The expiration property of a content header payload (None: not set)."""
+    if len(header) < 14 or not header[12] & EXPIRATION_FLAG >> 8:
+        return None
+    return split(header)[1].get(EXPIRATION_FLAG)

@@ -53,13 +53,25 @@ def expires(name: bytes, vhost: str, arguments: dict[str, Any]) -> int | None:
     """x-expires in ms (None: none): a positive integer, as RabbitMQ 3.10's
     check_expires_arg wants it."""
     value = non_negative(name, vhost, arguments, "x-expires")
+    where = f"invalid arg 'x-expires' for queue '{name.decode()}' in vhost '{vhost}'"
     if value == 0:
+        raise errors.ChannelError(errors.PRECONDITION_FAILED, f"{where}: {{value_zero,0}}")
+    if value is not None and value > MAX_EXPIRY:
         raise errors.ChannelError(
-            errors.PRECONDITION_FAILED,
-            f"invalid arg 'x-expires' for queue '{name.decode()}' in vhost '{vhost}': "
-            "{value_zero,0}",
+            errors.PRECONDITION_FAILED, f"{where}: {{value_too_large,{value}}}"
         )
     return value
+
+
+# The largest TTL, expiration or x-expires RabbitMQ 3.10 accepts (ten years
+# in ms; measured: one more is {value_too_large,N}).
+MAX_EXPIRY = 315_360_000_000
+
+
+def integer_type(value: int) -> str:
+    """The AMQP type pika and pamqp encode an integer as, as RabbitMQ names
+    it in some errors: a 32-bit 'I' (signedint), else 'l' (long)."""
+    return "signedint" if -(1 << 31) <= value < 1 << 31 else "long"
 
 
 # The x-overflow values RabbitMQ 3.10 accepts.

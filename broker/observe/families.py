@@ -311,6 +311,20 @@ def global_counters(snap: Snapshot) -> Iterator[Metric]:
         )
         family.add_metric([PROTOCOL, QUEUE_TYPE], sum(v[w] for w in words))
         yield family
+    for r, reason in enumerate(stats.DEAD_LETTER_REASONS):
+        family = CounterMetricFamily(
+            f"rabbitmq_global_messages_dead_lettered_{reason}",
+            f"Total number of messages dead-lettered due to {reason.replace('_', '-')}"
+            " (dead_letter_strategy disabled: dropped)",
+            labels=["protocol", "queue_type", "dead_letter_strategy"],
+        )
+        for t, queue_type in enumerate(stats.DEAD_LETTER_QUEUE_TYPES):
+            for s, strategy in enumerate(stats.DEAD_LETTER_STRATEGIES):
+                family.add_metric(
+                    [PROTOCOL, f"rabbit_{queue_type}_queue", strategy],
+                    v[stats.dead_lettered(t, r, s)],
+                )
+        yield family
     for name, doc, word in (
         ("publishers", "Current number of publishers", stats.PUBLISHERS),
         ("consumers", "Current number of consumers", stats.CONSUMERS),

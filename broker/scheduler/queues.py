@@ -14,7 +14,7 @@ import shutil
 from typing import Any
 
 from shoal.broker import ipc
-from shoal.broker.amqp import definitions, errors, streams
+from shoal.broker.amqp import dead_letter, definitions, errors, streams, ttl
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
@@ -185,11 +185,14 @@ class QueueLifecycle(Journal):
                 )
                 max_priority, capacity, resume, limits = 0, 0, 0, (0, 0, 0)
                 single_active = False
+                message_ttl = None
             else:
                 max_priority = X.max_priority(name, vhost, arguments)
                 capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(arguments))
                 limits = _length_record(*X.length_limits(name, vhost, arguments))
                 single_active = X.single_active(name, vhost, arguments)
+                message_ttl = ttl.message_ttl(name, vhost, arguments)
+                dead_letter.check_arguments(name, vhost, arguments)
             expires = X.expires(name, vhost, arguments) or 0
             if not self.free_qids:
                 raise errors.ChannelError(
@@ -232,6 +235,7 @@ class QueueLifecycle(Journal):
                 length_limits=limits,
                 # A stream's messages are in its own files, not the message store.
                 uid=uid if durable and not exclusive and stream is None else 0,
+                message_ttl=0 if message_ttl is None else message_ttl + 1,
             )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.uid = uid if durable and not exclusive else 0
@@ -290,6 +294,7 @@ class QueueLifecycle(Journal):
             resume=resume,
             length_limits=length_limits,
             uid=q.uid,  # the message store names a level's entries by its queue
+            message_ttl=self.store.message_ttl(qid),
         )
         q.levels[level] = slot
         self.level_of[slot] = q

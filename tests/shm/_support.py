@@ -165,16 +165,18 @@ def publish_until_accepted(
     message: tuple[bytes, bytes, bytes, bytes],
     slot: int,
     deadline: float,
+    times: tuple[int, int] | None = None,
 ) -> None:
     """Publish a message record (exchange, routing key, header, body) as a
     worker does, waiting (bounded by `deadline`, a time.monotonic() value)
-    while the arena or the queue is full: for forked producers in races."""
+    while the arena or the queue is full: for forked producers in races.
+    `times`: (published, expires at) for a message that may expire."""
     exchange, routing_key, header, body = message
-    size = message_size(exchange, routing_key, header, len(body))
+    size = message_size(exchange, routing_key, header, len(body), times is not None)
     while (block := arena.alloc(size)) is None:
         assert time.monotonic() < deadline, "the arena stayed full"
         os.sched_yield()
-    start = write_message(seg, block, exchange, routing_key, header, len(body))
+    start = write_message(seg, block, exchange, routing_key, header, len(body), times)
     seg.buf[start : start + len(body)] = body
     while True:
         seg.atomic.fetch_add(block + L.B_REFS, 1)

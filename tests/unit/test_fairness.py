@@ -58,6 +58,11 @@ class FakeChannel:
         consumer.unacked += 1
 
 
+class NoExpiry:
+    def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
+        return False
+
+
 class FakeContext:
     """The worker context pull() uses; send() records the scheduler messages."""
 
@@ -66,6 +71,7 @@ class FakeContext:
         self.atomic = seg.atomic
         self.store = QueueStore(seg, WORKER + 1)
         self.sent: list[ipc.Message] = []
+        self.expiry = NoExpiry()
 
     def send(self, message: ipc.Message) -> None:
         self.sent.append(message)

@@ -1,0 +1,164 @@
+"""Message TTL (issue 15, item 1): x-message-ttl and per-message
+`expiration` as RabbitMQ applies them: an expired message is never
+delivered, a queue with a TTL and no consumer shrinks on its own from the
+head, a per-message TTL behind a longer one waits for the head, a TTL of 0
+reaches only a consumer ready now, requeued messages keep their expiry,
+RabbitMQ 3.10's texts for bad values. pika over real sockets; every wait is
+bounded."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pika
+import pytest
+
+from tests.broker_process import Broker, free_port, wait_for
+from tests.clients import connect
+from tests.integration.test_metrics import scrape, value
+
+
+def _count(ch: Any, queue: str) -> int:
+    return int(ch.queue_declare(queue, passive=True).method.message_count)
+
+
+def test_a_queue_with_a_ttl_and_no_consumer_empties_itself(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl1", arguments={"x-message-ttl": 300})
+    for i in range(100):
+        ch.basic_publish("", "ttl1", b"%d" % i)
+    assert _count(ch, "ttl1") == 100
+    started = time.monotonic()
+    wait_for(lambda: _count(ch, "ttl1") == 0, 10, "the messages to expire")
+    assert time.monotonic() - started < 2.0  # promptly, not when a consumer comes
+    conn.close()
+
+
+def test_an_expired_message_is_never_delivered(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl2")
+    ch.basic_publish("", "ttl2", b"old", pika.BasicProperties(expiration="50"))
+    ch.basic_publish("", "ttl2", b"fresh")
+    time.sleep(0.2)  # the first one's TTL is what is tested
+    _method, _props, body = ch.basic_get("ttl2", auto_ack=True)
+    assert body == b"fresh"
+    assert ch.basic_get("ttl2")[0] is None
+    conn.close()
+
+
+def test_a_per_message_ttl_behind_a_longer_one_waits_for_the_head(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl3")
+    ch.basic_publish("", "ttl3", b"long", pika.BasicProperties(expiration="800"))
+    ch.basic_publish("", "ttl3", b"short", pika.BasicProperties(expiration="50"))
+    time.sleep(0.3)  # the short one is due, but not at the head: still counted
+    assert _count(ch, "ttl3") == 2
+    wait_for(lambda: _count(ch, "ttl3") == 0, 10, "both to expire from the head")
+    conn.close()
+
+
+def test_requeued_messages_keep_their_expiry(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl4", arguments={"x-message-ttl": 400})
+    ch.basic_publish("", "ttl4", b"m")
+    method, _props, _body = ch.basic_get("ttl4")
+    time.sleep(0.5)  # held past its TTL
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    wait_for(lambda: _count(ch, "ttl4") == 0, 5, "the requeued message to expire")
+    assert ch.basic_get("ttl4")[0] is None
+    conn.close()
+
+
+def test_ttl_zero_reaches_only_a_consumer_ready_now(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl5", arguments={"x-message-ttl": 0})
+    ch.basic_publish("", "ttl5", b"nobody")
+    wait_for(lambda: _count(ch, "ttl5") == 0, 5, "the TTL-0 message to go")
+    got: list[bytes] = []
+    ch.basic_qos(prefetch_count=10)
+    ch.basic_consume("ttl5", lambda c, m, p, b: got.append(b), auto_ack=True)
+    ch.basic_publish("", "ttl5", b"caught")
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert got == [b"caught"]
+    conn.close()
+
+
+def test_persistent_messages_keep_their_ttl_across_a_restart(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl6", durable=True, arguments={"x-message-ttl": 1500})
+    ch.confirm_delivery()
+    ch.basic_publish("", "ttl6", b"p", pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    broker.restart()
+    conn = connect(broker)
+    ch = conn.channel()
+    assert _count(ch, "ttl6") == 1
+    wait_for(lambda: _count(ch, "ttl6") == 0, 10, "the restored message to expire")
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (-1, "{value_negative,-1}"),
+        ("soon", "{unacceptable_type,longstr}"),
+        (2**40, "{value_too_large,1099511627776}"),
+    ],
+)
+def test_bad_queue_ttls_are_refused(broker: Broker, value: Any, text: str) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_declare("ttl7", arguments={"x-message-ttl": value})
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text == (
+        f"PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue 'ttl7' in vhost '/': {text}"
+    )
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("abc", "no_integer"),
+        ("-1", "{value_negative,-1}"),
+        ("1.5", '{leftover_string,".5"}'),
+    ],
+)
+def test_bad_expirations_close_the_channel(broker: Broker, value: str, text: str) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.basic_publish("", "nowhere", b"x", pika.BasicProperties(expiration=value))
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.queue_declare("ttl8")
+    assert exc.value.reply_code == 406
+    assert exc.value.reply_text == f"PRECONDITION_FAILED - invalid expiration '{value}': {text}"
+    conn.close()
+
+
+def test_expired_messages_are_counted_in_metrics(broker_factory: Any) -> None:
+    port = free_port()
+    broker = broker_factory(args=("--metrics-port", str(port)))
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl9", arguments={"x-message-ttl": 10})
+    for _ in range(5):
+        ch.basic_publish("", "ttl9", b"x")
+    wait_for(lambda: _count(ch, "ttl9") == 0, 5, "the messages to expire")
+    labels = {
+        "protocol": "amqp091",
+        "queue_type": "rabbit_classic_queue",
+        "dead_letter_strategy": "disabled",
+    }
+    name = "rabbitmq_global_messages_dead_lettered_expired_total"
+    wait_for(lambda: value(scrape(port), name, **labels) == 5, 5, "the expired count")
+    conn.close()

@@ -1,0 +1,157 @@
+"""The expirer's take (shm/expiry.py take_expired) against a forked producer
+and consumer wrapping a 16-cell ring and a 64 KiB arena many times over:
+every message is consumed or expired exactly once, only due messages are
+expired, and the entry store and the arena end empty. Then a SIGKILL of
+the expirer between its CAS and its ack leaves an entry the supervisor's
+release_owner puts back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import time
+from pathlib import Path
+
+from shoal.shm import layout as L
+from shoal.shm.arena import Arena, body_length
+from shoal.shm.expiry import NOT_TIMED, take_expired
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+
+from ._support import (
+    SMALL,
+    SegmentFactory,
+    arena_counters,
+    live_blocks,
+    publish_until_accepted,
+    qword,
+)
+
+QID = 5
+MESSAGES = 100_000
+ID = struct.Struct("<Q")
+DEADLINE = 60.0
+NOW = 1_000_000
+
+
+def due(published: int, expires: int, now: int) -> int | None:
+    """Even messages expired long ago; odd ones never expire."""
+    return None if expires and expires <= now else 0
+
+
+def produce(seg: Segment) -> None:
+    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    slot = seg.layout.proc(0)
+    deadline = time.monotonic() + DEADLINE
+    for mid in range(MESSAGES):
+        times = (0, 1) if mid % 2 == 0 else (NOW, 0)
+        body = ID.pack(mid) + b"x" * (mid * 13 % 300)
+        message = (b"", b"q", b"h", body)
+        publish_until_accepted(seg, store, arena, QID, message, slot, deadline, times)
+
+
+def consume(seg: Segment, out: Path) -> None:
+    store = QueueStore(seg, 2)
+    pointer, got = 0, []
+    deadline = time.monotonic() + DEADLINE
+    while qword(seg, QID, L.Q_HEAD) < MESSAGES:
+        taken = store.acquire(QID, pointer)
+        if isinstance(taken, int):
+            pointer = taken
+            assert time.monotonic() < deadline
+            os.sched_yield()
+            continue
+        seq, block, _redelivered = taken
+        pointer = seq + 1
+        (mid,) = ID.unpack_from(seg.buf, block + L.BLOCK_HEADER + L.MSG_PREFIX.size + 2)
+        got.append(mid)
+        assert store.ack(QID, seq)
+    out.write_text(" ".join(map(str, got)))
+
+
+def child(target: object, *args: object) -> int:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            target(*args)  # type: ignore[operator]
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    return pid
+
+
+def test_each_message_is_expired_or_consumed_once(
+    make_segment: SegmentFactory, tmp_path: Path
+) -> None:
+    seg = make_segment(SMALL)
+    QueueStore(seg, 0).create(QID, b"expiry-race", 0, 0)
+    consumed_file = tmp_path / "consumed"
+    pids = [child(produce, seg), child(consume, seg, consumed_file)]
+    status: dict[int, int] = {}
+
+    def running() -> bool:
+        for pid in pids:
+            if pid not in status:
+                reaped, code = os.waitpid(pid, os.WNOHANG)
+                if reaped:
+                    status[pid] = code
+        return len(status) < len(pids)
+
+    expirer = QueueStore(seg, 3)
+    expired: list[int] = []
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while running():
+            assert time.monotonic() < deadline, "the others did not finish"
+            got = take_expired(expirer, QID, NOW, due)
+            if isinstance(got, int):
+                assert got in (NOT_TIMED, 0)
+                continue
+            seq, block, _redelivered = got
+            (mid,) = ID.unpack_from(seg.buf, block + L.BLOCK_HEADER + L.MSG_PREFIX.size + 2)
+            assert body_length(seg, block) == 8 + mid * 13 % 300
+            expired.append(mid)
+            assert expirer.ack(QID, seq)
+    finally:
+        for pid in pids:
+            if pid not in status:
+                os.kill(pid, signal.SIGKILL)
+                status[pid] = os.waitpid(pid, 0)[1]
+    assert all(code == 0 for code in status.values()), status
+    consumed = [int(m) for m in consumed_file.read_text().split()]
+    assert all(mid % 2 == 0 for mid in expired), "a message not due was expired"
+    assert sorted(expired + consumed) == list(range(MESSAGES)), "lost or doubled"
+    assert len(expired) > 100, f"only {len(expired)} expired: the race was not exercised"
+    assert qword(seg, QID, L.Q_HEAD) == qword(seg, QID, L.Q_TAIL) == MESSAGES
+    assert qword(seg, QID, L.Q_READY) == qword(seg, QID, L.Q_UNACKED) == 0
+    assert live_blocks(seg, 0) == [] and arena_counters(seg, 0) == (0, 0)
+
+
+def test_an_expirer_killed_after_taking_leaves_the_entry_to_its_release(
+    make_segment: SegmentFactory,
+) -> None:
+    seg = make_segment(SMALL)
+    QueueStore(seg, 0).create(QID, b"expiry-kill", 0, 0)
+    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    message = (b"", b"q", b"h", ID.pack(7))
+    publish_until_accepted(seg, store, arena, QID, message, seg.layout.proc(0), 1e18, (0, 1))
+
+    def take_and_die(seg: Segment) -> None:
+        got = take_expired(QueueStore(seg, 3), QID, NOW, due)
+        assert isinstance(got, tuple)
+        os.kill(os.getpid(), signal.SIGKILL)  # before the ack
+
+    pid = child(take_and_die, seg)
+    _, code = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGKILL
+    assert qword(seg, QID, L.Q_UNACKED) == 1 and qword(seg, QID, L.Q_READY) == 0
+    assert QueueStore(seg, 0).release_owner(3) == {QID: 1}
+    again = take_expired(QueueStore(seg, 3), QID, NOW, due)
+    assert isinstance(again, tuple)
+    assert QueueStore(seg, 3).ack(QID, again[0])
+    assert live_blocks(seg, 0) == [] and arena_counters(seg, 0) == (0, 0)

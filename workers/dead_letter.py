@@ -1,0 +1,148 @@
+"""Dead-lettering a message this worker holds (issue 15, item 3): the
+message, rewritten as RabbitMQ does (broker/amqp/dead_letter.py), is
+published to the queue's dead-letter exchange from this worker, as a
+publish from a client would be (a block in this worker's arena, the message
+store's record when it is persistent and reaches a durable queue), before
+the caller deletes the original. Both go through this worker's store log
+in that order, so a crash between them leaves the message in both queues,
+never in neither.
+
+Strategy at-most-once, as RabbitMQ's classic queues: a message that
+reaches no queue (no such exchange, no binding, a cycle, a full log or
+arena) is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from shoal.broker.amqp import dead_letter, errors
+from shoal.shm import stats
+from shoal.shm.arena import TAG_SIZE, message_size, read_message, release_hold, write_message
+from shoal.shm.queues import APPENDED, OVER_CAPACITY
+from shoal.workers import framing, records
+from shoal.workers.channel_state import Pending
+from shoal.workers.context import WorkerContext
+
+log = logging.getLogger("shoal.worker")
+
+_REASONS = {name: i for i, name in enumerate(stats.DEAD_LETTER_REASONS)}
+_DISABLED, _AT_MOST_ONCE = 0, 1
+
+
+class DeadLetters:
+    """This worker's dead-lettering."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+
+    def dead_letter(self, qid: int, block: int, reason: str) -> None:
+        """Log `qid`'s message in `block` (an entry this worker holds, not
+        yet deleted) dies for `reason`: publish its dead letter, if its queue
+        has a dead-letter exchange. The caller deletes the entry after."""
+        ctx = self.ctx
+        store = ctx.store
+        declared = store.declared(qid)
+        vhost_id = store.vhost_of(declared)
+        ctx.routes.sync()
+        definitions = ctx.routes.definitions
+        vhost = next((n for n, i in definitions.vhost_ids.items() if i == vhost_id), "/")
+        name = store.name(declared)
+        arguments = definitions.queue_arguments.get((vhost, name.decode(errors="replace")), {})
+        where = dead_letter.target(arguments)
+        strategy = _DISABLED if where is None else _AT_MOST_ONCE
+        ctx.stats.v[stats.dead_lettered(0, _REASONS[reason], strategy)] += 1
+        if where is None:
+            return
+        exchange, routing_key, header, body = read_message(ctx.seg, block)
+        try:
+            letter = dead_letter.make(
+                bytes(header),
+                reason,
+                name,
+                bytes(exchange),
+                bytes(routing_key),
+                int(time.time()),
+                where.routing_key,
+            )
+        except ValueError:
+            log.warning(
+                "queue %r: a message with a malformed content header not dead-lettered", name
+            )
+            return
+        qids: list[int] = []
+        for key in letter.routing_keys:
+            for target in self._route(vhost, vhost_id, where.exchange, key, letter.header):
+                if target not in qids:
+                    qids.append(target)
+        if reason != dead_letter.REJECTED:
+            qids = [q for q in qids if not dead_letter.is_cycle(store.name(q), letter.deaths)]
+        if qids:
+            self._publish(where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids)
+
+    def dropped_by_limit(self, qid: int, block: int) -> None:
+        """QueueStore.dropped: a length limit dropped or refused a message."""
+        self.dead_letter(qid, block, dead_letter.MAXLEN)
+
+    def _route(
+        self, vhost: str, vhost_id: int, exchange: bytes, key: bytes, header: bytes
+    ) -> tuple[int, ...]:
+        ctx = self.ctx
+        if not exchange:
+            qid = ctx.store.lookup(key, vhost_id)
+            return () if qid is None else (qid,)
+        try:
+            return ctx.routes.route(vhost, vhost_id, exchange, key, header)
+        except errors.AMQPError:  # no such exchange (RabbitMQ drops the message too)
+            return ()
+
+    def _publish(
+        self, exchange: bytes, routing_key: bytes, header: bytes, body: bytes, qids: list[int]
+    ) -> None:
+        """Publish the dead letter to `qids` (declared queues; a priority
+        queue's letters go to its lowest level's log)."""
+        ctx = self.ctx
+        store = ctx.store
+        pending = Pending(exchange, routing_key, False)
+        pending.header = header
+        pending.body_size = pending.received = len(body)
+        pending.qids = list(qids)
+        pending.durable = self._to_store(header, qids)
+        ttl_queues = store.ttl_queues()
+        timed = not ttl_queues.isdisjoint(qids)
+        size = message_size(exchange, routing_key, header, len(body), timed)
+        block = ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
+        if block is None:
+            log.warning("dead letter dropped: the arena is full")
+            return
+        times = (int(time.time() * 1000), 0) if timed else None
+        start = write_message(ctx.seg, block, exchange, routing_key, header, len(body), times)
+        ctx.seg.buf[start : start + len(body)] = body
+        pending.block = block
+        if pending.durable and not records.reserve(ctx, pending):
+            pending.durable = False  # no segment slot: kept in memory only
+        for qid in qids:
+            outcome = store.publish(qid, block, len(body), ctx.slot)
+            if pending.entries and qid in pending.entries:
+                records.appended(ctx, pending, qid, outcome)
+            if outcome in (APPENDED, OVER_CAPACITY):
+                if times is not None:
+                    store.mark_timed(qid)
+            else:
+                log.debug("dead letter not appended to queue %d (outcome %d)", qid, outcome)
+        pending.qids.clear()
+        if pending.entries:
+            records.finish(ctx, pending)
+        release_hold(ctx.seg, block)
+
+    def _to_store(self, header: bytes, qids: list[int]) -> bool:
+        """Persistent and routed to a durable queue (as workers/publish.py)."""
+        if self.ctx.persist is None or len(header) < 15 or not header[12] & 0x10:
+            return False
+        if framing.delivery_mode(header) != 2:
+            return False
+        uid = self.ctx.store.uid
+        return any(uid(qid) for qid in qids)

@@ -1,0 +1,135 @@
+"""Message TTL in an IO worker (issue 15, item 1; rules in broker/amqp/ttl.py).
+
+Two places drop expired messages, as RabbitMQ's queues do:
+
+- a consumer (or basic.get) that acquires a message past its expiry time
+  dead-letters and deletes it instead of delivering it (`drop_if_expired`),
+  so an expired message is never delivered;
+- the expirer: each queue's owning worker (qid % workers, as for streams)
+  takes expired messages from the head of the queues that may hold some
+  (a TTL, or a message with an expiration was appended), so a queue nobody
+  consumes shrinks on its own. It wakes at the head's expiry time, and at
+  least every POLL while it owns such a queue, to see new heads.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shoal.broker.amqp import dead_letter, ttl
+from shoal.shm import layout
+from shoal.shm.arena import message_times
+from shoal.shm.expiry import BUSY, NOT_TIMED, take_expired
+from shoal.workers.context import WorkerContext
+from shoal.workers.dead_letter import DeadLetters
+
+POLL = 0.02  # seconds between looks at the heads of queues that may expire
+IDLE_POLL = 0.25  # ... while this worker owns none
+BATCH = 2048  # expired messages taken per loop iteration (then the others run)
+_FLAGS = layout.BLOCK_HEADER + 2  # a message's flags' low byte in its block
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _due(
+    published: int, expires: int, ttl_word: int, now: int, grace: int = ttl.ZERO_TTL_GRACE_MS
+) -> int | None:
+    """None if expired at `now`, else when it will be (0: never)."""
+    when = ttl.deadline(published, expires, ttl_word)
+    if ttl.is_due(published, when, now, grace):
+        return None
+    if when and when <= published:  # TTL 0, still in its grace
+        return published + ttl.ZERO_TTL_GRACE_MS + 1
+    return when
+
+
+class Expiry:
+    """This worker's message expiry."""
+
+    __slots__ = ("_closed", "_timer", "ctx", "dead_letters", "expired")
+
+    def __init__(self, ctx: WorkerContext, dead_letters: DeadLetters) -> None:
+        self.ctx = ctx
+        self.dead_letters = dead_letters
+        self.expired = 0  # messages this worker expired (tests, status)
+        self._timer: object | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------ consumers
+    def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
+        """An entry this worker just acquired from log `qid`: if it has
+        expired, dead-letter and delete it and return True (the caller
+        acquires the next). One byte read for a message with no expiry.
+        `get`: for basic.get, which never gets a message with a TTL of 0."""
+        ctx = self.ctx
+        if not ctx.seg.buf[block + _FLAGS] & layout.MSG_TIMED:
+            return False
+        times = message_times(ctx.seg, block)
+        if times is None:
+            return False
+        published, expires = times
+        grace = 0 if get else ttl.ZERO_TTL_GRACE_MS
+        if _due(published, expires, ctx.store.message_ttl(qid), now_ms(), grace) is not None:
+            return False
+        self._expire(qid, seq, block)
+        return True
+
+    def _expire(self, qid: int, seq: int, block: int) -> None:
+        self.dead_letters.dead_letter(qid, block, dead_letter.EXPIRED)
+        self.ctx.store.settle(qid, seq)
+        self.expired += 1
+
+    # -------------------------------------------------------------- expirer
+    def start(self) -> None:
+        self._schedule(IDLE_POLL)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _schedule(self, delay: float) -> None:
+        if not self._closed:
+            self._timer = self.ctx.loop.call_later(delay, self._tick)
+
+    def _owned(self) -> list[int]:
+        ctx = self.ctx
+        workers, index, store = ctx.config.worker_count(), ctx.index, ctx.store
+        return [
+            qid
+            for qid in store.active_logs()
+            if qid % workers == index and store.timed(qid) and store.log_ready(qid)
+        ]
+
+    def _tick(self) -> None:
+        self._timer = None
+        ctx = self.ctx
+        store = ctx.store
+        now = now_ms()
+        owned = self._owned()
+        if not owned:
+            self._schedule(IDLE_POLL)
+            return
+        budget = BATCH
+        wake = now + int(POLL * 1000)
+        for qid in owned:
+            ttl_word = store.message_ttl(qid)
+
+            def due(published: int, expires: int, at: int, word: int = ttl_word) -> int | None:
+                return _due(published, expires, word, at)
+
+            while budget:
+                got = take_expired(store, qid, now, due)
+                if isinstance(got, int):
+                    if got == BUSY:
+                        wake = now + 1
+                    elif got != NOT_TIMED:
+                        wake = min(wake, got)
+                    break
+                seq, block, _redelivered = got
+                self._expire(qid, seq, block)
+                budget -= 1
+            if not budget:
+                ctx.loop.call_soon(self._tick)  # more to do: after the others' turn
+                return
+        self._schedule(max(0.001, (wake - now_ms()) / 1000))
