@@ -49,6 +49,7 @@ class QueueCounters:
     # A stream queue's durable offsets (shm/streams.py); `ready` is then the
     # messages it keeps (next - first), as queue.declare-ok counts them.
     stream: StreamBounds | None = None
+    kind: str = "classic"  # the queue type: classic, quorum or stream
 
 
 def read(store: QueueStore, qid: int) -> QueueCounters:
@@ -85,4 +86,11 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
         overflow=word(qid, layout.Q_OVERFLOW),
         paged_out=paged_out,
         stream=stream,
+        kind=_kind(word(qid, layout.Q_FLAGS)),
     )
+
+
+def _kind(flags: int) -> str:
+    if flags & layout.QF_STREAM:
+        return "stream"
+    return "quorum" if flags & layout.QF_QUORUM else "classic"

@@ -81,6 +81,11 @@ class QueueDirectory:
         """Log `qid`'s Q_MESSAGE_TTL word: its TTL in ms + 1 (0: none)."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_MESSAGE_TTL)
 
+    def delivery_limit(self, qid: int) -> int:
+        """Log `qid`'s Q_DELIVERY_LIMIT word: 0 deliveries not counted, 1
+        counted with no limit, limit + 2."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_DELIVERY_LIMIT)
+
     def mark_timed(self, qid: int) -> None:
         """A message with an expiry time went into log `qid`: its owner's
         expirer looks at it from now on (a load, and one store per queue)."""

@@ -20,6 +20,9 @@ before fork so every child inherits the mapping) holds, in order:
     | queue logs    (max_queues x   |  per queue: a ring of 16-byte cells
     |                capacity x 16) |  (state word, body reference)
     +-------------------------------+
+    | delivery      (max_queues x   |  per cell: (seq << 16 | deliveries - 1),
+    | counts         capacity x 8)  |  used by counted queues only (sparse)
+    +-------------------------------+
     | arenas        (max_workers x  |  per IO worker: message bodies, allocated
     |                arena_bytes)   |  only by that worker, freed by anyone
     +-------------------------------+
@@ -181,6 +184,11 @@ Q_GETS = 640
 # queue's life).
 Q_MESSAGE_TTL = 648
 Q_TIMED = 656
+# Delivery counts (quorum queues, x-delivery-limit; broker/amqp/quorum.py):
+# 0 not counted, 1 counted with no limit, limit + 2. Written by the
+# scheduler at create. A counted log's entries have a count word each in
+# the delivery-count table (Layout.count_word), bumped by every release.
+Q_DELIVERY_LIMIT = 664
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -189,6 +197,7 @@ QF_DURABLE = 1
 QF_EXCLUSIVE = 2
 QF_AUTO_DELETE = 4
 QF_STREAM = 8
+QF_QUORUM = 16
 
 # queue log cells: word = seq << 20 | owner << 8 | flags << 4 | state
 CELL_SIZE = 16
@@ -239,7 +248,7 @@ SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
 SEALED_BIT = 1 << 32
 
 
-assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_TIMED + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_DELIVERY_LIMIT + 8 <= QUEUE_SIZE
 assert Q_READY_BYTES // 64 == Q_BYTES // 64 != Q_OVERFLOW // 64  # cache lines, see above
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.
@@ -303,6 +312,7 @@ class Layout:
         "arenas",
         "bitmap",
         "catalog",
+        "counts",
         "limits",
         "logs",
         "proc_slots",
@@ -328,6 +338,8 @@ class Layout:
         off = _align(off + limits.max_workers * SEGMENT_SLOTS * SEGMENT_SLOT_SIZE)
         self.logs = off
         off = _align(off + limits.max_queues * limits.queue_capacity * CELL_SIZE)
+        self.counts = off
+        off = _align(off + limits.max_queues * limits.queue_capacity * 8)
         self.arenas = off
         off += limits.max_workers * limits.arena_bytes
         self.size = off
@@ -340,6 +352,11 @@ class Layout:
 
     def log(self, qid: int) -> int:
         return self.logs + qid * self.limits.queue_capacity * CELL_SIZE
+
+    def count_word(self, qid: int, seq: int) -> int:
+        """The delivery-count word of log `qid`'s cell for `seq`."""
+        cap = self.limits.queue_capacity
+        return self.counts + (qid * cap + (seq & (cap - 1))) * 8
 
     def arena(self, worker: int) -> int:
         return self.arenas + worker * self.limits.arena_bytes

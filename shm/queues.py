@@ -131,12 +131,14 @@ class QueueStore(QueueDirectory):
         length_limits: tuple[int, int, int] = (0, 0, 0),
         uid: int = 0,
         message_ttl: int = 0,
+        delivery_limit: int = 0,
     ) -> None:
         """Scheduler only: make a FREE slot an active queue called `name` in
         virtual host `vhost` (an id); with `parent`, a level slot of that
         priority queue (nameless, found through the parent only). `uid`: a
         durable queue's (broker/scheduler/durable.py). `message_ttl`: the
-        Q_MESSAGE_TTL word (TTL in ms + 1; 0: none)."""
+        Q_MESSAGE_TTL word (TTL in ms + 1; 0: none); `delivery_limit` the
+        Q_DELIVERY_LIMIT word (broker/amqp/quorum.py)."""
         if len(name) > layout.Q_NAME_MAX:
             raise ValueError("queue name longer than 255 bytes")
         a, q = self.a, self.layout.queue(qid)
@@ -165,6 +167,7 @@ class QueueStore(QueueDirectory):
         ):
             a.store(q + field, 0)
         a.store(q + layout.Q_MESSAGE_TTL, message_ttl)
+        a.store(q + layout.Q_DELIVERY_LIMIT, delivery_limit)
         a.store(q + layout.Q_FLAGS, flags)
         a.store(q + layout.Q_OWNER, owner_conn)
         a.store(q + layout.Q_VHOST, vhost)
@@ -506,9 +509,12 @@ class QueueStore(QueueDirectory):
         # The body's size while the entry is still ours (once AVAILABLE it
         # may be taken and freed at once).
         body = body_length(self.seg, a.load(cell + 8))
+        q = self.layout.queue(qid)
+        if a.load(q + layout.Q_DELIVERY_LIMIT):  # counted: one more return, before the CAS
+            returns = min(self.delivery_count(qid, seq) + 1, 0xFFFF)
+            a.store(self.layout.count_word(qid, seq), seq << 16 | returns)
         if not a.cas(cell, w, seq << _SEQ | _REDELIVERED | _AVAIL):
             return False
-        q = self.layout.queue(qid)
         # RELEASE_GEN, then CHANGES, then READY: a consumer that reads CHANGES
         # after this bump also sees the generation and rewinds; the scheduler
         # reads READY then CHANGES (as for append).
@@ -519,6 +525,13 @@ class QueueStore(QueueDirectory):
         a.fetch_add(q + layout.Q_READY, 1)
         a.fetch_add(q + layout.Q_REDELIVERED, 1)
         return True
+
+    def delivery_count(self, qid: int, seq: int) -> int:
+        """How often the entry `seq` of a counted log was returned (released):
+        its x-delivery-count. Read by the entry's holder; 0 for a count word
+        still holding an older lap's seq."""
+        word = self.a.load(self.layout.count_word(qid, seq))
+        return word & 0xFFFF if word >> 16 == seq else 0
 
     def purge(self, qid: int) -> int:
         """Delete every AVAILABLE entry; returns how many were deleted, the

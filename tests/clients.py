@@ -63,3 +63,19 @@ def assert_declare_refused(
         assert text in exc.value.reply_text
     finally:
         conn.close()
+
+
+def declare_refused(broker: Broker, queue: str, text: str, **kwargs: Any) -> None:
+    """queue.declare(queue, **kwargs) closes the channel with 406 and
+    `text` (after "PRECONDITION_FAILED - ")."""
+    conn = connect(broker)
+    try:
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+            ch.queue_declare(queue, **kwargs)
+        assert (exc.value.reply_code, exc.value.reply_text) == (
+            406,
+            f"PRECONDITION_FAILED - {text}",
+        )
+    finally:
+        conn.close()

@@ -37,6 +37,7 @@ class MessageExpiry(Protocol):
     """workers/expiry.py, as the pull loop uses it."""
 
     def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool: ...
+    def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool: ...
 
 
 class PullContext(Protocol):
@@ -325,7 +326,9 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 ctx.send(ipc.Done(consumer.cid, changes))
                 return
             log_qid, seq, block, redelivered = taken
-            if drop_if_expired(log_qid, seq, block):
+            if drop_if_expired(log_qid, seq, block) or (
+                redelivered and ctx.expiry.drop_if_over_limit(log_qid, seq, block)
+            ):
                 continue  # dead-lettered instead (workers/expiry.py)
             channel.deliver(consumer, log_qid, seq, block, redelivered, out)
             delivered += 1

@@ -47,7 +47,7 @@ class WorkerConnection(Protocol):
 class DeadLettering(Protocol):
     """workers/dead_letter.py, as settling a delivery uses it."""
 
-    def dead_letter(self, qid: int, block: int, reason: str) -> None: ...
+    def dead_letter(self, qid: int, block: int, reason: str) -> bool: ...
 
 
 class _NoExpiry:
@@ -56,8 +56,11 @@ class _NoExpiry:
     def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
         return False
 
-    def dead_letter(self, qid: int, block: int, reason: str) -> None:
-        pass
+    def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool:
+        return False
+
+    def dead_letter(self, qid: int, block: int, reason: str) -> bool:
+        return True
 
 
 class RemoteError(Exception):

@@ -9,7 +9,10 @@ never in neither.
 
 Strategy at-most-once, as RabbitMQ's classic queues: a message that
 reaches no queue (no such exchange, no binding, a cycle, a full log or
-arena) is dropped and counted.
+arena) is dropped and counted. A quorum queue with x-dead-letter-strategy
+at-least-once (and x-overflow reject-publish, as RabbitMQ requires) keeps a
+message whose dead letter found a target queue's log or this worker's
+arena full: the caller returns it to its queue instead of deleting it.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from __future__ import annotations
 import logging
 import time
 
-from shoal.broker.amqp import dead_letter, errors
-from shoal.shm import stats
+from shoal.broker.amqp import dead_letter, errors, quorum
+from shoal.shm import layout, stats
 from shoal.shm.arena import TAG_SIZE, message_size, read_message, release_hold, write_message
-from shoal.shm.queues import APPENDED, OVER_CAPACITY
+from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY
 from shoal.workers import framing, records
 from shoal.workers.channel_state import Pending
 from shoal.workers.context import WorkerContext
@@ -28,7 +31,7 @@ from shoal.workers.context import WorkerContext
 log = logging.getLogger("shoal.worker")
 
 _REASONS = {name: i for i, name in enumerate(stats.DEAD_LETTER_REASONS)}
-_DISABLED, _AT_MOST_ONCE = 0, 1
+_DISABLED, _AT_MOST_ONCE, _AT_LEAST_ONCE = 0, 1, 2
 
 
 class DeadLetters:
@@ -39,10 +42,12 @@ class DeadLetters:
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
 
-    def dead_letter(self, qid: int, block: int, reason: str) -> None:
+    def dead_letter(self, qid: int, block: int, reason: str) -> bool:
         """Log `qid`'s message in `block` (an entry this worker holds, not
         yet deleted) dies for `reason`: publish its dead letter, if its queue
-        has a dead-letter exchange. The caller deletes the entry after."""
+        has a dead-letter exchange. The caller deletes the entry after,
+        unless this returns False: a queue with the at-least-once strategy
+        whose dead letter found no room in a target queue keeps it."""
         ctx = self.ctx
         store = ctx.store
         declared = store.declared(qid)
@@ -53,10 +58,14 @@ class DeadLetters:
         name = store.name(declared)
         arguments = definitions.queue_arguments.get((vhost, name.decode(errors="replace")), {})
         where = dead_letter.target(arguments)
-        strategy = _DISABLED if where is None else _AT_MOST_ONCE
-        ctx.stats.v[stats.dead_lettered(0, _REASONS[reason], strategy)] += 1
+        is_quorum = bool(store.flags(declared) & layout.QF_QUORUM)
+        strategy = _DISABLED
+        if where is not None:
+            at_least_once = is_quorum and quorum.at_least_once(arguments)
+            strategy = _AT_LEAST_ONCE if at_least_once else _AT_MOST_ONCE
+        ctx.stats.v[stats.dead_lettered(int(is_quorum), _REASONS[reason], strategy)] += 1
         if where is None:
-            return
+            return True
         exchange, routing_key, header, body = read_message(ctx.seg, block)
         try:
             letter = dead_letter.make(
@@ -72,7 +81,7 @@ class DeadLetters:
             log.warning(
                 "queue %r: a message with a malformed content header not dead-lettered", name
             )
-            return
+            return True
         qids: list[int] = []
         for key in letter.routing_keys:
             for target in self._route(vhost, vhost_id, where.exchange, key, letter.header):
@@ -80,8 +89,12 @@ class DeadLetters:
                     qids.append(target)
         if reason != dead_letter.REJECTED:
             qids = [q for q in qids if not dead_letter.is_cycle(store.name(q), letter.deaths)]
-        if qids:
-            self._publish(where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids)
+        if not qids:
+            return True
+        taken = self._publish(
+            where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids
+        )
+        return taken or strategy != _AT_LEAST_ONCE
 
     def dropped_by_limit(self, qid: int, block: int) -> None:
         """QueueStore.dropped: a length limit dropped or refused a message."""
@@ -101,9 +114,10 @@ class DeadLetters:
 
     def _publish(
         self, exchange: bytes, routing_key: bytes, header: bytes, body: bytes, qids: list[int]
-    ) -> None:
+    ) -> bool:
         """Publish the dead letter to `qids` (declared queues; a priority
-        queue's letters go to its lowest level's log)."""
+        queue's letters go to its lowest level's log). False if a queue had
+        no room for it (or the arena)."""
         ctx = self.ctx
         store = ctx.store
         pending = Pending(exchange, routing_key, False)
@@ -117,13 +131,14 @@ class DeadLetters:
         block = ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
         if block is None:
             log.warning("dead letter dropped: the arena is full")
-            return
+            return False
         times = (int(time.time() * 1000), 0) if timed else None
         start = write_message(ctx.seg, block, exchange, routing_key, header, len(body), times)
         ctx.seg.buf[start : start + len(body)] = body
         pending.block = block
         if pending.durable and not records.reserve(ctx, pending):
             pending.durable = False  # no segment slot: kept in memory only
+        taken = True
         for qid in qids:
             outcome = store.publish(qid, block, len(body), ctx.slot)
             if pending.entries and qid in pending.entries:
@@ -132,11 +147,13 @@ class DeadLetters:
                 if times is not None:
                     store.mark_timed(qid)
             else:
+                taken = taken and outcome != FULL
                 log.debug("dead letter not appended to queue %d (outcome %d)", qid, outcome)
         pending.qids.clear()
         if pending.entries:
             records.finish(ctx, pending)
         release_hold(ctx.seg, block)
+        return taken
 
     def _to_store(self, header: bytes, qids: list[int]) -> bool:
         """Persistent and routed to a durable queue (as workers/publish.py)."""

@@ -12,7 +12,7 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker import ipc
-from shoal.broker.amqp import dead_letter, errors, properties
+from shoal.broker.amqp import dead_letter, errors, field_table, properties
 from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
 from shoal.shm import layout, stats
@@ -113,6 +113,8 @@ class Delivery(ChannelState):
         exchange, routing_key, header, body = message
         if consumer.stamp and seq >= 0:
             header = properties.add_header(header, self._entry_id(qid, seq))
+        if redelivered and seq >= 0 and (count := self._delivery_count(qid, seq, False)):
+            header = properties.with_header(header, b"x-delivery-count", field_table.long(count))
         tag = self.next_tag
         self.next_tag = tag + 1
         worker_stats = self.stats
@@ -135,6 +137,17 @@ class Delivery(ChannelState):
             )
         )
         out += framing.encode_content(self.number, header, body, self.conn.frame_max)
+
+    def _delivery_count(self, qid: int, seq: int, get: bool) -> int | None:
+        """The x-delivery-count header's value for entry `seq` of log `qid`:
+        None for a log whose deliveries are not counted, and for a first
+        delivery to a consumer (RabbitMQ 3.10's quorum queues put 0 in a
+        basic.get's only)."""
+        store = self.ctx.store
+        if not store.delivery_limit(qid):
+            return None
+        count = store.delivery_count(qid, seq)
+        return count if count or (get and store.flags(qid) & layout.QF_QUORUM) else None
 
     def _entry_id(self, qid: int, seq: int) -> bytes:
         """The x-shoal-id header entry of log `qid`'s entry `seq`: this broker
@@ -187,13 +200,18 @@ class Delivery(ChannelState):
         if seq < 0:
             return  # a browser's copy: nothing was taken from the queue
         store = self.ctx.store
+        reason = dead_letter.REJECTED
         if requeue:
-            store.requeue(qid, seq)
-            return
-        if requeue is False:  # rejected: dead-lettered first (workers/dead_letter.py)
+            limit = store.delivery_limit(qid)  # quorum queues, x-delivery-limit
+            if limit < 2 or store.delivery_count(qid, seq) + 1 <= limit - 2:
+                store.requeue(qid, seq)
+                return
+            reason = dead_letter.DELIVERY_LIMIT  # returned once too often
+        if requeue is not None:  # dead-lettered first (workers/dead_letter.py)
             block = store.held_block(qid, seq)
-            if block is not None:
-                self.ctx.dead_letters.dead_letter(qid, block, dead_letter.REJECTED)
+            if block is not None and not self.ctx.dead_letters.dead_letter(qid, block, reason):
+                store.requeue(qid, seq)  # at-least-once, and it found no room: kept
+                return
         store.settle(qid, seq)
 
     def requeue_all(self) -> None:
@@ -441,8 +459,9 @@ class Delivery(ChannelState):
         logs = ctx.store.logs(qid)  # highest priority first
         for log_qid in logs:
             got = ctx.store.acquire(log_qid, 0)
-            while isinstance(got, tuple) and ctx.expiry.drop_if_expired(
-                log_qid, got[0], got[1], get=True
+            while isinstance(got, tuple) and (
+                ctx.expiry.drop_if_expired(log_qid, got[0], got[1], get=True)
+                or (got[2] and ctx.expiry.drop_if_over_limit(log_qid, got[0], got[1]))
             ):
                 got = ctx.store.acquire(log_qid, 0)  # that one expired: dead-lettered
             if got.__class__ is not int:
@@ -465,6 +484,9 @@ class Delivery(ChannelState):
         if redelivered:
             v[stats.REDELIVERED] += 1
         exchange, routing_key, header, body = read_message(ctx.seg, block)
+        count = self._delivery_count(log_qid, seq, True)
+        if count is not None:
+            header = properties.with_header(header, b"x-delivery-count", field_table.long(count))
         tag = self.next_tag
         self.next_tag += 1
         if method.no_ack:

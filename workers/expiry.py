@@ -1,6 +1,7 @@
 """Message TTL in an IO worker (issue 15, item 1; rules in broker/amqp/ttl.py).
 
-Two places drop expired messages, as RabbitMQ's queues do:
+Two places drop expired messages, as RabbitMQ's queues do (and the first
+also drops messages past their delivery limit, `drop_if_over_limit`):
 
 - a consumer (or basic.get) that acquires a message past its expiry time
   dead-letters and deletes it instead of delivering it (`drop_if_expired`),
@@ -74,6 +75,19 @@ class Expiry:
         if _due(published, expires, ctx.store.message_ttl(qid), now_ms(), grace) is not None:
             return False
         self._expire(qid, seq, block)
+        return True
+
+    def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool:
+        """A redelivered entry this worker just acquired from log `qid`: if
+        it was returned more often than the queue's delivery limit (a
+        return the supervisor made for a dead worker, which cannot
+        dead-letter), dead-letter and delete it and return True."""
+        store = self.ctx.store
+        limit = store.delivery_limit(qid)
+        if limit < 2 or store.delivery_count(qid, seq) <= limit - 2:
+            return False
+        self.dead_letters.dead_letter(qid, block, dead_letter.DELIVERY_LIMIT)
+        store.settle(qid, seq)
         return True
 
     def _expire(self, qid: int, seq: int, block: int) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import struct
 
+from shoal.broker.amqp import field_table
+
 _HEADERS_FLAG = 0x2000
 _CONTENT_TYPE_FLAG = 0x8000
 _CONTENT_ENCODING_FLAG = 0x4000
@@ -172,3 +174,14 @@ def expiration(header: bytes) -> bytes | None:
     if len(header) < 14 or not header[12] & EXPIRATION_FLAG >> 8:
         return None
     return split(header)[1].get(EXPIRATION_FLAG)
+
+
+def with_header(header: bytes, name: bytes, value: bytes) -> bytes:
+    """`header` with header `name` set to the typed value `value`
+    (broker/amqp/field_table.py), the table sorted by key as RabbitMQ's
+    set_table_value leaves it."""
+    prefix, values = split(header)
+    items = dict(field_table.entries(values.get(HEADERS_FLAG, b"")))
+    items[name] = value
+    values[HEADERS_FLAG] = field_table.table(sorted(items.items()))
+    return join(prefix, values)

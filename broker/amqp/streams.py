@@ -10,7 +10,7 @@ import re
 from typing import Any, NamedTuple
 
 from shoal.broker.amqp import errors, properties
-from shoal.broker.amqp.x_arguments import field_type
+from shoal.broker.amqp.x_arguments import field_type, replicated_properties
 
 # RabbitMQ's default segment size (x-stream-max-segment-size-bytes).
 DEFAULT_SEGMENT_BYTES = 500_000_000
@@ -80,15 +80,7 @@ def declare_arguments(
     durable, not exclusive nor auto-delete, the stream's own arguments, then
     the arguments of other queue types."""
     where = f"queue '{name.decode(errors='replace')}' in vhost '{vhost}'"
-    for refused, prop in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner")):
-        if refused:
-            raise errors.ChannelError(
-                errors.PRECONDITION_FAILED, f"invalid property '{prop}' for {where}"
-            )
-    if not durable:
-        raise errors.ChannelError(
-            errors.PRECONDITION_FAILED, f"invalid property 'non-durable' for {where}"
-        )
+    replicated_properties(name, vhost, durable, exclusive, auto_delete)
     max_bytes = _integer(arguments, "x-max-length-bytes", where)
     segment = _integer(arguments, "x-stream-max-segment-size-bytes", where)
     if segment is not None and segment > MAX_SEGMENT_BYTES:

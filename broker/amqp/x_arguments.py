@@ -116,6 +116,23 @@ def capacity(name: bytes, vhost: str, arguments: dict[str, Any]) -> tuple[int, i
     return size, resume
 
 
+def replicated_properties(
+    name: bytes, vhost: str, durable: bool, exclusive: bool, auto_delete: bool
+) -> None:
+    """Quorum and stream queues are durable, not exclusive nor auto-delete:
+    refused in RabbitMQ 3.10's order and words."""
+    where = f"queue '{name.decode(errors='replace')}' in vhost '{vhost}'"
+    for refused, prop in (
+        (auto_delete, "auto-delete"),
+        (exclusive, "exclusive-owner"),
+        (not durable, "non-durable"),
+    ):
+        if refused:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, f"invalid property '{prop}' for {where}"
+            )
+
+
 def single_active(name: bytes, vhost: str, arguments: dict[str, Any]) -> bool:
     """x-single-active-consumer, a boolean as RabbitMQ 3.10 requires."""
     value = arguments.get("x-single-active-consumer", False)

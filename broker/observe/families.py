@@ -225,8 +225,7 @@ def queues(
             labels=["vhost", "queue", "queue_type", "membership"],
         )
         for q in rows:
-            kind = QUEUE_TYPE if q.stream is None else STREAM_QUEUE_TYPE
-            info.add_metric([q.vhost, q.name, kind, "leader"], 1)
+            info.add_metric([q.vhost, q.name, f"rabbit_{q.kind}_queue", "leader"], 1)
         yield info
 
 

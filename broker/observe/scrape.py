@@ -19,6 +19,7 @@ class QueueRow:
         "capacity",
         "consumers",
         "flow_blocked",
+        "kind",
         "name",
         "paged_out",
         "published",
@@ -36,6 +37,7 @@ class QueueRow:
         self.ready = self.unacked = self.consumers = self.published = self.bytes = 0
         self.ready_bytes = self.capacity = self.resume = self.flow_blocked = self.blocked = 0
         self.paged_out = 0
+        self.kind = "classic"
         self.stream: StreamBounds | None = None  # a stream queue's offsets
 
     @property
@@ -66,6 +68,7 @@ class Snapshot:
             row.ready_bytes = c.ready_bytes
             row.paged_out = c.paged_out
             row.stream = c.stream
+            row.kind = c.kind
             row.consumers = c.consumers
             row.capacity = c.capacity
             row.resume = c.resume

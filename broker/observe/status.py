@@ -68,6 +68,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
                 "vhost": vhosts.get(vhost_id, str(vhost_id)),
                 "name": name.decode(errors="replace"),
                 "uid": store.uid(qid),  # a durable queue's (0: transient or exclusive)
+                "type": c.kind,
                 "messages_ready": c.ready,
                 "messages_unacked": c.unacked,
                 "consumers": c.consumers,

@@ -14,7 +14,7 @@ import shutil
 from typing import Any
 
 from shoal.broker import ipc
-from shoal.broker.amqp import dead_letter, definitions, errors, streams, ttl
+from shoal.broker.amqp import dead_letter, definitions, errors, quorum, streams, ttl
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
@@ -178,8 +178,10 @@ class QueueLifecycle(Journal):
                 if streams.is_stream(arguments):
                     raise streams.server_named_refused()
                 name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
+            kind = quorum.queue_type(name, vhost, arguments)
             stream = None
-            if streams.is_stream(arguments):
+            counting = 0
+            if kind == quorum.STREAM:
                 stream = streams.declare_arguments(
                     name, vhost, arguments, durable, exclusive, auto_delete
                 )
@@ -187,9 +189,16 @@ class QueueLifecycle(Journal):
                 single_active = False
                 message_ttl = None
             else:
+                if kind == quorum.QUORUM:
+                    quorum.check_declare(name, vhost, arguments, durable, exclusive, auto_delete)
+                quorum.dead_letter_strategy(name, vhost, arguments, kind)
+                counting = quorum.delivery_limit_word(name, vhost, arguments, kind)
                 max_priority = X.max_priority(name, vhost, arguments)
                 capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(arguments))
-                limits = _length_record(*X.length_limits(name, vhost, arguments))
+                max_length, max_bytes, overflow = X.length_limits(name, vhost, arguments)
+                if kind == quorum.QUORUM and overflow == "reject-publish-dlx":
+                    overflow = "drop-head"  # RabbitMQ 3.10: not a quorum queue's (it warns)
+                limits = _length_record(max_length, max_bytes, overflow)
                 single_active = X.single_active(name, vhost, arguments)
                 message_ttl = ttl.message_ttl(name, vhost, arguments)
                 dead_letter.check_arguments(name, vhost, arguments)
@@ -217,6 +226,7 @@ class QueueLifecycle(Journal):
                 | (layout.QF_EXCLUSIVE if exclusive else 0)
                 | (layout.QF_AUTO_DELETE if auto_delete else 0)
                 | (layout.QF_STREAM if stream is not None else 0)
+                | (layout.QF_QUORUM if kind == quorum.QUORUM else 0)
             )
             if stream is not None:  # before create() makes the queue active
                 self.stream_words.set_settings(
@@ -236,6 +246,7 @@ class QueueLifecycle(Journal):
                 # A stream's messages are in its own files, not the message store.
                 uid=uid if durable and not exclusive and stream is None else 0,
                 message_ttl=0 if message_ttl is None else message_ttl + 1,
+                delivery_limit=counting,
             )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.uid = uid if durable and not exclusive else 0
@@ -295,6 +306,7 @@ class QueueLifecycle(Journal):
             length_limits=length_limits,
             uid=q.uid,  # the message store names a level's entries by its queue
             message_ttl=self.store.message_ttl(qid),
+            delivery_limit=self.store.delivery_limit(qid),
         )
         q.levels[level] = slot
         self.level_of[slot] = q

@@ -18,7 +18,7 @@ import pytest
 
 from tests import wire_headers
 from tests.broker_process import Broker, wait_for
-from tests.clients import connect
+from tests.clients import connect, declare_refused
 
 RABBITMQ = json.loads(
     (Path(__file__).parent / "data" / "rabbitmq_3_10_dead_letters.json").read_text()
@@ -86,7 +86,7 @@ def next_message(ch: Any, queue: str, ack: bool = True) -> tuple[Any, dict[str, 
     return method, received(method, props, body)
 
 
-def _fanout_dlx(ch: Any) -> None:
+def fanout_dlx(ch: Any) -> None:
     ch.exchange_declare("dlx", "fanout")
     ch.queue_declare("dlq")
     ch.queue_bind("dlq", "dlx")
@@ -95,7 +95,7 @@ def _fanout_dlx(ch: Any) -> None:
 def test_expired_by_the_queue_ttl(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()
-    _fanout_dlx(ch)
+    fanout_dlx(ch)
     ch.queue_declare("src", arguments={"x-message-ttl": 100, "x-dead-letter-exchange": "dlx"})
     props = pika.BasicProperties(headers={"h": "v"}, delivery_mode=2, message_id="m1")
     ch.basic_publish("", "src", b"hello", props)
@@ -106,7 +106,7 @@ def test_expired_by_the_queue_ttl(broker: Broker) -> None:
 def test_expired_by_its_own_expiration(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()
-    _fanout_dlx(ch)
+    fanout_dlx(ch)
     ch.queue_declare("src", arguments={"x-dead-letter-exchange": "dlx"})
     props = pika.BasicProperties(
         headers={"h": "v"}, delivery_mode=2, message_id="m1", expiration="200"
@@ -124,7 +124,7 @@ def test_expired_by_its_own_expiration(broker: Broker) -> None:
 def test_maxlen_drop_head_and_reject_publish_dlx(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()
-    _fanout_dlx(ch)
+    fanout_dlx(ch)
     ch.queue_declare("lim", arguments={"x-max-length": 1, "x-dead-letter-exchange": "dlx"})
     ch.basic_publish("", "lim", b"first", pika.BasicProperties(message_id="a"))
     ch.basic_publish("", "lim", b"second", pika.BasicProperties(message_id="b"))
@@ -228,7 +228,7 @@ def test_a_cycle_with_a_rejection_goes_on(broker: Broker) -> None:
 def test_headers_are_sorted_and_every_property_kept(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()
-    _fanout_dlx(ch)
+    fanout_dlx(ch)
     ch.queue_declare("ho_src", arguments={"x-message-ttl": 50, "x-dead-letter-exchange": "dlx"})
     unordered = {"zz": "1", "aa": "2", "m": 3, "y-late": "4"}
     ch.basic_publish("", "ho_src", b"p", pika.BasicProperties(headers=unordered))
@@ -342,9 +342,4 @@ def test_persistent_dead_letters_survive_a_restart(broker: Broker) -> None:
 def test_bad_dead_letter_arguments_are_refused(
     broker: Broker, arguments: dict[str, Any], text: str
 ) -> None:
-    conn = connect(broker)
-    ch = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
-        ch.queue_declare("e_dl", arguments=arguments)
-    assert (exc.value.reply_code, exc.value.reply_text) == (406, f"PRECONDITION_FAILED - {text}")
-    conn.close()
+    declare_refused(broker, "e_dl", text, arguments=arguments)

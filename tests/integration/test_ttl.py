@@ -15,7 +15,7 @@ import pika
 import pytest
 
 from tests.broker_process import Broker, free_port, wait_for
-from tests.clients import connect
+from tests.clients import connect, declare_refused
 from tests.integration.test_metrics import scrape, value
 
 
@@ -110,20 +110,15 @@ def test_persistent_messages_keep_their_ttl_across_a_restart(broker: Broker) -> 
     ("value", "text"),
     [
         (-1, "{value_negative,-1}"),
-        ("soon", "{unacceptable_type,longstr}"),
+        ("soon", '"expected integer, got longstr"'),
+        (True, '"expected integer, got bool"'),
         (2**40, "{value_too_large,1099511627776}"),
+        (315360000001, "{value_too_large,315360000001}"),
     ],
 )
 def test_bad_queue_ttls_are_refused(broker: Broker, value: Any, text: str) -> None:
-    conn = connect(broker)
-    ch = conn.channel()
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
-        ch.queue_declare("ttl7", arguments={"x-message-ttl": value})
-    assert exc.value.reply_code == 406
-    assert exc.value.reply_text == (
-        f"PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue 'ttl7' in vhost '/': {text}"
-    )
-    conn.close()
+    where = "invalid arg 'x-message-ttl' for queue 'ttl7' in vhost '/'"
+    declare_refused(broker, "ttl7", f"{where}: {text}", arguments={"x-message-ttl": value})
 
 
 @pytest.mark.parametrize(
@@ -132,6 +127,11 @@ def test_bad_queue_ttls_are_refused(broker: Broker, value: Any, text: str) -> No
         ("abc", "no_integer"),
         ("-1", "{value_negative,-1}"),
         ("1.5", '{leftover_string,".5"}'),
+        ("", "no_integer"),
+        (" 100", "no_integer"),
+        ("100 ", '{leftover_string," "}'),
+        ("315360000001", "{value_too_large,315360000001}"),
+        ("99999999999999999999", "{value_too_large,\n" + " " * 44 + "99999999999999999999}"),
     ],
 )
 def test_bad_expirations_close_the_channel(broker: Broker, value: str, text: str) -> None:

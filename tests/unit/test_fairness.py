@@ -62,6 +62,9 @@ class NoExpiry:
     def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
         return False
 
+    def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool:
+        return False
+
 
 class FakeContext:
     """The worker context pull() uses; send() records the scheduler messages."""
