@@ -23,6 +23,7 @@ class QueueDirectory:
 
     __slots__ = (
         "_active",
+        "_delayed",
         "_levels",
         "_names",
         "_names_gen",
@@ -45,6 +46,7 @@ class QueueDirectory:
         self._streams: frozenset[int] = frozenset()
         self._ttl: frozenset[int] = frozenset()
         self._active: tuple[int, ...] = ()
+        self._delayed: frozenset[int] = frozenset()
         self._names_gen = -1
 
     def catalog_generation(self) -> int:
@@ -71,6 +73,16 @@ class QueueDirectory:
         """Every active log: declared queues and level slots (same cache)."""
         self._refresh()
         return self._active
+
+    def delay_queues(self) -> frozenset[int]:
+        """The delay queues of delayed message exchanges (same cache)."""
+        self._refresh()
+        return self._delayed
+
+    def timed_queues(self) -> tuple[frozenset[int], frozenset[int]]:
+        """(ttl_queues(), delay_queues()) with one look at the cache."""
+        self._refresh()
+        return self._ttl, self._delayed
 
     def ttl_queues(self) -> frozenset[int]:
         """The qids (declared queues and level slots) with a message TTL (same cache)."""
@@ -107,6 +119,7 @@ class QueueDirectory:
         children: list[tuple[int, int, int]] = []
         streams = set()
         ttl = set()
+        delayed = set()
         active = []
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
@@ -123,14 +136,18 @@ class QueueDirectory:
             top = self.a.load(q + layout.Q_MAX_PRIORITY)
             if top:
                 levels[qid] = PriorityLevels(top, qid)
-            if self.a.load(q + layout.Q_FLAGS) & layout.QF_STREAM:
+            flags = self.a.load(q + layout.Q_FLAGS)
+            if flags & layout.QF_STREAM:
                 streams.add(qid)
+            if flags & layout.QF_DELAYED:
+                delayed.add(qid)
         for parent, level, qid in children:
             if parent in levels:
                 levels[parent].add(level, qid)
         self._names, self._levels, self._streams = names, levels, frozenset(streams)
         self._ttl = frozenset(ttl)
         self._active = tuple(active)
+        self._delayed = frozenset(delayed)
         # Re-read: if it moved while we scanned, rescan next time.
         self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
 

@@ -64,11 +64,35 @@ def take_expired(
         when = due(times[0], times[1], now)
         if when is not None:
             return when
-        taken = word & _REDELIVERED | seq << _SEQ | store.owner_bits | _ACQ
-        if not a.cas(cell, word, taken):
+        if not _acquire(store, q, cell, word, block):
             continue
-        a.fetch_add(q + layout.Q_READY, -1)
-        a.fetch_add(q + layout.Q_UNACKED, 1)
-        a.fetch_add(q + layout.Q_READY_BYTES, -body_length(store.seg, block))
         return seq, block, bool(word & _REDELIVERED)
     return NOT_TIMED
+
+
+def take_entry(store: QueueStore, qid: int, seq: int) -> int | None:
+    """Acquire entry `seq` of log `qid` for this worker if it is AVAILABLE
+    (a delay queue's due message, workers/delays.py); its block, or None if
+    it is gone (deleted, or the queue purged)."""
+    a = store.a
+    cell = store.layout.log(qid) + (seq & store.mask) * layout.CELL_SIZE
+    while True:
+        word = a.load(cell)
+        if word >> _SEQ != seq or word & _STATE != _AVAIL:
+            return None
+        block = a.load(cell + 8)
+        if _acquire(store, store.layout.queue(qid), cell, word, block):
+            return block
+
+
+def _acquire(store: QueueStore, q: int, cell: int, word: int, block: int) -> bool:
+    """AVAILABLE -> ACQUIRED(this worker) from the exact `word`, then the
+    counters, as acquire_matching moves them."""
+    a = store.a
+    seq = word >> _SEQ
+    if not a.cas(cell, word, word & _REDELIVERED | seq << _SEQ | store.owner_bits | _ACQ):
+        return False
+    a.fetch_add(q + layout.Q_READY, -1)
+    a.fetch_add(q + layout.Q_UNACKED, 1)
+    a.fetch_add(q + layout.Q_READY_BYTES, -body_length(store.seg, block))
+    return True

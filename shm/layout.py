@@ -198,6 +198,7 @@ QF_EXCLUSIVE = 2
 QF_AUTO_DELETE = 4
 QF_STREAM = 8
 QF_QUORUM = 16
+QF_DELAYED = 32  # a delayed message exchange's delay queue (workers/delays.py)
 
 # queue log cells: word = seq << 20 | owner << 8 | flags << 4 | state
 CELL_SIZE = 16

@@ -22,10 +22,8 @@ import time
 
 from shoal.broker.amqp import dead_letter, errors, quorum
 from shoal.shm import layout, stats
-from shoal.shm.arena import TAG_SIZE, message_size, read_message, release_hold, write_message
-from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY
-from shoal.workers import framing, records
-from shoal.workers.channel_state import Pending
+from shoal.shm.arena import read_message
+from shoal.workers import republish
 from shoal.workers.context import WorkerContext
 
 log = logging.getLogger("shoal.worker")
@@ -52,9 +50,8 @@ class DeadLetters:
         store = ctx.store
         declared = store.declared(qid)
         vhost_id = store.vhost_of(declared)
-        ctx.routes.sync()
+        vhost = ctx.routes.vhost_name(vhost_id)
         definitions = ctx.routes.definitions
-        vhost = next((n for n, i in definitions.vhost_ids.items() if i == vhost_id), "/")
         name = store.name(declared)
         arguments = definitions.queue_arguments.get((vhost, name.decode(errors="replace")), {})
         where = dead_letter.target(arguments)
@@ -91,8 +88,8 @@ class DeadLetters:
             qids = [q for q in qids if not dead_letter.is_cycle(store.name(q), letter.deaths)]
         if not qids:
             return True
-        taken = self._publish(
-            where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids
+        taken = republish.publish(
+            ctx, where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids
         )
         return taken or strategy != _AT_LEAST_ONCE
 
@@ -111,55 +108,3 @@ class DeadLetters:
             return ctx.routes.route(vhost, vhost_id, exchange, key, header)
         except errors.AMQPError:  # no such exchange (RabbitMQ drops the message too)
             return ()
-
-    def _publish(
-        self, exchange: bytes, routing_key: bytes, header: bytes, body: bytes, qids: list[int]
-    ) -> bool:
-        """Publish the dead letter to `qids` (declared queues; a priority
-        queue's letters go to its lowest level's log). False if a queue had
-        no room for it (or the arena)."""
-        ctx = self.ctx
-        store = ctx.store
-        pending = Pending(exchange, routing_key, False)
-        pending.header = header
-        pending.body_size = pending.received = len(body)
-        pending.qids = list(qids)
-        pending.durable = self._to_store(header, qids)
-        ttl_queues = store.ttl_queues()
-        timed = not ttl_queues.isdisjoint(qids)
-        size = message_size(exchange, routing_key, header, len(body), timed)
-        block = ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
-        if block is None:
-            log.warning("dead letter dropped: the arena is full")
-            return False
-        times = (int(time.time() * 1000), 0) if timed else None
-        start = write_message(ctx.seg, block, exchange, routing_key, header, len(body), times)
-        ctx.seg.buf[start : start + len(body)] = body
-        pending.block = block
-        if pending.durable and not records.reserve(ctx, pending):
-            pending.durable = False  # no segment slot: kept in memory only
-        taken = True
-        for qid in qids:
-            outcome = store.publish(qid, block, len(body), ctx.slot)
-            if pending.entries and qid in pending.entries:
-                records.appended(ctx, pending, qid, outcome)
-            if outcome in (APPENDED, OVER_CAPACITY):
-                if times is not None:
-                    store.mark_timed(qid)
-            else:
-                taken = taken and outcome != FULL
-                log.debug("dead letter not appended to queue %d (outcome %d)", qid, outcome)
-        pending.qids.clear()
-        if pending.entries:
-            records.finish(ctx, pending)
-        release_hold(ctx.seg, block)
-        return taken
-
-    def _to_store(self, header: bytes, qids: list[int]) -> bool:
-        """Persistent and routed to a durable queue (as workers/publish.py)."""
-        if self.ctx.persist is None or len(header) < 15 or not header[12] & 0x10:
-            return False
-        if framing.delivery_mode(header) != 2:
-            return False
-        uid = self.ctx.store.uid
-        return any(uid(qid) for qid in qids)

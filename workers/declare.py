@@ -39,7 +39,7 @@ class Declaring(ChannelState):
                 errors.NOT_FOUND, "no previously declared queue", *class_method
             )
         qid = self.ctx.store.lookup(raw, self.conn.vhost_id)
-        if qid is None:
+        if qid is None or qid in self.ctx.store.delay_queues():  # the broker's own
             raise errors.ChannelError(
                 errors.NOT_FOUND,
                 errors.no_queue(raw.decode(errors="replace"), self.conn.vhost),

@@ -15,23 +15,18 @@ also drops messages past their delivery limit, `drop_if_over_limit`):
 
 from __future__ import annotations
 
-import time
-
 from shoal.broker.amqp import dead_letter, ttl
+from shoal.broker.amqp.ttl import now_ms
 from shoal.shm import layout
 from shoal.shm.arena import message_times
 from shoal.shm.expiry import BUSY, NOT_TIMED, take_expired
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
+from shoal.workers.ticker import IDLE_POLL, Ticker
 
 POLL = 0.02  # seconds between looks at the heads of queues that may expire
-IDLE_POLL = 0.25  # ... while this worker owns none
 BATCH = 2048  # expired messages taken per loop iteration (then the others run)
 _FLAGS = layout.BLOCK_HEADER + 2  # a message's flags' low byte in its block
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _due(
@@ -46,17 +41,16 @@ def _due(
     return when
 
 
-class Expiry:
+class Expiry(Ticker):
     """This worker's message expiry."""
 
-    __slots__ = ("_closed", "_timer", "ctx", "dead_letters", "expired")
+    __slots__ = ("ctx", "dead_letters", "expired")
 
     def __init__(self, ctx: WorkerContext, dead_letters: DeadLetters) -> None:
+        super().__init__(ctx.loop)
         self.ctx = ctx
         self.dead_letters = dead_letters
         self.expired = 0  # messages this worker expired (tests, status)
-        self._timer: object | None = None
-        self._closed = False
 
     # ------------------------------------------------------------ consumers
     def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
@@ -96,27 +90,20 @@ class Expiry:
         self.expired += 1
 
     # -------------------------------------------------------------- expirer
-    def start(self) -> None:
-        self._schedule(IDLE_POLL)
-
-    def close(self) -> None:
-        self._closed = True
-
-    def _schedule(self, delay: float) -> None:
-        if not self._closed:
-            self._timer = self.ctx.loop.call_later(delay, self._tick)
-
     def _owned(self) -> list[int]:
         ctx = self.ctx
         workers, index, store = ctx.config.worker_count(), ctx.index, ctx.store
+        delay_queues = store.delay_queues()  # their due times are not expiry (workers/delays.py)
         return [
             qid
             for qid in store.active_logs()
-            if qid % workers == index and store.timed(qid) and store.log_ready(qid)
+            if qid % workers == index
+            and store.timed(qid)
+            and store.log_ready(qid)
+            and qid not in delay_queues
         ]
 
     def _tick(self) -> None:
-        self._timer = None
         ctx = self.ctx
         store = ctx.store
         now = now_ms()
@@ -144,6 +131,6 @@ class Expiry:
                 self._expire(qid, seq, block)
                 budget -= 1
             if not budget:
-                ctx.loop.call_soon(self._tick)  # more to do: after the others' turn
+                self._again_soon()
                 return
         self._schedule(max(0.001, (wake - now_ms()) / 1000))

@@ -28,6 +28,7 @@ from shoal.workers.connection import Connection
 from shoal.workers.consumer import pull
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
+from shoal.workers.delays import Delays
 from shoal.workers.expiry import Expiry
 from shoal.workers.memory_guard import ALARM
 from shoal.workers.spill import paging_directory
@@ -81,6 +82,8 @@ class Worker:
         ctx.store.dropped = dead_letters.dropped_by_limit
         ctx.expiry = expiry = Expiry(ctx, dead_letters)
         expiry.start()
+        delays = Delays(ctx)
+        delays.start()
         if self.index == 0:
             loop.create_task(restore.load(ctx))
         self._tick()
@@ -99,6 +102,7 @@ class Worker:
             if ctx.streams is not None:
                 ctx.streams.close()
             expiry.close()
+            delays.close()
         return 0
 
     def _flush_stats(self, again: bool = True) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker import ipc
-from shoal.broker.amqp import errors, ttl
+from shoal.broker.amqp import errors
 from shoal.shm.arena import (
     TAG_SIZE,
     message_size,
@@ -29,7 +29,7 @@ from shoal.shm.stats import (
     UNROUTABLE_RETURNED,
     size_bucket,
 )
-from shoal.workers import framing, records, reply_to
+from shoal.workers import framing, records, reply_to, republish
 from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -38,7 +38,6 @@ from shoal.workers.channel_state import (
     ChannelState,
     Pending,
 )
-from shoal.workers.expiry import now_ms
 from shoal.workers.spill import PAGE_IN_INTERVAL, block_payload
 
 log = logging.getLogger("shoal.worker")
@@ -106,12 +105,12 @@ class Publishing(ChannelState):
         try:
             raw_header = reply_to.rewrite(self, bytes(header))
             qids = self._route(exchange, routing_key, raw_header)
-            times = self._times(raw_header, qids)
+            times = republish.times_for(self.ctx.store, raw_header, qids)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
         if not qids:
             return False
-        durable = self._to_store(raw_header, qids)
+        durable = republish.to_store(self.ctx, raw_header, qids)
         size = message_size(exchange, routing_key, raw_header, body_size, times is not None)
         block = ctx.arena.alloc(size + TAG_SIZE if durable else size)
         if block is None:
@@ -127,31 +126,6 @@ class Publishing(ChannelState):
         pending.block = block
         self._complete()
         return True
-
-    def _to_store(self, raw_header: bytes, qids: list[int]) -> bool:
-        """Whether a message goes to the message store: persistent
-        (delivery-mode 2) and routed to at least one durable queue."""
-        # The flags' delivery-mode bit first: most transient messages stop
-        # at one byte (the hot path of a broker with no persistent traffic).
-        if len(raw_header) < 14 or not raw_header[12] & 0x10 or self.ctx.persist is None:
-            return False
-        if framing.delivery_mode(raw_header) != 2:
-            return False
-        uid = self.ctx.store.uid
-        return any(uid(qid) for qid in qids)
-
-    def _times(self, raw_header: bytes, qids: list[int]) -> tuple[int, int] | None:
-        """(published, expires at) in ms for a message that may expire: it
-        has an `expiration` (checked: ChannelError as RabbitMQ's) or reaches
-        a queue with a TTL. None for the others (one byte and one set test)."""
-        if len(raw_header) < 14 or not raw_header[12] & 0x01:  # no expiration (flag 0x0100)
-            ttl_queues = self.ctx.store.ttl_queues()
-            if not ttl_queues or ttl_queues.isdisjoint(qids):
-                return None
-            return now_ms(), 0
-        own = ttl.expiration_ms(raw_header)
-        now = now_ms()
-        return now, 0 if own is None else now + own
 
     def _route(self, exchange: bytes, routing_key: bytes, raw_header: bytes) -> list[int]:
         """qids a message reaches (the default exchange: the queue named by
@@ -193,7 +167,7 @@ class Publishing(ChannelState):
                 pending.header = reply_to.rewrite(self, bytes(payload))
                 pending.body_size = body_size
                 pending.qids = self._route(pending.exchange, pending.routing_key, pending.header)
-                pending.times = self._times(pending.header, pending.qids)
+                pending.times = republish.times_for(self.ctx.store, pending.header, pending.qids)
             except errors.ChannelError:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise
@@ -202,7 +176,7 @@ class Publishing(ChannelState):
             size = message_size(
                 pending.exchange, pending.routing_key, pending.header, body_size, timed
             )
-            pending.durable = self._to_store(pending.header, pending.qids)
+            pending.durable = republish.to_store(self.ctx, pending.header, pending.qids)
             block = self.ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
             if block is None:
                 self.ctx.guard.arena_full()

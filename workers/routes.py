@@ -50,6 +50,11 @@ class Routes:
         self.sync()
         return self.definitions.vhost_ids.get(vhost)
 
+    def vhost_name(self, vhost_id: int) -> str:
+        """The name of the virtual host with id `vhost_id` ("/" if unknown)."""
+        self.sync()
+        return next((n for n, i in self.definitions.vhost_ids.items() if i == vhost_id), "/")
+
     def sync(self) -> None:
         """Replay what the scheduler journaled since the last call."""
         if not self.reader.changed():
@@ -62,17 +67,25 @@ class Routes:
         self._cache.clear()
 
     def route(
-        self, vhost: str, vhost_id: int, exchange: bytes, routing_key: bytes, raw_header: bytes
+        self,
+        vhost: str,
+        vhost_id: int,
+        exchange: bytes,
+        routing_key: bytes,
+        raw_header: bytes,
+        due: bool = False,
     ) -> tuple[int, ...]:
         """qids of the queues a message published to a named exchange reaches.
-        Raises ChannelError for a missing or internal exchange."""
+        Raises ChannelError for a missing or internal exchange. `due`: a
+        delayed message routed from its delayed exchange once due
+        (workers/delays.py)."""
         self.sync()
         queue_gen = self.store.catalog_generation()
         if queue_gen != self._queue_gen:
             self._cache.clear()
             self._queue_gen = queue_gen
         key = (vhost_id, exchange, routing_key)
-        hit = self._cache.get(key)
+        hit = None if due else self._cache.get(key)
         if hit is not None:
             return hit
         router = self.definitions.vhosts.get(vhost)
@@ -82,7 +95,7 @@ class Routes:
             raise errors.ChannelError(
                 errors.NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'", 60, 40
             )
-        if x.internal:
+        if x.internal and not due:
             raise errors.ChannelError(
                 errors.ACCESS_REFUSED,
                 f"cannot publish to internal exchange '{name}' in vhost '{vhost}'",
@@ -90,7 +103,7 @@ class Routes:
                 40,
             )
         names, by_headers = router.route_checked(
-            name, routing_key.decode(errors="replace"), lambda: message_headers(raw_header)
+            name, routing_key.decode(errors="replace"), lambda: message_headers(raw_header), due
         )
         lookup = self.store.lookup
         qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)

@@ -122,7 +122,28 @@ def headers_match(binding: Mapping[str, Any], headers: Mapping[str, Any] | None)
     return want_all
 
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+MATCHING_TYPES = ("direct", "fanout", "topic", "headers")
+# The delayed message exchange (RabbitMQ's community plugin, LavinMQ): a
+# message with an x-delay header (ms > 0) is held in the exchange's delay
+# queue (workers/delays.py) and routed when due, as its x-delayed-type
+# exchange would route it; others are routed at once.
+DELAYED = "x-delayed-message"
+EXCHANGE_TYPES = (*MATCHING_TYPES, DELAYED)
+DELAY_QUEUE_PREFIX = "amq.delayed."
+
+
+def delay_queue(exchange: str) -> str:
+    """The name of a delayed message exchange's delay queue (amq.* names
+    are the broker's: no client can declare one)."""
+    return DELAY_QUEUE_PREFIX + exchange
+
+
+def delay_ms(headers: Mapping[str, Any] | None) -> int:
+    """A message's x-delay in ms (0: none, or not a positive integer)."""
+    value = (headers or {}).get("x-delay")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return 0
 
 
 class Exchange:
@@ -136,6 +157,7 @@ class Exchange:
         "fanout",
         "headers",
         "internal",
+        "kind",
         "name",
         "topic",
         "type",
@@ -155,6 +177,9 @@ class Exchange:
             raise ValueError(f"unknown exchange type {type_!r}")
         self.name = name
         self.type = type_
+        # How it matches bindings: its type, or a delayed exchange's x-delayed-type.
+        kind = (arguments or {}).get("x-delayed-type") if type_ == DELAYED else type_
+        self.kind = kind if kind in MATCHING_TYPES else "direct"
         self.alternate = alternate
         self.durable = durable
         self.auto_delete = auto_delete
@@ -175,11 +200,11 @@ class Exchange:
         if key in self.bindings:
             return False
         self.bindings[key] = args
-        if self.type == "direct":
+        if self.kind == "direct":
             self.direct.setdefault(routing_key, set()).add(dest)
-        elif self.type == "fanout":
+        elif self.kind == "fanout":
             self._refanout()
-        elif self.type == "topic":
+        elif self.kind == "topic":
             self.topic.add(routing_key, dest)
         else:
             self.headers.append((args, dest))
@@ -192,15 +217,15 @@ class Exchange:
         key = (dest, routing_key, frozen_args(args))
         if self.bindings.pop(key, None) is None:
             return False
-        if self.type == "direct":
+        if self.kind == "direct":
             still = any(d == dest and rk == routing_key for d, rk, _ in self.bindings)
             if not still:
                 self.direct.get(routing_key, set()).discard(dest)
                 if not self.direct.get(routing_key):
                     self.direct.pop(routing_key, None)
-        elif self.type == "fanout":
+        elif self.kind == "fanout":
             self._refanout()
-        elif self.type == "topic":
+        elif self.kind == "topic":
             still = any(d == dest and rk == routing_key for d, rk, _ in self.bindings)
             if not still:
                 self.topic.remove(routing_key, dest)
@@ -212,11 +237,11 @@ class Exchange:
         self.fanout = {d for d, _rk, _a in self.bindings}
 
     def match(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Dest]:
-        if self.type == "direct":
+        if self.kind == "direct":
             return set(self.direct.get(routing_key, ()))
-        if self.type == "fanout":
+        if self.kind == "fanout":
             return set(self.fanout)
-        if self.type == "topic":
+        if self.kind == "topic":
             return self.topic.match(routing_key)
         return {dest for args, dest in self.headers if headers_match(args, headers)}
 
@@ -315,14 +340,24 @@ class Router:
         exchange: str,
         routing_key: str,
         headers: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
+        due: bool = False,
     ) -> tuple[set[str], bool]:
-        """route(), plus whether a headers exchange was consulted (then the
-        result depends on the message, not only on its routing key).
-        `headers` may be a function: it is called only if needed."""
+        """route(), plus whether the headers were consulted (a headers or a
+        delayed exchange: then the result depends on the message, not only
+        on its routing key). `headers` may be a function: it is called only
+        if needed. `due`: a delayed message whose delay is over, routed
+        from its delayed exchange `exchange` (not held again)."""
         if exchange == "":
             return {routing_key}, False
         queues: set[str] = set()
         lazy = _LazyHeaders(headers)
+        if due:
+            lazy.get()  # never cached: the same key with a delay is held
+            visited = {exchange}
+            x = self.exchanges.get(exchange)
+            if x is not None:
+                self._route_matches(x, routing_key, lazy, queues, visited)
+            return queues, True
         self._route(exchange, routing_key, lazy, queues, set())
         return queues, lazy.used
 
@@ -340,9 +375,22 @@ class Router:
         exchange = self.exchanges.get(name)
         if exchange is None:
             return
+        if exchange.type == DELAYED and delay_ms(headers.get()):
+            queues.add(delay_queue(name))  # held until due (workers/delays.py)
+            return
+        self._route_matches(exchange, routing_key, headers, queues, visited)
+
+    def _route_matches(
+        self,
+        exchange: Exchange,
+        routing_key: str,
+        headers: _LazyHeaders,
+        queues: set[str],
+        visited: set[str],
+    ) -> None:
         before = len(queues)
         found_exchange = False
-        table = headers.get() if exchange.type == "headers" else None
+        table = headers.get() if exchange.kind == "headers" else None
         for kind, dest in exchange.match(routing_key, table):
             if kind == "q":
                 queues.add(dest)

@@ -10,6 +10,7 @@ wall-clock milliseconds, so a persistent message's expiry survives a restart.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from shoal.broker.amqp import errors, properties
@@ -20,6 +21,11 @@ from shoal.broker.amqp.x_arguments import MAX_EXPIRY, field_type
 # (the scheduler's notify and the consumer's pull); this is how long after
 # the publish such a message still counts as caught in time.
 ZERO_TTL_GRACE_MS = 20
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds: the times messages carry (MSG_TIME)."""
+    return int(time.time() * 1000)
 
 
 def message_ttl(name: bytes, vhost: str, arguments: dict[str, Any]) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from shoal.broker.amqp import definitions, errors
+from shoal.broker.amqp import definitions, errors, routing
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.amqp.routing import frozen_args as _frozen_args
 from shoal.broker.scheduler import durable
@@ -181,11 +181,20 @@ class Journal(SchedulerState):
                     errors.ACCESS_REFUSED,
                     f"exchange name '{name}' contains reserved prefix 'amq.*'",
                 )
+            if type_ == routing.DELAYED:
+                delayed_type = args.get("x-delayed-type")
+                if delayed_type not in routing.MATCHING_TYPES:
+                    raise errors.ChannelError(
+                        errors.PRECONDITION_FAILED,
+                        "Invalid argument, 'x-delayed-type' must be an existing exchange type",
+                    )
             self._journal(
                 definitions.ExchangeDeclared(
                     vhost, name, type_, durable, auto_delete, internal, args
                 )
             )
+            if type_ == routing.DELAYED:
+                self._delay_queue(vhost, name, durable)
             return []
         if passive:
             return []
@@ -222,8 +231,15 @@ class Journal(SchedulerState):
             )
         sources = {source for source, _rk, _args in router.bindings_to(("e", name))}
         self._journal(definitions.ExchangeDeleted(vhost, name))
+        if x.type == routing.DELAYED:
+            self._delay_queue(vhost, name, None)
         self._auto_delete(vhost, sources - {name})
         return []
+
+    def _delay_queue(self, vhost: str, exchange: str, durable: bool | None) -> None:
+        """Make a delayed message exchange's delay queue (durable as the
+        exchange), or delete it (None). queues.py."""
+        raise NotImplementedError
 
     def _auto_delete(self, vhost: str, sources: set[str]) -> None:
         """Delete auto-delete exchanges that just lost their last binding."""
@@ -235,6 +251,8 @@ class Journal(SchedulerState):
                 continue
             sources |= {source for source, _rk, _a in router.bindings_to(("e", name))}
             self._journal(definitions.ExchangeDeleted(vhost, name))
+            if x.type == routing.DELAYED:
+                self._delay_queue(vhost, name, None)
             sources.discard(name)
 
     def _bind(
@@ -276,7 +294,7 @@ class Journal(SchedulerState):
             q.check_exclusive(conn_id)
         elif dest not in router.exchanges:
             raise errors.ChannelError(errors.NOT_FOUND, f"no exchange '{dest}' in vhost '{vhost}'")
-        if exchange.type == "headers" and not unbind:
+        if exchange.kind == "headers" and not unbind:
             X.check_x_match(args)
         if unbind:
             self._journal(definitions.Unbound(vhost, source, kind, dest, routing_key, args))

@@ -14,7 +14,7 @@ import shutil
 from typing import Any
 
 from shoal.broker import ipc
-from shoal.broker.amqp import dead_letter, definitions, errors, quorum, streams, ttl
+from shoal.broker.amqp import dead_letter, definitions, errors, quorum, routing, streams, ttl
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
@@ -227,6 +227,7 @@ class QueueLifecycle(Journal):
                 | (layout.QF_AUTO_DELETE if auto_delete else 0)
                 | (layout.QF_STREAM if stream is not None else 0)
                 | (layout.QF_QUORUM if kind == quorum.QUORUM else 0)
+                | (layout.QF_DELAYED if _is_delay_queue(name, arguments) else 0)
             )
             if stream is not None:  # before create() makes the queue active
                 self.stream_words.set_settings(
@@ -259,6 +260,16 @@ class QueueLifecycle(Journal):
             self.by_name[(vhost, name)] = q
             self._queue_used(q)
         return [q.qid, q.name, self.messages(q), len(q.qcm)]
+
+    def _delay_queue(self, vhost: str, exchange: str, durable: bool | None) -> None:
+        name = routing.delay_queue(exchange).encode()
+        q = self.by_name.get((vhost, name))
+        if durable is None:
+            if q is not None:
+                self._remove_queue(q)
+        elif q is None:
+            arguments = {DELAY_QUEUE_ARGUMENT: True}
+            self._declare(vhost, name, False, durable, False, False, 0, 0, arguments)
 
     def _with_capacity_defaults(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """The broker-wide capacity (--default-capacity) for a queue declared
@@ -449,4 +460,17 @@ def _length_record(
         0 if max_length is None else max_length + 1,
         0 if max_bytes is None else max_bytes + 1,
         _OVERFLOW_CODES[overflow],
+    )
+
+
+# The argument that marks a delayed message exchange's delay queue (kept with
+# a durable one's definition, so a restart makes it a delay queue again);
+# only a queue with the delay queues' amq.* prefix, which no client can
+# declare, is one.
+DELAY_QUEUE_ARGUMENT = "x-shoal-delay-queue"
+
+
+def _is_delay_queue(name: bytes, arguments: dict[str, Any]) -> bool:
+    return arguments.get(DELAY_QUEUE_ARGUMENT) is True and name.startswith(
+        routing.DELAY_QUEUE_PREFIX.encode()
     )

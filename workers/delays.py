@@ -1,0 +1,137 @@
+"""Delayed message exchanges (issue 15, item 7; RabbitMQ's community plugin
+and LavinMQ): a message published to an `x-delayed-message` exchange with
+an x-delay header (ms > 0) is routed to the exchange's delay queue
+(`amq.delayed.<exchange>`, durable with a durable exchange, so persistent
+delayed messages survive restarts: broker/amqp/routing.py), stamped with
+its due time (MSG_TIME's expires, workers/republish.py times_for).
+
+The delay queue's owning worker (qid % workers) keeps a heap of its
+entries by due time: it indexes each new entry once (reading its due time
+without a reference, as a browser reads), and when one is due it takes
+that entry (shm/expiry.py take_entry), routes the message as the
+exchange's x-delayed-type would (its bindings, now), publishes it from
+this worker (workers/republish.py) and deletes the entry. It wakes at the
+earliest due time, and every POLL to index new entries, so a message is
+routed within POLL of its due time however many wait. After a restart (or
+a new owner) the heap is rebuilt from the queue's log.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+
+from shoal.broker.amqp import errors
+from shoal.broker.amqp.ttl import now_ms
+from shoal.shm import layout
+from shoal.shm.arena import peek_times, read_message
+from shoal.shm.expiry import take_entry
+from shoal.workers import republish
+from shoal.workers.context import WorkerContext
+from shoal.workers.ticker import IDLE_POLL, Ticker
+
+log = logging.getLogger("shoal.worker")
+
+POLL = 0.02  # seconds between looks for new delayed messages
+BATCH = 2048  # due messages routed per loop iteration (then the others run)
+SCAN = 8192  # new entries indexed per queue per tick
+
+
+class _Index:
+    """One delay queue's entries by due time."""
+
+    __slots__ = ("due", "generation", "scanned")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.scanned = 0  # entries below this seq are in `due` (or gone)
+        self.due: list[tuple[int, int]] = []  # (due ms, seq), a heap
+
+
+class Delays(Ticker):
+    """This worker's delay queues."""
+
+    __slots__ = ("ctx", "indexes", "routed")
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx.loop)
+        self.ctx = ctx
+        self.indexes: dict[int, _Index] = {}
+        self.routed = 0  # delayed messages this worker routed
+
+    def _owned(self) -> list[int]:
+        ctx = self.ctx
+        workers, index = ctx.config.worker_count(), ctx.index
+        return [qid for qid in ctx.store.delay_queues() if qid % workers == index]
+
+    def _tick(self) -> None:
+        store = self.ctx.store
+        owned = self._owned()
+        for qid in list(self.indexes):
+            if qid not in owned or store.generation(qid) != self.indexes[qid].generation:
+                del self.indexes[qid]  # deleted (maybe re-created) or no longer ours
+        if not owned:
+            self._schedule(IDLE_POLL)
+            return
+        now = now_ms()
+        wake = now + int(POLL * 1000)
+        budget = BATCH
+        for qid in owned:
+            index = self.indexes.get(qid)
+            if index is None:
+                index = self.indexes[qid] = _Index(store.generation(qid))
+            self._scan(qid, index)
+            heap = index.due
+            while heap and heap[0][0] <= now and budget:
+                _due, seq = heapq.heappop(heap)
+                self._route(qid, seq)
+                budget -= 1
+            if heap:
+                wake = min(wake, heap[0][0])
+            if not budget:
+                self._again_soon()
+                return
+        self._schedule(max(0.001, (wake - now_ms()) / 1000))
+
+    def _scan(self, qid: int, index: _Index) -> None:
+        """Index the entries appended since the last scan (FIFO: it stops
+        at an entry still being published)."""
+        store = self.ctx.store
+        a, q = store.a, store.layout.queue(qid)
+        ring, mask = store.layout.log(qid), store.mask
+        seq = max(index.scanned, a.load(q + layout.Q_HEAD))
+        stop = min(a.load(q + layout.Q_TAIL), seq + SCAN)
+        while seq < stop:
+            cell = ring + (seq & mask) * layout.CELL_SIZE
+            word = a.load(cell)
+            if word >> layout.SEQ_SHIFT < seq or (
+                word >> layout.SEQ_SHIFT == seq and word & layout.STATE_MASK == layout.S_EMPTY
+            ):
+                break  # being published
+            if word >> layout.SEQ_SHIFT == seq and word & layout.STATE_MASK == layout.S_AVAILABLE:
+                times = peek_times(store.seg, a.load(cell + 8))
+                if a.load(cell) != word:
+                    continue  # it changed meanwhile: read it again
+                heapq.heappush(index.due, (0 if times is None else times[1], seq))
+            seq += 1
+        index.scanned = seq
+
+    def _route(self, qid: int, seq: int) -> None:
+        """Entry `seq` is due: route its message as the delayed exchange's
+        type would, now, then delete it."""
+        ctx = self.ctx
+        store = ctx.store
+        block = take_entry(store, qid, seq)
+        if block is None:
+            return  # purged, or its queue deleted
+        exchange, routing_key, header, body = read_message(ctx.seg, block)
+        vhost_id = store.vhost_of(qid)
+        vhost = ctx.routes.vhost_name(vhost_id)
+        try:
+            qids = list(ctx.routes.route(vhost, vhost_id, exchange, routing_key, header, due=True))
+        except errors.AMQPError:  # the exchange is gone: so is the message
+            qids = []
+        if qids:
+            republish.publish(ctx, exchange, routing_key, header, body, qids)
+        store.settle(qid, seq)
+        self.routed += 1

@@ -1,0 +1,40 @@
+"""A worker's periodic job (message expiry, delayed messages): a timer
+on the worker's event loop that the job reschedules from each tick, for as
+long as the worker runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+IDLE_POLL = 0.25  # seconds between ticks while the job has nothing to watch
+
+
+class Ticker:
+    """Subclasses implement _tick() and end it with _schedule()."""
+
+    __slots__ = ("_closed", "_loop", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        self._schedule(IDLE_POLL)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _schedule(self, delay: float) -> None:
+        if not self._closed:
+            self._timer = self._loop.call_later(delay, self._tick)
+
+    def _again_soon(self) -> None:
+        """More work than one tick's share: go on after the others' turn."""
+        if not self._closed:
+            self._loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        raise NotImplementedError
