@@ -1,4 +1,4 @@
-"""The `shoal` command: run the broker (default), `status`, or `perf`."""
+"""The `shoal` command: run the broker (default), `status`, `policy`, or `perf`."""
 
 from __future__ import annotations
 
@@ -205,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         if ns.consumers:
             return status.consumers_main(cfg.runtime_path(), ns.json)
         return status.main(cfg.runtime_path(), ns.json)
+    if args and args[0] == "policy":
+        from shoal.broker.observe import policy
+
+        return policy.main(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     config = config_from_args(args)

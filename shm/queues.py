@@ -187,6 +187,30 @@ class QueueStore(QueueDirectory):
         a.store(q + layout.Q_STATE, ((state >> 8) + 1) << 8 | layout.QS_ACTIVE)
         a.fetch_add(layout.H_CATALOG_GEN, 1)
 
+    def set_rules(
+        self,
+        qid: int,
+        limits: tuple[int, int, int],
+        message_ttl: int,
+        delivery_limit: int,
+        capacity: int,
+        resume: int,
+    ) -> None:
+        """Scheduler only: an active queue's rules changed (a policy): the
+        words create() wrote, written again; publishers and consumers read
+        them per message, and the caches keyed on the catalog generation
+        (which queues have a TTL) are rebuilt."""
+        a, q = self.a, self.layout.queue(qid)
+        for field, value in zip(
+            (layout.Q_MAX_LENGTH, layout.Q_MAX_BYTES, layout.Q_OVERFLOW), limits, strict=True
+        ):
+            a.store(q + field, value)
+        a.store(q + layout.Q_MESSAGE_TTL, message_ttl)
+        a.store(q + layout.Q_DELIVERY_LIMIT, delivery_limit)
+        a.store(q + layout.Q_CAPACITY, capacity)
+        a.store(q + layout.Q_RESUME, resume)
+        a.fetch_add(layout.H_CATALOG_GEN, 1)
+
     def remove(self, qid: int) -> int:
         """Scheduler only: deactivate a queue and delete every entry it holds,
         dropping their body references. Returns the number of messages dropped."""

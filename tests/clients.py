@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -9,7 +11,7 @@ from typing import Any
 import pika
 import pytest
 
-from tests.broker_process import Broker
+from tests.broker_process import ROOT, Broker
 
 
 def connect(broker: Broker) -> pika.BlockingConnection:
@@ -79,3 +81,15 @@ def declare_refused(broker: Broker, queue: str, text: str, **kwargs: Any) -> Non
         )
     finally:
         conn.close()
+
+
+def shoal(broker: Broker, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`shoal COMMAND --runtime-dir <the broker's> ARGS...` (status, policy), run."""
+    return subprocess.run(
+        [sys.executable, "-m", "shoal.broker", command, "--runtime-dir", broker.runtime_dir, *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        check=False,
+    )

@@ -53,7 +53,8 @@ class DeadLetters:
         vhost = ctx.routes.vhost_name(vhost_id)
         definitions = ctx.routes.definitions
         name = store.name(declared)
-        arguments = definitions.queue_arguments.get((vhost, name.decode(errors="replace")), {})
+        # Its own arguments with its policy (broker/amqp/policies.py).
+        arguments = definitions.effective_arguments(vhost, name.decode(errors="replace"))
         where = dead_letter.target(arguments)
         is_quorum = bool(store.flags(declared) & layout.QF_QUORUM)
         strategy = _DISABLED

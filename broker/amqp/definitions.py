@@ -13,6 +13,8 @@ operation is a msgspec Struct, encoded as a msgpack array led by its letter
     u  Unbound            the same fields
     q  QueueArgumentsSet  vhost, queue, arguments: a queue's x-arguments
     Q  QueueGone          vhost, queue: its bindings and arguments go
+    p  PolicySet          vhost, name, pattern, apply_to, priority, definition
+    P  PolicyCleared      vhost, name
 
 The journal lives only in the shared-memory segment, which a broker creates
 afresh when it starts: no other version's records are ever read back.
@@ -25,6 +27,7 @@ from typing import Any, TypeVar, Union
 
 import msgspec
 
+from shoal.broker.amqp import policies
 from shoal.broker.amqp.routing import Router
 
 DEFAULT_EXCHANGES = (
@@ -85,10 +88,32 @@ class QueueGone(Operation, tag="Q"):
     queue: str
 
 
+class PolicySet(Operation, tag="p"):
+    """An operator's policy (broker/amqp/policies.py), set or replaced."""
+
+    name: str
+    pattern: str
+    apply_to: str
+    priority: int
+    definition: dict[str, Any]
+
+
+class PolicyCleared(Operation, tag="P"):
+    name: str
+
+
 # One journal record (shm/catalog.py decodes into this). A Union, not `A | B`:
 # mypy takes it as a type alias.
 Op = Union[  # noqa: UP007
-    VHostAdded, ExchangeDeclared, ExchangeDeleted, Bound, Unbound, QueueArgumentsSet, QueueGone
+    VHostAdded,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    Bound,
+    Unbound,
+    QueueArgumentsSet,
+    QueueGone,
+    PolicySet,
+    PolicyCleared,
 ]
 
 
@@ -116,17 +141,31 @@ def inverse(op: Op) -> Op:
         return Bound(*msgspec.structs.astuple(op))
     if isinstance(op, QueueArgumentsSet):
         return QueueGone(op.vhost, op.queue)
+    if isinstance(op, PolicySet):
+        return PolicyCleared(op.vhost, op.name)
     raise ValueError(f"no inverse for {op!r}")
 
 
 class Definitions:
-    __slots__ = ("queue_arguments", "vhost_ids", "vhosts")
+    __slots__ = ("policies", "queue_arguments", "vhost_ids", "vhosts")
 
     def __init__(self) -> None:
         self.vhosts: dict[str, Router] = {}
         self.vhost_ids: dict[str, int] = {}
         # (vhost, queue) -> x-arguments, for queues declared with any
         self.queue_arguments: dict[tuple[str, str], dict[str, Any]] = {}
+        # vhost -> policy name -> policy (broker/amqp/policies.py's form)
+        self.policies: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def policy_for(self, vhost: str, queue: str) -> dict[str, Any] | None:
+        """The policy that applies to a queue (None: none)."""
+        return policies.applying(list(self.policies.get(vhost, {}).values()), queue)
+
+    def effective_arguments(self, vhost: str, queue: str) -> dict[str, Any]:
+        """A queue's x-arguments with its policy applied: what its rules
+        follow (its own arguments alone decide redeclare equivalence)."""
+        own = self.queue_arguments.get((vhost, queue), {})
+        return policies.effective(own, self.policy_for(vhost, queue))
 
     def router(self, vhost: str) -> Router:
         router = self.vhosts.get(vhost)
@@ -172,6 +211,18 @@ class Definitions:
         router.drop_dest(("q", op.queue))
         self.queue_arguments.pop((op.vhost, op.queue), None)
 
+    def _policy_set(self, router: Router, op: PolicySet) -> None:
+        self.policies.setdefault(op.vhost, {})[op.name] = {
+            "name": op.name,
+            "pattern": op.pattern,
+            "apply-to": op.apply_to,
+            "priority": op.priority,
+            "definition": op.definition,
+        }
+
+    def _policy_cleared(self, router: Router, op: PolicyCleared) -> None:
+        self.policies.get(op.vhost, {}).pop(op.name, None)
+
     def snapshot(self) -> list[Op]:
         """Operations that rebuild this state from nothing (for compaction)."""
         ops: list[Op] = [VHostAdded(vhost, vhost_id) for vhost, vhost_id in self.vhost_ids.items()]
@@ -187,6 +238,10 @@ class Definitions:
                     ops.append(Bound(vhost, x.name, dest[0], dest[1], rk, args))
         for (vhost, queue), args in self.queue_arguments.items():
             ops.append(QueueArgumentsSet(vhost, queue, args))
+        for vhost, named in self.policies.items():
+            for p in named.values():
+                fields = (p["name"], p["pattern"], p["apply-to"], p["priority"], p["definition"])
+                ops.append(PolicySet(vhost, *fields))
         return ops
 
 
@@ -209,5 +264,7 @@ _APPLY: dict[type, _Apply] = dict(
         _on(Unbound, Definitions._unbound),
         _on(QueueArgumentsSet, Definitions._queue_arguments_set),
         _on(QueueGone, Definitions._queue_gone),
+        _on(PolicySet, Definitions._policy_set),
+        _on(PolicyCleared, Definitions._policy_cleared),
     )
 )

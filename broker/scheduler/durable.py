@@ -1,8 +1,9 @@
 """The durable definitions: what of the definitions outlives the broker.
 
 As RabbitMQ keeps them: virtual hosts, durable exchanges, durable queues
-that are not exclusive (with their arguments), and bindings whose source
-and destination are both durable. Everything else vanishes with the broker.
+that are not exclusive (with their arguments), bindings whose source and
+destination are both durable, and policies. Everything else vanishes with
+the broker.
 
 They live in `definitions.log` in the data directory, a record file
 (store/records.py) of the journal's operations (broker/amqp/definitions.py)
@@ -67,6 +68,8 @@ Record = Union[  # noqa: UP007 (a Union: mypy takes it as a type alias)
     D.Unbound,
     QueueDeclared,
     QueueDeleted,
+    D.PolicySet,
+    D.PolicyCleared,
 ]
 
 _encode = msgspec.msgpack.Encoder().encode

@@ -1,4 +1,7 @@
-"""The scheduler's control socket: what `shoal status --consumers` shows.
+"""The scheduler's control socket: what `shoal status --consumers` shows,
+and `shoal policy`'s requests (one JSON object per line, answered by
+the scheduler's `control`, broker/scheduler/policies.py). Its file's
+permissions (the runtime directory's) are the access check.
 
 The scheduler knows each consumer's place in its queue's
 QueueConsumerManager (interested, notified, not interested, non-acquiring);
@@ -48,6 +51,8 @@ class SchedulerView(Protocol):
 
     def changes(self, q: QueueState) -> int: ...
 
+    def control(self, request: dict[str, Any]) -> dict[str, Any]: ...
+
 
 class Introspection:
     def __init__(self, scheduler: SchedulerView, path: str) -> None:
@@ -89,6 +94,15 @@ class Introspection:
             line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT)
             if line.strip() == b"consumers":
                 answer: dict[str, Any] = await self.consumers()
+            elif line.startswith(b"{"):  # `shoal policy`: one JSON request
+                try:
+                    request = json.loads(line)
+                except ValueError:
+                    request = None
+                if isinstance(request, dict):
+                    answer = self.scheduler.control(request)
+                else:
+                    answer = {"error": "a request is one JSON object on one line"}
             else:
                 answer = {"error": f"unknown request {line.strip()[:40]!r}; try 'consumers'"}
             writer.write(json.dumps(answer).encode() + b"\n")

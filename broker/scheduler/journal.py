@@ -90,7 +90,9 @@ class Journal(SchedulerState):
 
     def _is_durable_change(self, op: definitions.Op) -> bool:
         """Whether `op` (not yet applied) changes the durable definitions."""
-        if isinstance(op, definitions.VHostAdded):
+        if isinstance(op, definitions.VHostAdded | definitions.PolicySet):
+            return True
+        if isinstance(op, definitions.PolicyCleared):
             return True
         if isinstance(op, definitions.ExchangeDeclared):
             return op.durable
@@ -118,6 +120,9 @@ class Journal(SchedulerState):
         snapshot: list[durable.Record] = [
             definitions.VHostAdded(vhost, vhost_id)
             for vhost, vhost_id in self.definitions.vhost_ids.items()
+        ]
+        snapshot += [
+            op for op in self.definitions.snapshot() if isinstance(op, definitions.PolicySet)
         ]
         routers = self.definitions.vhosts.items()
         for vhost, router in routers:

@@ -11,10 +11,19 @@ import base64
 import logging
 import os
 import shutil
-from typing import Any
+from typing import Any, NamedTuple
 
 from shoal.broker import ipc
-from shoal.broker.amqp import dead_letter, definitions, errors, quorum, routing, streams, ttl
+from shoal.broker.amqp import (
+    dead_letter,
+    definitions,
+    errors,
+    policies,
+    quorum,
+    routing,
+    streams,
+    ttl,
+)
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
@@ -187,22 +196,16 @@ class QueueLifecycle(Journal):
                 )
                 max_priority, capacity, resume, limits = 0, 0, 0, (0, 0, 0)
                 single_active = False
-                message_ttl = None
+                message_ttl = 0
             else:
                 if kind == quorum.QUORUM:
                     quorum.check_declare(name, vhost, arguments, durable, exclusive, auto_delete)
-                quorum.dead_letter_strategy(name, vhost, arguments, kind)
-                counting = quorum.delivery_limit_word(name, vhost, arguments, kind)
                 max_priority = X.max_priority(name, vhost, arguments)
-                capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(arguments))
-                max_length, max_bytes, overflow = X.length_limits(name, vhost, arguments)
-                if kind == quorum.QUORUM and overflow == "reject-publish-dlx":
-                    overflow = "drop-head"  # RabbitMQ 3.10: not a quorum queue's (it warns)
-                limits = _length_record(max_length, max_bytes, overflow)
                 single_active = X.single_active(name, vhost, arguments)
-                message_ttl = ttl.message_ttl(name, vhost, arguments)
-                dead_letter.check_arguments(name, vhost, arguments)
-            expires = X.expires(name, vhost, arguments) or 0
+                rules = self._rules(vhost, name, arguments, kind)
+                counting, capacity, resume = rules.delivery_limit, rules.capacity, rules.resume
+                limits, message_ttl = rules.limits, rules.message_ttl
+            expires = X.expires(name, vhost, self._effective(vhost, name, arguments)) or 0
             if not self.free_qids:
                 raise errors.ChannelError(
                     errors.RESOURCE_ERROR,
@@ -246,7 +249,7 @@ class QueueLifecycle(Journal):
                 length_limits=limits,
                 # A stream's messages are in its own files, not the message store.
                 uid=uid if durable and not exclusive and stream is None else 0,
-                message_ttl=0 if message_ttl is None else message_ttl + 1,
+                message_ttl=message_ttl,
                 delivery_limit=counting,
             )
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
@@ -260,6 +263,31 @@ class QueueLifecycle(Journal):
             self.by_name[(vhost, name)] = q
             self._queue_used(q)
         return [q.qid, q.name, self.messages(q), len(q.qcm)]
+
+    def _effective(self, vhost: str, name: bytes, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A queue's arguments with the policy that applies to it (broker/amqp/policies.py)."""
+        return policies.effective(arguments, self.definitions.policy_for(vhost, name.decode()))
+
+    def _rules(self, vhost: str, name: bytes, arguments: dict[str, Any], kind: str) -> Rules:
+        """What a classic or quorum queue's record says of its rules, from
+        its arguments and its policy; bad arguments refused with RabbitMQ's
+        texts."""
+        effective = self._effective(vhost, name, arguments)
+        quorum.dead_letter_strategy(name, vhost, effective, kind)
+        counting = quorum.delivery_limit_word(name, vhost, effective, kind)
+        capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(effective))
+        max_length, max_bytes, overflow = X.length_limits(name, vhost, effective)
+        if kind == quorum.QUORUM and overflow == "reject-publish-dlx":
+            overflow = "drop-head"  # RabbitMQ 3.10: not a quorum queue's (it warns)
+        message_ttl = ttl.message_ttl(name, vhost, effective)
+        dead_letter.check_arguments(name, vhost, effective)
+        return Rules(
+            _length_record(max_length, max_bytes, overflow),
+            0 if message_ttl is None else message_ttl + 1,
+            counting,
+            capacity,
+            resume,
+        )
 
     def _delay_queue(self, vhost: str, exchange: str, durable: bool | None) -> None:
         name = routing.delay_queue(exchange).encode()
@@ -461,6 +489,16 @@ def _length_record(
         0 if max_bytes is None else max_bytes + 1,
         _OVERFLOW_CODES[overflow],
     )
+
+
+class Rules(NamedTuple):
+    """The queue record's words a policy can change (shm/layout.py)."""
+
+    limits: tuple[int, int, int]  # Q_MAX_LENGTH, Q_MAX_BYTES, Q_OVERFLOW
+    message_ttl: int  # Q_MESSAGE_TTL
+    delivery_limit: int  # Q_DELIVERY_LIMIT
+    capacity: int  # Q_CAPACITY
+    resume: int  # Q_RESUME
 
 
 # The argument that marks a delayed message exchange's delay queue (kept with

@@ -13,26 +13,11 @@ import sys
 from typing import Any
 
 from tests.broker_process import ROOT, Broker, wait_for
-from tests.clients import connect, connections_on_both_workers, pump
+from tests.clients import connect, connections_on_both_workers, pump, shoal
 
 
 def shoal_status(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shoal.broker",
-            "status",
-            "--runtime-dir",
-            broker.runtime_dir,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        check=False,
-    )
+    return shoal(broker, "status", *args)
 
 
 def consumers_of(broker: Broker, queue: str) -> dict[str, dict[str, Any]]:
