@@ -12,7 +12,7 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker import ipc
-from shoal.broker.amqp import errors
+from shoal.broker.amqp import errors, properties
 from shoal.shm.arena import (
     TAG_SIZE,
     message_size,
@@ -104,7 +104,8 @@ class Publishing(ChannelState):
             return False
         try:
             raw_header = reply_to.rewrite(self, bytes(header))
-            qids = self._route(exchange, routing_key, raw_header)
+            raw_header, also = properties.sender_selected(raw_header)
+            qids = self._route(exchange, routing_key, raw_header, also)
             times = republish.times_for(self.ctx.store, raw_header, qids)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
@@ -127,16 +128,25 @@ class Publishing(ChannelState):
         self._complete()
         return True
 
-    def _route(self, exchange: bytes, routing_key: bytes, raw_header: bytes) -> list[int]:
-        """qids a message reaches (the default exchange: the queue named by
-        the routing key). Raises ChannelError for a missing exchange."""
+    def _route(
+        self, exchange: bytes, routing_key: bytes, raw_header: bytes, also: list[bytes]
+    ) -> list[int]:
+        """qids a message reaches with its routing key and the keys `also`
+        (CC and BCC: broker/amqp/properties.py sender_selected); the default
+        exchange: the queues named by them. Raises ChannelError for a
+        missing exchange."""
         conn = self.conn
-        if not exchange:
-            qid = self.ctx.store.lookup(routing_key, conn.vhost_id)
-            return [] if qid is None else [qid]
-        return list(
-            self.ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, raw_header)
-        )
+        if not also:  # the common case: one key
+            if not exchange:
+                qid = self.ctx.store.lookup(routing_key, conn.vhost_id)
+                return [] if qid is None else [qid]
+            return list(
+                self.ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, raw_header)
+            )
+        qids: list[int] = []
+        for key in (routing_key, *also):
+            qids += [qid for qid in self._route(exchange, key, raw_header, []) if qid not in qids]
+        return qids
 
     def _on_header(self, payload: memoryview) -> None:
         pending = self.pending
@@ -166,7 +176,10 @@ class Publishing(ChannelState):
             try:
                 pending.header = reply_to.rewrite(self, bytes(payload))
                 pending.body_size = body_size
-                pending.qids = self._route(pending.exchange, pending.routing_key, pending.header)
+                pending.header, also = properties.sender_selected(pending.header)
+                pending.qids = self._route(
+                    pending.exchange, pending.routing_key, pending.header, also
+                )
                 pending.times = republish.times_for(self.ctx.store, pending.header, pending.qids)
             except errors.ChannelError:
                 self.pending = None  # its body frames are dropped by the closing channel

@@ -185,3 +185,29 @@ def with_header(header: bytes, name: bytes, value: bytes) -> bytes:
     items[name] = value
     values[HEADERS_FLAG] = field_table.table(sorted(items.items()))
     return join(prefix, values)
+
+
+def sender_selected(header: bytes) -> tuple[bytes, list[bytes]]:
+    """RabbitMQ's sender-selected distribution: the CC and BCC headers
+    (arrays of strings) name more routing keys for the publish. Returns
+    the header without BCC (no queue sees it) and those keys. A byte test
+    and two short searches for a message that has neither."""
+    if len(header) < 14 or not header[12] & (HEADERS_FLAG >> 8):
+        return header, []
+    if b"\x02CC" not in header and b"\x03BCC" not in header:
+        return header, []
+    prefix, values = split(header)
+    items = field_table.entries(values.get(HEADERS_FLAG, b""))
+    keys: list[bytes] = []
+    for name in (b"CC", b"BCC"):
+        for key, value in items:
+            if key == name and value[:1] == b"A":
+                keys += [
+                    s
+                    for v in field_table.array_values(value)
+                    if (s := field_table.string_value(v)) is not None
+                ]
+    if not any(key == b"BCC" for key, _v in items):
+        return header, keys
+    values[HEADERS_FLAG] = field_table.table([(k, v) for k, v in items if k != b"BCC"])
+    return join(prefix, values), keys

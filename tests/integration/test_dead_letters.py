@@ -343,3 +343,42 @@ def test_bad_dead_letter_arguments_are_refused(
     broker: Broker, arguments: dict[str, Any], text: str
 ) -> None:
     declare_refused(broker, "e_dl", text, arguments=arguments)
+
+
+def _cc_setup(ch: Any, src_arguments: dict[str, Any]) -> None:
+    for queue in ("cc1", "bcc1"):
+        ch.queue_declare(queue)
+    ch.queue_declare("src2", arguments=src_arguments)
+
+
+def test_rejected_with_a_dead_letter_routing_key_loses_cc(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.exchange_declare("dlx2", "direct")
+    ch.queue_declare("dlq2")
+    ch.queue_bind("dlq2", "dlx2", "dead")
+    _cc_setup(ch, {"x-dead-letter-exchange": "dlx2", "x-dead-letter-routing-key": "dead"})
+    headers = {"CC": ["cc1"], "BCC": ["bcc1"]}
+    ch.basic_publish("", "src2", b"cc-msg", pika.BasicProperties(headers=headers, message_id="m3"))
+    for queue in ("cc1", "bcc1"):  # sender-selected distribution; BCC never shown
+        got = next_message(ch, queue)[1]
+        assert got["routing_key"] == "src2" and got["headers"] == [["CC", "A", [["S", "cc1"]]]]
+    method, _got = next_message(ch, "src2", ack=False)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    assert next_message(ch, "dlq2")[1] == RABBITMQ["03 rejected, dead-letter routing key, CC"]
+    conn.close()
+
+
+def test_rejected_with_its_own_routing_keys_keeps_cc(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.exchange_declare("dlx2b", "fanout")
+    ch.queue_declare("dlq2b")
+    ch.queue_bind("dlq2b", "dlx2b")
+    _cc_setup(ch, {"x-dead-letter-exchange": "dlx2b"})
+    headers = {"CC": ["cc1"], "BCC": ["bcc1"]}
+    ch.basic_publish("", "src2", b"cc-msg", pika.BasicProperties(headers=headers, message_id="m4"))
+    method, _got = next_message(ch, "src2", ack=False)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    assert next_message(ch, "dlq2b")[1] == RABBITMQ["04 rejected, own routing keys, CC"]
+    conn.close()
