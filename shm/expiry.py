@@ -27,7 +27,7 @@ _REDELIVERED = layout.FLAG_REDELIVERED
 
 # Expired: (seq, block, redelivered). Else how long to wait: the head's
 # expiry time (ms), NOT_TIMED (the head never expires), or BUSY (the scan
-# stopped after SCAN_LIMIT cells others hold: look again soon).
+# stopped after SCAN_LIMIT cells others hold: go on from where it stopped).
 Taken = tuple[int, int, bool] | int
 NOT_TIMED = 0
 BUSY = -1
@@ -35,23 +35,31 @@ SCAN_LIMIT = 4096
 
 
 def take_expired(
-    store: QueueStore, qid: int, now: int, due: Callable[[int, int, int], int | None]
-) -> Taken:
+    store: QueueStore,
+    qid: int,
+    now: int,
+    due: Callable[[int, int, int], int | None],
+    start: int = 0,
+) -> tuple[Taken, int]:
     """Acquire the head of log `qid` for this worker if it has expired at
     `now`. `due(published, expires, now)`: None if a message with those
-    times has expired at `now`, else the time it expires (0: never)."""
+    times has expired at `now`, else the time it expires (0: never). The
+    scan starts at the head, or at `start` if that is further (where a
+    previous scan stopped: the cells before it were held by consumers, and a
+    release, which bumps Q_RELEASE_GEN, is the only way back for them).
+    Returns (what it found, where it stopped)."""
     a, q = store.a, store.layout.queue(qid)
     ring, mask = store.layout.log(qid), store.mask
-    seq = a.load(q + layout.Q_HEAD)
+    seq = max(start, a.load(q + layout.Q_HEAD))
     tail = a.load(q + layout.Q_TAIL)
     stop = seq + SCAN_LIMIT
     while seq < tail:
         if seq >= stop:
-            return BUSY
+            return BUSY, seq
         cell = ring + (seq & mask) * layout.CELL_SIZE
         word = a.load(cell)
         if word >> _SEQ < seq or (word >> _SEQ == seq and word & _STATE == layout.S_EMPTY):
-            return NOT_TIMED  # being published: nothing before it is available
+            return NOT_TIMED, seq  # being published: nothing after it is available
         if word >> _SEQ != seq or word & _STATE != _AVAIL:
             seq += 1  # held by a consumer, or deleted
             continue
@@ -60,14 +68,14 @@ def take_expired(
         if a.load(cell) != word:
             continue  # it changed meanwhile: look at it again
         if times is None:
-            return NOT_TIMED
+            return NOT_TIMED, seq
         when = due(times[0], times[1], now)
         if when is not None:
-            return when
+            return when, seq
         if not _acquire(store, q, cell, word, block):
             continue
-        return seq, block, bool(word & _REDELIVERED)
-    return NOT_TIMED
+        return (seq, block, bool(word & _REDELIVERED)), seq
+    return NOT_TIMED, seq
 
 
 def take_entry(store: QueueStore, qid: int, seq: int) -> int | None:

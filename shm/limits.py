@@ -91,9 +91,14 @@ def drop_head(
             break
         for log in logs:  # highest priority first: the head as consumers see it
             taken = store.acquire(log, 0)
-            if isinstance(taken, tuple) and dropped is not None:
-                dropped(log, taken[1])
-            if isinstance(taken, tuple) and store.ack(log, taken[0]):
+            if not isinstance(taken, tuple):
+                continue
+            try:
+                if dropped is not None:
+                    dropped(log, taken[1])
+            finally:  # whatever the hook did, the entry is not left held
+                acked = store.ack(log, taken[0])
+            if acked:
                 if log not in touched:
                     touched.append(log)
                 break

@@ -329,7 +329,8 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
             if drop_if_expired(log_qid, seq, block) or (
                 redelivered and ctx.expiry.drop_if_over_limit(log_qid, seq, block)
             ):
-                continue  # dead-lettered instead (workers/expiry.py)
+                delivered += 1  # dead-lettered instead (workers/expiry.py): bounded work too
+                continue
             channel.deliver(consumer, log_qid, seq, block, redelivered, out)
             delivered += 1
     finally:

@@ -19,26 +19,42 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 from shoal.broker.amqp import dead_letter, errors, quorum
 from shoal.shm import layout, stats
 from shoal.shm.arena import read_message
+from shoal.shm.queues import Message
 from shoal.workers import republish
 from shoal.workers.context import WorkerContext
 
 log = logging.getLogger("shoal.worker")
 
 _REASONS = {name: i for i, name in enumerate(stats.DEAD_LETTER_REASONS)}
+
+
+class _Source(NamedTuple):
+    vhost: str
+    vhost_id: int
+    name: bytes
+    target: dead_letter.Target | None  # where its dead letters go (None: dropped)
+    is_quorum: bool
+    strategy: int
+
+
 _DISABLED, _AT_MOST_ONCE, _AT_LEAST_ONCE = 0, 1, 2
 
 
 class DeadLetters:
     """This worker's dead-lettering."""
 
-    __slots__ = ("ctx",)
+    __slots__ = ("_later", "ctx")
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
+        # Messages a length limit dropped, copied, to dead-letter once the
+        # publish that dropped them is done (see dropped_by_limit).
+        self._later: list[tuple[_Source, Message]] = []
 
     def dead_letter(self, qid: int, block: int, reason: str) -> bool:
         """Log `qid`'s message in `block` (an entry this worker holds, not
@@ -46,25 +62,40 @@ class DeadLetters:
         has a dead-letter exchange. The caller deletes the entry after,
         unless this returns False: a queue with the at-least-once strategy
         whose dead letter found no room in a target queue keeps it."""
+        source = self._source(qid)
+        if source.target is None:
+            self._count(source, reason)
+            return True
+        return self._dead_letter(source, read_message(self.ctx.seg, block), reason)
+
+    def _source(self, qid: int) -> _Source:
+        """The queue a message dies in, and where its dead letters go."""
         ctx = self.ctx
         store = ctx.store
         declared = store.declared(qid)
         vhost_id = store.vhost_of(declared)
         vhost = ctx.routes.vhost_name(vhost_id)
-        definitions = ctx.routes.definitions
         name = store.name(declared)
         # Its own arguments with its policy (broker/amqp/policies.py).
-        arguments = definitions.effective_arguments(vhost, name.decode(errors="replace"))
+        arguments = ctx.routes.definitions.effective_arguments(vhost, name.decode(errors="replace"))
         where = dead_letter.target(arguments)
         is_quorum = bool(store.flags(declared) & layout.QF_QUORUM)
         strategy = _DISABLED
         if where is not None:
             at_least_once = is_quorum and quorum.at_least_once(arguments)
             strategy = _AT_LEAST_ONCE if at_least_once else _AT_MOST_ONCE
-        ctx.stats.v[stats.dead_lettered(int(is_quorum), _REASONS[reason], strategy)] += 1
-        if where is None:
-            return True
-        exchange, routing_key, header, body = read_message(ctx.seg, block)
+        return _Source(vhost, vhost_id, name, where, is_quorum, strategy)
+
+    def _count(self, source: _Source, reason: str) -> None:
+        index = stats.dead_lettered(int(source.is_quorum), _REASONS[reason], source.strategy)
+        self.ctx.stats.v[index] += 1
+
+    def _dead_letter(self, source: _Source, message: Message, reason: str) -> bool:
+        self._count(source, reason)
+        ctx, store = self.ctx, self.ctx.store
+        where, name, vhost, vhost_id = source.target, source.name, source.vhost, source.vhost_id
+        assert where is not None
+        exchange, routing_key, header, body = message
         try:
             letter = dead_letter.make(
                 bytes(header),
@@ -92,11 +123,27 @@ class DeadLetters:
         taken = republish.publish(
             ctx, where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids
         )
-        return taken or strategy != _AT_LEAST_ONCE
+        return taken or source.strategy != _AT_LEAST_ONCE
 
     def dropped_by_limit(self, qid: int, block: int) -> None:
-        """QueueStore.dropped: a length limit dropped or refused a message."""
-        self.dead_letter(qid, block, dead_letter.MAXLEN)
+        """QueueStore.dropped: a length limit dropped or refused a message,
+        from inside a publish. Its dead letter is published once that
+        publish is done (a copy is kept, nothing of shared memory): a dead
+        letter that drops another message from a full queue would otherwise
+        recurse, once per message of two full queues that dead-letter into
+        each other."""
+        source = self._source(qid)
+        if source.target is None:
+            self._count(source, dead_letter.MAXLEN)
+            return
+        if not self._later:
+            self.ctx.loop.call_soon(self._dead_letter_dropped)
+        self._later.append((source, read_message(self.ctx.seg, block)))
+
+    def _dead_letter_dropped(self) -> None:
+        later, self._later = self._later, []
+        for source, message in later:
+            self._dead_letter(source, message, dead_letter.MAXLEN)
 
     def _route(
         self, vhost: str, vhost_id: int, exchange: bytes, key: bytes, header: bytes
@@ -104,7 +151,7 @@ class DeadLetters:
         ctx = self.ctx
         if not exchange:
             qid = ctx.store.lookup(key, vhost_id)
-            return () if qid is None else (qid,)
+            return () if qid is None or qid in ctx.store.delay_queues() else (qid,)
         try:
             return ctx.routes.route(vhost, vhost_id, exchange, key, header)
         except errors.AMQPError:  # no such exchange (RabbitMQ drops the message too)

@@ -3,7 +3,8 @@ and LavinMQ): a message published to an `x-delayed-message` exchange with
 an x-delay header (ms > 0) is routed to the exchange's delay queue
 (`amq.delayed.<exchange>`, durable with a durable exchange, so persistent
 delayed messages survive restarts: broker/amqp/routing.py), stamped with
-its due time (MSG_TIME's expires, workers/republish.py times_for).
+its publish time (MSG_TIME, workers/republish.py times_for): due at that
+time + its x-delay.
 
 The delay queue's owning worker (qid % workers) keeps a heap of its
 entries by due time: it indexes each new entry once (reading its due time
@@ -22,12 +23,14 @@ import heapq
 import logging
 
 from shoal.broker.amqp import errors
+from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX, delay_ms
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm import layout
-from shoal.shm.arena import peek_times, read_message
+from shoal.shm.arena import peek_message, peek_times, read_message
 from shoal.shm.expiry import take_entry
 from shoal.workers import republish
 from shoal.workers.context import WorkerContext
+from shoal.workers.routes import message_headers
 from shoal.workers.ticker import IDLE_POLL, Ticker
 
 log = logging.getLogger("shoal.worker")
@@ -109,10 +112,18 @@ class Delays(Ticker):
             ):
                 break  # being published
             if word >> layout.SEQ_SHIFT == seq and word & layout.STATE_MASK == layout.S_AVAILABLE:
-                times = peek_times(store.seg, a.load(cell + 8))
+                block = a.load(cell + 8)
+                times = peek_times(store.seg, block)
+                copy = peek_message(store.seg, block, body=False)
                 if a.load(cell) != word:
                     continue  # it changed meanwhile: read it again
-                heapq.heappush(index.due, (0 if times is None else times[1], seq))
+                due = 0
+                if times is not None and copy is not None:
+                    try:
+                        due = times[0] + delay_ms(message_headers(copy[2]))
+                    except errors.AMQPError:
+                        due = 0  # a header it was routed by cannot be unreadable now
+                heapq.heappush(index.due, (due, seq))
             seq += 1
         index.scanned = seq
 
@@ -127,8 +138,12 @@ class Delays(Ticker):
         exchange, routing_key, header, body = read_message(ctx.seg, block)
         vhost_id = store.vhost_of(qid)
         vhost = ctx.routes.vhost_name(vhost_id)
+        # Routed from the delayed exchange whose queue this is: the message
+        # may have come to it through another exchange (a binding, an
+        # alternate exchange), which must not see it again.
+        delayed = store.name(qid)[len(DELAY_QUEUE_PREFIX) :]
         try:
-            qids = list(ctx.routes.route(vhost, vhost_id, exchange, routing_key, header, due=True))
+            qids = list(ctx.routes.route(vhost, vhost_id, delayed, routing_key, header, due=True))
         except errors.AMQPError:  # the exchange is gone: so is the message
             qids = []
         if qids:

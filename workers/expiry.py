@@ -44,13 +44,16 @@ def _due(
 class Expiry(Ticker):
     """This worker's message expiry."""
 
-    __slots__ = ("ctx", "dead_letters", "expired")
+    __slots__ = ("_owned", "_resume", "ctx", "dead_letters", "expired")
 
     def __init__(self, ctx: WorkerContext, dead_letters: DeadLetters) -> None:
         super().__init__(ctx.loop)
         self.ctx = ctx
         self.dead_letters = dead_letters
         self.expired = 0  # messages this worker expired (tests, status)
+        self._owned: tuple[int, int, list[int]] = (-1, 0, [])  # (catalog gen, until, qids)
+        # qid -> (its release generation, where the last scan stopped)
+        self._resume: dict[int, tuple[int, int]] = {}
 
     # ------------------------------------------------------------ consumers
     def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
@@ -80,56 +83,74 @@ class Expiry(Ticker):
         limit = store.delivery_limit(qid)
         if limit < 2 or store.delivery_count(qid, seq) <= limit - 2:
             return False
-        self.dead_letters.dead_letter(qid, block, dead_letter.DELIVERY_LIMIT)
+        if not self.dead_letters.dead_letter(qid, block, dead_letter.DELIVERY_LIMIT):
+            store.release(qid, seq)  # at-least-once, no room yet: kept
+            return True
         store.settle(qid, seq)
         return True
 
     def _expire(self, qid: int, seq: int, block: int) -> None:
-        self.dead_letters.dead_letter(qid, block, dead_letter.EXPIRED)
+        if not self.dead_letters.dead_letter(qid, block, dead_letter.EXPIRED):
+            self.ctx.store.release(qid, seq)  # at-least-once, no room yet: kept, tried again
+            return
         self.ctx.store.settle(qid, seq)
         self.expired += 1
 
     # -------------------------------------------------------------- expirer
-    def _owned(self) -> list[int]:
+    def _owned_now(self, now: int) -> list[int]:
+        """The logs this worker expires: its own (qid % workers) that have a
+        TTL or had a timed message, not streams (their writer takes their
+        entries) nor delay queues (due times are not expiry:
+        workers/delays.py). Looked up again every IDLE_POLL, or when a
+        queue was created or deleted."""
+        store = self.ctx.store
+        generation = store.catalog_generation()
+        cached_gen, until, owned = self._owned
+        if generation == cached_gen and now < until:
+            return owned
         ctx = self.ctx
-        workers, index, store = ctx.config.worker_count(), ctx.index, ctx.store
-        delay_queues = store.delay_queues()  # their due times are not expiry (workers/delays.py)
-        return [
+        workers, index = ctx.config.worker_count(), ctx.index
+        skipped = store.delay_queues() | store.stream_queues()
+        owned = [
             qid
             for qid in store.active_logs()
-            if qid % workers == index
-            and store.timed(qid)
-            and store.log_ready(qid)
-            and qid not in delay_queues
+            if qid % workers == index and qid not in skipped and store.timed(qid)
         ]
+        self._owned = (generation, now + int(IDLE_POLL * 1000), owned)
+        self._resume = {qid: at for qid, at in self._resume.items() if qid in owned}
+        return owned
 
     def _tick(self) -> None:
         ctx = self.ctx
         store = ctx.store
         now = now_ms()
-        owned = self._owned()
+        owned = self._owned_now(now)
         if not owned:
             self._schedule(IDLE_POLL)
             return
         budget = BATCH
         wake = now + int(POLL * 1000)
         for qid in owned:
+            if not store.log_ready(qid):
+                continue
             ttl_word = store.message_ttl(qid)
 
             def due(published: int, expires: int, at: int, word: int = ttl_word) -> int | None:
                 return _due(published, expires, word, at)
 
+            release_gen, start = self._resume.get(qid, (-1, 0))
+            if release_gen != store.release_generation(qid):
+                release_gen, start = store.release_generation(qid), 0
             while budget:
-                got = take_expired(store, qid, now, due)
+                got, start = take_expired(store, qid, now, due, start)
                 if isinstance(got, int):
-                    if got == BUSY:
-                        wake = now + 1
-                    elif got != NOT_TIMED:
+                    if got not in (BUSY, NOT_TIMED):
                         wake = min(wake, got)
                     break
                 seq, block, _redelivered = got
                 self._expire(qid, seq, block)
                 budget -= 1
+            self._resume[qid] = (release_gen, start)
             if not budget:
                 self._again_soon()
                 return

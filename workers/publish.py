@@ -13,6 +13,7 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors, properties
+from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX
 from shoal.shm.arena import (
     TAG_SIZE,
     message_size,
@@ -41,6 +42,7 @@ from shoal.workers.channel_state import (
 from shoal.workers.spill import PAGE_IN_INTERVAL, block_payload
 
 log = logging.getLogger("shoal.worker")
+DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
 
 
 class Publishing(ChannelState):
@@ -139,7 +141,9 @@ class Publishing(ChannelState):
         if not also:  # the common case: one key
             if not exchange:
                 qid = self.ctx.store.lookup(routing_key, conn.vhost_id)
-                return [] if qid is None else [qid]
+                if qid is None or routing_key.startswith(DELAY_QUEUES):
+                    return []  # (a delay queue is the broker's own)
+                return [qid]
             return list(
                 self.ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, raw_header)
             )

@@ -12,14 +12,12 @@ from __future__ import annotations
 import logging
 
 from shoal.broker.amqp import errors, ttl
-from shoal.broker.amqp.routing import delay_ms
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import TAG_SIZE, message_size, release_hold, write_message
-from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, QueueStore
+from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED, QueueStore
 from shoal.workers import framing, records
 from shoal.workers.channel_state import Pending
 from shoal.workers.context import WorkerContext
-from shoal.workers.routes import message_headers
 
 log = logging.getLogger("shoal.worker")
 
@@ -29,13 +27,12 @@ def times_for(store: QueueStore, header: bytes, qids: list[int]) -> tuple[int, i
     an `expiration` (ChannelError for a bad one, as RabbitMQ's) or reaches a
     queue with a TTL. None for the others (one byte and one set test). A
     message held in a delay queue (workers/delays.py) expires there when it
-    is due: its x-delay."""
+    is due: its publish time + its x-delay (workers/delays.py)."""
     ttl_queues, delay_queues = store.timed_queues()
-    if delay_queues and not delay_queues.isdisjoint(qids):
-        now = now_ms()
-        return now, now + max(1, delay_ms(message_headers(header)))
     if len(header) < 14 or not header[12] & 0x01:  # no expiration (flag 0x0100)
-        if not ttl_queues or ttl_queues.isdisjoint(qids):
+        if (not ttl_queues or ttl_queues.isdisjoint(qids)) and (
+            not delay_queues or delay_queues.isdisjoint(qids)
+        ):
             return None
         return now_ms(), 0
     own = ttl.expiration_ms(header)
@@ -96,7 +93,7 @@ def publish(
             if times is not None:
                 store.mark_timed(qid)
         else:
-            taken = taken and outcome != FULL
+            taken = taken and outcome not in (FULL, REJECTED)
             log.debug("republished message not appended to queue %d (outcome %d)", qid, outcome)
     pending.qids.clear()
     if pending.entries:

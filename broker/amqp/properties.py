@@ -196,8 +196,11 @@ def sender_selected(header: bytes) -> tuple[bytes, list[bytes]]:
         return header, []
     if b"\x02CC" not in header and b"\x03BCC" not in header:
         return header, []
-    prefix, values = split(header)
-    items = field_table.entries(values.get(HEADERS_FLAG, b""))
+    try:
+        prefix, values = split(header)
+        items = field_table.entries(values.get(HEADERS_FLAG, b""))
+    except ValueError:  # a malformed table: routing decodes it and says so
+        return header, []
     keys: list[bytes] = []
     for name in (b"CC", b"BCC"):
         for key, value in items:

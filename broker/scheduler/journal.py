@@ -14,7 +14,7 @@ from shoal.broker.amqp import definitions, errors, routing
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.amqp.routing import frozen_args as _frozen_args
 from shoal.broker.scheduler import durable
-from shoal.broker.scheduler.state import SchedulerState
+from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm.catalog import CatalogFull
 
 log = logging.getLogger("shoal.scheduler")
@@ -241,6 +241,10 @@ class Journal(SchedulerState):
         self._auto_delete(vhost, sources - {name})
         return []
 
+    def _client_queue(self, vhost: str, name: bytes) -> QueueState | None:
+        """queues.py."""
+        raise NotImplementedError
+
     def _delay_queue(self, vhost: str, exchange: str, durable: bool | None) -> None:
         """Make a delayed message exchange's delay queue (durable as the
         exchange), or delete it (None). queues.py."""
@@ -293,7 +297,7 @@ class Journal(SchedulerState):
                 errors.NOT_FOUND, f"no exchange '{source}' in vhost '{vhost}'"
             )
         if kind == "q":
-            q = self.by_name.get((vhost, dest.encode()))
+            q = self._client_queue(vhost, dest.encode())
             if q is None:
                 raise errors.ChannelError(errors.NOT_FOUND, errors.no_queue(dest, vhost))
             q.check_exclusive(conn_id)

@@ -12,7 +12,6 @@ import logging
 from typing import Any
 
 from shoal.broker.amqp import definitions, errors, policies, quorum
-from shoal.broker.amqp import x_arguments as X
 from shoal.broker.scheduler.queues import QueueLifecycle
 from shoal.broker.scheduler.state import QueueState
 from shoal.shm import layout
@@ -85,9 +84,9 @@ class Policies(QueueLifecycle):
         arguments = self.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
         try:
             rules = self._rules(q.vhost, q.name, arguments, kind)
-            expires = X.expires(q.name, q.vhost, self._effective(q.vhost, q.name, arguments))
-        except errors.AMQPError as exc:  # checked when set: cannot happen, but never fatal
-            log.warning("queue %r: its policy not applied: %s", q.name, exc)
+            expires = self._expires(q.vhost, q.name, arguments)
+        except errors.AMQPError as exc:  # its own arguments were checked: never fatal
+            log.warning("queue %r: its rules not applied again: %s", q.name, exc)
             return
         for log_qid in q.levels.values():
             self.store.set_rules(log_qid, *rules)

@@ -58,8 +58,10 @@ class QueueLifecycle(Journal):
             q.stream = bool(flags & layout.QF_STREAM)
             arguments = self.definitions.queue_arguments.get((q.vhost, name.decode()), {})
             q.qcm.single_active = arguments.get("x-single-active-consumer") is True
-            expires = arguments.get("x-expires")
-            q.expires_ms = expires if isinstance(expires, int) else 0
+            try:
+                q.expires_ms = self._expires(q.vhost, name, arguments)
+            except errors.AMQPError:
+                q.expires_ms = 0
             self._queue_used(q)  # a restarted scheduler: the clock starts again
             self.queues[qid] = q
             self.by_name[(q.vhost, name)] = q
@@ -159,7 +161,10 @@ class QueueLifecycle(Journal):
         uid: int = 0,
     ) -> list[Any]:
         self.stats.v[stats.QUEUES_DECLARED] += 1
-        q = self.by_name.get((vhost, name)) if name else None
+        if DELAY_QUEUE_ARGUMENT in arguments:
+            q = self.by_name.get((vhost, name))  # the broker's own declare
+        else:
+            q = self._client_queue(vhost, name) if name else None
         if q is not None:
             q.check_exclusive(conn_id)
             if not passive:
@@ -205,7 +210,7 @@ class QueueLifecycle(Journal):
                 rules = self._rules(vhost, name, arguments, kind)
                 counting, capacity, resume = rules.delivery_limit, rules.capacity, rules.resume
                 limits, message_ttl = rules.limits, rules.message_ttl
-            expires = X.expires(name, vhost, self._effective(vhost, name, arguments)) or 0
+            expires = self._expires(vhost, name, arguments)
             if not self.free_qids:
                 raise errors.ChannelError(
                     errors.RESOURCE_ERROR,
@@ -265,14 +270,31 @@ class QueueLifecycle(Journal):
         return [q.qid, q.name, self.messages(q), len(q.qcm)]
 
     def _effective(self, vhost: str, name: bytes, arguments: dict[str, Any]) -> dict[str, Any]:
-        """A queue's arguments with the policy that applies to it (broker/amqp/policies.py)."""
+        """A queue's arguments with the policy that applies to it
+        (broker/amqp/policies.py); delay queues take no policy."""
+        if _is_delay_queue(name, arguments):
+            return arguments
         return policies.effective(arguments, self.definitions.policy_for(vhost, name.decode()))
 
     def _rules(self, vhost: str, name: bytes, arguments: dict[str, Any], kind: str) -> Rules:
         """What a classic or quorum queue's record says of its rules, from
-        its arguments and its policy; bad arguments refused with RabbitMQ's
-        texts."""
+        its arguments and its policy. The queue's own arguments are checked
+        (RabbitMQ's texts); a policy key that does not fit the queue (a
+        dead-letter strategy on a classic queue, say) is ignored, as
+        RabbitMQ ignores it: the queue then follows its own arguments."""
+        own = self._checked_rules(vhost, name, arguments, kind)
         effective = self._effective(vhost, name, arguments)
+        if effective is arguments:
+            return own
+        try:
+            return self._checked_rules(vhost, name, effective, kind)
+        except errors.AMQPError as exc:
+            log.warning("queue %r in vhost %r: its policy does not apply: %s", name, vhost, exc)
+            return own
+
+    def _checked_rules(
+        self, vhost: str, name: bytes, effective: dict[str, Any], kind: str
+    ) -> Rules:
         quorum.dead_letter_strategy(name, vhost, effective, kind)
         counting = quorum.delivery_limit_word(name, vhost, effective, kind)
         capacity, resume = X.capacity(name, vhost, self._with_capacity_defaults(effective))
@@ -288,6 +310,15 @@ class QueueLifecycle(Journal):
             capacity,
             resume,
         )
+
+    def _expires(self, vhost: str, name: bytes, arguments: dict[str, Any]) -> int:
+        """x-expires in ms (0: none), the policy's applied; a policy value
+        that does not fit is ignored."""
+        own = X.expires(name, vhost, arguments) or 0
+        try:
+            return X.expires(name, vhost, self._effective(vhost, name, arguments)) or 0
+        except errors.AMQPError:
+            return own
 
     def _delay_queue(self, vhost: str, exchange: str, durable: bool | None) -> None:
         name = routing.delay_queue(exchange).encode()
@@ -353,8 +384,17 @@ class QueueLifecycle(Journal):
         self.store.set_watch(slot, True)
         return [slot]
 
-    def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
+    def _client_queue(self, vhost: str, name: bytes) -> QueueState | None:
+        """A queue by name as clients see them: a delayed message exchange's
+        delay queue is the broker's own (as RabbitMQ's plugin keeps its
+        messages out of sight)."""
         q = self.by_name.get((vhost, name))
+        if q is not None and self.store.flags(q.qid) & layout.QF_DELAYED:
+            return None
+        return q
+
+    def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
+        q = self._client_queue(vhost, name)
         if q is None:
             raise errors.ChannelError(
                 errors.NOT_FOUND, errors.no_queue(name.decode(errors="replace"), vhost)
@@ -365,7 +405,7 @@ class QueueLifecycle(Journal):
     def _delete(
         self, vhost: str, name: bytes, if_unused: bool, if_empty: bool, conn_id: int
     ) -> int:
-        q = self.by_name.get((vhost, name))
+        q = self._client_queue(vhost, name)
         if q is None:
             return 0  # RabbitMQ: deleting a missing queue succeeds
         q.check_exclusive(conn_id)

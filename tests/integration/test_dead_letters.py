@@ -382,3 +382,20 @@ def test_rejected_with_its_own_routing_keys_keeps_cc(broker: Broker) -> None:
     ch.basic_reject(method.delivery_tag, requeue=False)
     assert next_message(ch, "dlq2b")[1] == RABBITMQ["04 rejected, own routing keys, CC"]
     conn.close()
+
+
+def test_full_queues_dead_lettering_into_each_other(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    for name, other in (("ping", "pong"), ("pong", "ping")):
+        arguments = {
+            "x-max-length": 100,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": other,
+        }
+        ch.queue_declare(name, arguments=arguments)
+    for i in range(1000):
+        ch.basic_publish("", "ping" if i % 2 else "pong", b"%d" % i)
+    count = lambda q: ch.queue_declare(q, passive=True).method.message_count  # noqa: E731
+    wait_for(lambda: count("ping") == count("pong") == 100, 10, "both queues at their limit")
+    conn.close()

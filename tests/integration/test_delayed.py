@@ -116,3 +116,28 @@ def test_the_delay_queue_is_not_a_clients(broker: Broker) -> None:
         ch.basic_consume("amq.delayed.delayed-h", lambda *a: None)
     assert exc.value.reply_code == 404
     conn.close()
+
+
+def test_a_delayed_exchange_behind_another_routes_each_message_once(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.exchange_declare("front", "fanout")
+    ch.exchange_declare("delayed-b", "x-delayed-message", arguments={"x-delayed-type": "fanout"})
+    ch.exchange_bind("delayed-b", "front")
+    ch.queue_declare("via-delay")
+    ch.queue_bind("via-delay", "delayed-b")
+    ch.queue_declare("direct-copy")
+    ch.queue_bind("direct-copy", "front")
+    ch.basic_publish("front", "", b"m", pika.BasicProperties(headers={"x-delay": 300}))
+    assert ch.queue_declare("direct-copy", passive=True).method.message_count == 1  # at once
+    assert [b for b, _at in _arrivals(conn, ch, "via-delay", 1, 5)] == [b"m"]
+    time.sleep(0.6)  # no copy comes round again, and the direct copy does not expire
+    assert ch.queue_declare("via-delay", passive=True).method.message_count == 0
+    assert ch.queue_declare("direct-copy", passive=True).method.message_count == 1
+    # The delay queue is the broker's own: the default exchange does not reach it.
+    ch.basic_publish(
+        "", "amq.delayed.delayed-b", b"x", pika.BasicProperties(headers={"x-delay": 1})
+    )
+    time.sleep(0.2)  # what is tested is an absence
+    assert ch.queue_declare("via-delay", passive=True).method.message_count == 0
+    conn.close()

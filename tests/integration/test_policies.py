@@ -120,6 +120,18 @@ def test_the_highest_priority_applies_and_survives_a_restart(broker: Broker) -> 
     conn.close()
 
 
+def test_a_key_that_does_not_fit_a_queue_is_ignored(broker: Broker) -> None:
+    set_policy(broker, "strategy", "^fit", {"dead-letter-strategy": "at-least-once"})
+    set_policy(broker, "rk", "^fit", {"dead-letter-routing-key": "k"}, "--priority", "1")
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("fit", arguments={"x-max-length": 1})  # classic: neither applies
+    for i in range(3):
+        ch.basic_publish("", "fit", b"%d" % i)
+    assert count(ch, "fit") == 1  # its own rules hold
+    conn.close()
+
+
 def test_bad_policies_are_refused(broker: Broker) -> None:
     for definition, text in (
         ({"message-ttl": -1}, "message-ttl: -1 is not an integer >= 0"),

@@ -162,3 +162,21 @@ def test_expired_messages_are_counted_in_metrics(broker_factory: Any) -> None:
     name = "rabbitmq_global_messages_dead_lettered_expired_total"
     wait_for(lambda: value(scrape(port), name, **labels) == 5, 5, "the expired count")
     conn.close()
+
+
+def test_messages_behind_many_unacked_ones_expire(broker: Broker) -> None:
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl10", arguments={"x-message-ttl": 300})
+    holder = conn.channel()
+    holder.basic_qos(prefetch_count=5000)
+    for _ in range(5000):
+        ch.basic_publish("", "ttl10", b"held")
+    held: list[int] = []
+    holder.basic_consume("ttl10", lambda c, m, p, b: held.append(m.delivery_tag))
+    wait_for(lambda: conn.process_data_events(0.05) or len(held) == 5000, 20, "5000 held")
+    holder.basic_cancel(holder.consumer_tags[0])  # keeps its 5,000 unacked at the head
+    for _ in range(50):
+        ch.basic_publish("", "ttl10", b"behind")
+    wait_for(lambda: _count(ch, "ttl10") == 0, 10, "the ones behind them to expire")
+    conn.close()

@@ -108,7 +108,7 @@ def test_each_message_is_expired_or_consumed_once(
     try:
         while running():
             assert time.monotonic() < deadline, "the others did not finish"
-            got = take_expired(expirer, QID, NOW, due)
+            got, _stopped = take_expired(expirer, QID, NOW, due)
             if isinstance(got, int):
                 assert got in (NOT_TIMED, 0)
                 continue
@@ -142,7 +142,7 @@ def test_an_expirer_killed_after_taking_leaves_the_entry_to_its_release(
     publish_until_accepted(seg, store, arena, QID, message, seg.layout.proc(0), 1e18, (0, 1))
 
     def take_and_die(seg: Segment) -> None:
-        got = take_expired(QueueStore(seg, 3), QID, NOW, due)
+        got, _stopped = take_expired(QueueStore(seg, 3), QID, NOW, due)
         assert isinstance(got, tuple)
         os.kill(os.getpid(), signal.SIGKILL)  # before the ack
 
@@ -151,7 +151,7 @@ def test_an_expirer_killed_after_taking_leaves_the_entry_to_its_release(
     assert os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGKILL
     assert qword(seg, QID, L.Q_UNACKED) == 1 and qword(seg, QID, L.Q_READY) == 0
     assert QueueStore(seg, 0).release_owner(3) == {QID: 1}
-    again = take_expired(QueueStore(seg, 3), QID, NOW, due)
+    again, _stopped = take_expired(QueueStore(seg, 3), QID, NOW, due)
     assert isinstance(again, tuple)
     assert QueueStore(seg, 3).ack(QID, again[0])
     assert live_blocks(seg, 0) == [] and arena_counters(seg, 0) == (0, 0)
