@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shoal.shm import layout
-from shoal.shm.arena import body_length, peek_times
+from shoal.shm.arena import body_length, peek_times, read_tag
 from shoal.shm.queues import QueueStore
 
 _SEQ = layout.SEQ_SHIFT
@@ -104,3 +104,77 @@ def _acquire(store: QueueStore, q: int, cell: int, word: int, block: int) -> boo
     a.fetch_add(q + layout.Q_UNACKED, 1)
     a.fetch_add(q + layout.Q_READY_BYTES, -body_length(store.seg, block))
     return True
+
+
+def drop_expired(
+    store: QueueStore,
+    qid: int,
+    now: int,
+    due: Callable[[int, int, int], int | None],
+    start: int = 0,
+    limit: int = 4096,
+    ttl_word: int = 0,
+) -> tuple[int, int, int]:
+    """take_expired() and its delete in one step, for a queue whose expired
+    messages go nowhere (no dead-letter exchange): AVAILABLE(s) -> DELETED(s)
+    by CAS from the exact word, as `purge` deletes, for each expired entry
+    from the head, up to `limit`. The message store hears of each
+    persistent one (its tag read before the CAS, as purge reads it).
+    `ttl_word`: the queue's Q_MESSAGE_TTL, so that the common case (an
+    expiry time after the publish) is decided here; `due` decides the
+    others (no expiry, a TTL of 0) and must agree with it. Returns (entries deleted, what stopped
+    it: an expiry time, NOT_TIMED or BUSY, where it stopped)."""
+    a, q = store.a, store.layout.queue(qid)
+    ring, mask, seg = store.layout.log(qid), store.mask, store.seg
+    seq = max(start, a.load(q + layout.Q_HEAD))
+    tail = a.load(q + layout.Q_TAIL)
+    uid = a.load(q + layout.Q_UID) if store.settled is not None else 0
+    stop = seq + SCAN_LIMIT
+    dropped = size_sum = 0
+    waiting = NOT_TIMED
+    try:
+        while seq < tail:
+            if seq >= stop or dropped >= limit:
+                waiting = BUSY
+                break
+            cell = ring + (seq & mask) * layout.CELL_SIZE
+            word = a.load(cell)
+            if word >> _SEQ < seq or (word >> _SEQ == seq and word & _STATE == layout.S_EMPTY):
+                break  # being published
+            if word >> _SEQ != seq or word & _STATE != _AVAIL:
+                seq += 1
+                continue
+            block = a.load(cell + 8)
+            times = peek_times(seg, block)
+            size = body_length(seg, block)
+            tag = read_tag(seg, block) if uid else None
+            if a.load(cell) != word:
+                continue
+            if times is None:
+                break
+            published, expires = times
+            due_at = expires  # broker/amqp/ttl.py deadline(), inlined: the hot loop
+            if ttl_word and (not expires or published + ttl_word - 1 < expires):
+                due_at = published + ttl_word - 1
+            if due_at > published:
+                if due_at > now:
+                    waiting = due_at
+                    break
+            else:  # no expiry, or a TTL of 0: `due` decides
+                when = due(published, expires, now)
+                if when is not None:
+                    waiting = when
+                    break
+            if store.delete_available(cell, word, block):
+                if tag is not None:
+                    store.settled(tag, uid)  # type: ignore[misc]  # uid implies a hook
+                dropped += 1
+                size_sum += size
+                seq += 1
+    finally:
+        if dropped:
+            a.fetch_add(q + layout.Q_READY, -dropped)
+            a.fetch_add(q + layout.Q_BYTES, -size_sum)
+            a.fetch_add(q + layout.Q_READY_BYTES, -size_sum)
+            store.advance_head(qid)
+    return dropped, waiting, seq

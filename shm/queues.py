@@ -622,6 +622,23 @@ class QueueStore(QueueDirectory):
             self._advance_head(qid)
         return released
 
+    def delete_available(self, cell: int, word: int, block: int) -> bool:
+        """AVAILABLE(s) -> DELETED(s) by CAS from `word` and drop the entry's
+        reference to `block` (read from the cell before). The caller moves
+        the counters and the head (shm/expiry.py drop_expired, as purge)."""
+        seq = word >> _SEQ
+        return self._delete_and_drop(cell, word, seq << _SEQ | _DEL, block)
+
+    def drained(self, qid: int) -> None:
+        """Entries of `qid` were deleted other than by settle() (the
+        expirer's drop_expired): release its blocked publishers if that took
+        it to its resume size."""
+        self._drained(qid)
+
+    def advance_head(self, qid: int) -> None:
+        """Move log `qid`'s head past the entries deleted at it (section 4)."""
+        self._advance_head(qid)
+
     def _delete_and_drop(self, cell: int, expected: int, deleted: int, block: int) -> bool:
         """CAS a cell to DELETED and drop its body reference (if `block`),
         advertising the drop in flight in this process's P_DROPPING word

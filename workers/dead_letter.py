@@ -48,13 +48,16 @@ _DISABLED, _AT_MOST_ONCE, _AT_LEAST_ONCE = 0, 1, 2
 class DeadLetters:
     """This worker's dead-lettering."""
 
-    __slots__ = ("_later", "ctx")
+    __slots__ = ("_later", "_sources", "ctx")
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         # Messages a length limit dropped, copied, to dead-letter once the
         # publish that dropped them is done (see dropped_by_limit).
         self._later: list[tuple[_Source, Message]] = []
+        # log qid -> (its queue's generation, definitions version, _Source):
+        # an expirer dead-letters many messages of one queue in a row.
+        self._sources: dict[int, tuple[int, int, _Source]] = {}
 
     def dead_letter(self, qid: int, block: int, reason: str) -> bool:
         """Log `qid`'s message in `block` (an entry this worker holds, not
@@ -69,7 +72,21 @@ class DeadLetters:
         return self._dead_letter(source, read_message(self.ctx.seg, block), reason)
 
     def _source(self, qid: int) -> _Source:
-        """The queue a message dies in, and where its dead letters go."""
+        """The queue a message dies in, and where its dead letters go
+        (cached until the queue or the definitions change)."""
+        ctx = self.ctx
+        ctx.routes.sync()
+        key = (ctx.store.generation(qid), ctx.routes.version)
+        cached = self._sources.get(qid)
+        if cached is not None and cached[:2] == key:
+            return cached[2]
+        source = self._look_up(qid)
+        if len(self._sources) > 4096:
+            self._sources.clear()
+        self._sources[qid] = (*key, source)
+        return source
+
+    def _look_up(self, qid: int) -> _Source:
         ctx = self.ctx
         store = ctx.store
         declared = store.declared(qid)
@@ -86,9 +103,19 @@ class DeadLetters:
             strategy = _AT_LEAST_ONCE if at_least_once else _AT_MOST_ONCE
         return _Source(vhost, vhost_id, name, where, is_quorum, strategy)
 
-    def _count(self, source: _Source, reason: str) -> None:
+    def _count(self, source: _Source, reason: str, messages: int = 1) -> None:
         index = stats.dead_lettered(int(source.is_quorum), _REASONS[reason], source.strategy)
-        self.ctx.stats.v[index] += 1
+        self.ctx.stats.v[index] += messages
+
+    def go_nowhere(self, qid: int) -> bool:
+        """Whether log `qid`'s queue has no dead-letter exchange: its dying
+        messages are only dropped (and counted: `dropped`)."""
+        return self._source(qid).target is None
+
+    def dropped(self, qid: int, reason: str, messages: int) -> None:
+        """`messages` of log `qid`'s queue (with no dead-letter exchange)
+        were dropped for `reason`."""
+        self._count(self._source(qid), reason, messages)
 
     def _dead_letter(self, source: _Source, message: Message, reason: str) -> bool:
         self._count(source, reason)

@@ -19,7 +19,7 @@ from shoal.broker.amqp import dead_letter, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm import layout
 from shoal.shm.arena import message_times
-from shoal.shm.expiry import BUSY, NOT_TIMED, take_expired
+from shoal.shm.expiry import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.ticker import IDLE_POLL, Ticker
@@ -141,7 +141,20 @@ class Expiry(Ticker):
             release_gen, start = self._resume.get(qid, (-1, 0))
             if release_gen != store.release_generation(qid):
                 release_gen, start = store.release_generation(qid), 0
-            while budget:
+            if self.dead_letters.go_nowhere(qid):  # no dead letters: one step per entry
+                dropped, waiting, start = drop_expired(
+                    store, qid, now, due, start, budget, ttl_word
+                )
+                if dropped:
+                    self.dead_letters.dropped(qid, dead_letter.EXPIRED, dropped)
+                    store.drained(qid)
+                    self.expired += dropped
+                    budget -= dropped
+                if waiting not in (BUSY, NOT_TIMED):
+                    wake = min(wake, waiting)
+                elif waiting == BUSY and budget:
+                    wake = min(wake, now + 1)  # stopped by the scan limit: go on soon
+            while budget and not self.dead_letters.go_nowhere(qid):
                 got, start = take_expired(store, qid, now, due, start)
                 if isinstance(got, int):
                     if got not in (BUSY, NOT_TIMED):

@@ -36,7 +36,7 @@ def message_headers(raw_header: bytes) -> dict[str, Any]:
 
 
 class Routes:
-    __slots__ = ("_cache", "_queue_gen", "definitions", "reader", "store")
+    __slots__ = ("_cache", "_queue_gen", "definitions", "reader", "store", "version")
 
     def __init__(self, seg: Segment, store: QueueStore) -> None:
         self.reader = CatalogReader(seg, Op)
@@ -44,6 +44,7 @@ class Routes:
         self.definitions = Definitions()
         self._cache: dict[tuple[int, bytes, bytes], tuple[int, ...]] = {}
         self._queue_gen = -1
+        self.version = 0  # bumped whenever the definitions change (caches key on it)
 
     def vhost_id(self, vhost: str) -> int | None:
         """The id of a virtual host (None: there is no such vhost)."""
@@ -65,6 +66,7 @@ class Routes:
         for op in ops:
             self.definitions.apply(op)
         self._cache.clear()
+        self.version += 1
 
     def route(
         self,

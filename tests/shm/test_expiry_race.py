@@ -15,7 +15,7 @@ from pathlib import Path
 
 from shoal.shm import layout as L
 from shoal.shm.arena import Arena, body_length
-from shoal.shm.expiry import NOT_TIMED, take_expired
+from shoal.shm.expiry import NOT_TIMED, drop_expired, take_expired
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 
@@ -154,4 +154,52 @@ def test_an_expirer_killed_after_taking_leaves_the_entry_to_its_release(
     again, _stopped = take_expired(QueueStore(seg, 3), QID, NOW, due)
     assert isinstance(again, tuple)
     assert QueueStore(seg, 3).ack(QID, again[0])
+    assert live_blocks(seg, 0) == [] and arena_counters(seg, 0) == (0, 0)
+
+
+def test_drop_expired_deletes_only_due_entries_from_the_head(
+    make_segment: SegmentFactory,
+) -> None:
+    seg = make_segment(SMALL)
+    QueueStore(seg, 0).create(QID, b"expiry-drop", 0, 0, message_ttl=0)
+    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    slot = seg.layout.proc(0)
+    for mid, times in enumerate([(0, 1), (0, 1), (NOW, 0), (0, 1)]):
+        message = (b"", b"q", b"h", ID.pack(mid))
+        publish_until_accepted(seg, store, arena, QID, message, slot, 1e18, times)
+    dropped, waiting, stopped = drop_expired(QueueStore(seg, 3), QID, NOW, due)
+    # The first two are due; the third never expires and stops the scan:
+    # the fourth, due, waits behind it (RabbitMQ's head rule).
+    assert (dropped, waiting, stopped) == (2, NOT_TIMED, 2)
+    assert qword(seg, QID, L.Q_HEAD) == 2 and qword(seg, QID, L.Q_READY) == 2
+    assert qword(seg, QID, L.Q_READY_BYTES) == qword(seg, QID, L.Q_BYTES) == 16
+    assert len(live_blocks(seg, 0)) == 2
+
+
+def test_drop_expired_races_a_consumer_without_loss_or_double(
+    make_segment: SegmentFactory, tmp_path: Path
+) -> None:
+    seg = make_segment(SMALL)
+    QueueStore(seg, 0).create(QID, b"expiry-drop-race", 0, 0)
+    consumed_file = tmp_path / "consumed"
+    pids = [child(produce, seg), child(consume, seg, consumed_file)]
+    expirer = QueueStore(seg, 3)
+    total, start = 0, 0
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while qword(seg, QID, L.Q_HEAD) < MESSAGES:
+            assert time.monotonic() < deadline, "the others did not finish"
+            dropped, _waiting, start = drop_expired(expirer, QID, NOW, due, start)
+            total += dropped
+            if not dropped:
+                start = 0  # a consumer may have moved past: rescan from the head
+    finally:
+        codes = [os.waitpid(pid, 0)[1] for pid in pids]
+    assert codes == [0, 0]
+    consumed = [int(m) for m in consumed_file.read_text().split()]
+    assert len(set(consumed)) == len(consumed)
+    assert set(range(1, MESSAGES, 2)) <= set(consumed), "a message not due was dropped"
+    assert len(consumed) + total == MESSAGES, "lost or doubled"
+    assert total > 10, f"only {total} dropped: the race was not exercised"
+    assert qword(seg, QID, L.Q_READY) == qword(seg, QID, L.Q_UNACKED) == 0
     assert live_blocks(seg, 0) == [] and arena_counters(seg, 0) == (0, 0)
