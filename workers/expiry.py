@@ -126,7 +126,7 @@ class Expiry(Ticker):
         now = now_ms()
         owned = self._owned_now(now)
         if not owned:
-            self._schedule(IDLE_POLL)
+            self._schedule(POLL)  # (a queue of its own may appear any moment)
             return
         budget = BATCH
         wake = now + int(POLL * 1000)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-IDLE_POLL = 0.25  # seconds between ticks while the job has nothing to watch
+IDLE_POLL = 0.25  # seconds before a job looks again for what it should watch
 
 
 class Ticker:
@@ -20,7 +20,7 @@ class Ticker:
         self._closed = False
 
     def start(self) -> None:
-        self._schedule(IDLE_POLL)
+        self._schedule(0)
 
     def close(self) -> None:
         self._closed = True
