@@ -166,7 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     brokers: list[tuple[str, Any]] = [("Shoal", Shoal(opts.workers, ()))]
     if not opts.no_rabbitmq:
         brokers.append(("RabbitMQ 3.10", Rabbit()))
-    delayed = None
     for name, broker in brokers:
         broker.start()
         try:
@@ -174,12 +173,16 @@ def main(argv: list[str] | None = None) -> int:
             ttl = ttl_run(broker.uri, opts.messages)
             after = arena_used(broker) if name == "Shoal" else None
             rate = rate_run(broker.uri, opts.messages, ttl["publish_s"])
-            if name == "Shoal":
-                delayed = delayed_run(broker.uri, opts.delayed, opts.max_delay_ms)
             rows.append((name, ttl, rate, baseline, after))
             print(f"{name}: {ttl} {rate}", file=sys.stderr, flush=True)
         finally:
             broker.stop()
+    shoal = Shoal(opts.workers, ())  # the delayed messages on a broker of their own
+    shoal.start()
+    try:
+        delayed = delayed_run(shoal.uri, opts.delayed, opts.max_delay_ms)
+    finally:
+        shoal.stop()
 
     def s(value: float | None, digits: int = 2) -> str:
         return "-" if value is None else f"{value:,.{digits}f}"
