@@ -33,6 +33,7 @@ class QueueDirectory:
         "layout",
         "queues",
         "seg",
+        "timed_now",
     )
 
     def __init__(self, seg: Segment) -> None:
@@ -47,6 +48,9 @@ class QueueDirectory:
         self._ttl: frozenset[int] = frozenset()
         self._active: tuple[int, ...] = ()
         self._delayed: frozenset[int] = frozenset()
+        # (ttl_queues(), delay_queues()) as of the last look at the cache:
+        # for a publish, which has looked (lookup, route) just before.
+        self.timed_now: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())
         self._names_gen = -1
 
     def catalog_generation(self) -> int:
@@ -148,6 +152,7 @@ class QueueDirectory:
         self._ttl = frozenset(ttl)
         self._active = tuple(active)
         self._delayed = frozenset(delayed)
+        self.timed_now = (self._ttl, self._delayed)
         # Re-read: if it moved while we scanned, rescan next time.
         self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from shoal.broker import ipc
+from shoal.shm.layout import BLOCK_HEADER, MSG_TIMED
 from shoal.shm.queues import Message, QueueStore
 from shoal.store.streams import StreamMessage
 from shoal.workers.levels import Levels
@@ -31,6 +32,7 @@ BURST = 256
 # bounds what a draining backlog adds to a quiet queue's latency on the same
 # worker (bench/quiet_queue.py).
 LOCAL_BURST = 64
+TIMED_AT = BLOCK_HEADER + 2  # a message's flags' low byte, from its block
 
 
 class MessageExpiry(Protocol):
@@ -273,6 +275,8 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     quota = turn_quota(store.ready(qid), store.consumer_count(qid))
     changes_now = store.changes_reader(qid)
     drop_if_expired = ctx.expiry.drop_if_expired
+    flags = store.seg.buf  # a message's flags: MSG_TIMED means it may have expired
+
     try:
         while True:
             if not consumer.wants_work():
@@ -326,7 +330,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 ctx.send(ipc.Done(consumer.cid, changes))
                 return
             log_qid, seq, block, redelivered = taken
-            if drop_if_expired(log_qid, seq, block) or (
+            if (flags[block + TIMED_AT] & MSG_TIMED and drop_if_expired(log_qid, seq, block)) or (
                 redelivered and ctx.expiry.drop_if_over_limit(log_qid, seq, block)
             ):
                 delivered += 1  # dead-lettered instead (workers/expiry.py): bounded work too

@@ -200,6 +200,9 @@ class Delivery(ChannelState):
         if seq < 0:
             return  # a browser's copy: nothing was taken from the queue
         store = self.ctx.store
+        if requeue is None:  # an ack: the common case first
+            store.settle(qid, seq)
+            return
         reason = dead_letter.REJECTED
         if requeue:
             limit = store.delivery_limit(qid)  # quorum queues, x-delivery-limit
@@ -207,11 +210,10 @@ class Delivery(ChannelState):
                 store.requeue(qid, seq)
                 return
             reason = dead_letter.DELIVERY_LIMIT  # returned once too often
-        if requeue is not None:  # dead-lettered first (workers/dead_letter.py)
-            block = store.held_block(qid, seq)
-            if block is not None and not self.ctx.dead_letters.dead_letter(qid, block, reason):
-                store.requeue(qid, seq)  # at-least-once, and it found no room: kept
-                return
+        block = store.held_block(qid, seq)  # dead-lettered first (workers/dead_letter.py)
+        if block is not None and not self.ctx.dead_letters.dead_letter(qid, block, reason):
+            store.requeue(qid, seq)  # at-least-once, and it found no room: kept
+            return
         store.settle(qid, seq)
 
     def requeue_all(self) -> None:

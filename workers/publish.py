@@ -106,9 +106,11 @@ class Publishing(ChannelState):
             return False
         try:
             raw_header = reply_to.rewrite(self, bytes(header))
-            raw_header, also = properties.sender_selected(raw_header)
+            also: list[bytes] = []
+            if raw_header[12] & 0x20 and (b"\x02CC" in raw_header or b"\x03BCC" in raw_header):
+                raw_header, also = properties.sender_selected(raw_header)
             qids = self._route(exchange, routing_key, raw_header, also)
-            times = republish.times_for(self.ctx.store, raw_header, qids)
+            times = republish.times_for(self.ctx.store, raw_header, qids, looked=True)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
         if not qids:
@@ -184,7 +186,9 @@ class Publishing(ChannelState):
                 pending.qids = self._route(
                     pending.exchange, pending.routing_key, pending.header, also
                 )
-                pending.times = republish.times_for(self.ctx.store, pending.header, pending.qids)
+                pending.times = republish.times_for(
+                    self.ctx.store, pending.header, pending.qids, looked=True
+                )
             except errors.ChannelError:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise

@@ -22,13 +22,17 @@ from shoal.workers.context import WorkerContext
 log = logging.getLogger("shoal.worker")
 
 
-def times_for(store: QueueStore, header: bytes, qids: list[int]) -> tuple[int, int] | None:
+def times_for(
+    store: QueueStore, header: bytes, qids: list[int], looked: bool = False
+) -> tuple[int, int] | None:
     """(published, expires at) in ms for a message that may expire: it has
     an `expiration` (ChannelError for a bad one, as RabbitMQ's) or reaches a
     queue with a TTL. None for the others (one byte and one set test). A
     message held in a delay queue (workers/delays.py) expires there when it
-    is due: its publish time + its x-delay (workers/delays.py)."""
-    ttl_queues, delay_queues = store.timed_queues()
+    is due: its publish time + its x-delay (workers/delays.py). `looked`:
+    the caller has just looked the queues up (routing did), so the cache
+    is current: one attribute read instead of a look."""
+    ttl_queues, delay_queues = store.timed_now if looked else store.timed_queues()
     if len(header) < 14 or not header[12] & 0x01:  # no expiration (flag 0x0100)
         if (not ttl_queues or ttl_queues.isdisjoint(qids)) and (
             not delay_queues or delay_queues.isdisjoint(qids)
