@@ -6,7 +6,11 @@
 2. **Expiry rate**: 1,000,000 messages to a queue without a TTL, each with
    an `expiration` that makes them all due at the same moment: messages
    expired per second once due (the expirer's own speed).
-3. **Delayed messages** (Shoal only: RabbitMQ 3.10's Debian package has no
+3. **A queue filled faster than its TTL**: `shoal perf` producers (4, no
+   confirms) publish for --fill-seconds into a queue that a policy gives a
+   10 s TTL, so it holds ~1M at once: empty on time after the last publish
+   + 10 s? (pika alone publishes 1M in ~25 s: longer than the TTL.)
+4. **Delayed messages** (Shoal only: RabbitMQ 3.10's Debian package has no
    delayed message exchange plugin): 10,000 messages with random x-delay up
    to 60 s through an x-delayed-message exchange; how late each one arrives
    at a consumer, against its due time.
@@ -20,9 +24,11 @@ Debian package), each fresh. Prints a markdown report.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +37,7 @@ from typing import Any
 import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import machine_info, shoal_revision
+from compare import machine_info, perf_command, run_perf, shoal_revision
 from persistent import Rabbit, Shoal
 
 BODY = b"x" * 64
@@ -90,6 +96,56 @@ def ttl_run(uri: str, messages: int) -> dict[str, Any]:
         "peak": peak,
         "lag_s": None if empty is None else empty - (last + 10),
     }
+
+
+def ttl_full_run(uri: str, set_policy: Any, seconds: float) -> dict[str, Any]:
+    """A queue filled faster than its TTL: `shoal perf` producers (4, no
+    confirms, 64 B) publish for `seconds` into a queue that a policy gives a
+    10 s TTL (perf declares it without arguments). How many it held at
+    once, and when it is empty against the last publish + 10 s."""
+    set_policy("ttl-full", "^ttl-full$", {"message-ttl": 10_000})
+    args = ("--producers", "4", "--consumers", "0", "--size", "64", "--queue", "ttl-full")
+    run_perf(perf_command(uri, args, seconds, 0), seconds + 120)
+    last = time.time()
+    conn, ch = _channel(uri)
+    held = count(ch, "ttl-full")
+    empty = wait_empty(ch, "ttl-full", 300)
+    conn.close()
+    return {"held": held, "lag_s": None if empty is None else empty - (last + 10)}
+
+
+def shoal_policy(shoal: Shoal) -> Any:
+    def set_policy(name: str, pattern: str, definition: dict[str, Any]) -> None:
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "shoal.broker", "policy", "--runtime-dir", shoal.runtime),
+                *("set", name, pattern, json.dumps(definition), "--apply-to", "queues"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    return set_policy
+
+
+def rabbit_policy(rabbit: Rabbit) -> Any:
+    def set_policy(name: str, pattern: str, definition: dict[str, Any]) -> None:
+        subprocess.run(
+            [
+                *rabbit.ctl,
+                "set_policy",
+                name,
+                pattern,
+                json.dumps(definition),
+                "--apply-to",
+                "queues",
+            ],
+            env=rabbit.env,
+            check=True,
+            capture_output=True,
+        )
+
+    return set_policy
 
 
 def rate_run(uri: str, messages: int, publish_s: float) -> dict[str, Any]:
@@ -161,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-delay-ms", type=int, default=60_000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-rabbitmq", action="store_true")
+    p.add_argument(
+        "--fill-seconds", type=float, default=8.0, help="perf publishing into the 10 s TTL queue"
+    )
     opts = p.parse_args(argv)
     rows = []
     brokers: list[tuple[str, Any]] = [("Shoal", Shoal(opts.workers, ()))]
@@ -173,8 +232,11 @@ def main(argv: list[str] | None = None) -> int:
             ttl = ttl_run(broker.uri, opts.messages)
             after = arena_used(broker) if name == "Shoal" else None
             rate = rate_run(broker.uri, opts.messages, ttl["publish_s"])
-            rows.append((name, ttl, rate, baseline, after))
-            print(f"{name}: {ttl} {rate}", file=sys.stderr, flush=True)
+            policy = shoal_policy(broker) if name == "Shoal" else rabbit_policy(broker)
+            full = ttl_full_run(broker.uri, policy, opts.fill_seconds)
+            full_after = arena_used(broker) if name == "Shoal" else None
+            rows.append((name, ttl, rate, baseline, after, full, full_after))
+            print(f"{name}: {ttl} {rate} {full}", file=sys.stderr, flush=True)
         finally:
             broker.stop()
     shoal = Shoal(opts.workers, ())  # the delayed messages on a broker of their own
@@ -194,12 +256,18 @@ def main(argv: list[str] | None = None) -> int:
         "| arena bytes before / after | all due at once: held | expired in (s) | expired msg/s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, ttl, rate, baseline, after in rows:
+    for name, ttl, rate, baseline, after, _full, _full_after in rows:
         arenas = "-" if baseline is None else f"{baseline:,} / {after:,}"
         print(
             f"| {name} | {s(ttl['publish_s'], 1)} | {s(ttl['lag_s'])} | {arenas} "
             f"| {rate['held']:,} | {s(rate['took_s'])} | {s(rate['rate'], 0)} |"
         )
+    print(f"\nFilled faster than its TTL ({opts.fill_seconds:g} s of `shoal perf`, 4 producers):\n")
+    print("| broker | held at once | empty after last publish + 10 s (s) | arena bytes after |")
+    print("|---|---:|---:|---:|")
+    for name, _ttl, _rate, _baseline, _after, full, full_after in rows:
+        arenas = "-" if full_after is None else f"{full_after:,}"
+        print(f"| {name} | {full['held']:,} | {s(full['lag_s'])} | {arenas} |")
     if delayed is not None:
         print(
             f"\nDelayed (Shoal): {delayed['received']:,} of {opts.delayed:,} received; "
