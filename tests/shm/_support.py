@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -188,3 +189,46 @@ def publish_until_accepted(
             assert time.monotonic() < deadline, "the queue stayed full"
             os.sched_yield()
     release_hold(seg, block)
+
+
+def fork_child(target: Callable[..., None], *args: object) -> int:
+    """Run target(*args) in a forked process (exit 0, or 1 with the
+    traceback printed); its pid."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            target(*args)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    return pid
+
+
+class Children:
+    """Forked children watched without blocking: `running()` reaps the
+    finished ones, `stop()` kills the rest, `codes` holds exit statuses."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.codes: dict[int, int] = {}
+
+    def running(self) -> bool:
+        for pid in self.pids:
+            if pid not in self.codes:
+                reaped, code = os.waitpid(pid, os.WNOHANG)
+                if reaped:
+                    self.codes[pid] = code
+        return len(self.codes) < len(self.pids)
+
+    def stop(self) -> None:
+        for pid in self.pids:
+            if pid not in self.codes:
+                os.kill(pid, signal.SIGKILL)
+                self.codes[pid] = os.waitpid(pid, 0)[1]
+
+    def all_succeeded(self) -> bool:
+        return all(code == 0 for code in self.codes.values())

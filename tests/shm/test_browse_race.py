@@ -8,7 +8,6 @@ memory, so the entry store stays exactly as the two writers leave it."""
 from __future__ import annotations
 
 import os
-import signal
 import struct
 import time
 
@@ -19,8 +18,10 @@ from shoal.shm.segment import Segment
 
 from ._support import (
     SMALL,
+    Children,
     SegmentFactory,
     arena_counters,
+    fork_child,
     live_blocks,
     publish_until_accepted,
     qword,
@@ -67,40 +68,16 @@ def consume(seg: Segment) -> None:
         got += 1
 
 
-def child(target: object, seg: Segment) -> int:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 0
-        try:
-            target(seg)  # type: ignore[operator]
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    return pid
-
-
 def test_browser_copies_are_exact_while_blocks_are_reused(make_segment: SegmentFactory) -> None:
     seg = make_segment(SMALL)
     QueueStore(seg, 0).create(QID, b"browse-race", 0, 0)
-    pids = [child(produce, seg), child(consume, seg)]
-    status: dict[int, int] = {}
-
-    def running() -> bool:
-        for pid in pids:
-            if pid not in status:
-                reaped, code = os.waitpid(pid, os.WNOHANG)
-                if reaped:
-                    status[pid] = code
-        return len(status) < len(pids)
+    children = Children([fork_child(produce, seg), fork_child(consume, seg)])
 
     browser = QueueStore(seg, 0)
     pointer, kept, last_seq = 0, 0, -1
     deadline = time.monotonic() + DEADLINE
     try:
-        while running():
+        while children.running():
             assert time.monotonic() < deadline, "the writers did not finish"
             got = browser.peek(QID, pointer)
             if isinstance(got, int):
@@ -116,11 +93,8 @@ def test_browser_copies_are_exact_while_blocks_are_reused(make_segment: SegmentF
             last_seq, pointer = seq, seq + 1
             kept += 1
     finally:
-        for pid in pids:
-            if pid not in status:
-                os.kill(pid, signal.SIGKILL)
-                status[pid] = os.waitpid(pid, 0)[1]
-    assert all(code == 0 for code in status.values()), status
+        children.stop()
+    assert children.all_succeeded(), children.codes
     assert kept > 100, f"the browser kept only {kept} copies: the race was not exercised"
     assert qword(seg, QID, L.Q_HEAD) == qword(seg, QID, L.Q_TAIL) == MESSAGES
     assert live_blocks(seg, 0) == [] and arena_counters(seg, 0) == (0, 0)

@@ -15,14 +15,16 @@ from pathlib import Path
 
 from shoal.shm import layout as L
 from shoal.shm.arena import Arena, body_length
-from shoal.shm.expiry import NOT_TIMED, drop_expired, take_expired
+from shoal.shm.expiry import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 
 from ._support import (
     SMALL,
+    Children,
     SegmentFactory,
     arena_counters,
+    fork_child,
     live_blocks,
     publish_until_accepted,
     qword,
@@ -70,47 +72,22 @@ def consume(seg: Segment, out: Path) -> None:
     out.write_text(" ".join(map(str, got)))
 
 
-def child(target: object, *args: object) -> int:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 0
-        try:
-            target(*args)  # type: ignore[operator]
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    return pid
-
-
 def test_each_message_is_expired_or_consumed_once(
     make_segment: SegmentFactory, tmp_path: Path
 ) -> None:
     seg = make_segment(SMALL)
     QueueStore(seg, 0).create(QID, b"expiry-race", 0, 0)
     consumed_file = tmp_path / "consumed"
-    pids = [child(produce, seg), child(consume, seg, consumed_file)]
-    status: dict[int, int] = {}
-
-    def running() -> bool:
-        for pid in pids:
-            if pid not in status:
-                reaped, code = os.waitpid(pid, os.WNOHANG)
-                if reaped:
-                    status[pid] = code
-        return len(status) < len(pids)
-
+    children = Children([fork_child(produce, seg), fork_child(consume, seg, consumed_file)])
     expirer = QueueStore(seg, 3)
     expired: list[int] = []
     deadline = time.monotonic() + DEADLINE
     try:
-        while running():
+        while children.running():
             assert time.monotonic() < deadline, "the others did not finish"
             got, _stopped = take_expired(expirer, QID, NOW, due)
             if isinstance(got, int):
-                assert got in (NOT_TIMED, 0)
+                assert got in (NOT_TIMED, BUSY)  # BUSY: the head moved on while it scanned
                 continue
             seq, block, _redelivered = got
             (mid,) = ID.unpack_from(seg.buf, block + L.BLOCK_HEADER + L.MSG_PREFIX.size + 2)
@@ -118,11 +95,8 @@ def test_each_message_is_expired_or_consumed_once(
             expired.append(mid)
             assert expirer.ack(QID, seq)
     finally:
-        for pid in pids:
-            if pid not in status:
-                os.kill(pid, signal.SIGKILL)
-                status[pid] = os.waitpid(pid, 0)[1]
-    assert all(code == 0 for code in status.values()), status
+        children.stop()
+    assert children.all_succeeded(), children.codes
     consumed = [int(m) for m in consumed_file.read_text().split()]
     assert all(mid % 2 == 0 for mid in expired), "a message not due was expired"
     assert sorted(expired + consumed) == list(range(MESSAGES)), "lost or doubled"
@@ -146,7 +120,7 @@ def test_an_expirer_killed_after_taking_leaves_the_entry_to_its_release(
         assert isinstance(got, tuple)
         os.kill(os.getpid(), signal.SIGKILL)  # before the ack
 
-    pid = child(take_and_die, seg)
+    pid = fork_child(take_and_die, seg)
     _, code = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGKILL
     assert qword(seg, QID, L.Q_UNACKED) == 1 and qword(seg, QID, L.Q_READY) == 0
@@ -182,7 +156,7 @@ def test_drop_expired_races_a_consumer_without_loss_or_double(
     seg = make_segment(SMALL)
     QueueStore(seg, 0).create(QID, b"expiry-drop-race", 0, 0)
     consumed_file = tmp_path / "consumed"
-    pids = [child(produce, seg), child(consume, seg, consumed_file)]
+    children = Children([fork_child(produce, seg), fork_child(consume, seg, consumed_file)])
     expirer = QueueStore(seg, 3)
     total, start = 0, 0
     deadline = time.monotonic() + DEADLINE
@@ -193,9 +167,12 @@ def test_drop_expired_races_a_consumer_without_loss_or_double(
             total += dropped
             if not dropped:
                 start = 0  # a consumer may have moved past: rescan from the head
+        while children.running():  # the consumer writes its file and exits
+            assert time.monotonic() < deadline, "the others did not finish"
+            os.sched_yield()
     finally:
-        codes = [os.waitpid(pid, 0)[1] for pid in pids]
-    assert codes == [0, 0]
+        children.stop()
+    assert children.all_succeeded(), children.codes
     consumed = [int(m) for m in consumed_file.read_text().split()]
     assert len(set(consumed)) == len(consumed)
     assert set(range(1, MESSAGES, 2)) <= set(consumed), "a message not due was dropped"
