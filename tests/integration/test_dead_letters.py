@@ -16,6 +16,7 @@ from typing import Any
 import pika
 import pytest
 
+from shoal.spark.rows import PROPERTY_COLUMNS
 from tests import wire_headers
 from tests.broker_process import Broker, wait_for
 from tests.clients import connect, declare_refused
@@ -23,21 +24,7 @@ from tests.clients import connect, declare_refused
 RABBITMQ = json.loads(
     (Path(__file__).parent / "data" / "rabbitmq_3_10_dead_letters.json").read_text()
 )["messages"]
-_PROPERTIES = (
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)
+_PROPERTIES = (*PROPERTY_COLUMNS, "cluster_id")  # every basic property but headers
 
 
 def _as_json(value: Any) -> Any:

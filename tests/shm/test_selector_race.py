@@ -19,7 +19,7 @@ from shoal.shm.arena import Arena, read_message
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 
-from ._support import SMALL, SegmentFactory, publish_until_accepted, qword
+from ._support import SMALL, SegmentFactory, fork_child, publish_until_accepted, qword
 
 QID = 5
 MESSAGES = 60_000
@@ -95,21 +95,6 @@ def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None
         ctrl.store(PENDING + owner * 8, 0)
 
 
-def fork(target: Callable[..., None], *args: object) -> int:
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 0
-        try:
-            target(*args)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    return pid
-
-
 def test_selector_consumers_race_plain_ones_and_survive_a_sigkill(
     make_segment: SegmentFactory,
 ) -> None:
@@ -117,10 +102,10 @@ def test_selector_consumers_race_plain_ones_and_survive_a_sigkill(
     QueueStore(seg, 0).create(QID, b"selector-race", 0, 0)
     ctrl = Atomic(mmap.mmap(-1, CTRL))
     # Owners 2..4 select residues 0..2 (owner 2 is killed); 5 is a plain consumer.
-    victim = fork(consume, seg, ctrl, 2, 0)
-    pids = [fork(produce, seg, ctrl), victim]
-    pids += [fork(consume, seg, ctrl, owner, owner - 2) for owner in (3, 4)]
-    pids.append(fork(consume, seg, ctrl, 5, None))
+    victim = fork_child(consume, seg, ctrl, 2, 0)
+    pids = [fork_child(produce, seg, ctrl), victim]
+    pids += [fork_child(consume, seg, ctrl, owner, owner - 2) for owner in (3, 4)]
+    pids.append(fork_child(consume, seg, ctrl, 5, None))
     status: dict[int, int] = {}
     try:
         deadline = time.monotonic() + DEADLINE
