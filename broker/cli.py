@@ -1,4 +1,4 @@
-"""The `shoal` command: run the broker (default), `status`, `policy`, or `perf`."""
+"""The `shoal` command: run the broker (default), `status`, `ctl`, `policy`, or `perf`."""
 
 from __future__ import annotations
 
@@ -119,8 +119,19 @@ def _broker_parser() -> argparse.ArgumentParser:
         help="x-flow-resume-capacity, bytes, of queues declared without one (default: 80%% of "
         "the capacity)",
     )
-    p.add_argument("--default-user", default=d.default_user)
+    p.add_argument(
+        "--default-user",
+        default=d.default_user,
+        help="the administrator made at the first start of a data directory (default guest)",
+    )
     p.add_argument("--default-pass", default=d.default_pass)
+    p.add_argument(
+        "--loopback-users",
+        type=lambda text: tuple(u for u in text.split(",") if u),
+        default=d.loopback_users,
+        help="users who may log in from this machine only, comma-separated (RabbitMQ's "
+        "loopback_users; default guest; '' lets them in from anywhere)",
+    )
     p.add_argument(
         "--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"]
     )
@@ -205,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         if ns.consumers:
             return status.consumers_main(cfg.runtime_path(), ns.json)
         return status.main(cfg.runtime_path(), ns.json)
+    if args and args[0] == "ctl":
+        from shoal.broker.observe import ctl
+
+        return ctl.main(args[1:])
     if args and args[0] == "policy":
         from shoal.broker.observe import policy
 

@@ -45,6 +45,9 @@ class Config(msgspec.Struct, frozen=True):
     default_user: str = "guest"
     default_pass: str = "guest"
     default_vhost: str = "/"
+    # Users who may log in from loopback addresses only (RabbitMQ's
+    # loopback_users; [] lets guest in from anywhere).
+    loopback_users: tuple[str, ...] = ("guest",)
     log_level: str = "info"
     metrics_port: int = 15692  # Prometheus endpoint (broker/observe/metrics.py); 0: off
     metrics_bind: str = ""  # "": the same address as --bind

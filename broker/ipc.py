@@ -230,6 +230,17 @@ class Unblock(Message, tag=25):
     qid: int
 
 
+class Disconnect(Message, tag=26):
+    """Close (320 CONNECTION_FORCED, `text`) the connections of `vhost` and
+    of `user` ("": any), or the one `conn_id` (0: any): a vhost or user
+    deleted, `shoal ctl close_connection`."""
+
+    vhost: str
+    user: str
+    conn_id: int
+    text: str
+
+
 # What each end receives. A Union, not `A | B`: mypy takes it as a type alias.
 ToScheduler = Union[  # noqa: UP007
     Hello,
@@ -249,7 +260,7 @@ ToScheduler = Union[  # noqa: UP007
     Level,
     Consumers,
 ]
-ToWorker = Union[Reply, Notify, ConsumerGone, Resync, Inspect, Unblock]  # noqa: UP007
+ToWorker = Union[Reply, Notify, ConsumerGone, Resync, Inspect, Unblock, Disconnect]  # noqa: UP007
 
 M = TypeVar("M")
 

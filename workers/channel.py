@@ -88,6 +88,8 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
                     errors.FRAME_ERROR, f"unexpected frame type {ftype} on channel"
                 )
         except errors.ChannelError as exc:
+            if not exc.class_id and ftype == framing.FRAME_METHOD:  # as RabbitMQ: the method's
+                exc.class_id, exc.method_id = divmod(framing.method_index(payload), 0x10000)
             self.fail(exc)
 
     def _method(self, method: Any) -> None:
@@ -117,6 +119,8 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
                 exc.reply_code, exc.reply_text, *divmod(method.index, 0x10000)
             )
         if isinstance(exc, errors.ChannelError):
+            if not exc.class_id:
+                exc.class_id, exc.method_id = divmod(method.index, 0x10000)
             self.fail(exc)
         elif isinstance(exc, errors.ConnectionError_):
             self.conn.fail(exc)

@@ -19,6 +19,7 @@ from pamqp import commands as C
 from shoal.broker.amqp import errors
 from shoal.shm.stats import CONFIRMED
 from shoal.workers import framing
+from shoal.workers.access import ConnectionAccess
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
 
@@ -36,6 +37,7 @@ class ChannelConnection(Protocol):
     id: int
     vhost: str
     vhost_id: int
+    access: ConnectionAccess
     frame_max: int
     closed: bool
     capabilities: dict[str, Any]
@@ -275,7 +277,9 @@ class ChannelState:
     def handle(self, ftype: int, payload: memoryview) -> None:
         raise NotImplementedError
 
-    def _resolve_queue(self, name: str, class_method: tuple[int, int]) -> tuple[bytes, int]:
+    def _resolve_queue(
+        self, name: str, class_method: tuple[int, int], permission: str = ""
+    ) -> tuple[bytes, int]:
         raise NotImplementedError  # declare.py
 
     def _settle(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:

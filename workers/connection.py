@@ -19,11 +19,22 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.shm import flow, layout, memory, stats
-from shoal.workers import framing, negotiation
+from shoal.workers import framing
+from shoal.workers.access import ConnectionAccess
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import ChannelState
 from shoal.workers.consumer import update_interest
 from shoal.workers.context import WorkerContext
+from shoal.workers.handshake import (
+    AWAIT_HEADER,
+    AWAIT_OPEN,
+    AWAIT_START_OK,
+    AWAIT_TUNE_OK,
+    CLOSED,
+    CLOSING,
+    OPEN,
+    Handshake,
+)
 from shoal.workers.memory_guard import ALARM, ALARM_PENDING
 
 log = logging.getLogger("shoal.connection")
@@ -32,8 +43,6 @@ log = logging.getLogger("shoal.connection")
 # socket stops being read.
 MAX_HELD_BYTES = 4 << 20
 FLOW_HELD = "flow-held"  # the read holder for that
-
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
@@ -46,7 +55,7 @@ LINGER_TIMEOUT = 2.0
 CONFIRM_HOLD = 0.01
 
 
-class Connection(asyncio.Protocol):
+class Connection(Handshake, asyncio.Protocol):
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.id = ctx.next_connection_id()
@@ -60,6 +69,9 @@ class Connection(asyncio.Protocol):
         self.heartbeat = 0
         self.vhost = ctx.config.default_vhost
         self.vhost_id = 0
+        self.user = ""  # logged in as (connection.start-ok)
+        self.peer_host = ""
+        self.access = ConnectionAccess(ctx.routes, "", "")  # no rights until connection.open
         self.capabilities: dict[str, Any] = {}
         self.obeys_channel_flow = False  # see _obeys_channel_flow
         self.out: list[bytes] = []
@@ -94,6 +106,8 @@ class Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = transport
         self.ctx.stats.v[stats.CONNECTIONS_OPENED] += 1
+        peer = transport.get_extra_info("peername")
+        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -366,34 +380,6 @@ class Connection(asyncio.Protocol):
             errors.ConnectionError_(exc.reply_code, exc.reply_text, exc.class_id, exc.method_id)
         )
 
-    def _protocol_header(self, data: bytes) -> bytes:
-        self.head += data
-        if len(self.head) < 8:
-            return b""
-        header, rest = self.head[:8], self.head[8:]
-        self.head = b""
-        if header not in framing.ACCEPTED_HEADERS:
-            # The spec: answer with the header we support, then close.
-            assert self.transport is not None
-            self.transport.write(framing.PROTOCOL_HEADER)
-            self.transport.close()
-            self.state = CLOSED
-            return b""
-        self.state = AWAIT_START_OK
-        self.write(
-            framing.encode_method(
-                0,
-                C.Connection.Start(
-                    version_major=0,
-                    version_minor=9,
-                    server_properties=negotiation.server_properties(self.ctx.index),
-                    mechanisms="PLAIN AMQPLAIN",
-                    locales="en_US",
-                ),
-            )
-        )
-        return rest
-
     def _on_channel_frame(self, ftype: int, number: int, payload: memoryview) -> None:
         channel = self.channels.get(number)
         if channel is not None:
@@ -533,55 +519,6 @@ class Connection(asyncio.Protocol):
                 *divmod(method.index, 0x10000),
             )
 
-    def _start_ok(self, method: C.Connection.StartOk) -> None:
-        props = method.client_properties or {}
-        caps = props.get("capabilities")
-        self.capabilities = caps if isinstance(caps, dict) else {}
-        self.obeys_channel_flow = negotiation.obeys_channel_flow(props)
-        config = self.ctx.config
-        negotiation.check_login(method, config.default_user, config.default_pass)
-        self.state = AWAIT_TUNE_OK
-        self.write(
-            framing.encode_method(
-                0,
-                C.Connection.Tune(
-                    channel_max=config.channel_max,
-                    frame_max=config.frame_max,
-                    heartbeat=config.heartbeat,
-                ),
-            )
-        )
-
-    def _tune_ok(self, method: C.Connection.TuneOk) -> None:
-        config = self.ctx.config
-        negotiation.check_tune_ok(method, config.frame_max, config.channel_max)
-        self.frame_max = method.frame_max or config.frame_max
-        self.reader.frame_max = self.frame_max
-        self.channel_max = method.channel_max or config.channel_max
-        self.heartbeat = method.heartbeat
-        self.state = AWAIT_OPEN
-
-    def _open(self, method: C.Connection.Open) -> None:
-        vhost_id = self.ctx.routes.vhost_id(method.virtual_host)
-        if vhost_id is None:
-            raise errors.ConnectionError_(
-                errors.NOT_ALLOWED,
-                f"vhost {method.virtual_host} not found",
-                10,
-                40,
-            )
-        self.vhost = method.virtual_host
-        self.vhost_id = vhost_id
-        self.state = OPEN
-        self.write(framing.encode_method(0, C.Connection.OpenOk()))
-        if self.ctx.guard.alarms:
-            self.alarm(self.ctx.guard.alarms)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.heartbeat:
-            self.timer = self.ctx.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
-
     def _client_close(self) -> None:
         """connection.close from the client. As RabbitMQ does, close-ok goes
         once the connection's channels are closed and its exclusive queues
@@ -649,6 +586,20 @@ class Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
         self.timer = self.ctx.loop.call_later(CLOSE_OK_TIMEOUT, self._close_transport)
+
+    def matches(self, vhost: str, user: str, conn_id: int) -> bool:
+        """Whether a Disconnect for these (""/0: any) is for this connection."""
+        return (
+            self.state == OPEN
+            and (not vhost or vhost == self.vhost)
+            and (not user or user == self.user)
+            and (not conn_id or conn_id == self.id)
+        )
+
+    def force_close(self, text: str) -> None:
+        """An operator's doing: 320 CONNECTION_FORCED, as RabbitMQ closes."""
+        if self.state == OPEN:
+            self.fail(errors.ConnectionError_(errors.CONNECTION_FORCED, text))
 
     def shutdown(self) -> None:
         """Broker shutdown: close with 320 CONNECTION_FORCED, as RabbitMQ does."""

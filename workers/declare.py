@@ -14,8 +14,10 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.amqp import streams as amqp_streams
+from shoal.broker.amqp.definitions import server_named_queue
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
 from shoal.workers import framing, reply_to
+from shoal.workers.access import CONFIGURE, READ, WRITE
 from shoal.workers.channel_state import (
     ChannelState,
 )
@@ -32,12 +34,19 @@ class Declaring(ChannelState):
 
     __slots__ = ()
 
-    def _resolve_queue(self, name: str, class_method: tuple[int, int]) -> tuple[bytes, int]:
+    def _resolve_queue(
+        self, name: str, class_method: tuple[int, int], permission: str = ""
+    ) -> tuple[bytes, int]:
+        """The queue a consume or get names (the channel's last declared
+        one if none), checked for `permission` before it is looked for, as
+        RabbitMQ checks."""
         raw = name.encode() if name else self.last_queue
         if not raw:
             raise errors.ChannelError(
                 errors.NOT_FOUND, "no previously declared queue", *class_method
             )
+        if permission:
+            self.conn.access.check(permission, "queue", raw.decode(errors="replace"))
         qid = self.ctx.store.lookup(raw, self.conn.vhost_id)
         if qid is None or qid in self.ctx.store.delay_queues():  # the broker's own
             raise errors.ChannelError(
@@ -74,6 +83,11 @@ class Declaring(ChannelState):
                 50,
                 10,
             )
+        arguments = dict(method.arguments or {})
+        if not method.passive:
+            if not name and not amqp_streams.is_stream(arguments):
+                name = server_named_queue()  # checked by the name it will have
+            self._check_declare("queue", name.decode(), arguments.get("x-dead-letter-exchange"))
         owner = self.conn.id if method.exclusive else 0
         _qid, qname, ready, consumers = await self.ctx.request(
             ipc.Declare(
@@ -85,7 +99,7 @@ class Declaring(ChannelState):
                 auto_delete=method.auto_delete,
                 owner=owner,
                 conn_id=self.conn.id,
-                arguments=dict(method.arguments or {}),
+                arguments=arguments,
             )
         )
         self.last_queue = qname
@@ -102,6 +116,7 @@ class Declaring(ChannelState):
     async def _queue_delete(self, method: C.Queue.Delete) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
         conn = self.conn
+        conn.access.check(CONFIGURE, "queue", name.decode())
         conn.queue_delete_started()  # its consumers' basic.cancel follow the delete-ok
         try:
             count = await self.ctx.request(
@@ -116,6 +131,7 @@ class Declaring(ChannelState):
 
     async def _queue_purge(self, method: C.Queue.Purge) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
+        self.conn.access.check(READ, "queue", name.decode())
         qid = self.ctx.store.lookup(name, self.conn.vhost_id)
         streams = self.ctx.streams
         if qid is not None and streams is not None and streams.words.is_stream(qid):
@@ -135,6 +151,9 @@ class Declaring(ChannelState):
             raise errors.ConnectionError_(
                 errors.COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'", 40, 10
             )
+        if not method.passive:
+            alternate = (method.arguments or {}).get("alternate-exchange")
+            self._check_declare("exchange", method.exchange, alternate)
         return self._definitions_rpc(
             method,
             C.Exchange.DeclareOk(),
@@ -163,6 +182,7 @@ class Declaring(ChannelState):
                 40,
                 20,
             )
+        self.conn.access.check(CONFIGURE, "exchange", name)
         return self._definitions_rpc(
             method,
             C.Exchange.DeleteOk(),
@@ -180,6 +200,7 @@ class Declaring(ChannelState):
                     "operation not permitted on the default exchange",
                     *divmod(method.index, 0x10000),
                 )
+        self._check_binding("exchange", method.destination, method.source, method.routing_key)
         return self._definitions_rpc(
             method,
             C.Exchange.UnbindOk() if unbind else C.Exchange.BindOk(),
@@ -215,6 +236,7 @@ class Declaring(ChannelState):
             queue = self.last_queue.decode()
             if not routing_key:
                 routing_key = queue
+        self._check_binding("queue", queue, method.exchange, routing_key)
         return self._definitions_rpc(
             method,
             C.Queue.UnbindOk() if unbind else C.Queue.BindOk(),
@@ -228,6 +250,25 @@ class Declaring(ChannelState):
                 conn_id=self.conn.id,
             ),
         )
+
+    def _check_declare(self, kind: str, name: str, target: Any) -> None:
+        """RabbitMQ's access control of a declare: configure on the queue
+        or exchange; one naming a dead-letter (or alternate) exchange needs
+        write on that exchange and read on itself too."""
+        access = self.conn.access
+        access.check(CONFIGURE, kind, name)
+        if isinstance(target, str | bytes):
+            target = target.decode(errors="replace") if isinstance(target, bytes) else target
+            access.check(WRITE, "exchange", target)
+            access.check(READ, kind, name)
+
+    def _check_binding(self, kind: str, destination: str, source: str, routing_key: str) -> None:
+        """A (un)binding: write on the destination, read on the source
+        exchange, and the topic permissions of a topic exchange."""
+        access = self.conn.access
+        access.check(WRITE, kind, destination)
+        access.check(READ, "exchange", source)
+        access.check_topic(READ, source, routing_key)
 
     async def _definitions_rpc(self, method: Any, ok: Any, request: ipc.Request) -> None:
         """A definitions change or check, decided by the scheduler; it has

@@ -27,6 +27,7 @@ from shoal.shm.stats import (
 )
 from shoal.store.streams import StreamMessage
 from shoal.workers import framing, reply_to, timeouts
+from shoal.workers.access import READ
 from shoal.workers.channel_state import (
     ChannelState,
 )
@@ -254,7 +255,7 @@ class Delivery(ChannelState):
             await self.ctx.request(reply_to.declare_request(self.conn.vhost, name, self.conn.id))
             self.reply_queue = name
             method.queue = name.decode()
-        name, qid = self._resolve_queue(method.queue, (60, 20))
+        name, qid = self._resolve_queue(method.queue, (60, 20), READ)
         tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
         if tag in self.consumers:
             raise errors.ConnectionError_(
@@ -452,7 +453,7 @@ class Delivery(ChannelState):
 
     def _basic_get(self, method: C.Basic.Get, tries: int = GET_TRIES) -> None:
         # A one-message temporary subscription: acquire from the head.
-        name, qid = self._resolve_queue(method.queue, (60, 70))
+        name, qid = self._resolve_queue(method.queue, (60, 70), READ if tries == GET_TRIES else "")
         ctx = self.ctx
         if ctx.streams is not None and ctx.streams.words.is_stream(qid):
             raise amqp_streams.not_supported("basic.get", name, self.conn.vhost, 60, 70)

@@ -200,6 +200,11 @@ class Worker:
         for conn in list(self.ctx.connections):
             conn.flow_unblock(m.qid)
 
+    def _disconnect(self, m: ipc.Disconnect) -> None:
+        for conn in list(self.ctx.connections):
+            if conn.matches(m.vhost, m.user, m.conn_id):
+                conn.force_close(m.text)
+
     def _inspect(self, m: ipc.Inspect) -> None:
         ctx = self.ctx
         records = []
@@ -253,6 +258,7 @@ _HANDLERS: dict[type, Handler] = dict(
         _on(ipc.Resync, Worker._resync),
         _on(ipc.Unblock, Worker._unblock),
         _on(ipc.Inspect, Worker._inspect),
+        _on(ipc.Disconnect, Worker._disconnect),
     )
 )
 

@@ -9,13 +9,15 @@ import os
 import socket
 import struct
 import sys
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from pamqp import commands as C
 from pamqp import decode as pamqp_decode
 
 from shoal.broker import VERSION
-from shoal.broker.amqp import errors
+from shoal.broker.amqp import access, errors
+from shoal.broker.amqp.definitions import PermissionSet, UserSet
 
 
 def server_properties(worker: int) -> dict[str, Any]:
@@ -46,15 +48,43 @@ def server_properties(worker: int) -> dict[str, Any]:
     }
 
 
-def check_login(method: C.Connection.StartOk, user: str, password: str) -> None:
-    """connection.start-ok's credentials against the configured user."""
+def login(
+    method: C.Connection.StartOk,
+    users: Mapping[str, UserSet],
+    peer_host: str,
+    loopback_users: Collection[str],
+) -> str:
+    """The user connection.start-ok's credentials log in as, or RabbitMQ's
+    403: an unknown user or a wrong password ("Login was refused ..."), or
+    one of `loopback_users` from another machine."""
     got_user, got_password = _credentials(method.mechanism, method.response)
-    if got_user != user or got_password != password:
+    record = users.get(got_user)
+    if record is None or not access.password_matches(
+        record.password_hash, record.hashing_algorithm, got_password
+    ):
+        raise access.login_refused(method.mechanism)
+    if got_user in loopback_users and not access.is_loopback(peer_host):
         raise errors.ConnectionError_(
-            errors.ACCESS_REFUSED,
-            f"Login was refused using authentication mechanism {method.mechanism}. "
-            "For details see the broker logfile.",
+            errors.ACCESS_REFUSED, f"user '{got_user}' can only connect via localhost"
         )
+    return got_user
+
+
+def check_vhost_access(
+    vhost: str,
+    user: str,
+    vhost_ids: Mapping[str, int],
+    permissions: Mapping[tuple[str, str], PermissionSet],
+) -> int:
+    """connection.open's virtual host: its id, or RabbitMQ's 530."""
+    vhost_id = vhost_ids.get(vhost)
+    if vhost_id is None:
+        raise errors.ConnectionError_(errors.NOT_ALLOWED, f"vhost {vhost} not found", 10, 40)
+    if (vhost, user) not in permissions:
+        raise errors.ConnectionError_(
+            errors.NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{user}'", 10, 40
+        )
+    return vhost_id
 
 
 def check_tune_ok(method: C.Connection.TuneOk, frame_max: int, channel_max: int) -> None:

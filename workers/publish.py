@@ -82,6 +82,7 @@ class Publishing(ChannelState):
         exchange, routing_key, mandatory, immediate = framing.decode_publish(payload)
         if immediate:
             raise errors.ConnectionError_(errors.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        self.conn.access.check_publish(exchange, routing_key)
         # Routed once the content header is in: a headers exchange needs it.
         self.pending = Pending(exchange, routing_key, mandatory)
         self.state = EXPECT_HEADER
@@ -104,6 +105,8 @@ class Publishing(ChannelState):
         ctx = self.ctx
         if immediate or body_size > ctx.config.max_message_size:
             return False
+        if not self.conn.access.may_publish(exchange, routing_key):
+            return False  # the general path refuses it
         try:
             raw_header = reply_to.rewrite(self, bytes(header))
             also: list[bytes] = []

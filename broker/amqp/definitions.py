@@ -15,6 +15,18 @@ operation is a msgspec Struct, encoded as a msgpack array led by its letter
     Q  QueueGone          vhost, queue: its bindings and arguments go
     p  PolicySet          vhost, name, pattern, apply_to, priority, definition
     P  PolicyCleared      vhost, name
+    V  VHostDeleted       vhost: with everything in it (the scheduler removes its queues first)
+    l  VHostLimitsSet     vhost, limits: max-connections, max-queues (absent: none)
+    w  UserSet            user, password_hash, hashing_algorithm, tags, limits (the whole user)
+    W  UserDeleted        user: and their permissions
+    a  PermissionSet      vhost, user, configure, write, read (broker/amqp/access.py)
+    A  PermissionCleared  vhost, user
+    t  TopicPermissionSet vhost, user, exchange, write, read
+    T  TopicPermissionCleared  vhost, user, exchange ("": all of the user's in the vhost)
+
+Users and permissions are journaled as the rest, so that every IO worker
+checks a login and each method against what is current: a permission
+revoked applies to connections already open.
 
 The journal lives only in the shared-memory segment, which a broker creates
 afresh when it starts: no other version's records are ever read back.
@@ -22,6 +34,8 @@ afresh when it starts: no other version's records are ever read back.
 
 from __future__ import annotations
 
+import base64
+import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar, Union
 
@@ -102,6 +116,54 @@ class PolicyCleared(Operation, tag="P"):
     name: str
 
 
+class VHostDeleted(Operation, tag="V"):
+    pass
+
+
+class VHostLimitsSet(Operation, tag="l"):
+    limits: dict[str, int]
+
+
+class UserOperation(msgspec.Struct, array_like=True, gc=False):
+    """Base of the records of a user, who belongs to no virtual host."""
+
+    user: str
+
+
+class UserSet(UserOperation, tag="w"):
+    password_hash: str
+    hashing_algorithm: str
+    tags: list[str]
+    limits: dict[str, int]  # max-connections, max-channels (absent: none)
+
+
+class UserDeleted(UserOperation, tag="W"):
+    pass
+
+
+class PermissionSet(Operation, tag="a"):
+    user: str
+    configure: str
+    write: str
+    read: str
+
+
+class PermissionCleared(Operation, tag="A"):
+    user: str
+
+
+class TopicPermissionSet(Operation, tag="t"):
+    user: str
+    exchange: str
+    write: str
+    read: str
+
+
+class TopicPermissionCleared(Operation, tag="T"):
+    user: str
+    exchange: str  # "": every exchange
+
+
 # One journal record (shm/catalog.py decodes into this). A Union, not `A | B`:
 # mypy takes it as a type alias.
 Op = Union[  # noqa: UP007
@@ -114,7 +176,29 @@ Op = Union[  # noqa: UP007
     QueueGone,
     PolicySet,
     PolicyCleared,
+    VHostDeleted,
+    VHostLimitsSet,
+    UserSet,
+    UserDeleted,
+    PermissionSet,
+    PermissionCleared,
+    TopicPermissionSet,
+    TopicPermissionCleared,
 ]
+ACCESS_OPS = (
+    VHostLimitsSet,
+    UserSet,
+    UserDeleted,
+    PermissionSet,
+    PermissionCleared,
+    TopicPermissionSet,
+    TopicPermissionCleared,
+)
+
+
+def server_named_queue() -> bytes:
+    """A name for a queue declared without one (RabbitMQ's form)."""
+    return b"amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=")
 
 
 def default_exchange_ops(vhost: str) -> list[Op]:
@@ -147,7 +231,16 @@ def inverse(op: Op) -> Op:
 
 
 class Definitions:
-    __slots__ = ("policies", "queue_arguments", "vhost_ids", "vhosts")
+    __slots__ = (
+        "permissions",
+        "policies",
+        "queue_arguments",
+        "topic_permissions",
+        "users",
+        "vhost_ids",
+        "vhost_limits",
+        "vhosts",
+    )
 
     def __init__(self) -> None:
         self.vhosts: dict[str, Router] = {}
@@ -156,6 +249,11 @@ class Definitions:
         self.queue_arguments: dict[tuple[str, str], dict[str, Any]] = {}
         # vhost -> policy name -> policy (broker/amqp/policies.py's form)
         self.policies: dict[str, dict[str, dict[str, Any]]] = {}
+        self.vhost_limits: dict[str, dict[str, int]] = {}
+        self.users: dict[str, UserSet] = {}
+        self.permissions: dict[tuple[str, str], PermissionSet] = {}  # (vhost, user)
+        # (vhost, user) -> exchange -> its topic permission
+        self.topic_permissions: dict[tuple[str, str], dict[str, TopicPermissionSet]] = {}
 
     def policy_for(self, vhost: str, queue: str) -> dict[str, Any] | None:
         """The policy that applies to a queue (None: none)."""
@@ -177,8 +275,8 @@ class Definitions:
         handler = _APPLY.get(type(op))
         if handler is None:
             raise ValueError(f"unknown definitions operation {op!r}")
-        # Every operation makes its vhost known, even one that changes nothing.
-        handler(self, self.router(op.vhost), op)
+        # Every operation of a vhost makes it known, even one that changes nothing.
+        handler(self, self.router(op.vhost) if isinstance(op, Operation) else _NO_ROUTER, op)
 
     def _vhost_added(self, router: Router, op: VHostAdded) -> None:
         self.vhost_ids[op.vhost] = op.id
@@ -223,6 +321,60 @@ class Definitions:
     def _policy_cleared(self, router: Router, op: PolicyCleared) -> None:
         self.policies.get(op.vhost, {}).pop(op.name, None)
 
+    def _vhost_deleted(self, router: Router, op: VHostDeleted) -> None:
+        vhost = op.vhost
+        self.vhosts.pop(vhost, None)
+        self.vhost_ids.pop(vhost, None)
+        self.policies.pop(vhost, None)
+        self.vhost_limits.pop(vhost, None)
+        for table in (self.queue_arguments, self.permissions, self.topic_permissions):
+            for key in [key for key in table if key[0] == vhost]:
+                del table[key]
+
+    def _vhost_limits_set(self, router: Router, op: VHostLimitsSet) -> None:
+        self.vhost_limits[op.vhost] = op.limits
+
+    def _user_set(self, router: Router, op: UserSet) -> None:
+        self.users[op.user] = op
+
+    def _user_deleted(self, router: Router, op: UserDeleted) -> None:
+        self.users.pop(op.user, None)
+        for table in (self.permissions, self.topic_permissions):
+            for key in [key for key in table if key[1] == op.user]:
+                del table[key]
+
+    def _permission_set(self, router: Router, op: PermissionSet) -> None:
+        self.permissions[(op.vhost, op.user)] = op
+
+    def _permission_cleared(self, router: Router, op: PermissionCleared) -> None:
+        self.permissions.pop((op.vhost, op.user), None)
+
+    def _topic_permission_set(self, router: Router, op: TopicPermissionSet) -> None:
+        self.topic_permissions.setdefault((op.vhost, op.user), {})[op.exchange] = op
+
+    def _topic_permission_cleared(self, router: Router, op: TopicPermissionCleared) -> None:
+        key = (op.vhost, op.user)
+        named = self.topic_permissions.get(key, {})
+        if op.exchange:
+            named.pop(op.exchange, None)
+        else:
+            named.clear()
+        if not named:
+            self.topic_permissions.pop(key, None)
+
+    def access_snapshot(
+        self,
+    ) -> list[UserSet | VHostLimitsSet | PermissionSet | TopicPermissionSet]:
+        """Users, vhost limits and permissions as operations (after the
+        vhosts: a permission names one)."""
+        ops: list[UserSet | VHostLimitsSet | PermissionSet | TopicPermissionSet]
+        ops = list(self.users.values())
+        ops += [VHostLimitsSet(vhost, limits) for vhost, limits in self.vhost_limits.items()]
+        ops += self.permissions.values()
+        for named in self.topic_permissions.values():
+            ops += named.values()
+        return ops
+
     def snapshot(self) -> list[Op]:
         """Operations that rebuild this state from nothing (for compaction)."""
         ops: list[Op] = [VHostAdded(vhost, vhost_id) for vhost, vhost_id in self.vhost_ids.items()]
@@ -242,10 +394,11 @@ class Definitions:
             for p in named.values():
                 fields = (p["name"], p["pattern"], p["apply-to"], p["priority"], p["definition"])
                 ops.append(PolicySet(vhost, *fields))
+        ops += self.access_snapshot()
         return ops
 
 
-_O = TypeVar("_O", bound=Operation)
+_O = TypeVar("_O", bound=Operation | UserOperation)
 _Apply = Callable[[Definitions, Router, Any], None]
 
 
@@ -253,6 +406,8 @@ def _on(cls: type[_O], handler: Callable[[Definitions, Router, _O], None]) -> tu
     """A table entry, checked by mypy: the handler takes that operation."""
     return cls, handler
 
+
+_NO_ROUTER = Router()  # what a user's records are given: they route nothing
 
 # How Definitions.apply applies each operation, by its class.
 _APPLY: dict[type, _Apply] = dict(
@@ -266,5 +421,13 @@ _APPLY: dict[type, _Apply] = dict(
         _on(QueueGone, Definitions._queue_gone),
         _on(PolicySet, Definitions._policy_set),
         _on(PolicyCleared, Definitions._policy_cleared),
+        _on(VHostDeleted, Definitions._vhost_deleted),
+        _on(VHostLimitsSet, Definitions._vhost_limits_set),
+        _on(UserSet, Definitions._user_set),
+        _on(UserDeleted, Definitions._user_deleted),
+        _on(PermissionSet, Definitions._permission_set),
+        _on(PermissionCleared, Definitions._permission_cleared),
+        _on(TopicPermissionSet, Definitions._topic_permission_set),
+        _on(TopicPermissionCleared, Definitions._topic_permission_cleared),
     )
 )

@@ -14,6 +14,11 @@ deleted and declared again is another queue, and never inherits messages.
 
     D  QueueDeclared  vhost, queue, auto_delete, arguments, uid
     R  QueueDeleted   vhost, queue: and every binding to it
+    I  UsersSeeded    vhost: the default user was made, in this vhost (once, at
+                      the first start: deleting every user does not bring it back)
+
+Users, their permissions and vhost limits are kept here too (as RabbitMQ
+keeps them in its database, with the password hashes only).
 
 The scheduler, the only writer, appends a change's record and fdatasyncs it
 before the change's -ok reply (journal.py, queues.py). At every start it
@@ -32,6 +37,7 @@ from typing import Any, Union
 
 import msgspec
 
+from shoal.broker.amqp import access
 from shoal.broker.amqp import definitions as D
 from shoal.store import records
 
@@ -60,6 +66,10 @@ class QueueDeleted(D.Operation, tag="R"):
     queue: str
 
 
+class UsersSeeded(D.Operation, tag="I"):
+    pass
+
+
 Record = Union[  # noqa: UP007 (a Union: mypy takes it as a type alias)
     D.VHostAdded,
     D.ExchangeDeclared,
@@ -70,6 +80,15 @@ Record = Union[  # noqa: UP007 (a Union: mypy takes it as a type alias)
     QueueDeleted,
     D.PolicySet,
     D.PolicyCleared,
+    D.VHostDeleted,
+    D.VHostLimitsSet,
+    D.UserSet,
+    D.UserDeleted,
+    D.PermissionSet,
+    D.PermissionCleared,
+    D.TopicPermissionSet,
+    D.TopicPermissionCleared,
+    UsersSeeded,
 ]
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -85,14 +104,21 @@ class UnreadableDefinitions(Exception):
 class Restored:
     """The durable definitions as the log left them."""
 
-    __slots__ = ("definitions", "queues")
+    __slots__ = ("definitions", "queues", "seeded")
 
     def __init__(self) -> None:
-        self.definitions = D.Definitions()  # vhosts, exchanges, bindings
+        self.definitions = D.Definitions()  # vhosts, exchanges, bindings, users
         self.queues: dict[tuple[str, str], QueueDeclared] = {}  # in declaration order
+        self.seeded = False
 
     def apply(self, record: Record) -> None:
-        if isinstance(record, QueueDeclared):
+        if isinstance(record, UsersSeeded):
+            self.seeded = True
+        elif isinstance(record, D.VHostDeleted):
+            for key in [key for key in self.queues if key[0] == record.vhost]:
+                del self.queues[key]
+            self.definitions.apply(record)
+        elif isinstance(record, QueueDeclared):
             self.queues[(record.vhost, record.queue)] = record
         elif isinstance(record, QueueDeleted):
             self.queues.pop((record.vhost, record.queue), None)
@@ -100,13 +126,25 @@ class Restored:
         else:
             self.definitions.apply(record)
 
-    def operations(self, default_vhost: str) -> list[D.Op]:
-        """Vhosts, exchanges and bindings as journal operations, the default
-        vhost and its amq.* exchanges first if the log has no such vhost."""
+    def operations(
+        self, default_vhost: str, default_user: str = "", default_pass: str = ""
+    ) -> list[D.Op]:
+        """Vhosts, exchanges, bindings and users as journal operations. At
+        the first start (an empty log, or one from before users were kept):
+        the default vhost with its amq.* exchanges, and the default user,
+        an administrator with every permission in it (RabbitMQ's first
+        boot). Later, the default vhost only if the log has none at all."""
         ops = self.definitions.snapshot()
         ids = self.definitions.vhost_ids
-        if default_vhost not in ids:
-            ops[:0] = D.new_vhost_ops(default_vhost, max(ids.values(), default=-1) + 1)
+        if not self.seeded:
+            if default_vhost not in ids:
+                ops[:0] = D.new_vhost_ops(default_vhost, max(ids.values(), default=-1) + 1)
+            if default_user:
+                password_hash = access.hash_password(default_pass)
+                admin = ["administrator"]
+                ops.append(D.UserSet(default_user, password_hash, access.SHA256, admin, {}))
+                ops.append(D.PermissionSet(default_vhost, default_user, ".*", ".*", ".*"))
+            self.seeded = True
         return ops
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import time
 
-from shoal.broker.scheduler.policies import Policies
+from shoal.broker.scheduler.access import Access
 from shoal.broker.scheduler.state import QueueState
 
 log = logging.getLogger("shoal.scheduler")
 
 
-class QueueExpiry(Policies):
+class QueueExpiry(Access):
     def _queue_used(self, q: QueueState) -> None:
         """A declare, a redeclare, or its last consumer gone: the clock
         starts again (and runs while it has no consumer)."""

@@ -32,7 +32,8 @@ class Journal(SchedulerState):
         if restored is None:
             ops = self.catalog.load()
         else:
-            ops = restored.operations(self.vhost)
+            config = self.config
+            ops = restored.operations(self.vhost, config.default_user, config.default_pass)
             self.catalog.compact(ops)
         for op in ops:
             self.definitions.apply(op)
@@ -56,7 +57,12 @@ class Journal(SchedulerState):
         try:
             self.catalog.append(op, self.definitions.snapshot)
         except CatalogFull:
-            self.definitions.apply(definitions.inverse(op))
+            if isinstance(op, (*definitions.ACCESS_OPS, definitions.VHostDeleted)):
+                self.definitions = definitions.Definitions()  # as the journal still has it
+                for journaled in self.catalog.load():
+                    self.definitions.apply(journaled)
+            else:
+                self.definitions.apply(definitions.inverse(op))
             raise errors.ChannelError(
                 errors.RESOURCE_ERROR,
                 "the definitions journal is full (raise --catalog-mb)",
@@ -92,6 +98,8 @@ class Journal(SchedulerState):
         """Whether `op` (not yet applied) changes the durable definitions."""
         if isinstance(op, definitions.VHostAdded | definitions.PolicySet):
             return True
+        if isinstance(op, (*definitions.ACCESS_OPS, definitions.VHostDeleted)):
+            return True
         if isinstance(op, definitions.PolicyCleared):
             return True
         if isinstance(op, definitions.ExchangeDeclared):
@@ -117,10 +125,12 @@ class Journal(SchedulerState):
     def _durable_snapshot(self) -> list[durable.Record]:
         """The durable definitions as they are now, as records that rebuild
         them: vhosts, durable exchanges, durable queues, then bindings."""
-        snapshot: list[durable.Record] = [
+        snapshot: list[durable.Record] = [durable.UsersSeeded(self.vhost)]
+        snapshot += [
             definitions.VHostAdded(vhost, vhost_id)
             for vhost, vhost_id in self.definitions.vhost_ids.items()
         ]
+        snapshot += self.definitions.access_snapshot()
         snapshot += [
             op for op in self.definitions.snapshot() if isinstance(op, definitions.PolicySet)
         ]

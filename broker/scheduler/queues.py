@@ -7,7 +7,6 @@ remover of queue table slots.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import shutil
@@ -191,7 +190,7 @@ class QueueLifecycle(Journal):
             if not name:
                 if streams.is_stream(arguments):
                     raise streams.server_named_refused()
-                name = b"amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=")
+                name = definitions.server_named_queue()
             kind = quorum.queue_type(name, vhost, arguments)
             stream = None
             counting = 0

@@ -15,8 +15,9 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody as Body
 from pamqp.header import ContentHeader
 
-from shoal.broker.amqp.definitions import Op, new_vhost_ops
+from shoal.broker.amqp.definitions import Op
 from shoal.broker.config import Config
+from shoal.broker.scheduler.durable import Restored
 from shoal.shm import layout as L
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.segment import Segment
@@ -106,7 +107,8 @@ def ctx(tmp_path: Path) -> Iterator[WorkerContext]:
     limits = L.Limits(max_workers=1, max_queues=64, queue_capacity=64, arena_bytes=1 << 16)
     seg = Segment.create(str(tmp_path / "seg"), limits)
     # What the scheduler journals first: the default vhost and its exchanges.
-    CatalogWriter(seg, Op).compact(new_vhost_ops("/", 0))
+    # What a broker's first start journals: the default vhost and guest.
+    CatalogWriter(seg, Op).compact(Restored().operations("/", "guest", "guest"))
     loop = asyncio.new_event_loop()
     efd = os.eventfd(0, os.EFD_NONBLOCK)
     yield WorkerContext(Config(), seg, 0, 1, efd, loop)

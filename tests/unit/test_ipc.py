@@ -47,6 +47,7 @@ SAMPLES: list[ipc.Message] = [
     ipc.Resync(),
     ipc.Inspect(5),
     ipc.Unblock(2),
+    ipc.Disconnect("v", "u", 3, "vhost 'v' is deleted"),
 ]
 
 

@@ -1,0 +1,295 @@
+"""`shoal ctl`: rabbitmqctl's verbs for a running broker (issue 16, item 5).
+
+    shoal ctl [--port P | --runtime-dir D] [-q] [--formatter json] VERB [-p VHOST] ARGS...
+
+It finds the broker as `shoal status` does and sends one JSON request to
+the scheduler's control socket (`<runtime dir>/scheduler.sock`), whose file
+permissions are the access check: who can open it administers the broker.
+Output is rabbitmqctl's: a banner ("Listing users ..."), then a header row
+and tab-separated rows; `-q` drops the banner, `--formatter json` prints
+the rows as a JSON array.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from shoal.broker.config import Config
+from shoal.broker.observe.policy import request
+
+Row = dict[str, Any]
+
+
+class Verb:
+    """A verb: its positional arguments, how they become a request, and
+    (for a listing) its banner and default columns."""
+
+    def __init__(
+        self,
+        args: tuple[str, ...],
+        build: Callable[[argparse.Namespace], dict[str, Any]],
+        banner: str = "",
+        columns: tuple[str, ...] = (),
+        done: str = "",
+        optional: tuple[str, ...] = (),
+    ) -> None:
+        self.args = args
+        self.optional = optional
+        self.build = build
+        self.banner = banner
+        self.columns = columns
+        self.done = done
+
+
+def _fields(*names: str, op: str = "", **extra: Any) -> Callable[[argparse.Namespace], Row]:
+    def build(ns: argparse.Namespace) -> Row:
+        fields: Row = {"op": op or ns.verb, "vhost": ns.vhost}
+        fields.update({name: getattr(ns, name) for name in names})
+        fields.update(extra)
+        return fields
+
+    return build
+
+
+def _tags(ns: argparse.Namespace) -> Row:
+    return {"op": "set_user_tags", "user": ns.user, "tags": ns.tags}
+
+
+def _limits(op: str, key: str = "") -> Callable[[argparse.Namespace], Row]:
+    def build(ns: argparse.Namespace) -> Row:
+        try:
+            limits = json.loads(ns.definition)
+        except ValueError as exc:
+            raise SystemExit(f"Error: the limits are not JSON: {exc}") from None
+        fields: Row = {"op": op, "vhost": ns.vhost, "limits": limits}
+        if key:
+            fields[key] = getattr(ns, key)
+        return fields
+
+    return build
+
+
+def _policy(ns: argparse.Namespace) -> Row:
+    try:
+        definition = json.loads(ns.definition)
+    except ValueError as exc:
+        raise SystemExit(f"Error: the policy definition is not JSON: {exc}") from None
+    return {
+        "op": "set_policy",
+        "vhost": ns.vhost,
+        "name": ns.name,
+        "pattern": ns.pattern,
+        "definition": definition,
+        "priority": ns.priority,
+        "apply_to": ns.apply_to,
+    }
+
+
+VERBS: dict[str, Verb] = {
+    "add_user": Verb(
+        ("user", "password"), _fields("user", "password"), done='Adding user "{user}" ...'
+    ),
+    "delete_user": Verb(("user",), _fields("user"), done='Deleting user "{user}" ...'),
+    "change_password": Verb(
+        ("user", "password"),
+        _fields("user", "password"),
+        done='Changing password for user "{user}" ...',
+    ),
+    "clear_password": Verb(
+        ("user",), _fields("user"), done='Clearing password for user "{user}" ...'
+    ),
+    "authenticate_user": Verb(
+        ("user", "password"),
+        _fields("user", "password"),
+        done='Authenticating user "{user}" ...',
+    ),
+    "set_user_tags": Verb(
+        ("user", "tags*"), _tags, done='Setting tags for user "{user}" to [{tags}] ...'
+    ),
+    "list_users": Verb((), _fields(), "Listing users ...", ("user", "tags")),
+    "set_user_limits": Verb(
+        ("user", "definition"),
+        _limits("set_user_limits", "user"),
+        done='Setting user limits to "{definition}" for user "{user}" ...',
+    ),
+    "clear_user_limits": Verb(
+        ("user", "limit"),
+        _fields("user", "limit"),
+        done='Clearing "{limit}" limit for user "{user}" ...',
+    ),
+    "add_vhost": Verb(("name",), _fields(op="add_vhost"), done='Adding vhost "{name}" ...'),
+    "delete_vhost": Verb(("name",), _fields(op="delete_vhost"), done='Deleting vhost "{name}" ...'),
+    "list_vhosts": Verb((), _fields(), "Listing vhosts ...", ("name",)),
+    "set_vhost_limits": Verb(
+        ("definition",),
+        _limits("set_vhost_limits"),
+        done='Setting vhost limits to "{definition}" for vhost "{vhost}" ...',
+    ),
+    "clear_vhost_limits": Verb((), _fields(), done='Clearing vhost "{vhost}" limits ...'),
+    "list_vhost_limits": Verb(
+        (),
+        _fields(op="list_vhosts"),
+        'Listing limits for vhost "{vhost}" ...',
+        ("vhost", "limits"),
+    ),
+    "set_permissions": Verb(
+        ("user", "configure", "write", "read"),
+        _fields("user", "configure", "write", "read"),
+        done='Setting permissions for user "{user}" in vhost "{vhost}" ...',
+    ),
+    "clear_permissions": Verb(
+        ("user",),
+        _fields("user"),
+        done='Clearing permissions for user "{user}" in vhost "{vhost}" ...',
+    ),
+    "list_permissions": Verb(
+        (),
+        _fields(),
+        'Listing permissions for vhost "{vhost}" ...',
+        ("user", "configure", "write", "read"),
+    ),
+    "list_user_permissions": Verb(
+        ("user",),
+        _fields("user", op="list_permissions"),
+        'Listing permissions for user "{user}" ...',
+        ("vhost", "configure", "write", "read"),
+    ),
+    "set_topic_permissions": Verb(
+        ("user", "exchange", "write", "read"),
+        _fields("user", "exchange", "write", "read"),
+        done='Setting topic permissions on "{exchange}" for user "{user}" in vhost "{vhost}" ...',
+    ),
+    "clear_topic_permissions": Verb(
+        ("user",),
+        _fields("user", "exchange"),
+        done='Clearing topic permissions for user "{user}" in vhost "{vhost}" ...',
+        optional=("exchange",),
+    ),
+    "list_topic_permissions": Verb(
+        (),
+        _fields(),
+        'Listing topic permissions for vhost "{vhost}" ...',
+        ("user", "exchange", "write", "read"),
+    ),
+    "list_user_topic_permissions": Verb(
+        ("user",),
+        _fields("user", op="list_topic_permissions"),
+        'Listing topic permissions for user "{user}" ...',
+        ("vhost", "exchange", "write", "read"),
+    ),
+    "set_policy": Verb(
+        ("name", "pattern", "definition"),
+        _policy,
+        done='Setting policy "{name}" for pattern "{pattern}" to "{definition}" with priority '
+        '"{priority}" for vhost "{vhost}" ...',
+    ),
+    "clear_policy": Verb(
+        ("name",), _fields("name"), done='Clearing policy "{name}" on vhost "{vhost}" ...'
+    ),
+    "list_policies": Verb(
+        (),
+        _fields(),
+        'Listing policies for vhost "{vhost}" ...',
+        ("vhost", "name", "pattern", "apply-to", "definition", "priority"),
+    ),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shoal ctl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, default=5672)
+    p.add_argument("--runtime-dir", default="")
+    p.add_argument("-q", "--quiet", action="store_true", help="no banner")
+    p.add_argument("-s", "--silent", action="store_true", help="no banner, no header row")
+    p.add_argument("--formatter", choices=["table", "json"], default="table")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for name, verb in VERBS.items():
+        sub = verbs.add_parser(name)
+        sub.add_argument("-p", "--vhost", default="/")
+        if name == "set_policy":
+            sub.add_argument("--priority", type=int, default=0)
+            sub.add_argument("--apply-to", default="all", choices=["all", "queues", "exchanges"])
+        for arg in verb.args:
+            if arg.endswith("*"):
+                sub.add_argument(arg[:-1], nargs="*")
+            else:
+                sub.add_argument(arg)
+        for arg in verb.optional:
+            sub.add_argument(arg, nargs="?", default="")
+        if verb.columns:
+            sub.add_argument("columns", nargs="*", help=f"default: {' '.join(verb.columns)}")
+    return p
+
+
+GLOBAL_FLAGS = {"-q": 0, "--quiet": 0, "-s": 0, "--silent": 0, "--formatter": 1}
+GLOBAL_FLAGS |= {"--port": 1, "--runtime-dir": 1}
+
+
+def _globals_first(argv: list[str]) -> list[str]:
+    """rabbitmqctl takes its global flags anywhere: put them before the verb."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_FLAGS:
+            takes = GLOBAL_FLAGS[name] if "=" not in arg else 0
+            front += argv[i : i + 1 + takes]
+            i += 1 + takes
+        else:
+            rest.append(arg)
+            i += 1
+    return front + rest
+
+
+def main(argv: list[str]) -> int:
+    ns = _parser().parse_args(_globals_first(argv))
+    verb = VERBS[ns.verb]
+    if ns.verb in ("add_vhost", "delete_vhost"):
+        ns.vhost = ns.name
+    message = verb.build(ns)
+    quiet = ns.quiet or ns.silent or ns.formatter == "json"
+    words = {k: (" ".join(v) if isinstance(v, list) else v) for k, v in vars(ns).items()}
+    if not quiet:
+        print((verb.banner or verb.done).format(**words))
+    runtime_dir = Config(port=ns.port, runtime_dir=ns.runtime_dir).runtime_path()
+    try:
+        answer = request(runtime_dir, message)
+    except OSError as exc:
+        print(f"Error: no broker answering at {runtime_dir}: {exc}", file=sys.stderr)
+        return 69  # rabbitmqctl's "node down" (EX_UNAVAILABLE)
+    if "error" in answer:
+        print(f"Error:\n{answer['error']}", file=sys.stderr)
+        return 70  # EX_SOFTWARE, as rabbitmqctl for a refused change
+    if verb.columns:
+        rows = answer.get("rows", answer.get("policies", []))
+        if ns.verb == "list_vhost_limits":
+            rows = [{"vhost": r["name"], "limits": r["limits"]} for r in rows]
+            rows = [r for r in rows if r["vhost"] == ns.vhost]
+        _print_rows(rows, tuple(ns.columns) or verb.columns, ns.formatter, ns.silent)
+    return 0
+
+
+def _print_rows(rows: list[Row], columns: tuple[str, ...], formatter: str, silent: bool) -> None:
+    if formatter == "json":
+        print(json.dumps([{c: row.get(c, "") for c in columns} for row in rows]))
+        return
+    if not silent:
+        print("\t".join(columns))
+    for row in rows:
+        print("\t".join(_cell(row.get(c, "")) for c in columns))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

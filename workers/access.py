@@ -1,0 +1,106 @@
+"""What a connection's user may do in its virtual host (issue 16, item 3):
+RabbitMQ's access-control table, checked by the channel before a method
+goes anywhere (broker/amqp/access.py has the rules and texts).
+
+The permissions are read from the worker's replay of the definitions
+journal (workers/routes.py), so a change applies to connections already
+open at their next method. A decision is cached per (permission, kind,
+name) until the definitions change: the publish path pays one dict lookup
+and the journal's one atomic load."""
+
+from __future__ import annotations
+
+from shoal.broker.amqp import access
+from shoal.broker.amqp.access import CONFIGURE, READ, WRITE
+from shoal.workers.routes import Routes
+
+__all__ = ["CONFIGURE", "READ", "WRITE", "ConnectionAccess"]
+
+CACHE_MAX = 1024
+
+
+class ConnectionAccess:
+    __slots__ = ("_decided", "_published", "_version", "routes", "user", "vhost")
+
+    def __init__(self, routes: Routes, user: str, vhost: str) -> None:
+        self.routes = routes
+        self.user = user
+        self.vhost = vhost
+        self._version = -1
+        self._decided: dict[tuple[str, str, str], bool] = {}
+        self._published: dict[bytes, bool] = {}  # exchange -> write granted
+
+    def _fresh(self) -> None:
+        routes = self.routes
+        routes.sync()
+        if routes.version != self._version:
+            self._version = routes.version
+            self._decided.clear()
+            self._published.clear()
+
+    def allowed(self, permission: str, kind: str, name: str) -> bool:
+        self._fresh()
+        key = (permission, kind, name)
+        granted = self._decided.get(key)
+        if granted is None:
+            if len(self._decided) >= CACHE_MAX:
+                self._decided.clear()
+            granted = self._decided[key] = self._decide(permission, kind, name)
+        return granted
+
+    def check(self, permission: str, kind: str, name: str) -> None:
+        """Raises the 403 if the user may not use the resource that way."""
+        if not self.allowed(permission, kind, name):
+            raise access.refused(permission, kind, name, self.vhost, self.user)
+
+    def may_publish(self, exchange: bytes, routing_key: bytes) -> bool:
+        """The publish path's check: write on the exchange, and the topic
+        permission of a topic exchange."""
+        self._fresh()
+        granted = self._published.get(exchange)
+        if granted is None:
+            if len(self._published) >= CACHE_MAX:
+                self._published.clear()
+            name = exchange.decode(errors="replace")
+            granted = self._published[exchange] = self._decide(WRITE, "exchange", name)
+        if not granted:
+            return False
+        if not self.routes.definitions.topic_permissions:
+            return True
+        return self._topic_allows(WRITE, exchange.decode(errors="replace"), routing_key.decode())
+
+    def check_publish(self, exchange: bytes, routing_key: bytes) -> None:
+        if self.may_publish(exchange, routing_key):
+            return
+        name = exchange.decode(errors="replace")
+        self.check(WRITE, "exchange", name)
+        raise access.topic_refused(
+            WRITE, routing_key.decode(errors="replace"), name, self.vhost, self.user
+        )
+
+    def check_topic(self, permission: str, exchange: str, routing_key: str) -> None:
+        """A binding from a topic exchange (read) is limited by the user's
+        topic permissions too."""
+        self._fresh()
+        if not self._topic_allows(permission, exchange, routing_key):
+            raise access.topic_refused(permission, routing_key, exchange, self.vhost, self.user)
+
+    def _decide(self, permission: str, kind: str, name: str) -> bool:
+        granted = self.routes.definitions.permissions.get((self.vhost, self.user))
+        if granted is None:
+            return False
+        pattern = getattr(granted, permission)
+        return access.permits(pattern, access.resource_name(kind, name))
+
+    def _topic_allows(self, permission: str, exchange: str, routing_key: str) -> bool:
+        definitions = self.routes.definitions
+        named = definitions.topic_permissions.get((self.vhost, self.user))
+        rule = named.get(exchange) if named else None
+        if rule is None:
+            return True  # no topic permission for this exchange: any key
+        router = definitions.vhosts.get(self.vhost)
+        x = router.exchanges.get(exchange) if router is not None else None
+        if x is None or x.type != "topic":
+            return True  # only topic exchanges are checked
+        pattern = access.expand_topic_pattern(getattr(rule, permission), self.user, self.vhost)
+        return access.permits(pattern, routing_key)
