@@ -120,6 +120,30 @@ def _broker_parser() -> argparse.ArgumentParser:
         "the capacity)",
     )
     p.add_argument(
+        "--no-plain-listener",
+        dest="plain_listener",
+        action="store_false",
+        help="no plain AMQP listener: AMQPS (--tls-port) only",
+    )
+    p.add_argument(
+        "--tls-port",
+        type=int,
+        default=d.tls_port,
+        help="AMQPS port (5671 by convention; default: none)",
+    )
+    p.add_argument("--tls-cert", default=d.tls_cert, help="PEM certificate chain of the server")
+    p.add_argument("--tls-key", default=d.tls_key, help="PEM private key (default: in --tls-cert)")
+    p.add_argument(
+        "--tls-ca",
+        default=d.tls_ca,
+        help="PEM CA certificates: clients may present a certificate signed by one (SASL EXTERNAL)",
+    )
+    p.add_argument(
+        "--tls-fail-if-no-peer-cert",
+        action="store_true",
+        help="refuse TLS clients that present no certificate",
+    )
+    p.add_argument(
         "--default-user",
         default=d.default_user,
         help="the administrator made at the first start of a data directory (default guest)",
@@ -187,6 +211,10 @@ def config_from_args(argv: list[str]) -> Config:
         parser.error("--default-capacity and --default-flow-resume-capacity are bytes >= 0")
     if ns.default_flow_resume_capacity > (ns.default_capacity or 0):
         parser.error("--default-flow-resume-capacity is above --default-capacity")
+    if ns.tls_port and not ns.tls_cert:
+        parser.error("--tls-port needs --tls-cert (and --tls-key unless the key is in it)")
+    if not ns.plain_listener and not ns.tls_port:
+        parser.error("--no-plain-listener needs --tls-port: no listener is left")
     for flag in ("memory_high_watermark", "arena_high_watermark", "memory_low_watermark"):
         if not 0 <= getattr(ns, flag) <= 1:
             parser.error(f"--{flag.replace('_', '-')} is a fraction, 0 to 1")

@@ -15,6 +15,12 @@ def default_workers() -> int:
 class Config(msgspec.Struct, frozen=True):
     bind: str = "0.0.0.0"
     port: int = 5672
+    plain_listener: bool = True  # False: AMQPS only (--port still names the runtime dir)
+    tls_port: int = 0  # the AMQPS listener (5671 by convention); 0: none
+    tls_cert: str = ""  # PEM: the server's certificate chain
+    tls_key: str = ""  # PEM: its private key ("": in tls_cert)
+    tls_ca: str = ""  # PEM: CAs that client certificates are verified against ("": none asked)
+    tls_fail_if_no_peer_cert: bool = False  # refuse TLS clients without a certificate
     workers: int = 0  # 0: default_workers()
     runtime_dir: str = ""  # "": $RUNTIME_DIRECTORY or /dev/shm/shoal-<port>
     data_dir: str = ""  # "": $STATE_DIRECTORY or $XDG_DATA_HOME/shoal/<port> (data_path)

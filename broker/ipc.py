@@ -241,6 +241,11 @@ class Disconnect(Message, tag=26):
     text: str
 
 
+# The one byte the acceptor sends with a connection's socket (SCM_RIGHTS):
+# which listener accepted it.
+HANDOFF_PLAIN, HANDOFF_TLS = b"c", b"t"
+
+
 # What each end receives. A Union, not `A | B`: mypy takes it as a type alias.
 ToScheduler = Union[  # noqa: UP007
     Hello,

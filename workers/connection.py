@@ -19,7 +19,7 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.shm import flow, layout, memory, stats
-from shoal.workers import framing
+from shoal.workers import framing, tls
 from shoal.workers.access import ConnectionAccess
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import ChannelState
@@ -71,6 +71,7 @@ class Connection(Handshake, asyncio.Protocol):
         self.vhost_id = 0
         self.user = ""  # logged in as (connection.start-ok)
         self.peer_host = ""
+        self.certificate_user = ""
         self.access = ConnectionAccess(ctx.routes, "", "")  # no rights until connection.open
         self.capabilities: dict[str, Any] = {}
         self.obeys_channel_flow = False  # see _obeys_channel_flow
@@ -108,6 +109,8 @@ class Connection(Handshake, asyncio.Protocol):
         self.ctx.stats.v[stats.CONNECTIONS_OPENED] += 1
         peer = transport.get_extra_info("peername")
         self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if transport.get_extra_info("ssl_object") is not None:  # AMQPS, handshake done
+            self.certificate_user = tls.certificate_user(transport.get_extra_info("peercert"))
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:

@@ -32,6 +32,7 @@ class Handshake:
     vhost_id: int
     user: str
     peer_host: str
+    certificate_user: str  # the CN of a verified TLS client certificate
     access: ConnectionAccess
     capabilities: dict[str, Any]
     obeys_channel_flow: bool
@@ -67,7 +68,7 @@ class Handshake:
                     version_major=0,
                     version_minor=9,
                     server_properties=negotiation.server_properties(self.ctx.index),
-                    mechanisms="PLAIN AMQPLAIN",
+                    mechanisms=negotiation.mechanisms(self.certificate_user),
                     locales="en_US",
                 ),
             )
@@ -83,7 +84,11 @@ class Handshake:
         routes = self.ctx.routes
         routes.sync()
         self.user = negotiation.login(
-            method, routes.definitions.users, self.peer_host, config.loopback_users
+            method,
+            routes.definitions.users,
+            self.peer_host,
+            config.loopback_users,
+            self.certificate_user,
         )
         self.state = AWAIT_TUNE_OK
         self.write(

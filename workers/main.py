@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,7 +24,7 @@ from shoal.shm import layout, memory, stats
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
 from shoal.store.streams import streams_directory
-from shoal.workers import restore, timeouts
+from shoal.workers import restore, timeouts, tls
 from shoal.workers.connection import Connection
 from shoal.workers.consumer import pull
 from shoal.workers.context import WorkerContext
@@ -34,6 +35,7 @@ from shoal.workers.memory_guard import ALARM
 from shoal.workers.spill import paging_directory
 
 HEARTBEAT_INTERVAL = 1.0
+TLS_HANDSHAKE_TIMEOUT = 10.0
 
 log = logging.getLogger("shoal.worker")
 
@@ -60,6 +62,8 @@ class Worker:
         asyncio.set_event_loop(self.loop)
         self.ctx = WorkerContext(config, seg, index, incarnation, efd, self.loop)
         self.stopping = False
+        # The AMQPS listener's server context (workers/tls.py), made again on SIGHUP.
+        self.tls: ssl.SSLContext | None = tls.server_context(config) if config.tls_port else None
 
     def run(self) -> int:
         loop, ctx = self.loop, self.ctx
@@ -71,6 +75,7 @@ class Worker:
         loop.add_reader(self.handoff_sock.fileno(), self._on_handoff)
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         a, slot = ctx.atomic, ctx.slot
         a.store(slot + layout.P_PID, os.getpid())
         a.store(slot + layout.P_INCARNATION, self.incarnation)
@@ -146,18 +151,28 @@ class Worker:
         self.ctx.guard.poll()
         self.loop.call_later(memory.POLL_INTERVAL, self._poll_alarms)
 
+    def _reload(self) -> None:
+        """SIGHUP: the TLS certificates again (a bad file keeps the old)."""
+        if self.config.tls_port:
+            try:
+                self.tls = tls.server_context(self.config)
+            except (OSError, ssl.SSLError) as exc:
+                log.error("SIGHUP: TLS certificates not reloaded: %s", exc)
+                return
+            log.info("SIGHUP: TLS certificates reloaded")
+
     def _on_handoff(self) -> None:
         for _ in range(64):
             try:
-                _msg, fds, _flags, _addr = socket.recv_fds(self.handoff_sock, 64, 16)
+                kind, fds, _flags, _addr = socket.recv_fds(self.handoff_sock, 64, 16)
             except BlockingIOError:
                 return
             if not fds:
                 return
             for fd in fds:
-                self._adopt(fd)
+                self._adopt(fd, self.tls if kind == ipc.HANDOFF_TLS else None)
 
-    def _adopt(self, fd: int) -> None:
+    def _adopt(self, fd: int, tls_context: ssl.SSLContext | None = None) -> None:
         sock = socket.socket(fileno=fd)
         if self.stopping:
             sock.close()
@@ -167,7 +182,12 @@ class Worker:
 
         async def adopt() -> None:
             try:
-                await self.loop.connect_accepted_socket(lambda: Connection(self.ctx), sock)
+                await self.loop.connect_accepted_socket(
+                    lambda: Connection(self.ctx),
+                    sock,
+                    ssl=tls_context,
+                    ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if tls_context else None,
+                )
             except OSError:
                 sock.close()
                 self.ctx.count(layout.P_CONNECTIONS, -1)

@@ -53,21 +53,35 @@ def login(
     users: Mapping[str, UserSet],
     peer_host: str,
     loopback_users: Collection[str],
+    certificate_user: str = "",
 ) -> str:
     """The user connection.start-ok's credentials log in as, or RabbitMQ's
     403: an unknown user or a wrong password ("Login was refused ..."), or
-    one of `loopback_users` from another machine."""
-    got_user, got_password = _credentials(method.mechanism, method.response)
-    record = users.get(got_user)
-    if record is None or not access.password_matches(
-        record.password_hash, record.hashing_algorithm, got_password
-    ):
-        raise access.login_refused(method.mechanism)
+    one of `loopback_users` from another machine. EXTERNAL: the user named
+    by the client's verified TLS certificate (`certificate_user`), whose
+    password is not asked for."""
+    if method.mechanism == "EXTERNAL":
+        if not certificate_user or certificate_user not in users:
+            raise access.login_refused(method.mechanism)
+        got_user = certificate_user
+    else:
+        got_user, got_password = _credentials(method.mechanism, method.response)
+        record = users.get(got_user)
+        if record is None or not access.password_matches(
+            record.password_hash, record.hashing_algorithm, got_password
+        ):
+            raise access.login_refused(method.mechanism)
     if got_user in loopback_users and not access.is_loopback(peer_host):
         raise errors.ConnectionError_(
             errors.ACCESS_REFUSED, f"user '{got_user}' can only connect via localhost"
         )
     return got_user
+
+
+def mechanisms(certificate_user: str) -> str:
+    """connection.start's mechanisms: EXTERNAL too over TLS with a client
+    certificate."""
+    return "PLAIN AMQPLAIN EXTERNAL" if certificate_user else "PLAIN AMQPLAIN"
 
 
 def check_vhost_access(

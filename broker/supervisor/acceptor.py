@@ -1,5 +1,7 @@
 """The acceptor process: accepts TCP connections and hands each socket to the
-least-loaded IO worker (SCM_RIGHTS over that worker's handoff socketpair).
+least-loaded IO worker (SCM_RIGHTS over that worker's handoff socketpair),
+with one byte saying which listener took it: PLAIN AMQP or TLS (the worker
+runs the TLS handshake, workers/tls.py).
 
 The listening socket is created by the supervisor and inherited, so a
 restarted acceptor loses no connection: the kernel's backlog holds them.
@@ -8,6 +10,7 @@ restarted acceptor loses no connection: the kernel's backlog holds them.
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import socket
 import sys
@@ -16,6 +19,7 @@ from typing import NoReturn
 
 from setproctitle import setproctitle
 
+from shoal.broker import ipc
 from shoal.shm import layout
 from shoal.shm.segment import Segment
 
@@ -35,14 +39,19 @@ def pick_worker(seg: Segment, workers: int, tried: set[int]) -> int | None:
     return best
 
 
-def hand_off(seg: Segment, handoffs: list[socket.socket], conn: socket.socket) -> bool:
+PLAIN, TLS = ipc.HANDOFF_PLAIN, ipc.HANDOFF_TLS
+
+
+def hand_off(
+    seg: Segment, handoffs: list[socket.socket], conn: socket.socket, kind: bytes = PLAIN
+) -> bool:
     tried: set[int] = set()
     while True:
         worker = pick_worker(seg, len(handoffs), tried)
         if worker is None:
             return False
         try:
-            socket.send_fds(handoffs[worker], [b"c"], [conn.fileno()], socket.MSG_DONTWAIT)
+            socket.send_fds(handoffs[worker], [kind], [conn.fileno()], socket.MSG_DONTWAIT)
         except (BlockingIOError, OSError):
             tried.add(worker)  # its queue is full (hung or restarting): next one
             continue
@@ -51,14 +60,20 @@ def hand_off(seg: Segment, handoffs: list[socket.socket], conn: socket.socket) -
 
 
 def run_acceptor(
-    port: int, seg: Segment, listener: socket.socket, handoffs: list[socket.socket]
+    port: int,
+    seg: Segment,
+    listeners: list[tuple[socket.socket, bytes]],
+    handoffs: list[socket.socket],
 ) -> NoReturn:
     setproctitle(f"shoal: acceptor (port {port})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
     slot = seg.layout.proc(layout.acceptor_slot(seg.layout))
     seg.atomic.store(slot + layout.P_PID, os.getpid())
-    listener.setblocking(True)
+    selector = selectors.DefaultSelector()
+    for listener, kind in listeners:
+        listener.setblocking(False)
+        selector.register(listener, selectors.EVENT_READ, kind)
     # Connections wait in the listen backlog until the durable definitions
     # and the message store are loaded: a client must never find its durable
     # queue missing, or its persistent messages not yet there.
@@ -66,12 +81,16 @@ def run_acceptor(
         time.sleep(0.005)
     seg.atomic.store(slot + layout.P_READY, 1)
     while True:
-        try:
-            conn, _addr = listener.accept()
-        except OSError:
-            # EMFILE and friends: keep serving, but do not spin on them.
-            time.sleep(0.01)
-            continue
-        with conn:
-            if hand_off(seg, handoffs, conn):
-                seg.atomic.fetch_add(slot + layout.P_CONNECTIONS, 1)
+        for key, _events in selector.select():
+            listening: socket.socket = key.fileobj  # type: ignore[assignment]
+            try:
+                conn, _addr = listening.accept()
+            except BlockingIOError:
+                continue  # another accept took it
+            except OSError:
+                # EMFILE and friends: keep serving, but do not spin on them.
+                time.sleep(0.01)
+                continue
+            with conn:
+                if hand_off(seg, handoffs, conn, key.data):
+                    seg.atomic.fetch_add(slot + layout.P_CONNECTIONS, 1)

@@ -30,13 +30,13 @@ from shoal.broker.observe.metrics import serve as serve_metrics
 from shoal.broker.scheduler.durable import DefinitionsLog, Restored, UnreadableDefinitions
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
-from shoal.broker.supervisor import datadir, systemd
-from shoal.broker.supervisor.acceptor import run_acceptor
+from shoal.broker.supervisor import acceptor, datadir, systemd
 from shoal.shm import layout, memory
 from shoal.shm.catalog import CatalogFull, CatalogWriter
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
+from shoal.workers import tls
 from shoal.workers.main import run_worker
 
 log = logging.getLogger("shoal.supervisor")
@@ -87,7 +87,9 @@ class Supervisor:
         self.stopping = False
         self.ready_sent = False
         self.seg: Segment | None = None
-        self.listener: socket.socket | None = None
+        # The listening sockets and what the acceptor tells a worker of a
+        # connection accepted on each: b"c" plain AMQP, b"t" AMQPS (TLS).
+        self.listeners: list[tuple[socket.socket, bytes]] = []
         self.efd = -1
         self.sched_pairs: list[tuple[socket.socket, socket.socket]] = []
         self.handoff_pairs: list[tuple[socket.socket, socket.socket]] = []
@@ -152,13 +154,12 @@ class Supervisor:
                 f"journal, more than --catalog-mb {config.catalog_mb} holds (half of it): "
                 "raise --catalog-mb"
             ) from None
-        family = socket.AF_INET6 if ":" in config.bind else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((config.bind, config.port))
-        listener.listen(1024)
-        listener.set_inheritable(True)
-        self.listener = listener
+        if config.tls_port:
+            tls.server_context(config)  # unreadable certificates stop the broker now
+        if config.plain_listener:
+            self.listeners.append((_listen(config.bind, config.port), acceptor.PLAIN))
+        if config.tls_port:
+            self.listeners.append((_listen(config.bind, config.tls_port), acceptor.TLS))
         self.efd = os.eventfd(0, os.EFD_NONBLOCK)
         os.set_inheritable(self.efd, True)
         for _ in range(self.workers):
@@ -200,10 +201,13 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         self._wake_fds = (wake_r, wake_w)
         log.info(
-            "shoal starting: %d IO workers, listening on %s:%d, runtime %s",
+            "shoal starting: %d IO workers, listening on %s (%s), runtime %s",
             self.workers,
             self.config.bind,
-            self.config.port,
+            ", ".join(
+                f"{'amqps' if kind == acceptor.TLS else 'amqp'} {s.getsockname()[1]}"
+                for s, kind in self.listeners
+            ),
             self.config.runtime_path(),
         )
         for child in self.children:
@@ -232,7 +236,8 @@ class Supervisor:
                 elif sig in (signal.SIGINT, signal.SIGQUIT):
                     return self._fast_stop()
                 elif sig == signal.SIGHUP:
-                    log.info("SIGHUP: nothing to reload yet")
+                    log.info("SIGHUP: IO workers reload their TLS certificates")
+                    self._signal_children(signal.SIGHUP, ("io-worker",))
             self._reap()
             now = time.monotonic()
             for child in self.children:
@@ -275,7 +280,7 @@ class Supervisor:
 
     def _child_main(self, child: Child) -> int:
         seg = self.seg
-        assert seg is not None and self.listener is not None
+        assert seg is not None
         keep: set[int] = set()
         a = seg.atomic
         if child.role == "io-worker":
@@ -303,12 +308,12 @@ class Supervisor:
             main = lambda: serve_metrics(self.config, seg)  # noqa: E731
         else:
             handoffs = [pair[0] for pair in self.handoff_pairs]
-            keep = {s.fileno() for s in handoffs} | {self.listener.fileno()}
+            keep = {s.fileno() for s in handoffs} | {s.fileno() for s, _ in self.listeners}
             a.store(
                 seg.layout.proc(layout.acceptor_slot(seg.layout)) + layout.P_ROLE,
                 layout.ROLE_ACCEPTOR,
             )
-            main = lambda: run_acceptor(self.config.port, seg, self.listener, handoffs)  # type: ignore[arg-type]  # noqa: E731
+            main = lambda: acceptor.run_acceptor(self.config.port, seg, self.listeners, handoffs)  # noqa: E731
         for s in self._all_sockets():
             if s.fileno() not in keep:
                 s.close()
@@ -316,7 +321,7 @@ class Supervisor:
         return main()
 
     def _all_sockets(self) -> list[socket.socket]:
-        out: list[socket.socket] = [self.listener] if self.listener else []
+        out: list[socket.socket] = [s for s, _kind in self.listeners]
         for pair in self.sched_pairs + self.handoff_pairs:
             out += pair
         return out
@@ -429,8 +434,8 @@ class Supervisor:
         systemd.notify("STOPPING=1\nSTATUS=stopping: closing client connections")
         log.info("SIGTERM: graceful stop")
         self._signal_children(signal.SIGTERM, ("acceptor",))
-        if self.listener is not None:
-            self.listener.close()
+        for listener, _kind in self.listeners:
+            listener.close()
         self._wait_for(("acceptor",), 2.0)
         self._signal_children(signal.SIGTERM, ("io-worker",))
         if not self._wait_for(("io-worker",), self.config.graceful_timeout + 1.0):
@@ -464,6 +469,16 @@ class Supervisor:
                 os.rmdir(self.config.runtime_path())
             except OSError:
                 pass
+
+
+def _listen(bind: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((bind, port))
+    listener.listen(1024)
+    listener.set_inheritable(True)
+    return listener
 
 
 def _remove_stale_segment(path: str) -> bool:
