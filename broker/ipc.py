@@ -64,11 +64,13 @@ class ConsumerRecord(msgspec.Struct, array_like=True, gc=False):
 
 # ------------------------------------------------------ worker -> scheduler
 class Hello(Message, tag=1):
-    """A worker (re)introduces itself with every consumer it has."""
+    """A worker (re)introduces itself with every consumer it has, and its
+    open connections: [conn_id, vhost, user] each."""
 
     worker: int
     incarnation: int
     consumers: list[ConsumerRecord]
+    connections: list[tuple[int, str, str]] = []
 
 
 class Declare(Request, tag=2):
@@ -197,6 +199,17 @@ class Consumers(Message, tag=16):
     consumers: list[dict[str, Any]]
 
 
+class ConnOpen(Request, tag=17):
+    """connection.open: counted for the vhost's and user's max-connections.
+    With `check`, the reply refuses (530) one over a limit (the worker waits
+    for it); without, the worker does not wait and it is only counted."""
+
+    conn_id: int
+    vhost: str
+    user: str
+    check: bool
+
+
 # ------------------------------------------------------ scheduler -> worker
 class Reply(Message, tag=20):
     req: int
@@ -264,6 +277,7 @@ ToScheduler = Union[  # noqa: UP007
     Unbind,
     Level,
     Consumers,
+    ConnOpen,
 ]
 ToWorker = Union[Reply, Notify, ConsumerGone, Resync, Inspect, Unblock, Disconnect]  # noqa: UP007
 

@@ -72,6 +72,7 @@ class Connection(Handshake, asyncio.Protocol):
         self.user = ""  # logged in as (connection.start-ok)
         self.peer_host = ""
         self.certificate_user = ""
+        self.opened = False  # see Handshake.opened_as
         self.access = ConnectionAccess(ctx.routes, "", "")  # no rights until connection.open
         self.capabilities: dict[str, Any] = {}
         self.obeys_channel_flow = False  # see _obeys_channel_flow

@@ -43,6 +43,7 @@ class WorkerConnection(Protocol):
     def flow_unblock(self, qid: int) -> None: ...
     def shutdown(self) -> None: ...
     def matches(self, vhost: str, user: str, conn_id: int) -> bool: ...
+    def opened_as(self) -> tuple[int, str, str]: ...
     def force_close(self, text: str) -> None: ...
 
 
@@ -177,7 +178,8 @@ class WorkerContext:
         """(Re-)introduce this worker and its consumers to the scheduler, and
         re-send requests a dead scheduler may not have answered."""
         records = [c.record() for c in self.consumers.values()]
-        self.send(ipc.Hello(self.index, self.incarnation, records))
+        connections = [c.opened_as() for c in self.connections if c.opened_as()[0]]
+        self.send(ipc.Hello(self.index, self.incarnation, records, connections))
         for _fut, message in list(self._pending.values()):
             self.send(message)
 

@@ -10,9 +10,11 @@ from typing import Any
 
 from pamqp import commands as C
 
+from shoal.broker import ipc
+from shoal.broker.amqp import errors
 from shoal.workers import framing, negotiation
 from shoal.workers.access import ConnectionAccess
-from shoal.workers.context import WorkerContext
+from shoal.workers.context import RemoteError, WorkerContext
 
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
@@ -38,7 +40,20 @@ class Handshake:
     obeys_channel_flow: bool
     timer: asyncio.TimerHandle | None
 
+    id: int
+    opened: bool  # counted by the scheduler (CONN_OPEN sent)
+    closed: bool
+
     def write(self, data: bytes) -> None:
+        raise NotImplementedError  # connection.py
+
+    def hold_reading(self, holder: object, reason: str | None = "") -> None:
+        raise NotImplementedError  # connection.py
+
+    def release_reading(self, holder: object) -> None:
+        raise NotImplementedError  # connection.py
+
+    def fail(self, exc: errors.AMQPError) -> None:
         raise NotImplementedError  # connection.py
 
     def alarm(self, bits: int) -> None:
@@ -118,8 +133,32 @@ class Handshake:
         self.vhost_id = negotiation.check_vhost_access(
             method.virtual_host, self.user, definitions.vhost_ids, definitions.permissions
         )
-        self.vhost = method.virtual_host
-        self.access = ConnectionAccess(routes, self.user, self.vhost)
+        self.vhost = vhost = method.virtual_host
+        self.access = ConnectionAccess(routes, self.user, vhost)
+        # Counted by the scheduler for max-connections; waited for only when
+        # a limit applies (a round trip, the socket unread meanwhile).
+        check = negotiation.connection_limited(vhost, self.user, definitions)
+        opened = self.ctx.request(ipc.ConnOpen(self.id, vhost, self.user, check))
+        self.opened = True
+        if not check:
+            opened.add_done_callback(_ignore_result)
+            self._opened()
+            return
+        self.hold_reading(OPENING, None)
+        opened.add_done_callback(self._open_answered)
+
+    def _open_answered(self, answer: asyncio.Future[Any]) -> None:
+        self.release_reading(OPENING)
+        if self.closed:
+            return
+        exc = answer.exception()
+        if isinstance(exc, RemoteError):
+            self.opened = False
+            self.fail(errors.ConnectionError_(exc.reply_code, exc.reply_text, 10, 40))
+        else:
+            self._opened()
+
+    def _opened(self) -> None:
         self.state = OPEN
         self.write(framing.encode_method(0, C.Connection.OpenOk()))
         if self.ctx.guard.alarms:
@@ -129,3 +168,15 @@ class Handshake:
             self.timer = None
         if self.heartbeat:
             self.timer = self.ctx.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    def opened_as(self) -> tuple[int, str, str]:
+        """(id, vhost, user) once counted by the scheduler, else (0, "", "")."""
+        return (self.id, self.vhost, self.user) if self.opened else (0, "", "")
+
+
+def _ignore_result(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled():
+        done.exception()  # retrieved: no "never retrieved" warning
+
+
+OPENING = "opening"  # the read holder while the scheduler counts the connection

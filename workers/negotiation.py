@@ -17,7 +17,7 @@ from pamqp import decode as pamqp_decode
 
 from shoal.broker import VERSION
 from shoal.broker.amqp import access, errors
-from shoal.broker.amqp.definitions import PermissionSet, UserSet
+from shoal.broker.amqp.definitions import Definitions, PermissionSet, UserSet
 
 
 def server_properties(worker: int) -> dict[str, Any]:
@@ -56,8 +56,8 @@ def login(
     certificate_user: str = "",
 ) -> str:
     """The user connection.start-ok's credentials log in as, or RabbitMQ's
-    403: an unknown user or a wrong password ("Login was refused ..."), or
-    one of `loopback_users` from another machine. EXTERNAL: the user named
+    403 "Login was refused ...": an unknown user, a wrong password, or one
+    of `loopback_users` from another machine (the same text, measured). EXTERNAL: the user named
     by the client's verified TLS certificate (`certificate_user`), whose
     password is not asked for."""
     if method.mechanism == "EXTERNAL":
@@ -72,9 +72,7 @@ def login(
         ):
             raise access.login_refused(method.mechanism)
     if got_user in loopback_users and not access.is_loopback(peer_host):
-        raise errors.ConnectionError_(
-            errors.ACCESS_REFUSED, f"user '{got_user}' can only connect via localhost"
-        )
+        raise access.login_refused(method.mechanism)  # RabbitMQ 3.10 says no more
     return got_user
 
 
@@ -82,6 +80,14 @@ def mechanisms(certificate_user: str) -> str:
     """connection.start's mechanisms: EXTERNAL too over TLS with a client
     certificate."""
     return "PLAIN AMQPLAIN EXTERNAL" if certificate_user else "PLAIN AMQPLAIN"
+
+
+def connection_limited(vhost: str, user: str, definitions: Definitions) -> bool:
+    """Whether a max-connections limit applies to a connection opening."""
+    record = definitions.users.get(user)
+    return "max-connections" in definitions.vhost_limits.get(vhost, {}) or (
+        record is not None and "max-connections" in record.limits
+    )
 
 
 def check_vhost_access(

@@ -219,6 +219,47 @@ class Access(Policies):
         named = self.definitions.topic_permissions.values()
         return {"rows": self._rows(r, (p for rules in named for p in rules.values()))}
 
+    # ------------------------------------------------------- connections
+    def _connection_opened(self, worker: int, m: ipc.ConnOpen) -> list[Any]:
+        if m.check:
+            self._check_connection_limits(m.vhost, m.user)
+        self.client_connections[m.conn_id] = (m.vhost, m.user)
+        return []
+
+    def _check_connection_limits(self, vhost: str, user: str) -> None:
+        """RabbitMQ's 530s for a connection over the vhost's or the user's
+        max-connections."""
+        opened = self.client_connections.values()
+        limit = self.definitions.vhost_limits.get(vhost, {}).get("max-connections")
+        if limit is not None and sum(1 for v, _u in opened if v == vhost) >= limit:
+            raise errors.ConnectionError_(
+                errors.NOT_ALLOWED,
+                f"access to vhost '{vhost}' refused for user '{user}': connection limit "
+                f"({limit}) is reached",
+                10,
+                40,
+            )
+        record = self.definitions.users.get(user)
+        limit = record.limits.get("max-connections") if record is not None else None
+        if limit is not None and sum(1 for _v, u in opened if u == user) >= limit:
+            raise errors.ConnectionError_(
+                errors.NOT_ALLOWED,
+                f"connection refused for user '{user}': user connection limit ({limit}) is reached",
+                10,
+                40,
+            )
+
+    def _connection_closed(self, conn_id: int) -> None:
+        super()._connection_closed(conn_id)
+        self.client_connections.pop(conn_id, None)
+
+    def _known_connections(self, worker: int, connections: list[tuple[int, str, str]]) -> None:
+        """A worker's HELLO (or its death, with none): its connections now."""
+        for conn_id in [c for c in self.client_connections if c >> 40 == worker]:
+            del self.client_connections[conn_id]
+        for conn_id, vhost, user in connections:
+            self.client_connections[conn_id] = (vhost, user)
+
     def _disconnect(self, text: str, vhost: str = "", user: str = "") -> None:
         """Close the matching connections on every worker (320)."""
         for link in self.links.values():

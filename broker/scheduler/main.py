@@ -80,6 +80,7 @@ class Scheduler(Notification):
         self.definitions = definitions.Definitions()
         self.restoring = False
         self.unrestored = {}
+        self.client_connections = {}
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
         self.stats = Counters(seg, layout.scheduler_slot(seg.layout))
 
@@ -265,6 +266,7 @@ _REQUESTS: dict[type, Handler] = dict(
         _on(ipc.Unbind, Scheduler._on_bind),
         _on(ipc.Level, Scheduler._on_level),
         _on(ipc.ConnClosed, Scheduler._on_conn_closed),
+        _on(ipc.ConnOpen, Scheduler._connection_opened),
     )
 )
 

@@ -147,6 +147,7 @@ class Notification(QueueExpiry):
 
     def _hello(self, worker: int, m: ipc.Hello) -> None:
         """A worker (re)introduces itself with its full consumer state."""
+        self._known_connections(worker, m.connections)
         self._drop_worker_consumers(worker)
         for c in m.consumers:
             q = self.queues.get(c.qid)
@@ -177,6 +178,7 @@ class Notification(QueueExpiry):
                 self._check_work(q)
 
     def _worker_gone(self, worker: int) -> None:
+        self._known_connections(worker, [])
         self._drop_worker_consumers(worker)
         self._heard_from(worker)
         for q in [q for q in self.queues.values() if q.exclusive and q.owner >> 40 == worker]:

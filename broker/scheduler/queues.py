@@ -191,6 +191,8 @@ class QueueLifecycle(Journal):
                 if streams.is_stream(arguments):
                     raise streams.server_named_refused()
                 name = definitions.server_named_queue()
+            if DELAY_QUEUE_ARGUMENT not in arguments:
+                self._check_queue_limit(vhost, name)
             kind = quorum.queue_type(name, vhost, arguments)
             stream = None
             counting = 0
@@ -267,6 +269,24 @@ class QueueLifecycle(Journal):
             self.by_name[(vhost, name)] = q
             self._queue_used(q)
         return [q.qid, q.name, self.messages(q), len(q.qcm)]
+
+    def _check_queue_limit(self, vhost: str, name: bytes) -> None:
+        """A vhost's max-queues (`shoal ctl set_vhost_limits`), as RabbitMQ
+        refuses the queue over it."""
+        limit = self.definitions.vhost_limits.get(vhost, {}).get("max-queues")
+        if limit is None:
+            return
+        count = sum(
+            1
+            for q in self.queues.values()
+            if q.vhost == vhost and not q.name.startswith(routing.DELAY_QUEUE_PREFIX.encode())
+        )
+        if count >= limit:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
+                f"cannot declare queue '{name.decode(errors='replace')}': queue limit in vhost "
+                f"'{vhost}' ({limit}) is reached",
+            )
 
     def _effective(self, vhost: str, name: bytes, arguments: dict[str, Any]) -> dict[str, Any]:
         """A queue's arguments with the policy that applies to it

@@ -138,6 +138,9 @@ class SchedulerState:
     unrestored: dict[tuple[str, str], tuple[QueueDeclared, list[Bound]]]
     stats: Counters
     stream_words: StreamWords
+    # Open client connections (conn_id -> (vhost, user)), from the workers'
+    # CONN_OPEN and HELLO: vhost and user max-connections (access.py).
+    client_connections: dict[int, tuple[str, str]]
 
     def ready(self, q: QueueState) -> int:
         """Ready entries over all the queue's levels."""

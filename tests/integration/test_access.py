@@ -287,3 +287,45 @@ def test_ctl_refuses_what_rabbitmqctl_refuses(broker: Broker) -> None:
         done = shoal(broker, "ctl", *args)
         assert done.returncode != 0, args
         assert text in done.stderr, (args, done.stderr)
+
+
+def test_vhost_and_user_limits(user_in_vhost: Broker) -> None:
+    broker = user_in_vhost
+    grant(broker, ".*", ".*", ".*")
+    ctl(broker, "set_vhost_limits", "-p", "v", '{"max-connections": 1, "max-queues": 1}')
+    first = login(broker, "u", "pw", "v")
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as caught:
+        login(broker, "u", "pw", "v")
+    assert (
+        "NOT_ALLOWED - access to vhost 'v' refused for user 'u': connection limit (1) is reached"
+        in str(caught.value)
+    )
+    ch = first.channel()
+    ch.queue_declare("one")
+    code, text = refused_on_channel(ch, lambda c: c.queue_declare("two"))
+    assert (code, text) == (
+        406,
+        "PRECONDITION_FAILED - cannot declare queue 'two': queue limit in vhost 'v' (1) is reached",
+    )
+    first.close()
+    ctl(broker, "clear_vhost_limits", "-p", "v")
+    ctl(broker, "set_user_limits", "u", '{"max-connections": 2}')
+    kept = [login(broker, "u", "pw", "v") for _ in range(2)]  # on both workers, likely
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as user_limit:
+        login(broker, "u", "pw", "v")
+    assert (
+        "NOT_ALLOWED - connection refused for user 'u': user connection limit (2) is reached"
+        in str(user_limit.value)
+    )
+    kept.pop().close()
+    wait_for(lambda: _logs_in(broker), 10, "the closed connection to be uncounted")
+    for conn in kept:
+        conn.close()
+
+
+def _logs_in(broker: Broker) -> bool:
+    try:
+        login(broker, "u", "pw", "v").close()
+    except pika.exceptions.ProbableAccessDeniedError:
+        return False
+    return True

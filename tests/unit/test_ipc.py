@@ -48,6 +48,7 @@ SAMPLES: list[ipc.Message] = [
     ipc.Inspect(5),
     ipc.Unblock(2),
     ipc.Disconnect("v", "u", 3, "vhost 'v' is deleted"),
+    ipc.ConnOpen(7, "v", "u", True),
 ]
 
 
