@@ -51,7 +51,7 @@ class ConnectionAccess:
     def check(self, permission: str, kind: str, name: str) -> None:
         """Raises the 403 if the user may not use the resource that way."""
         if not self.allowed(permission, kind, name):
-            raise access.refused(permission, kind, name, self.vhost, self.user)
+            raise access.refused(kind, name, self.vhost, self.user)
 
     def may_publish(self, exchange: bytes, routing_key: bytes) -> bool:
         """The publish path's check: write on the exchange, and the topic
@@ -75,7 +75,7 @@ class ConnectionAccess:
         name = exchange.decode(errors="replace")
         self.check(WRITE, "exchange", name)
         raise access.topic_refused(
-            WRITE, routing_key.decode(errors="replace"), name, self.vhost, self.user
+            routing_key.decode(errors="replace"), name, self.vhost, self.user
         )
 
     def check_topic(self, permission: str, exchange: str, routing_key: str) -> None:
@@ -83,7 +83,7 @@ class ConnectionAccess:
         topic permissions too."""
         self._fresh()
         if not self._topic_allows(permission, exchange, routing_key):
-            raise access.topic_refused(permission, routing_key, exchange, self.vhost, self.user)
+            raise access.topic_refused(routing_key, exchange, self.vhost, self.user)
 
     def _decide(self, permission: str, kind: str, name: str) -> bool:
         granted = self.routes.definitions.permissions.get((self.vhost, self.user))

@@ -218,12 +218,6 @@ class Declaring(ChannelState):
     def _queue_bind(self, method: C.Queue.Bind | C.Queue.Unbind) -> Coroutine[Any, Any, None]:
         unbind = isinstance(method, C.Queue.Unbind)
         class_method = divmod(method.index, 0x10000)
-        if not method.exchange:
-            raise errors.ChannelError(
-                errors.ACCESS_REFUSED,
-                "operation not permitted on the default exchange",
-                *class_method,
-            )
         queue = method.queue
         routing_key = method.routing_key
         if not queue:
@@ -236,6 +230,14 @@ class Declaring(ChannelState):
             queue = self.last_queue.decode()
             if not routing_key:
                 routing_key = queue
+        # As RabbitMQ: write on the queue is checked before the exchange.
+        self.conn.access.check(WRITE, "queue", queue)
+        if not method.exchange:
+            raise errors.ChannelError(
+                errors.ACCESS_REFUSED,
+                "operation not permitted on the default exchange",
+                *class_method,
+            )
         self._check_binding("queue", queue, method.exchange, routing_key)
         return self._definitions_rpc(
             method,

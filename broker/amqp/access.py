@@ -42,7 +42,13 @@ DEFAULT_EXCHANGE_NAME = "amq.default"
 
 class AccessError(ValueError):
     """A user, vhost or permission request that cannot be carried out
-    (`shoal ctl` prints it, as rabbitmqctl prints its errors)."""
+    (`shoal ctl` prints it, as rabbitmqctl prints its errors, and exits
+    with rabbitmqctl's code for it: 70 by default, 67 no such user, 65 or
+    69 no such vhost)."""
+
+    def __init__(self, text: str, code: int = 70) -> None:
+        super().__init__(text)
+        self.code = code
 
 
 def hash_password(password: str, algorithm: str = SHA256, salt: bytes | None = None) -> str:
@@ -96,9 +102,10 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 
 def permits(pattern: str, name: str) -> bool:
-    """RabbitMQ's match of a permission: an empty pattern grants nothing,
-    any other is searched in the name."""
-    return bool(pattern) and _compiled(pattern).search(name) is not None
+    """RabbitMQ's match of a permission: the pattern is searched in the
+    name, an empty one taken as ^$ (it grants nothing but an empty name:
+    a topic permission's empty routing key)."""
+    return _compiled(pattern or "^$").search(name) is not None
 
 
 def resource_name(kind: str, name: str) -> str:
@@ -107,11 +114,12 @@ def resource_name(kind: str, name: str) -> str:
     return DEFAULT_EXCHANGE_NAME if kind == "exchange" and not name else name
 
 
-def refused(permission: str, kind: str, name: str, vhost: str, user: str) -> errors.ChannelError:
-    """The 403 for a resource `user` may not use that way."""
+def refused(kind: str, name: str, vhost: str, user: str) -> errors.ChannelError:
+    """The 403 for a resource `user` may not use that way (RabbitMQ 3.10
+    does not say which permission is missing)."""
     return errors.ChannelError(
         errors.ACCESS_REFUSED,
-        f"{permission} access to {kind} '{resource_name(kind, name)}' in vhost '{vhost}' "
+        f"access to {kind} '{resource_name(kind, name)}' in vhost '{vhost}' "
         f"refused for user '{user}'",
     )
 
@@ -125,12 +133,10 @@ def expand_topic_pattern(pattern: str, user: str, vhost: str, client_id: str = "
     )
 
 
-def topic_refused(
-    permission: str, routing_key: str, exchange: str, vhost: str, user: str
-) -> errors.ChannelError:
+def topic_refused(routing_key: str, exchange: str, vhost: str, user: str) -> errors.ChannelError:
     return errors.ChannelError(
         errors.ACCESS_REFUSED,
-        f"{permission} access to topic '{routing_key}' in exchange '{exchange}' in vhost "
+        f"access to topic '{routing_key}' in exchange '{exchange}' in vhost "
         f"'{vhost}' refused for user '{user}'",
     )
 

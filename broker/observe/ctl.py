@@ -73,6 +73,15 @@ def _limits(op: str, key: str = "") -> Callable[[argparse.Namespace], Row]:
     return build
 
 
+def _import(ns: argparse.Namespace) -> Row:
+    try:
+        text = sys.stdin.read() if ns.path == "-" else open(ns.path).read()  # noqa: SIM115
+        definitions = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"Error: cannot read definitions from {ns.path}: {exc}") from None
+    return {"op": "import_definitions", "definitions": definitions}
+
+
 def _policy(ns: argparse.Namespace) -> Row:
     try:
         definition = json.loads(ns.definition)
@@ -88,6 +97,15 @@ def _policy(ns: argparse.Namespace) -> Row:
         "apply_to": ns.apply_to,
     }
 
+
+BINDING_COLUMNS = (
+    "source_name",
+    "source_kind",
+    "destination_name",
+    "destination_kind",
+    "routing_key",
+    "arguments",
+)
 
 VERBS: dict[str, Verb] = {
     "add_user": Verb(
@@ -181,6 +199,35 @@ VERBS: dict[str, Verb] = {
         'Listing topic permissions for user "{user}" ...',
         ("vhost", "exchange", "write", "read"),
     ),
+    "list_queues": Verb(
+        (),
+        _fields(),
+        "Timeout: 60.0 seconds ...\nListing queues for vhost {vhost} ...",
+        ("name", "messages"),
+    ),
+    "list_exchanges": Verb(
+        (), _fields(), "Listing exchanges for vhost {vhost} ...", ("name", "type")
+    ),
+    "list_bindings": Verb(
+        (),
+        _fields(),
+        "Listing bindings for vhost {vhost}...",
+        BINDING_COLUMNS,
+    ),
+    "purge_queue": Verb(
+        ("queue",), _fields("queue"), done="Purging queue '{queue}' in vhost '{vhost}' ..."
+    ),
+    "delete_queue": Verb(
+        ("queue",),
+        _fields("queue", "if_empty", "if_unused"),
+        done="Deleting queue '{queue}' on vhost '{vhost}' ...",
+    ),
+    "export_definitions": Verb(
+        ("path",), _fields(), done='Exporting definitions in JSON to a file at "{path}" ...'
+    ),
+    "import_definitions": Verb(
+        ("path",), _import, done='Importing definitions in JSON from a file at "{path}" ...'
+    ),
     "set_policy": Verb(
         ("name", "pattern", "definition"),
         _policy,
@@ -210,6 +257,9 @@ def _parser() -> argparse.ArgumentParser:
     for name, verb in VERBS.items():
         sub = verbs.add_parser(name)
         sub.add_argument("-p", "--vhost", default="/")
+        if name == "delete_queue":
+            sub.add_argument("-e", "--if-empty", action="store_true")
+            sub.add_argument("-u", "--if-unused", action="store_true")
         if name == "set_policy":
             sub.add_argument("--priority", type=int, default=0)
             sub.add_argument("--apply-to", default="all", choices=["all", "queues", "exchanges"])
@@ -254,6 +304,8 @@ def main(argv: list[str]) -> int:
         ns.vhost = ns.name
     message = verb.build(ns)
     quiet = ns.quiet or ns.silent or ns.formatter == "json"
+    if ns.verb == "export_definitions" and ns.path == "-":
+        quiet = True  # standard output is the JSON alone
     words = {k: (" ".join(v) if isinstance(v, list) else v) for k, v in vars(ns).items()}
     if not quiet:
         print((verb.banner or verb.done).format(**words))
@@ -264,20 +316,46 @@ def main(argv: list[str]) -> int:
         print(f"Error: no broker answering at {runtime_dir}: {exc}", file=sys.stderr)
         return 69  # rabbitmqctl's "node down" (EX_UNAVAILABLE)
     if "error" in answer:
-        print(f"Error:\n{answer['error']}", file=sys.stderr)
-        return 70  # EX_SOFTWARE, as rabbitmqctl for a refused change
+        code = int(answer.get("code", 70))  # rabbitmqctl's exit codes (EX_SOFTWARE ...)
+        # rabbitmqctl writes "Error:" above most errors, not "does not exist" of a vhost.
+        error = answer["error"]
+        print(
+            error if code == 65 and "Virtual host" in error else f"Error:\n{error}", file=sys.stderr
+        )
+        return code
+    if ns.verb == "add_user" and not quiet:
+        print(
+            "Done. Don't forget to grant the user permissions to some virtual hosts! See "
+            "'rabbitmqctl help set_permissions' to learn more."
+        )
+    if ns.verb == "authenticate_user" and not quiet:
+        print("Success")
+    if ns.verb == "export_definitions":
+        text = json.dumps(answer["definitions"], indent=1)
+        if ns.path == "-":
+            print(text)
+        else:
+            with open(ns.path, "w") as f:
+                f.write(text + "\n")
+    if ns.verb in ("purge_queue", "delete_queue") and ns.verb == "delete_queue" and not quiet:
+        print(f"Queue was successfully deleted with {answer.get('messages', 0)} ready messages")
     if verb.columns:
         rows = answer.get("rows", answer.get("policies", []))
-        if ns.verb == "list_vhost_limits":
-            rows = [{"vhost": r["name"], "limits": r["limits"]} for r in rows]
-            rows = [r for r in rows if r["vhost"] == ns.vhost]
+        if ns.verb == "list_vhost_limits":  # the limits alone, as JSON
+            for row in rows:
+                if row["name"] == ns.vhost and row["limits"]:
+                    print(json.dumps(row["limits"], separators=(",", ":")))
+            return 0
         _print_rows(rows, tuple(ns.columns) or verb.columns, ns.formatter, ns.silent)
     return 0
 
 
 def _print_rows(rows: list[Row], columns: tuple[str, ...], formatter: str, silent: bool) -> None:
-    if formatter == "json":
-        print(json.dumps([{c: row.get(c, "") for c in columns} for row in rows]))
+    if formatter == "json":  # as rabbitmqctl lays it out: one object a line
+        objects = [
+            json.dumps({c: row.get(c, "") for c in columns}, separators=(",", ":")) for row in rows
+        ]
+        print("[\n" + "\n,".join(objects) + ("\n]" if objects else "]"))
         return
     if not silent:
         print("\t".join(columns))
@@ -286,6 +364,8 @@ def _print_rows(rows: list[Row], columns: tuple[str, ...], formatter: str, silen
 
 
 def _cell(value: Any) -> str:
+    if value == {}:
+        return "[]"  # an empty table, as Erlang prints it
     if isinstance(value, list):
         return "[" + ", ".join(str(v) for v in value) + "]"
     if isinstance(value, dict):

@@ -28,20 +28,25 @@ USER_LIMITS = ("max-connections", "max-channels")
 
 
 class Access(Policies):
+    # The control requests answered by a method of that name (those of the
+    # layers above are added there).
+    CONTROL_REQUESTS: frozenset[str] = frozenset()
+
     def control(self, request: dict[str, Any]) -> dict[str, Any]:
         """A user, vhost or permission request ({"op": ..., ...}), else
         the policies' (policies.py)."""
-        handler = _REQUESTS.get(str(request.get("op")))
-        if handler is None:
+        op = str(request.get("op"))
+        if op not in self.CONTROL_REQUESTS:
             return super().control(request)
         try:
-            answer = handler(self, _Request(request))
+            answer = getattr(self, op)(ControlRequest(request))
         except (access.AccessError, errors.AMQPError, TypeError, ValueError) as exc:
-            return {"error": getattr(exc, "reply_text", None) or str(exc)}
+            text = getattr(exc, "reply_text", None) or str(exc)
+            return {"error": text, "code": getattr(exc, "code", 70)}
         return answer if answer is not None else {"ok": True}
 
     # ------------------------------------------------------------- users
-    def add_user(self, r: _Request) -> None:
+    def add_user(self, r: ControlRequest) -> None:
         user = r.text("user")
         if not user:
             raise access.AccessError("a user name cannot be empty")
@@ -56,40 +61,46 @@ class Access(Policies):
         self._journal(D.UserSet(user, password_hash, algorithm, tags, {}))
         log.info("user %r added", user)
 
-    def _user(self, r: _Request) -> D.UserSet:
+    def _user(self, r: ControlRequest, quoted: bool = True) -> D.UserSet:
         user = r.text("user")
         record = self.definitions.users.get(user)
-        if record is None:
-            raise access.AccessError(f'User "{user}" does not exist')
+        if record is None:  # rabbitmqctl quotes the name in some texts only
+            raise access.AccessError(
+                f'User "{user}" does not exist' if quoted else f"User {user} does not exist", 67
+            )
         return record
 
-    def delete_user(self, r: _Request) -> None:
+    def delete_user(self, r: ControlRequest) -> None:
         record = self._user(r)
         self._journal(D.UserDeleted(record.user))
         log.info("user %r deleted", record.user)
         self._disconnect(user=record.user, text=f"user '{record.user}' is deleted")
 
-    def change_password(self, r: _Request) -> None:
+    def change_password(self, r: ControlRequest) -> None:
         record = self._user(r)
         password = r.text("password")
         new_hash = access.hash_password(password) if password else ""
         self._journal(D.UserSet(record.user, new_hash, access.SHA256, record.tags, record.limits))
 
-    def clear_password(self, r: _Request) -> None:
+    def clear_password(self, r: ControlRequest) -> None:
         record = self._user(r)
         self._journal(
             D.UserSet(record.user, "", record.hashing_algorithm, record.tags, record.limits)
         )
 
-    def authenticate_user(self, r: _Request) -> dict[str, Any]:
+    def authenticate_user(self, r: ControlRequest) -> dict[str, Any]:
         record = self._user(r)
         if not access.password_matches(
             record.password_hash, record.hashing_algorithm, r.text("password")
         ):
-            raise access.AccessError(f'Error: failed to authenticate user "{record.user}"')
+            raise access.AccessError(
+                f'Error: failed to authenticate user "{record.user}"\n'
+                f"user '{record.user}' - invalid credentials",
+                65,
+            )
         return {"ok": True, "tags": record.tags}
 
-    def set_user_tags(self, r: _Request) -> None:
+    def set_user_tags(self, r: ControlRequest) -> None:
         record = self._user(r)
         tags = access.check_tags(r.list("tags"))
         self._journal(
@@ -98,7 +109,7 @@ class Access(Policies):
             )
         )
 
-    def set_user_limits(self, r: _Request) -> None:
+    def set_user_limits(self, r: ControlRequest) -> None:
         record = self._user(r)
         limits = _limits(record.limits, r.dict("limits"), USER_LIMITS)
         self._journal(
@@ -107,7 +118,7 @@ class Access(Policies):
             )
         )
 
-    def clear_user_limits(self, r: _Request) -> None:
+    def clear_user_limits(self, r: ControlRequest) -> None:
         record = self._user(r)
         name = r.text("limit")
         kept = {} if name in ("", "all") else record.limits
@@ -118,7 +129,7 @@ class Access(Policies):
             )
         )
 
-    def list_users(self, r: _Request) -> dict[str, Any]:
+    def list_users(self, r: ControlRequest) -> dict[str, Any]:
         return {
             "rows": [
                 {
@@ -133,13 +144,13 @@ class Access(Policies):
         }
 
     # ------------------------------------------------------------ vhosts
-    def _vhost(self, r: _Request) -> str:
+    def _vhost(self, r: ControlRequest) -> str:
         vhost = r.text("vhost", self.vhost)
         if vhost not in self.definitions.vhost_ids:
-            raise access.AccessError(f'Virtual host "{vhost}" does not exist')
+            raise access.AccessError(f"Virtual host {vhost} does not exist", 69)
         return vhost
 
-    def add_vhost(self, r: _Request) -> None:
+    def add_vhost(self, r: ControlRequest) -> None:
         vhost = r.text("vhost")
         if not vhost:
             raise access.AccessError("a virtual host name cannot be empty")
@@ -150,8 +161,10 @@ class Access(Policies):
             self._journal(op)
         log.info("vhost %r added", vhost)
 
-    def delete_vhost(self, r: _Request) -> None:
-        vhost = self._vhost(r)
+    def delete_vhost(self, r: ControlRequest) -> None:
+        vhost = r.text("vhost")
+        if vhost not in self.definitions.vhost_ids:
+            raise access.AccessError(f"Virtual host '{vhost}' does not exist", 65)
         for q in list(self.queues.values()):
             if q.vhost == vhost:
                 self._remove_queue(q)
@@ -159,9 +172,9 @@ class Access(Policies):
             del self.unrestored[key]  # not restored (--max-queues): gone with it
         self._journal(D.VHostDeleted(vhost))
         log.info("vhost %r deleted", vhost)
-        self._disconnect(vhost=vhost, text=f"vhost '{vhost}' is deleted")
+        self._disconnect(vhost=vhost, text=f"vhost '{vhost}' is down")
 
-    def list_vhosts(self, r: _Request) -> dict[str, Any]:
+    def list_vhosts(self, r: ControlRequest) -> dict[str, Any]:
         limits = self.definitions.vhost_limits
         return {
             "rows": [
@@ -170,31 +183,31 @@ class Access(Policies):
             ]
         }
 
-    def set_vhost_limits(self, r: _Request) -> None:
+    def set_vhost_limits(self, r: ControlRequest) -> None:
         vhost = self._vhost(r)
         current = self.definitions.vhost_limits.get(vhost, {})
         limits = _limits(current, r.dict("limits"), VHOST_LIMITS)
         self._journal(D.VHostLimitsSet(vhost, limits))
 
-    def clear_vhost_limits(self, r: _Request) -> None:
+    def clear_vhost_limits(self, r: ControlRequest) -> None:
         vhost = self._vhost(r)
         self._journal(D.VHostLimitsSet(vhost, {}))
 
     # ------------------------------------------------------- permissions
-    def set_permissions(self, r: _Request) -> None:
-        vhost, user = self._vhost(r), self._user(r).user
+    def set_permissions(self, r: ControlRequest) -> None:
+        vhost, user = self._vhost(r), self._user(r, quoted=False).user
         patterns = [access.check_pattern(r.text(k)) for k in ("configure", "write", "read")]
         self._journal(D.PermissionSet(vhost, user, *patterns))
 
-    def clear_permissions(self, r: _Request) -> None:
-        vhost, user = self._vhost(r), self._user(r).user
+    def clear_permissions(self, r: ControlRequest) -> None:
+        vhost, user = self._vhost(r), self._user(r, quoted=False).user
         self._journal(D.PermissionCleared(vhost, user))
 
-    def list_permissions(self, r: _Request) -> dict[str, Any]:
+    def list_permissions(self, r: ControlRequest) -> dict[str, Any]:
         """Of a user (given one), else of a vhost."""
         return {"rows": self._rows(r, self.definitions.permissions.values())}
 
-    def _rows(self, r: _Request, records: Iterable[D.Operation]) -> list[dict[str, Any]]:
+    def _rows(self, r: ControlRequest, records: Iterable[D.Operation]) -> list[dict[str, Any]]:
         user = r.text("user")
         vhost = None if user else self._vhost(r)
         return [
@@ -203,19 +216,19 @@ class Access(Policies):
             if p.vhost == vhost or getattr(p, "user", None) == user
         ]
 
-    def set_topic_permissions(self, r: _Request) -> None:
-        vhost, user = self._vhost(r), self._user(r).user
+    def set_topic_permissions(self, r: ControlRequest) -> None:
+        vhost, user = self._vhost(r), self._user(r, quoted=False).user
         exchange = r.text("exchange")
         if not exchange:
             raise access.AccessError("a topic permission names an exchange")
         write, read = (access.check_pattern(r.text(k)) for k in ("write", "read"))
         self._journal(D.TopicPermissionSet(vhost, user, exchange, write, read))
 
-    def clear_topic_permissions(self, r: _Request) -> None:
-        vhost, user = self._vhost(r), self._user(r).user
+    def clear_topic_permissions(self, r: ControlRequest) -> None:
+        vhost, user = self._vhost(r), self._user(r, quoted=False).user
         self._journal(D.TopicPermissionCleared(vhost, user, r.text("exchange")))
 
-    def list_topic_permissions(self, r: _Request) -> dict[str, Any]:
+    def list_topic_permissions(self, r: ControlRequest) -> dict[str, Any]:
         named = self.definitions.topic_permissions.values()
         return {"rows": self._rows(r, (p for rules in named for p in rules.values()))}
 
@@ -266,7 +279,7 @@ class Access(Policies):
             link.send(ipc.Disconnect(vhost, user, 0, text))
 
 
-class _Request:
+class ControlRequest:
     """A control request's fields, typed as they are read."""
 
     __slots__ = ("fields",)
@@ -287,6 +300,9 @@ class _Request:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise TypeError(f"{key} must be a list of strings")
         return value
+
+    def flag(self, key: str) -> bool:
+        return self.fields.get(key) is True
 
     def dict(self, key: str) -> dict[str, Any]:
         value = self.fields.get(key) or {}
@@ -310,9 +326,8 @@ def _limits(
     return {k: v for k, v in limits.items() if v >= 0}
 
 
-_REQUESTS: dict[str, Any] = {
-    name: getattr(Access, name)
-    for name in (
+Access.CONTROL_REQUESTS = frozenset(
+    (
         "add_user",
         "delete_user",
         "change_password",
@@ -334,4 +349,4 @@ _REQUESTS: dict[str, Any] = {
         "clear_topic_permissions",
         "list_topic_permissions",
     )
-}
+)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import time
 
-from shoal.broker.scheduler.access import Access
 from shoal.broker.scheduler.state import QueueState
+from shoal.broker.scheduler.transfer import Transfer
 
 log = logging.getLogger("shoal.scheduler")
 
 
-class QueueExpiry(Access):
+class QueueExpiry(Transfer):
     def _queue_used(self, q: QueueState) -> None:
         """A declare, a redeclare, or its last consumer gone: the clock
         starts again (and runs while it has no consumer)."""

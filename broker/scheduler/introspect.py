@@ -28,6 +28,7 @@ from shoal.broker.scheduler.state import QueueState
 SOCKET_NAME = "scheduler.sock"
 REPLY_TIMEOUT = 2.0
 REQUEST_TIMEOUT = 5.0
+MAX_REQUEST = 256 << 20
 
 
 def socket_path(runtime_dir: str) -> str:
@@ -68,7 +69,10 @@ class Introspection:
             os.unlink(self.path)  # left by a predecessor killed with SIGKILL
         except FileNotFoundError:
             pass
-        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        # One request is one line: an imported definitions file may be long.
+        self._server = await asyncio.start_unix_server(
+            self._serve, path=self.path, limit=MAX_REQUEST
+        )
 
     def close(self) -> None:
         if self._server is not None:

@@ -1,0 +1,222 @@
+"""`shoal ctl`'s requests about queues, exchanges and bindings, and the
+definitions file both ways (issue 16, item 5; the format is
+broker/amqp/definitions_json.py): list_queues / list_exchanges /
+list_bindings with rabbitmqctl's column names, purge_queue, delete_queue,
+export_definitions, import_definitions. An import goes through the same
+paths as a client's declares, so it is journaled and kept durable alike."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from shoal.broker.amqp import definitions as D
+from shoal.broker.amqp import definitions_json as J
+from shoal.broker.amqp import errors, policies, routing
+from shoal.broker.scheduler.access import Access, ControlRequest
+from shoal.broker.scheduler.state import QueueState
+
+log = logging.getLogger("shoal.scheduler")
+
+DELAY_QUEUES = routing.DELAY_QUEUE_PREFIX.encode()
+
+
+class Transfer(Access):
+    def _client_queues(self, vhost: str | None) -> list[QueueState]:
+        """Clients' queues (not the delay queues), of one vhost or all."""
+        return sorted(
+            (
+                q
+                for q in self.queues.values()
+                if (vhost is None or q.vhost == vhost) and not q.name.startswith(DELAY_QUEUES)
+            ),
+            key=lambda q: (q.vhost, q.name),
+        )
+
+    def list_queues(self, r: ControlRequest) -> dict[str, Any]:
+        rows = []
+        for q in self._client_queues(self._vhost(r)):
+            name = q.name.decode(errors="replace")
+            arguments = self.definitions.queue_arguments.get((q.vhost, name), {})
+            policy = self.definitions.policy_for(q.vhost, name)
+            ready, unacked = self.messages(q), self.unacked(q)
+            rows.append(
+                {
+                    "name": name,
+                    "vhost": q.vhost,
+                    "durable": q.durable,
+                    "auto_delete": q.auto_delete,
+                    "exclusive": q.exclusive,
+                    "arguments": arguments,
+                    "policy": policy["name"] if policy else "",
+                    "messages_ready": ready,
+                    "messages_unacknowledged": unacked,
+                    "messages": ready + unacked,
+                    "consumers": len(q.qcm),
+                    "type": _queue_type(q, arguments),
+                    "state": "running",
+                }
+            )
+        return {"rows": rows}
+
+    def list_exchanges(self, r: ControlRequest) -> dict[str, Any]:
+        vhost = self._vhost(r)
+        router = self.definitions.vhosts.get(vhost)
+        rows = [
+            {
+                "name": "",
+                "vhost": vhost,
+                "type": "direct",
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+                "arguments": {},
+            }
+        ]
+        for name in sorted(router.exchanges if router else ()):
+            x = router.exchanges[name]  # type: ignore[union-attr]
+            rows.append(
+                {
+                    "name": name,
+                    "vhost": vhost,
+                    "type": x.type,
+                    "durable": x.durable,
+                    "auto_delete": x.auto_delete,
+                    "internal": x.internal,
+                    "arguments": x.arguments,
+                }
+            )
+        return {"rows": rows}
+
+    def list_bindings(self, r: ControlRequest) -> dict[str, Any]:
+        """As rabbitmqctl: the default exchange's implicit binding of each
+        queue first, then the explicit ones."""
+        vhost = self._vhost(r)
+        rows = [
+            _binding("", "queue", name, name, {})
+            for q in self._client_queues(vhost)
+            for name in [q.name.decode(errors="replace")]
+        ]
+        router = self.definitions.vhosts.get(vhost)
+        for source in sorted(router.exchanges if router else ()):
+            x = router.exchanges[source]  # type: ignore[union-attr]
+            for ((kind, dest), routing_key, _f), arguments in x.bindings.items():
+                dest_kind = "queue" if kind == "q" else "exchange"
+                rows.append(_binding(source, dest_kind, dest, routing_key, arguments))
+        return {"rows": rows}
+
+    def purge_queue(self, r: ControlRequest) -> dict[str, Any]:
+        count = self._purge(self._vhost(r), r.text("queue").encode(), 0)
+        return {"ok": True, "messages": count}
+
+    def delete_queue(self, r: ControlRequest) -> dict[str, Any]:
+        vhost, name = self._vhost(r), r.text("queue").encode()
+        if self._client_queue(vhost, name) is None:
+            raise errors.ChannelError(errors.NOT_FOUND, errors.no_queue(name.decode(), vhost))
+        count = self._delete(vhost, name, r.flag("if_unused"), r.flag("if_empty"), 0)
+        return {"ok": True, "messages": count}
+
+    # ------------------------------------------------------- definitions
+    def export_definitions(self, r: ControlRequest) -> dict[str, Any]:
+        rows = []
+        for q in self._client_queues(None):
+            if q.exclusive:
+                continue  # as RabbitMQ 3.10: transient queues too, not exclusive ones
+            name = q.name.decode(errors="replace")
+            arguments = self.definitions.queue_arguments.get((q.vhost, name), {})
+            rows.append(
+                J.QueueRow(
+                    q.vhost, name, q.durable, q.auto_delete, arguments, _queue_type(q, arguments)
+                )
+            )
+        return {"definitions": J.export(self.definitions, rows, self.vhost)}
+
+    def import_definitions(self, r: ControlRequest) -> dict[str, Any]:
+        imported = J.parse(r.fields.get("definitions"))
+        ids = self.definitions.vhost_ids
+        for vhost in imported.vhosts:
+            if vhost not in ids:
+                for op in D.new_vhost_ops(vhost, max(ids.values(), default=-1) + 1):
+                    self._journal(op)
+        for user in imported.users:
+            self._journal(user)
+        for limits in imported.vhost_limits:
+            self._known_vhost(limits.vhost)
+            self._journal(limits)
+        permissions: list[D.PermissionSet | D.TopicPermissionSet] = [
+            *imported.permissions,
+            *imported.topic_permissions,
+        ]
+        for permission in permissions:
+            self._known_vhost(permission.vhost)
+            if permission.user not in self.definitions.users:
+                raise J.DefinitionsError(f"no user '{permission.user}' for its permissions")
+            self._journal(permission)
+        for p in imported.policies:
+            self._known_vhost(p.vhost)
+            policies.check(p.name, p.pattern, p.apply_to, p.definition)
+            self._journal(p)
+            self._apply_policies(p.vhost)
+        for x in imported.exchanges:
+            self._known_vhost(x.vhost)
+            self._exchange_declare(
+                x.vhost,
+                x.name,
+                x.exchange_type,
+                False,
+                x.durable,
+                x.auto_delete,
+                x.internal,
+                x.arguments,
+            )
+        for q in imported.queues:
+            self._known_vhost(q.vhost)
+            self._declare(
+                q.vhost, q.name.encode(), False, q.durable, False, q.auto_delete, 0, 0, q.arguments
+            )
+        for b in imported.bindings:
+            self._known_vhost(b.vhost)
+            self._bind(
+                b.vhost, b.source, b.kind, b.dest, b.routing_key, b.arguments, 0, unbind=False
+            )
+        log.info(
+            "definitions imported: %d users, %d vhosts, %d queues, %d exchanges, %d bindings",
+            len(imported.users),
+            len(imported.vhosts),
+            len(imported.queues),
+            len(imported.exchanges),
+            len(imported.bindings),
+        )
+        return {"ok": True}
+
+    def _known_vhost(self, vhost: str) -> None:
+        if vhost not in self.definitions.vhost_ids:
+            raise J.DefinitionsError(f"no vhost '{vhost}' (list it under 'vhosts')")
+
+
+def _queue_type(q: QueueState, arguments: dict[str, Any]) -> str:
+    return "stream" if q.stream else str(arguments.get("x-queue-type", "classic"))
+
+
+def _binding(
+    source: str, kind: str, dest: str, routing_key: str, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "source_name": source,
+        "source_kind": "exchange",
+        "destination_name": dest,
+        "destination_kind": kind,
+        "routing_key": routing_key,
+        "arguments": arguments,
+    }
+
+
+Transfer.CONTROL_REQUESTS = Access.CONTROL_REQUESTS | {
+    "list_queues",
+    "list_exchanges",
+    "list_bindings",
+    "purge_queue",
+    "delete_queue",
+    "export_definitions",
+    "import_definitions",
+}
