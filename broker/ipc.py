@@ -232,9 +232,12 @@ class Resync(Message, tag=23):
 
 
 class Inspect(Message, tag=24):
-    """The scheduler asks for the worker's consumers (`shoal status`)."""
+    """The scheduler asks for the worker's consumers (`shoal status`), or
+    with `what` "connections" its connections and their channels (`shoal
+    ctl list_connections`, the management API); answered by CONSUMERS."""
 
     req: int
+    what: str = "consumers"
 
 
 class Unblock(Message, tag=25):

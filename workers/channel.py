@@ -194,6 +194,30 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
             )
         )
 
+    def describe(self) -> dict[str, Any]:
+        """What list_channels / list_consumers show of this channel."""
+        return {
+            "number": self.number,
+            "transactional": self.tx is not None,
+            "confirm": self.confirm,
+            "consumer_count": len(self.consumers),
+            "messages_unacknowledged": len(self.unacked),
+            "prefetch_count": self.prefetch_count,
+            "global_prefetch_count": self.global_prefetch,
+            "consumers": [
+                {
+                    "consumer_tag": c.tag.decode(errors="replace"),
+                    "queue": self.ctx.store.name(c.qid).decode(errors="replace"),
+                    "ack_required": not c.no_ack,
+                    "exclusive": c.exclusive,
+                    "prefetch_count": self.prefetch_count,
+                    "active": True,
+                    "arguments": {},
+                }
+                for c in self.consumers.values()
+            ],
+        }
+
     def release(self) -> None:
         """Cancel consumers, roll back an open transaction and requeue unacked
         messages (close or crash)."""

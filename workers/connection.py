@@ -73,6 +73,9 @@ class Connection(Handshake, asyncio.Protocol):
         self.peer_host = ""
         self.certificate_user = ""
         self.opened = False  # see Handshake.opened_as
+        self.auth_mechanism = ""
+        self.client_properties: dict[str, Any] = {}
+        self.connected_at = int(time.time() * 1000)  # ms, as RabbitMQ's connected_at
         self.access = ConnectionAccess(ctx.routes, "", "")  # no rights until connection.open
         self.capabilities: dict[str, Any] = {}
         self.obeys_channel_flow = False  # see _obeys_channel_flow
@@ -590,6 +593,41 @@ class Connection(Handshake, asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
         self.timer = self.ctx.loop.call_later(CLOSE_OK_TIMEOUT, self._close_transport)
+
+    def describe(self) -> dict[str, Any]:
+        """What list_connections / list_channels show of an open connection
+        (rabbitmqctl's item names); {} before it is open."""
+        if self.state != OPEN or self.transport is None:
+            return {}
+        peer = self.transport.get_extra_info("peername") or ("", 0)
+        local = self.transport.get_extra_info("sockname") or ("", 0)
+        ssl_object = self.transport.get_extra_info("ssl_object")
+        props = self.client_properties
+        return {
+            "id": self.id,
+            "name": f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}",
+            "user": self.user,
+            "vhost": self.vhost,
+            "host": local[0],
+            "port": local[1],
+            "peer_host": peer[0],
+            "peer_port": peer[1],
+            "ssl": ssl_object is not None,
+            "ssl_protocol": ssl_object.version() if ssl_object is not None else "",
+            "auth_mechanism": self.auth_mechanism,
+            "protocol": "AMQP 0-9-1",
+            "channel_max": self.channel_max,
+            "frame_max": self.frame_max,
+            "timeout": self.heartbeat,
+            "state": "blocked" if self.blocked_sent else "running",
+            "connected_at": self.connected_at,
+            "client_properties": {
+                k: v.decode(errors="replace") if isinstance(v, bytes) else v
+                for k, v in props.items()
+                if isinstance(v, str | bytes | int | bool)
+            },
+            "channels": [channel.describe() for channel in self.channels.values()],
+        }
 
     def matches(self, vhost: str, user: str, conn_id: int) -> bool:
         """Whether a Disconnect for these (""/0: any) is for this connection."""

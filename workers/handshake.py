@@ -35,6 +35,8 @@ class Handshake:
     user: str
     peer_host: str
     certificate_user: str  # the CN of a verified TLS client certificate
+    auth_mechanism: str
+    client_properties: dict[str, Any]
     access: ConnectionAccess
     capabilities: dict[str, Any]
     obeys_channel_flow: bool
@@ -98,6 +100,8 @@ class Handshake:
         config = self.ctx.config
         routes = self.ctx.routes
         routes.sync()
+        self.auth_mechanism = method.mechanism
+        self.client_properties = dict(props)
         self.user = negotiation.login(
             method,
             routes.definitions.users,

@@ -227,6 +227,10 @@ class Worker:
 
     def _inspect(self, m: ipc.Inspect) -> None:
         ctx = self.ctx
+        if m.what == "connections":
+            described = [conn.describe() for conn in ctx.connections]
+            ctx.send(ipc.Consumers(m.req, [d for d in described if d]))
+            return
         records = []
         for consumer in ctx.consumers.values():
             record = consumer.inspect()

@@ -107,6 +107,16 @@ BINDING_COLUMNS = (
     "arguments",
 )
 
+CONSUMER_COLUMNS = (
+    "queue_name",
+    "channel_pid",
+    "consumer_tag",
+    "ack_required",
+    "prefetch_count",
+    "active",
+    "arguments",
+)
+
 VERBS: dict[str, Verb] = {
     "add_user": Verb(
         ("user", "password"), _fields("user", "password"), done='Adding user "{user}" ...'
@@ -221,6 +231,26 @@ VERBS: dict[str, Verb] = {
         ("queue",),
         _fields("queue", "if_empty", "if_unused"),
         done="Deleting queue '{queue}' on vhost '{vhost}' ...",
+    ),
+    "list_connections": Verb(
+        (), _fields(), "Listing connections ...", ("user", "peer_host", "peer_port", "state")
+    ),
+    "list_channels": Verb(
+        (),
+        _fields(),
+        "Listing channels ...",
+        ("pid", "user", "consumer_count", "messages_unacknowledged"),
+    ),
+    "list_consumers": Verb(
+        (),
+        _fields(),
+        "Listing consumers in vhost {vhost} ...",
+        CONSUMER_COLUMNS,
+    ),
+    "close_connection": Verb(
+        ("name", "reason"),
+        _fields("name", "reason", op="close_connection"),
+        done="Closing connection {name}, reason: {reason}...",
     ),
     "export_definitions": Verb(
         ("path",), _fields(), done='Exporting definitions in JSON to a file at "{path}" ...'

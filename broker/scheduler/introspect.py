@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import json
 import os
+import socket
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -28,6 +29,7 @@ from shoal.broker.scheduler.state import QueueState
 SOCKET_NAME = "scheduler.sock"
 REPLY_TIMEOUT = 2.0
 REQUEST_TIMEOUT = 5.0
+CONNECTION_REQUESTS = ("list_connections", "list_channels", "list_consumers", "close_connection")
 MAX_REQUEST = 256 << 20
 
 
@@ -103,7 +105,9 @@ class Introspection:
                     request = json.loads(line)
                 except ValueError:
                     request = None
-                if isinstance(request, dict):
+                if isinstance(request, dict) and request.get("op") in CONNECTION_REQUESTS:
+                    answer = await self.connection_request(request)
+                elif isinstance(request, dict):
                     answer = self.scheduler.control(request)
                 else:
                     answer = {"error": "a request is one JSON object on one line"}
@@ -116,7 +120,9 @@ class Introspection:
         finally:
             writer.close()
 
-    async def consumers(self) -> dict[str, Any]:
+    async def _ask_workers(self, what: str) -> tuple[dict[int, list[Any]], set[int]]:
+        """Every worker's INSPECT answer (by worker), and the workers that
+        did not answer within REPLY_TIMEOUT."""
         scheduler = self.scheduler
         req = next(self._reqs)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -125,13 +131,71 @@ class Introspection:
         self._waiting[req] = (replies, expected, done)
         try:
             for link in scheduler.links.values():
-                link.send(ipc.Inspect(req))
+                link.send(ipc.Inspect(req, what))
             if expected:
                 await asyncio.wait_for(done, REPLY_TIMEOUT)
         except TimeoutError:
             pass
         finally:
             del self._waiting[req]
+        return replies, expected
+
+    async def connection_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """list_connections, list_channels, list_consumers (rabbitmqctl's
+        items), close_connection: from the workers' answers."""
+        replies, _missing = await self._ask_workers("connections")
+        connections = [
+            {**c, "pid": f"<shoal@{socket.gethostname()}.{worker}.{c['id']:x}>"}
+            for worker, described in sorted(replies.items())
+            for c in described
+        ]
+        op = request.get("op")
+        vhost = request.get("vhost")
+        if op == "close_connection":
+            name = str(request.get("name", ""))
+            chosen = [c for c in connections if name in (c["name"], c["pid"])]
+            if not chosen:
+                return {"error": f"no connection '{name}'", "code": 69}
+            text = str(request.get("reason") or "Closed via management plugin")
+            for link in self.scheduler.links.values():
+                link.send(ipc.Disconnect("", "", chosen[0]["id"], text))
+            return {"ok": True}
+        if op == "list_connections":
+            return {"rows": [{k: v for k, v in c.items() if k != "channels"} for c in connections]}
+        channels = [
+            {
+                **ch,
+                "pid": f"{c['pid'][:-1]}.{ch['number']}>",
+                "connection": c["name"],
+                "connection_pid": c["pid"],
+                "name": f"{c['name']} ({ch['number']})",
+                "user": c["user"],
+                "vhost": c["vhost"],
+            }
+            for c in connections
+            for ch in c["channels"]
+        ]
+        if op == "list_channels":
+            return {"rows": [{k: v for k, v in ch.items() if k != "consumers"} for ch in channels]}
+        return {
+            "rows": [
+                {
+                    **consumer,
+                    "queue_name": consumer["queue"],
+                    "channel_pid": ch["pid"],
+                    "channel": ch["name"],
+                    "activity_status": "up",
+                    "vhost": ch["vhost"],
+                }
+                for ch in channels
+                for consumer in ch["consumers"]
+                if vhost is None or ch["vhost"] == vhost
+            ]
+        }
+
+    async def consumers(self) -> dict[str, Any]:
+        scheduler = self.scheduler
+        replies, expected = await self._ask_workers("consumers")
         by_key = {
             (worker, record["cid"]): record
             for worker, records in replies.items()
