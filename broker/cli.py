@@ -167,6 +167,13 @@ def _broker_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics-bind", default=d.metrics_bind, help="default: --bind")
     p.add_argument(
+        "--management-port",
+        type=int,
+        default=d.management_port,
+        help="the HTTP management API, RabbitMQ's (default %(default)s; 0: off)",
+    )
+    p.add_argument("--management-bind", default=d.management_bind, help="default: --bind")
+    p.add_argument(
         "--cluster-name",
         default=d.cluster_name,
         help="rabbitmq_cluster label of the metrics (default shoal@<hostname>)",
@@ -199,6 +206,8 @@ def local_command(
         # No metrics endpoint unless asked for: 15692 may be taken (by another
         # test's broker, or a RabbitMQ started for comparison).
         "--metrics-port",
+        "0",
+        "--management-port",
         "0",
         *extra,
     ]

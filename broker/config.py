@@ -57,6 +57,8 @@ class Config(msgspec.Struct, frozen=True):
     log_level: str = "info"
     metrics_port: int = 15692  # Prometheus endpoint (broker/observe/metrics.py); 0: off
     metrics_bind: str = ""  # "": the same address as --bind
+    management_port: int = 15672  # the HTTP management API (broker/management); 0: off
+    management_bind: str = ""  # "": the same address as --bind
     cluster_name: str = ""  # rabbitmq_identity_info's rabbitmq_cluster ("": shoal@<host>)
 
     def worker_count(self) -> int:

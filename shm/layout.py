@@ -40,7 +40,7 @@ import msgspec
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 10
+VERSION = 11
 
 HEADER_SIZE = 4096
 # header words
@@ -70,7 +70,7 @@ H_LOADED = H_EPOCH + 8
 LOAD_NOT_BEGUN, LOAD_RUNNING, LOAD_DONE = 0, 1, 2
 
 # process table
-PROC_SLOTS_EXTRA = 4  # supervisor, acceptor, scheduler, metrics
+PROC_SLOTS_EXTRA = 5  # supervisor, acceptor, scheduler, metrics, management
 PROC_SIZE = 1024
 P_PID = 0
 P_INCARNATION = 8
@@ -91,12 +91,14 @@ P_ROLE = 96  # ROLE_* of the process in this slot
 P_DROPPING = 104
 P_STATS = 128  # shm/stats.py: the process's counters, flushed by itself
 ROLE_WORKER, ROLE_ACCEPTOR, ROLE_SCHEDULER, ROLE_SUPERVISOR, ROLE_METRICS = 1, 2, 3, 4, 5
+ROLE_MANAGEMENT = 6
 ROLE_NAMES = {
     ROLE_WORKER: "io-worker",
     ROLE_ACCEPTOR: "acceptor",
     ROLE_SCHEDULER: "scheduler",
     ROLE_SUPERVISOR: "supervisor",
     ROLE_METRICS: "metrics",
+    ROLE_MANAGEMENT: "management",
 }
 
 # queue table
@@ -382,3 +384,7 @@ def scheduler_slot(layout: Layout) -> int:
 
 def metrics_slot(layout: Layout) -> int:
     return layout.limits.max_workers + 3
+
+
+def management_slot(layout: Layout) -> int:
+    return layout.limits.max_workers + 4

@@ -186,6 +186,7 @@ class Introspection:
                     "channel": ch["name"],
                     "activity_status": "up",
                     "vhost": ch["vhost"],
+                    "user": ch["user"],
                 }
                 for ch in channels
                 for consumer in ch["consumers"]

@@ -26,6 +26,7 @@ from setproctitle import setproctitle
 from shoal.broker.amqp.definitions import Op
 from shoal.broker.config import Config
 from shoal.broker.ipc import WorkerGone, encode, socketpair
+from shoal.broker.management.server import run_management
 from shoal.broker.observe.metrics import serve as serve_metrics
 from shoal.broker.scheduler.durable import DefinitionsLog, Restored, UnreadableDefinitions
 from shoal.broker.scheduler.introspect import socket_path
@@ -173,6 +174,8 @@ class Supervisor:
         self.children.append(Child("acceptor"))
         if config.metrics_port:
             self.children.append(Child("metrics"))
+        if config.management_port:
+            self.children.append(Child("management"))
 
     # ---------------------------------------------------------------- run
     def run(self) -> int:
@@ -306,6 +309,12 @@ class Supervisor:
                 layout.ROLE_METRICS,
             )
             main = lambda: serve_metrics(self.config, seg)  # noqa: E731
+        elif child.role == "management":
+            a.store(
+                seg.layout.proc(layout.management_slot(seg.layout)) + layout.P_ROLE,
+                layout.ROLE_MANAGEMENT,
+            )
+            main = lambda: run_management(self.config, seg)  # noqa: E731
         else:
             handoffs = [pair[0] for pair in self.handoff_pairs]
             keep = {s.fileno() for s in handoffs} | {s.fileno() for s, _ in self.listeners}
@@ -441,8 +450,8 @@ class Supervisor:
         if not self._wait_for(("io-worker",), self.config.graceful_timeout + 1.0):
             self._signal_children(signal.SIGKILL, ("io-worker",))
         # The metrics process goes last: it served scrapes during the drain.
-        rest = ("scheduler", "acceptor", "io-worker", "metrics")
-        self._signal_children(signal.SIGTERM, ("scheduler", "acceptor", "metrics"))
+        rest = ("scheduler", "acceptor", "io-worker", "metrics", "management")
+        self._signal_children(signal.SIGTERM, ("scheduler", "acceptor", "metrics", "management"))
         if not self._wait_for(rest, 3.0):
             self._signal_children(signal.SIGKILL, rest)
             self._wait_for(rest, 3.0)
@@ -452,7 +461,7 @@ class Supervisor:
         self.stopping = True
         systemd.notify("STOPPING=1\nSTATUS=fast stop")
         log.info("fast stop")
-        roles = ("scheduler", "acceptor", "io-worker", "metrics")
+        roles = ("scheduler", "acceptor", "io-worker", "metrics", "management")
         self._signal_children(signal.SIGKILL, roles)
         self._wait_for(roles, 5.0)
         return 0

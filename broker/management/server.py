@@ -1,0 +1,58 @@
+"""The management process (issue 16, item 6): the HTTP API of api.py on
+--management-port (15672, RabbitMQ's; 0: none), an aiohttp server on
+uvloop. It reads the segment (the definitions journal, alarms) and talks
+to the scheduler and the IO workers as `shoal ctl` and clients do; it
+holds no state of its own, so the supervisor may restart it at any time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+
+import uvloop
+from aiohttp import web
+from setproctitle import setproctitle
+
+from shoal.broker.config import Config
+from shoal.broker.management import api
+from shoal.broker.management.backend import Backend
+from shoal.shm import layout
+from shoal.shm.segment import Segment
+
+log = logging.getLogger("shoal.management")
+
+
+def make_app(config: Config, seg: Segment) -> web.Application:
+    app = web.Application(middlewares=[api.authenticate], client_max_size=256 << 20)
+    app[api.BACKEND] = Backend(config, seg)
+    app[api.STARTED] = time.monotonic()
+    api.routes(app)
+    return app
+
+
+def run_management(config: Config, seg: Segment) -> int:
+    setproctitle(f"shoal: management (port {config.port})")
+    logging.getLogger("pika").setLevel(logging.WARNING)  # a line per request otherwise
+    slot = seg.layout.proc(layout.management_slot(seg.layout))
+    seg.atomic.store(slot + layout.P_PID, os.getpid())
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    runner = web.AppRunner(make_app(config, seg), access_log=None)
+    loop.run_until_complete(runner.setup())
+    bind = config.management_bind or config.bind
+    site = web.TCPSite(runner, bind, config.management_port, reuse_address=True)
+    loop.run_until_complete(site.start())
+    seg.atomic.store(slot + layout.P_READY, 1)
+    log.info("management API on http://%s:%d/api/", bind, config.management_port)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        loop.run_until_complete(stop.wait())
+    finally:
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+    return 0

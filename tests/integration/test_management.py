@@ -1,0 +1,165 @@
+"""The HTTP management API (issue 16, item 6): RabbitMQ 3.10's own
+rabbitmqadmin script (data/rabbitmqadmin, unchanged) lists, declares,
+publishes, gets and deletes through it; the API's logins and tags mean
+what RabbitMQ's do; what a client could do is access-checked as that
+user; definitions, connections and health checks. Real sockets, bounded
+waits."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.broker_process import Broker, free_port, wait_for
+from tests.clients import connect, shoal
+
+RABBITMQADMIN = Path(__file__).parent / "data" / "rabbitmqadmin"
+
+
+@pytest.fixture
+def managed(broker_factory: Callable[..., Broker]) -> Broker:
+    port = free_port()
+    broker = broker_factory(args=("--management-port", str(port)))
+    broker.management_port = port  # type: ignore[attr-defined]
+
+    def up() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(up, 20, "the management API")
+    return broker
+
+
+def admin(broker: Broker, *args: str, user: str = "guest", password: str = "guest") -> str:
+    port = broker.management_port  # type: ignore[attr-defined]
+    done = subprocess.run(
+        [sys.executable, str(RABBITMQADMIN), "-P", str(port), "-u", user, "-p", password, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def http(
+    broker: Broker,
+    method: str,
+    path: str,
+    body: Any = None,
+    user: str = "guest",
+    password: str = "guest",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    port = broker.management_port  # type: ignore[attr-defined]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={
+            "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(),
+            "Content-Type": "application/json",
+            **(headers or {}),
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as exc:
+        text = exc.read()
+        return exc.code, json.loads(text) if text else None
+
+
+def test_rabbitmqadmin_lists_declares_publishes_gets_and_deletes(managed: Broker) -> None:
+    assert admin(managed, "list", "queues").strip() == "No items"
+    admin(managed, "declare", "queue", "name=hq", "durable=true")
+    admin(managed, "publish", "routing_key=hq", "payload=hello")
+    listed = admin(managed, "-f", "tsv", "list", "queues", "name", "messages", "durable")
+    assert listed.splitlines() == ["name\tmessages\tdurable", "hq\t1\tTrue"]
+    got = json.loads(admin(managed, "-f", "raw_json", "get", "queue=hq"))
+    assert [(m["payload"], m["redelivered"], m["message_count"]) for m in got] == [
+        ("hello", False, 0)
+    ]
+    got = json.loads(
+        admin(managed, "-f", "raw_json", "get", "queue=hq", "ackmode=ack_requeue_false")
+    )
+    assert [(m["payload"], m["redelivered"]) for m in got] == [("hello", True)]
+    assert admin(managed, "-f", "tsv", "list", "queues", "name", "messages").splitlines()[1] == (
+        "hq\t0"
+    )
+    admin(managed, "delete", "queue", "name=hq")
+    assert admin(managed, "list", "queues").strip() == "No items"
+    # What a client made is there too: exchanges and bindings.
+    ch = connect(managed).channel()
+    ch.queue_declare("bq")
+    ch.exchange_declare("bx", "topic")
+    ch.queue_bind("bq", "bx", "k.#")
+    bindings = admin(
+        managed, "-f", "tsv", "list", "bindings", "source", "destination", "routing_key"
+    )
+    assert "bx\tbq\tk.#" in bindings.splitlines()
+    assert "bx\ttopic" in admin(managed, "-f", "tsv", "list", "exchanges", "name", "type")
+
+
+def test_logins_and_tags_mean_what_rabbitmqs_do(managed: Broker) -> None:
+    assert http(managed, "GET", "/overview", password="wrong")[0] == 401
+    assert http(managed, "GET", "/whoami") == (200, {"name": "guest", "tags": ["administrator"]})
+    status, body = http(managed, "PUT", "/users/plain", {"password": "pw", "tags": ""})
+    assert status == 201, body
+    assert http(managed, "GET", "/overview", user="plain", password="pw") == (
+        401,
+        {"error": "not_authorized", "reason": "Not management user"},
+    )
+    assert http(managed, "PUT", "/vhosts/mv")[0] == 201
+    assert http(managed, "PUT", "/users/mgr", {"password": "pw", "tags": "management"})[0] == 201
+    perms = {"configure": "^mine", "write": ".*", "read": ".*"}
+    assert http(managed, "PUT", "/permissions/mv/mgr", perms)[0] == 201
+    # A management user sees its own vhosts only, and is no administrator.
+    status, vhosts = http(managed, "GET", "/vhosts", user="mgr", password="pw")
+    assert (status, [v["name"] for v in vhosts]) == (200, ["mv"])
+    assert http(managed, "GET", "/users", user="mgr", password="pw")[0] == 401
+    # Declares go through AMQP as that user: configure is checked.
+    assert http(managed, "PUT", "/queues/mv/mine.q", {"durable": False}, "mgr", "pw")[0] == 201
+    status, body = http(managed, "PUT", "/queues/mv/other", {"durable": False}, "mgr", "pw")
+    assert status == 401 and "access to queue 'other' in vhost 'mv' refused" in body["reason"]
+    status, queues = http(managed, "GET", "/queues/mv", user="mgr", password="pw")
+    assert [q["name"] for q in queues] == ["mine.q"]
+    assert http(managed, "GET", "/queues/%2F", user="mgr", password="pw")[0] == 401
+
+
+def test_definitions_connections_and_health(managed: Broker) -> None:
+    status, exported = http(managed, "GET", "/definitions")
+    ctl = shoal(managed, "ctl", "export_definitions", "-")
+    assert status == 200 and exported["users"] == json.loads(ctl.stdout)["users"]
+    exported["vhosts"].append({"name": "imported"})
+    assert http(managed, "POST", "/definitions", exported)[0] == 204
+    assert "imported" in [v["name"] for v in http(managed, "GET", "/vhosts")[1]]
+    conn = connect(managed)
+    status, connections = http(managed, "GET", "/connections")
+    assert status == 200 and [c["user"] for c in connections] == ["guest"]
+    name = connections[0]["name"]
+    path = "/connections/" + urllib.request.quote(name, safe="")
+    assert http(managed, "DELETE", path, headers={"X-Reason": "bye"})[0] == 204
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as caught:
+        wait_for(lambda: conn.process_data_events(0.05) or False, 10, "the close")
+    assert caught.value.reply_text == "CONNECTION_FORCED - bye"
+    for check in ("alarms", "local-alarms", "virtual-hosts", f"port-listener/{managed.port}"):
+        assert http(managed, "GET", f"/health/checks/{check}") == (200, {"status": "ok"})
+    status, body = http(managed, "GET", "/health/checks/port-listener/1")
+    assert status == 503 and body["status"] == "failed"
+    status, overview = http(managed, "GET", "/overview")
+    assert status == 200 and overview["rabbitmq_version"].startswith("3.")
