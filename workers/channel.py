@@ -111,9 +111,9 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
 
     def _async_done(self, task: asyncio.Task[None], method: Any) -> None:
         self.busy = False
+        exc = task.exception() if not task.cancelled() else None  # retrieved, even if unused
         if self.conn.closed:
             return
-        exc = task.exception() if not task.cancelled() else None
         if isinstance(exc, RemoteError):
             exc = errors.ChannelError(
                 exc.reply_code, exc.reply_text, *divmod(method.index, 0x10000)
@@ -164,7 +164,7 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         while kept and not self.conn.closed:
             ftype, payload = kept.popleft()
             released += len(payload)
-            self.handle(ftype, payload)
+            self._handle_later(ftype, payload)
             if self.flow_backlog:  # blocked again: the rest stays behind it
                 self.flow_backlog.extend(kept)
                 break
@@ -174,8 +174,30 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
     def resume(self) -> None:
         while self.backlog and not self.busy and not self.conn.closed:
             ftype, payload = self.backlog.popleft()
+            self._handle_later(ftype, payload)
+        if not self.conn.closed:
+            self.conn.flush_confirms(self)
+
+    def _handle_later(self, ftype: int, payload: memoryview) -> None:
+        """A frame kept back (a scheduler round trip, flow control), handled
+        outside the connection's read: what the read's guard does for an
+        error (close the connection, 541 for a bug) is done here (found by
+        perf/fuzz.py: a kept frame out of order escaped to the loop)."""
+        try:
             self.handle(ftype, payload)
-        self.conn.flush_confirms(self)
+        except errors.ConnectionError_ as exc:
+            self.conn.fail(exc)
+        except framing.FrameError as exc:
+            code, text, class_id, method_id = (
+                exc.reply_code,
+                exc.reply_text,
+                exc.class_id,
+                exc.method_id,
+            )
+            self.conn.fail(errors.ConnectionError_(code, text, class_id, method_id))
+        except Exception as exc:
+            log.exception("connection %x: internal error", self.conn.id)
+            self.conn.fail(errors.ConnectionError_(errors.INTERNAL_ERROR, type(exc).__name__))
 
     def fail(self, exc: errors.AMQPError) -> None:
         """A channel exception: close this channel, keep the connection."""

@@ -256,13 +256,14 @@ class Declaring(ChannelState):
     def _check_declare(self, kind: str, name: str, target: Any) -> None:
         """RabbitMQ's access control of a declare: configure on the queue
         or exchange; one naming a dead-letter (or alternate) exchange needs
-        write on that exchange and read on itself too."""
+        read on itself, then write on that exchange (RabbitMQ's order,
+        measured)."""
         access = self.conn.access
         access.check(CONFIGURE, kind, name)
         if isinstance(target, str | bytes):
             target = target.decode(errors="replace") if isinstance(target, bytes) else target
-            access.check(WRITE, "exchange", target)
             access.check(READ, kind, name)
+            access.check(WRITE, "exchange", target)
 
     def _check_binding(self, kind: str, destination: str, source: str, routing_key: str) -> None:
         """A (un)binding: write on the destination, read on the source

@@ -156,7 +156,7 @@ class Access(Policies):
             raise access.AccessError("a virtual host name cannot be empty")
         ids = self.definitions.vhost_ids
         if vhost in ids:
-            raise access.AccessError(f'Virtual host "{vhost}" already exists')
+            return  # as rabbitmqctl 3.10: adding an existing vhost succeeds
         for op in D.new_vhost_ops(vhost, max(ids.values(), default=-1) + 1):
             self._journal(op)
         log.info("vhost %r added", vhost)

@@ -1,0 +1,407 @@
+"""A fuzzing harness for an AMQP 0-9-1 broker (issue 16, item 8): many
+connections send mutated and random frames, some before the handshake and
+most after a real login, while a bystander client publishes and consumes
+with confirms on its own connection. The broker must answer each with an
+AMQP error or a close, never crash, never disturb the bystander, lose
+none of its messages, and give its memory back.
+
+    python -m shoal.perf.fuzz --port 5672 --frames 1000000 --connections 32
+
+Frames come from a corpus of valid ones (every class the broker serves,
+random arguments, content with headers and bodies), then mutated: bytes
+flipped, truncated, sizes lied about, frame ends broken, channel numbers
+and frame types changed, garbage inserted, frames repeated. It uses pamqp
+to encode and nothing of the broker; a seed makes a run repeatable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pamqp import body as pbody
+from pamqp import commands as C
+from pamqp import frame as pframe
+from pamqp import header as pheader
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+READ_CHUNK = 1 << 16
+HEADERS: list[dict[str, Any] | None] = [None, {"CC": ["fz"]}, {"x-delay": 5}, {"a": 1}]
+
+
+@dataclass
+class FuzzStats:
+    frames: int = 0
+    connections: int = 0
+    closed_by_broker: int = 0  # connections the broker closed (an error found)
+    bytes_sent: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: FuzzStats) -> None:
+        self.frames += other.frames
+        self.connections += other.connections
+        self.closed_by_broker += other.closed_by_broker
+        self.bytes_sent += other.bytes_sent
+
+
+def _marshal(channel: int, frame: Any) -> bytes:
+    return bytes(pframe.marshal(frame, channel))
+
+
+def handshake(user: str, password: str, vhost: str) -> bytes:
+    """Start-ok, tune-ok and open, sent at once after the protocol header
+    (a broker reads them in order)."""
+    return b"".join(
+        _marshal(0, m)
+        for m in (
+            C.Connection.StartOk(
+                client_properties={"product": "shoal-fuzz"},
+                mechanism="PLAIN",
+                response=f"\0{user}\0{password}",
+            ),
+            C.Connection.TuneOk(channel_max=64, frame_max=131072, heartbeat=0),
+            C.Connection.Open(virtual_host=vhost),
+        )
+    )
+
+
+class FrameMaker:
+    """Valid frames with random arguments, and their mutations."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def name(self) -> str:
+        rng = self.rng
+        return rng.choice(["", "fz", "fz.q", "amq.fz", "x" * rng.randint(0, 300), "f\u00e9"])[:255]
+
+    def table(self) -> dict[str, Any]:
+        rng = self.rng
+        choices: list[dict[str, Any]] = [
+            {},
+            {"x-max-length": rng.randint(-5, 10)},
+            {"x-message-ttl": rng.choice([0, 1, -1, "x"])},
+            {"x-queue-type": rng.choice(["classic", "quorum", "stream", "bogus"])},
+            {"x-max-priority": rng.randint(0, 300)},
+            {"x-dead-letter-exchange": self.name()},
+            {"x-match": rng.choice(["all", "any", "nope"]), "k": "v"},
+            {"x-expires": rng.randint(-1, 1000)},
+        ]
+        return rng.choice(choices)
+
+    def method(self) -> Any:
+        rng, name, table = self.rng, self.name, self.table
+        makers = [
+            lambda: C.Channel.Open(),
+            lambda: C.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0),
+            lambda: C.Channel.Flow(active=rng.random() < 0.5),
+            lambda: C.Queue.Declare(
+                queue=name(),
+                passive=rng.random() < 0.2,
+                durable=rng.random() < 0.3,
+                exclusive=rng.random() < 0.3,
+                auto_delete=rng.random() < 0.3,
+                arguments=table(),
+            ),
+            lambda: C.Queue.Bind(
+                queue=name(), exchange=name(), routing_key=name(), arguments=table()
+            ),
+            lambda: C.Queue.Unbind(queue=name(), exchange=name(), routing_key=name()),
+            lambda: C.Queue.Purge(queue=name()),
+            lambda: C.Queue.Delete(queue=name(), if_unused=rng.random() < 0.5),
+            lambda: C.Exchange.Declare(
+                exchange=name(),
+                exchange_type=rng.choice(["direct", "fanout", "topic", "headers", "nope"]),
+                passive=rng.random() < 0.2,
+                durable=rng.random() < 0.3,
+                arguments=table(),
+            ),
+            lambda: C.Exchange.Delete(exchange=name()),
+            lambda: C.Exchange.Bind(destination=name(), source=name(), routing_key=name()),
+            lambda: C.Basic.Qos(prefetch_count=rng.randint(0, 1000), global_=rng.random() < 0.5),
+            lambda: C.Basic.Consume(
+                queue=name(),
+                consumer_tag=name(),
+                no_ack=rng.random() < 0.5,
+                exclusive=rng.random() < 0.2,
+                arguments=table(),
+            ),
+            lambda: C.Basic.Cancel(consumer_tag=name()),
+            lambda: C.Basic.Get(queue=name(), no_ack=rng.random() < 0.5),
+            lambda: C.Basic.Ack(delivery_tag=rng.randint(0, 50), multiple=rng.random() < 0.5),
+            lambda: C.Basic.Nack(delivery_tag=rng.randint(0, 50), requeue=rng.random() < 0.5),
+            lambda: C.Basic.Reject(delivery_tag=rng.randint(0, 50)),
+            lambda: C.Basic.Recover(requeue=rng.random() < 0.5),
+            lambda: C.Confirm.Select(),
+            lambda: C.Tx.Select(),
+            lambda: C.Tx.Commit(),
+            lambda: C.Tx.Rollback(),
+        ]
+        try:
+            return rng.choice(makers)()
+        except (ValueError, TypeError):  # a name pamqp will not encode: mutations cover those
+            return C.Basic.Qos(prefetch_count=rng.randint(0, 10))
+
+    def publish(self, channel: int) -> list[bytes]:
+        rng = self.rng
+        body = rng.randbytes(rng.choice([0, 1, 10, 1000, 5000]))
+        props = C.Basic.Properties(
+            delivery_mode=rng.choice([None, 1, 2]),
+            expiration=rng.choice([None, "0", "100", "-1", "abc"]),
+            priority=rng.choice([None, 0, 9, 255]),
+            headers=rng.choice(HEADERS),
+        )
+        frames = [
+            _marshal(
+                channel,
+                C.Basic.Publish(
+                    exchange=rng.choice(["", "amq.topic", "nope"]),
+                    routing_key=self.name(),
+                    mandatory=rng.random() < 0.5,
+                ),
+            ),
+            _marshal(channel, pheader.ContentHeader(0, len(body), props)),
+        ]
+        if body:
+            frames.append(_marshal(channel, pbody.ContentBody(body)))
+        if rng.random() < 0.1:  # content that lies about its size
+            frames[1] = _marshal(channel, pheader.ContentHeader(0, len(body) + 7, props))
+        return frames
+
+    def valid_batch(self, channels: int) -> list[bytes]:
+        rng = self.rng
+        channel = rng.randint(1, channels)
+        if rng.random() < 0.4:
+            return self.publish(channel)
+        return [_marshal(channel, self.method())]
+
+    def mutate(self, frame: bytes) -> bytes:
+        rng = self.rng
+        data = bytearray(frame)
+        kind = rng.randrange(9)
+        if kind == 0 and data:  # flip bytes
+            for _ in range(rng.randint(1, 4)):
+                i = rng.randrange(len(data))
+                data[i] ^= 1 << rng.randrange(8)
+        elif kind == 1 and len(data) > 8:  # truncated (the rest comes with the next frame)
+            del data[rng.randrange(7, len(data)) :]
+        elif kind == 2 and len(data) >= 7:  # a size that lies
+            struct.pack_into(">I", data, 3, rng.choice([0, 1, len(data), 1 << 20, 0xFFFFFFFF]))
+        elif kind == 3 and data:  # a broken frame end
+            data[-1] = rng.randrange(256)
+        elif kind == 4 and len(data) >= 3:  # another channel
+            struct.pack_into(">H", data, 1, rng.choice([0, 1, 2, 65535, rng.randrange(65536)]))
+        elif kind == 5 and data:  # another frame type
+            data[0] = rng.choice([0, 1, 2, 3, 4, 8, 9, 255])
+        elif kind == 6:  # garbage
+            data[rng.randrange(len(data) + 1) : 0] = rng.randbytes(rng.randint(1, 64))
+        elif kind == 7 and len(data) > 12:  # a method's class/method ids
+            struct.pack_into(">HH", data, 7, rng.randrange(100), rng.randrange(200))
+        else:  # the frame twice
+            data += frame
+        return bytes(data)
+
+
+async def fuzz_connection(
+    host: str,
+    port: int,
+    rng: random.Random,
+    frames_wanted: int,
+    user: str,
+    password: str,
+    vhost: str,
+) -> FuzzStats:
+    """One connection: a login (most of the time), then batches of valid
+    and mutated frames until the broker closes it or enough were sent."""
+    stats = FuzzStats(connections=1)
+    maker = FrameMaker(rng)
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except OSError as exc:
+        stats.errors[type(exc).__name__] = 1
+        return stats
+    closed = asyncio.Event()
+
+    async def drain() -> None:
+        try:
+            while await reader.read(READ_CHUNK):
+                pass
+        except (ConnectionError, OSError):
+            pass
+        closed.set()
+
+    draining = asyncio.create_task(drain())
+    try:
+        start = PROTOCOL_HEADER
+        if rng.random() < 0.05:
+            start = maker.mutate(start)
+        out = [start]
+        if rng.random() < 0.85:
+            out.append(handshake(user, password, vhost))
+            out.append(_marshal(1, C.Channel.Open()))
+            if rng.random() < 0.5:
+                out.append(_marshal(2, C.Channel.Open()))
+        while stats.frames < frames_wanted and not closed.is_set():
+            batch: list[bytes] = []
+            for _ in range(rng.randint(1, 20)):
+                frames = maker.valid_batch(2)
+                if rng.random() < 0.15:
+                    i = rng.randrange(len(frames))
+                    frames[i] = maker.mutate(frames[i])
+                elif rng.random() < 0.02:
+                    frames = [rng.randbytes(rng.randint(1, 300))]
+                batch += frames
+            out += batch
+            data = b"".join(out)
+            out = []
+            writer.write(data)
+            stats.frames += len(batch)
+            stats.bytes_sent += len(data)
+            try:
+                await asyncio.wait_for(writer.drain(), 5)
+            except (ConnectionError, OSError, TimeoutError):
+                break
+            await asyncio.sleep(0)
+        if closed.is_set():
+            stats.closed_by_broker += 1
+    finally:
+        writer.close()
+        draining.cancel()
+        try:
+            await writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+    return stats
+
+
+async def fuzz(
+    host: str,
+    port: int,
+    frames: int,
+    connections: int,
+    seed: int,
+    user: str = "guest",
+    password: str = "guest",
+    vhost: str = "/",
+) -> FuzzStats:
+    """`frames` frames in all, over `connections` connections at a time
+    (each gets a fresh one when the broker closes it)."""
+    total = FuzzStats()
+    master = random.Random(seed)
+    remaining = frames
+
+    async def lane(lane_seed: int) -> None:
+        nonlocal remaining
+        rng = random.Random(lane_seed)
+        while remaining > 0:
+            want = min(remaining, rng.randint(1, 400))
+            remaining -= want
+            stats = await fuzz_connection(host, port, rng, want, user, password, vhost)
+            remaining += want - stats.frames  # not sent: another connection sends them
+            total.add(stats)
+            for k, v in stats.errors.items():
+                total.errors[k] = total.errors.get(k, 0) + v
+            if stats.errors:
+                await asyncio.sleep(0.05)
+
+    await asyncio.gather(*(lane(master.randrange(1 << 30)) for _ in range(connections)))
+    return total
+
+
+class Bystander(threading.Thread):
+    """A well-behaved client on its own connection during the fuzzing:
+    publishes numbered persistent messages with confirms to its own queue
+    and consumes them; any error, a closed connection, or a message lost,
+    repeated or out of order is recorded."""
+
+    def __init__(self, host: str, port: int, queue: str = "fuzz.bystander") -> None:
+        super().__init__(daemon=True)
+        self.host, self.port, self.queue = host, port, queue
+        self.stop = threading.Event()
+        self.sent = 0
+        self.received: list[int] = []
+        self.failure = ""
+
+    def run(self) -> None:
+        import pika  # the well-behaved client: a real library
+
+        try:
+            conn = pika.BlockingConnection(pika.ConnectionParameters(self.host, self.port))
+            ch = conn.channel()
+            ch.queue_declare(self.queue, durable=True)
+            ch.confirm_delivery()
+            while not self.stop.is_set():
+                ch.basic_publish(
+                    "", self.queue, str(self.sent).encode(), pika.BasicProperties(delivery_mode=2)
+                )
+                self.sent += 1
+                method, _props, body = ch.basic_get(self.queue, auto_ack=True)
+                if method is not None:
+                    self.received.append(int(body))
+                conn.process_data_events(0.01)
+            deadline = time.monotonic() + 10
+            while len(self.received) < self.sent and time.monotonic() < deadline:
+                method, _props, body = ch.basic_get(self.queue, auto_ack=True)
+                if method is not None:
+                    self.received.append(int(body))
+            ch.queue_delete(self.queue)
+            conn.close()
+        except Exception as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+
+    def verdict(self) -> str:
+        """ "" if undisturbed: every message once, in order."""
+        if self.failure:
+            return self.failure
+        if self.received != list(range(self.sent)):
+            missing = sorted(set(range(self.sent)) - set(self.received))
+            return f"sent {self.sent}, received {len(self.received)}; missing {missing[:10]}"
+        return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m shoal.perf.fuzz", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5672)
+    p.add_argument("--frames", type=int, default=100_000)
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--user", default="guest")
+    p.add_argument("--password", default="guest")
+    p.add_argument("--vhost", default="/")
+    ns = p.parse_args(argv)
+    bystander = Bystander(ns.host, ns.port)
+    bystander.start()
+    started = time.monotonic()
+    stats = asyncio.run(
+        fuzz(ns.host, ns.port, ns.frames, ns.connections, ns.seed, ns.user, ns.password, ns.vhost)
+    )
+    elapsed = time.monotonic() - started
+    bystander.stop.set()
+    bystander.join(30)
+    report = {
+        "frames": stats.frames,
+        "connections": stats.connections,
+        "closed_by_broker": stats.closed_by_broker,
+        "bytes": stats.bytes_sent,
+        "seconds": round(elapsed, 1),
+        "frames_per_second": round(stats.frames / elapsed) if elapsed else 0,
+        "connect_errors": stats.errors,
+        "bystander_messages": bystander.sent,
+        "bystander": bystander.verdict() or "undisturbed",
+    }
+    print(json.dumps(report, indent=2))
+    return 1 if bystander.verdict() else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
