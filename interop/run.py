@@ -245,9 +245,28 @@ def wait_amqp(host: str, port: int, deadline: float) -> None:
     raise TimeoutError(f"no AMQP broker on {host}:{port}")
 
 
+def tls_certificates(sdist: Path) -> Path:
+    """The server certificate, key and CA that aiormq's sdist ships for its
+    RabbitMQ test image (tests/certs, valid until 2217), copied aside: both
+    suites' AMQPS tests run against a Shoal serving them, and aiormq's
+    client certificate is signed by that CA."""
+    certs = CACHE / "certs"
+    shutil.rmtree(certs, ignore_errors=True)
+    shutil.copytree(unpack(sdist, "aiormq") / "tests" / "certs", certs)
+    return certs
+
+
 class Shoal:
-    def __init__(self, logfile: Path, extra: list[str]):
+    def __init__(self, logfile: Path, extra: list[str], certs: Path | None = None):
         self.port = free_port()
+        self.tls_port = 0
+        if certs is not None:  # the AMQPS listener, verify_peer without fail_if_no_peer_cert
+            self.tls_port = free_port()
+            extra = [
+                *extra,
+                *("--tls-port", str(self.tls_port), "--tls-cert", str(certs / "server.pem")),
+                *("--tls-key", str(certs / "server.key"), "--tls-ca", str(certs / "ca.pem")),
+            ]
         self.rundir = tempfile.mkdtemp(prefix="shoal-interop-")
         self.logfile = logfile
         self.extra = extra
@@ -460,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tls-port",
         type=int,
-        help="AMQPS port of that broker (default: the suites' TLS tests are skipped)",
+        help="AMQPS port of the --url broker (default: its TLS tests are skipped; a Shoal "
+        "started here serves AMQPS with aiormq's test certificates unless --no-tls)",
     )
     p.add_argument("-k", help="passed to pytest -k")
     p.add_argument(
@@ -482,6 +502,11 @@ def main(argv: list[str] | None = None) -> int:
         help="virtual environment for the suites (interop/.cache/venv)",
     )
     p.add_argument("--no-install", action="store_true", help="skip pip install")
+    p.add_argument(
+        "--no-tls",
+        action="store_true",
+        help="start Shoal without its AMQPS listener (the suites' TLS tests are skipped)",
+    )
     p.add_argument(
         "--broker-arg",
         action="append",
@@ -505,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     # suites; give Shoal the same limit unless told otherwise.
     broker_extra = args.broker_arg or ["--max-message-size", str(128 * 1024 * 1024)]
 
+    certs = None if args.url or args.no_tls else tls_certificates(sdist)
+
     summary: dict[str, dict[str, int]] = {}
     crashed = []
     for suite in suites:
@@ -513,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             summary[suite] = run_suite(suite, src, python, args.url, args)
         else:
             broker_log = RESULTS / f"{args.label}-{suite}-broker.log"
-            with Shoal(broker_log, broker_extra) as broker:
+            with Shoal(broker_log, broker_extra, certs) as broker:
+                args.tls_port = broker.tls_port or None
                 summary[suite] = run_suite(suite, src, python, broker.url, args)
             if broker.crashed:
                 crashed.append(suite)
