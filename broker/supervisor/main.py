@@ -45,6 +45,7 @@ log = logging.getLogger("shoal.supervisor")
 BOOT_ERROR = 3
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 10.0  # a child that lived this long resets its failure count
+HEARTBEAT_STALE = 5.0  # s: a worker or scheduler silent this long is hung (no watchdog pet)
 SEGMENT_NAME = "shoal.shm"
 
 
@@ -87,6 +88,8 @@ class Supervisor:
         self.signals: list[int] = []
         self.stopping = False
         self.ready_sent = False
+        self.watchdog_interval = systemd.watchdog_interval()  # 0: no WatchdogSec=
+        self.watchdog_next = 0.0
         self.seg: Segment | None = None
         # The listening sockets and what the acceptor tells a worker of a
         # connection accepted on each: b"c" plain AMQP, b"t" AMQPS (TLS).
@@ -247,6 +250,7 @@ class Supervisor:
                 if not child.pid and child.restart_at and now >= child.restart_at:
                     self._spawn(child)
             self._report()
+            self._pet_watchdog()
 
     # ----------------------------------------------------------- children
     def _spawn(self, child: Child) -> None:
@@ -399,6 +403,28 @@ class Supervisor:
             log.info("worker %d: %d messages requeued", index, sum(released.values()))
 
     # ------------------------------------------------------------ status
+    def _pet_watchdog(self) -> None:
+        """WATCHDOG=1 (every half WatchdogSec=) only while every child is
+        alive and the IO workers and the scheduler beat (their heartbeat
+        words, written each second from their event loops): a hung loop
+        lets systemd restart the broker."""
+        interval = self.watchdog_interval
+        now = time.monotonic()
+        if not interval or now < self.watchdog_next or not self.ready_sent:
+            return
+        seg = self.seg
+        assert seg is not None
+        if any(not child.pid for child in self.children):
+            return  # one is being restarted: no pet until it is back
+        beating = [seg.layout.proc(i) for i in range(self.workers)]
+        beating.append(seg.layout.proc(layout.scheduler_slot(seg.layout)))
+        stale = max(HEARTBEAT_STALE, 2 * interval) * 1e9
+        now_ns = time.monotonic_ns()
+        if any(now_ns - seg.atomic.load(slot + layout.P_HEARTBEAT_NS) > stale for slot in beating):
+            return
+        systemd.notify("WATCHDOG=1")
+        self.watchdog_next = now + interval
+
     def _report(self) -> None:
         seg = self.seg
         assert seg is not None

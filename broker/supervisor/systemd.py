@@ -21,3 +21,13 @@ def notify(state: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def watchdog_interval() -> float:
+    """Seconds between WATCHDOG=1 pets (half of WatchdogSec=), 0 if the
+    unit has no watchdog (or it is meant for another process)."""
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    pid = os.environ.get("WATCHDOG_PID", "")
+    if not usec.isdigit() or (pid and pid != str(os.getpid())):
+        return 0.0
+    return int(usec) / 2e6

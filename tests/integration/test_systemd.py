@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import time
@@ -42,3 +43,38 @@ def test_sd_notify_messages(broker_factory, tmp_path) -> None:  # type: ignore[n
     assert broker.stop(timeout=10) == 0
     assert time.monotonic() - started < 10
     sock.close()
+
+
+def test_the_watchdog_is_pet_only_while_every_child_beats(broker_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """WatchdogSec=: WATCHDOG=1 every half interval while the IO workers
+    and the scheduler beat; a hung worker (SIGSTOP) stops the pets, so
+    systemd would restart the broker; they come back with it."""
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.1)
+    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"}
+    broker = broker_factory(workers=2, env=env, wait=False)
+    pets: list[float] = []
+
+    def receive() -> int:
+        try:
+            if "WATCHDOG=1" in sock.recv(4096).decode():
+                pets.append(time.monotonic())
+        except TimeoutError:
+            pass
+        return len(pets)
+
+    wait_for(lambda: receive() >= 3, 30, "three watchdog pets")
+    worker = broker.pids("io-worker")[0]
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        deadline = stopped + 8  # HEARTBEAT_STALE (5 s) and a margin
+        while time.monotonic() < deadline:
+            receive()
+        assert not [t for t in pets if t > stopped + 6], "pets went on with a worker hung"
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    count = len(pets)
+    wait_for(lambda: receive() > count, 20, "the pets to come back")
