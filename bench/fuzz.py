@@ -49,6 +49,7 @@ def main() -> int:
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1, help="runs of --frames in the same broker")
     ns = p.parse_args()
     broker = Shoal(ns.workers, [])
     broker.start()
@@ -58,18 +59,24 @@ def main() -> int:
         bystander = Bystander("127.0.0.1", broker.port)
         bystander.start()
         started = time.monotonic()
-        stats = asyncio.run(fuzz("127.0.0.1", broker.port, ns.frames, ns.connections, ns.seed))
+        rss_rounds = []
+        for round_no in range(ns.rounds):
+            stats = asyncio.run(
+                fuzz("127.0.0.1", broker.port, ns.frames, ns.connections, ns.seed + round_no)
+            )
+            rss_rounds.append(worker_rss_mb(before))
         elapsed = time.monotonic() - started
-        rss_end = worker_rss_mb(before)
+        rss_end = rss_rounds[-1]
         bystander.stop.set()
         bystander.join(60)
         time.sleep(2)  # the last connections' close handshakes and lingers
         after = processes(broker)
         report: dict[str, Any] = {
-            "frames": stats.frames,
+            "frames": stats.frames * ns.rounds,
+            "worker_rss_mb_after_each_round": rss_rounds,
             "connections": stats.connections,
             "seconds": round(elapsed, 1),
-            "frames_per_second": round(stats.frames / elapsed),
+            "frames_per_second": round(stats.frames * ns.rounds / elapsed),
             "processes_replaced": sorted(k for k in before if after.get(k) != before[k]),
             "bystander_messages": bystander.sent,
             "bystander": bystander.verdict() or "undisturbed, every message once, in order",
