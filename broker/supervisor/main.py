@@ -160,10 +160,19 @@ class Supervisor:
             ) from None
         if config.tls_port:
             tls.server_context(config)  # unreadable certificates stop the broker now
+        # Socket activation: systemd's sockets, by port; the others are bound here.
+        activated = {s.getsockname()[1]: s for s in systemd.activated_sockets()}
         if config.plain_listener:
-            self.listeners.append((_listen(config.bind, config.port), acceptor.PLAIN))
+            plain = activated.pop(config.port, None) or _listen(config.bind, config.port)
+            self.listeners.append((plain, acceptor.PLAIN))
         if config.tls_port:
-            self.listeners.append((_listen(config.bind, config.tls_port), acceptor.TLS))
+            tls_listener = activated.pop(config.tls_port, None) or _listen(
+                config.bind, config.tls_port
+            )
+            self.listeners.append((tls_listener, acceptor.TLS))
+        for port, unused in activated.items():
+            log.warning("socket activation: no listener of ours on port %d, closed", port)
+            unused.close()
         self.efd = os.eventfd(0, os.EFD_NONBLOCK)
         os.set_inheritable(self.efd, True)
         for _ in range(self.workers):

@@ -31,3 +31,23 @@ def watchdog_interval() -> float:
     if not usec.isdigit() or (pid and pid != str(os.getpid())):
         return 0.0
     return int(usec) / 2e6
+
+
+LISTEN_FDS_START = 3
+
+
+def activated_sockets() -> list[socket.socket]:
+    """Listening sockets systemd passed (socket activation: LISTEN_FDS for
+    this pid), [] if none. Connections that arrive while the broker
+    restarts wait in their backlog, which systemd keeps."""
+    count = os.environ.get("LISTEN_FDS", "")
+    if not count.isdigit() or os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return []
+    sockets = []
+    for fd in range(LISTEN_FDS_START, LISTEN_FDS_START + int(count)):
+        sock = socket.socket(fileno=fd)
+        sock.set_inheritable(True)
+        sockets.append(sock)
+    for name in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)  # not for the children
+    return sockets

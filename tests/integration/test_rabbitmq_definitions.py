@@ -225,15 +225,16 @@ def shoal_to_rabbitmq(source: Broker, node: Any) -> None:
     assert passive_count(ch, "alice.q") == 0
     ch.confirm_delivery()
     ch.basic_publish("alice.x", "k.1", b"routed by the imported binding", mandatory=True)
-    got = wait_for(
-        lambda: ch.basic_get("alice.q", auto_ack=True)[2], 10, "the message in alice.q"
-    )
+    got = wait_for(lambda: ch.basic_get("alice.q", auto_ack=True)[2], 10, "the message in alice.q")
     assert got == b"routed by the imported binding"
     conn.close()
 
     for what in ("list_permissions", "list_topic_permissions", "list_policies"):
         print(f"$ rabbitmqctl {what} -p app\n" + rabbitmqctl(node, what, "-p", "app"))
-    print("$ rabbitmqctl list_vhost_limits -p app\n" + rabbitmqctl(node, "list_vhost_limits", "-p", "app"))
+    print(
+        "$ rabbitmqctl list_vhost_limits -p app\n"
+        + rabbitmqctl(node, "list_vhost_limits", "-p", "app")
+    )
     print("$ rabbitmqctl list_users\n" + rabbitmqctl(node, "list_users"))
 
     permissions = by("user", rabbit_json(node, "list_permissions", "-p", "app"))
@@ -289,16 +290,16 @@ def rabbitmq_to_shoal(node: Any, target: Broker) -> None:
     assert passive_count(ch, "alice.q") == 0
     ch.confirm_delivery()
     ch.basic_publish("alice.x", "k.2", b"routed in Shoal again", mandatory=True)
-    got = wait_for(
-        lambda: ch.basic_get("alice.q", auto_ack=True)[2], 10, "the message in alice.q"
-    )
+    got = wait_for(lambda: ch.basic_get("alice.q", auto_ack=True)[2], 10, "the message in alice.q")
     assert got == b"routed in Shoal again"
     conn.close()
 
     users = by("user", json.loads(ctl(target, "list_users", "--formatter", "json")))
     assert sorted(users["alice"]["tags"]) == ["management", "policymaker"]
     assert users["bob"]["tags"] == ["monitoring"]
-    permissions = by("user", json.loads(ctl(target, "list_permissions", "-p", "app", "--formatter", "json")))
+    permissions = by(
+        "user", json.loads(ctl(target, "list_permissions", "-p", "app", "--formatter", "json"))
+    )
     assert permissions["alice"] == {
         "user": "alice",
         "configure": r"^alice\.",

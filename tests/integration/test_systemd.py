@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
 
+from shoal.broker.cli import local_command
 from tests.broker_process import wait_for
 
 
@@ -78,3 +80,35 @@ def test_the_watchdog_is_pet_only_while_every_child_beats(broker_factory, tmp_pa
         os.kill(worker, signal.SIGCONT)
     count = len(pets)
     wait_for(lambda: receive() > count, 20, "the pets to come back")
+
+
+def test_socket_activation_serves_connections_that_waited(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """LISTEN_FDS: the broker takes systemd's listening socket instead of
+    binding one; a client that connected before the broker ran waited in
+    the kernel's backlog and is served."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    early = socket.create_connection(("127.0.0.1", port), timeout=20)
+    early.sendall(b"AMQP\x00\x00\x09\x01")
+    runtime = str(tmp_path / "run")
+    cmd = local_command(port, 1, runtime, data_dir=str(tmp_path / "data"))
+    fd = listener.fileno()
+    # As systemd: the socket is fd 3, LISTEN_PID the broker's own pid.
+    script = f'export LISTEN_FDS=1 LISTEN_PID=$$; exec "$@" 3<&{fd}'
+    with open(tmp_path / "broker.log", "wb") as log:
+        proc = subprocess.Popen(
+            ["bash", "-c", script, "bash", *cmd], pass_fds=(fd,), stdout=log, stderr=log
+        )
+    try:
+        assert early.recv(1) == b"\x01"  # connection.start: it was served
+        listener.close()  # the broker has its own copy
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as late:
+            late.sendall(b"AMQP\x00\x00\x09\x01")
+            assert late.recv(1) == b"\x01"
+    finally:
+        early.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, (tmp_path / "broker.log").read_text()
+    assert "listening on 127.0.0.1 (amqp " + str(port) in (tmp_path / "broker.log").read_text()
