@@ -120,6 +120,19 @@ def _broker_parser() -> argparse.ArgumentParser:
         "the capacity)",
     )
     p.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=d.handshake_timeout,
+        help="s from accept to connection.open, TLS included (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-handshaking",
+        type=int,
+        default=d.max_handshaking,
+        help="connections per IO worker still in their handshake; more are closed at once "
+        "(default %(default)s)",
+    )
+    p.add_argument(
         "--no-plain-listener",
         dest="plain_listener",
         action="store_false",

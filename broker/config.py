@@ -32,6 +32,12 @@ class Config(msgspec.Struct, frozen=True):
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60
+    # From accept to connection.open (TLS handshake included), s; a client
+    # slower than that is dropped (RabbitMQ's handshake_timeout, 10 s).
+    handshake_timeout: float = 10.0
+    # Connections not yet past connection.open, per IO worker: more are
+    # closed at once (a flood of idle sockets costs each worker little).
+    max_handshaking: int = 1000
     # A consumer holding a delivery unacked longer is cancelled (ms; 0: no
     # limit; workers/timeouts.py). RabbitMQ's default, 30 min.
     consumer_timeout: int = 1_800_000

@@ -44,7 +44,6 @@ log = logging.getLogger("shoal.connection")
 MAX_HELD_BYTES = 4 << 20
 FLOW_HELD = "flow-held"  # the read holder for that
 
-HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
 # After the close handshake: how long the client may take to close its end of
 # the socket before we close ours anyway (see _close_gracefully).
@@ -76,6 +75,7 @@ class Connection(Handshake, asyncio.Protocol):
         self.auth_mechanism = ""
         self.client_properties: dict[str, Any] = {}
         self.connected_at = int(time.time() * 1000)  # ms, as RabbitMQ's connected_at
+        self.accepted_at = time.monotonic()  # the TLS handshake counts against handshake_timeout
         self.access = ConnectionAccess(ctx.routes, "", "")  # no rights until connection.open
         self.capabilities: dict[str, Any] = {}
         self.obeys_channel_flow = False  # see _obeys_channel_flow
@@ -123,7 +123,12 @@ class Connection(Handshake, asyncio.Protocol):
                 pass
         transport.set_write_buffer_limits(high=1 << 20, low=1 << 18)
         self.ctx.connections.add(self)
-        self.timer = self.ctx.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+        handshaking = sum(1 for c in self.ctx.connections if c.state < OPEN) - 1
+        if handshaking >= self.ctx.config.max_handshaking:
+            self._close_transport()  # too many still logging in: this one is not served
+            return
+        timeout = self.ctx.config.handshake_timeout - (time.monotonic() - self.accepted_at)
+        self.timer = self.ctx.loop.call_later(max(0.0, timeout), self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:

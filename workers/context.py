@@ -36,6 +36,7 @@ class WorkerConnection(Protocol):
     flow_blocked: dict[int, int]
     alarm_reason: str
     transport: Any
+    state: int  # workers/handshake.py's states: below OPEN while logging in
 
     @property
     def channels(self) -> Mapping[int, Publisher]: ...

@@ -35,7 +35,6 @@ from shoal.workers.memory_guard import ALARM
 from shoal.workers.spill import paging_directory
 
 HEARTBEAT_INTERVAL = 1.0
-TLS_HANDSHAKE_TIMEOUT = 10.0
 
 log = logging.getLogger("shoal.worker")
 
@@ -186,7 +185,7 @@ class Worker:
                     lambda: Connection(self.ctx),
                     sock,
                     ssl=tls_context,
-                    ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if tls_context else None,
+                    ssl_handshake_timeout=self.config.handshake_timeout if tls_context else None,
                 )
             except OSError:
                 sock.close()
