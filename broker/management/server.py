@@ -17,7 +17,7 @@ from aiohttp import web
 from setproctitle import setproctitle
 
 from shoal.broker.config import Config
-from shoal.broker.management import api
+from shoal.broker.management import api, http
 from shoal.broker.management.backend import Backend
 from shoal.shm import layout
 from shoal.shm.segment import Segment
@@ -27,8 +27,8 @@ log = logging.getLogger("shoal.management")
 
 def make_app(config: Config, seg: Segment) -> web.Application:
     app = web.Application(middlewares=[api.authenticate], client_max_size=256 << 20)
-    app[api.BACKEND] = Backend(config, seg)
-    app[api.STARTED] = time.monotonic()
+    app[http.BACKEND] = Backend(config, seg)
+    app[http.STARTED] = time.monotonic()
     api.routes(app)
     return app
 

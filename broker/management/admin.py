@@ -1,0 +1,311 @@
+"""The management API's broker-wide handlers: overview, nodes, whoami,
+vhosts, users, permissions, topic permissions, policies, definitions and
+health checks (docs/access.md)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from shoal.broker import VERSION
+from shoal.broker.amqp import access
+from shoal.broker.amqp.definitions_json import RABBIT_VERSION as RABBITMQ_VERSION
+from shoal.broker.management.http import (
+    BACKEND,
+    STARTED,
+    check_vhost,
+    error,
+    listing,
+    node_name,
+    path_name,
+    path_vhost,
+    per_vhost,
+    read_body,
+    require_admin,
+    scoped,
+    visible_vhosts,
+)
+from shoal.broker.management.objects import connection_rows
+
+
+async def overview(request: web.Request) -> web.Response:
+    backend = request.app[BACKEND]
+    queues = await per_vhost(request, "list_queues", None)
+    connections = await connection_rows(request)
+    channels = await scoped(request, "list_channels")
+    consumers = await scoped(request, "list_consumers")
+    exchanges = await per_vhost(request, "list_exchanges", None)
+    config = backend.config
+    listeners = [
+        {"node": node_name(), "protocol": "amqp", "ip_address": config.bind, "port": config.port}
+    ]
+    if config.tls_port:
+        listeners.append(
+            {
+                "node": node_name(),
+                "protocol": "amqp/ssl",
+                "ip_address": config.bind,
+                "port": config.tls_port,
+            }
+        )
+    return web.json_response(
+        {
+            # RabbitMQ's version numbers, which tools compare: what Shoal
+            # is compatible with (the product's own version follows).
+            "management_version": RABBITMQ_VERSION,
+            "rabbitmq_version": RABBITMQ_VERSION,
+            "product_name": "Shoal",
+            "product_version": VERSION,
+            "cluster_name": config.cluster_name or node_name(),
+            "node": node_name(),
+            "object_totals": {
+                "queues": len(queues),
+                "exchanges": len(exchanges),
+                "connections": len(connections),
+                "channels": len(channels),
+                "consumers": len(consumers),
+            },
+            "queue_totals": {
+                "messages": sum(q["messages"] for q in queues),
+                "messages_ready": sum(q["messages_ready"] for q in queues),
+                "messages_unacknowledged": sum(q["messages_unacknowledged"] for q in queues),
+            },
+            "message_stats": {},
+            "listeners": listeners,
+            "contexts": [
+                {
+                    "node": node_name(),
+                    "description": "RabbitMQ Management",
+                    "port": str(config.management_port),
+                }
+            ],
+        }
+    )
+
+
+async def nodes(request: web.Request) -> web.Response:
+    started = request.app[STARTED]
+    return web.json_response(
+        [
+            {
+                "name": node_name(),
+                "type": "disc",
+                "running": True,
+                "uptime": int((time.monotonic() - started) * 1000),
+                "partitions": [],
+            }
+        ]
+    )
+
+
+async def whoami(request: web.Request) -> web.Response:
+    tags = request.app[BACKEND].current().users[request["user"]].tags
+    return web.json_response({"name": request["user"], "tags": tags})
+
+
+async def vhosts(request: web.Request) -> web.Response:
+    limits = request.app[BACKEND].current().vhost_limits
+    return listing(
+        request,
+        [
+            {
+                "name": v,
+                "description": "",
+                "tags": [],
+                "metadata": {"description": "", "tags": []},
+                "tracing": False,
+                "limits": limits.get(v, {}),
+            }
+            for v in visible_vhosts(request)
+        ],
+    )
+
+
+async def vhost(request: web.Request) -> web.StreamResponse:
+    name = path_vhost(request)
+    backend = request.app[BACKEND]
+    if request.method == "GET":
+        check_vhost(request, name)
+        return web.json_response({"name": name, "description": "", "tags": [], "tracing": False})
+    require_admin(request)
+    if request.method == "PUT":
+        if name not in backend.current().vhost_ids:
+            await backend.control({"op": "add_vhost", "vhost": name})
+            return web.Response(status=201)
+        return web.Response(status=204)
+    await backend.control({"op": "delete_vhost", "vhost": name})
+    return web.Response(status=204)
+
+
+def _user_row(record: Any) -> dict[str, Any]:
+    return {
+        "name": record.user,
+        "password_hash": record.password_hash,
+        "hashing_algorithm": record.hashing_algorithm,
+        "tags": record.tags,
+        "limits": record.limits,
+    }
+
+
+async def users(request: web.Request) -> web.Response:
+    require_admin(request)
+    return listing(request, [_user_row(u) for u in request.app[BACKEND].current().users.values()])
+
+
+async def user(request: web.Request) -> web.StreamResponse:
+    require_admin(request)
+    name = path_name(request)
+    backend = request.app[BACKEND]
+    existing = backend.current().users.get(name)
+    if request.method == "GET":
+        if existing is None:
+            return error(404, "Object Not Found", "Not Found")
+        return web.json_response(_user_row(existing))
+    if request.method == "DELETE":
+        await backend.control({"op": "delete_user", "user": name})
+        return web.Response(status=204)
+    body = await read_body(request)
+    tags = body.get("tags", [])
+    fields: dict[str, Any] = {"user": name, "tags": tags}
+    if "password" in body:
+        fields["password"] = str(body["password"])
+    elif "password_hash" in body:
+        fields["password_hash"] = str(body["password_hash"])
+        fields["hashing_algorithm"] = str(body.get("hashing_algorithm") or access.SHA256)
+    if existing is None:
+        await backend.control({"op": "add_user", **fields})
+        return web.Response(status=201)
+    if "password" in fields:
+        await backend.control(
+            {"op": "change_password", "user": name, "password": fields["password"]}
+        )
+    await backend.control({"op": "set_user_tags", "user": name, "tags": tags})
+    return web.Response(status=204)
+
+
+async def permissions(request: web.Request) -> web.Response:
+    require_admin(request)
+    definitions = request.app[BACKEND].current()
+    return listing(request, [_permission_row(p) for p in definitions.permissions.values()])
+
+
+def _permission_row(p: Any) -> dict[str, Any]:
+    return {
+        "user": p.user,
+        "vhost": p.vhost,
+        "configure": p.configure,
+        "write": p.write,
+        "read": p.read,
+    }
+
+
+async def permission(request: web.Request) -> web.StreamResponse:
+    require_admin(request)
+    vhost, name = path_vhost(request), path_name(request, "user")
+    backend = request.app[BACKEND]
+    if request.method == "GET":
+        found = backend.current().permissions.get((vhost, name))
+        if found is None:
+            return error(404, "Object Not Found", "Not Found")
+        return web.json_response(_permission_row(found))
+    if request.method == "DELETE":
+        await backend.control({"op": "clear_permissions", "vhost": vhost, "user": name})
+        return web.Response(status=204)
+    body = await read_body(request)
+    created = (vhost, name) not in backend.current().permissions
+    await backend.control(
+        {
+            "op": "set_permissions",
+            "vhost": vhost,
+            "user": name,
+            **{k: str(body.get(k, "")) for k in ("configure", "write", "read")},
+        }
+    )
+    return web.Response(status=201 if created else 204)
+
+
+async def topic_permissions(request: web.Request) -> web.Response:
+    require_admin(request)
+    definitions = request.app[BACKEND].current()
+    rows = [
+        {"user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write, "read": p.read}
+        for named in definitions.topic_permissions.values()
+        for p in named.values()
+    ]
+    return listing(request, rows)
+
+
+async def policies(request: web.Request) -> web.Response:
+    vhost = path_vhost(request) if "vhost" in request.match_info else None
+    vhosts = [vhost] if vhost is not None else visible_vhosts(request)
+    rows: list[dict[str, Any]] = []
+    for v in vhosts:
+        rows += await request.app[BACKEND].rows("list_policies", vhost=v)
+    return listing(request, rows)
+
+
+async def policy(request: web.Request) -> web.StreamResponse:
+    if not {"administrator", "policymaker"} & request["tags"]:
+        return error(401, "not_authorized", "Not policymaker user")
+    vhost, name = path_vhost(request), path_name(request)
+    backend = request.app[BACKEND]
+    if request.method == "GET":
+        for row in await backend.rows("list_policies", vhost=vhost):
+            if row["name"] == name:
+                return web.json_response(row)
+        return error(404, "Object Not Found", "Not Found")
+    if request.method == "DELETE":
+        await backend.control({"op": "clear_policy", "vhost": vhost, "name": name})
+        return web.Response(status=204)
+    body = await read_body(request)
+    existed = name in backend.current().policies.get(vhost, {})
+    await backend.control(
+        {
+            "op": "set_policy",
+            "vhost": vhost,
+            "name": name,
+            "pattern": str(body.get("pattern", "")),
+            "definition": body.get("definition") or {},
+            "priority": int(body.get("priority", 0)),
+            "apply_to": str(body.get("apply-to", "all")),
+        }
+    )
+    return web.Response(status=204 if existed else 201)
+
+
+async def definitions(request: web.Request) -> web.StreamResponse:
+    require_admin(request)
+    backend = request.app[BACKEND]
+    if request.method == "GET":
+        answer = await backend.control({"op": "export_definitions"})
+        return web.json_response(answer["definitions"])
+    body = await read_body(request)
+    await backend.control({"op": "import_definitions", "definitions": body})
+    return web.Response(status=204)
+
+
+async def health(request: web.Request) -> web.Response:
+    check = request.match_info["check"]
+    backend = request.app[BACKEND]
+    config = backend.config
+    failed = ""
+    if check in ("alarms", "local-alarms"):
+        failed = backend.alarms()
+    elif check == "port-listener":
+        port = int(request.match_info.get("arg", "0") or 0)
+        if port not in (config.port if config.plain_listener else 0, config.tls_port):
+            failed = f"No active listener on port {port}"
+    elif check == "protocol-listener":
+        protocol = request.match_info.get("arg", "")
+        known = {"amqp": config.plain_listener, "amqp/ssl": bool(config.tls_port)}
+        if protocol in ("amqps", "amqp/ssl"):
+            protocol = "amqp/ssl"
+        if not known.get(protocol):
+            failed = f"No active listener for protocol {protocol}"
+    elif check not in ("virtual-hosts", "node-is-quorum-critical", "node-is-mirror-sync-critical"):
+        return error(404, "Object Not Found", "Not Found")
+    if failed:
+        return web.json_response({"status": "failed", "reason": failed}, status=503)
+    return web.json_response({"status": "ok"})

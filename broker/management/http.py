@@ -1,0 +1,122 @@
+"""What the management API's handlers share (api.py has the routes): the
+app's keys, RabbitMQ's error bodies, the names in the path, what a user's
+tags let it see, and the listings' ?columns= and ?sort=."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from shoal.broker.management.backend import Backend
+
+BACKEND: web.AppKey[Backend] = web.AppKey("backend", Backend)
+STARTED: web.AppKey[float] = web.AppKey("started", float)
+
+
+def error(status: int, kind: str, reason: str) -> web.Response:
+    return web.json_response({"error": kind, "reason": reason}, status=status)
+
+
+def path_vhost(request: web.Request) -> str:
+    return unquote(request.match_info["vhost"])
+
+
+def path_name(request: web.Request, key: str = "name") -> str:
+    return unquote(request.match_info[key])
+
+
+def is_admin(request: web.Request) -> bool:
+    return "administrator" in request["tags"]
+
+
+def sees_all(request: web.Request) -> bool:
+    return bool({"administrator", "monitoring"} & request["tags"])
+
+
+def require_admin(request: web.Request) -> None:
+    if not is_admin(request):
+        raise web.HTTPUnauthorized(
+            text=json.dumps({"error": "not_authorized", "reason": "Not administrator user"}),
+            content_type="application/json",
+        )
+
+
+def visible_vhosts(request: web.Request) -> list[str]:
+    definitions = request.app[BACKEND].current()
+    if sees_all(request):
+        return list(definitions.vhost_ids)
+    user = request["user"]
+    return [v for v in definitions.vhost_ids if (v, user) in definitions.permissions]
+
+
+def check_vhost(request: web.Request, vhost: str) -> None:
+    if vhost not in request.app[BACKEND].current().vhost_ids:
+        raise web.HTTPNotFound(
+            text=json.dumps({"error": "Object Not Found", "reason": "Not Found"}),
+            content_type="application/json",
+        )
+    if vhost not in visible_vhosts(request):
+        raise web.HTTPUnauthorized(
+            text=json.dumps(
+                {"error": "not_authorized", "reason": f"Access refused to vhost '{vhost}'"}
+            ),
+            content_type="application/json",
+        )
+
+
+def listing(request: web.Request, rows: list[dict[str, Any]]) -> web.Response:
+    """?columns=a,b.c and ?sort=col&sort_reverse=true, as RabbitMQ's."""
+    sort = request.query.get("sort")
+    if sort:
+        rows = sorted(rows, key=lambda r: str(r.get(sort, "")))
+        if request.query.get("sort_reverse") == "true":
+            rows.reverse()
+    columns = request.query.get("columns")
+    if columns:
+        wanted = [c.split(".")[0] for c in columns.split(",")]
+        rows = [{c: r[c] for c in wanted if c in r} for r in rows]
+    return web.json_response(rows)
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": "bad_request", "reason": "body is not JSON"}),
+            content_type="application/json",
+        ) from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": "bad_request", "reason": "body is not a JSON object"}),
+            content_type="application/json",
+        )
+    return body
+
+
+def node_name() -> str:
+    return f"shoal@{socket.gethostname()}"
+
+
+async def per_vhost(request: web.Request, op: str, vhost: str | None) -> list[dict[str, Any]]:
+    backend = request.app[BACKEND]
+    vhosts = [vhost] if vhost is not None else visible_vhosts(request)
+    rows: list[dict[str, Any]] = []
+    for v in vhosts:
+        rows += [{**row, "vhost": v} for row in await backend.rows(op, vhost=v)]
+    return rows
+
+
+async def scoped(request: web.Request, op: str) -> list[dict[str, Any]]:
+    """Rows of every vhost for administrators and monitoring users, else
+    the user's own (RabbitMQ's rule for connections and channels)."""
+    rows = await request.app[BACKEND].rows(op)
+    if sees_all(request):
+        return rows
+    return [r for r in rows if r.get("user") == request["user"]]

@@ -1,0 +1,295 @@
+"""The management API's handlers for what clients make and use: queues,
+exchanges, bindings (declared, deleted, purged, published to and fetched
+from over AMQP as the API's user), connections, channels and consumers."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from shoal.broker.management.http import (
+    BACKEND,
+    check_vhost,
+    error,
+    listing,
+    node_name,
+    path_name,
+    path_vhost,
+    per_vhost,
+    read_body,
+    scoped,
+)
+
+
+async def queues(request: web.Request) -> web.Response:
+    vhost = path_vhost(request) if "vhost" in request.match_info else None
+    if vhost is not None:
+        check_vhost(request, vhost)
+    rows = await per_vhost(request, "list_queues", vhost)
+    return listing(request, [{**r, "node": node_name()} for r in rows])
+
+
+async def queue(request: web.Request) -> web.StreamResponse:
+    vhost, name = path_vhost(request), path_name(request)
+    check_vhost(request, vhost)
+    backend = request.app[BACKEND]
+    if request.method == "GET":
+        for row in await backend.rows("list_queues", vhost=vhost):
+            if row["name"] == name:
+                return web.json_response({**row, "vhost": vhost, "node": node_name()})
+        return error(404, "Object Not Found", "Not Found")
+    user, password = request["user"], request["password"]
+    if request.method == "DELETE":
+        if_empty = request.query.get("if-empty") == "true"
+        if_unused = request.query.get("if-unused") == "true"
+        await backend.amqp(
+            user,
+            password,
+            vhost,
+            lambda ch: ch.queue_delete(name, if_unused=if_unused, if_empty=if_empty),
+        )
+        return web.Response(status=204)
+    body = await read_body(request)
+    existed = any(r["name"] == name for r in await backend.rows("list_queues", vhost=vhost))
+    await backend.amqp(
+        user,
+        password,
+        vhost,
+        lambda ch: ch.queue_declare(
+            name,
+            durable=bool(body.get("durable", True)),
+            auto_delete=bool(body.get("auto_delete", False)),
+            arguments=body.get("arguments") or {},
+        ),
+    )
+    return web.Response(status=204 if existed else 201)
+
+
+async def queue_contents(request: web.Request) -> web.StreamResponse:
+    vhost, name = path_vhost(request), path_name(request)
+    check_vhost(request, vhost)
+    await request.app[BACKEND].amqp(
+        request["user"], request["password"], vhost, lambda ch: ch.queue_purge(name)
+    )
+    return web.Response(status=204)
+
+
+async def queue_get(request: web.Request) -> web.Response:
+    vhost, name = path_vhost(request), path_name(request)
+    check_vhost(request, vhost)
+    body = await read_body(request)
+    ackmode = str(body.get("ackmode", "ack_requeue_true"))
+    if ackmode not in (
+        "ack_requeue_true",
+        "ack_requeue_false",
+        "reject_requeue_true",
+        "reject_requeue_false",
+    ):
+        return error(400, "bad_request", f"unknown ackmode {ackmode!r}")
+    truncate = body.get("truncate")
+    got = await request.app[BACKEND].get(
+        request["user"],
+        request["password"],
+        vhost,
+        name,
+        int(body.get("count", 1)),
+        ackmode.endswith("_true"),
+        str(body.get("encoding", "auto")),
+        int(truncate) if truncate not in (None, "") else None,
+    )
+    return web.json_response(got)
+
+
+async def exchanges(request: web.Request) -> web.Response:
+    vhost = path_vhost(request) if "vhost" in request.match_info else None
+    if vhost is not None:
+        check_vhost(request, vhost)
+    rows = await per_vhost(request, "list_exchanges", vhost)
+    return listing(request, [{**r, "user_who_performed_action": ""} for r in rows])
+
+
+async def exchange(request: web.Request) -> web.StreamResponse:
+    vhost, name = path_vhost(request), path_name(request)
+    check_vhost(request, vhost)
+    backend = request.app[BACKEND]
+    if request.method == "GET":
+        for row in await backend.rows("list_exchanges", vhost=vhost):
+            if row["name"] == ("" if name == "amq.default" else name):
+                return web.json_response({**row, "vhost": vhost})
+        return error(404, "Object Not Found", "Not Found")
+    user, password = request["user"], request["password"]
+    if request.method == "DELETE":
+        if_unused = request.query.get("if-unused") == "true"
+        await backend.amqp(
+            user, password, vhost, lambda ch: ch.exchange_delete(name, if_unused=if_unused)
+        )
+        return web.Response(status=204)
+    body = await read_body(request)
+    existed = any(r["name"] == name for r in await backend.rows("list_exchanges", vhost=vhost))
+    await backend.amqp(
+        user,
+        password,
+        vhost,
+        lambda ch: ch.exchange_declare(
+            name,
+            str(body.get("type", "direct")),
+            durable=bool(body.get("durable", True)),
+            auto_delete=bool(body.get("auto_delete", False)),
+            internal=bool(body.get("internal", False)),
+            arguments=body.get("arguments") or {},
+        ),
+    )
+    return web.Response(status=204 if existed else 201)
+
+
+async def exchange_publish(request: web.Request) -> web.Response:
+    vhost, name = path_vhost(request), path_name(request)
+    check_vhost(request, vhost)
+    body = await read_body(request)
+    payload = str(body.get("payload", ""))
+    encoding = body.get("payload_encoding", "string")
+    data = base64.b64decode(payload) if encoding == "base64" else payload.encode()
+    properties = body.get("properties") or {}
+    if not isinstance(properties, dict):
+        return error(400, "bad_request", "properties must be an object")
+    routed = await request.app[BACKEND].publish(
+        request["user"],
+        request["password"],
+        vhost,
+        name,
+        str(body.get("routing_key", "")),
+        data,
+        {k: v for k, v in properties.items() if k in _PIKA_PROPERTIES},
+    )
+    return web.json_response({"routed": routed})
+
+
+_PIKA_PROPERTIES = {
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+}
+
+
+def _binding_row(row: dict[str, Any], vhost: str) -> dict[str, Any]:
+    return {
+        "source": row["source_name"],
+        "vhost": vhost,
+        "destination": row["destination_name"],
+        "destination_type": row["destination_kind"],
+        "routing_key": row["routing_key"],
+        "arguments": row["arguments"],
+        "properties_key": row["routing_key"] or "~",
+    }
+
+
+async def bindings(request: web.Request) -> web.Response:
+    vhost = path_vhost(request) if "vhost" in request.match_info else None
+    if vhost is not None:
+        check_vhost(request, vhost)
+    rows = await per_vhost(request, "list_bindings", vhost)
+    return listing(request, [_binding_row(r, r["vhost"]) for r in rows])
+
+
+async def binding_create(request: web.Request) -> web.StreamResponse:
+    vhost = path_vhost(request)
+    check_vhost(request, vhost)
+    source, dest = path_name(request, "source"), path_name(request, "dest")
+    body = await read_body(request)
+    key = str(body.get("routing_key", ""))
+    arguments = body.get("arguments") or {}
+    if request.match_info["kind"] == "q":
+        work: Callable[[Any], Any] = lambda ch: ch.queue_bind(dest, source, key, arguments)  # noqa: E731
+    else:
+        work = lambda ch: ch.exchange_bind(dest, source, key, arguments)  # noqa: E731
+    await request.app[BACKEND].amqp(request["user"], request["password"], vhost, work)
+    location = f"{request.path}/{key or '~'}"
+    return web.Response(status=201, headers={"Location": location})
+
+
+async def binding_delete(request: web.Request) -> web.StreamResponse:
+    vhost = path_vhost(request)
+    check_vhost(request, vhost)
+    source, dest = path_name(request, "source"), path_name(request, "dest")
+    props = path_name(request, "props")
+    key = "" if props == "~" else props.split("~")[0]
+    if request.match_info["kind"] == "q":
+        work: Callable[[Any], Any] = lambda ch: ch.queue_unbind(dest, source, key)  # noqa: E731
+    else:
+        work = lambda ch: ch.exchange_unbind(dest, source, key)  # noqa: E731
+    await request.app[BACKEND].amqp(request["user"], request["password"], vhost, work)
+    return web.Response(status=204)
+
+
+async def connection_rows(request: web.Request) -> list[dict[str, Any]]:
+    rows = await scoped(request, "list_connections")
+    return [{**r, "node": node_name(), "channels": r.get("channels", 0)} for r in rows]
+
+
+async def connections(request: web.Request) -> web.Response:
+    return listing(request, await connection_rows(request))
+
+
+async def connection(request: web.Request) -> web.StreamResponse:
+    name = path_name(request)
+    found = [c for c in await connection_rows(request) if c["name"] == name]
+    if not found:
+        return error(404, "Object Not Found", "Not Found")
+    if request.method == "GET":
+        return web.json_response(found[0])
+    reason = request.headers.get("X-Reason", "Closed via management plugin")
+    await request.app[BACKEND].control({"op": "close_connection", "name": name, "reason": reason})
+    return web.Response(status=204)
+
+
+async def channels(request: web.Request) -> web.Response:
+    rows = await scoped(request, "list_channels")
+    return listing(
+        request,
+        [
+            {
+                **r,
+                "node": node_name(),
+                "connection_details": {"name": r["connection"]},
+                "state": "running",
+            }
+            for r in rows
+        ],
+    )
+
+
+async def consumers(request: web.Request) -> web.Response:
+    rows = await scoped(request, "list_consumers")
+    vhost = path_vhost(request) if "vhost" in request.match_info else None
+    return listing(
+        request,
+        [
+            {
+                "consumer_tag": r["consumer_tag"],
+                "queue": {"name": r["queue_name"], "vhost": r["vhost"]},
+                "channel_details": {"name": r["channel"]},
+                "ack_required": r["ack_required"],
+                "exclusive": r["exclusive"],
+                "prefetch_count": r["prefetch_count"],
+                "active": r["active"],
+                "activity_status": r["activity_status"],
+                "arguments": r["arguments"],
+            }
+            for r in rows
+            if vhost is None or r["vhost"] == vhost
+        ],
+    )
