@@ -4,9 +4,10 @@ goes anywhere (broker/amqp/access.py has the rules and texts).
 
 The permissions are read from the worker's replay of the definitions
 journal (workers/routes.py), so a change applies to connections already
-open at their next method. A decision is cached per (permission, kind,
-name) until the definitions change: the publish path pays one dict lookup
-and the journal's one atomic load."""
+open from their next read of the socket (the connection looks at the
+journal once per read: one atomic load). A decision is cached per
+(permission, kind, name) until the definitions change: the publish path
+pays one dict lookup."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ CACHE_MAX = 1024
 
 
 class ConnectionAccess:
-    __slots__ = ("_decided", "_published", "_version", "routes", "user", "vhost")
+    __slots__ = ("_decided", "_published", "_topics", "_version", "routes", "user", "vhost")
 
     def __init__(self, routes: Routes, user: str, vhost: str) -> None:
         self.routes = routes
@@ -29,6 +30,13 @@ class ConnectionAccess:
         self._version = -1
         self._decided: dict[tuple[str, str, str], bool] = {}
         self._published: dict[bytes, bool] = {}  # exchange -> write granted
+        self._topics = False  # the user has topic permissions in this vhost
+
+    def refresh(self) -> None:
+        """The definitions journal again (one atomic load when nothing
+        changed): the connection calls it once per read of its socket, so
+        the publish path need not (a change applies from the next read)."""
+        self._fresh()
 
     def _fresh(self) -> None:
         routes = self.routes
@@ -37,6 +45,8 @@ class ConnectionAccess:
             self._version = routes.version
             self._decided.clear()
             self._published.clear()
+            topics = routes.definitions.topic_permissions
+            self._topics = bool(topics) and (self.vhost, self.user) in topics
 
     def allowed(self, permission: str, kind: str, name: str) -> bool:
         self._fresh()
@@ -56,7 +66,7 @@ class ConnectionAccess:
     def may_publish(self, exchange: bytes, routing_key: bytes) -> bool:
         """The publish path's check: write on the exchange, and the topic
         permission of a topic exchange."""
-        self._fresh()
+        # No journal check here: the connection calls refresh() once per read.
         granted = self._published.get(exchange)
         if granted is None:
             if len(self._published) >= CACHE_MAX:
@@ -65,7 +75,7 @@ class ConnectionAccess:
             granted = self._published[exchange] = self._decide(WRITE, "exchange", name)
         if not granted:
             return False
-        if not self.routes.definitions.topic_permissions:
+        if not self._topics:  # the common case: one dict lookup per publish
             return True
         return self._topic_allows(WRITE, exchange.decode(errors="replace"), routing_key.decode())
 

@@ -340,6 +340,7 @@ class Connection(Handshake, asyncio.Protocol):
         except framing.FrameError as exc:
             self._frame_error(exc)
             return
+        self.access.refresh()  # a permission changed applies from this read on
         try:
             self._dispatch(frames)
         except errors.ConnectionError_ as exc:

@@ -26,7 +26,6 @@ from setproctitle import setproctitle
 from shoal.broker.amqp.definitions import Op
 from shoal.broker.config import Config
 from shoal.broker.ipc import WorkerGone, encode, socketpair
-from shoal.broker.management.server import run_management
 from shoal.broker.observe.metrics import serve as serve_metrics
 from shoal.broker.scheduler.durable import DefinitionsLog, Restored, UnreadableDefinitions
 from shoal.broker.scheduler.introspect import socket_path
@@ -327,6 +326,11 @@ class Supervisor:
                 seg.layout.proc(layout.management_slot(seg.layout)) + layout.P_ROLE,
                 layout.ROLE_MANAGEMENT,
             )
+            # Imported in the child only: aiohttp and pika in the supervisor
+            # would be inherited by every IO worker, and their objects cost
+            # each worker's garbage collector ~8 % of its throughput (measured).
+            from shoal.broker.management.server import run_management
+
             main = lambda: run_management(self.config, seg)  # noqa: E731
         else:
             handoffs = [pair[0] for pair in self.handoff_pairs]
