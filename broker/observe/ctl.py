@@ -149,6 +149,13 @@ VERBS: dict[str, Verb] = {
         _fields("user", "limit"),
         done='Clearing "{limit}" limit for user "{user}" ...',
     ),
+    "list_user_limits": Verb(
+        (),
+        _fields(op="list_users"),
+        'Listing limits for user "{user}" ...',
+        ("user", "limits"),
+        optional=("user",),
+    ),
     "add_vhost": Verb(("name",), _fields(op="add_vhost"), done='Adding vhost "{name}" ...'),
     "delete_vhost": Verb(("name",), _fields(op="delete_vhost"), done='Deleting vhost "{name}" ...'),
     "list_vhosts": Verb((), _fields(), "Listing vhosts ...", ("name",)),
@@ -328,6 +335,17 @@ def _globals_first(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[-1:] == ["status"] or argv[:1] == ["status"]:  # rabbitmqctl status: `shoal status`
+        from shoal.broker.observe import status
+
+        rest = [a for a in argv if a != "status"]
+        ns_status = argparse.ArgumentParser(add_help=False)
+        ns_status.add_argument("--port", type=int, default=5672)
+        ns_status.add_argument("--runtime-dir", default="")
+        known, _ = ns_status.parse_known_args(rest)
+        return status.main(
+            Config(port=known.port, runtime_dir=known.runtime_dir).runtime_path(), False
+        )
     ns = _parser().parse_args(_globals_first(argv))
     verb = VERBS[ns.verb]
     if ns.verb in ("add_vhost", "delete_vhost"):
@@ -371,6 +389,11 @@ def main(argv: list[str]) -> int:
         print(f"Queue was successfully deleted with {answer.get('messages', 0)} ready messages")
     if verb.columns:
         rows = answer.get("rows", answer.get("policies", []))
+        if ns.verb == "list_user_limits":  # the limits alone, as JSON
+            for row in rows:
+                if row["user"] == ns.user and row["limits"]:
+                    print(json.dumps(row["limits"], separators=(",", ":")))
+            return 0
         if ns.verb == "list_vhost_limits":  # the limits alone, as JSON
             for row in rows:
                 if row["name"] == ns.vhost and row["limits"]:

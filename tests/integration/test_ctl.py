@@ -84,3 +84,12 @@ def test_connections_channels_and_consumers_and_closing_one(broker: Broker) -> N
         "CONNECTION_FORCED - go away",
     )
     wait_for(lambda: rows(broker, "list_connections") == [], 10, "the connection to go")
+
+
+def test_user_limits_and_status(broker: Broker) -> None:
+    ctl(broker, "set_user_limits", "guest", '{"max-connections": 5}')
+    assert ctl(broker, "list_user_limits", "guest").splitlines() == [
+        'Listing limits for user "guest" ...',
+        '{"max-connections":5}',
+    ]
+    assert "io-worker" in ctl(broker, "status")
