@@ -11,7 +11,7 @@ pays one dict lookup."""
 
 from __future__ import annotations
 
-from shoal.broker.amqp import access
+from shoal.broker.amqp import access, properties
 from shoal.broker.amqp.access import CONFIGURE, READ, WRITE
 from shoal.workers.routes import Routes
 
@@ -31,6 +31,7 @@ class ConnectionAccess:
         self._decided: dict[tuple[str, str, str], bool] = {}
         self._published: dict[bytes, bool] = {}  # exchange -> write granted
         self._topics = False  # the user has topic permissions in this vhost
+        self._fresh()  # current at once: the first read's publishes are checked too
 
     def refresh(self) -> None:
         """The definitions journal again (one atomic load when nothing
@@ -77,7 +78,8 @@ class ConnectionAccess:
             return False
         if not self._topics:  # the common case: one dict lookup per publish
             return True
-        return self._topic_allows(WRITE, exchange.decode(errors="replace"), routing_key.decode())
+        key = routing_key.decode(errors="replace")
+        return self._topic_allows(WRITE, exchange.decode(errors="replace"), key)
 
     def check_publish(self, exchange: bytes, routing_key: bytes) -> None:
         if self.may_publish(exchange, routing_key):
@@ -86,6 +88,13 @@ class ConnectionAccess:
         self.check(WRITE, "exchange", name)
         raise access.topic_refused(
             routing_key.decode(errors="replace"), name, self.vhost, self.user
+        )
+
+    def check_user_id(self, raw_header: bytes) -> None:
+        """A publish's user-id property, if set, must name this user."""
+        record = self.routes.definitions.users.get(self.user)
+        access.check_user_id(
+            properties.user_id(raw_header), self.user, record.tags if record else []
         )
 
     def check_topic(self, permission: str, exchange: str, routing_key: str) -> None:

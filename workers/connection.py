@@ -638,7 +638,7 @@ class Connection(Handshake, asyncio.Protocol):
     def matches(self, vhost: str, user: str, conn_id: int) -> bool:
         """Whether a Disconnect for these (""/0: any) is for this connection."""
         return (
-            self.state == OPEN
+            (self.state == OPEN or (self.opened and self.state == AWAIT_OPEN))  # or being counted
             and (not vhost or vhost == self.vhost)
             and (not user or user == self.user)
             and (not conn_id or conn_id == self.id)
@@ -646,7 +646,7 @@ class Connection(Handshake, asyncio.Protocol):
 
     def force_close(self, text: str) -> None:
         """An operator's doing: 320 CONNECTION_FORCED, as RabbitMQ closes."""
-        if self.state == OPEN:
+        if self.state in (OPEN, AWAIT_OPEN) and not self.closed:
             self.fail(errors.ConnectionError_(errors.CONNECTION_FORCED, text))
 
     def shutdown(self) -> None:

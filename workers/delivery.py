@@ -255,7 +255,9 @@ class Delivery(ChannelState):
             await self.ctx.request(reply_to.declare_request(self.conn.vhost, name, self.conn.id))
             self.reply_queue = name
             method.queue = name.decode()
-        name, qid = self._resolve_queue(method.queue, (60, 20), READ)
+        # RabbitMQ checks no permission on direct reply-to's pseudo-queue.
+        permission = "" if self.reply_queue and method.queue == self.reply_queue.decode() else READ
+        name, qid = self._resolve_queue(method.queue, (60, 20), permission)
         tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
         if tag in self.consumers:
             raise errors.ConnectionError_(

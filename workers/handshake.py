@@ -131,6 +131,10 @@ class Handshake:
         self.state = AWAIT_OPEN
 
     def _open(self, method: C.Connection.Open) -> None:
+        if self.opened:  # a second connection.open while the first is answered
+            raise errors.ConnectionError_(
+                errors.COMMAND_INVALID, "expected none, got connection.open", 10, 40
+            )
         routes = self.ctx.routes
         routes.sync()
         definitions = routes.definitions
@@ -153,8 +157,8 @@ class Handshake:
 
     def _open_answered(self, answer: asyncio.Future[Any]) -> None:
         self.release_reading(OPENING)
-        if self.closed:
-            return
+        if self.closed or self.state != AWAIT_OPEN:
+            return  # closed or refused meanwhile
         exc = answer.exception()
         if isinstance(exc, RemoteError):
             self.opened = False

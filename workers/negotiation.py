@@ -150,7 +150,12 @@ def obeys_channel_flow(props: dict[str, Any]) -> bool:
 
 
 def _credentials(mechanism: str, response: Any) -> tuple[str, str]:
-    raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
+    # pamqp decodes the response as UTF-8: encode it back the same way.
+    raw = (
+        response.encode(errors="surrogateescape")
+        if isinstance(response, str)
+        else bytes(response or b"")
+    )
     if mechanism == "PLAIN":
         parts = raw.split(b"\0")
         if len(parts) != 3:
@@ -162,6 +167,6 @@ def _credentials(mechanism: str, response: Any) -> tuple[str, str]:
         except Exception:
             return "", ""
         login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-        as_str = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
+        as_str = lambda v: v.decode(errors="replace") if isinstance(v, bytes) else str(v)  # noqa: E731
         return as_str(login), as_str(password)
     return "", ""

@@ -107,6 +107,8 @@ class Publishing(ChannelState):
             return False
         if not self.conn.access.may_publish(exchange, routing_key):
             return False  # the general path refuses it
+        if header[13] & properties.USER_ID_FLAG:
+            return False  # the general path checks it (a rare property)
         try:
             raw_header = reply_to.rewrite(self, bytes(header))
             also: list[bytes] = []
@@ -182,6 +184,7 @@ class Publishing(ChannelState):
                 40,
             )
         if not pending.header:
+            self.conn.access.check_user_id(bytes(payload))
             try:
                 pending.header = reply_to.rewrite(self, bytes(payload))
                 pending.body_size = body_size

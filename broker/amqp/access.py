@@ -141,6 +141,20 @@ def topic_refused(routing_key: str, exchange: str, vhost: str, user: str) -> err
     )
 
 
+def check_user_id(claimed: bytes | None, user: str, tags: list[str]) -> None:
+    """RabbitMQ's validated user-id: a message may say it comes from the
+    user who published it only, unless that user is an `impersonator`."""
+    if claimed is None or claimed == user.encode() or "impersonator" in tags:
+        return
+    raise errors.ChannelError(
+        errors.PRECONDITION_FAILED,
+        f"user_id property set to '{claimed.decode(errors='replace')}' but authenticated user "
+        f"was '{user}'",
+        60,
+        40,
+    )
+
+
 def login_refused(mechanism: str) -> errors.ConnectionError_:
     return errors.ConnectionError_(
         errors.ACCESS_REFUSED,

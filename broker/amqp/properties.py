@@ -169,6 +169,20 @@ def join(prefix: bytes, values: dict[int, bytes]) -> bytes:
     return b"".join(parts)
 
 
+USER_ID_FLAG = 0x0010
+
+
+def user_id(header: bytes) -> bytes | None:
+    """The user-id property of a content header payload (None: not set or
+    unreadable)."""
+    if len(header) < 14 or not header[13] & USER_ID_FLAG:
+        return None
+    try:
+        return split(header)[1].get(USER_ID_FLAG)
+    except ValueError:
+        return None
+
+
 def expiration(header: bytes) -> bytes | None:
     """The expiration property of a content header payload (None: not set)."""
     if len(header) < 14 or not header[12] & EXPIRATION_FLAG >> 8:

@@ -239,6 +239,8 @@ async def topic_permissions(request: web.Request) -> web.Response:
 
 async def policies(request: web.Request) -> web.Response:
     vhost = path_vhost(request) if "vhost" in request.match_info else None
+    if vhost is not None:
+        check_vhost(request, vhost)
     vhosts = [vhost] if vhost is not None else visible_vhosts(request)
     rows: list[dict[str, Any]] = []
     for v in vhosts:
@@ -250,6 +252,7 @@ async def policy(request: web.Request) -> web.StreamResponse:
     if not {"administrator", "policymaker"} & request["tags"]:
         return error(401, "not_authorized", "Not policymaker user")
     vhost, name = path_vhost(request), path_name(request)
+    check_vhost(request, vhost)  # a policymaker changes the vhosts it has access to only
     backend = request.app[BACKEND]
     if request.method == "GET":
         for row in await backend.rows("list_policies", vhost=vhost):

@@ -72,26 +72,36 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         return error(400, "bad_request", str(exc))
 
 
+def _resource(
+    router: web.UrlDispatcher, path: str, handler: Handler, methods: tuple[str, ...]
+) -> None:
+    """Only the methods RabbitMQ's API takes there (add_route adds no HEAD):
+    a handler branches on GET and treats the rest as a change, so HEAD or
+    POST must not reach it; they get 405."""
+    for method in methods:
+        router.add_route(method, path, handler)
+
+
 def routes(app: web.Application) -> None:
-    r = app.router
+    r = app.router  # add_get also answers HEAD: only for read-only handlers
     r.add_get("/api/overview", admin.overview)
     r.add_get("/api/nodes", admin.nodes)
     r.add_get("/api/whoami", admin.whoami)
     r.add_get("/api/vhosts", admin.vhosts)
-    r.add_route("*", "/api/vhosts/{vhost}", admin.vhost)
+    _resource(r, "/api/vhosts/{vhost}", admin.vhost, ("GET", "PUT", "DELETE"))
     r.add_get("/api/users", admin.users)
-    r.add_route("*", "/api/users/{name}", admin.user)
+    _resource(r, "/api/users/{name}", admin.user, ("GET", "PUT", "DELETE"))
     r.add_get("/api/permissions", admin.permissions)
-    r.add_route("*", "/api/permissions/{vhost}/{user}", admin.permission)
+    _resource(r, "/api/permissions/{vhost}/{user}", admin.permission, ("GET", "PUT", "DELETE"))
     r.add_get("/api/topic-permissions", admin.topic_permissions)
     r.add_get("/api/queues", objects.queues)
     r.add_get("/api/queues/{vhost}", objects.queues)
-    r.add_route("*", "/api/queues/{vhost}/{name}", objects.queue)
+    _resource(r, "/api/queues/{vhost}/{name}", objects.queue, ("GET", "PUT", "DELETE"))
     r.add_delete("/api/queues/{vhost}/{name}/contents", objects.queue_contents)
     r.add_post("/api/queues/{vhost}/{name}/get", objects.queue_get)
     r.add_get("/api/exchanges", objects.exchanges)
     r.add_get("/api/exchanges/{vhost}", objects.exchanges)
-    r.add_route("*", "/api/exchanges/{vhost}/{name}", objects.exchange)
+    _resource(r, "/api/exchanges/{vhost}/{name}", objects.exchange, ("GET", "PUT", "DELETE"))
     r.add_post("/api/exchanges/{vhost}/{name}/publish", objects.exchange_publish)
     r.add_get("/api/bindings", objects.bindings)
     r.add_get("/api/bindings/{vhost}", objects.bindings)
@@ -100,13 +110,13 @@ def routes(app: web.Application) -> None:
         "/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", objects.binding_delete
     )
     r.add_get("/api/connections", objects.connections)
-    r.add_route("*", "/api/connections/{name}", objects.connection)
+    _resource(r, "/api/connections/{name}", objects.connection, ("GET", "DELETE"))
     r.add_get("/api/channels", objects.channels)
     r.add_get("/api/consumers", objects.consumers)
     r.add_get("/api/consumers/{vhost}", objects.consumers)
     r.add_get("/api/policies", admin.policies)
     r.add_get("/api/policies/{vhost}", admin.policies)
-    r.add_route("*", "/api/policies/{vhost}/{name}", admin.policy)
-    r.add_route("*", "/api/definitions", admin.definitions)
+    _resource(r, "/api/policies/{vhost}/{name}", admin.policy, ("GET", "PUT", "DELETE"))
+    _resource(r, "/api/definitions", admin.definitions, ("GET", "POST"))
     r.add_get("/api/health/checks/{check}", admin.health)
     r.add_get("/api/health/checks/{check}/{arg}", admin.health)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 from typing import Any
-from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -22,11 +21,11 @@ def error(status: int, kind: str, reason: str) -> web.Response:
 
 
 def path_vhost(request: web.Request) -> str:
-    return unquote(request.match_info["vhost"])
+    return request.match_info["vhost"]  # aiohttp has percent-decoded it (%2F: "/")
 
 
 def path_name(request: web.Request, key: str = "name") -> str:
-    return unquote(request.match_info[key])
+    return request.match_info[key]
 
 
 def is_admin(request: web.Request) -> bool:

@@ -14,6 +14,7 @@ from shoal.broker.management.http import (
     BACKEND,
     check_vhost,
     error,
+    is_admin,
     listing,
     node_name,
     path_name,
@@ -251,6 +252,8 @@ async def connection(request: web.Request) -> web.StreamResponse:
         return error(404, "Object Not Found", "Not Found")
     if request.method == "GET":
         return web.json_response(found[0])
+    if not is_admin(request) and found[0]["user"] != request["user"]:
+        return error(401, "not_authorized", "Not administrator user")  # another's connection
     reason = request.headers.get("X-Reason", "Closed via management plugin")
     await request.app[BACKEND].control({"op": "close_connection", "name": name, "reason": reason})
     return web.Response(status=204)

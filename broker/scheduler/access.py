@@ -111,7 +111,7 @@ class Access(Policies):
 
     def set_user_limits(self, r: ControlRequest) -> None:
         record = self._user(r)
-        limits = _limits(record.limits, r.dict("limits"), USER_LIMITS)
+        limits = checked_limits(record.limits, r.dict("limits"), USER_LIMITS)
         self._journal(
             D.UserSet(
                 record.user, record.password_hash, record.hashing_algorithm, record.tags, limits
@@ -154,12 +154,18 @@ class Access(Policies):
         vhost = r.text("vhost")
         if not vhost:
             raise access.AccessError("a virtual host name cannot be empty")
-        ids = self.definitions.vhost_ids
-        if vhost in ids:
+        if vhost in self.definitions.vhost_ids:
             return  # as rabbitmqctl 3.10: adding an existing vhost succeeds
-        for op in D.new_vhost_ops(vhost, max(ids.values(), default=-1) + 1):
+        for op in D.new_vhost_ops(vhost, self._next_vhost_id()):
             self._journal(op)
         log.info("vhost %r added", vhost)
+
+    def _next_vhost_id(self) -> int:
+        """Never one a vhost deleted since this start had: a connection
+        still closing may hold it (queue lookups are by vhost id)."""
+        ids = self.definitions.vhost_ids.values()
+        self.last_vhost_id = max(max(ids, default=-1), getattr(self, "last_vhost_id", -1)) + 1
+        return self.last_vhost_id
 
     def delete_vhost(self, r: ControlRequest) -> None:
         vhost = r.text("vhost")
@@ -186,7 +192,7 @@ class Access(Policies):
     def set_vhost_limits(self, r: ControlRequest) -> None:
         vhost = self._vhost(r)
         current = self.definitions.vhost_limits.get(vhost, {})
-        limits = _limits(current, r.dict("limits"), VHOST_LIMITS)
+        limits = checked_limits(current, r.dict("limits"), VHOST_LIMITS)
         self._journal(D.VHostLimitsSet(vhost, limits))
 
     def clear_vhost_limits(self, r: ControlRequest) -> None:
@@ -234,6 +240,8 @@ class Access(Policies):
 
     # ------------------------------------------------------- connections
     def _connection_opened(self, worker: int, m: ipc.ConnOpen) -> list[Any]:
+        if m.vhost not in self.definitions.vhost_ids:  # deleted since the worker looked
+            raise errors.ConnectionError_(errors.NOT_ALLOWED, f"vhost {m.vhost} not found", 10, 40)
         if m.check:
             self._check_connection_limits(m.vhost, m.user)
         self.client_connections[m.conn_id] = (m.vhost, m.user)
@@ -311,7 +319,7 @@ class ControlRequest:
         return value
 
 
-def _limits(
+def checked_limits(
     current: dict[str, int], given: dict[str, Any], known: tuple[str, ...]
 ) -> dict[str, int]:
     """`current` limits with those `given`, as RabbitMQ takes them: known

@@ -185,6 +185,7 @@ class Journal(SchedulerState):
         args: dict[str, Any],
     ) -> list[Any]:
         # The IO worker has checked the name ("" and amq.* rules) and the type.
+        self._check_vhost_exists(vhost)
         x = self.definitions.router(vhost).exchanges.get(name)
         if x is None:
             if passive:
@@ -251,6 +252,9 @@ class Journal(SchedulerState):
         self._auto_delete(vhost, sources - {name})
         return []
 
+    def _check_vhost_exists(self, vhost: str) -> None:
+        raise NotImplementedError  # queues.py
+
     def _client_queue(self, vhost: str, name: bytes) -> QueueState | None:
         """queues.py."""
         raise NotImplementedError
@@ -286,6 +290,7 @@ class Journal(SchedulerState):
         *,
         unbind: bool,
     ) -> list[Any]:
+        self._check_vhost_exists(vhost)
         router = self.definitions.router(vhost)
         exchange = router.exchanges.get(source)
         bound = (

@@ -160,6 +160,7 @@ class QueueLifecycle(Journal):
         uid: int = 0,
     ) -> list[Any]:
         self.stats.v[stats.QUEUES_DECLARED] += 1
+        self._check_vhost_exists(vhost)
         if DELAY_QUEUE_ARGUMENT in arguments:
             q = self.by_name.get((vhost, name))  # the broker's own declare
         else:
@@ -269,6 +270,12 @@ class QueueLifecycle(Journal):
             self.by_name[(vhost, name)] = q
             self._queue_used(q)
         return [q.qid, q.name, self.messages(q), len(q.qcm)]
+
+    def _check_vhost_exists(self, vhost: str) -> None:
+        """A request from a connection to a vhost deleted meanwhile (its
+        close is on its way): nothing may be made in it."""
+        if vhost not in self.definitions.vhost_ids:
+            raise errors.ConnectionError_(errors.NOT_ALLOWED, f"vhost {vhost} not found")
 
     def _check_queue_limit(self, vhost: str, name: bytes) -> None:
         """A vhost's max-queues (`shoal ctl set_vhost_limits`), as RabbitMQ

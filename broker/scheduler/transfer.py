@@ -13,7 +13,13 @@ from typing import Any
 from shoal.broker.amqp import definitions as D
 from shoal.broker.amqp import definitions_json as J
 from shoal.broker.amqp import errors, policies, routing
-from shoal.broker.scheduler.access import Access, ControlRequest
+from shoal.broker.scheduler.access import (
+    USER_LIMITS,
+    VHOST_LIMITS,
+    Access,
+    ControlRequest,
+    checked_limits,
+)
 from shoal.broker.scheduler.state import QueueState
 
 log = logging.getLogger("shoal.scheduler")
@@ -133,16 +139,21 @@ class Transfer(Access):
 
     def import_definitions(self, r: ControlRequest) -> dict[str, Any]:
         imported = J.parse(r.fields.get("definitions"))
+        self._check_import(imported)  # what can be refused is, before anything changes
         ids = self.definitions.vhost_ids
         for vhost in imported.vhosts:
             if vhost not in ids:
-                for op in D.new_vhost_ops(vhost, max(ids.values(), default=-1) + 1):
+                for op in D.new_vhost_ops(vhost, self._next_vhost_id()):
                     self._journal(op)
         for user in imported.users:
-            self._journal(user)
-        for limits in imported.vhost_limits:
-            self._known_vhost(limits.vhost)
-            self._journal(limits)
+            limits = checked_limits({}, user.limits, USER_LIMITS)
+            self._journal(
+                D.UserSet(user.user, user.password_hash, user.hashing_algorithm, user.tags, limits)
+            )
+        for vhost_limits in imported.vhost_limits:
+            self._known_vhost(vhost_limits.vhost)
+            limits = checked_limits({}, vhost_limits.limits, VHOST_LIMITS)
+            self._journal(D.VHostLimitsSet(vhost_limits.vhost, limits))
         permissions: list[D.PermissionSet | D.TopicPermissionSet] = [
             *imported.permissions,
             *imported.topic_permissions,
@@ -188,6 +199,37 @@ class Transfer(Access):
             len(imported.bindings),
         )
         return {"ok": True}
+
+    def _check_import(self, imported: J.Imported) -> None:
+        """Refuse a document whose limits, policies, permissions' users or
+        vhosts are wrong before journaling any of it (declares may still
+        fail halfway, as RabbitMQ's import does)."""
+        vhosts = set(self.definitions.vhost_ids) | set(imported.vhosts)
+        users = set(self.definitions.users) | {u.user for u in imported.users}
+        for user in imported.users:
+            checked_limits({}, user.limits, USER_LIMITS)
+        for vhost_limits in imported.vhost_limits:
+            checked_limits({}, vhost_limits.limits, VHOST_LIMITS)
+        for p in imported.policies:
+            policies.check(p.name, p.pattern, p.apply_to, p.definition)
+        granted: list[D.PermissionSet | D.TopicPermissionSet] = [
+            *imported.permissions,
+            *imported.topic_permissions,
+        ]
+        for permission in granted:
+            if permission.user not in users:
+                raise J.DefinitionsError(f"no user '{permission.user}' for its permissions")
+        every = (
+            *imported.vhost_limits,
+            *imported.permissions,
+            *imported.topic_permissions,
+            *imported.policies,
+            *imported.exchanges,
+            *imported.bindings,
+        )
+        for vhost in {x.vhost for x in every} | {q.vhost for q in imported.queues}:
+            if vhost not in vhosts:
+                raise J.DefinitionsError(f"no vhost '{vhost}' (list it under 'vhosts')")
 
     def _known_vhost(self, vhost: str) -> None:
         if vhost not in self.definitions.vhost_ids:

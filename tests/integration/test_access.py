@@ -9,6 +9,7 @@ user made at the first start only. Every wait is bounded."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -346,3 +347,59 @@ def _logs_in(broker: Broker) -> bool:
     except pika.exceptions.ProbableAccessDeniedError:
         return False
     return True
+
+
+def test_user_id_must_be_the_publishers_and_passwords_may_be_unicode(broker: Broker) -> None:
+    ctl(broker, "add_user", "ünï", "pässwörd€")
+    ctl(broker, "set_permissions", "ünï", ".*", ".*", ".*")
+    conn = login(broker, "ünï", "pässwörd€")
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("uid")
+    ch.basic_publish("", "uid", b"own", pika.BasicProperties(user_id="ünï"))
+    code, text = refused_on_channel(
+        ch, lambda c: c.basic_publish("", "uid", b"forged", pika.BasicProperties(user_id="root"))
+    )
+    assert (code, text) == (
+        406,
+        "PRECONDITION_FAILED - user_id property set to 'root' but authenticated user was 'ünï'",
+    )
+    ctl(broker, "set_user_tags", "ünï", "impersonator")
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", "uid", b"allowed", pika.BasicProperties(user_id="root"))
+    assert ch.queue_declare("uid", passive=True).method.message_count == 2
+    conn.close()
+
+
+def test_topic_permissions_hold_for_publishes_pipelined_with_the_open(
+    user_in_vhost: Broker,
+) -> None:
+    """Frames sent in one write with connection.open are checked with the
+    permissions as they are (a connection's first read)."""
+    from pamqp import commands as C
+    from pamqp import frame as pframe
+    from pamqp import header as pheader
+
+    broker = user_in_vhost
+    grant(broker, ".*", ".*", ".*")
+    ctl(broker, "set_topic_permissions", "-p", "v", "u", "amq.topic", "^allowed", ".*")
+    setup = login(broker, "u", "pw", "v").channel()
+    setup.queue_declare("sink")
+    setup.queue_bind("sink", "amq.topic", "secret.#")
+    frames = [
+        (0, C.Connection.StartOk(client_properties={}, mechanism="PLAIN", response="\0u\0pw")),
+        (0, C.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0)),
+        (0, C.Connection.Open(virtual_host="v")),
+        (1, C.Channel.Open()),
+        (1, C.Basic.Publish(exchange="amq.topic", routing_key="secret.x")),
+        (1, pheader.ContentHeader(0, 0, C.Basic.Properties())),
+    ]
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
+        s.sendall(b"AMQP\x00\x00\x09\x01" + b"".join(pframe.marshal(f, ch) for ch, f in frames))
+        received = b""
+        while b"access to topic 'secret.x'" not in received:
+            chunk = s.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert setup.queue_declare("sink", passive=True).method.message_count == 0
