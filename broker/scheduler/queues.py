@@ -192,8 +192,8 @@ class QueueLifecycle(Journal):
                 if streams.is_stream(arguments):
                     raise streams.server_named_refused()
                 name = definitions.server_named_queue()
-            if DELAY_QUEUE_ARGUMENT not in arguments:
-                self._check_queue_limit(vhost, name)
+            if DELAY_QUEUE_ARGUMENT not in arguments and not name.startswith(REPLY_QUEUES):
+                self._check_queue_limit(vhost, name)  # (not the broker's own queues)
             kind = quorum.queue_type(name, vhost, arguments)
             stream = None
             counting = 0
@@ -572,6 +572,9 @@ class Rules(NamedTuple):
 # only a queue with the delay queues' amq.* prefix, which no client can
 # declare, is one.
 DELAY_QUEUE_ARGUMENT = "x-shoal-delay-queue"
+# Direct reply-to's per-channel queues (workers/reply_to.py): not counted
+# against a vhost's max-queues, as RabbitMQ's pseudo-queue is no queue.
+REPLY_QUEUES = b"amq.rabbitmq.reply-to."
 
 
 def _is_delay_queue(name: bytes, arguments: dict[str, Any]) -> bool:
