@@ -186,9 +186,15 @@ async def user(request: web.Request) -> web.StreamResponse:
 
 
 async def permissions(request: web.Request) -> web.Response:
+    """/api/permissions, /api/vhosts/V/permissions, /api/users/U/permissions."""
     require_admin(request)
-    definitions = request.app[BACKEND].current()
-    return listing(request, [_permission_row(p) for p in definitions.permissions.values()])
+    rows = [_permission_row(p) for p in request.app[BACKEND].current().permissions.values()]
+    info = request.match_info
+    if "vhost" in info:
+        rows = [r for r in rows if r["vhost"] == info["vhost"]]
+    if "name" in info:
+        rows = [r for r in rows if r["user"] == info["name"]]
+    return listing(request, rows)
 
 
 def _permission_row(p: Any) -> dict[str, Any]:

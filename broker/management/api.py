@@ -89,6 +89,8 @@ def routes(app: web.Application) -> None:
     r.add_get("/api/whoami", admin.whoami)
     r.add_get("/api/vhosts", admin.vhosts)
     _resource(r, "/api/vhosts/{vhost}", admin.vhost, ("GET", "PUT", "DELETE"))
+    r.add_get("/api/vhosts/{vhost}/permissions", admin.permissions)
+    r.add_get("/api/users/{name}/permissions", admin.permissions)
     r.add_get("/api/users", admin.users)
     _resource(r, "/api/users/{name}", admin.user, ("GET", "PUT", "DELETE"))
     r.add_get("/api/permissions", admin.permissions)
@@ -105,6 +107,11 @@ def routes(app: web.Application) -> None:
     r.add_post("/api/exchanges/{vhost}/{name}/publish", objects.exchange_publish)
     r.add_get("/api/bindings", objects.bindings)
     r.add_get("/api/bindings/{vhost}", objects.bindings)
+    r.add_get("/api/queues/{vhost}/{queue}/bindings", objects.bindings)
+    r.add_get(
+        "/api/exchanges/{vhost}/{exchange}/bindings/{end:source|destination}", objects.bindings
+    )
+    r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", objects.bindings)
     r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", objects.binding_create)
     r.add_delete(
         "/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", objects.binding_delete

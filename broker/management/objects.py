@@ -199,11 +199,34 @@ def _binding_row(row: dict[str, Any], vhost: str) -> dict[str, Any]:
 
 
 async def bindings(request: web.Request) -> web.Response:
+    """/api/bindings[/V], and one object's: /api/queues/V/Q/bindings,
+    /api/exchanges/V/X/bindings/source|destination, /api/bindings/V/e/X/q|e/D
+    (the bindings between two)."""
     vhost = path_vhost(request) if "vhost" in request.match_info else None
     if vhost is not None:
         check_vhost(request, vhost)
-    rows = await per_vhost(request, "list_bindings", vhost)
-    return listing(request, [_binding_row(r, r["vhost"]) for r in rows])
+    rows = [_binding_row(r, r["vhost"]) for r in await per_vhost(request, "list_bindings", vhost)]
+    info = request.match_info
+    if "queue" in info:
+        rows = [
+            r
+            for r in rows
+            if r["destination_type"] == "queue" and r["destination"] == info["queue"]
+        ]
+    elif "exchange" in info:
+        end = "source" if info["end"] == "source" else "destination"
+        rows = [r for r in rows if r[end] == info["exchange"]]
+        if end == "destination":
+            rows = [r for r in rows if r["destination_type"] == "exchange"]
+    elif "dest" in info:
+        kind = "queue" if info["kind"] == "q" else "exchange"
+        rows = [
+            r
+            for r in rows
+            if (r["source"], r["destination_type"], r["destination"])
+            == (info["source"], kind, info["dest"])
+        ]
+    return listing(request, rows)
 
 
 async def binding_create(request: web.Request) -> web.StreamResponse:

@@ -182,3 +182,27 @@ def test_only_rabbitmqs_methods_change_things(managed: Broker) -> None:
     perms = {"configure": ".*", "write": ".*", "read": ".*"}
     assert http(managed, "PUT", "/permissions/keep/pm", perms)[0] == 201
     assert http(managed, "PUT", "/policies/keep/cap", policy, "pm", "pw")[0] == 201
+
+
+def test_an_objects_bindings_and_permissions(managed: Broker) -> None:
+    ch = connect(managed).channel()
+    ch.queue_declare("oq")
+    ch.exchange_declare("ox", "direct")
+    ch.exchange_declare("oy", "fanout")
+    ch.queue_bind("oq", "ox", "k")
+    ch.exchange_bind("oy", "ox", "e")
+    status, of_queue = http(managed, "GET", "/queues/%2F/oq/bindings")
+    assert status == 200
+    assert [(b["source"], b["routing_key"]) for b in of_queue] == [("", "oq"), ("ox", "k")]
+    status, from_x = http(managed, "GET", "/exchanges/%2F/ox/bindings/source")
+    assert sorted((b["destination"], b["destination_type"]) for b in from_x) == [
+        ("oq", "queue"),
+        ("oy", "exchange"),
+    ]
+    status, to_y = http(managed, "GET", "/exchanges/%2F/oy/bindings/destination")
+    assert [b["source"] for b in to_y] == ["ox"]
+    status, between = http(managed, "GET", "/bindings/%2F/e/ox/q/oq")
+    assert [b["routing_key"] for b in between] == ["k"]
+    status, perms = http(managed, "GET", "/vhosts/%2F/permissions")
+    assert [(p["user"], p["configure"]) for p in perms] == [("guest", ".*")]
+    assert http(managed, "GET", "/users/guest/permissions")[1] == perms
