@@ -54,19 +54,13 @@ async def queue(request: web.Request) -> web.StreamResponse:
         )
         return web.Response(status=204)
     body = await read_body(request)
-    existed = any(r["name"] == name for r in await backend.rows("list_queues", vhost=vhost))
-    await backend.amqp(
-        user,
-        password,
-        vhost,
-        lambda ch: ch.queue_declare(
-            name,
-            durable=bool(body.get("durable", True)),
-            auto_delete=bool(body.get("auto_delete", False)),
-            arguments=body.get("arguments") or {},
-        ),
+    declare = lambda ch: ch.queue_declare(  # noqa: E731
+        name,
+        durable=bool(body.get("durable", True)),
+        auto_delete=bool(body.get("auto_delete", False)),
+        arguments=body.get("arguments") or {},
     )
-    return web.Response(status=204 if existed else 201)
+    return await _declared(request, "list_queues", declare)
 
 
 async def queue_contents(request: web.Request) -> web.StreamResponse:
@@ -129,20 +123,24 @@ async def exchange(request: web.Request) -> web.StreamResponse:
         )
         return web.Response(status=204)
     body = await read_body(request)
-    existed = any(r["name"] == name for r in await backend.rows("list_exchanges", vhost=vhost))
-    await backend.amqp(
-        user,
-        password,
-        vhost,
-        lambda ch: ch.exchange_declare(
-            name,
-            str(body.get("type", "direct")),
-            durable=bool(body.get("durable", True)),
-            auto_delete=bool(body.get("auto_delete", False)),
-            internal=bool(body.get("internal", False)),
-            arguments=body.get("arguments") or {},
-        ),
+    declare = lambda ch: ch.exchange_declare(  # noqa: E731
+        name,
+        str(body.get("type", "direct")),
+        durable=bool(body.get("durable", True)),
+        auto_delete=bool(body.get("auto_delete", False)),
+        internal=bool(body.get("internal", False)),
+        arguments=body.get("arguments") or {},
     )
+    return await _declared(request, "list_exchanges", declare)
+
+
+async def _declared(request: web.Request, listing_op: str, declare: Any) -> web.Response:
+    """A PUT: the declare over AMQP as the API's user; 201 if it is new,
+    204 if it was there (RabbitMQ's codes)."""
+    vhost, name = path_vhost(request), path_name(request)
+    backend = request.app[BACKEND]
+    existed = any(r["name"] == name for r in await backend.rows(listing_op, vhost=vhost))
+    await backend.amqp(request["user"], request["password"], vhost, declare)
     return web.Response(status=204 if existed else 201)
 
 
