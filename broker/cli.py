@@ -22,6 +22,13 @@ def _broker_parser() -> argparse.ArgumentParser:
         help=f"IO worker processes (default: one per CPU, here {default_workers()})",
     )
     p.add_argument(
+        "--max-workers",
+        type=int,
+        default=0,
+        help="the most IO workers SIGTTIN or `shoal ctl set_worker_count` may reach at "
+        "runtime (default: twice --workers); each may hold an arena of --arena-mb",
+    )
+    p.add_argument(
         "--runtime-dir",
         default="",
         help="directory for the shared-memory segment (default: $RUNTIME_DIRECTORY, "

@@ -22,6 +22,7 @@ class Config(msgspec.Struct, frozen=True):
     tls_ca: str = ""  # PEM: CAs that client certificates are verified against ("": none asked)
     tls_fail_if_no_peer_cert: bool = False  # refuse TLS clients without a certificate
     workers: int = 0  # 0: default_workers()
+    max_workers: int = 0  # the runtime ceiling (broker/supervisor/scaling.py); 0: twice workers
     runtime_dir: str = ""  # "": $RUNTIME_DIRECTORY or /dev/shm/shoal-<port>
     data_dir: str = ""  # "": $STATE_DIRECTORY or $XDG_DATA_HOME/shoal/<port> (data_path)
     graceful_timeout: float = 10.0
@@ -69,6 +70,11 @@ class Config(msgspec.Struct, frozen=True):
 
     def worker_count(self) -> int:
         return self.workers or default_workers()
+
+    def max_worker_count(self) -> int:
+        """Worker slots in shared memory: every count reachable at runtime
+        (shm/layout.py allows 4,094)."""
+        return min(4094, max(self.max_workers or 2 * self.worker_count(), self.worker_count()))
 
     def runtime_path(self) -> str:
         if self.runtime_dir:

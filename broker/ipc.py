@@ -142,9 +142,12 @@ class Purge(Request, tag=9):
 
 
 class WorkerGone(Message, tag=10):
-    """Written by the supervisor into a dead worker's end (see `encode`)."""
+    """Written by the supervisor into a dead worker's end (see `encode`).
+    `retired`: the worker count went down and no one replaces it, so the
+    scheduler stops sending to its link until it says HELLO again."""
 
     worker: int
+    retired: bool = False
 
 
 class ExchangeDeclare(Request, tag=11):

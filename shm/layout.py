@@ -40,7 +40,7 @@ import msgspec
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 11
+VERSION = 12
 
 HEADER_SIZE = 4096
 # header words
@@ -68,6 +68,13 @@ H_EPOCH = H_RESTORED + 8
 # once per broker start: LOAD_* below. The acceptor waits for LOAD_DONE.
 H_LOADED = H_EPOCH + 8
 LOAD_NOT_BEGUN, LOAD_RUNNING, LOAD_DONE = 0, 1, 2
+# The worker count at runtime (shm/ownership.py, broker/supervisor/scaling.py):
+# the IO workers the acceptor hands connections to (slots below it), the
+# count asked for (SIGTTIN / SIGTTOU, `shoal ctl set_worker_count`), and who
+# owns each queue's background work: (generation << 32) | (current << 16) | next.
+H_WORKERS = H_LOADED + 8
+H_WORKERS_WANTED = H_LOADED + 16
+H_OWNERSHIP = H_LOADED + 24
 
 # process table
 PROC_SLOTS_EXTRA = 5  # supervisor, acceptor, scheduler, metrics, management
@@ -89,6 +96,11 @@ P_ROLE = 96  # ROLE_* of the process in this slot
 # cell (set before the cell's CAS, cleared after the drop; 0: none): lets a
 # recovery recount see drops in flight (shm/recovery.py).
 P_DROPPING = 104
+# IO worker: the ownership generation it has acted on (shm/ownership.py).
+P_OWNERSHIP_SEEN = 112
+# IO worker: 1 when the supervisor retires it (fewer workers): its SIGTERM
+# then drains its paging files before it exits, and it is not replaced.
+P_RETIRING = 120
 P_STATS = 128  # shm/stats.py: the process's counters, flushed by itself
 ROLE_WORKER, ROLE_ACCEPTOR, ROLE_SCHEDULER, ROLE_SUPERVISOR, ROLE_METRICS = 1, 2, 3, 4, 5
 ROLE_MANAGEMENT = 6

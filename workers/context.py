@@ -12,6 +12,7 @@ from shoal.broker import ipc
 from shoal.broker.config import Config
 from shoal.shm import layout
 from shoal.shm.arena import Arena
+from shoal.shm.ownership import OwnershipView
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
@@ -99,6 +100,8 @@ class WorkerContext:
         self.routes = Routes(seg, self.store)
         self.arena = Arena(seg, index)
         self.slot = seg.layout.proc(index)
+        # Which queues' background work is this worker's (shm/ownership.py).
+        self.ownership = OwnershipView(seg, index)
         self.guard = MemoryGuard(self)  # reads this worker's slot
         self.arena.high = self.guard.high
         self.arena.on_high = self.guard.allocated
@@ -137,7 +140,7 @@ class WorkerContext:
             streams,
             self.index,
             self.incarnation,
-            self.config.worker_count(),
+            self.ownership,
             self.loop,
         )
         self.streams.start()

@@ -64,8 +64,7 @@ class Delays(Ticker):
 
     def _owned(self) -> list[int]:
         ctx = self.ctx
-        workers, index = ctx.config.worker_count(), ctx.index
-        return [qid for qid in ctx.store.delay_queues() if qid % workers == index]
+        return [qid for qid in ctx.store.delay_queues() if ctx.ownership.owns(qid)]
 
     def _tick(self) -> None:
         store = self.ctx.store

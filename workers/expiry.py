@@ -98,23 +98,23 @@ class Expiry(Ticker):
 
     # -------------------------------------------------------------- expirer
     def _owned_now(self, now: int) -> list[int]:
-        """The logs this worker expires: its own (qid % workers) that have a
+        """The logs this worker expires: its own (qid % workers, shm/ownership.py) that have a
         TTL or had a timed message, not streams (their writer takes their
         entries) nor delay queues (due times are not expiry:
         workers/delays.py). Looked up again every IDLE_POLL, or when a
         queue was created or deleted."""
         store = self.ctx.store
-        generation = store.catalog_generation()
+        ownership = self.ctx.ownership
+        # A new queue, or a new owner for some (the worker count changed).
+        generation = store.catalog_generation() << 32 | ownership.generation
         cached_gen, until, owned = self._owned
         if generation == cached_gen and now < until:
             return owned
-        ctx = self.ctx
-        workers, index = ctx.config.worker_count(), ctx.index
         skipped = store.delay_queues() | store.stream_queues()
         owned = [
             qid
             for qid in store.active_logs()
-            if qid % workers == index and qid not in skipped and store.timed(qid)
+            if ownership.owns(qid) and qid not in skipped and store.timed(qid)
         ]
         self._owned = (generation, now + int(IDLE_POLL * 1000), owned)
         self._resume = {qid: at for qid, at in self._resume.items() if qid in owned}

@@ -35,6 +35,7 @@ from shoal.workers.memory_guard import ALARM
 from shoal.workers.spill import paging_directory
 
 HEARTBEAT_INTERVAL = 1.0
+OWNERSHIP_POLL = 0.05  # s: how soon a change of the worker count is acted on
 
 log = logging.getLogger("shoal.worker")
 
@@ -61,6 +62,7 @@ class Worker:
         asyncio.set_event_loop(self.loop)
         self.ctx = WorkerContext(config, seg, index, incarnation, efd, self.loop)
         self.stopping = False
+        self.draining = False  # retiring: paging in before exiting (_graceful_stop)
         # The AMQPS listener's server context (workers/tls.py), made again on SIGHUP.
         self.tls: ssl.SSLContext | None = tls.server_context(config) if config.tls_port else None
 
@@ -88,6 +90,8 @@ class Worker:
         expiry.start()
         delays = Delays(ctx)
         delays.start()
+        ctx.ownership.acknowledge()  # owns() answers from the word read at start
+        self._poll_ownership()
         if self.index == 0:
             loop.create_task(restore.load(ctx))
         self._tick()
@@ -145,6 +149,19 @@ class Worker:
                 except Exception:
                     log.exception("consumer timeout check failed")
         self.loop.call_later(HEARTBEAT_INTERVAL, self._tick)
+
+    def _poll_ownership(self) -> None:
+        """The worker count changes (shm/ownership.py): give up the queues
+        this worker no longer owns, then say so. Expiry and delays ask
+        owns() at every tick and keep nothing between ticks that another
+        owner could miss; stream writers hand their files over."""
+        ownership = self.ctx.ownership
+        if ownership.changed():
+            ownership.refresh()
+            if self.ctx.streams is not None:
+                self.ctx.streams.release_unowned()
+            ownership.acknowledge()
+        self.loop.call_later(OWNERSHIP_POLL, self._poll_ownership)
 
     def _poll_alarms(self) -> None:
         self.ctx.guard.poll()
@@ -242,8 +259,12 @@ class Worker:
 
     def _graceful_stop(self) -> None:
         if self.stopping:
+            self.draining = False  # a second SIGTERM (the broker stops): no more waiting
             return
         self.stopping = True
+        # Retired (fewer workers): the messages in its paging files are paged
+        # in before it exits, as a stop of the broker would drop them.
+        self.draining = bool(self.ctx.atomic.load(self.ctx.slot + layout.P_RETIRING))
         self.ctx.closing = True
         self.loop.remove_reader(self.handoff_sock.fileno())
         for conn in list(self.ctx.connections):
@@ -257,6 +278,12 @@ class Worker:
         for conn in list(self.ctx.connections):
             if conn.transport is not None:
                 conn.transport.abort()
+        spill, polls = self.ctx.spill, 0
+        while self.draining and spill is not None and spill.files:
+            if polls % 200 == 0:  # every 10 s
+                log.info("retiring: %d paging files still to page in", len(spill.files))
+            await asyncio.sleep(0.05)
+            polls += 1
         self.loop.stop()
 
     def _fast_stop(self) -> None:

@@ -3,9 +3,9 @@ streams it owns, reading for its stream consumers, and holding publisher
 confirms until a stream has the message on disk.
 
 Publishers on any worker append a stream's messages to its log in shared
-memory, as for any queue. Each stream has one writer, the IO worker
-`qid % workers`: every TICK it takes what the log holds (acquire, in log
-order), appends it to the stream's current segment as one chunk
+memory, as for any queue. Each stream has one writer, the IO worker that
+owns it (shm/ownership.py: `qid % workers`): every TICK it takes what the
+log holds (acquire, in log order), appends it to the stream's current segment as one chunk
 (store/streams.py), each message with its offset in an `x-stream-offset`
 header, and deletes the entries; an fdatasync on a thread follows, after
 which it publishes the new bounds (shm/streams.py: NEXT, the offsets a
@@ -33,6 +33,7 @@ from typing import Protocol
 from shoal.broker.amqp import streams as amqp_streams
 from shoal.shm import layout
 from shoal.shm.arena import read_message
+from shoal.shm.ownership import OwnershipView
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.streams import StreamBounds, StreamWords
@@ -95,7 +96,7 @@ class Streams:
         root: str,
         index: int,
         incarnation: int,
-        workers: int,
+        ownership: OwnershipView,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.seg = seg
@@ -104,7 +105,7 @@ class Streams:
         self.waker = waker
         self.root = root
         self.index = index
-        self.workers = max(1, workers)
+        self.ownership = ownership
         self.stamp = (incarnation & 0xFFFFFF) << 16 | (index + 1)
         self.epoch = seg.atomic.load(layout.H_EPOCH)
         self.loop = loop
@@ -131,7 +132,15 @@ class Streams:
                 del self.writers[qid]
 
     def owns(self, qid: int) -> bool:
-        return qid % self.workers == self.index
+        return self.ownership.owns(qid)
+
+    def release_unowned(self) -> None:
+        """The worker count changes (shm/ownership.py): the streams this
+        worker no longer writes are handed over as at a clean stop, what
+        their logs hold written and synced, so that the next writer finds
+        the files complete and skips the entries written here."""
+        for qid in [qid for qid in self.writers if not self.owns(qid)]:
+            self._close_writer(qid)
 
     def start(self) -> None:
         self._schedule()
@@ -152,14 +161,18 @@ class Streams:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        for qid, writer in list(self.writers.items()):
-            try:
-                self._write(qid)
-                os.fdatasync(writer.file.fd)
-            except Exception:
-                log.exception("stream queue %r: final write failed", self.store.name(qid))
-            writer.file.close()
-        self.writers.clear()
+        for qid in list(self.writers):
+            self._close_writer(qid)
+
+    def _close_writer(self, qid: int) -> None:
+        writer = self.writers[qid]
+        try:
+            self._write(qid)
+            os.fdatasync(writer.file.fd)
+        except Exception:
+            log.exception("stream queue %r: final write failed", self.store.name(qid))
+        writer.file.close()
+        del self.writers[qid]
 
     # --------------------------------------------------------------- ticks
     def tick(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +107,18 @@ BINDING_COLUMNS = (
     "routing_key",
     "arguments",
 )
+
+
+def _worker_count(ns: argparse.Namespace) -> Row:
+    try:
+        count = int(ns.count)
+    except ValueError:
+        count = ns.count  # refused by the broker, in its words
+    return {"op": "set_worker_count", "count": count}
+
+
+WORKER_COLUMNS = ("wanted", "workers", "max_workers", "settled", "retiring")
+SCALE_WAIT = 60.0  # s: set_worker_count waits this long for the workers to settle
 
 CONSUMER_COLUMNS = (
     "queue_name",
@@ -274,6 +287,10 @@ VERBS: dict[str, Verb] = {
     "clear_policy": Verb(
         ("name",), _fields("name"), done='Clearing policy "{name}" on vhost "{vhost}" ...'
     ),
+    "set_worker_count": Verb(
+        ("count",), _worker_count, done="Setting the number of IO workers to {count} ..."
+    ),
+    "worker_count": Verb((), _fields(), "Asking for the number of IO workers ...", WORKER_COLUMNS),
     "list_policies": Verb(
         (),
         _fields(),
@@ -371,6 +388,8 @@ def main(argv: list[str]) -> int:
             error if code == 65 and "Virtual host" in error else f"Error:\n{error}", file=sys.stderr
         )
         return code
+    if ns.verb == "set_worker_count":
+        return _wait_for_workers(runtime_dir, answer, quiet)
     if ns.verb == "add_user" and not quiet:
         print(
             "Done. Don't forget to grant the user permissions to some virtual hosts! See "
@@ -400,6 +419,25 @@ def main(argv: list[str]) -> int:
                     print(json.dumps(row["limits"], separators=(",", ":")))
             return 0
         _print_rows(rows, tuple(ns.columns) or verb.columns, ns.formatter, ns.silent)
+    return 0
+
+
+def _wait_for_workers(runtime_dir: str, answer: dict[str, Any], quiet: bool) -> int:
+    """set_worker_count returns once the count asked for serves (bounded):
+    0, or 75 (EX_TEMPFAIL) if a retiring worker is still paging in."""
+    deadline = time.monotonic() + SCALE_WAIT
+    while not answer.get("settled") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        answer = request(runtime_dir, {"op": "worker_count"})
+    if not answer.get("settled"):
+        print(
+            f"Error:\n{answer.get('workers')} IO workers serve, {answer.get('wanted')} asked for; "
+            f"still retiring: {answer.get('retiring')}",
+            file=sys.stderr,
+        )
+        return 75
+    if not quiet:
+        print(f"{answer['workers']} IO workers")
     return 0
 
 

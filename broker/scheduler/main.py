@@ -63,10 +63,14 @@ class Scheduler(Notification):
         self.efd = efd
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.links = {
+        # Every worker slot's link is read; the scheduler sends on those of
+        # running workers only (the worker count changes at runtime: a slot
+        # joins with its HELLO and leaves when the supervisor retires it).
+        self.all_links = {
             i: ipc.Link(s, self.loop, partial(self._on_message, i), ipc.SCHEDULER_INBOUND)
             for i, s in links.items()
         }
+        self.links = {i: self.all_links[i] for i in _running_workers(seg) if i in self.all_links}
         self.queues = {}
         self.awaiting_hello = set()
         self.by_name = {}
@@ -229,6 +233,13 @@ class Scheduler(Notification):
 
     def _on_worker_gone(self, worker: int, m: ipc.WorkerGone) -> None:
         self._worker_gone(worker)  # the link it came on says which: m.worker is the same
+        if m.retired:
+            self.links.pop(worker, None)
+
+    def _on_hello(self, worker: int, m: ipc.Hello) -> None:
+        if worker not in self.links and worker in self.all_links:
+            self.links[worker] = self.all_links[worker]  # a worker added at runtime
+        self._hello(worker, m)
 
 
 _M = TypeVar("_M", bound=ipc.Message)
@@ -247,7 +258,7 @@ _NOTICES: dict[type, Handler] = dict(
         _on(ipc.Done, Scheduler._done),
         _on(ipc.Interest, Scheduler._interest),
         _on(ipc.Cancel, Scheduler._on_cancel),
-        _on(ipc.Hello, Scheduler._hello),
+        _on(ipc.Hello, Scheduler._on_hello),
         _on(ipc.Consumers, Scheduler._on_consumers),
         _on(ipc.WorkerGone, Scheduler._on_worker_gone),
     )
@@ -269,6 +280,18 @@ _REQUESTS: dict[type, Handler] = dict(
         _on(ipc.ConnOpen, Scheduler._connection_opened),
     )
 )
+
+
+def _running_workers(seg: Segment) -> list[int]:
+    """The IO worker slots to talk to: those the acceptor hands connections
+    to (H_WORKERS), and any other with a worker in it (one retiring)."""
+    a, offsets = seg.atomic, seg.layout
+    count = a.load(layout.H_WORKERS)
+    return [
+        i
+        for i in range(offsets.limits.max_workers)
+        if i < count or a.load(offsets.proc(i) + layout.P_ROLE) == layout.ROLE_WORKER
+    ]
 
 
 def run_scheduler(config: Config, seg: Segment, efd: int, links: dict[int, socket.socket]) -> int:

@@ -119,6 +119,7 @@ class SchedulerState:
     efd: int
     loop: asyncio.AbstractEventLoop
     links: dict[int, ipc.Link[ipc.ToScheduler]]  # worker slot -> its control link
+    all_links: dict[int, ipc.Link[ipc.ToScheduler]]  # every worker slot's, running or not
     queues: dict[int, QueueState]  # qid -> declared queue
     by_name: dict[tuple[str, bytes], QueueState]  # (vhost, name) -> declared queue
     level_of: dict[int, QueueState]  # level slot qid -> its queue

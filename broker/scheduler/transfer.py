@@ -1,4 +1,5 @@
-"""`shoal ctl`'s requests about queues, exchanges and bindings, and the
+"""`shoal ctl`'s requests about queues, exchanges and bindings, the worker
+count (set_worker_count, worker_count: broker/supervisor/scaling.py) and the
 definitions file both ways (issue 16, item 5; the format is
 broker/amqp/definitions_json.py): list_queues / list_exchanges /
 list_bindings with rabbitmqctl's column names, purge_queue, delete_queue,
@@ -21,6 +22,7 @@ from shoal.broker.scheduler.access import (
     checked_limits,
 )
 from shoal.broker.scheduler.state import QueueState
+from shoal.shm import layout, ownership
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -38,6 +40,41 @@ class Transfer(Access):
             ),
             key=lambda q: (q.vhost, q.name),
         )
+
+    # ------------------------------------------------------ worker count
+    def set_worker_count(self, r: ControlRequest) -> dict[str, Any]:
+        """Ask the supervisor for N IO workers (broker/supervisor/scaling.py
+        reads H_WORKERS_WANTED in its loop)."""
+        count = r.fields.get("count")
+        ceiling = self.seg.layout.limits.max_workers
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= ceiling:
+            raise ValueError(
+                f"the worker count must be an integer from 1 to {ceiling} (--max-workers)"
+            )
+        self.a.store(layout.H_WORKERS_WANTED, count)
+        log.info("%d IO workers asked for (shoal ctl)", count)
+        return self.worker_count(r)
+
+    def worker_count(self, r: ControlRequest) -> dict[str, Any]:
+        """The count asked for, the workers taking connections, whether
+        queues' ownership has settled on them, and workers still retiring."""
+        a, offsets = self.a, self.seg.layout
+        _gen, current, nxt = ownership.word(self.seg)
+        workers = a.load(layout.H_WORKERS)
+        retiring = [
+            i
+            for i in range(offsets.limits.max_workers)
+            if a.load(offsets.proc(i) + layout.P_RETIRING)
+        ]
+        row = {
+            "wanted": a.load(layout.H_WORKERS_WANTED),
+            "workers": workers,
+            "max_workers": offsets.limits.max_workers,
+            "settled": current == nxt == workers == a.load(layout.H_WORKERS_WANTED)
+            and not retiring,
+            "retiring": retiring,
+        }
+        return {**row, "rows": [row]}
 
     def list_queues(self, r: ControlRequest) -> dict[str, Any]:
         rows = []
@@ -261,4 +298,6 @@ Transfer.CONTROL_REQUESTS = Access.CONTROL_REQUESTS | {
     "delete_queue",
     "export_definitions",
     "import_definitions",
+    "set_worker_count",
+    "worker_count",
 }

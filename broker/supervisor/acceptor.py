@@ -46,8 +46,11 @@ def hand_off(
     seg: Segment, handoffs: list[socket.socket], conn: socket.socket, kind: bytes = PLAIN
 ) -> bool:
     tried: set[int] = set()
+    # The workers taking connections: slots below H_WORKERS (the count
+    # changes at runtime, broker/supervisor/scaling.py).
+    workers = min(len(handoffs), seg.atomic.load(layout.H_WORKERS))
     while True:
-        worker = pick_worker(seg, len(handoffs), tried)
+        worker = pick_worker(seg, workers, tried)
         if worker is None:
             return False
         try:

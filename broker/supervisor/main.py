@@ -31,7 +31,9 @@ from shoal.broker.scheduler.durable import DefinitionsLog, Restored, UnreadableD
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
 from shoal.broker.supervisor import acceptor, datadir, systemd
-from shoal.shm import layout, memory
+from shoal.broker.supervisor.child import Child
+from shoal.broker.supervisor.scaling import Scaling
+from shoal.shm import layout, memory, ownership
 from shoal.shm.catalog import CatalogFull, CatalogWriter
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Segment
@@ -46,23 +48,15 @@ MAX_BACKOFF = 30.0
 STABLE_AFTER = 10.0  # a child that lived this long resets its failure count
 HEARTBEAT_STALE = 5.0  # s: a worker or scheduler silent this long is hung (no watchdog pet)
 SEGMENT_NAME = "shoal.shm"
-
-
-class Child:
-    __slots__ = ("failures", "incarnation", "index", "pid", "restart_at", "role", "started")
-
-    def __init__(self, role: str, index: int = 0) -> None:
-        self.role = role
-        self.index = index
-        self.pid = 0
-        self.incarnation = 0
-        self.started = 0.0
-        self.failures = 0
-        self.restart_at = 0.0
-
-    def __repr__(self) -> str:
-        name = f"{self.role} {self.index}" if self.role == "io-worker" else self.role
-        return f"{name} (pid {self.pid})"
+_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGCHLD,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+)
 
 
 def _disk_free_limit(configured: int, *paths: str) -> int:
@@ -82,7 +76,9 @@ class Supervisor:
         self.config = config
         # The durable definitions, read first thing by run() (none: a new broker's).
         self.restored = Restored()
-        self.workers = config.worker_count()
+        self.workers = config.worker_count()  # IO workers taking connections (scaling.py)
+        self.max_workers = config.max_worker_count()
+        self.scaling = Scaling(self)
         self.children: list[Child] = []
         self.signals: list[int] = []
         self.stopping = False
@@ -115,27 +111,15 @@ class Supervisor:
             # that broker's to remove, so it is ours now.
             self.created_dir = True
         limits = layout.Limits(
-            max_workers=max(self.workers, 1),
+            max_workers=self.max_workers,
             max_queues=config.max_queues,
             queue_capacity=config.queue_capacity,
             arena_bytes=config.arena_mb << 20,
             catalog_bytes=config.catalog_mb << 20,
         )
         self.seg = Segment.create(path, limits)
-        memory.configure(
-            self.seg,
-            memory.watermarks(
-                limits.arena_bytes,
-                self.workers,
-                arena_share=config.arena_high_watermark,
-                ram_share=config.memory_high_watermark,
-                low_ratio=config.memory_low_watermark,
-                ram_bytes=psutil.virtual_memory().total,
-                disk_free_limit=_disk_free_limit(
-                    config.disk_free_limit, config.data_path(), runtime
-                ),
-            ),
-        )
+        ownership.initialise(self.seg, self.workers)
+        self.configure_memory()
         a = self.seg.atomic
         try:
             a.store(layout.H_EPOCH, datadir.next_epoch(config.data_path()))
@@ -174,7 +158,9 @@ class Supervisor:
             unused.close()
         self.efd = os.eventfd(0, os.EFD_NONBLOCK)
         os.set_inheritable(self.efd, True)
-        for _ in range(self.workers):
+        # A link and a hand-off pair for every worker slot, used or not: a
+        # worker added at runtime finds its own in the scheduler and acceptor.
+        for _ in range(self.max_workers):
             self.sched_pairs.append(socketpair())
             a_end, b_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
             for s in (a_end, b_end):
@@ -187,6 +173,26 @@ class Supervisor:
             self.children.append(Child("metrics"))
         if config.management_port:
             self.children.append(Child("management"))
+
+    def configure_memory(self) -> None:
+        """The memory guard's marks (shm/memory.py): each worker's share of
+        RAM depends on the worker count."""
+        config, seg = self.config, self.seg
+        assert seg is not None
+        memory.configure(
+            seg,
+            memory.watermarks(
+                seg.layout.limits.arena_bytes,
+                self.workers,
+                arena_share=config.arena_high_watermark,
+                ram_share=config.memory_high_watermark,
+                low_ratio=config.memory_low_watermark,
+                ram_bytes=psutil.virtual_memory().total,
+                disk_free_limit=_disk_free_limit(
+                    config.disk_free_limit, config.data_path(), config.runtime_path()
+                ),
+            ),
+        )
 
     # ---------------------------------------------------------------- run
     def run(self) -> int:
@@ -211,7 +217,7 @@ class Supervisor:
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP, signal.SIGQUIT):
+        for sig in _SIGNALS:
             signal.signal(sig, self._on_signal)
         self._wake_fds = (wake_r, wake_w)
         log.info(
@@ -225,7 +231,7 @@ class Supervisor:
             self.config.runtime_path(),
         )
         for child in self.children:
-            self._spawn(child)
+            self.spawn(child)
         return self._main_loop(wake_r)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -234,7 +240,8 @@ class Supervisor:
     def _main_loop(self, wake_r: int) -> int:
         while True:
             try:
-                select.select([wake_r], [], [], 0.5)
+                # Quicker while the worker count changes (scaling.py).
+                select.select([wake_r], [], [], 0.02 if self.scaling.busy else 0.5)
             except InterruptedError:
                 pass
             try:
@@ -252,16 +259,19 @@ class Supervisor:
                 elif sig == signal.SIGHUP:
                     log.info("SIGHUP: IO workers reload their TLS certificates")
                     self._signal_children(signal.SIGHUP, ("io-worker",))
+                elif sig in (signal.SIGTTIN, signal.SIGTTOU):
+                    self.scaling.on_signal(sig)
             self._reap()
+            self.scaling.step()
             now = time.monotonic()
             for child in self.children:
                 if not child.pid and child.restart_at and now >= child.restart_at:
-                    self._spawn(child)
+                    self.spawn(child)
             self._report()
             self._pet_watchdog()
 
     # ----------------------------------------------------------- children
-    def _spawn(self, child: Child) -> None:
+    def spawn(self, child: Child) -> None:
         child.incarnation += 1
         child.restart_at = 0.0
         child.started = time.monotonic()
@@ -274,13 +284,7 @@ class Supervisor:
             signal.set_wakeup_fd(-1)
             for fd in self._wake_fds:
                 os.close(fd)
-            for sig in (
-                signal.SIGTERM,
-                signal.SIGINT,
-                signal.SIGCHLD,
-                signal.SIGHUP,
-                signal.SIGQUIT,
-            ):
+            for sig in _SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             code = self._child_main(child)
         except SystemExit as exc:
@@ -376,9 +380,14 @@ class Supervisor:
         )
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
             how += " (perhaps out of memory?)"
+        if child.retiring:
+            if how != "exited with code 0":
+                log.warning("retiring io-worker %d %s", child.index, how)
+            self.scaling.retired(child)
+            return
         log.warning("%s %s %s", child.role, child.index if child.role == "io-worker" else "", how)
         if child.role == "io-worker":
-            self._recover_worker(child.index)
+            self.recover_worker(child.index)
         lived = time.monotonic() - child.started
         if lived > STABLE_AFTER:
             child.failures = 0
@@ -388,7 +397,7 @@ class Supervisor:
         delay = 0.0 if child.failures <= 1 else min(MAX_BACKOFF, 0.25 * 2 ** (child.failures - 2))
         child.restart_at = time.monotonic() + delay
 
-    def _recover_worker(self, index: int) -> None:
+    def recover_worker(self, index: int, retired: bool = False) -> None:
         seg = self.seg
         assert seg is not None
         a = seg.atomic
@@ -397,7 +406,7 @@ class Supervisor:
         # 1. The scheduler forgets the worker's consumers and exclusive queues.
         #    Written into the worker's end, so it arrives on the worker's link.
         try:
-            self.sched_pairs[index][1].send(encode(WorkerGone(index)), socket.MSG_DONTWAIT)
+            self.sched_pairs[index][1].send(encode(WorkerGone(index, retired)), socket.MSG_DONTWAIT)
         except OSError as exc:
             log.error("could not tell the scheduler that worker %d died: %s", index, exc)
         # 2. Its unacknowledged deliveries go back to their queues; bodies it
@@ -429,7 +438,7 @@ class Supervisor:
         assert seg is not None
         if any(not child.pid for child in self.children):
             return  # one is being restarted: no pet until it is back
-        beating = [seg.layout.proc(i) for i in range(self.workers)]
+        beating = [seg.layout.proc(c.index) for c in self.children if c.role == "io-worker"]
         beating.append(seg.layout.proc(layout.scheduler_slot(seg.layout)))
         stale = max(HEARTBEAT_STALE, 2 * interval) * 1e9
         now_ns = time.monotonic_ns()
@@ -479,6 +488,10 @@ class Supervisor:
 
     def _graceful_stop(self) -> int:
         self.stopping = True
+        assert self.seg is not None
+        for child in self.children:  # a worker being retired stops as the others now
+            if child.role == "io-worker":
+                self.seg.atomic.store(self.seg.layout.proc(child.index) + layout.P_RETIRING, 0)
         systemd.notify("STOPPING=1\nSTATUS=stopping: closing client connections")
         log.info("SIGTERM: graceful stop")
         self._signal_children(signal.SIGTERM, ("acceptor",))

@@ -1,0 +1,158 @@
+"""The IO worker count at runtime (issue 16, item 7): gunicorn's SIGTTIN adds
+a worker and SIGTTOU retires one; `shoal ctl set_worker_count N` asks for a
+count (the scheduler writes H_WORKERS_WANTED). The supervisor moves one
+worker at a time towards the count asked for:
+
+- adding worker `n` (the next index): the ownership of queues' background
+  work starts moving to n + 1 workers (shm/ownership.py), the worker is
+  forked, and the acceptor hands it connections once it is ready (it picks
+  among the slots below H_WORKERS);
+- retiring the last worker: the acceptor stops picking it at once
+  (H_WORKERS), ownership moves to the others, then a SIGTERM with its
+  P_RETIRING word set makes it close its connections (320, as at a broker
+  stop), page in what its paging files hold and exit; it is not replaced,
+  and the scheduler stops sending to it (WorkerGone, retired). Its arena's
+  bodies stay where they are, read and freed by the others; its message
+  store segments stay in its segment table row until the next start (or a
+  worker in that slot again) removes them.
+
+The other workers' connections are not touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Protocol
+
+from shoal.broker.supervisor.child import Child
+from shoal.shm import layout, ownership
+from shoal.shm.segment import Segment
+
+log = logging.getLogger("shoal.supervisor")
+
+# s between the acceptor's last pick of a retiring worker and its SIGTERM:
+# a connection handed to it just before is served, then closed as the rest.
+RETIRE_DELAY = 0.2
+SLOW_HANDOVER = 10.0  # s: a worker this slow to give up its queues is logged
+
+
+class Supervised(Protocol):
+    """What scaling uses of the supervisor (broker/supervisor/main.py)."""
+
+    seg: Segment | None
+    workers: int
+    max_workers: int
+    children: list[Child]
+
+    def spawn(self, child: Child) -> None: ...
+    def recover_worker(self, index: int, retired: bool = False) -> None: ...
+    def configure_memory(self) -> None: ...
+
+
+class Scaling:
+    """The supervisor's part in changing the worker count."""
+
+    def __init__(self, supervisor: Supervised) -> None:
+        self.sup = supervisor
+        self.transition = 0  # the ownership generation being acknowledged (0: none)
+        self.transition_since = 0.0
+        self.warned = False
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.transition)
+
+    def on_signal(self, signum: int) -> None:
+        """SIGTTIN: one more worker; SIGTTOU: one fewer (at least one)."""
+        a = self._seg().atomic
+        wanted = a.load(layout.H_WORKERS_WANTED) + (1 if signum == signal.SIGTTIN else -1)
+        wanted = max(1, min(self.sup.max_workers, wanted))
+        a.store(layout.H_WORKERS_WANTED, wanted)
+        log.info("%s: %d IO workers asked for", signal.Signals(signum).name, wanted)
+
+    def step(self) -> None:
+        sup = self.sup
+        seg = self._seg()
+        now = time.monotonic()
+        for child in sup.children:
+            if child.retiring and child.pid and child.retire_at and now >= child.retire_at:
+                child.retire_at = 0.0
+                os.kill(child.pid, signal.SIGTERM)
+        if self.transition:
+            running = [c.index for c in sup.children if c.role == "io-worker" and c.pid]
+            if not ownership.acknowledged(seg, self.transition, running):
+                if now - self.transition_since > SLOW_HANDOVER and not self.warned:
+                    self.warned = True
+                    log.warning("IO workers slow to hand their queues over (still waiting)")
+                return
+            ownership.finish(seg)
+            self.transition = 0
+            log.info("%d IO workers", sup.workers)
+        wanted = seg.atomic.load(layout.H_WORKERS_WANTED)
+        if wanted > sup.workers:
+            self._add()
+        elif wanted < sup.workers:
+            self._retire(now)
+
+    def _begin(self, count: int) -> None:
+        self.transition = ownership.begin(self._seg(), count)
+        self.transition_since = time.monotonic()
+        self.warned = False
+
+    def _add(self) -> None:
+        sup = self.sup
+        seg = self._seg()
+        index = sup.workers
+        if any(c.role == "io-worker" and c.index == index for c in sup.children):
+            return  # the slot's worker is still retiring (paging in): wait for it
+        a, slot = seg.atomic, seg.layout.proc(index)
+        for word in (layout.P_OWNERSHIP_SEEN, layout.P_RETIRING, layout.P_CONNECTIONS):
+            a.store(slot + word, 0)
+        self._begin(index + 1)
+        child = Child("io-worker", index)
+        sup.children.append(child)
+        sup.spawn(child)
+        sup.workers += 1
+        a.store(layout.H_WORKERS, sup.workers)
+        sup.configure_memory()
+        log.info("adding IO worker %d (pid %d)", index, child.pid)
+
+    def _retire(self, now: float) -> None:
+        sup = self.sup
+        seg = self._seg()
+        index = sup.workers - 1
+        child = next(
+            c for c in sup.children if c.role == "io-worker" and c.index == index and not c.retiring
+        )
+        sup.workers -= 1
+        seg.atomic.store(layout.H_WORKERS, sup.workers)  # the acceptor stops picking it
+        self._begin(sup.workers)
+        seg.atomic.store(seg.layout.proc(index) + layout.P_RETIRING, 1)
+        child.retiring = True
+        sup.configure_memory()
+        log.info("retiring IO worker %d (pid %d)", index, child.pid)
+        if child.pid:
+            child.retire_at = now + RETIRE_DELAY
+        else:  # dead, waiting for its restart: nothing to drain
+            self.retired(child)
+
+    def retired(self, child: Child) -> None:
+        """A retiring worker exited (or died): what it held goes back as
+        after a crash, the scheduler forgets it, its slot is emptied."""
+        sup = self.sup
+        seg = self._seg()
+        sup.recover_worker(child.index, retired=True)
+        a, slot = seg.atomic, seg.layout.proc(child.index)
+        for word in (layout.P_ROLE, layout.P_READY, layout.P_ALARMS, layout.P_DISK_FREE):
+            a.store(slot + word, 0)
+        a.store(slot + layout.P_RETIRING, 0)
+        sup.children.remove(child)
+        log.info("IO worker %d retired", child.index)
+
+    def _seg(self) -> Segment:
+        seg = self.sup.seg
+        assert seg is not None
+        return seg
