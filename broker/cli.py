@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from shoal.broker import settings
 from shoal.broker.config import Config, default_workers
 
 
@@ -198,6 +199,20 @@ def _broker_parser() -> argparse.ArgumentParser:
         default=d.cluster_name,
         help="rabbitmq_cluster label of the metrics (default shoal@<hostname>)",
     )
+    p.add_argument(
+        "--load-definitions",
+        default=d.load_definitions,
+        metavar="FILE",
+        help="a definitions file in RabbitMQ's format (users, vhosts, permissions, "
+        "policies, queues...) imported at start and again at SIGHUP when it changed",
+    )
+    p.add_argument(
+        "--config",
+        default="",
+        metavar="FILE",
+        help='settings by flag name in TOML (log-level = "debug"); flags win over it; '
+        "SIGHUP reads it again (docs/access.md)",
+    )
     return p
 
 
@@ -236,18 +251,16 @@ def local_command(
 def config_from_args(argv: list[str]) -> Config:
     parser = _broker_parser()
     ns = parser.parse_args(argv)
-    if ns.default_capacity < 0 or ns.default_flow_resume_capacity < 0:
-        parser.error("--default-capacity and --default-flow-resume-capacity are bytes >= 0")
-    if ns.default_flow_resume_capacity > (ns.default_capacity or 0):
-        parser.error("--default-flow-resume-capacity is above --default-capacity")
-    if ns.tls_port and not ns.tls_cert:
-        parser.error("--tls-port needs --tls-cert (and --tls-key unless the key is in it)")
-    if not ns.plain_listener and not ns.tls_port:
-        parser.error("--no-plain-listener needs --tls-port: no listener is left")
-    for flag in ("memory_high_watermark", "arena_high_watermark", "memory_low_watermark"):
-        if not 0 <= getattr(ns, flag) <= 1:
-            parser.error(f"--{flag.replace('_', '-')} is a fraction, 0 to 1")
-    return Config(**{k: v for k, v in vars(ns).items()})
+    # Which settings the command line gave (they win over the file): the
+    # same parse with no defaults at all.
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    given = frozenset(vars(parser.parse_args(argv))) - {"config"}
+    flags = {k: v for k, v in vars(ns).items() if k != "config"}
+    try:
+        return settings.resolve(flags, given, ns.config)
+    except settings.SettingsError as exc:
+        parser.error(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:

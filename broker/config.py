@@ -67,6 +67,14 @@ class Config(msgspec.Struct, frozen=True):
     management_port: int = 15672  # the HTTP management API (broker/management); 0: off
     management_bind: str = ""  # "": the same address as --bind
     cluster_name: str = ""  # rabbitmq_identity_info's rabbitmq_cluster ("": shoal@<host>)
+    # A definitions file (RabbitMQ's format: users, vhosts, permissions,
+    # policies, queues...) imported at start and, changed, at SIGHUP
+    # (RabbitMQ's load_definitions); "": none.
+    load_definitions: str = ""
+    # The settings file (broker/settings.py, TOML; "": none), and the
+    # settings the command line gave, which the file does not override.
+    config: str = ""
+    cli_flags: tuple[str, ...] = ()
 
     def worker_count(self) -> int:
         return self.workers or default_workers()

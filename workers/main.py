@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import uvloop
 from setproctitle import setproctitle
 
-from shoal.broker import ipc
+from shoal.broker import ipc, settings
 from shoal.broker.config import Config
 from shoal.shm import layout, memory, stats
 from shoal.shm.segment import Segment
@@ -168,7 +168,15 @@ class Worker:
         self.loop.call_later(memory.POLL_INTERVAL, self._poll_alarms)
 
     def _reload(self) -> None:
-        """SIGHUP: the TLS certificates again (a bad file keeps the old)."""
+        """SIGHUP: the settings the supervisor resolved (broker/settings.py:
+        limits for new connections, the log level), and the TLS certificates
+        again (a bad file keeps the old)."""
+        try:
+            self.config = self.ctx.config = settings.published(self.config.runtime_path())
+        except (OSError, ValueError) as exc:
+            log.error("SIGHUP: cannot read the settings: %s", exc)
+        settings.apply_log_level(self.config)
+        log.debug("SIGHUP: io-worker %d took the settings", self.index)
         if self.config.tls_port:
             try:
                 self.tls = tls.server_context(self.config)

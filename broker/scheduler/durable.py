@@ -37,7 +37,7 @@ from typing import Any, Union
 
 import msgspec
 
-from shoal.broker.amqp import access
+from shoal.broker.amqp import access, definitions_json
 from shoal.broker.amqp import definitions as D
 from shoal.store import records
 
@@ -99,6 +99,20 @@ class UnreadableDefinitions(Exception):
     """definitions.log is not a log this version can read, or what it holds
     does not fit in the definitions journal: the broker does not start
     (rather than start without the definitions it promised)."""
+
+
+def load_definitions_file(path: str) -> dict[str, Any]:
+    """--load-definitions: RabbitMQ's definitions JSON, checked as an import
+    checks it (broker/amqp/definitions_json.py). Unreadable, it stops the
+    broker at start (RabbitMQ's node does not boot either)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        definitions: dict[str, Any] = msgspec.json.decode(raw)
+        definitions_json.parse(definitions)
+    except (OSError, msgspec.DecodeError, definitions_json.DefinitionsError) as exc:
+        raise UnreadableDefinitions(f"--load-definitions {path}: {exc}") from None
+    return definitions
 
 
 class Restored:

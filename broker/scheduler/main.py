@@ -15,6 +15,7 @@ their messages.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import signal
@@ -23,10 +24,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar, cast
 
+import msgspec
 import uvloop
 from setproctitle import setproctitle
 
-from shoal.broker import ipc
+from shoal.broker import ipc, settings
 from shoal.broker.amqp import definitions, errors
 from shoal.broker.config import Config
 from shoal.broker.scheduler.durable import DefinitionsLog
@@ -87,6 +89,7 @@ class Scheduler(Notification):
         self.client_connections = {}
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
         self.stats = Counters(seg, layout.scheduler_slot(seg.layout))
+        self.definitions_digest = b""  # of the --load-definitions file last imported
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
@@ -107,6 +110,8 @@ class Scheduler(Notification):
         else:
             self._known_uids(restored)
         self._drop_stale_definitions()
+        if first:
+            self._load_definitions_file()
         # At every start, what holds now: also right after a predecessor
         # killed between the queue table and the log.
         try:
@@ -117,6 +122,7 @@ class Scheduler(Notification):
         self.loop.add_reader(self.efd, self._on_wake)
         self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
+        self.loop.add_signal_handler(signal.SIGHUP, self._reload)
         slot = self.slot
         self.a.store(slot + layout.P_PID, os.getpid())
         # Single-active queues (a restart: they exist already) wait for every
@@ -136,6 +142,44 @@ class Scheduler(Notification):
         finally:
             self.introspection.close()
         return 0
+
+    def _reload(self) -> None:
+        """SIGHUP: the settings the supervisor resolved (broker/settings.py);
+        the definitions file imported again if it changed."""
+        try:
+            self.config = settings.published(self.config.runtime_path())
+        except (OSError, ValueError) as exc:
+            log.error("SIGHUP: cannot read the settings: %s", exc)
+            return
+        settings.apply_log_level(self.config)
+        self._load_definitions_file()
+
+    def _load_definitions_file(self) -> None:
+        """--load-definitions: imported at the broker's start, and at SIGHUP
+        when its content changed (RabbitMQ's skip_if_unchanged)."""
+        path = self.config.load_definitions
+        if not path:
+            return
+        try:
+            with open(path, "rb") as f:
+                content = f.read()
+        except OSError as exc:
+            log.error("definitions file not imported: %s", exc)
+            return
+        digest = hashlib.sha256(content).digest()
+        if digest == self.definitions_digest:
+            return
+        try:
+            document = msgspec.json.decode(content)
+        except msgspec.DecodeError as exc:
+            log.error("definitions file %s not imported: %s", path, exc)
+            return
+        answer = self.control({"op": "import_definitions", "definitions": document})
+        if "error" in answer:
+            log.error("definitions file %s not imported: %s", path, answer["error"])
+            return
+        self.definitions_digest = digest
+        log.info("definitions imported from %s", path)
 
     # ------------------------------------------------------------ messages
     def _on_message(self, worker: int, m: ipc.ToScheduler) -> None:

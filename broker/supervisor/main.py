@@ -23,11 +23,17 @@ from collections.abc import Callable
 import psutil
 from setproctitle import setproctitle
 
+from shoal.broker import settings
 from shoal.broker.amqp.definitions import Op
 from shoal.broker.config import Config
 from shoal.broker.ipc import WorkerGone, encode, socketpair
 from shoal.broker.observe.metrics import serve as serve_metrics
-from shoal.broker.scheduler.durable import DefinitionsLog, Restored, UnreadableDefinitions
+from shoal.broker.scheduler.durable import (
+    DefinitionsLog,
+    Restored,
+    UnreadableDefinitions,
+    load_definitions_file,
+)
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
 from shoal.broker.supervisor import acceptor, datadir, systemd
@@ -143,6 +149,9 @@ class Supervisor:
             ) from None
         if config.tls_port:
             tls.server_context(config)  # unreadable certificates stop the broker now
+        if config.load_definitions:
+            load_definitions_file(config.load_definitions)  # as must a definitions file
+        settings.publish(config, runtime)  # what children read at SIGHUP
         # Socket activation: systemd's sockets, by port; the others are bound here.
         activated = {s.getsockname()[1]: s for s in systemd.activated_sockets()}
         if config.plain_listener:
@@ -257,8 +266,7 @@ class Supervisor:
                 elif sig in (signal.SIGINT, signal.SIGQUIT):
                     return self._fast_stop()
                 elif sig == signal.SIGHUP:
-                    log.info("SIGHUP: IO workers reload their TLS certificates")
-                    self._signal_children(signal.SIGHUP, ("io-worker",))
+                    self._reload()
                 elif sig in (signal.SIGTTIN, signal.SIGTTOU):
                     self.scaling.on_signal(sig)
             self._reap()
@@ -269,6 +277,28 @@ class Supervisor:
                     self.spawn(child)
             self._report()
             self._pet_watchdog()
+
+    def _reload(self) -> None:
+        """SIGHUP: the settings file again (broker/settings.py), then the IO
+        workers and the scheduler take what applies to them (and the
+        workers their TLS certificates, changed or not)."""
+        assert self.seg is not None
+        try:
+            new, changes = settings.reload(self.config)
+        except settings.SettingsError as exc:
+            log.error("SIGHUP: settings not reloaded: %s", exc)
+            new, changes = self.config, []
+        for change in changes:
+            log.info("SIGHUP: %s", change)
+        old, self.config = self.config, new
+        settings.apply_log_level(new)
+        self.configure_memory()
+        if new.workers != old.workers:
+            wanted = max(1, min(self.max_workers, new.worker_count()))
+            self.seg.atomic.store(layout.H_WORKERS_WANTED, wanted)
+        settings.publish(new, new.runtime_path())
+        log.info("SIGHUP: settings reloaded; IO workers reload their TLS certificates")
+        self._signal_children(signal.SIGHUP, ("io-worker", "scheduler"))
 
     # ----------------------------------------------------------- children
     def spawn(self, child: Child) -> None:
@@ -521,10 +551,12 @@ class Supervisor:
     def _cleanup(self) -> None:
         if self.seg is not None:
             self.seg.unlink()
-        try:  # the scheduler's control socket, if it was killed
-            os.unlink(socket_path(self.config.runtime_path()))
-        except FileNotFoundError:
-            pass
+        runtime = self.config.runtime_path()
+        for leftover in (socket_path(runtime), os.path.join(runtime, settings.SETTINGS_FILE)):
+            try:  # the scheduler's control socket, if it was killed; the settings
+                os.unlink(leftover)
+            except FileNotFoundError:
+                pass
         if self.created_dir:
             try:
                 os.rmdir(self.config.runtime_path())

@@ -1,0 +1,64 @@
+"""The settings file (broker/settings.py): flags over the file over the
+defaults, paths beside the file, unknown or invalid settings refused with
+their name, and what a reload changes, keeps for a restart, or resets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shoal.broker import settings
+from shoal.broker.cli import config_from_args
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_flags_win_over_the_file_which_wins_over_defaults(tmp_path: Path) -> None:
+    f = write(tmp_path / "s.toml", 'heartbeat = 7\nframe-max = 8192\nload-definitions = "d.json"\n')
+    config = config_from_args(["--config", f, "--heartbeat", "60"])
+    assert (config.heartbeat, config.frame_max, config.channel_max) == (60, 8192, 2047)
+    assert config.load_definitions == str(tmp_path / "d.json")  # beside the file
+    assert config.config == f and "heartbeat" in config.cli_flags
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("nope = 1\n", "unknown setting 'nope'"),
+        ('heartbeat = "soon"\n', "Expected `int`, got `str` - at `$.heartbeat`"),
+        ('log-level = "loud"\n', "log level 'loud'"),
+        ("memory-high-watermark = 2.0\n", "is a fraction, 0 to 1"),
+        ("heartbeat = \n", "cannot read"),
+    ],
+)
+def test_a_bad_file_is_refused_with_the_setting_named(
+    tmp_path: Path, text: str, error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = write(tmp_path / "s.toml", text)
+    with pytest.raises(SystemExit) as exit_:
+        config_from_args(["--config", f])
+    assert exit_.value.code == 2
+    assert error in capsys.readouterr().err
+
+
+def test_reload_applies_what_it_can_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    f = write(path, "heartbeat = 7\ncatalog-mb = 16\nconsumer-timeout = 5000\n")
+    current = config_from_args(["--config", f, "--port", "5999"])
+    write(path, "heartbeat = 9\ncatalog-mb = 8\nport = 1234\nworkers = 3\n")
+    new, changes = settings.reload(current)
+    assert (new.heartbeat, new.catalog_mb, new.port, new.workers) == (9, 16, 5999, 3)
+    assert new.consumer_timeout == 1_800_000  # gone from the file: its default again
+    assert changes == [
+        "workers: 0 -> 3",
+        "catalog_mb: 16 -> 8 needs a restart; still 16",
+        "heartbeat: 7 -> 9",
+        "consumer_timeout: 5000 -> 1800000",
+    ]
+    write(path, "heartbeat = [\n")
+    with pytest.raises(settings.SettingsError, match="cannot read"):
+        settings.reload(new)
