@@ -260,6 +260,21 @@ class Disconnect(Message, tag=26):
     text: str
 
 
+class ChannelCounts(Message, tag=18):
+    """A worker's open channels per user, those that changed since its last
+    report (0: none left), every stats flush: users' max-channels limits
+    count channels over all workers (workers/user_channels.py)."""
+
+    counts: dict[str, int]
+
+
+class ChannelTotals(Message, tag=27):
+    """The scheduler's answer to every worker: the users' channels over all
+    workers, those that changed."""
+
+    totals: dict[str, int]
+
+
 # The one byte the acceptor sends with a connection's socket (SCM_RIGHTS):
 # which listener accepted it.
 HANDOFF_PLAIN, HANDOFF_TLS = b"c", b"t"
@@ -284,8 +299,11 @@ ToScheduler = Union[  # noqa: UP007
     Level,
     Consumers,
     ConnOpen,
+    ChannelCounts,
 ]
-ToWorker = Union[Reply, Notify, ConsumerGone, Resync, Inspect, Unblock, Disconnect]  # noqa: UP007
+ToWorker = Union[  # noqa: UP007
+    Reply, Notify, ConsumerGone, Resync, Inspect, Unblock, Disconnect, ChannelTotals
+]
 
 M = TypeVar("M")
 

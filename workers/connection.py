@@ -413,6 +413,11 @@ class Connection(Handshake, asyncio.Protocol):
                     f"number of channels opened ({len(self.channels)}) has reached the "
                     f"negotiated channel_max ({self.channel_max})",
                 )
+            self.ctx.user_channels.check_open(
+                self.user,
+                self.ctx.routes.definitions.users,
+                self.ctx.connections,
+            )
             self.channels[number] = Channel(self, number)
             self.ctx.stats.v[stats.CHANNELS_OPENED] += 1
             self.write(framing.encode_method(number, C.Channel.OpenOk()))

@@ -23,6 +23,7 @@ from shoal.workers.persist import Persister
 from shoal.workers.routes import Routes
 from shoal.workers.spill import Spiller
 from shoal.workers.streams import Streams
+from shoal.workers.user_channels import UserChannels
 
 
 class Publisher(Protocol):
@@ -38,6 +39,7 @@ class WorkerConnection(Protocol):
     alarm_reason: str
     transport: Any
     state: int  # workers/handshake.py's states: below OPEN while logging in
+    user: str  # logged in as ("" before connection.start-ok)
 
     @property
     def channels(self) -> Mapping[int, Publisher]: ...
@@ -100,6 +102,8 @@ class WorkerContext:
         self.routes = Routes(seg, self.store)
         self.arena = Arena(seg, index)
         self.slot = seg.layout.proc(index)
+        # Users' channels over all workers, for max-channels limits.
+        self.user_channels = UserChannels()
         # Which queues' background work is this worker's (shm/ownership.py).
         self.ownership = OwnershipView(seg, index)
         self.guard = MemoryGuard(self)  # reads this worker's slot

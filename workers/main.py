@@ -134,6 +134,9 @@ class Worker:
             disk,
         )
         ctx.stats.flush()
+        counts = ctx.user_channels.report(ctx.connections)
+        if counts is not None:
+            ctx.send(counts)
         if again:
             self.loop.call_later(stats.FLUSH_INTERVAL, self._flush_stats)
 
@@ -238,7 +241,11 @@ class Worker:
             consumer.channel.consumer_gone(consumer)
 
     def _resync(self, m: ipc.Resync) -> None:
+        self.ctx.user_channels.resync()
         self.ctx.hello()
+
+    def _channel_totals(self, m: ipc.ChannelTotals) -> None:
+        self.ctx.user_channels.on_totals(m.totals)
 
     def _unblock(self, m: ipc.Unblock) -> None:
         for conn in list(self.ctx.connections):
@@ -317,6 +324,7 @@ _HANDLERS: dict[type, Handler] = dict(
         _on(ipc.Unblock, Worker._unblock),
         _on(ipc.Inspect, Worker._inspect),
         _on(ipc.Disconnect, Worker._disconnect),
+        _on(ipc.ChannelTotals, Worker._channel_totals),
     )
 )
 

@@ -275,11 +275,33 @@ class Access(Policies):
         self.client_connections.pop(conn_id, None)
 
     def _known_connections(self, worker: int, connections: list[tuple[int, str, str]]) -> None:
-        """A worker's HELLO (or its death, with none): its connections now."""
+        """A worker's HELLO (or its death, with none): its connections now.
+        Its channel counts start again from its next report."""
         for conn_id in [c for c in self.client_connections if c >> 40 == worker]:
             del self.client_connections[conn_id]
         for conn_id, vhost, user in connections:
             self.client_connections[conn_id] = (vhost, user)
+        self._channel_counts(worker, {u: 0 for u, by in self.user_channels.items() if worker in by})
+
+    def _channel_counts(self, worker: int, counts: dict[str, int]) -> None:
+        """A worker's channels per user (ipc.ChannelCounts): the totals that
+        changed go to every worker, which check users' max-channels limits
+        against them (eventually consistent, as RabbitMQ's tracking is)."""
+        changed: dict[str, int] = {}
+        for user, count in counts.items():
+            by_worker = self.user_channels.setdefault(user, {})
+            if by_worker.get(worker, 0) == count:
+                continue
+            if count:
+                by_worker[worker] = count
+            else:
+                by_worker.pop(worker, None)
+            changed[user] = sum(by_worker.values())
+            if not by_worker:
+                del self.user_channels[user]
+        if changed:
+            for link in self.links.values():
+                link.send(ipc.ChannelTotals(changed))
 
     def _disconnect(self, text: str, vhost: str = "", user: str = "") -> None:
         """Close the matching connections on every worker (320)."""

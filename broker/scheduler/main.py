@@ -87,6 +87,7 @@ class Scheduler(Notification):
         self.restoring = False
         self.unrestored = {}
         self.client_connections = {}
+        self.user_channels = {}
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
         self.stats = Counters(seg, layout.scheduler_slot(seg.layout))
         self.definitions_digest = b""  # of the --load-definitions file last imported
@@ -280,6 +281,9 @@ class Scheduler(Notification):
         if m.retired:
             self.links.pop(worker, None)
 
+    def _on_channel_counts(self, worker: int, m: ipc.ChannelCounts) -> None:
+        self._channel_counts(worker, m.counts)
+
     def _on_hello(self, worker: int, m: ipc.Hello) -> None:
         if worker not in self.links and worker in self.all_links:
             self.links[worker] = self.all_links[worker]  # a worker added at runtime
@@ -305,6 +309,7 @@ _NOTICES: dict[type, Handler] = dict(
         _on(ipc.Hello, Scheduler._on_hello),
         _on(ipc.Consumers, Scheduler._on_consumers),
         _on(ipc.WorkerGone, Scheduler._on_worker_gone),
+        _on(ipc.ChannelCounts, Scheduler._on_channel_counts),
     )
 )
 # Requests: the handler's result is the payload of a Reply with the same req;

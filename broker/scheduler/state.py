@@ -142,6 +142,7 @@ class SchedulerState:
     # Open client connections (conn_id -> (vhost, user)), from the workers'
     # CONN_OPEN and HELLO: vhost and user max-connections (access.py).
     client_connections: dict[int, tuple[str, str]]
+    user_channels: dict[str, dict[int, int]]  # user -> worker -> open channels
 
     def ready(self, q: QueueState) -> int:
         """Ready entries over all the queue's levels."""

@@ -341,6 +341,41 @@ def test_vhost_and_user_limits(user_in_vhost: Broker) -> None:
         conn.close()
 
 
+def test_user_max_channels_count_over_all_connections(user_in_vhost: Broker) -> None:
+    broker = user_in_vhost
+    grant(broker, ".*", ".*", ".*")
+    ctl(broker, "set_user_limits", "u", '{"max-channels": 2}')
+    first = login(broker, "u", "pw", "v")
+    kept = [first.channel(), first.channel()]
+    # Any other connection, on either worker, is refused once the count is
+    # known there (as RabbitMQ's channel tracking: eventually consistent).
+    wait_for(lambda: _channel_refusal(broker) != "", 10, "the other worker to count them")
+    assert _channel_refusal(broker) == (
+        "NOT_ALLOWED - number of channels opened for user 'u' has reached the maximum "
+        "allowed user limit of (2)"
+    )
+    kept.pop().close()  # a closed channel frees its place
+    wait_for(lambda: _channel_refusal(broker) == "", 10, "the closed channel to be uncounted")
+    ctl(broker, "set_user_limits", "u", '{"max-channels": 0}')
+    assert _channel_refusal(broker).endswith("user limit of (0)")
+    assert kept[0].is_open  # lowering a limit closes nothing
+    ctl(broker, "clear_user_limits", "u", "max-channels")
+    first.channel().queue_declare("after-clear")  # applies to open connections
+
+
+def _channel_refusal(broker: Broker) -> str:
+    """The 530 text a new connection of `u` gets for its first channel
+    ("": it opened, and is closed again)."""
+    conn = login(broker, "u", "pw", "v")
+    try:
+        conn.channel()
+    except pika.exceptions.ConnectionClosedByBroker as exc:
+        assert exc.reply_code == 530
+        return str(exc.reply_text)
+    conn.close()
+    return ""
+
+
 def _logs_in(broker: Broker) -> bool:
     try:
         login(broker, "u", "pw", "v").close()

@@ -48,6 +48,8 @@ SAMPLES: list[ipc.Message] = [
     ipc.Inspect(5),
     ipc.Unblock(2),
     ipc.Disconnect("v", "u", 3, "vhost 'v' is deleted"),
+    ipc.ChannelCounts({"u": 2, "gone": 0}),
+    ipc.ChannelTotals({"u": 5}),
     ipc.ConnOpen(7, "v", "u", True),
 ]
 
