@@ -195,6 +195,13 @@ def _broker_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--management-bind", default=d.management_bind, help="default: --bind")
     p.add_argument(
+        "--collect-statistics-interval",
+        type=int,
+        default=d.collect_statistics_interval,
+        metavar="MS",
+        help="how often the management API samples message rates (default %(default)s ms)",
+    )
+    p.add_argument(
         "--cluster-name",
         default=d.cluster_name,
         help="rabbitmq_cluster label of the metrics (default shoal@<hostname>)",

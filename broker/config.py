@@ -66,6 +66,9 @@ class Config(msgspec.Struct, frozen=True):
     metrics_bind: str = ""  # "": the same address as --bind
     management_port: int = 15672  # the HTTP management API (broker/management); 0: off
     management_bind: str = ""  # "": the same address as --bind
+    # ms between the management API's samples for message rates (RabbitMQ's
+    # collect_statistics_interval).
+    collect_statistics_interval: int = 5000
     cluster_name: str = ""  # rabbitmq_identity_info's rabbitmq_cluster ("": shoal@<host>)
     # A definitions file (RabbitMQ's format: users, vhosts, permissions,
     # policies, queues...) imported at start and, changed, at SIGHUP

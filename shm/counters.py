@@ -50,6 +50,8 @@ class QueueCounters:
     # messages it keeps (next - first), as queue.declare-ok counts them.
     stream: StreamBounds | None = None
     kind: str = "classic"  # the queue type: classic, quorum or stream
+    acked: int = 0  # deliveries acknowledged, since the queue was created
+    redelivered: int = 0  # entries released back (requeued), since then
 
 
 def read(store: QueueStore, qid: int) -> QueueCounters:
@@ -70,6 +72,8 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
         ready=ready,
         unacked=total(layout.Q_UNACKED),
         published=total(layout.Q_PUBLISHED),
+        acked=total(layout.Q_ACKED),
+        redelivered=total(layout.Q_REDELIVERED),
         bytes=total(layout.Q_BYTES),
         ready_bytes=total(layout.Q_READY_BYTES),
         consumers=word(qid, layout.Q_CONSUMERS),

@@ -14,6 +14,7 @@ from shoal.broker.amqp import access
 from shoal.broker.amqp.definitions_json import RABBIT_VERSION as RABBITMQ_VERSION
 from shoal.broker.management.http import (
     BACKEND,
+    RATES,
     STARTED,
     check_vhost,
     error,
@@ -72,7 +73,7 @@ async def overview(request: web.Request) -> web.Response:
                 "messages_ready": sum(q["messages_ready"] for q in queues),
                 "messages_unacknowledged": sum(q["messages_unacknowledged"] for q in queues),
             },
-            "message_stats": {},
+            "message_stats": request.app[RATES].overview(),
             "listeners": listeners,
             "contexts": [
                 {

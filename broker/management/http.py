@@ -11,9 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from shoal.broker.management.backend import Backend
+from shoal.broker.management.rates import Rates
 
 BACKEND: web.AppKey[Backend] = web.AppKey("backend", Backend)
 STARTED: web.AppKey[float] = web.AppKey("started", float)
+RATES: web.AppKey[Rates] = web.AppKey("rates", Rates)
 
 
 def error(status: int, kind: str, reason: str) -> web.Response:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from shoal.broker.management.http import (
     BACKEND,
+    RATES,
     check_vhost,
     error,
     is_admin,
@@ -30,7 +31,13 @@ async def queues(request: web.Request) -> web.Response:
     if vhost is not None:
         check_vhost(request, vhost)
     rows = await per_vhost(request, "list_queues", vhost)
-    return listing(request, [{**r, "node": node_name()} for r in rows])
+    return listing(request, [_queue_object(request, r) for r in rows])
+
+
+def _queue_object(request: web.Request, row: dict[str, Any]) -> dict[str, Any]:
+    """A queue as RabbitMQ's API shows it: with its message rates."""
+    ids = request.app[BACKEND].current().vhost_ids
+    return {**row, **request.app[RATES].queue(ids, row["vhost"], row["name"]), "node": node_name()}
 
 
 async def queue(request: web.Request) -> web.StreamResponse:
@@ -40,7 +47,7 @@ async def queue(request: web.Request) -> web.StreamResponse:
     if request.method == "GET":
         for row in await backend.rows("list_queues", vhost=vhost):
             if row["name"] == name:
-                return web.json_response({**row, "vhost": vhost, "node": node_name()})
+                return web.json_response(_queue_object(request, {**row, "vhost": vhost}))
         return error(404, "Object Not Found", "Not Found")
     user, password = request["user"], request["password"]
     if request.method == "DELETE":

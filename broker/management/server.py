@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 
 import uvloop
 from aiohttp import web
@@ -19,6 +20,7 @@ from setproctitle import setproctitle
 from shoal.broker.config import Config
 from shoal.broker.management import api, http
 from shoal.broker.management.backend import Backend
+from shoal.broker.management.rates import Rates
 from shoal.shm import layout
 from shoal.shm.segment import Segment
 
@@ -29,8 +31,28 @@ def make_app(config: Config, seg: Segment) -> web.Application:
     app = web.Application(middlewares=[api.authenticate], client_max_size=256 << 20)
     app[http.BACKEND] = Backend(config, seg)
     app[http.STARTED] = time.monotonic()
+    app[http.RATES] = Rates(seg)
+    app.cleanup_ctx.append(_sampling)
     api.routes(app)
     return app
+
+
+async def _sampling(app: web.Application) -> AsyncIterator[None]:
+    """Message rates' samples (rates.py), every --collect-statistics-interval."""
+
+    interval = max(0.01, app[http.BACKEND].config.collect_statistics_interval / 1000)
+
+    async def sample() -> None:
+        while True:
+            try:
+                app[http.RATES].sample()
+            except Exception:
+                log.exception("message rates: sampling failed")
+            await asyncio.sleep(interval)
+
+    task = asyncio.get_running_loop().create_task(sample())
+    yield
+    task.cancel()
 
 
 def run_management(config: Config, seg: Segment) -> int:

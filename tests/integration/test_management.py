@@ -206,3 +206,58 @@ def test_an_objects_bindings_and_permissions(managed: Broker) -> None:
     status, perms = http(managed, "GET", "/vhosts/%2F/permissions")
     assert [(p["user"], p["configure"]) for p in perms] == [("guest", ".*")]
     assert http(managed, "GET", "/users/guest/permissions")[1] == perms
+
+
+def test_message_stats_count_and_rate_as_rabbitmqs(broker_factory: Callable[..., Broker]) -> None:
+    port = free_port()
+    broker = broker_factory(
+        args=("--management-port", str(port), "--collect-statistics-interval", "100")
+    )
+    broker.management_port = port  # type: ignore[attr-defined]
+    wait_for(lambda: _listening(port), 20, "the management API")
+    ch = connect(broker).channel()
+    ch.queue_declare("rated")
+    ch.confirm_delivery()
+    for _ in range(30):
+        ch.basic_publish("", "rated", b"m")
+    for _ in range(10):
+        method, _props, _body = ch.basic_get("rated")
+        ch.basic_ack(method.delivery_tag)
+    method, _props, _body = ch.basic_get("rated")
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    method, _props, _body = ch.basic_get("rated")  # redelivered
+    ch.basic_ack(method.delivery_tag)
+
+    def queue_stats() -> dict[str, Any]:
+        status, queue = http(broker, "GET", "/queues/%2F/rated")
+        assert status == 200
+        return dict(queue)
+
+    def counts() -> dict[str, int]:
+        stats = queue_stats()["message_stats"]
+        return {k: v for k, v in stats.items() if not k.endswith("_details")}
+
+    # Sampled every 100 ms: the counts as they are once a sample is taken.
+    wait_for(lambda: counts() == {"publish": 30, "ack": 11}, 10, "the counts")
+    stats = queue_stats()
+    assert stats["messages"] == 19 and isinstance(stats["messages_details"]["rate"], float)
+
+    def publishing_shows_a_rate() -> bool:
+        for _ in range(20):
+            ch.basic_publish("", "rated", b"m")
+        _status, overview = http(broker, "GET", "/overview")
+        return bool(
+            queue_stats()["message_stats"]["publish_details"]["rate"] > 0
+            and overview["message_stats"]["publish_details"]["rate"] > 0
+        )
+
+    wait_for(publishing_shows_a_rate, 10, "a publish rate")
+    _status, overview = http(broker, "GET", "/overview")
+    totals = overview["message_stats"]
+    assert totals["publish"] >= 50 and totals["get"] == 12 and totals["ack"] == 11
+    assert totals["redeliver"] == 1 and set(totals["deliver_get_details"]) == {"rate"}
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
