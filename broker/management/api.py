@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from shoal.broker.amqp import access
-from shoal.broker.management import admin, objects
+from shoal.broker.management import admin, limits, objects
 from shoal.broker.management.backend import AmqpError, ControlError
 from shoal.broker.management.http import BACKEND, error
 
@@ -127,3 +127,4 @@ def routes(app: web.Application) -> None:
     _resource(r, "/api/definitions", admin.definitions, ("GET", "POST"))
     r.add_get("/api/health/checks/{check}", admin.health)
     r.add_get("/api/health/checks/{check}/{arg}", admin.health)
+    limits.routes(r)

@@ -5,6 +5,7 @@ tags let it see, and the listings' ?columns= and ?sort=."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from typing import Any
 
@@ -16,6 +17,7 @@ from shoal.broker.management.rates import Rates
 BACKEND: web.AppKey[Backend] = web.AppKey("backend", Backend)
 STARTED: web.AppKey[float] = web.AppKey("started", float)
 RATES: web.AppKey[Rates] = web.AppKey("rates", Rates)
+MAX_PAGE_SIZE = 500  # RabbitMQ's
 
 
 def error(status: int, kind: str, reason: str) -> web.Response:
@@ -70,7 +72,8 @@ def check_vhost(request: web.Request, vhost: str) -> None:
 
 
 def listing(request: web.Request, rows: list[dict[str, Any]]) -> web.Response:
-    """?columns=a,b.c and ?sort=col&sort_reverse=true, as RabbitMQ's."""
+    """?columns=a,b.c and ?sort=col&sort_reverse=true, and with ?page= the
+    management UI's pagination (page_size, name, use_regex), as RabbitMQ's."""
     sort = request.query.get("sort")
     if sort:
         rows = sorted(rows, key=lambda r: str(r.get(sort, "")))
@@ -80,7 +83,49 @@ def listing(request: web.Request, rows: list[dict[str, Any]]) -> web.Response:
     if columns:
         wanted = [c.split(".")[0] for c in columns.split(",")]
         rows = [{c: r[c] for c in wanted if c in r} for r in rows]
+    if "page" in request.query:
+        return web.json_response(_page(request, rows))
     return web.json_response(rows)
+
+
+def _page(request: web.Request, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    query = request.query
+    try:
+        page, size = int(query["page"]), int(query.get("page_size", "100"))
+        if page < 1 or not 1 <= size <= MAX_PAGE_SIZE:
+            raise ValueError
+    except ValueError:
+        raise web.HTTPBadRequest(
+            text=json.dumps(
+                {
+                    "error": "bad_request",
+                    "reason": f"page and page_size must be integers, page_size 1 to "
+                    f"{MAX_PAGE_SIZE}",
+                }
+            ),
+            content_type="application/json",
+        ) from None
+    name = query.get("name", "")
+    filtered = rows
+    if name:
+        if query.get("use_regex") == "true":
+            try:
+                pattern = re.compile(name)
+            except re.error:
+                pattern = re.compile(re.escape(name))
+            filtered = [r for r in rows if pattern.search(str(r.get("name", "")))]
+        else:
+            filtered = [r for r in rows if name.lower() in str(r.get("name", "")).lower()]
+    items = filtered[(page - 1) * size : page * size]
+    return {
+        "filtered_count": len(filtered),
+        "item_count": len(items),
+        "items": items,
+        "page": page,
+        "page_count": max(1, -(-len(filtered) // size)),
+        "page_size": size,
+        "total_count": len(rows),
+    }
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:

@@ -261,3 +261,45 @@ def test_message_stats_count_and_rate_as_rabbitmqs(broker_factory: Callable[...,
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_limits_parameters_and_pages(managed: Broker) -> None:
+    assert http(managed, "PUT", "/vhost-limits/%2F/max-queues", {"value": 50})[0] == 204
+    assert http(managed, "PUT", "/vhost-limits/%2F/max-connections", {"value": 9})[0] == 204
+    limits = {"max-queues": 50, "max-connections": 9}
+    assert http(managed, "GET", "/vhost-limits") == (200, [{"vhost": "/", "value": limits}])
+    assert http(managed, "GET", "/parameters/vhost-limits/%2F") == (
+        200,
+        [{"vhost": "/", "component": "vhost-limits", "name": "limits", "value": limits}],
+    )
+    assert http(managed, "DELETE", "/vhost-limits/%2F/max-queues")[0] == 204
+    assert http(managed, "GET", "/vhost-limits/%2F")[1] == [
+        {"vhost": "/", "value": {"max-connections": 9}}
+    ]
+    assert http(managed, "PUT", "/users/lim", {"password": "pw", "tags": ""})[0] == 201
+    assert http(managed, "PUT", "/user-limits/lim/max-channels", {"value": 3})[0] == 204
+    assert http(managed, "GET", "/user-limits/lim") == (
+        200,
+        [{"user": "lim", "value": {"max-channels": 3}}],
+    )
+    status, body = http(managed, "PUT", "/user-limits/lim/max-channels", {"value": "x"})
+    assert status == 400 and body["error"] == "bad_request"
+    assert http(managed, "GET", "/operator-policies") == (200, [])
+    # rabbitmqadmin's listings of them.
+    assert "max-connections" in admin(managed, "list", "vhost_limits")
+    assert "vhost-limits" in admin(managed, "list", "parameters")
+    # The management UI's pagination.
+    ch = connect(managed).channel()
+    for i in range(5):
+        ch.queue_declare(f"page-{i}")
+    status, page = http(managed, "GET", "/queues/%2F?page=2&page_size=2&name=page-")
+    assert status == 200
+    assert {k: v for k, v in page.items() if k != "items"} == {
+        "filtered_count": 5,
+        "item_count": 2,
+        "page": 2,
+        "page_count": 3,
+        "page_size": 2,
+        "total_count": 5,
+    }
+    assert [q["name"] for q in page["items"]] == ["page-2", "page-3"]
