@@ -36,10 +36,25 @@ def processes(broker: Shoal) -> dict[str, int]:
 
 
 def worker_rss_mb(pids: dict[str, int]) -> float:
+    """The IO workers' own memory: resident pages less the shared segment's
+    (RSS counts the pages of the shared-memory segment a worker has touched,
+    which grow as its arena's allocation cursor moves on and are the arena's
+    to give back, not a leak): RssAnon, the Python heap and native memory."""
     total = 0
     for name, pid in pids.items():
         if name.startswith("io-worker"):
-            total += psutil.Process(pid).memory_info().rss
+            info = psutil.Process(pid).memory_info()
+            total += info.rss - info.shared
+    return round(total / 2**20, 1)
+
+
+def worker_segment_mb(pids: dict[str, int]) -> float:
+    """The shared segment's pages the IO workers have resident (summed)."""
+    total = sum(
+        psutil.Process(pid).memory_info().shared
+        for name, pid in pids.items()
+        if name.startswith("io-worker")
+    )
     return round(total / 2**20, 1)
 
 
@@ -81,6 +96,7 @@ def main() -> int:
             "bystander_messages": bystander.sent,
             "bystander": bystander.verdict() or "undisturbed, every message once, in order",
             "worker_rss_mb": {"before": rss_before, "end": rss_end, "after": worker_rss_mb(after)},
+            "worker_segment_pages_mb": worker_segment_mb(after),
             "broker_log_errors": sum(
                 1
                 for line in (broker.base / "broker.log").read_text(errors="replace").splitlines()

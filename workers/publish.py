@@ -31,6 +31,7 @@ from shoal.shm.stats import (
     size_bucket,
 )
 from shoal.workers import framing, records, reply_to, republish
+from shoal.workers._wire import properties_ok
 from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -107,8 +108,8 @@ class Publishing(ChannelState):
             return False
         if not self.conn.access.may_publish(exchange, routing_key):
             return False  # the general path refuses it
-        if header[13] & properties.USER_ID_FLAG:
-            return False  # the general path checks it (a rare property)
+        if header[13] & properties.USER_ID_FLAG or not properties_ok(header):
+            return False  # the general path checks it (a rare property) or refuses it
         try:
             raw_header = reply_to.rewrite(self, bytes(header))
             also: list[bytes] = []
@@ -184,6 +185,10 @@ class Publishing(ChannelState):
                 40,
             )
         if not pending.header:
+            if not properties_ok(payload):
+                # Properties that do not parse (workers/_wire.c): RabbitMQ
+                # 3.10's answer, its channel process having crashed (measured).
+                raise errors.ConnectionError_(errors.INTERNAL_ERROR, "INTERNAL_ERROR", 0, 0)
             self.conn.access.check_user_id(bytes(payload))
             try:
                 pending.header = reply_to.rewrite(self, bytes(payload))
@@ -358,6 +363,9 @@ class Publishing(ChannelState):
             if self.conn.closed:
                 return
             self.busy = False
+            if self.pending is not pending:  # the channel was closed meanwhile: dropped
+                self.conn.release_reading(self)
+                return
             exc = reply.exception() if not reply.cancelled() else None
             if exc is not None or reply.cancelled():
                 log.error("connection %x: no priority level log", self.conn.id, exc_info=exc)

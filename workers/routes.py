@@ -28,10 +28,8 @@ def message_headers(raw_header: bytes) -> dict[str, Any]:
     header = ContentHeader()
     try:
         header.unmarshal(raw_header)
-    except Exception as exc:
-        raise errors.ConnectionError_(
-            errors.SYNTAX_ERROR, f"malformed content header: {exc}"
-        ) from exc
+    except Exception as exc:  # checked at publish (workers/_wire.c): should not happen
+        raise errors.ConnectionError_(errors.INTERNAL_ERROR, "INTERNAL_ERROR") from exc
     return header.properties.headers or {}
 
 

@@ -37,6 +37,28 @@ _INTEGERS = {b"b": ">b", b"B": ">B", b"s": ">h", b"u": ">H", b"U": ">h", b"I": "
 _INTEGERS |= {b"l": ">q", b"L": ">Q", b"T": ">Q"}
 
 Entry = tuple[bytes, bytes]  # (name, type letter + value bytes)
+# RabbitMQ's names of the types (rabbit_binary_parser), as its errors print them.
+_TYPE_NAMES = {
+    b"S": "longstr",
+    b"I": "signedint",
+    b"i": "unsignedint",
+    b"D": "decimal",
+    b"T": "timestamp",
+    b"F": "table",
+    b"A": "array",
+    b"b": "byte",
+    b"B": "unsignedbyte",
+    b"s": "short",
+    b"u": "unsignedshort",
+    b"U": "short",
+    b"l": "long",
+    b"L": "long",
+    b"f": "float",
+    b"d": "double",
+    b"t": "bool",
+    b"x": "binary",
+    b"V": "void",
+}
 
 
 class MalformedTable(ValueError):
@@ -58,6 +80,11 @@ def _value_end(data: bytes, at: int) -> int:
     if end > len(data):
         raise MalformedTable("value past the table's end")
     return end
+
+
+def type_name(raw: bytes) -> str:
+    """A raw value's type as RabbitMQ names it (`longstr`, `signedint`...)."""
+    return _TYPE_NAMES.get(raw[:1], "unknown")
 
 
 def entries(table: bytes) -> list[Entry]:

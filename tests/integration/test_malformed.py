@@ -178,3 +178,64 @@ def test_client_vanishing_mid_frame(one_worker: Broker, bystander) -> None:  # t
     wait_for(
         lambda: one_worker.status()["processes"][0]["connections"] == 1, 10, "the connection count"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "properties"),
+    [
+        (0x0100, b"\x0a12"),  # an expiration 10 bytes long, 2 there
+        # A table whose length says 12, 10 bytes there.
+        (0x2000, struct.pack(">I", 12) + b"\x02CCA" + struct.pack(">I", 2) + b"Qx"),
+        # A CC header whose array holds a value of an unknown type.
+        (0x2000, struct.pack(">I", 10) + b"\x02CCA" + struct.pack(">I", 2) + b"Qx"),
+        (0x2000, struct.pack(">I", 7) + b"\x03abcQxx"),  # an unknown type in the table
+        (0x0000, b"\x01\x02\x03"),  # bytes after the last property
+    ],
+    ids=[
+        "truncated-expiration",
+        "table-past-end",
+        "array-unknown-type",
+        "unknown-type",
+        "trailing",
+    ],
+)
+def test_malformed_content_header_closes_as_rabbitmq(
+    one_worker: Broker,
+    bystander,  # type: ignore[no-untyped-def]
+    flags: int,
+    properties: bytes,
+) -> None:
+    """RabbitMQ 3.10 decodes every publish's properties; what does not parse
+    crashes its channel process: 541 INTERNAL_ERROR, class and method 0
+    (measured). The message reaches no queue (the bystander's stays empty
+    of it: its client could not parse it)."""
+    s = handshake(one_worker.port)
+    publish_raw(s, struct.pack(">HHQH", 60, 0, 1, flags) + properties)
+    close = error_close(s)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        541,
+        "INTERNAL_ERROR",
+        0,
+        0,
+    )
+
+
+def test_cc_header_must_be_an_array(one_worker: Broker, bystander) -> None:  # type: ignore[no-untyped-def]
+    s = handshake(one_worker.port)
+    table = b"\x02CCS" + struct.pack(">I", 2) + b"ab"
+    publish_raw(s, struct.pack(">HHQH", 60, 0, 1, 0x2000) + struct.pack(">I", len(table)) + table)
+    close = expect(s, C.Channel.Close)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (  # type: ignore[attr-defined]
+        406,
+        'PRECONDITION_FAILED - invalid message: {unacceptable_type_in_header,"CC",longstr}',
+        60,
+        40,
+    )
+
+
+def publish_raw(s: socket.socket, header: bytes) -> None:
+    """basic.publish to the bystander's queue with this content header and a
+    body of one byte."""
+    s.sendall(pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="bystander"), 1))
+    s.sendall(struct.pack(">BHI", 2, 1, len(header)) + header + b"\xce")
+    s.sendall(struct.pack(">BHI", 3, 1, 1) + b"x\xce")

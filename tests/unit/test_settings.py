@@ -62,3 +62,12 @@ def test_reload_applies_what_it_can_and_keeps_the_rest(tmp_path: Path) -> None:
     write(path, "heartbeat = [\n")
     with pytest.raises(settings.SettingsError, match="cannot read"):
         settings.reload(new)
+
+
+def test_the_example_file_names_only_known_settings(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "deploy" / "shoal.toml"
+    lines = example.read_text().splitlines()
+    settings_lines = [line[2:] for line in lines if line.startswith("# ") and " = " in line]
+    assert len(settings_lines) > 10
+    uncommented = write(tmp_path / "all.toml", "\n".join(settings_lines) + "\n")
+    assert settings.read_file(uncommented)["workers"] == 4

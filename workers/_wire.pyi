@@ -1,0 +1,3 @@
+from typing_extensions import Buffer
+
+def properties_ok(header: Buffer, /) -> bool: ...
