@@ -270,9 +270,10 @@ class ChannelCounts(Message, tag=18):
 
 class ChannelTotals(Message, tag=27):
     """The scheduler's answer to every worker: the users' channels over all
-    workers, those that changed."""
+    workers, those that changed (`replace`: all of them, after a HELLO)."""
 
     totals: dict[str, int]
+    replace: bool = False
 
 
 # The one byte the acceptor sends with a connection's socket (SCM_RIGHTS):

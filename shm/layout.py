@@ -75,6 +75,10 @@ LOAD_NOT_BEGUN, LOAD_RUNNING, LOAD_DONE = 0, 1, 2
 H_WORKERS = H_LOADED + 8
 H_WORKERS_WANTED = H_LOADED + 16
 H_OWNERSHIP = H_LOADED + 24
+# The first 8 bytes of the sha256 of the --load-definitions file last
+# imported (the scheduler's; 0: none): SIGHUP imports it again only if it
+# changed, also after a scheduler restart.
+H_DEFINITIONS_DIGEST = H_LOADED + 32
 
 # process table
 PROC_SLOTS_EXTRA = 5  # supervisor, acceptor, scheduler, metrics, management

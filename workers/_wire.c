@@ -55,13 +55,13 @@ value_ok(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at, int depth)
         unsigned char kind = p[i - 1];
         if (n - i < 4)
             return 0;
-        Py_ssize_t len = be32(p + i);
+        uint32_t len = be32(p + i);
         i += 4;
-        if (len > n - i)
+        if ((size_t)len > (size_t)(n - i)) /* unsigned: no wrap on 32-bit builds */
             return 0;
-        if (kind == 'F' && !table_ok(p + i, len, depth + 1))
+        if (kind == 'F' && !table_ok(p + i, (Py_ssize_t)len, depth + 1))
             return 0;
-        if (kind == 'A' && !array_ok(p + i, len, depth + 1))
+        if (kind == 'A' && !array_ok(p + i, (Py_ssize_t)len, depth + 1))
             return 0;
         *at = i + len;
         return 1;
@@ -140,9 +140,9 @@ header_ok(const unsigned char *p, Py_ssize_t n)
         case 't': {
             if (n - at < 4)
                 return 0;
-            Py_ssize_t len = be32(p + at);
+            uint32_t len = be32(p + at);
             at += 4;
-            if (len > n - at || !table_ok(p + at, len, 0))
+            if ((size_t)len > (size_t)(n - at) || !table_ok(p + at, (Py_ssize_t)len, 0))
                 return 0;
             at += len;
             break;

@@ -245,7 +245,7 @@ class Worker:
         self.ctx.hello()
 
     def _channel_totals(self, m: ipc.ChannelTotals) -> None:
-        self.ctx.user_channels.on_totals(m.totals)
+        self.ctx.user_channels.on_totals(m.totals, m.replace)
 
     def _unblock(self, m: ipc.Unblock) -> None:
         for conn in list(self.ctx.connections):

@@ -63,7 +63,9 @@ class UserChannels:
         self.reported = counts
         return ipc.ChannelCounts(changed)
 
-    def on_totals(self, totals: dict[str, int]) -> None:
+    def on_totals(self, totals: dict[str, int], replace: bool = False) -> None:
+        if replace:
+            self.totals = {}
         for user, total in totals.items():
             if total:
                 self.totals[user] = total
@@ -71,5 +73,6 @@ class UserChannels:
                 self.totals.pop(user, None)
 
     def resync(self) -> None:
-        """A new scheduler knows no counts: the next report sends them all."""
+        """A new scheduler knows no counts: the next report sends them all
+        (and its answer to the HELLO replaces the totals)."""
         self.reported = {}

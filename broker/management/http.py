@@ -80,12 +80,18 @@ def listing(request: web.Request, rows: list[dict[str, Any]]) -> web.Response:
         if request.query.get("sort_reverse") == "true":
             rows.reverse()
     columns = request.query.get("columns")
-    if columns:
-        wanted = [c.split(".")[0] for c in columns.split(",")]
-        rows = [{c: r[c] for c in wanted if c in r} for r in rows]
-    if "page" in request.query:
-        return web.json_response(_page(request, rows))
-    return web.json_response(rows)
+    if "page" in request.query:  # filtered by name before the columns are picked
+        page = _page(request, rows)
+        page["items"] = _columns(page["items"], columns)
+        return web.json_response(page)
+    return web.json_response(_columns(rows, columns))
+
+
+def _columns(rows: list[dict[str, Any]], columns: str | None) -> list[dict[str, Any]]:
+    if not columns:
+        return rows
+    wanted = [c.split(".")[0] for c in columns.split(",")]
+    return [{c: r[c] for c in wanted if c in r} for r in rows]
 
 
 def _page(request: web.Request, rows: list[dict[str, Any]]) -> dict[str, Any]:

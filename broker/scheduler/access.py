@@ -289,9 +289,10 @@ class Access(Policies):
         against them (eventually consistent, as RabbitMQ's tracking is)."""
         changed: dict[str, int] = {}
         for user, count in counts.items():
-            by_worker = self.user_channels.setdefault(user, {})
+            by_worker = self.user_channels.get(user, {})
             if by_worker.get(worker, 0) == count:
                 continue
+            self.user_channels[user] = by_worker
             if count:
                 by_worker[worker] = count
             else:
@@ -302,6 +303,10 @@ class Access(Policies):
         if changed:
             for link in self.links.values():
                 link.send(ipc.ChannelTotals(changed))
+
+    def _channel_totals(self) -> dict[str, int]:
+        """Every user's channels over all workers (a HELLO's snapshot)."""
+        return {user: sum(by.values()) for user, by in self.user_channels.items()}
 
     def _disconnect(self, text: str, vhost: str = "", user: str = "") -> None:
         """Close the matching connections on every worker (320)."""

@@ -90,7 +90,6 @@ class Scheduler(Notification):
         self.user_channels = {}
         self.introspection = Introspection(self, socket_path(config.runtime_path()))
         self.stats = Counters(seg, layout.scheduler_slot(seg.layout))
-        self.definitions_digest = b""  # of the --load-definitions file last imported
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
@@ -167,8 +166,8 @@ class Scheduler(Notification):
         except OSError as exc:
             log.error("definitions file not imported: %s", exc)
             return
-        digest = hashlib.sha256(content).digest()
-        if digest == self.definitions_digest:
+        digest = int.from_bytes(hashlib.sha256(content).digest()[:8], "little")
+        if digest == self.a.load(layout.H_DEFINITIONS_DIGEST):
             return
         try:
             document = msgspec.json.decode(content)
@@ -179,7 +178,7 @@ class Scheduler(Notification):
         if "error" in answer:
             log.error("definitions file %s not imported: %s", path, answer["error"])
             return
-        self.definitions_digest = digest
+        self.a.store(layout.H_DEFINITIONS_DIGEST, digest)
         log.info("definitions imported from %s", path)
 
     # ------------------------------------------------------------ messages
@@ -193,19 +192,21 @@ class Scheduler(Notification):
                 self._reply(worker, cast(ipc.Request, m).req, _REQUESTS[cls](self, worker, m))
         except errors.AMQPError as exc:
             if isinstance(m, ipc.Request):
-                self.links[worker].send(ipc.Reply(m.req, False, [exc.reply_code, exc.reply_text]))
+                self.all_links[worker].send(
+                    ipc.Reply(m.req, False, [exc.reply_code, exc.reply_text])
+                )
             else:
                 log.warning("worker %d: %s", worker, exc)
         except Exception:
             # A bug must not cost the other messages of the batch or the process.
             log.exception("worker %d: failed to handle %r", worker, m)
             if isinstance(m, ipc.Request):
-                self.links[worker].send(ipc.Reply(m.req, False, [541, "INTERNAL_ERROR"]))
+                self.all_links[worker].send(ipc.Reply(m.req, False, [541, "INTERNAL_ERROR"]))
         self._compact_durable_if_due()
         self.settles.flush()
 
     def _reply(self, worker: int, req: int, payload: Any) -> None:
-        self.links[worker].send(ipc.Reply(req, True, payload))
+        self.all_links[worker].send(ipc.Reply(req, True, payload))
 
     # Requests: each returns the payload of its reply (see _REQUESTS).
     def _on_declare(self, worker: int, m: ipc.Declare) -> list[Any]:
@@ -277,9 +278,9 @@ class Scheduler(Notification):
         self.introspection.on_consumers(worker, m.req, m.consumers)
 
     def _on_worker_gone(self, worker: int, m: ipc.WorkerGone) -> None:
-        self._worker_gone(worker)  # the link it came on says which: m.worker is the same
-        if m.retired:
+        if m.retired:  # first: nothing more is sent to its slot's link
             self.links.pop(worker, None)
+        self._worker_gone(worker)  # the link it came on says which: m.worker is the same
 
     def _on_channel_counts(self, worker: int, m: ipc.ChannelCounts) -> None:
         self._channel_counts(worker, m.counts)
@@ -288,6 +289,10 @@ class Scheduler(Notification):
         if worker not in self.links and worker in self.all_links:
             self.links[worker] = self.all_links[worker]  # a worker added at runtime
         self._hello(worker, m)
+        # Users' channels as this scheduler knows them, all of them: a new
+        # worker has none, and a new scheduler's may differ from what an
+        # old one sent (workers/user_channels.py).
+        self.all_links[worker].send(ipc.ChannelTotals(self._channel_totals(), True))
 
 
 _M = TypeVar("_M", bound=ipc.Message)

@@ -66,11 +66,13 @@ class Transfer(Access):
             for i in range(offsets.limits.max_workers)
             if a.load(offsets.proc(i) + layout.P_RETIRING)
         ]
+        serving = all(a.load(offsets.proc(i) + layout.P_READY) for i in range(workers))
         row = {
             "wanted": a.load(layout.H_WORKERS_WANTED),
             "workers": workers,
             "max_workers": offsets.limits.max_workers,
             "settled": current == nxt == workers == a.load(layout.H_WORKERS_WANTED)
+            and serving
             and not retiring,
             "retiring": retiring,
         }

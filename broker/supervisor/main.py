@@ -184,15 +184,22 @@ class Supervisor:
             self.children.append(Child("management"))
 
     def configure_memory(self) -> None:
-        """The memory guard's marks (shm/memory.py): each worker's share of
-        RAM depends on the worker count."""
+        """The memory guard's marks (shm/memory.py): each arena's share of
+        RAM depends on how many arenas hold bodies: the workers', and any
+        retired worker's that still does (others deliver and free them)."""
         config, seg = self.config, self.seg
         assert seg is not None
+        a, offsets = seg.atomic, seg.layout
+        arenas = self.workers + sum(
+            1
+            for i in range(self.workers, offsets.limits.max_workers)
+            if a.load(offsets.arena(i) + layout.A_USED)
+        )
         memory.configure(
             seg,
             memory.watermarks(
                 seg.layout.limits.arena_bytes,
-                self.workers,
+                arenas,
                 arena_share=config.arena_high_watermark,
                 ram_share=config.memory_high_watermark,
                 low_ratio=config.memory_low_watermark,
@@ -315,7 +322,10 @@ class Supervisor:
             for fd in self._wake_fds:
                 os.close(fd)
             for sig in _SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
+                # Reload and scaling signals are ignored until a child sets
+                # its handler (a SIGHUP during a worker's boot must not kill it).
+                ignored = sig in (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
+                signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
             code = self._child_main(child)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 0
@@ -453,6 +463,21 @@ class Supervisor:
         a.store(slot + layout.P_CONNECTIONS, 0)
         if released:
             log.info("worker %d: %d messages requeued", index, sum(released.values()))
+
+    def drop_handoffs(self, index: int) -> None:
+        """Close the sockets the acceptor handed a worker that is gone for
+        good (picked just before it retired): their clients see a close
+        rather than wait for a worker that never reads them."""
+        end = self.handoff_pairs[index][1]
+        while True:
+            try:
+                _kind, fds, _flags, _addr = socket.recv_fds(end, 64, 16, socket.MSG_DONTWAIT)
+            except (BlockingIOError, OSError):
+                return
+            if not fds:
+                return
+            for fd in fds:
+                os.close(fd)
 
     # ------------------------------------------------------------ status
     def _pet_watchdog(self) -> None:

@@ -50,6 +50,7 @@ class Supervised(Protocol):
     def spawn(self, child: Child) -> None: ...
     def recover_worker(self, index: int, retired: bool = False) -> None: ...
     def configure_memory(self) -> None: ...
+    def drop_handoffs(self, index: int) -> None: ...
 
 
 class Scaling:
@@ -60,6 +61,7 @@ class Scaling:
         self.transition = 0  # the ownership generation being acknowledged (0: none)
         self.transition_since = 0.0
         self.warned = False
+        self.waiting_for_slot = False
 
     @property
     def busy(self) -> bool:
@@ -107,12 +109,22 @@ class Scaling:
         seg = self._seg()
         index = sup.workers
         if any(c.role == "io-worker" and c.index == index for c in sup.children):
-            return  # the slot's worker is still retiring (paging in): wait for it
+            # The slot's worker is still retiring, paging in what its paging
+            # files hold (as queues make room): the new one waits for it.
+            if not self.waiting_for_slot:
+                self.waiting_for_slot = True
+                log.warning("IO worker %d still retiring: adding it back waits for it", index)
+            return
+        self.waiting_for_slot = False
         a, slot = seg.atomic, seg.layout.proc(index)
         for word in (layout.P_OWNERSHIP_SEEN, layout.P_RETIRING, layout.P_CONNECTIONS):
             a.store(slot + word, 0)
         self._begin(index + 1)
         child = Child("io-worker", index)
+        # The slot's next incarnation, not its first again: message-store
+        # segment names and connection ids carry it, and a retired worker's
+        # segments may still be on disk under its numbers.
+        child.incarnation = a.load(slot + layout.P_INCARNATION)
         sup.children.append(child)
         sup.spawn(child)
         sup.workers += 1
@@ -145,6 +157,7 @@ class Scaling:
         sup = self.sup
         seg = self._seg()
         sup.recover_worker(child.index, retired=True)
+        sup.drop_handoffs(child.index)
         a, slot = seg.atomic, seg.layout.proc(child.index)
         for word in (layout.P_ROLE, layout.P_READY, layout.P_ALARMS, layout.P_DISK_FREE):
             a.store(slot + word, 0)

@@ -9,6 +9,8 @@ user made at the first start only. Every wait is bounded."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -361,6 +363,20 @@ def test_user_max_channels_count_over_all_connections(user_in_vhost: Broker) -> 
     assert kept[0].is_open  # lowering a limit closes nothing
     ctl(broker, "clear_user_limits", "u", "max-channels")
     first.channel().queue_declare("after-clear")  # applies to open connections
+
+
+def test_channel_counts_survive_a_scheduler_restart(user_in_vhost: Broker) -> None:
+    """The counts live in the workers; a new scheduler gathers them again
+    and its first totals replace what the old one had sent."""
+    broker = user_in_vhost
+    grant(broker, ".*", ".*", ".*")
+    ctl(broker, "set_user_limits", "u", '{"max-channels": 1}')
+    holder = login(broker, "u", "pw", "v")
+    holder.channel()
+    wait_for(lambda: _channel_refusal(broker) != "", 10, "the limit to be reached")
+    os.kill(broker.pids("scheduler")[0], signal.SIGKILL)
+    holder.close()  # while no scheduler hears of it
+    wait_for(lambda: _channel_refusal(broker) == "", 20, "the channel to be uncounted")
 
 
 def _channel_refusal(broker: Broker) -> str:

@@ -162,3 +162,34 @@ def test_streams_and_expiry_move_to_their_new_owners(broker_factory: Any) -> Non
         got = consume(conn, name, 80, offset="first")
         assert got == [(i, f"m{i}".encode()) for i in range(80)], name
     assert drain(conn, "dead", 4) == [b"t0", b"t1", b"t2", b"t3"]
+
+
+def test_a_worker_back_in_a_retired_slot_keeps_its_predecessors_messages(
+    broker_factory: Any,
+) -> None:
+    """The slot's message-store segments outlive a retirement: the worker
+    added back in it writes its own next to them (its next incarnation)."""
+    broker = broker_factory(workers=2, args=("--max-workers", "2"))
+    stays, goes = connections_on_both_workers(broker)
+    if worker_of(stays) != 0:
+        stays, goes = goes, stays
+    stays.channel().queue_declare("kept-on-disk", durable=True)
+
+    def publish_persistent(conn: pika.BlockingConnection, prefix: str) -> None:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(10):
+            ch.basic_publish(
+                "", "kept-on-disk", f"{prefix}{i}".encode(), pika.BasicProperties(delivery_mode=2)
+            )
+
+    publish_persistent(goes, "old")
+    scale(broker, signal.SIGTTOU, 1)
+    done = shoal(broker, "ctl", "set_worker_count", "2")
+    assert done.returncode == 0, done.stderr
+    again = connect(broker)
+    assert worker_of(again) == 1
+    publish_persistent(again, "new")
+    expected = [f"old{i}".encode() for i in range(10)] + [f"new{i}".encode() for i in range(10)]
+    assert drain(stays, "kept-on-disk", 20) == expected
+    assert len(broker.pids("io-worker")) == 2  # nobody died on the way
