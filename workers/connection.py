@@ -19,7 +19,7 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.shm import flow, layout, memory, stats
-from shoal.workers import framing, tls
+from shoal.workers import framing, negotiation, tls
 from shoal.workers.access import ConnectionAccess
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import ChannelState
@@ -406,18 +406,9 @@ class Connection(Handshake, asyncio.Protocol):
             )
         index = framing.method_index(payload) if ftype == framing.FRAME_METHOD else 0
         if index == C.Channel.Open.index:
-            # RabbitMQ limits how many channels are open, not their numbers.
-            if self.channel_max and len(self.channels) >= self.channel_max:
-                raise errors.ConnectionError_(
-                    errors.NOT_ALLOWED,
-                    f"number of channels opened ({len(self.channels)}) has reached the "
-                    f"negotiated channel_max ({self.channel_max})",
-                )
-            self.ctx.user_channels.check_open(
-                self.user,
-                self.ctx.routes.definitions.users,
-                self.ctx.connections,
-            )
+            negotiation.check_channel_max(len(self.channels), self.channel_max)
+            ctx = self.ctx
+            ctx.user_channels.check_open(self.user, ctx.routes.definitions.users, ctx.connections)
             self.channels[number] = Channel(self, number)
             self.ctx.stats.v[stats.CHANNELS_OPENED] += 1
             self.write(framing.encode_method(number, C.Channel.OpenOk()))

@@ -107,6 +107,17 @@ def check_vhost_access(
     return vhost_id
 
 
+def check_channel_max(open_now: int, channel_max: int) -> None:
+    """Before a channel.open: RabbitMQ limits how many channels are open
+    (not their numbers) to the negotiated channel_max."""
+    if channel_max and open_now >= channel_max:
+        raise errors.ConnectionError_(
+            errors.NOT_ALLOWED,
+            f"number of channels opened ({open_now}) has reached the "
+            f"negotiated channel_max ({channel_max})",
+        )
+
+
 def check_tune_ok(method: C.Connection.TuneOk, frame_max: int, channel_max: int) -> None:
     """The client's connection.tune-ok within what we offered, or RabbitMQ's
     error (with the class/method ids of connection.tune)."""
