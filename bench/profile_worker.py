@@ -29,6 +29,7 @@ from shoal.shm.segment import Segment
 from shoal.workers.connection import Connection
 from shoal.workers.consumer import Consumer, pull
 from shoal.workers.context import WorkerContext
+from shoal.workers.handshake import OPEN
 
 
 class FakeTransport:
@@ -66,11 +67,33 @@ def publish_frames(n: int, size: int) -> bytes:
     return one * n
 
 
+class AllowAll:
+    """A connection's access (workers/access.py) that grants everything:
+    the harness has no login."""
+
+    def refresh(self) -> None:
+        pass
+
+    def may_publish(self, exchange: bytes, routing_key: bytes) -> bool:
+        return True
+
+    def check_publish(self, exchange: bytes, routing_key: bytes) -> None:
+        pass
+
+    def check_user_id(self, raw_header: bytes) -> None:
+        pass
+
+
+def ack_frame(tag: int) -> bytes:
+    return pamqp_frame.marshal(C.Basic.Ack(delivery_tag=tag, multiple=True), 1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--messages", type=int, default=50_000)
     p.add_argument("--size", type=int, default=64)
-    p.add_argument("--deliver", action="store_true")
+    p.add_argument("--deliver", action="store_true", help="and deliver, acked every 100")
+    p.add_argument("--chunk", type=int, default=65536, help="bytes per socket read")
     p.add_argument("--profile", action="store_true")
     ns = p.parse_args()
     d = tempfile.mkdtemp()
@@ -83,33 +106,49 @@ def main() -> None:
     from shoal.shm.queues import QueueStore
 
     QueueStore(seg).create(0, b"bench", 0, 0)
-    conn = Connection(ctx)
-    conn.connection_made(FakeTransport())
     from shoal.workers.channel import Channel
 
-    conn.state = 4  # OPEN
-    conn.channels[1] = Channel(conn, 1)
+    # The publisher's connection and the consumer's (one worker serves both).
+    conn, sub = Connection(ctx), Connection(ctx)
+    for c in (conn, sub):
+        c.connection_made(FakeTransport())
+        c.access = AllowAll()  # type: ignore[assignment]
+        c.state = OPEN
+        c.channels[1] = Channel(c, 1)
+    ch = sub.channels[1]
+    ch.prefetch_count = 500
+    consumer = Consumer(1, b"ctag", ch, 0, b"bench", False, False, 0)
+    ctx.consumers[1] = consumer
     data = publish_frames(ns.messages, ns.size)
-    chunks = [data[i : i + 65536] for i in range(0, len(data), 65536)]
+    chunks = [data[i : i + ns.chunk] for i in range(0, len(data), ns.chunk)]
     prof = cProfile.Profile() if ns.profile else None
+    acked = 0
     t0 = time.process_time()
     if prof:
         prof.enable()
     for chunk in chunks:
         conn.data_received(chunk)
-    if ns.deliver:
-        ch = conn.channels[1]
-        consumer = Consumer(1, b"ctag", ch, 0, b"bench", True, False, 0)
-        ctx.consumers[1] = consumer
-        while ctx.store.word(0, layout.Q_READY):
-            pull(ctx, consumer)
-            conn.flush()
+        conn.flush()
+        if ns.deliver:
+            # Deliver what is ready and ack it every 100, as a consumer with
+            # prefetch 500 and multi-ack 100 does.
+            while ctx.store.word(0, layout.Q_READY):
+                pull(ctx, consumer)
+                sub.flush()
+                while ch.next_tag - 1 - acked >= 100 or (
+                    ch.next_tag - 1 > acked and not ctx.store.word(0, layout.Q_READY)
+                ):
+                    acked = min(acked + 100, ch.next_tag - 1)
+                    sub.data_received(ack_frame(acked))
     if prof:
         prof.disable()
     dt = time.process_time() - t0  # CPU time: steadier than wall time on a shared machine
+    assert not conn.closed and sub.channels[1] is ch, "the harness's channel was closed"
+    routed = ctx.store.word(0, layout.Q_PUBLISHED)
+    assert routed == ns.messages, f"{routed} of {ns.messages} messages reached the queue"
     print(
         f"{ns.messages} messages of {ns.size} B: {dt / ns.messages * 1e6:.2f} µs/msg "
-        f"({ns.messages / dt:,.0f} msg/s){' incl. delivery' if ns.deliver else ''}"
+        f"({ns.messages / dt:,.0f} msg/s){' incl. delivery and ack' if ns.deliver else ''}"
     )
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
