@@ -201,8 +201,12 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
  * each instead of 6-10 atomic calls from Python. Field offsets of the queue
  * record are module constants; shm/layout.py asserts they match its own.
  */
+#define QUEUE_SIZE 1024
 #define Q_STATE 0
 #define Q_TAIL 8
+#define Q_WATCH 32
+#define Q_CAPACITY 424
+#define Q_OVERFLOW 472
 #define Q_CHANGES 24
 #define Q_PUBLISHED 96
 #define QS_ACTIVE 1ULL
@@ -229,6 +233,9 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define B_REFS 8
 #define A_USED 0
 #define A_LIVE 8
+#define ARENA_HEADER 64
+#define BLOCK_MIN_SPLIT 64
+#define HOLD (1ULL << 62)
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
 #define CAS(p, e, d) \
@@ -244,7 +251,7 @@ queue_args(AtomicObject *self, PyObject *const *args, uint64_t **q, char **ring,
     *mask = PyLong_AsUnsignedLongLong(args[2]);
     if (PyErr_Occurred())
         return -1;
-    if (!self->has_view || qoff < 0 || qoff + 128 > self->len || (qoff & 7) || roff < 0 ||
+    if (!self->has_view || qoff < 0 || qoff + QUEUE_SIZE > self->len || (qoff & 7) || roff < 0 ||
         (roff & 7) || roff + (Py_ssize_t)((*mask + 1) * 16) > self->len) {
         PyErr_SetString(PyExc_IndexError, "queue or ring out of range");
         return -1;
@@ -339,6 +346,68 @@ Atomic_acquire(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
  * instructions, not of Python code. Returns 1, or 0 if the entry is no
  * longer this owner's (its queue was deleted, or it was released).
  */
+/* ack's steps (the comment above) for entry `seq`: 1, 0 (not ours), or -1
+ * with an exception set. */
+static int
+ack_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask, uint64_t seq,
+          uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping)
+{
+    uint64_t *cell = cell_of(ring, mask, seq);
+    uint64_t w = LOAD(cell);
+    if ((w >> SEQ_SHIFT) != seq || (w & ST_MASK) != ST_ACQUIRED || (w & OWNER_BITS) != owner)
+        return 0;
+    uint64_t block = LOAD(cell + 1);
+    if (block < (uint64_t)arenas || (block & 7) || block + 16 > (uint64_t)self->len) {
+        PyErr_Format(PyExc_IndexError, "cell %llu refers to a block out of range",
+                     (unsigned long long)seq);
+        return -1;
+    }
+    /* Read the size while our entry still holds a reference (see
+     * shm/arena.py), before the CAS, so that only the reference drop lies
+     * between the CAS and the drop: a kill in that window leaks the body. */
+    uint64_t *b = (uint64_t *)(self->base + block);
+    uint64_t size = LOAD(b + B_SIZE / 8);
+    uint64_t body = block + MSG_BODY_LEN + 8 <= (uint64_t)self->len ? b[MSG_BODY_LEN / 8] : 0;
+    __atomic_store_n(dropping, block, __ATOMIC_SEQ_CST);
+    if (!CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED)) {
+        __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    if (ADD(b + B_REFS / 8, (uint64_t)-1) == 1) {
+        uint64_t *arena = (uint64_t *)(self->base + arenas +
+                                       (block - arenas) / arena_bytes * arena_bytes);
+        ADD(arena + A_USED / 8, (uint64_t)0 - size);
+        ADD(arena + A_LIVE / 8, (uint64_t)-1);
+    }
+    __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
+    ADD(q + Q_UNACKED / 8, (uint64_t)-1);
+    ADD(q + Q_BYTES / 8, (uint64_t)0 - body);
+    ADD(q + Q_ACKED / 8, 1);
+    if (LOAD(q + Q_HEAD / 8) == seq)
+        advance_head(q, ring, mask);
+    return 1;
+}
+
+/* ack's and ack_many's arguments after (queue, ring, mask). */
+static int
+ack_args(AtomicObject *self, PyObject *const *args, uint64_t *owner, Py_ssize_t *arenas,
+         Py_ssize_t *arena_bytes, uint64_t **dropping)
+{
+    *owner = PyLong_AsUnsignedLongLong(args[0]);
+    *arenas = PyLong_AsSsize_t(args[1]);
+    *arena_bytes = PyLong_AsSsize_t(args[2]);
+    /* The caller's P_DROPPING word: names the block from before the CAS
+     * until after the drop, so a recovery recount sees the drop in flight. */
+    *dropping = word_at(self, args[3]);
+    if (PyErr_Occurred() || *dropping == NULL)
+        return -1;
+    if (*arenas < 0 || *arena_bytes <= 0 || (*arenas & 7) || (*arena_bytes & 7)) {
+        PyErr_SetString(PyExc_ValueError, "bad arena geometry");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -353,52 +422,85 @@ Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (queue_args(self, args, &q, &ring, &mask) < 0)
         return NULL;
     uint64_t seq = PyLong_AsUnsignedLongLong(args[3]);
-    uint64_t owner = PyLong_AsUnsignedLongLong(args[4]);
-    Py_ssize_t arenas = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t arena_bytes = PyLong_AsSsize_t(args[6]);
-    /* The caller's P_DROPPING word: names the block from before the CAS
-     * until after the drop, so a recovery recount sees the drop in flight. */
-    uint64_t *dropping = word_at(self, args[7]);
-    if (PyErr_Occurred() || dropping == NULL)
+    uint64_t owner, *dropping;
+    Py_ssize_t arenas, arena_bytes;
+    if ((seq == (uint64_t)-1 && PyErr_Occurred()) ||
+        ack_args(self, args + 4, &owner, &arenas, &arena_bytes, &dropping) < 0)
         return NULL;
-    if (arenas < 0 || arena_bytes <= 0 || (arenas & 7) || (arena_bytes & 7)) {
-        PyErr_SetString(PyExc_ValueError, "bad arena geometry");
+    int done = ack_entry(self, q, ring, mask, seq, owner, arenas, arena_bytes, dropping);
+    return done < 0 ? NULL : PyLong_FromLong(done);
+}
+
+/*
+ * ack_many(queue, ring, mask, seqs, owner_bits, arenas, arena_bytes, dropping) -> int
+ * ack() for each seq of the list `seqs`, in its order; returns how many
+ * were this owner's.
+ */
+static PyObject *
+Atomic_ack_many(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t *q;
+    char *ring;
+    unsigned long long mask;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "ack_many(queue, ring, mask, seqs, owner_bits, "
+                                         "arenas, arena_bytes, dropping)");
         return NULL;
     }
-    uint64_t *cell = cell_of(ring, mask, seq);
-    uint64_t w = LOAD(cell);
-    if ((w >> SEQ_SHIFT) != seq || (w & ST_MASK) != ST_ACQUIRED || (w & OWNER_BITS) != owner)
-        return PyLong_FromLong(0);
-    uint64_t block = LOAD(cell + 1);
-    if (block < (uint64_t)arenas || (block & 7) || block + 16 > (uint64_t)self->len) {
-        PyErr_Format(PyExc_IndexError, "cell %llu refers to a block out of range",
-                     (unsigned long long)seq);
+    if (queue_args(self, args, &q, &ring, &mask) < 0)
+        return NULL;
+    if (!PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "seqs must be a list");
         return NULL;
     }
-    /* Read the size while our entry still holds a reference (see
-     * shm/arena.py), before the CAS, so that only the reference drop lies
-     * between the CAS and the drop: a kill in that window leaks the body. */
+    uint64_t owner, *dropping;
+    Py_ssize_t arenas, arena_bytes;
+    if (ack_args(self, args + 4, &owner, &arenas, &arena_bytes, &dropping) < 0)
+        return NULL;
+    long done = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[3]); i++) {
+        uint64_t seq = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(args[3], i));
+        if (seq == (uint64_t)-1 && PyErr_Occurred())
+            return NULL;
+        int got = ack_entry(self, q, ring, mask, seq, owner, arenas, arena_bytes, dropping);
+        if (got < 0)
+            return NULL;
+        done += got;
+    }
+    return PyLong_FromLong(done);
+}
+
+/*
+ * release_hold(block, arenas, arena_bytes) -> bool
+ * The owner is done routing a block: drop its HOLD bit, and account the
+ * block free in its arena if that was the last reference (shm/arena.py
+ * release_hold, in one call). True if that freed it.
+ */
+static PyObject *
+Atomic_release_hold(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "release_hold(block, arenas, arena_bytes)");
+        return NULL;
+    }
+    Py_ssize_t block = PyLong_AsSsize_t(args[0]);
+    Py_ssize_t arenas = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t arena_bytes = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!self->has_view || block < arenas || (block & 7) || block + 16 > self->len ||
+        arenas < 0 || arena_bytes <= 0 || (arenas & 7) || (arena_bytes & 7)) {
+        PyErr_SetString(PyExc_IndexError, "block out of range");
+        return NULL;
+    }
     uint64_t *b = (uint64_t *)(self->base + block);
     uint64_t size = LOAD(b + B_SIZE / 8);
-    uint64_t body = block + MSG_BODY_LEN + 8 <= (uint64_t)self->len ? b[MSG_BODY_LEN / 8] : 0;
-    __atomic_store_n(dropping, block, __ATOMIC_SEQ_CST);
-    if (!CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED)) {
-        __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
-        return PyLong_FromLong(0);
-    }
-    if (ADD(b + B_REFS / 8, (uint64_t)-1) == 1) {
-        uint64_t *arena = (uint64_t *)(self->base + arenas +
-                                       (block - arenas) / arena_bytes * arena_bytes);
-        ADD(arena + A_USED / 8, (uint64_t)0 - size);
-        ADD(arena + A_LIVE / 8, (uint64_t)-1);
-    }
-    __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
-    ADD(q + Q_UNACKED / 8, (uint64_t)-1);
-    ADD(q + Q_BYTES / 8, (uint64_t)0 - body);
-    ADD(q + Q_ACKED / 8, 1);
-    if (LOAD(q + Q_HEAD / 8) == seq)
-        advance_head(q, ring, mask);
-    return PyLong_FromLong(1);
+    if (ADD(b + B_REFS / 8, (uint64_t)0 - HOLD) != HOLD)
+        Py_RETURN_FALSE;
+    uint64_t *arena = (uint64_t *)(self->base + arenas + (block - arenas) / arena_bytes * arena_bytes);
+    ADD(arena + A_USED / 8, (uint64_t)0 - size);
+    ADD(arena + A_LIVE / 8, (uint64_t)-1);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *
@@ -426,31 +528,11 @@ Atomic_advance_head(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
  * the queue was deleted after the cell was published (the caller takes the
  * entry back). The Python original is QueueStore.append's docstring.
  */
-static PyObject *
-Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* append's steps (the comment above); returns what append returns. */
+static long long
+append_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask,
+             uint64_t block, Py_ssize_t ioff, uint64_t qid)
 {
-    uint64_t *q;
-    char *ring;
-    unsigned long long mask;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "append(queue, ring, mask, block, intent, qid)");
-        return NULL;
-    }
-    if (queue_args(self, args, &q, &ring, &mask) < 0)
-        return NULL;
-    uint64_t block = PyLong_AsUnsignedLongLong(args[3]);
-    Py_ssize_t ioff = PyLong_AsSsize_t(args[4]);
-    uint64_t qid = PyLong_AsUnsignedLongLong(args[5]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (ioff < 0 || (ioff & 7) || ioff + P_INTENT_SEQ + 8 > self->len) {
-        PyErr_SetString(PyExc_IndexError, "intent slot out of range");
-        return NULL;
-    }
-    if ((block & 7) || block + MSG_BODY_LEN + 8 > (uint64_t)self->len) {
-        PyErr_SetString(PyExc_IndexError, "block out of range");
-        return NULL;
-    }
     /* The publisher wrote the record before appending: its body length is
      * what the queue's byte count (Q_BYTES) adds. */
     uint64_t body = *(uint64_t *)(self->base + block + MSG_BODY_LEN);
@@ -458,12 +540,12 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t *intent_seq = (uint64_t *)(self->base + ioff + P_INTENT_SEQ);
     uint64_t state = LOAD(q + Q_STATE / 8);
     if ((state & 0xFF) != QS_ACTIVE)
-        return PyLong_FromLong(-1);
+        return -1;
     uint64_t t;
     for (;;) {
         t = LOAD(q + Q_TAIL / 8);
         if (t - LOAD(q + Q_HEAD / 8) >= mask + 1)
-            return PyLong_FromLong(-1);
+            return -1;
         __atomic_store_n(intent_seq, t, __ATOMIC_SEQ_CST);
         __atomic_store_n(intent_queue, qid + 1, __ATOMIC_SEQ_CST);
         uint64_t expected = t;
@@ -479,9 +561,9 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
         published = CAS(cell, &old, (t << SEQ_SHIFT) | ST_AVAILABLE);
     __atomic_store_n(intent_queue, 0, __ATOMIC_SEQ_CST);
     if (!published)
-        return PyLong_FromLong(-1);
+        return -1;
     if (LOAD(q + Q_STATE / 8) != state)
-        return PyLong_FromLongLong(-2 - (long long)t);
+        return -2 - (long long)t;
     /* CHANGES before READY: the scheduler reads READY then CHANGES, so a
      * READY it sees counting this entry comes with a CHANGES that does too
      * (shm/ARCHITECTURE.md 7, "several consumers"). */
@@ -490,16 +572,171 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     ADD(q + Q_BYTES / 8, body);
     ADD(q + Q_READY_BYTES / 8, body);
     ADD(q + Q_PUBLISHED / 8, 1);
-    return PyLong_FromUnsignedLongLong(t);
+    return (long long)t;
+}
+
+/* append's and publish's arguments, (queue, ring, mask, block, intent,
+ * qid), parsed and checked: 0, or -1 with an exception set. */
+static int
+append_call(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs, const char *usage,
+            uint64_t **q, char **ring, unsigned long long *mask, uint64_t *block,
+            Py_ssize_t *ioff, uint64_t *qid)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    if (queue_args(self, args, q, ring, mask) < 0)
+        return -1;
+    *block = PyLong_AsUnsignedLongLong(args[3]);
+    *ioff = PyLong_AsSsize_t(args[4]);
+    *qid = PyLong_AsUnsignedLongLong(args[5]);
+    if (PyErr_Occurred())
+        return -1;
+    if (*ioff < 0 || (*ioff & 7) || *ioff + P_INTENT_SEQ + 8 > self->len) {
+        PyErr_SetString(PyExc_IndexError, "intent slot out of range");
+        return -1;
+    }
+    if ((*block & 7) || *block + MSG_BODY_LEN + 8 > (uint64_t)self->len) {
+        PyErr_SetString(PyExc_IndexError, "block out of range");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t *q, block, qid;
+    char *ring;
+    unsigned long long mask;
+    Py_ssize_t ioff;
+    if (append_call(self, args, nargs, "append(queue, ring, mask, block, intent, qid)", &q, &ring,
+                    &mask, &block, &ioff, &qid) < 0)
+        return NULL;
+    return PyLong_FromLongLong(append_entry(self, q, ring, mask, block, ioff, qid));
+}
+
+/*
+ * publish(queue, ring, mask, block, intent, qid) -> int
+ * QueueStore.publish for a queue with no rules, in one call: None if the
+ * queue has a length limit or a capacity (nothing done: the Python path
+ * applies them); else one more reference to the block, append (the
+ * reference taken back if append returns -1: full, or gone), and the
+ * scheduler's watch word taken if it waits (shm/wake.py work_added).
+ * Returns append's result; a seq comes back as seq * 2 + 1 when the caller
+ * must kick the scheduler (Waker.kick), seq * 2 when not.
+ */
+static PyObject *
+Atomic_publish(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t *q, block, qid;
+    char *ring;
+    unsigned long long mask;
+    Py_ssize_t ioff;
+    if (append_call(self, args, nargs, "publish(queue, ring, mask, block, intent, qid)", &q,
+                    &ring, &mask, &block, &ioff, &qid) < 0)
+        return NULL;
+    if (LOAD(q + Q_OVERFLOW / 8) || LOAD(q + Q_CAPACITY / 8))
+        Py_RETURN_NONE;
+    uint64_t *refs = (uint64_t *)(self->base + block + B_REFS);
+    ADD(refs, 1);
+    long long t = append_entry(self, q, ring, mask, block, ioff, qid);
+    if (t == -1) {
+        ADD(refs, (uint64_t)-1);
+        return PyLong_FromLong(-1);
+    }
+    if (t < 0)
+        return PyLong_FromLongLong(t);
+    uint64_t one = 1;
+    int kick = LOAD(q + Q_WATCH / 8) && CAS(q + Q_WATCH / 8, &one, 0);
+    return PyLong_FromLongLong(t * 2 + kick);
+}
+
+/*
+ * alloc(base, end, cursor, need) -> (block, next cursor, arena used) | None
+ *
+ * The owner's next-fit allocation in its arena (shm/arena.py Arena.alloc,
+ * whose docstring and comments give the order of the writes and why; the
+ * Python original, Arena.alloc_steps, is what the crash tests interpose
+ * on). `need` is the whole block, header included, already aligned. The
+ * block comes back held (HOLD). None: no room.
+ */
+static PyObject *
+Atomic_alloc(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "alloc(base, end, cursor, need)");
+        return NULL;
+    }
+    Py_ssize_t base = PyLong_AsSsize_t(args[0]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t need = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t first = base + ARENA_HEADER;
+    if (!self->has_view || base < 0 || (base & 7) || end > self->len || end <= first ||
+        off < first || off >= end || (off & 7) || need < 16 || (need & 7)) {
+        PyErr_SetString(PyExc_IndexError, "arena out of range");
+        return NULL;
+    }
+    char *m = self->base;
+#define W(at) ((uint64_t *)(m + (at)))
+    Py_ssize_t total = end - first, scanned = 0;
+    while (scanned < total + need) {
+        uint64_t size = LOAD(W(off + B_SIZE));
+        if (size < 16 || (size & 7) || size > (uint64_t)(end - off))
+            break; /* not a block boundary: never so in a consistent arena */
+        if (LOAD(W(off + B_REFS)) == 0) {
+            Py_ssize_t nxt = off + (Py_ssize_t)size;
+            while (size < (uint64_t)need && nxt < end && LOAD(W(nxt + B_REFS)) == 0) {
+                uint64_t more = LOAD(W(nxt + B_SIZE));
+                if (more < 16 || more > (uint64_t)(end - nxt))
+                    break;
+                size += more;
+                nxt = off + (Py_ssize_t)size;
+                __atomic_store_n(W(off + B_SIZE), size, __ATOMIC_SEQ_CST);
+            }
+            if (size >= (uint64_t)need) {
+                if (size - need >= BLOCK_MIN_SPLIT) {
+                    __atomic_store_n(W(off + need + B_REFS), 0, __ATOMIC_SEQ_CST);
+                    __atomic_store_n(W(off + need + B_SIZE), size - need, __ATOMIC_SEQ_CST);
+                    __atomic_store_n(W(off + B_SIZE), (uint64_t)need, __ATOMIC_SEQ_CST);
+                    size = need;
+                }
+                uint64_t used = ADD(W(base + A_USED), size) + size;
+                ADD(W(base + A_LIVE), 1);
+                __atomic_store_n(W(off + B_REFS), HOLD, __ATOMIC_SEQ_CST);
+                nxt = off + (Py_ssize_t)size;
+                return Py_BuildValue("(nnK)", off, nxt < end ? nxt : first,
+                                     (unsigned long long)used);
+            }
+        }
+        scanned += (Py_ssize_t)size;
+        off += (Py_ssize_t)size;
+        if (off >= end)
+            off = first;
+    }
+#undef W
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef Atomic_methods[] = {
+    {"alloc", (PyCFunction)(void (*)(void))Atomic_alloc, METH_FASTCALL,
+     "Allocate a held block in the owner's arena."},
+    {"publish", (PyCFunction)(void (*)(void))Atomic_publish, METH_FASTCALL,
+     "Publish a body reference to a queue with no rules."},
     {"append", (PyCFunction)(void (*)(void))Atomic_append, METH_FASTCALL,
      "Publish a body reference at a queue's tail."},
     {"acquire", (PyCFunction)(void (*)(void))Atomic_acquire, METH_FASTCALL,
      "Acquire the first AVAILABLE entry of a queue log."},
     {"ack", (PyCFunction)(void (*)(void))Atomic_ack, METH_FASTCALL,
      "Delete an entry this owner acquired."},
+    {"ack_many", (PyCFunction)(void (*)(void))Atomic_ack_many, METH_FASTCALL,
+     "Delete entries this owner acquired, in order."},
+    {"release_hold", (PyCFunction)(void (*)(void))Atomic_release_hold, METH_FASTCALL,
+     "Drop the HOLD bit of a block the owner routed."},
     {"advance_head", (PyCFunction)(void (*)(void))Atomic_advance_head, METH_FASTCALL,
      "Move a queue's head past deleted cells."},
     {"load", (PyCFunction)(void (*)(void))Atomic_load, METH_FASTCALL, "Atomic 64-bit load."},
@@ -554,7 +791,14 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "B_SIZE", B_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "B_REFS", B_REFS) < 0 ||
         PyModule_AddIntConstant(m, "A_USED", A_USED) < 0 ||
-        PyModule_AddIntConstant(m, "A_LIVE", A_LIVE) < 0) {
+        PyModule_AddIntConstant(m, "A_LIVE", A_LIVE) < 0 ||
+        PyModule_AddIntConstant(m, "ARENA_HEADER", ARENA_HEADER) < 0 ||
+        PyModule_AddIntConstant(m, "Q_WATCH", Q_WATCH) < 0 ||
+        PyModule_AddIntConstant(m, "Q_CAPACITY", Q_CAPACITY) < 0 ||
+        PyModule_AddIntConstant(m, "Q_OVERFLOW", Q_OVERFLOW) < 0 ||
+        PyModule_AddIntConstant(m, "QUEUE_SIZE", QUEUE_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCK_MIN_SPLIT", BLOCK_MIN_SPLIT) < 0 ||
+        PyModule_AddObject(m, "HOLD_BIT", PyLong_FromUnsignedLongLong(HOLD)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -18,6 +18,13 @@ B_SIZE: int
 B_REFS: int
 A_USED: int
 A_LIVE: int
+ARENA_HEADER: int
+BLOCK_MIN_SPLIT: int
+HOLD_BIT: int
+Q_WATCH: int
+Q_CAPACITY: int
+Q_OVERFLOW: int
+QUEUE_SIZE: int
 
 class Atomic:
     def __init__(self, buffer: Buffer, /) -> None: ...
@@ -30,6 +37,9 @@ class Atomic:
     def append(
         self, queue: int, ring: int, mask: int, block: int, intent: int, qid: int, /
     ) -> int: ...
+    def publish(
+        self, queue: int, ring: int, mask: int, block: int, intent: int, qid: int, /
+    ) -> int | None: ...
     def acquire(
         self, queue: int, ring: int, mask: int, start: int, owner_bits: int, /
     ) -> tuple[int, int, bool] | int: ...
@@ -45,4 +55,20 @@ class Atomic:
         dropping: int,
         /,
     ) -> int: ...
+    def alloc(
+        self, base: int, end: int, cursor: int, need: int, /
+    ) -> tuple[int, int, int] | None: ...
+    def ack_many(
+        self,
+        queue: int,
+        ring: int,
+        mask: int,
+        seqs: list[int],
+        owner_bits: int,
+        arenas: int,
+        arena_bytes: int,
+        dropping: int,
+        /,
+    ) -> int: ...
+    def release_hold(self, block: int, arenas: int, arena_bytes: int, /) -> bool: ...
     def advance_head(self, queue: int, ring: int, mask: int, /) -> None: ...

@@ -20,6 +20,7 @@ import struct
 from collections.abc import Callable
 
 from shoal.shm import layout
+from shoal.shm._atomic import Atomic
 from shoal.shm.segment import Segment
 
 
@@ -48,8 +49,11 @@ def _account_free(seg: Segment, block: int, size: int) -> None:
 
 
 def release_hold(seg: Segment, block: int) -> bool:
-    """The owner is done routing: drop the HOLD bit. True if that freed the block."""
+    """The owner is done routing: drop the HOLD bit. True if that freed the
+    block. One C call (shm/_atomic.c `release_hold`), these steps."""
     a = seg.atomic
+    if a.__class__ is Atomic:
+        return a.release_hold(block, seg.layout.arenas, seg.layout.limits.arena_bytes)
     size = a.load(block + layout.B_SIZE)
     old = a.fetch_add(block + layout.B_REFS, -layout.HOLD)
     if old != layout.HOLD:
@@ -92,7 +96,30 @@ class Arena:
         """Reserve a block for `payload` bytes, held (HOLD) by the caller.
 
         Returns the block's absolute offset, or None if the arena has no room.
+        One C call (shm/_atomic.c `alloc`) making alloc_steps' writes in
+        alloc_steps' order.
         """
+        a = self.atomic
+        if a.__class__ is not Atomic:
+            return self.alloc_steps(payload)
+        need = (layout.BLOCK_HEADER + payload + layout.BLOCK_ALIGN - 1) & ~(layout.BLOCK_ALIGN - 1)
+        got = a.alloc(self.base, self.end, self.cursor, need)
+        if got is None:
+            # The scan may have coalesced free blocks across the cursor: restart
+            # from the first block, which is always a block boundary.
+            self.cursor = self.first
+            return None
+        block, self.cursor, used = got
+        self.dirty = True
+        self.used = used
+        if used > self.high and self.on_high is not None:
+            self.on_high(used)
+        return block
+
+    def alloc_steps(self, payload: int) -> int | None:
+        """alloc() one shared-memory operation at a time, as the C code
+        makes them: the model the crash tests interpose on (a SIGKILL between
+        any two writes). Used when `self.atomic` is not the plain Atomic."""
         need = (layout.BLOCK_HEADER + payload + layout.BLOCK_ALIGN - 1) & ~(layout.BLOCK_ALIGN - 1)
         a = self.atomic
         off = self.cursor

@@ -27,6 +27,7 @@ class QueueDirectory:
         "_levels",
         "_names",
         "_names_gen",
+        "_plain",
         "_streams",
         "_ttl",
         "a",
@@ -51,6 +52,7 @@ class QueueDirectory:
         # (ttl_queues(), delay_queues()) as of the last look at the cache:
         # for a publish, which has looked (lookup, route) just before.
         self.timed_now: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())
+        self._plain: frozenset[int] = frozenset()
         self._names_gen = -1
 
     def catalog_generation(self) -> int:
@@ -67,6 +69,14 @@ class QueueDirectory:
         """The priority queues by qid, with their level slots (same cache)."""
         self._refresh()
         return self._levels
+
+    def plain_queues(self) -> frozenset[int]:
+        """Declared queues that are not priority, stream or delay queues and
+        have no message TTL (same cache): a message routed to these alone,
+        with no expiration, needs no timestamp, no level and no stream
+        writer (workers/publish.py fast_publish)."""
+        self._refresh()
+        return self._plain
 
     def stream_queues(self) -> frozenset[int]:
         """The stream queues' qids (same cache)."""
@@ -153,6 +163,9 @@ class QueueDirectory:
         self._active = tuple(active)
         self._delayed = frozenset(delayed)
         self.timed_now = (self._ttl, self._delayed)
+        self._plain = frozenset(names.values()).difference(
+            levels, self._streams, self._ttl, self._delayed
+        )
         # Re-read: if it moved while we scanned, rescan next time.
         self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
 

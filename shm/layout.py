@@ -288,6 +288,19 @@ assert (
 # The body length C reads from a message record (append, ack).
 assert _atomic.Q_BYTES == Q_BYTES and _atomic.Q_READY_BYTES == Q_READY_BYTES
 assert _atomic.MSG_BODY_LEN == BLOCK_HEADER + 8 == BLOCK_HEADER + MSG_PREFIX.size - 8
+# publish() in C: the words it reads to decide a queue has no rules, and the wake-up.
+assert (_atomic.Q_WATCH, _atomic.Q_CAPACITY, _atomic.Q_OVERFLOW, _atomic.QUEUE_SIZE) == (
+    Q_WATCH,
+    Q_CAPACITY,
+    Q_OVERFLOW,
+    QUEUE_SIZE,
+), "shm/_atomic.c and shm/layout.py disagree on the queue record"
+# The arena allocator in C (alloc).
+assert (_atomic.ARENA_HEADER, _atomic.BLOCK_MIN_SPLIT, _atomic.HOLD_BIT) == (
+    ARENA_HEADER,
+    BLOCK_MIN_SPLIT,
+    HOLD,
+), "shm/_atomic.c and shm/layout.py disagree on the arena"
 assert (_atomic.SEQ_SHIFT, _atomic.B_SIZE, _atomic.B_REFS, _atomic.A_USED, _atomic.A_LIVE) == (
     SEQ_SHIFT,
     B_SIZE,

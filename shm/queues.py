@@ -19,6 +19,7 @@ Transitions (who may make them is in shm/ARCHITECTURE.md):
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NoReturn
 
 from shoal.shm import flow, layout, limits
 from shoal.shm._atomic import Atomic
@@ -44,7 +45,7 @@ Message = tuple[bytes, bytes, bytes, bytes]
 Settled = Callable[[tuple[int, int, int], int], None]
 
 
-def _unpublished(word: int, seq: int) -> bool:
+def unpublished(word: int, seq: int) -> bool:
     """True if a cell's word does not yet hold `seq` (it still carries an
     older lap, or is the never-used word 0 of seq 0)."""
     wseq = word >> _SEQ
@@ -83,6 +84,8 @@ class QueueStore(QueueDirectory):
         "dropped",
         "dropping",
         "last_seq",
+        "log_bytes",
+        "logs_base",
         "mask",
         "owner",
         "owner_bits",
@@ -102,6 +105,9 @@ class QueueStore(QueueDirectory):
         self.waker = waker
         self.cap = seg.layout.limits.queue_capacity
         self.mask = self.cap - 1
+        # layout.log(qid) == logs_base + qid * log_bytes, inlined on hot paths.
+        self.logs_base = seg.layout.logs
+        self.log_bytes = self.cap * layout.CELL_SIZE
         self.owner = owner
         self.owner_bits = owner << layout.OWNER_SHIFT
         if slot is None:
@@ -260,8 +266,32 @@ class QueueStore(QueueDirectory):
         """Append a reference to `block` (its body `body_size` bytes) to log
         `qid` under the queue's rules; returns the outcome (APPENDED,
         REJECTED, OVER_CAPACITY, GONE or FULL). `intent`: as for append().
-        Entries a drop-head limit deletes release the queue's capacity."""
+        Entries a drop-head limit deletes release the queue's capacity.
+
+        A queue with no length limit and no capacity takes one C call
+        (shm/_atomic.c `publish`: the reference, append() and the wake-up)."""
         a = self.a
+        if a.__class__ is Atomic:
+            got = a.publish(
+                self.queues + qid * _QSIZE,
+                self.logs_base + qid * self.log_bytes,
+                self.mask,
+                block,
+                intent,
+                qid,
+            )
+            if got is not None:
+                if got >= 0:
+                    self.last_seq = got >> 1
+                    if got & 1:
+                        self.waker.kick(qid)  # type: ignore[union-attr]  # publishers have one
+                    return APPENDED
+                if got == -1:
+                    return FULL if self.is_active(qid) else GONE
+                try:
+                    self._taken_back(qid, -2 - got, block)
+                except QueueGone as gone:
+                    return GONE if gone.taken_back else REMOVED
         q = self.queues + qid * layout.QUEUE_SIZE
         limited = a.load(q + layout.Q_OVERFLOW)  # one load when the queue has no limit
         if limited and not limits.admits(self, qid, body_size):
@@ -349,11 +379,14 @@ class QueueStore(QueueDirectory):
             return t
         if t == -1:
             raise QueueFull(qid)
-        # Deleted between our checks (and maybe re-created in the same slot:
-        # the generation moved): take the entry back unless remove() already
-        # tombstoned it (then it dropped the reference itself).
-        t = -2 - t
-        cell = offsets.log(qid) + (t & self.mask) * layout.CELL_SIZE
+        self._taken_back(qid, -2 - t, block)
+
+    def _taken_back(self, qid: int, t: int, block: int) -> NoReturn:
+        """The queue was deleted after entry `t` was published (and maybe
+        re-created in the same slot: the generation moved): take the entry
+        back unless remove() already tombstoned it (then it dropped the
+        reference itself). Raises QueueGone."""
+        cell = self.layout.log(qid) + (t & self.mask) * layout.CELL_SIZE
         taken = self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
         raise QueueGone(qid, taken)
 
@@ -378,7 +411,7 @@ class QueueStore(QueueDirectory):
         cell = self.layout.log(qid) + (t & self.mask) * layout.CELL_SIZE
         old = a.load(cell)
         a.store(cell + 8, block)
-        published = _unpublished(old, t) and a.cas(cell, old, t << _SEQ | _AVAIL)
+        published = unpublished(old, t) and a.cas(cell, old, t << _SEQ | _AVAIL)
         a.store(intent + layout.P_INTENT_QUEUE, 0)
         if not published:
             raise QueueFull(qid)
@@ -405,6 +438,12 @@ class QueueStore(QueueDirectory):
             self.layout.queue(qid), self.layout.log(qid), self.mask, pointer, self.owner_bits
         )
 
+    def acquire_args(self, qid: int) -> tuple[int, int, int, int]:
+        """(queue, ring, mask, owner bits) of log `qid`: with a pointer
+        between ring and owner bits, the arguments of the C acquire, for a
+        loop that calls it entry after entry (workers/consumer.py)."""
+        return self.layout.queue(qid), self.layout.log(qid), self.mask, self.owner_bits
+
     def peek(self, qid: int, pointer: int) -> tuple[int, Message, bool] | int:
         """A browser's read: the first AVAILABLE entry at or after `pointer`,
         copied out without acquiring it and without writing shared memory.
@@ -423,7 +462,7 @@ class QueueStore(QueueDirectory):
         while seq < tail:
             cell = ring + (seq & mask) * layout.CELL_SIZE
             word = a.load(cell)
-            if _unpublished(word, seq):
+            if unpublished(word, seq):
                 return seq
             if word >> _SEQ == seq and word & layout.STATE_MASK == _AVAIL:
                 message = peek_message(self.seg, a.load(cell + 8))
@@ -454,7 +493,7 @@ class QueueStore(QueueDirectory):
                 return -1 - seq
             cell = ring + (seq & mask) * layout.CELL_SIZE
             word = a.load(cell)
-            if _unpublished(word, seq):
+            if unpublished(word, seq):
                 return seq
             if word >> _SEQ == seq and word & layout.STATE_MASK == _AVAIL:
                 copy = peek_message(self.seg, a.load(cell + 8), body=False)
@@ -497,6 +536,26 @@ class QueueStore(QueueDirectory):
         if tag is not None and done:
             self.settled(tag, uid)  # type: ignore[misc]  # a tag implies the hook
         return done
+
+    def ack_many(self, qid: int, seqs: list[int]) -> None:
+        """ack() each of `seqs` (entries of log `qid` this owner acquired),
+        in order: one C call for a queue whose settles the message store
+        does not record (not durable, or no store)."""
+        if self.settled is not None and self.a.load(self.queues + qid * _QSIZE + _QUID):
+            for seq in seqs:
+                self.ack(qid, seq)
+            return
+        offsets = self.layout
+        self.a.ack_many(
+            offsets.queue(qid),
+            offsets.log(qid),
+            self.mask,
+            seqs,
+            self.owner_bits,
+            offsets.arenas,
+            offsets.limits.arena_bytes,
+            self.dropping,
+        )
 
     def held_block(self, qid: int, seq: int) -> int | None:
         """The body block of an entry this owner holds (ACQUIRED), or None if
@@ -588,40 +647,6 @@ class QueueStore(QueueDirectory):
         self._advance_head(qid)
         return purged + spilled
 
-    def release_owner(self, owner: int) -> dict[int, int]:
-        """Supervisor, after IO worker `owner - 1` died: put back every entry
-        it had acquired (they are redelivered) and tombstone the cell it had
-        reserved but not published. Returns {qid: entries released}."""
-        a, offsets = self.a, self.layout
-        bits = owner << layout.OWNER_SHIFT
-        slot = offsets.proc(owner - 1)
-        intent_q = a.load(slot + layout.P_INTENT_QUEUE)
-        if intent_q:
-            qid, seq = intent_q - 1, a.load(slot + layout.P_INTENT_SEQ)
-            cell = offsets.log(qid) + (seq & self.mask) * layout.CELL_SIZE
-            w = a.load(cell)
-            if _unpublished(w, seq) and a.load(offsets.queue(qid) + layout.Q_TAIL) > seq:
-                a.cas(cell, w, seq << _SEQ | _DEL)
-            a.store(slot + layout.P_INTENT_QUEUE, 0)
-        released: dict[int, int] = {}
-        for qid in range(offsets.limits.max_queues):
-            q = offsets.queue(qid)
-            head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
-            # Not filtered on Q_UNACKED: the worker may have died between an
-            # acquire's CAS and its counter update (UNACKED still 0, entry
-            # ours), or after an ack or the tombstone above but before the head
-            # moved past it; every non-empty queue is scanned and its head advanced.
-            if head == tail:
-                continue
-            ring = offsets.log(qid)
-            for seq in range(head, tail):
-                w = a.load(ring + (seq & self.mask) * layout.CELL_SIZE)
-                mine = w & layout.STATE_MASK == _ACQ and w & 0xFFF00 == bits and w >> _SEQ == seq
-                if mine and self.release(qid, seq, bits):
-                    released[qid] = released.get(qid, 0) + 1
-            self._advance_head(qid)
-        return released
-
     def delete_available(self, cell: int, word: int, block: int) -> bool:
         """AVAILABLE(s) -> DELETED(s) by CAS from `word` and drop the entry's
         reference to `block` (read from the cell before). The caller moves
@@ -655,23 +680,6 @@ class QueueStore(QueueDirectory):
         finally:
             if block:
                 a.store(self.dropping, 0)
-
-    def count_references(self, blocks: set[int]) -> dict[int, int]:
-        """How many live (AVAILABLE or ACQUIRED) cells, in all queues, point
-        at each of `blocks`. Supervisor recovery only: O(queued entries)."""
-        a, offsets = self.a, self.layout
-        counts: dict[int, int] = {}
-        for qid in range(offsets.limits.max_queues):
-            q = offsets.queue(qid)
-            ring = offsets.log(qid)
-            for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
-                cell = ring + (seq & self.mask) * layout.CELL_SIZE
-                w = a.load(cell)
-                if w >> _SEQ == seq and w & layout.STATE_MASK in (_AVAIL, _ACQ):
-                    block = a.load(cell + 8)
-                    if block in blocks:
-                        counts[block] = counts.get(block, 0) + 1
-        return counts
 
     def _advance_head(self, qid: int) -> None:
         """Move the head past deleted cells so they can be reused. Safe to

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from shoal.shm import layout
 from shoal.shm.arena import held_blocks, release_hold
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import QueueStore, unpublished
 from shoal.shm.segment import Segment
 
 
@@ -41,12 +41,12 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     it). Returns {qid: entries released}.
     """
     store = QueueStore(seg, 0)
-    released = store.release_owner(worker + 1)
+    released = release_owner(store, worker + 1)
     held = held_blocks(seg, worker)
     if held:
         # Cells, then drops in flight, then the count word: in this order a
         # concurrent ack can only make us keep a reference too many.
-        live = store.count_references(set(held))
+        live = count_references(store, set(held))
         in_flight = dropping(seg, worker)
         a = seg.atomic
         for block in held:
@@ -59,3 +59,63 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     # leaks that one reference: whether the drop happened cannot be told.
     seg.atomic.store(seg.layout.proc(worker) + layout.P_DROPPING, 0)
     return released
+
+
+def release_owner(store: QueueStore, owner: int) -> dict[int, int]:
+    """Supervisor, after IO worker `owner - 1` died: put back every entry
+    it had acquired (they are redelivered) and tombstone the cell it had
+    reserved but not published. Returns {qid: entries released}."""
+    a, offsets = store.a, store.layout
+    bits = owner << layout.OWNER_SHIFT
+    slot = offsets.proc(owner - 1)
+    intent_q = a.load(slot + layout.P_INTENT_QUEUE)
+    if intent_q:
+        qid, seq = intent_q - 1, a.load(slot + layout.P_INTENT_SEQ)
+        cell = offsets.log(qid) + (seq & store.mask) * layout.CELL_SIZE
+        w = a.load(cell)
+        if unpublished(w, seq) and a.load(offsets.queue(qid) + layout.Q_TAIL) > seq:
+            a.cas(cell, w, seq << layout.SEQ_SHIFT | layout.S_DELETED)
+        a.store(slot + layout.P_INTENT_QUEUE, 0)
+    released: dict[int, int] = {}
+    for qid in range(offsets.limits.max_queues):
+        q = offsets.queue(qid)
+        head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
+        # Not filtered on Q_UNACKED: the worker may have died between an
+        # acquire's CAS and its counter update (UNACKED still 0, entry
+        # ours), or after an ack or the tombstone above but before the head
+        # moved past it; every non-empty queue is scanned and its head advanced.
+        if head == tail:
+            continue
+        ring = offsets.log(qid)
+        for seq in range(head, tail):
+            w = a.load(ring + (seq & store.mask) * layout.CELL_SIZE)
+            mine = (
+                w & layout.STATE_MASK == layout.S_ACQUIRED
+                and w & 0xFFF00 == bits
+                and w >> layout.SEQ_SHIFT == seq
+            )
+            if mine and store.release(qid, seq, bits):
+                released[qid] = released.get(qid, 0) + 1
+        store.advance_head(qid)
+    return released
+
+
+def count_references(store: QueueStore, blocks: set[int]) -> dict[int, int]:
+    """How many live (AVAILABLE or ACQUIRED) cells, in all queues, point
+    at each of `blocks`. Supervisor recovery only: O(queued entries)."""
+    a, offsets = store.a, store.layout
+    counts: dict[int, int] = {}
+    for qid in range(offsets.limits.max_queues):
+        q = offsets.queue(qid)
+        ring = offsets.log(qid)
+        for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
+            cell = ring + (seq & store.mask) * layout.CELL_SIZE
+            w = a.load(cell)
+            if w >> layout.SEQ_SHIFT == seq and w & layout.STATE_MASK in (
+                layout.S_AVAILABLE,
+                layout.S_ACQUIRED,
+            ):
+                block = a.load(cell + 8)
+                if block in blocks:
+                    counts[block] = counts.get(block, 0) + 1
+    return counts

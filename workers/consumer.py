@@ -75,6 +75,7 @@ class DeliveryChannel(Protocol):
     def number(self) -> int: ...
     def wants_work(self, consumer: Consumer) -> bool: ...
     def credit_left(self, consumer: Consumer) -> int | None: ...
+    def credit_room(self, consumer: Consumer) -> int: ...
     def deliver(
         self,
         consumer: Consumer,
@@ -274,6 +275,9 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     delivered = 0
     quota = turn_quota(store.ready(qid), store.consumer_count(qid))
     changes_now = store.changes_reader(qid)
+    acquire = store.a.acquire
+    q_off, ring, mask, owner_bits = store.acquire_args(qid)
+    deliver = channel.deliver
     drop_if_expired = ctx.expiry.drop_if_expired
     flags = store.seg.buf  # a message's flags: MSG_TIMED means it may have expired
 
@@ -295,6 +299,38 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
             # after this read bumps it, and the scheduler compares.
             levels = consumer.levels
             taken: tuple[int, int, int, bool] | int | None
+            if levels is None and consumer.wanted is None:
+                # A plain consumer: a run of acquisitions up to what the checks
+                # above allow, which nothing can change during the run (no
+                # write happens, no other event runs), so they are made once
+                # per run, not per message.
+                release_gen = store.release_generation(qid)
+                if release_gen != consumer.release_gen:
+                    consumer.release_gen = release_gen
+                    consumer.pointer = 0  # acquire() starts at the head
+                stop = min(quota, LOCAL_BURST if delivered < LOCAL_BURST else BURST)
+                n = max(1, min(channel.credit_room(consumer), stop - delivered))
+                while n:
+                    got = acquire(q_off, ring, mask, consumer.pointer, owner_bits)
+                    if got.__class__ is int:
+                        consumer.pointer = got
+                        changes = changes_now()  # read before the scan that decides DONE
+                        got = acquire(q_off, ring, mask, got, owner_bits)
+                        if got.__class__ is int:
+                            consumer.pointer = got
+                            consumer.notified = False
+                            ctx.send(ipc.Done(consumer.cid, changes))
+                            return
+                    seq, block, redelivered = got  # type: ignore[misc]
+                    consumer.pointer = seq + 1
+                    n -= 1
+                    delivered += 1
+                    if flags[block + TIMED_AT] & MSG_TIMED and drop_if_expired(qid, seq, block):
+                        continue  # dead-lettered instead (workers/expiry.py): bounded work too
+                    if redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block):
+                        continue
+                    deliver(consumer, qid, seq, block, redelivered, out)
+                continue
             if levels is None:
                 changes = changes_now()
                 release_gen = store.release_generation(qid)

@@ -19,6 +19,7 @@ from shoal.shm import layout, stats
 from shoal.shm.arena import (
     read_message,
 )
+from shoal.shm.layout import BLOCK_HEADER
 from shoal.shm.queues import Message
 from shoal.shm.stats import (
     DELIVERED_CONSUME_AUTO_ACK,
@@ -27,6 +28,7 @@ from shoal.shm.stats import (
 )
 from shoal.store.streams import StreamMessage
 from shoal.workers import framing, reply_to, timeouts
+from shoal.workers._wire import deliver_frames
 from shoal.workers.access import READ
 from shoal.workers.channel_state import (
     ChannelState,
@@ -71,6 +73,20 @@ class Delivery(ChannelState):
             return False
         return not (self.global_prefetch_size and self.unacked_bytes >= self.global_prefetch_size)
 
+    def credit_room(self, consumer: Consumer) -> int:
+        """How many messages the consumer may take now without a check per
+        message: its room under the prefetch counts (1 under a byte limit,
+        which only the next message's size can decide). Call after
+        wants_work() said it may take one."""
+        if consumer.no_ack:
+            return 1 << 30
+        if self.prefetch_size or self.global_prefetch_size:
+            return 1
+        room = self.prefetch_count - consumer.unacked if self.prefetch_count else 1 << 30
+        if self.global_prefetch:
+            room = min(room, self.global_prefetch - len(self.unacked))
+        return room
+
     def credit_left(self, consumer: Consumer) -> int | None:
         """Messages the consumer may still take under its prefetch count
         (None: no count limit), for `shoal status --consumers`."""
@@ -86,8 +102,34 @@ class Delivery(ChannelState):
         out: list[bytes],
     ) -> None:
         """Deliver entry `seq` of log `qid` (the consumer's queue, or one of
-        its priority levels), acquired by `consumer`, into `out`."""
-        self._send(consumer, qid, seq, read_message(self.ctx.seg, block), redelivered, out)
+        its priority levels), acquired by `consumer`, into `out`: its frames
+        built in C straight from shared memory (workers/_wire.c), unless its
+        header changes on the way (x-shoal-id; a redelivery's
+        x-delivery-count)."""
+        if consumer.stamp or redelivered:
+            self._send(consumer, qid, seq, read_message(self.ctx.seg, block), redelivered, out)
+            return
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        frames, size = deliver_frames(
+            self.ctx.seg.buf,
+            block + BLOCK_HEADER,
+            self.number,
+            consumer.tag_sstr,
+            tag,
+            False,
+            self.conn.frame_max,
+        )
+        out.append(frames)
+        if consumer.no_ack:
+            self.stats[DELIVERED_CONSUME_AUTO_ACK] += 1
+            self.ctx.store.settle_taken(qid, seq)  # after the copy: this frees the block
+        else:
+            self.stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
+            self.unacked[tag] = (consumer, qid, seq, size)
+            consumer.unacked += 1
+            consumer.unacked_bytes += size
+            self.unacked_bytes += size
 
     def deliver_copy(
         self, consumer: Consumer, message: Message, redelivered: bool, out: list[bytes]
@@ -169,7 +211,14 @@ class Delivery(ChannelState):
         (ack 80, reject 90, nack 120) goes into the close of an unknown tag."""
         unacked = self.unacked
         if multiple:
-            tags = [t for t in unacked if t <= tag] if tag else list(unacked)
+            if tag:
+                tags = []
+                for t in unacked:  # in delivery order: tags only grow
+                    if t > tag:
+                        break
+                    tags.append(t)
+            else:
+                tags = list(unacked)
         elif tag in unacked:
             tags = [tag]
         else:
@@ -181,17 +230,39 @@ class Delivery(ChannelState):
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
             )
-        if requeue is None:
-            self.stats[stats.ACKNOWLEDGED] += len(tags)
         touched: set[Consumer] = set()
-        for t in tags:
-            consumer, qid, seq, size = unacked.pop(t)
-            self._finish(qid, seq, requeue)
-            self.unacked_bytes -= size
-            if consumer is not None:
-                consumer.unacked -= 1
-                consumer.unacked_bytes -= size
-                touched.add(consumer)
+        if requeue is None:
+            # Acks, the common case, in one loop: each entry deleted by one C
+            # call; blocked publishers looked at once per queue after.
+            self.stats[stats.ACKNOWLEDGED] += len(tags)
+            store = self.ctx.store
+            by_queue: dict[int, list[int]] = {}
+            size_sum = 0
+            for t in tags:
+                consumer, qid, seq, size = unacked.pop(t)
+                if seq >= 0:  # (a browser's copy took nothing from the queue)
+                    seqs = by_queue.get(qid)
+                    if seqs is None:
+                        seqs = by_queue[qid] = []
+                    seqs.append(seq)
+                size_sum += size
+                if consumer is not None:
+                    consumer.unacked -= 1
+                    consumer.unacked_bytes -= size
+                    touched.add(consumer)
+            self.unacked_bytes -= size_sum
+            for qid, seqs in by_queue.items():
+                store.ack_many(qid, seqs)
+                store.drained(qid)
+        else:
+            for t in tags:
+                consumer, qid, seq, size = unacked.pop(t)
+                self._finish(qid, seq, requeue)
+                self.unacked_bytes -= size
+                if consumer is not None:
+                    consumer.unacked -= 1
+                    consumer.unacked_bytes -= size
+                    touched.add(consumer)
         if self.global_prefetch or self.global_prefetch_size:
             touched.update(self.consumers.values())  # channel-wide credit came back
         for consumer in touched:

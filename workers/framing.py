@@ -15,6 +15,15 @@ from typing import Any
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
+from shoal.shm import layout
+from shoal.workers._wire import MSG_PREFIX_SIZE, MSG_TIME_SIZE, MSG_TIMED, scan
+
+# workers/_wire.c reads and writes message records itself.
+_RECORD = (layout.MSG_PREFIX.size, layout.MSG_TIMED, layout.MSG_TIME.size)
+assert _RECORD == (MSG_PREFIX_SIZE, MSG_TIMED, MSG_TIME_SIZE), (
+    "workers/_wire.c and shm/layout.py disagree on the message record"
+)
+
 FRAME_METHOD = 1
 FRAME_HEADER = 2
 FRAME_BODY = 3
@@ -57,8 +66,15 @@ class FrameError(Exception):
         self.method_id = method_id
 
 
+# scan()'s item for a whole publish (method, content header and one body
+# frame in one read): (PUBLISH_WHOLE, channel, view, start, exchange,
+# routing key, bits, header, body); workers/_wire.c says more.
+PUBLISH_WHOLE = 0
+
+
 class FrameReader:
-    """Splits a byte stream into (frame type, channel, payload) triples.
+    """Splits a byte stream into (frame type, channel, payload) triples, and
+    a whole publish into one PUBLISH_WHOLE item (workers/_wire.c `scan`).
 
     Payloads are memoryviews into the received chunk (no copy); they stay
     valid because the chunk they view is kept alive by them.
@@ -70,42 +86,67 @@ class FrameReader:
         self.frame_max = frame_max
         self.pending = b""
 
-    def feed(self, data: bytes) -> list[tuple[int, int, memoryview]]:
+    def feed(self, data: bytes) -> list[Any]:
         if self.pending:
             data = self.pending + data
             self.pending = b""
-        frames: list[tuple[int, int, memoryview]] = []
         view = memoryview(data)
-        end = len(data)
-        off = 0
-        frame_max = self.frame_max
-        unpack = _HEADER.unpack_from
-        while end - off >= 7:
-            ftype, channel, size = unpack(data, off)
-            # RabbitMQ forgives the 8 bytes of framing many clients leave
-            # out of their sums; so do we (its error text counts them).
-            if size > frame_max:
-                raise FrameError(
-                    501,
-                    f"FRAME_ERROR - type {ftype}, all octets = <<>>: "
-                    f"{{frame_too_large,{size},{frame_max - FRAME_OVERHEAD}}}",
-                )
-            stop = off + 7 + size
-            if stop >= end:
-                break
-            if data[stop] != FRAME_END:
-                raise FrameError(
-                    501,
-                    f"FRAME_ERROR - type {ftype}, first 16 octets = <<>>: "
-                    f"{{invalid_frame_end_marker,{data[stop]}}}",
-                )
-            if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
-                raise FrameError(501, f"FRAME_ERROR - unknown frame type {ftype}")
-            frames.append((ftype, channel, view[off + 7 : stop]))
-            off = stop + 1
-        if off < end:
+        frames, off, anomaly = scan(view, self.frame_max)
+        if anomaly:
+            # A frame too large, without its end byte or of an unknown type:
+            # split() raises the error, in RabbitMQ's words.
+            split(data, view, off, self.frame_max, frames)
+        elif off < len(data):
             self.pending = data[off:]
         return frames
+
+
+def split(
+    data: bytes | memoryview,
+    view: memoryview,
+    off: int,
+    frame_max: int,
+    frames: list[Any],
+    most: int = -1,
+) -> int:
+    """Frames of `data` from `off` into `frames`, as (type, channel, payload);
+    `most` of them at most (-1: all complete ones). Returns where it stopped.
+    Raises FrameError for a frame that breaks the rules."""
+    end = len(data)
+    unpack = _HEADER.unpack_from
+    while end - off >= 7 and most != 0:
+        ftype, channel, size = unpack(data, off)
+        # RabbitMQ forgives the 8 bytes of framing many clients leave
+        # out of their sums; so do we (its error text counts them).
+        if size > frame_max:
+            raise FrameError(
+                501,
+                f"FRAME_ERROR - type {ftype}, all octets = <<>>: "
+                f"{{frame_too_large,{size},{frame_max - FRAME_OVERHEAD}}}",
+            )
+        stop = off + 7 + size
+        if stop >= end:
+            break
+        if data[stop] != FRAME_END:
+            raise FrameError(
+                501,
+                f"FRAME_ERROR - type {ftype}, first 16 octets = <<>>: "
+                f"{{invalid_frame_end_marker,{data[stop]}}}",
+            )
+        if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+            raise FrameError(501, f"FRAME_ERROR - unknown frame type {ftype}")
+        frames.append((ftype, channel, view[off + 7 : stop]))
+        off = stop + 1
+        most -= 1
+    return off
+
+
+def publish_frames(item: tuple[Any, ...]) -> list[tuple[int, int, memoryview]]:
+    """A PUBLISH_WHOLE item's three frames again, for the general path."""
+    view: memoryview = item[2]
+    frames: list[tuple[int, int, memoryview]] = []
+    split(view, view, item[3], 1 << 32, frames, 3)
+    return frames
 
 
 def method_index(payload: memoryview) -> int:

@@ -6,6 +6,7 @@ Post-fork only: the loop is created here, never in the supervisor.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -98,6 +99,9 @@ class Worker:
         self._flush_stats()
         self._poll_alarms()
         a.store(slot + layout.P_READY, 1)
+        import gc
+
+        gc.freeze()
         try:
             loop.run_forever()
         finally:

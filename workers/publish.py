@@ -16,10 +16,12 @@ from shoal.broker.amqp import errors, properties
 from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX
 from shoal.shm.arena import (
     TAG_SIZE,
+    TIME_SIZE,
     message_size,
     release_hold,
     write_message,
 )
+from shoal.shm.layout import BLOCK_HEADER
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED
 from shoal.shm.stats import (
     RECEIVED_CONFIRM,
@@ -31,7 +33,7 @@ from shoal.shm.stats import (
     size_bucket,
 )
 from shoal.workers import framing, records, reply_to, republish
-from shoal.workers._wire import properties_ok
+from shoal.workers._wire import MSG_PREFIX_SIZE, properties_ok, write_record
 from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -44,6 +46,9 @@ from shoal.workers.spill import PAGE_IN_INTERVAL, block_payload
 
 log = logging.getLogger("shoal.worker")
 DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
+# The content header's first flag byte: reply-to (0x0200) and headers
+# (0x2000, for CC and BCC) need more than routing.
+_REPLY_TO_OR_HEADERS = (properties.REPLY_TO_FLAG | 0x2000) >> 8
 
 
 class Publishing(ChannelState):
@@ -88,53 +93,112 @@ class Publishing(ChannelState):
         self.pending = Pending(exchange, routing_key, mandatory)
         self.state = EXPECT_HEADER
 
-    def fast_publish(self, method: memoryview, header: memoryview, body: memoryview) -> bool:
-        """A whole message in three frames, for an idle channel, to a queue.
+    def fast_publish(self, frame: tuple[Any, ...]) -> bool:
+        """A whole message for an idle channel: a PUBLISH_WHOLE item of
+        workers/_wire.c scan (the publish decoded, the properties checked,
+        the body in one frame).
 
         Returns False, having changed nothing, whenever the general path is
-        needed (errors, unroutable, a body in several frames, a full arena):
-        the caller then feeds the frames one by one.
+        needed (errors, unroutable, a full arena): the caller then feeds the
+        three frames one by one. A message that uses no feature beyond
+        routing (transient or for no durable queue, no TTL, no priority, no
+        stream, no paging, no transaction) goes straight into its queues;
+        the others take the Pending path (_complete).
         """
-        if self.state != IDLE or self.busy or self.closing or len(header) < 14:
+        if self.state != IDLE or self.busy or self.closing:
             return False
-        if self.conn.flow_blocked or self.flow_backlog:
+        conn = self.conn
+        if conn.flow_blocked or self.flow_backlog:
             return False  # handle() keeps it (flow control, resource alarms)
-        class_id, body_size = framing.decode_content_header(header)
-        if body_size != len(body) or class_id != 60:
-            return False
-        exchange, routing_key, mandatory, immediate = framing.decode_publish(method)
+        _, _, _, _, exchange, routing_key, bits, header, body = frame
         ctx = self.ctx
-        if immediate or body_size > ctx.config.max_message_size:
-            return False
-        if not self.conn.access.may_publish(exchange, routing_key):
+        body_size = len(body)
+        if bits & 2 or body_size > ctx.config.max_message_size:
+            return False  # immediate, or too large: the general path refuses it
+        if not conn.access.may_publish(exchange, routing_key):
             return False  # the general path refuses it
-        if header[13] & properties.USER_ID_FLAG or not properties_ok(header):
-            return False  # the general path checks it (a rare property) or refuses it
+        store = ctx.store
         try:
-            raw_header = reply_to.rewrite(self, bytes(header))
-            also: list[bytes] = []
-            if raw_header[12] & 0x20 and (b"\x02CC" in raw_header or b"\x03BCC" in raw_header):
-                raw_header, also = properties.sender_selected(raw_header)
-            qids = self._route(exchange, routing_key, raw_header, also)
-            times = republish.times_for(self.ctx.store, raw_header, qids, looked=True)
+            if header[12] & _REPLY_TO_OR_HEADERS:
+                header = reply_to.rewrite(self, header)
+                also: list[bytes] = []
+                if header[12] & 0x20 and (b"\x02CC" in header or b"\x03BCC" in header):
+                    header, also = properties.sender_selected(header)
+                qids = self._route(exchange, routing_key, header, also)
+            elif exchange:
+                qids = list(
+                    ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, header)
+                )
+            else:
+                qid = store.lookup(routing_key, conn.vhost_id)
+                if qid is None or routing_key.startswith(DELAY_QUEUES):
+                    return False  # unroutable (a delay queue is the broker's own)
+                qids = [qid]
+            if not qids:
+                return False
+            # A message with no expiration nor delivery mode, for plain queues
+            # (shm/directory.py plain_queues): no timestamp, no record, no
+            # level, no stream.
+            plain = not header[12] & 0x11 and store.plain_queues().issuperset(qids)
+            times = None if plain else republish.times_for(store, header, qids, looked=True)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
-        if not qids:
-            return False
-        durable = republish.to_store(self.ctx, raw_header, qids)
-        size = message_size(exchange, routing_key, raw_header, body_size, times is not None)
+        durable = not plain and header[12] & 0x10 and republish.to_store(ctx, header, qids)
+        size = MSG_PREFIX_SIZE + len(exchange) + len(routing_key) + len(header) + body_size
+        if times is not None:
+            size += TIME_SIZE
         block = ctx.arena.alloc(size + TAG_SIZE if durable else size)
         if block is None:
             return False  # the general path waits for room (and counts it)
-        start = write_message(ctx.seg, block, exchange, routing_key, raw_header, body_size, times)
-        ctx.seg.buf[start : start + body_size] = body
-        pending = self.pending = Pending(exchange, routing_key, mandatory)
-        pending.durable = durable
+        published, expires = (-1, 0) if times is None else times
+        seg = ctx.seg
+        write_record(
+            seg.buf, block + BLOCK_HEADER, exchange, routing_key, header, body, published, expires
+        )
+        rejected = False
+        if self.tx is None and (
+            plain or (not durable and times is None and not store.priority_levels())
+        ):
+            # Appended here, no Pending.
+            spill, streams = ctx.spill, ctx.streams
+            stream_qids: frozenset[int] = frozenset()
+            if streams is not None and not plain:
+                streams.refresh()
+                stream_qids = streams.qids
+            arena, publish, slot = ctx.arena, store.publish, ctx.slot
+            done = 0
+            for qid in qids:
+                if qid in stream_qids or (
+                    spill is not None
+                    and (
+                        qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))
+                    )
+                ):
+                    break  # a stream, or paging: the Pending path below
+                outcome = publish(qid, block, body_size, slot)
+                if outcome:
+                    if outcome == FULL:
+                        break  # waits, or pages (the Pending path)
+                    if outcome == REJECTED:
+                        rejected = True
+                    elif outcome == OVER_CAPACITY:
+                        conn.flow_block(*store.flow_queue(qid))
+                if self.confirm and self.consumers and not self.confirm_held:
+                    self.confirm_held = self._consumes(qid)
+                done += 1
+            if done == len(qids):
+                release_hold(seg, block)
+                self._account(True, False, body_size, rejected, -1, None)
+                return True
+            qids = qids[done:]
+        pending = self.pending = Pending(exchange, routing_key, bool(bits & 1))
+        pending.durable = bool(durable)
         pending.times = times
-        pending.header = raw_header
+        pending.header = header
         pending.body_size = pending.received = body_size
         pending.qids = qids
         pending.block = block
+        pending.rejected = rejected
         self._complete()
         return True
 
@@ -273,28 +337,48 @@ class Publishing(ChannelState):
         elif pending.mandatory:
             self._return(pending)
         self.pending = None
+        self._account(
+            routed,
+            pending.mandatory,
+            pending.body_size,
+            pending.rejected,
+            pending.record,
+            pending.streams,
+        )
+
+    def _account(
+        self,
+        routed: bool,
+        mandatory: bool,
+        size: int,
+        rejected: bool,
+        record: int,
+        streams: list[tuple[int, int]] | None,
+    ) -> None:
+        """A message is in its queues (or returned, or dropped): count it,
+        then confirm it, or queue its confirm behind its record's sync or
+        its streams' writers."""
         self.publish_count += 1
         # Statistics (shm/stats.py): RECEIVED is derived at flush time.
         stats = self.stats
         if routed:
             stats[ROUTED] += 1
         else:
-            stats[UNROUTABLE_RETURNED if pending.mandatory else UNROUTABLE_DROPPED] += 1
-        size = pending.body_size
+            stats[UNROUTABLE_RETURNED if mandatory else UNROUTABLE_DROPPED] += 1
         stats[SIZE_SUM] += size
         stats[SIZE_BUCKETS if size <= 100 else SIZE_BUCKETS + size_bucket(size)] += 1
         if self.confirm:
             stats[RECEIVED_CONFIRM] += 1
             self.publish_seq += 1
-            if pending.rejected:
-                self._nack_publish(pending.record)
+            if rejected:
+                self._nack_publish(record)
             else:
                 self.confirm_high = self.publish_seq
-                if pending.record >= 0:  # its confirm waits for its record's sync
-                    self.unsynced.append((self.publish_seq, pending.record, False))
+                if record >= 0:  # its confirm waits for its record's sync
+                    self.unsynced.append((self.publish_seq, record, False))
                     self.ctx.persist.wait(self)  # type: ignore[union-attr]
-                if pending.streams:  # ... or for its streams' writers
-                    self.stream_waits.append((self.publish_seq, pending.streams))
+                if streams:  # ... or for its streams' writers
+                    self.stream_waits.append((self.publish_seq, streams))
                     self.ctx.streams.wait(self)  # type: ignore[union-attr]
         spill = self.ctx.spill
         if spill is not None and spill.files and spill.exhausted:

@@ -17,6 +17,7 @@ from shoal.shm import layout as L
 from shoal.shm.arena import Arena, body_length
 from shoal.shm.expiry import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.shm.queues import QueueStore
+from shoal.shm.recovery import release_owner
 from shoal.shm.segment import Segment
 
 from ._support import (
@@ -126,7 +127,7 @@ def test_an_expirer_killed_after_taking_leaves_the_entry_to_its_release(
     _, code = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGKILL
     assert qword(seg, QID, L.Q_UNACKED) == 1 and qword(seg, QID, L.Q_READY) == 0
-    assert QueueStore(seg, 0).release_owner(3) == {QID: 1}
+    assert release_owner(QueueStore(seg, 0), 3) == {QID: 1}
     again, _stopped = take_expired(QueueStore(seg, 3), QID, NOW, due)
     assert isinstance(again, tuple)
     assert QueueStore(seg, 3).ack(QID, again[0])

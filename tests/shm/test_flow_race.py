@@ -47,6 +47,7 @@ from shoal.shm import layout as L
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import Arena
 from shoal.shm.queues import QueueStore
+from shoal.shm.recovery import release_owner
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
 
@@ -372,7 +373,7 @@ def run_to_the_end(
                 continue
             # A dead acker: what the supervisor does, then a replacement.
             race.deaths += 1
-            race.store.release_owner(child.worker + 1)
+            release_owner(race.store, child.worker + 1)
             if not ctrl.load(STOP):
                 left = window_deaths - ctrl.load(WINDOW_DEATHS)
                 race.spawn_acker(child.worker, rng.randint(1, 4) if left > 0 else 0)
@@ -456,7 +457,7 @@ def test_the_sweep_releases_what_an_acker_killed_in_the_window_left_blocked(
         race.reap()
     assert os.waitstatus_to_exitcode(race.children[acker].status or 0) == -signal.SIGKILL
     assert ctrl.load(WINDOW_DEATHS) == 1
-    race.store.release_owner(ACKERS[0] + 1)
+    release_owner(race.store, ACKERS[0] + 1)
     # The lost release: BLOCKED at or below resume, no wake-up, publisher waiting.
     race.on_wake(0, poll=True)
     assert race.releases == 0 and ctrl.load(GEN) == 0

@@ -11,7 +11,7 @@ from shoal.shm import layout as L
 from shoal.shm import queues as queues_module
 from shoal.shm.arena import Arena, arena_usage, body_refs_drop
 from shoal.shm.queues import QueueFull, QueueGone, QueueStore
-from shoal.shm.recovery import recover_worker
+from shoal.shm.recovery import recover_worker, release_owner
 from shoal.shm.segment import Segment
 
 from ._support import (
@@ -346,7 +346,7 @@ def test_release_owner_requeues_everything_a_dead_worker_held(env: Env) -> None:
     assert not isinstance(env.c1.acquire(9, 0), int)
     gen = env.q(L.Q_RELEASE_GEN)
 
-    assert env.sched.release_owner(2) == {env.qid: 2, 9: 1}
+    assert release_owner(env.sched, 2) == {env.qid: 2, 9: 1}
 
     assert cell_state(env.seg, env.qid, 0) == (0, 0, L.FLAG_REDELIVERED, L.S_AVAILABLE)
     assert cell_state(env.seg, env.qid, 1) == (1, 3, 0, L.S_ACQUIRED)
@@ -382,7 +382,7 @@ def test_release_owner_tombstones_a_reserved_unpublished_cell(env: Env) -> None:
     assert env.c1.acquire(env.qid, 1) == reserved
     assert env.q(L.Q_HEAD) == reserved
 
-    assert env.sched.release_owner(PRODUCER + 1) == {}
+    assert release_owner(env.sched, PRODUCER + 1) == {}
 
     slot = env.seg.layout.proc(PRODUCER)
     assert env.seg.atomic.load(slot + L.P_INTENT_QUEUE) == 0
@@ -400,7 +400,7 @@ def test_tombstone_at_the_head_does_not_shrink_the_ring_for_good(env: Env) -> No
     tombstone at the head was never passed; every later ack saw head != seq
     and the queue ended up permanently full although empty."""
     _reserve_by_hand(env, PRODUCER)
-    env.sched.release_owner(PRODUCER + 1)
+    release_owner(env.sched, PRODUCER + 1)
     for _ in range(3 * CAP):  # three laps of the ring, one message at a time
         seq = env.pub()
         env.ack(env.c1, env.take(env.c1, seq)[0])
@@ -413,7 +413,7 @@ def test_release_owner_clears_an_intent_that_reserved_nothing(env: Env) -> None:
     slot = env.seg.layout.proc(PRODUCER)
     a.store(slot + L.P_INTENT_SEQ, 0)
     a.store(slot + L.P_INTENT_QUEUE, env.qid + 1)
-    env.sched.release_owner(PRODUCER + 1)
+    release_owner(env.sched, PRODUCER + 1)
     assert a.load(slot + L.P_INTENT_QUEUE) == 0
     assert cell_word(env.seg, env.qid, 0) == 0  # untouched
     assert env.pub() == 0  # the seq is still free for a real append
@@ -435,7 +435,7 @@ def test_release_owner_finds_an_acquire_torn_before_its_counters(env: Env) -> No
     env.pub()
     _acquire_cas_only(env, 0, owner=2)
     assert env.q(L.Q_UNACKED) == 0
-    assert env.sched.release_owner(2) == {env.qid: 1}
+    assert release_owner(env.sched, 2) == {env.qid: 1}
     seq, _, redelivered = env.take(env.c2)
     assert (seq, redelivered) == (0, True)
     env.ack(env.c2, seq)
@@ -455,7 +455,7 @@ def test_release_owner_advances_a_head_left_behind_by_a_torn_ack(env: Env) -> No
     a.fetch_add(q + L.Q_UNACKED, -1)
     a.fetch_add(q + L.Q_ACKED, 1)
     assert env.q(L.Q_HEAD) == 0
-    env.sched.release_owner(2)
+    release_owner(env.sched, 2)
     assert env.q(L.Q_HEAD) == 1
     env.ack(env.c2, env.take(env.c2)[0])
     assert env.q(L.Q_HEAD) == env.q(L.Q_TAIL) == 2
@@ -470,7 +470,7 @@ def test_release_owner_advances_a_head_left_behind_by_a_torn_ack(env: Env) -> No
 def test_counters_survive_a_kill_between_acquire_cas_and_counter_update(env: Env) -> None:
     env.pub()
     _acquire_cas_only(env, 0, owner=2)
-    env.sched.release_owner(2)
+    release_owner(env.sched, 2)
     assert (signed(env.q(L.Q_READY)), signed(env.q(L.Q_UNACKED))) == (1, 0)
 
 

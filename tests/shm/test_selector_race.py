@@ -17,6 +17,7 @@ from shoal.shm import layout as L
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import Arena, read_message
 from shoal.shm.queues import QueueStore
+from shoal.shm.recovery import release_owner
 from shoal.shm.segment import Segment
 
 from ._support import SMALL, SegmentFactory, fork_child, publish_until_accepted, qword
@@ -115,7 +116,7 @@ def test_selector_consumers_race_plain_ones_and_survive_a_sigkill(
         os.kill(victim, signal.SIGKILL)
         status[victim] = os.waitpid(victim, 0)[1]
         # What the supervisor does for a dead worker: put its entries back.
-        QueueStore(seg, 0).release_owner(2)
+        release_owner(QueueStore(seg, 0), 2)
         for pid in pids:
             if pid not in status:
                 while (reaped := os.waitpid(pid, os.WNOHANG))[0] == 0:

@@ -46,6 +46,9 @@ class FakeChannel:
     def wants_work(self, consumer: Consumer) -> bool:
         return not consumer.cancelled and self.has_credit(consumer)
 
+    def credit_room(self, consumer: Consumer) -> int:
+        return self.prefetch_count - consumer.unacked
+
     def deliver(
         self,
         consumer: Consumer,

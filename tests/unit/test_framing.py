@@ -35,10 +35,19 @@ def chunkings(data: bytes) -> list[list[bytes]]:
     return whole + per_byte + randoms
 
 
+def expanded(items: list[tuple[object, ...]]) -> list[tuple[int, int, bytes]]:
+    """The reader's items as plain frames (a whole publish as its three)."""
+    out = []
+    for item in items:
+        parts = F.publish_frames(item) if item[0] == F.PUBLISH_WHOLE else [item]
+        out += [(t, ch, bytes(p)) for t, ch, p in parts]  # type: ignore[misc]
+    return out
+
+
 @pytest.mark.parametrize("chunks", chunkings(STREAM))
 def test_reader_yields_the_same_frames_at_every_chunking(chunks: list[bytes]) -> None:
     reader = F.FrameReader(131072)
-    frames = [(t, ch, bytes(p)) for c in chunks for t, ch, p in reader.feed(c)]
+    frames = [frame for c in chunks for frame in expanded(reader.feed(c))]
     assert [(t, ch) for t, ch, _ in frames] == [(1, 1), (2, 1), (3, 1), (8, 0), (1, 2)]
     assert F.decode_publish(memoryview(frames[0][2])) == (b"ex", b"rk", True, False)
     assert F.decode_content_header(memoryview(frames[1][2])) == (60, 5)
@@ -46,6 +55,47 @@ def test_reader_yields_the_same_frames_at_every_chunking(chunks: list[bytes]) ->
     assert F.method_index(memoryview(frames[4][2])) == F.ACK
     assert F.decode_ack(memoryview(frames[4][2])) == (7, 1)
     assert reader.pending == b""
+
+
+def test_a_publish_in_one_read_is_one_item_decoded() -> None:
+    items = F.FrameReader(131072).feed(STREAM)
+    assert [item[0] for item in items] == [F.PUBLISH_WHOLE, 8, 1]
+    _, channel, _view, start, exchange, routing_key, bits, header, body = items[0]
+    assert (channel, start, exchange, routing_key, bits) == (1, 0, b"ex", b"rk", 1)
+    assert F.decode_content_header(memoryview(header)) == (60, 5)
+    assert bytes(body) == b"hello"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        pamqp_header.ContentHeader(body_size=5, properties=C.Basic.Properties(user_id="guest")),
+        pamqp_header.ContentHeader(body_size=4),  # not the body's size
+    ],
+)
+def test_a_publish_the_general_path_must_see_stays_three_frames(
+    header: pamqp_header.ContentHeader,
+) -> None:
+    """A user-id (checked against the login) or a body of another size than
+    the header says: the three frames, for the general path's checks."""
+    data = (
+        pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="q"), 1)
+        + pamqp_frame.marshal(header, 1)
+        + pamqp_frame.marshal(pamqp_body.ContentBody(b"hello"), 1)
+    )
+    assert [item[0] for item in F.FrameReader(131072).feed(data)] == [1, 2, 3]
+
+
+def test_malformed_properties_stay_three_frames() -> None:
+    good = pamqp_frame.marshal(pamqp_header.ContentHeader(body_size=5), 1)
+    bad = good[:7] + good[7:-1] + b"\x00" + good[-1:]  # a byte after the last property
+    bad = bad[:3] + struct.pack(">I", len(bad) - 8) + bad[7:]
+    data = (
+        pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="q"), 1)
+        + bad
+        + pamqp_frame.marshal(pamqp_body.ContentBody(b"hello"), 1)
+    )
+    assert [item[0] for item in F.FrameReader(131072).feed(data)] == [1, 2, 3]
 
 
 def test_frame_larger_than_frame_max_is_a_frame_error() -> None:
