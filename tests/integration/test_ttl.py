@@ -167,7 +167,9 @@ def test_expired_messages_are_counted_in_metrics(broker_factory: Any) -> None:
 def test_messages_behind_many_unacked_ones_expire(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()
-    ch.queue_declare("ttl10", arguments={"x-message-ttl": 300})
+    # Long enough for pika to publish 5,000 and take them all before any is
+    # due, on a busy machine too (300 ms failed 2 runs in 5 there).
+    ch.queue_declare("ttl10", arguments={"x-message-ttl": 3000})
     holder = conn.channel()
     holder.basic_qos(prefetch_count=5000)
     for _ in range(5000):
