@@ -58,10 +58,11 @@ class FakeTransport:
         pass
 
 
-def publish_frames(n: int, size: int) -> bytes:
+def publish_frames(n: int, size: int, persistent: bool = False) -> bytes:
+    props = C.Basic.Properties(delivery_mode=2 if persistent else None)
     one = (
         pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="bench"), 1)
-        + pamqp_frame.marshal(pamqp_header.ContentHeader(body_size=size), 1)
+        + pamqp_frame.marshal(pamqp_header.ContentHeader(0, size, props), 1)
         + pamqp_frame.marshal(ContentBody(b"x" * size), 1)
     )
     return one * n
@@ -94,6 +95,11 @@ def main() -> None:
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--deliver", action="store_true", help="and deliver, acked every 100")
     p.add_argument("--chunk", type=int, default=65536, help="bytes per socket read")
+    p.add_argument(
+        "--persistent",
+        action="store_true",
+        help="delivery mode 2 to a durable queue: the message store, fdatasync included",
+    )
     p.add_argument("--profile", action="store_true")
     ns = p.parse_args()
     d = tempfile.mkdtemp()
@@ -105,7 +111,12 @@ def main() -> None:
     ctx = WorkerContext(Config(), seg, 0, 1, os.eventfd(0, os.EFD_NONBLOCK), loop)
     from shoal.shm.queues import QueueStore
 
-    QueueStore(seg).create(0, b"bench", 0, 0)
+    QueueStore(seg).create(0, b"bench", 0, 0, uid=1 if ns.persistent else 0)
+    if ns.persistent:
+        dirs = [os.path.join(d, sub) for sub in ("msgs", "paging", "streams")]
+        for sub in dirs:
+            os.makedirs(sub)
+        ctx.open_store(*dirs)
     from shoal.workers.channel import Channel
 
     # The publisher's connection and the consumer's (one worker serves both).
@@ -119,7 +130,7 @@ def main() -> None:
     ch.prefetch_count = 500
     consumer = Consumer(1, b"ctag", ch, 0, b"bench", False, False, 0)
     ctx.consumers[1] = consumer
-    data = publish_frames(ns.messages, ns.size)
+    data = publish_frames(ns.messages, ns.size, ns.persistent)
     chunks = [data[i : i + ns.chunk] for i in range(0, len(data), ns.chunk)]
     prof = cProfile.Profile() if ns.profile else None
     acked = 0
@@ -129,6 +140,8 @@ def main() -> None:
     for chunk in chunks:
         conn.data_received(chunk)
         conn.flush()
+        if ns.persistent:  # the store's flush at the end of the loop iteration
+            loop.run_until_complete(asyncio.sleep(0))
         if ns.deliver:
             # Deliver what is ready and ack it every 100, as a consumer with
             # prefetch 500 and multi-ack 100 does.
@@ -140,6 +153,10 @@ def main() -> None:
                 ):
                     acked = min(acked + 100, ch.next_tag - 1)
                     sub.data_received(ack_frame(acked))
+    if ns.persistent:
+        persist = ctx.persist
+        assert persist is not None
+        loop.run_until_complete(persist.durable(persist.next_index))
     if prof:
         prof.disable()
     dt = time.process_time() - t0  # CPU time: steadier than wall time on a shared machine

@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct {
     PyObject_HEAD
@@ -722,6 +723,97 @@ Atomic_alloc(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/*
+ * A persistent message's tag (shm/arena.py read_tag, write_tag): MSG_TAG
+ * "<IIQ" (segment slot, check, record offset) after the body and, for a
+ * TIMED message, after its MSG_TIME; the message's flags say TAGGED.
+ */
+#define MSG_PREFIX_SIZE 16
+#define MSG_TAGGED 1
+#define MSG_TIMED 2
+#define MSG_TIME_SIZE 16
+#define MSG_TAG_SIZE 16
+
+/* Offset of the tag of the message in `block`, from its prefix; -1 if the
+ * lengths point past the buffer (a reused block, for an unpinned reader). */
+static Py_ssize_t
+tag_at(AtomicObject *self, Py_ssize_t block, unsigned *flags)
+{
+    Py_ssize_t p = block + 16;
+    if (!self->has_view || block < 0 || (block & 7) || p + MSG_PREFIX_SIZE > self->len)
+        return -1;
+    const unsigned char *r = (const unsigned char *)self->base + p;
+    *flags = r[2] | r[3] << 8;
+    uint64_t props = (uint64_t)r[4] | (uint64_t)r[5] << 8 | (uint64_t)r[6] << 16 |
+                     (uint64_t)r[7] << 24;
+    uint64_t body = *(const uint64_t *)(r + 8);
+    uint64_t at = (uint64_t)p + MSG_PREFIX_SIZE + r[0] + r[1] + props + body;
+    if (*flags & MSG_TIMED)
+        at += MSG_TIME_SIZE;
+    if (at + MSG_TAG_SIZE > (uint64_t)self->len || at < (uint64_t)p)
+        return -1;
+    return (Py_ssize_t)at;
+}
+
+/* read_tag(block) -> (slot, check, offset) | None */
+static PyObject *
+Atomic_read_tag(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "read_tag(block)");
+        return NULL;
+    }
+    Py_ssize_t block = PyLong_AsSsize_t(args[0]);
+    if (block == -1 && PyErr_Occurred())
+        return NULL;
+    unsigned flags;
+    Py_ssize_t at = tag_at(self, block, &flags);
+    if (at < 0 || !(flags & MSG_TAGGED) ||
+        (uint64_t)at + MSG_TAG_SIZE > (uint64_t)block + LOAD((uint64_t *)(self->base + block)))
+        Py_RETURN_NONE;
+    const unsigned char *t = (const unsigned char *)self->base + at;
+    uint32_t slot, check;
+    uint64_t offset;
+    memcpy(&slot, t, 4);
+    memcpy(&check, t + 4, 4);
+    memcpy(&offset, t + 8, 8);
+    return Py_BuildValue("(IIK)", slot, check, (unsigned long long)offset);
+}
+
+/* write_tag(block, slot, check, offset): the block was allocated with
+ * MSG_TAG_SIZE bytes to spare. */
+static PyObject *
+Atomic_write_tag(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "write_tag(block, slot, check, offset)");
+        return NULL;
+    }
+    Py_ssize_t block = PyLong_AsSsize_t(args[0]);
+    unsigned long slot = PyLong_AsUnsignedLong(args[1]);
+    unsigned long check = PyLong_AsUnsignedLong(args[2]);
+    unsigned long long offset = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    unsigned flags;
+    Py_ssize_t at = tag_at(self, block, &flags);
+    if (at < 0 || slot > 0xFFFFFFFFUL || check > 0xFFFFFFFFUL) {
+        PyErr_SetString(PyExc_IndexError, "tag out of range");
+        return NULL;
+    }
+    unsigned char *t = (unsigned char *)self->base + at;
+    uint32_t s32 = (uint32_t)slot, c32 = (uint32_t)check;
+    uint64_t o64 = offset;
+    memcpy(t, &s32, 4);
+    memcpy(t + 4, &c32, 4);
+    memcpy(t + 8, &o64, 8);
+    flags |= MSG_TAGGED;
+    unsigned char *f = (unsigned char *)self->base + block + 16 + 2;
+    f[0] = flags & 0xFF;
+    f[1] = flags >> 8;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Atomic_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))Atomic_alloc, METH_FASTCALL,
      "Allocate a held block in the owner's arena."},
@@ -737,6 +829,10 @@ static PyMethodDef Atomic_methods[] = {
      "Delete entries this owner acquired, in order."},
     {"release_hold", (PyCFunction)(void (*)(void))Atomic_release_hold, METH_FASTCALL,
      "Drop the HOLD bit of a block the owner routed."},
+    {"read_tag", (PyCFunction)(void (*)(void))Atomic_read_tag, METH_FASTCALL,
+     "The tag of a persistent message, or None."},
+    {"write_tag", (PyCFunction)(void (*)(void))Atomic_write_tag, METH_FASTCALL,
+     "Tag a persistent message with its record's place."},
     {"advance_head", (PyCFunction)(void (*)(void))Atomic_advance_head, METH_FASTCALL,
      "Move a queue's head past deleted cells."},
     {"load", (PyCFunction)(void (*)(void))Atomic_load, METH_FASTCALL, "Atomic 64-bit load."},
@@ -794,6 +890,11 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "A_LIVE", A_LIVE) < 0 ||
         PyModule_AddIntConstant(m, "ARENA_HEADER", ARENA_HEADER) < 0 ||
         PyModule_AddIntConstant(m, "Q_WATCH", Q_WATCH) < 0 ||
+        PyModule_AddIntConstant(m, "MSG_PREFIX_SIZE", MSG_PREFIX_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "MSG_TAGGED", MSG_TAGGED) < 0 ||
+        PyModule_AddIntConstant(m, "MSG_TIMED", MSG_TIMED) < 0 ||
+        PyModule_AddIntConstant(m, "MSG_TIME_SIZE", MSG_TIME_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "MSG_TAG_SIZE", MSG_TAG_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "Q_CAPACITY", Q_CAPACITY) < 0 ||
         PyModule_AddIntConstant(m, "Q_OVERFLOW", Q_OVERFLOW) < 0 ||
         PyModule_AddIntConstant(m, "QUEUE_SIZE", QUEUE_SIZE) < 0 ||

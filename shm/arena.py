@@ -255,7 +255,12 @@ def _tag_at(seg: Segment, block: int) -> tuple[int, int]:
 
 def write_tag(seg: Segment, block: int, slot: int, check: int, offset: int) -> None:
     """Tag a persistent message with where its PUBLISH record is (shm/segtable.py):
-    the block must have been allocated with TAG_SIZE bytes to spare."""
+    the block must have been allocated with TAG_SIZE bytes to spare. One C
+    call (shm/_atomic.c write_tag), these steps."""
+    a = seg.atomic
+    if a.__class__ is Atomic:
+        a.write_tag(block, slot, check, offset)
+        return
     flags, at = _tag_at(seg, block)
     layout.MSG_TAG.pack_into(seg.buf, at, slot, check, offset)
     p = block + layout.BLOCK_HEADER + 2
@@ -279,7 +284,11 @@ def read_tag(seg: Segment, block: int) -> tuple[int, int, int] | None:
     """(segment slot, check, record offset) of a tagged message; None for an
     untagged one. A reader that holds no reference (purge, before its CAS)
     may see a block freed and reused meanwhile: lengths that point outside
-    the block give None, and the CAS that follows decides whether it counts."""
+    the block give None, and the CAS that follows decides whether it counts.
+    One C call (shm/_atomic.c read_tag), these steps."""
+    a = seg.atomic
+    if a.__class__ is Atomic:
+        return a.read_tag(block)
     flags, at = _tag_at(seg, block)
     if not flags & layout.MSG_TAGGED or at + TAG_SIZE > block + seg.atomic.load(
         block + layout.B_SIZE

@@ -295,6 +295,16 @@ assert (_atomic.Q_WATCH, _atomic.Q_CAPACITY, _atomic.Q_OVERFLOW, _atomic.QUEUE_S
     Q_OVERFLOW,
     QUEUE_SIZE,
 ), "shm/_atomic.c and shm/layout.py disagree on the queue record"
+# A persistent message's tag in C (read_tag, write_tag).
+_RECORD = (MSG_PREFIX.size, MSG_TAGGED, MSG_TIMED, MSG_TIME.size, MSG_TAG.size)
+_C_RECORD = (
+    _atomic.MSG_PREFIX_SIZE,
+    _atomic.MSG_TAGGED,
+    _atomic.MSG_TIMED,
+    _atomic.MSG_TIME_SIZE,
+    _atomic.MSG_TAG_SIZE,
+)
+assert _RECORD == _C_RECORD, "shm/_atomic.c and shm/layout.py disagree on the message record"
 # The arena allocator in C (alloc).
 assert (_atomic.ARENA_HEADER, _atomic.BLOCK_MIN_SPLIT, _atomic.HOLD_BIT) == (
     ARENA_HEADER,

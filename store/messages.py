@@ -74,8 +74,10 @@ def parse_segment_name(segment: str) -> tuple[int, int, int]:
 
 def encode_publish(entries: Iterable[Entry], message: bytes | memoryview) -> bytes:
     entries = list(entries)
+    if len(entries) == 1:  # the usual case: one durable queue
+        return b"".join((_ONE.pack(b"P", 1, *entries[0]), message))
     head = _KIND.pack(b"P", len(entries)) + b"".join(_ENTRY.pack(*e) for e in entries)
-    return head + bytes(message)
+    return b"".join((head, message))
 
 
 def encode_amend(offset: int, entries: Iterable[Entry]) -> bytes:

@@ -218,9 +218,11 @@ def _octet_property(header: bytes, bit: int) -> int:
     those before the one wanted are skipped. A header too short for what
     its flags claim counts as 0 (the message was accepted as it is)."""
     try:
-        flags = int.from_bytes(header[12:14], "big")
+        flags = header[12] << 8 | header[13]
         if not flags & bit:
             return 0
+        if not flags & 0xE001 and bit == 0x1000:
+            return header[14]  # delivery mode first: nothing to skip
         off = 14
         while int.from_bytes(header[off - 2 : off], "big") & 1:
             off += 2  # continuation flag words (unused in 0-9-1)

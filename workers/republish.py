@@ -54,7 +54,10 @@ def to_store(ctx: WorkerContext, header: bytes, qids: list[int]) -> bool:
     if framing.delivery_mode(header) != 2:
         return False
     uid = ctx.store.uid
-    return any(uid(qid) for qid in qids)
+    for qid in qids:
+        if uid(qid):
+            return True
+    return False
 
 
 def publish(

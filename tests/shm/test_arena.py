@@ -8,14 +8,17 @@ import pytest
 
 from shoal.shm import layout as L
 from shoal.shm.arena import (
+    TAG_SIZE,
     Arena,
     arena_usage,
     body_refs_drop,
     held_blocks,
     message_size,
     read_message,
+    read_tag,
     release_hold,
     write_message,
+    write_tag,
 )
 from shoal.shm.queues import QueueStore
 from shoal.shm.recovery import recover_worker
@@ -332,3 +335,46 @@ def test_owner_killed_anywhere_in_alloc_never_lets_trim_wipe_a_live_block(
     used, live = arena_usage(seg, WORKER)
     truth = live_blocks(seg, WORKER)
     assert signed(live) >= len(truth) and signed(used) >= sum(s for _, s, _ in truth)
+
+
+class _PythonSteps:
+    """A segment whose atomic is not the plain Atomic: shm/arena.py then
+    takes its Python steps, the model of the C calls."""
+
+    def __init__(self, seg: Segment) -> None:
+        self.buf = seg.buf
+        self.layout = seg.layout
+        self.atomic = Interposer(seg.atomic, lambda n, op, offset: None)
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_the_c_tag_and_allocation_match_their_python_steps(seg: Segment, timed: bool) -> None:
+    """alloc, write_tag, read_tag and release_hold in C (shm/_atomic.c) do
+    what their Python originals do, on the same arena state."""
+    c_arena, py_arena = Arena(seg, WORKER), Arena(seg, WORKER)
+    py_arena.atomic = Interposer(seg.atomic, lambda n, op, offset: None)  # type: ignore[assignment]
+    steps = _PythonSteps(seg)
+    times = (1_700_000_000_000, 0) if timed else None
+    size = message_size(b"ex", b"rk", b"props", 5, timed) + TAG_SIZE
+    for round_ in range(50):
+        c_block = c_arena.alloc(size)
+        py_arena.cursor = c_arena.cursor  # the same state: the same next block
+        py_block = py_arena.alloc(size)
+        assert c_block is not None and py_block is not None and c_block != py_block
+        assert (size_of(seg, c_block), refs(seg, c_block)) == (
+            size_of(seg, py_block),
+            refs(seg, py_block),
+        )
+        for block in (c_block, py_block):
+            write_message(seg, block, b"ex", b"rk", b"props", 5, times)
+        write_tag(seg, c_block, 7, round_, 1 << 40)
+        write_tag(steps, py_block, 7, round_, 1 << 40)  # type: ignore[arg-type]
+        assert read_tag(seg, c_block) == read_tag(steps, py_block) == (7, round_, 1 << 40)  # type: ignore[arg-type]
+        assert read_tag(seg, py_block) == read_tag(steps, c_block)  # type: ignore[arg-type]
+        c_arena.cursor = py_arena.cursor
+        assert release_hold(seg, c_block) and release_hold(steps, py_block)  # type: ignore[arg-type]
+    assert arena_usage(seg, WORKER) == (0, 0)
+
+
+def size_of(seg: Segment, block: int) -> int:
+    return int(seg.atomic.load(block + L.B_SIZE))
