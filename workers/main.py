@@ -99,8 +99,8 @@ class Worker:
         self._flush_stats()
         self._poll_alarms()
         a.store(slot + layout.P_READY, 1)
-        import gc
-
+        # What the worker built to start (modules, pamqp's tables, caches) is
+        # never garbage: the collector's full passes need not walk it again.
         gc.freeze()
         try:
             loop.run_forever()

@@ -54,7 +54,7 @@ def to_store(ctx: WorkerContext, header: bytes, qids: list[int]) -> bool:
     if framing.delivery_mode(header) != 2:
         return False
     uid = ctx.store.uid
-    for qid in qids:
+    for qid in qids:  # noqa: SIM110  (a generator costs a frame per message)
         if uid(qid):
             return True
     return False
