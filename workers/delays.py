@@ -31,7 +31,7 @@ from shoal.shm.expiry import take_entry
 from shoal.workers import republish
 from shoal.workers.context import WorkerContext
 from shoal.workers.routes import message_headers
-from shoal.workers.ticker import Ticker
+from shoal.workers.ticker import NOTHING_POLL, Ticker
 
 log = logging.getLogger("shoal.worker")
 
@@ -73,7 +73,7 @@ class Delays(Ticker):
             if qid not in owned or store.generation(qid) != self.indexes[qid].generation:
                 del self.indexes[qid]  # deleted (maybe re-created) or no longer ours
         if not owned:
-            self._schedule(POLL)  # (a queue of its own may appear any moment)
+            self._schedule(NOTHING_POLL)  # (a queue of its own may appear any moment)
             return
         now = now_ms()
         wake = now + int(POLL * 1000)

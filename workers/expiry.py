@@ -22,7 +22,7 @@ from shoal.shm.arena import message_times
 from shoal.shm.expiry import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
-from shoal.workers.ticker import IDLE_POLL, Ticker
+from shoal.workers.ticker import IDLE_POLL, NOTHING_POLL, Ticker
 
 POLL = 0.02  # seconds between looks at the heads of queues that may expire
 BATCH = 2048  # expired messages taken per loop iteration (then the others run)
@@ -126,7 +126,7 @@ class Expiry(Ticker):
         now = now_ms()
         owned = self._owned_now(now)
         if not owned:
-            self._schedule(POLL)  # (a queue of its own may appear any moment)
+            self._schedule(NOTHING_POLL)  # (a queue of its own may appear any moment)
             return
         budget = BATCH
         wake = now + int(POLL * 1000)

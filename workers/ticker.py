@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 
 IDLE_POLL = 0.25  # seconds before a job looks again for what it should watch
+# How often a job that has nothing to watch looks for something: ten
+# wake-ups a second per job on a broker that uses no TTL and no delayed
+# exchange, not fifty (a new queue of its own waits at most this long).
+NOTHING_POLL = 0.1
 
 
 class Ticker:
