@@ -17,6 +17,7 @@ from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX
 from shoal.shm.arena import (
     TAG_SIZE,
     TIME_SIZE,
+    Arena,
     message_size,
     release_hold,
     write_message,
@@ -42,7 +43,7 @@ from shoal.workers.channel_state import (
     ChannelState,
     Pending,
 )
-from shoal.workers.spill import PAGE_IN_INTERVAL, block_payload
+from shoal.workers.spill import PAGE_IN_INTERVAL, Spiller, block_payload
 
 log = logging.getLogger("shoal.worker")
 DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
@@ -159,38 +160,12 @@ class Publishing(ChannelState):
         if self.tx is None and (
             plain or (not durable and times is None and not store.priority_levels())
         ):
-            # Appended here, no Pending.
-            spill, streams = ctx.spill, ctx.streams
-            stream_qids: frozenset[int] = frozenset()
-            if streams is not None and not plain:
-                streams.refresh()
-                stream_qids = streams.qids
-            arena, publish, slot = ctx.arena, store.publish, ctx.slot
-            done = 0
-            for qid in qids:
-                if qid in stream_qids or (
-                    spill is not None
-                    and (
-                        qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))
-                    )
-                ):
-                    break  # a stream, or paging: the Pending path below
-                outcome = publish(qid, block, body_size, slot)
-                if outcome:
-                    if outcome == FULL:
-                        break  # waits, or pages (the Pending path)
-                    if outcome == REJECTED:
-                        rejected = True
-                    elif outcome == OVER_CAPACITY:
-                        conn.flow_block(*store.flow_queue(qid))
-                if self.confirm and self.consumers and not self.confirm_held:
-                    self.confirm_held = self._consumes(qid)
-                done += 1
+            done, rejected = self._append_now(qids, block, body_size, plain)
             if done == len(qids):
                 release_hold(seg, block)
                 self._account(True, False, body_size, rejected, -1, None)
                 return True
-            qids = qids[done:]
+            qids = qids[done:]  # the rest through _complete
         pending = self.pending = Pending(exchange, routing_key, bool(bits & 1))
         pending.durable = bool(durable)
         pending.times = times
@@ -201,6 +176,37 @@ class Publishing(ChannelState):
         pending.rejected = rejected
         self._complete()
         return True
+
+    def _append_now(
+        self, qids: list[int], block: int, body_size: int, plain: bool
+    ) -> tuple[int, bool]:
+        """fast_publish's appends of a message with no record, no timestamp
+        and no level, no Pending: (how many of `qids` it did, whether a
+        queue refused it). It stops at a queue that is a stream, pages, or
+        is full: _complete does the rest (it waits, or pages)."""
+        ctx = self.ctx
+        store, spill, streams = ctx.store, ctx.spill, ctx.streams
+        stream_qids: frozenset[int] = frozenset()
+        if streams is not None and not plain:  # (plain queues are no streams)
+            streams.refresh()
+            stream_qids = streams.qids
+        publish, slot = store.publish, ctx.slot
+        done, rejected = 0, False
+        for qid in qids:
+            if qid in stream_qids or (spill is not None and _pages(spill, ctx.arena, qid)):
+                break
+            outcome = publish(qid, block, body_size, slot)
+            if outcome:
+                if outcome == FULL:
+                    break
+                if outcome == REJECTED:
+                    rejected = True
+                elif outcome == OVER_CAPACITY:
+                    self.conn.flow_block(*store.flow_queue(qid))
+            if self.confirm and self.consumers and not self.confirm_held:
+                self.confirm_held = self._consumes(qid)
+            done += 1
+        return done, rejected
 
     def _route(
         self, exchange: bytes, routing_key: bytes, raw_header: bytes, also: list[bytes]
@@ -495,9 +501,7 @@ class Publishing(ChannelState):
             stream_qids = streams.qids
         while pending.qids:
             qid = pending.qids[0]
-            if spill is not None and (
-                qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))
-            ):
+            if spill is not None and _pages(spill, arena, qid):
                 self._spill(pending, qid)  # a backlog past its log or the arena
                 continue
             outcome = publish(qid, block, pending.body_size, ctx.slot)
@@ -570,3 +574,10 @@ class Publishing(ChannelState):
         self.confirm = True
         if not method.nowait:
             self.conn.write(framing.encode_method(self.number, C.Confirm.SelectOk()))
+
+
+def _pages(spill: Spiller, arena: Arena, qid: int) -> bool:
+    """Whether a message for `qid` goes to the worker's paging file rather
+    than to the log: the queue pages already, or the arena is filling and
+    the queue has a backlog (workers/spill.py)."""
+    return qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))
