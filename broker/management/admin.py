@@ -29,6 +29,7 @@ from shoal.broker.management.http import (
     visible_vhosts,
 )
 from shoal.broker.management.objects import connection_rows
+from shoal.shm import processes
 
 
 async def overview(request: web.Request) -> web.Response:
@@ -314,7 +315,18 @@ async def health(request: web.Request) -> web.Response:
             protocol = "amqp/ssl"
         if not known.get(protocol):
             failed = f"No active listener for protocol {protocol}"
-    elif check not in ("virtual-hosts", "node-is-quorum-critical", "node-is-mirror-sync-critical"):
+    elif check == "virtual-hosts":
+        # RabbitMQ's answers whether every vhost's processes run on the node;
+        # here every vhost is served by the scheduler and the IO workers.
+        if processes.not_serving(backend.seg):
+            down = sorted(backend.current().vhosts)
+            body = {
+                "status": "failed",
+                "reason": "Some virtual hosts are down",
+                "virtual-hosts": down,
+            }
+            return web.json_response(body, status=503)
+    elif check not in ("node-is-quorum-critical", "node-is-mirror-sync-critical"):
         return error(404, "Object Not Found", "Not Found")
     if failed:
         return web.json_response({"status": "failed", "reason": failed}, status=503)

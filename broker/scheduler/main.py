@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -136,6 +137,9 @@ class Scheduler(Notification):
             link.send(ipc.Resync())
         self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.loop.run_until_complete(self.introspection.start())
+        # Beating from the start, not from the first sweep: a health check
+        # (shm/processes.py) right after a start sees it serve.
+        self.a.store(slot + layout.P_HEARTBEAT_NS, time.monotonic_ns())
         self.a.store(slot + layout.P_READY, 1)
         try:
             self.loop.run_forever()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -166,6 +168,35 @@ def test_definitions_connections_and_health(managed: Broker) -> None:
     assert status == 503 and body["status"] == "failed"
     status, overview = http(managed, "GET", "/overview")
     assert status == 200 and overview["rabbitmq_version"].startswith("3.")
+
+
+def test_the_virtual_hosts_check_fails_while_the_broker_cannot_serve(managed: Broker) -> None:
+    """RabbitMQ's virtual-hosts check answers whether every vhost's processes
+    run; here the scheduler and the IO workers serve every vhost. A stopped
+    scheduler (a hung loop: its heartbeat goes stale) fails the check, and
+    it passes again once the scheduler runs."""
+    assert http(managed, "GET", "/health/checks/virtual-hosts") == (200, {"status": "ok"})
+    scheduler = managed.pids("scheduler")[0]
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: http(managed, "GET", "/health/checks/virtual-hosts")[0] == 503,
+            20,
+            "the check to fail",
+        )
+        _status, body = http(managed, "GET", "/health/checks/virtual-hosts")
+        assert body == {
+            "status": "failed",
+            "reason": "Some virtual hosts are down",
+            "virtual-hosts": ["/"],
+        }
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    wait_for(
+        lambda: http(managed, "GET", "/health/checks/virtual-hosts")[0] == 200,
+        20,
+        "the check to pass again",
+    )
 
 
 def test_only_rabbitmqs_methods_change_things(managed: Broker) -> None:
