@@ -381,6 +381,53 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 conn.deliveries_written()
 
 
+# At most this many deliveries before a cancel-ok (take_ready).
+CANCEL_TAKES = BURST
+
+
+def take_ready(ctx: PullContext, consumer: Consumer) -> None:
+    """Before a consumer's cancel-ok: deliver what is ready for it now and
+    within its credit (at most CANCEL_TAKES), so that what its channel did
+    before the cancel keeps its order, as in RabbitMQ: a message the channel
+    published to the consumer's queue just before cancelling reaches the
+    consumer, not the queue after cancel-ok. Plain consumers only (no levels,
+    selector, stream or browsing), which is where a channel's publish and
+    its own cancel meet."""
+    if (
+        consumer.cancelled
+        or not consumer.acquiring
+        or consumer.stream is not None
+        or consumer.levels is not None
+        or consumer.wanted is not None
+    ):
+        return
+    store, qid, channel = ctx.store, consumer.qid, consumer.channel
+    release_gen = store.release_generation(qid)
+    if release_gen != consumer.release_gen:
+        consumer.release_gen = release_gen
+        consumer.pointer = 0
+    out: list[bytes] = []
+    flags = store.seg.buf
+    try:
+        for _ in range(CANCEL_TAKES):
+            if not consumer.wants_work():
+                return
+            got = store.acquire(qid, consumer.pointer)
+            if got.__class__ is int:
+                consumer.pointer = got
+                return
+            seq, block, redelivered = got  # type: ignore[misc]
+            consumer.pointer = seq + 1
+            if flags[block + TIMED_AT] & MSG_TIMED and ctx.expiry.drop_if_expired(qid, seq, block):
+                continue
+            if redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block):
+                continue
+            channel.deliver(consumer, qid, seq, block, redelivered, out)
+    finally:
+        if out:
+            channel.conn.write_many(out)
+
+
 def _yield(ctx: PullContext, consumer: Consumer) -> None:
     """End a turn with work left. The queue's only consumer has nobody to
     yield to, so it skips the round trip through the scheduler and only lets

@@ -33,7 +33,7 @@ from shoal.workers.access import READ
 from shoal.workers.channel_state import (
     ChannelState,
 )
-from shoal.workers.consumer import Consumer, update_interest
+from shoal.workers.consumer import Consumer, take_ready, update_interest
 from shoal.workers.levels import Levels
 from shoal.workers.streams import StreamReading
 
@@ -440,6 +440,7 @@ class Delivery(ChannelState):
         tag = method.consumer_tag or ""
         consumer = self.consumers.pop(tag.encode(), None)
         if consumer is not None:
+            take_ready(self.ctx, consumer)  # what the channel did before comes first
             self._drop_consumer(consumer)
             if consumer.queue_name == self.reply_queue:
                 self.drop_reply_queue()

@@ -578,3 +578,33 @@ def test_basic_get_returns_redelivered_messages_in_queue_order(broker_factory: A
     assert ready_count(getter_conn, "get-redelivered") == 0
     holder_conn.close()
     getter_conn.close()
+
+
+def test_a_publish_before_a_cancel_reaches_the_consumer_first(broker: Broker) -> None:
+    """A channel consumes (no-ack), publishes one message to the queue and
+    cancels, in one write (as Go's and Node's clients send them): as in
+    RabbitMQ, what the channel sent before the cancel is handled first, so
+    the consumer gets the message before cancel-ok and the queue is left
+    empty. It was cancel-ok first, and the message left in the queue."""
+    client = raw_connect(broker.port)
+    client.method(1, C.Queue.Declare(queue="before-cancel"))
+    assert isinstance(client.frame()[1], C.Queue.DeclareOk)  # type: ignore[index]
+    for round_ in range(20):
+        tag = f"c{round_}"
+        client.method(1, C.Basic.Consume(queue="before-cancel", consumer_tag=tag, no_ack=True))
+        assert isinstance(client.frame()[1], C.Basic.ConsumeOk)  # type: ignore[index]
+        body = f"m{round_}".encode()
+        frames = [
+            pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="before-cancel"), 1),
+            pamqp_frame.marshal(ContentHeader(body_size=len(body)), 1),
+            pamqp_frame.marshal(ContentBody(body), 1),
+            pamqp_frame.marshal(C.Basic.Cancel(consumer_tag=tag), 1),
+        ]
+        client.send(b"".join(frames))
+        seen = [client.frame() for _ in range(4)]
+        kinds = [type(f[1]).__name__ for f in seen if f is not None]
+        assert kinds == ["Deliver", "ContentHeader", "ContentBody", "CancelOk"], f"round {round_}"
+        assert seen[2][1].value == body  # type: ignore[index]
+        client.method(1, C.Queue.Declare(queue="before-cancel", passive=True))
+        declared = client.frame()[1]  # type: ignore[index]
+        assert declared.message_count == 0
