@@ -8,7 +8,7 @@ release entries concurrently, and every step below is safe against that.
 from __future__ import annotations
 
 from shoal.shm import layout
-from shoal.shm.arena import held_blocks, release_hold
+from shoal.shm.arena import held_blocks, read_tag, release_hold
 from shoal.shm.queues import QueueStore, unpublished
 from shoal.shm.segment import Segment
 
@@ -119,3 +119,31 @@ def count_references(store: QueueStore, blocks: set[int]) -> dict[int, int]:
                 if block in blocks:
                     counts[block] = counts.get(block, 0) + 1
     return counts
+
+
+def delivered_entries(seg: Segment) -> list[tuple[tuple[int, int, int], int]]:
+    """(message tag, queue uid) of every live entry of a durable queue that
+    may have been delivered: ACQUIRED, or AVAILABLE with the redelivered
+    flag (requeued). For a clean stop's record (store/clean_stop.py): the
+    supervisor calls it once the IO workers are gone."""
+    store = QueueStore(seg, 0)
+    a, offsets = store.a, store.layout
+    found = []
+    for qid in store.active_logs():
+        uid = store.uid(qid)
+        if not uid:
+            continue
+        q, ring = offsets.queue(qid), offsets.log(qid)
+        for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
+            cell = ring + (seq & store.mask) * layout.CELL_SIZE
+            w = a.load(cell)
+            state = w & layout.STATE_MASK
+            if w >> layout.SEQ_SHIFT != seq:
+                continue
+            if state == layout.S_ACQUIRED or (
+                state == layout.S_AVAILABLE and w & layout.FLAG_REDELIVERED
+            ):
+                tag = read_tag(seg, a.load(cell + 8))
+                if tag is not None:
+                    found.append((tag, uid))
+    return found

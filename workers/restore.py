@@ -4,9 +4,11 @@ IO worker 0, once per broker start, after the scheduler restored the
 durable queues (H_RESTORED) and before the acceptor takes a connection
 (H_LOADED): reads every segment of earlier starts with its ack files
 (store/messages.py recover), and appends each durable queue's live
-messages to it, level by level, in their old order, flagged redelivered
-(after a crash any of them may have been delivered; the flag is allowed to
-say "maybe"). Each loaded body is tagged with its old record, so its acks
+messages to it, level by level, in their old order. After a crash each is
+flagged redelivered (any of them may have been delivered; the flag is
+allowed to say "maybe"); after a clean stop only those its record names
+(store/clean_stop.py: delivered and not acked, as RabbitMQ flags them).
+Each loaded body is tagged with its old record, so its acks
 go to that segment's ack files, and the segment (claimed in worker 0's
 segment table, sealed) is deleted once all of them are gone.
 
@@ -29,6 +31,8 @@ from shoal.shm import layout
 from shoal.shm.arena import TAG_SIZE, body_length, release_hold, write_tag
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
 from shoal.shm.segtable import SegmentName, check_of
+from shoal.store import clean_stop
+from shoal.store.clean_stop import Delivered
 from shoal.store.messages import Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
 from shoal.workers.spill import REDELIVERED, tagged_payload
@@ -88,6 +92,9 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
     # Durable queues this start could not declare (a lowered --max-queues)
     # keep their messages on disk for a later start.
     keep = logged_queue_uids(ctx.config.data_path()) - set(uids)
+    # After a clean stop only what may have been delivered is flagged
+    # redelivered (store/clean_stop.py); taken before anything is appended.
+    delivered = clean_stop.take(persist.directory)
     found = recover(persist.directory, set(uids), before_epoch=persist.epoch, keep=keep)
     for file, cut in found.skipped:
         log.warning(
@@ -115,13 +122,20 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
         qid = uids[uid]
         if level:
             qid = (await ctx.request(ipc.Level(qid, level)))[0]
-        loaded += _append(ctx, qid, uid, messages, slots)
+        loaded += _append(ctx, qid, uid, messages, slots, delivered)
     return loaded, len({uid for uid, _level in found.queues})
 
 
 def _append(
-    ctx: WorkerContext, qid: int, uid: int, messages: list[Live], slots: dict[str, tuple[int, int]]
+    ctx: WorkerContext,
+    qid: int,
+    uid: int,
+    messages: list[Live],
+    slots: dict[str, tuple[int, int]],
+    delivered: set[Delivered] | None,
 ) -> int:
+    """Append a queue's recovered messages (`delivered`: those a clean stop
+    recorded as maybe delivered; None: flag them all, as after a crash)."""
     seg, store, persist, spill = ctx.seg, ctx.store, ctx.persist, ctx.spill
     assert persist is not None and spill is not None
     # What the log or the arena cannot hold goes to a paging file
@@ -131,16 +145,18 @@ def _append(
     for done, (_epoch, _seq, segment, offset, message) in enumerate(messages):
         slot, check = slots[segment]
         tag = (slot, check, offset)
+        redelivered = delivered is None or (segment, offset, uid) in delivered
+        flags = REDELIVERED if redelivered else 0
         if may_spill and (spilling or spill.pressed(qid)):
             spilling = True
-            spill.put(qid, tagged_payload(message, tag), REDELIVERED)
+            spill.put(qid, tagged_payload(message, tag), flags)
             continue
         size = len(message)
         block = ctx.arena.alloc(size + TAG_SIZE)
         if block is None:
             if may_spill:
                 spilling = True
-                spill.put(qid, tagged_payload(message, tag), REDELIVERED)
+                spill.put(qid, tagged_payload(message, tag), flags)
                 continue
             _left_on_disk(ctx, qid, len(messages) - done, "the arena (--arena-mb)")
             return done
@@ -150,13 +166,14 @@ def _append(
         outcome = store.publish(qid, block, body_length(seg, block), ctx.slot)
         release_hold(seg, block)
         if outcome in (APPENDED, OVER_CAPACITY):
-            store.mark_redelivered(qid, store.last_seq)
+            if redelivered:
+                store.mark_redelivered(qid, store.last_seq)
             if message[2] & layout.MSG_TIMED:  # the flags' low byte
                 store.mark_timed(qid)
         elif outcome == FULL:
             if may_spill:
                 spilling = True
-                spill.put(qid, tagged_payload(message, tag), REDELIVERED)
+                spill.put(qid, tagged_payload(message, tag), flags)
                 continue
             _left_on_disk(ctx, qid, len(messages) - done, "its log (--queue-capacity)")
             return done

@@ -38,12 +38,14 @@ from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
 from shoal.broker.supervisor import acceptor, datadir, systemd
 from shoal.broker.supervisor.child import Child
+from shoal.broker.supervisor.clean_stop import record_clean_stop
 from shoal.broker.supervisor.scaling import Scaling
 from shoal.shm import layout, memory, ownership
 from shoal.shm.catalog import CatalogFull, CatalogWriter
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
+from shoal.store.messages import store_directory
 from shoal.workers import tls
 from shoal.workers.main import run_worker
 
@@ -554,14 +556,20 @@ class Supervisor:
             listener.close()
         self._wait_for(("acceptor",), 2.0)
         self._signal_children(signal.SIGTERM, ("io-worker",))
-        if not self._wait_for(("io-worker",), self.config.graceful_timeout + 1.0):
+        clean = self._wait_for(("io-worker",), self.config.graceful_timeout + 1.0)
+        if not clean:
             self._signal_children(signal.SIGKILL, ("io-worker",))
         # The metrics process goes last: it served scrapes during the drain.
         rest = ("scheduler", "acceptor", "io-worker", "metrics", "management")
         self._signal_children(signal.SIGTERM, ("scheduler", "acceptor", "metrics", "management"))
         if not self._wait_for(rest, 3.0):
+            clean = False
             self._signal_children(signal.SIGKILL, rest)
             self._wait_for(rest, 3.0)
+        if clean and not any(child.pid for child in self.children):
+            # Every writer of the store stopped by itself (its settles on
+            # disk): the next start flags only what may have been delivered.
+            record_clean_stop(self.seg, store_directory(self.config.data_path()))
         return 0
 
     def _fast_stop(self) -> int:

@@ -69,7 +69,9 @@ def test_confirmed_persistent_messages_outlive_the_broker(broker: Broker, crash:
     # Acked first: the 10 taken were d0..d9 and transient0..transient4 (gets
     # alternate), so the persistent ones left start where those stopped.
     assert bodies == [b"d%d" % i for i in range(5, 100)], bodies[:10]
-    assert all(redelivered for _, redelivered in got)
+    # After a crash any of them may have been delivered: all flagged. After a
+    # clean stop none was (the delivered ones were acked): none flagged.
+    assert [redelivered for _, redelivered in got] == [crash] * 95
     with pytest.raises(pika.exceptions.ChannelClosedByBroker):
         conn.channel().queue_declare("t", passive=True)
     got = drain(ch, "p")
@@ -83,6 +85,33 @@ def test_confirmed_persistent_messages_outlive_the_broker(broker: Broker, crash:
     # Everything acked: the segments go (an owner sweeps once a second).
     # (the ack files go right after their segment: both are waited for)
     wait_for(lambda: not store_files(broker), 10, "no segment and no ack file")
+
+
+def test_a_clean_stop_flags_only_what_was_delivered(broker: Broker) -> None:
+    """As in RabbitMQ: after SIGTERM and a start, a recovered message is
+    flagged redelivered only if it may have been delivered (here: taken and
+    not acked when the broker stopped); after a crash every one is."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("clean", durable=True)
+    for i in range(10):
+        ch.basic_publish("", "clean", b"c%d" % i, PERSISTENT)
+    taken = conn.channel()
+    for _ in range(3):  # delivered, never acked: requeued by the stop
+        method, _props, _body = taken.basic_get("clean", auto_ack=False)
+        assert method is not None
+    broker.restart()
+    conn = connect(broker)
+    ch = conn.channel()
+    got = drain(ch, "clean", ack=False)
+    assert got == [(b"c%d" % i, i < 3) for i in range(10)]
+    conn.close()
+    broker.restart(crash=True)  # the stop's record was taken by the start: all flagged now
+    conn = connect(broker)
+    got = drain(conn.channel(), "clean")
+    assert got == [(b"c%d" % i, True) for i in range(10)]
+    conn.close()
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
