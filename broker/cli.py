@@ -14,7 +14,12 @@ from shoal.broker.config import Config, default_workers
 def _broker_parser() -> argparse.ArgumentParser:
     d = Config()
     p = argparse.ArgumentParser(prog="shoal", description="Shoal AMQP 0-9-1 broker")
-    p.add_argument("--bind", default=d.bind, help="address to listen on (default %(default)s)")
+    p.add_argument(
+        "--bind",
+        action="append",
+        default=None,
+        help="address to listen on, repeatable (default :: , every IPv4 and IPv6 address)",
+    )
     p.add_argument("--port", type=int, default=d.port, help="AMQP port (default %(default)s)")
     p.add_argument(
         "--workers",
@@ -224,19 +229,24 @@ def _broker_parser() -> argparse.ArgumentParser:
 
 
 def local_command(
-    port: int, workers: int, runtime_dir: str, *extra: str, data_dir: str = ""
+    port: int,
+    workers: int,
+    runtime_dir: str,
+    *extra: str,
+    data_dir: str = "",
+    bind: str | None = "127.0.0.1",
 ) -> list[str]:
     """The command line that starts a broker on 127.0.0.1 for tests,
     benchmarks and the interop runner (one place, so they agree). The data
     directory is `data_dir`, by default `data` inside the runtime directory:
     a harness that removes its temporary runtime directory removes both, and
-    nothing is written under the user's home."""
+    nothing is written under the user's home. `bind` None: the broker's
+    default address (every IPv4 and IPv6 address)."""
     return [
         sys.executable,
         "-m",
         "shoal.broker",
-        "--bind",
-        "127.0.0.1",
+        *(("--bind", bind) if bind is not None else ()),
         "--port",
         str(port),
         "--workers",
@@ -264,6 +274,8 @@ def config_from_args(argv: list[str]) -> Config:
         action.default = argparse.SUPPRESS
     given = frozenset(vars(parser.parse_args(argv))) - {"config"}
     flags = {k: v for k, v in vars(ns).items() if k != "config"}
+    if flags["bind"] is None:
+        flags["bind"] = Config().bind
     try:
         return settings.resolve(flags, given, ns.config)
     except settings.SettingsError as exc:

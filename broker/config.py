@@ -13,7 +13,9 @@ def default_workers() -> int:
 
 
 class Config(msgspec.Struct, frozen=True):
-    bind: str = "0.0.0.0"
+    # Addresses to listen on; "::" is every address, IPv4 and IPv6 (one
+    # dual-stack socket, as RabbitMQ listens): broker/listeners.py.
+    bind: tuple[str, ...] = ("::",)
     port: int = 5672
     plain_listener: bool = True  # False: AMQPS only (--port still names the runtime dir)
     tls_port: int = 0  # the AMQPS listener (5671 by convention); 0: none

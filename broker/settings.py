@@ -79,6 +79,8 @@ def read_file(path: str) -> dict[str, Any]:
             raise SettingsError(f"{path}: unknown setting '{key}'")
         if name == "loopback_users" and isinstance(value, str):
             value = tuple(u for u in value.split(",") if u)
+        if name == "bind" and isinstance(value, str):
+            value = (value,)  # one address, or a list of them
         if name in PATHS and isinstance(value, str) and value:
             value = os.path.join(os.path.dirname(os.path.abspath(path)), value)  # beside it
         settings[name] = value

@@ -64,8 +64,10 @@ class Broker:
         workers: int = 2,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        bind: str | None = "127.0.0.1",
     ) -> None:
         self.port = free_port()
+        self.bind = bind  # None: the broker's default (every IPv4 and IPv6 address)
         self.workers = workers
         self.runtime_dir = str(tmp / f"run-{self.port}")
         # Beside the runtime directory, not in it: the broker removes its
@@ -89,6 +91,7 @@ class Broker:
             *("--graceful-timeout", "5", "--arena-mb", "64", "--max-queues", "256"),
             *self.args,
             data_dir=self.data_dir,
+            bind=self.bind,
         )
         env = dict(os.environ)
         env.update(self.env or {})

@@ -34,8 +34,9 @@ def broker_factory(tmp_path: Path) -> Iterator[type]:
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         wait: bool = True,
+        bind: str | None = "127.0.0.1",
     ) -> Broker:
-        b = Broker(tmp_path, workers, args, env)
+        b = Broker(tmp_path, workers, args, env, bind)
         started.append(b)
         return b.start(wait)
 

@@ -18,6 +18,7 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
+from shoal.broker.listeners import socket_address
 from shoal.shm import flow, layout, memory, stats
 from shoal.workers import framing, negotiation, tls
 from shoal.workers.access import ConnectionAccess
@@ -112,8 +113,7 @@ class Connection(Handshake, asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = transport
         self.ctx.stats.v[stats.CONNECTIONS_OPENED] += 1
-        peer = transport.get_extra_info("peername")
-        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self.peer_host = socket_address(transport.get_extra_info("peername"))[0]
         if transport.get_extra_info("ssl_object") is not None:  # AMQPS, handshake done
             self.certificate_user = tls.certificate_user(transport.get_extra_info("peercert"))
         sock = transport.get_extra_info("socket")
@@ -602,8 +602,8 @@ class Connection(Handshake, asyncio.Protocol):
         (rabbitmqctl's item names); {} before it is open."""
         if self.state != OPEN or self.transport is None:
             return {}
-        peer = self.transport.get_extra_info("peername") or ("", 0)
-        local = self.transport.get_extra_info("sockname") or ("", 0)
+        peer = socket_address(self.transport.get_extra_info("peername"))
+        local = socket_address(self.transport.get_extra_info("sockname"))
         ssl_object = self.transport.get_extra_info("ssl_object")
         props = self.client_properties
         return {

@@ -41,17 +41,14 @@ async def overview(request: web.Request) -> web.Response:
     exchanges = await per_vhost(request, "list_exchanges", None)
     config = backend.config
     listeners = [
-        {"node": node_name(), "protocol": "amqp", "ip_address": config.bind, "port": config.port}
-    ]
-    if config.tls_port:
-        listeners.append(
-            {
-                "node": node_name(),
-                "protocol": "amqp/ssl",
-                "ip_address": config.bind,
-                "port": config.tls_port,
-            }
+        {"node": node_name(), "protocol": protocol, "ip_address": address, "port": port}
+        for protocol, port, on in (
+            ("amqp", config.port, config.plain_listener),
+            ("amqp/ssl", config.tls_port, bool(config.tls_port)),
         )
+        if on
+        for address in config.bind
+    ]
     return web.json_response(
         {
             # RabbitMQ's version numbers, which tools compare: what Shoal

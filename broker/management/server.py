@@ -17,6 +17,7 @@ import uvloop
 from aiohttp import web
 from setproctitle import setproctitle
 
+from shoal.broker import listeners as listening
 from shoal.broker.config import Config
 from shoal.broker.management import api, http
 from shoal.broker.management.backend import Backend
@@ -64,11 +65,11 @@ def run_management(config: Config, seg: Segment) -> int:
     asyncio.set_event_loop(loop)
     runner = web.AppRunner(make_app(config, seg), access_log=None)
     loop.run_until_complete(runner.setup())
-    bind = config.management_bind or config.bind
-    site = web.TCPSite(runner, bind, config.management_port, reuse_address=True)
-    loop.run_until_complete(site.start())
+    binds = (config.management_bind,) if config.management_bind else config.bind
+    for sock in listening.listen(binds, config.management_port):
+        loop.run_until_complete(web.SockSite(runner, sock).start())
     seg.atomic.store(slot + layout.P_READY, 1)
-    log.info("management API on http://%s:%d/api/", bind, config.management_port)
+    log.info("management API on %s port %d, /api/", listening.shown(binds), config.management_port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

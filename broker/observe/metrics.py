@@ -65,6 +65,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from setproctitle import setproctitle
 
+from shoal.broker import listeners as listening
 from shoal.broker.config import Config
 from shoal.broker.observe import families
 from shoal.broker.observe.exporter import Exporter
@@ -169,14 +170,24 @@ def serve(config: Config, seg: Segment) -> int:
         def log_message(self, format: str, *args: Any) -> None:
             pass  # one line per scrape is noise
 
-    bind = config.metrics_bind or config.bind
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    ThreadingHTTPServer.address_family = family
-    server = ThreadingHTTPServer((bind, config.metrics_port), Handler)
+    binds = (config.metrics_bind,) if config.metrics_bind else config.bind
+    servers = [_server(sock, Handler) for sock in listening.listen(binds, config.metrics_port)]
     seg.atomic.store(slot + layout.P_READY, 1)
-    log.info("metrics on http://%s:%d/metrics", bind, config.metrics_port)
+    log.info("metrics on %s port %d, /metrics", listening.shown(binds), config.metrics_port)
+    for server in servers[1:]:  # one thread per address; the first on this one
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        server.serve_forever()
+        servers[0].serve_forever()
     finally:
-        server.server_close()
+        for server in servers:
+            server.server_close()
     return 0
+
+
+def _server(sock: socket.socket, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """An HTTP server on a socket already listening (broker/listeners.py)."""
+    server = ThreadingHTTPServer(sock.getsockname()[:2], handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_address = sock.getsockname()[:2]
+    return server

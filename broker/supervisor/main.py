@@ -23,6 +23,7 @@ from collections.abc import Callable
 import psutil
 from setproctitle import setproctitle
 
+from shoal.broker import listeners as listening
 from shoal.broker import settings
 from shoal.broker.amqp.definitions import Op
 from shoal.broker.config import Config
@@ -156,14 +157,14 @@ class Supervisor:
         settings.publish(config, runtime)  # what children read at SIGHUP
         # Socket activation: systemd's sockets, by port; the others are bound here.
         activated = {s.getsockname()[1]: s for s in systemd.activated_sockets()}
-        if config.plain_listener:
-            plain = activated.pop(config.port, None) or _listen(config.bind, config.port)
-            self.listeners.append((plain, acceptor.PLAIN))
-        if config.tls_port:
-            tls_listener = activated.pop(config.tls_port, None) or _listen(
-                config.bind, config.tls_port
-            )
-            self.listeners.append((tls_listener, acceptor.TLS))
+        for port, kind, wanted in (
+            (config.port, acceptor.PLAIN, config.plain_listener),
+            (config.tls_port, acceptor.TLS, bool(config.tls_port)),
+        ):
+            if wanted:
+                given = activated.pop(port, None)
+                for sock in [given] if given else listening.listen(config.bind, port):
+                    self.listeners.append((sock, kind))
         for port, unused in activated.items():
             log.warning("socket activation: no listener of ours on port %d, closed", port)
             unused.close()
@@ -241,7 +242,7 @@ class Supervisor:
         log.info(
             "shoal starting: %d IO workers, listening on %s (%s), runtime %s",
             self.workers,
-            self.config.bind,
+            listening.shown(self.config.bind),
             ", ".join(
                 f"{'amqps' if kind == acceptor.TLS else 'amqp'} {s.getsockname()[1]}"
                 for s, kind in self.listeners
@@ -597,16 +598,6 @@ class Supervisor:
                 pass
 
 
-def _listen(bind: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((bind, port))
-    listener.listen(1024)
-    listener.set_inheritable(True)
-    return listener
-
-
 def _remove_stale_segment(path: str) -> bool:
     """Remove a segment left by a broker that died (kill -9 of the
     supervisor); refuse to start if its broker is alive. True if the segment
@@ -641,6 +632,10 @@ def run_supervisor(config: Config) -> int:
         return 1
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            log.error("cannot listen on %s:%d: address already in use", config.bind, config.port)
+            log.error(
+                "cannot listen on %s port %d: address already in use",
+                listening.shown(config.bind),
+                config.port,
+            )
             return 1
         raise
