@@ -95,7 +95,7 @@ class Connection(Handshake, asyncio.Protocol):
         self.held_bytes = 0  # frames those channels keep
         self.alarm_reason = ""  # while the memory or disk alarm is raised (shm/memory.py)
         self.closed = False
-        self.eof_sent = False  # our end is shut for writing (_close_gracefully)
+        self.eof_sent = False  # close-ok sent: nothing more goes out (_close_gracefully)
         self.eof_received_early = False  # the client shut its end before our close-ok
         self.released = False  # see _release
         self.last_recv = time.monotonic()
@@ -496,7 +496,7 @@ class Connection(Handshake, asyncio.Protocol):
                 if isinstance(method, C.Connection.Close):
                     self.write(framing.encode_method(0, C.Connection.CloseOk()))
                 self._release()
-                self._close_gracefully()
+                self._close_gracefully(fin=True)  # ours was the first close
             return
         expected = {
             AWAIT_START_OK: C.Connection.StartOk,
@@ -658,15 +658,17 @@ class Connection(Handshake, asyncio.Protocol):
         else:
             self._close_transport()
 
-    def _close_gracefully(self) -> None:
-        """The close handshake is over. Send what is queued and a FIN, then
-        read and discard until the client closes its end (eof_received closes
-        ours) or LINGER_TIMEOUT passes. Closing at once would leave the
-        client's last frames (a second connection.close from another thread,
-        a heartbeat) arriving at a closed socket, or unread in it: the kernel
-        answers with a RST, and the client sees "connection reset by peer",
-        possibly before it has read our close-ok. RabbitMQ, too, waits for
-        the client to close the socket."""
+    def _close_gracefully(self, fin: bool = False) -> None:
+        """The close handshake is over: send what is queued, then read and
+        discard until the client closes its end (eof_received closes ours)
+        or LINGER_TIMEOUT passes. Closing at once would leave the client's
+        last frames (a second close from another thread, a heartbeat) unread
+        or arriving at a closed socket: a RST, which can overtake close-ok.
+        After the client's close no FIN of ours either, as RabbitMQ (which
+        waits up to 30 s): a client closing from several threads (Go's) can
+        see the EOF before the thread that got close-ok marked the
+        connection closed ("501 EOF"). After ours (`fin`: the client's
+        close-ok was its last frame), a FIN at once."""
         self.state = CLOSED
         self.flush()
         if self.timer is not None:
@@ -679,12 +681,13 @@ class Connection(Handshake, asyncio.Protocol):
             self._close_transport()
             self.eof_sent = True  # and nothing more goes (no second close-ok)
             return
-        self.eof_sent = True
-        try:
-            transport.write_eof()
-        except (OSError, RuntimeError):  # the socket is already gone
-            self._close_transport()
-            return
+        self.eof_sent = True  # nothing more goes; the client's EOF closes ours
+        if fin:
+            try:
+                transport.write_eof()
+            except (OSError, RuntimeError):  # the socket is already gone
+                self._close_transport()
+                return
         self.timer = self.ctx.loop.call_later(LINGER_TIMEOUT, self._close_transport)
 
     def _close_transport(self) -> None:

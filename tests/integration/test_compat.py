@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import struct
+import threading
 
 import amqp
 import pika
@@ -248,6 +249,35 @@ def test_close_ok_then_a_clean_tcp_close(broker: Broker) -> None:
         rest += chunk
     assert rest == b"", "only one close-ok"
     s.close()
+
+
+def test_concurrent_closers_see_close_ok_before_the_end(broker: Broker) -> None:
+    """Go's client closing one connection from 10 goroutines sends 10
+    connection.close frames and each goroutine waits for a close-ok; one
+    that met the broker's EOF first reported "501 EOF" (15 runs in 20). As
+    RabbitMQ: one close-ok, then no FIN of the broker's until the client
+    closes its end, then a clean EOF, never a reset. 200 rounds of 10
+    threads sending their close at once."""
+    close = pamqp_frame.marshal(
+        C.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0), 0
+    )
+    for round_ in range(200):
+        w = Wire(handshake(broker.port))
+        s = w.sock
+        closers = [threading.Thread(target=s.sendall, args=(close,)) for _ in range(10)]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(10)
+        w.expect(C.Connection.CloseOk)
+        assert w.buf == b""
+        s.settimeout(0.02)
+        with pytest.raises(TimeoutError):
+            s.recv(65536)  # the broker's end stays open, and quiet, while ours is
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(10)
+        assert s.recv(65536) == b"", f"round {round_}: only one close-ok, then EOF"
+        s.close()
 
 
 def test_close_ok_reaches_a_client_that_shut_its_end_before_it(broker: Broker) -> None:
