@@ -488,6 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         help="test ids to leave out, one per line "
         "(optionally 'aio-pika:' or 'aiormq:' first), '# reason' after",
     )
+    p.add_argument(
+        "--expect-file",
+        help="per suite the passed tests at least and the skipped at most "
+        "(interop/expected.txt): fewer passed or more skipped fails the run, so "
+        "a feature that vanishes (its tests turned into skips) cannot stay green",
+    )
     p.add_argument("--timeout", type=int, default=30, help="per-test timeout, s (30)")
     p.add_argument(
         "--suite-timeout",
@@ -569,7 +575,38 @@ def main(argv: list[str] | None = None) -> int:
         )
         bad |= c["failed"] + c["error"] + c["not run"] + c["unmatched"] > 0
         bad |= total == 0 or c["rc"] not in (0, 1)
+    if args.expect_file:
+        bad |= not meets_expectations(summary, read_expected(args.expect_file))
     return 1 if bad else 0
+
+
+def read_expected(path: str) -> dict[str, tuple[int, int]]:
+    """suite -> (passed at least, skipped at most), from lines
+    `suite passed skipped` ('#' starts a comment)."""
+    expected = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            suite, passed, skipped = line.split()
+            expected[suite] = (int(passed), int(skipped))
+    return expected
+
+
+def meets_expectations(
+    summary: dict[str, dict[str, int]], expected: dict[str, tuple[int, int]]
+) -> bool:
+    ok = True
+    for suite, c in summary.items():
+        if suite not in expected:
+            continue
+        least, most = expected[suite]
+        if c["passed"] < least or c["skipped"] > most:
+            log(
+                f"{suite}: {c['passed']} passed and {c['skipped']} skipped; expected at least "
+                f"{least} passed and at most {most} skipped (a feature gone, its tests skipped?)"
+            )
+            ok = False
+    return ok
 
 
 if __name__ == "__main__":
