@@ -212,10 +212,12 @@ def test_method_on_channel_zero_out_of_order(ctx: WorkerContext) -> None:
     assert close.reply_code == 503
 
 
-def test_after_close_ok_the_broker_shuts_writing_and_discards_input(ctx: WorkerContext) -> None:
+def test_after_close_ok_the_broker_keeps_its_end_open_and_discards(ctx: WorkerContext) -> None:
     """Closing the socket at once would meet the client's last frames with a
-    RST: the broker sends close-ok and a FIN, then discards what still comes
-    until the client closes its end."""
+    RST, and a FIN of ours could reach a client closing from several threads
+    before the thread that got close-ok marked the connection closed: the
+    broker sends close-ok, no FIN, and discards what still comes until the
+    client closes its end."""
     client = Client(ctx)
     client.open()
     close = C.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
@@ -223,10 +225,25 @@ def test_after_close_ok_the_broker_shuts_writing_and_discards_input(ctx: WorkerC
     assert client.received() == [], "close-ok waits for the scheduler (exclusive queues)"
     client.scheduler_answers()
     assert [type(f) for _ch, f in client.received()] == [C.Connection.CloseOk]
-    assert client.transport.eof and not client.transport.closed
+    assert not client.transport.eof and not client.transport.closed
     client.method(0, close)  # a second close (another thread of the client)
     client.send(b"\x08\x00\x00\x00\x00\x00\x00\xce")  # a heartbeat
     assert client.received() == [] and not client.transport.closed
+    client.conn.timer.cancel()  # type: ignore[union-attr]
+
+
+def test_after_the_brokers_close_the_clients_close_ok_gets_a_fin(ctx: WorkerContext) -> None:
+    """After a close of the broker's the client's close-ok is its last frame:
+    the broker's FIN follows at once, and the client's EOF closes the socket."""
+    client = Client(ctx)
+    client.open()
+    client.send(b"\x08\x00\x05\x00\x00\x00\x00\xce")  # a heartbeat on channel 5: 501
+    ((_ch, close),) = client.received()
+    assert close.reply_code == 501 and not client.transport.eof
+    client.method(0, C.Connection.CloseOk())
+    assert client.transport.eof and not client.transport.closed
+    # None: asyncio's transport closes itself on the client's EOF
+    assert client.conn.eof_received() is None
     client.conn.timer.cancel()  # type: ignore[union-attr]
 
 
