@@ -240,6 +240,15 @@ class Consumer:
         """Not cancelled, within its credit, and its channel can deliver."""
         return self.channel.wants_work(self)
 
+    def rewind_if_released(self, store: QueueStore) -> None:
+        """An entry released behind the pointer (a requeue, a rejected
+        delivery) bumps the queue's release generation: scan from the head
+        again, or that entry would wait for the next pass."""
+        release_gen = store.release_generation(self.qid)
+        if release_gen != self.release_gen:
+            self.release_gen = release_gen
+            self.pointer = 0  # acquire() starts at the head
+
 
 def update_interest(ctx: PullContext, consumer: Consumer) -> None:
     """Tell the scheduler when this consumer's readiness changes."""
@@ -304,10 +313,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 # above allow, which nothing can change during the run (no
                 # write happens, no other event runs), so they are made once
                 # per run, not per message.
-                release_gen = store.release_generation(qid)
-                if release_gen != consumer.release_gen:
-                    consumer.release_gen = release_gen
-                    consumer.pointer = 0  # acquire() starts at the head
+                consumer.rewind_if_released(store)
                 stop = min(quota, LOCAL_BURST if delivered < LOCAL_BURST else BURST)
                 n = max(1, min(channel.credit_room(consumer), stop - delivered))
                 while n:
@@ -333,10 +339,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 continue
             if levels is None:
                 changes = changes_now()
-                release_gen = store.release_generation(qid)
-                if release_gen != consumer.release_gen:
-                    consumer.release_gen = release_gen
-                    consumer.pointer = 0  # acquire() starts at the head
+                consumer.rewind_if_released(store)
                 if consumer.wanted is None:
                     got = store.acquire(qid, consumer.pointer)
                 else:
@@ -402,10 +405,7 @@ def take_ready(ctx: PullContext, consumer: Consumer) -> None:
     ):
         return
     store, qid, channel = ctx.store, consumer.qid, consumer.channel
-    release_gen = store.release_generation(qid)
-    if release_gen != consumer.release_gen:
-        consumer.release_gen = release_gen
-        consumer.pointer = 0
+    consumer.rewind_if_released(store)
     out: list[bytes] = []
     flags = store.seg.buf
     try:
