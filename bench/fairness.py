@@ -33,9 +33,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.compare import started_rabbitmq  # noqa: E402
 from shoal.broker.cli import local_command  # noqa: E402
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL  # noqa: E402
 from shoal.shm import stats  # noqa: E402
@@ -154,7 +156,7 @@ def cpu_load(processes: int) -> Iterator[None]:
                 p.join(5)
 
 
-def consumer_main(
+def consume(
     uri: str,
     queue: str,
     index: int,
@@ -163,8 +165,9 @@ def consumer_main(
     cpu: Any,
     ready: Any,
     stop: Any,
+    cpu_clock: Callable[[], float],
 ) -> None:
-    """One consumer process: prefetch 10, one basic.ack per message."""
+    """One consumer: its own pika connection, prefetch 10, one basic.ack per message."""
     conn = pika.BlockingConnection(pika.URLParameters(uri))
     workers[index] = int((conn._impl.server_properties or {}).get("shoal_worker", -1))
     channel = conn.channel()
@@ -180,12 +183,37 @@ def consumer_main(
         while not stop.is_set():
             conn.process_data_events(time_limit=0.05)
     finally:
-        cpu[index] = time.process_time()
+        cpu[index] = cpu_clock()
         with contextlib.suppress(Exception):
             conn.close()
 
 
-def one_run(uri: str, consumers: int, messages: int) -> dict[str, Any]:
+def consumer_process(*args: Any) -> None:
+    """One consumer per process (the OS shares the CPU between them)."""
+    consume(*args, cpu_clock=time.process_time)
+
+
+def consumer_threads(first: int, threads: int, *args: Any) -> None:
+    """Several consumers as threads of one process, as an application with a
+    thread pool runs them: the GIL shares one CPU between them, so a thread
+    handed a burst keeps it while the others wait."""
+    uri, queue, counts, workers, cpu, ready, stop = args
+    pool = [
+        threading.Thread(
+            target=consume,
+            args=(uri, queue, first + i, counts, workers, cpu, ready, stop),
+            kwargs={"cpu_clock": time.thread_time},
+            daemon=True,
+        )
+        for i in range(threads)
+    ]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+
+
+def one_run(uri: str, consumers: int, messages: int, threads: bool = False) -> dict[str, Any]:
     ctx = multiprocessing.get_context("fork")
     queue = f"fairness-{uuid.uuid4().hex[:8]}"
     admin = pika.BlockingConnection(pika.URLParameters(uri))
@@ -198,18 +226,27 @@ def one_run(uri: str, consumers: int, messages: int) -> dict[str, Any]:
     cpu = ctx.Array("d", consumers, lock=False)
     ready = ctx.Semaphore(0)
     stop = ctx.Event()
-    procs = [
-        ctx.Process(
-            target=consumer_main,
-            args=(uri, queue, i, counts, workers, cpu, ready, stop),
-            daemon=True,
-        )
-        for i in range(consumers)
-    ]
+    if threads:  # every consumer a thread of one process
+        procs = [
+            ctx.Process(
+                target=consumer_threads,
+                args=(0, consumers, uri, queue, counts, workers, cpu, ready, stop),
+                daemon=True,
+            )
+        ]
+    else:
+        procs = [
+            ctx.Process(
+                target=consumer_process,
+                args=(uri, queue, i, counts, workers, cpu, ready, stop),
+                daemon=True,
+            )
+            for i in range(consumers)
+        ]
     for p in procs:
         p.start()
     try:
-        for _ in procs:
+        for _ in range(consumers):
             if not ready.acquire(timeout=START_TIMEOUT_S):
                 raise RuntimeError("a consumer did not start")
         started = time.monotonic()
@@ -240,10 +277,18 @@ def one_run(uri: str, consumers: int, messages: int) -> dict[str, Any]:
     }
 
 
+def within_band(counts: list[int], messages: int) -> bool:
+    """Every consumer got between 0.8 and 1.2 of a fair share (20-30 % of four)."""
+    fair = messages / len(counts)
+    return all(0.8 * fair <= c <= 1.2 * fair for c in counts)
+
+
 def summarise(runs: list[dict[str, Any]], messages: int) -> dict[str, float]:
     """Shares in per cent, over every consumer of every run."""
     shares = [100 * c / messages for run in runs for c in run["counts"]]
     return {
+        "runs": len(runs),
+        "runs_within_band": sum(within_band(r["counts"], messages) for r in runs),
         "min": min(shares),
         "median": statistics.median(shares),
         "max": max(shares),
@@ -251,9 +296,41 @@ def summarise(runs: list[dict[str, Any]], messages: int) -> dict[str, float]:
         "median_run_min": statistics.median(100 * min(r["counts"]) / messages for r in runs),
         "median_run_max": statistics.median(100 * max(r["counts"]) / messages for r in runs),
         "median_seconds": statistics.median(r["seconds"] for r in runs),
+        "median_msgs_per_s": statistics.median(messages / r["seconds"] for r in runs),
         "median_broker_cpu_s": statistics.median(r.get("broker_cpu_s", 0.0) for r in runs),
         "median_turns": statistics.median(r.get("turns", 0) for r in runs),
     }
+
+
+def run_line(i: int, label: str, run: dict[str, Any], messages: int) -> str:
+    shares = " ".join(f"{100 * c / messages:4.1f}" for c in run["counts"])
+    low, high = min(run["counts"]), max(run["counts"])
+    placed = "".join(str(w) for w in run["workers"] if w >= 0)
+    where = f"  workers {placed} (publisher {run['publisher_worker']})" if placed else ""
+    if "broker_cpu_s" in run:
+        where += f"  broker CPU {run['broker_cpu_s']:.2f} s, {run['turns']} turns"
+    return (
+        f"{label} run {i + 1:2d}: min {100 * low / messages:4.1f} %  "
+        f"max {100 * high / messages:4.1f} %  {run['seconds']:6.2f} s  shares {shares}{where}"
+    )
+
+
+def table(results: dict[tuple[str, str], list[dict[str, Any]]], messages: int) -> str:
+    """One Markdown row per broker and consumer mode."""
+    rows = [
+        "| broker | consumers as | runs within 0.8-1.2 of fair | least share | median | "
+        "greatest | stdev | per run: median least / greatest | msg/s (median) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (broker, mode), runs in results.items():
+        s = summarise(runs, messages)
+        rows.append(
+            f"| {broker} | {mode} | {s['runs_within_band']} of {s['runs']} | {s['min']:.1f} % | "
+            f"{s['median']:.1f} % | {s['max']:.1f} % | {s['stdev']:.2f} | "
+            f"{s['median_run_min']:.1f} / {s['median_run_max']:.1f} % | "
+            f"{s['median_msgs_per_s']:,.0f} |"
+        )
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,46 +338,59 @@ def main(argv: list[str] | None = None) -> int:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--uri", help="a running broker, e.g. amqp://guest:guest@host:5672/")
     target.add_argument("--start-shoal", action="store_true", help="start Shoal on a free port")
+    parser.add_argument(
+        "--rabbitmq",
+        action="store_true",
+        help="with --start-shoal: start RabbitMQ 3.10 too and alternate runs between them",
+    )
     parser.add_argument("--workers", type=int, default=2, help="Shoal's IO workers (default 2)")
     parser.add_argument("--consumers", type=int, default=4)
     parser.add_argument("--messages", type=int, default=None, help="default 1000 per consumer")
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=20, help="runs per broker and mode")
+    parser.add_argument(
+        "--mode",
+        choices=("processes", "threads", "both"),
+        default="processes",
+        help="consumers as processes (one each), as threads of one process, or both",
+    )
     parser.add_argument("--load", type=int, default=0, help="CPU-bound processes to run alongside")
     parser.add_argument("--json", action="store_true", help="print every run's counts as JSON")
     ns = parser.parse_args(argv)
+    if ns.rabbitmq and not ns.start_shoal:
+        parser.error("--rabbitmq compares with a Shoal it starts: add --start-shoal")
     messages = ns.messages or 1000 * ns.consumers
+    modes = ["processes", "threads"] if ns.mode == "both" else [ns.mode]
 
-    runs = []
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as stack:
-        watch: BrokerWatch | None = None
+        brokers: list[tuple[str, str, BrokerWatch | None]] = []
         if ns.uri:
-            uri = ns.uri
+            brokers.append(("broker", ns.uri, None))
         else:
             uri, watch = stack.enter_context(started_shoal(ns.workers))
+            brokers.append(("Shoal", uri, watch))
+        if ns.rabbitmq:
+            node = stack.enter_context(started_rabbitmq())
+            if node.uri is None:
+                raise SystemExit(node.unavailable)
+            brokers.append(("RabbitMQ", node.uri, None))
         if ns.load:
             stack.enter_context(cpu_load(ns.load))
         for i in range(ns.runs):
-            if watch:
-                cpu, turns = watch.cpu(), watch.notifications()
-            run = one_run(uri, ns.consumers, messages)
-            if watch:
-                run["broker_cpu_s"] = round(watch.cpu() - cpu, 3)
-                run["turns"] = watch.notifications() - turns
-            runs.append(run)
-            if not ns.json:
-                shares = " ".join(f"{100 * c / messages:4.1f}" for c in run["counts"])
-                low, high = min(run["counts"]), max(run["counts"])
-                placed = "".join(str(w) for w in run["workers"] if w >= 0)
-                where = f"  workers {placed} (publisher {run['publisher_worker']})"
-                if "broker_cpu_s" in run:
-                    where += f"  broker CPU {run['broker_cpu_s']:.2f} s, {run['turns']} turns"
-                print(
-                    f"run {i + 1:2d}: min {100 * low / messages:4.1f} %  "
-                    f"max {100 * high / messages:4.1f} %  {run['seconds']:6.2f} s  "
-                    f"shares {shares}" + (where if placed else ""),
-                    flush=True,
-                )
-    summary = summarise(runs, messages)
+            # Alternate brokers and modes within each round, the order turning
+            # every round, so that background noise falls on all of them alike.
+            order = [(b, m) for b in brokers for m in modes]
+            shift = i % len(order)
+            for (label, uri, watch), mode in order[shift:] + order[:shift]:
+                if watch:
+                    cpu, turns = watch.cpu(), watch.notifications()
+                run = one_run(uri, ns.consumers, messages, threads=mode == "threads")
+                if watch:
+                    run["broker_cpu_s"] = round(watch.cpu() - cpu, 3)
+                    run["turns"] = watch.notifications() - turns
+                results.setdefault((label, mode), []).append(run)
+                if not ns.json:
+                    print(run_line(i, f"{label:8s} {mode:9s}", run, messages), flush=True)
     if ns.json:
         print(
             json.dumps(
@@ -308,19 +398,19 @@ def main(argv: list[str] | None = None) -> int:
                     "consumers": ns.consumers,
                     "messages": messages,
                     "load": ns.load,
-                    "runs": runs,
-                    "summary": summary,
+                    "results": [
+                        {"broker": b, "mode": m, "runs": runs, "summary": summarise(runs, messages)}
+                        for (b, m), runs in results.items()
+                    ],
                 }
             )
         )
         return 0
     print(
-        f"{ns.consumers} consumers, {messages} messages, {ns.runs} runs, load {ns.load} "
-        f"(fair share {100 / ns.consumers:.2f} %): share min {summary['min']:.1f} %, median "
-        f"{summary['median']:.1f} %, max {summary['max']:.1f} %, stdev {summary['stdev']:.2f}; "
-        f"per run, median of the least {summary['median_run_min']:.1f} % and of the "
-        f"greatest {summary['median_run_max']:.1f} %"
+        f"\n{ns.consumers} consumers (prefetch {PREFETCH}), {messages} messages a run, "
+        f"load {ns.load}, fair share {100 / ns.consumers:.2f} %\n"
     )
+    print(table(results, messages))
     return 0
 
 
