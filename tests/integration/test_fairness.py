@@ -6,8 +6,11 @@ first notified consumer all it could take (its 10 of credit), then the second
 the other 10, and the last two nothing: how much a consumer got hung on how
 much happened to be ready at its turn, which under CPU contention spread four
 identical consumers' shares of a long run from 16 % to 33 %
-(bench/fairness.py, docs/benchmarks.md). Now a turn takes the consumer's share
-of what is ready, so each gets part of the burst.
+(bench/fairness.py, docs/benchmarks.md). Then a turn took the consumer's share
+of what was ready (5, 5, 5, 5, but each in a run of consecutive messages),
+and pika threads still spread wider than against RabbitMQ. Now a consumer with
+a small prefetch, one of several, takes one message a turn, as RabbitMQ deals
+them: the burst goes to the four in turn, message by message.
 
 One IO worker, and the burst published in one transaction: the commit appends
 all 20 in one step of the worker's loop, before any consumer of that loop can
@@ -17,6 +20,7 @@ bounded; nothing sleeps.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -29,20 +33,26 @@ PREFETCH = 10
 BURST = 20
 
 
-def test_a_burst_is_dealt_among_the_waiting_consumers(broker_factory: Any) -> None:
+def test_a_burst_is_dealt_one_message_to_each_waiting_consumer_in_turn(
+    broker_factory: Any,
+) -> None:
     broker: Broker = broker_factory(workers=1)
     params = pika.URLParameters(broker.url)
     setup = pika.BlockingConnection(params)
     setup.channel().queue_declare("fair")
     conns = [pika.BlockingConnection(params) for _ in range(CONSUMERS)]
-    got: list[list[int]] = [[] for _ in range(CONSUMERS)]
+    got: list[list[int]] = [[] for _ in range(CONSUMERS)]  # delivery tags
+    bodies: list[list[int]] = [[] for _ in range(CONSUMERS)]  # publish order
     channels = []
     for i, conn in enumerate(conns):
         ch = conn.channel()
         ch.basic_qos(prefetch_count=PREFETCH)
-        ch.basic_consume(
-            "fair", lambda c, m, p, b, i=i: got[i].append(m.delivery_tag), auto_ack=False
-        )
+
+        def on_message(c: Any, m: Any, p: Any, body: bytes, i: int = i) -> None:
+            got[i].append(m.delivery_tag)
+            bodies[i].append(int(body))
+
+        ch.basic_consume("fair", on_message, auto_ack=False)
         channels.append(ch)  # consume-ok: registered and waiting
 
     publisher = setup.channel()
@@ -60,6 +70,12 @@ def test_a_burst_is_dealt_among_the_waiting_consumers(broker_factory: Any) -> No
     counts = [len(g) for g in got]
     assert min(counts) >= 1, f"a waiting consumer got none of the burst: {counts}"
     assert max(counts) < PREFETCH, f"a consumer's turn was bounded by its credit only: {counts}"
+    assert counts == [BURST // CONSUMERS] * CONSUMERS, f"not dealt evenly: {counts}"
+    # One message to each in turn: consecutive messages go to different
+    # consumers, and each consumer's are CONSUMERS apart in publish order.
+    for mine in bodies:
+        steps = {b - a for a, b in itertools.pairwise(mine)}
+        assert steps == {CONSUMERS}, f"turns of several messages: {bodies}"
 
     for ch, tags in zip(channels, got, strict=True):
         ch.basic_ack(tags[-1], multiple=True)

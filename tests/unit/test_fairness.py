@@ -144,19 +144,36 @@ def test_turn_quota() -> None:
     assert turn_quota(12, 4) == 3
     assert turn_quota(13, 4) == 4
     assert turn_quota(1, 4) == 1 and turn_quota(0, 4) == 1
+    assert turn_quota(1000, 4, prefetch=10) == 1, "a small prefetch: one a turn"
+    assert turn_quota(1000, 4, prefetch=500) == 250, "a large prefetch: a share"
+    assert turn_quota(1000, 1, prefetch=10) == BURST, "alone: no turns to share"
     assert turn_quota(10**6, 4) == BURST
 
 
 def test_a_turn_takes_its_share_of_the_backlog_not_its_credit(seg: Segment) -> None:
-    """Four consumers, twelve entries ready: the notified one takes three and
-    hands the turn on (DONE -1), however much credit it has."""
+    """Four consumers with a large prefetch, twelve entries ready: the
+    notified one takes three and hands the turn on (DONE -1), however much
+    credit it has."""
+    fill(seg, 12)
+    ctx = FakeContext(seg)
+    first = consumers(seg, 4, prefetch=100)[0]
+    pull(ctx, first)  # type: ignore[arg-type]
+    assert first.unacked == 3, f"took {first.unacked} of 12 ready (credit 100)"
+    assert ctx.sent == [ipc.Done(first.cid, -1)], "a yield: the next consumer's turn"
+    assert ready(seg) == 9
+
+
+def test_a_small_prefetch_takes_one_message_a_turn(seg: Segment) -> None:
+    """Four consumers with prefetch 10 (fair dispatch, RabbitMQ deals them one
+    message each in turn), twelve ready: the notified one takes one and hands
+    the turn on."""
     fill(seg, 12)
     ctx = FakeContext(seg)
     first = consumers(seg, 4, prefetch=10)[0]
     pull(ctx, first)  # type: ignore[arg-type]
-    assert first.unacked == 3, f"took {first.unacked} of 12 ready (credit 10)"
+    assert first.unacked == 1, f"took {first.unacked} of 12 ready (prefetch 10)"
     assert ctx.sent == [ipc.Done(first.cid, -1)], "a yield: the next consumer's turn"
-    assert ready(seg) == 9
+    assert ready(seg) == 11
 
 
 def test_the_last_share_ends_the_turn_as_dry(seg: Segment) -> None:
@@ -184,20 +201,25 @@ def test_a_burst_is_dealt_to_every_waiting_consumer(seg: Segment) -> None:
     """Twenty entries for four idle consumers with prefetch 10. Taking all it
     could, the first notified took ten, the second the other ten and the last
     two nothing: a consumer's share hung on how much was ready at its turn.
-    Dealt in shares, every consumer gets part of the burst."""
+    Dealt in shares, every consumer gets part of the burst; with prefetch 10,
+    one message a turn, each gets five."""
     fill(seg, 20)
     ctx = FakeContext(seg)
     got = deal(ctx, consumers(seg, 4, prefetch=10))
+    assert sum(got) == 20 and ready(seg) == 0
+    assert got == [5, 5, 5, 5], f"dealt {got}"
+    fill(seg, 20)
+    got = deal(ctx, consumers(seg, 4, prefetch=100))
     assert sum(got) == 20 and ready(seg) == 0
     assert min(got) >= 3 and max(got) <= 8, f"dealt {got}"
 
 
 def test_a_deep_backlog_still_goes_out_in_bursts(seg: Segment) -> None:
-    """No extra round trips when there is plenty: with 200 ready and credit
-    10, each of four consumers takes its full credit in one turn."""
+    """No extra round trips when there is plenty: with 200 ready and a
+    prefetch of 40, each of four consumers takes its full credit in one turn."""
     fill(seg, 200)
     ctx = FakeContext(seg)
-    group = consumers(seg, 4, prefetch=10)
+    group = consumers(seg, 4, prefetch=40)
     got = deal(ctx, group)
-    assert got == [10, 10, 10, 10]
-    assert ready(seg) == 160
+    assert got == [40, 40, 40, 40]
+    assert ready(seg) == 40
