@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -53,7 +54,7 @@ from shoal.shm import stats  # noqa: E402
 from shoal.shm.segment import Segment  # noqa: E402
 
 PREFETCH = 10
-BODY = b"x" * 32
+BODY_SIZE = 32  # the message's number in publish order, zero-padded
 RUN_TIMEOUT_S = 300.0  # one run: every message consumed within this, or the run fails
 START_TIMEOUT_S = 30.0
 LOAD_BUSY_S = 0.005
@@ -161,6 +162,7 @@ def consume(
     queue: str,
     index: int,
     counts: Any,
+    owners: Any,
     workers: Any,
     cpu: Any,
     ready: Any,
@@ -173,8 +175,9 @@ def consume(
     channel = conn.channel()
     channel.basic_qos(prefetch_count=PREFETCH)
 
-    def on_message(ch: Any, method: Any, _props: Any, _body: bytes) -> None:
+    def on_message(ch: Any, method: Any, _props: Any, body: bytes) -> None:
         counts[index] += 1
+        owners[int(body)] = index
         ch.basic_ack(method.delivery_tag)
 
     channel.basic_consume(queue, on_message)
@@ -197,11 +200,11 @@ def consumer_threads(first: int, threads: int, *args: Any) -> None:
     """Several consumers as threads of one process, as an application with a
     thread pool runs them: the GIL shares one CPU between them, so a thread
     handed a burst keeps it while the others wait."""
-    uri, queue, counts, workers, cpu, ready, stop = args
+    uri, queue, counts, owners, workers, cpu, ready, stop = args
     pool = [
         threading.Thread(
             target=consume,
-            args=(uri, queue, first + i, counts, workers, cpu, ready, stop),
+            args=(uri, queue, first + i, counts, owners, workers, cpu, ready, stop),
             kwargs={"cpu_clock": time.thread_time},
             daemon=True,
         )
@@ -222,6 +225,7 @@ def one_run(uri: str, consumers: int, messages: int, threads: bool = False) -> d
     channel.queue_declare(queue)
     # One writer per slot: no lock needed.
     counts = ctx.Array("q", consumers, lock=False)
+    owners = ctx.Array("b", messages, lock=False)  # which consumer got message n
     workers = ctx.Array("q", consumers, lock=False)
     cpu = ctx.Array("d", consumers, lock=False)
     ready = ctx.Semaphore(0)
@@ -230,7 +234,7 @@ def one_run(uri: str, consumers: int, messages: int, threads: bool = False) -> d
         procs = [
             ctx.Process(
                 target=consumer_threads,
-                args=(0, consumers, uri, queue, counts, workers, cpu, ready, stop),
+                args=(0, consumers, uri, queue, counts, owners, workers, cpu, ready, stop),
                 daemon=True,
             )
         ]
@@ -238,7 +242,7 @@ def one_run(uri: str, consumers: int, messages: int, threads: bool = False) -> d
         procs = [
             ctx.Process(
                 target=consumer_process,
-                args=(uri, queue, i, counts, workers, cpu, ready, stop),
+                args=(uri, queue, i, counts, owners, workers, cpu, ready, stop),
                 daemon=True,
             )
             for i in range(consumers)
@@ -250,8 +254,8 @@ def one_run(uri: str, consumers: int, messages: int, threads: bool = False) -> d
             if not ready.acquire(timeout=START_TIMEOUT_S):
                 raise RuntimeError("a consumer did not start")
         started = time.monotonic()
-        for _ in range(messages):
-            channel.basic_publish("", queue, BODY)
+        for n in range(messages):
+            channel.basic_publish("", queue, b"%0*d" % (BODY_SIZE, n))
         deadline = started + RUN_TIMEOUT_S
         while sum(counts) < messages:
             if time.monotonic() > deadline:
@@ -274,7 +278,16 @@ def one_run(uri: str, consumers: int, messages: int, threads: bool = False) -> d
         "publisher_worker": publisher_worker,
         "cpu_s": [round(c, 3) for c in cpu],
         "seconds": round(elapsed, 3),
+        "mean_run": mean_run(list(owners)),
     }
+
+
+def mean_run(owners: list[int]) -> float:
+    """The mean length of the runs of consecutive messages (in publish order)
+    that went to one consumer: 1.0 when every message went to another
+    consumer than the one before, as RabbitMQ deals a backlog."""
+    runs = 1 + sum(1 for a, b in itertools.pairwise(owners) if a != b)
+    return round(len(owners) / runs, 3)
 
 
 def within_band(counts: list[int], messages: int) -> bool:
@@ -297,6 +310,7 @@ def summarise(runs: list[dict[str, Any]], messages: int) -> dict[str, float]:
         "median_run_max": statistics.median(100 * max(r["counts"]) / messages for r in runs),
         "median_seconds": statistics.median(r["seconds"] for r in runs),
         "median_msgs_per_s": statistics.median(messages / r["seconds"] for r in runs),
+        "median_mean_run": statistics.median(r["mean_run"] for r in runs),
         "median_broker_cpu_s": statistics.median(r.get("broker_cpu_s", 0.0) for r in runs),
         "median_turns": statistics.median(r.get("turns", 0) for r in runs),
     }
@@ -311,7 +325,8 @@ def run_line(i: int, label: str, run: dict[str, Any], messages: int) -> str:
         where += f"  broker CPU {run['broker_cpu_s']:.2f} s, {run['turns']} turns"
     return (
         f"{label} run {i + 1:2d}: min {100 * low / messages:4.1f} %  "
-        f"max {100 * high / messages:4.1f} %  {run['seconds']:6.2f} s  shares {shares}{where}"
+        f"max {100 * high / messages:4.1f} %  {run['seconds']:6.2f} s  "
+        f"run {run['mean_run']:4.2f}  shares {shares}{where}"
     )
 
 
@@ -319,8 +334,9 @@ def table(results: dict[tuple[str, str], list[dict[str, Any]]], messages: int) -
     """One Markdown row per broker and consumer mode."""
     rows = [
         "| broker | consumers as | runs within 0.8-1.2 of fair | least share | median | "
-        "greatest | stdev | per run: median least / greatest | msg/s (median) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "greatest | stdev | per run: median least / greatest | msg/s (median) | "
+        "run of messages to one consumer (median of the means) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (broker, mode), runs in results.items():
         s = summarise(runs, messages)
@@ -328,7 +344,7 @@ def table(results: dict[tuple[str, str], list[dict[str, Any]]], messages: int) -
             f"| {broker} | {mode} | {s['runs_within_band']} of {s['runs']} | {s['min']:.1f} % | "
             f"{s['median']:.1f} % | {s['max']:.1f} % | {s['stdev']:.2f} | "
             f"{s['median_run_min']:.1f} / {s['median_run_max']:.1f} % | "
-            f"{s['median_msgs_per_s']:,.0f} |"
+            f"{s['median_msgs_per_s']:,.0f} | {s['median_mean_run']:.2f} |"
         )
     return "\n".join(rows)
 
