@@ -108,13 +108,15 @@ def turn_quota(ready: int, consumers: int, prefetch: int = 0) -> int:
     turn: it asked for fair dispatch, and RabbitMQ deals such consumers one
     message each in turn. Handing it several at once lets whichever client
     thread the GIL runs first take a larger share: 4 pika threads with
-    prefetch 10 kept within 20-30 % in 21 and 24 runs of 30, one a turn in 28
-    and 28, RabbitMQ in 26 and 28 of the same runs (docs/benchmarks.md). Its
-    turns were credit-sized already, so the extra scheduler round trips are
-    few. Otherwise a turn
-    takes the consumer's share of the entries ready when it begins (at least
-    one), so that a small backlog is still dealt round-robin and a large one
-    goes out in bursts (no extra round trips where throughput is the point).
+    prefetch 10 kept within 20-30 % in 21 and 24 runs of 30 before, in 28
+    and 28 with one a turn, RabbitMQ in 26 and 28 alongside the latter
+    (docs/benchmarks.md). Its turns were credit-sized already, so the extra
+    scheduler round trips are few.
+
+    Otherwise a turn takes the consumer's share of the entries ready when it
+    begins (at least one), so that a small backlog is still dealt round-robin
+    and a large one goes out in bursts (no extra round trips where throughput
+    is the point).
     """
     if consumers <= 1:
         return BURST
