@@ -210,6 +210,10 @@ class QueueDirectory:
         """Consumers of queue `qid`, as the scheduler last wrote them."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_CONSUMERS)
 
+    def takers(self, qid: int) -> int:
+        """Consumers of queue `qid` that take turns (layout.Q_TAKERS)."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_TAKERS)
+
     def count_blocked_publisher(self, qid: int, delta: int, state: int | None) -> int:
         """A connection blocks on (delta 1) or is released from (-1) queue
         `qid`'s capacity: keep the queue's count for the metrics, unless the
@@ -234,9 +238,12 @@ class QueueDirectory:
         """Acquired, unsettled entries in log `qid` alone."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_UNACKED)
 
-    def set_consumer_count(self, qid: int, count: int) -> None:
-        """Scheduler: publish queue `qid`'s consumer count (consumer_count)."""
-        self.a.store(self.queues + qid * _QUEUE_SIZE + layout.Q_CONSUMERS, count)
+    def set_consumer_count(self, qid: int, count: int, takers: int) -> None:
+        """Scheduler: publish queue `qid`'s consumer count (consumer_count)
+        and how many of them take turns (takers)."""
+        q = self.queues + qid * _QUEUE_SIZE
+        self.a.store(q + layout.Q_TAKERS, takers)
+        self.a.store(q + layout.Q_CONSUMERS, count)
 
     def set_watch(self, qid: int, watching: bool) -> None:
         """Scheduler: ask publishers to wake it (shm/wake.py) at log `qid`'s

@@ -207,6 +207,12 @@ Q_TIMED = 656
 # scheduler at create. A counted log's entries have a count word each in
 # the delivery-count table (Layout.count_word), bumped by every release.
 Q_DELIVERY_LIMIT = 664
+# Consumers that take turns at the queue, written by the scheduler beside
+# Q_CONSUMERS: its acquiring consumers, or 1 for a single-active-consumer
+# queue that has any (the others wait, they take no turns); browsers never.
+# A notified consumer's turn is shared with them (workers/consumer.py,
+# turn_quota).
+Q_TAKERS = 672
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -267,7 +273,7 @@ SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
 SEALED_BIT = 1 << 32
 
 
-assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_DELIVERY_LIMIT + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_TAKERS + 8 <= QUEUE_SIZE
 assert Q_READY_BYTES // 64 == Q_BYTES // 64 != Q_OVERFLOW // 64  # cache lines, see above
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.

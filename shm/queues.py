@@ -163,6 +163,7 @@ class QueueStore(QueueDirectory):
             layout.Q_BLOCKED_PUBLISHERS,
             layout.Q_WATCH,
             layout.Q_CONSUMERS,
+            layout.Q_TAKERS,
             layout.Q_PUBLISHED,
             layout.Q_DELIVERED,
             layout.Q_ACKED,

@@ -67,6 +67,12 @@ class QueueConsumerManager:
     def __iter__(self) -> Iterator[ConsumerKey]:
         return iter(self._nodes)
 
+    def takers(self) -> int:
+        """Consumers that take turns: the acquiring ones, or just the active
+        one of a single-active-consumer queue (browsers never do)."""
+        acquiring = sum(1 for node in self._nodes.values() if node.acquiring)
+        return min(acquiring, 1) if self.single_active else acquiring
+
     def is_browser(self, key: ConsumerKey) -> bool:
         node = self._nodes.get(key)
         return node is not None and not node.acquiring

@@ -75,7 +75,7 @@ class Notification(QueueExpiry):
             q.expiry_timer.cancel()
             q.expiry_timer = None
         self.consumers[key] = (q.qid, exclusive)
-        self.store.set_consumer_count(q.qid, len(q.qcm))
+        self.store.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
         if interested:
             self._interested(q, key)
 
@@ -97,7 +97,7 @@ class Notification(QueueExpiry):
         q.qcm.remove(key)
         q.browsing.pop(key, None)
         q.dry.pop(key, None)
-        self.store.set_consumer_count(q.qid, len(q.qcm))
+        self.store.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
         if q.auto_delete and q.had_consumers and not len(q.qcm):
             self._remove_queue(q)
             return

@@ -88,3 +88,18 @@ def test_single_active_consumer_is_the_first_registered() -> None:
     qcm.remove((1, 1))
     assert qcm.active() == (0, 2)
     assert qcm.notify_next() == (0, 2)
+
+
+def test_takers_counts_the_consumers_that_take_turns() -> None:
+    """Q_TAKERS (a notified consumer's turn is shared with them): acquiring
+    consumers; one for a single-active-consumer queue; browsers never."""
+    qcm = QueueConsumerManager()
+    assert qcm.takers() == 0
+    qcm.add((0, 1))
+    qcm.add((0, 2), acquiring=False)
+    qcm.add((1, 3), interested=False)
+    assert qcm.takers() == 2, "the browser takes no turns"
+    sac = QueueConsumerManager(single_active=True)
+    for cid in range(3):
+        sac.add((0, cid))
+    assert sac.takers() == 1, "the standbys take no turns"
