@@ -78,6 +78,8 @@ class DeliveryChannel(Protocol):
     def number(self) -> int: ...
     @property
     def prefetch_count(self) -> int: ...
+    @property
+    def global_prefetch(self) -> int: ...
     def wants_work(self, consumer: Consumer) -> bool: ...
     def credit_left(self, consumer: Consumer) -> int | None: ...
     def credit_room(self, consumer: Consumer) -> int: ...
@@ -295,9 +297,9 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     qid = consumer.qid
     channel = consumer.channel
     out: list[bytes] = []
-    delivered = 0
-    prefetch = 0 if consumer.no_ack else channel.prefetch_count  # no_ack: no credit
-    quota = turn_quota(store.ready(qid), store.consumer_count(qid), prefetch)
+    delivered = 0  # deliveries this turn: what its quota counts
+    work = 0  # entries acquired this turn, dead-lettered ones too: what bursts bound
+    quota = turn_quota(store.ready(qid), store.takers(qid), _prefetch(channel, consumer))
     changes_now = store.changes_reader(qid)
     acquire = store.a.acquire
     q_off, ring, mask, owner_bits = store.acquire_args(qid)
@@ -316,7 +318,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 # nothing ready the scan below reports DONE, as at any turn's end.)
                 _yield(ctx, consumer)
                 return
-            if delivered >= LOCAL_BURST and (delivered >= BURST or store.consumer_count(qid) <= 1):
+            if work >= LOCAL_BURST and (work >= BURST or store.consumer_count(qid) <= 1):
                 _yield(ctx, consumer)
                 return
             # Read the state-change counter before scanning: anything published
@@ -329,8 +331,8 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 # write happens, no other event runs), so they are made once
                 # per run, not per message.
                 consumer.rewind_if_released(store)
-                stop = min(quota, LOCAL_BURST if delivered < LOCAL_BURST else BURST)
-                n = max(1, min(channel.credit_room(consumer), stop - delivered))
+                stop = LOCAL_BURST if work < LOCAL_BURST else BURST
+                n = max(1, min(channel.credit_room(consumer), quota - delivered, stop - work))
                 while n:
                     got = acquire(q_off, ring, mask, consumer.pointer, owner_bits)
                     if got.__class__ is int:
@@ -344,12 +346,21 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                             return
                     seq, block, redelivered = got  # type: ignore[misc]
                     consumer.pointer = seq + 1
+                    work += 1
+                    expired = flags[block + TIMED_AT] & MSG_TIMED
+                    if (expired and drop_if_expired(qid, seq, block)) or (
+                        redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
+                    ):
+                        # Dead-lettered instead (workers/expiry.py), or put back
+                        # when its dead-letter target has no room: no delivery,
+                        # so neither credit nor the turn's quota is used (a
+                        # turn of one that yielded on it would hand the next
+                        # consumer the same head, for ever). Bounded by `stop`.
+                        if work >= stop:
+                            break
+                        continue
                     n -= 1
                     delivered += 1
-                    if flags[block + TIMED_AT] & MSG_TIMED and drop_if_expired(qid, seq, block):
-                        continue  # dead-lettered instead (workers/expiry.py): bounded work too
-                    if redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block):
-                        continue
                     deliver(consumer, qid, seq, block, redelivered, out)
                 continue
             if levels is None:
@@ -384,11 +395,11 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 ctx.send(ipc.Done(consumer.cid, changes))
                 return
             log_qid, seq, block, redelivered = taken
+            work += 1
             if (flags[block + TIMED_AT] & MSG_TIMED and drop_if_expired(log_qid, seq, block)) or (
                 redelivered and ctx.expiry.drop_if_over_limit(log_qid, seq, block)
             ):
-                delivered += 1  # dead-lettered instead (workers/expiry.py): bounded work too
-                continue
+                continue  # dead-lettered instead, as above: bounded work, no delivery
             channel.deliver(consumer, log_qid, seq, block, redelivered, out)
             delivered += 1
     finally:
@@ -397,6 +408,16 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
             conn.write_many(out)
             if conn.confirm_timer is not None:
                 conn.deliveries_written()
+
+
+def _prefetch(channel: DeliveryChannel, consumer: Consumer) -> int:
+    """The consumer's basic.qos message count for turn_quota: the smaller of
+    its own and its channel's (global) that are set; 0 when none is, and for
+    a no-ack consumer (no credit)."""
+    if consumer.no_ack:
+        return 0
+    own, shared = channel.prefetch_count, channel.global_prefetch
+    return min(own, shared) if own and shared else own or shared
 
 
 # At most this many deliveries before a cancel-ok (take_ready).

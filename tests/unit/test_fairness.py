@@ -38,6 +38,7 @@ class FakeChannel:
 
     def __init__(self, prefetch: int) -> None:
         self.prefetch_count = prefetch
+        self.global_prefetch = 0
         self.conn = FakeConn()
 
     def has_credit(self, consumer: Consumer) -> bool:
@@ -98,9 +99,11 @@ def fill(seg: Segment, n: int) -> None:
         publish(seg, producer, arena, QID, b"m%d" % i, 1)
 
 
-def consumers(seg: Segment, n: int, prefetch: int) -> list[Consumer]:
-    """n consumers of the queue, as registered: the scheduler keeps Q_CONSUMERS."""
+def consumers(seg: Segment, n: int, prefetch: int, takers: int | None = None) -> list[Consumer]:
+    """n consumers of the queue, as registered: the scheduler keeps
+    Q_CONSUMERS, and Q_TAKERS (all n, unless only `takers` take turns)."""
     seg.atomic.store(seg.layout.queue(QID) + L.Q_CONSUMERS, n)
+    seg.atomic.store(seg.layout.queue(QID) + L.Q_TAKERS, n if takers is None else takers)
     return [
         Consumer(cid, b"c%d" % cid, FakeChannel(prefetch), QID, b"q", False, False, 0)  # type: ignore[arg-type]
         for cid in range(n)
@@ -174,6 +177,60 @@ def test_a_small_prefetch_takes_one_message_a_turn(seg: Segment) -> None:
     assert first.unacked == 1, f"took {first.unacked} of 12 ready (prefetch 10)"
     assert ctx.sent == [ipc.Done(first.cid, -1)], "a yield: the next consumer's turn"
     assert ready(seg) == 11
+
+
+def test_a_single_active_consumer_is_not_held_to_one_a_turn(seg: Segment) -> None:
+    """x-single-active-consumer: four registered, one takes turns (the
+    scheduler's Q_TAKERS). Its prefetch is small, but nobody shares its turns:
+    it takes its credit in one, not one message per scheduler round trip."""
+    fill(seg, 12)
+    ctx = FakeContext(seg)
+    active = consumers(seg, 4, prefetch=10, takers=1)[0]
+    pull(ctx, active)  # type: ignore[arg-type]
+    assert active.unacked == 10, f"took {active.unacked} of 12 ready (prefetch 10)"
+    assert ctx.sent == [ipc.Interest(active.cid, False)], "stopped by its credit"
+
+
+class StuckHead(NoExpiry):
+    """The head entry is over its delivery limit and its dead-letter target
+    has no room: drop_if_over_limit puts it back (released) and says it was
+    not delivered, as workers/expiry.py does under at-least-once."""
+
+    def __init__(self, store: QueueStore, head: int) -> None:
+        self.store, self.head = store, head
+
+    def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool:
+        if seq != self.head:
+            return False
+        self.store.release(qid, seq)
+        return True
+
+
+def test_an_entry_put_back_at_the_head_does_not_end_a_turn_of_one(seg: Segment) -> None:
+    """Prefetch 10, four consumers: one message a turn. A head entry that is
+    acquired and put back is no delivery: each turn goes past it and delivers
+    the next one. Counted as the turn's one message, every turn would yield
+    on it and hand the next consumer the same head, for ever."""
+    fill(seg, 5)
+    ctx = FakeContext(seg)
+    head = ctx.store.acquire(QID, 0)
+    assert not isinstance(head, int)
+    ctx.store.release(QID, head[0])  # now redelivered: checked against its limit
+    ctx.expiry = StuckHead(ctx.store, head[0])  # type: ignore[assignment]
+    group = consumers(seg, 4, prefetch=10)
+    qcm = QueueConsumerManager()
+    for c in group:
+        qcm.add((WORKER, c.cid))
+    for _turn in range(8):
+        key = qcm.notify_next()
+        assert key is not None
+        ctx.sent.clear()
+        pull(ctx, group[key[1]])  # type: ignore[arg-type]
+        qcm.done(key)
+        if sum(c.unacked for c in group) == 4:
+            break
+    assert [c.unacked for c in group] == [1, 1, 1, 1], "the entries behind the head"
+    assert ready(seg) == 1, "the head waits for room in its dead-letter target"
 
 
 def test_the_last_share_ends_the_turn_as_dry(seg: Segment) -> None:
