@@ -176,8 +176,8 @@ def consume(
     channel.basic_qos(prefetch_count=PREFETCH)
 
     def on_message(ch: Any, method: Any, _props: Any, body: bytes) -> None:
-        counts[index] += 1
         owners[int(body)] = index
+        counts[index] += 1
         ch.basic_ack(method.delivery_tag)
 
     channel.basic_consume(queue, on_message)
@@ -225,7 +225,7 @@ def one_run(uri: str, consumers: int, messages: int, threads: bool = False) -> d
     channel.queue_declare(queue)
     # One writer per slot: no lock needed.
     counts = ctx.Array("q", consumers, lock=False)
-    owners = ctx.Array("b", messages, lock=False)  # which consumer got message n
+    owners = ctx.Array("i", messages, lock=False)  # which consumer got message n
     workers = ctx.Array("q", consumers, lock=False)
     cpu = ctx.Array("d", consumers, lock=False)
     ready = ctx.Semaphore(0)
