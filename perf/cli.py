@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="consumers' x-stream-offset: first, last, next, an offset, or spread:N "
         "(consumer i of C starts at i * N // C)",
     )
+    p.add_argument(
+        "--dedup",
+        choices=("off", "header", "queue"),
+        default="off",
+        help="header: each message carries a unique x-deduplication-header; queue: "
+        "the same, to a queue declared with x-message-deduplication",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--rate", type=_non_negative_int, default=0, help="per-producer msg/s cap, 0 = unlimited"
@@ -116,6 +123,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         fanout=args.fanout,
         stream=args.stream,
         stream_offset=args.stream_offset,
+        dedup=args.dedup,
     )
 
 

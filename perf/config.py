@@ -37,6 +37,10 @@ class PerfConfig:
     # Consumers' x-stream-offset: "first", "last", "next", an offset, or
     # "spread:N" (consumer i of C starts at offset i * N // C).
     stream_offset: str = "next"
+    # Message deduplication (issue 26): "off"; "header": every message
+    # carries a unique x-deduplication-header, to a plain queue; "queue":
+    # the same, to a queue declared with x-message-deduplication.
+    dedup: str = "off"
 
     def stream_offset_for(self, index: int) -> int | str:
         value = self.stream_offset

@@ -17,6 +17,7 @@ from shoal.perf.wire import (
     BASIC_NACK,
     FRAME_METHOD,
     U32,
+    KeyedTemplate,
     ProtocolError,
     PublishTemplate,
     build_publish_template,
@@ -113,6 +114,8 @@ class Producer(AmqpConnection):
         self.acked = 0
         self.nacked = 0
         self.blocked_events = 0
+        self.index = 0  # this producer's number (setup), for its dedup keys
+        self.keyed: KeyedTemplate | None = None
 
     def _on_frame(
         self, frame_type: int, channel: int, buf: bytes | bytearray, start: int, end: int
@@ -144,6 +147,7 @@ class Producer(AmqpConnection):
             self.blocked_events += 1
 
     async def setup(self, cfg: PerfConfig, index: int = 0) -> None:
+        self.index = index
         if cfg.confirm:
             await self.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
             self.confirms = ConfirmTracker()
@@ -156,7 +160,9 @@ class Producer(AmqpConnection):
             exchange=cfg.exchange(),
             persistent=cfg.persistent,
             frame_max=self.frame_max,
+            dedup_key=cfg.dedup != "off",
         )
+        self.keyed = KeyedTemplate(template, self.index) if cfg.dedup != "off" else None
         batch = max(1, BATCH_BYTES // len(template.message(0)))
         if cfg.rate:
             # About 5 ms worth of messages per write keeps a capped rate smooth.
@@ -215,7 +221,8 @@ class Producer(AmqpConnection):
                     # and would turn the wait into a busy loop.
                     await asyncio.sleep(max(0.001, min(due_ns - now, end_ns - now) / 1e9))
                     continue
-            write(message(now) * count)
+            keyed = self.keyed
+            write(message(now) * count if keyed is None else keyed.batch(now, sent_total, count))
             sent_total += count
             if confirms is not None:
                 confirms.sent(count, now)

@@ -111,6 +111,8 @@ async def _declare_queue(cfg: PerfConfig) -> str:
         # trigger, and a durable queue is meant to outlive connections.
         auto_delete = not durable and cfg.consumers > 0 and cfg.queue_generated
         arguments: dict[str, Any] | None = {"x-queue-type": "stream"} if cfg.stream else None
+        if cfg.dedup == "queue":
+            arguments = {"x-message-deduplication": True}
         if cfg.fanout:
             await client.rpc(
                 commands.Exchange.Declare(

@@ -80,6 +80,29 @@ class PublishTemplate:
         return self.message(timestamp_ns) * count
 
 
+DEDUP_KEY_BYTES = 16
+_HEADERS_FLAG = 0x2000  # bit 13 of Basic's property flags
+
+
+@dataclass(frozen=True)
+class KeyedTemplate:
+    """A PublishTemplate whose messages each carry a unique
+    x-deduplication-header (a 16-byte string: producer, then a counter)."""
+
+    template: PublishTemplate
+    producer: int
+
+    def batch(self, timestamp_ns: int, first: int, count: int) -> bytes:
+        head, key_at = self.template.head, self.template.head.index(b"\x00" * DEDUP_KEY_BYTES)
+        before, after = head[:key_at], head[key_at + DEDUP_KEY_BYTES :]
+        stamp = U64.pack(timestamp_ns) if self.template.timestamped else b""
+        tail = stamp + self.template.tail
+        prefix = b"%04d" % (self.producer % 10000)
+        return b"".join(
+            before + prefix + b"%012d" % n + after + tail for n in range(first, first + count)
+        )
+
+
 def build_publish_template(
     routing_key: str,
     size: int,
@@ -88,8 +111,11 @@ def build_publish_template(
     channel: int = 1,
     persistent: bool = False,
     frame_max: int = CLIENT_FRAME_MAX,
+    dedup_key: bool = False,
 ) -> PublishTemplate:
-    """Precompute the frames of one publish of a ``size``-byte body."""
+    """Precompute the frames of one publish of a ``size``-byte body.
+    `dedup_key`: the properties carry an x-deduplication-header of 16 zero
+    bytes, for KeyedTemplate to fill in."""
     method = _frame(
         FRAME_METHOD,
         channel,
@@ -101,6 +127,16 @@ def build_publish_template(
     )
     # Without properties (flags 0) a message is transient, the AMQP default.
     props = struct.pack(">HB", _DELIVERY_MODE_FLAG, 2) if persistent else b"\x00\x00"
+    if dedup_key:
+        entry = (
+            _shortstr("x-deduplication-header")
+            + b"S"
+            + U32.pack(DEDUP_KEY_BYTES)
+            + b"\x00" * DEDUP_KEY_BYTES
+        )
+        flags = _HEADERS_FLAG | (_DELIVERY_MODE_FLAG if persistent else 0)
+        props = struct.pack(">H", flags) + U32.pack(len(entry)) + entry
+        props += b"\x02" if persistent else b""
     content_header = _frame(FRAME_HEADER, channel, struct.pack(">HHQ", 60, 0, size) + props)
     # A body frame costs 8 bytes of framing, so frame_max - 8 bytes of body fit in one.
     chunk = frame_max - 8

@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     PyObject_HEAD
@@ -814,6 +815,206 @@ Atomic_write_tag(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+
+/*
+ * The deduplication cache (shm/dedup.py): check-and-add of one key, the
+ * steps of DedupCache._find, _remove, _insert and _index, in the same
+ * order with the same writes. The caller passes the layout (ring, index,
+ * mask, size); the header words and record fields are fixed here and
+ * checked by shm/dedup.py at import. Returns 1: a duplicate; 0: added;
+ * -1: the lock is held by another process (nothing done: Python waits,
+ * and takes it over from a dead holder). `held`: the caller holds the
+ * lock already. The lock is released before returning either way.
+ */
+#define DD_LOCK 24
+#define DD_HEAD 32
+#define DD_HITS 40
+#define DD_ADDED 48
+#define DD_RECORD 128
+#define DD_R_STATE 0
+#define DD_R_EXPIRES 8
+#define DD_R_LENGTH 16
+#define DD_R_KEY 24
+
+static inline uint64_t *
+dd_word(char *base, Py_ssize_t off)
+{
+    return (uint64_t *)(base + off);
+}
+
+static inline uint64_t
+dd_load(char *base, Py_ssize_t off)
+{
+    return __atomic_load_n(dd_word(base, off), __ATOMIC_SEQ_CST);
+}
+
+static inline void
+dd_store(char *base, Py_ssize_t off, uint64_t v)
+{
+    __atomic_store_n(dd_word(base, off), v, __ATOMIC_SEQ_CST);
+}
+
+static void
+dd_unindex(char *base, Py_ssize_t ring, Py_ssize_t index, uint64_t mask, uint64_t slot)
+{
+    uint64_t hole = slot, i = slot;
+    for (;;) {
+        i = (i + 1) & mask;
+        uint64_t word = dd_load(base, index + (Py_ssize_t)i * 8);
+        if (!word)
+            break;
+        uint64_t h = dd_load(base, ring + (Py_ssize_t)((word & 0xFFFFFFFFu) - 1) * DD_RECORD +
+                                           DD_R_STATE);
+        uint64_t home = h & mask;
+        if (((i - home) & mask) >= ((i - hole) & mask)) {
+            dd_store(base, index + (Py_ssize_t)hole * 8, word);
+            hole = i;
+        }
+    }
+    dd_store(base, index + (Py_ssize_t)hole * 8, 0);
+}
+
+/* A key's hash for the cache: FNV-1a over its bytes, then MurmurHash3's
+ * 64-bit finalizer (FNV alone clusters similar keys), forced odd so that a
+ * record's state is never 0. Any hash would do for exactness (keys are
+ * compared byte for byte); this one is the same in every process. */
+static uint64_t
+dd_hash(const char *key, Py_ssize_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h ^= (unsigned char)key[i];
+        h *= 0x100000001b3ULL;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h | 1;
+}
+
+static PyObject *
+Atomic_dedup_hash(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    char *key;
+    Py_ssize_t n;
+    if (nargs != 1 || PyBytes_AsStringAndSize(args[0], &key, &n) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "dedup_hash(key)");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(dd_hash(key, n));
+}
+
+static PyObject *
+Atomic_dedup_add(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dedup_add(ring, index, mask, size, key, length, ttl_ms, now, pid, "
+                        "held)");
+        return NULL;
+    }
+    Py_ssize_t ring = PyLong_AsSsize_t(args[0]);
+    Py_ssize_t index = PyLong_AsSsize_t(args[1]);
+    uint64_t mask, size, length, ttl, now, pid;
+    if ((ring == -1 || index == -1) && PyErr_Occurred())
+        return NULL;
+    if (as_u64(args[2], &mask) < 0 || as_u64(args[3], &size) < 0 ||
+        as_u64(args[5], &length) < 0 || as_u64(args[6], &ttl) < 0 ||
+        as_u64(args[7], &now) < 0 || as_u64(args[8], &pid) < 0)
+        return NULL;
+    int held = PyObject_IsTrue(args[9]);
+    if (held < 0)
+        return NULL;
+    char *key;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(args[4], &key, &n) < 0)
+        return NULL;
+    if (!self->has_view || ring < 64 || index < ring || size == 0 || (mask & (mask + 1)) != 0 ||
+        ring + (Py_ssize_t)size * DD_RECORD > index ||
+        index + (Py_ssize_t)(mask + 1) * 8 > self->len || n > DD_RECORD - DD_R_KEY ||
+        (ring & 7) || (index & 7)) {
+        PyErr_SetString(PyExc_ValueError, "dedup_add: layout out of range");
+        return NULL;
+    }
+    if (!now) { /* ms on CLOCK_REALTIME, as shm/dedup.py now_ms() */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        now = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    }
+    uint64_t expires = ttl ? now + ttl : 0;
+    uint64_t h = dd_hash(key, n);
+    char *base = self->base;
+    if (!held) {
+        uint64_t free_ = 0;
+        if (!__atomic_compare_exchange_n(dd_word(base, DD_LOCK), &free_, pid, 0,
+                                         __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            return PyLong_FromLong(-1);
+    }
+    uint64_t tag = h >> 32;
+    uint64_t i = h & mask;
+    int result = 0;
+    for (;;) {
+        uint64_t word = dd_load(base, index + (Py_ssize_t)i * 8);
+        if (!word)
+            break;
+        if ((word >> 32) == tag) {
+            uint64_t pos = (word & 0xFFFFFFFFu) - 1;
+            Py_ssize_t rec = ring + (Py_ssize_t)pos * DD_RECORD;
+            if (dd_load(base, rec + DD_R_STATE) == h &&
+                dd_load(base, rec + DD_R_LENGTH) == length &&
+                memcmp(base + rec + DD_R_KEY, key, (size_t)n) == 0) {
+                uint64_t until = dd_load(base, rec + DD_R_EXPIRES);
+                if (!until || until > now) {
+                    __atomic_fetch_add(dd_word(base, DD_HITS), 1, __ATOMIC_SEQ_CST);
+                    result = 1;
+                    goto out;
+                }
+                dd_unindex(base, ring, index, mask, i); /* expired: written again as new */
+                dd_store(base, rec + DD_R_STATE, 0);
+                break;
+            }
+        }
+        i = (i + 1) & mask;
+    }
+    {
+        uint64_t head = dd_load(base, DD_HEAD);
+        uint64_t pos = head % size;
+        Py_ssize_t rec = ring + (Py_ssize_t)pos * DD_RECORD;
+        uint64_t old = dd_load(base, rec + DD_R_STATE);
+        if (old) { /* the ring came round: the oldest key goes */
+            uint64_t want = ((old >> 32) << 32) | (pos + 1);
+            uint64_t j = old & mask;
+            for (;;) {
+                uint64_t word = dd_load(base, index + (Py_ssize_t)j * 8);
+                if (!word)
+                    break;
+                if (word == want) {
+                    dd_unindex(base, ring, index, mask, j);
+                    break;
+                }
+                j = (j + 1) & mask;
+            }
+        }
+        dd_store(base, rec + DD_R_STATE, 0);
+        dd_store(base, rec + DD_R_EXPIRES, expires);
+        dd_store(base, rec + DD_R_LENGTH, length);
+        memcpy(base + rec + DD_R_KEY, key, (size_t)n);
+        dd_store(base, rec + DD_R_STATE, h);
+        dd_store(base, DD_HEAD, head + 1);
+        uint64_t k = h & mask;
+        while (dd_load(base, index + (Py_ssize_t)k * 8))
+            k = (k + 1) & mask;
+        dd_store(base, index + (Py_ssize_t)k * 8, ((h >> 32) << 32) | (pos + 1));
+        __atomic_fetch_add(dd_word(base, DD_ADDED), 1, __ATOMIC_SEQ_CST);
+    }
+out:
+    dd_store(base, DD_LOCK, 0);
+    return PyLong_FromLong(result);
+}
+
 static PyMethodDef Atomic_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))Atomic_alloc, METH_FASTCALL,
      "Allocate a held block in the owner's arena."},
@@ -835,6 +1036,10 @@ static PyMethodDef Atomic_methods[] = {
      "Tag a persistent message with its record's place."},
     {"advance_head", (PyCFunction)(void (*)(void))Atomic_advance_head, METH_FASTCALL,
      "Move a queue's head past deleted cells."},
+    {"dedup_hash", (PyCFunction)(void (*)(void))Atomic_dedup_hash, METH_FASTCALL,
+     "A key's hash in a deduplication cache."},
+    {"dedup_add", (PyCFunction)(void (*)(void))Atomic_dedup_add, METH_FASTCALL,
+     "Check-and-add a key in a deduplication cache (shm/dedup.py)."},
     {"load", (PyCFunction)(void (*)(void))Atomic_load, METH_FASTCALL, "Atomic 64-bit load."},
     {"store", (PyCFunction)(void (*)(void))Atomic_store, METH_FASTCALL, "Atomic 64-bit store."},
     {"cas", (PyCFunction)(void (*)(void))Atomic_cas, METH_FASTCALL,
@@ -898,6 +1103,12 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "Q_CAPACITY", Q_CAPACITY) < 0 ||
         PyModule_AddIntConstant(m, "Q_OVERFLOW", Q_OVERFLOW) < 0 ||
         PyModule_AddIntConstant(m, "QUEUE_SIZE", QUEUE_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "DD_LOCK", DD_LOCK) < 0 ||
+        PyModule_AddIntConstant(m, "DD_HEAD", DD_HEAD) < 0 ||
+        PyModule_AddIntConstant(m, "DD_HITS", DD_HITS) < 0 ||
+        PyModule_AddIntConstant(m, "DD_ADDED", DD_ADDED) < 0 ||
+        PyModule_AddIntConstant(m, "DD_RECORD", DD_RECORD) < 0 ||
+        PyModule_AddIntConstant(m, "DD_R_KEY", DD_R_KEY) < 0 ||
         PyModule_AddIntConstant(m, "BLOCK_MIN_SPLIT", BLOCK_MIN_SPLIT) < 0 ||
         PyModule_AddObject(m, "HOLD_BIT", PyLong_FromUnsignedLongLong(HOLD)) < 0) {
         Py_DECREF(m);

@@ -25,6 +25,12 @@ Q_WATCH: int
 Q_CAPACITY: int
 Q_OVERFLOW: int
 QUEUE_SIZE: int
+DD_LOCK: int
+DD_HEAD: int
+DD_HITS: int
+DD_ADDED: int
+DD_RECORD: int
+DD_R_KEY: int
 MSG_PREFIX_SIZE: int
 MSG_TAGGED: int
 MSG_TIMED: int
@@ -79,3 +85,18 @@ class Atomic:
     def read_tag(self, block: int, /) -> tuple[int, int, int] | None: ...
     def write_tag(self, block: int, slot: int, check: int, offset: int, /) -> None: ...
     def advance_head(self, queue: int, ring: int, mask: int, /) -> None: ...
+    def dedup_add(
+        self,
+        ring: int,
+        index: int,
+        mask: int,
+        size: int,
+        key: bytes,
+        length: int,
+        ttl_ms: int,
+        now: int,
+        pid: int,
+        held: bool,
+        /,
+    ) -> int: ...
+    def dedup_hash(self, key: bytes, /) -> int: ...

@@ -31,6 +31,7 @@ class QueueDirectory:
         "_streams",
         "_ttl",
         "a",
+        "dedup_now",
         "layout",
         "queues",
         "seg",
@@ -53,6 +54,9 @@ class QueueDirectory:
         # for a publish, which has looked (lookup, route) just before.
         self.timed_now: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())
         self._plain: frozenset[int] = frozenset()
+        # Queues with a deduplication cache (QF_DEDUP) as of the last look
+        # at the cache: a publish, which has looked just before, tests it.
+        self.dedup_now: frozenset[int] = frozenset()
         self._names_gen = -1
 
     def catalog_generation(self) -> int:
@@ -71,8 +75,8 @@ class QueueDirectory:
         return self._levels
 
     def plain_queues(self) -> frozenset[int]:
-        """Declared queues that are not priority, stream or delay queues and
-        have no message TTL (same cache): a message routed to these alone,
+        """Declared queues that are not priority, stream, delay or
+        deduplicating queues and have no message TTL (same cache): a message routed to these alone,
         with no expiration, needs no timestamp, no level and no stream
         writer (workers/publish.py fast_publish)."""
         self._refresh()
@@ -134,6 +138,7 @@ class QueueDirectory:
         streams = set()
         ttl = set()
         delayed = set()
+        deduplicating = set()
         active = []
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
@@ -155,6 +160,8 @@ class QueueDirectory:
                 streams.add(qid)
             if flags & layout.QF_DELAYED:
                 delayed.add(qid)
+            if flags & layout.QF_DEDUP:
+                deduplicating.add(qid)
         for parent, level, qid in children:
             if parent in levels:
                 levels[parent].add(level, qid)
@@ -163,8 +170,9 @@ class QueueDirectory:
         self._active = tuple(active)
         self._delayed = frozenset(delayed)
         self.timed_now = (self._ttl, self._delayed)
+        self.dedup_now = frozenset(deduplicating)
         self._plain = frozenset(names.values()).difference(
-            levels, self._streams, self._ttl, self._delayed
+            levels, self._streams, self._ttl, self._delayed, self.dedup_now
         )
         # Re-read: if it moved while we scanned, rescan next time.
         self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1

@@ -223,6 +223,7 @@ QF_AUTO_DELETE = 4
 QF_STREAM = 8
 QF_QUORUM = 16
 QF_DELAYED = 32  # a delayed message exchange's delay queue (workers/delays.py)
+QF_DEDUP = 64  # x-message-deduplication: publishes check its cache (workers/dedup.py)
 
 # queue log cells: word = seq << 20 | owner << 8 | flags << 4 | state
 CELL_SIZE = 16

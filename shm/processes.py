@@ -9,6 +9,7 @@ loops every second, so one whose loop hangs (or that is stopped) goes stale.
 
 from __future__ import annotations
 
+import os
 import time
 
 from shoal.shm import layout
@@ -42,3 +43,14 @@ def not_serving(seg: Segment) -> list[str]:
     if not any(beating(seg, slot, now) for slot in range(workers)):
         missing.append("io-workers")
     return missing
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands as C
 
@@ -20,6 +20,9 @@ from shoal.broker.amqp import errors
 from shoal.shm.stats import CONFIRMED
 from shoal.workers import framing
 from shoal.workers.access import ConnectionAccess
+
+if TYPE_CHECKING:
+    from shoal.workers.dedup import DedupMark
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
 
@@ -70,6 +73,8 @@ class Pending:
         "body",
         "body_off",
         "body_size",
+        "dedup",
+        "deduped",
         "durable",
         "entries",
         "exchange",
@@ -116,6 +121,11 @@ class Pending:
         # Stream queues it was appended to: (qid, seq); its confirm waits
         # until each stream's writer has synced that seq (workers/streams.py).
         self.streams: list[tuple[int, int]] | None = None
+        # Deduplication (workers/dedup.py): None until checked, then the
+        # keys the check added; `deduped`: a queue or the exchange had it
+        # (accepted, not returned).
+        self.dedup: DedupMark | None = None
+        self.deduped = False
 
 
 class Transaction:
@@ -299,6 +309,9 @@ class ChannelState:
         raise NotImplementedError  # delivery.py
 
     def _drop_pending(self, pending: Pending) -> None:
+        raise NotImplementedError  # publish.py
+
+    def _deduplicate(self, pending: Pending) -> None:
         raise NotImplementedError  # publish.py
 
     def _return(self, pending: Pending) -> None:

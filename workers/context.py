@@ -18,6 +18,7 @@ from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
 from shoal.workers.consumer import Consumer, MessageExpiry
+from shoal.workers.dedup import Deduplicator
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.persist import Persister
 from shoal.workers.routes import Routes
@@ -100,6 +101,9 @@ class WorkerContext:
         self.waker = Waker(seg, efd)
         self.store = QueueStore(seg, self.owner, waker=self.waker)
         self.routes = Routes(seg, self.store)
+        self.dedup = Deduplicator(
+            self.routes, self.store, config.runtime_path(), config.data_path()
+        )
         self.arena = Arena(seg, index)
         self.slot = seg.layout.proc(index)
         # Users' channels over all workers, for max-channels limits.
@@ -133,6 +137,7 @@ class WorkerContext:
             self.seg, self.index, self.incarnation, directory, self.loop, self.stats.v
         )
         self.store.settled = self.persist.settle
+        self.persist.before_write = self.dedup.flush
         self.spill = Spiller(
             self.seg, self.store, self.arena, paging, self.index, self.slot, self.loop
         )

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 from collections import deque
+from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from shoal.shm import layout, stats
@@ -73,6 +74,9 @@ class Persister:
         counters: list[int],
     ) -> None:
         self.seg = seg
+        # Called before records are written: what must be on disk no later
+        # than them (the keys of their deduplication caches).
+        self.before_write: Callable[[], None] | None = None
         self.counters = counters  # the worker's statistics (shm/stats.py)
         self._syncs_counted = 0
         self.loop = loop
@@ -212,6 +216,8 @@ class Persister:
                 batch = []
             batch.append(record)
         if batch:
+            if self.before_write is not None:
+                self.before_write()  # the disk deduplication caches (workers/dedup.py)
             self._write(batch)
 
     def _write(self, batch: list[_Record]) -> None:

@@ -141,6 +141,11 @@ class Publishing(ChannelState):
             # (shm/directory.py plain_queues): no timestamp, no record, no
             # level, no stream.
             plain = not header[12] & 0x11 and store.plain_queues().issuperset(qids)
+            deduplicating = (
+                ctx.routes.dedup_exchanges or (not plain and store.dedup_now)
+            ) and self._deduplicating(exchange, qids)
+            if deduplicating and self.tx is not None:
+                return False  # checked at commit
             times = None if plain else republish.times_for(store, header, qids, looked=True)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
@@ -156,9 +161,24 @@ class Publishing(ChannelState):
         write_record(
             seg.buf, block + BLOCK_HEADER, exchange, routing_key, header, body, published, expires
         )
+        mark, duplicate = None, False
+        if deduplicating:
+            try:
+                mark, duplicate = ctx.dedup.filter(
+                    conn.vhost, conn.vhost_id, exchange, header, qids
+                )
+            except errors.AMQPError:
+                release_hold(seg, block)
+                raise
+            if not qids:  # a duplicate wherever it went: accepted all the same
+                release_hold(seg, block)
+                self._account(True, False, body_size, False, -1, None)
+                return True
         rejected = False
-        if self.tx is None and (
-            plain or (not durable and times is None and not store.priority_levels())
+        if (
+            self.tx is None
+            and (mark is None or not mark.added())  # (else a refusal takes its keys out)
+            and (plain or (not durable and times is None and not store.priority_levels()))
         ):
             done, rejected = self._append_now(qids, block, body_size, plain)
             if done == len(qids):
@@ -174,8 +194,31 @@ class Publishing(ChannelState):
         pending.qids = qids
         pending.block = block
         pending.rejected = rejected
+        if deduplicating:
+            pending.dedup, pending.deduped = mark, duplicate
         self._complete()
         return True
+
+    def _deduplicating(self, exchange: bytes, qids: list[int]) -> bool:
+        """Whether a message to `exchange` routed to `qids` meets a
+        deduplication cache (workers/dedup.py)."""
+        ctx = self.ctx
+        if exchange and (self.conn.vhost_id, exchange) in ctx.routes.dedup_exchanges:
+            return True
+        return not ctx.store.dedup_now.isdisjoint(qids)
+
+    def _deduplicate(self, pending: Pending) -> None:
+        """Check a whole routed message against its caches: the queues that
+        have it already leave `pending.qids`; if none is left, its block
+        goes (it is accepted all the same: confirmed, not returned)."""
+        ctx, conn = self.ctx, self.conn
+        pending.dedup, duplicate = ctx.dedup.filter(
+            conn.vhost, conn.vhost_id, pending.exchange, pending.header, pending.qids
+        )
+        if duplicate:
+            pending.deduped = True
+            if not pending.qids:
+                release_hold(ctx.seg, pending.block)
 
     def _append_now(
         self, qids: list[int], block: int, body_size: int, plain: bool
@@ -328,7 +371,12 @@ class Publishing(ChannelState):
         in a transaction, keep it for tx.commit)."""
         pending = self.pending
         assert pending is not None
-        routed = bool(pending.qids)  # _append consumes the list
+        ctx = self.ctx
+        if (ctx.routes.dedup_exchanges or ctx.store.dedup_now) and (
+            pending.dedup is None and self.tx is None and pending.qids
+        ):
+            self._deduplicate(pending)  # (in a transaction: at commit)
+        routed = bool(pending.qids) or pending.deduped  # _append consumes the list
         if self.tx is not None:
             if pending.qids or pending.mandatory:
                 self.tx.publishes.append(pending)
@@ -340,7 +388,7 @@ class Publishing(ChannelState):
             if not self._append(pending):
                 self.suspend_retry(None)
                 return
-        elif pending.mandatory:
+        elif pending.mandatory and not pending.deduped:
             self._return(pending)
         self.pending = None
         self._account(
@@ -515,6 +563,8 @@ class Publishing(ChannelState):
                     return False
                 if outcome == REJECTED:
                     pending.rejected = True
+                    if pending.dedup is not None:  # its retry must get in
+                        ctx.dedup.refused(pending.dedup, ctx.store.declared(qid))
                 elif outcome == OVER_CAPACITY:
                     # This connection's next publishes wait (shm/flow.py).
                     self.conn.flow_block(*ctx.store.flow_queue(qid))
@@ -551,6 +601,9 @@ class Publishing(ChannelState):
         publisher's HOLD is dropped."""
         if pending.entries:
             records.abandon(self.ctx, pending)
+        if pending.dedup is not None:  # its retry must get in
+            declared = self.ctx.store.declared
+            self.ctx.dedup.abandoned(pending.dedup, [declared(qid) for qid in pending.qids])
         release_hold(self.ctx.seg, pending.block)
 
     def _return(self, pending: Pending) -> None:

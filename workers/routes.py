@@ -14,13 +14,23 @@ from typing import Any
 
 from pamqp.header import ContentHeader
 
-from shoal.broker.amqp import errors
-from shoal.broker.amqp.definitions import Definitions, Op
+from shoal.broker.amqp import dedup, errors
+from shoal.broker.amqp.dedup import DedupSpec
+from shoal.broker.amqp.definitions import (
+    Definitions,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    Op,
+    VHostAdded,
+    VHostDeleted,
+)
 from shoal.shm.catalog import CatalogReader
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 
 CACHE_MAX = 4096
+# Operations that may change which exchanges deduplicate.
+_EXCHANGE_OPS = (ExchangeDeclared, ExchangeDeleted, VHostAdded, VHostDeleted)
 
 
 def message_headers(raw_header: bytes) -> dict[str, Any]:
@@ -34,7 +44,15 @@ def message_headers(raw_header: bytes) -> dict[str, Any]:
 
 
 class Routes:
-    __slots__ = ("_cache", "_queue_gen", "definitions", "reader", "store", "version")
+    __slots__ = (
+        "_cache",
+        "_queue_gen",
+        "dedup_exchanges",
+        "definitions",
+        "reader",
+        "store",
+        "version",
+    )
 
     def __init__(self, seg: Segment, store: QueueStore) -> None:
         self.reader = CatalogReader(seg, Op)
@@ -43,6 +61,9 @@ class Routes:
         self._cache: dict[tuple[int, bytes, bytes], tuple[int, ...]] = {}
         self._queue_gen = -1
         self.version = 0  # bumped whenever the definitions change (caches key on it)
+        # Exchanges with a deduplication cache (workers/dedup.py), by
+        # (vhost id, name): empty unless one is declared (one flag test).
+        self.dedup_exchanges: dict[tuple[int, bytes], DedupSpec] = {}
 
     def vhost_id(self, vhost: str) -> int | None:
         """The id of a virtual host (None: there is no such vhost)."""
@@ -61,10 +82,31 @@ class Routes:
         reset, ops = self.reader.poll()
         if reset:
             self.definitions = Definitions()
+        exchanges_changed = reset
         for op in ops:
             self.definitions.apply(op)
+            exchanges_changed = exchanges_changed or isinstance(op, _EXCHANGE_OPS)
         self._cache.clear()
         self.version += 1
+        if exchanges_changed:
+            self.dedup_exchanges = self._dedup_exchanges()
+
+    def _dedup_exchanges(self) -> dict[tuple[int, bytes], DedupSpec]:
+        found: dict[tuple[int, bytes], DedupSpec] = {}
+        definitions = self.definitions
+        for vhost, router in definitions.vhosts.items():
+            vhost_id = definitions.vhost_ids.get(vhost)
+            if vhost_id is None:
+                continue
+            for name, x in router.exchanges.items():
+                if not dedup.deduplicates(x.type, x.arguments):
+                    continue
+                try:
+                    spec = dedup.exchange_spec(x.type, x.arguments)
+                except errors.AMQPError:
+                    spec = None  # checked at declare; a definitions import is not
+                found[(vhost_id, name.encode())] = spec or DedupSpec(dedup.DEFAULT_SIZE, 0, False)
+        return found
 
     def route(
         self,

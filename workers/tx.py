@@ -54,6 +54,14 @@ class Transactions(ChannelState):
         try:
             while todo:
                 pending = todo[0]
+                ctx = self.ctx
+                if (ctx.routes.dedup_exchanges or ctx.store.dedup_now) and (
+                    pending.dedup is None and pending.qids
+                ):
+                    self._deduplicate(pending)
+                    if not pending.qids:  # a duplicate: accepted, not appended
+                        todo.pop(0)
+                        continue
                 missing = self._assign_levels(pending) if pending.qids else None
                 if missing is not None:
                     reply = await self.ctx.request(ipc.Level(*missing))

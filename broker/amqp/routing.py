@@ -128,7 +128,10 @@ MATCHING_TYPES = ("direct", "fanout", "topic", "headers")
 # queue (workers/delays.py) and routed when due, as its x-delayed-type
 # exchange would route it; others are routed at once.
 DELAYED = "x-delayed-message"
-EXCHANGE_TYPES = (*MATCHING_TYPES, DELAYED)
+# RabbitMQ's message-deduplication plugin's exchange type: routes as fanout
+# once its cache has let the message through (broker/amqp/dedup.py).
+DEDUPLICATION = "x-message-deduplication"
+EXCHANGE_TYPES = (*MATCHING_TYPES, DELAYED, DEDUPLICATION)
 DELAY_QUEUE_PREFIX = "amq.delayed."
 
 
@@ -179,6 +182,8 @@ class Exchange:
         self.type = type_
         # How it matches bindings: its type, or a delayed exchange's x-delayed-type.
         kind = (arguments or {}).get("x-delayed-type") if type_ == DELAYED else type_
+        if type_ == DEDUPLICATION:
+            kind = "fanout"
         self.kind = kind if kind in MATCHING_TYPES else "direct"
         self.alternate = alternate
         self.durable = durable

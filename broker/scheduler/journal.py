@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from shoal.broker.amqp import definitions, errors, routing
+from shoal.broker.amqp import dedup, definitions, errors, routing
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.amqp.routing import frozen_args as _frozen_args
-from shoal.broker.scheduler import durable
+from shoal.broker.scheduler import dedup_caches, durable
 from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm.catalog import CatalogFull
 
@@ -53,6 +53,7 @@ class Journal(SchedulerState):
         publish through it at once, from any connection. A change to
         durable definitions is on disk before the reply too."""
         lasting = persist and self._is_durable_change(op)
+        caches_gone = self._dedup_caches_gone(op)
         self.definitions.apply(op)
         try:
             self.catalog.append(op, self.definitions.snapshot)
@@ -67,6 +68,8 @@ class Journal(SchedulerState):
                 errors.RESOURCE_ERROR,
                 "the definitions journal is full (raise --catalog-mb)",
             ) from None
+        for file_name in caches_gone:
+            dedup_caches.remove(self.config, file_name)
         if not lasting or isinstance(op, definitions.QueueArgumentsSet | definitions.QueueGone):
             return
         try:
@@ -77,6 +80,24 @@ class Journal(SchedulerState):
                 raise
             # A removal stays done; the log says otherwise until the next
             # start's snapshot fails to find what it removed again.
+
+    def _dedup_caches_gone(self, op: definitions.Op) -> list[str]:
+        """The cache files of the deduplicating exchanges `op` deletes."""
+        if isinstance(op, definitions.ExchangeDeleted):
+            names = [op.name]
+        elif isinstance(op, definitions.VHostDeleted):
+            router = self.definitions.vhosts.get(op.vhost)
+            names = list(router.exchanges) if router is not None else []
+        else:
+            return []
+        router = self.definitions.vhosts.get(op.vhost)
+        return [
+            dedup.cache_file("x", op.vhost, name, 0)
+            for name in names
+            if router is not None
+            and (x := router.exchanges.get(name)) is not None
+            and dedup.deduplicates(x.type, x.arguments)
+        ]
 
     def _persist(self, *changes: durable.Record) -> None:
         """Durable changes to disk (fdatasync'd) before their reply. After
@@ -204,11 +225,14 @@ class Journal(SchedulerState):
                         errors.PRECONDITION_FAILED,
                         "Invalid argument, 'x-delayed-type' must be an existing exchange type",
                     )
+            dedup_spec = dedup.exchange_spec(type_, args)
             self._journal(
                 definitions.ExchangeDeclared(
                     vhost, name, type_, durable, auto_delete, internal, args
                 )
             )
+            if dedup_spec is not None:
+                dedup_caches.create(self.config, dedup_spec, dedup.cache_file("x", vhost, name, 0))
             if type_ == routing.DELAYED:
                 self._delay_queue(vhost, name, durable)
             return []

@@ -108,6 +108,7 @@ class Scheduler(Notification):
         if first:
             self._restore_queues(restored)
             self._drop_stale_streams()
+            self._drop_stale_dedup_caches()
         else:
             self._known_uids(restored)
         self._drop_stale_definitions()

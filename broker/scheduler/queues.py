@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from shoal.broker import ipc
 from shoal.broker.amqp import (
     dead_letter,
+    dedup,
     definitions,
     errors,
     policies,
@@ -24,6 +25,7 @@ from shoal.broker.amqp import (
     ttl,
 )
 from shoal.broker.amqp import x_arguments as X
+from shoal.broker.scheduler import dedup_caches
 from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.state import QueueState
@@ -197,6 +199,7 @@ class QueueLifecycle(Journal):
             kind = quorum.queue_type(name, vhost, arguments)
             stream = None
             counting = 0
+            dedup_spec = None
             if kind == quorum.STREAM:
                 stream = streams.declare_arguments(
                     name, vhost, arguments, durable, exclusive, auto_delete
@@ -212,6 +215,7 @@ class QueueLifecycle(Journal):
                 rules = self._rules(vhost, name, arguments, kind)
                 counting, capacity, resume = rules.delivery_limit, rules.capacity, rules.resume
                 limits, message_ttl = rules.limits, rules.message_ttl
+                dedup_spec = dedup.queue_spec(arguments, durable and not exclusive)
             expires = self._expires(vhost, name, arguments)
             if not self.free_qids:
                 raise errors.ChannelError(
@@ -238,6 +242,7 @@ class QueueLifecycle(Journal):
                 | (layout.QF_STREAM if stream is not None else 0)
                 | (layout.QF_QUORUM if kind == quorum.QUORUM else 0)
                 | (layout.QF_DELAYED if _is_delay_queue(name, arguments) else 0)
+                | (layout.QF_DEDUP if dedup_spec is not None else 0)
             )
             if stream is not None:  # before create() makes the queue active
                 self.stream_words.set_settings(
@@ -259,6 +264,8 @@ class QueueLifecycle(Journal):
                 message_ttl=message_ttl,
                 delivery_limit=counting,
             )
+            if dedup_spec is not None:
+                dedup_caches.create(self.config, dedup_spec, self._dedup_file(vhost, name, qid))
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.uid = uid if durable and not exclusive else 0
             q.stream = stream is not None
@@ -464,7 +471,15 @@ class QueueLifecycle(Journal):
     def _queue_used(self, q: QueueState) -> None:
         """Declared, redeclared, or its last consumer went (expiry.py)."""
 
+    def _dedup_file(self, vhost: str, name: bytes, qid: int) -> str:
+        """Queue `qid`'s deduplication cache file (workers/dedup.py names
+        it alike): a durable queue's by its uid, which outlives restarts."""
+        incarnation = self.store.uid(qid) or self.store.generation(qid)
+        return dedup.cache_file("q", vhost, name.decode(), incarnation)
+
     def _remove_queue(self, q: QueueState) -> None:
+        if self.store.flags(q.qid) & layout.QF_DEDUP:
+            dedup_caches.remove(self.config, self._dedup_file(q.vhost, q.name, q.qid))
         if q.expiry_timer is not None:
             q.expiry_timer.cancel()
             q.expiry_timer = None
@@ -501,6 +516,26 @@ class QueueLifecycle(Journal):
         if sources or (q.vhost, dest[1]) in self.definitions.queue_arguments:
             self._journal(definitions.QueueGone(q.vhost, dest[1]))
             self._auto_delete(q.vhost, sources)
+
+    def _drop_stale_dedup_caches(self) -> None:
+        """At a broker's start: memory caches start empty; disk caches stay
+        for the durable queues and exchanges that name them."""
+        keep = {
+            self._dedup_file(q.vhost, q.name, q.qid)
+            for q in self.queues.values()
+            if self.store.flags(q.qid) & layout.QF_DEDUP
+        }
+        keep |= {
+            dedup.cache_file("q", record.vhost, record.queue, record.uid)
+            for record, _bindings in self.unrestored.values()
+        }
+        for vhost, router in self.definitions.vhosts.items():
+            keep |= {
+                dedup.cache_file("x", vhost, name, 0)
+                for name, x in router.exchanges.items()
+                if dedup.deduplicates(x.type, x.arguments)
+            }
+        dedup_caches.at_start(self.config, keep)
 
     def _drop_stale_streams(self) -> None:
         """At a broker's start: the directories of streams that no durable

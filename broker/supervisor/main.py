@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -586,6 +587,8 @@ class Supervisor:
         if self.seg is not None:
             self.seg.unlink()
         runtime = self.config.runtime_path()
+        # The memory deduplication caches (broker/scheduler/dedup_caches.py).
+        shutil.rmtree(os.path.join(runtime, "dedup"), ignore_errors=True)
         for leftover in (socket_path(runtime), os.path.join(runtime, settings.SETTINGS_FILE)):
             try:  # the scheduler's control socket, if it was killed; the settings
                 os.unlink(leftover)

@@ -29,6 +29,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from shoal.shm.processes import pid_alive
 from tests.broker_process import ROOT, Broker, wait_for
 from tests.clients import shoal
 
@@ -82,16 +83,6 @@ def _epmd_running() -> bool:
     return done.returncode == 0
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @pytest.fixture
 def rabbit() -> Iterator[Any]:
     """A private RabbitMQ node (bench/persistent.py's Rabbit), stopped after."""
@@ -121,9 +112,9 @@ def rabbit() -> Iterator[Any]:
             )
         if pid is not None:
             deadline = time.monotonic() + 10
-            while _pid_alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if not epmd_before and shutil.which("epmd"):
