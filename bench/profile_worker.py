@@ -58,14 +58,19 @@ class FakeTransport:
         pass
 
 
-def publish_frames(n: int, size: int, persistent: bool = False) -> bytes:
-    props = C.Basic.Properties(delivery_mode=2 if persistent else None)
-    one = (
-        pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="bench"), 1)
-        + pamqp_frame.marshal(pamqp_header.ContentHeader(0, size, props), 1)
-        + pamqp_frame.marshal(ContentBody(b"x" * size), 1)
-    )
-    return one * n
+def publish_frames(n: int, size: int, persistent: bool = False, keyed: bool = False) -> bytes:
+    def one(i: int) -> bytes:
+        headers = {"x-deduplication-header": f"key-{i:012d}"} if keyed else None
+        props = C.Basic.Properties(delivery_mode=2 if persistent else None, headers=headers)
+        return (
+            pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="bench"), 1)
+            + pamqp_frame.marshal(pamqp_header.ContentHeader(0, size, props), 1)
+            + pamqp_frame.marshal(ContentBody(b"x" * size), 1)
+        )
+
+    if not keyed:
+        return one(0) * n
+    return b"".join(one(i) for i in range(n))
 
 
 class AllowAll:
@@ -100,6 +105,13 @@ def main() -> None:
         action="store_true",
         help="delivery mode 2 to a durable queue: the message store, fdatasync included",
     )
+    p.add_argument(
+        "--dedup",
+        choices=("off", "header", "queue"),
+        default="off",
+        help="header: each message has a unique x-deduplication-header; queue: and the "
+        "queue deduplicates (x-message-deduplication)",
+    )
     p.add_argument("--profile", action="store_true")
     ns = p.parse_args()
     d = tempfile.mkdtemp()
@@ -108,10 +120,12 @@ def main() -> None:
         layout.Limits(max_workers=1, max_queues=64, queue_capacity=1 << 17, arena_bytes=256 << 20),
     )
     loop = asyncio.new_event_loop()
-    ctx = WorkerContext(Config(), seg, 0, 1, os.eventfd(0, os.EFD_NONBLOCK), loop)
+    config = Config(runtime_dir=os.path.join(d, "run"), data_dir=os.path.join(d, "data"))
+    ctx = WorkerContext(config, seg, 0, 1, os.eventfd(0, os.EFD_NONBLOCK), loop)
     from shoal.shm.queues import QueueStore
 
-    QueueStore(seg).create(0, b"bench", 0, 0, uid=1 if ns.persistent else 0)
+    flags = layout.QF_DEDUP if ns.dedup == "queue" else 0
+    QueueStore(seg).create(0, b"bench", flags, 0, uid=1 if ns.persistent else 0)
     if ns.persistent:
         dirs = [os.path.join(d, sub) for sub in ("msgs", "paging", "streams")]
         for sub in dirs:
@@ -130,7 +144,7 @@ def main() -> None:
     ch.prefetch_count = 500
     consumer = Consumer(1, b"ctag", ch, 0, b"bench", False, False, 0)
     ctx.consumers[1] = consumer
-    data = publish_frames(ns.messages, ns.size, ns.persistent)
+    data = publish_frames(ns.messages, ns.size, ns.persistent, ns.dedup != "off")
     chunks = [data[i : i + ns.chunk] for i in range(0, len(data), ns.chunk)]
     prof = cProfile.Profile() if ns.profile else None
     acked = 0

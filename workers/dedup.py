@@ -88,13 +88,16 @@ class Deduplicator:
         dedup_qids = store.dedup_now
         duplicate = False
         if dedup_qids:
-            for qid in [q for q in qids if q in dedup_qids]:
+            for qid in dedup_qids.intersection(qids) if len(qids) > 1 else qids:
+                if qid not in dedup_qids:
+                    continue
                 cache, queue_ttl = self._queue_cache(vhost, qid)
                 if _seen(cache, key, ttl or queue_ttl):
-                    qids.remove(qid)
                     duplicate = True
                 else:
                     mark.queues[qid] = (cache, key)
+            if duplicate:
+                qids[:] = [q for q in qids if q not in dedup_qids or q in mark.queues]
         mark.routed = len(qids)
         return mark, duplicate
 

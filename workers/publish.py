@@ -43,6 +43,7 @@ from shoal.workers.channel_state import (
     ChannelState,
     Pending,
 )
+from shoal.workers.dedup import DedupMark
 from shoal.workers.spill import PAGE_IN_INTERVAL, Spiller, block_payload
 
 log = logging.getLogger("shoal.worker")
@@ -175,12 +176,10 @@ class Publishing(ChannelState):
                 self._account(True, False, body_size, False, -1, None)
                 return True
         rejected = False
-        if (
-            self.tx is None
-            and (mark is None or not mark.added())  # (else a refusal takes its keys out)
-            and (plain or (not durable and times is None and not store.priority_levels()))
+        if self.tx is None and (
+            plain or (not durable and times is None and not store.priority_levels())
         ):
-            done, rejected = self._append_now(qids, block, body_size, plain)
+            done, rejected = self._append_now(qids, block, body_size, plain, mark)
             if done == len(qids):
                 release_hold(seg, block)
                 self._account(True, False, body_size, rejected, -1, None)
@@ -221,12 +220,18 @@ class Publishing(ChannelState):
                 release_hold(ctx.seg, pending.block)
 
     def _append_now(
-        self, qids: list[int], block: int, body_size: int, plain: bool
+        self,
+        qids: list[int],
+        block: int,
+        body_size: int,
+        plain: bool,
+        mark: DedupMark | None = None,
     ) -> tuple[int, bool]:
         """fast_publish's appends of a message with no record, no timestamp
         and no level, no Pending: (how many of `qids` it did, whether a
         queue refused it). It stops at a queue that is a stream, pages, or
-        is full: _complete does the rest (it waits, or pages)."""
+        is full: _complete does the rest (it waits, or pages). `mark`: the
+        keys its deduplication check added (a refusal takes them out)."""
         ctx = self.ctx
         store, spill, streams = ctx.store, ctx.spill, ctx.streams
         stream_qids: frozenset[int] = frozenset()
@@ -244,6 +249,8 @@ class Publishing(ChannelState):
                     break
                 if outcome == REJECTED:
                     rejected = True
+                    if mark is not None:  # its retry must get in
+                        ctx.dedup.refused(mark, store.declared(qid))
                 elif outcome == OVER_CAPACITY:
                     self.conn.flow_block(*store.flow_queue(qid))
             if self.confirm and self.consumers and not self.confirm_held:
