@@ -559,9 +559,82 @@ done:
     return result;
 }
 
+
+/* Message deduplication (workers/dedup.py): the key of a content header
+ * whose properties are well formed (properties_ok). b"s" + the bytes of its
+ * x-deduplication-header when that is a long string and no x-cache-ttl
+ * header is there (broker/amqp/dedup.py message_key gives the same key);
+ * None when it has no x-deduplication-header; False when the Python parse
+ * must decide (another type, a per-message TTL, anything odd). */
+static PyObject *
+dedup_key(PyObject *module, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = view.buf;
+    Py_ssize_t n = view.len, at = 14;
+    PyObject *result = Py_None;
+    Py_ssize_t key_at = -1;
+    uint32_t key_len = 0;
+    unsigned flags = n >= 14 ? ((unsigned)p[12] << 8 | p[13]) : 0;
+    if (!(flags & 0x2000))
+        goto done; /* no headers: no key */
+    for (unsigned bit = 0x8000; bit >= 0x4000; bit >>= 1) { /* content type, encoding */
+        if (flags & bit) {
+            if (at >= n)
+                goto slow;
+            at += 1 + p[at];
+        }
+    }
+    if (n - at < 4)
+        goto slow;
+    uint32_t len = be32(p + at);
+    at += 4;
+    if ((size_t)len > (size_t)(n - at))
+        goto slow;
+    Py_ssize_t end = at + (Py_ssize_t)len;
+    while (at < end) {
+        Py_ssize_t name_len = p[at];
+        const unsigned char *name = p + at + 1;
+        at += 1 + name_len;
+        if (at >= end)
+            goto slow;
+        if (name_len == 11 && memcmp(name, "x-cache-ttl", 11) == 0)
+            goto slow;
+        if (name_len == 22 && memcmp(name, "x-deduplication-header", 22) == 0) {
+            if (p[at] != 'S' || end - at < 5)
+                goto slow;
+            key_len = be32(p + at + 1);
+            key_at = at + 5;
+        }
+        if (!value_ok(p, end, &at, 0))
+            goto slow;
+    }
+    if (key_at >= 0) {
+        result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)key_len + 1);
+        if (result != NULL) {
+            char *out = PyBytes_AS_STRING(result);
+            out[0] = 's';
+            memcpy(out + 1, p + key_at, key_len);
+        }
+        PyBuffer_Release(&view);
+        return result;
+    }
+    goto done;
+slow:
+    result = Py_False;
+done:
+    PyBuffer_Release(&view);
+    Py_INCREF(result);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"properties_ok", properties_ok, METH_O,
      "Whether a content header payload's basic properties are well formed."},
+    {"dedup_key", dedup_key, METH_O,
+     "A content header's deduplication key: bytes, None (none) or False (parse it)."},
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "Split frames; a whole publish is one item."},
     {"deliver_frames", (PyCFunction)(void (*)(void))deliver_frames, METH_FASTCALL,

@@ -25,6 +25,7 @@ import os
 from shoal.broker.amqp import dedup, errors
 from shoal.shm.dedup import DedupCache, DedupLockTimeout, cache_directory
 from shoal.shm.queues import QueueStore
+from shoal.workers._wire import dedup_key
 from shoal.workers.routes import Routes, message_headers
 
 log = logging.getLogger("shoal.worker")
@@ -70,12 +71,16 @@ class Deduplicator:
         message routed to `qids`; `qids` loses the queues that had it."""
         if dedup.HEADER_BYTES not in raw_header:
             return NOTHING, False  # no key: not checked (the common case)
-        found = dedup.fast_key(raw_header)
-        if found is dedup.SLOW:
-            found = dedup.message_key(message_headers(raw_header))
-        if found is None:
+        fast = dedup_key(raw_header)  # C, for the common case (workers/_wire.c)
+        if fast is None:
             return NOTHING, False
-        key, ttl = found
+        if isinstance(fast, bytes):
+            key, ttl = fast, 0
+        else:  # False: another type of value, or a per-message TTL
+            found = dedup.message_key(message_headers(raw_header))
+            if found is None:
+                return NOTHING, False
+            key, ttl = found
         mark = DedupMark()
         routes, store = self.routes, self.store
         spec = routes.dedup_exchanges.get((vhost_id, exchange)) if exchange else None

@@ -8,6 +8,7 @@ import os
 import random
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,3 +240,39 @@ def test_the_c_call_leaves_the_same_memory_as_the_python_steps(tmp_path: Path) -
         if step % 500 == 0:
             assert c._buf[:] == py._buf[:], step
     assert c._buf[:] == py._buf[:]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-deduplication-header": "abc"},
+        {"a": 1, "x-deduplication-header": "k" * 300, "z": [1, "x"]},
+        {"x-deduplication-header": "é-utf8", "nested": {"t": True}},
+        {"x-deduplication-header": 42},  # not a longstr: the Python parse
+        {"x-deduplication-header": "k", "x-cache-ttl": 5},  # a TTL: the Python parse
+        {"other": "x-deduplication-header"},
+        {},
+        None,
+    ],
+)
+def test_the_c_key_is_the_python_key(headers: dict[str, Any] | None) -> None:
+    """workers/_wire.c dedup_key gives message_key()'s key, or hands over."""
+    from pamqp import commands as C
+    from pamqp.header import ContentHeader
+
+    from shoal.broker.amqp import dedup
+    from shoal.workers._wire import dedup_key
+    from shoal.workers.routes import message_headers
+
+    props = C.Basic.Properties(content_type="text/plain", headers=headers)
+    raw = ContentHeader(0, 10, props).marshal()  # a content header frame's payload
+    fast = dedup_key(raw)
+    expected = dedup.message_key(message_headers(raw))
+    if fast is False:
+        assert expected is not None
+    elif fast is None:
+        assert expected is None
+    else:
+        assert expected == (fast, 0)
+    if headers and isinstance(headers.get("x-deduplication-header"), str):
+        assert ("x-cache-ttl" in headers) is (fast is False)
