@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark import TaskContext
+from pyspark import TaskContext, cloudpickle
 from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import (
     DataSource,
@@ -37,12 +37,17 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 import shoal.spark.amqp as amqp
+import shoal.spark.guard as guard
 from shoal.spark.classic import ClassicSource, browse
 from shoal.spark.errors import ShoalSparkError
 from shoal.spark.options import Options
 from shoal.spark.publish import Publisher
 from shoal.spark.rows import SCHEMA_DDL
 from shoal.spark.streams import Range, StreamSource, read_range
+
+# guard.load travels by value, so that a task on a worker without shoal fails
+# with a message naming the fix (guard.py).
+cloudpickle.register_pickle_by_value(guard)
 
 
 class RangePartition(InputPartition):
@@ -76,7 +81,7 @@ def _queue_types(options: Options) -> dict[str, bool]:
     return types
 
 
-class ShoalBatchReader(DataSourceReader):
+class ShoalBatchReader(guard.Shipped, DataSourceReader):
     """spark.read: a range of each stream queue (startingOffsets..endingOffsets,
     by default everything it keeps) and a browsed snapshot of each classic queue."""
 
@@ -118,7 +123,7 @@ def _only(options: Options, queues: list[str]) -> Options:
     )
 
 
-class ShoalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class ShoalStreamReader(guard.Shipped, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """spark.readStream over stream queues: exact replay by offset."""
 
     def __init__(self, options: Options) -> None:
@@ -154,7 +159,9 @@ class ShoalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.source.stop()
 
 
-class ShoalClassicStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+class ShoalClassicStreamReader(
+    guard.Shipped, SimpleDataSourceStreamReader, SupportsTriggerAvailableNow
+):
     """spark.readStream over one classic queue: at-least-once, driver-side
     (classic.ClassicSource)."""
 
@@ -189,7 +196,7 @@ def _partition_id() -> int:
     return context.partitionId() if context is not None else 0
 
 
-class ShoalBatchWriter(DataSourceWriter):
+class ShoalBatchWriter(guard.Shipped, DataSourceWriter):
     """df.write: message ids `<job uuid>:<partition>:<row>` (the uuid is made
     on the driver, so every attempt of a task publishes the same ids)."""
 
@@ -205,7 +212,7 @@ class ShoalBatchWriter(DataSourceWriter):
         return PublishedMessage(partition, count)
 
 
-class ShoalStreamWriter(DataSourceStreamWriter):
+class ShoalStreamWriter(guard.Shipped, DataSourceStreamWriter):
     """df.writeStream: message ids `<query id>:<batch id>:<partition>:<row>`,
     the same when Spark replays a batch."""
 
@@ -231,7 +238,7 @@ class ShoalStreamWriter(DataSourceStreamWriter):
         return None  # what was published stays published: ids make copies detectable
 
 
-class ShoalDataSource(DataSource):
+class ShoalDataSource(guard.Shipped, DataSource):
     """format("shoal"): AMQP 0-9-1 queues of a Shoal broker (spark/README.md)."""
 
     @classmethod

@@ -7,7 +7,8 @@ not one round trip per row); publish_all returns once every message is
 confirmed, and raises if one was nacked or returned unroutable, so the task
 fails and Spark reports it. Every message gets a deterministic message_id
 (the row's own message_id column when set, else `<prefix>:<row index>`), so a
-consumer can drop the copies a retried task or a replayed batch publishes.
+consumer can drop the copies a retried task or a replayed batch publishes;
+the same id is the message's x-deduplication-header, so a broker can too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from shoal.spark.options import Options
 from shoal.spark.rows import PROPERTY_COLUMNS, header_text
 
 WINDOW = 5000  # unconfirmed messages in flight per task
+DEDUP_HEADER = "x-deduplication-header"
 _INT_PROPERTIES = ("delivery_mode", "priority")
 
 
@@ -49,7 +51,8 @@ def _body(value: Any) -> bytes:
 
 def properties_of(row: Mapping[str, Any], message_id: str, delivery_mode: int) -> Any:
     """pika BasicProperties from a row's property columns (absent or null:
-    not set), with `message_id` unless the row has its own."""
+    not set), with `message_id` unless the row has its own, and that id as
+    header x-deduplication-header unless the row's headers have one."""
     values: dict[str, Any] = {}
     for name in PROPERTY_COLUMNS:
         value = row.get(name)
@@ -68,9 +71,12 @@ def properties_of(row: Mapping[str, Any], message_id: str, delivery_mode: int) -
             values[name] = _text(value)
     values.setdefault("message_id", message_id)
     values.setdefault("delivery_mode", delivery_mode)
-    headers = row.get("headers")
-    if headers:
-        values["headers"] = {str(k): header_text(v) for k, v in dict(headers).items()}
+    headers = {str(k): header_text(v) for k, v in dict(row.get("headers") or {}).items()}
+    # The message deduplication plugin's key (RabbitMQ's, LavinMQ's, Shoal's):
+    # a queue or exchange declared with x-message-deduplication drops the
+    # copies a retried task or a replayed batch publishes, and confirms them.
+    headers.setdefault(DEDUP_HEADER, values["message_id"])
+    values["headers"] = headers
     return pika.spec.BasicProperties(**values)
 
 

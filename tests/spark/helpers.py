@@ -1,7 +1,13 @@
-"""pika helpers for the connector's tests (not a test module)."""
+"""pika helpers for the connector's tests, and the runner of the Spark jobs
+in jobs.py (not a test module)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -73,3 +79,29 @@ def browse_all(url: str, queue: str) -> list[tuple[bytes, bool]]:
         conn.process_data_events(time_limit=0.05)
     conn.close()
     return seen
+
+
+JOBS = Path(__file__).with_name("jobs.py")
+
+
+def run_job(cwd: Path, *args: str, pythonpath: str | None = None) -> dict[str, Any]:
+    """Run a job of jobs.py, a Spark driver of its own, in `cwd` (its Python
+    workers: this interpreter); return the job's result line."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath  # Spark's workers get it too
+    env.pop("PYSPARK_DRIVER_PYTHON", None)  # Spark would look data sources up with it
+    proc = subprocess.run(
+        [sys.executable, str(JOBS), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("result: ")]
+    assert lines, out[-6000:]
+    return dict(json.loads(lines[-1].removeprefix("result: ")))

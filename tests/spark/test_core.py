@@ -94,7 +94,8 @@ def test_range_reads_are_exact_and_repeatable(broker: Broker) -> None:
     assert [r[: INDEX["read_time"]] for r in again] == [r[: INDEX["read_time"]] for r in rows]
     row = rows[0]
     assert row[INDEX["message_id"]] == "id-120"
-    assert row[INDEX["headers"]] == {"i": "120", "tag": "t"}  # no x-stream-offset
+    # no x-stream-offset; the publisher's x-deduplication-header
+    assert row[INDEX["headers"]] == {"i": "120", "tag": "t", "x-deduplication-header": "id-120"}
     assert row[INDEX["routing_key"]] == "sr" and row[INDEX["exchange"]] == ""
     assert row[INDEX["queue"]] == "sr" and row[INDEX["redelivered"]] is False
     assert from_json(to_json(row)) == row
@@ -287,13 +288,17 @@ def test_publisher_confirms_and_unroutable(broker: Broker) -> None:
         for i in range(3000)
     ]
     rows[5]["message_id"] = "own-id"
+    rows[6]["headers"] = {"x-deduplication-header": "own-key"}
     o = options(broker, exchange="px", routingKey="k")
     assert Publisher(o).publish_all(iter(rows), "job:0") == 3000
     got = drain(broker.url, "pq")
     assert [b for b, _p, _r in got] == [f"b{i}".encode() for i in range(3000)]
     ids = [p.message_id for _b, p, _r in got]
     assert ids[:7] == ["job:0:0", "job:0:1", "job:0:2", "job:0:3", "job:0:4", "own-id", "job:0:6"]
-    assert got[1][1].headers == {"h": "1"} and got[1][1].delivery_mode == 2
+    assert got[1][1].headers == {"h": "1", "x-deduplication-header": "job:0:1"}
+    assert got[5][1].headers["x-deduplication-header"] == "own-id"  # the row's own id
+    assert got[6][1].headers == {"x-deduplication-header": "own-key"}  # the row's own key
+    assert got[1][1].delivery_mode == 2
     # routing key from the column, over the option
     Publisher(o).publish_all([{"body": "text", "routing_key": "k"}], "j2:0")
     assert [b for b, _p, _r in drain(broker.url, "pq")] == [b"text"]

@@ -21,7 +21,7 @@ import pytest
 from shoal.spark.options import Options
 from shoal.spark.publish import Publisher
 from tests.broker_process import ROOT, Broker, wait_for
-from tests.spark.helpers import browse_all, connect, count, drain, publish
+from tests.spark.helpers import browse_all, connect, count, drain, publish, run_job
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(420)]
 DRIVER = Path(__file__).with_name("driver.py")
@@ -42,7 +42,7 @@ def test_batch_reads_a_stream_range_and_snapshots_a_classic_queue(
     rows = df.select("offset", "body", "message_id", "headers").collect()
     assert [r.offset for r in rows] == list(range(100, 300))
     assert rows[0].body == b"m100" and rows[0].message_id == "id-100"
-    assert rows[0].headers == {"i": "100", "tag": "t"}
+    assert rows[0].headers == {"i": "100", "tag": "t", "x-deduplication-header": "id-100"}
     assert reader(spark, broker, "s").count() == 1000
 
     # A classic queue: a copy of every message in order; the queue untouched.
@@ -85,13 +85,41 @@ def test_write_publishes_every_row_once_and_unroutable_fails(spark: Any, broker:
     ids = [p.message_id for _b, p, _r in got]
     assert len(set(ids)) == n
     assert len({i.rsplit(":", 2)[0] for i in ids}) == 1  # one job id
-    assert all(p.headers == {"n": b.decode()} for b, p, _r in got)
+    assert all(
+        p.headers == {"n": b.decode(), "x-deduplication-header": p.message_id} for b, p, _r in got
+    )
 
     with pytest.raises(Exception) as exc:
         spark.range(10).selectExpr("cast(id as string) as body").write.format("shoal").option(
             "uri", broker.url
         ).option("exchange", "out").option("routingKey", "nowhere").mode("append").save()
     assert "exchange 'out' with routing key 'nowhere' routes to no queue" in str(exc.value)
+
+
+def test_retried_write_task_publishes_each_row_once_to_a_deduplicating_queue(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """A df.write task publishes half its rows, fails, and is retried
+    (local[2,4]: tests/spark/jobs.py retry), so half of its rows are
+    published twice, with the same message_id and x-deduplication-header.
+    The queue deduplicates by that header (x-message-deduplication, the
+    plugin's API): its consumer gets every row exactly once."""
+    rows = 4000
+    conn = connect(broker.url)
+    conn.channel().queue_declare(
+        "dedup", arguments={"x-message-deduplication": True, "x-cache-size": 2 * rows}
+    )
+    conn.close()
+    marker = str(tmp_path / "failed")
+    args = ("--uri", broker.url, "--queue", "dedup", "--rows", str(rows), "--marker", marker)
+    result = run_job(tmp_path, "retry", *args)
+    assert result["published_before_failure"] == rows // 4  # half of partition 0's rows
+    got = drain(broker.url, "dedup")
+    bodies = sorted(int(b) for b, _p, _r in got)
+    copies = len(bodies) - len(set(bodies))
+    assert copies == 0, f"{copies} rows were delivered twice"
+    assert bodies == list(range(rows))
+    assert all(p.headers["x-deduplication-header"] == p.message_id for _b, p, _r in got)
 
 
 def test_streaming_query_into_the_shoal_stream_writer(
