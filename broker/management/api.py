@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from shoal.broker.amqp import access
-from shoal.broker.management import admin, limits, objects
+from shoal.broker.management import admin, limits, objects, ui
 from shoal.broker.management.backend import AmqpError, ControlError
 from shoal.broker.management.http import BACKEND, error
 
@@ -32,7 +32,10 @@ MANAGEMENT_TAGS = {"administrator", "monitoring", "policymaker", "management"}
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Basic auth, then the handler; errors as RabbitMQ's JSON."""
+    """Basic auth, then the handler; errors as RabbitMQ's JSON. The web
+    UI's files and /api/auth are public (ui.py)."""
+    if ui.is_public(request.path):
+        return await handler(request)
     backend = request.app[BACKEND]
     header = request.headers.get("Authorization", "")
     user = password = ""

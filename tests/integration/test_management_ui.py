@@ -1,0 +1,78 @@
+"""The management web UI's files and the two API calls it makes before
+anyone logs in (issue 27, first part): RabbitMQ 3.10.8's UI, vendored in
+broker/management/www, served at the management port's root. The pages
+themselves, driven in a browser, are the next part of issue 27.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.broker_process import Broker
+from tests.integration.test_management import managed  # noqa: F401  (fixture)
+
+WWW = Path(__file__).resolve().parents[2] / "broker" / "management" / "www"
+
+
+def get(broker: Broker, path: str, auth: bool = False) -> tuple[int, str, bytes]:
+    port = broker.management_port  # type: ignore[attr-defined]
+    headers = {}
+    if auth:
+        headers["Authorization"] = "Basic " + base64.b64encode(b"guest:guest").decode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read()
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/", "text/html"),
+        ("/index.html", "text/html"),
+        ("/js/main.js", "javascript"),
+        ("/js/tmpl/overview.ejs", ""),
+        ("/css/main.css", "text/css"),
+        ("/img/rabbitmqlogo.svg", "image/svg"),
+        ("/favicon.ico", ""),
+        ("/api/index.html", "text/html"),
+    ],
+)
+def test_the_pages_files_are_served_without_login(
+    managed: Broker,  # noqa: F811
+    path: str,
+    kind: str,
+) -> None:
+    status, content_type, body = get(managed, path)
+    assert status == 200, (path, status)
+    assert kind in content_type
+    local = WWW / ("index.html" if path in ("/", "/index.html") else path.lstrip("/"))
+    assert body == local.read_bytes()  # unchanged
+
+
+def test_auth_answers_before_login_as_rabbitmq_3_10_does(managed: Broker) -> None:  # noqa: F811
+    status, content_type, body = get(managed, "/api/auth")
+    assert status == 200 and "json" in content_type
+    assert json.loads(body) == {"enable_uaa": False}  # the page then shows its login form
+
+
+def test_the_rest_of_the_api_still_needs_a_login(managed: Broker) -> None:  # noqa: F811
+    for path in ("/api/extensions", "/api/overview", "/api/whoami"):
+        assert get(managed, path)[0] == 401, path
+    status, _type, body = get(managed, "/api/extensions", auth=True)
+    assert status == 200 and json.loads(body) == []
+
+
+def test_nothing_outside_the_ui_folder_is_served(managed: Broker) -> None:  # noqa: F811
+    for path in ("/js/../../api.py", "/js/%2e%2e/%2e%2e/api.py", "/css/../ui.py"):
+        status, _type, body = get(managed, path)
+        assert status in (403, 404), (path, status)
+        assert b"from __future__" not in body  # no source of the broker
