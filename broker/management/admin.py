@@ -4,9 +4,14 @@ health checks (docs/access.md)."""
 
 from __future__ import annotations
 
+import os
+import platform
+import resource
+import sys
 import time
 from typing import Any
 
+import psutil
 from aiohttp import web
 
 from shoal.broker import VERSION
@@ -30,6 +35,35 @@ from shoal.broker.management.http import (
 )
 from shoal.broker.management.objects import connection_rows
 from shoal.shm import processes
+
+# RabbitMQ 3.10's descriptions; the two plugins' types as their plugins name them.
+EXCHANGE_TYPES = [
+    {"name": name, "description": description, "enabled": True}
+    for name, description in (
+        ("direct", "AMQP direct exchange, as per the AMQP specification"),
+        ("fanout", "AMQP fanout exchange, as per the AMQP specification"),
+        ("headers", "AMQP headers exchange, as per the AMQP specification"),
+        ("topic", "AMQP topic exchange, as per the AMQP specification"),
+        ("x-delayed-message", "Delayed Message Exchange."),
+        ("x-message-deduplication", "Message Deduplication Exchange."),
+    )
+]
+SAMPLE_RETENTION = {"global": [600, 3600, 28800, 86400], "basic": [600, 3600], "detailed": [600]}
+# Churn (connections, channels, queues created and closed per second) is
+# not sampled yet: zeros, in RabbitMQ's shape.
+CHURN_RATES = {
+    field: value
+    for name in (
+        "connection_created",
+        "connection_closed",
+        "channel_created",
+        "channel_closed",
+        "queue_declared",
+        "queue_created",
+        "queue_deleted",
+    )
+    for field, value in ((name, 0), (f"{name}_details", {"rate": 0.0}))
+}
 
 
 async def overview(request: web.Request) -> web.Response:
@@ -72,14 +106,27 @@ async def overview(request: web.Request) -> web.Response:
                 "messages_unacknowledged": sum(q["messages_unacknowledged"] for q in queues),
             },
             "message_stats": request.app[RATES].overview(),
+            "churn_rates": CHURN_RATES,
             "listeners": listeners,
             "contexts": [
                 {
                     "node": node_name(),
                     "description": "RabbitMQ Management",
+                    "path": "/",
                     "port": str(config.management_port),
                 }
             ],
+            # What RabbitMQ 3.10's web UI reads before it shows a page
+            # (www/js/global.js setup_global_vars).
+            "rates_mode": "basic",
+            "sample_retention_policies": SAMPLE_RETENTION,
+            "exchange_types": EXCHANGE_TYPES,
+            "disable_stats": False,
+            "enable_queue_totals": False,
+            "statistics_db_event_queue": 0,
+            # The UI labels this "Erlang": Shoal runs on Python.
+            "erlang_version": f"none (Python {platform.python_version()})",
+            "erlang_full_version": f"Shoal {VERSION} on Python {sys.version.split()[0]}",
         }
     )
 
@@ -94,9 +141,50 @@ async def nodes(request: web.Request) -> web.Response:
                 "running": True,
                 "uptime": int((time.monotonic() - started) * 1000),
                 "partitions": [],
+                **node_resources(request),
             }
         ]
     )
+
+
+def node_resources(request: web.Request) -> dict[str, Any]:
+    """What the UI's Overview shows of a node, for the whole broker (every
+    process of it): memory, file descriptors, disk, their alarms."""
+    family = [psutil.Process()]
+    try:
+        family = [family[0].parent() or family[0]]
+        family += family[0].children(recursive=True)
+    except psutil.Error:
+        pass
+    mem = fds = 0
+    for proc in family:
+        try:
+            mem += proc.memory_info().rss
+            fds += proc.num_fds()
+        except psutil.Error:
+            continue
+    config = request.app[BACKEND].config
+    try:
+        disk_free = psutil.disk_usage(config.data_path()).free
+    except OSError:
+        disk_free = 0
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {
+        "mem_used": mem,
+        "mem_limit": psutil.virtual_memory().total,
+        "mem_alarm": False,
+        "mem_calculation_strategy": "rss",
+        "fd_used": fds,
+        "fd_total": soft,
+        "disk_free": disk_free,
+        "disk_free_limit": 50_000_000,
+        "disk_free_alarm": False,
+        "os_pid": str(os.getpid()),
+        "rates_mode": "basic",
+        "applications": [
+            {"name": "rabbit", "description": "Shoal", "version": RABBITMQ_VERSION},
+        ],
+    }
 
 
 async def whoami(request: web.Request) -> web.Response:

@@ -76,3 +76,21 @@ def test_nothing_outside_the_ui_folder_is_served(managed: Broker) -> None:  # no
         status, _type, body = get(managed, path)
         assert status in (403, 404), (path, status)
         assert b"from __future__" not in body  # no source of the broker
+
+
+def test_overview_and_nodes_carry_what_the_page_reads_first(managed: Broker) -> None:  # noqa: F811
+    """www/js/global.js setup_global_vars reads these before any page shows
+    (without exchange_types it threw, and the page stayed empty)."""
+    status, _type, body = get(managed, "/api/overview", auth=True)
+    overview = json.loads(body)
+    assert status == 200
+    names = [x["name"] for x in overview["exchange_types"]]
+    assert {"direct", "fanout", "headers", "topic", "x-message-deduplication"} <= set(names)
+    assert overview["rates_mode"] == "basic"
+    assert overview["sample_retention_policies"]["global"] == [600, 3600, 28800, 86400]
+    assert overview["disable_stats"] is False
+    assert overview["churn_rates"]["connection_created_details"] == {"rate": 0.0}
+    status, _type, body = get(managed, "/api/nodes", auth=True)
+    (node,) = json.loads(body)
+    assert node["mem_used"] > 0 and node["fd_used"] > 0 and node["fd_total"] >= node["fd_used"]
+    assert node["disk_free"] > 0 and node["mem_alarm"] is False
