@@ -40,15 +40,16 @@ async def api_docs(request: web.Request) -> web.FileResponse:
 
 
 async def auth(request: web.Request) -> web.Response:
-    """RabbitMQ 3.10.8's answer with no OAuth 2 (UAA) configured: the page
-    then shows its own login form (www/index.html reads enable_uaa)."""
-    return web.json_response({"enable_uaa": False})
+    """RabbitMQ 3.10.8's answer with no OAuth 2 (UAA) configured (measured:
+    tests/integration/data/rabbitmq_3_10_management_api.json): the page then
+    shows its own login form (www/index.html reads enable_uaa)."""
+    return web.json_response({"enable_uaa": False, "uaa_client_id": "", "uaa_location": ""})
 
 
 async def extensions(request: web.Request) -> web.Response:
-    """The UI plugins' scripts (RabbitMQ: shovel, federation management...):
-    none."""
-    return web.json_response([])
+    """The UI plugins' scripts: RabbitMQ 3.10.8 with the management plugin
+    alone lists its own dispatcher (measured), which the page loads again."""
+    return web.json_response([{"javascript": "dispatcher.js"}])
 
 
 def routes(app: web.Application) -> None:
