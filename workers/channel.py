@@ -224,6 +224,9 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
             "confirm": self.confirm,
             "consumer_count": len(self.consumers),
             "messages_unacknowledged": len(self.unacked),
+            "messages_unconfirmed": self.publish_seq - self.confirm_sent if self.confirm else 0,
+            "messages_uncommitted": len(self.tx.publishes) if self.tx is not None else 0,
+            "acks_uncommitted": len(self.tx.settles) if self.tx is not None else 0,
             "prefetch_count": self.prefetch_count,
             "global_prefetch_count": self.global_prefetch,
             "consumers": [

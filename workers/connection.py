@@ -20,7 +20,7 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.listeners import socket_address
 from shoal.shm import flow, layout, memory, stats
-from shoal.workers import framing, negotiation, tls
+from shoal.workers import describe, framing, negotiation, tls
 from shoal.workers.access import ConnectionAccess
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import ChannelState
@@ -77,6 +77,8 @@ class Connection(Handshake, asyncio.Protocol):
         self.auth_mechanism = ""
         self.client_properties: dict[str, Any] = {}
         self.connected_at = int(time.time() * 1000)  # ms, as RabbitMQ's connected_at
+        # Bytes and socket reads/writes, as RabbitMQ's recv_oct/send_oct/recv_cnt/send_cnt.
+        self.recv_oct = self.send_oct = self.recv_cnt = self.send_cnt = 0
         self.accepted_at = time.monotonic()  # the TLS handshake counts against handshake_timeout
         self.access = ConnectionAccess(ctx.routes, "", "")  # no rights until connection.open
         self.capabilities: dict[str, Any] = {}
@@ -206,7 +208,11 @@ class Connection(Handshake, asyncio.Protocol):
         out = self.out
         if out and self.transport is not None and not self.closed and not self.eof_sent:
             # One buffer: the transport's cost is per buffer, a join's per byte.
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            buffer = out[0] if len(out) == 1 else b"".join(out)
+            self.transport.write(buffer)
+            # Per write, not per frame: the management UI's data rates.
+            self.send_oct += len(buffer)
+            self.send_cnt += 1
             self.sent_since_tick = True
         self.out = []
 
@@ -334,6 +340,8 @@ class Connection(Handshake, asyncio.Protocol):
 
     def _data_received(self, data: bytes) -> None:
         self.last_recv = time.monotonic()
+        self.recv_oct += len(data)  # per read: the management UI's data rates
+        self.recv_cnt += 1
         if self.state == AWAIT_HEADER:
             data = self._protocol_header(data)
             if not data:
@@ -599,38 +607,11 @@ class Connection(Handshake, asyncio.Protocol):
 
     def describe(self) -> dict[str, Any]:
         """What list_connections / list_channels show of an open connection
-        (rabbitmqctl's item names); {} before it is open."""
+        (workers/describe.py); {} before it is open."""
         if self.state != OPEN or self.transport is None:
             return {}
-        peer = socket_address(self.transport.get_extra_info("peername"))
-        local = socket_address(self.transport.get_extra_info("sockname"))
-        ssl_object = self.transport.get_extra_info("ssl_object")
-        props = self.client_properties
-        return {
-            "id": self.id,
-            "name": f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}",
-            "user": self.user,
-            "vhost": self.vhost,
-            "host": local[0],
-            "port": local[1],
-            "peer_host": peer[0],
-            "peer_port": peer[1],
-            "ssl": ssl_object is not None,
-            "ssl_protocol": ssl_object.version() if ssl_object is not None else "",
-            "auth_mechanism": self.auth_mechanism,
-            "protocol": "AMQP 0-9-1",
-            "channel_max": self.channel_max,
-            "frame_max": self.frame_max,
-            "timeout": self.heartbeat,
-            "state": "blocked" if self.blocked_sent else "running",
-            "connected_at": self.connected_at,
-            "client_properties": {
-                k: v.decode(errors="replace") if isinstance(v, bytes) else v
-                for k, v in props.items()
-                if isinstance(v, str | bytes | int | bool)
-            },
-            "channels": [channel.describe() for channel in self.channels.values()],
-        }
+        channels = [channel.describe() for channel in self.channels.values()]
+        return describe.connection_row(self, self.transport, channels)
 
     def matches(self, vhost: str, user: str, conn_id: int) -> bool:
         """Whether a Disconnect for these (""/0: any) is for this connection."""
