@@ -4,23 +4,19 @@ health checks (docs/access.md)."""
 
 from __future__ import annotations
 
-import os
 import platform
-import resource
 import sys
-import time
 from typing import Any
 
-import psutil
 from aiohttp import web
 
 from shoal.broker import VERSION
 from shoal.broker.amqp import access
 from shoal.broker.amqp.definitions_json import RABBIT_VERSION as RABBITMQ_VERSION
+from shoal.broker.management import node, shapes
 from shoal.broker.management.http import (
     BACKEND,
     RATES,
-    STARTED,
     check_vhost,
     error,
     listing,
@@ -34,36 +30,10 @@ from shoal.broker.management.http import (
     visible_vhosts,
 )
 from shoal.broker.management.objects import connection_rows
+from shoal.broker.management.rates import requested_age
 from shoal.shm import processes
 
-# RabbitMQ 3.10's descriptions; the two plugins' types as their plugins name them.
-EXCHANGE_TYPES = [
-    {"name": name, "description": description, "enabled": True}
-    for name, description in (
-        ("direct", "AMQP direct exchange, as per the AMQP specification"),
-        ("fanout", "AMQP fanout exchange, as per the AMQP specification"),
-        ("headers", "AMQP headers exchange, as per the AMQP specification"),
-        ("topic", "AMQP topic exchange, as per the AMQP specification"),
-        ("x-delayed-message", "Delayed Message Exchange."),
-        ("x-message-deduplication", "Message Deduplication Exchange."),
-    )
-]
 SAMPLE_RETENTION = {"global": [600, 3600, 28800, 86400], "basic": [600, 3600], "detailed": [600]}
-# Churn (connections, channels, queues created and closed per second) is
-# not sampled yet: zeros, in RabbitMQ's shape.
-CHURN_RATES = {
-    field: value
-    for name in (
-        "connection_created",
-        "connection_closed",
-        "channel_created",
-        "channel_closed",
-        "queue_declared",
-        "queue_created",
-        "queue_deleted",
-    )
-    for field, value in ((name, 0), (f"{name}_details", {"rate": 0.0}))
-}
 
 
 async def overview(request: web.Request) -> web.Response:
@@ -74,8 +44,15 @@ async def overview(request: web.Request) -> web.Response:
     consumers = await scoped(request, "list_consumers")
     exchanges = await per_vhost(request, "list_exchanges", None)
     config = backend.config
+    age = requested_age(request.query)
     listeners = [
-        {"node": node_name(), "protocol": protocol, "ip_address": address, "port": port}
+        {
+            "node": node_name(),
+            "protocol": protocol,
+            "ip_address": address,
+            "port": port,
+            "socket_opts": {},
+        }
         for protocol, port, on in (
             ("amqp", config.port, config.plain_listener),
             ("amqp/ssl", config.tls_port, bool(config.tls_port)),
@@ -101,26 +78,20 @@ async def overview(request: web.Request) -> web.Response:
                 "consumers": len(consumers),
             },
             "queue_totals": {
+                **request.app[RATES].queue_totals(age),
                 "messages": sum(q["messages"] for q in queues),
                 "messages_ready": sum(q["messages_ready"] for q in queues),
                 "messages_unacknowledged": sum(q["messages_unacknowledged"] for q in queues),
             },
-            "message_stats": request.app[RATES].overview(),
-            "churn_rates": CHURN_RATES,
+            "message_stats": request.app[RATES].overview(age),
+            "churn_rates": request.app[RATES].churn(age),
             "listeners": listeners,
-            "contexts": [
-                {
-                    "node": node_name(),
-                    "description": "RabbitMQ Management",
-                    "path": "/",
-                    "port": str(config.management_port),
-                }
-            ],
+            "contexts": node.contexts(config),
             # What RabbitMQ 3.10's web UI reads before it shows a page
             # (www/js/global.js setup_global_vars).
             "rates_mode": "basic",
             "sample_retention_policies": SAMPLE_RETENTION,
-            "exchange_types": EXCHANGE_TYPES,
+            "exchange_types": node.EXCHANGE_TYPES,
             "disable_stats": False,
             "enable_queue_totals": False,
             "statistics_db_event_queue": 0,
@@ -131,83 +102,40 @@ async def overview(request: web.Request) -> web.Response:
     )
 
 
-async def nodes(request: web.Request) -> web.Response:
-    started = request.app[STARTED]
-    return web.json_response(
-        [
-            {
-                "name": node_name(),
-                "type": "disc",
-                "running": True,
-                "uptime": int((time.monotonic() - started) * 1000),
-                "partitions": [],
-                **node_resources(request),
-            }
-        ]
-    )
-
-
-def node_resources(request: web.Request) -> dict[str, Any]:
-    """What the UI's Overview shows of a node, for the whole broker (every
-    process of it): memory, file descriptors, disk, their alarms."""
-    family = [psutil.Process()]
-    try:
-        family = [family[0].parent() or family[0]]
-        family += family[0].children(recursive=True)
-    except psutil.Error:
-        pass
-    mem = fds = 0
-    for proc in family:
-        try:
-            mem += proc.memory_info().rss
-            fds += proc.num_fds()
-        except psutil.Error:
-            continue
-    config = request.app[BACKEND].config
-    try:
-        disk_free = psutil.disk_usage(config.data_path()).free
-    except OSError:
-        disk_free = 0
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return {
-        "mem_used": mem,
-        "mem_limit": psutil.virtual_memory().total,
-        "mem_alarm": False,
-        "mem_calculation_strategy": "rss",
-        "fd_used": fds,
-        "fd_total": soft,
-        "disk_free": disk_free,
-        "disk_free_limit": 50_000_000,
-        "disk_free_alarm": False,
-        "os_pid": str(os.getpid()),
-        "rates_mode": "basic",
-        "applications": [
-            {"name": "rabbit", "description": "Shoal", "version": RABBITMQ_VERSION},
-        ],
-    }
-
-
 async def whoami(request: web.Request) -> web.Response:
     tags = request.app[BACKEND].current().users[request["user"]].tags
     return web.json_response({"name": request["user"], "tags": tags})
 
 
 async def vhosts(request: web.Request) -> web.Response:
-    limits = request.app[BACKEND].current().vhost_limits
-    return listing(
-        request,
-        [
-            {
-                "name": v,
-                "description": "",
-                "tags": [],
-                "metadata": {"description": "", "tags": []},
-                "tracing": False,
-                "limits": limits.get(v, {}),
-            }
-            for v in visible_vhosts(request)
-        ],
-    )
+    names = visible_vhosts(request)
+    return listing(request, await _vhost_objects(request, names))
+
+
+async def _vhost_objects(request: web.Request, names: list[str]) -> list[dict[str, Any]]:
+    """Vhosts as RabbitMQ shows them: their limits, their queues' messages
+    and rates, their connections' bytes."""
+    definitions = request.app[BACKEND].current()
+    connections = await connection_rows(request)
+    age = requested_age(request.query)
+    return [
+        {
+            "name": v,
+            "description": "",
+            "tags": [],
+            "metadata": {"description": "", "tags": []},
+            "tracing": False,
+            "limits": definitions.vhost_limits.get(v, {}),
+            **shapes.vhost_fields(
+                request.app[RATES],
+                definitions.vhost_ids.get(v, -1),
+                node_name(),
+                [c for c in connections if c.get("vhost") == v],
+                age,
+            ),
+        }
+        for v in names
+    ]
 
 
 async def vhost(request: web.Request) -> web.StreamResponse:
@@ -215,7 +143,7 @@ async def vhost(request: web.Request) -> web.StreamResponse:
     backend = request.app[BACKEND]
     if request.method == "GET":
         check_vhost(request, name)
-        return web.json_response({"name": name, "description": "", "tags": [], "tracing": False})
+        return web.json_response((await _vhost_objects(request, [name]))[0])
     require_admin(request)
     if request.method == "PUT":
         if name not in backend.current().vhost_ids:
@@ -320,14 +248,40 @@ async def permission(request: web.Request) -> web.StreamResponse:
 
 
 async def topic_permissions(request: web.Request) -> web.Response:
+    """/api/topic-permissions, and one user's or one vhost's
+    (/api/users/U/topic-permissions, /api/vhosts/V/topic-permissions)."""
     require_admin(request)
     definitions = request.app[BACKEND].current()
+    info = request.match_info
+    if "name" in info and path_name(request) not in definitions.users:
+        return error(404, "Object Not Found", "Not Found")
+    if "vhost" in info:
+        check_vhost(request, path_vhost(request))
     rows = [
         {"user": p.user, "vhost": p.vhost, "exchange": p.exchange, "write": p.write, "read": p.read}
         for named in definitions.topic_permissions.values()
         for p in named.values()
+        if ("name" not in info or p.user == path_name(request))
+        and ("vhost" not in info or p.vhost == path_vhost(request))
     ]
     return listing(request, rows)
+
+
+async def cluster_name(request: web.Request) -> web.Response:
+    """The UI's header shows it; set with --cluster-name (no runtime change:
+    a standalone Shoal is its own cluster)."""
+    config = request.app[BACKEND].config
+    if request.method == "PUT":
+        return error(400, "bad_request", "the cluster name is set with --cluster-name")
+    return web.json_response({"name": config.cluster_name or node_name()})
+
+
+async def feature_flags(request: web.Request) -> web.Response:
+    """RabbitMQ's feature flags gate what a mixed-version cluster may use;
+    Shoal has none to enable: every behaviour it has is on. The UI lists
+    the empty set."""
+    require_admin(request)
+    return listing(request, [])
 
 
 async def policies(request: web.Request) -> web.Response:

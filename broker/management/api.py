@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from shoal.broker.amqp import access
-from shoal.broker.management import admin, limits, objects, ui
+from shoal.broker.management import admin, limits, node, objects, ui
 from shoal.broker.management.backend import AmqpError, ControlError
 from shoal.broker.management.http import BACKEND, error
 
@@ -88,17 +88,24 @@ def _resource(
 def routes(app: web.Application) -> None:
     r = app.router  # add_get also answers HEAD: only for read-only handlers
     r.add_get("/api/overview", admin.overview)
-    r.add_get("/api/nodes", admin.nodes)
+    r.add_get("/api/nodes", node.nodes)
+    r.add_get("/api/nodes/{name}", node.node)
+    _resource(r, "/api/cluster-name", admin.cluster_name, ("GET", "PUT"))
+    r.add_get("/api/feature-flags", admin.feature_flags)
     r.add_get("/api/whoami", admin.whoami)
     r.add_get("/api/vhosts", admin.vhosts)
+    r.add_get("/api/vhosts/", admin.vhosts)  # the UI asks with the slash
     _resource(r, "/api/vhosts/{vhost}", admin.vhost, ("GET", "PUT", "DELETE"))
     r.add_get("/api/vhosts/{vhost}/permissions", admin.permissions)
     r.add_get("/api/users/{name}/permissions", admin.permissions)
     r.add_get("/api/users", admin.users)
+    r.add_get("/api/users/", admin.users)  # the UI asks with the slash
     _resource(r, "/api/users/{name}", admin.user, ("GET", "PUT", "DELETE"))
     r.add_get("/api/permissions", admin.permissions)
     _resource(r, "/api/permissions/{vhost}/{user}", admin.permission, ("GET", "PUT", "DELETE"))
     r.add_get("/api/topic-permissions", admin.topic_permissions)
+    r.add_get("/api/users/{name}/topic-permissions", admin.topic_permissions)
+    r.add_get("/api/vhosts/{vhost}/topic-permissions", admin.topic_permissions)
     r.add_get("/api/queues", objects.queues)
     r.add_get("/api/queues/{vhost}", objects.queues)
     _resource(r, "/api/queues/{vhost}/{name}", objects.queue, ("GET", "PUT", "DELETE"))
@@ -121,7 +128,9 @@ def routes(app: web.Application) -> None:
     )
     r.add_get("/api/connections", objects.connections)
     _resource(r, "/api/connections/{name}", objects.connection, ("GET", "DELETE"))
+    r.add_get("/api/connections/{name}/channels", objects.connection_channels)
     r.add_get("/api/channels", objects.channels)
+    r.add_get("/api/channels/{name}", objects.channel)
     r.add_get("/api/consumers", objects.consumers)
     r.add_get("/api/consumers/{vhost}", objects.consumers)
     r.add_get("/api/policies", admin.policies)

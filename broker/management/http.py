@@ -13,10 +13,12 @@ from aiohttp import web
 
 from shoal.broker.management.backend import Backend
 from shoal.broker.management.rates import Rates
+from shoal.broker.management.shapes import DataRates
 
 BACKEND: web.AppKey[Backend] = web.AppKey("backend", Backend)
 STARTED: web.AppKey[float] = web.AppKey("started", float)
 RATES: web.AppKey[Rates] = web.AppKey("rates", Rates)
+DATA_RATES: web.AppKey[DataRates] = web.AppKey("data_rates", DataRates)
 MAX_PAGE_SIZE = 500  # RabbitMQ's
 
 

@@ -10,8 +10,10 @@ from typing import Any
 
 from aiohttp import web
 
+from shoal.broker.management import shapes
 from shoal.broker.management.http import (
     BACKEND,
+    DATA_RATES,
     RATES,
     check_vhost,
     error,
@@ -24,6 +26,7 @@ from shoal.broker.management.http import (
     read_body,
     scoped,
 )
+from shoal.broker.management.rates import requested_age
 
 
 async def queues(request: web.Request) -> web.Response:
@@ -31,13 +34,37 @@ async def queues(request: web.Request) -> web.Response:
     if vhost is not None:
         check_vhost(request, vhost)
     rows = await per_vhost(request, "list_queues", vhost)
-    return listing(request, [_queue_object(request, r) for r in rows])
+    live = request.app[RATES].live()
+    return listing(request, [_queue_object(request, r, live, []) for r in rows])
 
 
-def _queue_object(request: web.Request, row: dict[str, Any]) -> dict[str, Any]:
-    """A queue as RabbitMQ's API shows it: with its message rates."""
+def _queue_object(
+    request: web.Request,
+    row: dict[str, Any],
+    live: dict[tuple[int, bytes], Any],
+    consumers: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A queue as RabbitMQ's API shows it: with its message rates, bytes
+    and paged-out messages (its counters now) and, on its own page, its
+    consumers."""
     ids = request.app[BACKEND].current().vhost_ids
-    return {**row, **request.app[RATES].queue(ids, row["vhost"], row["name"]), "node": node_name()}
+    key = (ids.get(row["vhost"], -1), row["name"].encode())
+    counted = live.get(key)
+    if counted is not None:
+        row = {
+            **row,
+            "message_bytes": counted.bytes,
+            "messages_paged_out": counted.paged_out,
+            "message_bytes_paged_out": counted.ready_bytes * counted.paged_out // counted.ready
+            if counted.ready
+            else 0,
+        }
+    age = requested_age(request.query)
+    return {  # the rates' sampled gauges first: the row's counts are live
+        **request.app[RATES].queue(ids, row["vhost"], row["name"], age),
+        **shapes.queue_fields(row, consumers),
+        "node": node_name(),
+    }
 
 
 async def queue(request: web.Request) -> web.StreamResponse:
@@ -47,7 +74,15 @@ async def queue(request: web.Request) -> web.StreamResponse:
     if request.method == "GET":
         for row in await backend.rows("list_queues", vhost=vhost):
             if row["name"] == name:
-                return web.json_response(_queue_object(request, {**row, "vhost": vhost}))
+                consumers = [
+                    shapes.consumer_detail(c, None)
+                    for c in await scoped(request, "list_consumers")
+                    if c["vhost"] == vhost and c["queue_name"] == name
+                ]
+                live = request.app[RATES].live()
+                return web.json_response(
+                    _queue_object(request, {**row, "vhost": vhost}, live, consumers)
+                )
         return error(404, "Object Not Found", "Not Found")
     user, password = request["user"], request["password"]
     if request.method == "DELETE":
@@ -110,7 +145,14 @@ async def exchanges(request: web.Request) -> web.Response:
     if vhost is not None:
         check_vhost(request, vhost)
     rows = await per_vhost(request, "list_exchanges", vhost)
-    return listing(request, [{**r, "user_who_performed_action": ""} for r in rows])
+    return listing(request, [_exchange_object(r) for r in rows])
+
+
+def _exchange_object(row: dict[str, Any]) -> dict[str, Any]:
+    """An exchange as the UI reads it. Shoal counts no messages per
+    exchange (the hot path stays as it is): no message_stats, and the
+    publishers into it and the queues out of it (incoming, outgoing) empty."""
+    return {**row, "user_who_performed_action": "", "incoming": [], "outgoing": []}
 
 
 async def exchange(request: web.Request) -> web.StreamResponse:
@@ -120,7 +162,7 @@ async def exchange(request: web.Request) -> web.StreamResponse:
     if request.method == "GET":
         for row in await backend.rows("list_exchanges", vhost=vhost):
             if row["name"] == ("" if name == "amq.default" else name):
-                return web.json_response({**row, "vhost": vhost})
+                return web.json_response(_exchange_object({**row, "vhost": vhost}))
         return error(404, "Object Not Found", "Not Found")
     user, password = request["user"], request["password"]
     if request.method == "DELETE":
@@ -266,7 +308,11 @@ async def binding_delete(request: web.Request) -> web.StreamResponse:
 
 async def connection_rows(request: web.Request) -> list[dict[str, Any]]:
     rows = await scoped(request, "list_connections")
-    return [{**r, "node": node_name(), "channels": r.get("channels", 0)} for r in rows]
+    rows = [
+        {**shapes.connection_fields(r), "node": node_name(), "channels": r.get("channels", 0)}
+        for r in rows
+    ]
+    return request.app[DATA_RATES].fields(rows, requested_age(request.query))
 
 
 async def connections(request: web.Request) -> web.Response:
@@ -287,20 +333,48 @@ async def connection(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-async def channels(request: web.Request) -> web.Response:
+async def channel_rows(request: web.Request) -> list[dict[str, Any]]:
+    """Channels with their connection's peer and their consumers."""
     rows = await scoped(request, "list_channels")
-    return listing(
-        request,
-        [
-            {
-                **r,
-                "node": node_name(),
-                "connection_details": {"name": r["connection"]},
-                "state": "running",
-            }
-            for r in rows
-        ],
-    )
+    connections = {c["name"]: c for c in await scoped(request, "list_connections")}
+    consumers = await scoped(request, "list_consumers")
+    by_channel: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        peer = connections.get(row["connection"], {})
+        row["peer_host"], row["peer_port"] = peer.get("peer_host"), peer.get("peer_port")
+    channels = {r["name"]: r for r in rows}
+    for c in consumers:
+        detail = shapes.consumer_detail({**c, "node": node_name()}, channels.get(c["channel"]))
+        by_channel.setdefault(c["channel"], []).append(detail)
+    return [
+        {
+            **shapes.channel_fields(
+                r, connections.get(r["connection"]), by_channel.get(r["name"], [])
+            ),
+            "node": node_name(),
+        }
+        for r in rows
+    ]
+
+
+async def channels(request: web.Request) -> web.Response:
+    return listing(request, await channel_rows(request))
+
+
+async def channel(request: web.Request) -> web.Response:
+    name = path_name(request)
+    for row in await channel_rows(request):
+        if row["name"] == name:
+            return web.json_response(row)
+    return error(404, "Object Not Found", "Not Found")
+
+
+async def connection_channels(request: web.Request) -> web.Response:
+    """/api/connections/NAME/channels: a connection's page lists them."""
+    name = path_name(request)
+    if not any(c["name"] == name for c in await scoped(request, "list_connections")):
+        return error(404, "Object Not Found", "Not Found")
+    return listing(request, [r for r in await channel_rows(request) if r["connection"] == name])
 
 
 async def consumers(request: web.Request) -> web.Response:
@@ -309,17 +383,7 @@ async def consumers(request: web.Request) -> web.Response:
     return listing(
         request,
         [
-            {
-                "consumer_tag": r["consumer_tag"],
-                "queue": {"name": r["queue_name"], "vhost": r["vhost"]},
-                "channel_details": {"name": r["channel"]},
-                "ack_required": r["ack_required"],
-                "exclusive": r["exclusive"],
-                "prefetch_count": r["prefetch_count"],
-                "active": r["active"],
-                "activity_status": r["activity_status"],
-                "arguments": r["arguments"],
-            }
+            shapes.consumer_detail({**r, "node": node_name()}, None)
             for r in rows
             if vhost is None or r["vhost"] == vhost
         ],

@@ -19,9 +19,10 @@ from setproctitle import setproctitle
 
 from shoal.broker import listeners as listening
 from shoal.broker.config import Config
-from shoal.broker.management import api, http, ui
+from shoal.broker.management import api, http, node, ui
 from shoal.broker.management.backend import Backend
 from shoal.broker.management.rates import Rates
+from shoal.broker.management.shapes import DataRates
 from shoal.shm import layout
 from shoal.shm.segment import Segment
 
@@ -33,6 +34,8 @@ def make_app(config: Config, seg: Segment) -> web.Application:
     app[http.BACKEND] = Backend(config, seg)
     app[http.STARTED] = time.monotonic()
     app[http.RATES] = Rates(seg)
+    app[http.DATA_RATES] = DataRates()
+    app[node.NODE_RATES] = node.NodeRates()
     app.cleanup_ctx.append(_sampling)
     ui.routes(app)  # first: /api/auth and /api/extensions before the API's patterns
     api.routes(app)

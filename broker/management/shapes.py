@@ -1,0 +1,206 @@
+"""The fields RabbitMQ 3.10's web UI reads of queues, connections,
+channels, vhosts and nodes, beyond what rabbitmqadmin and monitoring
+scripts read (issue 27; compared field by field with a private RabbitMQ
+node's answers: tests/browser/data/rabbitmq_3_10_ui.json).
+
+What Shoal measures is filled from the broker; what belongs to Erlang's VM
+(reductions, garbage collection, Mnesia, the cluster's distribution links)
+is left out, and the test that compares the answers names each such field
+and why. Data rates of connections are taken from the workers' byte
+counts when the API is asked, not sampled in the background: a broker
+nobody watches pays nothing for them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shoal.broker.management.rates import Rates
+
+# RabbitMQ's answer when a queue has no consumer, a policy or a timestamp.
+QUEUE_DEFAULTS: dict[str, Any] = {
+    "exclusive_consumer_tag": None,
+    "single_active_consumer_tag": None,
+    "head_message_timestamp": None,
+    "operator_policy": None,
+    "recoverable_slaves": None,
+    "effective_policy_definition": {},
+    "incoming": [],
+    "deliveries": [],
+}
+DATA_RATE_MIN_INTERVAL_S = 4.0  # readings closer than this make no rate
+
+
+def idle_since(now: float | None = None) -> str:
+    """RabbitMQ's timestamp format ("2026-11-27 10:01:27")."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+
+
+def queue_fields(row: dict[str, Any], consumers: list[dict[str, Any]]) -> dict[str, Any]:
+    """A queue's row completed: byte counts it does not track per state are
+    split as the messages are, and its consumers as the queue page lists them."""
+    messages = row.get("messages", 0)
+    message_bytes = row.get("message_bytes", 0)
+    ready, unacked = row.get("messages_ready", 0), row.get("messages_unacknowledged", 0)
+    durable = bool(row.get("durable"))
+    paged = row.get("messages_paged_out", 0)
+    out = {
+        **QUEUE_DEFAULTS,
+        "message_bytes": message_bytes,
+        "message_bytes_ready": message_bytes * ready // messages if messages else 0,
+        "message_bytes_unacknowledged": message_bytes * unacked // messages if messages else 0,
+        "message_bytes_persistent": message_bytes if durable else 0,
+        "message_bytes_ram": message_bytes,
+        "message_bytes_paged_out": row.get("message_bytes_paged_out", 0),
+        "messages_persistent": messages if durable else 0,
+        "messages_ram": messages - paged,
+        "messages_ready_ram": max(0, ready - paged),
+        "messages_unacknowledged_ram": unacked,
+        "messages_paged_out": paged,
+        "consumer_utilisation": 1.0 if consumers else 0.0,
+        "consumer_capacity": 1.0 if consumers else 0.0,
+        "consumer_details": consumers,
+        "idle_since": idle_since(),
+        "memory": 0,
+    }
+    return {**out, **row}
+
+
+def consumer_detail(consumer: dict[str, Any], channel: dict[str, Any] | None) -> dict[str, Any]:
+    """A consumer as a queue's and a channel's page list it."""
+    details = {"name": consumer["channel"], "node": consumer.get("node", "")}
+    if channel is not None:
+        details.update(
+            {
+                "connection_name": channel["connection"],
+                "number": channel["number"],
+                "peer_host": channel.get("peer_host", ""),
+                "peer_port": channel.get("peer_port", 0),
+                "user": channel["user"],
+            }
+        )
+    return {
+        "consumer_tag": consumer["consumer_tag"],
+        "queue": {"name": consumer["queue_name"], "vhost": consumer["vhost"]},
+        "channel_details": details,
+        "ack_required": consumer["ack_required"],
+        "exclusive": consumer["exclusive"],
+        "prefetch_count": consumer["prefetch_count"],
+        "active": consumer["active"],
+        "activity_status": consumer["activity_status"],
+        "arguments": consumer["arguments"],
+    }
+
+
+class DataRates:
+    """Connections' byte rates from two readings of their counters, kept
+    per connection and replaced when the newer is DATA_RATE_MIN_INTERVAL_S
+    old: the UI polls every 5 s, so its rate spans about one poll."""
+
+    def __init__(self) -> None:
+        # name -> [(at, recv_oct, send_oct) older, newer]
+        self.readings: dict[str, list[tuple[float, int, int]]] = {}
+
+    def fields(self, rows: list[dict[str, Any]], age_s: int | None) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        seen = set()
+        out = []
+        for row in rows:
+            name = row["name"]
+            seen.add(name)
+            reading = (now, row.get("recv_oct", 0), row.get("send_oct", 0))
+            kept = self.readings.setdefault(name, [reading])
+            if now - kept[-1][0] >= DATA_RATE_MIN_INTERVAL_S:
+                kept[:] = [kept[-1], reading]
+            older, newer = kept[0], kept[-1]
+            span = newer[0] - older[0]
+            recv_rate = round((newer[1] - older[1]) / span, 1) if span > 0 else 0.0
+            send_rate = round((newer[2] - older[2]) / span, 1) if span > 0 else 0.0
+            out.append(
+                {
+                    **row,
+                    "recv_oct_details": _details(recv_rate, row.get("recv_oct", 0), age_s),
+                    "send_oct_details": _details(send_rate, row.get("send_oct", 0), age_s),
+                }
+            )
+        for gone in set(self.readings) - seen:
+            del self.readings[gone]
+        return out
+
+
+def _details(rate: float, value: int, age_s: int | None) -> dict[str, Any]:
+    if age_s is None:
+        return {"rate": rate}
+    sample = {"sample": value, "timestamp": int(time.time() * 1000)}
+    return {"rate": rate, "samples": [sample], "avg": float(value), "avg_rate": rate}
+
+
+def connection_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """A connection's row as the UI reads it (TLS details empty without TLS)."""
+    props = row.get("client_properties", {})
+    return {
+        "type": "network",
+        "user_provided_name": props.get("connection_name"),
+        "user_who_performed_action": row.get("user", ""),
+        "peer_cert_issuer": None,
+        "peer_cert_subject": None,
+        "peer_cert_validity": None,
+        "ssl_cipher": None,
+        "ssl_hash": None,
+        "ssl_key_exchange": None,
+        "recv_oct": 0,
+        "send_oct": 0,
+        "recv_cnt": 0,
+        "send_cnt": 0,
+        "send_pend": 0,
+        **row,
+    }
+
+
+def channel_fields(
+    row: dict[str, Any], connection: dict[str, Any] | None, consumers: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A channel's row with its connection's peer and its consumers."""
+    peer = connection or {}
+    return {
+        "messages_unconfirmed": 0,
+        "messages_uncommitted": 0,
+        "acks_uncommitted": 0,
+        "idle_since": idle_since(),
+        "user_who_performed_action": row.get("user", ""),
+        "pending_raft_commands": 0,
+        "deliveries": [],
+        "publishes": [],
+        **row,
+        "connection_details": {
+            "name": row["connection"],
+            "peer_host": peer.get("peer_host", ""),
+            "peer_port": peer.get("peer_port", 0),
+        },
+        "consumer_details": consumers,
+        "state": "running",
+    }
+
+
+def vhost_fields(
+    rates: Rates,
+    vhost_id: int,
+    node: str,
+    connections: list[dict[str, Any]],
+    age_s: int | None,
+) -> dict[str, Any]:
+    """A vhost's messages and rates (its queues' summed), its connections'
+    bytes, and its state on the node."""
+    recv = sum(c.get("recv_oct", 0) for c in connections)
+    send = sum(c.get("send_oct", 0) for c in connections)
+    recv_rate = sum(c.get("recv_oct_details", {}).get("rate", 0.0) for c in connections)
+    send_rate = sum(c.get("send_oct_details", {}).get("rate", 0.0) for c in connections)
+    return {
+        **rates.vhost(vhost_id, age_s),
+        "recv_oct": recv,
+        "send_oct": send,
+        "recv_oct_details": _details(round(recv_rate, 1), recv, age_s),
+        "send_oct_details": _details(round(send_rate, 1), send, age_s),
+        "cluster_state": {node: "running"},
+        "default_queue_type": "classic",
+    }
