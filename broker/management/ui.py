@@ -17,6 +17,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from shoal.broker.management import shoal_page
+
 WWW = Path(__file__).resolve().parent / "www"
 # Paths answered without credentials: the page itself and what it loads first.
 PUBLIC_PREFIXES = ("/js/", "/css/", "/img/", "/cli/", "/licenses/")
@@ -48,8 +50,9 @@ async def auth(request: web.Request) -> web.Response:
 
 async def extensions(request: web.Request) -> web.Response:
     """The UI plugins' scripts: RabbitMQ 3.10.8 with the management plugin
-    alone lists its own dispatcher (measured), which the page loads again."""
-    return web.json_response([{"javascript": "dispatcher.js"}])
+    alone lists its own dispatcher (measured), which the page loads again;
+    Shoal adds its own page (shoal_page.py) the same way."""
+    return web.json_response([{"javascript": "dispatcher.js"}, {"javascript": "shoal.js"}])
 
 
 def routes(app: web.Application) -> None:
@@ -60,5 +63,6 @@ def routes(app: web.Application) -> None:
     r.add_get("/api/auth", auth)
     r.add_get("/api/extensions", extensions)
     r.add_get("/api/index.html", api_docs)
+    shoal_page.routes(r)  # before /js/: its script and template sit beside RabbitMQ's
     for prefix in PUBLIC_PREFIXES:
         r.add_static(prefix.rstrip("/"), WWW / prefix.strip("/"))

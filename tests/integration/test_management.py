@@ -30,10 +30,11 @@ from tests.clients import connect, shoal
 RABBITMQADMIN = Path(__file__).parent / "data" / "rabbitmqadmin"
 
 
-@pytest.fixture
-def managed(broker_factory: Callable[..., Broker]) -> Broker:
+def start_managed(broker_factory: Callable[..., Broker], *args: str) -> Broker:
+    """A broker with its management listener on a free port (its
+    `management_port`), once that port accepts connections."""
     port = free_port()
-    broker = broker_factory(args=("--management-port", str(port)))
+    broker = broker_factory(args=("--management-port", str(port), *args))
     broker.management_port = port  # type: ignore[attr-defined]
 
     def up() -> bool:
@@ -42,6 +43,11 @@ def managed(broker_factory: Callable[..., Broker]) -> Broker:
 
     wait_for(up, 20, "the management API")
     return broker
+
+
+@pytest.fixture
+def managed(broker_factory: Callable[..., Broker]) -> Broker:
+    return start_managed(broker_factory)
 
 
 def admin(broker: Broker, *args: str, user: str = "guest", password: str = "guest") -> str:

@@ -1,0 +1,355 @@
+"""Shoal's own page in the management UI (issue 27, item 3): what RabbitMQ's
+pages have no place for. GET /api/shoal answers one JSON document; the UI's
+extension point (GET /api/extensions names js/shoal.js) adds the "Shoal"
+tab, whose template (js/tmpl/shoal.ejs) shows it. Both files live in
+extension/ beside this module, not in www/, which stays RabbitMQ's as
+vendored.
+
+Everything but the stream consumers' offsets is read from the shared-memory
+segment, as `shoal status` reads it (broker/observe/status.py): the process
+table (per IO worker: connections, channels, consumers, arena), the queue
+table (paged-out counts, stream bounds) and the header (watermarks,
+alarms). The consumers' offsets are only known to the IO workers that serve
+them, so for those the page asks the scheduler's control socket what
+`shoal status --consumers` asks (broker/scheduler/introspect.py), and only
+when there is a stream queue at all: that request goes to every worker.
+
+Seen by users tagged administrator or monitoring, as RabbitMQ's node
+pages are."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from aiohttp import web
+
+from shoal.broker.management.http import BACKEND, RATES, node_name, sees_all
+from shoal.broker.scheduler.introspect import socket_path
+from shoal.shm import counters, layout, memory, stats
+from shoal.shm.arena import arena_usage
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.shm.segtable import SegmentTable
+from shoal.shm.streams import StreamWords
+
+EXTENSION = Path(__file__).parent / "extension"
+CONSUMERS_TIMEOUT = 10.0  # the scheduler waits 2 s for each worker (REPLY_TIMEOUT)
+ALARM_NAMES = ((memory.ALARM_MEMORY, "memory"), (memory.ALARM_DISK, "disk"))
+STANDALONE_NOTE = (
+    "Shoal runs on one node: there is no cluster yet, hence no other node, "
+    "no node roles and no replication lag. This node holds every queue itself."
+)
+
+# pid -> (monotonic seconds, CPU seconds) at the previous request: a
+# worker's CPU use is the difference between two requests (psutil's
+# cpu_percent would block, or need its own handle kept per process).
+_cpu_seen: dict[int, tuple[float, float]] = {}
+
+
+async def shoal(request: web.Request) -> web.Response:
+    if not sees_all(request):  # administrator or monitoring, as RabbitMQ's /api/nodes
+        return web.json_response(
+            {"error": "not_authorized", "reason": "Not monitor user"}, status=401
+        )
+    backend = request.app[BACKEND]
+    seg = backend.seg
+    store = request.app[RATES].store  # the sampler's reader (owner 0: never acquires)
+    vhosts = {vhost_id: name for name, vhost_id in backend.current().vhost_ids.items()}
+    queues = [
+        (vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"), qid)
+        for vhost_id, name, qid in sorted(store.scan())
+    ]
+    paging_dir = os.path.join(backend.config.data_path(), "paging")
+    paging_files = await asyncio.to_thread(_paging_files, paging_dir)
+    streams = _streams(seg, store, queues)
+    if streams:
+        await _stream_consumers(backend.runtime_dir, streams)
+    workers = _io_workers(seg, paging_files)
+    arena_total = sum(w["arena_bytes"] for w in workers)
+    marks = memory.configured(seg)
+    return web.json_response(
+        {
+            "node": node_name(),
+            "cluster": {
+                "mode": "standalone",
+                "nodes": [{"name": node_name(), "role": "standalone", "replication_lag": None}],
+                "note": STANDALONE_NOTE,
+            },
+            "io_workers": workers,
+            "arena": {
+                "used_bytes": sum(w["arena_used_bytes"] for w in workers),
+                "total_bytes": arena_total,
+                "high_watermark_bytes": marks.high * len(workers),
+                "low_watermark_bytes": marks.low * len(workers),
+                "segment_allocated_bytes": seg.allocated_bytes(),
+                "alarms": _alarm_names(memory.broker_alarms(seg)),
+            },
+            "streams": streams,
+            "paging": _paging(store, queues, paging_files, paging_dir, seg),
+            "message_store": _message_store(seg),
+            "processes": _other_processes(seg),
+        }
+    )
+
+
+def _io_workers(seg: Segment, paging_files: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """One row per IO worker of the process table."""
+    a, offsets = seg.atomic, seg.layout
+    now_ns, now = time.monotonic_ns(), time.monotonic()
+    arena_bytes = offsets.limits.arena_bytes
+    rows: list[dict[str, Any]] = []
+    for slot in range(offsets.limits.max_workers):
+        base = offsets.proc(slot)
+        if a.load(base + layout.P_ROLE) != layout.ROLE_WORKER:
+            continue
+        pid = a.load(base + layout.P_PID)
+        words = stats.read(seg, slot)
+        used, blocks = arena_usage(seg, slot)
+        beat = a.load(base + layout.P_HEARTBEAT_NS)
+        mine = [size for worker, _qid, size in paging_files if worker == slot]
+        rows.append(
+            {
+                "index": slot,
+                "pid": pid,
+                "incarnation": a.load(base + layout.P_INCARNATION),
+                "ready": bool(a.load(base + layout.P_READY)),
+                "retiring": bool(a.load(base + layout.P_RETIRING)),
+                "heartbeat_age_s": round((now_ns - beat) / 1e9, 3) if beat else None,
+                "alarms": _alarm_names(a.load(base + layout.P_ALARMS)),
+                # Counted by the acceptor when it hands a socket over, so a
+                # connection still in its handshake counts too.
+                "connections": a.load(base + layout.P_CONNECTIONS),
+                "channels": words[stats.CHANNELS],
+                "consumers": words[stats.CONSUMERS],
+                "publishers": words[stats.PUBLISHERS],
+                "published": words[stats.RECEIVED],
+                "delivered": sum(words[i] for i in stats.DELIVERED),
+                "arena_used_bytes": used,
+                "arena_live_blocks": blocks,
+                "arena_bytes": arena_bytes,
+                "paging_files": len(mine),
+                "paging_file_bytes": sum(mine),
+                **_process_use(pid, now),
+            }
+        )
+    for gone in _cpu_seen.keys() - {row["pid"] for row in rows}:  # replaced workers'
+        del _cpu_seen[gone]
+    return rows
+
+
+def _process_use(pid: int, now: float) -> dict[str, Any]:
+    """CPU seconds, CPU use since the previous request (None on the first)
+    and resident memory of a process; None where it cannot be read."""
+    if pid <= 0:  # not started yet (psutil's process 0 is the kernel's)
+        return {"cpu_seconds": None, "cpu_percent": None, "rss_bytes": None}
+    try:
+        process = psutil.Process(pid)
+        times = process.cpu_times()
+        rss = process.memory_info().rss
+    except psutil.Error:
+        return {"cpu_seconds": None, "cpu_percent": None, "rss_bytes": None}
+    cpu = times.user + times.system
+    seen = _cpu_seen.get(pid)
+    _cpu_seen[pid] = (now, cpu)
+    percent = None
+    if seen is not None and now > seen[0]:
+        percent = round(100 * (cpu - seen[1]) / (now - seen[0]), 1)
+    return {"cpu_seconds": round(cpu, 2), "cpu_percent": percent, "rss_bytes": rss}
+
+
+def _streams(
+    seg: Segment, store: QueueStore, queues: list[tuple[str, str, int]]
+) -> list[dict[str, Any]]:
+    """The stream queues' durable bounds (shm/streams.py)."""
+    words = StreamWords(seg)
+    rows: list[dict[str, Any]] = []
+    for vhost, name, qid in queues:
+        c = counters.read(store, qid)
+        if c.stream is None:
+            continue
+        bounds = c.stream
+        rows.append(
+            {
+                "vhost": vhost,
+                "name": name,
+                "writer": words.writer(qid),  # the IO worker that appends (None: none yet)
+                "first_offset": bounds.first,
+                "last_offset": bounds.next - 1,  # -1: nothing written yet
+                "next_offset": bounds.next,
+                "messages": bounds.next - bounds.first,
+                "segments": bounds.segments,
+                "bytes": bounds.bytes,
+                "consumers": [],
+            }
+        )
+    return rows
+
+
+async def _stream_consumers(runtime_dir: str, streams: list[dict[str, Any]]) -> None:
+    """Each stream's consumers, with the offset each will be sent next and
+    its lag (offsets written but not yet sent to it), from `shoal status
+    --consumers`' request. Where the scheduler does not answer, the streams
+    say why instead."""
+    try:
+        answer = await _ask_consumers(runtime_dir)
+    except (OSError, TimeoutError, ValueError) as exc:
+        for stream in streams:
+            stream["consumers_error"] = f"the scheduler did not answer: {exc!r}"
+        return
+    by_queue = {(q["vhost"], q["name"]): q for q in answer.get("queues", [])}
+    for stream in streams:
+        queue = by_queue.get((stream["vhost"], stream["name"]))
+        for c in queue["consumers"] if queue else []:
+            stream["consumers"].append(
+                {
+                    "tag": c.get("tag"),
+                    "worker": c.get("worker"),
+                    "connection": c.get("connection"),  # the worker's id of it, hex
+                    "channel": c.get("channel"),
+                    "offset": c.get("offset"),  # None: not started yet
+                    "lag": c.get("lag"),
+                    "unacked": c.get("unacked"),
+                    "credit": c.get("credit"),
+                }
+            )
+        if answer.get("missing_workers"):
+            stream["missing_workers"] = answer["missing_workers"]
+
+
+async def _ask_consumers(runtime_dir: str) -> dict[str, Any]:
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_unix_connection(socket_path(runtime_dir), limit=256 << 20),
+        CONSUMERS_TIMEOUT,
+    )
+    try:
+        writer.write(b"consumers\n")
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), CONSUMERS_TIMEOUT)
+    finally:
+        writer.close()
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
+def _paging_files(directory: str) -> list[tuple[int, int, int]]:
+    """(worker, qid, bytes) of each paging file (workers/spill.py names them
+    `<worker>-<qid>-<n>`); none while the directory does not exist."""
+    files: list[tuple[int, int, int]] = []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        parts = entry.name.split("-")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            continue
+        try:
+            size = entry.stat().st_size
+        except FileNotFoundError:  # paged back in and removed meanwhile
+            continue
+        files.append((int(parts[0]), int(parts[1]), size))
+    return files
+
+
+def _paging(
+    store: QueueStore,
+    queues: list[tuple[str, str, int]],
+    files: list[tuple[int, int, int]],
+    directory: str,
+    seg: Segment,
+) -> dict[str, Any]:
+    """The queues with messages in paging files (their Q_SPILLED word) or
+    paging files on disk, and the totals."""
+    on_disk: dict[int, list[int]] = {}
+    for _worker, qid, size in files:
+        on_disk.setdefault(qid, []).append(size)
+    rows: list[dict[str, Any]] = []
+    for vhost, name, qid in queues:
+        paged_out = store.spilled(qid)
+        sizes = on_disk.get(qid, [])
+        if not paged_out and not sizes:
+            continue
+        c = counters.read(store, qid)
+        rows.append(
+            {
+                "vhost": vhost,
+                "name": name,
+                "messages_paged_out": paged_out,
+                "messages_in_memory": c.ready - paged_out,  # ready ones, in its log
+                "memory_bytes": c.bytes,  # bodies in the arenas, ready and unacked
+                "paging_files": len(sizes),
+                "paging_file_bytes": sum(sizes),
+            }
+        )
+    limits = seg.layout.limits
+    return {
+        "directory": directory,
+        "queue_window": limits.queue_capacity,  # a log's cells: more go to disk
+        "spill_above_arena_bytes": limits.arena_bytes // 2,  # workers/spill.py
+        "queues": rows,
+        "messages_paged_out": sum(r["messages_paged_out"] for r in rows),
+        "paging_file_bytes": sum(size for _w, _q, size in files),
+    }
+
+
+def _message_store(seg: Segment) -> dict[str, Any]:
+    """The persistent messages' store (workers/persist.py), as `shoal status`."""
+    totals = stats.totals(seg)
+    segments = SegmentTable(seg, 0)
+    live = [segments.live(slot) for slot in segments.all_claimed()]
+    return {
+        "loaded": seg.atomic.load(layout.H_LOADED) == layout.LOAD_DONE,
+        "segments": len(live),
+        "live_entries": sum(live),
+        "syncs": totals[stats.STORE_SYNCS],
+        "synced_records": totals[stats.STORE_SYNCED_RECORDS],
+        "written_bytes": totals[stats.STORE_WRITTEN_BYTES],
+    }
+
+
+def _other_processes(seg: Segment) -> list[dict[str, Any]]:
+    """The processes that are not IO workers: supervisor, acceptor,
+    scheduler, metrics, management."""
+    a, offsets = seg.atomic, seg.layout
+    rows: list[dict[str, Any]] = []
+    for slot in range(offsets.proc_slots):
+        base = offsets.proc(slot)
+        role = a.load(base + layout.P_ROLE)
+        if not role or role == layout.ROLE_WORKER:
+            continue
+        rows.append(
+            {
+                "role": layout.ROLE_NAMES.get(role, str(role)),
+                "pid": a.load(base + layout.P_PID),
+                # The supervisor serves nothing, so never says it is ready.
+                "ready": None
+                if role == layout.ROLE_SUPERVISOR
+                else bool(a.load(base + layout.P_READY)),
+            }
+        )
+    return rows
+
+
+def _alarm_names(bits: int) -> list[str]:
+    return [name for bit, name in ALARM_NAMES if bits & bit]
+
+
+async def _script(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(EXTENSION / "shoal.js")
+
+
+async def _template(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(EXTENSION / "shoal.ejs")
+
+
+def routes(router: web.UrlDispatcher) -> None:
+    """Before the UI's static /js/ route (api.py), which would answer 404."""
+    router.add_get("/api/shoal", shoal)
+    router.add_get("/js/shoal.js", _script)
+    router.add_get("/js/tmpl/shoal.ejs", _template)
