@@ -14,15 +14,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run the tests that start a real Prometheus (their own CI step)",
     )
+    parser.addoption(
+        "--browser",
+        action="store_true",
+        help="run the web UI's tests in headless Chromium (their own CI step)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--prometheus"):
-        return
-    skip = pytest.mark.skip(reason="needs --prometheus (a CI step of its own)")
-    for item in items:
-        if "prometheus" in item.keywords:
-            item.add_marker(skip)
+    for option in ("prometheus", "browser"):
+        if config.getoption(f"--{option}"):
+            continue
+        skip = pytest.mark.skip(reason=f"needs --{option} (a CI step of its own)")
+        for item in items:
+            if option in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture
