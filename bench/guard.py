@@ -49,6 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import ui_watch  # noqa: E402
 from bench.compare import (  # noqa: E402
     amqp_ready,
     free_port,
@@ -101,6 +102,7 @@ class Build:
     has_data_dir: bool = True
     has_management: bool = True
     has_store: bool = True
+    management_port: int = 0  # of the broker running now (0: none)
     commit: str = ""
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -179,8 +181,9 @@ def started(build: Build, workers: int) -> Iterator[str]:
            "--metrics-port", str(free_port())]  # fmt: skip
     if build.has_data_dir:
         cmd += ["--data-dir", os.path.join(runtime, "data")]
+    build.management_port = free_port() if build.has_management else 0
     if build.has_management:
-        cmd += ["--management-port", str(free_port())]
+        cmd += ["--management-port", str(build.management_port)]
     proc = subprocess.Popen(
         cmd, cwd=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -321,6 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default="all", help="keys or numbers, comma-separated")
     p.add_argument("--rabbitmq", action="store_true", help="RabbitMQ 3.10 in the same rounds")
     p.add_argument("--json", type=Path, default=None, help="write every run's figures here")
+    p.add_argument(
+        "--ui",
+        choices=("api", "browser"),
+        default=None,
+        help="the candidate's runs with its web UI open (Overview and Queues, refreshed "
+        "every 5 s): 'api' sends the page's requests from here, as a browser on an "
+        "operator's desk does; 'browser' runs headless Chromium on this machine "
+        "(bench/ui_watch.py)",
+    )
     opts = p.parse_args(argv)
     scenarios = parse_scenarios(opts.scenarios)
     builds = [
@@ -332,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{build.label}: {build.commit} in {build.python.parent.parent}", flush=True)
     opts.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     with contextlib.ExitStack() as stack:
+        watch = stack.enter_context(ui_watch.watcher(opts.ui)) if opts.ui else None
         rabbit: Build | None = None
         targets: list[Build] = list(builds)
         if opts.rabbitmq:
@@ -350,7 +363,11 @@ def main(argv: list[str] | None = None) -> int:
                         result = one_run(rabbit_uri, s, opts)
                     else:
                         with started(target, opts.workers) as uri:
-                            result = one_run(uri, s, opts)
+                            if watch is not None and target.label == "candidate":
+                                with watch(target.management_port):
+                                    result = one_run(uri, s, opts)
+                            else:
+                                result = one_run(uri, s, opts)
                     target.runs.setdefault(s.key, []).append(result)
                     rate = consumed(result)
                     err = "; ".join(result.get("errors") or [])
