@@ -54,3 +54,14 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def client_connections(seg: Segment) -> int:
+    """Client connections over every IO worker, as the acceptor counts them
+    (a connection still in its handshake counts)."""
+    a, offsets = seg.atomic, seg.layout
+    return sum(
+        a.load(offsets.proc(slot) + layout.P_CONNECTIONS)
+        for slot in range(offsets.limits.max_workers)
+        if a.load(offsets.proc(slot) + layout.P_ROLE) == layout.ROLE_WORKER
+    )

@@ -22,6 +22,7 @@ from shoal.broker.amqp.definitions_json import RABBIT_VERSION as RABBITMQ_VERSIO
 from shoal.broker.config import Config
 from shoal.broker.management.http import BACKEND, RATES, STARTED, error, node_name, path_name
 from shoal.broker.management.rates import requested_age
+from shoal.shm import processes
 
 # RabbitMQ 3.10's descriptions; the two plugins' types as their plugins name them.
 EXCHANGE_TYPES = [
@@ -116,8 +117,11 @@ def contexts(config: Config) -> list[dict[str, Any]]:
     ]
 
 
-def node_object(request: web.Request, connections: int) -> dict[str, Any]:
+def node_object(request: web.Request) -> dict[str, Any]:
+    """The node, read from the process tree and the segment (no request to
+    the workers: monitoring tools poll this)."""
     config = request.app[BACKEND].config
+    connections = processes.client_connections(request.app[RATES].seg)
     family = broker_processes()
     counts = _counts(family)
     rates = request.app[NODE_RATES].rates(counts)
@@ -186,14 +190,10 @@ def node_object(request: web.Request, connections: int) -> dict[str, Any]:
 
 
 async def nodes(request: web.Request) -> web.Response:
-    return web.json_response([node_object(request, await _connections(request))])
+    return web.json_response([node_object(request)])
 
 
 async def node(request: web.Request) -> web.Response:
     if path_name(request) != node_name():
         return error(404, "Object Not Found", "Not Found")
-    return web.json_response(node_object(request, await _connections(request)))
-
-
-async def _connections(request: web.Request) -> int:
-    return len(await request.app[BACKEND].rows("list_connections"))
+    return web.json_response(node_object(request))

@@ -6,7 +6,7 @@ from this Snapshot in families.py."""
 
 from __future__ import annotations
 
-from shoal.shm import counters, layout, stats
+from shoal.shm import counters, processes, stats
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.streams import StreamBounds
@@ -51,12 +51,7 @@ class Snapshot:
 
     def __init__(self, seg: Segment, store: QueueStore, vhosts: dict[int, str]) -> None:
         self.stats = stats.totals(seg)
-        a, offsets = seg.atomic, seg.layout
-        self.connections = sum(
-            a.load(offsets.proc(slot) + layout.P_CONNECTIONS)
-            for slot in range(offsets.limits.max_workers)
-            if a.load(offsets.proc(slot) + layout.P_ROLE) == layout.ROLE_WORKER
-        )
+        self.connections = processes.client_connections(seg)
         self.queues: list[QueueRow] = []
         for vhost_id, name, qid in sorted(store.scan()):
             row = QueueRow(vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"))
