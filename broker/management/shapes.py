@@ -31,11 +31,6 @@ QUEUE_DEFAULTS: dict[str, Any] = {
 DATA_RATE_MIN_INTERVAL_S = 4.0  # readings closer than this make no rate
 
 
-def idle_since(now: float | None = None) -> str:
-    """RabbitMQ's timestamp format ("2026-11-27 10:01:27")."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
-
-
 def queue_fields(row: dict[str, Any], consumers: list[dict[str, Any]]) -> dict[str, Any]:
     """A queue's row completed: byte counts it does not track per state are
     split as the messages are, and its consumers as the queue page lists them."""
@@ -44,6 +39,7 @@ def queue_fields(row: dict[str, Any], consumers: list[dict[str, Any]]) -> dict[s
     ready, unacked = row.get("messages_ready", 0), row.get("messages_unacknowledged", 0)
     durable = bool(row.get("durable"))
     paged = row.get("messages_paged_out", 0)
+    capacity = 1.0 if row.get("consumers") and not ready else 0.0
     out = {
         **QUEUE_DEFAULTS,
         "message_bytes": message_bytes,
@@ -57,11 +53,12 @@ def queue_fields(row: dict[str, Any], consumers: list[dict[str, Any]]) -> dict[s
         "messages_ready_ram": max(0, ready - paged),
         "messages_unacknowledged_ram": unacked,
         "messages_paged_out": paged,
-        "consumer_utilisation": 1.0 if consumers else 0.0,
-        "consumer_capacity": 1.0 if consumers else 0.0,
+        # RabbitMQ's is a time average; Shoal's a snapshot: its consumers
+        # take every message now (1.0), or messages wait for them (0.0).
+        "consumer_utilisation": capacity,
+        "consumer_capacity": capacity,
         "consumer_details": consumers,
-        "idle_since": idle_since(),
-        "memory": 0,
+        "memory": message_bytes - row.get("message_bytes_paged_out", 0),  # in the arena
     }
     return {**out, **row}
 
@@ -166,7 +163,6 @@ def channel_fields(
         "messages_unconfirmed": 0,
         "messages_uncommitted": 0,
         "acks_uncommitted": 0,
-        "idle_since": idle_since(),
         "user_who_performed_action": row.get("user", ""),
         "pending_raft_commands": 0,
         "deliveries": [],

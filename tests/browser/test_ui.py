@@ -63,6 +63,8 @@ NOT_SERVED = {
     "disk_reads": "RabbitMQ's queue index reads",
     "disk_writes": "RabbitMQ's queue index writes",
     "release_series_support_status": "RabbitMQ's release series",
+    # Not tracked: the UI then shows the object's state (running), not "idle".
+    "idle_since": "when a queue or channel last did something",
 }
 # Counted by RabbitMQ per exchange, channel or vhost; Shoal counts these
 # per broker and per queue only, to keep the publish path as it is.
