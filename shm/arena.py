@@ -23,6 +23,16 @@ from shoal.shm import layout
 from shoal.shm._atomic import Atomic
 from shoal.shm.segment import Segment
 
+# A block's message record as the code that reads or writes one itself sees
+# it (the hot paths, workers/_wire.c): where the record starts in its block,
+# the byte of its flags and the flag that says it carries times (an
+# expiration, a TTL to apply), and the record's fixed sizes that _wire.c
+# must agree with (workers/framing.py checks at import).
+RECORD_START = layout.BLOCK_HEADER
+FLAGS_BYTE = layout.BLOCK_HEADER + 2
+TIMED = layout.MSG_TIMED
+RECORD_FORMAT = (layout.MSG_PREFIX.size, layout.MSG_TIMED, layout.MSG_TIME.size)
+
 
 def body_refs_drop(seg: Segment, block: int, count: int = 1) -> bool:
     """Drop `count` references to the block at absolute offset `block`.

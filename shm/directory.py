@@ -10,12 +10,25 @@ operations and the queue rules on top (QueueStore).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from enum import IntFlag
 from functools import partial
 
 from shoal.shm import layout
 from shoal.shm.segment import Segment
 
 _QUEUE_SIZE = layout.QUEUE_SIZE
+
+
+class QueueFlag(IntFlag):
+    """A queue record's Q_FLAGS bits, as `QueueDirectory.flags` returns them."""
+
+    DURABLE = layout.QF_DURABLE
+    EXCLUSIVE = layout.QF_EXCLUSIVE
+    AUTO_DELETE = layout.QF_AUTO_DELETE
+    STREAM = layout.QF_STREAM
+    QUORUM = layout.QF_QUORUM
+    DELAYED = layout.QF_DELAYED
+    DEDUP = layout.QF_DEDUP
 
 
 class QueueDirectory:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shoal.shm import layout
-from shoal.shm.arena import body_length, peek_times, read_tag
+from shoal.shm.arena import body_length, peek_message, peek_times, read_tag
 from shoal.shm.queues import QueueStore
 
 _SEQ = layout.SEQ_SHIFT
@@ -76,6 +76,42 @@ def take_expired(
             continue
         return (seq, block, bool(word & _REDELIVERED)), seq
     return NOT_TIMED, seq
+
+
+# An entry read without acquiring it: (seq, its times or None, a copy of
+# exchange, routing key and properties, or None for a stale block).
+Peeked = tuple[int, tuple[int, int] | None, tuple[bytes, bytes, bytes, bytes] | None]
+
+
+def peek_published(store: QueueStore, qid: int, start: int, limit: int) -> tuple[list[Peeked], int]:
+    """The AVAILABLE entries of log `qid` from `start` (or its head, if
+    later) on, at most `limit` cells, in order: each one's times and
+    message without the body, read as a browser reads (no reference; the
+    cell rechecked afterwards and the entry read again if it changed). The
+    scan stops at an entry still being published, so that what follows it
+    is seen in order later. Returns the entries and where to go on from.
+    The delayed message exchange's index (workers/delays.py) reads its
+    delay queues this way."""
+    a, q = store.a, store.layout.queue(qid)
+    ring, mask = store.layout.log(qid), store.mask
+    seg = store.seg
+    seq = max(start, a.load(q + layout.Q_HEAD))
+    stop = min(a.load(q + layout.Q_TAIL), seq + limit)
+    found: list[Peeked] = []
+    while seq < stop:
+        cell = ring + (seq & mask) * layout.CELL_SIZE
+        word = a.load(cell)
+        if word >> _SEQ < seq or (word >> _SEQ == seq and word & _STATE == layout.S_EMPTY):
+            break  # being published
+        if word >> _SEQ == seq and word & _STATE == _AVAIL:
+            block = a.load(cell + 8)
+            times = peek_times(seg, block)
+            copy = peek_message(seg, block, body=False)
+            if a.load(cell) != word:
+                continue  # it changed meanwhile: read it again
+            found.append((seq, times, copy))
+        seq += 1
+    return found, seq
 
 
 def take_entry(store: QueueStore, qid: int, seq: int) -> int | None:

@@ -18,6 +18,10 @@ import msgspec
 from shoal.shm import layout
 from shoal.shm._atomic import Atomic
 
+# The segment's sizes, chosen by the supervisor when it creates one: the one
+# part of the layout a caller gives rather than reads.
+Limits = layout.Limits
+
 
 class Segment:
     """A mapped segment: raw buffer, atomics over it, and its layout."""

@@ -1,11 +1,11 @@
 """The shape of the code, checked with `ast` (no third-party tool): which
-package may import which, no import cycles, and queue records read and
-written only inside shm/ (docs/ARCHITECTURE.md, "Code layout")."""
+package may import which, no import cycles, the segment's layout known only
+inside shm/, objects of one job (no class of too many methods), and one owner
+of durable writes (docs/ARCHITECTURE.md, "Code layout")."""
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -178,22 +178,60 @@ def test_the_amqp_model_does_no_io() -> None:
     assert checked >= 4
 
 
-QUEUE_RECORD = re.compile(r"\bL\.(Q|B)_[A-Z_]+|QUEUE_SIZE")
+def layout_uses(path: Path) -> list[tuple[int, str]]:
+    """Where `path` uses shm/layout.py: an import of it (under any alias)
+    or of a name from it, and every attribute read through such an alias."""
+    tree = ast.parse(path.read_text())
+    aliases: set[str] = set()
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "shoal.shm.layout":
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and node.module == "shoal.shm":
+            for alias in node.names:
+                if alias.name == "layout":
+                    aliases.add(alias.asname or "layout")
+                    found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "shoal.shm.layout":
+                    aliases.add(alias.asname or "shoal.shm.layout")
+                    found.append((node.lineno, ast.unparse(node)))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) in aliases:
+            found.append((node.lineno, ast.unparse(node)))
+    return found
 
 
-def test_queue_records_are_read_and_written_only_in_shm() -> None:
-    """Workers and the broker's processes go through QueueStore (and
-    shm/counters.py for observers): a queue's rules live in one place."""
+def test_no_layout_constant_is_used_outside_shm() -> None:
+    """Offsets, flags and sizes of the segment (shm/layout.py) stay in shm/:
+    above it, queues are read through QueueStore, QueueDirectory and
+    shm/counters.py, the process table and the header through
+    shm/processes.py (ProcessSlot, Header), a message record through
+    shm/arena.py. Whatever the alias (`L.Q_TAIL`, `layout.P_READY`,
+    `from shoal.shm.layout import BLOCK_HEADER`)."""
     offenders = []
     checked = 0
     for name, path in modules().items():
         if name.startswith("shoal.shm"):
             continue
         checked += 1
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if QUEUE_RECORD.search(line):
-                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+        for number, text in layout_uses(path):
+            offenders.append(f"{path.relative_to(ROOT)}:{number}: {text}")
     assert checked >= 100 and offenders == []
+
+
+def test_the_layout_rule_sees_every_alias(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from shoal.shm import layout as L\n"
+        "from shoal.shm.layout import BLOCK_HEADER\n"
+        "import shoal.shm.layout\n"
+        "x = L.Q_TAIL + shoal.shm.layout.P_READY\n"
+    )
+    texts = [text for _line, text in layout_uses(sample)]
+    assert "L.Q_TAIL" in texts and "shoal.shm.layout.P_READY" in texts
+    assert len(texts) == 5
 
 
 def test_the_load_generator_imports_nothing_of_the_broker() -> None:
@@ -219,3 +257,62 @@ def test_the_spark_connector_imports_nothing_of_the_broker() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+MAX_METHODS = 40
+
+
+def classes() -> dict[str, list[tuple[str, ast.ClassDef]]]:
+    """Every class of the packages by its name: [(module, node)]."""
+    found: dict[str, list[tuple[str, ast.ClassDef]]] = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append((name, node))
+    return found
+
+
+def method_names(module: str, node: ast.ClassDef, known: dict, seen: set[int]) -> set[str]:
+    """The class's methods and those of its project base classes (mixins
+    counted: an object of 9 mixins is one object), by name."""
+    if id(node) in seen:
+        return set()
+    seen.add(id(node))
+    names = {
+        item.name
+        for item in node.body
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    for base in node.bases:
+        base_name = ast.unparse(base).split(".")[-1].split("[")[0]
+        candidates = known.get(base_name, [])
+        same = [c for c in candidates if c[0] == module]
+        for base_module, base_node in same or candidates[:1]:
+            names |= method_names(base_module, base_node, known, seen)
+    return names
+
+
+def test_no_class_has_too_many_methods() -> None:
+    """An object of one job: at most MAX_METHODS methods, its base classes'
+    (the project's) counted, unless its docstring says why it has "many
+    methods" (a protocol's whole surface, say)."""
+    known = classes()
+    assert sum(map(len, known.values())) > 200, "the class walk found too few classes"
+    offenders = []
+    for name, entries in known.items():
+        for module, node in entries:
+            count = len(method_names(module, node, known, set()))
+            doc = (ast.get_docstring(node) or "").lower()
+            if count > MAX_METHODS and "many methods" not in doc:
+                offenders.append(f"{module}.{name}: {count} methods")
+    assert offenders == []
+
+
+def test_the_method_count_sees_mixins() -> None:
+    tree = ast.parse(
+        "class A:\n    def a(self): ...\n"
+        "class B(A):\n    def b(self): ...\n"
+        "class C(B):\n    def c(self): ...\n    def a(self): ...\n"
+    )
+    known = {n.name: [("m", n)] for n in tree.body if isinstance(n, ast.ClassDef)}
+    assert method_names("m", known["C"][0][1], known, set()) == {"a", "b", "c"}

@@ -19,7 +19,7 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.listeners import socket_address
-from shoal.shm import flow, layout, memory, stats
+from shoal.shm import flow, memory, stats
 from shoal.workers import describe, framing, negotiation, tls
 from shoal.workers.access import ConnectionAccess
 from shoal.workers.channel import Channel
@@ -175,7 +175,7 @@ class Connection(Handshake, asyncio.Protocol):
         self.flow_blocked.clear()
         if self.blocked_at:
             self._count_blocked_time(False)
-        ctx.count(layout.P_CONNECTIONS, -1)
+        ctx.process.count_connections(-1)
         return ctx.request(ipc.ConnClosed(self.id))
 
     def pause_writing(self) -> None:

@@ -10,9 +10,9 @@ from typing import Any, Protocol
 
 from shoal.broker import ipc
 from shoal.broker.config import Config
-from shoal.shm import layout
 from shoal.shm.arena import Arena
 from shoal.shm.ownership import OwnershipView
+from shoal.shm.processes import ProcessSlot
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
@@ -105,7 +105,8 @@ class WorkerContext:
             self.routes, self.store, config.runtime_path(), config.data_path()
         )
         self.arena = Arena(seg, index)
-        self.slot = seg.layout.proc(index)
+        self.slot = seg.layout.proc(index)  # the store's handle for this publisher
+        self.process = ProcessSlot(seg, index)
         # Users' channels over all workers, for max-channels limits.
         self.user_channels = UserChannels()
         # Which queues' background work is this worker's (shm/ownership.py).
@@ -198,8 +199,5 @@ class WorkerContext:
             self.send(message)
 
     # --------------------------------------------------------------- counters
-    def count(self, field: int, delta: int = 1) -> None:
-        self.atomic.fetch_add(self.slot + field, delta)
-
     def heartbeat(self, now_ns: int) -> None:
-        self.atomic.store(self.slot + layout.P_HEARTBEAT_NS, now_ns)
+        self.process.beat(now_ns)

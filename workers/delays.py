@@ -25,9 +25,8 @@ import logging
 from shoal.broker.amqp import errors
 from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX, delay_ms
 from shoal.broker.amqp.ttl import now_ms
-from shoal.shm import layout
-from shoal.shm.arena import peek_message, peek_times, read_message
-from shoal.shm.expiry import take_entry
+from shoal.shm.arena import read_message
+from shoal.shm.expiry import peek_published, take_entry
 from shoal.workers import republish
 from shoal.workers.context import WorkerContext
 from shoal.workers.routes import message_headers
@@ -98,33 +97,15 @@ class Delays(Ticker):
     def _scan(self, qid: int, index: _Index) -> None:
         """Index the entries appended since the last scan (FIFO: it stops
         at an entry still being published)."""
-        store = self.ctx.store
-        a, q = store.a, store.layout.queue(qid)
-        ring, mask = store.layout.log(qid), store.mask
-        seq = max(index.scanned, a.load(q + layout.Q_HEAD))
-        stop = min(a.load(q + layout.Q_TAIL), seq + SCAN)
-        while seq < stop:
-            cell = ring + (seq & mask) * layout.CELL_SIZE
-            word = a.load(cell)
-            if word >> layout.SEQ_SHIFT < seq or (
-                word >> layout.SEQ_SHIFT == seq and word & layout.STATE_MASK == layout.S_EMPTY
-            ):
-                break  # being published
-            if word >> layout.SEQ_SHIFT == seq and word & layout.STATE_MASK == layout.S_AVAILABLE:
-                block = a.load(cell + 8)
-                times = peek_times(store.seg, block)
-                copy = peek_message(store.seg, block, body=False)
-                if a.load(cell) != word:
-                    continue  # it changed meanwhile: read it again
-                due = 0
-                if times is not None and copy is not None:
-                    try:
-                        due = times[0] + delay_ms(message_headers(copy[2]))
-                    except errors.AMQPError:
-                        due = 0  # a header it was routed by cannot be unreadable now
-                heapq.heappush(index.due, (due, seq))
-            seq += 1
-        index.scanned = seq
+        entries, index.scanned = peek_published(self.ctx.store, qid, index.scanned, SCAN)
+        for seq, times, copy in entries:
+            due = 0
+            if times is not None and copy is not None:
+                try:
+                    due = times[0] + delay_ms(message_headers(copy[2]))
+                except errors.AMQPError:
+                    due = 0  # a header it was routed by cannot be unreadable now
+            heapq.heappush(index.due, (due, seq))
 
     def _route(self, qid: int, seq: int) -> None:
         """Entry `seq` is due: route its message as the delayed exchange's

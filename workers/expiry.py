@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from shoal.broker.amqp import dead_letter, ttl
 from shoal.broker.amqp.ttl import now_ms
-from shoal.shm import layout
-from shoal.shm.arena import message_times
+from shoal.shm.arena import FLAGS_BYTE, TIMED, message_times
 from shoal.shm.expiry import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
@@ -26,7 +25,6 @@ from shoal.workers.ticker import IDLE_POLL, NOTHING_POLL, Ticker
 
 POLL = 0.02  # seconds between looks at the heads of queues that may expire
 BATCH = 2048  # expired messages taken per loop iteration (then the others run)
-_FLAGS = layout.BLOCK_HEADER + 2  # a message's flags' low byte in its block
 
 
 def _due(
@@ -62,7 +60,7 @@ class Expiry(Ticker):
         acquires the next). One byte read for a message with no expiry.
         `get`: for basic.get, which never gets a message with a TTL of 0."""
         ctx = self.ctx
-        if not ctx.seg.buf[block + _FLAGS] & layout.MSG_TIMED:
+        if not ctx.seg.buf[block + FLAGS_BYTE] & TIMED:
             return False
         times = message_times(ctx.seg, block)
         if times is None:

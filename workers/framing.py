@@ -15,12 +15,11 @@ from typing import Any
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
-from shoal.shm import layout
+from shoal.shm.arena import RECORD_FORMAT
 from shoal.workers._wire import MSG_PREFIX_SIZE, MSG_TIME_SIZE, MSG_TIMED, scan
 
 # workers/_wire.c reads and writes message records itself.
-_RECORD = (layout.MSG_PREFIX.size, layout.MSG_TIMED, layout.MSG_TIME.size)
-assert _RECORD == (MSG_PREFIX_SIZE, MSG_TIMED, MSG_TIME_SIZE), (
+assert RECORD_FORMAT == (MSG_PREFIX_SIZE, MSG_TIMED, MSG_TIME_SIZE), (
     "workers/_wire.c and shm/layout.py disagree on the message record"
 )
 

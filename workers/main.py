@@ -21,7 +21,7 @@ from setproctitle import setproctitle
 
 from shoal.broker import ipc, settings
 from shoal.broker.config import Config
-from shoal.shm import layout, memory, stats
+from shoal.shm import memory, stats
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
 from shoal.store.streams import streams_directory
@@ -78,9 +78,8 @@ class Worker:
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
-        a, slot = ctx.atomic, ctx.slot
-        a.store(slot + layout.P_PID, os.getpid())
-        a.store(slot + layout.P_INCARNATION, self.incarnation)
+        process = ctx.process
+        process.started(os.getpid(), self.incarnation)
         data_dir = self.config.data_path()
         ctx.open_store(
             store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
@@ -98,14 +97,14 @@ class Worker:
         self._tick()
         self._flush_stats()
         self._poll_alarms()
-        a.store(slot + layout.P_READY, 1)
+        process.set_ready(True)
         # What the worker built to start (modules, pamqp's tables, caches) is
         # never garbage: the collector's full passes need not walk it again.
         gc.freeze()
         try:
             loop.run_forever()
         finally:
-            a.store(slot + layout.P_READY, 0)
+            process.set_ready(False)
             self._flush_stats(again=False)
             if ctx.persist is not None:
                 ctx.persist.close()
@@ -207,7 +206,7 @@ class Worker:
         sock = socket.socket(fileno=fd)
         if self.stopping:
             sock.close()
-            self.ctx.count(layout.P_CONNECTIONS, -1)
+            self.ctx.process.count_connections(-1)
             return
         sock.setblocking(False)
 
@@ -221,7 +220,7 @@ class Worker:
                 )
             except OSError:
                 sock.close()
-                self.ctx.count(layout.P_CONNECTIONS, -1)
+                self.ctx.process.count_connections(-1)
 
         self.loop.create_task(adopt())
 
@@ -283,7 +282,7 @@ class Worker:
         self.stopping = True
         # Retired (fewer workers): the messages in its paging files are paged
         # in before it exits, as a stop of the broker would drop them.
-        self.draining = bool(self.ctx.atomic.load(self.ctx.slot + layout.P_RETIRING))
+        self.draining = self.ctx.process.retiring()
         self.ctx.closing = True
         self.loop.remove_reader(self.handoff_sock.fileno())
         for conn in list(self.ctx.connections):

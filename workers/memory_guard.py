@@ -13,7 +13,7 @@ from collections.abc import Collection
 from typing import Protocol
 
 from shoal.broker.config import Config
-from shoal.shm import layout, memory, stats
+from shoal.shm import memory, stats
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import Arena
 from shoal.shm.segment import Segment
@@ -68,7 +68,7 @@ class MemoryGuard:
         # This worker's own ALARM_* bits: a replacement takes over what its
         # dead predecessor raised (its arena too), so that the hysteresis
         # goes on from there and its poll clears the bit at the low mark.
-        self.raised = ctx.atomic.load(ctx.slot + layout.P_ALARMS)
+        self.raised = ctx.process.alarms()
         self.alarms = 0  # the broker-wide bits its connections were told of
         # The file systems that must not fill: the data directory's (the
         # disk store) and the runtime directory's (the segment's pages).

@@ -14,8 +14,7 @@ and `finish` later writes an AMEND record with their seqs.
 
 from __future__ import annotations
 
-from shoal.shm.arena import message_size, write_tag
-from shoal.shm.layout import BLOCK_HEADER
+from shoal.shm.arena import RECORD_START, message_size, write_tag
 from shoal.shm.queues import APPENDED, OVER_CAPACITY, REMOVED
 from shoal.store.messages import (
     PENDING,
@@ -133,7 +132,7 @@ def abandon(ctx: WorkerContext, pending: Pending) -> None:
 def _complete(ctx: WorkerContext, pending: Pending) -> None:
     persist, entries = _persist(ctx), pending.entries
     assert entries is not None
-    start = pending.block + BLOCK_HEADER
+    start = pending.block + RECORD_START
     size = _message_size(pending)
     epoch = persist.epoch
     payload = encode_publish(

@@ -23,7 +23,7 @@ from shoal.broker.management import api, http, node, ui
 from shoal.broker.management.backend import Backend
 from shoal.broker.management.rates import Rates
 from shoal.broker.management.shapes import DataRates
-from shoal.shm import layout
+from shoal.shm.processes import ProcessSlot
 from shoal.shm.segment import Segment
 
 log = logging.getLogger("shoal.management")
@@ -63,8 +63,8 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
 def run_management(config: Config, seg: Segment) -> int:
     setproctitle(f"shoal: management (port {config.port})")
     logging.getLogger("pika").setLevel(logging.WARNING)  # a line per request otherwise
-    slot = seg.layout.proc(layout.management_slot(seg.layout))
-    seg.atomic.store(slot + layout.P_PID, os.getpid())
+    slot = ProcessSlot.management(seg)
+    slot.started(os.getpid())
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     runner = web.AppRunner(make_app(config, seg), access_log=None)
@@ -72,7 +72,7 @@ def run_management(config: Config, seg: Segment) -> int:
     binds = (config.management_bind,) if config.management_bind else config.bind
     for sock in listening.listen(binds, config.management_port):
         loop.run_until_complete(web.SockSite(runner, sock).start())
-    seg.atomic.store(slot + layout.P_READY, 1)
+    slot.set_ready(True)
     log.info("management API on %s port %d, /api/", listening.shown(binds), config.management_port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

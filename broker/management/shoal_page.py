@@ -31,8 +31,9 @@ from aiohttp import web
 
 from shoal.broker.management.http import BACKEND, RATES, node_name, sees_all
 from shoal.broker.scheduler.introspect import socket_path
-from shoal.shm import counters, layout, memory, stats
+from shoal.shm import counters, memory, stats
 from shoal.shm.arena import arena_usage
+from shoal.shm.processes import Header, Role, role_name, slots, worker_slots
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
@@ -100,31 +101,27 @@ async def shoal(request: web.Request) -> web.Response:
 
 def _io_workers(seg: Segment, paging_files: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
     """One row per IO worker of the process table."""
-    a, offsets = seg.atomic, seg.layout
     now_ns, now = time.monotonic_ns(), time.monotonic()
-    arena_bytes = offsets.limits.arena_bytes
+    arena_bytes = seg.layout.limits.arena_bytes
     rows: list[dict[str, Any]] = []
-    for slot in range(offsets.limits.max_workers):
-        base = offsets.proc(slot)
-        if a.load(base + layout.P_ROLE) != layout.ROLE_WORKER:
-            continue
-        pid = a.load(base + layout.P_PID)
-        words = stats.read(seg, slot)
-        used, blocks = arena_usage(seg, slot)
-        beat = a.load(base + layout.P_HEARTBEAT_NS)
-        mine = [size for worker, _qid, size in paging_files if worker == slot]
+    for slot in worker_slots(seg):
+        index, pid = slot.index, slot.pid()
+        words = stats.read(seg, index)
+        used, blocks = arena_usage(seg, index)
+        beat = slot.heartbeat_ns()
+        mine = [size for worker, _qid, size in paging_files if worker == index]
         rows.append(
             {
-                "index": slot,
+                "index": index,
                 "pid": pid,
-                "incarnation": a.load(base + layout.P_INCARNATION),
-                "ready": bool(a.load(base + layout.P_READY)),
-                "retiring": bool(a.load(base + layout.P_RETIRING)),
+                "incarnation": slot.incarnation(),
+                "ready": slot.ready(),
+                "retiring": slot.retiring(),
                 "heartbeat_age_s": round((now_ns - beat) / 1e9, 3) if beat else None,
-                "alarms": _alarm_names(a.load(base + layout.P_ALARMS)),
+                "alarms": _alarm_names(slot.alarms()),
                 # Counted by the acceptor when it hands a socket over, so a
                 # connection still in its handshake counts too.
-                "connections": a.load(base + layout.P_CONNECTIONS),
+                "connections": slot.connections(),
                 "channels": words[stats.CHANNELS],
                 "consumers": words[stats.CONSUMERS],
                 "publishers": words[stats.PUBLISHERS],
@@ -304,7 +301,7 @@ def _message_store(seg: Segment) -> dict[str, Any]:
     segments = SegmentTable(seg, 0)
     live = [segments.live(slot) for slot in segments.all_claimed()]
     return {
-        "loaded": seg.atomic.load(layout.H_LOADED) == layout.LOAD_DONE,
+        "loaded": Header(seg).loaded(),
         "segments": len(live),
         "live_entries": sum(live),
         "syncs": totals[stats.STORE_SYNCS],
@@ -316,21 +313,17 @@ def _message_store(seg: Segment) -> dict[str, Any]:
 def _other_processes(seg: Segment) -> list[dict[str, Any]]:
     """The processes that are not IO workers: supervisor, acceptor,
     scheduler, metrics, management."""
-    a, offsets = seg.atomic, seg.layout
     rows: list[dict[str, Any]] = []
-    for slot in range(offsets.proc_slots):
-        base = offsets.proc(slot)
-        role = a.load(base + layout.P_ROLE)
-        if not role or role == layout.ROLE_WORKER:
+    for slot in slots(seg):
+        role = slot.role()
+        if not role or role == Role.WORKER:
             continue
         rows.append(
             {
-                "role": layout.ROLE_NAMES.get(role, str(role)),
-                "pid": a.load(base + layout.P_PID),
+                "role": role_name(role),
+                "pid": slot.pid(),
                 # The supervisor serves nothing, so never says it is ready.
-                "ready": None
-                if role == layout.ROLE_SUPERVISOR
-                else bool(a.load(base + layout.P_READY)),
+                "ready": None if role == Role.SUPERVISOR else slot.ready(),
             }
         )
     return rows

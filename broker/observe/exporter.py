@@ -31,9 +31,10 @@ from shoal.broker.amqp.definitions import Definitions, Op
 from shoal.broker.config import Config
 from shoal.broker.observe.families import plain_gauge
 from shoal.broker.observe.scrape import Snapshot
-from shoal.shm import layout, memory, stats
+from shoal.shm import memory, stats
 from shoal.shm.arena import arena_usage
 from shoal.shm.catalog import CatalogReader
+from shoal.shm.processes import Header, ProcessSlot, Role, role_name, slots, worker_slots
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 
@@ -60,7 +61,7 @@ class Exporter:
     def __init__(self, config: Config, seg: Segment) -> None:
         self.config = config
         self.seg = seg
-        self.store = QueueStore(seg, 0, layout.metrics_slot(seg.layout))
+        self.store = QueueStore(seg, 0, ProcessSlot.metrics(seg).index)
         self.reader = CatalogReader(seg, Op)
         self.definitions = Definitions()
         self.started = time.time()
@@ -181,7 +182,7 @@ class Exporter:
             rss.add_metric([role, str(index)], _safe(lambda p=p: p.memory_info().rss))
         yield cpu
         yield rss
-        seg, a = self.seg, self.seg.atomic
+        seg = self.seg
         conns = GaugeMetricFamily(
             "shoal_worker_connections", "Client connections per IO worker", labels=["index"]
         )
@@ -190,12 +191,9 @@ class Exporter:
             "Message bodies held in each IO worker's shared-memory arena",
             labels=["index"],
         )
-        for slot in range(seg.layout.limits.max_workers):
-            base = seg.layout.proc(slot)
-            if a.load(base + layout.P_ROLE) != layout.ROLE_WORKER:
-                continue
-            conns.add_metric([str(slot)], a.load(base + layout.P_CONNECTIONS))
-            arena.add_metric([str(slot)], arena_usage(seg, slot)[0])
+        for slot in worker_slots(seg):
+            conns.add_metric([str(slot.index)], slot.connections())
+            arena.add_metric([str(slot.index)], arena_usage(seg, slot.index)[0])
         yield conns
         yield arena
         yield plain_gauge(
@@ -230,10 +228,10 @@ class Exporter:
             "1 while an IO worker raises a resource alarm that blocks all publishers",
             labels=["index", "resource"],
         )
-        for slot in self._worker_slots():
-            bits = a.load(seg.layout.proc(slot) + layout.P_ALARMS)
-            alarms.add_metric([str(slot), "memory"], 1 if bits & memory.ALARM_MEMORY else 0)
-            alarms.add_metric([str(slot), "disk"], 1 if bits & memory.ALARM_DISK else 0)
+        for slot in worker_slots(seg):
+            bits = slot.alarms()
+            alarms.add_metric([str(slot.index), "memory"], 1 if bits & memory.ALARM_MEMORY else 0)
+            alarms.add_metric([str(slot.index), "disk"], 1 if bits & memory.ALARM_DISK else 0)
         yield alarms
         yield CounterMetricFamily(
             "shoal_arena_full",
@@ -262,19 +260,14 @@ class Exporter:
         yield CounterMetricFamily(
             "shoal_scheduler_lost_wakeups_rescued",
             "Wake-ups the scheduler's sweep had to rescue (should stay 0)",
-            value=a.load(seg.layout.proc(layout.scheduler_slot(seg.layout)) + layout.P_RESCUES),
+            value=ProcessSlot.scheduler(seg).rescues(),
         )
 
     def _worker_slots(self) -> list[int]:
-        a, offsets = self.seg.atomic, self.seg.layout
-        return [
-            slot
-            for slot in range(offsets.limits.max_workers)
-            if a.load(offsets.proc(slot) + layout.P_ROLE) == layout.ROLE_WORKER
-        ]
+        return [slot.index for slot in worker_slots(self.seg)]
 
     def started_at(self) -> float:
-        pid = self.seg.atomic.load(layout.H_SUPERVISOR_PID)
+        pid = Header(self.seg).supervisor_pid()
         supervisor = self._process(pid)
         return _safe(lambda: supervisor.create_time(), self.started) if supervisor else self.started
 
@@ -289,18 +282,15 @@ class Exporter:
 
     def _processes(self) -> list[tuple[str, int, psutil.Process]]:
         """(role, index, process) of every live broker process."""
-        a, offsets = self.seg.atomic, self.seg.layout
         out = []
-        for slot in range(offsets.proc_slots):
-            base = offsets.proc(slot)
-            role = a.load(base + layout.P_ROLE)
-            pid = a.load(base + layout.P_PID)
+        for slot in slots(self.seg):
+            role, pid = slot.role(), slot.pid()
             if not role or not pid:
                 continue
             proc = self._process(pid)
             if proc is not None and proc.is_running():
-                index = slot if role == layout.ROLE_WORKER else 0
-                out.append((layout.ROLE_NAMES.get(role, str(role)), index, proc))
+                index = slot.index if role == Role.WORKER else 0
+                out.append((role_name(role), index, proc))
         live = {p.pid for _r, _i, p in out}
         self._procs = {pid: p for pid, p in self._procs.items() if pid in live}
         return out

@@ -70,7 +70,7 @@ from shoal.broker.config import Config
 from shoal.broker.observe import families
 from shoal.broker.observe.exporter import Exporter
 from shoal.broker.observe.scrape import Snapshot
-from shoal.shm import layout
+from shoal.shm.processes import ProcessSlot
 from shoal.shm.segment import Segment
 
 log = logging.getLogger("shoal.metrics")
@@ -147,8 +147,8 @@ def serve(config: Config, seg: Segment) -> int:
     setproctitle(f"shoal: metrics (port {config.port})")
     exporter = Exporter(config, seg)
     endpoints = Endpoints(exporter)
-    slot = seg.layout.proc(layout.metrics_slot(seg.layout))
-    seg.atomic.store(slot + layout.P_PID, os.getpid())
+    slot = ProcessSlot.metrics(seg)
+    slot.started(os.getpid())
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -172,7 +172,7 @@ def serve(config: Config, seg: Segment) -> int:
 
     binds = (config.metrics_bind,) if config.metrics_bind else config.bind
     servers = [_server(sock, Handler) for sock in listening.listen(binds, config.metrics_port)]
-    seg.atomic.store(slot + layout.P_READY, 1)
+    slot.set_ready(True)
     log.info("metrics on %s port %d, /metrics", listening.shown(binds), config.metrics_port)
     for server in servers[1:]:  # one thread per address; the first on this one
         threading.Thread(target=server.serve_forever, daemon=True).start()

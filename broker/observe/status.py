@@ -11,9 +11,10 @@ from typing import Any
 
 from shoal.broker.amqp.definitions import Definitions, Op
 from shoal.broker.scheduler.introspect import socket_path
-from shoal.shm import counters, layout, memory, stats
+from shoal.shm import counters, memory, stats
 from shoal.shm.arena import arena_usage
 from shoal.shm.catalog import CatalogReader
+from shoal.shm.processes import Header, Role, role_name, slots
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
@@ -21,36 +22,35 @@ from shoal.shm.streams import StreamBounds, StreamWords
 
 
 def snapshot(seg: Segment) -> dict[str, Any]:
-    a, offsets = seg.atomic, seg.layout
+    header = Header(seg)
     now = time.monotonic_ns()
     processes = []
-    for slot in range(offsets.proc_slots):
-        base = offsets.proc(slot)
-        role = a.load(base + layout.P_ROLE)
+    for slot in slots(seg):
+        role = slot.role()
         if not role:
             continue
         entry: dict[str, Any] = {
-            "role": layout.ROLE_NAMES.get(role, str(role)),
-            "pid": a.load(base + layout.P_PID),
-            "ready": bool(a.load(base + layout.P_READY)),
-            "connections": a.load(base + layout.P_CONNECTIONS),
+            "role": role_name(role),
+            "pid": slot.pid(),
+            "ready": slot.ready(),
+            "connections": slot.connections(),
         }
-        if role == layout.ROLE_WORKER:
-            worker_counters = stats.read(seg, slot)
-            beat = a.load(base + layout.P_HEARTBEAT_NS)
-            used, blocks = arena_usage(seg, slot)
+        if role == Role.WORKER:
+            worker_counters = stats.read(seg, slot.index)
+            beat = slot.heartbeat_ns()
+            used, blocks = arena_usage(seg, slot.index)
             entry.update(
-                index=slot,
-                alarms=_alarm_names(a.load(base + layout.P_ALARMS)),
-                incarnation=a.load(base + layout.P_INCARNATION),
+                index=slot.index,
+                alarms=_alarm_names(slot.alarms()),
+                incarnation=slot.incarnation(),
                 heartbeat_age_s=round((now - beat) / 1e9, 3) if beat else None,
                 published=worker_counters[stats.RECEIVED],
                 delivered=sum(worker_counters[i] for i in stats.DELIVERED),
                 arena_used_bytes=used,
                 arena_live_blocks=blocks,
             )
-        if role == layout.ROLE_SCHEDULER:
-            entry["lost_wakeups_rescued"] = a.load(base + layout.P_RESCUES)
+        if role == Role.SCHEDULER:
+            entry["lost_wakeups_rescued"] = slot.rescues()
         processes.append(entry)
     store = QueueStore(seg)
     stream_words = StreamWords(seg)
@@ -101,10 +101,10 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         "arena_low_watermark_bytes": marks.low,
         "disk_free_limit_bytes": marks.disk_free_limit,
         "disk_free_bytes": memory.disk_free(seg),
-        "epoch": a.load(layout.H_EPOCH),  # this start's number (the data directory's)
+        "epoch": header.epoch(),  # this start's number (the data directory's)
         # The message store (workers/persist.py, shm/segtable.py).
         "store": {
-            "loaded": a.load(layout.H_LOADED) == layout.LOAD_DONE,
+            "loaded": header.loaded(),
             "segments": len(live),
             "live_entries": sum(n for _slot, n in live),
             "syncs": totals[stats.STORE_SYNCS],

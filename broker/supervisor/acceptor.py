@@ -20,20 +20,18 @@ from typing import NoReturn
 from setproctitle import setproctitle
 
 from shoal.broker import ipc
-from shoal.shm import layout
+from shoal.shm.processes import Header, ProcessSlot
 from shoal.shm.segment import Segment
 
 
 def pick_worker(seg: Segment, workers: int, tried: set[int]) -> int | None:
     """The ready worker with the fewest connections, not in `tried`."""
-    a, offsets = seg.atomic, seg.layout
     best, best_load = None, None
     for i in range(workers):
         if i in tried:
             continue
-        slot = offsets.proc(i)
-        ready = a.load(slot + layout.P_READY)
-        load = a.load(slot + layout.P_CONNECTIONS) + (0 if ready else 1 << 32)
+        slot = ProcessSlot(seg, i)
+        load = slot.connections() + (0 if slot.ready() else 1 << 32)
         if best_load is None or load < best_load:
             best, best_load = i, load
     return best
@@ -48,7 +46,7 @@ def hand_off(
     tried: set[int] = set()
     # The workers taking connections: slots below H_WORKERS (the count
     # changes at runtime, broker/supervisor/scaling.py).
-    workers = min(len(handoffs), seg.atomic.load(layout.H_WORKERS))
+    workers = min(len(handoffs), Header(seg).workers())
     while True:
         worker = pick_worker(seg, workers, tried)
         if worker is None:
@@ -58,7 +56,7 @@ def hand_off(
         except (BlockingIOError, OSError):
             tried.add(worker)  # its queue is full (hung or restarting): next one
             continue
-        seg.atomic.fetch_add(seg.layout.proc(worker) + layout.P_CONNECTIONS, 1)
+        ProcessSlot(seg, worker).count_connections(1)
         return True
 
 
@@ -71,8 +69,8 @@ def run_acceptor(
     setproctitle(f"shoal: acceptor (port {port})")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
-    slot = seg.layout.proc(layout.acceptor_slot(seg.layout))
-    seg.atomic.store(slot + layout.P_PID, os.getpid())
+    slot = ProcessSlot.acceptor(seg)
+    slot.started(os.getpid())
     selector = selectors.DefaultSelector()
     for listener, kind in listeners:
         listener.setblocking(False)
@@ -80,9 +78,10 @@ def run_acceptor(
     # Connections wait in the listen backlog until the durable definitions
     # and the message store are loaded: a client must never find its durable
     # queue missing, or its persistent messages not yet there.
-    while seg.atomic.load(layout.H_LOADED) != layout.LOAD_DONE:
+    header = Header(seg)
+    while not header.loaded():
         time.sleep(0.005)
-    seg.atomic.store(slot + layout.P_READY, 1)
+    slot.set_ready(True)
     while True:
         for key, _events in selector.select():
             listening: socket.socket = key.fileobj  # type: ignore[assignment]
@@ -96,4 +95,4 @@ def run_acceptor(
                 continue
             with conn:
                 if hand_off(seg, handoffs, conn, key.data):
-                    seg.atomic.fetch_add(slot + layout.P_CONNECTIONS, 1)
+                    slot.count_connections(1)

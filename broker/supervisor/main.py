@@ -42,10 +42,12 @@ from shoal.broker.supervisor import acceptor, datadir, systemd
 from shoal.broker.supervisor.child import Child
 from shoal.broker.supervisor.clean_stop import record_clean_stop
 from shoal.broker.supervisor.scaling import Scaling
-from shoal.shm import layout, memory, ownership
+from shoal.shm import memory, ownership
+from shoal.shm.arena import arena_usage
 from shoal.shm.catalog import CatalogFull, CatalogWriter
+from shoal.shm.processes import Header, ProcessSlot, Role
 from shoal.shm.recovery import recover_worker
-from shoal.shm.segment import Segment
+from shoal.shm.segment import Limits, Segment
 from shoal.shm.wake import Waker
 from shoal.store.messages import store_directory
 from shoal.workers import tls
@@ -120,7 +122,7 @@ class Supervisor:
             # A broker that died (kill -9) left its directory behind: it was
             # that broker's to remove, so it is ours now.
             self.created_dir = True
-        limits = layout.Limits(
+        limits = Limits(
             max_workers=self.max_workers,
             max_queues=config.max_queues,
             queue_capacity=config.queue_capacity,
@@ -130,14 +132,13 @@ class Supervisor:
         self.seg = Segment.create(path, limits)
         ownership.initialise(self.seg, self.workers)
         self.configure_memory()
-        a = self.seg.atomic
         try:
-            a.store(layout.H_EPOCH, datadir.next_epoch(config.data_path()))
+            Header(self.seg).set_epoch(datadir.next_epoch(config.data_path()))
         except ValueError as exc:  # a damaged epoch file: say so in one line
             raise UnreadableDefinitions(str(exc)) from None
-        sup = self.seg.layout.proc(layout.supervisor_slot(self.seg.layout))
-        a.store(sup + layout.P_PID, os.getpid())
-        a.store(sup + layout.P_ROLE, layout.ROLE_SUPERVISOR)
+        supervisor = ProcessSlot.supervisor(self.seg)
+        supervisor.started(os.getpid())
+        supervisor.set_role(Role.SUPERVISOR)
         # The durable definitions (at least the default vhost and its
         # exchanges) are journaled before any child runs, so that a worker
         # always finds its vhost; the broker's first scheduler journals them
@@ -193,11 +194,8 @@ class Supervisor:
         retired worker's that still does (others deliver and free them)."""
         config, seg = self.config, self.seg
         assert seg is not None
-        a, offsets = seg.atomic, seg.layout
         arenas = self.workers + sum(
-            1
-            for i in range(self.workers, offsets.limits.max_workers)
-            if a.load(offsets.arena(i) + layout.A_USED)
+            1 for i in range(self.workers, seg.layout.limits.max_workers) if arena_usage(seg, i)[0]
         )
         memory.configure(
             seg,
@@ -306,7 +304,7 @@ class Supervisor:
         self.configure_memory()
         if new.workers != old.workers:
             wanted = max(1, min(self.max_workers, new.worker_count()))
-            self.seg.atomic.store(layout.H_WORKERS_WANTED, wanted)
+            Header(self.seg).set_workers_wanted(wanted)
         settings.publish(new, new.runtime_path())
         log.info("SIGHUP: settings reloaded; IO workers reload their TLS certificates")
         self._signal_children(signal.SIGHUP, ("io-worker", "scheduler"))
@@ -345,35 +343,24 @@ class Supervisor:
         seg = self.seg
         assert seg is not None
         keep: set[int] = set()
-        a = seg.atomic
         if child.role == "io-worker":
             sched_end = self.sched_pairs[child.index][1]
             handoff_end = self.handoff_pairs[child.index][1]
             keep = {sched_end.fileno(), handoff_end.fileno()}
-            slot = seg.layout.proc(child.index)
-            a.store(slot + layout.P_ROLE, layout.ROLE_WORKER)
+            ProcessSlot(seg, child.index).set_role(Role.WORKER)
             main: Callable[[], int] = lambda: run_worker(  # noqa: E731
                 self.config, seg, child.index, child.incarnation, self.efd, sched_end, handoff_end
             )
         elif child.role == "scheduler":
             links = {i: pair[0] for i, pair in enumerate(self.sched_pairs)}
             keep = {s.fileno() for s in links.values()}
-            a.store(
-                seg.layout.proc(layout.scheduler_slot(seg.layout)) + layout.P_ROLE,
-                layout.ROLE_SCHEDULER,
-            )
+            ProcessSlot.scheduler(seg).set_role(Role.SCHEDULER)
             main = lambda: run_scheduler(self.config, seg, self.efd, links)  # noqa: E731
         elif child.role == "metrics":
-            a.store(
-                seg.layout.proc(layout.metrics_slot(seg.layout)) + layout.P_ROLE,
-                layout.ROLE_METRICS,
-            )
+            ProcessSlot.metrics(seg).set_role(Role.METRICS)
             main = lambda: serve_metrics(self.config, seg)  # noqa: E731
         elif child.role == "management":
-            a.store(
-                seg.layout.proc(layout.management_slot(seg.layout)) + layout.P_ROLE,
-                layout.ROLE_MANAGEMENT,
-            )
+            ProcessSlot.management(seg).set_role(Role.MANAGEMENT)
             # Imported in the child only: aiohttp and pika in the supervisor
             # would be inherited by every IO worker, and their objects cost
             # each worker's garbage collector ~8 % of its throughput (measured).
@@ -383,10 +370,7 @@ class Supervisor:
         else:
             handoffs = [pair[0] for pair in self.handoff_pairs]
             keep = {s.fileno() for s in handoffs} | {s.fileno() for s, _ in self.listeners}
-            a.store(
-                seg.layout.proc(layout.acceptor_slot(seg.layout)) + layout.P_ROLE,
-                layout.ROLE_ACCEPTOR,
-            )
+            ProcessSlot.acceptor(seg).set_role(Role.ACCEPTOR)
             main = lambda: acceptor.run_acceptor(self.config.port, seg, self.listeners, handoffs)  # noqa: E731
         for s in self._all_sockets():
             if s.fileno() not in keep:
@@ -444,9 +428,8 @@ class Supervisor:
     def recover_worker(self, index: int, retired: bool = False) -> None:
         seg = self.seg
         assert seg is not None
-        a = seg.atomic
-        slot = seg.layout.proc(index)
-        a.store(slot + layout.P_READY, 0)
+        slot = ProcessSlot(seg, index)
+        slot.set_ready(False)
         # 1. The scheduler forgets the worker's consumers and exclusive queues.
         #    Written into the worker's end, so it arrives on the worker's link.
         try:
@@ -464,7 +447,7 @@ class Supervisor:
         # same 64 queues see the word non-zero and write nothing: wake the
         # scheduler now rather than leave it to its sweep (within a second).
         os.eventfd_write(self.efd, 1)
-        a.store(slot + layout.P_CONNECTIONS, 0)
+        slot.forget_connections()
         if released:
             log.info("worker %d: %d messages requeued", index, sum(released.values()))
 
@@ -497,11 +480,11 @@ class Supervisor:
         assert seg is not None
         if any(not child.pid for child in self.children):
             return  # one is being restarted: no pet until it is back
-        beating = [seg.layout.proc(c.index) for c in self.children if c.role == "io-worker"]
-        beating.append(seg.layout.proc(layout.scheduler_slot(seg.layout)))
+        beating = [ProcessSlot(seg, c.index) for c in self.children if c.role == "io-worker"]
+        beating.append(ProcessSlot.scheduler(seg))
         stale = max(HEARTBEAT_STALE, 2 * interval) * 1e9
         now_ns = time.monotonic_ns()
-        if any(now_ns - seg.atomic.load(slot + layout.P_HEARTBEAT_NS) > stale for slot in beating):
+        if any(now_ns - slot.heartbeat_ns() > stale for slot in beating):
             return
         systemd.notify("WATCHDOG=1")
         self.watchdog_next = now + interval
@@ -509,14 +492,10 @@ class Supervisor:
     def _report(self) -> None:
         seg = self.seg
         assert seg is not None
-        a = seg.atomic
-        workers_ready = sum(
-            a.load(seg.layout.proc(i) + layout.P_READY) for i in range(self.workers)
-        )
-        connections = sum(
-            a.load(seg.layout.proc(i) + layout.P_CONNECTIONS) for i in range(self.workers)
-        )
-        acceptor_ready = a.load(seg.layout.proc(layout.acceptor_slot(seg.layout)) + layout.P_READY)
+        workers = [ProcessSlot(seg, i) for i in range(self.workers)]
+        workers_ready = sum(slot.ready() for slot in workers)
+        connections = sum(slot.connections() for slot in workers)
+        acceptor_ready = ProcessSlot.acceptor(seg).ready()
         status = f"{workers_ready}/{self.workers} IO workers ready, {connections} connections"
         if not self.ready_sent and workers_ready == self.workers and acceptor_ready:
             self.ready_sent = True
@@ -550,7 +529,7 @@ class Supervisor:
         assert self.seg is not None
         for child in self.children:  # a worker being retired stops as the others now
             if child.role == "io-worker":
-                self.seg.atomic.store(self.seg.layout.proc(child.index) + layout.P_RETIRING, 0)
+                ProcessSlot(self.seg, child.index).set_retiring(False)
         systemd.notify("STOPPING=1\nSTATUS=stopping: closing client connections")
         log.info("SIGTERM: graceful stop")
         self._signal_children(signal.SIGTERM, ("acceptor",))
@@ -607,7 +586,7 @@ def _remove_stale_segment(path: str) -> bool:
     was a dead Shoal broker's."""
     try:
         old = Segment.attach(path)
-        pid = old.atomic.load(layout.H_SUPERVISOR_PID)
+        pid = Header(old).supervisor_pid()
     except (ValueError, OSError):
         pid = 0
     if pid and pid != os.getpid():

@@ -28,7 +28,8 @@ import time
 from typing import Protocol
 
 from shoal.broker.supervisor.child import Child
-from shoal.shm import layout, ownership
+from shoal.shm import ownership
+from shoal.shm.processes import Header, ProcessSlot
 from shoal.shm.segment import Segment
 
 log = logging.getLogger("shoal.supervisor")
@@ -69,10 +70,10 @@ class Scaling:
 
     def on_signal(self, signum: int) -> None:
         """SIGTTIN: one more worker; SIGTTOU: one fewer (at least one)."""
-        a = self._seg().atomic
-        wanted = a.load(layout.H_WORKERS_WANTED) + (1 if signum == signal.SIGTTIN else -1)
+        header = Header(self._seg())
+        wanted = header.workers_wanted() + (1 if signum == signal.SIGTTIN else -1)
         wanted = max(1, min(self.sup.max_workers, wanted))
-        a.store(layout.H_WORKERS_WANTED, wanted)
+        header.set_workers_wanted(wanted)
         log.info("%s: %d IO workers asked for", signal.Signals(signum).name, wanted)
 
     def step(self) -> None:
@@ -93,7 +94,7 @@ class Scaling:
             ownership.finish(seg)
             self.transition = 0
             log.info("%d IO workers", sup.workers)
-        wanted = seg.atomic.load(layout.H_WORKERS_WANTED)
+        wanted = Header(seg).workers_wanted()
         if wanted > sup.workers:
             self._add()
         elif wanted < sup.workers:
@@ -116,19 +117,18 @@ class Scaling:
                 log.warning("IO worker %d still retiring: adding it back waits for it", index)
             return
         self.waiting_for_slot = False
-        a, slot = seg.atomic, seg.layout.proc(index)
-        for word in (layout.P_OWNERSHIP_SEEN, layout.P_RETIRING, layout.P_CONNECTIONS):
-            a.store(slot + word, 0)
+        slot = ProcessSlot(seg, index)
+        slot.added()
         self._begin(index + 1)
         child = Child("io-worker", index)
         # The slot's next incarnation, not its first again: message-store
         # segment names and connection ids carry it, and a retired worker's
         # segments may still be on disk under its numbers.
-        child.incarnation = a.load(slot + layout.P_INCARNATION)
+        child.incarnation = slot.incarnation()
         sup.children.append(child)
         sup.spawn(child)
         sup.workers += 1
-        a.store(layout.H_WORKERS, sup.workers)
+        Header(seg).set_workers(sup.workers)
         sup.configure_memory()
         log.info("adding IO worker %d (pid %d)", index, child.pid)
 
@@ -140,9 +140,9 @@ class Scaling:
             c for c in sup.children if c.role == "io-worker" and c.index == index and not c.retiring
         )
         sup.workers -= 1
-        seg.atomic.store(layout.H_WORKERS, sup.workers)  # the acceptor stops picking it
+        Header(seg).set_workers(sup.workers)  # the acceptor stops picking it
         self._begin(sup.workers)
-        seg.atomic.store(seg.layout.proc(index) + layout.P_RETIRING, 1)
+        ProcessSlot(seg, index).set_retiring(True)
         child.retiring = True
         sup.configure_memory()
         log.info("retiring IO worker %d (pid %d)", index, child.pid)
@@ -158,10 +158,7 @@ class Scaling:
         seg = self._seg()
         sup.recover_worker(child.index, retired=True)
         sup.drop_handoffs(child.index)
-        a, slot = seg.atomic, seg.layout.proc(child.index)
-        for word in (layout.P_ROLE, layout.P_READY, layout.P_ALARMS, layout.P_DISK_FREE):
-            a.store(slot + word, 0)
-        a.store(slot + layout.P_RETIRING, 0)
+        ProcessSlot(seg, child.index).retired()
         sup.children.remove(child)
         log.info("IO worker %d retired", child.index)
 
