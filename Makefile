@@ -23,10 +23,8 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker workers shm store perf spark tests bench interop grafana
 	$(VENV)/bin/ruff format --check broker workers shm store perf spark tests bench interop grafana
-	@# mypy cannot follow setuptools' package-dir mapping: it checks the
-	@# packages as shoal.* through a tree of links (pyproject, [tool.mypy]).
-	mkdir -p .build/mypy/shoal
-	for p in broker workers shm store perf spark; do ln -sfn ../../../$$p .build/mypy/shoal/$$p; done
+	@# The packages as shoal.*: through the links the editable install made
+	@# (.build/import, pyproject [tool.mypy]).
 	$(VENV)/bin/mypy
 
 ## Side-by-side throughput against RabbitMQ (needs rabbitmq-server installed).

@@ -16,6 +16,7 @@ from shoal.broker.config import Config
 from shoal.shm import memory, stats
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import Arena
+from shoal.shm.processes import ProcessSlot
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 
@@ -48,7 +49,7 @@ class GuardHost(Protocol):
     @property
     def index(self) -> int: ...
     @property
-    def slot(self) -> int: ...
+    def process(self) -> ProcessSlot: ...
     @property
     def config(self) -> Config: ...
     @property

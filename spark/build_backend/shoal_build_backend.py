@@ -1,5 +1,17 @@
-"""The project's PEP 517 build backend: setuptools' own, plus a path entry in
-editable wheels so that Spark finds format("shoal") by itself.
+"""The project's PEP 517 build backend: setuptools' own, plus two path
+entries in editable wheels: one so that Spark finds format("shoal") by
+itself, one so that static tools (mypy, an editor's go-to-definition, any
+reader of imports) get from `shoal.workers.x` to `workers/x.py`.
+
+Static tools: setuptools maps `shoal.*` onto the repository's top-level
+folders (pyproject's package-dir), and its editable install resolves them
+through an import hook that only a running interpreter can follow. So the
+editable wheel also gets `shoal_import_links.pth`, naming `.build/import`,
+where `shoal/<package>` is a link to each folder (made here, at install:
+a fresh checkout needs no other step). Tools that read .pth files find the
+packages there, and the interpreter imports them through the same links
+(the path comes before the hook), so both see the same files under the same
+names (docs/ARCHITECTURE.md, "Code layout").
 
 PySpark 4 discovers data sources by listing top-level modules named
 `pyspark_*` with pkgutil.iter_modules(), which sees only directories on
@@ -19,6 +31,7 @@ import hashlib
 import io
 import os
 import tarfile
+import tomllib
 import zipfile
 from typing import Any
 
@@ -27,6 +40,8 @@ from setuptools.build_meta import *  # noqa: F403  (every other hook, unchanged)
 
 PTH = "shoal_spark_discovery.pth"
 DISCOVERY = os.path.join("spark", "discovery")
+LINKS_PTH = "shoal_import_links.pth"
+LINKS = os.path.join(".build", "import")
 BACKEND = "spark/build_backend/shoal_build_backend.py"
 
 
@@ -39,7 +54,29 @@ def build_editable(
     # PEP 517 runs the hooks in the project's root: the path is absolute.
     entry = os.path.abspath(DISCOVERY) + "\n"
     add_file(os.path.join(wheel_directory, name), PTH, entry.encode())
+    add_file(os.path.join(wheel_directory, name), LINKS_PTH, (link_tree() + "\n").encode())
     return name
+
+
+def link_tree() -> str:
+    """Make .build/import/shoal/<package> -> <folder> for each `shoal.<package>`
+    of pyproject's package-dir; returns the absolute path of .build/import."""
+    with open("pyproject.toml", "rb") as f:
+        mapping = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    root = os.path.abspath(LINKS)
+    namespace = os.path.join(root, "shoal")
+    os.makedirs(namespace, exist_ok=True)
+    for package, folder in mapping.items():
+        if not package.startswith("shoal.") or package.count(".") != 1:
+            continue
+        link = os.path.join(namespace, package.removeprefix("shoal."))
+        target = os.path.relpath(os.path.abspath(folder), namespace)
+        if os.path.islink(link) and os.readlink(link) == target:
+            continue
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(target, link)
+    return root
 
 
 def add_file(wheel: str, arcname: str, data: bytes) -> None:
