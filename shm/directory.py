@@ -32,7 +32,12 @@ class QueueFlag(IntFlag):
 
 
 class QueueDirectory:
-    """Read access (and the scheduler's few writes) to the queue records."""
+    """Read access (and the scheduler's few writes) to the queue records.
+
+    Why so many methods: one named accessor per word a caller reads, in place
+    of the offsets (shm/layout.py) that callers above shm/ may not use, plus
+    the per-process caches of the catalog (which queues are plain, priority,
+    streams, delayed, timed) that the publish path tests with one lookup."""
 
     __slots__ = (
         "_active",

@@ -77,7 +77,14 @@ class QueueGone(QueueFull):
 
 class QueueStore(QueueDirectory):
     """Queue operations for one process. `owner` is the IO worker index + 1
-    (0 for the supervisor and the scheduler, which never acquire)."""
+    (0 for the supervisor and the scheduler, which never acquire).
+
+    Why so many methods (its QueueDirectory's reads counted): this is the one
+    door to a queue's words in shared memory, on purpose. Each method is one
+    transition of shm/ARCHITECTURE.md (publish, acquire, settle, requeue,
+    purge...) or one named read, so that a queue's rules live in one place
+    and nothing above shm/ touches a word (tests/test_layout.py); split
+    across objects, a caller would have to know which part a rule is in."""
 
     __slots__ = (
         "cap",
