@@ -5,12 +5,13 @@ confirms until a stream has the message on disk.
 Publishers on any worker append a stream's messages to its log in shared
 memory, as for any queue. Each stream has one writer, the IO worker that
 owns it (shm/ownership.py: `qid % workers`): every TICK it takes what the
-log holds (acquire, in log order), appends it to the stream's current segment as one chunk
-(store/streams.py), each message with its offset in an `x-stream-offset`
-header, and deletes the entries; it asks for a sync (the store's group
-commit, store/sync.py: a failed write or sync ends the worker, so nothing
-unsynced is ever confirmed), after which it publishes the new bounds (shm/streams.py: NEXT, the offsets a
-reader may read, and SYNCED, the log seqs a confirm may cover) and wakes
+log holds (acquire, in log order), appends it to the stream's current
+segment as one chunk (store/streams.py), each message with its offset in an
+`x-stream-offset` header, and deletes the entries; it asks for a sync (the
+store's group commit, store/sync.py: a failed write or sync ends the
+worker, so nothing unsynced is ever confirmed), after which it publishes
+the new bounds (shm/streams.py: NEXT, the offsets a reader may read, and
+SYNCED, the log seqs a confirm may cover) and wakes
 the scheduler, which notifies the stream's consumers (browsers whose
 "changes" value is NEXT). A writer that replaces a killed one opens the
 files again, cuts a torn chunk off and skips the log entries its
