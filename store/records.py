@@ -1,5 +1,5 @@
 """Append-only files of checksummed records: the disk format under what
-Shoal keeps across restarts (the definitions log, broker/scheduler/durable.py).
+Shoal keeps across restarts (the definitions log, store/definitions.py).
 
 A file is an 8-byte header, then records:
 
@@ -200,6 +200,21 @@ def replace_records(path: str, magic: bytes, version: int, payloads: Iterable[by
     except OSError as exc:
         raise ReplacedUnsynced(exc, file) from exc
     return file
+
+
+def replace_file(path: str, data: bytes) -> None:
+    """Put a small file of `data` in place of `path` at once, durably:
+    write a new file, fdatasync, rename, fsync of the directory. A crash
+    leaves the old file or the new one, whole."""
+    tmp = path + ".new"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, data, 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    sync_directory(os.path.dirname(path) or ".")
 
 
 def sync_directory(path: str) -> None:

@@ -4,8 +4,11 @@ persistent messages it deleted, written to its ack file of each segment.
 Buffered: `settle` is called on the hot path (an ack), `flush` once per
 event-loop iteration writes every buffered record with one write per ack
 file. No sync: an ack that did not reach the disk before a power cut only
-brings its message back flagged redelivered (docs/durability.md). `sync`
-makes them durable for tx.commit.
+brings its message back flagged redelivered (docs/durability.md), and so
+does one whose write failed (logged, not fatal). `sync` makes them durable
+for tx.commit, under the rule of every durable write (store/sync.py): a
+failed sync, or a failed write since the last sync, ends the process rather
+than let a commit-ok confirm acks that may not be on disk.
 
 The segment a message's tag names, and the count of its live entries, live
 in shared memory (shm/segtable.py); this module sees that table through a
@@ -15,10 +18,10 @@ Protocol, so that it needs nothing from shm/.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Protocol
 
 from shoal.store.messages import AckWriter, segment_name
+from shoal.store.sync import durability_lost, sync_now
 
 log = logging.getLogger("shoal.store")
 
@@ -37,7 +40,7 @@ class Segments(Protocol):
 
 
 class SettleWriter:
-    __slots__ = ("_files", "_unsynced", "directory", "pending", "segments", "writer")
+    __slots__ = ("_files", "_lost", "_unsynced", "directory", "pending", "segments", "writer")
 
     def __init__(self, directory: str, writer: int, segments: Segments) -> None:
         """`writer`: this process's number in ack file names."""
@@ -46,6 +49,7 @@ class SettleWriter:
         self.segments = segments
         self._files: dict[tuple[int, int], tuple[str, AckWriter]] = {}
         self._unsynced: set[tuple[int, int]] = set()
+        self._lost: OSError | None = None  # a write failed since the last `sync`
         self.pending: list[tuple[Tag, int]] = []
 
     def settle(self, tag: Tag, uid: int) -> None:
@@ -78,6 +82,7 @@ class SettleWriter:
                 # Not fatal: without the record the message comes back,
                 # flagged redelivered, after a crash.
                 log.error("cannot record %d acks in segment %s: %s", len(records), name, exc)
+                self._lost = exc
             self.segments.add(key[0], -len(settled))
 
     def _file(self, key: tuple[int, int], name: str) -> AckWriter:
@@ -100,12 +105,14 @@ class SettleWriter:
     def sync(self) -> None:
         """fdatasync every ack file written since the last sync (blocking,
         on the caller's thread: only tx.commit asks, and only when its
-        transaction settled something)."""
+        transaction settled something). A failure ends the process."""
+        if self._lost is not None:
+            durability_lost(f"acks of writer {self.writer} could not be written", self._lost)
         keys, self._unsynced = self._unsynced, set()
         for key in keys:
             cached = self._files.get(key)
             if cached is not None:
-                os.fdatasync(cached[1].file.fd)
+                sync_now(cached[1].file.fd, f"ack file of segment {cached[0]}")
 
     def sweep(self) -> None:
         """Close the ack files of segments that were deleted (an open

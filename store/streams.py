@@ -21,7 +21,9 @@ so that a filtering reader never decodes headers.
 `origin` and `last seq` name the staging log the chunk came from (broker
 start, queue generation) and its last entry: a writer that replaces a
 killed one skips the entries already written. One writer appends, with
-plain writes; readers (any process) use their own file descriptors and
+plain writes, and makes them durable through the group commit
+(store/sync.py: a failed sync ends the process, as the message store's
+does); readers (any process) use their own file descriptors and
 never read past the offset the writer published as durable. Retention
 deletes whole segments, oldest first, never the one being written; a
 reader that has the file open goes on reading it.
@@ -36,8 +38,10 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from shoal.store.sync import GroupSync, sync_now
 
 MAGIC = 0x53484B32  # "SHK2"
 CHUNK = struct.Struct("<IIQIIQQQ")  # magic, crc, first, count, size, timestamp, origin, last seq
@@ -189,10 +193,12 @@ def _valid(fd: int, header: ChunkHeader) -> bool:
 
 class StreamLog:
     """The writer's side of one stream's directory: open (recover the tail),
-    append chunks, roll segments, apply retention."""
+    append chunks, make them durable (`sync`), roll segments, apply
+    retention."""
 
     def __init__(self, directory: str, segment_bytes: int, max_bytes: int, max_age_ms: int) -> None:
         self.directory = directory
+        self._sync: GroupSync | None = None  # started at the first `sync`
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         self.max_age_ms = max_age_ms
@@ -256,11 +262,19 @@ class StreamLog:
     def append(self, records: list[bytes], origin: int, last_seq: int) -> int:
         """Write one chunk of `records` at the next offset (rolling to a new
         segment first if this one is full); returns the offset after it.
-        Durable once the caller's fdatasync of `fd` returns."""
+        Durable once a `sync` asked for after it has called back. A failed
+        write raises OSError (FileNotFoundError: the stream's directory is
+        gone, its queue deleted); a failed sync ends the process."""
         if self.position >= self.segment_bytes and self.position:
-            os.fdatasync(self.fd)  # its chunks are durable before the next file's
-            os.close(self.fd)
-            self._create(self.next)
+            old = self.fd
+            self.sync_now()  # its chunks are durable before the next file's
+            try:
+                self._create(self.next)
+            finally:
+                if self.fd != old:  # the new file is open (even if its name is not durable)
+                    if self._sync is not None:
+                        self._sync.set_fd(self.fd)  # after the syncs of the old file
+                    os.close(old)
         chunk = encode_chunk(self.next, records, time.time_ns() // 1_000_000, origin, last_seq)
         written = os.pwrite(self.fd, chunk, self.position)
         if written != len(chunk):
@@ -271,6 +285,21 @@ class StreamLog:
         self.next += len(records)
         self.last_origin, self.last_seq = origin, last_seq
         return self.next
+
+    def sync(self, done: Callable[[], None]) -> None:
+        """Call `done` (on the sync thread) once every chunk appended before
+        this call is durable: the group commit of store/sync.py, one thread
+        per stream; requests made while a sync runs share the next one."""
+        if self._sync is None:
+            self._sync = GroupSync(
+                self.fd, name="shoal-stream-sync", what=f"stream {self.directory}: sync failed"
+            )
+        self._sync.request(done)
+
+    def sync_now(self) -> None:
+        """Make every chunk appended so far durable, on the caller's thread
+        (a writer that stops, a segment that is full)."""
+        sync_now(self.fd, f"stream {self.directory}: sync failed")
 
     def apply_retention(self, now_ms: int | None = None) -> bool:
         """Delete the oldest segments while the stream is over its size or
@@ -299,6 +328,10 @@ class StreamLog:
         return deleted
 
     def close(self) -> None:
+        """Serve the syncs asked for (their callbacks run), then close."""
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

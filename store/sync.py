@@ -1,5 +1,8 @@
-"""Group commit: make written records durable with as few syncs as the load
-allows, and no fixed delay.
+"""Group commit, and the one rule for a durable write that fails.
+
+Every durable file Shoal writes is made durable here: the message store's
+segments (workers/persist.py), each stream's segments (store/streams.py) and
+the definitions log (store/definitions.py, synchronously, `sync_now`).
 
 A writer (an IO worker's event loop) writes its records to a file, then
 asks for a sync and is called back once one that began after its request
@@ -11,50 +14,82 @@ confirm loop behaves too (group commit that "emerges without any delay").
 
 fdatasync, not syncfs: each writer syncs only its own file, so the others'
 writes (and the rest of the file system) are not its cost.
+
+A failed write or sync of data a client is (or will be) told is durable
+ends the process (`durability_lost`, exit 70): a later fdatasync that
+succeeds proves nothing about the pages the failed one lost (the kernel may
+have dropped them and cleared the error), so nothing written before it may
+ever be confirmed. The process's supervisor starts another; recovery reads
+the files back, and clients publish again what was not confirmed. A
+callback is therefore only ever told of success.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
-Done = Callable[[BaseException | None], None]
+log = logging.getLogger("shoal.store")
+
+Done = Callable[[], None]
+
+# The exit status of a process whose durable write failed (EX_SOFTWARE).
+DURABILITY_LOST = 70
+
+
+def durability_lost(what: str, error: BaseException) -> NoReturn:
+    """A write or sync of durable data failed: nothing not yet confirmed may
+    be confirmed any more. The process exits (from any thread: os._exit)."""
+    log.critical("%s: %s", what, error)
+    logging.shutdown()
+    os._exit(DURABILITY_LOST)
+
+
+def sync_now(fd: int, what: str) -> None:
+    """fdatasync `fd` on the caller's thread, under the same rule."""
+    try:
+        os.fdatasync(fd)
+    except OSError as exc:
+        durability_lost(what, exc)
 
 
 class GroupSync:
     """Syncs of one file descriptor, on a thread of their own. `done` runs
     on the thread; a writer on an event loop passes a function that hands
-    the result to its loop (loop.call_soon_threadsafe)."""
+    the result to its loop (loop.call_soon_threadsafe). `what` names the
+    file in the one line logged if a sync fails (the process then exits)."""
 
     __slots__ = (
         "_busy",
         "_cond",
-        "_error",
         "_fd",
         "_pending",
         "_stopped",
         "_thread",
+        "_what",
         "synced_requests",
         "syncs",
     )
 
-    def __init__(self, fd: int, name: str = "shoal-sync") -> None:
+    def __init__(self, fd: int, name: str = "shoal-sync", what: str = "") -> None:
         self._fd = fd
+        self._what = what or name
         self._cond = threading.Condition()
         self._pending: list[Done] = []
         self._stopped = False
         self._busy = False  # a sync is running (its batch not yet called back)
-        self._error: OSError | None = None  # a sync failed: so do all after it
         self.syncs = 0  # fdatasync calls made
         self.synced_requests = 0  # requests they served
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def request(self, done: Done) -> None:
-        """Call `done(None)` once everything written to the file before
-        this call is durable (or `done(error)` if the sync failed)."""
+        """Call `done()` once everything written to the file before this
+        call is durable."""
         with self._cond:
             if self._stopped:
                 raise RuntimeError("GroupSync is closed")
@@ -90,20 +125,12 @@ class GroupSync:
                 batch, self._pending = self._pending, []
                 fd = self._fd
                 self._busy = True
-            error = self._error
-            if error is None:
-                try:
-                    os.fdatasync(fd)
-                except OSError as exc:
-                    # A later fdatasync that succeeds does not prove these
-                    # pages reached the disk (the kernel may have dropped
-                    # them): the file is done with, every request fails.
-                    error = self._error = exc
+            sync_now(fd, self._what)
             self.syncs += 1
             self.synced_requests += len(batch)
             for done in batch:
                 try:
-                    done(error)
+                    done()
                 except Exception:  # a callback's bug must not stop the syncs
                     traceback.print_exc()
             with cond:

@@ -279,9 +279,7 @@ def method_names(module: str, node: ast.ClassDef, known: dict, seen: set[int]) -
         return set()
     seen.add(id(node))
     names = {
-        item.name
-        for item in node.body
-        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+        item.name for item in node.body if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
     }
     for base in node.bases:
         base_name = ast.unparse(base).split(".")[-1].split("[")[0]
@@ -316,3 +314,118 @@ def test_the_method_count_sees_mixins() -> None:
     )
     known = {n.name: [("m", n)] for n in tree.body if isinstance(n, ast.ClassDef)}
     assert method_names("m", known["C"][0][1], known, set()) == {"a", "b", "c"}
+
+
+# What writes a file's bytes, its size or its name, or makes them durable.
+FILE_WRITES = {
+    "fdatasync",
+    "fsync",
+    "ftruncate",
+    "posix_fallocate",
+    "pwrite",
+    "pwritev",
+    "rename",
+    "renames",
+    "replace",
+    "sync_file_range",
+    "truncate",
+    "write",
+    "writev",
+}
+WRITE_FLAGS = {"O_APPEND", "O_CREAT", "O_RDWR", "O_TRUNC", "O_WRONLY"}
+# Modules outside store/ that write files, none of them durable data, each
+# with the reason.
+NON_DURABLE_WRITERS = {
+    "shoal.broker.supervisor.datadir": "the lock file: its holder's pid, read only to name it",
+    "shoal.broker.settings": "the runtime directory's settings, remade at every start",
+    "shoal.broker.observe.ctl": "`shoal ctl` writes an export to the file its user names",
+    "shoal.shm.segment": "the shared-memory segment's file, in the runtime directory",
+    "shoal.shm.dedup": "deduplication caches: mapped files (ftruncate sizes them; written "
+    "through the mapping, the disk ones msync'd with the message store's syncs)",
+    "shoal.spark.classic": "Spark's own checkpoint files, on the Spark side of the connector",
+}
+
+
+def _writes_mode(mode: ast.expr | None) -> bool:
+    if mode is None:
+        return False
+    if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
+        return bool(set(mode.value) & set("wax+"))
+    return True  # a mode computed at runtime: counted as a write
+
+
+def file_writes(path: Path) -> list[tuple[int, str]]:
+    """The calls in `path` that write files: os.<FILE_WRITES> (also
+    imported bare from os), os.open with a write flag, open()/os.fdopen/
+    io.open in a write mode, Path.write_text/write_bytes."""
+    tree = ast.parse(path.read_text())
+    from_os = {
+        alias.asname or alias.name: alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "os"
+        for alias in node.names
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            module, name = func.value.id, func.attr
+        elif isinstance(func, ast.Name):
+            module, name = ("os", from_os[func.id]) if func.id in from_os else ("", func.id)
+        elif isinstance(func, ast.Attribute):
+            module, name = "", func.attr
+        else:
+            continue
+        keywords = {k.arg: k.value for k in node.keywords}
+        if module == "os" and name in FILE_WRITES:
+            hit = True
+        elif module == "os" and name == "open":
+            flags = node.args[1] if len(node.args) > 1 else keywords.get("flags")
+            hit = flags is not None and any(
+                (isinstance(n, ast.Attribute) and n.attr in WRITE_FLAGS)
+                or (isinstance(n, ast.Name) and n.id in WRITE_FLAGS)
+                for n in ast.walk(flags)
+            )
+        elif (module, name) in {("", "open"), ("os", "fdopen"), ("io", "open")}:
+            hit = _writes_mode(node.args[1] if len(node.args) > 1 else keywords.get("mode"))
+        else:
+            hit = name in {"write_text", "write_bytes"}
+        if hit:
+            found.append((node.lineno, ast.unparse(node)[:80]))
+    return sorted(found)
+
+
+def test_the_finder_of_file_writes_finds_each_kind(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import os\nfrom os import fdatasync as sync\n"
+        "os.fsync(fd)\nsync(fd)\nos.pwrite(fd, b'', 0)\nos.replace(a, b)\n"
+        "os.open(p, os.O_RDWR | os.O_CREAT)\nos.open(p, os.O_RDONLY)\n"
+        "open(p, 'ab')\nopen(p, 'rb')\nopen(p)\nos.fdopen(fd, mode)\nq.write_bytes(b'')\n"
+    )
+    lines = [line for line, _call in file_writes(source)]
+    assert lines == [3, 4, 5, 6, 7, 9, 12, 13]
+
+
+def test_store_is_the_one_owner_of_durable_writes() -> None:
+    """Every write of data that outlives the broker (the message store,
+    streams, definitions, the epoch, paging files) is store/'s: the workers
+    and the scheduler decide what and when, store/ writes, syncs, and
+    applies the one rule for a failed write (store/sync.py). Outside store/
+    only NON_DURABLE_WRITERS write files."""
+    inside: list[str] = []
+    outside: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        writes = [f"{path.relative_to(ROOT)}:{line}: {call}" for line, call in file_writes(path)]
+        if name.startswith("shoal.store"):
+            inside += writes
+        elif writes:
+            outside[name] = writes
+    assert len(inside) >= 10, inside  # the finder finds what store/ does
+    assert any("fdatasync" in w for w in inside) and any("pwrite" in w for w in inside)
+    offenders = [w for name, ws in outside.items() if name not in NON_DURABLE_WRITERS for w in ws]
+    assert offenders == []
+    stale = sorted(set(NON_DURABLE_WRITERS) - set(outside))
+    assert stale == [], "allowed writers that no longer write: drop them from the list"

@@ -24,6 +24,7 @@ from shoal.broker.config import Config
 from shoal.shm import memory, stats
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
+from shoal.store.paging import paging_directory
 from shoal.store.streams import streams_directory
 from shoal.workers import restore, timeouts, tls
 from shoal.workers.connection import Connection
@@ -33,7 +34,6 @@ from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
 from shoal.workers.expiry import Expiry
 from shoal.workers.memory_guard import ALARM
-from shoal.workers.spill import paging_directory
 
 HEARTBEAT_INTERVAL = 1.0
 OWNERSHIP_POLL = 0.05  # s: how soon a change of the worker count is acted on

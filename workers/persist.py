@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from collections.abc import Callable
 from typing import NoReturn, Protocol
@@ -30,7 +29,7 @@ from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentName, SegmentTable, check_of
 from shoal.store import messages, records
 from shoal.store.settles import SettleWriter
-from shoal.store.sync import GroupSync
+from shoal.store.sync import GroupSync, durability_lost
 
 log = logging.getLogger("shoal.worker")
 
@@ -233,9 +232,9 @@ class Persister:
         upto = self.written = batch[-1].index + 1
         loop = self.loop
 
-        def done(error: BaseException | None) -> None:  # on the sync thread
+        def done() -> None:  # on the sync thread
             try:
-                loop.call_soon_threadsafe(self._synced, upto, error)
+                loop.call_soon_threadsafe(self._synced, upto)
             except RuntimeError:  # the loop is closed: the worker is stopping
                 pass
 
@@ -248,7 +247,11 @@ class Persister:
         points into it, its owner's sweep deletes it."""
         old = self._synced_segment
         if self.sync is None:
-            self.sync = GroupSync(segment.writer.file.fd, name=f"shoal-sync-{self.worker}")
+            self.sync = GroupSync(
+                segment.writer.file.fd,
+                name=f"shoal-sync-{self.worker}",
+                what=f"io-worker {self.worker}: the message store failed",
+            )
         else:
             self.sync.set_fd(segment.writer.file.fd)
         if old is not None:
@@ -256,9 +259,7 @@ class Persister:
             self.table.seal(old.slot, old.check)
         self._synced_segment = segment
 
-    def _synced(self, upto: int, error: BaseException | None) -> None:
-        if error is not None:
-            self._fatal(error)
+    def _synced(self, upto: int) -> None:
         if upto <= self.synced:
             return
         counters = self.counters
@@ -280,13 +281,10 @@ class Persister:
 
     def _fatal(self, error: BaseException) -> NoReturn:
         """A write or a sync of the store failed: nothing can be confirmed
-        any more (a later fdatasync that succeeds proves nothing about the
-        pages this one lost). The worker exits; its supervisor starts
-        another, its clients reconnect and publish their unconfirmed
-        messages again."""
-        log.critical("io-worker %d: the message store failed: %s", self.worker, error)
-        logging.shutdown()
-        os._exit(70)
+        any more (store/sync.py, the one rule for every durable write). The
+        worker exits; its supervisor starts another, its clients reconnect
+        and publish their unconfirmed messages again."""
+        durability_lost(f"io-worker {self.worker}: the message store failed", error)
 
     async def durable(self, upto: int) -> None:
         """Return once records [0, upto) are durable, and every SETTLE this

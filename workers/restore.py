@@ -26,13 +26,13 @@ import logging
 import time
 
 from shoal.broker import ipc
-from shoal.broker.scheduler.durable import logged_queue_uids
 from shoal.shm import layout
 from shoal.shm.arena import TAG_SIZE, body_length, release_hold, write_tag
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
 from shoal.shm.segtable import SegmentName, check_of
 from shoal.store import clean_stop
 from shoal.store.clean_stop import Delivered
+from shoal.store.definitions import logged_queue_uids
 from shoal.store.messages import Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
 from shoal.workers.spill import REDELIVERED, tagged_payload

@@ -13,11 +13,12 @@ has messages) appends them back to the log, oldest first, while the log is
 less than FILL_FRACTION full and the arena less than 3/8 used (or the log
 nearly empty: its consumers never starve on another queue's backlog).
 
-A paging file holds the block's payload as shared memory held it, the
-message store's tag included: a persistent message is in the message store
-too, its record's entry for the queue saying where in the queue it goes
-(workers/records.py `spilled`), so recovery does not need the paging files,
-which are removed when empty and at every start. What a paging file gives
+A paging file (its reads and writes are store/paging.py's) holds the
+block's payload as shared memory held it, the message store's tag included:
+a persistent message is in the message store too, its record's entry for
+the queue saying where in the queue it goes (workers/records.py `spilled`),
+so recovery does not need the paging files, which are removed when empty
+and at every start. What a paging file gives
 back is an ordinary publish; the count of a queue's paged-out messages is
 its Q_SPILLED word (counted as ready in what clients see).
 
@@ -41,6 +42,7 @@ from shoal.shm import layout
 from shoal.shm.arena import Arena, body_length, release_hold
 from shoal.shm.queues import FULL, GONE, REMOVED, QueueStore
 from shoal.shm.segment import Segment
+from shoal.store.paging import PagingFile, remove_files
 
 log = logging.getLogger("shoal.worker")
 
@@ -67,13 +69,6 @@ _PREFIX = layout.MSG_PREFIX
 _H = layout.BLOCK_HEADER
 
 Settle = Callable[[tuple[int, int, int], int], None]
-
-
-def paging_directory(data_dir: str) -> str:
-    """The paging files' directory in a data directory (made if missing)."""
-    path = os.path.join(data_dir, "paging")
-    os.makedirs(path, exist_ok=True)
-    return path
 
 
 def block_payload(seg: Segment, block: int) -> bytes:
@@ -103,45 +98,19 @@ def _tag_of(payload: memoryview) -> tuple[int, int, int] | None:
     return slot, check, offset
 
 
-class _File:
-    """One queue's paging file of this worker: bytes [read_at, flushed) are
-    in the file, the rest in `buffer`."""
+class _File(PagingFile):
+    """One queue's paging file of this worker: records from `read_at` on
+    are still to page in (store/paging.py does the reads and writes)."""
 
-    __slots__ = (
-        "buffer",
-        "count",
-        "fd",
-        "flushed",
-        "path",
-        "read_at",
-        "state",
-        "tagged",
-        "uid",
-    )
+    __slots__ = ("count", "read_at", "state", "tagged", "uid")
 
     def __init__(self, path: str, state: int, uid: int) -> None:
-        self.path = path
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        super().__init__(path)
         self.state = state  # the queue's Q_STATE: another one means it was deleted
         self.uid = uid
-        self.buffer = bytearray()
-        self.flushed = 0
         self.read_at = 0
         self.count = 0  # records not yet paged in or dropped
         self.tagged = 0  # persistent records written (a dropped file must settle them)
-
-    def flush(self) -> None:
-        if self.buffer:
-            os.pwrite(self.fd, self.buffer, self.flushed)
-            self.flushed += len(self.buffer)
-            self.buffer.clear()
-
-    def close(self) -> None:
-        os.close(self.fd)
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 class Spiller:
@@ -176,10 +145,7 @@ class Spiller:
         self._files = 0
         self.tokens = SPILL_BURST  # spills left in this interval (pacing, above)
         self.token_bytes = SPILL_BURST_BYTES
-        prefix = f"{worker}-"
-        for name in os.listdir(directory):  # a predecessor's: not kept
-            if name.startswith(prefix):
-                os.unlink(os.path.join(directory, name))
+        remove_files(directory, f"{worker}-")  # a predecessor's: not kept
 
     # ------------------------------------------------------------ spilling
     def eligible(self, qid: int) -> bool:
@@ -282,14 +248,14 @@ class Spiller:
         spilled, purged = q + layout.Q_SPILLED, q + layout.Q_PURGES
         start = file.read_at  # purged records are read too: READ_BUDGET per tick
         while room > 0 and file.count and file.read_at - start < READ_BUDGET:
-            chunk = memoryview(os.pread(file.fd, READ_CHUNK, file.read_at))
+            chunk = memoryview(file.read(READ_CHUNK, file.read_at))
             pos, end = 0, len(chunk)
             while room > 0 and pos + head <= end and file.read_at - start < READ_BUDGET:
                 size, spilled_at, flags = unpack(chunk, pos)
                 purges = a.load(purged) & 0xFFFFFFFF  # per record: a purge may come now
                 if pos + head + size > end:
                     if pos == 0 and end < head + size:  # a record larger than a chunk
-                        chunk = memoryview(os.pread(file.fd, head + size, file.read_at))
+                        chunk = memoryview(file.read(head + size, file.read_at))
                         if len(chunk) < head + size:
                             raise OSError(f"paging file {file.path} cut short")
                         end = len(chunk)
@@ -343,13 +309,13 @@ class Spiller:
         file.read_at += skip
         head, start = _RECORD.size, file.read_at
         while file.tagged and file.read_at - start < READ_BUDGET:
-            chunk = memoryview(os.pread(file.fd, READ_CHUNK, file.read_at))
+            chunk = memoryview(file.read(READ_CHUNK, file.read_at))
             pos = 0
             while pos + head <= len(chunk):
                 size = _RECORD.unpack_from(chunk, pos)[0]
                 if pos + head + size > len(chunk):
                     if pos == 0 and len(chunk) < head + size:
-                        chunk = memoryview(os.pread(file.fd, head + size, file.read_at))
+                        chunk = memoryview(file.read(head + size, file.read_at))
                         if len(chunk) < head + size:
                             break
                         continue

@@ -5,11 +5,13 @@ confirms until a stream has the message on disk.
 Publishers on any worker append a stream's messages to its log in shared
 memory, as for any queue. Each stream has one writer, the IO worker that
 owns it (shm/ownership.py: `qid % workers`): every TICK it takes what the
-log holds (acquire, in log order), appends it to the stream's current segment as one chunk
-(store/streams.py), each message with its offset in an `x-stream-offset`
-header, and deletes the entries; an fdatasync on a thread follows, after
-which it publishes the new bounds (shm/streams.py: NEXT, the offsets a
-reader may read, and SYNCED, the log seqs a confirm may cover) and wakes
+log holds (acquire, in log order), appends it to the stream's current
+segment as one chunk (store/streams.py), each message with its offset in an
+`x-stream-offset` header, and deletes the entries; it asks for a sync (the
+store's group commit, store/sync.py: a failed write or sync ends the
+worker, so nothing unsynced is ever confirmed), after which it publishes
+the new bounds (shm/streams.py: NEXT, the offsets a reader may read, and
+SYNCED, the log seqs a confirm may cover) and wakes
 the scheduler, which notifies the stream's consumers (browsers whose
 "changes" value is NEXT). A writer that replaces a killed one opens the
 files again, cuts a torn chunk off and skips the log entries its
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Protocol
 
@@ -40,6 +41,7 @@ from shoal.shm.streams import StreamBounds, StreamWords
 from shoal.shm.wake import Waker
 from shoal.store import streams as files
 from shoal.store.streams import stream_directory
+from shoal.store.sync import durability_lost
 
 log = logging.getLogger("shoal.worker")
 
@@ -66,7 +68,7 @@ class Confirming(Protocol):
 
 
 class _Writer:
-    """One owned stream: its files, where it is in the log, its sync."""
+    """One owned stream: its files, where it is in the log, what is synced."""
 
     __slots__ = (
         "file",
@@ -74,7 +76,7 @@ class _Writer:
         "origin",
         "pointer",
         "skip_below",
-        "syncing",
+        "synced_seq",
         "unsynced_seq",
     )
 
@@ -86,8 +88,8 @@ class _Writer:
         self.generation = generation  # the queue slot's, when opened
         self.skip_below = skip_below
         self.pointer = 0
-        self.syncing = False
-        self.unsynced_seq = -1  # last log seq written, not yet synced (-1: none)
+        self.unsynced_seq = -1  # last log seq written, no sync asked for yet (-1: none)
+        self.synced_seq = -1  # last log seq whose sync called back
 
 
 class Streams:
@@ -177,9 +179,9 @@ class Streams:
         writer = self.writers[qid]
         try:
             self._write(qid)
-            os.fdatasync(writer.file.fd)
         except Exception:
             log.exception("stream queue %r: final write failed", self.store.name(qid))
+        writer.file.sync_now()  # a failed sync ends the worker (store/sync.py)
         writer.file.close()
         del self.writers[qid]
 
@@ -276,14 +278,16 @@ class Streams:
         if records:
             try:
                 writer.file.append(records, writer.origin, seqs[-1])
-            except OSError:
-                # The queue was deleted (its directory with it) or the disk
-                # failed: nothing is confirmed; the entries stay in the log.
+            except FileNotFoundError:
+                # The queue was deleted (its directory with it): nothing is
+                # confirmed; the entries stay in the log.
                 log.exception("stream queue %r: write failed", store.name(qid))
                 for seq in seqs:
                     store.requeue(qid, seq)
                 writer.pointer = seqs[0]
                 return
+            except OSError as exc:  # the disk failed: the one rule (store/sync.py)
+                durability_lost(f"stream queue {store.name(qid)!r}: write failed", exc)
             writer.unsynced_seq = seqs[-1]
         for seq in seqs:
             store.settle(qid, seq)
@@ -292,39 +296,36 @@ class Streams:
         self._sync(qid, writer)
 
     def _sync(self, qid: int, writer: _Writer) -> None:
-        """fdatasync on a thread, one at a time per stream; what is written
-        meanwhile waits for the next one. A dup of the descriptor: a segment
-        roll closes the old one while the sync may still run."""
-        if writer.syncing or writer.unsynced_seq < 0:
+        """Ask the stream's group commit (store/sync.py) for a sync of what
+        was written; once it calls back, the bounds as they were now are
+        durable and published. Chunks written while a sync runs share the
+        next one."""
+        if writer.unsynced_seq < 0:
             return
-        writer.syncing = True
         upto = writer.unsynced_seq
         writer.unsynced_seq = -1
-        fd = os.dup(writer.file.fd)
         bounds = self._bounds(writer)
+        loop, synced = self.loop, self._synced
 
-        def sync() -> None:
+        def done() -> None:  # on the sync thread
             try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
+                loop.call_soon_threadsafe(synced, qid, writer, bounds, upto)
+            except RuntimeError:  # the loop is closed: the worker is stopping
+                pass
 
-        def done(fut: asyncio.Future[None]) -> None:
-            writer.syncing = False
-            if fut.exception() is not None:
-                log.error("stream queue sync failed: %s", fut.exception())
-                return  # nothing more is confirmed; the worker's restart recovers
-            if self.writers.get(qid) is writer:
-                self.words.publish_bounds(qid, bounds, upto + 1)
-                self.waker.kick(qid)
-                if self.waiting:
-                    self.confirms_moved()
-                # Take what came meanwhile now, not at the next tick: the
-                # next sync starts at once (group commit without a delay).
-                self._write(qid)
-                self._sync(qid, writer)
+        writer.file.sync(done)
 
-        self.loop.run_in_executor(None, sync).add_done_callback(done)
+    def _synced(self, qid: int, writer: _Writer, bounds: StreamBounds, upto: int) -> None:
+        if upto <= writer.synced_seq or self.writers.get(qid) is not writer:
+            return
+        writer.synced_seq = upto
+        self.words.publish_bounds(qid, bounds, upto + 1)
+        self.waker.kick(qid)
+        if self.waiting:
+            self.confirms_moved()
+        # Take what came meanwhile now, not at the next tick: its sync
+        # follows at once (group commit without a delay).
+        self._write(qid)
 
     @staticmethod
     def _bounds(writer: _Writer) -> StreamBounds:

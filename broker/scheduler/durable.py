@@ -3,22 +3,13 @@
 As RabbitMQ keeps them: virtual hosts, durable exchanges, durable queues
 that are not exclusive (with their arguments), bindings whose source and
 destination are both durable, and policies. Everything else vanishes with
-the broker.
+the broker. Users, their permissions and vhost limits are kept too (as
+RabbitMQ keeps them in its database, with the password hashes only).
 
-They live in `definitions.log` in the data directory, a record file
-(store/records.py) of the journal's operations (broker/amqp/definitions.py)
-plus two of its own, for queues, which the shared-memory journal does not
-carry (queues live in the queue table there). A durable queue's uid (63
-random bits) names it in the message store (docs/durability.md): a queue
-deleted and declared again is another queue, and never inherits messages.
-
-    D  QueueDeclared  vhost, queue, auto_delete, arguments, uid
-    R  QueueDeleted   vhost, queue: and every binding to it
-    I  UsersSeeded    vhost: the default user was made, in this vhost (once, at
-                      the first start: deleting every user does not bring it back)
-
-Users, their permissions and vhost limits are kept here too (as RabbitMQ
-keeps them in its database, with the password hashes only).
+This module is the scheduler's side: which records the log holds (`Record`:
+the journal's operations, broker/amqp/definitions.py, and the log's own
+queue records), and replaying them (`Restored`). The file itself (format,
+appending, compaction, reading) is store/definitions.py's.
 
 The scheduler, the only writer, appends a change's record and fdatasyncs it
 before the change's -ok reply (journal.py, queues.py). At every start it
@@ -32,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, Union
 
 import msgspec
@@ -40,34 +30,16 @@ import msgspec
 from shoal.broker.amqp import access, definitions_json
 from shoal.broker.amqp import definitions as D
 from shoal.store import records
+from shoal.store.definitions import DefinitionsLog, QueueDeclared, QueueDeleted, UsersSeeded
 
 log = logging.getLogger("shoal.scheduler")
 
-MAGIC = b"SHOALD"
-VERSION = 1
-FILENAME = "definitions.log"
-MIN_COMPACTION_BYTES = 1 << 20
-RETRY_INTERVAL = 1.0  # seconds between tries of a rewrite that failed (a full disk)
-
-
-class QueueDeclared(D.Operation, tag="D"):
-    queue: str
-    auto_delete: bool
-    arguments: dict[str, Any]
-    uid: int
+__all__ = ["DefinitionsLog", "QueueDeclared", "QueueDeleted", "Record", "Restored", "UsersSeeded"]
 
 
 def new_uid() -> int:
     """A durable queue's uid: 63 random bits, never 0."""
     return int.from_bytes(os.urandom(8), "little") >> 1 or 1
-
-
-class QueueDeleted(D.Operation, tag="R"):
-    queue: str
-
-
-class UsersSeeded(D.Operation, tag="I"):
-    pass
 
 
 Record = Union[  # noqa: UP007 (a Union: mypy takes it as a type alias)
@@ -91,7 +63,6 @@ Record = Union[  # noqa: UP007 (a Union: mypy takes it as a type alias)
     UsersSeeded,
 ]
 
-_encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Record).decode
 
 
@@ -162,101 +133,28 @@ class Restored:
         return ops
 
 
-def logged_queue_uids(data_dir: str) -> set[int]:
-    """The uids of every durable queue definitions.log holds, declared at
-    this start or not (a lowered --max-queues), read without writing: the
-    message store's recovery keeps the messages of the latter on disk."""
+def open_log(data_dir: str) -> tuple[DefinitionsLog, Restored]:
+    """definitions.log open for appending, and what it holds replayed. A
+    log this version cannot read raises UnreadableDefinitions; a torn tail
+    is cut off (store/records.py) and logged."""
     try:
-        with open(os.path.join(data_dir, FILENAME), "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return set()
-    payloads, _end, _reason = records.decode_all(data, records.HEADER_SIZE)
+        file, payloads, skipped = DefinitionsLog.open(data_dir)
+    except records.FormatError as exc:
+        raise UnreadableDefinitions(str(exc)) from None
+    if skipped is not None:
+        log.warning(
+            "%s: skipped %d bytes at offset %d (%s): a change cut short by a crash, "
+            "never acknowledged",
+            file.path,
+            skipped.size,
+            skipped.offset,
+            skipped.reason,
+        )
     restored = Restored()
-    for payload in payloads:
+    for number, payload in enumerate(payloads):
         try:
             restored.apply(_decode(payload))
-        except (msgspec.DecodeError, ValueError):
-            break  # the scheduler's own reading stops the broker for that
-    return {queue.uid for queue in restored.queues.values()}
-
-
-class DefinitionsLog:
-    """definitions.log, open for appending."""
-
-    __slots__ = ("dirty", "file", "retry_at", "snapshot_size")
-
-    def __init__(self, file: records.RecordFile) -> None:
-        self.file = file
-        self.snapshot_size = file.size
-        # A write failed: the file may disagree with what holds (a record
-        # written but not synced, a removal not written). It is rewritten
-        # from memory before anything is appended again.
-        self.dirty = False
-        self.retry_at = 0.0  # after a failed rewrite: not before (time.monotonic)
-
-    @classmethod
-    def open(cls, data_dir: str) -> tuple[DefinitionsLog, Restored]:
-        path = os.path.join(data_dir, FILENAME)
-        try:
-            file, payloads, skipped = records.open_records(path, MAGIC, VERSION)
-        except records.FormatError as exc:
-            raise UnreadableDefinitions(str(exc)) from None
-        if skipped is not None:
-            log.warning(
-                "%s: skipped %d bytes at offset %d (%s): a change cut short by a crash, "
-                "never acknowledged",
-                path,
-                skipped.size,
-                skipped.offset,
-                skipped.reason,
-            )
-        restored = Restored()
-        for number, payload in enumerate(payloads):
-            try:
-                restored.apply(_decode(payload))
-            except (msgspec.DecodeError, ValueError) as exc:
-                file.close()
-                raise UnreadableDefinitions(f"{path}: record {number}: {exc}") from None
-        return cls(file), restored
-
-    def write(self, *changes: Record) -> None:
-        """Append changes and make them durable (before their -ok). Only
-        when not `dirty` (the caller rewrites first)."""
-        try:
-            self.file.append([_encode(change) for change in changes])
-            self.file.sync()
-        except OSError:
-            self.dirty = True
-            raise
-
-    def rewrite(self, snapshot: list[Record]) -> None:
-        """Put a snapshot of the whole state in place of the log."""
-        old = self.file
-        try:
-            self.file = records.replace_records(
-                old.path, MAGIC, VERSION, [_encode(r) for r in snapshot]
-            )
-        except records.ReplacedUnsynced as exc:
-            self.file = exc.file  # the old file is gone from the directory
-            old.close()
-            self.dirty = True
-            self.retry_at = time.monotonic() + RETRY_INTERVAL
-            raise
-        except OSError:
-            self.dirty = True
-            self.retry_at = time.monotonic() + RETRY_INTERVAL
-            raise
-        old.close()
-        self.snapshot_size = self.file.size
-        self.dirty = False
-
-    def needs_compaction(self) -> bool:
-        """Time for a rewrite (a dirty log, or appends that outgrew the
-        snapshot), unless one failed less than RETRY_INTERVAL ago."""
-        if self.retry_at and time.monotonic() < self.retry_at:
-            return False
-        return self.dirty or self.file.size > max(MIN_COMPACTION_BYTES, 2 * self.snapshot_size)
-
-    def close(self) -> None:
-        self.file.close()
+        except (msgspec.DecodeError, ValueError) as exc:
+            file.close()
+            raise UnreadableDefinitions(f"{file.path}: record {number}: {exc}") from None
+    return file, restored

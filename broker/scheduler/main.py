@@ -32,7 +32,7 @@ from setproctitle import setproctitle
 from shoal.broker import ipc, settings
 from shoal.broker.amqp import definitions, errors
 from shoal.broker.config import Config
-from shoal.broker.scheduler.durable import DefinitionsLog
+from shoal.broker.scheduler.durable import open_log
 from shoal.broker.scheduler.introspect import Introspection, socket_path
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
 from shoal.shm import layout
@@ -94,7 +94,7 @@ class Scheduler(Notification):
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
-        self.durable, restored = DefinitionsLog.open(self.config.data_path())
+        self.durable, restored = open_log(self.config.data_path())
         # Purges and queue deletions settle persistent messages too.
         self.settles = SettleWriter(
             store_directory(self.config.data_path()),

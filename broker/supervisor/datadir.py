@@ -63,15 +63,7 @@ def next_epoch(path: str) -> int:
     except ValueError as exc:
         raise ValueError(f"{file}: not an epoch number") from exc
     epoch = last + 1
-    tmp = file + ".new"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, f"{epoch}\n".encode())
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, file)
-    records.sync_directory(path)
+    records.replace_file(file, f"{epoch}\n".encode())
     return epoch
 
 

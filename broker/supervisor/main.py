@@ -31,10 +31,10 @@ from shoal.broker.config import Config
 from shoal.broker.ipc import WorkerGone, encode, socketpair
 from shoal.broker.observe.metrics import serve as serve_metrics
 from shoal.broker.scheduler.durable import (
-    DefinitionsLog,
     Restored,
     UnreadableDefinitions,
     load_definitions_file,
+    open_log,
 )
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.broker.scheduler.main import run_scheduler
@@ -223,7 +223,7 @@ class Supervisor:
             # version cannot read stops the broker with one clear line,
             # instead of a scheduler failing in a loop; a torn tail is
             # cut off and logged.
-            definitions_log, self.restored = DefinitionsLog.open(self.config.data_path())
+            definitions_log, self.restored = open_log(self.config.data_path())
             definitions_log.close()
             self.prepare()
             return self._run()

@@ -12,6 +12,7 @@ import pika
 import pytest
 
 from shoal.broker.scheduler import durable
+from shoal.store import definitions as definitions_log
 from shoal.store import records
 from tests.broker_process import Broker, wait_for
 from tests.clients import connect
@@ -139,7 +140,7 @@ def test_a_torn_definitions_log_is_cut_at_its_last_whole_record(broker: Broker) 
     conn.channel().queue_declare("kept", durable=True)
     conn.close()
     broker.crash()
-    path = os.path.join(broker.data_dir, durable.FILENAME)
+    path = os.path.join(broker.data_dir, definitions_log.FILENAME)
     with open(path, "ab") as f:  # half a record: a power cut in mid-write
         f.write(b"\x40\x00\x00\x00\x12\x34\x56\x78partial")
     broker.start()
@@ -177,8 +178,8 @@ def test_the_log_stays_small_under_churn(broker: Broker) -> None:
         ch.queue_declare(f"churn-{i % 10}", durable=True, arguments=big)
         ch.queue_delete(f"churn-{i % 10}")
     conn.close()
-    size = os.path.getsize(os.path.join(broker.data_dir, durable.FILENAME))
-    assert size < durable.MIN_COMPACTION_BYTES + 10_000
+    size = os.path.getsize(os.path.join(broker.data_dir, definitions_log.FILENAME))
+    assert size < definitions_log.MIN_COMPACTION_BYTES + 10_000
     broker.restart(crash=True)
     conn = connect(broker)
     assert exists(conn, "queue", "stays")
@@ -187,7 +188,7 @@ def test_the_log_stays_small_under_churn(broker: Broker) -> None:
 
 
 def logged_uids(broker: Broker) -> dict[str, int]:
-    _log, restored = durable.DefinitionsLog.open(broker.data_dir)
+    _log, restored = durable.open_log(broker.data_dir)
     _log.close()
     return {name: record.uid for (_vhost, name), record in restored.queues.items()}
 
@@ -228,7 +229,7 @@ def test_a_log_it_cannot_read_stops_the_broker_with_one_clear_line(
     broker exits 1 and says which file, and leaves the file as it was."""
     broker: Broker = broker_factory(workers=1)
     assert broker.stop() == 0
-    path = os.path.join(broker.data_dir, durable.FILENAME)
+    path = os.path.join(broker.data_dir, definitions_log.FILENAME)
     with open(path, "wb") as f:
         f.write(b"SHOALD\x09\x00")  # a format version from the future
     broker.start(wait=False)
@@ -310,7 +311,7 @@ def test_each_start_has_the_next_epoch_and_queues_show_their_uid(broker: Broker)
 def logged_uids_now(broker: Broker) -> dict[str, int]:
     """The log's uids while the broker runs (the scheduler appends to it;
     reading it is safe: records are whole once written)."""
-    with open(os.path.join(broker.data_dir, durable.FILENAME), "rb") as f:
+    with open(os.path.join(broker.data_dir, definitions_log.FILENAME), "rb") as f:
         data = f.read()
     payloads, _end, _reason = records.decode_all(data, records.HEADER_SIZE)
     restored = durable.Restored()

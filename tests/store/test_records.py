@@ -128,3 +128,13 @@ def test_a_write_that_cannot_be_undone_breaks_the_file(tmp_path: Path) -> None:
     with pytest.raises(records.BrokenFile):
         f.append([b"y"])
     f.close()
+
+
+def test_a_small_file_is_replaced_whole(tmp_path: Path) -> None:
+    """The epoch file's way (broker/supervisor/datadir.py): a new file,
+    synced, renamed over the old one; no temporary left behind."""
+    path = tmp_path / "epoch"
+    records.replace_file(str(path), b"1\n")
+    records.replace_file(str(path), b"2\n")
+    assert path.read_bytes() == b"2\n"
+    assert sorted(os.listdir(tmp_path)) == ["epoch"]

@@ -6,6 +6,7 @@ gets (broker/amqp/streams.py), decoded by pamqp as a client would."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,25 @@ def test_offsets_run_across_segments_and_a_cursor_starts_anywhere(tmp_path: Path
     assert read_all(d, 37, 60) == list(range(37, 60))  # never past the durable end
     assert read_all(d, 150, 100) == []  # past the end: waits
     log.close()
+
+
+def test_syncs_are_group_commits_that_follow_a_segment_roll(tmp_path: Path) -> None:
+    """`sync` calls back once what was appended before it is durable (on
+    the store's sync thread); a roll to a new segment lets the syncs of the
+    old one finish first, then syncs the new one."""
+    d = str(tmp_path / "s")
+    log = files.StreamLog(d, segment_bytes=300, max_bytes=0, max_age_ms=0)
+    called = threading.Semaphore(0)
+    try:
+        for start in range(0, 60, 6):  # several segments
+            write(log, start, 6, b"x" * 20)
+            log.sync(called.release)
+        for _ in range(10):
+            assert called.acquire(timeout=5)
+        assert len(log.segments) > 2
+    finally:
+        log.close()
+    assert read_all(d, 0, 60) == list(range(60))
 
 
 def test_a_torn_or_corrupt_tail_is_cut_off_at_open(tmp_path: Path) -> None:
