@@ -40,7 +40,7 @@ def check_of(name: SegmentName) -> int:
 
 
 class SegmentTable:
-    __slots__ = ("a", "first", "layout")
+    __slots__ = ("a", "first", "layout", "slots")
 
     def __init__(self, seg: Segment, worker: int) -> None:
         """The table as IO worker `worker` sees it (its own slots are the ones
@@ -48,6 +48,7 @@ class SegmentTable:
         self.a = seg.atomic
         self.layout = seg.layout
         self.first = worker * layout.SEGMENT_SLOTS
+        self.slots = layout.SEGMENT_SLOTS  # this worker's: segments it may have at once
 
     def _at(self, slot: int) -> int:
         return self.layout.segment_slot(slot)

@@ -24,7 +24,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import NoReturn, Protocol
 
-from shoal.shm import layout, stats
+from shoal.shm import stats
+from shoal.shm.processes import Header
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentName, SegmentTable, check_of
 from shoal.store import messages, records
@@ -81,7 +82,7 @@ class Persister:
         self.loop = loop
         self.directory = directory
         self.worker = worker
-        self.epoch = seg.atomic.load(layout.H_EPOCH)
+        self.epoch = Header(seg).epoch()
         self.table = SegmentTable(seg, worker)
         self.settles = SettleWriter(directory, worker, self.table)
         # Counters in segment names: unique per incarnation of this worker.
@@ -171,9 +172,7 @@ class Persister:
         name = SegmentName(self.epoch, self.worker, self._counter & 0xFFFFFFFF)
         slot = self.table.claim(name)
         if slot is None:
-            log.error(
-                "io-worker %d: all %d segment slots in use", self.worker, layout.SEGMENT_SLOTS
-            )
+            log.error("io-worker %d: all %d segment slots in use", self.worker, self.table.slots)
             return None
         try:
             writer = messages.SegmentWriter(self.directory, messages.segment_name(*name))

@@ -26,8 +26,8 @@ import logging
 import time
 
 from shoal.broker import ipc
-from shoal.shm import layout
-from shoal.shm.arena import TAG_SIZE, body_length, release_hold, write_tag
+from shoal.shm.arena import RECORD_START, TAG_SIZE, TIMED, body_length, release_hold, write_tag
+from shoal.shm.processes import LOAD_DONE, LOAD_RUNNING, Header
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
 from shoal.shm.segtable import SegmentName, check_of
 from shoal.store import clean_stop
@@ -41,18 +41,18 @@ log = logging.getLogger("shoal.worker")
 
 
 async def load(ctx: WorkerContext) -> None:
-    a = ctx.atomic
-    while not a.load(layout.H_RESTORED):  # the durable queues come first
+    header = Header(ctx.seg)
+    while not header.restored():  # the durable queues come first
         await asyncio.sleep(0.005)
-    state = a.load(layout.H_LOADED)
-    if state == layout.LOAD_DONE:
+    state = header.load_state()
+    if state == LOAD_DONE:
         return  # a restarted worker 0: this start's recovery is done
-    if state == layout.LOAD_RUNNING:
+    if state == LOAD_RUNNING:
         log.error(
             "the message store's recovery was interrupted (io-worker 0 died); "
             "messages it had loaded may now be in their queues twice"
         )
-    a.store(layout.H_LOADED, layout.LOAD_RUNNING)
+    header.set_load_state(LOAD_RUNNING)
     started = time.monotonic()
     try:
         loaded, queues = await _load(ctx)
@@ -66,7 +66,7 @@ async def load(ctx: WorkerContext) -> None:
         log.exception("the message store's recovery failed; its messages stay on disk")
     finally:
         await _streams_opened(ctx)
-        a.store(layout.H_LOADED, layout.LOAD_DONE)
+        header.set_load_state(LOAD_DONE)
 
 
 async def _streams_opened(ctx: WorkerContext, timeout: float = 30.0) -> None:
@@ -115,7 +115,7 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
         segment_name = SegmentName(*parse_segment_name(segment))
         slot = persist.table.claim(segment_name, live=live, sealed=True)
         if slot is None:
-            raise RuntimeError(f"more than {layout.SEGMENT_SLOTS} segments to recover")
+            raise RuntimeError(f"more than {persist.table.slots} segments to recover")
         slots[segment] = (slot, check_of(segment_name))
     loaded = 0
     for (uid, level), messages in found.queues.items():
@@ -160,7 +160,7 @@ def _append(
                 continue
             _left_on_disk(ctx, qid, len(messages) - done, "the arena (--arena-mb)")
             return done
-        start = block + layout.BLOCK_HEADER
+        start = block + RECORD_START
         seg.buf[start : start + size] = message
         write_tag(seg, block, *tag)
         outcome = store.publish(qid, block, body_length(seg, block), ctx.slot)
@@ -168,7 +168,7 @@ def _append(
         if outcome in (APPENDED, OVER_CAPACITY):
             if redelivered:
                 store.mark_redelivered(qid, store.last_seq)
-            if message[2] & layout.MSG_TIMED:  # the flags' low byte
+            if message[2] & TIMED:  # the flags' low byte
                 store.mark_timed(qid)
         elif outcome == FULL:
             if may_spill:

@@ -32,9 +32,9 @@ import time
 from typing import Protocol
 
 from shoal.broker.amqp import streams as amqp_streams
-from shoal.shm import layout
 from shoal.shm.arena import read_message
 from shoal.shm.ownership import OwnershipView
+from shoal.shm.processes import Header
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.streams import StreamBounds, StreamWords
@@ -114,7 +114,7 @@ class Streams:
         self.index = index
         self.ownership = ownership
         self.stamp = (incarnation & 0xFFFFFF) << 16 | (index + 1)
-        self.epoch = seg.atomic.load(layout.H_EPOCH)
+        self.epoch = Header(seg).epoch()
         self.loop = loop
         self.qids: frozenset[int] = frozenset()  # every active stream queue
         self.writers: dict[int, _Writer] = {}
