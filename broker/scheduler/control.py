@@ -15,7 +15,9 @@ integer), an unknown op "unknown request '<op>'", a refusal with the
 refusing error's text and rabbitmqctl's exit code ("code"; the policy ops,
 whose answers never had one, answer without it).
 
-This module imports nothing of the scheduler: the clients may import it.
+This module imports nothing else of the scheduler: the clients (`shoal
+ctl`, `shoal policy`, the management API's backend) build their requests
+with it.
 """
 
 from __future__ import annotations
@@ -403,6 +405,6 @@ def run(answer: Handler, request: Op) -> Reply:
         return Failed(text, getattr(exc, "code", 70))
 
 
-def encode(reply: Reply | dict[str, Any]) -> bytes:
-    """One answer line."""
-    return _encoder.encode(reply) + b"\n"
+def encode(message: msgspec.Struct | dict[str, Any]) -> bytes:
+    """One line: a request (a client's) or its answer."""
+    return _encoder.encode(message) + b"\n"

@@ -5,6 +5,7 @@ answers are the JSON they always were, and every op has its handler."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ import msgspec
 import pytest
 
 from shoal.broker.amqp import access, errors
+from shoal.broker.observe import ctl
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler import main as sched
 from shoal.broker.scheduler.accounts import Accounts, names
@@ -182,3 +184,20 @@ def test_a_refusal_answers_in_its_own_words() -> None:
 def test_every_op_is_tagged_with_its_name() -> None:
     for name, cls in C.BY_NAME.items():
         assert msgspec.json.decode(msgspec.json.encode(cls()))["op"] == name
+
+
+def test_every_shoal_ctl_verb_sends_a_request_the_scheduler_decodes(tmp_path: Path) -> None:
+    definitions = tmp_path / "definitions.json"
+    definitions.write_text("{}")
+    values = {"definition": '{"max-queues": 3}', "path": str(definitions), "count": "2"}
+    for verb_name, verb in ctl.VERBS.items():
+        argv = [verb_name, "-p", "v"]
+        for arg in verb.args:
+            argv += ["a", "b"] if arg.endswith("*") else [values.get(arg, arg)]
+        ns = ctl._parser().parse_args(argv)
+        if verb_name in ("add_vhost", "delete_vhost"):
+            ns.vhost = ns.name
+        request = verb.build(ns)
+        assert C.decode(C.encode(request)) == request, verb_name
+        vhost = getattr(request, "vhost", "v")
+        assert vhost in ("v", "name"), (verb_name, vhost)  # -p, or the vhost added/deleted
