@@ -56,7 +56,7 @@ def _scheduler() -> Scheduler:
     s.state = state  # type: ignore[assignment]
     s.notification = Notification(state, lambda q: None, lambda q: None)  # type: ignore[arg-type]
     # The handler's work is not the codec's.
-    s.queues = SimpleNamespace(declare=lambda *a: [1, b"q", 0, 0])  # type: ignore[assignment]
+    s.lifecycle = SimpleNamespace(declare=lambda *a: [1, b"q", 0, 0])  # type: ignore[assignment]
     s.connections = SimpleNamespace(connection_opened=None)  # type: ignore[assignment]
     s._notices = {cls: bind(s) for cls, bind in sched._NOTICES.items()}
     s._requests = {cls: bind(s) for cls, bind in sched._REQUESTS.items()}

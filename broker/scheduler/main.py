@@ -83,16 +83,17 @@ class Scheduler:
         self.all_links = all_links
         self.links = state.links
         self.journal = Journal(state)
-        self.queues = QueueLifecycle(state, self.journal)
-        self.exchanges = Exchanges(state, self.journal, self.queues.delay_queue)
-        self.queues.unbound = self.exchanges.auto_delete
-        self.policies = Policies(state, self.journal, self.queues)
-        self.accounts = Accounts(state, self.journal, self.queues.remove_queue)
+        self.lifecycle = QueueLifecycle(state, self.journal)
+        self.exchanges = Exchanges(state, self.journal, self.lifecycle.delay_queue)
+        self.lifecycle.unbound = self.exchanges.auto_delete
+        self.policies = Policies(state, self.journal, self.lifecycle)
+        self.accounts = Accounts(state, self.journal, self.lifecycle.remove_queue)
         self.connections = Connections(state)
         self.transfer = Transfer(
-            state, self.journal, self.accounts, self.policies, self.exchanges, self.queues
+            state, self.journal, self.accounts, self.policies, self.exchanges, self.lifecycle
         )
-        self.notification = Notification(state, self.queues.remove_queue, self.queues.queue_used)
+        lifecycle = self.lifecycle
+        self.notification = Notification(state, lifecycle.remove_queue, lifecycle.queue_used)
         self.introspection = Introspection(
             state, _control_table(self), socket_path(config.runtime_path())
         )
@@ -102,7 +103,7 @@ class Scheduler:
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
-        state, journal, queues = self.state, self.journal, self.queues
+        state, journal, lifecycle = self.state, self.journal, self.lifecycle
         state.durable, restored = DefinitionsLog.open(self.config.data_path())
         # Purges and queue deletions settle persistent messages too.
         state.settles = SettleWriter(
@@ -116,13 +117,13 @@ class Scheduler:
         a = state.a
         first = not a.load(layout.H_RESTORED)
         journal.load_definitions(restored if first else None)
-        queues.load_queues()
+        lifecycle.load_queues()
         if first:
-            queues.restore_queues(restored)
-            queues.drop_stale_streams()
-            queues.drop_stale_dedup_caches()
+            lifecycle.restore_queues(restored)
+            lifecycle.drop_stale_streams()
+            lifecycle.drop_stale_dedup_caches()
         else:
-            queues.known_uids(restored)
+            lifecycle.known_uids(restored)
         journal.drop_stale_definitions()
         if first:
             self._load_definitions_file()
@@ -225,7 +226,7 @@ class Scheduler:
     # Requests that a part does not take as they come: each returns the
     # payload of its reply (see _REQUESTS).
     def _on_declare(self, worker: int, m: ipc.Declare) -> list[Any]:
-        payload = self.queues.declare(
+        payload = self.lifecycle.declare(
             m.vhost,
             m.name,
             m.passive,
@@ -240,12 +241,12 @@ class Scheduler:
         return payload
 
     def _on_delete(self, worker: int, m: ipc.Delete) -> int:
-        count = self.queues.delete(m.vhost, m.name, m.if_unused, m.if_empty, m.conn_id)
+        count = self.lifecycle.delete(m.vhost, m.name, m.if_unused, m.if_empty, m.conn_id)
         self.state.stats.flush()
         return count
 
     def _on_purge(self, worker: int, m: ipc.Purge) -> int:
-        return self.queues.purge(m.vhost, m.name, m.conn_id)
+        return self.lifecycle.purge(m.vhost, m.name, m.conn_id)
 
     def _on_exchange_declare(self, worker: int, m: ipc.ExchangeDeclare) -> list[Any]:
         return self.exchanges.exchange_declare(
@@ -275,10 +276,10 @@ class Scheduler:
         )
 
     def _on_level(self, worker: int, m: ipc.Level) -> list[Any]:
-        return self.queues.level(m.qid, m.level)
+        return self.lifecycle.level(m.qid, m.level)
 
     def _on_conn_closed(self, worker: int, m: ipc.ConnClosed) -> None:
-        self.queues.connection_closed(m.conn_id)  # its exclusive queues go
+        self.lifecycle.connection_closed(m.conn_id)  # its exclusive queues go
         self.connections.connection_closed(m.conn_id)
 
     # Notices: nobody waits for an answer (see _NOTICES).

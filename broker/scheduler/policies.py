@@ -33,10 +33,10 @@ class QueueRules(Protocol):
 
 
 class Policies:
-    def __init__(self, state: SchedulerState, journal: Journal, queues: QueueRules) -> None:
+    def __init__(self, state: SchedulerState, journal: Journal, lifecycle: QueueRules) -> None:
         self.state = state
         self._journal = journal.journal
-        self.queues = queues
+        self.lifecycle = lifecycle
 
     # ---------------------------------------------------- control requests
     def set_policy(self, r: C.SetPolicy) -> C.Ok:
@@ -90,12 +90,12 @@ class Policies:
         kind = quorum.QUORUM if flags & layout.QF_QUORUM else quorum.CLASSIC
         arguments = self.state.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
         try:
-            rules = self.queues.rules(q.vhost, q.name, arguments, kind)
-            expires = self.queues.expires(q.vhost, q.name, arguments)
+            rules = self.lifecycle.rules(q.vhost, q.name, arguments, kind)
+            expires = self.lifecycle.expires(q.vhost, q.name, arguments)
         except errors.AMQPError as exc:  # its own arguments were checked: never fatal
             log.warning("queue %r: its rules not applied again: %s", q.name, exc)
             return
         for log_qid in q.levels.values():
             store.set_rules(log_qid, *rules)
         q.expires_ms = expires or 0
-        self.queues.queue_used(q)  # a new expiry counts from now
+        self.lifecycle.queue_used(q)  # a new expiry counts from now

@@ -39,14 +39,14 @@ class Transfer:
         accounts: Accounts,
         policies: Policies,
         exchanges: Exchanges,
-        queues: QueueLifecycle,
+        lifecycle: QueueLifecycle,
     ) -> None:
         self.state = state
         self._journal = journal.journal
         self.accounts = accounts
         self.policies = policies
         self.exchanges = exchanges
-        self.queues = queues
+        self.lifecycle = lifecycle
 
     def _client_queues(self, vhost: str | None) -> list[QueueState]:
         """Clients' queues (not the delay queues), of one vhost or all."""
@@ -176,14 +176,14 @@ class Transfer:
         return C.Rows(rows)
 
     def purge_queue(self, r: C.PurgeQueue) -> C.Counted:
-        count = self.queues.purge(self.accounts.vhost(r), r.queue.encode(), 0)
+        count = self.lifecycle.purge(self.accounts.vhost(r), r.queue.encode(), 0)
         return C.Counted(messages=count)
 
     def delete_queue(self, r: C.DeleteQueue) -> C.Counted:
         vhost, name = self.accounts.vhost(r), r.queue.encode()
         if self.state.client_queue(vhost, name) is None:
             raise errors.ChannelError(errors.NOT_FOUND, errors.no_queue(name.decode(), vhost))
-        count = self.queues.delete(vhost, name, r.if_unused, r.if_empty, 0)
+        count = self.lifecycle.delete(vhost, name, r.if_unused, r.if_empty, 0)
         return C.Counted(messages=count)
 
     # ------------------------------------------------------- definitions
@@ -245,7 +245,7 @@ class Transfer:
             )
         for q in imported.queues:
             self._known_vhost(q.vhost)
-            self.queues.declare(
+            self.lifecycle.declare(
                 q.vhost, q.name.encode(), False, q.durable, False, q.auto_delete, 0, 0, q.arguments
             )
         for b in imported.bindings:
