@@ -189,8 +189,8 @@ class Notification:
 
     def hold_single_active(self) -> None:
         """A (re)started scheduler: single-active queues (a restart: they
-        exist already) wait for every worker's HELLO, at most `wait`
-        seconds, before one of their consumers is made active: the first
+        exist already) wait for every worker's HELLO, at most HELLO_WAIT
+        (main.py), before one of their consumers is made active: the first
         registered must stay the one."""
         self.awaiting_hello = set(self.links)
         for q in self.queues.values():
