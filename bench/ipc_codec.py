@@ -18,13 +18,16 @@ import platform
 import sys
 import timeit
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shoal.broker import ipc  # noqa: E402
+from shoal.broker.scheduler import main as sched  # noqa: E402
 from shoal.broker.scheduler.main import Scheduler  # noqa: E402
+from shoal.broker.scheduler.notify import Notification  # noqa: E402
 from shoal.workers.main import Worker  # noqa: E402
 
 ARGUMENTS = {"x-max-length": 1000, "x-queue-type": "classic", "x-dead-letter-exchange": "dlx"}
@@ -41,12 +44,24 @@ class _Sink:
 
 
 def _scheduler() -> Scheduler:
+    """The real dispatch over parts that own nothing: the Notification
+    (DONE, INTEREST) over an empty shared state, a stubbed declare."""
     s = object.__new__(Scheduler)
-    s.links = {0: _Sink()}
-    s.consumers = {}
-    s.queues = {}
-    s.stats = _Sink()
-    s._declare = lambda *a: [1, b"q", 0, 0]  # the handler's work is not the codec's
+    sink = _Sink()
+    s.all_links = s.links = {0: sink}  # type: ignore[dict-item]
+    state = SimpleNamespace(
+        queues={}, level_of={}, consumers={}, links=s.links, store=None, stats=sink
+    )
+    state.ready = state.changes = lambda q: 0
+    s.state = state  # type: ignore[assignment]
+    s.notification = Notification(state, lambda q: None, lambda q: None)  # type: ignore[arg-type]
+    # The handler's work is not the codec's.
+    s.lifecycle = SimpleNamespace(declare=lambda *a: [1, b"q", 0, 0])  # type: ignore[assignment]
+    s.connections = SimpleNamespace(connection_opened=None)  # type: ignore[assignment]
+    s._notices = {cls: bind(s) for cls, bind in sched._NOTICES.items()}
+    s._requests = {cls: bind(s) for cls, bind in sched._REQUESTS.items()}
+    s._needs_compaction = lambda: False
+    s._flush_settles = sink.flush
     return s
 
 

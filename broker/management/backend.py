@@ -21,6 +21,7 @@ import pika.exceptions
 
 from shoal.broker.amqp.definitions import Definitions, Op
 from shoal.broker.config import Config
+from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.shm import memory
 from shoal.shm.catalog import CatalogReader
@@ -79,14 +80,15 @@ class Backend:
                 self.definitions.apply(op)
         return self.definitions
 
-    async def control(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One request to the scheduler's control socket."""
+    async def control(self, request: C.Op | dict[str, Any]) -> dict[str, Any]:
+        """One request to the scheduler's control socket: typed (control.py),
+        or as its JSON object ({"op": ..., ...})."""
         reader, writer = await asyncio.wait_for(
             asyncio.open_unix_connection(socket_path(self.runtime_dir), limit=256 << 20),
             CONTROL_TIMEOUT,
         )
         try:
-            writer.write(json.dumps(request).encode() + b"\n")
+            writer.write(C.encode(request))
             await writer.drain()
             line = await asyncio.wait_for(reader.readline(), CONTROL_TIMEOUT)
         finally:
@@ -97,7 +99,8 @@ class Backend:
         return answer
 
     async def rows(self, op: str, **fields: Any) -> list[dict[str, Any]]:
-        answer = await self.control({"op": op, **fields})
+        """A listing's rows: `op` names its request, `fields` its fields."""
+        answer = await self.control(C.BY_NAME[op](**fields))
         rows: list[dict[str, Any]] = answer.get("rows", answer.get("policies", []))
         return rows
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from shoal.broker.config import Config
 from shoal.broker.observe.policy import request
+from shoal.broker.scheduler import control as C
 
 Row = dict[str, Any]
 
@@ -32,7 +33,7 @@ class Verb:
     def __init__(
         self,
         args: tuple[str, ...],
-        build: Callable[[argparse.Namespace], dict[str, Any]],
+        build: Callable[[argparse.Namespace], C.Op],
         banner: str = "",
         columns: tuple[str, ...] = (),
         done: str = "",
@@ -46,57 +47,62 @@ class Verb:
         self.done = done
 
 
-def _fields(*names: str, op: str = "", **extra: Any) -> Callable[[argparse.Namespace], Row]:
-    def build(ns: argparse.Namespace) -> Row:
-        fields: Row = {"op": op or ns.verb, "vhost": ns.vhost}
-        fields.update({name: getattr(ns, name) for name in names})
-        fields.update(extra)
-        return fields
+def _fields(*names: str, op: str = "") -> Callable[[argparse.Namespace], C.Op]:
+    """The request of op `op` (the verb's own by default) with these
+    arguments, and the vhost (-p) for an op on one."""
+
+    def build(ns: argparse.Namespace) -> C.Op:
+        cls = C.BY_NAME[op or ns.verb]
+        fields = {name: getattr(ns, name) for name in names}
+        if "vhost" in cls.__struct_fields__:
+            fields["vhost"] = ns.vhost
+        return cls(**fields)
 
     return build
 
 
-def _tags(ns: argparse.Namespace) -> Row:
-    return {"op": "set_user_tags", "user": ns.user, "tags": ns.tags}
+def _tags(ns: argparse.Namespace) -> C.Op:
+    return C.SetUserTags(user=ns.user, tags=ns.tags)
 
 
-def _limits(op: str, key: str = "") -> Callable[[argparse.Namespace], Row]:
-    def build(ns: argparse.Namespace) -> Row:
-        try:
-            limits = json.loads(ns.definition)
-        except ValueError as exc:
-            raise SystemExit(f"Error: the limits are not JSON: {exc}") from None
-        fields: Row = {"op": op, "vhost": ns.vhost, "limits": limits}
-        if key:
-            fields[key] = getattr(ns, key)
-        return fields
-
-    return build
+def _limits(ns: argparse.Namespace) -> dict[str, Any]:
+    try:
+        limits: dict[str, Any] = json.loads(ns.definition)
+    except ValueError as exc:
+        raise SystemExit(f"Error: the limits are not JSON: {exc}") from None
+    return limits  # not an object: refused by the broker, in its words
 
 
-def _import(ns: argparse.Namespace) -> Row:
+def _user_limits(ns: argparse.Namespace) -> C.Op:
+    return C.SetUserLimits(user=ns.user, limits=_limits(ns))
+
+
+def _vhost_limits(ns: argparse.Namespace) -> C.Op:
+    return C.SetVhostLimits(vhost=ns.vhost, limits=_limits(ns))
+
+
+def _import(ns: argparse.Namespace) -> C.Op:
     try:
         text = sys.stdin.read() if ns.path == "-" else open(ns.path).read()  # noqa: SIM115
         definitions = json.loads(text)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"Error: cannot read definitions from {ns.path}: {exc}") from None
-    return {"op": "import_definitions", "definitions": definitions}
+    return C.ImportDefinitions(definitions=definitions)
 
 
-def _policy(ns: argparse.Namespace) -> Row:
+def _policy(ns: argparse.Namespace) -> C.Op:
     try:
         definition = json.loads(ns.definition)
     except ValueError as exc:
         raise SystemExit(f"Error: the policy definition is not JSON: {exc}") from None
-    return {
-        "op": "set_policy",
-        "vhost": ns.vhost,
-        "name": ns.name,
-        "pattern": ns.pattern,
-        "definition": definition,
-        "priority": ns.priority,
-        "apply_to": ns.apply_to,
-    }
+    return C.SetPolicy(
+        vhost=ns.vhost,
+        name=ns.name,
+        pattern=ns.pattern,
+        definition=definition,
+        priority=ns.priority,
+        apply_to=ns.apply_to,
+    )
 
 
 BINDING_COLUMNS = (
@@ -109,12 +115,12 @@ BINDING_COLUMNS = (
 )
 
 
-def _worker_count(ns: argparse.Namespace) -> Row:
+def _worker_count(ns: argparse.Namespace) -> C.Op:
     try:
         count = int(ns.count)
     except ValueError:
         count = ns.count  # refused by the broker, in its words
-    return {"op": "set_worker_count", "count": count}
+    return C.SetWorkerCount(count=count)
 
 
 WORKER_COLUMNS = ("wanted", "workers", "max_workers", "settled", "retiring")
@@ -154,7 +160,7 @@ VERBS: dict[str, Verb] = {
     "list_users": Verb((), _fields(), "Listing users ...", ("user", "tags")),
     "set_user_limits": Verb(
         ("user", "definition"),
-        _limits("set_user_limits", "user"),
+        _user_limits,
         done='Setting user limits to "{definition}" for user "{user}" ...',
     ),
     "clear_user_limits": Verb(
@@ -174,7 +180,7 @@ VERBS: dict[str, Verb] = {
     "list_vhosts": Verb((), _fields(), "Listing vhosts ...", ("name",)),
     "set_vhost_limits": Verb(
         ("definition",),
-        _limits("set_vhost_limits"),
+        _vhost_limits,
         done='Setting vhost limits to "{definition}" for vhost "{vhost}" ...',
     ),
     "clear_vhost_limits": Verb((), _fields(), done='Clearing vhost "{vhost}" limits ...'),
@@ -428,7 +434,7 @@ def _wait_for_workers(runtime_dir: str, answer: dict[str, Any], quiet: bool) -> 
     deadline = time.monotonic() + SCALE_WAIT
     while not answer.get("settled") and time.monotonic() < deadline:
         time.sleep(0.05)
-        answer = request(runtime_dir, {"op": "worker_count"})
+        answer = request(runtime_dir, C.WorkerCount())
     if not answer.get("settled"):
         print(
             f"Error:\n{answer.get('workers')} IO workers serve, {answer.get('wanted')} asked for; "

@@ -18,15 +18,17 @@ import socket
 from typing import Any
 
 from shoal.broker.config import Config
+from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.introspect import socket_path
 
 
-def request(runtime_dir: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    """One request to the scheduler's control socket, and its answer."""
+def request(runtime_dir: str, message: C.Op, timeout: float = 10.0) -> dict[str, Any]:
+    """One request to the scheduler's control socket (control.py), and its
+    answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(socket_path(runtime_dir))
-        sock.sendall(json.dumps(message).encode() + b"\n")
+        sock.sendall(C.encode(message))
         chunks = []
         while chunk := sock.recv(1 << 16):
             chunks.append(chunk)
@@ -55,12 +57,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
-    message: dict[str, Any] = {"op": f"{ns.verb}_policy", "vhost": ns.vhost}
+    message: C.Op
     if ns.verb == "list":
-        message["op"] = "list_policies"
-    if ns.verb in ("set", "clear"):
-        message["name"] = ns.name
-    if ns.verb == "set":
+        message = C.ListPolicies(vhost=ns.vhost)
+    elif ns.verb == "clear":
+        message = C.ClearPolicy(vhost=ns.vhost, name=ns.name)
+    else:
         try:
             definition = json.loads(ns.definition)
         except ValueError as exc:
@@ -69,12 +71,14 @@ def main(argv: list[str]) -> int:
         if not isinstance(definition, dict):
             print("shoal policy: the definition must be a JSON object")
             return 2
-        message |= {
-            "pattern": ns.pattern,
-            "definition": definition,
-            "priority": ns.priority,
-            "apply_to": ns.apply_to,
-        }
+        message = C.SetPolicy(
+            vhost=ns.vhost,
+            name=ns.name,
+            pattern=ns.pattern,
+            definition=definition,
+            priority=ns.priority,
+            apply_to=ns.apply_to,
+        )
     runtime_dir = Config(port=ns.port, runtime_dir=ns.runtime_dir).runtime_path()
     try:
         answer = request(runtime_dir, message)

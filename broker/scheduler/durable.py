@@ -34,8 +34,6 @@ from shoal.store.definitions import DefinitionsLog, QueueDeclared, QueueDeleted,
 
 log = logging.getLogger("shoal.scheduler")
 
-__all__ = ["DefinitionsLog", "QueueDeclared", "QueueDeleted", "Record", "Restored", "UsersSeeded"]
-
 
 def new_uid() -> int:
     """A durable queue's uid: 63 random bits, never 0."""

@@ -1,7 +1,8 @@
 """The scheduler's control socket: what `shoal status --consumers` shows,
-and `shoal policy`'s requests (one JSON object per line, answered by
-the scheduler's `control`, broker/scheduler/policies.py). Its file's
-permissions (the runtime directory's) are the access check.
+and the requests of `shoal ctl`, `shoal policy` and the management API (one
+JSON object per line, typed in control.py, each answered by the handler
+the scheduler's table names for its op, main.py). Its file's permissions
+(the runtime directory's) are the access check.
 
 The scheduler knows each consumer's place in its queue's
 QueueConsumerManager (interested, notified, not interested, non-acquiring);
@@ -17,20 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from shoal.broker import ipc
+from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.state import QueueState
 
 SOCKET_NAME = "scheduler.sock"
 REPLY_TIMEOUT = 2.0
 REQUEST_TIMEOUT = 5.0
-CONNECTION_REQUESTS = ("list_connections", "list_channels", "list_consumers", "close_connection")
 MAX_REQUEST = 256 << 20
+CLOSED_BY_DEFAULT = "Closed via management plugin"
 
 
 def socket_path(runtime_dir: str) -> str:
@@ -38,8 +39,8 @@ def socket_path(runtime_dir: str) -> str:
 
 
 class SchedulerView(Protocol):
-    """What the control socket reads of the scheduler (main.Scheduler), so
-    that this module does not import it: the scheduler imports this one."""
+    """What the control socket reads of the scheduler's shared state
+    (state.SchedulerState)."""
 
     @property
     def links(self) -> Mapping[int, ipc.Link[ipc.ToScheduler]]: ...
@@ -54,13 +55,24 @@ class SchedulerView(Protocol):
 
     def changes(self, q: QueueState) -> int: ...
 
-    def control(self, request: dict[str, Any]) -> dict[str, Any]: ...
+
+# A connection request's answer from the connections the workers described.
+ConnectionAnswer = Callable[[Any, list[dict[str, Any]]], C.Reply]
 
 
 class Introspection:
-    def __init__(self, scheduler: SchedulerView, path: str) -> None:
+    def __init__(
+        self, scheduler: SchedulerView, handlers: Mapping[type[C.Op], C.Handler], path: str
+    ) -> None:
         self.scheduler = scheduler
+        self.handlers = handlers  # op type -> the part's method that answers it (main.py)
         self.path = path
+        self._connection_answers: dict[type[C.Op], ConnectionAnswer] = {
+            C.ListConnections: _list_connections,
+            C.ListChannels: _list_channels,
+            C.ListConsumers: _list_consumers,
+            C.CloseConnection: self._close_connection,
+        }
         self._reqs = itertools.count(1)
         # req -> (records by worker, workers still to answer, all answered)
         self._waiting: dict[int, tuple[dict[int, list[Any]], set[int], asyncio.Future[None]]] = {}
@@ -98,27 +110,27 @@ class Introspection:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT)
+            answer: C.Reply | dict[str, Any]
             if line.strip() == b"consumers":
-                answer: dict[str, Any] = await self.consumers()
-            elif line.startswith(b"{"):  # `shoal policy`: one JSON request
-                try:
-                    request = json.loads(line)
-                except ValueError:
-                    request = None
-                if isinstance(request, dict) and request.get("op") in CONNECTION_REQUESTS:
-                    answer = await self.connection_request(request)
-                elif isinstance(request, dict):
-                    answer = self.scheduler.control(request)
-                else:
-                    answer = {"error": "a request is one JSON object on one line"}
+                answer = await self.consumers()
+            elif line.startswith(b"{"):  # one JSON request (control.py)
+                answer = await self.answer(C.decode(line))
             else:
-                answer = {"error": f"unknown request {line.strip()[:40]!r}; try 'consumers'"}
-            writer.write(json.dumps(answer).encode() + b"\n")
+                answer = C.Failed(f"unknown request {line.strip()[:40]!r}; try 'consumers'")
+            writer.write(C.encode(answer))
             await writer.drain()
         except (TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()
+
+    async def answer(self, request: C.Op | C.Failed) -> C.Reply:
+        """A decoded request's answer (a refusal is its own)."""
+        if isinstance(request, C.Failed):
+            return request
+        if isinstance(request, C.CONNECTION_REQUESTS):
+            return await self.connection_request(request)
+        return C.run(self.handlers[type(request)], request)
 
     async def _ask_workers(self, what: str) -> tuple[dict[int, list[Any]], set[int]]:
         """Every worker's INSPECT answer (by worker), and the workers that
@@ -140,7 +152,7 @@ class Introspection:
             del self._waiting[req]
         return replies, expected
 
-    async def connection_request(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def connection_request(self, request: C.Op) -> C.Reply:
         """list_connections, list_channels, list_consumers (rabbitmqctl's
         items), close_connection: from the workers' answers."""
         replies, _missing = await self._ask_workers("connections")
@@ -149,50 +161,19 @@ class Introspection:
             for worker, described in sorted(replies.items())
             for c in described
         ]
-        op = request.get("op")
-        vhost = request.get("vhost")
-        if op == "close_connection":
-            name = str(request.get("name", ""))
-            chosen = [c for c in connections if name in (c["name"], c["pid"])]
-            if not chosen:
-                return {"error": f"no connection '{name}'", "code": 69}
-            text = str(request.get("reason") or "Closed via management plugin")
-            for link in self.scheduler.links.values():
-                link.send(ipc.Disconnect("", "", chosen[0]["id"], text))
-            return {"ok": True}
-        if op == "list_connections":
-            return {"rows": [{k: v for k, v in c.items() if k != "channels"} for c in connections]}
-        channels = [
-            {
-                **ch,
-                "pid": f"{c['pid'][:-1]}.{ch['number']}>",
-                "connection": c["name"],
-                "connection_pid": c["pid"],
-                "name": f"{c['name']} ({ch['number']})",
-                "user": c["user"],
-                "vhost": c["vhost"],
-            }
-            for c in connections
-            for ch in c["channels"]
-        ]
-        if op == "list_channels":
-            return {"rows": [{k: v for k, v in ch.items() if k != "consumers"} for ch in channels]}
-        return {
-            "rows": [
-                {
-                    **consumer,
-                    "queue_name": consumer["queue"],
-                    "channel_pid": ch["pid"],
-                    "channel": ch["name"],
-                    "activity_status": "up",
-                    "vhost": ch["vhost"],
-                    "user": ch["user"],
-                }
-                for ch in channels
-                for consumer in ch["consumers"]
-                if vhost is None or ch["vhost"] == vhost
-            ]
-        }
+        return C.run(lambda r: self._connection_answers[type(r)](r, connections), request)
+
+    def _close_connection(
+        self, request: C.CloseConnection, connections: list[dict[str, Any]]
+    ) -> C.Reply:
+        name = request.name
+        chosen = [c for c in connections if name in (c["name"], c["pid"])]
+        if not chosen:
+            return C.Failed(f"no connection '{name}'", 69)
+        text = request.reason or CLOSED_BY_DEFAULT
+        for link in self.scheduler.links.values():
+            link.send(ipc.Disconnect("", "", chosen[0]["id"], text))
+        return C.OK
 
     async def consumers(self) -> dict[str, Any]:
         scheduler = self.scheduler
@@ -235,3 +216,49 @@ class Introspection:
             "messages_unacked": scheduler.unacked(q),
             "consumers": consumers,
         }
+
+
+def _list_connections(request: C.ListConnections, connections: list[dict[str, Any]]) -> C.Rows:
+    return C.Rows([{k: v for k, v in c.items() if k != "channels"} for c in connections])
+
+
+def _channels(connections: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            **ch,
+            "pid": f"{c['pid'][:-1]}.{ch['number']}>",
+            "connection": c["name"],
+            "connection_pid": c["pid"],
+            "name": f"{c['name']} ({ch['number']})",
+            "user": c["user"],
+            "vhost": c["vhost"],
+        }
+        for c in connections
+        for ch in c["channels"]
+    ]
+
+
+def _list_channels(request: C.ListChannels, connections: list[dict[str, Any]]) -> C.Rows:
+    return C.Rows(
+        [{k: v for k, v in ch.items() if k != "consumers"} for ch in _channels(connections)]
+    )
+
+
+def _list_consumers(request: C.ListConsumers, connections: list[dict[str, Any]]) -> C.Rows:
+    vhost = request.vhost
+    return C.Rows(
+        [
+            {
+                **consumer,
+                "queue_name": consumer["queue"],
+                "channel_pid": ch["pid"],
+                "channel": ch["name"],
+                "activity_status": "up",
+                "vhost": ch["vhost"],
+                "user": ch["user"],
+            }
+            for ch in _channels(connections)
+            for consumer in ch["consumers"]
+            if vhost is None or ch["vhost"] == vhost
+        ]
+    )

@@ -7,9 +7,15 @@ only when it is watching an idle queue (shm/wake.py); consumers pull entries
 themselves once notified. All its state can be rebuilt from the segment and
 the workers (each answers RESYNC with HELLO), so it may be killed at any time.
 
-The Scheduler is built in layers, one module each (see state.py): this
-module adds the process loop, the links to the workers and the dispatch of
-their messages.
+The Scheduler is a composition of parts, each owning its own state around
+a small shared one (state.py): the definitions journal (journal.py),
+exchanges and bindings (exchanges.py), queue lifecycle (queues.py, with
+its x-expires timers, queue_expiry.py), policies (policies.py), users,
+vhosts and permissions (accounts.py), client connections (connections.py),
+listings and definitions transfer (transfer.py) and consumers' turns
+(notify.py). This module holds them, runs the process loop, and dispatches
+the workers' messages (by IPC message class) and the control socket's
+requests (by op type, control.py) to bound methods of those parts.
 """
 
 from __future__ import annotations
@@ -30,19 +36,23 @@ import uvloop
 from setproctitle import setproctitle
 
 from shoal.broker import ipc, settings
-from shoal.broker.amqp import definitions, errors
+from shoal.broker.amqp import errors
 from shoal.broker.config import Config
+from shoal.broker.scheduler import control as C
+from shoal.broker.scheduler.accounts import Accounts
+from shoal.broker.scheduler.connections import Connections
 from shoal.broker.scheduler.durable import open_log
+from shoal.broker.scheduler.exchanges import Exchanges
 from shoal.broker.scheduler.introspect import Introspection, socket_path
+from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
+from shoal.broker.scheduler.policies import Policies
+from shoal.broker.scheduler.queues import QueueLifecycle
+from shoal.broker.scheduler.state import SchedulerState
+from shoal.broker.scheduler.transfer import Transfer
 from shoal.shm import layout
-from shoal.shm.catalog import CatalogWriter
-from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
-from shoal.shm.stats import Counters
-from shoal.shm.streams import StreamWords
-from shoal.shm.wake import Waker
 from shoal.store.messages import store_directory
 from shoal.store.settles import SettleWriter
 
@@ -51,97 +61,93 @@ log = logging.getLogger("shoal.scheduler")
 HELLO_WAIT = 5.0  # seconds a restarted scheduler waits for every worker's HELLO
 
 
-class Scheduler(Notification):
-    """The scheduler process: its layers (state.py) plus its loop and links."""
+class Scheduler:
+    """The scheduler process: its parts (see the module's docstring), its
+    loop and its links to the workers."""
 
     def __init__(
         self, config: Config, seg: Segment, efd: int, links: dict[int, socket.socket]
     ) -> None:
         self.config = config
         self.seg = seg
-        self.a = seg.atomic
-        self.store = QueueStore(seg, 0, layout.scheduler_slot(seg.layout))
-        self.waker = Waker(seg, efd)
-        self.stream_words = StreamWords(seg)
         self.efd = efd
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        # Every worker slot's link is read; the scheduler sends on those of
-        # running workers only (the worker count changes at runtime: a slot
-        # joins with its HELLO and leaves when the supervisor retires it).
-        self.all_links = {
+        all_links = {
             i: ipc.Link(s, self.loop, partial(self._on_message, i), ipc.SCHEDULER_INBOUND)
             for i, s in links.items()
         }
-        self.links = {i: self.all_links[i] for i in _running_workers(seg) if i in self.all_links}
-        self.queues = {}
-        self.awaiting_hello = set()
-        self.by_name = {}
-        self.consumers = {}
-        self.free_qids = []
-        self.level_of = {}
-        self.suspects = set()
-        self.slot = seg.layout.proc(layout.scheduler_slot(seg.layout))
-        self.vhost = config.default_vhost
-        self.catalog = CatalogWriter(seg, definitions.Op)
-        self.definitions = definitions.Definitions()
-        self.restoring = False
-        self.unrestored = {}
-        self.client_connections = {}
-        self.user_channels = {}
-        self.introspection = Introspection(self, socket_path(config.runtime_path()))
-        self.stats = Counters(seg, layout.scheduler_slot(seg.layout))
+        state = self.state = SchedulerState(
+            config, seg, efd, self.loop, all_links, _running_workers(seg)
+        )
+        self.all_links = all_links
+        self.links = state.links
+        self.journal = Journal(state)
+        self.lifecycle = QueueLifecycle(state, self.journal)
+        self.exchanges = Exchanges(state, self.journal, self.lifecycle.delay_queue)
+        self.lifecycle.unbound = self.exchanges.auto_delete
+        self.policies = Policies(state, self.journal, self.lifecycle)
+        self.accounts = Accounts(state, self.journal, self.lifecycle.remove_queue)
+        self.connections = Connections(state)
+        self.transfer = Transfer(
+            state, self.journal, self.accounts, self.policies, self.exchanges, self.lifecycle
+        )
+        lifecycle = self.lifecycle
+        self.notification = Notification(state, lifecycle.remove_queue, lifecycle.queue_used)
+        self.introspection = Introspection(
+            state, _control_table(self), socket_path(config.runtime_path())
+        )
+        # How each message a worker sends is handled: bound once, here.
+        self._notices = {cls: bind(self) for cls, bind in _NOTICES.items()}
+        self._requests = {cls: bind(self) for cls, bind in _REQUESTS.items()}
 
     # ----------------------------------------------------------------- boot
     def run(self) -> int:
-        self.durable, restored = open_log(self.config.data_path())
+        state, journal, lifecycle = self.state, self.journal, self.lifecycle
+        state.durable, restored = open_log(self.config.data_path())
         # Purges and queue deletions settle persistent messages too.
-        self.settles = SettleWriter(
+        state.settles = SettleWriter(
             store_directory(self.config.data_path()),
             layout.scheduler_slot(self.seg.layout),
             SegmentTable(self.seg, 0),
         )
-        self.store.settled = self.settles.settle
-        first = not self.a.load(layout.H_RESTORED)
-        self._load_definitions(restored if first else None)
-        self._load_queues()
+        state.store.settled = state.settles.settle
+        self._needs_compaction = state.durable.needs_compaction
+        self._flush_settles = state.settles.flush
+        a = state.a
+        first = not a.load(layout.H_RESTORED)
+        journal.load_definitions(restored if first else None)
+        lifecycle.load_queues()
         if first:
-            self._restore_queues(restored)
-            self._drop_stale_streams()
-            self._drop_stale_dedup_caches()
+            lifecycle.restore_queues(restored)
+            lifecycle.drop_stale_streams()
+            lifecycle.drop_stale_dedup_caches()
         else:
-            self._known_uids(restored)
-        self._drop_stale_definitions()
+            lifecycle.known_uids(restored)
+        journal.drop_stale_definitions()
         if first:
             self._load_definitions_file()
         # At every start, what holds now: also right after a predecessor
         # killed between the queue table and the log.
-        try:
-            self.durable.rewrite(self._durable_snapshot())
-        except OSError as exc:  # dirty: rewritten before the next change
-            log.error("cannot rewrite the durable definitions: %s", exc)
-        self.a.store(layout.H_RESTORED, 1)
-        self.loop.add_reader(self.efd, self._on_wake)
+        journal.rewrite()
+        a.store(layout.H_RESTORED, 1)
+        notification = self.notification
+        self.loop.add_reader(self.efd, notification.on_wake)
         self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGHUP, self._reload)
-        slot = self.slot
-        self.a.store(slot + layout.P_PID, os.getpid())
-        # Single-active queues (a restart: they exist already) wait for every
-        # worker's HELLO, at most HELLO_WAIT, before one of their consumers is
-        # made active: the first registered must stay the one.
-        self.awaiting_hello = set(self.links)
-        for q in self.queues.values():
-            q.qcm.held = q.qcm.single_active
-        self.loop.call_later(HELLO_WAIT, self._release_held)
+        slot = state.slot
+        a.store(slot + layout.P_PID, os.getpid())
+        notification.hold_single_active()
+        self.loop.call_later(HELLO_WAIT, notification.release_held)
         for link in self.links.values():
             link.send(ipc.Resync())
-        self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self.loop.call_later(SWEEP_INTERVAL, notification.sweep)
         self.loop.run_until_complete(self.introspection.start())
         # Beating from the start, not from the first sweep: a health check
         # (shm/processes.py) right after a start sees it serve.
-        self.a.store(slot + layout.P_HEARTBEAT_NS, time.monotonic_ns())
-        self.a.store(slot + layout.P_READY, 1)
+        a.store(slot + layout.P_HEARTBEAT_NS, time.monotonic_ns())
+        a.store(slot + layout.P_READY, 1)
         try:
             self.loop.run_forever()
         finally:
@@ -152,11 +158,12 @@ class Scheduler(Notification):
         """SIGHUP: the settings the supervisor resolved (broker/settings.py);
         the definitions file imported again if it changed."""
         try:
-            self.config = settings.published(self.config.runtime_path())
+            config = settings.published(self.config.runtime_path())
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: cannot read the settings: %s", exc)
             return
-        settings.apply_log_level(self.config)
+        self.config = self.state.config = config
+        settings.apply_log_level(config)
         self._load_definitions_file()
 
     def _load_definitions_file(self) -> None:
@@ -171,30 +178,32 @@ class Scheduler(Notification):
         except OSError as exc:
             log.error("definitions file not imported: %s", exc)
             return
+        a = self.state.a
         digest = int.from_bytes(hashlib.sha256(content).digest()[:8], "little")
-        if digest == self.a.load(layout.H_DEFINITIONS_DIGEST):
+        if digest == a.load(layout.H_DEFINITIONS_DIGEST):
             return
         try:
             document = msgspec.json.decode(content)
         except msgspec.DecodeError as exc:
             log.error("definitions file %s not imported: %s", path, exc)
             return
-        answer = self.control({"op": "import_definitions", "definitions": document})
-        if "error" in answer:
-            log.error("definitions file %s not imported: %s", path, answer["error"])
+        request = C.ImportDefinitions(definitions=document)
+        answer = C.run(self.transfer.import_definitions, request)
+        if isinstance(answer, C.Failed):
+            log.error("definitions file %s not imported: %s", path, answer.error)
             return
-        self.a.store(layout.H_DEFINITIONS_DIGEST, digest)
+        a.store(layout.H_DEFINITIONS_DIGEST, digest)
         log.info("definitions imported from %s", path)
 
     # ------------------------------------------------------------ messages
     def _on_message(self, worker: int, m: ipc.ToScheduler) -> None:
         cls = type(m)
         try:
-            notice = _NOTICES.get(cls)
+            notice = self._notices.get(cls)
             if notice is not None:
-                notice(self, worker, m)
+                notice(worker, m)
             else:
-                self._reply(worker, cast(ipc.Request, m).req, _REQUESTS[cls](self, worker, m))
+                self._reply(worker, cast(ipc.Request, m).req, self._requests[cls](worker, m))
         except errors.AMQPError as exc:
             if isinstance(m, ipc.Request):
                 self.all_links[worker].send(
@@ -207,15 +216,17 @@ class Scheduler(Notification):
             log.exception("worker %d: failed to handle %r", worker, m)
             if isinstance(m, ipc.Request):
                 self.all_links[worker].send(ipc.Reply(m.req, False, [541, "INTERNAL_ERROR"]))
-        self._compact_durable_if_due()
-        self.settles.flush()
+        if self._needs_compaction():
+            self.journal.compact_if_due()
+        self._flush_settles()
 
     def _reply(self, worker: int, req: int, payload: Any) -> None:
         self.all_links[worker].send(ipc.Reply(req, True, payload))
 
-    # Requests: each returns the payload of its reply (see _REQUESTS).
+    # Requests that a part does not take as they come: each returns the
+    # payload of its reply (see _REQUESTS).
     def _on_declare(self, worker: int, m: ipc.Declare) -> list[Any]:
-        payload = self._declare(
+        payload = self.lifecycle.declare(
             m.vhost,
             m.name,
             m.passive,
@@ -226,19 +237,19 @@ class Scheduler(Notification):
             m.conn_id,
             m.arguments,
         )
-        self.stats.flush()
+        self.state.stats.flush()
         return payload
 
     def _on_delete(self, worker: int, m: ipc.Delete) -> int:
-        count = self._delete(m.vhost, m.name, m.if_unused, m.if_empty, m.conn_id)
-        self.stats.flush()
+        count = self.lifecycle.delete(m.vhost, m.name, m.if_unused, m.if_empty, m.conn_id)
+        self.state.stats.flush()
         return count
 
     def _on_purge(self, worker: int, m: ipc.Purge) -> int:
-        return self._purge(m.vhost, m.name, m.conn_id)
+        return self.lifecycle.purge(m.vhost, m.name, m.conn_id)
 
     def _on_exchange_declare(self, worker: int, m: ipc.ExchangeDeclare) -> list[Any]:
-        return self._exchange_declare(
+        return self.exchanges.exchange_declare(
             m.vhost,
             m.name,
             m.exchange_type,
@@ -250,10 +261,10 @@ class Scheduler(Notification):
         )
 
     def _on_exchange_delete(self, worker: int, m: ipc.ExchangeDelete) -> list[Any]:
-        return self._exchange_delete(m.vhost, m.name, m.if_unused)
+        return self.exchanges.exchange_delete(m.vhost, m.name, m.if_unused)
 
     def _on_bind(self, worker: int, m: ipc.Binding) -> list[Any]:
-        return self._bind(
+        return self.exchanges.bind(
             m.vhost,
             m.source,
             m.kind,
@@ -265,80 +276,123 @@ class Scheduler(Notification):
         )
 
     def _on_level(self, worker: int, m: ipc.Level) -> list[Any]:
-        return self._level(m.qid, m.level)
-
-    def _on_consume(self, worker: int, m: ipc.Consume) -> list[Any]:
-        return self._consume(
-            worker, m.cid, m.qid, m.priority, m.acquiring, m.exclusive, m.interested, m.conn_id
-        )
+        return self.lifecycle.level(m.qid, m.level)
 
     def _on_conn_closed(self, worker: int, m: ipc.ConnClosed) -> None:
-        self._connection_closed(m.conn_id)
+        self.lifecycle.connection_closed(m.conn_id)  # its exclusive queues go
+        self.connections.connection_closed(m.conn_id)
 
     # Notices: nobody waits for an answer (see _NOTICES).
-    def _on_cancel(self, worker: int, m: ipc.Cancel) -> None:
-        self._remove_consumer((worker, m.cid))
-
     def _on_consumers(self, worker: int, m: ipc.Consumers) -> None:
         self.introspection.on_consumers(worker, m.req, m.consumers)
 
     def _on_worker_gone(self, worker: int, m: ipc.WorkerGone) -> None:
         if m.retired:  # first: nothing more is sent to its slot's link
             self.links.pop(worker, None)
-        self._worker_gone(worker)  # the link it came on says which: m.worker is the same
+        # The link it came on says which: m.worker is the same.
+        self.connections.known_connections(worker, [])
+        self.notification.worker_gone(worker)
 
     def _on_channel_counts(self, worker: int, m: ipc.ChannelCounts) -> None:
-        self._channel_counts(worker, m.counts)
+        self.connections.channel_counts(worker, m.counts)
 
     def _on_hello(self, worker: int, m: ipc.Hello) -> None:
         if worker not in self.links and worker in self.all_links:
             self.links[worker] = self.all_links[worker]  # a worker added at runtime
-        self._hello(worker, m)
+        self.connections.known_connections(worker, m.connections)
+        self.notification.hello(worker, m)
         # Users' channels as this scheduler knows them, all of them: a new
         # worker has none, and a new scheduler's may differ from what an
         # old one sent (workers/user_channels.py).
-        self.all_links[worker].send(ipc.ChannelTotals(self._channel_totals(), True))
+        self.all_links[worker].send(ipc.ChannelTotals(self.connections.channel_totals(), True))
 
 
 _M = TypeVar("_M", bound=ipc.Message)
-Handler = Callable[[Scheduler, int, Any], Any]  # (scheduler, worker, message)
+Handler = Callable[[int, Any], Any]  # (worker, message)
+Binder = Callable[[Scheduler], Handler]  # its bound handler, found once
 
 
-def _on(cls: type[_M], handler: Callable[[Scheduler, int, _M], object]) -> tuple[type, Handler]:
+def _on(
+    cls: type[_M], bind: Callable[[Scheduler], Callable[[int, _M], object]]
+) -> tuple[type, Binder]:
     """A table entry, checked by mypy: the handler takes that message."""
-    return cls, handler
+    return cls, bind
 
 
-# How the scheduler handles each message a worker sends, by its class.
+# How the scheduler handles each message a worker sends, by its class: the
+# part's method that does (bound in Scheduler.__init__).
 # Notices: nothing is answered.
-_NOTICES: dict[type, Handler] = dict(
+_NOTICES: dict[type, Binder] = dict(
     (
-        _on(ipc.Done, Scheduler._done),
-        _on(ipc.Interest, Scheduler._interest),
-        _on(ipc.Cancel, Scheduler._on_cancel),
-        _on(ipc.Hello, Scheduler._on_hello),
-        _on(ipc.Consumers, Scheduler._on_consumers),
-        _on(ipc.WorkerGone, Scheduler._on_worker_gone),
-        _on(ipc.ChannelCounts, Scheduler._on_channel_counts),
+        _on(ipc.Done, lambda s: s.notification.done),
+        _on(ipc.Interest, lambda s: s.notification.interest),
+        _on(ipc.Cancel, lambda s: s.notification.cancel),
+        _on(ipc.Hello, lambda s: s._on_hello),
+        _on(ipc.Consumers, lambda s: s._on_consumers),
+        _on(ipc.WorkerGone, lambda s: s._on_worker_gone),
+        _on(ipc.ChannelCounts, lambda s: s._on_channel_counts),
     )
 )
 # Requests: the handler's result is the payload of a Reply with the same req;
 # an AMQPError it raises becomes a failed Reply.
-_REQUESTS: dict[type, Handler] = dict(
+_REQUESTS: dict[type, Binder] = dict(
     (
-        _on(ipc.Declare, Scheduler._on_declare),
-        _on(ipc.Consume, Scheduler._on_consume),
-        _on(ipc.Delete, Scheduler._on_delete),
-        _on(ipc.Purge, Scheduler._on_purge),
-        _on(ipc.ExchangeDeclare, Scheduler._on_exchange_declare),
-        _on(ipc.ExchangeDelete, Scheduler._on_exchange_delete),
-        _on(ipc.Bind, Scheduler._on_bind),
-        _on(ipc.Unbind, Scheduler._on_bind),
-        _on(ipc.Level, Scheduler._on_level),
-        _on(ipc.ConnClosed, Scheduler._on_conn_closed),
-        _on(ipc.ConnOpen, Scheduler._connection_opened),
+        _on(ipc.Declare, lambda s: s._on_declare),
+        _on(ipc.Consume, lambda s: s.notification.consume),
+        _on(ipc.Delete, lambda s: s._on_delete),
+        _on(ipc.Purge, lambda s: s._on_purge),
+        _on(ipc.ExchangeDeclare, lambda s: s._on_exchange_declare),
+        _on(ipc.ExchangeDelete, lambda s: s._on_exchange_delete),
+        _on(ipc.Bind, lambda s: s._on_bind),
+        _on(ipc.Unbind, lambda s: s._on_bind),
+        _on(ipc.Level, lambda s: s._on_level),
+        _on(ipc.ConnClosed, lambda s: s._on_conn_closed),
+        _on(ipc.ConnOpen, lambda s: s.connections.connection_opened),
     )
 )
+
+
+def _control_table(s: Scheduler) -> dict[type[C.Op], C.Handler]:
+    """The control socket's requests (control.py) by op type: the part's
+    method that answers each. The connection listings are the control
+    socket's own (introspect.py): they ask the workers."""
+    accounts, transfer, policies = s.accounts, s.transfer, s.policies
+    return dict(
+        (
+            C.handler(C.AddUser, accounts.add_user),
+            C.handler(C.DeleteUser, accounts.delete_user),
+            C.handler(C.ChangePassword, accounts.change_password),
+            C.handler(C.ClearPassword, accounts.clear_password),
+            C.handler(C.AuthenticateUser, accounts.authenticate_user),
+            C.handler(C.SetUserTags, accounts.set_user_tags),
+            C.handler(C.SetUserLimits, accounts.set_user_limits),
+            C.handler(C.ClearUserLimits, accounts.clear_user_limits),
+            C.handler(C.ListUsers, accounts.list_users),
+            C.handler(C.AddVhost, accounts.add_vhost),
+            C.handler(C.DeleteVhost, accounts.delete_vhost),
+            C.handler(C.ListVhosts, accounts.list_vhosts),
+            C.handler(C.SetVhostLimits, accounts.set_vhost_limits),
+            C.handler(C.ClearVhostLimits, accounts.clear_vhost_limits),
+            C.handler(C.SetPermissions, accounts.set_permissions),
+            C.handler(C.ClearPermissions, accounts.clear_permissions),
+            C.handler(C.ListPermissions, accounts.list_permissions),
+            C.handler(C.SetTopicPermissions, accounts.set_topic_permissions),
+            C.handler(C.ClearTopicPermissions, accounts.clear_topic_permissions),
+            C.handler(C.ListTopicPermissions, accounts.list_topic_permissions),
+            C.handler(C.ListQueues, transfer.list_queues),
+            C.handler(C.ListExchanges, transfer.list_exchanges),
+            C.handler(C.ListBindings, transfer.list_bindings),
+            C.handler(C.PurgeQueue, transfer.purge_queue),
+            C.handler(C.DeleteQueue, transfer.delete_queue),
+            C.handler(C.ExportDefinitions, transfer.export_definitions),
+            C.handler(C.ImportDefinitions, transfer.import_definitions),
+            C.handler(C.SetWorkerCount, transfer.set_worker_count),
+            C.handler(C.WorkerCount, transfer.worker_count),
+            C.handler(C.SetPolicy, policies.set_policy),
+            C.handler(C.ClearPolicy, policies.clear_policy),
+            C.handler(C.ListPolicies, policies.list_policies),
+        )
+    )
 
 
 def _running_workers(seg: Segment) -> list[int]:

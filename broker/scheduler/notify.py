@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.scheduler.consumers import ConsumerKey, State
-from shoal.broker.scheduler.expiry import QueueExpiry
-from shoal.broker.scheduler.state import QueueState
+from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm import flow, layout, stats
 
 log = logging.getLogger("shoal.scheduler")
@@ -23,26 +23,41 @@ log = logging.getLogger("shoal.scheduler")
 SWEEP_INTERVAL = 1.0
 
 
-class Notification(QueueExpiry):
-    """Consumers' turns: built on queue lifecycle (the last consumer of an
-    auto-delete queue, or a dead worker's exclusive queues, remove it)."""
+class Notification:
+    """Consumers' turns. It is handed the queue lifecycle's remove_queue
+    (the last consumer of an auto-delete queue, or a dead worker's
+    exclusive queues, remove it) and queue_used (x-expires: a queue's
+    clock starts when its last consumer goes)."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        remove_queue: Callable[[QueueState], None],
+        queue_used: Callable[[QueueState], None],
+    ) -> None:
+        self.state = state
+        self._remove_queue = remove_queue
+        self._queue_used = queue_used
+        # The state's own objects, bound once: DONE and the wake-ups are
+        # the scheduler's busiest path (none of these is ever replaced).
+        self.queues = state.queues
+        self.level_of = state.level_of
+        self.consumers = state.consumers
+        self.links = state.links
+        self.store = state.store
+        self.stats = state.stats
+        self._ready = state.ready
+        self._changes = state.changes
+        self.awaiting_hello: set[int] = set()  # workers a restarted scheduler waits for
+        self.suspects: set[int] = set()  # queues the last sweep found stalled
 
     # ----------------------------------------------------------- consumers
-    def _consume(
-        self,
-        worker: int,
-        cid: int,
-        qid: int,
-        priority: int,
-        acquiring: bool,
-        exclusive: bool,
-        interested: bool,
-        conn_id: int,
-    ) -> list[Any]:
+    def consume(self, worker: int, m: ipc.Consume) -> list[Any]:
+        qid, conn_id = m.qid, m.conn_id
         q = self.queues.get(qid)
         if q is None:
             raise errors.ChannelError(errors.NOT_FOUND, f"queue {qid} was deleted")
-        key = (worker, cid)
+        key = (worker, m.cid)
         if key in self.consumers:
             # Re-sent after a scheduler restart; HELLO registered it already.
             return [q.qcm.since(key)] if key in q.qcm else []
@@ -50,13 +65,13 @@ class Notification(QueueExpiry):
         in_use = f"queue '{q.name.decode()}' in vhost '{q.vhost}' in exclusive use"
         if any(self.consumers[k][1] for k in q.qcm):
             raise errors.ChannelError(errors.ACCESS_REFUSED, in_use)
-        if exclusive and len(q.qcm):
+        if m.exclusive and len(q.qcm):
             raise errors.ChannelError(errors.ACCESS_REFUSED, in_use)
         # When it registered (the worker keeps it and tells a restarted
         # scheduler): a single-active queue's first consumer stays the active
         # one. CLOCK_MONOTONIC is one clock for every process of the machine.
         since = time.monotonic_ns()
-        self._add_consumer(q, key, priority, acquiring, exclusive, interested, since)
+        self._add_consumer(q, key, m.priority, m.acquiring, m.exclusive, m.interested, since)
         return [since]
 
     def _add_consumer(
@@ -71,7 +86,7 @@ class Notification(QueueExpiry):
     ) -> None:
         q.qcm.add(key, priority, acquiring, interested, since)
         q.had_consumers = True
-        if q.expiry_timer is not None:  # in use while it has a consumer
+        if q.expiry_timer is not None:  # in use while it has a consumer (queue_expiry.py)
             q.expiry_timer.cancel()
             q.expiry_timer = None
         self.consumers[key] = (q.qid, exclusive)
@@ -86,6 +101,9 @@ class Notification(QueueExpiry):
             self._notify(key)
         else:
             self._check_work(q)
+
+    def cancel(self, worker: int, m: ipc.Cancel) -> None:
+        self._remove_consumer((worker, m.cid))
 
     def _remove_consumer(self, key: ConsumerKey) -> None:
         entry = self.consumers.pop(key, None)
@@ -105,7 +123,7 @@ class Notification(QueueExpiry):
             self._queue_used(q)  # x-expires: its clock starts now
         self._check_work(q)
 
-    def _interest(self, worker: int, m: ipc.Interest) -> None:
+    def interest(self, worker: int, m: ipc.Interest) -> None:
         key, interested = (worker, m.cid), m.interested
         entry = self.consumers.get(key)
         q = self.queues.get(entry[0]) if entry else None
@@ -118,7 +136,7 @@ class Notification(QueueExpiry):
             q.browsing.pop(key, None)
             self._check_work(q)
 
-    def _done(self, worker: int, m: ipc.Done) -> None:
+    def done(self, worker: int, m: ipc.Done) -> None:
         key, changes = (worker, m.cid), m.changes
         entry = self.consumers.get(key)
         q = self.queues.get(entry[0]) if entry else None
@@ -145,9 +163,8 @@ class Notification(QueueExpiry):
                 return
         self._watch(q)  # the next consumer's turn, or wait for a change
 
-    def _hello(self, worker: int, m: ipc.Hello) -> None:
+    def hello(self, worker: int, m: ipc.Hello) -> None:
         """A worker (re)introduces itself with its full consumer state."""
-        self._known_connections(worker, m.connections)
         self._drop_worker_consumers(worker)
         for c in m.consumers:
             q = self.queues.get(c.qid)
@@ -168,17 +185,25 @@ class Notification(QueueExpiry):
         queues a restarted scheduler held may notify again."""
         self.awaiting_hello.discard(worker)
         if not self.awaiting_hello:
-            self._release_held()
+            self.release_held()
 
-    def _release_held(self) -> None:
+    def hold_single_active(self) -> None:
+        """A (re)started scheduler: single-active queues (a restart: they
+        exist already) wait for every worker's HELLO, at most HELLO_WAIT
+        (main.py), before one of their consumers is made active: the first
+        registered must stay the one."""
+        self.awaiting_hello = set(self.links)
+        for q in self.queues.values():
+            q.qcm.held = q.qcm.single_active
+
+    def release_held(self) -> None:
         self.awaiting_hello.clear()
         for q in self.queues.values():
             if q.qcm.held:
                 q.qcm.held = False
                 self._check_work(q)
 
-    def _worker_gone(self, worker: int) -> None:
-        self._known_connections(worker, [])
+    def worker_gone(self, worker: int) -> None:
         self._drop_worker_consumers(worker)
         self._heard_from(worker)
         for q in [q for q in self.queues.values() if q.exclusive and q.owner >> 40 == worker]:
@@ -218,8 +243,8 @@ class Notification(QueueExpiry):
         # READY first, CHANGES second; publishers and releasers bump them in
         # the opposite order: any entry counted in `ready` is counted in `now`
         # too, so a consumer that ran dry at `now` has had it in its scan.
-        ready = self.ready(q)
-        now = self.changes(q)
+        ready = self._ready(q)
+        now = self._changes(q)
         self._wake_browsers(q, now)
         if not acquirer or not ready:
             return
@@ -242,28 +267,29 @@ class Notification(QueueExpiry):
         if not q.browsing:
             return
         if now is None:
-            now = self.changes(q)
+            now = self._changes(q)
         for key, changes in list(q.browsing.items()):
             if changes != now:
                 del q.browsing[key]
                 self._notify(key)
 
-    def _on_wake(self) -> None:
-        for qid in self.waker.drain(self.seg.layout.limits.max_queues):
-            if flow.take_release(self.seg, qid):
-                self._unblock(qid)
+    def on_wake(self) -> None:
+        seg = self.state.seg
+        for qid in self.state.waker.drain(seg.layout.limits.max_queues):
+            if flow.take_release(seg, qid):
+                self.state.send_all(ipc.Unblock(qid))
             q = self.queues.get(qid) or self.level_of.get(qid)
             if q is not None:
                 self._watch(q)
 
     def _stalled(self, q: QueueState) -> bool:
         if q.browsing:
-            now = self.changes(q)
+            now = self._changes(q)
             if any(changes != now for changes in q.browsing.values()):
                 return True
-        if q.qcm.notified is not None or not self.ready(q):
+        if q.qcm.notified is not None or not self._ready(q):
             return False
-        now = self.changes(q)  # after READY, as in _watch
+        now = self._changes(q)  # after READY, as in _watch
         return any(q.dry.get(key) != now for key in q.qcm.candidates())
 
     def _count_consumer_states(self) -> None:
@@ -274,17 +300,18 @@ class Notification(QueueExpiry):
             for state in q.qcm.states():
                 v[_STATE_GAUGES[state]] += 1
 
-    def _sweep(self) -> None:
+    def sweep(self) -> None:
         """Belt and braces: a queue that has ready entries and interested
         consumers but nobody notified, on two sweeps in a row, has lost a
         wake-up. Rescue it and count it (P_RESCUES), so tests can assert that
         this never happens."""
         # The supervisor pets systemd's watchdog only while this beats.
-        self.a.store(self.slot + layout.P_HEARTBEAT_NS, time.monotonic_ns())
+        state = self.state
+        state.a.store(state.slot + layout.P_HEARTBEAT_NS, time.monotonic_ns())
         stalled = {q.qid for q in self.queues.values() if self._stalled(q)}
         for qid in stalled & self.suspects:
             q = self.queues[qid]
-            self.a.fetch_add(self.slot + layout.P_RESCUES, 1)
+            state.a.fetch_add(state.slot + layout.P_RESCUES, 1)
             log.warning("queue %r: lost wake-up rescued by the sweep", q.name)
             self._wake_browsers(q)
             self._watch(q)
@@ -293,14 +320,14 @@ class Notification(QueueExpiry):
             # An acker killed between its byte decrement and its Q_FLOW check
             # (or before its kick) would leave publishers blocked for good.
             if not self.store.flow_open(q.qid):
-                flow.drained(self.seg, self.waker, *self.store.flow_queue(q.qid))
-                if flow.take_release(self.seg, q.qid):
-                    self._unblock(q.qid)
+                flow.drained(state.seg, state.waker, *self.store.flow_queue(q.qid))
+                if flow.take_release(state.seg, q.qid):
+                    state.send_all(ipc.Unblock(q.qid))
         self._count_consumer_states()
         self.stats.flush()
-        self.settles.flush()
-        self.settles.sweep()
-        self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        state.settles.flush()
+        state.settles.sweep()
+        self.state.loop.call_later(SWEEP_INTERVAL, self.sweep)
 
 
 _STATE_GAUGES = {

@@ -9,44 +9,57 @@ overflow, delivery limit, capacity)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from shoal.broker.amqp import definitions, errors, policies, quorum
-from shoal.broker.scheduler.queues import QueueLifecycle
-from shoal.broker.scheduler.state import QueueState
+from shoal.broker.scheduler import control as C
+from shoal.broker.scheduler.journal import Journal
+from shoal.broker.scheduler.queues import Rules
+from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm import layout
 
 log = logging.getLogger("shoal.scheduler")
 
 
-class Policies(QueueLifecycle):
-    def control(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A `shoal policy` request: {"op": set_policy | clear_policy |
-        list_policies, ...}; the answer, or {"error": why}."""
-        op = request.get("op")
-        vhost = str(request.get("vhost", self.vhost))
-        try:
-            if op == "set_policy":
-                self.set_policy(
-                    vhost,
-                    str(request.get("name", "")),
-                    str(request.get("pattern", "")),
-                    str(request.get("apply_to", "all")),
-                    int(request.get("priority", 0)),
-                    dict(request.get("definition") or {}),
-                )
-            elif op == "clear_policy":
-                self.clear_policy(vhost, str(request.get("name", "")))
-            elif op == "list_policies":
-                named = self.definitions.policies.get(vhost, {})
-                return {"policies": [{"vhost": vhost, **p} for p in named.values()]}
-            else:
-                return {"error": f"unknown request {op!r}"}
-        except (policies.PolicyError, errors.AMQPError, TypeError, ValueError) as exc:
-            return {"error": str(exc)}
-        return {"ok": True}
+class QueueRules(Protocol):
+    """What policies need of the queue lifecycle (queues.py): a queue's
+    rules and expiry from its arguments and the policies now."""
 
-    def set_policy(
+    def rules(self, vhost: str, name: bytes, arguments: dict[str, Any], kind: str) -> Rules: ...
+
+    def expires(self, vhost: str, name: bytes, arguments: dict[str, Any]) -> int: ...
+
+    def queue_used(self, q: QueueState) -> None: ...
+
+
+class Policies:
+    def __init__(self, state: SchedulerState, journal: Journal, lifecycle: QueueRules) -> None:
+        self.state = state
+        self._journal = journal.journal
+        self.lifecycle = lifecycle
+
+    # ---------------------------------------------------- control requests
+    def set_policy(self, r: C.SetPolicy) -> C.Ok:
+        vhost = r.in_vhost(self.state.vhost)
+        self.set(vhost, r.name, r.pattern, r.apply_to, r.priority, r.definition or {})
+        return C.OK
+
+    def clear_policy(self, r: C.ClearPolicy) -> C.Ok:
+        vhost, name = r.in_vhost(self.state.vhost), r.name
+        if name not in self.state.definitions.policies.get(vhost, {}):
+            raise policies.PolicyError(f"no policy '{name}' in vhost '{vhost}'")
+        self._journal(definitions.PolicyCleared(vhost, name))
+        log.info("policy %r cleared in vhost %r", name, vhost)
+        self.apply_policies(vhost)
+        return C.OK
+
+    def list_policies(self, r: C.ListPolicies) -> C.PolicyRows:
+        vhost = r.in_vhost(self.state.vhost)
+        named = self.state.definitions.policies.get(vhost, {})
+        return C.PolicyRows([{"vhost": vhost, **p} for p in named.values()])
+
+    # ------------------------------------------------------------- rules
+    def set(
         self,
         vhost: str,
         name: str,
@@ -55,40 +68,34 @@ class Policies(QueueLifecycle):
         priority: int,
         definition: dict[str, Any],
     ) -> None:
-        if vhost not in self.definitions.vhost_ids:
+        if vhost not in self.state.definitions.vhost_ids:
             raise policies.PolicyError(f"no vhost '{vhost}'")
         policies.check(name, pattern, apply_to, definition)
         self._journal(definitions.PolicySet(vhost, name, pattern, apply_to, priority, definition))
         log.info("policy %r set in vhost %r: %r on %r", name, vhost, definition, pattern)
-        self._apply_policies(vhost)
+        self.apply_policies(vhost)
 
-    def clear_policy(self, vhost: str, name: str) -> None:
-        if name not in self.definitions.policies.get(vhost, {}):
-            raise policies.PolicyError(f"no policy '{name}' in vhost '{vhost}'")
-        self._journal(definitions.PolicyCleared(vhost, name))
-        log.info("policy %r cleared in vhost %r", name, vhost)
-        self._apply_policies(vhost)
-
-    def _apply_policies(self, vhost: str) -> None:
+    def apply_policies(self, vhost: str) -> None:
         """The rules of every queue of `vhost`, from its arguments and the
         policies now (streams and delay queues take none of these keys)."""
-        for q in list(self.queues.values()):
+        for q in list(self.state.queues.values()):
             if q.vhost == vhost and not q.stream:
                 self._reapply(q)
 
     def _reapply(self, q: QueueState) -> None:
-        flags = self.store.flags(q.qid)
+        store = self.state.store
+        flags = store.flags(q.qid)
         if flags & layout.QF_DELAYED:
             return
         kind = quorum.QUORUM if flags & layout.QF_QUORUM else quorum.CLASSIC
-        arguments = self.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
+        arguments = self.state.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
         try:
-            rules = self._rules(q.vhost, q.name, arguments, kind)
-            expires = self._expires(q.vhost, q.name, arguments)
+            rules = self.lifecycle.rules(q.vhost, q.name, arguments, kind)
+            expires = self.lifecycle.expires(q.vhost, q.name, arguments)
         except errors.AMQPError as exc:  # its own arguments were checked: never fatal
             log.warning("queue %r: its rules not applied again: %s", q.name, exc)
             return
         for log_qid in q.levels.values():
-            self.store.set_rules(log_qid, *rules)
+            store.set_rules(log_qid, *rules)
         q.expires_ms = expires or 0
-        self._queue_used(q)  # a new expiry counts from now
+        self.lifecycle.queue_used(q)  # a new expiry counts from now

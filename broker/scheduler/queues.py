@@ -1,8 +1,9 @@
 """Queue lifecycle: queue.declare (its arguments checked by
 broker/amqp/x_arguments.py), delete and purge, the exclusive and
-auto-delete rules, priority levels' slots, and the queue index a restarted
-scheduler rebuilds from the segment. The scheduler is the only creator and
-remover of queue table slots.
+auto-delete rules, priority levels' slots, delay queues, and the queue index
+a restarted scheduler rebuilds from the segment. The scheduler is the only
+creator and remover of queue table slots. A queue's x-expires timer is its
+QueueExpiry's (queue_expiry.py), which this part owns.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from shoal.broker import ipc
@@ -26,29 +28,57 @@ from shoal.broker.amqp import (
 )
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.scheduler import dedup_caches
-from shoal.broker.scheduler.durable import QueueDeclared, QueueDeleted, Restored, new_uid
+from shoal.broker.scheduler.durable import Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
-from shoal.broker.scheduler.state import QueueState
+from shoal.broker.scheduler.queue_expiry import QueueExpiry
+from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm import flow, layout, stats
 from shoal.shm.streams import StreamSettings
+from shoal.store.definitions import QueueDeclared, QueueDeleted
 from shoal.store.streams import stream_directory, streams_directory
 
 log = logging.getLogger("shoal.scheduler")
 
 
-class QueueLifecycle(Journal):
-    """Queues: built on the definitions journal (a queue's arguments and
+def _no_exchanges(vhost: str, sources: set[str]) -> None:
+    raise AssertionError("QueueLifecycle.unbound is wired by the Scheduler")
+
+
+class QueueLifecycle:
+    """Queues: over the definitions journal (a queue's arguments and
     bindings are journaled, and go with it)."""
 
-    def _load_queues(self) -> None:
+    def __init__(self, state: SchedulerState, journal: Journal) -> None:
+        self.state = state
+        # The state's objects that are never replaced, bound once.
+        self.store = state.store
+        self.seg = state.seg
+        self.queues = state.queues
+        self.by_name = state.by_name
+        self.level_of = state.level_of
+        self.consumers = state.consumers
+        self.links = state.links
+        self.stats = state.stats
+        self.free_qids: list[int] = []  # queue table slots, oldest freed first
+        self.journal = journal
+        self._journal = journal.journal
+        self._persist = journal.persist
+        self.expiry = QueueExpiry(state, self.remove_queue)
+        self.queue_used = self.expiry.queue_used
+        # The exchanges that lost their last binding to a removed queue
+        # (Exchanges.auto_delete, exchanges.py): wired by the Scheduler, as
+        # exchanges need this part back for their delay queues.
+        self.unbound: Callable[[str, set[str]], None] = _no_exchanges
+
+    def load_queues(self) -> None:
         """Rebuild the queue index from the segment (a restarted scheduler)."""
         used = set()
-        vhosts = {vhost_id: name for name, vhost_id in self.definitions.vhost_ids.items()}
+        vhosts = {vhost_id: name for name, vhost_id in self.state.definitions.vhost_ids.items()}
         for vhost_id, name, qid in self.store.scan():
             flags = self.store.flags(qid)
             q = QueueState(
                 qid,
-                vhosts.get(vhost_id, self.vhost),
+                vhosts.get(vhost_id, self.state.vhost),
                 name,
                 bool(flags & layout.QF_DURABLE),
                 bool(flags & layout.QF_EXCLUSIVE),
@@ -57,13 +87,13 @@ class QueueLifecycle(Journal):
             )
             q.max_priority = self.store.max_priority(qid)
             q.stream = bool(flags & layout.QF_STREAM)
-            arguments = self.definitions.queue_arguments.get((q.vhost, name.decode()), {})
+            arguments = self.state.definitions.queue_arguments.get((q.vhost, name.decode()), {})
             q.qcm.single_active = arguments.get("x-single-active-consumer") is True
             try:
-                q.expires_ms = self._expires(q.vhost, name, arguments)
+                q.expires_ms = self.expires(q.vhost, name, arguments)
             except errors.AMQPError:
                 q.expires_ms = 0
-            self._queue_used(q)  # a restarted scheduler: the clock starts again
+            self.queue_used(q)  # a restarted scheduler: the clock starts again
             self.queues[qid] = q
             self.by_name[(q.vhost, name)] = q
             used.add(qid)
@@ -75,9 +105,10 @@ class QueueLifecycle(Journal):
             owner.levels[level] = qid
             self.level_of[qid] = owner
             used.add(qid)
-        self.free_qids = [q for q in range(self.seg.layout.limits.max_queues) if q not in used]
+        limit = self.seg.layout.limits.max_queues
+        self.free_qids = [q for q in range(limit) if q not in used]
 
-    def _known_uids(self, restored: Restored) -> None:
+    def known_uids(self, restored: Restored) -> None:
         """A restarted scheduler: its durable queues' uids, from the log
         (a queue a predecessor created but was killed before logging gets
         a new one, logged by the snapshot that follows)."""
@@ -88,7 +119,7 @@ class QueueLifecycle(Journal):
                 if not q.stream:  # a stream's uid names its files (shm/streams.py)
                     self.store.set_uid(q.qid, q.uid)
 
-    def _restore_queues(self, restored: Restored) -> None:
+    def restore_queues(self, restored: Restored) -> None:
         """A new broker: declare the durable queues the data directory
         holds (before the acceptor takes a connection). A queue that cannot
         be declared any more (a limit lowered since) is logged and left out
@@ -96,7 +127,7 @@ class QueueLifecycle(Journal):
         one (`unrestored`). One that exists
         was restored by a scheduler killed before it finished: its
         arguments are journaled again (the journal was started afresh)."""
-        self.restoring = True
+        self.journal.restoring = True
         try:
             for record in restored.queues.values():
                 try:
@@ -115,7 +146,7 @@ class QueueLifecycle(Journal):
                                 )
                             )
                         continue
-                    self._declare(
+                    self.declare(
                         record.vhost,
                         record.queue.encode(),
                         False,
@@ -136,7 +167,7 @@ class QueueLifecycle(Journal):
                         exc.reply_text,
                     )
                     router = restored.definitions.router(record.vhost)
-                    self.unrestored[(record.vhost, record.queue)] = (
+                    self.state.unrestored[(record.vhost, record.queue)] = (
                         record,
                         [
                             definitions.Bound(record.vhost, x.name, "q", dest, key, arguments)
@@ -146,9 +177,9 @@ class QueueLifecycle(Journal):
                         ],
                     )
         finally:
-            self.restoring = False
+            self.journal.restoring = False
 
-    def _declare(
+    def declare(
         self,
         vhost: str,
         name: bytes,
@@ -162,11 +193,11 @@ class QueueLifecycle(Journal):
         uid: int = 0,
     ) -> list[Any]:
         self.stats.v[stats.QUEUES_DECLARED] += 1
-        self._check_vhost_exists(vhost)
+        self.state.check_vhost_exists(vhost)
         if DELAY_QUEUE_ARGUMENT in arguments:
             q = self.by_name.get((vhost, name))  # the broker's own declare
         else:
-            q = self._client_queue(vhost, name) if name else None
+            q = self.state.client_queue(vhost, name) if name else None
         if q is not None:
             q.check_exclusive(conn_id)
             if not passive:
@@ -184,7 +215,7 @@ class QueueLifecycle(Journal):
                 if exclusive != q.exclusive:
                     raise errors.ChannelError(errors.RESOURCE_LOCKED, q.locked_text())
                 self._check_queue_arguments(q, arguments)
-            self._queue_used(q)
+            self.queue_used(q)
         elif passive:
             raise errors.ChannelError(
                 errors.NOT_FOUND, errors.no_queue(name.decode(errors="replace"), vhost)
@@ -212,11 +243,11 @@ class QueueLifecycle(Journal):
                     quorum.check_declare(name, vhost, arguments, durable, exclusive, auto_delete)
                 max_priority = X.max_priority(name, vhost, arguments)
                 single_active = X.single_active(name, vhost, arguments)
-                rules = self._rules(vhost, name, arguments, kind)
+                rules = self.rules(vhost, name, arguments, kind)
                 counting, capacity, resume = rules.delivery_limit, rules.capacity, rules.resume
                 limits, message_ttl = rules.limits, rules.message_ttl
                 dedup_spec = dedup.queue_spec(arguments, durable and not exclusive)
-            expires = self._expires(vhost, name, arguments)
+            expires = self.expires(vhost, name, arguments)
             if not self.free_qids:
                 raise errors.ChannelError(
                     errors.RESOURCE_ERROR,
@@ -226,7 +257,7 @@ class QueueLifecycle(Journal):
             if arguments:  # first: if the journal is full, nothing was created
                 self._journal(definitions.QueueArgumentsSet(vhost, name.decode(), arguments))
             if durable and not exclusive:  # on disk before the queue exists
-                self.unrestored.pop((vhost, name.decode()), None)  # this one takes its place
+                self.state.unrestored.pop((vhost, name.decode()), None)  # this one takes its place
                 uid = uid or new_uid()
                 try:
                     self._persist(QueueDeclared(vhost, name.decode(), auto_delete, arguments, uid))
@@ -245,7 +276,7 @@ class QueueLifecycle(Journal):
                 | (layout.QF_DEDUP if dedup_spec is not None else 0)
             )
             if stream is not None:  # before create() makes the queue active
-                self.stream_words.set_settings(
+                self.state.stream_words.set_settings(
                     qid,
                     StreamSettings(uid, stream.max_bytes, stream.max_age_ms, stream.segment_bytes),
                 )
@@ -254,7 +285,7 @@ class QueueLifecycle(Journal):
                 name,
                 flags,
                 owner,
-                self.definitions.vhost_ids[vhost],
+                self.state.definitions.vhost_ids[vhost],
                 max_priority,
                 capacity=capacity,
                 resume=resume,
@@ -265,7 +296,8 @@ class QueueLifecycle(Journal):
                 delivery_limit=counting,
             )
             if dedup_spec is not None:
-                dedup_caches.create(self.config, dedup_spec, self._dedup_file(vhost, name, qid))
+                cache = self._dedup_file(vhost, name, qid)
+                dedup_caches.create(self.state.config, dedup_spec, cache)
             q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
             q.uid = uid if durable and not exclusive else 0
             q.stream = stream is not None
@@ -275,19 +307,13 @@ class QueueLifecycle(Journal):
             self.stats.v[stats.QUEUES_CREATED] += 1
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
-            self._queue_used(q)
-        return [q.qid, q.name, self.messages(q), len(q.qcm)]
-
-    def _check_vhost_exists(self, vhost: str) -> None:
-        """A request from a connection to a vhost deleted meanwhile (its
-        close is on its way): nothing may be made in it."""
-        if vhost not in self.definitions.vhost_ids:
-            raise errors.ConnectionError_(errors.NOT_ALLOWED, f"vhost {vhost} not found")
+            self.queue_used(q)
+        return [q.qid, q.name, self.state.messages(q), len(q.qcm)]
 
     def _check_queue_limit(self, vhost: str, name: bytes) -> None:
         """A vhost's max-queues (`shoal ctl set_vhost_limits`), as RabbitMQ
         refuses the queue over it."""
-        limit = self.definitions.vhost_limits.get(vhost, {}).get("max-queues")
+        limit = self.state.definitions.vhost_limits.get(vhost, {}).get("max-queues")
         if limit is None:
             return
         count = sum(
@@ -307,9 +333,10 @@ class QueueLifecycle(Journal):
         (broker/amqp/policies.py); delay queues take no policy."""
         if _is_delay_queue(name, arguments):
             return arguments
-        return policies.effective(arguments, self.definitions.policy_for(vhost, name.decode()))
+        policy = self.state.definitions.policy_for(vhost, name.decode())
+        return policies.effective(arguments, policy)
 
-    def _rules(self, vhost: str, name: bytes, arguments: dict[str, Any], kind: str) -> Rules:
+    def rules(self, vhost: str, name: bytes, arguments: dict[str, Any], kind: str) -> Rules:
         """What a classic or quorum queue's record says of its rules, from
         its arguments and its policy. The queue's own arguments are checked
         (RabbitMQ's texts); a policy key that does not fit the queue (a
@@ -344,7 +371,7 @@ class QueueLifecycle(Journal):
             resume,
         )
 
-    def _expires(self, vhost: str, name: bytes, arguments: dict[str, Any]) -> int:
+    def expires(self, vhost: str, name: bytes, arguments: dict[str, Any]) -> int:
         """x-expires in ms (0: none), the policy's applied; a policy value
         that does not fit is ignored."""
         own = X.expires(name, vhost, arguments) or 0
@@ -353,20 +380,20 @@ class QueueLifecycle(Journal):
         except errors.AMQPError:
             return own
 
-    def _delay_queue(self, vhost: str, exchange: str, durable: bool | None) -> None:
+    def delay_queue(self, vhost: str, exchange: str, durable: bool | None) -> None:
         name = routing.delay_queue(exchange).encode()
         q = self.by_name.get((vhost, name))
         if durable is None:
             if q is not None:
-                self._remove_queue(q)
+                self.remove_queue(q)
         elif q is None:
             arguments = {DELAY_QUEUE_ARGUMENT: True}
-            self._declare(vhost, name, False, durable, False, False, 0, 0, arguments)
+            self.declare(vhost, name, False, durable, False, False, 0, 0, arguments)
 
     def _with_capacity_defaults(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """The broker-wide capacity (--default-capacity) for a queue declared
         without x-capacity; its own arguments win."""
-        config = self.config
+        config = self.state.config
         if "x-capacity" in arguments or not config.default_capacity:
             return arguments
         defaults: dict[str, Any] = {"x-capacity": config.default_capacity}
@@ -375,10 +402,10 @@ class QueueLifecycle(Journal):
         return {**defaults, **arguments}
 
     def _check_queue_arguments(self, q: QueueState, arguments: dict[str, Any]) -> None:
-        current = self.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
+        current = self.state.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
         X.check_equivalent(q.name, q.vhost, arguments, current)
 
-    def _level(self, qid: int, level: int) -> list[Any]:
+    def level(self, qid: int, level: int) -> list[Any]:
         """A publisher needs priority `level` of queue `qid`: give it a slot.
         Without a free slot the message goes to the nearest lower level that
         exists (level 0 always does), which only blurs order within it."""
@@ -392,7 +419,7 @@ class QueueLifecycle(Journal):
             log.warning("queue %r: no free slot for priority %d (--max-queues)", q.name, level)
             return [q.levels[max(p for p in q.levels if p < level)]]
         slot = self.free_qids.pop(0)
-        vhost_id = self.definitions.vhost_ids[q.vhost]
+        vhost_id = self.state.definitions.vhost_ids[q.vhost]
         # A level has its queue's capacity and length limits, so that a publish
         # to it finds them with the same one load as a queue's own publish.
         capacity, resume, length_limits = self.store.limits_of(qid)
@@ -417,17 +444,8 @@ class QueueLifecycle(Journal):
         self.store.set_watch(slot, True)
         return [slot]
 
-    def _client_queue(self, vhost: str, name: bytes) -> QueueState | None:
-        """A queue by name as clients see them: a delayed message exchange's
-        delay queue is the broker's own (as RabbitMQ's plugin keeps its
-        messages out of sight)."""
-        q = self.by_name.get((vhost, name))
-        if q is not None and self.store.flags(q.qid) & layout.QF_DELAYED:
-            return None
-        return q
-
     def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
-        q = self._client_queue(vhost, name)
+        q = self.state.client_queue(vhost, name)
         if q is None:
             raise errors.ChannelError(
                 errors.NOT_FOUND, errors.no_queue(name.decode(errors="replace"), vhost)
@@ -435,10 +453,8 @@ class QueueLifecycle(Journal):
         q.check_exclusive(conn_id)
         return q
 
-    def _delete(
-        self, vhost: str, name: bytes, if_unused: bool, if_empty: bool, conn_id: int
-    ) -> int:
-        q = self._client_queue(vhost, name)
+    def delete(self, vhost: str, name: bytes, if_unused: bool, if_empty: bool, conn_id: int) -> int:
+        q = self.state.client_queue(vhost, name)
         if q is None:
             return 0  # RabbitMQ: deleting a missing queue succeeds
         q.check_exclusive(conn_id)
@@ -446,7 +462,7 @@ class QueueLifecycle(Journal):
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, f"queue '{name.decode()}' in vhost '{vhost}' in use"
             )
-        ready = self.messages(q)
+        ready = self.state.messages(q)
         # RabbitMQ counts ready messages only: a message delivered and not
         # yet acknowledged does not make the queue "not empty".
         if if_empty and ready:
@@ -454,10 +470,10 @@ class QueueLifecycle(Journal):
                 errors.PRECONDITION_FAILED,
                 f"queue '{name.decode()}' in vhost '{vhost}' is not empty",
             )
-        self._remove_queue(q)
+        self.remove_queue(q)
         return ready
 
-    def _purge(self, vhost: str, name: bytes, conn_id: int) -> int:
+    def purge(self, vhost: str, name: bytes, conn_id: int) -> int:
         q = self._lookup(vhost, name, conn_id)
         if q.stream:
             raise errors.ChannelError(
@@ -465,11 +481,9 @@ class QueueLifecycle(Journal):
                 f"purge not supported by stream queue '{name.decode()}' in vhost '{vhost}'",
             )
         purged = sum(self.store.purge(qid) for qid in q.levels.values())
-        flow.drained(self.seg, self.waker, *self.store.flow_queue(q.qid))  # may release
+        # May release its blocked publishers.
+        flow.drained(self.seg, self.state.waker, *self.store.flow_queue(q.qid))
         return purged
-
-    def _queue_used(self, q: QueueState) -> None:
-        """Declared, redeclared, or its last consumer went (expiry.py)."""
 
     def _dedup_file(self, vhost: str, name: bytes, qid: int) -> str:
         """Queue `qid`'s deduplication cache file (workers/dedup.py names
@@ -477,12 +491,10 @@ class QueueLifecycle(Journal):
         incarnation = self.store.uid(qid) or self.store.generation(qid)
         return dedup.cache_file("q", vhost, name.decode(), incarnation)
 
-    def _remove_queue(self, q: QueueState) -> None:
+    def remove_queue(self, q: QueueState) -> None:
         if self.store.flags(q.qid) & layout.QF_DEDUP:
-            dedup_caches.remove(self.config, self._dedup_file(q.vhost, q.name, q.qid))
-        if q.expiry_timer is not None:
-            q.expiry_timer.cancel()
-            q.expiry_timer = None
+            dedup_caches.remove(self.state.config, self._dedup_file(q.vhost, q.name, q.qid))
+        self.expiry.disarm(q)
         for key in list(q.qcm):
             self.consumers.pop(key, None)
             worker, cid = key
@@ -490,7 +502,7 @@ class QueueLifecycle(Journal):
             if link is not None:
                 link.send(ipc.ConsumerGone(cid))
         if not self.store.flow_open(q.qid):
-            self._unblock(q.qid)  # its publishers wait for nothing now
+            self.state.send_all(ipc.Unblock(q.qid))  # its publishers wait for nothing now
         for level, qid in q.levels.items():
             self.store.remove(qid)
             if level:
@@ -500,7 +512,7 @@ class QueueLifecycle(Journal):
         self.by_name.pop((q.vhost, q.name), None)
         if q.stream:  # its files go with it (a reader with one open reads on)
             shutil.rmtree(
-                stream_directory(streams_directory(self.config.data_path()), q.uid),
+                stream_directory(streams_directory(self.state.config.data_path()), q.uid),
                 ignore_errors=True,
             )
         if q.durable and not q.exclusive:
@@ -511,13 +523,13 @@ class QueueLifecycle(Journal):
         self.stats.v[stats.QUEUES_DELETED] += 1
         self.free_qids.append(q.qid)
         dest = ("q", q.name.decode())
-        router = self.definitions.router(q.vhost)
+        router = self.state.definitions.router(q.vhost)
         sources = {source for source, _rk, _args in router.bindings_to(dest)}
-        if sources or (q.vhost, dest[1]) in self.definitions.queue_arguments:
+        if sources or (q.vhost, dest[1]) in self.state.definitions.queue_arguments:
             self._journal(definitions.QueueGone(q.vhost, dest[1]))
-            self._auto_delete(q.vhost, sources)
+            self.unbound(q.vhost, sources)
 
-    def _drop_stale_dedup_caches(self) -> None:
+    def drop_stale_dedup_caches(self) -> None:
         """At a broker's start: memory caches start empty; disk caches stay
         for the durable queues and exchanges that name them."""
         keep = {
@@ -527,21 +539,21 @@ class QueueLifecycle(Journal):
         }
         keep |= {
             dedup.cache_file("q", record.vhost, record.queue, record.uid)
-            for record, _bindings in self.unrestored.values()
+            for record, _bindings in self.state.unrestored.values()
         }
-        for vhost, router in self.definitions.vhosts.items():
+        for vhost, router in self.state.definitions.vhosts.items():
             keep |= {
                 dedup.cache_file("x", vhost, name, 0)
                 for name, x in router.exchanges.items()
                 if dedup.deduplicates(x.type, x.arguments)
             }
-        dedup_caches.at_start(self.config, keep)
+        dedup_caches.at_start(self.state.config, keep)
 
-    def _drop_stale_streams(self) -> None:
+    def drop_stale_streams(self) -> None:
         """At a broker's start: the directories of streams that no durable
         queue names any more (a delete whose removal raced the stream's
         writer creating a segment) go."""
-        root = streams_directory(self.config.data_path())
+        root = streams_directory(self.state.config.data_path())
         keep = {
             os.path.basename(stream_directory(root, q.uid))
             for q in self.queues.values()
@@ -549,7 +561,7 @@ class QueueLifecycle(Journal):
         }
         keep |= {
             os.path.basename(stream_directory(root, record.uid))
-            for record, _bindings in self.unrestored.values()
+            for record, _bindings in self.state.unrestored.values()
         }
         try:
             names = os.listdir(root)
@@ -560,14 +572,9 @@ class QueueLifecycle(Journal):
                 log.warning("removing the files of a deleted stream (%s)", name)
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
-    def _connection_closed(self, conn_id: int) -> None:
+    def connection_closed(self, conn_id: int) -> None:
         for q in [q for q in self.queues.values() if q.exclusive and q.owner == conn_id]:
-            self._remove_queue(q)
-
-    def _unblock(self, qid: int) -> None:
-        """Release every publisher blocked on queue `qid` (shm/flow.py)."""
-        for link in self.links.values():
-            link.send(ipc.Unblock(qid))
+            self.remove_queue(q)
 
 
 # x-overflow as the queue record holds it (shm/layout.py).

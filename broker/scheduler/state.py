@@ -1,13 +1,14 @@
 """What the scheduler knows: a QueueState per declared queue, and the
-SchedulerState that every layer of the Scheduler reads and writes.
+SchedulerState that the scheduler's parts share.
 
-The Scheduler (main.py) is one object built in layers, each a module with
-one job that uses only the layers below it: journal.py (exchanges, bindings,
-the definitions journal), queues.py (queue lifecycle), notify.py (consumers'
-turns, wake-ups, the sweep), main.py (the process loop and message
-dispatch). This module decides nothing; it declares the shared state, and
-the sums over a queue's priority levels that every layer (and the control
-socket, introspect.py) reads.
+The Scheduler (main.py) is a composition: parts that each own their own
+state and are handed, at construction, this shared state and the narrow
+parts of each other they call (journal.py, exchanges.py, queues.py,
+queue_expiry.py, policies.py, accounts.py, connections.py, transfer.py,
+notify.py). This module decides nothing; it holds what several parts
+genuinely share (the segment's handles, the queue index, the definitions,
+the senders to the workers), and the sums over a queue's priority levels
+that every part (and the control socket, introspect.py) reads.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import asyncio
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
-from shoal.broker.amqp.definitions import Bound, Definitions
+from shoal.broker.amqp.definitions import Bound, Definitions, Op
 from shoal.broker.config import Config
 from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
-from shoal.broker.scheduler.durable import DefinitionsLog, QueueDeclared
+from shoal.shm import layout
 from shoal.shm._atomic import Atomic
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.queues import QueueStore
@@ -27,6 +28,7 @@ from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.streams import StreamWords
 from shoal.shm.wake import Waker
+from shoal.store.definitions import DefinitionsLog, QueueDeclared
 from shoal.store.settles import SettleWriter
 
 
@@ -90,7 +92,7 @@ class QueueState:
         # A stream queue (x-queue-type stream): its consumers are browsers of
         # its files, woken when its durable offsets move (shm/streams.py).
         self.stream = False
-        # x-expires (broker/scheduler/expiry.py): ms unused before it is
+        # x-expires (broker/scheduler/queue_expiry.py): ms unused before it is
         # deleted (0: never), when it was last used, the basic.get count then,
         # and the timer armed while it has no consumer.
         self.expires_ms = 0
@@ -108,41 +110,49 @@ class QueueState:
 
 
 class SchedulerState:
-    """The scheduler's state, built by Scheduler.__init__ (main.py). One
-    process, one thread, so nothing here is locked."""
+    """What the scheduler's parts share, built once by the Scheduler
+    (main.py). One process, one thread, so nothing here is locked. The
+    durable definitions log and the settle writer are opened at boot
+    (Scheduler.run), before any part uses them."""
 
-    config: Config
-    seg: Segment
-    a: Atomic
-    store: QueueStore
-    waker: Waker
-    efd: int
-    loop: asyncio.AbstractEventLoop
-    links: dict[int, ipc.Link[ipc.ToScheduler]]  # worker slot -> its control link
-    all_links: dict[int, ipc.Link[ipc.ToScheduler]]  # every worker slot's, running or not
-    queues: dict[int, QueueState]  # qid -> declared queue
-    by_name: dict[tuple[str, bytes], QueueState]  # (vhost, name) -> declared queue
-    level_of: dict[int, QueueState]  # level slot qid -> its queue
-    free_qids: list[int]
-    consumers: dict[ConsumerKey, tuple[int, bool]]  # -> (qid, exclusive)
-    awaiting_hello: set[int]  # workers a restarted scheduler waits for
-    suspects: set[int]  # queues the last sweep found stalled
-    slot: int  # offset of the scheduler's process table slot
-    vhost: str  # the default virtual host
-    catalog: CatalogWriter
-    definitions: Definitions
     durable: DefinitionsLog  # what of the definitions outlives the broker (durable.py)
     settles: SettleWriter  # persistent messages purged or deleted (store/settles.py)
-    restoring: bool  # while the durable definitions are being restored: not logged again
-    # Durable queues the log holds but this start could not declare (a limit
-    # lowered since), with their bindings: kept in the log for a later start.
-    unrestored: dict[tuple[str, str], tuple[QueueDeclared, list[Bound]]]
-    stats: Counters
-    stream_words: StreamWords
-    # Open client connections (conn_id -> (vhost, user)), from the workers'
-    # CONN_OPEN and HELLO: vhost and user max-connections (access.py).
-    client_connections: dict[int, tuple[str, str]]
-    user_channels: dict[str, dict[int, int]]  # user -> worker -> open channels
+
+    def __init__(
+        self,
+        config: Config,
+        seg: Segment,
+        efd: int,
+        loop: asyncio.AbstractEventLoop,
+        all_links: dict[int, ipc.Link[ipc.ToScheduler]],
+        running: list[int],
+    ) -> None:
+        self.config = config
+        self.seg = seg
+        self.a: Atomic = seg.atomic
+        slot = layout.scheduler_slot(seg.layout)
+        self.store = QueueStore(seg, 0, slot)
+        self.waker = Waker(seg, efd)
+        self.stream_words = StreamWords(seg)
+        self.stats = Counters(seg, slot)
+        self.slot = seg.layout.proc(slot)  # offset of the scheduler's process table slot
+        self.loop = loop
+        # Every worker slot's link is read; the scheduler sends on those of
+        # running workers only (the worker count changes at runtime: a slot
+        # joins with its HELLO and leaves when the supervisor retires it).
+        self.all_links = all_links
+        self.links = {i: all_links[i] for i in running if i in all_links}
+        self.queues: dict[int, QueueState] = {}  # qid -> declared queue
+        self.by_name: dict[tuple[str, bytes], QueueState] = {}  # (vhost, name) -> queue
+        self.level_of: dict[int, QueueState] = {}  # level slot qid -> its queue
+        self.consumers: dict[ConsumerKey, tuple[int, bool]] = {}  # -> (qid, exclusive)
+        self.vhost = config.default_vhost  # the default virtual host
+        self.catalog = CatalogWriter(seg, Op)
+        self.definitions = Definitions()
+        # Durable queues the log holds but this start could not declare (a
+        # limit lowered since), with their bindings: kept in the log for a
+        # later start.
+        self.unrestored: dict[tuple[str, str], tuple[QueueDeclared, list[Bound]]] = {}
 
     def ready(self, q: QueueState) -> int:
         """Ready entries over all the queue's levels."""
@@ -169,3 +179,23 @@ class SchedulerState:
             return self.stream_words.next_offset(q.qid)
         changes = self.store.changes
         return sum(changes(qid) for qid in q.levels.values())
+
+    def client_queue(self, vhost: str, name: bytes) -> QueueState | None:
+        """A queue by name as clients see them: a delayed message exchange's
+        delay queue is the broker's own (as RabbitMQ's plugin keeps its
+        messages out of sight)."""
+        q = self.by_name.get((vhost, name))
+        if q is not None and self.store.flags(q.qid) & layout.QF_DELAYED:
+            return None
+        return q
+
+    def check_vhost_exists(self, vhost: str) -> None:
+        """A request from a connection to a vhost deleted meanwhile (its
+        close is on its way): nothing may be made in it."""
+        if vhost not in self.definitions.vhost_ids:
+            raise errors.ConnectionError_(errors.NOT_ALLOWED, f"vhost {vhost} not found")
+
+    def send_all(self, message: ipc.Message) -> None:
+        """`message` to every running worker."""
+        for link in self.links.values():
+            link.send(message)

@@ -14,14 +14,13 @@ from typing import Any
 from shoal.broker.amqp import definitions as D
 from shoal.broker.amqp import definitions_json as J
 from shoal.broker.amqp import errors, policies, routing
-from shoal.broker.scheduler.access import (
-    USER_LIMITS,
-    VHOST_LIMITS,
-    Access,
-    ControlRequest,
-    checked_limits,
-)
-from shoal.broker.scheduler.state import QueueState
+from shoal.broker.scheduler import control as C
+from shoal.broker.scheduler.accounts import USER_LIMITS, VHOST_LIMITS, Accounts, checked_limits
+from shoal.broker.scheduler.exchanges import Exchanges
+from shoal.broker.scheduler.journal import Journal
+from shoal.broker.scheduler.policies import Policies
+from shoal.broker.scheduler.queues import QueueLifecycle
+from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm import layout, ownership
 
 log = logging.getLogger("shoal.scheduler")
@@ -29,37 +28,56 @@ log = logging.getLogger("shoal.scheduler")
 DELAY_QUEUES = routing.DELAY_QUEUE_PREFIX.encode()
 
 
-class Transfer(Access):
+class Transfer:
+    """Listings and definitions both ways, through the parts that make
+    each kind of definition (an import is checked as a client's declares)."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        journal: Journal,
+        accounts: Accounts,
+        policies: Policies,
+        exchanges: Exchanges,
+        lifecycle: QueueLifecycle,
+    ) -> None:
+        self.state = state
+        self._journal = journal.journal
+        self.accounts = accounts
+        self.policies = policies
+        self.exchanges = exchanges
+        self.lifecycle = lifecycle
+
     def _client_queues(self, vhost: str | None) -> list[QueueState]:
         """Clients' queues (not the delay queues), of one vhost or all."""
         return sorted(
             (
                 q
-                for q in self.queues.values()
+                for q in self.state.queues.values()
                 if (vhost is None or q.vhost == vhost) and not q.name.startswith(DELAY_QUEUES)
             ),
             key=lambda q: (q.vhost, q.name),
         )
 
     # ------------------------------------------------------ worker count
-    def set_worker_count(self, r: ControlRequest) -> dict[str, Any]:
+    def set_worker_count(self, r: C.SetWorkerCount) -> C.Workers:
         """Ask the supervisor for N IO workers (broker/supervisor/scaling.py
         reads H_WORKERS_WANTED in its loop)."""
-        count = r.fields.get("count")
-        ceiling = self.seg.layout.limits.max_workers
+        count = r.count
+        ceiling = self.state.seg.layout.limits.max_workers
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= ceiling:
             raise ValueError(
                 f"the worker count must be an integer from 1 to {ceiling} (--max-workers)"
             )
-        self.a.store(layout.H_WORKERS_WANTED, count)
+        self.state.a.store(layout.H_WORKERS_WANTED, count)
         log.info("%d IO workers asked for (shoal ctl)", count)
         return self.worker_count(r)
 
-    def worker_count(self, r: ControlRequest) -> dict[str, Any]:
+    def worker_count(self, r: C.WorkerCount | C.SetWorkerCount) -> C.Workers:
         """The count asked for, the workers taking connections, whether
         queues' ownership has settled on them, and workers still retiring."""
-        a, offsets = self.a, self.seg.layout
-        _gen, current, nxt = ownership.word(self.seg)
+        a, offsets = self.state.a, self.state.seg.layout
+        _gen, current, nxt = ownership.word(self.state.seg)
         workers = a.load(layout.H_WORKERS)
         retiring = [
             i
@@ -67,24 +85,31 @@ class Transfer(Access):
             if a.load(offsets.proc(i) + layout.P_RETIRING)
         ]
         serving = all(a.load(offsets.proc(i) + layout.P_READY) for i in range(workers))
+        wanted = a.load(layout.H_WORKERS_WANTED)
+        settled = current == nxt == workers == wanted and serving and not retiring
         row = {
-            "wanted": a.load(layout.H_WORKERS_WANTED),
+            "wanted": wanted,
             "workers": workers,
             "max_workers": offsets.limits.max_workers,
-            "settled": current == nxt == workers == a.load(layout.H_WORKERS_WANTED)
-            and serving
-            and not retiring,
+            "settled": settled,
             "retiring": retiring,
         }
-        return {**row, "rows": [row]}
+        return C.Workers(
+            wanted=wanted,
+            workers=workers,
+            max_workers=offsets.limits.max_workers,
+            settled=settled,
+            retiring=retiring,
+            rows=[row],
+        )
 
-    def list_queues(self, r: ControlRequest) -> dict[str, Any]:
+    def list_queues(self, r: C.ListQueues) -> C.Rows:
         rows = []
-        for q in self._client_queues(self._vhost(r)):
+        for q in self._client_queues(self.accounts.vhost(r)):
             name = q.name.decode(errors="replace")
-            arguments = self.definitions.queue_arguments.get((q.vhost, name), {})
-            policy = self.definitions.policy_for(q.vhost, name)
-            ready, unacked = self.messages(q), self.unacked(q)
+            arguments = self.state.definitions.queue_arguments.get((q.vhost, name), {})
+            policy = self.state.definitions.policy_for(q.vhost, name)
+            ready, unacked = self.state.messages(q), self.state.unacked(q)
             rows.append(
                 {
                     "name": name,
@@ -102,11 +127,11 @@ class Transfer(Access):
                     "state": "running",
                 }
             )
-        return {"rows": rows}
+        return C.Rows(rows)
 
-    def list_exchanges(self, r: ControlRequest) -> dict[str, Any]:
-        vhost = self._vhost(r)
-        router = self.definitions.vhosts.get(vhost)
+    def list_exchanges(self, r: C.ListExchanges) -> C.Rows:
+        vhost = self.accounts.vhost(r)
+        router = self.state.definitions.vhosts.get(vhost)
         rows = [
             {
                 "name": "",
@@ -131,59 +156,58 @@ class Transfer(Access):
                     "arguments": x.arguments,
                 }
             )
-        return {"rows": rows}
+        return C.Rows(rows)
 
-    def list_bindings(self, r: ControlRequest) -> dict[str, Any]:
+    def list_bindings(self, r: C.ListBindings) -> C.Rows:
         """As rabbitmqctl: the default exchange's implicit binding of each
         queue first, then the explicit ones."""
-        vhost = self._vhost(r)
+        vhost = self.accounts.vhost(r)
         rows = [
             _binding("", "queue", name, name, {})
             for q in self._client_queues(vhost)
             for name in [q.name.decode(errors="replace")]
         ]
-        router = self.definitions.vhosts.get(vhost)
+        router = self.state.definitions.vhosts.get(vhost)
         for source in sorted(router.exchanges if router else ()):
             x = router.exchanges[source]  # type: ignore[union-attr]
             for ((kind, dest), routing_key, _f), arguments in x.bindings.items():
                 dest_kind = "queue" if kind == "q" else "exchange"
                 rows.append(_binding(source, dest_kind, dest, routing_key, arguments))
-        return {"rows": rows}
+        return C.Rows(rows)
 
-    def purge_queue(self, r: ControlRequest) -> dict[str, Any]:
-        count = self._purge(self._vhost(r), r.text("queue").encode(), 0)
-        return {"ok": True, "messages": count}
+    def purge_queue(self, r: C.PurgeQueue) -> C.Counted:
+        count = self.lifecycle.purge(self.accounts.vhost(r), r.queue.encode(), 0)
+        return C.Counted(messages=count)
 
-    def delete_queue(self, r: ControlRequest) -> dict[str, Any]:
-        vhost, name = self._vhost(r), r.text("queue").encode()
-        if self._client_queue(vhost, name) is None:
+    def delete_queue(self, r: C.DeleteQueue) -> C.Counted:
+        vhost, name = self.accounts.vhost(r), r.queue.encode()
+        if self.state.client_queue(vhost, name) is None:
             raise errors.ChannelError(errors.NOT_FOUND, errors.no_queue(name.decode(), vhost))
-        count = self._delete(vhost, name, r.flag("if_unused"), r.flag("if_empty"), 0)
-        return {"ok": True, "messages": count}
+        count = self.lifecycle.delete(vhost, name, r.if_unused, r.if_empty, 0)
+        return C.Counted(messages=count)
 
     # ------------------------------------------------------- definitions
-    def export_definitions(self, r: ControlRequest) -> dict[str, Any]:
+    def export_definitions(self, r: C.ExportDefinitions) -> C.Exported:
         rows = []
         for q in self._client_queues(None):
             if q.exclusive:
                 continue  # as RabbitMQ 3.10: transient queues too, not exclusive ones
             name = q.name.decode(errors="replace")
-            arguments = self.definitions.queue_arguments.get((q.vhost, name), {})
+            arguments = self.state.definitions.queue_arguments.get((q.vhost, name), {})
             rows.append(
                 J.QueueRow(
                     q.vhost, name, q.durable, q.auto_delete, arguments, _queue_type(q, arguments)
                 )
             )
-        return {"definitions": J.export(self.definitions, rows, self.vhost)}
+        return C.Exported(J.export(self.state.definitions, rows, self.state.vhost))
 
-    def import_definitions(self, r: ControlRequest) -> dict[str, Any]:
-        imported = J.parse(r.fields.get("definitions"))
+    def import_definitions(self, r: C.ImportDefinitions) -> C.Ok:
+        imported = J.parse(r.definitions)
         self._check_import(imported)  # what can be refused is, before anything changes
-        ids = self.definitions.vhost_ids
+        ids = self.state.definitions.vhost_ids
         for vhost in imported.vhosts:
             if vhost not in ids:
-                for op in D.new_vhost_ops(vhost, self._next_vhost_id()):
-                    self._journal(op)
+                self.accounts.add(vhost)
         for user in imported.users:
             limits = checked_limits({}, user.limits, USER_LIMITS)
             self._journal(
@@ -199,17 +223,17 @@ class Transfer(Access):
         ]
         for permission in permissions:
             self._known_vhost(permission.vhost)
-            if permission.user not in self.definitions.users:
+            if permission.user not in self.state.definitions.users:
                 raise J.DefinitionsError(f"no user '{permission.user}' for its permissions")
             self._journal(permission)
         for p in imported.policies:
             self._known_vhost(p.vhost)
             policies.check(p.name, p.pattern, p.apply_to, p.definition)
             self._journal(p)
-            self._apply_policies(p.vhost)
+            self.policies.apply_policies(p.vhost)
         for x in imported.exchanges:
             self._known_vhost(x.vhost)
-            self._exchange_declare(
+            self.exchanges.exchange_declare(
                 x.vhost,
                 x.name,
                 x.exchange_type,
@@ -221,12 +245,12 @@ class Transfer(Access):
             )
         for q in imported.queues:
             self._known_vhost(q.vhost)
-            self._declare(
+            self.lifecycle.declare(
                 q.vhost, q.name.encode(), False, q.durable, False, q.auto_delete, 0, 0, q.arguments
             )
         for b in imported.bindings:
             self._known_vhost(b.vhost)
-            self._bind(
+            self.exchanges.bind(
                 b.vhost, b.source, b.kind, b.dest, b.routing_key, b.arguments, 0, unbind=False
             )
         log.info(
@@ -237,14 +261,14 @@ class Transfer(Access):
             len(imported.exchanges),
             len(imported.bindings),
         )
-        return {"ok": True}
+        return C.OK
 
     def _check_import(self, imported: J.Imported) -> None:
         """Refuse a document whose limits, policies, permissions' users or
         vhosts are wrong before journaling any of it (declares may still
         fail halfway, as RabbitMQ's import does)."""
-        vhosts = set(self.definitions.vhost_ids) | set(imported.vhosts)
-        users = set(self.definitions.users) | {u.user for u in imported.users}
+        vhosts = set(self.state.definitions.vhost_ids) | set(imported.vhosts)
+        users = set(self.state.definitions.users) | {u.user for u in imported.users}
         for user in imported.users:
             checked_limits({}, user.limits, USER_LIMITS)
         for vhost_limits in imported.vhost_limits:
@@ -271,7 +295,7 @@ class Transfer(Access):
                 raise J.DefinitionsError(f"no vhost '{vhost}' (list it under 'vhosts')")
 
     def _known_vhost(self, vhost: str) -> None:
-        if vhost not in self.definitions.vhost_ids:
+        if vhost not in self.state.definitions.vhost_ids:
             raise J.DefinitionsError(f"no vhost '{vhost}' (list it under 'vhosts')")
 
 
@@ -290,16 +314,3 @@ def _binding(
         "routing_key": routing_key,
         "arguments": arguments,
     }
-
-
-Transfer.CONTROL_REQUESTS = Access.CONTROL_REQUESTS | {
-    "list_queues",
-    "list_exchanges",
-    "list_bindings",
-    "purge_queue",
-    "delete_queue",
-    "export_definitions",
-    "import_definitions",
-    "set_worker_count",
-    "worker_count",
-}
