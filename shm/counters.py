@@ -24,6 +24,8 @@ OVERFLOW_NAMES = {
     layout.OVERFLOW_REJECT_PUBLISH: "reject-publish",
     layout.OVERFLOW_REJECT_PUBLISH_DLX: "reject-publish-dlx",
 }
+# x-overflow as the queue record holds it (what the scheduler writes).
+OVERFLOW_CODES = {name: code for code, name in OVERFLOW_NAMES.items()}
 
 
 @dataclass(slots=True)

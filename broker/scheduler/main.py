@@ -50,7 +50,7 @@ from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.queues import QueueLifecycle
 from shoal.broker.scheduler.state import SchedulerState
 from shoal.broker.scheduler.transfer import Transfer
-from shoal.shm import layout
+from shoal.shm.processes import Header, ProcessSlot, Role
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
 from shoal.store.messages import store_directory
@@ -108,14 +108,14 @@ class Scheduler:
         # Purges and queue deletions settle persistent messages too.
         state.settles = SettleWriter(
             store_directory(self.config.data_path()),
-            layout.scheduler_slot(self.seg.layout),
+            state.process.index,
             SegmentTable(self.seg, 0),
         )
         state.store.settled = state.settles.settle
         self._needs_compaction = state.durable.needs_compaction
         self._flush_settles = state.settles.flush
-        a = state.a
-        first = not a.load(layout.H_RESTORED)
+        header = Header(self.seg)
+        first = not header.restored()
         journal.load_definitions(restored if first else None)
         lifecycle.load_queues()
         if first:
@@ -130,14 +130,13 @@ class Scheduler:
         # At every start, what holds now: also right after a predecessor
         # killed between the queue table and the log.
         journal.rewrite()
-        a.store(layout.H_RESTORED, 1)
+        header.set_restored()
         notification = self.notification
         self.loop.add_reader(self.efd, notification.on_wake)
         self.loop.add_signal_handler(signal.SIGTERM, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGINT, self.loop.stop)
         self.loop.add_signal_handler(signal.SIGHUP, self._reload)
-        slot = state.slot
-        a.store(slot + layout.P_PID, os.getpid())
+        state.process.started(os.getpid())
         notification.hold_single_active()
         self.loop.call_later(HELLO_WAIT, notification.release_held)
         for link in self.links.values():
@@ -146,8 +145,8 @@ class Scheduler:
         self.loop.run_until_complete(self.introspection.start())
         # Beating from the start, not from the first sweep: a health check
         # (shm/processes.py) right after a start sees it serve.
-        a.store(slot + layout.P_HEARTBEAT_NS, time.monotonic_ns())
-        a.store(slot + layout.P_READY, 1)
+        state.process.beat(time.monotonic_ns())
+        state.process.set_ready(True)
         try:
             self.loop.run_forever()
         finally:
@@ -178,9 +177,9 @@ class Scheduler:
         except OSError as exc:
             log.error("definitions file not imported: %s", exc)
             return
-        a = self.state.a
         digest = int.from_bytes(hashlib.sha256(content).digest()[:8], "little")
-        if digest == a.load(layout.H_DEFINITIONS_DIGEST):
+        header = Header(self.seg)
+        if digest == header.definitions_digest():
             return
         try:
             document = msgspec.json.decode(content)
@@ -192,7 +191,7 @@ class Scheduler:
         if isinstance(answer, C.Failed):
             log.error("definitions file %s not imported: %s", path, answer.error)
             return
-        a.store(layout.H_DEFINITIONS_DIGEST, digest)
+        header.set_definitions_digest(digest)
         log.info("definitions imported from %s", path)
 
     # ------------------------------------------------------------ messages
@@ -398,12 +397,11 @@ def _control_table(s: Scheduler) -> dict[type[C.Op], C.Handler]:
 def _running_workers(seg: Segment) -> list[int]:
     """The IO worker slots to talk to: those the acceptor hands connections
     to (H_WORKERS), and any other with a worker in it (one retiring)."""
-    a, offsets = seg.atomic, seg.layout
-    count = a.load(layout.H_WORKERS)
+    count = Header(seg).workers()
     return [
         i
-        for i in range(offsets.limits.max_workers)
-        if i < count or a.load(offsets.proc(i) + layout.P_ROLE) == layout.ROLE_WORKER
+        for i in range(seg.layout.limits.max_workers)
+        if i < count or ProcessSlot(seg, i).role() == Role.WORKER
     ]
 
 

@@ -16,7 +16,7 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.scheduler.consumers import ConsumerKey, State
 from shoal.broker.scheduler.state import QueueState, SchedulerState
-from shoal.shm import flow, layout, stats
+from shoal.shm import flow, stats
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -307,11 +307,11 @@ class Notification:
         this never happens."""
         # The supervisor pets systemd's watchdog only while this beats.
         state = self.state
-        state.a.store(state.slot + layout.P_HEARTBEAT_NS, time.monotonic_ns())
+        state.process.beat(time.monotonic_ns())
         stalled = {q.qid for q in self.queues.values() if self._stalled(q)}
         for qid in stalled & self.suspects:
             q = self.queues[qid]
-            state.a.fetch_add(state.slot + layout.P_RESCUES, 1)
+            state.process.rescued()
             log.warning("queue %r: lost wake-up rescued by the sweep", q.name)
             self._wake_browsers(q)
             self._watch(q)

@@ -16,7 +16,7 @@ from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.queues import Rules
 from shoal.broker.scheduler.state import QueueState, SchedulerState
-from shoal.shm import layout
+from shoal.shm.directory import QueueFlag
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -85,9 +85,9 @@ class Policies:
     def _reapply(self, q: QueueState) -> None:
         store = self.state.store
         flags = store.flags(q.qid)
-        if flags & layout.QF_DELAYED:
+        if flags & QueueFlag.DELAYED:
             return
-        kind = quorum.QUORUM if flags & layout.QF_QUORUM else quorum.CLASSIC
+        kind = quorum.QUORUM if flags & QueueFlag.QUORUM else quorum.CLASSIC
         arguments = self.state.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
         try:
             rules = self.lifecycle.rules(q.vhost, q.name, arguments, kind)

@@ -32,7 +32,9 @@ from shoal.broker.scheduler.durable import Restored, new_uid
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.queue_expiry import QueueExpiry
 from shoal.broker.scheduler.state import QueueState, SchedulerState
-from shoal.shm import flow, layout, stats
+from shoal.shm import flow, stats
+from shoal.shm.counters import OVERFLOW_CODES
+from shoal.shm.directory import QueueFlag
 from shoal.shm.streams import StreamSettings
 from shoal.store.definitions import QueueDeclared, QueueDeleted
 from shoal.store.streams import stream_directory, streams_directory
@@ -80,13 +82,13 @@ class QueueLifecycle:
                 qid,
                 vhosts.get(vhost_id, self.state.vhost),
                 name,
-                bool(flags & layout.QF_DURABLE),
-                bool(flags & layout.QF_EXCLUSIVE),
-                bool(flags & layout.QF_AUTO_DELETE),
+                bool(flags & QueueFlag.DURABLE),
+                bool(flags & QueueFlag.EXCLUSIVE),
+                bool(flags & QueueFlag.AUTO_DELETE),
                 self.store.owner_connection(qid),
             )
             q.max_priority = self.store.max_priority(qid)
-            q.stream = bool(flags & layout.QF_STREAM)
+            q.stream = bool(flags & QueueFlag.STREAM)
             arguments = self.state.definitions.queue_arguments.get((q.vhost, name.decode()), {})
             q.qcm.single_active = arguments.get("x-single-active-consumer") is True
             try:
@@ -267,13 +269,13 @@ class QueueLifecycle:
                     raise
             qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
             flags = (
-                (layout.QF_DURABLE if durable else 0)
-                | (layout.QF_EXCLUSIVE if exclusive else 0)
-                | (layout.QF_AUTO_DELETE if auto_delete else 0)
-                | (layout.QF_STREAM if stream is not None else 0)
-                | (layout.QF_QUORUM if kind == quorum.QUORUM else 0)
-                | (layout.QF_DELAYED if _is_delay_queue(name, arguments) else 0)
-                | (layout.QF_DEDUP if dedup_spec is not None else 0)
+                (QueueFlag.DURABLE if durable else 0)
+                | (QueueFlag.EXCLUSIVE if exclusive else 0)
+                | (QueueFlag.AUTO_DELETE if auto_delete else 0)
+                | (QueueFlag.STREAM if stream is not None else 0)
+                | (QueueFlag.QUORUM if kind == quorum.QUORUM else 0)
+                | (QueueFlag.DELAYED if _is_delay_queue(name, arguments) else 0)
+                | (QueueFlag.DEDUP if dedup_spec is not None else 0)
             )
             if stream is not None:  # before create() makes the queue active
                 self.state.stream_words.set_settings(
@@ -492,7 +494,7 @@ class QueueLifecycle:
         return dedup.cache_file("q", vhost, name.decode(), incarnation)
 
     def remove_queue(self, q: QueueState) -> None:
-        if self.store.flags(q.qid) & layout.QF_DEDUP:
+        if self.store.flags(q.qid) & QueueFlag.DEDUP:
             dedup_caches.remove(self.state.config, self._dedup_file(q.vhost, q.name, q.qid))
         self.expiry.disarm(q)
         for key in list(q.qcm):
@@ -535,7 +537,7 @@ class QueueLifecycle:
         keep = {
             self._dedup_file(q.vhost, q.name, q.qid)
             for q in self.queues.values()
-            if self.store.flags(q.qid) & layout.QF_DEDUP
+            if self.store.flags(q.qid) & QueueFlag.DEDUP
         }
         keep |= {
             dedup.cache_file("q", record.vhost, record.queue, record.uid)
@@ -577,14 +579,6 @@ class QueueLifecycle:
             self.remove_queue(q)
 
 
-# x-overflow as the queue record holds it (shm/layout.py).
-_OVERFLOW_CODES = {
-    "drop-head": layout.OVERFLOW_DROP_HEAD,
-    "reject-publish": layout.OVERFLOW_REJECT_PUBLISH,
-    "reject-publish-dlx": layout.OVERFLOW_REJECT_PUBLISH_DLX,
-}
-
-
 def _length_record(
     max_length: int | None, max_bytes: int | None, overflow: str
 ) -> tuple[int, int, int]:
@@ -595,7 +589,7 @@ def _length_record(
     return (
         0 if max_length is None else max_length + 1,
         0 if max_bytes is None else max_bytes + 1,
-        _OVERFLOW_CODES[overflow],
+        OVERFLOW_CODES[overflow],
     )
 
 

@@ -20,9 +20,10 @@ from shoal.broker.amqp import errors
 from shoal.broker.amqp.definitions import Bound, Definitions, Op
 from shoal.broker.config import Config
 from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
-from shoal.shm import layout
 from shoal.shm._atomic import Atomic
 from shoal.shm.catalog import CatalogWriter
+from shoal.shm.directory import QueueFlag
+from shoal.shm.processes import ProcessSlot
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
@@ -130,12 +131,12 @@ class SchedulerState:
         self.config = config
         self.seg = seg
         self.a: Atomic = seg.atomic
-        slot = layout.scheduler_slot(seg.layout)
+        self.process = ProcessSlot.scheduler(seg)
+        slot = self.process.index
         self.store = QueueStore(seg, 0, slot)
         self.waker = Waker(seg, efd)
         self.stream_words = StreamWords(seg)
         self.stats = Counters(seg, slot)
-        self.slot = seg.layout.proc(slot)  # offset of the scheduler's process table slot
         self.loop = loop
         # Every worker slot's link is read; the scheduler sends on those of
         # running workers only (the worker count changes at runtime: a slot
@@ -185,7 +186,7 @@ class SchedulerState:
         delay queue is the broker's own (as RabbitMQ's plugin keeps its
         messages out of sight)."""
         q = self.by_name.get((vhost, name))
-        if q is not None and self.store.flags(q.qid) & layout.QF_DELAYED:
+        if q is not None and self.store.flags(q.qid) & QueueFlag.DELAYED:
             return None
         return q
 

@@ -21,7 +21,8 @@ from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.queues import QueueLifecycle
 from shoal.broker.scheduler.state import QueueState, SchedulerState
-from shoal.shm import layout, ownership
+from shoal.shm import ownership
+from shoal.shm.processes import Header, ProcessSlot
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -69,23 +70,20 @@ class Transfer:
             raise ValueError(
                 f"the worker count must be an integer from 1 to {ceiling} (--max-workers)"
             )
-        self.state.a.store(layout.H_WORKERS_WANTED, count)
+        Header(self.state.seg).set_workers_wanted(count)
         log.info("%d IO workers asked for (shoal ctl)", count)
         return self.worker_count(r)
 
     def worker_count(self, r: C.WorkerCount | C.SetWorkerCount) -> C.Workers:
         """The count asked for, the workers taking connections, whether
         queues' ownership has settled on them, and workers still retiring."""
-        a, offsets = self.state.a, self.state.seg.layout
-        _gen, current, nxt = ownership.word(self.state.seg)
-        workers = a.load(layout.H_WORKERS)
-        retiring = [
-            i
-            for i in range(offsets.limits.max_workers)
-            if a.load(offsets.proc(i) + layout.P_RETIRING)
-        ]
-        serving = all(a.load(offsets.proc(i) + layout.P_READY) for i in range(workers))
-        wanted = a.load(layout.H_WORKERS_WANTED)
+        seg = self.state.seg
+        header, offsets = Header(seg), seg.layout
+        _gen, current, nxt = ownership.word(seg)
+        workers = header.workers()
+        retiring = [i for i in range(offsets.limits.max_workers) if ProcessSlot(seg, i).retiring()]
+        serving = all(ProcessSlot(seg, i).ready() for i in range(workers))
+        wanted = header.workers_wanted()
         settled = current == nxt == workers == wanted and serving and not retiring
         row = {
             "wanted": wanted,
