@@ -255,7 +255,7 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         pending = self.pending
         if pending is not None and pending.block and pending.body is None:
             # A message half received, or waiting for room in a full queue.
-            self._drop_pending(pending)
+            self.ingest.drop(pending)
         # Publishes kept by flow control are dropped with the channel, like
         # the unconfirmed publishes of a channel that closes.
         self.conn.held_bytes -= sum(len(payload) for _ftype, payload in self.flow_backlog)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pamqp import commands as C
 
@@ -20,11 +20,10 @@ from shoal.broker.amqp import errors
 from shoal.shm.stats import CONFIRMED
 from shoal.workers import framing
 from shoal.workers.access import ConnectionAccess
-
-if TYPE_CHECKING:
-    from shoal.workers.dedup import DedupMark
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
+from shoal.workers.ingest import Ingest
+from shoal.workers.pending import Pending
 
 log = logging.getLogger("shoal.worker")
 
@@ -65,69 +64,6 @@ class ChannelConnection(Protocol):
     def deliveries_written(self) -> None: ...
 
 
-class Pending:
-    """A message being assembled from its publish, header and body frames."""
-
-    __slots__ = (
-        "block",
-        "body",
-        "body_off",
-        "body_size",
-        "dedup",
-        "deduped",
-        "durable",
-        "entries",
-        "exchange",
-        "header",
-        "late",
-        "levelled",
-        "mandatory",
-        "qids",
-        "received",
-        "record",
-        "rejected",
-        "routing_key",
-        "streams",
-        "tag",
-        "times",
-    )
-
-    def __init__(self, exchange: bytes, routing_key: bytes, mandatory: bool) -> None:
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.mandatory = mandatory
-        self.header = b""
-        self.body_size = 0
-        self.received = 0
-        self.qids: list[int] = []
-        self.block = 0
-        self.body_off = 0
-        self.body: bytearray | None = None  # only for unroutable messages
-        # Logs the scheduler chose for a priority level (LEVEL replies): final.
-        self.levelled: set[int] | None = None
-        self.rejected = False  # a queue refused it (x-overflow reject-publish)
-        # The message store (workers/persist.py): `durable`, persistent and
-        # routed to a durable queue (its block has room for a tag); then
-        # its record's index, and per durable queue (uid, level), its entry.
-        self.durable = False
-        self.record = -1
-        self.entries: dict[int, tuple[int, int, int]] | None = None  # qid -> (uid, level, seq)
-        self.tag = (0, 0, 0)  # (segment slot, check, record offset): shm/arena.py write_tag
-        # (published, expires at) in ms when it may expire (workers/expiry.py)
-        self.times: tuple[int, int] | None = None
-        # Durable queues still to append to when its record was written (a
-        # queue was full): their seqs go in an AMEND record (workers/records.py).
-        self.late: list[int] | None = None
-        # Stream queues it was appended to: (qid, seq); its confirm waits
-        # until each stream's writer has synced that seq (workers/streams.py).
-        self.streams: list[tuple[int, int]] | None = None
-        # Deduplication (workers/dedup.py): None until checked, then the
-        # keys the check added; `deduped`: a queue or the exchange had it
-        # (accepted, not returned).
-        self.dedup: DedupMark | None = None
-        self.deduped = False
-
-
 class Transaction:
     """What a transactional channel has done since its last commit/rollback:
     whole messages (routed, held, not yet appended) and acknowledgements."""
@@ -157,6 +93,7 @@ class ChannelState:
         "flow_told",
         "global_prefetch",
         "global_prefetch_size",
+        "ingest",
         "last_queue",
         "next_tag",
         "number",
@@ -180,6 +117,8 @@ class ChannelState:
         self.conn = conn
         self.ctx = conn.ctx
         self.number = number
+        # This channel's way into the store (workers/ingest.py).
+        self.ingest = Ingest(conn.ctx)
         self.state = IDLE
         self.pending: Pending | None = None
         self.consumers: dict[bytes, Consumer] = {}
@@ -307,9 +246,6 @@ class ChannelState:
 
     def drop_reply_queue(self) -> None:
         raise NotImplementedError  # delivery.py
-
-    def _drop_pending(self, pending: Pending) -> None:
-        raise NotImplementedError  # publish.py
 
     def _deduplicate(self, pending: Pending) -> None:
         raise NotImplementedError  # publish.py

@@ -32,6 +32,7 @@ from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
 from shoal.workers.expiry import Expiry
+from shoal.workers.ingest import Ingest
 from shoal.workers.memory_guard import ALARM
 from shoal.workers.spill import paging_directory
 
@@ -85,6 +86,7 @@ class Worker:
         ctx.open_store(
             store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
         )
+        ctx.spill.put_back = Ingest(ctx).put_paged  # type: ignore[union-attr]  # (just opened)
         ctx.dead_letters = dead_letters = DeadLetters(ctx)
         ctx.store.dropped = dead_letters.dropped_by_limit
         ctx.expiry = expiry = Expiry(ctx, dead_letters)

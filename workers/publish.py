@@ -17,13 +17,11 @@ from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX
 from shoal.shm.arena import (
     TAG_SIZE,
     TIME_SIZE,
-    Arena,
     message_size,
     release_hold,
     write_message,
 )
 from shoal.shm.layout import BLOCK_HEADER
-from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED
 from shoal.shm.stats import (
     RECEIVED_CONFIRM,
     ROUTED,
@@ -33,7 +31,7 @@ from shoal.shm.stats import (
     UNROUTABLE_RETURNED,
     size_bucket,
 )
-from shoal.workers import framing, records, reply_to, republish
+from shoal.workers import framing, reply_to
 from shoal.workers._wire import MSG_PREFIX_SIZE, properties_ok, write_record
 from shoal.workers.channel_state import (
     EXPECT_BODY,
@@ -41,10 +39,10 @@ from shoal.workers.channel_state import (
     IDLE,
     RETRY_DELAY,
     ChannelState,
-    Pending,
 )
-from shoal.workers.dedup import DedupMark
-from shoal.workers.spill import PAGE_IN_INTERVAL, Spiller, block_payload
+from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, times_for, to_store
+from shoal.workers.pending import Pending
+from shoal.workers.spill import PAGE_IN_INTERVAL
 
 log = logging.getLogger("shoal.worker")
 DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
@@ -147,10 +145,10 @@ class Publishing(ChannelState):
             ) and self._deduplicating(exchange, qids)
             if deduplicating and self.tx is not None:
                 return False  # checked at commit
-            times = None if plain else republish.times_for(store, header, qids, looked=True)
+            times = None if plain else times_for(store, header, qids, looked=True)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
-        durable = not plain and header[12] & 0x10 and republish.to_store(ctx, header, qids)
+        durable = not plain and header[12] & 0x10 and to_store(ctx, header, qids)
         size = MSG_PREFIX_SIZE + len(exchange) + len(routing_key) + len(header) + body_size
         if times is not None:
             size += TIME_SIZE
@@ -179,9 +177,20 @@ class Publishing(ChannelState):
         if self.tx is None and (
             plain or (not durable and times is None and not store.priority_levels())
         ):
-            done, rejected = self._append_now(qids, block, body_size, plain, mark)
-            if done == len(qids):
-                release_hold(seg, block)
+            done, outcome = self.ingest.put_now(
+                qids,
+                block,
+                body_size,
+                plain,
+                mark,
+                self._consumes
+                if self.confirm and self.consumers and not self.confirm_held
+                else None,
+            )
+            if outcome:
+                rejected = bool(outcome & REJECTED_BIT)
+                self._outcome(outcome)
+            if done == len(qids):  # (its HOLD dropped)
                 self._account(True, False, body_size, rejected, -1, None)
                 return True
             qids = qids[done:]  # the rest through _complete
@@ -218,45 +227,6 @@ class Publishing(ChannelState):
             pending.deduped = True
             if not pending.qids:
                 release_hold(ctx.seg, pending.block)
-
-    def _append_now(
-        self,
-        qids: list[int],
-        block: int,
-        body_size: int,
-        plain: bool,
-        mark: DedupMark | None = None,
-    ) -> tuple[int, bool]:
-        """fast_publish's appends of a message with no record, no timestamp
-        and no level, no Pending: (how many of `qids` it did, whether a
-        queue refused it). It stops at a queue that is a stream, pages, or
-        is full: _complete does the rest (it waits, or pages). `mark`: the
-        keys its deduplication check added (a refusal takes them out)."""
-        ctx = self.ctx
-        store, spill, streams = ctx.store, ctx.spill, ctx.streams
-        stream_qids: frozenset[int] = frozenset()
-        if streams is not None and not plain:  # (plain queues are no streams)
-            streams.refresh()
-            stream_qids = streams.qids
-        publish, slot = store.publish, ctx.slot
-        done, rejected = 0, False
-        for qid in qids:
-            if qid in stream_qids or (spill is not None and _pages(spill, ctx.arena, qid)):
-                break
-            outcome = publish(qid, block, body_size, slot)
-            if outcome:
-                if outcome == FULL:
-                    break
-                if outcome == REJECTED:
-                    rejected = True
-                    if mark is not None:  # its retry must get in
-                        ctx.dedup.refused(mark, store.declared(qid))
-                elif outcome == OVER_CAPACITY:
-                    self.conn.flow_block(*store.flow_queue(qid))
-            if self.confirm and self.consumers and not self.confirm_held:
-                self.confirm_held = self._consumes(qid)
-            done += 1
-        return done, rejected
 
     def _route(
         self, exchange: bytes, routing_key: bytes, raw_header: bytes, also: list[bytes]
@@ -317,9 +287,7 @@ class Publishing(ChannelState):
                 pending.qids = self._route(
                     pending.exchange, pending.routing_key, pending.header, also
                 )
-                pending.times = republish.times_for(
-                    self.ctx.store, pending.header, pending.qids, looked=True
-                )
+                pending.times = times_for(self.ctx.store, pending.header, pending.qids, looked=True)
             except errors.ChannelError:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise
@@ -328,7 +296,7 @@ class Publishing(ChannelState):
             size = message_size(
                 pending.exchange, pending.routing_key, pending.header, body_size, timed
             )
-            pending.durable = republish.to_store(self.ctx, pending.header, pending.qids)
+            pending.durable = to_store(self.ctx, pending.header, pending.qids)
             block = self.ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
             if block is None:
                 self.ctx.guard.arena_full()
@@ -540,78 +508,28 @@ class Publishing(ChannelState):
             pending.levelled.add(target)
 
     def _append(self, pending: Pending) -> bool:
-        """Append a routed message to each of its queues, then drop the
-        publisher's HOLD. False if a queue is full: `pending.qids` keeps the
-        queues still to do, and the caller retries later. A message for the
-        message store has its record reserved first (workers/records.py)."""
-        ctx = self.ctx
-        block = pending.block
-        if pending.durable and pending.entries is None and not records.reserve(ctx, pending):
-            return False  # no segment slot free: retried like a full queue
-        entries = pending.entries
-        publish, spill, arena = ctx.store.publish, ctx.spill, ctx.arena
-        streams = ctx.streams
-        if streams is not None:
-            streams.refresh()  # one load unless a queue was created or deleted
-            stream_qids = streams.qids
-        while pending.qids:
-            qid = pending.qids[0]
-            if spill is not None and _pages(spill, arena, qid):
-                self._spill(pending, qid)  # a backlog past its log or the arena
-                continue
-            outcome = publish(qid, block, pending.body_size, ctx.slot)
-            if outcome:
-                if outcome == FULL:
-                    if spill is not None and spill.eligible(qid):
-                        self._spill(pending, qid)
-                        continue
-                    if entries:
-                        records.wait_for_room(ctx, pending)
-                    return False
-                if outcome == REJECTED:
-                    pending.rejected = True
-                    if pending.dedup is not None:  # its retry must get in
-                        ctx.dedup.refused(pending.dedup, ctx.store.declared(qid))
-                elif outcome == OVER_CAPACITY:
-                    # This connection's next publishes wait (shm/flow.py).
-                    self.conn.flow_block(*ctx.store.flow_queue(qid))
-            if entries and qid in entries:
-                records.appended(ctx, pending, qid, outcome)
-            if pending.times is not None:
-                ctx.store.mark_timed(qid)
-            if streams is not None and qid in stream_qids and outcome == APPENDED:
-                if pending.streams is None:
-                    pending.streams = []
-                pending.streams.append((qid, ctx.store.last_seq))
-            pending.qids.pop(0)
-            if self.confirm and self.consumers and not self.confirm_held:
-                self.confirm_held = self._consumes(qid)
-        if entries:
-            records.finish(ctx, pending)
-        release_hold(ctx.seg, block)
-        return True
+        """Put a routed message into its queues (workers/ingest.py); False
+        if a queue is full: `pending.qids` keeps the queues still to do,
+        and the caller retries later."""
+        reached = (
+            self._consumes if self.confirm and self.consumers and not self.confirm_held else None
+        )
+        bits = self.ingest.put(pending, reached)
+        return not bits or self._outcome(bits)
 
-    def _spill(self, pending: Pending, qid: int) -> None:
-        """The message goes to this worker's paging file for `qid`
-        (workers/spill.py), and its record names the queue's tail."""
-        ctx = self.ctx
-        spill = ctx.spill
-        assert spill is not None
-        spill.put(qid, block_payload(ctx.seg, pending.block))
-        if pending.entries and qid in pending.entries:
-            records.spilled(pending, qid, spill.tail(qid))
-        pending.qids.pop(0)
-
-    def _drop_pending(self, pending: Pending) -> None:
-        """A routed message abandoned before all its appends (its channel
-        closed, or its transaction): its record keeps what was appended; the
-        publisher's HOLD is dropped."""
-        if pending.entries:
-            records.abandon(self.ctx, pending)
-        if pending.dedup is not None:  # its retry must get in
-            declared = self.ctx.store.declared
-            self.ctx.dedup.abandoned(pending.dedup, [declared(qid) for qid in pending.qids])
-        release_hold(self.ctx.seg, pending.block)
+    def _outcome(self, bits: int) -> bool:
+        """What a put's outcome bits (workers/ingest.py) mean for this
+        channel: flow for a queue over its capacity, confirms held for its
+        own consumer. False if the put waits for room."""
+        if bits & FLOW:
+            # This connection's next publishes wait (shm/flow.py).
+            ingest, conn = self.ingest, self.conn
+            for qid in ingest.over_capacity:
+                conn.flow_block(*ingest.store.flow_queue(qid))
+            ingest.over_capacity.clear()
+        if bits & HELD:
+            self.confirm_held = True
+        return not bits & WAIT
 
     def _return(self, pending: Pending) -> None:
         method = C.Basic.Return(
@@ -634,10 +552,3 @@ class Publishing(ChannelState):
         self.confirm = True
         if not method.nowait:
             self.conn.write(framing.encode_method(self.number, C.Confirm.SelectOk()))
-
-
-def _pages(spill: Spiller, arena: Arena, qid: int) -> bool:
-    """Whether a message for `qid` goes to the worker's paging file rather
-    than to the log: the queue pages already, or the arena is filling and
-    the queue has a backlog (workers/spill.py)."""
-    return qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))

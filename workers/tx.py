@@ -81,7 +81,7 @@ class Transactions(ChannelState):
             # Closed mid-commit: what was not appended is dropped, as at a rollback.
             for pending in todo:
                 if pending.qids and pending.body is None:
-                    self._drop_pending(pending)
+                    self.ingest.drop(pending)
         for tag, multiple, requeue, method_id in tx.settles:
             self._settle(tag, multiple, requeue, method_id)
         # Commit-ok once the transaction's persistent publishes and its acks
