@@ -153,8 +153,8 @@ class Worker:
         for conn in list(self.ctx.connections):
             for channel in list(conn.channels.values()):
                 try:
-                    timeouts.mark(channel, now)  # type: ignore[arg-type]
-                    timeouts.check(channel, now)  # type: ignore[arg-type]
+                    timeouts.mark(channel.delivery, now)  # type: ignore[attr-defined]
+                    timeouts.check(channel.delivery, now)  # type: ignore[attr-defined]
                 except Exception:
                     log.exception("consumer timeout check failed")
         self.loop.call_later(HEARTBEAT_INTERVAL, self._tick)

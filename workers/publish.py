@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import Any
 
 from pamqp import commands as C
@@ -23,6 +24,7 @@ from shoal.shm.arena import (
 )
 from shoal.shm.layout import BLOCK_HEADER
 from shoal.shm.stats import (
+    CONFIRMED,
     RECEIVED_CONFIRM,
     ROUTED,
     SIZE_BUCKETS,
@@ -38,9 +40,12 @@ from shoal.workers.channel_state import (
     EXPECT_HEADER,
     IDLE,
     RETRY_DELAY,
-    ChannelState,
+    ChannelConnection,
+    ChannelCore,
+    Consumers,
+    Transactional,
 )
-from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, times_for, to_store
+from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, Ingest, times_for, to_store
 from shoal.workers.pending import Pending
 from shoal.workers.spill import PAGE_IN_INTERVAL
 
@@ -51,40 +56,95 @@ DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
 _REPLY_TO_OR_HEADERS = (properties.REPLY_TO_FLAG | 0x2000) >> 8
 
 
-class Publishing(ChannelState):
-    """The publish side of a channel."""
+class Publisher:
+    """The publish side of a channel: messages assembled, routed and put
+    into the store (workers/ingest.py), then confirmed, nacked, returned
+    or held back for flow."""
 
-    __slots__ = ()
+    __slots__ = (
+        "channel",
+        "confirm",
+        "confirm_held",
+        "confirm_high",
+        "confirm_sent",
+        "conn",
+        "ctx",
+        "delivery",
+        "ingest",
+        "number",
+        "pending",
+        "publish_count",
+        "publish_seq",
+        "state",
+        "stats",
+        "stream_waits",
+        "transactions",
+        "unsynced",
+    )
+
+    def __init__(
+        self,
+        channel: ChannelCore,
+        conn: ChannelConnection,
+        transactions: Transactional,
+        delivery: Consumers,
+    ) -> None:
+        self.channel = channel
+        self.conn = conn
+        self.ctx = ctx = conn.ctx
+        self.number = channel.number
+        self.transactions = transactions
+        self.delivery = delivery
+        self.stats = ctx.stats.v  # this worker's counters (shm/stats.py)
+        self.ingest = Ingest(ctx)  # this channel's way into the store
+        self.state = IDLE
+        self.pending: Pending | None = None
+        self.confirm = False
+        self.publish_seq = 0
+        self.publish_count = 0  # messages this channel published (it is a "publisher")
+        self.confirm_high = 0
+        self.confirm_sent = 0
+        # Confirms held until this channel's own consumer has been handed the
+        # message (Connection.flush_confirms): RabbitMQ's order.
+        self.confirm_held = False
+        # Persistent publishes whose records are not yet durable, in order:
+        # (publish seq, record index, nack owed); see confirmable().
+        self.unsynced: deque[tuple[int, int, bool]] = deque()
+        # Publishes to stream queues not yet durable in the streams' files,
+        # in order: (publish seq, [(qid, log seq)]); see confirmable().
+        self.stream_waits: deque[tuple[int, list[tuple[int, int]]]] = deque()
 
     def suspend_retry(self, payload: memoryview | None, ftype: int = 0) -> None:
         """Back-pressure: a queue or the arena is full. Keep the frame, stop
         reading the socket, and try again shortly."""
+        channel = self.channel
         if payload is not None:
-            self.backlog.appendleft((ftype, payload))
-        self.busy = True
-        self.conn.hold_reading(self)
+            channel.backlog.appendleft((ftype, payload))
+        channel.busy = True
+        self.conn.hold_reading(channel)
         self.ctx.loop.call_later(RETRY_DELAY, self._retry)
 
     def _rest(self) -> None:
         """Pacing: this worker spilled its share for now (workers/spill.py):
         read no more until its next page-in interval (the client is not
         told: it is not blocked, only slowed down)."""
-        self.busy = True
-        self.conn.hold_reading(self, reason=None)
+        self.channel.busy = True
+        self.conn.hold_reading(self.channel, reason=None)
         self.ctx.loop.call_later(PAGE_IN_INTERVAL, self._retry)
 
     def _retry(self) -> None:
         if self.conn.closed:
             return
-        self.busy = False
+        channel = self.channel
+        channel.busy = False
         if self.pending is not None and self.state == IDLE and self.pending.qids:
             self._complete()  # retry appending a finished message
-            if self.busy:
+            if channel.busy:
                 return
-        self.conn.release_reading(self)
-        self.resume()
+        self.conn.release_reading(channel)
+        channel.resume()
 
-    def _on_publish(self, payload: memoryview) -> None:
+    def on_publish(self, payload: memoryview) -> None:
         exchange, routing_key, mandatory, immediate = framing.decode_publish(payload)
         if immediate:
             raise errors.ConnectionError_(errors.NOT_IMPLEMENTED, "immediate=true", 60, 40)
@@ -105,10 +165,11 @@ class Publishing(ChannelState):
         stream, no paging, no transaction) goes straight into its queues;
         the others take the Pending path (_complete).
         """
-        if self.state != IDLE or self.busy or self.closing:
+        channel = self.channel
+        if self.state != IDLE or channel.busy or channel.closing:
             return False
         conn = self.conn
-        if conn.flow_blocked or self.flow_backlog:
+        if conn.flow_blocked or channel.flow_backlog:
             return False  # handle() keeps it (flow control, resource alarms)
         _, _, _, _, exchange, routing_key, bits, header, body = frame
         ctx = self.ctx
@@ -120,7 +181,7 @@ class Publishing(ChannelState):
         store = ctx.store
         try:
             if header[12] & _REPLY_TO_OR_HEADERS:
-                header = reply_to.rewrite(self, header)
+                header = reply_to.rewrite(self.delivery, header)
                 also: list[bytes] = []
                 if header[12] & 0x20 and (b"\x02CC" in header or b"\x03BCC" in header):
                     header, also = properties.sender_selected(header)
@@ -143,7 +204,8 @@ class Publishing(ChannelState):
             deduplicating = (
                 ctx.routes.dedup_exchanges or (not plain and store.dedup_now)
             ) and self._deduplicating(exchange, qids)
-            if deduplicating and self.tx is not None:
+            tx = self.transactions.tx
+            if deduplicating and tx is not None:
                 return False  # checked at commit
             times = None if plain else times_for(store, header, qids, looked=True)
         except errors.AMQPError:
@@ -174,7 +236,7 @@ class Publishing(ChannelState):
                 self._account(True, False, body_size, False, -1, None)
                 return True
         rejected = False
-        if self.tx is None and (
+        if tx is None and (
             plain or (not durable and times is None and not store.priority_levels())
         ):
             done, outcome = self.ingest.put_now(
@@ -184,7 +246,7 @@ class Publishing(ChannelState):
                 plain,
                 mark,
                 self._consumes
-                if self.confirm and self.consumers and not self.confirm_held
+                if self.confirm and self.delivery.consumers and not self.confirm_held
                 else None,
             )
             if outcome:
@@ -215,7 +277,7 @@ class Publishing(ChannelState):
             return True
         return not ctx.store.dedup_now.isdisjoint(qids)
 
-    def _deduplicate(self, pending: Pending) -> None:
+    def deduplicate(self, pending: Pending) -> None:
         """Check a whole routed message against its caches: the queues that
         have it already leave `pending.qids`; if none is left, its block
         goes (it is accepted all the same: confirmed, not returned)."""
@@ -250,7 +312,7 @@ class Publishing(ChannelState):
             qids += [qid for qid in self._route(exchange, key, raw_header, []) if qid not in qids]
         return qids
 
-    def _on_header(self, payload: memoryview) -> None:
+    def on_header(self, payload: memoryview) -> None:
         pending = self.pending
         if self.state != EXPECT_HEADER or pending is None:
             raise errors.ConnectionError_(
@@ -281,7 +343,7 @@ class Publishing(ChannelState):
                 raise errors.ConnectionError_(errors.INTERNAL_ERROR, "INTERNAL_ERROR", 0, 0)
             self.conn.access.check_user_id(bytes(payload))
             try:
-                pending.header = reply_to.rewrite(self, bytes(payload))
+                pending.header = reply_to.rewrite(self.delivery, bytes(payload))
                 pending.body_size = body_size
                 pending.header, also = properties.sender_selected(pending.header)
                 pending.qids = self._route(
@@ -320,7 +382,7 @@ class Publishing(ChannelState):
         else:
             self.state = EXPECT_BODY
 
-    def _on_body(self, payload: memoryview) -> None:
+    def on_body(self, payload: memoryview) -> None:
         pending = self.pending
         if self.state != EXPECT_BODY or pending is None:
             raise errors.ConnectionError_(
@@ -347,24 +409,25 @@ class Publishing(ChannelState):
         pending = self.pending
         assert pending is not None
         ctx = self.ctx
+        tx = self.transactions.tx
         if (ctx.routes.dedup_exchanges or ctx.store.dedup_now) and (
-            pending.dedup is None and self.tx is None and pending.qids
+            pending.dedup is None and tx is None and pending.qids
         ):
-            self._deduplicate(pending)  # (in a transaction: at commit)
-        routed = bool(pending.qids) or pending.deduped  # _append consumes the list
-        if self.tx is not None:
+            self.deduplicate(pending)  # (in a transaction: at commit)
+        routed = bool(pending.qids) or pending.deduped  # append consumes the list
+        if tx is not None:
             if pending.qids or pending.mandatory:
-                self.tx.publishes.append(pending)
+                tx.publishes.append(pending)
         elif pending.qids:
-            missing = self._assign_levels(pending)
+            missing = self.assign_levels(pending)
             if missing is not None:
                 self._make_level(pending, *missing)
                 return
-            if not self._append(pending):
+            if not self.append(pending):
                 self.suspend_retry(None)
                 return
         elif pending.mandatory and not pending.deduped:
-            self._return(pending)
+            self.return_unroutable(pending)
         self.pending = None
         self._account(
             routed,
@@ -420,7 +483,7 @@ class Publishing(ChannelState):
         basic.ack; clients that publish with confirms and then wait for the
         delivery (aiormq's own tests) rely on that order when the connection
         breaks between the two."""
-        return any(c.qid == qid and c.wants_work() for c in self.consumers.values())
+        return any(c.qid == qid and c.wants_work() for c in self.delivery.consumers.values())
 
     def _nack_publish(self, record: int) -> None:
         """A queue refused the message (x-overflow reject-publish): basic.nack
@@ -443,7 +506,7 @@ class Publishing(ChannelState):
             )
         )
 
-    def _assign_levels(self, pending: Pending) -> tuple[int, int] | None:
+    def assign_levels(self, pending: Pending) -> tuple[int, int] | None:
         """Point each priority queue among the message's queues at the log of
         the message's priority (workers/levels.py). Returns (queue, level)
         of one whose level has no log yet: the scheduler must make it."""
@@ -468,16 +531,17 @@ class Publishing(ChannelState):
     def _make_level(self, pending: Pending, qid: int, level: int) -> None:
         """Ask the scheduler for a level's log; the channel (and the socket)
         waits, so later publishes keep their order behind this one."""
-        self.busy = True
-        self.conn.hold_reading(self, reason=None)  # a round trip: not "blocked"
+        channel = self.channel
+        channel.busy = True
+        self.conn.hold_reading(channel, reason=None)  # a round trip: not "blocked"
         reply = self.ctx.request(ipc.Level(qid, level))
 
         def made(reply: asyncio.Future[Any]) -> None:
             if self.conn.closed:
                 return
-            self.busy = False
+            channel.busy = False
             if self.pending is not pending:  # the channel was closed meanwhile: dropped
-                self.conn.release_reading(self)
+                self.conn.release_reading(channel)
                 return
             exc = reply.exception() if not reply.cancelled() else None
             if exc is not None or reply.cancelled():
@@ -488,16 +552,16 @@ class Publishing(ChannelState):
                     )
                 )
                 return
-            self._use_level(pending, qid, reply.result()[0])
+            self.use_level(pending, qid, reply.result()[0])
             self._complete()
-            if not self.busy:
-                self.conn.release_reading(self)
-                self.resume()
+            if not channel.busy:
+                self.conn.release_reading(channel)
+                channel.resume()
 
         reply.add_done_callback(made)
 
     @staticmethod
-    def _use_level(pending: Pending, qid: int, target: int) -> None:
+    def use_level(pending: Pending, qid: int, target: int) -> None:
         """The scheduler's answer: the level's log (with no slot free, a
         lower level's, maybe the queue's own), or -1 if the queue was
         deleted (the append then finds it gone and drops the message)."""
@@ -507,12 +571,14 @@ class Publishing(ChannelState):
                 pending.levelled = set()
             pending.levelled.add(target)
 
-    def _append(self, pending: Pending) -> bool:
+    def append(self, pending: Pending) -> bool:
         """Put a routed message into its queues (workers/ingest.py); False
         if a queue is full: `pending.qids` keeps the queues still to do,
         and the caller retries later."""
         reached = (
-            self._consumes if self.confirm and self.consumers and not self.confirm_held else None
+            self._consumes
+            if self.confirm and self.delivery.consumers and not self.confirm_held
+            else None
         )
         bits = self.ingest.put(pending, reached)
         return not bits or self._outcome(bits)
@@ -531,7 +597,8 @@ class Publishing(ChannelState):
             self.confirm_held = True
         return not bits & WAIT
 
-    def _return(self, pending: Pending) -> None:
+    def return_unroutable(self, pending: Pending) -> None:
+        """basic.return of a mandatory message that reached no queue."""
         method = C.Basic.Return(
             reply_code=312,
             reply_text="NO_ROUTE",
@@ -544,11 +611,75 @@ class Publishing(ChannelState):
         )
         self.conn.write_many(frames)
 
-    def _confirm_select(self, method: C.Confirm.Select) -> None:
-        if self.tx is not None:
+    def confirm_select(self, method: C.Confirm.Select) -> None:
+        if self.transactions.tx is not None:
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
             )
         self.confirm = True
         if not method.nowait:
             self.conn.write(framing.encode_method(self.number, C.Confirm.SelectOk()))
+
+    # ------------------------------------------------------------ confirms
+    def confirmable(self) -> int:
+        """The publish seq up to which confirms may go now: confirm_high,
+        unless a persistent publish at or below it waits for its record's
+        sync (workers/persist.py). A nack owed behind such publishes is
+        sent once they are durable (acks are cumulative)."""
+        high = self.confirm_high
+        unsynced = self.unsynced
+        if not unsynced and not self.stream_waits:
+            return high  # the common case: nothing waits for a disk
+        if unsynced:
+            synced = self.ctx.persist.synced  # type: ignore[union-attr]  # set when used
+            while unsynced and unsynced[0][1] < synced:
+                seq, _record, nack = unsynced.popleft()
+                if nack:
+                    self._send_nack(seq)
+            if unsynced:
+                high = min(high, unsynced[0][0] - 1)
+        waits = self.stream_waits
+        if waits:
+            synced_seq = self.ctx.streams.words.synced_seq  # type: ignore[union-attr]
+            while waits and all(synced_seq(qid) > seq for qid, seq in waits[0][1]):
+                waits.popleft()
+            if waits:
+                high = min(high, waits[0][0] - 1)
+        return high
+
+    def synced(self) -> bool:
+        """Records became durable: send the confirms they allow; True while
+        some still wait (workers/persist.py Confirming). Nothing once the
+        server has closed the channel (it only waits for close-ok)."""
+        if self.channel.closing:
+            self.unsynced.clear()
+            self.stream_waits.clear()
+            return False
+        self.conn.flush_confirms(self)
+        return bool(self.unsynced or self.stream_waits)
+
+    def _send_nack(self, seq: int) -> None:
+        """basic.nack publish `seq`, after acking those before it."""
+        if seq - 1 > self.confirm_sent:
+            self.stats[CONFIRMED] += seq - 1 - self.confirm_sent
+            self.conn.write(framing.encode_ack(self.number, seq - 1, True))
+        self.confirm_sent = seq
+        self.conn.write(
+            framing.encode_method(
+                self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False)
+            )
+        )
+
+    def release(self) -> None:
+        """The channel closes: a message half received, or waiting for room
+        in a full queue, is dropped; confirms still waiting for a sync are
+        never sent."""
+        pending = self.pending
+        if pending is not None and pending.block and pending.body is None:
+            self.ingest.drop(pending)
+        self.unsynced.clear()
+        self.stream_waits.clear()
+        if self.ctx.persist is not None:
+            self.ctx.persist.waiting.discard(self)
+        self.pending = None
+        self.state = IDLE
