@@ -53,6 +53,8 @@ REJECTED_BIT = 2  # put_now: a queue refused it (put: `Pending.rejected`)
 FLOW = 4  # a queue is over its capacity: `over_capacity` names it (shm/flow.py)
 HELD = 8  # `reached` said yes: the channel's own consumer is about to get it
 
+_NO_QUEUES: frozenset[int] = frozenset()
+
 # What a put asks of its channel for each queue it appended to, while the
 # answer is no: whether the channel's own consumer of that queue can take
 # the message now (its confirm waits for that delivery: workers/publish.py
@@ -142,19 +144,20 @@ class Ingest:
     ) -> tuple[int, int]:
         """The fast path's appends of a message with no record, no timestamp
         and no level, no Pending: (how many of `qids` it did, outcome bits:
-        REJECTED_BIT, FLOW, HELD). It stops at a queue that is a stream,
-        pages, or is full: `put` does the rest (it waits, or pages). Once
-        every queue has it, the publisher's HOLD is dropped. `mark`: the
-        keys its deduplication check added (a refusal takes them out)."""
-        store, spill, streams, arena = self.store, self.spill, self.streams, self.arena
-        stream_qids: frozenset[int] = frozenset()
+        REJECTED_BIT, FLOW, HELD, and WAIT when it did not do them all). It
+        stops at a queue that is a stream, pages, or is full: `put` does the
+        rest (it waits, or pages). Once every queue has it, the publisher's
+        HOLD is dropped. `mark`: the keys its deduplication check added (a
+        refusal takes them out)."""
+        spill, streams = self.spill, self.streams
+        stream_qids = _NO_QUEUES
         if streams is not None and not plain:  # (plain queues are no streams)
             streams.refresh()
             stream_qids = streams.qids
         publish, slot = self.publish, self.slot
         done = bits = 0
         for qid in qids:
-            if qid in stream_qids or (spill is not None and _pages(spill, arena, qid)):
+            if qid in stream_qids or (spill is not None and _pages(spill, self.arena, qid)):
                 break
             outcome = publish(qid, block, body_size, slot)
             if outcome:
@@ -163,7 +166,7 @@ class Ingest:
                 if outcome == REJECTED:
                     bits |= REJECTED_BIT
                     if mark is not None:  # its retry must get in
-                        self.dedup.refused(mark, store.declared(qid))
+                        self.dedup.refused(mark, self.store.declared(qid))
                 elif outcome == OVER_CAPACITY:
                     bits |= FLOW
                     self.over_capacity.append(qid)
@@ -171,9 +174,10 @@ class Ingest:
                 bits |= HELD
                 reached = None
             done += 1
-        if done == len(qids):
+        else:  # every queue has it
             release_hold(self.seg, block)
-        return done, bits
+            return done, bits
+        return done, bits | WAIT
 
     def put(self, pending: Pending, reached: Reached | None = None, wait: bool = True) -> int:
         """Append a routed message to each of its queues, then drop the

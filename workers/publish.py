@@ -249,12 +249,10 @@ class Publisher:
                 if self.confirm and self.delivery.consumers and not self.confirm_held
                 else None,
             )
-            if outcome:
-                rejected = bool(outcome & REJECTED_BIT)
-                self._outcome(outcome)
-            if done == len(qids):  # (its HOLD dropped)
-                self._account(True, False, body_size, rejected, -1, None)
+            if not outcome or self._outcome(outcome):  # every queue has it (its HOLD dropped)
+                self._account(True, False, body_size, bool(outcome & REJECTED_BIT), -1, None)
                 return True
+            rejected = bool(outcome & REJECTED_BIT)
             qids = qids[done:]  # the rest through _complete
         pending = self.pending = Pending(exchange, routing_key, bool(bits & 1))
         pending.durable = bool(durable)
