@@ -140,7 +140,7 @@ def main() -> None:
         c.access = AllowAll()  # type: ignore[assignment]
         c.state = OPEN
         c.channels[1] = Channel(c, 1)
-    ch = sub.channels[1]
+    ch = sub.channels[1].delivery  # (the channel's delivery book, workers/delivery.py)
     ch.prefetch_count = 500
     consumer = Consumer(1, b"ctag", ch, 0, b"bench", False, False, 0)
     ctx.consumers[1] = consumer
@@ -174,7 +174,7 @@ def main() -> None:
     if prof:
         prof.disable()
     dt = time.process_time() - t0  # CPU time: steadier than wall time on a shared machine
-    assert not conn.closed and sub.channels[1] is ch, "the harness's channel was closed"
+    assert not conn.closed and sub.channels[1].delivery is ch, "the harness's channel was closed"
     routed = ctx.store.word(0, layout.Q_PUBLISHED)
     assert routed == ns.messages, f"{routed} of {ns.messages} messages reached the queue"
     print(

@@ -81,6 +81,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     (
         "route",
         (
+            "Publisher._route",
             "Publishing._route",
             "Channel._route",
             "Routes.",
@@ -124,6 +125,9 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     (
         "ack / settle",
         (
+            "DeliveryBook.acknowledge",
+            "DeliveryBook.settle",
+            "DeliveryBook._finish",
             "Delivery._acknowledge",
             "Delivery._settle",
             "Delivery._finish",
@@ -143,6 +147,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
         "deliver (acquire, build, write)",
         (
             "pull",
+            "DeliveryBook.",
             "Delivery.",
             "Consumer.",
             "encode_deliver",
@@ -156,6 +161,9 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     (
         "append (arena, queue log)",
         (
+            "Ingest.put",
+            "Publisher.append",
+            "Publisher._complete",
             "Publishing._append",
             "Publishing._complete",
             "QueueStore.publish",
@@ -169,6 +177,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "_append",
             "_complete",
             "fast_publish",
+            "Publisher.fast_publish",
             "Publishing.fast_publish",
             "Channel.fast_publish",
         ),

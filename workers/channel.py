@@ -1,6 +1,8 @@
 """One AMQP channel: frame dispatch, the channel's own methods (open,
 close, flow) and its lifecycle. The work is done by its parts, one job
-each: publish.py, delivery.py, declare.py, tx.py, over the state in
+each and each with its own state: the publisher (publish.py), the
+delivery book (delivery.py), the declarer (declare.py) and the
+transactions (tx.py); what they know of each other is in
 channel_state.py. Sans IO: it writes through its connection."""
 
 from __future__ import annotations
@@ -19,20 +21,101 @@ from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
     IDLE,
+    ChannelConnection,
 )
-from shoal.workers.consumer import update_interest
 from shoal.workers.context import RemoteError
-from shoal.workers.declare import Declaring
-from shoal.workers.delivery import Delivery
+from shoal.workers.declare import Declarer
+from shoal.workers.delivery import DeliveryBook
 from shoal.workers.memory_guard import ALARM_PENDING
-from shoal.workers.publish import Publishing
+from shoal.workers.publish import Publisher
 from shoal.workers.tx import Transactions
 
 log = logging.getLogger("shoal.worker")
 
 
-class Channel(Publishing, Delivery, Declaring, Transactions):
-    __slots__ = ()
+_Handler = Callable[[Any], Coroutine[Any, Any, None] | None]
+
+
+class Channel:
+    """A channel: its parts, and what they share (the frames kept back
+    while it is busy or flow-blocked, whether it is closing)."""
+
+    __slots__ = (
+        "_acknowledge",
+        "_handlers",
+        "_on_body",
+        "_on_header",
+        "_on_publish",
+        "backlog",
+        "busy",
+        "closing",
+        "conn",
+        "ctx",
+        "declarer",
+        "delivery",
+        "fast_publish",
+        "flow_backlog",
+        "flow_told",
+        "number",
+        "publisher",
+        "transactions",
+    )
+
+    def __init__(self, conn: ChannelConnection, number: int) -> None:
+        self.conn = conn
+        self.ctx = conn.ctx
+        self.number = number
+        self.closing = False
+        self.busy = False
+        self.backlog: deque[tuple[int, memoryview]] = deque()
+        # Publishes (and what follows them) kept while the connection is
+        # flow-blocked on a queue over capacity (shm/flow.py).
+        self.flow_backlog: deque[tuple[int, memoryview]] = deque()
+        self.flow_told = True  # the last channel.flow active= we sent (send_flow)
+        self.declarer = declarer = Declarer(conn, number)
+        self.transactions = transactions = Transactions(self, conn)
+        self.delivery = delivery = DeliveryBook(self, conn, transactions, declarer.resolve_queue)
+        self.publisher = publisher = Publisher(self, conn, transactions, delivery)
+        transactions.publisher = publisher
+        transactions.settle = delivery.settle
+        # The hot paths, bound once: the connection hands a whole publish
+        # to fast_publish (workers/connection.py), handle() the rest.
+        self.fast_publish = publisher.fast_publish
+        self._on_publish = publisher.on_publish
+        self._on_header = publisher.on_header
+        self._on_body = publisher.on_body
+        self._acknowledge = delivery.acknowledge
+        self._handlers: dict[type, _Handler] = {
+            C.Channel.Close: self._channel_close,
+            C.Channel.CloseOk: self._channel_close_ok,
+            C.Channel.FlowOk: self._channel_flow_ok,
+            C.Channel.Open: self._channel_open,
+            C.Channel.Flow: delivery.channel_flow,
+            C.Basic.Qos: delivery.basic_qos,
+            C.Basic.Consume: delivery.basic_consume,
+            C.Basic.Cancel: delivery.basic_cancel,
+            C.Basic.Get: delivery.basic_get,
+            C.Basic.Recover: delivery.basic_recover,
+            C.Basic.RecoverAsync: delivery.basic_recover,
+            C.Confirm.Select: publisher.confirm_select,
+            C.Tx.Select: transactions.tx_select,
+            C.Tx.Commit: transactions.tx_commit,
+            C.Tx.Rollback: transactions.tx_rollback,
+            C.Queue.Declare: declarer.queue_declare,
+            C.Queue.Bind: declarer.queue_bind,
+            C.Queue.Unbind: declarer.queue_bind,
+            C.Exchange.Declare: declarer.exchange_declare,
+            C.Exchange.Delete: declarer.exchange_delete,
+            C.Exchange.Bind: declarer.exchange_bind,
+            C.Exchange.Unbind: declarer.exchange_bind,
+            C.Queue.Delete: declarer.queue_delete,
+            C.Queue.Purge: declarer.queue_purge,
+        }
+
+    @property
+    def publish_count(self) -> int:
+        """Messages this channel published (it is a "publisher")."""
+        return self.publisher.publish_count
 
     def handle(self, ftype: int, payload: memoryview) -> None:
         if self.busy:
@@ -50,7 +133,8 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
             return
         try:
             if ftype == framing.FRAME_METHOD:
-                if self.state == EXPECT_HEADER:
+                state = self.publisher.state
+                if state == EXPECT_HEADER:
                     raise errors.ConnectionError_(
                         errors.UNEXPECTED_FRAME,
                         "expected content header for class 60, "
@@ -58,7 +142,7 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
                         60,
                         40,
                     )
-                if self.state == EXPECT_BODY:
+                if state == EXPECT_BODY:
                     raise errors.ConnectionError_(
                         errors.UNEXPECTED_FRAME,
                         "expected content body, got non content body frame instead",
@@ -93,12 +177,12 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
             self.fail(exc)
 
     def _method(self, method: Any) -> None:
-        handler = _HANDLERS.get(type(method))
+        handler = self._handlers.get(type(method))
         if handler is None:
             raise errors.ConnectionError_(
                 errors.COMMAND_INVALID, "unimplemented method", *divmod(method.index, 0x10000)
             )
-        result = handler(self, method)
+        result = handler(method)
         if result is not None:
             self._run_async(result, method)
 
@@ -144,7 +228,7 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
         inside a message's frames, so it cannot overtake a half-kept one)."""
         if self.closing:
             return False
-        if ftype == framing.FRAME_METHOD and self.state == IDLE:
+        if ftype == framing.FRAME_METHOD and self.publisher.state == IDLE:
             index = framing.method_index(payload)
             if index in _NEVER_KEPT or (index != framing.PUBLISH and not self.flow_backlog):
                 return False
@@ -169,14 +253,14 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
                 self.flow_backlog.extend(kept)
                 break
         self.conn.held_bytes -= released
-        self.conn.flush_confirms(self)
+        self.conn.flush_confirms(self.publisher)
 
     def resume(self) -> None:
         while self.backlog and not self.busy and not self.conn.closed:
             ftype, payload = self.backlog.popleft()
             self._handle_later(ftype, payload)
         if not self.conn.closed:
-            self.conn.flush_confirms(self)
+            self.conn.flush_confirms(self.publisher)
 
     def _handle_later(self, ftype: int, payload: memoryview) -> None:
         """A frame kept back (a scheduler round trip, flow control), handled
@@ -218,58 +302,49 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
 
     def describe(self) -> dict[str, Any]:
         """What list_channels / list_consumers show of this channel."""
+        publisher, delivery, tx = self.publisher, self.delivery, self.transactions.tx
+        confirm = publisher.confirm
         return {
             "number": self.number,
-            "transactional": self.tx is not None,
-            "confirm": self.confirm,
-            "consumer_count": len(self.consumers),
-            "messages_unacknowledged": len(self.unacked),
-            "messages_unconfirmed": self.publish_seq - self.confirm_sent if self.confirm else 0,
-            "messages_uncommitted": len(self.tx.publishes) if self.tx is not None else 0,
-            "acks_uncommitted": len(self.tx.settles) if self.tx is not None else 0,
-            "prefetch_count": self.prefetch_count,
-            "global_prefetch_count": self.global_prefetch,
+            "transactional": tx is not None,
+            "confirm": confirm,
+            "consumer_count": len(delivery.consumers),
+            "messages_unacknowledged": len(delivery.unacked),
+            "messages_unconfirmed": publisher.publish_seq - publisher.confirm_sent
+            if confirm
+            else 0,
+            "messages_uncommitted": len(tx.publishes) if tx is not None else 0,
+            "acks_uncommitted": len(tx.settles) if tx is not None else 0,
+            "prefetch_count": delivery.prefetch_count,
+            "global_prefetch_count": delivery.global_prefetch,
             "consumers": [
                 {
                     "consumer_tag": c.tag.decode(errors="replace"),
                     "queue": self.ctx.store.name(c.qid).decode(errors="replace"),
                     "ack_required": not c.no_ack,
                     "exclusive": c.exclusive,
-                    "prefetch_count": self.prefetch_count,
+                    "prefetch_count": delivery.prefetch_count,
                     "active": True,
                     "arguments": {},
                 }
-                for c in self.consumers.values()
+                for c in delivery.consumers.values()
             ],
         }
 
     def release(self) -> None:
         """Cancel consumers, roll back an open transaction and requeue unacked
         messages (close or crash)."""
-        for consumer in self.consumers.values():
-            self._drop_consumer(consumer)
-        self.consumers.clear()
-        self.drop_reply_queue()
-        self._rollback()
-        self.requeue_all()
-        pending = self.pending
-        if pending is not None and pending.block and pending.body is None:
-            # A message half received, or waiting for room in a full queue.
-            self._drop_pending(pending)
+        self.delivery.release()
+        self.transactions.rollback()
+        self.delivery.requeue_all()
+        self.publisher.release()
         # Publishes kept by flow control are dropped with the channel, like
         # the unconfirmed publishes of a channel that closes.
         self.conn.held_bytes -= sum(len(payload) for _ftype, payload in self.flow_backlog)
         self.flow_backlog.clear()
-        # Confirms still waiting for a sync are never sent: the channel is gone.
-        self.unsynced.clear()
-        self.stream_waits.clear()
-        if self.ctx.persist is not None:
-            self.ctx.persist.waiting.discard(self)
-        self.pending = None
-        self.state = IDLE
 
     def _channel_close(self, method: C.Channel.Close) -> None:
-        self.conn.flush_confirms(self, force=True)
+        self.conn.flush_confirms(self.publisher, force=True)
         self.release()
         self.conn.write(framing.encode_method(self.number, C.Channel.CloseOk()))
         if self.closing:
@@ -297,43 +372,9 @@ class Channel(Publishing, Delivery, Declaring, Transactions):
     def _channel_flow_ok(self, method: C.Channel.FlowOk) -> None:
         pass  # the client's answer to send_flow: nothing to do
 
-    def _channel_flow(self, method: C.Channel.Flow) -> None:
-        self.flow_active = bool(method.active)
-        self.conn.write(framing.encode_method(self.number, C.Channel.FlowOk(active=method.active)))
-        for consumer in self.consumers.values():
-            update_interest(self.ctx, consumer)
-
 
 # Methods that pass a channel's flow-control backlog: acks (consumers on a
 # blocked connection keep acking) and the close handshake.
 _NEVER_KEPT = frozenset(
     (framing.ACK, framing.NACK, framing.REJECT, C.Channel.Close.index, C.Channel.CloseOk.index)
 )
-
-_Handler = Callable[[Channel, Any], Coroutine[Any, Any, None] | None]
-_HANDLERS: dict[type, _Handler] = {
-    C.Channel.Close: Channel._channel_close,
-    C.Channel.CloseOk: Channel._channel_close_ok,
-    C.Channel.FlowOk: Channel._channel_flow_ok,
-    C.Channel.Open: Channel._channel_open,
-    C.Channel.Flow: Channel._channel_flow,
-    C.Basic.Qos: Channel._basic_qos,
-    C.Basic.Consume: Channel._basic_consume,
-    C.Basic.Cancel: Channel._basic_cancel,
-    C.Basic.Get: Channel._basic_get,
-    C.Basic.Recover: Channel._basic_recover,
-    C.Basic.RecoverAsync: Channel._basic_recover,
-    C.Confirm.Select: Channel._confirm_select,
-    C.Tx.Select: Channel._tx_select,
-    C.Tx.Commit: Channel._tx_commit,
-    C.Tx.Rollback: Channel._tx_rollback,
-    C.Queue.Declare: Channel._queue_declare,
-    C.Queue.Bind: Channel._queue_bind,
-    C.Queue.Unbind: Channel._queue_bind,
-    C.Exchange.Declare: Channel._exchange_declare,
-    C.Exchange.Delete: Channel._exchange_delete,
-    C.Exchange.Bind: Channel._exchange_bind,
-    C.Exchange.Unbind: Channel._exchange_bind,
-    C.Queue.Delete: Channel._queue_delete,
-    C.Queue.Purge: Channel._queue_purge,
-}

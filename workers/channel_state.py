@@ -1,36 +1,55 @@
-"""One AMQP channel's state, shared by the parts that act on it (workers/
-channel.py dispatches; publish.py, delivery.py, declare.py and tx.py do the
-work), and what those parts need of their connection: a Protocol, so that a
-channel never holds the whole Connection.
+"""What the parts of an AMQP channel know of each other and of their
+connection: narrow Protocols, so that no part holds the whole Connection
+or the whole Channel.
 
-Credit and unacknowledged messages belong to delivery.py: only it changes
-`unacked`, `unacked_bytes`, `next_tag` and the prefetch limits.
+A channel (workers/channel.py) is its frame dispatch and lifecycle around
+four parts, each owning its own state: the publisher (publish.py: publishes
+and their confirms), the delivery book (delivery.py: consumers, credit and
+the unacknowledged messages), the declarer (declare.py) and the
+transactions (tx.py). Only the delivery book changes `unacked`,
+`unacked_bytes`, `next_tag` and the prefetch limits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
-
-from pamqp import commands as C
+from typing import Any, Protocol
 
 from shoal.broker.amqp import errors
-from shoal.shm.stats import CONFIRMED
-from shoal.workers import framing
 from shoal.workers.access import ConnectionAccess
-
-if TYPE_CHECKING:
-    from shoal.workers.dedup import DedupMark
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
-
-log = logging.getLogger("shoal.worker")
+from shoal.workers.pending import Pending
 
 # Publish assembly states
 IDLE, EXPECT_HEADER, EXPECT_BODY = 0, 1, 2
 RETRY_DELAY = 0.005  # seconds between retries while a queue or the arena is full
+
+
+class Confirms(Protocol):
+    """A channel's publisher as its connection's confirm flush sees it
+    (workers/publish.py)."""
+
+    number: int
+    confirm_sent: int
+    confirm_held: bool
+
+    def confirmable(self) -> int: ...
+
+
+class ChannelCore(Protocol):
+    """What a channel's parts use of the channel itself: its flags, its
+    frame backlog, and closing it (workers/channel.py)."""
+
+    number: int
+    busy: bool  # its later frames wait (a round trip, back-pressure)
+    closing: bool  # the server closed it: only close/close-ok matter
+    backlog: deque[tuple[int, memoryview]]  # frames waiting while busy
+    flow_backlog: deque[tuple[int, memoryview]]  # frames kept by flow control
+
+    def fail(self, exc: errors.AMQPError) -> None: ...
+    def resume(self) -> None: ...
 
 
 class ChannelConnection(Protocol):
@@ -52,8 +71,8 @@ class ChannelConnection(Protocol):
     def write_many(self, frames: list[bytes]) -> None: ...
     def can_deliver(self) -> bool: ...
     def fail(self, exc: errors.AMQPError) -> None: ...
-    def flush_confirms(self, channel: ChannelState, force: bool = False) -> None: ...
-    def write_cancel(self, channel: ChannelState, frame: bytes) -> None: ...
+    def flush_confirms(self, publisher: Confirms, force: bool = False) -> None: ...
+    def write_cancel(self, channel: ChannelCore, frame: bytes) -> None: ...
     def hold_reading(self, holder: object, reason: str | None = ...) -> None: ...
     def release_reading(self, holder: object) -> None: ...
     def flow_block(self, qid: int, logs: list[int] | None = None) -> None: ...
@@ -63,69 +82,6 @@ class ChannelConnection(Protocol):
     def queue_delete_done(self) -> None: ...
     def forget_channel(self, number: int) -> None: ...
     def deliveries_written(self) -> None: ...
-
-
-class Pending:
-    """A message being assembled from its publish, header and body frames."""
-
-    __slots__ = (
-        "block",
-        "body",
-        "body_off",
-        "body_size",
-        "dedup",
-        "deduped",
-        "durable",
-        "entries",
-        "exchange",
-        "header",
-        "late",
-        "levelled",
-        "mandatory",
-        "qids",
-        "received",
-        "record",
-        "rejected",
-        "routing_key",
-        "streams",
-        "tag",
-        "times",
-    )
-
-    def __init__(self, exchange: bytes, routing_key: bytes, mandatory: bool) -> None:
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.mandatory = mandatory
-        self.header = b""
-        self.body_size = 0
-        self.received = 0
-        self.qids: list[int] = []
-        self.block = 0
-        self.body_off = 0
-        self.body: bytearray | None = None  # only for unroutable messages
-        # Logs the scheduler chose for a priority level (LEVEL replies): final.
-        self.levelled: set[int] | None = None
-        self.rejected = False  # a queue refused it (x-overflow reject-publish)
-        # The message store (workers/persist.py): `durable`, persistent and
-        # routed to a durable queue (its block has room for a tag); then
-        # its record's index, and per durable queue (uid, level), its entry.
-        self.durable = False
-        self.record = -1
-        self.entries: dict[int, tuple[int, int, int]] | None = None  # qid -> (uid, level, seq)
-        self.tag = (0, 0, 0)  # (segment slot, check, record offset): shm/arena.py write_tag
-        # (published, expires at) in ms when it may expire (workers/expiry.py)
-        self.times: tuple[int, int] | None = None
-        # Durable queues still to append to when its record was written (a
-        # queue was full): their seqs go in an AMEND record (workers/records.py).
-        self.late: list[int] | None = None
-        # Stream queues it was appended to: (qid, seq); its confirm waits
-        # until each stream's writer has synced that seq (workers/streams.py).
-        self.streams: list[tuple[int, int]] | None = None
-        # Deduplication (workers/dedup.py): None until checked, then the
-        # keys the check added; `deduped`: a queue or the exchange had it
-        # (accepted, not returned).
-        self.dedup: DedupMark | None = None
-        self.deduped = False
 
 
 class Transaction:
@@ -139,180 +95,17 @@ class Transaction:
         self.settles: list[tuple[int, bool, bool | None, int]] = []
 
 
-class ChannelState:
-    __slots__ = (
-        "backlog",
-        "busy",
-        "closing",
-        "confirm",
-        "confirm_held",
-        "confirm_high",
-        "confirm_sent",
-        "conn",
-        "consumers",
-        "ctx",
-        "delivery_marks",
-        "flow_active",
-        "flow_backlog",
-        "flow_told",
-        "global_prefetch",
-        "global_prefetch_size",
-        "last_queue",
-        "next_tag",
-        "number",
-        "pending",
-        "prefetch_count",
-        "prefetch_size",
-        "publish_count",
-        "publish_seq",
-        "reply_queue",
-        "state",
-        "stats",
-        "stream_waits",
-        "timed_out_tags",
-        "tx",
-        "unacked",
-        "unacked_bytes",
-        "unsynced",
-    )
+class Transactional(Protocol):
+    """Whether a channel is in a transaction (workers/tx.py): its publishes
+    and acknowledgements are kept for the commit."""
 
-    def __init__(self, conn: ChannelConnection, number: int) -> None:
-        self.conn = conn
-        self.ctx = conn.ctx
-        self.number = number
-        self.state = IDLE
-        self.pending: Pending | None = None
-        self.consumers: dict[bytes, Consumer] = {}
-        # delivery tag -> (consumer or None for basic.get, qid, seq, body bytes)
-        self.unacked: dict[int, tuple[Consumer | None, int, int, int]] = {}
-        self.next_tag = 1
-        # basic.qos: per consumer (global=false) and per channel (global=true),
-        # in messages and in body bytes.
-        self.prefetch_count = 0
-        self.prefetch_size = 0
-        self.global_prefetch = 0
-        self.global_prefetch_size = 0
-        self.unacked_bytes = 0
-        self.confirm = False
-        self.publish_seq = 0
-        self.publish_count = 0  # messages this channel published (it is a "publisher")
-        self.flow_told = True  # the last channel.flow active= we sent (send_flow)
-        self.stats = conn.ctx.stats.v  # this worker's counters (shm/stats.py)
-        self.confirm_high = 0
-        self.confirm_sent = 0
-        # Confirms held until this channel's own consumer has been handed the
-        # message (Connection.flush_confirms): RabbitMQ's order.
-        self.confirm_held = False
-        self.flow_active = True
-        self.closing = False
-        self.busy = False
-        self.backlog: deque[tuple[int, memoryview]] = deque()
-        # Publishes (and what follows them) kept while the connection is
-        # flow-blocked on a queue over capacity (shm/flow.py).
-        self.flow_backlog: deque[tuple[int, memoryview]] = deque()
-        self.last_queue = b""
-        # Direct reply-to (workers/reply_to.py): the queue this channel's
-        # reply consumer reads (b"": none).
-        self.reply_queue = b""
-        # Consumer timeouts (workers/timeouts.py): delivery tags marked with
-        # the time once a second, and tags requeued by a timeout (their
-        # late acks are ignored).
-        self.delivery_marks: deque[tuple[int, float]] = deque()
-        self.timed_out_tags: set[int] = set()
-        self.tx: Transaction | None = None
-        # Persistent publishes whose records are not yet durable, in order:
-        # (publish seq, record index, nack owed); see confirmable().
-        self.unsynced: deque[tuple[int, int, bool]] = deque()
-        # Publishes to stream queues not yet durable in the streams' files,
-        # in order: (publish seq, [(qid, log seq)]); see confirmable().
-        self.stream_waits: deque[tuple[int, list[tuple[int, int]]]] = deque()
+    tx: Transaction | None
 
-    def confirmable(self) -> int:
-        """The publish seq up to which confirms may go now: confirm_high,
-        unless a persistent publish at or below it waits for its record's
-        sync (workers/persist.py). A nack owed behind such publishes is
-        sent once they are durable (acks are cumulative)."""
-        high = self.confirm_high
-        unsynced = self.unsynced
-        if not unsynced and not self.stream_waits:
-            return high  # the common case: nothing waits for a disk
-        if unsynced:
-            synced = self.ctx.persist.synced  # type: ignore[union-attr]  # set when used
-            while unsynced and unsynced[0][1] < synced:
-                seq, _record, nack = unsynced.popleft()
-                if nack:
-                    self._send_nack(seq)
-            if unsynced:
-                high = min(high, unsynced[0][0] - 1)
-        waits = self.stream_waits
-        if waits:
-            synced_seq = self.ctx.streams.words.synced_seq  # type: ignore[union-attr]
-            while waits and all(synced_seq(qid) > seq for qid, seq in waits[0][1]):
-                waits.popleft()
-            if waits:
-                high = min(high, waits[0][0] - 1)
-        return high
 
-    def synced(self) -> bool:
-        """Records became durable: send the confirms they allow; True while
-        some still wait (workers/persist.py Confirming). Nothing once the
-        server has closed the channel (it only waits for close-ok)."""
-        if self.closing:
-            self.unsynced.clear()
-            self.stream_waits.clear()
-            return False
-        self.conn.flush_confirms(self)
-        return bool(self.unsynced or self.stream_waits)
+class Consumers(Protocol):
+    """What the publisher uses of its channel's delivery book
+    (workers/delivery.py): its consumers (confirm order) and its direct
+    reply-to queue (workers/reply_to.py)."""
 
-    def _send_nack(self, seq: int) -> None:
-        """basic.nack publish `seq`, after acking those before it."""
-        if seq - 1 > self.confirm_sent:
-            self.stats[CONFIRMED] += seq - 1 - self.confirm_sent
-            self.conn.write(framing.encode_ack(self.number, seq - 1, True))
-        self.confirm_sent = seq
-        self.conn.write(
-            framing.encode_method(
-                self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False)
-            )
-        )
-
-    # What the parts call on each other: each is defined by the part that
-    # owns it (the Channel class combines them).
-    def fail(self, exc: errors.AMQPError) -> None:
-        raise NotImplementedError
-
-    def resume(self) -> None:
-        raise NotImplementedError
-
-    def handle(self, ftype: int, payload: memoryview) -> None:
-        raise NotImplementedError
-
-    def _resolve_queue(
-        self, name: str, class_method: tuple[int, int], permission: str = ""
-    ) -> tuple[bytes, int]:
-        raise NotImplementedError  # declare.py
-
-    def _settle(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
-        raise NotImplementedError  # delivery.py
-
-    def _assign_levels(self, pending: Pending) -> tuple[int, int] | None:
-        raise NotImplementedError  # publish.py
-
-    @staticmethod
-    def _use_level(pending: Pending, qid: int, target: int) -> None:
-        raise NotImplementedError  # publish.py
-
-    def _append(self, pending: Pending) -> bool:
-        raise NotImplementedError  # publish.py
-
-    def drop_reply_queue(self) -> None:
-        raise NotImplementedError  # delivery.py
-
-    def _drop_pending(self, pending: Pending) -> None:
-        raise NotImplementedError  # publish.py
-
-    def _deduplicate(self, pending: Pending) -> None:
-        raise NotImplementedError  # publish.py
-
-    def _return(self, pending: Pending) -> None:
-        raise NotImplementedError  # publish.py
+    consumers: dict[bytes, Consumer]
+    reply_queue: bytes

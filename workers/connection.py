@@ -23,7 +23,7 @@ from shoal.shm import flow, memory, stats
 from shoal.workers import describe, framing, negotiation, tls
 from shoal.workers.access import ConnectionAccess
 from shoal.workers.channel import Channel
-from shoal.workers.channel_state import ChannelState
+from shoal.workers.channel_state import ChannelCore, Confirms
 from shoal.workers.consumer import update_interest
 from shoal.workers.context import WorkerContext
 from shoal.workers.framing import PUBLISH_WHOLE
@@ -51,7 +51,7 @@ CLOSE_OK_TIMEOUT = 3.0
 # the socket before we close ours anyway (see _close_gracefully).
 LINGER_TIMEOUT = 2.0
 # The longest a confirm waits for the delivery to the publishing channel's own
-# consumer, which RabbitMQ sends first (Channel._consumes): the scheduler may
+# consumer, which RabbitMQ sends first (Publisher._consumes): the scheduler may
 # hand the message to another consumer, or be slow.
 CONFIRM_HOLD = 0.01
 
@@ -103,12 +103,12 @@ class Connection(Handshake, asyncio.Protocol):
         self.last_recv = time.monotonic()
         self.sent_since_tick = False
         self.timer: asyncio.TimerHandle | None = None
-        self.confirm_channels: set[Channel] = set()
+        self.confirm_channels: set[Confirms] = set()  # the publishers of channels in confirm mode
         self.confirm_timer: asyncio.TimerHandle | None = None  # see flush_confirms
         # queue.delete requests in flight on this connection's channels, and
         # the server basic.cancel frames held until their delete-ok is out.
         self.deletes_in_flight = 0
-        self.held_cancels: list[tuple[ChannelState, bytes]] = []
+        self.held_cancels: list[tuple[ChannelCore, bytes]] = []
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport: Any) -> None:
@@ -184,7 +184,7 @@ class Connection(Handshake, asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         for channel in self.channels.values():
-            for consumer in channel.consumers.values():
+            for consumer in channel.delivery.consumers.values():
                 update_interest(self.ctx, consumer)
 
     def can_deliver(self) -> bool:
@@ -358,8 +358,8 @@ class Connection(Handshake, asyncio.Protocol):
             self.fail(exc)
         except framing.FrameError as exc:
             self._frame_error(exc)
-        for channel_obj in self.confirm_channels:
-            self.flush_confirms(channel_obj)
+        for publisher in self.confirm_channels:
+            self.flush_confirms(publisher)
 
     def _dispatch(self, frames: list[Any]) -> None:
         channels = self.channels
@@ -370,8 +370,9 @@ class Connection(Handshake, asyncio.Protocol):
                 if self.state == OPEN:
                     channel = channels.get(frame[1])
                     if channel is not None and channel.fast_publish(frame):
-                        if channel.confirm:
-                            self.confirm_channels.add(channel)
+                        publisher = channel.publisher
+                        if publisher.confirm:
+                            self.confirm_channels.add(publisher)
                         continue
                 for ftype, number, payload in framing.publish_frames(frame):
                     self._frame(ftype, number, payload)
@@ -406,8 +407,9 @@ class Connection(Handshake, asyncio.Protocol):
         channel = self.channels.get(number)
         if channel is not None:
             channel.handle(ftype, payload)
-            if channel.confirm:
-                self.confirm_channels.add(channel)
+            publisher = channel.publisher
+            if publisher.confirm:
+                self.confirm_channels.add(publisher)
             return
         if self.state != OPEN:
             raise errors.ConnectionError_(
@@ -430,23 +432,29 @@ class Connection(Handshake, asyncio.Protocol):
             errors.CHANNEL_ERROR, "expected 'channel.open'", *divmod(index, 0x10000)
         )
 
-    def flush_confirms(self, channel: ChannelState, force: bool = False) -> None:
+    def flush_confirms(self, publisher: Confirms, force: bool = False) -> None:
         """One cumulative basic.ack per channel per read, not one per message,
-        up to what is durable (ChannelState.confirmable). Held (unless forced)
-        while the channel's own consumer is about to get one: until a
-        delivery is written (deliveries_written), at most CONFIRM_HOLD."""
-        high = channel.confirmable()
-        if high > channel.confirm_sent and self.channels.get(channel.number) is channel:
-            if channel.confirm_held and not force:
+        up to what is durable (Publisher.confirmable, workers/publish.py).
+        Held (unless forced) while the channel's own consumer is about to get
+        one: until a delivery is written (deliveries_written), at most
+        CONFIRM_HOLD."""
+        high = publisher.confirmable()
+        if high > publisher.confirm_sent and self._open_publisher(publisher):
+            if publisher.confirm_held and not force:
                 if self.confirm_timer is None:
                     self.confirm_timer = self.ctx.loop.call_later(
                         CONFIRM_HOLD, self.deliveries_written
                     )
                 return
-            channel.confirm_held = False
-            self.ctx.stats.v[stats.CONFIRMED] += high - channel.confirm_sent
-            channel.confirm_sent = high
-            self.write(framing.encode_ack(channel.number, high, True))
+            publisher.confirm_held = False
+            self.ctx.stats.v[stats.CONFIRMED] += high - publisher.confirm_sent
+            publisher.confirm_sent = high
+            self.write(framing.encode_ack(publisher.number, high, True))
+
+    def _open_publisher(self, publisher: Confirms) -> bool:
+        """Whether `publisher` is that of a channel still open here."""
+        channel = self.channels.get(publisher.number)
+        return channel is not None and channel.publisher is publisher
 
     def deliveries_written(self) -> None:
         """Deliveries are queued for writing (or CONFIRM_HOLD passed): the
@@ -455,11 +463,11 @@ class Connection(Handshake, asyncio.Protocol):
             return
         self.confirm_timer.cancel()
         self.confirm_timer = None
-        for channel in self.confirm_channels:
-            if channel.confirm_held:
-                self.flush_confirms(channel, force=True)
+        for publisher in self.confirm_channels:
+            if publisher.confirm_held:
+                self.flush_confirms(publisher, force=True)
 
-    def write_cancel(self, channel: ChannelState, frame: bytes) -> None:
+    def write_cancel(self, channel: ChannelCore, frame: bytes) -> None:
         """A server basic.cancel (its queue was deleted). While this
         connection deletes a queue, the cancels wait for the delete-ok, as in
         RabbitMQ: py-amqp (kombu, Celery) would raise ConsumerCancelled inside
@@ -487,7 +495,7 @@ class Connection(Handshake, asyncio.Protocol):
         channel = self.channels.pop(number, None)
         if channel is not None:
             self.ctx.stats.v[stats.CHANNELS_CLOSED] += 1
-            self.confirm_channels.discard(channel)
+            self.confirm_channels.discard(channel.publisher)
             self.release_reading(channel)
 
     # ------------------------------------------------------------ channel 0

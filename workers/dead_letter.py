@@ -1,8 +1,9 @@
 """Dead-lettering a message this worker holds (issue 15, item 3): the
 message, rewritten as RabbitMQ does (broker/amqp/dead_letter.py), is
 published to the queue's dead-letter exchange from this worker, as a
-publish from a client would be (a block in this worker's arena, the message
-store's record when it is persistent and reaches a durable queue), before
+publish from a client would be (workers/ingest.py: a block in this worker's
+arena, the message store's record when it is persistent and reaches a
+durable queue), before
 the caller deletes the original. Both go through this worker's store log
 in that order, so a crash between them leaves the message in both queues,
 never in neither.
@@ -25,8 +26,8 @@ from shoal.broker.amqp import dead_letter, errors, quorum
 from shoal.shm import layout, stats
 from shoal.shm.arena import read_message
 from shoal.shm.queues import Message
-from shoal.workers import republish
 from shoal.workers.context import WorkerContext
+from shoal.workers.ingest import Ingest
 
 log = logging.getLogger("shoal.worker")
 
@@ -48,10 +49,11 @@ _DISABLED, _AT_MOST_ONCE, _AT_LEAST_ONCE = 0, 1, 2
 class DeadLetters:
     """This worker's dead-lettering."""
 
-    __slots__ = ("_later", "_sources", "ctx")
+    __slots__ = ("_later", "_put", "_sources", "ctx")
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
+        self._put = Ingest(ctx).put_new  # its way into the store
         # Messages a length limit dropped, copied, to dead-letter once the
         # publish that dropped them is done (see dropped_by_limit).
         self._later: list[tuple[_Source, Message]] = []
@@ -119,7 +121,7 @@ class DeadLetters:
 
     def _dead_letter(self, source: _Source, message: Message, reason: str) -> bool:
         self._count(source, reason)
-        ctx, store = self.ctx, self.ctx.store
+        store = self.ctx.store
         where, name, vhost, vhost_id = source.target, source.name, source.vhost, source.vhost_id
         assert where is not None
         exchange, routing_key, header, body = message
@@ -147,9 +149,7 @@ class DeadLetters:
             qids = [q for q in qids if not dead_letter.is_cycle(store.name(q), letter.deaths)]
         if not qids:
             return True
-        taken = republish.publish(
-            ctx, where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids
-        )
+        taken = self._put(where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids)
         return taken or source.strategy != _AT_LEAST_ONCE
 
     def dropped_by_limit(self, qid: int, block: int) -> None:

@@ -18,9 +18,7 @@ from shoal.broker.amqp.definitions import server_named_queue
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
 from shoal.workers import framing, reply_to
 from shoal.workers.access import CONFIGURE, READ, WRITE
-from shoal.workers.channel_state import (
-    ChannelState,
-)
+from shoal.workers.channel_state import ChannelConnection
 
 log = logging.getLogger("shoal.worker")
 
@@ -29,12 +27,18 @@ log = logging.getLogger("shoal.worker")
 _FAULT_QUEUE = os.environ.get("SHOAL_FAULT_INTERNAL_QUEUE", "").encode()
 
 
-class Declaring(ChannelState):
+class Declarer:
     """The declaring side of a channel."""
 
-    __slots__ = ()
+    __slots__ = ("conn", "ctx", "last_queue", "number")
 
-    def _resolve_queue(
+    def __init__(self, conn: ChannelConnection, number: int) -> None:
+        self.conn = conn
+        self.ctx = conn.ctx
+        self.number = number
+        self.last_queue = b""  # the channel's last declared queue (the spec's shortcuts)
+
+    def resolve_queue(
         self, name: str, class_method: tuple[int, int], permission: str = ""
     ) -> tuple[bytes, int]:
         """The queue a consume or get names (the channel's last declared
@@ -63,7 +67,7 @@ class Declaring(ChannelState):
             )
         return raw, qid
 
-    async def _queue_declare(self, method: C.Queue.Declare) -> None:
+    async def queue_declare(self, method: C.Queue.Declare) -> None:
         name = method.queue.encode()
         if _FAULT_QUEUE and name == _FAULT_QUEUE:
             raise RuntimeError("injected fault")
@@ -113,7 +117,7 @@ class Declaring(ChannelState):
                 )
             )
 
-    async def _queue_delete(self, method: C.Queue.Delete) -> None:
+    async def queue_delete(self, method: C.Queue.Delete) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
         conn = self.conn
         conn.access.check(CONFIGURE, "queue", name.decode())
@@ -129,7 +133,7 @@ class Declaring(ChannelState):
         finally:
             conn.queue_delete_done()
 
-    async def _queue_purge(self, method: C.Queue.Purge) -> None:
+    async def queue_purge(self, method: C.Queue.Purge) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
         self.conn.access.check(READ, "queue", name.decode())
         qid = self.ctx.store.lookup(name, self.conn.vhost_id)
@@ -142,7 +146,7 @@ class Declaring(ChannelState):
                 framing.encode_method(self.number, C.Queue.PurgeOk(message_count=count))
             )
 
-    def _exchange_declare(self, method: C.Exchange.Declare) -> Coroutine[Any, Any, None]:
+    def exchange_declare(self, method: C.Exchange.Declare) -> Coroutine[Any, Any, None]:
         if not method.exchange:
             raise errors.ChannelError(
                 errors.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10
@@ -169,7 +173,7 @@ class Declaring(ChannelState):
             ),
         )
 
-    def _exchange_delete(self, method: C.Exchange.Delete) -> Coroutine[Any, Any, None]:
+    def exchange_delete(self, method: C.Exchange.Delete) -> Coroutine[Any, Any, None]:
         name = method.exchange
         if not name:
             raise errors.ChannelError(
@@ -189,7 +193,7 @@ class Declaring(ChannelState):
             ipc.ExchangeDelete(self.conn.vhost, name, method.if_unused),
         )
 
-    def _exchange_bind(
+    def exchange_bind(
         self, method: C.Exchange.Bind | C.Exchange.Unbind
     ) -> Coroutine[Any, Any, None]:
         unbind = isinstance(method, C.Exchange.Unbind)
@@ -215,7 +219,7 @@ class Declaring(ChannelState):
             ),
         )
 
-    def _queue_bind(self, method: C.Queue.Bind | C.Queue.Unbind) -> Coroutine[Any, Any, None]:
+    def queue_bind(self, method: C.Queue.Bind | C.Queue.Unbind) -> Coroutine[Any, Any, None]:
         unbind = isinstance(method, C.Queue.Unbind)
         class_method = divmod(method.index, 0x10000)
         queue = method.queue

@@ -3,7 +3,7 @@ and LavinMQ): a message published to an `x-delayed-message` exchange with
 an x-delay header (ms > 0) is routed to the exchange's delay queue
 (`amq.delayed.<exchange>`, durable with a durable exchange, so persistent
 delayed messages survive restarts: broker/amqp/routing.py), stamped with
-its publish time (MSG_TIME, workers/republish.py times_for): due at that
+its publish time (MSG_TIME, workers/ingest.py times_for): due at that
 time + its x-delay.
 
 The delay queue's owning worker (qid % workers) keeps a heap of its
@@ -11,7 +11,7 @@ entries by due time: it indexes each new entry once (reading its due time
 without a reference, as a browser reads), and when one is due it takes
 that entry (shm/expiry.py take_entry), routes the message as the
 exchange's x-delayed-type would (its bindings, now), publishes it from
-this worker (workers/republish.py) and deletes the entry. It wakes at the
+this worker (workers/ingest.py put_new) and deletes the entry. It wakes at the
 earliest due time, and every POLL to index new entries, so a message is
 routed within POLL of its due time however many wait. After a restart (or
 a new owner) the heap is rebuilt from the queue's log.
@@ -27,8 +27,8 @@ from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX, delay_ms
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import read_message
 from shoal.shm.expiry import peek_published, take_entry
-from shoal.workers import republish
 from shoal.workers.context import WorkerContext
+from shoal.workers.ingest import Ingest
 from shoal.workers.routes import message_headers
 from shoal.workers.ticker import NOTHING_POLL, Ticker
 
@@ -53,11 +53,12 @@ class _Index:
 class Delays(Ticker):
     """This worker's delay queues."""
 
-    __slots__ = ("ctx", "indexes", "routed")
+    __slots__ = ("_put", "ctx", "indexes", "routed")
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx.loop)
         self.ctx = ctx
+        self._put = Ingest(ctx).put_new  # its way into the store
         self.indexes: dict[int, _Index] = {}
         self.routed = 0  # delayed messages this worker routed
 
@@ -127,6 +128,6 @@ class Delays(Ticker):
         except errors.AMQPError:  # the exchange is gone: so is the message
             qids = []
         if qids:
-            republish.publish(ctx, exchange, routing_key, header, body, qids)
+            self._put(exchange, routing_key, header, body, qids)
         store.settle(qid, seq)
         self.routed += 1

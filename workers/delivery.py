@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from typing import Any
+from collections import deque
+from collections.abc import Callable
 
 from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import dead_letter, errors, field_table, properties
 from shoal.broker.amqp import streams as amqp_streams
-from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
 from shoal.shm import layout, stats
 from shoal.shm.arena import (
     read_message,
@@ -27,15 +26,12 @@ from shoal.shm.stats import (
     REDELIVERED,
 )
 from shoal.store.streams import StreamMessage
-from shoal.workers import framing, reply_to, timeouts
+from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import deliver_frames
 from shoal.workers.access import READ
-from shoal.workers.channel_state import (
-    ChannelState,
-)
+from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
 from shoal.workers.consumer import Consumer, take_ready, update_interest
 from shoal.workers.levels import Levels
-from shoal.workers.streams import StreamReading
 
 log = logging.getLogger("shoal.worker")
 
@@ -45,10 +41,72 @@ GET_TRIES = 250
 GET_RETRY_DELAY = 0.004
 
 
-class Delivery(ChannelState):
-    """The delivery side of a channel: the only owner of credit and unacked counts."""
+# The declarer's resolve_queue (workers/declare.py): the queue a consume or
+# a get names, checked for a permission.
+ResolveQueue = Callable[[str, tuple[int, int], str], tuple[bytes, int]]
 
-    __slots__ = ()
+
+class DeliveryBook:
+    """The delivery side of a channel: its consumers, basic.get, and the
+    only owner of credit and unacked counts. Consumers (workers/consumer.py)
+    see their channel through it (DeliveryChannel)."""
+
+    __slots__ = (
+        "channel",
+        "conn",
+        "consumers",
+        "ctx",
+        "delivery_marks",
+        "flow_active",
+        "global_prefetch",
+        "global_prefetch_size",
+        "next_tag",
+        "number",
+        "prefetch_count",
+        "prefetch_size",
+        "reply_queue",
+        "resolve_queue",
+        "stats",
+        "timed_out_tags",
+        "transactions",
+        "unacked",
+        "unacked_bytes",
+    )
+
+    def __init__(
+        self,
+        channel: ChannelCore,
+        conn: ChannelConnection,
+        transactions: Transactional,
+        resolve_queue: ResolveQueue,
+    ) -> None:
+        self.channel = channel
+        self.conn = conn
+        self.ctx = conn.ctx
+        self.number = channel.number
+        self.transactions = transactions
+        self.resolve_queue = resolve_queue
+        self.stats = conn.ctx.stats.v  # this worker's counters (shm/stats.py)
+        self.consumers: dict[bytes, Consumer] = {}
+        # delivery tag -> (consumer or None for basic.get, qid, seq, body bytes)
+        self.unacked: dict[int, tuple[Consumer | None, int, int, int]] = {}
+        self.next_tag = 1
+        # basic.qos: per consumer (global=false) and per channel (global=true),
+        # in messages and in body bytes.
+        self.prefetch_count = 0
+        self.prefetch_size = 0
+        self.global_prefetch = 0
+        self.global_prefetch_size = 0
+        self.unacked_bytes = 0
+        self.flow_active = True  # the client's channel.flow
+        # Direct reply-to (workers/reply_to.py): the queue this channel's
+        # reply consumer reads (b"": none).
+        self.reply_queue = b""
+        # Consumer timeouts (workers/timeouts.py): delivery tags marked with
+        # the time once a second, and tags requeued by a timeout (their
+        # late acks are ignored).
+        self.delivery_marks: deque[tuple[int, float]] = deque()
+        self.timed_out_tags: set[int] = set()
 
     def wants_work(self, consumer: Consumer) -> bool:
         """Consumer.wants_work, in one call on the delivery path."""
@@ -56,7 +114,7 @@ class Delivery(ChannelState):
             not consumer.cancelled
             and (consumer.no_ack or self.has_credit(consumer))
             and self.flow_active
-            and not self.closing
+            and not self.channel.closing
             and self.conn.can_deliver()
         )
 
@@ -200,13 +258,14 @@ class Delivery(ChannelState):
         value = f"{ctx.atomic.load(layout.H_EPOCH):x}.{qid:x}.{ctx.store.generation(qid):x}.{seq:x}"
         return properties.string_entry(b"x-shoal-id", value.encode())
 
-    def _acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
-        if self.tx is not None:
-            self.tx.settles.append((tag, multiple, requeue, method_id))  # applied on commit
+    def acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
+        tx = self.transactions.tx
+        if tx is not None:
+            tx.settles.append((tag, multiple, requeue, method_id))  # applied on commit
         else:
-            self._settle(tag, multiple, requeue, method_id)
+            self.settle(tag, multiple, requeue, method_id)
 
-    def _settle(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
+    def settle(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
         """Ack (requeue None), or nack/reject (requeue True/False); `method_id`
         (ack 80, reject 90, nack 120) goes into the close of an unknown tag."""
         unacked = self.unacked
@@ -296,6 +355,15 @@ class Delivery(ChannelState):
         self.unacked.clear()
         self.unacked_bytes = 0
 
+    def release(self) -> None:
+        """The channel closes: its consumers are cancelled and its reply
+        queue deleted (its unacknowledged messages are requeued after its
+        transaction is rolled back: requeue_all)."""
+        for consumer in self.consumers.values():
+            self._drop_consumer(consumer)
+        self.consumers.clear()
+        self.drop_reply_queue()
+
     def _drop_consumer(self, consumer: Consumer) -> None:
         if not consumer.cancelled:
             consumer.cancelled = True
@@ -304,7 +372,7 @@ class Delivery(ChannelState):
         if consumer.stream is not None:
             consumer.stream.close()
 
-    def _basic_qos(self, method: C.Basic.Qos) -> None:
+    def basic_qos(self, method: C.Basic.Qos) -> None:
         # Applied to live consumers too (as LavinMQ does): Celery relies on it.
         # global=true limits the channel as a whole (RabbitMQ 3.x semantics,
         # which 4.x denies by default); both limits may be set at once.
@@ -318,7 +386,7 @@ class Delivery(ChannelState):
         for consumer in self.consumers.values():
             update_interest(self.ctx, consumer)
 
-    async def _basic_consume(self, method: C.Basic.Consume) -> None:
+    async def basic_consume(self, method: C.Basic.Consume) -> None:
         if method.queue == reply_to.PSEUDO_QUEUE:
             # Direct reply-to: the channel's own reply queue, made first.
             reply_to.check_consume(self, method.no_ack)
@@ -328,7 +396,7 @@ class Delivery(ChannelState):
             method.queue = name.decode()
         # RabbitMQ checks no permission on direct reply-to's pseudo-queue.
         permission = "" if self.reply_queue and method.queue == self.reply_queue.decode() else READ
-        name, qid = self._resolve_queue(method.queue, (60, 20), permission)
+        name, qid = self.resolve_queue(method.queue, (60, 20), permission)
         tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
         if tag in self.consumers:
             raise errors.ConnectionError_(
@@ -337,14 +405,22 @@ class Delivery(ChannelState):
         args = method.arguments or {}
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise _invalid_consumer_argument("x-priority", priority)
+            raise consume_args.invalid("x-priority", priority)
         browse, auto_close = (
-            _flag_argument(args, name) for name in ("x-filter-no-consume", "x-filter-auto-close")
+            consume_args.flag(args, name) for name in ("x-filter-no-consume", "x-filter-auto-close")
         )
-        selector = _selector_argument(args)
-        stamp = _flag_argument(args, "x-shoal-id")
+        selector = consume_args.selector(args)
+        stamp = consume_args.flag(args, "x-shoal-id")
         ctx = self.ctx
-        stream = self._stream_reading(name, qid, method, args)
+        stream = consume_args.stream_reading(
+            ctx,
+            self.conn.vhost,
+            name,
+            qid,
+            method,
+            args,
+            bool(self.prefetch_count or self.global_prefetch),
+        )
         consumer = Consumer(
             ctx.next_cid(),
             tag,
@@ -400,43 +476,7 @@ class Delivery(ChannelState):
             )
         update_interest(ctx, consumer)
 
-    def _stream_reading(
-        self, name: bytes, qid: int, method: C.Basic.Consume, args: dict[str, Any]
-    ) -> StreamReading | None:
-        """A consumer of a stream queue: where it starts. RabbitMQ's rules:
-        acknowledging consumers with a prefetch count only."""
-        streams = self.ctx.streams
-        if streams is None or not streams.words.is_stream(qid):
-            return None
-        where = f"queue '{name.decode(errors='replace')}' in vhost '{self.conn.vhost}'"
-        if "x-priority" in args:
-            raise errors.ChannelError(
-                errors.PRECONDITION_FAILED,
-                f"invalid arg 'x-priority' for {where} of queue type rabbit_stream_queue",
-                60,
-                20,
-            )
-        if not self.prefetch_count and not self.global_prefetch:
-            raise errors.ChannelError(
-                errors.PRECONDITION_FAILED,
-                f"consumer prefetch count is not set for '{where}'",
-                60,
-                20,
-            )
-        if method.no_ack:
-            raise errors.ConnectionError_(
-                errors.NOT_IMPLEMENTED,
-                f"automatic acknowledgement not supported by stream queues {where}",
-                60,
-                20,
-            )
-        now_ms = int(time.time() * 1000)
-        return StreamReading(
-            amqp_streams.start_spec(args, now_ms, name, self.conn.vhost),
-            amqp_streams.filter_spec(args, name, self.conn.vhost),
-        )
-
-    def _basic_cancel(self, method: C.Basic.Cancel) -> None:
+    def basic_cancel(self, method: C.Basic.Cancel) -> None:
         tag = method.consumer_tag or ""
         consumer = self.consumers.pop(tag.encode(), None)
         if consumer is not None:
@@ -452,7 +492,7 @@ class Delivery(ChannelState):
         deliveries and cancel it; a client that cannot hear a server cancel
         loses the channel instead, as in RabbitMQ 3.x."""
         if not self.conn.capabilities.get("consumer_cancel_notify"):
-            self.fail(
+            self.channel.fail(
                 errors.ChannelError(
                     errors.PRECONDITION_FAILED,
                     f"delivery acknowledgement on channel {self.number} timed out. Timeout "
@@ -500,7 +540,7 @@ class Delivery(ChannelState):
             consumer.stream.close()
         if self.conn.capabilities.get("consumer_cancel_notify"):
             self.conn.write_cancel(
-                self,
+                self.channel,
                 framing.encode_method(
                     self.number, C.Basic.Cancel(consumer_tag=consumer.tag.decode(), nowait=True)
                 ),
@@ -508,26 +548,27 @@ class Delivery(ChannelState):
 
     def _get_later(self, method: C.Basic.Get, tries: int) -> None:
         """Try basic.get again in a moment; the channel's later frames wait."""
-        self.busy = True
-        self.conn.hold_reading(self, reason=None)
+        channel = self.channel
+        channel.busy = True
+        self.conn.hold_reading(channel, reason=None)
 
         def again() -> None:
             if self.conn.closed:
                 return
-            self.busy = False
+            channel.busy = False
             try:
-                self._basic_get(method, tries)
+                self.basic_get(method, tries)
             except errors.AMQPError as exc:  # the queue was deleted meanwhile
-                self.fail(exc)
-            if not self.busy:
-                self.conn.release_reading(self)
-                self.resume()
+                channel.fail(exc)
+            if not channel.busy:
+                self.conn.release_reading(channel)
+                channel.resume()
 
         self.ctx.loop.call_later(GET_RETRY_DELAY, again)
 
-    def _basic_get(self, method: C.Basic.Get, tries: int = GET_TRIES) -> None:
+    def basic_get(self, method: C.Basic.Get, tries: int = GET_TRIES) -> None:
         # A one-message temporary subscription: acquire from the head.
-        name, qid = self._resolve_queue(method.queue, (60, 70), READ if tries == GET_TRIES else "")
+        name, qid = self.resolve_queue(method.queue, (60, 70), READ if tries == GET_TRIES else "")
         ctx = self.ctx
         if ctx.streams is not None and ctx.streams.words.is_stream(qid):
             raise amqp_streams.not_supported("basic.get", name, self.conn.vhost, 60, 70)
@@ -548,7 +589,7 @@ class Delivery(ChannelState):
                 # Its messages are in paging files (workers/spill.py): this
                 # worker's are paged in now, another's by its pager soon.
                 if ctx.spill is not None and ctx.spill.page_in_now(qid):
-                    self._basic_get(method, tries - 1)
+                    self.basic_get(method, tries - 1)
                 else:
                     self._get_later(method, tries - 1)
                 return
@@ -588,7 +629,7 @@ class Delivery(ChannelState):
         frames += framing.encode_content(self.number, header, body, self.conn.frame_max)
         self.conn.write_many(frames)
 
-    def _basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
+    def basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
         if method.requeue:
             self.requeue_all()
         else:
@@ -597,6 +638,13 @@ class Delivery(ChannelState):
             update_interest(self.ctx, consumer)
         if isinstance(method, C.Basic.Recover):
             self.conn.write(framing.encode_method(self.number, C.Basic.RecoverOk()))
+
+    def channel_flow(self, method: C.Channel.Flow) -> None:
+        """The client stops (or resumes) this channel's deliveries."""
+        self.flow_active = bool(method.active)
+        self.conn.write(framing.encode_method(self.number, C.Channel.FlowOk(active=method.active)))
+        for consumer in self.consumers.values():
+            update_interest(self.ctx, consumer)
 
     def _redeliver_in_place(self) -> None:
         """recover(requeue=false), as the spec says (RabbitMQ answers 540):
@@ -622,33 +670,3 @@ class Delivery(ChannelState):
             self.deliver(consumer, qid, seq, block, True, out)
         if out:
             self.conn.write_many(out)
-
-
-def _invalid_consumer_argument(name: str, value: object) -> errors.ChannelError:
-    return errors.ChannelError(
-        errors.PRECONDITION_FAILED, f"invalid arg '{name}' for consumer: {value!r}", 60, 20
-    )
-
-
-def _flag_argument(args: dict[str, Any], name: str) -> bool:
-    """A boolean consume argument (absent: false)."""
-    value = args.get(name, False)
-    if not isinstance(value, bool):
-        raise _invalid_consumer_argument(name, value)
-    return value
-
-
-def _selector_argument(args: dict[str, Any]) -> Selector | None:
-    """x-filter-jms-selector, compiled; an empty one selects everything."""
-    text = args.get("x-filter-jms-selector")
-    if text is None:
-        return None
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
-    if not isinstance(text, str):
-        raise _invalid_consumer_argument("x-filter-jms-selector", text)
-    try:
-        selector = compile_selector(text)
-    except SelectorError as exc:
-        raise errors.ChannelError(errors.PRECONDITION_FAILED, str(exc), 60, 20) from None
-    return selector if text.strip() else None

@@ -33,6 +33,7 @@ from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
 from shoal.workers.expiry import Expiry
+from shoal.workers.ingest import Ingest
 from shoal.workers.memory_guard import ALARM
 
 HEARTBEAT_INTERVAL = 1.0
@@ -84,6 +85,7 @@ class Worker:
         ctx.open_store(
             store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
         )
+        ctx.spill.put_back = Ingest(ctx).put_paged  # type: ignore[union-attr]  # (just opened)
         ctx.dead_letters = dead_letters = DeadLetters(ctx)
         ctx.store.dropped = dead_letters.dropped_by_limit
         ctx.expiry = expiry = Expiry(ctx, dead_letters)
@@ -150,8 +152,8 @@ class Worker:
         for conn in list(self.ctx.connections):
             for channel in list(conn.channels.values()):
                 try:
-                    timeouts.mark(channel, now)  # type: ignore[arg-type]
-                    timeouts.check(channel, now)  # type: ignore[arg-type]
+                    timeouts.mark(channel.delivery, now)  # type: ignore[attr-defined]
+                    timeouts.check(channel.delivery, now)  # type: ignore[attr-defined]
                 except Exception:
                     log.exception("consumer timeout check failed")
         self.loop.call_later(HEARTBEAT_INTERVAL, self._tick)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import Any
 
 from pamqp import commands as C
@@ -17,14 +18,13 @@ from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX
 from shoal.shm.arena import (
     TAG_SIZE,
     TIME_SIZE,
-    Arena,
     message_size,
     release_hold,
     write_message,
 )
 from shoal.shm.layout import BLOCK_HEADER
-from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED
 from shoal.shm.stats import (
+    CONFIRMED,
     RECEIVED_CONFIRM,
     ROUTED,
     SIZE_BUCKETS,
@@ -33,18 +33,21 @@ from shoal.shm.stats import (
     UNROUTABLE_RETURNED,
     size_bucket,
 )
-from shoal.workers import framing, records, reply_to, republish
+from shoal.workers import framing, reply_to
 from shoal.workers._wire import MSG_PREFIX_SIZE, properties_ok, write_record
 from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
     IDLE,
     RETRY_DELAY,
-    ChannelState,
-    Pending,
+    ChannelConnection,
+    ChannelCore,
+    Consumers,
+    Transactional,
 )
-from shoal.workers.dedup import DedupMark
-from shoal.workers.spill import PAGE_IN_INTERVAL, Spiller, block_payload
+from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, Ingest, times_for, to_store
+from shoal.workers.pending import Pending
+from shoal.workers.spill import PAGE_IN_INTERVAL
 
 log = logging.getLogger("shoal.worker")
 DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
@@ -53,40 +56,95 @@ DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
 _REPLY_TO_OR_HEADERS = (properties.REPLY_TO_FLAG | 0x2000) >> 8
 
 
-class Publishing(ChannelState):
-    """The publish side of a channel."""
+class Publisher:
+    """The publish side of a channel: messages assembled, routed and put
+    into the store (workers/ingest.py), then confirmed, nacked, returned
+    or held back for flow."""
 
-    __slots__ = ()
+    __slots__ = (
+        "channel",
+        "confirm",
+        "confirm_held",
+        "confirm_high",
+        "confirm_sent",
+        "conn",
+        "ctx",
+        "delivery",
+        "ingest",
+        "number",
+        "pending",
+        "publish_count",
+        "publish_seq",
+        "state",
+        "stats",
+        "stream_waits",
+        "transactions",
+        "unsynced",
+    )
+
+    def __init__(
+        self,
+        channel: ChannelCore,
+        conn: ChannelConnection,
+        transactions: Transactional,
+        delivery: Consumers,
+    ) -> None:
+        self.channel = channel
+        self.conn = conn
+        self.ctx = ctx = conn.ctx
+        self.number = channel.number
+        self.transactions = transactions
+        self.delivery = delivery
+        self.stats = ctx.stats.v  # this worker's counters (shm/stats.py)
+        self.ingest = Ingest(ctx)  # this channel's way into the store
+        self.state = IDLE
+        self.pending: Pending | None = None
+        self.confirm = False
+        self.publish_seq = 0
+        self.publish_count = 0  # messages this channel published (it is a "publisher")
+        self.confirm_high = 0
+        self.confirm_sent = 0
+        # Confirms held until this channel's own consumer has been handed the
+        # message (Connection.flush_confirms): RabbitMQ's order.
+        self.confirm_held = False
+        # Persistent publishes whose records are not yet durable, in order:
+        # (publish seq, record index, nack owed); see confirmable().
+        self.unsynced: deque[tuple[int, int, bool]] = deque()
+        # Publishes to stream queues not yet durable in the streams' files,
+        # in order: (publish seq, [(qid, log seq)]); see confirmable().
+        self.stream_waits: deque[tuple[int, list[tuple[int, int]]]] = deque()
 
     def suspend_retry(self, payload: memoryview | None, ftype: int = 0) -> None:
         """Back-pressure: a queue or the arena is full. Keep the frame, stop
         reading the socket, and try again shortly."""
+        channel = self.channel
         if payload is not None:
-            self.backlog.appendleft((ftype, payload))
-        self.busy = True
-        self.conn.hold_reading(self)
+            channel.backlog.appendleft((ftype, payload))
+        channel.busy = True
+        self.conn.hold_reading(channel)
         self.ctx.loop.call_later(RETRY_DELAY, self._retry)
 
     def _rest(self) -> None:
         """Pacing: this worker spilled its share for now (workers/spill.py):
         read no more until its next page-in interval (the client is not
         told: it is not blocked, only slowed down)."""
-        self.busy = True
-        self.conn.hold_reading(self, reason=None)
+        self.channel.busy = True
+        self.conn.hold_reading(self.channel, reason=None)
         self.ctx.loop.call_later(PAGE_IN_INTERVAL, self._retry)
 
     def _retry(self) -> None:
         if self.conn.closed:
             return
-        self.busy = False
+        channel = self.channel
+        channel.busy = False
         if self.pending is not None and self.state == IDLE and self.pending.qids:
             self._complete()  # retry appending a finished message
-            if self.busy:
+            if channel.busy:
                 return
-        self.conn.release_reading(self)
-        self.resume()
+        self.conn.release_reading(channel)
+        channel.resume()
 
-    def _on_publish(self, payload: memoryview) -> None:
+    def on_publish(self, payload: memoryview) -> None:
         exchange, routing_key, mandatory, immediate = framing.decode_publish(payload)
         if immediate:
             raise errors.ConnectionError_(errors.NOT_IMPLEMENTED, "immediate=true", 60, 40)
@@ -107,10 +165,11 @@ class Publishing(ChannelState):
         stream, no paging, no transaction) goes straight into its queues;
         the others take the Pending path (_complete).
         """
-        if self.state != IDLE or self.busy or self.closing:
+        channel = self.channel
+        if self.state != IDLE or channel.busy or channel.closing:
             return False
         conn = self.conn
-        if conn.flow_blocked or self.flow_backlog:
+        if conn.flow_blocked or channel.flow_backlog:
             return False  # handle() keeps it (flow control, resource alarms)
         _, _, _, _, exchange, routing_key, bits, header, body = frame
         ctx = self.ctx
@@ -122,7 +181,7 @@ class Publishing(ChannelState):
         store = ctx.store
         try:
             if header[12] & _REPLY_TO_OR_HEADERS:
-                header = reply_to.rewrite(self, header)
+                header = reply_to.rewrite(self.delivery, header)
                 also: list[bytes] = []
                 if header[12] & 0x20 and (b"\x02CC" in header or b"\x03BCC" in header):
                     header, also = properties.sender_selected(header)
@@ -145,12 +204,13 @@ class Publishing(ChannelState):
             deduplicating = (
                 ctx.routes.dedup_exchanges or (not plain and store.dedup_now)
             ) and self._deduplicating(exchange, qids)
-            if deduplicating and self.tx is not None:
+            tx = self.transactions.tx
+            if deduplicating and tx is not None:
                 return False  # checked at commit
-            times = None if plain else republish.times_for(store, header, qids, looked=True)
+            times = None if plain else times_for(store, header, qids, looked=True)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
-        durable = not plain and header[12] & 0x10 and republish.to_store(ctx, header, qids)
+        durable = not plain and header[12] & 0x10 and to_store(ctx, header, qids)
         size = MSG_PREFIX_SIZE + len(exchange) + len(routing_key) + len(header) + body_size
         if times is not None:
             size += TIME_SIZE
@@ -176,14 +236,23 @@ class Publishing(ChannelState):
                 self._account(True, False, body_size, False, -1, None)
                 return True
         rejected = False
-        if self.tx is None and (
+        if tx is None and (
             plain or (not durable and times is None and not store.priority_levels())
         ):
-            done, rejected = self._append_now(qids, block, body_size, plain, mark)
-            if done == len(qids):
-                release_hold(seg, block)
-                self._account(True, False, body_size, rejected, -1, None)
+            done, outcome = self.ingest.put_now(
+                qids,
+                block,
+                body_size,
+                plain,
+                mark,
+                self._consumes
+                if self.confirm and self.delivery.consumers and not self.confirm_held
+                else None,
+            )
+            if not outcome or self._outcome(outcome):  # every queue has it (its HOLD dropped)
+                self._account(True, False, body_size, bool(outcome & REJECTED_BIT), -1, None)
                 return True
+            rejected = bool(outcome & REJECTED_BIT)
             qids = qids[done:]  # the rest through _complete
         pending = self.pending = Pending(exchange, routing_key, bool(bits & 1))
         pending.durable = bool(durable)
@@ -206,7 +275,7 @@ class Publishing(ChannelState):
             return True
         return not ctx.store.dedup_now.isdisjoint(qids)
 
-    def _deduplicate(self, pending: Pending) -> None:
+    def deduplicate(self, pending: Pending) -> None:
         """Check a whole routed message against its caches: the queues that
         have it already leave `pending.qids`; if none is left, its block
         goes (it is accepted all the same: confirmed, not returned)."""
@@ -218,45 +287,6 @@ class Publishing(ChannelState):
             pending.deduped = True
             if not pending.qids:
                 release_hold(ctx.seg, pending.block)
-
-    def _append_now(
-        self,
-        qids: list[int],
-        block: int,
-        body_size: int,
-        plain: bool,
-        mark: DedupMark | None = None,
-    ) -> tuple[int, bool]:
-        """fast_publish's appends of a message with no record, no timestamp
-        and no level, no Pending: (how many of `qids` it did, whether a
-        queue refused it). It stops at a queue that is a stream, pages, or
-        is full: _complete does the rest (it waits, or pages). `mark`: the
-        keys its deduplication check added (a refusal takes them out)."""
-        ctx = self.ctx
-        store, spill, streams = ctx.store, ctx.spill, ctx.streams
-        stream_qids: frozenset[int] = frozenset()
-        if streams is not None and not plain:  # (plain queues are no streams)
-            streams.refresh()
-            stream_qids = streams.qids
-        publish, slot = store.publish, ctx.slot
-        done, rejected = 0, False
-        for qid in qids:
-            if qid in stream_qids or (spill is not None and _pages(spill, ctx.arena, qid)):
-                break
-            outcome = publish(qid, block, body_size, slot)
-            if outcome:
-                if outcome == FULL:
-                    break
-                if outcome == REJECTED:
-                    rejected = True
-                    if mark is not None:  # its retry must get in
-                        ctx.dedup.refused(mark, store.declared(qid))
-                elif outcome == OVER_CAPACITY:
-                    self.conn.flow_block(*store.flow_queue(qid))
-            if self.confirm and self.consumers and not self.confirm_held:
-                self.confirm_held = self._consumes(qid)
-            done += 1
-        return done, rejected
 
     def _route(
         self, exchange: bytes, routing_key: bytes, raw_header: bytes, also: list[bytes]
@@ -280,7 +310,7 @@ class Publishing(ChannelState):
             qids += [qid for qid in self._route(exchange, key, raw_header, []) if qid not in qids]
         return qids
 
-    def _on_header(self, payload: memoryview) -> None:
+    def on_header(self, payload: memoryview) -> None:
         pending = self.pending
         if self.state != EXPECT_HEADER or pending is None:
             raise errors.ConnectionError_(
@@ -311,15 +341,13 @@ class Publishing(ChannelState):
                 raise errors.ConnectionError_(errors.INTERNAL_ERROR, "INTERNAL_ERROR", 0, 0)
             self.conn.access.check_user_id(bytes(payload))
             try:
-                pending.header = reply_to.rewrite(self, bytes(payload))
+                pending.header = reply_to.rewrite(self.delivery, bytes(payload))
                 pending.body_size = body_size
                 pending.header, also = properties.sender_selected(pending.header)
                 pending.qids = self._route(
                     pending.exchange, pending.routing_key, pending.header, also
                 )
-                pending.times = republish.times_for(
-                    self.ctx.store, pending.header, pending.qids, looked=True
-                )
+                pending.times = times_for(self.ctx.store, pending.header, pending.qids, looked=True)
             except errors.ChannelError:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise
@@ -328,7 +356,7 @@ class Publishing(ChannelState):
             size = message_size(
                 pending.exchange, pending.routing_key, pending.header, body_size, timed
             )
-            pending.durable = republish.to_store(self.ctx, pending.header, pending.qids)
+            pending.durable = to_store(self.ctx, pending.header, pending.qids)
             block = self.ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
             if block is None:
                 self.ctx.guard.arena_full()
@@ -352,7 +380,7 @@ class Publishing(ChannelState):
         else:
             self.state = EXPECT_BODY
 
-    def _on_body(self, payload: memoryview) -> None:
+    def on_body(self, payload: memoryview) -> None:
         pending = self.pending
         if self.state != EXPECT_BODY or pending is None:
             raise errors.ConnectionError_(
@@ -379,24 +407,25 @@ class Publishing(ChannelState):
         pending = self.pending
         assert pending is not None
         ctx = self.ctx
+        tx = self.transactions.tx
         if (ctx.routes.dedup_exchanges or ctx.store.dedup_now) and (
-            pending.dedup is None and self.tx is None and pending.qids
+            pending.dedup is None and tx is None and pending.qids
         ):
-            self._deduplicate(pending)  # (in a transaction: at commit)
-        routed = bool(pending.qids) or pending.deduped  # _append consumes the list
-        if self.tx is not None:
+            self.deduplicate(pending)  # (in a transaction: at commit)
+        routed = bool(pending.qids) or pending.deduped  # append consumes the list
+        if tx is not None:
             if pending.qids or pending.mandatory:
-                self.tx.publishes.append(pending)
+                tx.publishes.append(pending)
         elif pending.qids:
-            missing = self._assign_levels(pending)
+            missing = self.assign_levels(pending)
             if missing is not None:
                 self._make_level(pending, *missing)
                 return
-            if not self._append(pending):
+            if not self.append(pending):
                 self.suspend_retry(None)
                 return
         elif pending.mandatory and not pending.deduped:
-            self._return(pending)
+            self.return_unroutable(pending)
         self.pending = None
         self._account(
             routed,
@@ -452,7 +481,7 @@ class Publishing(ChannelState):
         basic.ack; clients that publish with confirms and then wait for the
         delivery (aiormq's own tests) rely on that order when the connection
         breaks between the two."""
-        return any(c.qid == qid and c.wants_work() for c in self.consumers.values())
+        return any(c.qid == qid and c.wants_work() for c in self.delivery.consumers.values())
 
     def _nack_publish(self, record: int) -> None:
         """A queue refused the message (x-overflow reject-publish): basic.nack
@@ -475,7 +504,7 @@ class Publishing(ChannelState):
             )
         )
 
-    def _assign_levels(self, pending: Pending) -> tuple[int, int] | None:
+    def assign_levels(self, pending: Pending) -> tuple[int, int] | None:
         """Point each priority queue among the message's queues at the log of
         the message's priority (workers/levels.py). Returns (queue, level)
         of one whose level has no log yet: the scheduler must make it."""
@@ -500,16 +529,17 @@ class Publishing(ChannelState):
     def _make_level(self, pending: Pending, qid: int, level: int) -> None:
         """Ask the scheduler for a level's log; the channel (and the socket)
         waits, so later publishes keep their order behind this one."""
-        self.busy = True
-        self.conn.hold_reading(self, reason=None)  # a round trip: not "blocked"
+        channel = self.channel
+        channel.busy = True
+        self.conn.hold_reading(channel, reason=None)  # a round trip: not "blocked"
         reply = self.ctx.request(ipc.Level(qid, level))
 
         def made(reply: asyncio.Future[Any]) -> None:
             if self.conn.closed:
                 return
-            self.busy = False
+            channel.busy = False
             if self.pending is not pending:  # the channel was closed meanwhile: dropped
-                self.conn.release_reading(self)
+                self.conn.release_reading(channel)
                 return
             exc = reply.exception() if not reply.cancelled() else None
             if exc is not None or reply.cancelled():
@@ -520,16 +550,16 @@ class Publishing(ChannelState):
                     )
                 )
                 return
-            self._use_level(pending, qid, reply.result()[0])
+            self.use_level(pending, qid, reply.result()[0])
             self._complete()
-            if not self.busy:
-                self.conn.release_reading(self)
-                self.resume()
+            if not channel.busy:
+                self.conn.release_reading(channel)
+                channel.resume()
 
         reply.add_done_callback(made)
 
     @staticmethod
-    def _use_level(pending: Pending, qid: int, target: int) -> None:
+    def use_level(pending: Pending, qid: int, target: int) -> None:
         """The scheduler's answer: the level's log (with no slot free, a
         lower level's, maybe the queue's own), or -1 if the queue was
         deleted (the append then finds it gone and drops the message)."""
@@ -539,81 +569,34 @@ class Publishing(ChannelState):
                 pending.levelled = set()
             pending.levelled.add(target)
 
-    def _append(self, pending: Pending) -> bool:
-        """Append a routed message to each of its queues, then drop the
-        publisher's HOLD. False if a queue is full: `pending.qids` keeps the
-        queues still to do, and the caller retries later. A message for the
-        message store has its record reserved first (workers/records.py)."""
-        ctx = self.ctx
-        block = pending.block
-        if pending.durable and pending.entries is None and not records.reserve(ctx, pending):
-            return False  # no segment slot free: retried like a full queue
-        entries = pending.entries
-        publish, spill, arena = ctx.store.publish, ctx.spill, ctx.arena
-        streams = ctx.streams
-        if streams is not None:
-            streams.refresh()  # one load unless a queue was created or deleted
-            stream_qids = streams.qids
-        while pending.qids:
-            qid = pending.qids[0]
-            if spill is not None and _pages(spill, arena, qid):
-                self._spill(pending, qid)  # a backlog past its log or the arena
-                continue
-            outcome = publish(qid, block, pending.body_size, ctx.slot)
-            if outcome:
-                if outcome == FULL:
-                    if spill is not None and spill.eligible(qid):
-                        self._spill(pending, qid)
-                        continue
-                    if entries:
-                        records.wait_for_room(ctx, pending)
-                    return False
-                if outcome == REJECTED:
-                    pending.rejected = True
-                    if pending.dedup is not None:  # its retry must get in
-                        ctx.dedup.refused(pending.dedup, ctx.store.declared(qid))
-                elif outcome == OVER_CAPACITY:
-                    # This connection's next publishes wait (shm/flow.py).
-                    self.conn.flow_block(*ctx.store.flow_queue(qid))
-            if entries and qid in entries:
-                records.appended(ctx, pending, qid, outcome)
-            if pending.times is not None:
-                ctx.store.mark_timed(qid)
-            if streams is not None and qid in stream_qids and outcome == APPENDED:
-                if pending.streams is None:
-                    pending.streams = []
-                pending.streams.append((qid, ctx.store.last_seq))
-            pending.qids.pop(0)
-            if self.confirm and self.consumers and not self.confirm_held:
-                self.confirm_held = self._consumes(qid)
-        if entries:
-            records.finish(ctx, pending)
-        release_hold(ctx.seg, block)
-        return True
+    def append(self, pending: Pending) -> bool:
+        """Put a routed message into its queues (workers/ingest.py); False
+        if a queue is full: `pending.qids` keeps the queues still to do,
+        and the caller retries later."""
+        reached = (
+            self._consumes
+            if self.confirm and self.delivery.consumers and not self.confirm_held
+            else None
+        )
+        bits = self.ingest.put(pending, reached)
+        return not bits or self._outcome(bits)
 
-    def _spill(self, pending: Pending, qid: int) -> None:
-        """The message goes to this worker's paging file for `qid`
-        (workers/spill.py), and its record names the queue's tail."""
-        ctx = self.ctx
-        spill = ctx.spill
-        assert spill is not None
-        spill.put(qid, block_payload(ctx.seg, pending.block))
-        if pending.entries and qid in pending.entries:
-            records.spilled(pending, qid, spill.tail(qid))
-        pending.qids.pop(0)
+    def _outcome(self, bits: int) -> bool:
+        """What a put's outcome bits (workers/ingest.py) mean for this
+        channel: flow for a queue over its capacity, confirms held for its
+        own consumer. False if the put waits for room."""
+        if bits & FLOW:
+            # This connection's next publishes wait (shm/flow.py).
+            ingest, conn = self.ingest, self.conn
+            for qid in ingest.over_capacity:
+                conn.flow_block(*ingest.store.flow_queue(qid))
+            ingest.over_capacity.clear()
+        if bits & HELD:
+            self.confirm_held = True
+        return not bits & WAIT
 
-    def _drop_pending(self, pending: Pending) -> None:
-        """A routed message abandoned before all its appends (its channel
-        closed, or its transaction): its record keeps what was appended; the
-        publisher's HOLD is dropped."""
-        if pending.entries:
-            records.abandon(self.ctx, pending)
-        if pending.dedup is not None:  # its retry must get in
-            declared = self.ctx.store.declared
-            self.ctx.dedup.abandoned(pending.dedup, [declared(qid) for qid in pending.qids])
-        release_hold(self.ctx.seg, pending.block)
-
-    def _return(self, pending: Pending) -> None:
+    def return_unroutable(self, pending: Pending) -> None:
+        """basic.return of a mandatory message that reached no queue."""
         method = C.Basic.Return(
             reply_code=312,
             reply_text="NO_ROUTE",
@@ -626,8 +609,8 @@ class Publishing(ChannelState):
         )
         self.conn.write_many(frames)
 
-    def _confirm_select(self, method: C.Confirm.Select) -> None:
-        if self.tx is not None:
+    def confirm_select(self, method: C.Confirm.Select) -> None:
+        if self.transactions.tx is not None:
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
             )
@@ -635,9 +618,66 @@ class Publishing(ChannelState):
         if not method.nowait:
             self.conn.write(framing.encode_method(self.number, C.Confirm.SelectOk()))
 
+    # ------------------------------------------------------------ confirms
+    def confirmable(self) -> int:
+        """The publish seq up to which confirms may go now: confirm_high,
+        unless a persistent publish at or below it waits for its record's
+        sync (workers/persist.py). A nack owed behind such publishes is
+        sent once they are durable (acks are cumulative)."""
+        high = self.confirm_high
+        unsynced = self.unsynced
+        if not unsynced and not self.stream_waits:
+            return high  # the common case: nothing waits for a disk
+        if unsynced:
+            synced = self.ctx.persist.synced  # type: ignore[union-attr]  # set when used
+            while unsynced and unsynced[0][1] < synced:
+                seq, _record, nack = unsynced.popleft()
+                if nack:
+                    self._send_nack(seq)
+            if unsynced:
+                high = min(high, unsynced[0][0] - 1)
+        waits = self.stream_waits
+        if waits:
+            synced_seq = self.ctx.streams.words.synced_seq  # type: ignore[union-attr]
+            while waits and all(synced_seq(qid) > seq for qid, seq in waits[0][1]):
+                waits.popleft()
+            if waits:
+                high = min(high, waits[0][0] - 1)
+        return high
 
-def _pages(spill: Spiller, arena: Arena, qid: int) -> bool:
-    """Whether a message for `qid` goes to the worker's paging file rather
-    than to the log: the queue pages already, or the arena is filling and
-    the queue has a backlog (workers/spill.py)."""
-    return qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))
+    def synced(self) -> bool:
+        """Records became durable: send the confirms they allow; True while
+        some still wait (workers/persist.py Confirming). Nothing once the
+        server has closed the channel (it only waits for close-ok)."""
+        if self.channel.closing:
+            self.unsynced.clear()
+            self.stream_waits.clear()
+            return False
+        self.conn.flush_confirms(self)
+        return bool(self.unsynced or self.stream_waits)
+
+    def _send_nack(self, seq: int) -> None:
+        """basic.nack publish `seq`, after acking those before it."""
+        if seq - 1 > self.confirm_sent:
+            self.stats[CONFIRMED] += seq - 1 - self.confirm_sent
+            self.conn.write(framing.encode_ack(self.number, seq - 1, True))
+        self.confirm_sent = seq
+        self.conn.write(
+            framing.encode_method(
+                self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False)
+            )
+        )
+
+    def release(self) -> None:
+        """The channel closes: a message half received, or waiting for room
+        in a full queue, is dropped; confirms still waiting for a sync are
+        never sent."""
+        pending = self.pending
+        if pending is not None and pending.block and pending.body is None:
+            self.ingest.drop(pending)
+        self.unsynced.clear()
+        self.stream_waits.clear()
+        if self.ctx.persist is not None:
+            self.ctx.persist.waiting.discard(self)
+        self.pending = None
+        self.state = IDLE

@@ -23,8 +23,8 @@ from shoal.store.messages import (
     encode_amend,
     encode_publish,
 )
-from shoal.workers.channel_state import Pending
 from shoal.workers.context import WorkerContext
+from shoal.workers.pending import Pending
 from shoal.workers.persist import Persister
 
 

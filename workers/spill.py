@@ -39,7 +39,7 @@ import struct
 from collections.abc import Callable
 
 from shoal.shm import layout
-from shoal.shm.arena import Arena, body_length, release_hold
+from shoal.shm.arena import Arena
 from shoal.shm.queues import FULL, GONE, REMOVED, QueueStore
 from shoal.shm.segment import Segment
 from shoal.store.paging import PagingFile, remove_files
@@ -69,6 +69,9 @@ _PREFIX = layout.MSG_PREFIX
 _H = layout.BLOCK_HEADER
 
 Settle = Callable[[tuple[int, int, int], int], None]
+# workers/ingest.py put_paged: a paged-out payload back into queue `qid`
+# (redelivered, timed): the append's outcome, None when the arena is full.
+PutBack = Callable[[int, memoryview, bool, bool], int | None]
 
 
 def block_payload(seg: Segment, block: int) -> bytes:
@@ -135,6 +138,7 @@ class Spiller:
         self.intent = intent  # this worker's process-table slot (QueueStore.publish)
         self.loop = loop
         self.settle: Settle | None = None  # the message store's (workers/persist.py)
+        self.put_back: PutBack | None = None  # the way back into the store (workers/ingest.py)
         self.files: dict[int, _File] = {}
         cap = seg.layout.limits.queue_capacity
         self.fill = int(cap * FILL_FRACTION)
@@ -243,7 +247,8 @@ class Spiller:
             budget = self.arena_high - self.arena_fill
         room = min(room, PAGE_IN_BATCH)
         file.flush()
-        seg, buf, store, arena = self.seg, self.seg.buf, self.store, self.arena
+        put_back = self.put_back
+        assert put_back is not None  # set once the worker's store is open (workers/main.py)
         unpack, head = _RECORD.unpack_from, _RECORD.size
         spilled, purged = q + layout.Q_SPILLED, q + layout.Q_PURGES
         start = file.read_at  # purged records are read too: READ_BUDGET per tick
@@ -266,23 +271,19 @@ class Spiller:
                     if budget <= 0:
                         return
                     budget -= size
-                    block = arena.alloc(size)
-                    if block is None:
-                        return  # the arena is full: later
-                    buf[block + _H : block + _H + size] = payload
-                    outcome = store.publish(qid, block, body_length(seg, block), self.intent)
-                    release_hold(seg, block)
-                    if outcome == FULL:
-                        return
+                    outcome = put_back(
+                        qid,
+                        payload,
+                        bool(flags & REDELIVERED),
+                        bool(payload[2] & layout.MSG_TIMED),  # it may expire (workers/expiry.py)
+                    )
+                    if outcome is None or outcome == FULL:
+                        return  # the arena or the log is full: later
                     if outcome in (GONE, REMOVED):
                         if outcome == GONE:
                             self._settle(payload, file.uid)
                         self._drop(qid, file, skip=pos + head + size)
                         return
-                    if flags & REDELIVERED:
-                        store.mark_redelivered(qid, store.last_seq)
-                    if payload[2] & layout.MSG_TIMED:  # it may expire (workers/expiry.py)
-                        store.mark_timed(qid)
                     room -= 1
                 else:  # purged since
                     self._settle(payload, file.uid)

@@ -5,33 +5,50 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
-from shoal.shm.arena import (
-    release_hold,
-)
+from shoal.shm.arena import release_hold
 from shoal.workers import framing
 from shoal.workers.channel_state import (
     RETRY_DELAY,
-    ChannelState,
+    ChannelConnection,
+    ChannelCore,
     Transaction,
 )
+from shoal.workers.publish import Publisher
 
 log = logging.getLogger("shoal.worker")
 
+# The delivery book's settle (workers/delivery.py): tag, multiple, requeue, method id.
+Settle = Callable[[int, bool, bool | None, int], None]
 
-class Transactions(ChannelState):
-    """The transactional side of a channel."""
 
-    __slots__ = ()
+class Transactions:
+    """The transactional side of a channel: it owns the open transaction
+    (`tx`, None until tx.select), which the publisher and the delivery book
+    fill; the commit hands the publishes to the publisher and the
+    acknowledgements to the delivery book, in order."""
 
-    def _tx_select(self, method: C.Tx.Select) -> None:
-        if self.confirm:
+    __slots__ = ("channel", "conn", "ctx", "number", "publisher", "settle", "tx")
+
+    # Set by the channel once its parts exist (they are handed this part).
+    publisher: Publisher
+    settle: Settle
+
+    def __init__(self, channel: ChannelCore, conn: ChannelConnection) -> None:
+        self.channel = channel
+        self.conn = conn
+        self.ctx = conn.ctx
+        self.number = channel.number
+        self.tx: Transaction | None = None
+
+    def tx_select(self, method: C.Tx.Select) -> None:
+        if self.publisher.confirm:
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
             )
@@ -39,7 +56,7 @@ class Transactions(ChannelState):
             self.tx = Transaction()
         self.conn.write(framing.encode_method(self.number, C.Tx.SelectOk()))
 
-    def _tx_commit(self, method: C.Tx.Commit) -> Coroutine[Any, Any, None]:
+    def tx_commit(self, method: C.Tx.Commit) -> Coroutine[Any, Any, None]:
         if self.tx is None:
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, "channel is not transactional", 90, 20
@@ -51,6 +68,7 @@ class Transactions(ChannelState):
         """Publishes first, in order, then acknowledgements; the channel's
         later frames wait (busy) until commit-ok is sent."""
         todo = list(tx.publishes)
+        publisher, channel = self.publisher, self.channel
         try:
             while todo:
                 pending = todo[0]
@@ -58,22 +76,22 @@ class Transactions(ChannelState):
                 if (ctx.routes.dedup_exchanges or ctx.store.dedup_now) and (
                     pending.dedup is None and pending.qids
                 ):
-                    self._deduplicate(pending)
+                    publisher.deduplicate(pending)
                     if not pending.qids:  # a duplicate: accepted, not appended
                         todo.pop(0)
                         continue
-                missing = self._assign_levels(pending) if pending.qids else None
+                missing = publisher.assign_levels(pending) if pending.qids else None
                 if missing is not None:
                     reply = await self.ctx.request(ipc.Level(*missing))
-                    self._use_level(pending, missing[0], reply[0])
-                    if self.conn.closed or self.closing:
+                    publisher.use_level(pending, missing[0], reply[0])
+                    if self.conn.closed or channel.closing:
                         return
                     continue
                 if not pending.qids:
-                    self._return(pending)  # mandatory and unroutable
-                elif not self._append(pending):
+                    publisher.return_unroutable(pending)  # mandatory and unroutable
+                elif not publisher.append(pending):
                     await asyncio.sleep(RETRY_DELAY)  # a queue is full: back-pressure
-                    if self.conn.closed or self.closing:
+                    if self.conn.closed or channel.closing:
                         return
                     continue
                 todo.pop(0)
@@ -81,9 +99,9 @@ class Transactions(ChannelState):
             # Closed mid-commit: what was not appended is dropped, as at a rollback.
             for pending in todo:
                 if pending.qids and pending.body is None:
-                    self._drop_pending(pending)
+                    publisher.ingest.drop(pending)
         for tag, multiple, requeue, method_id in tx.settles:
-            self._settle(tag, multiple, requeue, method_id)
+            self.settle(tag, multiple, requeue, method_id)
         # Commit-ok once the transaction's persistent publishes and its acks
         # are on disk (workers/persist.py).
         records = [p.record for p in tx.publishes if p.record >= 0]
@@ -94,16 +112,16 @@ class Transactions(ChannelState):
                 return
         self.conn.write(framing.encode_method(self.number, C.Tx.CommitOk()))
 
-    def _tx_rollback(self, method: C.Tx.Rollback) -> None:
+    def tx_rollback(self, method: C.Tx.Rollback) -> None:
         if self.tx is None:
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, "channel is not transactional", 90, 30
             )
-        self._rollback()
+        self.rollback()
         self.tx = Transaction()
         self.conn.write(framing.encode_method(self.number, C.Tx.RollbackOk()))
 
-    def _rollback(self) -> None:
+    def rollback(self) -> None:
         """Forget the transaction's publishes (their bodies are freed) and
         acknowledgements (the messages stay unacknowledged)."""
         if self.tx is None:

@@ -1,0 +1,90 @@
+"""The arguments of a basic.consume, checked as RabbitMQ checks them:
+flags, x-priority, a JMS selector, and where a stream consumer starts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pamqp import commands as C
+
+from shoal.broker.amqp import errors
+from shoal.broker.amqp import streams as amqp_streams
+from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
+from shoal.workers.context import WorkerContext
+from shoal.workers.streams import StreamReading
+
+
+def invalid(name: str, value: object) -> errors.ChannelError:
+    """RabbitMQ's refusal of a consume argument."""
+    return errors.ChannelError(
+        errors.PRECONDITION_FAILED, f"invalid arg '{name}' for consumer: {value!r}", 60, 20
+    )
+
+
+def flag(args: dict[str, Any], name: str) -> bool:
+    """A boolean consume argument (absent: false)."""
+    value = args.get(name, False)
+    if not isinstance(value, bool):
+        raise invalid(name, value)
+    return value
+
+
+def selector(args: dict[str, Any]) -> Selector | None:
+    """x-filter-jms-selector, compiled; an empty one selects everything."""
+    text = args.get("x-filter-jms-selector")
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    if not isinstance(text, str):
+        raise invalid("x-filter-jms-selector", text)
+    try:
+        compiled = compile_selector(text)
+    except SelectorError as exc:
+        raise errors.ChannelError(errors.PRECONDITION_FAILED, str(exc), 60, 20) from None
+    return compiled if text.strip() else None
+
+
+def stream_reading(
+    ctx: WorkerContext,
+    vhost: str,
+    name: bytes,
+    qid: int,
+    method: C.Basic.Consume,
+    args: dict[str, Any],
+    prefetch: bool,
+) -> StreamReading | None:
+    """A consumer of a stream queue: where it starts (None: `qid` is no
+    stream). RabbitMQ's rules: acknowledging consumers with a prefetch count
+    (`prefetch`: its channel has one) only."""
+    streams = ctx.streams
+    if streams is None or not streams.words.is_stream(qid):
+        return None
+    where = f"queue '{name.decode(errors='replace')}' in vhost '{vhost}'"
+    if "x-priority" in args:
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
+            f"invalid arg 'x-priority' for {where} of queue type rabbit_stream_queue",
+            60,
+            20,
+        )
+    if not prefetch:
+        raise errors.ChannelError(
+            errors.PRECONDITION_FAILED,
+            f"consumer prefetch count is not set for '{where}'",
+            60,
+            20,
+        )
+    if method.no_ack:
+        raise errors.ConnectionError_(
+            errors.NOT_IMPLEMENTED,
+            f"automatic acknowledgement not supported by stream queues {where}",
+            60,
+            20,
+        )
+    now_ms = int(time.time() * 1000)
+    return StreamReading(
+        amqp_streams.start_spec(args, now_ms, name, vhost),
+        amqp_streams.filter_spec(args, name, vhost),
+    )

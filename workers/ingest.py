@@ -1,0 +1,333 @@
+"""One way into the store: every message this worker puts into its queues
+goes through an Ingest, whoever sent it.
+
+- A client's publish (workers/publish.py): `put` appends a routed message
+  whose block is written (Pending): the message store's record reserved
+  first when it is persistent and reaches a durable queue
+  (workers/records.py), one append per queue (QueueStore.publish), its
+  paging file instead when the queue pages (workers/spill.py), the queue
+  marked timed when the message may expire, the record finished, the
+  publisher's HOLD dropped. A full queue stops it: WAIT, and the channel
+  retries later. `put_now` is the same for the fast path's plain message
+  (no record, no expiry, no level): one loop with nothing else in it.
+- The worker's own (a dead letter, workers/dead_letter.py; a delayed message
+  that is due, workers/delays.py): `put_new` writes the block too, and never
+  waits: a queue with no room does not get the message (the caller hears
+  of it).
+- A message paged back in from a paging file (workers/spill.py):
+  `put_paged`; its record is in the message store already.
+
+What comes back is an outcome; the channel turns it into a confirm, a nack,
+a return or flow (workers/publish.py). Bound once per user (a channel's
+publisher, the dead letters, the delays, the pager): no per-message lookups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from shoal.broker.amqp import errors, ttl
+from shoal.broker.amqp.ttl import now_ms
+from shoal.shm.arena import (
+    TAG_SIZE,
+    Arena,
+    body_length,
+    message_size,
+    release_hold,
+    write_message,
+)
+from shoal.shm.layout import BLOCK_HEADER
+from shoal.shm.queues import APPENDED, FULL, GONE, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
+from shoal.workers import framing, records
+from shoal.workers.context import WorkerContext
+from shoal.workers.dedup import DedupMark
+from shoal.workers.pending import Pending
+from shoal.workers.spill import Spiller, block_payload
+
+log = logging.getLogger("shoal.worker")
+
+# Outcome bits of put and put_now (0: every queue has the message).
+WAIT = 1  # a queue (or the message store) has no room: `Pending.qids` keeps the rest
+REJECTED_BIT = 2  # put_now: a queue refused it (put: `Pending.rejected`)
+FLOW = 4  # a queue is over its capacity: `over_capacity` names it (shm/flow.py)
+HELD = 8  # `reached` said yes: the channel's own consumer is about to get it
+
+_NO_QUEUES: frozenset[int] = frozenset()
+
+# What a put asks of its channel for each queue it appended to, while the
+# answer is no: whether the channel's own consumer of that queue can take
+# the message now (its confirm waits for that delivery: workers/publish.py
+# `_consumes`). None: the channel does not ask.
+Reached = Callable[[int], bool]
+
+
+def times_for(
+    store: QueueStore, header: bytes, qids: list[int], looked: bool = False
+) -> tuple[int, int] | None:
+    """(published, expires at) in ms for a message that may expire: it has
+    an `expiration` (ChannelError for a bad one, as RabbitMQ's) or reaches a
+    queue with a TTL. None for the others (one byte and one set test). A
+    message held in a delay queue (workers/delays.py) expires there when it
+    is due: its publish time + its x-delay (workers/delays.py). `looked`:
+    the caller has just looked the queues up (routing did), so the cache
+    is current: one attribute read instead of a look."""
+    ttl_queues, delay_queues = store.timed_now if looked else store.timed_queues()
+    if len(header) < 14 or not header[12] & 0x01:  # no expiration (flag 0x0100)
+        if (not ttl_queues or ttl_queues.isdisjoint(qids)) and (
+            not delay_queues or delay_queues.isdisjoint(qids)
+        ):
+            return None
+        return now_ms(), 0
+    own = ttl.expiration_ms(header)
+    now = now_ms()
+    return now, 0 if own is None else now + own
+
+
+def to_store(ctx: WorkerContext, header: bytes, qids: list[int]) -> bool:
+    """Whether a message goes to the message store: persistent
+    (delivery-mode 2) and routed to at least one durable queue."""
+    # The flags' delivery-mode bit first: most transient messages stop at
+    # one byte (the hot path of a broker with no persistent traffic).
+    if len(header) < 14 or not header[12] & 0x10 or ctx.persist is None:
+        return False
+    if framing.delivery_mode(header) != 2:
+        return False
+    uid = ctx.store.uid
+    for qid in qids:  # noqa: SIM110  (a generator costs a frame per message)
+        if uid(qid):
+            return True
+    return False
+
+
+class Ingest:
+    """This worker's way into its queues, bound to its context once."""
+
+    __slots__ = (
+        "arena",
+        "ctx",
+        "dedup",
+        "over_capacity",
+        "persist",
+        "publish",
+        "seg",
+        "slot",
+        "spill",
+        "store",
+        "streams",
+    )
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.seg = ctx.seg
+        self.store = ctx.store
+        self.arena = ctx.arena
+        self.slot = ctx.slot
+        self.publish = ctx.store.publish
+        self.dedup = ctx.dedup
+        self.persist = ctx.persist
+        self.spill = ctx.spill
+        self.streams = ctx.streams
+        # Queues the last put found over their capacity (FLOW): the channel
+        # flow-blocks its connection on them, then clears the list.
+        self.over_capacity: list[int] = []
+
+    # ------------------------------------------------------------ clients
+    def put_now(
+        self,
+        qids: list[int],
+        block: int,
+        body_size: int,
+        plain: bool,
+        mark: DedupMark | None,
+        reached: Reached | None,
+    ) -> tuple[int, int]:
+        """The fast path's appends of a message with no record, no timestamp
+        and no level, no Pending: (how many of `qids` it did, outcome bits:
+        REJECTED_BIT, FLOW, HELD, and WAIT when it did not do them all). It
+        stops at a queue that is a stream, pages, or is full: `put` does the
+        rest (it waits, or pages). Once every queue has it, the publisher's
+        HOLD is dropped. `mark`: the keys its deduplication check added (a
+        refusal takes them out)."""
+        spill, streams = self.spill, self.streams
+        stream_qids = _NO_QUEUES
+        if streams is not None and not plain:  # (plain queues are no streams)
+            streams.refresh()
+            stream_qids = streams.qids
+        publish, slot = self.publish, self.slot
+        done = bits = 0
+        for qid in qids:
+            if qid in stream_qids or (spill is not None and _pages(spill, self.arena, qid)):
+                break
+            outcome = publish(qid, block, body_size, slot)
+            if outcome:
+                if outcome == FULL:
+                    break
+                if outcome == REJECTED:
+                    bits |= REJECTED_BIT
+                    if mark is not None:  # its retry must get in
+                        self.dedup.refused(mark, self.store.declared(qid))
+                elif outcome == OVER_CAPACITY:
+                    bits |= FLOW
+                    self.over_capacity.append(qid)
+            if reached is not None and reached(qid):
+                bits |= HELD
+                reached = None
+            done += 1
+        else:  # every queue has it
+            release_hold(self.seg, block)
+            return done, bits
+        return done, bits | WAIT
+
+    def put(self, pending: Pending, reached: Reached | None = None, wait: bool = True) -> int:
+        """Append a routed message to each of its queues, then drop the
+        publisher's HOLD. Outcome bits: WAIT if a queue is full
+        (`pending.qids` keeps the queues still to do: the caller retries
+        later), FLOW, HELD; a queue's refusal sets `pending.rejected`. A
+        message for the message store has its record reserved first
+        (workers/records.py). With `wait` false (the worker's own messages)
+        a full queue, or no room in the message store, is skipped instead:
+        `pending.rejected` says so, and nothing goes to a paging file."""
+        ctx = self.ctx
+        block = pending.block
+        if pending.durable and pending.entries is None and not records.reserve(ctx, pending):
+            if wait:
+                return WAIT  # no segment slot free: retried like a full queue
+            pending.durable = False  # kept in memory only
+        entries = pending.entries
+        publish, store, slot = self.publish, self.store, self.slot
+        spill = self.spill if wait else None
+        arena = self.arena
+        streams = self.streams
+        if streams is not None:
+            streams.refresh()  # one load unless a queue was created or deleted
+            stream_qids = streams.qids
+        timed = pending.times is not None
+        qids = pending.qids
+        bits = 0
+        while qids:
+            qid = qids[0]
+            if spill is not None and _pages(spill, arena, qid):
+                self._spill(pending, qid)  # a backlog past its log or the arena
+                continue
+            outcome = publish(qid, block, pending.body_size, slot)
+            if outcome:
+                if outcome == FULL:
+                    if spill is not None and spill.eligible(qid):
+                        self._spill(pending, qid)
+                        continue
+                    if wait:
+                        if entries:
+                            records.wait_for_room(ctx, pending)
+                        return bits | WAIT
+                    log.debug("a message the broker republishes missed full queue %d", qid)
+                    pending.rejected = True
+                elif outcome == REJECTED:
+                    pending.rejected = True
+                    if pending.dedup is not None:  # its retry must get in
+                        self.dedup.refused(pending.dedup, store.declared(qid))
+                elif outcome == OVER_CAPACITY:
+                    bits |= FLOW
+                    self.over_capacity.append(qid)
+            if entries and qid in entries:
+                records.appended(ctx, pending, qid, outcome)
+            if timed and outcome in (APPENDED, OVER_CAPACITY):
+                store.mark_timed(qid)
+            if streams is not None and qid in stream_qids and outcome == APPENDED:
+                if pending.streams is None:
+                    pending.streams = []
+                pending.streams.append((qid, store.last_seq))
+            qids.pop(0)
+            if reached is not None and reached(qid):
+                bits |= HELD
+                reached = None
+        if entries:
+            records.finish(ctx, pending)
+        release_hold(self.seg, block)
+        return bits
+
+    def _spill(self, pending: Pending, qid: int) -> None:
+        """The message goes to this worker's paging file for `qid`
+        (workers/spill.py), and its record names the queue's tail."""
+        spill = self.spill
+        assert spill is not None
+        spill.put(qid, block_payload(self.seg, pending.block))
+        if pending.entries and qid in pending.entries:
+            records.spilled(pending, qid, spill.tail(qid))
+        pending.qids.pop(0)
+
+    def drop(self, pending: Pending) -> None:
+        """A routed message abandoned before all its appends (its channel
+        closed, or its transaction): its record keeps what was appended; the
+        publisher's HOLD is dropped."""
+        if pending.entries:
+            records.abandon(self.ctx, pending)
+        if pending.dedup is not None:  # its retry must get in
+            declared = self.store.declared
+            self.dedup.abandoned(pending.dedup, [declared(qid) for qid in pending.qids])
+        release_hold(self.seg, pending.block)
+
+    # ------------------------------------------------------- the worker's own
+    def put_new(
+        self,
+        exchange: bytes,
+        routing_key: bytes,
+        header: bytes,
+        body: bytes,
+        qids: list[int],
+    ) -> bool:
+        """Put a message of the worker's own into `qids` (declared queues; a
+        priority queue's go to its lowest level's log). False if a queue had
+        no room for it or refused it (or the arena had no room)."""
+        ctx = self.ctx
+        pending = Pending(exchange, routing_key, False)
+        pending.header = header
+        pending.body_size = pending.received = len(body)
+        pending.qids = list(qids)
+        pending.durable = to_store(ctx, header, qids)
+        try:
+            times = pending.times = times_for(self.store, header, qids)
+        except errors.AMQPError:
+            times = pending.times = None  # checked when it was first published
+        size = message_size(exchange, routing_key, header, len(body), times is not None)
+        block = self.arena.alloc(size + TAG_SIZE if pending.durable else size)
+        if block is None:
+            log.warning("a message the broker republishes was dropped: the arena is full")
+            return False
+        start = write_message(self.seg, block, exchange, routing_key, header, len(body), times)
+        self.seg.buf[start : start + len(body)] = body
+        pending.block = block
+        self.put(pending, wait=False)
+        self.over_capacity.clear()  # (the worker's own publishes are not flow-controlled)
+        return not pending.rejected
+
+    def put_paged(
+        self, qid: int, payload: memoryview, redelivered: bool, timed: bool
+    ) -> int | None:
+        """A message paged back in (workers/spill.py): its block's payload as
+        it was spilled, its record (if any) in the message store already.
+        The outcome of its append, or None when the arena has no room."""
+        seg = self.seg
+        size = len(payload)
+        block = self.arena.alloc(size)
+        if block is None:
+            return None
+        start = block + BLOCK_HEADER
+        seg.buf[start : start + size] = payload
+        store = self.store
+        outcome = self.publish(qid, block, body_length(seg, block), self.slot)
+        release_hold(seg, block)
+        if outcome in (FULL, GONE, REMOVED):
+            return outcome
+        if redelivered:
+            store.mark_redelivered(qid, store.last_seq)
+        if timed:  # it may expire (workers/expiry.py)
+            store.mark_timed(qid)
+        return outcome
+
+
+def _pages(spill: Spiller, arena: Arena, qid: int) -> bool:
+    """Whether a message for `qid` goes to the worker's paging file rather
+    than to the log: the queue pages already, or the arena is filling and
+    the queue has a backlog (workers/spill.py)."""
+    return qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))
