@@ -31,6 +31,7 @@ from shoal.shm.segment import Segment
 RECORD_START = layout.BLOCK_HEADER
 FLAGS_BYTE = layout.BLOCK_HEADER + 2
 TIMED = layout.MSG_TIMED
+TAGGED = layout.MSG_TAGGED  # the record carries its message store tag
 RECORD_FORMAT = (layout.MSG_PREFIX.size, layout.MSG_TIMED, layout.MSG_TIME.size)
 
 
@@ -417,3 +418,34 @@ def peek_times(seg: Segment, block: int) -> tuple[int, int] | None:
         return None
     published, expires = layout.MSG_TIME.unpack_from(seg.buf, block + at)
     return published, expires
+
+
+# A message's bytes out of its block and back (paging files, the message
+# store's recovery): the record as it is, its tag (the message store record it
+# came from) included.
+def block_payload(seg: Segment, block: int) -> bytes:
+    """The message bytes of a block, its tag included (what a record holds)."""
+    p = block + layout.BLOCK_HEADER
+    ex_len, rk_len, flags, props_len, body_len = layout.MSG_PREFIX.unpack_from(seg.buf, p)
+    size = layout.MSG_PREFIX.size + ex_len + rk_len + props_len + body_len
+    if flags & layout.MSG_TIMED:
+        size += layout.MSG_TIME.size
+    if flags & layout.MSG_TAGGED:
+        size += layout.MSG_TAG.size
+    return seg.buf[p : p + size]
+
+
+def tagged_payload(message: bytes | memoryview, tag: tuple[int, int, int]) -> bytes:
+    """A message read from the message store, tagged with its record."""
+    payload = bytearray(message)
+    flags = int.from_bytes(payload[2:4], "little") | layout.MSG_TAGGED
+    payload[2:4] = flags.to_bytes(2, "little")
+    return bytes(payload + layout.MSG_TAG.pack(*tag))
+
+
+def tag_of(payload: memoryview) -> tuple[int, int, int] | None:
+    """The message store record a tagged payload names (None: untagged)."""
+    if not int.from_bytes(payload[2:4], "little") & layout.MSG_TAGGED:
+        return None
+    slot, check, offset = layout.MSG_TAG.unpack_from(payload, len(payload) - layout.MSG_TAG.size)
+    return slot, check, offset

@@ -19,9 +19,10 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.listeners import socket_address
-from shoal.shm import flow, memory, stats
+from shoal.shm import stats
 from shoal.workers import describe, framing, negotiation, tls
 from shoal.workers.access import ConnectionAccess
+from shoal.workers.blocking import PublisherBlocks
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import ChannelCore, Confirms
 from shoal.workers.consumer import update_interest
@@ -37,14 +38,9 @@ from shoal.workers.handshake import (
     OPEN,
     Handshake,
 )
-from shoal.workers.memory_guard import ALARM, ALARM_PENDING
 
 log = logging.getLogger("shoal.connection")
 
-# Publish frames a flow-blocked connection's channels may keep before the
-# socket stops being read.
-MAX_HELD_BYTES = 4 << 20
-FLOW_HELD = "flow-held"  # the read holder for that
 
 CLOSE_OK_TIMEOUT = 3.0
 # After the close handshake: how long the client may take to close its end of
@@ -56,7 +52,7 @@ LINGER_TIMEOUT = 2.0
 CONFIRM_HOLD = 0.01
 
 
-class Connection(Handshake, asyncio.Protocol):
+class Connection(asyncio.Protocol):
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.id = ctx.next_connection_id()
@@ -73,7 +69,7 @@ class Connection(Handshake, asyncio.Protocol):
         self.user = ""  # logged in as (connection.start-ok)
         self.peer_host = ""
         self.certificate_user = ""
-        self.opened = False  # see Handshake.opened_as
+        self.opened = False  # see opened_as
         self.auth_mechanism = ""
         self.client_properties: dict[str, Any] = {}
         self.connected_at = int(time.time() * 1000)  # ms, as RabbitMQ's connected_at
@@ -86,16 +82,20 @@ class Connection(Handshake, asyncio.Protocol):
         self.out: list[bytes] = []
         self.flush_scheduled = False
         self.write_paused = False
-        self.read_holders: set[object] = set()
-        self.blocking_holders: set[object] = set()  # those the client is told of
-        self.blocked_sent = False
-        self.blocked_at = 0.0  # monotonic time it was blocked at (0: it is not)
-        # Queues over capacity this connection published to (shm/flow.py):
-        # while any, its channels keep their publishes for later.
-        # (qid -> the queue's Q_STATE then, ALARM -> 0)
-        self.flow_blocked: dict[int, int] = {}
-        self.held_bytes = 0  # frames those channels keep
-        self.alarm_reason = ""  # while the memory or disk alarm is raised (shm/memory.py)
+        # Its parts: the handshake until connection.open-ok, and what holds
+        # its publishers back (workers/blocking.py), whose entry points the
+        # channels, the memory guard and the scheduler's messages call here.
+        self.handshake = Handshake(self)
+        self.blocks = blocks = PublisherBlocks(self)
+        # (qid -> the queue's Q_STATE then, ALARM -> 0): the part's own dict.
+        self.flow_blocked = blocks.flow_blocked
+        self.hold_reading = blocks.hold_reading
+        self.release_reading = blocks.release_reading
+        self.flow_block = blocks.flow_block
+        self.flow_unblock = blocks.flow_unblock
+        self.flow_held = blocks.flow_held
+        self.alarm = blocks.alarm
+        self.alarm_felt = blocks.alarm_felt
         self.closed = False
         self.eof_sent = False  # close-ok sent: nothing more goes out (_close_gracefully)
         self.eof_received_early = False  # the client shut its end before our close-ok
@@ -170,13 +170,31 @@ class Connection(Handshake, asyncio.Protocol):
         ctx.stats.v[stats.CONNECTIONS_CLOSED] += 1
         self.channels.clear()
         self.confirm_channels.clear()
-        for qid, state in self.flow_blocked.items():
-            self._count_blocked(qid, -1, state)
-        self.flow_blocked.clear()
-        if self.blocked_at:
-            self._count_blocked_time(False)
+        self.blocks.released()
         ctx.process.count_connections(-1)
         return ctx.request(ipc.ConnClosed(self.id))
+
+    def opened_as(self) -> tuple[int, str, str]:
+        """(id, vhost, user) once counted by the scheduler, else (0, "", "")."""
+        return (self.id, self.vhost, self.user) if self.opened else (0, "", "")
+
+    # What the channels, the registry and the management rows read of the
+    # publisher blocks (workers/blocking.py).
+    @property
+    def held_bytes(self) -> int:
+        return self.blocks.held_bytes
+
+    @held_bytes.setter
+    def held_bytes(self, size: int) -> None:
+        self.blocks.held_bytes = size
+
+    @property
+    def alarm_reason(self) -> str:
+        return self.blocks.alarm_reason
+
+    @property
+    def blocked_sent(self) -> bool:
+        return self.blocks.blocked_sent
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -190,15 +208,15 @@ class Connection(Handshake, asyncio.Protocol):
     def can_deliver(self) -> bool:
         return not self.write_paused and self.state == OPEN
 
+    # What is written during one loop iteration leaves as one buffer (flush).
     def write(self, data: bytes) -> None:
         self.out.append(data)
-        self._schedule_flush()
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.ctx.loop.call_soon(self.flush)
 
     def write_many(self, frames: list[bytes]) -> None:
         self.out += frames
-        self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.ctx.loop.call_soon(self.flush)
@@ -216,117 +234,6 @@ class Connection(Handshake, asyncio.Protocol):
             self.sent_since_tick = True
         self.out = []
 
-    # ---------------------------------------------------------- read holds
-    def hold_reading(self, holder: object, reason: str | None = "low on shared memory") -> None:
-        """Stop reading this client (a full queue log or arena, too much held
-        back by flow control) and tell it it is blocked; with no `reason`, a
-        short internal wait (a scheduler round trip) it is not told of."""
-        if not self.read_holders and self.transport is not None:
-            self.transport.pause_reading()
-        self.read_holders.add(holder)
-        if reason is not None:
-            self.blocking_holders.add(holder)
-            self._blocked(reason)
-
-    def release_reading(self, holder: object) -> None:
-        if holder in self.read_holders:
-            self.read_holders.discard(holder)
-            if not self.read_holders and self.transport is not None and not self.closed:
-                self.transport.resume_reading()
-            if holder in self.blocking_holders:
-                self.blocking_holders.discard(holder)
-                self._blocked()
-
-    def _blocked(self, reason: str = "") -> None:
-        """connection.blocked when something starts holding this publisher
-        back, connection.unblocked when nothing does any more; and to a
-        client that obeys channel.flow, channel.flow on its publishing channels."""
-        flow_blocked = self.flow_blocked
-        blocked = bool(self.blocking_holders or len(flow_blocked) > (ALARM_PENDING in flow_blocked))
-        if blocked != bool(self.blocked_at):
-            self._count_blocked_time(blocked)
-        if self.obeys_channel_flow:
-            for channel in self.channels.values():
-                if channel.publish_count:
-                    channel.send_flow(not blocked)
-        if blocked == self.blocked_sent or not self.capabilities.get("connection.blocked"):
-            return
-        self.blocked_sent = blocked
-        if blocked:
-            self.write(framing.encode_method(0, C.Connection.Blocked(reason=reason[:255])))
-        elif not self.closed:
-            self.write(framing.encode_method(0, C.Connection.Unblocked()))
-
-    def _count_blocked_time(self, blocked: bool) -> None:
-        """How often and how long publishers are blocked (for the metrics)."""
-        v = self.ctx.stats.v
-        now = time.monotonic()
-        if blocked:
-            v[stats.PUBLISHER_BLOCKS] += 1
-            self.blocked_at = now
-        else:
-            v[stats.PUBLISHER_BLOCKED_MS] += int((now - self.blocked_at) * 1000)
-            self.blocked_at = 0.0
-
-    # ----------------------- flow control (Qpid Java broker's producer flow control)
-    def flow_block(self, qid: int, logs: list[int] | None = None) -> None:
-        """A publish took queue `qid` (`logs`: a priority queue's) above its
-        capacity: hold further publishes until it is back at its resume size."""
-        if qid in self.flow_blocked or not flow.arm(self.ctx.seg, qid, logs):
-            return
-        self.flow_blocked[qid] = self._count_blocked(qid, 1, None)
-        name = self.ctx.store.name(qid).decode(errors="replace")
-        self._blocked(f"queue '{name}' in vhost '{self.vhost}' is over its capacity")
-
-    def alarm(self, bits: int) -> None:
-        """The broker-wide memory or disk alarm was raised (bits) or cleared (0).
-        As in RabbitMQ only publishers are blocked, others at their first publish."""
-        if self.state != OPEN:
-            return  # told at connection.open, if still raised then
-        self.alarm_reason = memory.reason(bits) if bits else ""
-        if not bits:
-            self.flow_blocked.pop(ALARM_PENDING, None)
-            self.flow_unblock(ALARM)
-        elif any(channel.publish_count for channel in self.channels.values()):
-            self.alarm_felt()
-        elif ALARM not in self.flow_blocked:
-            self.flow_blocked[ALARM_PENDING] = 0
-
-    def alarm_felt(self) -> None:
-        """A publisher meets the raised alarm: hold its publishes (as a
-        queue over capacity does) and say why, in RabbitMQ's words."""
-        self.flow_blocked.pop(ALARM_PENDING, None)
-        if ALARM not in self.flow_blocked:
-            self.flow_blocked[ALARM] = 0
-            self._blocked(self.alarm_reason)
-
-    def flow_unblock(self, qid: int) -> None:
-        if qid not in self.flow_blocked:
-            return
-        flow_blocked = self.flow_blocked
-        self._count_blocked(qid, -1, flow_blocked.pop(qid))
-        if len(flow_blocked) > (ALARM_PENDING in flow_blocked):
-            return  # still held back by another queue (or the alarm)
-        self._blocked()
-        for channel in list(self.channels.values()):
-            channel.release_flow()
-        self.release_reading(FLOW_HELD)
-
-    def _count_blocked(self, qid: int, delta: int, state: int | None) -> int:
-        """Keep the queue's count of blocked publishers (Q_BLOCKED_PUBLISHERS,
-        for the metrics) unless the queue was deleted since (`state`, its
-        Q_STATE when this connection blocked on it, changed). Returns Q_STATE."""
-        if qid < 0:  # ALARM, ALARM_PENDING
-            return 0
-        return self.ctx.store.count_blocked_publisher(qid, delta, state)
-
-    def flow_held(self, size: int) -> None:
-        """A channel kept a frame back: past a bound, stop reading too (a
-        client that ignores connection.blocked gets TCP back-pressure)."""
-        self.held_bytes += size
-        if self.held_bytes > MAX_HELD_BYTES:
-            self.hold_reading(FLOW_HELD)
-
     # ---------------------------------------------------------------- input
     def data_received(self, data: bytes) -> None:
         if self.state == CLOSED:
@@ -343,7 +250,7 @@ class Connection(Handshake, asyncio.Protocol):
         self.recv_oct += len(data)  # per read: the management UI's data rates
         self.recv_cnt += 1
         if self.state == AWAIT_HEADER:
-            data = self._protocol_header(data)
+            data = self.handshake.protocol_header(data)
             if not data:
                 return
         try:
@@ -529,11 +436,11 @@ class Connection(Handshake, asyncio.Protocol):
                 *divmod(method.index, 0x10000),
             )
         if isinstance(method, C.Connection.StartOk):
-            self._start_ok(method)
+            self.handshake.start_ok(method)
         elif isinstance(method, C.Connection.TuneOk):
-            self._tune_ok(method)
+            self.handshake.tune_ok(method)
         elif isinstance(method, C.Connection.Open):
-            self._open(method)
+            self.handshake.open(method)
         elif isinstance(method, C.Connection.UpdateSecret):
             self.write(framing.encode_method(0, C.Connection.UpdateSecretOk()))
         elif isinstance(method, C.Connection.Blocked | C.Connection.Unblocked):
@@ -574,7 +481,7 @@ class Connection(Handshake, asyncio.Protocol):
         if self.state != OPEN and not self.closed:
             self._close_transport()
 
-    def _heartbeat_tick(self) -> None:
+    def heartbeat_tick(self) -> None:
         if self.closed:
             return
         interval = self.heartbeat
@@ -585,7 +492,7 @@ class Connection(Handshake, asyncio.Protocol):
         if not self.sent_since_tick:
             self.write(framing.HEARTBEAT_FRAME)
         self.sent_since_tick = False
-        self.timer = self.ctx.loop.call_later(interval / 2, self._heartbeat_tick)
+        self.timer = self.ctx.loop.call_later(interval / 2, self.heartbeat_tick)
 
     # ------------------------------------------------------------ closing
     def fail(self, exc: errors.AMQPError) -> None:

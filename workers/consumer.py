@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from shoal.broker import ipc
-from shoal.shm.layout import BLOCK_HEADER, MSG_TIMED
+from shoal.shm.arena import FLAGS_BYTE, TIMED
 from shoal.shm.queues import Message, QueueStore
 from shoal.store.streams import StreamMessage
 from shoal.workers.levels import Levels
@@ -35,7 +35,7 @@ LOCAL_BURST = 64
 # Consumers with a prefetch count up to this, on a queue with others, take one
 # message a turn (turn_quota).
 DEAL_ONE_PREFETCH = 16
-TIMED_AT = BLOCK_HEADER + 2  # a message's flags' low byte, from its block
+TIMED_AT = FLAGS_BYTE  # a message's flags' low byte, from its block
 
 
 class MessageExpiry(Protocol):
@@ -305,7 +305,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     q_off, ring, mask, owner_bits = store.acquire_args(qid)
     deliver = channel.deliver
     drop_if_expired = ctx.expiry.drop_if_expired
-    flags = store.seg.buf  # a message's flags: MSG_TIMED means it may have expired
+    flags = store.seg.buf  # a message's flags: TIMED means it may have expired
 
     try:
         while True:
@@ -347,7 +347,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     seq, block, redelivered = got  # type: ignore[misc]
                     consumer.pointer = seq + 1
                     work += 1
-                    expired = flags[block + TIMED_AT] & MSG_TIMED
+                    expired = flags[block + TIMED_AT] & TIMED
                     if (expired and drop_if_expired(qid, seq, block)) or (
                         redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
                     ):
@@ -396,7 +396,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 return
             log_qid, seq, block, redelivered = taken
             work += 1
-            if (flags[block + TIMED_AT] & MSG_TIMED and drop_if_expired(log_qid, seq, block)) or (
+            if (flags[block + TIMED_AT] & TIMED and drop_if_expired(log_qid, seq, block)) or (
                 redelivered and ctx.expiry.drop_if_over_limit(log_qid, seq, block)
             ):
                 continue  # dead-lettered instead, as above: bounded work, no delivery
@@ -454,7 +454,7 @@ def take_ready(ctx: PullContext, consumer: Consumer) -> None:
                 return
             seq, block, redelivered = got  # type: ignore[misc]
             consumer.pointer = seq + 1
-            if flags[block + TIMED_AT] & MSG_TIMED and ctx.expiry.drop_if_expired(qid, seq, block):
+            if flags[block + TIMED_AT] & TIMED and ctx.expiry.drop_if_expired(qid, seq, block):
                 continue
             if redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block):
                 continue

@@ -12,7 +12,7 @@ from shoal.broker import ipc
 from shoal.broker.config import Config
 from shoal.shm.arena import Arena
 from shoal.shm.ownership import OwnershipView
-from shoal.shm.processes import ProcessSlot
+from shoal.shm.processes import Header, ProcessSlot
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
@@ -37,11 +37,12 @@ class WorkerConnection(Protocol):
     registry (workers/connection.py adds and removes itself)."""
 
     flow_blocked: dict[int, int]
-    alarm_reason: str
     transport: Any
     state: int  # workers/handshake.py's states: below OPEN while logging in
     user: str  # logged in as ("" before connection.start-ok)
 
+    @property
+    def alarm_reason(self) -> str: ...
     @property
     def channels(self) -> Mapping[int, Publisher]: ...
     def alarm(self, bits: int) -> None: ...
@@ -107,6 +108,7 @@ class WorkerContext:
         self.arena = Arena(seg, index)
         self.slot = seg.layout.proc(index)  # the store's handle for this publisher
         self.process = ProcessSlot(seg, index)
+        self.epoch = Header(seg).epoch()  # this start's number, set before any fork
         # Users' channels over all workers, for max-channels limits.
         self.user_channels = UserChannels()
         # Which queues' background work is this worker's (shm/ownership.py).

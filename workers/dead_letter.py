@@ -23,8 +23,9 @@ import time
 from typing import NamedTuple
 
 from shoal.broker.amqp import dead_letter, errors, quorum
-from shoal.shm import layout, stats
+from shoal.shm import stats
 from shoal.shm.arena import read_message
+from shoal.shm.directory import QueueFlag
 from shoal.shm.queues import Message
 from shoal.workers.context import WorkerContext
 from shoal.workers.ingest import Ingest
@@ -98,7 +99,7 @@ class DeadLetters:
         # Its own arguments with its policy (broker/amqp/policies.py).
         arguments = ctx.routes.definitions.effective_arguments(vhost, name.decode(errors="replace"))
         where = dead_letter.target(arguments)
-        is_quorum = bool(store.flags(declared) & layout.QF_QUORUM)
+        is_quorum = bool(store.flags(declared) & QueueFlag.QUORUM)
         strategy = _DISABLED
         if where is not None:
             at_least_once = is_quorum and quorum.at_least_once(arguments)

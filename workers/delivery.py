@@ -14,11 +14,12 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import dead_letter, errors, field_table, properties
 from shoal.broker.amqp import streams as amqp_streams
-from shoal.shm import layout, stats
+from shoal.shm import stats
 from shoal.shm.arena import (
+    RECORD_START,
     read_message,
 )
-from shoal.shm.layout import BLOCK_HEADER
+from shoal.shm.directory import QueueFlag
 from shoal.shm.queues import Message
 from shoal.shm.stats import (
     DELIVERED_CONSUME_AUTO_ACK,
@@ -171,7 +172,7 @@ class DeliveryBook:
         self.next_tag = tag + 1
         frames, size = deliver_frames(
             self.ctx.seg.buf,
-            block + BLOCK_HEADER,
+            block + RECORD_START,
             self.number,
             consumer.tag_sstr,
             tag,
@@ -248,14 +249,14 @@ class DeliveryBook:
         if not store.delivery_limit(qid):
             return None
         count = store.delivery_count(qid, seq)
-        return count if count or (get and store.flags(qid) & layout.QF_QUORUM) else None
+        return count if count or (get and store.flags(qid) & QueueFlag.QUORUM) else None
 
     def _entry_id(self, qid: int, seq: int) -> bytes:
         """The x-shoal-id header entry of log `qid`'s entry `seq`: this broker
         start, the slot and its generation, the seq; a redelivery of the same
         entry (after a requeue or a lost connection) carries the same id."""
         ctx = self.ctx
-        value = f"{ctx.atomic.load(layout.H_EPOCH):x}.{qid:x}.{ctx.store.generation(qid):x}.{seq:x}"
+        value = f"{ctx.epoch:x}.{qid:x}.{ctx.store.generation(qid):x}.{seq:x}"
         return properties.string_entry(b"x-shoal-id", value.encode())
 
     def acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:

@@ -19,13 +19,15 @@ class Describable(Protocol):
     channel_max: int
     frame_max: int
     heartbeat: int
-    blocked_sent: bool
     connected_at: int
     recv_oct: int
     send_oct: int
     recv_cnt: int
     send_cnt: int
     client_properties: dict[str, Any]
+
+    @property
+    def blocked_sent(self) -> bool: ...
 
 
 def connection_row(

@@ -6,7 +6,7 @@ The rules without IO are workers/negotiation.py's."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 from pamqp import commands as C
 
@@ -19,8 +19,8 @@ from shoal.workers.context import RemoteError, WorkerContext
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
 
-class Handshake:
-    """Connection's handshake methods, over the connection's own state."""
+class HandshakeConnection(Protocol):
+    """What the handshake reads and sets of its connection (workers/connection.py)."""
 
     ctx: WorkerContext
     transport: Any
@@ -46,71 +46,79 @@ class Handshake:
     opened: bool  # counted by the scheduler (CONN_OPEN sent)
     closed: bool
 
-    def write(self, data: bytes) -> None:
-        raise NotImplementedError  # connection.py
+    def write(self, data: bytes) -> None: ...
 
-    def hold_reading(self, holder: object, reason: str | None = "") -> None:
-        raise NotImplementedError  # connection.py
+    def hold_reading(self, holder: object, reason: str | None = "") -> None: ...
 
-    def release_reading(self, holder: object) -> None:
-        raise NotImplementedError  # connection.py
+    def release_reading(self, holder: object) -> None: ...
 
-    def fail(self, exc: errors.AMQPError) -> None:
-        raise NotImplementedError  # connection.py
+    def fail(self, exc: errors.AMQPError) -> None: ...
 
-    def alarm(self, bits: int) -> None:
-        raise NotImplementedError  # connection.py
+    def alarm(self, bits: int) -> None: ...
 
-    def _heartbeat_tick(self) -> None:
-        raise NotImplementedError  # connection.py
+    def heartbeat_tick(self) -> None: ...
 
-    def _protocol_header(self, data: bytes) -> bytes:
-        self.head += data
-        if len(self.head) < 8:
+
+class Handshake:
+    """A connection's handshake, from the protocol header to connection.open-ok:
+    the part of the connection that answers channel 0 until it is open. It
+    sets what it negotiates on its connection (the user, the vhost and its
+    access, frame and channel limits, heartbeat, the client's capabilities)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: HandshakeConnection) -> None:
+        self.conn = conn
+
+    def protocol_header(self, data: bytes) -> bytes:
+        conn = self.conn
+        conn.head += data
+        if len(conn.head) < 8:
             return b""
-        header, rest = self.head[:8], self.head[8:]
-        self.head = b""
+        header, rest = conn.head[:8], conn.head[8:]
+        conn.head = b""
         if header not in framing.ACCEPTED_HEADERS:
             # The spec: answer with the header we support, then close.
-            assert self.transport is not None
-            self.transport.write(framing.PROTOCOL_HEADER)
-            self.transport.close()
-            self.state = CLOSED
+            assert conn.transport is not None
+            conn.transport.write(framing.PROTOCOL_HEADER)
+            conn.transport.close()
+            conn.state = CLOSED
             return b""
-        self.state = AWAIT_START_OK
-        self.write(
+        conn.state = AWAIT_START_OK
+        conn.write(
             framing.encode_method(
                 0,
                 C.Connection.Start(
                     version_major=0,
                     version_minor=9,
-                    server_properties=negotiation.server_properties(self.ctx.index),
-                    mechanisms=negotiation.mechanisms(self.certificate_user),
+                    server_properties=negotiation.server_properties(conn.ctx.index),
+                    mechanisms=negotiation.mechanisms(conn.certificate_user),
                     locales="en_US",
                 ),
             )
         )
         return rest
 
-    def _start_ok(self, method: C.Connection.StartOk) -> None:
+    def start_ok(self, method: C.Connection.StartOk) -> None:
+        conn = self.conn
         props = method.client_properties or {}
         caps = props.get("capabilities")
-        self.capabilities = caps if isinstance(caps, dict) else {}
-        self.obeys_channel_flow = negotiation.obeys_channel_flow(props)
-        config = self.ctx.config
-        routes = self.ctx.routes
+        conn.capabilities = caps if isinstance(caps, dict) else {}
+        conn.obeys_channel_flow = negotiation.obeys_channel_flow(props)
+        config = conn.ctx.config
+        routes = conn.ctx.routes
         routes.sync()
-        self.auth_mechanism = method.mechanism
-        self.client_properties = dict(props)
-        self.user = negotiation.login(
+        conn.auth_mechanism = method.mechanism
+        conn.client_properties = dict(props)
+        conn.user = negotiation.login(
             method,
             routes.definitions.users,
-            self.peer_host,
+            conn.peer_host,
             config.loopback_users,
-            self.certificate_user,
+            conn.certificate_user,
         )
-        self.state = AWAIT_TUNE_OK
-        self.write(
+        conn.state = AWAIT_TUNE_OK
+        conn.write(
             framing.encode_method(
                 0,
                 C.Connection.Tune(
@@ -121,65 +129,65 @@ class Handshake:
             )
         )
 
-    def _tune_ok(self, method: C.Connection.TuneOk) -> None:
-        config = self.ctx.config
+    def tune_ok(self, method: C.Connection.TuneOk) -> None:
+        conn = self.conn
+        config = conn.ctx.config
         negotiation.check_tune_ok(method, config.frame_max, config.channel_max)
-        self.frame_max = method.frame_max or config.frame_max
-        self.reader.frame_max = self.frame_max
-        self.channel_max = method.channel_max or config.channel_max
-        self.heartbeat = method.heartbeat
-        self.state = AWAIT_OPEN
+        conn.frame_max = method.frame_max or config.frame_max
+        conn.reader.frame_max = conn.frame_max
+        conn.channel_max = method.channel_max or config.channel_max
+        conn.heartbeat = method.heartbeat
+        conn.state = AWAIT_OPEN
 
-    def _open(self, method: C.Connection.Open) -> None:
-        if self.opened:  # a second connection.open while the first is answered
+    def open(self, method: C.Connection.Open) -> None:
+        conn = self.conn
+        if conn.opened:  # a second connection.open while the first is answered
             raise errors.ConnectionError_(
                 errors.COMMAND_INVALID, "expected none, got connection.open", 10, 40
             )
-        routes = self.ctx.routes
+        routes = conn.ctx.routes
         routes.sync()
         definitions = routes.definitions
-        self.vhost_id = negotiation.check_vhost_access(
-            method.virtual_host, self.user, definitions.vhost_ids, definitions.permissions
+        conn.vhost_id = negotiation.check_vhost_access(
+            method.virtual_host, conn.user, definitions.vhost_ids, definitions.permissions
         )
-        self.vhost = vhost = method.virtual_host
-        self.access = ConnectionAccess(routes, self.user, vhost)
+        conn.vhost = vhost = method.virtual_host
+        conn.access = ConnectionAccess(routes, conn.user, vhost)
         # Counted by the scheduler for max-connections; waited for only when
         # a limit applies (a round trip, the socket unread meanwhile).
-        check = negotiation.connection_limited(vhost, self.user, definitions)
-        opened = self.ctx.request(ipc.ConnOpen(self.id, vhost, self.user, check))
-        self.opened = True
+        check = negotiation.connection_limited(vhost, conn.user, definitions)
+        opened = conn.ctx.request(ipc.ConnOpen(conn.id, vhost, conn.user, check))
+        conn.opened = True
         if not check:
             opened.add_done_callback(_ignore_result)
             self._opened()
             return
-        self.hold_reading(OPENING, None)
+        conn.hold_reading(OPENING, None)
         opened.add_done_callback(self._open_answered)
 
     def _open_answered(self, answer: asyncio.Future[Any]) -> None:
-        self.release_reading(OPENING)
-        if self.closed or self.state != AWAIT_OPEN:
+        conn = self.conn
+        conn.release_reading(OPENING)
+        if conn.closed or conn.state != AWAIT_OPEN:
             return  # closed or refused meanwhile
         exc = answer.exception()
         if isinstance(exc, RemoteError):
-            self.opened = False
-            self.fail(errors.ConnectionError_(exc.reply_code, exc.reply_text, 10, 40))
+            conn.opened = False
+            conn.fail(errors.ConnectionError_(exc.reply_code, exc.reply_text, 10, 40))
         else:
             self._opened()
 
     def _opened(self) -> None:
-        self.state = OPEN
-        self.write(framing.encode_method(0, C.Connection.OpenOk()))
-        if self.ctx.guard.alarms:
-            self.alarm(self.ctx.guard.alarms)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.heartbeat:
-            self.timer = self.ctx.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
-
-    def opened_as(self) -> tuple[int, str, str]:
-        """(id, vhost, user) once counted by the scheduler, else (0, "", "")."""
-        return (self.id, self.vhost, self.user) if self.opened else (0, "", "")
+        conn = self.conn
+        conn.state = OPEN
+        conn.write(framing.encode_method(0, C.Connection.OpenOk()))
+        if conn.ctx.guard.alarms:
+            conn.alarm(conn.ctx.guard.alarms)
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        if conn.heartbeat:
+            conn.timer = conn.ctx.loop.call_later(conn.heartbeat / 2, conn.heartbeat_tick)
 
 
 def _ignore_result(done: asyncio.Future[Any]) -> None:

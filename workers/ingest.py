@@ -30,20 +30,21 @@ from collections.abc import Callable
 from shoal.broker.amqp import errors, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import (
+    RECORD_START,
     TAG_SIZE,
     Arena,
+    block_payload,
     body_length,
     message_size,
     release_hold,
     write_message,
 )
-from shoal.shm.layout import BLOCK_HEADER
 from shoal.shm.queues import APPENDED, FULL, GONE, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
 from shoal.workers import framing, records
 from shoal.workers.context import WorkerContext
 from shoal.workers.dedup import DedupMark
 from shoal.workers.pending import Pending
-from shoal.workers.spill import Spiller, block_payload
+from shoal.workers.spill import Spiller
 
 log = logging.getLogger("shoal.worker")
 
@@ -312,7 +313,7 @@ class Ingest:
         block = self.arena.alloc(size)
         if block is None:
             return None
-        start = block + BLOCK_HEADER
+        start = block + RECORD_START
         seg.buf[start : start + size] = payload
         store = self.store
         outcome = self.publish(qid, block, body_length(seg, block), self.slot)

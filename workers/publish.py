@@ -16,13 +16,13 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors, properties
 from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX
 from shoal.shm.arena import (
+    RECORD_START,
     TAG_SIZE,
     TIME_SIZE,
     message_size,
     release_hold,
     write_message,
 )
-from shoal.shm.layout import BLOCK_HEADER
 from shoal.shm.stats import (
     CONFIRMED,
     RECEIVED_CONFIRM,
@@ -220,7 +220,7 @@ class Publisher:
         published, expires = (-1, 0) if times is None else times
         seg = ctx.seg
         write_record(
-            seg.buf, block + BLOCK_HEADER, exchange, routing_key, header, body, published, expires
+            seg.buf, block + RECORD_START, exchange, routing_key, header, body, published, expires
         )
         mark, duplicate = None, False
         if deduplicating:

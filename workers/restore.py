@@ -26,7 +26,15 @@ import logging
 import time
 
 from shoal.broker import ipc
-from shoal.shm.arena import RECORD_START, TAG_SIZE, TIMED, body_length, release_hold, write_tag
+from shoal.shm.arena import (
+    RECORD_START,
+    TAG_SIZE,
+    TIMED,
+    body_length,
+    release_hold,
+    tagged_payload,
+    write_tag,
+)
 from shoal.shm.processes import LOAD_DONE, LOAD_RUNNING, Header
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
 from shoal.shm.segtable import SegmentName, check_of
@@ -35,7 +43,7 @@ from shoal.store.clean_stop import Delivered
 from shoal.store.definitions import logged_queue_uids
 from shoal.store.messages import Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
-from shoal.workers.spill import REDELIVERED, tagged_payload
+from shoal.workers.spill import REDELIVERED
 
 log = logging.getLogger("shoal.worker")
 

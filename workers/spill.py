@@ -38,8 +38,8 @@ import os
 import struct
 from collections.abc import Callable
 
-from shoal.shm import layout
-from shoal.shm.arena import Arena
+from shoal.shm.arena import TAGGED, TIMED, Arena, tag_of
+from shoal.shm.paging import PagingWords
 from shoal.shm.queues import FULL, GONE, REMOVED, QueueStore
 from shoal.shm.segment import Segment
 from shoal.store.paging import PagingFile, remove_files
@@ -63,42 +63,11 @@ READ_BUDGET = 16 << 20  # bytes of a paging file read per tick at most (purged o
 # did before paging files). A queue with no consumer fills at full speed.
 SPILL_BURST = 64
 SPILL_BURST_BYTES = 256 << 10
-_TAGGED = layout.MSG_TAGGED
-_TAG = layout.MSG_TAG
-_PREFIX = layout.MSG_PREFIX
-_H = layout.BLOCK_HEADER
 
 Settle = Callable[[tuple[int, int, int], int], None]
 # workers/ingest.py put_paged: a paged-out payload back into queue `qid`
 # (redelivered, timed): the append's outcome, None when the arena is full.
 PutBack = Callable[[int, memoryview, bool, bool], int | None]
-
-
-def block_payload(seg: Segment, block: int) -> bytes:
-    """The message bytes of a block, its tag included (what a record holds)."""
-    p = block + _H
-    ex_len, rk_len, flags, props_len, body_len = _PREFIX.unpack_from(seg.buf, p)
-    size = _PREFIX.size + ex_len + rk_len + props_len + body_len
-    if flags & layout.MSG_TIMED:
-        size += layout.MSG_TIME.size
-    if flags & _TAGGED:
-        size += _TAG.size
-    return seg.buf[p : p + size]
-
-
-def tagged_payload(message: bytes | memoryview, tag: tuple[int, int, int]) -> bytes:
-    """A message read from the message store, tagged with its record."""
-    payload = bytearray(message)
-    flags = int.from_bytes(payload[2:4], "little") | _TAGGED
-    payload[2:4] = flags.to_bytes(2, "little")
-    return bytes(payload + _TAG.pack(*tag))
-
-
-def _tag_of(payload: memoryview) -> tuple[int, int, int] | None:
-    if not int.from_bytes(payload[2:4], "little") & _TAGGED:
-        return None
-    slot, check, offset = _TAG.unpack_from(payload, len(payload) - _TAG.size)
-    return slot, check, offset
 
 
 class _File(PagingFile):
@@ -130,7 +99,7 @@ class Spiller:
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.seg = seg
-        self.a = seg.atomic
+        self.words = PagingWords(seg)
         self.store = store
         self.arena = arena
         self.directory = directory
@@ -155,41 +124,32 @@ class Spiller:
     def eligible(self, qid: int) -> bool:
         """Whether the queue may spill: no length limit, capacity or
         priorities, not a stream (its log only stages for its writer)."""
-        a, q = self.a, self.seg.layout.queue(qid)
-        return not (
-            a.load(q + layout.Q_FLAGS) & layout.QF_STREAM
-            or a.load(q + layout.Q_OVERFLOW)
-            or a.load(q + layout.Q_CAPACITY)
-            or a.load(q + layout.Q_PARENT)
-            or a.load(q + layout.Q_MAX_PRIORITY)
-        )
+        return self.words.may_spill(qid)
 
     def pressed(self, qid: int) -> bool:
         """The arena is more than half used (the caller checked): whether
         `qid` has the backlog that should go to disk."""
-        if self.a.load(self.arena.base + layout.A_USED) <= self.arena_high:
+        if self.arena.used_bytes() <= self.arena_high:
             return False
         return self.store.log_ready(qid) >= PRESSED_READY and self.eligible(qid)
 
     def put(self, qid: int, payload: bytes | memoryview, flags: int = 0) -> None:
         """Spill a message (its block's payload) for queue `qid`."""
-        a, q = self.a, self.seg.layout.queue(qid)
+        words = self.words
         file = self.files.get(qid)
         if file is None:
             self._files += 1
             path = os.path.join(self.directory, f"{self.worker}-{qid}-{self._files}")
-            file = self.files[qid] = _File(
-                path, a.load(q + layout.Q_STATE), a.load(q + layout.Q_UID)
-            )
-        purges = a.load(q + layout.Q_PURGES) & 0xFFFFFFFF
+            file = self.files[qid] = _File(path, words.state(qid), words.uid(qid))
+        purges = words.purges(qid)
         buffer = file.buffer
         buffer += _RECORD.pack(len(payload), purges, flags)
         buffer += payload
         file.count += 1
-        if payload[2] & _TAGGED:  # the flags' low byte (shm/layout.py MSG_PREFIX)
+        if payload[2] & TAGGED:  # the flags' low byte
             file.tagged += 1
-        a.fetch_add(q + layout.Q_SPILLED, 1)
-        if a.load(q + layout.Q_CONSUMERS):  # pacing: consumers compete for the CPU
+        words.count_spilled(qid, 1)
+        if words.consumers(qid):  # pacing: consumers compete for the CPU
             self.tokens -= 1
             self.token_bytes -= len(payload)
         if len(buffer) >= FLUSH_BYTES:
@@ -200,7 +160,7 @@ class Spiller:
     def tail(self, qid: int) -> int:
         """Where a message spilled now goes in the queue's order: the log's
         tail (the seq a persistent message's record names, for recovery)."""
-        return self.a.load(self.seg.layout.queue(qid) + layout.Q_TAIL)
+        return self.words.tail(qid)
 
     # ------------------------------------------------------------ paging in
     @property
@@ -225,24 +185,23 @@ class Spiller:
         file = self.files.get(qid)
         if file is None:
             return False
-        tail = self.seg.layout.queue(qid) + layout.Q_TAIL
-        before = self.a.load(tail)
+        before = self.words.tail(qid)
         self.page_in(qid, file)
-        return self.a.load(tail) != before
+        return self.words.tail(qid) != before
 
     def page_in(self, qid: int, file: _File) -> None:
-        a, q = self.a, self.seg.layout.queue(qid)
-        if a.load(q + layout.Q_STATE) != file.state:
+        words = self.words
+        if words.state(qid) != file.state:
             self._drop(qid, file)  # the queue was deleted
             return
-        room = self.fill - (a.load(q + layout.Q_TAIL) - a.load(q + layout.Q_HEAD))
+        room = self.fill - words.log_fill(qid)
         if room <= 0:
             return
         # Bytes this call may add to the arena: up to the fill mark, or a
         # little past it for a log running dry.
-        budget = self.arena_fill - a.load(self.arena.base + layout.A_USED)
+        budget = self.arena_fill - self.arena.used_bytes()
         if budget <= 0:
-            if a.load(q + layout.Q_READY) >= KEEP_READY:
+            if words.ready(qid) >= KEEP_READY:
                 return
             budget = self.arena_high - self.arena_fill
         room = min(room, PAGE_IN_BATCH)
@@ -250,14 +209,14 @@ class Spiller:
         put_back = self.put_back
         assert put_back is not None  # set once the worker's store is open (workers/main.py)
         unpack, head = _RECORD.unpack_from, _RECORD.size
-        spilled, purged = q + layout.Q_SPILLED, q + layout.Q_PURGES
+        purges_now, count_spilled = words.purges, words.count_spilled
         start = file.read_at  # purged records are read too: READ_BUDGET per tick
         while room > 0 and file.count and file.read_at - start < READ_BUDGET:
             chunk = memoryview(file.read(READ_CHUNK, file.read_at))
             pos, end = 0, len(chunk)
             while room > 0 and pos + head <= end and file.read_at - start < READ_BUDGET:
                 size, spilled_at, flags = unpack(chunk, pos)
-                purges = a.load(purged) & 0xFFFFFFFF  # per record: a purge may come now
+                purges = purges_now(qid)  # per record: a purge may come now
                 if pos + head + size > end:
                     if pos == 0 and end < head + size:  # a record larger than a chunk
                         chunk = memoryview(file.read(head + size, file.read_at))
@@ -275,7 +234,7 @@ class Spiller:
                         qid,
                         payload,
                         bool(flags & REDELIVERED),
-                        bool(payload[2] & layout.MSG_TIMED),  # it may expire (workers/expiry.py)
+                        bool(payload[2] & TIMED),  # it may expire (workers/expiry.py)
                     )
                     if outcome is None or outcome == FULL:
                         return  # the arena or the log is full: later
@@ -290,14 +249,14 @@ class Spiller:
                 pos += head + size
                 file.read_at += head + size
                 file.count -= 1
-                a.fetch_add(spilled, -1)
+                count_spilled(qid, -1)
             if not end:
                 break
         if not file.count:
             self._close(qid, file)
 
     def _settle(self, payload: memoryview, uid: int) -> None:
-        tag = _tag_of(payload)
+        tag = tag_of(payload)
         if tag is not None and self.settle is not None:
             self.settle(tag, uid)
 

@@ -13,13 +13,12 @@ import pytest
 
 from shoal.broker.config import Config
 from shoal.shm import layout as L
-from shoal.shm.arena import message_size, read_message, write_message
+from shoal.shm.arena import block_payload, message_size, read_message, write_message
 from shoal.shm.queues import APPENDED
 from shoal.shm.segment import Segment
 from shoal.workers.context import WorkerContext
 from shoal.workers.ingest import WAIT, Ingest
 from shoal.workers.pending import Pending
-from shoal.workers.spill import block_payload
 
 CELLS = 64  # each log's capacity
 
