@@ -467,8 +467,8 @@ class DeliveryBook:
             self.consumers.pop(tag, None)
             ctx.consumers.pop(consumer.cid, None)
             raise
-        if registered:
-            consumer.since = registered[0]
+        if registered.since is not None:
+            consumer.since = registered.since
         if consumer.cancelled:
             return
         if not method.nowait:

@@ -238,7 +238,7 @@ class Worker:
             pull(self.ctx, consumer)
 
     def _reply(self, m: ipc.Reply) -> None:
-        self.ctx.on_reply(m.req, m.ok, m.payload)
+        self.ctx.on_reply(m.req, m.answer)
 
     def _consumer_gone(self, m: ipc.ConsumerGone) -> None:
         consumer = self.ctx.consumers.get(m.cid)

@@ -61,7 +61,7 @@ class Pending:
         # (published, expires at) in ms when it may expire (workers/expiry.py)
         self.times: tuple[int, int] | None = None
         # Durable queues still to append to when its record was written (a
-        # queue was full): their seqs go in an AMEND record (workers/records.py).
+        # queue was full): their seqs go in an AMEND record (workers/persist.py).
         self.late: list[int] | None = None
         # Stream queues it was appended to: (qid, seq); its confirm waits
         # until each stream's writer has synced that seq (workers/streams.py).
