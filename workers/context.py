@@ -121,7 +121,7 @@ class WorkerContext:
         self.persist: Persister | None = None  # the message store, once open (open_store)
         self.spill: Spiller | None = None  # paging files, with the store (open_store)
         self.streams: Streams | None = None  # stream queues' files, with the store (open_store)
-        # Message TTL and dead-lettering (workers/expiry.py, workers/dead_letter.py).
+        # Message TTL and dead-lettering (workers/message_ttl.py, workers/dead_letter.py).
         self.expiry: MessageExpiry = _NoExpiry()
         self.dead_letters: DeadLettering = _NoExpiry()
         self.connections: set[WorkerConnection] = set()

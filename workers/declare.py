@@ -17,8 +17,8 @@ from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.definitions import server_named_queue
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
 from shoal.workers import framing, reply_to
-from shoal.workers.access import CONFIGURE, READ, WRITE
 from shoal.workers.channel_state import ChannelConnection
+from shoal.workers.connection_access import CONFIGURE, READ, WRITE
 
 log = logging.getLogger("shoal.worker")
 

@@ -29,8 +29,8 @@ from shoal.shm.stats import (
 from shoal.store.streams import StreamMessage
 from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import deliver_frames
-from shoal.workers.access import READ
 from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
+from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer, take_ready, update_interest
 from shoal.workers.levels import Levels
 

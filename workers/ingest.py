@@ -332,7 +332,7 @@ class Ingest:
             return outcome
         if redelivered:
             store.mark_redelivered(qid, store.last_seq)
-        if timed:  # it may expire (workers/expiry.py)
+        if timed:  # it may expire (workers/message_ttl.py)
             store.mark_timed(qid)
         return outcome
 

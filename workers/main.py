@@ -32,9 +32,9 @@ from shoal.workers.consumer import pull
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
-from shoal.workers.expiry import Expiry
 from shoal.workers.ingest import Ingest
 from shoal.workers.memory_guard import ALARM
+from shoal.workers.message_ttl import Expiry
 
 HEARTBEAT_INTERVAL = 1.0
 OWNERSHIP_POLL = 0.05  # s: how soon a change of the worker count is acted on

@@ -234,7 +234,7 @@ class Spiller:
                         qid,
                         payload,
                         bool(flags & REDELIVERED),
-                        bool(payload[2] & TIMED),  # it may expire (workers/expiry.py)
+                        bool(payload[2] & TIMED),  # it may expire (workers/message_ttl.py)
                     )
                     if outcome is None or outcome == FULL:
                         return  # the arena or the log is full: later
