@@ -74,7 +74,7 @@ def publish_frames(n: int, size: int, persistent: bool = False, keyed: bool = Fa
 
 
 class AllowAll:
-    """A connection's access (workers/access.py) that grants everything:
+    """A connection's access (workers/connection_access.py) that grants everything:
     the harness has no login."""
 
     def refresh(self) -> None:

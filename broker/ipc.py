@@ -214,10 +214,54 @@ class ConnOpen(Request, tag=17):
 
 
 # ------------------------------------------------------ scheduler -> worker
+# What a request's reply carries: one Struct per kind of answer, and
+# `Refused` for a request the scheduler refused (an AMQP error, RabbitMQ's
+# words). WorkerContext.request's overloads say which request gets which.
+class QueueDeclared(Message, tag=40):
+    """queue.declare's answer (Declare)."""
+
+    qid: int
+    name: bytes
+    ready: int
+    consumers: int
+
+
+class Registered(Message, tag=41):
+    """basic.consume's answer (Consume): when the consumer registered, or
+    None for one a restarted scheduler's HELLO had registered already."""
+
+    since: int | None
+
+
+class Counted(Message, tag=42):
+    """The messages a queue.delete found ready or a queue.purge removed."""
+
+    count: int
+
+
+class LevelLog(Message, tag=43):
+    """The log of a priority level (Level): its qid, -1 if the queue is gone."""
+
+    qid: int
+
+
+class Ok(Message, tag=44):
+    """Done, nothing to say (exchanges, bindings, a connection counted or closed)."""
+
+
+class Refused(Message, tag=45):
+    """The request was refused: the AMQP error the client gets."""
+
+    reply_code: int
+    reply_text: str
+
+
+Answer = Union[QueueDeclared, Registered, Counted, LevelLog, Ok, Refused]  # noqa: UP007
+
+
 class Reply(Message, tag=20):
     req: int
-    ok: bool
-    payload: Any  # the handler's result on success, [reply code, reply text] on failure
+    answer: Answer
 
 
 class Notify(Message, tag=21):

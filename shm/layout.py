@@ -197,7 +197,7 @@ Q_GETS = 640
 # Message TTL (x-message-ttl, broker/amqp/lifecycle.py): the queue's TTL in ms
 # + 1 (0: none), written by the scheduler at create (a level slot copies its
 # queue's). Q_TIMED: 1 once a message with an expiry time (shm/arena.py
-# MSG_TIMED) was appended, so the owning worker's expirer (workers/expiry.py)
+# MSG_TIMED) was appended, so the owning worker's expirer (workers/message_ttl.py)
 # looks at the queue's head; set by publishers (a load first: one store per
 # queue's life).
 Q_MESSAGE_TTL = 648
@@ -260,7 +260,7 @@ MSG_TAG = struct.Struct("<IIQ")
 # published and its own expiry (the `expiration` property; 0: none), both in
 # ms since the epoch (wall clock: persistent messages keep them across
 # restarts). Stamped only on messages routed to a queue with a TTL or
-# carrying an expiration (workers/expiry.py).
+# carrying an expiration (workers/message_ttl.py).
 MSG_TIMED = 2
 MSG_TIME = struct.Struct("<qq")
 

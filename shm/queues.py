@@ -658,7 +658,7 @@ class QueueStore(QueueDirectory):
     def delete_available(self, cell: int, word: int, block: int) -> bool:
         """AVAILABLE(s) -> DELETED(s) by CAS from `word` and drop the entry's
         reference to `block` (read from the cell before). The caller moves
-        the counters and the head (shm/expiry.py drop_expired, as purge)."""
+        the counters and the head (shm/timed_entries.py drop_expired, as purge)."""
         seq = word >> _SEQ
         return self._delete_and_drop(cell, word, seq << _SEQ | _DEL, block)
 

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from shoal.broker.amqp import errors
-from shoal.workers.access import ConnectionAccess
+from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
 from shoal.workers.pending import Pending

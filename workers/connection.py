@@ -21,10 +21,10 @@ from shoal.broker.amqp import errors
 from shoal.broker.listeners import socket_address
 from shoal.shm import stats
 from shoal.workers import describe, framing, negotiation, tls
-from shoal.workers.access import ConnectionAccess
 from shoal.workers.blocking import PublisherBlocks
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import ChannelCore, Confirms
+from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.consumer import update_interest
 from shoal.workers.context import WorkerContext
 from shoal.workers.framing import PUBLISH_WHOLE

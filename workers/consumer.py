@@ -39,7 +39,7 @@ TIMED_AT = FLAGS_BYTE  # a message's flags' low byte, from its block
 
 
 class MessageExpiry(Protocol):
-    """workers/expiry.py, as the pull loop uses it."""
+    """workers/message_ttl.py, as the pull loop uses it."""
 
     def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool: ...
     def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool: ...
@@ -351,7 +351,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     if (expired and drop_if_expired(qid, seq, block)) or (
                         redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
                     ):
-                        # Dead-lettered instead (workers/expiry.py), or put back
+                        # Dead-lettered instead (workers/message_ttl.py), or put back
                         # when its dead-letter target has no room: no delivery,
                         # so neither credit nor the turn's quota is used (a
                         # turn of one that yielded on it would hand the next

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from shoal.broker import ipc
 from shoal.broker.config import Config
@@ -121,7 +121,7 @@ class WorkerContext:
         self.persist: Persister | None = None  # the message store, once open (open_store)
         self.spill: Spiller | None = None  # paging files, with the store (open_store)
         self.streams: Streams | None = None  # stream queues' files, with the store (open_store)
-        # Message TTL and dead-lettering (workers/expiry.py, workers/dead_letter.py).
+        # Message TTL and dead-lettering (workers/message_ttl.py, workers/dead_letter.py).
         self.expiry: MessageExpiry = _NoExpiry()
         self.dead_letters: DeadLettering = _NoExpiry()
         self.connections: set[WorkerConnection] = set()
@@ -173,23 +173,42 @@ class WorkerContext:
         if self.link is not None:
             self.link.send(message)
 
+    # Which answer each request gets (broker/ipc.py).
+    @overload
+    def request(self, message: ipc.Declare) -> asyncio.Future[ipc.QueueDeclared]: ...
+    @overload
+    def request(self, message: ipc.Consume) -> asyncio.Future[ipc.Registered]: ...
+    @overload
+    def request(self, message: ipc.Delete | ipc.Purge) -> asyncio.Future[ipc.Counted]: ...
+    @overload
+    def request(self, message: ipc.Level) -> asyncio.Future[ipc.LevelLog]: ...
+    @overload
+    def request(
+        self,
+        message: ipc.ExchangeDeclare
+        | ipc.ExchangeDelete
+        | ipc.Binding
+        | ipc.ConnOpen
+        | ipc.ConnClosed,
+    ) -> asyncio.Future[ipc.Ok]: ...
+
     def request(self, message: ipc.Request) -> asyncio.Future[Any]:
         """Send a request to the scheduler (numbering it); the future gets
-        the reply payload or a RemoteError."""
+        the answer, or a RemoteError for a refusal."""
         message.req = req = next(self._reqs)
         fut: asyncio.Future[Any] = self.loop.create_future()
         self._pending[req] = (fut, message)
         self.send(message)
         return fut
 
-    def on_reply(self, req: int, ok: bool, payload: Any) -> None:
+    def on_reply(self, req: int, answer: ipc.Answer) -> None:
         entry = self._pending.pop(req, None)
         if entry is None or entry[0].done():
             return
-        if ok:
-            entry[0].set_result(payload)
+        if isinstance(answer, ipc.Refused):
+            entry[0].set_exception(RemoteError(answer.reply_code, answer.reply_text))
         else:
-            entry[0].set_exception(RemoteError(payload[0], payload[1]))
+            entry[0].set_result(answer)
 
     def hello(self) -> None:
         """(Re-)introduce this worker and its consumers to the scheduler, and

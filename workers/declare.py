@@ -17,8 +17,8 @@ from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.definitions import server_named_queue
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
 from shoal.workers import framing, reply_to
-from shoal.workers.access import CONFIGURE, READ, WRITE
 from shoal.workers.channel_state import ChannelConnection
+from shoal.workers.connection_access import CONFIGURE, READ, WRITE
 
 log = logging.getLogger("shoal.worker")
 
@@ -93,7 +93,7 @@ class Declarer:
                 name = server_named_queue()  # checked by the name it will have
             self._check_declare("queue", name.decode(), arguments.get("x-dead-letter-exchange"))
         owner = self.conn.id if method.exclusive else 0
-        _qid, qname, ready, consumers = await self.ctx.request(
+        declared = await self.ctx.request(
             ipc.Declare(
                 vhost=self.conn.vhost,
                 name=name,
@@ -106,6 +106,7 @@ class Declarer:
                 arguments=arguments,
             )
         )
+        qname, ready, consumers = declared.name, declared.ready, declared.consumers
         self.last_queue = qname
         if not method.nowait:
             self.conn.write(
@@ -123,9 +124,11 @@ class Declarer:
         conn.access.check(CONFIGURE, "queue", name.decode())
         conn.queue_delete_started()  # its consumers' basic.cancel follow the delete-ok
         try:
-            count = await self.ctx.request(
-                ipc.Delete(conn.vhost, name, method.if_unused, method.if_empty, conn.id)
-            )
+            count = (
+                await self.ctx.request(
+                    ipc.Delete(conn.vhost, name, method.if_unused, method.if_empty, conn.id)
+                )
+            ).count
             if not method.nowait:
                 conn.write(
                     framing.encode_method(self.number, C.Queue.DeleteOk(message_count=count))
@@ -140,7 +143,7 @@ class Declarer:
         streams = self.ctx.streams
         if qid is not None and streams is not None and streams.words.is_stream(qid):
             raise amqp_streams.not_supported("queue.purge", name, self.conn.vhost, 50, 30)
-        count = await self.ctx.request(ipc.Purge(self.conn.vhost, name, self.conn.id))
+        count = (await self.ctx.request(ipc.Purge(self.conn.vhost, name, self.conn.id))).count
         if not method.nowait:
             self.conn.write(
                 framing.encode_method(self.number, C.Queue.PurgeOk(message_count=count))
@@ -277,7 +280,9 @@ class Declarer:
         access.check(READ, "exchange", source)
         access.check_topic(READ, source, routing_key)
 
-    async def _definitions_rpc(self, method: Any, ok: Any, request: ipc.Request) -> None:
+    async def _definitions_rpc(
+        self, method: Any, ok: Any, request: ipc.ExchangeDeclare | ipc.ExchangeDelete | ipc.Binding
+    ) -> None:
         """A definitions change or check, decided by the scheduler; it has
         journaled the change before it replies, so publishes after the -ok
         route through it (shm/catalog.py). Sent when the coroutine runs, as

@@ -9,7 +9,7 @@ time + its x-delay.
 The delay queue's owning worker (qid % workers) keeps a heap of its
 entries by due time: it indexes each new entry once (reading its due time
 without a reference, as a browser reads), and when one is due it takes
-that entry (shm/expiry.py take_entry), routes the message as the
+that entry (shm/timed_entries.py take_entry), routes the message as the
 exchange's x-delayed-type would (its bindings, now), publishes it from
 this worker (workers/ingest.py put_new) and deletes the entry. It wakes at the
 earliest due time, and every POLL to index new entries, so a message is
@@ -26,7 +26,7 @@ from shoal.broker.amqp import errors
 from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX, delay_ms
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import read_message
-from shoal.shm.expiry import peek_published, take_entry
+from shoal.shm.timed_entries import peek_published, take_entry
 from shoal.workers.context import WorkerContext
 from shoal.workers.ingest import Ingest
 from shoal.workers.routes import message_headers

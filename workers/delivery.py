@@ -29,8 +29,8 @@ from shoal.shm.stats import (
 from shoal.store.streams import StreamMessage
 from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import deliver_frames
-from shoal.workers.access import READ
 from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
+from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer, take_ready, update_interest
 from shoal.workers.levels import Levels
 
@@ -467,8 +467,8 @@ class DeliveryBook:
             self.consumers.pop(tag, None)
             ctx.consumers.pop(consumer.cid, None)
             raise
-        if registered:
-            consumer.since = registered[0]
+        if registered.since is not None:
+            consumer.since = registered.since
         if consumer.cancelled:
             return
         if not method.nowait:

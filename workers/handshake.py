@@ -13,7 +13,7 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.workers import framing, negotiation
-from shoal.workers.access import ConnectionAccess
+from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.context import RemoteError, WorkerContext
 
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)

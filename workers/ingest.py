@@ -4,7 +4,7 @@ goes through an Ingest, whoever sent it.
 - A client's publish (workers/publish.py): `put` appends a routed message
   whose block is written (Pending): the message store's record reserved
   first when it is persistent and reaches a durable queue
-  (workers/records.py), one append per queue (QueueStore.publish), its
+  (workers/persist.py), one append per queue (QueueStore.publish), its
   paging file instead when the queue pages (workers/spill.py), the queue
   marked timed when the message may expire, the record finished, the
   publisher's HOLD dropped. A full queue stops it: WAIT, and the channel
@@ -40,10 +40,12 @@ from shoal.shm.arena import (
     write_message,
 )
 from shoal.shm.queues import APPENDED, FULL, GONE, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
-from shoal.workers import framing, records
+from shoal.workers import framing
+from shoal.workers import persist as publish_record
 from shoal.workers.context import WorkerContext
 from shoal.workers.dedup import DedupMark
 from shoal.workers.pending import Pending
+from shoal.workers.persist import Persister
 from shoal.workers.spill import Spiller
 
 log = logging.getLogger("shoal.worker")
@@ -186,12 +188,15 @@ class Ingest:
         (`pending.qids` keeps the queues still to do: the caller retries
         later), FLOW, HELD; a queue's refusal sets `pending.rejected`. A
         message for the message store has its record reserved first
-        (workers/records.py). With `wait` false (the worker's own messages)
+        (workers/persist.py). With `wait` false (the worker's own messages)
         a full queue, or no room in the message store, is skipped instead:
         `pending.rejected` says so, and nothing goes to a paging file."""
-        ctx = self.ctx
         block = pending.block
-        if pending.durable and pending.entries is None and not records.reserve(ctx, pending):
+        if (
+            pending.durable
+            and pending.entries is None
+            and not publish_record.reserve(self._persister(), self.store, pending)
+        ):
             if wait:
                 return WAIT  # no segment slot free: retried like a full queue
             pending.durable = False  # kept in memory only
@@ -219,7 +224,7 @@ class Ingest:
                         continue
                     if wait:
                         if entries:
-                            records.wait_for_room(ctx, pending)
+                            publish_record.wait_for_room(self._persister(), pending)
                         return bits | WAIT
                     log.debug("a message the broker republishes missed full queue %d", qid)
                     pending.rejected = True
@@ -231,7 +236,7 @@ class Ingest:
                     bits |= FLOW
                     self.over_capacity.append(qid)
             if entries and qid in entries:
-                records.appended(ctx, pending, qid, outcome)
+                publish_record.appended(self._persister(), store, pending, qid, outcome)
             if timed and outcome in (APPENDED, OVER_CAPACITY):
                 store.mark_timed(qid)
             if streams is not None and qid in stream_qids and outcome == APPENDED:
@@ -243,9 +248,14 @@ class Ingest:
                 bits |= HELD
                 reached = None
         if entries:
-            records.finish(ctx, pending)
+            publish_record.finish(self._persister(), pending)
         release_hold(self.seg, block)
         return bits
+
+    def _persister(self) -> Persister:
+        persist = self.persist
+        assert persist is not None  # Pending.durable is set only with a store
+        return persist
 
     def _spill(self, pending: Pending, qid: int) -> None:
         """The message goes to this worker's paging file for `qid`
@@ -254,7 +264,7 @@ class Ingest:
         assert spill is not None
         spill.put(qid, block_payload(self.seg, pending.block))
         if pending.entries and qid in pending.entries:
-            records.spilled(pending, qid, spill.tail(qid))
+            publish_record.spilled(pending, qid, spill.tail(qid))
         pending.qids.pop(0)
 
     def drop(self, pending: Pending) -> None:
@@ -262,7 +272,7 @@ class Ingest:
         closed, or its transaction): its record keeps what was appended; the
         publisher's HOLD is dropped."""
         if pending.entries:
-            records.abandon(self.ctx, pending)
+            publish_record.abandon(self._persister(), pending)
         if pending.dedup is not None:  # its retry must get in
             declared = self.store.declared
             self.dedup.abandoned(pending.dedup, [declared(qid) for qid in pending.qids])
@@ -322,7 +332,7 @@ class Ingest:
             return outcome
         if redelivered:
             store.mark_redelivered(qid, store.last_seq)
-        if timed:  # it may expire (workers/expiry.py)
+        if timed:  # it may expire (workers/message_ttl.py)
             store.mark_timed(qid)
         return outcome
 

@@ -32,9 +32,9 @@ from shoal.workers.consumer import pull
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
-from shoal.workers.expiry import Expiry
 from shoal.workers.ingest import Ingest
 from shoal.workers.memory_guard import ALARM
+from shoal.workers.message_ttl import Expiry
 
 HEARTBEAT_INTERVAL = 1.0
 OWNERSHIP_POLL = 0.05  # s: how soon a change of the worker count is acted on
@@ -238,7 +238,7 @@ class Worker:
             pull(self.ctx, consumer)
 
     def _reply(self, m: ipc.Reply) -> None:
-        self.ctx.on_reply(m.req, m.ok, m.payload)
+        self.ctx.on_reply(m.req, m.answer)
 
     def _consumer_gone(self, m: ipc.ConsumerGone) -> None:
         consumer = self.ctx.consumers.get(m.cid)

@@ -58,10 +58,10 @@ class Pending:
         self.record = -1
         self.entries: dict[int, tuple[int, int, int]] | None = None  # qid -> (uid, level, seq)
         self.tag = (0, 0, 0)  # (segment slot, check, record offset): shm/arena.py write_tag
-        # (published, expires at) in ms when it may expire (workers/expiry.py)
+        # (published, expires at) in ms when it may expire (workers/message_ttl.py)
         self.times: tuple[int, int] | None = None
         # Durable queues still to append to when its record was written (a
-        # queue was full): their seqs go in an AMEND record (workers/records.py).
+        # queue was full): their seqs go in an AMEND record (workers/persist.py).
         self.late: list[int] | None = None
         # Stream queues it was appended to: (qid, seq); its confirm waits
         # until each stream's writer has synced that seq (workers/streams.py).

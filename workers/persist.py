@@ -25,12 +25,16 @@ from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from shoal.shm import stats
+from shoal.shm.arena import RECORD_START, message_size, write_tag
 from shoal.shm.processes import Header
+from shoal.shm.queues import APPENDED, OVER_CAPACITY, REMOVED, QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentName, SegmentTable, check_of
 from shoal.store import messages, records
+from shoal.store.messages import PENDING, UNAPPENDED, Entry, encode_amend, encode_publish
 from shoal.store.settles import SettleWriter
 from shoal.store.sync import GroupSync, durability_lost
+from shoal.workers.pending import Pending
 
 log = logging.getLogger("shoal.worker")
 
@@ -333,3 +337,144 @@ class Persister:
         self.settles.close()
         if self.sync is not None:
             self.sync.close()
+
+
+# ------------------------------------------------- a publish's record
+# The publish side of the message store, for a
+# message that is persistent and routed to at least one durable queue
+# (Pending.durable); workers/ingest.py calls these around its appends.
+#
+# `reserve` before the first append: the record's place is reserved and the
+# body block tagged with it, so that an ack on any worker can name it.
+# `appended` after each append to a durable queue: the entry's seq. `finish`
+# once every append is done: the record is complete and is written at the
+# end of the loop iteration. A queue that is full stops the appends half-way
+# (`wait_for_room`): the record is completed at once with the entries still
+# to do marked PENDING, so the worker's later records are not held behind it,
+# and `finish` later writes an AMEND record with their seqs.
+
+
+def _message_size(pending: Pending) -> int:
+    """The message's bytes in its block (the tag excluded)."""
+    return message_size(
+        pending.exchange,
+        pending.routing_key,
+        pending.header,
+        pending.body_size,
+        pending.times is not None,
+    )
+
+
+def reserve(persist: Persister, store: QueueStore, pending: Pending) -> bool:
+    """Reserve the record and tag the block (the queues not durable among
+    the message's get no entry). False: no segment slot is free."""
+    entries = {
+        qid: (uid, store.level(qid), UNAPPENDED) for qid in pending.qids if (uid := store.uid(qid))
+    }
+    if entries:
+        size = _message_size(pending)
+        got = persist.reserve(len(entries), size)
+        if got is None:
+            return False
+        pending.record, slot, check, offset = got
+        pending.tag = (slot, check, offset)
+        write_tag(persist.seg, pending.block, slot, check, offset)
+    pending.entries = entries
+    return True
+
+
+def appended(
+    persist: Persister, store: QueueStore, pending: Pending, qid: int, outcome: int
+) -> None:
+    """The append to durable queue `qid` is done: keep the entry's seq, or
+    count the entry out of the segment if the queue refused the message or
+    was gone."""
+    entries = pending.entries
+    assert entries is not None
+    uid, level, _ = entries[qid]
+    if outcome in (APPENDED, OVER_CAPACITY):
+        entries[qid] = (uid, level, store.last_seq)
+    else:
+        entries[qid] = (uid, level, UNAPPENDED)
+        if outcome != REMOVED:  # remove() counted that one down itself
+            persist.uncount(pending.tag[0])
+
+
+def spilled(pending: Pending, qid: int, tail: int) -> None:
+    """The message went to a paging file for durable queue `qid`
+    (workers/spill.py): the entry names the queue's tail at that moment,
+    which puts it after every message the worker appended before it and
+    before every one it appends after, in recovery's order."""
+    entries = pending.entries
+    assert entries is not None
+    uid, level, _ = entries[qid]
+    entries[qid] = (uid, level, tail)
+
+
+def wait_for_room(persist: Persister, pending: Pending) -> None:
+    """A queue is full: complete the record now (once), the entries not yet
+    appended PENDING, and remember them for the AMEND record."""
+    entries = pending.entries
+    assert entries is not None
+    if pending.late is not None:
+        return
+    pending.late = [qid for qid in pending.qids if qid in entries]
+    for qid in pending.late:
+        uid, level, _ = entries[qid]
+        entries[qid] = (uid, level, PENDING)
+    _complete(persist, pending)
+
+
+def finish(persist: Persister, pending: Pending) -> None:
+    """Every append is done."""
+    if pending.late is None:
+        _complete(persist, pending)
+    else:
+        _amend(persist, pending)
+
+
+def abandon(persist: Persister, pending: Pending) -> None:
+    """The message is dropped before all its appends (its channel closed):
+    the entries never appended are counted out; those appended since the
+    record was written get their AMEND record."""
+    entries = pending.entries
+    assert entries is not None
+    for qid in pending.qids:
+        if qid in entries:
+            persist.uncount(pending.tag[0])
+            uid, level, _ = entries[qid]
+            entries[qid] = (uid, level, UNAPPENDED)
+    if pending.late is None:
+        _complete(persist, pending)
+    else:
+        _amend(persist, pending)
+
+
+def _complete(persist: Persister, pending: Pending) -> None:
+    entries = pending.entries
+    assert entries is not None
+    start = pending.block + RECORD_START
+    size = _message_size(pending)
+    epoch = persist.epoch
+    payload = encode_publish(
+        [Entry(uid, level, epoch, seq) for uid, level, seq in entries.values()],
+        persist.seg.buf[start : start + size],
+    )
+    persist.complete(pending.record, payload)
+
+
+def _amend(persist: Persister, pending: Pending) -> None:
+    entries, late = pending.entries, pending.late
+    assert entries is not None and late is not None
+    epoch = persist.epoch
+    done = [
+        Entry(uid, level, epoch, seq)
+        for qid in late
+        for uid, level, seq in (entries[qid],)
+        if seq < PENDING
+    ]
+    if done:
+        slot, check, offset = pending.tag
+        index = persist.amend(slot, check, encode_amend(offset, done))
+        if index >= 0:
+            pending.record = index  # the confirm waits for the AMEND's sync

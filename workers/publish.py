@@ -534,7 +534,7 @@ class Publisher:
         self.conn.hold_reading(channel, reason=None)  # a round trip: not "blocked"
         reply = self.ctx.request(ipc.Level(qid, level))
 
-        def made(reply: asyncio.Future[Any]) -> None:
+        def made(reply: asyncio.Future[ipc.LevelLog]) -> None:
             if self.conn.closed:
                 return
             channel.busy = False
@@ -550,7 +550,7 @@ class Publisher:
                     )
                 )
                 return
-            self.use_level(pending, qid, reply.result()[0])
+            self.use_level(pending, qid, reply.result().qid)
             self._complete()
             if not channel.busy:
                 self.conn.release_reading(channel)

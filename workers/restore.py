@@ -129,7 +129,7 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
     for (uid, level), messages in found.queues.items():
         qid = uids[uid]
         if level:
-            qid = (await ctx.request(ipc.Level(qid, level)))[0]
+            qid = (await ctx.request(ipc.Level(qid, level))).qid
         loaded += _append(ctx, qid, uid, messages, slots, delivered)
     return loaded, len({uid for uid, _level in found.queues})
 

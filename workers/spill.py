@@ -16,7 +16,7 @@ nearly empty: its consumers never starve on another queue's backlog).
 A paging file (its reads and writes are store/paging.py's) holds the
 block's payload as shared memory held it, the message store's tag included:
 a persistent message is in the message store too, its record's entry for
-the queue saying where in the queue it goes (workers/records.py `spilled`),
+the queue saying where in the queue it goes (workers/persist.py `spilled`),
 so recovery does not need the paging files, which are removed when empty
 and at every start. What a paging file gives
 back is an ordinary publish; the count of a queue's paged-out messages is
@@ -234,7 +234,7 @@ class Spiller:
                         qid,
                         payload,
                         bool(flags & REDELIVERED),
-                        bool(payload[2] & TIMED),  # it may expire (workers/expiry.py)
+                        bool(payload[2] & TIMED),  # it may expire (workers/message_ttl.py)
                     )
                     if outcome is None or outcome == FULL:
                         return  # the arena or the log is full: later

@@ -83,7 +83,7 @@ class Transactions:
                 missing = publisher.assign_levels(pending) if pending.qids else None
                 if missing is not None:
                     reply = await self.ctx.request(ipc.Level(*missing))
-                    publisher.use_level(pending, missing[0], reply[0])
+                    publisher.use_level(pending, missing[0], reply.qid)
                     if self.conn.closed or channel.closing:
                         return
                     continue

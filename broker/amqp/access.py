@@ -11,7 +11,7 @@ called `amq.default` when checked. Topic permissions restrict the routing
 keys published to, and bound from, a topic exchange; without any for an
 exchange, all keys are allowed (RabbitMQ's rule). Which method needs which
 permission is RabbitMQ's access-control table, applied by the IO worker
-(workers/access.py)."""
+(workers/connection_access.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ socket (the same JSON requests as `shoal ctl`), the definitions journal
 (users, for logins), and AMQP itself for what a client does (declare,
 delete, purge, bind, publish, get): those go over a connection made as
 the API's user with that user's password, so RabbitMQ's access control
-applies to them exactly as to any client (workers/access.py). pika's
+applies to them exactly as to any client (workers/connection_access.py). pika's
 blocking client, in a thread per request: a management call is rare, and
 it is the client that reports an unroutable mandatory publish without
 adding properties to the message."""

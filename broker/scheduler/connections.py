@@ -6,8 +6,6 @@ CHANNEL_COUNTS, whose totals go back to every worker for max-channels
 
 from __future__ import annotations
 
-from typing import Any
-
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.scheduler.state import SchedulerState
@@ -20,13 +18,13 @@ class Connections:
         self.client_connections: dict[int, tuple[str, str]] = {}
         self.user_channels: dict[str, dict[int, int]] = {}  # user -> worker -> open channels
 
-    def connection_opened(self, worker: int, m: ipc.ConnOpen) -> list[Any]:
+    def connection_opened(self, worker: int, m: ipc.ConnOpen) -> ipc.Ok:
         if m.vhost not in self.state.definitions.vhost_ids:  # deleted since the worker looked
             raise errors.ConnectionError_(errors.NOT_ALLOWED, f"vhost {m.vhost} not found", 10, 40)
         if m.check:
             self._check_connection_limits(m.vhost, m.user)
         self.client_connections[m.conn_id] = (m.vhost, m.user)
-        return []
+        return ipc.Ok()
 
     def _check_connection_limits(self, vhost: str, user: str) -> None:
         """RabbitMQ's 530s for a connection over the vhost's or the user's

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shoal.broker import ipc
 from shoal.broker.amqp import dedup, definitions, errors, routing
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.amqp.routing import frozen_args as _frozen_args
@@ -39,7 +40,7 @@ class Exchanges:
         auto_delete: bool,
         internal: bool,
         args: dict[str, Any],
-    ) -> list[Any]:
+    ) -> ipc.Ok:
         # The IO worker has checked the name ("" and amq.* rules) and the type.
         self.state.check_vhost_exists(vhost)
         x = self.state.definitions.router(vhost).exchanges.get(name)
@@ -71,9 +72,9 @@ class Exchanges:
                 dedup_caches.create(self.state.config, dedup_spec, cache)
             if type_ == routing.DELAYED:
                 self._delay_queue(vhost, name, durable)
-            return []
+            return ipc.Ok()
         if passive:
-            return []
+            return ipc.Ok()
         for arg, got, have in (
             ("type", type_, x.type),
             ("durable", durable, x.durable),
@@ -94,13 +95,13 @@ class Exchanges:
                 f"inequivalent arg '{key}' for exchange '{name}' in vhost '{vhost}': "
                 f"{X.argument_mismatch(new_alternate, old_alternate)}",
             )
-        return []
+        return ipc.Ok()
 
-    def exchange_delete(self, vhost: str, name: str, if_unused: bool) -> list[Any]:
+    def exchange_delete(self, vhost: str, name: str, if_unused: bool) -> ipc.Ok:
         router = self.state.definitions.router(vhost)
         x = router.exchanges.get(name)
         if x is None:
-            return []  # as RabbitMQ 3.x: deleting a missing exchange succeeds
+            return ipc.Ok()  # as RabbitMQ 3.x: deleting a missing exchange succeeds
         if if_unused and x.bindings:
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use"
@@ -110,7 +111,7 @@ class Exchanges:
         if x.type == routing.DELAYED:
             self._delay_queue(vhost, name, None)
         self.auto_delete(vhost, sources - {name})
-        return []
+        return ipc.Ok()
 
     def auto_delete(self, vhost: str, sources: set[str]) -> None:
         """Delete auto-delete exchanges that just lost their last binding."""
@@ -137,7 +138,7 @@ class Exchanges:
         conn_id: int,
         *,
         unbind: bool,
-    ) -> list[Any]:
+    ) -> ipc.Ok:
         self.state.check_vhost_exists(vhost)
         router = self.state.definitions.router(vhost)
         exchange = router.exchanges.get(source)
@@ -154,7 +155,7 @@ class Exchanges:
             # RabbitMQ (rabbit_binding:remove) answers unbind-ok for a binding
             # that does not exist, even when its exchange or queue is gone
             # too (an auto-delete queue or exchange that went first).
-            return []
+            return ipc.Ok()
         if exchange is None:
             raise errors.ChannelError(
                 errors.NOT_FOUND, f"no exchange '{source}' in vhost '{vhost}'"
@@ -173,4 +174,4 @@ class Exchanges:
             self.auto_delete(vhost, {source})
         elif not bound:
             self._journal(definitions.Bound(vhost, source, kind, dest, routing_key, args))
-        return []
+        return ipc.Ok()

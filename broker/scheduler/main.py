@@ -206,7 +206,7 @@ class Scheduler:
         except errors.AMQPError as exc:
             if isinstance(m, ipc.Request):
                 self.all_links[worker].send(
-                    ipc.Reply(m.req, False, [exc.reply_code, exc.reply_text])
+                    ipc.Reply(m.req, ipc.Refused(exc.reply_code, exc.reply_text))
                 )
             else:
                 log.warning("worker %d: %s", worker, exc)
@@ -214,18 +214,18 @@ class Scheduler:
             # A bug must not cost the other messages of the batch or the process.
             log.exception("worker %d: failed to handle %r", worker, m)
             if isinstance(m, ipc.Request):
-                self.all_links[worker].send(ipc.Reply(m.req, False, [541, "INTERNAL_ERROR"]))
+                self.all_links[worker].send(ipc.Reply(m.req, ipc.Refused(541, "INTERNAL_ERROR")))
         if self._needs_compaction():
             self.journal.compact_if_due()
         self._flush_settles()
 
-    def _reply(self, worker: int, req: int, payload: Any) -> None:
-        self.all_links[worker].send(ipc.Reply(req, True, payload))
+    def _reply(self, worker: int, req: int, answer: ipc.Answer) -> None:
+        self.all_links[worker].send(ipc.Reply(req, answer))
 
     # Requests that a part does not take as they come: each returns the
     # payload of its reply (see _REQUESTS).
-    def _on_declare(self, worker: int, m: ipc.Declare) -> list[Any]:
-        payload = self.lifecycle.declare(
+    def _on_declare(self, worker: int, m: ipc.Declare) -> ipc.QueueDeclared:
+        declared = self.lifecycle.declare(
             m.vhost,
             m.name,
             m.passive,
@@ -237,17 +237,17 @@ class Scheduler:
             m.arguments,
         )
         self.state.stats.flush()
-        return payload
+        return declared
 
-    def _on_delete(self, worker: int, m: ipc.Delete) -> int:
+    def _on_delete(self, worker: int, m: ipc.Delete) -> ipc.Counted:
         count = self.lifecycle.delete(m.vhost, m.name, m.if_unused, m.if_empty, m.conn_id)
         self.state.stats.flush()
-        return count
+        return ipc.Counted(count)
 
-    def _on_purge(self, worker: int, m: ipc.Purge) -> int:
-        return self.lifecycle.purge(m.vhost, m.name, m.conn_id)
+    def _on_purge(self, worker: int, m: ipc.Purge) -> ipc.Counted:
+        return ipc.Counted(self.lifecycle.purge(m.vhost, m.name, m.conn_id))
 
-    def _on_exchange_declare(self, worker: int, m: ipc.ExchangeDeclare) -> list[Any]:
+    def _on_exchange_declare(self, worker: int, m: ipc.ExchangeDeclare) -> ipc.Ok:
         return self.exchanges.exchange_declare(
             m.vhost,
             m.name,
@@ -259,10 +259,10 @@ class Scheduler:
             m.arguments,
         )
 
-    def _on_exchange_delete(self, worker: int, m: ipc.ExchangeDelete) -> list[Any]:
+    def _on_exchange_delete(self, worker: int, m: ipc.ExchangeDelete) -> ipc.Ok:
         return self.exchanges.exchange_delete(m.vhost, m.name, m.if_unused)
 
-    def _on_bind(self, worker: int, m: ipc.Binding) -> list[Any]:
+    def _on_bind(self, worker: int, m: ipc.Binding) -> ipc.Ok:
         return self.exchanges.bind(
             m.vhost,
             m.source,
@@ -274,12 +274,13 @@ class Scheduler:
             unbind=isinstance(m, ipc.Unbind),
         )
 
-    def _on_level(self, worker: int, m: ipc.Level) -> list[Any]:
+    def _on_level(self, worker: int, m: ipc.Level) -> ipc.LevelLog:
         return self.lifecycle.level(m.qid, m.level)
 
-    def _on_conn_closed(self, worker: int, m: ipc.ConnClosed) -> None:
+    def _on_conn_closed(self, worker: int, m: ipc.ConnClosed) -> ipc.Ok:
         self.lifecycle.connection_closed(m.conn_id)  # its exclusive queues go
         self.connections.connection_closed(m.conn_id)
+        return ipc.Ok()
 
     # Notices: nobody waits for an answer (see _NOTICES).
     def _on_consumers(self, worker: int, m: ipc.Consumers) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
@@ -52,7 +51,7 @@ class Notification:
         self.suspects: set[int] = set()  # queues the last sweep found stalled
 
     # ----------------------------------------------------------- consumers
-    def consume(self, worker: int, m: ipc.Consume) -> list[Any]:
+    def consume(self, worker: int, m: ipc.Consume) -> ipc.Registered:
         qid, conn_id = m.qid, m.conn_id
         q = self.queues.get(qid)
         if q is None:
@@ -60,7 +59,7 @@ class Notification:
         key = (worker, m.cid)
         if key in self.consumers:
             # Re-sent after a scheduler restart; HELLO registered it already.
-            return [q.qcm.since(key)] if key in q.qcm else []
+            return ipc.Registered(q.qcm.since(key) if key in q.qcm else None)
         q.check_exclusive(conn_id)
         in_use = f"queue '{q.name.decode()}' in vhost '{q.vhost}' in exclusive use"
         if any(self.consumers[k][1] for k in q.qcm):
@@ -72,7 +71,7 @@ class Notification:
         # one. CLOCK_MONOTONIC is one clock for every process of the machine.
         since = time.monotonic_ns()
         self._add_consumer(q, key, m.priority, m.acquiring, m.exclusive, m.interested, since)
-        return [since]
+        return ipc.Registered(since)
 
     def _add_consumer(
         self,

@@ -193,7 +193,7 @@ class QueueLifecycle:
         conn_id: int,
         arguments: dict[str, Any],
         uid: int = 0,
-    ) -> list[Any]:
+    ) -> ipc.QueueDeclared:
         self.stats.v[stats.QUEUES_DECLARED] += 1
         self.state.check_vhost_exists(vhost)
         if DELAY_QUEUE_ARGUMENT in arguments:
@@ -310,7 +310,7 @@ class QueueLifecycle:
             self.queues[qid] = q
             self.by_name[(vhost, name)] = q
             self.queue_used(q)
-        return [q.qid, q.name, self.state.messages(q), len(q.qcm)]
+        return ipc.QueueDeclared(q.qid, q.name, self.state.messages(q), len(q.qcm))
 
     def _check_queue_limit(self, vhost: str, name: bytes) -> None:
         """A vhost's max-queues (`shoal ctl set_vhost_limits`), as RabbitMQ
@@ -407,19 +407,19 @@ class QueueLifecycle:
         current = self.state.definitions.queue_arguments.get((q.vhost, q.name.decode()), {})
         X.check_equivalent(q.name, q.vhost, arguments, current)
 
-    def level(self, qid: int, level: int) -> list[Any]:
+    def level(self, qid: int, level: int) -> ipc.LevelLog:
         """A publisher needs priority `level` of queue `qid`: give it a slot.
         Without a free slot the message goes to the nearest lower level that
         exists (level 0 always does), which only blurs order within it."""
         q = self.queues.get(qid)
         if q is None or not 0 < level <= q.max_priority:
-            return [-1]  # deleted meanwhile (or not a priority queue): drop it
+            return ipc.LevelLog(-1)  # deleted meanwhile (or not a priority queue): drop it
         have = q.levels.get(level)
         if have is not None:
-            return [have]
+            return ipc.LevelLog(have)
         if not self.free_qids:
             log.warning("queue %r: no free slot for priority %d (--max-queues)", q.name, level)
-            return [q.levels[max(p for p in q.levels if p < level)]]
+            return ipc.LevelLog(q.levels[max(p for p in q.levels if p < level)])
         slot = self.free_qids.pop(0)
         vhost_id = self.state.definitions.vhost_ids[q.vhost]
         # A level has its queue's capacity and length limits, so that a publish
@@ -444,7 +444,7 @@ class QueueLifecycle:
         self.level_of[slot] = q
         # Watched from the start, so its first publisher wakes us if we wait.
         self.store.set_watch(slot, True)
-        return [slot]
+        return ipc.LevelLog(slot)
 
     def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
         q = self.state.client_queue(vhost, name)

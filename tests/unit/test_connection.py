@@ -15,6 +15,7 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody as Body
 from pamqp.header import ContentHeader
 
+from shoal.broker import ipc
 from shoal.broker.amqp.definitions import Op
 from shoal.broker.config import Config
 from shoal.broker.scheduler.durable import Restored
@@ -77,7 +78,7 @@ class Client:
         """Play the scheduler: answer every request in flight (with None)."""
         ctx = self.conn.ctx
         for req in list(ctx._pending):
-            ctx.on_reply(req, True, None)
+            ctx.on_reply(req, ipc.Ok())
         for _ in range(3):  # the futures' callbacks, then the flush
             self.loop.run_until_complete(asyncio.sleep(0))
 

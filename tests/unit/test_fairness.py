@@ -194,7 +194,7 @@ def test_a_single_active_consumer_is_not_held_to_one_a_turn(seg: Segment) -> Non
 class StuckHead(NoExpiry):
     """The head entry is over its delivery limit and its dead-letter target
     has no room: drop_if_over_limit puts it back (released) and says it was
-    not delivered, as workers/expiry.py does under at-least-once."""
+    not delivered, as workers/message_ttl.py does under at-least-once."""
 
     def __init__(self, store: QueueStore, head: int) -> None:
         self.store, self.head = store, head

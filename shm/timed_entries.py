@@ -1,11 +1,11 @@
 """Taking expired messages from the head of a queue's log (message TTL,
-workers/expiry.py): the expirer's one transition, AVAILABLE -> ACQUIRED by
+workers/message_ttl.py): the expirer's one transition, AVAILABLE -> ACQUIRED by
 its own worker, for an entry whose expiry time has passed.
 
 As RabbitMQ documents, messages expire from the head: the first AVAILABLE
 entry (entries consumers hold are not "in the queue" for this) is taken if
 it is due, and a message behind one that is not due waits until it reaches
-the head (a consumer that acquires it first drops it then: workers/expiry.py).
+the head (a consumer that acquires it first drops it then: workers/message_ttl.py).
 The entry's expiry time is read without a reference, as a browser reads
 (shm/ARCHITECTURE.md 3a), and the CAS from the exact word read before that
 read makes the read good: a cell that held seq `s` AVAILABLE before and

@@ -18,7 +18,7 @@ from __future__ import annotations
 from shoal.broker.amqp import dead_letter, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import FLAGS_BYTE, TIMED, message_times
-from shoal.shm.expiry import BUSY, NOT_TIMED, drop_expired, take_expired
+from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.ticker import IDLE_POLL, NOTHING_POLL, Ticker

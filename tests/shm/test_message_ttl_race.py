@@ -1,4 +1,4 @@
-"""The expirer's take (shm/expiry.py take_expired) against a forked producer
+"""The expirer's take (shm/timed_entries.py take_expired) against a forked producer
 and consumer wrapping a 16-cell ring and a 64 KiB arena many times over:
 every message is consumed or expired exactly once, only due messages are
 expired, and the entry store and the arena end empty. Then a SIGKILL of
@@ -15,10 +15,10 @@ from pathlib import Path
 
 from shoal.shm import layout as L
 from shoal.shm.arena import Arena, body_length
-from shoal.shm.expiry import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.shm.queues import QueueStore
 from shoal.shm.recovery import release_owner
 from shoal.shm.segment import Segment
+from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
 
 from ._support import (
     SMALL,
