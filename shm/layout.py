@@ -192,7 +192,7 @@ Q_STREAM_LAST_CHUNK = 608  # first offset of the last durable chunk ("last")
 Q_STREAM_BYTES = 616  # bytes of the segment files kept
 Q_STREAM_SEGMENTS = 624  # segment files kept
 # basic.get calls on the queue (any worker, fetch_add): the scheduler sees a
-# queue with x-expires used when it moves (broker/scheduler/expiry.py).
+# queue with x-expires used when it moves (broker/scheduler/queue_expiry.py).
 Q_GETS = 640
 # Message TTL (x-message-ttl, broker/amqp/lifecycle.py): the queue's TTL in ms
 # + 1 (0: none), written by the scheduler at create (a level slot copies its
