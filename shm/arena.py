@@ -11,6 +11,16 @@ Allocation is next-fit from a rotating cursor: in the usual FIFO traffic the
 blocks ahead of the cursor are the oldest and already freed, so an allocation
 looks at one or two blocks; a block held for a long time (an unacked message)
 is stepped over instead of blocking the arena.
+
+The cursor stays in a hot window at the arena's start while little is live:
+once it has passed HOT_WINDOW bytes and the live bytes are under a quarter of
+that, the next allocation starts again at the first block. Without it the
+cursor streams through the whole arena (256 MiB by default), so every block
+written is a cold cache line and TLB entry, and a 4 KiB message's write costs
+up to twice as much, by where in the machine's memory the arena happens to lie
+(bench/profile_worker.py --size 4096 --deliver: 9.5-20 µs a message, bimodal
+between runs, against 8.1-8.5 µs with the window). A backlog (live bytes past
+the quarter) leaves the cursor to next-fit over the whole arena as before.
 """
 
 from __future__ import annotations
@@ -33,6 +43,10 @@ FLAGS_BYTE = layout.BLOCK_HEADER + 2
 TIMED = layout.MSG_TIMED
 TAGGED = layout.MSG_TAGGED  # the record carries its message store tag
 RECORD_FORMAT = (layout.MSG_PREFIX.size, layout.MSG_TIMED, layout.MSG_TIME.size)
+
+# The hot window (see the module docstring): a few MiB, well inside the last
+# level cache of the machines we run on, and many blocks of any usual size.
+HOT_WINDOW = 8 << 20
 
 
 def body_refs_drop(seg: Segment, block: int, count: int = 1) -> bool:
@@ -84,6 +98,8 @@ class Arena:
         "end",
         "first",
         "high",
+        "hot_end",
+        "hot_live",
         "on_high",
         "seg",
         "used",
@@ -96,6 +112,9 @@ class Arena:
         self.first = self.base + layout.ARENA_HEADER
         self.end = self.base + seg.layout.limits.arena_bytes
         self.cursor = self.first
+        # Past hot_end with fewer than hot_live bytes live, go back to first.
+        self.hot_end = self.first + HOT_WINDOW
+        self.hot_live = HOT_WINDOW // 4
         self.dirty = True
         self.used = 0  # the arena's live bytes as of this owner's last allocation
         # Called with the arena's size when an allocation takes it above `high`
@@ -121,6 +140,9 @@ class Arena:
             self.cursor = self.first
             return None
         block, self.cursor, used = got
+        if self.cursor > self.hot_end and used < self.hot_live:
+            # Back to the hot window; `first` is always a block boundary.
+            self.cursor = self.first
         self.dirty = True
         self.used = used
         if used > self.high and self.on_high is not None:
@@ -164,6 +186,8 @@ class Arena:
                     a.store(off + layout.B_REFS, layout.HOLD)
                     nxt = off + size
                     self.cursor = nxt if nxt < self.end else self.first
+                    if self.cursor > self.hot_end and used < self.hot_live:
+                        self.cursor = self.first
                     return off
             scanned += size
             off += size

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from shoal.shm import arena as arena_module
 from shoal.shm import layout as L
 from shoal.shm.arena import (
     TAG_SIZE,
@@ -195,6 +196,38 @@ def test_wraps_around_and_steps_over_a_long_held_block(seg: Segment, arena: Aren
     body_refs_drop(seg, held)
     assert arena_usage(seg, WORKER) == (0, 0)
     assert live_blocks(seg, WORKER) == []
+
+
+@pytest.mark.parametrize("steps", [False, True], ids=["c", "python-steps"])
+def test_the_cursor_stays_in_the_hot_window_while_little_is_live(
+    seg: Segment, steps: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FIFO traffic with a short backlog reuses the blocks at the arena's
+    start instead of streaming through the whole arena; a backlog past a
+    quarter of the window lets the cursor run on over the rest."""
+    monkeypatch.setattr(arena_module, "HOT_WINDOW", 16 * UNIT)  # a quarter of SMALL's arena
+    arena = Arena(seg, WORKER)
+    if steps:
+        arena.atomic = Interposer(seg.atomic, lambda n, op, offset: None)  # type: ignore[assignment]
+    hot_end = arena.first + 16 * UNIT
+    backlog: list[int] = []
+    for i in range(500):
+        block = arena.alloc(UNIT - L.BLOCK_HEADER)
+        assert block is not None
+        assert block < hot_end + UNIT, f"allocation {i} left the hot window"
+        backlog.append(block)
+        if len(backlog) > 2:
+            release_hold(seg, backlog.pop(0))
+    for block in backlog:
+        release_hold(seg, block)
+    assert arena_usage(seg, WORKER) == (0, 0)
+
+    backlog = [b for _ in range(40) if (b := arena.alloc(UNIT - L.BLOCK_HEADER)) is not None]
+    assert len(backlog) == 40  # 40 KiB live: far past a quarter of the window
+    assert max(backlog) > hot_end + UNIT
+    for block in backlog:
+        release_hold(seg, block)
+    assert arena_usage(seg, WORKER) == (0, 0)
 
 
 def test_failed_alloc_leaves_the_cursor_on_a_block_boundary(seg: Segment, arena: Arena) -> None:
