@@ -31,6 +31,8 @@ import zlib
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from shoal.store import replica
+
 _HEADER = struct.Struct("<6sH")
 _RECORD = struct.Struct("<II")
 HEADER_SIZE = _HEADER.size
@@ -127,6 +129,8 @@ class RecordFile:
 
     def sync(self) -> None:
         os.fdatasync(self.fd)
+        if replica.link is not None:
+            replica.link.mirror(self.path)  # a cluster's followers too (raises OSError)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -218,8 +222,12 @@ def replace_file(path: str, data: bytes) -> None:
 
 
 def sync_directory(path: str) -> None:
+    """Make a directory's entries (a new file, a rename into place, a
+    removal) durable, on a cluster's in-sync followers too."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    if replica.link is not None:
+        replica.link.mirror(path)

@@ -41,6 +41,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from shoal.store import records
 from shoal.store.sync import GroupSync, sync_now
 
 MAGIC = 0x53484B32  # "SHK2"
@@ -228,11 +229,8 @@ class StreamLog:
             self.segments.append(first)
         self.sizes[first] = 0
         self.next = first
-        dfd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)  # the new name is durable before anything in it is confirmed
-        finally:
-            os.close(dfd)
+        # The new name is durable before anything in it is confirmed.
+        records.sync_directory(self.directory)
 
     def _recover(self, first: int) -> None:
         """Open the last segment: keep its chunks up to the first torn or

@@ -3,6 +3,9 @@
 Every durable file Shoal writes is made durable here: the message store's
 segments (workers/persist.py), each stream's segments (store/streams.py) and
 the definitions log (store/definitions.py, synchronously, `sync_now`).
+In a cluster, a sync returns once the file is on every in-sync follower
+too (store/replica.py), so group commit spans the network: one round trip
+to the followers serves a whole batch.
 
 A writer (an IO worker's event loop) writes its records to a file, then
 asks for a sync and is called back once one that began after its request
@@ -33,6 +36,8 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
+from shoal.store import replica
+
 log = logging.getLogger("shoal.store")
 
 Done = Callable[[], None]
@@ -53,6 +58,8 @@ def sync_now(fd: int, what: str) -> None:
     """fdatasync `fd` on the caller's thread, under the same rule."""
     try:
         os.fdatasync(fd)
+        if replica.link is not None:
+            replica.mirror_fd(fd)  # and on every in-sync follower (a cluster's leader)
     except OSError as exc:
         durability_lost(what, exc)
 
