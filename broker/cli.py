@@ -209,7 +209,53 @@ def _broker_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cluster-name",
         default=d.cluster_name,
-        help="rabbitmq_cluster label of the metrics (default shoal@<hostname>)",
+        help="rabbitmq_cluster label of the metrics (default shoal@<hostname>); with "
+        "--cluster-etcd, also the cluster's name in etcd",
+    )
+    cluster = p.add_argument_group("cluster (docs/cluster.md; without --cluster-etcd: standalone)")
+    cluster.add_argument(
+        "--cluster-etcd",
+        type=lambda s: tuple(u.strip() for u in s.split(",") if u.strip()),
+        default=d.cluster_etcd,
+        metavar="URL[,URL]",
+        help="etcd client URLs: run as a node of a replicated cluster",
+    )
+    cluster.add_argument(
+        "--cluster-port",
+        type=int,
+        default=d.cluster_port,
+        help="the replication listener (default %(default)s)",
+    )
+    cluster.add_argument(
+        "--cluster-advertise",
+        default=d.cluster_advertise,
+        metavar="HOST:PORT",
+        help="where other nodes reach this one's replication listener "
+        "(default <hostname>:--cluster-port); its host is also the AMQP address "
+        "followers proxy clients to",
+    )
+    cluster.add_argument(
+        "--cluster-lease-ttl",
+        type=int,
+        default=d.cluster_lease_ttl,
+        metavar="S",
+        help="the leader's etcd lease: how long a dead leader keeps the cluster "
+        "waiting (default %(default)s s)",
+    )
+    cluster.add_argument(
+        "--cluster-min-isr",
+        type=int,
+        default=d.cluster_min_isr,
+        metavar="N",
+        help="in-sync followers a confirm waits for at least (default 1)",
+    )
+    cluster.add_argument(
+        "--cluster-max-lag",
+        type=float,
+        default=d.cluster_max_lag,
+        metavar="S",
+        help="a follower that has not acknowledged a write this long leaves the "
+        "in-sync set (default %(default)s s)",
     )
     p.add_argument(
         "--load-definitions",
@@ -320,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
     )
+    if config.cluster_etcd:
+        from shoal.broker.cluster.node import run_node
+
+        return run_node(config)
     from shoal.broker.supervisor.main import run_supervisor
 
     return run_supervisor(config)

@@ -72,6 +72,13 @@ class Config(msgspec.Struct, frozen=True):
     # collect_statistics_interval).
     collect_statistics_interval: int = 5000
     cluster_name: str = ""  # rabbitmq_identity_info's rabbitmq_cluster ("": shoal@<host>)
+    # A replicated cluster (broker/cluster, docs/cluster.md); no etcd: standalone.
+    cluster_etcd: tuple[str, ...] = ()
+    cluster_port: int = 5679  # the replication listener
+    cluster_advertise: str = ""  # HOST:PORT of it for the others ("": <hostname>:port)
+    cluster_lease_ttl: int = 5  # s: the leader's etcd lease
+    cluster_min_isr: int = -1  # in-sync followers a confirm needs (-1: 1)
+    cluster_max_lag: float = 2.0  # s without an ack before a follower leaves the ISR
     # A definitions file (RabbitMQ's format: users, vhosts, permissions,
     # policies, queues...) imported at start and, changed, at SIGHUP
     # (RabbitMQ's load_definitions); "": none.

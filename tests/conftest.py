@@ -19,15 +19,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run the web UI's tests in headless Chromium (their own CI step)",
     )
+    parser.addoption(
+        "--cluster",
+        action="store_true",
+        help="run the cluster's tests: etcd and three nodes (their own CI step)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for option in ("prometheus", "browser"):
+    for option in ("prometheus", "browser", "cluster"):
         if config.getoption(f"--{option}"):
             continue
         skip = pytest.mark.skip(reason=f"needs --{option} (a CI step of its own)")
         for item in items:
-            if option in item.keywords:
+            # "cluster" is also tests/cluster's name (a keyword of every test
+            # in it): there only the marker counts, so that the replication
+            # tests without etcd run in make test.
+            if item.get_closest_marker(option) or (option != "cluster" and option in item.keywords):
                 item.add_marker(skip)
 
 

@@ -343,6 +343,8 @@ NON_DURABLE_WRITERS = {
     "shoal.shm.dedup": "deduplication caches: mapped files (ftruncate sizes them; written "
     "through the mapping, the disk ones msync'd with the message store's syncs)",
     "shoal.spark.classic": "Spark's own checkpoint files, on the Spark side of the connector",
+    "shoal.broker.cluster.node": "cluster.json in the runtime directory: a node's view of its "
+    "cluster for `shoal status`, rewritten every half second",
 }
 
 

@@ -22,6 +22,7 @@ from shoal.broker.amqp.definitions_json import RABBIT_VERSION as RABBITMQ_VERSIO
 from shoal.broker.config import Config
 from shoal.broker.management.http import BACKEND, RATES, STARTED, error, node_name, path_name
 from shoal.broker.management.rates import requested_age
+from shoal.broker.observe.status import cluster_status
 from shoal.shm import processes
 
 # RabbitMQ 3.10's descriptions; the two plugins' types as their plugins name them.
@@ -189,8 +190,34 @@ def node_object(request: web.Request) -> dict[str, Any]:
     return node
 
 
+def cluster_nodes(request: web.Request, node: dict[str, Any]) -> list[dict[str, Any]]:
+    """In a cluster (broker/cluster), this leader's node with its cluster
+    view, then one entry per follower it serves: its role, whether it is
+    in sync and its lag (the followers run no broker to ask)."""
+    cluster = cluster_status(request.app[BACKEND].config.runtime_path())
+    if cluster is None:
+        return [node]
+    node["cluster_role"] = cluster["role"]
+    node["cluster"] = cluster
+    out = [node]
+    for f in cluster.get("followers", []):
+        out.append(
+            {
+                "name": f"shoal@{f['node']}",
+                "type": "disc",
+                "running": True,
+                "cluster_role": "follower",
+                "in_sync": f["in_sync"],
+                "lag_bytes": f["lag_bytes"],
+                "lag_seconds": f["lag_seconds"],
+                "address": f["address"],
+            }
+        )
+    return out
+
+
 async def nodes(request: web.Request) -> web.Response:
-    return web.json_response([node_object(request)])
+    return web.json_response(cluster_nodes(request, node_object(request)))
 
 
 async def node(request: web.Request) -> web.Response:

@@ -369,6 +369,10 @@ def main(argv: list[str]) -> int:
         return status.main(
             Config(port=known.port, runtime_dir=known.runtime_dir).runtime_path(), False
         )
+    from shoal.broker.cluster import control as cluster_control
+
+    if any(a in cluster_control.VERBS for a in argv):  # the node's agent answers these
+        return cluster_control.main(_globals_first(argv))
     ns = _parser().parse_args(_globals_first(argv))
     verb = VERBS[ns.verb]
     if ns.verb in ("add_vhost", "delete_vhost"):

@@ -101,6 +101,7 @@ class ShoalCollector(Collector):
         yield from families.global_counters(snap)
         yield from exporter.node()
         yield from exporter.processes()
+        yield from exporter.cluster_nodes()
 
     def _detailed(self, snap: Snapshot) -> Iterator[Metric]:
         vhosts = self.vhosts or None

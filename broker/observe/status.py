@@ -173,15 +173,49 @@ def render(snap: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cluster_status(runtime_dir: str) -> dict[str, Any] | None:
+    """What a cluster node's agent (broker/cluster/node.py) last wrote of
+    its role, the leader, the in-sync set and its followers' lag; None
+    standalone."""
+    try:
+        with open(os.path.join(runtime_dir, "cluster.json")) as f:
+            answer: dict[str, Any] = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return answer
+
+
+def render_cluster(cluster: dict[str, Any]) -> str:
+    lines = [
+        f"cluster {cluster['name']}: this node {cluster['node']} is {cluster['role']}; "
+        f"leader {cluster['leader'] or '(none)'}; in sync: {', '.join(cluster['isr']) or '-'}"
+    ]
+    for f in cluster.get("followers", []):
+        lines.append(
+            f"  follower {f['node']} at {f['address']}: "
+            f"{'in sync' if f['in_sync'] else 'catching up' if not f['streaming'] else 'lagging'}"
+            f", lag {f['lag_bytes']} bytes, {f['lag_seconds']} s"
+        )
+    return "\n".join(lines)
+
+
 def main(runtime_dir: str, as_json: bool) -> int:
     path = os.path.join(runtime_dir, "shoal.shm")
+    cluster = cluster_status(runtime_dir)
     try:
         seg = Segment.attach(path)
     except (OSError, ValueError) as exc:
-        print(f"shoal status: no running broker at {runtime_dir}: {exc}")
-        return 1
+        if cluster is None:
+            print(f"shoal status: no running broker at {runtime_dir}: {exc}")
+            return 1
+        # A follower runs no broker: its cluster view is its status.
+        print(json.dumps({"cluster": cluster}, indent=2) if as_json else render_cluster(cluster))
+        return 0
     snap = snapshot(seg)
-    print(json.dumps(snap, indent=2) if as_json else render(snap))
+    if cluster is not None:
+        snap["cluster"] = cluster
+    text = render(snap) + ("\n" + render_cluster(cluster) if cluster is not None else "")
+    print(json.dumps(snap, indent=2) if as_json else text)
     return 0
 
 

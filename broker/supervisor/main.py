@@ -9,6 +9,7 @@ was filling are released, and the scheduler is told to forget its consumers.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -49,6 +50,7 @@ from shoal.shm.processes import Header, ProcessSlot, Role
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Limits, Segment
 from shoal.shm.wake import Waker
+from shoal.store import replica
 from shoal.store.messages import store_directory
 from shoal.workers import tls
 from shoal.workers.main import run_worker
@@ -81,6 +83,17 @@ def _disk_free_limit(configured: int, *paths: str) -> int:
         st = os.statvfs(path)
         sizes.append(st.f_blocks * st.f_frsize)
     return min(50_000_000, min(sizes) // 10)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Be killed when the parent dies. A cluster leader's broker (its agent,
+    broker/cluster/node.py, is the supervisor's parent) uses it for every
+    process of the tree: if the agent is killed, no part of the old leader's
+    broker may go on serving clients beside the new leader."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Supervisor:
@@ -328,6 +341,8 @@ class Supervisor:
                 # its handler (a SIGHUP during a worker's boot must not kill it).
                 ignored = sig in (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
                 signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
+            if replica.link is not None:
+                die_with_parent()
             code = self._child_main(child)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 0

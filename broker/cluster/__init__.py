@@ -1,0 +1,1 @@
+"""Replication and leader election across nodes (issue 29)."""

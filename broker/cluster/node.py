@@ -1,0 +1,442 @@
+"""A cluster node's agent: elects a leader through etcd, runs the broker
+where it leads, mirrors the leader's data directory where it follows
+(issue 29).
+
+Every node runs this process (`shoal --cluster-etcd URL ...`). Keys, under
+`shoal/<cluster name>/` in etcd:
+
+    secret   the password followers present (put-or-get by every node
+             before anything else, so no node can miss the first write)
+    leader   JSON {node, replication, amqp}: bound to the leader's lease
+    isr      JSON list of node ids that hold every confirmed write: the
+             leader and its in-sync followers; written only by the leader,
+             guarded by its leader key
+
+Roles:
+
+- **Leader**: keeps its lease alive, serves followers and the broker's
+  replica socket (shipper.py) and runs the ordinary broker (its process
+  tree, `child.py`) on the data directory, with SHOAL_REPLICA_SOCKET set so
+  that every durable sync waits for the in-sync followers (store/replica.py).
+- **Follower**: mirrors the leader (receiver.py) and proxies AMQP clients
+  to it (proxy.py). When the leader key disappears (the leader's lease ran
+  out), it campaigns, if it is in the recorded ISR: a node outside it may
+  lack confirmed writes. The winner starts the broker on its copy, which
+  recovers exactly as after a kill -9.
+
+**Fencing.** The leader's lease is valid until `sent + TTL` of its last
+successful keep-alive (measured from when that request was sent). Before
+that time minus a margin, if no keep-alive succeeded since, it fences:
+the shipper answers every sync FENCED (so no persistent message is
+confirmed any more), the broker is stopped (its clients closed), and the
+node rejoins as a follower without a restart. A sync is answered only
+after checking the lease is still valid, so a leader paused past its TTL
+(SIGSTOP) refuses what was pending when it resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+
+import msgspec
+
+from shoal.broker.cluster import control
+from shoal.broker.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
+from shoal.broker.cluster.proxy import Proxy
+from shoal.broker.cluster.receiver import LeaderRefused, Receiver
+from shoal.broker.cluster.shipper import Shipper
+from shoal.broker.config import Config
+from shoal.store.mirror import node_id
+from shoal.store.replica import ENV as REPLICA_ENV
+
+log = logging.getLogger("shoal.cluster")
+
+STATUS_FILE = "cluster.json"
+POLL = 0.25  # s between a follower's looks at the leader key
+ETCD_ERRORS = (EtcdError, EtcdUnavailable, OSError, asyncio.TimeoutError)
+
+
+def advertised(config: Config) -> str:
+    if config.cluster_advertise:
+        return config.cluster_advertise
+    return f"{socket.gethostname()}:{config.cluster_port}"
+
+
+class Node:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.data_dir = config.data_path()
+        self.node = node_id(self.data_dir)
+        self.prefix = f"shoal/{config.cluster_name or 'shoal'}/"
+        self.etcd = Etcd(list(config.cluster_etcd))
+        self.ttl = config.cluster_lease_ttl
+        self.min_isr = config.cluster_min_isr if config.cluster_min_isr >= 0 else 1
+        self._role = "starting"
+        self.status_changed = asyncio.Event()
+        self.leader: dict[str, str] = {}
+        self.isr: list[str] = []
+        self.secret = ""
+        self.shipper: Shipper | None = None
+        self.receiver: Receiver | None = None
+        self.broker: asyncio.subprocess.Process | None = None
+        self.lease = 0
+        self.valid_until = 0.0  # the lease holds at least until then (monotonic)
+        self.stopping = asyncio.Event()
+        self.stepping_down = asyncio.Event()
+        self.hold_off_until = 0.0  # no campaign before (after a step down)
+        self.socket_dir = tempfile.mkdtemp(prefix="shoal-cluster-")
+        self.replica_socket = os.path.join(self.socket_dir, "replica.sock")
+        host, _, port = advertised(config).rpartition(":")
+        self.replication = f"{host}:{port}"
+        self.amqp = f"{host}:{config.port}"
+        self.management = f"{host}:{config.management_port}" if config.management_port else ""
+
+    @property
+    def role(self) -> str:
+        return self._role
+
+    @role.setter
+    def role(self, role: str) -> None:
+        self._role = role
+        self.status_changed.set()  # cluster.json says so at once
+
+    # ----------------------------------------------------------- lifecycle
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        status = asyncio.ensure_future(self._write_status_forever())
+        verbs = await control.serve(self.config.runtime_path(), self._control)
+        try:
+            self.secret = await self._secret()
+            while not self.stopping.is_set():
+                try:
+                    if await self._campaign():
+                        await self._lead()
+                    else:
+                        await self._follow()
+                except OSError as exc:  # a port taken, a file we cannot write: retry
+                    log.error("cluster node: %s", exc)
+                    await self._pause(1.0)
+        finally:
+            status.cancel()
+            verbs.close()
+            await self._stop_broker()
+            if self.shipper is not None:
+                await self.shipper.close()
+            with contextlib.suppress(*ETCD_ERRORS):
+                await self._release()
+            await self.etcd.close()
+            for path in (self._status_path(), control.socket_path(self.config.runtime_path())):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.unlink(self.replica_socket)
+            os.rmdir(self.socket_dir)
+        return 0
+
+    async def _secret(self) -> str:
+        key = self.prefix + "secret"
+        while True:
+            try:
+                await self.etcd.put_if_absent(key, uuid.uuid4().hex.encode())
+                kv = await self.etcd.get(key)
+                if kv is not None:
+                    return kv.value.decode()
+            except ETCD_ERRORS as exc:
+                log.warning("etcd: %s", exc)
+            await self._pause(1.0)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+
+    # ------------------------------------------------------------ election
+    async def _campaign(self) -> bool:
+        """Try to become leader; False: someone else is (or we may not)."""
+        try:
+            if await self.etcd.get(self.prefix + "leader") is not None:
+                return False
+            if time.monotonic() < self.hold_off_until:
+                return False  # stepped down: let another node take over
+            preferred = await self.etcd.get(self.prefix + "prefer")
+            if preferred is not None and preferred.value.decode() != self.node:
+                return False  # leadership is being handed to that node
+            isr = await self._recorded_isr()
+            if isr and self.node not in isr:
+                log.info("not in the in-sync set %s: waiting for a leader", isr)
+                return False
+            lease = await self.etcd.grant(self.ttl)
+            sent = time.monotonic()
+            value = json.dumps(
+                {
+                    "node": self.node,
+                    "replication": self.replication,
+                    "amqp": self.amqp,
+                    "management": self.management,
+                }
+            ).encode()
+            if await self.etcd.put_if_absent(self.prefix + "leader", value, lease):
+                self.lease, self.valid_until = lease, sent + self.ttl
+                self.leader = json.loads(value)
+                # A transfer to this node is done: later elections are open.
+                await self.etcd.delete_if_equal(self.prefix + "prefer", self.node.encode())
+                return True
+            await self.etcd.revoke(lease)
+        except ETCD_ERRORS as exc:
+            log.warning("etcd: %s", exc)
+        return False
+
+    async def _recorded_isr(self) -> list[str]:
+        kv = await self.etcd.get(self.prefix + "isr")
+        return list(json.loads(kv.value)) if kv is not None else []
+
+    async def _release(self) -> None:
+        if self.lease:
+            lease, self.lease = self.lease, 0
+            await self.etcd.revoke(lease)
+
+    def lease_valid(self) -> bool:
+        """The lease cannot have run out yet, with a margin for clock rates."""
+        return time.monotonic() < self.valid_until - max(0.5, self.ttl * 0.2)
+
+    # ------------------------------------------------------------- leader
+    async def _lead(self) -> None:
+        log.info("leader of cluster %s (lease %x)", self.prefix, self.lease)
+        self.role = "leader"
+        leader_value = json.dumps(self.leader).encode()
+
+        async def write_isr(isr: list[str]) -> bool:
+            try:
+                ok = await self.etcd.put_if_equal(
+                    self.prefix + "leader",
+                    leader_value,
+                    self.prefix + "isr",
+                    json.dumps(isr).encode(),
+                )
+            except ETCD_ERRORS:
+                return False
+            if ok:
+                self.isr = isr
+            return ok
+
+        self.shipper = Shipper(
+            self.data_dir,
+            self.node,
+            self.prefix,
+            self.secret,
+            self.min_isr,
+            self.config.cluster_max_lag,
+            write_isr,
+            self.lease_valid,
+        )
+        host = self.config.bind[0] if self.config.bind else "::"
+        await self.shipper.start(self.replica_socket, host, self.config.cluster_port)
+        await self._start_broker()
+        lost = True
+        try:
+            lost = await self._keep_leading()
+        finally:
+            if lost:
+                # Nothing may be confirmed from now on: fence before the
+                # broker is told to stop (its clients closed).
+                self.role = "fenced"
+                self.shipper.fence()
+            # Else (a stop, or the broker gone) the lease still holds: the
+            # broker's clean stop is replicated like any other write, if
+            # enough followers are in sync (else it is refused: the next
+            # start then flags every message, as after a crash).
+            self.shipper.draining = True
+            self.shipper.wake()
+            await self._stop_broker()
+            await self.shipper.close()
+            self.shipper = None
+            with contextlib.suppress(*ETCD_ERRORS):
+                await self.etcd.delete_if_equal(self.prefix + "leader", leader_value)
+                await self._release()
+            self.role = "follower"
+
+    async def _keep_leading(self) -> bool:
+        """Renew the lease every TTL/3 until it cannot be (True: fence), the
+        broker ends, the node steps down or stops (False)."""
+        self.stepping_down.clear()
+        while not self.stopping.is_set() and not self.stepping_down.is_set():
+            if self.broker is not None and self.broker.returncode is not None:
+                log.error("the broker exited (%s): stepping down", self.broker.returncode)
+                return False
+            sent = time.monotonic()
+            try:
+                left = await asyncio.wait_for(self.etcd.keepalive(self.lease), self.ttl / 3)
+            except ETCD_ERRORS as exc:
+                log.warning("lease keep-alive failed: %s", exc)
+                left = -1
+            if left == 0:
+                log.error("lease lost: fencing")
+                return True
+            if left > 0:
+                self.valid_until = sent + left
+            if not self.lease_valid():
+                log.error("lease not renewed in time: fencing")
+                return True
+            await self._pause(min(self.ttl / 3, max(0.05, self.valid_until - time.monotonic() - 1)))
+        return False
+
+    async def _start_broker(self) -> None:
+        child = msgspec.structs.replace(self.config, cluster_etcd=())
+        env = dict(os.environ, **{REPLICA_ENV: self.replica_socket})
+        self.broker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "shoal.broker.cluster.child",
+            msgspec.json.encode(child).decode(),
+            env=env,
+        )
+        log.info("broker started (pid %d)", self.broker.pid)
+
+    async def _stop_broker(self) -> None:
+        broker, self.broker = self.broker, None
+        if broker is None or broker.returncode is not None:
+            return
+        broker.send_signal(signal.SIGTERM)  # clients are closed with 320
+        try:
+            await asyncio.wait_for(broker.wait(), self.config.graceful_timeout + 5)
+        except TimeoutError:
+            broker.kill()
+            await broker.wait()
+
+    # ----------------------------------------------------------- follower
+    async def _follow(self) -> None:
+        """Follow the current leader until its key changes or goes."""
+        self.role = "follower"
+        try:
+            kv = await self.etcd.get(self.prefix + "leader")
+            self.isr = await self._recorded_isr()
+        except ETCD_ERRORS as exc:
+            log.warning("etcd: %s", exc)
+            await self._pause(POLL)
+            return
+        if kv is None:
+            return
+        self.leader = json.loads(kv.value)
+        if self.leader.get("node") == self.node:
+            await self._pause(POLL)  # our own key from before a restart: it expires
+            return
+        host, _, port = self.leader["replication"].rpartition(":")
+        amqp_host, _, amqp_port = self.leader["amqp"].rpartition(":")
+        self.receiver = Receiver(self.data_dir, self.node, self.prefix, self.secret)
+        c = self.config
+        proxies = [(Proxy(amqp_host, int(amqp_port)), c.bind, c.port)]
+        management = self.leader.get("management", "")
+        if management and c.management_port:
+            # The management API answers for the cluster: the leader's, here too.
+            m_host, _, m_port = management.rpartition(":")
+            m_bind = (c.management_bind,) if c.management_bind else c.bind
+            proxies.append((Proxy(m_host, int(m_port)), m_bind, c.management_port))
+        following = asyncio.ensure_future(self.receiver.run(host, int(port)))
+        try:
+            for proxy, addresses, listen_port in proxies:
+                await proxy.start(addresses, listen_port)
+            while not self.stopping.is_set() and not following.done():
+                await self._pause(POLL)
+                try:
+                    now = await self.etcd.get(self.prefix + "leader")
+                    self.isr = await self._recorded_isr()
+                except ETCD_ERRORS:
+                    continue
+                if now is None or now.value != kv.value:
+                    break
+            if following.done() and following.exception() is not None:
+                ended = following.exception()
+                log.info("replication from %s ended: %s", self.leader.get("node"), ended)
+                if isinstance(ended, LeaderRefused):
+                    await self._pause(1.0)
+                else:
+                    await self._pause(POLL)
+        finally:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+            for proxy, _, _ in proxies:
+                await proxy.close()
+            self.receiver = None
+
+    # ------------------------------------------------------------ control
+    async def _control(self, request: dict[str, object]) -> dict[str, object]:
+        op = request.get("op")
+        if op == "cluster_status":
+            return self.status()
+        if op not in ("step_down", "transfer_leadership"):
+            return {"error": f"unknown operation {op!r}"}
+        if self.role != "leader" or self.shipper is None:
+            return {
+                "error": f"{self.node} is not the leader ({self.leader.get('node') or 'none'} is)"
+            }
+        isr = self.shipper.isr()[1:]
+        target = str(request.get("node") or "")
+        if op == "transfer_leadership":
+            if target not in isr:
+                return {
+                    "error": f"{target!r} is not an in-sync follower (in sync: {isr or 'none'})"
+                }
+            try:
+                lease = await self.etcd.grant(max(10, 3 * self.ttl))
+                await self.etcd.put(self.prefix + "prefer", target.encode(), lease)
+            except ETCD_ERRORS as exc:
+                return {"error": f"etcd: {exc}"}
+        elif not isr:
+            return {"error": "no in-sync follower could take over"}
+        # Hold off long enough for a follower to notice the key gone and win.
+        self.hold_off_until = time.monotonic() + max(5.0, 2 * self.ttl)
+        self.stepping_down.set()
+        who = f"to {target}" if target else "to an in-sync follower"
+        return {"message": f"{self.node} steps down; leadership goes {who}"}
+
+    # ------------------------------------------------------------- status
+    def _status_path(self) -> str:
+        return os.path.join(self.config.runtime_path(), STATUS_FILE)
+
+    def status(self) -> dict[str, object]:
+        followers = self.shipper.status() if self.shipper is not None else []
+        out: dict[str, object] = {
+            "name": self.config.cluster_name or "shoal",
+            "node": self.node,
+            "role": self.role,
+            "leader": self.leader.get("node", ""),
+            "leader_amqp": self.leader.get("amqp", ""),
+            "isr": self.isr,
+            "followers": followers,
+        }
+        if self.receiver is not None:
+            out["replicated_mark"] = self.receiver.acked
+            out["caught_up"] = self.receiver.caught_up
+        return out
+
+    async def _write_status_forever(self) -> None:
+        while True:
+            path = self._status_path()
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                tmp = path + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(self.status(), f)
+                os.replace(tmp, path)
+            self.status_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.status_changed.wait(), 0.5)
+
+
+def run_node(config: Config) -> int:
+    import uvloop
+    from setproctitle import setproctitle
+
+    setproctitle(f"shoal: cluster node (port {config.port})")
+    return uvloop.run(Node(config).run())

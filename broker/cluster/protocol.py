@@ -1,0 +1,99 @@
+"""The replication stream between a leader and a follower: messages and
+their framing, apart from any socket (issue 29).
+
+A frame is `u32 length | msgpack` of one message, tagged by its type. The
+follower opens the connection and says who it is and what it has (`Hello`);
+the leader answers `Welcome` or `Refused`, then sends operations on its data
+directory (`Append`, `Reset`, `Commit`, `Delete`) and, after each batch, a
+`Mark`. The follower acknowledges a mark (`Ack`) once everything before it
+is written and synced (store/mirror.py).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+
+LENGTH = struct.Struct("<I")
+MAX_FRAME = 64 << 20
+
+
+class Hello(msgspec.Struct, tag=True):
+    cluster: str
+    secret: str
+    node: str
+    files: dict[str, tuple[int, int]]  # path -> (size, crc32): store/mirror.py listing
+
+
+class Welcome(msgspec.Struct, tag=True):
+    leader: str
+
+
+class Refused(msgspec.Struct, tag=True):
+    reason: str
+
+
+class Append(msgspec.Struct, tag=True):
+    path: str
+    offset: int
+    data: bytes
+
+
+class Reset(msgspec.Struct, tag=True):
+    path: str
+
+
+class Commit(msgspec.Struct, tag=True):
+    path: str
+
+
+class Delete(msgspec.Struct, tag=True):
+    path: str
+
+
+class Mark(msgspec.Struct, tag=True):
+    seq: int
+
+
+class Ack(msgspec.Struct, tag=True):
+    seq: int
+
+
+Message = Hello | Welcome | Refused | Append | Reset | Commit | Delete | Mark | Ack
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def frame(message: Message) -> bytes:
+    body = _encoder.encode(message)
+    return LENGTH.pack(len(body)) + body
+
+
+def decode(body: bytes) -> Message:
+    return _decoder.decode(body)
+
+
+class FrameReader:
+    """Frames out of a byte stream fed in pieces (no IO here)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buf += data
+        out: list[Message] = []
+        buf = self._buf
+        at = 0
+        while len(buf) - at >= LENGTH.size:
+            (length,) = LENGTH.unpack_from(buf, at)
+            if length > MAX_FRAME:
+                raise ValueError(f"replication frame of {length} bytes")
+            if len(buf) - at - LENGTH.size < length:
+                break
+            start = at + LENGTH.size
+            out.append(decode(bytes(buf[start : start + length])))
+            at = start + length
+        del buf[:at]
+        return out

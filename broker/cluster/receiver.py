@@ -1,0 +1,80 @@
+"""A follower's side of replication: connect to the leader, say what this
+node has, apply what the leader sends (store/mirror.py) and acknowledge
+each mark once it is written and synced (issue 29)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from shoal.broker.cluster import protocol as P
+from shoal.store import mirror
+
+log = logging.getLogger("shoal.cluster")
+
+
+class LeaderRefused(Exception):
+    """The leader said no (wrong secret, or it is no longer the leader)."""
+
+
+class Receiver:
+    """One connection to one leader; `run()` returns when it ends."""
+
+    def __init__(self, root: str, node: str, cluster: str, secret: str) -> None:
+        self.root = root
+        self.node = node
+        self.cluster = cluster
+        self.secret = secret
+        self.mirror = mirror.Mirror(root)
+        self.acked = 0  # the last mark acknowledged
+        self.caught_up = False  # acknowledged at least one mark on this connection
+        self.last_ack = 0.0
+        self.leader = ""
+
+    async def run(self, host: str, port: int) -> None:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+        frames = P.FrameReader()
+        try:
+            files = await asyncio.to_thread(mirror.listing, self.root)
+            writer.write(P.frame(P.Hello(self.cluster, self.secret, self.node, files)))
+            while True:
+                data = await reader.read(1 << 20)
+                if not data:
+                    return
+                messages = frames.feed(data)
+                if messages:
+                    mark = await asyncio.to_thread(self._apply, messages)
+                    if mark:
+                        writer.write(P.frame(P.Ack(mark)))
+                        self.acked = mark
+                        self.caught_up = True
+                        self.last_ack = time.monotonic()
+        finally:
+            writer.close()
+            self.mirror.close()
+
+    def _apply(self, messages: list[P.Message]) -> int:
+        """Apply a run of operations; sync and return the last mark among
+        them (0: none)."""
+        mark = 0
+        m = self.mirror
+        for message in messages:
+            if isinstance(message, P.Append):
+                m.append(message.path, message.offset, message.data)
+            elif isinstance(message, P.Mark):
+                mark = message.seq
+            elif isinstance(message, P.Reset):
+                m.reset(message.path)
+            elif isinstance(message, P.Commit):
+                m.commit(message.path)
+            elif isinstance(message, P.Delete):
+                m.delete(message.path)
+            elif isinstance(message, P.Welcome):
+                self.leader = message.leader
+                log.info("following %s", message.leader)
+            elif isinstance(message, P.Refused):
+                raise LeaderRefused(message.reason)
+        if mark:
+            m.mark()
+        return mark

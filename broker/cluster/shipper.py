@@ -1,0 +1,431 @@
+"""The leader's side of replication: its data directory to every follower,
+and each sync's answer only once the in-sync followers have it (issue 29).
+
+Two listeners:
+
+- the **replica socket** (unix, in the runtime directory): the broker's
+  processes ask `mirror(path)` after each local sync (store/replica.py) and
+  wait for one byte, OK or FENCED;
+- the **cluster port** (TCP): followers connect, say what they have
+  (`Hello`) and are sent what differs, then every change as it happens.
+
+Group commit across the network: requests that arrive while a batch is
+being acknowledged form the next batch. A batch ships what changed in its
+files to every streaming follower, sends one `Mark` and waits until every
+in-sync follower has acknowledged it (written and synced), so one round
+trip serves many publishes. What a follower is sent is decided by the file
+itself against what that follower has (`Shipped`: inode and size): a file
+that only grew gets its new bytes; one replaced (another inode) or cut
+shorter is sent whole, written aside and renamed in (store/mirror.py); a
+missing one is deleted.
+
+The in-sync set (ISR): the followers that acknowledged the last mark within
+`max_lag` seconds. One that does not is dropped, and the set recorded in
+etcd (`on_isr`), **before** any answer that did not wait for it: only a
+node of the recorded set may become leader, so a confirmed write is on
+every node that may lead next. A follower that catches up again is added.
+Fewer than `min_isr` in-sync followers: answers wait (publishers see no
+confirms) until enough are back, as Kafka's `min.insync.replicas` refuses.
+
+`fence()` (the node lost its lease) answers every waiting and later request
+FENCED and drops the followers: nothing is confirmed any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from shoal.broker.cluster import protocol as P
+from shoal.store import mirror
+from shoal.store.replica import FENCED, OK
+
+log = logging.getLogger("shoal.cluster")
+
+CHUNK = 1 << 20  # bytes per Append frame
+SETTLED = 4 << 20  # a catch-up pass that sent less than this is the last
+
+
+@dataclass
+class Shipped:
+    ino: int
+    size: int
+
+
+@dataclass
+class Follower:
+    node: str
+    address: str
+    writer: asyncio.StreamWriter
+    shipped: dict[str, Shipped] = field(default_factory=dict)
+    streaming: bool = False  # caught up: sent every change as it happens
+    in_sync: bool = False
+    acked: int = 0  # the last mark it acknowledged
+    sent_bytes: int = 0
+    acked_bytes: int = 0
+    marks: dict[int, tuple[float, int]] = field(default_factory=dict)  # seq -> (sent at, bytes)
+    acked_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def lag_seconds(self, now: float) -> float:
+        return now - min(t for t, _ in self.marks.values()) if self.marks else 0.0
+
+
+IsrWriter = Callable[[list[str]], Awaitable[bool]]
+
+
+class Shipper:
+    def __init__(
+        self,
+        root: str,
+        node: str,
+        cluster: str,
+        secret: str,
+        min_isr: int,
+        max_lag: float,
+        on_isr: IsrWriter,
+        lease_valid: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.root = os.path.realpath(root)
+        self.node = node
+        self.cluster = cluster
+        self.secret = secret
+        self.min_isr = min_isr
+        self.max_lag = max_lag
+        self.on_isr = on_isr
+        self.lease_valid = lease_valid
+        self.followers: dict[str, Follower] = {}
+        self.fenced = False
+        self.draining = False  # the node is stopping: no waiting for followers to come back
+        self.seq = 0
+        self.batches = 0
+        self.requests = 0
+        self._pending: list[tuple[str, asyncio.Future[bytes]]] = []
+        self._work = asyncio.Event()
+        self._changed = asyncio.Event()  # a follower joined, left or acked
+        self._isr_written: list[str] | None = None
+        self._servers: list[asyncio.base_events.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------ start/stop
+    async def start(self, replica_socket: str, host: str, port: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(replica_socket)
+        self._servers.append(await asyncio.start_unix_server(self._serve_process, replica_socket))
+        self._servers.append(await asyncio.start_server(self._serve_follower, host, port))
+        self._spawn(self._batches())
+        await self._write_isr()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def wake(self) -> None:
+        """Look again at what waits (after `draining` was set)."""
+        self._changed.set()
+
+    def fence(self) -> None:
+        """Answer FENCED from now on; drop the followers."""
+        self.fenced = True
+        for pending in self._pending:
+            if not pending[1].done():
+                pending[1].set_result(FENCED)
+        self._pending.clear()
+        self._work.set()
+        self._changed.set()
+        for f in list(self.followers.values()):
+            f.writer.close()
+
+    async def close(self) -> None:
+        self.fence()
+        for server in self._servers:
+            server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def isr(self) -> list[str]:
+        return [self.node, *sorted(f.node for f in self.followers.values() if f.in_sync)]
+
+    def status(self) -> list[dict[str, object]]:
+        now = time.monotonic()
+        return [
+            {
+                "node": f.node,
+                "address": f.address,
+                "in_sync": f.in_sync,
+                "streaming": f.streaming,
+                "lag_bytes": f.sent_bytes - f.acked_bytes,
+                "lag_seconds": round(f.lag_seconds(now), 3),
+            }
+            for f in self.followers.values()
+        ]
+
+    # ------------------------------------------------------- broker processes
+    async def _serve_process(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                head = await reader.readexactly(P.LENGTH.size)
+                (length,) = P.LENGTH.unpack(head)
+                path = os.fsdecode(await reader.readexactly(length))
+                done: asyncio.Future[bytes] = loop.create_future()
+                if self.fenced:
+                    done.set_result(FENCED)
+                else:
+                    self._pending.append((path, done))
+                    self._work.set()
+                writer.write(await done)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _batches(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            batch, self._pending = self._pending, []
+            if not batch:
+                continue
+            self.batches += 1
+            self.requests += len(batch)
+            paths = {self._relative(path) for path, _ in batch}
+            for f in list(self.followers.values()):
+                if f.streaming:
+                    for rel in paths:
+                        if rel is not None:
+                            self._ship(f, rel)
+            seq = self._mark()
+            confirmable = await self._confirmable(seq)
+            if confirmable and not self.lease_valid():
+                # Checked last, right before answering: a leader paused past
+                # its lease (SIGSTOP) must not confirm when it resumes.
+                self.fence()
+            answer = OK if confirmable and not self.fenced else FENCED
+            for _, done in batch:
+                if not done.done():
+                    done.set_result(answer)
+
+    def _relative(self, path: str) -> str | None:
+        rel = os.path.relpath(os.path.realpath(path), self.root)
+        if rel == "." or rel.startswith(".."):
+            return None if rel != "." else ""
+        return rel if mirror.mirrored(rel) else None
+
+    def _mark(self) -> int:
+        self.seq += 1
+        now = time.monotonic()
+        for f in self.followers.values():
+            if f.streaming:
+                f.marks[self.seq] = (now, f.sent_bytes)
+                f.writer.write(P.frame(P.Mark(self.seq)))
+        return self.seq
+
+    async def _confirmable(self, seq: int) -> bool:
+        """Wait until every in-sync follower acknowledged `seq`, dropping
+        those that take longer than max_lag, and the ISR is recorded."""
+        deadline = time.monotonic() + self.max_lag
+        while not self.fenced:
+            waiting = [f for f in self.followers.values() if f.in_sync and f.acked < seq]
+            now = time.monotonic()
+            if waiting and now >= deadline:
+                for f in waiting:
+                    log.warning(
+                        "follower %s lags %.1f s: out of the in-sync set", f.node, self.max_lag
+                    )
+                    f.in_sync = False
+                continue
+            if not waiting:
+                if not await self._write_isr():
+                    return False
+                if len(self.isr()) - 1 >= self.min_isr:
+                    return True
+                if self.draining:
+                    return False  # the node stops: refuse rather than wait for followers
+                deadline = time.monotonic() + self.max_lag  # wait for followers to come back
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), max(0.01, min(deadline - now, 0.5)))
+        return False
+
+    async def _write_isr(self) -> bool:
+        """Record the ISR in etcd if it changed; retried until it is, or fenced."""
+        while not self.fenced:
+            isr = self.isr()
+            if isr == self._isr_written:
+                return True
+            if await self.on_isr(isr):
+                self._isr_written = isr
+                log.info("in-sync set: %s", ", ".join(isr))
+                continue
+            await asyncio.sleep(0.2)  # etcd unreachable: the lease logic fences in time
+        return False
+
+    # ----------------------------------------------------------- followers
+    async def _serve_follower(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        frames = P.FrameReader()
+        follower: Follower | None = None
+        try:
+            hello = await self._hello(reader, frames)
+            if hello is None or self.fenced:
+                writer.write(P.frame(P.Refused("not the leader" if self.fenced else "bad hello")))
+                return
+            if hello.cluster != self.cluster or hello.secret != self.secret:
+                writer.write(P.frame(P.Refused("wrong cluster name or secret")))
+                return
+            old = self.followers.pop(hello.node, None)
+            if old is not None:
+                old.writer.close()
+            peer = writer.get_extra_info("peername")
+            follower = Follower(hello.node, f"{peer[0]}:{peer[1]}" if peer else "?", writer)
+            self.followers[hello.node] = follower
+            writer.write(P.frame(P.Welcome(self.node)))
+            self._compare(follower, hello.files)
+            self._spawn(self._catch_up(follower))
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for message in frames.feed(data):
+                    if isinstance(message, P.Ack):
+                        self._acked(follower, message.seq)
+        except (ConnectionError, ValueError, OSError) as exc:
+            log.info("follower connection ended: %s", exc)
+        finally:
+            writer.close()
+            if follower is not None and self.followers.get(follower.node) is follower:
+                del self.followers[follower.node]
+                if follower.in_sync:
+                    log.warning("follower %s left the in-sync set (disconnected)", follower.node)
+                self._changed.set()
+
+    async def _hello(self, reader: asyncio.StreamReader, frames: P.FrameReader) -> P.Hello | None:
+        messages: list[P.Message] = []
+        while not messages:
+            data = await asyncio.wait_for(reader.read(1 << 20), 30)
+            if not data:
+                return None
+            messages = frames.feed(data)
+        first = messages[0]
+        return first if isinstance(first, P.Hello) else None
+
+    def _acked(self, f: Follower, seq: int) -> None:
+        f.acked = max(f.acked, seq)
+        for s in [s for s in f.marks if s <= seq]:
+            f.acked_bytes = max(f.acked_bytes, f.marks.pop(s)[1])
+        if f.streaming and not f.in_sync and f.acked >= self.seq:
+            f.in_sync = True  # caught up with the last mark: counted again
+            log.info("follower %s is in sync", f.node)
+            self._spawn(self._write_isr_task())
+        self._changed.set()
+
+    async def _write_isr_task(self) -> None:
+        await self._write_isr()
+
+    def _compare(self, f: Follower, files: dict[str, tuple[int, int]]) -> None:
+        """What the follower has that is a prefix of ours needs only its
+        tail; anything else is sent whole or deleted."""
+        for rel, (size, crc) in files.items():
+            if not mirror.mirrored(rel):
+                continue
+            full = os.path.join(self.root, rel)
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:
+                self._send(f, P.Delete(rel))
+                continue
+            if st.st_size >= size and mirror.prefix_crc(full, size) == crc:
+                f.shipped[rel] = Shipped(st.st_ino, size)
+            else:
+                f.shipped[rel] = Shipped(-1, 0)  # differs: sent whole
+
+    async def _catch_up(self, f: Follower) -> None:
+        try:
+            while True:
+                before = f.sent_bytes
+                for rel in list(mirror.files(self.root)):
+                    self._ship(f, rel)
+                    await f.writer.drain()
+                    if self.fenced or self.followers.get(f.node) is not f:
+                        return
+                if f.sent_bytes - before < SETTLED:
+                    break
+            # The last pass without a pause: from here on every change is
+            # shipped as it happens, so the mark below covers everything.
+            for rel in list(mirror.files(self.root)):
+                self._ship(f, rel)
+            for rel in [r for r in f.shipped if not os.path.exists(os.path.join(self.root, r))]:
+                self._ship(f, rel)
+            f.streaming = True
+            self.seq += 1
+            f.marks[self.seq] = (time.monotonic(), f.sent_bytes)
+            f.writer.write(P.frame(P.Mark(self.seq)))
+            log.info("follower %s caught up (%d bytes sent)", f.node, f.sent_bytes)
+        except (ConnectionError, OSError) as exc:
+            log.info("follower %s: catch-up ended: %s", f.node, exc)
+            f.writer.close()
+
+    def _send(self, f: Follower, message: P.Message) -> None:
+        f.writer.write(P.frame(message))
+
+    def _ship(self, f: Follower, rel: str) -> None:
+        """Send `f` what differs in `rel` (a file or a directory), at once."""
+        full = os.path.join(self.root, rel) if rel else self.root
+        try:
+            st = os.stat(full)
+        except FileNotFoundError:
+            for gone in [r for r in f.shipped if r == rel or r.startswith(rel + os.sep)]:
+                del f.shipped[gone]
+                self._send(f, P.Delete(gone))
+            return
+        if os.path.isdir(full):
+            # A directory's entries changed: new files and files renamed into
+            # place (another inode) are sent whole, removed ones deleted.
+            present = set()
+            for sub in mirror.files(full):
+                child = os.path.join(rel, sub) if rel else sub
+                present.add(child)
+                have = f.shipped.get(child)
+                try:
+                    ino = os.stat(os.path.join(self.root, child)).st_ino
+                except FileNotFoundError:
+                    continue
+                if have is None or have.ino != ino:
+                    self._ship(f, child)
+            prefix = rel + os.sep if rel else ""
+            for gone in [r for r in f.shipped if r.startswith(prefix) and r not in present]:
+                del f.shipped[gone]
+                self._send(f, P.Delete(gone))
+            return
+        have = f.shipped.get(rel)
+        whole = have is None or have.ino != st.st_ino or have.size > st.st_size
+        offset = 0 if whole else have.size  # type: ignore[union-attr]
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            if whole:
+                self._send(f, P.Reset(rel))
+            while True:
+                data = os.pread(fd, CHUNK, offset)
+                if not data:
+                    break
+                self._send(f, P.Append(rel, offset, data))
+                f.sent_bytes += len(data)
+                offset += len(data)
+            if whole:
+                self._send(f, P.Commit(rel))
+        finally:
+            os.close(fd)
+        f.shipped[rel] = Shipped(st.st_ino, offset)

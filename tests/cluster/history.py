@@ -1,0 +1,148 @@
+"""A history of confirmed publishes and acked deliveries against a cluster
+whose nodes die, and its checker (issue 29's crash test).
+
+A publisher and a consumer, each a pika client on a thread of its own,
+connect to any node that answers (a follower proxies to the leader) and
+reconnect when their connection dies. The publisher numbers its messages
+and records one as confirmed only when `basic_publish` returned (pika's
+BlockingChannel raises on a nack, a return or a lost connection). The
+consumer records every delivery with its redelivered flag, then acks it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pika
+
+QUEUE = "history"
+
+
+@dataclass
+class History:
+    confirmed: set[int] = field(default_factory=set)
+    attempted: int = 0
+    deliveries: list[tuple[int, bool]] = field(default_factory=list)  # (n, redelivered)
+    reconnects: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def problems(self) -> list[str]:
+        """What breaks the promise: a confirmed message never delivered, or
+        a second delivery of one not flagged redelivered."""
+        out = []
+        seen: set[int] = set()
+        for n, redelivered in self.deliveries:
+            if n in seen and not redelivered:
+                out.append(f"message {n} delivered again without the redelivered flag")
+            seen.add(n)
+        lost = sorted(self.confirmed - seen)
+        if lost:
+            out.append(f"{len(lost)} confirmed messages lost, first {lost[:10]}")
+        return out
+
+
+def _connect(urls: Callable[[], list[str]]) -> pika.BlockingConnection:
+    last: Exception | None = None
+    for url in urls():
+        try:
+            return pika.BlockingConnection(
+                pika.URLParameters(url + "?socket_timeout=3&blocked_connection_timeout=10")
+            )
+        except Exception as exc:  # any node may be down
+            last = exc
+    raise ConnectionError(f"no node answered: {last}")
+
+
+class Clients:
+    def __init__(self, urls: Callable[[], list[str]], history: History) -> None:
+        self.urls = urls
+        self.history = history
+        self.stop_publishing = threading.Event()
+        self.stop_consuming = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._publish, daemon=True),
+            threading.Thread(target=self._consume, daemon=True),
+        ]
+
+    def start(self) -> Clients:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _publish(self) -> None:
+        h = self.history
+        n = 0
+        while not self.stop_publishing.is_set():
+            try:
+                conn = _connect(self.urls)
+            except ConnectionError:
+                time.sleep(0.1)  # every node down: poll again (bounded by the test)
+                continue
+            try:
+                ch = conn.channel()
+                ch.queue_declare(QUEUE, durable=True)
+                ch.confirm_delivery()
+                while not self.stop_publishing.is_set():
+                    n += 1
+                    with h.lock:
+                        h.attempted = n
+                    ch.basic_publish(
+                        "",
+                        QUEUE,
+                        b"%d" % n,
+                        pika.BasicProperties(delivery_mode=2),
+                        mandatory=True,
+                    )
+                    with h.lock:
+                        h.confirmed.add(n)
+                conn.close()
+            except Exception:  # the node died under us: reconnect
+                h.reconnects["publisher"] += 1
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+    def _consume(self) -> None:
+        h = self.history
+        while not self.stop_consuming.is_set():
+            try:
+                conn = _connect(self.urls)
+            except ConnectionError:
+                time.sleep(0.1)
+                continue
+            try:
+                ch = conn.channel()
+                ch.queue_declare(QUEUE, durable=True)
+                ch.basic_qos(prefetch_count=100)
+                for method, _props, body in ch.consume(QUEUE, inactivity_timeout=0.2):
+                    if self.stop_consuming.is_set():
+                        break
+                    if method is None:
+                        continue
+                    with h.lock:
+                        h.deliveries.append((int(body), bool(method.redelivered)))
+                    ch.basic_ack(method.delivery_tag)
+                conn.close()
+            except Exception:  # likewise
+                h.reconnects["consumer"] += 1
+
+    def delivered(self) -> set[int]:
+        with self.history.lock:
+            return {n for n, _ in self.history.deliveries}
+
+    def stop_publisher(self) -> None:
+        """No publish after this returns (none in flight that could still be
+        confirmed behind the checker's back)."""
+        self.stop_publishing.set()
+        self.threads[0].join(60)
+        assert not self.threads[0].is_alive(), "the publisher did not stop"
+
+    def stop(self) -> None:
+        self.stop_publishing.set()
+        self.stop_consuming.set()
+        for t in self.threads:
+            t.join(30)

@@ -1,0 +1,181 @@
+"""Cluster nodes as real processes for tests: each its own ports, data and
+runtime directories, in a session of its own so that "the machine died"
+is one SIGKILL of its process group (agent, broker and every child).
+
+Every wait is a bounded poll (tests/broker_process.py wait_for)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.broker_process import ROOT, free_port, wait_for
+
+
+class ClusterNode:
+    def __init__(self, tmp: Path, name: str, etcd_url: str, *args: str, ttl: int = 2) -> None:
+        self.name = name
+        self.port = free_port()
+        self.cluster_port = free_port()
+        self.runtime_dir = str(tmp / f"{name}-run")
+        self.data_dir = str(tmp / f"{name}-data")
+        self.log_path = tmp / f"{name}.log"
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "shoal.broker",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
+            "--runtime-dir",
+            self.runtime_dir,
+            "--data-dir",
+            self.data_dir,
+            "--metrics-port",
+            "0",
+            "--management-port",
+            "0",
+            "--arena-mb",
+            "64",
+            "--max-queues",
+            "256",
+            "--graceful-timeout",
+            "3",
+            "--cluster-etcd",
+            etcd_url,
+            "--cluster-name",
+            "test",
+            "--cluster-port",
+            str(self.cluster_port),
+            "--cluster-advertise",
+            f"127.0.0.1:{self.cluster_port}",
+            "--cluster-lease-ttl",
+            str(ttl),
+            *args,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def start(self) -> ClusterNode:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def status(self) -> dict[str, Any]:
+        """The agent's cluster view ({} until it wrote one, or when dead)."""
+        if not self.alive():
+            return {}
+        try:
+            with open(os.path.join(self.runtime_dir, "cluster.json")) as f:
+                answer: dict[str, Any] = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return answer
+
+    @property
+    def role(self) -> str:
+        return str(self.status().get("role", ""))
+
+    def serving(self) -> bool:
+        """Leader with its broker accepting AMQP connections."""
+        if self.role != "leader":
+            return False
+        try:
+            import pika
+
+            pika.BlockingConnection(pika.URLParameters(self.url + "?socket_timeout=2")).close()
+        except Exception:
+            return False
+        return True
+
+    def family(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def signal_group(self, sig: int) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL of the node: agent, broker and children at once."""
+        family = self.family()
+        if self.proc is None:
+            return
+        try:
+            self.signal_group(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _gone, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, f"processes survived SIGKILL: {alive}"
+        self.proc.wait(5)
+
+    def stop(self, timeout: float = 30) -> None:
+        family = self.family()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"node {self.name} did not stop:\n{self.log()}") from None
+        _gone, alive = psutil.wait_procs(family, timeout=10)
+        for p in alive:
+            p.kill()
+        assert not alive, f"node {self.name} left processes behind: {alive}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+
+def leader_of(nodes: list[ClusterNode], timeout: float = 30) -> ClusterNode:
+    """The one node serving as leader, once there is one."""
+    return wait_for(
+        lambda: next((n for n in nodes if n.alive() and n.serving()), None),
+        timeout,
+        "a leader serving AMQP",
+        interval=0.1,
+    )
+
+
+def in_sync(nodes: list[ClusterNode], count: int, timeout: float = 30) -> list[str]:
+    """Wait until the leader reports `count` nodes in its in-sync set."""
+
+    def check() -> list[str] | None:
+        for n in nodes:
+            st = n.status()
+            if st.get("role") == "leader" and len(st.get("isr", [])) == count:
+                return list(st["isr"])
+        return None
+
+    return wait_for(check, timeout, f"{count} nodes in sync", interval=0.1)

@@ -1,0 +1,144 @@
+"""The crash test: confirming publishers and acking consumers run while the
+leader dies again and again; every confirmed message is delivered, and a
+message comes again only flagged redelivered (issue 29's headline)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.broker_process import wait_for
+from tests.cluster.etcd_server import EtcdServer
+from tests.cluster.history import Clients, History
+from tests.cluster.nodes import ClusterNode, in_sync, leader_of
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+KILLS = 10
+
+
+@pytest.fixture
+def nodes(three_nodes: Callable[..., list[ClusterNode]]) -> list[ClusterNode]:
+    return three_nodes()
+
+
+def urls(nodes: list[ClusterNode]) -> list[str]:
+    return [n.url for n in nodes if n.alive()]
+
+
+def run_history(nodes: list[ClusterNode], rounds: int, act: object) -> History:
+    history = History()
+    clients = Clients(lambda: urls(nodes), history).start()
+    try:
+        for i in range(rounds):
+            in_sync(nodes, 3, 60)
+            before = len(history.confirmed)
+            wait_for(
+                lambda b=before: len(history.confirmed) > b + 50,  # type: ignore[misc]
+                60,
+                f"confirms before failure {i + 1}",
+                interval=0.05,
+            )
+            act(nodes)  # type: ignore[operator]
+        in_sync(nodes, 3, 60)
+        last = max(history.confirmed)
+        wait_for(
+            lambda: len(history.confirmed) > 0 and max(history.confirmed) > last + 50,
+            60,
+            "confirms after the last failure",
+            interval=0.05,
+        )
+        clients.stop_publisher()
+        wait_for(
+            lambda: history.confirmed <= clients.delivered(),
+            60,
+            "every confirmed message delivered",
+            interval=0.1,
+        )
+    finally:
+        clients.stop()
+    return history
+
+
+def kill_the_leader(nodes: list[ClusterNode]) -> None:
+    leader = leader_of(nodes, 60)
+    leader.kill()
+    started = time.monotonic()
+    leader_of([n for n in nodes if n is not leader], 60)
+    print(f"failover after kill -9 of {leader.name}: {time.monotonic() - started:.2f} s")
+    leader.start()  # it comes back as a follower
+
+
+def test_every_confirmed_message_outlives_ten_kills_of_the_leader(
+    nodes: list[ClusterNode],
+) -> None:
+    killed: list[str] = []
+
+    def act(ns: list[ClusterNode]) -> None:
+        killed.append(leader_of(ns, 60).name)
+        kill_the_leader(ns)
+
+    history = run_history(nodes, KILLS, act)
+    assert history.problems() == []
+    assert len(set(killed)) == 3, f"the leader was always the same node: {killed}"
+    assert len(history.confirmed) > KILLS * 50
+    print(
+        f"{len(history.confirmed)} confirmed, {len(history.deliveries)} deliveries, "
+        f"reconnects {dict(history.reconnects)}"
+    )
+
+
+def test_a_paused_leader_never_confirms_after_the_new_one_took_over(
+    nodes: list[ClusterNode],
+) -> None:
+    """SIGSTOP of the leader's whole node past its lease, then SIGCONT: it
+    must refuse what it had pending, step down, and follow."""
+
+    def act(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        leader.signal_group(signal.SIGSTOP)
+        leader_of([n for n in ns if n is not leader], 60)
+        leader.signal_group(signal.SIGCONT)
+        wait_for(lambda: leader.role == "follower", 60, "the paused leader to follow")
+
+    history = run_history(nodes, 1, act)
+    assert history.problems() == []
+
+
+def test_a_follower_killed_while_publishing_catches_up_and_rejoins(
+    nodes: list[ClusterNode],
+) -> None:
+    def act(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        follower = next(n for n in ns if n is not leader)
+        follower.kill()
+        wait_for(lambda: len(leader.status().get("isr", [])) == 2, 30, "the ISR to drop it")
+        follower.start()
+        in_sync(ns, 3, 60)
+        assert leader.role == "leader"  # the leader never changed
+
+    history = run_history(nodes, 1, act)
+    assert history.problems() == []
+
+
+def test_a_leader_cut_off_from_etcd_fences_itself_and_nothing_confirmed_is_lost(
+    nodes: list[ClusterNode], etcd: EtcdServer
+) -> None:
+    """etcd unreachable past the lease (paused): the leader stops confirming
+    and its broker before the lease can have run out; once etcd is back a
+    leader is elected again and clients carry on."""
+
+    def act(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        etcd.pause()
+        try:
+            wait_for(lambda: leader.role != "leader", 30, "the cut-off leader to fence itself")
+        finally:
+            etcd.resume()
+        leader_of(ns, 60)
+
+    history = run_history(nodes, 1, act)
+    assert history.problems() == []

@@ -1,0 +1,163 @@
+"""A three-node cluster on etcd, over real sockets with pika: every
+confirmed message outlives the leader's death (issue 29)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+
+import pika
+import pytest
+
+from tests.broker_process import wait_for
+from tests.cluster.nodes import ClusterNode, in_sync, leader_of
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def nodes(three_nodes: Callable[..., list[ClusterNode]]) -> list[ClusterNode]:
+    return three_nodes("--metrics-port", "--management-port")
+
+
+def shoal(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shoal.broker", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def role_by_status(node: ClusterNode) -> str:
+    """`shoal status --json`'s cluster.role, as a script finds the leader."""
+    done = shoal("status", "--runtime-dir", node.runtime_dir, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return str(json.loads(done.stdout)["cluster"]["role"])
+
+
+def http_get(node: ClusterNode, flag: str, path: str) -> bytes:
+    """GET from the port a node was given with `flag` (basic auth as guest)."""
+    port = node.cmd[node.cmd.index(flag, node.cmd.index("--cluster-etcd")) + 1]
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return bytes(answer.read())
+
+
+def connect(node: ClusterNode) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(node.url + "?socket_timeout=5"))
+
+
+def publish_confirmed(
+    node: ClusterNode, queue: str, bodies: list[bytes], queue_type: str = "classic"
+) -> None:
+    conn = connect(node)
+    try:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True, arguments={"x-queue-type": queue_type})
+        ch.confirm_delivery()
+        for body in bodies:
+            # BlockingChannel raises on a nack or a return: this returns
+            # only for a confirmed message.
+            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
+    finally:
+        conn.close()
+
+
+def drain(node: ClusterNode, queue: str) -> list[tuple[bytes, bool]]:
+    conn = connect(node)
+    try:
+        ch = conn.channel()
+        got: list[tuple[bytes, bool]] = []
+        while True:
+            method, _props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                return got
+            got.append((body, method.redelivered))
+    finally:
+        conn.close()
+
+
+def read_stream(node: ClusterNode, queue: str, n: int) -> list[tuple[int, bytes]]:
+    """(x-stream-offset, body) of a stream's first n messages."""
+    conn = connect(node)
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=100)
+        got: list[tuple[int, bytes]] = []
+        for method, props, body in ch.consume(
+            queue, arguments={"x-stream-offset": "first"}, inactivity_timeout=5
+        ):
+            if method is None:
+                break
+            got.append((props.headers["x-stream-offset"], body))
+            ch.basic_ack(method.delivery_tag)
+            if len(got) == n:
+                break
+        return got
+    finally:
+        conn.close()
+
+
+def test_a_follower_proxies_clients_and_confirmed_messages_survive_the_leaders_sigkill(
+    nodes: list[ClusterNode],
+) -> None:
+    leader = leader_of(nodes)
+    in_sync(nodes, 3)
+    follower = next(n for n in nodes if n is not leader)
+    assert follower.role == "follower"
+    assert role_by_status(leader) == "leader"
+    assert role_by_status(follower) == "follower"
+    ctl = shoal("ctl", "--runtime-dir", leader.runtime_dir, "cluster_status", "--formatter", "json")
+    assert ctl.returncode == 0, ctl.stderr
+    view = json.loads(ctl.stdout)
+    assert sorted(f["node"] for f in view["followers"] if f["in_sync"]) == sorted(view["isr"][1:])
+    assert len(view["isr"]) == 3
+    metrics = http_get(leader, "--metrics-port", "/metrics").decode()
+    assert "shoal_cluster_in_sync_nodes 3.0" in metrics
+    assert metrics.count("shoal_cluster_follower_in_sync{") == 2
+    # The management API answers for the cluster on a follower too (piped to the leader).
+    api_nodes = json.loads(http_get(follower, "--management-port", "/api/nodes"))
+    assert [n.get("cluster_role") for n in api_nodes] == ["leader", "follower", "follower"]
+    bodies = [b"m-%d" % i for i in range(300)]
+    publish_confirmed(follower, "q", bodies)  # through the follower's proxy
+    publish_confirmed(follower, "qq", bodies[:100], "quorum")
+    publish_confirmed(follower, "s", bodies[:100], "stream")
+    offsets = read_stream(leader, "s", 100)
+
+    leader.kill()
+    rest = [n for n in nodes if n is not leader]
+    new = leader_of(rest, 30)
+    assert new.status()["leader"] == new.status()["node"] != leader.name
+    got = drain(new, "q")
+    assert [b for b, _ in got] == bodies  # every confirmed message, in order, once
+    assert all(redelivered for _, redelivered in got)  # recovered after a crash
+    assert [b for b, _ in drain(new, "qq")] == bodies[:100]
+    assert read_stream(new, "s", 100) == offsets  # every message at its offset
+
+    # The old leader comes back as a follower and gets in sync again.
+    leader.start()
+    wait_for(lambda: leader.role == "follower", 30, "the old leader to follow")
+    in_sync(nodes, 3)
+
+
+def test_leadership_moves_by_step_down_and_by_transfer(nodes: list[ClusterNode]) -> None:
+    leader = leader_of(nodes)
+    isr = in_sync(nodes, 3)
+    publish_confirmed(leader, "moved", [b"before"])
+    target = next(n for n in nodes if n is not leader)
+    target_id = target.status()["node"]
+    assert target_id in isr
+    done = shoal("ctl", "--runtime-dir", leader.runtime_dir, "transfer_leadership", target_id)
+    assert done.returncode == 0, done.stderr
+    wait_for(target.serving, 30, "the transfer's target to lead", interval=0.1)
+    assert leader.role == "follower"
+    in_sync(nodes, 3)
+    done = shoal("ctl", "--runtime-dir", target.runtime_dir, "step_down")
+    assert done.returncode == 0, done.stderr
+    third = leader_of([n for n in nodes if n is not target], 30)
+    wait_for(lambda: target.role == "follower", 30, "the stepped-down leader to follow")
+    assert [b for b, _ in drain(third, "moved")] == [b"before"]
+    refused = shoal("ctl", "--runtime-dir", target.runtime_dir, "step_down")
+    assert refused.returncode != 0 and "not the leader" in refused.stderr

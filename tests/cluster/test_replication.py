@@ -1,0 +1,188 @@
+"""Replication of a data directory, leader to follower, over real sockets:
+catch-up by comparison, then every change as it happens, and a sync's
+answer only once the in-sync follower has it (broker/cluster/shipper.py,
+receiver.py, store/mirror.py, store/replica.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from shoal.broker.cluster.receiver import LeaderRefused, Receiver
+from shoal.broker.cluster.shipper import Shipper
+from shoal.store import mirror, records
+from shoal.store.replica import ReplicaLink, ReplicaRefused
+from tests.broker_process import free_port
+
+
+def contents(root: Path) -> dict[str, bytes]:
+    return {rel: (root / rel).read_bytes() for rel in mirror.files(str(root))}
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+class Pair:
+    """A shipper over `leader` and a receiver into `follower`."""
+
+    def __init__(self, tmp: Path, min_isr: int = 1, max_lag: float = 2.0) -> None:
+        self.leader = tmp / "leader"
+        self.follower = tmp / "follower"
+        self.leader.mkdir()
+        self.socket = str(tmp / "replica.sock")
+        self.port = free_port()
+        self.isr_log: list[list[str]] = []
+        self.shipper = Shipper(
+            str(self.leader), "A", "c", "s", min_isr=min_isr, max_lag=max_lag, on_isr=self._isr
+        )
+        self.receiver = Receiver(str(self.follower), "B", "c", "s")
+        self.task: asyncio.Task[None] | None = None
+
+    async def _isr(self, isr: list[str]) -> bool:
+        self.isr_log.append(isr)
+        return True
+
+    async def start(self, follow: bool = True) -> None:
+        await self.shipper.start(self.socket, "127.0.0.1", self.port)
+        if follow:
+            self.follow()
+
+    def follow(self) -> None:
+        self.receiver = Receiver(str(self.follower), "B", "c", "s")
+        self.task = asyncio.ensure_future(self.receiver.run("127.0.0.1", self.port))
+
+    async def in_sync(self) -> None:
+        await until(lambda: self.shipper.isr() == ["A", "B"])
+
+    async def mirror(self, path: Path) -> None:
+        await asyncio.to_thread(ReplicaLink(self.socket).mirror, str(path))
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        await self.shipper.close()
+
+
+def run(tmp: Path, body: Callable[[Pair], Awaitable[None]], **kw: float) -> None:
+    async def main() -> None:
+        pair = Pair(tmp, **kw)  # type: ignore[arg-type]
+        try:
+            await body(pair)
+        finally:
+            await pair.stop()
+
+    asyncio.run(main())
+
+
+def test_a_new_follower_gets_every_file_and_joins_the_in_sync_set(tmp_path: Path) -> None:
+    async def body(p: Pair) -> None:
+        (p.leader / "msgs").mkdir()
+        (p.leader / "msgs" / "1.seg").write_bytes(os.urandom(3 << 20))
+        (p.leader / "epoch").write_bytes(b"4\n")
+        (p.leader / "shoal.lock").write_bytes(b"123\n")  # never copied
+        (p.leader / "paging").mkdir()
+        (p.leader / "paging" / "q1").write_bytes(b"x" * 100)  # never copied
+        await p.start()
+        await p.in_sync()
+        assert contents(p.follower) == contents(p.leader)
+        assert set(contents(p.follower)) == {"msgs/1.seg", "epoch"}
+        assert p.isr_log[-1] == ["A", "B"]
+
+    run(tmp_path, body)
+
+
+def test_a_sync_returns_only_once_the_follower_has_the_bytes_durably(tmp_path: Path) -> None:
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+        seg = p.leader / "seg"
+        with open(seg, "ab") as f:
+            for i in range(50):
+                f.write(b"record %d;" % i)
+                f.flush()
+                await p.mirror(seg)
+                # No wait here: the answer itself says the follower has it.
+                assert (p.follower / "seg").read_bytes() == seg.read_bytes()
+        assert p.shipper.batches >= 1 and p.receiver.acked >= 50
+
+    run(tmp_path, body)
+
+
+def test_replaced_and_removed_files_follow_through_the_directory_sync(tmp_path: Path) -> None:
+    async def body(p: Pair) -> None:
+        (p.leader / "d").mkdir()
+        (p.leader / "d" / "old").write_bytes(b"old")
+        await p.start()
+        await p.in_sync()
+        records.replace_file(str(p.leader / "epoch"), b"7\n")
+        os.unlink(p.leader / "d" / "old")
+        await p.mirror(p.leader)
+        await p.mirror(p.leader / "d")
+        assert contents(p.follower) == {"epoch": b"7\n"}
+        records.replace_file(str(p.leader / "epoch"), b"8\n")  # another inode, same size
+        await p.mirror(p.leader)
+        assert (p.follower / "epoch").read_bytes() == b"8\n"
+        assert not list(p.follower.glob("**/*" + mirror.ASIDE))
+
+    run(tmp_path, body)
+
+
+def test_a_returning_follower_gets_only_what_it_misses(tmp_path: Path) -> None:
+    async def body(p: Pair) -> None:
+        big = os.urandom(4 << 20)
+        (p.leader / "seg").write_bytes(big)
+        p.follower.mkdir(exist_ok=True)
+        (p.follower / "seg").write_bytes(big[: 3 << 20])  # a prefix: only the tail is sent
+        (p.follower / "stale").write_bytes(b"gone on the leader")
+        (p.follower / "differs").write_bytes(b"AAAA")
+        (p.leader / "differs").write_bytes(b"BBBB")
+        await p.start()
+        await p.in_sync()
+        assert contents(p.follower) == contents(p.leader)
+        follower = p.shipper.followers["B"]
+        assert follower.sent_bytes < (1 << 20) + 100
+
+    run(tmp_path, body)
+
+
+def test_a_dead_follower_leaves_the_in_sync_set_before_the_next_answer(tmp_path: Path) -> None:
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+        assert p.task is not None
+        p.task.cancel()  # the follower is gone
+        await asyncio.gather(p.task, return_exceptions=True)
+        seg = p.leader / "seg"
+        seg.write_bytes(b"after")
+        mirrored = asyncio.ensure_future(p.mirror(seg))
+        await asyncio.sleep(0.3)
+        assert not mirrored.done(), "answered with fewer in-sync followers than min-isr"
+        p.follow()  # it comes back, catches up, and the answer follows
+        await asyncio.wait_for(mirrored, 10)
+        assert (p.follower / "seg").read_bytes() == b"after"
+        assert ["A"] in p.isr_log and p.isr_log[-1] == ["A", "B"]
+
+    run(tmp_path, body, max_lag=0.5)
+
+
+def test_fenced_leader_refuses_and_a_wrong_secret_is_refused(tmp_path: Path) -> None:
+    async def body(p: Pair) -> None:
+        await p.start(follow=False)
+        wrong = Receiver(str(p.follower), "B", "c", "not the secret")
+        with pytest.raises(LeaderRefused):
+            await asyncio.wait_for(wrong.run("127.0.0.1", p.port), 5)
+        p.shipper.fence()
+        (p.leader / "seg").write_bytes(b"x")
+        with pytest.raises(ReplicaRefused):
+            await p.mirror(p.leader / "seg")
+
+    run(tmp_path, body, min_isr=0)
