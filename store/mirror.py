@@ -57,6 +57,30 @@ def node_id(data_dir: str) -> str:
     return made
 
 
+IN_SYNC = "in-sync"  # in <data dir>/cluster: this copy was whole at a mark
+
+
+def set_in_sync(data_dir: str, whole: bool) -> None:
+    """Record (durably) whether this node's copy of the data directory is a
+    whole one: set once a follower's catch-up was acknowledged, cleared
+    before a catch-up starts changing it. A node whose copy is not whole
+    never campaigns (broker/cluster/node.py), even if etcd's in-sync set
+    still names it (a follower that came back with its disk wiped)."""
+    directory = os.path.join(data_dir, "cluster")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, IN_SYNC)
+    if whole:
+        if not os.path.exists(path):
+            records.replace_file(path, b"whole\n")
+    elif os.path.exists(path):
+        os.unlink(path)
+        records.sync_directory(directory)
+
+
+def is_in_sync(data_dir: str) -> bool:
+    return os.path.exists(os.path.join(data_dir, "cluster", IN_SYNC))
+
+
 def mirrored(relative: str) -> bool:
     """Whether a path (relative to the data directory) is copied."""
     top = relative.split(os.sep, 1)[0]

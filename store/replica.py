@@ -52,7 +52,7 @@ class ReplicaLink:
         sock: socket.socket | None = getattr(local, "sock", None)
         if sock is None or local.pid != os.getpid():
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(self.path)
+            sock.connect(address(self.path))
             local.sock, local.pid = sock, os.getpid()
         return sock
 
@@ -70,6 +70,12 @@ class ReplicaLink:
         if answer != OK:
             self._local.sock = None
             raise ReplicaRefused(errno.EIO, f"{path}: not confirmed by the cluster's in-sync set")
+
+
+def address(name: str) -> str:
+    """A socket name as the environment carries it: "@name" is Linux's
+    abstract namespace (no file to leave behind when a node is killed)."""
+    return "\0" + name[1:] if name.startswith("@") else name
 
 
 link: ReplicaLink | None = None

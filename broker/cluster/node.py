@@ -44,7 +44,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import time
 import uuid
 
@@ -56,7 +55,7 @@ from shoal.broker.cluster.proxy import Proxy
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
 from shoal.broker.cluster.shipper import Shipper
 from shoal.broker.config import Config
-from shoal.store.mirror import node_id
+from shoal.store.mirror import is_in_sync, node_id, set_in_sync
 from shoal.store.replica import ENV as REPLICA_ENV
 
 log = logging.getLogger("shoal.cluster")
@@ -94,8 +93,9 @@ class Node:
         self.stopping = asyncio.Event()
         self.stepping_down = asyncio.Event()
         self.hold_off_until = 0.0  # no campaign before (after a step down)
-        self.socket_dir = tempfile.mkdtemp(prefix="shoal-cluster-")
-        self.replica_socket = os.path.join(self.socket_dir, "replica.sock")
+        # The broker's processes reach the shipper here (an abstract unix
+        # socket: nothing is left behind by a node killed with SIGKILL).
+        self.replica_socket = ""
         host, _, port = advertised(config).rpartition(":")
         self.replication = f"{host}:{port}"
         self.amqp = f"{host}:{config.port}"
@@ -112,6 +112,8 @@ class Node:
 
     # ----------------------------------------------------------- lifecycle
     async def run(self) -> int:
+        self.replica_socket = f"@shoal-replica-{uuid.uuid4().hex}"
+        made_runtime = not os.path.isdir(self.config.runtime_path())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
@@ -140,9 +142,9 @@ class Node:
             for path in (self._status_path(), control.socket_path(self.config.runtime_path())):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-            with contextlib.suppress(OSError):
-                os.unlink(self.replica_socket)
-            os.rmdir(self.socket_dir)
+            if made_runtime:
+                with contextlib.suppress(OSError):  # not empty: someone else's too
+                    os.rmdir(self.config.runtime_path())
         return 0
 
     async def _secret(self) -> str:
@@ -173,8 +175,8 @@ class Node:
             if preferred is not None and preferred.value.decode() != self.node:
                 return False  # leadership is being handed to that node
             isr = await self._recorded_isr()
-            if isr and self.node not in isr:
-                log.info("not in the in-sync set %s: waiting for a leader", isr)
+            if isr and (self.node not in isr or not is_in_sync(self.data_dir)):
+                log.info("not in the in-sync set %s with a whole copy: waiting for a leader", isr)
                 return False
             lease = await self.etcd.grant(self.ttl)
             sent = time.monotonic()
@@ -214,6 +216,7 @@ class Node:
     async def _lead(self) -> None:
         log.info("leader of cluster %s (lease %x)", self.prefix, self.lease)
         self.role = "leader"
+        set_in_sync(self.data_dir, True)  # the leader's copy is the cluster's
         leader_value = json.dumps(self.leader).encode()
 
         async def write_isr(isr: list[str]) -> bool:
@@ -333,7 +336,14 @@ class Node:
             return
         host, _, port = self.leader["replication"].rpartition(":")
         amqp_host, _, amqp_port = self.leader["amqp"].rpartition(":")
-        self.receiver = Receiver(self.data_dir, self.node, self.prefix, self.secret)
+        self.receiver = Receiver(
+            self.data_dir,
+            self.node,
+            self.prefix,
+            self.secret,
+            on_welcome=self._catching_up,
+            on_caught_up=self._caught_up,
+        )
         c = self.config
         proxies = [(Proxy(amqp_host, int(amqp_port)), c.bind, c.port)]
         management = self.leader.get("management", "")
@@ -368,6 +378,14 @@ class Node:
             for proxy, _, _ in proxies:
                 await proxy.close()
             self.receiver = None
+
+    def _catching_up(self) -> None:
+        """A leader accepted us: its catch-up is about to change our copy,
+        which is not whole again until the catch-up's mark."""
+        set_in_sync(self.data_dir, False)
+
+    def _caught_up(self) -> None:
+        set_in_sync(self.data_dir, True)
 
     # ------------------------------------------------------------ control
     async def _control(self, request: dict[str, object]) -> dict[str, object]:

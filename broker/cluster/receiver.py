@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from shoal.broker.cluster import protocol as P
 from shoal.store import mirror
@@ -21,7 +22,15 @@ class LeaderRefused(Exception):
 class Receiver:
     """One connection to one leader; `run()` returns when it ends."""
 
-    def __init__(self, root: str, node: str, cluster: str, secret: str) -> None:
+    def __init__(
+        self,
+        root: str,
+        node: str,
+        cluster: str,
+        secret: str,
+        on_welcome: Callable[[], None] = lambda: None,
+        on_caught_up: Callable[[], None] = lambda: None,
+    ) -> None:
         self.root = root
         self.node = node
         self.cluster = cluster
@@ -31,6 +40,10 @@ class Receiver:
         self.caught_up = False  # acknowledged at least one mark on this connection
         self.last_ack = 0.0
         self.leader = ""
+        # Called on a thread: when the leader accepted this follower (its copy
+        # is about to change), and at the first mark (the copy is whole again).
+        self.on_welcome = on_welcome
+        self.on_caught_up = on_caught_up
 
     async def run(self, host: str, port: int) -> None:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
@@ -45,6 +58,10 @@ class Receiver:
                 messages = frames.feed(data)
                 if messages:
                     mark = await asyncio.to_thread(self._apply, messages)
+                    if mark and not self.caught_up:
+                        # The first mark comes after the whole catch-up: the
+                        # copy is whole before the leader counts it in sync.
+                        await asyncio.to_thread(self.on_caught_up)
                     if mark:
                         writer.write(P.frame(P.Ack(mark)))
                         self.acked = mark
@@ -72,6 +89,7 @@ class Receiver:
                 m.delete(message.path)
             elif isinstance(message, P.Welcome):
                 self.leader = message.leader
+                self.on_welcome()
                 log.info("following %s", message.leader)
             elif isinstance(message, P.Refused):
                 raise LeaderRefused(message.reason)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from shoal.broker.cluster import protocol as P
 from shoal.store import mirror
-from shoal.store.replica import FENCED, OK
+from shoal.store.replica import FENCED, OK, address
 
 log = logging.getLogger("shoal.cluster")
 
@@ -113,9 +113,12 @@ class Shipper:
 
     # ------------------------------------------------------------ start/stop
     async def start(self, replica_socket: str, host: str, port: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(replica_socket)
-        self._servers.append(await asyncio.start_unix_server(self._serve_process, replica_socket))
+        if not replica_socket.startswith("@"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(replica_socket)
+        self._servers.append(
+            await asyncio.start_unix_server(self._serve_process, address(replica_socket))
+        )
         self._servers.append(await asyncio.start_server(self._serve_follower, host, port))
         self._spawn(self._batches())
         await self._write_isr()

@@ -1,0 +1,71 @@
+"""Who may campaign for leadership (broker/cluster/node.py) against a real
+etcd: only a node of the recorded in-sync set whose own copy is whole."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from shoal.broker.cluster.etcd import Etcd
+from shoal.broker.cluster.node import Node
+from shoal.broker.config import Config
+from shoal.store.mirror import node_id, set_in_sync
+from tests.broker_process import free_port
+from tests.cluster.etcd_server import EtcdServer
+
+pytestmark = pytest.mark.cluster
+
+
+def config(tmp: Path, etcd: EtcdServer) -> Config:
+    return Config(
+        data_dir=str(tmp / "data"),
+        runtime_dir=str(tmp / "run"),
+        cluster_etcd=(etcd.url,),
+        cluster_name="election",
+        cluster_port=free_port(),
+        cluster_advertise=f"127.0.0.1:{free_port()}",
+    )
+
+
+def test_only_an_in_sync_node_with_a_whole_copy_campaigns(tmp_path: Path, etcd: EtcdServer) -> None:
+    cfg = config(tmp_path, etcd)
+    me = node_id(cfg.data_path())
+
+    async def main() -> list[bool]:
+        async with Etcd([etcd.url]) as client:
+            node = Node(cfg)
+            try:
+                results = []
+                await client.put("shoal/election/isr", json.dumps(["other", me]).encode())
+                set_in_sync(cfg.data_path(), False)  # a copy being caught up, or wiped
+                results.append(await node._campaign())
+                await client.put("shoal/election/isr", json.dumps(["other"]).encode())
+                set_in_sync(cfg.data_path(), True)
+                results.append(await node._campaign())  # whole, but not in the set
+                await client.put("shoal/election/isr", json.dumps(["other", me]).encode())
+                results.append(await node._campaign())  # in the set, whole: leads
+                leader = await client.get("shoal/election/leader")
+                assert leader is not None and json.loads(leader.value)["node"] == me
+                return results
+            finally:
+                await node._release()
+                await node.etcd.close()
+
+    assert asyncio.run(main()) == [False, False, True]
+
+
+def test_a_first_node_leads_when_no_set_is_recorded(tmp_path: Path, etcd: EtcdServer) -> None:
+    cfg = config(tmp_path, etcd)
+
+    async def main() -> bool:
+        node = Node(cfg)
+        try:
+            return await node._campaign()
+        finally:
+            await node._release()
+            await node.etcd.close()
+
+    assert asyncio.run(main()) is True
