@@ -49,6 +49,8 @@ log = logging.getLogger("shoal.cluster")
 
 CHUNK = 1 << 20  # bytes per Append frame
 SETTLED = 4 << 20  # a catch-up pass that sent less than this is the last
+MAX_BUFFERED = 256 << 20  # bytes queued for one follower before it counts as stalled
+STALLED = 10.0  # s without an acknowledgement before a follower counts as stalled
 
 
 @dataclass
@@ -226,10 +228,20 @@ class Shipper:
     def _mark(self) -> int:
         self.seq += 1
         now = time.monotonic()
-        for f in self.followers.values():
-            if f.streaming:
-                f.marks[self.seq] = (now, f.sent_bytes)
-                f.writer.write(P.frame(P.Mark(self.seq)))
+        for f in list(self.followers.values()):
+            if not f.streaming:
+                continue
+            if (
+                f.writer.transport.get_write_buffer_size() > MAX_BUFFERED
+                or f.lag_seconds(now) > max(STALLED, 5 * self.max_lag)
+            ):
+                # A follower that stopped reading (paused, hung) would make us
+                # buffer everything for it: drop it; it catches up when back.
+                log.warning("follower %s stalled: disconnected", f.node)
+                f.writer.close()
+                continue
+            f.marks[self.seq] = (now, f.sent_bytes)
+            f.writer.write(P.frame(P.Mark(self.seq)))
         return self.seq
 
     async def _confirmable(self, seq: int) -> bool:
