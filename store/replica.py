@@ -31,6 +31,8 @@ import threading
 ENV = "SHOAL_REPLICA_SOCKET"
 OK = b"\x01"
 FENCED = b"\x00"
+TAIL = b"t"  # a request's first byte: what changed is at the file's end (or its name)
+WHOLE = b"w"  # the file was changed in place: send it whole
 _LENGTH = struct.Struct("<I")
 
 
@@ -56,12 +58,14 @@ class ReplicaLink:
             local.sock, local.pid = sock, os.getpid()
         return sock
 
-    def mirror(self, path: str) -> None:
+    def mirror(self, path: str, whole: bool = False) -> None:
         """Return once `path` (a file, or a directory whose entries changed)
-        is the same on every in-sync follower, durably."""
+        is the same on every in-sync follower, durably. `whole`: the file
+        was changed in place (a mapped deduplication cache), not appended
+        to, so it is sent whole."""
         try:
             sock = self._socket()
-            data = os.fsencode(path)
+            data = (WHOLE if whole else TAIL) + os.fsencode(path)
             sock.sendall(_LENGTH.pack(len(data)) + data)
             answer = sock.recv(1)
         except OSError as exc:

@@ -25,6 +25,8 @@ import os
 from shoal.broker.amqp import dedup, errors
 from shoal.shm.dedup import DedupCache, DedupLockTimeout, cache_directory
 from shoal.shm.queues import QueueStore
+from shoal.store import replica
+from shoal.store.sync import durability_lost
 from shoal.workers._wire import dedup_key
 from shoal.workers.routes import Routes, message_headers
 
@@ -129,10 +131,16 @@ class Deduplicator:
 
     def flush(self) -> None:
         """msync the disk caches changed since the last call (with the
-        message store's sync: workers/persist.py)."""
+        message store's sync: workers/persist.py); on a cluster's leader,
+        the followers get them too before the messages are confirmed."""
         for cache in self._caches.values():
             if cache.dirty and cache.path.startswith(self._data):
                 cache.flush()
+                if replica.link is not None:
+                    try:
+                        replica.link.mirror(cache.path, whole=True)  # changed in place
+                    except OSError as exc:
+                        durability_lost(f"deduplication cache {cache.path}", exc)
 
     def close(self) -> None:
         for cache in self._caches.values():

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from shoal.broker.cluster import protocol as P
 from shoal.store import mirror
-from shoal.store.replica import FENCED, OK, address
+from shoal.store.replica import FENCED, OK, WHOLE, address
 
 log = logging.getLogger("shoal.cluster")
 
@@ -106,7 +106,7 @@ class Shipper:
         self.seq = 0
         self.batches = 0
         self.requests = 0
-        self._pending: list[tuple[str, asyncio.Future[bytes]]] = []
+        self._pending: list[tuple[str, bool, asyncio.Future[bytes]]] = []
         self._work = asyncio.Event()
         self._changed = asyncio.Event()  # a follower joined, left or acked
         self._isr_written: list[str] | None = None
@@ -137,9 +137,9 @@ class Shipper:
     def fence(self) -> None:
         """Answer FENCED from now on; drop the followers."""
         self.fenced = True
-        for pending in self._pending:
-            if not pending[1].done():
-                pending[1].set_result(FENCED)
+        for _, _, done in self._pending:
+            if not done.done():
+                done.set_result(FENCED)
         self._pending.clear()
         self._work.set()
         self._changed.set()
@@ -180,12 +180,13 @@ class Shipper:
             while True:
                 head = await reader.readexactly(P.LENGTH.size)
                 (length,) = P.LENGTH.unpack(head)
-                path = os.fsdecode(await reader.readexactly(length))
+                request = await reader.readexactly(length)
+                whole, path = request[:1] == WHOLE, os.fsdecode(request[1:])
                 done: asyncio.Future[bytes] = loop.create_future()
                 if self.fenced:
                     done.set_result(FENCED)
                 else:
-                    self._pending.append((path, done))
+                    self._pending.append((path, whole, done))
                     self._work.set()
                 writer.write(await done)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -202,12 +203,15 @@ class Shipper:
                 continue
             self.batches += 1
             self.requests += len(batch)
-            paths = {self._relative(path) for path, _ in batch}
+            paths: dict[str, bool] = {}  # relative path -> sent whole
+            for path, whole, _ in batch:
+                rel = self._relative(path)
+                if rel is not None:
+                    paths[rel] = paths.get(rel, False) or whole
             for f in list(self.followers.values()):
                 if f.streaming:
-                    for rel in paths:
-                        if rel is not None:
-                            self._ship(f, rel)
+                    for rel, whole in paths.items():
+                        self._ship(f, rel, whole)
             seq = self._mark()
             confirmable = await self._confirmable(seq)
             if confirmable and not self.lease_valid():
@@ -215,7 +219,7 @@ class Shipper:
                 # its lease (SIGSTOP) must not confirm when it resumes.
                 self.fence()
             answer = OK if confirmable and not self.fenced else FENCED
-            for _, done in batch:
+            for _, _, done in batch:
                 if not done.done():
                     done.set_result(answer)
 
@@ -231,10 +235,9 @@ class Shipper:
         for f in list(self.followers.values()):
             if not f.streaming:
                 continue
-            if (
-                f.writer.transport.get_write_buffer_size() > MAX_BUFFERED
-                or f.lag_seconds(now) > max(STALLED, 5 * self.max_lag)
-            ):
+            if f.writer.transport.get_write_buffer_size() > MAX_BUFFERED or f.lag_seconds(
+                now
+            ) > max(STALLED, 5 * self.max_lag):
                 # A follower that stopped reading (paused, hung) would make us
                 # buffer everything for it: drop it; it catches up when back.
                 log.warning("follower %s stalled: disconnected", f.node)
@@ -393,8 +396,9 @@ class Shipper:
     def _send(self, f: Follower, message: P.Message) -> None:
         f.writer.write(P.frame(message))
 
-    def _ship(self, f: Follower, rel: str) -> None:
-        """Send `f` what differs in `rel` (a file or a directory), at once."""
+    def _ship(self, f: Follower, rel: str, whole_file: bool = False) -> None:
+        """Send `f` what differs in `rel` (a file or a directory), at once;
+        `whole_file`: the file changed in place, send all of it."""
         full = os.path.join(self.root, rel) if rel else self.root
         try:
             st = os.stat(full)
@@ -423,7 +427,7 @@ class Shipper:
                 self._send(f, P.Delete(gone))
             return
         have = f.shipped.get(rel)
-        whole = have is None or have.ino != st.st_ino or have.size > st.st_size
+        whole = whole_file or have is None or have.ino != st.st_ino or have.size > st.st_size
         offset = 0 if whole else have.size  # type: ignore[union-attr]
         try:
             fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)

@@ -186,3 +186,24 @@ def test_fenced_leader_refuses_and_a_wrong_secret_is_refused(tmp_path: Path) -> 
             await p.mirror(p.leader / "seg")
 
     run(tmp_path, body, min_isr=0)
+
+
+def test_a_file_changed_in_place_is_sent_whole_when_asked(tmp_path: Path) -> None:
+    """A mapped file (a deduplication cache) changes in place, at the same
+    size: only a request that says so sends it again."""
+
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+        cache = p.leader / "cache"
+        cache.write_bytes(b"a" * 4096)
+        await p.mirror(cache)
+        with open(cache, "r+b") as f:
+            f.seek(100)
+            f.write(b"changed")
+        await p.mirror(cache)  # same inode, same size: nothing looks new
+        assert (p.follower / "cache").read_bytes() == b"a" * 4096
+        await asyncio.to_thread(ReplicaLink(p.socket).mirror, str(cache), True)
+        assert (p.follower / "cache").read_bytes() == cache.read_bytes()
+
+    run(tmp_path, body)
