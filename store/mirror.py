@@ -209,7 +209,16 @@ class Mirror:
                 os.unlink(full)
             except FileNotFoundError:
                 return
-        self._dirs.add(os.path.dirname(full))
+        parent = os.path.dirname(full)
+        # A directory below the top level (a stream's) left empty went with
+        # its files on the leader: the leader names files, not directories.
+        while os.path.dirname(parent) != self.root and parent != self.root:
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break  # not empty, or gone
+            parent = os.path.dirname(parent)
+        self._dirs.add(parent)
 
     def mark(self) -> None:
         """Everything applied so far is durable when this returns."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import shutil
 import struct
 import time
 import zlib
@@ -62,6 +63,16 @@ def streams_directory(data_dir: str) -> str:
 def stream_directory(root: str, stream_id: int) -> str:
     """A stream's directory, named by its durable queue's uid."""
     return os.path.join(root, f"{stream_id:016x}")
+
+
+def remove_stream(directory: str) -> None:
+    """Remove a deleted stream's directory and make the removal durable: on
+    a cluster's leader this also removes it from the followers
+    (store/replica.py)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    root = os.path.dirname(directory)
+    if os.path.isdir(root):
+        records.sync_directory(root)
 
 
 def segment_name(first_offset: int) -> str:

@@ -55,6 +55,8 @@ from shoal.broker.cluster.proxy import Proxy
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
 from shoal.broker.cluster.shipper import Shipper
 from shoal.broker.config import Config
+from shoal.broker.supervisor import datadir
+from shoal.broker.supervisor.main import BOOT_ERROR
 from shoal.store.mirror import is_in_sync, node_id, set_in_sync
 from shoal.store.replica import ENV as REPLICA_ENV
 
@@ -89,6 +91,7 @@ class Node:
         self.receiver: Receiver | None = None
         self.broker: asyncio.subprocess.Process | None = None
         self.lease = 0
+        self.lock_fd = -1  # the data directory's lock, held while not leading
         self.valid_until = 0.0  # the lease holds at least until then (monotonic)
         self.stopping = asyncio.Event()
         self.stepping_down = asyncio.Event()
@@ -112,6 +115,13 @@ class Node:
 
     # ----------------------------------------------------------- lifecycle
     async def run(self) -> int:
+        try:
+            # One node per data directory, as one broker: the agent holds the
+            # lock while it follows and hands it to its broker while it leads.
+            self.lock_fd = datadir.lock(self.data_dir)
+        except datadir.DataDirInUse as exc:
+            log.error("%s", exc)
+            return BOOT_ERROR
         self.replica_socket = f"@shoal-replica-{uuid.uuid4().hex}"
         made_runtime = not os.path.isdir(self.config.runtime_path())
         loop = asyncio.get_running_loop()
@@ -145,7 +155,19 @@ class Node:
             if made_runtime:
                 with contextlib.suppress(OSError):  # not empty: someone else's too
                     os.rmdir(self.config.runtime_path())
+            self._unlock()
         return 0
+
+    def _relock(self) -> None:
+        try:
+            self.lock_fd = datadir.lock(self.data_dir)
+        except datadir.DataDirInUse as exc:  # a straggler of our broker still has it
+            log.error("%s: following without the lock", exc)
+
+    def _unlock(self) -> None:
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
     async def _secret(self) -> str:
         key = self.prefix + "secret"
@@ -245,6 +267,7 @@ class Node:
         )
         host = self.config.bind[0] if self.config.bind else "::"
         await self.shipper.start(self.replica_socket, host, self.config.cluster_port)
+        self._unlock()  # the broker takes the data directory's lock
         await self._start_broker()
         lost = True
         try:
@@ -262,6 +285,7 @@ class Node:
             self.shipper.draining = True
             self.shipper.wake()
             await self._stop_broker()
+            self._relock()  # the broker is gone: the lock is ours again
             await self.shipper.close()
             self.shipper = None
             with contextlib.suppress(*ETCD_ERRORS):

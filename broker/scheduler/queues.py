@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -37,7 +36,7 @@ from shoal.shm.counters import OVERFLOW_CODES
 from shoal.shm.directory import QueueFlag
 from shoal.shm.streams import StreamSettings
 from shoal.store.definitions import QueueDeclared, QueueDeleted
-from shoal.store.streams import stream_directory, streams_directory
+from shoal.store.streams import remove_stream, stream_directory, streams_directory
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -513,10 +512,7 @@ class QueueLifecycle:
         self.queues.pop(q.qid, None)
         self.by_name.pop((q.vhost, q.name), None)
         if q.stream:  # its files go with it (a reader with one open reads on)
-            shutil.rmtree(
-                stream_directory(streams_directory(self.state.config.data_path()), q.uid),
-                ignore_errors=True,
-            )
+            remove_stream(stream_directory(streams_directory(self.state.config.data_path()), q.uid))
         if q.durable and not q.exclusive:
             try:
                 self._persist(QueueDeleted(q.vhost, q.name.decode()))
@@ -572,7 +568,7 @@ class QueueLifecycle:
         for name in names:
             if name not in keep:
                 log.warning("removing the files of a deleted stream (%s)", name)
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                remove_stream(os.path.join(root, name))
 
     def connection_closed(self, conn_id: int) -> None:
         for q in [q for q in self.queues.values() if q.exclusive and q.owner == conn_id]:

@@ -13,8 +13,9 @@ from shoal.broker.cluster.etcd import Etcd
 from shoal.broker.cluster.node import Node
 from shoal.broker.config import Config
 from shoal.store.mirror import node_id, set_in_sync
-from tests.broker_process import free_port
+from tests.broker_process import free_port, wait_for
 from tests.cluster.etcd_server import EtcdServer
+from tests.cluster.nodes import ClusterNode
 
 pytestmark = pytest.mark.cluster
 
@@ -69,3 +70,20 @@ def test_a_first_node_leads_when_no_set_is_recorded(tmp_path: Path, etcd: EtcdSe
             await node.etcd.close()
 
     assert asyncio.run(main()) is True
+
+
+def test_a_second_node_on_the_same_data_directory_refuses_to_start(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    first = ClusterNode(tmp_path, "a", etcd.url).start()
+    second = ClusterNode(tmp_path, "a", etcd.url)  # the same data directory
+    try:
+        wait_for(lambda: first.role in ("leader", "follower"), 30, "the first node to run")
+        second.start()
+        assert second.proc is not None
+        assert second.proc.wait(30) == 3
+        assert "is in use by another broker" in second.log()
+        assert first.alive()
+    finally:
+        second.stop()
+        first.stop()

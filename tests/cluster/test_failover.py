@@ -3,11 +3,13 @@ confirmed message outlives the leader's death (issue 29)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import pika
 import pytest
@@ -37,12 +39,21 @@ def role_by_status(node: ClusterNode) -> str:
 
 
 def http_get(node: ClusterNode, flag: str, path: str) -> bytes:
-    """GET from the port a node was given with `flag` (basic auth as guest)."""
+    """GET from the port a node was given with `flag` (basic auth as guest),
+    once its listener answers (the leader's metrics and management
+    processes start beside its AMQP listener, not before it)."""
     port = node.cmd[node.cmd.index(flag, node.cmd.index("--cluster-etcd")) + 1]
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
-    request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return bytes(answer.read())
+
+    def get() -> bytes | None:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+        request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return bytes(answer.read())
+        except (OSError, http.client.HTTPException):
+            return None
+
+    return wait_for(get, 30, f"{path} on {node.name}", interval=0.1)
 
 
 def connect(node: ClusterNode) -> pika.BlockingConnection:
@@ -146,6 +157,13 @@ def test_leadership_moves_by_step_down_and_by_transfer(nodes: list[ClusterNode])
     leader = leader_of(nodes)
     isr = in_sync(nodes, 3)
     publish_confirmed(leader, "moved", [b"before"])
+    publish_confirmed(leader, "deleted-stream", [b"x"], "stream")
+    conn = connect(leader)
+    conn.channel().queue_delete("deleted-stream")  # its -ok follows the removal's sync
+    conn.close()
+    for n in nodes:
+        streams = Path(n.data_dir) / "streams"
+        assert not streams.exists() or list(streams.iterdir()) == [], n.name
     target = next(n for n in nodes if n is not leader)
     target_id = target.status()["node"]
     assert target_id in isr

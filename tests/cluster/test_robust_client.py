@@ -47,7 +47,7 @@ def test_connect_robust_through_a_follower_outlives_the_leaders_death(
             await asyncio.wait_for(reconnected.wait(), 60)
             await publish(channel, [b"after-%d" % i for i in range(50)])
             queue = await channel.declare_queue("robust", durable=True)
-            got = []
+            got: list[bytes] = []
             while len(got) < 100:
                 message = await queue.get(timeout=10, fail=False)
                 if message is None:
