@@ -357,6 +357,20 @@ def _globals_first(argv: list[str]) -> list[str]:
     return front + rest
 
 
+def _verb(argv: list[str]) -> str:
+    """The verb: the first word that is neither a global flag nor its value."""
+    i = 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name in GLOBAL_FLAGS:
+            i += 1 + (GLOBAL_FLAGS[name] if "=" not in argv[i] else 0)
+        elif argv[i].startswith("-"):
+            i += 1
+        else:
+            return argv[i]
+    return ""
+
+
 def main(argv: list[str]) -> int:
     if argv[-1:] == ["status"] or argv[:1] == ["status"]:  # rabbitmqctl status: `shoal status`
         from shoal.broker.observe import status
@@ -371,7 +385,7 @@ def main(argv: list[str]) -> int:
         )
     from shoal.broker.cluster import control as cluster_control
 
-    if any(a in cluster_control.VERBS for a in argv):  # the node's agent answers these
+    if _verb(argv) in cluster_control.VERBS:  # a cluster node's agent answers these
         return cluster_control.main(_globals_first(argv))
     ns = _parser().parse_args(_globals_first(argv))
     verb = VERBS[ns.verb]

@@ -201,3 +201,19 @@ def test_every_shoal_ctl_verb_sends_a_request_the_scheduler_decodes(tmp_path: Pa
         assert C.decode(C.encode(request)) == request, verb_name
         vhost = getattr(request, "vhost", "v")
         assert vhost in ("v", "name"), (verb_name, vhost)  # -p, or the vhost added/deleted
+
+
+@pytest.mark.parametrize(
+    ("argv", "verb"),
+    [
+        (["--port", "5681", "cluster_status"], "cluster_status"),
+        (["delete_queue", "step_down"], "delete_queue"),  # a queue named like a cluster verb
+        (["-q", "step_down"], "step_down"),
+        (["--runtime-dir=/x", "transfer_leadership", "node-1"], "transfer_leadership"),
+        (["--formatter", "json", "list_queues"], "list_queues"),
+    ],
+)
+def test_the_verb_decides_who_answers(argv: list[str], verb: str) -> None:
+    """Cluster verbs go to the node's agent (broker/cluster/control.py), the
+    rest to the scheduler: by the verb, never by a word elsewhere."""
+    assert ctl._verb(argv) == verb
