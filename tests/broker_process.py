@@ -45,6 +45,17 @@ def wait_for(
         time.sleep(interval)
 
 
+def process_family(proc: subprocess.Popen[bytes] | None) -> list[psutil.Process]:
+    """A started process and every process below it ([] once it is gone)."""
+    if proc is None:
+        return []
+    try:
+        root = psutil.Process(proc.pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def queue_gone(conn: Any, name: str) -> bool:
     """True once a passive declare of `name` on a fresh channel of the pika
     connection `conn` fails with 404 (a poll condition for wait_for)."""
@@ -159,13 +170,7 @@ class Broker:
 
     def family(self) -> list[psutil.Process]:
         """The supervisor and every process it forked."""
-        if self.proc is None:
-            return []
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return process_family(self.proc)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         family = self.family()

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from shoal.broker.amqp.definitions import Definitions, Op
+from shoal.broker.cluster import control as cluster_control
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.shm import counters, memory, stats
 from shoal.shm.arena import arena_usage
@@ -185,20 +186,6 @@ def cluster_status(runtime_dir: str) -> dict[str, Any] | None:
     return answer
 
 
-def render_cluster(cluster: dict[str, Any]) -> str:
-    lines = [
-        f"cluster {cluster['name']}: this node {cluster['node']} is {cluster['role']}; "
-        f"leader {cluster['leader'] or '(none)'}; in sync: {', '.join(cluster['isr']) or '-'}"
-    ]
-    for f in cluster.get("followers", []):
-        lines.append(
-            f"  follower {f['node']} at {f['address']}: "
-            f"{'in sync' if f['in_sync'] else 'catching up' if not f['streaming'] else 'lagging'}"
-            f", lag {f['lag_bytes']} bytes, {f['lag_seconds']} s"
-        )
-    return "\n".join(lines)
-
-
 def main(runtime_dir: str, as_json: bool) -> int:
     path = os.path.join(runtime_dir, "shoal.shm")
     cluster = cluster_status(runtime_dir)
@@ -209,12 +196,13 @@ def main(runtime_dir: str, as_json: bool) -> int:
             print(f"shoal status: no running broker at {runtime_dir}: {exc}")
             return 1
         # A follower runs no broker: its cluster view is its status.
-        print(json.dumps({"cluster": cluster}, indent=2) if as_json else render_cluster(cluster))
+        text = cluster_control.render(cluster)
+        print(json.dumps({"cluster": cluster}, indent=2) if as_json else text)
         return 0
     snap = snapshot(seg)
     if cluster is not None:
         snap["cluster"] = cluster
-    text = render(snap) + ("\n" + render_cluster(cluster) if cluster is not None else "")
+    text = render(snap) + ("\n" + cluster_control.render(cluster) if cluster is not None else "")
     print(json.dumps(snap, indent=2) if as_json else text)
     return 0
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from tests.broker_process import ROOT, free_port, wait_for
+from tests.broker_process import ROOT, free_port, process_family, wait_for
 
 
 class ClusterNode:
@@ -111,13 +111,8 @@ class ClusterNode:
         return True
 
     def family(self) -> list[psutil.Process]:
-        if self.proc is None:
-            return []
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        """The agent and every process below it (its broker's tree)."""
+        return process_family(self.proc)
 
     def signal_group(self, sig: int) -> None:
         assert self.proc is not None
