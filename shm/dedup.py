@@ -340,6 +340,33 @@ class DedupCache:
             if h:
                 self._index(h, pos)
 
+    def repair(self) -> int:
+        """At a broker's start, before any worker opens the file: free the
+        lock (its holder is of a run that is gone, and its pid may now be
+        another process's, here or on the machine that got this copy from
+        a cluster's leader: docs/cluster.md), drop records whose key does
+        not hash to their state (torn: a copy taken while a worker wrote),
+        and rebuild the index from what is left. Returns the dropped
+        records."""
+        a, buf = self.a, self._buf
+        a.store(H_LOCK, 0)
+        dropped = 0
+        for pos in range(self.size):
+            rec = self.ring + pos * RECORD_SIZE
+            h = a.load(rec + R_STATE)
+            if not h:
+                continue
+            length = a.load(rec + R_LENGTH)
+            n = length & ~DIGEST_FLAG
+            whole = n <= KEY_MAX and (not length & DIGEST_FLAG or n == 32)
+            if not whole or a.dedup_hash(bytes(buf[rec + R_KEY : rec + R_KEY + n])) != h:
+                a.store(rec + R_STATE, 0)
+                dropped += 1
+        self._rebuild()
+        if dropped:
+            self.dirty = True
+        return dropped
+
     # -- the lock --------------------------------------------------------
 
     def _lock(self) -> None:
@@ -370,6 +397,16 @@ def cache_directory(runtime_path: str, data_path: str, disk: bool) -> str:
     outlive the broker), `memory` ones in the runtime directory (gone at
     the next start)."""
     return os.path.join(data_path if disk else runtime_path, "dedup")
+
+
+def stored_size(path: str) -> int:
+    """The record count a cache file was made for (its header), or 0 if
+    it is not a cache file."""
+    with open(path, "rb") as f:
+        header = f.read(H_SLOTS)
+    if len(header) < H_SLOTS or int.from_bytes(header[:8], "little") != MAGIC:
+        return 0
+    return int.from_bytes(header[H_SIZE:H_SLOTS], "little")
 
 
 def _stored_key(key: bytes) -> tuple[bytes, int]:

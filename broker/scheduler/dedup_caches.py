@@ -2,7 +2,7 @@
 cache's file when its exchange or queue is declared (so that a declare
 that cannot have one fails), removes it with them, and at a broker's start
 drops the memory caches of the last run and the disk caches nothing names
-any more. IO workers open the same files by the same names
+any more, and repairs the rest. IO workers open the same files by the same names
 (workers/dedup.py), creating them if they come first."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from shoal.broker.amqp import dedup
 from shoal.broker.config import Config
-from shoal.shm.dedup import DedupCache, cache_directory
+from shoal.shm.dedup import DedupCache, cache_directory, stored_size
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -61,9 +61,37 @@ def at_start(config: Config, keep: Iterable[str]) -> None:
         return
     wanted = set(keep)
     for name in names:
-        if name not in wanted:
-            log.warning("removing the deduplication cache %s: nothing names it", name)
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
+        if name in wanted:
+            repair(os.path.join(directory, name))
+            continue
+        log.warning("removing the deduplication cache %s: nothing names it", name)
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+
+
+def repair(where: str) -> None:
+    """A disk cache kept from the last run (or copied from a cluster's old
+    leader) is made whole before the IO workers open it (DedupCache.repair);
+    one that cannot be read is removed: its keys are lost, never wrong."""
+    try:
+        size = stored_size(where)
+        cache = DedupCache(where, size) if size else None
+    except (OSError, ValueError) as exc:
+        cache = None
+        log.error("cannot open the deduplication cache %s: %s", where, exc)
+    if cache is None:
+        log.warning("removing the deduplication cache %s: unreadable", where)
+        try:
+            os.unlink(where)
+        except OSError:
+            pass
+        return
+    try:
+        dropped = cache.repair()
+        if dropped:
+            log.warning("deduplication cache %s: %d torn records dropped", where, dropped)
+        cache.flush()
+    finally:
+        cache.close()

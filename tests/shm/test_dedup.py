@@ -276,3 +276,43 @@ def test_the_c_key_is_the_python_key(headers: dict[str, Any] | None) -> None:
         assert expected == (fast, 0)
     if headers and isinstance(headers.get("x-deduplication-header"), str):
         assert ("x-cache-ttl" in headers) is (fast is False)
+
+
+def test_a_copied_cache_is_repaired_at_start(tmp_path: Path) -> None:
+    """A disk cache as a cluster's follower may hold it after a failover
+    (a copy taken while workers wrote) or as a kill -9 leaves it: the lock
+    word names a pid that is alive here (not ours), one record is torn
+    and one index word is lost. The start's repair (dedup_caches.repair)
+    frees the lock, drops the torn record and finds every other key."""
+    from shoal.broker.scheduler import dedup_caches
+
+    path = str(tmp_path / "copy.cache")
+    c = D.DedupCache(path, 64)
+    keys = [b"key-%d" % i for i in range(10)] + [b"long-" + b"x" * 200]
+    for k in keys:
+        assert c.check_and_add(k, 0) is False
+    torn = c.ring + 3 * D.RECORD_SIZE + D.R_KEY  # key-3's bytes, half new
+    c._buf[torn : torn + 3] = b"new"
+    lost = c._slot_of(c.a.load(c.ring + 5 * D.RECORD_SIZE + D.R_STATE), 5)
+    c.a.store(c.index + lost * 8, 0)  # key-5's index word not copied
+    c.a.store(D.H_LOCK, os.getppid())  # a live process that is not a worker
+    c.close()
+    assert D.stored_size(path) == 64
+
+    dedup_caches.repair(path)
+
+    c = D.DedupCache(path, 64)
+    assert c.a.load(D.H_LOCK) == 0
+    for k in keys:
+        assert c.check_and_add(k, 0) is (k != b"key-3"), k
+    assert c.check_and_add(b"new-3", 0) is False  # the torn bytes are no key
+    assert c.check_and_add(b"never", 0) is False
+
+
+def test_a_file_that_is_no_cache_is_removed_at_start(tmp_path: Path) -> None:
+    from shoal.broker.scheduler import dedup_caches
+
+    path = tmp_path / "junk.cache"
+    path.write_bytes(b"not a cache")
+    dedup_caches.repair(str(path))
+    assert not path.exists()
