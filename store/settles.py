@@ -122,7 +122,12 @@ class SettleWriter:
             self._unsynced.discard(key)
 
     def close(self) -> None:
+        """A clean stop: the acks are written and synced, because the
+        clean-stop record (store/clean_stop.py) will say that the messages
+        they settled were not delivered; on a cluster's leader the sync
+        also brings them to the followers before leadership moves."""
         self.flush()
+        self.sync()
         for _name, file in self._files.values():
             file.file.close()
         self._files.clear()

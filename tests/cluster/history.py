@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 
 import pika
 
+from tests.broker_process import wait_for
+from tests.cluster.nodes import ClusterNode, in_sync
+
 QUEUE = "history"
 
 
@@ -146,3 +149,49 @@ class Clients:
         self.stop_consuming.set()
         for t in self.threads:
             t.join(30)
+
+
+def urls(nodes: list[ClusterNode]) -> list[str]:
+    return [n.url for n in nodes if n.alive()]
+
+
+def run_history(
+    nodes: list[ClusterNode], rounds: int, act: object, out: list[History] | None = None
+) -> History:
+    """Run the clients against `nodes` while `act(nodes)` happens `rounds`
+    times (each once 3 nodes are in sync and 50 more messages confirmed);
+    then every confirmed message must be delivered. `nodes` may change
+    inside `act` (a node added or removed): the clients follow it."""
+    history = History()
+    if out is not None:
+        out.append(history)  # for an act that watches the history
+    clients = Clients(lambda: urls(nodes), history).start()
+    try:
+        for i in range(rounds):
+            in_sync(nodes, 3, 60)
+            before = len(history.confirmed)
+            wait_for(
+                lambda b=before: len(history.confirmed) > b + 50,  # type: ignore[misc]
+                60,
+                f"confirms before failure {i + 1}",
+                interval=0.05,
+            )
+            act(nodes)  # type: ignore[operator]
+        in_sync(nodes, 3, 60)
+        last = max(history.confirmed)
+        wait_for(
+            lambda: len(history.confirmed) > 0 and max(history.confirmed) > last + 50,
+            60,
+            "confirms after the last failure",
+            interval=0.05,
+        )
+        clients.stop_publisher()
+        wait_for(
+            lambda: history.confirmed <= clients.delivered(),
+            60,
+            "every confirmed message delivered",
+            interval=0.1,
+        )
+    finally:
+        clients.stop()
+    return history

@@ -153,6 +153,13 @@ class ClusterNode:
             return ""
 
 
+def shoal(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m shoal.broker ARGS` (shoal ctl, shoal status), its output kept."""
+    return subprocess.run(
+        [sys.executable, "-m", "shoal.broker", *args], capture_output=True, text=True, timeout=60
+    )
+
+
 def leader_of(nodes: list[ClusterNode], timeout: float = 30) -> ClusterNode:
     """The one node serving as leader, once there is one."""
     return wait_for(

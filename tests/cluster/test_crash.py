@@ -12,7 +12,7 @@ import pytest
 
 from tests.broker_process import wait_for
 from tests.cluster.etcd_server import EtcdServer
-from tests.cluster.history import Clients, History
+from tests.cluster.history import History, run_history
 from tests.cluster.nodes import ClusterNode, in_sync, leader_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -23,48 +23,6 @@ KILLS = 10
 @pytest.fixture
 def nodes(three_nodes: Callable[..., list[ClusterNode]]) -> list[ClusterNode]:
     return three_nodes()
-
-
-def urls(nodes: list[ClusterNode]) -> list[str]:
-    return [n.url for n in nodes if n.alive()]
-
-
-def run_history(
-    nodes: list[ClusterNode], rounds: int, act: object, out: list[History] | None = None
-) -> History:
-    history = History()
-    if out is not None:
-        out.append(history)  # for an act that watches the history
-    clients = Clients(lambda: urls(nodes), history).start()
-    try:
-        for i in range(rounds):
-            in_sync(nodes, 3, 60)
-            before = len(history.confirmed)
-            wait_for(
-                lambda b=before: len(history.confirmed) > b + 50,  # type: ignore[misc]
-                60,
-                f"confirms before failure {i + 1}",
-                interval=0.05,
-            )
-            act(nodes)  # type: ignore[operator]
-        in_sync(nodes, 3, 60)
-        last = max(history.confirmed)
-        wait_for(
-            lambda: len(history.confirmed) > 0 and max(history.confirmed) > last + 50,
-            60,
-            "confirms after the last failure",
-            interval=0.05,
-        )
-        clients.stop_publisher()
-        wait_for(
-            lambda: history.confirmed <= clients.delivered(),
-            60,
-            "every confirmed message delivered",
-            interval=0.1,
-        )
-    finally:
-        clients.stop()
-    return history
 
 
 def kill_the_leader(nodes: list[ClusterNode]) -> None:
