@@ -278,13 +278,17 @@ class Node:
                 # broker is told to stop (its clients closed).
                 self.role = "fenced"
                 self.shipper.fence()
-            # Else (a stop, or the broker gone) the lease still holds: the
-            # broker's clean stop is replicated like any other write, if
-            # enough followers are in sync (else it is refused: the next
-            # start then flags every message, as after a crash).
+            # Else (a stop, or the broker gone) the lease still holds and
+            # is kept alive: the broker's clean stop is replicated like any
+            # other write, if enough followers are in sync (else it is
+            # refused: the next start then flags every message, as after a
+            # crash).
             self.shipper.draining = True
             self.shipper.wake()
-            await self._stop_broker()
+            if lost:
+                await self._stop_broker()
+            else:
+                await self._stop_broker_leading()
             self._relock()  # the broker is gone: the lock is ours again
             await self.shipper.close()
             self.shipper = None
@@ -301,22 +305,55 @@ class Node:
             if self.broker is not None and self.broker.returncode is not None:
                 log.error("the broker exited (%s): stepping down", self.broker.returncode)
                 return False
-            sent = time.monotonic()
-            try:
-                left = await asyncio.wait_for(self.etcd.keepalive(self.lease), self.ttl / 3)
-            except ETCD_ERRORS as exc:
-                log.warning("lease keep-alive failed: %s", exc)
-                left = -1
-            if left == 0:
-                log.error("lease lost: fencing")
+            if await self._renew():
                 return True
-            if left > 0:
-                self.valid_until = sent + left
-            if not self.lease_valid():
-                log.error("lease not renewed in time: fencing")
-                return True
-            await self._pause(min(self.ttl / 3, max(0.05, self.valid_until - time.monotonic() - 1)))
+            await self._pause(self._renew_interval())
         return False
+
+    async def _renew(self) -> bool:
+        """One keep-alive of the lease; True when it is lost or can no
+        longer be trusted to hold (fence)."""
+        sent = time.monotonic()
+        try:
+            left = await asyncio.wait_for(self.etcd.keepalive(self.lease), self.ttl / 3)
+        except ETCD_ERRORS as exc:
+            log.warning("lease keep-alive failed: %s", exc)
+            left = -1
+        if left == 0:
+            log.error("lease lost: fencing")
+            return True
+        if left > 0:
+            self.valid_until = sent + left
+        if not self.lease_valid():
+            log.error("lease not renewed in time: fencing")
+            return True
+        return False
+
+    def _renew_interval(self) -> float:
+        return min(self.ttl / 3, max(0.05, self.valid_until - time.monotonic() - 1))
+
+    async def _stop_broker_leading(self) -> None:
+        """The leader's clean stop (a step-down, a SIGTERM): the lease is
+        still renewed while the broker stops, so that what the stop writes
+        (the last acks, the clean-stop record) is confirmed by the
+        followers rather than refused; if it cannot be renewed, fence."""
+
+        async def renew_until_stopped() -> None:
+            while True:
+                if await self._renew():
+                    self.role = "fenced"
+                    if self.shipper is not None:
+                        self.shipper.fence()
+                    return
+                await asyncio.sleep(self._renew_interval())
+
+        renewing = asyncio.ensure_future(renew_until_stopped())
+        try:
+            await self._stop_broker()
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
 
     async def _start_broker(self) -> None:
         child = msgspec.structs.replace(self.config, cluster_etcd=())
