@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,14 @@ def in_sync(nodes: list[ClusterNode], count: int, timeout: float = 30) -> list[s
         return None
 
     return wait_for(check, timeout, f"{count} nodes in sync", interval=0.1)
+
+
+def kill_the_leader(nodes: list[ClusterNode]) -> None:
+    """SIGKILL of the leader's node; returns once another node serves, and
+    the killed one is started again (it comes back as a follower)."""
+    leader = leader_of(nodes, 60)
+    leader.kill()
+    started = time.monotonic()
+    leader_of([n for n in nodes if n is not leader], 60)
+    print(f"failover after kill -9 of {leader.name}: {time.monotonic() - started:.2f} s")
+    leader.start()  # it comes back as a follower

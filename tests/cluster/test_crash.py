@@ -5,7 +5,6 @@ message comes again only flagged redelivered (issue 29's headline)."""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from tests.broker_process import wait_for
 from tests.cluster.etcd_server import EtcdServer
 from tests.cluster.history import History, run_history
-from tests.cluster.nodes import ClusterNode, in_sync, leader_of
+from tests.cluster.nodes import ClusterNode, in_sync, kill_the_leader, leader_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -23,15 +22,6 @@ KILLS = 10
 @pytest.fixture
 def nodes(three_nodes: Callable[..., list[ClusterNode]]) -> list[ClusterNode]:
     return three_nodes()
-
-
-def kill_the_leader(nodes: list[ClusterNode]) -> None:
-    leader = leader_of(nodes, 60)
-    leader.kill()
-    started = time.monotonic()
-    leader_of([n for n in nodes if n is not leader], 60)
-    print(f"failover after kill -9 of {leader.name}: {time.monotonic() - started:.2f} s")
-    leader.start()  # it comes back as a follower
 
 
 def test_every_confirmed_message_outlives_ten_kills_of_the_leader(
