@@ -51,6 +51,7 @@ import msgspec
 
 from shoal.broker.cluster import control
 from shoal.broker.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
+from shoal.broker.cluster.metrics import FollowerMetrics
 from shoal.broker.cluster.proxy import Proxy
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
 from shoal.broker.cluster.shipper import Shipper
@@ -413,10 +414,13 @@ class Node:
             m_host, _, m_port = management.rpartition(":")
             m_bind = (c.management_bind,) if c.management_bind else c.bind
             proxies.append((Proxy(m_host, int(m_port)), m_bind, c.management_port))
+        metrics = FollowerMetrics(self.status)
         following = asyncio.ensure_future(self.receiver.run(host, int(port)))
         try:
             for proxy, addresses, listen_port in proxies:
                 await proxy.start(addresses, listen_port)
+            if c.metrics_port:
+                await metrics.start((c.metrics_bind,) if c.metrics_bind else c.bind, c.metrics_port)
             while not self.stopping.is_set() and not following.done():
                 await self._pause(POLL)
                 try:
@@ -438,6 +442,7 @@ class Node:
             await asyncio.gather(following, return_exceptions=True)
             for proxy, _, _ in proxies:
                 await proxy.close()
+            await metrics.close()
             self.receiver = None
 
     def _catching_up(self) -> None:

@@ -29,6 +29,7 @@ from prometheus_client.core import (
 from shoal.broker import VERSION
 from shoal.broker.amqp.definitions import Definitions, Op
 from shoal.broker.config import Config
+from shoal.broker.observe.cluster_families import cluster_families
 from shoal.broker.observe.families import plain_gauge
 from shoal.broker.observe.scrape import Snapshot
 from shoal.broker.observe.status import cluster_status
@@ -173,34 +174,7 @@ class Exporter:
         view = cluster_status(self.config.runtime_path())
         if view is None:
             return
-        info = InfoMetricFamily("shoal_cluster_node", "This node's place in its cluster")
-        info.add_metric([], {"node": view["node"], "role": view["role"], "leader": view["leader"]})
-        yield info
-        yield plain_gauge(
-            "shoal_cluster_in_sync_nodes",
-            "Nodes that hold every confirmed write: the leader and its in-sync followers",
-            len(view["isr"]),
-        )
-        in_sync = GaugeMetricFamily(
-            "shoal_cluster_follower_in_sync",
-            "1 if the follower is in the in-sync set",
-            labels=["follower"],
-        )
-        lag_bytes = GaugeMetricFamily(
-            "shoal_cluster_follower_lag_bytes",
-            "Bytes sent to the follower that it has not acknowledged yet",
-            labels=["follower"],
-        )
-        lag_seconds = GaugeMetricFamily(
-            "shoal_cluster_follower_lag_seconds",
-            "Age of the oldest write the follower has not acknowledged",
-            labels=["follower"],
-        )
-        for f in view.get("followers", []):
-            in_sync.add_metric([f["node"]], 1 if f["in_sync"] else 0)
-            lag_bytes.add_metric([f["node"]], f["lag_bytes"])
-            lag_seconds.add_metric([f["node"]], f["lag_seconds"])
-        yield from (in_sync, lag_bytes, lag_seconds)
+        yield from cluster_families(view)
 
     def processes(self) -> Iterator[Metric]:
         cpu = CounterMetricFamily(

@@ -121,6 +121,11 @@ def test_a_follower_proxies_clients_and_confirmed_messages_survive_the_leaders_s
     metrics = http_get(leader, "--metrics-port", "/metrics").decode()
     assert "shoal_cluster_in_sync_nodes 3.0" in metrics
     assert metrics.count("shoal_cluster_follower_in_sync{") == 2
+    # A follower, which runs no broker, answers a scrape with its own view.
+    own = http_get(follower, "--metrics-port", "/metrics").decode()
+    assert 'role="follower"' in own and f'leader="{leader.status()["node"]}"' in own
+    assert "shoal_cluster_caught_up 1.0" in own
+    assert "shoal_cluster_in_sync_nodes 3.0" in own
     # The management API answers for the cluster on a follower too (piped to the leader).
     api_nodes = json.loads(http_get(follower, "--management-port", "/api/nodes"))
     assert [n.get("cluster_role") for n in api_nodes] == ["leader", "follower", "follower"]
@@ -139,6 +144,8 @@ def test_a_follower_proxies_clients_and_confirmed_messages_survive_the_leaders_s
     assert all(redelivered for _, redelivered in got)  # recovered after a crash
     assert [b for b, _ in drain(new, "qq")] == bodies[:100]
     assert read_stream(new, "s", 100) == offsets  # every message at its offset
+    # Its metrics port, a follower's endpoint until now, is the broker's.
+    assert "rabbitmq_queues" in http_get(new, "--metrics-port", "/metrics").decode()
 
     # The old leader comes back as a follower and gets in sync again.
     leader.start()
