@@ -92,7 +92,7 @@ class Node:
         self.receiver: Receiver | None = None
         self.broker: asyncio.subprocess.Process | None = None
         self.lease = 0
-        self.lock_fd = -1  # the data directory's lock, held while not leading
+        self.lock_fd = -1  # the data directory's lock, shared with the broker it runs
         self.valid_until = 0.0  # the lease holds at least until then (monotonic)
         self.stopping = asyncio.Event()
         self.stepping_down = asyncio.Event()
@@ -118,7 +118,7 @@ class Node:
     async def run(self) -> int:
         try:
             # One node per data directory, as one broker: the agent holds the
-            # lock while it follows and hands it to its broker while it leads.
+            # lock throughout and shares it with its broker while it leads.
             self.lock_fd = datadir.lock(self.data_dir)
         except datadir.DataDirInUse as exc:
             log.error("%s", exc)
@@ -158,12 +158,6 @@ class Node:
                     os.rmdir(self.config.runtime_path())
             self._unlock()
         return 0
-
-    def _relock(self) -> None:
-        try:
-            self.lock_fd = datadir.lock(self.data_dir)
-        except datadir.DataDirInUse as exc:  # a straggler of our broker still has it
-            log.error("%s: following without the lock", exc)
 
     def _unlock(self) -> None:
         if self.lock_fd >= 0:
@@ -268,8 +262,7 @@ class Node:
         )
         host = self.config.bind[0] if self.config.bind else "::"
         await self.shipper.start(self.replica_socket, host, self.config.cluster_port)
-        self._unlock()  # the broker takes the data directory's lock
-        await self._start_broker()
+        await self._start_broker()  # handed the data directory's lock
         lost = True
         try:
             lost = await self._keep_leading()
@@ -290,7 +283,7 @@ class Node:
                 await self._stop_broker()
             else:
                 await self._stop_broker_leading()
-            self._relock()  # the broker is gone: the lock is ours again
+            datadir.claim(self.lock_fd)  # the broker is gone: the lock names us again
             await self.shipper.close()
             self.shipper = None
             with contextlib.suppress(*ETCD_ERRORS):
@@ -358,13 +351,17 @@ class Node:
 
     async def _start_broker(self) -> None:
         child = msgspec.structs.replace(self.config, cluster_etcd=())
-        env = dict(os.environ, **{REPLICA_ENV: self.replica_socket})
+        env = dict(
+            os.environ,
+            **{REPLICA_ENV: self.replica_socket, datadir.INHERITED_LOCK_ENV: str(self.lock_fd)},
+        )
         self.broker = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "shoal.broker.cluster.child",
             msgspec.json.encode(child).decode(),
             env=env,
+            pass_fds=(self.lock_fd,),  # the same lock, held throughout: no gap
         )
         log.info("broker started (pid %d)", self.broker.pid)
 

@@ -30,9 +30,31 @@ class DataDirInUse(Exception):
         self.pid = pid
 
 
-def lock(path: str) -> int:
+# A cluster's node agent (broker/cluster/node.py) holds the lock while it
+# follows and hands its descriptor to the broker it starts when it leads:
+# the same open file, so there is no moment in which the lock is free for a
+# second node started on the same directory to take.
+INHERITED_LOCK_ENV = "SHOAL_DATA_LOCK_FD"
+
+
+def inherited_lock() -> int:
+    """The lock's descriptor handed down by a node agent (-1: none); the
+    variable is removed, so that nothing started later sees it."""
+    value = os.environ.pop(INHERITED_LOCK_ENV, "")
+    return int(value) if value.isdigit() else -1
+
+
+def lock(path: str, inherited: int = -1) -> int:
     """Create `path` if needed (0700) and take its lock; returns the lock's
-    descriptor, to keep open while the broker runs. Raises DataDirInUse."""
+    descriptor, to keep open while the broker runs. Raises DataDirInUse.
+    `inherited`: the descriptor of that lock, already held (inherited_lock):
+    it is checked to be this directory's and kept."""
+    if inherited >= 0:
+        if not os.path.samestat(os.fstat(inherited), os.stat(os.path.join(path, LOCK_NAME))):
+            raise DataDirInUse(path, _holder(inherited))
+        os.set_inheritable(inherited, False)
+        claim(inherited)
+        return inherited
     os.makedirs(path, mode=0o700, exist_ok=True)
     fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -41,9 +63,15 @@ def lock(path: str) -> int:
         pid = _holder(fd)
         os.close(fd)
         raise DataDirInUse(path, pid) from None
+    claim(fd)
+    return fd
+
+
+def claim(fd: int) -> None:
+    """Write this process's pid in the held lock's file (named in the error
+    a second broker or node gets)."""
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 EPOCH_NAME = "epoch"

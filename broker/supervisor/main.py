@@ -230,7 +230,7 @@ class Supervisor:
         setproctitle(f"shoal: supervisor (port {self.config.port})")
         # First, before anything is created or cleaned up: a broker that
         # holds this data directory must not lose its files to us.
-        self.data_lock = datadir.lock(self.config.data_path())
+        self.data_lock = datadir.lock(self.config.data_path(), datadir.inherited_lock())
         try:
             # Read once here (the scheduler reads it again): a log this
             # version cannot read stops the broker with one clear line,

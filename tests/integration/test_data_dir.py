@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import psutil
+import pytest
 
 from shoal.broker.config import Config
 from shoal.broker.supervisor import datadir
@@ -92,3 +93,29 @@ def test_default_data_dir(monkeypatch) -> None:  # type: ignore[no-untyped-def]
 def test_the_systemd_unit_has_a_state_directory() -> None:
     unit = (ROOT / "deploy" / "shoal.service").read_text()
     assert "StateDirectory=shoal" in unit
+
+
+def test_an_inherited_lock_is_kept_and_another_directorys_refused(tmp_path: Path) -> None:
+    """A cluster's agent hands its held lock to the broker it starts
+    (datadir.INHERITED_LOCK_ENV): the broker keeps that lock, so the
+    directory is never free in between; a descriptor of another
+    directory's lock is refused."""
+    mine, other = str(tmp_path / "mine"), str(tmp_path / "other")
+    held = datadir.lock(mine)
+    os.environ[datadir.INHERITED_LOCK_ENV] = str(held)
+    try:
+        inherited = datadir.inherited_lock()
+    finally:
+        os.environ.pop(datadir.INHERITED_LOCK_ENV, None)
+    assert inherited == held and datadir.INHERITED_LOCK_ENV not in os.environ
+    assert datadir.lock(mine, inherited) == held  # kept, with this pid written
+    assert (tmp_path / "mine" / datadir.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    with pytest.raises(datadir.DataDirInUse):
+        datadir.lock(mine)  # a second taker: still refused
+    theirs = datadir.lock(other)
+    try:
+        with pytest.raises(datadir.DataDirInUse):
+            datadir.lock(mine, theirs)
+    finally:
+        os.close(theirs)
+        os.close(held)
