@@ -33,6 +33,7 @@ OK = b"\x01"
 FENCED = b"\x00"
 TAIL = b"t"  # a request's first byte: what changed is at the file's end (or its name)
 WHOLE = b"w"  # the file was changed in place: send it whole
+SHIP = b"s"  # send what was appended soon; no answer (ReplicaLink.ship)
 _LENGTH = struct.Struct("<I")
 
 
@@ -74,6 +75,18 @@ class ReplicaLink:
         if answer != OK:
             self._local.sock = None
             raise ReplicaRefused(errno.EIO, f"{path}: not confirmed by the cluster's in-sync set")
+
+    def ship(self, path: str) -> None:
+        """Have what was appended to `path` sent to the followers with the
+        next batch, without waiting and without a sync: acks, which a
+        standalone broker does not sync either, so that after a failover
+        the messages acked before it do not come back. Best effort: a
+        failure here shows at the next `mirror`."""
+        data = SHIP + os.fsencode(path)
+        try:
+            self._socket().sendall(_LENGTH.pack(len(data)) + data)
+        except OSError:
+            self._local.sock = None
 
 
 def address(name: str) -> str:

@@ -5,7 +5,9 @@ Buffered: `settle` is called on the hot path (an ack), `flush` once per
 event-loop iteration writes every buffered record with one write per ack
 file. No sync: an ack that did not reach the disk before a power cut only
 brings its message back flagged redelivered (docs/durability.md), and so
-does one whose write failed (logged, not fatal). `sync` makes them durable
+does one whose write failed (logged, not fatal). On a cluster's leader each
+write is also shipped to the followers without waiting (replica.ship), so
+that a failover brings back only the messages acked in its last moments. `sync` makes them durable
 for tx.commit, under the rule of every durable write (store/sync.py): a
 failed sync, or a failed write since the last sync, ends the process rather
 than let a commit-ok confirm acks that may not be on disk.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from shoal.store import replica
 from shoal.store.messages import AckWriter, segment_name
 from shoal.store.sync import durability_lost, sync_now
 
@@ -76,8 +79,11 @@ class SettleWriter:
             records = [s for s in settled if s[1]]
             try:
                 if records:
-                    self._file(key, name).settle(records)
+                    file = self._file(key, name)
+                    file.settle(records)
                     self._unsynced.add(key)
+                    if replica.link is not None:  # a cluster's leader: followers get them too
+                        replica.link.ship(file.file.path)
             except OSError as exc:
                 # Not fatal: without the record the message comes back,
                 # flagged redelivered, after a crash.

@@ -5,7 +5,8 @@ Two listeners:
 
 - the **replica socket** (unix, in the runtime directory): the broker's
   processes ask `mirror(path)` after each local sync (store/replica.py) and
-  wait for one byte, OK or FENCED;
+  wait for one byte, OK or FENCED; `ship(path)` (acks as they are written)
+  is sent with the next batch and not answered;
 - the **cluster port** (TCP): followers connect, say what they have
   (`Hello`) and are sent what differs, then every change as it happens.
 
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 
 from shoal.broker.cluster import protocol as P
 from shoal.store import mirror
-from shoal.store.replica import FENCED, OK, WHOLE, address
+from shoal.store.replica import FENCED, OK, SHIP, WHOLE, address
 
 log = logging.getLogger("shoal.cluster")
 
@@ -106,7 +107,8 @@ class Shipper:
         self.seq = 0
         self.batches = 0
         self.requests = 0
-        self._pending: list[tuple[str, bool, asyncio.Future[bytes]]] = []
+        # (path, sent whole, the answer's future; None: a ship, not answered)
+        self._pending: list[tuple[str, bool, asyncio.Future[bytes] | None]] = []
         self._work = asyncio.Event()
         self._changed = asyncio.Event()  # a follower joined, left or acked
         self._isr_written: list[str] | None = None
@@ -138,7 +140,7 @@ class Shipper:
         """Answer FENCED from now on; drop the followers."""
         self.fenced = True
         for _, _, done in self._pending:
-            if not done.done():
+            if done is not None and not done.done():
                 done.set_result(FENCED)
         self._pending.clear()
         self._work.set()
@@ -182,6 +184,11 @@ class Shipper:
                 (length,) = P.LENGTH.unpack(head)
                 request = await reader.readexactly(length)
                 whole, path = request[:1] == WHOLE, os.fsdecode(request[1:])
+                if request[:1] == SHIP:  # sent with the next batch, not answered
+                    if not self.fenced:
+                        self._pending.append((path, False, None))
+                        self._work.set()
+                    continue
                 done: asyncio.Future[bytes] = loop.create_future()
                 if self.fenced:
                     done.set_result(FENCED)
@@ -212,6 +219,8 @@ class Shipper:
                 if f.streaming:
                     for rel, whole in paths.items():
                         self._ship(f, rel, whole)
+            if all(done is None for _, _, done in batch):
+                continue  # ships only: the next batch's mark covers them
             seq = self._mark()
             confirmable = await self._confirmable(seq)
             if confirmable and not self.lease_valid():
@@ -220,7 +229,7 @@ class Shipper:
                 self.fence()
             answer = OK if confirmable and not self.fenced else FENCED
             for _, _, done in batch:
-                if not done.done():
+                if done is not None and not done.done():
                     done.set_result(answer)
 
     def _relative(self, path: str) -> str | None:

@@ -190,3 +190,33 @@ def test_leadership_moves_by_step_down_and_by_transfer(nodes: list[ClusterNode])
     assert drain(third, "moved") == [(b"before", False)]
     refused = shoal("ctl", "--runtime-dir", target.runtime_dir, "step_down")
     assert refused.returncode != 0 and "not the leader" in refused.stderr
+
+
+def test_acked_messages_stay_acked_after_the_leaders_death(nodes: list[ClusterNode]) -> None:
+    """Acks are not synced (as standalone), but the leader ships them to the
+    followers as they are written: after a failover, the messages acked
+    before it do not come back; the unacked ones come back flagged."""
+    leader = leader_of(nodes)
+    in_sync(nodes, 3)
+    bodies = [b"a-%d" % i for i in range(100)]
+    publish_confirmed(leader, "acked", bodies)
+    conn = connect(leader)
+    ch = conn.channel()
+    for body in bodies[:60]:
+        method, _props, got = ch.basic_get("acked")
+        assert got == body
+        ch.basic_ack(method.delivery_tag)
+    conn.close()
+
+    def covered() -> bool:
+        """Later confirmed writes: their marks cover the acks shipped
+        before them, and then no follower lags."""
+        publish_confirmed(leader, "later", [b"x"])
+        return all(f["lag_bytes"] == 0 for f in leader.status()["followers"])
+
+    wait_for(covered, 30, "the followers to have the acks", interval=0.1)
+    leader.kill()
+    new = leader_of([n for n in nodes if n is not leader], 30)
+    got = drain(new, "acked")
+    assert [b for b, _ in got] == bodies[60:]
+    assert all(redelivered for _, redelivered in got)
