@@ -151,7 +151,8 @@ class Mirror:
             raise ValueError(f"not a mirrored path: {relative!r}")
         return os.path.join(self.root, relative)
 
-    def _fd(self, full: str) -> int:
+    def _fd(self, full: str, sync: bool = True) -> int:
+        """The open descriptor of `full`; `sync`: fdatasync it at the next mark."""
         fd = self._fds.get(full)
         if fd is None:
             directory = os.path.dirname(full)
@@ -164,15 +165,19 @@ class Mirror:
                 self._close(next(iter(self._fds)))
             fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
             self._fds[full] = fd
-        self._dirty.add(fd)
+        if sync:
+            self._dirty.add(fd)
         return fd
 
-    def append(self, relative: str, offset: int, data: bytes) -> None:
+    def append(self, relative: str, offset: int, data: bytes, sync: bool = True) -> None:
+        """Write `data` at `offset`; `sync` False: the leader did not sync it
+        either (acks), so the next mark need not (a later synced append to
+        the same file syncs it all)."""
         full = self._full(relative)
         if relative in self._aside:
             full += ASIDE
         view = memoryview(data)
-        fd = self._fd(full)
+        fd = self._fd(full, sync or relative in self._aside)
         while view:
             written = os.pwrite(fd, view, offset)
             view = view[written:]

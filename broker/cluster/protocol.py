@@ -38,6 +38,7 @@ class Append(msgspec.Struct, tag=True):
     path: str
     offset: int
     data: bytes
+    sync: bool = True  # False: not fdatasynced at the next mark (shipped acks)
 
 
 class Reset(msgspec.Struct, tag=True):

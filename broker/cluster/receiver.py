@@ -78,7 +78,7 @@ class Receiver:
         m = self.mirror
         for message in messages:
             if isinstance(message, P.Append):
-                m.append(message.path, message.offset, message.data)
+                m.append(message.path, message.offset, message.data, message.sync)
             elif isinstance(message, P.Mark):
                 mark = message.seq
             elif isinstance(message, P.Reset):

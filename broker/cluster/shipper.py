@@ -6,7 +6,8 @@ Two listeners:
 - the **replica socket** (unix, in the runtime directory): the broker's
   processes ask `mirror(path)` after each local sync (store/replica.py) and
   wait for one byte, OK or FENCED; `ship(path)` (acks as they are written)
-  is sent with the next batch and not answered;
+  is sent with the next batch (or after SHIP_DELAY), not answered, and not
+  synced by the followers at the mark;
 - the **cluster port** (TCP): followers connect, say what they have
   (`Hello`) and are sent what differs, then every change as it happens.
 
@@ -52,6 +53,7 @@ CHUNK = 1 << 20  # bytes per Append frame
 SETTLED = 4 << 20  # a catch-up pass that sent less than this is the last
 MAX_BUFFERED = 256 << 20  # bytes queued for one follower before it counts as stalled
 STALLED = 10.0  # s without an acknowledgement before a follower counts as stalled
+SHIP_DELAY = 0.02  # s an unanswered ship (acks) waits for a batch to go with
 
 
 @dataclass
@@ -107,8 +109,11 @@ class Shipper:
         self.seq = 0
         self.batches = 0
         self.requests = 0
-        # (path, sent whole, the answer's future; None: a ship, not answered)
-        self._pending: list[tuple[str, bool, asyncio.Future[bytes] | None]] = []
+        self._pending: list[tuple[str, bool, asyncio.Future[bytes]]] = []
+        # Paths asked with `ship` (acks): sent with the next batch, or after
+        # SHIP_DELAY if none comes first, unsynced and unanswered.
+        self._ships: set[str] = set()
+        self._ship_timer: asyncio.TimerHandle | None = None
         self._work = asyncio.Event()
         self._changed = asyncio.Event()  # a follower joined, left or acked
         self._isr_written: list[str] | None = None
@@ -140,9 +145,10 @@ class Shipper:
         """Answer FENCED from now on; drop the followers."""
         self.fenced = True
         for _, _, done in self._pending:
-            if done is not None and not done.done():
+            if not done.done():
                 done.set_result(FENCED)
         self._pending.clear()
+        self._ships.clear()
         self._work.set()
         self._changed.set()
         for f in list(self.followers.values()):
@@ -186,8 +192,9 @@ class Shipper:
                 whole, path = request[:1] == WHOLE, os.fsdecode(request[1:])
                 if request[:1] == SHIP:  # sent with the next batch, not answered
                     if not self.fenced:
-                        self._pending.append((path, False, None))
-                        self._work.set()
+                        self._ships.add(path)
+                        if self._ship_timer is None:
+                            self._ship_timer = loop.call_later(SHIP_DELAY, self._ships_due)
                     continue
                 done: asyncio.Future[bytes] = loop.create_future()
                 if self.fenced:
@@ -201,26 +208,34 @@ class Shipper:
         finally:
             writer.close()
 
+    def _ships_due(self) -> None:
+        self._ship_timer = None
+        self._work.set()
+
     async def _batches(self) -> None:
         while True:
             await self._work.wait()
             self._work.clear()
             batch, self._pending = self._pending, []
-            if not batch:
-                continue
-            self.batches += 1
-            self.requests += len(batch)
-            paths: dict[str, bool] = {}  # relative path -> sent whole
+            ships, self._ships = self._ships, set()
+            # relative path -> (sent whole, the follower syncs it at the mark)
+            paths: dict[str, tuple[bool, bool]] = {}
+            for path in ships:
+                rel = self._relative(path)
+                if rel is not None:
+                    paths[rel] = (False, False)
             for path, whole, _ in batch:
                 rel = self._relative(path)
                 if rel is not None:
-                    paths[rel] = paths.get(rel, False) or whole
+                    paths[rel] = (paths.get(rel, (False, False))[0] or whole, True)
             for f in list(self.followers.values()):
                 if f.streaming:
-                    for rel, whole in paths.items():
-                        self._ship(f, rel, whole)
-            if all(done is None for _, _, done in batch):
-                continue  # ships only: the next batch's mark covers them
+                    for rel, (whole, sync) in paths.items():
+                        self._ship(f, rel, whole, sync)
+            if not batch:
+                continue  # ships only: no answer to wait for
+            self.batches += 1
+            self.requests += len(batch)
             seq = self._mark()
             confirmable = await self._confirmable(seq)
             if confirmable and not self.lease_valid():
@@ -229,7 +244,7 @@ class Shipper:
                 self.fence()
             answer = OK if confirmable and not self.fenced else FENCED
             for _, _, done in batch:
-                if done is not None and not done.done():
+                if not done.done():
                     done.set_result(answer)
 
     def _relative(self, path: str) -> str | None:
@@ -405,9 +420,11 @@ class Shipper:
     def _send(self, f: Follower, message: P.Message) -> None:
         f.writer.write(P.frame(message))
 
-    def _ship(self, f: Follower, rel: str, whole_file: bool = False) -> None:
+    def _ship(self, f: Follower, rel: str, whole_file: bool = False, sync: bool = True) -> None:
         """Send `f` what differs in `rel` (a file or a directory), at once;
-        `whole_file`: the file changed in place, send all of it."""
+        `whole_file`: the file changed in place, send all of it; `sync`
+        False: appends the follower need not fdatasync at the next mark
+        (acks, which the leader does not sync either)."""
         full = os.path.join(self.root, rel) if rel else self.root
         try:
             st = os.stat(full)
@@ -449,7 +466,7 @@ class Shipper:
                 data = os.pread(fd, CHUNK, offset)
                 if not data:
                     break
-                self._send(f, P.Append(rel, offset, data))
+                self._send(f, P.Append(rel, offset, data, sync or whole))
                 f.sent_bytes += len(data)
                 offset += len(data)
             if whole:
