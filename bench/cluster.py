@@ -9,7 +9,10 @@
    messages are published, then started: from its start to its joining the
    in-sync set, and the bytes it received per second.
 
-    python bench/cluster.py --rounds 3 --kills 10 --catch-up-mb 200
+    python bench/cluster.py --rounds 3 --kills 10 --catch-up-mb 200 [--rabbitmq]
+
+`--rabbitmq` adds the same load on RabbitMQ 3.10's quorum queues, on one
+node and on three (bench/rabbitmq_cluster.py), in the same rounds.
 
 Needs etcd (apt-get install etcd-server). Prints a markdown report.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import os
 import signal
 import statistics
@@ -33,7 +37,14 @@ import pika
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from compare import machine_info, perf_command, run_perf, shoal_revision  # noqa: E402
+from compare import (  # noqa: E402
+    machine_info,
+    perf_command,
+    run_perf,
+    shoal_revision,
+    started_rabbitmq,
+)
+from rabbitmq_cluster import rabbitmq_cluster  # noqa: E402
 
 from tests.broker_process import Broker, wait_for  # noqa: E402
 from tests.cluster.etcd_server import EtcdServer  # noqa: E402
@@ -76,35 +87,47 @@ def cluster(tmp: Path, etcd: EtcdServer, size: int, tag: str) -> list[ClusterNod
 
 
 def throughput(opts: argparse.Namespace, tmp: Path, etcd: EtcdServer) -> list[str]:
-    standalone = Broker(tmp / "standalone", workers=2)
-    (tmp / "standalone").mkdir()
-    standalone.start()
-    setups: dict[str, tuple[str, list[ClusterNode]]] = {"standalone": (standalone.url, [])}
-    for followers in (1, 2):
-        nodes = cluster(tmp, etcd, followers + 1, f"f{followers}-")
-        setups[f"leader + {followers} follower{'s' if followers > 1 else ''}"] = (
-            leader_of(nodes).url,
-            nodes,
-        )
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
-    try:
-        names = list(setups)
-        for r in range(opts.rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                url = setups[name][0]
-                report = run_perf(perf_command(url, PERF, opts.duration, 2.0), opts.duration + 60)
-                runs[name].append(report)
-                lat = report.get("confirm_latency_ms", {})
-                print(
-                    f"round {r + 1} {name:<22} {report.get('consumed_rate', 0):>9,.0f} msg/s "
-                    f"p50 {lat.get('p50', 0):.2f} p99 {lat.get('p99', 0):.2f} ms",
-                    file=sys.stderr,
-                )
-    finally:
-        standalone.stop()
-        for _url, nodes in setups.values():
+    with contextlib.ExitStack() as stack:
+        standalone = Broker(tmp / "standalone", workers=2)
+        (tmp / "standalone").mkdir()
+        standalone.start()
+        stack.callback(standalone.stop)
+        # name -> (uri, perf's extra flags)
+        setups: dict[str, tuple[str, tuple[str, ...]]] = {"standalone": (standalone.url, ())}
+        for followers in (1, 2):
+            nodes = cluster(tmp, etcd, followers + 1, f"f{followers}-")
             for n in nodes:
-                n.stop()
+                stack.callback(n.stop)
+            name = f"leader + {followers} follower{'s' if followers > 1 else ''}"
+            setups[name] = (leader_of(nodes).url, ())
+        if opts.rabbitmq:
+            # The same load on RabbitMQ's replicated queue: a quorum queue
+            # with a member on each of 3 nodes (and on 1, for its own cost).
+            single = stack.enter_context(started_rabbitmq())
+            if single.uri is not None:
+                setups["RabbitMQ 3.10, 1 node, classic queue"] = (single.uri, ())
+                setups["RabbitMQ 3.10, 1 node, quorum queue"] = (single.uri, ("--quorum",))
+            three = stack.enter_context(rabbitmq_cluster(3))
+            setups["RabbitMQ 3.10, 3 nodes, quorum queue"] = (three[0], ("--quorum",))
+        return _rounds(opts, setups)
+
+
+def _rounds(opts: argparse.Namespace, setups: dict[str, tuple[str, tuple[str, ...]]]) -> list[str]:
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
+    names = list(setups)
+    for r in range(opts.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            url, extra = setups[name]
+            report = run_perf(
+                perf_command(url, (*PERF, *extra), opts.duration, 2.0), opts.duration + 60
+            )
+            runs[name].append(report)
+            lat = report.get("confirm_latency_ms", {})
+            print(
+                f"round {r + 1} {name:<38} {report.get('consumed_rate', 0):>9,.0f} msg/s "
+                f"p50 {lat.get('p50', 0):.2f} p99 {lat.get('p99', 0):.2f} ms",
+                file=sys.stderr,
+            )
     base = statistics.median(r.get("consumed_rate", 0) for r in runs["standalone"])
     rows = [
         "| setup | msg/s (median) | / standalone | confirm p50 ms | confirm p99 ms |",
@@ -226,6 +249,12 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=6.0)
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--catch-up-mb", type=int, default=200)
+    p.add_argument(
+        "--rabbitmq",
+        action="store_true",
+        help="also RabbitMQ 3.10's quorum queues, on 1 node and on a 3-node cluster",
+    )
+    p.add_argument("--only-throughput", action="store_true", help="skip failover and catch-up")
     opts = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-cluster-bench-") as d:
         tmp = Path(d)
@@ -235,7 +264,8 @@ def main() -> int:
             when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             lines = [*machine_info(), f"Shoal {shoal_revision()}, {when}", ""]
             lines += throughput(opts, tmp, etcd)
-            lines += ["", *failover(opts, tmp, etcd), *catch_up(opts, tmp, etcd)]
+            if not opts.only_throughput:
+                lines += ["", *failover(opts, tmp, etcd), *catch_up(opts, tmp, etcd)]
         finally:
             etcd.stop()
     print("\n".join(lines))

@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--stream", action="store_true", help="a stream queue (durable, x-queue-type stream)"
     )
     p.add_argument(
+        "--quorum",
+        action="store_true",
+        help="a quorum queue (durable, x-queue-type quorum: replicated on a RabbitMQ cluster)",
+    )
+    p.add_argument(
         "--stream-offset",
         default="next",
         help="consumers' x-stream-offset: first, last, next, an offset, or spread:N "
@@ -122,6 +127,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         rate=args.rate,
         fanout=args.fanout,
         stream=args.stream,
+        quorum=args.quorum,
         stream_offset=args.stream_offset,
         dedup=args.dedup,
     )

@@ -34,6 +34,7 @@ class PerfConfig:
     rate: int
     fanout: int = 0  # > 0: publish to a fanout exchange bound to this many queues
     stream: bool = False  # declare a stream queue (x-queue-type stream)
+    quorum: bool = False  # declare a quorum queue (x-queue-type quorum: RabbitMQ's replicated one)
     # Consumers' x-stream-offset: "first", "last", "next", an offset, or
     # "spread:N" (consumer i of C starts at offset i * N // C).
     stream_offset: str = "next"

@@ -106,11 +106,13 @@ def _run_child(
 async def _declare_queue(cfg: PerfConfig) -> str:
     client = await connect(AmqpConnection, AmqpUri.parse(cfg.uri))
     try:
-        durable = cfg.persistent or cfg.stream
+        durable = cfg.persistent or cfg.stream or cfg.quorum
         # Auto-delete cleans up after a killed run; with no consumer it would never
         # trigger, and a durable queue is meant to outlive connections.
         auto_delete = not durable and cfg.consumers > 0 and cfg.queue_generated
-        arguments: dict[str, Any] | None = {"x-queue-type": "stream"} if cfg.stream else None
+        arguments: dict[str, Any] | None = None
+        if cfg.stream or cfg.quorum:
+            arguments = {"x-queue-type": "stream" if cfg.stream else "quorum"}
         if cfg.dedup == "queue":
             arguments = {"x-message-deduplication": True}
         if cfg.fanout:

@@ -215,3 +215,30 @@ def test_classic_declares_refused_as_rabbitmq_refuses_them(
     broker: Broker, arguments: dict[str, Any], text: str
 ) -> None:
     declare_refused(broker, "e_dl", text, arguments=arguments)
+
+
+def test_shoal_perf_declares_and_runs_a_quorum_queue(broker: Broker) -> None:
+    """`shoal perf --quorum` (bench/cluster.py's load on RabbitMQ's
+    replicated queues): a durable quorum queue, persistent messages,
+    confirmed and consumed."""
+    import json
+    import subprocess
+    import sys
+
+    flags = ["--quorum", "--persistent", "--confirm", "20", "--queue", "perf-qq"]
+    run = ["--duration", "1", "--warmup", "0", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "shoal.perf", "--uri", broker.url, *flags, *run],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["consumed_rate"] > 0 and not report.get("errors")
+    conn = connect(broker)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        conn.channel().queue_declare("perf-qq", durable=True)  # as classic: it is a quorum one
+    assert refused.value.reply_code == 406 and "'quorum'" in refused.value.reply_text
+    conn.channel().queue_delete("perf-qq")
+    conn.close()
