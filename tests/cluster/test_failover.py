@@ -220,3 +220,68 @@ def test_acked_messages_stay_acked_after_the_leaders_death(nodes: list[ClusterNo
     got = drain(new, "acked")
     assert [b for b, _ in got] == bodies[60:]
     assert all(redelivered for _, redelivered in got)
+
+
+def test_definitions_delayed_messages_and_dedup_keys_outlive_the_leader(
+    nodes: list[ClusterNode],
+) -> None:
+    """What issue 29 lists beside messages: users and permissions, policies,
+    what the delayed exchange keeps and a deduplication cache on disk, each
+    confirmed (its -ok, or a publisher confirm) before the leader's SIGKILL,
+    are all there on the new leader."""
+    leader = leader_of(nodes)
+    in_sync(nodes, 3)
+    run = ("--runtime-dir", leader.runtime_dir)
+    for verb in (
+        ("add_user", "alice", "s3cret"),
+        ("set_permissions", "alice", ".*", ".*", ".*"),
+    ):
+        done = shoal("ctl", *run, *verb)
+        assert done.returncode == 0, done.stderr
+    done = shoal("policy", *run, "set", "short", "^short-", '{"max-length": 1}')
+    assert done.returncode == 0, done.stderr
+
+    conn = connect(leader)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.exchange_declare(
+        "delayed", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
+    )
+    ch.queue_declare("due", durable=True)
+    ch.queue_bind("due", "delayed", "k")
+    later = pika.BasicProperties(delivery_mode=2, headers={"x-delay": 4000})
+    ch.basic_publish("delayed", "k", b"later", later)  # confirmed, due after the failover
+    ch.queue_declare("dd", durable=True, arguments={"x-message-deduplication": True})
+    once = pika.BasicProperties(delivery_mode=2, headers={"x-deduplication-header": "k1"})
+    ch.basic_publish("", "dd", b"first", once)
+    conn.close()
+
+    leader.kill()
+    new = leader_of([n for n in nodes if n is not leader], 30)
+    # The user and its permissions.
+    alice = pika.BlockingConnection(
+        pika.URLParameters(f"amqp://alice:s3cret@127.0.0.1:{new.port}/?socket_timeout=5")
+    )
+    ch = alice.channel()
+    ch.confirm_delivery()
+    # The policy: a queue it names holds one message.
+    ch.queue_declare("short-q", durable=True)
+    for body in (b"1", b"2"):
+        ch.basic_publish("", "short-q", body, pika.BasicProperties(delivery_mode=2))
+    assert ch.queue_declare("short-q", passive=True).method.message_count == 1
+    # The deduplication key: the same key again is dropped, a new one is not.
+    ch.basic_publish("", "dd", b"again", once)
+    other = pika.BasicProperties(delivery_mode=2, headers={"x-deduplication-header": "k2"})
+    ch.basic_publish("", "dd", b"second", other)
+    alice.close()
+    assert [b for b, _ in drain(new, "dd")] == [b"first", b"second"]
+    # The delayed message: routed when due, by the new leader.
+    conn = connect(new)
+    ch = conn.channel()
+
+    def delivered() -> bytes | None:
+        method, _props, body = ch.basic_get("due", auto_ack=True)
+        return None if method is None else bytes(body)
+
+    assert wait_for(delivered, 20, "the delayed message", interval=0.1) == b"later"
+    conn.close()
