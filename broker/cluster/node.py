@@ -50,6 +50,7 @@ import uuid
 import msgspec
 
 from shoal.broker.cluster import control
+from shoal.broker.cluster import protocol as P
 from shoal.broker.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
 from shoal.broker.cluster.metrics import FollowerMetrics
 from shoal.broker.cluster.proxy import Proxy
@@ -225,6 +226,9 @@ class Node:
             lease, self.lease = self.lease, 0
             await self.etcd.revoke(lease)
 
+    def identity(self) -> P.Identity:
+        return P.Identity(self.data_dir, self.node, self.prefix, self.secret)
+
     def lease_valid(self) -> bool:
         """The lease cannot have run out yet, with a margin for clock rates."""
         return time.monotonic() < self.valid_until - max(0.5, self.ttl * 0.2)
@@ -251,10 +255,7 @@ class Node:
             return ok
 
         self.shipper = Shipper(
-            self.data_dir,
-            self.node,
-            self.prefix,
-            self.secret,
+            self.identity(),
             self.min_isr,
             self.config.cluster_max_lag,
             write_isr,
@@ -396,10 +397,7 @@ class Node:
         host, _, port = self.leader["replication"].rpartition(":")
         amqp_host, _, amqp_port = self.leader["amqp"].rpartition(":")
         self.receiver = Receiver(
-            self.data_dir,
-            self.node,
-            self.prefix,
-            self.secret,
+            self.identity(),
             on_welcome=self._catching_up,
             on_caught_up=self._caught_up,
         )

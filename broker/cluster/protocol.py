@@ -19,6 +19,26 @@ LENGTH = struct.Struct("<I")
 MAX_FRAME = 64 << 20
 
 
+class Identity(msgspec.Struct, frozen=True):
+    """Who a node is to the other end of a replication connection: its data
+    directory, its id (store/mirror.py node_id), its cluster's name and the
+    cluster's secret (kept in etcd). The shipper and the receiver both
+    take one."""
+
+    root: str
+    node: str
+    cluster: str
+    secret: str
+
+    def hello(self, files: dict[str, tuple[int, int]]) -> Hello:
+        """A follower's greeting: who it is and what it has."""
+        return Hello(self.cluster, self.secret, self.node, files)
+
+    def admits(self, hello: Hello) -> bool:
+        """Whether a follower's greeting is of this cluster."""
+        return hello.cluster == self.cluster and hello.secret == self.secret
+
+
 class Hello(msgspec.Struct, tag=True):
     cluster: str
     secret: str

@@ -24,18 +24,12 @@ class Receiver:
 
     def __init__(
         self,
-        root: str,
-        node: str,
-        cluster: str,
-        secret: str,
+        me: P.Identity,
         on_welcome: Callable[[], None] = lambda: None,
         on_caught_up: Callable[[], None] = lambda: None,
     ) -> None:
-        self.root = root
-        self.node = node
-        self.cluster = cluster
-        self.secret = secret
-        self.mirror = mirror.Mirror(root)
+        self.me = me
+        self.mirror = mirror.Mirror(me.root)
         self.acked = 0  # the last mark acknowledged
         self.caught_up = False  # acknowledged at least one mark on this connection
         self.last_ack = 0.0
@@ -49,8 +43,8 @@ class Receiver:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
         frames = P.FrameReader()
         try:
-            files = await asyncio.to_thread(mirror.listing, self.root)
-            writer.write(P.frame(P.Hello(self.cluster, self.secret, self.node, files)))
+            files = await asyncio.to_thread(mirror.listing, self.me.root)
+            writer.write(P.frame(self.me.hello(files)))
             while True:
                 data = await reader.read(1 << 20)
                 if not data:

@@ -86,19 +86,15 @@ IsrWriter = Callable[[list[str]], Awaitable[bool]]
 class Shipper:
     def __init__(
         self,
-        root: str,
-        node: str,
-        cluster: str,
-        secret: str,
+        me: P.Identity,
         min_isr: int,
         max_lag: float,
         on_isr: IsrWriter,
         lease_valid: Callable[[], bool] = lambda: True,
     ) -> None:
-        self.root = os.path.realpath(root)
-        self.node = node
-        self.cluster = cluster
-        self.secret = secret
+        self.me = me
+        self.root = os.path.realpath(me.root)
+        self.node = me.node
         self.min_isr = min_isr
         self.max_lag = max_lag
         self.on_isr = on_isr
@@ -322,7 +318,7 @@ class Shipper:
             if hello is None or self.fenced:
                 writer.write(P.frame(P.Refused("not the leader" if self.fenced else "bad hello")))
                 return
-            if hello.cluster != self.cluster or hello.secret != self.secret:
+            if not self.me.admits(hello):
                 writer.write(P.frame(P.Refused("wrong cluster name or secret")))
                 return
             old = self.followers.pop(hello.node, None)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.broker.cluster import protocol as P
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
 from shoal.broker.cluster.shipper import Shipper
 from shoal.store import mirror, records
@@ -41,9 +42,12 @@ class Pair:
         self.port = free_port()
         self.isr_log: list[list[str]] = []
         self.shipper = Shipper(
-            str(self.leader), "A", "c", "s", min_isr=min_isr, max_lag=max_lag, on_isr=self._isr
+            P.Identity(str(self.leader), "A", "c", "s"),
+            min_isr=min_isr,
+            max_lag=max_lag,
+            on_isr=self._isr,
         )
-        self.receiver = Receiver(str(self.follower), "B", "c", "s")
+        self.receiver = Receiver(P.Identity(str(self.follower), "B", "c", "s"))
         self.task: asyncio.Task[None] | None = None
 
     async def _isr(self, isr: list[str]) -> bool:
@@ -56,7 +60,7 @@ class Pair:
             self.follow()
 
     def follow(self) -> None:
-        self.receiver = Receiver(str(self.follower), "B", "c", "s")
+        self.receiver = Receiver(P.Identity(str(self.follower), "B", "c", "s"))
         self.task = asyncio.ensure_future(self.receiver.run("127.0.0.1", self.port))
 
     async def in_sync(self) -> None:
@@ -177,7 +181,7 @@ def test_a_dead_follower_leaves_the_in_sync_set_before_the_next_answer(tmp_path:
 def test_fenced_leader_refuses_and_a_wrong_secret_is_refused(tmp_path: Path) -> None:
     async def body(p: Pair) -> None:
         await p.start(follow=False)
-        wrong = Receiver(str(p.follower), "B", "c", "not the secret")
+        wrong = Receiver(P.Identity(str(p.follower), "B", "c", "not the secret"))
         with pytest.raises(LeaderRefused):
             await asyncio.wait_for(wrong.run("127.0.0.1", p.port), 5)
         p.shipper.fence()
