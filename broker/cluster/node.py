@@ -262,7 +262,20 @@ class Node:
             self.lease_valid,
         )
         host = self.config.bind[0] if self.config.bind else "::"
-        await self.shipper.start(self.replica_socket, host, self.config.cluster_port)
+        try:
+            await self.shipper.start(self.replica_socket, host, self.config.cluster_port)
+        except OSError:
+            # It cannot serve (its cluster port taken): leadership goes back
+            # at once, and it stands aside for a while, so that another
+            # in-sync node leads meanwhile instead of waiting on its retries.
+            await self.shipper.close()
+            self.shipper = None
+            with contextlib.suppress(*ETCD_ERRORS):
+                await self.etcd.delete_if_equal(self.prefix + "leader", leader_value)
+                await self._release()
+            self.role = "follower"
+            self.hold_off_until = time.monotonic() + max(5.0, 2 * self.ttl)
+            raise
         await self._start_broker()  # handed the data directory's lock
         lost = True
         try:

@@ -121,6 +121,9 @@ class Shipper:
         if not replica_socket.startswith("@"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(replica_socket)
+        # Each server is kept as soon as it listens, so that close() after a
+        # failed start (the cluster port taken) frees the replica socket's
+        # name for the next try.
         self._servers.append(
             await asyncio.start_unix_server(self._serve_process, address(replica_socket))
         )

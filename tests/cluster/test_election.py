@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,35 @@ def test_a_second_node_on_the_same_data_directory_refuses_to_start(
     finally:
         second.stop()
         first.stop()
+
+
+def test_a_node_that_cannot_serve_as_leader_stands_aside(tmp_path: Path, etcd: EtcdServer) -> None:
+    """A node that wins but cannot listen on its cluster port gives the
+    leadership back at once and holds off, so that another node leads
+    meanwhile; it follows once its port is free (a CI run once waited 38 s
+    on such a node winning and failing again and again)."""
+    a = ClusterNode(tmp_path, "a", etcd.url)
+    b = ClusterNode(tmp_path, "b", etcd.url)
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", a.cluster_port))
+        taken.listen()
+        a.start()
+        # Alone, it wins and fails twice: the second try must fail as the
+        # first did, not on what the first one left open.
+        wait_for(lambda: a.log().count("leader of cluster") >= 2, 30, "a to try twice")
+        wait_for(lambda: a.log().count("already in use") >= 2, 10, "a's second failure")
+        b.start()
+        started = time.monotonic()
+        wait_for(b.serving, 15, "b to lead while a cannot", interval=0.1)
+        print(f"b served {time.monotonic() - started:.1f} s after its start")
+        taken.close()
+        wait_for(lambda: a.role == "follower" and a.status().get("caught_up"), 30, "a to follow")
+        assert b.role == "leader"
+        # Each failed try closed what it had opened: no try failed on the
+        # replica socket's name, left behind by the one before.
+        assert "shoal-replica" not in a.log()
+    finally:
+        taken.close()
+        b.stop()
+        a.stop()
