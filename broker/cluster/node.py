@@ -268,12 +268,7 @@ class Node:
             # It cannot serve (its cluster port taken): leadership goes back
             # at once, and it stands aside for a while, so that another
             # in-sync node leads meanwhile instead of waiting on its retries.
-            await self.shipper.close()
-            self.shipper = None
-            with contextlib.suppress(*ETCD_ERRORS):
-                await self.etcd.delete_if_equal(self.prefix + "leader", leader_value)
-                await self._release()
-            self.role = "follower"
+            await self._give_back(leader_value)
             self.hold_off_until = time.monotonic() + max(5.0, 2 * self.ttl)
             raise
         await self._start_broker()  # handed the data directory's lock
@@ -298,12 +293,18 @@ class Node:
             else:
                 await self._stop_broker_leading()
             datadir.claim(self.lock_fd)  # the broker is gone: the lock names us again
+            await self._give_back(leader_value)
+
+    async def _give_back(self, leader_value: bytes) -> None:
+        """Leadership ends: the shipper closes, the leader key (ours) goes
+        and the lease with it, and the node is a follower again."""
+        if self.shipper is not None:
             await self.shipper.close()
             self.shipper = None
-            with contextlib.suppress(*ETCD_ERRORS):
-                await self.etcd.delete_if_equal(self.prefix + "leader", leader_value)
-                await self._release()
-            self.role = "follower"
+        with contextlib.suppress(*ETCD_ERRORS):
+            await self.etcd.delete_if_equal(self.prefix + "leader", leader_value)
+            await self._release()
+        self.role = "follower"
 
     async def _keep_leading(self) -> bool:
         """Renew the lease every TTL/3 until it cannot be (True: fence), the
