@@ -156,16 +156,21 @@ def urls(nodes: list[ClusterNode]) -> list[str]:
 
 
 def run_history(
-    nodes: list[ClusterNode], rounds: int, act: object, out: list[History] | None = None
+    nodes: list[ClusterNode],
+    rounds: int,
+    act: object,
+    out: list[History] | None = None,
+    clients_through: list[ClusterNode] | None = None,
 ) -> History:
     """Run the clients against `nodes` while `act(nodes)` happens `rounds`
     times (each once 3 nodes are in sync and 50 more messages confirmed);
     then every confirmed message must be delivered. `nodes` may change
-    inside `act` (a node added or removed): the clients follow it."""
+    inside `act` (a node added or removed): the clients follow it, unless
+    `clients_through` names the nodes they may connect to."""
     history = History()
     if out is not None:
         out.append(history)  # for an act that watches the history
-    clients = Clients(lambda: urls(nodes), history).start()
+    clients = Clients(lambda: urls(clients_through or nodes), history).start()
     try:
         for i in range(rounds):
             in_sync(nodes, 3, 60)
