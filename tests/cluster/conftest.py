@@ -42,7 +42,16 @@ def three_nodes(tmp_path: Path, etcd: EtcdServer) -> Iterator[Callable[..., list
     try:
         yield start
     finally:
+        # Every node is stopped even when one fails to (a CI run once left
+        # two nodes running after the first one's stop raised); the first
+        # failure is raised after all of them.
+        failed: AssertionError | None = None
         for n in made:
             if n.alive():
                 n.signal_group(signal.SIGCONT)
-            n.stop()
+            try:
+                n.stop()
+            except AssertionError as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
