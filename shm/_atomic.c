@@ -16,6 +16,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <limits.h>
+
+#include "_store_api.h"
 
 typedef struct {
     PyObject_HEAD
@@ -292,6 +295,49 @@ advance_head(uint64_t *q, char *ring, unsigned long long mask)
  * First AVAILABLE entry at or after max(start, head), CAS'd to ACQUIRED(owner);
  * else the pointer to resume from (the tail, or a cell still being published).
  */
+/* acquire's steps: 1 with the entry's seq, block and redelivered flag, or
+ * 0 with the pointer to resume from in *seq. */
+static int
+acquire_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask,
+             uint64_t start, uint64_t owner, uint64_t *seq_out, uint64_t *block_out,
+             int *redelivered)
+{
+    uint64_t head = LOAD(q + Q_HEAD / 8);
+    uint64_t seq = start > head ? start : head;
+    for (;;) {
+        uint64_t tail = LOAD(q + Q_TAIL / 8);
+        if (seq >= tail) {
+            *seq_out = tail;
+            return 0;
+        }
+        uint64_t *cell = cell_of(ring, mask, seq);
+        uint64_t w = LOAD(cell);
+        uint64_t wseq = w >> SEQ_SHIFT;
+        if (wseq < seq || (wseq == seq && (w & ST_MASK) == 0)) {
+            *seq_out = seq; /* not yet published: stop */
+            return 0;
+        }
+        if (wseq == seq && (w & ST_MASK) == ST_AVAILABLE) {
+            uint64_t acquired = (seq << SEQ_SHIFT) | owner | (w & REDELIVERED) | ST_ACQUIRED;
+            if (CAS(cell, &w, acquired)) {
+                ADD(q + Q_READY / 8, (uint64_t)-1);
+                ADD(q + Q_UNACKED / 8, 1);
+                uint64_t block = LOAD(cell + 1);
+                /* Ours now: the body cannot be freed under us. */
+                if (!(block & 7) && block + MSG_BODY_LEN + 8 <= (uint64_t)self->len)
+                    ADD(q + Q_READY_BYTES / 8,
+                        (uint64_t)0 - *(uint64_t *)(self->base + block + MSG_BODY_LEN));
+                *seq_out = seq;
+                *block_out = block;
+                *redelivered = (w & REDELIVERED) != 0;
+                return 1;
+            }
+            continue; /* lost the race for this cell: look at it again */
+        }
+        seq++;
+    }
+}
+
 static PyObject *
 Atomic_acquire(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -308,35 +354,12 @@ Atomic_acquire(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t owner = PyLong_AsUnsignedLongLong(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    uint64_t head = LOAD(q + Q_HEAD / 8);
-    uint64_t seq = start > head ? start : head;
-    for (;;) {
-        uint64_t tail = LOAD(q + Q_TAIL / 8);
-        if (seq >= tail)
-            return PyLong_FromUnsignedLongLong(tail);
-        uint64_t *cell = cell_of(ring, mask, seq);
-        uint64_t w = LOAD(cell);
-        uint64_t wseq = w >> SEQ_SHIFT;
-        if (wseq < seq || (wseq == seq && (w & ST_MASK) == 0))
-            return PyLong_FromUnsignedLongLong(seq); /* not yet published: stop */
-        if (wseq == seq && (w & ST_MASK) == ST_AVAILABLE) {
-            uint64_t acquired = (seq << SEQ_SHIFT) | owner | (w & REDELIVERED) | ST_ACQUIRED;
-            if (CAS(cell, &w, acquired)) {
-                ADD(q + Q_READY / 8, (uint64_t)-1);
-                ADD(q + Q_UNACKED / 8, 1);
-                uint64_t block = LOAD(cell + 1);
-                /* Ours now: the body cannot be freed under us. */
-                if (!(block & 7) && block + MSG_BODY_LEN + 8 <= (uint64_t)self->len)
-                    ADD(q + Q_READY_BYTES / 8,
-                        (uint64_t)0 - *(uint64_t *)(self->base + block + MSG_BODY_LEN));
-                return Py_BuildValue("(KKO)", (unsigned long long)seq,
-                                     (unsigned long long)block,
-                                     (w & REDELIVERED) ? Py_True : Py_False);
-            }
-            continue; /* lost the race for this cell: look at it again */
-        }
-        seq++;
-    }
+    uint64_t seq, block;
+    int redelivered;
+    if (!acquire_core(self, q, ring, mask, start, owner, &seq, &block, &redelivered))
+        return PyLong_FromUnsignedLongLong(seq);
+    return Py_BuildValue("(KKO)", (unsigned long long)seq, (unsigned long long)block,
+                         redelivered ? Py_True : Py_False);
 }
 
 /*
@@ -472,6 +495,20 @@ Atomic_ack_many(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(done);
 }
 
+/* release_hold's steps for a checked block: 1 if that freed it. */
+static int
+release_hold_core(AtomicObject *self, Py_ssize_t block, Py_ssize_t arenas, Py_ssize_t arena_bytes)
+{
+    uint64_t *b = (uint64_t *)(self->base + block);
+    uint64_t size = LOAD(b + B_SIZE / 8);
+    if (ADD(b + B_REFS / 8, (uint64_t)0 - HOLD) != HOLD)
+        return 0;
+    uint64_t *arena = (uint64_t *)(self->base + arenas + (block - arenas) / arena_bytes * arena_bytes);
+    ADD(arena + A_USED / 8, (uint64_t)0 - size);
+    ADD(arena + A_LIVE / 8, (uint64_t)-1);
+    return 1;
+}
+
 /*
  * release_hold(block, arenas, arena_bytes) -> bool
  * The owner is done routing a block: drop its HOLD bit, and account the
@@ -495,14 +532,7 @@ Atomic_release_hold(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_IndexError, "block out of range");
         return NULL;
     }
-    uint64_t *b = (uint64_t *)(self->base + block);
-    uint64_t size = LOAD(b + B_SIZE / 8);
-    if (ADD(b + B_REFS / 8, (uint64_t)0 - HOLD) != HOLD)
-        Py_RETURN_FALSE;
-    uint64_t *arena = (uint64_t *)(self->base + arenas + (block - arenas) / arena_bytes * arena_bytes);
-    ADD(arena + A_USED / 8, (uint64_t)0 - size);
-    ADD(arena + A_LIVE / 8, (uint64_t)-1);
-    Py_RETURN_TRUE;
+    return PyBool_FromLong(release_hold_core(self, block, arenas, arena_bytes));
 }
 
 static PyObject *
@@ -619,6 +649,29 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(append_entry(self, q, ring, mask, block, ioff, qid));
 }
 
+/* publish's steps for checked arguments: PUBLISH_RULES (nothing done),
+ * -1, -2 - seq, or seq * 2 + kick, as publish() returns them. */
+#define PUBLISH_RULES SHOAL_PUBLISH_RULES
+static long long
+publish_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask, uint64_t block,
+             Py_ssize_t ioff, uint64_t qid)
+{
+    if (LOAD(q + Q_OVERFLOW / 8) || LOAD(q + Q_CAPACITY / 8))
+        return PUBLISH_RULES;
+    uint64_t *refs = (uint64_t *)(self->base + block + B_REFS);
+    ADD(refs, 1);
+    long long t = append_entry(self, q, ring, mask, block, ioff, qid);
+    if (t == -1) {
+        ADD(refs, (uint64_t)-1);
+        return -1;
+    }
+    if (t < 0)
+        return t;
+    uint64_t one = 1;
+    int kick = LOAD(q + Q_WATCH / 8) && CAS(q + Q_WATCH / 8, &one, 0);
+    return t * 2 + kick;
+}
+
 /*
  * publish(queue, ring, mask, block, intent, qid) -> int
  * QueueStore.publish for a queue with no rules, in one call: None if the
@@ -639,50 +692,28 @@ Atomic_publish(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (append_call(self, args, nargs, "publish(queue, ring, mask, block, intent, qid)", &q,
                     &ring, &mask, &block, &ioff, &qid) < 0)
         return NULL;
-    if (LOAD(q + Q_OVERFLOW / 8) || LOAD(q + Q_CAPACITY / 8))
+    long long got = publish_core(self, q, ring, mask, block, ioff, qid);
+    if (got == PUBLISH_RULES)
         Py_RETURN_NONE;
-    uint64_t *refs = (uint64_t *)(self->base + block + B_REFS);
-    ADD(refs, 1);
-    long long t = append_entry(self, q, ring, mask, block, ioff, qid);
-    if (t == -1) {
-        ADD(refs, (uint64_t)-1);
-        return PyLong_FromLong(-1);
-    }
-    if (t < 0)
-        return PyLong_FromLongLong(t);
-    uint64_t one = 1;
-    int kick = LOAD(q + Q_WATCH / 8) && CAS(q + Q_WATCH / 8, &one, 0);
-    return PyLong_FromLongLong(t * 2 + kick);
+    return PyLong_FromLongLong(got);
 }
 
-/*
- * alloc(base, end, cursor, need) -> (block, next cursor, arena used) | None
- *
- * The owner's next-fit allocation in its arena (shm/arena.py Arena.alloc,
- * whose docstring and comments give the order of the writes and why; the
- * Python original, Arena.alloc_steps, is what the crash tests interpose
- * on). `need` is the whole block, header included, already aligned. The
- * block comes back held (HOLD). None: no room.
- */
-static PyObject *
-Atomic_alloc(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* An arena's bounds and an allocation cursor in it, as alloc checks them. */
+static int
+arena_ok(AtomicObject *self, Py_ssize_t base, Py_ssize_t end, Py_ssize_t cursor)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "alloc(base, end, cursor, need)");
-        return NULL;
-    }
-    Py_ssize_t base = PyLong_AsSsize_t(args[0]);
-    Py_ssize_t end = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t off = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t need = PyLong_AsSsize_t(args[3]);
-    if (PyErr_Occurred())
-        return NULL;
     Py_ssize_t first = base + ARENA_HEADER;
-    if (!self->has_view || base < 0 || (base & 7) || end > self->len || end <= first ||
-        off < first || off >= end || (off & 7) || need < 16 || (need & 7)) {
-        PyErr_SetString(PyExc_IndexError, "arena out of range");
-        return NULL;
-    }
+    return self->has_view && base >= 0 && !(base & 7) && end <= self->len && end > first &&
+           cursor >= first && cursor < end && !(cursor & 7);
+}
+
+/* alloc's steps for checked arguments: 1 with the block, the next cursor
+ * in *cursor and the arena's used bytes, or 0 (no room). */
+static int
+alloc_core(AtomicObject *self, Py_ssize_t base, Py_ssize_t end, Py_ssize_t *cursor,
+           Py_ssize_t need, Py_ssize_t *block_out, uint64_t *used_out)
+{
+    Py_ssize_t first = base + ARENA_HEADER, off = *cursor;
     char *m = self->base;
 #define W(at) ((uint64_t *)(m + (at)))
     Py_ssize_t total = end - first, scanned = 0;
@@ -711,8 +742,10 @@ Atomic_alloc(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
                 ADD(W(base + A_LIVE), 1);
                 __atomic_store_n(W(off + B_REFS), HOLD, __ATOMIC_SEQ_CST);
                 nxt = off + (Py_ssize_t)size;
-                return Py_BuildValue("(nnK)", off, nxt < end ? nxt : first,
-                                     (unsigned long long)used);
+                *block_out = off;
+                *cursor = nxt < end ? nxt : first;
+                *used_out = used;
+                return 1;
             }
         }
         scanned += (Py_ssize_t)size;
@@ -721,7 +754,40 @@ Atomic_alloc(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
             off = first;
     }
 #undef W
-    Py_RETURN_NONE;
+    return 0;
+}
+
+/*
+ * alloc(base, end, cursor, need) -> (block, next cursor, arena used) | None
+ *
+ * The owner's next-fit allocation in its arena (shm/arena.py Arena.alloc,
+ * whose docstring and comments give the order of the writes and why; the
+ * Python original, Arena.alloc_steps, is what the crash tests interpose
+ * on). `need` is the whole block, header included, already aligned. The
+ * block comes back held (HOLD). None: no room.
+ */
+static PyObject *
+Atomic_alloc(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "alloc(base, end, cursor, need)");
+        return NULL;
+    }
+    Py_ssize_t base = PyLong_AsSsize_t(args[0]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t need = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!arena_ok(self, base, end, off) || need < 16 || (need & 7)) {
+        PyErr_SetString(PyExc_IndexError, "arena out of range");
+        return NULL;
+    }
+    Py_ssize_t block;
+    uint64_t used;
+    if (!alloc_core(self, base, end, &off, need, &block, &used))
+        Py_RETURN_NONE;
+    return Py_BuildValue("(nnK)", block, off, (unsigned long long)used);
 }
 
 /*
@@ -1015,6 +1081,128 @@ out:
     return PyLong_FromLong(result);
 }
 
+/* ------------------------------------------------ the C API (_store_api.h) */
+
+static PyTypeObject AtomicType;
+
+static int
+api_is_atomic(PyObject *obj)
+{
+    return Py_IS_TYPE(obj, &AtomicType) && ((AtomicObject *)obj)->has_view;
+}
+
+static char *
+api_base(PyObject *atomic, Py_ssize_t *len)
+{
+    *len = ((AtomicObject *)atomic)->len;
+    return ((AtomicObject *)atomic)->base;
+}
+
+static int
+api_queue(PyObject *atomic, Py_ssize_t qoff, Py_ssize_t roff, unsigned long long mask,
+          uint64_t **q, char **ring)
+{
+    AtomicObject *self = (AtomicObject *)atomic;
+    if (!self->has_view || qoff < 0 || qoff + QUEUE_SIZE > self->len || (qoff & 7) || roff < 0 ||
+        (roff & 7) || roff + (Py_ssize_t)((mask + 1) * 16) > self->len) {
+        PyErr_SetString(PyExc_IndexError, "queue or ring out of range");
+        return -1;
+    }
+    *q = (uint64_t *)(self->base + qoff);
+    *ring = self->base + roff;
+    return 0;
+}
+
+static int
+api_arena_ok(PyObject *atomic, Py_ssize_t base, Py_ssize_t end, Py_ssize_t cursor)
+{
+    return arena_ok((AtomicObject *)atomic, base, end, cursor);
+}
+
+static int
+api_alloc(PyObject *atomic, Py_ssize_t base, Py_ssize_t end, Py_ssize_t *cursor, Py_ssize_t need,
+          Py_ssize_t *block, uint64_t *used)
+{
+    return alloc_core((AtomicObject *)atomic, base, end, cursor, need, block, used);
+}
+
+static long long
+api_publish(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t block,
+            Py_ssize_t intent, uint64_t qid)
+{
+    return publish_core((AtomicObject *)atomic, q, ring, mask, block, intent, qid);
+}
+
+static int
+api_release_hold(PyObject *atomic, Py_ssize_t block, Py_ssize_t arenas, Py_ssize_t arena_bytes)
+{
+    return release_hold_core((AtomicObject *)atomic, block, arenas, arena_bytes);
+}
+
+static int
+api_acquire(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t start,
+            uint64_t owner, uint64_t *seq, uint64_t *block, int *redelivered)
+{
+    return acquire_core((AtomicObject *)atomic, q, ring, mask, start, owner, seq, block,
+                        redelivered);
+}
+
+static int
+api_ack(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t seq,
+        uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping)
+{
+    return ack_entry((AtomicObject *)atomic, q, ring, mask, seq, owner, arenas, arena_bytes,
+                     dropping);
+}
+
+static uint64_t *
+api_word(PyObject *atomic, Py_ssize_t off)
+{
+    AtomicObject *self = (AtomicObject *)atomic;
+    if (!self->has_view || off < 0 || off > self->len - 8 || (off & 7)) {
+        PyErr_Format(PyExc_IndexError, "offset %zd out of range or unaligned", off);
+        return NULL;
+    }
+    return (uint64_t *)(self->base + off);
+}
+
+static uint64_t
+api_held_block(PyObject *atomic, char *ring, unsigned long long mask, uint64_t seq,
+               uint64_t owner)
+{
+    AtomicObject *self = (AtomicObject *)atomic;
+    uint64_t *cell = cell_of(ring, mask, seq);
+    uint64_t w = LOAD(cell);
+    if ((w >> SEQ_SHIFT) != seq || (w & ST_MASK) != ST_ACQUIRED || (w & OWNER_BITS) != owner)
+        return 0;
+    uint64_t block = LOAD(cell + 1);
+    if ((block & 7) || block + 64 > (uint64_t)self->len || LOAD(cell) != w)
+        return 0;
+    return block;
+}
+
+static uint64_t
+api_changes(uint64_t *q)
+{
+    return LOAD(q + Q_CHANGES / 8);
+}
+
+static ShoalStoreAPI store_api = {
+    .version = SHOAL_STORE_API_VERSION,
+    .is_atomic = api_is_atomic,
+    .base = api_base,
+    .queue = api_queue,
+    .arena_ok = api_arena_ok,
+    .alloc = api_alloc,
+    .publish = api_publish,
+    .release_hold = api_release_hold,
+    .acquire = api_acquire,
+    .ack = api_ack,
+    .held_block = api_held_block,
+    .changes = api_changes,
+    .word = api_word,
+};
+
 static PyMethodDef Atomic_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))Atomic_alloc, METH_FASTCALL,
      "Allocate a held block in the owner's arena."},
@@ -1111,6 +1299,11 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "DD_R_KEY", DD_R_KEY) < 0 ||
         PyModule_AddIntConstant(m, "BLOCK_MIN_SPLIT", BLOCK_MIN_SPLIT) < 0 ||
         PyModule_AddObject(m, "HOLD_BIT", PyLong_FromUnsignedLongLong(HOLD)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObject(m, "_C_API",
+                           PyCapsule_New(&store_api, SHOAL_STORE_API_CAPSULE, NULL)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

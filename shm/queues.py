@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from shoal.shm import flow, layout, limits
 from shoal.shm._atomic import Atomic
-from shoal.shm.arena import body_length, body_refs_drop, peek_message, read_tag
+from shoal.shm.arena import body_length, body_refs_drop, read_tag
 from shoal.shm.directory import QueueDirectory
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
@@ -43,6 +43,9 @@ Message = tuple[bytes, bytes, bytes, bytes]
 # process deletes: (message tag as shm.arena.read_tag gives it, queue uid;
 # 0 when the queue itself is being deleted: nothing to record, only to count).
 Settled = Callable[[tuple[int, int, int], int], None]
+# QueueStore.run_args: (atomic, queue, ring, mask, owner bits, arenas, arena
+# bytes, this process's dropping word, whether the store records settles).
+RunArgs = tuple[Atomic, int, int, int, int, int, int, int, bool]
 
 
 def unpublished(word: int, seq: int) -> bool:
@@ -389,14 +392,19 @@ class QueueStore(QueueDirectory):
             raise QueueFull(qid)
         self._taken_back(qid, -2 - t, block)
 
+    def take_back(self, qid: int, t: int, block: int) -> bool:
+        """Entry `t` of `block` was appended after its queue was deleted (the
+        publish lane's append, workers/lane.py, saw it): take it back unless
+        remove() already tombstoned it; True if this call took it."""
+        cell = self.layout.log(qid) + (t & self.mask) * layout.CELL_SIZE
+        return self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
+
     def _taken_back(self, qid: int, t: int, block: int) -> NoReturn:
         """The queue was deleted after entry `t` was published (and maybe
         re-created in the same slot: the generation moved): take the entry
         back unless remove() already tombstoned it (then it dropped the
         reference itself). Raises QueueGone."""
-        cell = self.layout.log(qid) + (t & self.mask) * layout.CELL_SIZE
-        taken = self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
-        raise QueueGone(qid, taken)
+        raise QueueGone(qid, self.take_back(qid, t, block))
 
     def append_steps(self, qid: int, block: int, intent: int) -> int:
         """append() one shared-memory operation at a time, exactly as the C
@@ -452,70 +460,25 @@ class QueueStore(QueueDirectory):
         loop that calls it entry after entry (workers/consumer.py)."""
         return self.layout.queue(qid), self.layout.log(qid), self.mask, self.owner_bits
 
-    def peek(self, qid: int, pointer: int) -> tuple[int, Message, bool] | int:
-        """A browser's read: the first AVAILABLE entry at or after `pointer`,
-        copied out without acquiring it and without writing shared memory.
-
-        Returns (seq, message, redelivered), or the pointer to resume from
-        (the tail, or a cell still being published: browsers keep FIFO order
-        too). The copy is taken while the cell holds the entry AVAILABLE and
-        kept only if the cell still holds it live (AVAILABLE or ACQUIRED)
-        afterwards: while it does, its body reference pins the block, so the
-        bytes copied in between are the message (shm/ARCHITECTURE.md, 3a).
-        """
-        a, q = self.a, self.layout.queue(qid)
-        ring, mask = self.layout.log(qid), self.mask
-        seq = max(pointer, a.load(q + layout.Q_HEAD))
-        tail = a.load(q + layout.Q_TAIL)
-        while seq < tail:
-            cell = ring + (seq & mask) * layout.CELL_SIZE
-            word = a.load(cell)
-            if unpublished(word, seq):
-                return seq
-            if word >> _SEQ == seq and word & layout.STATE_MASK == _AVAIL:
-                message = peek_message(self.seg, a.load(cell + 8))
-                after = a.load(cell)
-                live = after >> _SEQ == seq and after & layout.STATE_MASK in (_AVAIL, _ACQ)
-                if message is not None and live:
-                    return seq, message, bool(word & _REDELIVERED)
-            seq += 1
-        return tail
-
-    def acquire_matching(
-        self, qid: int, pointer: int, wanted: Callable[[bytes], bool], limit: int = 1024
-    ) -> tuple[int, int, bool] | int:
-        """acquire() for a consumer with a selector: the first AVAILABLE entry
-        at or after `pointer` whose content header `wanted` accepts. Each
-        header is read as peek() reads (shm/ARCHITECTURE.md 3a), before any
-        write; only a wanted entry is CAS'd to ACQUIRED, so the others stay
-        for other consumers. Same returns as acquire(), plus one: after
-        `limit` unwanted entries it stops and returns -1 - (where it got to),
-        so that a long run of them is read in bounded slices."""
-        a, q = self.a, self.layout.queue(qid)
-        ring, mask = self.layout.log(qid), self.mask
-        seq = max(pointer, a.load(q + layout.Q_HEAD))
-        tail = a.load(q + layout.Q_TAIL)
-        stop = seq + limit
-        while seq < tail:
-            if seq >= stop:
-                return -1 - seq
-            cell = ring + (seq & mask) * layout.CELL_SIZE
-            word = a.load(cell)
-            if unpublished(word, seq):
-                return seq
-            if word >> _SEQ == seq and word & layout.STATE_MASK == _AVAIL:
-                copy = peek_message(self.seg, a.load(cell + 8), body=False)
-                if copy is not None and a.load(cell) == word and wanted(copy[2]):
-                    taken = word & _REDELIVERED | seq << _SEQ | self.owner_bits | _ACQ
-                    if a.cas(cell, word, taken):
-                        block = a.load(cell + 8)
-                        a.fetch_add(q + layout.Q_READY, -1)
-                        a.fetch_add(q + layout.Q_UNACKED, 1)
-                        a.fetch_add(q + layout.Q_READY_BYTES, -body_length(self.seg, block))
-                        return seq, block, bool(word & _REDELIVERED)
-                    continue  # it changed meanwhile: look at it again
-            seq += 1
-        return tail
+    def run_args(self, qid: int) -> RunArgs | None:
+        """What a run of acquisitions and settles in C needs of log `qid`
+        (workers/_wire.c deliver_run, through shm's C API): None when this
+        store's atomics are not the plain Atomic (the crash tests' steps)."""
+        a = self.a
+        if a.__class__ is not Atomic:
+            return None
+        offsets = self.layout
+        return (
+            a,
+            offsets.queue(qid),
+            offsets.log(qid),
+            self.mask,
+            self.owner_bits,
+            offsets.arenas,
+            offsets.limits.arena_bytes,
+            self.dropping,
+            bool(self.settled is not None and a.load(self.queues + qid * _QSIZE + _QUID)),
+        )
 
     def ack(self, qid: int, seq: int) -> bool:
         """ACQUIRED(this owner) -> DELETED, drop the entry's reference to its

@@ -238,121 +238,6 @@ reuse_bytes(const unsigned char *p, Py_ssize_t len, PyObject **last)
     return b;
 }
 
-/*
- * scan(view, frame_max) -> (items, end, anomaly)
- *
- * Splits view's complete frames from the start. An ordinary frame is
- * (type, channel, payload memoryview). A publish whose method, content
- * header and single body frame are all here, on one channel, with a body of
- * the header's size, well-formed properties and no user-id (which needs a
- * check against the login), is one item:
- *
- *     (0, channel, view, start, exchange, routing key, bits, header, body)
- *
- * start: the method frame's offset in view (the three frames are split
- * again from there when the channel cannot take the message whole); bits:
- * mandatory 1, immediate 2; header: the content header payload as bytes;
- * body: a memoryview. It stops at the first incomplete frame (end: where
- * the rest starts) or at a frame the Python splitter must decide on
- * (anomaly true).
- */
-static PyObject *
-scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "scan(view, frame_max)");
-        return NULL;
-    }
-    PyObject *view = args[0];
-    Py_ssize_t frame_max = PyLong_AsSsize_t(args[1]);
-    if (frame_max == -1 && PyErr_Occurred())
-        return NULL;
-    Py_buffer buf;
-    if (PyObject_GetBuffer(view, &buf, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const unsigned char *p = buf.buf;
-    Py_ssize_t n = buf.len, off = 0;
-    int anomaly = 0;
-    PyObject *items = PyList_New(0), *last_ex = NULL, *last_rk = NULL;
-    if (items == NULL)
-        goto fail;
-    for (;;) {
-        int type, channel;
-        Py_ssize_t size;
-        int got = frame_at(p, n, off, frame_max, &type, &channel, &size);
-        if (got <= 0) {
-            anomaly = got < 0;
-            break;
-        }
-        Py_ssize_t payload = off + 7, next = payload + size + 1;
-        PyObject *item = NULL;
-        if (type == FRAME_METHOD && size >= 9 && be32(p + payload) == 0x003C0028) {
-            /* Basic.Publish: ticket, exchange, routing key, bits. */
-            const unsigned char *m = p + payload;
-            Py_ssize_t ex_at = 6, ex_len = m[ex_at];
-            Py_ssize_t rk_at = ex_at + 1 + ex_len;
-            Py_ssize_t rk_len = rk_at < size ? m[rk_at] : 0;
-            Py_ssize_t bits_at = rk_at + 1 + rk_len;
-            int htype, hchannel, btype, bchannel;
-            Py_ssize_t hsize, bsize;
-            if (bits_at < size &&
-                frame_at(p, n, next, frame_max, &htype, &hchannel, &hsize) == 1 &&
-                htype == FRAME_HEADER && hchannel == channel && hsize >= 14) {
-                const unsigned char *h = p + next + 7;
-                Py_ssize_t body_at = next + 7 + hsize + 1;
-                uint64_t body_size = be64(h + 4);
-                if ((h[0] << 8 | h[1]) == 60 && body_size > 0 &&
-                    frame_at(p, n, body_at, frame_max, &btype, &bchannel, &bsize) == 1 &&
-                    btype == FRAME_BODY && bchannel == channel && (uint64_t)bsize == body_size &&
-                    !(h[13] & USER_ID_BIT) && header_ok(h, hsize)) {
-                    PyObject *ex = reuse_bytes(m + ex_at + 1, ex_len, &last_ex);
-                    PyObject *rk = ex ? reuse_bytes(m + rk_at + 1, rk_len, &last_rk) : NULL;
-                    PyObject *header = rk ? PyBytes_FromStringAndSize((const char *)h, hsize)
-                                          : NULL;
-                    PyObject *body = header ? PySequence_GetSlice(view, body_at + 7,
-                                                                  body_at + 7 + bsize)
-                                            : NULL;
-                    if (body == NULL) {
-                        Py_XDECREF(ex);
-                        Py_XDECREF(rk);
-                        Py_XDECREF(header);
-                        goto fail;
-                    }
-                    item = Py_BuildValue("(iiOnNNiNN)", 0, channel, view, off, ex, rk,
-                                         (int)m[bits_at], header, body);
-                    if (item == NULL)
-                        goto fail;
-                    next = body_at + 7 + bsize + 1;
-                }
-            }
-        }
-        if (item == NULL) {
-            PyObject *pv = PySequence_GetSlice(view, payload, payload + size);
-            if (pv == NULL)
-                goto fail;
-            item = Py_BuildValue("(iiN)", type, channel, pv);
-            if (item == NULL)
-                goto fail;
-        }
-        if (PyList_Append(items, item) < 0) {
-            Py_DECREF(item);
-            goto fail;
-        }
-        Py_DECREF(item);
-        off = next;
-    }
-    Py_XDECREF(last_ex);
-    Py_XDECREF(last_rk);
-    PyBuffer_Release(&buf);
-    return Py_BuildValue("(NnO)", items, off, anomaly ? Py_True : Py_False);
-fail:
-    Py_XDECREF(items);
-    Py_XDECREF(last_ex);
-    Py_XDECREF(last_rk);
-    PyBuffer_Release(&buf);
-    return NULL;
-}
-
 /* ------------------------------------------------ message records in shared memory */
 
 /* A message record (shm/layout.py): MSG_PREFIX "<BBHIQ" (exchange length,
@@ -387,6 +272,76 @@ put_be(unsigned char *p, uint64_t v, int bytes)
 {
     for (int i = 0; i < bytes; i++)
         p[i] = (unsigned char)(v >> (8 * (bytes - 1 - i)));
+}
+
+/* The bytes of a delivery of the message record at `r` (`room` bytes may
+ * follow its prefix): its Basic.Deliver, content header and body frames,
+ * with a consumer tag of ctag_len bytes (its length byte included); -1 when
+ * the record's lengths do not fit in `room`. */
+static Py_ssize_t
+delivery_size(const unsigned char *r, Py_ssize_t room, Py_ssize_t ctag_len, Py_ssize_t frame_max,
+              uint64_t *body_len_out)
+{
+    Py_ssize_t ex_len = r[0], rk_len = r[1];
+    Py_ssize_t props_len = le32(r + 4);
+    uint64_t body_len = le64(r + 8);
+    if (room < 0 || (uint64_t)ex_len + rk_len + props_len + body_len > (uint64_t)room)
+        return -1;
+    Py_ssize_t method_len = 4 + ctag_len + 8 + 1 + 1 + ex_len + 1 + rk_len;
+    Py_ssize_t step = frame_max - 8;
+    Py_ssize_t body_frames = (Py_ssize_t)((body_len + step - 1) / step);
+    *body_len_out = body_len;
+    return 8 + method_len + 8 + props_len + body_frames * 8 + (Py_ssize_t)body_len;
+}
+
+/* Write what delivery_size() measured at `o`; returns the end. */
+static unsigned char *
+write_delivery(unsigned char *o, const unsigned char *r, long channel, const char *ctag,
+               Py_ssize_t ctag_len, unsigned long long tag, int redelivered, Py_ssize_t frame_max)
+{
+    Py_ssize_t ex_len = r[0], rk_len = r[1];
+    Py_ssize_t props_len = le32(r + 4);
+    uint64_t body_len = le64(r + 8);
+    const unsigned char *ex = r + MSG_PREFIX_SIZE, *rk = ex + ex_len, *props = rk + rk_len;
+    const unsigned char *body = props + props_len;
+    Py_ssize_t method_len = 4 + ctag_len + 8 + 1 + 1 + ex_len + 1 + rk_len;
+    Py_ssize_t step = frame_max - 8;
+    o[0] = FRAME_METHOD;
+    put_be(o + 1, (uint64_t)channel, 2);
+    put_be(o + 3, (uint64_t)method_len, 4);
+    o += 7;
+    put_be(o, 0x003C003C, 4); /* basic.deliver */
+    o += 4;
+    memcpy(o, ctag, ctag_len);
+    o += ctag_len;
+    put_be(o, tag, 8);
+    o += 8;
+    *o++ = redelivered ? 1 : 0;
+    *o++ = (unsigned char)ex_len;
+    memcpy(o, ex, ex_len);
+    o += ex_len;
+    *o++ = (unsigned char)rk_len;
+    memcpy(o, rk, rk_len);
+    o += rk_len;
+    *o++ = FRAME_END;
+    o[0] = FRAME_HEADER;
+    put_be(o + 1, (uint64_t)channel, 2);
+    put_be(o + 3, (uint64_t)props_len, 4);
+    o += 7;
+    memcpy(o, props, props_len);
+    o += props_len;
+    *o++ = FRAME_END;
+    for (uint64_t at = 0; at < body_len; at += step) {
+        Py_ssize_t chunk = body_len - at < (uint64_t)step ? (Py_ssize_t)(body_len - at) : step;
+        o[0] = FRAME_BODY;
+        put_be(o + 1, (uint64_t)channel, 2);
+        put_be(o + 3, (uint64_t)chunk, 4);
+        o += 7;
+        memcpy(o, body + at, chunk);
+        o += chunk;
+        *o++ = FRAME_END;
+    }
+    return o;
 }
 
 /*
@@ -435,63 +390,21 @@ deliver_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_IndexError, "record out of range");
         return NULL;
     }
-    const unsigned char *r = base + record;
-    Py_ssize_t ex_len = r[0], rk_len = r[1];
-    Py_ssize_t props_len = le32(r + 4);
-    uint64_t body_len = le64(r + 8);
     Py_ssize_t room = buf.len - record - MSG_PREFIX_SIZE;
-    if ((uint64_t)ex_len + rk_len + props_len + body_len > (uint64_t)room) {
+    uint64_t body_len;
+    Py_ssize_t total = delivery_size(base + record, room, ctag_len, frame_max, &body_len);
+    if (total < 0) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_IndexError, "record lengths out of range");
         return NULL;
     }
-    const unsigned char *ex = r + MSG_PREFIX_SIZE, *rk = ex + ex_len, *props = rk + rk_len;
-    const unsigned char *body = props + props_len;
-    Py_ssize_t method_len = 4 + ctag_len + 8 + 1 + 1 + ex_len + 1 + rk_len;
-    Py_ssize_t step = frame_max - 8;
-    Py_ssize_t body_frames = (Py_ssize_t)((body_len + step - 1) / step);
-    Py_ssize_t total = 8 + method_len + 8 + props_len + body_frames * 8 + (Py_ssize_t)body_len;
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL) {
         PyBuffer_Release(&buf);
         return NULL;
     }
-    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
-    o[0] = FRAME_METHOD;
-    put_be(o + 1, (uint64_t)channel, 2);
-    put_be(o + 3, (uint64_t)method_len, 4);
-    o += 7;
-    put_be(o, 0x003C003C, 4); /* basic.deliver */
-    o += 4;
-    memcpy(o, ctag, ctag_len);
-    o += ctag_len;
-    put_be(o, tag, 8);
-    o += 8;
-    *o++ = redelivered ? 1 : 0;
-    *o++ = (unsigned char)ex_len;
-    memcpy(o, ex, ex_len);
-    o += ex_len;
-    *o++ = (unsigned char)rk_len;
-    memcpy(o, rk, rk_len);
-    o += rk_len;
-    *o++ = FRAME_END;
-    o[0] = FRAME_HEADER;
-    put_be(o + 1, (uint64_t)channel, 2);
-    put_be(o + 3, (uint64_t)props_len, 4);
-    o += 7;
-    memcpy(o, props, props_len);
-    o += props_len;
-    *o++ = FRAME_END;
-    for (uint64_t at = 0; at < body_len; at += step) {
-        Py_ssize_t chunk = body_len - at < (uint64_t)step ? (Py_ssize_t)(body_len - at) : step;
-        o[0] = FRAME_BODY;
-        put_be(o + 1, (uint64_t)channel, 2);
-        put_be(o + 3, (uint64_t)chunk, 4);
-        o += 7;
-        memcpy(o, body + at, chunk);
-        o += chunk;
-        *o++ = FRAME_END;
-    }
+    write_delivery((unsigned char *)PyBytes_AS_STRING(out), base + record, channel, ctag, ctag_len,
+                   tag, redelivered, frame_max);
     PyBuffer_Release(&buf);
     PyObject *result = Py_BuildValue("(NK)", out, (unsigned long long)body_len);
     return result;
@@ -630,6 +543,894 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------ the publish lane
+ *
+ * A connection's run of publishes that need nothing but routing goes into
+ * the store without a Python call per message. Python sets the lane up
+ * after its own fast path has put one such message into its queue
+ * (workers/lane.py says when that is, and what each read checks before it
+ * arms the lane); from then on scan() itself takes each whole publish on
+ * the lane's channel to the same exchange and routing key: the block
+ * allocated in the worker's arena, the record written, the entry appended
+ * (shm/_atomic.c through its C API, shm/_store_api.h), the HOLD dropped,
+ * the message counted. Anything else on that channel (another frame, a
+ * publish that needs more: an expiration, a reply-to, CC/BCC, persistence
+ * to a durable queue, a queue with rules, no room) is left to Python as an
+ * item, and the lane is off for the rest of that read so that the
+ * channel's frames keep their order. A method on channel 0 turns it off
+ * too (a connection.close must stop it).
+ */
+#include "../shm/_store_api.h"
+
+static ShoalStoreAPI *store_api;
+
+#define BLOCK_HEADER 16
+#define BLOCK_ALIGN 16
+#define SIZE_BUCKET_COUNT 9
+#define EXPIRATION_BIT 0x01 /* the header's first flag byte: 0x0100 */
+#define REPLY_TO_BIT 0x02   /* 0x0200 */
+#define DELIVERY_MODE_BIT 0x10 /* 0x1000 */
+#define HEADERS_BIT 0x20       /* 0x2000 */
+
+/* Bodies' size buckets (shm/stats.py SIZE_BOUNDS): the first bound a body
+ * does not exceed; the last bucket is above all. */
+static const uint64_t SIZE_BOUNDS[SIZE_BUCKET_COUNT - 1] = {
+    100, 1000, 10000, 100000, 1000000, 10000000, 50000000, 100000000,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *atomic;
+    int configured, armed;
+    int channel;
+    unsigned char exchange[256], routing_key[256];
+    Py_ssize_t ex_len, rk_len;
+    uint64_t *q;
+    char *ring;
+    unsigned long long mask;
+    uint64_t qid;
+    Py_ssize_t intent;
+    int persistent_leaves; /* delivery mode 2 leaves the lane (a durable queue, a store) */
+    uint64_t max_body;
+    Py_ssize_t arena_base, arena_end, arena_first, hot_end, arenas, arena_bytes;
+    uint64_t hot_live;
+    /* set by arm() for each read */
+    Py_ssize_t cursor;
+    uint64_t used, high, spill_high;
+    /* what it did since take() */
+    long long n;
+    unsigned long long body_bytes;
+    long long buckets[SIZE_BUCKET_COUNT];
+    int kick, allocated;
+    long long gone_seq;
+    Py_ssize_t gone_block;
+} LaneObject;
+
+static int
+Lane_init(LaneObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *atomic;
+    if (!PyArg_ParseTuple(args, "O", &atomic))
+        return -1;
+    if (!store_api->is_atomic(atomic)) {
+        PyErr_SetString(PyExc_TypeError, "Lane(atomic): a shm._atomic.Atomic with a buffer");
+        return -1;
+    }
+    Py_XSETREF(self->atomic, Py_NewRef(atomic));
+    self->configured = self->armed = 0;
+    self->gone_seq = -1;
+    return 0;
+}
+
+static void
+Lane_dealloc(LaneObject *self)
+{
+    Py_XDECREF(self->atomic);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* configure(channel, exchange, routing_key, queue, ring, mask, qid, intent,
+ *           persistent_leaves, max_body, arena_base, arena_end, hot_end,
+ *           hot_live, arenas, arena_bytes) */
+static PyObject *
+Lane_configure(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 16) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure(channel, exchange, routing_key, queue, ring, mask, qid, "
+                        "intent, persistent_leaves, max_body, arena_base, arena_end, hot_end, "
+                        "hot_live, arenas, arena_bytes)");
+        return NULL;
+    }
+    self->configured = self->armed = 0;
+    long channel = PyLong_AsLong(args[0]);
+    Py_ssize_t qoff = PyLong_AsSsize_t(args[3]), roff = PyLong_AsSsize_t(args[4]);
+    unsigned long long mask = PyLong_AsUnsignedLongLong(args[5]);
+    unsigned long long qid = PyLong_AsUnsignedLongLong(args[6]);
+    Py_ssize_t intent = PyLong_AsSsize_t(args[7]);
+    int persistent_leaves = PyObject_IsTrue(args[8]);
+    unsigned long long max_body = PyLong_AsUnsignedLongLong(args[9]);
+    Py_ssize_t abase = PyLong_AsSsize_t(args[10]), aend = PyLong_AsSsize_t(args[11]);
+    Py_ssize_t hot_end = PyLong_AsSsize_t(args[12]);
+    unsigned long long hot_live = PyLong_AsUnsignedLongLong(args[13]);
+    Py_ssize_t arenas = PyLong_AsSsize_t(args[14]), arena_bytes = PyLong_AsSsize_t(args[15]);
+    if (PyErr_Occurred() || persistent_leaves < 0)
+        return NULL;
+    char *ex, *rk;
+    Py_ssize_t ex_len, rk_len;
+    if (PyBytes_AsStringAndSize(args[1], &ex, &ex_len) < 0 ||
+        PyBytes_AsStringAndSize(args[2], &rk, &rk_len) < 0)
+        return NULL;
+    Py_ssize_t len;
+    store_api->base(self->atomic, &len);
+    if (channel < 1 || channel > 0xFFFF || ex_len > 255 || rk_len > 255 || arena_bytes <= 0 ||
+        arenas < 0 || (arenas & 7) || (arena_bytes & 7) || abase < arenas || aend > len ||
+        intent < 0 || (intent & 7) || intent + 64 > len ||
+        !store_api->arena_ok(self->atomic, abase, aend, abase + 64)) {
+        PyErr_SetString(PyExc_ValueError, "lane out of range");
+        return NULL;
+    }
+    if (store_api->queue(self->atomic, qoff, roff, mask, &self->q, &self->ring) < 0)
+        return NULL;
+    self->channel = (int)channel;
+    memcpy(self->exchange, ex, ex_len);
+    memcpy(self->routing_key, rk, rk_len);
+    self->ex_len = ex_len;
+    self->rk_len = rk_len;
+    self->mask = mask;
+    self->qid = qid;
+    self->intent = intent;
+    self->persistent_leaves = persistent_leaves;
+    self->max_body = max_body;
+    self->arena_base = abase;
+    self->arena_end = aend;
+    self->arena_first = abase + 64; /* ARENA_HEADER, checked by arena_ok */
+    self->hot_end = hot_end;
+    self->hot_live = hot_live;
+    self->arenas = arenas;
+    self->arena_bytes = arena_bytes;
+    self->configured = 1;
+    Py_RETURN_NONE;
+}
+
+/* arm(cursor, used, high, spill_high): the lane takes publishes in the
+ * next scan; the arena's cursor and fill as the worker's Arena has them. */
+static PyObject *
+Lane_arm(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "arm(cursor, used, high, spill_high)");
+        return NULL;
+    }
+    Py_ssize_t cursor = PyLong_AsSsize_t(args[0]);
+    unsigned long long used = PyLong_AsUnsignedLongLongMask(args[1]);
+    unsigned long long high = PyLong_AsUnsignedLongLongMask(args[2]);
+    unsigned long long spill_high = PyLong_AsUnsignedLongLongMask(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!self->configured ||
+        !store_api->arena_ok(self->atomic, self->arena_base, self->arena_end, cursor)) {
+        PyErr_SetString(PyExc_ValueError, "lane not configured, or cursor out of range");
+        return NULL;
+    }
+    self->cursor = cursor;
+    self->used = used;
+    self->high = high;
+    self->spill_high = spill_high;
+    self->armed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Lane_clear(LaneObject *self, PyObject *unused)
+{
+    self->configured = self->armed = 0;
+    Py_RETURN_NONE;
+}
+
+/* take() -> (n, body bytes, buckets, cursor, used, kick, gone) and resets
+ * the counts; gone: (seq, block) of an entry whose queue was deleted under
+ * the append (the caller takes it back, then drops the block's HOLD), or
+ * None. */
+static PyObject *
+Lane_take(LaneObject *self, PyObject *unused)
+{
+    PyObject *buckets = PyTuple_New(SIZE_BUCKET_COUNT);
+    if (buckets == NULL)
+        return NULL;
+    for (int i = 0; i < SIZE_BUCKET_COUNT; i++) {
+        PyTuple_SET_ITEM(buckets, i, PyLong_FromLongLong(self->buckets[i]));
+        self->buckets[i] = 0;
+    }
+    PyObject *gone = Py_None;
+    Py_INCREF(gone);
+    if (self->gone_seq >= 0) {
+        Py_DECREF(gone);
+        gone = Py_BuildValue("(Ln)", self->gone_seq, self->gone_block);
+        if (gone == NULL) {
+            Py_DECREF(buckets);
+            return NULL;
+        }
+    }
+    PyObject *result = Py_BuildValue("(LKNnKiN)", self->n, self->body_bytes, buckets,
+                                     self->cursor, (unsigned long long)self->used, self->kick, gone);
+    self->n = 0;
+    self->body_bytes = 0;
+    self->kick = self->allocated = 0;
+    self->gone_seq = -1;
+    return result;
+}
+
+static PyObject *
+Lane_get_n(LaneObject *self, void *closure)
+{
+    return PyLong_FromLongLong(self->n);
+}
+
+static PyObject *
+Lane_get_armed(LaneObject *self, void *closure)
+{
+    return PyBool_FromLong(self->armed);
+}
+
+static PyObject *
+Lane_get_configured(LaneObject *self, void *closure)
+{
+    return PyBool_FromLong(self->configured);
+}
+
+static PyObject *
+Lane_get_channel(LaneObject *self, void *closure)
+{
+    return PyLong_FromLong(self->configured ? self->channel : 0);
+}
+
+static PyObject *
+Lane_get_qid(LaneObject *self, void *closure)
+{
+    return PyLong_FromUnsignedLongLong(self->qid);
+}
+
+static PyObject *
+Lane_get_over_high(LaneObject *self, void *closure)
+{
+    return PyBool_FromLong(self->used > self->high);
+}
+
+/* The delivery mode a content header's properties carry (0: none), its
+ * flags' DELIVERY_MODE_BIT set; the properties are well formed
+ * (header_ok). */
+static int
+delivery_mode(const unsigned char *h, Py_ssize_t n)
+{
+    Py_ssize_t at = 14;
+    if (h[12] & 0x80) /* content type */
+        at += 1 + h[at];
+    if (h[12] & 0x40) /* content encoding */
+        at += 1 + h[at];
+    if (h[12] & HEADERS_BIT)
+        at += 4 + be32(h + at);
+    return at < n ? h[at] : 0;
+}
+
+static int
+contains(const unsigned char *p, Py_ssize_t n, const char *needle, Py_ssize_t k)
+{
+    for (Py_ssize_t i = 0; i + k <= n; i++)
+        if (p[i] == (unsigned char)needle[0] && memcmp(p + i, needle, k) == 0)
+            return 1;
+    return 0;
+}
+
+/* Take one whole publish (scan() recognised it: its properties are well
+ * formed, its body is one frame of the header's size) into the lane's
+ * queue: 1 when taken (counted), 0 when Python must. */
+static int
+lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const unsigned char *rk,
+          Py_ssize_t rk_len, int bits, const unsigned char *h, Py_ssize_t hsize,
+          const unsigned char *body, Py_ssize_t bsize)
+{
+    if ((bits & 2) || ex_len != lane->ex_len || rk_len != lane->rk_len ||
+        memcmp(ex, lane->exchange, ex_len) != 0 || memcmp(rk, lane->routing_key, rk_len) != 0)
+        return 0;
+    unsigned char f = h[12];
+    if (f & (EXPIRATION_BIT | REPLY_TO_BIT))
+        return 0;
+    if ((f & HEADERS_BIT) && (contains(h, hsize, "\x02" "CC", 3) ||
+                              contains(h, hsize, "\x03" "BCC", 4)))
+        return 0;
+    if ((f & DELIVERY_MODE_BIT) && lane->persistent_leaves && delivery_mode(h, hsize) == 2)
+        return 0;
+    if ((uint64_t)bsize > lane->max_body || lane->used > lane->spill_high)
+        return 0;
+    Py_ssize_t payload = MSG_PREFIX_SIZE + ex_len + rk_len + hsize + bsize;
+    Py_ssize_t need = (BLOCK_HEADER + payload + BLOCK_ALIGN - 1) & ~(Py_ssize_t)(BLOCK_ALIGN - 1);
+    Py_ssize_t block;
+    uint64_t used;
+    if (!store_api->alloc(lane->atomic, lane->arena_base, lane->arena_end, &lane->cursor, need,
+                          &block, &used)) {
+        lane->cursor = lane->arena_first; /* as Arena.alloc: the scan may have coalesced */
+        return 0;
+    }
+    if (lane->cursor > lane->hot_end && used < lane->hot_live)
+        lane->cursor = lane->arena_first; /* back to the hot window (shm/arena.py) */
+    lane->used = used;
+    lane->allocated = 1;
+    Py_ssize_t len;
+    unsigned char *o = (unsigned char *)store_api->base(lane->atomic, &len) + block + BLOCK_HEADER;
+    o[0] = (unsigned char)ex_len;
+    o[1] = (unsigned char)rk_len;
+    put_le(o + 2, 0, 2);
+    put_le(o + 4, (uint64_t)hsize, 4);
+    put_le(o + 8, (uint64_t)bsize, 8);
+    o += MSG_PREFIX_SIZE;
+    memcpy(o, ex, ex_len);
+    o += ex_len;
+    memcpy(o, rk, rk_len);
+    o += rk_len;
+    memcpy(o, h, hsize);
+    o += hsize;
+    memcpy(o, body, bsize);
+    long long got = store_api->publish(lane->atomic, lane->q, lane->ring, lane->mask,
+                                       (uint64_t)block, lane->intent, lane->qid);
+    if (got == SHOAL_PUBLISH_RULES || got == -1) {
+        /* A length limit or a capacity, or no room, or gone: Python's path
+         * (the block, never appended, goes with its HOLD). */
+        store_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
+        return 0;
+    }
+    if (got < -1) {
+        /* Deleted after the append: Python takes the entry back and drops
+         * the HOLD (take()'s gone); the lane stops here. */
+        lane->gone_seq = -2 - got;
+        lane->gone_block = block;
+        lane->armed = 0;
+    } else {
+        if (got & 1)
+            lane->kick = 1;
+        store_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
+    }
+    int bucket = 0;
+    while (bucket < SIZE_BUCKET_COUNT - 1 && (uint64_t)bsize > SIZE_BOUNDS[bucket])
+        bucket++;
+    lane->buckets[bucket]++;
+    lane->n++;
+    lane->body_bytes += (unsigned long long)bsize;
+    return 1;
+}
+
+static PyMethodDef Lane_methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))Lane_configure, METH_FASTCALL,
+     "What the lane takes: a channel's publishes to one exchange and key, into one queue."},
+    {"arm", (PyCFunction)(void (*)(void))Lane_arm, METH_FASTCALL,
+     "Let the next scan take publishes; the arena's cursor and fill."},
+    {"clear", (PyCFunction)Lane_clear, METH_NOARGS, "Take nothing until configured again."},
+    {"take", (PyCFunction)Lane_take, METH_NOARGS, "What the lane did since the last take."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Lane_getset[] = {
+    {"n", (getter)Lane_get_n, NULL, "Publishes taken since the last take().", NULL},
+    {"armed", (getter)Lane_get_armed, NULL, "Whether scan may take publishes.", NULL},
+    {"configured", (getter)Lane_get_configured, NULL, "Whether configured.", NULL},
+    {"channel", (getter)Lane_get_channel, NULL, "The lane's channel (0: none).", NULL},
+    {"qid", (getter)Lane_get_qid, NULL, "The lane's queue.", NULL},
+    {"over_high", (getter)Lane_get_over_high, NULL,
+     "Whether the arena went above the high mark arm() gave.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shoal.workers._wire.Lane",
+    .tp_basicsize = sizeof(LaneObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Lane(atomic): a connection's publish lane (workers/lane.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Lane_init,
+    .tp_dealloc = (destructor)Lane_dealloc,
+    .tp_methods = Lane_methods,
+    .tp_getset = Lane_getset,
+};
+
+/* ----------------------------------------------------- a run of deliveries */
+
+/* The frames of a run, built here and copied out once. One per process:
+ * the GIL serialises its users. */
+static unsigned char *run_buf;
+static Py_ssize_t run_cap;
+
+static int
+run_room(Py_ssize_t need)
+{
+    if (need <= run_cap)
+        return 0;
+    Py_ssize_t cap = run_cap ? run_cap : 1 << 16;
+    while (cap < need)
+        cap *= 2;
+    unsigned char *grown = PyMem_Realloc(run_buf, cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    run_buf = grown;
+    run_cap = cap;
+    return 0;
+}
+
+#define RUN_FULL 0  /* `limit` deliveries made */
+#define RUN_EMPTY 1 /* the queue gave nothing: DONE with the changes value read before */
+#define RUN_ENTRY 2 /* an entry acquired that Python delivers: (seq, block, redelivered) */
+#define MSG_TAGGED 1
+
+/* A store tuple (QueueStore.run_args) parsed: 0, or -1 with an exception. */
+static int
+store_args(PyObject *tuple, PyObject **atomic, Py_ssize_t *qoff, Py_ssize_t *roff,
+           unsigned long long *mask, unsigned long long *owner, Py_ssize_t *arenas,
+           Py_ssize_t *arena_bytes, Py_ssize_t *dropping, int *settle_hook)
+{
+    if (!PyTuple_Check(tuple) ||
+        !PyArg_ParseTuple(tuple, "OnnKKnnnp", atomic, qoff, roff, mask, owner, arenas,
+                          arena_bytes, dropping, settle_hook))
+        return -1;
+    if (!store_api->is_atomic(*atomic)) {
+        PyErr_SetString(PyExc_TypeError, "store: a shm._atomic.Atomic with a buffer");
+        return -1;
+    }
+    if (*arenas < 0 || *arena_bytes <= 0) {
+        PyErr_SetString(PyExc_ValueError, "store: bad arena geometry");
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * deliver_run(store, pointer, limit, channel, consumer_tag, next_tag,
+ *             frame_max, no_ack, unacked, consumer, qid)
+ *   -> (frames | None, delivered, pointer, next_tag, body_bytes, status,
+ *       a, b, c)
+ *
+ * A plain consumer's run (workers/consumer.py pull): acquire entries from
+ * `pointer` on and build each one's Basic.Deliver, content header and body
+ * frames into one bytes object, until `limit` are delivered (RUN_FULL),
+ * the queue gives nothing twice, the second scan after reading its changes
+ * counter (RUN_EMPTY, a: that value), or an entry needs Python: a
+ * redelivery, a message that may have expired (MSG_TIMED), or, without
+ * acks, a persistent message whose queue's settles the store records
+ * (RUN_ENTRY, (a, b, c) = (seq, block, redelivered), the entry acquired and
+ * not counted). With no_ack each entry is deleted once its frames are built
+ * (shm's ack); otherwise it goes into `unacked` as {tag: (consumer, qid,
+ * seq, body size)}, workers/delivery.py's book. `store` is the queue's
+ * QueueStore.run_args: (atomic, queue, ring, mask, owner bits, arenas,
+ * arena bytes, dropping word, whether the store records settles).
+ */
+static PyObject *
+deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError,
+                        "deliver_run(store, pointer, limit, channel, consumer_tag, next_tag, "
+                        "frame_max, no_ack, unacked, consumer, qid)");
+        return NULL;
+    }
+    PyObject *atomic;
+    Py_ssize_t qoff, roff, arenas, arena_bytes, dropping_off;
+    unsigned long long mask, owner;
+    int settle_hook;
+    if (store_args(args[0], &atomic, &qoff, &roff, &mask, &owner, &arenas, &arena_bytes,
+                   &dropping_off, &settle_hook) < 0)
+        return NULL;
+    uint64_t pointer = PyLong_AsUnsignedLongLong(args[1]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    long channel = PyLong_AsLong(args[3]);
+    unsigned long long tag = PyLong_AsUnsignedLongLong(args[5]);
+    Py_ssize_t frame_max = PyLong_AsSsize_t(args[6]);
+    int no_ack = PyObject_IsTrue(args[7]);
+    PyObject *unacked = args[8], *consumer = args[9], *qid = args[10];
+    if (PyErr_Occurred() || no_ack < 0)
+        return NULL;
+    if (frame_max < 9 || channel < 0 || channel > 0xFFFF || arenas < 0 || arena_bytes <= 0 ||
+        (!no_ack && !PyDict_Check(unacked))) {
+        PyErr_SetString(PyExc_ValueError, "deliver_run: bad frame_max, channel, arena or book");
+        return NULL;
+    }
+    char *ctag;
+    Py_ssize_t ctag_len;
+    if (PyBytes_AsStringAndSize(args[4], &ctag, &ctag_len) < 0)
+        return NULL;
+    if (ctag_len < 1 || ctag_len != 1 + (unsigned char)ctag[0]) {
+        PyErr_SetString(PyExc_ValueError, "consumer_tag is not a short string");
+        return NULL;
+    }
+    uint64_t *q, *dropping = NULL;
+    char *ring;
+    if (store_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0)
+        return NULL;
+    if (no_ack && (dropping = store_api->word(atomic, dropping_off)) == NULL)
+        return NULL;
+    Py_ssize_t len;
+    const unsigned char *base = (const unsigned char *)store_api->base(atomic, &len);
+    Py_ssize_t used = 0, delivered = 0;
+    unsigned long long body_bytes = 0;
+    int status = RUN_FULL;
+    unsigned long long a = 0, b = 0, c = 0;
+    while (delivered < limit) {
+        uint64_t seq, block;
+        int redelivered;
+        if (!store_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
+                                &redelivered)) {
+            pointer = seq;
+            /* Read the counter before the scan that decides DONE: anything
+             * published after it bumps it, and the scheduler compares. */
+            uint64_t changes = store_api->changes(q);
+            if (!store_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
+                                    &redelivered)) {
+                pointer = seq;
+                status = RUN_EMPTY;
+                a = changes;
+                break;
+            }
+        }
+        pointer = seq + 1;
+        Py_ssize_t record = (Py_ssize_t)block + BLOCK_HEADER;
+        unsigned flags = 0;
+        uint64_t body_len = 0;
+        Py_ssize_t size = -1;
+        if (record >= 0 && record <= len - MSG_PREFIX_SIZE) {
+            const unsigned char *r = base + record;
+            flags = r[2] | r[3] << 8;
+            size = delivery_size(r, len - record - MSG_PREFIX_SIZE, ctag_len, frame_max,
+                                 &body_len);
+        }
+        if (redelivered || (flags & MSG_TIMED) || (no_ack && settle_hook && (flags & MSG_TAGGED)) ||
+            size < 0) {
+            status = RUN_ENTRY;
+            a = seq;
+            b = block;
+            c = (unsigned long long)redelivered;
+            break;
+        }
+        if (run_room(used + size) < 0)
+            goto fail_holding;
+        write_delivery(run_buf + used, base + record, channel, ctag, ctag_len, tag, 0, frame_max);
+        used += size;
+        if (no_ack) {
+            /* After the copy: this may free the block. */
+            if (store_api->ack(atomic, q, ring, mask, seq, owner, arenas, arena_bytes, dropping) < 0)
+                goto fail;
+        } else {
+            PyObject *key = PyLong_FromUnsignedLongLong(tag);
+            PyObject *value = key ? Py_BuildValue("(OOKK)", consumer, qid, (unsigned long long)seq,
+                                                  (unsigned long long)body_len)
+                                  : NULL;
+            int bad = value == NULL || PyDict_SetItem(unacked, key, value) < 0;
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            if (bad)
+                goto fail_holding;
+        }
+        tag++;
+        delivered++;
+        body_bytes += body_len;
+        continue;
+    fail_holding:
+        /* The entry stays acquired, undelivered: Python's error path requeues
+         * what the channel holds; this one is lost to it only in memory
+         * errors, after which the worker is in trouble anyway. */
+        goto fail;
+    }
+    PyObject *frames = Py_None;
+    if (used) {
+        frames = PyBytes_FromStringAndSize((const char *)run_buf, used);
+        if (frames == NULL)
+            return NULL;
+    } else {
+        Py_INCREF(frames);
+    }
+    return Py_BuildValue("(NnKKKiKKK)", frames, delivered, (unsigned long long)pointer, tag,
+                         body_bytes, status, a, b, c);
+fail:
+    return NULL;
+}
+
+
+#define ACK_GROUPS 8
+
+/*
+ * ack_run(store, qid, unacked, upto) -> (acked, body_bytes, [(consumer, count, bytes)])
+ *
+ * A multiple ack's run (workers/delivery.py settle): the entries of a
+ * channel's unacked book {tag: (consumer, qid, seq, body size)}, in tag
+ * order up to tag `upto`, while they are entries of log `qid` (`store` is
+ * its QueueStore.run_args): each deleted (shm's ack) and taken out of the
+ * book. It stops at the first entry Python must settle (another queue, a
+ * browser's copy, a persistent message whose settle the message store
+ * records, a ninth consumer); what it did is returned per consumer, for
+ * their credit.
+ */
+static PyObject *
+ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "ack_run(store, qid, unacked, upto)");
+        return NULL;
+    }
+    PyObject *atomic;
+    Py_ssize_t qoff, roff, arenas, arena_bytes, dropping_off;
+    unsigned long long mask, owner;
+    int settle_hook;
+    if (store_args(args[0], &atomic, &qoff, &roff, &mask, &owner, &arenas, &arena_bytes,
+                   &dropping_off, &settle_hook) < 0)
+        return NULL;
+    unsigned long long qid = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long upto = PyLong_AsUnsignedLongLong(args[3]);
+    PyObject *unacked = args[2];
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyDict_Check(unacked)) {
+        PyErr_SetString(PyExc_TypeError, "ack_run: the book must be a dict");
+        return NULL;
+    }
+    Py_ssize_t len;
+    const unsigned char *base = (const unsigned char *)store_api->base(atomic, &len);
+    uint64_t *q, *dropping;
+    char *ring;
+    if (store_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0 ||
+        (dropping = store_api->word(atomic, dropping_off)) == NULL)
+        return NULL;
+    Py_ssize_t room = PyDict_GET_SIZE(unacked), n = 0;
+    PyObject **keys = PyMem_Malloc((room ? room : 1) * sizeof(PyObject *));
+    if (keys == NULL)
+        return PyErr_NoMemory();
+    PyObject *group_consumer[ACK_GROUPS];
+    long long group_count[ACK_GROUPS];
+    unsigned long long group_bytes[ACK_GROUPS], body_bytes = 0;
+    int groups = 0, failed = 0;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(unacked, &pos, &key, &value)) {
+        unsigned long long tag = PyLong_AsUnsignedLongLong(key);
+        if (PyErr_Occurred()) {
+            failed = 1;
+            break;
+        }
+        if (tag > upto || !PyTuple_Check(value) || PyTuple_GET_SIZE(value) != 4)
+            break;
+        PyObject *consumer = PyTuple_GET_ITEM(value, 0);
+        long long vqid = PyLong_AsLongLong(PyTuple_GET_ITEM(value, 1));
+        long long seq = PyLong_AsLongLong(PyTuple_GET_ITEM(value, 2));
+        unsigned long long size = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(value, 3));
+        if (PyErr_Occurred()) {
+            failed = 1;
+            break;
+        }
+        if (vqid < 0 || (unsigned long long)vqid != qid || seq < 0)
+            break;
+        if (settle_hook) {
+            /* A persistent message's settle is recorded by the message
+             * store (its tag): Python's. A transient one's is not. */
+            uint64_t block = store_api->held_block(atomic, ring, mask, (uint64_t)seq, owner);
+            if (block && (base[block + BLOCK_HEADER + 2] & MSG_TAGGED))
+                break;
+        }
+        int g = 0;
+        while (g < groups && group_consumer[g] != consumer)
+            g++;
+        if (g == groups) {
+            if (groups == ACK_GROUPS)
+                break;
+            group_consumer[g] = consumer;
+            group_count[g] = 0;
+            group_bytes[g] = 0;
+            groups++;
+        }
+        if (store_api->ack(atomic, q, ring, mask, (uint64_t)seq, owner, arenas, arena_bytes,
+                           dropping) < 0) {
+            failed = 1;
+            break;
+        }
+        Py_INCREF(key);
+        keys[n++] = key;
+        group_count[g]++;
+        group_bytes[g] += size;
+        body_bytes += size;
+    }
+    /* Out of the book once the walk is over (a dict may not change under
+     * PyDict_Next). */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!failed && PyDict_DelItem(unacked, keys[i]) < 0)
+            failed = 1;
+        Py_DECREF(keys[i]);
+    }
+    PyMem_Free(keys);
+    if (failed)
+        return NULL;
+    PyObject *list = PyList_New(groups);
+    if (list == NULL)
+        return NULL;
+    for (int g = 0; g < groups; g++) {
+        PyObject *item = Py_BuildValue("(OLK)", group_consumer[g], group_count[g], group_bytes[g]);
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, g, item);
+    }
+    return Py_BuildValue("(nKN)", n, body_bytes, list);
+}
+
+/* ------------------------------------------------------------ frames in */
+
+/* Whether an item left to Python ends the lane for the rest of a read:
+ * anything on its channel (their order), a method on channel 0 (a close),
+ * and a method on another channel but publish, ack, nack and reject (which
+ * cannot see the lane's publishes out of order: a purge, a get, a delete
+ * could). The first frame's payload is given (a whole publish's method). */
+static int
+lane_stops(LaneObject *lane, int type, int channel, const unsigned char *payload,
+           Py_ssize_t size)
+{
+    int stop = channel == lane->channel;
+    if (!stop && type == FRAME_METHOD) {
+        uint32_t id = size >= 4 ? be32(payload) : 0;
+        stop = channel == 0 || !(id == 0x003C0028 || id == 0x003C0050 || id == 0x003C005A ||
+                                 id == 0x003C0078);
+    }
+    if (stop)
+        lane->armed = 0;
+    return stop;
+}
+
+/*
+ * scan(view, frame_max) -> (items, end, anomaly)
+ *
+ * Splits view's complete frames from the start. An ordinary frame is
+ * (type, channel, payload memoryview). A publish whose method, content
+ * header and single body frame are all here, on one channel, with a body of
+ * the header's size, well-formed properties and no user-id (which needs a
+ * check against the login), is one item:
+ *
+ *     (0, channel, view, start, exchange, routing key, bits, header, body)
+ *
+ * start: the method frame's offset in view (the three frames are split
+ * again from there when the channel cannot take the message whole); bits:
+ * mandatory 1, immediate 2; header: the content header payload as bytes;
+ * body: a memoryview. It stops at the first incomplete frame (end: where
+ * the rest starts; a publish whose header, or whose body of one frame, is
+ * still incomplete counts as incomplete from its method frame on) or at a frame the Python splitter must decide on
+ * (anomaly true).
+ *
+ * With a lane (an armed Lane, above), a whole publish the lane takes is no
+ * item: it is in its queue when scan returns (Lane.take counts it).
+ */
+static PyObject *
+scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scan(view, frame_max, lane=None)");
+        return NULL;
+    }
+    LaneObject *lane = NULL;
+    if (nargs == 3 && args[2] != Py_None) {
+        if (!PyObject_TypeCheck(args[2], &LaneType)) {
+            PyErr_SetString(PyExc_TypeError, "scan: lane must be a Lane or None");
+            return NULL;
+        }
+        lane = (LaneObject *)args[2];
+        if (!lane->armed)
+            lane = NULL;
+    }
+    PyObject *view = args[0];
+    Py_ssize_t frame_max = PyLong_AsSsize_t(args[1]);
+    if (frame_max == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(view, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t n = buf.len, off = 0;
+    int anomaly = 0;
+    PyObject *items = PyList_New(0), *last_ex = NULL, *last_rk = NULL;
+    if (items == NULL)
+        goto fail;
+    for (;;) {
+        int type, channel;
+        Py_ssize_t size;
+        int got = frame_at(p, n, off, frame_max, &type, &channel, &size);
+        if (got <= 0) {
+            anomaly = got < 0;
+            break;
+        }
+        Py_ssize_t payload = off + 7, next = payload + size + 1;
+        PyObject *item = NULL;
+        if (type == FRAME_METHOD && size >= 9 && be32(p + payload) == 0x003C0028) {
+            /* Basic.Publish: ticket, exchange, routing key, bits. */
+            const unsigned char *m = p + payload;
+            Py_ssize_t ex_at = 6, ex_len = m[ex_at];
+            Py_ssize_t rk_at = ex_at + 1 + ex_len;
+            Py_ssize_t rk_len = rk_at < size ? m[rk_at] : 0;
+            Py_ssize_t bits_at = rk_at + 1 + rk_len;
+            int htype, hchannel, btype, bchannel;
+            Py_ssize_t hsize, bsize;
+            int header_in = bits_at < size ? frame_at(p, n, next, frame_max, &htype, &hchannel,
+                                                      &hsize)
+                                           : -1;
+            if (header_in == 0)
+                break; /* the rest of a publish is on its way: wait for it (below) */
+            if (header_in == 1 && htype == FRAME_HEADER && hchannel == channel && hsize >= 14) {
+                const unsigned char *h = p + next + 7;
+                Py_ssize_t body_at = next + 7 + hsize + 1;
+                uint64_t body_size = be64(h + 4);
+                int body_in = frame_at(p, n, body_at, frame_max, &btype, &bchannel, &bsize);
+                /* A read that ends inside a publish whose body fits one frame
+                 * leaves the whole publish for the next read, so that it
+                 * comes whole (the fast path, the lane) rather than as
+                 * frames for the general path: what waits is bounded by
+                 * frame_max. A larger body's frames go one by one. */
+                if (body_in == 0 && body_size > 0 && body_size <= (uint64_t)(frame_max - 8) &&
+                    (h[0] << 8 | h[1]) == 60 && header_ok(h, hsize))
+                    break; /* (a header Python refuses goes to it at once) */
+                if ((h[0] << 8 | h[1]) == 60 && body_size > 0 && body_in == 1 &&
+                    btype == FRAME_BODY && bchannel == channel && (uint64_t)bsize == body_size &&
+                    !(h[13] & USER_ID_BIT) && header_ok(h, hsize)) {
+                    if (lane != NULL && channel == lane->channel &&
+                        lane_take(lane, m + ex_at + 1, ex_len, m + rk_at + 1, rk_len,
+                                  m[bits_at], h, hsize, p + body_at + 7, bsize)) {
+                        off = body_at + 7 + bsize + 1;
+                        if (!lane->armed)
+                            lane = NULL;
+                        continue;
+                    }
+                    PyObject *ex = reuse_bytes(m + ex_at + 1, ex_len, &last_ex);
+                    PyObject *rk = ex ? reuse_bytes(m + rk_at + 1, rk_len, &last_rk) : NULL;
+                    PyObject *header = rk ? PyBytes_FromStringAndSize((const char *)h, hsize)
+                                          : NULL;
+                    PyObject *body = header ? PySequence_GetSlice(view, body_at + 7,
+                                                                  body_at + 7 + bsize)
+                                            : NULL;
+                    if (body == NULL) {
+                        Py_XDECREF(ex);
+                        Py_XDECREF(rk);
+                        Py_XDECREF(header);
+                        goto fail;
+                    }
+                    item = Py_BuildValue("(iiOnNNiNN)", 0, channel, view, off, ex, rk,
+                                         (int)m[bits_at], header, body);
+                    if (item == NULL)
+                        goto fail;
+                    next = body_at + 7 + bsize + 1;
+                }
+            }
+        }
+        if (item == NULL) {
+            PyObject *pv = PySequence_GetSlice(view, payload, payload + size);
+            if (pv == NULL)
+                goto fail;
+            item = Py_BuildValue("(iiN)", type, channel, pv);
+            if (item == NULL)
+                goto fail;
+        }
+        if (lane != NULL && lane_stops(lane, type, channel, p + off + 7, next - off - 8))
+            lane = NULL;
+        if (PyList_Append(items, item) < 0) {
+            Py_DECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+        off = next;
+    }
+    Py_XDECREF(last_ex);
+    Py_XDECREF(last_rk);
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("(NnO)", items, off, anomaly ? Py_True : Py_False);
+fail:
+    Py_XDECREF(items);
+    Py_XDECREF(last_ex);
+    Py_XDECREF(last_rk);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"properties_ok", properties_ok, METH_O,
      "Whether a content header payload's basic properties are well formed."},
@@ -641,6 +1442,10 @@ static PyMethodDef methods[] = {
      "Basic.Deliver, content header and body frames of a message record."},
     {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL,
      "Write a whole message record."},
+    {"deliver_run", (PyCFunction)(void (*)(void))deliver_run, METH_FASTCALL,
+     "A plain consumer's run of deliveries, frames built from shared memory."},
+    {"ack_run", (PyCFunction)(void (*)(void))ack_run, METH_FASTCALL,
+     "A multiple ack's run of one queue's entries, out of a channel's book."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -651,9 +1456,40 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__wire(void)
 {
+    /* PyCapsule_Import walks attributes from "shoal", a namespace package
+     * that has no `shm` attribute until the module is imported: import it. */
+    PyObject *atomic_module = PyImport_ImportModule("shoal.shm._atomic");
+    if (atomic_module == NULL)
+        return NULL;
+    PyObject *capsule = PyObject_GetAttrString(atomic_module, "_C_API");
+    Py_DECREF(atomic_module);
+    if (capsule == NULL)
+        return NULL;
+    store_api = (ShoalStoreAPI *)PyCapsule_GetPointer(capsule, SHOAL_STORE_API_CAPSULE);
+    Py_DECREF(capsule); /* the module keeps it, and the table is static */
+    if (store_api == NULL)
+        return NULL;
+    if (store_api->version != SHOAL_STORE_API_VERSION) {
+        PyErr_SetString(PyExc_ImportError, "shoal.shm._atomic: another C API version");
+        return NULL;
+    }
+    if (PyType_Ready(&LaneType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    Py_INCREF(&LaneType);
+    if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) {
+        Py_DECREF(&LaneType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "RUN_FULL", RUN_FULL) < 0 ||
+        PyModule_AddIntConstant(m, "RUN_EMPTY", RUN_EMPTY) < 0 ||
+        PyModule_AddIntConstant(m, "RUN_ENTRY", RUN_ENTRY) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "MSG_PREFIX_SIZE", MSG_PREFIX_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "MSG_TIMED", MSG_TIMED) < 0 ||
         PyModule_AddIntConstant(m, "MSG_TIME_SIZE", MSG_TIME_SIZE) < 0) {

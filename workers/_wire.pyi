@@ -5,10 +5,78 @@ from typing_extensions import Buffer
 MSG_PREFIX_SIZE: int
 MSG_TIMED: int
 MSG_TIME_SIZE: int
+RUN_FULL: int
+RUN_EMPTY: int
+RUN_ENTRY: int
+
+class Lane:
+    """A connection's publish lane (workers/lane.py)."""
+
+    def __init__(self, atomic: object, /) -> None: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def armed(self) -> bool: ...
+    @property
+    def configured(self) -> bool: ...
+    @property
+    def channel(self) -> int: ...
+    @property
+    def qid(self) -> int: ...
+    @property
+    def over_high(self) -> bool: ...
+    def configure(
+        self,
+        channel: int,
+        exchange: bytes,
+        routing_key: bytes,
+        queue: int,
+        ring: int,
+        mask: int,
+        qid: int,
+        intent: int,
+        persistent_leaves: bool,
+        max_body: int,
+        arena_base: int,
+        arena_end: int,
+        hot_end: int,
+        hot_live: int,
+        arenas: int,
+        arena_bytes: int,
+        /,
+    ) -> None: ...
+    def arm(self, cursor: int, used: int, high: int, spill_high: int, /) -> None: ...
+    def clear(self) -> None: ...
+    def take(
+        self,
+    ) -> tuple[int, int, tuple[int, ...], int, int, int, tuple[int, int] | None]: ...
 
 def properties_ok(header: Buffer, /) -> bool: ...
 def dedup_key(header: Buffer, /) -> bytes | bool | None: ...
-def scan(view: memoryview, frame_max: int, /) -> tuple[list[Any], int, bool]: ...
+def scan(
+    view: memoryview, frame_max: int, lane: Lane | None = None, /
+) -> tuple[list[Any], int, bool]: ...
+def ack_run(
+    store: tuple[object, int, int, int, int, int, int, int, bool],
+    qid: int,
+    unacked: dict[int, Any],
+    upto: int,
+    /,
+) -> tuple[int, int, list[tuple[Any, int, int]]]: ...
+def deliver_run(
+    store: tuple[object, int, int, int, int, int, int, int, bool],
+    pointer: int,
+    limit: int,
+    channel: int,
+    consumer_tag: bytes,
+    next_tag: int,
+    frame_max: int,
+    no_ack: bool,
+    unacked: dict[int, Any] | None,
+    consumer: object,
+    qid: int,
+    /,
+) -> tuple[bytes | None, int, int, int, int, int, int, int, int]: ...
 def deliver_frames(
     buf: Buffer,
     record: int,

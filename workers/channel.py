@@ -26,6 +26,7 @@ from shoal.workers.channel_state import (
 from shoal.workers.context import RemoteError
 from shoal.workers.declare import Declarer
 from shoal.workers.delivery import DeliveryBook
+from shoal.workers.get import Getter
 from shoal.workers.memory_guard import ALARM_PENDING
 from shoal.workers.publish import Publisher
 from shoal.workers.tx import Transactions
@@ -94,7 +95,7 @@ class Channel:
             C.Basic.Qos: delivery.basic_qos,
             C.Basic.Consume: delivery.basic_consume,
             C.Basic.Cancel: delivery.basic_cancel,
-            C.Basic.Get: delivery.basic_get,
+            C.Basic.Get: Getter(delivery).basic_get,
             C.Basic.Recover: delivery.basic_recover,
             C.Basic.RecoverAsync: delivery.basic_recover,
             C.Confirm.Select: publisher.confirm_select,

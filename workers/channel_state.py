@@ -52,6 +52,40 @@ class ChannelCore(Protocol):
     def resume(self) -> None: ...
 
 
+class LanePublisher(Confirms, Protocol):
+    """A channel's publisher as its connection's publish lane sees it
+    (workers/lane.py): whether the channel is idle, and the counts a run of
+    publishes taken in C adds to."""
+
+    confirm: bool
+    confirm_held: bool
+    publish_count: int
+    publish_seq: int
+    confirm_high: int
+
+    @property
+    def channel(self) -> ChannelCore: ...
+    @property
+    def state(self) -> int: ...
+    @property
+    def pending(self) -> object: ...
+    @property
+    def transactions(self) -> Transactional: ...
+    @property
+    def delivery(self) -> Consumers: ...
+    @property
+    def stats(self) -> list[int]: ...
+
+
+class LaneOffers(Protocol):
+    """A connection's publish lane as its channels offer it runs
+    (workers/lane.py)."""
+
+    def offer(
+        self, publisher: LanePublisher, exchange: bytes, routing_key: bytes, qid: int
+    ) -> None: ...
+
+
 class ChannelConnection(Protocol):
     """What a channel uses of its connection."""
 
@@ -82,6 +116,8 @@ class ChannelConnection(Protocol):
     def queue_delete_done(self) -> None: ...
     def forget_channel(self, number: int) -> None: ...
     def deliveries_written(self) -> None: ...
+    @property
+    def publish_lane(self) -> LaneOffers | None: ...
 
 
 class Transaction:

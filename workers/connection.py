@@ -38,6 +38,7 @@ from shoal.workers.handshake import (
     OPEN,
     Handshake,
 )
+from shoal.workers.lane import PublishLane
 
 log = logging.getLogger("shoal.connection")
 
@@ -109,6 +110,9 @@ class Connection(asyncio.Protocol):
         # the server basic.cancel frames held until their delete-ok is out.
         self.deletes_in_flight = 0
         self.held_cancels: list[tuple[ChannelCore, bytes]] = []
+        # The publish lane (workers/lane.py); None where the segment's atomics
+        # are the crash tests' interposer.
+        self.publish_lane = PublishLane(self) if PublishLane.usable(ctx) else None
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport: Any) -> None:
@@ -253,12 +257,17 @@ class Connection(asyncio.Protocol):
             data = self.handshake.protocol_header(data)
             if not data:
                 return
+        self.access.refresh()  # a permission changed applies from this read on
+        publish_lane = self.publish_lane
+        lane = publish_lane.arm() if publish_lane is not None else None
         try:
-            frames = self.reader.feed(data)
+            frames = self.reader.feed(data, lane)
         except framing.FrameError as exc:
             self._frame_error(exc)
             return
-        self.access.refresh()  # a permission changed applies from this read on
+        finally:
+            if lane is not None:
+                publish_lane.account()  # type: ignore[union-attr]  # (armed: not None)
         try:
             self._dispatch(frames)
         except errors.ConnectionError_ as exc:

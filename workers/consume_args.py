@@ -11,7 +11,9 @@ from pamqp import commands as C
 from shoal.broker.amqp import errors
 from shoal.broker.amqp import streams as amqp_streams
 from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
+from shoal.workers.consumer import Consumer, DeliveryChannel
 from shoal.workers.context import WorkerContext
+from shoal.workers.levels import Levels
 from shoal.workers.streams import StreamReading
 
 
@@ -88,3 +90,52 @@ def stream_reading(
         amqp_streams.start_spec(args, now_ms, name, vhost),
         amqp_streams.filter_spec(args, name, vhost),
     )
+
+
+def new_consumer(
+    ctx: WorkerContext,
+    channel: DeliveryChannel,
+    vhost: str,
+    name: bytes,
+    qid: int,
+    tag: bytes,
+    method: C.Basic.Consume,
+) -> tuple[Consumer, dict[str, Any]]:
+    """The consumer a basic.consume asks for, its arguments checked, and
+    those arguments."""
+    args = method.arguments or {}
+    priority = args.get("x-priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise invalid("x-priority", priority)
+    browse, auto_close = (
+        flag(args, name) for name in ("x-filter-no-consume", "x-filter-auto-close")
+    )
+    chosen = selector(args)
+    stream = stream_reading(
+        ctx,
+        vhost,
+        name,
+        qid,
+        method,
+        args,
+        bool(channel.prefetch_count or channel.global_prefetch),
+    )
+    consumer = Consumer(
+        ctx.next_cid(),
+        tag,
+        channel,
+        qid,
+        name,
+        method.no_ack,
+        # RabbitMQ ignores `exclusive` on a stream (nobody takes anything).
+        method.exclusive and stream is None,
+        priority,
+        acquiring=not browse and stream is None,
+        auto_close=auto_close,
+        stream=stream,
+        stamp=flag(args, "x-shoal-id"),
+        wanted=None if chosen is None else chosen.matches,
+        selector=None if chosen is None else chosen.text,
+        levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,
+    )
+    return consumer, args

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from shoal.broker import ipc
+from shoal.shm import readers
 from shoal.shm.arena import FLAGS_BYTE, TIMED
 from shoal.shm.queues import Message, QueueStore
 from shoal.store.streams import StreamMessage
+from shoal.workers._wire import RUN_EMPTY, RUN_FULL
 from shoal.workers.levels import Levels
 from shoal.workers.streams import BURST as STREAM_BURST
 from shoal.workers.streams import SCAN as STREAM_SCAN
@@ -92,6 +94,9 @@ class DeliveryChannel(Protocol):
         redelivered: bool,
         out: list[bytes],
     ) -> None: ...
+    def deliver_run(
+        self, consumer: Consumer, qid: int, limit: int, out: list[bytes]
+    ) -> tuple[int, int, int, int, int] | None: ...
     def deliver_copy(
         self, consumer: Consumer, message: Message, redelivered: bool, out: list[bytes]
     ) -> None: ...
@@ -333,6 +338,30 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 consumer.rewind_if_released(store)
                 stop = LOCAL_BURST if work < LOCAL_BURST else BURST
                 n = max(1, min(channel.credit_room(consumer), quota - delivered, stop - work))
+                ran = channel.deliver_run(consumer, qid, n, out)
+                if ran is not None:
+                    # The run in one C call (workers/delivery.py deliver_run).
+                    count, status, a, b, c = ran
+                    work += count
+                    delivered += count
+                    if status == RUN_FULL:
+                        continue
+                    if status == RUN_EMPTY:
+                        consumer.notified = False
+                        ctx.send(ipc.Done(consumer.cid, a))
+                        return
+                    # RUN_ENTRY: an entry the run left to Python (a
+                    # redelivery, a message that may have expired, a
+                    # persistent one delivered without acks), acquired.
+                    seq, block, redelivered = a, b, bool(c)
+                    work += 1
+                    if (flags[block + TIMED_AT] & TIMED and drop_if_expired(qid, seq, block)) or (
+                        redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
+                    ):
+                        continue  # dead-lettered instead, as below: no delivery
+                    deliver(consumer, qid, seq, block, redelivered, out)
+                    delivered += 1
+                    continue
                 while n:
                     got = acquire(q_off, ring, mask, consumer.pointer, owner_bits)
                     if got.__class__ is int:
@@ -369,7 +398,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 if consumer.wanted is None:
                     got = store.acquire(qid, consumer.pointer)
                 else:
-                    got = store.acquire_matching(qid, consumer.pointer, consumer.wanted)
+                    got = readers.acquire_matching(store, qid, consumer.pointer, consumer.wanted)
                 if got.__class__ is int:
                     if got < 0:  # a selector's slice of unwanted entries
                         consumer.pointer = -1 - got
@@ -500,7 +529,7 @@ def browse(ctx: PullContext, consumer: Consumer) -> None:
             levels = consumer.levels
             if levels is None:
                 changes = store.changes(qid)
-                got = store.peek(qid, consumer.pointer)
+                got = readers.peek(store, qid, consumer.pointer)
                 if got.__class__ is int:
                     consumer.pointer = got
                     copy = None

@@ -13,7 +13,6 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import dead_letter, errors, field_table, properties
-from shoal.broker.amqp import streams as amqp_streams
 from shoal.shm import stats
 from shoal.shm.arena import (
     RECORD_START,
@@ -28,19 +27,15 @@ from shoal.shm.stats import (
 )
 from shoal.store.streams import StreamMessage
 from shoal.workers import consume_args, framing, reply_to, timeouts
-from shoal.workers._wire import deliver_frames
+from shoal.workers._wire import ack_run, deliver_frames, deliver_run
 from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
 from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer, take_ready, update_interest
-from shoal.workers.levels import Levels
 
 log = logging.getLogger("shoal.worker")
 
-# basic.get on a queue whose messages are in another worker's paging file
-# waits for its pager (every 2 ms) this many times this long at most.
-GET_TRIES = 250
-GET_RETRY_DELAY = 0.004
 
+_ALL_TAGS = (1 << 64) - 1  # a multiple ack of tag 0: every delivery
 
 # The declarer's resolve_queue (workers/declare.py): the queue a consume or
 # a get names, checked for a permission.
@@ -190,6 +185,47 @@ class DeliveryBook:
             consumer.unacked_bytes += size
             self.unacked_bytes += size
 
+    def deliver_run(
+        self, consumer: Consumer, qid: int, limit: int, out: list[bytes]
+    ) -> tuple[int, int, int, int, int] | None:
+        """Up to `limit` deliveries of a plain consumer's run in one C call
+        (workers/_wire.c deliver_run: acquired, frames built into one
+        buffer, deleted at once without acks or booked as unacked). Returns
+        (delivered, status, a, b, c): RUN_FULL, RUN_EMPTY (a: the changes
+        value for DONE) or RUN_ENTRY (an entry acquired for `deliver`: seq
+        a, block b, redelivered c); None where the store's atomics are not
+        the plain Atomic (the caller delivers one by one)."""
+        store = self.ctx.store
+        args = store.run_args(qid)
+        if args is None or consumer.stamp:
+            return None
+        no_ack = consumer.no_ack
+        frames, count, consumer.pointer, next_tag, body_bytes, status, a, b, c = deliver_run(
+            args,
+            consumer.pointer,
+            limit,
+            self.number,
+            consumer.tag_sstr,
+            self.next_tag,
+            self.conn.frame_max,
+            no_ack,
+            None if no_ack else self.unacked,
+            consumer,
+            qid,
+        )
+        if count:
+            out.append(frames)  # type: ignore[arg-type]  # bytes when count
+            self.next_tag = next_tag
+            if no_ack:
+                self.stats[DELIVERED_CONSUME_AUTO_ACK] += count
+                store.drained(qid)
+            else:
+                self.stats[DELIVERED_CONSUME_MANUAL_ACK] += count
+                consumer.unacked += count
+                consumer.unacked_bytes += body_bytes
+                self.unacked_bytes += body_bytes
+        return count, status, a, b, c
+
     def deliver_copy(
         self, consumer: Consumer, message: Message, redelivered: bool, out: list[bytes]
     ) -> None:
@@ -215,7 +251,7 @@ class DeliveryBook:
         exchange, routing_key, header, body = message
         if consumer.stamp and seq >= 0:
             header = properties.add_header(header, self._entry_id(qid, seq))
-        if redelivered and seq >= 0 and (count := self._delivery_count(qid, seq, False)):
+        if redelivered and seq >= 0 and (count := self.delivery_count(qid, seq, False)):
             header = properties.with_header(header, b"x-delivery-count", field_table.long(count))
         tag = self.next_tag
         self.next_tag = tag + 1
@@ -240,7 +276,7 @@ class DeliveryBook:
         )
         out += framing.encode_content(self.number, header, body, self.conn.frame_max)
 
-    def _delivery_count(self, qid: int, seq: int, get: bool) -> int | None:
+    def delivery_count(self, qid: int, seq: int, get: bool) -> int | None:
         """The x-delivery-count header's value for entry `seq` of log `qid`:
         None for a log whose deliveries are not counted, and for a first
         delivery to a consumer (RabbitMQ 3.10's quorum queues put 0 in a
@@ -270,6 +306,10 @@ class DeliveryBook:
         """Ack (requeue None), or nack/reject (requeue True/False); `method_id`
         (ack 80, reject 90, nack 120) goes into the close of an unknown tag."""
         unacked = self.unacked
+        touched: set[Consumer] = set()
+        acked = 0
+        if multiple and requeue is None and unacked:
+            acked = self._ack_run(tag, touched)
         if multiple:
             if tag:
                 tags = []
@@ -286,11 +326,10 @@ class DeliveryBook:
         if not tags and tag in self.timed_out_tags:
             self.timed_out_tags.discard(tag)  # requeued by its consumer's timeout
             return
-        if not tags and (tag or not multiple):
+        if not tags and not acked and (tag or not multiple):
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
             )
-        touched: set[Consumer] = set()
         if requeue is None:
             # Acks, the common case, in one loop: each entry deleted by one C
             # call; blocked publishers looked at once per queue after.
@@ -327,6 +366,27 @@ class DeliveryBook:
             touched.update(self.consumers.values())  # channel-wide credit came back
         for consumer in touched:
             update_interest(self.ctx, consumer)
+
+    def _ack_run(self, tag: int, touched: set[Consumer]) -> int:
+        """A multiple ack's first run of one queue's entries in one C call
+        (workers/_wire.c ack_run); settle() does the rest. Returns how many
+        it acked."""
+        _consumer, qid, seq, _size = next(iter(self.unacked.values()))
+        store = self.ctx.store
+        args = store.run_args(qid) if seq >= 0 else None
+        if args is None:
+            return 0
+        count, body_bytes, consumers = ack_run(args, qid, self.unacked, tag or _ALL_TAGS)
+        if count:
+            self.stats[stats.ACKNOWLEDGED] += count
+            self.unacked_bytes -= body_bytes
+            for consumer, n, size in consumers:
+                if consumer is not None:
+                    consumer.unacked -= n
+                    consumer.unacked_bytes -= size
+                    touched.add(consumer)
+            store.drained(qid)
+        return count
 
     def _finish(self, qid: int, seq: int, requeue: bool | None) -> None:
         if seq < 0:
@@ -403,42 +463,9 @@ class DeliveryBook:
             raise errors.ConnectionError_(
                 errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag.decode()}'", 60, 20
             )
-        args = method.arguments or {}
-        priority = args.get("x-priority", 0)
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise consume_args.invalid("x-priority", priority)
-        browse, auto_close = (
-            consume_args.flag(args, name) for name in ("x-filter-no-consume", "x-filter-auto-close")
-        )
-        selector = consume_args.selector(args)
-        stamp = consume_args.flag(args, "x-shoal-id")
         ctx = self.ctx
-        stream = consume_args.stream_reading(
-            ctx,
-            self.conn.vhost,
-            name,
-            qid,
-            method,
-            args,
-            bool(self.prefetch_count or self.global_prefetch),
-        )
-        consumer = Consumer(
-            ctx.next_cid(),
-            tag,
-            self,
-            qid,
-            name,
-            method.no_ack,
-            # RabbitMQ ignores `exclusive` on a stream (nobody takes anything).
-            method.exclusive and stream is None,
-            priority,
-            acquiring=not browse and stream is None,
-            auto_close=auto_close,
-            stream=stream,
-            stamp=stamp,
-            wanted=None if selector is None else selector.matches,
-            selector=None if selector is None else selector.text,
-            levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,
+        consumer, args = consume_args.new_consumer(
+            ctx, self, self.conn.vhost, name, qid, tag, method
         )
         ctx.routes.sync()  # the queue's arguments, for its x-consumer-timeout
         consumer.timeout_ms = timeouts.consumer_timeout_ms(
@@ -455,7 +482,7 @@ class DeliveryBook:
                 ipc.Consume(
                     cid=consumer.cid,
                     qid=qid,
-                    priority=priority,
+                    priority=consumer.priority,
                     acquiring=consumer.acquiring,
                     exclusive=consumer.exclusive,
                     interested=False,  # no delivery may overtake consume-ok
@@ -546,89 +573,6 @@ class DeliveryBook:
                     self.number, C.Basic.Cancel(consumer_tag=consumer.tag.decode(), nowait=True)
                 ),
             )
-
-    def _get_later(self, method: C.Basic.Get, tries: int) -> None:
-        """Try basic.get again in a moment; the channel's later frames wait."""
-        channel = self.channel
-        channel.busy = True
-        self.conn.hold_reading(channel, reason=None)
-
-        def again() -> None:
-            if self.conn.closed:
-                return
-            channel.busy = False
-            try:
-                self.basic_get(method, tries)
-            except errors.AMQPError as exc:  # the queue was deleted meanwhile
-                channel.fail(exc)
-            if not channel.busy:
-                self.conn.release_reading(channel)
-                channel.resume()
-
-        self.ctx.loop.call_later(GET_RETRY_DELAY, again)
-
-    def basic_get(self, method: C.Basic.Get, tries: int = GET_TRIES) -> None:
-        # A one-message temporary subscription: acquire from the head.
-        name, qid = self.resolve_queue(method.queue, (60, 70), READ if tries == GET_TRIES else "")
-        ctx = self.ctx
-        if ctx.streams is not None and ctx.streams.words.is_stream(qid):
-            raise amqp_streams.not_supported("basic.get", name, self.conn.vhost, 60, 70)
-        if tries == GET_TRIES:
-            ctx.store.count_get(qid)  # the queue is in use (x-expires)
-        logs = ctx.store.logs(qid)  # highest priority first
-        for log_qid in logs:
-            got = ctx.store.acquire(log_qid, 0)
-            while isinstance(got, tuple) and (
-                ctx.expiry.drop_if_expired(log_qid, got[0], got[1], get=True)
-                or (got[2] and ctx.expiry.drop_if_over_limit(log_qid, got[0], got[1]))
-            ):
-                got = ctx.store.acquire(log_qid, 0)  # that one expired: dead-lettered
-            if got.__class__ is not int:
-                break
-        else:
-            if tries and ctx.store.spilled(qid):
-                # Its messages are in paging files (workers/spill.py): this
-                # worker's are paged in now, another's by its pager soon.
-                if ctx.spill is not None and ctx.spill.page_in_now(qid):
-                    self.basic_get(method, tries - 1)
-                else:
-                    self._get_later(method, tries - 1)
-                return
-            ctx.stats.v[stats.GET_EMPTY] += 1
-            self.conn.write(framing.encode_method(self.number, C.Basic.GetEmpty()))
-            return
-        seq, block, redelivered = got  # type: ignore[misc]
-        v = ctx.stats.v
-        v[stats.DELIVERED_GET_AUTO_ACK if method.no_ack else stats.DELIVERED_GET_MANUAL_ACK] += 1
-        if redelivered:
-            v[stats.REDELIVERED] += 1
-        exchange, routing_key, header, body = read_message(ctx.seg, block)
-        count = self._delivery_count(log_qid, seq, True)
-        if count is not None:
-            header = properties.with_header(header, b"x-delivery-count", field_table.long(count))
-        tag = self.next_tag
-        self.next_tag += 1
-        if method.no_ack:
-            ctx.store.settle_taken(log_qid, seq)
-        else:
-            self.unacked[tag] = (None, log_qid, seq, len(body))
-            self.unacked_bytes += len(body)
-        spilled = ctx.store.spilled(qid)  # first: a page-in meanwhile counts twice, not never
-        ready = ctx.store.ready(qid) + spilled
-        frames = [
-            framing.encode_method(
-                self.number,
-                C.Basic.GetOk(
-                    delivery_tag=tag,
-                    redelivered=redelivered,
-                    exchange=exchange.decode(),
-                    routing_key=routing_key.decode(errors="replace"),
-                    message_count=ready,
-                ),
-            )
-        ]
-        frames += framing.encode_content(self.number, header, body, self.conn.frame_max)
-        self.conn.write_many(frames)
 
     def basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
         if method.requeue:

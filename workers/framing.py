@@ -16,7 +16,7 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 
 from shoal.shm.arena import RECORD_FORMAT
-from shoal.workers._wire import MSG_PREFIX_SIZE, MSG_TIME_SIZE, MSG_TIMED, scan
+from shoal.workers._wire import MSG_PREFIX_SIZE, MSG_TIME_SIZE, MSG_TIMED, Lane, scan
 
 # workers/_wire.c reads and writes message records itself.
 assert RECORD_FORMAT == (MSG_PREFIX_SIZE, MSG_TIMED, MSG_TIME_SIZE), (
@@ -85,12 +85,14 @@ class FrameReader:
         self.frame_max = frame_max
         self.pending = b""
 
-    def feed(self, data: bytes) -> list[Any]:
+    def feed(self, data: bytes, lane: Lane | None = None) -> list[Any]:
+        """The read's frames, a whole publish as one item; with an armed
+        `lane` (workers/lane.py) the publishes it takes are no items."""
         if self.pending:
             data = self.pending + data
             self.pending = b""
         view = memoryview(data)
-        frames, off, anomaly = scan(view, self.frame_max)
+        frames, off, anomaly = scan(view, self.frame_max, lane)
         if anomaly:
             # A frame too large, without its end byte or of an unknown type:
             # split() raises the error, in RabbitMQ's words.

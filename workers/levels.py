@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shoal.shm import readers
 from shoal.shm.queues import Message, QueueStore
 
 
@@ -82,7 +83,7 @@ class Levels:
             if wanted is None:
                 got = store.acquire(qid, pointer)
             else:
-                got = store.acquire_matching(qid, pointer, wanted)
+                got = readers.acquire_matching(store, qid, pointer, wanted)
             if got.__class__ is int:
                 if got < 0:
                     self.pointers[qid] = -1 - got
@@ -100,7 +101,7 @@ class Levels:
         self.refresh()
         store = self.store
         for qid in self.qids:
-            got = store.peek(qid, self.pointers.get(qid, 0))
+            got = readers.peek(store, qid, self.pointers.get(qid, 0))
             if got.__class__ is int:
                 self.pointers[qid] = got
                 continue

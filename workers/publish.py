@@ -54,6 +54,7 @@ DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
 # The content header's first flag byte: reply-to (0x0200) and headers
 # (0x2000, for CC and BCC) need more than routing.
 _REPLY_TO_OR_HEADERS = (properties.REPLY_TO_FLAG | 0x2000) >> 8
+_REPLY_TO = properties.REPLY_TO_FLAG >> 8
 
 
 class Publisher:
@@ -180,9 +181,9 @@ class Publisher:
             return False  # the general path refuses it
         store = ctx.store
         try:
+            also: list[bytes] = []
             if header[12] & _REPLY_TO_OR_HEADERS:
                 header = reply_to.rewrite(self.delivery, header)
-                also: list[bytes] = []
                 if header[12] & 0x20 and (b"\x02CC" in header or b"\x03BCC" in header):
                     header, also = properties.sender_selected(header)
                 qids = self._route(exchange, routing_key, header, also)
@@ -251,6 +252,18 @@ class Publisher:
             )
             if not outcome or self._outcome(outcome):  # every queue has it (its HOLD dropped)
                 self._account(True, False, body_size, bool(outcome & REJECTED_BIT), -1, None)
+                lane = conn.publish_lane
+                if (
+                    lane is not None
+                    and not outcome
+                    and len(qids) == 1
+                    and not deduplicating
+                    and not also
+                    and not header[12] & _REPLY_TO
+                ):
+                    # Nothing but routing: the channel's next publishes to
+                    # the same place may go in without Python (workers/lane.py).
+                    lane.offer(self, exchange, routing_key, qids[0])
                 return True
             rejected = bool(outcome & REJECTED_BIT)
             qids = qids[done:]  # the rest through _complete

@@ -108,6 +108,13 @@ class Routes:
                 found[(vhost_id, name.encode())] = spec or DedupSpec(dedup.DEFAULT_SIZE, 0, False)
         return found
 
+    def cached(self, vhost_id: int, exchange: bytes, routing_key: bytes) -> bool:
+        """Whether route() answered for (exchange, routing key) from its cache:
+        the answer depends on nothing in the message (no headers exchange on
+        the way) and holds until the exchanges (`version`) or the queue table
+        (its catalog generation) change (workers/lane.py)."""
+        return (vhost_id, exchange, routing_key) in self._cache
+
     def route(
         self,
         vhost: str,

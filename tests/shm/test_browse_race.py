@@ -12,6 +12,7 @@ import struct
 import time
 
 from shoal.shm import layout as L
+from shoal.shm import readers
 from shoal.shm.arena import Arena
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
@@ -79,7 +80,7 @@ def test_browser_copies_are_exact_while_blocks_are_reused(make_segment: SegmentF
     try:
         while children.running():
             assert time.monotonic() < deadline, "the writers did not finish"
-            got = browser.peek(QID, pointer)
+            got = readers.peek(browser, QID, pointer)
             if isinstance(got, int):
                 assert got >= pointer
                 pointer = got

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from shoal.shm import layout as L
+from shoal.shm import readers
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import Arena, read_message
 from shoal.shm.queues import QueueStore
@@ -77,7 +78,7 @@ def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None
         if wanted is None:
             got = store.acquire(QID, pointer)
         else:
-            got = store.acquire_matching(QID, pointer, wanted)
+            got = readers.acquire_matching(store, QID, pointer, wanted)
         if isinstance(got, int):
             # -1 - seq: a slice of unwanted entries ended there (not the end)
             pointer = got if got >= 0 else -1 - got

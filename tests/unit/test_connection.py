@@ -105,7 +105,13 @@ class Client:
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> Iterator[WorkerContext]:
-    limits = L.Limits(max_workers=1, max_queues=64, queue_capacity=64, arena_bytes=1 << 16)
+    yield from worker_context(
+        tmp_path, L.Limits(max_workers=1, max_queues=64, queue_capacity=64, arena_bytes=1 << 16)
+    )
+
+
+def worker_context(tmp_path: Path, limits: L.Limits) -> Iterator[WorkerContext]:
+    """One IO worker's context on a fresh segment (removed after)."""
     seg = Segment.create(str(tmp_path / "seg"), limits)
     # What the scheduler journals first: the default vhost and its exchanges.
     # What a broker's first start journals: the default vhost and guest.

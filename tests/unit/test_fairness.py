@@ -61,6 +61,11 @@ class FakeChannel:
     ) -> None:
         consumer.unacked += 1
 
+    def deliver_run(
+        self, consumer: Consumer, qid: int, limit: int, out: list[bytes]
+    ) -> tuple[int, int, int, int, int] | None:
+        return None  # one by one: deliver() counts each
+
 
 class NoExpiry:
     def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:

@@ -131,9 +131,25 @@ def test_a_whole_publish_is_one_item_only_when_all_three_frames_are_in() -> None
         + pamqp_frame.marshal(pamqp_body.ContentBody(b"abc"), 1)
     )
     reader = F.FrameReader(FRAME_MAX)
-    assert [item[0] for item in reader.feed(one[:-1])] == [1, 2]
-    assert [item[0] for item in reader.feed(one[-1:] + one)] == [3, F.PUBLISH_WHOLE]
-    assert reader.pending == b""
+    # A read that ends inside a publish whose body fits one frame leaves the
+    # whole publish for the next read (it then comes whole).
+    for cut in (5, len(one) - 12, len(one) - 1):
+        assert reader.feed(one[:cut]) == [] and reader.pending == one[:cut]
+        assert [item[0] for item in reader.feed(one[cut:] + one)] == [F.PUBLISH_WHOLE] * 2
+        assert reader.pending == b""
+    # A body of several frames does not wait: its frames come one by one.
+    big = (
+        pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="q"), 1)
+        + pamqp_frame.marshal(pamqp_header.ContentHeader(0, FRAME_MAX, C.Basic.Properties()), 1)
+        + pamqp_frame.marshal(pamqp_body.ContentBody(b"a" * (FRAME_MAX - 8)), 1)
+    )
+    assert [item[0] for item in reader.feed(big)] == [1, 2, 3]
+    # Nor does a header the general path refuses (another class): its error
+    # must not wait for a body that may never come.
+    bad = pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="q"), 1) + bytes(
+        pamqp_frame.marshal(pamqp_header.ContentHeader(0, 10, C.Basic.Properties()), 1)
+    ).replace(b"\x00\x3c\x00\x00", b"\x00\x32\x00\x00", 1)
+    assert [item[0] for item in F.FrameReader(FRAME_MAX).feed(bad)] == [1, 2]
 
 
 def test_frames_on_another_channel_in_between_stay_frames() -> None:

@@ -1,0 +1,68 @@
+/*
+ * The queue store's C API (shm/_atomic.c), for the IO worker's per-read
+ * loops in workers/_wire.c: the same transitions as the Atomic methods of
+ * the same names (alloc, publish, release_hold, acquire, ack), without a
+ * Python call per message. shm/ owns the steps and their order
+ * (shm/ARCHITECTURE.md); a caller only strings them together.
+ *
+ * Exported as the capsule shoal.shm._atomic._C_API. `atomic` is a
+ * shm._atomic.Atomic (exactly that type: check with `is_atomic` first);
+ * every offset is checked by `queue` and `arena_ok` once per run, the
+ * per-message calls take what those returned.
+ */
+#ifndef SHOAL_STORE_API_H
+#define SHOAL_STORE_API_H
+
+#include <Python.h>
+#include <stdint.h>
+
+#define SHOAL_STORE_API_CAPSULE "shoal.shm._atomic._C_API"
+#define SHOAL_STORE_API_VERSION 1
+
+/* publish() for a queue with a length limit or a capacity: nothing done. */
+#define SHOAL_PUBLISH_RULES LLONG_MIN
+
+typedef struct {
+    unsigned version;
+    /* 1 if `obj` is an Atomic with a buffer (a subclass, the crash tests'
+     * interposer, is not: its steps must stay in Python). */
+    int (*is_atomic)(PyObject *obj);
+    /* The buffer's base address and length. */
+    char *(*base)(PyObject *atomic, Py_ssize_t *len);
+    /* A queue record and its log checked: 0, or -1 with an exception set. */
+    int (*queue)(PyObject *atomic, Py_ssize_t queue, Py_ssize_t ring, unsigned long long mask,
+                 uint64_t **q, char **ring_out);
+    /* An arena's bounds and a cursor checked (as Atomic.alloc): 1 or 0. */
+    int (*arena_ok)(PyObject *atomic, Py_ssize_t base, Py_ssize_t end, Py_ssize_t cursor);
+    /* Atomic.alloc: 1 with the held block, the next cursor and the arena's
+     * used bytes, or 0 (no room; the cursor unchanged). */
+    int (*alloc)(PyObject *atomic, Py_ssize_t base, Py_ssize_t end, Py_ssize_t *cursor,
+                 Py_ssize_t need, Py_ssize_t *block, uint64_t *used);
+    /* Atomic.publish: SHOAL_PUBLISH_RULES, -1, -2 - seq, or seq * 2 + kick. */
+    long long (*publish)(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask,
+                         uint64_t block, Py_ssize_t intent, uint64_t qid);
+    /* Atomic.release_hold: 1 if that freed the block. */
+    int (*release_hold)(PyObject *atomic, Py_ssize_t block, Py_ssize_t arenas,
+                        Py_ssize_t arena_bytes);
+    /* Atomic.acquire: 1 with (seq, block, redelivered), or 0 with the
+     * pointer to resume from in *seq. */
+    int (*acquire)(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask,
+                   uint64_t start, uint64_t owner, uint64_t *seq, uint64_t *block,
+                   int *redelivered);
+    /* Atomic.ack for one entry: 1, 0 (not this owner's), or -1 with an
+     * exception set. */
+    int (*ack)(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t seq,
+               uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping);
+    /* The block of entry `seq` while this owner holds it (ACQUIRED), else
+     * 0. */
+    uint64_t (*held_block)(PyObject *atomic, char *ring, unsigned long long mask, uint64_t seq,
+                           uint64_t owner);
+    /* The queue's state-change counter (Q_CHANGES), as the scheduler
+     * compares it: read before the scan that finds the queue empty. */
+    uint64_t (*changes)(uint64_t *q);
+    /* A word of the buffer (bounds and alignment checked), or NULL with an
+     * exception set. */
+    uint64_t *(*word)(PyObject *atomic, Py_ssize_t off);
+} ShoalStoreAPI;
+
+#endif

@@ -1,0 +1,271 @@
+"""The publish lane (workers/lane.py, workers/_wire.c scan) and the delivery
+run (workers/_wire.c deliver_run) against the Python paths they replace, on
+a real segment with a Connection over a fake transport: the same records in
+the same order, the same counts and confirms, and everything the lane may
+not take left to Python in its place."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pamqp import commands as C
+from pamqp import frame as pamqp_frame
+from pamqp.body import ContentBody as Body
+from pamqp.header import ContentHeader
+
+from shoal.shm import layout as L
+from shoal.shm import stats
+from shoal.shm.arena import read_message
+from shoal.shm.queues import QueueStore
+from shoal.workers.consumer import Consumer, pull
+from shoal.workers.context import WorkerContext
+from shoal.workers.lane import PublishLane
+from tests.unit.test_connection import Client, worker_context
+
+
+@pytest.fixture
+def big_ctx(tmp_path: Path) -> Iterator[WorkerContext]:
+    """A context whose queues hold a few thousand messages."""
+    yield from worker_context(
+        tmp_path,
+        L.Limits(max_workers=1, max_queues=64, queue_capacity=1 << 13, arena_bytes=4 << 20),
+    )
+
+
+def publish(
+    channel: int,
+    body: bytes,
+    routing_key: str = "q",
+    exchange: str = "",
+    props: C.Basic.Properties | None = None,
+    mandatory: bool = False,
+) -> bytes:
+    props = props or C.Basic.Properties()
+    return (
+        pamqp_frame.marshal(
+            C.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory),
+            channel,
+        )
+        + pamqp_frame.marshal(ContentHeader(0, len(body), props), channel)
+        + pamqp_frame.marshal(Body(body), channel)
+    )
+
+
+def queue_bodies(ctx: WorkerContext, qid: int) -> list[bytes]:
+    """The bodies in log `qid`, head to tail (not acquired)."""
+    store = ctx.store
+    out = []
+    head, tail = store.word(qid, L.Q_HEAD), store.word(qid, L.Q_TAIL)
+    for seq in range(head, tail):
+        cell = ctx.seg.layout.log(qid) + (seq & store.mask) * L.CELL_SIZE
+        word = ctx.seg.atomic.load(cell)
+        if word & L.STATE_MASK != L.S_AVAILABLE:
+            continue
+        out.append(read_message(ctx.seg, ctx.seg.atomic.load(cell + 8))[3])
+    return out
+
+
+def opened(ctx: WorkerContext, *queues: bytes) -> tuple[Client, list[int]]:
+    store = QueueStore(ctx.seg)
+    qids = []
+    for qid, name in enumerate(queues):
+        store.create(qid, name, 0, 0)
+        qids.append(qid)
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.received()
+    return client, qids
+
+
+TAKEN: dict[int, int] = {}  # publishes each connection's lane took (by id)
+
+
+@pytest.fixture(autouse=True)
+def lane_counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Count what each lane takes: PublishLane.account sees each run."""
+    original = PublishLane.account
+
+    def account(self: PublishLane) -> None:
+        key = id(self.conn)
+        TAKEN[key] = TAKEN.get(key, 0) + self.lane.n
+        original(self)
+
+    monkeypatch.setattr(PublishLane, "account", account)
+    TAKEN.clear()
+    yield
+
+
+def lane_taken(client: Client) -> int:
+    return TAKEN.get(id(client.conn), 0)
+
+
+def counting(client: Client) -> Client:
+    assert client.conn.publish_lane is not None
+    return client
+
+
+def test_a_run_of_publishes_goes_through_the_lane_into_the_same_records(
+    big_ctx: WorkerContext,
+) -> None:
+    client, (qid,) = opened(big_ctx, b"q")
+    counting(client)
+    props = C.Basic.Properties(content_type="text/plain", headers={"n": 1}, delivery_mode=1)
+    bodies = [b"m%05d" % i for i in range(2000)]
+    data = b"".join(publish(1, body, props=props) for body in bodies)
+    # Reads cut anywhere: the lane takes whole publishes, the rest waits.
+    for at in range(0, len(data), 7001):
+        client.send(data[at : at + 7001])
+    assert queue_bodies(big_ctx, qid) == bodies
+    assert lane_taken(client) > 1900, "the lane took the run after its first message"
+    v = big_ctx.stats.v
+    assert v[stats.ROUTED] == 2000 and v[stats.SIZE_SUM] == sum(map(len, bodies))
+    assert v[stats.SIZE_BUCKETS] == 2000  # every body is at most 100 bytes
+    # Each record is what the Python writer writes: exchange, key, header, body.
+    first = read_message(big_ctx.seg, big_ctx.seg.atomic.load(big_ctx.seg.layout.log(qid) + 8))
+    assert first[:2] == (b"", b"q") and first[2] == ContentHeader(0, 6, props).marshal()
+    assert big_ctx.store.word(qid, L.Q_READY) == 2000
+    assert big_ctx.store.word(qid, L.Q_BYTES) == sum(map(len, bodies))
+
+
+def test_lane_publishes_are_confirmed_in_order(big_ctx: WorkerContext) -> None:
+    client, _qids = opened(big_ctx, b"q")
+    counting(client)
+    client.method(1, C.Confirm.Select())
+    assert [type(f) for _c, f in client.received()] == [C.Confirm.SelectOk]
+    # The first read goes through Python (the lane is set up by it and
+    # armed from the next read on); the next ones through the lane.
+    for n in range(3):
+        client.send(b"".join(publish(1, b"x%d" % i) for i in range(500)))
+        acks = [f for _c, f in client.received()]
+        assert [(type(f), f.delivery_tag, f.multiple) for f in acks] == [
+            (C.Basic.Ack, 500 * (n + 1), True)
+        ]
+    assert lane_taken(client) == 1000
+    assert big_ctx.stats.v[stats.RECEIVED_CONFIRM] == 1500
+    assert big_ctx.stats.v[stats.ROUTED] == 1500
+
+
+def test_what_the_lane_cannot_take_goes_to_python_in_its_place(big_ctx: WorkerContext) -> None:
+    """Another routing key, an expiration, a reply-to, CC, an unroutable
+    mandatory message and a frame of another kind on the channel, in the
+    middle of a run: each queue still gets its messages in publish order,
+    the unroutable one comes back, and the lane takes the run again."""
+    client, (q, other) = opened(big_ctx, b"q", b"other")
+    counting(client)
+    frames, want_q, want_other = [], [], []
+    for i in range(300):
+        body = b"%d" % i
+        if i % 50 == 7:
+            frames.append(publish(1, body, routing_key="other"))
+            want_other.append(body)
+        elif i % 50 == 11:
+            frames.append(publish(1, body, props=C.Basic.Properties(expiration="60000")))
+            want_q.append(body)
+        elif i % 50 == 13:
+            frames.append(publish(1, body, props=C.Basic.Properties(reply_to="r")))
+            want_q.append(body)
+        elif i % 50 == 17:
+            cc = C.Basic.Properties(headers={"CC": ["other"]})
+            frames.append(publish(1, body, props=cc))
+            want_q.append(body)
+            want_other.append(body)
+        elif i % 50 == 19:
+            frames.append(publish(1, body, routing_key="nowhere", mandatory=True))
+        elif i % 50 == 23:
+            frames.append(pamqp_frame.marshal(C.Basic.Qos(prefetch_count=5), 1))
+            frames.append(publish(1, body))
+            want_q.append(body)
+        else:
+            frames.append(publish(1, body))
+            want_q.append(body)
+    client.send(publish(1, b"first"))  # sets the lane up
+    want_q.insert(0, b"first")
+    # Reads of about ten messages: in each the lane takes the run up to the
+    # first message it leaves (the rest of that read goes to Python).
+    for at in range(0, len(frames), 10):
+        client.send(b"".join(frames[at : at + 10]))
+    assert queue_bodies(big_ctx, q) == want_q
+    assert queue_bodies(big_ctx, other) == want_other
+    replies = [type(f) for _c, f in client.received()]
+    assert replies.count(C.Basic.Return) == 6 and replies.count(C.Basic.QosOk) == 6
+    assert lane_taken(client) > 150
+
+
+def test_the_lane_stops_at_a_queue_that_is_gone(big_ctx: WorkerContext) -> None:
+    """After its queue is deleted (the catalog generation moves), the lane
+    no longer takes the channel's publishes: they are routed again, and go
+    nowhere (a mandatory one comes back)."""
+    client, (qid,) = opened(big_ctx, b"q")
+    counting(client)
+    client.send(publish(1, b"a"))
+    client.send(b"".join(publish(1, b"a") for _ in range(9)))
+    assert lane_taken(client) == 9
+    QueueStore(big_ctx.seg).remove(qid)
+    client.send(b"".join(publish(1, b"b", mandatory=True) for _ in range(3)))
+    assert [type(f) for _c, f in client.received()].count(C.Basic.Return) == 3
+    assert lane_taken(client) == 9
+
+
+def test_a_persistent_message_to_a_durable_queue_leaves_the_lane(
+    big_ctx: WorkerContext,
+) -> None:
+    """Without a message store (no data directory here) delivery mode 2 is
+    only a flag: the lane takes it. The lane's rule for a durable queue
+    with a store is checked in C (persistent_leaves): a transient message
+    stays in the lane, a persistent one goes to Python's record path."""
+    client, (qid,) = opened(big_ctx, b"q")
+    counting(client)
+    persistent = C.Basic.Properties(delivery_mode=2)
+    client.send(publish(1, b"p0", props=persistent))
+    client.send(b"".join(publish(1, b"p%d" % i, props=persistent) for i in range(1, 20)))
+    assert queue_bodies(big_ctx, qid) == [b"p%d" % i for i in range(20)]
+    assert lane_taken(client) == 19
+
+
+def consume(ctx: WorkerContext, client: Client, qid: int, no_ack: bool) -> Consumer:
+    delivery = client.conn.channels[1].delivery
+    consumer = Consumer(1, b"ctag", delivery, qid, b"q", no_ack, False, 0)
+    delivery.consumers[b"ctag"] = consumer
+    ctx.consumers[1] = consumer
+    return consumer
+
+
+@pytest.mark.parametrize("no_ack", [True, False])
+def test_a_delivery_run_sends_what_one_by_one_delivery_sent(
+    big_ctx: WorkerContext, no_ack: bool
+) -> None:
+    """deliver_run's frames are deliver_frames' for each entry, in order,
+    with consecutive tags; a redelivered entry in the middle goes through
+    Python (flagged, in its place); without acks the entries are deleted,
+    with acks booked in the channel's unacked dict."""
+    client, (qid,) = opened(big_ctx, b"q")
+    client.send(b"".join(publish(1, b"m%d" % i) for i in range(600)))
+    store = big_ctx.store
+    # Entry 100 was delivered before and came back: redelivered.
+    cell = big_ctx.seg.layout.log(qid) + 100 * L.CELL_SIZE
+    word = big_ctx.seg.atomic.load(cell)
+    big_ctx.seg.atomic.store(cell, word | L.FLAG_REDELIVERED)
+    consumer = consume(big_ctx, client, qid, no_ack)
+    delivery = client.conn.channels[1].delivery
+    delivery.prefetch_count = 0
+    for _ in range(20):
+        pull(big_ctx, consumer)
+        client.conn.flush()
+        if not store.word(qid, L.Q_READY):
+            break
+    delivers = [(f, ch) for ch, f in client.received() if isinstance(f, C.Basic.Deliver)]
+    assert [f.delivery_tag for f, _ch in delivers] == list(range(1, 601))
+    assert [f.redelivered for f, _ch in delivers] == [i == 100 for i in range(600)]
+    assert all(f.consumer_tag == "ctag" and f.routing_key == "q" for f, _ch in delivers)
+    if no_ack:
+        assert store.word(qid, L.Q_UNACKED) == 0 and store.word(qid, L.Q_HEAD) == 600
+        assert big_ctx.stats.v[stats.DELIVERED_CONSUME_AUTO_ACK] == 600
+    else:
+        assert store.word(qid, L.Q_UNACKED) == 600 and len(delivery.unacked) == 600
+        assert delivery.unacked[600] == (consumer, qid, 599, 4)
+        assert consumer.unacked == 600 and consumer.unacked_bytes == delivery.unacked_bytes
+        client.method(1, C.Basic.Ack(delivery_tag=600, multiple=True))
+        assert store.word(qid, L.Q_UNACKED) == 0 and store.word(qid, L.Q_HEAD) == 600

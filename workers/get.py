@@ -1,0 +1,142 @@
+"""basic.get: a one-message temporary subscription (seed 000), taken from
+the head of the queue (its highest priority level first), dropping what
+expired on the way; a queue whose messages wait in paging files
+(workers/spill.py) is looked at again while its pager brings them back.
+The message is booked as the channel's (workers/delivery.py) unless no-ack."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pamqp import commands as C
+
+from shoal.broker.amqp import errors, field_table, properties
+from shoal.broker.amqp import streams as amqp_streams
+from shoal.shm import stats
+from shoal.shm.arena import read_message
+from shoal.workers import framing
+from shoal.workers.channel_state import ChannelConnection, ChannelCore
+from shoal.workers.connection_access import READ
+from shoal.workers.consumer import Consumer
+from shoal.workers.context import WorkerContext
+
+# basic.get on a queue whose messages are in another worker's paging file
+# waits for its pager (every 2 ms) this many times this long at most.
+GET_TRIES = 250
+GET_RETRY_DELAY = 0.004
+
+
+class GetBook(Protocol):
+    """What basic.get uses of its channel's delivery book (workers/delivery.py)."""
+
+    next_tag: int
+    unacked: dict[int, tuple[Consumer | None, int, int, int]]
+    unacked_bytes: int
+
+    @property
+    def ctx(self) -> WorkerContext: ...
+    @property
+    def conn(self) -> ChannelConnection: ...
+    @property
+    def channel(self) -> ChannelCore: ...
+    @property
+    def number(self) -> int: ...
+    def resolve_queue(
+        self, name: str, method: tuple[int, int], permission: str
+    ) -> tuple[bytes, int]: ...
+    def delivery_count(self, qid: int, seq: int, get: bool) -> int | None: ...
+
+
+class Getter:
+    """A channel's basic.get, over its delivery book."""
+
+    __slots__ = ("book",)
+
+    def __init__(self, book: GetBook) -> None:
+        self.book = book
+
+    def _get_later(self, method: C.Basic.Get, tries: int) -> None:
+        """Try basic.get again in a moment; the channel's later frames wait."""
+        book = self.book
+        channel = book.channel
+        channel.busy = True
+        book.conn.hold_reading(channel, reason=None)
+
+        def again() -> None:
+            if book.conn.closed:
+                return
+            channel.busy = False
+            try:
+                self.basic_get(method, tries)
+            except errors.AMQPError as exc:  # the queue was deleted meanwhile
+                channel.fail(exc)
+            if not channel.busy:
+                book.conn.release_reading(channel)
+                channel.resume()
+
+        book.ctx.loop.call_later(GET_RETRY_DELAY, again)
+
+    def basic_get(self, method: C.Basic.Get, tries: int = GET_TRIES) -> None:
+        """Acquire the first entry from the head and send it (get-ok), or
+        get-empty."""
+        book = self.book
+        name, qid = book.resolve_queue(method.queue, (60, 70), READ if tries == GET_TRIES else "")
+        ctx = book.ctx
+        if ctx.streams is not None and ctx.streams.words.is_stream(qid):
+            raise amqp_streams.not_supported("basic.get", name, book.conn.vhost, 60, 70)
+        if tries == GET_TRIES:
+            ctx.store.count_get(qid)  # the queue is in use (x-expires)
+        logs = ctx.store.logs(qid)  # highest priority first
+        for log_qid in logs:
+            got = ctx.store.acquire(log_qid, 0)
+            while isinstance(got, tuple) and (
+                ctx.expiry.drop_if_expired(log_qid, got[0], got[1], get=True)
+                or (got[2] and ctx.expiry.drop_if_over_limit(log_qid, got[0], got[1]))
+            ):
+                got = ctx.store.acquire(log_qid, 0)  # that one expired: dead-lettered
+            if got.__class__ is not int:
+                break
+        else:
+            if tries and ctx.store.spilled(qid):
+                # Its messages are in paging files (workers/spill.py): this
+                # worker's are paged in now, another's by its pager soon.
+                if ctx.spill is not None and ctx.spill.page_in_now(qid):
+                    self.basic_get(method, tries - 1)
+                else:
+                    self._get_later(method, tries - 1)
+                return
+            ctx.stats.v[stats.GET_EMPTY] += 1
+            book.conn.write(framing.encode_method(book.number, C.Basic.GetEmpty()))
+            return
+        seq, block, redelivered = got  # type: ignore[misc]
+        v = ctx.stats.v
+        v[stats.DELIVERED_GET_AUTO_ACK if method.no_ack else stats.DELIVERED_GET_MANUAL_ACK] += 1
+        if redelivered:
+            v[stats.REDELIVERED] += 1
+        exchange, routing_key, header, body = read_message(ctx.seg, block)
+        count = book.delivery_count(log_qid, seq, True)
+        if count is not None:
+            header = properties.with_header(header, b"x-delivery-count", field_table.long(count))
+        tag = book.next_tag
+        book.next_tag += 1
+        if method.no_ack:
+            ctx.store.settle_taken(log_qid, seq)
+        else:
+            book.unacked[tag] = (None, log_qid, seq, len(body))
+            book.unacked_bytes += len(body)
+        spilled = ctx.store.spilled(qid)  # first: a page-in meanwhile counts twice, not never
+        ready = ctx.store.ready(qid) + spilled
+        frames = [
+            framing.encode_method(
+                book.number,
+                C.Basic.GetOk(
+                    delivery_tag=tag,
+                    redelivered=redelivered,
+                    exchange=exchange.decode(),
+                    routing_key=routing_key.decode(errors="replace"),
+                    message_count=ready,
+                ),
+            )
+        ]
+        frames += framing.encode_content(book.number, header, body, book.conn.frame_max)
+        book.conn.write_many(frames)

@@ -1,0 +1,231 @@
+"""A connection's publish lane: a run of publishes that need nothing but
+routing goes into its queue without Python per message.
+
+Each read of a publishing connection used to cost every message its trip
+through `Publisher.fast_publish` (workers/publish.py): about 5 µs of Python
+where the C work (split, copy, append) is a fraction of one. The lane moves
+that run into `workers/_wire.c` `scan`: once fast_publish has put a message
+into its queue with nothing but routing (`offer`), the lane remembers the
+channel, exchange, routing key and queue, and `scan` takes each later whole
+publish to the same place itself (the block allocated, the record written,
+the entry appended, through shm's C API), counting what it took. After the
+read, `account` does for the run what `Publisher._account` does for one
+message (statistics, confirm numbers) and what `Arena.alloc` does after an
+allocation (cursor, fill, the memory guard's high mark).
+
+The lane takes only what the Python path would have put straight into that
+queue: the same channel, exchange and routing key; no immediate, expiration,
+reply-to, CC or BCC; not persistent to a durable queue while the message
+store is on; a body within the size limit; a queue with no length limit or
+capacity, with room, not paging. Anything else stays an item for Python,
+and the lane is off for the rest of the read so that the channel's frames
+keep their order (scan: `lane_stops`).
+
+What `arm` checks before each read, because it decides whether the cached
+route still holds: the connection open and not blocked, the channel the same
+one and idle (nothing pending, no transaction, no flow backlog), the queue
+table and the exchanges unchanged since `offer` (generation and version),
+the permission still there, no paging files, and for a confirming channel no
+consumer of its own (its confirms may wait for that delivery: RabbitMQ's
+deliver-before-ack order, `Publisher._consumes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from shoal.shm._atomic import Atomic
+from shoal.shm.arena import release_hold
+from shoal.shm.stats import RECEIVED_CONFIRM, ROUTED, SIZE_BUCKETS, SIZE_SUM
+from shoal.workers._wire import Lane
+from shoal.workers.channel_state import IDLE, Confirms, LanePublisher
+from shoal.workers.connection_access import ConnectionAccess
+from shoal.workers.context import WorkerContext
+from shoal.workers.handshake import OPEN
+
+_NO_SPILL = 1 << 62
+
+
+class LaneConnection(Protocol):
+    """What the lane uses of its connection (workers/connection.py)."""
+
+    ctx: WorkerContext
+    state: int
+    vhost_id: int
+    access: ConnectionAccess
+    flow_blocked: dict[int, int]
+    confirm_channels: set[Confirms]
+
+    @property
+    def channels(self) -> Mapping[int, object]: ...
+
+
+class PublishLane:
+    """One connection's lane (a `_wire.Lane`) and what decides its use."""
+
+    __slots__ = (
+        "catalog_gen",
+        "conn",
+        "ctx",
+        "exchange",
+        "lane",
+        "max_body",
+        "publisher",
+        "qid",
+        "routes_version",
+        "routing_key",
+    )
+
+    def __init__(self, conn: LaneConnection) -> None:
+        self.conn = conn
+        self.ctx = ctx = conn.ctx
+        self.lane = Lane(ctx.seg.atomic)
+        self.publisher: LanePublisher | None = None
+        self.exchange = b""
+        self.routing_key = b""
+        self.qid = -1
+        self.catalog_gen = -1
+        self.routes_version = -1
+        self.max_body = 0
+
+    @staticmethod
+    def usable(ctx: WorkerContext) -> bool:
+        """Whether this worker's segment has the plain Atomic (the crash
+        tests interpose on the Python steps: no lane there)."""
+        return ctx.seg.atomic.__class__ is Atomic
+
+    def offer(
+        self, publisher: LanePublisher, exchange: bytes, routing_key: bytes, qid: int
+    ) -> None:
+        """fast_publish put a message with nothing but routing into `qid`,
+        its only queue, with no deduplication and no transaction: take the
+        channel's next publishes to the same place in C."""
+        if (
+            publisher is self.publisher
+            and qid == self.qid
+            and routing_key == self.routing_key
+            and exchange == self.exchange
+            and self.lane.configured
+        ):
+            return
+        ctx = self.ctx
+        store = ctx.store
+        if qid not in store.plain_queues() or store.dedup_now or ctx.routes.dedup_exchanges:
+            return
+        routes = ctx.routes
+        if exchange and not routes.cached(self.conn.vhost_id, exchange, routing_key):
+            return  # a route through a headers exchange depends on each message
+        queue, ring, mask, _owner = store.acquire_args(qid)
+        seg = ctx.seg
+        arena = ctx.arena
+        self.lane.configure(
+            publisher.number,
+            exchange,
+            routing_key,
+            queue,
+            ring,
+            mask,
+            qid,
+            ctx.slot,
+            bool(ctx.persist is not None and store.uid(qid)),
+            ctx.config.max_message_size,
+            arena.base,
+            arena.end,
+            arena.hot_end,
+            arena.hot_live,
+            seg.layout.arenas,
+            seg.layout.limits.arena_bytes,
+        )
+        self.publisher = publisher
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.qid = qid
+        self.catalog_gen = store.catalog_generation()
+        self.routes_version = routes.version
+        self.max_body = ctx.config.max_message_size
+
+    def clear(self) -> None:
+        self.lane.clear()
+        self.publisher = None
+        self.qid = -1
+
+    def arm(self) -> Lane | None:
+        """The lane for this read's scan, if it may take publishes now."""
+        lane = self.lane
+        publisher = self.publisher
+        if publisher is None or not lane.configured:
+            return None
+        conn = self.conn
+        if conn.state != OPEN or conn.flow_blocked:
+            return None
+        channel = publisher.channel
+        if conn.channels.get(publisher.number) is not channel or channel.closing:
+            self.clear()
+            return None
+        if publisher.state != IDLE or publisher.pending is not None or channel.busy:
+            return None
+        if channel.flow_backlog or publisher.transactions.tx is not None:
+            return None
+        if publisher.confirm and (publisher.delivery.consumers or publisher.confirm_held):
+            return None
+        ctx = self.ctx
+        if self.exchange:
+            ctx.routes.sync()  # what the scheduler journaled since (one load if nothing)
+        if (
+            ctx.store.catalog_generation() != self.catalog_gen
+            or ctx.routes.version != self.routes_version
+        ):
+            self.clear()  # the route may have changed: Python routes the next one
+            return None
+        if self.max_body != ctx.config.max_message_size or not conn.access.may_publish(
+            self.exchange, self.routing_key
+        ):
+            self.clear()
+            return None
+        spill = ctx.spill
+        if spill is not None and spill.files:
+            return None
+        arena = ctx.arena
+        lane.arm(
+            arena.cursor,
+            arena.used,
+            arena.high,
+            _NO_SPILL if spill is None else spill.arena_high,
+        )
+        return lane
+
+    def account(self) -> None:
+        """After a scan with the lane armed: what it took, as fast_publish's
+        `_account` and `Arena.alloc` would have counted it one by one."""
+        n, body_bytes, buckets, cursor, used, kick, gone = self.lane.take()
+        ctx = self.ctx
+        arena = ctx.arena
+        arena.cursor = cursor
+        if not n:
+            return
+        arena.used = used
+        arena.dirty = True
+        if used > arena.high and arena.on_high is not None:
+            arena.on_high(used)
+        store = ctx.store
+        if gone is not None:  # its queue was deleted under the append
+            seq, block = gone
+            store.take_back(self.qid, seq, block)
+            release_hold(ctx.seg, block)
+        if kick:
+            ctx.waker.kick(self.qid)
+        publisher = self.publisher
+        assert publisher is not None
+        publisher.publish_count += n
+        stats = publisher.stats
+        stats[ROUTED] += n
+        stats[SIZE_SUM] += body_bytes
+        for i, count in enumerate(buckets):
+            if count:
+                stats[SIZE_BUCKETS + i] += count
+        if publisher.confirm:
+            stats[RECEIVED_CONFIRM] += n
+            publisher.publish_seq += n
+            publisher.confirm_high = publisher.publish_seq
+            self.conn.confirm_channels.add(publisher)
