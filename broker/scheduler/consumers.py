@@ -8,10 +8,15 @@ queue. Consumers move between lists as their state changes:
     NOT_INTERESTED  out of credit, or its connection is backed up
     NON_ACQUIRING   browsers: always notified, never take entries
 
-At most one acquiring consumer is notified at a time. A notified consumer that
-runs dry, or has taken its share of what was ready (workers/consumer.py,
-turn_quota), goes to the back of its priority's Interested deque, which gives
-the round-robin fairness Qpid calls "asymptotic".
+Each event (a consumer becoming interested, new work, a turn's end) notifies
+one consumer, as Qpid's QCM does ("only a single interested Consumer, to avoid
+spurious wake-ups"); like Qpid's Notified list, this one may hold several
+consumers: `notify_next` makes the first, `notify_more` adds one of the same
+(or a higher) priority, which the scheduler does while a backlog has work for
+several (broker/scheduler/notify.py). A notified consumer that runs dry, or
+has taken its share of what was ready (workers/consumer.py, turn_quota), goes
+to the back of its priority's Interested deque, which gives the round-robin
+fairness Qpid calls "asymptotic".
 """
 
 from __future__ import annotations
@@ -56,7 +61,9 @@ class QueueConsumerManager:
         self._nodes: dict[ConsumerKey, _Node] = {}
         self._interested: dict[int, deque[ConsumerKey]] = {}
         self._priorities: list[int] = []  # descending
-        self.notified: ConsumerKey | None = None
+        # The Notified list, in the order they were notified (a dict as an
+        # ordered set).
+        self.notified: dict[ConsumerKey, None] = {}
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -118,17 +125,14 @@ class QueueConsumerManager:
             return False
         if node.state is State.INTERESTED:
             self._interested[node.priority].remove(key)
-        if self.notified == key:
-            self.notified = None
-            return True
-        return False
+        return self.notified.pop(key, False) is None
 
     def set_interest(self, key: ConsumerKey, interested: bool) -> bool:
         """Returns True if this took the notified consumer out of NOTIFIED."""
         node = self._nodes.get(key)
         if node is None:
             return False
-        was_notified = self.notified == key
+        was_notified = key in self.notified
         if not node.acquiring:
             node.state = State.NON_ACQUIRING if interested else State.NOT_INTERESTED
             return False
@@ -141,7 +145,7 @@ class QueueConsumerManager:
             self._interested[node.priority].remove(key)
         node.state = State.NOT_INTERESTED
         if was_notified:
-            self.notified = None
+            del self.notified[key]
         return was_notified
 
     def since(self, key: ConsumerKey) -> int:
@@ -175,23 +179,39 @@ class QueueConsumerManager:
     def notify_next(self, skip: Callable[[ConsumerKey], bool] | None = None) -> ConsumerKey | None:
         """Move the first candidate that `skip` does not exclude to NOTIFIED
         and return it; None if one is already notified or none qualifies."""
-        if self.notified is not None:
+        if self.notified:
             return None
+        return self._notify_first(skip, None)
+
+    def notify_more(self, skip: Callable[[ConsumerKey], bool] | None = None) -> ConsumerKey | None:
+        """notify_next(), or, with consumers notified already, one more of
+        their priority or a higher one: a lower priority gets work only
+        while the higher ones cannot take it (RabbitMQ's consumer
+        priorities), so it never joins them. None if none qualifies."""
+        if not self.notified:
+            return self._notify_first(skip, None)
+        nodes = self._nodes
+        return self._notify_first(skip, max(nodes[key].priority for key in self.notified))
+
+    def _notify_first(
+        self, skip: Callable[[ConsumerKey], bool] | None, least: int | None
+    ) -> ConsumerKey | None:
         for key in self.candidates():
+            node = self._nodes[key]
+            if least is not None and node.priority < least:
+                return None  # candidates come highest priority first
             if skip is None or not skip(key):
-                node = self._nodes[key]
                 self._interested[node.priority].remove(key)
                 node.state = State.NOTIFIED
-                self.notified = key
+                self.notified[key] = None
                 return key
         return None
 
     def done(self, key: ConsumerKey) -> bool:
-        """The notified consumer ran dry (or yielded): back of Interested.
-        False if `key` was not the notified consumer (a stale report)."""
-        if self.notified != key:
+        """A notified consumer ran dry (or yielded): back of Interested.
+        False if `key` was not notified (a stale report)."""
+        if self.notified.pop(key, False) is not None:
             return False
-        self.notified = None
         node = self._nodes[key]
         node.state = State.INTERESTED
         self._push(node)

@@ -20,6 +20,9 @@ from shoal.shm import flow, stats
 log = logging.getLogger("shoal.scheduler")
 
 SWEEP_INTERVAL = 1.0
+# Entries ready per notified consumer beyond the first (_spread): a backlog
+# of this many more notifies one more consumer of the queue.
+SPREAD = 128
 
 
 class Notification:
@@ -153,13 +156,11 @@ class Notification:
         if not q.qcm.done(key):
             return
         self._wake_browsers(q)
-        if changes < 0:
-            # A yield with work left: the next consumer's turn at once (the
-            # one that yielded is a candidate again, at the back).
-            nxt = q.qcm.notify_next()
-            if nxt is not None:
-                self._notify(nxt)
-                return
+        # A yield with work left: the next consumer's turn at once (the one
+        # that yielded is a candidate again, at the back), and more of them
+        # while the backlog has work for more.
+        if changes < 0 and self._spread(q, self._ready(q), None):
+            return
         self._watch(q)  # the next consumer's turn, or wait for a change
 
     def hello(self, worker: int, m: ipc.Hello) -> None:
@@ -230,12 +231,20 @@ class Notification:
             # publishers to it must not (they would, per append, if watched).
             self._wake_browsers(q)
             return
-        acquirer = q.qcm.notified is None and q.qcm.has_interested()
+        busy = bool(q.qcm.notified)
+        waiting = q.qcm.has_interested()
+        acquirer = waiting and not busy
         logs = q.levels.values()
         if not acquirer and not q.browsing:
-            if q.qcm.notified is None:
+            if not busy:
                 for log in logs:
                     self.store.set_watch(log, False)
+            elif waiting:
+                # Consumers are pulling; one more may join them if the
+                # backlog has work for it (a consumer got credit back).
+                ready = self._ready(q)
+                if ready > SPREAD:
+                    self._spread(q, ready, self._changes(q))
             return
         for log in logs:
             self.store.set_watch(log, True)
@@ -247,15 +256,30 @@ class Notification:
         self._wake_browsers(q, now)
         if not acquirer or not ready:
             return
-        dry = q.dry
-        key = q.qcm.notify_next(lambda k: dry.get(k) == now)
-        if key is None:
+        if not self._spread(q, ready, now):
             return  # all have seen this state: wait for the next change
         # Claim the wake-up: a publisher that claimed one first only causes
         # a spurious _on_wake (a notified queue is left alone).
         for log in logs:
             self.store.set_watch(log, False)
-        self._notify(key)
+
+    def _spread(self, q: QueueState, ready: int, now: int | None) -> bool:
+        """Notify the next candidate, and one more for each SPREAD entries
+        ready beyond the first: consumers on several IO workers then drain a
+        backlog at once, and one on the same worker takes its turn without
+        waiting for a round trip through here (each takes its share:
+        workers/consumer.py turn_quota). A consumer that ran dry at `now`
+        (the queue's CHANGES) is skipped. Returns whether any is notified."""
+        qcm = q.qcm
+        want = 1 + ready // SPREAD
+        dry = q.dry
+        skip = None if now is None else (lambda k: dry.get(k) == now)
+        while len(qcm.notified) < want:
+            key = qcm.notify_more(skip)
+            if key is None:
+                break
+            self._notify(key)
+        return bool(qcm.notified)
 
     def _notify(self, key: ConsumerKey) -> None:
         """Tell a consumer's worker to pull (counted for the metrics)."""
@@ -286,7 +310,7 @@ class Notification:
             now = self._changes(q)
             if any(changes != now for changes in q.browsing.values()):
                 return True
-        if q.qcm.notified is not None or not self._ready(q):
+        if q.qcm.notified or not self._ready(q):
             return False
         now = self._changes(q)  # after READY, as in _watch
         return any(q.dry.get(key) != now for key in q.qcm.candidates())

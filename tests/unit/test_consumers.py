@@ -19,6 +19,30 @@ def test_notifies_one_at_a_time_round_robin() -> None:
     assert qcm.notify_next() == (0, 1), "a consumer that ran dry goes to the back"
 
 
+def test_more_may_be_notified_but_never_of_a_lower_priority() -> None:
+    """Qpid's Notified list holds several consumers when each event notifies
+    one more (notify_more: the scheduler's backlog rule); a lower priority
+    never joins a higher one, a higher one joins lower ones."""
+    qcm = QueueConsumerManager()
+    qcm.add((0, 1), priority=5)
+    qcm.add((1, 2), priority=5)
+    qcm.add((0, 3), priority=0)
+    assert qcm.notify_more() == (0, 1)
+    assert qcm.notify_next() is None, "notify_next adds nobody to a busy queue"
+    assert qcm.notify_more() == (1, 2)
+    assert list(qcm.notified) == [(0, 1), (1, 2)]
+    assert qcm.notify_more() is None, "priority 0 waits while the 5s have work"
+    assert qcm.notify_more(skip=lambda k: True) is None
+    assert qcm.done((1, 2)) and not qcm.done((1, 2)), "a second done is stale"
+    assert qcm.set_interest((0, 1), False) and not qcm.notified
+    assert qcm.notify_more() == (1, 2)
+    qcm.set_interest((1, 2), False)
+    assert qcm.notify_more() == (0, 3), "the lower priority when the higher cannot"
+    qcm.set_interest((0, 1), True)
+    assert qcm.notify_more() == (0, 1), "a higher priority joins a lower one"
+    assert qcm.remove((0, 3)) and list(qcm.notified) == [(0, 1)]
+
+
 def test_priorities_win_and_uninterested_are_skipped() -> None:
     qcm = QueueConsumerManager()
     qcm.add((0, 1), priority=0)
@@ -40,7 +64,7 @@ def test_stale_done_is_ignored_and_removal_clears_notified() -> None:
     assert qcm.notify_next() == (0, 1)
     assert not qcm.done((1, 1)), "only the notified consumer may report done"
     assert qcm.remove((0, 1))
-    assert qcm.notified is None
+    assert not qcm.notified
     assert qcm.notify_next() == (1, 1)
     assert not qcm.remove((5, 5))
 
@@ -73,7 +97,7 @@ def test_skipped_consumers_keep_their_place() -> None:
     qcm.done((0, 3))
     assert list(qcm.candidates()) == [(0, 1), (0, 2), (0, 3)]
     assert qcm.notify_next(skip=lambda k: True) is None
-    assert qcm.notified is None and qcm.has_interested()
+    assert not qcm.notified and qcm.has_interested()
 
 
 def test_single_active_consumer_is_the_first_registered() -> None:
