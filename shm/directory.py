@@ -327,6 +327,13 @@ class QueueDirectory:
             return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY)
         return sum(self.log_ready(log) for log in levels.descending)
 
+    def taken(self, qid: int) -> int:
+        """Entries of log `qid` its consumers took and still hold or have
+        settled (UNACKED + ACKED): grows while they drain it
+        (workers/pacing.py)."""
+        q = self.queues + qid * _QUEUE_SIZE
+        return self.a.load(q + layout.Q_UNACKED) + self.a.load(q + layout.Q_ACKED)
+
     def exclusive_owner(self, qid: int) -> int | None:
         """The connection id that owns an exclusive queue (None: not exclusive)."""
         if self.flags(qid) & layout.QF_EXCLUSIVE:

@@ -39,6 +39,7 @@ from shoal.workers.handshake import (
     Handshake,
 )
 from shoal.workers.lane import PublishLane
+from shoal.workers.pacing import Pacer
 
 log = logging.getLogger("shoal.connection")
 
@@ -113,6 +114,7 @@ class Connection(asyncio.Protocol):
         # The publish lane (workers/lane.py); None where the segment's atomics
         # are the crash tests' interposer.
         self.publish_lane = PublishLane(self) if PublishLane.usable(ctx) else None
+        self.pacer = Pacer(self, ctx.store, ctx.loop)  # workers/pacing.py
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport: Any) -> None:
@@ -260,6 +262,7 @@ class Connection(asyncio.Protocol):
         self.access.refresh()  # a permission changed applies from this read on
         publish_lane = self.publish_lane
         lane = publish_lane.arm() if publish_lane is not None else None
+        laned = 0
         try:
             frames = self.reader.feed(data, lane)
         except framing.FrameError as exc:
@@ -267,7 +270,9 @@ class Connection(asyncio.Protocol):
             return
         finally:
             if lane is not None:
-                publish_lane.account()  # type: ignore[union-attr]  # (armed: not None)
+                laned = publish_lane.account()  # type: ignore[union-attr]  # (armed: not None)
+        if laned:
+            self.pacer.published(lane.qid)  # type: ignore[union-attr]  # (laned: armed)
         try:
             self._dispatch(frames)
         except errors.ConnectionError_ as exc:

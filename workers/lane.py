@@ -195,15 +195,16 @@ class PublishLane:
         )
         return lane
 
-    def account(self) -> None:
+    def account(self) -> int:
         """After a scan with the lane armed: what it took, as fast_publish's
-        `_account` and `Arena.alloc` would have counted it one by one."""
+        `_account` and `Arena.alloc` would have counted it one by one.
+        Returns how many publishes it took."""
         n, body_bytes, buckets, cursor, used, kick, gone = self.lane.take()
         ctx = self.ctx
         arena = ctx.arena
         arena.cursor = cursor
         if not n:
-            return
+            return 0
         arena.used = used
         arena.dirty = True
         if used > arena.high and arena.on_high is not None:
@@ -229,3 +230,4 @@ class PublishLane:
             publisher.publish_seq += n
             publisher.confirm_high = publisher.publish_seq
             self.conn.confirm_channels.add(publisher)
+        return n

@@ -1,5 +1,6 @@
-"""The publish lane (workers/lane.py, workers/_wire.c scan) and the delivery
-run (workers/_wire.c deliver_run) against the Python paths they replace, on
+"""The publish lane (workers/lane.py, workers/_wire.c scan), the delivery run
+(workers/_wire.c deliver_run) and publishers' pacing (workers/pacing.py)
+against the Python paths they replace, on
 a real segment with a Connection over a fake transport: the same records in
 the same order, the same counts and confirms, and everything the lane may
 not take left to Python in its place."""
@@ -19,6 +20,7 @@ from shoal.shm import layout as L
 from shoal.shm import stats
 from shoal.shm.arena import read_message
 from shoal.shm.queues import QueueStore
+from shoal.workers import pacing
 from shoal.workers.consumer import Consumer, pull
 from shoal.workers.context import WorkerContext
 from shoal.workers.lane import PublishLane
@@ -88,10 +90,10 @@ def lane_counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Count what each lane takes: PublishLane.account sees each run."""
     original = PublishLane.account
 
-    def account(self: PublishLane) -> None:
+    def account(self: PublishLane) -> int:
         key = id(self.conn)
         TAKEN[key] = TAKEN.get(key, 0) + self.lane.n
-        original(self)
+        return original(self)
 
     monkeypatch.setattr(PublishLane, "account", account)
     TAKEN.clear()
@@ -269,3 +271,59 @@ def test_a_delivery_run_sends_what_one_by_one_delivery_sent(
         assert consumer.unacked == 600 and consumer.unacked_bytes == delivery.unacked_bytes
         client.method(1, C.Basic.Ack(delivery_tag=600, multiple=True))
         assert store.word(qid, L.Q_UNACKED) == 0 and store.word(qid, L.Q_HEAD) == 600
+
+
+def drain(ctx: WorkerContext, qid: int, count: int) -> None:
+    """A consumer elsewhere takes `count` entries from the head (no-ack)."""
+    store = ctx.store
+    for _ in range(count):
+        got = store.acquire(qid, 0)
+        assert got.__class__ is tuple
+        store.settle_taken(qid, got[0])  # type: ignore[index]
+
+
+def test_a_publisher_is_paced_while_consumers_drain_its_backlog(
+    big_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """workers/pacing.py: past PACE_HIGH ready messages in a queue with
+    consumers, the publisher's reads are held (no connection.blocked) until
+    the consumers take it below PACE_LOW; consumers that take nothing for
+    PACE_PATIENCE release it, and the queue is left unpaced."""
+    monkeypatch.setattr(pacing, "PACE_HIGH", 400)
+    monkeypatch.setattr(pacing, "PACE_LOW", 200)
+    client, (qid,) = opened(big_ctx, b"q")
+    big_ctx.store.set_consumer_count(qid, 1, 1)  # a consumer takes turns
+    client.send(publish(1, b"first"))  # sets the lane up
+    client.send(b"".join(publish(1, b"m") for _ in range(300)))
+    assert not client.transport.paused, "300 ready: under PACE_HIGH"
+    client.send(b"".join(publish(1, b"m") for _ in range(200)))
+    pacer = client.conn.pacer
+    assert client.transport.paused and pacer.qid == qid, "501 ready: held"
+    assert [type(f) for _c, f in client.received()] == [], "held quietly: no connection.blocked"
+    drain(big_ctx, qid, 150)
+    pacer._look()
+    assert client.transport.paused, "351 ready, draining: still held"
+    drain(big_ctx, qid, 200)
+    pacer._look()
+    assert not client.transport.paused and pacer.qid < 0, "151 ready: released"
+    # Held again, and the consumers stop: after PACE_PATIENCE it lets go and
+    # leaves the queue unpaced.
+    client.send(b"".join(publish(1, b"m") for _ in range(300)))
+    assert client.transport.paused
+    monkeypatch.setattr(pacing, "PACE_PATIENCE", 0.0)
+    pacer._look()
+    assert not client.transport.paused and qid in pacer.unpaced
+    client.send(b"".join(publish(1, b"m") for _ in range(10)))
+    assert not client.transport.paused, "unpaced: its consumers do not drain it"
+
+
+def test_a_queue_without_consumers_is_never_paced(
+    big_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pacing, "PACE_HIGH", 400)
+    client, (qid,) = opened(big_ctx, b"q")
+    client.send(publish(1, b"first"))
+    for _ in range(3):
+        client.send(b"".join(publish(1, b"m") for _ in range(1000)))
+    assert big_ctx.store.ready(qid) > pacing.PACE_HIGH
+    assert not client.transport.paused

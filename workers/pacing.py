@@ -1,0 +1,110 @@
+"""Publishers paced to their queue's consumers: a backlog that consumers are
+draining is not allowed to grow without bound.
+
+Shoal's publish path is cheaper than its delivery path (a lane run in C
+against a consumer's turns), so a publisher can put messages into a queue
+faster than its consumers take them out: on 4 -> 4 the queue grew by 70k
+messages a second, which is latency for every message behind them, memory,
+and in the end paging. RabbitMQ's credit flow and one queue process keep the
+two sides close; LavinMQ lets the backlog grow.
+
+The rule (one check per read that published through the lane):
+
+- a queue with more than PACE_HIGH messages ready and consumers that take
+  turns (Q_TAKERS) holds its publisher's reads (TCP back-pressure, not
+  `connection.blocked`: nothing is wrong, the client is only slowed);
+- every PACE_INTERVAL the hold looks again: below PACE_LOW, or with no
+  consumer left, it ends;
+- consumers that stop taking entries (the queue's UNACKED + ACKED does not
+  move for PACE_PATIENCE: out of credit, gone quiet) end it too, and the
+  queue is not paced again for UNPACED_FOR, or until its backlog falls below
+  PACE_LOW: a publisher is not held for a consumer that does not consume
+  (its backlog then grows as in RabbitMQ, into paging files,
+  workers/spill.py). Other publishers to the queue may keep its backlog up
+  meanwhile: progress is what the consumers take, not the backlog's size.
+
+Queues without consumers are never paced: a backlog for consumers that come
+later is what a queue is for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+from shoal.shm.queues import QueueStore
+
+PACE_HIGH = 16384
+PACE_LOW = 8192
+PACE_INTERVAL = 0.001  # s
+# How long consumers may take nothing before they count as stalled: a
+# scheduler round trip on a loaded machine takes milliseconds.
+PACE_PATIENCE = 0.25  # s
+UNPACED_FOR = 2.0  # s a queue whose consumers stalled is not paced
+
+
+class PacedConnection(Protocol):
+    """What pacing uses of its connection (workers/connection.py)."""
+
+    closed: bool
+
+    def hold_reading(self, holder: object, reason: str | None = ...) -> None: ...
+    def release_reading(self, holder: object) -> None: ...
+
+
+class Pacer:
+    """One connection's pacing: at most one queue holds it at a time."""
+
+    __slots__ = ("before", "conn", "loop", "progress_at", "qid", "store", "unpaced")
+
+    def __init__(
+        self, conn: PacedConnection, store: QueueStore, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.conn = conn
+        self.store = store
+        self.loop = loop
+        self.qid = -1  # the queue holding the connection's reads (-1: none)
+        self.before = 0  # what its consumers had taken at the last look
+        self.progress_at = 0.0  # when that last moved (monotonic)
+        # Queues whose consumers stopped draining: qid -> until when they are
+        # not paced (or until their backlog falls below PACE_LOW).
+        self.unpaced: dict[int, float] = {}
+
+    def published(self, qid: int) -> None:
+        """A read put messages into `qid`: hold the next reads while its
+        consumers drain a backlog above PACE_HIGH."""
+        if self.qid >= 0:
+            return
+        store = self.store
+        ready = store.ready(qid)
+        unpaced = self.unpaced
+        if ready <= PACE_HIGH:
+            if unpaced and ready < PACE_LOW:
+                unpaced.pop(qid, None)
+            return
+        if unpaced and unpaced.get(qid, 0.0) > time.monotonic():
+            return
+        if not store.takers(qid):
+            return
+        self.qid, self.before, self.progress_at = qid, store.taken(qid), time.monotonic()
+        self.conn.hold_reading(self, reason=None)
+        self.loop.call_later(PACE_INTERVAL, self._look)
+
+    def _look(self) -> None:
+        qid = self.qid
+        if qid < 0 or self.conn.closed:
+            return
+        store = self.store
+        ready = store.ready(qid)
+        if ready > PACE_LOW and store.takers(qid):
+            taken = store.taken(qid)
+            now = time.monotonic()
+            if taken != self.before:
+                self.before, self.progress_at = taken, now
+            if now - self.progress_at < PACE_PATIENCE:
+                self.loop.call_later(PACE_INTERVAL, self._look)
+                return
+            self.unpaced[qid] = now + UNPACED_FOR  # its consumers do not drain it
+        self.qid = -1
+        self.conn.release_reading(self)
