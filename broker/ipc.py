@@ -268,6 +268,17 @@ class Notify(Message, tag=21):
     cid: int
 
 
+class Watch(Message, tag=46):
+    """The scheduler hands a queue's only consumer the queue's watch (`own`:
+    its worker arms Q_WATCH itself when the consumer runs dry and is woken
+    directly by publishers, no DONE, no NOTIFY), or takes it back (another
+    consumer came): the worker answers with the DONE that ends the turn.
+    shm/ARCHITECTURE.md 7b."""
+
+    cid: int
+    own: bool
+
+
 class ConsumerGone(Message, tag=22):
     """Its queue was deleted."""
 
@@ -347,7 +358,7 @@ ToScheduler = Union[  # noqa: UP007
     ChannelCounts,
 ]
 ToWorker = Union[  # noqa: UP007
-    Reply, Notify, ConsumerGone, Resync, Inspect, Unblock, Disconnect, ChannelTotals
+    Reply, Notify, Watch, ConsumerGone, Resync, Inspect, Unblock, Disconnect, ChannelTotals
 ]
 
 M = TypeVar("M")

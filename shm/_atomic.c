@@ -210,6 +210,7 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define Q_STATE 0
 #define Q_TAIL 8
 #define Q_WATCH 32
+#define WATCHER_BITS 12 /* a publish's seq << WATCHER_BITS | the watcher to wake */
 #define Q_CAPACITY 424
 #define Q_OVERFLOW 472
 #define Q_CHANGES 24
@@ -650,7 +651,8 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* publish's steps for checked arguments: PUBLISH_RULES (nothing done),
- * -1, -2 - seq, or seq * 2 + kick, as publish() returns them. */
+ * -1, -2 - seq, or seq << WATCHER_BITS | watcher, as publish() returns
+ * them. */
 #define PUBLISH_RULES SHOAL_PUBLISH_RULES
 static long long
 publish_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask, uint64_t block,
@@ -667,9 +669,10 @@ publish_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
     }
     if (t < 0)
         return t;
-    uint64_t one = 1;
-    int kick = LOAD(q + Q_WATCH / 8) && CAS(q + Q_WATCH / 8, &one, 0);
-    return t * 2 + kick;
+    uint64_t watcher = LOAD(q + Q_WATCH / 8);
+    if (watcher && !CAS(q + Q_WATCH / 8, &watcher, 0))
+        watcher = 0; /* someone else took the wake-up first */
+    return t << WATCHER_BITS | (long long)watcher;
 }
 
 /*
@@ -679,8 +682,9 @@ publish_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
  * applies them); else one more reference to the block, append (the
  * reference taken back if append returns -1: full, or gone), and the
  * scheduler's watch word taken if it waits (shm/wake.py work_added).
- * Returns append's result; a seq comes back as seq * 2 + 1 when the caller
- * must kick the scheduler (Waker.kick), seq * 2 when not.
+ * Returns append's result; a seq comes back as seq << WATCHER_BITS |
+ * watcher: the Q_WATCH value the caller took (CAS to 0) and must wake
+ * (shm/wake.py Waker.wake), 0 for none.
  */
 static PyObject *
 Atomic_publish(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1203,6 +1207,48 @@ static ShoalStoreAPI store_api = {
     .word = api_word,
 };
 
+/*
+ * take_bits(offset, words) -> list[int]
+ * A wake bitmap's set bits, each word swapped for 0 (shm/wake.py drain:
+ * the same as its load-and-CAS loop), as indexes from the bitmap's start.
+ */
+static PyObject *
+Atomic_take_bits(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "take_bits(offset, words)");
+        return NULL;
+    }
+    Py_ssize_t off = PyLong_AsSsize_t(args[0]), words = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!self->has_view || off < 0 || (off & 7) || words < 0 || words > (self->len - off) / 8) {
+        PyErr_SetString(PyExc_IndexError, "bitmap out of range");
+        return NULL;
+    }
+    PyObject *found = PyList_New(0);
+    if (found == NULL)
+        return NULL;
+    uint64_t *w = (uint64_t *)(self->base + off);
+    for (Py_ssize_t i = 0; i < words; i++) {
+        if (!LOAD(w + i))
+            continue;
+        uint64_t bits = __atomic_exchange_n(w + i, 0, __ATOMIC_SEQ_CST);
+        while (bits) {
+            int low = __builtin_ctzll(bits);
+            PyObject *qid = PyLong_FromSsize_t(i * 64 + low);
+            if (qid == NULL || PyList_Append(found, qid) < 0) {
+                Py_XDECREF(qid);
+                Py_DECREF(found);
+                return NULL;
+            }
+            Py_DECREF(qid);
+            bits &= bits - 1;
+        }
+    }
+    return found;
+}
+
 static PyMethodDef Atomic_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))Atomic_alloc, METH_FASTCALL,
      "Allocate a held block in the owner's arena."},
@@ -1222,6 +1268,8 @@ static PyMethodDef Atomic_methods[] = {
      "The tag of a persistent message, or None."},
     {"write_tag", (PyCFunction)(void (*)(void))Atomic_write_tag, METH_FASTCALL,
      "Tag a persistent message with its record's place."},
+    {"take_bits", (PyCFunction)(void (*)(void))Atomic_take_bits, METH_FASTCALL,
+     "A wake bitmap's set bits, the words swapped for 0."},
     {"advance_head", (PyCFunction)(void (*)(void))Atomic_advance_head, METH_FASTCALL,
      "Move a queue's head past deleted cells."},
     {"dedup_hash", (PyCFunction)(void (*)(void))Atomic_dedup_hash, METH_FASTCALL,
@@ -1283,6 +1331,7 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "A_LIVE", A_LIVE) < 0 ||
         PyModule_AddIntConstant(m, "ARENA_HEADER", ARENA_HEADER) < 0 ||
         PyModule_AddIntConstant(m, "Q_WATCH", Q_WATCH) < 0 ||
+        PyModule_AddIntConstant(m, "WATCHER_BITS", WATCHER_BITS) < 0 ||
         PyModule_AddIntConstant(m, "MSG_PREFIX_SIZE", MSG_PREFIX_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "MSG_TAGGED", MSG_TAGGED) < 0 ||
         PyModule_AddIntConstant(m, "MSG_TIMED", MSG_TIMED) < 0 ||

@@ -20,6 +20,7 @@
 #define SHOAL_STORE_API_VERSION 1
 
 /* publish() for a queue with a length limit or a capacity: nothing done. */
+#define SHOAL_WATCHER_BITS 12
 #define SHOAL_PUBLISH_RULES LLONG_MIN
 
 typedef struct {
@@ -38,7 +39,8 @@ typedef struct {
      * used bytes, or 0 (no room; the cursor unchanged). */
     int (*alloc)(PyObject *atomic, Py_ssize_t base, Py_ssize_t end, Py_ssize_t *cursor,
                  Py_ssize_t need, Py_ssize_t *block, uint64_t *used);
-    /* Atomic.publish: SHOAL_PUBLISH_RULES, -1, -2 - seq, or seq * 2 + kick. */
+    /* Atomic.publish: SHOAL_PUBLISH_RULES, -1, -2 - seq, or
+     * seq << SHOAL_WATCHER_BITS | the watcher it took (0: none). */
     long long (*publish)(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask,
                          uint64_t block, Py_ssize_t intent, uint64_t qid);
     /* Atomic.release_hold: 1 if that freed the block. */

@@ -11,6 +11,9 @@ before fork so every child inherits the mapping) holds, in order:
     +-------------------------------+
     | wake bitmap   (max_queues/8)  |  one bit per queue: "scheduler, look here"
     +-------------------------------+
+    | worker wake   (max_workers x  |  the same for each IO worker whose queue's
+    | bitmaps        max_queues/8)  |  only consumer watches it itself (Q_WATCH)
+    +-------------------------------+
     | queue table   (max_queues x   |  per queue: state, tail, head, counters, name
     |                QUEUE_SIZE)    |
     +-------------------------------+
@@ -123,7 +126,12 @@ Q_STATE = 0  # (generation << 8) | QS_*
 Q_TAIL = 8  # next sequence number to reserve
 Q_HEAD = 16  # lowest sequence number that may still be live
 Q_CHANGES = 24  # state-change counter (as Qpid's delivery design): bumped by append, release
-Q_WATCH = 32  # 1: the scheduler waits for work; whoever makes work must wake it
+# Who waits for work and must be woken by whoever makes it (CAS it to 0,
+# then wake that one): 0 nobody, WATCH_SCHEDULER the scheduler, WATCH_WORKER +
+# w IO worker w, for the queue's only consumer (shm/ARCHITECTURE.md 7b).
+Q_WATCH = 32
+WATCH_SCHEDULER = 1
+WATCH_WORKER = 2
 Q_READY = 40  # entries AVAILABLE
 Q_UNACKED = 48  # entries ACQUIRED
 Q_RELEASE_GEN = 56  # bumped on every release: consumers rewind their pointers
@@ -369,6 +377,7 @@ class Layout:
         "queues",
         "segments",
         "size",
+        "worker_bitmaps",
     )
 
     def __init__(self, limits: Limits) -> None:
@@ -379,6 +388,8 @@ class Layout:
         off = _align(off + self.proc_slots * PROC_SIZE)
         self.bitmap = off
         off = _align(off + limits.max_queues // 8)
+        self.worker_bitmaps = off
+        off = _align(off + limits.max_workers * limits.max_queues // 8)
         self.queues = off
         off = _align(off + limits.max_queues * QUEUE_SIZE)
         self.catalog = off
@@ -392,6 +403,10 @@ class Layout:
         self.arenas = off
         off += limits.max_workers * limits.arena_bytes
         self.size = off
+
+    def worker_bitmap(self, worker: int) -> int:
+        """IO worker `worker`'s wake bitmap: one bit per queue."""
+        return self.worker_bitmaps + worker * (self.limits.max_queues // 8)
 
     def proc(self, slot: int) -> int:
         return self.procs + slot * PROC_SIZE

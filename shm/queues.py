@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NoReturn
 
-from shoal.shm import flow, layout, limits
+from shoal.shm import _atomic, flow, layout, limits
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import body_length, body_refs_drop, read_tag
 from shoal.shm.directory import QueueDirectory
@@ -35,6 +35,8 @@ _DEL = layout.S_DELETED
 _REDELIVERED = layout.FLAG_REDELIVERED
 _QSIZE = layout.QUEUE_SIZE
 _QUID = layout.Q_UID
+_WATCHER_BITS = _atomic.WATCHER_BITS
+_WATCHER_MASK = (1 << _WATCHER_BITS) - 1
 
 # (exchange, routing key, raw content header, body), as shm.arena.read_message gives it
 Message = tuple[bytes, bytes, bytes, bytes]
@@ -293,9 +295,9 @@ class QueueStore(QueueDirectory):
             )
             if got is not None:
                 if got >= 0:
-                    self.last_seq = got >> 1
-                    if got & 1:
-                        self.waker.kick(qid)  # type: ignore[union-attr]  # publishers have one
+                    self.last_seq = got >> _WATCHER_BITS
+                    if got & _WATCHER_MASK:  # it took a watcher's wake-up (shm/wake.py)
+                        self.waker.wake(qid, got & _WATCHER_MASK)  # type: ignore[union-attr]
                     return APPENDED
                 if got == -1:
                     return FULL if self.is_active(qid) else GONE

@@ -1,51 +1,106 @@
-"""Cross-process wake-ups for the scheduler: a bitmap of queues plus an eventfd.
+"""Cross-process wake-ups: a bitmap of queues plus an eventfd, for the
+scheduler and for each IO worker.
 
-Whoever makes work available on a queue the scheduler is watching (Q_WATCH=1)
-clears the watch with a CAS, sets the queue's bit and, if the bitmap word was
-empty, writes the eventfd that the scheduler's event loop reads. The supervisor
-creates the eventfd before forking, so it survives scheduler restarts.
+Whoever makes work available on a queue someone watches (Q_WATCH non-zero:
+WATCH_SCHEDULER, or WATCH_WORKER + w for IO worker w, whose queue's only
+consumer watches it itself, shm/ARCHITECTURE.md 7b) clears the watch with a
+CAS, sets the queue's bit in the watcher's bitmap and, if the bitmap word was
+empty, writes the watcher's eventfd, which its event loop reads. The
+supervisor creates every eventfd before forking, so they survive restarts.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 
 from shoal.shm import layout
+from shoal.shm._atomic import Atomic
 from shoal.shm.segment import Segment
 
 
 class Waker:
-    __slots__ = ("a", "bitmap", "efd", "queues")
+    __slots__ = ("a", "bitmap", "efd", "layout", "local", "on_local", "queues", "worker_efds")
 
-    def __init__(self, seg: Segment, efd: int) -> None:
+    def __init__(self, seg: Segment, efd: int, worker_efds: Sequence[int] = ()) -> None:
         self.a = seg.atomic
+        self.layout = seg.layout
         self.bitmap = seg.layout.bitmap
         self.queues = seg.layout.queues
         self.efd = efd
+        # Each IO worker's eventfd, by index (none where a test has no
+        # workers: nobody can then hand a worker a queue's watch).
+        self.worker_efds = tuple(worker_efds)
+        # In an IO worker: its index, and what wakes it without its eventfd
+        # (the publisher and the watcher in one process: no system call).
+        self.local = -1
+        self.on_local: Callable[[], None] | None = None
 
     def work_added(self, qid: int) -> None:
         """Call after bumping Q_CHANGES. The seq_cst order of (our CHANGES
-        increment, our WATCH load) against the scheduler's (WATCH store,
+        increment, our WATCH load) against the watcher's (WATCH store,
         CHANGES load) guarantees one of us sees the other: no lost wake-up."""
         watch = self.queues + qid * layout.QUEUE_SIZE + layout.Q_WATCH
-        if self.a.load(watch) and self.a.cas(watch, 1, 0):
+        watcher = self.a.load(watch)
+        if watcher and self.a.cas(watch, watcher, 0):
+            self.wake(qid, watcher)
+
+    def wake(self, qid: int, watcher: int) -> None:
+        """Wake whoever watched `qid` (the Q_WATCH value just taken)."""
+        if watcher == layout.WATCH_SCHEDULER:
             self.kick(qid)
+        else:
+            worker = watcher - layout.WATCH_WORKER
+            bitmap = self.layout.worker_bitmap(worker)
+            if worker == self.local and self.on_local is not None:
+                if not self.a.fetch_or(bitmap + (qid >> 6) * 8, 1 << (qid & 63)):
+                    self.on_local()
+            else:
+                self._set(bitmap, self.worker_efds[worker], qid)
 
     def kick(self, qid: int) -> None:
-        old = self.a.fetch_or(self.bitmap + (qid >> 6) * 8, 1 << (qid & 63))
+        """Wake the scheduler for `qid` (work, or a flow release)."""
+        self._set(self.bitmap, self.efd, qid)
+
+    def _set(self, bitmap: int, efd: int, qid: int) -> None:
+        old = self.a.fetch_or(bitmap + (qid >> 6) * 8, 1 << (qid & 63))
         if old == 0:
-            os.eventfd_write(self.efd, 1)
+            os.eventfd_write(efd, 1)
 
     def drain(self, max_queues: int) -> list[int]:
         """Scheduler: clear the eventfd and return the queues whose bit was set."""
-        try:
-            os.eventfd_read(self.efd)
-        except BlockingIOError:
-            pass
-        found: list[int] = []
+        return self._drain(self.bitmap, self.efd, max_queues)
+
+    def drain_worker(self, worker: int, max_queues: int, eventfd: bool = True) -> list[int]:
+        """IO worker `worker`: the same for its own bitmap, and its eventfd
+        (not when woken by on_local)."""
+        efd = self.worker_efds[worker] if eventfd else -1
+        return self._drain(self.layout.worker_bitmap(worker), efd, max_queues)
+
+    def watch(self, qid: int, worker: int) -> bool:
+        """IO worker `worker` watches `qid` for its only consumer: CAS Q_WATCH
+        0 -> WATCH_WORKER + worker. False if someone else watches it."""
+        watch = self.queues + qid * layout.QUEUE_SIZE + layout.Q_WATCH
+        return self.a.cas(watch, 0, layout.WATCH_WORKER + worker)
+
+    def unwatch(self, qid: int, worker: int) -> bool:
+        """Take the worker's watch back (CAS it to 0): False if a publisher
+        took it first (and wakes the worker)."""
+        watch = self.queues + qid * layout.QUEUE_SIZE + layout.Q_WATCH
+        return self.a.cas(watch, layout.WATCH_WORKER + worker, 0)
+
+    def _drain(self, bitmap: int, efd: int, max_queues: int) -> list[int]:
+        if efd >= 0:
+            try:
+                os.eventfd_read(efd)
+            except BlockingIOError:
+                pass
         a = self.a
+        if a.__class__ is Atomic:  # in one call
+            return a.take_bits(bitmap, max_queues // 64)
+        found: list[int] = []
         for word_index in range(max_queues // 64):
-            off = self.bitmap + word_index * 8
+            off = bitmap + word_index * 8
             w = a.load(off)
             while w and not a.cas(off, w, 0):
                 w = a.load(off)

@@ -545,20 +545,24 @@ done:
 
 /* ------------------------------------------------------ the publish lane
  *
- * A connection's run of publishes that need nothing but routing goes into
- * the store without a Python call per message. Python sets the lane up
- * after its own fast path has put one such message into its queue
+ * A connection's publishes that need nothing but routing go into the store
+ * without a Python call per message. Python teaches the lane a route after
+ * its own fast path has put one such message into its queue
  * (workers/lane.py says when that is, and what each read checks before it
- * arms the lane); from then on scan() itself takes each whole publish on
- * the lane's channel to the same exchange and routing key: the block
+ * arms the lane); from then on scan() itself takes each later whole publish
+ * on the lane's channel to an exchange and routing key it knows: the block
  * allocated in the worker's arena, the record written, the entry appended
  * (shm/_atomic.c through its C API, shm/_store_api.h), the HOLD dropped,
  * the message counted. Anything else on that channel (another frame, a
- * publish that needs more: an expiration, a reply-to, CC/BCC, persistence
- * to a durable queue, a queue with rules, no room) is left to Python as an
- * item, and the lane is off for the rest of that read so that the
- * channel's frames keep their order. A method on channel 0 turns it off
- * too (a connection.close must stop it).
+ * publish to a place it does not know or that needs more: an expiration, a
+ * reply-to, CC/BCC, persistence to a durable queue, a queue with rules, no
+ * room) is left to Python as an item, and the lane is off for the rest of
+ * that read so that the channel's frames keep their order. A method on
+ * channel 0 turns it off too (a connection.close must stop it).
+ *
+ * Routes: (exchange, routing key) -> one queue, in a small open-addressing
+ * table (LANE_ROUTES at most: a publisher that rotates over many queues,
+ * as 500 quiet connections over 250 queues do, keeps them all).
  */
 #include "../shm/_store_api.h"
 
@@ -571,6 +575,8 @@ static ShoalStoreAPI *store_api;
 #define REPLY_TO_BIT 0x02   /* 0x0200 */
 #define DELIVERY_MODE_BIT 0x10 /* 0x1000 */
 #define HEADERS_BIT 0x20       /* 0x2000 */
+#define LANE_ROUTES 1024       /* the most routes a lane keeps */
+#define LANE_TOUCHED 64        /* queues one run may append to */
 
 /* Bodies' size buckets (shm/stats.py SIZE_BOUNDS): the first bound a body
  * does not exceed; the last bucket is above all. */
@@ -579,18 +585,30 @@ static const uint64_t SIZE_BOUNDS[SIZE_BUCKET_COUNT - 1] = {
 };
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *atomic;
-    int configured, armed;
-    int channel;
-    unsigned char exchange[256], routing_key[256];
-    Py_ssize_t ex_len, rk_len;
+    PyObject *exchange, *routing_key; /* bytes; NULL: a free slot */
+    uint64_t hash;
     uint64_t *q;
     char *ring;
     unsigned long long mask;
     uint64_t qid;
-    Py_ssize_t intent;
     int persistent_leaves; /* delivery mode 2 leaves the lane (a durable queue, a store) */
+    int touched;           /* its index in the run's touched list + 1 (0: none) */
+} LaneRoute;
+
+typedef struct {
+    uint64_t qid;
+    long long n;
+    int watcher; /* the Q_WATCH value its first append took (0: none) */
+} LaneTouch;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *atomic;
+    int configured, armed;
+    int channel;
+    LaneRoute *routes;
+    Py_ssize_t nroutes, cap; /* cap: a power of two, or 0 */
+    Py_ssize_t intent;
     uint64_t max_body;
     Py_ssize_t arena_base, arena_end, arena_first, hot_end, arenas, arena_bytes;
     uint64_t hot_live;
@@ -601,10 +619,59 @@ typedef struct {
     long long n;
     unsigned long long body_bytes;
     long long buckets[SIZE_BUCKET_COUNT];
-    int kick, allocated;
+    LaneTouch touched[LANE_TOUCHED];
+    int ntouched, allocated;
     long long gone_seq;
     Py_ssize_t gone_block;
+    uint64_t gone_qid;
 } LaneObject;
+
+static uint64_t
+route_hash(const unsigned char *ex, Py_ssize_t ex_len, const unsigned char *rk, Py_ssize_t rk_len)
+{
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)ex_len;
+    for (Py_ssize_t i = 0; i < ex_len; i++)
+        h = (h ^ ex[i]) * 1099511628211ULL;
+    h = (h ^ 0xFF) * 1099511628211ULL;
+    for (Py_ssize_t i = 0; i < rk_len; i++)
+        h = (h ^ rk[i]) * 1099511628211ULL;
+    return h ^ (h >> 29);
+}
+
+static int
+route_is(const LaneRoute *r, uint64_t hash, const unsigned char *ex, Py_ssize_t ex_len,
+         const unsigned char *rk, Py_ssize_t rk_len)
+{
+    return r->hash == hash && PyBytes_GET_SIZE(r->exchange) == ex_len &&
+           PyBytes_GET_SIZE(r->routing_key) == rk_len &&
+           memcmp(PyBytes_AS_STRING(r->exchange), ex, ex_len) == 0 &&
+           memcmp(PyBytes_AS_STRING(r->routing_key), rk, rk_len) == 0;
+}
+
+/* The route of (exchange, routing key), or the free slot where it goes. */
+static LaneRoute *
+route_slot(LaneObject *lane, uint64_t hash, const unsigned char *ex, Py_ssize_t ex_len,
+           const unsigned char *rk, Py_ssize_t rk_len)
+{
+    Py_ssize_t mask = lane->cap - 1;
+    for (Py_ssize_t i = (Py_ssize_t)hash & mask;; i = (i + 1) & mask) {
+        LaneRoute *r = &lane->routes[i];
+        if (r->exchange == NULL || route_is(r, hash, ex, ex_len, rk, rk_len))
+            return r;
+    }
+}
+
+static void
+lane_forget(LaneObject *lane)
+{
+    for (Py_ssize_t i = 0; i < lane->cap; i++) {
+        Py_CLEAR(lane->routes[i].exchange);
+        Py_CLEAR(lane->routes[i].routing_key);
+    }
+    PyMem_Free(lane->routes);
+    lane->routes = NULL;
+    lane->nroutes = lane->cap = 0;
+}
 
 static int
 Lane_init(LaneObject *self, PyObject *args, PyObject *kwds)
@@ -617,6 +684,7 @@ Lane_init(LaneObject *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     Py_XSETREF(self->atomic, Py_NewRef(atomic));
+    lane_forget(self);
     self->configured = self->armed = 0;
     self->gone_seq = -1;
     return 0;
@@ -625,62 +693,44 @@ Lane_init(LaneObject *self, PyObject *args, PyObject *kwds)
 static void
 Lane_dealloc(LaneObject *self)
 {
+    lane_forget(self);
     Py_XDECREF(self->atomic);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* configure(channel, exchange, routing_key, queue, ring, mask, qid, intent,
- *           persistent_leaves, max_body, arena_base, arena_end, hot_end,
- *           hot_live, arenas, arena_bytes) */
+/* configure(channel, intent, max_body, arena_base, arena_end, hot_end,
+ *           hot_live, arenas, arena_bytes): the lane's channel and what its
+ * appends need; its routes are forgotten. */
 static PyObject *
 Lane_configure(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 16) {
+    if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError,
-                        "configure(channel, exchange, routing_key, queue, ring, mask, qid, "
-                        "intent, persistent_leaves, max_body, arena_base, arena_end, hot_end, "
+                        "configure(channel, intent, max_body, arena_base, arena_end, hot_end, "
                         "hot_live, arenas, arena_bytes)");
         return NULL;
     }
     self->configured = self->armed = 0;
+    lane_forget(self);
     long channel = PyLong_AsLong(args[0]);
-    Py_ssize_t qoff = PyLong_AsSsize_t(args[3]), roff = PyLong_AsSsize_t(args[4]);
-    unsigned long long mask = PyLong_AsUnsignedLongLong(args[5]);
-    unsigned long long qid = PyLong_AsUnsignedLongLong(args[6]);
-    Py_ssize_t intent = PyLong_AsSsize_t(args[7]);
-    int persistent_leaves = PyObject_IsTrue(args[8]);
-    unsigned long long max_body = PyLong_AsUnsignedLongLong(args[9]);
-    Py_ssize_t abase = PyLong_AsSsize_t(args[10]), aend = PyLong_AsSsize_t(args[11]);
-    Py_ssize_t hot_end = PyLong_AsSsize_t(args[12]);
-    unsigned long long hot_live = PyLong_AsUnsignedLongLong(args[13]);
-    Py_ssize_t arenas = PyLong_AsSsize_t(args[14]), arena_bytes = PyLong_AsSsize_t(args[15]);
-    if (PyErr_Occurred() || persistent_leaves < 0)
-        return NULL;
-    char *ex, *rk;
-    Py_ssize_t ex_len, rk_len;
-    if (PyBytes_AsStringAndSize(args[1], &ex, &ex_len) < 0 ||
-        PyBytes_AsStringAndSize(args[2], &rk, &rk_len) < 0)
+    Py_ssize_t intent = PyLong_AsSsize_t(args[1]);
+    unsigned long long max_body = PyLong_AsUnsignedLongLong(args[2]);
+    Py_ssize_t abase = PyLong_AsSsize_t(args[3]), aend = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t hot_end = PyLong_AsSsize_t(args[5]);
+    unsigned long long hot_live = PyLong_AsUnsignedLongLong(args[6]);
+    Py_ssize_t arenas = PyLong_AsSsize_t(args[7]), arena_bytes = PyLong_AsSsize_t(args[8]);
+    if (PyErr_Occurred())
         return NULL;
     Py_ssize_t len;
     store_api->base(self->atomic, &len);
-    if (channel < 1 || channel > 0xFFFF || ex_len > 255 || rk_len > 255 || arena_bytes <= 0 ||
-        arenas < 0 || (arenas & 7) || (arena_bytes & 7) || abase < arenas || aend > len ||
-        intent < 0 || (intent & 7) || intent + 64 > len ||
-        !store_api->arena_ok(self->atomic, abase, aend, abase + 64)) {
+    if (channel < 1 || channel > 0xFFFF || arena_bytes <= 0 || arenas < 0 || (arenas & 7) ||
+        (arena_bytes & 7) || abase < arenas || aend > len || intent < 0 || (intent & 7) ||
+        intent + 64 > len || !store_api->arena_ok(self->atomic, abase, aend, abase + 64)) {
         PyErr_SetString(PyExc_ValueError, "lane out of range");
         return NULL;
     }
-    if (store_api->queue(self->atomic, qoff, roff, mask, &self->q, &self->ring) < 0)
-        return NULL;
     self->channel = (int)channel;
-    memcpy(self->exchange, ex, ex_len);
-    memcpy(self->routing_key, rk, rk_len);
-    self->ex_len = ex_len;
-    self->rk_len = rk_len;
-    self->mask = mask;
-    self->qid = qid;
     self->intent = intent;
-    self->persistent_leaves = persistent_leaves;
     self->max_body = max_body;
     self->arena_base = abase;
     self->arena_end = aend;
@@ -691,6 +741,92 @@ Lane_configure(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     self->arena_bytes = arena_bytes;
     self->configured = 1;
     Py_RETURN_NONE;
+}
+
+static int
+lane_grow(LaneObject *lane)
+{
+    Py_ssize_t old_cap = lane->cap, cap = old_cap ? old_cap * 2 : 16;
+    LaneRoute *old = lane->routes, *routes = PyMem_Calloc(cap, sizeof(LaneRoute));
+    if (routes == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    lane->routes = routes;
+    lane->cap = cap;
+    for (Py_ssize_t i = 0; i < old_cap; i++) {
+        if (old[i].exchange == NULL)
+            continue;
+        LaneRoute *r = &routes[(Py_ssize_t)old[i].hash & (cap - 1)];
+        while (r->exchange != NULL)
+            r = r == &routes[cap - 1] ? routes : r + 1;
+        *r = old[i];
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+/* add(exchange, routing_key, queue, ring, mask, qid, persistent_leaves)
+ *   -> bool: a route taught (True), or False when the lane keeps
+ *   LANE_ROUTES already. Between runs only (touched counts are per run). */
+static PyObject *
+Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "add(exchange, routing_key, queue, ring, mask, qid, "
+                                         "persistent_leaves)");
+        return NULL;
+    }
+    if (!self->configured || self->ntouched) {
+        PyErr_SetString(PyExc_ValueError, "lane not configured, or in a run");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[0]) || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[0]) > 255 ||
+        PyBytes_GET_SIZE(args[1]) > 255) {
+        PyErr_SetString(PyExc_ValueError, "exchange and routing key: bytes of at most 255");
+        return NULL;
+    }
+    Py_ssize_t qoff = PyLong_AsSsize_t(args[2]), roff = PyLong_AsSsize_t(args[3]);
+    unsigned long long mask = PyLong_AsUnsignedLongLong(args[4]);
+    unsigned long long qid = PyLong_AsUnsignedLongLong(args[5]);
+    int persistent_leaves = PyObject_IsTrue(args[6]);
+    if (PyErr_Occurred() || persistent_leaves < 0)
+        return NULL;
+    uint64_t *q;
+    char *ring;
+    if (store_api->queue(self->atomic, qoff, roff, mask, &q, &ring) < 0)
+        return NULL;
+    const unsigned char *ex = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    const unsigned char *rk = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Py_ssize_t ex_len = PyBytes_GET_SIZE(args[0]), rk_len = PyBytes_GET_SIZE(args[1]);
+    uint64_t hash = route_hash(ex, ex_len, rk, rk_len);
+    if (self->cap && self->routes) {
+        LaneRoute *r = route_slot(self, hash, ex, ex_len, rk, rk_len);
+        if (r->exchange != NULL) { /* known: the queue may have changed */
+            r->q = q;
+            r->ring = ring;
+            r->mask = mask;
+            r->qid = qid;
+            r->persistent_leaves = persistent_leaves;
+            Py_RETURN_TRUE;
+        }
+    }
+    if (self->nroutes >= LANE_ROUTES)
+        Py_RETURN_FALSE;
+    if ((self->nroutes + 1) * 2 > self->cap && lane_grow(self) < 0)
+        return NULL;
+    LaneRoute *r = route_slot(self, hash, ex, ex_len, rk, rk_len);
+    r->exchange = Py_NewRef(args[0]);
+    r->routing_key = Py_NewRef(args[1]);
+    r->hash = hash;
+    r->q = q;
+    r->ring = ring;
+    r->mask = mask;
+    r->qid = qid;
+    r->persistent_leaves = persistent_leaves;
+    r->touched = 0;
+    self->nroutes++;
+    Py_RETURN_TRUE;
 }
 
 /* arm(cursor, used, high, spill_high): the lane takes publishes in the
@@ -708,7 +844,7 @@ Lane_arm(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned long long spill_high = PyLong_AsUnsignedLongLongMask(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    if (!self->configured ||
+    if (!self->configured || !self->nroutes ||
         !store_api->arena_ok(self->atomic, self->arena_base, self->arena_end, cursor)) {
         PyErr_SetString(PyExc_ValueError, "lane not configured, or cursor out of range");
         return NULL;
@@ -725,38 +861,67 @@ static PyObject *
 Lane_clear(LaneObject *self, PyObject *unused)
 {
     self->configured = self->armed = 0;
+    lane_forget(self);
     Py_RETURN_NONE;
 }
 
-/* take() -> (n, body bytes, buckets, cursor, used, kick, gone) and resets
- * the counts; gone: (seq, block) of an entry whose queue was deleted under
- * the append (the caller takes it back, then drops the block's HOLD), or
- * None. */
+/* take() -> (n, body bytes, buckets, cursor, used, touched, gone) and
+ * resets the counts; buckets: the bodies per size bucket, or None when all
+ * were in the first (at most 100 bytes); touched: [(qid, messages, watcher)] of the queues the
+ * run appended to, the watcher the Q_WATCH value its first append took
+ * (0: none; shm/wake.py Waker.wake); gone: (qid, seq, block) of an entry
+ * whose queue was deleted under the append (the caller takes it back, then
+ * drops the block's HOLD), or None. */
 static PyObject *
 Lane_take(LaneObject *self, PyObject *unused)
 {
-    PyObject *buckets = PyTuple_New(SIZE_BUCKET_COUNT);
-    if (buckets == NULL)
-        return NULL;
-    for (int i = 0; i < SIZE_BUCKET_COUNT; i++) {
-        PyTuple_SET_ITEM(buckets, i, PyLong_FromLongLong(self->buckets[i]));
-        self->buckets[i] = 0;
+    /* The buckets as a tuple only when a body was above the first bound. */
+    PyObject *buckets = Py_None;
+    Py_INCREF(buckets);
+    if (self->buckets[0] != self->n) {
+        Py_DECREF(buckets);
+        buckets = PyTuple_New(SIZE_BUCKET_COUNT);
+        if (buckets == NULL)
+            return NULL;
+        for (int i = 0; i < SIZE_BUCKET_COUNT; i++)
+            PyTuple_SET_ITEM(buckets, i, PyLong_FromLongLong(self->buckets[i]));
     }
+    for (int i = 0; i < SIZE_BUCKET_COUNT; i++)
+        self->buckets[i] = 0;
+    PyObject *touched = PyList_New(self->ntouched);
+    if (touched == NULL) {
+        Py_DECREF(buckets);
+        return NULL;
+    }
+    for (int i = 0; i < self->ntouched; i++) {
+        LaneTouch *t = &self->touched[i];
+        PyObject *item = Py_BuildValue("(KLi)", (unsigned long long)t->qid, t->n, t->watcher);
+        if (item == NULL) {
+            Py_DECREF(buckets);
+            Py_DECREF(touched);
+            return NULL;
+        }
+        PyList_SET_ITEM(touched, i, item);
+    }
+    for (Py_ssize_t i = 0; self->ntouched && i < self->cap; i++)
+        self->routes[i].touched = 0;
     PyObject *gone = Py_None;
     Py_INCREF(gone);
     if (self->gone_seq >= 0) {
         Py_DECREF(gone);
-        gone = Py_BuildValue("(Ln)", self->gone_seq, self->gone_block);
+        gone = Py_BuildValue("(KLn)", (unsigned long long)self->gone_qid, self->gone_seq,
+                             self->gone_block);
         if (gone == NULL) {
             Py_DECREF(buckets);
+            Py_DECREF(touched);
             return NULL;
         }
     }
-    PyObject *result = Py_BuildValue("(LKNnKiN)", self->n, self->body_bytes, buckets,
-                                     self->cursor, (unsigned long long)self->used, self->kick, gone);
+    PyObject *result = Py_BuildValue("(LKNnKNN)", self->n, self->body_bytes, buckets,
+                                     self->cursor, (unsigned long long)self->used, touched, gone);
     self->n = 0;
     self->body_bytes = 0;
-    self->kick = self->allocated = 0;
+    self->ntouched = self->allocated = 0;
     self->gone_seq = -1;
     return result;
 }
@@ -786,15 +951,9 @@ Lane_get_channel(LaneObject *self, void *closure)
 }
 
 static PyObject *
-Lane_get_qid(LaneObject *self, void *closure)
+Lane_get_routes(LaneObject *self, void *closure)
 {
-    return PyLong_FromUnsignedLongLong(self->qid);
-}
-
-static PyObject *
-Lane_get_over_high(LaneObject *self, void *closure)
-{
-    return PyBool_FromLong(self->used > self->high);
+    return PyLong_FromSsize_t(self->nroutes);
 }
 
 /* The delivery mode a content header's properties carry (0: none), its
@@ -823,26 +982,30 @@ contains(const unsigned char *p, Py_ssize_t n, const char *needle, Py_ssize_t k)
 }
 
 /* Take one whole publish (scan() recognised it: its properties are well
- * formed, its body is one frame of the header's size) into the lane's
+ * formed, its body is one frame of the header's size) into its route's
  * queue: 1 when taken (counted), 0 when Python must. */
 static int
 lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const unsigned char *rk,
           Py_ssize_t rk_len, int bits, const unsigned char *h, Py_ssize_t hsize,
           const unsigned char *body, Py_ssize_t bsize)
 {
-    if ((bits & 2) || ex_len != lane->ex_len || rk_len != lane->rk_len ||
-        memcmp(ex, lane->exchange, ex_len) != 0 || memcmp(rk, lane->routing_key, rk_len) != 0)
+    if (bits & 2)
         return 0;
+    LaneRoute *route = route_slot(lane, route_hash(ex, ex_len, rk, rk_len), ex, ex_len, rk, rk_len);
+    if (route->exchange == NULL)
+        return 0; /* a place Python has not taught it */
     unsigned char f = h[12];
     if (f & (EXPIRATION_BIT | REPLY_TO_BIT))
         return 0;
     if ((f & HEADERS_BIT) && (contains(h, hsize, "\x02" "CC", 3) ||
                               contains(h, hsize, "\x03" "BCC", 4)))
         return 0;
-    if ((f & DELIVERY_MODE_BIT) && lane->persistent_leaves && delivery_mode(h, hsize) == 2)
+    if ((f & DELIVERY_MODE_BIT) && route->persistent_leaves && delivery_mode(h, hsize) == 2)
         return 0;
     if ((uint64_t)bsize > lane->max_body || lane->used > lane->spill_high)
         return 0;
+    if (!route->touched && lane->ntouched == LANE_TOUCHED)
+        return 0; /* the run's list of queues is full: the rest next read */
     Py_ssize_t payload = MSG_PREFIX_SIZE + ex_len + rk_len + hsize + bsize;
     Py_ssize_t need = (BLOCK_HEADER + payload + BLOCK_ALIGN - 1) & ~(Py_ssize_t)(BLOCK_ALIGN - 1);
     Py_ssize_t block;
@@ -871,23 +1034,34 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
     memcpy(o, h, hsize);
     o += hsize;
     memcpy(o, body, bsize);
-    long long got = store_api->publish(lane->atomic, lane->q, lane->ring, lane->mask,
-                                       (uint64_t)block, lane->intent, lane->qid);
+    long long got = store_api->publish(lane->atomic, route->q, route->ring, route->mask,
+                                       (uint64_t)block, lane->intent, route->qid);
     if (got == SHOAL_PUBLISH_RULES || got == -1) {
         /* A length limit or a capacity, or no room, or gone: Python's path
          * (the block, never appended, goes with its HOLD). */
         store_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
         return 0;
     }
+    if (!route->touched) {
+        LaneTouch *t = &lane->touched[lane->ntouched++];
+        t->qid = route->qid;
+        t->n = 0;
+        t->watcher = 0;
+        route->touched = lane->ntouched;
+    }
+    LaneTouch *touch = &lane->touched[route->touched - 1];
+    touch->n++;
     if (got < -1) {
         /* Deleted after the append: Python takes the entry back and drops
          * the HOLD (take()'s gone); the lane stops here. */
         lane->gone_seq = -2 - got;
         lane->gone_block = block;
+        lane->gone_qid = route->qid;
         lane->armed = 0;
     } else {
-        if (got & 1)
-            lane->kick = 1;
+        long long watcher = got & ((1LL << SHOAL_WATCHER_BITS) - 1);
+        if (watcher)
+            touch->watcher = (int)watcher; /* the first append takes it: one a run */
         store_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
     }
     int bucket = 0;
@@ -901,7 +1075,9 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
 
 static PyMethodDef Lane_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))Lane_configure, METH_FASTCALL,
-     "What the lane takes: a channel's publishes to one exchange and key, into one queue."},
+     "The lane's channel and arena; its routes forgotten."},
+    {"add", (PyCFunction)(void (*)(void))Lane_add, METH_FASTCALL,
+     "Teach it a route: (exchange, routing key) into one queue."},
     {"arm", (PyCFunction)(void (*)(void))Lane_arm, METH_FASTCALL,
      "Let the next scan take publishes; the arena's cursor and fill."},
     {"clear", (PyCFunction)Lane_clear, METH_NOARGS, "Take nothing until configured again."},
@@ -914,9 +1090,7 @@ static PyGetSetDef Lane_getset[] = {
     {"armed", (getter)Lane_get_armed, NULL, "Whether scan may take publishes.", NULL},
     {"configured", (getter)Lane_get_configured, NULL, "Whether configured.", NULL},
     {"channel", (getter)Lane_get_channel, NULL, "The lane's channel (0: none).", NULL},
-    {"qid", (getter)Lane_get_qid, NULL, "The lane's queue.", NULL},
-    {"over_high", (getter)Lane_get_over_high, NULL,
-     "Whether the arena went above the high mark arm() gave.", NULL},
+    {"routes", (getter)Lane_get_routes, NULL, "How many routes it knows.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

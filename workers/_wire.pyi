@@ -22,20 +22,11 @@ class Lane:
     @property
     def channel(self) -> int: ...
     @property
-    def qid(self) -> int: ...
-    @property
-    def over_high(self) -> bool: ...
+    def routes(self) -> int: ...
     def configure(
         self,
         channel: int,
-        exchange: bytes,
-        routing_key: bytes,
-        queue: int,
-        ring: int,
-        mask: int,
-        qid: int,
         intent: int,
-        persistent_leaves: bool,
         max_body: int,
         arena_base: int,
         arena_end: int,
@@ -45,11 +36,30 @@ class Lane:
         arena_bytes: int,
         /,
     ) -> None: ...
+    def add(
+        self,
+        exchange: bytes,
+        routing_key: bytes,
+        queue: int,
+        ring: int,
+        mask: int,
+        qid: int,
+        persistent_leaves: bool,
+        /,
+    ) -> bool: ...
     def arm(self, cursor: int, used: int, high: int, spill_high: int, /) -> None: ...
     def clear(self) -> None: ...
     def take(
         self,
-    ) -> tuple[int, int, tuple[int, ...], int, int, int, tuple[int, int] | None]: ...
+    ) -> tuple[
+        int,
+        int,
+        tuple[int, ...] | None,
+        int,
+        int,
+        list[tuple[int, int, int]],
+        tuple[int, int, int] | None,
+    ]: ...
 
 def properties_ok(header: Buffer, /) -> bool: ...
 def dedup_key(header: Buffer, /) -> bytes | bool | None: ...

@@ -262,7 +262,6 @@ class Connection(asyncio.Protocol):
         self.access.refresh()  # a permission changed applies from this read on
         publish_lane = self.publish_lane
         lane = publish_lane.arm() if publish_lane is not None else None
-        laned = 0
         try:
             frames = self.reader.feed(data, lane)
         except framing.FrameError as exc:
@@ -270,9 +269,8 @@ class Connection(asyncio.Protocol):
             return
         finally:
             if lane is not None:
-                laned = publish_lane.account()  # type: ignore[union-attr]  # (armed: not None)
-        if laned:
-            self.pacer.published(lane.qid)  # type: ignore[union-attr]  # (laned: armed)
+                for qid, count, _watcher in publish_lane.account():  # type: ignore[union-attr]
+                    self.pacer.published(qid, count)
         try:
             self._dispatch(frames)
         except errors.ConnectionError_ as exc:

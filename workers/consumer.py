@@ -19,6 +19,7 @@ from shoal.broker import ipc
 from shoal.shm import readers
 from shoal.shm.arena import FLAGS_BYTE, TIMED
 from shoal.shm.queues import Message, QueueStore
+from shoal.shm.wake import Waker
 from shoal.store.streams import StreamMessage
 from shoal.workers._wire import RUN_EMPTY, RUN_FULL
 from shoal.workers.levels import Levels
@@ -58,6 +59,12 @@ class PullContext(Protocol):
     def streams(self) -> Streams | None: ...
     @property
     def expiry(self) -> MessageExpiry: ...
+    @property
+    def waker(self) -> Waker: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def watching(self) -> dict[int, Consumer]: ...
     def send(self, message: ipc.ToScheduler) -> None: ...
 
 
@@ -139,6 +146,8 @@ class Consumer:
         "cancelled",
         "channel",
         "cid",
+        "direct",
+        "dry_at",
         "exclusive",
         "interested",
         "levels",
@@ -213,6 +222,11 @@ class Consumer:
         self.notified = False
         self.interested = True
         self.cancelled = False
+        # Whether its worker watches its queue itself (the scheduler's
+        # Watch, take_watch), and the queue's CHANGES before its last scan
+        # that found nothing (its last DONE's).
+        self.direct = False
+        self.dry_at = 0
         self.since = 0  # when the scheduler registered it (its CONSUME reply)
 
     def record(self) -> ipc.ConsumerRecord:
@@ -255,6 +269,7 @@ class Consumer:
             "unacked_bytes": self.unacked_bytes,
             "can_deliver": self.wants_work(),
             "pulling": self.notified,
+            "watching": self.direct,  # its worker watches the queue (take_watch)
         }
 
     def wants_work(self) -> bool:
@@ -278,6 +293,7 @@ def update_interest(ctx: PullContext, consumer: Consumer) -> None:
         consumer.interested = want
         if not want:
             consumer.notified = False
+            drop_watch(ctx, consumer)  # INTEREST(false) gives the scheduler the queue back
         ctx.send(ipc.Interest(consumer.cid, want))
         if want and ctx.store.consumer_count(consumer.qid) == 1:
             # The queue's only consumer got credit back: start pulling now
@@ -285,6 +301,69 @@ def update_interest(ctx: PullContext, consumer: Consumer) -> None:
             # NOTIFY comes too (acquisition is by CAS; the scheduler ignores
             # a DONE from a consumer it did not notify).
             ctx.loop.call_soon(pull, ctx, consumer)
+
+
+def went_dry(ctx: PullContext, consumer: Consumer, changes: int) -> bool:
+    """The queue gave the consumer nothing (its CHANGES was `changes` before
+    that scan): DONE, which ends its turn; or, for a consumer that watches
+    its queue itself (take_watch), its watch armed again with no message to
+    anyone (shm/ARCHITECTURE.md 7b). True if work came meanwhile and the
+    pull goes on."""
+    consumer.notified = False
+    consumer.dry_at = changes
+    if consumer.direct:
+        qid, waker = consumer.qid, ctx.waker
+        if waker.watch(qid, ctx.index):
+            # Armed, then CHANGES read (publishers: bump, then load the
+            # watch): a publish after the scan is seen here or wakes us.
+            if ctx.store.changes(qid) == changes or not waker.unwatch(qid, ctx.index):
+                return False  # idle; or a publisher took the watch: its wake comes
+            consumer.notified = True
+            return True
+        drop_watch(ctx, consumer)  # someone else watches: the scheduler's again
+    ctx.send(ipc.Done(consumer.cid, changes))
+    return False
+
+
+def take_watch(ctx: PullContext, consumer: Consumer) -> None:
+    """The scheduler hands the consumer its queue's watch (ipc.Watch): it is
+    the queue's only consumer and ran dry. Publishers now wake this worker
+    (its eventfd, Worker._on_watch_wake) and a consumer that runs dry arms
+    the watch again itself, so a message that arrives alone costs no round
+    trip through the scheduler. A consumer that lost interest meanwhile
+    ignores it: its INTEREST(false), on its way, takes the watch back."""
+    if consumer.cancelled or not consumer.interested or consumer.stream is not None:
+        return
+    consumer.direct = True
+    ctx.watching[consumer.qid] = consumer
+    if went_dry(ctx, consumer, consumer.dry_at):
+        pull(ctx, consumer)
+
+
+def give_back_watch(ctx: PullContext, consumer: Consumer) -> None:
+    """The scheduler takes the watch back (another consumer came): the DONE
+    that ends this consumer's turn tells it the watch is its own again, now
+    if the consumer was idle, else when its pull runs dry."""
+    if not consumer.direct:
+        return
+    if drop_watch(ctx, consumer):
+        ctx.send(ipc.Done(consumer.cid, consumer.dry_at))
+    else:
+        # Pulling, or a publisher took the watch and its wake-up comes to a
+        # consumer no longer watching: pull now, and DONE when it runs dry.
+        ctx.loop.call_soon(pull, ctx, consumer)
+
+
+def drop_watch(ctx: PullContext, consumer: Consumer) -> bool:
+    """The consumer stops watching its queue (it lost interest, was
+    cancelled, or gives the watch back). True if its watch was armed, that
+    is it was idle; False if it was pulling or a publisher took it."""
+    if not consumer.direct:
+        return False
+    consumer.direct = False
+    if ctx.watching.get(consumer.qid) is consumer:
+        del ctx.watching[consumer.qid]
+    return ctx.waker.unwatch(consumer.qid, ctx.index)
 
 
 def pull(ctx: PullContext, consumer: Consumer) -> None:
@@ -304,10 +383,12 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     out: list[bytes] = []
     delivered = 0  # deliveries this turn: what its quota counts
     work = 0  # entries acquired this turn, dead-lettered ones too: what bursts bound
-    quota = turn_quota(store.ready(qid), store.takers(qid), _prefetch(channel, consumer))
-    changes_now = store.changes_reader(qid)
-    acquire = store.a.acquire
-    q_off, ring, mask, owner_bits = store.acquire_args(qid)
+    # (A consumer that watches its queue itself is its only one: a burst.)
+    quota = (
+        BURST
+        if consumer.direct
+        else turn_quota(store.ready(qid), store.takers(qid), _prefetch(channel, consumer))
+    )
     deliver = channel.deliver
     drop_if_expired = ctx.expiry.drop_if_expired
     flags = store.seg.buf  # a message's flags: TIMED means it may have expired
@@ -347,8 +428,8 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     if status == RUN_FULL:
                         continue
                     if status == RUN_EMPTY:
-                        consumer.notified = False
-                        ctx.send(ipc.Done(consumer.cid, a))
+                        if went_dry(ctx, consumer, a):
+                            continue  # work came while it armed its watch
                         return
                     # RUN_ENTRY: an entry the run left to Python (a
                     # redelivery, a message that may have expired, a
@@ -362,6 +443,10 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     deliver(consumer, qid, seq, block, redelivered, out)
                     delivered += 1
                     continue
+                # One by one (the crash tests' interposed atomics).
+                changes_now = store.changes_reader(qid)
+                acquire = store.a.acquire
+                q_off, ring, mask, owner_bits = store.acquire_args(qid)
                 while n:
                     got = acquire(q_off, ring, mask, consumer.pointer, owner_bits)
                     if got.__class__ is int:
@@ -370,8 +455,8 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                         got = acquire(q_off, ring, mask, got, owner_bits)
                         if got.__class__ is int:
                             consumer.pointer = got
-                            consumer.notified = False
-                            ctx.send(ipc.Done(consumer.cid, changes))
+                            if went_dry(ctx, consumer, changes):
+                                break  # work came while it armed its watch
                             return
                     seq, block, redelivered = got  # type: ignore[misc]
                     consumer.pointer = seq + 1
@@ -393,7 +478,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     deliver(consumer, qid, seq, block, redelivered, out)
                 continue
             if levels is None:
-                changes = changes_now()
+                changes = store.changes(qid)
                 consumer.rewind_if_released(store)
                 if consumer.wanted is None:
                     got = store.acquire(qid, consumer.pointer)
@@ -420,8 +505,8 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 _yield(ctx, consumer)
                 return
             if taken is None:
-                consumer.notified = False
-                ctx.send(ipc.Done(consumer.cid, changes))
+                if went_dry(ctx, consumer, changes):
+                    continue  # work came while it armed its watch
                 return
             log_qid, seq, block, redelivered = taken
             work += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, overload
 
 from shoal.broker import ipc
@@ -17,7 +17,7 @@ from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
-from shoal.workers.consumer import Consumer, MessageExpiry
+from shoal.workers.consumer import Consumer, MessageExpiry, drop_watch
 from shoal.workers.dedup import Deduplicator
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.persist import Persister
@@ -91,6 +91,7 @@ class WorkerContext:
         incarnation: int,
         efd: int,
         loop: asyncio.AbstractEventLoop,
+        worker_efds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -99,7 +100,10 @@ class WorkerContext:
         self.incarnation = incarnation
         self.owner = index + 1
         self.loop = loop
-        self.waker = Waker(seg, efd)
+        self.waker = Waker(seg, efd, worker_efds)
+        # The queues whose only consumer, on this worker, watches them itself
+        # (the scheduler's Watch): qid -> that consumer (workers/consumer.py).
+        self.watching: dict[int, Consumer] = {}
         self.store = QueueStore(seg, self.owner, waker=self.waker)
         self.routes = Routes(seg, self.store)
         self.dedup = Deduplicator(
@@ -213,6 +217,9 @@ class WorkerContext:
     def hello(self) -> None:
         """(Re-)introduce this worker and its consumers to the scheduler, and
         re-send requests a dead scheduler may not have answered."""
+        # A (new) scheduler hands out watches afresh: every one goes back.
+        for consumer in list(self.watching.values()):
+            drop_watch(self, consumer)
         records = [c.record() for c in self.consumers.values()]
         connections = [c.opened_as() for c in self.connections if c.opened_as()[0]]
         self.send(ipc.Hello(self.index, self.incarnation, records, connections))

@@ -30,7 +30,7 @@ from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import ack_run, deliver_frames, deliver_run
 from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
 from shoal.workers.connection_access import READ
-from shoal.workers.consumer import Consumer, take_ready, update_interest
+from shoal.workers.consumer import Consumer, drop_watch, take_ready, update_interest
 
 log = logging.getLogger("shoal.worker")
 
@@ -426,6 +426,7 @@ class DeliveryBook:
         self.drop_reply_queue()
 
     def _drop_consumer(self, consumer: Consumer) -> None:
+        drop_watch(self.ctx, consumer)  # the scheduler's again with the CANCEL
         if not consumer.cancelled:
             consumer.cancelled = True
             self.ctx.send(ipc.Cancel(consumer.cid))
@@ -561,6 +562,7 @@ class DeliveryBook:
 
     def consumer_gone(self, consumer: Consumer) -> None:
         """The scheduler cancelled this consumer (its queue was deleted)."""
+        drop_watch(self.ctx, consumer)
         self.consumers.pop(consumer.tag, None)
         consumer.cancelled = True
         self.ctx.consumers.pop(consumer.cid, None)

@@ -68,13 +68,11 @@ class PublishLane:
         "catalog_gen",
         "conn",
         "ctx",
-        "exchange",
+        "known",
         "lane",
         "max_body",
         "publisher",
-        "qid",
         "routes_version",
-        "routing_key",
     )
 
     def __init__(self, conn: LaneConnection) -> None:
@@ -82,9 +80,8 @@ class PublishLane:
         self.ctx = ctx = conn.ctx
         self.lane = Lane(ctx.seg.atomic)
         self.publisher: LanePublisher | None = None
-        self.exchange = b""
-        self.routing_key = b""
-        self.qid = -1
+        # The places it knows: (exchange, routing key) -> qid.
+        self.known: dict[tuple[bytes, bytes], int] = {}
         self.catalog_gen = -1
         self.routes_version = -1
         self.max_body = 0
@@ -99,36 +96,38 @@ class PublishLane:
         self, publisher: LanePublisher, exchange: bytes, routing_key: bytes, qid: int
     ) -> None:
         """fast_publish put a message with nothing but routing into `qid`,
-        its only queue, with no deduplication and no transaction: take the
-        channel's next publishes to the same place in C."""
-        if (
-            publisher is self.publisher
-            and qid == self.qid
-            and routing_key == self.routing_key
-            and exchange == self.exchange
-            and self.lane.configured
-        ):
+        its only queue, with no deduplication and no transaction: the
+        channel's next publishes to the same place may go in C. The lane
+        knows up to 1,024 places per channel (a publisher rotating over
+        many queues keeps them all)."""
+        place = (exchange, routing_key)
+        if publisher is self.publisher and self.known.get(place) == qid:
             return
         ctx = self.ctx
-        store = ctx.store
-        if qid not in store.plain_queues() or store.dedup_now or ctx.routes.dedup_exchanges:
+        store, routes = ctx.store, ctx.routes
+        if qid not in store.plain_queues() or store.dedup_now or routes.dedup_exchanges:
             return
-        routes = ctx.routes
         if exchange and not routes.cached(self.conn.vhost_id, exchange, routing_key):
             return  # a route through a headers exchange depends on each message
+        if (
+            publisher is not self.publisher
+            or store.catalog_generation() != self.catalog_gen
+            or routes.version != self.routes_version
+            or self.max_body != ctx.config.max_message_size
+        ):
+            self._configure(publisher)
         queue, ring, mask, _owner = store.acquire_args(qid)
-        seg = ctx.seg
-        arena = ctx.arena
+        persistent_leaves = bool(ctx.persist is not None and store.uid(qid))
+        if self.lane.add(exchange, routing_key, queue, ring, mask, qid, persistent_leaves):
+            self.known[place] = qid
+
+    def _configure(self, publisher: LanePublisher) -> None:
+        """The lane for `publisher`'s channel, knowing no route yet."""
+        ctx = self.ctx
+        seg, arena = ctx.seg, ctx.arena
         self.lane.configure(
             publisher.number,
-            exchange,
-            routing_key,
-            queue,
-            ring,
-            mask,
-            qid,
             ctx.slot,
-            bool(ctx.persist is not None and store.uid(qid)),
             ctx.config.max_message_size,
             arena.base,
             arena.end,
@@ -138,23 +137,21 @@ class PublishLane:
             seg.layout.limits.arena_bytes,
         )
         self.publisher = publisher
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.qid = qid
-        self.catalog_gen = store.catalog_generation()
-        self.routes_version = routes.version
+        self.known.clear()
+        self.catalog_gen = ctx.store.catalog_generation()
+        self.routes_version = ctx.routes.version
         self.max_body = ctx.config.max_message_size
 
     def clear(self) -> None:
         self.lane.clear()
+        self.known.clear()
         self.publisher = None
-        self.qid = -1
 
     def arm(self) -> Lane | None:
-        """The lane for this read's scan, if it may take publishes now."""
-        lane = self.lane
+        """The lane for this read's scan, if it may take publishes now. Call
+        after the connection's ConnectionAccess.refresh (its routes synced)."""
         publisher = self.publisher
-        if publisher is None or not lane.configured:
+        if publisher is None or not self.known:
             return None
         conn = self.conn
         if conn.state != OPEN or conn.flow_blocked:
@@ -170,23 +167,21 @@ class PublishLane:
         if publisher.confirm and (publisher.delivery.consumers or publisher.confirm_held):
             return None
         ctx = self.ctx
-        if self.exchange:
-            ctx.routes.sync()  # what the scheduler journaled since (one load if nothing)
+        # The connection has replayed what the scheduler journaled since its
+        # last read (ConnectionAccess.refresh, just before): the exchanges
+        # and the permissions are as of now.
         if (
             ctx.store.catalog_generation() != self.catalog_gen
             or ctx.routes.version != self.routes_version
+            or self.max_body != ctx.config.max_message_size
         ):
-            self.clear()  # the route may have changed: Python routes the next one
-            return None
-        if self.max_body != ctx.config.max_message_size or not conn.access.may_publish(
-            self.exchange, self.routing_key
-        ):
-            self.clear()
+            self.clear()  # a route may have changed: Python routes the next ones
             return None
         spill = ctx.spill
         if spill is not None and spill.files:
             return None
         arena = ctx.arena
+        lane = self.lane
         lane.arm(
             arena.cursor,
             arena.used,
@@ -195,39 +190,44 @@ class PublishLane:
         )
         return lane
 
-    def account(self) -> int:
+    def account(self) -> list[tuple[int, int, int]]:
         """After a scan with the lane armed: what it took, as fast_publish's
-        `_account` and `Arena.alloc` would have counted it one by one.
-        Returns how many publishes it took."""
-        n, body_bytes, buckets, cursor, used, kick, gone = self.lane.take()
+        `_account` and `Arena.alloc` would have counted it one by one, and
+        the wake-ups its appends took. Returns [(qid, messages, watcher)] of
+        the queues it appended to."""
+        n, body_bytes, buckets, cursor, used, touched, gone = self.lane.take()
         ctx = self.ctx
         arena = ctx.arena
         arena.cursor = cursor
         if not n:
-            return 0
+            return touched
         arena.used = used
         arena.dirty = True
         if used > arena.high and arena.on_high is not None:
             arena.on_high(used)
-        store = ctx.store
         if gone is not None:  # its queue was deleted under the append
-            seq, block = gone
-            store.take_back(self.qid, seq, block)
+            qid, seq, block = gone
+            ctx.store.take_back(qid, seq, block)
             release_hold(ctx.seg, block)
-        if kick:
-            ctx.waker.kick(self.qid)
+        waker = ctx.waker
+        for qid, _count, watcher in touched:
+            if watcher:  # the watcher its first append took (shm/wake.py)
+                waker.wake(qid, watcher)
         publisher = self.publisher
         assert publisher is not None
         publisher.publish_count += n
         stats = publisher.stats
         stats[ROUTED] += n
         stats[SIZE_SUM] += body_bytes
-        for i, count in enumerate(buckets):
-            if count:
-                stats[SIZE_BUCKETS + i] += count
+        if buckets is None:  # every body at most 100 bytes
+            stats[SIZE_BUCKETS] += n
+        else:
+            for i, count in enumerate(buckets):
+                if count:
+                    stats[SIZE_BUCKETS + i] += count
         if publisher.confirm:
             stats[RECEIVED_CONFIRM] += n
             publisher.publish_seq += n
             publisher.confirm_high = publisher.publish_seq
             self.conn.confirm_channels.add(publisher)
-        return n
+        return touched

@@ -13,7 +13,7 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import uvloop
@@ -28,7 +28,7 @@ from shoal.store.paging import paging_directory
 from shoal.store.streams import streams_directory
 from shoal.workers import restore, timeouts, tls
 from shoal.workers.connection import Connection
-from shoal.workers.consumer import pull
+from shoal.workers.consumer import give_back_watch, pull, take_watch
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
@@ -52,6 +52,7 @@ class Worker:
         efd: int,
         sched_sock: socket.socket,
         handoff_sock: socket.socket,
+        worker_efds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -62,8 +63,9 @@ class Worker:
         self.handoff_sock = handoff_sock
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.ctx = WorkerContext(config, seg, index, incarnation, efd, self.loop)
+        self.ctx = WorkerContext(config, seg, index, incarnation, efd, self.loop, worker_efds)
         self.stopping = False
+        self.watched_ready: set[int] = set()  # _sweep_watches' last look
         self.draining = False  # retiring: paging in before exiting (_graceful_stop)
         # The AMQPS listener's server context (workers/tls.py), made again on SIGHUP.
         self.tls: ssl.SSLContext | None = tls.server_context(config) if config.tls_port else None
@@ -76,6 +78,10 @@ class Worker:
         ctx.hello()
         self.handoff_sock.setblocking(False)
         loop.add_reader(self.handoff_sock.fileno(), self._on_handoff)
+        if self.index < len(ctx.waker.worker_efds):
+            loop.add_reader(ctx.waker.worker_efds[self.index], self._on_watch_wake)
+            ctx.waker.local = self.index
+            ctx.waker.on_local = self._watch_woken_here
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
@@ -147,6 +153,7 @@ class Worker:
 
     def _tick(self) -> None:
         self.ctx.heartbeat(time.monotonic_ns())
+        self._sweep_watches()
         self.ctx.arena.trim()
         now = time.monotonic()
         for conn in list(self.ctx.connections):
@@ -237,6 +244,42 @@ class Worker:
         if consumer is not None:
             pull(self.ctx, consumer)
 
+    def _watch(self, m: ipc.Watch) -> None:
+        consumer = self.ctx.consumers.get(m.cid)
+        if consumer is None:
+            return  # cancelled meanwhile: its CANCEL tells the scheduler
+        if m.own:
+            take_watch(self.ctx, consumer)
+        else:
+            give_back_watch(self.ctx, consumer)
+
+    def _on_watch_wake(self, eventfd: bool = True) -> None:
+        """A publisher took the watch of a queue whose only consumer is ours
+        (shm/wake.py): pull it, as a NOTIFY would."""
+        ctx = self.ctx
+        max_queues = self.seg.layout.limits.max_queues
+        for qid in ctx.waker.drain_worker(self.index, max_queues, eventfd):
+            consumer = ctx.watching.get(qid)
+            if consumer is not None:
+                pull(ctx, consumer)
+
+    def _watch_woken_here(self) -> None:
+        """A publish on this worker took our own watch: pull once its read is
+        done (as the eventfd's wake-up would), without the system calls."""
+        self.loop.call_soon(self._on_watch_wake, False)
+
+    def _sweep_watches(self) -> None:
+        """Belt and braces, as the scheduler's sweep: a watched queue with
+        ready messages on two looks in a row lost its wake-up (a publisher
+        killed between taking the watch and writing the eventfd): pull."""
+        ctx = self.ctx
+        ready = {qid for qid in ctx.watching if ctx.store.ready(qid)}
+        for qid in ready & self.watched_ready:
+            consumer = ctx.watching.get(qid)
+            if consumer is not None and not consumer.notified:
+                pull(ctx, consumer)
+        self.watched_ready = ready
+
     def _reply(self, m: ipc.Reply) -> None:
         self.ctx.on_reply(m.req, m.answer)
 
@@ -323,6 +366,7 @@ def _on(cls: type[_M], handler: Callable[[Worker, _M], None]) -> tuple[type, Han
 _HANDLERS: dict[type, Handler] = dict(
     (
         _on(ipc.Notify, Worker._notify),
+        _on(ipc.Watch, Worker._watch),
         _on(ipc.Reply, Worker._reply),
         _on(ipc.ConsumerGone, Worker._consumer_gone),
         _on(ipc.Resync, Worker._resync),
@@ -342,9 +386,10 @@ def run_worker(
     efd: int,
     sched_sock: socket.socket,
     handoff_sock: socket.socket,
+    worker_efds: Sequence[int] = (),
 ) -> int:
     setproctitle(f"shoal: io-worker {index} (port {config.port})")
     # Fault injection for tests of the supervisor's crash-loop back-off.
     if os.environ.get("SHOAL_FAULT_WORKER_BOOT") == str(index):
         raise RuntimeError(f"injected boot failure of io-worker {index}")
-    return Worker(config, seg, index, incarnation, efd, sched_sock, handoff_sock).run()
+    return Worker(config, seg, index, incarnation, efd, sched_sock, handoff_sock, worker_efds).run()

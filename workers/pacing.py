@@ -38,6 +38,7 @@ from shoal.shm.queues import QueueStore
 PACE_HIGH = 16384
 PACE_LOW = 8192
 PACE_INTERVAL = 0.001  # s
+PACE_EVERY = 32  # messages a connection publishes between two looks
 # How long consumers may take nothing before they count as stalled: a
 # scheduler round trip on a loaded machine takes milliseconds.
 PACE_PATIENCE = 0.25  # s
@@ -56,7 +57,7 @@ class PacedConnection(Protocol):
 class Pacer:
     """One connection's pacing: at most one queue holds it at a time."""
 
-    __slots__ = ("before", "conn", "loop", "progress_at", "qid", "store", "unpaced")
+    __slots__ = ("before", "conn", "due", "loop", "progress_at", "qid", "store", "unpaced")
 
     def __init__(
         self, conn: PacedConnection, store: QueueStore, loop: asyncio.AbstractEventLoop
@@ -65,17 +66,24 @@ class Pacer:
         self.store = store
         self.loop = loop
         self.qid = -1  # the queue holding the connection's reads (-1: none)
+        self.due = 0  # messages until the next look
         self.before = 0  # what its consumers had taken at the last look
         self.progress_at = 0.0  # when that last moved (monotonic)
         # Queues whose consumers stopped draining: qid -> until when they are
         # not paced (or until their backlog falls below PACE_LOW).
         self.unpaced: dict[int, float] = {}
 
-    def published(self, qid: int) -> None:
-        """A read put messages into `qid`: hold the next reads while its
-        consumers drain a backlog above PACE_HIGH."""
+    def published(self, qid: int, count: int) -> None:
+        """A read put `count` messages into `qid`: hold the next reads while
+        its consumers drain a backlog above PACE_HIGH. Looked at once
+        PACE_EVERY messages have gone in since the last look (a message that
+        arrives alone pays a counter, not a look)."""
         if self.qid >= 0:
             return
+        self.due -= count
+        if self.due > 0:
+            return
+        self.due = PACE_EVERY
         store = self.store
         ready = store.ready(qid)
         unpaced = self.unpaced

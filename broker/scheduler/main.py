@@ -27,7 +27,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -66,7 +66,12 @@ class Scheduler:
     loop and its links to the workers."""
 
     def __init__(
-        self, config: Config, seg: Segment, efd: int, links: dict[int, socket.socket]
+        self,
+        config: Config,
+        seg: Segment,
+        efd: int,
+        links: dict[int, socket.socket],
+        worker_efds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -78,7 +83,7 @@ class Scheduler:
             for i, s in links.items()
         }
         state = self.state = SchedulerState(
-            config, seg, efd, self.loop, all_links, _running_workers(seg)
+            config, seg, efd, self.loop, all_links, _running_workers(seg), worker_efds
         )
         self.all_links = all_links
         self.links = state.links
@@ -406,6 +411,12 @@ def _running_workers(seg: Segment) -> list[int]:
     ]
 
 
-def run_scheduler(config: Config, seg: Segment, efd: int, links: dict[int, socket.socket]) -> int:
+def run_scheduler(
+    config: Config,
+    seg: Segment,
+    efd: int,
+    links: dict[int, socket.socket],
+    worker_efds: Sequence[int] = (),
+) -> int:
     setproctitle(f"shoal: scheduler (port {config.port})")
-    return Scheduler(config, seg, efd, links).run()
+    return Scheduler(config, seg, efd, links, worker_efds).run()

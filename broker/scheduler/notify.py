@@ -86,6 +86,8 @@ class Notification:
         interested: bool,
         since: int,
     ) -> None:
+        if q.direct is not None:
+            self._take_watch_back(q)  # no longer the only consumer
         q.qcm.add(key, priority, acquiring, interested, since)
         q.had_consumers = True
         if q.expiry_timer is not None:  # in use while it has a consumer (queue_expiry.py)
@@ -117,6 +119,8 @@ class Notification:
         q.qcm.remove(key)
         q.browsing.pop(key, None)
         q.dry.pop(key, None)
+        if q.direct == key:
+            q.direct = None  # its worker gave the watch up with its CANCEL
         self.store.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
         if q.auto_delete and q.had_consumers and not len(q.qcm):
             self._remove_queue(q)
@@ -131,6 +135,8 @@ class Notification:
         q = self.queues.get(entry[0]) if entry else None
         if q is None:
             return
+        if q.direct == key and not interested:
+            q.direct = None  # its worker gave the watch up with its INTEREST
         q.qcm.set_interest(key, interested)
         if interested:
             self._interested(q, key)
@@ -149,10 +155,14 @@ class Notification:
                 q.browsing[key] = changes
                 self._watch(q)
             return
+        if q.direct == key:
+            q.direct = None  # the DONE that gives a watch back (or ends it)
         if changes < 0:
             q.dry.pop(key, None)  # yielded with work left
         else:
             q.dry[key] = changes  # true even of a pull we did not ask for
+            if self._hand_watch(q, key):
+                return
         if not q.qcm.done(key):
             return
         self._wake_browsers(q)
@@ -162,6 +172,42 @@ class Notification:
         if changes < 0 and self._spread(q, self._ready(q), None):
             return
         self._watch(q)  # the next consumer's turn, or wait for a change
+
+    def _hand_watch(self, q: QueueState, key: ConsumerKey) -> bool:
+        """The queue's only consumer ran dry: let its worker watch the queue
+        itself (ipc.Watch; shm/ARCHITECTURE.md 7b), so that a message that
+        arrives alone wakes it with no round trip through here. It stays
+        NOTIFIED, and nothing here touches Q_WATCH until the watch comes
+        back (a DONE). Not for browsers, streams, priority queues, a queue
+        with any other consumer, nor where workers have no eventfd of their
+        own. True if handed."""
+        qcm = q.qcm
+        if (
+            len(qcm) != 1
+            or key not in qcm.notified
+            or q.stream
+            or q.max_priority
+            or q.browsing
+            or qcm.held
+            or key[0] >= len(self.state.waker.worker_efds)
+        ):
+            return False
+        q.direct = key
+        # The worker arms the watch (CAS 0 -> itself), then compares CHANGES
+        # with what its consumer last saw: whatever came meanwhile, it pulls.
+        self.store.set_watch(q.qid, False)
+        self.links[key[0]].send(ipc.Watch(key[1], True))
+        return True
+
+    def _take_watch_back(self, q: QueueState) -> None:
+        """Another consumer came: the watching worker gives the watch back
+        with a DONE, which ends its consumer's turn as usual."""
+        key = q.direct
+        assert key is not None
+        q.direct = None
+        link = self.links.get(key[0])
+        if link is not None:
+            link.send(ipc.Watch(key[1], False))
 
     def hello(self, worker: int, m: ipc.Hello) -> None:
         """A worker (re)introduces itself with its full consumer state."""
@@ -231,6 +277,8 @@ class Notification:
             # publishers to it must not (they would, per append, if watched).
             self._wake_browsers(q)
             return
+        if q.direct is not None:
+            return  # its only consumer's worker watches it (_hand_watch)
         busy = bool(q.qcm.notified)
         waiting = q.qcm.has_interested()
         acquirer = waiting and not busy
@@ -255,6 +303,13 @@ class Notification:
         now = self._changes(q)
         self._wake_browsers(q, now)
         if not acquirer or not ready:
+            if acquirer and len(q.qcm) == 1:
+                # The queue's only consumer waits for work: its worker may
+                # watch for it (a consumer that just got credit back, or
+                # just came, is then woken by the next publish directly).
+                key = q.qcm.notify_next()
+                if key is not None and not self._hand_watch(q, key):
+                    q.qcm.done(key)  # not for this queue: back to waiting
             return
         if not self._spread(q, ready, now):
             return  # all have seen this state: wait for the next change

@@ -14,6 +14,7 @@ that every part (and the control socket, introspect.py) reads.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
@@ -40,6 +41,7 @@ class QueueState:
     __slots__ = (
         "auto_delete",
         "browsing",
+        "direct",
         "dry",
         "durable",
         "exclusive",
@@ -86,6 +88,10 @@ class QueueState:
         # before that scan: they have seen everything up to it (a selector
         # consumer may leave entries behind), so each is skipped until it moves.
         self.dry: dict[ConsumerKey, int] = {}
+        # The queue's only consumer, while its worker watches the queue
+        # itself (notify.py _hand_watch, shm/ARCHITECTURE.md 7b): it stays
+        # NOTIFIED here, and the scheduler leaves Q_WATCH alone.
+        self.direct: ConsumerKey | None = None
         # Priority queues: priority -> the qid whose log holds it (0 is the
         # queue's own); other levels get a slot when a message first needs one.
         self.max_priority = 0
@@ -127,6 +133,7 @@ class SchedulerState:
         loop: asyncio.AbstractEventLoop,
         all_links: dict[int, ipc.Link[ipc.ToScheduler]],
         running: list[int],
+        worker_efds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -134,7 +141,7 @@ class SchedulerState:
         self.process = ProcessSlot.scheduler(seg)
         slot = self.process.index
         self.store = QueueStore(seg, 0, slot)
-        self.waker = Waker(seg, efd)
+        self.waker = Waker(seg, efd, worker_efds)
         self.stream_words = StreamWords(seg)
         self.stats = Counters(seg, slot)
         self.loop = loop

@@ -185,6 +185,11 @@ class Supervisor:
             unused.close()
         self.efd = os.eventfd(0, os.EFD_NONBLOCK)
         os.set_inheritable(self.efd, True)
+        # Each worker slot's own eventfd (shm/wake.py): publishers wake a
+        # worker whose queue's only consumer watches the queue itself.
+        self.worker_efds = [os.eventfd(0, os.EFD_NONBLOCK) for _ in range(self.max_workers)]
+        for fd in self.worker_efds:
+            os.set_inheritable(fd, True)
         # A link and a hand-off pair for every worker slot, used or not: a
         # worker added at runtime finds its own in the scheduler and acceptor.
         for _ in range(self.max_workers):
@@ -364,13 +369,22 @@ class Supervisor:
             keep = {sched_end.fileno(), handoff_end.fileno()}
             ProcessSlot(seg, child.index).set_role(Role.WORKER)
             main: Callable[[], int] = lambda: run_worker(  # noqa: E731
-                self.config, seg, child.index, child.incarnation, self.efd, sched_end, handoff_end
+                self.config,
+                seg,
+                child.index,
+                child.incarnation,
+                self.efd,
+                sched_end,
+                handoff_end,
+                self.worker_efds,
             )
         elif child.role == "scheduler":
             links = {i: pair[0] for i, pair in enumerate(self.sched_pairs)}
             keep = {s.fileno() for s in links.values()}
             ProcessSlot.scheduler(seg).set_role(Role.SCHEDULER)
-            main = lambda: run_scheduler(self.config, seg, self.efd, links)  # noqa: E731
+            main = lambda: run_scheduler(  # noqa: E731
+                self.config, seg, self.efd, links, self.worker_efds
+            )
         elif child.role == "metrics":
             ProcessSlot.metrics(seg).set_role(Role.METRICS)
             main = lambda: serve_metrics(self.config, seg)  # noqa: E731
@@ -454,14 +468,15 @@ class Supervisor:
         # 2. Its unacknowledged deliveries go back to their queues; bodies it
         #    was still filling or routing are settled (shm/recovery.py).
         released = recover_worker(seg, index)
-        waker = Waker(seg, self.efd)
+        waker = Waker(seg, self.efd, self.worker_efds)
         for qid in released:
             waker.work_added(qid)
         # A worker killed between setting a wake bit and writing the eventfd
         # (Waker.kick) left the bit set with no wake-up, and later kicks of the
         # same 64 queues see the word non-zero and write nothing: wake the
-        # scheduler now rather than leave it to its sweep (within a second).
-        os.eventfd_write(self.efd, 1)
+        # scheduler and every worker now rather than leave it to their sweeps.
+        for fd in (self.efd, *self.worker_efds):
+            os.eventfd_write(fd, 1)
         slot.forget_connections()
         if released:
             log.info("worker %d: %d messages requeued", index, sum(released.values()))

@@ -183,3 +183,119 @@ def test_no_lost_wakeup_between_park_and_publish(seg: Segment, efd: int) -> None
         if pid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+# ------------------------------------------------- a worker's own watch (7b)
+@pytest.fixture
+def worker_efds() -> Iterator[list[int]]:
+    fds = [os.eventfd(0, os.EFD_NONBLOCK) for _ in range(2)]
+    yield fds
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_worker_watch_wakes_that_worker_not_the_scheduler(
+    seg: Segment, efd: int, worker_efds: list[int]
+) -> None:
+    waker = Waker(seg, efd, worker_efds)
+    assert waker.watch(3, 1), "CAS 0 -> WATCH_WORKER + 1"
+    assert qword(seg, 3, L.Q_WATCH) == L.WATCH_WORKER + 1
+    assert not waker.watch(3, 0), "one watcher at a time"
+    waker.work_added(3)
+    assert qword(seg, 3, L.Q_WATCH) == 0
+    assert not readable(efd) and not readable(worker_efds[0])
+    assert readable(worker_efds[1])
+    assert waker.drain_worker(1, 64) == [3]
+    assert not readable(worker_efds[1])
+    # Taken back by the worker itself: nobody is woken.
+    assert waker.watch(4, 1) and waker.unwatch(4, 1)
+    waker.work_added(4)
+    assert not readable(worker_efds[1]) and waker.drain_worker(1, 64) == []
+    assert not waker.unwatch(4, 1), "nothing to take back"
+
+
+def test_a_worker_woken_by_its_own_publish_needs_no_eventfd(
+    seg: Segment, efd: int, worker_efds: list[int]
+) -> None:
+    waker = Waker(seg, efd, worker_efds)
+    calls: list[int] = []
+    waker.local, waker.on_local = 0, lambda: calls.append(1)
+    for qid in (5, 6):
+        assert waker.watch(qid, 0)
+        waker.work_added(qid)
+    assert calls == [1], "one call while the bitmap word is not drained"
+    assert not readable(worker_efds[0])
+    assert waker.drain_worker(0, 64, eventfd=False) == [5, 6]
+
+
+def test_no_lost_wakeup_between_a_workers_arm_and_a_publish(
+    seg: Segment, efd: int, worker_efds: list[int]
+) -> None:
+    """The worker's arm (CAS its watch in, then re-read Q_CHANGES) against a
+    publisher (child: bump Q_CHANGES, then work_added), 3,000 rounds racing
+    on two CPUs: in every round exactly one side acts, as for the
+    scheduler's park above."""
+    import mmap
+
+    from shoal.shm._atomic import Atomic
+
+    ctrl_buf = mmap.mmap(-1, 4096)
+    ctrl = Atomic(ctrl_buf)
+    a, qid, worker = seg.atomic, 9, 1
+    changes_word = seg.layout.queue(qid) + L.Q_CHANGES
+    watch_word = seg.layout.queue(qid) + L.Q_WATCH
+    wfd = worker_efds[worker]
+    waker = Waker(seg, efd, worker_efds)
+    cpus = sorted(os.sched_getaffinity(0))
+    pid = os.fork()
+    if pid == 0:  # the publisher
+        code = 1
+        try:
+            if len(cpus) >= 2:
+                os.sched_setaffinity(0, {cpus[1]})
+            deadline = time.monotonic() + 30
+            for r in range(1, ROUNDS + 1):
+                spins = 0
+                while ctrl.load(ROUND_WORD) != r:
+                    spins += 1
+                    if spins % 4096 == 0 and time.monotonic() > deadline:
+                        os._exit(3)
+                for _ in range(jitter(r, 8)):
+                    pass
+                a.fetch_add(changes_word, 1)
+                waker.work_added(qid)
+                ctrl.store(DONE_WORD, r)
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        if len(cpus) >= 2:
+            os.sched_setaffinity(0, {cpus[0]})
+        by_kick = by_recheck = 0
+        for r in range(1, ROUNDS + 1):
+            changes = a.load(changes_word)
+            ctrl.store(ROUND_WORD, r)
+            for _ in range(jitter(r, 64)):
+                pass
+            assert waker.watch(qid, worker)
+            if a.load(changes_word) != changes and waker.unwatch(qid, worker):
+                by_recheck += 1
+            else:
+                assert select.select([wfd], [], [], 5.0)[0], f"lost wake-up in round {r}"
+                assert waker.drain_worker(worker, 64) == [qid]
+                by_kick += 1
+            deadline = time.monotonic() + 5
+            while ctrl.load(DONE_WORD) != r:
+                assert time.monotonic() < deadline, "publisher stalled"
+            assert a.load(changes_word) == r and a.load(watch_word) == 0
+            assert not readable(wfd) and not readable(efd), f"two wake-ups in round {r}"
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert by_kick + by_recheck == ROUNDS
+        print(f"worker wake-ups: {by_kick} by kick, {by_recheck} by the worker's recheck")
+    finally:
+        os.sched_setaffinity(0, cpus)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

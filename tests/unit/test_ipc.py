@@ -47,6 +47,7 @@ SAMPLES: list[ipc.Message] = [
     ipc.Reply(13, ipc.LevelLog(-1)),
     ipc.Reply(14, ipc.Ok()),
     ipc.Notify(7),
+    ipc.Watch(7, True),
     ipc.ConsumerGone(7),
     ipc.Resync(),
     ipc.Inspect(5),

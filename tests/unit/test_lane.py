@@ -327,3 +327,26 @@ def test_a_queue_without_consumers_is_never_paced(
         client.send(b"".join(publish(1, b"m") for _ in range(1000)))
     assert big_ctx.store.ready(qid) > pacing.PACE_HIGH
     assert not client.transport.paused
+
+
+def test_the_lane_knows_every_queue_a_publisher_rotates_over(big_ctx: WorkerContext) -> None:
+    """A publisher that sends each message to the next of several queues
+    (500 quiet connections over 250 queues do): once Python has routed one
+    message to each, the lane takes them all, in each queue's order."""
+    names = [b"r%d" % i for i in range(5)]
+    client, qids = opened(big_ctx, *names)
+    for name in names:  # one read each: each teaches the lane its place
+        client.send(publish(1, b"first", routing_key=name.decode()))
+    assert client.conn.publish_lane is not None
+    assert client.conn.publish_lane.lane.routes == 5
+    rounds = 40
+    client.send(
+        b"".join(
+            publish(1, b"%d" % n, routing_key=name.decode())
+            for n in range(rounds)
+            for name in names
+        )
+    )
+    assert lane_taken(client) == rounds * len(names)
+    for qid in qids:
+        assert queue_bodies(big_ctx, qid) == [b"first"] + [b"%d" % n for n in range(rounds)]
