@@ -334,6 +334,16 @@ class QueueStore(QueueDirectory):
         self.waker.work_added(qid)  # type: ignore[union-attr]  # publishers have one
         return outcome
 
+    def takes_plainly(self, qid: int) -> bool:
+        """Whether log `qid` has no length limit and no capacity and a free
+        cell: a publish() now is one C call that appends (barring a race
+        with other publishers for the last cells, or the queue's deletion)."""
+        q = self.queues + qid * _QSIZE
+        a = self.a
+        if a.load(q + layout.Q_OVERFLOW) or a.load(q + layout.Q_CAPACITY):
+            return False
+        return a.load(q + layout.Q_TAIL) - a.load(q + layout.Q_HEAD) < self.cap
+
     def settle(self, qid: int, seq: int) -> None:
         """An acquired entry is done with (ack, or reject without requeue):
         delete it, and release the queue's blocked publishers if that took

@@ -12,6 +12,9 @@ PUBLISH  u8 'P' | u16 n | n x (u64 queue uid, u8 level, u32 epoch, u64 seq) | me
 AMEND    u8 'A' | u64 offset of a PUBLISH record in this segment | u16 n | n x entry
          the entries the PUBLISH record left PENDING (their queues were full)
 SETTLE   u8 'S' | u64 offset of the PUBLISH record in its segment | u64 queue uid
+SETTLES  u8 'T' | n x (u64 offset, u64 queue uid): SETTLE records in one
+         (what one flush of a worker's acks settled in the segment; one
+         checksum for them all, where SETTLE records cost one each)
 
 A segment is deleted by unlinking the `.seg` first, then its ack files: a
 crash in between leaves acks of nothing (removed by the next recovery),
@@ -80,6 +83,13 @@ def encode_publish(entries: Iterable[Entry], message: bytes | memoryview) -> byt
     return b"".join((head, message))
 
 
+def encode_publish_one(
+    uid: int, level: int, epoch: int, seq: int, message: bytes | memoryview
+) -> bytes:
+    """encode_publish of one entry (the usual case), without the Entry."""
+    return _ONE.pack(b"P", 1, uid, level, epoch, seq) + message
+
+
 def encode_amend(offset: int, entries: Iterable[Entry]) -> bytes:
     entries = list(entries)
     return _AMEND.pack(b"A", offset, len(entries)) + b"".join(_ENTRY.pack(*e) for e in entries)
@@ -119,6 +129,22 @@ def decode_publish(payload: bytes) -> tuple[list[Entry], memoryview]:
 
 def encode_settle(offset: int, uid: int) -> bytes:
     return _SETTLE.pack(b"S", offset, uid)
+
+
+_PAIR = struct.Struct("<QQ")
+
+
+def encode_settles(settled: list[tuple[int, int]]) -> bytes:
+    """One SETTLES record of (PUBLISH offset, queue uid) pairs."""
+    return b"T" + b"".join(_PAIR.pack(offset, uid) for offset, uid in settled)
+
+
+def decode_settles(payload: bytes) -> list[tuple[int, int]]:
+    """The pairs of a SETTLE or SETTLES record. Raises ValueError for
+    anything else."""
+    if payload[:1] == b"T" and len(payload) % _PAIR.size == 1:
+        return list(_PAIR.iter_unpack(memoryview(payload)[1:]))
+    return [decode_settle(payload)]
 
 
 def decode_settle(payload: bytes) -> tuple[int, int]:
@@ -197,7 +223,7 @@ class AckWriter:
 
     def settle(self, settled: Iterable[tuple[int, int]]) -> None:
         """(offset, queue uid) pairs: those entries are gone."""
-        self.file.append([encode_settle(offset, uid) for offset, uid in settled])
+        self.file.append([encode_settles(list(settled))])
 
 
 def delete_segment(directory: str, segment: str, acks: list[str] | None = None) -> None:
@@ -271,7 +297,8 @@ def recover(
         settled: set[tuple[int, int]] = set()
         for name in acks.get(segment, []):
             payloads = _read(os.path.join(directory, name), ACKS_MAGIC, skipped)
-            settled.update(decode_settle(p) for p in payloads)
+            for p in payloads:
+                settled.update(decode_settles(p))
         live = 0
         payloads = _read(segment_path(directory, segment), SEGMENT_MAGIC, skipped)
         amended: dict[tuple[int, int], Entry] = {}  # (PUBLISH offset, uid) -> entry

@@ -1308,25 +1308,50 @@ fail:
 }
 
 
+/* A persistent message's tag (shm/arena.py read_tag: "<IIQ" after the body
+ * and a TIMED message's times) as (slot, check, offset); NULL without an
+ * exception when the lengths point past the block. */
+static PyObject *
+read_tag(const unsigned char *base, Py_ssize_t len, Py_ssize_t block)
+{
+    Py_ssize_t record = block + BLOCK_HEADER;
+    if (block < 0 || record + MSG_PREFIX_SIZE > len)
+        return NULL;
+    const unsigned char *r = base + record;
+    unsigned flags = r[2] | r[3] << 8;
+    uint64_t at = (uint64_t)record + MSG_PREFIX_SIZE + r[0] + r[1] + le32(r + 4) + le64(r + 8);
+    if (flags & MSG_TIMED)
+        at += MSG_TIME_SIZE;
+    uint64_t block_size = le64(base + block);
+    if (at + 16 > (uint64_t)len || at + 16 > (uint64_t)block + block_size)
+        return NULL;
+    const unsigned char *t = base + at;
+    return Py_BuildValue("(IIK)", (unsigned)le32(t), (unsigned)le32(t + 4),
+                         (unsigned long long)le64(t + 8));
+}
+
 #define ACK_GROUPS 8
 
 /*
- * ack_run(store, qid, unacked, upto) -> (acked, body_bytes, [(consumer, count, bytes)])
+ * ack_run(store, qid, unacked, upto, uid)
+ *   -> (acked, body_bytes, [(consumer, count, bytes)], [(tag, uid)])
  *
  * A multiple ack's run (workers/delivery.py settle): the entries of a
  * channel's unacked book {tag: (consumer, qid, seq, body size)}, in tag
  * order up to tag `upto`, while they are entries of log `qid` (`store` is
  * its QueueStore.run_args): each deleted (shm's ack) and taken out of the
  * book. It stops at the first entry Python must settle (another queue, a
- * browser's copy, a persistent message whose settle the message store
- * records, a ninth consumer); what it did is returned per consumer, for
- * their credit.
+ * browser's copy, a ninth consumer); what it did is returned per consumer,
+ * for their credit, and, where the message store records the queue's
+ * settles (`store`'s flag), the tags of the persistent messages it deleted
+ * (shm/arena.py read_tag, each read before its ack) with the queue's `uid`,
+ * for its SETTLE records.
  */
 static PyObject *
 ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "ack_run(store, qid, unacked, upto)");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "ack_run(store, qid, unacked, upto, uid)");
         return NULL;
     }
     PyObject *atomic;
@@ -1338,7 +1363,7 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     unsigned long long qid = PyLong_AsUnsignedLongLong(args[1]);
     unsigned long long upto = PyLong_AsUnsignedLongLong(args[3]);
-    PyObject *unacked = args[2];
+    PyObject *unacked = args[2], *uid = args[4];
     if (PyErr_Occurred())
         return NULL;
     if (!PyDict_Check(unacked)) {
@@ -1353,9 +1378,14 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         (dropping = store_api->word(atomic, dropping_off)) == NULL)
         return NULL;
     Py_ssize_t room = PyDict_GET_SIZE(unacked), n = 0;
+    PyObject *settled = PyList_New(0);
+    if (settled == NULL)
+        return NULL;
     PyObject **keys = PyMem_Malloc((room ? room : 1) * sizeof(PyObject *));
-    if (keys == NULL)
+    if (keys == NULL) {
+        Py_DECREF(settled);
         return PyErr_NoMemory();
+    }
     PyObject *group_consumer[ACK_GROUPS];
     long long group_count[ACK_GROUPS];
     unsigned long long group_bytes[ACK_GROUPS], body_bytes = 0;
@@ -1380,28 +1410,50 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         if (vqid < 0 || (unsigned long long)vqid != qid || seq < 0)
             break;
+        PyObject *store_tag = NULL; /* a persistent message's, for the store's SETTLE */
         if (settle_hook) {
-            /* A persistent message's settle is recorded by the message
-             * store (its tag): Python's. A transient one's is not. */
             uint64_t block = store_api->held_block(atomic, ring, mask, (uint64_t)seq, owner);
-            if (block && (base[block + BLOCK_HEADER + 2] & MSG_TAGGED))
-                break;
+            if (block && (base[block + BLOCK_HEADER + 2] & MSG_TAGGED)) {
+                store_tag = read_tag(base, len, (Py_ssize_t)block);
+                if (store_tag == NULL) {
+                    if (PyErr_Occurred()) {
+                        failed = 1;
+                        break;
+                    }
+                    break; /* lengths out of range: Python's path decides */
+                }
+            }
         }
         int g = 0;
         while (g < groups && group_consumer[g] != consumer)
             g++;
         if (g == groups) {
-            if (groups == ACK_GROUPS)
+            if (groups == ACK_GROUPS) {
+                Py_XDECREF(store_tag);
                 break;
+            }
             group_consumer[g] = consumer;
             group_count[g] = 0;
             group_bytes[g] = 0;
             groups++;
         }
-        if (store_api->ack(atomic, q, ring, mask, (uint64_t)seq, owner, arenas, arena_bytes,
-                           dropping) < 0) {
+        int done = store_api->ack(atomic, q, ring, mask, (uint64_t)seq, owner, arenas,
+                                  arena_bytes, dropping);
+        if (done < 0) {
+            Py_XDECREF(store_tag);
             failed = 1;
             break;
+        }
+        if (store_tag != NULL) {
+            /* Told after the ack (QueueStore.ack's order), if it was ours. */
+            PyObject *item = done ? PyTuple_Pack(2, store_tag, uid) : NULL;
+            Py_DECREF(store_tag);
+            if (done && (item == NULL || PyList_Append(settled, item) < 0)) {
+                Py_XDECREF(item);
+                failed = 1;
+                break;
+            }
+            Py_XDECREF(item);
         }
         Py_INCREF(key);
         keys[n++] = key;
@@ -1417,20 +1469,25 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(keys[i]);
     }
     PyMem_Free(keys);
-    if (failed)
+    if (failed) {
+        Py_DECREF(settled);
         return NULL;
+    }
     PyObject *list = PyList_New(groups);
-    if (list == NULL)
+    if (list == NULL) {
+        Py_DECREF(settled);
         return NULL;
+    }
     for (int g = 0; g < groups; g++) {
         PyObject *item = Py_BuildValue("(OLK)", group_consumer[g], group_count[g], group_bytes[g]);
         if (item == NULL) {
             Py_DECREF(list);
+            Py_DECREF(settled);
             return NULL;
         }
         PyList_SET_ITEM(list, g, item);
     }
-    return Py_BuildValue("(nKN)", n, body_bytes, list);
+    return Py_BuildValue("(nKNN)", n, body_bytes, list, settled);
 }
 
 /* ------------------------------------------------------------ frames in */

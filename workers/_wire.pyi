@@ -71,8 +71,9 @@ def ack_run(
     qid: int,
     unacked: dict[int, Any],
     upto: int,
+    uid: int,
     /,
-) -> tuple[int, int, list[tuple[Any, int, int]]]: ...
+) -> tuple[int, int, list[tuple[Any, int, int]], list[tuple[tuple[int, int, int], int]]]: ...
 def deliver_run(
     store: tuple[object, int, int, int, int, int, int, int, bool],
     pointer: int,

@@ -66,6 +66,12 @@ class Deduplicator:
         self._caches: dict[tuple[str, str, str, int], DedupCache] = {}
         self._by_qid: dict[int, tuple[int, DedupCache, int]] = {}  # generation, cache, ttl
 
+    def meets(self, vhost_id: int, exchange: bytes, qids: list[int]) -> bool:
+        """Whether a message to `exchange` routed to `qids` meets a cache."""
+        if exchange and (vhost_id, exchange) in self.routes.dedup_exchanges:
+            return True
+        return not self.store.dedup_now.isdisjoint(qids)
+
     def filter(
         self, vhost: str, vhost_id: int, exchange: bytes, raw_header: bytes, qids: list[int]
     ) -> tuple[DedupMark, bool]:

@@ -376,7 +376,11 @@ class DeliveryBook:
         args = store.run_args(qid) if seq >= 0 else None
         if args is None:
             return 0
-        count, body_bytes, consumers = ack_run(args, qid, self.unacked, tag or _ALL_TAGS)
+        count, body_bytes, consumers, settled = ack_run(
+            args, qid, self.unacked, tag or _ALL_TAGS, store.uid(qid)
+        )
+        if settled:  # persistent messages: their SETTLE records (workers/persist.py)
+            self.ctx.persist.settle_many(settled)  # type: ignore[union-attr]  # settles recorded
         if count:
             self.stats[stats.ACKNOWLEDGED] += count
             self.unacked_bytes -= body_bytes

@@ -38,8 +38,10 @@ from shoal.shm.arena import (
     message_size,
     release_hold,
     write_message,
+    write_tag,
 )
 from shoal.shm.queues import APPENDED, FULL, GONE, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
+from shoal.store.messages import UNAPPENDED, encode_publish_one
 from shoal.workers import framing
 from shoal.workers import persist as publish_record
 from shoal.workers.context import WorkerContext
@@ -181,6 +183,52 @@ class Ingest:
             release_hold(self.seg, block)
             return done, bits
         return done, bits | WAIT
+
+    def put_durable(
+        self, qid: int, block: int, size: int, body_size: int, pending: Pending
+    ) -> int | Pending | None:
+        """The fast path's persistent message for one durable queue and
+        nothing else (a plain queue, no expiry, no level, no stream): its
+        PUBLISH record reserved and its block tagged, the append, the record
+        completed (written at the end of the loop iteration), the HOLD
+        dropped, without put()'s loops. `size`: the message's bytes in its
+        block, the tag excluded. Returns the record's index (its confirm
+        waits for its sync); `pending` with the reservation in it when a
+        race filled the queue meanwhile (put() goes on from there); None when
+        put() must do it all (nothing done: the queue pages, has rules or is
+        full, or no segment slot is free)."""
+        store, persist = self.store, self.persist
+        uid = store.uid(qid)
+        if (
+            persist is None
+            or not uid
+            or qid not in store.plain_queues()
+            or not store.takes_plainly(qid)
+            or (self.spill is not None and _pages(self.spill, self.arena, qid))
+        ):
+            return None
+        got = persist.reserve(1, size)
+        if got is None:
+            return None
+        index, slot, check, offset = got
+        seg = self.seg
+        write_tag(seg, block, slot, check, offset)
+        outcome = self.publish(qid, block, body_size, self.slot)
+        if outcome == FULL:  # filled by other publishers since takes_plainly
+            pending.durable, pending.record, pending.tag = True, index, (slot, check, offset)
+            pending.entries = {qid: (uid, 0, UNAPPENDED)}
+            return pending
+        if outcome in (APPENDED, OVER_CAPACITY):
+            seq = store.last_seq
+        else:  # deleted meanwhile: the record says so, the message is gone
+            seq = UNAPPENDED
+            if outcome != REMOVED:  # remove() counted that one down itself
+                persist.uncount(slot)
+        start = block + RECORD_START
+        message = seg.buf[start : start + size]
+        persist.complete(index, encode_publish_one(uid, 0, persist.epoch, seq, message))
+        release_hold(seg, block)
+        return index
 
     def put(self, pending: Pending, reached: Reached | None = None, wait: bool = True) -> int:
         """Append a routed message to each of its queues, then drop the

@@ -114,6 +114,12 @@ class Persister:
         self.settles.pending.append((tag, uid))
         self.schedule()
 
+    def settle_many(self, settled: list[tuple[tuple[int, int, int], int]]) -> None:
+        """settle() for each (tag, uid) of a multiple ack's run (workers/_wire.c
+        ack_run)."""
+        self.settles.pending += settled
+        self.schedule()
+
     # ------------------------------------------------------------ publish
     def reserve(self, entries: int, message_len: int) -> tuple[int, int, int, int] | None:
         """Room for a PUBLISH record of `entries` durable queues: (record

@@ -204,7 +204,7 @@ class Publisher:
             plain = not header[12] & 0x11 and store.plain_queues().issuperset(qids)
             deduplicating = (
                 ctx.routes.dedup_exchanges or (not plain and store.dedup_now)
-            ) and self._deduplicating(exchange, qids)
+            ) and ctx.dedup.meets(conn.vhost_id, exchange, qids)
             tx = self.transactions.tx
             if deduplicating and tx is not None:
                 return False  # checked at commit
@@ -267,7 +267,19 @@ class Publisher:
                 return True
             rejected = bool(outcome & REJECTED_BIT)
             qids = qids[done:]  # the rest through _complete
-        pending = self.pending = Pending(exchange, routing_key, bool(bits & 1))
+        pending = Pending(exchange, routing_key, bool(bits & 1))
+        if (
+            durable
+            and tx is None
+            and not (deduplicating or times or len(qids) > 1)
+            and not (self.confirm and self.delivery.consumers)
+        ):
+            # Persistent, for one durable queue and nothing else (ingest.py)
+            got = self.ingest.put_durable(qids[0], block, size, body_size, pending)
+            if isinstance(got, int):
+                self._account(True, False, body_size, False, got, None)
+                return True
+        self.pending = pending
         pending.durable = bool(durable)
         pending.times = times
         pending.header = header
@@ -279,14 +291,6 @@ class Publisher:
             pending.dedup, pending.deduped = mark, duplicate
         self._complete()
         return True
-
-    def _deduplicating(self, exchange: bytes, qids: list[int]) -> bool:
-        """Whether a message to `exchange` routed to `qids` meets a
-        deduplication cache (workers/dedup.py)."""
-        ctx = self.ctx
-        if exchange and (self.conn.vhost_id, exchange) in ctx.routes.dedup_exchanges:
-            return True
-        return not ctx.store.dedup_now.isdisjoint(qids)
 
     def deduplicate(self, pending: Pending) -> None:
         """Check a whole routed message against its caches: the queues that

@@ -146,3 +146,13 @@ def test_a_lone_pending_entry_lives_by_its_amend_record(tmp_path: Path) -> None:
     publish(w, b"z", M.Entry(Q1, 0, 1, M.PENDING))  # never amended
     w.append([M.encode_amend(lone, [M.Entry(Q1, 0, 1, 9)])])
     assert bodies(M.recover(d, {Q1}), Q1) == [b"y", b"x"]
+
+
+def test_settles_records_hold_many_pairs_and_settle_records_still_read() -> None:
+    pairs = [(64, 7), (1 << 40, 9), (128, 7)]
+    assert M.decode_settles(M.encode_settles(pairs)) == pairs
+    assert M.decode_settles(M.encode_settle(1234, 5)) == [(1234, 5)]
+    with pytest.raises(ValueError):
+        M.decode_settles(M.encode_publish([], b"x"))
+    with pytest.raises(ValueError):
+        M.decode_settles(b"T" + b"\0" * 15)  # a pair cut short
