@@ -185,7 +185,7 @@ class Ingest:
         return done, bits | WAIT
 
     def put_durable(
-        self, qid: int, block: int, size: int, body_size: int, pending: Pending
+        self, qid: int, block: int, size: int, body_size: int, exchange: bytes, routing_key: bytes
     ) -> int | Pending | None:
         """The fast path's persistent message for one durable queue and
         nothing else (a plain queue, no expiry, no level, no stream): its
@@ -193,7 +193,7 @@ class Ingest:
         completed (written at the end of the loop iteration), the HOLD
         dropped, without put()'s loops. `size`: the message's bytes in its
         block, the tag excluded. Returns the record's index (its confirm
-        waits for its sync); `pending` with the reservation in it when a
+        waits for its sync); a Pending with the reservation in it when a
         race filled the queue meanwhile (put() goes on from there); None when
         put() must do it all (nothing done: the queue pages, has rules or is
         full, or no segment slot is free)."""
@@ -215,6 +215,7 @@ class Ingest:
         write_tag(seg, block, slot, check, offset)
         outcome = self.publish(qid, block, body_size, self.slot)
         if outcome == FULL:  # filled by other publishers since takes_plainly
+            pending = Pending(exchange, routing_key, False)
             pending.durable, pending.record, pending.tag = True, index, (slot, check, offset)
             pending.entries = {qid: (uid, 0, UNAPPENDED)}
             return pending

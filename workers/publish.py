@@ -126,9 +126,8 @@ class Publisher:
         self.ctx.loop.call_later(RETRY_DELAY, self._retry)
 
     def _rest(self) -> None:
-        """Pacing: this worker spilled its share for now (workers/spill.py):
-        read no more until its next page-in interval (the client is not
-        told: it is not blocked, only slowed down)."""
+        """This worker spilled its share for now (workers/spill.py): read no
+        more until its next page-in interval (not blocked: slowed down)."""
         self.channel.busy = True
         self.conn.hold_reading(self.channel, reason=None)
         self.ctx.loop.call_later(PAGE_IN_INTERVAL, self._retry)
@@ -267,7 +266,7 @@ class Publisher:
                 return True
             rejected = bool(outcome & REJECTED_BIT)
             qids = qids[done:]  # the rest through _complete
-        pending = Pending(exchange, routing_key, bool(bits & 1))
+        got: int | Pending | None = None
         if (
             durable
             and tx is None
@@ -275,11 +274,13 @@ class Publisher:
             and not (self.confirm and self.delivery.consumers)
         ):
             # Persistent, for one durable queue and nothing else (ingest.py)
-            got = self.ingest.put_durable(qids[0], block, size, body_size, pending)
+            got = self.ingest.put_durable(qids[0], block, size, body_size, exchange, routing_key)
             if isinstance(got, int):
                 self._account(True, False, body_size, False, got, None)
                 return True
-        self.pending = pending
+        if not isinstance(got, Pending):  # (else put()'s reservation, its queue full)
+            got = Pending(exchange, routing_key, bool(bits & 1))
+        pending = self.pending = got
         pending.durable = bool(durable)
         pending.times = times
         pending.header = header
@@ -501,9 +502,8 @@ class Publisher:
         return any(c.qid == qid and c.wants_work() for c in self.delivery.consumers.values())
 
     def _nack_publish(self, record: int) -> None:
-        """A queue refused the message (x-overflow reject-publish): basic.nack
-        it, after acking the publishes before it (acks are cumulative); once
-        they are durable if some wait for their sync (or it has a record)."""
+        """A queue refused the message (x-overflow reject-publish): basic.nack it
+        after acking those before (cumulative), once they are durable."""
         unsynced = self.unsynced
         if unsynced or record >= 0:
             unsynced.append(
