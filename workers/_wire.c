@@ -597,6 +597,7 @@ typedef struct {
 
 typedef struct {
     uint64_t qid;
+    LaneRoute *route; /* whose touched mark take() clears: routes move only between runs */
     long long n;
     int watcher; /* the Q_WATCH value its first append took (0: none) */
 } LaneTouch;
@@ -670,6 +671,8 @@ lane_forget(LaneObject *lane)
     }
     PyMem_Free(lane->routes);
     lane->routes = NULL;
+    for (int i = 0; i < lane->ntouched; i++) /* take() still reports their counts */
+        lane->touched[i].route = NULL;
     lane->nroutes = lane->cap = 0;
 }
 
@@ -903,8 +906,9 @@ Lane_take(LaneObject *self, PyObject *unused)
         }
         PyList_SET_ITEM(touched, i, item);
     }
-    for (Py_ssize_t i = 0; self->ntouched && i < self->cap; i++)
-        self->routes[i].touched = 0;
+    for (int i = 0; i < self->ntouched; i++) /* not the whole table: a read touches few */
+        if (self->touched[i].route != NULL)
+            self->touched[i].route->touched = 0;
     PyObject *gone = Py_None;
     Py_INCREF(gone);
     if (self->gone_seq >= 0) {
@@ -1045,6 +1049,7 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
     if (!route->touched) {
         LaneTouch *t = &lane->touched[lane->ntouched++];
         t->qid = route->qid;
+        t->route = route;
         t->n = 0;
         t->watcher = 0;
         route->touched = lane->ntouched;
