@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gc
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +41,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+def _hang_up_clients_of(brokers: list[Broker]) -> None:
+    """Shut down the sockets this process still holds to `brokers`: a client
+    a test left open (kept alive by a reference cycle, or by a log record's
+    traceback until the test's report is made) would have the broker's stop
+    wait CLOSE_OK_TIMEOUT (3 s) for a close-ok it never sends."""
+    ports = {b.port for b in brokers if b.proc is not None and b.proc.poll() is None}
+    if not ports:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, socket.socket) and obj.fileno() >= 0:
+            try:
+                if obj.getpeername()[1] in ports:
+                    obj.shutdown(socket.SHUT_RDWR)
+            except (OSError, IndexError, TypeError):
+                pass  # not connected, or not TCP
+
+
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator[type]:
     started: list[Broker] = []
@@ -55,6 +74,7 @@ def broker_factory(tmp_path: Path) -> Iterator[type]:
         return b.start(wait)
 
     yield make  # type: ignore[misc]
+    _hang_up_clients_of(started)
     for b in started:
         if b.proc is not None and b.proc.poll() is None:
             b.stop()
