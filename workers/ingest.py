@@ -215,7 +215,7 @@ class Ingest:
         write_tag(seg, block, slot, check, offset)
         outcome = self.publish(qid, block, body_size, self.slot)
         if outcome == FULL:  # filled by other publishers since takes_plainly
-            pending = Pending(exchange, routing_key, False)
+            pending = Pending(exchange, routing_key, False)  # the caller sets mandatory
             pending.durable, pending.record, pending.tag = True, index, (slot, check, offset)
             pending.entries = {qid: (uid, 0, UNAPPENDED)}
             return pending

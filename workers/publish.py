@@ -268,19 +268,19 @@ class Publisher:
             qids = qids[done:]  # the rest through _complete
         got: int | Pending | None = None
         if (
-            durable
+            durable  # persistent, for one durable queue and nothing else (ingest.py)
             and tx is None
             and not (deduplicating or times or len(qids) > 1)
             and not (self.confirm and self.delivery.consumers)
         ):
-            # Persistent, for one durable queue and nothing else (ingest.py)
             got = self.ingest.put_durable(qids[0], block, size, body_size, exchange, routing_key)
             if isinstance(got, int):
                 self._account(True, False, body_size, False, got, None)
                 return True
         if not isinstance(got, Pending):  # (else put()'s reservation, its queue full)
-            got = Pending(exchange, routing_key, bool(bits & 1))
+            got = Pending(exchange, routing_key, False)
         pending = self.pending = got
+        pending.mandatory = bool(bits & 1)
         pending.durable = bool(durable)
         pending.times = times
         pending.header = header
