@@ -116,9 +116,15 @@ class Etcd:
     ) -> None:
         await self.close()
 
-    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _call(
+        self, path: str, body: dict[str, Any], within: float | None = None
+    ) -> dict[str, Any]:
         """POST `body` to `path` on the first endpoint that answers; the
-        answer's JSON object (for a stream, its first message's)."""
+        answer's JSON object (for a stream, its first message's). `within`:
+        the whole call's time, shared out among the endpoints, so that a
+        member that does not answer (blackholed, paused) leaves the others
+        time to (the lease keep-alive, whose wait is shorter than one
+        endpoint's default timeout)."""
         if self._session is None:
             # A connection per request: a pooled one that a restarted or failed
             # over member closed would fail the next call, and aiohttp retries
@@ -127,11 +133,15 @@ class Etcd:
             connector = aiohttp.TCPConnector(force_close=True)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         failures: list[str] = []
+        timeout = self._timeout
+        if within is not None:
+            share = max(0.1, within / len(self._endpoints))
+            timeout = aiohttp.ClientTimeout(total=min(share, self._timeout.total or share))
         for i in range(len(self._endpoints)):
             index = (self._current + i) % len(self._endpoints)
             url = self._endpoints[index] + path
             try:
-                async with self._session.post(url, json=body) as resp:
+                async with self._session.post(url, json=body, timeout=timeout) as resp:
                     status, text = resp.status, await resp.text()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 failures.append(f"{url}: {exc!r}")
@@ -170,15 +180,16 @@ class Etcd:
         """A new lease of `ttl` seconds; its id."""
         return int((await self._call("/v3/lease/grant", {"TTL": ttl}))["ID"])
 
-    async def keepalive(self, lease: int) -> int:
-        """Renew `lease` once; its TTL in seconds, 0 if it is gone.
+    async def keepalive(self, lease: int, within: float | None = None) -> int:
+        """Renew `lease` once; its TTL in seconds, 0 if it is gone. `within`:
+        seconds for the whole try, every endpoint included (_call).
 
         The gateway's keepalive is a stream: one request body gets one line,
         {"result": {"ID": ..., "TTL": "5"}}, and the stream ends with the body.
         For an expired, revoked or unknown lease the answer is still 200 with
         that line, but without "TTL" (0 is left out), not an error.
         """
-        answer = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
+        answer = await self._call("/v3/lease/keepalive", {"ID": str(lease)}, within)
         return int(answer.get("TTL", 0))
 
     async def revoke(self, lease: int) -> None:

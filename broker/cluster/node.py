@@ -95,6 +95,7 @@ class Node:
         self.lease = 0
         self.lock_fd = -1  # the data directory's lock, shared with the broker it runs
         self.valid_until = 0.0  # the lease holds at least until then (monotonic)
+        self.renew_failed = False  # the last keep-alive got no answer: retried soon
         self.stopping = asyncio.Event()
         self.stepping_down = asyncio.Event()
         self.hold_off_until = 0.0  # no campaign before (after a step down)
@@ -310,36 +311,68 @@ class Node:
         """Renew the lease every TTL/3 until it cannot be (True: fence), the
         broker ends, the node steps down or stops (False)."""
         self.stepping_down.clear()
+        assert self.shipper is not None
+        fenced = self.shipper.fenced_event
         while not self.stopping.is_set() and not self.stepping_down.is_set():
             if self.broker is not None and self.broker.returncode is not None:
                 log.error("the broker exited (%s): stepping down", self.broker.returncode)
                 return False
+            if fenced.is_set():
+                # Replication failed (shipper.py _batches): nothing can be
+                # confirmed here any more, so another node must lead.
+                log.error("replication fenced: giving the leadership up")
+                return True
             if await self._renew():
                 return True
-            await self._pause(self._renew_interval())
+            await self._pause_until(
+                self._renew_interval(), self.stopping, self.stepping_down, fenced
+            )
         return False
+
+    @staticmethod
+    async def _pause_until(seconds: float, *events: asyncio.Event) -> None:
+        """Wait `seconds`, or less if one of `events` is set."""
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     async def _renew(self) -> bool:
         """One keep-alive of the lease; True when it is lost or can no
         longer be trusted to hold (fence)."""
         sent = time.monotonic()
         try:
-            left = await asyncio.wait_for(self.etcd.keepalive(self.lease), self.ttl / 3)
+            # Every endpoint gets its share of the wait: one member that does
+            # not answer must not cost a failover while a majority is healthy.
+            wait = self.ttl / 3
+            left = await asyncio.wait_for(self.etcd.keepalive(self.lease, wait), wait + 0.5)
         except ETCD_ERRORS as exc:
             log.warning("lease keep-alive failed: %s", exc)
             left = -1
         if left == 0:
             log.error("lease lost: fencing")
             return True
+        self.renew_failed = left < 0
         if left > 0:
             self.valid_until = sent + left
+            if self.shipper is not None:
+                self.shipper.lease_renewed()  # answers held meanwhile may go
         if not self.lease_valid():
             log.error("lease not renewed in time: fencing")
             return True
         return False
 
     def _renew_interval(self) -> float:
-        return min(self.ttl / 3, max(0.05, self.valid_until - time.monotonic() - 1))
+        """Every TTL/3; after a failed keep-alive, again within a second
+        (or half the time left before the fence), so that etcd back from
+        a pause or a slow spell renews the lease well before it would
+        have to fence, and the answers the shipper holds meanwhile go."""
+        left = self.valid_until - max(0.5, self.ttl * 0.2) - time.monotonic()
+        if self.renew_failed:
+            return max(0.05, min(1.0, self.ttl / 3, left / 2))
+        return max(0.05, min(self.ttl / 3, left - 1))
 
     async def _stop_broker_leading(self) -> None:
         """The leader's clean stop (a step-down, a SIGTERM): the lease is

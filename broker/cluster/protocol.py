@@ -6,7 +6,9 @@ follower opens the connection and says who it is and what it has (`Hello`);
 the leader answers `Welcome` or `Refused`, then sends operations on its data
 directory (`Append`, `Reset`, `Commit`, `Delete`) and, after each batch, a
 `Mark`. The follower acknowledges a mark (`Ack`) once everything before it
-is written and synced (store/mirror.py).
+is written and synced (store/mirror.py). While there is nothing to send, the
+leader sends a `Heartbeat` every second, so that a follower notices a
+connection that died without a FIN.
 """
 
 from __future__ import annotations
@@ -81,7 +83,17 @@ class Ack(msgspec.Struct, tag=True):
     seq: int
 
 
-Message = Hello | Welcome | Refused | Append | Reset | Commit | Delete | Mark | Ack
+class Heartbeat(msgspec.Struct, tag=True):
+    """Sent by the leader every HEARTBEAT seconds: a follower that hears
+    nothing for SILENCE seconds takes its connection for dead (a partition,
+    or a NAT that forgot the flow, sends no FIN) and connects again."""
+
+
+HEARTBEAT = 1.0  # s between a leader's heartbeats to each follower
+SILENCE = 5.0  # s without a byte from the leader before a follower reconnects
+
+
+Message = Hello | Welcome | Refused | Append | Reset | Commit | Delete | Mark | Ack | Heartbeat
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from shoal.broker.cluster import protocol as P
+from shoal.broker.cluster import tcp
 from shoal.store import mirror
 
 log = logging.getLogger("shoal.cluster")
@@ -40,13 +41,25 @@ class Receiver:
         self.on_caught_up = on_caught_up
 
     async def run(self, host: str, port: int) -> None:
+        # What this node has, before connecting: with a big data directory
+        # the listing (a CRC-32 of every file) takes a while, and the leader
+        # gives a follower a bounded time to say hello. Nothing changes the
+        # copy meanwhile: only this receiver writes it.
+        files = await asyncio.to_thread(mirror.listing, self.me.root)
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+        tcp.keep_alive(writer.get_extra_info("socket"))
         frames = P.FrameReader()
         try:
-            files = await asyncio.to_thread(mirror.listing, self.me.root)
             writer.write(P.frame(self.me.hello(files)))
             while True:
-                data = await reader.read(1 << 20)
+                try:
+                    data = await asyncio.wait_for(reader.read(1 << 20), P.SILENCE)
+                except TimeoutError:
+                    # The leader sends a heartbeat every second: this
+                    # connection died without a FIN. Connect again.
+                    raise ConnectionError(
+                        f"nothing from the leader for {P.SILENCE:.0f} s"
+                    ) from None
                 if not data:
                     return
                 messages = frames.feed(data)

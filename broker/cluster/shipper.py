@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from shoal.broker.cluster import protocol as P
+from shoal.broker.cluster import tcp
 from shoal.store import mirror
 from shoal.store.replica import FENCED, OK, SHIP, WHOLE, address
 
@@ -106,12 +107,15 @@ class Shipper:
         self.batches = 0
         self.requests = 0
         self._pending: list[tuple[str, bool, asyncio.Future[bytes]]] = []
+        self._batch: list[tuple[str, bool, asyncio.Future[bytes]]] = []  # being shipped
         # Paths asked with `ship` (acks): sent with the next batch, or after
         # SHIP_DELAY if none comes first, unsynced and unanswered.
         self._ships: set[str] = set()
         self._ship_timer: asyncio.TimerHandle | None = None
         self._work = asyncio.Event()
         self._changed = asyncio.Event()  # a follower joined, left or acked
+        self._renewed = asyncio.Event()  # the agent renewed the lease (lease_renewed)
+        self.fenced_event = asyncio.Event()  # set with `fenced`: the agent gives up leading
         self._isr_written: list[str] | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -129,6 +133,7 @@ class Shipper:
         )
         self._servers.append(await asyncio.start_server(self._serve_follower, host, port))
         self._spawn(self._batches())
+        self._spawn(self._heartbeats())
         await self._write_isr()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -140,9 +145,16 @@ class Shipper:
         """Look again at what waits (after `draining` was set)."""
         self._changed.set()
 
+    def lease_renewed(self) -> None:
+        """The agent's keep-alive succeeded: answers held because the lease
+        was not known to hold (_lease_held) may go."""
+        self._renewed.set()
+
     def fence(self) -> None:
-        """Answer FENCED from now on; drop the followers."""
+        """Answer FENCED from now on; drop the followers. Permanent: the
+        agent, which watches `fenced_event`, gives the leadership up."""
         self.fenced = True
+        self.fenced_event.set()
         for _, _, done in self._pending:
             if not done.done():
                 done.set_result(FENCED)
@@ -212,10 +224,24 @@ class Shipper:
         self._work.set()
 
     async def _batches(self) -> None:
-        while True:
+        try:
+            await self._batch_loop()
+        except Exception:
+            # A batch that cannot be shipped (EIO reading a file, a bug)
+            # must not leave every sync waiting under a valid lease: fence,
+            # and the agent steps down (node.py _keep_leading).
+            log.exception("replication failed: fencing")
+            self.fence()
+            for _, _, done in self._batch:  # the batch it failed in is refused too
+                if not done.done():
+                    done.set_result(FENCED)
+
+    async def _batch_loop(self) -> None:
+        while not self.fenced:
             await self._work.wait()
             self._work.clear()
-            batch, self._pending = self._pending, []
+            self._batch = batch = self._pending
+            self._pending = []
             ships, self._ships = self._ships, set()
             # relative path -> (sent whole, the follower syncs it at the mark)
             paths: dict[str, tuple[bool, bool]] = {}
@@ -236,15 +262,36 @@ class Shipper:
             self.batches += 1
             self.requests += len(batch)
             seq = self._mark()
-            confirmable = await self._confirmable(seq)
-            if confirmable and not self.lease_valid():
-                # Checked last, right before answering: a leader paused past
-                # its lease (SIGSTOP) must not confirm when it resumes.
-                self.fence()
+            confirmable = await self._confirmable(seq) and await self._lease_held()
             answer = OK if confirmable and not self.fenced else FENCED
             for _, _, done in batch:
                 if not done.done():
                     done.set_result(answer)
+
+    async def _lease_held(self) -> bool:
+        """Checked last, right before answering: a leader paused past its
+        lease (SIGSTOP) must not confirm when it resumes. While the lease is
+        not known to hold (a keep-alive failed or is late: etcd paused,
+        slow, unreachable), the answer waits for the agent to decide:
+        either its next keep-alive succeeds, which proves the lease never
+        ran out, so no other node can have led meanwhile (True), or it
+        fences (False). The lease is the agent's to judge, not ours: a
+        fence here would outlive its cause."""
+        while not self.fenced and not self.lease_valid():
+            self._renewed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._renewed.wait(), 0.5)
+        return not self.fenced
+
+    async def _heartbeats(self) -> None:
+        """A heartbeat to every follower each P.HEARTBEAT seconds, so that
+        one whose connection died without a FIN notices (receiver.py)."""
+        beat = P.frame(P.Heartbeat())
+        while not self.fenced:
+            await asyncio.sleep(P.HEARTBEAT)
+            for f in list(self.followers.values()):
+                if not f.writer.is_closing():
+                    f.writer.write(beat)
 
     def _relative(self, path: str) -> str | None:
         rel = os.path.relpath(os.path.realpath(path), self.root)
@@ -327,11 +374,19 @@ class Shipper:
             old = self.followers.pop(hello.node, None)
             if old is not None:
                 old.writer.close()
+            tcp.keep_alive(writer.get_extra_info("socket"))
             peer = writer.get_extra_info("peername")
             follower = Follower(hello.node, f"{peer[0]}:{peer[1]}" if peer else "?", writer)
             self.followers[hello.node] = follower
             writer.write(P.frame(P.Welcome(self.node)))
-            self._compare(follower, hello.files)
+            # Off the event loop: a CRC-32 of every listed file takes long
+            # with a big data directory, and the loop renews the lease.
+            shipped, gone = await asyncio.to_thread(self._compare, hello.files)
+            if self.followers.get(hello.node) is not follower or self.fenced:
+                return
+            follower.shipped.update(shipped)
+            for rel in gone:
+                self._send(follower, P.Delete(rel))
             self._spawn(self._catch_up(follower))
             while True:
                 data = await reader.read(65536)
@@ -373,22 +428,25 @@ class Shipper:
     async def _write_isr_task(self) -> None:
         await self._write_isr()
 
-    def _compare(self, f: Follower, files: dict[str, tuple[int, int]]) -> None:
+    def _compare(self, files: dict[str, tuple[int, int]]) -> tuple[dict[str, Shipped], list[str]]:
         """What the follower has that is a prefix of ours needs only its
-        tail; anything else is sent whole or deleted."""
+        tail; anything else is sent whole or deleted. Returns what it has
+        (Shipped) and what to delete there; reads files only (a thread)."""
+        shipped: dict[str, Shipped] = {}
+        gone: list[str] = []
         for rel, (size, crc) in files.items():
             if not mirror.mirrored(rel):
                 continue
             full = os.path.join(self.root, rel)
             try:
                 st = os.stat(full)
+                same = st.st_size >= size and mirror.prefix_crc(full, size) == crc
             except FileNotFoundError:
-                self._send(f, P.Delete(rel))
+                gone.append(rel)
                 continue
-            if st.st_size >= size and mirror.prefix_crc(full, size) == crc:
-                f.shipped[rel] = Shipped(st.st_ino, size)
-            else:
-                f.shipped[rel] = Shipped(-1, 0)  # differs: sent whole
+            # Differs: sent whole (an inode no file has).
+            shipped[rel] = Shipped(st.st_ino, size) if same else Shipped(-1, 0)
+        return shipped, gone
 
     async def _catch_up(self, f: Follower) -> None:
         try:

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 
 from tests.broker_process import ROOT, free_port, process_family, wait_for
+from tests.cluster.faultproxy import FaultProxy
 
 
 class ClusterNode:
@@ -65,6 +66,7 @@ class ClusterNode:
             *args,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.proxy: FaultProxy | None = None  # in front of its cluster port (conftest)
 
     @property
     def url(self) -> str:

@@ -6,6 +6,7 @@ receiver.py, store/mirror.py, store/replica.py)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,11 +42,13 @@ class Pair:
         self.socket = str(tmp / "replica.sock")
         self.port = free_port()
         self.isr_log: list[list[str]] = []
+        self.lease_ok = True  # what the agent's lease_valid() would say
         self.shipper = Shipper(
             P.Identity(str(self.leader), "A", "c", "s"),
             min_isr=min_isr,
             max_lag=max_lag,
             on_isr=self._isr,
+            lease_valid=lambda: self.lease_ok,
         )
         self.receiver = Receiver(P.Identity(str(self.follower), "B", "c", "s"))
         self.task: asyncio.Task[None] | None = None
@@ -209,5 +212,70 @@ def test_a_file_changed_in_place_is_sent_whole_when_asked(tmp_path: Path) -> Non
         assert (p.follower / "cache").read_bytes() == b"a" * 4096
         await asyncio.to_thread(ReplicaLink(p.socket).mirror, str(cache), True)
         assert (p.follower / "cache").read_bytes() == cache.read_bytes()
+
+    run(tmp_path, body)
+
+
+def test_an_answer_waits_while_the_lease_is_in_doubt_and_goes_once_renewed(
+    tmp_path: Path,
+) -> None:
+    """A keep-alive failed (etcd paused): the follower has the bytes, but the
+    answer waits for the agent; its next keep-alive succeeds and the answer
+    is OK. The shipper never fences on its own (issue 38, 1)."""
+
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+        seg = p.leader / "seg"
+        seg.write_bytes(b"while etcd is paused")
+        p.lease_ok = False
+        mirrored = asyncio.ensure_future(p.mirror(seg))
+        await until(lambda: (p.follower / "seg").exists())
+        await asyncio.sleep(0.3)
+        assert not mirrored.done(), "confirmed while the lease was in doubt"
+        p.lease_ok = True
+        p.shipper.lease_renewed()
+        await asyncio.wait_for(mirrored, 5)  # OK: ReplicaRefused would raise
+        assert not p.shipper.fenced
+
+    run(tmp_path, body)
+
+
+def test_an_answer_held_for_the_lease_is_refused_when_the_agent_fences(tmp_path: Path) -> None:
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+        seg = p.leader / "seg"
+        seg.write_bytes(b"x")
+        p.lease_ok = False
+        mirrored = asyncio.ensure_future(p.mirror(seg))
+        await asyncio.sleep(0.3)
+        assert not mirrored.done()
+        p.shipper.fence()  # the agent: the lease could not be renewed in time
+        with pytest.raises(ReplicaRefused):
+            await asyncio.wait_for(mirrored, 5)
+
+    run(tmp_path, body)
+
+
+def test_a_batch_that_cannot_be_shipped_fences_for_the_agent_to_step_down(
+    tmp_path: Path,
+) -> None:
+    """EIO reading a file to ship: the waiting sync is refused, not left
+    waiting under a valid lease, and the agent is told (fenced_event)."""
+
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+
+        def broken(*_args: object, **_kw: object) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        p.shipper._ship = broken  # type: ignore[method-assign]
+        seg = p.leader / "seg"
+        seg.write_bytes(b"x")
+        with pytest.raises(ReplicaRefused):
+            await asyncio.wait_for(p.mirror(seg), 5)
+        assert p.shipper.fenced and p.shipper.fenced_event.is_set()
 
     run(tmp_path, body)
