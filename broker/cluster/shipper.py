@@ -69,6 +69,10 @@ class Follower:
     address: str
     writer: asyncio.StreamWriter
     shipped: dict[str, Shipped] = field(default_factory=dict)
+    # Files it was sent bytes of that it need not sync (acks) since their
+    # last synced append: a later sync of the file must reach it even when
+    # nothing new is left to send (_ship).
+    unsynced: set[str] = field(default_factory=set)
     streaming: bool = False  # caught up: sent every change as it happens
     in_sync: bool = False
     acked: int = 0  # the last mark it acknowledged
@@ -104,6 +108,7 @@ class Shipper:
         self.fenced = False
         self.draining = False  # the node is stopping: no waiting for followers to come back
         self.seq = 0
+        self.confirmed_seq = 0  # the mark of the last batch answered OK
         self.batches = 0
         self.requests = 0
         self._pending: list[tuple[str, bool, asyncio.Future[bytes]]] = []
@@ -262,8 +267,16 @@ class Shipper:
             self.batches += 1
             self.requests += len(batch)
             seq = self._mark()
-            confirmable = await self._confirmable(seq) and await self._lease_held()
+            while True:
+                confirmable = await self._confirmable(seq) and await self._lease_held()
+                # A follower that rejoined while we waited (_acked) must have
+                # this batch too before it is answered: no await from this
+                # check to the answer, so none can rejoin in between.
+                if not confirmable or not self._lagging(seq):
+                    break
             answer = OK if confirmable and not self.fenced else FENCED
+            if answer == OK:
+                self.confirmed_seq = seq
             for _, _, done in batch:
                 if not done.done():
                     done.set_result(answer)
@@ -322,7 +335,7 @@ class Shipper:
         those that take longer than max_lag, and the ISR is recorded."""
         deadline = time.monotonic() + self.max_lag
         while not self.fenced:
-            waiting = [f for f in self.followers.values() if f.in_sync and f.acked < seq]
+            waiting = self._lagging(seq)
             now = time.monotonic()
             if waiting and now >= deadline:
                 for f in waiting:
@@ -343,6 +356,10 @@ class Shipper:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), max(0.01, min(deadline - now, 0.5)))
         return False
+
+    def _lagging(self, seq: int) -> list[Follower]:
+        """The in-sync followers that have not acknowledged mark `seq` yet."""
+        return [f for f in self.followers.values() if f.in_sync and f.acked < seq]
 
     async def _write_isr(self) -> bool:
         """Record the ISR in etcd if it changed; retried until it is, or fenced."""
@@ -419,8 +436,13 @@ class Shipper:
         f.acked = max(f.acked, seq)
         for s in [s for s in f.marks if s <= seq]:
             f.acked_bytes = max(f.acked_bytes, f.marks.pop(s)[1])
-        if f.streaming and not f.in_sync and f.acked >= self.seq:
-            f.in_sync = True  # caught up with the last mark: counted again
+        if f.streaming and not f.in_sync and f.acked >= self.confirmed_seq:
+            # It has every write confirmed so far: counted again. Not "the
+            # last mark": under sustained load the next batch's mark is out
+            # before a follower a little slower than the others acks this
+            # one, and it would never rejoin. The batch in flight now waits
+            # for it (_batch_loop checks again before answering).
+            f.in_sync = True
             log.info("follower %s is in sync", f.node)
             self._spawn(self._write_isr_task())
         self._changed.set()
@@ -516,6 +538,7 @@ class Shipper:
             fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return
+        start = offset
         try:
             if whole:
                 self._send(f, P.Reset(rel))
@@ -531,3 +554,12 @@ class Shipper:
         finally:
             os.close(fd)
         f.shipped[rel] = Shipped(st.st_ino, offset)
+        if sync or whole:
+            if offset == start and rel in f.unsynced:
+                # Its bytes went unsynced (acks shipped as written), and now a
+                # sync of the file asks for them (a tx.commit, a purge): an
+                # empty synced append has the follower fdatasync it at the mark.
+                self._send(f, P.Append(rel, offset, b"", True))
+            f.unsynced.discard(rel)
+        elif offset > start:
+            f.unsynced.add(rel)

@@ -279,3 +279,56 @@ def test_a_batch_that_cannot_be_shipped_fences_for_the_agent_to_step_down(
         assert p.shipper.fenced and p.shipper.fenced_event.is_set()
 
     run(tmp_path, body)
+
+
+def test_a_follower_that_has_every_confirmed_write_rejoins_though_a_mark_is_out(
+    tmp_path: Path,
+) -> None:
+    """Under sustained load the next batch's mark is out before a follower a
+    little slower than the others acknowledges this one: having every write
+    confirmed so far is what counts, not the last mark (issue 38, 8), and
+    the batch in flight then waits for it too."""
+
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+        shipper = p.shipper
+        follower = shipper.followers["B"]
+        follower.in_sync = False  # dropped a while ago; streaming again since
+        shipper.confirmed_seq = shipper.seq  # every batch so far answered
+        shipper.seq += 1  # the next batch's mark, out already
+        shipper._acked(follower, shipper.confirmed_seq)
+        assert follower.in_sync
+        assert shipper._lagging(shipper.seq) == [follower]  # the batch in flight waits
+
+    run(tmp_path, body)
+
+
+def test_bytes_shipped_unsynced_are_synced_on_the_follower_when_the_file_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acks are shipped as written, unsynced; a later sync of the same file
+    (a tx.commit, a purge) with nothing new to send must still have the
+    follower fdatasync it before the answer (issue 38, 10)."""
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+        acks = p.leader / "acks"
+        acks.write_bytes(b"first;")
+        await p.mirror(acks)  # a new file goes whole, synced
+        with open(acks, "ab") as f:
+            f.write(b"ack records")
+        await asyncio.to_thread(ReplicaLink(p.socket).ship, str(acks))
+        await until(lambda: (p.follower / "acks").read_bytes() == b"first;ack records")
+        monkeypatch.setattr(os, "fdatasync", recording)
+        await p.mirror(acks)  # nothing new to send: the sync itself must reach it
+        assert str(p.follower / "acks") in synced
+
+    run(tmp_path, body)
