@@ -14,6 +14,7 @@ keys, prefixes and three compare-and-set transactions.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ class EtcdError(Exception):
 
 class EtcdUnavailable(Exception):
     """No endpoint answered within the timeout."""
+
+
+# What a call may raise when etcd cannot be used now (callers retry).
+ETCD_ERRORS = (EtcdError, EtcdUnavailable, OSError, asyncio.TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,21 +240,52 @@ class Etcd:
     # Transactions.
 
     async def _txn(
-        self, compare: dict[str, Any], success: dict[str, Any], failure: dict[str, Any] | None
+        self,
+        compare: dict[str, Any] | list[dict[str, Any]],
+        success: dict[str, Any],
+        failure: dict[str, Any] | None,
     ) -> dict[str, Any]:
-        body = {"compare": [compare], "success": [success], "failure": [failure] if failure else []}
+        body = {
+            "compare": compare if isinstance(compare, list) else [compare],
+            "success": [success],
+            "failure": [failure] if failure else [],
+        }
         return await self._call("/v3/kv/txn", body)
 
-    async def put_if_absent(self, key: str, value: bytes, lease: int = 0) -> bool:
+    @staticmethod
+    def _unchanged(key: str, mod_revision: int) -> dict[str, Any]:
+        """A compare: `key` was last changed at `mod_revision` (0: it does
+        not exist)."""
+        return {
+            "target": "MOD",
+            "key": _b64(key),
+            "result": "EQUAL",
+            "mod_revision": str(mod_revision),
+        }
+
+    async def put_if_absent(
+        self,
+        key: str,
+        value: bytes,
+        lease: int = 0,
+        unchanged: tuple[str, int] | None = None,
+    ) -> bool:
         """Create `key` unless it exists (the election primitive); True if created.
+        `unchanged` (key, mod_revision): and only if that key was not changed
+        since (a campaign's in-sync set, read before: checked in the same
+        transaction, so a set changed meanwhile cannot elect a node it no
+        longer names).
 
         Also True if `key` already holds exactly `value` under `lease`: a retry
         on another endpoint, after a request whose answer was lost but which
         etcd applied, must not report that our own key is someone else's.
         """
         k = _b64(key)
+        compare = [{"target": "CREATE", "key": k, "result": "EQUAL", "create_revision": "0"}]
+        if unchanged is not None:
+            compare.append(self._unchanged(*unchanged))
         answer = await self._txn(
-            {"target": "CREATE", "key": k, "result": "EQUAL", "create_revision": "0"},
+            compare,
             {"request_put": {"key": k, "value": _b64(value), "lease": str(lease)}},
             {"request_range": {"key": k}},
         )
@@ -260,21 +296,34 @@ class Etcd:
         return existing is not None and (existing.value, existing.lease) == (value, lease)
 
     async def put_if_equal(
-        self, guard_key: str, guard_value: bytes, key: str, value: bytes
-    ) -> bool:
+        self,
+        guard_key: str,
+        guard_value: bytes,
+        key: str,
+        value: bytes,
+        mod_revision: int | None = None,
+    ) -> int:
         """Put `key` = `value` only if `guard_key` holds `guard_value` (only the
-        current leader writes the in-sync set); True if written."""
-        answer = await self._txn(
+        current leader writes the in-sync set) and, given `mod_revision`, only
+        if `key` was not changed since that revision (so that a request that
+        timed out and is applied late cannot undo a later one). Returns the
+        revision of the write, 0 if not written."""
+        compare = [
             {
                 "target": "VALUE",
                 "key": _b64(guard_key),
                 "result": "EQUAL",
                 "value": _b64(guard_value),
-            },
-            {"request_put": {"key": _b64(key), "value": _b64(value)}},
-            None,
+            }
+        ]
+        if mod_revision is not None:
+            compare.append(self._unchanged(key, mod_revision))
+        answer = await self._txn(
+            compare, {"request_put": {"key": _b64(key), "value": _b64(value)}}, None
         )
-        return bool(answer.get("succeeded"))
+        if not answer.get("succeeded"):
+            return 0
+        return int(answer.get("header", {}).get("revision", 0)) or 1
 
     async def delete_if_equal(self, key: str, value: bytes) -> bool:
         """Delete `key` only if it holds `value` (a leader stepping down deletes

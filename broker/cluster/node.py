@@ -51,7 +51,8 @@ import msgspec
 
 from shoal.broker.cluster import control
 from shoal.broker.cluster import protocol as P
-from shoal.broker.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
+from shoal.broker.cluster.etcd import ETCD_ERRORS, Etcd
+from shoal.broker.cluster.isr import IsrRecord
 from shoal.broker.cluster.metrics import FollowerMetrics
 from shoal.broker.cluster.proxy import Proxy
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
@@ -66,7 +67,6 @@ log = logging.getLogger("shoal.cluster")
 
 STATUS_FILE = "cluster.json"
 POLL = 0.25  # s between a follower's looks at the leader key
-ETCD_ERRORS = (EtcdError, EtcdUnavailable, OSError, asyncio.TimeoutError)
 
 
 def advertised(config: Config) -> str:
@@ -96,6 +96,7 @@ class Node:
         self.lock_fd = -1  # the data directory's lock, shared with the broker it runs
         self.valid_until = 0.0  # the lease holds at least until then (monotonic)
         self.renew_failed = False  # the last keep-alive got no answer: retried soon
+        self.isr_revision = 0  # the isr key's revision when this node won (IsrRecord)
         self.stopping = asyncio.Event()
         self.stepping_down = asyncio.Event()
         self.hold_off_until = 0.0  # no campaign before (after a step down)
@@ -193,7 +194,9 @@ class Node:
             preferred = await self.etcd.get(self.prefix + "prefer")
             if preferred is not None and preferred.value.decode() != self.node:
                 return False  # leadership is being handed to that node
-            isr = await self._recorded_isr()
+            isr_kv = await self.etcd.get(self.prefix + "isr")
+            isr = list(json.loads(isr_kv.value)) if isr_kv is not None else []
+            isr_revision = isr_kv.mod_revision if isr_kv is not None else 0
             if isr and (self.node not in isr or not is_in_sync(self.data_dir)):
                 log.info("not in the in-sync set %s with a whole copy: waiting for a leader", isr)
                 return False
@@ -207,8 +210,12 @@ class Node:
                     "management": self.management,
                 }
             ).encode()
-            if await self.etcd.put_if_absent(self.prefix + "leader", value, lease):
+            # Only if the in-sync set read above is still the recorded one:
+            # checked in the same transaction as the leader key's creation.
+            unchanged = (self.prefix + "isr", isr_revision)
+            if await self.etcd.put_if_absent(self.prefix + "leader", value, lease, unchanged):
                 self.lease, self.valid_until = lease, sent + self.ttl
+                self.isr_revision = isr_revision
                 self.leader = json.loads(value)
                 # A transfer to this node is done: later elections are open.
                 await self.etcd.delete_if_equal(self.prefix + "prefer", self.node.encode())
@@ -241,16 +248,10 @@ class Node:
         set_in_sync(self.data_dir, True)  # the leader's copy is the cluster's
         leader_value = json.dumps(self.leader).encode()
 
+        record = IsrRecord(self.etcd, self.prefix, leader_value, self.isr_revision)
+
         async def write_isr(isr: list[str]) -> bool:
-            try:
-                ok = await self.etcd.put_if_equal(
-                    self.prefix + "leader",
-                    leader_value,
-                    self.prefix + "isr",
-                    json.dumps(isr).encode(),
-                )
-            except ETCD_ERRORS:
-                return False
+            ok = await record.write(isr)
             if ok:
                 self.isr = isr
             return ok

@@ -10,6 +10,7 @@ from typing import TypeVar
 import pytest
 
 from shoal.broker.cluster.etcd import Etcd, EtcdError, EtcdUnavailable, KeyValue
+from shoal.broker.cluster.isr import IsrRecord
 from tests.broker_process import free_port
 from tests.cluster.etcd_server import EtcdServer
 
@@ -212,5 +213,45 @@ def test_an_error_answer_raises_etcd_error(etcd: EtcdServer) -> None:
                 await client.put("shoal/k", b"v", lease=12345)
             assert (caught.value.status, caught.value.code) == (404, 5)
             assert await client.get("shoal/k") is None
+
+    run(test)
+
+
+def test_a_late_isr_write_cannot_undo_a_later_one(etcd: EtcdServer) -> None:
+    """An in-sync set written, then a smaller one (a follower dropped); the
+    first request, timed out and applied late, must fail: it was made over
+    a revision that is no longer the key's (issue 38, 4)."""
+
+    async def test() -> None:
+        async with Etcd([etcd.url]) as client:
+            assert await client.put_if_absent("shoal/leader", b"node-a")
+            record = IsrRecord(client, "shoal/", b"node-a", 0)
+            late = IsrRecord(client, "shoal/", b"node-a", 0)  # the request as first sent
+            assert await record.write(["a", "b", "c"])  # its retry, applied
+            assert await record.write(["a", "c"])  # b dropped
+            assert not await late.write(["a", "b", "c"])
+            kv = await client.get("shoal/isr")
+            assert kv is not None and kv.value == b'["a", "c"]'
+            # A write that found the key changed knows its revision now.
+            assert await late.write(["a", "c", "b"])
+
+    run(test)
+
+
+def test_a_campaign_fails_if_the_isr_changed_after_it_was_read(etcd: EtcdServer) -> None:
+    async def test() -> None:
+        async with Etcd([etcd.url]) as client:
+            await client.put("shoal/isr", b'["a", "b"]')
+            read = await client.get("shoal/isr")
+            assert read is not None
+            await client.put("shoal/isr", b'["a"]')  # b dropped after b read it
+            stale = ("shoal/isr", read.mod_revision)
+            assert not await client.put_if_absent("shoal/leader", b"node-b", 0, stale)
+            now = await client.get("shoal/isr")
+            assert now is not None
+            fresh = ("shoal/isr", now.mod_revision)
+            assert await client.put_if_absent("shoal/leader", b"node-a", 0, fresh)
+            # No set recorded yet: revision 0 stands for "absent".
+            assert await client.put_if_absent("shoal/other", b"x", 0, ("shoal/none", 0))
 
     run(test)
