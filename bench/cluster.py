@@ -48,7 +48,7 @@ from rabbitmq_cluster import rabbitmq_cluster  # noqa: E402
 
 from tests.broker_process import Broker, wait_for  # noqa: E402
 from tests.cluster.etcd_server import EtcdServer  # noqa: E402
-from tests.cluster.nodes import ClusterNode, in_sync, leader_of  # noqa: E402
+from tests.cluster.nodes import ClusterNode, in_sync, init_cluster, leader_of  # noqa: E402
 
 PERF = (
     "--persistent",
@@ -79,6 +79,7 @@ def cluster(tmp: Path, etcd: EtcdServer, size: int, tag: str) -> list[ClusterNod
         ClusterNode(tmp, f"{tag}{i}", etcd.url, "--workers", "2", "--cluster-name", tag)
         for i in range(size)
     ]
+    init_cluster(etcd.url, tag)
     for n in nodes:
         n.start()
     leader_of(nodes, 60)

@@ -355,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         from shoal.broker.observe import ctl
 
         return ctl.main(args[1:])
+    if args and args[0] == "cluster-init":
+        from shoal.broker.cluster import init
+
+        return init.main(args[1:])
     if args and args[0] == "policy":
         from shoal.broker.observe import policy
 

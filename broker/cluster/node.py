@@ -10,7 +10,9 @@ Every node runs this process (`shoal --cluster-etcd URL ...`). Keys, under
     leader   JSON {node, replication, amqp}: bound to the leader's lease
     isr      JSON list of node ids that hold every confirmed write: the
              leader and its in-sync followers; written only by the leader,
-             guarded by its leader key
+             guarded by its leader key and the key's own revision (isr.py);
+             `[]` from `shoal cluster-init` (a new cluster: any node may
+             lead); absent: no node may lead (cluster/init.py)
 
 Roles:
 
@@ -97,6 +99,7 @@ class Node:
         self.valid_until = 0.0  # the lease holds at least until then (monotonic)
         self.renew_failed = False  # the last keep-alive got no answer: retried soon
         self.isr_revision = 0  # the isr key's revision when this node won (IsrRecord)
+        self.warned_uninitialised = 0.0  # when to say again that etcd has no in-sync set
         self.stopping = asyncio.Event()
         self.stepping_down = asyncio.Event()
         self.hold_off_until = 0.0  # no campaign before (after a step down)
@@ -195,8 +198,11 @@ class Node:
             if preferred is not None and preferred.value.decode() != self.node:
                 return False  # leadership is being handed to that node
             isr_kv = await self.etcd.get(self.prefix + "isr")
-            isr = list(json.loads(isr_kv.value)) if isr_kv is not None else []
-            isr_revision = isr_kv.mod_revision if isr_kv is not None else 0
+            if isr_kv is None:
+                self._uninitialised()
+                return False
+            isr = list(json.loads(isr_kv.value))
+            isr_revision = isr_kv.mod_revision
             if isr and (self.node not in isr or not is_in_sync(self.data_dir)):
                 log.info("not in the in-sync set %s with a whole copy: waiting for a leader", isr)
                 return False
@@ -224,6 +230,20 @@ class Node:
         except ETCD_ERRORS as exc:
             log.warning("etcd: %s", exc)
         return False
+
+    def _uninitialised(self) -> None:
+        """No in-sync set in etcd: no node may lead (cluster/init.py).
+        Said at once, then every minute."""
+        now = time.monotonic()
+        if now >= self.warned_uninitialised:
+            self.warned_uninitialised = now + 60
+            log.warning(
+                "cluster %r has no in-sync set in etcd: no node leads until "
+                "`shoal cluster-init --cluster-etcd ... --cluster-name %s` creates it "
+                "(a new cluster), or etcd's data is restored",
+                self.config.cluster_name or "shoal",
+                self.config.cluster_name or "shoal",
+            )
 
     async def _recorded_isr(self) -> list[str]:
         kv = await self.etcd.get(self.prefix + "isr")

@@ -24,6 +24,13 @@ etcd --name shoal-try --data-dir "$DIR/etcd" \
   --initial-cluster shoal-try=http://127.0.0.1:2390 >"$DIR/etcd.log" 2>&1 &
 pids+=($!)
 
+# A new cluster is created explicitly: without its record in etcd no node
+# leads (docs/cluster.md, "Creating a cluster"). Retried while etcd starts.
+for _ in $(seq 1 50); do
+  "$SHOAL" cluster-init --cluster-etcd http://127.0.0.1:2389 --cluster-name try && break
+  sleep 0.2
+done
+
 for i in 1 2 3; do
   "$SHOAL" --bind 127.0.0.1 --port 568$i --workers 1 \
     --runtime-dir "$DIR/node$i-run" --data-dir "$DIR/node$i-data" \

@@ -9,7 +9,7 @@ import pytest
 from tests.broker_process import free_port
 from tests.cluster.etcd_server import EtcdServer
 from tests.cluster.faultproxy import FaultProxy
-from tests.cluster.nodes import ClusterNode
+from tests.cluster.nodes import ClusterNode, init_cluster
 
 
 @pytest.fixture
@@ -48,6 +48,7 @@ def three_nodes(tmp_path: Path, etcd: EtcdServer) -> Iterator[Callable[..., list
             for name in ("a", "b", "c")
         ]
         made.extend(nodes)
+        init_cluster(etcd_urls or etcd.url)
         for n in nodes:
             if proxied:
                 n.proxy = FaultProxy(n.cluster_port).start()

@@ -163,6 +163,12 @@ def shoal(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def init_cluster(etcd_url: str, name: str = "test") -> None:
+    """`shoal cluster-init`: a new cluster, whose first node to start leads."""
+    done = shoal("cluster-init", "--cluster-etcd", etcd_url, "--cluster-name", name)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def leader_of(nodes: list[ClusterNode], timeout: float = 30) -> ClusterNode:
     """The one node serving as leader, once there is one."""
     return wait_for(

@@ -17,7 +17,7 @@ from shoal.broker.config import Config
 from shoal.store.mirror import node_id, set_in_sync
 from tests.broker_process import free_port, wait_for
 from tests.cluster.etcd_server import EtcdServer
-from tests.cluster.nodes import ClusterNode
+from tests.cluster.nodes import ClusterNode, init_cluster, shoal
 
 pytestmark = pytest.mark.cluster
 
@@ -60,10 +60,15 @@ def test_only_an_in_sync_node_with_a_whole_copy_campaigns(tmp_path: Path, etcd: 
     assert asyncio.run(main()) == [False, False, True]
 
 
-def test_a_first_node_leads_when_no_set_is_recorded(tmp_path: Path, etcd: EtcdServer) -> None:
+def test_no_node_leads_until_the_cluster_is_initialised(tmp_path: Path, etcd: EtcdServer) -> None:
+    """No in-sync set in etcd (a typo in --cluster-name, etcd restored or
+    wiped): not even a node with a whole copy may lead, so an empty node
+    can never win and "sync" the others' data away; `shoal cluster-init`
+    says the cluster is new, and then the first node leads (issue 38, 9)."""
     cfg = config(tmp_path, etcd)
+    set_in_sync(cfg.data_path(), True)
 
-    async def main() -> bool:
+    async def campaign() -> bool:
         node = Node(cfg)
         try:
             return await node._campaign()
@@ -71,12 +76,18 @@ def test_a_first_node_leads_when_no_set_is_recorded(tmp_path: Path, etcd: EtcdSe
             await node._release()
             await node.etcd.close()
 
-    assert asyncio.run(main()) is True
+    assert asyncio.run(campaign()) is False
+    first = shoal("cluster-init", "--cluster-etcd", etcd.url, "--cluster-name", "election")
+    assert first.returncode == 0 and "created" in first.stdout, first.stdout + first.stderr
+    again = shoal("cluster-init", "--cluster-etcd", etcd.url, "--cluster-name", "election")
+    assert again.returncode == 0 and "exists already" in again.stdout
+    assert asyncio.run(campaign()) is True
 
 
 def test_a_second_node_on_the_same_data_directory_refuses_to_start(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
+    init_cluster(etcd.url)
     first = ClusterNode(tmp_path, "a", etcd.url).start()
     second = ClusterNode(tmp_path, "a", etcd.url)  # the same data directory
     try:
@@ -96,6 +107,7 @@ def test_a_node_that_cannot_serve_as_leader_stands_aside(tmp_path: Path, etcd: E
     leadership back at once and holds off, so that another node leads
     meanwhile; it follows once its port is free (a CI run once waited 38 s
     on such a node winning and failing again and again)."""
+    init_cluster(etcd.url)
     a = ClusterNode(tmp_path, "a", etcd.url)
     b = ClusterNode(tmp_path, "b", etcd.url)
     taken = socket.socket()
