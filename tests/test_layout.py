@@ -345,6 +345,8 @@ NON_DURABLE_WRITERS = {
     "shoal.spark.classic": "Spark's own checkpoint files, on the Spark side of the connector",
     "shoal.broker.cluster.node": "cluster.json in the runtime directory: a node's view of its "
     "cluster for `shoal status`, rewritten every half second",
+    "shoal.broker.cluster.lease_cell": "the lease deadline's 8-byte memfd (ftruncate sizes it), "
+    "shared with the broker's processes, never on disk",
 }
 
 

@@ -20,19 +20,21 @@ import uvloop
 from setproctitle import setproctitle
 
 from shoal.broker import ipc, settings
+from shoal.broker.cluster.lease_cell import LeaseCell
 from shoal.broker.config import Config
 from shoal.shm import memory, stats
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
 from shoal.store.paging import paging_directory
 from shoal.store.streams import streams_directory
-from shoal.workers import restore, timeouts, tls
+from shoal.workers import lease_watch, restore, timeouts, tls
 from shoal.workers.connection import Connection
 from shoal.workers.consumer import give_back_watch, pull, take_watch
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
 from shoal.workers.ingest import Ingest
+from shoal.workers.lease_watch import LeaseWatch
 from shoal.workers.memory_guard import ALARM
 from shoal.workers.message_ttl import Expiry
 
@@ -69,6 +71,9 @@ class Worker:
         self.draining = False  # retiring: paging in before exiting (_graceful_stop)
         # The AMQPS listener's server context (workers/tls.py), made again on SIGHUP.
         self.tls: ssl.SSLContext | None = tls.server_context(config) if config.tls_port else None
+        # A cluster leader's broker: its node's lease deadline (lease_watch.py).
+        cell = LeaseCell.from_env()
+        self.lease = LeaseWatch(cell, self._close_clients) if cell is not None else None
 
     def run(self) -> int:
         loop, ctx = self.loop, self.ctx
@@ -103,6 +108,8 @@ class Worker:
         if self.index == 0:
             loop.create_task(restore.load(ctx))
         self._tick()
+        if self.lease is not None:
+            self._poll_lease()
         self._flush_stats()
         self._poll_alarms()
         process.set_ready(True)
@@ -178,6 +185,15 @@ class Worker:
             ownership.acknowledge()
         self.loop.call_later(OWNERSHIP_POLL, self._poll_ownership)
 
+    def _poll_lease(self) -> None:
+        assert self.lease is not None
+        self.lease.check()
+        self.loop.call_later(lease_watch.POLL, self._poll_lease)
+
+    def _close_clients(self) -> None:
+        for conn in list(self.ctx.connections):
+            conn.shutdown()
+
     def _poll_alarms(self) -> None:
         self.ctx.guard.poll()
         self.loop.call_later(memory.POLL_INTERVAL, self._poll_alarms)
@@ -213,7 +229,9 @@ class Worker:
 
     def _adopt(self, fd: int, tls_context: ssl.SSLContext | None = None) -> None:
         sock = socket.socket(fileno=fd)
-        if self.stopping:
+        if self.lease is not None:
+            self.lease.check()
+        if self.stopping or (self.lease is not None and not self.lease.serving()):
             sock.close()
             self.ctx.process.count_connections(-1)
             return

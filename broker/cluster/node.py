@@ -55,6 +55,8 @@ from shoal.broker.cluster import control
 from shoal.broker.cluster import protocol as P
 from shoal.broker.cluster.etcd import ETCD_ERRORS, Etcd
 from shoal.broker.cluster.isr import IsrRecord
+from shoal.broker.cluster.lease_cell import ENV as LEASE_ENV
+from shoal.broker.cluster.lease_cell import LeaseCell
 from shoal.broker.cluster.metrics import FollowerMetrics
 from shoal.broker.cluster.proxy import Proxy
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
@@ -100,6 +102,7 @@ class Node:
         self.renew_failed = False  # the last keep-alive got no answer: retried soon
         self.isr_revision = 0  # the isr key's revision when this node won (IsrRecord)
         self.warned_uninitialised = 0.0  # when to say again that etcd has no in-sync set
+        self.lease_cell: LeaseCell | None = None  # while it leads: the broker's deadline
         self.stopping = asyncio.Event()
         self.stepping_down = asyncio.Event()
         self.hold_off_until = 0.0  # no campaign before (after a step down)
@@ -293,6 +296,9 @@ class Node:
             await self._give_back(leader_value)
             self.hold_off_until = time.monotonic() + max(5.0, 2 * self.ttl)
             raise
+        # The time until which the broker may serve, for its IO workers.
+        self.lease_cell = LeaseCell.create()
+        self._publish_deadline()
         await self._start_broker()  # handed the data directory's lock
         lost = True
         try:
@@ -303,6 +309,7 @@ class Node:
                 # broker is told to stop (its clients closed).
                 self.role = "fenced"
                 self.shipper.fence()
+                self.lease_cell.set(0.0)  # its IO workers close their clients now
             # Else (a stop, or the broker gone) the lease still holds and
             # is kept alive: the broker's clean stop is replicated like any
             # other write, if enough followers are in sync (else it is
@@ -315,6 +322,8 @@ class Node:
             else:
                 await self._stop_broker_leading()
             datadir.claim(self.lock_fd)  # the broker is gone: the lock names us again
+            self.lease_cell.close()
+            self.lease_cell = None
             await self._give_back(leader_value)
 
     async def _give_back(self, leader_value: bytes) -> None:
@@ -378,12 +387,22 @@ class Node:
         self.renew_failed = left < 0
         if left > 0:
             self.valid_until = sent + left
+            self._publish_deadline()
             if self.shipper is not None:
                 self.shipper.lease_renewed()  # answers held meanwhile may go
         if not self.lease_valid():
             log.error("lease not renewed in time: fencing")
             return True
         return False
+
+    def _publish_deadline(self) -> None:
+        """Tell the broker's IO workers until when they may serve: the
+        lease's end, less a margin for the rates of etcd's clock and ours
+        (smaller than the fence's: answers are held from the fence's
+        threshold on, clients are closed only when the lease may really be
+        gone and a new leader may be elected)."""
+        if self.lease_cell is not None:
+            self.lease_cell.set(self.valid_until - max(0.25, self.ttl * 0.1))
 
     def _renew_interval(self) -> float:
         """Every TTL/3; after a failed keep-alive, again within a second
@@ -392,7 +411,7 @@ class Node:
         have to fence, and the answers the shipper holds meanwhile go."""
         left = self.valid_until - max(0.5, self.ttl * 0.2) - time.monotonic()
         if self.renew_failed:
-            return max(0.05, min(1.0, self.ttl / 3, left / 2))
+            return max(0.05, min(0.5, self.ttl / 3, left / 2))
         return max(0.05, min(self.ttl / 3, left - 1))
 
     async def _stop_broker_leading(self) -> None:
@@ -420,9 +439,14 @@ class Node:
 
     async def _start_broker(self) -> None:
         child = msgspec.structs.replace(self.config, cluster_etcd=())
+        assert self.lease_cell is not None
         env = dict(
             os.environ,
-            **{REPLICA_ENV: self.replica_socket, datadir.INHERITED_LOCK_ENV: str(self.lock_fd)},
+            **{
+                REPLICA_ENV: self.replica_socket,
+                datadir.INHERITED_LOCK_ENV: str(self.lock_fd),
+                LEASE_ENV: str(self.lease_cell.fd),
+            },
         )
         self.broker = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -430,7 +454,8 @@ class Node:
             "shoal.broker.cluster.child",
             msgspec.json.encode(child).decode(),
             env=env,
-            pass_fds=(self.lock_fd,),  # the same lock, held throughout: no gap
+            # The same lock, held throughout (no gap), and the lease's cell.
+            pass_fds=(self.lock_fd, self.lease_cell.fd),
         )
         log.info("broker started (pid %d)", self.broker.pid)
 

@@ -4,9 +4,12 @@ the liveness target (2 x TTL + 5 s), and nothing confirmed is lost."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 
+import pika
 import pytest
 
 from tests.broker_process import wait_for
@@ -132,3 +135,41 @@ def test_one_etcd_endpoint_blackholed_costs_no_failover(
         assert history.problems() == []
     finally:
         front.stop()
+
+
+def test_a_paused_agent_stops_its_broker_serving_before_the_lease_can_run_out(
+    three_nodes: Callable[..., list[ClusterNode]],
+) -> None:
+    """SIGSTOP of the leader's agent alone (its broker runs on): the broker's
+    IO workers close their directly connected clients before the lease can
+    have run out, so no client is served by the old leader while a new one
+    serves the same queues, and refuse new ones (issue 38, 7). After SIGCONT
+    the agent fences and follows."""
+    ttl = 2
+    nodes = three_nodes(ttl=ttl)
+    leader = leader_of(nodes, 60)
+    in_sync(nodes, 3, 60)
+    conn = pika.BlockingConnection(pika.URLParameters(leader.url + "?socket_timeout=5"))
+    channel = conn.channel()
+    channel.queue_declare("direct", durable=True)
+    assert leader.proc is not None
+    os.kill(leader.proc.pid, signal.SIGSTOP)
+    paused = time.monotonic()
+    try:
+
+        def closed() -> pika.exceptions.ConnectionClosedByBroker | None:
+            try:
+                conn.process_data_events(time_limit=0.05)
+            except pika.exceptions.ConnectionClosedByBroker as exc:
+                return exc
+            return None
+
+        reason = wait_for(closed, ttl + 2, "the old leader's broker to close its client")
+        assert reason.reply_code == 320
+        assert time.monotonic() - paused <= ttl, "closed only after the lease may have run out"
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(pika.URLParameters(leader.url + "?socket_timeout=2"))
+        leader_of([n for n in nodes if n is not leader], ttl + 3)
+    finally:
+        os.kill(leader.proc.pid, signal.SIGCONT)
+    wait_for(lambda: leader.role == "follower", 60, "the paused leader to follow")
