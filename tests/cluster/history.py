@@ -35,13 +35,16 @@ class History:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def problems(self) -> list[str]:
-        """What breaks the promise: a confirmed message never delivered, or
-        a second delivery of one not flagged redelivered."""
+        """What breaks the promise: a confirmed message never delivered, a
+        second delivery of one not flagged redelivered, or a delivery of a
+        message never published (as Jepsen's queue checkers look)."""
         out = []
         seen: set[int] = set()
         for n, redelivered in self.deliveries:
             if n in seen and not redelivered:
                 out.append(f"message {n} delivered again without the redelivered flag")
+            if not 1 <= n <= self.attempted:
+                out.append(f"message {n} delivered but never published")
             seen.add(n)
         lost = sorted(self.confirmed - seen)
         if lost:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -330,5 +331,40 @@ def test_bytes_shipped_unsynced_are_synced_on_the_follower_when_the_file_is(
         monkeypatch.setattr(os, "fdatasync", recording)
         await p.mirror(acks)  # nothing new to send: the sync itself must reach it
         assert str(p.follower / "acks") in synced
+
+    run(tmp_path, body)
+
+
+def test_a_slow_comparison_of_a_big_copy_blocks_neither_the_leader_nor_the_follower(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Comparing what a returning follower has (a CRC-32 of every file: slow
+    with a few GB of streams) runs off the leader's event loop, which renews
+    the lease; the follower, hearing heartbeats meanwhile, keeps its
+    connection and joins once the comparison is done (issue 38, 3)."""
+    real = mirror.prefix_crc
+
+    def slow(path: str, length: int) -> int | None:
+        if path.startswith(str(tmp_path / "leader")):
+            time.sleep(6)  # longer than a follower waits for a byte (protocol.SILENCE)
+        return real(path, length)
+
+    async def body(p: Pair) -> None:
+        (p.leader / "seg").write_bytes(b"x" * 4096)
+        p.follower.mkdir(exist_ok=True)
+        (p.follower / "seg").write_bytes(b"x" * 4096)
+        await p.start(follow=False)
+        monkeypatch.setattr(mirror, "prefix_crc", slow)
+        p.follow()
+        longest = 0.0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while p.shipper.isr() != ["A", "B"]:
+            assert loop.time() < deadline, "the follower did not join"
+            before = loop.time()
+            await asyncio.sleep(0.05)
+            longest = max(longest, loop.time() - before)
+        assert longest < 1.0, f"the leader's loop stood still for {longest:.1f} s"
+        assert p.task is not None and not p.task.done(), "the follower reconnected"
 
     run(tmp_path, body)
