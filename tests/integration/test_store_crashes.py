@@ -182,7 +182,13 @@ def test_confirmed_messages_survive_20_sigkills_of_the_whole_broker(broker: Brok
             broker.restart(crash=True)
         found = drain(broker)
         assert ledger.confirmed, f"round {round_}: nothing was confirmed"
-        check(ledger, found, redelivered=True)
+        try:
+            check(ledger, found, redelivered=True)
+        except AssertionError as exc:
+            # Rare failures are hard to get again: say which round, and what
+            # the broker logged (its recovery's counts included).
+            log = broker.log_path.read_text(errors="replace")[-6000:]
+            raise AssertionError(f"round {round_}: {exc}\n--- broker log ---\n{log}") from None
     # Everything drained: the store's files go.
     wait_for(lambda: not store_segments(broker), 10, "segments deleted after the drain")
 

@@ -1,0 +1,128 @@
+"""A randomised nemesis, as Jepsen runs one (issue 38): confirming publishers
+and acking consumers run while faults of every kind follow one another in
+an order drawn from a seed; after each fault heals, confirms must resume
+within the liveness target (2 x TTL + 5 s), and at the end the history
+checker (tests/cluster/history.py) must find nothing.
+
+CI runs a short one (SHOAL_NEMESIS_FAULTS, 6 by default); a long one is
+
+    SHOAL_NEMESIS_FAULTS=200 SHOAL_NEMESIS_SEED=7 \\
+        .venv/bin/python -m pytest -q -s --cluster -m cluster tests/cluster/test_nemesis.py
+
+Each run prints its seed, every fault with how long confirms stopped, and
+the verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.broker_process import wait_for
+from tests.cluster.etcd_server import EtcdServer
+from tests.cluster.history import History, run_history
+from tests.cluster.nodes import ClusterNode, leader_of
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(7200)]
+
+TTL = 2
+TARGET = 2 * TTL + 5  # s: confirms again after a fault heals (issue 38)
+
+
+def test_a_random_mix_of_faults_loses_nothing_and_confirms_resume_in_time(
+    three_nodes: Callable[..., list[ClusterNode]], etcd: EtcdServer
+) -> None:
+    seed = int(os.environ.get("SHOAL_NEMESIS_SEED") or time.time_ns() % 1_000_000)
+    faults = int(os.environ.get("SHOAL_NEMESIS_FAULTS", "6"))
+    rng = random.Random(seed)
+    print(f"\nnemesis seed {seed}, {faults} faults, lease TTL {TTL} s")
+    nodes = three_nodes(ttl=TTL, proxied=True)
+    histories: list[History] = []
+    windows: list[tuple[str, float]] = []
+
+    def confirmed() -> int:
+        with histories[0].lock:
+            return len(histories[0].confirmed)
+
+    def resumed(name: str) -> None:
+        """The fault healed: wait for the next confirm, within the target."""
+        healed, before = time.monotonic(), confirmed()
+        wait_for(
+            lambda: confirmed() > before,
+            TARGET,
+            f"confirms again within {TARGET} s after {name}",
+            interval=0.05,
+        )
+        windows.append((name, time.monotonic() - healed))
+
+    def kill_leader(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        leader.kill()
+        leader_of([n for n in ns if n is not leader], TTL + 3)
+        leader.start()
+
+    def kill_follower(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        follower = rng.choice([n for n in ns if n is not leader])
+        follower.kill()
+        follower.start()
+
+    def pause_leader(ns: list[ClusterNode]) -> None:
+        """The whole node stopped (a VM paused) until another node leads."""
+        leader = leader_of(ns, 60)
+        leader.signal_group(signal.SIGSTOP)
+        try:
+            leader_of([n for n in ns if n is not leader], 60)
+        finally:
+            leader.signal_group(signal.SIGCONT)
+
+    def pause_agent(ns: list[ClusterNode]) -> None:
+        """The leader's agent alone stopped, its broker running on."""
+        leader = leader_of(ns, 60)
+        assert leader.proc is not None
+        os.kill(leader.proc.pid, signal.SIGSTOP)
+        try:
+            leader_of([n for n in ns if n is not leader], 60)
+        finally:
+            os.kill(leader.proc.pid, signal.SIGCONT)
+
+    def partition_leader(ns: list[ClusterNode]) -> None:
+        """The leader's replication links hang for a few seconds, no FIN."""
+        leader = leader_of(ns, 60)
+        assert leader.proxy is not None
+        leader.proxy.hang()
+        time.sleep(rng.uniform(1, 6))  # the fault's length
+        leader.proxy.heal()
+
+    def pause_etcd(ns: list[ClusterNode]) -> None:
+        etcd.pause()
+        time.sleep(rng.uniform(0.5, 1.5 * TTL))  # the fault's length
+        etcd.resume()
+
+    kinds = [kill_leader, kill_follower, pause_leader, pause_agent, partition_leader, pause_etcd]
+    order = [kinds[i % len(kinds)] for i in range(faults)]
+    rng.shuffle(order)
+
+    def act(ns: list[ClusterNode]) -> None:
+        fault = order.pop()
+        started = time.monotonic()
+        fault(ns)
+        resumed(fault.__name__)
+        print(
+            f"  {fault.__name__}: {time.monotonic() - started:.1f} s, "
+            f"confirms again {windows[-1][1]:.1f} s after it healed"
+        )
+
+    history = run_history(nodes, faults, act, histories)
+    problems = history.problems()
+    print(
+        f"nemesis seed {seed}: {len(history.confirmed)} confirmed, "
+        f"{len(history.deliveries)} deliveries; longest wait for confirms after a fault "
+        f"{max(w for _, w in windows):.1f} s; verdict: {problems or 'nothing found'}"
+    )
+    assert problems == []
