@@ -405,7 +405,7 @@ class Node:
             self.lease_cell.set(self.valid_until - max(0.25, self.ttl * 0.1))
 
     def _renew_interval(self) -> float:
-        """Every TTL/3; after a failed keep-alive, again within a second
+        """Every TTL/3; after a failed keep-alive, again within half a second
         (or half the time left before the fence), so that etcd back from
         a pause or a slow spell renews the lease well before it would
         have to fence, and the answers the shipper holds meanwhile go."""
