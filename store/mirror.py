@@ -5,6 +5,7 @@ The leader (broker/cluster/shipper.py) sends a follower what changed in its
 data directory as operations on paths relative to it:
 
     append   bytes at an offset of a file (made if missing)
+    truncate cut a file to a size (the leader cut a torn tail or a failed write)
     reset    start a new copy of a file: later appends go to `<path>.mirror`
     commit   put that new copy in place of the file (rename), at once
     delete   remove a file (or a directory and what is in it)
@@ -31,7 +32,7 @@ import uuid
 import zlib
 from collections.abc import Iterator
 
-from shoal.store import records
+from shoal.store import disk, records
 
 NOT_MIRRORED = frozenset({"shoal.lock", "cluster", "paging"})
 ASIDE = ".mirror"
@@ -179,10 +180,19 @@ class Mirror:
         view = memoryview(data)
         fd = self._fd(full, sync or relative in self._aside)
         while view:
-            written = os.pwrite(fd, view, offset)
+            written = disk.pwrite(fd, view, offset)
             view = view[written:]
             offset += written
         self.bytes_written += len(data)
+
+    def truncate(self, relative: str, size: int) -> None:
+        """Cut the file to `size`, durably at the next mark: the leader cut
+        its own (store/records.py `cut`), and what it appends next goes
+        where the cut bytes were."""
+        full = self._full(relative)
+        if relative in self._aside:
+            full += ASIDE
+        os.ftruncate(self._fd(full), size)
 
     def reset(self, relative: str) -> None:
         full = self._full(relative) + ASIDE
@@ -197,7 +207,7 @@ class Mirror:
         aside = full + ASIDE
         fd = self._fds.pop(aside, None)
         if fd is not None:
-            os.fdatasync(fd)  # whole before it takes the name
+            disk.fdatasync(fd)  # whole before it takes the name
             self._dirty.discard(fd)
             os.close(fd)
         self._close(full)
@@ -228,7 +238,7 @@ class Mirror:
     def mark(self) -> None:
         """Everything applied so far is durable when this returns."""
         for fd in self._dirty:
-            os.fdatasync(fd)
+            disk.fdatasync(fd)
         self._dirty.clear()
         for directory in sorted(self._dirs, key=len, reverse=True):
             if os.path.isdir(directory):
@@ -239,7 +249,7 @@ class Mirror:
         fd = self._fds.pop(full, None)
         if fd is not None:
             if fd in self._dirty:
-                os.fdatasync(fd)  # a mark covers it, whether open or not
+                disk.fdatasync(fd)  # a mark covers it, whether open or not
                 self._dirty.discard(fd)
             os.close(fd)
 

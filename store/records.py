@@ -13,7 +13,8 @@ A record is durable once `sync` (fdatasync) returns after its `append`. A
 file that a power cut or a crash left cut short, or whose tail is corrupt,
 ends at its last record whose length and checksum hold: `open_records`
 returns the records before it, reports what it skipped, and truncates the
-file there, so that the next append follows a good record. A bad record in
+file there (`cut`, on a cluster's followers too), so that the next append
+follows a good record. A bad record in
 the middle ends the file too: what follows it cannot be trusted to be in
 order.
 
@@ -31,7 +32,7 @@ import zlib
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from shoal.store import replica
+from shoal.store import disk, replica
 
 _HEADER = struct.Struct("<6sH")
 _RECORD = struct.Struct("<II")
@@ -133,14 +134,14 @@ class RecordFile:
             _write_all(self.fd, data, self.size)
         except OSError:
             try:
-                os.ftruncate(self.fd, self.size)
+                cut(self.fd, self.path, self.size)
             except OSError:
                 self.broken = True
             raise
         self.size += len(data)
 
     def sync(self) -> None:
-        os.fdatasync(self.fd)
+        disk.fdatasync(self.fd)
         if replica.link is not None:
             replica.link.mirror(self.path)  # a cluster's followers too (raises OSError)
 
@@ -155,9 +156,21 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
     truncated away leaves nothing that moves the next record."""
     view = memoryview(data)
     while view:
-        written = os.pwrite(fd, view, offset)
+        written = disk.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
+
+
+def cut(fd: int, path: str, size: int) -> None:
+    """Cut the file open on `fd` to `size` bytes, durably. On a cluster's
+    leader the followers cut their copies too before this returns, and so
+    before anything is written over the cut bytes: a follower sent only
+    what is appended after would keep them in the middle of its copy, and
+    its own recovery would drop every record after them (issue 38, 5)."""
+    os.ftruncate(fd, size)
+    disk.fdatasync(fd)
+    if replica.link is not None:
+        replica.link.mirror(path)
 
 
 def open_records(
@@ -174,9 +187,10 @@ def open_records(
             # ever acknowledged from it.
             skipped = Skipped(0, len(data), "truncated header") if data else None
             header = _HEADER.pack(magic, version)
-            os.ftruncate(fd, 0)
+            if data:
+                cut(fd, path, 0)
             _write_all(fd, header, 0)
-            os.fdatasync(fd)
+            disk.fdatasync(fd)
             sync_directory(os.path.dirname(path) or ".")
             return RecordFile(path, fd, HEADER_SIZE), [], skipped
         got_magic, got_version = _HEADER.unpack_from(data)
@@ -189,8 +203,7 @@ def open_records(
         skipped = None
         if end < len(data):
             skipped = Skipped(end, len(data) - end, reason)
-            os.ftruncate(fd, end)
-            os.fdatasync(fd)
+            cut(fd, path, end)
         return RecordFile(path, fd, end), records, skipped
     except BaseException:
         os.close(fd)
@@ -205,7 +218,7 @@ def replace_records(path: str, magic: bytes, version: int, payloads: Iterable[by
     try:
         data = _HEADER.pack(magic, version) + b"".join(encode(p) for p in payloads)
         _write_all(fd, data, 0)
-        os.fdatasync(fd)
+        disk.fdatasync(fd)
         os.rename(tmp, path)
     except BaseException:
         os.close(fd)
@@ -226,7 +239,7 @@ def replace_file(path: str, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         _write_all(fd, data, 0)
-        os.fdatasync(fd)
+        disk.fdatasync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, path)
@@ -238,7 +251,7 @@ def sync_directory(path: str) -> None:
     removal) durable, on a cluster's in-sync followers too."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
+        disk.fsync(fd)
     finally:
         os.close(fd)
     if replica.link is not None:

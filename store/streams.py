@@ -42,7 +42,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from shoal.store import records
+from shoal.store import disk, records
 from shoal.store.sync import GroupSync, sync_now
 
 MAGIC = 0x53484B32  # "SHK2"
@@ -254,8 +254,10 @@ class StreamLog:
                 break
             position, nxt, last = header.end, header.next, header.first
             self.last_origin, self.last_seq = header.origin, header.last_seq
-        os.ftruncate(self.fd, position)
-        os.fdatasync(self.fd)
+        if position < os.fstat(self.fd).st_size:
+            records.cut(self.fd, self._path(first), position)  # on followers too
+        else:
+            disk.fdatasync(self.fd)  # what the last start wrote, kept: durable now
         self.position = position
         self.sizes[first] = position
         self.next, self.last_chunk = nxt, last
@@ -285,7 +287,7 @@ class StreamLog:
                         self._sync.set_fd(self.fd)  # after the syncs of the old file
                     os.close(old)
         chunk = encode_chunk(self.next, records, time.time_ns() // 1_000_000, origin, last_seq)
-        written = os.pwrite(self.fd, chunk, self.position)
+        written = disk.pwrite(self.fd, chunk, self.position)
         if written != len(chunk):
             raise OSError(f"short write to stream segment in {self.directory}")
         self.last_chunk = self.next

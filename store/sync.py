@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from shoal.store import replica
+from shoal.store import disk, replica
 
 log = logging.getLogger("shoal.store")
 
@@ -57,7 +57,7 @@ def durability_lost(what: str, error: BaseException) -> NoReturn:
 def sync_now(fd: int, what: str) -> None:
     """fdatasync `fd` on the caller's thread, under the same rule."""
     try:
-        os.fdatasync(fd)
+        disk.fdatasync(fd)
         if replica.link is not None:
             replica.mirror_fd(fd)  # and on every in-sync follower (a cluster's leader)
     except OSError as exc:

@@ -66,6 +66,7 @@ from shoal.broker.supervisor import datadir
 from shoal.broker.supervisor.main import BOOT_ERROR
 from shoal.store.mirror import is_in_sync, node_id, set_in_sync
 from shoal.store.replica import ENV as REPLICA_ENV
+from shoal.store.sync import DURABILITY_LOST
 
 log = logging.getLogger("shoal.cluster")
 
@@ -225,6 +226,7 @@ class Node:
             if await self.etcd.put_if_absent(self.prefix + "leader", value, lease, unchanged):
                 self.lease, self.valid_until = lease, sent + self.ttl
                 self.isr_revision = isr_revision
+                self.isr = isr  # the shipper starts from it (its members until dropped)
                 self.leader = json.loads(value)
                 # A transfer to this node is done: later elections are open.
                 await self.etcd.delete_if_equal(self.prefix + "prefer", self.node.encode())
@@ -285,6 +287,7 @@ class Node:
             self.config.cluster_max_lag,
             write_isr,
             self.lease_valid,
+            presumed=self.isr,
         )
         host = self.config.bind[0] if self.config.bind else "::"
         try:
@@ -346,6 +349,10 @@ class Node:
         while not self.stopping.is_set() and not self.stepping_down.is_set():
             if self.broker is not None and self.broker.returncode is not None:
                 log.error("the broker exited (%s): stepping down", self.broker.returncode)
+                if self.broker.returncode == DURABILITY_LOST:
+                    # Its disk failed: another in-sync node should lead
+                    # (this one tries again after a while if none does).
+                    self.hold_off_until = time.monotonic() + max(5.0, 2 * self.ttl)
                 return False
             if fenced.is_set():
                 # Replication failed (shipper.py _batches): nothing can be
@@ -534,9 +541,16 @@ class Node:
             self.receiver = None
 
     def _catching_up(self) -> None:
-        """A leader accepted us: its catch-up is about to change our copy,
-        which is not whole again until the catch-up's mark."""
-        set_in_sync(self.data_dir, False)
+        """A leader accepted us, and its catch-up is about to change our
+        copy. The in-sync marker stays as it is: a node whose copy was whole
+        keeps every confirmed write through a catch-up, because its leader
+        has them all (it was in the in-sync set) and every file changes from
+        ours to a version of the leader's (appends to a common prefix, or a
+        whole copy renamed in: store/mirror.py). While etcd's in-sync set
+        names us (the leader confirms nothing without us), we may lead if
+        the leader dies now: a second failover right after a first. A copy
+        that was not whole (a wiped disk) has no marker until the catch-up's
+        mark (`_caught_up`)."""
 
     def _caught_up(self) -> None:
         set_in_sync(self.data_dir, True)
@@ -552,7 +566,7 @@ class Node:
             return {
                 "error": f"{self.node} is not the leader ({self.leader.get('node') or 'none'} is)"
             }
-        isr = self.shipper.isr()[1:]
+        isr = self.shipper.in_sync_followers()
         target = str(request.get("node") or "")
         if op == "transfer_leadership":
             if target not in isr:

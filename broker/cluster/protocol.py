@@ -4,7 +4,7 @@ their framing, apart from any socket (issue 29).
 A frame is `u32 length | msgpack` of one message, tagged by its type. The
 follower opens the connection and says who it is and what it has (`Hello`);
 the leader answers `Welcome` or `Refused`, then sends operations on its data
-directory (`Append`, `Reset`, `Commit`, `Delete`) and, after each batch, a
+directory (`Append`, `Truncate`, `Reset`, `Commit`, `Delete`) and, after each batch, a
 `Mark`. The follower acknowledges a mark (`Ack`) once everything before it
 is written and synced (store/mirror.py). While there is nothing to send, the
 leader sends a `Heartbeat` every second, so that a follower notices a
@@ -63,6 +63,14 @@ class Append(msgspec.Struct, tag=True):
     sync: bool = True  # False: not fdatasynced at the next mark (shipped acks)
 
 
+class Truncate(msgspec.Struct, tag=True):
+    """The leader cut the file to `size` (a torn tail, a failed write):
+    the follower cuts its copy too, durably at the next mark."""
+
+    path: str
+    size: int
+
+
 class Reset(msgspec.Struct, tag=True):
     path: str
 
@@ -93,7 +101,9 @@ HEARTBEAT = 1.0  # s between a leader's heartbeats to each follower
 SILENCE = 5.0  # s without a byte from the leader before a follower reconnects
 
 
-Message = Hello | Welcome | Refused | Append | Reset | Commit | Delete | Mark | Ack | Heartbeat
+Message = (
+    Hello | Welcome | Refused | Append | Truncate | Reset | Commit | Delete | Mark | Ack | Heartbeat
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -88,6 +88,8 @@ class Receiver:
                 m.append(message.path, message.offset, message.data, message.sync)
             elif isinstance(message, P.Mark):
                 mark = message.seq
+            elif isinstance(message, P.Truncate):
+                m.truncate(message.path, message.size)
             elif isinstance(message, P.Reset):
                 m.reset(message.path)
             elif isinstance(message, P.Commit):

@@ -17,17 +17,28 @@ files to every streaming follower, sends one `Mark` and waits until every
 in-sync follower has acknowledged it (written and synced), so one round
 trip serves many publishes. What a follower is sent is decided by the file
 itself against what that follower has (`Shipped`: inode and size): a file
-that only grew gets its new bytes; one replaced (another inode) or cut
-shorter is sent whole, written aside and renamed in (store/mirror.py); a
-missing one is deleted.
+that only grew gets its new bytes; one cut shorter (a torn tail, a failed
+write: store/records.py `cut` asks before anything is written over the cut)
+is cut there too; one replaced (another inode) is sent whole, written aside
+and renamed in (store/mirror.py); a missing one is deleted.
 
-The in-sync set (ISR): the followers that acknowledged the last mark within
-`max_lag` seconds. One that does not is dropped, and the set recorded in
-etcd (`on_isr`), **before** any answer that did not wait for it: only a
-node of the recorded set may become leader, so a confirmed write is on
-every node that may lead next. A follower that catches up again is added.
-Fewer than `min_isr` in-sync followers: answers wait (publishers see no
-confirms) until enough are back, as Kafka's `min.insync.replicas` refuses.
+The in-sync set (ISR, `members` and the leader): the nodes that hold every
+confirmed write, recorded in etcd (`on_isr`); only a node of the recorded
+set may become leader, so a confirmed write is on every node that may lead
+next. A batch is answered once every member acknowledged its mark. A member
+that does not within `max_lag` seconds (lagging, disconnected, or never
+connected since this node won) is dropped, and the set recorded, **before**
+any answer that did not wait for it; a follower that catches up again is
+added. A new leader starts from the set it won with (`presumed`), not from
+itself alone, so that a second failure right after a failover still finds
+a node to lead.
+
+`min_isr`: the in-sync followers an answer needs, as Kafka's
+`min.insync.replicas`. A member is dropped only if enough others remain
+for the answer it holds up; else it stays recorded (and eligible) and the
+answers wait, because dropping it would confirm nothing and leave the
+cluster with fewer nodes that may lead (Kafka's KIP-966, eligible leader
+replicas).
 
 `fence()` (the node lost its lease) answers every waiting and later request
 FENCED and drops the followers: nothing is confirmed any more.
@@ -40,7 +51,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from shoal.broker.cluster import protocol as P
@@ -74,7 +85,7 @@ class Follower:
     # nothing new is left to send (_ship).
     unsynced: set[str] = field(default_factory=set)
     streaming: bool = False  # caught up: sent every change as it happens
-    in_sync: bool = False
+    in_sync: bool = False  # a member whose acks count (caught up on this connection)
     acked: int = 0  # the last mark it acknowledged
     sent_bytes: int = 0
     acked_bytes: int = 0
@@ -96,6 +107,7 @@ class Shipper:
         max_lag: float,
         on_isr: IsrWriter,
         lease_valid: Callable[[], bool] = lambda: True,
+        presumed: Sequence[str] = (),
     ) -> None:
         self.me = me
         self.root = os.path.realpath(me.root)
@@ -105,6 +117,9 @@ class Shipper:
         self.on_isr = on_isr
         self.lease_valid = lease_valid
         self.followers: dict[str, Follower] = {}
+        # The ISR's other nodes: those of the set this node won with, until
+        # they are dropped, and every follower that caught up since.
+        self.members: set[str] = {n for n in presumed if n != me.node}
         self.fenced = False
         self.draining = False  # the node is stopping: no waiting for followers to come back
         self.seq = 0
@@ -179,7 +194,11 @@ class Shipper:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def isr(self) -> list[str]:
-        return [self.node, *sorted(f.node for f in self.followers.values() if f.in_sync)]
+        return [self.node, *sorted(self.members)]
+
+    def in_sync_followers(self) -> list[str]:
+        """Members connected and acknowledging: those that could take over now."""
+        return sorted(f.node for f in self.followers.values() if f.in_sync)
 
     def status(self) -> list[dict[str, object]]:
         now = time.monotonic()
@@ -331,19 +350,32 @@ class Shipper:
         return self.seq
 
     async def _confirmable(self, seq: int) -> bool:
-        """Wait until every in-sync follower acknowledged `seq`, dropping
-        those that take longer than max_lag, and the ISR is recorded."""
+        """Wait until every member acknowledged `seq`, dropping those that
+        take longer than max_lag (while enough others remain), and the ISR
+        is recorded."""
         deadline = time.monotonic() + self.max_lag
+        held_up = False  # said once per batch: members kept for min_isr
         while not self.fenced:
             waiting = self._lagging(seq)
             now = time.monotonic()
-            if waiting and now >= deadline:
-                for f in waiting:
+            if waiting:
+                # One with no connection is dropped at once; one connected
+                # gets max_lag to answer.
+                due = waiting if now >= deadline else self._disconnected(waiting)
+                if due and len(self.members) - len(due) >= self.min_isr:
+                    self._drop(due)
+                    continue
+                if due and self.draining and now >= deadline:
+                    return False  # the node stops: refuse rather than wait for followers
+                if due and not held_up:
+                    held_up = True
                     log.warning(
-                        "follower %s lags %.1f s: out of the in-sync set", f.node, self.max_lag
+                        "in-sync set kept at %s: dropping %s would leave fewer than "
+                        "%d in-sync followers; answers wait",
+                        ", ".join(self.isr()),
+                        ", ".join(sorted(due)),
+                        self.min_isr,
                     )
-                    f.in_sync = False
-                continue
             if not waiting:
                 if not await self._write_isr():
                     return False
@@ -353,13 +385,33 @@ class Shipper:
                     return False  # the node stops: refuse rather than wait for followers
                 deadline = time.monotonic() + self.max_lag  # wait for followers to come back
             self._changed.clear()
+            left = deadline - now
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), max(0.01, min(deadline - now, 0.5)))
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.5) if left > 0 else 0.5)
         return False
 
-    def _lagging(self, seq: int) -> list[Follower]:
-        """The in-sync followers that have not acknowledged mark `seq` yet."""
-        return [f for f in self.followers.values() if f.in_sync and f.acked < seq]
+    def _lagging(self, seq: int) -> list[str]:
+        """The members that have not acknowledged mark `seq` yet (on a
+        connection on which they are in sync)."""
+        lagging = []
+        for node in self.members:
+            f = self.followers.get(node)
+            if f is None or not f.in_sync or f.acked < seq:
+                lagging.append(node)
+        return lagging
+
+    def _disconnected(self, nodes: list[str]) -> list[str]:
+        return [n for n in nodes if n not in self.followers]
+
+    def _drop(self, nodes: list[str]) -> None:
+        for node in nodes:
+            self.members.discard(node)
+            f = self.followers.get(node)
+            if f is not None:
+                f.in_sync = False
+                log.warning("follower %s lags %.1f s: out of the in-sync set", node, self.max_lag)
+            else:
+                log.warning("follower %s is not connected: out of the in-sync set", node)
 
     async def _write_isr(self) -> bool:
         """Record the ISR in etcd if it changed; retried until it is, or fenced."""
@@ -419,7 +471,9 @@ class Shipper:
             if follower is not None and self.followers.get(follower.node) is follower:
                 del self.followers[follower.node]
                 if follower.in_sync:
-                    log.warning("follower %s left the in-sync set (disconnected)", follower.node)
+                    # Still a member (it holds every confirmed write): the
+                    # next answer drops it if enough others remain.
+                    log.warning("follower %s disconnected", follower.node)
                 self._changed.set()
 
     async def _hello(self, reader: asyncio.StreamReader, frames: P.FrameReader) -> P.Hello | None:
@@ -444,7 +498,9 @@ class Shipper:
             # for it (_batch_loop checks again before answering).
             f.in_sync = True
             log.info("follower %s is in sync", f.node)
-            self._spawn(self._write_isr_task())
+            if f.node not in self.members:
+                self.members.add(f.node)
+                self._spawn(self._write_isr_task())
         self._changed.set()
 
     async def _write_isr_task(self) -> None:
@@ -532,7 +588,13 @@ class Shipper:
                 self._send(f, P.Delete(gone))
             return
         have = f.shipped.get(rel)
-        whole = whole_file or have is None or have.ino != st.st_ino or have.size > st.st_size
+        whole = whole_file or have is None or have.ino != st.st_ino
+        if have is not None and not whole and have.size > st.st_size:
+            # Cut shorter (store/records.py `cut`, which asks at once, before
+            # anything is written over the cut bytes): what the follower has
+            # up to the new end is ours, the rest goes.
+            self._send(f, P.Truncate(rel, st.st_size))
+            have.size = st.st_size
         offset = 0 if whole else have.size  # type: ignore[union-attr]
         try:
             fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)

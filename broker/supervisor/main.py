@@ -52,6 +52,7 @@ from shoal.shm.segment import Limits, Segment
 from shoal.shm.wake import Waker
 from shoal.store import replica
 from shoal.store.messages import store_directory
+from shoal.store.sync import DURABILITY_LOST
 from shoal.workers import tls
 from shoal.workers.main import run_worker
 
@@ -107,6 +108,9 @@ class Supervisor:
         self.children: list[Child] = []
         self.signals: list[int] = []
         self.stopping = False
+        # A cluster leader's IO worker lost durability (its disk failed): the
+        # broker stops, so that its agent gives leadership to a healthy node.
+        self.disk_failed = False
         self.ready_sent = False
         self.watchdog_interval = systemd.watchdog_interval()  # 0: no WatchdogSec=
         self.watchdog_next = 0.0
@@ -297,6 +301,9 @@ class Supervisor:
                 elif sig in (signal.SIGTTIN, signal.SIGTTOU):
                     self.scaling.on_signal(sig)
             self._reap()
+            if self.disk_failed:
+                self._fast_stop()
+                return DURABILITY_LOST
             self.scaling.step()
             now = time.monotonic()
             for child in self.children:
@@ -443,6 +450,16 @@ class Supervisor:
             self.scaling.retired(child)
             return
         log.warning("%s %s %s", child.role, child.index if child.role == "io-worker" else "", how)
+        if (
+            replica.link is not None
+            and os.WIFEXITED(status)
+            and os.WEXITSTATUS(status) == DURABILITY_LOST
+        ):
+            # On a cluster's leader a restarted worker would fail on the same
+            # disk again, while a follower's is healthy: stop, and the agent
+            # gives the leadership up (broker/cluster/node.py).
+            log.critical("a durable write failed on a cluster's leader: the broker stops")
+            self.disk_failed = True
         if child.role == "io-worker":
             self.recover_worker(child.index)
         lived = time.monotonic() - child.started

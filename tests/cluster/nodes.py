@@ -6,6 +6,7 @@ Every wait is a bounded poll (tests/broker_process.py wait_for)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from shoal.store import disk
 from tests.broker_process import ROOT, free_port, process_family, wait_for
 from tests.cluster.faultproxy import FaultProxy
 
@@ -67,12 +69,24 @@ class ClusterNode:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.proxy: FaultProxy | None = None  # in front of its cluster port (conftest)
+        # Its disk's faults, read by store/disk.py at each write and sync.
+        self.disk_faults = tmp / f"{name}.disk"
+
+    def disk(self, fault: str) -> None:
+        """Make the node's disk slow or failing from now on ("slow 0.5",
+        "eio", "enospc"; "" heals it: store/disk.py)."""
+        tmp = self.disk_faults.with_suffix(".new")
+        tmp.write_text(fault)
+        os.replace(tmp, self.disk_faults)
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     def start(self) -> ClusterNode:
+        # A node killed earlier left its last view: not this start's.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.runtime_dir, "cluster.json"))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.cmd,
@@ -80,6 +94,7 @@ class ClusterNode:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
                 start_new_session=True,
+                env=dict(os.environ, **{disk.ENV: str(self.disk_faults)}),
             )
         return self
 
@@ -179,14 +194,28 @@ def leader_of(nodes: list[ClusterNode], timeout: float = 30) -> ClusterNode:
     )
 
 
+def acking(status: dict[str, Any]) -> list[str]:
+    """A leader's followers that are in sync and acknowledging: its in-sync
+    set may also name members that are gone or lag, until they are dropped
+    (broker/cluster/shipper.py)."""
+    return [
+        f["node"]
+        for f in status.get("followers", [])
+        if f.get("in_sync") and f.get("lag_seconds", 0) < 1.0
+    ]
+
+
 def in_sync(nodes: list[ClusterNode], count: int, timeout: float = 30) -> list[str]:
-    """Wait until the leader reports `count` nodes in its in-sync set."""
+    """Wait until the leader reports `count` nodes in its in-sync set, each
+    follower among them connected and acknowledging."""
 
     def check() -> list[str] | None:
         for n in nodes:
             st = n.status()
-            if st.get("role") == "leader" and len(st.get("isr", [])) == count:
-                return list(st["isr"])
+            isr = st.get("isr", [])
+            followers = sorted(m for m in isr if m != st.get("node"))
+            if st.get("role") == "leader" and len(isr) == count and sorted(acking(st)) == followers:
+                return list(isr)
         return None
 
     return wait_for(check, timeout, f"{count} nodes in sync", interval=0.1)

@@ -16,7 +16,7 @@ from tests.broker_process import wait_for
 from tests.cluster.etcd_server import EtcdServer
 from tests.cluster.faultproxy import FaultProxy
 from tests.cluster.history import History, run_history
-from tests.cluster.nodes import ClusterNode, in_sync, leader_of
+from tests.cluster.nodes import ClusterNode, acking, in_sync, leader_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -74,9 +74,10 @@ def test_replication_links_hung_for_twelve_seconds_come_back_in_sync(
 ) -> None:
     """The leader's replication links hang (no byte, no FIN) for 12 s, and
     afterwards only new connections pass, as after a partition or a NAT
-    that forgot the flows: both followers leave the in-sync set, then
-    reconnect and are back in sync within 10 s of the heal, under load. The
-    leader's death afterwards fails over to one of them."""
+    that forgot the flows: both followers stop acknowledging (they stay in
+    the recorded in-sync set: with min-isr 1, dropping both would confirm
+    nothing), then reconnect and are back in sync within 10 s of the heal,
+    under load. The leader's death afterwards fails over to one of them."""
     nodes = three_nodes(proxied=True)
     rejoined: list[float] = []
 
@@ -87,9 +88,9 @@ def test_replication_links_hung_for_twelve_seconds_come_back_in_sync(
         hung = time.monotonic()
         try:
             wait_for(
-                lambda: len(leader.status().get("isr", [])) == 1,
+                lambda: not acking(leader.status()),
                 12,
-                "the followers to leave the in-sync set",
+                "the followers to stop acknowledging",
                 interval=0.05,
             )
             time.sleep(max(0.0, hung + 12 - time.monotonic()))  # the fault's length
@@ -173,3 +174,137 @@ def test_a_paused_agent_stops_its_broker_serving_before_the_lease_can_run_out(
     finally:
         os.kill(leader.proc.pid, signal.SIGCONT)
     wait_for(lambda: leader.role == "follower", 60, "the paused leader to follow")
+
+
+def test_a_second_failover_right_after_the_first_finds_an_in_sync_node(
+    three_nodes: Callable[..., list[ClusterNode]],
+) -> None:
+    """The leader dies; the node that wins next dies too, before the third
+    could catch up from it (the links to it hang). The third, and the first
+    once restarted, hold every confirmed write, and the in-sync set still
+    names them (a new leader starts from the set it won with, not from
+    itself alone), so one of them leads within TTL + 3 s of the second
+    death, without the second coming back (issue 38, 8)."""
+    ttl = 2
+    nodes = three_nodes(ttl=ttl, proxied=True)
+    took: list[float] = []
+
+    def act(ns: list[ClusterNode]) -> None:
+        first = leader_of(ns, 60)
+        rest = [n for n in ns if n is not first]
+        for n in rest:  # whoever wins next: no follower reaches it
+            assert n.proxy is not None
+            n.proxy.hang()
+        first.kill()
+        second = wait_for(
+            lambda: next((n for n in rest if n.role == "leader"), None),
+            ttl + 3,
+            "a node to win the first election",
+            interval=0.05,
+        )
+        second.kill()
+        killed = time.monotonic()
+        for n in rest:
+            assert n.proxy is not None
+            n.proxy.heal()
+        first.start()
+        others = [first, *(n for n in rest if n is not second)]
+        wait_for(
+            lambda: next((n for n in others if n.alive() and n.role == "leader"), None),
+            ttl + 3,
+            "an in-sync node to win the second election",
+            interval=0.05,
+        )
+        took.append(time.monotonic() - killed)
+        second.start()  # back as a follower
+
+    history = run_history(nodes, 1, act)
+    assert history.problems() == []
+    print(f"second failover {took[0]:.1f} s after the second leader's death")
+
+
+def test_a_slow_disk_on_the_leader_slows_confirms_and_loses_nothing(
+    three_nodes: Callable[..., list[ClusterNode]],
+) -> None:
+    """Every sync of the leader's disk takes 0.3 s for 6 s: group commit
+    keeps confirms coming (fewer, larger batches), no node fences or fails
+    over, and nothing is lost."""
+    nodes = three_nodes()
+    histories: list[History] = []
+    during: list[int] = []
+
+    def act(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        leader.disk("slow 0.3")
+        try:
+            before = len(histories[0].confirmed)
+            time.sleep(6)  # the fault's length, not a synchronisation
+            during.append(len(histories[0].confirmed) - before)
+        finally:
+            leader.disk("")
+        assert leader.role == "leader", leader.log()[-3000:]
+        confirms_resume(histories[0], 2)
+
+    history = run_history(nodes, 1, act, histories)
+    assert history.problems() == []
+    assert during[0] > 0, "no confirm while the disk was slow"
+    print(f"{during[0]} confirms in 6 s of a slow disk")
+
+
+def test_a_failing_disk_on_the_leader_hands_the_leadership_to_a_healthy_node(
+    three_nodes: Callable[..., list[ClusterNode]],
+) -> None:
+    """The leader's disk fails (EIO on every write and sync): the IO worker
+    whose sync failed exits (nothing it wrote since may be confirmed), its
+    broker stops, and the agent gives the leadership up and stands aside,
+    so a follower leads and confirms resume within 2 x TTL + 5 s. Once the
+    disk is back, the node catches up as a follower."""
+    ttl = 2
+    nodes = three_nodes(ttl=ttl)
+    histories: list[History] = []
+    took: list[float] = []
+
+    def act(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        leader.disk("eio")
+        failed = time.monotonic()
+        try:
+            leader_of([n for n in ns if n is not leader], 2 * ttl + 5)
+            took.append(time.monotonic() - failed)
+            confirms_resume(histories[0], ttl)
+        finally:
+            leader.disk("")
+
+    history = run_history(nodes, 1, act, histories)
+    assert history.problems() == []
+    print(f"a healthy node led {took[0]:.1f} s after the leader's disk failed")
+
+
+def test_a_full_disk_on_a_follower_drops_it_and_confirms_go_on(
+    three_nodes: Callable[..., list[ClusterNode]],
+) -> None:
+    """A follower's disk is full (ENOSPC on every write): it cannot
+    acknowledge, the leader drops it from the in-sync set (the other
+    follower remains) and confirms go on; once there is room again it
+    catches up and is back in sync."""
+    nodes = three_nodes()
+    histories: list[History] = []
+
+    def act(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        follower = next(n for n in ns if n is not leader)
+        follower.disk("enospc")
+        try:
+            wait_for(
+                lambda: len(leader.status().get("isr", [])) == 2,
+                30,
+                "the follower with a full disk to leave the in-sync set",
+                interval=0.05,
+            )
+            confirms_resume(histories[0], 2)
+            assert leader.role == "leader"
+        finally:
+            follower.disk("")
+
+    history = run_history(nodes, 1, act, histories)
+    assert history.problems() == []

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 from shoal.broker.cluster import protocol as P
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
 from shoal.broker.cluster.shipper import Shipper
-from shoal.store import mirror, records
+from shoal.store import disk, mirror, records, replica
 from shoal.store.replica import ReplicaLink, ReplicaRefused
 from tests.broker_process import free_port
 
@@ -36,7 +39,9 @@ async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
 class Pair:
     """A shipper over `leader` and a receiver into `follower`."""
 
-    def __init__(self, tmp: Path, min_isr: int = 1, max_lag: float = 2.0) -> None:
+    def __init__(
+        self, tmp: Path, min_isr: int = 1, max_lag: float = 2.0, presumed: tuple[str, ...] = ()
+    ) -> None:
         self.leader = tmp / "leader"
         self.follower = tmp / "follower"
         self.leader.mkdir()
@@ -50,6 +55,7 @@ class Pair:
             max_lag=max_lag,
             on_isr=self._isr,
             lease_valid=lambda: self.lease_ok,
+            presumed=list(presumed),
         )
         self.receiver = Receiver(P.Identity(str(self.follower), "B", "c", "s"))
         self.task: asyncio.Task[None] | None = None
@@ -70,6 +76,13 @@ class Pair:
     async def in_sync(self) -> None:
         await until(lambda: self.shipper.isr() == ["A", "B"])
 
+    async def follower_dies(self) -> None:
+        """Once in sync, the follower is gone (its connection closed)."""
+        await self.in_sync()
+        assert self.task is not None
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
     async def mirror(self, path: Path) -> None:
         await asyncio.to_thread(ReplicaLink(self.socket).mirror, str(path))
 
@@ -80,7 +93,7 @@ class Pair:
         await self.shipper.close()
 
 
-def run(tmp: Path, body: Callable[[Pair], Awaitable[None]], **kw: float) -> None:
+def run(tmp: Path, body: Callable[[Pair], Awaitable[None]], **kw: object) -> None:
     async def main() -> None:
         pair = Pair(tmp, **kw)  # type: ignore[arg-type]
         try:
@@ -163,12 +176,30 @@ def test_a_returning_follower_gets_only_what_it_misses(tmp_path: Path) -> None:
 
 
 def test_a_dead_follower_leaves_the_in_sync_set_before_the_next_answer(tmp_path: Path) -> None:
+    """With min-isr 0 an answer needs no follower: a dead one is dropped,
+    and the set recorded, before the answer."""
+
     async def body(p: Pair) -> None:
         await p.start()
-        await p.in_sync()
-        assert p.task is not None
-        p.task.cancel()  # the follower is gone
-        await asyncio.gather(p.task, return_exceptions=True)
+        await p.follower_dies()
+        seg = p.leader / "seg"
+        seg.write_bytes(b"after")
+        await asyncio.wait_for(p.mirror(seg), 5)
+        assert p.isr_log[-1] == ["A"]
+
+    run(tmp_path, body, max_lag=0.5, min_isr=0)
+
+
+def test_a_dead_follower_stays_in_the_in_sync_set_while_answers_wait_for_min_isr(
+    tmp_path: Path,
+) -> None:
+    """With min-isr 1 and one follower, dropping it would confirm nothing:
+    it stays recorded (it holds every confirmed write, so it may still lead
+    if the leader dies now), the answer waits, and goes once it is back."""
+
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.follower_dies()
         seg = p.leader / "seg"
         seg.write_bytes(b"after")
         mirrored = asyncio.ensure_future(p.mirror(seg))
@@ -177,9 +208,34 @@ def test_a_dead_follower_leaves_the_in_sync_set_before_the_next_answer(tmp_path:
         p.follow()  # it comes back, catches up, and the answer follows
         await asyncio.wait_for(mirrored, 10)
         assert (p.follower / "seg").read_bytes() == b"after"
-        assert ["A"] in p.isr_log and p.isr_log[-1] == ["A", "B"]
+        joined = p.isr_log.index(["A", "B"])
+        assert p.isr_log[joined:] == [["A", "B"]], "the follower left the recorded set"
 
     run(tmp_path, body, max_lag=0.5)
+
+
+def test_a_new_leader_keeps_the_set_it_won_with_until_a_member_must_go(tmp_path: Path) -> None:
+    """A new leader's in-sync set starts as the one it won with, not as
+    itself alone: until an answer needs a member dropped, every node that
+    held every confirmed write may still lead (issue 38, 8). B comes and
+    catches up; C never does: C is dropped before the first answer, and
+    the set never shrinks to the leader alone."""
+
+    async def body(p: Pair) -> None:
+        await p.start(follow=False)
+        await until(lambda: p.isr_log == [["A", "B", "C"]])
+        seg = p.leader / "seg"
+        seg.write_bytes(b"first write")
+        mirrored = asyncio.ensure_future(p.mirror(seg))
+        await asyncio.sleep(0.3)
+        assert not mirrored.done(), "answered before any member had it"
+        assert p.isr_log == [["A", "B", "C"]], "dropped a member with nothing confirmed"
+        p.follow()
+        await asyncio.wait_for(mirrored, 10)
+        assert p.isr_log == [["A", "B", "C"], ["A", "B"]]
+        assert (p.follower / "seg").read_bytes() == b"first write"
+
+    run(tmp_path, body, presumed=("B", "C"))
 
 
 def test_fenced_leader_refuses_and_a_wrong_secret_is_refused(tmp_path: Path) -> None:
@@ -296,11 +352,12 @@ def test_a_follower_that_has_every_confirmed_write_rejoins_though_a_mark_is_out(
         shipper = p.shipper
         follower = shipper.followers["B"]
         follower.in_sync = False  # dropped a while ago; streaming again since
+        shipper.members.discard("B")
         shipper.confirmed_seq = shipper.seq  # every batch so far answered
         shipper.seq += 1  # the next batch's mark, out already
         shipper._acked(follower, shipper.confirmed_seq)
         assert follower.in_sync
-        assert shipper._lagging(shipper.seq) == [follower]  # the batch in flight waits
+        assert shipper._lagging(shipper.seq) == ["B"]  # the batch in flight waits
 
     run(tmp_path, body)
 
@@ -312,7 +369,7 @@ def test_bytes_shipped_unsynced_are_synced_on_the_follower_when_the_file_is(
     (a tx.commit, a purge) with nothing new to send must still have the
     follower fdatasync it before the answer (issue 38, 10)."""
     synced: list[str] = []
-    real = os.fdatasync
+    real = disk.fdatasync
 
     def recording(fd: int) -> None:
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
@@ -328,7 +385,7 @@ def test_bytes_shipped_unsynced_are_synced_on_the_follower_when_the_file_is(
             f.write(b"ack records")
         await asyncio.to_thread(ReplicaLink(p.socket).ship, str(acks))
         await until(lambda: (p.follower / "acks").read_bytes() == b"first;ack records")
-        monkeypatch.setattr(os, "fdatasync", recording)
+        monkeypatch.setattr(disk, "fdatasync", recording)
         await p.mirror(acks)  # nothing new to send: the sync itself must reach it
         assert str(p.follower / "acks") in synced
 
@@ -368,3 +425,87 @@ def test_a_slow_comparison_of_a_big_copy_blocks_neither_the_leader_nor_the_follo
         assert p.task is not None and not p.task.done(), "the follower reconnected"
 
     run(tmp_path, body)
+
+
+def _records_of(path: Path) -> list[bytes]:
+    """The records a recovery of `path` keeps (read only: nothing is cut)."""
+    return records.decode_all(path.read_bytes(), records.HEADER_SIZE)[0]
+
+
+async def _as_a_broker_process(p: Pair, script: str, path: Path) -> None:
+    """Run `script` in a process of its own with the replica socket in its
+    environment, as the broker's processes are (store/replica.py): its
+    syncs and cuts of `path` (`seg`) go through the shipper."""
+    env = dict(os.environ, **{replica.ENV: p.socket})
+    code = "import os, errno\nfrom shoal.store import disk, records, replica\n"
+    code += f"seg = {str(path)!r}\n" + textwrap.dedent(script)
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", code], env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def _the_follower_gets_the_cut(tmp: Path, name: str, script: str) -> None:
+    """Run `script` as a broker process on the leader's file `name`, open
+    as `file` with one record (b"a" * 100) written and synced; the script
+    ends with b"b" * 400 synced after a cut. The follower's copy must keep
+    both records, the leader's bytes exactly."""
+
+    async def body(p: Pair) -> None:
+        await p.start()
+        await p.in_sync()
+        path = p.leader / name
+        first = 'file, _, _ = records.open_records(seg, b"SHTEST", 1)\n'
+        first += 'file.append([b"a" * 100])\nfile.sync()\n'
+        await _as_a_broker_process(p, first + textwrap.dedent(script), path)
+        assert _records_of(p.follower / name) == [b"a" * 100, b"b" * 400]
+        assert (p.follower / name).read_bytes() == path.read_bytes()
+
+    run(tmp, body)
+
+
+def test_a_torn_tail_cut_at_recovery_then_regrown_reaches_the_follower_cut(
+    tmp_path: Path,
+) -> None:
+    """A torn tail that reached a follower, cut by the leader's recovery
+    (open_records) and written over by a longer record: same inode, a
+    larger size, so a follower sent only the new tail would keep the torn
+    bytes in the middle, and its own recovery would cut every record after
+    them (issue 38, 5)."""
+    script = """
+        torn = records.encode(b"t" * 300)[:150]  # a write cut short
+        os.pwrite(file.fd, torn, file.size)
+        replica.link.mirror(seg)  # shipped as it was
+        file.close()
+        again, kept, skipped = records.open_records(seg, b"SHTEST", 1)
+        assert kept == [b"a" * 100] and skipped is not None
+        again.append([b"b" * 400])  # past the torn tail's end
+        again.sync()
+    """
+    _the_follower_gets_the_cut(tmp_path, "seg", script)
+
+
+def test_a_failed_write_cut_off_again_reaches_the_follower_cut(tmp_path: Path) -> None:
+    """A write that failed half-way (ENOSPC) after its first bytes were
+    shipped (an ack file's bytes go as written): RecordFile cuts them off
+    and the next record takes their place; the follower must not keep
+    them (issue 38, 5)."""
+    script = """
+        real_pwrite = disk.pwrite
+
+        def half_then_full(fd, data, offset):
+            real_pwrite(fd, bytes(data[: len(data) // 2]), offset)
+            replica.link.mirror(seg)  # the shipper looked now
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        disk.pwrite = half_then_full
+        try:
+            file.append([b"x" * 300])
+            raise SystemExit("the write did not fail")
+        except OSError:
+            pass
+        disk.pwrite = real_pwrite
+        file.append([b"b" * 400])
+        file.sync()
+    """
+    _the_follower_gets_the_cut(tmp_path, "acks", script)
