@@ -7,6 +7,17 @@ byte moves on any connection, open or new, and nobody gets a FIN or a
 reset. After `heal()` new connections pass again, while every connection
 from before stays dead for good, as the forgotten flow would.
 
+The other faults end with `heal()` too:
+
+- `delay(seconds)`: each chunk waits that long before it is passed on (a
+  slow or congested link);
+- `cut(direction)`: one direction stops ("forward": towards the target,
+  "back": from it) while the other flows, as when packets are lost one way:
+  nothing is lost, TCP would resend it, so the stalled bytes move again
+  after the heal;
+- `reset()`: every open connection is reset (RST) at once, as by a NAT or
+  firewall that restarted; new ones pass.
+
 Threads with blocking sockets, in the test process: no event loop to share
 with the code under test.
 """
@@ -15,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
+import time
 
 from tests.broker_process import free_port
 
@@ -28,6 +41,9 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._generation = 0  # a connection passes bytes only in its own generation
         self._hung = False
+        self._delay = 0.0
+        self._cut: set[str] = set()  # directions stopped ("forward", "back")
+        self._moved = threading.Condition(self._lock)  # a cut healed
         self._stopped = threading.Event()
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -43,13 +59,40 @@ class FaultProxy:
             self._hung = True
 
     def heal(self) -> None:
-        """New connections pass again; the ones from before never do."""
+        """New connections pass again; after a hang the ones from before never
+        do, after a cut they move on."""
         with self._lock:
+            if self._hung:
+                self._generation += 1
             self._hung = False
+            self._delay = 0.0
+            self._cut.clear()
+            self._moved.notify_all()
+
+    def delay(self, seconds: float) -> None:
+        with self._lock:
+            self._delay = seconds
+
+    def cut(self, direction: str) -> None:
+        assert direction in ("forward", "back")
+        with self._lock:
+            self._cut.add(direction)
+
+    def reset(self) -> None:
+        """Reset every open connection (RST, not FIN)."""
+        with self._lock:
             self._generation += 1
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.shutdown(socket.SHUT_RD)  # wakes its pump's recv (a close alone does not)
+            s.close()  # linger 0: an RST
 
     def stop(self) -> None:
         self._stopped.set()
+        with self._lock:
+            self._moved.notify_all()  # cut pumps end too
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
@@ -91,15 +134,28 @@ class FaultProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets.append(upstream)
-            self._spawn(self._pump, client, upstream, generation)
-            self._spawn(self._pump, upstream, client, generation)
+            self._spawn(self._pump, client, upstream, generation, "forward")
+            self._spawn(self._pump, upstream, client, generation, "back")
 
-    def _pump(self, src: socket.socket, dst: socket.socket, generation: int) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, generation: int, direction: str
+    ) -> None:
+        def moving() -> bool:
+            return direction not in self._cut or self._stopped.is_set()
+
         while True:
+            with self._lock:  # a cut direction reads nothing until the heal
+                self._moved.wait_for(moving)
             try:
                 data = src.recv(65536)
             except OSError:
                 data = b""
+            with self._lock:
+                delay = self._delay
+            if delay:
+                time.sleep(delay)  # the link's latency, not a synchronisation
+            with self._lock:  # read before the cut: held until the heal
+                self._moved.wait_for(moving)
             if not self._passes(generation):
                 # Hung, or a flow from before a heal: what was read is lost,
                 # and nothing more is read (the sender's window fills up).
