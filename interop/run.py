@@ -42,6 +42,7 @@ collected test ran, and the deselect list has no entry that matches nothing.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -53,6 +54,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shoal.broker.cli import local_command
@@ -509,6 +511,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-install", action="store_true", help="skip pip install")
     p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="suites run at once, each against a Shoal of its own (1); CI runs both "
+        "at once: they wait on the network far more than they compute",
+    )
+    p.add_argument(
         "--no-tls",
         action="store_true",
         help="start Shoal without its AMQPS listener (the suites' TLS tests are skipped)",
@@ -540,26 +549,33 @@ def main(argv: list[str] | None = None) -> int:
 
     summary: dict[str, dict[str, int]] = {}
     crashed = []
-    for suite in suites:
+
+    def one(suite: str) -> None:
+        own = copy.copy(args)  # its own TLS port, when suites run at once
         src = unpack(sdist, suite)
         if args.url:
-            summary[suite] = run_suite(suite, src, python, args.url, args)
-        else:
-            broker_log = RESULTS / f"{args.label}-{suite}-broker.log"
-            with Shoal(broker_log, broker_extra, certs) as broker:
-                args.tls_port = broker.tls_port or None
-                summary[suite] = run_suite(suite, src, python, broker.url, args)
-            if broker.crashed:
-                crashed.append(suite)
-                log(f"{suite}: the broker did not exit cleanly, see {broker_log}")
-            errors = [
-                line
-                for line in broker_log.read_text(errors="replace").splitlines()
-                if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")
-            ]
-            if errors:
-                log(f"{suite}: {len(errors)} ERROR/Traceback lines in {broker_log}, first:")
-                print("    " + errors[0], flush=True)
+            summary[suite] = run_suite(suite, src, python, args.url, own)
+            return
+        broker_log = RESULTS / f"{args.label}-{suite}-broker.log"
+        with Shoal(broker_log, broker_extra, certs) as broker:
+            own.tls_port = broker.tls_port or None
+            summary[suite] = run_suite(suite, src, python, broker.url, own)
+        if broker.crashed:
+            crashed.append(suite)
+            log(f"{suite}: the broker did not exit cleanly, see {broker_log}")
+        errors = [
+            line
+            for line in broker_log.read_text(errors="replace").splitlines()
+            if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")
+        ]
+        if errors:
+            log(f"{suite}: {len(errors)} ERROR/Traceback lines in {broker_log}, first:")
+            print("    " + errors[0], flush=True)
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for done in [pool.submit(one, suite) for suite in suites]:
+            done.result()
+    summary = {suite: summary[suite] for suite in suites}  # printed in suite order
 
     target = args.url or "Shoal (started by run.py)"
     print(f"\nresults against {target}")

@@ -264,7 +264,13 @@ class Node:
 
     def lease_valid(self) -> bool:
         """The lease cannot have run out yet, with a margin for clock rates."""
-        return time.monotonic() < self.valid_until - max(0.5, self.ttl * 0.2)
+        return time.monotonic() < self._fence_at()
+
+    def _fence_at(self) -> float:
+        """When this node stops confirming unless a keep-alive succeeds
+        first: the lease's end less a margin for clock rates (a fifth of the
+        TTL, at least 0.5 s)."""
+        return self.valid_until - max(0.5, self.ttl * 0.2)
 
     # ------------------------------------------------------------- leader
     async def _lead(self) -> None:
@@ -416,7 +422,7 @@ class Node:
         (or half the time left before the fence), so that etcd back from
         a pause or a slow spell renews the lease well before it would
         have to fence, and the answers the shipper holds meanwhile go."""
-        left = self.valid_until - max(0.5, self.ttl * 0.2) - time.monotonic()
+        left = self._fence_at() - time.monotonic()
         if self.renew_failed:
             return max(0.05, min(0.5, self.ttl / 3, left / 2))
         return max(0.05, min(self.ttl / 3, left - 1))

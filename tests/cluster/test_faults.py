@@ -8,12 +8,13 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pika
 import pytest
 
 from tests.broker_process import wait_for
-from tests.cluster.etcd_server import EtcdServer
+from tests.cluster.etcd_server import EtcdCluster, EtcdServer
 from tests.cluster.faultproxy import FaultProxy
 from tests.cluster.history import History, run_history
 from tests.cluster.nodes import ClusterNode, acking, in_sync, leader_of
@@ -251,14 +252,16 @@ def test_a_slow_disk_on_the_leader_slows_confirms_and_loses_nothing(
     print(f"{during[0]} confirms in 6 s of a slow disk")
 
 
+@pytest.mark.parametrize("fault", ["eio", "enospc"])
 def test_a_failing_disk_on_the_leader_hands_the_leadership_to_a_healthy_node(
-    three_nodes: Callable[..., list[ClusterNode]],
+    three_nodes: Callable[..., list[ClusterNode]], fault: str
 ) -> None:
-    """The leader's disk fails (EIO on every write and sync): the IO worker
-    whose sync failed exits (nothing it wrote since may be confirmed), its
-    broker stops, and the agent gives the leadership up and stands aside,
-    so a follower leads and confirms resume within 2 x TTL + 5 s. Once the
-    disk is back, the node catches up as a follower."""
+    """The leader's disk fails (EIO on every write and sync) or is full
+    (ENOSPC on every write): the IO worker whose write or sync failed exits
+    (nothing it wrote since may be confirmed), its broker stops, and the
+    agent gives the leadership up and stands aside, so a follower leads and
+    confirms resume within 2 x TTL + 5 s. Once the disk is back, the node
+    catches up as a follower."""
     ttl = 2
     nodes = three_nodes(ttl=ttl)
     histories: list[History] = []
@@ -266,7 +269,7 @@ def test_a_failing_disk_on_the_leader_hands_the_leadership_to_a_healthy_node(
 
     def act(ns: list[ClusterNode]) -> None:
         leader = leader_of(ns, 60)
-        leader.disk("eio")
+        leader.disk(fault)
         failed = time.monotonic()
         try:
             leader_of([n for n in ns if n is not leader], 2 * ttl + 5)
@@ -280,20 +283,21 @@ def test_a_failing_disk_on_the_leader_hands_the_leadership_to_a_healthy_node(
     print(f"a healthy node led {took[0]:.1f} s after the leader's disk failed")
 
 
-def test_a_full_disk_on_a_follower_drops_it_and_confirms_go_on(
-    three_nodes: Callable[..., list[ClusterNode]],
+@pytest.mark.parametrize("fault", ["enospc", "eio"])
+def test_a_full_or_failing_disk_on_a_follower_drops_it_and_confirms_go_on(
+    three_nodes: Callable[..., list[ClusterNode]], fault: str
 ) -> None:
-    """A follower's disk is full (ENOSPC on every write): it cannot
-    acknowledge, the leader drops it from the in-sync set (the other
-    follower remains) and confirms go on; once there is room again it
-    catches up and is back in sync."""
+    """A follower's disk is full (ENOSPC on every write) or fails (EIO): it
+    cannot acknowledge, the leader drops it from the in-sync set (the other
+    follower remains) and confirms go on; once the disk is back it catches
+    up and is back in sync."""
     nodes = three_nodes()
     histories: list[History] = []
 
     def act(ns: list[ClusterNode]) -> None:
         leader = leader_of(ns, 60)
         follower = next(n for n in ns if n is not leader)
-        follower.disk("enospc")
+        follower.disk(fault)
         try:
             wait_for(
                 lambda: len(leader.status().get("isr", [])) == 2,
@@ -308,3 +312,62 @@ def test_a_full_disk_on_a_follower_drops_it_and_confirms_go_on(
 
     history = run_history(nodes, 1, act, histories)
     assert history.problems() == []
+
+
+def test_a_three_member_etcd_loses_a_member_then_its_leader_and_shoal_keeps_leading(
+    three_nodes: Callable[..., list[ClusterNode]], tmp_path: Path
+) -> None:
+    """etcd of three members, at its default timings, under the default
+    lease (5 s). One member is blackholed behind a proxy (the nodes reach it
+    no more; the other members still do), then etcd's own leader is killed:
+    a majority answers throughout, so Shoal's leader keeps its lease (the
+    keep-alive moves to a member that answers, and etcd's next leader keeps
+    the lease) and confirms go on."""
+    ttl = 5
+    etcd3 = EtcdCluster(tmp_path / "etcd3").start()
+    front = FaultProxy(etcd3.members[0].client_port).start()
+    try:
+        urls = [f"http://127.0.0.1:{front.port}", *(m.url for m in etcd3.members[1:])]
+        nodes = three_nodes(ttl=ttl, etcd_urls=",".join(urls))
+        histories: list[History] = []
+
+        def act(ns: list[ClusterNode]) -> None:
+            leader = leader_of(ns, 60)
+            front.hang()
+            watch_until = time.monotonic() + ttl
+            while time.monotonic() < watch_until:
+                assert leader.role == "leader", leader.log()[-3000:]
+                confirms_resume(histories[0], ttl)
+            etcd3.leader().kill()
+            watch_until = time.monotonic() + 2 * ttl
+            while time.monotonic() < watch_until:
+                assert leader.role == "leader", leader.log()[-3000:]
+                confirms_resume(histories[0], ttl)
+
+        history = run_history(nodes, 1, act, histories)
+        assert history.problems() == []
+    finally:
+        front.stop()
+        etcd3.stop()
+
+
+@pytest.mark.parametrize("ttl", [5, 15])
+def test_a_failover_takes_at_most_the_lease_and_three_seconds(
+    three_nodes: Callable[..., list[ClusterNode]], ttl: int
+) -> None:
+    """kill -9 of the leader under the default lease (5 s) and a long one
+    (15 s): another node serves within TTL + 3 s, and nothing is lost."""
+    nodes = three_nodes(ttl=ttl)
+    took: list[float] = []
+
+    def act(ns: list[ClusterNode]) -> None:
+        leader = leader_of(ns, 60)
+        leader.kill()
+        killed = time.monotonic()
+        leader_of([n for n in ns if n is not leader], ttl + 3)
+        took.append(time.monotonic() - killed)
+        leader.start()
+
+    history = run_history(nodes, 1, act)
+    assert history.problems() == []
+    print(f"TTL {ttl} s: failover {took[0]:.1f} s")
