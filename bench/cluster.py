@@ -76,7 +76,9 @@ def du(path: str) -> int:
 
 def cluster(tmp: Path, etcd: EtcdServer, size: int, tag: str) -> list[ClusterNode]:
     nodes = [
-        ClusterNode(tmp, f"{tag}{i}", etcd.url, "--workers", "2", "--cluster-name", tag)
+        ClusterNode(
+            tmp, f"{tag}{i}", etcd.url, "--workers", "2", "--cluster-name", tag, disk_faults=False
+        )
         for i in range(size)
     ]
     init_cluster(etcd.url, tag)

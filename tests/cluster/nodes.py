@@ -24,7 +24,15 @@ from tests.cluster.faultproxy import FaultProxy
 
 
 class ClusterNode:
-    def __init__(self, tmp: Path, name: str, etcd_url: str, *args: str, ttl: int = 2) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        etcd_url: str,
+        *args: str,
+        ttl: int = 2,
+        disk_faults: bool = True,
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.cluster_port = free_port()
@@ -69,8 +77,12 @@ class ClusterNode:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.proxy: FaultProxy | None = None  # in front of its cluster port (conftest)
-        # Its disk's faults, read by store/disk.py at each write and sync.
+        # Its disk's faults, read by store/disk.py at each write and sync
+        # (off for benchmarks: each write and sync then reads the file).
         self.disk_faults = tmp / f"{name}.disk"
+        self.env = dict(os.environ)
+        if disk_faults:
+            self.env[disk.ENV] = str(self.disk_faults)
 
     def disk(self, fault: str) -> None:
         """Make the node's disk slow or failing from now on ("slow 0.5",
@@ -94,7 +106,7 @@ class ClusterNode:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
                 start_new_session=True,
-                env=dict(os.environ, **{disk.ENV: str(self.disk_faults)}),
+                env=self.env,
             )
         return self
 
