@@ -233,12 +233,15 @@ def in_sync(nodes: list[ClusterNode], count: int, timeout: float = 30) -> list[s
     return wait_for(check, timeout, f"{count} nodes in sync", interval=0.1)
 
 
-def kill_the_leader(nodes: list[ClusterNode]) -> None:
-    """SIGKILL of the leader's node; returns once another node serves, and
-    the killed one is started again (it comes back as a follower)."""
+def kill_the_leader(nodes: list[ClusterNode], within: float = 60) -> float:
+    """SIGKILL of the leader's node; returns once another node serves (in
+    at most `within` s: the seconds it took), and the killed one is started
+    again (it comes back as a follower)."""
     leader = leader_of(nodes, 60)
     leader.kill()
     started = time.monotonic()
-    leader_of([n for n in nodes if n is not leader], 60)
-    print(f"failover after kill -9 of {leader.name}: {time.monotonic() - started:.2f} s")
+    leader_of([n for n in nodes if n is not leader], within)
+    took = time.monotonic() - started
+    print(f"failover after kill -9 of {leader.name}: {took:.2f} s")
     leader.start()  # it comes back as a follower
+    return took

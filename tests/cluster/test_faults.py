@@ -17,7 +17,7 @@ from tests.broker_process import wait_for
 from tests.cluster.etcd_server import EtcdCluster, EtcdServer
 from tests.cluster.faultproxy import FaultProxy
 from tests.cluster.history import History, run_history
-from tests.cluster.nodes import ClusterNode, acking, in_sync, leader_of
+from tests.cluster.nodes import ClusterNode, acking, in_sync, kill_the_leader, leader_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -100,12 +100,7 @@ def test_replication_links_hung_for_twelve_seconds_come_back_in_sync(
         healed = time.monotonic()
         in_sync(ns, 3, 10)
         rejoined.append(time.monotonic() - healed)
-        leader.kill()
-        killed = time.monotonic()
-        rest = [n for n in ns if n is not leader]
-        leader_of(rest, 2 + 3)  # a failover takes at most TTL + 3 s
-        rejoined.append(time.monotonic() - killed)
-        leader.start()  # back as a follower
+        rejoined.append(kill_the_leader(ns, 2 + 3))  # a failover: at most TTL + 3 s
 
     history = run_history(nodes, 1, act)
     assert history.problems() == []
@@ -361,12 +356,7 @@ def test_a_failover_takes_at_most_the_lease_and_three_seconds(
     took: list[float] = []
 
     def act(ns: list[ClusterNode]) -> None:
-        leader = leader_of(ns, 60)
-        leader.kill()
-        killed = time.monotonic()
-        leader_of([n for n in ns if n is not leader], ttl + 3)
-        took.append(time.monotonic() - killed)
-        leader.start()
+        took.append(kill_the_leader(ns, ttl + 3))
 
     history = run_history(nodes, 1, act)
     assert history.problems() == []
