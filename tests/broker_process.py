@@ -7,6 +7,7 @@ are ready, a port accepts, a process is gone), never a bare sleep.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,10 +26,47 @@ from shoal.shm.segment import Segment
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel picks a connection's local port from."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_ports()
+_handed_out: set[int] = set()
+_pick = random.Random()  # its own: a test that seeds `random` must not repeat ports
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, for a broker or node a test starts.
+
+    Picked below the kernel's ephemeral range, not by binding port 0:
+    a port from that range can be taken, between this call and the
+    broker's bind, as the local port of any outgoing connection (a
+    client's, a follower's), and then the broker cannot listen on it
+    (a cluster node that won an election failed so: EADDRINUSE). No port
+    is handed out twice in one test process."""
+    low = 10000
+    high = _EPHEMERAL[0] - 1
+    if high - low < 1000:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    while True:
+        port = _pick.randint(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 def wait_for(
