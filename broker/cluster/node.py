@@ -61,6 +61,7 @@ from shoal.broker.cluster.metrics import FollowerMetrics
 from shoal.broker.cluster.proxy import Proxy
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
 from shoal.broker.cluster.shipper import Shipper
+from shoal.broker.cluster.tasks import cancel_and_wait
 from shoal.broker.config import Config
 from shoal.broker.supervisor import datadir
 from shoal.broker.supervisor.main import BOOT_ERROR
@@ -137,7 +138,8 @@ class Node:
         made_runtime = not os.path.isdir(self.config.runtime_path())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
+            loop.add_signal_handler(sig, self._stop, sig)
+        loop.add_signal_handler(signal.SIGUSR1, self._log_tasks)
         status = asyncio.ensure_future(self._write_status_forever())
         verbs = await control.serve(self.config.runtime_path(), self._control)
         try:
@@ -185,6 +187,24 @@ class Node:
             except ETCD_ERRORS as exc:
                 log.warning("etcd: %s", exc)
             await self._pause(1.0)
+
+    def _stop(self, sig: int) -> None:
+        log.info("%s: stopping (%s)", signal.Signals(sig).name, self.role)
+        self.stopping.set()
+
+    def _log_tasks(self) -> None:
+        """SIGUSR1: log what every task of the agent awaits (a stop that
+        does not end, an election that does not happen: what it waits on)."""
+        import io
+
+        tasks = asyncio.all_tasks()
+        log.warning(
+            "SIGUSR1: %s, stopping=%s, %d tasks", self.role, self.stopping.is_set(), len(tasks)
+        )
+        for task in tasks:
+            out = io.StringIO()
+            task.print_stack(limit=12, file=out)
+            log.warning("%s", out.getvalue().rstrip())
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -446,9 +466,7 @@ class Node:
         try:
             await self._stop_broker()
         finally:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            await cancel_and_wait(renewing)
 
     async def _start_broker(self) -> None:
         child = msgspec.structs.replace(self.config, cluster_etcd=())
@@ -539,8 +557,7 @@ class Node:
                 else:
                     await self._pause(POLL)
         finally:
-            following.cancel()
-            await asyncio.gather(following, return_exceptions=True)
+            await cancel_and_wait(following)
             for proxy, _, _ in proxies:
                 await proxy.close()
             await metrics.close()

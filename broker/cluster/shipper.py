@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 from shoal.broker.cluster import protocol as P
 from shoal.broker.cluster import tcp
+from shoal.broker.cluster.tasks import cancel_and_wait
 from shoal.store import mirror
 from shoal.store.replica import FENCED, OK, SHIP, WHOLE, address
 
@@ -189,9 +190,7 @@ class Shipper:
         self.fence()
         for server in self._servers:
             server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
 
     def isr(self) -> list[str]:
         return [self.node, *sorted(self.members)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,8 +170,16 @@ class ClusterNode:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            # What it waits on: its tasks (logged on SIGUSR1), its threads.
+            size = self.log_path.stat().st_size
+            self.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: self.log_path.stat().st_size > size, 5, "the task dump")
+            stacks = python_stacks(self.proc.pid)
             self.kill()
-            raise AssertionError(f"node {self.name} did not stop:\n{self.log()}") from None
+            raise AssertionError(
+                f"node {self.name} did not stop:\n{self.log()}\n{stacks}"
+            ) from None
         _gone, alive = psutil.wait_procs(family, timeout=10)
         for p in alive:
             p.kill()
@@ -178,9 +187,23 @@ class ClusterNode:
 
     def log(self) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-6000:]
+            return self.log_path.read_text(errors="replace")[-12000:]
         except OSError:
             return ""
+
+
+def python_stacks(pid: int) -> str:
+    """Every thread's Python stack in process `pid`, by py-spy where it is
+    installed (a hang's diagnosis; "" where it is not)."""
+    spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    if spy is None:
+        return ""
+    with contextlib.suppress(subprocess.SubprocessError, OSError):
+        done = subprocess.run(
+            [spy, "dump", "--locals", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+        )
+        return f"py-spy dump of {pid}:\n{done.stdout}{done.stderr}"
+    return ""
 
 
 def shoal(*args: str) -> subprocess.CompletedProcess[str]:
