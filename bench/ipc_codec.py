@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from shoal.broker import ipc  # noqa: E402
-from shoal.broker.scheduler import main as sched  # noqa: E402
-from shoal.broker.scheduler.main import Scheduler  # noqa: E402
+from shoal.broker.scheduler import scheduler as sched  # noqa: E402
 from shoal.broker.scheduler.notify import Notification  # noqa: E402
-from shoal.workers.main import Worker  # noqa: E402
+from shoal.broker.scheduler.scheduler import Scheduler  # noqa: E402
+from shoal.workers.worker import Worker  # noqa: E402
 
 ARGUMENTS = {"x-max-length": 1000, "x-queue-type": "classic", "x-dead-letter-exchange": "dlx"}
 

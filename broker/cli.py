@@ -374,6 +374,6 @@ def main(argv: list[str] | None = None) -> int:
         from shoal.broker.cluster.node import run_node
 
         return run_node(config)
-    from shoal.broker.supervisor.main import run_supervisor
+    from shoal.broker.supervisor.supervisor import run_supervisor
 
     return run_supervisor(config)

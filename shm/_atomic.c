@@ -887,11 +887,11 @@ Atomic_write_tag(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 
 /*
- * The deduplication cache (shm/dedup.py): check-and-add of one key, the
+ * The deduplication cache (shm/dedup_cache.py): check-and-add of one key, the
  * steps of DedupCache._find, _remove, _insert and _index, in the same
  * order with the same writes. The caller passes the layout (ring, index,
  * mask, size); the header words and record fields are fixed here and
- * checked by shm/dedup.py at import. Returns 1: a duplicate; 0: added;
+ * checked by shm/dedup_cache.py at import. Returns 1: a duplicate; 0: added;
  * -1: the lock is held by another process (nothing done: Python waits,
  * and takes it over from a dead holder). `held`: the caller holds the
  * lock already. The lock is released before returning either way.
@@ -1009,7 +1009,7 @@ Atomic_dedup_add(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "dedup_add: layout out of range");
         return NULL;
     }
-    if (!now) { /* ms on CLOCK_REALTIME, as shm/dedup.py now_ms() */
+    if (!now) { /* ms on CLOCK_REALTIME, as shm/dedup_cache.py now_ms() */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         now = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
@@ -1275,7 +1275,7 @@ static PyMethodDef Atomic_methods[] = {
     {"dedup_hash", (PyCFunction)(void (*)(void))Atomic_dedup_hash, METH_FASTCALL,
      "A key's hash in a deduplication cache."},
     {"dedup_add", (PyCFunction)(void (*)(void))Atomic_dedup_add, METH_FASTCALL,
-     "Check-and-add a key in a deduplication cache (shm/dedup.py)."},
+     "Check-and-add a key in a deduplication cache (shm/dedup_cache.py)."},
     {"load", (PyCFunction)(void (*)(void))Atomic_load, METH_FASTCALL, "Atomic 64-bit load."},
     {"store", (PyCFunction)(void (*)(void))Atomic_store, METH_FASTCALL, "Atomic 64-bit store."},
     {"cas", (PyCFunction)(void (*)(void))Atomic_cas, METH_FASTCALL,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from shoal.shm import layout
 from shoal.shm.queues import QueueStore
-from shoal.shm.streams import StreamBounds, StreamWords
+from shoal.shm.stream_words import StreamBounds, StreamWords
 
 FLOW_NAMES = {
     layout.FLOW_OPEN: "open",
@@ -47,8 +47,8 @@ class QueueCounters:
     max_length: int  # 0: no limit
     max_bytes: int  # 0: no limit
     overflow: int  # layout.OVERFLOW_* (0: no length limit)
-    paged_out: int = 0  # in paging files (workers/spill.py), counted in `ready` too
-    # A stream queue's durable offsets (shm/streams.py); `ready` is then the
+    paged_out: int = 0  # in paging files (workers/pager.py), counted in `ready` too
+    # A stream queue's durable offsets (shm/stream_words.py); `ready` is then the
     # messages it keeps (next - first), as queue.declare-ok counts them.
     stream: StreamBounds | None = None
     kind: str = "classic"  # the queue type: classic, quorum or stream

@@ -257,7 +257,7 @@ class QueueDirectory:
 
     def spilled(self, qid: int) -> int:
         """Messages of queue `qid` in the IO workers' paging files
-        (workers/spill.py): counted as ready, not yet in its log."""
+        (workers/pager.py): counted as ready, not yet in its log."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_SPILLED)
 
     def log_unacked(self, qid: int) -> int:

@@ -177,13 +177,13 @@ Q_BLOCKED_PUBLISHERS = 480
 # A durable queue's uid (broker/scheduler/durable.py; 0: not durable, or
 # exclusive), written by the scheduler: the message store names it so.
 Q_UID = 488
-# Backlogs larger than the log (workers/spill.py): messages of this queue
+# Backlogs larger than the log (workers/pager.py): messages of this queue
 # held in the IO workers' paging files, all workers together (+1 when one
 # spills, -1 when it pages it back in or drops it), and the count of purges,
 # which tells a paging worker which of its spilled messages a purge took.
 Q_SPILLED = 496
 Q_PURGES = 504
-# Stream queues (x-queue-type stream, QF_STREAM; shm/streams.py, workers/streams.py):
+# Stream queues (x-queue-type stream, QF_STREAM; shm/stream_words.py, workers/stream_io.py):
 # the log above only stages their messages until the stream's writer (one IO
 # worker) has appended them to the stream's segment files. Settings first,
 # written by the scheduler at create:
@@ -231,7 +231,7 @@ QF_AUTO_DELETE = 4
 QF_STREAM = 8
 QF_QUORUM = 16
 QF_DELAYED = 32  # a delayed message exchange's delay queue (workers/delays.py)
-QF_DEDUP = 64  # x-message-deduplication: publishes check its cache (workers/dedup.py)
+QF_DEDUP = 64  # x-message-deduplication: publishes check its cache (workers/dedup_filter.py)
 
 # queue log cells: word = seq << 20 | owner << 8 | flags << 4 | state
 CELL_SIZE = 16

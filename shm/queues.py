@@ -602,7 +602,7 @@ class QueueStore(QueueDirectory):
     def purge(self, qid: int) -> int:
         """Delete every AVAILABLE entry; returns how many were deleted, the
         messages in paging files included (their workers drop them:
-        workers/spill.py)."""
+        workers/pager.py)."""
         a, q = self.a, self.layout.queue(qid)
         # The count first: the bump tells the pagers to drop (and uncount) them.
         spilled = a.load(q + layout.Q_SPILLED)

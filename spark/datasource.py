@@ -43,7 +43,7 @@ from shoal.spark.errors import ShoalSparkError
 from shoal.spark.options import Options
 from shoal.spark.publish import Publisher
 from shoal.spark.rows import SCHEMA_DDL
-from shoal.spark.streams import Range, StreamSource, read_range
+from shoal.spark.stream_reader import Range, StreamSource, read_range
 
 # guard.load travels by value, so that a task on a worker without shoal fails
 # with a message naming the fix (guard.py).

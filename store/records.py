@@ -1,5 +1,5 @@
 """Append-only files of checksummed records: the disk format under what
-Shoal keeps across restarts (the definitions log, store/definitions.py).
+Shoal keeps across restarts (the definitions log, store/definitions_log.py).
 
 A file is an 8-byte header, then records:
 

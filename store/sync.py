@@ -1,8 +1,8 @@
 """Group commit, and the one rule for a durable write that fails.
 
 Every durable file Shoal writes is made durable here: the message store's
-segments (workers/persist.py), each stream's segments (store/streams.py) and
-the definitions log (store/definitions.py, synchronously, `sync_now`).
+segments (workers/persist.py), each stream's segments (store/stream_segments.py) and
+the definitions log (store/definitions_log.py, synchronously, `sync_now`).
 In a cluster, a sync returns once the file is on every in-sync follower
 too (store/replica.py), so group commit spans the network: one round trip
 to the followers serves a whole batch.

@@ -112,6 +112,41 @@ def test_no_import_cycles_even_for_annotations() -> None:
     assert cycles(edges) == []
 
 
+def duplicate_file_names(paths: list[Path]) -> dict[str, list[str]]:
+    """File names (other than __init__.py) that more than one module has."""
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    return {name: sorted(where) for name, where in by_name.items() if len(where) > 1}
+
+
+BROKER_PACKAGES = ("broker", "workers", "shm", "store")
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """A file name says which module it is without its directory: a reader
+    who meets "streams.py" or "main.py" in a log, a traceback or a comment
+    does not have to guess among four (issue 39: the layers' modules are
+    named for what they hold, e.g. stream_arguments, stream_io,
+    stream_words, stream_segments)."""
+    paths = list(modules().values())
+    broker = [p for p in paths if p.relative_to(ROOT).parts[0] in BROKER_PACKAGES]
+    assert len(broker) > 150, "the walk found too few of the broker's modules"
+    assert duplicate_file_names(broker) == {}
+    # The load generator and the Spark connector are programs of their own
+    # (they import nothing of the broker): each is checked by itself.
+    for tool in ("perf", "spark"):
+        assert (
+            duplicate_file_names([p for p in paths if p.relative_to(ROOT).parts[0] == tool]) == {}
+        )
+
+
+def test_the_file_name_check_finds_a_repeated_name() -> None:
+    paths = [ROOT / "shm" / "streams.py", ROOT / "store" / "streams.py", ROOT / "shm" / "x.py"]
+    assert duplicate_file_names(paths) == {"streams.py": ["shm/streams.py", "store/streams.py"]}
+
+
 MAX_LINES = 700
 
 
@@ -340,7 +375,7 @@ NON_DURABLE_WRITERS = {
     "shoal.broker.settings": "the runtime directory's settings, remade at every start",
     "shoal.broker.observe.ctl": "`shoal ctl` writes an export to the file its user names",
     "shoal.shm.segment": "the shared-memory segment's file, in the runtime directory",
-    "shoal.shm.dedup": "deduplication caches: mapped files (ftruncate sizes them; written "
+    "shoal.shm.dedup_cache": "deduplication caches: mapped files (ftruncate sizes them; written "
     "through the mapping, the disk ones msync'd with the message store's syncs)",
     "shoal.spark.classic": "Spark's own checkpoint files, on the Spark side of the connector",
     "shoal.broker.cluster.node": "cluster.json in the runtime directory: a node's view of its "

@@ -473,10 +473,10 @@ done:
 }
 
 
-/* Message deduplication (workers/dedup.py): the key of a content header
+/* Message deduplication (workers/dedup_filter.py): the key of a content header
  * whose properties are well formed (properties_ok). b"s" + the bytes of its
  * x-deduplication-header when that is a long string and no x-cache-ttl
- * header is there (broker/amqp/dedup.py message_key gives the same key);
+ * header is there (broker/amqp/dedup_arguments.py message_key gives the same key);
  * None when it has no x-deduplication-header; False when the Python parse
  * must decide (another type, a per-message TTL, anything odd). */
 static PyObject *

@@ -9,12 +9,12 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker.amqp import errors
-from shoal.broker.amqp import streams as amqp_streams
+from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
 from shoal.workers.consumer import Consumer, DeliveryChannel
 from shoal.workers.context import WorkerContext
 from shoal.workers.levels import Levels
-from shoal.workers.streams import StreamReading
+from shoal.workers.stream_io import StreamReading
 
 
 def invalid(name: str, value: object) -> errors.ChannelError:

@@ -20,12 +20,12 @@ from shoal.shm import readers
 from shoal.shm.arena import FLAGS_BYTE, TIMED
 from shoal.shm.queues import Message, QueueStore
 from shoal.shm.wake import Waker
-from shoal.store.streams import StreamMessage
+from shoal.store.stream_segments import StreamMessage
 from shoal.workers._wire import RUN_EMPTY, RUN_FULL
 from shoal.workers.levels import Levels
-from shoal.workers.streams import BURST as STREAM_BURST
-from shoal.workers.streams import SCAN as STREAM_SCAN
-from shoal.workers.streams import StreamReading, Streams, start_reading
+from shoal.workers.stream_io import BURST as STREAM_BURST
+from shoal.workers.stream_io import SCAN as STREAM_SCAN
+from shoal.workers.stream_io import StreamReading, Streams, start_reading
 
 # Deliveries per notification before yielding to other consumers of the queue
 # (Qpid's MAX_ASYNC_DELIVERIES): keeps one fast consumer from starving the rest.
@@ -211,7 +211,7 @@ class Consumer:
         self.wanted = wanted
         self.selector = selector
         # A stream queue's consumer: a browser reading the stream's files
-        # from its own cursor (workers/streams.py).
+        # from its own cursor (workers/stream_io.py).
         self.stream = stream
         # x-shoal-id: each delivery carries a header naming the queue entry,
         # the same when the entry is delivered again (duplicates detectable).
@@ -649,7 +649,7 @@ def browse(ctx: PullContext, consumer: Consumer) -> None:
 
 def stream_pull(ctx: PullContext, consumer: Consumer) -> None:
     """Serve a stream consumer: deliver durable messages from its cursor
-    (workers/streams.py) within its credit, a burst at a time; DONE with
+    (workers/stream_io.py) within its credit, a burst at a time; DONE with
     the stream's NEXT offset as read before reading, which the scheduler
     compares as a browser's changes value."""
     reading, streams = consumer.stream, ctx.streams

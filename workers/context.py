@@ -18,12 +18,12 @@ from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
 from shoal.workers.consumer import Consumer, MessageExpiry, drop_watch
-from shoal.workers.dedup import Deduplicator
+from shoal.workers.dedup_filter import Deduplicator
 from shoal.workers.memory_guard import MemoryGuard
+from shoal.workers.pager import Pager
 from shoal.workers.persist import Persister
 from shoal.workers.routes import Routes
-from shoal.workers.spill import Spiller
-from shoal.workers.streams import Streams
+from shoal.workers.stream_io import Streams
 from shoal.workers.user_channels import UserChannels
 
 
@@ -61,7 +61,7 @@ class DeadLettering(Protocol):
 
 
 class _NoExpiry:
-    """Until the worker starts its own (workers/main.py)."""
+    """Until the worker starts its own (workers/worker.py)."""
 
     def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
         return False
@@ -123,7 +123,7 @@ class WorkerContext:
         self.stats = Counters(seg, index)
         self.link: ipc.Link[ipc.ToWorker] | None = None
         self.persist: Persister | None = None  # the message store, once open (open_store)
-        self.spill: Spiller | None = None  # paging files, with the store (open_store)
+        self.pager: Pager | None = None  # paging files, with the store (open_store)
         self.streams: Streams | None = None  # stream queues' files, with the store (open_store)
         # Message TTL and dead-lettering (workers/message_ttl.py, workers/dead_letter.py).
         self.expiry: MessageExpiry = _NoExpiry()
@@ -138,17 +138,17 @@ class WorkerContext:
 
     def open_store(self, directory: str, paging: str, streams: str) -> None:
         """Start writing the message store (workers/persist.py) in `directory`,
-        paging files (workers/spill.py) in `paging`, and the stream queues
-        this worker writes (workers/streams.py) under `streams`."""
+        paging files (workers/pager.py) in `paging`, and the stream queues
+        this worker writes (workers/stream_io.py) under `streams`."""
         self.persist = Persister(
             self.seg, self.index, self.incarnation, directory, self.loop, self.stats.v
         )
         self.store.settled = self.persist.settle
         self.persist.before_write = self.dedup.flush
-        self.spill = Spiller(
+        self.pager = Pager(
             self.seg, self.store, self.arena, paging, self.index, self.slot, self.loop
         )
-        self.spill.settle = self.persist.settle
+        self.pager.settle = self.persist.settle
         self.streams = Streams(
             self.seg,
             self.store,

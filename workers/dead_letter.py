@@ -1,5 +1,5 @@
 """Dead-lettering a message this worker holds (issue 15, item 3): the
-message, rewritten as RabbitMQ does (broker/amqp/dead_letter.py), is
+message, rewritten as RabbitMQ does (broker/amqp/dead_letter_rules.py), is
 published to the queue's dead-letter exchange from this worker, as a
 publish from a client would be (workers/ingest.py: a block in this worker's
 arena, the message store's record when it is persistent and reaches a
@@ -22,7 +22,7 @@ import logging
 import time
 from typing import NamedTuple
 
-from shoal.broker.amqp import dead_letter, errors, quorum
+from shoal.broker.amqp import dead_letter_rules, errors, quorum
 from shoal.shm import stats
 from shoal.shm.arena import read_message
 from shoal.shm.directory import QueueFlag
@@ -39,7 +39,7 @@ class _Source(NamedTuple):
     vhost: str
     vhost_id: int
     name: bytes
-    target: dead_letter.Target | None  # where its dead letters go (None: dropped)
+    target: dead_letter_rules.Target | None  # where its dead letters go (None: dropped)
     is_quorum: bool
     strategy: int
 
@@ -96,9 +96,9 @@ class DeadLetters:
         vhost_id = store.vhost_of(declared)
         vhost = ctx.routes.vhost_name(vhost_id)
         name = store.name(declared)
-        # Its own arguments with its policy (broker/amqp/policies.py).
+        # Its own arguments with its policy (broker/amqp/policy_rules.py).
         arguments = ctx.routes.definitions.effective_arguments(vhost, name.decode(errors="replace"))
-        where = dead_letter.target(arguments)
+        where = dead_letter_rules.target(arguments)
         is_quorum = bool(store.flags(declared) & QueueFlag.QUORUM)
         strategy = _DISABLED
         if where is not None:
@@ -127,7 +127,7 @@ class DeadLetters:
         assert where is not None
         exchange, routing_key, header, body = message
         try:
-            letter = dead_letter.make(
+            letter = dead_letter_rules.make(
                 bytes(header),
                 reason,
                 name,
@@ -146,8 +146,8 @@ class DeadLetters:
             for target in self._route(vhost, vhost_id, where.exchange, key, letter.header):
                 if target not in qids:
                     qids.append(target)
-        if reason != dead_letter.REJECTED:
-            qids = [q for q in qids if not dead_letter.is_cycle(store.name(q), letter.deaths)]
+        if reason != dead_letter_rules.REJECTED:
+            qids = [q for q in qids if not dead_letter_rules.is_cycle(store.name(q), letter.deaths)]
         if not qids:
             return True
         taken = self._put(where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids)
@@ -162,7 +162,7 @@ class DeadLetters:
         each other."""
         source = self._source(qid)
         if source.target is None:
-            self._count(source, dead_letter.MAXLEN)
+            self._count(source, dead_letter_rules.MAXLEN)
             return
         if not self._later:
             self.ctx.loop.call_soon(self._dead_letter_dropped)
@@ -171,7 +171,7 @@ class DeadLetters:
     def _dead_letter_dropped(self) -> None:
         later, self._later = self._later, []
         for source, message in later:
-            self._dead_letter(source, message, dead_letter.MAXLEN)
+            self._dead_letter(source, message, dead_letter_rules.MAXLEN)
 
     def _route(
         self, vhost: str, vhost_id: int, exchange: bytes, key: bytes, header: bytes

@@ -13,7 +13,7 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
-from shoal.broker.amqp import streams as amqp_streams
+from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.broker.amqp.definitions import server_named_queue
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
 from shoal.workers import framing, reply_to

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pamqp import commands as C
 
 from shoal.broker import ipc
-from shoal.broker.amqp import dead_letter, errors, field_table, properties
+from shoal.broker.amqp import dead_letter_rules, errors, field_table, properties
 from shoal.shm import stats
 from shoal.shm.arena import (
     RECORD_START,
@@ -25,7 +25,7 @@ from shoal.shm.stats import (
     DELIVERED_CONSUME_MANUAL_ACK,
     REDELIVERED,
 )
-from shoal.store.streams import StreamMessage
+from shoal.store.stream_segments import StreamMessage
 from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import ack_run, deliver_frames, deliver_run
 from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
@@ -399,14 +399,14 @@ class DeliveryBook:
         if requeue is None:  # an ack: the common case first
             store.settle(qid, seq)
             return
-        reason = dead_letter.REJECTED
+        reason = dead_letter_rules.REJECTED
         if requeue:
             limit = store.delivery_limit(qid)  # quorum queues, x-delivery-limit
             if limit < 2 or store.delivery_count(qid, seq) + 1 <= limit - 2:
                 store.requeue(qid, seq)
                 return
-            reason = dead_letter.DELIVERY_LIMIT  # returned once too often
-        block = store.held_block(qid, seq)  # dead-lettered first (workers/dead_letter.py)
+            reason = dead_letter_rules.DELIVERY_LIMIT  # returned once too often
+        block = store.held_block(qid, seq)  # dead-lettered first (workers/dead_letter_rules.py)
         if block is not None and not self.ctx.dead_letters.dead_letter(qid, block, reason):
             store.requeue(qid, seq)  # at-least-once, and it found no room: kept
             return

@@ -1,7 +1,7 @@
 """basic.get: a one-message temporary subscription (seed 000), taken from
 the head of the queue (its highest priority level first), dropping what
 expired on the way; a queue whose messages wait in paging files
-(workers/spill.py) is looked at again while its pager brings them back.
+(workers/pager.py) is looked at again while its pager brings them back.
 The message is booked as the channel's (workers/delivery.py) unless no-ack."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Protocol
 from pamqp import commands as C
 
 from shoal.broker.amqp import errors, field_table, properties
-from shoal.broker.amqp import streams as amqp_streams
+from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.shm import stats
 from shoal.shm.arena import read_message
 from shoal.workers import framing
@@ -98,9 +98,9 @@ class Getter:
                 break
         else:
             if tries and ctx.store.spilled(qid):
-                # Its messages are in paging files (workers/spill.py): this
+                # Its messages are in paging files (workers/pager.py): this
                 # worker's are paged in now, another's by its pager soon.
-                if ctx.spill is not None and ctx.spill.page_in_now(qid):
+                if ctx.pager is not None and ctx.pager.page_in_now(qid):
                     self.basic_get(method, tries - 1)
                 else:
                     self._get_later(method, tries - 1)

@@ -5,7 +5,7 @@ goes through an Ingest, whoever sent it.
   whose block is written (Pending): the message store's record reserved
   first when it is persistent and reaches a durable queue
   (workers/persist.py), one append per queue (QueueStore.publish), its
-  paging file instead when the queue pages (workers/spill.py), the queue
+  paging file instead when the queue pages (workers/pager.py), the queue
   marked timed when the message may expire, the record finished, the
   publisher's HOLD dropped. A full queue stops it: WAIT, and the channel
   retries later. `put_now` is the same for the fast path's plain message
@@ -14,7 +14,7 @@ goes through an Ingest, whoever sent it.
   that is due, workers/delays.py): `put_new` writes the block too, and never
   waits: a queue with no room does not get the message (the caller hears
   of it).
-- A message paged back in from a paging file (workers/spill.py):
+- A message paged back in from a paging file (workers/pager.py):
   `put_paged`; its record is in the message store already.
 
 What comes back is an outcome; the channel turns it into a confirm, a nack,
@@ -45,10 +45,10 @@ from shoal.store.messages import UNAPPENDED, encode_publish_one
 from shoal.workers import framing
 from shoal.workers import persist as publish_record
 from shoal.workers.context import WorkerContext
-from shoal.workers.dedup import DedupMark
+from shoal.workers.dedup_filter import DedupMark
+from shoal.workers.pager import Pager
 from shoal.workers.pending import Pending
 from shoal.workers.persist import Persister
-from shoal.workers.spill import Spiller
 
 log = logging.getLogger("shoal.worker")
 
@@ -113,11 +113,11 @@ class Ingest:
         "ctx",
         "dedup",
         "over_capacity",
+        "pager",
         "persist",
         "publish",
         "seg",
         "slot",
-        "spill",
         "store",
         "streams",
     )
@@ -131,7 +131,7 @@ class Ingest:
         self.publish = ctx.store.publish
         self.dedup = ctx.dedup
         self.persist = ctx.persist
-        self.spill = ctx.spill
+        self.pager = ctx.pager
         self.streams = ctx.streams
         # Queues the last put found over their capacity (FLOW): the channel
         # flow-blocks its connection on them, then clears the list.
@@ -154,7 +154,7 @@ class Ingest:
         rest (it waits, or pages). Once every queue has it, the publisher's
         HOLD is dropped. `mark`: the keys its deduplication check added (a
         refusal takes them out)."""
-        spill, streams = self.spill, self.streams
+        pager, streams = self.pager, self.streams
         stream_qids = _NO_QUEUES
         if streams is not None and not plain:  # (plain queues are no streams)
             streams.refresh()
@@ -162,7 +162,7 @@ class Ingest:
         publish, slot = self.publish, self.slot
         done = bits = 0
         for qid in qids:
-            if qid in stream_qids or (spill is not None and _pages(spill, self.arena, qid)):
+            if qid in stream_qids or (pager is not None and _pages(pager, self.arena, qid)):
                 break
             outcome = publish(qid, block, body_size, slot)
             if outcome:
@@ -204,7 +204,7 @@ class Ingest:
             or not uid
             or qid not in store.plain_queues()
             or not store.takes_plainly(qid)
-            or (self.spill is not None and _pages(self.spill, self.arena, qid))
+            or (self.pager is not None and _pages(self.pager, self.arena, qid))
         ):
             return None
         got = persist.reserve(1, size)
@@ -251,7 +251,7 @@ class Ingest:
             pending.durable = False  # kept in memory only
         entries = pending.entries
         publish, store, slot = self.publish, self.store, self.slot
-        spill = self.spill if wait else None
+        pager = self.pager if wait else None
         arena = self.arena
         streams = self.streams
         if streams is not None:
@@ -262,13 +262,13 @@ class Ingest:
         bits = 0
         while qids:
             qid = qids[0]
-            if spill is not None and _pages(spill, arena, qid):
+            if pager is not None and _pages(pager, arena, qid):
                 self._spill(pending, qid)  # a backlog past its log or the arena
                 continue
             outcome = publish(qid, block, pending.body_size, slot)
             if outcome:
                 if outcome == FULL:
-                    if spill is not None and spill.eligible(qid):
+                    if pager is not None and pager.eligible(qid):
                         self._spill(pending, qid)
                         continue
                     if wait:
@@ -308,12 +308,12 @@ class Ingest:
 
     def _spill(self, pending: Pending, qid: int) -> None:
         """The message goes to this worker's paging file for `qid`
-        (workers/spill.py), and its record names the queue's tail."""
-        spill = self.spill
-        assert spill is not None
-        spill.put(qid, block_payload(self.seg, pending.block))
+        (workers/pager.py), and its record names the queue's tail."""
+        pager = self.pager
+        assert pager is not None
+        pager.put(qid, block_payload(self.seg, pending.block))
         if pending.entries and qid in pending.entries:
-            publish_record.spilled(pending, qid, spill.tail(qid))
+            publish_record.spilled(pending, qid, pager.tail(qid))
         pending.qids.pop(0)
 
     def drop(self, pending: Pending) -> None:
@@ -364,7 +364,7 @@ class Ingest:
     def put_paged(
         self, qid: int, payload: memoryview, redelivered: bool, timed: bool
     ) -> int | None:
-        """A message paged back in (workers/spill.py): its block's payload as
+        """A message paged back in (workers/pager.py): its block's payload as
         it was spilled, its record (if any) in the message store already.
         The outcome of its append, or None when the arena has no room."""
         seg = self.seg
@@ -386,8 +386,8 @@ class Ingest:
         return outcome
 
 
-def _pages(spill: Spiller, arena: Arena, qid: int) -> bool:
+def _pages(pager: Pager, arena: Arena, qid: int) -> bool:
     """Whether a message for `qid` goes to the worker's paging file rather
     than to the log: the queue pages already, or the arena is filling and
-    the queue has a backlog (workers/spill.py)."""
-    return qid in spill.files or (arena.used > spill.arena_high and spill.pressed(qid))
+    the queue has a backlog (workers/pager.py)."""
+    return qid in pager.files or (arena.used > pager.arena_high and pager.pressed(qid))

@@ -177,8 +177,8 @@ class PublishLane:
         ):
             self.clear()  # a route may have changed: Python routes the next ones
             return None
-        spill = ctx.spill
-        if spill is not None and spill.files:
+        pager = ctx.pager
+        if pager is not None and pager.files:
             return None
         arena = ctx.arena
         lane = self.lane
@@ -186,7 +186,7 @@ class PublishLane:
             arena.cursor,
             arena.used,
             arena.high,
-            _NO_SPILL if spill is None else spill.arena_high,
+            _NO_SPILL if pager is None else pager.arena_high,
         )
         return lane
 

@@ -15,7 +15,7 @@ also drops messages past their delivery limit, `drop_if_over_limit`):
 
 from __future__ import annotations
 
-from shoal.broker.amqp import dead_letter, ttl
+from shoal.broker.amqp import dead_letter_rules, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import FLAGS_BYTE, TIMED, message_times
 from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
@@ -81,14 +81,14 @@ class Expiry(Ticker):
         limit = store.delivery_limit(qid)
         if limit < 2 or store.delivery_count(qid, seq) <= limit - 2:
             return False
-        if not self.dead_letters.dead_letter(qid, block, dead_letter.DELIVERY_LIMIT):
+        if not self.dead_letters.dead_letter(qid, block, dead_letter_rules.DELIVERY_LIMIT):
             store.release(qid, seq)  # at-least-once, no room yet: kept
             return True
         store.settle(qid, seq)
         return True
 
     def _expire(self, qid: int, seq: int, block: int) -> None:
-        if not self.dead_letters.dead_letter(qid, block, dead_letter.EXPIRED):
+        if not self.dead_letters.dead_letter(qid, block, dead_letter_rules.EXPIRED):
             self.ctx.store.release(qid, seq)  # at-least-once, no room yet: kept, tried again
             return
         self.ctx.store.settle(qid, seq)
@@ -144,7 +144,7 @@ class Expiry(Ticker):
                     store, qid, now, due, start, budget, ttl_word
                 )
                 if dropped:
-                    self.dead_letters.dropped(qid, dead_letter.EXPIRED, dropped)
+                    self.dead_letters.dropped(qid, dead_letter_rules.EXPIRED, dropped)
                     store.drained(qid)
                     self.expired += dropped
                     budget -= dropped

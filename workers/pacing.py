@@ -20,7 +20,7 @@ The rule (one check per read that published through the lane):
   queue is not paced again for UNPACED_FOR, or until its backlog falls below
   PACE_LOW: a publisher is not held for a consumer that does not consume
   (its backlog then grows as in RabbitMQ, into paging files,
-  workers/spill.py). Other publishers to the queue may keep its backlog up
+  workers/pager.py). Other publishers to the queue may keep its backlog up
   meanwhile: progress is what the consumers take, not the backlog's size.
 
 Queues without consumers are never paced: a backlog for consumers that come

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shoal.workers.dedup import DedupMark
+    from shoal.workers.dedup_filter import DedupMark
 
 
 class Pending:
@@ -64,9 +64,9 @@ class Pending:
         # queue was full): their seqs go in an AMEND record (workers/persist.py).
         self.late: list[int] | None = None
         # Stream queues it was appended to: (qid, seq); its confirm waits
-        # until each stream's writer has synced that seq (workers/streams.py).
+        # until each stream's writer has synced that seq (workers/stream_io.py).
         self.streams: list[tuple[int, int]] | None = None
-        # Deduplication (workers/dedup.py): None until checked, then the
+        # Deduplication (workers/dedup_filter.py): None until checked, then the
         # keys the check added; `deduped`: a queue or the exchange had it
         # (accepted, not returned).
         self.dedup: DedupMark | None = None

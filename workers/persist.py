@@ -225,7 +225,7 @@ class Persister:
             batch.append(record)
         if batch:
             if self.before_write is not None:
-                self.before_write()  # the disk deduplication caches (workers/dedup.py)
+                self.before_write()  # the disk deduplication caches (workers/dedup_filter.py)
             self._write(batch)
 
     def _write(self, batch: list[_Record]) -> None:
@@ -408,7 +408,7 @@ def appended(
 
 def spilled(pending: Pending, qid: int, tail: int) -> None:
     """The message went to a paging file for durable queue `qid`
-    (workers/spill.py): the entry names the queue's tail at that moment,
+    (workers/pager.py): the entry names the queue's tail at that moment,
     which puts it after every message the worker appended before it and
     before every one it appends after, in recovery's order."""
     entries = pending.entries

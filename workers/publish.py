@@ -46,8 +46,8 @@ from shoal.workers.channel_state import (
     Transactional,
 )
 from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, Ingest, times_for, to_store
+from shoal.workers.pager import PAGE_IN_INTERVAL
 from shoal.workers.pending import Pending
-from shoal.workers.spill import PAGE_IN_INTERVAL
 
 log = logging.getLogger("shoal.worker")
 DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
@@ -126,7 +126,7 @@ class Publisher:
         self.ctx.loop.call_later(RETRY_DELAY, self._retry)
 
     def _rest(self) -> None:
-        """This worker spilled its share for now (workers/spill.py): read no
+        """This worker spilled its share for now (workers/pager.py): read no
         more until its next page-in interval (not blocked: slowed down)."""
         self.channel.busy = True
         self.conn.hold_reading(self.channel, reason=None)
@@ -488,8 +488,8 @@ class Publisher:
                 if streams:  # ... or for its streams' writers
                     self.stream_waits.append((self.publish_seq, streams))
                     self.ctx.streams.wait(self)  # type: ignore[union-attr]
-        spill = self.ctx.spill
-        if spill is not None and spill.files and spill.exhausted:
+        pager = self.ctx.pager
+        if pager is not None and pager.files and pager.exhausted:
             self._rest()
 
     def _consumes(self, qid: int) -> bool:

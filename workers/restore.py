@@ -13,7 +13,7 @@ go to that segment's ack files, and the segment (claimed in worker 0's
 segment table, sealed) is deleted once all of them are gone.
 
 What does not fit (an arena or a queue log too small for the backlog) goes
-to worker 0's paging files (workers/spill.py), paged in as the queue
+to worker 0's paging files (workers/pager.py), paged in as the queue
 drains; for a queue that may not spill (priorities, a length limit or an
 x-capacity) it stays on disk, still counted in its segment, and is loaded
 at a later start.
@@ -40,10 +40,10 @@ from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
 from shoal.shm.segtable import SegmentName, check_of
 from shoal.store import clean_stop
 from shoal.store.clean_stop import Delivered
-from shoal.store.definitions import logged_queue_uids
+from shoal.store.definitions_log import logged_queue_uids
 from shoal.store.messages import Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
-from shoal.workers.spill import REDELIVERED
+from shoal.workers.pager import REDELIVERED
 
 log = logging.getLogger("shoal.worker")
 
@@ -144,27 +144,27 @@ def _append(
 ) -> int:
     """Append a queue's recovered messages (`delivered`: those a clean stop
     recorded as maybe delivered; None: flag them all, as after a crash)."""
-    seg, store, persist, spill = ctx.seg, ctx.store, ctx.persist, ctx.spill
-    assert persist is not None and spill is not None
+    seg, store, persist, pager = ctx.seg, ctx.store, ctx.persist, ctx.pager
+    assert persist is not None and pager is not None
     # What the log or the arena cannot hold goes to a paging file
-    # (workers/spill.py), unless the queue's rules forbid it.
-    may_spill = spill.eligible(qid)
+    # (workers/pager.py), unless the queue's rules forbid it.
+    may_spill = pager.eligible(qid)
     spilling = False
     for done, (_epoch, _seq, segment, offset, message) in enumerate(messages):
         slot, check = slots[segment]
         tag = (slot, check, offset)
         redelivered = delivered is None or (segment, offset, uid) in delivered
         flags = REDELIVERED if redelivered else 0
-        if may_spill and (spilling or spill.pressed(qid)):
+        if may_spill and (spilling or pager.pressed(qid)):
             spilling = True
-            spill.put(qid, tagged_payload(message, tag), flags)
+            pager.put(qid, tagged_payload(message, tag), flags)
             continue
         size = len(message)
         block = ctx.arena.alloc(size + TAG_SIZE)
         if block is None:
             if may_spill:
                 spilling = True
-                spill.put(qid, tagged_payload(message, tag), flags)
+                pager.put(qid, tagged_payload(message, tag), flags)
                 continue
             _left_on_disk(ctx, qid, len(messages) - done, "the arena (--arena-mb)")
             return done
@@ -181,7 +181,7 @@ def _append(
         elif outcome == FULL:
             if may_spill:
                 spilling = True
-                spill.put(qid, tagged_payload(message, tag), flags)
+                pager.put(qid, tagged_payload(message, tag), flags)
                 continue
             _left_on_disk(ctx, qid, len(messages) - done, "its log (--queue-capacity)")
             return done

@@ -14,8 +14,8 @@ from typing import Any
 
 from pamqp.header import ContentHeader
 
-from shoal.broker.amqp import dedup, errors
-from shoal.broker.amqp.dedup import DedupSpec
+from shoal.broker.amqp import dedup_arguments, errors
+from shoal.broker.amqp.dedup_arguments import DedupSpec
 from shoal.broker.amqp.definitions import (
     Definitions,
     ExchangeDeclared,
@@ -61,7 +61,7 @@ class Routes:
         self._cache: dict[tuple[int, bytes, bytes], tuple[int, ...]] = {}
         self._queue_gen = -1
         self.version = 0  # bumped whenever the definitions change (caches key on it)
-        # Exchanges with a deduplication cache (workers/dedup.py), by
+        # Exchanges with a deduplication cache (workers/dedup_arguments.py), by
         # (vhost id, name): empty unless one is declared (one flag test).
         self.dedup_exchanges: dict[tuple[int, bytes], DedupSpec] = {}
 
@@ -99,13 +99,15 @@ class Routes:
             if vhost_id is None:
                 continue
             for name, x in router.exchanges.items():
-                if not dedup.deduplicates(x.type, x.arguments):
+                if not dedup_arguments.deduplicates(x.type, x.arguments):
                     continue
                 try:
-                    spec = dedup.exchange_spec(x.type, x.arguments)
+                    spec = dedup_arguments.exchange_spec(x.type, x.arguments)
                 except errors.AMQPError:
                     spec = None  # checked at declare; a definitions import is not
-                found[(vhost_id, name.encode())] = spec or DedupSpec(dedup.DEFAULT_SIZE, 0, False)
+                found[(vhost_id, name.encode())] = spec or DedupSpec(
+                    dedup_arguments.DEFAULT_SIZE, 0, False
+                )
         return found
 
     def cached(self, vhost_id: int, exchange: bytes, routing_key: bytes) -> bool:

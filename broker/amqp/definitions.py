@@ -41,7 +41,7 @@ from typing import Any, TypeVar, Union
 
 import msgspec
 
-from shoal.broker.amqp import policies
+from shoal.broker.amqp import policy_rules
 from shoal.broker.amqp.routing import Router
 
 DEFAULT_EXCHANGES = (
@@ -103,7 +103,7 @@ class QueueGone(Operation, tag="Q"):
 
 
 class PolicySet(Operation, tag="p"):
-    """An operator's policy (broker/amqp/policies.py), set or replaced."""
+    """An operator's policy (broker/amqp/policy_rules.py), set or replaced."""
 
     name: str
     pattern: str
@@ -247,7 +247,7 @@ class Definitions:
         self.vhost_ids: dict[str, int] = {}
         # (vhost, queue) -> x-arguments, for queues declared with any
         self.queue_arguments: dict[tuple[str, str], dict[str, Any]] = {}
-        # vhost -> policy name -> policy (broker/amqp/policies.py's form)
+        # vhost -> policy name -> policy (broker/amqp/policy_rules.py's form)
         self.policies: dict[str, dict[str, dict[str, Any]]] = {}
         self.vhost_limits: dict[str, dict[str, int]] = {}
         self.users: dict[str, UserSet] = {}
@@ -257,13 +257,13 @@ class Definitions:
 
     def policy_for(self, vhost: str, queue: str) -> dict[str, Any] | None:
         """The policy that applies to a queue (None: none)."""
-        return policies.applying(list(self.policies.get(vhost, {}).values()), queue)
+        return policy_rules.applying(list(self.policies.get(vhost, {}).values()), queue)
 
     def effective_arguments(self, vhost: str, queue: str) -> dict[str, Any]:
         """A queue's x-arguments with its policy applied: what its rules
         follow (its own arguments alone decide redeclare equivalence)."""
         own = self.queue_arguments.get((vhost, queue), {})
-        return policies.effective(own, self.policy_for(vhost, queue))
+        return policy_rules.effective(own, self.policy_for(vhost, queue))
 
     def router(self, vhost: str) -> Router:
         router = self.vhosts.get(vhost)

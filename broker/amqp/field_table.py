@@ -2,7 +2,7 @@
 each value's wire bytes untouched, and build tables from entries again.
 
 The broker rewrites a few headers of a message it dead-letters (x-death and
-friends, broker/amqp/dead_letter.py) and must hand every other header back
+friends, broker/amqp/dead_letter_rules.py) and must hand every other header back
 exactly as the publisher wrote it: decoding the table into Python values and
 encoding it again would change wire types (a 'b' becoming an 'I', say). So
 values stay raw bytes here, type letter included, and only the entries the

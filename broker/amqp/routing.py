@@ -129,7 +129,7 @@ MATCHING_TYPES = ("direct", "fanout", "topic", "headers")
 # exchange would route it; others are routed at once.
 DELAYED = "x-delayed-message"
 # RabbitMQ's message-deduplication plugin's exchange type: routes as fanout
-# once its cache has let the message through (broker/amqp/dedup.py).
+# once its cache has let the message through (broker/amqp/dedup_arguments.py).
 DEDUPLICATION = "x-message-deduplication"
 EXCHANGE_TYPES = (*MATCHING_TYPES, DELAYED, DEDUPLICATION)
 DELAY_QUEUE_PREFIX = "amq.delayed."

@@ -3,7 +3,7 @@ texts (client test suites match on them), as pure functions (no IO).
 
 The scheduler calls them on queue.declare and queue.bind; what a checked
 argument becomes in the shared-memory queue record is the scheduler's
-business (broker/scheduler/queues.py).
+business (broker/scheduler/queue_lifecycle.py).
 """
 
 from __future__ import annotations

@@ -51,20 +51,20 @@ import uuid
 
 import msgspec
 
-from shoal.broker.cluster import control
+from shoal.broker.cluster import cluster_verbs
 from shoal.broker.cluster import protocol as P
 from shoal.broker.cluster.etcd import ETCD_ERRORS, Etcd
+from shoal.broker.cluster.follower_metrics import FollowerMetrics
 from shoal.broker.cluster.isr import IsrRecord
 from shoal.broker.cluster.lease_cell import ENV as LEASE_ENV
 from shoal.broker.cluster.lease_cell import LeaseCell
-from shoal.broker.cluster.metrics import FollowerMetrics
 from shoal.broker.cluster.proxy import Proxy
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
 from shoal.broker.cluster.shipper import Shipper
 from shoal.broker.cluster.tasks import cancel_and_wait
 from shoal.broker.config import Config
 from shoal.broker.supervisor import datadir
-from shoal.broker.supervisor.main import BOOT_ERROR
+from shoal.broker.supervisor.supervisor import BOOT_ERROR
 from shoal.store.mirror import is_in_sync, node_id, set_in_sync
 from shoal.store.replica import ENV as REPLICA_ENV
 from shoal.store.sync import DURABILITY_LOST
@@ -141,7 +141,7 @@ class Node:
             loop.add_signal_handler(sig, self._stop, sig)
         loop.add_signal_handler(signal.SIGUSR1, self._log_tasks)
         status = asyncio.ensure_future(self._write_status_forever())
-        verbs = await control.serve(self.config.runtime_path(), self._control)
+        verbs = await cluster_verbs.serve(self.config.runtime_path(), self._control)
         try:
             self.secret = await self._secret()
             while not self.stopping.is_set():
@@ -162,7 +162,10 @@ class Node:
             with contextlib.suppress(*ETCD_ERRORS):
                 await self._release()
             await self.etcd.close()
-            for path in (self._status_path(), control.socket_path(self.config.runtime_path())):
+            for path in (
+                self._status_path(),
+                cluster_verbs.socket_path(self.config.runtime_path()),
+            ):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
             if made_runtime:
@@ -482,7 +485,7 @@ class Node:
         self.broker = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "shoal.broker.cluster.child",
+            "shoal.broker.cluster.leader_broker",
             msgspec.json.encode(child).decode(),
             env=env,
             # The same lock, held throughout (no gap), and the lease's cell.

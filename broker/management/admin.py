@@ -13,7 +13,7 @@ from aiohttp import web
 from shoal.broker import VERSION
 from shoal.broker.amqp import access
 from shoal.broker.amqp.definitions_json import RABBIT_VERSION as RABBITMQ_VERSION
-from shoal.broker.management import node, shapes
+from shoal.broker.management import nodes_api, shapes
 from shoal.broker.management.http import (
     BACKEND,
     RATES,
@@ -86,12 +86,12 @@ async def overview(request: web.Request) -> web.Response:
             "message_stats": request.app[RATES].overview(age),
             "churn_rates": request.app[RATES].churn(age),
             "listeners": listeners,
-            "contexts": node.contexts(config),
+            "contexts": nodes_api.contexts(config),
             # What RabbitMQ 3.10's web UI reads before it shows a page
             # (www/js/global.js setup_global_vars).
             "rates_mode": "basic",
             "sample_retention_policies": SAMPLE_RETENTION,
-            "exchange_types": node.EXCHANGE_TYPES,
+            "exchange_types": nodes_api.EXCHANGE_TYPES,
             "disable_stats": False,
             "enable_queue_totals": False,
             "statistics_db_event_queue": 0,

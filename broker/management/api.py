@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from shoal.broker.amqp import access
-from shoal.broker.management import admin, limits, node, objects, ui
+from shoal.broker.management import admin, limits_api, nodes_api, objects, ui
 from shoal.broker.management.backend import AmqpError, ControlError
 from shoal.broker.management.http import BACKEND, error
 
@@ -88,8 +88,8 @@ def _resource(
 def routes(app: web.Application) -> None:
     r = app.router  # add_get also answers HEAD: only for read-only handlers
     r.add_get("/api/overview", admin.overview)
-    r.add_get("/api/nodes", node.nodes)
-    r.add_get("/api/nodes/{name}", node.node)
+    r.add_get("/api/nodes", nodes_api.nodes)
+    r.add_get("/api/nodes/{name}", nodes_api.node)
     _resource(r, "/api/cluster-name", admin.cluster_name, ("GET", "PUT"))
     r.add_get("/api/feature-flags", admin.feature_flags)
     r.add_get("/api/whoami", admin.whoami)
@@ -139,4 +139,4 @@ def routes(app: web.Application) -> None:
     _resource(r, "/api/definitions", admin.definitions, ("GET", "POST"))
     r.add_get("/api/health/checks/{check}", admin.health)
     r.add_get("/api/health/checks/{check}/{arg}", admin.health)
-    limits.routes(r)
+    limits_api.routes(r)

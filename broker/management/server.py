@@ -19,7 +19,7 @@ from setproctitle import setproctitle
 
 from shoal.broker import listeners as listening
 from shoal.broker.config import Config
-from shoal.broker.management import api, http, node, ui
+from shoal.broker.management import api, http, nodes_api, ui
 from shoal.broker.management.backend import Backend
 from shoal.broker.management.rates import Rates
 from shoal.broker.management.shapes import DataRates
@@ -35,7 +35,7 @@ def make_app(config: Config, seg: Segment) -> web.Application:
     app[http.STARTED] = time.monotonic()
     app[http.RATES] = Rates(seg)
     app[http.DATA_RATES] = DataRates()
-    app[node.NODE_RATES] = node.NodeRates()
+    app[nodes_api.NODE_RATES] = nodes_api.NodeRates()
     app.cleanup_ctx.append(_sampling)
     ui.routes(app)  # first: /api/auth and /api/extensions before the API's patterns
     api.routes(app)

@@ -37,7 +37,7 @@ from shoal.shm.processes import Header, Role, role_name, slots, worker_slots
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
-from shoal.shm.streams import StreamWords
+from shoal.shm.stream_words import StreamWords
 
 EXTENSION = Path(__file__).parent / "extension"
 CONSUMERS_TIMEOUT = 10.0  # the scheduler waits 2 s for each worker (REPLY_TIMEOUT)
@@ -163,7 +163,7 @@ def _process_use(pid: int, now: float) -> dict[str, Any]:
 def _streams(
     seg: Segment, store: QueueStore, queues: list[tuple[str, str, int]]
 ) -> list[dict[str, Any]]:
-    """The stream queues' durable bounds (shm/streams.py)."""
+    """The stream queues' durable bounds (shm/stream_words.py)."""
     words = StreamWords(seg)
     rows: list[dict[str, Any]] = []
     for vhost, name, qid in queues:
@@ -235,7 +235,7 @@ async def _ask_consumers(runtime_dir: str) -> dict[str, Any]:
 
 
 def _paging_files(directory: str) -> list[tuple[int, int, int]]:
-    """(worker, qid, bytes) of each paging file (workers/spill.py names them
+    """(worker, qid, bytes) of each paging file (workers/pager.py names them
     `<worker>-<qid>-<n>`); none while the directory does not exist."""
     files: list[tuple[int, int, int]] = []
     try:
@@ -288,7 +288,7 @@ def _paging(
     return {
         "directory": directory,
         "queue_window": limits.queue_capacity,  # a log's cells: more go to disk
-        "spill_above_arena_bytes": limits.arena_bytes // 2,  # workers/spill.py
+        "spill_above_arena_bytes": limits.arena_bytes // 2,  # workers/pager.py
         "queues": rows,
         "messages_paged_out": sum(r["messages_paged_out"] for r in rows),
         "paging_file_bytes": sum(size for _w, _q, size in files),

@@ -1,7 +1,7 @@
 """The Prometheus families of a cluster node's view (broker/cluster/node.py
 writes it to cluster.json; `shoal status` shows the same). A leader's
 metrics process serves them beside the broker's families; a follower, which
-runs no broker, serves them alone from its agent (broker/cluster/metrics.py),
+runs no broker, serves them alone from its agent (broker/cluster/follower_metrics.py),
 so that every node of a cluster answers a scrape."""
 
 from __future__ import annotations

@@ -383,7 +383,7 @@ def main(argv: list[str]) -> int:
         return status.main(
             Config(port=known.port, runtime_dir=known.runtime_dir).runtime_path(), False
         )
-    from shoal.broker.cluster import control as cluster_control
+    from shoal.broker.cluster import cluster_verbs as cluster_control
 
     if _verb(argv) in cluster_control.VERBS:  # a cluster node's agent answers these
         return cluster_control.main(_globals_first(argv))

@@ -1,4 +1,4 @@
-"""`shoal policy`: set, clear and list policies (broker/amqp/policies.py)
+"""`shoal policy`: set, clear and list policies (broker/amqp/policy_rules.py)
 of a running broker, as rabbitmqctl's set_policy / clear_policy /
 list_policies do, through the scheduler's control socket (found as `shoal
 status` finds the broker: --port or --runtime-dir).

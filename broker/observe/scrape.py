@@ -9,7 +9,7 @@ from __future__ import annotations
 from shoal.shm import counters, processes, stats
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
-from shoal.shm.streams import StreamBounds
+from shoal.shm.stream_words import StreamBounds
 
 
 class QueueRow:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from shoal.broker.amqp.definitions import Definitions, Op
-from shoal.broker.cluster import control as cluster_control
+from shoal.broker.cluster import cluster_verbs as cluster_control
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.shm import counters, memory, stats
 from shoal.shm.arena import arena_usage
@@ -19,7 +19,7 @@ from shoal.shm.processes import Header, Role, role_name, slots
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.segtable import SegmentTable
-from shoal.shm.streams import StreamBounds, StreamWords
+from shoal.shm.stream_words import StreamBounds, StreamWords
 
 
 def snapshot(seg: Segment) -> dict[str, Any]:

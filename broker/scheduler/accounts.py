@@ -31,7 +31,7 @@ USER_LIMITS = ("max-connections", "max-channels")
 
 class Accounts:
     """Users, vhosts, their limits and permissions: one handler per
-    control request (main.py's table points at them)."""
+    control request (scheduler.py's table points at them)."""
 
     def __init__(
         self, state: SchedulerState, journal: Journal, remove_queue: Callable[[QueueState], None]

@@ -6,7 +6,7 @@ op is a msgspec Struct here, and `Request` is their union tagged on "op",
 so the wire stays the JSON it always was. Each field is typed as the
 clients send it; fields a client adds that an op does not read (`shoal
 ctl` sends "vhost" with every verb) are ignored. The scheduler dispatches
-a decoded request through a table op type -> handler (main.py), and each
+a decoded request through a table op type -> handler (scheduler.py), and each
 handler returns one of the reply Structs below.
 
 Errors keep their texts: a field of the wrong type is answered "<field>

@@ -1,9 +1,9 @@
-"""The files of deduplication caches (shm/dedup.py): the scheduler makes a
+"""The files of deduplication caches (shm/dedup_arguments.py): the scheduler makes a
 cache's file when its exchange or queue is declared (so that a declare
 that cannot have one fails), removes it with them, and at a broker's start
 drops the memory caches of the last run and the disk caches nothing names
 any more, and repairs the rest. IO workers open the same files by the same names
-(workers/dedup.py), creating them if they come first."""
+(workers/dedup_arguments.py), creating them if they come first."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import os
 import shutil
 from collections.abc import Iterable
 
-from shoal.broker.amqp import dedup
+from shoal.broker.amqp import dedup_arguments
 from shoal.broker.config import Config
-from shoal.shm.dedup import DedupCache, cache_directory, stored_size
+from shoal.shm.dedup_cache import DedupCache, cache_directory, stored_size
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -23,7 +23,7 @@ def path(config: Config, disk: bool, file_name: str) -> str:
     return os.path.join(cache_directory(config.runtime_path(), config.data_path(), disk), file_name)
 
 
-def create(config: Config, spec: dedup.DedupSpec, file_name: str) -> None:
+def create(config: Config, spec: dedup_arguments.DedupSpec, file_name: str) -> None:
     """Make (or find) a cache's file. If it cannot be made (the disk is
     full), it is logged: the IO workers try again at the first publish
     that needs it, and refuse that publish if they cannot either."""

@@ -9,7 +9,7 @@ RabbitMQ keeps them in its database, with the password hashes only).
 This module is the scheduler's side: which records the log holds (`Record`:
 the journal's operations, broker/amqp/definitions.py, and the log's own
 queue records), and replaying them (`Restored`). The file itself (format,
-appending, compaction, reading) is store/definitions.py's.
+appending, compaction, reading) is store/definitions_log.py's.
 
 The scheduler, the only writer, appends a change's record and fdatasyncs it
 before the change's -ok reply (journal.py, queues.py). At every start it
@@ -30,7 +30,7 @@ import msgspec
 from shoal.broker.amqp import access, definitions_json
 from shoal.broker.amqp import definitions as D
 from shoal.store import records
-from shoal.store.definitions import DefinitionsLog, QueueDeclared, QueueDeleted, UsersSeeded
+from shoal.store.definitions_log import DefinitionsLog, QueueDeclared, QueueDeleted, UsersSeeded
 
 log = logging.getLogger("shoal.scheduler")
 

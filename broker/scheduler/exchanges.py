@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shoal.broker import ipc
-from shoal.broker.amqp import dedup, definitions, errors, routing
+from shoal.broker.amqp import dedup_arguments, definitions, errors, routing
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.amqp.routing import frozen_args as _frozen_args
 from shoal.broker.scheduler import dedup_caches
@@ -61,14 +61,14 @@ class Exchanges:
                         errors.PRECONDITION_FAILED,
                         "Invalid argument, 'x-delayed-type' must be an existing exchange type",
                     )
-            dedup_spec = dedup.exchange_spec(type_, args)
+            dedup_spec = dedup_arguments.exchange_spec(type_, args)
             self._journal(
                 definitions.ExchangeDeclared(
                     vhost, name, type_, durable, auto_delete, internal, args
                 )
             )
             if dedup_spec is not None:
-                cache = dedup.cache_file("x", vhost, name, 0)
+                cache = dedup_arguments.cache_file("x", vhost, name, 0)
                 dedup_caches.create(self.state.config, dedup_spec, cache)
             if type_ == routing.DELAYED:
                 self._delay_queue(vhost, name, durable)

@@ -1,7 +1,7 @@
 """The scheduler's control socket: what `shoal status --consumers` shows,
 and the requests of `shoal ctl`, `shoal policy` and the management API (one
 JSON object per line, typed in control.py, each answered by the handler
-the scheduler's table names for its op, main.py). Its file's permissions
+the scheduler's table names for its op, scheduler.py). Its file's permissions
 (the runtime directory's) are the access check.
 
 The scheduler knows each consumer's place in its queue's
@@ -65,7 +65,7 @@ class Introspection:
         self, scheduler: SchedulerView, handlers: Mapping[type[C.Op], C.Handler], path: str
     ) -> None:
         self.scheduler = scheduler
-        self.handlers = handlers  # op type -> the part's method that answers it (main.py)
+        self.handlers = handlers  # op type -> the part's method that answers it (scheduler.py)
         self.path = path
         self._connection_answers: dict[type[C.Op], ConnectionAnswer] = {
             C.ListConnections: _list_connections,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 
-from shoal.broker.amqp import dedup, definitions, errors
+from shoal.broker.amqp import dedup_arguments, definitions, errors
 from shoal.broker.scheduler import dedup_caches, durable
 from shoal.broker.scheduler.state import SchedulerState
 from shoal.shm.catalog import CatalogFull
-from shoal.store.definitions import QueueDeclared, UsersSeeded
+from shoal.store.definitions_log import QueueDeclared, UsersSeeded
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -99,11 +99,11 @@ class Journal:
             return []
         router = self.state.definitions.vhosts.get(op.vhost)
         return [
-            dedup.cache_file("x", op.vhost, name, 0)
+            dedup_arguments.cache_file("x", op.vhost, name, 0)
             for name in names
             if router is not None
             and (x := router.exchanges.get(name)) is not None
-            and dedup.deduplicates(x.type, x.arguments)
+            and dedup_arguments.deduplicates(x.type, x.arguments)
         ]
 
     def persist(self, *changes: durable.Record) -> None:

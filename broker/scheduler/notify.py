@@ -236,7 +236,7 @@ class Notification:
     def hold_single_active(self) -> None:
         """A (re)started scheduler: single-active queues (a restart: they
         exist already) wait for every worker's HELLO, at most HELLO_WAIT
-        (main.py), before one of their consumers is made active: the first
+        (scheduler.py), before one of their consumers is made active: the first
         registered must stay the one."""
         self.awaiting_hello = set(self.links)
         for q in self.queues.values():

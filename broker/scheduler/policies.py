@@ -1,5 +1,5 @@
 """Policies in the scheduler (issue 15, item 9; rules in
-broker/amqp/policies.py): set, clear and list them for `shoal policy`
+broker/amqp/policy_rules.py): set, clear and list them for `shoal policy`
 (through the control socket, broker/scheduler/introspect.py), journaled
 with the definitions (so IO workers dead-letter by them too) and kept in
 the durable definitions; each change re-applies the rules of its virtual
@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from shoal.broker.amqp import definitions, errors, policies, quorum
+from shoal.broker.amqp import definitions, errors, policy_rules, quorum
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.journal import Journal
-from shoal.broker.scheduler.queues import Rules
+from shoal.broker.scheduler.queue_lifecycle import Rules
 from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm.directory import QueueFlag
 
@@ -47,7 +47,7 @@ class Policies:
     def clear_policy(self, r: C.ClearPolicy) -> C.Ok:
         vhost, name = r.in_vhost(self.state.vhost), r.name
         if name not in self.state.definitions.policies.get(vhost, {}):
-            raise policies.PolicyError(f"no policy '{name}' in vhost '{vhost}'")
+            raise policy_rules.PolicyError(f"no policy '{name}' in vhost '{vhost}'")
         self._journal(definitions.PolicyCleared(vhost, name))
         log.info("policy %r cleared in vhost %r", name, vhost)
         self.apply_policies(vhost)
@@ -69,8 +69,8 @@ class Policies:
         definition: dict[str, Any],
     ) -> None:
         if vhost not in self.state.definitions.vhost_ids:
-            raise policies.PolicyError(f"no vhost '{vhost}'")
-        policies.check(name, pattern, apply_to, definition)
+            raise policy_rules.PolicyError(f"no vhost '{vhost}'")
+        policy_rules.check(name, pattern, apply_to, definition)
         self._journal(definitions.PolicySet(vhost, name, pattern, apply_to, priority, definition))
         log.info("policy %r set in vhost %r: %r on %r", name, vhost, definition, pattern)
         self.apply_policies(vhost)

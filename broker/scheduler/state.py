@@ -1,7 +1,7 @@
 """What the scheduler knows: a QueueState per declared queue, and the
 SchedulerState that the scheduler's parts share.
 
-The Scheduler (main.py) is a composition: parts that each own their own
+The Scheduler (scheduler.py) is a composition: parts that each own their own
 state and are handed, at construction, this shared state and the narrow
 parts of each other they call (journal.py, exchanges.py, queues.py,
 queue_expiry.py, policies.py, accounts.py, connections.py, transfer.py,
@@ -28,9 +28,9 @@ from shoal.shm.processes import ProcessSlot
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
-from shoal.shm.streams import StreamWords
+from shoal.shm.stream_words import StreamWords
 from shoal.shm.wake import Waker
-from shoal.store.definitions import DefinitionsLog, QueueDeclared
+from shoal.store.definitions_log import DefinitionsLog, QueueDeclared
 from shoal.store.settles import SettleWriter
 
 
@@ -97,7 +97,7 @@ class QueueState:
         self.max_priority = 0
         self.levels = {0: qid}
         # A stream queue (x-queue-type stream): its consumers are browsers of
-        # its files, woken when its durable offsets move (shm/streams.py).
+        # its files, woken when its durable offsets move (shm/stream_words.py).
         self.stream = False
         # x-expires (broker/scheduler/queue_expiry.py): ms unused before it is
         # deleted (0: never), when it was last used, the basic.get count then,
@@ -118,7 +118,7 @@ class QueueState:
 
 class SchedulerState:
     """What the scheduler's parts share, built once by the Scheduler
-    (main.py). One process, one thread, so nothing here is locked. The
+    (scheduler.py). One process, one thread, so nothing here is locked. The
     durable definitions log and the settle writer are opened at boot
     (Scheduler.run), before any part uses them."""
 
@@ -168,7 +168,7 @@ class SchedulerState:
         return sum(log_ready(qid) for qid in q.levels.values())
 
     def messages(self, q: QueueState) -> int:
-        """Ready messages, those in paging files (workers/spill.py) included:
+        """Ready messages, those in paging files (workers/pager.py) included:
         the count a client is told."""
         if q.stream:
             bounds = self.stream_words.bounds(q.qid)

@@ -13,13 +13,13 @@ from typing import Any
 
 from shoal.broker.amqp import definitions as D
 from shoal.broker.amqp import definitions_json as J
-from shoal.broker.amqp import errors, policies, routing
+from shoal.broker.amqp import errors, policy_rules, routing
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.accounts import USER_LIMITS, VHOST_LIMITS, Accounts, checked_limits
 from shoal.broker.scheduler.exchanges import Exchanges
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.policies import Policies
-from shoal.broker.scheduler.queues import QueueLifecycle
+from shoal.broker.scheduler.queue_lifecycle import QueueLifecycle
 from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm import ownership
 from shoal.shm.processes import Header, ProcessSlot
@@ -226,7 +226,7 @@ class Transfer:
             self._journal(permission)
         for p in imported.policies:
             self._known_vhost(p.vhost)
-            policies.check(p.name, p.pattern, p.apply_to, p.definition)
+            policy_rules.check(p.name, p.pattern, p.apply_to, p.definition)
             self._journal(p)
             self.policies.apply_policies(p.vhost)
         for x in imported.exchanges:
@@ -272,7 +272,7 @@ class Transfer:
         for vhost_limits in imported.vhost_limits:
             checked_limits({}, vhost_limits.limits, VHOST_LIMITS)
         for p in imported.policies:
-            policies.check(p.name, p.pattern, p.apply_to, p.definition)
+            policy_rules.check(p.name, p.pattern, p.apply_to, p.definition)
         granted: list[D.PermissionSet | D.TopicPermissionSet] = [
             *imported.permissions,
             *imported.topic_permissions,

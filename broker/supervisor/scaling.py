@@ -41,7 +41,7 @@ SLOW_HANDOVER = 10.0  # s: a worker this slow to give up its queues is logged
 
 
 class Supervised(Protocol):
-    """What scaling uses of the supervisor (broker/supervisor/main.py)."""
+    """What scaling uses of the supervisor (broker/supervisor/supervisor.py)."""
 
     seg: Segment | None
     workers: int

@@ -1,6 +1,6 @@
 """Backlogs larger than memory (issue 13, item 6): a queue holds many times
 its log window and the arenas, the bodies past them in paging files
-(workers/spill.py), without blocking its publisher on memory; it drains in
+(workers/pager.py), without blocking its publisher on memory; it drains in
 order, and its files are gone after the drain."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pika
 import pytest
 
 from shoal.broker.scheduler import durable
-from shoal.store import definitions as definitions_log
+from shoal.store import definitions_log as definitions_log
 from shoal.store import records
 from tests.broker_process import Broker, wait_for
 from tests.clients import connect

@@ -114,7 +114,7 @@ def test_set_worker_count_refuses_what_the_slots_cannot_hold(broker_factory: Any
 
 def test_a_retiring_worker_pages_its_paging_files_in_first(broker_factory: Any) -> None:
     # A queue log of 16 cells: most of what worker 1 publishes goes to its
-    # paging file (workers/spill.py), which a stop would drop.
+    # paging file (workers/pager.py), which a stop would drop.
     broker = broker_factory(workers=2, args=("--queue-capacity", "16", "--max-workers", "2"))
     stays, goes = publish_on_worker_1(broker, "paged", 400, "p")
     paging = os.path.join(broker.data_dir, "paging")

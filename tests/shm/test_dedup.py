@@ -1,4 +1,4 @@
-"""shm/dedup.py: the shared deduplication cache, alone and raced by
+"""shm/dedup_arguments.py: the shared deduplication cache, alone and raced by
 processes (one of them SIGKILLed while it holds the lock)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shoal.shm import dedup as D
+from shoal.shm import dedup_cache as D
 
 
 def cache(tmp_path: Path, size: int = 64, name: str = "c.cache") -> D.DedupCache:
@@ -260,14 +260,14 @@ def test_the_c_key_is_the_python_key(headers: dict[str, Any] | None) -> None:
     from pamqp import commands as C
     from pamqp.header import ContentHeader
 
-    from shoal.broker.amqp import dedup
+    from shoal.broker.amqp import dedup_arguments
     from shoal.workers._wire import dedup_key
     from shoal.workers.routes import message_headers
 
     props = C.Basic.Properties(content_type="text/plain", headers=headers)
     raw = ContentHeader(0, 10, props).marshal()  # a content header frame's payload
     fast = dedup_key(raw)
-    expected = dedup.message_key(message_headers(raw))
+    expected = dedup_arguments.message_key(message_headers(raw))
     if fast is False:
         assert expected is not None
     elif fast is None:

@@ -461,7 +461,7 @@ def test_sigkill_of_a_consumer_loses_nothing(run: Run) -> None:
     phase, block, seq_in_hand, mid_in_hand = (
         run.word(victim, f) for f in (W_PHASE, W_BLOCK, W_MSG, W_MID)
     )
-    # What the supervisor does when an IO worker dies (broker/supervisor/main.py).
+    # What the supervisor does when an IO worker dies (broker/supervisor/supervisor.py).
     released = recover_worker(run.seg, victim).get(QID, 0)
     # Everything it held goes back (give or take the one entry it was
     # acquiring or acking when it died, before it counted it in W_HELD).
@@ -532,7 +532,7 @@ def test_sigkill_of_a_producer_does_not_stall_the_queue(run: Run) -> None:
     intent_seq = run.seg.atomic.load(slot + L.P_INTENT_SEQ)
     phase, block, mid_in_hand = (run.word(victim, f) for f in (W_PHASE, W_BLOCK, W_MSG))
     published = run.word(victim, W_PUBLISHED)
-    # What the supervisor does when an IO worker dies (broker/supervisor/main.py).
+    # What the supervisor does when an IO worker dies (broker/supervisor/supervisor.py).
     assert recover_worker(run.seg, victim) == {}  # a producer acquires nothing
     assert run.seg.atomic.load(slot + L.P_INTENT_QUEUE) == 0
     finish(run, producers=(survivor,))  # consumers reach the tail: no stall

@@ -19,7 +19,7 @@ from shoal.spark.errors import DataLossError, ShoalSparkError
 from shoal.spark.options import Options
 from shoal.spark.publish import Publisher
 from shoal.spark.rows import COLUMNS, INDEX, SCHEMA_DDL, from_json, to_json
-from shoal.spark.streams import Range, StreamSource, read_range, share, split
+from shoal.spark.stream_reader import Range, StreamSource, read_range, share, split
 from tests.broker_process import Broker, wait_for
 from tests.spark.helpers import STREAM, browse_all, connect, count, drain, publish
 

@@ -1,7 +1,7 @@
-"""A stream's segment files without a broker (store/streams.py): chunks,
+"""A stream's segment files without a broker (store/stream_segments.py): chunks,
 offsets across segments, a torn tail cut off at open, retention, cursors
 from each kind of start; and the x-stream-offset header a stored message
-gets (broker/amqp/streams.py), decoded by pamqp as a client would."""
+gets (broker/amqp/stream_arguments.py), decoded by pamqp as a client would."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pamqp import commands as C
 from pamqp import header as pamqp_header
 
 from shoal.broker.amqp import errors
-from shoal.broker.amqp import streams as amqp_streams
-from shoal.store import streams as files
+from shoal.broker.amqp import stream_arguments as amqp_streams
+from shoal.store import stream_segments as files
 
 
 def write(log: files.StreamLog, start: int, count: int, body: bytes = b"b") -> None:

@@ -15,7 +15,7 @@ import pytest
 from shoal.broker.amqp import access, errors
 from shoal.broker.observe import ctl
 from shoal.broker.scheduler import control as C
-from shoal.broker.scheduler import main as sched
+from shoal.broker.scheduler import scheduler as sched
 from shoal.broker.scheduler.accounts import Accounts, names
 from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.transfer import Transfer
@@ -214,6 +214,6 @@ def test_every_shoal_ctl_verb_sends_a_request_the_scheduler_decodes(tmp_path: Pa
     ],
 )
 def test_the_verb_decides_who_answers(argv: list[str], verb: str) -> None:
-    """Cluster verbs go to the node's agent (broker/cluster/control.py), the
+    """Cluster verbs go to the node's agent (broker/cluster/cluster_verbs.py), the
     rest to the scheduler: by the verb, never by a word elsewhere."""
     assert ctl._verb(argv) == verb

@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from shoal.broker import ipc
-from shoal.broker.scheduler import main as sched
-from shoal.workers import main as worker_main
+from shoal.broker.scheduler import scheduler as sched
+from shoal.workers import worker as worker_main
 
 TO_SCHEDULER = typing.get_args(ipc.ToScheduler)
 TO_WORKER = typing.get_args(ipc.ToWorker)

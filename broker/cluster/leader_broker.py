@@ -13,7 +13,7 @@ from shoal.broker.config import Config
 
 
 def main(argv: list[str]) -> int:
-    from shoal.broker.supervisor.main import die_with_parent, run_supervisor
+    from shoal.broker.supervisor.supervisor import die_with_parent, run_supervisor
 
     die_with_parent()  # a kill -9 of the agent takes the supervisor too, and so its children
     config = msgspec.json.decode(argv[0].encode(), type=Config)

@@ -47,7 +47,7 @@ from shoal.broker.scheduler.introspect import Introspection, socket_path
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
 from shoal.broker.scheduler.policies import Policies
-from shoal.broker.scheduler.queues import QueueLifecycle
+from shoal.broker.scheduler.queue_lifecycle import QueueLifecycle
 from shoal.broker.scheduler.state import SchedulerState
 from shoal.broker.scheduler.transfer import Transfer
 from shoal.shm.processes import Header, ProcessSlot, Role

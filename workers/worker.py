@@ -25,8 +25,8 @@ from shoal.broker.config import Config
 from shoal.shm import memory, stats
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
-from shoal.store.paging import paging_directory
-from shoal.store.streams import streams_directory
+from shoal.store.paging_files import paging_directory
+from shoal.store.stream_segments import streams_directory
 from shoal.workers import lease_watch, restore, timeouts, tls
 from shoal.workers.connection import Connection
 from shoal.workers.consumer import give_back_watch, pull, take_watch
@@ -96,7 +96,7 @@ class Worker:
         ctx.open_store(
             store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
         )
-        ctx.spill.put_back = Ingest(ctx).put_paged  # type: ignore[union-attr]  # (just opened)
+        ctx.pager.put_back = Ingest(ctx).put_paged  # type: ignore[union-attr]  # (just opened)
         ctx.dead_letters = dead_letters = DeadLetters(ctx)
         ctx.store.dropped = dead_letters.dropped_by_limit
         ctx.expiry = expiry = Expiry(ctx, dead_letters)
@@ -123,8 +123,8 @@ class Worker:
             self._flush_stats(again=False)
             if ctx.persist is not None:
                 ctx.persist.close()
-            if ctx.spill is not None:
-                ctx.spill.close()
+            if ctx.pager is not None:
+                ctx.pager.close()
             if ctx.streams is not None:
                 ctx.streams.close()
             expiry.close()
@@ -359,10 +359,10 @@ class Worker:
         for conn in list(self.ctx.connections):
             if conn.transport is not None:
                 conn.transport.abort()
-        spill, polls = self.ctx.spill, 0
-        while self.draining and spill is not None and spill.files:
+        pager, polls = self.ctx.pager, 0
+        while self.draining and pager is not None and pager.files:
             if polls % 200 == 0:  # every 10 s
-                log.info("retiring: %d paging files still to page in", len(spill.files))
+                log.info("retiring: %d paging files still to page in", len(pager.files))
             await asyncio.sleep(0.05)
             polls += 1
         self.loop.stop()

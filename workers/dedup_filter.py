@@ -1,6 +1,6 @@
 """Message deduplication on the publish path (issue 26): a message with an
 x-deduplication-header, routed through a deduplicating exchange or to a
-deduplicating queue, is checked against that one's cache (shm/dedup.py),
+deduplicating queue, is checked against that one's cache (shm/dedup_arguments.py),
 shared by every IO worker.
 
 - A duplicate sent to an exchange is routed nowhere; one sent to a queue
@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import os
 
-from shoal.broker.amqp import dedup, errors
-from shoal.shm.dedup import DedupCache, DedupLockTimeout, cache_directory
+from shoal.broker.amqp import dedup_arguments, errors
+from shoal.shm.dedup_cache import DedupCache, DedupLockTimeout, cache_directory
 from shoal.shm.queues import QueueStore
 from shoal.store import replica
 from shoal.store.sync import durability_lost
@@ -77,7 +77,7 @@ class Deduplicator:
     ) -> tuple[DedupMark, bool]:
         """(what was added, whether it was a duplicate somewhere) for a whole
         message routed to `qids`; `qids` loses the queues that had it."""
-        if dedup.HEADER_BYTES not in raw_header:
+        if dedup_arguments.HEADER_BYTES not in raw_header:
             return NOTHING, False  # no key: not checked (the common case)
         fast = dedup_key(raw_header)  # C, for the common case (workers/_wire.c)
         if fast is None:
@@ -85,7 +85,7 @@ class Deduplicator:
         if isinstance(fast, bytes):
             key, ttl = fast, 0
         else:  # False: another type of value, or a per-message TTL
-            found = dedup.message_key(message_headers(raw_header))
+            found = dedup_arguments.message_key(message_headers(raw_header))
             if found is None:
                 return NOTHING, False
             key, ttl = found
@@ -169,25 +169,25 @@ class Deduplicator:
         self._by_qid[qid] = (generation, cache, spec.ttl_ms)
         return cache, spec.ttl_ms
 
-    def _queue_spec(self, vhost: str, qid: int) -> dedup.DedupSpec:
+    def _queue_spec(self, vhost: str, qid: int) -> dedup_arguments.DedupSpec:
         name = self.store.name(qid).decode(errors="replace")
         args = self.routes.definitions.queue_arguments.get((vhost, name), {})
         durable = self.store.uid(qid) != 0
         try:
-            spec = dedup.queue_spec(args, durable)
+            spec = dedup_arguments.queue_spec(args, durable)
         except errors.AMQPError:
             spec = None  # checked at declare; a definitions import is not
-        return spec or dedup.DedupSpec(dedup.DEFAULT_SIZE, 0, durable)
+        return spec or dedup_arguments.DedupSpec(dedup_arguments.DEFAULT_SIZE, 0, durable)
 
     def _open(
-        self, kind: str, vhost: str, name: str, incarnation: int, spec: dedup.DedupSpec
+        self, kind: str, vhost: str, name: str, incarnation: int, spec: dedup_arguments.DedupSpec
     ) -> DedupCache:
         key = (kind, vhost, name, incarnation)
         cache = self._caches.get(key)
         if cache is not None:
             return cache
         directory = cache_directory(self._runtime, self._data, spec.disk)
-        path = os.path.join(directory, dedup.cache_file(kind, vhost, name, incarnation))
+        path = os.path.join(directory, dedup_arguments.cache_file(kind, vhost, name, incarnation))
         try:
             os.makedirs(directory, exist_ok=True)
             cache = DedupCache(path, spec.size)

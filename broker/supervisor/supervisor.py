@@ -38,11 +38,11 @@ from shoal.broker.scheduler.durable import (
     open_log,
 )
 from shoal.broker.scheduler.introspect import socket_path
-from shoal.broker.scheduler.main import run_scheduler
+from shoal.broker.scheduler.scheduler import run_scheduler
 from shoal.broker.supervisor import acceptor, datadir, systemd
 from shoal.broker.supervisor.child import Child
-from shoal.broker.supervisor.clean_stop import record_clean_stop
 from shoal.broker.supervisor.scaling import Scaling
+from shoal.broker.supervisor.stop_record import record_clean_stop
 from shoal.shm import memory, ownership
 from shoal.shm.arena import arena_usage
 from shoal.shm.catalog import CatalogFull, CatalogWriter
@@ -54,7 +54,7 @@ from shoal.store import replica
 from shoal.store.messages import store_directory
 from shoal.store.sync import DURABILITY_LOST
 from shoal.workers import tls
-from shoal.workers.main import run_worker
+from shoal.workers.worker import run_worker
 
 log = logging.getLogger("shoal.supervisor")
 

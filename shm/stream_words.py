@@ -1,7 +1,7 @@
 """A stream queue's words in its queue record (x-queue-type stream).
 
-A stream's messages are kept in segment files (store/streams.py), written
-by one IO worker, the stream's writer (workers/streams.py). The queue's log
+A stream's messages are kept in segment files (store/stream_segments.py), written
+by one IO worker, the stream's writer (workers/stream_io.py). The queue's log
 in shared memory only stages what publishers append until the writer has
 taken it. What every process needs to know of the files is here: the
 settings the scheduler wrote at create, and the offsets the writer

@@ -10,7 +10,7 @@ the API of RabbitMQ's message-deduplication plugin and of LavinMQ.
 - per message: the `x-deduplication-header` header (its value is the key)
   and an optional `x-cache-ttl` header overriding the cache's TTL.
 
-The cache itself is shm/dedup.py; the publish path workers/dedup.py.
+The cache itself is shm/dedup_cache.py; the publish path workers/dedup_filter.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ HEADER_BYTES = HEADER.encode()
 TTL_HEADER = "x-cache-ttl"
 # A queue's or a LavinMQ-style exchange's cache when x-cache-size is not given.
 DEFAULT_SIZE = 100_000
-MAX_SIZE = 10_000_000  # shm/dedup.py MAX_SIZE
+MAX_SIZE = 10_000_000  # shm/dedup_cache.py MAX_SIZE
 
 
 class DedupSpec(NamedTuple):

@@ -6,11 +6,11 @@ Publishers on any worker append a stream's messages to its log in shared
 memory, as for any queue. Each stream has one writer, the IO worker that
 owns it (shm/ownership.py: `qid % workers`): every TICK it takes what the
 log holds (acquire, in log order), appends it to the stream's current
-segment as one chunk (store/streams.py), each message with its offset in an
+segment as one chunk (store/stream_segments.py), each message with its offset in an
 `x-stream-offset` header, and deletes the entries; it asks for a sync (the
 store's group commit, store/sync.py: a failed write or sync ends the
 worker, so nothing unsynced is ever confirmed), after which it publishes
-the new bounds (shm/streams.py: NEXT, the offsets a reader may read, and
+the new bounds (shm/stream_words.py: NEXT, the offsets a reader may read, and
 SYNCED, the log seqs a confirm may cover) and wakes
 the scheduler, which notifies the stream's consumers (browsers whose
 "changes" value is NEXT). A writer that replaces a killed one opens the
@@ -31,16 +31,16 @@ import logging
 import time
 from typing import Protocol
 
-from shoal.broker.amqp import streams as amqp_streams
+from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.shm.arena import read_message
 from shoal.shm.ownership import OwnershipView
 from shoal.shm.processes import Header
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
-from shoal.shm.streams import StreamBounds, StreamWords
+from shoal.shm.stream_words import StreamBounds, StreamWords
 from shoal.shm.wake import Waker
-from shoal.store import streams as files
-from shoal.store.streams import stream_directory
+from shoal.store import stream_segments as files
+from shoal.store.stream_segments import stream_directory
 from shoal.store.sync import durability_lost
 
 log = logging.getLogger("shoal.worker")

@@ -13,7 +13,7 @@ has messages) appends them back to the log, oldest first, while the log is
 less than FILL_FRACTION full and the arena less than 3/8 used (or the log
 nearly empty: its consumers never starve on another queue's backlog).
 
-A paging file (its reads and writes are store/paging.py's) holds the
+A paging file (its reads and writes are store/paging_files.py's) holds the
 block's payload as shared memory held it, the message store's tag included:
 a persistent message is in the message store too, its record's entry for
 the queue saying where in the queue it goes (workers/persist.py `spilled`),
@@ -39,10 +39,10 @@ import struct
 from collections.abc import Callable
 
 from shoal.shm.arena import TAGGED, TIMED, Arena, tag_of
-from shoal.shm.paging import PagingWords
+from shoal.shm.paging_words import PagingWords
 from shoal.shm.queues import FULL, GONE, REMOVED, QueueStore
 from shoal.shm.segment import Segment
-from shoal.store.paging import PagingFile, remove_files
+from shoal.store.paging_files import PagingFile, remove_files
 
 log = logging.getLogger("shoal.worker")
 
@@ -72,7 +72,7 @@ PutBack = Callable[[int, memoryview, bool, bool], int | None]
 
 class _File(PagingFile):
     """One queue's paging file of this worker: records from `read_at` on
-    are still to page in (store/paging.py does the reads and writes)."""
+    are still to page in (store/paging_files.py does the reads and writes)."""
 
     __slots__ = ("count", "read_at", "state", "tagged", "uid")
 
@@ -85,7 +85,7 @@ class _File(PagingFile):
         self.tagged = 0  # persistent records written (a dropped file must settle them)
 
 
-class Spiller:
+class Pager:
     """This worker's paging files, one per queue it spilled to."""
 
     def __init__(
@@ -207,7 +207,7 @@ class Spiller:
         room = min(room, PAGE_IN_BATCH)
         file.flush()
         put_back = self.put_back
-        assert put_back is not None  # set once the worker's store is open (workers/main.py)
+        assert put_back is not None  # set once the worker's store is open (workers/worker.py)
         unpack, head = _RECORD.unpack_from, _RECORD.size
         purges_now, count_spilled = words.purges, words.count_spilled
         start = file.read_at  # purged records are read too: READ_BUDGET per tick

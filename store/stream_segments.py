@@ -15,7 +15,7 @@ the writer took from the staging log in one go:
                            header | body)
 
 The content header is the one the client sent with the `x-stream-offset`
-header added (broker/amqp/streams.py), so a delivery copies it as it is; the
+header added (broker/amqp/stream_arguments.py), so a delivery copies it as it is; the
 filter value is its `x-stream-filter-value` header, read once by the writer
 so that a filtering reader never decodes headers.
 `origin` and `last seq` name the staging log the chunk came from (broker
@@ -28,7 +28,7 @@ never read past the offset the writer published as durable. Retention
 deletes whole segments, oldest first, never the one being written; a
 reader that has the file open goes on reading it.
 
-No shared memory here: shm/streams.py holds what processes share.
+No shared memory here: shm/stream_words.py holds what processes share.
 """
 
 from __future__ import annotations

@@ -15,14 +15,14 @@ from typing import Any, NamedTuple
 
 from shoal.broker import ipc
 from shoal.broker.amqp import (
-    dead_letter,
-    dedup,
+    dead_letter_rules,
+    dedup_arguments,
     definitions,
     errors,
-    policies,
+    policy_rules,
     quorum,
     routing,
-    streams,
+    stream_arguments,
     ttl,
 )
 from shoal.broker.amqp import x_arguments as X
@@ -34,9 +34,9 @@ from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm import flow, stats
 from shoal.shm.counters import OVERFLOW_CODES
 from shoal.shm.directory import QueueFlag
-from shoal.shm.streams import StreamSettings
-from shoal.store.definitions import QueueDeclared, QueueDeleted
-from shoal.store.streams import remove_stream, stream_directory, streams_directory
+from shoal.shm.stream_words import StreamSettings
+from shoal.store.definitions_log import QueueDeclared, QueueDeleted
+from shoal.store.stream_segments import remove_stream, stream_directory, streams_directory
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -117,7 +117,7 @@ class QueueLifecycle:
             if q.durable and not q.exclusive:
                 record = restored.queues.get((q.vhost, q.name.decode()))
                 q.uid = record.uid if record is not None else new_uid()
-                if not q.stream:  # a stream's uid names its files (shm/streams.py)
+                if not q.stream:  # a stream's uid names its files (shm/stream_arguments.py)
                     self.store.set_uid(q.qid, q.uid)
 
     def restore_queues(self, restored: Restored) -> None:
@@ -223,8 +223,8 @@ class QueueLifecycle:
             )
         else:
             if not name:
-                if streams.is_stream(arguments):
-                    raise streams.server_named_refused()
+                if stream_arguments.is_stream(arguments):
+                    raise stream_arguments.server_named_refused()
                 name = definitions.server_named_queue()
             if DELAY_QUEUE_ARGUMENT not in arguments and not name.startswith(REPLY_QUEUES):
                 self._check_queue_limit(vhost, name)  # (not the broker's own queues)
@@ -233,7 +233,7 @@ class QueueLifecycle:
             counting = 0
             dedup_spec = None
             if kind == quorum.STREAM:
-                stream = streams.declare_arguments(
+                stream = stream_arguments.declare_arguments(
                     name, vhost, arguments, durable, exclusive, auto_delete
                 )
                 max_priority, capacity, resume, limits = 0, 0, 0, (0, 0, 0)
@@ -247,7 +247,7 @@ class QueueLifecycle:
                 rules = self.rules(vhost, name, arguments, kind)
                 counting, capacity, resume = rules.delivery_limit, rules.capacity, rules.resume
                 limits, message_ttl = rules.limits, rules.message_ttl
-                dedup_spec = dedup.queue_spec(arguments, durable and not exclusive)
+                dedup_spec = dedup_arguments.queue_spec(arguments, durable and not exclusive)
             expires = self.expires(vhost, name, arguments)
             if not self.free_qids:
                 raise errors.ChannelError(
@@ -331,11 +331,11 @@ class QueueLifecycle:
 
     def _effective(self, vhost: str, name: bytes, arguments: dict[str, Any]) -> dict[str, Any]:
         """A queue's arguments with the policy that applies to it
-        (broker/amqp/policies.py); delay queues take no policy."""
+        (broker/amqp/policy_rules.py); delay queues take no policy."""
         if _is_delay_queue(name, arguments):
             return arguments
         policy = self.state.definitions.policy_for(vhost, name.decode())
-        return policies.effective(arguments, policy)
+        return policy_rules.effective(arguments, policy)
 
     def rules(self, vhost: str, name: bytes, arguments: dict[str, Any], kind: str) -> Rules:
         """What a classic or quorum queue's record says of its rules, from
@@ -363,7 +363,7 @@ class QueueLifecycle:
         if kind == quorum.QUORUM and overflow == "reject-publish-dlx":
             overflow = "drop-head"  # RabbitMQ 3.10: not a quorum queue's (it warns)
         message_ttl = ttl.message_ttl(name, vhost, effective)
-        dead_letter.check_arguments(name, vhost, effective)
+        dead_letter_rules.check_arguments(name, vhost, effective)
         return Rules(
             _length_record(max_length, max_bytes, overflow),
             0 if message_ttl is None else message_ttl + 1,
@@ -487,10 +487,10 @@ class QueueLifecycle:
         return purged
 
     def _dedup_file(self, vhost: str, name: bytes, qid: int) -> str:
-        """Queue `qid`'s deduplication cache file (workers/dedup.py names
+        """Queue `qid`'s deduplication cache file (workers/dedup_arguments.py names
         it alike): a durable queue's by its uid, which outlives restarts."""
         incarnation = self.store.uid(qid) or self.store.generation(qid)
-        return dedup.cache_file("q", vhost, name.decode(), incarnation)
+        return dedup_arguments.cache_file("q", vhost, name.decode(), incarnation)
 
     def remove_queue(self, q: QueueState) -> None:
         if self.store.flags(q.qid) & QueueFlag.DEDUP:
@@ -536,14 +536,14 @@ class QueueLifecycle:
             if self.store.flags(q.qid) & QueueFlag.DEDUP
         }
         keep |= {
-            dedup.cache_file("q", record.vhost, record.queue, record.uid)
+            dedup_arguments.cache_file("q", record.vhost, record.queue, record.uid)
             for record, _bindings in self.state.unrestored.values()
         }
         for vhost, router in self.state.definitions.vhosts.items():
             keep |= {
-                dedup.cache_file("x", vhost, name, 0)
+                dedup_arguments.cache_file("x", vhost, name, 0)
                 for name, x in router.exchanges.items()
-                if dedup.deduplicates(x.type, x.arguments)
+                if dedup_arguments.deduplicates(x.type, x.arguments)
             }
         dedup_caches.at_start(self.state.config, keep)
 

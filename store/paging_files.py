@@ -1,5 +1,5 @@
 """Paging files: the file IO of a queue's messages kept on disk while its
-log or its worker's arena is full (workers/spill.py decides what goes there
+log or its worker's arena is full (workers/pager.py decides what goes there
 and when, and the records' format; docs/durability.md, "Backlogs larger
 than memory").
 

@@ -1,4 +1,4 @@
-"""A queue's words as its pager sees them (workers/spill.py: paging files of
+"""A queue's words as its pager sees them (workers/pager.py: paging files of
 queues longer than their log, docs/durability.md "Backlogs larger than
 memory").
 
