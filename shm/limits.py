@@ -29,7 +29,7 @@ from typing import Protocol
 from shoal.shm import layout
 
 
-class QueueStore(Protocol):
+class LimitedLogs(Protocol):
     """What the limits use of shm.queues.QueueStore (which calls them)."""
 
     def word(self, qid: int, field: int) -> int: ...
@@ -44,7 +44,7 @@ class QueueStore(Protocol):
 MAX_DROPS = 4096
 
 
-def _counted(store: QueueStore, logs: list[int], field: int) -> int:
+def _counted(store: LimitedLogs, logs: list[int], field: int) -> int:
     """A ready counter over the queue's logs. Each is a separate word that
     others change around their CAS (a consumer's decrement may land before
     the publisher's increment): read as signed and clamped at 0, a moment's
@@ -57,7 +57,7 @@ def _counted(store: QueueStore, logs: list[int], field: int) -> int:
     return total
 
 
-def _over(store: QueueStore, logs: list[int], count: int, size: int) -> bool:
+def _over(store: LimitedLogs, logs: list[int], count: int, size: int) -> bool:
     """Would the queue (its `logs`) exceed a limit with `count` more ready
     messages of `size` body bytes?"""
     head = logs[0]
@@ -68,7 +68,7 @@ def _over(store: QueueStore, logs: list[int], count: int, size: int) -> bool:
     return bool(max_bytes and _counted(store, logs, layout.Q_READY_BYTES) + size > max_bytes - 1)
 
 
-def admits(store: QueueStore, qid: int, body_size: int) -> bool:
+def admits(store: LimitedLogs, qid: int, body_size: int) -> bool:
     """Before appending to log `qid` (whose Q_OVERFLOW is set): False if its
     queue refuses the message (a reject-publish mode, at its limit)."""
     if store.word(qid, layout.Q_OVERFLOW) == layout.OVERFLOW_DROP_HEAD:
@@ -77,7 +77,7 @@ def admits(store: QueueStore, qid: int, body_size: int) -> bool:
 
 
 def drop_head(
-    store: QueueStore, qid: int, dropped: Callable[[int, int], None] | None = None
+    store: LimitedLogs, qid: int, dropped: Callable[[int, int], None] | None = None
 ) -> list[int]:
     """After appending to log `qid` of a drop-head queue: delete ready
     messages from the head until the queue is within its limits. Returns
