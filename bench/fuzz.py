@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 from persistent import Shoal
 
-from shoal.broker.observe.status import snapshot
+from shoal.broker.operate.status import snapshot
 from shoal.perf.fuzz import Bystander, fuzz
 
 

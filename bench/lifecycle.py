@@ -77,7 +77,7 @@ def wait_empty(ch: Any, queue: str, timeout: float) -> float | None:
 
 
 def arena_used(shoal: Shoal) -> int:
-    from shoal.broker.observe.status import snapshot
+    from shoal.broker.operate.status import snapshot
     from shoal.shm.segment import Segment
 
     snap = snapshot(Segment.attach(str(Path(shoal.runtime) / "shoal.shm")))

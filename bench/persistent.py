@@ -46,7 +46,7 @@ from compare import (
 )
 
 from shoal.broker.cli import local_command
-from shoal.broker.observe.status import snapshot
+from shoal.broker.operate.status import snapshot
 from shoal.shm.segment import Segment
 
 COMMON = ("--persistent", "--confirm", "200", "--prefetch", "500", "--multi-ack", "100")

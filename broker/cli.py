@@ -345,14 +345,14 @@ def main(argv: list[str] | None = None) -> int:
             help="per queue, its consumers: scheduler state, priority, pointer, credit, unacked",
         )
         ns = p.parse_args(args[1:])
-        from shoal.broker.observe import status
+        from shoal.broker.operate import status
 
         cfg = Config(port=ns.port, runtime_dir=ns.runtime_dir)
         if ns.consumers:
             return status.consumers_main(cfg.runtime_path(), ns.json)
         return status.main(cfg.runtime_path(), ns.json)
     if args and args[0] == "ctl":
-        from shoal.broker.observe import ctl
+        from shoal.broker.operate import ctl
 
         return ctl.main(args[1:])
     if args and args[0] == "cluster-init":
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return init.main(args[1:])
     if args and args[0] == "policy":
-        from shoal.broker.observe import policy
+        from shoal.broker.operate import policy
 
         return policy.main(args[1:])
     if args and args[0] == "run":

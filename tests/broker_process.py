@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from shoal.broker.cli import local_command
-from shoal.broker.observe.status import snapshot
+from shoal.broker.operate.status import snapshot
 from shoal.shm import layout
 from shoal.shm.segment import Segment
 

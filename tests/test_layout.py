@@ -112,6 +112,59 @@ def test_no_import_cycles_even_for_annotations() -> None:
     assert cycles(edges) == []
 
 
+BROKER_SUBPACKAGES = (
+    "amqp",
+    "cluster",
+    "management",
+    "observe",
+    "operate",
+    "scheduler",
+    "supervisor",
+)
+
+
+def broker_unit(module: str) -> str:
+    """The unit of the broker's layering a module belongs to: its
+    subpackage (shoal.broker.cluster), or itself for the modules at the top
+    of broker/ (config, ipc, cli...), which each stand alone."""
+    parts = module.split(".")
+    if len(parts) > 3 and parts[1] == "broker" and parts[2] in BROKER_SUBPACKAGES:
+        return ".".join(parts[:3])
+    return module
+
+
+def package_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    collapsed: dict[str, set[str]] = {}
+    for source, targets in edges.items():
+        for target in targets:
+            a, b = broker_unit(source), broker_unit(target)
+            if a != b:
+                collapsed.setdefault(a, set()).add(b)
+    return collapsed
+
+
+def test_the_broker_packages_import_one_way() -> None:
+    """No loop between the broker's packages, lazy imports in functions
+    included: metrics (observe) only read, the verbs that write (operate)
+    sit above the cluster, which sits above the supervisor, the management
+    API and the metrics (issue 39: observe -> cluster -> supervisor ->
+    management -> observe was a loop)."""
+    collapsed = package_edges(graph(type_checking=False))
+    assert {"shoal.broker.operate", "shoal.broker.cluster"} <= set(collapsed)
+    assert cycles(collapsed) == []
+
+
+def test_the_package_check_sees_a_loop_between_packages() -> None:
+    edges = {
+        "shoal.broker.observe.status": {"shoal.broker.cluster.verbs"},
+        "shoal.broker.cluster.node": {"shoal.broker.supervisor.main"},
+        "shoal.broker.supervisor.main": {"shoal.broker.observe.metrics"},
+    }
+    assert cycles(package_edges(edges)) == [
+        ["shoal.broker.cluster", "shoal.broker.observe", "shoal.broker.supervisor"]
+    ]
+
+
 def duplicate_file_names(paths: list[Path]) -> dict[str, list[str]]:
     """File names (other than __init__.py) that more than one module has."""
     by_name: dict[str, list[str]] = {}
@@ -373,14 +426,14 @@ WRITE_FLAGS = {"O_APPEND", "O_CREAT", "O_RDWR", "O_TRUNC", "O_WRONLY"}
 NON_DURABLE_WRITERS = {
     "shoal.broker.supervisor.datadir": "the lock file: its holder's pid, read only to name it",
     "shoal.broker.settings": "the runtime directory's settings, remade at every start",
-    "shoal.broker.observe.ctl": "`shoal ctl` writes an export to the file its user names",
+    "shoal.broker.operate.ctl": "`shoal ctl` writes an export to the file its user names",
     "shoal.shm.segment": "the shared-memory segment's file, in the runtime directory",
     "shoal.shm.dedup_cache": "deduplication caches: mapped files (ftruncate sizes them; written "
     "through the mapping, the disk ones msync'd with the message store's syncs)",
     "shoal.spark.classic": "Spark's own checkpoint files, on the Spark side of the connector",
     "shoal.broker.cluster.node": "cluster.json in the runtime directory: a node's view of its "
     "cluster for `shoal status`, rewritten every half second",
-    "shoal.broker.cluster.lease_cell": "the lease deadline's 8-byte memfd (ftruncate sizes it), "
+    "shoal.shm.lease_cell": "the lease deadline's 8-byte memfd (ftruncate sizes it), "
     "shared with the broker's processes, never on disk",
 }
 

@@ -1,5 +1,5 @@
 """An IO worker of a cluster leader's broker stops serving when its node's
-lease may have run out (broker/cluster/lease_cell.py): a paused agent must
+lease may have run out (shm/lease_cell.py): a paused agent must
 not leave the old leader serving its directly connected clients while a new
 leader serves the same queues (issue 38, 7)."""
 
@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from shoal.broker.cluster.lease_cell import LeaseCell
+from shoal.shm.lease_cell import LeaseCell
 
 log = logging.getLogger("shoal.worker")
 

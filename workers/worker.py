@@ -20,9 +20,9 @@ import uvloop
 from setproctitle import setproctitle
 
 from shoal.broker import ipc, settings
-from shoal.broker.cluster.lease_cell import LeaseCell
 from shoal.broker.config import Config
 from shoal.shm import memory, stats
+from shoal.shm.lease_cell import LeaseCell
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
 from shoal.store.paging_files import paging_directory

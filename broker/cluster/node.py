@@ -56,22 +56,22 @@ from shoal.broker.cluster import protocol as P
 from shoal.broker.cluster.etcd import ETCD_ERRORS, Etcd
 from shoal.broker.cluster.follower_metrics import FollowerMetrics
 from shoal.broker.cluster.isr import IsrRecord
-from shoal.broker.cluster.lease_cell import ENV as LEASE_ENV
-from shoal.broker.cluster.lease_cell import LeaseCell
 from shoal.broker.cluster.proxy import Proxy
 from shoal.broker.cluster.receiver import LeaderRefused, Receiver
 from shoal.broker.cluster.shipper import Shipper
 from shoal.broker.cluster.tasks import cancel_and_wait
 from shoal.broker.config import Config
+from shoal.broker.observe.cluster_view import STATUS_FILE
 from shoal.broker.supervisor import datadir
 from shoal.broker.supervisor.supervisor import BOOT_ERROR
+from shoal.shm.lease_cell import ENV as LEASE_ENV
+from shoal.shm.lease_cell import LeaseCell
 from shoal.store.mirror import is_in_sync, node_id, set_in_sync
 from shoal.store.replica import ENV as REPLICA_ENV
 from shoal.store.sync import DURABILITY_LOST
 
 log = logging.getLogger("shoal.cluster")
 
-STATUS_FILE = "cluster.json"
 POLL = 0.25  # s between a follower's looks at the leader key
 
 

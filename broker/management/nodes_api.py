@@ -22,7 +22,7 @@ from shoal.broker.amqp.definitions_json import RABBIT_VERSION as RABBITMQ_VERSIO
 from shoal.broker.config import Config
 from shoal.broker.management.http import BACKEND, RATES, STARTED, error, node_name, path_name
 from shoal.broker.management.rates import requested_age
-from shoal.broker.observe.status import cluster_status
+from shoal.broker.observe.cluster_view import cluster_status
 from shoal.shm import processes
 
 # RabbitMQ 3.10's descriptions; the two plugins' types as their plugins name them.

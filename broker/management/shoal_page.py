@@ -6,7 +6,7 @@ extension/ beside this module, not in www/, which stays RabbitMQ's as
 vendored.
 
 Everything but the stream consumers' offsets is read from the shared-memory
-segment, as `shoal status` reads it (broker/observe/status.py): the process
+segment, as `shoal status` reads it (broker/operate/status.py): the process
 table (per IO worker: connections, channels, consumers, arena), the queue
 table (paged-out counts, stream bounds) and the header (watermarks,
 alarms). The consumers' offsets are only known to the IO workers that serve

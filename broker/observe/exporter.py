@@ -30,9 +30,9 @@ from shoal.broker import VERSION
 from shoal.broker.amqp.definitions import Definitions, Op
 from shoal.broker.config import Config
 from shoal.broker.observe.cluster_families import cluster_families
+from shoal.broker.observe.cluster_view import cluster_status
 from shoal.broker.observe.families import plain_gauge
 from shoal.broker.observe.scrape import Snapshot
-from shoal.broker.observe.status import cluster_status
 from shoal.shm import memory, stats
 from shoal.shm.arena import arena_usage
 from shoal.shm.catalog import CatalogReader

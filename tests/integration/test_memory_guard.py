@@ -17,7 +17,7 @@ import aio_pika
 import pika
 import pytest
 
-from shoal.broker.observe.status import render
+from shoal.broker.operate.status import render
 from shoal.shm import stats as S
 from tests.broker_process import Broker, free_port, wait_for
 from tests.clients import connect, connections_on_both_workers, pump, worker_of

@@ -16,7 +16,7 @@ import aio_pika
 import pika
 import pytest
 
-from shoal.broker.observe.status import query_consumers
+from shoal.broker.operate.status import query_consumers
 from tests.broker_process import Broker, free_port, wait_for
 from tests.clients import connect, connections_on_both_workers, pump
 from tests.integration.test_metrics import scrape, value

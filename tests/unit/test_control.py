@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from shoal.broker.amqp import access, errors
-from shoal.broker.observe import ctl
+from shoal.broker.operate import ctl
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler import scheduler as sched
 from shoal.broker.scheduler.accounts import Accounts, names

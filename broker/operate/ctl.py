@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shoal.broker.config import Config
-from shoal.broker.observe.policy import request
+from shoal.broker.operate.policy import request
 from shoal.broker.scheduler import control as C
 
 Row = dict[str, Any]
@@ -373,7 +373,7 @@ def _verb(argv: list[str]) -> str:
 
 def main(argv: list[str]) -> int:
     if argv[-1:] == ["status"] or argv[:1] == ["status"]:  # rabbitmqctl status: `shoal status`
-        from shoal.broker.observe import status
+        from shoal.broker.operate import status
 
         rest = [a for a in argv if a != "status"]
         ns_status = argparse.ArgumentParser(add_help=False)

@@ -11,6 +11,7 @@ from typing import Any
 
 from shoal.broker.amqp.definitions import Definitions, Op
 from shoal.broker.cluster import cluster_verbs as cluster_control
+from shoal.broker.observe.cluster_view import cluster_status
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.shm import counters, memory, stats
 from shoal.shm.arena import arena_usage
@@ -172,18 +173,6 @@ def render(snap: dict[str, Any]) -> str:
                 "{segments} segments".format(**q["stream"])
             )
     return "\n".join(lines)
-
-
-def cluster_status(runtime_dir: str) -> dict[str, Any] | None:
-    """What a cluster node's agent (broker/cluster/node.py) last wrote of
-    its role, the leader, the in-sync set and its followers' lag; None
-    standalone."""
-    try:
-        with open(os.path.join(runtime_dir, "cluster.json")) as f:
-            answer: dict[str, Any] = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return answer
 
 
 def main(runtime_dir: str, as_json: bool) -> int:
