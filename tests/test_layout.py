@@ -360,6 +360,45 @@ def classes() -> dict[str, list[tuple[str, ast.ClassDef]]]:
     return found
 
 
+def reexported_methods(node: ast.ClassDef, known: dict) -> set[str]:
+    """Methods of its parts a class hands out as its own: in its __init__,
+    `self.name = part.name`, where `part` was made there (`part = Part(...)`
+    or `self.part = Part(...)`) and `name` is a method of one of the
+    project's classes. A caller then uses it as if the class had it."""
+    methods = {  # plain methods of the project's classes (no properties, no Protocols)
+        item.name
+        for entries in known.values()
+        for _module, cls in entries
+        if "Protocol" not in {ast.unparse(base) for base in cls.bases}
+        for item in cls.body
+        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.decorator_list
+    }
+    found: set[str] = set()
+    for item in node.body:
+        if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
+            continue
+        assigns = [stmt for stmt in ast.walk(item) if isinstance(stmt, ast.Assign)]
+        parts = {  # what __init__ made, `x = Part(...)`, `self.x = x = Part(...)`: its parts
+            ast.unparse(target)
+            for stmt in assigns
+            if isinstance(stmt.value, ast.Call)
+            for target in stmt.targets
+        }
+        for stmt in assigns:
+            value = stmt.value
+            if not isinstance(value, ast.Attribute) or ast.unparse(value.value) not in parts:
+                continue
+            for target in stmt.targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and ast.unparse(target.value) == "self"
+                    and target.attr == value.attr
+                    and target.attr in methods
+                ):
+                    found.add(target.attr)
+    return found
+
+
 def method_names(module: str, node: ast.ClassDef, known: dict, seen: set[int]) -> set[str]:
     """The class's methods and those of its project base classes (mixins
     counted: an object of 9 mixins is one object), by name."""
@@ -369,6 +408,7 @@ def method_names(module: str, node: ast.ClassDef, known: dict, seen: set[int]) -
     names = {
         item.name for item in node.body if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
     }
+    names |= reexported_methods(node, known)
     for base in node.bases:
         base_name = ast.unparse(base).split(".")[-1].split("[")[0]
         candidates = known.get(base_name, [])
@@ -402,6 +442,20 @@ def test_the_method_count_sees_mixins() -> None:
     )
     known = {n.name: [("m", n)] for n in tree.body if isinstance(n, ast.ClassDef)}
     assert method_names("m", known["C"][0][1], known, set()) == {"a", "b", "c"}
+
+
+def test_the_method_count_sees_reexported_methods() -> None:
+    tree = ast.parse(
+        "class Part:\n    def hold(self): ...\n"
+        "class Whole:\n"
+        "    def __init__(self):\n"
+        "        part = Part()\n"
+        "        self.hold = part.hold\n"
+        "        self.items = part.items\n"
+        "    def own(self): ...\n"
+    )
+    known = {n.name: [("m", n)] for n in tree.body if isinstance(n, ast.ClassDef)}
+    assert method_names("m", known["Whole"][0][1], known, set()) == {"__init__", "own", "hold"}
 
 
 # What writes a file's bytes, its size or its name, or makes them durable.

@@ -2,7 +2,8 @@
 connection.blocked / unblocked and channel.flow, queues over their capacity
 (Qpid's producer flow control, shm/flow.py) and the broker-wide memory and
 disk alarms (shm/memory.py). The connection's part that decides whether its
-client may publish; workers/connection.py exposes its entry points."""
+client may publish: the channels, the handshake, pacing, the memory guard and
+the scheduler's messages call it as `conn.blocks`."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class BlockedConnection(Protocol):
     vhost: str
     capabilities: dict[str, Any]
     obeys_channel_flow: bool
+    flow_blocked: dict[int, int]
 
     @property
     def channels(self) -> Mapping[int, FlowChannel]: ...
@@ -70,10 +72,9 @@ class PublisherBlocks:
         self.blocking_holders: set[object] = set()  # those the client is told of
         self.blocked_sent = False
         self.blocked_at = 0.0  # monotonic time it was blocked at (0: it is not)
-        # Queues over capacity this connection published to (shm/flow.py):
-        # while any, its channels keep their publishes for later.
-        # (qid -> the queue's Q_STATE then, ALARM -> 0)
-        self.flow_blocked: dict[int, int] = {}
+        # Its connection's queues over capacity (workers/connection.py):
+        # kept here, read there on every publish.
+        self.flow_blocked = conn.flow_blocked
         self.held_bytes = 0  # frames those channels keep
         self.alarm_reason = ""  # while the memory or disk alarm is raised (shm/memory.py)
 

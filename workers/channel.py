@@ -234,11 +234,11 @@ class Channel:
             if index in _NEVER_KEPT or (index != framing.PUBLISH and not self.flow_backlog):
                 return False
             if ALARM_PENDING in self.conn.flow_blocked:
-                self.conn.alarm_felt()  # a publish under the alarm (RabbitMQ's should_block)
+                self.conn.blocks.alarm_felt()  # a publish under the alarm (RabbitMQ's should_block)
         elif not self.flow_backlog:
             return False  # the rest of a message whose publish was accepted
         self.flow_backlog.append((ftype, payload))
-        self.conn.flow_held(len(payload))
+        self.conn.blocks.flow_held(len(payload))
         return True
 
     def release_flow(self) -> None:

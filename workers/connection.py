@@ -88,16 +88,12 @@ class Connection(asyncio.Protocol):
         # its publishers back (workers/blocking.py), whose entry points the
         # channels, the memory guard and the scheduler's messages call here.
         self.handshake = Handshake(self)
-        self.blocks = blocks = PublisherBlocks(self)
-        # (qid -> the queue's Q_STATE then, ALARM -> 0): the part's own dict.
-        self.flow_blocked = blocks.flow_blocked
-        self.hold_reading = blocks.hold_reading
-        self.release_reading = blocks.release_reading
-        self.flow_block = blocks.flow_block
-        self.flow_unblock = blocks.flow_unblock
-        self.flow_held = blocks.flow_held
-        self.alarm = blocks.alarm
-        self.alarm_felt = blocks.alarm_felt
+        # Queues over capacity this connection published to (shm/flow.py):
+        # while any, its channels keep their publishes for later (qid ->
+        # the queue's Q_STATE then, ALARM -> 0). Read on every publish;
+        # its part, `blocks`, keeps it.
+        self.flow_blocked: dict[int, int] = {}
+        self.blocks = PublisherBlocks(self)
         self.closed = False
         self.eof_sent = False  # close-ok sent: nothing more goes out (_close_gracefully)
         self.eof_received_early = False  # the client shut its end before our close-ok
@@ -415,7 +411,7 @@ class Connection(asyncio.Protocol):
         if channel is not None:
             self.ctx.stats.v[stats.CHANNELS_CLOSED] += 1
             self.confirm_channels.discard(channel.publisher)
-            self.release_reading(channel)
+            self.blocks.release_reading(channel)
 
     # ------------------------------------------------------------ channel 0
     def _channel_zero(self, ftype: int, payload: memoryview) -> None:

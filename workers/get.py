@@ -60,7 +60,7 @@ class Getter:
         book = self.book
         channel = book.channel
         channel.busy = True
-        book.conn.hold_reading(channel, reason=None)
+        book.conn.blocks.hold_reading(channel, reason=None)
 
         def again() -> None:
             if book.conn.closed:
@@ -71,7 +71,7 @@ class Getter:
             except errors.AMQPError as exc:  # the queue was deleted meanwhile
                 channel.fail(exc)
             if not channel.busy:
-                book.conn.release_reading(channel)
+                book.conn.blocks.release_reading(channel)
                 channel.resume()
 
         book.ctx.loop.call_later(GET_RETRY_DELAY, again)

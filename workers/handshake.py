@@ -19,6 +19,16 @@ from shoal.workers.context import RemoteError, WorkerContext
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
 
+class HandshakeBlocks(Protocol):
+    """What the handshake uses of its connection's publisher blocks
+    (workers/blocking.py): the read hold while the open is checked, and the
+    alarm a new connection learns of."""
+
+    def hold_reading(self, holder: object, reason: str | None = "") -> None: ...
+    def release_reading(self, holder: object) -> None: ...
+    def alarm(self, bits: int) -> None: ...
+
+
 class HandshakeConnection(Protocol):
     """What the handshake reads and sets of its connection (workers/connection.py)."""
 
@@ -48,13 +58,10 @@ class HandshakeConnection(Protocol):
 
     def write(self, data: bytes) -> None: ...
 
-    def hold_reading(self, holder: object, reason: str | None = "") -> None: ...
-
-    def release_reading(self, holder: object) -> None: ...
+    @property
+    def blocks(self) -> HandshakeBlocks: ...
 
     def fail(self, exc: errors.AMQPError) -> None: ...
-
-    def alarm(self, bits: int) -> None: ...
 
     def heartbeat_tick(self) -> None: ...
 
@@ -162,12 +169,12 @@ class Handshake:
             opened.add_done_callback(_ignore_result)
             self._opened()
             return
-        conn.hold_reading(OPENING, None)
+        conn.blocks.hold_reading(OPENING, None)
         opened.add_done_callback(self._open_answered)
 
     def _open_answered(self, answer: asyncio.Future[Any]) -> None:
         conn = self.conn
-        conn.release_reading(OPENING)
+        conn.blocks.release_reading(OPENING)
         if conn.closed or conn.state != AWAIT_OPEN:
             return  # closed or refused meanwhile
         exc = answer.exception()
@@ -182,7 +189,7 @@ class Handshake:
         conn.state = OPEN
         conn.write(framing.encode_method(0, C.Connection.OpenOk()))
         if conn.ctx.guard.alarms:
-            conn.alarm(conn.ctx.guard.alarms)
+            conn.blocks.alarm(conn.ctx.guard.alarms)
         if conn.timer is not None:
             conn.timer.cancel()
             conn.timer = None

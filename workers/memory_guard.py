@@ -31,10 +31,16 @@ ALARM = -1
 ALARM_PENDING = -2
 
 
-class Alarmed(Protocol):
-    """A connection, as the guard tells it of the broker-wide alarm."""
-
+class AlarmTarget(Protocol):
     def alarm(self, bits: int) -> None: ...
+
+
+class Alarmed(Protocol):
+    """A connection, as the guard tells it of the broker-wide alarm
+    (through its publisher blocks, workers/blocking.py)."""
+
+    @property
+    def blocks(self) -> AlarmTarget: ...
 
 
 class GuardHost(Protocol):
@@ -119,4 +125,4 @@ class MemoryGuard:
             return
         self.alarms = bits
         for conn in list(self.ctx.connections):
-            conn.alarm(bits)
+            conn.blocks.alarm(bits)

@@ -45,13 +45,19 @@ PACE_PATIENCE = 0.25  # s
 UNPACED_FOR = 2.0  # s a queue whose consumers stalled is not paced
 
 
+class ReadHolds(Protocol):
+    def hold_reading(self, holder: object, reason: str | None = ...) -> None: ...
+    def release_reading(self, holder: object) -> None: ...
+
+
 class PacedConnection(Protocol):
-    """What pacing uses of its connection (workers/connection.py)."""
+    """What pacing uses of its connection (workers/connection.py): its
+    read holds (workers/blocking.py)."""
 
     closed: bool
 
-    def hold_reading(self, holder: object, reason: str | None = ...) -> None: ...
-    def release_reading(self, holder: object) -> None: ...
+    @property
+    def blocks(self) -> ReadHolds: ...
 
 
 class Pacer:
@@ -96,7 +102,7 @@ class Pacer:
         if not store.takers(qid):
             return
         self.qid, self.before, self.progress_at = qid, store.taken(qid), time.monotonic()
-        self.conn.hold_reading(self, reason=None)
+        self.conn.blocks.hold_reading(self, reason=None)
         self.loop.call_later(PACE_INTERVAL, self._look)
 
     def _look(self) -> None:
@@ -115,4 +121,4 @@ class Pacer:
                 return
             self.unpaced[qid] = now + UNPACED_FOR  # its consumers do not drain it
         self.qid = -1
-        self.conn.release_reading(self)
+        self.conn.blocks.release_reading(self)

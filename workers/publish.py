@@ -122,14 +122,14 @@ class Publisher:
         if payload is not None:
             channel.backlog.appendleft((ftype, payload))
         channel.busy = True
-        self.conn.hold_reading(channel)
+        self.conn.blocks.hold_reading(channel)
         self.ctx.loop.call_later(RETRY_DELAY, self._retry)
 
     def _rest(self) -> None:
         """This worker spilled its share for now (workers/pager.py): read no
         more until its next page-in interval (not blocked: slowed down)."""
         self.channel.busy = True
-        self.conn.hold_reading(self.channel, reason=None)
+        self.conn.blocks.hold_reading(self.channel, reason=None)
         self.ctx.loop.call_later(PAGE_IN_INTERVAL, self._retry)
 
     def _retry(self) -> None:
@@ -141,7 +141,7 @@ class Publisher:
             self._complete()  # retry appending a finished message
             if channel.busy:
                 return
-        self.conn.release_reading(channel)
+        self.conn.blocks.release_reading(channel)
         channel.resume()
 
     def on_publish(self, payload: memoryview) -> None:
@@ -548,7 +548,7 @@ class Publisher:
         waits, so later publishes keep their order behind this one."""
         channel = self.channel
         channel.busy = True
-        self.conn.hold_reading(channel, reason=None)  # a round trip: not "blocked"
+        self.conn.blocks.hold_reading(channel, reason=None)  # a round trip: not "blocked"
         reply = self.ctx.request(ipc.Level(qid, level))
 
         def made(reply: asyncio.Future[ipc.LevelLog]) -> None:
@@ -556,7 +556,7 @@ class Publisher:
                 return
             channel.busy = False
             if self.pending is not pending:  # the channel was closed meanwhile: dropped
-                self.conn.release_reading(channel)
+                self.conn.blocks.release_reading(channel)
                 return
             exc = reply.exception() if not reply.cancelled() else None
             if exc is not None or reply.cancelled():
@@ -570,7 +570,7 @@ class Publisher:
             self.use_level(pending, qid, reply.result().qid)
             self._complete()
             if not channel.busy:
-                self.conn.release_reading(channel)
+                self.conn.blocks.release_reading(channel)
                 channel.resume()
 
         reply.add_done_callback(made)
@@ -606,7 +606,7 @@ class Publisher:
             # This connection's next publishes wait (shm/flow.py).
             ingest, conn = self.ingest, self.conn
             for qid in ingest.over_capacity:
-                conn.flow_block(*ingest.store.flow_queue(qid))
+                conn.blocks.flow_block(*ingest.store.flow_queue(qid))
             ingest.over_capacity.clear()
         if bits & HELD:
             self.confirm_held = True

@@ -315,7 +315,7 @@ class Worker:
 
     def _unblock(self, m: ipc.Unblock) -> None:
         for conn in list(self.ctx.connections):
-            conn.flow_unblock(m.qid)
+            conn.blocks.flow_unblock(m.qid)
 
     def _disconnect(self, m: ipc.Disconnect) -> None:
         for conn in list(self.ctx.connections):

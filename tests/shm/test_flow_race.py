@@ -3,7 +3,7 @@ shm/ARCHITECTURE.md section 10) raced across processes: no lost release.
 
 Forked publishers append to one queue whose x-capacity is a few messages;
 a publisher whose append took it above capacity arms the release (`arm`)
-exactly as Connection.flow_block does and, if that says block, waits
+exactly as PublisherBlocks.flow_block does and, if that says block, waits
 (bounded) for an UNBLOCK. Forked ackers acquire and ack as fast as they
 can, calling `drained` after each ack as Channel._drained does. The parent
 is the scheduler: it waits on the wake eventfd, drains the wake bits and,
@@ -136,7 +136,7 @@ def wait_for_release(seg: Segment, ctrl: Atomic, gen: int) -> None:
 
 
 def publish(seg: Segment, ctrl: Atomic, efd: int, worker: int, count: int, seed: int) -> None:
-    """Publish `count` messages; block as Connection.flow_block does."""
+    """Publish `count` messages; block as PublisherBlocks.flow_block does."""
     store, arena = QueueStore(seg, worker + 1), Arena(seg, worker)
     slot = seg.layout.proc(worker)
     waker = Waker(seg, efd)
