@@ -467,6 +467,22 @@ def tagged_payload(message: bytes | memoryview, tag: tuple[int, int, int]) -> by
     return bytes(payload + layout.MSG_TAG.pack(*tag))
 
 
+def payload_flags(payload: bytes | memoryview) -> int:
+    """A payload's message flags (the record's flags word)."""
+    return int.from_bytes(payload[2:4], "little")
+
+
+def payload_may_expire(payload: bytes | memoryview) -> bool:
+    """Whether a payload carries times: an expiration, or a TTL to apply
+    (workers/message_ttl.py takes such a message's queue as timed)."""
+    return bool(payload_flags(payload) & layout.MSG_TIMED)
+
+
+def payload_is_tagged(payload: bytes | memoryview) -> bool:
+    """Whether a payload names its message store record (tag_of)."""
+    return bool(payload_flags(payload) & layout.MSG_TAGGED)
+
+
 def tag_of(payload: memoryview) -> tuple[int, int, int] | None:
     """The message store record a tagged payload names (None: untagged)."""
     if not int.from_bytes(payload[2:4], "little") & layout.MSG_TAGGED:

@@ -14,12 +14,15 @@ goes through an Ingest, whoever sent it.
   that is due, workers/delays.py): `put_new` writes the block too, and never
   waits: a queue with no room does not get the message (the caller hears
   of it).
-- A message paged back in from a paging file (workers/pager.py):
-  `put_paged`; its record is in the message store already.
+- A message whose bytes are ready, its record in the message store
+  already: paged back in from a paging file (workers/pager.py), or
+  recovered from the message store at start (workers/restore.py):
+  `put_payload`.
 
 What comes back is an outcome; the channel turns it into a confirm, a nack,
 a return or flow (workers/publish.py). Bound once per user (a channel's
-publisher, the dead letters, the delays, the pager): no per-message lookups.
+publisher, the dead letters, the delays, the pager, the restore): no
+per-message lookups.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ from shoal.shm.arena import (
     block_payload,
     body_length,
     message_size,
+    payload_may_expire,
     release_hold,
     write_message,
     write_tag,
 )
-from shoal.shm.queues import APPENDED, FULL, GONE, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
+from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
 from shoal.store.messages import UNAPPENDED, encode_publish_one
 from shoal.workers import framing
 from shoal.workers import persist as publish_record
@@ -361,12 +365,12 @@ class Ingest:
         self.over_capacity.clear()  # (the worker's own publishes are not flow-controlled)
         return not pending.rejected
 
-    def put_paged(
-        self, qid: int, payload: memoryview, redelivered: bool, timed: bool
-    ) -> int | None:
-        """A message paged back in (workers/pager.py): its block's payload as
-        it was spilled, its record (if any) in the message store already.
-        The outcome of its append, or None when the arena has no room."""
+    def put_payload(self, qid: int, payload: memoryview, redelivered: bool) -> int | None:
+        """A message whose bytes are ready, its record (if any) in the
+        message store already: paged back in (workers/pager.py, its block's
+        payload as it was spilled) or recovered at start (workers/restore.py,
+        tagged with its record). The outcome of its append, or None when the
+        arena has no room."""
         seg = self.seg
         size = len(payload)
         block = self.arena.alloc(size)
@@ -377,11 +381,11 @@ class Ingest:
         store = self.store
         outcome = self.publish(qid, block, body_length(seg, block), self.slot)
         release_hold(seg, block)
-        if outcome in (FULL, GONE, REMOVED):
-            return outcome
+        if outcome not in (APPENDED, OVER_CAPACITY):
+            return outcome  # full, refused by a length limit, or gone
         if redelivered:
             store.mark_redelivered(qid, store.last_seq)
-        if timed:  # it may expire (workers/message_ttl.py)
+        if payload_may_expire(payload):  # workers/message_ttl.py
             store.mark_timed(qid)
         return outcome
 

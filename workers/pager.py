@@ -38,7 +38,7 @@ import os
 import struct
 from collections.abc import Callable
 
-from shoal.shm.arena import TAGGED, TIMED, Arena, tag_of
+from shoal.shm.arena import Arena, payload_is_tagged, tag_of
 from shoal.shm.paging_words import PagingWords
 from shoal.shm.queues import FULL, GONE, REMOVED, QueueStore
 from shoal.shm.segment import Segment
@@ -65,9 +65,9 @@ SPILL_BURST = 64
 SPILL_BURST_BYTES = 256 << 10
 
 Settle = Callable[[tuple[int, int, int], int], None]
-# workers/ingest.py put_paged: a paged-out payload back into queue `qid`
-# (redelivered, timed): the append's outcome, None when the arena is full.
-PutBack = Callable[[int, memoryview, bool, bool], int | None]
+# workers/ingest.py put_payload: a paged-out payload back into queue `qid`
+# (redelivered): the append's outcome, None when the arena is full.
+PutBack = Callable[[int, memoryview, bool], int | None]
 
 
 class _File(PagingFile):
@@ -146,7 +146,7 @@ class Pager:
         buffer += _RECORD.pack(len(payload), purges, flags)
         buffer += payload
         file.count += 1
-        if payload[2] & TAGGED:  # the flags' low byte
+        if payload_is_tagged(payload):
             file.tagged += 1
         words.count_spilled(qid, 1)
         if words.consumers(qid):  # pacing: consumers compete for the CPU
@@ -230,12 +230,7 @@ class Pager:
                     if budget <= 0:
                         return
                     budget -= size
-                    outcome = put_back(
-                        qid,
-                        payload,
-                        bool(flags & REDELIVERED),
-                        bool(payload[2] & TIMED),  # it may expire (workers/message_ttl.py)
-                    )
+                    outcome = put_back(qid, payload, bool(flags & REDELIVERED))
                     if outcome is None or outcome == FULL:
                         return  # the arena or the log is full: later
                     if outcome in (GONE, REMOVED):

@@ -26,15 +26,7 @@ import logging
 import time
 
 from shoal.broker import ipc
-from shoal.shm.arena import (
-    RECORD_START,
-    TAG_SIZE,
-    TIMED,
-    body_length,
-    release_hold,
-    tagged_payload,
-    write_tag,
-)
+from shoal.shm.arena import tagged_payload
 from shoal.shm.processes import LOAD_DONE, LOAD_RUNNING, Header
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
 from shoal.shm.segtable import SegmentName, check_of
@@ -43,6 +35,7 @@ from shoal.store.clean_stop import Delivered
 from shoal.store.definitions_log import logged_queue_uids
 from shoal.store.messages import Live, parse_segment_name, recover
 from shoal.workers.context import WorkerContext
+from shoal.workers.ingest import Ingest
 from shoal.workers.pager import REDELIVERED
 
 log = logging.getLogger("shoal.worker")
@@ -144,8 +137,9 @@ def _append(
 ) -> int:
     """Append a queue's recovered messages (`delivered`: those a clean stop
     recorded as maybe delivered; None: flag them all, as after a crash)."""
-    seg, store, persist, pager = ctx.seg, ctx.store, ctx.persist, ctx.pager
+    persist, pager = ctx.persist, ctx.pager
     assert persist is not None and pager is not None
+    into_queue = Ingest(ctx).put_payload  # the one way into a queue, as a page-in
     # What the log or the arena cannot hold goes to a paging file
     # (workers/pager.py), unless the queue's rules forbid it.
     may_spill = pager.eligible(qid)
@@ -155,38 +149,22 @@ def _append(
         tag = (slot, check, offset)
         redelivered = delivered is None or (segment, offset, uid) in delivered
         flags = REDELIVERED if redelivered else 0
+        payload = tagged_payload(message, tag)
         if may_spill and (spilling or pager.pressed(qid)):
             spilling = True
-            pager.put(qid, tagged_payload(message, tag), flags)
+            pager.put(qid, payload, flags)
             continue
-        size = len(message)
-        block = ctx.arena.alloc(size + TAG_SIZE)
-        if block is None:
+        outcome = into_queue(qid, memoryview(payload), redelivered)
+        if outcome is None or outcome == FULL:
             if may_spill:
                 spilling = True
-                pager.put(qid, tagged_payload(message, tag), flags)
+                pager.put(qid, payload, flags)
                 continue
-            _left_on_disk(ctx, qid, len(messages) - done, "the arena (--arena-mb)")
+            where = "the arena (--arena-mb)" if outcome is None else "its log (--queue-capacity)"
+            _left_on_disk(ctx, qid, len(messages) - done, where)
             return done
-        start = block + RECORD_START
-        seg.buf[start : start + size] = message
-        write_tag(seg, block, *tag)
-        outcome = store.publish(qid, block, body_length(seg, block), ctx.slot)
-        release_hold(seg, block)
-        if outcome in (APPENDED, OVER_CAPACITY):
-            if redelivered:
-                store.mark_redelivered(qid, store.last_seq)
-            if message[2] & TIMED:  # the flags' low byte
-                store.mark_timed(qid)
-        elif outcome == FULL:
-            if may_spill:
-                spilling = True
-                pager.put(qid, tagged_payload(message, tag), flags)
-                continue
-            _left_on_disk(ctx, qid, len(messages) - done, "its log (--queue-capacity)")
-            return done
-        elif outcome != REMOVED:  # refused by its length limit, or gone: settled
-            persist.settle(tag, uid)
+        if outcome not in (APPENDED, OVER_CAPACITY, REMOVED):
+            persist.settle(tag, uid)  # refused by its length limit, or gone: settled
     return len(messages)
 
 

@@ -96,7 +96,7 @@ class Worker:
         ctx.open_store(
             store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
         )
-        ctx.pager.put_back = Ingest(ctx).put_paged  # type: ignore[union-attr]  # (just opened)
+        ctx.pager.put_back = Ingest(ctx).put_payload  # type: ignore[union-attr]  # (just opened)
         ctx.dead_letters = dead_letters = DeadLetters(ctx)
         ctx.store.dropped = dead_letters.dropped_by_limit
         ctx.expiry = expiry = Expiry(ctx, dead_letters)

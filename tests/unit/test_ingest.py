@@ -74,7 +74,7 @@ def test_a_paged_out_message_goes_back_as_it_was(ctx: WorkerContext) -> None:
     ingest = Ingest(ctx)
     pending = _pending(ctx, [])
     payload = memoryview(bytes(block_payload(ctx.seg, pending.block)))
-    assert ingest.put_paged(1, payload, False, False) == APPENDED
+    assert ingest.put_payload(1, payload, False) == APPENDED
     got = ctx.store.acquire(1, 0)
     assert isinstance(got, tuple)
     assert read_message(ctx.seg, got[1])[3] == b"body"
