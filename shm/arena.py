@@ -302,6 +302,35 @@ def write_tag(seg: Segment, block: int, slot: int, check: int, offset: int) -> N
     seg.buf[p : p + 2] = (flags | layout.MSG_TAGGED).to_bytes(2, "little")
 
 
+def write_whole_message(
+    seg: Segment,
+    block: int,
+    exchange: bytes,
+    routing_key: bytes,
+    props: bytes,
+    body: bytes,
+    times: tuple[int, int] | None = None,
+) -> None:
+    """A message the worker has whole (a dead letter, a due delayed
+    message): its record and its body, in one call."""
+    start = write_message(seg, block, exchange, routing_key, props, len(body), times)
+    seg.buf[start : start + len(body)] = body
+
+
+def write_payload(seg: Segment, block: int, payload: bytes | memoryview) -> None:
+    """A message's record as a payload holds it (block_payload, a paging
+    file's, a recovered and tagged one) written into `block`."""
+    start = block + layout.BLOCK_HEADER
+    seg.buf[start : start + len(payload)] = payload
+
+
+def record_bytes(seg: Segment, block: int, size: int) -> bytes:
+    """A copy of the first `size` bytes of the block's message record (its
+    size as message_size gave it, no tag): what a PUBLISH record stores."""
+    start = block + layout.BLOCK_HEADER
+    return seg.buf[start : start + size]
+
+
 def message_times(seg: Segment, block: int) -> tuple[int, int] | None:
     """(published, expires at) in ms of a TIMED message a reference pins
     (None: not timed)."""

@@ -33,16 +33,17 @@ from collections.abc import Callable
 from shoal.broker.amqp import errors, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import (
-    RECORD_START,
     TAG_SIZE,
     Arena,
     block_payload,
     body_length,
     message_size,
     payload_may_expire,
+    record_bytes,
     release_hold,
-    write_message,
+    write_payload,
     write_tag,
+    write_whole_message,
 )
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
 from shoal.store.messages import UNAPPENDED, encode_publish_one
@@ -229,8 +230,7 @@ class Ingest:
             seq = UNAPPENDED
             if outcome != REMOVED:  # remove() counted that one down itself
                 persist.uncount(slot)
-        start = block + RECORD_START
-        message = seg.buf[start : start + size]
+        message = record_bytes(seg, block, size)
         persist.complete(index, encode_publish_one(uid, 0, persist.epoch, seq, message))
         release_hold(seg, block)
         return index
@@ -358,8 +358,7 @@ class Ingest:
         if block is None:
             log.warning("a message the broker republishes was dropped: the arena is full")
             return False
-        start = write_message(self.seg, block, exchange, routing_key, header, len(body), times)
-        self.seg.buf[start : start + len(body)] = body
+        write_whole_message(self.seg, block, exchange, routing_key, header, body, times)
         pending.block = block
         self.put(pending, wait=False)
         self.over_capacity.clear()  # (the worker's own publishes are not flow-controlled)
@@ -376,8 +375,7 @@ class Ingest:
         block = self.arena.alloc(size)
         if block is None:
             return None
-        start = block + RECORD_START
-        seg.buf[start : start + size] = payload
+        write_payload(seg, block, payload)
         store = self.store
         outcome = self.publish(qid, block, body_length(seg, block), self.slot)
         release_hold(seg, block)

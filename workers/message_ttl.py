@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from shoal.broker.amqp import dead_letter_rules, ttl
 from shoal.broker.amqp.ttl import now_ms
-from shoal.shm.arena import FLAGS_BYTE, TIMED, message_times
+from shoal.shm.arena import message_times
 from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
@@ -60,8 +60,6 @@ class Expiry(Ticker):
         acquires the next). One byte read for a message with no expiry.
         `get`: for basic.get, which never gets a message with a TTL of 0."""
         ctx = self.ctx
-        if not ctx.seg.buf[block + FLAGS_BYTE] & TIMED:
-            return False
         times = message_times(ctx.seg, block)
         if times is None:
             return False

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from shoal.shm import stats
-from shoal.shm.arena import RECORD_START, message_size, write_tag
+from shoal.shm.arena import message_size, record_bytes, write_tag
 from shoal.shm.processes import Header
 from shoal.shm.queues import APPENDED, OVER_CAPACITY, REMOVED, QueueStore
 from shoal.shm.segment import Segment
@@ -459,12 +459,10 @@ def abandon(persist: Persister, pending: Pending) -> None:
 def _complete(persist: Persister, pending: Pending) -> None:
     entries = pending.entries
     assert entries is not None
-    start = pending.block + RECORD_START
-    size = _message_size(pending)
     epoch = persist.epoch
     payload = encode_publish(
         [Entry(uid, level, epoch, seq) for uid, level, seq in entries.values()],
-        persist.seg.buf[start : start + size],
+        record_bytes(persist.seg, pending.block, _message_size(pending)),
     )
     persist.complete(pending.record, payload)
 
