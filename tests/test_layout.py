@@ -309,6 +309,70 @@ def test_no_layout_constant_is_used_outside_shm() -> None:
     assert checked >= 100 and offenders == []
 
 
+# shm/arena.py's names for a record's offsets, flags and sizes (the layout's,
+# re-exported for the hot paths).
+RECORD_LAYOUT_NAMES = {
+    "RECORD_START",
+    "FLAGS_BYTE",
+    "TIMED",
+    "TAGGED",
+    "RECORD_FORMAT",
+    "TAG_SIZE",
+    "TIME_SIZE",
+}
+# Issue 39 moves every read and write of a message record into shm/ (a
+# message handle); what is left are the hot paths, whose C side must take the
+# segment itself first. Each count may only go down: a new raw access fails
+# here, and so does one removed without lowering its count (to 0 at the end).
+RAW_RECORD_ACCESS_LEFT = {
+    "workers/publish.py": {"seg.buf": 2, "layout names": 3, "arena.alloc": 2},
+    "workers/consumer.py": {"seg.buf": 2, "layout names": 2},
+    "workers/delivery.py": {"seg.buf": 1, "layout names": 1},
+    "workers/ingest.py": {"layout names": 1, "arena.alloc": 2},
+    "workers/framing.py": {"layout names": 1},
+}
+
+
+def raw_record_access(path: Path) -> dict[str, int]:
+    """How often `path` reaches into the segment's bytes (`seg.buf`),
+    imports a record's layout names from shm/arena.py, or allocates in an
+    arena (`arena.alloc`)."""
+    tree = ast.parse(path.read_text())
+    counts = {"seg.buf": 0, "layout names": 0, "arena.alloc": 0}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "buf":
+            if ast.unparse(node.value).split(".")[-1] == "seg":
+                counts["seg.buf"] += 1
+        elif isinstance(node, ast.Attribute) and node.attr == "alloc":
+            if ast.unparse(node.value).split(".")[-1] == "arena":
+                counts["arena.alloc"] += 1
+        elif isinstance(node, ast.ImportFrom) and node.module == "shoal.shm.arena":
+            counts["layout names"] += sum(a.name in RECORD_LAYOUT_NAMES for a in node.names)
+    return {kind: n for kind, n in counts.items() if n}
+
+
+def test_raw_record_access_outside_shm_only_goes_down() -> None:
+    found = {}
+    for name, path in modules().items():
+        if name.startswith("shoal.shm"):
+            continue
+        counts = raw_record_access(path)
+        if counts:
+            found[str(path.relative_to(ROOT))] = counts
+    assert found == RAW_RECORD_ACCESS_LEFT
+
+
+def test_the_raw_access_count_sees_each_kind(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from shoal.shm.arena import FLAGS_BYTE, TIMED, Arena\n"
+        "def f(ctx, seg):\n"
+        "    block = ctx.arena.alloc(8)\n"
+        "    return seg.buf[block + FLAGS_BYTE] & TIMED, ctx.seg.buf\n"
+    )
+    assert raw_record_access(sample) == {"seg.buf": 2, "layout names": 2, "arena.alloc": 1}
+
+
 def test_the_layout_rule_sees_every_alias(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text(
