@@ -19,6 +19,7 @@
 #include <limits.h>
 
 #include "_store_api.h"
+#include "_record.h"
 
 typedef struct {
     PyObject_HEAD
@@ -224,9 +225,7 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define Q_ACKED 112
 #define Q_BYTES 416
 #define Q_READY_BYTES 392
-/* the body length in a block's message record: payload (block + 16), then
- * exchange len u8, routing key len u8, pad u16, properties len u32, body len u64 */
-#define MSG_BODY_LEN 24
+/* MSG_BODY_LEN, a block's body length word: shm/_record.h */
 #define SEQ_SHIFT 20
 #define ST_MASK 15ULL
 #define ST_AVAILABLE 1ULL
@@ -799,18 +798,15 @@ Atomic_alloc(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
  * "<IIQ" (segment slot, check, record offset) after the body and, for a
  * TIMED message, after its MSG_TIME; the message's flags say TAGGED.
  */
-#define MSG_PREFIX_SIZE 16
-#define MSG_TAGGED 1
-#define MSG_TIMED 2
-#define MSG_TIME_SIZE 16
-#define MSG_TAG_SIZE 16
+/* MSG_PREFIX_SIZE, MSG_TAGGED, MSG_TIMED, MSG_TIME_SIZE, MSG_TAG_SIZE:
+ * shm/_record.h */
 
 /* Offset of the tag of the message in `block`, from its prefix; -1 if the
  * lengths point past the buffer (a reused block, for an unpinned reader). */
 static Py_ssize_t
 tag_at(AtomicObject *self, Py_ssize_t block, unsigned *flags)
 {
-    Py_ssize_t p = block + 16;
+    Py_ssize_t p = block + BLOCK_HEADER;
     if (!self->has_view || block < 0 || (block & 7) || p + MSG_PREFIX_SIZE > self->len)
         return -1;
     const unsigned char *r = (const unsigned char *)self->base + p;
@@ -879,12 +875,109 @@ Atomic_write_tag(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     memcpy(t + 4, &c32, 4);
     memcpy(t + 8, &o64, 8);
     flags |= MSG_TAGGED;
-    unsigned char *f = (unsigned char *)self->base + block + 16 + 2;
+    unsigned char *f = (unsigned char *)self->base + block + BLOCK_HEADER + 2;
     f[0] = flags & 0xFF;
     f[1] = flags >> 8;
     Py_RETURN_NONE;
 }
 
+
+/*
+ * write_record(block, exchange, routing_key, properties, body, published,
+ *              expires) -> int
+ *
+ * A whole message record in `block` (a block the owner just allocated for
+ * it): published and expires (ms) are written as MSG_TIME, and the record
+ * flagged MSG_TIMED, unless published is -1. Returns the record's size.
+ */
+static PyObject *
+Atomic_write_record(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "write_record(block, exchange, routing_key, "
+                                         "properties, body, published, expires)");
+        return NULL;
+    }
+    Py_ssize_t block = PyLong_AsSsize_t(args[0]);
+    long long published = PyLong_AsLongLong(args[5]);
+    long long expires = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer parts[4];
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 4; got++)
+        if (PyObject_GetBuffer(args[1 + got], &parts[got], PyBUF_SIMPLE) < 0)
+            goto done;
+    if (parts[0].len > 255 || parts[1].len > 255 || parts[2].len > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "exchange, routing key or properties too long");
+        goto done;
+    }
+    int timed = published >= 0;
+    Py_ssize_t size = record_size(parts[0].len, parts[1].len, parts[2].len, parts[3].len, timed);
+    Py_ssize_t record = block + BLOCK_HEADER;
+    if (!self->has_view || block < 0 || size > self->len - record) {
+        PyErr_SetString(PyExc_IndexError, "record out of range");
+        goto done;
+    }
+    unsigned char *body = record_write_head(
+        (unsigned char *)self->base + record, parts[0].buf, parts[0].len, parts[1].buf,
+        parts[1].len, parts[2].buf, parts[2].len, parts[3].len, timed, published, expires);
+    memcpy(body, parts[3].buf, parts[3].len);
+    result = PyLong_FromSsize_t(size);
+done:
+    while (got-- > 0)
+        PyBuffer_Release(&parts[got]);
+    return result;
+}
+
+/* write_body(block, at, data): `data` into the body of the record in
+ * `block` from its byte `at` on (a publish's body frames, as they come). */
+static PyObject *
+Atomic_write_body(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "write_body(block, at, data)");
+        return NULL;
+    }
+    Py_ssize_t block = PyLong_AsSsize_t(args[0]);
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer data;
+    if (PyObject_GetBuffer(args[2], &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t body_len = 0;
+    Py_ssize_t body = -1;
+    if (self->has_view && block >= 0 && block <= self->len - BLOCK_HEADER)
+        body = record_body_at((const unsigned char *)self->base, self->len, block + BLOCK_HEADER,
+                              &body_len);
+    if (body < 0 || at < 0 || (uint64_t)at + (uint64_t)data.len > body_len) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_IndexError, "body out of range");
+        return NULL;
+    }
+    memcpy(self->base + body + at, data.buf, data.len);
+    PyBuffer_Release(&data);
+    Py_RETURN_NONE;
+}
+
+/* timed(block) -> bool: whether the record in `block` carries times (an
+ * expiration, a TTL to apply): a consumer checks before it delivers. */
+static PyObject *
+Atomic_timed(AtomicObject *self, PyObject *arg)
+{
+    Py_ssize_t block = PyLong_AsSsize_t(arg);
+    if (block == -1 && PyErr_Occurred())
+        return NULL;
+    if (!self->has_view || block < 0 || block > self->len - BLOCK_HEADER - MSG_PREFIX_SIZE) {
+        PyErr_SetString(PyExc_IndexError, "block out of range");
+        return NULL;
+    }
+    if (((const unsigned char *)self->base)[block + BLOCK_HEADER + 2] & MSG_TIMED)
+        Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
 
 /*
  * The deduplication cache (shm/dedup_cache.py): check-and-add of one key, the
@@ -1268,6 +1361,12 @@ static PyMethodDef Atomic_methods[] = {
      "The tag of a persistent message, or None."},
     {"write_tag", (PyCFunction)(void (*)(void))Atomic_write_tag, METH_FASTCALL,
      "Tag a persistent message with its record's place."},
+    {"write_record", (PyCFunction)(void (*)(void))Atomic_write_record, METH_FASTCALL,
+     "Write a whole message record into a block."},
+    {"write_body", (PyCFunction)(void (*)(void))Atomic_write_body, METH_FASTCALL,
+     "Write part of a record's body into its block."},
+    {"timed", (PyCFunction)Atomic_timed, METH_O,
+     "Whether the record in a block carries times."},
     {"take_bits", (PyCFunction)(void (*)(void))Atomic_take_bits, METH_FASTCALL,
      "A wake bitmap's set bits, the words swapped for 0."},
     {"advance_head", (PyCFunction)(void (*)(void))Atomic_advance_head, METH_FASTCALL,
@@ -1332,6 +1431,7 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "ARENA_HEADER", ARENA_HEADER) < 0 ||
         PyModule_AddIntConstant(m, "Q_WATCH", Q_WATCH) < 0 ||
         PyModule_AddIntConstant(m, "WATCHER_BITS", WATCHER_BITS) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCK_HEADER", BLOCK_HEADER) < 0 ||
         PyModule_AddIntConstant(m, "MSG_PREFIX_SIZE", MSG_PREFIX_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "MSG_TAGGED", MSG_TAGGED) < 0 ||
         PyModule_AddIntConstant(m, "MSG_TIMED", MSG_TIMED) < 0 ||

@@ -32,6 +32,7 @@ DD_HITS: int
 DD_ADDED: int
 DD_RECORD: int
 DD_R_KEY: int
+BLOCK_HEADER: int
 MSG_PREFIX_SIZE: int
 MSG_TAGGED: int
 MSG_TIMED: int
@@ -86,6 +87,19 @@ class Atomic:
     def release_hold(self, block: int, arenas: int, arena_bytes: int, /) -> bool: ...
     def read_tag(self, block: int, /) -> tuple[int, int, int] | None: ...
     def write_tag(self, block: int, slot: int, check: int, offset: int, /) -> None: ...
+    def write_record(
+        self,
+        block: int,
+        exchange: Buffer,
+        routing_key: Buffer,
+        properties: Buffer,
+        body: Buffer,
+        published: int,
+        expires: int,
+        /,
+    ) -> int: ...
+    def write_body(self, block: int, at: int, data: Buffer, /) -> None: ...
+    def timed(self, block: int, /) -> bool: ...
     def advance_head(self, queue: int, ring: int, mask: int, /) -> None: ...
     def dedup_add(
         self,

@@ -310,9 +310,12 @@ assert (_atomic.Q_WATCH, _atomic.Q_CAPACITY, _atomic.Q_OVERFLOW, _atomic.QUEUE_S
     Q_OVERFLOW,
     QUEUE_SIZE,
 ), "shm/_atomic.c and shm/layout.py disagree on the queue record"
-# A persistent message's tag in C (read_tag, write_tag).
-_RECORD = (MSG_PREFIX.size, MSG_TAGGED, MSG_TIMED, MSG_TIME.size, MSG_TAG.size)
+# A block's message record in C: shm/_record.h, the one definition for
+# shm/_atomic.c and workers/_wire.c (write_record, write_body, timed,
+# read_tag, write_tag, the lane's writer, deliver_frames).
+_RECORD = (BLOCK_HEADER, MSG_PREFIX.size, MSG_TAGGED, MSG_TIMED, MSG_TIME.size, MSG_TAG.size)
 _C_RECORD = (
+    _atomic.BLOCK_HEADER,
     _atomic.MSG_PREFIX_SIZE,
     _atomic.MSG_TAGGED,
     _atomic.MSG_TIMED,

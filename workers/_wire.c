@@ -8,7 +8,6 @@
  * - deliver_frames: a queue entry's Basic.Deliver, content header and body
  *   frames built in one bytes object straight from the message record in
  *   shared memory;
- * - write_record: a whole message record written into its arena block.
  *
  * A publish's content header checked before the broker takes the message:
  * the basic properties its flags announce, each of the right size, a
@@ -23,6 +22,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "../shm/_record.h" /* the message record's format: one definition */
 
 #define MAX_DEPTH 256 /* tables in tables: deeper is refused, not recursed */
 
@@ -240,13 +241,7 @@ reuse_bytes(const unsigned char *p, Py_ssize_t len, PyObject **last)
 
 /* ------------------------------------------------ message records in shared memory */
 
-/* A message record (shm/layout.py): MSG_PREFIX "<BBHIQ" (exchange length,
- * routing key length, flags, properties length, body length), then the
- * exchange, the routing key, the properties, the body, and MSG_TIME "<qq"
- * when flags has MSG_TIMED. shm/layout.py asserts these match. */
-#define MSG_PREFIX_SIZE 16
-#define MSG_TIMED 2
-#define MSG_TIME_SIZE 16
+/* A message record: shm/_record.h. */
 
 static uint32_t
 le32(const unsigned char *p)
@@ -410,67 +405,6 @@ deliver_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
-/*
- * write_record(buf, record, exchange, routing_key, properties, body,
- *              published, expires) -> int
- *
- * A whole message record at `record` in `buf` (a block just allocated for
- * it); published and expires (ms) are written as MSG_TIME, and the record
- * flagged MSG_TIMED, unless published is -1. Returns the record's size.
- */
-static PyObject *
-write_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "write_record(buf, record, exchange, routing_key, "
-                                         "properties, body, published, expires)");
-        return NULL;
-    }
-    Py_ssize_t record = PyLong_AsSsize_t(args[1]);
-    long long published = PyLong_AsLongLong(args[6]);
-    long long expires = PyLong_AsLongLong(args[7]);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_buffer buf, parts[4];
-    int got = 0;
-    PyObject *result = NULL;
-    if (PyObject_GetBuffer(args[0], &buf, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0)
-        return NULL;
-    for (; got < 4; got++)
-        if (PyObject_GetBuffer(args[2 + got], &parts[got], PyBUF_SIMPLE) < 0)
-            goto done;
-    if (parts[0].len > 255 || parts[1].len > 255 || parts[2].len > 0xFFFFFFFFLL) {
-        PyErr_SetString(PyExc_ValueError, "exchange, routing key or properties too long");
-        goto done;
-    }
-    Py_ssize_t size = MSG_PREFIX_SIZE + parts[0].len + parts[1].len + parts[2].len +
-                      parts[3].len + (published >= 0 ? MSG_TIME_SIZE : 0);
-    if (record < 0 || size > buf.len - record) {
-        PyErr_SetString(PyExc_IndexError, "record out of range");
-        goto done;
-    }
-    unsigned char *o = (unsigned char *)buf.buf + record;
-    o[0] = (unsigned char)parts[0].len;
-    o[1] = (unsigned char)parts[1].len;
-    put_le(o + 2, published >= 0 ? MSG_TIMED : 0, 2);
-    put_le(o + 4, (uint64_t)parts[2].len, 4);
-    put_le(o + 8, (uint64_t)parts[3].len, 8);
-    o += MSG_PREFIX_SIZE;
-    for (int i = 0; i < 4; i++) {
-        memcpy(o, parts[i].buf, parts[i].len);
-        o += parts[i].len;
-    }
-    if (published >= 0) {
-        put_le(o, (uint64_t)published, 8);
-        put_le(o + 8, (uint64_t)expires, 8);
-    }
-    result = PyLong_FromSsize_t(size);
-done:
-    while (got-- > 0)
-        PyBuffer_Release(&parts[got]);
-    PyBuffer_Release(&buf);
-    return result;
-}
 
 
 /* Message deduplication (workers/dedup_filter.py): the key of a content header
@@ -568,7 +502,6 @@ done:
 
 static ShoalStoreAPI *store_api;
 
-#define BLOCK_HEADER 16
 #define BLOCK_ALIGN 16
 #define SIZE_BUCKET_COUNT 9
 #define EXPIRATION_BIT 0x01 /* the header's first flag byte: 0x0100 */
@@ -1025,18 +958,7 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
     lane->allocated = 1;
     Py_ssize_t len;
     unsigned char *o = (unsigned char *)store_api->base(lane->atomic, &len) + block + BLOCK_HEADER;
-    o[0] = (unsigned char)ex_len;
-    o[1] = (unsigned char)rk_len;
-    put_le(o + 2, 0, 2);
-    put_le(o + 4, (uint64_t)hsize, 4);
-    put_le(o + 8, (uint64_t)bsize, 8);
-    o += MSG_PREFIX_SIZE;
-    memcpy(o, ex, ex_len);
-    o += ex_len;
-    memcpy(o, rk, rk_len);
-    o += rk_len;
-    memcpy(o, h, hsize);
-    o += hsize;
+    o = record_write_head(o, ex, ex_len, rk, rk_len, h, hsize, bsize, 0, -1, 0);
     memcpy(o, body, bsize);
     long long got = store_api->publish(lane->atomic, route->q, route->ring, route->mask,
                                        (uint64_t)block, lane->intent, route->qid);
@@ -1140,7 +1062,6 @@ run_room(Py_ssize_t need)
 #define RUN_FULL 0  /* `limit` deliveries made */
 #define RUN_EMPTY 1 /* the queue gave nothing: DONE with the changes value read before */
 #define RUN_ENTRY 2 /* an entry acquired that Python delivers: (seq, block, redelivered) */
-#define MSG_TAGGED 1
 
 /* A store tuple (QueueStore.run_args) parsed: 0, or -1 with an exception. */
 static int
@@ -1676,8 +1597,6 @@ static PyMethodDef methods[] = {
      "Split frames; a whole publish is one item."},
     {"deliver_frames", (PyCFunction)(void (*)(void))deliver_frames, METH_FASTCALL,
      "Basic.Deliver, content header and body frames of a message record."},
-    {"write_record", (PyCFunction)(void (*)(void))write_record, METH_FASTCALL,
-     "Write a whole message record."},
     {"deliver_run", (PyCFunction)(void (*)(void))deliver_run, METH_FASTCALL,
      "A plain consumer's run of deliveries, frames built from shared memory."},
     {"ack_run", (PyCFunction)(void (*)(void))ack_run, METH_FASTCALL,

@@ -98,14 +98,3 @@ def deliver_frames(
     frame_max: int,
     /,
 ) -> tuple[bytes, int]: ...
-def write_record(
-    buf: Buffer,
-    record: int,
-    exchange: Buffer,
-    routing_key: Buffer,
-    properties: Buffer,
-    body: Buffer,
-    published: int,
-    expires: int,
-    /,
-) -> int: ...

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from shoal.broker import ipc
 from shoal.shm import readers
-from shoal.shm.arena import FLAGS_BYTE, TIMED
 from shoal.shm.queues import Message, QueueStore
 from shoal.shm.wake import Waker
 from shoal.store.stream_segments import StreamMessage
@@ -40,7 +39,6 @@ LOCAL_BURST = 512
 # Consumers with a prefetch count up to this, on a queue with others, take one
 # message a turn (turn_quota).
 DEAL_ONE_PREFETCH = 16
-TIMED_AT = FLAGS_BYTE  # a message's flags' low byte, from its block
 
 
 class MessageExpiry(Protocol):
@@ -393,7 +391,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     )
     deliver = channel.deliver
     drop_if_expired = ctx.expiry.drop_if_expired
-    flags = store.seg.buf  # a message's flags: TIMED means it may have expired
+    timed = store.seg.atomic.timed  # a message that carries times may have expired
 
     try:
         while True:
@@ -438,7 +436,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     # persistent one delivered without acks), acquired.
                     seq, block, redelivered = a, b, bool(c)
                     work += 1
-                    if (flags[block + TIMED_AT] & TIMED and drop_if_expired(qid, seq, block)) or (
+                    if (timed(block) and drop_if_expired(qid, seq, block)) or (
                         redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
                     ):
                         continue  # dead-lettered instead, as below: no delivery
@@ -463,7 +461,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     seq, block, redelivered = got  # type: ignore[misc]
                     consumer.pointer = seq + 1
                     work += 1
-                    expired = flags[block + TIMED_AT] & TIMED
+                    expired = timed(block)
                     if (expired and drop_if_expired(qid, seq, block)) or (
                         redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
                     ):
@@ -512,7 +510,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 return
             log_qid, seq, block, redelivered = taken
             work += 1
-            if (flags[block + TIMED_AT] & TIMED and drop_if_expired(log_qid, seq, block)) or (
+            if (timed(block) and drop_if_expired(log_qid, seq, block)) or (
                 redelivered and ctx.expiry.drop_if_over_limit(log_qid, seq, block)
             ):
                 continue  # dead-lettered instead, as above: bounded work, no delivery
@@ -559,7 +557,7 @@ def take_ready(ctx: PullContext, consumer: Consumer) -> None:
     store, qid, channel = ctx.store, consumer.qid, consumer.channel
     consumer.rewind_if_released(store)
     out: list[bytes] = []
-    flags = store.seg.buf
+    timed = store.seg.atomic.timed
     try:
         for _ in range(CANCEL_TAKES):
             if not consumer.wants_work():
@@ -570,7 +568,7 @@ def take_ready(ctx: PullContext, consumer: Consumer) -> None:
                 return
             seq, block, redelivered = got  # type: ignore[misc]
             consumer.pointer = seq + 1
-            if flags[block + TIMED_AT] & TIMED and ctx.expiry.drop_if_expired(qid, seq, block):
+            if timed(block) and ctx.expiry.drop_if_expired(qid, seq, block):
                 continue
             if redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block):
                 continue

@@ -16,7 +16,6 @@ class Pending:
     __slots__ = (
         "block",
         "body",
-        "body_off",
         "body_size",
         "dedup",
         "deduped",
@@ -46,7 +45,6 @@ class Pending:
         self.received = 0
         self.qids: list[int] = []
         self.block = 0
-        self.body_off = 0
         self.body: bytearray | None = None  # only for unroutable messages
         # Logs the scheduler chose for a priority level (LEVEL replies): final.
         self.levelled: set[int] | None = None

@@ -16,7 +16,6 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors, properties
 from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX
 from shoal.shm.arena import (
-    RECORD_START,
     TAG_SIZE,
     TIME_SIZE,
     message_size,
@@ -34,7 +33,7 @@ from shoal.shm.stats import (
     size_bucket,
 )
 from shoal.workers import framing, reply_to
-from shoal.workers._wire import MSG_PREFIX_SIZE, properties_ok, write_record
+from shoal.workers._wire import MSG_PREFIX_SIZE, properties_ok
 from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -219,9 +218,7 @@ class Publisher:
             return False  # the general path waits for room (and counts it)
         published, expires = (-1, 0) if times is None else times
         seg = ctx.seg
-        write_record(
-            seg.buf, block + RECORD_START, exchange, routing_key, header, body, published, expires
-        )
+        seg.atomic.write_record(block, exchange, routing_key, header, body, published, expires)
         mark, duplicate = None, False
         if deduplicating:
             try:
@@ -381,7 +378,7 @@ class Publisher:
                 self.suspend_retry(payload, framing.FRAME_HEADER)
                 return
             pending.block = block
-            pending.body_off = write_message(
+            write_message(
                 self.ctx.seg,
                 block,
                 pending.exchange,
@@ -412,8 +409,7 @@ class Publisher:
         if pending.body is not None:
             pending.body += payload
         else:
-            start = pending.body_off + pending.received
-            self.ctx.seg.buf[start : start + n] = payload
+            self.ctx.seg.atomic.write_body(pending.block, pending.received, payload)
         pending.received += n
         if pending.received == pending.body_size:
             self.state = IDLE

@@ -17,9 +17,10 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
 from shoal.shm import layout
+from shoal.shm._atomic import Atomic
 from shoal.shm.arena import read_message
 from shoal.workers import framing as F
-from shoal.workers._wire import deliver_frames, write_record
+from shoal.workers._wire import deliver_frames
 
 FRAME_MAX = 4096
 
@@ -205,8 +206,19 @@ def test_deliver_frames_and_write_record_match_the_python_codecs(seed: int) -> N
     if times is not None:
         layout.MSG_TIME.pack_into(python_buf, at, *times)
     published, expires = times if times is not None else (-1, 0)
-    written = write_record(c_buf, record, exchange, routing_key, props, body, published, expires)
+    # shm/_record.h's writer, as the fast publish path calls it (Atomic)
+    written = Atomic(c_buf).write_record(
+        block, exchange, routing_key, props, body, published, expires
+    )
     assert written == size and c_buf == python_buf
+    assert Atomic(c_buf).timed(block) == timed
+    # A body that comes in frames: the head first, then each part in place.
+    framed = bytearray(len(python_buf))
+    atomic = Atomic(framed)
+    atomic.write_record(block, exchange, routing_key, props, bytes(len(body)), published, expires)
+    for at in range(0, len(body), 4096):
+        atomic.write_body(block, at, body[at : at + 4096])
+    assert framed == python_buf
 
     class Seg:
         buf = memoryview(c_buf)
@@ -231,4 +243,17 @@ def test_deliver_frames_refuses_a_record_past_the_buffer() -> None:
     with pytest.raises(IndexError):
         deliver_frames(buf, 60, 1, b"\x01t", 1, False, FRAME_MAX)
     with pytest.raises(IndexError):
-        write_record(buf, 40, b"", b"", b"", b"x" * 20, -1, 0)
+        Atomic(buf).write_record(24, b"", b"", b"", b"x" * 20, -1, 0)
+
+
+def test_write_body_stays_inside_the_record_body() -> None:
+    buf = bytearray(256)
+    atomic = Atomic(buf)
+    atomic.write_record(0, b"e", b"r", b"", b"....", -1, 0)
+    atomic.write_body(0, 2, b"xy")
+    assert bytes(buf[layout.BLOCK_HEADER + layout.MSG_PREFIX.size + 2 :][:4]) == b"..xy"
+    for at, data in ((3, b"xy"), (-1, b"x"), (5, b"")):
+        with pytest.raises(IndexError):
+            atomic.write_body(0, at, data)
+    with pytest.raises(IndexError):
+        atomic.write_body(len(buf), 0, b"x")
