@@ -1188,6 +1188,17 @@ api_is_atomic(PyObject *obj)
     return Py_IS_TYPE(obj, &AtomicType) && ((AtomicObject *)obj)->has_view;
 }
 
+static const char *
+api_readable(PyObject *obj, Py_ssize_t *len)
+{
+    if (!PyObject_TypeCheck(obj, &AtomicType) || !((AtomicObject *)obj)->has_view) {
+        PyErr_SetString(PyExc_TypeError, "not an Atomic over a buffer");
+        return NULL;
+    }
+    *len = ((AtomicObject *)obj)->len;
+    return ((AtomicObject *)obj)->base;
+}
+
 static char *
 api_base(PyObject *atomic, Py_ssize_t *len)
 {
@@ -1288,6 +1299,7 @@ static ShoalStoreAPI store_api = {
     .version = SHOAL_STORE_API_VERSION,
     .is_atomic = api_is_atomic,
     .base = api_base,
+    .readable = api_readable,
     .queue = api_queue,
     .arena_ok = api_arena_ok,
     .alloc = api_alloc,

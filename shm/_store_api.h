@@ -65,6 +65,10 @@ typedef struct {
     /* A word of the buffer (bounds and alignment checked), or NULL with an
      * exception set. */
     uint64_t *(*word)(PyObject *atomic, Py_ssize_t off);
+    /* The buffer of any Atomic, a subclass too (reading a message record
+     * is no transition a crash test interposes on), or NULL with a
+     * TypeError set. */
+    const char *(*readable)(PyObject *obj, Py_ssize_t *len);
 } ShoalStoreAPI;
 
 #endif

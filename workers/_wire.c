@@ -24,6 +24,9 @@
 #include <stdint.h>
 
 #include "../shm/_record.h" /* the message record's format: one definition */
+#include "../shm/_store_api.h"
+
+static ShoalStoreAPI *store_api; /* shm/_atomic.c's C API, at import */
 
 #define MAX_DEPTH 256 /* tables in tables: deeper is refused, not recursed */
 
@@ -340,24 +343,25 @@ write_delivery(unsigned char *o, const unsigned char *r, long channel, const cha
 }
 
 /*
- * deliver_frames(buf, record, channel, consumer_tag, delivery_tag,
+ * deliver_frames(atomic, block, channel, consumer_tag, delivery_tag,
  *                redelivered, frame_max) -> (frames, body length)
  *
  * The Basic.Deliver method frame, the content header frame (the properties
  * as the publisher sent them) and the body in frames of at most frame_max
- * bytes, as one bytes object, from the message record at `record` in `buf`
- * (the caller holds the entry: the record cannot change under us).
+ * bytes, as one bytes object, from the message record in `block` of the
+ * segment `atomic` (shm/_atomic.c's Atomic) maps (the caller holds the
+ * entry: the record cannot change under us).
  * consumer_tag is a short string with its length byte.
  */
 static PyObject *
 deliver_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "deliver_frames(buf, record, channel, consumer_tag, "
+        PyErr_SetString(PyExc_TypeError, "deliver_frames(atomic, block, channel, consumer_tag, "
                                          "delivery_tag, redelivered, frame_max)");
         return NULL;
     }
-    Py_ssize_t record = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t block = PyLong_AsSsize_t(args[1]);
     long channel = PyLong_AsLong(args[2]);
     unsigned long long tag = PyLong_AsUnsignedLongLong(args[4]);
     int redelivered = PyObject_IsTrue(args[5]);
@@ -376,31 +380,27 @@ deliver_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "consumer_tag is not a short string");
         return NULL;
     }
-    Py_buffer buf;
-    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
+    Py_ssize_t len;
+    const unsigned char *base = (const unsigned char *)store_api->readable(args[0], &len);
+    if (base == NULL)
         return NULL;
-    const unsigned char *base = buf.buf;
-    if (record < 0 || record > buf.len - MSG_PREFIX_SIZE) {
-        PyBuffer_Release(&buf);
+    Py_ssize_t record = block + BLOCK_HEADER;
+    if (block < 0 || record > len - MSG_PREFIX_SIZE) {
         PyErr_SetString(PyExc_IndexError, "record out of range");
         return NULL;
     }
-    Py_ssize_t room = buf.len - record - MSG_PREFIX_SIZE;
+    Py_ssize_t room = len - record - MSG_PREFIX_SIZE;
     uint64_t body_len;
     Py_ssize_t total = delivery_size(base + record, room, ctag_len, frame_max, &body_len);
     if (total < 0) {
-        PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_IndexError, "record lengths out of range");
         return NULL;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (out == NULL) {
-        PyBuffer_Release(&buf);
+    if (out == NULL)
         return NULL;
-    }
     write_delivery((unsigned char *)PyBytes_AS_STRING(out), base + record, channel, ctag, ctag_len,
                    tag, redelivered, frame_max);
-    PyBuffer_Release(&buf);
     PyObject *result = Py_BuildValue("(NK)", out, (unsigned long long)body_len);
     return result;
 }
@@ -498,9 +498,6 @@ done:
  * table (LANE_ROUTES at most: a publisher that rotates over many queues,
  * as 500 quiet connections over 250 queues do, keeps them all).
  */
-#include "../shm/_store_api.h"
-
-static ShoalStoreAPI *store_api;
 
 #define BLOCK_ALIGN 16
 #define SIZE_BUCKET_COUNT 9

@@ -2,6 +2,8 @@ from typing import Any
 
 from typing_extensions import Buffer
 
+from shoal.shm._atomic import Atomic
+
 MSG_PREFIX_SIZE: int
 MSG_TIMED: int
 MSG_TIME_SIZE: int
@@ -89,8 +91,8 @@ def deliver_run(
     /,
 ) -> tuple[bytes | None, int, int, int, int, int, int, int, int]: ...
 def deliver_frames(
-    buf: Buffer,
-    record: int,
+    atomic: Atomic,
+    block: int,
     channel: int,
     consumer_tag: bytes,
     delivery_tag: int,

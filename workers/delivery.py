@@ -14,10 +14,7 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import dead_letter_rules, errors, field_table, properties
 from shoal.shm import stats
-from shoal.shm.arena import (
-    RECORD_START,
-    read_message,
-)
+from shoal.shm.arena import read_message
 from shoal.shm.directory import QueueFlag
 from shoal.shm.queues import Message
 from shoal.shm.stats import (
@@ -166,8 +163,8 @@ class DeliveryBook:
         tag = self.next_tag
         self.next_tag = tag + 1
         frames, size = deliver_frames(
-            self.ctx.seg.buf,
-            block + RECORD_START,
+            self.ctx.atomic,
+            block,
             self.number,
             consumer.tag_sstr,
             tag,

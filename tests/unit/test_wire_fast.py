@@ -227,7 +227,7 @@ def test_deliver_frames_and_write_record_match_the_python_codecs(seed: int) -> N
     tag = b"ctag-" + bytes(rng.randrange(33, 127) for _ in range(rng.randrange(200)))
     delivery_tag, redelivered = rng.randrange(1 << 63), rng.random() < 0.5
     frames, body_len = deliver_frames(
-        c_buf, record, 3, bytes((len(tag),)) + tag, delivery_tag, redelivered, FRAME_MAX
+        Atomic(c_buf), block, 3, bytes((len(tag),)) + tag, delivery_tag, redelivered, FRAME_MAX
     )
     assert body_len == len(body)
     assert frames == python_deliver(
@@ -236,14 +236,19 @@ def test_deliver_frames_and_write_record_match_the_python_codecs(seed: int) -> N
 
 
 def test_deliver_frames_refuses_a_record_past_the_buffer() -> None:
-    buf = bytearray(64)
-    struct.pack_into("<BBHIQ", buf, 0, 0, 0, 0, 0, 1000)  # a body longer than the buffer
+    buf = bytearray(80)
+    header = layout.BLOCK_HEADER
+    struct.pack_into("<BBHIQ", buf, header, 0, 0, 0, 0, 1000)  # a body past the buffer
     with pytest.raises(IndexError):
-        deliver_frames(buf, 0, 1, b"\x01t", 1, False, FRAME_MAX)
+        deliver_frames(Atomic(buf), 0, 1, b"\x01t", 1, False, FRAME_MAX)
+    with pytest.raises(IndexError):  # a record whose prefix is past the buffer
+        deliver_frames(Atomic(buf), 70 - header, 1, b"\x01t", 1, False, FRAME_MAX)
     with pytest.raises(IndexError):
-        deliver_frames(buf, 60, 1, b"\x01t", 1, False, FRAME_MAX)
+        deliver_frames(Atomic(buf), -1, 1, b"\x01t", 1, False, FRAME_MAX)
+    with pytest.raises(TypeError):  # the segment's Atomic, not a bare buffer
+        deliver_frames(buf, 0, 1, b"\x01t", 1, False, FRAME_MAX)  # type: ignore[arg-type]
     with pytest.raises(IndexError):
-        Atomic(buf).write_record(24, b"", b"", b"", b"x" * 20, -1, 0)
+        Atomic(buf).write_record(24, b"", b"", b"", b"x" * 40, -1, 0)
 
 
 def test_write_body_stays_inside_the_record_body() -> None:
