@@ -1,7 +1,7 @@
 /*
  * A message record in a block of a worker's arena: the one definition of its
  * format in C, included by shm/_atomic.c and workers/_wire.c. shm/layout.py is
- * the Python one; tests/unit/test_record_format.py checks that the two agree
+ * the Python one; tests/unit/test_wire_fast.py checks that the two agree
  * (these constants as both C modules export them, and the writers byte for
  * byte).
  *

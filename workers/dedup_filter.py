@@ -1,6 +1,6 @@
 """Message deduplication on the publish path (issue 26): a message with an
 x-deduplication-header, routed through a deduplicating exchange or to a
-deduplicating queue, is checked against that one's cache (shm/dedup_arguments.py),
+deduplicating queue, is checked against that one's cache (shm/dedup_cache.py),
 shared by every IO worker.
 
 - A duplicate sent to an exchange is routed nowhere; one sent to a queue

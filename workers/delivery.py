@@ -403,7 +403,7 @@ class DeliveryBook:
                 store.requeue(qid, seq)
                 return
             reason = dead_letter_rules.DELIVERY_LIMIT  # returned once too often
-        block = store.held_block(qid, seq)  # dead-lettered first (workers/dead_letter_rules.py)
+        block = store.held_block(qid, seq)  # dead-lettered first (workers/dead_letter.py)
         if block is not None and not self.ctx.dead_letters.dead_letter(qid, block, reason):
             store.requeue(qid, seq)  # at-least-once, and it found no room: kept
             return

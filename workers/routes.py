@@ -61,7 +61,7 @@ class Routes:
         self._cache: dict[tuple[int, bytes, bytes], tuple[int, ...]] = {}
         self._queue_gen = -1
         self.version = 0  # bumped whenever the definitions change (caches key on it)
-        # Exchanges with a deduplication cache (workers/dedup_arguments.py), by
+        # Exchanges with a deduplication cache (workers/dedup_filter.py), by
         # (vhost id, name): empty unless one is declared (one flag test).
         self.dedup_exchanges: dict[tuple[int, bytes], DedupSpec] = {}
 

@@ -1,9 +1,9 @@
-"""The files of deduplication caches (shm/dedup_arguments.py): the scheduler makes a
+"""The files of deduplication caches (shm/dedup_cache.py): the scheduler makes a
 cache's file when its exchange or queue is declared (so that a declare
 that cannot have one fails), removes it with them, and at a broker's start
 drops the memory caches of the last run and the disk caches nothing names
 any more, and repairs the rest. IO workers open the same files by the same names
-(workers/dedup_arguments.py), creating them if they come first."""
+(workers/dedup_filter.py), creating them if they come first."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ class QueueLifecycle:
             if q.durable and not q.exclusive:
                 record = restored.queues.get((q.vhost, q.name.decode()))
                 q.uid = record.uid if record is not None else new_uid()
-                if not q.stream:  # a stream's uid names its files (shm/stream_arguments.py)
+                if not q.stream:  # a stream's uid names its files (shm/stream_words.py)
                     self.store.set_uid(q.qid, q.uid)
 
     def restore_queues(self, restored: Restored) -> None:
@@ -487,7 +487,7 @@ class QueueLifecycle:
         return purged
 
     def _dedup_file(self, vhost: str, name: bytes, qid: int) -> str:
-        """Queue `qid`'s deduplication cache file (workers/dedup_arguments.py names
+        """Queue `qid`'s deduplication cache file (workers/dedup_filter.py names
         it alike): a durable queue's by its uid, which outlives restarts."""
         incarnation = self.store.uid(qid) or self.store.generation(qid)
         return dedup_arguments.cache_file("q", vhost, name.decode(), incarnation)

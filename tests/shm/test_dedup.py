@@ -1,4 +1,4 @@
-"""shm/dedup_arguments.py: the shared deduplication cache, alone and raced by
+"""shm/dedup_cache.py: the shared deduplication cache, alone and raced by
 processes (one of them SIGKILLed while it holds the lock)."""
 
 from __future__ import annotations
