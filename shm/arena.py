@@ -149,6 +149,56 @@ class Arena:
             self.on_high(used)
         return block
 
+    # A message's block, allocated and written here: the workers never see a
+    # record's sizes or offsets (issue 39).
+    def new_record(
+        self,
+        exchange: bytes,
+        routing_key: bytes,
+        props: bytes,
+        body: bytes | memoryview,
+        times: tuple[int, int] | None,
+        durable: int,
+    ) -> int | None:
+        """A held block with a whole message record in it (one C call,
+        shm/_record.h), with room for the message store's tag when
+        `durable`; None when the arena has no room. `times`: (published,
+        expires at) in ms, for a message that may expire."""
+        # message_size, inline: this is every publish's path.
+        size = layout.MSG_PREFIX.size + len(exchange) + len(routing_key) + len(props) + len(body)
+        if times is not None:
+            size += TIME_SIZE
+        block = self.alloc(size + TAG_SIZE if durable else size)
+        if block is not None:
+            published, expires = (-1, 0) if times is None else times
+            self.atomic.write_record(block, exchange, routing_key, props, body, published, expires)
+        return block
+
+    def new_head(
+        self,
+        exchange: bytes,
+        routing_key: bytes,
+        props: bytes,
+        body_len: int,
+        times: tuple[int, int] | None,
+        durable: int,
+    ) -> int | None:
+        """new_record for a body that comes in frames: the record's head
+        written, each body frame then with Atomic.write_body."""
+        size = message_size(exchange, routing_key, props, body_len, times is not None)
+        block = self.alloc(size + TAG_SIZE if durable else size)
+        if block is not None:
+            write_message(self.seg, block, exchange, routing_key, props, body_len, times)
+        return block
+
+    def new_from_payload(self, payload: bytes | memoryview) -> int | None:
+        """A held block with a record as a payload holds it (block_payload,
+        a paging file's, a recovered and tagged one); None: no room."""
+        block = self.alloc(len(payload))
+        if block is not None:
+            write_payload(self.seg, block, payload)
+        return block
+
     def alloc_steps(self, payload: int) -> int | None:
         """alloc() one shared-memory operation at a time, as the C code
         makes them: the model the crash tests interpose on (a SIGKILL between
@@ -300,21 +350,6 @@ def write_tag(seg: Segment, block: int, slot: int, check: int, offset: int) -> N
     layout.MSG_TAG.pack_into(seg.buf, at, slot, check, offset)
     p = block + layout.BLOCK_HEADER + 2
     seg.buf[p : p + 2] = (flags | layout.MSG_TAGGED).to_bytes(2, "little")
-
-
-def write_whole_message(
-    seg: Segment,
-    block: int,
-    exchange: bytes,
-    routing_key: bytes,
-    props: bytes,
-    body: bytes,
-    times: tuple[int, int] | None = None,
-) -> None:
-    """A message the worker has whole (a dead letter, a due delayed
-    message): its record and its body, in one call."""
-    start = write_message(seg, block, exchange, routing_key, props, len(body), times)
-    seg.buf[start : start + len(body)] = body
 
 
 def write_payload(seg: Segment, block: int, payload: bytes | memoryview) -> None:

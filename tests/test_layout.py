@@ -325,8 +325,6 @@ RECORD_LAYOUT_NAMES = {
 # segment itself first. Each count may only go down: a new raw access fails
 # here, and so does one removed without lowering its count (to 0 at the end).
 RAW_RECORD_ACCESS_LEFT = {
-    "workers/publish.py": {"layout names": 2, "arena.alloc": 2},
-    "workers/ingest.py": {"layout names": 1, "arena.alloc": 2},
     "workers/framing.py": {"layout names": 1},
 }
 

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from shoal.broker.amqp import errors, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import (
-    TAG_SIZE,
     Arena,
     block_payload,
     body_length,
@@ -41,9 +40,7 @@ from shoal.shm.arena import (
     payload_may_expire,
     record_bytes,
     release_hold,
-    write_payload,
     write_tag,
-    write_whole_message,
 )
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
 from shoal.store.messages import UNAPPENDED, encode_publish_one
@@ -190,14 +187,19 @@ class Ingest:
         return done, bits | WAIT
 
     def put_durable(
-        self, qid: int, block: int, size: int, body_size: int, exchange: bytes, routing_key: bytes
+        self,
+        qid: int,
+        block: int,
+        body_size: int,
+        exchange: bytes,
+        routing_key: bytes,
+        header: bytes,
     ) -> int | Pending | None:
         """The fast path's persistent message for one durable queue and
         nothing else (a plain queue, no expiry, no level, no stream): its
         PUBLISH record reserved and its block tagged, the append, the record
         completed (written at the end of the loop iteration), the HOLD
-        dropped, without put()'s loops. `size`: the message's bytes in its
-        block, the tag excluded. Returns the record's index (its confirm
+        dropped, without put()'s loops. Returns the record's index (its confirm
         waits for its sync); a Pending with the reservation in it when a
         race filled the queue meanwhile (put() goes on from there); None when
         put() must do it all (nothing done: the queue pages, has rules or is
@@ -212,6 +214,7 @@ class Ingest:
             or (self.pager is not None and _pages(self.pager, self.arena, qid))
         ):
             return None
+        size = message_size(exchange, routing_key, header, body_size)  # the tag excluded
         got = persist.reserve(1, size)
         if got is None:
             return None
@@ -353,12 +356,10 @@ class Ingest:
             times = pending.times = times_for(self.store, header, qids)
         except errors.AMQPError:
             times = pending.times = None  # checked when it was first published
-        size = message_size(exchange, routing_key, header, len(body), times is not None)
-        block = self.arena.alloc(size + TAG_SIZE if pending.durable else size)
+        block = self.arena.new_record(exchange, routing_key, header, body, times, pending.durable)
         if block is None:
             log.warning("a message the broker republishes was dropped: the arena is full")
             return False
-        write_whole_message(self.seg, block, exchange, routing_key, header, body, times)
         pending.block = block
         self.put(pending, wait=False)
         self.over_capacity.clear()  # (the worker's own publishes are not flow-controlled)
@@ -371,11 +372,9 @@ class Ingest:
         tagged with its record). The outcome of its append, or None when the
         arena has no room."""
         seg = self.seg
-        size = len(payload)
-        block = self.arena.alloc(size)
+        block = self.arena.new_from_payload(payload)
         if block is None:
             return None
-        write_payload(seg, block, payload)
         store = self.store
         outcome = self.publish(qid, block, body_length(seg, block), self.slot)
         release_hold(seg, block)

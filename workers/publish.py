@@ -15,13 +15,7 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors, properties
 from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX
-from shoal.shm.arena import (
-    TAG_SIZE,
-    TIME_SIZE,
-    message_size,
-    release_hold,
-    write_message,
-)
+from shoal.shm.arena import release_hold
 from shoal.shm.stats import (
     CONFIRMED,
     RECEIVED_CONFIRM,
@@ -33,7 +27,7 @@ from shoal.shm.stats import (
     size_bucket,
 )
 from shoal.workers import framing, reply_to
-from shoal.workers._wire import MSG_PREFIX_SIZE, properties_ok
+from shoal.workers._wire import properties_ok
 from shoal.workers.channel_state import (
     EXPECT_BODY,
     EXPECT_HEADER,
@@ -210,15 +204,10 @@ class Publisher:
         except errors.AMQPError:
             return False  # the general path raises it again, in order
         durable = not plain and header[12] & 0x10 and to_store(ctx, header, qids)
-        size = MSG_PREFIX_SIZE + len(exchange) + len(routing_key) + len(header) + body_size
-        if times is not None:
-            size += TIME_SIZE
-        block = ctx.arena.alloc(size + TAG_SIZE if durable else size)
+        block = ctx.arena.new_record(exchange, routing_key, header, body, times, durable)
         if block is None:
             return False  # the general path waits for room (and counts it)
-        published, expires = (-1, 0) if times is None else times
         seg = ctx.seg
-        seg.atomic.write_record(block, exchange, routing_key, header, body, published, expires)
         mark, duplicate = None, False
         if deduplicating:
             try:
@@ -270,7 +259,7 @@ class Publisher:
             and not (deduplicating or times or len(qids) > 1)
             and not (self.confirm and self.delivery.consumers)
         ):
-            got = self.ingest.put_durable(qids[0], block, size, body_size, exchange, routing_key)
+            got = self.ingest.put_durable(qids[0], block, body_size, exchange, routing_key, header)
             if isinstance(got, int):
                 self._account(True, False, body_size, False, got, None)
                 return True
@@ -367,26 +356,20 @@ class Publisher:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise
         if pending.qids:
-            timed = pending.times is not None
-            size = message_size(
-                pending.exchange, pending.routing_key, pending.header, body_size, timed
-            )
             pending.durable = to_store(self.ctx, pending.header, pending.qids)
-            block = self.ctx.arena.alloc(size + TAG_SIZE if pending.durable else size)
-            if block is None:
-                self.ctx.guard.arena_full()
-                self.suspend_retry(payload, framing.FRAME_HEADER)
-                return
-            pending.block = block
-            write_message(
-                self.ctx.seg,
-                block,
+            block = self.ctx.arena.new_head(
                 pending.exchange,
                 pending.routing_key,
                 pending.header,
                 body_size,
                 pending.times,
+                pending.durable,
             )
+            if block is None:
+                self.ctx.guard.arena_full()
+                self.suspend_retry(payload, framing.FRAME_HEADER)
+                return
+            pending.block = block
         else:
             pending.body = bytearray()
         if body_size == 0:
