@@ -33,15 +33,8 @@ from shoal.shm import layout
 from shoal.shm._atomic import Atomic
 from shoal.shm.segment import Segment
 
-# A block's message record as the code that reads or writes one itself sees
-# it (the hot paths, workers/_wire.c): where the record starts in its block,
-# the byte of its flags and the flag that says it carries times (an
-# expiration, a TTL to apply), and the record's fixed sizes that _wire.c
-# must agree with (workers/framing.py checks at import).
-RECORD_START = layout.BLOCK_HEADER
-FLAGS_BYTE = layout.BLOCK_HEADER + 2
-TIMED = layout.MSG_TIMED
-TAGGED = layout.MSG_TAGGED  # the record carries its message store tag
+# The record's fixed sizes that workers/_wire.c was built with (shm/_record.h):
+# workers/framing.py checks them at import, against a stale build.
 RECORD_FORMAT = (layout.MSG_PREFIX.size, layout.MSG_TIMED, layout.MSG_TIME.size)
 
 # The hot window (see the module docstring): a few MiB, well inside the last
