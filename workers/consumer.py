@@ -161,6 +161,7 @@ class Consumer:
         "selector",
         "since",
         "stamp",
+        "starting",
         "stream",
         "tag",
         "tag_sstr",
@@ -228,6 +229,12 @@ class Consumer:
         self.direct = False
         self.dry_at = 0
         self.since = 0  # when the scheduler registered it (its CONSUME reply)
+        # Between its CONSUME and its consume-ok: a NOTIFY that comes first
+        # (it may, as the reply's future resumes basic_consume only on a later
+        # loop turn) is kept here, and served once consume-ok is written
+        # (start), so no delivery overtakes consume-ok. 0: started; 1:
+        # starting; 2: starting, with a pull owed.
+        self.starting = 0
 
     def record(self) -> ipc.ConsumerRecord:
         return ipc.ConsumerRecord(
@@ -366,10 +373,21 @@ def drop_watch(ctx: PullContext, consumer: Consumer) -> bool:
     return ctx.waker.unwatch(consumer.qid, ctx.index)
 
 
+def start(ctx: PullContext, consumer: Consumer) -> None:
+    """Its consume-ok is written: serve the NOTIFY that came before it."""
+    owed = consumer.starting == 2
+    consumer.starting = 0
+    if owed:
+        pull(ctx, consumer)
+
+
 def pull(ctx: PullContext, consumer: Consumer) -> None:
     """Serve a NOTIFY: deliver until the queue, the credit or the burst ends."""
     if consumer.cancelled or not consumer.interested:
         return  # a NOTIFY that crossed our INTEREST(false) or CANCEL
+    if consumer.starting:
+        consumer.starting = 2  # served by start(), after consume-ok
+        return
     if consumer.stream is not None:
         stream_pull(ctx, consumer)
         return

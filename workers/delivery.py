@@ -27,7 +27,7 @@ from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import ack_run, deliver_frames, deliver_run
 from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
 from shoal.workers.connection_access import READ
-from shoal.workers.consumer import Consumer, drop_watch, take_ready, update_interest
+from shoal.workers.consumer import Consumer, drop_watch, start, take_ready, update_interest
 
 log = logging.getLogger("shoal.worker")
 
@@ -475,8 +475,13 @@ class DeliveryBook:
             ctx.routes.definitions.queue_arguments.get((self.conn.vhost, name.decode()), {}),
             ctx.config.consumer_timeout,
         )
-        # Registered as not interested: no delivery may overtake consume-ok.
-        consumer.interested = False
+        # Registered as interested at once (a consumer registered later, its
+        # INTEREST sent after consume-ok, could lose a NOTIFY race to a
+        # publish that reaches the scheduler first: a lower priority one
+        # served before it). No delivery overtakes consume-ok: `starting`
+        # holds any NOTIFY until start() below.
+        consumer.interested = consumer.wants_work()
+        consumer.starting = 1
         self.consumers[tag] = consumer
         ctx.consumers[consumer.cid] = consumer
         try:
@@ -487,7 +492,7 @@ class DeliveryBook:
                     priority=consumer.priority,
                     acquiring=consumer.acquiring,
                     exclusive=consumer.exclusive,
-                    interested=False,  # no delivery may overtake consume-ok
+                    interested=consumer.interested,
                     conn_id=self.conn.id,
                 )
             )
@@ -504,6 +509,7 @@ class DeliveryBook:
             self.conn.write(
                 framing.encode_method(self.number, C.Basic.ConsumeOk(consumer_tag=tag.decode()))
             )
+        start(ctx, consumer)
         update_interest(ctx, consumer)
 
     def basic_cancel(self, method: C.Basic.Cancel) -> None:

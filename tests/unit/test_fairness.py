@@ -20,7 +20,7 @@ from shoal.shm import layout as L
 from shoal.shm.arena import Arena
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
-from shoal.workers.consumer import BURST, Consumer, pull
+from shoal.workers.consumer import BURST, Consumer, pull, start
 from tests.shm._support import publish
 
 QID = 3
@@ -194,6 +194,24 @@ def test_a_single_active_consumer_is_not_held_to_one_a_turn(seg: Segment) -> Non
     pull(ctx, active)  # type: ignore[arg-type]
     assert active.unacked == 10, f"took {active.unacked} of 12 ready (prefetch 10)"
     assert ctx.sent == [ipc.Interest(active.cid, False)], "stopped by its credit"
+
+
+def test_a_notify_before_consume_ok_waits_for_it(seg: Segment) -> None:
+    """A consumer is registered as interested with its CONSUME, so no
+    publish can reach the scheduler before the consumer does (a lower
+    priority one would be served first). A NOTIFY that reaches the worker
+    before its consume-ok is written delivers nothing until then."""
+    fill(seg, 2)
+    ctx = FakeContext(seg)
+    consumer = consumers(seg, 1, prefetch=10)[0]
+    consumer.starting = 1  # between its CONSUME and its consume-ok
+    pull(ctx, consumer)  # type: ignore[arg-type]
+    assert consumer.unacked == 0 and ready(seg) == 2, "delivered before consume-ok"
+    start(ctx, consumer)  # type: ignore[arg-type]
+    assert consumer.unacked == 2 and ready(seg) == 0, "the NOTIFY held was not served"
+    consumer.starting = 1
+    start(ctx, consumer)  # type: ignore[arg-type]
+    assert consumer.starting == 0 and consumer.unacked == 2, "no NOTIFY held: no pull"
 
 
 class StuckHead(NoExpiry):
