@@ -33,9 +33,19 @@ from shoal.shm import layout
 from shoal.shm._atomic import Atomic
 from shoal.shm.segment import Segment
 
-# The record's fixed sizes that workers/_wire.c was built with (shm/_record.h):
-# workers/framing.py checks them at import, against a stale build.
-RECORD_FORMAT = (layout.MSG_PREFIX.size, layout.MSG_TIMED, layout.MSG_TIME.size)
+
+def check_record_format(module: str, prefix_size: int, timed: int, time_size: int) -> None:
+    """A C module outside shm/ built with shm/_record.h (workers/_wire.c)
+    gives the record's fixed sizes it was built with: a stale build that
+    disagrees with shm/layout.py stops at import, before it misreads a
+    record."""
+    if (prefix_size, timed, time_size) != (
+        layout.MSG_PREFIX.size,
+        layout.MSG_TIMED,
+        layout.MSG_TIME.size,
+    ):
+        raise ImportError(f"{module} and shm/layout.py disagree on the message record: rebuild")
+
 
 # The hot window (see the module docstring): a few MiB, well inside the last
 # level cache of the machines we run on, and many blocks of any usual size.

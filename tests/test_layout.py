@@ -316,17 +316,12 @@ RECORD_LAYOUT_NAMES = {
     "FLAGS_BYTE",
     "TIMED",
     "TAGGED",
-    "RECORD_FORMAT",
     "TAG_SIZE",
     "TIME_SIZE",
 }
-# Issue 39 moves every read and write of a message record into shm/ (a
-# message handle); what is left are the hot paths, whose C side must take the
-# segment itself first. Each count may only go down: a new raw access fails
-# here, and so does one removed without lowering its count (to 0 at the end).
-RAW_RECORD_ACCESS_LEFT = {
-    "workers/framing.py": {"layout names": 1},
-}
+# Every read and write of a message record is in shm/ (issue 39): none is
+# left outside it, and a new one fails here.
+RAW_RECORD_ACCESS_LEFT: dict[str, dict[str, int]] = {}
 
 
 def raw_record_access(path: Path) -> dict[str, int]:

@@ -15,13 +15,11 @@ from typing import Any
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
-from shoal.shm.arena import RECORD_FORMAT
+from shoal.shm.arena import check_record_format
 from shoal.workers._wire import MSG_PREFIX_SIZE, MSG_TIME_SIZE, MSG_TIMED, Lane, scan
 
-# workers/_wire.c reads and writes message records itself.
-assert RECORD_FORMAT == (MSG_PREFIX_SIZE, MSG_TIMED, MSG_TIME_SIZE), (
-    "workers/_wire.c and shm/layout.py disagree on the message record"
-)
+# workers/_wire.c reads message records itself (to build deliveries).
+check_record_format("workers/_wire.c", MSG_PREFIX_SIZE, MSG_TIMED, MSG_TIME_SIZE)
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2
