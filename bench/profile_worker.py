@@ -27,9 +27,10 @@ from shoal.broker.config import Config
 from shoal.shm import layout
 from shoal.shm.segment import Segment
 from shoal.workers.connection import Connection
-from shoal.workers.consumer import Consumer, pull
+from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import OPEN
+from shoal.workers.pull import pull
 
 
 class FakeTransport:

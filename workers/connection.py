@@ -25,7 +25,6 @@ from shoal.workers.blocking import PublisherBlocks
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import ChannelCore, Confirms
 from shoal.workers.connection_access import ConnectionAccess
-from shoal.workers.consumer import update_interest
 from shoal.workers.context import WorkerContext
 from shoal.workers.framing import PUBLISH_WHOLE
 from shoal.workers.handshake import (
@@ -40,6 +39,7 @@ from shoal.workers.handshake import (
 )
 from shoal.workers.lane import PublishLane
 from shoal.workers.pacing import Pacer
+from shoal.workers.pull import update_interest
 
 log = logging.getLogger("shoal.connection")
 

@@ -17,11 +17,12 @@ from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
-from shoal.workers.consumer import Consumer, MessageExpiry, drop_watch
+from shoal.workers.consumer import Consumer
 from shoal.workers.dedup_filter import Deduplicator
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.pager import Pager
 from shoal.workers.persist import Persister
+from shoal.workers.pull import MessageExpiry, drop_watch
 from shoal.workers.routes import Routes
 from shoal.workers.stream_io import Streams
 from shoal.workers.user_channels import UserChannels

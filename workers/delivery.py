@@ -27,7 +27,8 @@ from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import ack_run, deliver_frames, deliver_run
 from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
 from shoal.workers.connection_access import READ
-from shoal.workers.consumer import Consumer, drop_watch, start, take_ready, update_interest
+from shoal.workers.consumer import Consumer
+from shoal.workers.pull import drop_watch, start, take_ready, update_interest
 
 log = logging.getLogger("shoal.worker")
 

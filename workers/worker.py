@@ -29,7 +29,6 @@ from shoal.store.paging_files import paging_directory
 from shoal.store.stream_segments import streams_directory
 from shoal.workers import lease_watch, restore, timeouts, tls
 from shoal.workers.connection import Connection
-from shoal.workers.consumer import give_back_watch, pull, take_watch
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
@@ -37,6 +36,7 @@ from shoal.workers.ingest import Ingest
 from shoal.workers.lease_watch import LeaseWatch
 from shoal.workers.memory_guard import ALARM
 from shoal.workers.message_ttl import Expiry
+from shoal.workers.pull import give_back_watch, pull, take_watch
 
 HEARTBEAT_INTERVAL = 1.0
 OWNERSHIP_POLL = 0.05  # s: how soon a change of the worker count is acted on

@@ -14,7 +14,7 @@ spurious wake-ups"); like Qpid's Notified list, this one may hold several
 consumers: `notify_next` makes the first, `notify_more` adds one of the same
 (or a higher) priority, which the scheduler does while a backlog has work for
 several (broker/scheduler/notify.py). A notified consumer that runs dry, or
-has taken its share of what was ready (workers/consumer.py, turn_quota), goes
+has taken its share of what was ready (workers/pull.py, turn_quota), goes
 to the back of its priority's Interested deque, which gives the round-robin
 fairness Qpid calls "asymptotic".
 """

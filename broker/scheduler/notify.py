@@ -323,7 +323,7 @@ class Notification:
         ready beyond the first: consumers on several IO workers then drain a
         backlog at once, and one on the same worker takes its turn without
         waiting for a round trip through here (each takes its share:
-        workers/consumer.py turn_quota). A consumer that ran dry at `now`
+        workers/pull.py turn_quota). A consumer that ran dry at `now`
         (the queue's CHANGES) is skipped. Returns whether any is notified."""
         qcm = q.qcm
         want = 1 + ready // SPREAD

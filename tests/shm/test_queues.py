@@ -189,7 +189,7 @@ def test_release_requeues_in_place_with_the_redelivered_flag(env: Env) -> None:
 
 @dataclass
 class Pointer:
-    """A consumer's scan position, moved as workers/consumer.py pull() does."""
+    """A consumer's scan position, moved as workers/pull.py pull() does."""
 
     store: QueueStore
     qid: int

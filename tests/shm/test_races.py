@@ -213,7 +213,7 @@ def consume(
         if len(held) < PREFETCH and ctrl.load(GATE):
             ctrl.store(phase, PH_ACQUIRE)
             gen = store.release_generation(QID)
-            if gen != release_gen:  # as workers/consumer.py: rescan from the head
+            if gen != release_gen:  # as workers/pull.py: rescan from the head
                 release_gen = gen
                 pointer = 0
             got = store.acquire(QID, pointer)

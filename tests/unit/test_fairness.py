@@ -1,6 +1,6 @@
 """Fairness of the hand-off between a queue's consumers.
 
-The real pull loop (workers/consumer.py) over a real shared-memory queue, with
+The real pull loop (workers/pull.py) over a real shared-memory queue, with
 the real QueueConsumerManager taking the scheduler's part; only the channel
 (credit bookkeeping, no frames) and the worker context (the scheduler link
 records what is sent) are stand-ins. Everything runs in this process, in
@@ -20,7 +20,8 @@ from shoal.shm import layout as L
 from shoal.shm.arena import Arena
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
-from shoal.workers.consumer import BURST, Consumer, pull, start
+from shoal.workers.consumer import Consumer
+from shoal.workers.pull import BURST, pull, start
 from tests.shm._support import publish
 
 QID = 3
@@ -146,7 +147,7 @@ def deal(ctx: FakeContext, group: list[Consumer]) -> list[int]:
 
 
 def test_turn_quota() -> None:
-    from shoal.workers.consumer import turn_quota
+    from shoal.workers.pull import turn_quota
 
     assert turn_quota(1000, 1) == BURST, "the only consumer takes a burst"
     assert turn_quota(12, 4) == 3

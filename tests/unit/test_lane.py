@@ -21,9 +21,10 @@ from shoal.shm import stats
 from shoal.shm.arena import read_message
 from shoal.shm.queues import QueueStore
 from shoal.workers import pacing
-from shoal.workers.consumer import Consumer, pull
+from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
 from shoal.workers.lane import PublishLane
+from shoal.workers.pull import pull
 from tests.unit.test_connection import Client, worker_context
 
 
