@@ -160,11 +160,11 @@ def main() -> None:
         if ns.deliver:
             # Deliver what is ready and ack it every 100, as a consumer with
             # prefetch 500 and multi-ack 100 does.
-            while ctx.store.word(0, layout.Q_READY):
+            while ctx.store.table.word(0, layout.Q_READY):
                 pull(ctx, consumer)
                 sub.flush()
                 while ch.next_tag - 1 - acked >= 100 or (
-                    ch.next_tag - 1 > acked and not ctx.store.word(0, layout.Q_READY)
+                    ch.next_tag - 1 > acked and not ctx.store.table.word(0, layout.Q_READY)
                 ):
                     acked = min(acked + 100, ch.next_tag - 1)
                     sub.data_received(ack_frame(acked))
@@ -176,7 +176,7 @@ def main() -> None:
         prof.disable()
     dt = time.process_time() - t0  # CPU time: steadier than wall time on a shared machine
     assert not conn.closed and sub.channels[1].delivery is ch, "the harness's channel was closed"
-    routed = ctx.store.word(0, layout.Q_PUBLISHED)
+    routed = ctx.store.table.word(0, layout.Q_PUBLISHED)
     assert routed == ns.messages, f"{routed} of {ns.messages} messages reached the queue"
     print(
         f"{ns.messages} messages of {ns.size} B: {dt / ns.messages * 1e6:.2f} µs/msg "

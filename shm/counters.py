@@ -58,8 +58,8 @@ class QueueCounters:
 
 def read(store: QueueStore, qid: int) -> QueueCounters:
     """The counters of declared queue `qid`, summed over its logs."""
-    logs = store.logs(qid)
-    word = store.word
+    logs = store.catalog.logs(qid)
+    word = store.table.word
 
     def total(field: int) -> int:
         return sum(word(log, field) for log in logs)

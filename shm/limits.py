@@ -27,14 +27,17 @@ from collections.abc import Callable
 from typing import Protocol
 
 from shoal.shm import layout
+from shoal.shm.queue_catalog import QueueCatalog
+from shoal.shm.queue_table import QueueTable
 
 
 class LimitedLogs(Protocol):
     """What the limits use of shm.queues.QueueStore (which calls them)."""
 
-    def word(self, qid: int, field: int) -> int: ...
-    def logs(self, qid: int) -> list[int]: ...
-    def declared(self, qid: int) -> int: ...
+    @property
+    def table(self) -> QueueTable: ...
+    @property
+    def catalog(self) -> QueueCatalog: ...
     def acquire(self, qid: int, pointer: int) -> tuple[int, int, bool] | int: ...
     def ack(self, qid: int, seq: int) -> bool: ...
 
@@ -51,7 +54,7 @@ def _counted(store: LimitedLogs, logs: list[int], field: int) -> int:
     "-1" is not 2**64 - 1, which would empty a drop-head queue."""
     total = 0
     for q in logs:
-        value = store.word(q, field)
+        value = store.table.word(q, field)
         if value < 1 << 63:
             total += value
     return total
@@ -61,19 +64,19 @@ def _over(store: LimitedLogs, logs: list[int], count: int, size: int) -> bool:
     """Would the queue (its `logs`) exceed a limit with `count` more ready
     messages of `size` body bytes?"""
     head = logs[0]
-    max_length = store.word(head, layout.Q_MAX_LENGTH)
+    max_length = store.table.word(head, layout.Q_MAX_LENGTH)
     if max_length and _counted(store, logs, layout.Q_READY) + count > max_length - 1:
         return True
-    max_bytes = store.word(head, layout.Q_MAX_BYTES)
+    max_bytes = store.table.word(head, layout.Q_MAX_BYTES)
     return bool(max_bytes and _counted(store, logs, layout.Q_READY_BYTES) + size > max_bytes - 1)
 
 
 def admits(store: LimitedLogs, qid: int, body_size: int) -> bool:
     """Before appending to log `qid` (whose Q_OVERFLOW is set): False if its
     queue refuses the message (a reject-publish mode, at its limit)."""
-    if store.word(qid, layout.Q_OVERFLOW) == layout.OVERFLOW_DROP_HEAD:
+    if store.table.word(qid, layout.Q_OVERFLOW) == layout.OVERFLOW_DROP_HEAD:
         return True
-    return not _over(store, store.logs(store.declared(qid)), 1, body_size)
+    return not _over(store, store.catalog.logs(store.table.declared(qid)), 1, body_size)
 
 
 def drop_head(
@@ -82,9 +85,9 @@ def drop_head(
     """After appending to log `qid` of a drop-head queue: delete ready
     messages from the head until the queue is within its limits. Returns
     the logs it deleted from (their publishers may be waiting on capacity)."""
-    if store.word(qid, layout.Q_OVERFLOW) != layout.OVERFLOW_DROP_HEAD:
+    if store.table.word(qid, layout.Q_OVERFLOW) != layout.OVERFLOW_DROP_HEAD:
         return []
-    logs = store.logs(store.declared(qid))
+    logs = store.catalog.logs(store.table.declared(qid))
     touched: list[int] = []
     for _ in range(MAX_DROPS):
         if not _over(store, logs, 0, 0):

@@ -24,7 +24,8 @@ from typing import NoReturn
 from shoal.shm import _atomic, flow, layout, limits
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import body_length, body_refs_drop, read_tag
-from shoal.shm.directory import QueueDirectory
+from shoal.shm.queue_catalog import QueueCatalog
+from shoal.shm.queue_table import QueueTable
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
 
@@ -80,28 +81,35 @@ class QueueGone(QueueFull):
         self.taken_back = taken_back
 
 
-class QueueStore(QueueDirectory):
+class QueueStore:
     """Queue operations for one process. `owner` is the IO worker index + 1
     (0 for the supervisor and the scheduler, which never acquire).
 
-    Why so many methods (its QueueDirectory's reads counted): this is the one
-    door to a queue's words in shared memory, on purpose. Each method is one
-    transition of shm/ARCHITECTURE.md (publish, acquire, settle, requeue,
-    purge...) or one named read, so that a queue's rules live in one place
-    and nothing above shm/ touches a word (tests/test_layout.py); split
-    across objects, a caller would have to know which part a rule is in."""
+    This is the one door to a queue's log in shared memory: each method is
+    one transition of shm/ARCHITECTURE.md (publish, acquire, settle,
+    requeue, purge...), so that a queue's rules live in one place and
+    nothing above shm/ touches a word (tests/test_layout.py). What it reads
+    of the queues it holds as two parts: `catalog` (which queues exist, by
+    name and kind: shm/queue_catalog.py) and `table` (each queue record's words:
+    shm/queue_table.py)."""
 
     __slots__ = (
+        "a",
         "cap",
+        "catalog",
         "dropped",
         "dropping",
         "last_seq",
+        "layout",
         "log_bytes",
         "logs_base",
         "mask",
         "owner",
         "owner_bits",
+        "queues",
+        "seg",
         "settled",
+        "table",
         "waker",
     )
 
@@ -113,7 +121,13 @@ class QueueStore(QueueDirectory):
         or the supervisor's), where it advertises a reference drop in flight.
         `waker`: the scheduler's wake-up (shm/wake.py), needed by publish,
         settle and requeue."""
-        super().__init__(seg)
+        self.seg = seg
+        self.a = seg.atomic
+        self.layout = seg.layout
+        # The queue table's offset: record(qid) is inlined on hot paths.
+        self.queues = seg.layout.queues
+        self.catalog = QueueCatalog(seg)
+        self.table = QueueTable(seg, self.catalog)
         self.waker = waker
         self.cap = seg.layout.limits.queue_capacity
         self.mask = self.cap - 1
@@ -300,7 +314,7 @@ class QueueStore(QueueDirectory):
                         self.waker.wake(qid, got & _WATCHER_MASK)  # type: ignore[union-attr]
                     return APPENDED
                 if got == -1:
-                    return FULL if self.is_active(qid) else GONE
+                    return FULL if self.table.is_active(qid) else GONE
                 try:
                     self._taken_back(qid, -2 - got, block)
                 except QueueGone as gone:
@@ -320,7 +334,7 @@ class QueueStore(QueueDirectory):
             return GONE if gone.taken_back else REMOVED
         except QueueFull:
             a.fetch_add(block + layout.B_REFS, -1)
-            return FULL if self.is_active(qid) else GONE
+            return FULL if self.table.is_active(qid) else GONE
         outcome = APPENDED
         if limited:
             last = self.last_seq
@@ -328,7 +342,7 @@ class QueueStore(QueueDirectory):
                 self._drained(dropped)
             self.last_seq = last
         if a.load(q + layout.Q_CAPACITY):  # one load when the queue has no capacity
-            target, logs = self.flow_queue(qid)
+            target, logs = self.table.flow_queue(qid)
             if flow.over_capacity(self.seg, target, logs):
                 outcome = OVER_CAPACITY
         self.waker.work_added(qid)  # type: ignore[union-attr]  # publishers have one
@@ -370,10 +384,10 @@ class QueueStore(QueueDirectory):
         three unless publishers are blocked on it)."""
         a, queues = self.a, self.queues
         if a.load(queues + qid * layout.QUEUE_SIZE + layout.Q_CAPACITY):
-            target = self.declared(qid)
+            target = self.table.declared(qid)
             if a.load(queues + target * layout.QUEUE_SIZE + layout.Q_FLOW) == layout.FLOW_BLOCKED:
                 assert self.waker is not None
-                flow.drained(self.seg, self.waker, *self.flow_queue(qid))
+                flow.drained(self.seg, self.waker, *self.table.flow_queue(qid))
 
     # ---------------------------------------------------------------- the log
     def append(self, qid: int, block: int, intent: int) -> int:

@@ -129,8 +129,8 @@ def delivered_entries(seg: Segment) -> list[tuple[tuple[int, int, int], int]]:
     store = QueueStore(seg, 0)
     a, offsets = store.a, store.layout
     found = []
-    for qid in store.active_logs():
-        uid = store.uid(qid)
+    for qid in store.catalog.active_logs():
+        uid = store.table.uid(qid)
         if not uid:
             continue
         q, ring = offsets.queue(qid), offsets.log(qid)

@@ -145,7 +145,7 @@ class PublisherBlocks:
         if qid in self.flow_blocked or not flow.arm(self.conn.ctx.seg, qid, logs):
             return
         self.flow_blocked[qid] = self._count_blocked(qid, 1, None)
-        name = self.conn.ctx.store.name(qid).decode(errors="replace")
+        name = self.conn.ctx.store.table.name(qid).decode(errors="replace")
         self._blocked(f"queue '{name}' in vhost '{self.conn.vhost}' is over its capacity")
 
     def alarm(self, bits: int) -> None:
@@ -188,7 +188,7 @@ class PublisherBlocks:
         Q_STATE when this connection blocked on it, changed). Returns Q_STATE."""
         if qid < 0:  # ALARM, ALARM_PENDING
             return 0
-        return self.conn.ctx.store.count_blocked_publisher(qid, delta, state)
+        return self.conn.ctx.store.table.count_blocked_publisher(qid, delta, state)
 
     def flow_held(self, size: int) -> None:
         """A channel kept a frame back: past a bound, stop reading too (a

@@ -136,6 +136,6 @@ def new_consumer(
         stamp=flag(args, "x-shoal-id"),
         wanted=None if chosen is None else chosen.matches,
         selector=None if chosen is None else chosen.text,
-        levels=Levels(ctx.store, qid) if qid in ctx.store.priority_levels() else None,
+        levels=Levels(ctx.store, qid) if qid in ctx.store.catalog.priority_levels() else None,
     )
     return consumer, args

@@ -208,7 +208,7 @@ class Consumer:
         """An entry released behind the pointer (a requeue, a rejected
         delivery) bumps the queue's release generation: scan from the head
         again, or that entry would wait for the next pass."""
-        release_gen = store.release_generation(self.qid)
+        release_gen = store.table.release_generation(self.qid)
         if release_gen != self.release_gen:
             self.release_gen = release_gen
             self.pointer = 0  # acquire() starts at the head

@@ -25,7 +25,7 @@ from typing import NamedTuple
 from shoal.broker.amqp import dead_letter_rules, errors, quorum
 from shoal.shm import stats
 from shoal.shm.arena import read_message
-from shoal.shm.directory import QueueFlag
+from shoal.shm.queue_table import QueueFlag
 from shoal.shm.queues import Message
 from shoal.workers.context import WorkerContext
 from shoal.workers.ingest import Ingest
@@ -79,7 +79,7 @@ class DeadLetters:
         (cached until the queue or the definitions change)."""
         ctx = self.ctx
         ctx.routes.sync()
-        key = (ctx.store.generation(qid), ctx.routes.version)
+        key = (ctx.store.table.generation(qid), ctx.routes.version)
         cached = self._sources.get(qid)
         if cached is not None and cached[:2] == key:
             return cached[2]
@@ -92,14 +92,14 @@ class DeadLetters:
     def _look_up(self, qid: int) -> _Source:
         ctx = self.ctx
         store = ctx.store
-        declared = store.declared(qid)
-        vhost_id = store.vhost_of(declared)
+        declared = store.table.declared(qid)
+        vhost_id = store.table.vhost_of(declared)
         vhost = ctx.routes.vhost_name(vhost_id)
-        name = store.name(declared)
+        name = store.table.name(declared)
         # Its own arguments with its policy (broker/amqp/policy_rules.py).
         arguments = ctx.routes.definitions.effective_arguments(vhost, name.decode(errors="replace"))
         where = dead_letter_rules.target(arguments)
-        is_quorum = bool(store.flags(declared) & QueueFlag.QUORUM)
+        is_quorum = bool(store.table.flags(declared) & QueueFlag.QUORUM)
         strategy = _DISABLED
         if where is not None:
             at_least_once = is_quorum and quorum.at_least_once(arguments)
@@ -147,7 +147,11 @@ class DeadLetters:
                 if target not in qids:
                     qids.append(target)
         if reason != dead_letter_rules.REJECTED:
-            qids = [q for q in qids if not dead_letter_rules.is_cycle(store.name(q), letter.deaths)]
+            qids = [
+                q
+                for q in qids
+                if not dead_letter_rules.is_cycle(store.table.name(q), letter.deaths)
+            ]
         if not qids:
             return True
         taken = self._put(where.exchange, letter.routing_keys[0], letter.header, bytes(body), qids)
@@ -178,8 +182,8 @@ class DeadLetters:
     ) -> tuple[int, ...]:
         ctx = self.ctx
         if not exchange:
-            qid = ctx.store.lookup(key, vhost_id)
-            return () if qid is None or qid in ctx.store.delay_queues() else (qid,)
+            qid = ctx.store.catalog.lookup(key, vhost_id)
+            return () if qid is None or qid in ctx.store.catalog.delay_queues() else (qid,)
         try:
             return ctx.routes.route(vhost, vhost_id, exchange, key, header)
         except errors.AMQPError:  # no such exchange (RabbitMQ drops the message too)

@@ -14,7 +14,7 @@ shared by every IO worker.
   again, so that the publisher's retry gets in.
 
 Messages that use none of it pay one flag test (Routes.dedup_exchanges,
-QueueDirectory.dedup_now) in workers/publish.py.
+QueueCatalog.dedup_now) in workers/publish.py.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Deduplicator:
         """Whether a message to `exchange` routed to `qids` meets a cache."""
         if exchange and (vhost_id, exchange) in self.routes.dedup_exchanges:
             return True
-        return not self.store.dedup_now.isdisjoint(qids)
+        return not self.store.catalog.dedup_now.isdisjoint(qids)
 
     def filter(
         self, vhost: str, vhost_id: int, exchange: bytes, raw_header: bytes, qids: list[int]
@@ -98,7 +98,7 @@ class Deduplicator:
                 qids.clear()
                 return mark, True
             mark.exchange = (cache, key)
-        dedup_qids = store.dedup_now
+        dedup_qids = store.catalog.dedup_now
         duplicate = False
         if dedup_qids:
             for qid in dedup_qids.intersection(qids) if len(qids) > 1 else qids:
@@ -158,21 +158,21 @@ class Deduplicator:
     def _queue_cache(self, vhost: str, qid: int) -> tuple[DedupCache, int]:
         """Queue `qid`'s cache and TTL: looked up once per queue incarnation
         (its slot's generation), then one load per message."""
-        generation = self.store.generation(qid)
+        generation = self.store.table.generation(qid)
         known = self._by_qid.get(qid)
         if known is not None and known[0] == generation:
             return known[1], known[2]
         spec = self._queue_spec(vhost, qid)
-        incarnation = self.store.uid(qid) or generation
-        name = self.store.name(qid).decode(errors="replace")
+        incarnation = self.store.table.uid(qid) or generation
+        name = self.store.table.name(qid).decode(errors="replace")
         cache = self._open("q", vhost, name, incarnation, spec)
         self._by_qid[qid] = (generation, cache, spec.ttl_ms)
         return cache, spec.ttl_ms
 
     def _queue_spec(self, vhost: str, qid: int) -> dedup_arguments.DedupSpec:
-        name = self.store.name(qid).decode(errors="replace")
+        name = self.store.table.name(qid).decode(errors="replace")
         args = self.routes.definitions.queue_arguments.get((vhost, name), {})
-        durable = self.store.uid(qid) != 0
+        durable = self.store.table.uid(qid) != 0
         try:
             spec = dedup_arguments.queue_spec(args, durable)
         except errors.AMQPError:
@@ -210,8 +210,13 @@ class Deduplicator:
                 vhost_id = routes.definitions.vhost_ids.get(vhost)
                 alive = vhost_id is not None and (vhost_id, name.encode()) in routes.dedup_exchanges
             else:
-                qid = store.lookup(name.encode(), routes.definitions.vhost_ids.get(vhost, -1))
-                alive = qid is not None and (store.uid(qid) or store.generation(qid)) == incarnation
+                qid = store.catalog.lookup(
+                    name.encode(), routes.definitions.vhost_ids.get(vhost, -1)
+                )
+                alive = (
+                    qid is not None
+                    and (store.table.uid(qid) or store.table.generation(qid)) == incarnation
+                )
             if not alive:
                 gone = self._caches.pop(key)
                 self._by_qid = {q: v for q, v in self._by_qid.items() if v[1] is not gone}

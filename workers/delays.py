@@ -64,13 +64,13 @@ class Delays(Ticker):
 
     def _owned(self) -> list[int]:
         ctx = self.ctx
-        return [qid for qid in ctx.store.delay_queues() if ctx.ownership.owns(qid)]
+        return [qid for qid in ctx.store.catalog.delay_queues() if ctx.ownership.owns(qid)]
 
     def _tick(self) -> None:
         store = self.ctx.store
         owned = self._owned()
         for qid in list(self.indexes):
-            if qid not in owned or store.generation(qid) != self.indexes[qid].generation:
+            if qid not in owned or store.table.generation(qid) != self.indexes[qid].generation:
                 del self.indexes[qid]  # deleted (maybe re-created) or no longer ours
         if not owned:
             self._schedule(NOTHING_POLL)  # (a queue of its own may appear any moment)
@@ -81,7 +81,7 @@ class Delays(Ticker):
         for qid in owned:
             index = self.indexes.get(qid)
             if index is None:
-                index = self.indexes[qid] = _Index(store.generation(qid))
+                index = self.indexes[qid] = _Index(store.table.generation(qid))
             self._scan(qid, index)
             heap = index.due
             while heap and heap[0][0] <= now and budget:
@@ -117,12 +117,12 @@ class Delays(Ticker):
         if block is None:
             return  # purged, or its queue deleted
         exchange, routing_key, header, body = read_message(ctx.seg, block)
-        vhost_id = store.vhost_of(qid)
+        vhost_id = store.table.vhost_of(qid)
         vhost = ctx.routes.vhost_name(vhost_id)
         # Routed from the delayed exchange whose queue this is: the message
         # may have come to it through another exchange (a binding, an
         # alternate exchange), which must not see it again.
-        delayed = store.name(qid)[len(DELAY_QUEUE_PREFIX) :]
+        delayed = store.table.name(qid)[len(DELAY_QUEUE_PREFIX) :]
         try:
             qids = list(ctx.routes.route(vhost, vhost_id, delayed, routing_key, header, due=True))
         except errors.AMQPError:  # the exchange is gone: so is the message

@@ -15,7 +15,7 @@ from shoal.broker import ipc
 from shoal.broker.amqp import dead_letter_rules, errors, field_table, properties
 from shoal.shm import stats
 from shoal.shm.arena import read_message
-from shoal.shm.directory import QueueFlag
+from shoal.shm.queue_table import QueueFlag
 from shoal.shm.queues import Message
 from shoal.shm.stats import (
     DELIVERED_CONSUME_AUTO_ACK,
@@ -280,17 +280,17 @@ class DeliveryBook:
         delivery to a consumer (RabbitMQ 3.10's quorum queues put 0 in a
         basic.get's only)."""
         store = self.ctx.store
-        if not store.delivery_limit(qid):
+        if not store.table.delivery_limit(qid):
             return None
         count = store.delivery_count(qid, seq)
-        return count if count or (get and store.flags(qid) & QueueFlag.QUORUM) else None
+        return count if count or (get and store.table.flags(qid) & QueueFlag.QUORUM) else None
 
     def _entry_id(self, qid: int, seq: int) -> bytes:
         """The x-shoal-id header entry of log `qid`'s entry `seq`: this broker
         start, the slot and its generation, the seq; a redelivery of the same
         entry (after a requeue or a lost connection) carries the same id."""
         ctx = self.ctx
-        value = f"{ctx.epoch:x}.{qid:x}.{ctx.store.generation(qid):x}.{seq:x}"
+        value = f"{ctx.epoch:x}.{qid:x}.{ctx.store.table.generation(qid):x}.{seq:x}"
         return properties.string_entry(b"x-shoal-id", value.encode())
 
     def acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
@@ -375,7 +375,7 @@ class DeliveryBook:
         if args is None:
             return 0
         count, body_bytes, consumers, settled = ack_run(
-            args, qid, self.unacked, tag or _ALL_TAGS, store.uid(qid)
+            args, qid, self.unacked, tag or _ALL_TAGS, store.table.uid(qid)
         )
         if settled:  # persistent messages: their SETTLE records (workers/persist.py)
             self.ctx.persist.settle_many(settled)  # type: ignore[union-attr]  # settles recorded
@@ -399,7 +399,7 @@ class DeliveryBook:
             return
         reason = dead_letter_rules.REJECTED
         if requeue:
-            limit = store.delivery_limit(qid)  # quorum queues, x-delivery-limit
+            limit = store.table.delivery_limit(qid)  # quorum queues, x-delivery-limit
             if limit < 2 or store.delivery_count(qid, seq) + 1 <= limit - 2:
                 store.requeue(qid, seq)
                 return

@@ -85,8 +85,8 @@ class Getter:
         if ctx.streams is not None and ctx.streams.words.is_stream(qid):
             raise amqp_streams.not_supported("basic.get", name, book.conn.vhost, 60, 70)
         if tries == GET_TRIES:
-            ctx.store.count_get(qid)  # the queue is in use (x-expires)
-        logs = ctx.store.logs(qid)  # highest priority first
+            ctx.store.table.count_get(qid)  # the queue is in use (x-expires)
+        logs = ctx.store.catalog.logs(qid)  # highest priority first
         for log_qid in logs:
             got = ctx.store.acquire(log_qid, 0)
             while isinstance(got, tuple) and (
@@ -97,7 +97,7 @@ class Getter:
             if got.__class__ is not int:
                 break
         else:
-            if tries and ctx.store.spilled(qid):
+            if tries and ctx.store.table.spilled(qid):
                 # Its messages are in paging files (workers/pager.py): this
                 # worker's are paged in now, another's by its pager soon.
                 if ctx.pager is not None and ctx.pager.page_in_now(qid):
@@ -124,8 +124,8 @@ class Getter:
         else:
             book.unacked[tag] = (None, log_qid, seq, len(body))
             book.unacked_bytes += len(body)
-        spilled = ctx.store.spilled(qid)  # first: a page-in meanwhile counts twice, not never
-        ready = ctx.store.ready(qid) + spilled
+        spilled = ctx.store.table.spilled(qid)  # first: a page-in meanwhile counts twice, not never
+        ready = ctx.store.table.ready(qid) + spilled
         frames = [
             framing.encode_method(
                 book.number,

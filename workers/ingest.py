@@ -79,7 +79,7 @@ def times_for(
     is due: its publish time + its x-delay (workers/delays.py). `looked`:
     the caller has just looked the queues up (routing did), so the cache
     is current: one attribute read instead of a look."""
-    ttl_queues, delay_queues = store.timed_now if looked else store.timed_queues()
+    ttl_queues, delay_queues = store.catalog.timed_now if looked else store.catalog.timed_queues()
     if len(header) < 14 or not header[12] & 0x01:  # no expiration (flag 0x0100)
         if (not ttl_queues or ttl_queues.isdisjoint(qids)) and (
             not delay_queues or delay_queues.isdisjoint(qids)
@@ -100,7 +100,7 @@ def to_store(ctx: WorkerContext, header: bytes, qids: list[int]) -> bool:
         return False
     if framing.delivery_mode(header) != 2:
         return False
-    uid = ctx.store.uid
+    uid = ctx.store.table.uid
     for qid in qids:  # noqa: SIM110  (a generator costs a frame per message)
         if uid(qid):
             return True
@@ -173,7 +173,7 @@ class Ingest:
                 if outcome == REJECTED:
                     bits |= REJECTED_BIT
                     if mark is not None:  # its retry must get in
-                        self.dedup.refused(mark, self.store.declared(qid))
+                        self.dedup.refused(mark, self.store.table.declared(qid))
                 elif outcome == OVER_CAPACITY:
                     bits |= FLOW
                     self.over_capacity.append(qid)
@@ -205,11 +205,11 @@ class Ingest:
         put() must do it all (nothing done: the queue pages, has rules or is
         full, or no segment slot is free)."""
         store, persist = self.store, self.persist
-        uid = store.uid(qid)
+        uid = store.table.uid(qid)
         if (
             persist is None
             or not uid
-            or qid not in store.plain_queues()
+            or qid not in store.catalog.plain_queues()
             or not store.takes_plainly(qid)
             or (self.pager is not None and _pages(self.pager, self.arena, qid))
         ):
@@ -287,14 +287,14 @@ class Ingest:
                 elif outcome == REJECTED:
                     pending.rejected = True
                     if pending.dedup is not None:  # its retry must get in
-                        self.dedup.refused(pending.dedup, store.declared(qid))
+                        self.dedup.refused(pending.dedup, store.table.declared(qid))
                 elif outcome == OVER_CAPACITY:
                     bits |= FLOW
                     self.over_capacity.append(qid)
             if entries and qid in entries:
                 publish_record.appended(self._persister(), store, pending, qid, outcome)
             if timed and outcome in (APPENDED, OVER_CAPACITY):
-                store.mark_timed(qid)
+                store.table.mark_timed(qid)
             if streams is not None and qid in stream_qids and outcome == APPENDED:
                 if pending.streams is None:
                     pending.streams = []
@@ -330,7 +330,7 @@ class Ingest:
         if pending.entries:
             publish_record.abandon(self._persister(), pending)
         if pending.dedup is not None:  # its retry must get in
-            declared = self.store.declared
+            declared = self.store.table.declared
             self.dedup.abandoned(pending.dedup, [declared(qid) for qid in pending.qids])
         release_hold(self.seg, pending.block)
 
@@ -383,7 +383,7 @@ class Ingest:
         if redelivered:
             store.mark_redelivered(qid, store.last_seq)
         if payload_may_expire(payload):  # workers/message_ttl.py
-            store.mark_timed(qid)
+            store.table.mark_timed(qid)
         return outcome
 
 

@@ -105,19 +105,23 @@ class PublishLane:
             return
         ctx = self.ctx
         store, routes = ctx.store, ctx.routes
-        if qid not in store.plain_queues() or store.dedup_now or routes.dedup_exchanges:
+        if (
+            qid not in store.catalog.plain_queues()
+            or store.catalog.dedup_now
+            or routes.dedup_exchanges
+        ):
             return
         if exchange and not routes.cached(self.conn.vhost_id, exchange, routing_key):
             return  # a route through a headers exchange depends on each message
         if (
             publisher is not self.publisher
-            or store.catalog_generation() != self.catalog_gen
+            or store.catalog.catalog_generation() != self.catalog_gen
             or routes.version != self.routes_version
             or self.max_body != ctx.config.max_message_size
         ):
             self._configure(publisher)
         queue, ring, mask, _owner = store.acquire_args(qid)
-        persistent_leaves = bool(ctx.persist is not None and store.uid(qid))
+        persistent_leaves = bool(ctx.persist is not None and store.table.uid(qid))
         if self.lane.add(exchange, routing_key, queue, ring, mask, qid, persistent_leaves):
             self.known[place] = qid
 
@@ -138,7 +142,7 @@ class PublishLane:
         )
         self.publisher = publisher
         self.known.clear()
-        self.catalog_gen = ctx.store.catalog_generation()
+        self.catalog_gen = ctx.store.catalog.catalog_generation()
         self.routes_version = ctx.routes.version
         self.max_body = ctx.config.max_message_size
 
@@ -171,7 +175,7 @@ class PublishLane:
         # last read (ConnectionAccess.refresh, just before): the exchanges
         # and the permissions are as of now.
         if (
-            ctx.store.catalog_generation() != self.catalog_gen
+            ctx.store.catalog.catalog_generation() != self.catalog_gen
             or ctx.routes.version != self.routes_version
             or self.max_body != ctx.config.max_message_size
         ):

@@ -42,10 +42,10 @@ class Levels:
     def refresh(self) -> None:
         """Pick up levels made since (the catalog generation moved)."""
         store = self.store
-        gen = store.catalog_generation()
+        gen = store.catalog.catalog_generation()
         if gen == self.gen:
             return
-        levels = store.priority_levels().get(self.qid)
+        levels = store.catalog.priority_levels().get(self.qid)
         if levels is None:  # deleted meanwhile: the consumer is being cancelled
             self.priorities, self.qids = [0], [self.qid]
         else:
@@ -56,7 +56,7 @@ class Levels:
     def changes(self) -> int:
         """Q_CHANGES summed over the levels known (the scheduler sums over
         all of them: a level made since only makes its sum differ)."""
-        changes = self.store.changes
+        changes = self.store.table.changes
         return sum(changes(qid) for qid in self.qids)
 
     def acquire(
@@ -70,11 +70,11 @@ class Levels:
         store = self.store
         for qid in self.qids:
             pointer = self.pointers.get(qid, 0)
-            gen = store.release_generation(qid)
+            gen = store.table.release_generation(qid)
             if gen != self.release_gens.get(qid, 0):
                 self.release_gens[qid] = gen
                 pointer = 0  # a release put an entry back behind us
-            elif pointer >= store.tail(qid):
+            elif pointer >= store.table.tail(qid):
                 # Nothing reserved past our pointer: skip the level. (Not
                 # Q_READY: a publisher bumps it after Q_CHANGES, so a level
                 # could look empty to a scan that Q_CHANGES says saw it; the

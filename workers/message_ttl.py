@@ -65,7 +65,7 @@ class Expiry(Ticker):
             return False
         published, expires = times
         grace = 0 if get else ttl.ZERO_TTL_GRACE_MS
-        if _due(published, expires, ctx.store.message_ttl(qid), now_ms(), grace) is not None:
+        if _due(published, expires, ctx.store.table.message_ttl(qid), now_ms(), grace) is not None:
             return False
         self._expire(qid, seq, block)
         return True
@@ -76,7 +76,7 @@ class Expiry(Ticker):
         return the supervisor made for a dead worker, which cannot
         dead-letter), dead-letter and delete it and return True."""
         store = self.ctx.store
-        limit = store.delivery_limit(qid)
+        limit = store.table.delivery_limit(qid)
         if limit < 2 or store.delivery_count(qid, seq) <= limit - 2:
             return False
         if not self.dead_letters.dead_letter(qid, block, dead_letter_rules.DELIVERY_LIMIT):
@@ -102,15 +102,15 @@ class Expiry(Ticker):
         store = self.ctx.store
         ownership = self.ctx.ownership
         # A new queue, or a new owner for some (the worker count changed).
-        generation = store.catalog_generation() << 32 | ownership.generation
+        generation = store.catalog.catalog_generation() << 32 | ownership.generation
         cached_gen, until, owned = self._owned
         if generation == cached_gen and now < until:
             return owned
-        skipped = store.delay_queues() | store.stream_queues()
+        skipped = store.catalog.delay_queues() | store.catalog.stream_queues()
         owned = [
             qid
-            for qid in store.active_logs()
-            if ownership.owns(qid) and qid not in skipped and store.timed(qid)
+            for qid in store.catalog.active_logs()
+            if ownership.owns(qid) and qid not in skipped and store.table.timed(qid)
         ]
         self._owned = (generation, now + int(IDLE_POLL * 1000), owned)
         self._resume = {qid: at for qid, at in self._resume.items() if qid in owned}
@@ -127,16 +127,16 @@ class Expiry(Ticker):
         budget = BATCH
         wake = now + int(POLL * 1000)
         for qid in owned:
-            if not store.log_ready(qid):
+            if not store.table.log_ready(qid):
                 continue
-            ttl_word = store.message_ttl(qid)
+            ttl_word = store.table.message_ttl(qid)
 
             def due(published: int, expires: int, at: int, word: int = ttl_word) -> int | None:
                 return _due(published, expires, word, at)
 
             release_gen, start = self._resume.get(qid, (-1, 0))
-            if release_gen != store.release_generation(qid):
-                release_gen, start = store.release_generation(qid), 0
+            if release_gen != store.table.release_generation(qid):
+                release_gen, start = store.table.release_generation(qid), 0
             if self.dead_letters.go_nowhere(qid):  # no dead letters: one step per entry
                 dropped, waiting, start = drop_expired(
                     store, qid, now, due, start, budget, ttl_word

@@ -91,7 +91,7 @@ class Pacer:
             return
         self.due = PACE_EVERY
         store = self.store
-        ready = store.ready(qid)
+        ready = store.table.ready(qid)
         unpaced = self.unpaced
         if ready <= PACE_HIGH:
             if unpaced and ready < PACE_LOW:
@@ -99,9 +99,9 @@ class Pacer:
             return
         if unpaced and unpaced.get(qid, 0.0) > time.monotonic():
             return
-        if not store.takers(qid):
+        if not store.table.takers(qid):
             return
-        self.qid, self.before, self.progress_at = qid, store.taken(qid), time.monotonic()
+        self.qid, self.before, self.progress_at = qid, store.table.taken(qid), time.monotonic()
         self.conn.blocks.hold_reading(self, reason=None)
         self.loop.call_later(PACE_INTERVAL, self._look)
 
@@ -110,9 +110,9 @@ class Pacer:
         if qid < 0 or self.conn.closed:
             return
         store = self.store
-        ready = store.ready(qid)
-        if ready > PACE_LOW and store.takers(qid):
-            taken = store.taken(qid)
+        ready = store.table.ready(qid)
+        if ready > PACE_LOW and store.table.takers(qid):
+            taken = store.table.taken(qid)
             now = time.monotonic()
             if taken != self.before:
                 self.before, self.progress_at = taken, now

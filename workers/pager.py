@@ -131,7 +131,7 @@ class Pager:
         `qid` has the backlog that should go to disk."""
         if self.arena.used_bytes() <= self.arena_high:
             return False
-        return self.store.log_ready(qid) >= PRESSED_READY and self.eligible(qid)
+        return self.store.table.log_ready(qid) >= PRESSED_READY and self.eligible(qid)
 
     def put(self, qid: int, payload: bytes | memoryview, flags: int = 0) -> None:
         """Spill a message (its block's payload) for queue `qid`."""

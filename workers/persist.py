@@ -375,7 +375,9 @@ def reserve(persist: Persister, store: QueueStore, pending: Pending) -> bool:
     """Reserve the record and tag the block (the queues not durable among
     the message's get no entry). False: no segment slot is free."""
     entries = {
-        qid: (uid, store.level(qid), UNAPPENDED) for qid in pending.qids if (uid := store.uid(qid))
+        qid: (uid, store.table.level(qid), UNAPPENDED)
+        for qid in pending.qids
+        if (uid := store.table.uid(qid))
     }
     if entries:
         size = _message_size(pending)

@@ -184,18 +184,18 @@ class Publisher:
                     ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, header)
                 )
             else:
-                qid = store.lookup(routing_key, conn.vhost_id)
+                qid = store.catalog.lookup(routing_key, conn.vhost_id)
                 if qid is None or routing_key.startswith(DELAY_QUEUES):
                     return False  # unroutable (a delay queue is the broker's own)
                 qids = [qid]
             if not qids:
                 return False
             # A message with no expiration nor delivery mode, for plain queues
-            # (shm/directory.py plain_queues): no timestamp, no record, no
+            # (shm/queue_catalog.py plain_queues): no timestamp, no record, no
             # level, no stream.
-            plain = not header[12] & 0x11 and store.plain_queues().issuperset(qids)
+            plain = not header[12] & 0x11 and store.catalog.plain_queues().issuperset(qids)
             deduplicating = (
-                ctx.routes.dedup_exchanges or (not plain and store.dedup_now)
+                ctx.routes.dedup_exchanges or (not plain and store.catalog.dedup_now)
             ) and ctx.dedup.meets(conn.vhost_id, exchange, qids)
             tx = self.transactions.tx
             if deduplicating and tx is not None:
@@ -223,7 +223,7 @@ class Publisher:
                 return True
         rejected = False
         if tx is None and (
-            plain or (not durable and times is None and not store.priority_levels())
+            plain or (not durable and times is None and not store.catalog.priority_levels())
         ):
             done, outcome = self.ingest.put_now(
                 qids,
@@ -302,7 +302,7 @@ class Publisher:
         conn = self.conn
         if not also:  # the common case: one key
             if not exchange:
-                qid = self.ctx.store.lookup(routing_key, conn.vhost_id)
+                qid = self.ctx.store.catalog.lookup(routing_key, conn.vhost_id)
                 if qid is None or routing_key.startswith(DELAY_QUEUES):
                     return []  # (a delay queue is the broker's own)
                 return [qid]
@@ -405,7 +405,7 @@ class Publisher:
         assert pending is not None
         ctx = self.ctx
         tx = self.transactions.tx
-        if (ctx.routes.dedup_exchanges or ctx.store.dedup_now) and (
+        if (ctx.routes.dedup_exchanges or ctx.store.catalog.dedup_now) and (
             pending.dedup is None and tx is None and pending.qids
         ):
             self.deduplicate(pending)  # (in a transaction: at commit)
@@ -504,7 +504,7 @@ class Publisher:
         """Point each priority queue among the message's queues at the log of
         the message's priority (workers/levels.py). Returns (queue, level)
         of one whose level has no log yet: the scheduler must make it."""
-        priority_queues = self.ctx.store.priority_levels()
+        priority_queues = self.ctx.store.catalog.priority_levels()
         if not priority_queues:
             return None
         qids = pending.qids
@@ -585,7 +585,7 @@ class Publisher:
             # This connection's next publishes wait (shm/flow.py).
             ingest, conn = self.ingest, self.conn
             for qid in ingest.over_capacity:
-                conn.blocks.flow_block(*ingest.store.flow_queue(qid))
+                conn.blocks.flow_block(*ingest.store.table.flow_queue(qid))
             ingest.over_capacity.clear()
         if bits & HELD:
             self.confirm_held = True

@@ -100,7 +100,7 @@ def update_interest(ctx: PullContext, consumer: Consumer) -> None:
             consumer.notified = False
             drop_watch(ctx, consumer)  # INTEREST(false) gives the scheduler the queue back
         ctx.send(ipc.Interest(consumer.cid, want))
-        if want and ctx.store.consumer_count(consumer.qid) == 1:
+        if want and ctx.store.table.consumer_count(consumer.qid) == 1:
             # The queue's only consumer got credit back: start pulling now
             # rather than after the scheduler's NOTIFY. Harmless if that
             # NOTIFY comes too (acquisition is by CAS; the scheduler ignores
@@ -121,7 +121,7 @@ def went_dry(ctx: PullContext, consumer: Consumer, changes: int) -> bool:
         if waker.watch(qid, ctx.index):
             # Armed, then CHANGES read (publishers: bump, then load the
             # watch): a publish after the scan is seen here or wakes us.
-            if ctx.store.changes(qid) == changes or not waker.unwatch(qid, ctx.index):
+            if ctx.store.table.changes(qid) == changes or not waker.unwatch(qid, ctx.index):
                 return False  # idle; or a publisher took the watch: its wake comes
             consumer.notified = True
             return True
@@ -203,7 +203,9 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
     quota = (
         BURST
         if consumer.direct
-        else turn_quota(store.ready(qid), store.takers(qid), _prefetch(channel, consumer))
+        else turn_quota(
+            store.table.ready(qid), store.table.takers(qid), _prefetch(channel, consumer)
+        )
     )
     deliver = channel.deliver
     drop_if_expired = ctx.expiry.drop_if_expired
@@ -215,12 +217,12 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 consumer.notified = False
                 update_interest(ctx, consumer)
                 return
-            if delivered >= quota and store.ready(qid):
+            if delivered >= quota and store.table.ready(qid):
                 # Its share taken and work left: the next consumer's turn. (With
                 # nothing ready the scan below reports DONE, as at any turn's end.)
                 _yield(ctx, consumer)
                 return
-            if work >= LOCAL_BURST and (work >= BURST or store.consumer_count(qid) <= 1):
+            if work >= LOCAL_BURST and (work >= BURST or store.table.consumer_count(qid) <= 1):
                 _yield(ctx, consumer)
                 return
             # Read the state-change counter before scanning: anything published
@@ -260,7 +262,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     delivered += 1
                     continue
                 # One by one (the crash tests' interposed atomics).
-                changes_now = store.changes_reader(qid)
+                changes_now = store.table.changes_reader(qid)
                 acquire = store.a.acquire
                 q_off, ring, mask, owner_bits = store.acquire_args(qid)
                 while n:
@@ -294,7 +296,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     deliver(consumer, qid, seq, block, redelivered, out)
                 continue
             if levels is None:
-                changes = store.changes(qid)
+                changes = store.table.changes(qid)
                 consumer.rewind_if_released(store)
                 if consumer.wanted is None:
                     got = store.acquire(qid, consumer.pointer)
@@ -399,7 +401,7 @@ def _yield(ctx: PullContext, consumer: Consumer) -> None:
     yield to, so it skips the round trip through the scheduler and only lets
     the worker's other connections run first; otherwise DONE -1 hands the
     turn to the next consumer."""
-    if ctx.store.consumer_count(consumer.qid) <= 1:
+    if ctx.store.table.consumer_count(consumer.qid) <= 1:
         ctx.loop.call_soon(pull, ctx, consumer)
         return
     consumer.notified = False
@@ -429,7 +431,7 @@ def browse(ctx: PullContext, consumer: Consumer) -> None:
                 return
             levels = consumer.levels
             if levels is None:
-                changes = store.changes(qid)
+                changes = store.table.changes(qid)
                 got = readers.peek(store, qid, consumer.pointer)
                 if got.__class__ is int:
                     consumer.pointer = got

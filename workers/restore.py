@@ -89,7 +89,9 @@ async def _streams_opened(ctx: WorkerContext, timeout: float = 30.0) -> None:
 async def _load(ctx: WorkerContext) -> tuple[int, int]:
     store, persist = ctx.store, ctx.persist
     assert persist is not None
-    uids = {uid: qid for _vhost, _name, qid in store.scan() if (uid := store.uid(qid))}
+    uids = {
+        uid: qid for _vhost, _name, qid in store.catalog.scan() if (uid := store.table.uid(qid))
+    }
     # Durable queues this start could not declare (a lowered --max-queues)
     # keep their messages on disk for a later start.
     keep = logged_queue_uids(ctx.config.data_path()) - set(uids)
@@ -172,7 +174,7 @@ def _left_on_disk(ctx: WorkerContext, qid: int, count: int, where: str) -> None:
     log.error(
         "message store: queue %r: %d messages do not fit in %s; they stay on disk "
         "for a later start",
-        ctx.store.name(qid).decode(errors="replace"),
+        ctx.store.table.name(qid).decode(errors="replace"),
         count,
         where,
     )

@@ -131,7 +131,7 @@ class Routes:
         delayed message routed from its delayed exchange once due
         (workers/delays.py)."""
         self.sync()
-        queue_gen = self.store.catalog_generation()
+        queue_gen = self.store.catalog.catalog_generation()
         if queue_gen != self._queue_gen:
             self._cache.clear()
             self._queue_gen = queue_gen
@@ -156,7 +156,7 @@ class Routes:
         names, by_headers = router.route_checked(
             name, routing_key.decode(errors="replace"), lambda: message_headers(raw_header), due
         )
-        lookup = self.store.lookup
+        lookup = self.store.catalog.lookup
         qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)
         if not by_headers:
             if len(self._cache) >= CACHE_MAX:

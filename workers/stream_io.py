@@ -128,13 +128,13 @@ class Streams:
     def refresh(self) -> None:
         """Which queues are streams (and which of them this worker writes),
         again when the scheduler has created or deleted a queue."""
-        found = self.store.stream_queues()  # the queue cache: one load unless changed
+        found = self.store.catalog.stream_queues()  # the queue cache: one load unless changed
         if found is self.qids:
             return
         self.qids = found
         for qid in list(self.writers):
             writer = self.writers[qid]
-            if qid not in found or self.store.generation(qid) != writer.generation:
+            if qid not in found or self.store.table.generation(qid) != writer.generation:
                 writer.file.close()
                 del self.writers[qid]
 
@@ -180,7 +180,7 @@ class Streams:
         try:
             self._write(qid)
         except Exception:
-            log.exception("stream queue %r: final write failed", self.store.name(qid))
+            log.exception("stream queue %r: final write failed", self.store.table.name(qid))
         writer.file.sync_now()  # a failed sync ends the worker (store/sync.py)
         writer.file.close()
         del self.writers[qid]
@@ -227,7 +227,7 @@ class Streams:
     # -------------------------------------------------------------- writer
     def _open(self, qid: int) -> _Writer | None:
         settings = self.words.settings(qid)
-        generation = self.store.generation(qid)
+        generation = self.store.table.generation(qid)
         origin = (self.epoch & 0xFFFFFFFF) << 32 | generation & 0xFFFFFFFF
         try:
             file = files.StreamLog(
@@ -237,7 +237,7 @@ class Streams:
                 settings.max_age_ms,
             )
         except OSError:
-            log.exception("stream queue %r: cannot open its files", self.store.name(qid))
+            log.exception("stream queue %r: cannot open its files", self.store.table.name(qid))
             return None
         skip_below = file.last_seq + 1 if file.last_origin == origin else 0
         writer = _Writer(file, origin, generation, skip_below)
@@ -281,13 +281,13 @@ class Streams:
             except FileNotFoundError:
                 # The queue was deleted (its directory with it): nothing is
                 # confirmed; the entries stay in the log.
-                log.exception("stream queue %r: write failed", store.name(qid))
+                log.exception("stream queue %r: write failed", store.table.name(qid))
                 for seq in seqs:
                     store.requeue(qid, seq)
                 writer.pointer = seqs[0]
                 return
             except OSError as exc:  # the disk failed: the one rule (store/sync.py)
-                durability_lost(f"stream queue {store.name(qid)!r}: write failed", exc)
+                durability_lost(f"stream queue {store.table.name(qid)!r}: write failed", exc)
             writer.unsynced_seq = seqs[-1]
         for seq in seqs:
             store.settle(qid, seq)

@@ -80,7 +80,7 @@ class Sample:
         self.vhosts: dict[int, dict[str, int]] = {}
         for gauge in GAUGES:
             self.overview[gauge] = 0
-        for vhost_id, name, qid in store.scan():
+        for vhost_id, name, qid in store.catalog.scan():
             c = counters.read(store, qid)
             values = {key: getattr(c, field) for key, field in QUEUE_STATS.items()}
             for key, fields in QUEUE_GAUGES.items():
@@ -112,7 +112,10 @@ class Rates:
 
     def live(self) -> dict[QueueKey, counters.QueueCounters]:
         """Every queue's counters now (bytes, paged out): what a listing shows."""
-        return {(vid, name): counters.read(self.store, qid) for vid, name, qid in self.store.scan()}
+        return {
+            (vid, name): counters.read(self.store, qid)
+            for vid, name, qid in self.store.catalog.scan()
+        }
 
     def details(
         self, pick: Pick, age_s: int | None, gauge: bool = False, depth: int = HISTORY

@@ -64,7 +64,7 @@ async def shoal(request: web.Request) -> web.Response:
     vhosts = {vhost_id: name for name, vhost_id in backend.current().vhost_ids.items()}
     queues = [
         (vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"), qid)
-        for vhost_id, name, qid in sorted(store.scan())
+        for vhost_id, name, qid in sorted(store.catalog.scan())
     ]
     paging_dir = os.path.join(backend.config.data_path(), "paging")
     paging_files = await asyncio.to_thread(_paging_files, paging_dir)
@@ -268,7 +268,7 @@ def _paging(
         on_disk.setdefault(qid, []).append(size)
     rows: list[dict[str, Any]] = []
     for vhost, name, qid in queues:
-        paged_out = store.spilled(qid)
+        paged_out = store.table.spilled(qid)
         sizes = on_disk.get(qid, [])
         if not paged_out and not sizes:
             continue

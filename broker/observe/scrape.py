@@ -53,7 +53,7 @@ class Snapshot:
         self.stats = stats.totals(seg)
         self.connections = processes.client_connections(seg)
         self.queues: list[QueueRow] = []
-        for vhost_id, name, qid in sorted(store.scan()):
+        for vhost_id, name, qid in sorted(store.catalog.scan()):
             row = QueueRow(vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"))
             c = counters.read(store, qid)  # summed over a priority queue's levels
             row.ready = c.ready

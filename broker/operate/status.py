@@ -61,15 +61,15 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         definitions.apply(op)
     vhosts = {vhost_id: name for name, vhost_id in definitions.vhost_ids.items()}
     queues = []
-    priority_queues = store.priority_levels()
-    for vhost_id, name, qid in sorted(store.scan()):
+    priority_queues = store.catalog.priority_levels()
+    for vhost_id, name, qid in sorted(store.catalog.scan()):
         levels = priority_queues.get(qid)
         c = counters.read(store, qid)
         queues.append(
             {
                 "vhost": vhosts.get(vhost_id, str(vhost_id)),
                 "name": name.decode(errors="replace"),
-                "uid": store.uid(qid),  # a durable queue's (0: transient or exclusive)
+                "uid": store.table.uid(qid),  # a durable queue's (0: transient or exclusive)
                 "type": c.kind,
                 "messages_ready": c.ready,
                 "messages_unacked": c.unacked,

@@ -16,7 +16,7 @@ from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.queue_lifecycle import Rules
 from shoal.broker.scheduler.state import QueueState, SchedulerState
-from shoal.shm.directory import QueueFlag
+from shoal.shm.queue_table import QueueFlag
 
 log = logging.getLogger("shoal.scheduler")
 
@@ -84,7 +84,7 @@ class Policies:
 
     def _reapply(self, q: QueueState) -> None:
         store = self.state.store
-        flags = store.flags(q.qid)
+        flags = store.table.flags(q.qid)
         if flags & QueueFlag.DELAYED:
             return
         kind = quorum.QUORUM if flags & QueueFlag.QUORUM else quorum.CLASSIC

@@ -5,7 +5,7 @@ Unused, as RabbitMQ counts it: no consumers, no basic.get, no redeclare
 (passive or not). The clock starts at declare, restarts at each use and when
 the last consumer goes; a durable queue's restarts at boot (it is declared
 again). basic.get calls are counted by the workers in the queue record
-(`QueueDirectory.count_get`); the scheduler compares the count when its timer
+(`QueueTable.count_get`); the scheduler compares the count when its timer
 fires, so a get costs the scheduler nothing. One timer per queue with
 x-expires and no consumers, armed for the moment it would expire.
 """
@@ -35,7 +35,7 @@ class QueueExpiry:
         if not q.expires_ms:
             return
         q.last_used = time.monotonic()
-        q.gets_seen = self.state.store.gets(q.qid)
+        q.gets_seen = self.state.store.table.gets(q.qid)
         self._arm_expiry(q)
 
     def disarm(self, q: QueueState) -> None:
@@ -55,7 +55,7 @@ class QueueExpiry:
         q.expiry_timer = None
         if self.state.queues.get(q.qid) is not q or len(q.qcm):
             return
-        gets = self.state.store.gets(q.qid)
+        gets = self.state.store.table.gets(q.qid)
         if gets != q.gets_seen:  # fetched from meanwhile: in use
             self.queue_used(q)
             return

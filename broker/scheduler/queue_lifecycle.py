@@ -33,7 +33,7 @@ from shoal.broker.scheduler.queue_expiry import QueueExpiry
 from shoal.broker.scheduler.state import QueueState, SchedulerState
 from shoal.shm import flow, stats
 from shoal.shm.counters import OVERFLOW_CODES
-from shoal.shm.directory import QueueFlag
+from shoal.shm.queue_table import QueueFlag
 from shoal.shm.stream_words import StreamSettings
 from shoal.store.definitions_log import QueueDeclared, QueueDeleted
 from shoal.store.stream_segments import remove_stream, stream_directory, streams_directory
@@ -75,8 +75,8 @@ class QueueLifecycle:
         """Rebuild the queue index from the segment (a restarted scheduler)."""
         used = set()
         vhosts = {vhost_id: name for name, vhost_id in self.state.definitions.vhost_ids.items()}
-        for vhost_id, name, qid in self.store.scan():
-            flags = self.store.flags(qid)
+        for vhost_id, name, qid in self.store.catalog.scan():
+            flags = self.store.table.flags(qid)
             q = QueueState(
                 qid,
                 vhosts.get(vhost_id, self.state.vhost),
@@ -84,9 +84,9 @@ class QueueLifecycle:
                 bool(flags & QueueFlag.DURABLE),
                 bool(flags & QueueFlag.EXCLUSIVE),
                 bool(flags & QueueFlag.AUTO_DELETE),
-                self.store.owner_connection(qid),
+                self.store.table.owner_connection(qid),
             )
-            q.max_priority = self.store.max_priority(qid)
+            q.max_priority = self.store.table.max_priority(qid)
             q.stream = bool(flags & QueueFlag.STREAM)
             arguments = self.state.definitions.queue_arguments.get((q.vhost, name.decode()), {})
             q.qcm.single_active = arguments.get("x-single-active-consumer") is True
@@ -98,7 +98,7 @@ class QueueLifecycle:
             self.queues[qid] = q
             self.by_name[(q.vhost, name)] = q
             used.add(qid)
-        for parent, level, qid in self.store.level_slots():
+        for parent, level, qid in self.store.catalog.level_slots():
             owner = self.queues.get(parent)
             if owner is None:  # a predecessor died between the two removals
                 self.store.remove(qid)
@@ -118,7 +118,7 @@ class QueueLifecycle:
                 record = restored.queues.get((q.vhost, q.name.decode()))
                 q.uid = record.uid if record is not None else new_uid()
                 if not q.stream:  # a stream's uid names its files (shm/stream_words.py)
-                    self.store.set_uid(q.qid, q.uid)
+                    self.store.table.set_uid(q.qid, q.uid)
 
     def restore_queues(self, restored: Restored) -> None:
         """A new broker: declare the durable queues the data directory
@@ -136,7 +136,7 @@ class QueueLifecycle:
                     if q is not None:
                         q.uid = record.uid
                         if not q.stream:
-                            self.store.set_uid(q.qid, q.uid)
+                            self.store.table.set_uid(q.qid, q.uid)
                         q.qcm.single_active = (
                             record.arguments.get("x-single-active-consumer") is True
                         )
@@ -423,7 +423,7 @@ class QueueLifecycle:
         vhost_id = self.state.definitions.vhost_ids[q.vhost]
         # A level has its queue's capacity and length limits, so that a publish
         # to it finds them with the same one load as a queue's own publish.
-        capacity, resume, length_limits = self.store.limits_of(qid)
+        capacity, resume, length_limits = self.store.table.limits_of(qid)
         self.store.create(
             slot,
             b"",
@@ -436,13 +436,13 @@ class QueueLifecycle:
             resume=resume,
             length_limits=length_limits,
             uid=q.uid,  # the message store names a level's entries by its queue
-            message_ttl=self.store.message_ttl(qid),
-            delivery_limit=self.store.delivery_limit(qid),
+            message_ttl=self.store.table.message_ttl(qid),
+            delivery_limit=self.store.table.delivery_limit(qid),
         )
         q.levels[level] = slot
         self.level_of[slot] = q
         # Watched from the start, so its first publisher wakes us if we wait.
-        self.store.set_watch(slot, True)
+        self.store.table.set_watch(slot, True)
         return ipc.LevelLog(slot)
 
     def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
@@ -483,17 +483,17 @@ class QueueLifecycle:
             )
         purged = sum(self.store.purge(qid) for qid in q.levels.values())
         # May release its blocked publishers.
-        flow.drained(self.seg, self.state.waker, *self.store.flow_queue(q.qid))
+        flow.drained(self.seg, self.state.waker, *self.store.table.flow_queue(q.qid))
         return purged
 
     def _dedup_file(self, vhost: str, name: bytes, qid: int) -> str:
         """Queue `qid`'s deduplication cache file (workers/dedup_filter.py names
         it alike): a durable queue's by its uid, which outlives restarts."""
-        incarnation = self.store.uid(qid) or self.store.generation(qid)
+        incarnation = self.store.table.uid(qid) or self.store.table.generation(qid)
         return dedup_arguments.cache_file("q", vhost, name.decode(), incarnation)
 
     def remove_queue(self, q: QueueState) -> None:
-        if self.store.flags(q.qid) & QueueFlag.DEDUP:
+        if self.store.table.flags(q.qid) & QueueFlag.DEDUP:
             dedup_caches.remove(self.state.config, self._dedup_file(q.vhost, q.name, q.qid))
         self.expiry.disarm(q)
         for key in list(q.qcm):
@@ -502,7 +502,7 @@ class QueueLifecycle:
             link = self.links.get(worker)
             if link is not None:
                 link.send(ipc.ConsumerGone(cid))
-        if not self.store.flow_open(q.qid):
+        if not self.store.table.flow_open(q.qid):
             self.state.send_all(ipc.Unblock(q.qid))  # its publishers wait for nothing now
         for level, qid in q.levels.items():
             self.store.remove(qid)
@@ -533,7 +533,7 @@ class QueueLifecycle:
         keep = {
             self._dedup_file(q.vhost, q.name, q.qid)
             for q in self.queues.values()
-            if self.store.flags(q.qid) & QueueFlag.DEDUP
+            if self.store.table.flags(q.qid) & QueueFlag.DEDUP
         }
         keep |= {
             dedup_arguments.cache_file("q", record.vhost, record.queue, record.uid)

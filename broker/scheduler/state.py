@@ -23,8 +23,8 @@ from shoal.broker.config import Config
 from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
 from shoal.shm._atomic import Atomic
 from shoal.shm.catalog import CatalogWriter
-from shoal.shm.directory import QueueFlag
 from shoal.shm.processes import ProcessSlot
+from shoal.shm.queue_table import QueueFlag
 from shoal.shm.queues import QueueStore
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
@@ -164,7 +164,7 @@ class SchedulerState:
 
     def ready(self, q: QueueState) -> int:
         """Ready entries over all the queue's levels."""
-        log_ready = self.store.log_ready
+        log_ready = self.store.table.log_ready
         return sum(log_ready(qid) for qid in q.levels.values())
 
     def messages(self, q: QueueState) -> int:
@@ -173,11 +173,13 @@ class SchedulerState:
         if q.stream:
             bounds = self.stream_words.bounds(q.qid)
             return bounds.next - bounds.first
-        spilled = self.store.spilled(q.qid)  # first: a page-in meanwhile counts twice, not never
+        spilled = self.store.table.spilled(
+            q.qid
+        )  # first: a page-in meanwhile counts twice, not never
         return self.ready(q) + spilled
 
     def unacked(self, q: QueueState) -> int:
-        log_unacked = self.store.log_unacked
+        log_unacked = self.store.table.log_unacked
         return sum(log_unacked(qid) for qid in q.levels.values())
 
     def changes(self, q: QueueState) -> int:
@@ -185,7 +187,7 @@ class SchedulerState:
         end (its consumers read only up to it)."""
         if q.stream:
             return self.stream_words.next_offset(q.qid)
-        changes = self.store.changes
+        changes = self.store.table.changes
         return sum(changes(qid) for qid in q.levels.values())
 
     def client_queue(self, vhost: str, name: bytes) -> QueueState | None:
@@ -193,7 +195,7 @@ class SchedulerState:
         delay queue is the broker's own (as RabbitMQ's plugin keeps its
         messages out of sight)."""
         q = self.by_name.get((vhost, name))
-        if q is not None and self.store.flags(q.qid) & QueueFlag.DELAYED:
+        if q is not None and self.store.table.flags(q.qid) & QueueFlag.DELAYED:
             return None
         return q
 

@@ -178,7 +178,7 @@ def ack(seg: Segment, ctrl: Atomic, efd: int, worker: int, die_at: int, seed: in
         held: list[int] = []
         want = rng.randint(1, 6)
         while len(held) < want:
-            gen = store.release_generation(QID)
+            gen = store.table.release_generation(QID)
             if gen != release_gen:
                 release_gen, pointer = gen, 0
             got = store.acquire(QID, pointer)
@@ -273,7 +273,7 @@ class Race:
 
     def sweep(self) -> None:
         """The flow part of Scheduler._sweep."""
-        if self.store.word(QID, L.Q_FLOW) != L.FLOW_OPEN:
+        if self.store.table.word(QID, L.Q_FLOW) != L.FLOW_OPEN:
             flow.drained(self.seg, self.waker, QID)
             if flow.take_release(self.seg, QID):
                 self.sweep_releases += 1

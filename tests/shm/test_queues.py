@@ -197,7 +197,7 @@ class Pointer:
     release_gen: int = 0
 
     def pull(self) -> tuple[int, int, bool] | int:
-        gen = self.store.release_generation(self.qid)
+        gen = self.store.table.release_generation(self.qid)
         if gen != self.release_gen:
             self.release_gen = gen
             self.pointer = 0  # acquire() starts at max(pointer, head)
@@ -223,14 +223,14 @@ def test_release_generation_makes_consumers_rescan_from_the_head(env: Env) -> No
         env.take(env.c1, 0)
     other = Pointer(env.c2, env.qid)
     assert other.pull() == 7  # nothing available: the pointer goes to the tail
-    assert env.c2.release_generation(env.qid) == 0
+    assert env.c2.table.release_generation(env.qid) == 0
     env.c1.release(env.qid, 5)
-    assert env.c2.release_generation(env.qid) == 1
+    assert env.c2.table.release_generation(env.qid) == 1
     got = other.pull()
     assert not isinstance(got, int) and got[::2] == (5, True)
     env.c1.release(env.qid, 6)
     env.c1.release(env.qid, 4)
-    assert env.c2.release_generation(env.qid) == 3
+    assert env.c2.table.release_generation(env.qid) == 3
     # Both released entries are found again, in queue order, then the tail.
     assert [other.pull() for _ in range(3)][:2] == [
         (4, env.seg.atomic.load(cell_offset(env.seg, env.qid, 4) + 8), True),
@@ -247,7 +247,7 @@ def test_release_generation_makes_consumers_rescan_from_the_head(env: Env) -> No
     env.pub()  # seq 7
     got = other.pull()
     assert not isinstance(got, int) and got[::2] == (7, False)
-    assert env.c2.release_generation(env.qid) == 4
+    assert env.c2.table.release_generation(env.qid) == 4
 
 
 def test_queue_full_raises_and_head_advance_frees_room(env: Env) -> None:
@@ -300,10 +300,10 @@ def test_remove_drops_every_body_and_frees_the_slot(env: Env) -> None:
         env.pub()
     env.take(env.c1, 0)
     env.take(env.c2, 0)
-    gen = env.sched.catalog_generation()
+    gen = env.sched.catalog.catalog_generation()
     assert env.sched.remove(env.qid) == 5
-    assert not env.sched.is_active(env.qid)
-    assert env.sched.catalog_generation() == gen + 1
+    assert not env.sched.table.is_active(env.qid)
+    assert env.sched.catalog.catalog_generation() == gen + 1
     assert env.q(L.Q_HEAD) == env.q(L.Q_TAIL) == 5
     assert env.q(L.Q_READY) == 0 and env.q(L.Q_UNACKED) == 0
     assert arena_usage(env.seg, PRODUCER) == (0, 0)
@@ -331,7 +331,7 @@ def test_create_refuses_a_used_slot_and_long_names(env: Env) -> None:
     with pytest.raises(ValueError, match="255"):
         env.sched.create(6, b"x" * 256, 0, 0)
     env.sched.create(6, b"x" * 255, L.QF_DURABLE, 42)
-    assert env.sched.name(6) == b"x" * 255
+    assert env.sched.table.name(6) == b"x" * 255
     assert env.q(L.Q_FLAGS, 6) == L.QF_DURABLE and env.q(L.Q_OWNER, 6) == 42
 
 
@@ -769,23 +769,23 @@ def test_recovery_racing_an_ack_in_flight_frees_nothing_still_queued(env: Env) -
 
 def test_lookup_cache_follows_the_catalog_generation(env: Env) -> None:
     reader = QueueStore(env.seg, 2)
-    assert reader.lookup(b"q") == env.qid
-    assert reader.lookup(b"r") is None
+    assert reader.catalog.lookup(b"q") == env.qid
+    assert reader.catalog.lookup(b"r") is None
     env.sched.create(7, b"r", 0, 0)
-    assert reader.lookup(b"r") == 7
+    assert reader.catalog.lookup(b"r") == 7
     # The cache is only rebuilt when the generation moves: rename the slot
     # behind its back and the old answer sticks ...
     seg, q = env.seg, env.seg.layout.queue(7)
     seg.buf[q + L.Q_NAME : q + L.Q_NAME + 1] = b"s"
-    assert reader.lookup(b"r") == 7
-    assert reader.lookup(b"s") is None
+    assert reader.catalog.lookup(b"r") == 7
+    assert reader.catalog.lookup(b"s") is None
     # ... until the scheduler bumps it.
     seg.atomic.fetch_add(L.H_CATALOG_GEN, 1)
-    assert reader.lookup(b"s") == 7
-    assert reader.lookup(b"r") is None
+    assert reader.catalog.lookup(b"s") == 7
+    assert reader.catalog.lookup(b"r") is None
     env.sched.remove(7)
-    assert reader.lookup(b"s") is None
-    assert list(env.sched.scan()) == [(0, b"q", env.qid)]
+    assert reader.catalog.lookup(b"s") is None
+    assert list(env.sched.catalog.scan()) == [(0, b"q", env.qid)]
 
 
 def test_sequence_numbers_continue_across_a_recreated_slot(env: Env) -> None:
@@ -865,7 +865,7 @@ def test_queue_names_are_per_virtual_host(make_segment: SegmentFactory) -> None:
     sched.create(5, b"q", 0, 0, vhost=0)
     sched.create(6, b"q", 0, 0, vhost=1)
     reader = QueueStore(seg, 1)
-    assert reader.lookup(b"q") == 5
-    assert reader.lookup(b"q", 1) == 6
-    assert reader.lookup(b"q", 2) is None
-    assert sorted(sched.scan()) == [(0, b"q", 5), (1, b"q", 6)]
+    assert reader.catalog.lookup(b"q") == 5
+    assert reader.catalog.lookup(b"q", 1) == 6
+    assert reader.catalog.lookup(b"q", 2) is None
+    assert sorted(sched.catalog.scan()) == [(0, b"q", 5), (1, b"q", 6)]

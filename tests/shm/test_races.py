@@ -212,7 +212,7 @@ def consume(
     while True:
         if len(held) < PREFETCH and ctrl.load(GATE):
             ctrl.store(phase, PH_ACQUIRE)
-            gen = store.release_generation(QID)
+            gen = store.table.release_generation(QID)
             if gen != release_gen:  # as workers/pull.py: rescan from the head
                 release_gen = gen
                 pointer = 0

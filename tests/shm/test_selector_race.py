@@ -72,7 +72,7 @@ def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None
     deadline = time.monotonic() + DEADLINE
     while not drained(seg, ctrl):
         assert time.monotonic() < deadline, "consumers did not finish"
-        gen = store.release_generation(QID)
+        gen = store.table.release_generation(QID)
         if gen != release_gen:
             release_gen, pointer = gen, 0
         if wanted is None:

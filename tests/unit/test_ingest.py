@@ -41,7 +41,7 @@ def ctx(tmp_path: Path) -> Iterator[WorkerContext]:
 def test_the_workers_own_message_reaches_every_queue(ctx: WorkerContext) -> None:
     ingest = Ingest(ctx)
     assert ingest.put_new(b"x", b"key", b"", b"body", [1, 2])
-    assert ctx.store.ready(1) == ctx.store.ready(2) == 1
+    assert ctx.store.table.ready(1) == ctx.store.table.ready(2) == 1
 
 
 def test_a_full_queue_misses_the_workers_own_message_the_others_get_it(
@@ -51,7 +51,7 @@ def test_a_full_queue_misses_the_workers_own_message_the_others_get_it(
     for _ in range(CELLS):
         assert ingest.put_new(b"", b"q1", b"", b"b", [1])
     assert not ingest.put_new(b"", b"q1", b"", b"b", [1, 2])  # (never waits)
-    assert ctx.store.ready(1) == CELLS and ctx.store.ready(2) == 1
+    assert ctx.store.table.ready(1) == CELLS and ctx.store.table.ready(2) == 1
 
 
 def test_a_routed_message_waits_for_room_keeping_the_queues_left(ctx: WorkerContext) -> None:
@@ -60,14 +60,14 @@ def test_a_routed_message_waits_for_room_keeping_the_queues_left(ctx: WorkerCont
         assert ingest.put_new(b"", b"q2", b"", b"b", [2])
     pending = _pending(ctx, [1, 2])
     assert ingest.put(pending) == WAIT
-    assert pending.qids == [2] and ctx.store.ready(1) == 1
+    assert pending.qids == [2] and ctx.store.table.ready(1) == 1
 
 
 def test_the_fast_path_puts_a_plain_message_in_one_loop(ctx: WorkerContext) -> None:
     ingest = Ingest(ctx)
     pending = _pending(ctx, [1, 2])
     assert ingest.put_now([1, 2], pending.block, 4, True, None, None) == (2, 0)
-    assert ctx.store.ready(1) == ctx.store.ready(2) == 1
+    assert ctx.store.table.ready(1) == ctx.store.table.ready(2) == 1
 
 
 def test_a_paged_out_message_goes_back_as_it_was(ctx: WorkerContext) -> None:

@@ -1,26 +1,27 @@
-"""The queue table as every process reads it: names and priority levels
-(from a cache rebuilt when the scheduler bumps the catalog generation), the
-declared queue of a log, and each record's words behind named accessors.
+"""The queue table as every process reads it: each queue record's words
+behind named accessors, and the scheduler's few writes.
 
 Nothing above shm/ reads a queue record's offsets: it asks these methods
-(or shm/counters.py for an observer's view). shm/queues.py adds the log
-operations and the queue rules on top (QueueStore).
+(or shm/counters.py for an observer's view). Which queues exist is
+shm/queue_catalog.py's; shm/queues.py adds the log operations and the queue rules
+(QueueStore, which holds both as `catalog` and `table`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from enum import IntFlag
 from functools import partial
 
 from shoal.shm import layout
+from shoal.shm.queue_catalog import QueueCatalog
 from shoal.shm.segment import Segment
 
 _QUEUE_SIZE = layout.QUEUE_SIZE
 
 
 class QueueFlag(IntFlag):
-    """A queue record's Q_FLAGS bits, as `QueueDirectory.flags` returns them."""
+    """A queue record's Q_FLAGS bits, as `QueueTable.flags` returns them."""
 
     DURABLE = layout.QF_DURABLE
     EXCLUSIVE = layout.QF_EXCLUSIVE
@@ -31,99 +32,21 @@ class QueueFlag(IntFlag):
     DEDUP = layout.QF_DEDUP
 
 
-class QueueDirectory:
-    """Read access (and the scheduler's few writes) to the queue records.
+class QueueTable:
+    """Read access (and the scheduler's few writes) to the queue records:
+    one named accessor per word a caller reads, in place of the offsets
+    (shm/layout.py) that callers above shm/ may not use. A priority queue's
+    counts sum its levels, which the catalog knows."""
 
-    Why so many methods: one named accessor per word a caller reads, in place
-    of the offsets (shm/layout.py) that callers above shm/ may not use, plus
-    the per-process caches of the catalog (which queues are plain, priority,
-    streams, delayed, timed) that the publish path tests with one lookup."""
+    __slots__ = ("a", "catalog", "layout", "queues", "seg")
 
-    __slots__ = (
-        "_active",
-        "_delayed",
-        "_levels",
-        "_names",
-        "_names_gen",
-        "_plain",
-        "_streams",
-        "_ttl",
-        "a",
-        "dedup_now",
-        "layout",
-        "queues",
-        "seg",
-        "timed_now",
-    )
-
-    def __init__(self, seg: Segment) -> None:
+    def __init__(self, seg: Segment, catalog: QueueCatalog) -> None:
         self.seg = seg
         self.a = seg.atomic
         self.layout = seg.layout
+        self.catalog = catalog
         # The queue table's offset: record(qid) is inlined on hot paths.
         self.queues = seg.layout.queues
-        self._names: dict[tuple[int, bytes], int] = {}
-        self._levels: dict[int, PriorityLevels] = {}
-        self._streams: frozenset[int] = frozenset()
-        self._ttl: frozenset[int] = frozenset()
-        self._active: tuple[int, ...] = ()
-        self._delayed: frozenset[int] = frozenset()
-        # (ttl_queues(), delay_queues()) as of the last look at the cache:
-        # for a publish, which has looked (lookup, route) just before.
-        self.timed_now: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())
-        self._plain: frozenset[int] = frozenset()
-        # Queues with a deduplication cache (QF_DEDUP) as of the last look
-        # at the cache: a publish, which has looked just before, tests it.
-        self.dedup_now: frozenset[int] = frozenset()
-        self._names_gen = -1
-
-    def catalog_generation(self) -> int:
-        return self.a.load(layout.H_CATALOG_GEN)
-
-    def lookup(self, name: bytes, vhost: int = 0) -> int | None:
-        """qid of the active queue called `name` in virtual host `vhost` (an
-        id), from a cache rebuilt only when the scheduler bumps the catalog
-        generation."""
-        self._refresh()
-        return self._names.get((vhost, name))
-
-    def priority_levels(self) -> dict[int, PriorityLevels]:
-        """The priority queues by qid, with their level slots (same cache)."""
-        self._refresh()
-        return self._levels
-
-    def plain_queues(self) -> frozenset[int]:
-        """Declared queues that are not priority, stream, delay or
-        deduplicating queues and have no message TTL (same cache): a message routed to these alone,
-        with no expiration, needs no timestamp, no level and no stream
-        writer (workers/publish.py fast_publish)."""
-        self._refresh()
-        return self._plain
-
-    def stream_queues(self) -> frozenset[int]:
-        """The stream queues' qids (same cache)."""
-        self._refresh()
-        return self._streams
-
-    def active_logs(self) -> tuple[int, ...]:
-        """Every active log: declared queues and level slots (same cache)."""
-        self._refresh()
-        return self._active
-
-    def delay_queues(self) -> frozenset[int]:
-        """The delay queues of delayed message exchanges (same cache)."""
-        self._refresh()
-        return self._delayed
-
-    def timed_queues(self) -> tuple[frozenset[int], frozenset[int]]:
-        """(ttl_queues(), delay_queues()) with one look at the cache."""
-        self._refresh()
-        return self._ttl, self._delayed
-
-    def ttl_queues(self) -> frozenset[int]:
-        """The qids (declared queues and level slots) with a message TTL (same cache)."""
-        self._refresh()
-        return self._ttl
 
     def message_ttl(self, qid: int) -> int:
         """Log `qid`'s Q_MESSAGE_TTL word: its TTL in ms + 1 (0: none)."""
@@ -146,61 +69,6 @@ class QueueDirectory:
         q = self.queues + qid * _QUEUE_SIZE
         return bool(self.a.load(q + layout.Q_MESSAGE_TTL) or self.a.load(q + layout.Q_TIMED))
 
-    def _refresh(self) -> None:
-        gen = self.a.load(layout.H_CATALOG_GEN)
-        if gen == self._names_gen:
-            return
-        names: dict[tuple[int, bytes], int] = {}
-        levels: dict[int, PriorityLevels] = {}
-        children: list[tuple[int, int, int]] = []
-        streams = set()
-        ttl = set()
-        delayed = set()
-        deduplicating = set()
-        active = []
-        for qid in range(self.layout.limits.max_queues):
-            q = self.layout.queue(qid)
-            if self.a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
-                continue
-            active.append(qid)
-            if self.a.load(q + layout.Q_MESSAGE_TTL):
-                ttl.add(qid)
-            parent = self.a.load(q + layout.Q_PARENT)
-            if parent:
-                children.append((parent - 1, self.a.load(q + layout.Q_LEVEL), qid))
-                continue
-            names[(self.a.load(q + layout.Q_VHOST), self.name(qid))] = qid
-            top = self.a.load(q + layout.Q_MAX_PRIORITY)
-            if top:
-                levels[qid] = PriorityLevels(top, qid)
-            flags = self.a.load(q + layout.Q_FLAGS)
-            if flags & layout.QF_STREAM:
-                streams.add(qid)
-            if flags & layout.QF_DELAYED:
-                delayed.add(qid)
-            if flags & layout.QF_DEDUP:
-                deduplicating.add(qid)
-        for parent, level, qid in children:
-            if parent in levels:
-                levels[parent].add(level, qid)
-        self._names, self._levels, self._streams = names, levels, frozenset(streams)
-        self._ttl = frozenset(ttl)
-        self._active = tuple(active)
-        self._delayed = frozenset(delayed)
-        self.timed_now = (self._ttl, self._delayed)
-        self.dedup_now = frozenset(deduplicating)
-        self._plain = frozenset(names.values()).difference(
-            levels, self._streams, self._ttl, self._delayed, self.dedup_now
-        )
-        # Re-read: if it moved while we scanned, rescan next time.
-        self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
-
-    def logs(self, qid: int) -> list[int]:
-        """The logs that make up queue `qid`: itself, or for a priority queue
-        the logs of its levels in use, highest priority first."""
-        levels = self.priority_levels().get(qid)
-        return [qid] if levels is None else levels.descending
-
     def declared(self, qid: int) -> int:
         """The declared queue that log `qid` belongs to: itself, or for a level
         of a priority queue (section 2a of shm/ARCHITECTURE.md) the queue the
@@ -214,9 +82,9 @@ class QueueDirectory:
         logs whose bytes count against its capacity (None: its own only)."""
         declared = self.declared(qid)
         if declared != qid:
-            return declared, self.logs(declared)
+            return declared, self.catalog.logs(declared)
         if self.word(qid, layout.Q_MAX_PRIORITY):
-            return qid, self.logs(qid)
+            return qid, self.catalog.logs(qid)
         return qid, None
 
     def changes(self, qid: int) -> int:
@@ -321,8 +189,7 @@ class QueueDirectory:
 
     def ready(self, qid: int) -> int:
         """Messages ready in queue `qid` (over all its logs)."""
-        self._refresh()  # one load unless the catalog changed
-        levels = self._levels.get(qid)
+        levels = self.catalog.priority_levels().get(qid)  # one load unless it changed
         if levels is None:
             return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY)
         return sum(self.log_ready(log) for log in levels.descending)
@@ -342,25 +209,7 @@ class QueueDirectory:
 
     def total(self, qid: int, field: int) -> int:
         """A queue-record counter summed over the queue's logs."""
-        return sum(self.word(log_qid, field) for log_qid in self.logs(qid))
-
-    def scan(self) -> Iterator[tuple[int, bytes, int]]:
-        """(vhost id, name, qid) of every active declared queue (not the
-        level slots of priority queues)."""
-        for qid in range(self.layout.limits.max_queues):
-            q = self.layout.queue(qid)
-            if self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE and not self.a.load(
-                q + layout.Q_PARENT
-            ):
-                yield self.a.load(q + layout.Q_VHOST), self.name(qid), qid
-
-    def level_slots(self) -> Iterator[tuple[int, int, int]]:
-        """(declared queue's qid, level, qid) of every active level slot."""
-        for qid in range(self.layout.limits.max_queues):
-            q = self.layout.queue(qid)
-            parent = self.a.load(q + layout.Q_PARENT)
-            if parent and self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE:
-                yield parent - 1, self.a.load(q + layout.Q_LEVEL), qid
+        return sum(self.word(log_qid, field) for log_qid in self.catalog.logs(qid))
 
     def vhost_of(self, qid: int) -> int:
         """The id of the virtual host queue `qid` belongs to."""
@@ -396,21 +245,3 @@ class QueueDirectory:
         pointer back to the head: the released entry is somewhere behind it,
         and re-scanning the acquired cells in between is a C loop."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_RELEASE_GEN)
-
-
-class PriorityLevels:
-    """A priority queue's level slots: `by_level[p]` is the qid whose log
-    holds priority `p` (the declared queue's own qid for 0), `descending`
-    the qids that exist, highest priority first. Levels without a message
-    ever have no slot: nothing walks them."""
-
-    __slots__ = ("by_level", "descending", "max_priority")
-
-    def __init__(self, max_priority: int, qid: int) -> None:
-        self.max_priority = max_priority
-        self.by_level = {0: qid}
-        self.descending = [qid]
-
-    def add(self, level: int, qid: int) -> None:
-        self.by_level[level] = qid
-        self.descending = [self.by_level[p] for p in sorted(self.by_level, reverse=True)]
