@@ -13,8 +13,9 @@ what gives way when a publish would exceed a limit:
                     dead-lettered (reason maxlen).
 
 Messages a drop-head deletes are dead-lettered too (reason maxlen): the
-worker's hook (QueueStore.dropped, workers/dead_letter.py) sees each while
-its entry is still held, before the delete.
+worker's handler of the `dropped` event (shm.queues QueueEvents,
+workers/dead_letter.py) sees each while its entry is still held, before the
+delete.
 
 The counts are shared-memory words that other workers change concurrently:
 a limit is held as RabbitMQ's is under concurrent publishers, within the

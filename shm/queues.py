@@ -18,13 +18,13 @@ Transitions (who may make them is in shm/ARCHITECTURE.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NoReturn
 
 from shoal.shm import _atomic, flow, layout, limits
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import body_length, body_refs_drop, read_tag
 from shoal.shm.queue_catalog import QueueCatalog
+from shoal.shm.queue_events import NO_EVENTS, QueueEvents
 from shoal.shm.queue_table import QueueTable
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
@@ -42,10 +42,6 @@ _WATCHER_MASK = (1 << _WATCHER_BITS) - 1
 # (exchange, routing key, raw content header, body), as shm.arena.read_message gives it
 Message = tuple[bytes, bytes, bytes, bytes]
 
-# Told of every durable entry of a tagged (persistent) message that this
-# process deletes: (message tag as shm.arena.read_tag gives it, queue uid;
-# 0 when the queue itself is being deleted: nothing to record, only to count).
-Settled = Callable[[tuple[int, int, int], int], None]
 # QueueStore.run_args: (atomic, queue, ring, mask, owner bits, arenas, arena
 # bytes, this process's dropping word, whether the store records settles).
 RunArgs = tuple[Atomic, int, int, int, int, int, int, int, bool]
@@ -97,8 +93,8 @@ class QueueStore:
         "a",
         "cap",
         "catalog",
-        "dropped",
         "dropping",
+        "events",
         "last_seq",
         "layout",
         "log_bytes",
@@ -108,19 +104,24 @@ class QueueStore:
         "owner_bits",
         "queues",
         "seg",
-        "settled",
         "table",
         "waker",
     )
 
     def __init__(
-        self, seg: Segment, owner: int = 0, slot: int | None = None, waker: Waker | None = None
+        self,
+        seg: Segment,
+        owner: int = 0,
+        slot: int | None = None,
+        waker: Waker | None = None,
+        events: QueueEvents = NO_EVENTS,
     ) -> None:
         """`owner`: IO worker index + 1, or 0 for processes that never acquire.
         `slot`: this process's process-table slot (default: the worker's own,
         or the supervisor's), where it advertises a reference drop in flight.
         `waker`: the scheduler's wake-up (shm/wake.py), needed by publish,
-        settle and requeue."""
+        settle and requeue. `events`: who is told of settles and dropped
+        messages (QueueEvents)."""
         self.seg = seg
         self.a = seg.atomic
         self.layout = seg.layout
@@ -140,12 +141,7 @@ class QueueStore:
             slot = owner - 1 if owner else layout.supervisor_slot(seg.layout)
         self.dropping = seg.layout.proc(slot) + layout.P_DROPPING
         self.last_seq = 0  # the seq of publish()'s last append
-        # The message store's hook (None: no store): see Settled above.
-        self.settled: Settled | None = None
-        # Dead-lettering's hook (None: none): (log, block) of a message a
-        # length limit drops (drop-head) or refuses (reject-publish-dlx),
-        # called while the entry or the publisher still holds the block.
-        self.dropped: Callable[[int, int], None] | None = None
+        self.events = events
 
     # ------------------------------------------------- create and remove
     def create(
@@ -256,7 +252,7 @@ class QueueStore:
         head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
         # The message store counts the durable entries dropped here down (the
         # queue's uid is gone from definitions.log: recovery skips them anyway).
-        uid = a.load(q + layout.Q_UID) if self.settled is not None else 0
+        uid = a.load(q + layout.Q_UID) if self.events.records_settles else 0
         for seq in range(head, tail):
             cell = ring + (seq & self.mask) * layout.CELL_SIZE
             while True:
@@ -275,7 +271,7 @@ class QueueStore:
                 if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
                     dropped += 1 if live else 0
                     if tag is not None:  # uid 0: count it down, write no record
-                        self.settled(tag, 0)  # type: ignore[misc]  # uid implies a hook
+                        self.events.settled(tag, 0)
                     break
         a.store(q + layout.Q_HEAD, tail)
         for field in (layout.Q_READY, layout.Q_UNACKED, layout.Q_BYTES, layout.Q_READY_BYTES):
@@ -322,9 +318,9 @@ class QueueStore:
         q = self.queues + qid * layout.QUEUE_SIZE
         limited = a.load(q + layout.Q_OVERFLOW)  # one load when the queue has no limit
         if limited and not limits.admits(self, qid, body_size):
-            if limited == layout.OVERFLOW_REJECT_PUBLISH_DLX and self.dropped is not None:
-                last = self.last_seq  # the hook's own publishes must not change it
-                self.dropped(qid, block)
+            if limited == layout.OVERFLOW_REJECT_PUBLISH_DLX:
+                last = self.last_seq  # the handler's own publishes must not change it
+                self.events.dropped(qid, block)
                 self.last_seq = last
             return REJECTED
         a.fetch_add(block + layout.B_REFS, 1)
@@ -338,7 +334,7 @@ class QueueStore:
         outcome = APPENDED
         if limited:
             last = self.last_seq
-            for dropped in limits.drop_head(self, qid, self.dropped):
+            for dropped in limits.drop_head(self, qid, self.events.dropped):
                 self._drained(dropped)
             self.last_seq = last
         if a.load(q + layout.Q_CAPACITY):  # one load when the queue has no capacity
@@ -503,7 +499,7 @@ class QueueStore:
             offsets.arenas,
             offsets.limits.arena_bytes,
             self.dropping,
-            bool(self.settled is not None and a.load(self.queues + qid * _QSIZE + _QUID)),
+            bool(self.events.records_settles and a.load(self.queues + qid * _QSIZE + _QUID)),
         )
 
     def ack(self, qid: int, seq: int) -> bool:
@@ -515,7 +511,7 @@ class QueueStore:
         (the entry still holds the block) and the store told after."""
         offsets = self.layout
         tag = None
-        if self.settled is not None and (uid := self.a.load(self.queues + qid * _QSIZE + _QUID)):
+        if self.events.records_settles and (uid := self.a.load(self.queues + qid * _QSIZE + _QUID)):
             block = self.held_block(qid, seq)
             tag = read_tag(self.seg, block) if block is not None else None
         done = bool(
@@ -531,14 +527,14 @@ class QueueStore:
             )
         )
         if tag is not None and done:
-            self.settled(tag, uid)  # type: ignore[misc]  # a tag implies the hook
+            self.events.settled(tag, uid)
         return done
 
     def ack_many(self, qid: int, seqs: list[int]) -> None:
         """ack() each of `seqs` (entries of log `qid` this owner acquired),
         in order: one C call for a queue whose settles the message store
         does not record (not durable, or no store)."""
-        if self.settled is not None and self.a.load(self.queues + qid * _QSIZE + _QUID):
+        if self.events.records_settles and self.a.load(self.queues + qid * _QSIZE + _QUID):
             for seq in seqs:
                 self.ack(qid, seq)
             return
@@ -623,7 +619,7 @@ class QueueStore:
         a.fetch_add(q + layout.Q_PURGES, 1)
         ring = self.layout.log(qid)
         purged = 0
-        uid = a.load(q + layout.Q_UID) if self.settled is not None else 0
+        uid = a.load(q + layout.Q_UID) if self.events.records_settles else 0
         for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
             cell = ring + (seq & self.mask) * layout.CELL_SIZE
             w = a.load(cell)
@@ -636,7 +632,7 @@ class QueueStore:
             tag = read_tag(self.seg, block) if uid else None
             if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
                 if tag is not None:
-                    self.settled(tag, uid)  # type: ignore[misc]  # uid implies a hook
+                    self.events.settled(tag, uid)
                 a.fetch_add(q + layout.Q_READY, -1)
                 a.fetch_add(q + layout.Q_BYTES, -size)
                 a.fetch_add(q + layout.Q_READY_BYTES, -size)

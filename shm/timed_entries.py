@@ -164,7 +164,7 @@ def drop_expired(
     ring, mask, seg = store.layout.log(qid), store.mask, store.seg
     seq = max(start, a.load(q + layout.Q_HEAD))
     tail = a.load(q + layout.Q_TAIL)
-    uid = a.load(q + layout.Q_UID) if store.settled is not None else 0
+    uid = a.load(q + layout.Q_UID) if store.events.records_settles else 0
     stop = seq + SCAN_LIMIT
     dropped = size_sum = 0
     waiting = NOT_TIMED
@@ -203,7 +203,7 @@ def drop_expired(
                     break
             if store.delete_available(cell, word, block):
                 if tag is not None:
-                    store.settled(tag, uid)  # type: ignore[misc]  # uid implies a hook
+                    store.events.settled(tag, uid)
                 dropped += 1
                 size_sum += size
                 seq += 1

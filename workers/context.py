@@ -19,6 +19,7 @@ from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
 from shoal.workers.consumer import Consumer
 from shoal.workers.dedup_filter import Deduplicator
+from shoal.workers.events import WorkerEvents
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.pager import Pager
 from shoal.workers.persist import Persister
@@ -116,7 +117,10 @@ class WorkerContext:
         # The queues whose only consumer, on this worker, watches them itself
         # (the scheduler's Watch): qid -> that consumer (workers/consumer.py).
         self.watching: dict[int, Consumer] = {}
-        self.store = QueueStore(seg, self.owner, waker=self.waker)
+        # The lower parts' events and their handlers (workers/events.py):
+        # given to each part as it is made.
+        self.events = events = WorkerEvents()
+        self.store = QueueStore(seg, self.owner, waker=self.waker, events=events)
         self.routes = Routes(seg, self.store)
         self.dedup = Deduplicator(
             self.routes, self.store, config.runtime_path(), config.data_path()
@@ -153,14 +157,12 @@ class WorkerContext:
         paging files (workers/pager.py) in `paging`, and the stream queues
         this worker writes (workers/stream_io.py) under `streams`."""
         self.persist = Persister(
-            self.seg, self.index, self.incarnation, directory, self.loop, self.stats.v
+            self.seg, self.index, self.incarnation, directory, self.loop, self.stats.v, self.events
         )
-        self.store.settled = self.persist.settle
-        self.persist.before_write = self.dedup.flush
+        self.events.store_opened(self.persist, self.dedup)
         self.pager = Pager(
-            self.seg, self.store, self.arena, paging, self.index, self.slot, self.loop
+            self.seg, self.store, self.arena, paging, self.index, self.slot, self.loop, self.events
         )
-        self.pager.settle = self.persist.settle
         self.streams = Streams(
             self.seg,
             self.store,

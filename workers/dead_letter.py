@@ -158,12 +158,12 @@ class DeadLetters:
         return taken or source.strategy != _AT_LEAST_ONCE
 
     def dropped_by_limit(self, qid: int, block: int) -> None:
-        """QueueStore.dropped: a length limit dropped or refused a message,
-        from inside a publish. Its dead letter is published once that
-        publish is done (a copy is kept, nothing of shared memory): a dead
-        letter that drops another message from a full queue would otherwise
-        recurse, once per message of two full queues that dead-letter into
-        each other."""
+        """The `dropped` event (workers/events.py): a length limit dropped or
+        refused a message, from inside a publish. Its dead letter is
+        published once that publish is done (a copy is kept, nothing of
+        shared memory): a dead letter that drops another message from a full
+        queue would otherwise recurse, once per message of two full queues
+        that dead-letter into each other."""
         source = self._source(qid)
         if source.target is None:
             self._count(source, dead_letter_rules.MAXLEN)

@@ -36,7 +36,7 @@ import asyncio
 import logging
 import os
 import struct
-from collections.abc import Callable
+from typing import Protocol
 
 from shoal.shm.arena import Arena, payload_is_tagged, tag_of
 from shoal.shm.paging_words import PagingWords
@@ -64,10 +64,15 @@ READ_BUDGET = 16 << 20  # bytes of a paging file read per tick at most (purged o
 SPILL_BURST = 64
 SPILL_BURST_BYTES = 256 << 10
 
-Settle = Callable[[tuple[int, int, int], int], None]
-# workers/ingest.py put_payload: a paged-out payload back into queue `qid`
-# (redelivered): the append's outcome, None when the arena is full.
-PutBack = Callable[[int, memoryview, bool], int | None]
+
+class PagerEvents(Protocol):
+    """What the pager raises (workers/events.py names every event)."""
+
+    def settled(self, tag: tuple[int, int, int], uid: int) -> None: ...
+
+    def paged_in(self, qid: int, payload: memoryview, redelivered: bool) -> int | None:
+        """A paged-out payload back into queue `qid` (workers/ingest.py
+        put_payload): the append's outcome, None when the arena is full."""
 
 
 class _File(PagingFile):
@@ -97,6 +102,7 @@ class Pager:
         worker: int,
         intent: int,
         loop: asyncio.AbstractEventLoop,
+        events: PagerEvents,
     ) -> None:
         self.seg = seg
         self.words = PagingWords(seg)
@@ -106,8 +112,7 @@ class Pager:
         self.worker = worker
         self.intent = intent  # this worker's process-table slot (QueueStore.publish)
         self.loop = loop
-        self.settle: Settle | None = None  # the message store's (workers/persist.py)
-        self.put_back: PutBack | None = None  # the way back into the store (workers/ingest.py)
+        self.events = events
         self.files: dict[int, _File] = {}
         cap = seg.layout.limits.queue_capacity
         self.fill = int(cap * FILL_FRACTION)
@@ -206,8 +211,7 @@ class Pager:
             budget = self.arena_high - self.arena_fill
         room = min(room, PAGE_IN_BATCH)
         file.flush()
-        put_back = self.put_back
-        assert put_back is not None  # set once the worker's store is open (workers/worker.py)
+        put_back = self.events.paged_in
         unpack, head = _RECORD.unpack_from, _RECORD.size
         purges_now, count_spilled = words.purges, words.count_spilled
         start = file.read_at  # purged records are read too: READ_BUDGET per tick
@@ -252,8 +256,8 @@ class Pager:
 
     def _settle(self, payload: memoryview, uid: int) -> None:
         tag = tag_of(payload)
-        if tag is not None and self.settle is not None:
-            self.settle(tag, uid)
+        if tag is not None:
+            self.events.settled(tag, uid)
 
     def _drop(self, qid: int, file: _File, skip: int = 0) -> None:
         """The queue was deleted: drop the file's records (`skip`: bytes

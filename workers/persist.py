@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
 from typing import NoReturn, Protocol
 
 from shoal.shm import stats
@@ -67,6 +66,14 @@ class _Record:
         self.payload: bytes | None = None  # None until its appends are done
 
 
+class StoreEvents(Protocol):
+    """What the message store raises (workers/events.py names every event)."""
+
+    def before_write(self) -> None:
+        """Records are about to be written: what must be on disk no later
+        than them goes first (the keys of their deduplication caches)."""
+
+
 class Persister:
     def __init__(
         self,
@@ -76,11 +83,10 @@ class Persister:
         directory: str,
         loop: asyncio.AbstractEventLoop,
         counters: list[int],
+        events: StoreEvents | None = None,
     ) -> None:
         self.seg = seg
-        # Called before records are written: what must be on disk no later
-        # than them (the keys of their deduplication caches).
-        self.before_write: Callable[[], None] | None = None
+        self.events = events
         self.counters = counters  # the worker's statistics (shm/stats.py)
         self._syncs_counted = 0
         self.loop = loop
@@ -109,8 +115,9 @@ class Persister:
 
     # ------------------------------------------------------------ settles
     def settle(self, tag: tuple[int, int, int], uid: int) -> None:
-        """QueueStore.settled: this worker deleted a durable entry of a
-        persistent message (an ack, a reject, a no-ack delivery, drop-head)."""
+        """The `settled` event (workers/events.py): this worker deleted a
+        durable entry of a persistent message (an ack, a reject, a no-ack
+        delivery, drop-head)."""
         self.settles.pending.append((tag, uid))
         self.schedule()
 
@@ -224,8 +231,8 @@ class Persister:
                 batch = []
             batch.append(record)
         if batch:
-            if self.before_write is not None:
-                self.before_write()  # the disk deduplication caches (workers/dedup_filter.py)
+            if self.events is not None:
+                self.events.before_write()
             self._write(batch)
 
     def _write(self, batch: list[_Record]) -> None:

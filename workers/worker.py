@@ -96,9 +96,8 @@ class Worker:
         ctx.open_store(
             store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
         )
-        ctx.pager.put_back = Ingest(ctx).put_payload  # type: ignore[union-attr]  # (just opened)
         ctx.dead_letters = dead_letters = DeadLetters(ctx)
-        ctx.store.dropped = dead_letters.dropped_by_limit
+        ctx.events.serve(dead_letters, Ingest(ctx))
         ctx.expiry = expiry = Expiry(ctx, dead_letters)
         expiry.start()
         delays = Delays(ctx)

@@ -116,7 +116,7 @@ class Scheduler:
             state.process.index,
             SegmentTable(self.seg, 0),
         )
-        state.store.settled = state.settles.settle
+        state.events.settles_open(state.settles)
         self._needs_compaction = state.durable.needs_compaction
         self._flush_settles = state.settles.flush
         header = Header(self.seg)

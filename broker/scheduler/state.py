@@ -34,6 +34,30 @@ from shoal.store.definitions_log import DefinitionsLog, QueueDeclared
 from shoal.store.settles import SettleWriter
 
 
+class SchedulerEvents:
+    """The scheduler's queue events (shm.queues QueueEvents): purges and
+    queue deletions settle persistent messages, recorded by its settle
+    writer once open (Scheduler.run). It publishes nothing, so no length
+    limit drops a message here."""
+
+    __slots__ = ("records_settles", "settles")
+
+    def __init__(self) -> None:
+        self.settles: SettleWriter | None = None
+        self.records_settles = False
+
+    def settles_open(self, settles: SettleWriter) -> None:
+        self.settles = settles
+        self.records_settles = True
+
+    def settled(self, tag: tuple[int, int, int], uid: int) -> None:
+        if self.settles is not None:
+            self.settles.settle(tag, uid)
+
+    def dropped(self, log: int, block: int) -> None:
+        pass
+
+
 class QueueState:
     """A declared queue as the scheduler keeps it: its declaration, its
     consumers' turns (QueueConsumerManager) and its priority levels."""
@@ -140,7 +164,8 @@ class SchedulerState:
         self.a: Atomic = seg.atomic
         self.process = ProcessSlot.scheduler(seg)
         slot = self.process.index
-        self.store = QueueStore(seg, 0, slot)
+        self.events = SchedulerEvents()
+        self.store = QueueStore(seg, 0, slot, events=self.events)
         self.waker = Waker(seg, efd, worker_efds)
         self.stream_words = StreamWords(seg)
         self.stats = Counters(seg, slot)
