@@ -166,7 +166,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
             "Publisher._complete",
             "Publishing._append",
             "Publishing._complete",
-            "QueueStore.publish",
+            "QueueStore.enqueue",
             "QueueStore.append",
             "Arena.alloc",
             "write_message",

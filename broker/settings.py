@@ -153,7 +153,7 @@ def reload(current: Config) -> tuple[Config, list[str]]:
     return msgspec.convert(fresh, Config), changes
 
 
-def publish(config: Config, runtime_dir: str) -> None:
+def write_runtime(config: Config, runtime_dir: str) -> None:
     """Write the settings for the children's SIGHUP (atomically: rename)."""
     path = os.path.join(runtime_dir, SETTINGS_FILE)
     with open(path + ".tmp", "wb") as f:
@@ -161,7 +161,7 @@ def publish(config: Config, runtime_dir: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def published(runtime_dir: str) -> Config:
+def read_runtime(runtime_dir: str) -> Config:
     with open(os.path.join(runtime_dir, SETTINGS_FILE), "rb") as f:
         return msgspec.msgpack.decode(f.read(), type=Config)
 

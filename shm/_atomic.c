@@ -676,7 +676,7 @@ publish_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
 
 /*
  * publish(queue, ring, mask, block, intent, qid) -> int
- * QueueStore.publish for a queue with no rules, in one call: None if the
+ * QueueStore.enqueue for a queue with no rules, in one call: None if the
  * queue has a length limit or a capacity (nothing done: the Python path
  * applies them); else one more reference to the block, append (the
  * reference taken back if append returns -1: full, or gone), and the

@@ -1,5 +1,5 @@
 """Queue length limits (x-max-length, x-max-length-bytes, x-overflow), applied
-around an append (QueueStore.publish), as RabbitMQ applies them: only
+around an append (QueueStore.enqueue), as RabbitMQ applies them: only
 ready messages count (not the unacknowledged), and the overflow mode says
 what gives way when a publish would exceed a limit:
 

@@ -54,7 +54,7 @@ def unpublished(word: int, seq: int) -> bool:
     return wseq < seq or (wseq == seq and word & layout.STATE_MASK == layout.S_EMPTY)
 
 
-# What QueueStore.publish did with a message for one queue.
+# What QueueStore.enqueue did with a message for one queue.
 APPENDED = 0  # it is in the queue
 REJECTED = 1  # refused by the queue's length limit (x-overflow reject-publish)
 OVER_CAPACITY = 2  # appended, and the queue is now over its x-capacity: its publisher waits
@@ -140,7 +140,7 @@ class QueueStore:
         if slot is None:
             slot = owner - 1 if owner else layout.supervisor_slot(seg.layout)
         self.dropping = seg.layout.proc(slot) + layout.P_DROPPING
-        self.last_seq = 0  # the seq of publish()'s last append
+        self.last_seq = 0  # the seq of enqueue()'s last append
         self.events = events
 
     # ------------------------------------------------- create and remove
@@ -285,7 +285,7 @@ class QueueStore:
     # never reads a queue record itself and every path that enqueues or
     # settles passes here.
 
-    def publish(self, qid: int, block: int, body_size: int, intent: int) -> int:
+    def enqueue(self, qid: int, block: int, body_size: int, intent: int) -> int:
         """Append a reference to `block` (its body `body_size` bytes) to log
         `qid` under the queue's rules; returns the outcome (APPENDED,
         REJECTED, OVER_CAPACITY, GONE or FULL). `intent`: as for append().
@@ -346,7 +346,7 @@ class QueueStore:
 
     def takes_plainly(self, qid: int) -> bool:
         """Whether log `qid` has no length limit and no capacity and a free
-        cell: a publish() now is one C call that appends (barring a race
+        cell: an enqueue() now is one C call that appends (barring a race
         with other publishers for the last cells, or the queue's deletion)."""
         q = self.queues + qid * _QSIZE
         a = self.a

@@ -7,7 +7,7 @@ one place, with who raises it and who handles it.
                   shm/timed_entries.py (an expiry),       settle
                   workers/pager.py (a paged message
                   purged or gone)
-    dropped       shm/queues.py QueueStore.publish        workers/dead_letter.py
+    dropped       shm/queues.py QueueStore.enqueue        workers/dead_letter.py
                   (a length limit dropped or refused a    DeadLetters.dropped_by_limit
                   message)
     paged_in      workers/pager.py (a paged-out message   workers/ingest.py Ingest.put_payload:

@@ -4,7 +4,7 @@ goes through an Ingest, whoever sent it.
 - A client's publish (workers/publish.py): `put` appends a routed message
   whose block is written (Pending): the message store's record reserved
   first when it is persistent and reaches a durable queue
-  (workers/persist.py), one append per queue (QueueStore.publish), its
+  (workers/persist.py), one append per queue (QueueStore.enqueue), its
   paging file instead when the queue pages (workers/pager.py), the queue
   marked timed when the message may expire, the record finished, the
   publisher's HOLD dropped. A full queue stops it: WAIT, and the channel
@@ -114,10 +114,10 @@ class Ingest:
         "arena",
         "ctx",
         "dedup",
+        "enqueue",
         "over_capacity",
         "pager",
         "persist",
-        "publish",
         "seg",
         "slot",
         "store",
@@ -130,7 +130,7 @@ class Ingest:
         self.store = ctx.store
         self.arena = ctx.arena
         self.slot = ctx.slot
-        self.publish = ctx.store.publish
+        self.enqueue = ctx.store.enqueue
         self.dedup = ctx.dedup
         self.persist = ctx.persist
         self.pager = ctx.pager
@@ -161,12 +161,12 @@ class Ingest:
         if streams is not None and not plain:  # (plain queues are no streams)
             streams.refresh()
             stream_qids = streams.qids
-        publish, slot = self.publish, self.slot
+        enqueue, slot = self.enqueue, self.slot
         done = bits = 0
         for qid in qids:
             if qid in stream_qids or (pager is not None and _pages(pager, self.arena, qid)):
                 break
-            outcome = publish(qid, block, body_size, slot)
+            outcome = enqueue(qid, block, body_size, slot)
             if outcome:
                 if outcome == FULL:
                     break
@@ -221,7 +221,7 @@ class Ingest:
         index, slot, check, offset = got
         seg = self.seg
         write_tag(seg, block, slot, check, offset)
-        outcome = self.publish(qid, block, body_size, self.slot)
+        outcome = self.enqueue(qid, block, body_size, self.slot)
         if outcome == FULL:  # filled by other publishers since takes_plainly
             pending = Pending(exchange, routing_key, False)  # the caller sets mandatory
             pending.durable, pending.record, pending.tag = True, index, (slot, check, offset)
@@ -257,7 +257,7 @@ class Ingest:
                 return WAIT  # no segment slot free: retried like a full queue
             pending.durable = False  # kept in memory only
         entries = pending.entries
-        publish, store, slot = self.publish, self.store, self.slot
+        enqueue, store, slot = self.enqueue, self.store, self.slot
         pager = self.pager if wait else None
         arena = self.arena
         streams = self.streams
@@ -272,7 +272,7 @@ class Ingest:
             if pager is not None and _pages(pager, arena, qid):
                 self._spill(pending, qid)  # a backlog past its log or the arena
                 continue
-            outcome = publish(qid, block, pending.body_size, slot)
+            outcome = enqueue(qid, block, pending.body_size, slot)
             if outcome:
                 if outcome == FULL:
                     if pager is not None and pager.eligible(qid):
@@ -376,7 +376,7 @@ class Ingest:
         if block is None:
             return None
         store = self.store
-        outcome = self.publish(qid, block, body_length(seg, block), self.slot)
+        outcome = self.enqueue(qid, block, body_length(seg, block), self.slot)
         release_hold(seg, block)
         if outcome not in (APPENDED, OVER_CAPACITY):
             return outcome  # full, refused by a length limit, or gone

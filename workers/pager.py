@@ -110,7 +110,7 @@ class Pager:
         self.arena = arena
         self.directory = directory
         self.worker = worker
-        self.intent = intent  # this worker's process-table slot (QueueStore.publish)
+        self.intent = intent  # this worker's process-table slot (QueueStore.enqueue)
         self.loop = loop
         self.events = events
         self.files: dict[int, _File] = {}

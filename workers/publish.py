@@ -1,6 +1,6 @@
 """A channel's publishes: assembling a message from its publish, header and
 body frames (or the fast path for all three in one read), routing it,
-appending it to its queues (QueueStore.publish), publisher confirms and
+appending it to its queues (QueueStore.enqueue), publisher confirms and
 mandatory returns, and waiting while a queue or the arena is full."""
 
 from __future__ import annotations

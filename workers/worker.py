@@ -202,7 +202,7 @@ class Worker:
         limits for new connections, the log level), and the TLS certificates
         again (a bad file keeps the old)."""
         try:
-            self.config = self.ctx.config = settings.published(self.config.runtime_path())
+            self.config = self.ctx.config = settings.read_runtime(self.config.runtime_path())
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: cannot read the settings: %s", exc)
         settings.apply_log_level(self.config)

@@ -162,7 +162,7 @@ class Scheduler:
         """SIGHUP: the settings the supervisor resolved (broker/settings.py);
         the definitions file imported again if it changed."""
         try:
-            config = settings.published(self.config.runtime_path())
+            config = settings.read_runtime(self.config.runtime_path())
         except (OSError, ValueError) as exc:
             log.error("SIGHUP: cannot read the settings: %s", exc)
             return

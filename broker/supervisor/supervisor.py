@@ -173,7 +173,7 @@ class Supervisor:
             tls.server_context(config)  # unreadable certificates stop the broker now
         if config.load_definitions:
             load_definitions_file(config.load_definitions)  # as must a definitions file
-        settings.publish(config, runtime)  # what children read at SIGHUP
+        settings.write_runtime(config, runtime)  # what children read at SIGHUP
         # Socket activation: systemd's sockets, by port; the others are bound here.
         activated = {s.getsockname()[1]: s for s in systemd.activated_sockets()}
         for port, kind, wanted in (
@@ -330,7 +330,7 @@ class Supervisor:
         if new.workers != old.workers:
             wanted = max(1, min(self.max_workers, new.worker_count()))
             Header(self.seg).set_workers_wanted(wanted)
-        settings.publish(new, new.runtime_path())
+        settings.write_runtime(new, new.runtime_path())
         log.info("SIGHUP: settings reloaded; IO workers reload their TLS certificates")
         self._signal_children(signal.SIGHUP, ("io-worker", "scheduler"))
 
