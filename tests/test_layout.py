@@ -629,3 +629,34 @@ def test_store_is_the_one_owner_of_durable_writes() -> None:
     assert offenders == []
     stale = sorted(set(NON_DURABLE_WRITERS) - set(outside))
     assert stale == [], "allowed writers that no longer write: drop them from the list"
+
+
+# The worker's composition roots: the process, its shared context, and a
+# connection (which makes its channels). Every other part of the worker says
+# in a Protocol of its own what it uses of the context (IngestContext,
+# PullContext, PublishContext, DeliveryContext...), so that none reaches all.
+WORKER_CONTEXT_HOLDERS = {"shoal.workers.worker", "shoal.workers.connection"}
+
+
+def names_worker_context(path: Path) -> bool:
+    """Whether the module imports WorkerContext (for any use, annotations too)."""
+    tree = ast.parse(path.read_text())
+    return any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "shoal.workers.context"
+        and any(alias.name == "WorkerContext" for alias in node.names)
+        for node in ast.walk(tree)
+    )
+
+
+def test_only_the_composition_roots_hold_the_whole_worker_context() -> None:
+    holders = {name for name, path in modules().items() if names_worker_context(path)}
+    assert holders == WORKER_CONTEXT_HOLDERS
+
+
+def test_the_context_check_sees_an_import(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("from shoal.workers.context import Requests, WorkerContext\n")
+    assert names_worker_context(sample)
+    sample.write_text("from shoal.workers.context import Requests\n")
+    assert not names_worker_context(sample)

@@ -14,8 +14,10 @@ from typing import Any, Protocol
 from pamqp import commands as C
 
 from shoal.shm import flow, memory, stats
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.shm.stats import Counters
 from shoal.workers import framing
-from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import OPEN
 from shoal.workers.memory_guard import ALARM, ALARM_PENDING
 
@@ -34,10 +36,21 @@ class FlowChannel(Protocol):
     def release_flow(self) -> None: ...
 
 
+class BlockingContext(Protocol):
+    """What the part uses of its worker: the queues' flow words and the
+    counters of blocked connections."""
+
+    @property
+    def seg(self) -> Segment: ...
+    @property
+    def store(self) -> QueueStore: ...
+    @property
+    def stats(self) -> Counters: ...
+
+
 class BlockedConnection(Protocol):
     """What the part reads of its connection (workers/connection.py)."""
 
-    ctx: WorkerContext
     transport: Any
     state: int
     closed: bool
@@ -48,6 +61,8 @@ class BlockedConnection(Protocol):
 
     @property
     def channels(self) -> Mapping[int, FlowChannel]: ...
+    @property
+    def ctx(self) -> BlockingContext: ...
 
     def write(self, data: bytes) -> None: ...
 

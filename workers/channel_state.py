@@ -17,10 +17,23 @@ from collections import deque
 from typing import Any, Protocol
 
 from shoal.broker.amqp import errors
+from shoal.broker.config import Config
+from shoal.shm._atomic import Atomic
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
+from shoal.shm.stats import Counters
 from shoal.workers.connection_access import ConnectionAccess
+from shoal.workers.consume_args import ConsumeContext
 from shoal.workers.consumer import Consumer
-from shoal.workers.context import WorkerContext
+from shoal.workers.context import DeadLettering, Requests
+from shoal.workers.ingest import IngestContext
+from shoal.workers.memory_guard import MemoryGuard
+from shoal.workers.pager import Pager
 from shoal.workers.pending import Pending
+from shoal.workers.persist import Persister
+from shoal.workers.pull import MessageExpiry, PullContext
+from shoal.workers.routes import Routes
+from shoal.workers.stream_io import Streams
 
 # Publish assembly states
 IDLE, EXPECT_HEADER, EXPECT_BODY = 0, 1, 2
@@ -98,10 +111,100 @@ class ChannelBlocks(Protocol):
     def alarm_felt(self) -> None: ...
 
 
+class GetContext(Protocol):
+    """What basic.get (workers/get.py) uses of its worker: the queues,
+    expiry, the paging files and streams a message may be in, and the
+    counters."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def seg(self) -> Segment: ...
+    @property
+    def store(self) -> QueueStore: ...
+    @property
+    def expiry(self) -> MessageExpiry: ...
+    @property
+    def pager(self) -> Pager | None: ...
+    @property
+    def streams(self) -> Streams | None: ...
+    @property
+    def stats(self) -> Counters: ...
+
+
+class PublishContext(IngestContext, Requests, Protocol):
+    """What the publisher (workers/publish.py) uses of its worker: the
+    ingest's parts (it makes its channel's Ingest), routing, the settings,
+    the memory alarms, the counters, and the scheduler (a priority level's
+    log)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def routes(self) -> Routes: ...
+    @property
+    def guard(self) -> MemoryGuard: ...
+    @property
+    def stats(self) -> Counters: ...
+
+
+class DeliveryContext(PullContext, ConsumeContext, GetContext, Requests, Protocol):
+    """What the delivery book (workers/delivery.py) uses of its worker: the
+    pull loop's, a consume's and basic.get's parts, and the consumers, the
+    message store (settles), dead-lettering, routing and the settings."""
+
+    @property
+    def atomic(self) -> Atomic: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def consumers(self) -> dict[int, Consumer]: ...
+    @property
+    def dead_letters(self) -> DeadLettering: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def persist(self) -> Persister | None: ...
+    @property
+    def routes(self) -> Routes: ...
+
+
+class DeclareContext(Requests, Protocol):
+    """What the declarer (workers/declare.py) uses of its worker: the
+    scheduler, which owns declarations, and the queues and streams it reads."""
+
+    @property
+    def store(self) -> QueueStore: ...
+    @property
+    def streams(self) -> Streams | None: ...
+
+
+class TxContext(Requests, Protocol):
+    """What the transactions (workers/tx.py) use of their worker."""
+
+    @property
+    def seg(self) -> Segment: ...
+    @property
+    def store(self) -> QueueStore: ...
+    @property
+    def persist(self) -> Persister | None: ...
+    @property
+    def routes(self) -> Routes: ...
+
+
+class ChannelContext(PublishContext, DeliveryContext, DeclareContext, TxContext, Protocol):
+    """What a channel and its parts use of their worker: each part's own
+    context, which it holds as that (so that no part reaches the rest)."""
+
+
 class ChannelConnection(Protocol):
     """What a channel uses of its connection."""
 
-    ctx: WorkerContext
+    @property
+    def ctx(self) -> ChannelContext: ...
+
     id: int
     vhost: str
     vhost_id: int

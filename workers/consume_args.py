@@ -4,17 +4,28 @@ flags, x-priority, a JMS selector, and where a stream consumer starts."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from pamqp import commands as C
 
 from shoal.broker.amqp import errors
 from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
+from shoal.shm.queues import QueueStore
 from shoal.workers.consumer import Consumer, DeliveryChannel
-from shoal.workers.context import WorkerContext
 from shoal.workers.levels import Levels
-from shoal.workers.stream_io import StreamReading
+from shoal.workers.stream_io import StreamReading, Streams
+
+
+class ConsumeContext(Protocol):
+    """What a consume's checks use of the worker: the queues, the stream
+    readers, and a new consumer's id."""
+
+    @property
+    def store(self) -> QueueStore: ...
+    @property
+    def streams(self) -> Streams | None: ...
+    def next_cid(self) -> int: ...
 
 
 def invalid(name: str, value: object) -> errors.ChannelError:
@@ -49,7 +60,7 @@ def selector(args: dict[str, Any]) -> Selector | None:
 
 
 def stream_reading(
-    ctx: WorkerContext,
+    ctx: ConsumeContext,
     vhost: str,
     name: bytes,
     qid: int,
@@ -93,7 +104,7 @@ def stream_reading(
 
 
 def new_consumer(
-    ctx: WorkerContext,
+    ctx: ConsumeContext,
     channel: DeliveryChannel,
     vhost: str,
     name: bytes,

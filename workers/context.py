@@ -86,6 +86,29 @@ class _NoExpiry:
         return True
 
 
+class Requests(Protocol):
+    """The scheduler's requests, as the worker's parts make them
+    (WorkerContext.request): which answer each request gets (broker/ipc.py)."""
+
+    @overload
+    def request(self, message: ipc.Declare) -> asyncio.Future[ipc.QueueDeclared]: ...
+    @overload
+    def request(self, message: ipc.Consume) -> asyncio.Future[ipc.Registered]: ...
+    @overload
+    def request(self, message: ipc.Delete | ipc.Purge) -> asyncio.Future[ipc.Counted]: ...
+    @overload
+    def request(self, message: ipc.Level) -> asyncio.Future[ipc.LevelLog]: ...
+    @overload
+    def request(
+        self,
+        message: ipc.ExchangeDeclare
+        | ipc.ExchangeDelete
+        | ipc.Binding
+        | ipc.ConnOpen
+        | ipc.ConnClosed,
+    ) -> asyncio.Future[ipc.Ok]: ...
+
+
 class RemoteError(Exception):
     """The scheduler refused a request with an AMQP reply code."""
 

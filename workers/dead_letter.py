@@ -18,21 +18,35 @@ arena full: the caller returns it to its queue instead of deleting it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from shoal.broker.amqp import dead_letter_rules, errors, quorum
 from shoal.shm import stats
 from shoal.shm.arena import read_message
 from shoal.shm.queue_table import QueueFlag
 from shoal.shm.queues import Message
-from shoal.workers.context import WorkerContext
-from shoal.workers.ingest import Ingest
+from shoal.shm.stats import Counters
+from shoal.workers.ingest import Ingest, IngestContext
+from shoal.workers.routes import Routes
 
 log = logging.getLogger("shoal.worker")
 
 _REASONS = {name: i for i, name in enumerate(stats.DEAD_LETTER_REASONS)}
+
+
+class DeadLetterContext(IngestContext, Protocol):
+    """What dead-lettering uses of its worker: the ingest's parts (a dead
+    letter goes in as a new publish), its loop, routing and its counters."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def routes(self) -> Routes: ...
+    @property
+    def stats(self) -> Counters: ...
 
 
 class _Source(NamedTuple):
@@ -52,7 +66,7 @@ class DeadLetters:
 
     __slots__ = ("_later", "_put", "_sources", "ctx")
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: DeadLetterContext) -> None:
         self.ctx = ctx
         self._put = Ingest(ctx).put_new  # its way into the store
         # Messages a length limit dropped, copied, to dead-letter once the

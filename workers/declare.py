@@ -17,7 +17,7 @@ from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.broker.amqp.definitions import server_named_queue
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
 from shoal.workers import framing, reply_to
-from shoal.workers.channel_state import ChannelConnection
+from shoal.workers.channel_state import ChannelConnection, DeclareContext
 from shoal.workers.connection_access import CONFIGURE, READ, WRITE
 
 log = logging.getLogger("shoal.worker")
@@ -34,7 +34,7 @@ class Declarer:
 
     def __init__(self, conn: ChannelConnection, number: int) -> None:
         self.conn = conn
-        self.ctx = conn.ctx
+        self.ctx: DeclareContext = conn.ctx
         self.number = number
         self.last_queue = b""  # the channel's last declared queue (the spec's shortcuts)
 

@@ -19,17 +19,19 @@ a new owner) the heap is rebuilt from the queue's log.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
+from typing import Protocol
 
 from shoal.broker.amqp import errors
 from shoal.broker.amqp.routing import DELAY_QUEUE_PREFIX, delay_ms
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import read_message
+from shoal.shm.ownership import OwnershipView
 from shoal.shm.timed_entries import peek_published, take_entry
-from shoal.workers.context import WorkerContext
-from shoal.workers.ingest import Ingest
-from shoal.workers.routes import message_headers
+from shoal.workers.ingest import Ingest, IngestContext
+from shoal.workers.routes import Routes, message_headers
 from shoal.workers.ticker import NOTHING_POLL, Ticker
 
 log = logging.getLogger("shoal.worker")
@@ -37,6 +39,19 @@ log = logging.getLogger("shoal.worker")
 POLL = 0.02  # seconds between looks for new delayed messages
 BATCH = 2048  # due messages routed per loop iteration (then the others run)
 SCAN = 8192  # new entries indexed per queue per tick
+
+
+class DelaysContext(IngestContext, Protocol):
+    """What the delay queues use of their worker: the ingest's parts (a due
+    message goes in as a new publish), its loop, which delay queues are its
+    own, and routing."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def ownership(self) -> OwnershipView: ...
+    @property
+    def routes(self) -> Routes: ...
 
 
 class _Index:
@@ -55,7 +70,7 @@ class Delays(Ticker):
 
     __slots__ = ("_put", "ctx", "indexes", "routed")
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: DelaysContext) -> None:
         super().__init__(ctx.loop)
         self.ctx = ctx
         self._put = Ingest(ctx).put_new  # its way into the store

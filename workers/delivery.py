@@ -25,7 +25,12 @@ from shoal.shm.stats import (
 from shoal.store.stream_segments import StreamMessage
 from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import ack_run, deliver_frames, deliver_run
-from shoal.workers.channel_state import ChannelConnection, ChannelCore, Transactional
+from shoal.workers.channel_state import (
+    ChannelConnection,
+    ChannelCore,
+    DeliveryContext,
+    Transactional,
+)
 from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer
 from shoal.workers.pull import drop_watch, start, take_ready, update_interest
@@ -76,7 +81,7 @@ class DeliveryBook:
     ) -> None:
         self.channel = channel
         self.conn = conn
-        self.ctx = conn.ctx
+        self.ctx: DeliveryContext = conn.ctx
         self.number = channel.number
         self.transactions = transactions
         self.resolve_queue = resolve_queue

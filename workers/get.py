@@ -15,10 +15,9 @@ from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.shm import stats
 from shoal.shm.arena import read_message
 from shoal.workers import framing
-from shoal.workers.channel_state import ChannelConnection, ChannelCore
+from shoal.workers.channel_state import ChannelConnection, ChannelCore, GetContext
 from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer
-from shoal.workers.context import WorkerContext
 
 # basic.get on a queue whose messages are in another worker's paging file
 # waits for its pager (every 2 ms) this many times this long at most.
@@ -34,7 +33,7 @@ class GetBook(Protocol):
     unacked_bytes: int
 
     @property
-    def ctx(self) -> WorkerContext: ...
+    def ctx(self) -> GetContext: ...
     @property
     def conn(self) -> ChannelConnection: ...
     @property

@@ -12,9 +12,12 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
+from shoal.broker.config import Config
 from shoal.workers import framing, negotiation
 from shoal.workers.connection_access import ConnectionAccess
-from shoal.workers.context import RemoteError, WorkerContext
+from shoal.workers.context import RemoteError
+from shoal.workers.memory_guard import MemoryGuard
+from shoal.workers.routes import Routes
 
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
 
@@ -29,10 +32,27 @@ class HandshakeBlocks(Protocol):
     def alarm(self, bits: int) -> None: ...
 
 
+class HandshakeContext(Protocol):
+    """What the handshake uses of its worker: the settings, the users and
+    vhosts (through routing's catalog), the memory alarms a new connection
+    learns of, and the scheduler, which counts the open."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def routes(self) -> Routes: ...
+    @property
+    def guard(self) -> MemoryGuard: ...
+    def request(self, message: ipc.ConnOpen) -> asyncio.Future[ipc.Ok]: ...
+
+
 class HandshakeConnection(Protocol):
     """What the handshake reads and sets of its connection (workers/connection.py)."""
 
-    ctx: WorkerContext
     transport: Any
     state: int
     head: bytes
@@ -56,6 +76,8 @@ class HandshakeConnection(Protocol):
     opened: bool  # counted by the scheduler (CONN_OPEN sent)
     closed: bool
 
+    @property
+    def ctx(self) -> HandshakeContext: ...
     def write(self, data: bytes) -> None: ...
 
     @property

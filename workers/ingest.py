@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from shoal.broker.amqp import errors, ttl
 from shoal.broker.amqp.ttl import now_ms
@@ -43,14 +44,15 @@ from shoal.shm.arena import (
     write_tag,
 )
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
+from shoal.shm.segment import Segment
 from shoal.store.messages import UNAPPENDED, encode_publish_one
 from shoal.workers import framing
 from shoal.workers import persist as publish_record
-from shoal.workers.context import WorkerContext
-from shoal.workers.dedup_filter import DedupMark
+from shoal.workers.dedup_filter import Deduplicator, DedupMark
 from shoal.workers.pager import Pager
 from shoal.workers.pending import Pending
 from shoal.workers.persist import Persister
+from shoal.workers.stream_io import Streams
 
 log = logging.getLogger("shoal.worker")
 
@@ -91,7 +93,37 @@ def times_for(
     return now, 0 if own is None else now + own
 
 
-def to_store(ctx: WorkerContext, header: bytes, qids: list[int]) -> bool:
+class AppendContext(Protocol):
+    """What appending to a queue needs of the worker (workers/context.py):
+    the queues, the arena messages are written into, this worker's
+    publisher slot, and the two places a message may also go (the message
+    store, paging files)."""
+
+    @property
+    def seg(self) -> Segment: ...
+    @property
+    def store(self) -> QueueStore: ...
+    @property
+    def arena(self) -> Arena: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def persist(self) -> Persister | None: ...
+    @property
+    def pager(self) -> Pager | None: ...
+
+
+class IngestContext(AppendContext, Protocol):
+    """What the ingest uses of its worker: appending, and the parts a
+    message may go through on its way in (deduplication, streams)."""
+
+    @property
+    def dedup(self) -> Deduplicator: ...
+    @property
+    def streams(self) -> Streams | None: ...
+
+
+def to_store(ctx: IngestContext, header: bytes, qids: list[int]) -> bool:
     """Whether a message goes to the message store: persistent
     (delivery-mode 2) and routed to at least one durable queue."""
     # The flags' delivery-mode bit first: most transient messages stop at
@@ -124,7 +156,7 @@ class Ingest:
         "streams",
     )
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: IngestContext) -> None:
         self.ctx = ctx
         self.seg = ctx.seg
         self.store = ctx.store

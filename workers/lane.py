@@ -35,22 +35,37 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from shoal.broker.config import Config
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import release_hold
 from shoal.shm.stats import RECEIVED_CONFIRM, ROUTED, SIZE_BUCKETS, SIZE_SUM
+from shoal.shm.wake import Waker
 from shoal.workers._wire import Lane
 from shoal.workers.channel_state import IDLE, Confirms, LanePublisher
 from shoal.workers.connection_access import ConnectionAccess
-from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import OPEN
+from shoal.workers.ingest import AppendContext
+from shoal.workers.routes import Routes
 
 _NO_SPILL = 1 << 62
+
+
+class LaneContext(AppendContext, Protocol):
+    """What the lane uses of its worker: appending (its runs go into their
+    queues in C), and what decides whether a place may take a run (routing,
+    the limits, the scheduler's wake-ups)."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def routes(self) -> Routes: ...
+    @property
+    def waker(self) -> Waker: ...
 
 
 class LaneConnection(Protocol):
     """What the lane uses of its connection (workers/connection.py)."""
 
-    ctx: WorkerContext
     state: int
     vhost_id: int
     access: ConnectionAccess
@@ -59,6 +74,8 @@ class LaneConnection(Protocol):
 
     @property
     def channels(self) -> Mapping[int, object]: ...
+    @property
+    def ctx(self) -> LaneContext: ...
 
 
 class PublishLane:
@@ -87,7 +104,7 @@ class PublishLane:
         self.max_body = 0
 
     @staticmethod
-    def usable(ctx: WorkerContext) -> bool:
+    def usable(ctx: LaneContext) -> bool:
         """Whether this worker's segment has the plain Atomic (the crash
         tests interpose on the Python steps: no lane there)."""
         return ctx.seg.atomic.__class__ is Atomic

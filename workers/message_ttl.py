@@ -15,16 +15,35 @@ also drops messages past their delivery limit, `drop_if_over_limit`):
 
 from __future__ import annotations
 
+import asyncio
+from typing import Protocol
+
 from shoal.broker.amqp import dead_letter_rules, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import message_times
+from shoal.shm.ownership import OwnershipView
+from shoal.shm.queues import QueueStore
+from shoal.shm.segment import Segment
 from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
-from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.ticker import IDLE_POLL, NOTHING_POLL, Ticker
 
 POLL = 0.02  # seconds between looks at the heads of queues that may expire
 BATCH = 2048  # expired messages taken per loop iteration (then the others run)
+
+
+class ExpiryContext(Protocol):
+    """What message expiry uses of its worker: its loop, the queues, and
+    which of them are its own to expire."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def seg(self) -> Segment: ...
+    @property
+    def store(self) -> QueueStore: ...
+    @property
+    def ownership(self) -> OwnershipView: ...
 
 
 def _due(
@@ -44,7 +63,7 @@ class Expiry(Ticker):
 
     __slots__ = ("_owned", "_resume", "ctx", "dead_letters", "expired")
 
-    def __init__(self, ctx: WorkerContext, dead_letters: DeadLetters) -> None:
+    def __init__(self, ctx: ExpiryContext, dead_letters: DeadLetters) -> None:
         super().__init__(ctx.loop)
         self.ctx = ctx
         self.dead_letters = dead_letters

@@ -36,6 +36,7 @@ from shoal.workers.channel_state import (
     ChannelConnection,
     ChannelCore,
     Consumers,
+    PublishContext,
     Transactional,
 )
 from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, Ingest, times_for, to_store
@@ -85,7 +86,8 @@ class Publisher:
     ) -> None:
         self.channel = channel
         self.conn = conn
-        self.ctx = ctx = conn.ctx
+        self.ctx: PublishContext = conn.ctx
+        ctx = self.ctx
         self.number = channel.number
         self.transactions = transactions
         self.delivery = delivery

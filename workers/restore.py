@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Protocol
 
 from shoal.broker import ipc
+from shoal.broker.config import Config
 from shoal.shm.arena import tagged_payload
 from shoal.shm.processes import LOAD_DONE, LOAD_RUNNING, Header
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
@@ -34,14 +36,23 @@ from shoal.store import clean_stop
 from shoal.store.clean_stop import Delivered
 from shoal.store.definitions_log import logged_queue_uids
 from shoal.store.messages import Live, parse_segment_name, recover
-from shoal.workers.context import WorkerContext
-from shoal.workers.ingest import Ingest
+from shoal.workers.ingest import Ingest, IngestContext
 from shoal.workers.pager import REDELIVERED
 
 log = logging.getLogger("shoal.worker")
 
 
-async def load(ctx: WorkerContext) -> None:
+class RestoreContext(IngestContext, Protocol):
+    """What recovery at start uses of worker 0: the ingest's parts (every
+    message goes in the one way in), the data directory, and the scheduler
+    for a priority level's log."""
+
+    @property
+    def config(self) -> Config: ...
+    def request(self, message: ipc.Level) -> asyncio.Future[ipc.LevelLog]: ...
+
+
+async def load(ctx: RestoreContext) -> None:
     header = Header(ctx.seg)
     while not header.restored():  # the durable queues come first
         await asyncio.sleep(0.005)
@@ -70,7 +81,7 @@ async def load(ctx: WorkerContext) -> None:
         header.set_load_state(LOAD_DONE)
 
 
-async def _streams_opened(ctx: WorkerContext, timeout: float = 30.0) -> None:
+async def _streams_opened(ctx: RestoreContext, timeout: float = 30.0) -> None:
     """The stream queues' writers (any worker) have opened their files, so
     the first client is told their counts (bounded: a writer that cannot
     open its files logs why and leaves the stream empty)."""
@@ -86,7 +97,7 @@ async def _streams_opened(ctx: WorkerContext, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def _load(ctx: WorkerContext) -> tuple[int, int]:
+async def _load(ctx: RestoreContext) -> tuple[int, int]:
     store, persist = ctx.store, ctx.persist
     assert persist is not None
     uids = {
@@ -130,7 +141,7 @@ async def _load(ctx: WorkerContext) -> tuple[int, int]:
 
 
 def _append(
-    ctx: WorkerContext,
+    ctx: RestoreContext,
     qid: int,
     uid: int,
     messages: list[Live],
@@ -170,7 +181,7 @@ def _append(
     return len(messages)
 
 
-def _left_on_disk(ctx: WorkerContext, qid: int, count: int, where: str) -> None:
+def _left_on_disk(ctx: RestoreContext, qid: int, count: int, where: str) -> None:
     log.error(
         "message store: queue %r: %d messages do not fit in %s; they stay on disk "
         "for a later start",

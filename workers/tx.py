@@ -19,6 +19,7 @@ from shoal.workers.channel_state import (
     ChannelConnection,
     ChannelCore,
     Transaction,
+    TxContext,
 )
 from shoal.workers.publish import Publisher
 
@@ -43,7 +44,7 @@ class Transactions:
     def __init__(self, channel: ChannelCore, conn: ChannelConnection) -> None:
         self.channel = channel
         self.conn = conn
-        self.ctx = conn.ctx
+        self.ctx: TxContext = conn.ctx
         self.number = channel.number
         self.tx: Transaction | None = None
 
