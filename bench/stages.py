@@ -96,11 +96,11 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "persist or spill decision",
+        "persist or page out decision",
         (
             "to_store",
             "times_for",
-            "Spill.",
+            "Pager.",
             "records.",
             "reserve",
             "Persister.",

@@ -64,7 +64,7 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
     def total(field: int) -> int:
         return sum(word(log, field) for log in logs)
 
-    paged_out = word(qid, layout.Q_SPILLED)
+    paged_out = word(qid, layout.Q_PAGED_OUT)
     stream = None
     ready = total(layout.Q_READY) + paged_out
     if word(qid, layout.Q_FLAGS) & layout.QF_STREAM:

@@ -179,9 +179,9 @@ Q_BLOCKED_PUBLISHERS = 480
 Q_UID = 488
 # Backlogs larger than the log (workers/pager.py): messages of this queue
 # held in the IO workers' paging files, all workers together (+1 when one
-# spills, -1 when it pages it back in or drops it), and the count of purges,
-# which tells a paging worker which of its spilled messages a purge took.
-Q_SPILLED = 496
+# pages out, -1 when it pages it back in or drops it), and the count of purges,
+# which tells a paging worker which of its paged out messages a purge took.
+Q_PAGED_OUT = 496
 Q_PURGES = 504
 # Stream queues (x-queue-type stream, QF_STREAM; shm/stream_words.py, workers/stream_io.py):
 # the log above only stages their messages until the stream's writer (one IO

@@ -2,11 +2,11 @@
 queues longer than their log, docs/durability.md "Backlogs larger than
 memory").
 
-Writers: Q_SPILLED is counted up by the worker that pages a message out and
+Writers: Q_PAGED_OUT is counted up by the worker that pages a message out and
 down by the one that pages it back in (atomic adds); Q_PURGES is bumped by a
-purge (shm/queues.py), which also drops Q_SPILLED to 0, so that a pager
+purge (shm/queues.py), which also drops Q_PAGED_OUT to 0, so that a pager
 discards what it paged out before the purge. Everything else here is read
-only: the queue's settings that forbid spilling, and its log's fill.
+only: the queue's settings that forbid paging out, and its log's fill.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class PagingWords:
         self._a = seg.atomic
         self._layout = seg.layout
 
-    def may_spill(self, qid: int) -> bool:
+    def may_page_out(self, qid: int) -> bool:
         """No length limit, capacity or priorities, not a stream (its log
         only stages for its writer): a queue whose order and limits a paging
         file cannot change."""
@@ -50,8 +50,8 @@ class PagingWords:
         file's records keep it)."""
         return self._a.load(self._layout.queue(qid) + layout.Q_PURGES) & 0xFFFFFFFF
 
-    def count_spilled(self, qid: int, delta: int) -> None:
-        self._a.fetch_add(self._layout.queue(qid) + layout.Q_SPILLED, delta)
+    def count_paged_out(self, qid: int, delta: int) -> None:
+        self._a.fetch_add(self._layout.queue(qid) + layout.Q_PAGED_OUT, delta)
 
     def consumers(self, qid: int) -> int:
         return self._a.load(self._layout.queue(qid) + layout.Q_CONSUMERS)

@@ -123,10 +123,10 @@ class QueueTable:
         """Ready entries in log `qid` alone."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY)
 
-    def spilled(self, qid: int) -> int:
+    def paged_out(self, qid: int) -> int:
         """Messages of queue `qid` in the IO workers' paging files
         (workers/pager.py): counted as ready, not yet in its log."""
-        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_SPILLED)
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_PAGED_OUT)
 
     def log_unacked(self, qid: int) -> int:
         """Acquired, unsettled entries in log `qid` alone."""

@@ -190,7 +190,7 @@ class QueueStore:
             layout.Q_DELIVERED,
             layout.Q_ACKED,
             layout.Q_REDELIVERED,
-            layout.Q_SPILLED,
+            layout.Q_PAGED_OUT,
             layout.Q_GETS,
             layout.Q_TIMED,
         ):
@@ -615,7 +615,7 @@ class QueueStore:
         workers/pager.py)."""
         a, q = self.a, self.layout.queue(qid)
         # The count first: the bump tells the pagers to drop (and uncount) them.
-        spilled = a.load(q + layout.Q_SPILLED)
+        paged_out = a.load(q + layout.Q_PAGED_OUT)
         a.fetch_add(q + layout.Q_PURGES, 1)
         ring = self.layout.log(qid)
         purged = 0
@@ -638,7 +638,7 @@ class QueueStore:
                 a.fetch_add(q + layout.Q_READY_BYTES, -size)
                 purged += 1
         self._advance_head(qid)
-        return purged + spilled
+        return purged + paged_out
 
     def delete_available(self, cell: int, word: int, block: int) -> bool:
         """AVAILABLE(s) -> DELETED(s) by CAS from `word` and drop the entry's

@@ -545,7 +545,7 @@ typedef struct {
     uint64_t hot_live;
     /* set by arm() for each read */
     Py_ssize_t cursor;
-    uint64_t used, high, spill_high;
+    uint64_t used, high, page_out_high;
     /* what it did since take() */
     long long n;
     unsigned long long body_bytes;
@@ -762,19 +762,19 @@ Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 }
 
-/* arm(cursor, used, high, spill_high): the lane takes publishes in the
+/* arm(cursor, used, high, page_out_high): the lane takes publishes in the
  * next scan; the arena's cursor and fill as the worker's Arena has them. */
 static PyObject *
 Lane_arm(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "arm(cursor, used, high, spill_high)");
+        PyErr_SetString(PyExc_TypeError, "arm(cursor, used, high, page_out_high)");
         return NULL;
     }
     Py_ssize_t cursor = PyLong_AsSsize_t(args[0]);
     unsigned long long used = PyLong_AsUnsignedLongLongMask(args[1]);
     unsigned long long high = PyLong_AsUnsignedLongLongMask(args[2]);
-    unsigned long long spill_high = PyLong_AsUnsignedLongLongMask(args[3]);
+    unsigned long long page_out_high = PyLong_AsUnsignedLongLongMask(args[3]);
     if (PyErr_Occurred())
         return NULL;
     if (!self->configured || !self->nroutes ||
@@ -785,7 +785,7 @@ Lane_arm(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     self->cursor = cursor;
     self->used = used;
     self->high = high;
-    self->spill_high = spill_high;
+    self->page_out_high = page_out_high;
     self->armed = 1;
     Py_RETURN_NONE;
 }
@@ -936,7 +936,7 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
         return 0;
     if ((f & DELIVERY_MODE_BIT) && route->persistent_leaves && delivery_mode(h, hsize) == 2)
         return 0;
-    if ((uint64_t)bsize > lane->max_body || lane->used > lane->spill_high)
+    if ((uint64_t)bsize > lane->max_body || lane->used > lane->page_out_high)
         return 0;
     if (!route->touched && lane->ntouched == LANE_TOUCHED)
         return 0; /* the run's list of queues is full: the rest next read */

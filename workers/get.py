@@ -96,7 +96,7 @@ class Getter:
             if got.__class__ is not int:
                 break
         else:
-            if tries and ctx.store.table.spilled(qid):
+            if tries and ctx.store.table.paged_out(qid):
                 # Its messages are in paging files (workers/pager.py): this
                 # worker's are paged in now, another's by its pager soon.
                 if ctx.pager is not None and ctx.pager.page_in_now(qid):
@@ -123,8 +123,10 @@ class Getter:
         else:
             book.unacked[tag] = (None, log_qid, seq, len(body))
             book.unacked_bytes += len(body)
-        spilled = ctx.store.table.spilled(qid)  # first: a page-in meanwhile counts twice, not never
-        ready = ctx.store.table.ready(qid) + spilled
+        paged_out = ctx.store.table.paged_out(
+            qid
+        )  # first: a page-in meanwhile counts twice, not never
+        ready = ctx.store.table.ready(qid) + paged_out
         frames = [
             framing.encode_method(
                 book.number,

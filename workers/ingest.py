@@ -302,13 +302,13 @@ class Ingest:
         while qids:
             qid = qids[0]
             if pager is not None and _pages(pager, arena, qid):
-                self._spill(pending, qid)  # a backlog past its log or the arena
+                self._page_out(pending, qid)  # a backlog past its log or the arena
                 continue
             outcome = enqueue(qid, block, pending.body_size, slot)
             if outcome:
                 if outcome == FULL:
                     if pager is not None and pager.eligible(qid):
-                        self._spill(pending, qid)
+                        self._page_out(pending, qid)
                         continue
                     if wait:
                         if entries:
@@ -345,14 +345,14 @@ class Ingest:
         assert persist is not None  # Pending.durable is set only with a store
         return persist
 
-    def _spill(self, pending: Pending, qid: int) -> None:
+    def _page_out(self, pending: Pending, qid: int) -> None:
         """The message goes to this worker's paging file for `qid`
         (workers/pager.py), and its record names the queue's tail."""
         pager = self.pager
         assert pager is not None
         pager.put(qid, block_payload(self.seg, pending.block))
         if pending.entries and qid in pending.entries:
-            publish_record.spilled(pending, qid, pager.tail(qid))
+            publish_record.paged_out(pending, qid, pager.tail(qid))
         pending.qids.pop(0)
 
     def drop(self, pending: Pending) -> None:
@@ -400,7 +400,7 @@ class Ingest:
     def put_payload(self, qid: int, payload: memoryview, redelivered: bool) -> int | None:
         """A message whose bytes are ready, its record (if any) in the
         message store already: paged back in (workers/pager.py, its block's
-        payload as it was spilled) or recovered at start (workers/restore.py,
+        payload as it was paged out) or recovered at start (workers/restore.py,
         tagged with its record). The outcome of its append, or None when the
         arena has no room."""
         seg = self.seg

@@ -47,7 +47,7 @@ from shoal.workers.handshake import OPEN
 from shoal.workers.ingest import AppendContext
 from shoal.workers.routes import Routes
 
-_NO_SPILL = 1 << 62
+_NO_PAGE_OUT = 1 << 62
 
 
 class LaneContext(AppendContext, Protocol):
@@ -207,7 +207,7 @@ class PublishLane:
             arena.cursor,
             arena.used,
             arena.high,
-            _NO_SPILL if pager is None else pager.arena_high,
+            _NO_PAGE_OUT if pager is None else pager.arena_high,
         )
         return lane
 

@@ -16,18 +16,18 @@ nearly empty: its consumers never starve on another queue's backlog).
 A paging file (its reads and writes are store/paging_files.py's) holds the
 block's payload as shared memory held it, the message store's tag included:
 a persistent message is in the message store too, its record's entry for
-the queue saying where in the queue it goes (workers/persist.py `spilled`),
+the queue saying where in the queue it goes (workers/persist.py `paged_out`),
 so recovery does not need the paging files, which are removed when empty
 and at every start. What a paging file gives
 back is an ordinary publish; the count of a queue's paged-out messages is
-its Q_SPILLED word (counted as ready in what clients see).
+its Q_PAGED_OUT word (counted as ready in what clients see).
 
-    record: u32 payload bytes | u32 the queue's Q_PURGES when spilled | u8 flags | payload
+    record: u32 payload bytes | u32 the queue's Q_PURGES when paged out | u8 flags | payload
 
-A purge bumps Q_PURGES: records spilled before it are dropped as they are
+A purge bumps Q_PURGES: records paged out before it are dropped as they are
 read (their persistent ones settled). A deleted queue (its Q_STATE changed)
 has its whole file dropped. Queues with a length limit, an x-capacity or
-priorities never spill: their rules need every message in the log.
+priorities never page out: their rules need every message in the log.
 """
 
 from __future__ import annotations
@@ -52,17 +52,17 @@ PAGE_IN_INTERVAL = 0.002
 READ_CHUNK = 1 << 20
 FLUSH_BYTES = 1 << 20
 FILL_FRACTION = 0.75  # the pager fills a log up to this part of its cells
-PRESSED_READY = 1024  # arena pressure spills only queues with this many ready
+PRESSED_READY = 1024  # arena pressure pages out only queues with this many ready
 KEEP_READY = 256  # the pager feeds a log with fewer ready whatever the arena
 PAGE_IN_BATCH = 4096  # messages per queue per tick at most (the loop stays responsive)
 READ_BUDGET = 16 << 20  # bytes of a paging file read per tick at most (purged ones too)
-# Spilling to queues with consumers is paced: per PAGE_IN_INTERVAL a worker
-# spills this many messages (and bytes) to them before its publishing channels
+# Paging out to queues with consumers is paced: per PAGE_IN_INTERVAL a worker
+# pages out this many messages (and bytes) to them before its publishing channels
 # rest until the next interval, so that publishers who outrun their consumers
 # cannot take the whole machine from the deliveries (what the log being full
 # did before paging files). A queue with no consumer fills at full speed.
-SPILL_BURST = 64
-SPILL_BURST_BYTES = 256 << 10
+PAGE_OUT_BURST = 64
+PAGE_OUT_BURST_BYTES = 256 << 10
 
 
 class PagerEvents(Protocol):
@@ -91,7 +91,7 @@ class _File(PagingFile):
 
 
 class Pager:
-    """This worker's paging files, one per queue it spilled to."""
+    """This worker's paging files, one per queue it paged out to."""
 
     def __init__(
         self,
@@ -117,19 +117,19 @@ class Pager:
         cap = seg.layout.limits.queue_capacity
         self.fill = int(cap * FILL_FRACTION)
         arena_bytes = seg.layout.limits.arena_bytes
-        self.arena_high = arena_bytes // 2  # publishes spill above it ...
+        self.arena_high = arena_bytes // 2  # publishes page out above it ...
         self.arena_fill = arena_bytes * 3 // 8  # ... and the pager fills up to it
         self._timer: asyncio.TimerHandle | None = None
         self._files = 0
-        self.tokens = SPILL_BURST  # spills left in this interval (pacing, above)
-        self.token_bytes = SPILL_BURST_BYTES
+        self.tokens = PAGE_OUT_BURST  # pages out left in this interval (pacing, above)
+        self.token_bytes = PAGE_OUT_BURST_BYTES
         remove_files(directory, f"{worker}-")  # a predecessor's: not kept
 
-    # ------------------------------------------------------------ spilling
+    # ------------------------------------------------------------ paging out
     def eligible(self, qid: int) -> bool:
-        """Whether the queue may spill: no length limit, capacity or
+        """Whether the queue may page out: no length limit, capacity or
         priorities, not a stream (its log only stages for its writer)."""
-        return self.words.may_spill(qid)
+        return self.words.may_page_out(qid)
 
     def pressed(self, qid: int) -> bool:
         """The arena is more than half used (the caller checked): whether
@@ -139,7 +139,7 @@ class Pager:
         return self.store.table.log_ready(qid) >= PRESSED_READY and self.eligible(qid)
 
     def put(self, qid: int, payload: bytes | memoryview, flags: int = 0) -> None:
-        """Spill a message (its block's payload) for queue `qid`."""
+        """Page out a message (its block's payload) for queue `qid`."""
         words = self.words
         file = self.files.get(qid)
         if file is None:
@@ -153,7 +153,7 @@ class Pager:
         file.count += 1
         if payload_is_tagged(payload):
             file.tagged += 1
-        words.count_spilled(qid, 1)
+        words.count_paged_out(qid, 1)
         if words.consumers(qid):  # pacing: consumers compete for the CPU
             self.tokens -= 1
             self.token_bytes -= len(payload)
@@ -163,19 +163,19 @@ class Pager:
             self._timer = self.loop.call_later(PAGE_IN_INTERVAL, self._tick)
 
     def tail(self, qid: int) -> int:
-        """Where a message spilled now goes in the queue's order: the log's
+        """Where a message paged out now goes in the queue's order: the log's
         tail (the seq a persistent message's record names, for recovery)."""
         return self.words.tail(qid)
 
     # ------------------------------------------------------------ paging in
     @property
     def exhausted(self) -> bool:
-        """Whether this interval's spills are used up: publishers rest."""
+        """Whether this interval's pages out are used up: publishers rest."""
         return self.tokens <= 0 or self.token_bytes <= 0
 
     def _tick(self) -> None:
         self._timer = None
-        self.tokens, self.token_bytes = SPILL_BURST, SPILL_BURST_BYTES
+        self.tokens, self.token_bytes = PAGE_OUT_BURST, PAGE_OUT_BURST_BYTES
         for qid, file in list(self.files.items()):
             try:
                 self.page_in(qid, file)
@@ -213,13 +213,13 @@ class Pager:
         file.flush()
         put_back = self.events.paged_in
         unpack, head = _RECORD.unpack_from, _RECORD.size
-        purges_now, count_spilled = words.purges, words.count_spilled
+        purges_now, count_paged_out = words.purges, words.count_paged_out
         start = file.read_at  # purged records are read too: READ_BUDGET per tick
         while room > 0 and file.count and file.read_at - start < READ_BUDGET:
             chunk = memoryview(file.read(READ_CHUNK, file.read_at))
             pos, end = 0, len(chunk)
             while room > 0 and pos + head <= end and file.read_at - start < READ_BUDGET:
-                size, spilled_at, flags = unpack(chunk, pos)
+                size, paged_at, flags = unpack(chunk, pos)
                 purges = purges_now(qid)  # per record: a purge may come now
                 if pos + head + size > end:
                     if pos == 0 and end < head + size:  # a record larger than a chunk
@@ -230,7 +230,7 @@ class Pager:
                         continue
                     break
                 payload = chunk[pos + head : pos + head + size]
-                if spilled_at == purges:
+                if paged_at == purges:
                     if budget <= 0:
                         return
                     budget -= size
@@ -248,7 +248,7 @@ class Pager:
                 pos += head + size
                 file.read_at += head + size
                 file.count -= 1
-                count_spilled(qid, -1)
+                count_paged_out(qid, -1)
             if not end:
                 break
         if not file.count:

@@ -415,7 +415,7 @@ def appended(
             persist.uncount(pending.tag[0])
 
 
-def spilled(pending: Pending, qid: int, tail: int) -> None:
+def paged_out(pending: Pending, qid: int, tail: int) -> None:
     """The message went to a paging file for durable queue `qid`
     (workers/pager.py): the entry names the queue's tail at that moment,
     which puts it after every message the worker appended before it and

@@ -121,7 +121,7 @@ class Publisher:
         self.ctx.loop.call_later(RETRY_DELAY, self._retry)
 
     def _rest(self) -> None:
-        """This worker spilled its share for now (workers/pager.py): read no
+        """This worker paged out its share for now (workers/pager.py): read no
         more until its next page-in interval (not blocked: slowed down)."""
         self.channel.busy = True
         self.conn.blocks.hold_reading(self.channel, reason=None)

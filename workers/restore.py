@@ -14,7 +14,7 @@ segment table, sealed) is deleted once all of them are gone.
 
 What does not fit (an arena or a queue log too small for the backlog) goes
 to worker 0's paging files (workers/pager.py), paged in as the queue
-drains; for a queue that may not spill (priorities, a length limit or an
+drains; for a queue that may not page out (priorities, a length limit or an
 x-capacity) it stays on disk, still counted in its segment, and is loaded
 at a later start.
 """
@@ -155,22 +155,22 @@ def _append(
     into_queue = Ingest(ctx).put_payload  # the one way into a queue, as a page-in
     # What the log or the arena cannot hold goes to a paging file
     # (workers/pager.py), unless the queue's rules forbid it.
-    may_spill = pager.eligible(qid)
-    spilling = False
+    may_page_out = pager.eligible(qid)
+    paging_out = False
     for done, (_epoch, _seq, segment, offset, message) in enumerate(messages):
         slot, check = slots[segment]
         tag = (slot, check, offset)
         redelivered = delivered is None or (segment, offset, uid) in delivered
         flags = REDELIVERED if redelivered else 0
         payload = tagged_payload(message, tag)
-        if may_spill and (spilling or pager.pressed(qid)):
-            spilling = True
+        if may_page_out and (paging_out or pager.pressed(qid)):
+            paging_out = True
             pager.put(qid, payload, flags)
             continue
         outcome = into_queue(qid, memoryview(payload), redelivered)
         if outcome is None or outcome == FULL:
-            if may_spill:
-                spilling = True
+            if may_page_out:
+                paging_out = True
                 pager.put(qid, payload, flags)
                 continue
             where = "the arena (--arena-mb)" if outcome is None else "its log (--queue-capacity)"

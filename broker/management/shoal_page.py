@@ -261,14 +261,14 @@ def _paging(
     directory: str,
     seg: Segment,
 ) -> dict[str, Any]:
-    """The queues with messages in paging files (their Q_SPILLED word) or
+    """The queues with messages in paging files (their Q_PAGED_OUT word) or
     paging files on disk, and the totals."""
     on_disk: dict[int, list[int]] = {}
     for _worker, qid, size in files:
         on_disk.setdefault(qid, []).append(size)
     rows: list[dict[str, Any]] = []
     for vhost, name, qid in queues:
-        paged_out = store.table.spilled(qid)
+        paged_out = store.table.paged_out(qid)
         sizes = on_disk.get(qid, [])
         if not paged_out and not sizes:
             continue

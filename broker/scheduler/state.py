@@ -198,10 +198,10 @@ class SchedulerState:
         if q.stream:
             bounds = self.stream_words.bounds(q.qid)
             return bounds.next - bounds.first
-        spilled = self.store.table.spilled(
+        paged_out = self.store.table.paged_out(
             q.qid
         )  # first: a page-in meanwhile counts twice, not never
-        return self.ready(q) + spilled
+        return self.ready(q) + paged_out
 
     def unacked(self, q: QueueState) -> int:
         log_unacked = self.store.table.log_unacked

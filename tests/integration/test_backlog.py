@@ -163,7 +163,7 @@ def test_a_persistent_backlog_outlives_a_crash(broker_factory) -> None:  # type:
     conn.close()
     count = 3 * WINDOW
     publish(broker, "kept", count, persistent=True)
-    assert os.listdir(os.path.join(broker.data_dir, "paging"))  # it did spill
+    assert os.listdir(os.path.join(broker.data_dir, "paging"))  # it did page out
     broker.restart(crash=True)
     conn = connect(broker)
     assert conn.channel().queue_declare("kept", passive=True).method.message_count == count
@@ -188,7 +188,7 @@ def test_purge_and_delete_count_and_drop_paged_out_messages(broker_factory) -> N
     wait_for(lambda: not os.listdir(paging), 10, "paging files dropped")
     assert ch.queue_declare("p", passive=True).method.message_count == 0
     assert ch.basic_get("p")[0] is None
-    # After a purge the queue spills and pages in again, in order.
+    # After a purge the queue pages out and pages in again, in order.
     publish(broker, "p", count, persistent=False)
     drain_in_order(broker, "p", count)
     publish(broker, "p", count, persistent=True)

@@ -40,13 +40,13 @@ function shoal_num(n) {
     return (n === null || n === undefined) ? '-' : fmt_num_thousands(n);
 }
 
-// The arena bar's colour: yellow past the spill threshold, red past the
+// The arena bar's colour: yellow past the page out threshold, red past the
 // memory alarm's high watermark (both per arena).
 function shoal_arena_bar(worker, shoal) {
     var workers = Math.max(shoal.io_workers.length, 1);
     var high = shoal.arena.high_watermark_bytes / workers / worker.arena_bytes;
-    var spill = shoal.paging.spill_above_arena_bytes / worker.arena_bytes;
-    var thresholds = [[high, 'red'], [spill, 'yellow']];
+    var pageOut = shoal.paging.spill_above_arena_bytes / worker.arena_bytes;
+    var thresholds = [[high, 'red'], [pageOut, 'yellow']];
     return node_stat_bar('arena_used_bytes', 'arena_bytes', 'arena', worker,
                          fmt_bytes_axis,
                          fmt_color(worker.arena_used_bytes / worker.arena_bytes, thresholds));
