@@ -95,9 +95,11 @@ async def overview(request: web.Request) -> web.Response:
             "disable_stats": False,
             "enable_queue_totals": False,
             "statistics_db_event_queue": 0,
-            # The UI labels this "Erlang": Shoal runs on Python.
+            # RabbitMQ's fields, for the tools that read them: Shoal runs on
+            # Python, and the web UI shows `python_version` (www/SHOAL.md).
             "erlang_version": f"none (Python {platform.python_version()})",
             "erlang_full_version": f"Shoal {VERSION} on Python {sys.version.split()[0]}",
+            "python_version": platform.python_version(),
         }
     )
 

@@ -1,7 +1,9 @@
-"""The management web UI (issue 27): RabbitMQ 3.10.8's own, vendored
-unchanged in www/ from Debian's rabbitmq-server package (MPL 2.0 and the
-licences of its parts in www/licenses), served at the management port's
-root as RabbitMQ serves it, in front of Shoal's API (api.py).
+"""The management web UI (issue 27): RabbitMQ 3.10.8's own, vendored in
+www/ from Debian's rabbitmq-server package (MPL 2.0 and the licences of its
+parts in www/licenses), served at the management port's root as RabbitMQ
+serves it, in front of Shoal's API (api.py). It carries Shoal's name and
+mark, not RabbitMQ's: www/SHOAL.md lists every change to the vendored files
+and why.
 
 Why RabbitMQ's and not our own: operators know its pages, and its pages
 exercise the API the way the tools they already use do; what it needs of
@@ -34,7 +36,11 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 async def favicon(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(WWW / "favicon.ico")
+    """Shoal's icon (www/SHOAL.md): the page names it; a browser that asks
+    for /favicon.ico by habit gets the same SVG."""
+    return web.FileResponse(
+        WWW / "img" / "shoal-icon.svg", headers={"Content-Type": "image/svg+xml"}
+    )
 
 
 async def api_docs(request: web.Request) -> web.FileResponse:

@@ -139,12 +139,24 @@ def test_every_page_renders_with_the_fields_rabbitmq_gives(
         wait_for(sampled, 20, "a sample of ui.q's length")
         visits = [session.login()]
         visits += [session.visit(route, name) for name, route in ui_driver.routes(names)]
+        page = session.page  # (reads the page only: no request in between)
+        brand = {
+            "title": page.title(),
+            "logo": page.locator("#logo img").get_attribute("src"),
+            "logo drawn": page.evaluate("document.querySelector('#logo img').naturalWidth > 0"),
+            "versions": page.locator("#versions").inner_text(),
+        }
         shoal = session.visit("#/shoal", "shoal")
         consumed = api_from_page(session, "/api/queues/%2F/ui.consumed")
     finally:
         scenario.close()
     problems = [p for v in [*visits, shoal] for p in failures(v)]
     assert not problems, "\n".join(problems)
+    # Shoal's own name and mark in the header (www/SHOAL.md), and the
+    # runtime it runs on.
+    assert brand["title"] == "Shoal Management"
+    assert brand["logo"] == "img/shoal-logo.svg" and brand["logo drawn"], brand
+    assert "Python 3." in brand["versions"] and "Erlang" not in brand["versions"], brand
 
     # The same API calls as against RabbitMQ, and every field its answers
     # have, but those named above.

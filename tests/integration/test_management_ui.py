@@ -44,8 +44,8 @@ def get(broker: Broker, path: str, auth: bool = False) -> tuple[int, str, bytes]
         ("/js/main.js", "javascript"),
         ("/js/tmpl/overview.ejs", ""),
         ("/css/main.css", "text/css"),
-        ("/img/rabbitmqlogo.svg", "image/svg"),
-        ("/favicon.ico", ""),
+        ("/img/shoal-logo.svg", "image/svg"),
+        ("/img/shoal-icon.svg", "image/svg"),
         ("/api/index.html", "text/html"),
     ],
 )
@@ -59,6 +59,28 @@ def test_the_pages_files_are_served_without_login(
     assert kind in content_type
     local = WWW / ("index.html" if path in ("/", "/index.html") else path.lstrip("/"))
     assert body == local.read_bytes()  # unchanged
+
+
+def test_the_ui_is_shoals_own(managed: Broker) -> None:  # noqa: F811
+    """Shoal's name and mark, not RabbitMQ's (a trademark of its owner):
+    the title, the logo in the header and on the login page, the icon; no
+    Erlang labels over values that are Python's (www/SHOAL.md)."""
+    _status, _type, page = get(managed, "/")
+    assert b"<title>Shoal Management</title>" in page and b"RabbitMQ" not in page
+    assert b'href="img/shoal-icon.svg"' in page
+    status, content_type, icon = get(managed, "/favicon.ico")
+    assert status == 200 and "image/svg" in content_type and b"Shoal" in icon
+    for template in ("layout.ejs", "login.ejs", "login_uaa.ejs"):
+        status, _type, text = get(managed, f"/js/tmpl/{template}")
+        assert status == 200 and b'src="img/shoal-logo.svg"' in text, template
+        assert b"rabbitmqlogo" not in text, template
+    assert get(managed, "/img/rabbitmqlogo.svg")[0] == 404, "RabbitMQ's logo is still shipped"
+    for path in ("/js/tmpl/overview.ejs", "/js/tmpl/node.ejs", "/js/global.js"):
+        assert b"Erlang processes" not in get(managed, path)[2], path
+    assert (
+        b"'\">Python ' + fmt_escape_html(overview.python_version)"
+        in get(managed, "/js/global.js")[2]
+    )
 
 
 def test_auth_answers_before_login_as_rabbitmq_3_10_does(managed: Broker) -> None:  # noqa: F811

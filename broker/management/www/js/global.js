@@ -133,7 +133,7 @@ var ALL_COLUMNS =
      'overview':
      {'Statistics': [['file_descriptors',   'File descriptors',   true],
                      ['socket_descriptors', 'Socket descriptors', true],
-                     ['erlang_processes',   'Erlang processes',   true],
+                     ['erlang_processes',   'Threads',            true],
                      ['memory',             'Memory',             true],
                      ['disk_space',         'Disk space',         true]],
       'General': [['uptime',    'Uptime',       true],
@@ -665,7 +665,7 @@ function setup_global_vars() {
 
     $('#versions').html(
       '<abbr title="Available exchange types: ' + exchange_types.join(", ") + '">' + fmt_escape_html(product) + '</abbr>' +
-      '<abbr title="' + fmt_escape_html(overview.erlang_full_version) + '">Erlang ' + fmt_escape_html(overview.erlang_version) + '</abbr>'
+      '<abbr title="' + fmt_escape_html(overview.erlang_full_version) + '">Python ' + fmt_escape_html(overview.python_version) + '</abbr>'
     );
     nodes_interesting = false;
     rabbit_versions_interesting = false;
