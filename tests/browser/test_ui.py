@@ -157,6 +157,9 @@ def test_every_page_renders_with_the_fields_rabbitmq_gives(
     assert brand["title"] == "Shoal Management"
     assert brand["logo"] == "img/shoal-logo.svg" and brand["logo drawn"], brand
     assert "Python 3." in brand["versions"] and "Erlang" not in brand["versions"], brand
+    for visit in [*visits[1:], shoal]:  # every page but the login form
+        assert visit.logo == "img/shoal-logo.svg", (visit.route, visit.logo)
+        assert "Erlang" not in visit.text, f"an Erlang label on {visit.route}"
 
     # The same API calls as against RabbitMQ, and every field its answers
     # have, but those named above.

@@ -46,6 +46,8 @@ class Visit:
     route: str
     answers: dict[str, tuple[int, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    text: str = ""  # the page's visible text, once rendered
+    logo: str | None = None  # the header logo's image
 
 
 def launch(playwright: Any) -> Any:
@@ -123,6 +125,8 @@ class UiSession:
             self.current.errors.append(f"not rendered in {PAGE_TIMEOUT_MS} ms: {exc}")
         self.page.wait_for_load_state("networkidle")
         self._debug_box()
+        self.current.text = self.page.inner_text("body")
+        self.current.logo = self.page.get_attribute("#logo img", "src")
         self.screenshot(name)
         return self.current
 
