@@ -30,6 +30,7 @@ import psutil
 from aiohttp import web
 
 from shoal.broker.management.http import BACKEND, RATES, node_name, sees_all
+from shoal.broker.observe.cluster_view import cluster_status
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.shm import counters, memory, stats
 from shoal.shm.arena import arena_usage
@@ -45,6 +46,12 @@ ALARM_NAMES = ((memory.ALARM_MEMORY, "memory"), (memory.ALARM_DISK, "disk"))
 STANDALONE_NOTE = (
     "Shoal runs on one node: there is no cluster yet, hence no other node, "
     "no node roles and no replication lag. This node holds every queue itself."
+)
+
+CLUSTER_NOTE = (
+    "The leader runs the broker and ships every durable write to its followers; "
+    "a confirm waits until every in-sync node has it (docs/cluster.md). "
+    "Replication lag: bytes of the leader's files a follower has not yet written."
 )
 
 # pid -> (monotonic seconds, CPU seconds) at the previous request: a
@@ -77,11 +84,7 @@ async def shoal(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "node": node_name(),
-            "cluster": {
-                "mode": "standalone",
-                "nodes": [{"name": node_name(), "role": "standalone", "replication_lag": None}],
-                "note": STANDALONE_NOTE,
-            },
+            "cluster": _cluster(backend.config.runtime_path()),
             "io_workers": workers,
             "arena": {
                 "used_bytes": sum(w["arena_used_bytes"] for w in workers),
@@ -97,6 +100,55 @@ async def shoal(request: web.Request) -> web.Response:
             "processes": _other_processes(seg),
         }
     )
+
+
+def _cluster(runtime_dir: str) -> dict[str, Any]:
+    """This node's cluster as its agent last wrote it (broker/cluster/node.py,
+    observe/cluster_view.py): the leader (which runs the broker answering
+    here), then each follower it serves, with whether it is in sync and how
+    far behind it is; standalone, this node alone."""
+    view = cluster_status(runtime_dir)
+    if view is None:
+        return {
+            "mode": "standalone",
+            "nodes": [
+                {
+                    "name": node_name(),
+                    "role": "standalone",
+                    "in_sync": None,
+                    "replication_lag": None,
+                    "lag_seconds": None,
+                }
+            ],
+            "note": STANDALONE_NOTE,
+        }
+    nodes = [
+        {
+            "name": f"shoal@{view['node']}",
+            "role": view["role"],
+            "in_sync": view["node"] in view.get("isr", []),
+            "replication_lag": 0,
+            "lag_seconds": 0.0,
+        }
+    ]
+    nodes += [
+        {
+            "name": f"shoal@{f['node']}",
+            "role": "follower",
+            "in_sync": f["in_sync"],
+            "replication_lag": f["lag_bytes"],
+            "lag_seconds": f["lag_seconds"],
+        }
+        for f in view.get("followers", [])
+    ]
+    return {
+        "mode": "cluster",
+        "name": view.get("name", ""),
+        "leader": view.get("leader", ""),
+        "in_sync_set": view.get("isr", []),
+        "nodes": nodes,
+        "note": CLUSTER_NOTE,
+    }
 
 
 def _io_workers(seg: Segment, paging_files: list[tuple[int, int, int]]) -> list[dict[str, Any]]:

@@ -129,6 +129,12 @@ def test_a_follower_proxies_clients_and_confirmed_messages_survive_the_leaders_s
     # The management API answers for the cluster on a follower too (piped to the leader).
     api_nodes = json.loads(http_get(follower, "--management-port", "/api/nodes"))
     assert [n.get("cluster_role") for n in api_nodes] == ["leader", "follower", "follower"]
+    # The UI's Shoal tab: the roles, the in-sync set and each follower's lag.
+    cluster = json.loads(http_get(follower, "--management-port", "/api/shoal"))["cluster"]
+    assert cluster["mode"] == "cluster" and cluster["leader"] == leader.status()["node"]
+    assert sorted(cluster["in_sync_set"]) == sorted(n.status()["node"] for n in nodes)
+    assert [n["role"] for n in cluster["nodes"]] == ["leader", "follower", "follower"]
+    assert all(n["in_sync"] and n["replication_lag"] >= 0 for n in cluster["nodes"])
     bodies = [b"m-%d" % i for i in range(300)]
     publish_confirmed(follower, "q", bodies)  # through the follower's proxy
     publish_confirmed(follower, "qq", bodies[:100], "quorum")
