@@ -318,6 +318,16 @@ class Channel:
             "acks_uncommitted": len(tx.settles) if tx is not None else 0,
             "prefetch_count": delivery.prefetch_count,
             "global_prefetch_count": delivery.global_prefetch,
+            # Counts since it opened, kept anyway: the management API's
+            # message_stats and their rates (broker/management/shapes.py).
+            "counts": {
+                "publish": publisher.publish_count,
+                "confirm": publisher.confirm_sent,
+                "drop_unroutable": publisher.unroutable[False],
+                "return_unroutable": publisher.unroutable[True],
+                "deliver_get": delivery.next_tag - 1,
+                "ack": delivery.acked,
+            },
             "consumers": [
                 {
                     "consumer_tag": c.tag.decode(errors="replace"),

@@ -51,6 +51,7 @@ class DeliveryBook:
     see their channel through it (DeliveryChannel)."""
 
     __slots__ = (
+        "acked",
         "channel",
         "conn",
         "consumers",
@@ -97,6 +98,7 @@ class DeliveryBook:
         self.global_prefetch = 0
         self.global_prefetch_size = 0
         self.unacked_bytes = 0
+        self.acked = 0  # messages acknowledged on this channel (its message_stats)
         self.flow_active = True  # the client's channel.flow
         # Direct reply-to (workers/reply_to.py): the queue this channel's
         # reply consumer reads (b"": none).
@@ -337,6 +339,7 @@ class DeliveryBook:
             # Acks, the common case, in one loop: each entry deleted by one C
             # call; blocked publishers looked at once per queue after.
             self.stats[stats.ACKNOWLEDGED] += len(tags)
+            self.acked += len(tags)
             store = self.ctx.store
             by_queue: dict[int, list[int]] = {}
             size_sum = 0
@@ -386,6 +389,7 @@ class DeliveryBook:
             self.ctx.persist.settle_many(settled)  # type: ignore[union-attr]  # settles recorded
         if count:
             self.stats[stats.ACKNOWLEDGED] += count
+            self.acked += count
             self.unacked_bytes -= body_bytes
             for consumer, n, size in consumers:
                 if consumer is not None:

@@ -74,6 +74,7 @@ class Publisher:
         "stats",
         "stream_waits",
         "transactions",
+        "unroutable",
         "unsynced",
     )
 
@@ -98,6 +99,7 @@ class Publisher:
         self.confirm = False
         self.publish_seq = 0
         self.publish_count = 0  # messages this channel published (it is a "publisher")
+        self.unroutable = [0, 0]  # its messages dropped and returned as unroutable
         self.confirm_high = 0
         self.confirm_sent = 0
         # Confirms held until this channel's own consumer has been handed the
@@ -454,6 +456,7 @@ class Publisher:
             stats[ROUTED] += 1
         else:
             stats[UNROUTABLE_RETURNED if mandatory else UNROUTABLE_DROPPED] += 1
+            self.unroutable[mandatory] += 1
         stats[SIZE_SUM] += size
         stats[SIZE_BUCKETS if size <= 100 else SIZE_BUCKETS + size_bucket(size)] += 1
         if self.confirm:

@@ -13,6 +13,7 @@ from aiohttp import web
 from shoal.broker.management import shapes
 from shoal.broker.management.http import (
     BACKEND,
+    CHANNEL_RATES,
     DATA_RATES,
     RATES,
     check_vhost,
@@ -346,7 +347,7 @@ async def channel_rows(request: web.Request) -> list[dict[str, Any]]:
     for c in consumers:
         detail = shapes.consumer_detail({**c, "node": node_name()}, channels.get(c["channel"]))
         by_channel.setdefault(c["channel"], []).append(detail)
-    return [
+    shaped = [
         {
             **shapes.channel_fields(
                 r, connections.get(r["connection"]), by_channel.get(r["name"], [])
@@ -355,6 +356,7 @@ async def channel_rows(request: web.Request) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+    return request.app[CHANNEL_RATES].fields(shaped, requested_age(request.query))
 
 
 async def channels(request: web.Request) -> web.Response:

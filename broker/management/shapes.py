@@ -89,39 +89,84 @@ def consumer_detail(consumer: dict[str, Any], channel: dict[str, Any] | None) ->
     }
 
 
-class DataRates:
-    """Connections' byte rates from two readings of their counters, kept
-    per connection and replaced when the newer is DATA_RATE_MIN_INTERVAL_S
-    old: the UI polls every 5 s, so its rate spans about one poll."""
+class CounterRates:
+    """Rates of a row's counters from two readings of them, kept per row
+    and replaced when the newer is DATA_RATE_MIN_INTERVAL_S old: the UI
+    polls every 5 s, so a rate spans about one poll. Rows not seen in a
+    listing are forgotten."""
 
     def __init__(self) -> None:
-        # name -> [(at, recv_oct, send_oct) older, newer]
-        self.readings: dict[str, list[tuple[float, int, int]]] = {}
+        # name -> [(at, counters) older, newer]
+        self.readings: dict[str, list[tuple[float, tuple[int, ...]]]] = {}
+        self.seen: set[str] = set()
+
+    def rates(self, name: str, now: float, counters: tuple[int, ...]) -> list[float]:
+        self.seen.add(name)
+        reading = (now, counters)
+        kept = self.readings.setdefault(name, [reading])
+        if now - kept[-1][0] >= DATA_RATE_MIN_INTERVAL_S:
+            kept[:] = [kept[-1], reading]
+        (then, old), (at, new) = kept[0], kept[-1]
+        span = at - then
+        if span <= 0:
+            return [0.0] * len(new)
+        return [round((b - a) / span, 1) for a, b in zip(old, new, strict=True)]
+
+    def forget_unseen(self) -> None:
+        for gone in set(self.readings) - self.seen:
+            del self.readings[gone]
+        self.seen = set()
+
+
+class DataRates(CounterRates):
+    """Connections' byte rates (recv_oct, send_oct)."""
 
     def fields(self, rows: list[dict[str, Any]], age_s: int | None) -> list[dict[str, Any]]:
         now = time.monotonic()
-        seen = set()
         out = []
         for row in rows:
-            name = row["name"]
-            seen.add(name)
-            reading = (now, row.get("recv_oct", 0), row.get("send_oct", 0))
-            kept = self.readings.setdefault(name, [reading])
-            if now - kept[-1][0] >= DATA_RATE_MIN_INTERVAL_S:
-                kept[:] = [kept[-1], reading]
-            older, newer = kept[0], kept[-1]
-            span = newer[0] - older[0]
-            recv_rate = round((newer[1] - older[1]) / span, 1) if span > 0 else 0.0
-            send_rate = round((newer[2] - older[2]) / span, 1) if span > 0 else 0.0
+            recv, send = row.get("recv_oct", 0), row.get("send_oct", 0)
+            recv_rate, send_rate = self.rates(row["name"], now, (recv, send))
             out.append(
                 {
                     **row,
-                    "recv_oct_details": _details(recv_rate, row.get("recv_oct", 0), age_s),
-                    "send_oct_details": _details(send_rate, row.get("send_oct", 0), age_s),
+                    "recv_oct_details": _details(recv_rate, recv, age_s),
+                    "send_oct_details": _details(send_rate, send, age_s),
                 }
             )
-        for gone in set(self.readings) - seen:
-            del self.readings[gone]
+        self.forget_unseen()
+        return out
+
+
+# A channel's message_stats: what its worker counts of it (workers/channel.py
+# describe, `counts`), in RabbitMQ's names.
+CHANNEL_STATS = (
+    "publish",
+    "confirm",
+    "drop_unroutable",
+    "return_unroutable",
+    "deliver_get",
+    "ack",
+)
+
+
+class ChannelRates(CounterRates):
+    """Channels' message_stats: counts since the channel opened, each with
+    its rate over about the UI's last poll."""
+
+    def fields(self, rows: list[dict[str, Any]], age_s: int | None) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        out = []
+        for row in rows:
+            counts = row.pop("counts", None) or {}
+            values = tuple(int(counts.get(stat, 0)) for stat in CHANNEL_STATS)
+            rates = self.rates(row["name"], now, values)
+            stats: dict[str, Any] = {}
+            for stat, value, rate in zip(CHANNEL_STATS, values, rates, strict=True):
+                stats[stat] = value
+                stats[f"{stat}_details"] = _details(rate, value, age_s)
+            out.append({**row, "message_stats": stats})
+        self.forget_unseen()
         return out
 
 

@@ -66,13 +66,12 @@ NOT_SERVED = {
     # Not tracked: the UI then shows the object's state (running), not "idle".
     "idle_since": "when a queue or channel last did something",
 }
-# Counted by RabbitMQ per exchange, channel or vhost; Shoal counts these
-# per broker and per queue only, to keep the publish path as it is.
+# Counted by RabbitMQ per exchange; Shoal does not count per exchange yet.
+# (A channel's message_stats are counted: publish, confirm, unroutable,
+# deliver/get, ack; a connection's are RabbitMQ's sum of its channels'.)
 NOT_COUNTED_HERE = {
     "exchange-direct": {"message_stats"},
     "exchange-ui": {"message_stats"},
-    "channel": {"message_stats"},
-    "channels": {"message_stats"},
     "connection": {"message_stats"},
 }
 VHOST_NOT_COUNTED = {"confirm", "drop_unroutable", "return_unroutable"}

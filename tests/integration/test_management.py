@@ -63,6 +63,59 @@ def admin(broker: Broker, *args: str, user: str = "guest", password: str = "gues
     return done.stdout
 
 
+def test_a_channels_message_stats_count_and_rate(managed: Broker) -> None:
+    """/api/channels: each channel's publish, confirm, unroutable,
+    deliver/get and ack counts, and their rates (two readings at least
+    shapes.DATA_RATE_MIN_INTERVAL_S apart, as the UI's polls are)."""
+    conn = connect(managed)
+    publisher, getter, dropper = conn.channel(), conn.channel(), conn.channel()
+    publisher.queue_declare("counted")
+    publisher.confirm_delivery()
+    for _ in range(10):
+        publisher.basic_publish("", "counted", b"m")
+    for _ in range(5):
+        method, _props, _body = getter.basic_get("counted")
+        getter.basic_ack(method.delivery_tag)
+    dropper.basic_publish("", "no-such-queue", b"lost")  # not mandatory: dropped
+    conn.process_data_events(0)
+
+    def by_number() -> dict[int, dict[str, Any]]:
+        status, rows = http(managed, "GET", "/channels")
+        assert status == 200
+        return {row["number"]: row["message_stats"] for row in rows}
+
+    def counted() -> dict[int, dict[str, int]] | None:
+        stats = by_number()
+        counts = {
+            n: {k: v for k, v in s.items() if not k.endswith("_details")} for n, s in stats.items()
+        }
+        return counts if counts.get(3, {}).get("drop_unroutable") == 1 else None
+
+    counts = wait_for(counted, 10, "the dropped message counted")
+    assert counts[publisher.channel_number] == {
+        "publish": 10,
+        "confirm": 10,
+        "drop_unroutable": 0,
+        "return_unroutable": 0,
+        "deliver_get": 0,
+        "ack": 0,
+    }
+    assert (counts[getter.channel_number]["deliver_get"], counts[getter.channel_number]["ack"]) == (
+        5,
+        5,
+    )
+    assert counts[dropper.channel_number]["publish"] == 1
+
+    def publishing_shows_a_rate() -> bool:
+        for _ in range(20):
+            publisher.basic_publish("", "counted", b"m")
+        rate = by_number()[publisher.channel_number]["publish_details"]["rate"]
+        return bool(rate > 0)
+
+    wait_for(publishing_shows_a_rate, 20, "a channel's publish rate", interval=0.5)
+    conn.close()
+
+
 def http(
     broker: Broker,
     method: str,
