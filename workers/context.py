@@ -118,7 +118,7 @@ class RemoteError(Exception):
         self.reply_text = reply_text
 
 
-class WorkerContext:
+class WorkerContext(Requests):
     def __init__(
         self,
         config: Config,
@@ -214,28 +214,10 @@ class WorkerContext:
         if self.link is not None:
             self.link.send(message)
 
-    # Which answer each request gets (broker/ipc.py).
-    @overload
-    def request(self, message: ipc.Declare) -> asyncio.Future[ipc.QueueDeclared]: ...
-    @overload
-    def request(self, message: ipc.Consume) -> asyncio.Future[ipc.Registered]: ...
-    @overload
-    def request(self, message: ipc.Delete | ipc.Purge) -> asyncio.Future[ipc.Counted]: ...
-    @overload
-    def request(self, message: ipc.Level) -> asyncio.Future[ipc.LevelLog]: ...
-    @overload
-    def request(
-        self,
-        message: ipc.ExchangeDeclare
-        | ipc.ExchangeDelete
-        | ipc.Binding
-        | ipc.ConnOpen
-        | ipc.ConnClosed,
-    ) -> asyncio.Future[ipc.Ok]: ...
-
     def request(self, message: ipc.Request) -> asyncio.Future[Any]:
         """Send a request to the scheduler (numbering it); the future gets
-        the answer, or a RemoteError for a refusal."""
+        the answer, or a RemoteError for a refusal. Which answer each
+        request gets is Requests' overloads (the parts see it as that)."""
         message.req = req = next(self._reqs)
         fut: asyncio.Future[Any] = self.loop.create_future()
         self._pending[req] = (fut, message)
