@@ -200,6 +200,12 @@ def _broker_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--management-bind", default=d.management_bind, help="default: --bind")
     p.add_argument(
+        "--shovels",
+        action=argparse.BooleanOptionalAction,
+        default=d.shovels,
+        help="run the dynamic shovels set as parameters (default: on)",
+    )
+    p.add_argument(
         "--collect-statistics-interval",
         type=int,
         default=d.collect_statistics_interval,
@@ -307,6 +313,7 @@ def local_command(
         "0",
         "--management-port",
         "0",
+        "--no-shovels",  # a test that wants them says --shovels
         *extra,
     ]
 

@@ -71,6 +71,9 @@ class Config(msgspec.Struct, frozen=True):
     # ms between the management API's samples for message rates (RabbitMQ's
     # collect_statistics_interval).
     collect_statistics_interval: int = 5000
+    # Dynamic shovels (broker/shovel): a process that runs the shovel
+    # parameters (RabbitMQ's rabbitmq_shovel plugin, here always built in).
+    shovels: bool = True
     cluster_name: str = ""  # rabbitmq_identity_info's rabbitmq_cluster ("": shoal@<host>)
     # A replicated cluster (broker/cluster, docs/cluster.md); no etcd: standalone.
     cluster_etcd: tuple[str, ...] = ()

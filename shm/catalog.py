@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -181,3 +181,30 @@ class CatalogReader:
         # The half we read is next rewritten by the compaction that starts
         # at (epoch_before | 1) + 2 (odd: compacting into it).
         return self.a.load(self.base + C_EPOCH) < (epoch_before | 1) + 2
+
+
+class Applies(Protocol):
+    def apply(self, op: Any) -> None: ...
+
+
+_State = TypeVar("_State", bound=Applies)
+
+
+class CatalogFollower(Generic[_State]):
+    """What the journal holds now, replayed into a state of its own by a
+    process that only reads it (the management API, the shovel process):
+    `current()` applies what changed since its last call."""
+
+    def __init__(self, seg: Segment, record: Any, fresh: Callable[[], _State]) -> None:
+        self.reader = CatalogReader(seg, record)
+        self.fresh = fresh
+        self.state = fresh()
+
+    def current(self) -> _State:
+        if self.reader.changed():
+            reset, ops = self.reader.poll()
+            if reset:
+                self.state = self.fresh()
+            for op in ops:
+                self.state.apply(op)
+        return self.state

@@ -119,6 +119,7 @@ BROKER_SUBPACKAGES = (
     "observe",
     "operate",
     "scheduler",
+    "shovel",
     "supervisor",
 )
 

@@ -120,6 +120,20 @@ class VHostDeleted(Operation, tag="V"):
     pass
 
 
+class ParameterSet(Operation, tag="m"):
+    """A runtime parameter of a vhost (RabbitMQ's `set_parameter`): a
+    shovel's, the one component Shoal runs (broker/shovel/)."""
+
+    component: str
+    name: str
+    value: dict[str, Any]
+
+
+class ParameterCleared(Operation, tag="M"):
+    component: str
+    name: str
+
+
 class VHostLimitsSet(Operation, tag="l"):
     limits: dict[str, int]
 
@@ -184,6 +198,8 @@ Op = Union[  # noqa: UP007
     PermissionCleared,
     TopicPermissionSet,
     TopicPermissionCleared,
+    ParameterSet,
+    ParameterCleared,
 ]
 ACCESS_OPS = (
     VHostLimitsSet,
@@ -227,11 +243,14 @@ def inverse(op: Op) -> Op:
         return QueueGone(op.vhost, op.queue)
     if isinstance(op, PolicySet):
         return PolicyCleared(op.vhost, op.name)
+    if isinstance(op, ParameterSet):
+        return ParameterCleared(op.vhost, op.component, op.name)
     raise ValueError(f"no inverse for {op!r}")
 
 
 class Definitions:
     __slots__ = (
+        "parameters",
         "permissions",
         "policies",
         "queue_arguments",
@@ -249,6 +268,8 @@ class Definitions:
         self.queue_arguments: dict[tuple[str, str], dict[str, Any]] = {}
         # vhost -> policy name -> policy (broker/amqp/policy_rules.py's form)
         self.policies: dict[str, dict[str, dict[str, Any]]] = {}
+        # vhost -> (component, name) -> value: runtime parameters (shovels)
+        self.parameters: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self.vhost_limits: dict[str, dict[str, int]] = {}
         self.users: dict[str, UserSet] = {}
         self.permissions: dict[tuple[str, str], PermissionSet] = {}  # (vhost, user)
@@ -321,11 +342,18 @@ class Definitions:
     def _policy_cleared(self, router: Router, op: PolicyCleared) -> None:
         self.policies.get(op.vhost, {}).pop(op.name, None)
 
+    def _parameter_set(self, router: Router, op: ParameterSet) -> None:
+        self.parameters.setdefault(op.vhost, {})[(op.component, op.name)] = op.value
+
+    def _parameter_cleared(self, router: Router, op: ParameterCleared) -> None:
+        self.parameters.get(op.vhost, {}).pop((op.component, op.name), None)
+
     def _vhost_deleted(self, router: Router, op: VHostDeleted) -> None:
         vhost = op.vhost
         self.vhosts.pop(vhost, None)
         self.vhost_ids.pop(vhost, None)
         self.policies.pop(vhost, None)
+        self.parameters.pop(vhost, None)
         self.vhost_limits.pop(vhost, None)
         for table in (self.queue_arguments, self.permissions, self.topic_permissions):
             for key in [key for key in table if key[0] == vhost]:
@@ -394,6 +422,9 @@ class Definitions:
             for p in named.values():
                 fields = (p["name"], p["pattern"], p["apply-to"], p["priority"], p["definition"])
                 ops.append(PolicySet(vhost, *fields))
+        for vhost, parameters in self.parameters.items():
+            for (component, name), value in parameters.items():
+                ops.append(ParameterSet(vhost, component, name, value))
         ops += self.access_snapshot()
         return ops
 
@@ -429,5 +460,7 @@ _APPLY: dict[type, _Apply] = dict(
         _on(PermissionCleared, Definitions._permission_cleared),
         _on(TopicPermissionSet, Definitions._topic_permission_set),
         _on(TopicPermissionCleared, Definitions._topic_permission_cleared),
+        _on(ParameterSet, Definitions._parameter_set),
+        _on(ParameterCleared, Definitions._parameter_cleared),
     )
 )

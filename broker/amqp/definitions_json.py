@@ -43,6 +43,7 @@ class Imported(NamedTuple):
     exchanges: list[D.ExchangeDeclared]
     queues: list[QueueRow]
     bindings: list[D.Bound]
+    parameters: list[D.ParameterSet]  # a shovel's (the one component besides vhost-limits)
 
 
 class DefinitionsError(ValueError):
@@ -119,6 +120,11 @@ def export(
             {"vhost": vhost, "component": "vhost-limits", "name": "limits", "value": value}
             for vhost, value in limits.items()
             if value
+        ]
+        + [
+            {"value": value, "vhost": vhost, "component": component, "name": name}
+            for vhost, parameters in definitions.parameters.items()
+            for (component, name), value in parameters.items()
         ],
         "global_parameters": [],
         "policies": [
@@ -147,7 +153,7 @@ def parse(doc: Any) -> Imported:
     what is wrong, as RabbitMQ refuses an import)."""
     if not isinstance(doc, dict):
         raise DefinitionsError("definitions must be a JSON object")
-    imported = Imported([], [], [], [], [], [], [], [], [])
+    imported = Imported([], [], [], [], [], [], [], [], [], [])
     for entry in _entries(doc, "vhosts"):
         imported.vhosts.append(_text(entry, "name"))
     for entry in _entries(doc, "users"):
@@ -158,6 +164,13 @@ def parse(doc: Any) -> Imported:
             if not isinstance(value, dict):
                 raise DefinitionsError("a vhost-limits parameter's value must be an object")
             imported.vhost_limits.append(D.VHostLimitsSet(_text(entry, "vhost"), value))
+        elif entry.get("component") == "shovel":
+            value = entry.get("value")
+            if not isinstance(value, dict):
+                raise DefinitionsError("a shovel parameter's value must be an object")
+            imported.parameters.append(
+                D.ParameterSet(_text(entry, "vhost"), "shovel", _text(entry, "name"), value)
+            )
     for entry in _entries(doc, "permissions"):
         vhost, user = _text(entry, "vhost"), _text(entry, "user")
         patterns = [_pattern(entry, k) for k in ("configure", "write", "read")]

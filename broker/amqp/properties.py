@@ -10,6 +10,25 @@ import struct
 
 from shoal.broker.amqp import errors, field_table
 
+# The basic class's properties, in their order on the wire (pika's names).
+BASIC_PROPERTIES = (
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
+NUMERIC_PROPERTIES = ("delivery_mode", "priority", "timestamp")
+
 _HEADERS_FLAG = 0x2000
 _CONTENT_TYPE_FLAG = 0x8000
 _CONTENT_ENCODING_FLAG = 0x4000

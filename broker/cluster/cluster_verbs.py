@@ -9,15 +9,15 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
+
+from shoal.broker import json_socket
 
 SOCKET = "cluster.sock"
 VERBS = ("cluster_status", "step_down", "transfer_leadership")
 
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Handler = json_socket.Handler
 
 
 def socket_path(runtime_dir: str) -> str:
@@ -25,39 +25,11 @@ def socket_path(runtime_dir: str) -> str:
 
 
 async def serve(runtime_dir: str, handle: Handler) -> asyncio.base_events.Server:
-    os.makedirs(runtime_dir, mode=0o700, exist_ok=True)
-    path = socket_path(runtime_dir)
-    if os.path.exists(path):
-        os.unlink(path)
-
-    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            line = await asyncio.wait_for(reader.readline(), 10)
-            try:
-                request = json.loads(line)
-                answer = await handle(request)
-            except (ValueError, KeyError, TypeError) as exc:
-                answer = {"error": f"bad request: {exc}"}
-            writer.write(json.dumps(answer).encode() + b"\n")
-            await writer.drain()
-        except (OSError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_unix_server(one, path)
+    return await json_socket.serve(socket_path(runtime_dir), handle)
 
 
 def request(runtime_dir: str, message: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(socket_path(runtime_dir))
-        sock.sendall(json.dumps(message).encode() + b"\n")
-        chunks = []
-        while chunk := sock.recv(1 << 16):
-            chunks.append(chunk)
-    answer: dict[str, Any] = json.loads(b"".join(chunks))
-    return answer
+    return json_socket.ask(socket_path(runtime_dir), message, timeout)
 
 
 def render(status: dict[str, Any]) -> str:

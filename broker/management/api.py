@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from shoal.broker.amqp import access
-from shoal.broker.management import admin, limits_api, nodes_api, objects, ui
+from shoal.broker.management import admin, limits_api, nodes_api, objects, shovels_api, ui
 from shoal.broker.management.backend import AmqpError, ControlError
 from shoal.broker.management.http import BACKEND, error
 
@@ -140,3 +140,4 @@ def routes(app: web.Application) -> None:
     r.add_get("/api/health/checks/{check}", admin.health)
     r.add_get("/api/health/checks/{check}/{arg}", admin.health)
     limits_api.routes(r)
+    shovels_api.routes(r)

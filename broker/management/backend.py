@@ -24,7 +24,7 @@ from shoal.broker.config import Config
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.shm import memory
-from shoal.shm.catalog import CatalogReader
+from shoal.shm.catalog import CatalogFollower
 from shoal.shm.segment import Segment
 
 CONTROL_TIMEOUT = 30.0
@@ -55,8 +55,7 @@ class Backend:
         self.config = config
         self.seg = seg
         self.runtime_dir = config.runtime_path()
-        self.reader = CatalogReader(seg, Op)
-        self.definitions = Definitions()
+        self.journal = CatalogFollower(seg, Op, Definitions)
 
     def alarms(self) -> str:
         """The resource alarms in force, as RabbitMQ's health check names
@@ -72,13 +71,7 @@ class Backend:
     def current(self) -> Definitions:
         """The definitions as the journal has them now (users, vhosts,
         permissions): replayed since the last call."""
-        if self.reader.changed():
-            reset, ops = self.reader.poll()
-            if reset:
-                self.definitions = Definitions()
-            for op in ops:
-                self.definitions.apply(op)
-        return self.definitions
+        return self.journal.current()
 
     async def control(self, request: C.Op | dict[str, Any]) -> dict[str, Any]:
         """One request to the scheduler's control socket: typed (control.py),

@@ -1,10 +1,10 @@
 """The management API's limits and parameters, as RabbitMQ 3.10's: vhost
 limits (`/api/vhost-limits[/V[/NAME]]`), user limits
 (`/api/user-limits[/U[/NAME]]`), runtime parameters (`/api/parameters`:
-the vhost limits are RabbitMQ's `vhost-limits` component; Shoal has no
-shovel or federation), global parameters and operator policies (none), so
-that `rabbitmqadmin list parameters | vhost_limits | operator_policies` and
-tools that read them work."""
+the vhost limits are RabbitMQ's `vhost-limits` component, the shovels its
+`shovel` one, shovels_api.py; Shoal has no federation), global parameters
+and operator policies (none), so that `rabbitmqadmin list parameters |
+vhost_limits | operator_policies` and tools that read them work."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from shoal.broker.management import shovels_api
 from shoal.broker.management.http import (
     BACKEND,
     check_vhost,
@@ -94,9 +95,9 @@ async def parameters(request: web.Request) -> web.Response:
     vhost = path_vhost(request) if "vhost" in request.match_info else None
     if vhost is not None:
         check_vhost(request, vhost)
-    rows = []
+    rows = shovels_api.parameter_rows(request, component, vhost)
     if component in (None, "vhost-limits"):
-        rows = [
+        rows += [
             {
                 "vhost": r["vhost"],
                 "component": "vhost-limits",

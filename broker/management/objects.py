@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from shoal.broker.amqp.properties import BASIC_PROPERTIES
 from shoal.broker.management import shapes
 from shoal.broker.management.http import (
     BACKEND,
@@ -216,22 +217,7 @@ async def exchange_publish(request: web.Request) -> web.Response:
     return web.json_response({"routed": routed})
 
 
-_PIKA_PROPERTIES = {
-    "content_type",
-    "content_encoding",
-    "headers",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-}
+_PIKA_PROPERTIES = set(BASIC_PROPERTIES)
 
 
 def _binding_row(row: dict[str, Any], vhost: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shoal.broker.config import Config
+from shoal.broker.operate import shovel_verbs
 from shoal.broker.operate.policy import request
 from shoal.broker.scheduler import control as C
 
@@ -103,6 +104,14 @@ def _policy(ns: argparse.Namespace) -> C.Op:
         priority=ns.priority,
         apply_to=ns.apply_to,
     )
+
+
+def _parameter(ns: argparse.Namespace) -> C.Op:
+    try:
+        value = json.loads(ns.value)
+    except ValueError as exc:
+        raise SystemExit(f"Error: the parameter's value is not JSON: {exc}") from None
+    return C.SetParameter(vhost=ns.vhost, component=ns.component, name=ns.name, value=value)
 
 
 BINDING_COLUMNS = (
@@ -297,6 +306,24 @@ VERBS: dict[str, Verb] = {
         ("count",), _worker_count, done="Setting the number of IO workers to {count} ..."
     ),
     "worker_count": Verb((), _fields(), "Asking for the number of IO workers ...", WORKER_COLUMNS),
+    "set_parameter": Verb(
+        ("component", "name", "value"),
+        _parameter,
+        done='Setting runtime parameter "{name}" for component "{component}" to "{value}" '
+        'in vhost "{vhost}" ...',
+    ),
+    "clear_parameter": Verb(
+        ("component", "name"),
+        _fields("component", "name"),
+        done='Clearing runtime parameter "{name}" for component "{component}" on vhost '
+        '"{vhost}" ...',
+    ),
+    "list_parameters": Verb(
+        (),
+        _fields(),
+        'Listing runtime parameters for vhost "{vhost}" ...',
+        ("component", "name", "value"),
+    ),
     "list_policies": Verb(
         (),
         _fields(),
@@ -387,6 +414,8 @@ def main(argv: list[str]) -> int:
 
     if _verb(argv) in cluster_control.VERBS:  # a cluster node's agent answers these
         return cluster_control.main(_globals_first(argv))
+    if _verb(argv) in shovel_verbs.VERBS:  # the shovel process answers these
+        return shovel_verbs.main(_globals_first(argv))
     ns = _parser().parse_args(_globals_first(argv))
     verb = VERBS[ns.verb]
     if ns.verb in ("add_vhost", "delete_vhost"):

@@ -208,6 +208,24 @@ class ListPolicies(InVhost, tag="list_policies", kw_only=True):
     CODED: ClassVar[bool] = False
 
 
+class SetParameter(InVhost, tag="set_parameter", kw_only=True):
+    """A runtime parameter (RabbitMQ's `set_parameter`): `value` is any
+    JSON, checked by its component (a shovel's: broker/amqp/shovel_definition.py)."""
+
+    component: str = ""
+    name: str = ""
+    value: Any = None
+
+
+class ClearParameter(InVhost, tag="clear_parameter", kw_only=True):
+    component: str = ""
+    name: str = ""
+
+
+class ListParameters(InVhost, tag="list_parameters", kw_only=True):
+    component: str = ""  # "": every component's
+
+
 # Answered from the workers' INSPECT answers (introspect.py).
 class ListConnections(Op, tag="list_connections", kw_only=True):
     pass
@@ -259,6 +277,9 @@ Request = Union[  # noqa: UP007 (a Union: msgspec decodes it by its tag)
     SetPolicy,
     ClearPolicy,
     ListPolicies,
+    SetParameter,
+    ClearParameter,
+    ListParameters,
     ListConnections,
     ListChannels,
     ListConsumers,

@@ -2,8 +2,8 @@
 
 As RabbitMQ keeps them: virtual hosts, durable exchanges, durable queues
 that are not exclusive (with their arguments), bindings whose source and
-destination are both durable, and policies. Everything else vanishes with
-the broker. Users, their permissions and vhost limits are kept too (as
+destination are both durable, policies and runtime parameters (shovels).
+Everything else vanishes with the broker. Users, their permissions and vhost limits are kept too (as
 RabbitMQ keeps them in its database, with the password hashes only).
 
 This module is the scheduler's side: which records the log holds (`Record`:
@@ -58,6 +58,8 @@ Record = Union[  # noqa: UP007 (a Union: mypy takes it as a type alias)
     D.PermissionCleared,
     D.TopicPermissionSet,
     D.TopicPermissionCleared,
+    D.ParameterSet,
+    D.ParameterCleared,
     UsersSeeded,
 ]
 

@@ -18,6 +18,16 @@ from shoal.store.definitions_log import QueueDeclared, UsersSeeded
 
 log = logging.getLogger("shoal.scheduler")
 
+# Changes that are always durable (besides users and their access).
+LASTING_OPS = (
+    definitions.VHostAdded,
+    definitions.VHostDeleted,
+    definitions.PolicySet,
+    definitions.PolicyCleared,
+    definitions.ParameterSet,
+    definitions.ParameterCleared,
+)
+
 
 class Journal:
     """Definitions changes, in shared memory and on disk: every part that
@@ -124,11 +134,7 @@ class Journal:
 
     def _is_durable_change(self, op: definitions.Op) -> bool:
         """Whether `op` (not yet applied) changes the durable definitions."""
-        if isinstance(op, definitions.VHostAdded | definitions.PolicySet):
-            return True
-        if isinstance(op, (*definitions.ACCESS_OPS, definitions.VHostDeleted)):
-            return True
-        if isinstance(op, definitions.PolicyCleared):
+        if isinstance(op, (*definitions.ACCESS_OPS, *LASTING_OPS)):
             return True
         if isinstance(op, definitions.ExchangeDeclared):
             return op.durable
@@ -160,7 +166,9 @@ class Journal:
         ]
         snapshot += self.state.definitions.access_snapshot()
         snapshot += [
-            op for op in self.state.definitions.snapshot() if isinstance(op, definitions.PolicySet)
+            op
+            for op in self.state.definitions.snapshot()
+            if isinstance(op, definitions.PolicySet | definitions.ParameterSet)
         ]
         routers = self.state.definitions.vhosts.items()
         for vhost, router in routers:

@@ -46,6 +46,7 @@ from shoal.broker.scheduler.exchanges import Exchanges
 from shoal.broker.scheduler.introspect import Introspection, socket_path
 from shoal.broker.scheduler.journal import Journal
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
+from shoal.broker.scheduler.parameters import Parameters
 from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.queue_lifecycle import QueueLifecycle
 from shoal.broker.scheduler.state import SchedulerState
@@ -92,10 +93,17 @@ class Scheduler:
         self.exchanges = Exchanges(state, self.journal, self.lifecycle.delay_queue)
         self.lifecycle.unbound = self.exchanges.auto_delete
         self.policies = Policies(state, self.journal, self.lifecycle)
+        self.parameters = Parameters(state, self.journal)
         self.accounts = Accounts(state, self.journal, self.lifecycle.remove_queue)
         self.connections = Connections(state)
         self.transfer = Transfer(
-            state, self.journal, self.accounts, self.policies, self.exchanges, self.lifecycle
+            state,
+            self.journal,
+            self.accounts,
+            self.policies,
+            self.parameters,
+            self.exchanges,
+            self.lifecycle,
         )
         lifecycle = self.lifecycle
         self.notification = Notification(state, lifecycle.remove_queue, lifecycle.queue_used)
@@ -361,7 +369,7 @@ def _control_table(s: Scheduler) -> dict[type[C.Op], C.Handler]:
     """The control socket's requests (control.py) by op type: the part's
     method that answers each. The connection listings are the control
     socket's own (introspect.py): they ask the workers."""
-    accounts, transfer, policies = s.accounts, s.transfer, s.policies
+    accounts, transfer, policies, parameters = s.accounts, s.transfer, s.policies, s.parameters
     return dict(
         (
             C.handler(C.AddUser, accounts.add_user),
@@ -396,6 +404,9 @@ def _control_table(s: Scheduler) -> dict[type[C.Op], C.Handler]:
             C.handler(C.SetPolicy, policies.set_policy),
             C.handler(C.ClearPolicy, policies.clear_policy),
             C.handler(C.ListPolicies, policies.list_policies),
+            C.handler(C.SetParameter, parameters.set_parameter),
+            C.handler(C.ClearParameter, parameters.clear_parameter),
+            C.handler(C.ListParameters, parameters.list_parameters),
         )
     )
 

@@ -14,10 +14,12 @@ from typing import Any
 from shoal.broker.amqp import definitions as D
 from shoal.broker.amqp import definitions_json as J
 from shoal.broker.amqp import errors, policy_rules, routing
+from shoal.broker.amqp import shovel_definition as shovel_spec
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.accounts import USER_LIMITS, VHOST_LIMITS, Accounts, checked_limits
 from shoal.broker.scheduler.exchanges import Exchanges
 from shoal.broker.scheduler.journal import Journal
+from shoal.broker.scheduler.parameters import Parameters
 from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.queue_lifecycle import QueueLifecycle
 from shoal.broker.scheduler.state import QueueState, SchedulerState
@@ -39,6 +41,7 @@ class Transfer:
         journal: Journal,
         accounts: Accounts,
         policies: Policies,
+        parameters: Parameters,
         exchanges: Exchanges,
         lifecycle: QueueLifecycle,
     ) -> None:
@@ -46,6 +49,7 @@ class Transfer:
         self._journal = journal.journal
         self.accounts = accounts
         self.policies = policies
+        self.parameters = parameters
         self.exchanges = exchanges
         self.lifecycle = lifecycle
 
@@ -251,6 +255,13 @@ class Transfer:
             self.exchanges.bind(
                 b.vhost, b.source, b.kind, b.dest, b.routing_key, b.arguments, 0, unbind=False
             )
+        # Shovels last (RabbitMQ sets them before the queues): a shovel that
+        # declared its queue first would make the queue's own declare fail.
+        for parameter in imported.parameters:
+            self._known_vhost(parameter.vhost)
+            self.parameters.set(
+                parameter.vhost, parameter.component, parameter.name, parameter.value
+            )
         log.info(
             "definitions imported: %d users, %d vhosts, %d queues, %d exchanges, %d bindings",
             len(imported.users),
@@ -273,6 +284,13 @@ class Transfer:
             checked_limits({}, vhost_limits.limits, VHOST_LIMITS)
         for p in imported.policies:
             policy_rules.check(p.name, p.pattern, p.apply_to, p.definition)
+        for parameter in imported.parameters:
+            reasons = shovel_spec.check(parameter.name, parameter.value)
+            if reasons:
+                where = f"{parameter.vhost}/{parameter.component}/{parameter.name}"
+                raise J.DefinitionsError(
+                    "Validation failed\n\n" + "\n".join(reasons) + f"\n ({where})"
+                )
         granted: list[D.PermissionSet | D.TopicPermissionSet] = [
             *imported.permissions,
             *imported.topic_permissions,
@@ -285,6 +303,7 @@ class Transfer:
             *imported.permissions,
             *imported.topic_permissions,
             *imported.policies,
+            *imported.parameters,
             *imported.exchanges,
             *imported.bindings,
         )

@@ -209,6 +209,8 @@ class Supervisor:
             self.children.append(Child("metrics"))
         if config.management_port:
             self.children.append(Child("management"))
+        if config.shovels:
+            self.children.append(Child("shovels"))
 
     def configure_memory(self) -> None:
         """The memory guard's marks (shm/memory.py): each arena's share of
@@ -403,6 +405,11 @@ class Supervisor:
             from shoal.broker.management.server import run_management
 
             main = lambda: run_management(self.config, seg)  # noqa: E731
+        elif child.role == "shovels":
+            # Imported in the child only, as the management process's pika.
+            from shoal.broker.shovel.runner import run_shovels
+
+            main = lambda: run_shovels(self.config, seg)  # noqa: E731
         else:
             handoffs = [pair[0] for pair in self.handoff_pairs]
             keep = {s.fileno() for s in handoffs} | {s.fileno() for s, _ in self.listeners}
@@ -579,17 +586,21 @@ class Supervisor:
                 ProcessSlot(self.seg, child.index).set_retiring(False)
         systemd.notify("STOPPING=1\nSTATUS=stopping: closing client connections")
         log.info("SIGTERM: graceful stop")
-        self._signal_children(signal.SIGTERM, ("acceptor",))
+        # Shovels first: their connections to this broker close while it
+        # serves, so each unconfirmed message is requeued at its source.
+        self._signal_children(signal.SIGTERM, ("acceptor", "shovels"))
         for listener, _kind in self.listeners:
             listener.close()
-        self._wait_for(("acceptor",), 2.0)
+        self._wait_for(("acceptor", "shovels"), 7.0)
         self._signal_children(signal.SIGTERM, ("io-worker",))
         clean = self._wait_for(("io-worker",), self.config.graceful_timeout + 1.0)
         if not clean:
             self._signal_children(signal.SIGKILL, ("io-worker",))
         # The metrics process goes last: it served scrapes during the drain.
-        rest = ("scheduler", "acceptor", "io-worker", "metrics", "management")
-        self._signal_children(signal.SIGTERM, ("scheduler", "acceptor", "metrics", "management"))
+        rest = ("scheduler", "acceptor", "io-worker", "metrics", "management", "shovels")
+        self._signal_children(
+            signal.SIGTERM, ("scheduler", "acceptor", "metrics", "management", "shovels")
+        )
         if not self._wait_for(rest, 3.0):
             clean = False
             self._signal_children(signal.SIGKILL, rest)
@@ -604,7 +615,7 @@ class Supervisor:
         self.stopping = True
         systemd.notify("STOPPING=1\nSTATUS=fast stop")
         log.info("fast stop")
-        roles = ("scheduler", "acceptor", "io-worker", "metrics", "management")
+        roles = ("scheduler", "acceptor", "io-worker", "metrics", "management", "shovels")
         self._signal_children(signal.SIGKILL, roles)
         self._wait_for(roles, 5.0)
         return 0

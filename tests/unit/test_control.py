@@ -17,6 +17,7 @@ from shoal.broker.operate import ctl
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler import scheduler as sched
 from shoal.broker.scheduler.accounts import Accounts, names
+from shoal.broker.scheduler.parameters import Parameters
 from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.transfer import Transfer
 
@@ -36,6 +37,7 @@ def test_every_op_has_its_handler() -> None:
         accounts=object.__new__(Accounts),
         transfer=object.__new__(Transfer),
         policies=object.__new__(Policies),
+        parameters=object.__new__(Parameters),
     )
     table = sched._control_table(parts)  # type: ignore[arg-type]
     assert set(table) | set(C.CONNECTION_REQUESTS) == set(C.REQUESTS)
@@ -189,7 +191,12 @@ def test_every_op_is_tagged_with_its_name() -> None:
 def test_every_shoal_ctl_verb_sends_a_request_the_scheduler_decodes(tmp_path: Path) -> None:
     definitions = tmp_path / "definitions.json"
     definitions.write_text("{}")
-    values = {"definition": '{"max-queues": 3}', "path": str(definitions), "count": "2"}
+    values = {
+        "definition": '{"max-queues": 3}',
+        "value": '{"src-uri": "amqp://"}',
+        "path": str(definitions),
+        "count": "2",
+    }
     for verb_name, verb in ctl.VERBS.items():
         argv = [verb_name, "-p", "v"]
         for arg in verb.args:
