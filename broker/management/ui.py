@@ -20,6 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from shoal.broker.management import shoal_page
+from shoal.broker.management.http import BACKEND
 
 WWW = Path(__file__).resolve().parent / "www"
 # Paths answered without credentials: the page itself and what it loads first.
@@ -57,8 +58,13 @@ async def auth(request: web.Request) -> web.Response:
 async def extensions(request: web.Request) -> web.Response:
     """The UI plugins' scripts: RabbitMQ 3.10.8 with the management plugin
     alone lists its own dispatcher (measured), which the page loads again;
-    Shoal adds its own page (shoal_page.py) the same way."""
-    return web.json_response([{"javascript": "dispatcher.js"}, {"javascript": "shoal.js"}])
+    Shoal adds its own page (shoal_page.py) the same way, and the shovel
+    management plugin's pages (www/js/shovel.js: "Move messages" on a
+    queue's page, the shovel pages under Admin) while shovels run."""
+    scripts = [{"javascript": "dispatcher.js"}, {"javascript": "shoal.js"}]
+    if request.app[BACKEND].config.shovels:
+        scripts.append({"javascript": "shovel.js"})
+    return web.json_response(scripts)
 
 
 def routes(app: web.Application) -> None:

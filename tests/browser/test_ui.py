@@ -89,8 +89,9 @@ def allowed(page: str, path: str, field: str) -> bool:
 
 @pytest.fixture
 def ui_broker(broker_factory: Callable[..., Broker]) -> Broker:
-    # Rates sampled every 0.5 s, so that charts have samples within the test.
-    return start_managed(broker_factory, "--collect-statistics-interval", "500")
+    # Rates sampled every 0.5 s, so that charts have samples within the test;
+    # shovels on, so the shovel pages and "Move messages" are there.
+    return start_managed(broker_factory, "--collect-statistics-interval", "500", "--shovels")
 
 
 @pytest.fixture
@@ -312,3 +313,63 @@ def test_operator_actions_change_the_broker(
         assert refused.value.reply_code == 403
     finally:
         connection.close()
+
+
+def test_move_messages_and_the_shovel_pages(
+    ui_broker: Broker, session: ui_driver.UiSession
+) -> None:
+    """The shovel management plugin's pages (www/js/shovel.js, vendored):
+    "Move messages" on a queue's page moves what the queue holds and the
+    shovel removes itself; a shovel added under Admin runs, shows as running
+    on the status page, moves what is published, and is deleted from its page."""
+    page = session.page
+    port = ui_broker.management_port  # type: ignore[attr-defined]
+    connection = amqp(ui_broker)
+    channel = connection.channel()
+    channel.queue_declare("ui.move.from", durable=True)
+    for i in range(30):
+        channel.basic_publish("", "ui.move.from", f"m{i}".encode())
+    session.login()
+    visits = [session.visit("#/queues/%2F/ui.move.from", "shovel-queue")]
+    open_section(session, "Move messages")
+    move = page.locator("form[action='#/shovel-parameters-move-messages']")
+    move.locator("input[name=dest-queue]").fill("ui.move.to")
+    move.locator("input[type=submit]").click()
+    wait_for(lambda: depth(ui_broker, "ui.move.to") == 30, 30, "the 30 messages moved")
+    assert depth(ui_broker, "ui.move.from") == 0
+    wait_for(
+        lambda: ui_driver.api(port, "GET", "/api/parameters/shovel") == [],
+        30,
+        "the move's shovel to remove itself",
+    )
+
+    visits.append(session.visit("#/dynamic-shovels", "shovel-management"))
+    open_section(session, "Add a new shovel")
+    add = page.locator("form[action='#/shovel-parameters'][method=put]")
+    add.locator("input[name=name]").fill("ui-shovel")
+    add.locator("input[name=amqp091-src-queue]").fill("ui.shovel.from")
+    add.locator("input[name=amqp091-dest-queue]").fill("ui.shovel.to")
+    add.locator("input[type=submit]").click()
+    wait_for(
+        lambda: [r["state"] for r in ui_driver.api(port, "GET", "/api/shovels")] == ["running"],
+        30,
+        "the shovel added in the UI to run",
+    )
+    visits.append(session.visit("#/shovels", "shovel-status"))
+    status_text = page.locator("#main").inner_text()
+    assert "ui-shovel" in status_text and "running" in status_text
+    channel.basic_publish("", "ui.shovel.from", b"through the UI's shovel")
+    wait_for(lambda: depth(ui_broker, "ui.shovel.to") == 1, 30, "the message shovelled")
+    connection.close()
+
+    visits.append(session.visit("#/dynamic-shovels/%2F/ui-shovel", "shovel-page"))
+    assert "ui.shovel.from" in page.locator("#main").inner_text()
+    open_section(session, "Delete this shovel")
+    page.locator("form[action='#/shovel-parameters'][method=delete] input[type=submit]").click()
+    wait_for(
+        lambda: ui_driver.api(port, "GET", "/api/parameters/shovel") == [],
+        30,
+        "the shovel deleted in the UI",
+    )
+    problems = [p for visit in visits for p in failures(visit)]
+    assert not problems, "\n".join(problems)
