@@ -234,7 +234,8 @@ def test_definitions_delayed_messages_and_dedup_keys_outlive_the_leader(
     """What issue 29 lists beside messages: users and permissions, policies,
     what the delayed exchange keeps and a deduplication cache on disk, each
     confirmed (its -ok, or a publisher confirm) before the leader's SIGKILL,
-    are all there on the new leader."""
+    are all there on the new leader; and a shovel (issue 40), which the new
+    leader runs."""
     leader = leader_of(nodes)
     in_sync(nodes, 3)
     run = ("--runtime-dir", leader.runtime_dir)
@@ -245,6 +246,9 @@ def test_definitions_delayed_messages_and_dedup_keys_outlive_the_leader(
         done = shoal("ctl", *run, *verb)
         assert done.returncode == 0, done.stderr
     done = shoal("policy", *run, "set", "short", "^short-", '{"max-length": 1}')
+    assert done.returncode == 0, done.stderr
+    shovel = {"src-uri": "amqp://", "src-queue": "in", "dest-uri": "amqp://", "dest-queue": "out"}
+    done = shoal("ctl", *run, "set_parameter", "shovel", "in-out", json.dumps(shovel))
     assert done.returncode == 0, done.stderr
 
     conn = connect(leader)
@@ -290,4 +294,12 @@ def test_definitions_delayed_messages_and_dedup_keys_outlive_the_leader(
         return None if method is None else bytes(body)
 
     assert wait_for(delivered, 20, "the delayed message", interval=0.1) == b"later"
+    # The shovel: the new leader's shovel process runs it.
+    ch.queue_declare("in", durable=True)
+    ch.queue_declare("out", durable=True)
+    ch.basic_publish("", "in", b"shovelled by the new leader")
+    got = wait_for(lambda: ch.basic_get("out", auto_ack=True)[2], 30, "the shovelled message")
+    assert got == b"shovelled by the new leader"
     conn.close()
+    rows = shoal("ctl", "--runtime-dir", new.runtime_dir, "shovel_status", "--formatter", "json")
+    assert [(r["name"], r["state"]) for r in json.loads(rows.stdout)] == [("in-out", "running")]
