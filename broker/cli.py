@@ -11,9 +11,20 @@ from shoal.broker import settings
 from shoal.broker.config import Config, default_workers
 
 
+def _version() -> str:
+    """The installed distribution's version (a checkout's editable install too)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("shoal")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _broker_parser() -> argparse.ArgumentParser:
     d = Config()
     p = argparse.ArgumentParser(prog="shoal", description="Shoal AMQP 0-9-1 broker")
+    p.add_argument("--version", action="version", version=f"shoal {_version()}")
     p.add_argument(
         "--bind",
         action="append",

@@ -661,3 +661,20 @@ def test_the_context_check_sees_an_import(tmp_path: Path) -> None:
     assert names_worker_context(sample)
     sample.write_text("from shoal.workers.context import Requests\n")
     assert not names_worker_context(sample)
+
+
+def test_every_package_is_in_the_distribution() -> None:
+    """A package folder pyproject.toml does not list is missing from a
+    wheel (and so from the Debian package), though an editable install,
+    which links the folders, still finds it."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        "shoal." + ".".join(init.parent.relative_to(ROOT).parts)
+        for package in ("broker", "workers", "shm", "store", "perf")
+        for init in (ROOT / package).rglob("__init__.py")
+    }
+    assert folders - listed == set()
