@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean deb
 
 $(STAMP): pyproject.toml shm/_atomic.c shm/_store_api.h shm/_record.h workers/_wire.c
 	$(PYTHON) -m venv $(VENV)
@@ -31,5 +31,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/compare.py --start-shoal --start-rabbitmq $(ARGS)
 
+## A Debian package of this tree: dist/shoal_<version>_<arch>.deb (deploy/debian).
+deb:
+	bash deploy/debian/build.sh
+
 clean:
-	rm -rf $(VENV) build .build *.egg-info shm/*.so
+	rm -rf $(VENV) build .build dist *.egg-info shm/*.so

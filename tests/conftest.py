@@ -27,6 +27,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the shovels' tests against a real RabbitMQ, kill rounds (their own CI step)",
     )
     parser.addoption(
+        "--package",
+        action="store_true",
+        help="build the Debian package, install it on this machine, purge it (its own CI step)",
+    )
+    parser.addoption(
         "--cluster",
         action="store_true",
         help="run the cluster's tests: etcd and three nodes (their own CI step)",
@@ -34,7 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for option in ("prometheus", "browser", "cluster", "shovels"):
+    for option in ("prometheus", "browser", "cluster", "shovels", "package"):
         if config.getoption(f"--{option}"):
             continue
         skip = pytest.mark.skip(reason=f"needs --{option} (a CI step of its own)")
