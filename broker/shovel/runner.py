@@ -52,6 +52,8 @@ class Shovels:
         self.config = config
         self.journal = CatalogFollower(seg, Op, Definitions)
         self.running: dict[Key, tuple[dict[str, Any], Shovel]] = {}
+        # Definitions this version cannot run (said once in the log each).
+        self.refused: dict[Key, dict[str, Any]] = {}
         self.node = f"shoal@{socket.gethostname()}"
         self.endpoints = Endpoints(config.port, config.default_user, config.default_pass)
 
@@ -69,8 +71,9 @@ class Shovels:
             _value, shovel = self.running.pop(key)
             log.info("shovel %r in vhost %r stopped", key[1], key[0])
             await shovel.stop()
+        self.refused = {k: v for k, v in self.refused.items() if wanted.get(k) == v}
         for key, value in wanted.items():
-            if key not in self.running:
+            if key not in self.running and self.refused.get(key) != value:
                 self._start(key, value)
 
     def _start(self, key: Key, value: dict[str, Any]) -> None:
@@ -79,6 +82,7 @@ class Shovels:
             spec = S.parse(name, value)
         except S.ShovelError as exc:  # checked when set: only an older version's
             log.error("shovel %r in vhost %r not started: %s", name, vhost, exc)
+            self.refused[key] = value
             return
         cluster_name = self.config.cluster_name or self.node
         shovel = Shovel(vhost, name, spec, self.endpoints, cluster_name, self._completed)
