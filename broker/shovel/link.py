@@ -49,6 +49,19 @@ CONNECT_TIMEOUT = 15.0  # s: a connection attempt, handshake included
 CLOSE_TIMEOUT = 5.0
 
 
+MAX_BACKOFF = 30.0  # s: the longest wait between attempts that keep failing
+
+
+def backoff(reconnect_delay: float, failures: int) -> float:
+    """The wait before the next session: `reconnect-delay` after a session
+    that ran, doubled for each attempt in a row that could not connect, up to
+    MAX_BACKOFF (or the reconnect-delay itself, if longer): a broker that is
+    down for long is not hammered, one back soon is found soon."""
+    if failures <= 1:
+        return reconnect_delay
+    return min(reconnect_delay * 2 ** (failures - 1), max(reconnect_delay, MAX_BACKOFF))
+
+
 class SessionEnded(Exception):
     """A connection or channel of the session closed: why, in words."""
 
@@ -261,6 +274,7 @@ class Shovel:
 
     # ------------------------------------------------------------ sessions
     async def _run(self) -> None:
+        failures = 0  # sessions in a row that never ran
         while True:
             self._set_state("starting")
             try:
@@ -282,10 +296,16 @@ class Shovel:
                 # As RabbitMQ's: a shovel that ran says why it stopped; one
                 # that could not connect stays "starting" (its log says why).
                 self._set_state("terminated", reason)
-            log.warning("shovel %r in vhost %r: %s", self.name, self.vhost, reason)
+                failures = 0
+            else:
+                failures += 1
+            delay = backoff(self.spec.reconnect_delay, failures)
+            log.warning(
+                "shovel %r in vhost %r: %s; again in %g s", self.name, self.vhost, reason, delay
+            )
             if self.spec.reconnect_delay <= 0:
                 return  # RabbitMQ's "temporary" child: never restarted
-            await asyncio.sleep(self.spec.reconnect_delay)
+            await asyncio.sleep(delay)
 
     async def _session(self) -> bool:
         """One session; True once src-delete-after's count is moved."""
