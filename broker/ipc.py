@@ -292,7 +292,9 @@ class Resync(Message, tag=23):
 class Inspect(Message, tag=24):
     """The scheduler asks for the worker's consumers (`shoal status`), or
     with `what` "connections" its connections and their channels (`shoal
-    ctl list_connections`, the management API); answered by CONSUMERS."""
+    ctl list_connections`, the management API), or "exchanges" the messages
+    published into each exchange (the management API's message_stats);
+    answered by CONSUMERS."""
 
     req: int
     what: str = "consumers"

@@ -528,6 +528,7 @@ typedef struct {
 typedef struct {
     uint64_t qid;
     LaneRoute *route; /* whose touched mark take() clears: routes move only between runs */
+    PyObject *exchange; /* its route's exchange, a reference of its own (the route may go) */
     long long n;
     int watcher; /* the Q_WATCH value its first append took (0: none) */
 } LaneTouch;
@@ -592,6 +593,14 @@ route_slot(LaneObject *lane, uint64_t hash, const unsigned char *ex, Py_ssize_t 
     }
 }
 
+/* The touches' own references, dropped (take() has reported them). */
+static void
+lane_untouch(LaneObject *lane)
+{
+    for (int i = 0; i < lane->ntouched; i++)
+        Py_CLEAR(lane->touched[i].exchange);
+}
+
 static void
 lane_forget(LaneObject *lane)
 {
@@ -626,6 +635,7 @@ Lane_init(LaneObject *self, PyObject *args, PyObject *kwds)
 static void
 Lane_dealloc(LaneObject *self)
 {
+    lane_untouch(self);
     lane_forget(self);
     Py_XDECREF(self->atomic);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -800,8 +810,9 @@ Lane_clear(LaneObject *self, PyObject *unused)
 
 /* take() -> (n, body bytes, buckets, cursor, used, touched, gone) and
  * resets the counts; buckets: the bodies per size bucket, or None when all
- * were in the first (at most 100 bytes); touched: [(qid, messages, watcher)] of the queues the
- * run appended to, the watcher the Q_WATCH value its first append took
+ * were in the first (at most 100 bytes); touched: [(qid, messages, watcher, exchange)] of the
+ * routes the run appended through (one per exchange and routing key: the exchange's message
+ * counts are one addition per route and run), the watcher the Q_WATCH value its first append took
  * (0: none; shm/wake.py Waker.wake); gone: (qid, seq, block) of an entry
  * whose queue was deleted under the append (the caller takes it back, then
  * drops the block's HOLD), or None. */
@@ -828,7 +839,8 @@ Lane_take(LaneObject *self, PyObject *unused)
     }
     for (int i = 0; i < self->ntouched; i++) {
         LaneTouch *t = &self->touched[i];
-        PyObject *item = Py_BuildValue("(KLi)", (unsigned long long)t->qid, t->n, t->watcher);
+        PyObject *item =
+            Py_BuildValue("(KLiO)", (unsigned long long)t->qid, t->n, t->watcher, t->exchange);
         if (item == NULL) {
             Py_DECREF(buckets);
             Py_DECREF(touched);
@@ -853,6 +865,7 @@ Lane_take(LaneObject *self, PyObject *unused)
     }
     PyObject *result = Py_BuildValue("(LKNnKNN)", self->n, self->body_bytes, buckets,
                                      self->cursor, (unsigned long long)self->used, touched, gone);
+    lane_untouch(self);
     self->n = 0;
     self->body_bytes = 0;
     self->ntouched = self->allocated = 0;
@@ -969,6 +982,8 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
         LaneTouch *t = &lane->touched[lane->ntouched++];
         t->qid = route->qid;
         t->route = route;
+        t->exchange = route->exchange; /* counted per exchange by its caller (workers/lane.py) */
+        Py_INCREF(t->exchange);
         t->n = 0;
         t->watcher = 0;
         route->touched = lane->ntouched;

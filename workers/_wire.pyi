@@ -59,7 +59,7 @@ class Lane:
         tuple[int, ...] | None,
         int,
         int,
-        list[tuple[int, int, int]],
+        list[tuple[int, int, int, bytes]],
         tuple[int, int, int] | None,
     ]: ...
 

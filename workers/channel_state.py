@@ -88,6 +88,8 @@ class LanePublisher(Confirms, Protocol):
     def delivery(self) -> Consumers: ...
     @property
     def stats(self) -> list[int]: ...
+    @property
+    def exchange_counts(self) -> dict[bytes, list[int]]: ...
 
 
 class LaneOffers(Protocol):
@@ -135,8 +137,8 @@ class GetContext(Protocol):
 class PublishContext(IngestContext, Requests, Protocol):
     """What the publisher (workers/publish.py) uses of its worker: the
     ingest's parts (it makes its channel's Ingest), routing, the settings,
-    the memory alarms, the counters, and the scheduler (a priority level's
-    log)."""
+    the memory alarms, the counters (the exchanges' too), and the scheduler
+    (a priority level's log)."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -148,6 +150,8 @@ class PublishContext(IngestContext, Requests, Protocol):
     def guard(self) -> MemoryGuard: ...
     @property
     def stats(self) -> Counters: ...
+    @property
+    def exchange_counts(self) -> dict[int, dict[bytes, list[int]]]: ...
 
 
 class DeliveryContext(PullContext, ConsumeContext, GetContext, Requests, Protocol):

@@ -265,7 +265,7 @@ class Connection(asyncio.Protocol):
             return
         finally:
             if lane is not None:
-                for qid, count, _watcher in publish_lane.account():  # type: ignore[union-attr]
+                for qid, count, _watcher, _x in publish_lane.account():  # type: ignore[union-attr]
                     self.pacer.published(qid, count)
         try:
             self._dispatch(frames)

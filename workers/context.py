@@ -160,6 +160,11 @@ class WorkerContext(Requests):
         self.arena.high = self.guard.high
         self.arena.on_high = self.guard.allocated
         self.stats = Counters(seg, index)
+        # Messages published into each exchange by this worker's clients, and
+        # routed out of it: vhost id -> exchange -> [in, out]. Exchanges have
+        # no ids in shared memory; the management API sums the workers'
+        # (broker/scheduler/introspect.py, "exchanges").
+        self.exchange_counts: dict[int, dict[bytes, list[int]]] = {}
         self.link: ipc.Link[ipc.ToWorker] | None = None
         self.persist: Persister | None = None  # the message store, once open (open_store)
         self.pager: Pager | None = None  # paging files, with the store (open_store)

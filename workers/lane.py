@@ -211,11 +211,11 @@ class PublishLane:
         )
         return lane
 
-    def account(self) -> list[tuple[int, int, int]]:
+    def account(self) -> list[tuple[int, int, int, bytes]]:
         """After a scan with the lane armed: what it took, as fast_publish's
         `_account` and `Arena.alloc` would have counted it one by one, and
-        the wake-ups its appends took. Returns [(qid, messages, watcher)] of
-        the queues it appended to."""
+        the wake-ups its appends took. Returns [(qid, messages, watcher,
+        exchange)] of the routes it appended through."""
         n, body_bytes, buckets, cursor, used, touched, gone = self.lane.take()
         ctx = self.ctx
         arena = ctx.arena
@@ -231,11 +231,17 @@ class PublishLane:
             ctx.store.take_back(qid, seq, block)
             release_hold(ctx.seg, block)
         waker = ctx.waker
-        for qid, _count, watcher in touched:
-            if watcher:  # the watcher its first append took (shm/wake.py)
-                waker.wake(qid, watcher)
         publisher = self.publisher
         assert publisher is not None
+        exchanges = publisher.exchange_counts
+        for qid, count, watcher, exchange in touched:
+            if watcher:  # the watcher its first append took (shm/wake.py)
+                waker.wake(qid, watcher)
+            counted = exchanges.get(exchange)  # one addition per route and run
+            if counted is None:
+                counted = exchanges[exchange] = [0, 0]
+            counted[0] += count
+            counted[1] += count  # every lane publish is routed
         publisher.publish_count += n
         stats = publisher.stats
         stats[ROUTED] += n

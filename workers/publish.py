@@ -65,6 +65,7 @@ class Publisher:
         "conn",
         "ctx",
         "delivery",
+        "exchange_counts",
         "ingest",
         "number",
         "pending",
@@ -100,6 +101,8 @@ class Publisher:
         self.publish_seq = 0
         self.publish_count = 0  # messages this channel published (it is a "publisher")
         self.unroutable = [0, 0]  # its messages dropped and returned as unroutable
+        # The worker's counts of its vhost's exchanges: exchange -> [in, out].
+        self.exchange_counts = ctx.exchange_counts.setdefault(conn.vhost_id, {})
         self.confirm_high = 0
         self.confirm_sent = 0
         # Confirms held until this channel's own consumer has been handed the
@@ -223,7 +226,7 @@ class Publisher:
                 raise
             if not qids:  # a duplicate wherever it went: accepted all the same
                 release_hold(seg, block)
-                self._account(True, False, body_size, False, -1, None)
+                self._account(exchange, True, False, body_size, False, -1, None)
                 return True
         rejected = False
         if tx is None and (
@@ -240,7 +243,8 @@ class Publisher:
                 else None,
             )
             if not outcome or self._outcome(outcome):  # every queue has it (its HOLD dropped)
-                self._account(True, False, body_size, bool(outcome & REJECTED_BIT), -1, None)
+                rejected = bool(outcome & REJECTED_BIT)
+                self._account(exchange, True, False, body_size, rejected, -1, None)
                 lane = conn.publish_lane
                 if (
                     lane is not None
@@ -265,7 +269,7 @@ class Publisher:
         ):
             got = self.ingest.put_durable(qids[0], block, body_size, exchange, routing_key, header)
             if isinstance(got, int):
-                self._account(True, False, body_size, False, got, None)
+                self._account(exchange, True, False, body_size, False, got, None)
                 return True
         if not isinstance(got, Pending):  # (else put()'s reservation, its queue full)
             got = Pending(exchange, routing_key, False)
@@ -429,6 +433,7 @@ class Publisher:
             self.return_unroutable(pending)
         self.pending = None
         self._account(
+            pending.exchange,
             routed,
             pending.mandatory,
             pending.body_size,
@@ -439,6 +444,7 @@ class Publisher:
 
     def _account(
         self,
+        exchange: bytes,
         routed: bool,
         mandatory: bool,
         size: int,
@@ -450,6 +456,12 @@ class Publisher:
         then confirm it, or queue its confirm behind its record's sync or
         its streams' writers."""
         self.publish_count += 1
+        counted = self.exchange_counts.get(exchange)
+        if counted is None:
+            counted = self.exchange_counts[exchange] = [0, 0]
+        counted[0] += 1
+        if routed:
+            counted[1] += 1
         # Statistics (shm/stats.py): RECEIVED is derived at flush time.
         stats = self.stats
         if routed:

@@ -327,6 +327,19 @@ class Worker:
             described = [conn.describe() for conn in ctx.connections]
             ctx.send(ipc.Consumers(m.req, [d for d in described if d]))
             return
+        if m.what == "exchanges":  # the messages this worker's clients published into each
+            counts = [
+                {
+                    "vhost_id": vhost_id,
+                    "name": name.decode(errors="replace"),
+                    "in": n,
+                    "out": out,
+                }
+                for vhost_id, named in ctx.exchange_counts.items()
+                for name, (n, out) in named.items()
+            ]
+            ctx.send(ipc.Consumers(m.req, counts))
+            return
         records = []
         for consumer in ctx.consumers.values():
             record = consumer.inspect()

@@ -13,13 +13,14 @@ from aiohttp import web
 
 from shoal.broker.management.backend import Backend
 from shoal.broker.management.rates import Rates
-from shoal.broker.management.shapes import ChannelRates, DataRates
+from shoal.broker.management.shapes import ChannelRates, DataRates, ExchangeRates
 
 BACKEND: web.AppKey[Backend] = web.AppKey("backend", Backend)
 STARTED: web.AppKey[float] = web.AppKey("started", float)
 RATES: web.AppKey[Rates] = web.AppKey("rates", Rates)
 DATA_RATES: web.AppKey[DataRates] = web.AppKey("data_rates", DataRates)
 CHANNEL_RATES: web.AppKey[ChannelRates] = web.AppKey("channel_rates", ChannelRates)
+EXCHANGE_RATES: web.AppKey[ExchangeRates] = web.AppKey("exchange_rates", ExchangeRates)
 MAX_PAGE_SIZE = 500  # RabbitMQ's
 
 

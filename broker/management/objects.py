@@ -16,6 +16,7 @@ from shoal.broker.management.http import (
     BACKEND,
     CHANNEL_RATES,
     DATA_RATES,
+    EXCHANGE_RATES,
     RATES,
     check_vhost,
     error,
@@ -29,6 +30,7 @@ from shoal.broker.management.http import (
     scoped,
 )
 from shoal.broker.management.rates import requested_age
+from shoal.broker.scheduler import control as C
 
 
 async def queues(request: web.Request) -> web.Response:
@@ -147,14 +149,28 @@ async def exchanges(request: web.Request) -> web.Response:
     if vhost is not None:
         check_vhost(request, vhost)
     rows = await per_vhost(request, "list_exchanges", vhost)
-    return listing(request, [_exchange_object(r) for r in rows])
+    return listing(request, await _with_stats(request, [_exchange_object(r) for r in rows]))
 
 
 def _exchange_object(row: dict[str, Any]) -> dict[str, Any]:
-    """An exchange as the UI reads it. Shoal counts no messages per
-    exchange (the hot path stays as it is): no message_stats, and the
-    publishers into it and the queues out of it (incoming, outgoing) empty."""
+    """An exchange as the UI reads it: the publishers into it and the
+    queues out of it (incoming, outgoing, per channel and queue on RabbitMQ)
+    are not counted, only its totals (message_stats, _with_stats)."""
     return {**row, "user_who_performed_action": "", "incoming": [], "outgoing": []}
+
+
+async def _with_stats(
+    request: web.Request, rows: list[dict[str, Any]], every: bool = True
+) -> list[dict[str, Any]]:
+    """The rows with their message_stats: publish_in and publish_out, summed
+    over the IO workers, and their rates."""
+    answer = await request.app[BACKEND].control(C.ExchangeStats())
+    counts: dict[tuple[str, str], tuple[int, ...]] = {
+        (c["vhost"], c["name"]): (int(c["publish_in"]), int(c["publish_out"]))
+        for c in answer["rows"]
+    }
+    age = requested_age(request.query)
+    return request.app[EXCHANGE_RATES].fields(rows, counts, age, every)
 
 
 async def exchange(request: web.Request) -> web.StreamResponse:
@@ -164,7 +180,9 @@ async def exchange(request: web.Request) -> web.StreamResponse:
     if request.method == "GET":
         for row in await backend.rows("list_exchanges", vhost=vhost):
             if row["name"] == ("" if name == "amq.default" else name):
-                return web.json_response(_exchange_object({**row, "vhost": vhost}))
+                shaped = _exchange_object({**row, "vhost": vhost})
+                [with_stats] = await _with_stats(request, [shaped], every=False)
+                return web.json_response(with_stats)
         return error(404, "Object Not Found", "Not Found")
     user, password = request["user"], request["password"]
     if request.method == "DELETE":

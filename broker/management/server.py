@@ -22,7 +22,7 @@ from shoal.broker.config import Config
 from shoal.broker.management import api, http, nodes_api, ui
 from shoal.broker.management.backend import Backend
 from shoal.broker.management.rates import Rates
-from shoal.broker.management.shapes import ChannelRates, DataRates
+from shoal.broker.management.shapes import ChannelRates, DataRates, ExchangeRates
 from shoal.shm.processes import ProcessSlot
 from shoal.shm.segment import Segment
 
@@ -36,6 +36,7 @@ def make_app(config: Config, seg: Segment) -> web.Application:
     app[http.RATES] = Rates(seg)
     app[http.DATA_RATES] = DataRates()
     app[http.CHANNEL_RATES] = ChannelRates()
+    app[http.EXCHANGE_RATES] = ExchangeRates()
     app[nodes_api.NODE_RATES] = nodes_api.NodeRates()
     app.cleanup_ctx.append(_sampling)
     ui.routes(app)  # first: /api/auth and /api/extensions before the API's patterns

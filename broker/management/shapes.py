@@ -170,6 +170,44 @@ class ChannelRates(CounterRates):
         return out
 
 
+# An exchange's message_stats, RabbitMQ's names: messages published into it,
+# and those it routed to a queue (the workers' counts, workers/publish.py and
+# workers/lane.py; summed by broker/scheduler/introspect.py).
+EXCHANGE_STATS = ("publish_in", "publish_out")
+
+
+class ExchangeRates(CounterRates):
+    """Exchanges' message_stats: counts since each worker started, each with
+    its rate over about the UI's last poll. An exchange nothing was published
+    into has none, as on RabbitMQ."""
+
+    def fields(
+        self,
+        rows: list[dict[str, Any]],
+        counts: dict[tuple[str, str], tuple[int, ...]],
+        age_s: int | None,
+        every: bool = True,
+    ) -> list[dict[str, Any]]:
+        """`every`: `rows` is the whole list (readings of exchanges not in it
+        are forgotten); else a page of one exchange."""
+        now = time.monotonic()
+        out = []
+        for row in rows:
+            values = counts.get((row["vhost"], row["name"]))
+            if values is None:
+                out.append(row)
+                continue
+            rates = self.rates(f"{row['vhost']}/{row['name']}", now, values)
+            stats: dict[str, Any] = {}
+            for stat, value, rate in zip(EXCHANGE_STATS, values, rates, strict=True):
+                stats[stat] = value
+                stats[f"{stat}_details"] = _details(rate, value, age_s)
+            out.append({**row, "message_stats": stats})
+        if every:
+            self.forget_unseen()
+        return out
+
+
 def _details(rate: float, value: int, age_s: int | None) -> dict[str, Any]:
     if age_s is None:
         return {"rate": rate}

@@ -239,6 +239,11 @@ class ListConsumers(Op, tag="list_consumers", kw_only=True):
     vhost: str | None = None  # None: every vhost's
 
 
+class ExchangeStats(Op, tag="exchange_stats", kw_only=True):
+    """Messages published into each exchange and routed out of it, summed
+    over the workers: rows {vhost, name, publish_in, publish_out}."""
+
+
 class CloseConnection(Op, tag="close_connection", kw_only=True):
     name: str = ""  # its name or its pid, as listed
     reason: str = ""
@@ -283,12 +288,13 @@ Request = Union[  # noqa: UP007 (a Union: msgspec decodes it by its tag)
     ListConnections,
     ListChannels,
     ListConsumers,
+    ExchangeStats,
     CloseConnection,
 ]
 REQUESTS: tuple[type[Op], ...] = typing.get_args(Request)
 BY_NAME: dict[str, type[Op]] = {cls.__struct_config__.tag: cls for cls in REQUESTS}  # type: ignore[misc]
 # Answered by the workers' round trip (introspect.py), not by the scheduler's table.
-CONNECTION_REQUESTS = (ListConnections, ListChannels, ListConsumers, CloseConnection)
+CONNECTION_REQUESTS = (ListConnections, ListChannels, ListConsumers, ExchangeStats, CloseConnection)
 
 # --------------------------------------------------------------- replies
 

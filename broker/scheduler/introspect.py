@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from shoal.broker import ipc
+from shoal.broker.amqp.definitions import Definitions
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.state import QueueState
 
@@ -47,6 +48,9 @@ class SchedulerView(Protocol):
 
     @property
     def queues(self) -> Mapping[int, QueueState]: ...
+
+    @property
+    def definitions(self) -> Definitions: ...
 
     def ready(self, q: QueueState) -> int: ...
     def messages(self, q: QueueState) -> int: ...
@@ -128,6 +132,8 @@ class Introspection:
         """A decoded request's answer (a refusal is its own)."""
         if isinstance(request, C.Failed):
             return request
+        if isinstance(request, C.ExchangeStats):
+            return await self.exchange_stats()
         if isinstance(request, C.CONNECTION_REQUESTS):
             return await self.connection_request(request)
         return C.run(self.handlers[type(request)], request)
@@ -162,6 +168,26 @@ class Introspection:
             for c in described
         ]
         return C.run(lambda r: self._connection_answers[type(r)](r, connections), request)
+
+    async def exchange_stats(self) -> C.Rows:
+        """Each exchange's messages in and out, summed over the workers (a
+        worker replaced since counts from nothing again)."""
+        replies, _missing = await self._ask_workers("exchanges")
+        vhosts = {i: name for name, i in self.scheduler.definitions.vhost_ids.items()}
+        summed: dict[tuple[str, str], list[int]] = {}
+        for counts in replies.values():
+            for c in counts:
+                vhost = vhosts.get(c["vhost_id"])
+                if vhost is not None:
+                    total = summed.setdefault((vhost, c["name"]), [0, 0])
+                    total[0] += c["in"]
+                    total[1] += c["out"]
+        return C.Rows(
+            [
+                {"vhost": vhost, "name": name, "publish_in": n_in, "publish_out": n_out}
+                for (vhost, name), (n_in, n_out) in sorted(summed.items())
+            ]
+        )
 
     def _close_connection(
         self, request: C.CloseConnection, connections: list[dict[str, Any]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import urllib.error
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,12 +67,10 @@ NOT_SERVED = {
     # Not tracked: the UI then shows the object's state (running), not "idle".
     "idle_since": "when a queue or channel last did something",
 }
-# Counted by RabbitMQ per exchange; Shoal does not count per exchange yet.
-# (A channel's message_stats are counted: publish, confirm, unroutable,
-# deliver/get, ack; a connection's are RabbitMQ's sum of its channels'.)
+# A channel's message_stats are counted (publish, confirm, unroutable,
+# deliver/get, ack) and an exchange's (publish_in, publish_out); a
+# connection's, RabbitMQ's sum of its channels', are not.
 NOT_COUNTED_HERE = {
-    "exchange-direct": {"message_stats"},
-    "exchange-ui": {"message_stats"},
     "connection": {"message_stats"},
 }
 VHOST_NOT_COUNTED = {"confirm", "drop_unroutable", "return_unroutable"}
@@ -313,6 +312,67 @@ def test_operator_actions_change_the_broker(
         assert refused.value.reply_code == 403
     finally:
         connection.close()
+
+
+def test_exchange_and_channel_rates_show_under_load(
+    ui_broker: Broker, session: ui_driver.UiSession
+) -> None:
+    """A publisher at work: the exchange's page and the channels' list show
+    a publish rate above zero (the page's own API answers, as it drew them)."""
+    stop = threading.Event()
+
+    def publish() -> None:
+        connection = amqp(ui_broker)
+        channel = connection.channel()
+        channel.queue_declare("ui.load")
+        channel.queue_bind("ui.load", "amq.direct", "load")
+        while not stop.is_set():
+            for _ in range(100):
+                channel.basic_publish("amq.direct", "load", b"under load")
+            channel.queue_purge("ui.load")  # a round trip: the publishes are in
+        connection.close()
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    try:
+        session.login()
+
+        def rate(route: str, name: str, path: str, pick: Callable[[Any], float]) -> float:
+            visit = session.visit(route, name)
+            assert not failures(visit), failures(visit)
+            _status, answer = next(a for p, a in visit.answers.items() if p.startswith(path))
+            return pick(answer)
+
+        def exchange_rate() -> bool:
+            return (
+                rate(
+                    "#/exchanges/%2F/amq.direct",
+                    "load-exchange",
+                    "/api/exchanges/%2F/amq.direct?",
+                    lambda x: x["message_stats"]["publish_in_details"]["rate"],
+                )
+                > 0
+            )
+
+        def channel_rate() -> bool:
+            return (
+                rate(
+                    "#/channels",
+                    "load-channels",
+                    "/api/channels?",
+                    lambda page: max(
+                        c.get("message_stats", {}).get("publish_details", {}).get("rate", 0)
+                        for c in page["items"]
+                    ),
+                )
+                > 0
+            )
+
+        wait_for(exchange_rate, 30, "a publish rate on the exchange's page", interval=1)
+        wait_for(channel_rate, 30, "a publish rate on the channels' page", interval=1)
+    finally:
+        stop.set()
+        publisher.join(10)
 
 
 def test_move_messages_and_the_shovel_pages(

@@ -25,7 +25,7 @@ import pika.exceptions
 import pytest
 
 from tests.broker_process import Broker, free_port, wait_for
-from tests.clients import connect, shoal
+from tests.clients import connect, connections_on_both_workers, shoal
 
 RABBITMQADMIN = Path(__file__).parent / "data" / "rabbitmqadmin"
 
@@ -114,6 +114,54 @@ def test_a_channels_message_stats_count_and_rate(managed: Broker) -> None:
 
     wait_for(publishing_shows_a_rate, 20, "a channel's publish rate", interval=0.5)
     conn.close()
+
+
+def test_an_exchanges_message_stats_count_and_rate(managed: Broker) -> None:
+    """/api/exchanges: publish_in (every message published into it) and
+    publish_out (those it routed), summed over both IO workers, from runs of
+    publishes the C lane takes and from single ones Python takes; and their
+    rates. An exchange nothing was published into has no message_stats."""
+    a, b = connections_on_both_workers(managed)
+    for conn in (a, b):
+        ch = conn.channel()
+        ch.queue_declare("x-counted", auto_delete=False)
+        ch.queue_bind("x-counted", "amq.direct", "k")
+        for _ in range(200):  # a run: after its first, the lane's (workers/lane.py)
+            ch.basic_publish("amq.direct", "k", b"m")
+        ch.basic_publish("amq.direct", "nowhere", b"dropped")  # in, not out
+        ch.basic_publish("", "x-counted", b"m")  # the default exchange's
+        conn.process_data_events(0)
+
+    def stats() -> dict[str, dict[str, Any]]:
+        status, rows = http(managed, "GET", "/exchanges/%2F")
+        assert status == 200
+        return {row["name"]: row.get("message_stats", {}) for row in rows}
+
+    def counted() -> dict[str, dict[str, Any]] | None:
+        now = stats()
+        return now if now.get("amq.direct", {}).get("publish_in") == 402 else None
+
+    now = wait_for(counted, 10, "both workers' publishes counted")
+    direct = now["amq.direct"]
+    assert (direct["publish_in"], direct["publish_out"]) == (402, 400)
+    assert (now[""]["publish_in"], now[""]["publish_out"]) == (2, 2)
+    assert now["amq.fanout"] == {}  # nothing published into it
+    status, one = http(managed, "GET", "/exchanges/%2F/amq.direct?msg_rates_age=60")
+    assert status == 200 and one["message_stats"]["publish_out"] == 400
+    assert "samples" in one["message_stats"]["publish_in_details"]
+
+    ch = a.channel()
+
+    def publishing_shows_a_rate() -> bool:
+        for _ in range(50):
+            ch.basic_publish("amq.direct", "k", b"m")
+        a.process_data_events(0)
+        details = stats()["amq.direct"]["publish_in_details"]
+        return bool(details["rate"] > 0)
+
+    wait_for(publishing_shows_a_rate, 20, "an exchange's publish rate", interval=0.5)
+    for conn in (a, b):
+        conn.close()
 
 
 def http(
