@@ -90,10 +90,10 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Be killed when the parent dies. A cluster leader's broker (its agent,
-    broker/cluster/node.py, is the supervisor's parent) uses it for every
-    process of the tree: if the agent is killed, no part of the old leader's
-    broker may go on serving clients beside the new leader."""
+    """Be killed when the parent dies: every child of the supervisor, and a
+    cluster leader's supervisor (its agent, broker/cluster/node.py, is the
+    supervisor's parent), so that if the agent is killed no part of the old
+    leader's broker goes on serving clients beside the new leader."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
@@ -355,8 +355,11 @@ class Supervisor:
                 # its handler (a SIGHUP during a worker's boot must not kill it).
                 ignored = sig in (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
                 signal.signal(sig, signal.SIG_IGN if ignored else signal.SIG_DFL)
-            if replica.link is not None:
-                die_with_parent()
+            # A child outlives no supervisor: nothing would restart it, the
+            # data directory's lock went with the supervisor (a new broker
+            # could open the directory beside it), and a scheduler left alone
+            # was seen spinning on a CPU for half an hour.
+            die_with_parent()
             code = self._child_main(child)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 0

@@ -151,3 +151,18 @@ def test_worker_crashing_at_boot_backs_off(broker_factory) -> None:  # type: ign
     )
     assert time.monotonic() - started >= 3.5, "the supervisor restarts a crashing worker too often"
     assert sum(supervisor.cpu_times()[:2]) < 1.0, "the supervisor spins"
+
+
+def test_a_killed_supervisor_takes_its_children(broker: Broker) -> None:
+    """kill -9 of the supervisor: its children go too (none would be
+    restarted, and the data directory's lock went with the supervisor, so a
+    new broker could open the directory beside them). Its segment stays until
+    the next start removes it, as after a power cut."""
+    assert broker.proc is not None
+    children = psutil.Process(broker.proc.pid).children()
+    assert len(children) >= 4  # the scheduler, two workers, the acceptor
+    os.kill(broker.proc.pid, signal.SIGKILL)
+    broker.proc.wait(10)
+    _gone, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == [], f"children outlived their supervisor: {alive}"
+    broker.start()  # the next start on its directories works, and cleans up
