@@ -1,15 +1,18 @@
-"""One way into the store: every message this worker puts into its queues
-goes through an Ingest, whoever sent it.
+"""One way into the queues: every message this worker puts into its queues
+goes through an Ingest, whoever sent it, and into each queue through that
+queue's `Queue`, which decides what the message needs there (its paging
+file, a full queue's wait, a length limit's refusal, the message store's
+entry, the timed mark of TTL, a stream's staging) and says what happened.
 
-- A client's publish (workers/publish.py): `put` appends a routed message
-  whose block is written (Pending): the message store's record reserved
-  first when it is persistent and reaches a durable queue
-  (workers/persist.py), one append per queue (QueueStore.enqueue), its
-  paging file instead when the queue pages (workers/pager.py), the queue
-  marked timed when the message may expire, the record finished, the
-  publisher's HOLD dropped. A full queue stops it: WAIT, and the channel
-  retries later. `put_now` is the same for the fast path's plain message
-  (no record, no expiry, no level): one loop with nothing else in it.
+- A client's publish (workers/publish.py): `put` walks a routed message
+  whose block is written (Pending) over its queues: the message store's
+  record reserved first when it is persistent and reaches a durable queue
+  (workers/persist.py), `Queue.publish` for each queue, the record
+  finished, the publisher's HOLD dropped. A full queue stops it: WAIT, and
+  the channel retries later. `put_now` is the same for the fast path's plain
+  message (no record, no expiry, no level, no Pending: `Queue.publish_plain`),
+  `put_durable` for a persistent one to one durable queue
+  (`Queue.publish_durable`).
 - The worker's own (a dead letter, workers/dead_letter.py; a delayed message
   that is due, workers/delays.py): `put_new` writes the block too, and never
   waits: a queue with no room does not get the message (the caller hears
@@ -17,12 +20,12 @@ goes through an Ingest, whoever sent it.
 - A message whose bytes are ready, its record in the message store
   already: paged back in from a paging file (workers/pager.py), or
   recovered from the message store at start (workers/restore.py):
-  `put_payload`.
+  `put_payload` (`Queue.put_back`).
 
 What comes back is an outcome; the channel turns it into a confirm, a nack,
 a return or flow (workers/publish.py). Bound once per user (a channel's
 publisher, the dead letters, the delays, the pager, the restore): no
-per-message lookups.
+per-message lookups but the queue's own, one dict read.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ class Ingest:
         "over_capacity",
         "pager",
         "persist",
+        "queues",
         "seg",
         "slot",
         "store",
@@ -170,6 +174,14 @@ class Ingest:
         # Queues the last put found over their capacity (FLOW): the channel
         # flow-blocks its connection on them, then clears the list.
         self.over_capacity: list[int] = []
+        self.queues: dict[int, Queue] = {}
+
+    def queue(self, qid: int) -> Queue:
+        """Queue `qid` as this ingest appends to it (made on first use)."""
+        queue = self.queues.get(qid)
+        if queue is None:
+            queue = self.queues[qid] = Queue(qid, self)
+        return queue
 
     # ------------------------------------------------------------ clients
     def put_now(
@@ -188,26 +200,20 @@ class Ingest:
         rest (it waits, or pages). Once every queue has it, the publisher's
         HOLD is dropped. `mark`: the keys its deduplication check added (a
         refusal takes them out)."""
-        pager, streams = self.pager, self.streams
+        streams = self.streams
         stream_qids = _NO_QUEUES
         if streams is not None and not plain:  # (plain queues are no streams)
             streams.refresh()
             stream_qids = streams.qids
-        enqueue, slot = self.enqueue, self.slot
+        queue = self.queue
         done = bits = 0
         for qid in qids:
-            if qid in stream_qids or (pager is not None and _pages(pager, self.arena, qid)):
+            got = queue(qid).publish_plain(block, body_size, mark, stream_qids)
+            if got < 0:
                 break
-            outcome = enqueue(qid, block, body_size, slot)
-            if outcome:
-                if outcome == FULL:
-                    break
-                if outcome == REJECTED:
-                    bits |= REJECTED_BIT
-                    if mark is not None:  # its retry must get in
-                        self.dedup.refused(mark, self.store.table.declared(qid))
-                elif outcome == OVER_CAPACITY:
-                    bits |= FLOW
+            if got:
+                bits |= got
+                if got == FLOW:
                     self.over_capacity.append(qid)
             if reached is not None and reached(qid):
                 bits |= HELD
@@ -236,39 +242,7 @@ class Ingest:
         race filled the queue meanwhile (put() goes on from there); None when
         put() must do it all (nothing done: the queue pages, has rules or is
         full, or no segment slot is free)."""
-        store, persist = self.store, self.persist
-        uid = store.table.uid(qid)
-        if (
-            persist is None
-            or not uid
-            or qid not in store.catalog.plain_queues()
-            or not store.takes_plainly(qid)
-            or (self.pager is not None and _pages(self.pager, self.arena, qid))
-        ):
-            return None
-        size = message_size(exchange, routing_key, header, body_size)  # the tag excluded
-        got = persist.reserve(1, size)
-        if got is None:
-            return None
-        index, slot, check, offset = got
-        seg = self.seg
-        write_tag(seg, block, slot, check, offset)
-        outcome = self.enqueue(qid, block, body_size, self.slot)
-        if outcome == FULL:  # filled by other publishers since takes_plainly
-            pending = Pending(exchange, routing_key, False)  # the caller sets mandatory
-            pending.durable, pending.record, pending.tag = True, index, (slot, check, offset)
-            pending.entries = {qid: (uid, 0, UNAPPENDED)}
-            return pending
-        if outcome in (APPENDED, OVER_CAPACITY):
-            seq = store.last_seq
-        else:  # deleted meanwhile: the record says so, the message is gone
-            seq = UNAPPENDED
-            if outcome != REMOVED:  # remove() counted that one down itself
-                persist.uncount(slot)
-        message = record_bytes(seg, block, size)
-        persist.complete(index, encode_publish_one(uid, 0, persist.epoch, seq, message))
-        release_hold(seg, block)
-        return index
+        return self.queue(qid).publish_durable(block, body_size, exchange, routing_key, header)
 
     def put(self, pending: Pending, reached: Reached | None = None, wait: bool = True) -> int:
         """Append a routed message to each of its queues, then drop the
@@ -283,84 +257,44 @@ class Ingest:
         if (
             pending.durable
             and pending.entries is None
-            and not publish_record.reserve(self._persister(), self.store, pending)
+            and not publish_record.reserve(self.persister(), self.store, pending)
         ):
             if wait:
                 return WAIT  # no segment slot free: retried like a full queue
             pending.durable = False  # kept in memory only
-        entries = pending.entries
-        enqueue, store, slot = self.enqueue, self.store, self.slot
-        pager = self.pager if wait else None
-        arena = self.arena
-        streams = self.streams
-        if streams is not None:
-            streams.refresh()  # one load unless a queue was created or deleted
-            stream_qids = streams.qids
-        timed = pending.times is not None
+        if self.streams is not None:
+            self.streams.refresh()  # one load unless a queue was created or deleted
+        queue = self.queue
         qids = pending.qids
         bits = 0
         while qids:
             qid = qids[0]
-            if pager is not None and _pages(pager, arena, qid):
-                self._page_out(pending, qid)  # a backlog past its log or the arena
-                continue
-            outcome = enqueue(qid, block, pending.body_size, slot)
-            if outcome:
-                if outcome == FULL:
-                    if pager is not None and pager.eligible(qid):
-                        self._page_out(pending, qid)
-                        continue
-                    if wait:
-                        if entries:
-                            publish_record.wait_for_room(self._persister(), pending)
-                        return bits | WAIT
-                    log.debug("a message the broker republishes missed full queue %d", qid)
-                    pending.rejected = True
-                elif outcome == REJECTED:
-                    pending.rejected = True
-                    if pending.dedup is not None:  # its retry must get in
-                        self.dedup.refused(pending.dedup, store.table.declared(qid))
-                elif outcome == OVER_CAPACITY:
-                    bits |= FLOW
-                    self.over_capacity.append(qid)
-            if entries and qid in entries:
-                publish_record.appended(self._persister(), store, pending, qid, outcome)
-            if timed and outcome in (APPENDED, OVER_CAPACITY):
-                store.table.mark_timed(qid)
-            if streams is not None and qid in stream_qids and outcome == APPENDED:
-                if pending.streams is None:
-                    pending.streams = []
-                pending.streams.append((qid, store.last_seq))
+            got = queue(qid).publish(pending, wait)
+            if got:
+                if got == WAIT:
+                    return bits | WAIT
+                bits |= FLOW
+                self.over_capacity.append(qid)
             qids.pop(0)
             if reached is not None and reached(qid):
                 bits |= HELD
                 reached = None
-        if entries:
-            publish_record.finish(self._persister(), pending)
+        if pending.entries:
+            publish_record.finish(self.persister(), pending)
         release_hold(self.seg, block)
         return bits
 
-    def _persister(self) -> Persister:
+    def persister(self) -> Persister:
         persist = self.persist
         assert persist is not None  # Pending.durable is set only with a store
         return persist
-
-    def _page_out(self, pending: Pending, qid: int) -> None:
-        """The message goes to this worker's paging file for `qid`
-        (workers/pager.py), and its record names the queue's tail."""
-        pager = self.pager
-        assert pager is not None
-        pager.put(qid, block_payload(self.seg, pending.block))
-        if pending.entries and qid in pending.entries:
-            publish_record.paged_out(pending, qid, pager.tail(qid))
-        pending.qids.pop(0)
 
     def drop(self, pending: Pending) -> None:
         """A routed message abandoned before all its appends (its channel
         closed, or its transaction): its record keeps what was appended; the
         publisher's HOLD is dropped."""
         if pending.entries:
-            publish_record.abandon(self._persister(), pending)
+            publish_record.abandon(self.persister(), pending)
         if pending.dedup is not None:  # its retry must get in
             declared = self.store.table.declared
             self.dedup.abandoned(pending.dedup, [declared(qid) for qid in pending.qids])
@@ -403,12 +337,166 @@ class Ingest:
         payload as it was paged out) or recovered at start (workers/restore.py,
         tagged with its record). The outcome of its append, or None when the
         arena has no room."""
-        seg = self.seg
-        block = self.arena.new_from_payload(payload)
+        return self.queue(qid).put_back(payload, redelivered)
+
+
+class Queue:
+    """One queue as a message goes into it (LavinMQ's shape: `publish`
+    returns what happened). The queue decides what each message's way in
+    needs here, so that the ingest above only walks a message's targets:
+
+    - paging: whether the message goes to the queue's paging file rather
+      than its log (the queue pages already, or the arena is filling while it
+      has a backlog; a full queue that may page: workers/pager.py);
+    - overflow: a full queue makes a client's publish wait and misses the
+      worker's own message; a length limit's reject-publish refuses it and
+      takes its deduplication key back out (its retry must get in); over
+      its capacity, it asks for flow (shm/flow.py);
+    - the message store: the PUBLISH record's entry for this queue
+      (workers/persist.py);
+    - TTL: a message that may expire marks the queue timed, which is what
+      its expiry sweep and a consumer's take look at (workers/message_ttl.py);
+    - a stream: the appended sequence number, for its writer
+      (workers/stream_io.py).
+
+    It keeps only its qid: what the queue is (durable, a stream, plain) is
+    read from the shared queue table and catalog at each publish, because a
+    qid is reused by the next queue declared after a delete, in any worker.
+    """
+
+    __slots__ = ("ingest", "qid")
+
+    def __init__(self, qid: int, ingest: Ingest) -> None:
+        self.qid = qid
+        self.ingest = ingest
+
+    def publish(self, pending: Pending, wait: bool) -> int:
+        """Append a routed message. 0 when the queue has it, in its log or
+        its paging file, or refused it (`pending.rejected`: a length limit,
+        or the worker's own message and no room); FLOW when the queue is
+        over its capacity; WAIT when it is full and the publisher waits
+        (`wait`): nothing was done."""
+        ingest, qid = self.ingest, self.qid
+        pager = ingest.pager if wait else None
+        if pager is not None and _pages(pager, ingest.arena, qid):
+            self._page_out(pending)  # a backlog past its log or the arena
+            return 0
+        outcome = ingest.enqueue(qid, pending.block, pending.body_size, ingest.slot)
+        got = 0
+        if outcome:
+            if outcome == FULL:
+                if pager is not None and pager.eligible(qid):
+                    self._page_out(pending)
+                    return 0
+                if wait:
+                    if pending.entries:
+                        publish_record.wait_for_room(ingest.persister(), pending)
+                    return WAIT
+                log.debug("a message the broker republishes missed full queue %d", qid)
+                pending.rejected = True
+            elif outcome == REJECTED:
+                pending.rejected = True
+                if pending.dedup is not None:  # its retry must get in
+                    ingest.dedup.refused(pending.dedup, ingest.store.table.declared(qid))
+            elif outcome == OVER_CAPACITY:
+                got = FLOW
+        entries = pending.entries
+        if entries and qid in entries:
+            publish_record.appended(ingest.persister(), ingest.store, pending, qid, outcome)
+        if outcome in (APPENDED, OVER_CAPACITY):
+            if pending.times is not None:
+                ingest.store.table.mark_timed(qid)
+            streams = ingest.streams
+            if streams is not None and outcome == APPENDED and qid in streams.qids:
+                if pending.streams is None:
+                    pending.streams = []
+                pending.streams.append((qid, ingest.store.last_seq))
+        return got
+
+    def publish_plain(
+        self, block: int, body_size: int, mark: DedupMark | None, stream_qids: frozenset[int]
+    ) -> int:
+        """The fast path's append of a message with no record, no timestamp
+        and no level: 0, REJECTED_BIT (a length limit refused it) or FLOW
+        when done; -1 when the queue wants more than that (it is a stream in
+        `stream_qids`, pages, or is full): `publish` does it."""
+        ingest, qid = self.ingest, self.qid
+        pager = ingest.pager
+        if qid in stream_qids or (pager is not None and _pages(pager, ingest.arena, qid)):
+            return -1
+        outcome = ingest.enqueue(qid, block, body_size, ingest.slot)
+        if not outcome:
+            return 0
+        if outcome == FULL:
+            return -1
+        if outcome == REJECTED:
+            if mark is not None:  # its retry must get in
+                ingest.dedup.refused(mark, ingest.store.table.declared(qid))
+            return REJECTED_BIT
+        if outcome == OVER_CAPACITY:
+            return FLOW
+        return 0  # (REMOVED: deleted meanwhile, the message is gone with it)
+
+    def publish_durable(
+        self, block: int, body_size: int, exchange: bytes, routing_key: bytes, header: bytes
+    ) -> int | Pending | None:
+        """The fast path's persistent message for this durable queue and
+        nothing else (a plain queue, no expiry, no level, no stream): its
+        PUBLISH record reserved and its block tagged, the append, the record
+        completed (written at the end of the loop iteration), the HOLD
+        dropped, without the general path's loops. Returns the record's
+        index (its confirm waits for its sync); a Pending with the
+        reservation in it when a race filled the queue meanwhile (`publish`
+        goes on from there); None when the general path must do it all
+        (nothing done: the queue pages, has rules or is full, or no segment
+        slot is free)."""
+        ingest, qid = self.ingest, self.qid
+        store, persist = ingest.store, ingest.persist
+        uid = store.table.uid(qid)
+        if (
+            persist is None
+            or not uid
+            or qid not in store.catalog.plain_queues()
+            or not store.takes_plainly(qid)
+            or (ingest.pager is not None and _pages(ingest.pager, ingest.arena, qid))
+        ):
+            return None
+        size = message_size(exchange, routing_key, header, body_size)  # the tag excluded
+        got = persist.reserve(1, size)
+        if got is None:
+            return None
+        index, slot, check, offset = got
+        seg = ingest.seg
+        write_tag(seg, block, slot, check, offset)
+        outcome = ingest.enqueue(qid, block, body_size, ingest.slot)
+        if outcome == FULL:  # filled by other publishers since takes_plainly
+            pending = Pending(exchange, routing_key, False)  # the caller sets mandatory
+            pending.durable, pending.record, pending.tag = True, index, (slot, check, offset)
+            pending.entries = {qid: (uid, 0, UNAPPENDED)}
+            return pending
+        if outcome in (APPENDED, OVER_CAPACITY):
+            seq = store.last_seq
+        else:  # deleted meanwhile: the record says so, the message is gone
+            seq = UNAPPENDED
+            if outcome != REMOVED:  # remove() counted that one down itself
+                persist.uncount(slot)
+        message = record_bytes(seg, block, size)
+        persist.complete(index, encode_publish_one(uid, 0, persist.epoch, seq, message))
+        release_hold(seg, block)
+        return index
+
+    def put_back(self, payload: memoryview, redelivered: bool) -> int | None:
+        """A message whose bytes are ready, its record (if any) in the
+        message store already: paged back in (workers/pager.py) or recovered
+        at start (workers/restore.py). The outcome of its append, or None
+        when the arena has no room."""
+        ingest, qid = self.ingest, self.qid
+        seg = ingest.seg
+        block = ingest.arena.new_from_payload(payload)
         if block is None:
             return None
-        store = self.store
-        outcome = self.enqueue(qid, block, body_length(seg, block), self.slot)
+        store = ingest.store
+        outcome = ingest.enqueue(qid, block, body_length(seg, block), ingest.slot)
         release_hold(seg, block)
         if outcome not in (APPENDED, OVER_CAPACITY):
             return outcome  # full, refused by a length limit, or gone
@@ -417,6 +505,16 @@ class Ingest:
         if payload_may_expire(payload):  # workers/message_ttl.py
             store.table.mark_timed(qid)
         return outcome
+
+    def _page_out(self, pending: Pending) -> None:
+        """The message goes to this worker's paging file for the queue
+        (workers/pager.py), and its record names the queue's tail."""
+        ingest, qid = self.ingest, self.qid
+        pager = ingest.pager
+        assert pager is not None
+        pager.put(qid, block_payload(ingest.seg, pending.block))
+        if pending.entries and qid in pending.entries:
+            publish_record.paged_out(pending, qid, pager.tail(qid))
 
 
 def _pages(pager: Pager, arena: Arena, qid: int) -> bool:

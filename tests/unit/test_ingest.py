@@ -1,6 +1,7 @@
-"""The one way into the store (workers/ingest.py), on a real segment
+"""The one way into the queues (workers/ingest.py), on a real segment
 without a broker: the worker's own messages, the fast path's, a routed
-message that waits for room, and a page-in."""
+message that waits for room, and a page-in; and what a queue (`Queue`)
+says of each message put into it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from shoal.shm.arena import block_payload, message_size, read_message, write_mes
 from shoal.shm.queues import APPENDED
 from shoal.shm.segment import Segment
 from shoal.workers.context import WorkerContext
-from shoal.workers.ingest import WAIT, Ingest
+from shoal.workers.ingest import FLOW, REJECTED_BIT, WAIT, Ingest
 from shoal.workers.pending import Pending
 
 CELLS = 64  # each log's capacity
@@ -78,6 +79,42 @@ def test_a_paged_out_message_goes_back_as_it_was(ctx: WorkerContext) -> None:
     got = ctx.store.acquire(1, 0)
     assert isinstance(got, tuple)
     assert read_message(ctx.seg, got[1])[3] == b"body"
+
+
+def test_a_full_queue_says_wait_and_keeps_nothing(ctx: WorkerContext) -> None:
+    ingest = Ingest(ctx)
+    for _ in range(CELLS):
+        assert ingest.put_new(b"", b"q1", b"", b"b", [1])
+    pending = _pending(ctx, [1])
+    assert ingest.queue(1).publish(pending, wait=True) == WAIT
+    assert not pending.rejected and ctx.store.table.ready(1) == CELLS
+    assert ingest.queue(1).publish_plain(pending.block, 4, None, frozenset()) == -1
+
+
+def test_a_queue_at_its_reject_publish_limit_refuses_the_message(ctx: WorkerContext) -> None:
+    ctx.store.create(3, b"q3", 0, 0, length_limits=(1 + 1, 0, L.OVERFLOW_REJECT_PUBLISH))  # (limit + 1)
+    ingest = Ingest(ctx)
+    queue = ingest.queue(3)
+    assert queue.publish(_pending(ctx, [3]), wait=True) == 0
+    refused = _pending(ctx, [3])
+    assert queue.publish(refused, wait=True) == 0 and refused.rejected
+    assert queue.publish_plain(refused.block, 4, None, frozenset()) == REJECTED_BIT
+    assert ctx.store.table.ready(3) == 1
+
+
+def test_a_queue_over_its_capacity_asks_for_flow(ctx: WorkerContext) -> None:
+    ctx.store.create(4, b"q4", 0, 0, capacity=1, resume=1)
+    ingest = Ingest(ctx)
+    outcomes = [ingest.queue(4).publish(_pending(ctx, [4]), wait=True) for _ in range(3)]
+    assert FLOW in outcomes and ctx.store.table.ready(4) == 3
+    assert ingest.put(_pending(ctx, [4])) & FLOW and ingest.over_capacity == [4]
+
+
+def test_a_stream_is_left_to_the_general_path(ctx: WorkerContext) -> None:
+    ingest = Ingest(ctx)
+    pending = _pending(ctx, [1])
+    assert ingest.queue(1).publish_plain(pending.block, 4, None, frozenset({1})) == -1
+    assert ctx.store.table.ready(1) == 0
 
 
 def _pending(ctx: WorkerContext, qids: list[int]) -> Pending:
