@@ -50,7 +50,7 @@ def _scheduler() -> Scheduler:
     sink = _Sink()
     s.all_links = s.links = {0: sink}  # type: ignore[dict-item]
     state = SimpleNamespace(
-        queues={}, level_of={}, consumers={}, links=s.links, store=None, stats=sink
+        queues={}, level_of={}, consumers={}, links=s.links, shared=None, stats=sink
     )
     state.ready = state.changes = lambda q: 0
     s.state = state  # type: ignore[assignment]

@@ -123,10 +123,10 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     config = Config(runtime_dir=os.path.join(d, "run"), data_dir=os.path.join(d, "data"))
     ctx = WorkerContext(config, seg, 0, 1, os.eventfd(0, os.EFD_NONBLOCK), loop)
-    from shoal.shm.queues import QueueStore
+    from shoal.shm.queues import SharedQueues
 
     flags = layout.QF_DEDUP if ns.dedup == "queue" else 0
-    QueueStore(seg).create(0, b"bench", flags, 0, uid=1 if ns.persistent else 0)
+    SharedQueues(seg).create(0, b"bench", flags, 0, uid=1 if ns.persistent else 0)
     if ns.persistent:
         dirs = [os.path.join(d, sub) for sub in ("msgs", "paging", "streams")]
         for sub in dirs:
@@ -160,11 +160,11 @@ def main() -> None:
         if ns.deliver:
             # Deliver what is ready and ack it every 100, as a consumer with
             # prefetch 500 and multi-ack 100 does.
-            while ctx.store.table.word(0, layout.Q_READY):
+            while ctx.shared.table.word(0, layout.Q_READY):
                 pull(ctx, consumer)
                 sub.flush()
                 while ch.next_tag - 1 - acked >= 100 or (
-                    ch.next_tag - 1 > acked and not ctx.store.table.word(0, layout.Q_READY)
+                    ch.next_tag - 1 > acked and not ctx.shared.table.word(0, layout.Q_READY)
                 ):
                     acked = min(acked + 100, ch.next_tag - 1)
                     sub.data_received(ack_frame(acked))
@@ -176,7 +176,7 @@ def main() -> None:
         prof.disable()
     dt = time.process_time() - t0  # CPU time: steadier than wall time on a shared machine
     assert not conn.closed and sub.channels[1].delivery is ch, "the harness's channel was closed"
-    routed = ctx.store.table.word(0, layout.Q_PUBLISHED)
+    routed = ctx.shared.table.word(0, layout.Q_PUBLISHED)
     assert routed == ns.messages, f"{routed} of {ns.messages} messages reached the queue"
     print(
         f"{ns.messages} messages of {ns.size} B: {dt / ns.messages * 1e6:.2f} µs/msg "

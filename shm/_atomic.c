@@ -18,7 +18,7 @@
 #include <time.h>
 #include <limits.h>
 
-#include "_store_api.h"
+#include "_queues_api.h"
 #include "_record.h"
 
 typedef struct {
@@ -558,7 +558,7 @@ Atomic_advance_head(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
  * the seq; -1 if the queue is full, not active, or was deleted before the
  * cell was published (remove() tombstoned it: nothing to undo); -2 - seq if
  * the queue was deleted after the cell was published (the caller takes the
- * entry back). The Python original is QueueStore.append's docstring.
+ * entry back). The Python original is SharedQueues.append's docstring.
  */
 /* append's steps (the comment above); returns what append returns. */
 static long long
@@ -676,7 +676,7 @@ publish_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
 
 /*
  * publish(queue, ring, mask, block, intent, qid) -> int
- * QueueStore.enqueue for a queue with no rules, in one call: None if the
+ * SharedQueues.enqueue for a queue with no rules, in one call: None if the
  * queue has a length limit or a capacity (nothing done: the Python path
  * applies them); else one more reference to the block, append (the
  * reference taken back if append returns -1: full, or gone), and the
@@ -1178,7 +1178,7 @@ out:
     return PyLong_FromLong(result);
 }
 
-/* ------------------------------------------------ the C API (_store_api.h) */
+/* ------------------------------------------------ the C API (_queues_api.h) */
 
 static PyTypeObject AtomicType;
 
@@ -1295,8 +1295,8 @@ api_changes(uint64_t *q)
     return LOAD(q + Q_CHANGES / 8);
 }
 
-static ShoalStoreAPI store_api = {
-    .version = SHOAL_STORE_API_VERSION,
+static ShoalQueuesAPI queues_api = {
+    .version = SHOAL_QUEUES_API_VERSION,
     .is_atomic = api_is_atomic,
     .base = api_base,
     .readable = api_readable,
@@ -1464,7 +1464,7 @@ PyInit__atomic(void)
         return NULL;
     }
     if (PyModule_AddObject(m, "_C_API",
-                           PyCapsule_New(&store_api, SHOAL_STORE_API_CAPSULE, NULL)) < 0) {
+                           PyCapsule_New(&queues_api, SHOAL_QUEUES_API_CAPSULE, NULL)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

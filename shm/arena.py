@@ -342,7 +342,7 @@ def _tag_at(seg: Segment, block: int) -> tuple[int, int]:
 
 
 def write_tag(seg: Segment, block: int, slot: int, check: int, offset: int) -> None:
-    """Tag a persistent message with where its PUBLISH record is (shm/segtable.py):
+    """Tag a persistent message with where its PUBLISH record is (shm/message_files.py):
     the block must have been allocated with TAG_SIZE bytes to spare. One C
     call (shm/_atomic.c write_tag), these steps."""
     a = seg.atomic
@@ -383,7 +383,7 @@ def message_times(seg: Segment, block: int) -> tuple[int, int] | None:
 
 
 def read_tag(seg: Segment, block: int) -> tuple[int, int, int] | None:
-    """(segment slot, check, record offset) of a tagged message; None for an
+    """(message file slot, check, record offset) of a tagged message; None for an
     untagged one. A reader that holds no reference (purge, before its CAS)
     may see a block freed and reused meanwhile: lengths that point outside
     the block give None, and the CAS that follows decides whether it counts.

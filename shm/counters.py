@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shoal.shm import layout
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.stream_words import StreamBounds, StreamWords
 
 FLOW_NAMES = {
@@ -56,10 +56,10 @@ class QueueCounters:
     redelivered: int = 0  # entries released back (requeued), since then
 
 
-def read(store: QueueStore, qid: int) -> QueueCounters:
+def read(shared: SharedQueues, qid: int) -> QueueCounters:
     """The counters of declared queue `qid`, summed over its logs."""
-    logs = store.catalog.logs(qid)
-    word = store.table.word
+    logs = shared.catalog.logs(qid)
+    word = shared.table.word
 
     def total(field: int) -> int:
         return sum(word(log, field) for log in logs)
@@ -68,7 +68,7 @@ def read(store: QueueStore, qid: int) -> QueueCounters:
     stream = None
     ready = total(layout.Q_READY) + paged_out
     if word(qid, layout.Q_FLAGS) & layout.QF_STREAM:
-        stream = StreamWords(store.seg).bounds(qid)
+        stream = StreamWords(shared.seg).bounds(qid)
         ready = stream.next - stream.first
     return QueueCounters(
         ready=ready,

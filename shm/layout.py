@@ -261,7 +261,7 @@ BLOCK_MIN_SPLIT = 64
 MSG_PREFIX = struct.Struct("<BBHIQ")  # exchange len, routing key len, flags, props len, body len
 # Message flags (MSG_PREFIX's third field). TAGGED: a persistent message of a
 # durable queue; MSG_TAG follows the body: where its PUBLISH record is
-# (segment table slot, the low 32 bits of that segment's name, record offset).
+# (message file table slot, the low 32 bits of that message file's name, record offset).
 MSG_TAGGED = 1
 MSG_TAG = struct.Struct("<IIQ")
 # TIMED: MSG_TIME follows the body (before a tag): when the message was
@@ -272,12 +272,12 @@ MSG_TAG = struct.Struct("<IIQ")
 MSG_TIMED = 2
 MSG_TIME = struct.Struct("<qq")
 
-# The message store's segment table (shm/segtable.py): per IO worker,
-# SEGMENT_SLOTS slots of the segments it owns (wrote, or recovered).
-SEGMENT_SLOTS = 1024
-SEGMENT_SLOT_SIZE = 32
+# The message store's message file table (shm/message_files.py): per IO worker,
+# MESSAGE_FILE_SLOTS slots of the message files it owns (wrote, or recovered).
+MESSAGE_FILE_SLOTS = 1024
+MESSAGE_FILE_SLOT_SIZE = 32
 SG_NAME = 0  # epoch << 32 | counter (0: a free slot); written by the owner
-SG_WRITER = 8  # the writer in the segment's file name, + 1; SEALED_BIT once sealed
+SG_WRITER = 8  # the writer in the message file's name, + 1; SEALED_BIT once sealed
 SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
 SEALED_BIT = 1 << 32
 
@@ -378,7 +378,7 @@ class Layout:
         "proc_slots",
         "procs",
         "queues",
-        "segments",
+        "message_files",
         "size",
         "worker_bitmaps",
     )
@@ -397,8 +397,8 @@ class Layout:
         off = _align(off + limits.max_queues * QUEUE_SIZE)
         self.catalog = off
         off = _align(off + limits.catalog_bytes)
-        self.segments = off
-        off = _align(off + limits.max_workers * SEGMENT_SLOTS * SEGMENT_SLOT_SIZE)
+        self.message_files = off
+        off = _align(off + limits.max_workers * MESSAGE_FILE_SLOTS * MESSAGE_FILE_SLOT_SIZE)
         self.logs = off
         off = _align(off + limits.max_queues * limits.queue_capacity * CELL_SIZE)
         self.counts = off
@@ -428,9 +428,9 @@ class Layout:
     def arena(self, worker: int) -> int:
         return self.arenas + worker * self.limits.arena_bytes
 
-    def segment_slot(self, slot: int) -> int:
-        """A segment-table slot by its global index (worker * SEGMENT_SLOTS + i)."""
-        return self.segments + slot * SEGMENT_SLOT_SIZE
+    def message_file_slot(self, slot: int) -> int:
+        """A message-file-table slot by its global index (worker * MESSAGE_FILE_SLOTS + i)."""
+        return self.message_files + slot * MESSAGE_FILE_SLOT_SIZE
 
 
 # Process-table slots for the roles that are not IO workers.

@@ -3,7 +3,7 @@ and by kind (plain, priority, stream, delayed, timed, deduplicating), from a
 per-process cache rebuilt when the scheduler bumps the catalog generation.
 
 A queue's own words are shm/queue_table.py's; its log operations are
-shm/queues.py's (QueueStore, which holds both).
+shm/queues.py's (SharedQueues, which holds both).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from shoal.shm.segment import Segment
 class QueueCatalog:
     """The queues of the segment, looked up by name and sorted by kind: the
     publish path tests a message's queues against these sets with one lookup
-    each (QueueStore.catalog)."""
+    each (SharedQueues.catalog)."""
 
     __slots__ = (
         "_active",

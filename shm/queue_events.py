@@ -1,9 +1,9 @@
-"""What a queue tells the process above it (QueueStore's `events`).
+"""What a queue tells the process above it (SharedQueues's `events`).
 
 shm/ sits below the workers and the scheduler, so a transition that must
 reach them (a durable entry deleted: the message store records it; a message
 a length limit dropped: dead-lettering takes it) raises an event on the
-object its QueueStore was made with, rather than calling up or through a
+object its SharedQueues was made with, rather than calling up or through a
 callback assigned after construction.
 """
 
@@ -14,7 +14,7 @@ from typing import Protocol
 
 class QueueEvents(Protocol):
     """What a queue tells the process above it, named in one place. Each is
-    raised by a QueueStore transition (or shm/timed_entries.py) and handled
+    raised by a SharedQueues transition (or shm/timed_entries.py) and handled
     by the owner of the rule it touches: in an IO worker
     workers/events.py WorkerEvents, in the scheduler its SchedulerEvents."""
 

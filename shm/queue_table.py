@@ -4,7 +4,7 @@ behind named accessors, and the scheduler's few writes.
 Nothing above shm/ reads a queue record's offsets: it asks these methods
 (or shm/counters.py for an observer's view). Which queues exist is
 shm/queue_catalog.py's; shm/queues.py adds the log operations and the queue rules
-(QueueStore, which holds both as `catalog` and `table`).
+(SharedQueues, which holds both as `catalog` and `table`).
 """
 
 from __future__ import annotations

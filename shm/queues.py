@@ -42,8 +42,8 @@ _WATCHER_MASK = (1 << _WATCHER_BITS) - 1
 # (exchange, routing key, raw content header, body), as shm.arena.read_message gives it
 Message = tuple[bytes, bytes, bytes, bytes]
 
-# QueueStore.run_args: (atomic, queue, ring, mask, owner bits, arenas, arena
-# bytes, this process's dropping word, whether the store records settles).
+# SharedQueues.run_args: (atomic, queue, ring, mask, owner bits, arenas, arena
+# bytes, this process's dropping word, whether the message store records settles).
 RunArgs = tuple[Atomic, int, int, int, int, int, int, int, bool]
 
 
@@ -54,7 +54,7 @@ def unpublished(word: int, seq: int) -> bool:
     return wseq < seq or (wseq == seq and word & layout.STATE_MASK == layout.S_EMPTY)
 
 
-# What QueueStore.enqueue did with a message for one queue.
+# What SharedQueues.enqueue did with a message for one queue.
 APPENDED = 0  # it is in the queue
 REJECTED = 1  # refused by the queue's length limit (x-overflow reject-publish)
 OVER_CAPACITY = 2  # appended, and the queue is now over its x-capacity: its publisher waits
@@ -77,7 +77,7 @@ class QueueGone(QueueFull):
         self.taken_back = taken_back
 
 
-class QueueStore:
+class SharedQueues:
     """Queue operations for one process. `owner` is the IO worker index + 1
     (0 for the supervisor and the scheduler, which never acquire).
 
@@ -485,7 +485,7 @@ class QueueStore:
     def run_args(self, qid: int) -> RunArgs | None:
         """What a run of acquisitions and settles in C needs of log `qid`
         (workers/_wire.c deliver_run, through shm's C API): None when this
-        store's atomics are not the plain Atomic (the crash tests' steps)."""
+        shared queues' atomics are not the plain Atomic (the crash tests' steps)."""
         a = self.a
         if a.__class__ is not Atomic:
             return None
@@ -508,7 +508,7 @@ class QueueStore:
         deleted cells. False if the entry is no longer ours (its queue was
         deleted, or the supervisor released it). One C call; for a durable
         queue while the message store is on, the message's tag is read first
-        (the entry still holds the block) and the store told after."""
+        (the entry still holds the block) and the message store told after."""
         offsets = self.layout
         tag = None
         if self.events.records_settles and (uid := self.a.load(self.queues + qid * _QSIZE + _QUID)):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from shoal.shm import layout
 from shoal.shm.arena import body_length, peek_message
-from shoal.shm.queues import Message, QueueStore, unpublished
+from shoal.shm.queues import Message, SharedQueues, unpublished
 
 _SEQ = layout.SEQ_SHIFT
 _AVAIL = layout.S_AVAILABLE
@@ -18,7 +18,7 @@ _ACQ = layout.S_ACQUIRED
 _REDELIVERED = layout.FLAG_REDELIVERED
 
 
-def peek(store: QueueStore, qid: int, pointer: int) -> tuple[int, Message, bool] | int:
+def peek(shared: SharedQueues, qid: int, pointer: int) -> tuple[int, Message, bool] | int:
     """A browser's read: the first AVAILABLE entry at or after `pointer`,
     copied out without acquiring it and without writing shared memory.
 
@@ -29,8 +29,8 @@ def peek(store: QueueStore, qid: int, pointer: int) -> tuple[int, Message, bool]
     afterwards: while it does, its body reference pins the block, so the
     bytes copied in between are the message (shm/ARCHITECTURE.md, 3a).
     """
-    a, q = store.a, store.layout.queue(qid)
-    ring, mask = store.layout.log(qid), store.mask
+    a, q = shared.a, shared.layout.queue(qid)
+    ring, mask = shared.layout.log(qid), shared.mask
     seq = max(pointer, a.load(q + layout.Q_HEAD))
     tail = a.load(q + layout.Q_TAIL)
     while seq < tail:
@@ -39,7 +39,7 @@ def peek(store: QueueStore, qid: int, pointer: int) -> tuple[int, Message, bool]
         if unpublished(word, seq):
             return seq
         if word >> _SEQ == seq and word & layout.STATE_MASK == _AVAIL:
-            message = peek_message(store.seg, a.load(cell + 8))
+            message = peek_message(shared.seg, a.load(cell + 8))
             after = a.load(cell)
             live = after >> _SEQ == seq and after & layout.STATE_MASK in (_AVAIL, _ACQ)
             if message is not None and live:
@@ -49,17 +49,17 @@ def peek(store: QueueStore, qid: int, pointer: int) -> tuple[int, Message, bool]
 
 
 def acquire_matching(
-    store: QueueStore, qid: int, pointer: int, wanted: Callable[[bytes], bool], limit: int = 1024
+    shared: SharedQueues, qid: int, pointer: int, wanted: Callable[[bytes], bool], limit: int = 1024
 ) -> tuple[int, int, bool] | int:
-    """QueueStore.acquire() for a consumer with a selector: the first AVAILABLE entry
+    """SharedQueues.acquire() for a consumer with a selector: the first AVAILABLE entry
     at or after `pointer` whose content header `wanted` accepts. Each
     header is read as peek() reads (shm/ARCHITECTURE.md 3a), before any
     write; only a wanted entry is CAS'd to ACQUIRED, so the others stay
     for other consumers. Same returns as acquire(), plus one: after
     `limit` unwanted entries it stops and returns -1 - (where it got to),
     so that a long run of them is read in bounded slices."""
-    a, q = store.a, store.layout.queue(qid)
-    ring, mask = store.layout.log(qid), store.mask
+    a, q = shared.a, shared.layout.queue(qid)
+    ring, mask = shared.layout.log(qid), shared.mask
     seq = max(pointer, a.load(q + layout.Q_HEAD))
     tail = a.load(q + layout.Q_TAIL)
     stop = seq + limit
@@ -71,14 +71,14 @@ def acquire_matching(
         if unpublished(word, seq):
             return seq
         if word >> _SEQ == seq and word & layout.STATE_MASK == _AVAIL:
-            copy = peek_message(store.seg, a.load(cell + 8), body=False)
+            copy = peek_message(shared.seg, a.load(cell + 8), body=False)
             if copy is not None and a.load(cell) == word and wanted(copy[2]):
-                taken = word & _REDELIVERED | seq << _SEQ | store.owner_bits | _ACQ
+                taken = word & _REDELIVERED | seq << _SEQ | shared.owner_bits | _ACQ
                 if a.cas(cell, word, taken):
                     block = a.load(cell + 8)
                     a.fetch_add(q + layout.Q_READY, -1)
                     a.fetch_add(q + layout.Q_UNACKED, 1)
-                    a.fetch_add(q + layout.Q_READY_BYTES, -body_length(store.seg, block))
+                    a.fetch_add(q + layout.Q_READY_BYTES, -body_length(shared.seg, block))
                     return seq, block, bool(word & _REDELIVERED)
                 continue  # it changed meanwhile: look at it again
         seq += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from shoal.shm import layout
 from shoal.shm.arena import held_blocks, read_tag, release_hold
-from shoal.shm.queues import QueueStore, unpublished
+from shoal.shm.queues import SharedQueues, unpublished
 from shoal.shm.segment import Segment
 
 
@@ -40,13 +40,13 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     never drop one too many (a body freed while an entry still points at
     it). Returns {qid: entries released}.
     """
-    store = QueueStore(seg, 0)
-    released = release_owner(store, worker + 1)
+    shared = SharedQueues(seg, 0)
+    released = release_owner(shared, worker + 1)
     held = held_blocks(seg, worker)
     if held:
         # Cells, then drops in flight, then the count word: in this order a
         # concurrent ack can only make us keep a reference too many.
-        live = count_references(store, set(held))
+        live = count_references(shared, set(held))
         in_flight = dropping(seg, worker)
         a = seg.atomic
         for block in held:
@@ -61,17 +61,17 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     return released
 
 
-def release_owner(store: QueueStore, owner: int) -> dict[int, int]:
+def release_owner(shared: SharedQueues, owner: int) -> dict[int, int]:
     """Supervisor, after IO worker `owner - 1` died: put back every entry
     it had acquired (they are redelivered) and tombstone the cell it had
     reserved but not published. Returns {qid: entries released}."""
-    a, offsets = store.a, store.layout
+    a, offsets = shared.a, shared.layout
     bits = owner << layout.OWNER_SHIFT
     slot = offsets.proc(owner - 1)
     intent_q = a.load(slot + layout.P_INTENT_QUEUE)
     if intent_q:
         qid, seq = intent_q - 1, a.load(slot + layout.P_INTENT_SEQ)
-        cell = offsets.log(qid) + (seq & store.mask) * layout.CELL_SIZE
+        cell = offsets.log(qid) + (seq & shared.mask) * layout.CELL_SIZE
         w = a.load(cell)
         if unpublished(w, seq) and a.load(offsets.queue(qid) + layout.Q_TAIL) > seq:
             a.cas(cell, w, seq << layout.SEQ_SHIFT | layout.S_DELETED)
@@ -88,28 +88,28 @@ def release_owner(store: QueueStore, owner: int) -> dict[int, int]:
             continue
         ring = offsets.log(qid)
         for seq in range(head, tail):
-            w = a.load(ring + (seq & store.mask) * layout.CELL_SIZE)
+            w = a.load(ring + (seq & shared.mask) * layout.CELL_SIZE)
             mine = (
                 w & layout.STATE_MASK == layout.S_ACQUIRED
                 and w & 0xFFF00 == bits
                 and w >> layout.SEQ_SHIFT == seq
             )
-            if mine and store.release(qid, seq, bits):
+            if mine and shared.release(qid, seq, bits):
                 released[qid] = released.get(qid, 0) + 1
-        store.advance_head(qid)
+        shared.advance_head(qid)
     return released
 
 
-def count_references(store: QueueStore, blocks: set[int]) -> dict[int, int]:
+def count_references(shared: SharedQueues, blocks: set[int]) -> dict[int, int]:
     """How many live (AVAILABLE or ACQUIRED) cells, in all queues, point
     at each of `blocks`. Supervisor recovery only: O(queued entries)."""
-    a, offsets = store.a, store.layout
+    a, offsets = shared.a, shared.layout
     counts: dict[int, int] = {}
     for qid in range(offsets.limits.max_queues):
         q = offsets.queue(qid)
         ring = offsets.log(qid)
         for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
-            cell = ring + (seq & store.mask) * layout.CELL_SIZE
+            cell = ring + (seq & shared.mask) * layout.CELL_SIZE
             w = a.load(cell)
             if w >> layout.SEQ_SHIFT == seq and w & layout.STATE_MASK in (
                 layout.S_AVAILABLE,
@@ -126,16 +126,16 @@ def delivered_entries(seg: Segment) -> list[tuple[tuple[int, int, int], int]]:
     may have been delivered: ACQUIRED, or AVAILABLE with the redelivered
     flag (requeued). For a clean stop's record (store/clean_stop.py): the
     supervisor calls it once the IO workers are gone."""
-    store = QueueStore(seg, 0)
-    a, offsets = store.a, store.layout
+    shared = SharedQueues(seg, 0)
+    a, offsets = shared.a, shared.layout
     found = []
-    for qid in store.catalog.active_logs():
-        uid = store.table.uid(qid)
+    for qid in shared.catalog.active_logs():
+        uid = shared.table.uid(qid)
         if not uid:
             continue
         q, ring = offsets.queue(qid), offsets.log(qid)
         for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
-            cell = ring + (seq & store.mask) * layout.CELL_SIZE
+            cell = ring + (seq & shared.mask) * layout.CELL_SIZE
             w = a.load(cell)
             state = w & layout.STATE_MASK
             if w >> layout.SEQ_SHIFT != seq:

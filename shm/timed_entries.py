@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from shoal.shm import layout
 from shoal.shm.arena import body_length, peek_message, peek_times, read_tag
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 
 _SEQ = layout.SEQ_SHIFT
 _STATE = layout.STATE_MASK
@@ -35,7 +35,7 @@ SCAN_LIMIT = 4096
 
 
 def take_expired(
-    store: QueueStore,
+    shared: SharedQueues,
     qid: int,
     now: int,
     due: Callable[[int, int, int], int | None],
@@ -48,8 +48,8 @@ def take_expired(
     previous scan stopped: the cells before it were held by consumers, and a
     release, which bumps Q_RELEASE_GEN, is the only way back for them).
     Returns (what it found, where it stopped)."""
-    a, q = store.a, store.layout.queue(qid)
-    ring, mask = store.layout.log(qid), store.mask
+    a, q = shared.a, shared.layout.queue(qid)
+    ring, mask = shared.layout.log(qid), shared.mask
     seq = max(start, a.load(q + layout.Q_HEAD))
     tail = a.load(q + layout.Q_TAIL)
     stop = seq + SCAN_LIMIT
@@ -64,7 +64,7 @@ def take_expired(
             seq += 1  # held by a consumer, or deleted
             continue
         block = a.load(cell + 8)
-        times = peek_times(store.seg, block)
+        times = peek_times(shared.seg, block)
         if a.load(cell) != word:
             continue  # it changed meanwhile: look at it again
         if times is None:
@@ -72,7 +72,7 @@ def take_expired(
         when = due(times[0], times[1], now)
         if when is not None:
             return when, seq
-        if not _acquire(store, q, cell, word, block):
+        if not _acquire(shared, q, cell, word, block):
             continue
         return (seq, block, bool(word & _REDELIVERED)), seq
     return NOT_TIMED, seq
@@ -83,7 +83,9 @@ def take_expired(
 Peeked = tuple[int, tuple[int, int] | None, tuple[bytes, bytes, bytes, bytes] | None]
 
 
-def peek_published(store: QueueStore, qid: int, start: int, limit: int) -> tuple[list[Peeked], int]:
+def peek_published(
+    shared: SharedQueues, qid: int, start: int, limit: int
+) -> tuple[list[Peeked], int]:
     """The AVAILABLE entries of log `qid` from `start` (or its head, if
     later) on, at most `limit` cells, in order: each one's times and
     message without the body, read as a browser reads (no reference; the
@@ -92,9 +94,9 @@ def peek_published(store: QueueStore, qid: int, start: int, limit: int) -> tuple
     is seen in order later. Returns the entries and where to go on from.
     The delayed message exchange's index (workers/delays.py) reads its
     delay queues this way."""
-    a, q = store.a, store.layout.queue(qid)
-    ring, mask = store.layout.log(qid), store.mask
-    seg = store.seg
+    a, q = shared.a, shared.layout.queue(qid)
+    ring, mask = shared.layout.log(qid), shared.mask
+    seg = shared.seg
     seq = max(start, a.load(q + layout.Q_HEAD))
     stop = min(a.load(q + layout.Q_TAIL), seq + limit)
     found: list[Peeked] = []
@@ -114,36 +116,36 @@ def peek_published(store: QueueStore, qid: int, start: int, limit: int) -> tuple
     return found, seq
 
 
-def take_entry(store: QueueStore, qid: int, seq: int) -> int | None:
+def take_entry(shared: SharedQueues, qid: int, seq: int) -> int | None:
     """Acquire entry `seq` of log `qid` for this worker if it is AVAILABLE
     (a delay queue's due message, workers/delays.py); its block, or None if
     it is gone (deleted, or the queue purged)."""
-    a = store.a
-    cell = store.layout.log(qid) + (seq & store.mask) * layout.CELL_SIZE
+    a = shared.a
+    cell = shared.layout.log(qid) + (seq & shared.mask) * layout.CELL_SIZE
     while True:
         word = a.load(cell)
         if word >> _SEQ != seq or word & _STATE != _AVAIL:
             return None
         block = a.load(cell + 8)
-        if _acquire(store, store.layout.queue(qid), cell, word, block):
+        if _acquire(shared, shared.layout.queue(qid), cell, word, block):
             return block
 
 
-def _acquire(store: QueueStore, q: int, cell: int, word: int, block: int) -> bool:
+def _acquire(shared: SharedQueues, q: int, cell: int, word: int, block: int) -> bool:
     """AVAILABLE -> ACQUIRED(this worker) from the exact `word`, then the
     counters, as acquire_matching moves them."""
-    a = store.a
+    a = shared.a
     seq = word >> _SEQ
-    if not a.cas(cell, word, word & _REDELIVERED | seq << _SEQ | store.owner_bits | _ACQ):
+    if not a.cas(cell, word, word & _REDELIVERED | seq << _SEQ | shared.owner_bits | _ACQ):
         return False
     a.fetch_add(q + layout.Q_READY, -1)
     a.fetch_add(q + layout.Q_UNACKED, 1)
-    a.fetch_add(q + layout.Q_READY_BYTES, -body_length(store.seg, block))
+    a.fetch_add(q + layout.Q_READY_BYTES, -body_length(shared.seg, block))
     return True
 
 
 def drop_expired(
-    store: QueueStore,
+    shared: SharedQueues,
     qid: int,
     now: int,
     due: Callable[[int, int, int], int | None],
@@ -160,11 +162,11 @@ def drop_expired(
     expiry time after the publish) is decided here; `due` decides the
     others (no expiry, a TTL of 0) and must agree with it. Returns (entries deleted, what stopped
     it: an expiry time, NOT_TIMED or BUSY, where it stopped)."""
-    a, q = store.a, store.layout.queue(qid)
-    ring, mask, seg = store.layout.log(qid), store.mask, store.seg
+    a, q = shared.a, shared.layout.queue(qid)
+    ring, mask, seg = shared.layout.log(qid), shared.mask, shared.seg
     seq = max(start, a.load(q + layout.Q_HEAD))
     tail = a.load(q + layout.Q_TAIL)
-    uid = a.load(q + layout.Q_UID) if store.events.records_settles else 0
+    uid = a.load(q + layout.Q_UID) if shared.events.records_settles else 0
     stop = seq + SCAN_LIMIT
     dropped = size_sum = 0
     waiting = NOT_TIMED
@@ -201,9 +203,9 @@ def drop_expired(
                 if when is not None:
                     waiting = when
                     break
-            if store.delete_available(cell, word, block):
+            if shared.delete_available(cell, word, block):
                 if tag is not None:
-                    store.events.settled(tag, uid)
+                    shared.events.settled(tag, uid)
                 dropped += 1
                 size_sum += size
                 seq += 1
@@ -212,5 +214,5 @@ def drop_expired(
             a.fetch_add(q + layout.Q_READY, -dropped)
             a.fetch_add(q + layout.Q_BYTES, -size_sum)
             a.fetch_add(q + layout.Q_READY_BYTES, -size_sum)
-            store.advance_head(qid)
+            shared.advance_head(qid)
     return dropped, waiting, seq

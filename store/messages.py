@@ -1,29 +1,30 @@
-"""The message store's files: segments of PUBLISH records, each written by
-one IO worker, and per segment one file of SETTLE records per worker that
+"""The message store's files: message files of PUBLISH records (`.seg`, a name
+kept from when they were called segments), each written by one IO worker,
+and per message file one file of SETTLE records per worker that
 settled something in it (docs/durability.md, "The message store").
 
-    <dir>/<segment>.seg              PUBLISH records (record files, records.py)
-    <dir>/<segment>.acks.<writer>    SETTLE records for that segment
+    <dir>/<name>.seg              PUBLISH records (record files, records.py)
+    <dir>/<name>.acks.<writer>    SETTLE records for that message file
 
 PUBLISH  u8 'P' | u16 n | n x (u64 queue uid, u8 level, u32 epoch, u64 seq) | message
          `message` is the body block's payload as shared memory holds it
          (shm/layout.py MSG_PREFIX, exchange, routing key, properties, body):
          written once, whatever the number of durable queues it went to.
-AMEND    u8 'A' | u64 offset of a PUBLISH record in this segment | u16 n | n x entry
+AMEND    u8 'A' | u64 offset of a PUBLISH record in this message file | u16 n | n x entry
          the entries the PUBLISH record left PENDING (their queues were full)
-SETTLE   u8 'S' | u64 offset of the PUBLISH record in its segment | u64 queue uid
+SETTLE   u8 'S' | u64 offset of the PUBLISH record in its message file | u64 queue uid
 SETTLES  u8 'T' | n x (u64 offset, u64 queue uid): SETTLE records in one
-         (what one flush of a worker's acks settled in the segment; one
+         (what one flush of a worker's acks settled in the message file; one
          checksum for them all, where SETTLE records cost one each)
 
-A segment is deleted by unlinking the `.seg` first, then its ack files: a
+A message file is deleted by unlinking the `.seg` first, then its ack files: a
 crash in between leaves acks of nothing (removed by the next recovery),
-never a segment without its acks. Recovery (`recover`) reads everything
+never a message file without its acks. Recovery (`recover`) reads everything
 back and returns, per queue and level, the live messages in queue order:
 (epoch, seq), the broker start and the entry's place in its log.
 
 This module keeps the format and the reading; which worker writes what,
-when it syncs and when a segment may go belong to the workers.
+when it syncs and when a message file may go belong to the workers.
 """
 
 from __future__ import annotations
@@ -36,15 +37,15 @@ from typing import NamedTuple
 
 from shoal.store import records
 
-SEGMENT_MAGIC = b"SHOALM"
+MESSAGE_FILE_MAGIC = b"SHOALM"
 ACKS_MAGIC = b"SHOALA"
 VERSION = 1
-SEGMENT_BYTES = 8 << 20  # a segment is sealed once it is this large
+MESSAGE_FILE_BYTES = 8 << 20  # a message file is sealed once it is this large
 # The seq of an entry whose append failed (the queue refused the message, or
 # was deleted meanwhile): its record was reserved for it, recovery skips it.
 UNAPPENDED = (1 << 64) - 1
 # The seq of an entry whose append waited for room in a full queue when its
-# record was written: an AMEND record later in the same segment gives its
+# record was written: an AMEND record later in the same message file gives its
 # (epoch, seq); without one, the append never happened.
 PENDING = (1 << 64) - 2
 
@@ -65,13 +66,13 @@ class Entry(NamedTuple):
 
 
 def publish_size(entries: int, message_len: int) -> int:
-    """The bytes a PUBLISH record of `entries` queues takes in its segment."""
+    """The bytes a PUBLISH record of `entries` queues takes in its message file."""
     return records.RECORD_OVERHEAD + _KIND.size + entries * _ENTRY.size + message_len
 
 
-def parse_segment_name(segment: str) -> tuple[int, int, int]:
-    """(epoch, writer, counter) of a segment_name()."""
-    epoch, writer, counter = segment.split("-")
+def parse_message_file_name(message_file: str) -> tuple[int, int, int]:
+    """(epoch, writer, counter) of a message_file_name()."""
+    epoch, writer, counter = message_file.split("-")
     return int(epoch), int(writer), int(counter)
 
 
@@ -165,32 +166,32 @@ def store_directory(data_dir: str) -> str:
     return path
 
 
-def segment_name(epoch: int, writer: int, counter: int) -> str:
+def message_file_name(epoch: int, writer: int, counter: int) -> str:
     """Unique in a data directory: the broker start, the IO worker, its count."""
     return f"{epoch:010d}-{writer:04d}-{counter:08d}"
 
 
-def segment_path(directory: str, segment: str) -> str:
-    return os.path.join(directory, segment + ".seg")
+def message_file_path(directory: str, message_file: str) -> str:
+    return os.path.join(directory, message_file + ".seg")
 
 
-def acks_path(directory: str, segment: str, writer: int) -> str:
-    return os.path.join(directory, f"{segment}.acks.{writer}")
+def acks_path(directory: str, message_file: str, writer: int) -> str:
+    return os.path.join(directory, f"{message_file}.acks.{writer}")
 
 
-class SegmentWriter:
-    """The segment an IO worker appends its PUBLISH records to."""
+class MessageFileWriter:
+    """The message file an IO worker appends its PUBLISH records to."""
 
-    __slots__ = ("file", "segment")
+    __slots__ = ("file", "message_file")
 
-    def __init__(self, directory: str, segment: str) -> None:
-        self.segment = segment
+    def __init__(self, directory: str, message_file: str) -> None:
+        self.message_file = message_file
         self.file, existing, _skipped = records.open_records(
-            segment_path(directory, segment), SEGMENT_MAGIC, VERSION
+            message_file_path(directory, message_file), MESSAGE_FILE_MAGIC, VERSION
         )
         if existing:
             self.file.close()
-            raise FileExistsError(f"segment {segment} already holds records")
+            raise FileExistsError(f"message file {message_file} already holds records")
 
     @property
     def size(self) -> int:
@@ -208,17 +209,17 @@ class SegmentWriter:
         return offsets
 
     def full(self) -> bool:
-        return self.file.size >= SEGMENT_BYTES
+        return self.file.size >= MESSAGE_FILE_BYTES
 
 
 class AckWriter:
-    """One worker's SETTLE records for one segment."""
+    """One worker's SETTLE records for one message file."""
 
     __slots__ = ("file",)
 
-    def __init__(self, directory: str, segment: str, writer: int) -> None:
+    def __init__(self, directory: str, message_file: str, writer: int) -> None:
         self.file, _existing, _skipped = records.open_records(
-            acks_path(directory, segment, writer), ACKS_MAGIC, VERSION
+            acks_path(directory, message_file, writer), ACKS_MAGIC, VERSION
         )
 
     def settle(self, settled: Iterable[tuple[int, int]]) -> None:
@@ -226,16 +227,16 @@ class AckWriter:
         self.file.append([encode_settles(list(settled))])
 
 
-def delete_segment(directory: str, segment: str, acks: list[str] | None = None) -> None:
-    """The segment first, then its ack files (see the module docstring):
+def delete_message_file(directory: str, message_file: str, acks: list[str] | None = None) -> None:
+    """The message file first, then its ack files (see the module docstring):
     `acks` their names if the caller knows them, else the directory says."""
     try:
-        os.unlink(segment_path(directory, segment))
+        os.unlink(message_file_path(directory, message_file))
     except FileNotFoundError:
         pass
-    records.sync_directory(directory)  # the segment's unlink reaches the disk first
+    records.sync_directory(directory)  # the message file's unlink reaches the disk first
     if acks is None:
-        prefix = segment + ".acks."
+        prefix = message_file + ".acks."
         acks = [name for name in os.listdir(directory) if name.startswith(prefix)]
     for name in acks:
         try:
@@ -245,17 +246,19 @@ def delete_segment(directory: str, segment: str, acks: list[str] | None = None) 
 
 
 # A live message of one queue level, as recovery found it: (epoch, seq,
-# segment, record offset, message). A plain tuple, not a NamedTuple: a
+# message file, record offset, message). A plain tuple, not a NamedTuple: a
 # recovery makes millions, and a NamedTuple's __new__ costs 2 us each.
 Live = tuple[int, int, str, int, memoryview]
-EPOCH, SEQ, SEGMENT, OFFSET, MESSAGE = range(5)
+EPOCH, SEQ, MESSAGE_FILE, OFFSET, MESSAGE = range(5)
 
 
 class Recovered(NamedTuple):
     queues: dict[tuple[int, int], list[Live]]  # (uid, level) -> live messages in order
-    kept: dict[str, int]  # segment -> live entries of the `keep` uids (not loaded)
+    kept: dict[str, int]  # message file -> live entries of the `keep` uids (not loaded)
     skipped: list[tuple[str, records.Skipped]]  # torn tails cut off, per file
-    removed: list[str]  # files removed: acks of deleted segments, segments with nothing live
+    removed: list[
+        str
+    ]  # files removed: acks of deleted message files, message files with nothing live
 
 
 def recover(
@@ -264,43 +267,43 @@ def recover(
     before_epoch: int | None = None,
     keep: frozenset[int] | set[int] = frozenset(),
 ) -> Recovered:
-    """Read every segment and ack file of `directory`: the live messages of
+    """Read every message file and ack file of `directory`: the live messages of
     the queues whose uids are given, per queue and level in (epoch, seq)
     order. Entries of the `keep` uids (queues that exist but are not loaded
-    now) are only counted, per segment; entries of other uids (deleted
-    queues) are dead. A segment with nothing live or kept is deleted, and so
-    are ack files of no segment. With `before_epoch`, files of that start
+    now) are only counted, per message file; entries of other uids (deleted
+    queues) are dead. A message file with nothing live or kept is deleted, and so
+    are ack files of no message file. With `before_epoch`, files of that start
     and later ones are left alone."""
 
-    def earlier(segment: str) -> bool:
+    def earlier(message_file: str) -> bool:
         try:
-            epoch = parse_segment_name(segment)[0]
+            epoch = parse_message_file_name(message_file)[0]
         except ValueError:
             return False  # not ours
         return before_epoch is None or epoch < before_epoch
 
     names = sorted(os.listdir(directory))
-    segments = [n[: -len(".seg")] for n in names if n.endswith(".seg") and earlier(n[:-4])]
+    message_files = [n[: -len(".seg")] for n in names if n.endswith(".seg") and earlier(n[:-4])]
     acks: dict[str, list[str]] = {}
     for name in names:
         if ".acks." in name and earlier(name.split(".acks.")[0]):
             acks.setdefault(name.split(".acks.")[0], []).append(name)
     skipped: list[tuple[str, records.Skipped]] = []
     removed: list[str] = []
-    for orphan in set(acks) - set(segments):
+    for orphan in set(acks) - set(message_files):
         for name in acks[orphan]:
             os.unlink(os.path.join(directory, name))
             removed.append(name)
     queues: dict[tuple[int, int], list[Live]] = {}
     kept: dict[str, int] = {}
-    for segment in segments:
+    for message_file in message_files:
         settled: set[tuple[int, int]] = set()
-        for name in acks.get(segment, []):
+        for name in acks.get(message_file, []):
             payloads = _read(os.path.join(directory, name), ACKS_MAGIC, skipped)
             for p in payloads:
                 settled.update(decode_settles(p))
         live = 0
-        payloads = _read(segment_path(directory, segment), SEGMENT_MAGIC, skipped)
+        payloads = _read(message_file_path(directory, message_file), MESSAGE_FILE_MAGIC, skipped)
         amended: dict[tuple[int, int], Entry] = {}  # (PUBLISH offset, uid) -> entry
         for payload in payloads:
             if payload[:1] == b"A":
@@ -314,13 +317,13 @@ def recover(
                 if seq == PENDING and (offset, uid) in amended:
                     uid, level, epoch, seq = amended[(offset, uid)]
                 if uid in keep and seq < PENDING and (offset, uid) not in settled:
-                    kept[segment] = kept.get(segment, 0) + 1
+                    kept[message_file] = kept.get(message_file, 0) + 1
                 elif uid in uids and seq < PENDING and (offset, uid) not in settled:
                     message = memoryview(payload)[one_size:]
                     got = queues.get((uid, level))
                     if got is None:
                         got = queues[(uid, level)] = []
-                    got.append((epoch, seq, segment, offset, message))
+                    got.append((epoch, seq, message_file, offset, message))
                     live += 1
             elif payload[:1] != b"A":
                 entries, message = decode_publish(payload)
@@ -329,16 +332,16 @@ def recover(
                         entry = amended.get((offset, entry.uid), entry)
                     uid, level, epoch, seq = entry
                     if uid in keep and seq < PENDING and (offset, uid) not in settled:
-                        kept[segment] = kept.get(segment, 0) + 1
+                        kept[message_file] = kept.get(message_file, 0) + 1
                     elif uid in uids and seq < PENDING and (offset, uid) not in settled:
                         queues.setdefault((uid, level), []).append(
-                            (epoch, seq, segment, offset, message)
+                            (epoch, seq, message_file, offset, message)
                         )
                         live += 1
             offset += records.RECORD_OVERHEAD + len(payload)
-        if not live and segment not in kept:
-            delete_segment(directory, segment, acks.get(segment, []))
-            removed.append(segment + ".seg")
+        if not live and message_file not in kept:
+            delete_message_file(directory, message_file, acks.get(message_file, []))
+            removed.append(message_file + ".seg")
     for messages in queues.values():
         messages.sort(key=_queue_order)
     return Recovered(queues, kept, skipped, removed)

@@ -1,5 +1,5 @@
 """One process's SETTLE records (store/messages.py): which durable entries of
-persistent messages it deleted, written to its ack file of each segment.
+persistent messages it deleted, written to its ack file of each message file.
 
 Buffered: `settle` is called on the hot path (an ack), `flush` once per
 event-loop iteration writes every buffered record with one write per ack
@@ -12,8 +12,8 @@ for tx.commit, under the rule of every durable write (store/sync.py): a
 failed sync, or a failed write since the last sync, ends the process rather
 than let a commit-ok confirm acks that may not be on disk.
 
-The segment a message's tag names, and the count of its live entries, live
-in shared memory (shm/segtable.py); this module sees that table through a
+The message file a message's tag names, and the count of its live entries, live
+in shared memory (shm/message_files.py); this module sees that table through a
 Protocol, so that it needs nothing from shm/.
 """
 
@@ -23,33 +23,33 @@ import logging
 from typing import Protocol
 
 from shoal.store import replica
-from shoal.store.messages import AckWriter, segment_name
+from shoal.store.messages import AckWriter, message_file_name
 from shoal.store.sync import durability_lost, sync_now
 
 log = logging.getLogger("shoal.store")
 
-# (segment slot, check, record offset) as shm.arena.read_tag gives it
+# (message file slot, check, record offset) as shm.arena.read_tag gives it
 Tag = tuple[int, int, int]
 
 
-class Segments(Protocol):
-    """shm/segtable.py SegmentTable, as far as settling needs it."""
+class MessageFiles(Protocol):
+    """shm/message_files.py MessageFileTable, as far as settling needs it."""
 
     def name(self, slot: int, check: int) -> tuple[int, int, int] | None:
-        """(epoch, writer, counter) of the segment a tag names (None: gone)."""
+        """(epoch, writer, counter) of the message file a tag names (None: gone)."""
         ...
 
     def add(self, slot: int, count: int) -> None: ...
 
 
 class SettleWriter:
-    __slots__ = ("_files", "_lost", "_unsynced", "directory", "pending", "segments", "writer")
+    __slots__ = ("_files", "_lost", "_unsynced", "directory", "message_files", "pending", "writer")
 
-    def __init__(self, directory: str, writer: int, segments: Segments) -> None:
+    def __init__(self, directory: str, writer: int, message_files: MessageFiles) -> None:
         """`writer`: this process's number in ack file names."""
         self.directory = directory
         self.writer = writer
-        self.segments = segments
+        self.message_files = message_files
         self._files: dict[tuple[int, int], tuple[str, AckWriter]] = {}
         self._unsynced: set[tuple[int, int]] = set()
         self._lost: OSError | None = None  # a write failed since the last `sync`
@@ -59,21 +59,23 @@ class SettleWriter:
         self.pending.append((tag, uid))
 
     def flush(self) -> None:
-        """Write what is buffered, then count the segments down (after the
-        write: a segment must not be deleted before its acks are written,
-        or they would make an ack file of no segment)."""
+        """Write what is buffered, then count the message files down (after the
+        write: a message file must not be deleted before its acks are written,
+        or they would make an ack file of no message file)."""
         if not self.pending:
             return
         pending, self.pending = self.pending, []
-        by_segment: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        by_file: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for (slot, check, offset), uid in pending:
-            by_segment.setdefault((slot, check), []).append((offset, uid))
-        for key, settled in by_segment.items():
+            by_file.setdefault((slot, check), []).append((offset, uid))
+        for key, settled in by_file.items():
             name = self.name_of(*key)
             if name is None:
                 # Cannot be while its entries were live (they keep the slot):
-                # counting down would hit whatever segment holds the slot now.
-                log.error("acks of %d entries name no live segment (slot %d)", len(settled), key[0])
+                # counting down would hit whatever message file holds the slot now.
+                log.error(
+                    "acks of %d entries name no live message file (slot %d)", len(settled), key[0]
+                )
                 continue
             # uid 0: its queue was deleted (definitions.log says so already).
             records = [s for s in settled if s[1]]
@@ -87,13 +89,13 @@ class SettleWriter:
             except OSError as exc:
                 # Not fatal: without the record the message comes back,
                 # flagged redelivered, after a crash.
-                log.error("cannot record %d acks in segment %s: %s", len(records), name, exc)
+                log.error("cannot record %d acks in message file %s: %s", len(records), name, exc)
                 self._lost = exc
-            self.segments.add(key[0], -len(settled))
+            self.message_files.add(key[0], -len(settled))
 
     def _file(self, key: tuple[int, int], name: str) -> AckWriter:
-        """This process's ack file of segment `name` (a cached one of an
-        earlier segment in the same slot is closed first)."""
+        """This process's ack file of message file `name` (a cached one of an
+        earlier message file in the same slot is closed first)."""
         cached = self._files.get(key)
         if cached is not None and cached[0] == name:
             return cached[1]
@@ -104,9 +106,9 @@ class SettleWriter:
         return file
 
     def name_of(self, slot: int, check: int) -> str | None:
-        """The file name of the segment a tag names (None: it is gone)."""
-        name = self.segments.name(slot, check)
-        return None if name is None else segment_name(*name)
+        """The file name of the message file a tag names (None: it is gone)."""
+        name = self.message_files.name(slot, check)
+        return None if name is None else message_file_name(*name)
 
     def sync(self) -> None:
         """fdatasync every ack file written since the last sync (blocking,
@@ -118,10 +120,10 @@ class SettleWriter:
         for key in keys:
             cached = self._files.get(key)
             if cached is not None:
-                sync_now(cached[1].file.fd, f"ack file of segment {cached[0]}")
+                sync_now(cached[1].file.fd, f"ack file of message file {cached[0]}")
 
     def sweep(self) -> None:
-        """Close the ack files of segments that were deleted (an open
+        """Close the ack files of message files that were deleted (an open
         descriptor would keep their disk space)."""
         for key in [k for k, (name, _) in self._files.items() if self.name_of(*k) != name]:
             self._files.pop(key)[1].file.close()

@@ -1,7 +1,7 @@
 """Group commit, and the one rule for a durable write that fails.
 
 Every durable file Shoal writes is made durable here: the message store's
-segments (workers/persist.py), each stream's segments (store/stream_segments.py) and
+files (workers/persist.py), each stream's segments (store/stream_segments.py) and
 the definitions log (store/definitions_log.py, synchronously, `sync_now`).
 In a cluster, a sync returns once the file is on every in-sync follower
 too (store/replica.py), so group commit spans the network: one round trip
@@ -104,7 +104,7 @@ class GroupSync:
             self._cond.notify()
 
     def set_fd(self, fd: int) -> None:
-        """Sync another file from now on (a new segment), once every request
+        """Sync another file from now on (a new message file), once every request
         made before the switch has been served by a sync of the old one."""
         with self._cond:
             self._cond.wait_for(lambda: not self._pending and not self._busy)

@@ -297,7 +297,7 @@ def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
     from shoal.broker.observe.exporter import Exporter
     from shoal.broker.observe.metrics import Endpoints
     from shoal.shm import layout as L
-    from shoal.shm.queues import QueueStore
+    from shoal.shm.queues import SharedQueues
     from shoal.shm.segment import Segment
 
     limits = L.Limits(max_workers=2, max_queues=64, queue_capacity=16, arena_bytes=1 << 16)
@@ -306,9 +306,9 @@ def test_allowlist_is_what_the_broker_exports(tmp_path: Path) -> None:
         worker = seg.layout.proc(0)
         seg.atomic.store(worker + L.P_ROLE, L.ROLE_WORKER)
         seg.atomic.store(worker + L.P_PID, os.getpid())
-        store = QueueStore(seg)
-        store.create(0, b"q", 0, 0)
-        store.create(1, b"capped", 0, 0, capacity=20_000, resume=10_000)
+        shared = SharedQueues(seg)
+        shared.create(0, b"q", 0, 0)
+        shared.create(1, b"capped", 0, 0, capacity=20_000, resume=10_000)
         endpoints = Endpoints(Exporter(Config(), seg))
         scraped = {}
         capacities: dict[str, float] = {}

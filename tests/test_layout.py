@@ -294,7 +294,7 @@ def layout_uses(path: Path) -> list[tuple[int, str]]:
 
 def test_no_layout_constant_is_used_outside_shm() -> None:
     """Offsets, flags and sizes of the segment (shm/layout.py) stay in shm/:
-    above it, queues are read through QueueStore, its QueueTable and QueueCatalog, and
+    above it, queues are read through SharedQueues, its QueueTable and QueueCatalog, and
     shm/counters.py, the process table and the header through
     shm/processes.py (ProcessSlot, Header), a message record through
     shm/arena.py. Whatever the alias (`L.Q_TAIL`, `layout.P_READY`,

@@ -24,9 +24,9 @@
 #include <stdint.h>
 
 #include "../shm/_record.h" /* the message record's format: one definition */
-#include "../shm/_store_api.h"
+#include "../shm/_queues_api.h"
 
-static ShoalStoreAPI *store_api; /* shm/_atomic.c's C API, at import */
+static ShoalQueuesAPI *queues_api; /* shm/_atomic.c's C API, at import */
 
 #define MAX_DEPTH 256 /* tables in tables: deeper is refused, not recursed */
 
@@ -381,7 +381,7 @@ deliver_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t len;
-    const unsigned char *base = (const unsigned char *)store_api->readable(args[0], &len);
+    const unsigned char *base = (const unsigned char *)queues_api->readable(args[0], &len);
     if (base == NULL)
         return NULL;
     Py_ssize_t record = block + BLOCK_HEADER;
@@ -479,14 +479,14 @@ done:
 
 /* ------------------------------------------------------ the publish lane
  *
- * A connection's publishes that need nothing but routing go into the store
+ * A connection's publishes that need nothing but routing go into their queues
  * without a Python call per message. Python teaches the lane a route after
  * its own fast path has put one such message into its queue
  * (workers/lane.py says when that is, and what each read checks before it
  * arms the lane); from then on scan() itself takes each later whole publish
  * on the lane's channel to an exchange and routing key it knows: the block
  * allocated in the worker's arena, the record written, the entry appended
- * (shm/_atomic.c through its C API, shm/_store_api.h), the HOLD dropped,
+ * (shm/_atomic.c through its C API, shm/_queues_api.h), the HOLD dropped,
  * the message counted. Anything else on that channel (another frame, a
  * publish to a place it does not know or that needs more: an expiration, a
  * reply-to, CC/BCC, persistence to a durable queue, a queue with rules, no
@@ -621,7 +621,7 @@ Lane_init(LaneObject *self, PyObject *args, PyObject *kwds)
     PyObject *atomic;
     if (!PyArg_ParseTuple(args, "O", &atomic))
         return -1;
-    if (!store_api->is_atomic(atomic)) {
+    if (!queues_api->is_atomic(atomic)) {
         PyErr_SetString(PyExc_TypeError, "Lane(atomic): a shm._atomic.Atomic with a buffer");
         return -1;
     }
@@ -665,10 +665,10 @@ Lane_configure(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred())
         return NULL;
     Py_ssize_t len;
-    store_api->base(self->atomic, &len);
+    queues_api->base(self->atomic, &len);
     if (channel < 1 || channel > 0xFFFF || arena_bytes <= 0 || arenas < 0 || (arenas & 7) ||
         (arena_bytes & 7) || abase < arenas || aend > len || intent < 0 || (intent & 7) ||
-        intent + 64 > len || !store_api->arena_ok(self->atomic, abase, aend, abase + 64)) {
+        intent + 64 > len || !queues_api->arena_ok(self->atomic, abase, aend, abase + 64)) {
         PyErr_SetString(PyExc_ValueError, "lane out of range");
         return NULL;
     }
@@ -737,7 +737,7 @@ Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     uint64_t *q;
     char *ring;
-    if (store_api->queue(self->atomic, qoff, roff, mask, &q, &ring) < 0)
+    if (queues_api->queue(self->atomic, qoff, roff, mask, &q, &ring) < 0)
         return NULL;
     const unsigned char *ex = (const unsigned char *)PyBytes_AS_STRING(args[0]);
     const unsigned char *rk = (const unsigned char *)PyBytes_AS_STRING(args[1]);
@@ -788,7 +788,7 @@ Lane_arm(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred())
         return NULL;
     if (!self->configured || !self->nroutes ||
-        !store_api->arena_ok(self->atomic, self->arena_base, self->arena_end, cursor)) {
+        !queues_api->arena_ok(self->atomic, self->arena_base, self->arena_end, cursor)) {
         PyErr_SetString(PyExc_ValueError, "lane not configured, or cursor out of range");
         return NULL;
     }
@@ -957,7 +957,7 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
     Py_ssize_t need = (BLOCK_HEADER + payload + BLOCK_ALIGN - 1) & ~(Py_ssize_t)(BLOCK_ALIGN - 1);
     Py_ssize_t block;
     uint64_t used;
-    if (!store_api->alloc(lane->atomic, lane->arena_base, lane->arena_end, &lane->cursor, need,
+    if (!queues_api->alloc(lane->atomic, lane->arena_base, lane->arena_end, &lane->cursor, need,
                           &block, &used)) {
         lane->cursor = lane->arena_first; /* as Arena.alloc: the scan may have coalesced */
         return 0;
@@ -967,15 +967,15 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
     lane->used = used;
     lane->allocated = 1;
     Py_ssize_t len;
-    unsigned char *o = (unsigned char *)store_api->base(lane->atomic, &len) + block + BLOCK_HEADER;
+    unsigned char *o = (unsigned char *)queues_api->base(lane->atomic, &len) + block + BLOCK_HEADER;
     o = record_write_head(o, ex, ex_len, rk, rk_len, h, hsize, bsize, 0, -1, 0);
     memcpy(o, body, bsize);
-    long long got = store_api->publish(lane->atomic, route->q, route->ring, route->mask,
+    long long got = queues_api->publish(lane->atomic, route->q, route->ring, route->mask,
                                        (uint64_t)block, lane->intent, route->qid);
     if (got == SHOAL_PUBLISH_RULES || got == -1) {
         /* A length limit or a capacity, or no room, or gone: Python's path
          * (the block, never appended, goes with its HOLD). */
-        store_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
+        queues_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
         return 0;
     }
     if (!route->touched) {
@@ -1001,7 +1001,7 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
         long long watcher = got & ((1LL << SHOAL_WATCHER_BITS) - 1);
         if (watcher)
             touch->watcher = (int)watcher; /* the first append takes it: one a run */
-        store_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
+        queues_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
     }
     int bucket = 0;
     while (bucket < SIZE_BUCKET_COUNT - 1 && (uint64_t)bsize > SIZE_BOUNDS[bucket])
@@ -1075,7 +1075,7 @@ run_room(Py_ssize_t need)
 #define RUN_EMPTY 1 /* the queue gave nothing: DONE with the changes value read before */
 #define RUN_ENTRY 2 /* an entry acquired that Python delivers: (seq, block, redelivered) */
 
-/* A store tuple (QueueStore.run_args) parsed: 0, or -1 with an exception. */
+/* A shared-queues tuple (SharedQueues.run_args) parsed: 0, or -1 with an exception. */
 static int
 store_args(PyObject *tuple, PyObject **atomic, Py_ssize_t *qoff, Py_ssize_t *roff,
            unsigned long long *mask, unsigned long long *owner, Py_ssize_t *arenas,
@@ -1085,19 +1085,19 @@ store_args(PyObject *tuple, PyObject **atomic, Py_ssize_t *qoff, Py_ssize_t *rof
         !PyArg_ParseTuple(tuple, "OnnKKnnnp", atomic, qoff, roff, mask, owner, arenas,
                           arena_bytes, dropping, settle_hook))
         return -1;
-    if (!store_api->is_atomic(*atomic)) {
-        PyErr_SetString(PyExc_TypeError, "store: a shm._atomic.Atomic with a buffer");
+    if (!queues_api->is_atomic(*atomic)) {
+        PyErr_SetString(PyExc_TypeError, "shared: a shm._atomic.Atomic with a buffer");
         return -1;
     }
     if (*arenas < 0 || *arena_bytes <= 0) {
-        PyErr_SetString(PyExc_ValueError, "store: bad arena geometry");
+        PyErr_SetString(PyExc_ValueError, "shared: bad arena geometry");
         return -1;
     }
     return 0;
 }
 
 /*
- * deliver_run(store, pointer, limit, channel, consumer_tag, next_tag,
+ * deliver_run(shared, pointer, limit, channel, consumer_tag, next_tag,
  *             frame_max, no_ack, unacked, consumer, qid)
  *   -> (frames | None, delivered, pointer, next_tag, body_bytes, status,
  *       a, b, c)
@@ -1108,20 +1108,20 @@ store_args(PyObject *tuple, PyObject **atomic, Py_ssize_t *qoff, Py_ssize_t *rof
  * the queue gives nothing twice, the second scan after reading its changes
  * counter (RUN_EMPTY, a: that value), or an entry needs Python: a
  * redelivery, a message that may have expired (MSG_TIMED), or, without
- * acks, a persistent message whose queue's settles the store records
+ * acks, a persistent message whose queue's settles the message store records
  * (RUN_ENTRY, (a, b, c) = (seq, block, redelivered), the entry acquired and
  * not counted). With no_ack each entry is deleted once its frames are built
  * (shm's ack); otherwise it goes into `unacked` as {tag: (consumer, qid,
- * seq, body size)}, workers/delivery.py's book. `store` is the queue's
- * QueueStore.run_args: (atomic, queue, ring, mask, owner bits, arenas,
- * arena bytes, dropping word, whether the store records settles).
+ * seq, body size)}, workers/delivery.py's book. `shared` is the queue's
+ * SharedQueues.run_args: (atomic, queue, ring, mask, owner bits, arenas,
+ * arena bytes, dropping word, whether the message store records settles).
  */
 static PyObject *
 deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 11) {
         PyErr_SetString(PyExc_TypeError,
-                        "deliver_run(store, pointer, limit, channel, consumer_tag, next_tag, "
+                        "deliver_run(shared, pointer, limit, channel, consumer_tag, next_tag, "
                         "frame_max, no_ack, unacked, consumer, qid)");
         return NULL;
     }
@@ -1156,12 +1156,12 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     uint64_t *q, *dropping = NULL;
     char *ring;
-    if (store_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0)
+    if (queues_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0)
         return NULL;
-    if (no_ack && (dropping = store_api->word(atomic, dropping_off)) == NULL)
+    if (no_ack && (dropping = queues_api->word(atomic, dropping_off)) == NULL)
         return NULL;
     Py_ssize_t len;
-    const unsigned char *base = (const unsigned char *)store_api->base(atomic, &len);
+    const unsigned char *base = (const unsigned char *)queues_api->base(atomic, &len);
     Py_ssize_t used = 0, delivered = 0;
     unsigned long long body_bytes = 0;
     int status = RUN_FULL;
@@ -1169,13 +1169,13 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     while (delivered < limit) {
         uint64_t seq, block;
         int redelivered;
-        if (!store_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
+        if (!queues_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
                                 &redelivered)) {
             pointer = seq;
             /* Read the counter before the scan that decides DONE: anything
              * published after it bumps it, and the scheduler compares. */
-            uint64_t changes = store_api->changes(q);
-            if (!store_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
+            uint64_t changes = queues_api->changes(q);
+            if (!queues_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
                                     &redelivered)) {
                 pointer = seq;
                 status = RUN_EMPTY;
@@ -1208,7 +1208,7 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         used += size;
         if (no_ack) {
             /* After the copy: this may free the block. */
-            if (store_api->ack(atomic, q, ring, mask, seq, owner, arenas, arena_bytes, dropping) < 0)
+            if (queues_api->ack(atomic, q, ring, mask, seq, owner, arenas, arena_bytes, dropping) < 0)
                 goto fail;
         } else {
             PyObject *key = PyLong_FromUnsignedLongLong(tag);
@@ -1271,17 +1271,17 @@ read_tag(const unsigned char *base, Py_ssize_t len, Py_ssize_t block)
 #define ACK_GROUPS 8
 
 /*
- * ack_run(store, qid, unacked, upto, uid)
+ * ack_run(shared, qid, unacked, upto, uid)
  *   -> (acked, body_bytes, [(consumer, count, bytes)], [(tag, uid)])
  *
  * A multiple ack's run (workers/delivery.py settle): the entries of a
  * channel's unacked book {tag: (consumer, qid, seq, body size)}, in tag
- * order up to tag `upto`, while they are entries of log `qid` (`store` is
- * its QueueStore.run_args): each deleted (shm's ack) and taken out of the
+ * order up to tag `upto`, while they are entries of log `qid` (`shared` is
+ * its SharedQueues.run_args): each deleted (shm's ack) and taken out of the
  * book. It stops at the first entry Python must settle (another queue, a
  * browser's copy, a ninth consumer); what it did is returned per consumer,
  * for their credit, and, where the message store records the queue's
- * settles (`store`'s flag), the tags of the persistent messages it deleted
+ * settles (`shared`'s flag), the tags of the persistent messages it deleted
  * (shm/arena.py read_tag, each read before its ack) with the queue's `uid`,
  * for its SETTLE records.
  */
@@ -1289,7 +1289,7 @@ static PyObject *
 ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "ack_run(store, qid, unacked, upto, uid)");
+        PyErr_SetString(PyExc_TypeError, "ack_run(shared, qid, unacked, upto, uid)");
         return NULL;
     }
     PyObject *atomic;
@@ -1309,11 +1309,11 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t len;
-    const unsigned char *base = (const unsigned char *)store_api->base(atomic, &len);
+    const unsigned char *base = (const unsigned char *)queues_api->base(atomic, &len);
     uint64_t *q, *dropping;
     char *ring;
-    if (store_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0 ||
-        (dropping = store_api->word(atomic, dropping_off)) == NULL)
+    if (queues_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0 ||
+        (dropping = queues_api->word(atomic, dropping_off)) == NULL)
         return NULL;
     Py_ssize_t room = PyDict_GET_SIZE(unacked), n = 0;
     PyObject *settled = PyList_New(0);
@@ -1348,9 +1348,9 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         if (vqid < 0 || (unsigned long long)vqid != qid || seq < 0)
             break;
-        PyObject *store_tag = NULL; /* a persistent message's, for the store's SETTLE */
+        PyObject *store_tag = NULL; /* a persistent message's, for the message store's SETTLE */
         if (settle_hook) {
-            uint64_t block = store_api->held_block(atomic, ring, mask, (uint64_t)seq, owner);
+            uint64_t block = queues_api->held_block(atomic, ring, mask, (uint64_t)seq, owner);
             if (block && (base[block + BLOCK_HEADER + 2] & MSG_TAGGED)) {
                 store_tag = read_tag(base, len, (Py_ssize_t)block);
                 if (store_tag == NULL) {
@@ -1375,7 +1375,7 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             group_bytes[g] = 0;
             groups++;
         }
-        int done = store_api->ack(atomic, q, ring, mask, (uint64_t)seq, owner, arenas,
+        int done = queues_api->ack(atomic, q, ring, mask, (uint64_t)seq, owner, arenas,
                                   arena_bytes, dropping);
         if (done < 0) {
             Py_XDECREF(store_tag);
@@ -1383,7 +1383,7 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         if (store_tag != NULL) {
-            /* Told after the ack (QueueStore.ack's order), if it was ours. */
+            /* Told after the ack (SharedQueues.ack's order), if it was ours. */
             PyObject *item = done ? PyTuple_Pack(2, store_tag, uid) : NULL;
             Py_DECREF(store_tag);
             if (done && (item == NULL || PyList_Append(settled, item) < 0)) {
@@ -1632,11 +1632,11 @@ PyInit__wire(void)
     Py_DECREF(atomic_module);
     if (capsule == NULL)
         return NULL;
-    store_api = (ShoalStoreAPI *)PyCapsule_GetPointer(capsule, SHOAL_STORE_API_CAPSULE);
+    queues_api = (ShoalQueuesAPI *)PyCapsule_GetPointer(capsule, SHOAL_QUEUES_API_CAPSULE);
     Py_DECREF(capsule); /* the module keeps it, and the table is static */
-    if (store_api == NULL)
+    if (queues_api == NULL)
         return NULL;
-    if (store_api->version != SHOAL_STORE_API_VERSION) {
+    if (queues_api->version != SHOAL_QUEUES_API_VERSION) {
         PyErr_SetString(PyExc_ImportError, "shoal.shm._atomic: another C API version");
         return NULL;
     }

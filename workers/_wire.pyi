@@ -69,7 +69,7 @@ def scan(
     view: memoryview, frame_max: int, lane: Lane | None = None, /
 ) -> tuple[list[Any], int, bool]: ...
 def ack_run(
-    store: tuple[object, int, int, int, int, int, int, int, bool],
+    shared: tuple[object, int, int, int, int, int, int, int, bool],
     qid: int,
     unacked: dict[int, Any],
     upto: int,
@@ -77,7 +77,7 @@ def ack_run(
     /,
 ) -> tuple[int, int, list[tuple[Any, int, int]], list[tuple[tuple[int, int, int], int]]]: ...
 def deliver_run(
-    store: tuple[object, int, int, int, int, int, int, int, bool],
+    shared: tuple[object, int, int, int, int, int, int, int, bool],
     pointer: int,
     limit: int,
     channel: int,

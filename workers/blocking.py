@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from pamqp import commands as C
 
 from shoal.shm import flow, memory, stats
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.workers import framing
@@ -43,7 +43,7 @@ class BlockingContext(Protocol):
     @property
     def seg(self) -> Segment: ...
     @property
-    def store(self) -> QueueStore: ...
+    def shared(self) -> SharedQueues: ...
     @property
     def stats(self) -> Counters: ...
 
@@ -160,7 +160,7 @@ class PublisherBlocks:
         if qid in self.flow_blocked or not flow.arm(self.conn.ctx.seg, qid, logs):
             return
         self.flow_blocked[qid] = self._count_blocked(qid, 1, None)
-        name = self.conn.ctx.store.table.name(qid).decode(errors="replace")
+        name = self.conn.ctx.shared.table.name(qid).decode(errors="replace")
         self._blocked(f"queue '{name}' in vhost '{self.conn.vhost}' is over its capacity")
 
     def alarm(self, bits: int) -> None:
@@ -203,7 +203,7 @@ class PublisherBlocks:
         Q_STATE when this connection blocked on it, changed). Returns Q_STATE."""
         if qid < 0:  # ALARM, ALARM_PENDING
             return 0
-        return self.conn.ctx.store.table.count_blocked_publisher(qid, delta, state)
+        return self.conn.ctx.shared.table.count_blocked_publisher(qid, delta, state)
 
     def flow_held(self, size: int) -> None:
         """A channel kept a frame back: past a bound, stop reading too (a

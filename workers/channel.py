@@ -331,7 +331,7 @@ class Channel:
             "consumers": [
                 {
                     "consumer_tag": c.tag.decode(errors="replace"),
-                    "queue": self.ctx.store.table.name(c.qid).decode(errors="replace"),
+                    "queue": self.ctx.shared.table.name(c.qid).decode(errors="replace"),
                     "ack_required": not c.no_ack,
                     "exclusive": c.exclusive,
                     "prefetch_count": delivery.prefetch_count,

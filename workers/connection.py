@@ -110,7 +110,7 @@ class Connection(asyncio.Protocol):
         # The publish lane (workers/lane.py); None where the segment's atomics
         # are the crash tests' interposer.
         self.publish_lane = PublishLane(self) if PublishLane.usable(ctx) else None
-        self.pacer = Pacer(self, ctx.store, ctx.loop)  # workers/pacing.py
+        self.pacer = Pacer(self, ctx.shared, ctx.loop)  # workers/pacing.py
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport: Any) -> None:

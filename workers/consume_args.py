@@ -11,7 +11,7 @@ from pamqp import commands as C
 from shoal.broker.amqp import errors
 from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.broker.amqp.selector import Selector, SelectorError, compile_selector
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.workers.consumer import Consumer, DeliveryChannel
 from shoal.workers.levels import Levels
 from shoal.workers.stream_io import StreamReading, Streams
@@ -22,7 +22,7 @@ class ConsumeContext(Protocol):
     readers, and a new consumer's id."""
 
     @property
-    def store(self) -> QueueStore: ...
+    def shared(self) -> SharedQueues: ...
     @property
     def streams(self) -> Streams | None: ...
     def next_cid(self) -> int: ...
@@ -147,6 +147,6 @@ def new_consumer(
         stamp=flag(args, "x-shoal-id"),
         wanted=None if chosen is None else chosen.matches,
         selector=None if chosen is None else chosen.text,
-        levels=Levels(ctx.store, qid) if qid in ctx.store.catalog.priority_levels() else None,
+        levels=Levels(ctx.shared, qid) if qid in ctx.shared.catalog.priority_levels() else None,
     )
     return consumer, args

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from shoal.broker import ipc
-from shoal.shm.queues import Message, QueueStore
+from shoal.shm.queues import Message, SharedQueues
 from shoal.store.stream_segments import StreamMessage
 from shoal.workers.levels import Levels
 from shoal.workers.stream_io import StreamReading
@@ -204,11 +204,11 @@ class Consumer:
         """Not cancelled, within its credit, and its channel can deliver."""
         return self.channel.wants_work(self)
 
-    def rewind_if_released(self, store: QueueStore) -> None:
+    def rewind_if_released(self, shared: SharedQueues) -> None:
         """An entry released behind the pointer (a requeue, a rejected
         delivery) bumps the queue's release generation: scan from the head
         again, or that entry would wait for the next pass."""
-        release_gen = store.table.release_generation(self.qid)
+        release_gen = shared.table.release_generation(self.qid)
         if release_gen != self.release_gen:
             self.release_gen = release_gen
             self.pointer = 0  # acquire() starts at the head

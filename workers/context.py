@@ -13,7 +13,7 @@ from shoal.broker.config import Config
 from shoal.shm.arena import Arena
 from shoal.shm.ownership import OwnershipView
 from shoal.shm.processes import Header, ProcessSlot
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.wake import Waker
@@ -143,13 +143,13 @@ class WorkerContext(Requests):
         # The lower parts' events and their handlers (workers/events.py):
         # given to each part as it is made.
         self.events = events = WorkerEvents()
-        self.store = QueueStore(seg, self.owner, waker=self.waker, events=events)
-        self.routes = Routes(seg, self.store)
+        self.shared = SharedQueues(seg, self.owner, waker=self.waker, events=events)
+        self.routes = Routes(seg, self.shared)
         self.dedup = Deduplicator(
-            self.routes, self.store, config.runtime_path(), config.data_path()
+            self.routes, self.shared, config.runtime_path(), config.data_path()
         )
         self.arena = Arena(seg, index)
-        self.slot = seg.layout.proc(index)  # the store's handle for this publisher
+        self.slot = seg.layout.proc(index)  # the shared queues' handle for this publisher
         self.process = ProcessSlot(seg, index)
         self.epoch = Header(seg).epoch()  # this start's number, set before any fork
         # Users' channels over all workers, for max-channels limits.
@@ -189,11 +189,11 @@ class WorkerContext(Requests):
         )
         self.events.store_opened(self.persist, self.dedup)
         self.pager = Pager(
-            self.seg, self.store, self.arena, paging, self.index, self.slot, self.loop, self.events
+            self.seg, self.shared, self.arena, paging, self.index, self.slot, self.loop, self.events
         )
         self.streams = Streams(
             self.seg,
-            self.store,
+            self.shared,
             self.waker,
             streams,
             self.index,

@@ -68,7 +68,7 @@ class DeadLetters:
 
     def __init__(self, ctx: DeadLetterContext) -> None:
         self.ctx = ctx
-        self._put = Ingest(ctx).put_new  # its way into the store
+        self._put = Ingest(ctx).put_new  # its way into the queues
         # Messages a length limit dropped, copied, to dead-letter once the
         # publish that dropped them is done (see dropped_by_limit).
         self._later: list[tuple[_Source, Message]] = []
@@ -93,7 +93,7 @@ class DeadLetters:
         (cached until the queue or the definitions change)."""
         ctx = self.ctx
         ctx.routes.sync()
-        key = (ctx.store.table.generation(qid), ctx.routes.version)
+        key = (ctx.shared.table.generation(qid), ctx.routes.version)
         cached = self._sources.get(qid)
         if cached is not None and cached[:2] == key:
             return cached[2]
@@ -105,15 +105,15 @@ class DeadLetters:
 
     def _look_up(self, qid: int) -> _Source:
         ctx = self.ctx
-        store = ctx.store
-        declared = store.table.declared(qid)
-        vhost_id = store.table.vhost_of(declared)
+        shared = ctx.shared
+        declared = shared.table.declared(qid)
+        vhost_id = shared.table.vhost_of(declared)
         vhost = ctx.routes.vhost_name(vhost_id)
-        name = store.table.name(declared)
+        name = shared.table.name(declared)
         # Its own arguments with its policy (broker/amqp/policy_rules.py).
         arguments = ctx.routes.definitions.effective_arguments(vhost, name.decode(errors="replace"))
         where = dead_letter_rules.target(arguments)
-        is_quorum = bool(store.table.flags(declared) & QueueFlag.QUORUM)
+        is_quorum = bool(shared.table.flags(declared) & QueueFlag.QUORUM)
         strategy = _DISABLED
         if where is not None:
             at_least_once = is_quorum and quorum.at_least_once(arguments)
@@ -136,7 +136,7 @@ class DeadLetters:
 
     def _dead_letter(self, source: _Source, message: Message, reason: str) -> bool:
         self._count(source, reason)
-        store = self.ctx.store
+        shared = self.ctx.shared
         where, name, vhost, vhost_id = source.target, source.name, source.vhost, source.vhost_id
         assert where is not None
         exchange, routing_key, header, body = message
@@ -164,7 +164,7 @@ class DeadLetters:
             qids = [
                 q
                 for q in qids
-                if not dead_letter_rules.is_cycle(store.table.name(q), letter.deaths)
+                if not dead_letter_rules.is_cycle(shared.table.name(q), letter.deaths)
             ]
         if not qids:
             return True
@@ -196,8 +196,8 @@ class DeadLetters:
     ) -> tuple[int, ...]:
         ctx = self.ctx
         if not exchange:
-            qid = ctx.store.catalog.lookup(key, vhost_id)
-            return () if qid is None or qid in ctx.store.catalog.delay_queues() else (qid,)
+            qid = ctx.shared.catalog.lookup(key, vhost_id)
+            return () if qid is None or qid in ctx.shared.catalog.delay_queues() else (qid,)
         try:
             return ctx.routes.route(vhost, vhost_id, exchange, key, header)
         except errors.AMQPError:  # no such exchange (RabbitMQ drops the message too)

@@ -51,14 +51,14 @@ class Declarer:
             )
         if permission:
             self.conn.access.check(permission, "queue", raw.decode(errors="replace"))
-        qid = self.ctx.store.catalog.lookup(raw, self.conn.vhost_id)
-        if qid is None or qid in self.ctx.store.catalog.delay_queues():  # the broker's own
+        qid = self.ctx.shared.catalog.lookup(raw, self.conn.vhost_id)
+        if qid is None or qid in self.ctx.shared.catalog.delay_queues():  # the broker's own
             raise errors.ChannelError(
                 errors.NOT_FOUND,
                 errors.no_queue(raw.decode(errors="replace"), self.conn.vhost),
                 *class_method,
             )
-        owner = self.ctx.store.table.exclusive_owner(qid)
+        owner = self.ctx.shared.table.exclusive_owner(qid)
         if owner is not None and owner != self.conn.id:
             raise errors.ChannelError(
                 errors.RESOURCE_LOCKED,
@@ -139,7 +139,7 @@ class Declarer:
     async def queue_purge(self, method: C.Queue.Purge) -> None:
         name = method.queue.encode() if method.queue else self.last_queue
         self.conn.access.check(READ, "queue", name.decode())
-        qid = self.ctx.store.catalog.lookup(name, self.conn.vhost_id)
+        qid = self.ctx.shared.catalog.lookup(name, self.conn.vhost_id)
         streams = self.ctx.streams
         if qid is not None and streams is not None and streams.words.is_stream(qid):
             raise amqp_streams.not_supported("queue.purge", name, self.conn.vhost, 50, 30)

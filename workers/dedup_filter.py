@@ -24,7 +24,7 @@ import os
 
 from shoal.broker.amqp import dedup_arguments, errors
 from shoal.shm.dedup_cache import DedupCache, DedupLockTimeout, cache_directory
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.store import replica
 from shoal.store.sync import durability_lost
 from shoal.workers._wire import dedup_key
@@ -54,13 +54,13 @@ NOTHING = DedupMark()  # checked, and nothing was added (shared: never changed)
 class Deduplicator:
     """An IO worker's open caches, by exchange or queue incarnation."""
 
-    __slots__ = ("_by_qid", "_caches", "_data", "_runtime", "routes", "store")
+    __slots__ = ("_by_qid", "_caches", "_data", "_runtime", "routes", "shared")
 
     def __init__(
-        self, routes: Routes, store: QueueStore, runtime_path: str, data_path: str
+        self, routes: Routes, shared: SharedQueues, runtime_path: str, data_path: str
     ) -> None:
         self.routes = routes
-        self.store = store
+        self.shared = shared
         self._runtime = runtime_path
         self._data = data_path
         self._caches: dict[tuple[str, str, str, int], DedupCache] = {}
@@ -70,7 +70,7 @@ class Deduplicator:
         """Whether a message to `exchange` routed to `qids` meets a cache."""
         if exchange and (vhost_id, exchange) in self.routes.dedup_exchanges:
             return True
-        return not self.store.catalog.dedup_now.isdisjoint(qids)
+        return not self.shared.catalog.dedup_now.isdisjoint(qids)
 
     def filter(
         self, vhost: str, vhost_id: int, exchange: bytes, raw_header: bytes, qids: list[int]
@@ -90,7 +90,7 @@ class Deduplicator:
                 return NOTHING, False
             key, ttl = found
         mark = DedupMark()
-        routes, store = self.routes, self.store
+        routes, shared = self.routes, self.shared
         spec = routes.dedup_exchanges.get((vhost_id, exchange)) if exchange else None
         if spec is not None:
             cache = self._open("x", vhost, exchange.decode(errors="replace"), 0, spec)
@@ -98,7 +98,7 @@ class Deduplicator:
                 qids.clear()
                 return mark, True
             mark.exchange = (cache, key)
-        dedup_qids = store.catalog.dedup_now
+        dedup_qids = shared.catalog.dedup_now
         duplicate = False
         if dedup_qids:
             for qid in dedup_qids.intersection(qids) if len(qids) > 1 else qids:
@@ -158,21 +158,21 @@ class Deduplicator:
     def _queue_cache(self, vhost: str, qid: int) -> tuple[DedupCache, int]:
         """Queue `qid`'s cache and TTL: looked up once per queue incarnation
         (its slot's generation), then one load per message."""
-        generation = self.store.table.generation(qid)
+        generation = self.shared.table.generation(qid)
         known = self._by_qid.get(qid)
         if known is not None and known[0] == generation:
             return known[1], known[2]
         spec = self._queue_spec(vhost, qid)
-        incarnation = self.store.table.uid(qid) or generation
-        name = self.store.table.name(qid).decode(errors="replace")
+        incarnation = self.shared.table.uid(qid) or generation
+        name = self.shared.table.name(qid).decode(errors="replace")
         cache = self._open("q", vhost, name, incarnation, spec)
         self._by_qid[qid] = (generation, cache, spec.ttl_ms)
         return cache, spec.ttl_ms
 
     def _queue_spec(self, vhost: str, qid: int) -> dedup_arguments.DedupSpec:
-        name = self.store.table.name(qid).decode(errors="replace")
+        name = self.shared.table.name(qid).decode(errors="replace")
         args = self.routes.definitions.queue_arguments.get((vhost, name), {})
-        durable = self.store.table.uid(qid) != 0
+        durable = self.shared.table.uid(qid) != 0
         try:
             spec = dedup_arguments.queue_spec(args, durable)
         except errors.AMQPError:
@@ -203,19 +203,19 @@ class Deduplicator:
     def _prune(self) -> None:
         """Close the caches of exchanges and queues that are gone (their
         files were removed by the scheduler)."""
-        routes, store = self.routes, self.store
+        routes, shared = self.routes, self.shared
         for key in list(self._caches):
             kind, vhost, name, incarnation = key
             if kind == "x":
                 vhost_id = routes.definitions.vhost_ids.get(vhost)
                 alive = vhost_id is not None and (vhost_id, name.encode()) in routes.dedup_exchanges
             else:
-                qid = store.catalog.lookup(
+                qid = shared.catalog.lookup(
                     name.encode(), routes.definitions.vhost_ids.get(vhost, -1)
                 )
                 alive = (
                     qid is not None
-                    and (store.table.uid(qid) or store.table.generation(qid)) == incarnation
+                    and (shared.table.uid(qid) or shared.table.generation(qid)) == incarnation
                 )
             if not alive:
                 gone = self._caches.pop(key)

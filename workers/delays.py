@@ -73,19 +73,19 @@ class Delays(Ticker):
     def __init__(self, ctx: DelaysContext) -> None:
         super().__init__(ctx.loop)
         self.ctx = ctx
-        self._put = Ingest(ctx).put_new  # its way into the store
+        self._put = Ingest(ctx).put_new  # its way into the queues
         self.indexes: dict[int, _Index] = {}
         self.routed = 0  # delayed messages this worker routed
 
     def _owned(self) -> list[int]:
         ctx = self.ctx
-        return [qid for qid in ctx.store.catalog.delay_queues() if ctx.ownership.owns(qid)]
+        return [qid for qid in ctx.shared.catalog.delay_queues() if ctx.ownership.owns(qid)]
 
     def _tick(self) -> None:
-        store = self.ctx.store
+        shared = self.ctx.shared
         owned = self._owned()
         for qid in list(self.indexes):
-            if qid not in owned or store.table.generation(qid) != self.indexes[qid].generation:
+            if qid not in owned or shared.table.generation(qid) != self.indexes[qid].generation:
                 del self.indexes[qid]  # deleted (maybe re-created) or no longer ours
         if not owned:
             self._schedule(NOTHING_POLL)  # (a queue of its own may appear any moment)
@@ -96,7 +96,7 @@ class Delays(Ticker):
         for qid in owned:
             index = self.indexes.get(qid)
             if index is None:
-                index = self.indexes[qid] = _Index(store.table.generation(qid))
+                index = self.indexes[qid] = _Index(shared.table.generation(qid))
             self._scan(qid, index)
             heap = index.due
             while heap and heap[0][0] <= now and budget:
@@ -113,7 +113,7 @@ class Delays(Ticker):
     def _scan(self, qid: int, index: _Index) -> None:
         """Index the entries appended since the last scan (FIFO: it stops
         at an entry still being published)."""
-        entries, index.scanned = peek_published(self.ctx.store, qid, index.scanned, SCAN)
+        entries, index.scanned = peek_published(self.ctx.shared, qid, index.scanned, SCAN)
         for seq, times, copy in entries:
             due = 0
             if times is not None and copy is not None:
@@ -127,22 +127,22 @@ class Delays(Ticker):
         """Entry `seq` is due: route its message as the delayed exchange's
         type would, now, then delete it."""
         ctx = self.ctx
-        store = ctx.store
-        block = take_entry(store, qid, seq)
+        shared = ctx.shared
+        block = take_entry(shared, qid, seq)
         if block is None:
             return  # purged, or its queue deleted
         exchange, routing_key, header, body = read_message(ctx.seg, block)
-        vhost_id = store.table.vhost_of(qid)
+        vhost_id = shared.table.vhost_of(qid)
         vhost = ctx.routes.vhost_name(vhost_id)
         # Routed from the delayed exchange whose queue this is: the message
         # may have come to it through another exchange (a binding, an
         # alternate exchange), which must not see it again.
-        delayed = store.table.name(qid)[len(DELAY_QUEUE_PREFIX) :]
+        delayed = shared.table.name(qid)[len(DELAY_QUEUE_PREFIX) :]
         try:
             qids = list(ctx.routes.route(vhost, vhost_id, delayed, routing_key, header, due=True))
         except errors.AMQPError:  # the exchange is gone: so is the message
             qids = []
         if qids:
             self._put(exchange, routing_key, header, body, qids)
-        store.settle(qid, seq)
+        shared.settle(qid, seq)
         self.routed += 1

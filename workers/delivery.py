@@ -182,7 +182,7 @@ class DeliveryBook:
         out.append(frames)
         if consumer.no_ack:
             self.stats[DELIVERED_CONSUME_AUTO_ACK] += 1
-            self.ctx.store.settle_taken(qid, seq)  # after the copy: this frees the block
+            self.ctx.shared.settle_taken(qid, seq)  # after the copy: this frees the block
         else:
             self.stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
             self.unacked[tag] = (consumer, qid, seq, size)
@@ -198,10 +198,10 @@ class DeliveryBook:
         buffer, deleted at once without acks or booked as unacked). Returns
         (delivered, status, a, b, c): RUN_FULL, RUN_EMPTY (a: the changes
         value for DONE) or RUN_ENTRY (an entry acquired for `deliver`: seq
-        a, block b, redelivered c); None where the store's atomics are not
+        a, block b, redelivered c); None where the shared queues' atomics are not
         the plain Atomic (the caller delivers one by one)."""
-        store = self.ctx.store
-        args = store.run_args(qid)
+        shared = self.ctx.shared
+        args = shared.run_args(qid)
         if args is None or consumer.stamp:
             return None
         no_ack = consumer.no_ack
@@ -223,7 +223,7 @@ class DeliveryBook:
             self.next_tag = next_tag
             if no_ack:
                 self.stats[DELIVERED_CONSUME_AUTO_ACK] += count
-                store.drained(qid)
+                shared.drained(qid)
             else:
                 self.stats[DELIVERED_CONSUME_MANUAL_ACK] += count
                 consumer.unacked += count
@@ -266,7 +266,7 @@ class DeliveryBook:
         if consumer.no_ack:
             worker_stats[DELIVERED_CONSUME_AUTO_ACK] += 1
             if seq >= 0:
-                self.ctx.store.settle_taken(qid, seq)
+                self.ctx.shared.settle_taken(qid, seq)
         else:
             worker_stats[DELIVERED_CONSUME_MANUAL_ACK] += 1
             size = len(body)
@@ -286,18 +286,18 @@ class DeliveryBook:
         None for a log whose deliveries are not counted, and for a first
         delivery to a consumer (RabbitMQ 3.10's quorum queues put 0 in a
         basic.get's only)."""
-        store = self.ctx.store
-        if not store.table.delivery_limit(qid):
+        shared = self.ctx.shared
+        if not shared.table.delivery_limit(qid):
             return None
-        count = store.delivery_count(qid, seq)
-        return count if count or (get and store.table.flags(qid) & QueueFlag.QUORUM) else None
+        count = shared.delivery_count(qid, seq)
+        return count if count or (get and shared.table.flags(qid) & QueueFlag.QUORUM) else None
 
     def _entry_id(self, qid: int, seq: int) -> bytes:
         """The x-shoal-id header entry of log `qid`'s entry `seq`: this broker
         start, the slot and its generation, the seq; a redelivery of the same
         entry (after a requeue or a lost connection) carries the same id."""
         ctx = self.ctx
-        value = f"{ctx.epoch:x}.{qid:x}.{ctx.store.table.generation(qid):x}.{seq:x}"
+        value = f"{ctx.epoch:x}.{qid:x}.{ctx.shared.table.generation(qid):x}.{seq:x}"
         return properties.string_entry(b"x-shoal-id", value.encode())
 
     def acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
@@ -340,7 +340,7 @@ class DeliveryBook:
             # call; blocked publishers looked at once per queue after.
             self.stats[stats.ACKNOWLEDGED] += len(tags)
             self.acked += len(tags)
-            store = self.ctx.store
+            shared = self.ctx.shared
             by_queue: dict[int, list[int]] = {}
             size_sum = 0
             for t in tags:
@@ -357,8 +357,8 @@ class DeliveryBook:
                     touched.add(consumer)
             self.unacked_bytes -= size_sum
             for qid, seqs in by_queue.items():
-                store.ack_many(qid, seqs)
-                store.drained(qid)
+                shared.ack_many(qid, seqs)
+                shared.drained(qid)
         else:
             for t in tags:
                 consumer, qid, seq, size = unacked.pop(t)
@@ -378,12 +378,12 @@ class DeliveryBook:
         (workers/_wire.c ack_run); settle() does the rest. Returns how many
         it acked."""
         _consumer, qid, seq, _size = next(iter(self.unacked.values()))
-        store = self.ctx.store
-        args = store.run_args(qid) if seq >= 0 else None
+        shared = self.ctx.shared
+        args = shared.run_args(qid) if seq >= 0 else None
         if args is None:
             return 0
         count, body_bytes, consumers, settled = ack_run(
-            args, qid, self.unacked, tag or _ALL_TAGS, store.table.uid(qid)
+            args, qid, self.unacked, tag or _ALL_TAGS, shared.table.uid(qid)
         )
         if settled:  # persistent messages: their SETTLE records (workers/persist.py)
             self.ctx.persist.settle_many(settled)  # type: ignore[union-attr]  # settles recorded
@@ -396,28 +396,28 @@ class DeliveryBook:
                     consumer.unacked -= n
                     consumer.unacked_bytes -= size
                     touched.add(consumer)
-            store.drained(qid)
+            shared.drained(qid)
         return count
 
     def _finish(self, qid: int, seq: int, requeue: bool | None) -> None:
         if seq < 0:
             return  # a browser's copy: nothing was taken from the queue
-        store = self.ctx.store
+        shared = self.ctx.shared
         if requeue is None:  # an ack: the common case first
-            store.settle(qid, seq)
+            shared.settle(qid, seq)
             return
         reason = dead_letter_rules.REJECTED
         if requeue:
-            limit = store.table.delivery_limit(qid)  # quorum queues, x-delivery-limit
-            if limit < 2 or store.delivery_count(qid, seq) + 1 <= limit - 2:
-                store.requeue(qid, seq)
+            limit = shared.table.delivery_limit(qid)  # quorum queues, x-delivery-limit
+            if limit < 2 or shared.delivery_count(qid, seq) + 1 <= limit - 2:
+                shared.requeue(qid, seq)
                 return
             reason = dead_letter_rules.DELIVERY_LIMIT  # returned once too often
-        block = store.held_block(qid, seq)  # dead-lettered first (workers/dead_letter.py)
+        block = shared.held_block(qid, seq)  # dead-lettered first (workers/dead_letter.py)
         if block is not None and not self.ctx.dead_letters.dead_letter(qid, block, reason):
-            store.requeue(qid, seq)  # at-least-once, and it found no room: kept
+            shared.requeue(qid, seq)  # at-least-once, and it found no room: kept
             return
-        store.settle(qid, seq)
+        shared.settle(qid, seq)
 
     def requeue_all(self) -> None:
         for consumer, qid, seq, _size in self.unacked.values():
@@ -627,7 +627,7 @@ class DeliveryBook:
                 continue  # a browser's copy: there is nothing to redeliver
             block = None
             if consumer is not None and not consumer.cancelled:
-                block = ctx.store.held_block(qid, seq)
+                block = ctx.shared.held_block(qid, seq)
             if consumer is None or block is None:
                 self._finish(qid, seq, True)
                 continue

@@ -2,12 +2,12 @@
 one place, with who raises it and who handles it.
 
     event         raised by                               handled by
-    settled       shm/queues.py QueueStore (an ack, a     workers/persist.py Persister.settle:
+    settled       shm/queues.py SharedQueues (an ack, a     workers/persist.py Persister.settle:
                   reject, a no-ack delivery, a purge),    the message store records the
                   shm/timed_entries.py (an expiry),       settle
                   workers/pager.py (a paged message
                   purged or gone)
-    dropped       shm/queues.py QueueStore.enqueue        workers/dead_letter.py
+    dropped       shm/queues.py SharedQueues.enqueue        workers/dead_letter.py
                   (a length limit dropped or refused a    DeadLetters.dropped_by_limit
                   message)
     paged_in      workers/pager.py (a paged-out message   workers/ingest.py Ingest.put_payload:

@@ -84,19 +84,19 @@ class Getter:
         if ctx.streams is not None and ctx.streams.words.is_stream(qid):
             raise amqp_streams.not_supported("basic.get", name, book.conn.vhost, 60, 70)
         if tries == GET_TRIES:
-            ctx.store.table.count_get(qid)  # the queue is in use (x-expires)
-        logs = ctx.store.catalog.logs(qid)  # highest priority first
+            ctx.shared.table.count_get(qid)  # the queue is in use (x-expires)
+        logs = ctx.shared.catalog.logs(qid)  # highest priority first
         for log_qid in logs:
-            got = ctx.store.acquire(log_qid, 0)
+            got = ctx.shared.acquire(log_qid, 0)
             while isinstance(got, tuple) and (
                 ctx.expiry.drop_if_expired(log_qid, got[0], got[1], get=True)
                 or (got[2] and ctx.expiry.drop_if_over_limit(log_qid, got[0], got[1]))
             ):
-                got = ctx.store.acquire(log_qid, 0)  # that one expired: dead-lettered
+                got = ctx.shared.acquire(log_qid, 0)  # that one expired: dead-lettered
             if got.__class__ is not int:
                 break
         else:
-            if tries and ctx.store.table.paged_out(qid):
+            if tries and ctx.shared.table.paged_out(qid):
                 # Its messages are in paging files (workers/pager.py): this
                 # worker's are paged in now, another's by its pager soon.
                 if ctx.pager is not None and ctx.pager.page_in_now(qid):
@@ -119,14 +119,14 @@ class Getter:
         tag = book.next_tag
         book.next_tag += 1
         if method.no_ack:
-            ctx.store.settle_taken(log_qid, seq)
+            ctx.shared.settle_taken(log_qid, seq)
         else:
             book.unacked[tag] = (None, log_qid, seq, len(body))
             book.unacked_bytes += len(body)
-        paged_out = ctx.store.table.paged_out(
+        paged_out = ctx.shared.table.paged_out(
             qid
         )  # first: a page-in meanwhile counts twice, not never
-        ready = ctx.store.table.ready(qid) + paged_out
+        ready = ctx.shared.table.ready(qid) + paged_out
         frames = [
             framing.encode_method(
                 book.number,

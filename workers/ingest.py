@@ -46,7 +46,7 @@ from shoal.shm.arena import (
     release_hold,
     write_tag,
 )
-from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED, REMOVED, QueueStore
+from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REJECTED, REMOVED, SharedQueues
 from shoal.shm.segment import Segment
 from shoal.store.messages import UNAPPENDED, encode_publish_one
 from shoal.workers import framing
@@ -75,7 +75,7 @@ Reached = Callable[[int], bool]
 
 
 def times_for(
-    store: QueueStore, header: bytes, qids: list[int], looked: bool = False
+    shared: SharedQueues, header: bytes, qids: list[int], looked: bool = False
 ) -> tuple[int, int] | None:
     """(published, expires at) in ms for a message that may expire: it has
     an `expiration` (ChannelError for a bad one, as RabbitMQ's) or reaches a
@@ -84,7 +84,7 @@ def times_for(
     is due: its publish time + its x-delay (workers/delays.py). `looked`:
     the caller has just looked the queues up (routing did), so the cache
     is current: one attribute read instead of a look."""
-    ttl_queues, delay_queues = store.catalog.timed_now if looked else store.catalog.timed_queues()
+    ttl_queues, delay_queues = shared.catalog.timed_now if looked else shared.catalog.timed_queues()
     if len(header) < 14 or not header[12] & 0x01:  # no expiration (flag 0x0100)
         if (not ttl_queues or ttl_queues.isdisjoint(qids)) and (
             not delay_queues or delay_queues.isdisjoint(qids)
@@ -105,7 +105,7 @@ class AppendContext(Protocol):
     @property
     def seg(self) -> Segment: ...
     @property
-    def store(self) -> QueueStore: ...
+    def shared(self) -> SharedQueues: ...
     @property
     def arena(self) -> Arena: ...
     @property
@@ -135,7 +135,7 @@ def to_store(ctx: IngestContext, header: bytes, qids: list[int]) -> bool:
         return False
     if framing.delivery_mode(header) != 2:
         return False
-    uid = ctx.store.table.uid
+    uid = ctx.shared.table.uid
     for qid in qids:  # noqa: SIM110  (a generator costs a frame per message)
         if uid(qid):
             return True
@@ -155,18 +155,18 @@ class Ingest:
         "persist",
         "queues",
         "seg",
+        "shared",
         "slot",
-        "store",
         "streams",
     )
 
     def __init__(self, ctx: IngestContext) -> None:
         self.ctx = ctx
         self.seg = ctx.seg
-        self.store = ctx.store
+        self.shared = ctx.shared
         self.arena = ctx.arena
         self.slot = ctx.slot
-        self.enqueue = ctx.store.enqueue
+        self.enqueue = ctx.shared.enqueue
         self.dedup = ctx.dedup
         self.persist = ctx.persist
         self.pager = ctx.pager
@@ -257,7 +257,7 @@ class Ingest:
         if (
             pending.durable
             and pending.entries is None
-            and not publish_record.reserve(self.persister(), self.store, pending)
+            and not publish_record.reserve(self.persister(), self.shared, pending)
         ):
             if wait:
                 return WAIT  # no segment slot free: retried like a full queue
@@ -296,7 +296,7 @@ class Ingest:
         if pending.entries:
             publish_record.abandon(self.persister(), pending)
         if pending.dedup is not None:  # its retry must get in
-            declared = self.store.table.declared
+            declared = self.shared.table.declared
             self.dedup.abandoned(pending.dedup, [declared(qid) for qid in pending.qids])
         release_hold(self.seg, pending.block)
 
@@ -319,7 +319,7 @@ class Ingest:
         pending.qids = list(qids)
         pending.durable = to_store(ctx, header, qids)
         try:
-            times = pending.times = times_for(self.store, header, qids)
+            times = pending.times = times_for(self.shared, header, qids)
         except errors.AMQPError:
             times = pending.times = None  # checked when it was first published
         block = self.arena.new_record(exchange, routing_key, header, body, times, pending.durable)
@@ -397,20 +397,20 @@ class Queue:
             elif outcome == REJECTED:
                 pending.rejected = True
                 if pending.dedup is not None:  # its retry must get in
-                    ingest.dedup.refused(pending.dedup, ingest.store.table.declared(qid))
+                    ingest.dedup.refused(pending.dedup, ingest.shared.table.declared(qid))
             elif outcome == OVER_CAPACITY:
                 got = FLOW
         entries = pending.entries
         if entries and qid in entries:
-            publish_record.appended(ingest.persister(), ingest.store, pending, qid, outcome)
+            publish_record.appended(ingest.persister(), ingest.shared, pending, qid, outcome)
         if outcome in (APPENDED, OVER_CAPACITY):
             if pending.times is not None:
-                ingest.store.table.mark_timed(qid)
+                ingest.shared.table.mark_timed(qid)
             streams = ingest.streams
             if streams is not None and outcome == APPENDED and qid in streams.qids:
                 if pending.streams is None:
                     pending.streams = []
-                pending.streams.append((qid, ingest.store.last_seq))
+                pending.streams.append((qid, ingest.shared.last_seq))
         return got
 
     def publish_plain(
@@ -431,7 +431,7 @@ class Queue:
             return -1
         if outcome == REJECTED:
             if mark is not None:  # its retry must get in
-                ingest.dedup.refused(mark, ingest.store.table.declared(qid))
+                ingest.dedup.refused(mark, ingest.shared.table.declared(qid))
             return REJECTED_BIT
         if outcome == OVER_CAPACITY:
             return FLOW
@@ -451,13 +451,13 @@ class Queue:
         (nothing done: the queue pages, has rules or is full, or no segment
         slot is free)."""
         ingest, qid = self.ingest, self.qid
-        store, persist = ingest.store, ingest.persist
-        uid = store.table.uid(qid)
+        shared, persist = ingest.shared, ingest.persist
+        uid = shared.table.uid(qid)
         if (
             persist is None
             or not uid
-            or qid not in store.catalog.plain_queues()
-            or not store.takes_plainly(qid)
+            or qid not in shared.catalog.plain_queues()
+            or not shared.takes_plainly(qid)
             or (ingest.pager is not None and _pages(ingest.pager, ingest.arena, qid))
         ):
             return None
@@ -475,7 +475,7 @@ class Queue:
             pending.entries = {qid: (uid, 0, UNAPPENDED)}
             return pending
         if outcome in (APPENDED, OVER_CAPACITY):
-            seq = store.last_seq
+            seq = shared.last_seq
         else:  # deleted meanwhile: the record says so, the message is gone
             seq = UNAPPENDED
             if outcome != REMOVED:  # remove() counted that one down itself
@@ -495,15 +495,15 @@ class Queue:
         block = ingest.arena.new_from_payload(payload)
         if block is None:
             return None
-        store = ingest.store
+        shared = ingest.shared
         outcome = ingest.enqueue(qid, block, body_length(seg, block), ingest.slot)
         release_hold(seg, block)
         if outcome not in (APPENDED, OVER_CAPACITY):
             return outcome  # full, refused by a length limit, or gone
         if redelivered:
-            store.mark_redelivered(qid, store.last_seq)
+            shared.mark_redelivered(qid, shared.last_seq)
         if payload_may_expire(payload):  # workers/message_ttl.py
-            store.table.mark_timed(qid)
+            shared.table.mark_timed(qid)
         return outcome
 
     def _page_out(self, pending: Pending) -> None:

@@ -121,10 +121,10 @@ class PublishLane:
         if publisher is self.publisher and self.known.get(place) == qid:
             return
         ctx = self.ctx
-        store, routes = ctx.store, ctx.routes
+        shared, routes = ctx.shared, ctx.routes
         if (
-            qid not in store.catalog.plain_queues()
-            or store.catalog.dedup_now
+            qid not in shared.catalog.plain_queues()
+            or shared.catalog.dedup_now
             or routes.dedup_exchanges
         ):
             return
@@ -132,13 +132,13 @@ class PublishLane:
             return  # a route through a headers exchange depends on each message
         if (
             publisher is not self.publisher
-            or store.catalog.catalog_generation() != self.catalog_gen
+            or shared.catalog.catalog_generation() != self.catalog_gen
             or routes.version != self.routes_version
             or self.max_body != ctx.config.max_message_size
         ):
             self._configure(publisher)
-        queue, ring, mask, _owner = store.acquire_args(qid)
-        persistent_leaves = bool(ctx.persist is not None and store.table.uid(qid))
+        queue, ring, mask, _owner = shared.acquire_args(qid)
+        persistent_leaves = bool(ctx.persist is not None and shared.table.uid(qid))
         if self.lane.add(exchange, routing_key, queue, ring, mask, qid, persistent_leaves):
             self.known[place] = qid
 
@@ -159,7 +159,7 @@ class PublishLane:
         )
         self.publisher = publisher
         self.known.clear()
-        self.catalog_gen = ctx.store.catalog.catalog_generation()
+        self.catalog_gen = ctx.shared.catalog.catalog_generation()
         self.routes_version = ctx.routes.version
         self.max_body = ctx.config.max_message_size
 
@@ -192,7 +192,7 @@ class PublishLane:
         # last read (ConnectionAccess.refresh, just before): the exchanges
         # and the permissions are as of now.
         if (
-            ctx.store.catalog.catalog_generation() != self.catalog_gen
+            ctx.shared.catalog.catalog_generation() != self.catalog_gen
             or ctx.routes.version != self.routes_version
             or self.max_body != ctx.config.max_message_size
         ):
@@ -228,7 +228,7 @@ class PublishLane:
             arena.on_high(used)
         if gone is not None:  # its queue was deleted under the append
             qid, seq, block = gone
-            ctx.store.take_back(qid, seq, block)
+            ctx.shared.take_back(qid, seq, block)
             release_hold(ctx.seg, block)
         waker = ctx.waker
         publisher = self.publisher

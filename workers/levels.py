@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shoal.shm import readers
-from shoal.shm.queues import Message, QueueStore
+from shoal.shm.queues import Message, SharedQueues
 
 
 class Levels:
@@ -26,11 +26,11 @@ class Levels:
         "qid",
         "qids",
         "release_gens",
-        "store",
+        "shared",
     )
 
-    def __init__(self, store: QueueStore, qid: int) -> None:
-        self.store = store
+    def __init__(self, shared: SharedQueues, qid: int) -> None:
+        self.shared = shared
         self.qid = qid
         self.gen = -1
         self.qids: list[int] = []
@@ -41,11 +41,11 @@ class Levels:
 
     def refresh(self) -> None:
         """Pick up levels made since (the catalog generation moved)."""
-        store = self.store
-        gen = store.catalog.catalog_generation()
+        shared = self.shared
+        gen = shared.catalog.catalog_generation()
         if gen == self.gen:
             return
-        levels = store.catalog.priority_levels().get(self.qid)
+        levels = shared.catalog.priority_levels().get(self.qid)
         if levels is None:  # deleted meanwhile: the consumer is being cancelled
             self.priorities, self.qids = [0], [self.qid]
         else:
@@ -56,7 +56,7 @@ class Levels:
     def changes(self) -> int:
         """Q_CHANGES summed over the levels known (the scheduler sums over
         all of them: a level made since only makes its sum differ)."""
-        changes = self.store.table.changes
+        changes = self.shared.table.changes
         return sum(changes(qid) for qid in self.qids)
 
     def acquire(
@@ -67,23 +67,23 @@ class Levels:
         acquired; None if none has; -1 if a selector read its slice of
         unwanted entries (acquire_matching) and the caller should yield."""
         self.refresh()
-        store = self.store
+        shared = self.shared
         for qid in self.qids:
             pointer = self.pointers.get(qid, 0)
-            gen = store.table.release_generation(qid)
+            gen = shared.table.release_generation(qid)
             if gen != self.release_gens.get(qid, 0):
                 self.release_gens[qid] = gen
                 pointer = 0  # a release put an entry back behind us
-            elif pointer >= store.table.tail(qid):
+            elif pointer >= shared.table.tail(qid):
                 # Nothing reserved past our pointer: skip the level. (Not
                 # Q_READY: a publisher bumps it after Q_CHANGES, so a level
                 # could look empty to a scan that Q_CHANGES says saw it; the
                 # tail is reserved before the cell is even published.)
                 continue
             if wanted is None:
-                got = store.acquire(qid, pointer)
+                got = shared.acquire(qid, pointer)
             else:
-                got = readers.acquire_matching(store, qid, pointer, wanted)
+                got = readers.acquire_matching(shared, qid, pointer, wanted)
             if got.__class__ is int:
                 if got < 0:
                     self.pointers[qid] = -1 - got
@@ -99,9 +99,9 @@ class Levels:
         """A browser's read: the next available entry, highest level first,
         copied without acquiring it. Browsers' pointers never move back."""
         self.refresh()
-        store = self.store
+        shared = self.shared
         for qid in self.qids:
-            got = readers.peek(store, qid, self.pointers.get(qid, 0))
+            got = readers.peek(shared, qid, self.pointers.get(qid, 0))
             if got.__class__ is int:
                 self.pointers[qid] = got
                 continue

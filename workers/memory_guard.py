@@ -70,7 +70,7 @@ class MemoryGuard:
     def __init__(self, ctx: GuardHost) -> None:
         self.ctx = ctx
         self.marks = memory.configured(ctx.seg)
-        # 0 (no guard configured, as in tests of the store alone): never raised.
+        # 0 (no guard configured, as in tests of the shared queues alone): never raised.
         self.high = self.marks.high or 1 << 62
         # This worker's own ALARM_* bits: a replacement takes over what its
         # dead predecessor raised (its arena too), so that the hysteresis

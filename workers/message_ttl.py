@@ -22,7 +22,7 @@ from shoal.broker.amqp import dead_letter_rules, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import message_times
 from shoal.shm.ownership import OwnershipView
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.workers.dead_letter import DeadLetters
@@ -41,7 +41,7 @@ class ExpiryContext(Protocol):
     @property
     def seg(self) -> Segment: ...
     @property
-    def store(self) -> QueueStore: ...
+    def shared(self) -> SharedQueues: ...
     @property
     def ownership(self) -> OwnershipView: ...
 
@@ -84,7 +84,7 @@ class Expiry(Ticker):
             return False
         published, expires = times
         grace = 0 if get else ttl.ZERO_TTL_GRACE_MS
-        if _due(published, expires, ctx.store.table.message_ttl(qid), now_ms(), grace) is not None:
+        if _due(published, expires, ctx.shared.table.message_ttl(qid), now_ms(), grace) is not None:
             return False
         self._expire(qid, seq, block)
         return True
@@ -94,21 +94,21 @@ class Expiry(Ticker):
         it was returned more often than the queue's delivery limit (a
         return the supervisor made for a dead worker, which cannot
         dead-letter), dead-letter and delete it and return True."""
-        store = self.ctx.store
-        limit = store.table.delivery_limit(qid)
-        if limit < 2 or store.delivery_count(qid, seq) <= limit - 2:
+        shared = self.ctx.shared
+        limit = shared.table.delivery_limit(qid)
+        if limit < 2 or shared.delivery_count(qid, seq) <= limit - 2:
             return False
         if not self.dead_letters.dead_letter(qid, block, dead_letter_rules.DELIVERY_LIMIT):
-            store.release(qid, seq)  # at-least-once, no room yet: kept
+            shared.release(qid, seq)  # at-least-once, no room yet: kept
             return True
-        store.settle(qid, seq)
+        shared.settle(qid, seq)
         return True
 
     def _expire(self, qid: int, seq: int, block: int) -> None:
         if not self.dead_letters.dead_letter(qid, block, dead_letter_rules.EXPIRED):
-            self.ctx.store.release(qid, seq)  # at-least-once, no room yet: kept, tried again
+            self.ctx.shared.release(qid, seq)  # at-least-once, no room yet: kept, tried again
             return
-        self.ctx.store.settle(qid, seq)
+        self.ctx.shared.settle(qid, seq)
         self.expired += 1
 
     # -------------------------------------------------------------- expirer
@@ -118,18 +118,18 @@ class Expiry(Ticker):
         entries) nor delay queues (due times are not expiry:
         workers/delays.py). Looked up again every IDLE_POLL, or when a
         queue was created or deleted."""
-        store = self.ctx.store
+        shared = self.ctx.shared
         ownership = self.ctx.ownership
         # A new queue, or a new owner for some (the worker count changed).
-        generation = store.catalog.catalog_generation() << 32 | ownership.generation
+        generation = shared.catalog.catalog_generation() << 32 | ownership.generation
         cached_gen, until, owned = self._owned
         if generation == cached_gen and now < until:
             return owned
-        skipped = store.catalog.delay_queues() | store.catalog.stream_queues()
+        skipped = shared.catalog.delay_queues() | shared.catalog.stream_queues()
         owned = [
             qid
-            for qid in store.catalog.active_logs()
-            if ownership.owns(qid) and qid not in skipped and store.table.timed(qid)
+            for qid in shared.catalog.active_logs()
+            if ownership.owns(qid) and qid not in skipped and shared.table.timed(qid)
         ]
         self._owned = (generation, now + int(IDLE_POLL * 1000), owned)
         self._resume = {qid: at for qid, at in self._resume.items() if qid in owned}
@@ -137,7 +137,7 @@ class Expiry(Ticker):
 
     def _tick(self) -> None:
         ctx = self.ctx
-        store = ctx.store
+        shared = ctx.shared
         now = now_ms()
         owned = self._owned_now(now)
         if not owned:
@@ -146,23 +146,23 @@ class Expiry(Ticker):
         budget = BATCH
         wake = now + int(POLL * 1000)
         for qid in owned:
-            if not store.table.log_ready(qid):
+            if not shared.table.log_ready(qid):
                 continue
-            ttl_word = store.table.message_ttl(qid)
+            ttl_word = shared.table.message_ttl(qid)
 
             def due(published: int, expires: int, at: int, word: int = ttl_word) -> int | None:
                 return _due(published, expires, word, at)
 
             release_gen, start = self._resume.get(qid, (-1, 0))
-            if release_gen != store.table.release_generation(qid):
-                release_gen, start = store.table.release_generation(qid), 0
+            if release_gen != shared.table.release_generation(qid):
+                release_gen, start = shared.table.release_generation(qid), 0
             if self.dead_letters.go_nowhere(qid):  # no dead letters: one step per entry
                 dropped, waiting, start = drop_expired(
-                    store, qid, now, due, start, budget, ttl_word
+                    shared, qid, now, due, start, budget, ttl_word
                 )
                 if dropped:
                     self.dead_letters.dropped(qid, dead_letter_rules.EXPIRED, dropped)
-                    store.drained(qid)
+                    shared.drained(qid)
                     self.expired += dropped
                     budget -= dropped
                 if waiting not in (BUSY, NOT_TIMED):
@@ -170,7 +170,7 @@ class Expiry(Ticker):
                 elif waiting == BUSY and budget:
                     wake = min(wake, now + 1)  # stopped by the scan limit: go on soon
             while budget and not self.dead_letters.go_nowhere(qid):
-                got, start = take_expired(store, qid, now, due, start)
+                got, start = take_expired(shared, qid, now, due, start)
                 if isinstance(got, int):
                     if got not in (BUSY, NOT_TIMED):
                         wake = min(wake, got)

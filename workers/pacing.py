@@ -33,7 +33,7 @@ import asyncio
 import time
 from typing import Protocol
 
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 
 PACE_HIGH = 16384
 PACE_LOW = 8192
@@ -63,13 +63,13 @@ class PacedConnection(Protocol):
 class Pacer:
     """One connection's pacing: at most one queue holds it at a time."""
 
-    __slots__ = ("before", "conn", "due", "loop", "progress_at", "qid", "store", "unpaced")
+    __slots__ = ("before", "conn", "due", "loop", "progress_at", "qid", "shared", "unpaced")
 
     def __init__(
-        self, conn: PacedConnection, store: QueueStore, loop: asyncio.AbstractEventLoop
+        self, conn: PacedConnection, shared: SharedQueues, loop: asyncio.AbstractEventLoop
     ) -> None:
         self.conn = conn
-        self.store = store
+        self.shared = shared
         self.loop = loop
         self.qid = -1  # the queue holding the connection's reads (-1: none)
         self.due = 0  # messages until the next look
@@ -90,8 +90,8 @@ class Pacer:
         if self.due > 0:
             return
         self.due = PACE_EVERY
-        store = self.store
-        ready = store.table.ready(qid)
+        shared = self.shared
+        ready = shared.table.ready(qid)
         unpaced = self.unpaced
         if ready <= PACE_HIGH:
             if unpaced and ready < PACE_LOW:
@@ -99,9 +99,9 @@ class Pacer:
             return
         if unpaced and unpaced.get(qid, 0.0) > time.monotonic():
             return
-        if not store.table.takers(qid):
+        if not shared.table.takers(qid):
             return
-        self.qid, self.before, self.progress_at = qid, store.table.taken(qid), time.monotonic()
+        self.qid, self.before, self.progress_at = qid, shared.table.taken(qid), time.monotonic()
         self.conn.blocks.hold_reading(self, reason=None)
         self.loop.call_later(PACE_INTERVAL, self._look)
 
@@ -109,10 +109,10 @@ class Pacer:
         qid = self.qid
         if qid < 0 or self.conn.closed:
             return
-        store = self.store
-        ready = store.table.ready(qid)
-        if ready > PACE_LOW and store.table.takers(qid):
-            taken = store.table.taken(qid)
+        shared = self.shared
+        ready = shared.table.ready(qid)
+        if ready > PACE_LOW and shared.table.takers(qid):
+            taken = shared.table.taken(qid)
             now = time.monotonic()
             if taken != self.before:
                 self.before, self.progress_at = taken, now

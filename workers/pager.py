@@ -40,7 +40,7 @@ from typing import Protocol
 
 from shoal.shm.arena import Arena, payload_is_tagged, tag_of
 from shoal.shm.paging_words import PagingWords
-from shoal.shm.queues import FULL, GONE, REMOVED, QueueStore
+from shoal.shm.queues import FULL, GONE, REMOVED, SharedQueues
 from shoal.shm.segment import Segment
 from shoal.store.paging_files import PagingFile, remove_files
 
@@ -96,7 +96,7 @@ class Pager:
     def __init__(
         self,
         seg: Segment,
-        store: QueueStore,
+        shared: SharedQueues,
         arena: Arena,
         directory: str,
         worker: int,
@@ -106,11 +106,11 @@ class Pager:
     ) -> None:
         self.seg = seg
         self.words = PagingWords(seg)
-        self.store = store
+        self.shared = shared
         self.arena = arena
         self.directory = directory
         self.worker = worker
-        self.intent = intent  # this worker's process-table slot (QueueStore.enqueue)
+        self.intent = intent  # this worker's process-table slot (SharedQueues.enqueue)
         self.loop = loop
         self.events = events
         self.files: dict[int, _File] = {}
@@ -136,7 +136,7 @@ class Pager:
         `qid` has the backlog that should go to disk."""
         if self.arena.used_bytes() <= self.arena_high:
             return False
-        return self.store.table.log_ready(qid) >= PRESSED_READY and self.eligible(qid)
+        return self.shared.table.log_ready(qid) >= PRESSED_READY and self.eligible(qid)
 
     def put(self, qid: int, payload: bytes | memoryview, flags: int = 0) -> None:
         """Page out a message (its block's payload) for queue `qid`."""

@@ -1,4 +1,4 @@
-"""A message on its way into the store: assembled from a client's publish,
+"""A message on its way into its queues: assembled from a client's publish,
 header and body frames (workers/publish.py), or made by the worker itself
 (workers/ingest.py put_new), then put into its queues (workers/ingest.py)."""
 

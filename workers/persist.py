@@ -1,10 +1,10 @@
 """An IO worker's side of the message store (docs/durability.md): the PUBLISH
 records of its persistent messages, its SETTLE records, group commit, and
-deleting the segments it owns once nothing points into them.
+deleting the message files it owns once nothing points into them.
 
 A persistent message routed to a durable queue reserves its record before
 it is appended (`reserve`: the record's offset is known, the body block is
-tagged with it and the segment counts its entries), so that whoever acks
+tagged with it and the message file counts its entries), so that whoever acks
 one of its entries, on any worker, can name the record. Once the appends
 are done the record is complete (`complete`); at the end of the loop
 iteration `flush` writes the complete records, in order, with one write,
@@ -25,10 +25,10 @@ from typing import NoReturn, Protocol
 
 from shoal.shm import stats
 from shoal.shm.arena import message_size, record_bytes, write_tag
+from shoal.shm.message_files import MessageFileName, MessageFileTable, check_of
 from shoal.shm.processes import Header
-from shoal.shm.queues import APPENDED, OVER_CAPACITY, REMOVED, QueueStore
+from shoal.shm.queues import APPENDED, OVER_CAPACITY, REMOVED, SharedQueues
 from shoal.shm.segment import Segment
-from shoal.shm.segtable import SegmentName, SegmentTable, check_of
 from shoal.store import messages, records
 from shoal.store.messages import PENDING, UNAPPENDED, Entry, encode_amend, encode_publish
 from shoal.store.settles import SettleWriter
@@ -37,7 +37,7 @@ from shoal.workers.pending import Pending
 
 log = logging.getLogger("shoal.worker")
 
-SWEEP_INTERVAL = 1.0  # how often the owner looks for segments to delete
+SWEEP_INTERVAL = 1.0  # how often the owner looks for message files to delete
 
 
 class Confirming(Protocol):
@@ -48,21 +48,21 @@ class Confirming(Protocol):
         ...
 
 
-class _Segment:
+class _MessageFile:
     __slots__ = ("check", "slot", "writer")
 
-    def __init__(self, writer: messages.SegmentWriter, slot: int, check: int) -> None:
+    def __init__(self, writer: messages.MessageFileWriter, slot: int, check: int) -> None:
         self.writer = writer
         self.slot = slot
         self.check = check
 
 
 class _Record:
-    __slots__ = ("index", "payload", "segment")
+    __slots__ = ("index", "message_file", "payload")
 
-    def __init__(self, index: int, segment: _Segment) -> None:
+    def __init__(self, index: int, message_file: _MessageFile) -> None:
         self.index = index
-        self.segment = segment
+        self.message_file = message_file
         self.payload: bytes | None = None  # None until its appends are done
 
 
@@ -93,16 +93,16 @@ class Persister:
         self.directory = directory
         self.worker = worker
         self.epoch = Header(seg).epoch()
-        self.table = SegmentTable(seg, worker)
+        self.table = MessageFileTable(seg, worker)
         self.settles = SettleWriter(directory, worker, self.table)
-        # Counters in segment names: unique per incarnation of this worker.
+        # Counters in message file names: unique per incarnation of this worker.
         self._counter = (incarnation & 0xFFF) << 20
         for slot, name, sealed in self.table.owned():
-            if not sealed:  # a predecessor's open segment: it writes no more
+            if not sealed:  # a predecessor's open message file: it writes no more
                 self.table.seal(slot, check_of(name))
-        self.segment: _Segment | None = None  # where records are reserved
+        self.message_file: _MessageFile | None = None  # where records are reserved
         self.reserved = 0  # end of the last reservation in it
-        self._synced_segment: _Segment | None = None  # the file `sync` syncs
+        self._synced_file: _MessageFile | None = None  # the file `sync` syncs
         self.sync: GroupSync | None = None
         self.records: deque[_Record] = deque()
         self.next_index = 0  # records [0, next_index) reserved
@@ -130,48 +130,49 @@ class Persister:
     # ------------------------------------------------------------ publish
     def reserve(self, entries: int, message_len: int) -> tuple[int, int, int, int] | None:
         """Room for a PUBLISH record of `entries` durable queues: (record
-        index, segment slot, check, offset), the last three for the tag.
-        None if no segment slot is free (the caller waits and retries)."""
+        index, message file slot, check, offset), the last three for the tag.
+        None if no message file slot is free (the caller waits and retries)."""
         size = messages.publish_size(entries, message_len)
-        segment = self.segment
-        if segment is None or (
-            self.reserved + size > messages.SEGMENT_BYTES and self.reserved > records.HEADER_SIZE
+        message_file = self.message_file
+        if message_file is None or (
+            self.reserved + size > messages.MESSAGE_FILE_BYTES
+            and self.reserved > records.HEADER_SIZE
         ):
-            segment = self._open_segment()
-            if segment is None:
+            message_file = self._open_file()
+            if message_file is None:
                 return None
-        index, offset = self._add_record(segment, size)
-        self.table.add(segment.slot, entries)
-        return index, segment.slot, segment.check, offset
+        index, offset = self._add_record(message_file, size)
+        self.table.add(message_file.slot, entries)
+        return index, message_file.slot, message_file.check, offset
 
-    def _add_record(self, segment: _Segment, size: int) -> tuple[int, int]:
+    def _add_record(self, message_file: _MessageFile, size: int) -> tuple[int, int]:
         offset = self.reserved
         self.reserved += size
-        record = _Record(self.next_index, segment)
+        record = _Record(self.next_index, message_file)
         self.records.append(record)
         self.next_index += 1
         return record.index, offset
 
     def amend(self, slot: int, check: int, payload: bytes) -> int:
-        """Write an AMEND record (store/messages.py) into the segment of the
+        """Write an AMEND record (store/messages.py) into the message file of the
         PUBLISH record it amends: the index of a record whose sync covers it,
         or -1 if it is durable already. Rare (a publish that waited for room
-        in a full queue), so an older segment is reopened and synced here."""
+        in a full queue), so an older message file is reopened and synced here."""
         self.flush()  # nothing reserved is left behind: every record is complete
-        segment = self.segment
-        if segment is not None and (segment.slot, segment.check) == (slot, check):
-            index, _offset = self._add_record(segment, len(payload) + records.RECORD_OVERHEAD)
+        message_file = self.message_file
+        if message_file is not None and (message_file.slot, message_file.check) == (slot, check):
+            index, _offset = self._add_record(message_file, len(payload) + records.RECORD_OVERHEAD)
             self.complete(index, payload)
             return index
-        old = self._synced_segment
+        old = self._synced_file
         if old is not None and (old.slot, old.check) == (slot, check):
             file, close = old.writer.file, False  # rotated, not yet switched away from
         else:
             name = self.table.name(slot, check)
             assert name is not None  # the entries it amends keep it alive
-            path = messages.segment_path(self.directory, messages.segment_name(*name))
+            path = messages.message_file_path(self.directory, messages.message_file_name(*name))
             file, _records, _cut = records.open_records(
-                path, messages.SEGMENT_MAGIC, messages.VERSION
+                path, messages.MESSAGE_FILE_MAGIC, messages.VERSION
             )
             close = True
         try:
@@ -184,21 +185,23 @@ class Persister:
                 file.close()
         return -1
 
-    def _open_segment(self) -> _Segment | None:
+    def _open_file(self) -> _MessageFile | None:
         self._counter += 1
-        name = SegmentName(self.epoch, self.worker, self._counter & 0xFFFFFFFF)
+        name = MessageFileName(self.epoch, self.worker, self._counter & 0xFFFFFFFF)
         slot = self.table.claim(name)
         if slot is None:
-            log.error("io-worker %d: all %d segment slots in use", self.worker, self.table.slots)
+            log.error(
+                "io-worker %d: all %d message file slots in use", self.worker, self.table.slots
+            )
             return None
         try:
-            writer = messages.SegmentWriter(self.directory, messages.segment_name(*name))
+            writer = messages.MessageFileWriter(self.directory, messages.message_file_name(*name))
         except OSError as exc:
             self.table.free(slot)
             self._fatal(exc)
-        self.segment = _Segment(writer, slot, check_of(name))
+        self.message_file = _MessageFile(writer, slot, check_of(name))
         self.reserved = writer.size
-        return self.segment
+        return self.message_file
 
     def uncount(self, slot: int, entries: int = 1) -> None:
         """Reserved entries whose appends failed (the queue refused or was gone)."""
@@ -226,7 +229,7 @@ class Persister:
         batch: list[_Record] = []
         while records and records[0].payload is not None:
             record = records.popleft()
-            if batch and record.segment is not batch[0].segment:
+            if batch and record.message_file is not batch[0].message_file:
                 self._write(batch)
                 batch = []
             batch.append(record)
@@ -236,15 +239,15 @@ class Persister:
             self._write(batch)
 
     def _write(self, batch: list[_Record]) -> None:
-        segment = batch[0].segment
-        if segment is not self._synced_segment:
-            self._switch(segment)
-        size = segment.writer.size
+        message_file = batch[0].message_file
+        if message_file is not self._synced_file:
+            self._switch(message_file)
+        size = message_file.writer.size
         try:
-            segment.writer.append([r.payload for r in batch])  # type: ignore[misc]
+            message_file.writer.append([r.payload for r in batch])  # type: ignore[misc]
         except OSError as exc:
             self._fatal(exc)
-        self.counters[stats.STORE_WRITTEN_BYTES] += segment.writer.size - size
+        self.counters[stats.STORE_WRITTEN_BYTES] += message_file.writer.size - size
         upto = self.written = batch[-1].index + 1
         loop = self.loop
 
@@ -257,23 +260,23 @@ class Persister:
         assert self.sync is not None
         self.sync.request(done)
 
-    def _switch(self, segment: _Segment) -> None:
-        """Records of a new segment: every sync of the old one runs first
+    def _switch(self, message_file: _MessageFile) -> None:
+        """Records of a new message file: every sync of the old one runs first
         (set_fd waits for them), then the old one is sealed: once nothing
         points into it, its owner's sweep deletes it."""
-        old = self._synced_segment
+        old = self._synced_file
         if self.sync is None:
             self.sync = GroupSync(
-                segment.writer.file.fd,
+                message_file.writer.file.fd,
                 name=f"shoal-sync-{self.worker}",
                 what=f"io-worker {self.worker}: the message store failed",
             )
         else:
-            self.sync.set_fd(segment.writer.file.fd)
+            self.sync.set_fd(message_file.writer.file.fd)
         if old is not None:
             old.writer.file.close()
             self.table.seal(old.slot, old.check)
-        self._synced_segment = segment
+        self._synced_file = message_file
 
     def _synced(self, upto: int) -> None:
         if upto <= self.synced:
@@ -314,11 +317,11 @@ class Persister:
 
     # ------------------------------------------------------------ deleting
     def _sweep(self) -> None:
-        """Delete our sealed segments that nothing points into any more;
-        close ack files of segments deleted (by us or by their owners)."""
+        """Delete our sealed message files that nothing points into any more;
+        close ack files of message files deleted (by us or by their owners)."""
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         table = self.table
-        open_ = self.segment
+        open_ = self.message_file
         if (
             open_ is not None
             and not self.records
@@ -326,19 +329,19 @@ class Persister:
             and self.reserved > records.HEADER_SIZE
             and table.live(open_.slot) <= 0
         ):
-            # Drained: seal the open segment too (the next publish opens a
+            # Drained: seal the open message file too (the next publish opens a
             # new one), so that disk use returns to its baseline.
-            self.segment = None
-            if self._synced_segment is open_:
-                self._synced_segment = None  # the next segment's first write seals nothing
+            self.message_file = None
+            if self._synced_file is open_:
+                self._synced_file = None  # the next message file's first write seals nothing
             open_.writer.file.close()
             table.seal(open_.slot, open_.check)
         for slot, name, sealed in table.owned():
             if sealed and table.live(slot) <= 0:
                 try:
-                    messages.delete_segment(self.directory, messages.segment_name(*name))
+                    messages.delete_message_file(self.directory, messages.message_file_name(*name))
                 except OSError as exc:
-                    log.error("cannot delete segment %s: %s", name, exc)
+                    log.error("cannot delete message file %s: %s", name, exc)
                     continue
                 table.free(slot)
         self.settles.sweep()
@@ -378,13 +381,13 @@ def _message_size(pending: Pending) -> int:
     )
 
 
-def reserve(persist: Persister, store: QueueStore, pending: Pending) -> bool:
+def reserve(persist: Persister, shared: SharedQueues, pending: Pending) -> bool:
     """Reserve the record and tag the block (the queues not durable among
-    the message's get no entry). False: no segment slot is free."""
+    the message's get no entry). False: no message file slot is free."""
     entries = {
-        qid: (uid, store.table.level(qid), UNAPPENDED)
+        qid: (uid, shared.table.level(qid), UNAPPENDED)
         for qid in pending.qids
-        if (uid := store.table.uid(qid))
+        if (uid := shared.table.uid(qid))
     }
     if entries:
         size = _message_size(pending)
@@ -399,16 +402,16 @@ def reserve(persist: Persister, store: QueueStore, pending: Pending) -> bool:
 
 
 def appended(
-    persist: Persister, store: QueueStore, pending: Pending, qid: int, outcome: int
+    persist: Persister, shared: SharedQueues, pending: Pending, qid: int, outcome: int
 ) -> None:
     """The append to durable queue `qid` is done: keep the entry's seq, or
-    count the entry out of the segment if the queue refused the message or
+    count the entry out of the message file if the queue refused the message or
     was gone."""
     entries = pending.entries
     assert entries is not None
     uid, level, _ = entries[qid]
     if outcome in (APPENDED, OVER_CAPACITY):
-        entries[qid] = (uid, level, store.last_seq)
+        entries[qid] = (uid, level, shared.last_seq)
     else:
         entries[qid] = (uid, level, UNAPPENDED)
         if outcome != REMOVED:  # remove() counted that one down itself

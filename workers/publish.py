@@ -1,6 +1,6 @@
 """A channel's publishes: assembling a message from its publish, header and
 body frames (or the fast path for all three in one read), routing it,
-appending it to its queues (QueueStore.enqueue), publisher confirms and
+appending it to its queues (SharedQueues.enqueue), publisher confirms and
 mandatory returns, and waiting while a queue or the arena is full."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _REPLY_TO = properties.REPLY_TO_FLAG >> 8
 
 class Publisher:
     """The publish side of a channel: messages assembled, routed and put
-    into the store (workers/ingest.py), then confirmed, nacked, returned
+    into its queues (workers/ingest.py), then confirmed, nacked, returned
     or held back for flow."""
 
     __slots__ = (
@@ -94,7 +94,7 @@ class Publisher:
         self.transactions = transactions
         self.delivery = delivery
         self.stats = ctx.stats.v  # this worker's counters (shm/stats.py)
-        self.ingest = Ingest(ctx)  # this channel's way into the store
+        self.ingest = Ingest(ctx)  # this channel's way into the queues
         self.state = IDLE
         self.pending: Pending | None = None
         self.confirm = False
@@ -178,7 +178,7 @@ class Publisher:
             return False  # immediate, or too large: the general path refuses it
         if not conn.access.may_publish(exchange, routing_key):
             return False  # the general path refuses it
-        store = ctx.store
+        shared = ctx.shared
         try:
             also: list[bytes] = []
             if header[12] & _REPLY_TO_OR_HEADERS:
@@ -191,7 +191,7 @@ class Publisher:
                     ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, header)
                 )
             else:
-                qid = store.catalog.lookup(routing_key, conn.vhost_id)
+                qid = shared.catalog.lookup(routing_key, conn.vhost_id)
                 if qid is None or routing_key.startswith(DELAY_QUEUES):
                     return False  # unroutable (a delay queue is the broker's own)
                 qids = [qid]
@@ -200,14 +200,14 @@ class Publisher:
             # A message with no expiration nor delivery mode, for plain queues
             # (shm/queue_catalog.py plain_queues): no timestamp, no record, no
             # level, no stream.
-            plain = not header[12] & 0x11 and store.catalog.plain_queues().issuperset(qids)
+            plain = not header[12] & 0x11 and shared.catalog.plain_queues().issuperset(qids)
             deduplicating = (
-                ctx.routes.dedup_exchanges or (not plain and store.catalog.dedup_now)
+                ctx.routes.dedup_exchanges or (not plain and shared.catalog.dedup_now)
             ) and ctx.dedup.meets(conn.vhost_id, exchange, qids)
             tx = self.transactions.tx
             if deduplicating and tx is not None:
                 return False  # checked at commit
-            times = None if plain else times_for(store, header, qids, looked=True)
+            times = None if plain else times_for(shared, header, qids, looked=True)
         except errors.AMQPError:
             return False  # the general path raises it again, in order
         durable = not plain and header[12] & 0x10 and to_store(ctx, header, qids)
@@ -230,7 +230,7 @@ class Publisher:
                 return True
         rejected = False
         if tx is None and (
-            plain or (not durable and times is None and not store.catalog.priority_levels())
+            plain or (not durable and times is None and not shared.catalog.priority_levels())
         ):
             done, outcome = self.ingest.put_now(
                 qids,
@@ -310,7 +310,7 @@ class Publisher:
         conn = self.conn
         if not also:  # the common case: one key
             if not exchange:
-                qid = self.ctx.store.catalog.lookup(routing_key, conn.vhost_id)
+                qid = self.ctx.shared.catalog.lookup(routing_key, conn.vhost_id)
                 if qid is None or routing_key.startswith(DELAY_QUEUES):
                     return []  # (a delay queue is the broker's own)
                 return [qid]
@@ -359,7 +359,9 @@ class Publisher:
                 pending.qids = self._route(
                     pending.exchange, pending.routing_key, pending.header, also
                 )
-                pending.times = times_for(self.ctx.store, pending.header, pending.qids, looked=True)
+                pending.times = times_for(
+                    self.ctx.shared, pending.header, pending.qids, looked=True
+                )
             except errors.ChannelError:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise
@@ -413,7 +415,7 @@ class Publisher:
         assert pending is not None
         ctx = self.ctx
         tx = self.transactions.tx
-        if (ctx.routes.dedup_exchanges or ctx.store.catalog.dedup_now) and (
+        if (ctx.routes.dedup_exchanges or ctx.shared.catalog.dedup_now) and (
             pending.dedup is None and tx is None and pending.qids
         ):
             self.deduplicate(pending)  # (in a transaction: at commit)
@@ -521,7 +523,7 @@ class Publisher:
         """Point each priority queue among the message's queues at the log of
         the message's priority (workers/levels.py). Returns (queue, level)
         of one whose level has no log yet: the scheduler must make it."""
-        priority_queues = self.ctx.store.catalog.priority_levels()
+        priority_queues = self.ctx.shared.catalog.priority_levels()
         if not priority_queues:
             return None
         qids = pending.qids
@@ -602,7 +604,7 @@ class Publisher:
             # This connection's next publishes wait (shm/flow.py).
             ingest, conn = self.ingest, self.conn
             for qid in ingest.over_capacity:
-                conn.blocks.flow_block(*ingest.store.table.flow_queue(qid))
+                conn.blocks.flow_block(*ingest.shared.table.flow_queue(qid))
             ingest.over_capacity.clear()
         if bits & HELD:
             self.confirm_held = True

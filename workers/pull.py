@@ -16,7 +16,7 @@ from typing import Protocol
 
 from shoal.broker import ipc
 from shoal.shm import readers
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.wake import Waker
 from shoal.workers._wire import RUN_EMPTY, RUN_FULL
 from shoal.workers.consumer import Consumer, DeliveryChannel
@@ -50,7 +50,7 @@ class PullContext(Protocol):
     """What the pull loop uses of its worker (workers/context.py)."""
 
     @property
-    def store(self) -> QueueStore: ...
+    def shared(self) -> SharedQueues: ...
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
     @property
@@ -100,7 +100,7 @@ def update_interest(ctx: PullContext, consumer: Consumer) -> None:
             consumer.notified = False
             drop_watch(ctx, consumer)  # INTEREST(false) gives the scheduler the queue back
         ctx.send(ipc.Interest(consumer.cid, want))
-        if want and ctx.store.table.consumer_count(consumer.qid) == 1:
+        if want and ctx.shared.table.consumer_count(consumer.qid) == 1:
             # The queue's only consumer got credit back: start pulling now
             # rather than after the scheduler's NOTIFY. Harmless if that
             # NOTIFY comes too (acquisition is by CAS; the scheduler ignores
@@ -121,7 +121,7 @@ def went_dry(ctx: PullContext, consumer: Consumer, changes: int) -> bool:
         if waker.watch(qid, ctx.index):
             # Armed, then CHANGES read (publishers: bump, then load the
             # watch): a publish after the scan is seen here or wakes us.
-            if ctx.store.table.changes(qid) == changes or not waker.unwatch(qid, ctx.index):
+            if ctx.shared.table.changes(qid) == changes or not waker.unwatch(qid, ctx.index):
                 return False  # idle; or a publisher took the watch: its wake comes
             consumer.notified = True
             return True
@@ -193,7 +193,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
         browse(ctx, consumer)
         return
     consumer.notified = True
-    store = ctx.store
+    shared = ctx.shared
     qid = consumer.qid
     channel = consumer.channel
     out: list[bytes] = []
@@ -204,12 +204,12 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
         BURST
         if consumer.direct
         else turn_quota(
-            store.table.ready(qid), store.table.takers(qid), _prefetch(channel, consumer)
+            shared.table.ready(qid), shared.table.takers(qid), _prefetch(channel, consumer)
         )
     )
     deliver = channel.deliver
     drop_if_expired = ctx.expiry.drop_if_expired
-    timed = store.seg.atomic.timed  # a message that carries times may have expired
+    timed = shared.seg.atomic.timed  # a message that carries times may have expired
 
     try:
         while True:
@@ -217,12 +217,12 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 consumer.notified = False
                 update_interest(ctx, consumer)
                 return
-            if delivered >= quota and store.table.ready(qid):
+            if delivered >= quota and shared.table.ready(qid):
                 # Its share taken and work left: the next consumer's turn. (With
                 # nothing ready the scan below reports DONE, as at any turn's end.)
                 _yield(ctx, consumer)
                 return
-            if work >= LOCAL_BURST and (work >= BURST or store.table.consumer_count(qid) <= 1):
+            if work >= LOCAL_BURST and (work >= BURST or shared.table.consumer_count(qid) <= 1):
                 _yield(ctx, consumer)
                 return
             # Read the state-change counter before scanning: anything published
@@ -234,7 +234,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 # above allow, which nothing can change during the run (no
                 # write happens, no other event runs), so they are made once
                 # per run, not per message.
-                consumer.rewind_if_released(store)
+                consumer.rewind_if_released(shared)
                 stop = LOCAL_BURST if work < LOCAL_BURST else BURST
                 n = max(1, min(channel.credit_room(consumer), quota - delivered, stop - work))
                 ran = channel.deliver_run(consumer, qid, n, out)
@@ -262,9 +262,9 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     delivered += 1
                     continue
                 # One by one (the crash tests' interposed atomics).
-                changes_now = store.table.changes_reader(qid)
-                acquire = store.a.acquire
-                q_off, ring, mask, owner_bits = store.acquire_args(qid)
+                changes_now = shared.table.changes_reader(qid)
+                acquire = shared.a.acquire
+                q_off, ring, mask, owner_bits = shared.acquire_args(qid)
                 while n:
                     got = acquire(q_off, ring, mask, consumer.pointer, owner_bits)
                     if got.__class__ is int:
@@ -296,12 +296,12 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     deliver(consumer, qid, seq, block, redelivered, out)
                 continue
             if levels is None:
-                changes = store.table.changes(qid)
-                consumer.rewind_if_released(store)
+                changes = shared.table.changes(qid)
+                consumer.rewind_if_released(shared)
                 if consumer.wanted is None:
-                    got = store.acquire(qid, consumer.pointer)
+                    got = shared.acquire(qid, consumer.pointer)
                 else:
-                    got = readers.acquire_matching(store, qid, consumer.pointer, consumer.wanted)
+                    got = readers.acquire_matching(shared, qid, consumer.pointer, consumer.wanted)
                 if got.__class__ is int:
                     if got < 0:  # a selector's slice of unwanted entries
                         consumer.pointer = -1 - got
@@ -372,15 +372,15 @@ def take_ready(ctx: PullContext, consumer: Consumer) -> None:
         or consumer.wanted is not None
     ):
         return
-    store, qid, channel = ctx.store, consumer.qid, consumer.channel
-    consumer.rewind_if_released(store)
+    shared, qid, channel = ctx.shared, consumer.qid, consumer.channel
+    consumer.rewind_if_released(shared)
     out: list[bytes] = []
-    timed = store.seg.atomic.timed
+    timed = shared.seg.atomic.timed
     try:
         for _ in range(CANCEL_TAKES):
             if not consumer.wants_work():
                 return
-            got = store.acquire(qid, consumer.pointer)
+            got = shared.acquire(qid, consumer.pointer)
             if got.__class__ is int:
                 consumer.pointer = got
                 return
@@ -401,7 +401,7 @@ def _yield(ctx: PullContext, consumer: Consumer) -> None:
     yield to, so it skips the round trip through the scheduler and only lets
     the worker's other connections run first; otherwise DONE -1 hands the
     turn to the next consumer."""
-    if ctx.store.table.consumer_count(consumer.qid) <= 1:
+    if ctx.shared.table.consumer_count(consumer.qid) <= 1:
         ctx.loop.call_soon(pull, ctx, consumer)
         return
     consumer.notified = False
@@ -415,7 +415,7 @@ def browse(ctx: PullContext, consumer: Consumer) -> None:
     the worker's other connections, and running dry reports DONE so that
     the scheduler wakes it at the next change."""
     consumer.notified = True
-    store = ctx.store
+    shared = ctx.shared
     qid = consumer.qid
     channel = consumer.channel
     out: list[bytes] = []
@@ -431,8 +431,8 @@ def browse(ctx: PullContext, consumer: Consumer) -> None:
                 return
             levels = consumer.levels
             if levels is None:
-                changes = store.table.changes(qid)
-                got = readers.peek(store, qid, consumer.pointer)
+                changes = shared.table.changes(qid)
+                got = readers.peek(shared, qid, consumer.pointer)
                 if got.__class__ is int:
                     consumer.pointer = got
                     copy = None

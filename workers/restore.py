@@ -2,20 +2,20 @@
 
 IO worker 0, once per broker start, after the scheduler restored the
 durable queues (H_RESTORED) and before the acceptor takes a connection
-(H_LOADED): reads every segment of earlier starts with its ack files
+(H_LOADED): reads every message file of earlier starts with its ack files
 (store/messages.py recover), and appends each durable queue's live
 messages to it, level by level, in their old order. After a crash each is
 flagged redelivered (any of them may have been delivered; the flag is
 allowed to say "maybe"); after a clean stop only those its record names
 (store/clean_stop.py: delivered and not acked, as RabbitMQ flags them).
 Each loaded body is tagged with its old record, so its acks
-go to that segment's ack files, and the segment (claimed in worker 0's
-segment table, sealed) is deleted once all of them are gone.
+go to that message file's ack files, and the message file (claimed in worker 0's
+message file table, sealed) is deleted once all of them are gone.
 
 What does not fit (an arena or a queue log too small for the backlog) goes
 to worker 0's paging files (workers/pager.py), paged in as the queue
 drains; for a queue that may not page out (priorities, a length limit or an
-x-capacity) it stays on disk, still counted in its segment, and is loaded
+x-capacity) it stays on disk, still counted in its message file, and is loaded
 at a later start.
 """
 
@@ -29,13 +29,13 @@ from typing import Protocol
 from shoal.broker import ipc
 from shoal.broker.config import Config
 from shoal.shm.arena import tagged_payload
+from shoal.shm.message_files import MessageFileName, check_of
 from shoal.shm.processes import LOAD_DONE, LOAD_RUNNING, Header
 from shoal.shm.queues import APPENDED, FULL, OVER_CAPACITY, REMOVED
-from shoal.shm.segtable import SegmentName, check_of
 from shoal.store import clean_stop
 from shoal.store.clean_stop import Delivered
 from shoal.store.definitions_log import logged_queue_uids
-from shoal.store.messages import Live, parse_segment_name, recover
+from shoal.store.messages import Live, parse_message_file_name, recover
 from shoal.workers.ingest import Ingest, IngestContext
 from shoal.workers.pager import REDELIVERED
 
@@ -98,10 +98,10 @@ async def _streams_opened(ctx: RestoreContext, timeout: float = 30.0) -> None:
 
 
 async def _load(ctx: RestoreContext) -> tuple[int, int]:
-    store, persist = ctx.store, ctx.persist
+    shared, persist = ctx.shared, ctx.persist
     assert persist is not None
     uids = {
-        uid: qid for _vhost, _name, qid in store.catalog.scan() if (uid := store.table.uid(qid))
+        uid: qid for _vhost, _name, qid in shared.catalog.scan() if (uid := shared.table.uid(qid))
     }
     # Durable queues this start could not declare (a lowered --max-queues)
     # keep their messages on disk for a later start.
@@ -118,19 +118,19 @@ async def _load(ctx: RestoreContext) -> tuple[int, int]:
             cut.offset,
             cut.reason,
         )
-    # Every segment with live messages: a sealed slot of worker 0's table,
+    # Every message file with live messages: a sealed slot of worker 0's table,
     # counting them, so that it is deleted once they are all settled.
     counts: dict[str, int] = dict(found.kept)
     for messages in found.queues.values():
-        for _epoch, _seq, segment, _offset, _message in messages:
-            counts[segment] = counts.get(segment, 0) + 1
+        for _epoch, _seq, message_file, _offset, _message in messages:
+            counts[message_file] = counts.get(message_file, 0) + 1
     slots: dict[str, tuple[int, int]] = {}
-    for segment, live in counts.items():
-        segment_name = SegmentName(*parse_segment_name(segment))
-        slot = persist.table.claim(segment_name, live=live, sealed=True)
+    for message_file, live in counts.items():
+        message_file_name = MessageFileName(*parse_message_file_name(message_file))
+        slot = persist.table.claim(message_file_name, live=live, sealed=True)
         if slot is None:
-            raise RuntimeError(f"more than {persist.table.slots} segments to recover")
-        slots[segment] = (slot, check_of(segment_name))
+            raise RuntimeError(f"more than {persist.table.slots} message files to recover")
+        slots[message_file] = (slot, check_of(message_file_name))
     loaded = 0
     for (uid, level), messages in found.queues.items():
         qid = uids[uid]
@@ -157,10 +157,10 @@ def _append(
     # (workers/pager.py), unless the queue's rules forbid it.
     may_page_out = pager.eligible(qid)
     paging_out = False
-    for done, (_epoch, _seq, segment, offset, message) in enumerate(messages):
-        slot, check = slots[segment]
+    for done, (_epoch, _seq, message_file, offset, message) in enumerate(messages):
+        slot, check = slots[message_file]
         tag = (slot, check, offset)
-        redelivered = delivered is None or (segment, offset, uid) in delivered
+        redelivered = delivered is None or (message_file, offset, uid) in delivered
         flags = REDELIVERED if redelivered else 0
         payload = tagged_payload(message, tag)
         if may_page_out and (paging_out or pager.pressed(qid)):
@@ -185,7 +185,7 @@ def _left_on_disk(ctx: RestoreContext, qid: int, count: int, where: str) -> None
     log.error(
         "message store: queue %r: %d messages do not fit in %s; they stay on disk "
         "for a later start",
-        ctx.store.table.name(qid).decode(errors="replace"),
+        ctx.shared.table.name(qid).decode(errors="replace"),
         count,
         where,
     )

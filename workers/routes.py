@@ -25,7 +25,7 @@ from shoal.broker.amqp.definitions import (
     VHostDeleted,
 )
 from shoal.shm.catalog import CatalogReader
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 
 CACHE_MAX = 4096
@@ -50,13 +50,13 @@ class Routes:
         "dedup_exchanges",
         "definitions",
         "reader",
-        "store",
+        "shared",
         "version",
     )
 
-    def __init__(self, seg: Segment, store: QueueStore) -> None:
+    def __init__(self, seg: Segment, shared: SharedQueues) -> None:
         self.reader = CatalogReader(seg, Op)
-        self.store = store
+        self.shared = shared
         self.definitions = Definitions()
         self._cache: dict[tuple[int, bytes, bytes], tuple[int, ...]] = {}
         self._queue_gen = -1
@@ -131,7 +131,7 @@ class Routes:
         delayed message routed from its delayed exchange once due
         (workers/delays.py)."""
         self.sync()
-        queue_gen = self.store.catalog.catalog_generation()
+        queue_gen = self.shared.catalog.catalog_generation()
         if queue_gen != self._queue_gen:
             self._cache.clear()
             self._queue_gen = queue_gen
@@ -156,7 +156,7 @@ class Routes:
         names, by_headers = router.route_checked(
             name, routing_key.decode(errors="replace"), lambda: message_headers(raw_header), due
         )
-        lookup = self.store.catalog.lookup
+        lookup = self.shared.catalog.lookup
         qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)
         if not by_headers:
             if len(self._cache) >= CACHE_MAX:

@@ -35,7 +35,7 @@ from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.shm.arena import read_message
 from shoal.shm.ownership import OwnershipView
 from shoal.shm.processes import Header
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stream_words import StreamBounds, StreamWords
 from shoal.shm.wake import Waker
@@ -98,7 +98,7 @@ class Streams:
     def __init__(
         self,
         seg: Segment,
-        store: QueueStore,
+        shared: SharedQueues,
         waker: Waker,
         root: str,
         index: int,
@@ -107,7 +107,7 @@ class Streams:
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.seg = seg
-        self.store = store
+        self.shared = shared
         self.words = StreamWords(seg)
         self.waker = waker
         self.root = root
@@ -128,13 +128,13 @@ class Streams:
     def refresh(self) -> None:
         """Which queues are streams (and which of them this worker writes),
         again when the scheduler has created or deleted a queue."""
-        found = self.store.catalog.stream_queues()  # the queue cache: one load unless changed
+        found = self.shared.catalog.stream_queues()  # the queue cache: one load unless changed
         if found is self.qids:
             return
         self.qids = found
         for qid in list(self.writers):
             writer = self.writers[qid]
-            if qid not in found or self.store.table.generation(qid) != writer.generation:
+            if qid not in found or self.shared.table.generation(qid) != writer.generation:
                 writer.file.close()
                 del self.writers[qid]
 
@@ -180,7 +180,7 @@ class Streams:
         try:
             self._write(qid)
         except Exception:
-            log.exception("stream queue %r: final write failed", self.store.table.name(qid))
+            log.exception("stream queue %r: final write failed", self.shared.table.name(qid))
         writer.file.sync_now()  # a failed sync ends the worker (store/sync.py)
         writer.file.close()
         del self.writers[qid]
@@ -227,7 +227,7 @@ class Streams:
     # -------------------------------------------------------------- writer
     def _open(self, qid: int) -> _Writer | None:
         settings = self.words.settings(qid)
-        generation = self.store.table.generation(qid)
+        generation = self.shared.table.generation(qid)
         origin = (self.epoch & 0xFFFFFFFF) << 32 | generation & 0xFFFFFFFF
         try:
             file = files.StreamLog(
@@ -237,7 +237,7 @@ class Streams:
                 settings.max_age_ms,
             )
         except OSError:
-            log.exception("stream queue %r: cannot open its files", self.store.table.name(qid))
+            log.exception("stream queue %r: cannot open its files", self.shared.table.name(qid))
             return None
         skip_below = file.last_seq + 1 if file.last_origin == origin else 0
         writer = _Writer(file, origin, generation, skip_below)
@@ -253,13 +253,13 @@ class Streams:
             writer = self._open(qid)
             if writer is None:
                 return
-        store, seg = self.store, self.seg
+        shared, seg = self.shared, self.seg
         records: list[bytes] = []
         seqs: list[int] = []
         size = 0
         nxt = writer.file.next
         while len(records) < CHUNK_MESSAGES and size < CHUNK_BYTES:
-            got = store.acquire(qid, writer.pointer)
+            got = shared.acquire(qid, writer.pointer)
             if got.__class__ is int:
                 writer.pointer = got
                 break
@@ -281,16 +281,16 @@ class Streams:
             except FileNotFoundError:
                 # The queue was deleted (its directory with it): nothing is
                 # confirmed; the entries stay in the log.
-                log.exception("stream queue %r: write failed", store.table.name(qid))
+                log.exception("stream queue %r: write failed", shared.table.name(qid))
                 for seq in seqs:
-                    store.requeue(qid, seq)
+                    shared.requeue(qid, seq)
                 writer.pointer = seqs[0]
                 return
             except OSError as exc:  # the disk failed: the one rule (store/sync.py)
-                durability_lost(f"stream queue {store.table.name(qid)!r}: write failed", exc)
+                durability_lost(f"stream queue {shared.table.name(qid)!r}: write failed", exc)
             writer.unsynced_seq = seqs[-1]
         for seq in seqs:
-            store.settle(qid, seq)
+            shared.settle(qid, seq)
         if not records:
             writer.skip_below = max(writer.skip_below, seqs[-1] + 1)
         self._sync(qid, writer)

@@ -74,7 +74,7 @@ class Transactions:
             while todo:
                 pending = todo[0]
                 ctx = self.ctx
-                if (ctx.routes.dedup_exchanges or ctx.store.catalog.dedup_now) and (
+                if (ctx.routes.dedup_exchanges or ctx.shared.catalog.dedup_now) and (
                     pending.dedup is None and pending.qids
                 ):
                     publisher.deduplicate(pending)

@@ -290,7 +290,7 @@ class Worker:
         ready messages on two looks in a row lost its wake-up (a publisher
         killed between taking the watch and writing the eventfd): pull."""
         ctx = self.ctx
-        ready = {qid for qid in ctx.watching if ctx.store.table.ready(qid)}
+        ready = {qid for qid in ctx.watching if ctx.shared.table.ready(qid)}
         for qid in ready & self.watched_ready:
             consumer = ctx.watching.get(qid)
             if consumer is not None and not consumer.notified:

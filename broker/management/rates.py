@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shoal.shm import counters, stats
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 
 # message_stats key -> the shm/stats.py counters it sums.
@@ -69,7 +69,7 @@ GAUGES = tuple(QUEUE_GAUGES)
 class Sample:
     __slots__ = ("at", "overview", "queues", "vhosts", "wall_ms")
 
-    def __init__(self, seg: Segment, store: QueueStore) -> None:
+    def __init__(self, seg: Segment, shared: SharedQueues) -> None:
         self.at = time.monotonic()
         self.wall_ms = int(time.time() * 1000)
         totals = stats.totals(seg)
@@ -80,8 +80,8 @@ class Sample:
         self.vhosts: dict[int, dict[str, int]] = {}
         for gauge in GAUGES:
             self.overview[gauge] = 0
-        for vhost_id, name, qid in store.catalog.scan():
-            c = counters.read(store, qid)
+        for vhost_id, name, qid in shared.catalog.scan():
+            c = counters.read(shared, qid)
             values = {key: getattr(c, field) for key, field in QUEUE_STATS.items()}
             for key, fields in QUEUE_GAUGES.items():
                 values[key] = sum(getattr(c, f) for f in fields)
@@ -101,11 +101,11 @@ class Rates:
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
-        self.store = QueueStore(seg, 0)
+        self.shared = SharedQueues(seg, 0)
         self.history: deque[Sample] = deque(maxlen=HISTORY)
 
     def sample(self) -> None:
-        self.history.append(Sample(self.seg, self.store))
+        self.history.append(Sample(self.seg, self.shared))
         if len(self.history) > QUEUE_HISTORY:
             old = self.history[-QUEUE_HISTORY - 1]
             old.queues, old.vhosts = {}, {}
@@ -113,8 +113,8 @@ class Rates:
     def live(self) -> dict[QueueKey, counters.QueueCounters]:
         """Every queue's counters now (bytes, paged out): what a listing shows."""
         return {
-            (vid, name): counters.read(self.store, qid)
-            for vid, name, qid in self.store.catalog.scan()
+            (vid, name): counters.read(self.shared, qid)
+            for vid, name, qid in self.shared.catalog.scan()
         }
 
     def details(

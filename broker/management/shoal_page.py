@@ -34,10 +34,10 @@ from shoal.broker.observe.cluster_view import cluster_status
 from shoal.broker.scheduler.introspect import socket_path
 from shoal.shm import counters, memory, stats
 from shoal.shm.arena import arena_usage
+from shoal.shm.message_files import MessageFileTable
 from shoal.shm.processes import Header, Role, role_name, slots, worker_slots
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
-from shoal.shm.segtable import SegmentTable
 from shoal.shm.stream_words import StreamWords
 
 EXTENSION = Path(__file__).parent / "extension"
@@ -67,15 +67,15 @@ async def shoal(request: web.Request) -> web.Response:
         )
     backend = request.app[BACKEND]
     seg = backend.seg
-    store = request.app[RATES].store  # the sampler's reader (owner 0: never acquires)
+    shared = request.app[RATES].shared  # the sampler's reader (owner 0: never acquires)
     vhosts = {vhost_id: name for name, vhost_id in backend.current().vhost_ids.items()}
     queues = [
         (vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"), qid)
-        for vhost_id, name, qid in sorted(store.catalog.scan())
+        for vhost_id, name, qid in sorted(shared.catalog.scan())
     ]
     paging_dir = os.path.join(backend.config.data_path(), "paging")
     paging_files = await asyncio.to_thread(_paging_files, paging_dir)
-    streams = _streams(seg, store, queues)
+    streams = _streams(seg, shared, queues)
     if streams:
         await _stream_consumers(backend.runtime_dir, streams)
     workers = _io_workers(seg, paging_files)
@@ -95,7 +95,7 @@ async def shoal(request: web.Request) -> web.Response:
                 "alarms": _alarm_names(memory.broker_alarms(seg)),
             },
             "streams": streams,
-            "paging": _paging(store, queues, paging_files, paging_dir, seg),
+            "paging": _paging(shared, queues, paging_files, paging_dir, seg),
             "message_store": _message_store(seg),
             "processes": _other_processes(seg),
         }
@@ -213,13 +213,13 @@ def _process_use(pid: int, now: float) -> dict[str, Any]:
 
 
 def _streams(
-    seg: Segment, store: QueueStore, queues: list[tuple[str, str, int]]
+    seg: Segment, shared: SharedQueues, queues: list[tuple[str, str, int]]
 ) -> list[dict[str, Any]]:
     """The stream queues' durable bounds (shm/stream_words.py)."""
     words = StreamWords(seg)
     rows: list[dict[str, Any]] = []
     for vhost, name, qid in queues:
-        c = counters.read(store, qid)
+        c = counters.read(shared, qid)
         if c.stream is None:
             continue
         bounds = c.stream
@@ -307,7 +307,7 @@ def _paging_files(directory: str) -> list[tuple[int, int, int]]:
 
 
 def _paging(
-    store: QueueStore,
+    shared: SharedQueues,
     queues: list[tuple[str, str, int]],
     files: list[tuple[int, int, int]],
     directory: str,
@@ -320,11 +320,11 @@ def _paging(
         on_disk.setdefault(qid, []).append(size)
     rows: list[dict[str, Any]] = []
     for vhost, name, qid in queues:
-        paged_out = store.table.paged_out(qid)
+        paged_out = shared.table.paged_out(qid)
         sizes = on_disk.get(qid, [])
         if not paged_out and not sizes:
             continue
-        c = counters.read(store, qid)
+        c = counters.read(shared, qid)
         rows.append(
             {
                 "vhost": vhost,
@@ -350,7 +350,7 @@ def _paging(
 def _message_store(seg: Segment) -> dict[str, Any]:
     """The persistent messages' store (workers/persist.py), as `shoal status`."""
     totals = stats.totals(seg)
-    segments = SegmentTable(seg, 0)
+    segments = MessageFileTable(seg, 0)
     live = [segments.live(slot) for slot in segments.all_claimed()]
     return {
         "loaded": Header(seg).loaded(),

@@ -37,12 +37,12 @@ from shoal.shm import memory, stats
 from shoal.shm.arena import arena_usage
 from shoal.shm.catalog import CatalogReader
 from shoal.shm.processes import Header, ProcessSlot, Role, role_name, slots, worker_slots
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 
 # The message store's group commit (workers/persist.py).
 STORE_COUNTERS = (
-    ("shoal_store_syncs", "fdatasync calls of the message store's segments", stats.STORE_SYNCS),
+    ("shoal_store_syncs", "fdatasync calls of the message store's files", stats.STORE_SYNCS),
     (
         "shoal_store_synced_records",
         "Persistent messages (PUBLISH records) those syncs made durable",
@@ -50,7 +50,7 @@ STORE_COUNTERS = (
     ),
     (
         "shoal_store_written_bytes",
-        "Bytes written to the message store's segments",
+        "Bytes written to the message store's files",
         stats.STORE_WRITTEN_BYTES,
     ),
 )
@@ -63,7 +63,7 @@ class Exporter:
     def __init__(self, config: Config, seg: Segment) -> None:
         self.config = config
         self.seg = seg
-        self.store = QueueStore(seg, 0, ProcessSlot.metrics(seg).index)
+        self.shared = SharedQueues(seg, 0, ProcessSlot.metrics(seg).index)
         self.reader = CatalogReader(seg, Op)
         self.definitions = Definitions()
         self.started = time.time()
@@ -79,7 +79,7 @@ class Exporter:
         for op in ops:
             self.definitions.apply(op)
         vhosts = {vhost_id: name for name, vhost_id in self.definitions.vhost_ids.items()}
-        return Snapshot(self.seg, self.store, vhosts)
+        return Snapshot(self.seg, self.shared, vhosts)
 
     def identity(self, endpoint: str) -> Iterator[Metric]:
         identity = InfoMetricFamily("rabbitmq_identity", "RabbitMQ node & cluster identity info")

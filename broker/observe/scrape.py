@@ -7,7 +7,7 @@ from this Snapshot in families.py."""
 from __future__ import annotations
 
 from shoal.shm import counters, processes, stats
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stream_words import StreamBounds
 
@@ -49,13 +49,13 @@ class QueueRow:
 class Snapshot:
     """What one scrape reads from the segment, once."""
 
-    def __init__(self, seg: Segment, store: QueueStore, vhosts: dict[int, str]) -> None:
+    def __init__(self, seg: Segment, shared: SharedQueues, vhosts: dict[int, str]) -> None:
         self.stats = stats.totals(seg)
         self.connections = processes.client_connections(seg)
         self.queues: list[QueueRow] = []
-        for vhost_id, name, qid in sorted(store.catalog.scan()):
+        for vhost_id, name, qid in sorted(shared.catalog.scan()):
             row = QueueRow(vhosts.get(vhost_id, str(vhost_id)), name.decode(errors="replace"))
-            c = counters.read(store, qid)  # summed over a priority queue's levels
+            c = counters.read(shared, qid)  # summed over a priority queue's levels
             row.ready = c.ready
             row.unacked = c.unacked
             row.published = c.published

@@ -16,10 +16,10 @@ from shoal.broker.scheduler.introspect import socket_path
 from shoal.shm import counters, memory, stats
 from shoal.shm.arena import arena_usage
 from shoal.shm.catalog import CatalogReader
+from shoal.shm.message_files import MessageFileTable
 from shoal.shm.processes import Header, Role, role_name, slots
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
-from shoal.shm.segtable import SegmentTable
 from shoal.shm.stream_words import StreamBounds, StreamWords
 
 
@@ -54,22 +54,22 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         if role == Role.SCHEDULER:
             entry["lost_wakeups_rescued"] = slot.rescues()
         processes.append(entry)
-    store = QueueStore(seg)
+    shared = SharedQueues(seg)
     stream_words = StreamWords(seg)
     definitions = Definitions()
     for op in CatalogReader(seg, Op).poll()[1]:
         definitions.apply(op)
     vhosts = {vhost_id: name for name, vhost_id in definitions.vhost_ids.items()}
     queues = []
-    priority_queues = store.catalog.priority_levels()
-    for vhost_id, name, qid in sorted(store.catalog.scan()):
+    priority_queues = shared.catalog.priority_levels()
+    for vhost_id, name, qid in sorted(shared.catalog.scan()):
         levels = priority_queues.get(qid)
-        c = counters.read(store, qid)
+        c = counters.read(shared, qid)
         queues.append(
             {
                 "vhost": vhosts.get(vhost_id, str(vhost_id)),
                 "name": name.decode(errors="replace"),
-                "uid": store.table.uid(qid),  # a durable queue's (0: transient or exclusive)
+                "uid": shared.table.uid(qid),  # a durable queue's (0: transient or exclusive)
                 "type": c.kind,
                 "messages_ready": c.ready,
                 "messages_unacked": c.unacked,
@@ -91,7 +91,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         )
     marks = memory.configured(seg)
     totals = stats.totals(seg)
-    segments = SegmentTable(seg, 0)
+    segments = MessageFileTable(seg, 0)
     live = [(slot, segments.live(slot)) for slot in segments.all_claimed()]
     return {
         "segment": seg.path,
@@ -104,7 +104,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
         "disk_free_limit_bytes": marks.disk_free_limit,
         "disk_free_bytes": memory.disk_free(seg),
         "epoch": header.epoch(),  # this start's number (the data directory's)
-        # The message store (workers/persist.py, shm/segtable.py).
+        # The message store (workers/persist.py, shm/message_files.py).
         "store": {
             "loaded": header.loaded(),
             "segments": len(live),
@@ -151,7 +151,7 @@ def render(snap: dict[str, Any]) -> str:
         "alarms: " + (", ".join(f"low on {name}: publishers blocked" for name in alarms) or "none"),
         f"disk: {snap['disk_free_bytes']} bytes free, limit {snap['disk_free_limit_bytes']}"
         " (the data and runtime directories' file systems)",
-        "message store: {segments} segments, {live_entries} live entries; {syncs} syncs made "
+        "message store: {segments} message files, {live_entries} live entries; {syncs} syncs made "
         "{synced_records} records durable, {written_bytes} bytes written".format(**snap["store"]),
         "",
     ]

@@ -46,7 +46,7 @@ class Notification:
         self.level_of = state.level_of
         self.consumers = state.consumers
         self.links = state.links
-        self.store = state.store
+        self.shared = state.shared
         self.stats = state.stats
         self._ready = state.ready
         self._changes = state.changes
@@ -94,7 +94,7 @@ class Notification:
             q.expiry_timer.cancel()
             q.expiry_timer = None
         self.consumers[key] = (q.qid, exclusive)
-        self.store.table.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
+        self.shared.table.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
         if interested:
             self._interested(q, key)
 
@@ -121,7 +121,7 @@ class Notification:
         q.dry.pop(key, None)
         if q.direct == key:
             q.direct = None  # its worker gave the watch up with its CANCEL
-        self.store.table.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
+        self.shared.table.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
         if q.auto_delete and q.had_consumers and not len(q.qcm):
             self._remove_queue(q)
             return
@@ -195,7 +195,7 @@ class Notification:
         q.direct = key
         # The worker arms the watch (CAS 0 -> itself), then compares CHANGES
         # with what its consumer last saw: whatever came meanwhile, it pulls.
-        self.store.table.set_watch(q.qid, False)
+        self.shared.table.set_watch(q.qid, False)
         self.links[key[0]].send(ipc.Watch(key[1], True))
         return True
 
@@ -286,7 +286,7 @@ class Notification:
         if not acquirer and not q.browsing:
             if not busy:
                 for log in logs:
-                    self.store.table.set_watch(log, False)
+                    self.shared.table.set_watch(log, False)
             elif waiting:
                 # Consumers are pulling; one more may join them if the
                 # backlog has work for it (a consumer got credit back).
@@ -295,7 +295,7 @@ class Notification:
                     self._spread(q, ready, self._changes(q))
             return
         for log in logs:
-            self.store.table.set_watch(log, True)
+            self.shared.table.set_watch(log, True)
         # READY first, CHANGES second; publishers and releasers bump them in
         # the opposite order: any entry counted in `ready` is counted in `now`
         # too, so a consumer that ran dry at `now` has had it in its scan.
@@ -316,7 +316,7 @@ class Notification:
         # Claim the wake-up: a publisher that claimed one first only causes
         # a spurious _on_wake (a notified queue is left alone).
         for log in logs:
-            self.store.table.set_watch(log, False)
+            self.shared.table.set_watch(log, False)
 
     def _spread(self, q: QueueState, ready: int, now: int | None) -> bool:
         """Notify the next candidate, and one more for each SPREAD entries
@@ -397,8 +397,8 @@ class Notification:
         for q in self.queues.values():
             # An acker killed between its byte decrement and its Q_FLOW check
             # (or before its kick) would leave publishers blocked for good.
-            if not self.store.table.flow_open(q.qid):
-                flow.drained(state.seg, state.waker, *self.store.table.flow_queue(q.qid))
+            if not self.shared.table.flow_open(q.qid):
+                flow.drained(state.seg, state.waker, *self.shared.table.flow_queue(q.qid))
                 if flow.take_release(state.seg, q.qid):
                     state.send_all(ipc.Unblock(q.qid))
         self._count_consumer_states()

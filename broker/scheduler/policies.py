@@ -83,8 +83,8 @@ class Policies:
                 self._reapply(q)
 
     def _reapply(self, q: QueueState) -> None:
-        store = self.state.store
-        flags = store.table.flags(q.qid)
+        shared = self.state.shared
+        flags = shared.table.flags(q.qid)
         if flags & QueueFlag.DELAYED:
             return
         kind = quorum.QUORUM if flags & QueueFlag.QUORUM else quorum.CLASSIC
@@ -96,6 +96,6 @@ class Policies:
             log.warning("queue %r: its rules not applied again: %s", q.name, exc)
             return
         for log_qid in q.levels.values():
-            store.set_rules(log_qid, *rules)
+            shared.set_rules(log_qid, *rules)
         q.expires_ms = expires or 0
         self.lifecycle.queue_used(q)  # a new expiry counts from now

@@ -35,7 +35,7 @@ class QueueExpiry:
         if not q.expires_ms:
             return
         q.last_used = time.monotonic()
-        q.gets_seen = self.state.store.table.gets(q.qid)
+        q.gets_seen = self.state.shared.table.gets(q.qid)
         self._arm_expiry(q)
 
     def disarm(self, q: QueueState) -> None:
@@ -55,7 +55,7 @@ class QueueExpiry:
         q.expiry_timer = None
         if self.state.queues.get(q.qid) is not q or len(q.qcm):
             return
-        gets = self.state.store.table.gets(q.qid)
+        gets = self.state.shared.table.gets(q.qid)
         if gets != q.gets_seen:  # fetched from meanwhile: in use
             self.queue_used(q)
             return

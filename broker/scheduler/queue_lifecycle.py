@@ -52,7 +52,7 @@ class QueueLifecycle:
     def __init__(self, state: SchedulerState, journal: Journal) -> None:
         self.state = state
         # The state's objects that are never replaced, bound once.
-        self.store = state.store
+        self.shared = state.shared
         self.seg = state.seg
         self.queues = state.queues
         self.by_name = state.by_name
@@ -75,8 +75,8 @@ class QueueLifecycle:
         """Rebuild the queue index from the segment (a restarted scheduler)."""
         used = set()
         vhosts = {vhost_id: name for name, vhost_id in self.state.definitions.vhost_ids.items()}
-        for vhost_id, name, qid in self.store.catalog.scan():
-            flags = self.store.table.flags(qid)
+        for vhost_id, name, qid in self.shared.catalog.scan():
+            flags = self.shared.table.flags(qid)
             q = QueueState(
                 qid,
                 vhosts.get(vhost_id, self.state.vhost),
@@ -84,9 +84,9 @@ class QueueLifecycle:
                 bool(flags & QueueFlag.DURABLE),
                 bool(flags & QueueFlag.EXCLUSIVE),
                 bool(flags & QueueFlag.AUTO_DELETE),
-                self.store.table.owner_connection(qid),
+                self.shared.table.owner_connection(qid),
             )
-            q.max_priority = self.store.table.max_priority(qid)
+            q.max_priority = self.shared.table.max_priority(qid)
             q.stream = bool(flags & QueueFlag.STREAM)
             arguments = self.state.definitions.queue_arguments.get((q.vhost, name.decode()), {})
             q.qcm.single_active = arguments.get("x-single-active-consumer") is True
@@ -98,10 +98,10 @@ class QueueLifecycle:
             self.queues[qid] = q
             self.by_name[(q.vhost, name)] = q
             used.add(qid)
-        for parent, level, qid in self.store.catalog.level_slots():
+        for parent, level, qid in self.shared.catalog.level_slots():
             owner = self.queues.get(parent)
             if owner is None:  # a predecessor died between the two removals
-                self.store.remove(qid)
+                self.shared.remove(qid)
                 continue
             owner.levels[level] = qid
             self.level_of[qid] = owner
@@ -118,7 +118,7 @@ class QueueLifecycle:
                 record = restored.queues.get((q.vhost, q.name.decode()))
                 q.uid = record.uid if record is not None else new_uid()
                 if not q.stream:  # a stream's uid names its files (shm/stream_words.py)
-                    self.store.table.set_uid(q.qid, q.uid)
+                    self.shared.table.set_uid(q.qid, q.uid)
 
     def restore_queues(self, restored: Restored) -> None:
         """A new broker: declare the durable queues the data directory
@@ -136,7 +136,7 @@ class QueueLifecycle:
                     if q is not None:
                         q.uid = record.uid
                         if not q.stream:
-                            self.store.table.set_uid(q.qid, q.uid)
+                            self.shared.table.set_uid(q.qid, q.uid)
                         q.qcm.single_active = (
                             record.arguments.get("x-single-active-consumer") is True
                         )
@@ -281,7 +281,7 @@ class QueueLifecycle:
                     qid,
                     StreamSettings(uid, stream.max_bytes, stream.max_age_ms, stream.segment_bytes),
                 )
-            self.store.create(
+            self.shared.create(
                 qid,
                 name,
                 flags,
@@ -423,8 +423,8 @@ class QueueLifecycle:
         vhost_id = self.state.definitions.vhost_ids[q.vhost]
         # A level has its queue's capacity and length limits, so that a publish
         # to it finds them with the same one load as a queue's own publish.
-        capacity, resume, length_limits = self.store.table.limits_of(qid)
-        self.store.create(
+        capacity, resume, length_limits = self.shared.table.limits_of(qid)
+        self.shared.create(
             slot,
             b"",
             0,
@@ -436,13 +436,13 @@ class QueueLifecycle:
             resume=resume,
             length_limits=length_limits,
             uid=q.uid,  # the message store names a level's entries by its queue
-            message_ttl=self.store.table.message_ttl(qid),
-            delivery_limit=self.store.table.delivery_limit(qid),
+            message_ttl=self.shared.table.message_ttl(qid),
+            delivery_limit=self.shared.table.delivery_limit(qid),
         )
         q.levels[level] = slot
         self.level_of[slot] = q
         # Watched from the start, so its first publisher wakes us if we wait.
-        self.store.table.set_watch(slot, True)
+        self.shared.table.set_watch(slot, True)
         return ipc.LevelLog(slot)
 
     def _lookup(self, vhost: str, name: bytes, conn_id: int) -> QueueState:
@@ -481,19 +481,19 @@ class QueueLifecycle:
                 errors.NOT_IMPLEMENTED,
                 f"purge not supported by stream queue '{name.decode()}' in vhost '{vhost}'",
             )
-        purged = sum(self.store.purge(qid) for qid in q.levels.values())
+        purged = sum(self.shared.purge(qid) for qid in q.levels.values())
         # May release its blocked publishers.
-        flow.drained(self.seg, self.state.waker, *self.store.table.flow_queue(q.qid))
+        flow.drained(self.seg, self.state.waker, *self.shared.table.flow_queue(q.qid))
         return purged
 
     def _dedup_file(self, vhost: str, name: bytes, qid: int) -> str:
         """Queue `qid`'s deduplication cache file (workers/dedup_filter.py names
         it alike): a durable queue's by its uid, which outlives restarts."""
-        incarnation = self.store.table.uid(qid) or self.store.table.generation(qid)
+        incarnation = self.shared.table.uid(qid) or self.shared.table.generation(qid)
         return dedup_arguments.cache_file("q", vhost, name.decode(), incarnation)
 
     def remove_queue(self, q: QueueState) -> None:
-        if self.store.table.flags(q.qid) & QueueFlag.DEDUP:
+        if self.shared.table.flags(q.qid) & QueueFlag.DEDUP:
             dedup_caches.remove(self.state.config, self._dedup_file(q.vhost, q.name, q.qid))
         self.expiry.disarm(q)
         for key in list(q.qcm):
@@ -502,10 +502,10 @@ class QueueLifecycle:
             link = self.links.get(worker)
             if link is not None:
                 link.send(ipc.ConsumerGone(cid))
-        if not self.store.table.flow_open(q.qid):
+        if not self.shared.table.flow_open(q.qid):
             self.state.send_all(ipc.Unblock(q.qid))  # its publishers wait for nothing now
         for level, qid in q.levels.items():
-            self.store.remove(qid)
+            self.shared.remove(qid)
             if level:
                 self.level_of.pop(qid, None)
                 self.free_qids.append(qid)
@@ -533,7 +533,7 @@ class QueueLifecycle:
         keep = {
             self._dedup_file(q.vhost, q.name, q.qid)
             for q in self.queues.values()
-            if self.store.table.flags(q.qid) & QueueFlag.DEDUP
+            if self.shared.table.flags(q.qid) & QueueFlag.DEDUP
         }
         keep |= {
             dedup_arguments.cache_file("q", record.vhost, record.queue, record.uid)

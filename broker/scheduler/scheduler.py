@@ -51,9 +51,9 @@ from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.queue_lifecycle import QueueLifecycle
 from shoal.broker.scheduler.state import SchedulerState
 from shoal.broker.scheduler.transfer import Transfer
+from shoal.shm.message_files import MessageFileTable
 from shoal.shm.processes import Header, ProcessSlot, Role
 from shoal.shm.segment import Segment
-from shoal.shm.segtable import SegmentTable
 from shoal.store.messages import store_directory
 from shoal.store.settles import SettleWriter
 
@@ -122,7 +122,7 @@ class Scheduler:
         state.settles = SettleWriter(
             store_directory(self.config.data_path()),
             state.process.index,
-            SegmentTable(self.seg, 0),
+            MessageFileTable(self.seg, 0),
         )
         state.events.settles_open(state.settles)
         self._needs_compaction = state.durable.needs_compaction

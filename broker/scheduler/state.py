@@ -25,7 +25,7 @@ from shoal.shm._atomic import Atomic
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.processes import ProcessSlot
 from shoal.shm.queue_table import QueueFlag
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.stream_words import StreamWords
@@ -165,7 +165,7 @@ class SchedulerState:
         self.process = ProcessSlot.scheduler(seg)
         slot = self.process.index
         self.events = SchedulerEvents()
-        self.store = QueueStore(seg, 0, slot, events=self.events)
+        self.shared = SharedQueues(seg, 0, slot, events=self.events)
         self.waker = Waker(seg, efd, worker_efds)
         self.stream_words = StreamWords(seg)
         self.stats = Counters(seg, slot)
@@ -189,7 +189,7 @@ class SchedulerState:
 
     def ready(self, q: QueueState) -> int:
         """Ready entries over all the queue's levels."""
-        log_ready = self.store.table.log_ready
+        log_ready = self.shared.table.log_ready
         return sum(log_ready(qid) for qid in q.levels.values())
 
     def messages(self, q: QueueState) -> int:
@@ -198,13 +198,13 @@ class SchedulerState:
         if q.stream:
             bounds = self.stream_words.bounds(q.qid)
             return bounds.next - bounds.first
-        paged_out = self.store.table.paged_out(
+        paged_out = self.shared.table.paged_out(
             q.qid
         )  # first: a page-in meanwhile counts twice, not never
         return self.ready(q) + paged_out
 
     def unacked(self, q: QueueState) -> int:
-        log_unacked = self.store.table.log_unacked
+        log_unacked = self.shared.table.log_unacked
         return sum(log_unacked(qid) for qid in q.levels.values())
 
     def changes(self, q: QueueState) -> int:
@@ -212,7 +212,7 @@ class SchedulerState:
         end (its consumers read only up to it)."""
         if q.stream:
             return self.stream_words.next_offset(q.qid)
-        changes = self.store.table.changes
+        changes = self.shared.table.changes
         return sum(changes(qid) for qid in q.levels.values())
 
     def client_queue(self, vhost: str, name: bytes) -> QueueState | None:
@@ -220,7 +220,7 @@ class SchedulerState:
         delay queue is the broker's own (as RabbitMQ's plugin keeps its
         messages out of sight)."""
         q = self.by_name.get((vhost, name))
-        if q is not None and self.store.table.flags(q.qid) & QueueFlag.DELAYED:
+        if q is not None and self.shared.table.flags(q.qid) & QueueFlag.DELAYED:
             return None
         return q
 

@@ -153,7 +153,7 @@ def test_a_backlog_of_20_times_the_arenas_and_the_log(broker_factory, persistent
     assert watch.max_rss - watch.first_rss < COUNT * BODY // 4, (watch.first_rss, watch.max_rss)
     # Disk use returns to its baseline after the drain.
     wait_for(lambda: not os.listdir(paging), 10, "paging files removed")
-    wait_for(lambda: not os.listdir(msgs), 10, "message store segments removed")
+    wait_for(lambda: not os.listdir(msgs), 10, "message store files removed")
 
 
 def test_a_persistent_backlog_outlives_a_crash(broker_factory) -> None:  # type: ignore[no-untyped-def]

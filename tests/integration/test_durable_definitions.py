@@ -247,7 +247,7 @@ def test_a_queue_a_lowered_limit_leaves_out_is_kept_for_a_later_start(broker: Br
         ch.queue_declare(name, durable=True)
         ch.queue_bind(name, "amq.direct", name)
     # Its persistent messages wait on disk too (the message store's recovery
-    # keeps the segments of a queue that is not declared at this start).
+    # keeps the message files of a queue that is not declared at this start).
     ch.confirm_delivery()
     for name in ("k0", "k64"):
         ch.basic_publish("", name, b"kept", pika.BasicProperties(delivery_mode=2))

@@ -15,7 +15,7 @@ import pika
 import pytest
 
 from shoal.shm import layout as L
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from tests.broker_process import Broker
 from tests.clients import assert_declare_refused, connect, pump
 
@@ -160,7 +160,7 @@ def test_a_release_that_no_acker_requested_is_found_by_the_sweep(broker: Broker)
         pch.basic_publish("", "capped5", BODY)
     pump([producer], lambda: "blocked" in events, 10, "connection.blocked")
     seg = broker.segment()
-    qid = next(q for v, name, q in QueueStore(seg).catalog.scan() if name == b"capped5")
+    qid = next(q for v, name, q in SharedQueues(seg).catalog.scan() if name == b"capped5")
     # What an acker would see after draining, without it ever looking:
     seg.atomic.store(seg.layout.queue(qid) + L.Q_RESUME, 1 << 40)
     pump([producer], lambda: "unblocked" in events, 10, "connection.unblocked from the sweep")

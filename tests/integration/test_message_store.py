@@ -82,7 +82,7 @@ def test_confirmed_persistent_messages_outlive_the_broker(broker: Broker, crash:
         seq = [int(b.split(b"-")[1]) for b, _ in got if b.startswith(b"p%d-" % p)]
         assert seq == sorted(seq)
     conn.close()
-    # Everything acked: the segments go (an owner sweeps once a second).
+    # Everything acked: the message files go (an owner sweeps once a second).
     # (the ack files go right after their segment: both are waited for)
     wait_for(lambda: not store_files(broker), 10, "no segment and no ack file")
 

@@ -167,7 +167,7 @@ def test_streams_and_expiry_move_to_their_new_owners(broker_factory: Any) -> Non
 def test_a_worker_back_in_a_retired_slot_keeps_its_predecessors_messages(
     broker_factory: Any,
 ) -> None:
-    """The slot's message-store segments outlive a retirement: the worker
+    """The slot's message files outlive a retirement: the worker
     added back in it writes its own next to them (its next incarnation)."""
     broker = broker_factory(workers=2, args=("--max-workers", "2"))
     stays, goes = connections_on_both_workers(broker)

@@ -169,7 +169,7 @@ def test_confirmed_messages_survive_20_sigkills_of_the_whole_broker(broker: Brok
         broker.start()
         if round_ % 4 == 3:
             # Crash again right after a recovery (with some acks in between):
-            # segments of two earlier starts, and their ack files, recovered.
+            # message files of two earlier starts, and their ack files, recovered.
             conn = connect(broker)
             ch = conn.channel()
             for _ in range(rng.randint(0, 30)):

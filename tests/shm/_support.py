@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from shoal.shm import layout as L
 from shoal.shm.arena import Arena, message_size, release_hold, write_message
-from shoal.shm.queues import QueueFull, QueueGone, QueueStore
+from shoal.shm.queues import QueueFull, QueueGone, SharedQueues
 from shoal.shm.segment import Segment
 
 SegmentFactory = Callable[[L.Limits], Segment]
@@ -58,7 +58,7 @@ def read_payload(seg: Segment, block: int, n: int) -> bytes:
 
 
 def publish(
-    seg: Segment, store: QueueStore, arena: Arena, qid: int, payload: bytes, worker: int = 0
+    seg: Segment, shared: SharedQueues, arena: Arena, qid: int, payload: bytes, worker: int = 0
 ) -> tuple[int, int]:
     """Append one message exactly as workers/channel.py does: allocate a held
     block, take the queue's reference, append, then drop the HOLD. If append
@@ -69,7 +69,7 @@ def publish(
     write_payload(seg, block, payload)
     seg.atomic.fetch_add(block + L.B_REFS, 1)
     try:
-        seq = store.append(qid, block, seg.layout.proc(worker))
+        seq = shared.append(qid, block, seg.layout.proc(worker))
     except QueueGone:
         release_hold(seg, block)
         raise
@@ -160,7 +160,7 @@ def dies_after(writes: int) -> Callable[[int, str, int], None]:
 
 def publish_until_accepted(
     seg: Segment,
-    store: QueueStore,
+    shared: SharedQueues,
     arena: Arena,
     qid: int,
     message: tuple[bytes, bytes, bytes, bytes],
@@ -182,7 +182,7 @@ def publish_until_accepted(
     while True:
         seg.atomic.fetch_add(block + L.B_REFS, 1)
         try:
-            store.append(qid, block, slot)
+            shared.append(qid, block, slot)
             break
         except QueueFull:
             seg.atomic.fetch_add(block + L.B_REFS, -1)

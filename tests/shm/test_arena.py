@@ -21,7 +21,7 @@ from shoal.shm.arena import (
     write_message,
     write_tag,
 )
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Segment
 
@@ -262,10 +262,10 @@ def test_recover_worker_settles_every_block_a_dead_owner_was_filling_or_routing(
     """What the supervisor runs after an IO worker died (shm/recovery.py): the
     HOLD of every block it still held is dropped, and the references it had
     taken are recounted from the queue entries that really point at them."""
-    sched = QueueStore(seg, 0)
+    sched = SharedQueues(seg, 0)
     sched.create(2, b"q", 0, 0)
     sched.create(3, b"r", 0, 0)
-    producer = QueueStore(seg, WORKER + 1)
+    producer = SharedQueues(seg, WORKER + 1)
     slot = seg.layout.proc(WORKER)
     filling = arena.alloc(200)  # half received: only the HOLD
     routing = arena.alloc(200)  # appended to queue 2, killed before queue 3
@@ -286,7 +286,7 @@ def test_recover_worker_settles_every_block_a_dead_owner_was_filling_or_routing(
     assert refs(seg, filling) == 0 and refs(seg, orphan) == 0
     assert refs(seg, routing) == 1 and refs(seg, published) == 2
     assert arena_usage(seg, WORKER) == (2 * size(seg, routing), 2)
-    consumer = QueueStore(seg, WORKER + 2)
+    consumer = SharedQueues(seg, WORKER + 2)
     for qid in (2, 2, 3):
         got = consumer.acquire(qid, 0)
         assert not isinstance(got, int)

@@ -1,4 +1,4 @@
-"""The browser's read (QueueStore.peek) against a forked producer and
+"""The browser's read (SharedQueues.peek) against a forked producer and
 consumer that wrap a 16-cell ring and a 64 KiB arena many times over: every
 copy a browser keeps is exactly the message of the seq it names, even though
 the block under it is freed, coalesced and reused while it copies, and the
@@ -14,7 +14,7 @@ import time
 from shoal.shm import layout as L
 from shoal.shm import readers
 from shoal.shm.arena import Arena
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 
 from ._support import (
@@ -44,20 +44,20 @@ def rk_for(mid: int) -> bytes:
 
 
 def produce(seg: Segment) -> None:
-    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    shared, arena = SharedQueues(seg, 1), Arena(seg, 0)
     slot = seg.layout.proc(0)
     deadline = time.monotonic() + DEADLINE
     for mid in range(MESSAGES):
         message = (b"x", rk_for(mid), b"hdr", body_for(mid))
-        publish_until_accepted(seg, store, arena, QID, message, slot, deadline)
+        publish_until_accepted(seg, shared, arena, QID, message, slot, deadline)
 
 
 def consume(seg: Segment) -> None:
-    store = QueueStore(seg, 2)
+    shared = SharedQueues(seg, 2)
     pointer, got = 0, 0
     deadline = time.monotonic() + DEADLINE
     while got < MESSAGES:
-        taken = store.acquire(QID, pointer)
+        taken = shared.acquire(QID, pointer)
         if isinstance(taken, int):
             pointer = taken
             assert time.monotonic() < deadline
@@ -65,16 +65,16 @@ def consume(seg: Segment) -> None:
             continue
         seq, _block, _redelivered = taken
         pointer = seq + 1
-        assert store.ack(QID, seq)
+        assert shared.ack(QID, seq)
         got += 1
 
 
 def test_browser_copies_are_exact_while_blocks_are_reused(make_segment: SegmentFactory) -> None:
     seg = make_segment(SMALL)
-    QueueStore(seg, 0).create(QID, b"browse-race", 0, 0)
+    SharedQueues(seg, 0).create(QID, b"browse-race", 0, 0)
     children = Children([fork_child(produce, seg), fork_child(consume, seg)])
 
-    browser = QueueStore(seg, 0)
+    browser = SharedQueues(seg, 0)
     pointer, kept, last_seq = 0, 0, -1
     deadline = time.monotonic() + DEADLINE
     try:

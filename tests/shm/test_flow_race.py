@@ -20,7 +20,7 @@ stuck. With ackers SIGKILLed (at random by the parent, and by themselves
 right between the ack's byte decrement and the Q_FLOW check), the parent
 also runs the scheduler's sweep rule (broker/scheduler/notify.py `_sweep`: a queue
 whose Q_FLOW is not OPEN gets the acker's check and its release taken) and
-puts the dead ackers' entries back (QueueStore.release_owner, as
+puts the dead ackers' entries back (SharedQueues.release_owner, as
 shm.recovery does) before starting replacements.
 
 The flow functions run on a Jittery segment (random yields between their
@@ -46,7 +46,7 @@ from shoal.shm import flow
 from shoal.shm import layout as L
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import Arena
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.recovery import release_owner
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
@@ -137,7 +137,7 @@ def wait_for_release(seg: Segment, ctrl: Atomic, gen: int) -> None:
 
 def publish(seg: Segment, ctrl: Atomic, efd: int, worker: int, count: int, seed: int) -> None:
     """Publish `count` messages; block as PublisherBlocks.flow_block does."""
-    store, arena = QueueStore(seg, worker + 1), Arena(seg, worker)
+    shared, arena = SharedQueues(seg, worker + 1), Arena(seg, worker)
     slot = seg.layout.proc(worker)
     waker = Waker(seg, efd)
     rng = random.Random(seed)
@@ -145,7 +145,7 @@ def publish(seg: Segment, ctrl: Atomic, efd: int, worker: int, count: int, seed:
     deadline = time.monotonic() + CHILD_DEADLINE
     for _ in range(count):
         message = (b"", b"", b"", body_for(rng))
-        publish_until_accepted(seg, store, arena, QID, message, slot, deadline)
+        publish_until_accepted(seg, shared, arena, QID, message, slot, deadline)
         waker.work_added(QID)  # as Channel._append (nobody watches here)
         if not flow.over_capacity(seg, QID):
             continue
@@ -163,7 +163,7 @@ def ack(seg: Segment, ctrl: Atomic, efd: int, worker: int, die_at: int, seed: in
     does. With `die_at` > 0: SIGKILL itself the die_at-th time an ack left the
     queue BLOCKED at or below its resume size, after the byte decrement (in
     the C ack) and before the Q_FLOW check that would have released it."""
-    store = QueueStore(seg, worker + 1)
+    shared = SharedQueues(seg, worker + 1)
     waker = Waker(seg, efd)
     a, q = seg.atomic, seg.layout.queue(QID)
     rng = random.Random(seed)
@@ -178,10 +178,10 @@ def ack(seg: Segment, ctrl: Atomic, efd: int, worker: int, die_at: int, seed: in
         held: list[int] = []
         want = rng.randint(1, 6)
         while len(held) < want:
-            gen = store.table.release_generation(QID)
+            gen = shared.table.release_generation(QID)
             if gen != release_gen:
                 release_gen, pointer = gen, 0
-            got = store.acquire(QID, pointer)
+            got = shared.acquire(QID, pointer)
             if isinstance(got, int):
                 pointer = got
                 break
@@ -197,7 +197,7 @@ def ack(seg: Segment, ctrl: Atomic, efd: int, worker: int, die_at: int, seed: in
             while not flow.over_capacity(seg, QID) and time.monotonic() < hold_until:
                 os.sched_yield()
         for seq in held:
-            assert store.ack(QID, seq), f"seq {seq} was taken from us"
+            assert shared.ack(QID, seq), f"seq {seq} was taken from us"
             ctrl.fetch_add(ACKED, 1)
             if (
                 die_at
@@ -234,7 +234,7 @@ class Race:
     deaths: int = 0  # ackers killed (by us or by themselves)
 
     def __post_init__(self) -> None:
-        self.store = QueueStore(self.seg, 0)
+        self.shared = SharedQueues(self.seg, 0)
         self.waker = Waker(self.seg, self.efd)
 
     def spawn(self, role: str, worker: int, fn: Callable[..., None], *args: object) -> int:
@@ -273,7 +273,7 @@ class Race:
 
     def sweep(self) -> None:
         """The flow part of Scheduler._sweep."""
-        if self.store.table.word(QID, L.Q_FLOW) != L.FLOW_OPEN:
+        if self.shared.table.word(QID, L.Q_FLOW) != L.FLOW_OPEN:
             flow.drained(self.seg, self.waker, QID)
             if flow.take_release(self.seg, QID):
                 self.sweep_releases += 1
@@ -321,7 +321,7 @@ class Race:
 @pytest.fixture
 def race(make_segment: SegmentFactory) -> Iterator[Race]:
     seg = make_segment(LIMITS)
-    QueueStore(seg, 0).create(QID, b"flow-race", 0, 0, capacity=CAPACITY, resume=RESUME)
+    SharedQueues(seg, 0).create(QID, b"flow-race", 0, 0, capacity=CAPACITY, resume=RESUME)
     ctrl_buf = mmap.mmap(-1, CTRL_SIZE)  # anonymous and shared: inherited by fork
     efd = os.eventfd(0, os.EFD_NONBLOCK)  # as the supervisor makes it
     r = Race(seg, Atomic(ctrl_buf), efd, random.Random(0xF10))
@@ -373,7 +373,7 @@ def run_to_the_end(
                 continue
             # A dead acker: what the supervisor does, then a replacement.
             race.deaths += 1
-            release_owner(race.store, child.worker + 1)
+            release_owner(race.shared, child.worker + 1)
             if not ctrl.load(STOP):
                 left = window_deaths - ctrl.load(WINDOW_DEATHS)
                 race.spawn_acker(child.worker, rng.randint(1, 4) if left > 0 else 0)
@@ -457,7 +457,7 @@ def test_the_sweep_releases_what_an_acker_killed_in_the_window_left_blocked(
         race.reap()
     assert os.waitstatus_to_exitcode(race.children[acker].status or 0) == -signal.SIGKILL
     assert ctrl.load(WINDOW_DEATHS) == 1
-    release_owner(race.store, ACKERS[0] + 1)
+    release_owner(race.shared, ACKERS[0] + 1)
     # The lost release: BLOCKED at or below resume, no wake-up, publisher waiting.
     race.on_wake(0, poll=True)
     assert race.releases == 0 and ctrl.load(GEN) == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from shoal.shm import layout as L
 from shoal.shm.arena import Arena, body_length
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.recovery import release_owner
 from shoal.shm.segment import Segment
 from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
@@ -44,22 +44,22 @@ def due(published: int, expires: int, now: int) -> int | None:
 
 
 def produce(seg: Segment) -> None:
-    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    shared, arena = SharedQueues(seg, 1), Arena(seg, 0)
     slot = seg.layout.proc(0)
     deadline = time.monotonic() + DEADLINE
     for mid in range(MESSAGES):
         times = (0, 1) if mid % 2 == 0 else (NOW, 0)
         body = ID.pack(mid) + b"x" * (mid * 13 % 300)
         message = (b"", b"q", b"h", body)
-        publish_until_accepted(seg, store, arena, QID, message, slot, deadline, times)
+        publish_until_accepted(seg, shared, arena, QID, message, slot, deadline, times)
 
 
 def consume(seg: Segment, out: Path) -> None:
-    store = QueueStore(seg, 2)
+    shared = SharedQueues(seg, 2)
     pointer, got = 0, []
     deadline = time.monotonic() + DEADLINE
     while qword(seg, QID, L.Q_HEAD) < MESSAGES:
-        taken = store.acquire(QID, pointer)
+        taken = shared.acquire(QID, pointer)
         if isinstance(taken, int):
             pointer = taken
             assert time.monotonic() < deadline
@@ -69,7 +69,7 @@ def consume(seg: Segment, out: Path) -> None:
         pointer = seq + 1
         (mid,) = ID.unpack_from(seg.buf, block + L.BLOCK_HEADER + L.MSG_PREFIX.size + 2)
         got.append(mid)
-        assert store.ack(QID, seq)
+        assert shared.ack(QID, seq)
         if mid % 32 == 0:
             os.sched_yield()  # let the expirer in: on a busy box it may otherwise see few
     out.write_text(" ".join(map(str, got)))
@@ -79,10 +79,10 @@ def test_each_message_is_expired_or_consumed_once(
     make_segment: SegmentFactory, tmp_path: Path
 ) -> None:
     seg = make_segment(SMALL)
-    QueueStore(seg, 0).create(QID, b"expiry-race", 0, 0)
+    SharedQueues(seg, 0).create(QID, b"expiry-race", 0, 0)
     consumed_file = tmp_path / "consumed"
     children = Children([fork_child(produce, seg), fork_child(consume, seg, consumed_file)])
-    expirer = QueueStore(seg, 3)
+    expirer = SharedQueues(seg, 3)
     expired: list[int] = []
     deadline = time.monotonic() + DEADLINE
     try:
@@ -113,13 +113,13 @@ def test_an_expirer_killed_after_taking_leaves_the_entry_to_its_release(
     make_segment: SegmentFactory,
 ) -> None:
     seg = make_segment(SMALL)
-    QueueStore(seg, 0).create(QID, b"expiry-kill", 0, 0)
-    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    SharedQueues(seg, 0).create(QID, b"expiry-kill", 0, 0)
+    shared, arena = SharedQueues(seg, 1), Arena(seg, 0)
     message = (b"", b"q", b"h", ID.pack(7))
-    publish_until_accepted(seg, store, arena, QID, message, seg.layout.proc(0), 1e18, (0, 1))
+    publish_until_accepted(seg, shared, arena, QID, message, seg.layout.proc(0), 1e18, (0, 1))
 
     def take_and_die(seg: Segment) -> None:
-        got, _stopped = take_expired(QueueStore(seg, 3), QID, NOW, due)
+        got, _stopped = take_expired(SharedQueues(seg, 3), QID, NOW, due)
         assert isinstance(got, tuple)
         os.kill(os.getpid(), signal.SIGKILL)  # before the ack
 
@@ -127,10 +127,10 @@ def test_an_expirer_killed_after_taking_leaves_the_entry_to_its_release(
     _, code = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGKILL
     assert qword(seg, QID, L.Q_UNACKED) == 1 and qword(seg, QID, L.Q_READY) == 0
-    assert release_owner(QueueStore(seg, 0), 3) == {QID: 1}
-    again, _stopped = take_expired(QueueStore(seg, 3), QID, NOW, due)
+    assert release_owner(SharedQueues(seg, 0), 3) == {QID: 1}
+    again, _stopped = take_expired(SharedQueues(seg, 3), QID, NOW, due)
     assert isinstance(again, tuple)
-    assert QueueStore(seg, 3).ack(QID, again[0])
+    assert SharedQueues(seg, 3).ack(QID, again[0])
     assert live_blocks(seg, 0) == [] and arena_counters(seg, 0) == (0, 0)
 
 
@@ -138,13 +138,13 @@ def test_drop_expired_deletes_only_due_entries_from_the_head(
     make_segment: SegmentFactory,
 ) -> None:
     seg = make_segment(SMALL)
-    QueueStore(seg, 0).create(QID, b"expiry-drop", 0, 0, message_ttl=0)
-    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    SharedQueues(seg, 0).create(QID, b"expiry-drop", 0, 0, message_ttl=0)
+    shared, arena = SharedQueues(seg, 1), Arena(seg, 0)
     slot = seg.layout.proc(0)
     for mid, times in enumerate([(0, 1), (0, 1), (NOW, 0), (0, 1)]):
         message = (b"", b"q", b"h", ID.pack(mid))
-        publish_until_accepted(seg, store, arena, QID, message, slot, 1e18, times)
-    dropped, waiting, stopped = drop_expired(QueueStore(seg, 3), QID, NOW, due)
+        publish_until_accepted(seg, shared, arena, QID, message, slot, 1e18, times)
+    dropped, waiting, stopped = drop_expired(SharedQueues(seg, 3), QID, NOW, due)
     # The first two are due; the third never expires and stops the scan:
     # the fourth, due, waits behind it (RabbitMQ's head rule).
     assert (dropped, waiting, stopped) == (2, NOT_TIMED, 2)
@@ -157,10 +157,10 @@ def test_drop_expired_races_a_consumer_without_loss_or_double(
     make_segment: SegmentFactory, tmp_path: Path
 ) -> None:
     seg = make_segment(SMALL)
-    QueueStore(seg, 0).create(QID, b"expiry-drop-race", 0, 0)
+    SharedQueues(seg, 0).create(QID, b"expiry-drop-race", 0, 0)
     consumed_file = tmp_path / "consumed"
     children = Children([fork_child(produce, seg), fork_child(consume, seg, consumed_file)])
-    expirer = QueueStore(seg, 3)
+    expirer = SharedQueues(seg, 3)
     total, start = 0, 0
     deadline = time.monotonic() + DEADLINE
     try:

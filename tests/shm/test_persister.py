@@ -1,7 +1,7 @@
 """The IO worker's side of the message store (workers/persist.py) against a
-real segment table and files, on a real event loop: records written in
-order and synced before they count as durable, a drained segment sealed
-and deleted, and the next segment never taken for sealed (the slot of the
+real message file table and files, on a real event loop: records written in
+order and synced before they count as durable, a drained message file sealed
+and deleted, and the next message file never taken for sealed (the slot of the
 deleted one is reused)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 from shoal.shm import layout as L
+from shoal.shm.message_files import MessageFileTable
 from shoal.shm.segment import Segment
-from shoal.shm.segtable import SegmentTable
 from shoal.store import messages as M
 from shoal.workers import persist as P
 
@@ -42,7 +42,7 @@ async def wait(loop: asyncio.AbstractEventLoop, done: object) -> None:
     raise AssertionError("not synced within 5 s")
 
 
-def segments(tmp_path: Path) -> list[str]:
+def message_files(tmp_path: Path) -> list[str]:
     return sorted(n for n in os.listdir(tmp_path / "msgs") if n.endswith(".seg"))
 
 
@@ -50,26 +50,26 @@ def test_a_drained_segment_goes_and_its_slot_reused_is_not_sealed(
     seg: Segment, tmp_path: Path
 ) -> None:
     loop, persister = make(seg, tmp_path)
-    table = SegmentTable(seg, 0)
+    table = MessageFileTable(seg, 0)
     try:
         slot, _check, _offset = publish(loop, persister, b"one")
-        assert len(segments(tmp_path)) == 1 and table.live(slot) == 1
+        assert len(message_files(tmp_path)) == 1 and table.live(slot) == 1
         table.add(slot, -1)  # its entry was acked (a settler counts down)
-        persister._sweep()  # the open segment is drained: sealed and deleted
-        assert segments(tmp_path) == []
+        persister._sweep()  # the open message file is drained: sealed and deleted
+        assert message_files(tmp_path) == []
         assert table.owned() == []
-        # The next publish opens a new segment, in the same (freed) slot.
+        # The next publish opens a new message file, in the same (freed) slot.
         slot2, _check2, _offset2 = publish(loop, persister, b"two")
         assert slot2 == slot
         [(_slot, _name, sealed)] = table.owned()
-        assert not sealed, "the open segment was sealed (its predecessor's seal hit it)"
-        # Counted down to 0 while records are in flight: an open segment stays.
+        assert not sealed, "the open message file was sealed (its predecessor's seal hit it)"
+        # Counted down to 0 while records are in flight: an open message file stays.
         table.add(slot2, -1)
         got = persister.reserve(1, 5)
         assert got is not None
         persister.complete(got[0], M.encode_publish([M.Entry(7, 0, 3, 9)], b"three"))
         persister._sweep()  # a record not yet written: not drained
-        assert len(segments(tmp_path)) == 1
+        assert len(message_files(tmp_path)) == 1
         persister.flush()
         loop.run_until_complete(wait(loop, lambda: persister.synced > got[0]))
         recovered = M.recover(str(tmp_path / "msgs"), {7})

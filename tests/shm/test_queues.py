@@ -1,4 +1,4 @@
-"""QueueStore's state machine, driven from one process."""
+"""SharedQueues's state machine, driven from one process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from shoal.shm import layout as L
 from shoal.shm import queues as queues_module
 from shoal.shm.arena import Arena, arena_usage, body_refs_drop
-from shoal.shm.queues import QueueFull, QueueGone, QueueStore
+from shoal.shm.queues import QueueFull, QueueGone, SharedQueues
 from shoal.shm.recovery import recover_worker, release_owner
 from shoal.shm.segment import Segment
 
@@ -36,10 +36,10 @@ CAP = 16
 @dataclass
 class Env:
     seg: Segment
-    sched: QueueStore  # owner 0: the scheduler's / supervisor's view
-    producer: QueueStore
-    c1: QueueStore  # a consumer on worker 1 (owner 2)
-    c2: QueueStore  # a consumer on worker 2 (owner 3)
+    sched: SharedQueues  # owner 0: the scheduler's / supervisor's view
+    producer: SharedQueues
+    c1: SharedQueues  # a consumer on worker 1 (owner 2)
+    c2: SharedQueues  # a consumer on worker 2 (owner 3)
     arena: Arena
     qid: int
 
@@ -50,26 +50,26 @@ class Env:
     def q(self, field: int, qid: int | None = None) -> int:
         return qword(self.seg, self.qid if qid is None else qid, field)
 
-    def take(self, store: QueueStore, pointer: int = 0) -> tuple[int, int, bool]:
-        got = store.acquire(self.qid, pointer)
+    def take(self, shared: SharedQueues, pointer: int = 0) -> tuple[int, int, bool]:
+        got = shared.acquire(self.qid, pointer)
         assert not isinstance(got, int), f"nothing to acquire (pointer {got})"
         return got
 
-    def ack(self, store: QueueStore, seq: int) -> None:
-        assert store.ack(self.qid, seq) is True
+    def ack(self, shared: SharedQueues, seq: int) -> None:
+        assert shared.ack(self.qid, seq) is True
 
 
 @pytest.fixture
 def env(seg: Segment) -> Env:
     assert seg.layout.limits.queue_capacity == CAP
-    sched = QueueStore(seg, 0)
+    sched = SharedQueues(seg, 0)
     sched.create(5, b"q", 0, 0)
     return Env(
         seg,
         sched,
-        QueueStore(seg, PRODUCER + 1),
-        QueueStore(seg, 2),
-        QueueStore(seg, 3),
+        SharedQueues(seg, PRODUCER + 1),
+        SharedQueues(seg, 2),
+        SharedQueues(seg, 3),
         Arena(seg, PRODUCER),
         5,
     )
@@ -191,17 +191,17 @@ def test_release_requeues_in_place_with_the_redelivered_flag(env: Env) -> None:
 class Pointer:
     """A consumer's scan position, moved as workers/pull.py pull() does."""
 
-    store: QueueStore
+    shared: SharedQueues
     qid: int
     pointer: int = 0
     release_gen: int = 0
 
     def pull(self) -> tuple[int, int, bool] | int:
-        gen = self.store.table.release_generation(self.qid)
+        gen = self.shared.table.release_generation(self.qid)
         if gen != self.release_gen:
             self.release_gen = gen
             self.pointer = 0  # acquire() starts at max(pointer, head)
-        got = self.store.acquire(self.qid, self.pointer)
+        got = self.shared.acquire(self.qid, self.pointer)
         self.pointer = got if isinstance(got, int) else got[0] + 1
         return got
 
@@ -375,7 +375,7 @@ def _reserve_by_hand(env: Env, worker: int) -> int:
 def test_release_owner_tombstones_a_reserved_unpublished_cell(env: Env) -> None:
     env.pub()  # seq 0
     reserved = _reserve_by_hand(env, PRODUCER)  # seq 1: the dying publisher
-    other = QueueStore(env.seg, 4)
+    other = SharedQueues(env.seg, 4)
     publish(env.seg, other, Arena(env.seg, 3), env.qid, b"later", worker=3)  # seq 2
     env.ack(env.c1, env.take(env.c1, 0)[0])
     # FIFO: a consumer cannot get past the hole, and the head cannot either.
@@ -489,12 +489,12 @@ def test_reference_of_an_append_killed_before_publishing_is_reclaimed(env: Env) 
     assert live_blocks(env.seg, PRODUCER) == []
 
 
-def _drain(seg: Segment, store: QueueStore, qid: int) -> list[int]:
+def _drain(seg: Segment, shared: SharedQueues, qid: int) -> list[int]:
     """Acquire and ack everything left in a queue; returns the bodies seen."""
     bodies = []
-    while not isinstance(got := store.acquire(qid, 0), int):
+    while not isinstance(got := shared.acquire(qid, 0), int):
         bodies.append(got[1])
-        assert store.ack(qid, got[0]) is True
+        assert shared.ack(qid, got[0]) is True
     return bodies
 
 
@@ -512,10 +512,10 @@ def test_publisher_killed_anywhere_in_append_leaks_nothing(
     writes = 0
     while True:
         seg = make_segment(SMALL)
-        sched = QueueStore(seg, 0)
+        sched = SharedQueues(seg, 0)
         for qid in qids:
             sched.create(qid, b"q%d" % qid, 0, 0)
-        producer = QueueStore(seg, PRODUCER + 1)
+        producer = SharedQueues(seg, PRODUCER + 1)
         slot = seg.layout.proc(PRODUCER)
         block = Arena(seg, PRODUCER).alloc(100)
         assert block is not None
@@ -538,7 +538,7 @@ def test_publisher_killed_anywhere_in_append_leaks_nothing(
         assert recover_worker(seg, PRODUCER) == {}
 
         assert seg.atomic.load(slot + L.P_INTENT_QUEUE) == 0
-        consumer = QueueStore(seg, 3)
+        consumer = SharedQueues(seg, 3)
         for qid in qids[:-1]:
             assert _drain(seg, consumer, qid) == [block]
         assert _drain(seg, consumer, qids[-1]) == ([block] if published else [])
@@ -768,7 +768,7 @@ def test_recovery_racing_an_ack_in_flight_frees_nothing_still_queued(env: Env) -
 
 
 def test_lookup_cache_follows_the_catalog_generation(env: Env) -> None:
-    reader = QueueStore(env.seg, 2)
+    reader = SharedQueues(env.seg, 2)
     assert reader.catalog.lookup(b"q") == env.qid
     assert reader.catalog.lookup(b"r") is None
     env.sched.create(7, b"r", 0, 0)
@@ -824,9 +824,9 @@ def test_c_append_matches_the_step_model(make_segment: SegmentFactory) -> None:
 
     def run(use_model: bool) -> bytes:
         seg = make_segment(SMALL)
-        sched = QueueStore(seg, 0)
-        producer = QueueStore(seg, PRODUCER + 1)
-        consumer = QueueStore(seg, 3)
+        sched = SharedQueues(seg, 0)
+        producer = SharedQueues(seg, PRODUCER + 1)
+        consumer = SharedQueues(seg, 3)
         append = producer.append_steps if use_model else producer.append
         slot = seg.layout.proc(PRODUCER)
         sched.create(7, b"q7", 0, 0)
@@ -861,10 +861,10 @@ def test_c_append_matches_the_step_model(make_segment: SegmentFactory) -> None:
 def test_queue_names_are_per_virtual_host(make_segment: SegmentFactory) -> None:
     """Two vhosts may each have a queue called "q": lookup keys on both."""
     seg = make_segment(SMALL)
-    sched = QueueStore(seg, 0)
+    sched = SharedQueues(seg, 0)
     sched.create(5, b"q", 0, 0, vhost=0)
     sched.create(6, b"q", 0, 0, vhost=1)
-    reader = QueueStore(seg, 1)
+    reader = SharedQueues(seg, 1)
     assert reader.catalog.lookup(b"q") == 5
     assert reader.catalog.lookup(b"q", 1) == 6
     assert reader.catalog.lookup(b"q", 2) is None

@@ -33,7 +33,7 @@ import pytest
 from shoal.shm import layout as L
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import Arena, release_hold
-from shoal.shm.queues import QueueFull, QueueGone, QueueStore
+from shoal.shm.queues import QueueFull, QueueGone, SharedQueues
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Segment
 
@@ -116,7 +116,7 @@ class GiveUp(Exception):
 def produce(seg: Segment, ctrl: Atomic, worker: int, first_id: int, count: int) -> int:
     """Publish `count` messages exactly as workers/channel.py does."""
     a = seg.atomic
-    store = QueueStore(seg, worker + 1)
+    shared = SharedQueues(seg, worker + 1)
     arena = Arena(seg, worker)
     slot = seg.layout.proc(worker)
     deadline = Deadline(CHILD_DEADLINE)
@@ -140,7 +140,7 @@ def produce(seg: Segment, ctrl: Atomic, worker: int, first_id: int, count: int) 
         while True:
             a.fetch_add(block + L.B_REFS, 1)
             try:
-                store.append(QID, block, slot)
+                shared.append(QID, block, slot)
                 break
             except QueueGone:
                 raise AssertionError("the queue is never deleted here") from None
@@ -166,7 +166,7 @@ def consume(
     the producers are done and the queue is empty. Records every acquisition
     and every ack in the claims tables."""
     a = seg.atomic
-    store = QueueStore(seg, worker + 1)
+    shared = SharedQueues(seg, worker + 1)
     q = seg.layout.queue(QID)
     rng = random.Random(worker)
     deadline = Deadline(CHILD_DEADLINE)
@@ -195,12 +195,12 @@ def consume(
         ctrl.store(worker_word(worker, W_MSG), seq)
         ctrl.store(worker_word(worker, W_MID), mid)
         if release_rate and rng.random() < release_rate:
-            if not store.release(QID, seq):
+            if not shared.release(QID, seq):
                 error(f"seq {seq}: release failed")
             ctrl.fetch_add(RELEASES, 1)
             return
         ctrl.store(phase, PH_ACK)
-        if not store.ack(QID, seq):
+        if not shared.ack(QID, seq):
             error(f"seq {seq}: ack refused")
             return
         ctrl.fetch_add(ACK_TABLE + seq * 8, 1)  # recorded right after the ack
@@ -212,11 +212,11 @@ def consume(
     while True:
         if len(held) < PREFETCH and ctrl.load(GATE):
             ctrl.store(phase, PH_ACQUIRE)
-            gen = store.table.release_generation(QID)
+            gen = shared.table.release_generation(QID)
             if gen != release_gen:  # as workers/pull.py: rescan from the head
                 release_gen = gen
                 pointer = 0
-            got = store.acquire(QID, pointer)
+            got = shared.acquire(QID, pointer)
             if not isinstance(got, int):
                 seq, block, redelivered = got
                 pointer = seq + 1
@@ -327,7 +327,7 @@ class Run:
 @pytest.fixture
 def run(make_segment: SegmentFactory) -> Iterator[Run]:
     seg = make_segment(LIMITS)
-    QueueStore(seg, 0).create(QID, b"race", 0, 0)
+    SharedQueues(seg, 0).create(QID, b"race", 0, 0)
     ctrl_buf = mmap.mmap(-1, CTRL_SIZE)  # anonymous and shared: inherited by fork
     r = Run(seg, Atomic(ctrl_buf))
     try:

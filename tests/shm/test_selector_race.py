@@ -1,4 +1,4 @@
-"""Selector consumers (QueueStore.acquire_matching) racing plain acquirers
+"""Selector consumers (SharedQueues.acquire_matching) racing plain acquirers
 and each other across processes, one of them killed with SIGKILL halfway:
 every message is acked exactly once, a selector consumer only ever acks
 messages its selector wants, and the killed consumer's entries come back
@@ -17,7 +17,7 @@ from shoal.shm import layout as L
 from shoal.shm import readers
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import Arena, read_message
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.recovery import release_owner
 from shoal.shm.segment import Segment
 
@@ -49,12 +49,12 @@ def wants(residue: int) -> Callable[[bytes], bool]:
 
 
 def produce(seg: Segment, ctrl: Atomic) -> None:
-    store, arena = QueueStore(seg, 1), Arena(seg, 0)
+    shared, arena = SharedQueues(seg, 1), Arena(seg, 0)
     slot = seg.layout.proc(0)
     deadline = time.monotonic() + DEADLINE
     for mid in range(MESSAGES):
         message = (b"", b"", header_for(mid), ID.pack(mid))
-        publish_until_accepted(seg, store, arena, QID, message, slot, deadline)
+        publish_until_accepted(seg, shared, arena, QID, message, slot, deadline)
     ctrl.store(PRODUCED, 1)
 
 
@@ -66,19 +66,19 @@ def drained(seg: Segment, ctrl: Atomic) -> bool:
 
 def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None:
     """Acquire (with a selector when `residue` is given) and ack at once."""
-    store = QueueStore(seg, owner)
+    shared = SharedQueues(seg, owner)
     wanted = None if residue is None else wants(residue)
     pointer = release_gen = 0
     deadline = time.monotonic() + DEADLINE
     while not drained(seg, ctrl):
         assert time.monotonic() < deadline, "consumers did not finish"
-        gen = store.table.release_generation(QID)
+        gen = shared.table.release_generation(QID)
         if gen != release_gen:
             release_gen, pointer = gen, 0
         if wanted is None:
-            got = store.acquire(QID, pointer)
+            got = shared.acquire(QID, pointer)
         else:
-            got = readers.acquire_matching(store, QID, pointer, wanted)
+            got = readers.acquire_matching(shared, QID, pointer, wanted)
         if isinstance(got, int):
             # -1 - seq: a slice of unwanted entries ended there (not the end)
             pointer = got if got >= 0 else -1 - got
@@ -90,7 +90,7 @@ def consume(seg: Segment, ctrl: Atomic, owner: int, residue: int | None) -> None
         (mid,) = ID.unpack(body)
         assert wanted is None or wanted(header), f"selector {residue} took {header!r}"
         ctrl.store(PENDING + owner * 8, mid + 1)
-        assert store.ack(QID, seq)
+        assert shared.ack(QID, seq)
         ctrl.fetch_add(ACKS + mid * 8, 1)
         ctrl.store(ACKED_BY + mid * 8, owner)
         ctrl.fetch_add(DONE, 1)
@@ -101,7 +101,7 @@ def test_selector_consumers_race_plain_ones_and_survive_a_sigkill(
     make_segment: SegmentFactory,
 ) -> None:
     seg = make_segment(SMALL)
-    QueueStore(seg, 0).create(QID, b"selector-race", 0, 0)
+    SharedQueues(seg, 0).create(QID, b"selector-race", 0, 0)
     ctrl = Atomic(mmap.mmap(-1, CTRL))
     # Owners 2..4 select residues 0..2 (owner 2 is killed); 5 is a plain consumer.
     victim = fork_child(consume, seg, ctrl, 2, 0)
@@ -117,7 +117,7 @@ def test_selector_consumers_race_plain_ones_and_survive_a_sigkill(
         os.kill(victim, signal.SIGKILL)
         status[victim] = os.waitpid(victim, 0)[1]
         # What the supervisor does for a dead worker: put its entries back.
-        release_owner(QueueStore(seg, 0), 2)
+        release_owner(SharedQueues(seg, 0), 2)
         for pid in pids:
             if pid not in status:
                 while (reaped := os.waitpid(pid, os.WNOHANG))[0] == 0:

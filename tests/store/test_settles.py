@@ -1,6 +1,6 @@
-"""SETTLE records of one process (store/settles.py): grouped per segment,
+"""SETTLE records of one process (store/settles.py): grouped per message file,
 written at flush, counted down only after the write; queue deletions
-(uid 0) counted but not written; ack files of deleted segments closed."""
+(uid 0) counted but not written; ack files of deleted message files closed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ Q1 = 11
 
 
 class Table:
-    """shm/segtable.py as SettleWriter sees it."""
+    """shm/message_files.py as SettleWriter sees it."""
 
     def __init__(self) -> None:
         self.names: dict[tuple[int, int], tuple[int, int, int]] = {(3, 7): (1, 0, 7)}
@@ -28,8 +28,8 @@ class Table:
 
 def test_settles_are_written_per_segment_then_counted_down(tmp_path: Path) -> None:
     d = str(tmp_path)
-    segment = M.segment_name(1, 0, 7)
-    w = M.SegmentWriter(d, segment)
+    message_file = M.message_file_name(1, 0, 7)
+    w = M.MessageFileWriter(d, message_file)
     [a, b] = w.append(
         [M.encode_publish([M.Entry(Q1, 0, 1, i)], x) for i, x in enumerate((b"a", b"b"))]
     )
@@ -40,11 +40,11 @@ def test_settles_are_written_per_segment_then_counted_down(tmp_path: Path) -> No
     assert table.live[3] == 10  # nothing before the flush
     settles.flush()
     assert table.live[3] == 8
-    assert (tmp_path / f"{segment}.acks.5").exists()
+    assert (tmp_path / f"{message_file}.acks.5").exists()
     assert [bytes(m[M.MESSAGE]) for m in M.recover(d, {Q1}).queues[(Q1, 0)]] == [b"b"]
     # `a` is settled; `b`'s entry is still live in the file: its queue's
     # uid is what recovery drops it by.
     del table.names[(3, 7)]
-    settles.sweep()  # the segment is gone: its ack file is closed
+    settles.sweep()  # the message file is gone: its ack file is closed
     assert settles._files == {}
     settles.close()

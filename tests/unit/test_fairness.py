@@ -18,7 +18,7 @@ from shoal.broker import ipc
 from shoal.broker.scheduler.consumers import QueueConsumerManager
 from shoal.shm import layout as L
 from shoal.shm.arena import Arena
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.workers.consumer import Consumer
 from shoal.workers.pull import BURST, pull, start
@@ -82,7 +82,7 @@ class FakeContext:
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
         self.atomic = seg.atomic
-        self.store = QueueStore(seg, WORKER + 1)
+        self.shared = SharedQueues(seg, WORKER + 1)
         self.sent: list[ipc.Message] = []
         self.expiry = NoExpiry()
 
@@ -94,13 +94,13 @@ class FakeContext:
 def seg(tmp_path: Path) -> Iterator[Segment]:
     limits = L.Limits(max_workers=2, max_queues=64, queue_capacity=256, arena_bytes=1 << 16)
     seg = Segment.create(str(tmp_path / "seg"), limits)
-    QueueStore(seg, 0).create(QID, b"q", 0, 0)
+    SharedQueues(seg, 0).create(QID, b"q", 0, 0)
     yield seg
     seg.unlink()
 
 
 def fill(seg: Segment, n: int) -> None:
-    producer, arena = QueueStore(seg, 2), Arena(seg, 1)
+    producer, arena = SharedQueues(seg, 2), Arena(seg, 1)
     for i in range(n):
         publish(seg, producer, arena, QID, b"m%d" % i, 1)
 
@@ -220,13 +220,13 @@ class StuckHead(NoExpiry):
     has no room: drop_if_over_limit puts it back (released) and says it was
     not delivered, as workers/message_ttl.py does under at-least-once."""
 
-    def __init__(self, store: QueueStore, head: int) -> None:
-        self.store, self.head = store, head
+    def __init__(self, shared: SharedQueues, head: int) -> None:
+        self.shared, self.head = shared, head
 
     def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool:
         if seq != self.head:
             return False
-        self.store.release(qid, seq)
+        self.shared.release(qid, seq)
         return True
 
 
@@ -237,10 +237,10 @@ def test_an_entry_put_back_at_the_head_does_not_end_a_turn_of_one(seg: Segment) 
     on it and hand the next consumer the same head, for ever."""
     fill(seg, 5)
     ctx = FakeContext(seg)
-    head = ctx.store.acquire(QID, 0)
+    head = ctx.shared.acquire(QID, 0)
     assert not isinstance(head, int)
-    ctx.store.release(QID, head[0])  # now redelivered: checked against its limit
-    ctx.expiry = StuckHead(ctx.store, head[0])  # type: ignore[assignment]
+    ctx.shared.release(QID, head[0])  # now redelivered: checked against its limit
+    ctx.expiry = StuckHead(ctx.shared, head[0])  # type: ignore[assignment]
     group = consumers(seg, 4, prefetch=10)
     qcm = QueueConsumerManager()
     for c in group:

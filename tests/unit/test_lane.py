@@ -19,7 +19,7 @@ from pamqp.header import ContentHeader
 from shoal.shm import layout as L
 from shoal.shm import stats
 from shoal.shm.arena import read_message
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.workers import pacing
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
@@ -58,11 +58,11 @@ def publish(
 
 def queue_bodies(ctx: WorkerContext, qid: int) -> list[bytes]:
     """The bodies in log `qid`, head to tail (not acquired)."""
-    store = ctx.store
+    shared = ctx.shared
     out = []
-    head, tail = store.table.word(qid, L.Q_HEAD), store.table.word(qid, L.Q_TAIL)
+    head, tail = shared.table.word(qid, L.Q_HEAD), shared.table.word(qid, L.Q_TAIL)
     for seq in range(head, tail):
-        cell = ctx.seg.layout.log(qid) + (seq & store.mask) * L.CELL_SIZE
+        cell = ctx.seg.layout.log(qid) + (seq & shared.mask) * L.CELL_SIZE
         word = ctx.seg.atomic.load(cell)
         if word & L.STATE_MASK != L.S_AVAILABLE:
             continue
@@ -71,10 +71,10 @@ def queue_bodies(ctx: WorkerContext, qid: int) -> list[bytes]:
 
 
 def opened(ctx: WorkerContext, *queues: bytes) -> tuple[Client, list[int]]:
-    store = QueueStore(ctx.seg)
+    shared = SharedQueues(ctx.seg)
     qids = []
     for qid, name in enumerate(queues):
-        store.create(qid, name, 0, 0)
+        shared.create(qid, name, 0, 0)
         qids.append(qid)
     client = Client(ctx)
     client.open()
@@ -129,8 +129,8 @@ def test_a_run_of_publishes_goes_through_the_lane_into_the_same_records(
     # Each record is what the Python writer writes: exchange, key, header, body.
     first = read_message(big_ctx.seg, big_ctx.seg.atomic.load(big_ctx.seg.layout.log(qid) + 8))
     assert first[:2] == (b"", b"q") and first[2] == ContentHeader(0, 6, props).marshal()
-    assert big_ctx.store.table.word(qid, L.Q_READY) == 2000
-    assert big_ctx.store.table.word(qid, L.Q_BYTES) == sum(map(len, bodies))
+    assert big_ctx.shared.table.word(qid, L.Q_READY) == 2000
+    assert big_ctx.shared.table.word(qid, L.Q_BYTES) == sum(map(len, bodies))
 
 
 def test_lane_publishes_are_confirmed_in_order(big_ctx: WorkerContext) -> None:
@@ -206,7 +206,7 @@ def test_the_lane_stops_at_a_queue_that_is_gone(big_ctx: WorkerContext) -> None:
     client.send(publish(1, b"a"))
     client.send(b"".join(publish(1, b"a") for _ in range(9)))
     assert lane_taken(client) == 9
-    QueueStore(big_ctx.seg).remove(qid)
+    SharedQueues(big_ctx.seg).remove(qid)
     client.send(b"".join(publish(1, b"b", mandatory=True) for _ in range(3)))
     assert [type(f) for _c, f in client.received()].count(C.Basic.Return) == 3
     assert lane_taken(client) == 9
@@ -246,7 +246,7 @@ def test_a_delivery_run_sends_what_one_by_one_delivery_sent(
     with acks booked in the channel's unacked dict."""
     client, (qid,) = opened(big_ctx, b"q")
     client.send(b"".join(publish(1, b"m%d" % i) for i in range(600)))
-    store = big_ctx.store
+    shared = big_ctx.shared
     # Entry 100 was delivered before and came back: redelivered.
     cell = big_ctx.seg.layout.log(qid) + 100 * L.CELL_SIZE
     word = big_ctx.seg.atomic.load(cell)
@@ -257,30 +257,30 @@ def test_a_delivery_run_sends_what_one_by_one_delivery_sent(
     for _ in range(20):
         pull(big_ctx, consumer)
         client.conn.flush()
-        if not store.table.word(qid, L.Q_READY):
+        if not shared.table.word(qid, L.Q_READY):
             break
     delivers = [(f, ch) for ch, f in client.received() if isinstance(f, C.Basic.Deliver)]
     assert [f.delivery_tag for f, _ch in delivers] == list(range(1, 601))
     assert [f.redelivered for f, _ch in delivers] == [i == 100 for i in range(600)]
     assert all(f.consumer_tag == "ctag" and f.routing_key == "q" for f, _ch in delivers)
     if no_ack:
-        assert store.table.word(qid, L.Q_UNACKED) == 0 and store.table.word(qid, L.Q_HEAD) == 600
+        assert shared.table.word(qid, L.Q_UNACKED) == 0 and shared.table.word(qid, L.Q_HEAD) == 600
         assert big_ctx.stats.v[stats.DELIVERED_CONSUME_AUTO_ACK] == 600
     else:
-        assert store.table.word(qid, L.Q_UNACKED) == 600 and len(delivery.unacked) == 600
+        assert shared.table.word(qid, L.Q_UNACKED) == 600 and len(delivery.unacked) == 600
         assert delivery.unacked[600] == (consumer, qid, 599, 4)
         assert consumer.unacked == 600 and consumer.unacked_bytes == delivery.unacked_bytes
         client.method(1, C.Basic.Ack(delivery_tag=600, multiple=True))
-        assert store.table.word(qid, L.Q_UNACKED) == 0 and store.table.word(qid, L.Q_HEAD) == 600
+        assert shared.table.word(qid, L.Q_UNACKED) == 0 and shared.table.word(qid, L.Q_HEAD) == 600
 
 
 def drain(ctx: WorkerContext, qid: int, count: int) -> None:
     """A consumer elsewhere takes `count` entries from the head (no-ack)."""
-    store = ctx.store
+    shared = ctx.shared
     for _ in range(count):
-        got = store.acquire(qid, 0)
+        got = shared.acquire(qid, 0)
         assert got.__class__ is tuple
-        store.settle_taken(qid, got[0])  # type: ignore[index]
+        shared.settle_taken(qid, got[0])  # type: ignore[index]
 
 
 def test_a_publisher_is_paced_while_consumers_drain_its_backlog(
@@ -293,7 +293,7 @@ def test_a_publisher_is_paced_while_consumers_drain_its_backlog(
     monkeypatch.setattr(pacing, "PACE_HIGH", 400)
     monkeypatch.setattr(pacing, "PACE_LOW", 200)
     client, (qid,) = opened(big_ctx, b"q")
-    big_ctx.store.table.set_consumer_count(qid, 1, 1)  # a consumer takes turns
+    big_ctx.shared.table.set_consumer_count(qid, 1, 1)  # a consumer takes turns
     client.send(publish(1, b"first"))  # sets the lane up
     client.send(b"".join(publish(1, b"m") for _ in range(300)))
     assert not client.transport.paused, "300 ready: under PACE_HIGH"
@@ -326,7 +326,7 @@ def test_a_queue_without_consumers_is_never_paced(
     client.send(publish(1, b"first"))
     for _ in range(3):
         client.send(b"".join(publish(1, b"m") for _ in range(1000)))
-    assert big_ctx.store.table.ready(qid) > pacing.PACE_HIGH
+    assert big_ctx.shared.table.ready(qid) > pacing.PACE_HIGH
     assert not client.transport.paused
 
 

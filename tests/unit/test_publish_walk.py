@@ -26,7 +26,7 @@ from pamqp import header as pamqp_header
 from pamqp.body import ContentBody
 
 from shoal.shm import layout as L
-from shoal.shm.queues import QueueStore
+from shoal.shm.queues import SharedQueues
 from shoal.workers.context import WorkerContext
 from tests.unit.test_connection import Client, worker_context
 
@@ -112,7 +112,7 @@ def confirmed(client: Client, tag: int) -> bool:
 def walk_of(ctx: WorkerContext, persistent: bool) -> CallTrace:
     """Three publishes (the first goes the general way, later ones may take
     the connection's lane), each followed until its confirm is written."""
-    QueueStore(ctx.seg).create(0, b"walk", L.QF_DURABLE if persistent else 0, 0, uid=7)
+    SharedQueues(ctx.seg).create(0, b"walk", L.QF_DURABLE if persistent else 0, 0, uid=7)
     client = Client(ctx)
     client.open()
     client.method(1, C.Channel.Open())
@@ -127,7 +127,7 @@ def walk_of(ctx: WorkerContext, persistent: bool) -> CallTrace:
                 ctx.loop.run_until_complete(asyncio.sleep(0.01))
             else:
                 raise AssertionError(f"publish {tag} was not confirmed")
-    assert QueueStore(ctx.seg).table.ready(0) == 3
+    assert SharedQueues(ctx.seg).table.ready(0) == 3
     return trace
 
 

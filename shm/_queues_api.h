@@ -1,5 +1,5 @@
 /*
- * The queue store's C API (shm/_atomic.c), for the IO worker's per-read
+ * The shared queues' C API (shm/_atomic.c), for the IO worker's per-read
  * loops in workers/_wire.c: the same transitions as the Atomic methods of
  * the same names (alloc, publish, release_hold, acquire, ack), without a
  * Python call per message. shm/ owns the steps and their order
@@ -10,14 +10,14 @@
  * every offset is checked by `queue` and `arena_ok` once per run, the
  * per-message calls take what those returned.
  */
-#ifndef SHOAL_STORE_API_H
-#define SHOAL_STORE_API_H
+#ifndef SHOAL_QUEUES_API_H
+#define SHOAL_QUEUES_API_H
 
 #include <Python.h>
 #include <stdint.h>
 
-#define SHOAL_STORE_API_CAPSULE "shoal.shm._atomic._C_API"
-#define SHOAL_STORE_API_VERSION 1
+#define SHOAL_QUEUES_API_CAPSULE "shoal.shm._atomic._C_API"
+#define SHOAL_QUEUES_API_VERSION 1
 
 /* publish() for a queue with a length limit or a capacity: nothing done. */
 #define SHOAL_WATCHER_BITS 12
@@ -69,6 +69,6 @@ typedef struct {
      * is no transition a crash test interposes on), or NULL with a
      * TypeError set. */
     const char *(*readable)(PyObject *obj, Py_ssize_t *len);
-} ShoalStoreAPI;
+} ShoalQueuesAPI;
 
 #endif

@@ -1,19 +1,19 @@
-"""The message store's segment table: which segment files are live, and how
+"""The message store's message file table: which message files are live, and how
 many durable queue entries still point into each (docs/durability.md).
 
-Each IO worker owns SEGMENT_SLOTS slots: the segments it writes, and (worker
-0) the segments a recovery loaded messages from. A persistent message's
-block is tagged with its segment's global slot index (shm/arena.py
+Each IO worker owns MESSAGE_FILE_SLOTS slots: the message files it writes, and (worker
+0) the message files a recovery loaded messages from. A persistent message's
+block is tagged with its message file's global slot index (shm/arena.py
 write_tag), so whoever deletes one of its durable entries (an ack on any
-worker, a purge by the scheduler) can name the segment and count it down.
+worker, a purge by the scheduler) can name the message file and count it down.
 
     SG_NAME    epoch << 32 | counter; 0 for a free slot     owner writes
     SG_WRITER  writer + 1, | SEALED_BIT once sealed         owner writes
-    SG_LIVE    durable entries pointing into the segment    owner adds, anyone subtracts
+    SG_LIVE    durable entries pointing into the message file    owner adds, anyone subtracts
 
 Only the owner claims, seals and frees its slots; it frees one (and deletes
 the files) once the slot is sealed and SG_LIVE is 0. A process killed
-between deleting an entry and counting it down leaves the segment on disk
+between deleting an entry and counting it down leaves the message file on disk
 until the next start's recovery, never a loss. A restarted worker seals
 the slots its predecessor left open and carries on counting them.
 """
@@ -26,20 +26,20 @@ from shoal.shm import layout
 from shoal.shm.segment import Segment
 
 
-class SegmentName(NamedTuple):
+class MessageFileName(NamedTuple):
     epoch: int
     writer: int
     counter: int
 
 
-def check_of(name: SegmentName) -> int:
-    """The 32 bits a message tag carries to say which segment it means: the
-    counter mixed with the epoch, so that a slot reused by a segment of
+def check_of(name: MessageFileName) -> int:
+    """The 32 bits a message tag carries to say which message file it means: the
+    counter mixed with the epoch, so that a slot reused by a message file of
     another start (whose counter may repeat) does not pass for the old one."""
     return (name.counter ^ name.epoch * 0x9E3779B1) & 0xFFFFFFFF
 
 
-class SegmentTable:
+class MessageFileTable:
     __slots__ = ("a", "first", "layout", "slots")
 
     def __init__(self, seg: Segment, worker: int) -> None:
@@ -47,16 +47,16 @@ class SegmentTable:
         it may claim); any worker index serves a process that only counts down."""
         self.a = seg.atomic
         self.layout = seg.layout
-        self.first = worker * layout.SEGMENT_SLOTS
-        self.slots = layout.SEGMENT_SLOTS  # this worker's: segments it may have at once
+        self.first = worker * layout.MESSAGE_FILE_SLOTS
+        self.slots = layout.MESSAGE_FILE_SLOTS  # this worker's: message files it may have at once
 
     def _at(self, slot: int) -> int:
-        return self.layout.segment_slot(slot)
+        return self.layout.message_file_slot(slot)
 
-    def claim(self, name: SegmentName, live: int = 0, sealed: bool = False) -> int | None:
-        """A free slot of ours for segment `name` (None: all are in use)."""
+    def claim(self, name: MessageFileName, live: int = 0, sealed: bool = False) -> int | None:
+        """A free slot of ours for message file `name` (None: all are in use)."""
         a = self.a
-        for slot in range(self.first, self.first + layout.SEGMENT_SLOTS):
+        for slot in range(self.first, self.first + layout.MESSAGE_FILE_SLOTS):
             at = self._at(slot)
             if a.load(at + layout.SG_NAME) == 0:
                 a.store(at + layout.SG_LIVE, live)
@@ -67,8 +67,8 @@ class SegmentTable:
                 return slot
         return None
 
-    def name(self, slot: int, check: int) -> SegmentName | None:
-        """The segment in `slot`, if it is still the one `check` (a message
+    def name(self, slot: int, check: int) -> MessageFileName | None:
+        """The message file in `slot`, if it is still the one `check` (a message
         tag's, check_of) names, else None."""
         a = self.a
         at = self._at(slot)
@@ -76,14 +76,14 @@ class SegmentTable:
         if word == 0:
             return None
         writer = (a.load(at + layout.SG_WRITER) & 0xFFFFFFFF) - 1
-        name = SegmentName(word >> 32, writer, word & 0xFFFFFFFF)
+        name = MessageFileName(word >> 32, writer, word & 0xFFFFFFFF)
         return name if check_of(name) == check else None
 
     def add(self, slot: int, count: int) -> None:
         self.a.fetch_add(self._at(slot) + layout.SG_LIVE, count)
 
     def seal(self, slot: int, check: int) -> None:
-        """Seal our segment in `slot` (nothing if the slot holds another now)."""
+        """Seal our message file in `slot` (nothing if the slot holds another now)."""
         if self.name(slot, check) is None:
             return
         at = self._at(slot)
@@ -93,22 +93,22 @@ class SegmentTable:
         value = self.a.load(self._at(slot) + layout.SG_LIVE)
         return value - (1 << 64) if value >= 1 << 63 else value
 
-    def owned(self) -> list[tuple[int, SegmentName, bool]]:
+    def owned(self) -> list[tuple[int, MessageFileName, bool]]:
         """Our claimed slots: (slot, name, sealed)."""
         a, found = self.a, []
-        for slot in range(self.first, self.first + layout.SEGMENT_SLOTS):
+        for slot in range(self.first, self.first + layout.MESSAGE_FILE_SLOTS):
             at = self._at(slot)
             word = a.load(at + layout.SG_NAME)
             if word:
                 writer = a.load(at + layout.SG_WRITER)
-                name = SegmentName(word >> 32, (writer & 0xFFFFFFFF) - 1, word & 0xFFFFFFFF)
+                name = MessageFileName(word >> 32, (writer & 0xFFFFFFFF) - 1, word & 0xFFFFFFFF)
                 found.append((slot, name, bool(writer & layout.SEALED_BIT)))
         return found
 
     def all_claimed(self) -> list[int]:
         """Every claimed slot, of every worker (for `shoal status`)."""
         a, offsets = self.a, self.layout
-        slots = range(offsets.limits.max_workers * layout.SEGMENT_SLOTS)
+        slots = range(offsets.limits.max_workers * layout.MESSAGE_FILE_SLOTS)
         return [slot for slot in slots if a.load(self._at(slot) + layout.SG_NAME)]
 
     def free(self, slot: int) -> None:
