@@ -267,7 +267,11 @@ class Publisher:
             and not (deduplicating or times or len(qids) > 1)
             and not (self.confirm and self.delivery.consumers)
         ):
-            got = self.ingest.put_durable(qids[0], block, body_size, exchange, routing_key, header)
+            # The queue does it (workers/ingest.py Queue), asked straight:
+            # one call on the persistent fast path.
+            ingest, qid = self.ingest, qids[0]
+            queue = ingest.queues.get(qid) or ingest.queue(qid)
+            got = queue.publish_durable(block, body_size, exchange, routing_key, header)
             if isinstance(got, int):
                 self._account(exchange, True, False, body_size, False, got, None)
                 return True
