@@ -267,9 +267,7 @@ class Publisher:
             and not (deduplicating or times or len(qids) > 1)
             and not (self.confirm and self.delivery.consumers)
         ):
-            # The queue does it (workers/ingest.py Queue), asked straight:
-            # one call on the persistent fast path.
-            ingest, qid = self.ingest, qids[0]
+            ingest, qid = self.ingest, qids[0]  # its Queue, asked straight: one call
             queue = ingest.queues.get(qid) or ingest.queue(qid)
             got = queue.publish_durable(block, body_size, exchange, routing_key, header)
             if isinstance(got, int):
