@@ -335,7 +335,7 @@ class ChannelTotals(Message, tag=27):
 
 # The one byte the acceptor sends with a connection's socket (SCM_RIGHTS):
 # which listener accepted it.
-HANDOFF_PLAIN, HANDOFF_TLS = b"c", b"t"
+HANDOFF_PLAIN, HANDOFF_TLS, HANDOFF_MQTT = b"c", b"t", b"m"
 
 
 # What each end receives. A Union, not `A | B`: mypy takes it as a type alias.

@@ -636,7 +636,13 @@ def test_store_is_the_one_owner_of_durable_writes() -> None:
 # connection (which makes its channels). Every other part of the worker says
 # in a Protocol of its own what it uses of the context (IngestContext,
 # PullContext, PublishContext, DeliveryContext...), so that none reaches all.
-WORKER_CONTEXT_HOLDERS = {"shoal.workers.worker", "shoal.workers.connection"}
+# The composition roots: the worker process, and a connection (an MQTT one
+# makes the AMQP connection it speaks through, workers/mqtt_connection.py).
+WORKER_CONTEXT_HOLDERS = {
+    "shoal.workers.worker",
+    "shoal.workers.connection",
+    "shoal.workers.mqtt_connection",
+}
 
 
 def names_worker_context(path: Path) -> bool:

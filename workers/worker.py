@@ -36,6 +36,7 @@ from shoal.workers.ingest import Ingest
 from shoal.workers.lease_watch import LeaseWatch
 from shoal.workers.memory_guard import ALARM
 from shoal.workers.message_ttl import Expiry
+from shoal.workers.mqtt_connection import MqttConnection
 from shoal.workers.pull import give_back_watch, pull, take_watch
 
 HEARTBEAT_INTERVAL = 1.0
@@ -224,9 +225,11 @@ class Worker:
             if not fds:
                 return
             for fd in fds:
-                self._adopt(fd, self.tls if kind == ipc.HANDOFF_TLS else None)
+                self._adopt(fd, self.tls if kind == ipc.HANDOFF_TLS else None, kind)
 
-    def _adopt(self, fd: int, tls_context: ssl.SSLContext | None = None) -> None:
+    def _adopt(
+        self, fd: int, tls_context: ssl.SSLContext | None = None, kind: bytes = ipc.HANDOFF_PLAIN
+    ) -> None:
         sock = socket.socket(fileno=fd)
         if self.lease is not None:
             self.lease.check()
@@ -236,10 +239,12 @@ class Worker:
             return
         sock.setblocking(False)
 
+        protocol = MqttConnection if kind == ipc.HANDOFF_MQTT else Connection
+
         async def adopt() -> None:
             try:
                 await self.loop.connect_accepted_socket(
-                    lambda: Connection(self.ctx),
+                    lambda: protocol(self.ctx),
                     sock,
                     ssl=tls_context,
                     ssl_handshake_timeout=self.config.handshake_timeout if tls_context else None,

@@ -97,6 +97,9 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+_LISTENER_NAMES = {acceptor.PLAIN: "amqp", acceptor.TLS: "amqps", acceptor.MQTT: "mqtt"}
+
+
 class Supervisor:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -179,6 +182,7 @@ class Supervisor:
         for port, kind, wanted in (
             (config.port, acceptor.PLAIN, config.plain_listener),
             (config.tls_port, acceptor.TLS, bool(config.tls_port)),
+            (config.mqtt_port, acceptor.MQTT, bool(config.mqtt_port)),
         ):
             if wanted:
                 given = activated.pop(port, None)
@@ -267,8 +271,7 @@ class Supervisor:
             self.workers,
             listening.shown(self.config.bind),
             ", ".join(
-                f"{'amqps' if kind == acceptor.TLS else 'amqp'} {s.getsockname()[1]}"
-                for s, kind in self.listeners
+                f"{_LISTENER_NAMES[kind]} {s.getsockname()[1]}" for s, kind in self.listeners
             ),
             self.config.runtime_path(),
         )

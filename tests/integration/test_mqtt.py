@@ -1,0 +1,263 @@
+"""MQTT on the broker (workers/mqtt_connection.py, issue 41's first step):
+paho-mqtt 2 clients, both protocol versions, over `--mqtt-port`, and AMQP
+clients on the same messages both ways through amq.topic."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pika
+import pytest
+from paho.mqtt import client as paho
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.broker_process import Broker, free_port
+
+WAIT_S = 10
+VERSIONS = [paho.MQTTv311, paho.MQTTv5]
+
+
+@pytest.fixture
+def mqtt_broker(broker_factory: Callable[..., Broker]) -> Iterator[tuple[Broker, int]]:
+    port = free_port()
+    yield broker_factory(args=("--mqtt-port", str(port))), port
+
+
+class Client:
+    """A paho client whose callbacks land in a queue."""
+
+    def __init__(self, port: int, version: int, client_id: str, clean: bool = True) -> None:
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        kwargs: dict[str, Any] = {"client_id": client_id, "protocol": version}
+        if version != paho.MQTTv5:
+            kwargs["clean_session"] = clean
+        self.version = version
+        self.clean = clean
+        self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, **kwargs)
+        self.c.on_connect = lambda c, u, f, rc, p: self.events.put(("connack", rc))
+        self.c.on_subscribe = lambda c, u, mid, codes, p: self.events.put(("suback", codes))
+        self.c.on_unsubscribe = lambda c, u, mid, codes, p: self.events.put(("unsuback", mid))
+        self.c.on_message = lambda c, u, m: self.events.put(("message", m))
+        self.c.on_disconnect = lambda c, u, f, rc, p: self.events.put(("gone", rc))
+        self.port = port
+
+    def connect(self, username: str | None = None, password: str | None = None) -> Any:
+        if username is not None:
+            self.c.username_pw_set(username, password)
+        props = None
+        if self.version == paho.MQTTv5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 0 if self.clean else 3600
+        self.c.connect(
+            "127.0.0.1", self.port, keepalive=30, clean_start=self.clean, properties=props
+        ) if self.version == paho.MQTTv5 else self.c.connect("127.0.0.1", self.port, 30)
+        self.c.loop_start()
+        return self.next("connack")
+
+    def next(self, kind: str) -> Any:
+        while True:
+            got, value = self.events.get(timeout=WAIT_S)
+            if got == kind:
+                return value
+
+    def subscribe(self, topic: str, qos: int) -> list[int]:
+        self.c.subscribe(topic, qos)
+        return [int(getattr(c, "value", c)) for c in self.next("suback")]
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def connected(
+    clients: list[Client], port: int, version: int, client_id: str, clean: bool = True
+) -> Client:
+    """A client connected (CONNACK 0), closed after the test."""
+    client = Client(port, version, client_id, clean)
+    clients.append(client)
+    assert client.connect() == 0
+    return client
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    made: list[Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_publish_and_subscribe_at_each_qos(
+    mqtt_broker: tuple[Broker, int], clients: list[Client], version: int
+) -> None:
+    _broker, port = mqtt_broker
+    sub = Client(port, version, "sub-1")
+    pub = Client(port, version, "pub-1")
+    clients += [sub, pub]
+    assert sub.connect() == 0 and pub.connect() == 0
+    assert sub.subscribe("sensors/+/temp", 1) == [1]
+    for qos in (0, 1, 2):
+        info = pub.c.publish(f"sensors/{qos}/temp", f"t{qos}".encode(), qos=qos)
+        if qos:  # PUBACK, or PUBREC then PUBCOMP: confirmed by the broker
+            info.wait_for_publish(WAIT_S)
+            assert info.is_published()
+        message = sub.next("message")
+        assert (message.topic, message.payload) == (f"sensors/{qos}/temp", f"t{qos}".encode())
+        assert message.qos == min(qos, 1)
+    pub.c.publish("other/topic", b"no", qos=1).wait_for_publish(WAIT_S)
+    pub.c.publish("sensors/9/temp", b"last", qos=1).wait_for_publish(WAIT_S)
+    assert sub.next("message").payload == b"last"  # the other topic never came
+
+
+def test_amqp_and_mqtt_share_messages_both_ways(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    broker, port = mqtt_broker
+    device = connected(clients, port, paho.MQTTv311, "device-3")
+    assert device.subscribe("commands/device-3/#", 1) == [1]
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, "amq.topic", "sensors.*.temp")
+        device.c.publish("sensors/3/temp", b"21.5", qos=1).wait_for_publish(WAIT_S)
+        got = None
+        for method, props, body in ch.consume(q, inactivity_timeout=WAIT_S):
+            got = (method.routing_key, body, props.headers)
+            break
+        assert got is not None
+        assert got[0] == "sensors.3.temp" and got[1] == b"21.5"
+        assert got[2]["x-mqtt-publish-qos"] == 1
+        ch.cancel()
+        ch.basic_publish("amq.topic", "commands.device-3.reboot", b"now")
+        message = device.next("message")
+        assert (message.topic, message.payload) == ("commands/device-3/reboot", b"now")
+    finally:
+        conn.close()
+
+
+def test_a_wrong_password_gets_connack_4_and_a_known_user_connects(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    _broker, port = mqtt_broker
+    bad = Client(port, paho.MQTTv311, "bad-1")
+    clients.append(bad)
+    assert str(bad.connect("guest", "wrong")) == "Bad user name or password"  # CONNACK 4
+    good = Client(port, paho.MQTTv5, "good-1")
+    clients.append(good)
+    assert good.connect("/:guest", "guest") == 0  # RabbitMQ's vhost:user form
+
+
+def test_the_will_goes_out_when_a_client_vanishes_not_when_it_disconnects(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    _broker, port = mqtt_broker
+    watcher = connected(clients, port, paho.MQTTv311, "watcher")
+    assert watcher.subscribe("status/#", 1) == [1]
+    polite = Client(port, paho.MQTTv311, "polite")
+    polite.c.will_set("status/polite", b"gone", qos=1)
+    assert polite.connect() == 0
+    polite.close()  # DISCONNECT: no will
+    rude = Client(port, paho.MQTTv311, "rude")
+    rude.c.will_set("status/rude", b"gone", qos=1)
+    assert rude.connect() == 0
+    sock = rude.c.socket()
+    assert sock is not None
+    sock.close()  # vanished: its will is published
+    message = watcher.next("message")
+    assert (message.topic, message.payload) == ("status/rude", b"gone")
+    rude.c.loop_stop()
+
+
+def test_a_persistent_session_keeps_its_messages_while_away(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    _broker, port = mqtt_broker
+    away = Client(port, paho.MQTTv311, "away-1", clean=False)
+    assert away.connect() == 0
+    assert away.subscribe("news/#", 1) == [1]
+    away.close()
+    pub = connected(clients, port, paho.MQTTv311, "pub-2")
+    pub.c.publish("news/today", b"kept", qos=1).wait_for_publish(WAIT_S)
+    back = connected(clients, port, paho.MQTTv311, "away-1", clean=False)
+    message = back.next("message")
+    assert (message.topic, message.payload, message.qos) == ("news/today", b"kept", 1)
+
+
+def test_a_malformed_packet_closes_only_its_connection(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    import socket
+
+    _broker, port = mqtt_broker
+    other = connected(clients, port, paho.MQTTv311, "bystander")
+    assert other.subscribe("t", 0) == [0]
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as s:
+        s.sendall(b"\x30\x02\x00\x01")  # a PUBLISH before any CONNECT
+        assert s.recv(10) == b""  # closed
+    rc = other.c.publish("t", b"still here", qos=0).rc
+    assert rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+    assert other.next("message").payload == b"still here"
+
+
+def test_unsubscribe_stops_the_messages_of_that_filter_only(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    _broker, port = mqtt_broker
+    c = connected(clients, port, paho.MQTTv5, "unsub-1")
+    assert c.subscribe("a/#", 1) == [1]
+    assert c.subscribe("b/#", 0) == [0]
+    c.c.unsubscribe("a/#")
+    c.next("unsuback")
+    c.c.publish("a/1", b"dropped", qos=1).wait_for_publish(WAIT_S)
+    c.c.publish("b/1", b"kept", qos=1).wait_for_publish(WAIT_S)
+    message = c.next("message")
+    assert (message.topic, message.payload, message.qos) == ("b/1", b"kept", 0)
+
+
+def test_five_properties_cross_to_amqp_and_back(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    broker, port = mqtt_broker
+    c = connected(clients, port, paho.MQTTv5, "props-1")
+    assert c.subscribe("replies/#", 1) == [1]
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, "amq.topic", "requests.#")
+        props = Properties(PacketTypes.PUBLISH)
+        props.ContentType = "application/json"
+        props.ResponseTopic = "replies/props-1"
+        props.CorrelationData = b"req-7"
+        props.UserProperty = ("tenant", "north")
+        props.MessageExpiryInterval = 60
+        c.c.publish("requests/x", b"{}", qos=1, properties=props).wait_for_publish(WAIT_S)
+        got = None
+        for _m, p, body in ch.consume(q, inactivity_timeout=WAIT_S):
+            got = (p, body)
+            break
+        assert got is not None
+        amqp_props = got[0]
+        assert amqp_props.content_type == "application/json"
+        assert amqp_props.reply_to == "replies/props-1"
+        assert amqp_props.correlation_id == "req-7"
+        assert amqp_props.expiration == "60000"
+        assert amqp_props.headers["tenant"] == "north"
+        ch.cancel()
+        reply = pika.BasicProperties(
+            content_type="text/plain", correlation_id="req-7", headers={"tenant": "north"}
+        )
+        ch.basic_publish("amq.topic", "replies.props-1", b"done", reply)
+        message = c.next("message")
+        assert (message.topic, message.payload) == ("replies/props-1", b"done")
+        assert message.properties.ContentType == "text/plain"
+        assert message.properties.CorrelationData == b"req-7"
+        assert message.properties.UserProperty == [("tenant", "north")]
+    finally:
+        conn.close()
