@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Protocol
 
 from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.shm.arena import read_message
@@ -42,6 +41,7 @@ from shoal.shm.wake import Waker
 from shoal.store import stream_segments as files
 from shoal.store.stream_segments import stream_directory
 from shoal.store.sync import durability_lost
+from shoal.workers.persist import Confirming  # (a channel whose confirms wait for a sync)
 
 log = logging.getLogger("shoal.worker")
 
@@ -61,10 +61,6 @@ CHUNK_MESSAGES = 4096  # a chunk's most messages ...
 CHUNK_BYTES = 4 << 20  # ... and bytes (of bodies), as one write
 BURST = 256  # deliveries before a stream consumer lets the worker's other connections run
 SCAN = 4096  # ... or messages its x-stream-filter passed over
-
-
-class Confirming(Protocol):
-    def synced(self) -> bool: ...
 
 
 class _Writer:
