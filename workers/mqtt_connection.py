@@ -336,7 +336,10 @@ class MqttConnection(asyncio.Protocol):
         if packet.retain and self.level == P.MQTT_5:
             raise P.ProtocolError("retained messages are not available")  # 0x9A
         if packet.qos == 2 and packet.packet_id in self.qos2_received:
-            self._send(P.encode_ack(self.level, P.PUBREC, packet.packet_id))  # a resend
+            # A resend: published once already. PUBREC again if it was
+            # confirmed, else the confirm sends it.
+            if (P.PUBREC, packet.packet_id) not in self.confirms.values():
+                self._send(P.encode_ack(self.level, P.PUBREC, packet.packet_id))
             return
         headers: dict[str, Any] = {QOS_HEADER: packet.qos}
         for key, value in packet.properties.get("user_property", ()):
@@ -355,6 +358,8 @@ class MqttConnection(asyncio.Protocol):
             self.confirm_seq += 1
             kind = P.PUBACK if packet.qos == 1 else P.PUBREC
             self.confirms[self.confirm_seq] = (kind, packet.packet_id)
+            if packet.qos == 2:
+                self.qos2_received.add(packet.packet_id)  # until its PUBREL
         self._publish(mqtt_to_amqp(packet.topic), packet.payload, props)
 
     def _publish(self, routing_key: str, payload: bytes, props: C.Basic.Properties) -> None:
@@ -575,13 +580,12 @@ class MqttConnection(asyncio.Protocol):
                 continue
             kind, packet_id = got
             if not ack:  # the broker could not take it: the client sends it again
+                self.qos2_received.discard(packet_id)
                 if self.level == P.MQTT_5:
                     self._send(P.encode_ack(self.level, kind, packet_id, 0x80))
                     continue
                 self._disconnect(0x80)
                 return
-            if kind == P.PUBREC:
-                self.qos2_received.add(packet_id)
             self._send(P.encode_ack(self.level, kind, packet_id))
 
     def _deliver(self) -> None:

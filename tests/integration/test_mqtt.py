@@ -261,3 +261,37 @@ def test_five_properties_cross_to_amqp_and_back(
         assert message.properties.UserProperty == [("tenant", "north")]
     finally:
         conn.close()
+
+
+def test_a_qos2_publish_sent_again_before_pubrel_is_delivered_once(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    import socket
+
+    from shoal.broker.mqtt import packets as P
+
+    _broker, port = mqtt_broker
+    sub = connected(clients, port, paho.MQTTv311, "sub-q2")
+    assert sub.subscribe("q2/#", 1) == [1]
+    reader = P.PacketReader()
+
+    def read(s: socket.socket, kind: int) -> tuple[int, int, bytes]:
+        while True:
+            for packet in reader.feed(s.recv(4096)):
+                if packet[0] == kind:
+                    return packet
+
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as s:
+        connect = P.string("MQTT") + bytes((P.MQTT_311, 0x02)) + b"\x00\x3c" + P.string("raw-q2")
+        s.sendall(P.packet(P.CONNECT, 0, connect))
+        assert read(s, P.CONNACK)[2] == b"\x00\x00"
+        once = P.encode_publish(P.MQTT_311, "q2/x", b"once", qos=2, packet_id=5)
+        again = P.encode_publish(P.MQTT_311, "q2/x", b"once", qos=2, dup=True, packet_id=5)
+        s.sendall(once + again)  # the resend before the PUBREL
+        assert read(s, P.PUBREC)[2] == b"\x00\x05"
+        s.sendall(P.encode_ack(P.MQTT_311, P.PUBREL, 5))
+        assert read(s, P.PUBCOMP)[2] == b"\x00\x05"
+        s.sendall(P.encode_publish(P.MQTT_311, "q2/x", b"marker", qos=1, packet_id=6))
+        assert read(s, P.PUBACK)[2] == b"\x00\x06"
+    assert sub.next("message").payload == b"once"
+    assert sub.next("message").payload == b"marker"  # and "once" only once before it
