@@ -74,6 +74,9 @@ class Connection(asyncio.Protocol):
         self.opened = False  # see opened_as
         self.auth_mechanism = ""
         self.client_properties: dict[str, Any] = {}
+        # What list_connections says it speaks (an MQTT client's own
+        # connection: "MQTT 3.1.1" or "MQTT 5.0", workers/mqtt_connection.py).
+        self.protocol = "AMQP 0-9-1"
         self.connected_at = int(time.time() * 1000)  # ms, as RabbitMQ's connected_at
         # Bytes and socket reads/writes, as RabbitMQ's recv_oct/send_oct/recv_cnt/send_cnt.
         self.recv_oct = self.send_oct = self.recv_cnt = self.send_cnt = 0

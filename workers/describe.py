@@ -25,6 +25,7 @@ class Describable(Protocol):
     recv_cnt: int
     send_cnt: int
     client_properties: dict[str, Any]
+    protocol: str
 
     @property
     def blocked_sent(self) -> bool: ...
@@ -48,7 +49,7 @@ def connection_row(
         "ssl": ssl_object is not None,
         "ssl_protocol": ssl_object.version() if ssl_object is not None else "",
         "auth_mechanism": conn.auth_mechanism,
-        "protocol": "AMQP 0-9-1",
+        "protocol": conn.protocol,
         "channel_max": conn.channel_max,
         "frame_max": conn.frame_max,
         "timeout": conn.heartbeat,

@@ -285,6 +285,7 @@ class MqttConnection(asyncio.Protocol):
         else:
             password = packet.password or b""
         self.amqp = Connection(self.ctx)
+        self.amqp.protocol = "MQTT 5.0" if self.level == P.MQTT_5 else "MQTT 3.1.1"
         self.amqp.connection_made(_AmqpSide(self))
         self.login = (user, password, vhost)
         self._to_amqp(framing.PROTOCOL_HEADER)
@@ -530,7 +531,7 @@ class MqttConnection(asyncio.Protocol):
             assert self.connect is not None
             props: dict[str, Any] = {
                 "product": "Shoal MQTT",
-                "mqtt_client_id": self.connect.client_id,
+                "client_id": self.connect.client_id,
             }
             self._method(
                 C.Connection.StartOk(

@@ -295,3 +295,19 @@ def test_a_qos2_publish_sent_again_before_pubrel_is_delivered_once(
         assert read(s, P.PUBACK)[2] == b"\x00\x06"
     assert sub.next("message").payload == b"once"
     assert sub.next("message").payload == b"marker"  # and "once" only once before it
+
+
+def test_an_mqtt_connection_is_listed_with_its_protocol_and_client_id(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    from tests.integration.test_ctl import rows
+
+    broker, port = mqtt_broker
+    connected(clients, port, paho.MQTTv5, "listed-5")
+    connected(clients, port, paho.MQTTv311, "listed-3")
+    listed = rows(broker, "list_connections", "protocol", "user", "client_properties")
+    assert sorted((r["protocol"], r["client_properties"]["client_id"]) for r in listed) == [  # type: ignore[index]
+        ("MQTT 3.1.1", "listed-3"),
+        ("MQTT 5.0", "listed-5"),
+    ]
+    assert {r["user"] for r in listed} == {"guest"}
