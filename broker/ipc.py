@@ -333,6 +333,24 @@ class ChannelTotals(Message, tag=27):
     replace: bool = False
 
 
+class ClientIdConnected(Message, tag=47):
+    """An MQTT client connected with client id `client_id` in `vhost`
+    (connection `conn_id`): the scheduler tells every worker (TakeOver)."""
+
+    vhost: str
+    client_id: str
+    conn_id: int
+
+
+class TakeOver(Message, tag=48):
+    """Close any connection of MQTT client id `client_id` in `vhost` but
+    `conn_id`, the new one (MQTT-3.1.4-2)."""
+
+    vhost: str
+    client_id: str
+    conn_id: int
+
+
 # The one byte the acceptor sends with a connection's socket (SCM_RIGHTS):
 # which listener accepted it.
 HANDOFF_PLAIN, HANDOFF_TLS, HANDOFF_MQTT = b"c", b"t", b"m"
@@ -358,9 +376,19 @@ ToScheduler = Union[  # noqa: UP007
     Consumers,
     ConnOpen,
     ChannelCounts,
+    ClientIdConnected,
 ]
 ToWorker = Union[  # noqa: UP007
-    Reply, Notify, Watch, ConsumerGone, Resync, Inspect, Unblock, Disconnect, ChannelTotals
+    Reply,
+    Notify,
+    Watch,
+    ConsumerGone,
+    Resync,
+    Inspect,
+    Unblock,
+    Disconnect,
+    ChannelTotals,
+    TakeOver,
 ]
 
 M = TypeVar("M")

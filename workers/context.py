@@ -45,6 +45,14 @@ class ConnectionBlocks(Protocol):
     def flow_unblock(self, qid: int) -> None: ...
 
 
+class MqttClient(Protocol):
+    """An MQTT client's connection, as a takeover finds it (workers/mqtt_connection.py)."""
+
+    conn_id: int
+
+    def taken_over(self) -> None: ...
+
+
 class WorkerConnection(Protocol):
     """A connection, as the worker's other parts see it through the
     registry (workers/connection.py adds and removes itself)."""
@@ -173,6 +181,8 @@ class WorkerContext(Requests):
         self.expiry: MessageExpiry = _NoExpiry()
         self.dead_letters: DeadLettering = _NoExpiry()
         self.connections: set[WorkerConnection] = set()
+        # MQTT clients by (vhost, client id), for a takeover (ipc.TakeOver).
+        self.mqtt_clients: dict[tuple[str, str], MqttClient] = {}
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)
         self._conn_ids = itertools.count(1)

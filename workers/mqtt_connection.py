@@ -49,6 +49,7 @@ from pamqp import commands as C
 from pamqp import frame as amqp_frame
 from pamqp import header as amqp_header
 
+from shoal.broker import ipc
 from shoal.broker.mqtt import packets as P
 from shoal.workers import framing
 from shoal.workers.connection import Connection
@@ -143,6 +144,7 @@ class MqttConnection(asyncio.Protocol):
         self.amqp_out = bytearray()
         self.amqp_reading = False
         self.counted_out = False
+        self.conn_id = 0  # the AMQP connection's id, once it is open
         self.frame_max = 131072
         self.expect: deque[Callable[[Any], None]] = deque()  # channel 1's sync replies
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
@@ -176,9 +178,19 @@ class MqttConnection(asyncio.Protocol):
             log.info("mqtt client %s: %s", self._who(), exc.text)
             self._disconnect(exc.reason)
 
+    def taken_over(self) -> None:
+        """The client connected again (a takeover): this connection goes,
+        5.0's with reason 0x8E, its will published."""
+        log.info("mqtt client %s: taken over by a new connection", self._who())
+        self._disconnect(0x8E)
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.connect is not None and self.amqp is not None:
+            key = (self.amqp.vhost, self.connect.client_id)
+            if self.ctx.mqtt_clients.get(key) is self:
+                del self.ctx.mqtt_clients[key]
         if not self.closed:
             self.closed = True
             if self.will is not None and self.open:
@@ -293,13 +305,22 @@ class MqttConnection(asyncio.Protocol):
     def _session(self) -> None:
         """A clean session starts with no queue of an earlier one; a
         persistent one consumes its queues at once (what came while it was
-        away is delivered). Then the CONNACK."""
-        assert self.connect is not None
-        if self.connect.clean:
+        away is delivered). Then the CONNACK. First, any other connection
+        of this client id, on any worker, is closed (MQTT-3.1.4-2)."""
+        assert self.connect is not None and self.amqp is not None
+        self.conn_id = self.amqp.id
+        key = (self.amqp.vhost, self.connect.client_id)
+        older = self.ctx.mqtt_clients.get(key)
+        self.ctx.mqtt_clients[key] = self
+        if older is not None and older is not self:
+            older.taken_over()
+        self.ctx.send(ipc.ClientIdConnected(key[0], key[1], self.conn_id))
+        if self.connect.clean:  # an earlier persistent session's queues go
+            persistent = f"mqtt-subscription-{self.connect.client_id}qos"
             self._call(
-                C.Queue.Delete(queue=self._queue(0)),
+                C.Queue.Delete(queue=persistent + "0"),
                 lambda _r: self._call(
-                    C.Queue.Delete(queue=self._queue(1)), lambda _r: self._accepted()
+                    C.Queue.Delete(queue=persistent + "1"), lambda _r: self._accepted()
                 ),
             )
         else:
@@ -425,8 +446,13 @@ class MqttConnection(asyncio.Protocol):
         next_step()
 
     def _queue(self, qos: int) -> str:
+        """RabbitMQ's name for a persistent session's queue. A clean
+        session's are its connection's own (their names end in its id): an
+        older connection of the client id, being taken over, may still hold
+        its exclusive queues when this one declares."""
         assert self.connect is not None
-        return f"mqtt-subscription-{self.connect.client_id}qos{qos}"
+        name = f"mqtt-subscription-{self.connect.client_id}qos{qos}"
+        return f"{name}-{self.conn_id:x}" if self.connect.clean else name
 
     def _consume(self, queue: str, qos: int, then: Callable[[], None]) -> None:
         """Queue `queue` declared and consumed (once per connection), then `then`."""

@@ -321,6 +321,12 @@ class Worker:
         for conn in list(self.ctx.connections):
             conn.blocks.flow_unblock(m.qid)
 
+    def _take_over(self, m: ipc.TakeOver) -> None:
+        """An MQTT client id connected again: its older connection here goes."""
+        client = self.ctx.mqtt_clients.get((m.vhost, m.client_id))
+        if client is not None and client.conn_id != m.conn_id:
+            client.taken_over()
+
     def _disconnect(self, m: ipc.Disconnect) -> None:
         for conn in list(self.ctx.connections):
             if conn.matches(m.vhost, m.user, m.conn_id):
@@ -409,6 +415,7 @@ _HANDLERS: dict[type, Handler] = dict(
         _on(ipc.Inspect, Worker._inspect),
         _on(ipc.Disconnect, Worker._disconnect),
         _on(ipc.ChannelTotals, Worker._channel_totals),
+        _on(ipc.TakeOver, Worker._take_over),
     )
 )
 

@@ -296,6 +296,10 @@ class Scheduler:
         return ipc.Ok()
 
     # Notices: nobody waits for an answer (see _NOTICES).
+    def _on_client_id_connected(self, worker: int, m: ipc.ClientIdConnected) -> None:
+        # Every worker looks for that client id's other connection.
+        self.state.send_all(ipc.TakeOver(m.vhost, m.client_id, m.conn_id))
+
     def _on_consumers(self, worker: int, m: ipc.Consumers) -> None:
         self.introspection.on_consumers(worker, m.req, m.consumers)
 
@@ -344,6 +348,7 @@ _NOTICES: dict[type, Binder] = dict(
         _on(ipc.Consumers, lambda s: s._on_consumers),
         _on(ipc.WorkerGone, lambda s: s._on_worker_gone),
         _on(ipc.ChannelCounts, lambda s: s._on_channel_counts),
+        _on(ipc.ClientIdConnected, lambda s: s._on_client_id_connected),
     )
 )
 # Requests: the handler's result is the payload of a Reply with the same req;

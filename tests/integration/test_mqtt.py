@@ -311,3 +311,23 @@ def test_an_mqtt_connection_is_listed_with_its_protocol_and_client_id(
         ("MQTT 5.0", "listed-5"),
     ]
     assert {r["user"] for r in listed} == {"guest"}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_client_id_connecting_again_takes_the_session_over(
+    broker_factory: Callable[..., Broker], clients: list[Client], version: int
+) -> None:
+    """MQTT-3.1.4-2: the older connection of a client id is closed, whichever
+    IO worker holds it (four workers: the two connections are spread)."""
+    port = free_port()
+    broker_factory(workers=4, args=("--mqtt-port", str(port)))
+    first = connected(clients, port, version, "phone-1")
+    first.c.reconnect_delay_set(60, 120)  # paho's loop must not take it back
+    assert first.subscribe("inbox/phone-1", 1) == [1]
+    second = connected(clients, port, version, "phone-1")
+    reason = first.next("gone")
+    if version == paho.MQTTv5:
+        assert str(reason) == "Session taken over"  # DISCONNECT 0x8E
+    assert second.subscribe("inbox/phone-1", 1) == [1]
+    second.c.publish("inbox/phone-1", b"for the new one", qos=1).wait_for_publish(WAIT_S)
+    assert second.next("message").payload == b"for the new one"

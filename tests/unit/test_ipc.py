@@ -53,6 +53,8 @@ SAMPLES: list[ipc.Message] = [
     ipc.Inspect(5),
     ipc.Unblock(2),
     ipc.Disconnect("v", "u", 3, "vhost 'v' is deleted"),
+    ipc.ClientIdConnected("/", "device-1", 7),
+    ipc.TakeOver("/", "device-1", 7),
     ipc.ChannelCounts({"u": 2, "gone": 0}),
     ipc.ChannelTotals({"u": 5}),
     ipc.ConnOpen(7, "v", "u", True),
