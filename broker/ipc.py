@@ -256,7 +256,22 @@ class Refused(Message, tag=45):
     reply_text: str
 
 
-Answer = Union[QueueDeclared, Registered, Counted, LevelLog, Ok, Refused]  # noqa: UP007
+class RetainedMessage(msgspec.Struct, array_like=True, gc=False):
+    """An MQTT retained message: the last one published with RETAIN to its topic."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    properties: dict[str, Any]  # MQTT 5.0's (content type, user properties...)
+
+
+class RetainedList(Message, tag=50):
+    """The retained messages a topic filter matches."""
+
+    messages: list[RetainedMessage]
+
+
+Answer = Union[QueueDeclared, Registered, Counted, LevelLog, Ok, Refused, RetainedList]  # noqa: UP007
 
 
 class Reply(Message, tag=20):
@@ -342,6 +357,22 @@ class ClientIdConnected(Message, tag=47):
     conn_id: int
 
 
+class Retain(Message, tag=49):
+    """An MQTT PUBLISH with RETAIN: kept for topic `message.topic` in
+    `vhost` (an empty payload takes the topic's message out)."""
+
+    vhost: str
+    message: RetainedMessage
+
+
+class RetainedFor(Request, tag=51):
+    """The retained messages of `vhost` that `topic_filter` matches. Reply:
+    RetainedList."""
+
+    vhost: str
+    topic_filter: str
+
+
 class TakeOver(Message, tag=48):
     """Close any connection of MQTT client id `client_id` in `vhost` but
     `conn_id`, the new one (MQTT-3.1.4-2)."""
@@ -377,6 +408,8 @@ ToScheduler = Union[  # noqa: UP007
     ConnOpen,
     ChannelCounts,
     ClientIdConnected,
+    Retain,
+    RetainedFor,
 ]
 ToWorker = Union[  # noqa: UP007
     Reply,

@@ -107,6 +107,8 @@ class Requests(Protocol):
     @overload
     def request(self, message: ipc.Level) -> asyncio.Future[ipc.LevelLog]: ...
     @overload
+    def request(self, message: ipc.RetainedFor) -> asyncio.Future[ipc.RetainedList]: ...
+    @overload
     def request(
         self,
         message: ipc.ExchangeDeclare

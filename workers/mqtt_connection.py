@@ -23,15 +23,17 @@ the management API's connection rows.
     a delivery       PUBLISH (QoS 1: a packet id; the client's PUBACK acks it)
     PINGREQ          PINGRESP; keep-alive: closed after 1.5 x its interval
     DISCONNECT       closed without the will; any other end publishes the will
+    RETAIN           kept by the scheduler once confirmed (ipc.Retain); a new
+                     subscription gets what its filter matches (ipc.RetainedFor)
+    the client id    connecting again: its older connection, on any worker, goes
 
 A clean session's queues are exclusive (gone with the connection); a
 persistent session's are durable and outlive it.
 
-Not yet (issue 41): retained messages, QoS 2 deliveries (granted as 1),
-session takeover of a client id already connected, 5.0's topic aliases,
-subscription identifiers, shared subscriptions and enhanced auth, the
-WebSocket and TLS listeners. A 5.0 client is told so in its CONNACK
-(maximum QoS 1, retain not available, topic alias maximum 0).
+Not yet (issue 41, docs/mqtt.md): QoS 2 deliveries (granted as 1), 5.0's
+session expiry, topic aliases, subscription identifiers, shared
+subscriptions and enhanced auth, the WebSocket and TLS listeners. A 5.0
+client is told so in its CONNACK (maximum QoS 1, topic alias maximum 0).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from pamqp import frame as amqp_frame
 from pamqp import header as amqp_header
 
 from shoal.broker import ipc
+from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.workers import framing
 from shoal.workers.connection import Connection
@@ -57,11 +60,10 @@ from shoal.workers.context import WorkerContext
 
 log = logging.getLogger("shoal.mqtt")
 
-EXCHANGE = "amq.topic"
-QOS_HEADER = "x-mqtt-publish-qos"
 PREFETCH = 10  # deliveries in flight per QoS 1 queue (RabbitMQ's mqtt.prefetch)
 MAX_CLIENT_ID = 233  # "mqtt-subscription-" + id + "qos1" within a queue name's 255 bytes
 CONNECT_TIMEOUT_S = 10.0
+NOTHING_TO_ACK = -1  # the delivery tag of a retained message's PUBLISH (no AMQP delivery)
 
 # CONNACK codes: (3.1.1, 5.0)
 ACCEPTED = (0, 0x00)
@@ -70,15 +72,6 @@ BAD_CLIENT_ID = (2, 0x85)
 UNAVAILABLE = (3, 0x88)
 BAD_LOGIN = (4, 0x86)
 NOT_AUTHORIZED = (5, 0x87)
-
-
-def mqtt_to_amqp(topic: str) -> str:
-    """A topic name or filter as a routing key or binding key (RabbitMQ's)."""
-    return topic.replace("/", ".").replace("+", "*")
-
-
-def amqp_to_mqtt(key: str) -> str:
-    return key.replace("*", "+").replace(".", "/")
 
 
 class _AmqpSide:
@@ -149,7 +142,10 @@ class MqttConnection(asyncio.Protocol):
         self.expect: deque[Callable[[Any], None]] = deque()  # channel 1's sync replies
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
         self.confirm_seq = 0
-        self.confirms: dict[int, tuple[int, int]] = {}  # seq -> (packet type, packet id)
+        # Channel 1 is in confirm mode: every publish has a seq, and those
+        # that wait for their confirm are here: (the ack to send: packet
+        # type and id, or None; the retained message to keep, or None).
+        self.confirms: dict[int, tuple[tuple[int, int] | None, ipc.Retain | None]] = {}
         self.qos2_received: set[int] = set()
         self.next_packet_id = 1
         self.unacked: dict[int, int] = {}  # packet id -> delivery tag
@@ -335,7 +331,6 @@ class MqttConnection(asyncio.Protocol):
         if self.level == P.MQTT_5:
             props = {
                 "maximum_qos": 1,
-                "retain_available": 0,
                 "topic_alias_maximum": 0,
                 "subscription_identifier_available": 0,
                 "shared_subscription_available": 0,
@@ -355,38 +350,40 @@ class MqttConnection(asyncio.Protocol):
                 self._packet(packet)
 
     def _on_publish(self, packet: P.Publish) -> None:
-        if packet.retain and self.level == P.MQTT_5:
-            raise P.ProtocolError("retained messages are not available")  # 0x9A
         if packet.qos == 2 and packet.packet_id in self.qos2_received:
             # A resend: published once already. PUBREC again if it was
             # confirmed, else the confirm sends it.
-            if (P.PUBREC, packet.packet_id) not in self.confirms.values():
+            waiting = (P.PUBREC, packet.packet_id)
+            if all(ack != waiting for ack, _r in self.confirms.values()):
                 self._send(P.encode_ack(self.level, P.PUBREC, packet.packet_id))
             return
-        headers: dict[str, Any] = {QOS_HEADER: packet.qos}
-        for key, value in packet.properties.get("user_property", ()):
-            headers[key] = value
-        expiry = packet.properties.get("message_expiry_interval")
-        props = C.Basic.Properties(
-            delivery_mode=2 if packet.qos else 1,
-            headers=headers,
-            content_type=packet.properties.get("content_type"),
-            correlation_id=_text(packet.properties.get("correlation_data")),
-            reply_to=packet.properties.get("response_topic"),
-            expiration=None if expiry is None else str(expiry * 1000),
-        )
+        props = M.amqp_properties(packet.qos, packet.properties)
+        ack = None
         if packet.qos:
             assert packet.packet_id is not None
-            self.confirm_seq += 1
-            kind = P.PUBACK if packet.qos == 1 else P.PUBREC
-            self.confirms[self.confirm_seq] = (kind, packet.packet_id)
+            ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet.packet_id)
             if packet.qos == 2:
                 self.qos2_received.add(packet.packet_id)  # until its PUBREL
-        self._publish(mqtt_to_amqp(packet.topic), packet.payload, props)
+        retain = None
+        if packet.retain:  # kept once the broker has taken the message
+            kept = {k: v for k, v in packet.properties.items() if k in M.FORWARDED_PROPERTIES}
+            plain = ipc.RetainedMessage(packet.topic, packet.payload, packet.qos, kept)
+            retain = ipc.Retain(self.amqp.vhost if self.amqp is not None else "", plain)
+        self._publish(M.mqtt_to_amqp(packet.topic), packet.payload, props, ack, retain)
 
-    def _publish(self, routing_key: str, payload: bytes, props: C.Basic.Properties) -> None:
+    def _publish(
+        self,
+        routing_key: str,
+        payload: bytes,
+        props: C.Basic.Properties,
+        ack: tuple[int, int] | None = None,
+        retain: ipc.Retain | None = None,
+    ) -> None:
+        self.confirm_seq += 1  # (every publish: channel 1 confirms them all)
+        if ack is not None or retain is not None:
+            self.confirms[self.confirm_seq] = (ack, retain)
         frames = [
-            amqp_frame.marshal(C.Basic.Publish(exchange=EXCHANGE, routing_key=routing_key), 1),
+            amqp_frame.marshal(C.Basic.Publish(exchange=M.EXCHANGE, routing_key=routing_key), 1),
             amqp_frame.marshal(amqp_header.ContentHeader(0, len(payload), props), 1),
         ]
         step = self.frame_max - 8
@@ -398,15 +395,13 @@ class MqttConnection(asyncio.Protocol):
         will, self.will = self.will, None
         if will is None or self.amqp is None:
             return
-        props = C.Basic.Properties(
-            delivery_mode=2 if will.qos else 1, headers={QOS_HEADER: will.qos}
-        )
-        self._publish(mqtt_to_amqp(will.topic), will.payload, props)
+        props = M.amqp_properties(will.qos, will.properties)  # (5.0: its will properties)
+        self._publish(M.mqtt_to_amqp(will.topic), will.payload, props)
 
     def _on_ack(self, packet: P.Ack) -> None:
         if packet.kind == P.PUBACK:
             tag = self.unacked.pop(packet.packet_id, None)
-            if tag is not None:
+            if tag is not None and tag != NOTHING_TO_ACK:
                 self._method(C.Basic.Ack(delivery_tag=tag))
         elif packet.kind == P.PUBREL:
             self.qos2_received.discard(packet.packet_id)
@@ -417,10 +412,13 @@ class MqttConnection(asyncio.Protocol):
     def _on_subscribe(self, packet: P.Subscribe) -> None:
         codes: list[int] = []
         steps = [(sub.topic_filter, min(sub.qos, 1)) for sub in packet.subscriptions]
+        granted = list(steps)
 
         def next_step(_reply: Any = None) -> None:
             if not steps:
                 self._send(P.encode_suback(self.level, packet.packet_id, codes))
+                for topic_filter, qos in granted:  # then what is retained there
+                    self._send_retained(topic_filter, qos)
                 return
             topic_filter, qos = steps.pop(0)
             queue = self._queue(qos)
@@ -432,18 +430,49 @@ class MqttConnection(asyncio.Protocol):
                 next_step()
 
             def bind() -> None:
-                key = mqtt_to_amqp(topic_filter)
-                self._call(C.Queue.Bind(queue=queue, exchange=EXCHANGE, routing_key=key), bound)
+                key = M.mqtt_to_amqp(topic_filter)
+                self._call(C.Queue.Bind(queue=queue, exchange=M.EXCHANGE, routing_key=key), bound)
 
             if old is not None and old != queue:  # a new QoS for the filter: moved
                 unbind = C.Queue.Unbind(
-                    queue=old, exchange=EXCHANGE, routing_key=mqtt_to_amqp(topic_filter)
+                    queue=old, exchange=M.EXCHANGE, routing_key=M.mqtt_to_amqp(topic_filter)
                 )
                 self._call(unbind, lambda _r: self._consume(queue, qos, bind))
             else:
                 self._consume(queue, qos, bind)
 
         next_step()
+
+    def _send_retained(self, topic_filter: str, qos: int) -> None:
+        """The retained messages `topic_filter` matches, with RETAIN set
+        (MQTT-3.3.1-6), each at min(its QoS, the subscription's)."""
+        if self.amqp is None:
+            return
+        asked = self.ctx.request(ipc.RetainedFor(self.amqp.vhost, topic_filter))
+
+        def got(future: asyncio.Future[ipc.RetainedList]) -> None:
+            if self.closed or future.cancelled() or future.exception() is not None:
+                return
+            for message in future.result().messages:
+                message_qos = min(qos, message.qos, 1)
+                packet_id = None
+                if message_qos:
+                    packet_id = self._packet_id()
+                    self.unacked[packet_id] = NOTHING_TO_ACK
+                props = message.properties if self.level == P.MQTT_5 else None
+                self._send(
+                    P.encode_publish(
+                        self.level,
+                        message.topic,
+                        message.payload,
+                        qos=message_qos,
+                        retain=True,
+                        packet_id=packet_id,
+                        properties=props or None,
+                    )
+                )
+
+        asked.add_done_callback(got)
 
     def _queue(self, qos: int) -> str:
         """RabbitMQ's name for a persistent session's queue. A clean
@@ -489,10 +518,10 @@ class MqttConnection(asyncio.Protocol):
                 next_step()
                 return
             codes.append(0)
-            key = mqtt_to_amqp(topic_filter)
+            key = M.mqtt_to_amqp(topic_filter)
             for one in queues[:-1]:
-                self._call(C.Queue.Unbind(queue=one, exchange=EXCHANGE, routing_key=key), _ignore)
-            unbind = C.Queue.Unbind(queue=queues[-1], exchange=EXCHANGE, routing_key=key)
+                self._call(C.Queue.Unbind(queue=one, exchange=M.EXCHANGE, routing_key=key), _ignore)
+            unbind = C.Queue.Unbind(queue=queues[-1], exchange=M.EXCHANGE, routing_key=key)
             self._call(unbind, next_step)
 
         next_step()
@@ -605,7 +634,12 @@ class MqttConnection(asyncio.Protocol):
             got = self.confirms.pop(seq, None)
             if got is None:
                 continue
-            kind, packet_id = got
+            waiting, retain = got
+            if ack and retain is not None:
+                self.ctx.send(retain)
+            if waiting is None:
+                continue
+            kind, packet_id = waiting
             if not ack:  # the broker could not take it: the client sends it again
                 self.qos2_received.discard(packet_id)
                 if self.level == P.MQTT_5:
@@ -620,33 +654,18 @@ class MqttConnection(asyncio.Protocol):
         deliver, content, payload = self.delivery
         self.delivery = None
         queue_qos = self.consumed.get(deliver.consumer_tag, 0)
-        headers = content.properties.headers or {}
-        message_qos = headers.get(QOS_HEADER)
-        if message_qos is None:
-            message_qos = 1 if content.properties.delivery_mode == 2 else 0
-        qos = min(queue_qos, int(message_qos), 1)
+        qos = min(queue_qos, M.published_qos(content.properties), 1)
         packet_id = None
         if qos:
             packet_id = self._packet_id()
             self.unacked[packet_id] = deliver.delivery_tag
         elif queue_qos:  # a QoS 0 message on the QoS 1 queue: settled now
             self._method(C.Basic.Ack(delivery_tag=deliver.delivery_tag))
-        props: P.Properties | None = None
-        if self.level == P.MQTT_5:
-            props = {}
-            if content.properties.content_type:
-                props["content_type"] = content.properties.content_type
-            if content.properties.reply_to:
-                props["response_topic"] = content.properties.reply_to
-            if content.properties.correlation_id:
-                props["correlation_data"] = content.properties.correlation_id.encode()
-            users = [(k, str(v)) for k, v in headers.items() if not k.startswith("x-mqtt")]
-            if users:
-                props["user_property"] = users
+        props = M.mqtt_properties(content.properties) if self.level == P.MQTT_5 else None
         self._send(
             P.encode_publish(
                 self.level,
-                amqp_to_mqtt(deliver.routing_key),
+                M.amqp_to_mqtt(deliver.routing_key),
                 bytes(payload),
                 qos=qos,
                 dup=bool(deliver.redelivered) and qos > 0,
@@ -666,7 +685,3 @@ class MqttConnection(asyncio.Protocol):
 
 def _ignore(_reply: Any) -> None:
     pass
-
-
-def _text(data: bytes | None) -> str | None:
-    return None if data is None else data.decode(errors="replace")

@@ -49,6 +49,7 @@ from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
 from shoal.broker.scheduler.parameters import Parameters
 from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.queue_lifecycle import QueueLifecycle
+from shoal.broker.scheduler.retained import RetainedMessages
 from shoal.broker.scheduler.state import SchedulerState
 from shoal.broker.scheduler.transfer import Transfer
 from shoal.shm.message_files import MessageFileTable
@@ -96,6 +97,7 @@ class Scheduler:
         self.parameters = Parameters(state, self.journal)
         self.accounts = Accounts(state, self.journal, self.lifecycle.remove_queue)
         self.connections = Connections(state)
+        self.retained = RetainedMessages(config.data_path(), self.loop)  # MQTT's
         self.transfer = Transfer(
             state,
             self.journal,
@@ -164,6 +166,8 @@ class Scheduler:
             self.loop.run_forever()
         finally:
             self.introspection.close()
+            if self.retained.flushing is not None:
+                self.retained.flush()  # (a graceful stop keeps the last changes)
         return 0
 
     def _reload(self) -> None:
@@ -349,6 +353,7 @@ _NOTICES: dict[type, Binder] = dict(
         _on(ipc.WorkerGone, lambda s: s._on_worker_gone),
         _on(ipc.ChannelCounts, lambda s: s._on_channel_counts),
         _on(ipc.ClientIdConnected, lambda s: s._on_client_id_connected),
+        _on(ipc.Retain, lambda s: s.retained.retain),
     )
 )
 # Requests: the handler's result is the payload of a Reply with the same req;
@@ -366,6 +371,7 @@ _REQUESTS: dict[type, Binder] = dict(
         _on(ipc.Level, lambda s: s._on_level),
         _on(ipc.ConnClosed, lambda s: s._on_conn_closed),
         _on(ipc.ConnOpen, lambda s: s.connections.connection_opened),
+        _on(ipc.RetainedFor, lambda s: s.retained.retained_for),
     )
 )
 

@@ -331,3 +331,36 @@ def test_a_client_id_connecting_again_takes_the_session_over(
     assert second.subscribe("inbox/phone-1", 1) == [1]
     second.c.publish("inbox/phone-1", b"for the new one", qos=1).wait_for_publish(WAIT_S)
     assert second.next("message").payload == b"for the new one"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_retained_message_reaches_later_subscribers_and_survives_a_restart(
+    mqtt_broker: tuple[Broker, int], clients: list[Client], version: int
+) -> None:
+    broker, port = mqtt_broker
+    device = connected(clients, port, version, "thermostat")
+    device.c.publish("home/thermostat/mode", b"eco", qos=1, retain=True).wait_for_publish(WAIT_S)
+    device.c.publish("home/door", b"shut", qos=0, retain=True)
+    device.c.publish("home/door", b"", qos=1, retain=True).wait_for_publish(WAIT_S)  # cleared
+    device.c.publish("home/light", b"live", qos=1).wait_for_publish(WAIT_S)  # not retained
+    late = connected(clients, port, version, "app-1")
+    assert late.subscribe("home/#", 1) == [1]
+    message = late.next("message")
+    assert (message.topic, message.payload, message.qos) == ("home/thermostat/mode", b"eco", 1)
+    assert message.retain
+    device.c.publish("home/thermostat/mode", b"comfort", qos=1).wait_for_publish(WAIT_S)
+    live = late.next("message")
+    assert live.payload == b"comfort" and not live.retain  # MQTT-3.3.1-9
+    for c in clients:
+        c.close()
+    clients.clear()
+    broker.restart()
+    again = connected(clients, port, version, "app-2")
+    assert again.subscribe("home/+/mode", 0) == [0]
+    kept = again.next("message")
+    assert (kept.topic, kept.payload, kept.qos, kept.retain) == (
+        "home/thermostat/mode",
+        b"eco",
+        0,
+        True,
+    )

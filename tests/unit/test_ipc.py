@@ -55,6 +55,8 @@ SAMPLES: list[ipc.Message] = [
     ipc.Disconnect("v", "u", 3, "vhost 'v' is deleted"),
     ipc.ClientIdConnected("/", "device-1", 7),
     ipc.TakeOver("/", "device-1", 7),
+    ipc.Retain("/", ipc.RetainedMessage("a/b", b"x", 1, {"user_property": [["k", "v"]]})),
+    ipc.RetainedFor("/", "a/#"),
     ipc.ChannelCounts({"u": 2, "gone": 0}),
     ipc.ChannelTotals({"u": 5}),
     ipc.ConnOpen(7, "v", "u", True),
