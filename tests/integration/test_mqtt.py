@@ -4,7 +4,10 @@ clients on the same messages both ways through amq.topic."""
 
 from __future__ import annotations
 
+import os
 import queue
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -364,3 +367,46 @@ def test_a_retained_message_reaches_later_subscribers_and_survives_a_restart(
         0,
         True,
     )
+
+
+MOSQUITTO_REQUIRED = os.environ.get("SHOAL_MOSQUITTO_REQUIRED") == "1"
+needs_mosquitto = pytest.mark.skipif(
+    shutil.which("mosquitto_pub") is None and not MOSQUITTO_REQUIRED,
+    reason="needs Debian's mosquitto-clients (CI installs them: SHOAL_MOSQUITTO_REQUIRED=1)",
+)
+
+
+@needs_mosquitto
+@pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
+def test_mosquitto_clients_publish_and_subscribe(
+    mqtt_broker: tuple[Broker, int], version: str
+) -> None:
+    """Debian's mosquitto_sub and mosquitto_pub (libmosquitto), QoS 1 and a
+    retained message, both protocol versions."""
+    _broker, port = mqtt_broker
+    common = ["-h", "127.0.0.1", "-p", str(port), "-V", version]
+    subprocess.run(
+        ["mosquitto_pub", *common, "-t", "plant/boiler", "-m", "hot", "-q", "1", "-r"],
+        check=True,
+        timeout=WAIT_S,
+    )
+    sub = subprocess.Popen(
+        ["mosquitto_sub", *common, "-t", "plant/#", "-q", "1", "-C", "2", "-v", "-W", str(WAIT_S)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = sub.stdout.readline() if sub.stdout is not None else ""
+        assert first == "plant/boiler hot\n"  # the retained message, on subscribing
+        subprocess.run(
+            ["mosquitto_pub", *common, "-t", "plant/pump", "-m", "on", "-q", "1"],
+            check=True,
+            timeout=WAIT_S,
+        )
+        out, _err = sub.communicate(timeout=WAIT_S)
+        assert out == "plant/pump on\n"
+        assert sub.returncode == 0
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait(WAIT_S)
