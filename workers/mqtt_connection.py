@@ -27,11 +27,12 @@ the management API's connection rows.
                      subscription gets what its filter matches (ipc.RetainedFor)
     the client id    connecting again: its older connection, on any worker, goes
 
-A clean session's queues are exclusive (gone with the connection); a
-persistent session's are durable and outlive it.
+A session's queues are exclusive (gone with the connection) but for a
+persistent session's (3.1.1 without clean session; 5.0 with a session
+expiry interval: the queues' x-expires): durable, they outlive it.
 
 Not yet (issue 41, docs/mqtt.md): QoS 2 deliveries (granted as 1), 5.0's
-session expiry, topic aliases, subscription identifiers, shared
+topic aliases, subscription identifiers, shared
 subscriptions and enhanced auth, the WebSocket and TLS listeners. A 5.0
 client is told so in its CONNACK (maximum QoS 1, topic alias maximum 0).
 """
@@ -57,6 +58,7 @@ from shoal.broker.mqtt import packets as P
 from shoal.workers import framing
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
+from shoal.workers.mqtt_transport import AmqpSide
 
 log = logging.getLogger("shoal.mqtt")
 
@@ -74,55 +76,6 @@ BAD_LOGIN = (4, 0x86)
 NOT_AUTHORIZED = (5, 0x87)
 
 
-class _AmqpSide:
-    """The transport the inner AMQP connection writes to: its bytes go to
-    the bridge, its reads are the MQTT socket's."""
-
-    def __init__(self, bridge: MqttConnection) -> None:
-        self.bridge = bridge
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name in ("peername", "sockname") and self.bridge.transport is not None:
-            return self.bridge.transport.get_extra_info(name)
-        return default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def write(self, data: bytes) -> None:
-        self.bridge.from_amqp(data)
-
-    def writelines(self, parts: list[bytes]) -> None:
-        for part in parts:
-            self.bridge.from_amqp(part)
-
-    def pause_reading(self) -> None:
-        if self.bridge.transport is not None:
-            self.bridge.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.bridge.transport is not None:
-            self.bridge.transport.resume_reading()
-
-    def close(self) -> None:
-        self.bridge.amqp_closed()
-
-    abort = close
-
-    def is_closing(self) -> bool:
-        return self.bridge.closed
-
-    def write_eof(self) -> None:
-        pass
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        transport = self.bridge.transport
-        return 0 if transport is None else int(transport.get_write_buffer_size())
-
-
 class MqttConnection(asyncio.Protocol):
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
@@ -138,6 +91,7 @@ class MqttConnection(asyncio.Protocol):
         self.amqp_reading = False
         self.counted_out = False
         self.conn_id = 0  # the AMQP connection's id, once it is open
+        self.persistent = False  # the session outlives the connection
         self.frame_max = 131072
         self.expect: deque[Callable[[Any], None]] = deque()  # channel 1's sync replies
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
@@ -284,6 +238,12 @@ class MqttConnection(asyncio.Protocol):
             self._refuse(BAD_CLIENT_ID)
             return
         self.will = packet.will
+        # A session outlives its connection: 3.1.1 without clean session;
+        # 5.0 with a session expiry interval (whatever clean start says).
+        if packet.level == P.MQTT_5:
+            self.persistent = bool(packet.properties.get("session_expiry_interval"))
+        else:
+            self.persistent = not packet.clean
         config = self.ctx.config
         vhost, user = config.default_vhost, packet.username
         if user is not None and ":" in user:
@@ -294,7 +254,7 @@ class MqttConnection(asyncio.Protocol):
             password = packet.password or b""
         self.amqp = Connection(self.ctx)
         self.amqp.protocol = "MQTT 5.0" if self.level == P.MQTT_5 else "MQTT 3.1.1"
-        self.amqp.connection_made(_AmqpSide(self))
+        self.amqp.connection_made(AmqpSide(self))
         self.login = (user, password, vhost)
         self._to_amqp(framing.PROTOCOL_HEADER)
 
@@ -311,18 +271,20 @@ class MqttConnection(asyncio.Protocol):
         if older is not None and older is not self:
             older.taken_over()
         self.ctx.send(ipc.ClientIdConnected(key[0], key[1], self.conn_id))
+        resume = lambda: self._consume(  # noqa: E731
+            self._queue(0), 0, lambda: self._consume(self._queue(1), 1, self._accepted)
+        )
         if self.connect.clean:  # an earlier persistent session's queues go
-            persistent = f"mqtt-subscription-{self.connect.client_id}qos"
+            earlier = f"mqtt-subscription-{self.connect.client_id}qos"
+            then = resume if self.persistent else self._accepted
             self._call(
-                C.Queue.Delete(queue=persistent + "0"),
-                lambda _r: self._call(
-                    C.Queue.Delete(queue=persistent + "1"), lambda _r: self._accepted()
-                ),
+                C.Queue.Delete(queue=earlier + "0"),
+                lambda _r: self._call(C.Queue.Delete(queue=earlier + "1"), lambda _r: then()),
             )
+        elif self.persistent:
+            resume()
         else:
-            self._consume(
-                self._queue(0), 0, lambda: self._consume(self._queue(1), 1, self._accepted)
-            )
+            self._accepted()
 
     def _accepted(self) -> None:
         assert self.connect is not None
@@ -481,7 +443,7 @@ class MqttConnection(asyncio.Protocol):
         its exclusive queues when this one declares."""
         assert self.connect is not None
         name = f"mqtt-subscription-{self.connect.client_id}qos{qos}"
-        return f"{name}-{self.conn_id:x}" if self.connect.clean else name
+        return name if self.persistent else f"{name}-{self.conn_id:x}"
 
     def _consume(self, queue: str, qos: int, then: Callable[[], None]) -> None:
         """Queue `queue` declared and consumed (once per connection), then `then`."""
@@ -489,10 +451,16 @@ class MqttConnection(asyncio.Protocol):
             then()
             return
         self.consumed[queue] = qos
-        clean = self.connect is not None and self.connect.clean
-        declare = C.Queue.Declare(
-            queue=queue, durable=not clean, exclusive=clean, auto_delete=clean
-        )
+        if self.persistent:
+            # 5.0: the session ends its expiry interval after its last
+            # connection (the queue's x-expires, as RabbitMQ 3.13 does).
+            expiry = (
+                self.connect.properties.get("session_expiry_interval") if self.connect else None
+            )
+            arguments = {} if not expiry or expiry == 0xFFFFFFFF else {"x-expires": expiry * 1000}
+            declare = C.Queue.Declare(queue=queue, durable=True, arguments=arguments)
+        else:
+            declare = C.Queue.Declare(queue=queue, exclusive=True, auto_delete=True)
 
         def declared(_reply: Any) -> None:
             consume = C.Basic.Consume(queue=queue, consumer_tag=queue, no_ack=qos == 0)

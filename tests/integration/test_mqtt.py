@@ -18,7 +18,7 @@ from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.broker_process import Broker, free_port
+from tests.broker_process import Broker, free_port, wait_for
 
 WAIT_S = 10
 VERSIONS = [paho.MQTTv311, paho.MQTTv5]
@@ -33,13 +33,16 @@ def mqtt_broker(broker_factory: Callable[..., Broker]) -> Iterator[tuple[Broker,
 class Client:
     """A paho client whose callbacks land in a queue."""
 
-    def __init__(self, port: int, version: int, client_id: str, clean: bool = True) -> None:
+    def __init__(
+        self, port: int, version: int, client_id: str, clean: bool = True, expiry: int | None = None
+    ) -> None:
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         kwargs: dict[str, Any] = {"client_id": client_id, "protocol": version}
         if version != paho.MQTTv5:
             kwargs["clean_session"] = clean
         self.version = version
         self.clean = clean
+        self.expiry = (0 if clean else 3600) if expiry is None else expiry  # 5.0's
         self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, **kwargs)
         self.c.on_connect = lambda c, u, f, rc, p: self.events.put(("connack", rc))
         self.c.on_subscribe = lambda c, u, mid, codes, p: self.events.put(("suback", codes))
@@ -54,7 +57,7 @@ class Client:
         props = None
         if self.version == paho.MQTTv5:
             props = Properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = 0 if self.clean else 3600
+            props.SessionExpiryInterval = self.expiry
         self.c.connect(
             "127.0.0.1", self.port, keepalive=30, clean_start=self.clean, properties=props
         ) if self.version == paho.MQTTv5 else self.c.connect("127.0.0.1", self.port, 30)
@@ -410,3 +413,38 @@ def test_mosquitto_clients_publish_and_subscribe(
         if sub.poll() is None:
             sub.kill()
             sub.wait(WAIT_S)
+
+
+def test_a_five_session_lasts_its_expiry_interval_whatever_clean_start_says(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    broker, port = mqtt_broker
+    pub = connected(clients, port, paho.MQTTv5, "pub-5")
+    # Clean start off but no expiry interval: the session ends with the connection.
+    brief = Client(port, paho.MQTTv5, "brief", clean=False, expiry=0)
+    assert brief.connect() == 0 and brief.subscribe("log/#", 1) == [1]
+    brief.close()
+    # An expiry interval of 1 s: the session is kept, then goes.
+    short = Client(port, paho.MQTTv5, "short", clean=False, expiry=1)
+    assert short.connect() == 0 and short.subscribe("log/#", 1) == [1]
+    short.close()
+    pub.c.publish("log/a", b"kept a while", qos=1).wait_for_publish(WAIT_S)
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        kept = ch.queue_declare("mqtt-subscription-shortqos1", passive=True)
+        assert kept.method.message_count == 1
+        assert [q for q in _queue_names(broker) if "brief" in q] == []
+
+        def expired() -> bool:
+            return "mqtt-subscription-shortqos1" not in _queue_names(broker)
+
+        wait_for(expired, WAIT_S, "the session's queue to expire")
+    finally:
+        conn.close()
+
+
+def _queue_names(broker: Broker) -> list[str]:
+    from tests.integration.test_ctl import rows
+
+    return [str(r["name"]) for r in rows(broker, "list_queues", "name")]

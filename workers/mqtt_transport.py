@@ -1,0 +1,64 @@
+"""The transport an MQTT client's inner AMQP connection writes to
+(workers/mqtt_connection.py): its writes go to the bridge, which turns them
+into MQTT packets; reading is paused and resumed on the client's socket."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Bridge(Protocol):
+    transport: Any  # the MQTT client's socket transport (uvloop's)
+    closed: bool
+
+    def from_amqp(self, data: bytes) -> None: ...
+    def amqp_closed(self) -> None: ...
+
+
+class AmqpSide:
+    """The transport the inner AMQP connection writes to: its bytes go to
+    the bridge, its reads are the MQTT socket's."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name in ("peername", "sockname") and self.bridge.transport is not None:
+            return self.bridge.transport.get_extra_info(name)
+        return default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        self.bridge.from_amqp(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        for part in parts:
+            self.bridge.from_amqp(part)
+
+    def pause_reading(self) -> None:
+        if self.bridge.transport is not None:
+            self.bridge.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.bridge.transport is not None:
+            self.bridge.transport.resume_reading()
+
+    def close(self) -> None:
+        self.bridge.amqp_closed()
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.bridge.closed
+
+    def write_eof(self) -> None:
+        pass
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        transport = self.bridge.transport
+        return 0 if transport is None else int(transport.get_write_buffer_size())
