@@ -63,6 +63,7 @@ from shoal.workers.mqtt_transport import AmqpSide
 log = logging.getLogger("shoal.mqtt")
 
 PREFETCH = 10  # deliveries in flight per QoS 1 queue (RabbitMQ's mqtt.prefetch)
+PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its payload
 MAX_CLIENT_ID = 233  # "mqtt-subscription-" + id + "qos1" within a queue name's 255 bytes
 CONNECT_TIMEOUT_S = 10.0
 NOTHING_TO_ACK = -1  # the delivery tag of a retained message's PUBLISH (no AMQP delivery)
@@ -80,7 +81,11 @@ class MqttConnection(asyncio.Protocol):
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.transport: Any = None
-        self.reader = P.PacketReader()
+        # The largest packet taken: a message of --max-message-size and its
+        # topic and properties (5.0 CONNACK says so; the rest is refused
+        # before its body is buffered).
+        self.max_packet = ctx.config.max_message_size + PACKET_OVERHEAD
+        self.reader = P.PacketReader(self.max_packet)
         self.level = P.MQTT_311
         self.connect: P.Connect | None = None
         self.open = False
@@ -297,6 +302,7 @@ class MqttConnection(asyncio.Protocol):
                 "subscription_identifier_available": 0,
                 "shared_subscription_available": 0,
                 "receive_maximum": 65535,
+                "maximum_packet_size": self.max_packet,
             }
             if not self.connect.username and self.connect.client_id.startswith("shoal-"):
                 props["assigned_client_identifier"] = self.connect.client_id
@@ -572,7 +578,7 @@ class MqttConnection(asyncio.Protocol):
             self._call(
                 C.Confirm.Select(),
                 lambda _r: self._call(
-                    C.Basic.Qos(prefetch_count=PREFETCH), lambda _q: self._session()
+                    C.Basic.Qos(prefetch_count=self._prefetch()), lambda _q: self._session()
                 ),
             )
         elif isinstance(frame, C.Connection.Close):
@@ -630,17 +636,29 @@ class MqttConnection(asyncio.Protocol):
         elif queue_qos:  # a QoS 0 message on the QoS 1 queue: settled now
             self._method(C.Basic.Ack(delivery_tag=deliver.delivery_tag))
         props = M.mqtt_properties(content.properties) if self.level == P.MQTT_5 else None
-        self._send(
-            P.encode_publish(
-                self.level,
-                M.amqp_to_mqtt(deliver.routing_key),
-                bytes(payload),
-                qos=qos,
-                dup=bool(deliver.redelivered) and qos > 0,
-                packet_id=packet_id,
-                properties=props,
-            )
+        packet = P.encode_publish(
+            self.level,
+            M.amqp_to_mqtt(deliver.routing_key),
+            bytes(payload),
+            qos=qos,
+            dup=bool(deliver.redelivered) and qos > 0,
+            packet_id=packet_id,
+            properties=props,
         )
+        limit = self.connect.properties.get("maximum_packet_size") if self.connect else None
+        if limit is not None and len(packet) > limit:
+            # Larger than the 5.0 client takes: dropped, as if delivered
+            # (MQTT-3.1.2-25).
+            if packet_id is not None:
+                self._on_ack(P.Ack(P.PUBACK, packet_id))
+            return
+        self._send(packet)
+
+    def _prefetch(self) -> int:
+        """QoS 1 deliveries in flight: at most the 5.0 client's receive
+        maximum (MQTT-3.3.4-9); only the QoS 1 queue is consumed with acks."""
+        assert self.connect is not None
+        return min(PREFETCH, self.connect.properties.get("receive_maximum", PREFETCH))
 
     def _packet_id(self) -> int:
         for _ in range(65535):

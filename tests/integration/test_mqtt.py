@@ -448,3 +448,93 @@ def _queue_names(broker: Broker) -> list[str]:
     from tests.integration.test_ctl import rows
 
     return [str(r["name"]) for r in rows(broker, "list_queues", "name")]
+
+
+class RawClient:
+    """A bare MQTT client on this repository's codec, for what paho does
+    for itself (acks) or will not send."""
+
+    def __init__(self, port: int) -> None:
+        import socket
+
+        from shoal.broker.mqtt import packets as P
+
+        self.P = P
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+        self.reader = P.PacketReader()
+        self.got: list[tuple[int, int, bytes]] = []
+
+    def connect5(self, client_id: str, props: dict[str, Any]) -> bytes:
+        P = self.P
+        body = P.string("MQTT") + bytes((P.MQTT_5, 0x02)) + b"\x00\x3c"
+        body += P.encode_properties(props) + P.string(client_id)
+        self.sock.sendall(P.packet(P.CONNECT, 0, body))
+        return self.read(P.CONNACK)[2]
+
+    def read(self, kind: int) -> tuple[int, int, bytes]:
+        while True:
+            for i, packet in enumerate(self.got):
+                if packet[0] == kind:
+                    return self.got.pop(i)
+            data = self.sock.recv(65536)
+            if not data:
+                raise EOFError
+            self.got += self.reader.feed(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_five_receive_maximum_and_maximum_packet_size_bound_what_is_sent(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    import socket
+
+    from shoal.broker.mqtt import packets as P
+
+    broker, port = mqtt_broker
+    raw = RawClient(port)
+    try:
+        raw.connect5("bounded", {"receive_maximum": 2, "maximum_packet_size": 200})
+        raw.sock.sendall(P.packet(P.SUBSCRIBE, 2, b"\x00\x01\x00" + P.string("in/#") + b"\x01"))
+        raw.read(P.SUBACK)
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            persistent = pika.BasicProperties(delivery_mode=2)
+            ch.basic_publish("amq.topic", "in.big", b"x" * 500, persistent)  # over 200 B
+            for i in range(4):
+                ch.basic_publish("amq.topic", "in.small", b"m%d" % i, persistent)
+        finally:
+            conn.close()
+        first = [P.decode(*raw.read(P.PUBLISH), P.MQTT_5) for _ in range(2)]
+        assert [m.payload for m in first] == [b"m0", b"m1"]  # type: ignore[union-attr]
+        raw.sock.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            raw.read(P.PUBLISH)  # receive maximum 2: nothing more until a PUBACK
+        raw.sock.settimeout(WAIT_S)
+        raw.sock.sendall(P.encode_ack(P.MQTT_5, P.PUBACK, first[0].packet_id))  # type: ignore[union-attr, arg-type]
+        third = P.decode(*raw.read(P.PUBLISH), P.MQTT_5)
+        assert isinstance(third, P.Publish) and third.payload == b"m2"
+    finally:
+        raw.close()
+
+
+def test_five_a_packet_over_the_maximum_size_gets_disconnect_0x95(
+    mqtt_broker: tuple[Broker, int],
+) -> None:
+    from shoal.broker.mqtt import packets as P
+
+    _broker, port = mqtt_broker
+    raw = RawClient(port)
+    try:
+        connack = raw.connect5("too-big", {})
+        props_start = 2  # (flags, reason) then the properties
+        props = P._Cursor(connack[props_start:]).properties(P._ALLOWED[P.CONNACK])
+        limit = props["maximum_packet_size"]
+        raw.sock.sendall(b"\x30" + P.varint(limit + 10))  # a PUBLISH larger than that
+        disconnect = raw.read(P.DISCONNECT)
+        assert disconnect[2][:1] == b"\x95"  # packet too large
+    finally:
+        raw.close()
