@@ -375,10 +375,10 @@ class Layout:
         "counts",
         "limits",
         "logs",
+        "message_files",
         "proc_slots",
         "procs",
         "queues",
-        "message_files",
         "size",
         "worker_bitmaps",
     )
