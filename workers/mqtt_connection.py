@@ -132,6 +132,10 @@ class MqttConnection(asyncio.Protocol):
         except P.PacketError as exc:
             log.info("mqtt client %s: %s", self._who(), exc.text)
             self._disconnect(exc.reason)
+        except Exception:
+            # A bug in handling one client must cost that client only.
+            log.exception("mqtt client %s: internal error", self._who())
+            self._disconnect(0x83)  # implementation specific error
 
     def taken_over(self) -> None:
         """The client connected again (a takeover): this connection goes,
@@ -527,15 +531,25 @@ class MqttConnection(asyncio.Protocol):
         self.amqp_out += data
 
     def _read_amqp(self) -> None:
+        """Each whole frame the inner connection wrote (type, channel, size,
+        payload, end byte), one at a time: its bytes only are decoded."""
         self.amqp_reading = False
         buffer = self.amqp_out
-        while buffer:
-            try:
-                used, channel, frame = amqp_frame.unmarshal(bytes(buffer))
-            except Exception:
-                return
-            del buffer[:used]
-            self._from_amqp(channel, frame)
+        at = 0
+        try:
+            while len(buffer) - at >= 8:
+                end = at + 8 + int.from_bytes(buffer[at + 3 : at + 7], "big")
+                if end > len(buffer):
+                    break
+                _used, channel, frame = amqp_frame.unmarshal(bytes(buffer[at:end]))
+                at = end
+                self._from_amqp(channel, frame)
+        except Exception:
+            # A bug in handling one client must cost that client only.
+            log.exception("mqtt client %s: internal error", self._who())
+            self._disconnect(0x83)
+        finally:
+            del buffer[:at]
 
     def _from_amqp(self, channel: int, frame: Any) -> None:
         if isinstance(frame, C.Basic.Deliver):
