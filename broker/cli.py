@@ -174,6 +174,12 @@ def _broker_parser() -> argparse.ArgumentParser:
         default=d.mqtt_port,
         help="MQTT 3.1.1 and 5.0 port (1883 by convention; default: none)",
     )
+    p.add_argument(
+        "--mqtts-port",
+        type=int,
+        default=d.mqtts_port,
+        help="MQTT over TLS port (8883 by convention; default: none), with --tls-cert",
+    )
     p.add_argument("--tls-cert", default=d.tls_cert, help="PEM certificate chain of the server")
     p.add_argument("--tls-key", default=d.tls_key, help="PEM private key (default: in --tls-cert)")
     p.add_argument(

@@ -20,6 +20,7 @@ class Config(msgspec.Struct, frozen=True):
     plain_listener: bool = True  # False: AMQPS only (--port still names the runtime dir)
     tls_port: int = 0  # the AMQPS listener (5671 by convention); 0: none
     mqtt_port: int = 0  # the MQTT listener (1883 by convention); 0: none (issue 41: in progress)
+    mqtts_port: int = 0  # MQTT over TLS (8883 by convention), with the --tls-* certificates
     tls_cert: str = ""  # PEM: the server's certificate chain
     tls_key: str = ""  # PEM: its private key ("": in tls_cert)
     tls_ca: str = ""  # PEM: CAs that client certificates are verified against ("": none asked)

@@ -384,7 +384,7 @@ class TakeOver(Message, tag=48):
 
 # The one byte the acceptor sends with a connection's socket (SCM_RIGHTS):
 # which listener accepted it.
-HANDOFF_PLAIN, HANDOFF_TLS, HANDOFF_MQTT = b"c", b"t", b"m"
+HANDOFF_PLAIN, HANDOFF_TLS, HANDOFF_MQTT, HANDOFF_MQTTS = b"c", b"t", b"m", b"s"
 
 
 # What each end receives. A Union, not `A | B`: mypy takes it as a type alias.

@@ -119,6 +119,8 @@ def check(c: Config) -> list[str]:
         problems.append("--default-flow-resume-capacity is above --default-capacity")
     if c.tls_port and not c.tls_cert:
         problems.append("--tls-port needs --tls-cert (and --tls-key unless the key is in it)")
+    if c.mqtts_port and not c.tls_cert:
+        problems.append("--mqtts-port needs --tls-cert (and --tls-key unless the key is in it)")
     if not c.plain_listener and not c.tls_port:
         problems.append("--no-plain-listener needs --tls-port: no listener is left")
     for name in ("memory_high_watermark", "arena_high_watermark", "memory_low_watermark"):

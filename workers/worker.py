@@ -71,7 +71,8 @@ class Worker:
         self.watched_ready: set[int] = set()  # _sweep_watches' last look
         self.draining = False  # retiring: paging in before exiting (_graceful_stop)
         # The AMQPS listener's server context (workers/tls.py), made again on SIGHUP.
-        self.tls: ssl.SSLContext | None = tls.server_context(config) if config.tls_port else None
+        wants_tls = config.tls_port or config.mqtts_port
+        self.tls: ssl.SSLContext | None = tls.server_context(config) if wants_tls else None
         # A cluster leader's broker: its node's lease deadline (lease_watch.py).
         cell = LeaseCell.from_env()
         self.lease = LeaseWatch(cell, self._close_clients) if cell is not None else None
@@ -208,7 +209,7 @@ class Worker:
             log.error("SIGHUP: cannot read the settings: %s", exc)
         settings.apply_log_level(self.config)
         log.debug("SIGHUP: io-worker %d took the settings", self.index)
-        if self.config.tls_port:
+        if self.config.tls_port or self.config.mqtts_port:
             try:
                 self.tls = tls.server_context(self.config)
             except (OSError, ssl.SSLError) as exc:
@@ -225,7 +226,8 @@ class Worker:
             if not fds:
                 return
             for fd in fds:
-                self._adopt(fd, self.tls if kind == ipc.HANDOFF_TLS else None, kind)
+                secure = kind in (ipc.HANDOFF_TLS, ipc.HANDOFF_MQTTS)
+                self._adopt(fd, self.tls if secure else None, kind)
 
     def _adopt(
         self, fd: int, tls_context: ssl.SSLContext | None = None, kind: bytes = ipc.HANDOFF_PLAIN
@@ -239,7 +241,7 @@ class Worker:
             return
         sock.setblocking(False)
 
-        protocol = MqttConnection if kind == ipc.HANDOFF_MQTT else Connection
+        protocol = MqttConnection if kind in (ipc.HANDOFF_MQTT, ipc.HANDOFF_MQTTS) else Connection
 
         async def adopt() -> None:
             try:

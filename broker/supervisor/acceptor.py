@@ -1,7 +1,8 @@
 """The acceptor process: accepts TCP connections and hands each socket to the
 least-loaded IO worker (SCM_RIGHTS over that worker's handoff socketpair),
 with one byte saying which listener took it: PLAIN AMQP, TLS (the worker
-runs the TLS handshake, workers/tls.py) or MQTT (workers/mqtt_connection.py).
+runs the TLS handshake, workers/tls.py), MQTT (workers/mqtt_connection.py) or
+MQTT over TLS.
 
 The listening socket is created by the supervisor and inherited, so a
 restarted acceptor loses no connection: the kernel's backlog holds them.
@@ -37,7 +38,7 @@ def pick_worker(seg: Segment, workers: int, tried: set[int]) -> int | None:
     return best
 
 
-PLAIN, TLS, MQTT = ipc.HANDOFF_PLAIN, ipc.HANDOFF_TLS, ipc.HANDOFF_MQTT
+PLAIN, TLS, MQTT, MQTTS = ipc.HANDOFF_PLAIN, ipc.HANDOFF_TLS, ipc.HANDOFF_MQTT, ipc.HANDOFF_MQTTS
 
 
 def hand_off(

@@ -97,7 +97,12 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-_LISTENER_NAMES = {acceptor.PLAIN: "amqp", acceptor.TLS: "amqps", acceptor.MQTT: "mqtt"}
+_LISTENER_NAMES = {
+    acceptor.PLAIN: "amqp",
+    acceptor.TLS: "amqps",
+    acceptor.MQTT: "mqtt",
+    acceptor.MQTTS: "mqtts",
+}
 
 
 class Supervisor:
@@ -172,7 +177,7 @@ class Supervisor:
                 f"journal, more than --catalog-mb {config.catalog_mb} holds (half of it): "
                 "raise --catalog-mb"
             ) from None
-        if config.tls_port:
+        if config.tls_port or config.mqtts_port:
             tls.server_context(config)  # unreadable certificates stop the broker now
         if config.load_definitions:
             load_definitions_file(config.load_definitions)  # as must a definitions file
@@ -183,6 +188,7 @@ class Supervisor:
             (config.port, acceptor.PLAIN, config.plain_listener),
             (config.tls_port, acceptor.TLS, bool(config.tls_port)),
             (config.mqtt_port, acceptor.MQTT, bool(config.mqtt_port)),
+            (config.mqtts_port, acceptor.MQTTS, bool(config.mqtts_port)),
         ):
             if wanted:
                 given = activated.pop(port, None)

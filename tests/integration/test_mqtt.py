@@ -538,3 +538,21 @@ def test_five_a_packet_over_the_maximum_size_gets_disconnect_0x95(
         assert disconnect[2][:1] == b"\x95"  # packet too large
     finally:
         raw.close()
+
+
+def test_mqtt_over_tls_on_its_own_port(
+    broker_factory: Callable[..., Broker], clients: list[Client], tmp_path: Any
+) -> None:
+    from tests.integration.test_tls import Certs
+
+    certs = Certs(tmp_path)
+    port = free_port()
+    broker_factory(args=("--mqtts-port", str(port), "--tls-cert", str(certs.server_pem)))
+    client = Client(port, paho.MQTTv5, "secure-1")
+    client.c.tls_set_context(certs.client_context())
+    clients.append(client)
+    assert client.connect() == 0
+    assert client.subscribe("secure/#", 1) == [1]
+    client.c.publish("secure/x", b"over tls", qos=1).wait_for_publish(WAIT_S)
+    message = client.next("message")
+    assert (message.topic, message.payload) == ("secure/x", b"over tls")

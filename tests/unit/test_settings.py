@@ -71,3 +71,12 @@ def test_the_example_file_names_only_known_settings(tmp_path: Path) -> None:
     assert len(settings_lines) > 10
     uncommented = write(tmp_path / "all.toml", "\n".join(settings_lines) + "\n")
     assert settings.read_file(uncommented)["workers"] == 4
+
+
+def test_an_mqtts_port_needs_a_certificate() -> None:
+    with pytest.raises(SystemExit):  # argparse's error, with the reason
+        config_from_args(["--mqtts-port", "8883"])
+    config = config_from_args(
+        ["--mqtts-port", "8883", "--tls-cert", "/c.pem", "--mqtt-port", "1883"]
+    )
+    assert (config.mqtt_port, config.mqtts_port) == (1883, 8883)
