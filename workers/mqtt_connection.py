@@ -69,7 +69,6 @@ CONNECT_TIMEOUT_S = 10.0
 NOTHING_TO_ACK = -1  # the delivery tag of a retained message's PUBLISH (no AMQP delivery)
 
 # CONNACK codes: (3.1.1, 5.0)
-ACCEPTED = (0, 0x00)
 BAD_PROTOCOL = (1, 0x84)
 BAD_CLIENT_ID = (2, 0x85)
 UNAVAILABLE = (3, 0x88)
