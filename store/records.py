@@ -231,11 +231,12 @@ def replace_records(path: str, magic: bytes, version: int, payloads: Iterable[by
     return file
 
 
-def replace_file(path: str, data: bytes) -> None:
+def replace_file(path: str, data: bytes, tmp_suffix: str = ".new") -> None:
     """Put a small file of `data` in place of `path` at once, durably:
     write a new file, fdatasync, rename, fsync of the directory. A crash
-    leaves the old file or the new one, whole."""
-    tmp = path + ".new"
+    leaves the old file or the new one, whole. Writers in several processes
+    give each its own `tmp_suffix`: the last rename wins, none fails."""
+    tmp = path + tmp_suffix
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         _write_all(fd, data, 0)

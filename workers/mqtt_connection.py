@@ -1,6 +1,5 @@
 """One MQTT client (3.1.1 or 5.0), served through an AMQP connection of its
-own inside this worker, as RabbitMQ's MQTT plugin long did (issue 41, first
-step).
+own inside this worker, as RabbitMQ's MQTT plugin long did (issue 41).
 
 The client's packets (broker/mqtt/packets.py) become AMQP methods that the
 worker's own `Connection` (workers/connection.py) handles as if a client had
@@ -10,31 +9,24 @@ MQTT client gets everything an AMQP one has, unchanged: users, vhosts
 `amq.topic`, queues in the shared store, confirms, flow control, metrics and
 the management API's connection rows.
 
-    CONNECT          protocol header, start-ok (PLAIN), tune-ok, open, channel 1,
-                     confirm.select, basic.qos; then CONNACK (a refused login:
-                     the CONNACK code for it)
+    CONNECT          protocol header, start-ok (PLAIN; EXTERNAL for a TLS client
+                     certificate and no user name), tune-ok, open, channel 1,
+                     confirm.select, basic.qos; the session (workers/mqtt_session.py)
+                     and its queues; then CONNACK (session present; a refused
+                     login: the CONNACK code for it)
     PUBLISH          basic.publish to amq.topic, the topic as the routing key
-                     ('/' -> '.'); QoS 1: PUBACK once confirmed; QoS 2: PUBREC
-                     once confirmed, PUBCOMP on PUBREL, never published twice
-    SUBSCRIBE        the session's queue for that QoS (mqtt-subscription-<id>qos0
-                     or qos1, RabbitMQ's names), declared and consumed once, and
-                     a binding ('+' -> '*'); SUBACK with the QoS granted (2 -> 1)
-    UNSUBSCRIBE      the bindings removed; UNSUBACK
-    a delivery       PUBLISH (QoS 1: a packet id; the client's PUBACK acks it)
+                     ('/' -> '.'; 5.0: a topic alias resolved); QoS 1: PUBACK
+                     once confirmed; QoS 2: PUBREC once confirmed and its packet
+                     id written to the session, PUBCOMP on PUBREL, never
+                     published twice
+    SUBSCRIBE        queues and bindings (workers/mqtt_subscriptions.py)
+    a delivery       PUBLISH at QoS 0, 1 or 2 (workers/mqtt_outbound.py)
     PINGREQ          PINGRESP; keep-alive: closed after 1.5 x its interval
     DISCONNECT       closed without the will; any other end publishes the will
+                     (5.0: after its will delay, unless the client comes back)
     RETAIN           kept by the scheduler once confirmed (ipc.Retain); a new
                      subscription gets what its filter matches (ipc.RetainedFor)
     the client id    connecting again: its older connection, on any worker, goes
-
-A session's queues are exclusive (gone with the connection) but for a
-persistent session's (3.1.1 without clean session; 5.0 with a session
-expiry interval: the queues' x-expires): durable, they outlive it.
-
-Not yet (issue 41, docs/mqtt.md): QoS 2 deliveries (granted as 1), 5.0's
-topic aliases, subscription identifiers, shared
-subscriptions and enhanced auth, the WebSocket and TLS listeners. A 5.0
-client is told so in its CONNACK (maximum QoS 1, topic alias maximum 0).
 """
 
 from __future__ import annotations
@@ -55,9 +47,13 @@ from pamqp import header as amqp_header
 from shoal.broker import ipc
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
+from shoal.broker.mqtt.topics import TopicAliases
 from shoal.workers import framing
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
+from shoal.workers.mqtt_outbound import Outbound
+from shoal.workers.mqtt_session import Session
+from shoal.workers.mqtt_subscriptions import Subscriptions
 from shoal.workers.mqtt_transport import AmqpSide
 
 log = logging.getLogger("shoal.mqtt")
@@ -66,7 +62,7 @@ PREFETCH = 10  # deliveries in flight per QoS 1 queue (RabbitMQ's mqtt.prefetch)
 PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its payload
 MAX_CLIENT_ID = 233  # "mqtt-subscription-" + id + "qos1" within a queue name's 255 bytes
 CONNECT_TIMEOUT_S = 10.0
-NOTHING_TO_ACK = -1  # the delivery tag of a retained message's PUBLISH (no AMQP delivery)
+TOPIC_ALIAS_MAXIMUM = 64  # the 5.0 topic aliases a client may set (CONNACK says so)
 
 # CONNACK codes: (3.1.1, 5.0)
 BAD_PROTOCOL = (1, 0x84)
@@ -74,6 +70,7 @@ BAD_CLIENT_ID = (2, 0x85)
 UNAVAILABLE = (3, 0x88)
 BAD_LOGIN = (4, 0x86)
 NOT_AUTHORIZED = (5, 0x87)
+BAD_AUTH_METHOD = (5, 0x8C)  # 5.0 enhanced authentication: none is offered
 
 
 class MqttConnection(asyncio.Protocol):
@@ -99,20 +96,26 @@ class MqttConnection(asyncio.Protocol):
         self.frame_max = 131072
         self.expect: deque[Callable[[Any], None]] = deque()  # channel 1's sync replies
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
+        self.early: list[tuple[Any, Any, bytes]] = []  # deliveries that came before it
+        self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
         self.confirm_seq = 0
         # Channel 1 is in confirm mode: every publish has a seq, and those
         # that wait for their confirm are here: (the ack to send: packet
         # type and id, or None; the retained message to keep, or None).
         self.confirms: dict[int, tuple[tuple[int, int] | None, ipc.Retain | None]] = {}
-        self.qos2_received: set[int] = set()
-        self.next_packet_id = 1
-        self.unacked: dict[int, int] = {}  # packet id -> delivery tag
-        self.consumed: dict[str, int] = {}  # queue -> QoS
-        self.bound: dict[str, str] = {}  # topic filter -> queue
+        # QoS 2 publishes whose PUBREC waits: for the confirm, the session's write, or both.
+        self.pubrec_waits: dict[int, int] = {}
+        self.topic_aliases = TopicAliases(TOPIC_ALIAS_MAXIMUM)  # 5.0: the client's
+        self.session = Session.in_memory()
+        self.subscriptions = Subscriptions(self)
+        self.outbound: Outbound | None = None
         self.delivery: list[Any] | None = None  # [deliver, header, bytearray]
+        self.will_timer: asyncio.TimerHandle | None = None  # 5.0: a will delay under way
+        self.taken = False  # the client connected again elsewhere
         self.last_recv = time.monotonic()
         self.timer: asyncio.TimerHandle | None = None
         self.login: tuple[str, bytes, str] = ("", b"", "/")  # user, password, vhost
+        self.external = False  # log in with the TLS client certificate (SASL EXTERNAL)
 
     # ------------------------------------------------------------ the socket
     def connection_made(self, transport: Any) -> None:
@@ -138,27 +141,67 @@ class MqttConnection(asyncio.Protocol):
 
     def taken_over(self) -> None:
         """The client connected again (a takeover): this connection goes,
-        5.0's with reason 0x8E, its will published."""
+        5.0's with reason 0x8E, its will published (but a delayed one: the
+        client is back). The session is the new connection's to write."""
         log.info("mqtt client %s: taken over by a new connection", self._who())
+        self.session.detached = True
+        self.taken = True
+        if self.will_timer is not None:  # gone already, its will delayed: not sent
+            self.will_timer.cancel()
+            self.will_timer = None
+            self._end_amqp()
+            return
         self._disconnect(0x8E)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        self.closed = True
+        if self.open and self.persistent:
+            self.session.end(self.session_expiry if self.level == P.MQTT_5 else None)
+        if not self._will_at_end():
+            self._end_amqp()
+
+    def _end_amqp(self) -> None:
         if self.connect is not None and self.amqp is not None:
             key = (self.amqp.vhost, self.connect.client_id)
             if self.ctx.mqtt_clients.get(key) is self:
                 del self.ctx.mqtt_clients[key]
-        if not self.closed:
-            self.closed = True
-            if self.will is not None and self.open:
-                self._publish_will()
         amqp, self.amqp = self.amqp, None
         if amqp is not None:
             amqp.connection_lost(None)  # its channels and exclusive queues go; counted out
         elif not self.counted_out:
             self.counted_out = True
             self.ctx.process.count_connections(-1)  # (the acceptor counted it in)
+
+    def _will_at_end(self) -> bool:
+        """The will, at the connection's end without DISCONNECT: published
+        now, or (5.0) after its will delay or at the session's end, whichever
+        comes first, unless the client is back by then (MQTT-3.1.3-9). True:
+        it waits, and the inner connection stays open to publish it (its
+        consumers cancelled)."""
+        will, self.will = self.will, None
+        if will is None or not self.open or self.amqp is None:
+            return False
+        delay = will.properties.get("will_delay_interval", 0) if self.persistent else 0
+        expiry = self.session_expiry
+        if expiry is not None and expiry != 0xFFFFFFFF:
+            delay = min(delay, expiry)
+        if not delay:
+            self._publish_will(will)
+            return False
+        if self.taken:
+            return False  # (the client is back already)
+        for queue in list(self.subscriptions.consumed):
+            self.call(C.Basic.Cancel(consumer_tag=queue), _ignore)
+
+        def publish() -> None:
+            self.will_timer = None
+            self._publish_will(will)
+            self._end_amqp()
+
+        self.will_timer = self.ctx.loop.call_later(delay, publish)
+        return True
 
     def pause_writing(self) -> None:
         if self.amqp is not None:
@@ -168,7 +211,7 @@ class MqttConnection(asyncio.Protocol):
         if self.amqp is not None:
             self.amqp.resume_writing()
 
-    def _send(self, data: bytes) -> None:
+    def send(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
             self.transport.write(data)
 
@@ -179,14 +222,24 @@ class MqttConnection(asyncio.Protocol):
 
     def _disconnect(self, reason: int) -> None:
         """End the connection for a fault: a 5.0 client hears why (3.1.1
-        servers just close, MQTT-4.8.0-1); the will is published."""
+        servers just close, MQTT-4.8.0-1); the will is published (at the
+        connection's end)."""
         if self.closed:
             return
         if self.level == P.MQTT_5 and self.connect is not None:
-            self._send(P.encode_disconnect(reason))
-        if self.will is not None and self.open:
-            self._publish_will()
+            self.send(P.encode_disconnect(reason))
         self._close()
+
+    @property
+    def client_id(self) -> str:
+        return self.connect.client_id if self.connect is not None else ""
+
+    @property
+    def session_expiry(self) -> int | None:
+        """5.0's session expiry interval (seconds; 0xFFFFFFFF: never), None for 3.1.1."""
+        if self.connect is None or self.level != P.MQTT_5:
+            return None
+        return int(self.connect.properties.get("session_expiry_interval", 0))
 
     def _who(self) -> str:
         return self.connect.client_id if self.connect is not None else "(not connected)"
@@ -208,27 +261,39 @@ class MqttConnection(asyncio.Protocol):
             if self.connect is not None:
                 raise P.ProtocolError("a second CONNECT")  # MQTT-3.1.0-2
             self._on_connect(packet)
-        elif not self.open:
-            self.held.append(packet)  # served once the CONNACK is out
+        elif not self.open or self.busy:
+            # Served once the CONNACK is out, or once the (UN)SUBACK is: a
+            # PUBLISH after a SUBSCRIBE sees the subscription made.
+            self.held.append(packet)
         elif isinstance(packet, P.Publish):
             self._on_publish(packet)
         elif isinstance(packet, P.Ack):
-            self._on_ack(packet)
+            if packet.kind == P.PUBREL:
+                self._on_pubrel(packet.packet_id)
+            elif self.outbound is not None:
+                self.outbound.on_ack(packet)
         elif isinstance(packet, P.Subscribe):
-            self._on_subscribe(packet)
+            self.busy = True
+            self.subscriptions.subscribe(packet)
         elif isinstance(packet, P.Unsubscribe):
-            self._on_unsubscribe(packet)
+            self.busy = True
+            self.subscriptions.unsubscribe(packet)
         elif isinstance(packet, P.PingReq):
-            self._send(P.encode_pingresp())
+            self.send(P.encode_pingresp())
         elif isinstance(packet, P.Disconnect):
             if not (self.level == P.MQTT_5 and packet.reason == 0x04):  # "with will"
                 self.will = None
+            expiry = packet.properties.get("session_expiry_interval")
+            if expiry is not None and self.connect is not None:
+                if not self.persistent and expiry:  # MQTT-3.14.2-2
+                    raise P.ProtocolError("a session expiry set at DISCONNECT, 0 at CONNECT")
+                self.connect.properties["session_expiry_interval"] = expiry
             self._close()
-        else:  # AUTH: enhanced authentication is not offered
+        else:  # AUTH: enhanced authentication is not offered (none was asked for)
             raise P.ProtocolError("AUTH without an authentication method")
 
     def _refuse(self, code: tuple[int, int]) -> None:
-        self._send(P.encode_connack(self.level, False, code[self.level == P.MQTT_5]))
+        self.send(P.encode_connack(self.level, False, code[self.level == P.MQTT_5]))
         self._close()
 
     def _on_connect(self, packet: P.Connect) -> None:
@@ -237,6 +302,9 @@ class MqttConnection(asyncio.Protocol):
             self._refuse(BAD_PROTOCOL)  # (3.1's "MQIsdp" included)
             return
         self.level = packet.level
+        if "authentication_method" in packet.properties:
+            self._refuse(BAD_AUTH_METHOD)  # 5.0 enhanced authentication (4.12)
+            return
         if not packet.client_id:
             if not packet.clean and packet.level == P.MQTT_311:
                 self._refuse(BAD_CLIENT_ID)  # MQTT-3.1.3-8
@@ -263,6 +331,9 @@ class MqttConnection(asyncio.Protocol):
         self.amqp = Connection(self.ctx)
         self.amqp.protocol = "MQTT 5.0" if self.level == P.MQTT_5 else "MQTT 3.1.1"
         self.amqp.connection_made(AmqpSide(self))
+        # A TLS client certificate and no user name: the certificate's user
+        # (SASL EXTERNAL, RabbitMQ's mqtt.ssl_cert_login).
+        self.external = packet.username is None and bool(self.amqp.certificate_user)
         self.login = (user, password, vhost)
         self._to_amqp(framing.PROTOCOL_HEADER)
 
@@ -279,68 +350,116 @@ class MqttConnection(asyncio.Protocol):
         if older is not None and older is not self:
             older.taken_over()
         self.ctx.send(ipc.ClientIdConnected(key[0], key[1], self.conn_id))
-        resume = lambda: self._consume(  # noqa: E731
-            self._queue(0), 0, lambda: self._consume(self._queue(1), 1, self._accepted)
+        self.session, present = Session.open(
+            self.ctx.config.data_path(), key[0], key[1], self.persistent, self.connect.clean
         )
+        self.outbound = Outbound(self, self.subscriptions, self.connect.properties)
+        if self.persistent:  # on disk before anything: a reconnect finds it
+            self.session.save(lambda: self._start(present))
+        else:
+            self._start(present)
+
+    def _start(self, present: bool) -> None:
+        assert self.connect is not None
+        if self.closed:
+            return
+        accepted = lambda: self._accepted(present)  # noqa: E731
         if self.connect.clean:  # an earlier persistent session's queues go
             earlier = f"mqtt-subscription-{self.connect.client_id}qos"
-            then = resume if self.persistent else self._accepted
-            self._call(
+            self.call(
                 C.Queue.Delete(queue=earlier + "0"),
-                lambda _r: self._call(C.Queue.Delete(queue=earlier + "1"), lambda _r: then()),
+                lambda _r: self.call(
+                    C.Queue.Delete(queue=earlier + "1"),
+                    lambda _r: self.call(
+                        C.Queue.Delete(queue=earlier + "2"), lambda _r: accepted()
+                    ),
+                ),
             )
-        elif self.persistent:
-            resume()
+        elif present:
+            self.subscriptions.resume(accepted)
         else:
-            self._accepted()
+            accepted()
 
-    def _accepted(self) -> None:
-        assert self.connect is not None
+    def _accepted(self, present: bool) -> None:
+        assert self.connect is not None and self.outbound is not None
         self.open = True
         props: P.Properties | None = None
         if self.level == P.MQTT_5:
             props = {
-                "maximum_qos": 1,
-                "topic_alias_maximum": 0,
-                "subscription_identifier_available": 0,
-                "shared_subscription_available": 0,
+                "topic_alias_maximum": TOPIC_ALIAS_MAXIMUM,
                 "receive_maximum": 65535,
                 "maximum_packet_size": self.max_packet,
             }
             if not self.connect.username and self.connect.client_id.startswith("shoal-"):
                 props["assigned_client_identifier"] = self.connect.client_id
-        self._send(P.encode_connack(self.level, False, 0, props))
+        self.send(P.encode_connack(self.level, present, 0, props))
+        self.outbound.resume()
+        early, self.early = self.early, []
+        for delivery in early:
+            self.outbound.deliver(*delivery)
         if self.timer is not None:
             self.timer.cancel()
         keep_alive = self.connect.keep_alive
         if keep_alive:
             self.timer = self.ctx.loop.call_later(keep_alive / 2, self._connect_timeout)
-        held, self.held = self.held, []
-        for packet in held:
-            if not self.closed:
-                self._packet(packet)
+        self.serve_held()
+
+    def serve_held(self) -> None:
+        """The packets held while the CONNACK or a (UN)SUBACK was coming, in order."""
+        self.busy = False
+        while self.held and not self.busy and not self.closed:
+            self._packet(self.held.pop(0))
 
     def _on_publish(self, packet: P.Publish) -> None:
-        if packet.qos == 2 and packet.packet_id in self.qos2_received:
-            # A resend: published once already. PUBREC again if it was
-            # confirmed, else the confirm sends it.
-            waiting = (P.PUBREC, packet.packet_id)
-            if all(ack != waiting for ack, _r in self.confirms.values()):
-                self._send(P.encode_ack(self.level, P.PUBREC, packet.packet_id))
+        packet_id = packet.packet_id
+        if packet.qos == 2 and packet_id in self.session.received:
+            # A resend: published once already. PUBREC again, unless what
+            # it waits for (the confirm, the session's write) sends it.
+            assert packet_id is not None
+            if packet_id not in self.pubrec_waits:
+                self.send(P.encode_ack(self.level, P.PUBREC, packet_id))
             return
-        props = M.amqp_properties(packet.qos, packet.properties)
+        topic = self.topic_aliases.topic(packet)
+        publisher = self.client_id if self.subscriptions.no_local else None
+        props = M.amqp_properties(packet.qos, packet.properties, packet.retain, publisher)
         ack = None
         if packet.qos:
-            assert packet.packet_id is not None
-            ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet.packet_id)
-            if packet.qos == 2:
-                self.qos2_received.add(packet.packet_id)  # until its PUBREL
+            assert packet_id is not None
+            ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet_id)
+            if packet.qos == 2:  # PUBREC once confirmed and written (until PUBREL)
+                self.session.received.add(packet_id)
+                self.pubrec_waits[packet_id] = 2
+                self.session.save(lambda: self._pubrec_step(packet_id))
         retain = None
         if packet.retain:  # kept once the broker has taken the message
             kept = {k: v for k, v in packet.properties.items() if k in M.FORWARDED_PROPERTIES}
-            plain = ipc.RetainedMessage(packet.topic, packet.payload, packet.qos, kept)
+            plain = ipc.RetainedMessage(topic, packet.payload, packet.qos, kept)
             retain = ipc.Retain(self.amqp.vhost if self.amqp is not None else "", plain)
-        self._publish(M.mqtt_to_amqp(packet.topic), packet.payload, props, ack, retain)
+        self._publish(M.mqtt_to_amqp(topic), packet.payload, props, ack, retain)
+
+    def _pubrec_step(self, packet_id: int) -> None:
+        left = self.pubrec_waits.get(packet_id)
+        if left is None:
+            return
+        if left > 1:
+            self.pubrec_waits[packet_id] = left - 1
+            return
+        del self.pubrec_waits[packet_id]
+        self.send(P.encode_ack(self.level, P.PUBREC, packet_id))
+
+    def _on_pubrel(self, packet_id: int) -> None:
+        """The QoS 2 exchange ends: PUBCOMP once the session no longer holds
+        its packet id (else a new message with the id would be taken for a
+        resend after a restart)."""
+        if packet_id not in self.session.received:
+            self.send(
+                P.encode_ack(
+                    self.level, P.PUBCOMP, packet_id, 0x92 if self.level == P.MQTT_5 else 0
+                )
+            )
+            return
+        self.session.received.discard(packet_id)
+        self.session.save(lambda: self.send(P.encode_ack(self.level, P.PUBCOMP, packet_id)))
 
     def _publish(
         self,
@@ -362,159 +481,40 @@ class MqttConnection(asyncio.Protocol):
             frames.append(amqp_frame.marshal(amqp_body.ContentBody(payload[at : at + step]), 1))
         self._to_amqp(b"".join(frames))
 
-    def _publish_will(self) -> None:
-        will, self.will = self.will, None
-        if will is None or self.amqp is None:
+    def _publish_will(self, will: P.Will) -> None:
+        if self.amqp is None:
             return
         props = M.amqp_properties(will.qos, will.properties)  # (5.0: its will properties)
         self._publish(M.mqtt_to_amqp(will.topic), will.payload, props)
 
-    def _on_ack(self, packet: P.Ack) -> None:
-        if packet.kind == P.PUBACK:
-            tag = self.unacked.pop(packet.packet_id, None)
-            if tag is not None and tag != NOTHING_TO_ACK:
-                self._method(C.Basic.Ack(delivery_tag=tag))
-        elif packet.kind == P.PUBREL:
-            self.qos2_received.discard(packet.packet_id)
-            self._send(P.encode_ack(self.level, P.PUBCOMP, packet.packet_id))
-        else:  # PUBREC / PUBCOMP: no QoS 2 deliveries are made
-            raise P.ProtocolError(f"packet type {packet.kind} for no QoS 2 delivery")
-
-    def _on_subscribe(self, packet: P.Subscribe) -> None:
-        codes: list[int] = []
-        steps = [(sub.topic_filter, min(sub.qos, 1)) for sub in packet.subscriptions]
-        granted = list(steps)
-
-        def next_step(_reply: Any = None) -> None:
-            if not steps:
-                self._send(P.encode_suback(self.level, packet.packet_id, codes))
-                for topic_filter, qos in granted:  # then what is retained there
-                    self._send_retained(topic_filter, qos)
-                return
-            topic_filter, qos = steps.pop(0)
-            queue = self._queue(qos)
-            old = self.bound.get(topic_filter)
-
-            def bound(_reply: Any) -> None:
-                self.bound[topic_filter] = queue
-                codes.append(qos)
-                next_step()
-
-            def bind() -> None:
-                key = M.mqtt_to_amqp(topic_filter)
-                self._call(C.Queue.Bind(queue=queue, exchange=M.EXCHANGE, routing_key=key), bound)
-
-            if old is not None and old != queue:  # a new QoS for the filter: moved
-                unbind = C.Queue.Unbind(
-                    queue=old, exchange=M.EXCHANGE, routing_key=M.mqtt_to_amqp(topic_filter)
-                )
-                self._call(unbind, lambda _r: self._consume(queue, qos, bind))
-            else:
-                self._consume(queue, qos, bind)
-
-        next_step()
-
-    def _send_retained(self, topic_filter: str, qos: int) -> None:
-        """The retained messages `topic_filter` matches, with RETAIN set
-        (MQTT-3.3.1-6), each at min(its QoS, the subscription's)."""
+    def send_retained(self, topic_filter: str, qos: int) -> None:
+        """The retained messages `topic_filter` matches, for its new subscription."""
         if self.amqp is None:
             return
         asked = self.ctx.request(ipc.RetainedFor(self.amqp.vhost, topic_filter))
+        subs = [self.session.state.subscriptions[topic_filter]]
 
         def got(future: asyncio.Future[ipc.RetainedList]) -> None:
             if self.closed or future.cancelled() or future.exception() is not None:
                 return
+            assert self.outbound is not None
             for message in future.result().messages:
-                message_qos = min(qos, message.qos, 1)
-                packet_id = None
-                if message_qos:
-                    packet_id = self._packet_id()
-                    self.unacked[packet_id] = NOTHING_TO_ACK
-                props = message.properties if self.level == P.MQTT_5 else None
-                self._send(
-                    P.encode_publish(
-                        self.level,
-                        message.topic,
-                        message.payload,
-                        qos=message_qos,
-                        retain=True,
-                        packet_id=packet_id,
-                        properties=props or None,
-                    )
-                )
+                self.outbound.send_retained(message, qos, subs)
 
         asked.add_done_callback(got)
-
-    def _queue(self, qos: int) -> str:
-        """RabbitMQ's name for a persistent session's queue. A clean
-        session's are its connection's own (their names end in its id): an
-        older connection of the client id, being taken over, may still hold
-        its exclusive queues when this one declares."""
-        assert self.connect is not None
-        name = f"mqtt-subscription-{self.connect.client_id}qos{qos}"
-        return name if self.persistent else f"{name}-{self.conn_id:x}"
-
-    def _consume(self, queue: str, qos: int, then: Callable[[], None]) -> None:
-        """Queue `queue` declared and consumed (once per connection), then `then`."""
-        if queue in self.consumed:
-            then()
-            return
-        self.consumed[queue] = qos
-        if self.persistent:
-            # 5.0: the session ends its expiry interval after its last
-            # connection (the queue's x-expires, as RabbitMQ 3.13 does).
-            expiry = (
-                self.connect.properties.get("session_expiry_interval") if self.connect else None
-            )
-            arguments = {} if not expiry or expiry == 0xFFFFFFFF else {"x-expires": expiry * 1000}
-            declare = C.Queue.Declare(queue=queue, durable=True, arguments=arguments)
-        else:
-            declare = C.Queue.Declare(queue=queue, exclusive=True, auto_delete=True)
-
-        def declared(_reply: Any) -> None:
-            consume = C.Basic.Consume(queue=queue, consumer_tag=queue, no_ack=qos == 0)
-            self._call(consume, lambda _r: then())
-
-        self._call(declare, declared)
-
-    def _on_unsubscribe(self, packet: P.Unsubscribe) -> None:
-        filters = list(packet.topic_filters)
-        codes: list[int] = []
-
-        def next_step(_reply: Any = None) -> None:
-            if not filters:
-                self._send(P.encode_unsuback(self.level, packet.packet_id, codes))
-                return
-            topic_filter = filters.pop(0)
-            queue = self.bound.pop(topic_filter, None)
-            # (A persistent session's bindings of an earlier connection are
-            # not known here: unbinding one that is not there changes nothing.)
-            queues = [queue] if queue is not None else list(self.consumed)
-            if not queues:
-                codes.append(0x11)  # no subscription existed
-                next_step()
-                return
-            codes.append(0)
-            key = M.mqtt_to_amqp(topic_filter)
-            for one in queues[:-1]:
-                self._call(C.Queue.Unbind(queue=one, exchange=M.EXCHANGE, routing_key=key), _ignore)
-            unbind = C.Queue.Unbind(queue=queues[-1], exchange=M.EXCHANGE, routing_key=key)
-            self._call(unbind, next_step)
-
-        next_step()
 
     # ------------------------------------------------------- the AMQP side
     def _to_amqp(self, data: bytes) -> None:
         if self.amqp is not None:
             self.amqp.data_received(data)
 
-    def _method(self, method: Any, channel: int = 1) -> None:
+    def method(self, method: Any, channel: int = 1) -> None:
         self._to_amqp(amqp_frame.marshal(method, channel))
 
-    def _call(self, method: Any, then: Callable[[Any], None]) -> None:
+    def call(self, method: Any, then: Callable[[Any], None]) -> None:
         """A synchronous method on channel 1; `then` gets its reply."""
         self.expect.append(then)
-        self._method(method)
+        self.method(method)
 
     def amqp_closed(self) -> None:
         """The inner connection closed its transport: so does the client's."""
@@ -569,43 +569,40 @@ class MqttConnection(asyncio.Protocol):
             self._confirmed(frame.delivery_tag, frame.multiple, False)
         elif isinstance(frame, C.Connection.Start):
             user, password, _vhost = self.login
-            response = b"\x00" + user.encode() + b"\x00" + password
+            mechanism, response = "PLAIN", b"\x00" + user.encode() + b"\x00" + password
+            if self.external:
+                mechanism, response = "EXTERNAL", b""
             assert self.connect is not None
             props: dict[str, Any] = {
                 "product": "Shoal MQTT",
                 "client_id": self.connect.client_id,
             }
-            self._method(
+            self.method(
                 C.Connection.StartOk(
-                    client_properties=props, mechanism="PLAIN", response=response.decode()
+                    client_properties=props, mechanism=mechanism, response=response.decode()
                 ),
                 0,
             )
         elif isinstance(frame, C.Connection.Tune):
             self.frame_max = frame.frame_max or self.frame_max
-            self._method(C.Connection.TuneOk(frame.channel_max, frame.frame_max, 0), 0)
-            self._method(C.Connection.Open(virtual_host=self.login[2]), 0)
+            self.method(C.Connection.TuneOk(frame.channel_max, frame.frame_max, 0), 0)
+            self.method(C.Connection.Open(virtual_host=self.login[2]), 0)
         elif isinstance(frame, C.Connection.OpenOk):
-            self._method(C.Channel.Open(), 1)
+            self.method(C.Channel.Open(), 1)
         elif isinstance(frame, C.Channel.OpenOk):
-            self._call(
-                C.Confirm.Select(),
-                lambda _r: self._call(
-                    C.Basic.Qos(prefetch_count=self._prefetch()), lambda _q: self._session()
-                ),
-            )
+            self.call(C.Confirm.Select(), lambda _r: self._flow_control())
         elif isinstance(frame, C.Connection.Close):
             self._amqp_refused(frame.reply_code or 0, frame.reply_text or "")
         elif isinstance(frame, C.Channel.Close):
             log.info("mqtt client %s: %s", self._who(), frame.reply_text)
-            self._method(C.Channel.CloseOk(), 1)
+            self.method(C.Channel.CloseOk(), 1)
             self._disconnect(0x87 if frame.reply_code == 403 else 0x80)
         elif channel == 1 and self.expect:
             self.expect.popleft()(frame)
 
     def _amqp_refused(self, code: int, text: str) -> None:
         log.info("mqtt client %s: %s", self._who(), text)
-        self._method(C.Connection.CloseOk(), 0)
+        self.method(C.Connection.CloseOk(), 0)
         if self.open:
             self._disconnect(0x80)
         elif code == 403 and "Login was refused" in text:
@@ -628,58 +625,38 @@ class MqttConnection(asyncio.Protocol):
                 continue
             kind, packet_id = waiting
             if not ack:  # the broker could not take it: the client sends it again
-                self.qos2_received.discard(packet_id)
+                self.session.received.discard(packet_id)
+                self.pubrec_waits.pop(packet_id, None)
                 if self.level == P.MQTT_5:
-                    self._send(P.encode_ack(self.level, kind, packet_id, 0x80))
+                    self.send(P.encode_ack(self.level, kind, packet_id, 0x80))
                     continue
                 self._disconnect(0x80)
                 return
-            self._send(P.encode_ack(self.level, kind, packet_id))
+            if kind == P.PUBREC:
+                self._pubrec_step(packet_id)
+            else:
+                self.send(P.encode_ack(self.level, kind, packet_id))
 
     def _deliver(self) -> None:
-        assert self.delivery is not None
+        assert self.delivery is not None and self.outbound is not None
         deliver, content, payload = self.delivery
         self.delivery = None
-        queue_qos = self.consumed.get(deliver.consumer_tag, 0)
-        qos = min(queue_qos, M.published_qos(content.properties), 1)
-        packet_id = None
-        if qos:
-            packet_id = self._packet_id()
-            self.unacked[packet_id] = deliver.delivery_tag
-        elif queue_qos:  # a QoS 0 message on the QoS 1 queue: settled now
-            self._method(C.Basic.Ack(delivery_tag=deliver.delivery_tag))
-        props = M.mqtt_properties(content.properties) if self.level == P.MQTT_5 else None
-        packet = P.encode_publish(
-            self.level,
-            M.amqp_to_mqtt(deliver.routing_key),
-            bytes(payload),
-            qos=qos,
-            dup=bool(deliver.redelivered) and qos > 0,
-            packet_id=packet_id,
-            properties=props,
-        )
-        limit = self.connect.properties.get("maximum_packet_size") if self.connect else None
-        if limit is not None and len(packet) > limit:
-            # Larger than the 5.0 client takes: dropped, as if delivered
-            # (MQTT-3.1.2-25).
-            if packet_id is not None:
-                self._on_ack(P.Ack(P.PUBACK, packet_id))
+        if not self.open:  # a returning session's queues deliver before its CONNACK is out
+            self.early.append((deliver, content.properties, bytes(payload)))
             return
-        self._send(packet)
+        self.outbound.deliver(deliver, content.properties, bytes(payload))
 
-    def _prefetch(self) -> int:
-        """QoS 1 deliveries in flight: at most the 5.0 client's receive
-        maximum (MQTT-3.3.4-9); only the QoS 1 queue is consumed with acks."""
+    def _flow_control(self) -> None:
+        """QoS 1 and 2 deliveries in flight: PREFETCH per queue, and over all
+        queues at most the 5.0 client's receive maximum (MQTT-3.3.4-9; the
+        channel's global prefetch). QoS 0 queues go without acks."""
         assert self.connect is not None
-        return min(PREFETCH, self.connect.properties.get("receive_maximum", PREFETCH))
-
-    def _packet_id(self) -> int:
-        for _ in range(65535):
-            packet_id = self.next_packet_id
-            self.next_packet_id = packet_id % 65535 + 1
-            if packet_id not in self.unacked:
-                return packet_id
-        raise P.ProtocolError("no packet identifier free")
+        receive_maximum = self.connect.properties.get("receive_maximum")
+        then = lambda _r: self._session()  # noqa: E731
+        if receive_maximum is not None:
+            limit = C.Basic.Qos(prefetch_count=receive_maximum, global_=True)
+            then = lambda _r: self.call(limit, lambda _q: self._session())  # noqa: E731
+        self.call(C.Basic.Qos(prefetch_count=PREFETCH), then)
 
 
 def _ignore(_reply: Any) -> None:

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+# What the inner connection may ask of the client's socket: its addresses, and
+# over TLS the session and the client's certificate (EXTERNAL logins, the
+# connection rows' ssl fields). Not "socket": its writes are the bridge's.
+_FORWARDED = frozenset({"peername", "sockname", "ssl_object", "peercert", "cipher"})
+
 
 class Bridge(Protocol):
     transport: Any  # the MQTT client's socket transport (uvloop's)
@@ -23,7 +28,7 @@ class AmqpSide:
         self.bridge = bridge
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name in ("peername", "sockname") and self.bridge.transport is not None:
+        if name in _FORWARDED and self.bridge.transport is not None:
             return self.bridge.transport.get_extra_info(name)
         return default
 

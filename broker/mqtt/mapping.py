@@ -4,6 +4,7 @@ message's properties both ways (workers/mqtt_connection.py uses these)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pamqp import commands as C
@@ -12,6 +13,11 @@ from shoal.broker.mqtt.packets import Properties
 
 EXCHANGE = "amq.topic"
 QOS_HEADER = "x-mqtt-publish-qos"  # the QoS a message was published with (RabbitMQ's)
+# Set only when they say something, so a message that needs none pays nothing:
+RETAIN_HEADER = "x-mqtt-retain"  # published with RETAIN (5.0's retain as published)
+PUBLISHER_HEADER = "x-mqtt-publisher"  # the client id, when it has a no-local subscription
+EXPIRES_HEADER = "x-mqtt-expires-at"  # 5.0 message expiry: when (Unix seconds)
+FORMAT_HEADER = "x-mqtt-payload-format"  # 5.0 payload format indicator 1 (UTF-8)
 
 # The 5.0 properties a message carries on to its receivers (3.3.2.3).
 FORWARDED_PROPERTIES = frozenset(
@@ -35,14 +41,24 @@ def amqp_to_mqtt(key: str) -> str:
     return key.replace("*", "+").replace(".", "/")
 
 
-def amqp_properties(qos: int, properties: Properties) -> C.Basic.Properties:
+def amqp_properties(
+    qos: int, properties: Properties, retain: bool = False, publisher: str | None = None
+) -> C.Basic.Properties:
     """A PUBLISH's QoS and 5.0 properties as AMQP's: QoS 1 and 2 persistent;
     content type, response topic (reply-to), correlation data (correlation-id),
     message expiry (expiration, ms), user properties (headers)."""
     headers: dict[str, Any] = {QOS_HEADER: qos}
     for key, value in properties.get("user_property", ()):
         headers[key] = value
+    if retain:
+        headers[RETAIN_HEADER] = 1
+    if publisher is not None:
+        headers[PUBLISHER_HEADER] = publisher
+    if properties.get("payload_format_indicator"):
+        headers[FORMAT_HEADER] = 1
     expiry = properties.get("message_expiry_interval")
+    if expiry is not None:
+        headers[EXPIRES_HEADER] = int(time.time()) + expiry
     correlation = properties.get("correlation_data")
     return C.Basic.Properties(
         delivery_mode=2 if qos else 1,
@@ -73,6 +89,11 @@ def mqtt_properties(props: C.Basic.Properties) -> Properties:
     if props.correlation_id:
         out["correlation_data"] = props.correlation_id.encode()
     headers = props.headers or {}
+    if headers.get(FORMAT_HEADER):
+        out["payload_format_indicator"] = 1
+    expires_at = headers.get(EXPIRES_HEADER)
+    if isinstance(expires_at, int):  # what is left of it (MQTT-3.3.2-6)
+        out["message_expiry_interval"] = max(1, expires_at - int(time.time()))
     users = [(k, str(v)) for k, v in headers.items() if not k.startswith("x-mqtt")]
     if users:
         out["user_property"] = users

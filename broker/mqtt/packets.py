@@ -68,6 +68,10 @@ class PacketTooLarge(PacketError):
     reason = PACKET_TOO_LARGE
 
 
+class TopicAliasInvalid(PacketError):
+    reason = 0x94  # 5.0: a topic alias of 0 or over the maximum (MQTT-3.3.2-8, -9)
+
+
 # ---------------------------------------------------------------- properties
 # identifier -> (name, type); types: byte, u16, u32, varint, string, binary, pair
 _PROPERTY_TYPES: dict[int, tuple[str, str]] = {
@@ -656,3 +660,9 @@ def encode_disconnect(reason: int = 0, properties: Properties | None = None) -> 
 
 def encode_auth(reason: int, properties: Properties | None = None) -> bytes:
     return packet(AUTH, 0, bytes((reason,)) + encode_properties(properties or {}))
+
+
+def decode_properties(data: bytes, ptype: int) -> Properties:
+    """The 5.0 properties `data` starts with, as packet type `ptype` may
+    carry them (a client's view of a CONNACK, say)."""
+    return _Cursor(data).properties(_ALLOWED[ptype])

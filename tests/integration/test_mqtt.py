@@ -19,6 +19,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.broker_process import Broker, free_port, wait_for
+from tests.mqtt_raw import RawClient
 
 WAIT_S = 10
 VERSIONS = [paho.MQTTv311, paho.MQTTv5]
@@ -450,41 +451,6 @@ def _queue_names(broker: Broker) -> list[str]:
     return [str(r["name"]) for r in rows(broker, "list_queues", "name")]
 
 
-class RawClient:
-    """A bare MQTT client on this repository's codec, for what paho does
-    for itself (acks) or will not send."""
-
-    def __init__(self, port: int) -> None:
-        import socket
-
-        from shoal.broker.mqtt import packets as P
-
-        self.P = P
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
-        self.reader = P.PacketReader()
-        self.got: list[tuple[int, int, bytes]] = []
-
-    def connect5(self, client_id: str, props: dict[str, Any]) -> bytes:
-        P = self.P
-        body = P.string("MQTT") + bytes((P.MQTT_5, 0x02)) + b"\x00\x3c"
-        body += P.encode_properties(props) + P.string(client_id)
-        self.sock.sendall(P.packet(P.CONNECT, 0, body))
-        return self.read(P.CONNACK)[2]
-
-    def read(self, kind: int) -> tuple[int, int, bytes]:
-        while True:
-            for i, packet in enumerate(self.got):
-                if packet[0] == kind:
-                    return self.got.pop(i)
-            data = self.sock.recv(65536)
-            if not data:
-                raise EOFError
-            self.got += self.reader.feed(data)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_five_receive_maximum_and_maximum_packet_size_bound_what_is_sent(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:
@@ -495,7 +461,7 @@ def test_five_receive_maximum_and_maximum_packet_size_bound_what_is_sent(
     broker, port = mqtt_broker
     raw = RawClient(port)
     try:
-        raw.connect5("bounded", {"receive_maximum": 2, "maximum_packet_size": 200})
+        raw.connect("bounded", {"receive_maximum": 2, "maximum_packet_size": 200})
         raw.sock.sendall(P.packet(P.SUBSCRIBE, 2, b"\x00\x01\x00" + P.string("in/#") + b"\x01"))
         raw.read(P.SUBACK)
         conn = pika.BlockingConnection(pika.URLParameters(broker.url))
@@ -529,10 +495,7 @@ def test_five_a_packet_over_the_maximum_size_gets_disconnect_0x95(
     _broker, port = mqtt_broker
     raw = RawClient(port)
     try:
-        connack = raw.connect5("too-big", {})
-        props_start = 2  # (flags, reason) then the properties
-        props = P._Cursor(connack[props_start:]).properties(P._ALLOWED[P.CONNACK])
-        limit = props["maximum_packet_size"]
+        limit = raw.connect("too-big", {})[2]["maximum_packet_size"]
         raw.sock.sendall(b"\x30" + P.varint(limit + 10))  # a PUBLISH larger than that
         disconnect = raw.read(P.DISCONNECT)
         assert disconnect[2][:1] == b"\x95"  # packet too large

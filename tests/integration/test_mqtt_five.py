@@ -1,0 +1,289 @@
+"""MQTT 5.0's features on the broker (issue 41): topic aliases both ways,
+subscription identifiers, no local, retain as published and retain
+handling, shared subscriptions, message expiry counted down, enhanced
+authentication refused, and TLS client certificates as logins. The bare
+client (tests/mqtt_raw.py) sees the packets as sent; paho-mqtt and aiomqtt
+show real clients use them."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from paho.mqtt import client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from shoal.broker.mqtt import packets as P
+from tests.broker_process import Broker, free_port
+from tests.mqtt_raw import RawClient
+
+WAIT_S = 10
+NO_LOCAL, RETAIN_AS_PUBLISHED = 0x04, 0x08
+
+
+@pytest.fixture
+def mqtt_broker(broker_factory: Callable[..., Broker]) -> Iterator[tuple[Broker, int]]:
+    port = free_port()
+    yield broker_factory(args=("--mqtt-port", str(port))), port
+
+
+@pytest.fixture
+def raws() -> Iterator[list[RawClient]]:
+    made: list[RawClient] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def raw(raws: list[RawClient], port: int, client_id: str, **props: Any) -> RawClient:
+    client = RawClient(port)
+    raws.append(client)
+    assert client.connect(client_id, props)[1] == 0
+    return client
+
+
+def test_connack_offers_what_the_broker_does(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    client = RawClient(port)
+    raws.append(client)
+    _present, code, props = client.connect("offers", {})
+    assert code == 0
+    assert props["topic_alias_maximum"] > 0
+    # QoS 2, subscription identifiers and shared subscriptions: all there
+    # (absent means available, 3.2.2.3).
+    for absent in (
+        "maximum_qos",
+        "subscription_identifier_available",
+        "shared_subscription_available",
+    ):
+        assert absent not in props
+
+
+def test_topic_aliases_both_ways(mqtt_broker: tuple[Broker, int], raws: list[RawClient]) -> None:
+    _broker, port = mqtt_broker
+    sub = raw(raws, port, "alias-sub", topic_alias_maximum=2)
+    sub.subscribe("al/#", 0)
+    pub = raw(raws, port, "alias-pub")
+    pub.publish("al/one", b"1", properties={"topic_alias": 1})  # sets alias 1
+    pub.publish("", b"2", properties={"topic_alias": 1})  # uses it
+    for topic in ("al/two", "al/three"):
+        pub.publish(topic, topic.encode())
+    got = [sub.received()[1] for _ in range(4)]
+    # To the subscriber: the first two topics get aliases 1 and 2, sent in
+    # full once and then as the alias alone; a third topic goes in full.
+    assert [(m.topic, m.properties.get("topic_alias"), m.payload) for m in got] == [
+        ("al/one", 1, b"1"),
+        ("", 1, b"2"),
+        ("al/two", 2, b"al/two"),
+        ("al/three", None, b"al/three"),
+    ]
+    pub.publish("", b"?", properties={"topic_alias": 2})  # never set: a protocol error
+    assert pub.closed_by_broker()
+    assert pub.read(P.DISCONNECT)[2][:1] == b"\x82"
+
+
+def test_a_topic_alias_over_the_maximum_gets_disconnect_0x94(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    pub = raw(raws, port, "alias-big")
+    pub.publish("x/y", b"1", properties={"topic_alias": 65000})
+    assert pub.closed_by_broker()
+    assert pub.read(P.DISCONNECT)[2][:1] == b"\x94"
+
+
+def test_subscription_identifiers_name_every_filter_that_matched(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    sub = raw(raws, port, "ids")
+    sub.subscribe("ids/+/t", 1, packet_id=1, props={"subscription_identifier": [7]})
+    sub.subscribe("ids/#", 1, packet_id=2, props={"subscription_identifier": [42]})
+    sub.subscribe("ids/none", 1, packet_id=3)
+    pub = raw(raws, port, "ids-pub")
+    pub.publish("ids/a/t", b"both", qos=1, packet_id=1)
+    _f, both = sub.received()
+    assert both.payload == b"both" and sorted(both.properties["subscription_identifier"]) == [7, 42]
+    sub.ack(P.PUBACK, both.packet_id or 0)
+    pub.publish("ids/none", b"one", qos=1, packet_id=2)
+    _f, one = sub.received()
+    assert one.payload == b"one" and one.properties["subscription_identifier"] == [42]
+
+
+def test_no_local_keeps_a_clients_own_messages_from_it(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    me = raw(raws, port, "me")
+    me.subscribe("chat/#", 0 | NO_LOCAL)
+    other = raw(raws, port, "other")
+    other.subscribe("chat/#", 0)
+    me.publish("chat/room", b"from me")
+    other.publish("chat/room", b"from other")
+    assert {other.received()[1].payload for _ in range(2)} == {b"from me", b"from other"}
+    assert me.received()[1].payload == b"from other"  # not its own
+    me.sock.settimeout(0.5)
+    with pytest.raises(socket.timeout):
+        me.received()
+
+
+def test_retain_as_published_and_retain_handling(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    pub = raw(raws, port, "ret-pub")
+    pub.publish("ret/a", b"kept", qos=1, packet_id=1, retain=True)
+    pub.read(P.PUBACK)
+    keeps = raw(raws, port, "keeps")
+    assert keeps.subscribe("ret/#", RETAIN_AS_PUBLISHED) == b"\x00"
+    flags, retained = keeps.received()
+    assert retained.payload == b"kept" and flags & 1  # the retained copy: RETAIN set
+    plain = raw(raws, port, "plain")
+    plain.subscribe("ret/#", 0x20)  # retain handling 2: no retained messages
+    pub.publish("ret/a", b"live", qos=1, packet_id=2, retain=True)
+    pub.read(P.PUBACK)
+    flags, live = keeps.received()
+    assert live.payload == b"live" and flags & 1  # retain as published
+    flags, live = plain.received()
+    assert live.payload == b"live" and not flags & 1  # the first it gets: not the retained one
+    assert keeps.subscribe("ret/#", 0x10, packet_id=5) == b"\x00"  # 1: only if new; it is not
+    keeps.sock.settimeout(0.5)
+    with pytest.raises(socket.timeout):
+        keeps.received()
+
+
+def test_a_shared_subscription_gives_each_message_to_one_member(
+    mqtt_broker: tuple[Broker, int],
+) -> None:
+    _broker, port = mqtt_broker
+    got: queue.Queue[tuple[str, bytes]] = queue.Queue()
+    members = []
+    try:
+        for name in ("m1", "m2"):
+            c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=name, protocol=paho.MQTTv5)
+            c.on_message = lambda _c, _u, m, name=name: got.put((name, m.payload))
+            subscribed: queue.Queue[Any] = queue.Queue()
+            c.on_subscribe = lambda _c, _u, _mid, codes, _p, s=subscribed: s.put(codes)
+            c.connect("127.0.0.1", port)
+            c.loop_start()
+            members.append(c)
+            c.subscribe("$share/workers/jobs/#", 1)
+            assert [int(x.value) for x in subscribed.get(timeout=WAIT_S)] == [1]
+        pub = members[0]
+        for i in range(20):
+            pub.publish(f"jobs/{i}", b"%d" % i, qos=1).wait_for_publish(WAIT_S)
+        taken = [got.get(timeout=WAIT_S) for _ in range(20)]
+        assert sorted(int(p) for _n, p in taken) == list(range(20))  # each once
+        assert {n for n, _p in taken} == {"m1", "m2"}  # spread over the group
+        with pytest.raises(queue.Empty):
+            got.get(timeout=0.5)
+    finally:
+        for c in members:
+            c.disconnect()
+            c.loop_stop()
+
+
+def test_message_expiry_is_counted_down_and_other_properties_pass(
+    mqtt_broker: tuple[Broker, int],
+) -> None:
+    _broker, port = mqtt_broker
+    got: queue.Queue[Any] = queue.Queue()
+    c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="exp", protocol=paho.MQTTv5)
+    c.on_message = lambda _c, _u, m: got.put(m)
+    try:
+        c.connect("127.0.0.1", port)
+        c.loop_start()
+        c.subscribe("exp/#", options=SubscribeOptions(qos=1, noLocal=False))
+        props = Properties(PacketTypes.PUBLISH)
+        props.MessageExpiryInterval = 120
+        props.PayloadFormatIndicator = 1
+        props.UserProperty = ("k", "v")
+        c.publish("exp/x", b"soon", qos=1, properties=props).wait_for_publish(WAIT_S)
+        message = got.get(timeout=WAIT_S)
+        assert 0 < message.properties.MessageExpiryInterval <= 120
+        assert message.properties.PayloadFormatIndicator == 1
+        assert ("k", "v") in message.properties.UserProperty
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+def test_enhanced_authentication_is_refused_cleanly(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    client = RawClient(port)
+    raws.append(client)
+    _present, code, _props = client.connect("scram", {"authentication_method": "SCRAM-SHA-1"})
+    assert code == 0x8C  # bad authentication method
+    assert client.closed_by_broker()
+    other = raw(raws, port, "after-auth")
+    other.sock.sendall(P.encode_auth(0x18, {"authentication_method": "X"}))  # AUTH unasked
+    assert other.closed_by_broker()
+    assert other.read(P.DISCONNECT)[2][:1] == b"\x82"
+
+
+def test_aiomqtt_publishes_and_subscribes(mqtt_broker: tuple[Broker, int]) -> None:
+    aiomqtt = pytest.importorskip("aiomqtt")
+    _broker, port = mqtt_broker
+
+    async def run() -> list[tuple[str, bytes, int]]:
+        async with aiomqtt.Client("127.0.0.1", port, identifier="aio-1") as client:
+            await client.subscribe("aio/#", qos=2)
+            for qos in (0, 1, 2):
+                await client.publish(f"aio/{qos}", b"q%d" % qos, qos=qos)
+            out = []
+            async for message in client.messages:
+                out.append((str(message.topic), bytes(message.payload), message.qos))
+                if len(out) == 3:
+                    return out
+        return []
+
+    got = asyncio.run(asyncio.wait_for(run(), WAIT_S))
+    assert sorted(got) == [("aio/0", b"q0", 0), ("aio/1", b"q1", 1), ("aio/2", b"q2", 2)]
+
+
+def test_a_tls_client_certificate_logs_in_as_its_common_name(
+    broker_factory: Callable[..., Broker], tmp_path: Any
+) -> None:
+    from tests.integration.test_tls import Certs
+
+    certs = Certs(tmp_path)
+    port = free_port()
+    broker = broker_factory(
+        args=(
+            "--mqtts-port",
+            str(port),
+            "--tls-cert",
+            str(certs.server_pem),
+            "--tls-ca",
+            str(certs.ca_pem),
+        )
+    )
+    from tests.clients import shoal
+
+    for args in (("add_user", "tlsuser", ""), ("set_permissions", "tlsuser", ".*", ".*", ".*")):
+        assert shoal(broker, "ctl", *args).returncode == 0
+    got: queue.Queue[Any] = queue.Queue()
+    c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="cert-1", protocol=paho.MQTTv5)
+    c.tls_set_context(certs.client_context(with_cert=True))
+    c.on_connect = lambda _c, _u, _f, rc, _p: got.put(int(rc.value))
+    try:
+        c.connect("127.0.0.1", port)  # no user name: the certificate's
+        c.loop_start()
+        assert got.get(timeout=WAIT_S) == 0
+        from tests.integration.test_ctl import rows
+
+        users = {r["user"] for r in rows(broker, "list_connections", "user")}
+        assert "tlsuser" in users
+    finally:
+        c.disconnect()
+        c.loop_stop()

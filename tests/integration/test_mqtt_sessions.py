@@ -1,0 +1,237 @@
+"""MQTT sessions across connections and broker crashes (issue 41):
+QoS 2 deliveries with the whole handshake, their packet ids kept by the
+session (workers/mqtt_session.py), CONNACK's session present, and 5.0's will
+delay. A bare client (tests/mqtt_raw.py) holds each exchange at the step a
+test needs; paho-mqtt checks the ordinary path."""
+
+from __future__ import annotations
+
+import queue
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from paho.mqtt import client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from shoal.broker.mqtt import packets as P
+from tests.broker_process import Broker, free_port
+from tests.mqtt_raw import RawClient
+
+WAIT_S = 10
+
+
+@pytest.fixture
+def mqtt_broker(broker_factory: Callable[..., Broker]) -> Iterator[tuple[Broker, int]]:
+    port = free_port()
+    yield broker_factory(args=("--mqtt-port", str(port))), port
+
+
+@pytest.fixture
+def raws() -> Iterator[list[RawClient]]:
+    made: list[RawClient] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def raw(raws: list[RawClient], port: int, level: int = P.MQTT_5) -> RawClient:
+    client = RawClient(port, level)
+    raws.append(client)
+    return client
+
+
+PERSISTENT_5 = {"session_expiry_interval": 3600}
+
+
+def test_paho_gets_a_qos2_message_once_at_qos2(mqtt_broker: tuple[Broker, int]) -> None:
+    _broker, port = mqtt_broker
+    got: queue.Queue[Any] = queue.Queue()
+    sub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="q2-sub", protocol=paho.MQTTv5)
+    sub.on_message = lambda c, u, m: got.put(m)
+    subscribed: queue.Queue[Any] = queue.Queue()
+    sub.on_subscribe = lambda c, u, mid, codes, p: subscribed.put(codes)
+    pub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="q2-pub", protocol=paho.MQTTv5)
+    try:
+        sub.connect("127.0.0.1", port)
+        sub.loop_start()
+        sub.subscribe("exact/#", 2)
+        assert [int(c.value) for c in subscribed.get(timeout=WAIT_S)] == [2]  # granted 2
+        pub.connect("127.0.0.1", port)
+        pub.loop_start()
+        for i in range(5):
+            pub.publish(f"exact/{i}", b"m%d" % i, qos=2).wait_for_publish(WAIT_S)
+        messages = [got.get(timeout=WAIT_S) for _ in range(5)]
+        assert [(m.payload, m.qos) for m in messages] == [(b"m%d" % i, 2) for i in range(5)]
+        pub.publish("exact/one", b"qos1", qos=1).wait_for_publish(WAIT_S)
+        assert got.get(timeout=WAIT_S).qos == 1  # min(published, granted)
+        with pytest.raises(queue.Empty):
+            got.get(timeout=0.5)  # nothing twice
+    finally:
+        for c in (sub, pub):
+            c.disconnect()
+            c.loop_stop()
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_session_present_says_whether_the_session_was_kept(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    _broker, port = mqtt_broker
+    props = PERSISTENT_5 if level == P.MQTT_5 else {}
+    first = raw(raws, port, level)
+    assert first.connect("kept", props, clean=False)[:2] == (False, 0)  # a new session
+    first.close()
+    again = raw(raws, port, level)
+    assert again.connect("kept", props, clean=False)[:2] == (True, 0)
+    again.close()
+    clean = raw(raws, port, level)
+    assert clean.connect("kept", props, clean=True)[:2] == (False, 0)  # a clean start ends it
+
+
+def test_a_qos2_delivery_resumes_with_its_packet_id_after_a_reconnect(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """MQTT-4.4.0-1: the unacknowledged PUBLISH goes again with its packet
+    id and DUP; once PUBREC'd, the PUBREL goes again instead, never the
+    message."""
+    _broker, port = mqtt_broker
+    sub = raw(raws, port)
+    sub.connect("resumer", PERSISTENT_5, clean=False)
+    assert sub.subscribe("r/#", 2) == b"\x02"
+    pub = raw(raws, port)
+    pub.connect("r-pub")
+    pub.publish("r/1", b"exactly once", qos=2, packet_id=9)
+    pub.read(P.PUBREC)
+    _flags, first = sub.received()
+    assert (first.payload, first.qos, first.dup) == (b"exactly once", 2, False)
+    sub.close()  # no PUBREC: the message is the session's still
+
+    sub = raw(raws, port)
+    assert sub.connect("resumer", PERSISTENT_5, clean=False)[:2] == (True, 0)
+    _flags, again = sub.received()
+    assert (again.payload, again.packet_id, again.dup) == (b"exactly once", first.packet_id, True)
+    assert first.packet_id is not None
+    sub.ack(P.PUBREC, first.packet_id)
+    assert sub.read(P.PUBREL)[2][:2] == first.packet_id.to_bytes(2, "big")
+    sub.close()  # no PUBCOMP
+
+    sub = raw(raws, port)
+    sub.connect("resumer", PERSISTENT_5, clean=False)
+    assert sub.read(P.PUBREL)[2][:2] == first.packet_id.to_bytes(2, "big")  # PUBREL again
+    sub.ack(P.PUBCOMP, first.packet_id)
+    pub.publish("r/2", b"next", qos=2, packet_id=10)
+    _flags, after = sub.received()
+    assert after.payload == b"next"  # not the first message again
+
+
+def test_kill_9_with_qos1_and_qos2_in_flight_loses_nothing_confirmed_and_repeats_no_qos2(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    broker, port = mqtt_broker
+    sub = raw(raws, port)
+    sub.connect("survivor", PERSISTENT_5, clean=False)
+    assert sub.subscribe("k/#", 2) == b"\x02"
+    pub = raw(raws, port)
+    pub.connect("k-pub")
+    # Confirmed to the publisher: PUBACK for QoS 1, PUBREC for QoS 2.
+    for i in range(1, 4):
+        pub.publish(f"k/{i}", b"q1-%d" % i, qos=1, packet_id=i)
+        pub.read(P.PUBACK)
+    for i in range(4, 7):
+        pub.publish(f"k/{i}", b"q2-%d" % i, qos=2, packet_id=i)
+        pub.read(P.PUBREC)
+    seen: dict[bytes, P.Publish] = {}
+    for _ in range(6):
+        _flags, message = sub.received()
+        seen[message.payload] = message
+    assert set(seen) == {b"q1-1", b"q1-2", b"q1-3", b"q2-4", b"q2-5", b"q2-6"}
+    # q1-1 PUBACKed; q2-4 taken (PUBREC, and its PUBREL came); q2-5 PUBREC'd,
+    # the PUBREL not waited for; the rest unacknowledged.
+    sub.ack(P.PUBACK, seen[b"q1-1"].packet_id or 0)
+    sub.ack(P.PUBREC, seen[b"q2-4"].packet_id or 0)
+    sub.read(P.PUBREL)
+    sub.ack(P.PUBCOMP, seen[b"q2-4"].packet_id or 0)
+    sub.ack(P.PUBREC, seen[b"q2-5"].packet_id or 0)
+    sub.read(P.PUBREL)  # (the session has it as released)
+    # a QoS 2 publish PUBREC'd but not PUBREL'd by its publisher
+    pub.publish("k/7", b"q2-7", qos=2, packet_id=7)
+    pub.read(P.PUBREC)
+    _flags, seventh = sub.received()
+    assert seventh.payload == b"q2-7"
+    seen[b"q2-7"] = seventh
+
+    broker.crash()
+    broker.restart()
+
+    pub = raw(raws, port)
+    assert pub.connect("k-pub")[1] == 0
+    sub = raw(raws, port)
+    assert sub.connect("survivor", PERSISTENT_5, clean=False)[:2] == (True, 0)
+    released = sub.read(P.PUBREL)[2][:2]
+    assert released == (seen[b"q2-5"].packet_id or 0).to_bytes(2, "big")
+    again: dict[bytes, P.Publish] = {}
+    sub.sock.settimeout(2)
+    try:
+        while True:
+            _flags, message = sub.received()
+            again[message.payload] = message
+            if message.qos:
+                sub.ack(P.PUBACK if message.qos == 1 else P.PUBREC, message.packet_id or 0)
+    except TimeoutError:
+        pass
+    # Nothing unacknowledged is lost; what the client took is not sent again.
+    assert set(again) == {b"q1-2", b"q1-3", b"q2-6", b"q2-7"}
+    for payload in (b"q2-6", b"q2-7"):  # a QoS 2 message again: its packet id, DUP
+        assert (again[payload].packet_id, again[payload].dup) == (seen[payload].packet_id, True)
+
+
+def test_a_delayed_will_waits_and_is_dropped_when_the_client_returns(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    watcher = raw(raws, port)
+    watcher.connect("watcher")
+    watcher.subscribe("wills/#", 0)
+    will = ("wills/dev", b"gone", 0, {"will_delay_interval": 1})
+    props = {"session_expiry_interval": 60}
+
+    dev = raw(raws, port)
+    dev.connect("dev", props, clean=False, will=will)
+    dev.sock.close()  # vanished: the will waits 1 s
+    back = raw(raws, port)
+    back.connect("dev", props, clean=False, will=will)  # back in time: no will
+    watcher.sock.settimeout(2.5)
+    with pytest.raises(socket.timeout):
+        watcher.received()
+    back.sock.close()  # gone for good: the will, after its delay
+    watcher.sock.settimeout(WAIT_S)
+    _flags, message = watcher.received()
+    assert (message.topic, message.payload) == ("wills/dev", b"gone")
+
+
+def test_a_will_with_no_session_expiry_goes_at_once_whatever_its_delay(
+    mqtt_broker: tuple[Broker, int],
+) -> None:
+    _broker, port = mqtt_broker
+    got: queue.Queue[Any] = queue.Queue()
+    watcher = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="w2", protocol=paho.MQTTv5)
+    watcher.on_message = lambda c, u, m: got.put(m)
+    dev = RawClient(port)
+    try:
+        watcher.connect("127.0.0.1", port)
+        watcher.loop_start()
+        watcher.subscribe("wills/#", 0)
+        watcher.publish("wills/ready", b"").wait_for_publish(WAIT_S)
+        assert got.get(timeout=WAIT_S).topic == "wills/ready"  # (subscribed)
+        will_props = Properties(PacketTypes.WILLMESSAGE)
+        will_props.WillDelayInterval = 3600
+        dev.connect("dev2", {}, will=("wills/dev2", b"gone", 0, {"will_delay_interval": 3600}))
+        dev.sock.close()  # the session ends now: so does the wait (MQTT-3.1.3-9)
+        assert got.get(timeout=WAIT_S).payload == b"gone"
+    finally:
+        dev.close()
+        watcher.disconnect()
+        watcher.loop_stop()

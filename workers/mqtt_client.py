@@ -1,0 +1,38 @@
+"""What an MQTT connection's parts (workers/mqtt_subscriptions.py,
+workers/mqtt_outbound.py) use of the connection (workers/mqtt_connection.py):
+its packets out, its inner AMQP channel, its session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from shoal.workers.mqtt_session import Session
+
+
+class MqttClient(Protocol):
+    level: int  # the protocol level: 4 (3.1.1) or 5
+    closed: bool
+    persistent: bool  # the session outlives the connection
+    conn_id: int  # the inner AMQP connection's id
+    session: Session
+
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def session_expiry(self) -> int | None: ...
+
+    def send(self, data: bytes) -> None:
+        """A packet to the client."""
+
+    def method(self, method: Any, channel: int = 1) -> None:
+        """An asynchronous AMQP method on the inner connection."""
+
+    def call(self, method: Any, then: Callable[[Any], None]) -> None:
+        """A synchronous AMQP method on channel 1; `then` gets its reply."""
+
+    def serve_held(self) -> None:
+        """The packets held while a (UN)SUBACK was coming."""
+
+    def send_retained(self, topic_filter: str, qos: int) -> None:
+        """The retained messages for a new subscription."""

@@ -1,0 +1,207 @@
+"""Messages to an MQTT client (issue 41): a delivery of the inner AMQP
+connection, or a retained message, as a PUBLISH, and the client's answers.
+
+    QoS 0    sent; a delivery from a queue consumed with acks is acked at once
+    QoS 1    PUBLISH with a packet id; the client's PUBACK acks the delivery
+    QoS 2    the packet id and the message's fingerprint are written to the
+             session (workers/mqtt_session.py) before the PUBLISH goes; PUBREC:
+             the id is written as released, then PUBREL goes and the delivery
+             is acked; PUBCOMP ends it. A redelivery of a message under way
+             goes again with its packet id and DUP; one the client has already
+             taken (released) is acked and not sent: never delivered twice
+
+5.0: the subscription identifiers of the filters that matched, no local (a
+client's own message is not sent back on such a subscription), retain as
+published, topic aliases (the first `topic_alias_maximum` topics the client
+allows get one), and a message larger than the client's maximum packet size
+dropped as if delivered (MQTT-3.1.2-25).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pamqp import commands as C
+
+from shoal.broker import ipc
+from shoal.broker.mqtt import mapping as M
+from shoal.broker.mqtt import packets as P
+from shoal.workers.mqtt_client import MqttClient
+from shoal.workers.mqtt_session import fingerprint
+from shoal.workers.mqtt_subscriptions import Subscriptions
+
+NOTHING_TO_ACK = -1  # the delivery tag of a retained message's PUBLISH (no AMQP delivery)
+ID_NOT_FOUND = 0x92  # 5.0: packet identifier not found
+
+
+class Outbound:
+    def __init__(self, conn: MqttClient, subscriptions: Subscriptions, props: P.Properties) -> None:
+        self.conn = conn
+        self.subscriptions = subscriptions
+        self.next_packet_id = 1
+        # PUBLISHes with a packet id and no PUBACK / PUBREC yet: id -> delivery tag.
+        self.unacked: dict[int, int] = {}
+        self.alias_max: int = props.get("topic_alias_maximum", 0)
+        self.aliases: dict[str, int] = {}
+        self.max_packet: int | None = props.get("maximum_packet_size")
+
+    def resume(self) -> None:
+        """A returning session's PUBRELs go again (MQTT-4.4.0-1)."""
+        for packet_id in self.conn.session.state.released:
+            self.conn.send(P.encode_ack(self.conn.level, P.PUBREL, packet_id))
+
+    # ----------------------------------------------------------- deliveries
+    def deliver(self, deliver: C.Basic.Deliver, props: C.Basic.Properties, payload: bytes) -> None:
+        conn = self.conn
+        tag = int(deliver.delivery_tag or 0)
+        queue = str(deliver.consumer_tag)
+        routing_key = str(deliver.routing_key)
+        queue_qos = self.subscriptions.consumed.get(queue, 0)
+        headers = props.headers or {}
+        topic = M.amqp_to_mqtt(routing_key)
+        subs = self.subscriptions.matching(queue, topic)
+        if self.subscriptions.no_local and headers.get(M.PUBLISHER_HEADER) == conn.client_id:
+            wanted = [sub for sub in subs if not sub.no_local]
+            if subs and not wanted:  # only no-local subscriptions matched
+                self._settle(tag, queue_qos)
+                return
+            subs = wanted
+        qos = min(queue_qos, M.published_qos(props))
+        out = M.mqtt_properties(props) if conn.level == P.MQTT_5 else {}
+        identifiers = [sub.identifier for sub in subs if sub.identifier]
+        if identifiers:
+            out["subscription_identifier"] = identifiers
+        retain = bool(headers.get(M.RETAIN_HEADER)) and any(s.retain_as_published for s in subs)
+        if qos < 2:
+            packet_id = None
+            if qos:
+                packet_id = self._packet_id()
+                self.unacked[packet_id] = tag
+            elif queue_qos:  # a QoS 0 message on a queue consumed with acks: settled now
+                conn.method(C.Basic.Ack(delivery_tag=tag))
+            self._send(
+                topic,
+                payload,
+                qos,
+                retain,
+                bool(deliver.redelivered) and qos > 0,
+                packet_id,
+                out,
+                tag,
+            )
+            return
+        state = conn.session.state
+        seen = fingerprint(routing_key, payload, headers)
+        if state.released and seen in state.released.values():
+            conn.method(C.Basic.Ack(delivery_tag=tag))  # the client has it (PUBREC'd)
+            return
+        for packet_id, sent in state.sent.items():
+            if sent == seen and packet_id not in self.unacked:  # the same id again, DUP
+                self.unacked[packet_id] = tag
+                self._send(topic, payload, 2, retain, True, packet_id, out, tag)
+                return
+        packet_id = self._packet_id()
+        state.sent[packet_id] = seen
+        self.unacked[packet_id] = tag
+        conn.session.save(
+            lambda: self._send(
+                topic, payload, 2, retain, bool(deliver.redelivered), packet_id, out, tag
+            )
+        )
+
+    def send_retained(self, message: ipc.RetainedMessage, qos: int, subs: list[Any]) -> None:
+        """A retained message for a new subscription, RETAIN set (MQTT-3.3.1-6)."""
+        qos = min(qos, message.qos)
+        packet_id = None
+        if qos:
+            packet_id = self._packet_id()
+            self.unacked[packet_id] = NOTHING_TO_ACK
+        out: P.Properties = dict(message.properties) if self.conn.level == P.MQTT_5 else {}
+        identifiers = [sub.identifier for sub in subs if sub.identifier]
+        if identifiers:
+            out["subscription_identifier"] = identifiers
+        self._send(message.topic, message.payload, qos, True, False, packet_id, out, NOTHING_TO_ACK)
+
+    def _send(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        props: P.Properties,
+        tag: int,
+    ) -> None:
+        conn = self.conn
+        if conn.closed:
+            return
+        name = topic
+        if self.alias_max:
+            alias = self.aliases.get(topic)
+            if alias is not None:
+                name = ""  # the alias stands for it (5.0 3.3.2.3.4)
+            elif len(self.aliases) < self.alias_max:
+                alias = self.aliases[topic] = len(self.aliases) + 1
+            if alias is not None:
+                props = {**props, "topic_alias": alias}
+        packet = P.encode_publish(
+            conn.level, name, payload, qos, retain, dup, packet_id, props or None
+        )
+        if self.max_packet is not None and len(packet) > self.max_packet:
+            # Larger than the 5.0 client takes: dropped, as if delivered.
+            if packet_id is not None:
+                self.unacked.pop(packet_id, None)
+                self.conn.session.state.sent.pop(packet_id, None)
+            self._settle(tag, 1)
+            return
+        conn.send(packet)
+
+    def _settle(self, tag: int, queue_qos: int) -> None:
+        if queue_qos and tag != NOTHING_TO_ACK:
+            self.conn.method(C.Basic.Ack(delivery_tag=tag))
+
+    # ------------------------------------------------------ the client's acks
+    def on_ack(self, packet: P.Ack) -> None:
+        conn = self.conn
+        packet_id = packet.packet_id
+        if packet.kind == P.PUBACK:
+            self._settle(self.unacked.pop(packet_id, NOTHING_TO_ACK), 1)
+        elif packet.kind == P.PUBREC:
+            tag = self.unacked.pop(packet_id, None)
+            session = conn.session
+            seen = session.state.sent.pop(packet_id, None)
+            if tag is None and seen is None:
+                if packet_id in session.state.released:  # a PUBREC again: PUBREL again
+                    conn.send(P.encode_ack(conn.level, P.PUBREL, packet_id))
+                else:
+                    conn.send(P.encode_ack(conn.level, P.PUBREL, packet_id, ID_NOT_FOUND))
+                return
+            if packet.reason >= 0x80:  # 5.0: the client would not take it; it is done
+                self._settle(tag or NOTHING_TO_ACK, 1)
+                session.save()
+                return
+            session.state.released[packet_id] = seen or b""
+
+            def released() -> None:
+                self._settle(tag or NOTHING_TO_ACK, 1)
+                if not conn.closed:
+                    conn.send(P.encode_ack(conn.level, P.PUBREL, packet_id))
+
+            session.save(released)
+        else:  # PUBCOMP
+            if conn.session.state.released.pop(packet_id, None) is not None:
+                conn.session.save()
+
+    def _packet_id(self) -> int:
+        taken = (
+            self.conn.session.ids_in_use()
+            if self.conn.session.state.sent or self.conn.session.state.released
+            else ()
+        )
+        for _ in range(65535):
+            packet_id = self.next_packet_id
+            self.next_packet_id = packet_id % 65535 + 1
+            if packet_id not in self.unacked and packet_id not in taken:
+                return packet_id
+        raise P.ProtocolError("no packet identifier free")

@@ -1,0 +1,177 @@
+"""What an MQTT session keeps beyond its queues (issue 41): its subscriptions
+with their options, and the packet identifiers of QoS 2 exchanges under way
+in both directions. A persistent session's outlive the connection and the
+broker: they are written to `<data>/mqtt-sessions/<hash>` before what they
+promise is said to the client, so a kill -9 of the broker neither loses a
+QoS 2 message the client was told of nor delivers one twice.
+
+    received   inbound QoS 2: packet ids published, PUBREC'd, not yet PUBREL'd
+               (a resend of one is not published again; MQTT-4.3.3-9)
+    sent       outbound QoS 2: packet id -> the message's fingerprint, sent in
+               a PUBLISH, no PUBREC yet. The message is still in its queue: a
+               redelivery of it (same fingerprint) goes with the same packet
+               id and DUP (MQTT-4.4.0-1)
+    released   outbound QoS 2: PUBREC'd (the queue's copy acked), PUBREL sent,
+               no PUBCOMP yet: PUBREL is sent again when the client comes back
+
+A clean session keeps all this in memory only (`path` None): it ends with its
+connection. Writes are whole files (store/records.py replace_file: synced,
+renamed), off the event loop, one at a time per session; a change's
+callbacks run once a write that holds it is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from shoal.store.records import replace_file
+
+log = logging.getLogger("shoal.mqtt")
+
+DIRECTORY = "mqtt-sessions"
+
+
+class Subscribed(msgspec.Struct, array_like=True):
+    """One topic filter's subscription and its options."""
+
+    qos: int
+    queue: str
+    identifier: int = 0  # 5.0's subscription identifier (0: none)
+    no_local: bool = False
+    retain_as_published: bool = False
+
+
+class SessionState(msgspec.Struct):
+    vhost: str
+    client_id: str
+    expires_at: float = 0.0  # (wall clock) a 5.0 session's end, once disconnected; 0: none
+    subscriptions: dict[str, Subscribed] = {}
+    received: list[int] = []
+    sent: dict[int, bytes] = {}
+    released: dict[int, bytes] = {}
+
+
+def session_path(data_path: str, vhost: str, client_id: str) -> str:
+    """A client id may hold any character: the file is named by a hash."""
+    name = hashlib.sha256(f"{vhost}\0{client_id}".encode()).hexdigest()[:32]
+    return os.path.join(data_path, DIRECTORY, name)
+
+
+def fingerprint(routing_key: str, payload: bytes, headers: object) -> bytes:
+    """What tells a redelivered message from another: its routing key, body
+    and headers (two messages alike in all three are taken for one only
+    when redelivered while the first is under way)."""
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(routing_key.encode())
+    digest.update(b"\0")
+    digest.update(payload)
+    digest.update(repr(headers).encode())
+    return digest.digest()
+
+
+class Session:
+    def __init__(self, state: SessionState, path: str | None) -> None:
+        self.state = state
+        self.path = path  # None: a clean session's, kept in memory only
+        self.received = set(state.received)
+        self.writing = False
+        self.pending = False  # a change came while a write was under way
+        self.detached = False  # taken over: the newer connection writes it
+        self.waiting: list[Callable[[], None]] = []
+
+    @classmethod
+    def in_memory(cls) -> Session:
+        """The state before CONNECT names the session."""
+        return cls(SessionState("", ""), None)
+
+    @classmethod
+    def open(
+        cls, data_path: str, vhost: str, client_id: str, persistent: bool, clean: bool
+    ) -> tuple[Session, bool]:
+        """The session of `client_id`, and whether one was there (CONNACK's
+        session present). A clean start or a non-persistent session removes
+        an earlier one's file; an expired one counts as gone."""
+        path = session_path(data_path, vhost, client_id)
+        state: SessionState | None = None
+        if not persistent:  # it ends with this connection
+            _unlink(path)
+            return cls(SessionState(vhost, client_id), None), False
+        if not clean:
+            try:
+                with open(path, "rb") as f:
+                    state = msgspec.msgpack.decode(f.read(), type=SessionState)
+            except FileNotFoundError:
+                pass
+            except (OSError, msgspec.DecodeError) as exc:
+                log.error("MQTT session of %r not read from %s: %s", client_id, path, exc)
+            if state is not None and state.expires_at and state.expires_at < time.time():
+                state = None
+        if state is None:
+            _unlink(path)
+            state = SessionState(vhost, client_id)
+            present = False
+        else:
+            present = True
+            state.expires_at = 0.0
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return cls(state, path), present
+
+    def save(self, then: Callable[[], None] | None = None) -> None:
+        """Write the state; `then` once it is on disk (at once for a clean session)."""
+        if self.path is None or self.detached:
+            if then is not None:
+                then()
+            return
+        if then is not None:
+            self.waiting.append(then)
+        if not self.writing:
+            self._write()
+        else:
+            self.pending = True
+
+    def _write(self) -> None:
+        assert self.path is not None
+        self.writing, self.pending = True, False
+        waiting, self.waiting = self.waiting, []
+        self.state.received = sorted(self.received)
+        data = msgspec.msgpack.encode(self.state)
+        # (a takeover's older connection, in another worker, may write it too)
+        suffix = f".{os.getpid()}.new"
+        written = asyncio.get_running_loop().run_in_executor(
+            None, replace_file, self.path, data, suffix
+        )
+
+        def done(future: asyncio.Future[None]) -> None:
+            self.writing = False
+            if future.exception() is not None:
+                log.error("MQTT session %r not written: %s", self.path, future.exception())
+            for then in waiting:
+                then()
+            if (self.pending or self.waiting) and not self.detached:
+                self._write()
+
+        written.add_done_callback(done)
+
+    def end(self, expiry_s: int | None) -> None:
+        """The connection ended: a 5.0 session ends `expiry_s` from now
+        (None or 0xFFFFFFFF: never)."""
+        if expiry_s is not None and expiry_s != 0xFFFFFFFF:
+            self.state.expires_at = time.time() + expiry_s
+        self.save()
+
+    def ids_in_use(self) -> set[int]:
+        return set(self.state.sent) | set(self.state.released)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,224 @@
+"""An MQTT client's subscriptions as queues and bindings (issue 41):
+SUBSCRIBE and UNSUBSCRIBE, and which subscriptions a delivery matched.
+
+    a filter at QoS q    the session's queue mqtt-subscription-<id>qos<q>
+                         (RabbitMQ's names; qos2 is Shoal's: RabbitMQ grants 1),
+                         bound to amq.topic with the filter as binding key
+    $share/group/filter  (5.0 4.8.2, also taken from 3.1.1 clients, as mosquitto
+                         does) the group's queue mqtt-shared-<group>-<filter>,
+                         shared by its members' consumers (one message to one
+                         member); it lasts while a member is subscribed
+                         (auto-delete), like a shared subscription of the spec
+
+A session's subscriptions and their options (QoS, 5.0's subscription
+identifier, no local, retain as published) are in its state
+(workers/mqtt_session.py): a persistent session's outlive the connection, and
+a returning client's queues are consumed again at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import commands as C
+
+from shoal.broker.mqtt import mapping as M
+from shoal.broker.mqtt import packets as P
+from shoal.broker.mqtt.topics import matches, shared, valid_filter
+from shoal.workers.mqtt_client import MqttClient
+from shoal.workers.mqtt_session import Subscribed
+
+MAX_QUEUE_NAME = 255
+# SUBACK failure codes: (3.1.1, 5.0)
+INVALID_FILTER = (0x80, 0x8F)
+
+
+class Subscriptions:
+    def __init__(self, conn: MqttClient) -> None:
+        self.conn = conn
+        self.consumed: dict[str, int] = {}  # queue -> the QoS it is consumed with
+        self.no_local = False  # any no-local subscription: this client's publishes say who
+
+    @property
+    def filters(self) -> dict[str, Subscribed]:
+        return self.conn.session.state.subscriptions
+
+    def queue_for(self, topic_filter: str, qos: int) -> str:
+        """RabbitMQ's name for a session's queue; a shared subscription's
+        group queue. A clean session's are its connection's own (their names
+        end in its id): an older connection of the client id, being taken
+        over, may still hold its exclusive queues when this one declares."""
+        conn = self.conn
+        group = shared(topic_filter)
+        if group is not None:
+            name = f"mqtt-shared-{group[0]}-{group[1]}"
+            if len(name.encode()) > MAX_QUEUE_NAME:
+                name = "mqtt-shared-" + hashlib.sha256(topic_filter.encode()).hexdigest()
+            return name
+        name = f"mqtt-subscription-{conn.client_id}qos{qos}"
+        return name if conn.persistent else f"{name}-{conn.conn_id:x}"
+
+    def resume(self, then: Callable[[], None]) -> None:
+        """A returning session's queues consumed again (what came while it
+        was away is delivered), and its shared groups joined again."""
+        self.no_local = any(sub.no_local for sub in self.filters.values())
+        steps = list(self.filters.items())
+
+        def next_step() -> None:
+            if not steps:
+                then()
+                return
+            topic_filter, sub = steps.pop(0)
+            if shared(topic_filter) is not None:  # (the group's queue may have gone)
+                self._consume(
+                    sub.queue, sub.qos, lambda: self._bind(topic_filter, sub.queue, next_step)
+                )
+            else:
+                self._consume(sub.queue, sub.qos, next_step)
+
+        next_step()
+
+    def matching(self, queue: str, topic: str) -> list[Subscribed]:
+        """The subscriptions whose queue is `queue` and whose filter matches `topic`."""
+        found = []
+        for topic_filter, sub in self.filters.items():
+            if sub.queue != queue:
+                continue
+            group = shared(topic_filter)
+            if matches(group[1] if group is not None else topic_filter, topic):
+                found.append(sub)
+        return found
+
+    # ------------------------------------------------------------ SUBSCRIBE
+    def subscribe(self, packet: P.Subscribe) -> None:
+        conn = self.conn
+        level5 = conn.level == P.MQTT_5
+        identifier = packet.properties.get("subscription_identifier", [0])[0]
+        codes: list[int] = []
+        retained: list[tuple[str, int]] = []  # (filter, QoS) to send retained messages for
+        steps = list(packet.subscriptions)
+
+        def next_step() -> None:
+            if not steps:
+                conn.send(P.encode_suback(conn.level, packet.packet_id, codes))
+                conn.session.save()
+                for topic_filter, qos in retained:
+                    conn.send_retained(topic_filter, qos)
+                conn.serve_held()
+                return
+            one = steps.pop(0)
+            try:
+                group = shared(one.topic_filter)
+            except ValueError:
+                group, valid = None, False
+            else:
+                valid = valid_filter(one.topic_filter if group is None else group[1])
+            if not valid:
+                codes.append(INVALID_FILTER[level5])
+                next_step()
+                return
+            if group is not None and one.no_local:
+                raise P.ProtocolError("no local on a shared subscription")  # MQTT-3.8.3-4
+            queue = self.queue_for(one.topic_filter, one.qos)
+            old = self.filters.get(one.topic_filter)
+            sub = Subscribed(one.qos, queue, identifier, one.no_local, one.retain_as_published)
+
+            def done() -> None:
+                self.filters[one.topic_filter] = sub
+                self.no_local = self.no_local or one.no_local
+                codes.append(one.qos)
+                # 5.0 retain handling: 0 always, 1 for a new subscription, 2 never;
+                # never for a shared subscription (5.0 4.8.2).
+                if group is None and (
+                    one.retain_handling == 0 or (one.retain_handling == 1 and old is None)
+                ):
+                    retained.append((one.topic_filter, one.qos))
+                next_step()
+
+            if old is not None and old.queue != queue:  # a new QoS for the filter: moved
+                self._unbind(
+                    one.topic_filter,
+                    old.queue,
+                    lambda _r: self._consume(
+                        queue, one.qos, lambda: self._bind(one.topic_filter, queue, done)
+                    ),
+                )
+            elif group is not None and old is not None and old.qos != one.qos:
+                # the group's queue, consumed anew with or without acks
+                conn.call(
+                    C.Basic.Cancel(consumer_tag=queue),
+                    lambda _r: self._rejoin(queue, one.qos, done),
+                )
+            else:
+                self._consume(queue, one.qos, lambda: self._bind(one.topic_filter, queue, done))
+
+        next_step()
+
+    def _rejoin(self, queue: str, qos: int, then: Callable[[], None]) -> None:
+        self.consumed.pop(queue, None)
+        self._consume(queue, qos, then)
+
+    def _bind(self, topic_filter: str, queue: str, then: Callable[[], None]) -> None:
+        group = shared(topic_filter)
+        key = M.mqtt_to_amqp(group[1] if group is not None else topic_filter)
+        bind = C.Queue.Bind(queue=queue, exchange=M.EXCHANGE, routing_key=key)
+        self.conn.call(bind, lambda _r: then())
+
+    def _unbind(self, topic_filter: str, queue: str, then: Callable[[Any], None]) -> None:
+        key = M.mqtt_to_amqp(topic_filter)
+        self.conn.call(C.Queue.Unbind(queue=queue, exchange=M.EXCHANGE, routing_key=key), then)
+
+    def _consume(self, queue: str, qos: int, then: Callable[[], None]) -> None:
+        """Queue `queue` declared and consumed (once per connection), then `then`."""
+        conn = self.conn
+        if queue in self.consumed:
+            then()
+            return
+        self.consumed[queue] = qos
+        if queue.startswith("mqtt-shared-"):  # every member declares it alike
+            declare = C.Queue.Declare(queue=queue, auto_delete=True)
+        elif conn.persistent:
+            # 5.0: the session ends its expiry interval after its last
+            # connection (the queue's x-expires, as RabbitMQ 3.13 does).
+            expiry = conn.session_expiry
+            arguments: Any = (
+                {} if not expiry or expiry == 0xFFFFFFFF else {"x-expires": expiry * 1000}
+            )
+            declare = C.Queue.Declare(queue=queue, durable=True, arguments=arguments)
+        else:
+            declare = C.Queue.Declare(queue=queue, exclusive=True, auto_delete=True)
+
+        def declared(_reply: Any) -> None:
+            consume = C.Basic.Consume(queue=queue, consumer_tag=queue, no_ack=qos == 0)
+            conn.call(consume, lambda _r: then())
+
+        conn.call(declare, declared)
+
+    # ---------------------------------------------------------- UNSUBSCRIBE
+    def unsubscribe(self, packet: P.Unsubscribe) -> None:
+        conn = self.conn
+        filters = list(packet.topic_filters)
+        codes: list[int] = []
+
+        def next_step(_reply: Any = None) -> None:
+            if not filters:
+                conn.send(P.encode_unsuback(conn.level, packet.packet_id, codes))
+                conn.session.save()
+                conn.serve_held()
+                return
+            topic_filter = filters.pop(0)
+            sub = self.filters.pop(topic_filter, None)
+            if sub is None:
+                codes.append(0x11)  # no subscription existed
+                next_step()
+                return
+            codes.append(0)
+            if sub.queue.startswith("mqtt-shared-"):  # this member leaves; the group stays
+                self.consumed.pop(sub.queue, None)
+                conn.call(C.Basic.Cancel(consumer_tag=sub.queue), next_step)
+            else:
+                self._unbind(topic_filter, sub.queue, next_step)
+
+        next_step()
