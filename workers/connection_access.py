@@ -97,6 +97,15 @@ class ConnectionAccess:
             properties.user_id(raw_header), self.user, record.tags if record else []
         )
 
+    def may_bind_topic(self, exchange: str, routing_key: str) -> bool:
+        """Whether the user may bind from topic exchange `exchange` with this
+        key: read on it, and its topic permission (an MQTT SUBSCRIBE asks
+        first, to answer with a SUBACK failure rather than a closed channel)."""
+        self._fresh()
+        return self.allowed(READ, "exchange", exchange) and self._topic_allows(
+            READ, exchange, routing_key
+        )
+
     def check_topic(self, permission: str, exchange: str, routing_key: str) -> None:
         """A binding from a topic exchange (read) is limited by the user's
         topic permissions too."""

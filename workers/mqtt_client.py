@@ -31,6 +31,9 @@ class MqttClient(Protocol):
     def call(self, method: Any, then: Callable[[Any], None]) -> None:
         """A synchronous AMQP method on channel 1; `then` gets its reply."""
 
+    def may_subscribe(self, routing_key: str) -> bool:
+        """Whether the user may bind from amq.topic with this key (read, topic permissions)."""
+
     def serve_held(self) -> None:
         """The packets held while a (UN)SUBACK was coming."""
 

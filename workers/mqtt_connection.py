@@ -420,6 +420,8 @@ class MqttConnection(asyncio.Protocol):
                 self.send(P.encode_ack(self.level, P.PUBREC, packet_id))
             return
         topic = self.topic_aliases.topic(packet)
+        if not self._may_publish(M.mqtt_to_amqp(topic), packet):
+            return
         publisher = self.client_id if self.subscriptions.no_local else None
         props = M.amqp_properties(packet.qos, packet.properties, packet.retain, publisher)
         ack = None
@@ -436,6 +438,28 @@ class MqttConnection(asyncio.Protocol):
             plain = ipc.RetainedMessage(topic, packet.payload, packet.qos, kept)
             retain = ipc.Retain(self.amqp.vhost if self.amqp is not None else "", plain)
         self._publish(M.mqtt_to_amqp(topic), packet.payload, props, ack, retain)
+
+    def _may_publish(self, routing_key: str, packet: P.Publish) -> bool:
+        """Write on amq.topic and the topic permissions, as RabbitMQ's plugin
+        checks them: refused, a 5.0 client's QoS 1 or 2 message gets its
+        PUBACK or PUBREC with 0x87 and a QoS 0 one is dropped; a 3.1.1
+        client, which has no way to hear it, is disconnected."""
+        if self.amqp is None:
+            return False
+        access = self.amqp.access
+        access.refresh()
+        if access.may_publish(M.EXCHANGE.encode(), routing_key.encode()):
+            return True
+        log.info("mqtt client %s: publish to %r refused", self._who(), packet.topic)
+        if self.level != P.MQTT_5:
+            self._disconnect(0x87)
+        elif packet.qos and packet.packet_id is not None:
+            kind = P.PUBACK if packet.qos == 1 else P.PUBREC
+            self.send(P.encode_ack(self.level, kind, packet.packet_id, 0x87))
+        return False
+
+    def may_subscribe(self, routing_key: str) -> bool:
+        return self.amqp is not None and self.amqp.access.may_bind_topic(M.EXCHANGE, routing_key)
 
     def _pubrec_step(self, packet_id: int) -> None:
         left = self.pubrec_waits.get(packet_id)

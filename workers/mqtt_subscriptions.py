@@ -33,6 +33,7 @@ from shoal.workers.mqtt_session import Subscribed
 MAX_QUEUE_NAME = 255
 # SUBACK failure codes: (3.1.1, 5.0)
 INVALID_FILTER = (0x80, 0x8F)
+NOT_AUTHORIZED = (0x80, 0x87)
 
 
 class Subscriptions:
@@ -121,6 +122,11 @@ class Subscriptions:
                 return
             if group is not None and one.no_local:
                 raise P.ProtocolError("no local on a shared subscription")  # MQTT-3.8.3-4
+            plain = one.topic_filter if group is None else group[1]
+            if not conn.may_subscribe(M.mqtt_to_amqp(plain)):  # (RabbitMQ's topic permissions)
+                codes.append(NOT_AUTHORIZED[level5])
+                next_step()
+                return
             queue = self.queue_for(one.topic_filter, one.qos)
             old = self.filters.get(one.topic_filter)
             sub = Subscribed(one.qos, queue, identifier, one.no_local, one.retain_as_published)

@@ -287,3 +287,33 @@ def test_a_tls_client_certificate_logs_in_as_its_common_name(
     finally:
         c.disconnect()
         c.loop_stop()
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_topic_permissions_refuse_a_subscription_and_a_publish_not_the_connection(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    from tests.clients import shoal
+
+    broker, port = mqtt_broker
+    for args in (
+        ("add_user", "dev", "pw"),
+        ("set_permissions", "dev", ".*", ".*", ".*"),
+        ("set_topic_permissions", "dev", "amq.topic", "^open", "^open"),
+    ):
+        assert shoal(broker, "ctl", *args).returncode == 0
+    client = RawClient(port, level)
+    raws.append(client)
+    assert client.connect("perm", {}, username="dev", password=b"pw")[1] == 0
+    refused = 0x87 if level == P.MQTT_5 else 0x80
+    assert client.subscribe("secret/#", 1) == bytes((refused,))  # read refused: SUBACK says so
+    assert client.subscribe("open/#", 1, packet_id=2) == b"\x01"  # the connection lives on
+    client.publish("open/a", b"fine", qos=1, packet_id=3)
+    assert client.read(P.PUBACK)[2][:2] == b"\x00\x03"
+    assert client.received()[1].payload == b"fine"
+    client.publish("secret/a", b"no", qos=1, packet_id=4)
+    if level == P.MQTT_5:
+        puback = client.read(P.PUBACK)[2]
+        assert puback[:3] == b"\x00\x04\x87"  # not authorized
+    else:  # 3.1.1 has no way to say it: the connection goes, as with RabbitMQ
+        assert client.closed_by_broker()
