@@ -85,7 +85,9 @@ GAUGES = (
     CONSUMERS_NOTIFIED,
     CONSUMERS_NOT_INTERESTED,
     CONSUMERS_NON_ACQUIRING,
-) = tuple(range(COUNTERS, COUNTERS + 10))
+    # IO workers: MQTT clients connected (workers/mqtt_connection.py), of CONNECTIONS
+    MQTT_CONNECTIONS,
+) = tuple(range(COUNTERS, COUNTERS + 11))
 WORDS = COUNTERS + len(GAUGES)
 assert layout.P_STATS + WORDS * 8 <= layout.PROC_SIZE
 

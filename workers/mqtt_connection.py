@@ -48,6 +48,7 @@ from shoal.broker import ipc
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import TopicAliases
+from shoal.shm import stats
 from shoal.workers import framing
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
@@ -120,6 +121,7 @@ class MqttConnection(asyncio.Protocol):
     # ------------------------------------------------------------ the socket
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        self.ctx.stats.v[stats.MQTT_CONNECTIONS] += 1  # (`shoal status`, the metrics)
         self.timer = self.ctx.loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
 
     def data_received(self, data: bytes) -> None:
@@ -156,6 +158,7 @@ class MqttConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        self.ctx.stats.v[stats.MQTT_CONNECTIONS] -= 1
         self.closed = True
         if self.open and self.persistent:
             self.session.end(self.session_expiry if self.level == P.MQTT_5 else None)

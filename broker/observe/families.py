@@ -331,6 +331,11 @@ def global_counters(snap: Snapshot) -> Iterator[Metric]:
         gauge = GaugeMetricFamily("rabbitmq_global_" + name, doc, labels=["protocol"])
         gauge.add_metric([PROTOCOL], v[word])
         yield gauge
+    mqtt = GaugeMetricFamily(
+        "shoal_mqtt_connections", "MQTT clients connected (of all connections)"
+    )
+    mqtt.add_metric([], v[stats.MQTT_CONNECTIONS])
+    yield mqtt
     sizes = HistogramMetricFamily(
         "rabbitmq_message_size_bytes",
         "Size of messages received from publishers",

@@ -48,6 +48,7 @@ def snapshot(seg: Segment) -> dict[str, Any]:
                 heartbeat_age_s=round((now - beat) / 1e9, 3) if beat else None,
                 published=worker_counters[stats.RECEIVED],
                 delivered=sum(worker_counters[i] for i in stats.DELIVERED),
+                mqtt_connections=worker_counters[stats.MQTT_CONNECTIONS],
                 arena_used_bytes=used,
                 arena_live_blocks=blocks,
             )
@@ -155,11 +156,14 @@ def render(snap: dict[str, Any]) -> str:
         "{synced_records} records durable, {written_bytes} bytes written".format(**snap["store"]),
         "",
     ]
-    lines.append(f"{'ROLE':<12}{'INDEX':>6}{'PID':>9}{'READY':>7}{'CONNS':>7}{'ARENA BYTES':>13}")
+    lines.append(
+        f"{'ROLE':<12}{'INDEX':>6}{'PID':>9}{'READY':>7}{'CONNS':>7}{'MQTT':>6}{'ARENA BYTES':>13}"
+    )
     for p in snap["processes"]:
         lines.append(
             f"{p['role']:<12}{p.get('index', ''):>6}{p['pid']:>9}{'yes' if p['ready'] else 'no':>7}"
-            f"{p['connections']:>7}{p.get('arena_used_bytes', ''):>13}"
+            f"{p['connections']:>7}{p.get('mqtt_connections', ''):>6}"
+            f"{p.get('arena_used_bytes', ''):>13}"
         )
     lines += ["", f"{'QUEUE':<32}{'READY':>10}{'UNACKED':>10}{'CONSUMERS':>11}{'FLOW':>10}"]
     for q in snap["queues"]:

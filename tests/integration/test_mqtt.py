@@ -320,6 +320,26 @@ def test_an_mqtt_connection_is_listed_with_its_protocol_and_client_id(
     assert {r["user"] for r in listed} == {"guest"}
 
 
+def test_status_and_metrics_count_mqtt_connections(
+    broker_factory: Callable[..., Broker], clients: list[Client]
+) -> None:
+    from tests.integration.test_metrics import scrape, value
+
+    port, metrics = free_port(), free_port()
+    broker = broker_factory(args=("--mqtt-port", str(port), "--metrics-port", str(metrics)))
+    for i in range(3):
+        connected(clients, port, paho.MQTTv5, f"counted-{i}")
+
+    def mqtt_connections() -> int:
+        workers = [p for p in broker.status()["processes"] if p["role"] == "io-worker"]
+        return sum(p["mqtt_connections"] for p in workers)
+
+    wait_for(lambda: mqtt_connections() == 3, WAIT_S, "shoal status to count 3 MQTT clients")
+    assert value(scrape(metrics), "shoal_mqtt_connections") == 3
+    clients.pop().close()
+    wait_for(lambda: mqtt_connections() == 2, WAIT_S, "shoal status to count one gone")
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_client_id_connecting_again_takes_the_session_over(
     broker_factory: Callable[..., Broker], clients: list[Client], version: int
