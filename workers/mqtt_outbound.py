@@ -19,6 +19,7 @@ dropped as if delivered (MQTT-3.1.2-25).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from pamqp import commands as C
@@ -44,6 +45,7 @@ class Outbound:
         self.alias_max: int = props.get("topic_alias_maximum", 0)
         self.aliases: dict[str, int] = {}
         self.max_packet: int | None = props.get("maximum_packet_size")
+        self.line: deque[list[Any]] = deque()  # [ready, packet] in delivery order
 
     def resume(self) -> None:
         """A returning session's PUBRELs go again (MQTT-4.4.0-1)."""
@@ -103,11 +105,20 @@ class Outbound:
         packet_id = self._packet_id()
         state.sent[packet_id] = seen
         self.unacked[packet_id] = tag
-        conn.session.save(
-            lambda: self._send(
-                topic, payload, 2, retain, bool(deliver.redelivered), packet_id, out, tag
-            )
-        )
+        # Sent once the session has it; what is delivered after it waits in
+        # line behind it (the client gets its messages in the queue's order).
+        entry: list[Any] = [
+            False,
+            (topic, payload, 2, retain, bool(deliver.redelivered), packet_id, out, tag),
+        ]
+        self.line.append(entry)
+
+        def written() -> None:
+            entry[0] = True
+            while self.line and self.line[0][0]:
+                self._write(*self.line.popleft()[1])
+
+        conn.session.save(written)
 
     def send_retained(self, message: ipc.RetainedMessage, qos: int, subs: list[Any]) -> None:
         """A retained message for a new subscription, RETAIN set (MQTT-3.3.1-6)."""
@@ -122,7 +133,13 @@ class Outbound:
             out["subscription_identifier"] = identifiers
         self._send(message.topic, message.payload, qos, True, False, packet_id, out, NOTHING_TO_ACK)
 
-    def _send(
+    def _send(self, *packet: Any) -> None:
+        if self.line:  # behind a QoS 2 PUBLISH being written to the session
+            self.line.append([True, packet])
+        else:
+            self._write(*packet)
+
+    def _write(
         self,
         topic: str,
         payload: bytes,

@@ -115,6 +115,7 @@ class Node:
         self.replication = f"{host}:{port}"
         self.amqp = f"{host}:{config.port}"
         self.management = f"{host}:{config.management_port}" if config.management_port else ""
+        self.mqtt = f"{host}:{config.mqtt_port}" if config.mqtt_port else ""
 
     @property
     def role(self) -> str:
@@ -241,6 +242,7 @@ class Node:
                     "replication": self.replication,
                     "amqp": self.amqp,
                     "management": self.management,
+                    "mqtt": self.mqtt,
                 }
             ).encode()
             # Only if the in-sync set read above is still the recorded one:
@@ -536,6 +538,10 @@ class Node:
             m_host, _, m_port = management.rpartition(":")
             m_bind = (c.management_bind,) if c.management_bind else c.bind
             proxies.append((Proxy(m_host, int(m_port)), m_bind, c.management_port))
+        mqtt = self.leader.get("mqtt", "")
+        if mqtt and c.mqtt_port:  # MQTT clients too: sessions and retained are the leader's
+            q_host, _, q_port = mqtt.rpartition(":")
+            proxies.append((Proxy(q_host, int(q_port), amqp=False), c.bind, c.mqtt_port))
         metrics = FollowerMetrics(self.status)
         following = asyncio.ensure_future(self.receiver.run(host, int(port)))
         try:

@@ -1,6 +1,7 @@
 """A follower's AMQP listener: every client connection is piped to the
 leader's AMQP port, as LavinMQ's followers do, so a client configured with
-any node's address works (issue 29).
+any node's address works (issue 29). Its MQTT listener is piped alike to
+the leader's (issue 41).
 
 The bytes are copied as they are; the leader sees the follower's address as
 the client's. When the leader's side ends (it died) or the node stops
@@ -92,9 +93,13 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class Proxy:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, amqp: bool = True) -> None:
         self.host = host
         self.port = port
+        # AMQP clients hear connection.close 320 when the leader goes; MQTT
+        # ones (the MQTT listeners, piped the same way) see the socket close,
+        # as from a broker that went away, and reconnect.
+        self.amqp = amqp
         self.servers: list[asyncio.base_events.Server] = []
         self.upstreams: set[asyncio.StreamWriter] = set()  # connections to the leader
         self.clients: set[asyncio.StreamWriter] = set()
@@ -123,9 +128,12 @@ class Proxy:
         assert task is not None
         self.tasks.add(task)
         try:
-            await asyncio.gather(
-                _pipe(reader, up_writer), _from_leader(up_reader, writer, Handshake())
+            from_leader = (
+                _from_leader(up_reader, writer, Handshake())
+                if self.amqp
+                else _pipe(up_reader, writer)
             )
+            await asyncio.gather(_pipe(reader, up_writer), from_leader)
         finally:
             self.upstreams.discard(up_writer)
             self.clients.discard(writer)
