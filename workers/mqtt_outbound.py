@@ -62,6 +62,9 @@ class Outbound:
         headers = props.headers or {}
         topic = M.amqp_to_mqtt(routing_key)
         subs = self.subscriptions.matching(queue, topic)
+        if not subs and topic[:1] == "$":  # "#" and "+/..." bind to it, but match no $-topic
+            self._settle(tag, queue_qos)  # (MQTT-4.7.2-1)
+            return
         if self.subscriptions.no_local and headers.get(M.PUBLISHER_HEADER) == conn.client_id:
             wanted = [sub for sub in subs if not sub.no_local]
             if subs and not wanted:  # only no-local subscriptions matched

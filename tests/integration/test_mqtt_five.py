@@ -317,3 +317,24 @@ def test_topic_permissions_refuse_a_subscription_and_a_publish_not_the_connectio
         assert puback[:3] == b"\x00\x04\x87"  # not authorized
     else:  # 3.1.1 has no way to say it: the connection goes, as with RabbitMQ
         assert client.closed_by_broker()
+
+
+def test_wildcards_do_not_match_dollar_topics(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    import pika
+
+    broker, port = mqtt_broker
+    everything = raw(raws, port, "everything")
+    everything.subscribe("#", 0)
+    system = raw(raws, port, "system")
+    system.subscribe("$SYS/#", 0)
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        ch.basic_publish("amq.topic", "$SYS.broker.load", b"0.5")  # MQTT-4.7.2-1
+        ch.basic_publish("amq.topic", "plain.topic", b"x")
+    finally:
+        conn.close()
+    assert system.received()[1].topic == "$SYS/broker/load"
+    assert everything.received()[1].topic == "plain/topic"  # not the $SYS one before it
