@@ -172,13 +172,20 @@ def _broker_parser() -> argparse.ArgumentParser:
         "--mqtt-port",
         type=int,
         default=d.mqtt_port,
-        help="MQTT 3.1.1 and 5.0 port (1883 by convention; default: none)",
+        help="MQTT 3.1.1 and 5.0 port (default %(default)s; 0: off)",
     )
     p.add_argument(
         "--mqtts-port",
         type=int,
         default=d.mqtts_port,
-        help="MQTT over TLS port (8883 by convention; default: none), with --tls-cert",
+        help="MQTT over TLS port (default %(default)s, opened only with --tls-cert; 0: off)",
+    )
+    p.add_argument(
+        "--mqtt-ws-port",
+        type=int,
+        default=d.mqtt_ws_port,
+        help="MQTT over WebSocket port, path /ws, as RabbitMQ's web-mqtt "
+        "(default %(default)s; 0: off)",
     )
     p.add_argument("--tls-cert", default=d.tls_cert, help="PEM certificate chain of the server")
     p.add_argument("--tls-key", default=d.tls_key, help="PEM private key (default: in --tls-cert)")
@@ -316,7 +323,8 @@ def local_command(
     directory is `data_dir`, by default `data` inside the runtime directory:
     a harness that removes its temporary runtime directory removes both, and
     nothing is written under the user's home. `bind` None: the broker's
-    default address (every IPv4 and IPv6 address)."""
+    default address (every IPv4 and IPv6 address). `extra` comes last, so
+    that it overrides what is set here (argparse keeps the last value)."""
     return [
         sys.executable,
         "-m",
@@ -337,6 +345,9 @@ def local_command(
         "--management-port",
         "0",
         "--no-shovels",  # a test that wants them says --shovels
+        # Nor MQTT listeners (on by default: 1883, 8883, 15675), which many
+        # brokers started at once would fight over; a test passes its own.
+        *("--mqtt-port", "0", "--mqtts-port", "0", "--mqtt-ws-port", "0"),
         *extra,
     ]
 

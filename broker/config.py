@@ -19,8 +19,12 @@ class Config(msgspec.Struct, frozen=True):
     port: int = 5672
     plain_listener: bool = True  # False: AMQPS only (--port still names the runtime dir)
     tls_port: int = 0  # the AMQPS listener (5671 by convention); 0: none
-    mqtt_port: int = 0  # the MQTT listener (1883 by convention); 0: none (issue 41: in progress)
-    mqtts_port: int = 0  # MQTT over TLS (8883 by convention), with the --tls-* certificates
+    # MQTT (docs/mqtt.md), on by default as RabbitMQ's plugins listen once
+    # enabled; 0: none. MQTT over TLS listens only where a certificate is
+    # (mqtts_listening), as AMQPS needs one.
+    mqtt_port: int = 1883
+    mqtts_port: int = 8883  # with the --tls-* certificates
+    mqtt_ws_port: int = 15675  # MQTT over WebSocket, path /ws (RabbitMQ's web-mqtt)
     tls_cert: str = ""  # PEM: the server's certificate chain
     tls_key: str = ""  # PEM: its private key ("": in tls_cert)
     tls_ca: str = ""  # PEM: CAs that client certificates are verified against ("": none asked)
@@ -92,6 +96,14 @@ class Config(msgspec.Struct, frozen=True):
     # settings the command line gave, which the file does not override.
     config: str = ""
     cli_flags: tuple[str, ...] = ()
+
+    def mqtts_listening(self) -> bool:
+        """MQTT over TLS is on by default, but only with a certificate to serve."""
+        return bool(self.mqtts_port and self.tls_cert)
+
+    def serves_tls(self) -> bool:
+        """Whether some listener needs the server's TLS context."""
+        return bool(self.tls_port or self.mqtts_listening())
 
     def worker_count(self) -> int:
         return self.workers or default_workers()

@@ -385,6 +385,7 @@ class TakeOver(Message, tag=48):
 # The one byte the acceptor sends with a connection's socket (SCM_RIGHTS):
 # which listener accepted it.
 HANDOFF_PLAIN, HANDOFF_TLS, HANDOFF_MQTT, HANDOFF_MQTTS = b"c", b"t", b"m", b"s"
+HANDOFF_MQTT_WS = b"w"  # MQTT over WebSocket (workers/mqtt_websocket.py)
 
 
 # What each end receives. A Union, not `A | B`: mypy takes it as a type alias.

@@ -21,17 +21,39 @@ ANY = "::"  # the default: every address, IPv4 and IPv6
 ANY_IPV4 = "0.0.0.0"
 
 
-def listen(binds: Sequence[str], port: int, backlog: int = 1024) -> list[socket.socket]:
+class PortInUse(OSError):
+    """A listener's port is taken, said in one line with the flag that moves
+    it: the MQTT listeners are on by default, and where mosquitto (or
+    another broker) runs, 1883 is taken."""
+
+    def __init__(self, binds: Sequence[str], port: int, name: str, flag: str) -> None:
+        off = "" if flag == "--port" else ", 0 turns it off"
+        super().__init__(
+            errno.EADDRINUSE,
+            f"cannot listen on {shown(binds)} port {port} ({name}): address already in use; "
+            f"{flag} chooses another{off}",
+        )
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def listen(
+    binds: Sequence[str], port: int, name: str = "", flag: str = "", backlog: int = 1024
+) -> list[socket.socket]:
     """One listening socket per address of `binds` on `port` (inheritable,
-    so that the supervisor's children can accept on it)."""
+    so that the supervisor's children can accept on it). With the listener's
+    `name` and `flag`, a port in use raises PortInUse."""
     dual = len(binds) == 1
     sockets: list[socket.socket] = []
     try:
         for address in binds:
             sockets.append(_one(address, port, dual, backlog))
-    except BaseException:
+    except BaseException as exc:
         for sock in sockets:
             sock.close()
+        if name and isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+            raise PortInUse(binds, port, name, flag) from None
         raise
     return sockets
 

@@ -91,10 +91,10 @@ def resolve(flags: dict[str, Any], given: frozenset[str], path: str) -> Config:
     """The settings: `flags` (every flag's value, defaults included), of
     which `given` were on the command line, over the file at `path`."""
     values = dict(flags)
-    if path:
-        for name, value in read_file(path).items():
-            if name not in given:
-                values[name] = value
+    in_file = read_file(path) if path else {}
+    for name, value in in_file.items():
+        if name not in given:
+            values[name] = value
     for name in ("load_definitions",):  # read again at SIGHUP, maybe from elsewhere
         if values.get(name):
             values[name] = os.path.abspath(values[name])
@@ -104,14 +104,15 @@ def resolve(flags: dict[str, Any], given: frozenset[str], path: str) -> Config:
         config = msgspec.convert(values, Config)
     except msgspec.ValidationError as exc:
         raise SettingsError(f"{path or 'flags'}: {exc}") from None
-    problems = check(config)
+    problems = check(config, given | frozenset(in_file))
     if problems:
         raise SettingsError(f"{path or 'flags'}: {problems[0]}")
     return config
 
 
-def check(c: Config) -> list[str]:
-    """What is wrong with a combination of settings (none: [])."""
+def check(c: Config, explicit: frozenset[str] = frozenset()) -> list[str]:
+    """What is wrong with a combination of settings (none: []); `explicit`:
+    the settings a flag or the file gave, not their defaults."""
     problems = []
     if c.default_capacity < 0 or c.default_flow_resume_capacity < 0:
         problems.append("--default-capacity and --default-flow-resume-capacity are bytes >= 0")
@@ -119,8 +120,22 @@ def check(c: Config) -> list[str]:
         problems.append("--default-flow-resume-capacity is above --default-capacity")
     if c.tls_port and not c.tls_cert:
         problems.append("--tls-port needs --tls-cert (and --tls-key unless the key is in it)")
-    if c.mqtts_port and not c.tls_cert:
+    # The default MQTTS port just stays closed without a certificate (as
+    # RabbitMQ's); one asked for is an error, as --tls-port's.
+    if c.mqtts_port and not c.tls_cert and "mqtts_port" in explicit:
         problems.append("--mqtts-port needs --tls-cert (and --tls-key unless the key is in it)")
+    listeners: dict[int, str] = {}  # port -> the first flag that opens it
+    for name, port, on in (
+        ("port", c.port, c.plain_listener),
+        ("tls-port", c.tls_port, True),
+        ("mqtt-port", c.mqtt_port, True),
+        ("mqtts-port", c.mqtts_port, c.mqtts_listening()),
+        ("mqtt-ws-port", c.mqtt_ws_port, True),
+    ):
+        if port and on and port in listeners:
+            problems.append(f"--{listeners[port]} and --{name} are both {port}")
+        elif port and on:
+            listeners[port] = name
     if not c.plain_listener and not c.tls_port:
         problems.append("--no-plain-listener needs --tls-port: no listener is left")
     for name in ("memory_high_watermark", "arena_high_watermark", "memory_low_watermark"):

@@ -637,11 +637,13 @@ def test_store_is_the_one_owner_of_durable_writes() -> None:
 # in a Protocol of its own what it uses of the context (IngestContext,
 # PullContext, PublishContext, DeliveryContext...), so that none reaches all.
 # The composition roots: the worker process, and a connection (an MQTT one
-# makes the AMQP connection it speaks through, workers/mqtt_connection.py).
+# makes the AMQP connection it speaks through, workers/mqtt_connection.py;
+# a WebSocket one its MqttConnection once upgraded, workers/mqtt_websocket.py).
 WORKER_CONTEXT_HOLDERS = {
     "shoal.workers.worker",
     "shoal.workers.connection",
     "shoal.workers.mqtt_connection",
+    "shoal.workers.mqtt_websocket",
 }
 
 

@@ -37,6 +37,7 @@ from shoal.workers.lease_watch import LeaseWatch
 from shoal.workers.memory_guard import ALARM
 from shoal.workers.message_ttl import Expiry
 from shoal.workers.mqtt_connection import MqttConnection
+from shoal.workers.mqtt_websocket import MqttWebSocket
 from shoal.workers.pull import give_back_watch, pull, take_watch
 
 HEARTBEAT_INTERVAL = 1.0
@@ -70,9 +71,11 @@ class Worker:
         self.stopping = False
         self.watched_ready: set[int] = set()  # _sweep_watches' last look
         self.draining = False  # retiring: paging in before exiting (_graceful_stop)
-        # The AMQPS listener's server context (workers/tls.py), made again on SIGHUP.
-        wants_tls = config.tls_port or config.mqtts_port
-        self.tls: ssl.SSLContext | None = tls.server_context(config) if wants_tls else None
+        # The AMQPS and MQTTS listeners' server context (workers/tls.py), made again
+        # on SIGHUP.
+        self.tls: ssl.SSLContext | None = None
+        if config.serves_tls():
+            self.tls = tls.server_context(config)
         # A cluster leader's broker: its node's lease deadline (lease_watch.py).
         cell = LeaseCell.from_env()
         self.lease = LeaseWatch(cell, self._close_clients) if cell is not None else None
@@ -209,7 +212,7 @@ class Worker:
             log.error("SIGHUP: cannot read the settings: %s", exc)
         settings.apply_log_level(self.config)
         log.debug("SIGHUP: io-worker %d took the settings", self.index)
-        if self.config.tls_port or self.config.mqtts_port:
+        if self.config.serves_tls():
             try:
                 self.tls = tls.server_context(self.config)
             except (OSError, ssl.SSLError) as exc:
@@ -241,7 +244,11 @@ class Worker:
             return
         sock.setblocking(False)
 
-        protocol = MqttConnection if kind in (ipc.HANDOFF_MQTT, ipc.HANDOFF_MQTTS) else Connection
+        protocol: Callable[[WorkerContext], asyncio.Protocol] = Connection
+        if kind in (ipc.HANDOFF_MQTT, ipc.HANDOFF_MQTTS):
+            protocol = MqttConnection
+        elif kind == ipc.HANDOFF_MQTT_WS:
+            protocol = MqttWebSocket  # the HTTP upgrade, then MqttConnection inside
 
         async def adopt() -> None:
             try:

@@ -13,6 +13,7 @@ from aiohttp import web
 from shoal.broker import VERSION
 from shoal.broker.amqp import access
 from shoal.broker.amqp.definitions_json import RABBIT_VERSION as RABBITMQ_VERSION
+from shoal.broker.config import Config
 from shoal.broker.management import nodes_api, shapes
 from shoal.broker.management.http import (
     BACKEND,
@@ -36,6 +37,21 @@ from shoal.shm import processes
 SAMPLE_RETENTION = {"global": [600, 3600, 28800, 86400], "basic": [600, 3600], "detailed": [600]}
 
 
+def client_listeners(config: Config) -> list[tuple[str, int]]:
+    """The client listeners, by RabbitMQ's protocol names, and their ports."""
+    return [
+        (protocol, port)
+        for protocol, port, on in (
+            ("amqp", config.port, config.plain_listener),
+            ("amqp/ssl", config.tls_port, bool(config.tls_port)),
+            ("mqtt", config.mqtt_port, bool(config.mqtt_port)),
+            ("mqtt/ssl", config.mqtts_port, config.mqtts_listening()),
+            ("http/web-mqtt", config.mqtt_ws_port, bool(config.mqtt_ws_port)),
+        )
+        if on
+    ]
+
+
 async def overview(request: web.Request) -> web.Response:
     backend = request.app[BACKEND]
     queues = await per_vhost(request, "list_queues", None)
@@ -53,11 +69,7 @@ async def overview(request: web.Request) -> web.Response:
             "port": port,
             "socket_opts": {},
         }
-        for protocol, port, on in (
-            ("amqp", config.port, config.plain_listener),
-            ("amqp/ssl", config.tls_port, bool(config.tls_port)),
-        )
-        if on
+        for protocol, port in client_listeners(config)
         for address in config.bind
     ]
     return web.json_response(
@@ -347,14 +359,12 @@ async def health(request: web.Request) -> web.Response:
         failed = backend.alarms()
     elif check == "port-listener":
         port = int(request.match_info.get("arg", "0") or 0)
-        if port not in (config.port if config.plain_listener else 0, config.tls_port):
+        if port not in {p for _protocol, p in client_listeners(config)}:
             failed = f"No active listener on port {port}"
     elif check == "protocol-listener":
         protocol = request.match_info.get("arg", "")
-        known = {"amqp": config.plain_listener, "amqp/ssl": bool(config.tls_port)}
-        if protocol in ("amqps", "amqp/ssl"):
-            protocol = "amqp/ssl"
-        if not known.get(protocol):
+        protocol = {"amqps": "amqp/ssl", "mqtts": "mqtt/ssl"}.get(protocol, protocol)
+        if protocol not in {name for name, _port in client_listeners(config)}:
             failed = f"No active listener for protocol {protocol}"
     elif check == "virtual-hosts":
         # RabbitMQ's answers whether every vhost's processes run on the node;

@@ -1,8 +1,8 @@
 """The acceptor process: accepts TCP connections and hands each socket to the
 least-loaded IO worker (SCM_RIGHTS over that worker's handoff socketpair),
 with one byte saying which listener took it: PLAIN AMQP, TLS (the worker
-runs the TLS handshake, workers/tls.py), MQTT (workers/mqtt_connection.py) or
-MQTT over TLS.
+runs the TLS handshake, workers/tls.py), MQTT (workers/mqtt_connection.py),
+MQTT over TLS or MQTT over WebSocket (workers/mqtt_websocket.py).
 
 The listening socket is created by the supervisor and inherited, so a
 restarted acceptor loses no connection: the kernel's backlog holds them.
@@ -39,6 +39,7 @@ def pick_worker(seg: Segment, workers: int, tried: set[int]) -> int | None:
 
 
 PLAIN, TLS, MQTT, MQTTS = ipc.HANDOFF_PLAIN, ipc.HANDOFF_TLS, ipc.HANDOFF_MQTT, ipc.HANDOFF_MQTTS
+MQTT_WS = ipc.HANDOFF_MQTT_WS
 
 
 def hand_off(

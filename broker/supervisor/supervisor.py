@@ -102,6 +102,7 @@ _LISTENER_NAMES = {
     acceptor.TLS: "amqps",
     acceptor.MQTT: "mqtt",
     acceptor.MQTTS: "mqtts",
+    acceptor.MQTT_WS: "web-mqtt",
 }
 
 
@@ -177,22 +178,24 @@ class Supervisor:
                 f"journal, more than --catalog-mb {config.catalog_mb} holds (half of it): "
                 "raise --catalog-mb"
             ) from None
-        if config.tls_port or config.mqtts_port:
+        if config.serves_tls():
             tls.server_context(config)  # unreadable certificates stop the broker now
         if config.load_definitions:
             load_definitions_file(config.load_definitions)  # as must a definitions file
         settings.write_runtime(config, runtime)  # what children read at SIGHUP
         # Socket activation: systemd's sockets, by port; the others are bound here.
         activated = {s.getsockname()[1]: s for s in systemd.activated_sockets()}
-        for port, kind, wanted in (
-            (config.port, acceptor.PLAIN, config.plain_listener),
-            (config.tls_port, acceptor.TLS, bool(config.tls_port)),
-            (config.mqtt_port, acceptor.MQTT, bool(config.mqtt_port)),
-            (config.mqtts_port, acceptor.MQTTS, bool(config.mqtts_port)),
+        for port, kind, wanted, flag in (
+            (config.port, acceptor.PLAIN, config.plain_listener, "--port"),
+            (config.tls_port, acceptor.TLS, bool(config.tls_port), "--tls-port"),
+            (config.mqtt_port, acceptor.MQTT, bool(config.mqtt_port), "--mqtt-port"),
+            (config.mqtts_port, acceptor.MQTTS, config.mqtts_listening(), "--mqtts-port"),
+            (config.mqtt_ws_port, acceptor.MQTT_WS, bool(config.mqtt_ws_port), "--mqtt-ws-port"),
         ):
             if wanted:
                 given = activated.pop(port, None)
-                for sock in [given] if given else listening.listen(config.bind, port):
+                name = _LISTENER_NAMES[kind]
+                for sock in [given] if given else listening.listen(config.bind, port, name, flag):
                     self.listeners.append((sock, kind))
         for port, unused in activated.items():
             log.warning("socket activation: no listener of ours on port %d, closed", port)
@@ -679,7 +682,7 @@ def _remove_stale_segment(path: str) -> bool:
 def run_supervisor(config: Config) -> int:
     try:
         return Supervisor(config).run()
-    except (datadir.DataDirInUse, UnreadableDefinitions) as exc:
+    except (datadir.DataDirInUse, UnreadableDefinitions, listening.PortInUse) as exc:
         log.error("%s", exc)
         return 1
     except OSError as exc:

@@ -64,6 +64,9 @@ class ClusterNode:
             "256",
             "--graceful-timeout",
             "3",
+            # Three nodes on one machine: the MQTT listeners' default ports
+            # would be wanted by an old leader's broker and a new one's.
+            *("--mqtt-port", "0", "--mqtts-port", "0", "--mqtt-ws-port", "0"),
             "--cluster-etcd",
             etcd_url,
             "--cluster-name",

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 
 import pika
 import pytest
 
+from shoal.broker.cli import local_command
 from tests.broker_process import Broker, free_port, wait_for
 
 needs_ipv6 = pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 in this Python")
@@ -70,3 +74,71 @@ def test_bind_can_be_given_more_than_once(broker_factory: Callable[..., Broker])
     broker = broker_factory(args=("--bind", "::1"))  # after the harness's 127.0.0.1
     _amqp_roundtrip("127.0.0.1", broker.port)
     _amqp_roundtrip("::1", broker.port)
+
+
+def test_help_names_the_mqtt_listeners_and_their_defaults() -> None:
+    """MQTT listens by default, as RabbitMQ with its MQTT plugins: 1883,
+    8883 (with a certificate) and 15675 (WebSocket, /ws). The harness
+    (local_command) turns them off; a test gives its own ports."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shoal.broker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    text = " ".join(done.stdout.split())  # argparse wraps its lines
+    assert "--mqtt-port MQTT_PORT MQTT 3.1.1 and 5.0 port (default 1883; 0: off)" in text
+    assert "MQTT over TLS port (default 8883, opened only with --tls-cert; 0: off)" in text
+    assert "--mqtt-ws-port MQTT_WS_PORT MQTT over WebSocket port, path /ws" in text
+    assert "(default 15675; 0: off)" in text
+    assert local_command(5672, 1, "/tmp/x")[-6:] == [
+        *("--mqtt-port", "0", "--mqtts-port", "0", "--mqtt-ws-port", "0")
+    ]
+
+
+def test_the_mqtt_listeners_open_on_their_ports(broker_factory: Callable[..., Broker]) -> None:
+    """...and the management API lists them with RabbitMQ's protocol names."""
+    mqtt, ws, management = free_port(), free_port(), free_port()
+    broker = broker_factory(
+        args=(
+            "--mqtt-port",
+            str(mqtt),
+            "--mqtt-ws-port",
+            str(ws),
+            "--management-port",
+            str(management),
+        )
+    )
+    names = f"(amqp {broker.port}, mqtt {mqtt}, web-mqtt {ws})"
+    assert f"listening on 127.0.0.1 {names}" in broker.log()
+    for port in (mqtt, ws):
+        socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    api = f"http://127.0.0.1:{management}/api"
+    wait_for(lambda: _answers(f"{api}/overview"), 20, "the management API")
+    listed = {
+        (entry["protocol"], entry["port"])
+        for entry in json.loads(_get(f"{api}/overview"))["listeners"]
+    }
+    assert listed == {("amqp", broker.port), ("mqtt", mqtt), ("http/web-mqtt", ws)}
+    assert _get(f"{api}/health/checks/protocol-listener/http%2Fweb-mqtt")
+    with pytest.raises(urllib.error.HTTPError, match="503"):  # no certificate: no MQTTS
+        _get(f"{api}/health/checks/protocol-listener/mqtts")
+
+
+def test_a_taken_mqtt_port_stops_the_broker_with_one_clear_line(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    """1883 taken (a mosquitto on the machine): the broker says which port,
+    which listener, and which flag moves it or turns it off."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        broker = broker_factory(args=("--mqtt-port", str(port)), wait=False)
+        assert broker.proc is not None
+        assert broker.proc.wait(30) == 1
+    assert (
+        f"cannot listen on 127.0.0.1 port {port} (mqtt): address already in use; "
+        "--mqtt-port chooses another, 0 turns it off"
+    ) in broker.log()

@@ -119,6 +119,7 @@ def test_the_package_installs_runs_as_its_user_and_purges_clean(installed: Path)
     command = "runuser -u shoal -- /usr/bin/shoal --config /etc/shoal/shoal.toml --bind 127.0.0.1"
     command += " --workers 1 --runtime-dir /run/shoal --data-dir /var/lib/shoal"
     command += f" --management-port 0 --metrics-port 0 --port {port}"
+    command += " --mqtt-port 0 --mqtt-ws-port 0"  # 1883 and 15675 may be taken here
     broker = subprocess.Popen(
         command.split(),
         stdout=log,

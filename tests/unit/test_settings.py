@@ -80,3 +80,28 @@ def test_an_mqtts_port_needs_a_certificate() -> None:
         ["--mqtts-port", "8883", "--tls-cert", "/c.pem", "--mqtt-port", "1883"]
     )
     assert (config.mqtt_port, config.mqtts_port) == (1883, 8883)
+
+
+def test_the_mqtt_listeners_are_on_by_default_mqtts_only_with_a_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As RabbitMQ with its MQTT plugins: 1883, and 15675 for WebSocket;
+    8883 opens once a certificate is configured (the default port without
+    one is no error, unlike --mqtts-port asked for, flag or file)."""
+    config = config_from_args([])
+    assert (config.mqtt_port, config.mqtts_port, config.mqtt_ws_port) == (1883, 8883, 15675)
+    assert not config.mqtts_listening() and not config.serves_tls()
+    assert config_from_args(["--tls-cert", "/c.pem"]).mqtts_listening()
+    off = config_from_args(["--tls-cert", "/c.pem", "--mqtts-port", "0", "--mqtt-ws-port", "0"])
+    assert not off.mqtts_listening() and off.mqtt_ws_port == 0
+    with pytest.raises(SystemExit):
+        config_from_args(["--config", write(tmp_path / "s.toml", "mqtts-port = 8884\n")])
+    assert "--mqtts-port needs --tls-cert" in capsys.readouterr().err
+
+
+def test_two_listeners_on_one_port_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        config_from_args(["--port", "1883"])
+    assert "--port and --mqtt-port are both 1883" in capsys.readouterr().err
+    config_from_args(["--port", "1883", "--mqtt-port", "0"])
+    config_from_args(["--port", "8883"])  # MQTTS is not listening without a certificate
