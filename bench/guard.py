@@ -101,6 +101,7 @@ class Build:
     module: str = "shoal.broker"
     has_data_dir: bool = True
     has_management: bool = True
+    mqtt_flags: list[str] = field(default_factory=list)  # its MQTT listener flags
     has_store: bool = True
     management_port: int = 0  # of the broker running now (0: none)
     commit: str = ""
@@ -168,6 +169,10 @@ def install(build: Build) -> None:
     cli_text = cli.read_text() if cli.exists() else ""
     build.has_data_dir = "--data-dir" in cli_text
     build.has_management = "--management-port" in cli_text
+    # Builds whose MQTT listeners are on by default (1883 may be taken): off.
+    build.mqtt_flags = [
+        flag for flag in ("--mqtt-port", "--mqtts-port", "--mqtt-ws-port") if flag in cli_text
+    ]
     build.has_store = (tree / "store").is_dir()
 
 
@@ -184,6 +189,8 @@ def started(build: Build, workers: int) -> Iterator[str]:
     build.management_port = free_port() if build.has_management else 0
     if build.has_management:
         cmd += ["--management-port", str(build.management_port)]
+    for flag in build.mqtt_flags:
+        cmd += [flag, "0"]
     proc = subprocess.Popen(
         cmd, cwd=runtime, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -16,11 +16,8 @@ class MqttClient(Protocol):
     persistent: bool  # the session outlives the connection
     conn_id: int  # the inner AMQP connection's id
     session: Session
-
-    @property
-    def client_id(self) -> str: ...
-    @property
-    def session_expiry(self) -> int | None: ...
+    client_id: str
+    session_expiry: int | None  # 5.0's session expiry interval; None for 3.1.1
 
     def send(self, data: bytes) -> None:
         """A packet to the client."""

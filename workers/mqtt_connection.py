@@ -113,6 +113,9 @@ class MqttConnection(asyncio.Protocol):
         self.delivery: list[Any] | None = None  # [deliver, header, bytearray]
         self.will_timer: asyncio.TimerHandle | None = None  # 5.0: a will delay under way
         self.taken = False  # the client connected again elsewhere
+        self.client_id = ""  # once CONNECT gave (or was given) one
+        # 5.0's session expiry interval (s; 0xFFFFFFFF: never), None for 3.1.1.
+        self.session_expiry: int | None = None
         self.last_recv = time.monotonic()
         self.timer: asyncio.TimerHandle | None = None
         self.login: tuple[str, bytes, str] = ("", b"", "/")  # user, password, vhost
@@ -134,18 +137,20 @@ class MqttConnection(asyncio.Protocol):
                     raise P.ProtocolError("the first packet is not CONNECT")  # MQTT-3.1.0-1
                 self._packet(P.decode(ptype, flags, body, self.level))
         except P.PacketError as exc:
-            log.info("mqtt client %s: %s", self._who(), exc.text)
+            log.info("mqtt client %s: %s", self.client_id or "(not connected)", exc.text)
             self._disconnect(exc.reason)
         except Exception:
             # A bug in handling one client must cost that client only.
-            log.exception("mqtt client %s: internal error", self._who())
+            log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
             self._disconnect(0x83)  # implementation specific error
 
     def taken_over(self) -> None:
         """The client connected again (a takeover): this connection goes,
         5.0's with reason 0x8E, its will published (but a delayed one: the
         client is back). The session is the new connection's to write."""
-        log.info("mqtt client %s: taken over by a new connection", self._who())
+        log.info(
+            "mqtt client %s: taken over by a new connection", self.client_id or "(not connected)"
+        )
         self.session.detached = True
         self.taken = True
         if self.will_timer is not None:  # gone already, its will delayed: not sent
@@ -161,7 +166,7 @@ class MqttConnection(asyncio.Protocol):
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] -= 1
         self.closed = True
         if self.open and self.persistent:
-            self.session.end(self.session_expiry if self.level == P.MQTT_5 else None)
+            self.session.end(self.session_expiry)
         if not self._will_at_end():
             self._end_amqp()
 
@@ -233,27 +238,17 @@ class MqttConnection(asyncio.Protocol):
             self.send(P.encode_disconnect(reason))
         self._close()
 
-    @property
-    def client_id(self) -> str:
-        return self.connect.client_id if self.connect is not None else ""
-
-    @property
-    def session_expiry(self) -> int | None:
-        """5.0's session expiry interval (seconds; 0xFFFFFFFF: never), None for 3.1.1."""
-        if self.connect is None or self.level != P.MQTT_5:
-            return None
-        return int(self.connect.properties.get("session_expiry_interval", 0))
-
-    def _who(self) -> str:
-        return self.connect.client_id if self.connect is not None else "(not connected)"
-
     def _connect_timeout(self) -> None:
         if not self.open:
             self._close()
             return
         keep_alive = self.connect.keep_alive if self.connect is not None else 0
         if keep_alive and time.monotonic() - self.last_recv > keep_alive * 1.5:
-            log.info("mqtt client %s: keep-alive of %d s passed", self._who(), keep_alive)
+            log.info(
+                "mqtt client %s: keep-alive of %d s passed",
+                self.client_id or "(not connected)",
+                keep_alive,
+            )
             self._disconnect(0x8D)  # keep alive timeout
             return
         self.timer = self.ctx.loop.call_later(max(1.0, keep_alive / 2), self._connect_timeout)
@@ -290,7 +285,7 @@ class MqttConnection(asyncio.Protocol):
             if expiry is not None and self.connect is not None:
                 if not self.persistent and expiry:  # MQTT-3.14.2-2
                     raise P.ProtocolError("a session expiry set at DISCONNECT, 0 at CONNECT")
-                self.connect.properties["session_expiry_interval"] = expiry
+                self.session_expiry = expiry
             self._close()
         else:  # AUTH: enhanced authentication is not offered (none was asked for)
             raise P.ProtocolError("AUTH without an authentication method")
@@ -316,6 +311,9 @@ class MqttConnection(asyncio.Protocol):
         if len(packet.client_id.encode()) > MAX_CLIENT_ID:
             self._refuse(BAD_CLIENT_ID)
             return
+        self.client_id = packet.client_id
+        if packet.level == P.MQTT_5:
+            self.session_expiry = int(packet.properties.get("session_expiry_interval", 0))
         self.will = packet.will
         # A session outlives its connection: 3.1.1 without clean session;
         # 5.0 with a session expiry interval (whatever clean start says).
@@ -453,7 +451,11 @@ class MqttConnection(asyncio.Protocol):
         access.refresh()
         if access.may_publish(M.EXCHANGE.encode(), routing_key.encode()):
             return True
-        log.info("mqtt client %s: publish to %r refused", self._who(), packet.topic)
+        log.info(
+            "mqtt client %s: publish to %r refused",
+            self.client_id or "(not connected)",
+            packet.topic,
+        )
         if self.level != P.MQTT_5:
             self._disconnect(0x87)
         elif packet.qos and packet.packet_id is not None:
@@ -572,7 +574,7 @@ class MqttConnection(asyncio.Protocol):
                 self._from_amqp(channel, frame)
         except Exception:
             # A bug in handling one client must cost that client only.
-            log.exception("mqtt client %s: internal error", self._who())
+            log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
             self._disconnect(0x83)
         finally:
             del buffer[:at]
@@ -621,14 +623,14 @@ class MqttConnection(asyncio.Protocol):
         elif isinstance(frame, C.Connection.Close):
             self._amqp_refused(frame.reply_code or 0, frame.reply_text or "")
         elif isinstance(frame, C.Channel.Close):
-            log.info("mqtt client %s: %s", self._who(), frame.reply_text)
+            log.info("mqtt client %s: %s", self.client_id or "(not connected)", frame.reply_text)
             self.method(C.Channel.CloseOk(), 1)
             self._disconnect(0x87 if frame.reply_code == 403 else 0x80)
         elif channel == 1 and self.expect:
             self.expect.popleft()(frame)
 
     def _amqp_refused(self, code: int, text: str) -> None:
-        log.info("mqtt client %s: %s", self._who(), text)
+        log.info("mqtt client %s: %s", self.client_id or "(not connected)", text)
         self.method(C.Connection.CloseOk(), 0)
         if self.open:
             self._disconnect(0x80)

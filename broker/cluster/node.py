@@ -116,6 +116,7 @@ class Node:
         self.amqp = f"{host}:{config.port}"
         self.management = f"{host}:{config.management_port}" if config.management_port else ""
         self.mqtt = f"{host}:{config.mqtt_port}" if config.mqtt_port else ""
+        self.mqtt_ws = f"{host}:{config.mqtt_ws_port}" if config.mqtt_ws_port else ""
 
     @property
     def role(self) -> str:
@@ -243,6 +244,7 @@ class Node:
                     "amqp": self.amqp,
                     "management": self.management,
                     "mqtt": self.mqtt,
+                    "mqtt_ws": self.mqtt_ws,
                 }
             ).encode()
             # Only if the in-sync set read above is still the recorded one:
@@ -538,10 +540,13 @@ class Node:
             m_host, _, m_port = management.rpartition(":")
             m_bind = (c.management_bind,) if c.management_bind else c.bind
             proxies.append((Proxy(m_host, int(m_port)), m_bind, c.management_port))
-        mqtt = self.leader.get("mqtt", "")
-        if mqtt and c.mqtt_port:  # MQTT clients too: sessions and retained are the leader's
-            q_host, _, q_port = mqtt.rpartition(":")
-            proxies.append((Proxy(q_host, int(q_port), amqp=False), c.bind, c.mqtt_port))
+        # MQTT clients too, over TCP and WebSocket: sessions and retained
+        # messages are the leader's.
+        for key, listen_port in (("mqtt", c.mqtt_port), ("mqtt_ws", c.mqtt_ws_port)):
+            address = self.leader.get(key, "")
+            if address and listen_port:
+                q_host, _, q_port = address.rpartition(":")
+                proxies.append((Proxy(q_host, int(q_port), amqp=False), c.bind, listen_port))
         metrics = FollowerMetrics(self.status)
         following = asyncio.ensure_future(self.receiver.run(host, int(port)))
         try:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Try a cluster on one machine: one etcd and three Shoal nodes, each with its
-# own ports and data directory under $DIR (default /tmp/shoal-cluster).
+# own ports and data directory under $DIR (default /tmp/shoal-cluster). MQTT
+# on 1881-1883 and over WebSocket on 15771-15773 (any node: followers pipe to
+# the leader, docs/mqtt.md).
 #
 #   deploy/cluster/run-local.sh            # AMQP on 5681, 5682, 5683
 #   shoal ctl --port 5681 cluster_status
@@ -34,7 +36,7 @@ done
 for i in 1 2 3; do
   "$SHOAL" --bind 127.0.0.1 --port 568$i --workers 1 \
     --runtime-dir "$DIR/node$i-run" --data-dir "$DIR/node$i-data" \
-    --metrics-port 1569$i --management-port 1567$i \
+    --metrics-port 1569$i --management-port 1567$i --mqtt-port 188$i --mqtt-ws-port 1577$i \
     --cluster-etcd http://127.0.0.1:2389 --cluster-name try \
     --cluster-port 569$i --cluster-advertise 127.0.0.1:569$i >"$DIR/node$i.log" 2>&1 &
   pids+=($!)
