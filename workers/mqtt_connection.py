@@ -331,6 +331,8 @@ class MqttConnection(asyncio.Protocol):
             password = packet.password or b""
         self.amqp = Connection(self.ctx)
         self.amqp.protocol = "MQTT 5.0" if self.level == P.MQTT_5 else "MQTT 3.1.1"
+        if self.transport.get_extra_info("websocket"):
+            self.amqp.protocol = "Web " + self.amqp.protocol  # RabbitMQ's web-mqtt says so
         self.amqp.connection_made(AmqpSide(self))
         # A TLS client certificate and no user name: the certificate's user
         # (SASL EXTERNAL, RabbitMQ's mqtt.ssl_cert_login).

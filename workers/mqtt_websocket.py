@@ -242,6 +242,8 @@ class WebSocketTransport:
         return self.sock.is_closing()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "websocket":  # (the connection rows say "Web MQTT", as RabbitMQ's)
+            return True
         return self.sock.get_extra_info(name, default)
 
     def pause_reading(self) -> None:

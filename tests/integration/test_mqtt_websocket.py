@@ -223,6 +223,11 @@ def test_paho_over_websocket_with_a_large_message(
         kind, message = events.get(timeout=WAIT_S)
         assert kind == "message"
         assert (message.topic, message.payload, message.qos) == ("big/one", payload, 1)
+        from tests.integration.test_ctl import rows
+
+        level = "5.0" if version == paho.MQTTv5 else "3.1.1"
+        listed = rows(_broker, "list_connections", "protocol")
+        assert [r["protocol"] for r in listed] == [f"Web MQTT {level}"]  # as RabbitMQ's web-mqtt
     finally:
         client.disconnect()
         client.loop_stop()
