@@ -22,6 +22,9 @@ class MqttClient(Protocol):
     def send(self, data: bytes) -> None:
         """A packet to the client."""
 
+    def ack(self, delivery_tag: int) -> None:
+        """basic.ack of one delivery on channel 1."""
+
     def method(self, method: Any, channel: int = 1) -> None:
         """An asynchronous AMQP method on the inner connection."""
 

@@ -39,12 +39,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from pamqp import body as amqp_body
 from pamqp import commands as C
 from pamqp import frame as amqp_frame
-from pamqp import header as amqp_header
 
 from shoal.broker import ipc
+from shoal.broker.mqtt import amqp_frames as F
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import TopicAliases
@@ -63,6 +62,7 @@ PREFETCH = 10  # deliveries in flight per QoS 1 queue (RabbitMQ's mqtt.prefetch)
 PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its payload
 MAX_CLIENT_ID = 233  # "mqtt-subscription-" + id + "qos1" within a queue name's 255 bytes
 CONNECT_TIMEOUT_S = 10.0
+EXCHANGE = M.EXCHANGE.encode()
 TOPIC_ALIAS_MAXIMUM = 64  # the 5.0 topic aliases a client may set (CONNACK says so)
 
 # CONNACK codes: (3.1.1, 5.0)
@@ -110,7 +110,11 @@ class MqttConnection(asyncio.Protocol):
         self.session = Session.in_memory()
         self.subscriptions = Subscriptions(self)
         self.outbound: Outbound | None = None
-        self.delivery: list[Any] | None = None  # [deliver, header, bytearray]
+        self.delivery: list[Any] | None = None  # [Delivered, (size, properties), bytearray]
+        self.properties_cache = F.PropertiesCache()  # deliveries' content headers
+        # The content header properties of PUBLISHes without 5.0 properties,
+        # by (QoS, retain, publisher).
+        self.known_properties: dict[tuple[int, bool, str | None], bytes] = {}
         self.will_timer: asyncio.TimerHandle | None = None  # 5.0: a will delay under way
         self.taken = False  # the client connected again elsewhere
         self.client_id = ""  # once CONNECT gave (or was given) one
@@ -425,8 +429,7 @@ class MqttConnection(asyncio.Protocol):
         topic = self.topic_aliases.topic(packet)
         if not self._may_publish(M.mqtt_to_amqp(topic), packet):
             return
-        publisher = self.client_id if self.subscriptions.no_local else None
-        props = M.amqp_properties(packet.qos, packet.properties, packet.retain, publisher)
+        props = self._properties(packet)
         ack = None
         if packet.qos:
             assert packet_id is not None
@@ -496,27 +499,38 @@ class MqttConnection(asyncio.Protocol):
         self,
         routing_key: str,
         payload: bytes,
-        props: C.Basic.Properties,
+        properties: bytes,
         ack: tuple[int, int] | None = None,
         retain: ipc.Retain | None = None,
     ) -> None:
+        """basic.publish to amq.topic on channel 1; `properties`: the content
+        header's (amqp_frames.properties_bytes)."""
         self.confirm_seq += 1  # (every publish: channel 1 confirms them all)
         if ack is not None or retain is not None:
             self.confirms[self.confirm_seq] = (ack, retain)
-        frames = [
-            amqp_frame.marshal(C.Basic.Publish(exchange=M.EXCHANGE, routing_key=routing_key), 1),
-            amqp_frame.marshal(amqp_header.ContentHeader(0, len(payload), props), 1),
-        ]
-        step = self.frame_max - 8
-        for at in range(0, len(payload), step):
-            frames.append(amqp_frame.marshal(amqp_body.ContentBody(payload[at : at + step]), 1))
-        self._to_amqp(b"".join(frames))
+        self._to_amqp(
+            F.publish(1, EXCHANGE, routing_key.encode(), properties, payload, self.frame_max)
+        )
+
+    def _properties(self, packet: P.Publish) -> bytes:
+        """The content header's properties of a PUBLISH: those of a message
+        with no 5.0 properties are the same bytes for every one alike (kept)."""
+        publisher = self.client_id if self.subscriptions.no_local else None
+        if packet.properties:
+            props = M.amqp_properties(packet.qos, packet.properties, packet.retain, publisher)
+            return F.properties_bytes(props)
+        key = (packet.qos, packet.retain, publisher)
+        known = self.known_properties.get(key)
+        if known is None:
+            props = M.amqp_properties(packet.qos, {}, packet.retain, publisher)
+            known = self.known_properties[key] = F.properties_bytes(props)
+        return known
 
     def _publish_will(self, will: P.Will) -> None:
         if self.amqp is None:
             return
         props = M.amqp_properties(will.qos, will.properties)  # (5.0: its will properties)
-        self._publish(M.mqtt_to_amqp(will.topic), will.payload, props)
+        self._publish(M.mqtt_to_amqp(will.topic), will.payload, F.properties_bytes(props))
 
     def send_retained(self, topic_filter: str, qos: int) -> None:
         """The retained messages `topic_filter` matches, for its new subscription."""
@@ -538,6 +552,9 @@ class MqttConnection(asyncio.Protocol):
     def _to_amqp(self, data: bytes) -> None:
         if self.amqp is not None:
             self.amqp.data_received(data)
+
+    def ack(self, delivery_tag: int) -> None:
+        self._to_amqp(F.ack(1, delivery_tag))
 
     def method(self, method: Any, channel: int = 1) -> None:
         self._to_amqp(amqp_frame.marshal(method, channel))
@@ -562,7 +579,8 @@ class MqttConnection(asyncio.Protocol):
 
     def _read_amqp(self) -> None:
         """Each whole frame the inner connection wrote (type, channel, size,
-        payload, end byte), one at a time: its bytes only are decoded."""
+        payload, end byte), one at a time: a message's frames and confirms
+        by hand (broker/mqtt/amqp_frames.py), the rest through pamqp."""
         self.amqp_reading = False
         buffer = self.amqp_out
         at = 0
@@ -571,9 +589,25 @@ class MqttConnection(asyncio.Protocol):
                 end = at + 8 + int.from_bytes(buffer[at + 3 : at + 7], "big")
                 if end > len(buffer):
                     break
-                _used, channel, frame = amqp_frame.unmarshal(bytes(buffer[at:end]))
+                kind = buffer[at]
+                payload = bytes(buffer[at + 7 : end - 1])
+                delivery = self.delivery
+                if kind == F.BODY and delivery is not None and delivery[1] is not None:
+                    delivery[2] += payload
+                    if len(delivery[2]) >= delivery[1][0]:
+                        self._deliver()
+                elif kind == F.HEADER and delivery is not None:
+                    delivery[1] = self.properties_cache.header(payload)
+                    if delivery[1][0] == 0:
+                        self._deliver()
+                elif kind == F.METHOD and F.is_deliver(payload):
+                    self.delivery = [F.deliver(payload), None, bytearray()]
+                elif kind == F.METHOD and (confirm := F.confirm_of(payload)) is not None:
+                    self._confirmed(*confirm)
+                else:
+                    _used, channel, frame = amqp_frame.unmarshal(bytes(buffer[at:end]))
+                    self._from_amqp(channel, frame)
                 at = end
-                self._from_amqp(channel, frame)
         except Exception:
             # A bug in handling one client must cost that client only.
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
@@ -582,23 +616,7 @@ class MqttConnection(asyncio.Protocol):
             del buffer[:at]
 
     def _from_amqp(self, channel: int, frame: Any) -> None:
-        if isinstance(frame, C.Basic.Deliver):
-            self.delivery = [frame, None, bytearray()]
-        elif isinstance(frame, amqp_header.ContentHeader):
-            if self.delivery is not None:
-                self.delivery[1] = frame
-                if frame.body_size == 0:
-                    self._deliver()
-        elif isinstance(frame, amqp_body.ContentBody):
-            if self.delivery is not None and self.delivery[1] is not None:
-                self.delivery[2] += frame.value
-                if len(self.delivery[2]) >= self.delivery[1].body_size:
-                    self._deliver()
-        elif isinstance(frame, C.Basic.Ack):
-            self._confirmed(frame.delivery_tag, frame.multiple, True)
-        elif isinstance(frame, C.Basic.Nack):
-            self._confirmed(frame.delivery_tag, frame.multiple, False)
-        elif isinstance(frame, C.Connection.Start):
+        if isinstance(frame, C.Connection.Start):
             user, password, _vhost = self.login
             mechanism, response = "PLAIN", b"\x00" + user.encode() + b"\x00" + password
             if self.external:
@@ -670,12 +688,12 @@ class MqttConnection(asyncio.Protocol):
 
     def _deliver(self) -> None:
         assert self.delivery is not None and self.outbound is not None
-        deliver, content, payload = self.delivery
+        deliver, (_size, properties), payload = self.delivery
         self.delivery = None
         if not self.open:  # a returning session's queues deliver before its CONNACK is out
-            self.early.append((deliver, content.properties, bytes(payload)))
+            self.early.append((deliver, properties, bytes(payload)))
             return
-        self.outbound.deliver(deliver, content.properties, bytes(payload))
+        self.outbound.deliver(deliver, properties, bytes(payload))
 
     def _flow_control(self) -> None:
         """QoS 1 and 2 deliveries in flight: PREFETCH per queue, and over all

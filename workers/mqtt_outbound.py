@@ -27,6 +27,7 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
+from shoal.broker.mqtt.amqp_frames import Delivered
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_session import fingerprint
 from shoal.workers.mqtt_subscriptions import Subscriptions
@@ -53,7 +54,7 @@ class Outbound:
             self.conn.send(P.encode_ack(self.conn.level, P.PUBREL, packet_id))
 
     # ----------------------------------------------------------- deliveries
-    def deliver(self, deliver: C.Basic.Deliver, props: C.Basic.Properties, payload: bytes) -> None:
+    def deliver(self, deliver: Delivered, props: C.Basic.Properties, payload: bytes) -> None:
         conn = self.conn
         tag = int(deliver.delivery_tag or 0)
         queue = str(deliver.consumer_tag)
@@ -83,7 +84,7 @@ class Outbound:
                 packet_id = self._packet_id()
                 self.unacked[packet_id] = tag
             elif queue_qos:  # a QoS 0 message on a queue consumed with acks: settled now
-                conn.method(C.Basic.Ack(delivery_tag=tag))
+                conn.ack(tag)
             self._send(
                 topic,
                 payload,
@@ -98,7 +99,7 @@ class Outbound:
         state = conn.session.state
         seen = fingerprint(routing_key, payload, headers)
         if state.released and seen in state.released.values():
-            conn.method(C.Basic.Ack(delivery_tag=tag))  # the client has it (PUBREC'd)
+            conn.ack(tag)  # the client has it (PUBREC'd)
             return
         for packet_id, sent in state.sent.items():
             if sent == seen and packet_id not in self.unacked:  # the same id again, DUP
@@ -179,7 +180,7 @@ class Outbound:
 
     def _settle(self, tag: int, queue_qos: int) -> None:
         if queue_qos and tag != NOTHING_TO_ACK:
-            self.conn.method(C.Basic.Ack(delivery_tag=tag))
+            self.conn.ack(tag)
 
     # ------------------------------------------------------ the client's acks
     def on_ack(self, packet: P.Ack) -> None:
