@@ -58,7 +58,10 @@ from shoal.workers.mqtt_transport import AmqpSide
 
 log = logging.getLogger("shoal.mqtt")
 
-PREFETCH = 10  # deliveries in flight per QoS 1 queue (RabbitMQ's mqtt.prefetch)
+# QoS 1 and 2 deliveries in flight per queue (RabbitMQ's mqtt.prefetch is 10,
+# mosquitto's max_inflight_messages 20: 100 keeps a fast subscriber's link full;
+# a 5.0 client bounds it with its receive maximum).
+PREFETCH = 100
 PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its payload
 MAX_CLIENT_ID = 233  # "mqtt-subscription-" + id + "qos1" within a queue name's 255 bytes
 CONNECT_TIMEOUT_S = 10.0
@@ -96,6 +99,7 @@ class MqttConnection(asyncio.Protocol):
         self.persistent = False  # the session outlives the connection
         self.frame_max = 131072
         self.expect: deque[Callable[[Any], None]] = deque()  # channel 1's sync replies
+        self.out: list[bytes] | None = None  # packets of a batch, written at its end
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
         self.early: list[tuple[Any, Any, bytes]] = []  # deliveries that came before it
         self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
@@ -133,6 +137,9 @@ class MqttConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_recv = time.monotonic()
+        batch = self.out is None
+        if batch:  # what this read's packets answer goes out in one write
+            self.out = []
         try:
             for ptype, flags, body in self.reader.feed(data):
                 if self.closed:
@@ -147,6 +154,9 @@ class MqttConnection(asyncio.Protocol):
             # A bug in handling one client must cost that client only.
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
             self._disconnect(0x83)  # implementation specific error
+        finally:
+            if batch:
+                self._flush()
 
     def taken_over(self) -> None:
         """The client connected again (a takeover): this connection goes,
@@ -224,10 +234,20 @@ class MqttConnection(asyncio.Protocol):
             self.amqp.resume_writing()
 
     def send(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
+        if self.out is not None:  # in a batch: written at its end
+            self.out.append(data)
+        elif self.transport is not None and not self.closed:
             self.transport.write(data)
 
+    def _flush(self) -> None:
+        """One write (one system call) for the packets a read of either side
+        made: a run of deliveries, or a device's PUBACKs."""
+        out, self.out = self.out, None
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+
     def _close(self) -> None:
+        self._flush()  # (a DISCONNECT may be waiting in the batch)
         self.closed = True
         if self.transport is not None:
             self.transport.close()
@@ -584,6 +604,9 @@ class MqttConnection(asyncio.Protocol):
         self.amqp_reading = False
         buffer = self.amqp_out
         at = 0
+        batch = self.out is None
+        if batch:
+            self.out = []
         try:
             while len(buffer) - at >= 8:
                 end = at + 8 + int.from_bytes(buffer[at + 3 : at + 7], "big")
@@ -614,6 +637,8 @@ class MqttConnection(asyncio.Protocol):
             self._disconnect(0x83)
         finally:
             del buffer[:at]
+            if batch:
+                self._flush()
 
     def _from_amqp(self, channel: int, frame: Any) -> None:
         if isinstance(frame, C.Connection.Start):
