@@ -18,6 +18,22 @@ class MqttClient(Protocol):
     session: Session
     client_id: str
     session_expiry: int | None  # 5.0's session expiry interval; None for 3.1.1
+    frame_max: int  # the inner connection's
+
+    @property
+    def vhost(self) -> str: ...
+
+    def to_amqp(self, data: bytes) -> None:
+        """Frames for the inner AMQP connection, as if a client sent them."""
+
+    def disconnect(self, reason: int) -> None:
+        """End the connection for a fault (5.0: DISCONNECT with `reason` first)."""
+
+    def may_publish(self, routing_key: str) -> bool:
+        """Whether the user may publish to amq.topic with this key."""
+
+    def notify(self, message: Any) -> None:
+        """A notice to the scheduler."""
 
     def send(self, data: bytes) -> None:
         """A packet to the client."""

@@ -15,10 +15,7 @@ the management API's connection rows.
                      and its queues; then CONNACK (session present; a refused
                      login: the CONNACK code for it)
     PUBLISH          basic.publish to amq.topic, the topic as the routing key
-                     ('/' -> '.'; 5.0: a topic alias resolved); QoS 1: PUBACK
-                     once confirmed; QoS 2: PUBREC once confirmed and its packet
-                     id written to the session, PUBCOMP on PUBREL, never
-                     published twice
+                     ('/' -> '.'), acked per its QoS (workers/mqtt_inbound.py)
     SUBSCRIBE        queues and bindings (workers/mqtt_subscriptions.py)
     a delivery       PUBLISH at QoS 0, 1 or 2 (workers/mqtt_outbound.py)
     PINGREQ          PINGRESP; keep-alive: closed after 1.5 x its interval
@@ -46,11 +43,11 @@ from shoal.broker import ipc
 from shoal.broker.mqtt import amqp_frames as F
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
-from shoal.broker.mqtt.topics import TopicAliases
 from shoal.shm import stats
 from shoal.workers import framing
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
+from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
 from shoal.workers.mqtt_outbound import Outbound
 from shoal.workers.mqtt_session import Session
 from shoal.workers.mqtt_subscriptions import Subscriptions
@@ -65,8 +62,7 @@ PREFETCH = 100
 PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its payload
 MAX_CLIENT_ID = 233  # "mqtt-subscription-" + id + "qos1" within a queue name's 255 bytes
 CONNECT_TIMEOUT_S = 10.0
-EXCHANGE = M.EXCHANGE.encode()
-TOPIC_ALIAS_MAXIMUM = 64  # the 5.0 topic aliases a client may set (CONNACK says so)
+INBOUND_EXCHANGE = M.EXCHANGE.encode()
 
 # CONNACK codes: (3.1.1, 5.0)
 BAD_PROTOCOL = (1, 0x84)
@@ -103,22 +99,12 @@ class MqttConnection(asyncio.Protocol):
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
         self.early: list[tuple[Any, Any, bytes]] = []  # deliveries that came before it
         self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
-        self.confirm_seq = 0
-        # Channel 1 is in confirm mode: every publish has a seq, and those
-        # that wait for their confirm are here: (the ack to send: packet
-        # type and id, or None; the retained message to keep, or None).
-        self.confirms: dict[int, tuple[tuple[int, int] | None, ipc.Retain | None]] = {}
-        # QoS 2 publishes whose PUBREC waits: for the confirm, the session's write, or both.
-        self.pubrec_waits: dict[int, int] = {}
-        self.topic_aliases = TopicAliases(TOPIC_ALIAS_MAXIMUM)  # 5.0: the client's
         self.session = Session.in_memory()
         self.subscriptions = Subscriptions(self)
+        self.inbound = Inbound(self, self.subscriptions)
         self.outbound: Outbound | None = None
         self.delivery: list[Any] | None = None  # [Delivered, (size, properties), bytearray]
         self.properties_cache = F.PropertiesCache()  # deliveries' content headers
-        # The content header properties of PUBLISHes without 5.0 properties,
-        # by (QoS, retain, publisher).
-        self.known_properties: dict[tuple[int, bool, str | None], bytes] = {}
         self.will_timer: asyncio.TimerHandle | None = None  # 5.0: a will delay under way
         self.taken = False  # the client connected again elsewhere
         self.client_id = ""  # once CONNECT gave (or was given) one
@@ -149,11 +135,11 @@ class MqttConnection(asyncio.Protocol):
                 self._packet(P.decode(ptype, flags, body, self.level))
         except P.PacketError as exc:
             log.info("mqtt client %s: %s", self.client_id or "(not connected)", exc.text)
-            self._disconnect(exc.reason)
+            self.disconnect(exc.reason)
         except Exception:
             # A bug in handling one client must cost that client only.
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
-            self._disconnect(0x83)  # implementation specific error
+            self.disconnect(0x83)  # implementation specific error
         finally:
             if batch:
                 self._flush()
@@ -172,7 +158,7 @@ class MqttConnection(asyncio.Protocol):
             self.will_timer = None
             self._end_amqp()
             return
-        self._disconnect(0x8E)
+        self.disconnect(0x8E)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
@@ -210,7 +196,7 @@ class MqttConnection(asyncio.Protocol):
         if expiry is not None and expiry != 0xFFFFFFFF:
             delay = min(delay, expiry)
         if not delay:
-            self._publish_will(will)
+            self.inbound.publish_will(will)
             return False
         if self.taken:
             return False  # (the client is back already)
@@ -219,7 +205,7 @@ class MqttConnection(asyncio.Protocol):
 
         def publish() -> None:
             self.will_timer = None
-            self._publish_will(will)
+            self.inbound.publish_will(will)
             self._end_amqp()
 
         self.will_timer = self.ctx.loop.call_later(delay, publish)
@@ -252,7 +238,7 @@ class MqttConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _disconnect(self, reason: int) -> None:
+    def disconnect(self, reason: int) -> None:
         """End the connection for a fault: a 5.0 client hears why (3.1.1
         servers just close, MQTT-4.8.0-1); the will is published (at the
         connection's end)."""
@@ -273,7 +259,7 @@ class MqttConnection(asyncio.Protocol):
                 self.client_id or "(not connected)",
                 keep_alive,
             )
-            self._disconnect(0x8D)  # keep alive timeout
+            self.disconnect(0x8D)  # keep alive timeout
             return
         self.timer = self.ctx.loop.call_later(max(1.0, keep_alive / 2), self._connect_timeout)
 
@@ -288,10 +274,10 @@ class MqttConnection(asyncio.Protocol):
             # PUBLISH after a SUBSCRIBE sees the subscription made.
             self.held.append(packet)
         elif isinstance(packet, P.Publish):
-            self._on_publish(packet)
+            self.inbound.publish(packet)
         elif isinstance(packet, P.Ack):
             if packet.kind == P.PUBREL:
-                self._on_pubrel(packet.packet_id)
+                self.inbound.pubrel(packet.packet_id)
             elif self.outbound is not None:
                 self.outbound.on_ack(packet)
         elif isinstance(packet, P.Subscribe):
@@ -362,7 +348,7 @@ class MqttConnection(asyncio.Protocol):
         # (SASL EXTERNAL, RabbitMQ's mqtt.ssl_cert_login).
         self.external = packet.username is None and bool(self.amqp.certificate_user)
         self.login = (user, password, vhost)
-        self._to_amqp(framing.PROTOCOL_HEADER)
+        self.to_amqp(framing.PROTOCOL_HEADER)
 
     def _session(self) -> None:
         """A clean session starts with no queue of an earlier one; a
@@ -437,120 +423,24 @@ class MqttConnection(asyncio.Protocol):
         while self.held and not self.busy and not self.closed:
             self._packet(self.held.pop(0))
 
-    def _on_publish(self, packet: P.Publish) -> None:
-        packet_id = packet.packet_id
-        if packet.qos == 2 and packet_id in self.session.received:
-            # A resend: published once already. PUBREC again, unless what
-            # it waits for (the confirm, the session's write) sends it.
-            assert packet_id is not None
-            if packet_id not in self.pubrec_waits:
-                self.send(P.encode_ack(self.level, P.PUBREC, packet_id))
-            return
-        topic = self.topic_aliases.topic(packet)
-        if not self._may_publish(M.mqtt_to_amqp(topic), packet):
-            return
-        props = self._properties(packet)
-        ack = None
-        if packet.qos:
-            assert packet_id is not None
-            ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet_id)
-            if packet.qos == 2:  # PUBREC once confirmed and written (until PUBREL)
-                self.session.received.add(packet_id)
-                self.pubrec_waits[packet_id] = 2
-                self.session.save(lambda: self._pubrec_step(packet_id))
-        retain = None
-        if packet.retain:  # kept once the broker has taken the message
-            kept = {k: v for k, v in packet.properties.items() if k in M.FORWARDED_PROPERTIES}
-            plain = ipc.RetainedMessage(topic, packet.payload, packet.qos, kept)
-            retain = ipc.Retain(self.amqp.vhost if self.amqp is not None else "", plain)
-        self._publish(M.mqtt_to_amqp(topic), packet.payload, props, ack, retain)
-
-    def _may_publish(self, routing_key: str, packet: P.Publish) -> bool:
-        """Write on amq.topic and the topic permissions, as RabbitMQ's plugin
-        checks them: refused, a 5.0 client's QoS 1 or 2 message gets its
-        PUBACK or PUBREC with 0x87 and a QoS 0 one is dropped; a 3.1.1
-        client, which has no way to hear it, is disconnected."""
+    def may_publish(self, routing_key: str) -> bool:
+        """Write on amq.topic and its topic permissions for this key."""
         if self.amqp is None:
             return False
         access = self.amqp.access
         access.refresh()
-        if access.may_publish(M.EXCHANGE.encode(), routing_key.encode()):
-            return True
-        log.info(
-            "mqtt client %s: publish to %r refused",
-            self.client_id or "(not connected)",
-            packet.topic,
-        )
-        if self.level != P.MQTT_5:
-            self._disconnect(0x87)
-        elif packet.qos and packet.packet_id is not None:
-            kind = P.PUBACK if packet.qos == 1 else P.PUBREC
-            self.send(P.encode_ack(self.level, kind, packet.packet_id, 0x87))
-        return False
+        return access.may_publish(INBOUND_EXCHANGE, routing_key.encode())
+
+    @property
+    def vhost(self) -> str:
+        return self.amqp.vhost if self.amqp is not None else ""
+
+    def notify(self, message: ipc.Retain) -> None:
+        """A notice to the scheduler (a retained message to keep)."""
+        self.ctx.send(message)
 
     def may_subscribe(self, routing_key: str) -> bool:
         return self.amqp is not None and self.amqp.access.may_bind_topic(M.EXCHANGE, routing_key)
-
-    def _pubrec_step(self, packet_id: int) -> None:
-        left = self.pubrec_waits.get(packet_id)
-        if left is None:
-            return
-        if left > 1:
-            self.pubrec_waits[packet_id] = left - 1
-            return
-        del self.pubrec_waits[packet_id]
-        self.send(P.encode_ack(self.level, P.PUBREC, packet_id))
-
-    def _on_pubrel(self, packet_id: int) -> None:
-        """The QoS 2 exchange ends: PUBCOMP once the session no longer holds
-        its packet id (else a new message with the id would be taken for a
-        resend after a restart)."""
-        if packet_id not in self.session.received:
-            self.send(
-                P.encode_ack(
-                    self.level, P.PUBCOMP, packet_id, 0x92 if self.level == P.MQTT_5 else 0
-                )
-            )
-            return
-        self.session.received.discard(packet_id)
-        self.session.save(lambda: self.send(P.encode_ack(self.level, P.PUBCOMP, packet_id)))
-
-    def _publish(
-        self,
-        routing_key: str,
-        payload: bytes,
-        properties: bytes,
-        ack: tuple[int, int] | None = None,
-        retain: ipc.Retain | None = None,
-    ) -> None:
-        """basic.publish to amq.topic on channel 1; `properties`: the content
-        header's (amqp_frames.properties_bytes)."""
-        self.confirm_seq += 1  # (every publish: channel 1 confirms them all)
-        if ack is not None or retain is not None:
-            self.confirms[self.confirm_seq] = (ack, retain)
-        self._to_amqp(
-            F.publish(1, EXCHANGE, routing_key.encode(), properties, payload, self.frame_max)
-        )
-
-    def _properties(self, packet: P.Publish) -> bytes:
-        """The content header's properties of a PUBLISH: those of a message
-        with no 5.0 properties are the same bytes for every one alike (kept)."""
-        publisher = self.client_id if self.subscriptions.no_local else None
-        if packet.properties:
-            props = M.amqp_properties(packet.qos, packet.properties, packet.retain, publisher)
-            return F.properties_bytes(props)
-        key = (packet.qos, packet.retain, publisher)
-        known = self.known_properties.get(key)
-        if known is None:
-            props = M.amqp_properties(packet.qos, {}, packet.retain, publisher)
-            known = self.known_properties[key] = F.properties_bytes(props)
-        return known
-
-    def _publish_will(self, will: P.Will) -> None:
-        if self.amqp is None:
-            return
-        props = M.amqp_properties(will.qos, will.properties)  # (5.0: its will properties)
-        self._publish(M.mqtt_to_amqp(will.topic), will.payload, F.properties_bytes(props))
 
     def send_retained(self, topic_filter: str, qos: int) -> None:
         """The retained messages `topic_filter` matches, for its new subscription."""
@@ -569,15 +459,15 @@ class MqttConnection(asyncio.Protocol):
         asked.add_done_callback(got)
 
     # ------------------------------------------------------- the AMQP side
-    def _to_amqp(self, data: bytes) -> None:
+    def to_amqp(self, data: bytes) -> None:
         if self.amqp is not None:
             self.amqp.data_received(data)
 
     def ack(self, delivery_tag: int) -> None:
-        self._to_amqp(F.ack(1, delivery_tag))
+        self.to_amqp(F.ack(1, delivery_tag))
 
     def method(self, method: Any, channel: int = 1) -> None:
-        self._to_amqp(amqp_frame.marshal(method, channel))
+        self.to_amqp(amqp_frame.marshal(method, channel))
 
     def call(self, method: Any, then: Callable[[Any], None]) -> None:
         """A synchronous method on channel 1; `then` gets its reply."""
@@ -587,7 +477,7 @@ class MqttConnection(asyncio.Protocol):
     def amqp_closed(self) -> None:
         """The inner connection closed its transport: so does the client's."""
         if not self.closed:
-            self._disconnect(0x80)
+            self.disconnect(0x80)
 
     def from_amqp(self, data: bytes) -> None:
         """What the inner connection wrote: read once its write returns (it
@@ -626,7 +516,7 @@ class MqttConnection(asyncio.Protocol):
                 elif kind == F.METHOD and F.is_deliver(payload):
                     self.delivery = [F.deliver(payload), None, bytearray()]
                 elif kind == F.METHOD and (confirm := F.confirm_of(payload)) is not None:
-                    self._confirmed(*confirm)
+                    self.inbound.confirmed(*confirm)
                 else:
                     _used, channel, frame = amqp_frame.unmarshal(bytes(buffer[at:end]))
                     self._from_amqp(channel, frame)
@@ -634,7 +524,7 @@ class MqttConnection(asyncio.Protocol):
         except Exception:
             # A bug in handling one client must cost that client only.
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
-            self._disconnect(0x83)
+            self.disconnect(0x83)
         finally:
             del buffer[:at]
             if batch:
@@ -670,7 +560,7 @@ class MqttConnection(asyncio.Protocol):
         elif isinstance(frame, C.Channel.Close):
             log.info("mqtt client %s: %s", self.client_id or "(not connected)", frame.reply_text)
             self.method(C.Channel.CloseOk(), 1)
-            self._disconnect(0x87 if frame.reply_code == 403 else 0x80)
+            self.disconnect(0x87 if frame.reply_code == 403 else 0x80)
         elif channel == 1 and self.expect:
             self.expect.popleft()(frame)
 
@@ -678,38 +568,13 @@ class MqttConnection(asyncio.Protocol):
         log.info("mqtt client %s: %s", self.client_id or "(not connected)", text)
         self.method(C.Connection.CloseOk(), 0)
         if self.open:
-            self._disconnect(0x80)
+            self.disconnect(0x80)
         elif code == 403 and "Login was refused" in text:
             self._refuse(BAD_LOGIN)
         elif code in (403, 530):
             self._refuse(NOT_AUTHORIZED)
         else:
             self._refuse(UNAVAILABLE)
-
-    def _confirmed(self, tag: int, multiple: bool, ack: bool) -> None:
-        seqs = [s for s in self.confirms if s <= tag] if multiple else [tag]
-        for seq in sorted(seqs):
-            got = self.confirms.pop(seq, None)
-            if got is None:
-                continue
-            waiting, retain = got
-            if ack and retain is not None:
-                self.ctx.send(retain)
-            if waiting is None:
-                continue
-            kind, packet_id = waiting
-            if not ack:  # the broker could not take it: the client sends it again
-                self.session.received.discard(packet_id)
-                self.pubrec_waits.pop(packet_id, None)
-                if self.level == P.MQTT_5:
-                    self.send(P.encode_ack(self.level, kind, packet_id, 0x80))
-                    continue
-                self._disconnect(0x80)
-                return
-            if kind == P.PUBREC:
-                self._pubrec_step(packet_id)
-            else:
-                self.send(P.encode_ack(self.level, kind, packet_id))
 
     def _deliver(self) -> None:
         assert self.delivery is not None and self.outbound is not None

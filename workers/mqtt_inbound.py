@@ -1,0 +1,189 @@
+"""What an MQTT client publishes (issue 41): a PUBLISH as basic.publish on
+the inner AMQP connection's channel 1 (in confirm mode), and the acks the
+client gets for it.
+
+    QoS 0    published
+    QoS 1    PUBACK once confirmed
+    QoS 2    PUBREC once confirmed and its packet id is in the session
+             (workers/mqtt_session.py); a resend of the id before PUBREL is
+             not published again, also after a reconnect or a crash; PUBCOMP
+             on PUBREL, once the session no longer holds the id
+    RETAIN   the message kept by the scheduler once confirmed (ipc.Retain)
+
+5.0: topic aliases resolved (broker/mqtt/topics.py), properties carried as
+AMQP's (broker/mqtt/mapping.py), a refused publish answered with 0x87. Its
+frames are made by hand (broker/mqtt/amqp_frames.py); the content header of a
+message with no 5.0 properties is the same bytes every time, kept per (QoS,
+retain, publisher).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shoal.broker import ipc
+from shoal.broker.mqtt import amqp_frames as F
+from shoal.broker.mqtt import mapping as M
+from shoal.broker.mqtt import packets as P
+from shoal.broker.mqtt.topics import TopicAliases
+from shoal.workers.mqtt_client import MqttClient
+from shoal.workers.mqtt_subscriptions import Subscriptions
+
+log = logging.getLogger("shoal.mqtt")
+
+EXCHANGE = M.EXCHANGE.encode()
+TOPIC_ALIAS_MAXIMUM = 64  # the 5.0 topic aliases a client may set (CONNACK says so)
+
+
+class Inbound:
+    def __init__(self, conn: MqttClient, subscriptions: Subscriptions) -> None:
+        self.conn = conn
+        self.subscriptions = subscriptions
+        self.confirm_seq = 0
+        # Channel 1 is in confirm mode: every publish has a seq, and those
+        # that wait for their confirm are here: (the ack to send: packet
+        # type and id, or None; the retained message to keep, or None).
+        self.confirms: dict[int, tuple[tuple[int, int] | None, ipc.Retain | None]] = {}
+        # QoS 2 publishes whose PUBREC waits: for the confirm, the session's write, or both.
+        self.pubrec_waits: dict[int, int] = {}
+        self.topic_aliases = TopicAliases(TOPIC_ALIAS_MAXIMUM)  # 5.0: the client's
+        # The content header properties of PUBLISHes without 5.0 properties,
+        # by (QoS, retain, publisher).
+        self.known_properties: dict[tuple[int, bool, str | None], bytes] = {}
+
+    def publish(self, packet: P.Publish) -> None:
+        packet_id = packet.packet_id
+        if packet.qos == 2 and packet_id in self.conn.session.received:
+            # A resend: published once already. PUBREC again, unless what
+            # it waits for (the confirm, the session's write) sends it.
+            assert packet_id is not None
+            if packet_id not in self.pubrec_waits:
+                self.conn.send(P.encode_ack(self.conn.level, P.PUBREC, packet_id))
+            return
+        topic = self.topic_aliases.topic(packet)
+        if not self._may_publish(M.mqtt_to_amqp(topic), packet):
+            return
+        props = self._properties(packet)
+        ack = None
+        if packet.qos:
+            assert packet_id is not None
+            ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet_id)
+            if packet.qos == 2:  # PUBREC once confirmed and written (until PUBREL)
+                self.conn.session.received.add(packet_id)
+                self.pubrec_waits[packet_id] = 2
+                self.conn.session.save(lambda: self._pubrec_step(packet_id))
+        retain = None
+        if packet.retain:  # kept once the broker has taken the message
+            kept = {k: v for k, v in packet.properties.items() if k in M.FORWARDED_PROPERTIES}
+            plain = ipc.RetainedMessage(topic, packet.payload, packet.qos, kept)
+            retain = ipc.Retain(self.conn.vhost, plain)
+        self.amqp_publish(M.mqtt_to_amqp(topic), packet.payload, props, ack, retain)
+
+    def _may_publish(self, routing_key: str, packet: P.Publish) -> bool:
+        """Write on amq.topic and the topic permissions, as RabbitMQ's plugin
+        checks them: refused, a 5.0 client's QoS 1 or 2 message gets its
+        PUBACK or PUBREC with 0x87 and a QoS 0 one is dropped; a 3.1.1
+        client, which has no way to hear it, is disconnected."""
+        conn = self.conn
+        if conn.may_publish(routing_key):
+            return True
+        log.info(
+            "mqtt client %s: publish to %r refused",
+            conn.client_id,
+            packet.topic,
+        )
+        if self.conn.level != P.MQTT_5:
+            self.conn.disconnect(0x87)
+        elif packet.qos and packet.packet_id is not None:
+            kind = P.PUBACK if packet.qos == 1 else P.PUBREC
+            self.conn.send(P.encode_ack(self.conn.level, kind, packet.packet_id, 0x87))
+        return False
+
+    def _pubrec_step(self, packet_id: int) -> None:
+        left = self.pubrec_waits.get(packet_id)
+        if left is None:
+            return
+        if left > 1:
+            self.pubrec_waits[packet_id] = left - 1
+            return
+        del self.pubrec_waits[packet_id]
+        self.conn.send(P.encode_ack(self.conn.level, P.PUBREC, packet_id))
+
+    def pubrel(self, packet_id: int) -> None:
+        """The QoS 2 exchange ends: PUBCOMP once the session no longer holds
+        its packet id (else a new message with the id would be taken for a
+        resend after a restart)."""
+        if packet_id not in self.conn.session.received:
+            self.conn.send(
+                P.encode_ack(
+                    self.conn.level,
+                    P.PUBCOMP,
+                    packet_id,
+                    0x92 if self.conn.level == P.MQTT_5 else 0,
+                )
+            )
+            return
+        self.conn.session.received.discard(packet_id)
+        self.conn.session.save(
+            lambda: self.conn.send(P.encode_ack(self.conn.level, P.PUBCOMP, packet_id))
+        )
+
+    def amqp_publish(
+        self,
+        routing_key: str,
+        payload: bytes,
+        properties: bytes,
+        ack: tuple[int, int] | None = None,
+        retain: ipc.Retain | None = None,
+    ) -> None:
+        """basic.publish to amq.topic on channel 1; `properties`: the content
+        header's (amqp_frames.properties_bytes)."""
+        self.confirm_seq += 1  # (every publish: channel 1 confirms them all)
+        if ack is not None or retain is not None:
+            self.confirms[self.confirm_seq] = (ack, retain)
+        self.conn.to_amqp(
+            F.publish(1, EXCHANGE, routing_key.encode(), properties, payload, self.conn.frame_max)
+        )
+
+    def _properties(self, packet: P.Publish) -> bytes:
+        """The content header's properties of a PUBLISH: those of a message
+        with no 5.0 properties are the same bytes for every one alike (kept)."""
+        publisher = self.conn.client_id if self.subscriptions.no_local else None
+        if packet.properties:
+            props = M.amqp_properties(packet.qos, packet.properties, packet.retain, publisher)
+            return F.properties_bytes(props)
+        key = (packet.qos, packet.retain, publisher)
+        known = self.known_properties.get(key)
+        if known is None:
+            props = M.amqp_properties(packet.qos, {}, packet.retain, publisher)
+            known = self.known_properties[key] = F.properties_bytes(props)
+        return known
+
+    def publish_will(self, will: P.Will) -> None:
+        props = M.amqp_properties(will.qos, will.properties)  # (5.0: its will properties)
+        self.amqp_publish(M.mqtt_to_amqp(will.topic), will.payload, F.properties_bytes(props))
+
+    def confirmed(self, tag: int, multiple: bool, ack: bool) -> None:
+        seqs = [s for s in self.confirms if s <= tag] if multiple else [tag]
+        for seq in sorted(seqs):
+            got = self.confirms.pop(seq, None)
+            if got is None:
+                continue
+            waiting, retain = got
+            if ack and retain is not None:
+                self.conn.notify(retain)
+            if waiting is None:
+                continue
+            kind, packet_id = waiting
+            if not ack:  # the broker could not take it: the client sends it again
+                self.conn.session.received.discard(packet_id)
+                self.pubrec_waits.pop(packet_id, None)
+                if self.conn.level == P.MQTT_5:
+                    self.conn.send(P.encode_ack(self.conn.level, kind, packet_id, 0x80))
+                    continue
+                self.conn.disconnect(0x80)
+                return
+            if kind == P.PUBREC:
+                self._pubrec_step(packet_id)
+            else:
+                self.conn.send(P.encode_ack(self.conn.level, kind, packet_id))
