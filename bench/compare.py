@@ -125,14 +125,21 @@ def host_port(uri: str) -> tuple[str, int]:
 
 # --- Shoal ------------------------------------------------------------------------
 
+SHM = "/dev/shm"
+
 
 @contextlib.contextmanager
 def started_shoal(workers: int, extra: Sequence[str]) -> Iterator[Target]:
     """Run ``python -m shoal.broker`` for the duration of the block; stop it after."""
     port = free_port()
-    runtime = tempfile.mkdtemp(prefix="shoal-bench-")
-    cmd = local_command(port, workers, runtime, *extra)
-    log_path = Path(runtime) / "broker.log"
+    scratch = tempfile.mkdtemp(prefix="shoal-bench-")  # the data directory: on disk
+    # The runtime directory (the shared-memory segment) on tmpfs, as the
+    # broker's default /dev/shm/shoal-<port>: under /tmp, a disk file system
+    # here, the segment's first touches went through the page cache to disk
+    # and stalled a fresh broker's first runs (bench/mqtt.py found it).
+    runtime = tempfile.mkdtemp(prefix="shoal-bench-", dir=SHM if os.path.isdir(SHM) else None)
+    cmd = local_command(port, workers, runtime, *extra, data_dir=os.path.join(scratch, "data"))
+    log_path = Path(scratch) / "broker.log"
     shown = "python " + shlex.join(cmd[1:])
     target = Target(SHOAL, f"amqp://guest:guest@127.0.0.1:{port}/", shown)
     with open(log_path, "wb") as log:
@@ -151,6 +158,7 @@ def started_shoal(workers: int, extra: Sequence[str]) -> Iterator[Target]:
         finally:
             stop_process_group(proc)
             shutil.rmtree(runtime, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def stop_process_group(proc: subprocess.Popen[bytes]) -> None:

@@ -82,10 +82,12 @@ class RawClient:
     def ack(self, kind: int, packet_id: int) -> None:
         self.sock.sendall(P.encode_ack(self.level, kind, packet_id))
 
-    def read(self, kind: int) -> tuple[int, int, bytes]:
+    def read(self, kind: int, *or_kinds: int) -> tuple[int, int, bytes]:
+        """The next packet of type `kind` (or of one of `or_kinds`)."""
+        kinds = (kind, *or_kinds)
         while True:
             for i, packet in enumerate(self.got):
-                if packet[0] == kind:
+                if packet[0] in kinds:
                     return self.got.pop(i)
             data = self.sock.recv(65536)
             if not data:
