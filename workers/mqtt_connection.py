@@ -568,7 +568,13 @@ class MqttConnection(asyncio.Protocol):
         log.info("mqtt client %s: %s", self.client_id or "(not connected)", text)
         self.method(C.Connection.CloseOk(), 0)
         if self.open:
-            self.disconnect(0x80)
+            # 5.0's reason: the broker stopping 0x8B (server shutting down), an
+            # operator's close (shoal ctl close_connection, a user or vhost
+            # deleted) 0x98 (administrative action), anything else 0x80.
+            if code == 320:
+                self.disconnect(0x8B if "'shutdown'" in text else 0x98)
+            else:
+                self.disconnect(0x80)
         elif code == 403 and "Login was refused" in text:
             self._refuse(BAD_LOGIN)
         elif code in (403, 530):

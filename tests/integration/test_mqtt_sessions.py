@@ -235,3 +235,26 @@ def test_a_will_with_no_session_expiry_goes_at_once_whatever_its_delay(
         dev.close()
         watcher.disconnect()
         watcher.loop_stop()
+
+
+def test_a_five_client_hears_why_the_broker_closes_it(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    from tests.integration.test_ctl import ctl, rows
+
+    broker, port = mqtt_broker
+    closed = raw(raws, port)
+    closed.connect("closed-by-operator")
+    stopped = raw(raws, port)
+    stopped.connect("stopped-by-shutdown")
+    (row,) = [
+        r
+        for r in rows(broker, "list_connections", "name", "client_properties")
+        if r["client_properties"]["client_id"] == "closed-by-operator"  # type: ignore[index]
+    ]
+    ctl(broker, "close_connection", str(row["name"]), "go away")
+    assert closed.closed_by_broker()
+    assert closed.read(P.DISCONNECT)[2][:1] == b"\x98"  # administrative action
+    broker.stop()
+    assert stopped.closed_by_broker()
+    assert stopped.read(P.DISCONNECT)[2][:1] == b"\x8b"  # server shutting down
