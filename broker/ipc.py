@@ -357,9 +357,10 @@ class ClientIdConnected(Message, tag=47):
     conn_id: int
 
 
-class Retain(Message, tag=49):
+class Retain(Request, tag=49):
     """An MQTT PUBLISH with RETAIN: kept for topic `message.topic` in
-    `vhost` (an empty payload takes the topic's message out)."""
+    `vhost` (an empty payload takes the topic's message out). Reply: Ok,
+    once it is on disk (the client's PUBACK waits for it)."""
 
     vhost: str
     message: RetainedMessage

@@ -115,7 +115,8 @@ class Requests(Protocol):
         | ipc.ExchangeDelete
         | ipc.Binding
         | ipc.ConnOpen
-        | ipc.ConnClosed,
+        | ipc.ConnClosed
+        | ipc.Retain,
     ) -> asyncio.Future[ipc.Ok]: ...
 
 

@@ -4,6 +4,7 @@ its packets out, its inner AMQP channel, its session."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -32,8 +33,8 @@ class MqttClient(Protocol):
     def may_publish(self, routing_key: str) -> bool:
         """Whether the user may publish to amq.topic with this key."""
 
-    def notify(self, message: Any) -> None:
-        """A notice to the scheduler."""
+    def keep_retained(self, message: Any) -> asyncio.Future[Any]:
+        """The scheduler keeps a retained message (ipc.Retain): answered once on disk."""
 
     def send(self, data: bytes) -> None:
         """A packet to the client."""

@@ -21,7 +21,8 @@ the management API's connection rows.
     PINGREQ          PINGRESP; keep-alive: closed after 1.5 x its interval
     DISCONNECT       closed without the will; any other end publishes the will
                      (5.0: after its will delay, unless the client comes back)
-    RETAIN           kept by the scheduler once confirmed (ipc.Retain); a new
+    RETAIN           kept by the scheduler once confirmed, on disk before the
+                     ack (ipc.Retain); a new
                      subscription gets what its filter matches (ipc.RetainedFor)
     the client id    connecting again: its older connection, on any worker, goes
 """
@@ -435,9 +436,9 @@ class MqttConnection(asyncio.Protocol):
     def vhost(self) -> str:
         return self.amqp.vhost if self.amqp is not None else ""
 
-    def notify(self, message: ipc.Retain) -> None:
-        """A notice to the scheduler (a retained message to keep)."""
-        self.ctx.send(message)
+    def keep_retained(self, message: ipc.Retain) -> asyncio.Future[ipc.Ok]:
+        """The scheduler keeps a retained message: answered once on disk."""
+        return self.ctx.request(message)
 
     def may_subscribe(self, routing_key: str) -> bool:
         return self.amqp is not None and self.amqp.access.may_bind_topic(M.EXCHANGE, routing_key)

@@ -8,7 +8,8 @@ client gets for it.
              (workers/mqtt_session.py); a resend of the id before PUBREL is
              not published again, also after a reconnect or a crash; PUBCOMP
              on PUBREL, once the session no longer holds the id
-    RETAIN   the message kept by the scheduler once confirmed (ipc.Retain)
+    RETAIN   the message kept by the scheduler once confirmed (ipc.Retain); the
+             ack waits until it is on disk
 
 5.0: topic aliases resolved (broker/mqtt/topics.py), properties carried as
 AMQP's (broker/mqtt/mapping.py), a refused publish answered with 0x87. Its
@@ -19,6 +20,8 @@ retain, publisher).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 
 from shoal.broker import ipc
@@ -171,7 +174,10 @@ class Inbound:
                 continue
             waiting, retain = got
             if ack and retain is not None:
-                self.conn.notify(retain)
+                kept = self.conn.keep_retained(retain)
+                if waiting is not None:  # acked once the retained message is on disk too
+                    kept.add_done_callback(functools.partial(self._retained, *waiting))
+                continue
             if waiting is None:
                 continue
             kind, packet_id = waiting
@@ -183,7 +189,20 @@ class Inbound:
                     continue
                 self.conn.disconnect(0x80)
                 return
-            if kind == P.PUBREC:
-                self._pubrec_step(packet_id)
-            else:
-                self.conn.send(P.encode_ack(self.conn.level, kind, packet_id))
+            self._acked(kind, packet_id)
+
+    def _acked(self, kind: int, packet_id: int) -> None:
+        if kind == P.PUBREC:
+            self._pubrec_step(packet_id)
+        else:
+            self.conn.send(P.encode_ack(self.conn.level, kind, packet_id))
+
+    def _retained(self, kind: int, packet_id: int, kept: asyncio.Future[ipc.Ok]) -> None:
+        """A retained publish's ack, once the scheduler wrote it. If it could
+        not (or a new scheduler lost the request), the message itself was
+        confirmed: acked all the same, the loss said in the log."""
+        if self.conn.closed:
+            return
+        if kept.cancelled() or kept.exception() is not None:
+            log.error("mqtt client %s: retained message not kept", self.conn.client_id)
+        self._acked(kind, packet_id)

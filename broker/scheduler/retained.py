@@ -3,11 +3,15 @@ with RETAIN to each topic, handed to a new subscription whose filter matches
 it (workers/mqtt_connection.py).
 
 The scheduler keeps them because every IO worker's clients publish and
-subscribe: a PUBLISH with RETAIN is a notice (ipc.Retain), a subscription
-asks (ipc.RetainedFor). They are kept in `<data>/mqtt-retained`, written
-whole at most every FLUSH_S after a change (store/records.py replace_file:
-a temporary file, synced, renamed, the directory synced): a crash loses at most the last FLUSH_S of
-changes, as RabbitMQ's retainer, whose store is synced on a timer too.
+subscribe: a PUBLISH with RETAIN asks it to keep the message (ipc.Retain), a
+subscription asks for what its filter matches (ipc.RetainedFor). They are
+kept in `<data>/mqtt-retained`, written whole at most FLUSH_S after a change
+(store/records.py replace_file: a temporary file, synced, renamed, the
+directory synced; a cluster's followers have it too), and each ipc.Retain is
+answered once the write that holds it is done: the publisher's PUBACK waits
+for it, so a retained message a client was told of outlives a crash (RabbitMQ's
+retainer syncs on a timer and answers at once). The changes of FLUSH_S share
+one write.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 
 import msgspec
 
@@ -30,10 +35,15 @@ FILE = "mqtt-retained"
 _Kept = list[tuple[str, ipc.RetainedMessage]]  # (vhost, message), the file's shape
 
 
+Reply = Callable[[int, int, ipc.Answer], None]  # (worker, req, answer)
+
+
 class RetainedMessages:
-    def __init__(self, data_path: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, data_path: str, loop: asyncio.AbstractEventLoop, reply: Reply) -> None:
         self.path = os.path.join(data_path, FILE)
         self.loop = loop
+        self.reply = reply
+        self.waiting: list[tuple[int, int]] = []  # (worker, req) answered at the next write
         self.by_topic: dict[tuple[str, str], ipc.RetainedMessage] = {}
         self.flushing: asyncio.TimerHandle | None = None
         try:
@@ -47,14 +57,17 @@ class RetainedMessages:
         for vhost, message in kept:
             self.by_topic[(vhost, message.topic)] = message
 
-    def retain(self, worker: int, m: ipc.Retain) -> None:
+    def retain(self, worker: int, m: ipc.Retain) -> ipc.Ok | None:
+        """Kept; answered (Ok) once on disk: None now, the reply at the write."""
         key = (m.vhost, m.message.topic)
         if m.message.payload:
             self.by_topic[key] = m.message
         elif self.by_topic.pop(key, None) is None:
-            return  # (nothing kept there: nothing to write)
+            return ipc.Ok()  # (nothing kept there: nothing to write)
+        self.waiting.append((worker, m.req))
         if self.flushing is None:
             self.flushing = self.loop.call_later(FLUSH_S, self.flush)
+        return None
 
     def retained_for(self, worker: int, m: ipc.RetainedFor) -> ipc.RetainedList:
         return ipc.RetainedList(
@@ -68,7 +81,13 @@ class RetainedMessages:
     def flush(self) -> None:
         self.flushing = None
         kept: _Kept = [(vhost, message) for (vhost, _t), message in self.by_topic.items()]
+        waiting, self.waiting = self.waiting, []
         try:
             replace_file(self.path, msgspec.msgpack.encode(kept))
         except OSError as exc:
             log.error("MQTT retained messages not written to %s: %s", self.path, exc)
+            for worker, req in waiting:
+                self.reply(worker, req, ipc.Refused(541, "INTERNAL_ERROR - retained not written"))
+            return
+        for worker, req in waiting:
+            self.reply(worker, req, ipc.Ok())

@@ -97,7 +97,7 @@ class Scheduler:
         self.parameters = Parameters(state, self.journal)
         self.accounts = Accounts(state, self.journal, self.lifecycle.remove_queue)
         self.connections = Connections(state)
-        self.retained = RetainedMessages(config.data_path(), self.loop)  # MQTT's
+        self.retained = RetainedMessages(config.data_path(), self.loop, self._reply)  # MQTT's
         self.transfer = Transfer(
             state,
             self.journal,
@@ -219,7 +219,9 @@ class Scheduler:
             if notice is not None:
                 notice(worker, m)
             else:
-                self._reply(worker, cast(ipc.Request, m).req, self._requests[cls](worker, m))
+                answer = self._requests[cls](worker, m)
+                if answer is not None:  # (None: the part answers later itself)
+                    self._reply(worker, cast(ipc.Request, m).req, answer)
         except errors.AMQPError as exc:
             if isinstance(m, ipc.Request):
                 self.all_links[worker].send(
@@ -353,7 +355,6 @@ _NOTICES: dict[type, Binder] = dict(
         _on(ipc.WorkerGone, lambda s: s._on_worker_gone),
         _on(ipc.ChannelCounts, lambda s: s._on_channel_counts),
         _on(ipc.ClientIdConnected, lambda s: s._on_client_id_connected),
-        _on(ipc.Retain, lambda s: s.retained.retain),
     )
 )
 # Requests: the handler's result is the payload of a Reply with the same req;
@@ -372,6 +373,7 @@ _REQUESTS: dict[type, Binder] = dict(
         _on(ipc.ConnClosed, lambda s: s._on_conn_closed),
         _on(ipc.ConnOpen, lambda s: s.connections.connection_opened),
         _on(ipc.RetainedFor, lambda s: s.retained.retained_for),
+        _on(ipc.Retain, lambda s: s.retained.retain),  # (answered once on disk)
     )
 )
 

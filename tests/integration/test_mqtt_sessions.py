@@ -258,3 +258,23 @@ def test_a_five_client_hears_why_the_broker_closes_it(
     broker.stop()
     assert stopped.closed_by_broker()
     assert stopped.read(P.DISCONNECT)[2][:1] == b"\x8b"  # server shutting down
+
+
+def test_a_retained_message_acked_survives_a_kill_9_right_after(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """The PUBACK of a retained publish waits for the retained store's
+    write: a crash right after it keeps the message retained."""
+    broker, port = mqtt_broker
+    pub = raw(raws, port)
+    pub.connect("keeper")
+    for qos in (1, 2):
+        pub.publish(f"kept/{qos}", b"state-%d" % qos, qos=qos, packet_id=qos, retain=True)
+        pub.read(P.PUBACK if qos == 1 else P.PUBREC)
+    broker.crash()  # at once: no time for a timer's write
+    broker.restart()
+    sub = raw(raws, port)
+    sub.connect("reader")
+    sub.subscribe("kept/#", 1)
+    got = {sub.received()[1].payload for _ in range(2)}
+    assert got == {b"state-1", b"state-2"}
