@@ -61,7 +61,8 @@ log = logging.getLogger("shoal.mqtt")
 # a 5.0 client bounds it with its receive maximum).
 PREFETCH = 100
 PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its payload
-MAX_CLIENT_ID = 233  # "mqtt-subscription-" + id + "qos1" within a queue name's 255 bytes
+# "mqtt-subscription-" + id + "qos1" + "-<connection id>" within a queue name's 255 bytes
+MAX_CLIENT_ID = 216
 CONNECT_TIMEOUT_S = 10.0
 INBOUND_EXCHANGE = M.EXCHANGE.encode()
 
@@ -72,6 +73,7 @@ UNAVAILABLE = (3, 0x88)
 BAD_LOGIN = (4, 0x86)
 NOT_AUTHORIZED = (5, 0x87)
 BAD_AUTH_METHOD = (5, 0x8C)  # 5.0 enhanced authentication: none is offered
+BAD_WILL_TOPIC = (3, 0x90)  # (3.1.1 has no code for it: server unavailable)
 
 
 class MqttConnection(asyncio.Protocol):
@@ -109,6 +111,7 @@ class MqttConnection(asyncio.Protocol):
         self.will_timer: asyncio.TimerHandle | None = None  # 5.0: a will delay under way
         self.taken = False  # the client connected again elsewhere
         self.client_id = ""  # once CONNECT gave (or was given) one
+        self.assigned_id = False  # the broker chose the client id
         # 5.0's session expiry interval (s; 0xFFFFFFFF: never), None for 3.1.1.
         self.session_expiry: int | None = None
         self.last_recv = time.monotonic()
@@ -166,10 +169,18 @@ class MqttConnection(asyncio.Protocol):
             self.timer.cancel()
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] -= 1
         self.closed = True
-        if self.open and self.persistent:
-            self.session.end(self.session_expiry)
-        if not self._will_at_end():
-            self._end_amqp()
+        waits = False
+        try:
+            if self.open and self.persistent:
+                self.session.end(self.session_expiry)
+            waits = self._will_at_end()
+        except Exception:
+            # A bug here must not leave the inner connection (its consumers,
+            # its unacked messages) or the client id's registry entry behind.
+            log.exception("mqtt client %s: at its end", self.client_id)
+        finally:
+            if not waits:
+                self._end_amqp()
 
     def _end_amqp(self) -> None:
         if self.connect is not None and self.amqp is not None:
@@ -245,7 +256,7 @@ class MqttConnection(asyncio.Protocol):
         connection's end)."""
         if self.closed:
             return
-        if self.level == P.MQTT_5 and self.connect is not None:
+        if self.level == P.MQTT_5 and self.open:  # (never a DISCONNECT before the CONNACK)
             self.send(P.encode_disconnect(reason))
         self._close()
 
@@ -319,12 +330,16 @@ class MqttConnection(asyncio.Protocol):
                 self._refuse(BAD_CLIENT_ID)  # MQTT-3.1.3-8
                 return
             packet.client_id = "shoal-" + os.urandom(8).hex()
+            self.assigned_id = True
         if len(packet.client_id.encode()) > MAX_CLIENT_ID:
             self._refuse(BAD_CLIENT_ID)
             return
         self.client_id = packet.client_id
         if packet.level == P.MQTT_5:
             self.session_expiry = int(packet.properties.get("session_expiry_interval", 0))
+        if packet.will is not None and len(M.mqtt_to_amqp(packet.will.topic).encode()) > 255:
+            self._refuse(BAD_WILL_TOPIC)  # (an AMQP routing key: 255 bytes at most)
+            return
         self.will = packet.will
         # A session outlives its connection: 3.1.1 without clean session;
         # 5.0 with a session expiry interval (whatever clean start says).
@@ -367,6 +382,7 @@ class MqttConnection(asyncio.Protocol):
         self.session, present = Session.open(
             self.ctx.config.data_path(), key[0], key[1], self.persistent, self.connect.clean
         )
+        self.session.failed = lambda: self.disconnect(0x80)
         self.outbound = Outbound(self, self.subscriptions, self.connect.properties)
         if self.persistent:  # on disk before anything: a reconnect finds it
             self.session.save(lambda: self._start(present))
@@ -378,7 +394,9 @@ class MqttConnection(asyncio.Protocol):
         if self.closed:
             return
         accepted = lambda: self._accepted(present)  # noqa: E731
-        if self.connect.clean:  # an earlier persistent session's queues go
+        if self.connect.clean or not present:
+            # An earlier persistent session's queues go: a clean start, or a
+            # session that ended (expired) while its queues lived on.
             earlier = f"mqtt-subscription-{self.connect.client_id}qos"
             self.call(
                 C.Queue.Delete(queue=earlier + "0"),
@@ -404,7 +422,7 @@ class MqttConnection(asyncio.Protocol):
                 "receive_maximum": 65535,
                 "maximum_packet_size": self.max_packet,
             }
-            if not self.connect.username and self.connect.client_id.startswith("shoal-"):
+            if self.assigned_id:  # MQTT-3.2.2-16
                 props["assigned_client_identifier"] = self.connect.client_id
         self.send(P.encode_connack(self.level, present, 0, props))
         self.outbound.resume()

@@ -4,8 +4,8 @@ client gets for it.
 
     QoS 0    published
     QoS 1    PUBACK once confirmed
-    QoS 2    PUBREC once confirmed and its packet id is in the session
-             (workers/mqtt_session.py); a resend of the id before PUBREL is
+    QoS 2    PUBREC once confirmed and then its packet id written to the
+             session (workers/mqtt_session.py); a resend of the id before PUBREL is
              not published again, also after a reconnect or a crash; PUBCOMP
              on PUBREL, once the session no longer holds the id
     RETAIN   the message kept by the scheduler once confirmed (ipc.Retain); the
@@ -36,6 +36,7 @@ log = logging.getLogger("shoal.mqtt")
 
 EXCHANGE = M.EXCHANGE.encode()
 TOPIC_ALIAS_MAXIMUM = 64  # the 5.0 topic aliases a client may set (CONNACK says so)
+MAX_ROUTING_KEY = 255  # an AMQP shortstr: a longer topic cannot be routed (5.0: 0x90)
 
 
 class Inbound:
@@ -47,8 +48,8 @@ class Inbound:
         # that wait for their confirm are here: (the ack to send: packet
         # type and id, or None; the retained message to keep, or None).
         self.confirms: dict[int, tuple[tuple[int, int] | None, ipc.Retain | None]] = {}
-        # QoS 2 publishes whose PUBREC waits: for the confirm, the session's write, or both.
-        self.pubrec_waits: dict[int, int] = {}
+        # QoS 2 publishes on their way to PUBREC: the confirm, then the session's write.
+        self.qos2_publishing: set[int] = set()
         self.topic_aliases = TopicAliases(TOPIC_ALIAS_MAXIMUM)  # 5.0: the client's
         # The content header properties of PUBLISHes without 5.0 properties,
         # by (QoS, retain, publisher).
@@ -56,31 +57,39 @@ class Inbound:
 
     def publish(self, packet: P.Publish) -> None:
         packet_id = packet.packet_id
-        if packet.qos == 2 and packet_id in self.conn.session.received:
-            # A resend: published once already. PUBREC again, unless what
-            # it waits for (the confirm, the session's write) sends it.
+        if packet.qos == 2 and (
+            packet_id in self.conn.session.received or packet_id in self.qos2_publishing
+        ):
+            # A resend: published once already. PUBREC again, unless it is
+            # still on its way (the confirm, then the session's write).
             assert packet_id is not None
-            if packet_id not in self.pubrec_waits:
+            if packet_id not in self.qos2_publishing:
                 self.conn.send(P.encode_ack(self.conn.level, P.PUBREC, packet_id))
             return
         topic = self.topic_aliases.topic(packet)
-        if not self._may_publish(M.mqtt_to_amqp(topic), packet):
+        routing_key = M.mqtt_to_amqp(topic)
+        if len(routing_key.encode()) > MAX_ROUTING_KEY:
+            self._refuse(packet, 0x90, f"a topic of over {MAX_ROUTING_KEY} bytes")
+            return
+        if not self._may_publish(routing_key, packet):
             return
         props = self._properties(packet)
         ack = None
         if packet.qos:
             assert packet_id is not None
             ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet_id)
-            if packet.qos == 2:  # PUBREC once confirmed and written (until PUBREL)
-                self.conn.session.received.add(packet_id)
-                self.pubrec_waits[packet_id] = 2
-                self.conn.session.save(lambda: self._pubrec_step(packet_id))
+            if packet.qos == 2:
+                # Its id goes to the session once the message is confirmed,
+                # then PUBREC (a crash in between: the client sends it again,
+                # a duplicate rather than a loss); until then a resend is
+                # recognised here.
+                self.qos2_publishing.add(packet_id)
         retain = None
         if packet.retain:  # kept once the broker has taken the message
             kept = {k: v for k, v in packet.properties.items() if k in M.FORWARDED_PROPERTIES}
             plain = ipc.RetainedMessage(topic, packet.payload, packet.qos, kept)
             retain = ipc.Retain(self.conn.vhost, plain)
-        self.amqp_publish(M.mqtt_to_amqp(topic), packet.payload, props, ack, retain)
+        self.amqp_publish(routing_key, packet.payload, props, ack, retain)
 
     def _may_publish(self, routing_key: str, packet: P.Publish) -> bool:
         """Write on amq.topic and the topic permissions, as RabbitMQ's plugin
@@ -90,27 +99,32 @@ class Inbound:
         conn = self.conn
         if conn.may_publish(routing_key):
             return True
-        log.info(
-            "mqtt client %s: publish to %r refused",
-            conn.client_id,
-            packet.topic,
-        )
-        if self.conn.level != P.MQTT_5:
-            self.conn.disconnect(0x87)
-        elif packet.qos and packet.packet_id is not None:
-            kind = P.PUBACK if packet.qos == 1 else P.PUBREC
-            self.conn.send(P.encode_ack(self.conn.level, kind, packet.packet_id, 0x87))
+        self._refuse(packet, 0x87, "not authorized")
         return False
 
-    def _pubrec_step(self, packet_id: int) -> None:
-        left = self.pubrec_waits.get(packet_id)
-        if left is None:
-            return
-        if left > 1:
-            self.pubrec_waits[packet_id] = left - 1
-            return
-        del self.pubrec_waits[packet_id]
-        self.conn.send(P.encode_ack(self.conn.level, P.PUBREC, packet_id))
+    def _refuse(self, packet: P.Publish, reason: int, why: str) -> None:
+        """A PUBLISH the broker will not take: a 5.0 client's QoS 1 or 2 one
+        gets its PUBACK or PUBREC with `reason`, a QoS 0 one is dropped; a
+        3.1.1 client, which has no way to hear it, is disconnected."""
+        log.info(
+            "mqtt client %s: PUBLISH to %r refused: %s", self.conn.client_id, packet.topic, why
+        )
+        if self.conn.level != P.MQTT_5:
+            self.conn.disconnect(reason)
+        elif packet.qos and packet.packet_id is not None:
+            kind = P.PUBACK if packet.qos == 1 else P.PUBREC
+            self.conn.send(P.encode_ack(self.conn.level, kind, packet.packet_id, reason))
+
+    def _pubrec(self, packet_id: int) -> None:
+        """A QoS 2 message confirmed: its id in the session, on disk, then PUBREC."""
+        session = self.conn.session
+        session.received.add(packet_id)
+
+        def written() -> None:
+            self.qos2_publishing.discard(packet_id)
+            self.conn.send(P.encode_ack(self.conn.level, P.PUBREC, packet_id))
+
+        session.save(written)
 
     def pubrel(self, packet_id: int) -> None:
         """The QoS 2 exchange ends: PUBCOMP once the session no longer holds
@@ -182,8 +196,7 @@ class Inbound:
                 continue
             kind, packet_id = waiting
             if not ack:  # the broker could not take it: the client sends it again
-                self.conn.session.received.discard(packet_id)
-                self.pubrec_waits.pop(packet_id, None)
+                self.qos2_publishing.discard(packet_id)
                 if self.conn.level == P.MQTT_5:
                     self.conn.send(P.encode_ack(self.conn.level, kind, packet_id, 0x80))
                     continue
@@ -193,7 +206,7 @@ class Inbound:
 
     def _acked(self, kind: int, packet_id: int) -> None:
         if kind == P.PUBREC:
-            self._pubrec_step(packet_id)
+            self._pubrec(packet_id)
         else:
             self.conn.send(P.encode_ack(self.conn.level, kind, packet_id))
 

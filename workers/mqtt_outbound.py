@@ -6,9 +6,11 @@ connection, or a retained message, as a PUBLISH, and the client's answers.
     QoS 2    the packet id and the message's fingerprint are written to the
              session (workers/mqtt_session.py) before the PUBLISH goes; PUBREC:
              the id is written as released, then PUBREL goes and the delivery
-             is acked; PUBCOMP ends it. A redelivery of a message under way
-             goes again with its packet id and DUP; one the client has already
-             taken (released) is acked and not sent: never delivered twice
+             is acked; PUBCOMP ends it. A redelivery (requeued, or recovered
+             after a crash) of a message under way goes again with its packet
+             id and DUP; one the client has already taken (released) is acked
+             and not sent: never delivered twice. Only redeliveries are
+             checked: two messages alike both go
 
 5.0: the subscription identifiers of the filters that matched, no local (a
 client's own message is not sent back on such a subscription), retain as
@@ -98,14 +100,15 @@ class Outbound:
             return
         state = conn.session.state
         seen = fingerprint(routing_key, payload, headers)
-        if state.released and seen in state.released.values():
-            conn.ack(tag)  # the client has it (PUBREC'd)
-            return
-        for packet_id, sent in state.sent.items():
-            if sent == seen and packet_id not in self.unacked:  # the same id again, DUP
-                self.unacked[packet_id] = tag
-                self._send(topic, payload, 2, retain, True, packet_id, out, tag)
+        if deliver.redelivered:  # (a message under way again: requeued, or recovered)
+            if state.released and seen in state.released.values():
+                conn.ack(tag)  # the client has it (PUBREC'd)
                 return
+            for packet_id, sent in state.sent.items():
+                if sent == seen and packet_id not in self.unacked:  # the same id again, DUP
+                    self.unacked[packet_id] = tag
+                    self._send(topic, payload, 2, retain, True, packet_id, out, tag)
+                    return
         packet_id = self._packet_id()
         state.sent[packet_id] = seen
         self.unacked[packet_id] = tag
@@ -157,25 +160,28 @@ class Outbound:
         conn = self.conn
         if conn.closed:
             return
-        name = topic
+        name, new_alias = topic, False
         if self.alias_max:
             alias = self.aliases.get(topic)
             if alias is not None:
                 name = ""  # the alias stands for it (5.0 3.3.2.3.4)
             elif len(self.aliases) < self.alias_max:
-                alias = self.aliases[topic] = len(self.aliases) + 1
+                alias, new_alias = len(self.aliases) + 1, True
             if alias is not None:
                 props = {**props, "topic_alias": alias}
         packet = P.encode_publish(
             conn.level, name, payload, qos, retain, dup, packet_id, props or None
         )
         if self.max_packet is not None and len(packet) > self.max_packet:
-            # Larger than the 5.0 client takes: dropped, as if delivered.
+            # Larger than the 5.0 client takes: dropped, as if delivered
+            # (and a new alias not given: the client never saw it).
             if packet_id is not None:
                 self.unacked.pop(packet_id, None)
                 self.conn.session.state.sent.pop(packet_id, None)
             self._settle(tag, 1)
             return
+        if new_alias:
+            self.aliases[topic] = props["topic_alias"]
         conn.send(packet)
 
     def _settle(self, tag: int, queue_qos: int) -> None:

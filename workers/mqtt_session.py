@@ -56,6 +56,10 @@ class SessionState(msgspec.Struct):
     received: list[int] = []
     sent: dict[int, bytes] = {}
     released: dict[int, bytes] = {}
+    # The x-expires (ms; 0: none) the session's queues were declared with: a
+    # queue's arguments cannot change, so a reconnect with another expiry (or
+    # protocol version) declares them as they are.
+    queue_expires: int = -1  # -1: not declared yet
 
 
 def session_path(data_path: str, vhost: str, client_id: str) -> str:
@@ -77,6 +81,8 @@ def fingerprint(routing_key: str, payload: bytes, headers: object) -> bytes:
 
 
 class Session:
+    writes = 0  # this process's session writes (their temporary files' names)
+
     def __init__(self, state: SessionState, path: str | None) -> None:
         self.state = state
         self.path = path  # None: a clean session's, kept in memory only
@@ -85,6 +91,7 @@ class Session:
         self.pending = False  # a change came while a write was under way
         self.detached = False  # taken over: the newer connection writes it
         self.waiting: list[Callable[[], None]] = []
+        self.failed: Callable[[], None] = _nothing  # a write failed (the connection ends)
 
     @classmethod
     def in_memory(cls) -> Session:
@@ -142,8 +149,10 @@ class Session:
         waiting, self.waiting = self.waiting, []
         self.state.received = sorted(self.received)
         data = msgspec.msgpack.encode(self.state)
-        # (a takeover's older connection, in another worker, may write it too)
-        suffix = f".{os.getpid()}.new"
+        # Each write its own temporary file: a takeover's older connection, in
+        # this worker or another, may write the session at the same time.
+        Session.writes += 1
+        suffix = f".{os.getpid()}.{Session.writes}.new"
         written = asyncio.get_running_loop().run_in_executor(
             None, replace_file, self.path, data, suffix
         )
@@ -151,7 +160,11 @@ class Session:
         def done(future: asyncio.Future[None]) -> None:
             self.writing = False
             if future.exception() is not None:
+                # What the callbacks would promise is not on disk: none runs,
+                # the connection ends (the client sends its unacked packets again).
                 log.error("MQTT session %r not written: %s", self.path, future.exception())
+                self.failed()
+                return
             for then in waiting:
                 then()
             if (self.pending or self.waiting) and not self.detached:
@@ -168,6 +181,10 @@ class Session:
 
     def ids_in_use(self) -> set[int]:
         return set(self.state.sent) | set(self.state.released)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _unlink(path: str) -> None:

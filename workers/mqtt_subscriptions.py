@@ -5,7 +5,7 @@ SUBSCRIBE and UNSUBSCRIBE, and which subscriptions a delivery matched.
                          (RabbitMQ's names; qos2 is Shoal's: RabbitMQ grants 1),
                          bound to amq.topic with the filter as binding key
     $share/group/filter  (5.0 4.8.2, also taken from 3.1.1 clients, as mosquitto
-                         does) the group's queue mqtt-shared-<group>-<filter>,
+                         does) the group's queue mqtt-shared-<group>/<filter>,
                          shared by its members' consumers (one message to one
                          member); it lasts while a member is subscribed
                          (auto-delete), like a shared subscription of the spec
@@ -24,6 +24,7 @@ from typing import Any
 
 from pamqp import commands as C
 
+from shoal.broker.amqp.x_arguments import MAX_EXPIRY
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import matches, shared, valid_filter
@@ -54,7 +55,7 @@ class Subscriptions:
         conn = self.conn
         group = shared(topic_filter)
         if group is not None:
-            name = f"mqtt-shared-{group[0]}-{group[1]}"
+            name = f"mqtt-shared-{group[0]}/{group[1]}"  # (a group name has no '/')
             if len(name.encode()) > MAX_QUEUE_NAME:
                 name = "mqtt-shared-" + hashlib.sha256(topic_filter.encode()).hexdigest()
             return name
@@ -72,12 +73,11 @@ class Subscriptions:
                 then()
                 return
             topic_filter, sub = steps.pop(0)
-            if shared(topic_filter) is not None:  # (the group's queue may have gone)
-                self._consume(
-                    sub.queue, sub.qos, lambda: self._bind(topic_filter, sub.queue, next_step)
-                )
-            else:
-                self._consume(sub.queue, sub.qos, next_step)
+            # Bound again: the queue may have gone (a group's, or one that
+            # expired before the session's file did) and been declared anew.
+            self._consume(
+                sub.queue, sub.qos, lambda: self._bind(topic_filter, sub.queue, next_step)
+            )
 
         next_step()
 
@@ -115,7 +115,9 @@ class Subscriptions:
             except ValueError:
                 group, valid = None, False
             else:
-                valid = valid_filter(one.topic_filter if group is None else group[1])
+                plain_filter = one.topic_filter if group is None else group[1]
+                # (a binding key is an AMQP shortstr: 255 bytes at most)
+                valid = valid_filter(plain_filter) and len(plain_filter.encode()) <= 255
             if not valid:
                 codes.append(INVALID_FILTER[level5])
                 next_step()
@@ -179,7 +181,7 @@ class Subscriptions:
     def _consume(self, queue: str, qos: int, then: Callable[[], None]) -> None:
         """Queue `queue` declared and consumed (once per connection), then `then`."""
         conn = self.conn
-        if queue in self.consumed:
+        if queue in self.consumed or conn.closed:  # (closed: a will delay's wait)
             then()
             return
         self.consumed[queue] = qos
@@ -187,11 +189,14 @@ class Subscriptions:
             declare = C.Queue.Declare(queue=queue, auto_delete=True)
         elif conn.persistent:
             # 5.0: the session ends its expiry interval after its last
-            # connection (the queue's x-expires, as RabbitMQ 3.13 does).
-            expiry = conn.session_expiry
-            arguments: Any = (
-                {} if not expiry or expiry == 0xFFFFFFFF else {"x-expires": expiry * 1000}
-            )
+            # connection (the queue's x-expires, as RabbitMQ 3.13 does); as
+            # its queues were first declared (their arguments cannot change).
+            state = conn.session.state
+            if state.queue_expires < 0:
+                expiry = conn.session_expiry or 0
+                never = expiry in (0, 0xFFFFFFFF)
+                state.queue_expires = 0 if never else min(expiry * 1000, MAX_EXPIRY)
+            arguments: Any = {"x-expires": state.queue_expires} if state.queue_expires else {}
             declare = C.Queue.Declare(queue=queue, durable=True, arguments=arguments)
         else:
             declare = C.Queue.Declare(queue=queue, exclusive=True, auto_delete=True)

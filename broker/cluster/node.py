@@ -117,6 +117,7 @@ class Node:
         self.management = f"{host}:{config.management_port}" if config.management_port else ""
         self.mqtt = f"{host}:{config.mqtt_port}" if config.mqtt_port else ""
         self.mqtt_ws = f"{host}:{config.mqtt_ws_port}" if config.mqtt_ws_port else ""
+        self.mqtts = f"{host}:{config.mqtts_port}" if config.mqtts_listening() else ""
 
     @property
     def role(self) -> str:
@@ -245,6 +246,7 @@ class Node:
                     "management": self.management,
                     "mqtt": self.mqtt,
                     "mqtt_ws": self.mqtt_ws,
+                    "mqtts": self.mqtts,
                 }
             ).encode()
             # Only if the in-sync set read above is still the recorded one:
@@ -542,7 +544,12 @@ class Node:
             proxies.append((Proxy(m_host, int(m_port)), m_bind, c.management_port))
         # MQTT clients too, over TCP and WebSocket: sessions and retained
         # messages are the leader's.
-        for key, listen_port in (("mqtt", c.mqtt_port), ("mqtt_ws", c.mqtt_ws_port)):
+        mqtts_port = c.mqtts_port if c.mqtts_listening() else 0
+        for key, listen_port in (
+            ("mqtt", c.mqtt_port),
+            ("mqtt_ws", c.mqtt_ws_port),
+            ("mqtts", mqtts_port),  # (TLS ends at the leader: its bytes are piped)
+        ):
             address = self.leader.get(key, "")
             if address and listen_port:
                 q_host, _, q_port = address.rpartition(":")

@@ -96,16 +96,18 @@ def confirm_of(payload: bytes | memoryview) -> tuple[int, bool, bool] | None:
 def deliver(payload: bytes | memoryview) -> Delivered:
     at = 4
     size = payload[at]
-    consumer_tag = str(payload[at + 1 : at + 1 + size], "utf-8")
+    consumer_tag = str(payload[at + 1 : at + 1 + size], "utf-8", "replace")
     at += 1 + size
     delivery_tag = int.from_bytes(payload[at : at + 8], "big")
     redelivered = bool(payload[at + 8] & 1)
     at += 9
     size = payload[at]
-    exchange = str(payload[at + 1 : at + 1 + size], "utf-8")
+    exchange = str(payload[at + 1 : at + 1 + size], "utf-8", "replace")
     at += 1 + size
     size = payload[at]
-    routing_key = str(payload[at + 1 : at + 1 + size], "utf-8")
+    # (an AMQP publisher's key need not be UTF-8, an MQTT topic must: one
+    # that is not must not fail its delivery on every reconnect)
+    routing_key = str(payload[at + 1 : at + 1 + size], "utf-8", "replace")
     return Delivered(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
 
 

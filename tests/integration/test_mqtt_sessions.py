@@ -278,3 +278,70 @@ def test_a_retained_message_acked_survives_a_kill_9_right_after(
     sub.subscribe("kept/#", 1)
     got = {sub.received()[1].payload for _ in range(2)}
     assert got == {b"state-1", b"state-2"}
+
+
+def test_two_alike_qos2_messages_are_both_delivered(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """The redelivery check (a message's fingerprint) is for redeliveries
+    only: a sensor that says "ON" twice is heard twice."""
+    _broker, port = mqtt_broker
+    sub = raw(raws, port)
+    sub.connect("alike", PERSISTENT_5, clean=False)
+    sub.subscribe("switch/#", 2)
+    pub = raw(raws, port)
+    pub.connect("switch")
+    pub.publish("switch/1", b"ON", qos=2, packet_id=1)
+    pub.read(P.PUBREC)
+    _flags, first = sub.received()
+    sub.ack(P.PUBREC, first.packet_id or 0)  # released: PUBCOMP not sent yet
+    sub.read(P.PUBREL)
+    pub.ack(P.PUBREL, 1)
+    pub.read(P.PUBCOMP)
+    pub.publish("switch/1", b"ON", qos=2, packet_id=2)
+    _flags, second = sub.received()
+    assert (second.payload, second.dup) == (b"ON", False)
+    assert second.packet_id != first.packet_id
+
+
+def test_a_session_comes_back_with_another_expiry(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """A queue's x-expires cannot change: the session's queues are declared
+    as they first were, whatever expiry (or protocol version) comes back."""
+    _broker, port = mqtt_broker
+    first = raw(raws, port)
+    first.connect("changes", {"session_expiry_interval": 60}, clean=False)
+    first.subscribe("ch/#", 1)
+    first.close()
+    again = raw(raws, port)
+    present, code, _props = again.connect("changes", {"session_expiry_interval": 7200}, clean=False)
+    assert (present, code) == (True, 0)
+    again.close()
+    old = raw(raws, port, P.MQTT_311)
+    assert old.connect("changes", {}, clean=False)[:2] == (True, 0)
+
+
+def test_a_topic_too_long_for_amqp_is_refused_not_fatal(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    client = raw(raws, port)
+    client.connect("long-topic", {})
+    client.publish("t/" + "x" * 300, b"long", qos=1, packet_id=1)
+    assert client.read(P.PUBACK)[2][:3] == b"\x00\x01\x90"  # topic name invalid
+    assert client.subscribe("y/" + "z" * 300, 1) == b"\x8f"  # topic filter invalid
+    client.publish("t/short", b"fine", qos=1, packet_id=2)
+    assert client.read(P.PUBACK)[2][:2] == b"\x00\x02"  # the connection lives on
+
+
+def test_a_client_given_no_id_hears_the_one_assigned(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    _broker, port = mqtt_broker
+    client = RawClient(port)
+    raws.append(client)
+    _present, code, props = client.connect("", {}, username="guest", password=b"guest")
+    assert code == 0 and props["assigned_client_identifier"]  # MQTT-3.2.2-16
+    chosen = raw(raws, port)
+    assert "assigned_client_identifier" not in chosen.connect("shoal-mine", {})[2]
