@@ -25,12 +25,6 @@ WAIT_S = 10
 VERSIONS = [paho.MQTTv311, paho.MQTTv5]
 
 
-@pytest.fixture
-def mqtt_broker(broker_factory: Callable[..., Broker]) -> Iterator[tuple[Broker, int]]:
-    port = free_port()
-    yield broker_factory(args=("--mqtt-port", str(port))), port
-
-
 class Client:
     """A paho client whose callbacks land in a queue."""
 

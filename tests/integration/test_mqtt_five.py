@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,20 +25,6 @@ from tests.mqtt_raw import RawClient
 
 WAIT_S = 10
 NO_LOCAL, RETAIN_AS_PUBLISHED = 0x04, 0x08
-
-
-@pytest.fixture
-def mqtt_broker(broker_factory: Callable[..., Broker]) -> Iterator[tuple[Broker, int]]:
-    port = free_port()
-    yield broker_factory(args=("--mqtt-port", str(port))), port
-
-
-@pytest.fixture
-def raws() -> Iterator[list[RawClient]]:
-    made: list[RawClient] = []
-    yield made
-    for c in made:
-        c.close()
 
 
 def raw(raws: list[RawClient], port: int, client_id: str, **props: Any) -> RawClient:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 import socket
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,24 +16,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from shoal.broker.mqtt import packets as P
-from tests.broker_process import Broker, free_port
+from tests.broker_process import Broker
 from tests.mqtt_raw import RawClient
 
 WAIT_S = 10
-
-
-@pytest.fixture
-def mqtt_broker(broker_factory: Callable[..., Broker]) -> Iterator[tuple[Broker, int]]:
-    port = free_port()
-    yield broker_factory(args=("--mqtt-port", str(port))), port
-
-
-@pytest.fixture
-def raws() -> Iterator[list[RawClient]]:
-    made: list[RawClient] = []
-    yield made
-    for c in made:
-        c.close()
 
 
 def raw(raws: list[RawClient], port: int, level: int = P.MQTT_5) -> RawClient:
