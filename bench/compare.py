@@ -200,8 +200,21 @@ def _epmd_running() -> bool:
     return subprocess.run(["epmd", "-names"], capture_output=True, timeout=10).returncode == 0
 
 
-def start_rabbitmq_node(env: dict[str, str], ctl: list[str], port: int) -> None:
-    subprocess.run(["rabbitmq-server", "-detached"], env=env, check=True, timeout=60)
+def start_rabbitmq_node(
+    env: dict[str, str],
+    ctl: list[str],
+    port: int,
+    prefix: Sequence[str] = (),
+    server_env: dict[str, str] | None = None,
+) -> None:
+    """`rabbitmq-server -detached` (after `prefix`, in `server_env`: bench/mqtt.py
+    starts it as the rabbitmq user), then wait for its AMQP port."""
+    subprocess.run(
+        [*prefix, "rabbitmq-server", "-detached"],
+        env=server_env or env,
+        check=True,
+        timeout=60,
+    )
     deadline = time.monotonic() + RABBIT_STARTUP_TIMEOUT_S
     while not amqp_ready("127.0.0.1", port):
         remaining = deadline - time.monotonic()

@@ -84,9 +84,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from compare import (  # noqa: E402
-    RABBIT_STARTUP_TIMEOUT_S,
     _epmd_running,
-    amqp_ready,
     busy_warning,
     free_port,
     host_port,
@@ -897,23 +895,7 @@ def as_rabbitmq_user(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
 def start_rabbitmq_mqtt_node(env: dict[str, str], ctl: list[str], port: int) -> None:
     """compare.start_rabbitmq_node, the node started as the rabbitmq user."""
     user_env, prefix = as_rabbitmq_user(env)
-    if not prefix:
-        start_rabbitmq_node(env, ctl, port)
-        return
-    subprocess.run([*prefix, "rabbitmq-server", "-detached"], env=user_env, check=True, timeout=60)
-    deadline = time.monotonic() + RABBIT_STARTUP_TIMEOUT_S
-    while not amqp_ready("127.0.0.1", port):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"no AMQP on port {port} after {RABBIT_STARTUP_TIMEOUT_S:.0f} s")
-        wait = str(max(1, min(60, int(remaining))))
-        subprocess.run(
-            [*ctl, "await_startup", "--timeout", wait],
-            env=env,
-            capture_output=True,
-            timeout=remaining + 10,
-        )
-        time.sleep(0.5)
+    start_rabbitmq_node(env, ctl, port, prefix, user_env)
 
 
 @contextlib.contextmanager
