@@ -492,6 +492,8 @@ class DeliveryBook:
         # holds any NOTIFY until start() below.
         consumer.interested = consumer.wants_work()
         consumer.starting = 1
+        if consumer.no_ack:
+            self.conn.bound_unsent()  # its deliveries wait in the queue, not the kernel
         self.consumers[tag] = consumer
         ctx.consumers[consumer.cid] = consumer
         try:
