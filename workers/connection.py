@@ -54,25 +54,11 @@ LINGER_TIMEOUT = 2.0
 CONFIRM_HOLD = 0.01
 
 
-# What the kernel may hold of the output not yet sent of a connection with a
-# no-ack consumer (TCP_NOTSENT_LOWAT). Linux grows a busy socket's send buffer
-# to tcp_wmem's maximum (4 MiB by default), and nothing else bounds a no-ack
-# consumer's deliveries: those it has not read would wait there, gone from the
-# queue (another consumer cannot take them, they are lost with its connection)
-# and counted nowhere. With the bound they wait in the queue; what is in flight
-# on the wire is not limited (a long, fast path keeps its window). Consumers
-# with acks are bounded by their prefetch instead, and keep the kernel's
-# buffers whole: the bound cost 1 -> 1 with 4 KiB messages 8 % (more partial
-# writes). lavinmqperf 4 -> 4 no-ack: consume / publish 0.93-0.96 -> 0.98-0.99.
-NOTSENT_LOWAT = 1 << 17
-
-
 class Connection(asyncio.Protocol):
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.id = ctx.next_connection_id()
         self.transport: Any = None  # uvloop's TCPTransport
-        self.unsent_bounded = False  # TCP_NOTSENT_LOWAT set (bound_unsent)
         self.state = AWAIT_HEADER
         self.reader = framing.FrameReader(ctx.config.frame_max)
         self.head = b""
@@ -254,19 +240,6 @@ class Connection(asyncio.Protocol):
         self.out = []
 
     # ---------------------------------------------------------------- input
-    def bound_unsent(self) -> None:
-        """A no-ack consumer started on this connection: from now on the
-        kernel holds at most NOTSENT_LOWAT of its output not yet sent."""
-        if self.unsent_bounded:
-            return
-        self.unsent_bounded = True
-        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, NOTSENT_LOWAT)
-            except OSError:
-                pass  # not TCP (a test's socket pair): nothing to bound
-
     def data_received(self, data: bytes) -> None:
         if self.state == CLOSED:
             return  # what the client sent before it saw our close-ok: discarded

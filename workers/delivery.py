@@ -34,6 +34,7 @@ from shoal.workers.channel_state import (
 from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer
 from shoal.workers.pull import drop_watch, start, take_ready, update_interest
+from shoal.workers.send_bound import bound_unsent
 
 log = logging.getLogger("shoal.worker")
 
@@ -493,7 +494,7 @@ class DeliveryBook:
         consumer.interested = consumer.wants_work()
         consumer.starting = 1
         if consumer.no_ack:
-            self.conn.bound_unsent()  # its deliveries wait in the queue, not the kernel
+            bound_unsent(self.conn.transport)  # what it has not read waits in the queue
         self.consumers[tag] = consumer
         ctx.consumers[consumer.cid] = consumer
         try:
