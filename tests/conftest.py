@@ -32,6 +32,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="build the Debian package, install it on this machine, purge it (its own CI step)",
     )
     parser.addoption(
+        "--slow",
+        action="store_true",
+        help="run the long kill rounds and volume tests (their own CI step, `-m slow`)",
+    )
+    parser.addoption(
         "--cluster",
         action="store_true",
         help="run the cluster's tests: etcd and three nodes (their own CI step)",
@@ -39,15 +44,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for option in ("prometheus", "browser", "cluster", "shovels", "package"):
+    for option in ("prometheus", "browser", "cluster", "shovels", "package", "slow"):
         if config.getoption(f"--{option}"):
             continue
         skip = pytest.mark.skip(reason=f"needs --{option} (a CI step of its own)")
         for item in items:
             # "cluster" is also tests/cluster's name (a keyword of every test
             # in it): there only the marker counts, so that the replication
-            # tests without etcd run in make test.
-            if item.get_closest_marker(option) or (option != "cluster" and option in item.keywords):
+            # tests without etcd run in make test. "slow" too (test_slow_readers).
+            by_name = option not in ("cluster", "slow") and option in item.keywords
+            if item.get_closest_marker(option) or by_name:
                 item.add_marker(skip)
 
 

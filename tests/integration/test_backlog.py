@@ -127,6 +127,7 @@ class Watch:
             self.samples += 1
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow)
 @pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
 def test_a_backlog_of_20_times_the_arenas_and_the_log(broker_factory, persistent: bool) -> None:  # type: ignore[no-untyped-def]
     broker = broker_factory(workers=2, args=SMALL)

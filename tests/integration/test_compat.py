@@ -251,6 +251,7 @@ def test_close_ok_then_a_clean_tcp_close(broker: Broker) -> None:
     s.close()
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow)
 def test_concurrent_closers_see_close_ok_before_the_end(broker: Broker) -> None:
     """Go's client closing one connection from 10 goroutines sends 10
     connection.close frames and each goroutine waits for a close-ok; one

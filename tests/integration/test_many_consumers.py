@@ -9,6 +9,7 @@ import collections
 import time
 
 import aio_pika
+import pytest
 
 from shoal.shm import layout as L
 from tests.broker_process import Broker
@@ -70,6 +71,7 @@ async def run(broker: Broker) -> tuple[collections.Counter[bytes], list[int], se
     return seen, per_consumer, workers, elapsed
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow)
 def test_twenty_consumers_hundred_thousand_messages(broker: Broker) -> None:
     seen, per_consumer, workers, elapsed = asyncio.run(asyncio.wait_for(run(broker), 240))
     assert len(seen) == MESSAGES, f"{MESSAGES - len(seen)} messages lost"

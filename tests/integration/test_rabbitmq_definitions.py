@@ -67,6 +67,7 @@ def by(key: str, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {row[key]: row for row in rows}
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow)
 def test_definitions_round_trip_between_shoal_and_rabbitmq(
     broker_factory: Callable[..., Broker], rabbit: Any
 ) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pika
+import pytest
 
 from tests.broker_process import Broker, wait_for
 from tests.clients import connect, worker_of
@@ -160,6 +161,7 @@ def check(ledger: Ledger, found: dict[str, list[tuple[bytes, bool]]], redelivere
             last[key] = int(i)
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow)
 def test_confirmed_messages_survive_20_sigkills_of_the_whole_broker(broker: Broker) -> None:
     declare(broker)
     rng = random.Random(1325)

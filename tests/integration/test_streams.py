@@ -274,6 +274,7 @@ def test_retention_by_age(broker: Broker) -> None:
     conn.close()
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow)
 def test_kill_9_keeps_every_confirmed_message_at_its_offset(broker_factory: Any) -> None:
     broker = broker_factory(workers=2)
     conn = connect(broker)
@@ -345,6 +346,7 @@ def test_offsets_and_lag_in_status_and_metrics(broker_factory: Any) -> None:
     conn.close()
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow)
 def test_writer_killed_mid_stream_loses_no_confirmed_message_and_writes_none_twice(
     broker: Broker,
 ) -> None:

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import time
 
+import pytest
+
 from shoal.broker.cli import local_command
 from tests.broker_process import wait_for
 
@@ -47,6 +49,7 @@ def test_sd_notify_messages(broker_factory, tmp_path) -> None:  # type: ignore[n
     sock.close()
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow)
 def test_the_watchdog_is_pet_only_while_every_child_beats(broker_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """WatchdogSec=: WATCHDOG=1 every half interval while the IO workers
     and the scheduler beat; a hung worker (SIGSTOP) stops the pets, so
