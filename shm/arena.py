@@ -103,6 +103,7 @@ class Arena:
         "high",
         "hot_end",
         "hot_live",
+        "last_size",
         "on_high",
         "seg",
         "used",
@@ -120,6 +121,9 @@ class Arena:
         self.hot_live = HOT_WINDOW // 4
         self.dirty = True
         self.used = 0  # the arena's live bytes as of this owner's last allocation
+        # new_record's last record size, its tag excluded: what a PUBLISH
+        # record of it stores (record_bytes), without a second message_size.
+        self.last_size = 0
         # Called with the arena's size when an allocation takes it above `high`
         # (the memory guard, workers/memory_guard.py): one compare per allocation.
         self.high = 1 << 62
@@ -166,11 +170,13 @@ class Arena:
         """A held block with a whole message record in it (one C call,
         shm/_record.h), with room for the message store's tag when
         `durable`; None when the arena has no room. `times`: (published,
-        expires at) in ms, for a message that may expire."""
+        expires at) in ms, for a message that may expire. The record's size
+        (its tag excluded) is left in `last_size`."""
         # message_size, inline: this is every publish's path.
         size = layout.MSG_PREFIX.size + len(exchange) + len(routing_key) + len(props) + len(body)
         if times is not None:
             size += TIME_SIZE
+        self.last_size = size
         block = self.alloc(size + TAG_SIZE if durable else size)
         if block is not None:
             published, expires = (-1, 0) if times is None else times

@@ -40,7 +40,6 @@ from shoal.shm.arena import (
     Arena,
     block_payload,
     body_length,
-    message_size,
     payload_may_expire,
     record_bytes,
     release_hold,
@@ -126,20 +125,23 @@ class IngestContext(AppendContext, Protocol):
     def streams(self) -> Streams | None: ...
 
 
-def to_store(ctx: IngestContext, header: bytes, qids: list[int]) -> bool:
+def to_store(ctx: IngestContext, header: bytes, qids: list[int]) -> int:
     """Whether a message goes to the message store: persistent
-    (delivery-mode 2) and routed to at least one durable queue."""
+    (delivery-mode 2) and routed to at least one durable queue. The uid of
+    the first durable queue in `qids` when it does (the fast path's one
+    queue: Queue.publish_durable needs it), else 0."""
     # The flags' delivery-mode bit first: most transient messages stop at
     # one byte (the hot path of a broker with no persistent traffic).
     if len(header) < 14 or not header[12] & 0x10 or ctx.persist is None:
-        return False
+        return 0
     if framing.delivery_mode(header) != 2:
-        return False
-    uid = ctx.shared.table.uid
-    for qid in qids:  # noqa: SIM110  (a generator costs a frame per message)
-        if uid(qid):
-            return True
-    return False
+        return 0
+    uid_of = ctx.shared.table.uid
+    for qid in qids:
+        uid = uid_of(qid)
+        if uid:
+            return uid
+    return 0
 
 
 class Ingest:
@@ -298,7 +300,7 @@ class Ingest:
         pending.header = header
         pending.body_size = pending.received = len(body)
         pending.qids = list(qids)
-        pending.durable = to_store(ctx, header, qids)
+        pending.durable = bool(to_store(ctx, header, qids))
         try:
             times = pending.times = times_for(self.shared, header, qids)
         except errors.AMQPError:
@@ -427,29 +429,28 @@ class Queue:
         return 0  # (REMOVED: deleted meanwhile, the message is gone with it)
 
     def publish_durable(
-        self, block: int, body_size: int, exchange: bytes, routing_key: bytes, header: bytes
+        self, block: int, size: int, body_size: int, uid: int, exchange: bytes, routing_key: bytes
     ) -> int | Pending | None:
         """The fast path's persistent message for this durable queue and
         nothing else (a plain queue, no expiry, no level, no stream): its
         PUBLISH record reserved and its block tagged, the append, the record
         completed (written at the end of the loop iteration), the HOLD
-        dropped, without the general path's loops. Returns the record's
+        dropped, without the general path's loops. `size`: the record's
+        bytes in `block`, its tag excluded (Arena.last_size); `uid`: the
+        queue's (to_store's answer). Returns the record's
         index (its confirm waits for its sync); a Pending with the
         reservation in it when a race filled the queue meanwhile (`publish`
         goes on from there); None when the general path must do it all
         (nothing done: the queue pages, has rules or is full, or no segment
         slot is free)."""
         qid, shared, persist = self.qid, self.shared, self.persist
-        uid = shared.table.uid(qid)
         if (
             persist is None
-            or not uid
             or qid not in shared.catalog.plain_queues()
             or not shared.takes_plainly(qid)
             or (self.pager is not None and _pages(self.pager, self.arena, qid))
         ):
             return None
-        size = message_size(exchange, routing_key, header, body_size)  # the tag excluded
         got = persist.reserve(1, size)
         if got is None:
             return None

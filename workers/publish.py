@@ -268,8 +268,12 @@ class Publisher:
             and not (self.confirm and self.delivery.consumers)
         ):
             ingest, qid = self.ingest, qids[0]  # its Queue, asked straight: one call
-            queue = ingest.queues.get(qid) or ingest.queue(qid)
-            got = queue.publish_durable(block, body_size, exchange, routing_key, header)
+            try:
+                queue = ingest.queues[qid]
+            except KeyError:
+                queue = ingest.queue(qid)
+            size = ctx.arena.last_size  # (durable: the uid of qids[0], to_store's)
+            got = queue.publish_durable(block, size, body_size, durable, exchange, routing_key)
             if isinstance(got, int):
                 self._account(exchange, True, False, body_size, False, got, None)
                 return True
@@ -368,7 +372,7 @@ class Publisher:
                 self.pending = None  # its body frames are dropped by the closing channel
                 raise
         if pending.qids:
-            pending.durable = to_store(self.ctx, pending.header, pending.qids)
+            pending.durable = bool(to_store(self.ctx, pending.header, pending.qids))
             block = self.ctx.arena.new_head(
                 pending.exchange,
                 pending.routing_key,
@@ -460,15 +464,15 @@ class Publisher:
         then confirm it, or queue its confirm behind its record's sync or
         its streams' writers."""
         self.publish_count += 1
-        counted = self.exchange_counts.get(exchange)
-        if counted is None:
+        try:  # (a subscript, not .get: this is every message's path)
+            counted = self.exchange_counts[exchange]
+        except KeyError:
             counted = self.exchange_counts[exchange] = [0, 0]
         counted[0] += 1
-        if routed:
-            counted[1] += 1
         # Statistics (shm/stats.py): RECEIVED is derived at flush time.
         stats = self.stats
         if routed:
+            counted[1] += 1
             stats[ROUTED] += 1
         else:
             stats[UNROUTABLE_RETURNED if mandatory else UNROUTABLE_DROPPED] += 1
