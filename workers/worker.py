@@ -92,6 +92,7 @@ class Worker:
             loop.add_reader(ctx.waker.worker_efds[self.index], self._on_watch_wake)
             ctx.waker.local = self.index
             ctx.waker.on_local = self._watch_woken_here
+        ctx.waker.defer_to(loop.call_soon)  # one eventfd write per iteration (shm/wake.py)
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
@@ -302,10 +303,15 @@ class Worker:
     def _sweep_watches(self) -> None:
         """Belt and braces, as the scheduler's sweep: a watched queue with
         ready messages on two looks in a row lost its wake-up (a publisher
-        killed between taking the watch and writing the eventfd): pull."""
+        killed between taking the watch and writing the eventfd, which a
+        worker defers to the end of its loop iteration, shm/wake.py): drain
+        the bitmap, whose word the lost one left set, and pull."""
         ctx = self.ctx
         ready = {qid for qid in ctx.watching if ctx.shared.table.ready(qid)}
-        for qid in ready & self.watched_ready:
+        lost = ready & self.watched_ready
+        if lost:  # its bit may be left set too, holding back its word's wake-ups
+            self._on_watch_wake(False)
+        for qid in lost:
             consumer = ctx.watching.get(qid)
             if consumer is not None and not consumer.notified:
                 pull(ctx, consumer)

@@ -299,3 +299,28 @@ def test_no_lost_wakeup_between_a_workers_arm_and_a_publish(
         if pid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+# ------------------------------------------- a worker's deferred eventfd writes
+def test_deferred_wake_ups_write_each_eventfd_once_at_the_flush(
+    seg: Segment, efd: int, worker_efds: list[int]
+) -> None:
+    """An IO worker's wake-ups of one loop iteration (defer_to): the bits at
+    once, each eventfd written once, when the iteration's flush runs."""
+    scheduled: list[object] = []
+    waker = Waker(seg, efd, worker_efds)
+    waker.defer_to(scheduled.append)
+    waker.wake(1, L.WATCH_WORKER + 1)
+    waker.wake(2, L.WATCH_WORKER + 1)  # same word: no second write owed
+    waker.kick(3)
+    assert scheduled == [waker.flush_deferred]  # one flush for the iteration
+    assert seg.atomic.load(seg.layout.worker_bitmap(1)) == (1 << 1) | (1 << 2)
+    assert bitmap_word(seg, 0) == 1 << 3
+    assert not readable(worker_efds[1]) and not readable(efd)  # nothing written yet
+    waker.flush_deferred()
+    assert os.eventfd_read(worker_efds[1]) == 1
+    assert os.eventfd_read(efd) == 1
+    assert not readable(worker_efds[0])
+    assert waker.drain_worker(1, 64) == [1, 2]
+    waker.wake(1, L.WATCH_WORKER + 1)  # the next iteration schedules its own flush
+    assert scheduled == [waker.flush_deferred] * 2
