@@ -1076,6 +1076,31 @@ run_room(Py_ssize_t need)
 #define RUN_ENTRY 2 /* an entry acquired that Python delivers: (seq, block, redelivered) */
 
 /* A shared-queues tuple (SharedQueues.run_args) parsed: 0, or -1 with an exception. */
+
+/* An unacked delivery's (consumer, qid, seq, body length), the delivery
+ * book's value: built directly, not with Py_BuildValue, whose format
+ * parsing was 2 % of a broker's samples at 250k acked messages/s. */
+static PyObject *
+unacked_entry(PyObject *consumer, PyObject *qid, uint64_t seq, uint64_t body_len)
+{
+    PyObject *t = PyTuple_New(4);
+    if (t == NULL)
+        return NULL;
+    PyObject *s = PyLong_FromUnsignedLongLong(seq);
+    PyObject *b = s ? PyLong_FromUnsignedLongLong(body_len) : NULL;
+    if (b == NULL) {
+        Py_XDECREF(s);
+        Py_DECREF(t);
+        return NULL;
+    }
+    Py_INCREF(consumer);
+    Py_INCREF(qid);
+    PyTuple_SET_ITEM(t, 0, consumer);
+    PyTuple_SET_ITEM(t, 1, qid);
+    PyTuple_SET_ITEM(t, 2, s);
+    PyTuple_SET_ITEM(t, 3, b);
+    return t;
+}
 static int
 store_args(PyObject *tuple, PyObject **atomic, Py_ssize_t *qoff, Py_ssize_t *roff,
            unsigned long long *mask, unsigned long long *owner, Py_ssize_t *arenas,
@@ -1212,9 +1237,7 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 goto fail;
         } else {
             PyObject *key = PyLong_FromUnsignedLongLong(tag);
-            PyObject *value = key ? Py_BuildValue("(OOKK)", consumer, qid, (unsigned long long)seq,
-                                                  (unsigned long long)body_len)
-                                  : NULL;
+            PyObject *value = key ? unacked_entry(consumer, qid, seq, body_len) : NULL;
             int bad = value == NULL || PyDict_SetItem(unacked, key, value) < 0;
             Py_XDECREF(key);
             Py_XDECREF(value);
