@@ -69,6 +69,21 @@ record_write_head(unsigned char *o, const void *ex, Py_ssize_t ex_len, const voi
     return o;
 }
 
+/* Tag the record at `record` (its start; `size`: its bytes without the tag,
+ * MSG_TIME included) with the place of its PUBLISH record in the message
+ * store (shm/arena.py write_tag): the tag after the record, MSG_TAGGED in
+ * its flags. The block must have MSG_TAG_SIZE bytes to spare. */
+static inline void
+record_write_tag(unsigned char *record, Py_ssize_t size, uint32_t slot, uint32_t check,
+                 uint64_t offset)
+{
+    unsigned char *t = record + size;
+    record_put_le(t, slot, 4);
+    record_put_le(t + 4, check, 4);
+    record_put_le(t + 8, offset, 8);
+    record[2] |= MSG_TAGGED; /* the flags' low byte */
+}
+
 /* The offset of the body of the record at `record` (its start) in a buffer
  * of `len` bytes, from the record's prefix; -1 if the lengths point past it. */
 static inline Py_ssize_t

@@ -82,6 +82,11 @@ class MessageFileTable:
     def add(self, slot: int, count: int) -> None:
         self.a.fetch_add(self._at(slot) + layout.SG_LIVE, count)
 
+    def live_word(self, slot: int) -> int:
+        """The offset of `slot`'s live-entry count, which a publish lane
+        adds to in C as add() does (workers/_wire.c)."""
+        return self._at(slot) + layout.SG_LIVE
+
     def seal(self, slot: int, check: int) -> None:
         """Seal our message file in `slot` (nothing if the slot holds another now)."""
         if self.name(slot, check) is None:

@@ -208,6 +208,11 @@ class MessageFileWriter:
         self.file.append(payloads)
         return offsets
 
+    def append_framed(self, data: bytes) -> None:
+        """PUBLISH records framed already (records.encode's bytes, joined:
+        Persister's, and a publish lane's run, workers/_wire.c)."""
+        self.file.append_framed(data)
+
     def full(self) -> bool:
         return self.file.size >= MESSAGE_FILE_BYTES
 

@@ -127,9 +127,12 @@ class RecordFile:
         """Write records (durable only after `sync`) at the end of the last
         good one. A failed write is cut off again, so the file never keeps
         half a record; if that fails too, the file is broken."""
+        self.append_framed(encode_all(payloads))
+
+    def append_framed(self, data: bytes) -> None:
+        """append() of records framed already (encode()'s bytes, joined)."""
         if self.broken:
             raise BrokenFile(5, f"{self.path}: an earlier write could not be undone")
-        data = encode_all(payloads)
         try:
             _write_all(self.fd, data, self.size)
         except OSError:

@@ -487,10 +487,12 @@ done:
  * on the lane's channel to an exchange and routing key it knows: the block
  * allocated in the worker's arena, the record written, the entry appended
  * (shm/_atomic.c through its C API, shm/_queues_api.h), the HOLD dropped,
- * the message counted. Anything else on that channel (another frame, a
+ * the message counted; a persistent message for a durable queue also tagged,
+ * counted in the message store's open file and its PUBLISH record framed
+ * (store_window, lane_take). Anything else on that channel (another frame, a
  * publish to a place it does not know or that needs more: an expiration, a
- * reply-to, CC/BCC, persistence to a durable queue, a queue with rules, no
- * room) is left to Python as an item, and the lane is off for the rest of
+ * reply-to, CC/BCC, a queue with rules, no room, a persistent message with
+ * no store window) is left to Python as an item, and the lane is off for the rest of
  * that read so that the channel's frames keep their order. A method on
  * channel 0 turns it off too (a connection.close must stop it).
  *
@@ -521,8 +523,11 @@ typedef struct {
     char *ring;
     unsigned long long mask;
     uint64_t qid;
-    int persistent_leaves; /* delivery mode 2 leaves the lane (a durable queue, a store) */
-    int touched;           /* its index in the run's touched list + 1 (0: none) */
+    /* The queue's uid when the message store keeps its persistent
+     * messages (a durable queue, a store): they go in with their PUBLISH
+     * record while a store window is open, else they leave the lane. */
+    uint64_t store_uid;
+    int touched; /* its index in the run's touched list + 1 (0: none) */
 } LaneRoute;
 
 typedef struct {
@@ -556,6 +561,17 @@ typedef struct {
     long long gone_seq;
     Py_ssize_t gone_block;
     uint64_t gone_qid;
+    int gone_stored; /* the gone entry's message has a PUBLISH record in `records` */
+    /* The message store's window, set by store_window() for each read: the
+     * open message file (its slot, check and live-entry word) and where its
+     * next record goes; its PUBLISH records are framed into `records`. */
+    int store_on;
+    uint64_t st_slot, st_check, st_epoch, st_reserved, st_limit, st_header;
+    uint64_t *st_live;
+    unsigned char *records;
+    Py_ssize_t records_len, records_cap;
+    long long st_count; /* records in `records` */
+    long long st_first; /* the run's first stored message, 1-based in n (0: none) */
 } LaneObject;
 
 static uint64_t
@@ -637,6 +653,7 @@ Lane_dealloc(LaneObject *self)
 {
     lane_untouch(self);
     lane_forget(self);
+    PyMem_Free(self->records);
     Py_XDECREF(self->atomic);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -709,15 +726,17 @@ lane_grow(LaneObject *lane)
     return 0;
 }
 
-/* add(exchange, routing_key, queue, ring, mask, qid, persistent_leaves)
+/* add(exchange, routing_key, queue, ring, mask, qid, store_uid)
  *   -> bool: a route taught (True), or False when the lane keeps
- *   LANE_ROUTES already. Between runs only (touched counts are per run). */
+ *   LANE_ROUTES already. Between runs only (touched counts are per run).
+ *   store_uid: the queue's uid when the message store keeps its persistent
+ *   messages, else 0. */
 static PyObject *
 Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "add(exchange, routing_key, queue, ring, mask, qid, "
-                                         "persistent_leaves)");
+                                         "store_uid)");
         return NULL;
     }
     if (!self->configured || self->ntouched) {
@@ -732,8 +751,8 @@ Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t qoff = PyLong_AsSsize_t(args[2]), roff = PyLong_AsSsize_t(args[3]);
     unsigned long long mask = PyLong_AsUnsignedLongLong(args[4]);
     unsigned long long qid = PyLong_AsUnsignedLongLong(args[5]);
-    int persistent_leaves = PyObject_IsTrue(args[6]);
-    if (PyErr_Occurred() || persistent_leaves < 0)
+    unsigned long long store_uid = PyLong_AsUnsignedLongLong(args[6]);
+    if (PyErr_Occurred())
         return NULL;
     uint64_t *q;
     char *ring;
@@ -750,7 +769,7 @@ Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
             r->ring = ring;
             r->mask = mask;
             r->qid = qid;
-            r->persistent_leaves = persistent_leaves;
+            r->store_uid = store_uid;
             Py_RETURN_TRUE;
         }
     }
@@ -766,7 +785,7 @@ Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     r->ring = ring;
     r->mask = mask;
     r->qid = qid;
-    r->persistent_leaves = persistent_leaves;
+    r->store_uid = store_uid;
     r->touched = 0;
     self->nroutes++;
     Py_RETURN_TRUE;
@@ -797,6 +816,49 @@ Lane_arm(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     self->high = high;
     self->page_out_high = page_out_high;
     self->armed = 1;
+    self->store_on = 0; /* until store_window() opens it for this read */
+    Py_RETURN_NONE;
+}
+
+/* store_window(slot, check, epoch, reserved, limit, header_size, live_word):
+ * persistent messages to a route with a store uid go in with their PUBLISH
+ * records in the next scan: the open message file's slot and check (their
+ * tags), the broker's epoch (their records), where its next record goes and
+ * how large it may grow (workers/persist.py reserve's rule), and the offset
+ * of its live-entry count (shm/message_files.py). limit 0: no window (they
+ * leave the lane). */
+static PyObject *
+Lane_store_window(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "store_window(slot, check, epoch, reserved, limit, "
+                                         "header_size, live_word)");
+        return NULL;
+    }
+    self->store_on = 0;
+    unsigned long long v[6];
+    for (int i = 0; i < 6; i++)
+        v[i] = PyLong_AsUnsignedLongLong(args[i]);
+    Py_ssize_t live = PyLong_AsSsize_t(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!v[4])
+        Py_RETURN_NONE;
+    if (v[0] > 0xFFFFFFFFULL || v[1] > 0xFFFFFFFFULL || v[2] > 0xFFFFFFFFULL) {
+        PyErr_SetString(PyExc_ValueError, "store window out of range");
+        return NULL;
+    }
+    uint64_t *word = queues_api->word(self->atomic, live);
+    if (word == NULL)
+        return NULL;
+    self->st_slot = v[0];
+    self->st_check = v[1];
+    self->st_epoch = v[2];
+    self->st_reserved = v[3];
+    self->st_limit = v[4];
+    self->st_header = v[5];
+    self->st_live = word;
+    self->store_on = 1;
     Py_RETURN_NONE;
 }
 
@@ -808,14 +870,19 @@ Lane_clear(LaneObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* take() -> (n, body bytes, buckets, cursor, used, touched, gone) and
- * resets the counts; buckets: the bodies per size bucket, or None when all
+/* take() -> (n, body bytes, buckets, cursor, used, touched, gone, records,
+ * record count, first stored) and resets the counts; buckets: the bodies per size bucket, or None when all
  * were in the first (at most 100 bytes); touched: [(qid, messages, watcher, exchange)] of the
  * routes the run appended through (one per exchange and routing key: the exchange's message
  * counts are one addition per route and run), the watcher the Q_WATCH value its first append took
  * (0: none; shm/wake.py Waker.wake); gone: (qid, seq, block) of an entry
  * whose queue was deleted under the append (the caller takes it back, then
- * drops the block's HOLD), or None. */
+ * drops the block's HOLD), or None, and whether its message was stored
+ * (its PUBLISH record says UNAPPENDED; the caller counts its entry down if
+ * it took it back, as Queue.publish_durable does); records: the run's
+ * PUBLISH records, framed (store/records.py), for the message file the
+ * store window named, or None; first stored: the 1-based place in the run
+ * of its first message with a record (its confirm waits for their sync). */
 static PyObject *
 Lane_take(LaneObject *self, PyObject *unused)
 {
@@ -855,21 +922,37 @@ Lane_take(LaneObject *self, PyObject *unused)
     Py_INCREF(gone);
     if (self->gone_seq >= 0) {
         Py_DECREF(gone);
-        gone = Py_BuildValue("(KLn)", (unsigned long long)self->gone_qid, self->gone_seq,
-                             self->gone_block);
+        gone = Py_BuildValue("(KLnO)", (unsigned long long)self->gone_qid, self->gone_seq,
+                             self->gone_block, self->gone_stored ? Py_True : Py_False);
         if (gone == NULL) {
             Py_DECREF(buckets);
             Py_DECREF(touched);
             return NULL;
         }
     }
-    PyObject *result = Py_BuildValue("(LKNnKNN)", self->n, self->body_bytes, buckets,
-                                     self->cursor, (unsigned long long)self->used, touched, gone);
+    PyObject *records = Py_None;
+    Py_INCREF(records);
+    if (self->st_count) {
+        Py_DECREF(records);
+        records = PyBytes_FromStringAndSize((const char *)self->records, self->records_len);
+        if (records == NULL) {
+            Py_DECREF(buckets);
+            Py_DECREF(touched);
+            Py_DECREF(gone);
+            return NULL;
+        }
+    }
+    PyObject *result = Py_BuildValue("(LKNnKNNNLL)", self->n, self->body_bytes, buckets,
+                                     self->cursor, (unsigned long long)self->used, touched, gone,
+                                     records, self->st_count, self->st_first);
     lane_untouch(self);
     self->n = 0;
     self->body_bytes = 0;
     self->ntouched = self->allocated = 0;
     self->gone_seq = -1;
+    self->gone_stored = 0;
+    self->records_len = 0;
+    self->st_count = self->st_first = 0;
     return result;
 }
 
@@ -928,9 +1011,85 @@ contains(const unsigned char *p, Py_ssize_t n, const char *needle, Py_ssize_t k)
     return 0;
 }
 
+/* ---- a PUBLISH record of one entry, as the message store writes it
+ * (store/messages.py encode_publish_one, framed as store/records.py encode:
+ * "<II" length and CRC-32 of the length's 4 bytes and the payload, then the
+ * payload "<cHQBIQ" b"P", 1 entry, uid, level 0, epoch, seq, then the
+ * message record as its block holds it, tag excluded).
+ * tests/unit/test_wire_fast.py checks it against store/ byte for byte. */
+#define STORE_RECORD_OVERHEAD 8
+#define PUBLISH_ONE_HEAD 24
+#define UNAPPENDED_SEQ UINT64_MAX
+
+static uint32_t crc_table[256];
+
+static void
+crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320U ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+/* zlib.crc32(p, crc): the CRC-32 of what `crc` covered followed by p. */
+static uint32_t
+crc32_more(uint32_t crc, const unsigned char *p, Py_ssize_t n)
+{
+    crc = ~crc;
+    while (n-- > 0)
+        crc = crc_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* Room for `more` bytes of records: 0, or -1 (no memory; nothing changed). */
+static int
+records_room(LaneObject *lane, Py_ssize_t more)
+{
+    if (lane->records_len + more <= lane->records_cap)
+        return 0;
+    Py_ssize_t cap = lane->records_cap ? lane->records_cap : 1 << 16;
+    while (cap < lane->records_len + more)
+        cap *= 2;
+    unsigned char *grown = PyMem_Realloc(lane->records, cap);
+    if (grown == NULL)
+        return -1;
+    lane->records = grown;
+    lane->records_cap = cap;
+    return 0;
+}
+
+/* Append the framed PUBLISH record of the message record at `record`
+ * (`size` bytes, tag excluded) for queue `uid`'s entry `seq` (room made). */
+static void
+records_put(LaneObject *lane, const unsigned char *record, Py_ssize_t size, uint64_t uid,
+            uint64_t seq)
+{
+    unsigned char *o = lane->records + lane->records_len;
+    Py_ssize_t length = PUBLISH_ONE_HEAD + size;
+    record_put_le(o, (uint64_t)length, 4);
+    unsigned char *p = o + STORE_RECORD_OVERHEAD;
+    p[0] = 'P';
+    record_put_le(p + 1, 1, 2);
+    record_put_le(p + 3, uid, 8);
+    p[11] = 0; /* level: a lane's queue has no priorities */
+    record_put_le(p + 12, lane->st_epoch, 4);
+    record_put_le(p + 16, seq, 8);
+    memcpy(p + PUBLISH_ONE_HEAD, record, size);
+    uint32_t crc = crc32_more(crc32_more(0, o, 4), p, length);
+    record_put_le(o + 4, crc, 4);
+    lane->records_len += STORE_RECORD_OVERHEAD + length;
+}
+
 /* Take one whole publish (scan() recognised it: its properties are well
  * formed, its body is one frame of the header's size) into its route's
- * queue: 1 when taken (counted), 0 when Python must. */
+ * queue: 1 when taken (counted), 0 when Python must. A persistent message
+ * for a queue whose messages the store keeps is tagged with its PUBLISH
+ * record's place before its append and its record framed after it, in the
+ * order of Queue.publish_durable (workers/ingest.py): the message file's
+ * live count first, then the entry. */
 static int
 lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const unsigned char *rk,
           Py_ssize_t rk_len, int bits, const unsigned char *h, Py_ssize_t hsize,
@@ -947,14 +1106,25 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
     if ((f & HEADERS_BIT) && (contains(h, hsize, "\x02" "CC", 3) ||
                               contains(h, hsize, "\x03" "BCC", 4)))
         return 0;
-    if ((f & DELIVERY_MODE_BIT) && route->persistent_leaves && delivery_mode(h, hsize) == 2)
+    int stored = (f & DELIVERY_MODE_BIT) && route->store_uid && delivery_mode(h, hsize) == 2;
+    if (stored && !lane->store_on)
         return 0;
     if ((uint64_t)bsize > lane->max_body || lane->used > lane->page_out_high)
         return 0;
     if (!route->touched && lane->ntouched == LANE_TOUCHED)
         return 0; /* the run's list of queues is full: the rest next read */
     Py_ssize_t payload = MSG_PREFIX_SIZE + ex_len + rk_len + hsize + bsize;
-    Py_ssize_t need = (BLOCK_HEADER + payload + BLOCK_ALIGN - 1) & ~(Py_ssize_t)(BLOCK_ALIGN - 1);
+    Py_ssize_t record_bytes = 0;
+    if (stored) {
+        record_bytes = STORE_RECORD_OVERHEAD + PUBLISH_ONE_HEAD + payload;
+        if (lane->st_reserved + (uint64_t)record_bytes > lane->st_limit &&
+            lane->st_reserved > lane->st_header)
+            return 0; /* the message file is full: Python's path opens the next */
+        if (records_room(lane, record_bytes) < 0)
+            return 0;
+    }
+    Py_ssize_t need = (BLOCK_HEADER + payload + (stored ? MSG_TAG_SIZE : 0) + BLOCK_ALIGN - 1) &
+                      ~(Py_ssize_t)(BLOCK_ALIGN - 1);
     Py_ssize_t block;
     uint64_t used;
     if (!queues_api->alloc(lane->atomic, lane->arena_base, lane->arena_end, &lane->cursor, need,
@@ -968,15 +1138,34 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
     lane->allocated = 1;
     Py_ssize_t len;
     unsigned char *o = (unsigned char *)queues_api->base(lane->atomic, &len) + block + BLOCK_HEADER;
+    unsigned char *record = o;
     o = record_write_head(o, ex, ex_len, rk, rk_len, h, hsize, bsize, 0, -1, 0);
     memcpy(o, body, bsize);
+    if (stored) {
+        record_write_tag(record, payload, (uint32_t)lane->st_slot, (uint32_t)lane->st_check,
+                         lane->st_reserved);
+        __atomic_fetch_add(lane->st_live, 1, __ATOMIC_SEQ_CST);
+    }
     long long got = queues_api->publish(lane->atomic, route->q, route->ring, route->mask,
                                        (uint64_t)block, lane->intent, route->qid);
     if (got == SHOAL_PUBLISH_RULES || got == -1) {
         /* A length limit or a capacity, or no room, or gone: Python's path
          * (the block, never appended, goes with its HOLD). */
+        if (stored)
+            __atomic_fetch_sub(lane->st_live, 1, __ATOMIC_SEQ_CST);
         queues_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
         return 0;
+    }
+    if (stored) {
+        /* Deleted under the append: the record says so (its entry goes with
+         * take()'s gone), as Queue.publish_durable's. */
+        uint64_t seq = got < -1 ? UNAPPENDED_SEQ : (uint64_t)got >> SHOAL_WATCHER_BITS;
+        records_put(lane, record, payload, route->store_uid, seq);
+        lane->st_reserved += (uint64_t)record_bytes;
+        lane->st_count++;
+        if (!lane->st_first)
+            lane->st_first = lane->n + 1;
+        lane->gone_stored = got < -1;
     }
     if (!route->touched) {
         LaneTouch *t = &lane->touched[lane->ntouched++];
@@ -1019,6 +1208,8 @@ static PyMethodDef Lane_methods[] = {
      "Teach it a route: (exchange, routing key) into one queue."},
     {"arm", (PyCFunction)(void (*)(void))Lane_arm, METH_FASTCALL,
      "Let the next scan take publishes; the arena's cursor and fill."},
+    {"store_window", (PyCFunction)(void (*)(void))Lane_store_window, METH_FASTCALL,
+     "Let the next scan take persistent messages with their PUBLISH records."},
     {"clear", (PyCFunction)Lane_clear, METH_NOARGS, "Take nothing until configured again."},
     {"take", (PyCFunction)Lane_take, METH_NOARGS, "What the lane did since the last take."},
     {NULL, NULL, 0, NULL},
@@ -1665,6 +1856,7 @@ PyInit__wire(void)
     }
     if (PyType_Ready(&LaneType) < 0)
         return NULL;
+    crc_init();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -46,10 +46,21 @@ class Lane:
         ring: int,
         mask: int,
         qid: int,
-        persistent_leaves: bool,
+        store_uid: int,
         /,
     ) -> bool: ...
-    def arm(self, cursor: int, used: int, high: int, spill_high: int, /) -> None: ...
+    def arm(self, cursor: int, used: int, high: int, page_out_high: int, /) -> None: ...
+    def store_window(
+        self,
+        slot: int,
+        check: int,
+        epoch: int,
+        reserved: int,
+        limit: int,
+        header_size: int,
+        live_word: int,
+        /,
+    ) -> None: ...
     def clear(self) -> None: ...
     def take(
         self,
@@ -60,7 +71,10 @@ class Lane:
         int,
         int,
         list[tuple[int, int, int, bytes]],
-        tuple[int, int, int] | None,
+        tuple[int, int, int, bool] | None,
+        bytes | None,
+        int,
+        int,
     ]: ...
 
 def properties_ok(header: Buffer, /) -> bool: ...

@@ -75,6 +75,13 @@ class LanePublisher(Confirms, Protocol):
     publish_count: int
     publish_seq: int
     confirm_high: int
+    # (publish seq, record index, nack) of confirms that wait for a sync
+    # (workers/publish.py confirmable): a run's stored messages add one.
+    unsynced: deque[tuple[int, int, bool]]
+
+    def synced(self) -> bool:
+        """The message store synced records (workers/persist.py Confirming)."""
+        ...
 
     @property
     def channel(self) -> ChannelCore: ...

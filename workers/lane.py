@@ -15,11 +15,19 @@ allocation (cursor, fill, the memory guard's high mark).
 
 The lane takes only what the Python path would have put straight into that
 queue: the same channel, exchange and routing key; no immediate, expiration,
-reply-to, CC or BCC; not persistent to a durable queue while the message
-store is on; a body within the size limit; a queue with no length limit or
-capacity, with room, not paging. Anything else stays an item for Python,
-and the lane is off for the rest of the read so that the channel's frames
-keep their order (scan: `lane_stops`).
+reply-to, CC or BCC; a body within the size limit; a queue with no length
+limit or capacity, with room, not paging. Anything else stays an item for
+Python, and the lane is off for the rest of the read so that the channel's
+frames keep their order (scan: `lane_stops`).
+
+A persistent message for a durable queue goes in with its PUBLISH record
+while the read has a store window (`arm`: the message store's open message
+file, Persister.store_window): `scan` tags it, counts its entry in the
+message file, appends it and frames its record, in Queue.publish_durable's
+order (workers/ingest.py); `account` hands the run's records to the store
+as one write (Persister.add_run), and a confirming channel's confirms wait
+for its sync. Without a window (no message file yet, or it is full) such a
+message is Python's.
 
 What `arm` checks before each read, because it decides whether the cached
 route still holds: the connection open and not blocked, the channel the same
@@ -90,6 +98,9 @@ class PublishLane:
         "max_body",
         "publisher",
         "routes_version",
+        "stores",
+        "window",
+        "window_at",
     )
 
     def __init__(self, conn: LaneConnection) -> None:
@@ -99,6 +110,11 @@ class PublishLane:
         self.publisher: LanePublisher | None = None
         # The places it knows: (exchange, routing key) -> qid.
         self.known: dict[tuple[bytes, bytes], int] = {}
+        # Whether a known place's persistent messages go to the message
+        # store, and the store window of the last read that had one.
+        self.stores = False
+        self.window = (0, 0, 0, 0, 0, 0)  # Persister.window
+        self.window_at = 0  # its `reserved` then
         self.catalog_gen = -1
         self.routes_version = -1
         self.max_body = 0
@@ -138,9 +154,11 @@ class PublishLane:
         ):
             self._configure(publisher)
         queue, ring, mask, _owner = shared.acquire_args(qid)
-        persistent_leaves = bool(ctx.persist is not None and shared.table.uid(qid))
-        if self.lane.add(exchange, routing_key, queue, ring, mask, qid, persistent_leaves):
+        # Its persistent messages go to the message store, if it keeps them.
+        store_uid = shared.table.uid(qid) if ctx.persist is not None else 0
+        if self.lane.add(exchange, routing_key, queue, ring, mask, qid, store_uid):
             self.known[place] = qid
+            self.stores = self.stores or bool(store_uid)
 
     def _configure(self, publisher: LanePublisher) -> None:
         """The lane for `publisher`'s channel, knowing no route yet."""
@@ -159,6 +177,7 @@ class PublishLane:
         )
         self.publisher = publisher
         self.known.clear()
+        self.stores = False
         self.catalog_gen = ctx.shared.catalog.catalog_generation()
         self.routes_version = ctx.routes.version
         self.max_body = ctx.config.max_message_size
@@ -166,6 +185,7 @@ class PublishLane:
     def clear(self) -> None:
         self.lane.clear()
         self.known.clear()
+        self.stores = False
         self.publisher = None
 
     def arm(self) -> Lane | None:
@@ -209,6 +229,14 @@ class PublishLane:
             arena.high,
             _NO_PAGE_OUT if pager is None else pager.arena_high,
         )
+        if self.stores:  # a route whose persistent messages the store keeps
+            persist = ctx.persist
+            assert persist is not None
+            window = persist.window
+            if window is not None:  # (slot, check, epoch, limit, header size, live word)
+                self.window_at = reserved = persist.reserved
+                slot, check, epoch, limit, header, live = self.window = window
+                lane.store_window(slot, check, epoch, reserved, limit, header, live)
         return lane
 
     def account(self) -> list[tuple[int, int, int, bytes]]:
@@ -216,7 +244,9 @@ class PublishLane:
         `_account` and `Arena.alloc` would have counted it one by one, and
         the wake-ups its appends took. Returns [(qid, messages, watcher,
         exchange)] of the routes it appended through."""
-        n, body_bytes, buckets, cursor, used, touched, gone = self.lane.take()
+        n, body_bytes, buckets, cursor, used, touched, gone, records, stored, first_stored = (
+            self.lane.take()
+        )
         ctx = self.ctx
         arena = ctx.arena
         arena.cursor = cursor
@@ -226,9 +256,15 @@ class PublishLane:
         arena.dirty = True
         if used > arena.high and arena.on_high is not None:
             arena.on_high(used)
+        persist = ctx.persist
+        record = -1
+        if records is not None:  # the run's PUBLISH records, from window_at on
+            assert persist is not None
+            record = persist.add_run(records, stored, self.window_at)
         if gone is not None:  # its queue was deleted under the append
-            qid, seq, block = gone
-            ctx.shared.take_back(qid, seq, block)
+            qid, seq, block, gone_stored = gone
+            if ctx.shared.take_back(qid, seq, block) and gone_stored:
+                persist.uncount(self.window[0])  # type: ignore[union-attr]  # as publish_durable
             release_hold(ctx.seg, block)
         waker = ctx.waker
         publisher = self.publisher
@@ -254,6 +290,9 @@ class PublishLane:
                     stats[SIZE_BUCKETS + i] += count
         if publisher.confirm:
             stats[RECEIVED_CONFIRM] += n
+            if record >= 0:  # confirms from the first stored message on wait for the sync
+                publisher.unsynced.append((publisher.publish_seq + first_stored, record, False))
+                persist.wait(publisher)  # type: ignore[union-attr]  # records: a store
             publisher.publish_seq += n
             publisher.confirm_high = publisher.publish_seq
             self.conn.confirm_channels.add(publisher)

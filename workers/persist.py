@@ -31,6 +31,7 @@ from shoal.shm.queues import APPENDED, OVER_CAPACITY, REMOVED, SharedQueues
 from shoal.shm.segment import Segment
 from shoal.store import messages, records
 from shoal.store.messages import PENDING, UNAPPENDED, Entry, encode_amend, encode_publish
+from shoal.store.records import encode as encode_record
 from shoal.store.settles import SettleWriter
 from shoal.store.sync import GroupSync, durability_lost
 from shoal.workers.pending import Pending
@@ -49,21 +50,26 @@ class Confirming(Protocol):
 
 
 class _MessageFile:
-    __slots__ = ("check", "slot", "writer")
+    __slots__ = ("check", "live_word", "slot", "writer")
 
-    def __init__(self, writer: messages.MessageFileWriter, slot: int, check: int) -> None:
+    def __init__(
+        self, writer: messages.MessageFileWriter, slot: int, check: int, live_word: int
+    ) -> None:
         self.writer = writer
         self.slot = slot
         self.check = check
+        self.live_word = live_word  # its live-entry count's offset, for a publish lane
 
 
 class _Record:
-    __slots__ = ("index", "message_file", "payload")
+    __slots__ = ("count", "index", "message_file", "payload")
 
     def __init__(self, index: int, message_file: _MessageFile) -> None:
         self.index = index
         self.message_file = message_file
-        self.payload: bytes | None = None  # None until its appends are done
+        # Framed (store/records.py encode); None until its appends are done.
+        self.payload: bytes | None = None
+        self.count = 1  # the records in it: a publish lane's run has many
 
 
 class StoreEvents(Protocol):
@@ -102,12 +108,22 @@ class Persister:
                 self.table.seal(slot, check_of(name))
         self.message_file: _MessageFile | None = None  # where records are reserved
         self.reserved = 0  # end of the last reservation in it
+        # Where a publish lane's run may put PUBLISH records (workers/lane.py,
+        # Lane.store_window) but for `reserved`: the open message file's slot
+        # and check, the epoch, the size at which reserve() opens the next
+        # file, the header's size, the file's live-entry count's offset;
+        # None before the first file is opened. Attributes, not a call: the
+        # lane reads them before each read's scan.
+        self.window: tuple[int, int, int, int, int, int] | None = None
         self._synced_file: _MessageFile | None = None  # the file `sync` syncs
         self.sync: GroupSync | None = None
         self.records: deque[_Record] = deque()
         self.next_index = 0  # records [0, next_index) reserved
         self.written = 0  # records [0, written) written
         self.synced = 0  # records [0, synced) durable: their confirms may go
+        # (upto, records written) of each write not yet synced: the records
+        # counted as synced (a publish lane's run is one index, many records).
+        self._written_counts: deque[tuple[int, int]] = deque()
         self.waiting: set[Confirming] = set()
         self._synced_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._flush_scheduled = False
@@ -199,8 +215,17 @@ class Persister:
         except OSError as exc:
             self.table.free(slot)
             self._fatal(exc)
-        self.message_file = _MessageFile(writer, slot, check_of(name))
+        live_word = self.table.live_word(slot)
+        self.message_file = _MessageFile(writer, slot, check_of(name), live_word)
         self.reserved = writer.size
+        self.window = (
+            slot,
+            check_of(name),
+            self.epoch,
+            messages.MESSAGE_FILE_BYTES,
+            records.HEADER_SIZE,
+            live_word,
+        )
         return self.message_file
 
     def uncount(self, slot: int, entries: int = 1) -> None:
@@ -209,8 +234,24 @@ class Persister:
 
     def complete(self, index: int, payload: bytes) -> None:
         records = self.records
-        records[index - records[0].index].payload = payload
+        records[index - records[0].index].payload = encode_record(payload)
         self.schedule()
+
+    # ---------------------------------------------- a publish lane's runs
+    def add_run(self, framed: bytes, count: int, reserved: int) -> int:
+        """A publish lane's run: `count` PUBLISH records, framed, reserved in
+        the open message file from `reserved` (its store window's) with
+        their entries counted, their messages tagged and appended. One
+        record index for them all, returned: their confirms wait for its
+        sync."""
+        message_file = self.message_file
+        assert message_file is not None and self.reserved == reserved, "a window moved"
+        index, _offset = self._add_record(message_file, len(framed))
+        record = self.records[-1]
+        record.payload = framed
+        record.count = count
+        self.schedule()
+        return index
 
     def wait(self, channel: Confirming) -> None:
         self.waiting.add(channel)
@@ -244,11 +285,12 @@ class Persister:
             self._switch(message_file)
         size = message_file.writer.size
         try:
-            message_file.writer.append([r.payload for r in batch])  # type: ignore[misc]
+            message_file.writer.append_framed(b"".join([r.payload for r in batch]))  # type: ignore[misc]
         except OSError as exc:
             self._fatal(exc)
         self.counters[stats.STORE_WRITTEN_BYTES] += message_file.writer.size - size
         upto = self.written = batch[-1].index + 1
+        self._written_counts.append((upto, sum([r.count for r in batch])))
         loop = self.loop
 
         def done() -> None:  # on the sync thread
@@ -282,7 +324,10 @@ class Persister:
         if upto <= self.synced:
             return
         counters = self.counters
-        counters[stats.STORE_SYNCED_RECORDS] += upto - self.synced
+        written, synced_records = self._written_counts, 0
+        while written and written[0][0] <= upto:
+            synced_records += written.popleft()[1]
+        counters[stats.STORE_SYNCED_RECORDS] += synced_records
         syncs = self.sync.syncs if self.sync is not None else 0
         counters[stats.STORE_SYNCS] += syncs - self._syncs_counted
         self._syncs_counted = syncs
@@ -331,7 +376,7 @@ class Persister:
         ):
             # Drained: seal the open message file too (the next publish opens a
             # new one), so that disk use returns to its baseline.
-            self.message_file = None
+            self.message_file = self.window = None  # (a publish lane's run stores nothing)
             if self._synced_file is open_:
                 self._synced_file = None  # the next message file's first write seals nothing
             open_.writer.file.close()

@@ -156,15 +156,14 @@ class Publisher:
     def fast_publish(self, frame: tuple[Any, ...]) -> bool:
         """A whole message for an idle channel: a PUBLISH_WHOLE item of
         workers/_wire.c scan (the publish decoded, the properties checked,
-        the body in one frame).
-
-        Returns False, having changed nothing, whenever the general path is
-        needed (errors, unroutable, a full arena): the caller then feeds the
-        three frames one by one. A message that uses no feature beyond
-        routing (transient or for no durable queue, no TTL, no priority, no
-        stream, no paging, no transaction) goes straight into its queues;
-        the others take the Pending path (_complete).
-        """
+        the body in one frame). Returns False, having changed nothing,
+        whenever the general path is needed (errors, unroutable, a full
+        arena): the caller then feeds the three frames one by one. A message
+        that uses no feature beyond routing (transient or for no durable
+        queue, no TTL, no priority, no stream, no paging, no transaction)
+        goes straight into its queues, a persistent one for one durable
+        queue through Queue.publish_durable; the others take the Pending
+        path (_complete)."""
         channel = self.channel
         if self.state != IDLE or channel.busy or channel.closing:
             return False
@@ -245,17 +244,13 @@ class Publisher:
             if not outcome or self._outcome(outcome):  # every queue has it (its HOLD dropped)
                 rejected = bool(outcome & REJECTED_BIT)
                 self._account(exchange, True, False, body_size, rejected, -1, None)
+                # Nothing but routing: the next ones may go in C (workers/lane.py).
                 lane = conn.publish_lane
                 if (
                     lane is not None
-                    and not outcome
                     and len(qids) == 1
-                    and not deduplicating
-                    and not also
-                    and not header[12] & _REPLY_TO
+                    and not (outcome or deduplicating or also or header[12] & _REPLY_TO)
                 ):
-                    # Nothing but routing: the channel's next publishes to
-                    # the same place may go in without Python (workers/lane.py).
                     lane.offer(self, exchange, routing_key, qids[0])
                 return True
             rejected = bool(outcome & REJECTED_BIT)
@@ -268,14 +263,14 @@ class Publisher:
             and not (self.confirm and self.delivery.consumers)
         ):
             ingest, qid = self.ingest, qids[0]  # its Queue, asked straight: one call
-            try:
-                queue = ingest.queues[qid]
-            except KeyError:
-                queue = ingest.queue(qid)
+            queue = ingest.queues.get(qid) or ingest.queue(qid)
             size = ctx.arena.last_size  # (durable: the uid of qids[0], to_store's)
             got = queue.publish_durable(block, size, body_size, durable, exchange, routing_key)
             if isinstance(got, int):
                 self._account(exchange, True, False, body_size, False, got, None)
+                lane = conn.publish_lane  # the next ones may go in C, records and all
+                if lane is not None and not also and not header[12] & _REPLY_TO:
+                    lane.offer(self, exchange, routing_key, qid)
                 return True
         if not isinstance(got, Pending):  # (else put()'s reservation, its queue full)
             got = Pending(exchange, routing_key, False)

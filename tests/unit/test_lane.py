@@ -7,6 +7,7 @@ not take left to Python in its place."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +19,9 @@ from pamqp.header import ContentHeader
 
 from shoal.shm import layout as L
 from shoal.shm import stats
-from shoal.shm.arena import read_message
+from shoal.shm.arena import read_message, read_tag, record_bytes
 from shoal.shm.queues import SharedQueues
+from shoal.store import messages, records
 from shoal.workers import pacing
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
@@ -212,13 +214,12 @@ def test_the_lane_stops_at_a_queue_that_is_gone(big_ctx: WorkerContext) -> None:
     assert lane_taken(client) == 9
 
 
-def test_a_persistent_message_to_a_durable_queue_leaves_the_lane(
+def test_a_persistent_message_without_a_store_stays_in_the_lane(
     big_ctx: WorkerContext,
 ) -> None:
     """Without a message store (no data directory here) delivery mode 2 is
-    only a flag: the lane takes it. The lane's rule for a durable queue
-    with a store is checked in C (persistent_leaves): a transient message
-    stays in the lane, a persistent one goes to Python's record path."""
+    only a flag: the lane takes it (with one, the next test: it takes it
+    with its record)."""
     client, (qid,) = opened(big_ctx, b"q")
     counting(client)
     persistent = C.Basic.Properties(delivery_mode=2)
@@ -226,6 +227,80 @@ def test_a_persistent_message_to_a_durable_queue_leaves_the_lane(
     client.send(b"".join(publish(1, b"p%d" % i, props=persistent) for i in range(1, 20)))
     assert queue_bodies(big_ctx, qid) == [b"p%d" % i for i in range(20)]
     assert lane_taken(client) == 19
+
+
+@pytest.fixture
+def store_ctx(tmp_path: Path) -> Iterator[WorkerContext]:
+    """big_ctx with a message store (workers/persist.py) in tmp_path."""
+    for ctx in worker_context(
+        tmp_path,
+        L.Limits(max_workers=1, max_queues=64, queue_capacity=1 << 13, arena_bytes=4 << 20),
+    ):
+        dirs = [str(tmp_path / sub) for sub in ("msgs", "paging", "streams")]
+        for sub in dirs:
+            os.makedirs(sub)
+        ctx.open_store(*dirs)
+        yield ctx
+
+
+def test_a_persistent_run_goes_in_with_the_records_python_would_write(
+    store_ctx: WorkerContext,
+) -> None:
+    """Persistent messages to a durable queue, with a message store: after
+    the first (Python's record path, which teaches the lane), the lane takes
+    the run with their PUBLISH records. Each message is tagged with its
+    record's place, each record is byte for byte what Queue.publish_durable
+    writes, the message file counts every entry, and the confirms wait for
+    the records' sync."""
+    ctx = store_ctx
+    shared = SharedQueues(ctx.seg)
+    shared.create(0, b"q", L.QF_DURABLE, 0, uid=7)
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.method(1, C.Confirm.Select())
+    client.received()
+    counting(client)
+    persistent = C.Basic.Properties(delivery_mode=2, headers={"h": 1})
+    bodies = [b"p%04d" % i for i in range(1500)]
+    persist = ctx.persist
+    assert persist is not None
+    for n in range(3):
+        client.send(
+            b"".join(publish(1, b, props=persistent) for b in bodies[500 * n : 500 * (n + 1)])
+        )
+        assert not [
+            f
+            for _c, f in client.received()
+            if isinstance(f, C.Basic.Ack) and f.delivery_tag > 500 * n
+        ]
+        ctx.loop.run_until_complete(persist.durable(persist.next_index))
+        acks = [(f.delivery_tag, f.multiple) for _c, f in client.received()]
+        assert acks == [(500 * (n + 1), True)], "confirmed once synced, not before"
+    assert lane_taken(client) == 1000
+    assert queue_bodies(ctx, 0) == bodies
+    # The message file: one PUBLISH record per message, in order, each the
+    # Python writer's bytes, at the offset its message's tag names.
+    message_file = persist.message_file
+    assert message_file is not None
+    _file, payloads, skipped = records.open_records(
+        message_file.writer.file.path, messages.MESSAGE_FILE_MAGIC, messages.VERSION
+    )
+    _file.close()
+    assert skipped is None and len(payloads) == 1500
+    offset = records.HEADER_SIZE
+    log = ctx.seg.layout.log(0)
+    for seq, payload in enumerate(payloads):
+        block = ctx.seg.atomic.load(log + (seq & shared.mask) * L.CELL_SIZE + 8)
+        assert read_tag(ctx.seg, block) == (message_file.slot, message_file.check, offset)
+        size = len(payload) - 24  # the record's head: b"P", 1, uid, level, epoch, seq
+        want = messages.encode_publish_one(
+            7, 0, persist.epoch, seq, record_bytes(ctx.seg, block, size)
+        )
+        assert payload == want
+        offset += records.RECORD_OVERHEAD + len(payload)
+    assert persist.table.live(message_file.slot) == 1500
+    assert ctx.stats.v[stats.STORE_SYNCED_RECORDS] == 1500
 
 
 def consume(ctx: WorkerContext, client: Client, qid: int, no_ack: bool) -> Consumer:
