@@ -50,15 +50,12 @@ class Confirming(Protocol):
 
 
 class _MessageFile:
-    __slots__ = ("check", "live_word", "slot", "writer")
+    __slots__ = ("check", "slot", "writer")
 
-    def __init__(
-        self, writer: messages.MessageFileWriter, slot: int, check: int, live_word: int
-    ) -> None:
+    def __init__(self, writer: messages.MessageFileWriter, slot: int, check: int) -> None:
         self.writer = writer
         self.slot = slot
         self.check = check
-        self.live_word = live_word  # its live-entry count's offset, for a publish lane
 
 
 class _Record:
@@ -215,8 +212,7 @@ class Persister:
         except OSError as exc:
             self.table.free(slot)
             self._fatal(exc)
-        live_word = self.table.live_word(slot)
-        self.message_file = _MessageFile(writer, slot, check_of(name), live_word)
+        self.message_file = _MessageFile(writer, slot, check_of(name))
         self.reserved = writer.size
         self.window = (
             slot,
@@ -224,7 +220,7 @@ class Persister:
             self.epoch,
             messages.MESSAGE_FILE_BYTES,
             records.HEADER_SIZE,
-            live_word,
+            self.table.live_word(slot),
         )
         return self.message_file
 
