@@ -221,6 +221,13 @@ Q_DELIVERY_LIMIT = 664
 # A notified consumer's turn is shared with them (workers/consumer.py,
 # turn_quota).
 Q_TAKERS = 672
+# Written by the scheduler beside Q_TAKERS: while more than this many entries
+# are ready, a consumer whose credit came back may pull at once, without
+# waiting for its turn (workers/pull.py update_interest); 0: never. Non-zero
+# only where its turn would come anyway: acquiring consumers of one priority,
+# no single active consumer, not a stream nor a priority queue, and a backlog
+# the scheduler would spread over all of them (notify.py SPREAD).
+Q_EAGER_ABOVE = 680
 
 QS_FREE = 0
 QS_ACTIVE = 1
@@ -282,7 +289,7 @@ SG_LIVE = 16  # durable queue entries still pointing at it; anyone decrements
 SEALED_BIT = 1 << 32
 
 
-assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_TAKERS + 8 <= QUEUE_SIZE
+assert Q_NAME + Q_NAME_MAX < Q_READY_BYTES and Q_EAGER_ABOVE + 8 <= QUEUE_SIZE
 assert Q_READY_BYTES // 64 == Q_BYTES // 64 != Q_OVERFLOW // 64  # cache lines, see above
 
 # The C transitions (acquire, ack, advance_head) hard-code these offsets.

@@ -108,6 +108,12 @@ class QueueTable:
         """Consumers of queue `qid` that take turns (layout.Q_TAKERS)."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_TAKERS)
 
+    def eager_above(self, qid: int) -> int:
+        """Entries ready above which a consumer of queue `qid` whose credit
+        came back pulls without waiting for its turn (0: never;
+        layout.Q_EAGER_ABOVE)."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_EAGER_ABOVE)
+
     def count_blocked_publisher(self, qid: int, delta: int, state: int | None) -> int:
         """A connection blocks on (delta 1) or is released from (-1) queue
         `qid`'s capacity: keep the queue's count for the metrics, unless the
@@ -132,10 +138,12 @@ class QueueTable:
         """Acquired, unsettled entries in log `qid` alone."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_UNACKED)
 
-    def set_consumer_count(self, qid: int, count: int, takers: int) -> None:
-        """Scheduler: publish queue `qid`'s consumer count (consumer_count)
-        and how many of them take turns (takers)."""
+    def set_consumer_count(self, qid: int, count: int, takers: int, eager_above: int = 0) -> None:
+        """Scheduler: publish queue `qid`'s consumer count (consumer_count),
+        how many of them take turns (takers) and the backlog above which one
+        may pull without its turn (eager_above, layout.Q_EAGER_ABOVE)."""
         q = self.queues + qid * _QUEUE_SIZE
+        self.a.store(q + layout.Q_EAGER_ABOVE, eager_above)
         self.a.store(q + layout.Q_TAKERS, takers)
         self.a.store(q + layout.Q_CONSUMERS, count)
 

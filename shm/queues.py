@@ -186,6 +186,7 @@ class SharedQueues:
             layout.Q_WATCH,
             layout.Q_CONSUMERS,
             layout.Q_TAKERS,
+            layout.Q_EAGER_ABOVE,
             layout.Q_PUBLISHED,
             layout.Q_DELIVERED,
             layout.Q_ACKED,

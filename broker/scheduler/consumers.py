@@ -80,6 +80,16 @@ class QueueConsumerManager:
         acquiring = sum(1 for node in self._nodes.values() if node.acquiring)
         return min(acquiring, 1) if self.single_active else acquiring
 
+    def turns_interchangeable(self) -> bool:
+        """Whether any acquiring consumer may take any turn: all of them
+        have one priority and none is the single active one. Then, with a
+        backlog for all of them, a consumer may pull before its turn comes
+        (notify.py _publish_consumers)."""
+        if self.single_active:
+            return False
+        priorities = {node.priority for node in self._nodes.values() if node.acquiring}
+        return len(priorities) <= 1
+
     def is_browser(self, key: ConsumerKey) -> bool:
         node = self._nodes.get(key)
         return node is not None and not node.acquiring

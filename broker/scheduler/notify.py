@@ -94,9 +94,22 @@ class Notification:
             q.expiry_timer.cancel()
             q.expiry_timer = None
         self.consumers[key] = (q.qid, exclusive)
-        self.shared.table.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
+        self._publish_consumers(q)
         if interested:
             self._interested(q, key)
+
+    def _publish_consumers(self, q: QueueState) -> None:
+        """Write the queue's consumer counts for the workers, and the backlog
+        above which one of its consumers whose credit came back pulls at
+        once rather than after an INTEREST, NOTIFY round trip through here:
+        where _spread would notify every taker anyway (SPREAD each), and
+        any of them may have any turn."""
+        qcm = q.qcm
+        takers = qcm.takers()
+        eager = takers > 1 and not q.stream and not q.max_priority and qcm.turns_interchangeable()
+        self.shared.table.set_consumer_count(
+            q.qid, len(qcm), takers, SPREAD * takers if eager else 0
+        )
 
     def _interested(self, q: QueueState, key: ConsumerKey) -> None:
         """A consumer became ready: a browser scans at once (it competes
@@ -121,7 +134,7 @@ class Notification:
         q.dry.pop(key, None)
         if q.direct == key:
             q.direct = None  # its worker gave the watch up with its CANCEL
-        self.shared.table.set_consumer_count(q.qid, len(q.qcm), q.qcm.takers())
+        self._publish_consumers(q)
         if q.auto_delete and q.had_consumers and not len(q.qcm):
             self._remove_queue(q)
             return

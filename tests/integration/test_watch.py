@@ -1,11 +1,15 @@
 """A queue's only consumer watches its queue itself (shm/ARCHITECTURE.md 7b):
 once it has run dry, the scheduler hands its worker the queue's watch, and
 each message that arrives alone wakes that worker directly, with no round
-trip through the scheduler; another consumer takes the watch back. Real
-pika clients, publisher and consumer on both IO workers; every wait bounded."""
+trip through the scheduler; another consumer takes the watch back. And one
+of several consumers whose credit comes back while a deep backlog waits
+pulls at once, without a round trip through the scheduler either. Real pika
+clients, publisher and consumer on both IO workers; every wait bounded."""
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 from tests.broker_process import Broker, wait_for
@@ -107,3 +111,47 @@ def test_a_watching_consumer_out_of_credit_gets_its_messages_after_its_acks(
     assert consumers_of(broker, "credit")["slow"]["queue"]["messages_ready"] == 0
     consumer.close()
     publisher.close()
+
+
+def test_a_consumer_of_a_deep_queue_refills_its_credit_without_the_scheduler(
+    broker: Broker,
+) -> None:
+    """Two consumers of one queue on both IO workers, prefetch 50, a
+    backlog of 1,000: each holds 50 unacked. With the scheduler stopped,
+    each one's ack still brings its next 50: the backlog is more than the
+    scheduler would spread over both (Q_EAGER_ABOVE), so a consumer whose
+    credit comes back pulls at once rather than after its INTEREST and the
+    scheduler's NOTIFY."""
+    first, second = connections_on_both_workers(broker)
+    setup = first.channel()
+    setup.queue_declare("eager")
+    setup.confirm_delivery()
+    for i in range(1000):
+        setup.basic_publish("", "eager", b"%d" % i)
+    got: dict[str, list[int]] = {"a": [], "b": []}
+    channels = {}
+    for tag, conn in (("a", first), ("b", second)):
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=50)
+        ch.basic_consume(
+            "eager", lambda c, m, p, b, tag=tag: got[tag].append(m.delivery_tag), consumer_tag=tag
+        )
+        channels[tag] = ch
+    conns = [first, second]
+    pump(conns, lambda: len(got["a"]) == len(got["b"]) == 50, 10, "50 each")
+    scheduler = broker.pids("scheduler")[0]
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        for _round in range(3):
+            for tag in ("a", "b"):
+                held = len(got[tag])
+                channels[tag].basic_ack(got[tag][-1], multiple=True)
+                pump(conns, lambda tag=tag, held=held: len(got[tag]) == held + 50, 10, tag)
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    assert len(got["a"]) == len(got["b"]) == 200
+    for ch in channels.values():
+        ch.close()  # their 100 unacked go back
+    assert setup.queue_declare("eager", passive=True).method.message_count == 1000 - 300
+    first.close()
+    second.close()

@@ -127,3 +127,23 @@ def test_takers_counts_the_consumers_that_take_turns() -> None:
     for cid in range(3):
         sac.add((0, cid))
     assert sac.takers() == 1, "the standbys take no turns"
+
+
+def test_turns_are_interchangeable_among_equals_only() -> None:
+    """Q_EAGER_ABOVE (a consumer may pull before its turn when the backlog
+    is deep) only where any acquiring consumer may have any turn: not across
+    consumer priorities, and never on a single-active-consumer queue."""
+    qcm = QueueConsumerManager()
+    assert qcm.turns_interchangeable()
+    qcm.add((0, 1))
+    qcm.add((1, 2))
+    qcm.add((0, 3), priority=5, acquiring=False)  # a browser's priority decides nothing
+    assert qcm.turns_interchangeable()
+    qcm.add((1, 4), priority=5)
+    assert not qcm.turns_interchangeable(), "the higher priority is served first"
+    qcm.remove((1, 4))
+    assert qcm.turns_interchangeable()
+    sac = QueueConsumerManager(single_active=True)
+    sac.add((0, 1))
+    sac.add((1, 2))
+    assert not sac.turns_interchangeable(), "only the active one may take"
