@@ -25,13 +25,25 @@ The rule (one check per read that published through the lane):
 
 Queues without consumers are never paced: a backlog for consumers that come
 later is what a queue is for.
+
+A held connection's bytes wait in the kernel: the broker's receive buffer
+and the client's send buffer, both autotuned to what the connection moved
+before it was held (3 MB and 4 MB each on loopback here, 300k small
+messages over four publishers, published in the client's count but in no
+queue). The first hold therefore fixes the connection's receive buffer at
+PACED_RCVBUF: the window stops growing, the client's send buffer with it
+(lavinmqperf 4 -> 4 with acks: consume / publish 0.955 -> 0.970). It stays
+fixed for the connection's life (Linux does not autotune a buffer once set):
+a publisher that outran its consumers keeps 256 KB in flight, about 20 MB/s
+at 10 ms of round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from shoal.shm.queues import SharedQueues
 
@@ -43,6 +55,7 @@ PACE_EVERY = 32  # messages a connection publishes between two looks
 # scheduler round trip on a loaded machine takes milliseconds.
 PACE_PATIENCE = 0.25  # s
 UNPACED_FOR = 2.0  # s a queue whose consumers stalled is not paced
+PACED_RCVBUF = 256 << 10  # bytes: a paced connection's receive buffer (the kernel doubles it)
 
 
 class ReadHolds(Protocol):
@@ -55,6 +68,7 @@ class PacedConnection(Protocol):
     read holds (workers/blocking.py)."""
 
     closed: bool
+    transport: Any
 
     @property
     def blocks(self) -> ReadHolds: ...
@@ -63,7 +77,17 @@ class PacedConnection(Protocol):
 class Pacer:
     """One connection's pacing: at most one queue holds it at a time."""
 
-    __slots__ = ("before", "conn", "due", "loop", "progress_at", "qid", "shared", "unpaced")
+    __slots__ = (
+        "before",
+        "conn",
+        "due",
+        "loop",
+        "narrowed",
+        "progress_at",
+        "qid",
+        "shared",
+        "unpaced",
+    )
 
     def __init__(
         self, conn: PacedConnection, shared: SharedQueues, loop: asyncio.AbstractEventLoop
@@ -78,6 +102,7 @@ class Pacer:
         # Queues whose consumers stopped draining: qid -> until when they are
         # not paced (or until their backlog falls below PACE_LOW).
         self.unpaced: dict[int, float] = {}
+        self.narrowed = False  # its receive buffer is fixed at PACED_RCVBUF
 
     def published(self, qid: int, count: int) -> None:
         """A read put `count` messages into `qid`: hold the next reads while
@@ -102,8 +127,22 @@ class Pacer:
         if not shared.table.takers(qid):
             return
         self.qid, self.before, self.progress_at = qid, shared.table.taken(qid), time.monotonic()
+        if not self.narrowed:
+            self._narrow_window()
         self.conn.blocks.hold_reading(self, reason=None)
         self.loop.call_later(PACE_INTERVAL, self._look)
+
+    def _narrow_window(self) -> None:
+        """Fix the receive buffer at PACED_RCVBUF (see the module's doc)."""
+        self.narrowed = True
+        transport = self.conn.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, PACED_RCVBUF)
+        except OSError:
+            pass  # the window stays autotuned: holds still bound the queue
 
     def _look(self) -> None:
         qid = self.qid

@@ -8,6 +8,7 @@ not take left to Python in its place."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -391,6 +392,30 @@ def test_a_publisher_is_paced_while_consumers_drain_its_backlog(
     assert not client.transport.paused and qid in pacer.unpaced
     client.send(b"".join(publish(1, b"m") for _ in range(10)))
     assert not client.transport.paused, "unpaced: its consumers do not drain it"
+
+
+def test_a_paced_connection_stops_growing_its_receive_window(
+    big_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first hold fixes the connection's receive buffer at PACED_RCVBUF,
+    so that the kernel stops autotuning it (and the client's send buffer
+    behind it) into megabytes of messages that no queue holds yet."""
+    monkeypatch.setattr(pacing, "PACE_HIGH", 400)
+    monkeypatch.setattr(pacing, "PACE_LOW", 200)
+    client, (qid,) = opened(big_ctx, b"q")
+    with socket.socket() as sock:
+        autotuned = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        monkeypatch.setattr(
+            client.transport, "get_extra_info", lambda name: sock if name == "socket" else None
+        )
+        big_ctx.shared.table.set_consumer_count(qid, 1, 1)
+        client.send(publish(1, b"first"))
+        client.send(b"".join(publish(1, b"m") for _ in range(300)))
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == autotuned, "not paced yet"
+        client.send(b"".join(publish(1, b"m") for _ in range(200)))
+        assert client.transport.paused
+        # Linux doubles what it is given, for its own bookkeeping.
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * pacing.PACED_RCVBUF
 
 
 def test_a_queue_without_consumers_is_never_paced(
