@@ -392,6 +392,7 @@ def test_bytes_shipped_unsynced_are_synced_on_the_follower_when_the_file_is(
     run(tmp_path, body)
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow): out of make test's 10 minutes
 def test_a_slow_comparison_of_a_big_copy_blocks_neither_the_leader_nor_the_follower(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

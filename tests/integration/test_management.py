@@ -277,6 +277,7 @@ def test_definitions_connections_and_health(managed: Broker) -> None:
     assert status == 200 and overview["rabbitmq_version"].startswith("3.")
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow): out of make test's 10 minutes
 def test_the_virtual_hosts_check_fails_while_the_broker_cannot_serve(managed: Broker) -> None:
     """RabbitMQ's virtual-hosts check answers whether every vhost's processes
     run; here the scheduler and the IO workers serve every vhost. A stopped

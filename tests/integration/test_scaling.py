@@ -164,6 +164,7 @@ def test_streams_and_expiry_move_to_their_new_owners(broker_factory: Any) -> Non
     assert drain(conn, "dead", 4) == [b"t0", b"t1", b"t2", b"t3"]
 
 
+@pytest.mark.slow  # its own CI step (.ci/run: slow): out of make test's 10 minutes
 def test_a_worker_back_in_a_retired_slot_keeps_its_predecessors_messages(
     broker_factory: Any,
 ) -> None:
