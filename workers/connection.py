@@ -279,6 +279,17 @@ class Connection(asyncio.Protocol):
         for publisher in self.confirm_channels:
             self.flush_confirms(publisher)
 
+    def method_from_bridge(self, number: int, payload: bytes) -> None:
+        """One method frame's payload from a protocol bridge in this worker
+        (an MQTT client's PUBACK as basic.ack): handled as a read of the
+        frame would be, without the read (its framing, its publish lane)."""
+        if self.state == CLOSED:
+            return
+        try:
+            self._frame(framing.FRAME_METHOD, number, memoryview(payload))
+        except errors.ConnectionError_ as exc:
+            self.fail(exc)
+
     def _dispatch(self, frames: list[Any]) -> None:
         channels = self.channels
         for frame in frames:

@@ -483,7 +483,8 @@ class MqttConnection(asyncio.Protocol):
             self.amqp.data_received(data)
 
     def ack(self, delivery_tag: int) -> None:
-        self.to_amqp(F.ack(1, delivery_tag))
+        if self.amqp is not None:
+            self.amqp.method_from_bridge(1, F.ack_method(delivery_tag))
 
     def method(self, method: Any, channel: int = 1) -> None:
         self.to_amqp(amqp_frame.marshal(method, channel))

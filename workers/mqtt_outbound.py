@@ -36,6 +36,7 @@ from shoal.workers.mqtt_subscriptions import Subscriptions
 
 NOTHING_TO_ACK = -1  # the delivery tag of a retained message's PUBLISH (no AMQP delivery)
 ID_NOT_FOUND = 0x92  # 5.0: packet identifier not found
+PLANS = 1024  # deliveries' plans kept (Outbound._plan)
 
 
 class Outbound:
@@ -49,6 +50,8 @@ class Outbound:
         self.aliases: dict[str, int] = {}
         self.max_packet: int | None = props.get("maximum_packet_size")
         self.line: deque[list[Any]] = deque()  # [ready, packet] in delivery order
+        # (queue, routing key, id(properties)) -> (properties, subscriptions' version, plan)
+        self.plans: dict[tuple[str, str, int], tuple[Any, int, Any]] = {}
 
     def resume(self) -> None:
         """A returning session's PUBRELs go again (MQTT-4.4.0-1)."""
@@ -62,24 +65,13 @@ class Outbound:
         queue = str(deliver.consumer_tag)
         routing_key = str(deliver.routing_key)
         queue_qos = self.subscriptions.consumed.get(queue, 0)
-        headers = props.headers or {}
-        topic = M.amqp_to_mqtt(routing_key)
-        subs = self.subscriptions.matching(queue, topic)
-        if not subs and topic[:1] == "$":  # "#" and "+/..." bind to it, but match no $-topic
-            self._settle(tag, queue_qos)  # (MQTT-4.7.2-1)
+        plan = self._plan(queue, routing_key, props)
+        if plan is None:  # a $-topic, or only no-local subscriptions matched
+            self._settle(tag, queue_qos)
             return
-        if self.subscriptions.no_local and headers.get(M.PUBLISHER_HEADER) == conn.client_id:
-            wanted = [sub for sub in subs if not sub.no_local]
-            if subs and not wanted:  # only no-local subscriptions matched
-                self._settle(tag, queue_qos)
-                return
-            subs = wanted
-        qos = min(queue_qos, M.published_qos(props))
-        out = M.mqtt_properties(props) if conn.level == P.MQTT_5 else {}
-        identifiers = [sub.identifier for sub in subs if sub.identifier]
-        if identifiers:
-            out["subscription_identifier"] = identifiers
-        retain = bool(headers.get(M.RETAIN_HEADER)) and any(s.retain_as_published for s in subs)
+        topic, qos, out, retain = plan
+        qos = min(queue_qos, qos)
+        headers = props.headers or {}
         if qos < 2:
             packet_id = None
             if qos:
@@ -126,6 +118,46 @@ class Outbound:
                 self._write(*self.line.popleft()[1])
 
         conn.session.save(written)
+
+    def _plan(
+        self, queue: str, routing_key: str, props: C.Basic.Properties
+    ) -> tuple[str, int, P.Properties, bool] | None:
+        """What a delivery from `queue` with this key and these properties
+        goes out as: (topic, the QoS it was published with, its 5.0
+        properties, retain), or None where no subscription takes it. The
+        same for every message alike, so kept (PLANS of them) until the
+        subscriptions change: a fan-out sends one message to many clients,
+        and a device's stream repeats its topic. Not kept for a message
+        with an expiry: what is left of it goes out."""
+        subscriptions = self.subscriptions
+        key = (queue, routing_key, id(props))
+        known = self.plans.get(key)
+        if known is not None and known[0] is props and known[1] == subscriptions.version:
+            return known[2]
+        conn = self.conn
+        headers = props.headers or {}
+        topic = M.amqp_to_mqtt(routing_key)
+        subs = subscriptions.matching(queue, topic)
+        plan: tuple[str, int, P.Properties, bool] | None = None
+        if subs or topic[:1] != "$":  # "#" and "+/..." bind to it, but match no $-topic
+            wanted = subs  # (MQTT-4.7.2-1)
+            if subscriptions.no_local and headers.get(M.PUBLISHER_HEADER) == conn.client_id:
+                wanted = [sub for sub in subs if not sub.no_local]
+            if not subs or wanted:  # else: only no-local subscriptions matched
+                out = M.mqtt_properties(props) if conn.level == P.MQTT_5 else {}
+                identifiers = [sub.identifier for sub in wanted if sub.identifier]
+                if identifiers:
+                    out["subscription_identifier"] = identifiers
+                retain = bool(headers.get(M.RETAIN_HEADER)) and any(
+                    sub.retain_as_published for sub in wanted
+                )
+                plan = (topic, M.published_qos(props), out, retain)
+        if M.EXPIRES_HEADER not in headers:
+            if len(self.plans) >= PLANS:
+                self.plans.clear()
+            # (props kept with it: its id is not reused while the plan lives)
+            self.plans[key] = (props, subscriptions.version, plan)
+        return plan
 
     def send_retained(self, message: ipc.RetainedMessage, qos: int, subs: list[Any]) -> None:
         """A retained message for a new subscription, RETAIN set (MQTT-3.3.1-6)."""

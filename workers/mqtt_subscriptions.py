@@ -42,6 +42,9 @@ class Subscriptions:
         self.conn = conn
         self.consumed: dict[str, int] = {}  # queue -> the QoS it is consumed with
         self.no_local = False  # any no-local subscription: this client's publishes say who
+        # Bumped by every change to the filters or the queues consumed: what
+        # was planned for deliveries before (workers/mqtt_outbound.py) is stale.
+        self.version = 0
 
     @property
     def filters(self) -> dict[str, Subscribed]:
@@ -66,6 +69,7 @@ class Subscriptions:
         """A returning session's queues consumed again (what came while it
         was away is delivered), and its shared groups joined again."""
         self.no_local = any(sub.no_local for sub in self.filters.values())
+        self.version += 1
         steps = list(self.filters.items())
 
         def next_step() -> None:
@@ -135,6 +139,7 @@ class Subscriptions:
 
             def done() -> None:
                 self.filters[one.topic_filter] = sub
+                self.version += 1
                 self.no_local = self.no_local or one.no_local
                 codes.append(one.qos)
                 # 5.0 retain handling: 0 always, 1 for a new subscription, 2 never;
@@ -166,6 +171,7 @@ class Subscriptions:
 
     def _rejoin(self, queue: str, qos: int, then: Callable[[], None]) -> None:
         self.consumed.pop(queue, None)
+        self.version += 1
         self._consume(queue, qos, then)
 
     def _bind(self, topic_filter: str, queue: str, then: Callable[[], None]) -> None:
@@ -185,6 +191,7 @@ class Subscriptions:
             then()
             return
         self.consumed[queue] = qos
+        self.version += 1
         if queue.startswith("mqtt-shared-"):  # every member declares it alike
             declare = C.Queue.Declare(queue=queue, auto_delete=True)
         elif conn.persistent:
@@ -221,6 +228,7 @@ class Subscriptions:
                 return
             topic_filter = filters.pop(0)
             sub = self.filters.pop(topic_filter, None)
+            self.version += 1
             if sub is None:
                 codes.append(0x11)  # no subscription existed
                 next_step()

@@ -75,8 +75,9 @@ def publish(
     return b"".join(parts)
 
 
-def ack(channel: int, delivery_tag: int) -> bytes:
-    return frame(METHOD, channel, _ACK_OUT.pack(60, 80, delivery_tag, 0))
+def ack_method(delivery_tag: int) -> bytes:
+    """basic.ack's method payload (not multiple)."""
+    return _ACK_OUT.pack(60, 80, delivery_tag, 0)
 
 
 def is_deliver(payload: bytes | memoryview) -> bool:

@@ -142,6 +142,28 @@ def test_amqp_and_mqtt_share_messages_both_ways(
         conn.close()
 
 
+def test_empty_small_and_multi_frame_messages_reach_a_subscriber_whole(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    """Deliveries cross the bridge as AMQP frames: a message with no body
+    frame, one in one frame, and one larger than a frame (131,072 B here) all
+    arrive whole and in order."""
+    broker, port = mqtt_broker
+    device = connected(clients, port, paho.MQTTv311, "sizes")
+    assert device.subscribe("sizes/#", 1) == [1]
+    bodies = [b"", b"one", bytes(range(256)) * 1200, b"", b"last"]  # (307,200 B)
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for body in bodies:
+            ch.basic_publish("amq.topic", "sizes.x", body, pika.BasicProperties(delivery_mode=2))
+    finally:
+        conn.close()
+    got = [device.next("message") for _ in bodies]
+    assert [(m.topic, m.payload) for m in got] == [("sizes/x", body) for body in bodies]
+
+
 def test_a_wrong_password_gets_connack_4_and_a_known_user_connects(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:

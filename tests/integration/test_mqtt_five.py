@@ -104,6 +104,33 @@ def test_subscription_identifiers_name_every_filter_that_matched(
     assert one.payload == b"one" and one.properties["subscription_identifier"] == [42]
 
 
+def test_a_new_or_dropped_filter_applies_to_the_next_message_alike(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """A delivery's topic, properties and identifiers are worked out once per
+    message alike (workers/mqtt_outbound.py plans): a SUBSCRIBE or an
+    UNSUBSCRIBE between two such messages changes what the second carries."""
+    _broker, port = mqtt_broker
+    sub = raw(raws, port, "plans")
+    sub.subscribe("plan/+/t", 1, packet_id=1, props={"subscription_identifier": [7]})
+    pub = raw(raws, port, "plans-pub")
+
+    def identifiers(packet_id: int) -> list[int]:
+        pub.publish("plan/a/t", b"same", qos=1, packet_id=packet_id)
+        _f, got = sub.received()
+        sub.ack(P.PUBACK, got.packet_id or 0)
+        assert got.payload == b"same"
+        return sorted(got.properties.get("subscription_identifier", []))
+
+    assert identifiers(1) == [7]
+    sub.subscribe("plan/#", 1, packet_id=2, props={"subscription_identifier": [42]})
+    assert identifiers(2) == [7, 42]
+    body = (3).to_bytes(2, "big") + P.encode_properties({}) + P.string("plan/+/t")
+    sub.sock.sendall(P.packet(P.UNSUBSCRIBE, 2, body))
+    sub.read(P.UNSUBACK)
+    assert identifiers(3) == [42]
+
+
 def test_no_local_keeps_a_clients_own_messages_from_it(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient]
 ) -> None:

@@ -50,7 +50,7 @@ def test_deliver_ack_and_confirms_read_and_written_as_pamqp() -> None:
     assert F.deliver(raw[7:-1]) == F.Delivered(
         "mqtt-subscription-déviceqos1", 2**40 + 3, True, "amq.topic", "a.b.c"
     )
-    assert F.ack(1, 77) == frame.marshal(C.Basic.Ack(77, False), 1)
+    assert F.ack_method(77) == frame.marshal(C.Basic.Ack(77, False), 1)[7:-1]
     for confirm, acked in ((C.Basic.Ack(9, True), True), (C.Basic.Nack(4, False), False)):
         payload = frame.marshal(confirm, 1)[7:-1]
         assert not F.is_deliver(payload)
