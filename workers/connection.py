@@ -264,7 +264,7 @@ class Connection(asyncio.Protocol):
         try:
             frames = self.reader.feed(data, lane)
         except framing.FrameError as exc:
-            self._frame_error(exc)
+            self.fail(connection_error(exc))
             return
         finally:
             if lane is not None:
@@ -275,7 +275,7 @@ class Connection(asyncio.Protocol):
         except errors.ConnectionError_ as exc:
             self.fail(exc)
         except framing.FrameError as exc:
-            self._frame_error(exc)
+            self.fail(connection_error(exc))
         for publisher in self.confirm_channels:
             self.flush_confirms(publisher)
 
@@ -326,11 +326,6 @@ class Connection(asyncio.Protocol):
             self._channel_zero(ftype, payload)
         else:
             self._on_channel_frame(ftype, number, payload)
-
-    def _frame_error(self, exc: framing.FrameError) -> None:
-        self.fail(
-            errors.ConnectionError_(exc.reply_code, exc.reply_text, exc.class_id, exc.method_id)
-        )
 
     def _on_channel_frame(self, ftype: int, number: int, payload: memoryview) -> None:
         channel = self.channels.get(number)
@@ -615,3 +610,8 @@ class Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+def connection_error(exc: framing.FrameError) -> errors.ConnectionError_:
+    """A framing fault as the connection error that closes the connection."""
+    return errors.ConnectionError_(exc.reply_code, exc.reply_text, exc.class_id, exc.method_id)
