@@ -13,7 +13,10 @@ An IO worker defers those writes to the end of its loop iteration
 woke, rather than one per message that finds its watcher's bitmap word
 empty. A worker killed in between leaves bits set with no write behind
 them; the watchers' sweeps (the scheduler's, Worker._sweep_watches) pull
-such queues and drain the bitmap.
+such queues and drain the bitmap. A reader in the middle of a long run of
+QoS 0 MQTT publishes asks for its next wake-up at once (`at_once`): the
+subscriber's worker then delivers while this one still reads, where waiting
+for the end of the run would serialise the two.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from shoal.shm.segment import Segment
 class Waker:
     __slots__ = (
         "a",
+        "at_once",
         "bitmap",
         "deferred",
         "efd",
@@ -57,6 +61,9 @@ class Waker:
         # write, and how the flush that writes them is scheduled.
         self.deferred: list[int] | None = None
         self.schedule: Callable[[Callable[[], None]], object] | None = None
+        # Set by a reader for the wake-up it is about to cause: that one is
+        # written at once, even with defer_to (then the flag clears).
+        self.at_once = False
 
     def defer_to(self, schedule: Callable[[Callable[[], None]], object]) -> None:
         """Write eventfds once per loop iteration: `schedule` (the loop's
@@ -98,6 +105,10 @@ class Waker:
         if old == 0:
             deferred = self.deferred
             if deferred is None:
+                os.eventfd_write(efd, 1)
+            elif self.at_once:
+                # One wake-up now, the rest at the iteration's end (at_once).
+                self.at_once = False
                 os.eventfd_write(efd, 1)
             elif efd not in deferred:
                 if not deferred and self.schedule is not None:

@@ -20,6 +20,7 @@ class MqttClient(Protocol):
     client_id: str
     session_expiry: int | None  # 5.0's session expiry interval; None for 3.1.1
     frame_max: int  # the inner connection's
+    long_read: bool  # the read being handled holds a run of packets
 
     @property
     def vhost(self) -> str: ...

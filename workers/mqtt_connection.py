@@ -64,6 +64,9 @@ PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its
 # "mqtt-subscription-" + id + "qos1" + "-<connection id>" within a queue name's 255 bytes
 MAX_CLIENT_ID = 216
 CONNECT_TIMEOUT_S = 10.0
+# A read this long holds a run of packets: its QoS 0 publishes wake their
+# subscribers' workers at once (Inbound.publish, shm/wake.py at_once).
+LONG_READ = 1024
 INBOUND_EXCHANGE = M.EXCHANGE.encode()
 
 # CONNACK codes: (3.1.1, 5.0)
@@ -104,7 +107,7 @@ class MqttConnection(asyncio.Protocol):
         self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
         self.session = Session.in_memory()
         self.subscriptions = Subscriptions(self)
-        self.inbound = Inbound(self, self.subscriptions)
+        self.inbound = Inbound(self, self.subscriptions, ctx.waker)
         self.outbound: Outbound | None = None
         self.delivery: list[Any] | None = None  # [Delivered, (size, properties), bytearray]
         self.properties_cache = F.PropertiesCache()  # deliveries' content headers
@@ -115,6 +118,7 @@ class MqttConnection(asyncio.Protocol):
         # 5.0's session expiry interval (s; 0xFFFFFFFF: never), None for 3.1.1.
         self.session_expiry: int | None = None
         self.last_recv = time.monotonic()
+        self.long_read = False  # the read being handled is LONG_READ or more
         self.timer: asyncio.TimerHandle | None = None
         self.login: tuple[str, bytes, str] = ("", b"", "/")  # user, password, vhost
         self.external = False  # log in with the TLS client certificate (SASL EXTERNAL)
@@ -127,6 +131,7 @@ class MqttConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_recv = time.monotonic()
+        self.long_read = len(data) >= LONG_READ
         batch = self.out is None
         if batch:  # what this read's packets answer goes out in one write
             self.out = []
@@ -145,6 +150,7 @@ class MqttConnection(asyncio.Protocol):
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
             self.disconnect(0x83)  # implementation specific error
         finally:
+            self.ctx.waker.at_once = False  # (a QoS 0 publish here may have left it set)
             if batch:
                 self._flush()
 

@@ -29,6 +29,7 @@ from shoal.broker.mqtt import amqp_frames as F
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import TopicAliases
+from shoal.shm.wake import Waker
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_subscriptions import Subscriptions
 
@@ -40,9 +41,10 @@ MAX_ROUTING_KEY = 255  # an AMQP shortstr: a longer topic cannot be routed (5.0:
 
 
 class Inbound:
-    def __init__(self, conn: MqttClient, subscriptions: Subscriptions) -> None:
+    def __init__(self, conn: MqttClient, subscriptions: Subscriptions, waker: Waker) -> None:
         self.conn = conn
         self.subscriptions = subscriptions
+        self.waker = waker  # (a long run of QoS 0 publishes wakes at once)
         self.confirm_seq = 0
         # Channel 1 is in confirm mode: every publish has a seq, and those
         # that wait for their confirm are here: (the ack to send: packet
@@ -84,6 +86,12 @@ class Inbound:
                 # a duplicate rather than a loss); until then a resend is
                 # recognised here.
                 self.qos2_publishing.add(packet_id)
+        elif self.conn.long_read:
+            # No PUBACK to wait for: what limits such a publisher is how soon
+            # its messages are delivered, so the subscriber's worker is woken
+            # now, not when this read is done. (QoS 1 and 2 publishers wait
+            # for the acks sent at the read's end: that worker keeps the CPU.)
+            self.waker.at_once = True
         retain = None
         if packet.retain:  # kept once the broker has taken the message
             kept = {k: v for k, v in packet.properties.items() if k in M.FORWARDED_PROPERTIES}

@@ -324,3 +324,24 @@ def test_deferred_wake_ups_write_each_eventfd_once_at_the_flush(
     assert waker.drain_worker(1, 64) == [1, 2]
     waker.wake(1, L.WATCH_WORKER + 1)  # the next iteration schedules its own flush
     assert scheduled == [waker.flush_deferred] * 2
+
+
+def test_a_wake_up_asked_for_at_once_is_written_at_once_and_only_that_one(
+    seg: Segment, efd: int, worker_efds: list[int]
+) -> None:
+    """at_once (a long run of QoS 0 publishes): the next wake-up's eventfd is
+    written now, so its watcher starts while the reader goes on; the flag
+    clears, and later wake-ups of the iteration wait for the flush again."""
+    scheduled: list[object] = []
+    waker = Waker(seg, efd, worker_efds)
+    waker.defer_to(scheduled.append)
+    waker.at_once = True
+    waker.wake(1, L.WATCH_WORKER + 1)
+    assert os.eventfd_read(worker_efds[1]) == 1  # written before any flush
+    assert scheduled == [] and not waker.at_once
+    assert waker.drain_worker(1, 64, eventfd=False) == [1]
+    waker.wake(2, L.WATCH_WORKER + 1)  # the word is empty again: owed, deferred
+    assert not readable(worker_efds[1])
+    assert scheduled == [waker.flush_deferred]
+    waker.flush_deferred()
+    assert os.eventfd_read(worker_efds[1]) == 1
