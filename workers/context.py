@@ -20,6 +20,7 @@ from shoal.shm.wake import Waker
 from shoal.workers.consumer import Consumer
 from shoal.workers.dedup_filter import Deduplicator
 from shoal.workers.events import WorkerEvents
+from shoal.workers.lane_places import LanePlaces
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.pager import Pager
 from shoal.workers.persist import Persister
@@ -160,6 +161,8 @@ class WorkerContext(Requests):
             self.routes, self.shared, config.runtime_path(), config.data_path()
         )
         self.arena = Arena(seg, index)
+        # The places any publish lane learnt, for all to take (workers/lane_places.py).
+        self.lane_places = LanePlaces()
         self.slot = seg.layout.proc(index)  # the shared queues' handle for this publisher
         self.process = ProcessSlot(seg, index)
         self.epoch = Header(seg).epoch()  # this start's number, set before any fork

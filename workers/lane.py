@@ -29,6 +29,11 @@ as one write (Persister.add_run), and a confirming channel's confirms wait
 for its sync. Without a window (no message file yet, or it is full) such a
 message is Python's.
 
+A place one lane learnt is offered to every lane of the worker
+(workers/lane_places.py): `arm` adds those this connection may publish to, so
+a publisher rotating over many queues routes in Python only what no
+connection on its worker has sent there yet.
+
 What `arm` checks before each read, because it decides whether the cached
 route still holds: the connection open and not blocked, the channel the same
 one and idle (nothing pending, no transaction, no flow backlog), the queue
@@ -53,6 +58,7 @@ from shoal.workers.channel_state import IDLE, Confirms, LanePublisher
 from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.handshake import OPEN
 from shoal.workers.ingest import AppendContext
+from shoal.workers.lane_places import LanePlaces
 from shoal.workers.routes import Routes
 
 _NO_PAGE_OUT = 1 << 62
@@ -69,6 +75,8 @@ class LaneContext(AppendContext, Protocol):
     def routes(self) -> Routes: ...
     @property
     def waker(self) -> Waker: ...
+    @property
+    def lane_places(self) -> LanePlaces: ...
 
 
 class LaneConnection(Protocol):
@@ -90,6 +98,7 @@ class PublishLane:
     """One connection's lane (a `_wire.Lane`) and what decides its use."""
 
     __slots__ = (
+        "absorbed",
         "catalog_gen",
         "conn",
         "ctx",
@@ -110,6 +119,8 @@ class PublishLane:
         self.publisher: LanePublisher | None = None
         # The places it knows: (exchange, routing key) -> qid.
         self.known: dict[tuple[bytes, bytes], int] = {}
+        # How many of the worker's learnt places (ctx.lane_places) it has looked at.
+        self.absorbed = 0
         # Whether a known place's persistent messages go to the message
         # store, and the store window of the last read that had one.
         self.stores = False
@@ -159,6 +170,8 @@ class PublishLane:
         if self.lane.add(exchange, routing_key, queue, ring, mask, qid, store_uid):
             self.known[place] = qid
             self.stores = self.stores or bool(store_uid)
+            learnt = (self.conn.vhost_id, exchange, routing_key, qid, queue, ring, mask, store_uid)
+            ctx.lane_places.learn(self.catalog_gen, self.routes_version, learnt)
 
     def _configure(self, publisher: LanePublisher) -> None:
         """The lane for `publisher`'s channel, knowing no route yet."""
@@ -177,6 +190,7 @@ class PublishLane:
         )
         self.publisher = publisher
         self.known.clear()
+        self.absorbed = 0
         self.stores = False
         self.catalog_gen = ctx.shared.catalog.catalog_generation()
         self.routes_version = ctx.routes.version
@@ -185,6 +199,7 @@ class PublishLane:
     def clear(self) -> None:
         self.lane.clear()
         self.known.clear()
+        self.absorbed = 0
         self.stores = False
         self.publisher = None
 
@@ -218,6 +233,8 @@ class PublishLane:
         ):
             self.clear()  # a route may have changed: Python routes the next ones
             return None
+        if len(ctx.lane_places.learnt) != self.absorbed:
+            self._take_places()
         pager = ctx.pager
         if pager is not None and pager.files:
             return None
@@ -238,6 +255,34 @@ class PublishLane:
                 slot, check, epoch, limit, header, live = self.window = window
                 lane.store_window(slot, check, epoch, reserved, limit, header, live)
         return lane
+
+    def _take_places(self) -> None:
+        """The places this worker's other lanes learnt since the last look
+        (workers/lane_places.py) that this connection may publish to."""
+        ctx = self.ctx
+        places = ctx.lane_places
+        if not places.valid_for(self.catalog_gen, self.routes_version):
+            return  # learnt before a change: the next offer starts them again
+        shared, routes = ctx.shared, ctx.routes
+        if shared.catalog.dedup_now or routes.dedup_exchanges:
+            return
+        learnt = places.learnt
+        start, self.absorbed = self.absorbed, len(learnt)
+        vhost_id, access, known, lane = self.conn.vhost_id, self.conn.access, self.known, self.lane
+        plain = shared.catalog.plain_queues()
+        for vhost, exchange, routing_key, qid, queue, ring, mask, store_uid in learnt[start:]:
+            place = (exchange, routing_key)
+            if (
+                vhost != vhost_id
+                or place in known
+                or qid not in plain
+                or not access.may_publish(exchange, routing_key)
+            ):
+                continue
+            if not lane.add(exchange, routing_key, queue, ring, mask, qid, store_uid):
+                return  # it keeps as many as it can
+            known[place] = qid
+            self.stores = self.stores or bool(store_uid)
 
     def account(self) -> list[tuple[int, int, int, bytes]]:
         """After a scan with the lane armed: what it took, as fast_publish's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +110,15 @@ def ctx(tmp_path: Path) -> Iterator[WorkerContext]:
     )
 
 
-def worker_context(tmp_path: Path, limits: L.Limits) -> Iterator[WorkerContext]:
-    """One IO worker's context on a fresh segment (removed after)."""
+def worker_context(
+    tmp_path: Path, limits: L.Limits, definitions: Sequence[Any] = ()
+) -> Iterator[WorkerContext]:
+    """One IO worker's context on a fresh segment (removed after), its
+    journal holding `definitions` after the defaults."""
     seg = Segment.create(str(tmp_path / "seg"), limits)
-    # What the scheduler journals first: the default vhost and its exchanges.
     # What a broker's first start journals: the default vhost and guest.
-    CatalogWriter(seg, Op).compact(Restored().operations("/", "guest", "guest"))
+    ops = Restored().operations("/", "guest", "guest")
+    CatalogWriter(seg, Op).compact([*ops, *definitions])
     loop = asyncio.new_event_loop()
     efd = os.eventfd(0, os.EFD_NONBLOCK)
     yield WorkerContext(Config(), seg, 0, 1, efd, loop)

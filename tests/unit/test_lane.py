@@ -18,6 +18,8 @@ from pamqp import frame as pamqp_frame
 from pamqp.body import ContentBody as Body
 from pamqp.header import ContentHeader
 
+from shoal.broker.amqp import access
+from shoal.broker.amqp import definitions as D
 from shoal.shm import layout as L
 from shoal.shm import stats
 from shoal.shm.arena import read_message, read_tag, record_bytes
@@ -430,6 +432,13 @@ def test_a_queue_without_consumers_is_never_paced(
     assert not client.transport.paused
 
 
+def rotation(names: list[bytes], rounds: int) -> bytes:
+    """`rounds` publishes to each queue of `names` in turn, the bodies counting rounds."""
+    return b"".join(
+        publish(1, b"%d" % n, routing_key=name.decode()) for n in range(rounds) for name in names
+    )
+
+
 def test_the_lane_knows_every_queue_a_publisher_rotates_over(big_ctx: WorkerContext) -> None:
     """A publisher that sends each message to the next of several queues
     (500 quiet connections over 250 queues do): once Python has routed one
@@ -441,13 +450,72 @@ def test_the_lane_knows_every_queue_a_publisher_rotates_over(big_ctx: WorkerCont
     assert client.conn.publish_lane is not None
     assert client.conn.publish_lane.lane.routes == 5
     rounds = 40
-    client.send(
-        b"".join(
-            publish(1, b"%d" % n, routing_key=name.decode())
-            for n in range(rounds)
-            for name in names
-        )
-    )
+    client.send(rotation(names, rounds))
     assert lane_taken(client) == rounds * len(names)
     for qid in qids:
         assert queue_bodies(big_ctx, qid) == [b"first"] + [b"%d" % n for n in range(rounds)]
+
+
+@pytest.fixture
+def two_users_ctx(tmp_path: Path) -> Iterator[WorkerContext]:
+    """guest, and `limited`, who may publish to amq.direct only; queue r0
+    is bound to amq.direct with key r0."""
+    yield from worker_context(
+        tmp_path,
+        L.Limits(max_workers=1, max_queues=64, queue_capacity=1 << 13, arena_bytes=4 << 20),
+        [
+            D.UserSet("limited", access.hash_password("limited"), access.SHA256, [], {}),
+            D.PermissionSet("/", "limited", ".*", r"^amq\.direct$", ".*"),
+            D.Bound("/", "amq.direct", "q", "r0", "r0", {}),
+        ],
+    )
+
+
+def logged_in(ctx: WorkerContext, user: str) -> Client:
+    client = Client(ctx)
+    client.send(b"AMQP\x00\x00\x09\x01")
+    client.method(0, C.Connection.StartOk(mechanism="PLAIN", response=f"\0{user}\0{user}"))
+    client.method(0, C.Connection.TuneOk(channel_max=100, frame_max=131072, heartbeat=0))
+    client.method(0, C.Connection.Open(virtual_host="/"))
+    client.method(1, C.Channel.Open())
+    frames = [type(f) for _ch, f in client.received()]
+    assert frames[-2:] == [C.Connection.OpenOk, C.Channel.OpenOk]
+    return client
+
+
+def test_a_connection_takes_the_places_another_one_learnt_where_it_may_publish(
+    two_users_ctx: WorkerContext,
+) -> None:
+    """Publishers that rotate over many queues (the 500 quiet connections
+    over 250 queues): a place one connection's lane learnt is every lane's
+    on that worker, once its own first message set it up, but only where
+    that connection's user may publish."""
+    ctx = two_users_ctx
+    names = [b"r%d" % i for i in range(5)]
+    _, qids = opened(ctx, *names)
+    teacher = logged_in(ctx, "guest")
+    for name in names:
+        teacher.send(publish(1, b"first", routing_key=name.decode()))
+    teacher.send(publish(1, b"first", routing_key="r0", exchange="amq.direct"))
+    assert teacher.conn.publish_lane is not None and teacher.conn.publish_lane.lane.routes == 6
+
+    learner = logged_in(ctx, "guest")
+    learner.send(publish(1, b"second", routing_key="r4"))  # Python, and the lane set up
+    rounds = 20
+    learner.send(rotation(names, rounds))
+    assert learner.conn.publish_lane is not None and learner.conn.publish_lane.lane.routes == 6
+    assert lane_taken(learner) == rounds * len(names)
+    for qid, name in zip(qids, names, strict=True):
+        later = [b"%d" % n for n in range(rounds)]
+        assert (
+            queue_bodies(ctx, qid)
+            == [b"first"] * (1 + (name == b"r0")) + ([b"second"] if name == b"r4" else []) + later
+        )
+
+    limited = logged_in(ctx, "limited")
+    limited.send(publish(1, b"third", routing_key="r0", exchange="amq.direct"))
+    limited.send(publish(1, b"x", routing_key="r0", exchange="amq.direct") * 3)
+    assert lane_taken(limited) == 3
+    lane = limited.conn.publish_lane
+    assert lane is not None and lane.lane.routes == 1  # not the default exchange's five
+    assert set(lane.known) == {(b"amq.direct", b"r0")}
