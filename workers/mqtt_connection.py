@@ -150,6 +150,8 @@ class MqttConnection(asyncio.Protocol):
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
             self.disconnect(0x83)  # implementation specific error
         finally:
+            # Neither outlives the read (a packet held for a SUBACK is handled later).
+            self.long_read = False
             self.ctx.waker.at_once = False  # (a QoS 0 publish here may have left it set)
             if batch:
                 self._flush()
