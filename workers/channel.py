@@ -42,6 +42,7 @@ class Channel:
     while it is busy or flow-blocked, whether it is closing)."""
 
     __slots__ = (
+        "_ack_each",
         "_acknowledge",
         "_handlers",
         "_on_body",
@@ -86,6 +87,7 @@ class Channel:
         self._on_header = publisher.on_header
         self._on_body = publisher.on_body
         self._acknowledge = delivery.acknowledge
+        self._ack_each = delivery.ack_each
         self._handlers: dict[type, _Handler] = {
             C.Channel.Close: self._channel_close,
             C.Channel.CloseOk: self._channel_close_ok,
@@ -117,6 +119,25 @@ class Channel:
     def publish_count(self) -> int:
         """Messages this channel published (it is a "publisher")."""
         return self.publisher.publish_count
+
+    def acks_from_bridge(self, tags: list[int]) -> bool:
+        """basic.ack of each of `tags` from a protocol bridge in this worker
+        (an MQTT client's PUBACKs of one read), settled together where its
+        frames would be handled at once; False where they would wait or
+        fail (busy, flow, closing, mid-publish): then they go as frames."""
+        if (
+            self.busy
+            or self.closing
+            or self.conn.flow_blocked
+            or self.flow_backlog
+            or self.publisher.state != IDLE
+        ):
+            return False
+        try:
+            self._ack_each(tags)
+        except errors.ChannelError as exc:
+            self.fail(exc)
+        return True
 
     def handle(self, ftype: int, payload: memoryview) -> None:
         if self.busy:

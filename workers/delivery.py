@@ -337,29 +337,7 @@ class DeliveryBook:
                 errors.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
             )
         if requeue is None:
-            # Acks, the common case, in one loop: each entry deleted by one C
-            # call; blocked publishers looked at once per queue after.
-            self.stats[stats.ACKNOWLEDGED] += len(tags)
-            self.acked += len(tags)
-            shared = self.ctx.shared
-            by_queue: dict[int, list[int]] = {}
-            size_sum = 0
-            for t in tags:
-                consumer, qid, seq, size = unacked.pop(t)
-                if seq >= 0:  # (a browser's copy took nothing from the queue)
-                    seqs = by_queue.get(qid)
-                    if seqs is None:
-                        seqs = by_queue[qid] = []
-                    seqs.append(seq)
-                size_sum += size
-                if consumer is not None:
-                    consumer.unacked -= 1
-                    consumer.unacked_bytes -= size
-                    touched.add(consumer)
-            self.unacked_bytes -= size_sum
-            for qid, seqs in by_queue.items():
-                shared.ack_many(qid, seqs)
-                shared.drained(qid)
+            self._ack_tags(tags, touched)
         else:
             for t in tags:
                 consumer, qid, seq, size = unacked.pop(t)
@@ -369,6 +347,48 @@ class DeliveryBook:
                     consumer.unacked -= 1
                     consumer.unacked_bytes -= size
                     touched.add(consumer)
+        self._credit_back(touched)
+
+    def ack_each(self, tags: list[int]) -> None:
+        """basic.ack of each of `tags` (none multiple), as their frames in
+        a row would be: a protocol bridge's acks (an MQTT client's PUBACKs
+        of one read), settled together."""
+        unacked = self.unacked
+        if self.transactions.tx is not None or any(t not in unacked for t in tags):
+            for tag in tags:  # (the rare cases, one by one: as the frames would be)
+                self.acknowledge(tag, False, None, 80)
+            return
+        touched: set[Consumer] = set()
+        self._ack_tags(tags, touched)
+        self._credit_back(touched)
+
+    def _ack_tags(self, tags: list[int], touched: set[Consumer]) -> None:
+        """Acks, the common case, in one loop: each entry deleted by one C
+        call; blocked publishers looked at once per queue after."""
+        unacked = self.unacked
+        self.stats[stats.ACKNOWLEDGED] += len(tags)
+        self.acked += len(tags)
+        shared = self.ctx.shared
+        by_queue: dict[int, list[int]] = {}
+        size_sum = 0
+        for t in tags:
+            consumer, qid, seq, size = unacked.pop(t)
+            if seq >= 0:  # (a browser's copy took nothing from the queue)
+                seqs = by_queue.get(qid)
+                if seqs is None:
+                    seqs = by_queue[qid] = []
+                seqs.append(seq)
+            size_sum += size
+            if consumer is not None:
+                consumer.unacked -= 1
+                consumer.unacked_bytes -= size
+                touched.add(consumer)
+        self.unacked_bytes -= size_sum
+        for qid, seqs in by_queue.items():
+            shared.ack_many(qid, seqs)
+            shared.drained(qid)
+
+    def _credit_back(self, touched: set[Consumer]) -> None:
         if self.global_prefetch or self.global_prefetch_size:
             touched.update(self.consumers.values())  # channel-wide credit came back
         for consumer in touched:

@@ -102,6 +102,7 @@ class MqttConnection(asyncio.Protocol):
         self.frame_max = 131072
         self.expect: deque[Callable[[Any], None]] = deque()  # channel 1's sync replies
         self.out: list[bytes] | None = None  # packets of a batch, written at its end
+        self.acks: list[int] = []  # deliveries a batch settled, acked at its end
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
         self.early: list[tuple[Any, Any, bytes]] = []  # deliveries that came before it
         self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
@@ -154,7 +155,7 @@ class MqttConnection(asyncio.Protocol):
             self.long_read = False
             self.ctx.waker.at_once = False  # (a QoS 0 publish here may have left it set)
             if batch:
-                self._flush()
+                self._end_batch()
 
     def taken_over(self) -> None:
         """The client connected again (a takeover): this connection goes,
@@ -245,6 +246,11 @@ class MqttConnection(asyncio.Protocol):
         elif self.transport is not None and not self.closed:
             self.transport.write(data)
 
+    def _end_batch(self) -> None:
+        if self.acks:
+            self._settle_acks()
+        self._flush()
+
     def _flush(self) -> None:
         """One write (one system call) for the packets a read of either side
         made: a run of deliveries, or a device's PUBACKs."""
@@ -253,6 +259,8 @@ class MqttConnection(asyncio.Protocol):
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     def _close(self) -> None:
+        if self.acks:  # (before the inner connection's end requeues them)
+            self._settle_acks()
         self._flush()  # (a DISCONNECT may be waiting in the batch)
         self.closed = True
         if self.transport is not None:
@@ -285,6 +293,8 @@ class MqttConnection(asyncio.Protocol):
 
     # -------------------------------------------------------------- packets
     def _packet(self, packet: P.Packet) -> None:
+        if self.acks and not isinstance(packet, P.Ack):
+            self._settle_acks()  # (what the packet does comes after them)
         if isinstance(packet, P.Connect):
             if self.connect is not None:
                 raise P.ProtocolError("a second CONNECT")  # MQTT-3.1.0-2
@@ -491,8 +501,22 @@ class MqttConnection(asyncio.Protocol):
             self.amqp.data_received(data)
 
     def ack(self, delivery_tag: int) -> None:
-        if self.amqp is not None:
+        if self.out is not None:  # in a batch: the PUBACKs of a read acked together
+            self.acks.append(delivery_tag)
+        elif self.amqp is not None:
             self.amqp.method_from_bridge(1, F.ack_method(delivery_tag))
+
+    def _settle_acks(self) -> None:
+        """The batch's acks, in one go where channel 1 takes them at once
+        (else as frames, as one by one they would have been)."""
+        tags, self.acks = self.acks, []
+        amqp = self.amqp
+        if amqp is None:
+            return
+        channel = amqp.channels.get(1)
+        if channel is None or not channel.acks_from_bridge(tags):
+            for tag in tags:
+                amqp.method_from_bridge(1, F.ack_method(tag))
 
     def method(self, method: Any, channel: int = 1) -> None:
         self.to_amqp(amqp_frame.marshal(method, channel))
@@ -531,16 +555,24 @@ class MqttConnection(asyncio.Protocol):
                 if end > len(buffer):
                     break
                 kind = buffer[at]
-                payload = bytes(buffer[at + 7 : end - 1])
                 delivery = self.delivery
+                if kind == F.METHOD and delivery is None and buffer[at + 7 : at + 11] == F.DELIVER:
+                    # A delivery's three frames in one go, where they are all here.
+                    whole = F.whole_delivery(buffer, at, end)
+                    if whole is not None:
+                        method, header, body, at = whole
+                        props = self.properties_cache.header(header)[1]
+                        self._deliver(F.deliver(method), props, body)
+                        continue
+                payload = bytes(buffer[at + 7 : end - 1])
                 if kind == F.BODY and delivery is not None and delivery[1] is not None:
                     delivery[2] += payload
                     if len(delivery[2]) >= delivery[1][0]:
-                        self._deliver()
+                        self._deliver_gathered()
                 elif kind == F.HEADER and delivery is not None:
                     delivery[1] = self.properties_cache.header(payload)
                     if delivery[1][0] == 0:
-                        self._deliver()
+                        self._deliver_gathered()
                 elif kind == F.METHOD and F.is_deliver(payload):
                     self.delivery = [F.deliver(payload), None, bytearray()]
                 elif kind == F.METHOD and (confirm := F.confirm_of(payload)) is not None:
@@ -556,7 +588,7 @@ class MqttConnection(asyncio.Protocol):
         finally:
             del buffer[:at]
             if batch:
-                self._flush()
+                self._end_batch()
 
     def _from_amqp(self, channel: int, frame: Any) -> None:
         if isinstance(frame, C.Connection.Start):
@@ -610,14 +642,19 @@ class MqttConnection(asyncio.Protocol):
         else:
             self._refuse(UNAVAILABLE)
 
-    def _deliver(self) -> None:
-        assert self.delivery is not None and self.outbound is not None
+    def _deliver_gathered(self) -> None:
+        """The delivery whose frames were read one by one (self.delivery)."""
+        assert self.delivery is not None
         deliver, (_size, properties), payload = self.delivery
         self.delivery = None
+        self._deliver(deliver, properties, bytes(payload))
+
+    def _deliver(self, deliver: F.Delivered, properties: Any, payload: bytes) -> None:
+        assert self.outbound is not None
         if not self.open:  # a returning session's queues deliver before its CONNACK is out
-            self.early.append((deliver, properties, bytes(payload)))
+            self.early.append((deliver, properties, payload))
             return
-        self.outbound.deliver(deliver, properties, bytes(payload))
+        self.outbound.deliver(deliver, properties, payload)
 
     def _flow_control(self) -> None:
         """QoS 1 and 2 deliveries in flight: PREFETCH per queue, and over all

@@ -52,6 +52,9 @@ class Outbound:
         self.line: deque[list[Any]] = deque()  # [ready, packet] in delivery order
         # (queue, routing key, id(properties)) -> (properties, subscriptions' version, plan)
         self.plans: dict[tuple[str, str, int], tuple[Any, int, Any]] = {}
+        # PUBLISH heads without properties, by (topic, flags, payload size): P.publish_head.
+        self.heads: dict[tuple[str, int, int], bytes] = {}
+        self.empty_properties = b"\x00" if conn.level == P.MQTT_5 else b""
 
     def resume(self) -> None:
         """A returning session's PUBRELs go again (MQTT-4.4.0-1)."""
@@ -201,9 +204,19 @@ class Outbound:
                 alias, new_alias = len(self.aliases) + 1, True
             if alias is not None:
                 props = {**props, "topic_alias": alias}
-        packet = P.encode_publish(
-            conn.level, name, payload, qos, retain, dup, packet_id, props or None
-        )
+        if props:
+            packet = P.encode_publish(conn.level, name, payload, qos, retain, dup, packet_id, props)
+        else:
+            flags = (0x08 if dup else 0) | (qos << 1) | (1 if retain else 0)
+            key = (name, flags, len(payload))
+            head = self.heads.get(key)
+            if head is None:
+                if len(self.heads) >= PLANS:
+                    self.heads.clear()
+                head = self.heads[key] = P.publish_head(conn.level, name, flags, len(payload))
+            if packet_id is not None:
+                head += packet_id.to_bytes(2, "big")
+            packet = head + self.empty_properties + payload
         if self.max_packet is not None and len(packet) > self.max_packet:
             # Larger than the 5.0 client takes: dropped, as if delivered
             # (and a new alias not given: the client never saw it).

@@ -23,7 +23,7 @@ FRAME_END = b"\xce"
 METHOD, HEADER, BODY = 1, 2, 3
 _FRAME = struct.Struct(">BHI")
 _HEADER_START = struct.Struct(">HHQ")  # class, weight, body size
-_DELIVER = b"\x00\x3c\x00\x3c"  # basic.deliver: class 60, method 60
+DELIVER = b"\x00\x3c\x00\x3c"  # basic.deliver: class 60, method 60
 _ACK = b"\x00\x3c\x00\x50"  # basic.ack: 60, 80
 _NACK = b"\x00\x3c\x00\x78"  # basic.nack: 60, 120
 _ACK_OUT = struct.Struct(">HHQB")
@@ -80,8 +80,35 @@ def ack_method(delivery_tag: int) -> bytes:
     return _ACK_OUT.pack(60, 80, delivery_tag, 0)
 
 
+def whole_delivery(buffer: bytearray, at: int, end: int) -> tuple[bytes, bytes, bytes, int] | None:
+    """The basic.deliver frame at `at` (it ends at `end`) with its content
+    header and body right behind it, the body in one frame (what a run of
+    deliveries writes): (method payload, header payload, body, where the
+    next frame starts). None where the buffer holds less than that, or the
+    body comes in several frames: then they are read one by one."""
+    size = len(buffer)
+    if size - end < 8 or buffer[end] != HEADER:
+        return None
+    header_end = end + 8 + int.from_bytes(buffer[end + 3 : end + 7], "big")
+    if header_end > size:
+        return None
+    body_size = int.from_bytes(buffer[end + 11 : end + 19], "big")  # (after class and weight)
+    method = bytes(buffer[at + 7 : end - 1])
+    header = bytes(buffer[end + 7 : header_end - 1])
+    if not body_size:
+        return method, header, b"", header_end
+    if size - header_end < 8 or buffer[header_end] != BODY:
+        return None
+    body_end = header_end + 8 + body_size
+    if int.from_bytes(buffer[header_end + 3 : header_end + 7], "big") != body_size:
+        return None  # (in several frames)
+    if body_end > size:
+        return None
+    return method, header, bytes(buffer[header_end + 7 : body_end - 1]), body_end
+
+
 def is_deliver(payload: bytes | memoryview) -> bool:
-    return bytes(payload[:4]) == _DELIVER
+    return bytes(payload[:4]) == DELIVER
 
 
 def confirm_of(payload: bytes | memoryview) -> tuple[int, bool, bool] | None:

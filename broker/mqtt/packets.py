@@ -614,6 +614,17 @@ def encode_publish(
     return packet(PUBLISH, flags, body + payload)
 
 
+def publish_head(level: int, topic: str, flags: int, payload_size: int) -> bytes:
+    """A PUBLISH without 5.0 properties up to its packet id: the packet is
+    the head, the id (QoS 1 and 2), 5.0's empty properties (a zero byte) and
+    the payload. The same bytes for every message of a topic and size: a
+    fan-out's deliveries, a device's stream (the caller keeps them)."""
+    raw = topic.encode()
+    qos = (flags >> 1) & 3
+    remaining = 2 + len(raw) + (2 if qos else 0) + (1 if level == MQTT_5 else 0) + payload_size
+    return bytes(((PUBLISH << 4) | flags,)) + varint(remaining) + _U16.pack(len(raw)) + raw
+
+
 def encode_ack(
     level: int, kind: int, packet_id: int, reason: int = 0, properties: Properties | None = None
 ) -> bytes:

@@ -173,6 +173,67 @@ def test_kill_9_with_qos1_and_qos2_in_flight_loses_nothing_confirmed_and_repeats
         assert (again[payload].packet_id, again[payload].dup) == (seen[payload].packet_id, True)
 
 
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_pubacks_written_with_a_disconnect_or_a_subscribe_all_count(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    """A read's PUBACKs are settled together at its end (workers/mqtt_connection.py);
+    a DISCONNECT or a SUBSCRIBE in the same read comes after them: nothing
+    PUBACKed is sent again when the session returns."""
+    _broker, port = mqtt_broker
+    props = PERSISTENT_5 if level == P.MQTT_5 else {}
+    sub = raw(raws, port, level)
+    sub.connect(f"acker-{level}", props, clean=False)
+    assert sub.subscribe("acked/#", 1) == b"\x01"
+    pub = raw(raws, port)
+    pub.connect(f"acked-pub-{level}")
+
+    def publish_and_receive(first: int, count: int) -> list[int]:
+        for i in range(first, first + count):
+            pub.publish(f"acked/{i}", b"m%d" % i, qos=1, packet_id=i)
+            pub.read(P.PUBACK)
+        got = [sub.received()[1] for _ in range(count)]
+        assert [m.payload for m in got] == [b"m%d" % i for i in range(first, first + count)]
+        return [m.packet_id or 0 for m in got]
+
+    ids = publish_and_receive(1, 20)
+    acks = b"".join(P.encode_ack(level, P.PUBACK, i) for i in ids)
+    five = b"\x00" if level == P.MQTT_5 else b""  # (5.0: no properties)
+    subscribe = P.packet(P.SUBSCRIBE, 2, b"\x00\x07" + five + P.string("more/#") + b"\x01")
+    sub.sock.sendall(acks[: len(acks) // 2] + subscribe + acks[len(acks) // 2 :])
+    sub.read(P.SUBACK)
+    ids = publish_and_receive(21, 20)
+    sub.sock.sendall(b"".join(P.encode_ack(level, P.PUBACK, i) for i in ids) + b"\xe0\x00")
+    assert sub.closed_by_broker()
+
+    sub = raw(raws, port, level)
+    assert sub.connect(f"acker-{level}", props, clean=False)[:2] == (True, 0)
+    pub.publish("acked/last", b"last", qos=1, packet_id=99)
+    pub.read(P.PUBACK)
+    _flags, first = sub.received()
+    assert first.payload == b"last"  # none of the 40 PUBACKed again before it
+
+
+def test_a_read_of_pubacks_alone_frees_the_receive_maximum(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """PUBACKs with nothing after them in the read: settled at its end, so
+    the deliveries held back by the client's receive maximum go."""
+    _broker, port = mqtt_broker
+    sub = raw(raws, port)
+    sub.connect("tight", {"receive_maximum": 5})
+    assert sub.subscribe("tight/#", 1) == b"\x01"
+    pub = raw(raws, port)
+    pub.connect("tight-pub")
+    for i in range(1, 11):
+        pub.publish(f"tight/{i}", b"m%d" % i, qos=1, packet_id=i)
+        pub.read(P.PUBACK)
+    first = [sub.received()[1] for _ in range(5)]  # the receive maximum
+    sub.sock.sendall(b"".join(P.encode_ack(P.MQTT_5, P.PUBACK, m.packet_id or 0) for m in first))
+    rest = [sub.received()[1].payload for _ in range(5)]
+    assert rest == [b"m%d" % i for i in range(6, 11)]
+
+
 def test_a_delayed_will_waits_and_is_dropped_when_the_client_returns(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient]
 ) -> None:

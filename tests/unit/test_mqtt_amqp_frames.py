@@ -69,3 +69,36 @@ def test_content_headers_decode_once_per_distinct_properties(props: C.Basic.Prop
     again = frame.marshal(header.ContentHeader(0, 5, props), 1)[7:-1]
     assert cache.header(again) == (5, decoded)  # the same object: not decoded again
     assert cache.header(again)[1] is decoded
+
+
+@pytest.mark.parametrize("size", [0, 1, 300])
+def test_a_delivery_is_read_whole_only_when_its_three_frames_are_all_there(size: int) -> None:
+    method = C.Basic.Deliver("ctag", 7, False, "amq.topic", "a.b")
+    props = PROPS[1]
+    payload = bytes(range(256)) * 2
+    payload = payload[:size]
+    frames = frame.marshal(method, 1) + frame.marshal(header.ContentHeader(0, size, props), 1)
+    if size:
+        frames += frame.marshal(body.ContentBody(payload), 1)
+    after = frame.marshal(C.Basic.Ack(3, False), 1)  # (the next frame: not read here)
+    buffer = bytearray(frames + after)
+    method_end = len(frame.marshal(method, 1))
+    got = F.whole_delivery(buffer, 0, method_end)
+    assert got is not None
+    got_method, got_header, got_body, next_at = got
+    assert F.deliver(got_method) == F.Delivered("ctag", 7, False, "amq.topic", "a.b")
+    assert F.PropertiesCache().header(got_header)[0] == size
+    assert (got_body, next_at) == (payload, len(frames))
+    for cut in range(method_end, len(frames)):  # any part of it missing: not whole
+        assert F.whole_delivery(bytearray(frames[:cut]), 0, method_end) is None
+
+
+def test_a_body_in_several_frames_is_not_read_whole() -> None:
+    method = frame.marshal(C.Basic.Deliver("ctag", 7, False, "amq.topic", "a.b"), 1)
+    frames = (
+        method
+        + frame.marshal(header.ContentHeader(0, 10, PROPS[0]), 1)
+        + frame.marshal(body.ContentBody(b"01234"), 1)
+        + frame.marshal(body.ContentBody(b"56789"), 1)
+    )
+    assert F.whole_delivery(bytearray(frames), 0, len(method)) is None

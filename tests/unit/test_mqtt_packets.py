@@ -329,3 +329,22 @@ def test_five_acks_short_and_long_forms() -> None:
         {"reason_string": "no subscribers"},
     )
     assert P.encode_ack(P.MQTT_311, P.PUBREL, 9) == b"\x62\x02\x00\x09"
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+@pytest.mark.parametrize("qos", [0, 1, 2])
+@pytest.mark.parametrize("size", [0, 100, 20000])
+def test_a_publish_head_kept_makes_the_packet_encode_publish_makes(
+    level: int, qos: int, size: int
+) -> None:
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    for topic, retain, dup in (("a/b", False, False), ("é/" + "x" * 150, True, qos > 0)):
+        packet_id = 513 if qos else None
+        flags = (0x08 if dup else 0) | (qos << 1) | (1 if retain else 0)
+        head = P.publish_head(level, topic, flags, size)
+        if packet_id is not None:
+            head += packet_id.to_bytes(2, "big")
+        empty_properties = b"\x00" if level == P.MQTT_5 else b""
+        assert head + empty_properties + payload == P.encode_publish(
+            level, topic, payload, qos, retain, dup, packet_id
+        )
