@@ -140,6 +140,19 @@ class MqttConnection(asyncio.Protocol):
             for ptype, flags, body in self.reader.feed(data):
                 if self.closed:
                     return
+                if (
+                    ptype == P.PUBACK
+                    and not flags
+                    and len(body) == 2
+                    and self.open
+                    and not self.busy
+                ):
+                    # A subscriber's commonest packet, without a Packet object:
+                    # 3.1.1's PUBACK, 5.0's short form (success, no properties).
+                    packet_id = int.from_bytes(body, "big")
+                    if packet_id and self.outbound is not None:  # (id 0: refused by decode)
+                        self.outbound.puback(packet_id)
+                        continue
                 if self.connect is None and ptype != P.CONNECT:
                     raise P.ProtocolError("the first packet is not CONNECT")  # MQTT-3.1.0-1
                 self._packet(P.decode(ptype, flags, body, self.level))
@@ -551,10 +564,10 @@ class MqttConnection(asyncio.Protocol):
             self.out = []
         try:
             while len(buffer) - at >= 8:
-                end = at + 8 + int.from_bytes(buffer[at + 3 : at + 7], "big")
+                kind, _channel, size = F.FRAME_HEAD.unpack_from(buffer, at)
+                end = at + 8 + size
                 if end > len(buffer):
                     break
-                kind = buffer[at]
                 delivery = self.delivery
                 if kind == F.METHOD and delivery is None and buffer[at + 7 : at + 11] == F.DELIVER:
                     # A delivery's three frames in one go, where they are all here.

@@ -64,17 +64,17 @@ class Outbound:
     # ----------------------------------------------------------- deliveries
     def deliver(self, deliver: Delivered, props: C.Basic.Properties, payload: bytes) -> None:
         conn = self.conn
-        tag = int(deliver.delivery_tag or 0)
-        queue = str(deliver.consumer_tag)
-        routing_key = str(deliver.routing_key)
+        tag = deliver.delivery_tag
+        queue = deliver.consumer_tag
+        routing_key = deliver.routing_key
         queue_qos = self.subscriptions.consumed.get(queue, 0)
         plan = self._plan(queue, routing_key, props)
         if plan is None:  # a $-topic, or only no-local subscriptions matched
             self._settle(tag, queue_qos)
             return
         topic, qos, out, retain = plan
-        qos = min(queue_qos, qos)
-        headers = props.headers or {}
+        if queue_qos < qos:
+            qos = queue_qos
         if qos < 2:
             packet_id = None
             if qos:
@@ -94,7 +94,7 @@ class Outbound:
             )
             return
         state = conn.session.state
-        seen = fingerprint(routing_key, payload, headers)
+        seen = fingerprint(routing_key, payload, props.headers or {})
         if deliver.redelivered:  # (a message under way again: requeued, or recovered)
             if state.released and seen in state.released.values():
                 conn.ack(tag)  # the client has it (PUBREC'd)
@@ -234,11 +234,15 @@ class Outbound:
             self.conn.ack(tag)
 
     # ------------------------------------------------------ the client's acks
+    def puback(self, packet_id: int) -> None:
+        """A QoS 1 delivery's PUBACK: it is acked (an unknown id: nothing)."""
+        self._settle(self.unacked.pop(packet_id, NOTHING_TO_ACK), 1)
+
     def on_ack(self, packet: P.Ack) -> None:
         conn = self.conn
         packet_id = packet.packet_id
         if packet.kind == P.PUBACK:
-            self._settle(self.unacked.pop(packet_id, NOTHING_TO_ACK), 1)
+            self.puback(packet_id)
         elif packet.kind == P.PUBREC:
             tag = self.unacked.pop(packet_id, None)
             session = conn.session

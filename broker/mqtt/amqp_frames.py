@@ -21,8 +21,9 @@ from pamqp import header as amqp_header
 
 FRAME_END = b"\xce"
 METHOD, HEADER, BODY = 1, 2, 3
-_FRAME = struct.Struct(">BHI")
+FRAME_HEAD = struct.Struct(">BHI")  # type, channel, payload size
 _HEADER_START = struct.Struct(">HHQ")  # class, weight, body size
+_BODY_SIZE = struct.Struct(">Q")
 DELIVER = b"\x00\x3c\x00\x3c"  # basic.deliver: class 60, method 60
 _ACK = b"\x00\x3c\x00\x50"  # basic.ack: 60, 80
 _NACK = b"\x00\x3c\x00\x78"  # basic.nack: 60, 120
@@ -41,7 +42,7 @@ class Delivered(NamedTuple):
 
 
 def frame(kind: int, channel: int, payload: bytes) -> bytes:
-    return _FRAME.pack(kind, channel, len(payload)) + payload + FRAME_END
+    return FRAME_HEAD.pack(kind, channel, len(payload)) + payload + FRAME_END
 
 
 def properties_bytes(props: C.Basic.Properties) -> bytes:
@@ -87,23 +88,23 @@ def whole_delivery(buffer: bytearray, at: int, end: int) -> tuple[bytes, bytes, 
     next frame starts). None where the buffer holds less than that, or the
     body comes in several frames: then they are read one by one."""
     size = len(buffer)
-    if size - end < 8 or buffer[end] != HEADER:
+    if size - end < 8:
         return None
-    header_end = end + 8 + int.from_bytes(buffer[end + 3 : end + 7], "big")
-    if header_end > size:
+    kind, _channel, header_size = FRAME_HEAD.unpack_from(buffer, end)
+    header_end = end + 8 + header_size
+    if kind != HEADER or header_end > size:
         return None
-    body_size = int.from_bytes(buffer[end + 11 : end + 19], "big")  # (after class and weight)
+    body_size = _BODY_SIZE.unpack_from(buffer, end + 11)[0]  # (after class and weight)
     method = bytes(buffer[at + 7 : end - 1])
     header = bytes(buffer[end + 7 : header_end - 1])
     if not body_size:
         return method, header, b"", header_end
-    if size - header_end < 8 or buffer[header_end] != BODY:
+    if size - header_end < 8:
         return None
+    kind, _channel, frame_size = FRAME_HEAD.unpack_from(buffer, header_end)
     body_end = header_end + 8 + body_size
-    if int.from_bytes(buffer[header_end + 3 : header_end + 7], "big") != body_size:
-        return None  # (in several frames)
-    if body_end > size:
-        return None
+    if kind != BODY or frame_size != body_size or body_end > size:
+        return None  # (not all here, or in several frames)
     return method, header, bytes(buffer[header_end + 7 : body_end - 1]), body_end
 
 

@@ -234,6 +234,34 @@ def test_a_read_of_pubacks_alone_frees_the_receive_maximum(
     assert rest == [b"m%d" % i for i in range(6, 11)]
 
 
+@pytest.mark.parametrize(
+    "bad_puback",
+    [b"\x41\x02\x00\x01", b"\x40\x02\x00\x00"],
+    ids=["reserved-flags-set", "packet-id-0"],
+)
+def test_a_malformed_puback_ends_the_connection_an_unknown_one_is_ignored(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], bad_puback: bytes
+) -> None:
+    """PUBACKs are read without a Packet object where they are well formed
+    (workers/mqtt_connection.py); one with its reserved flags set or packet
+    id 0 is malformed all the same (MQTT-2.2.2-2, MQTT-2.3.1-1)."""
+    _broker, port = mqtt_broker
+    sub = raw(raws, port, P.MQTT_311)
+    sub.connect("puback-checked")
+    assert sub.subscribe("checked/#", 1) == b"\x01"
+    pub = raw(raws, port)
+    pub.connect("puback-checked-pub")
+    for i in (1, 2):
+        pub.publish(f"checked/{i}", b"m%d" % i, qos=1, packet_id=i)
+        pub.read(P.PUBACK)
+    first = sub.received()[1]
+    sub.ack(P.PUBACK, 999)  # an id the broker never sent: ignored
+    sub.ack(P.PUBACK, first.packet_id or 0)
+    assert sub.received()[1].payload == b"m2"  # still connected
+    sub.sock.sendall(bad_puback)
+    assert sub.closed_by_broker()
+
+
 def test_a_delayed_will_waits_and_is_dropped_when_the_client_returns(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient]
 ) -> None:
