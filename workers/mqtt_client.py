@@ -21,6 +21,7 @@ class MqttClient(Protocol):
     session_expiry: int | None  # 5.0's session expiry interval; None for 3.1.1
     frame_max: int  # the inner connection's
     long_read: bool  # the read being handled holds a run of packets
+    amqp_out: bytearray  # what the inner connection wrote and the bridge has not read
 
     @property
     def vhost(self) -> str: ...

@@ -391,6 +391,7 @@ class MqttConnection(asyncio.Protocol):
         if self.transport.get_extra_info("websocket"):
             self.amqp.protocol = "Web " + self.amqp.protocol  # RabbitMQ's web-mqtt says so
         self.amqp.connection_made(AmqpSide(self))
+        self.amqp.confirm_sink = self.inbound.confirmed_at_once
         # A TLS client certificate and no user name: the certificate's user
         # (SASL EXTERNAL, RabbitMQ's mqtt.ssl_cert_login).
         self.external = packet.username is None and bool(self.amqp.certificate_user)

@@ -188,6 +188,17 @@ class Inbound:
         props = M.amqp_properties(will.qos, will.properties)  # (5.0: its will properties)
         self.amqp_publish(M.mqtt_to_amqp(will.topic), will.payload, F.properties_bytes(props))
 
+    def confirmed_at_once(self, channel: int, tag: int) -> bool:
+        """The inner connection's confirms (its confirm_sink), taken without
+        a basic.ack frame to write and read back, unless something it wrote
+        earlier is still unread (they would be overtaken): a device's PUBACK
+        then leaves in the write of the read that published, not two loop
+        callbacks later (issue 41's fan-in)."""
+        if channel != 1 or self.conn.amqp_out or self.conn.closed:
+            return False
+        self.confirmed(tag, True, True)
+        return True
+
     def confirmed(self, tag: int, multiple: bool, ack: bool) -> None:
         seqs = [s for s in self.confirms if s <= tag] if multiple else [tag]
         for seq in sorted(seqs):

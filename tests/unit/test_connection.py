@@ -272,3 +272,63 @@ def test_crossing_channel_close_is_part_of_the_handshake(ctx: WorkerContext) -> 
     assert [(ch, type(f)) for ch, f in client.received()] == [(2, C.Basic.QosOk)]
     client.method(1, C.Channel.Open())
     assert [(ch, type(f)) for ch, f in client.received()] == [(1, C.Channel.OpenOk)]
+
+
+def unroutable_publishes(client: Client, count: int) -> bytes:
+    """`count` whole publishes to a queue that does not exist (each confirmed
+    at once, as RabbitMQ confirms an unroutable message), as one read."""
+    header = pamqp_frame.marshal(ContentHeader(0, 2, C.Basic.Properties()), 1)
+    one = (
+        pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="nowhere"), 1)
+        + header
+        + pamqp_frame.marshal(Body(b"hi"), 1)
+    )
+    return one * count
+
+
+def confirm_channel(client: Client) -> None:
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.method(1, C.Confirm.Select())
+    assert [type(f) for _ch, f in client.received()] == [C.Channel.OpenOk, C.Confirm.SelectOk]
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_bridges_confirm_sink_takes_the_confirms_instead_of_a_basic_ack(
+    ctx: WorkerContext, taken: bool
+) -> None:
+    """An MQTT client's inner connection hands its confirms to the bridge
+    (Inbound.confirmed_at_once) rather than writing basic.ack; where the sink
+    declines, the basic.ack is written as for any client."""
+    client = Client(ctx)
+    confirm_channel(client)
+    sunk: list[tuple[int, int]] = []
+
+    def sink(channel: int, tag: int) -> bool:
+        sunk.append((channel, tag))
+        return taken
+
+    client.conn.confirm_sink = sink
+    client.send(unroutable_publishes(client, 3))
+    assert sunk == [(1, 3)]  # one cumulative confirm for the read
+    frames = [f for _ch, f in client.received()]
+    if taken:
+        assert frames == []
+    else:
+        assert len(frames) == 1 and isinstance(frames[0], C.Basic.Ack)
+        assert (frames[0].delivery_tag, frames[0].multiple) == (3, True)
+
+
+def test_a_confirm_does_not_overtake_frames_not_yet_written(ctx: WorkerContext) -> None:
+    """Frames the connection wrote earlier in the loop iteration are still
+    in its buffer: the confirm follows them as a basic.ack, the sink is not
+    asked (the bridge reads what was written in order)."""
+    client = Client(ctx)
+    confirm_channel(client)
+    sunk: list[tuple[int, int]] = []
+    client.conn.confirm_sink = lambda channel, tag: sunk.append((channel, tag)) or True
+    client.conn.write(pamqp_frame.marshal(C.Basic.Cancel(consumer_tag="earlier"), 1))
+    client.send(unroutable_publishes(client, 1))
+    assert sunk == []
+    frames = [f for _ch, f in client.received()]
+    assert [type(f) for f in frames] == [C.Basic.Cancel, C.Basic.Ack]

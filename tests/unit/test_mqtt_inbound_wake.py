@@ -1,7 +1,10 @@
-"""An MQTT publisher's wake-ups (workers/mqtt_inbound.py, shm/wake.py
-at_once): a QoS 0 publish in a long read has its subscriber's worker woken at
-once, before the rest of the read; QoS 1 and lone publishes wait for the loop
-iteration's end, as every other wake-up does."""
+"""An MQTT publisher's wake-ups and confirms (workers/mqtt_inbound.py).
+
+Wake-ups (shm/wake.py at_once): a QoS 0 publish in a long read has its
+subscriber's worker woken at once, before the rest of the read; QoS 1 and
+lone publishes wait for the loop iteration's end, as every other wake-up
+does. Confirms (Inbound.confirmed_at_once): taken from the inner connection
+without a frame, unless frames it wrote before are still unread."""
 
 from __future__ import annotations
 
@@ -36,12 +39,17 @@ class StandInClient:
         self.long_read = long_read
         self.session = Session.in_memory()
         self.published: list[bool] = []
+        self.amqp_out = bytearray()  # the inner connection's frames not yet read
+        self.sent: list[bytes] = []
 
     def may_publish(self, routing_key: str) -> bool:
         return True
 
     def to_amqp(self, data: bytes) -> None:
         self.published.append(self.waker.at_once)
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
 
 
 class StandInSubscriptions:
@@ -61,3 +69,24 @@ def test_only_a_qos_0_publish_in_a_long_read_wakes_its_subscribers_at_once(
     packet: Any = P.Publish("sensors/1/temp", b"21.5", qos, packet_id=7 if qos else None)
     inbound.publish(packet)
     assert client.published == [at_once]
+
+
+@pytest.mark.parametrize("unread", [b"", b"\x01\x00\x01"])
+def test_a_confirm_is_taken_at_once_unless_earlier_frames_are_unread(unread: bytes) -> None:
+    """Two QoS 1 publishes confirmed together: their PUBACKs are sent then and
+    there; with frames of the inner connection still unread (a nack among
+    them, say), the confirm is declined and comes as a frame after them."""
+    waker = StandInWaker()
+    client = StandInClient(waker, long_read=False)
+    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    for packet_id in (7, 8):
+        packet: Any = P.Publish("sensors/1/temp", b"21.5", 1, packet_id=packet_id)
+        inbound.publish(packet)
+    client.amqp_out += unread
+    taken = inbound.confirmed_at_once(1, 2)
+    assert taken == (not unread)
+    if taken:
+        assert client.sent == [P.encode_ack(P.MQTT_311, P.PUBACK, i) for i in (7, 8)]
+    else:
+        assert client.sent == [] and len(inbound.confirms) == 2
+    assert inbound.confirmed_at_once(2, 2) is False  # (only channel 1 publishes)
