@@ -153,6 +153,11 @@ class MqttConnection(asyncio.Protocol):
                     if packet_id and self.outbound is not None:  # (id 0: refused by decode)
                         self.outbound.puback(packet_id)
                         continue
+                if ptype == P.PUBLISH and self.open and not self.busy:
+                    if self.acks:
+                        self._settle_acks()  # (as _packet does first)
+                    if self.inbound.publish_plain(flags, body):
+                        continue
                 if self.connect is None and ptype != P.CONNECT:
                     raise P.ProtocolError("the first packet is not CONNECT")  # MQTT-3.1.0-1
                 self._packet(P.decode(ptype, flags, body, self.level))

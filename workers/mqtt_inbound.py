@@ -38,6 +38,10 @@ log = logging.getLogger("shoal.mqtt")
 EXCHANGE = M.EXCHANGE.encode()
 TOPIC_ALIAS_MAXIMUM = 64  # the 5.0 topic aliases a client may set (CONNACK says so)
 MAX_ROUTING_KEY = 255  # an AMQP shortstr: a longer topic cannot be routed (5.0: 0x90)
+PLAIN_TOPICS_MAX = 64  # the topics a connection publishes to that publish_plain knows
+# A PUBLISH's flags (DUP, QoS, RETAIN) that publish_plain takes: QoS 0, and
+# QoS 1 with DUP or without; none retained.
+_PLAIN_FLAGS = frozenset({0x00, 0x02, 0x0A})
 
 
 class Inbound:
@@ -56,6 +60,10 @@ class Inbound:
         # The content header properties of PUBLISHes without 5.0 properties,
         # by (QoS, retain, publisher).
         self.known_properties: dict[tuple[int, bool, str | None], bytes] = {}
+        # Topics published to before, which passed decode's checks and the
+        # routing key's length: topic bytes -> (routing key, its basic.publish
+        # method frame), for publish_plain.
+        self.plain_topics: dict[bytes, tuple[str, bytes]] = {}
 
     def publish(self, packet: P.Publish) -> None:
         packet_id = packet.packet_id
@@ -75,6 +83,9 @@ class Inbound:
             return
         if not self._may_publish(routing_key, packet):
             return
+        if packet.topic and len(self.plain_topics) < PLAIN_TOPICS_MAX:
+            method = F.publish_method(1, EXCHANGE, routing_key.encode())
+            self.plain_topics[packet.topic.encode()] = (routing_key, method)
         props = self._properties(packet)
         ack = None
         if packet.qos:
@@ -98,6 +109,44 @@ class Inbound:
             plain = ipc.RetainedMessage(topic, packet.payload, packet.qos, kept)
             retain = ipc.Retain(self.conn.vhost, plain)
         self.amqp_publish(routing_key, packet.payload, props, ack, retain)
+
+    def publish_plain(self, flags: int, body: bytes) -> bool:
+        """A device's commonest PUBLISH without a Packet object: QoS 0 or 1,
+        not retained, no 5.0 properties, to a topic it published to before
+        (whose checks passed then: `plain_topics`); the permission is asked
+        again. False for any other PUBLISH, untouched: the decoder takes it
+        (and refuses what is malformed, as before)."""
+        if flags not in _PLAIN_FLAGS or len(body) < 2:
+            return False
+        at = 2 + (body[0] << 8 | body[1])
+        size = len(body)
+        known = self.plain_topics.get(body[2:at]) if size >= at else None
+        if known is None:
+            return False
+        conn = self.conn
+        ack = None
+        if flags:
+            packet_id = body[at] << 8 | body[at + 1] if size >= at + 2 else 0
+            if not packet_id:
+                return False  # (no id, or 0: malformed)
+            ack = (P.PUBACK, packet_id)
+            at += 2
+        if conn.level == P.MQTT_5:
+            if size <= at or body[at]:
+                return False  # (properties: decoded)
+            at += 1
+        routing_key, method = known
+        publisher = conn.client_id if self.subscriptions.no_local else None
+        properties = self.known_properties.get((flags >> 1, False, publisher))
+        if properties is None or not conn.may_publish(routing_key):
+            return False  # (a refusal is the decoder's path's to say)
+        if not flags and conn.long_read:
+            self.waker.at_once = True  # (as publish does: see there)
+        self.confirm_seq += 1
+        if ack is not None:
+            self.confirms[self.confirm_seq] = (ack, None)
+        conn.to_amqp(F.with_content(method, 1, properties, body[at:], conn.frame_max))
+        return True
 
     def _may_publish(self, routing_key: str, packet: P.Publish) -> bool:
         """Write on amq.topic and the topic permissions, as RabbitMQ's plugin

@@ -60,16 +60,26 @@ def publish(
     frame_max: int,
 ) -> bytes:
     """basic.publish (not mandatory), its content header and body frames."""
-    method = b"\x00\x3c\x00\x28\x00\x00%c%s%c%s\x00" % (
-        len(exchange),
-        exchange,
-        len(routing_key),
-        routing_key,
+    method = publish_method(channel, exchange, routing_key)
+    return with_content(method, channel, properties, payload, frame_max)
+
+
+def publish_method(channel: int, exchange: bytes, routing_key: bytes) -> bytes:
+    """basic.publish's method frame (not mandatory): the same bytes for every
+    message to a routing key (a device's topic: kept)."""
+    return frame(
+        METHOD,
+        channel,
+        b"\x00\x3c\x00\x28\x00\x00%c%s%c%s\x00"
+        % (len(exchange), exchange, len(routing_key), routing_key),
     )
-    parts = [
-        frame(METHOD, channel, method),
-        frame(HEADER, channel, _HEADER_START.pack(60, 0, len(payload)) + properties),
-    ]
+
+
+def with_content(
+    method: bytes, channel: int, properties: bytes, payload: bytes, frame_max: int
+) -> bytes:
+    """A publish's method frame, then its content header and body frames."""
+    parts = [method, frame(HEADER, channel, _HEADER_START.pack(60, 0, len(payload)) + properties)]
     step = frame_max - 8
     for at in range(0, len(payload), step):
         parts.append(frame(BODY, channel, payload[at : at + step]))

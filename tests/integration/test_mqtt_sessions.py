@@ -262,6 +262,46 @@ def test_a_malformed_puback_ends_the_connection_an_unknown_one_is_ignored(
     assert sub.closed_by_broker()
 
 
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_a_devices_repeated_publishes_arrive_and_a_malformed_one_still_ends_it(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    """A PUBLISH to a topic the client published to before skips the decoder
+    (Inbound.publish_plain): QoS 0 and 1 arrive as the first did, each QoS 1
+    one PUBACKed; one with packet id 0 is malformed all the same
+    (MQTT-2.3.1-1): the connection ends, nothing of it delivered."""
+    _broker, port = mqtt_broker
+    sub = raw(raws, port, P.MQTT_311)
+    sub.connect("plain-sub")
+    assert sub.subscribe("plain/#", 1) == b"\x01"
+    pub = raw(raws, port, level)
+    pub.connect("plain-pub")
+    for i in (1, 2, 3):
+        pub.publish("plain/dev", b"q1-%d" % i, qos=1, packet_id=i)
+        assert pub.read(P.PUBACK)[2][:2] == i.to_bytes(2, "big")
+        pub.publish("plain/dev", b"q0-%d" % i)
+    got = []
+    for _ in range(6):
+        flags, message = sub.received()
+        got.append((message.topic, message.payload, (flags >> 1) & 3))
+        if message.packet_id is not None:
+            sub.ack(P.PUBACK, message.packet_id)
+    assert got == [
+        ("plain/dev", payload, qos)
+        for i in (1, 2, 3)
+        for payload, qos in ((b"q1-%d" % i, 1), (b"q0-%d" % i, 0))
+    ]
+    body = b"\x00\x09plain/dev\x00\x00" + (b"\x00" if level == P.MQTT_5 else b"") + b"bad"
+    pub.sock.sendall(bytes([0x32, len(body)]) + body)  # QoS 1, packet id 0
+    assert pub.closed_by_broker()
+    pub.close()
+    again = raw(raws, port, level)
+    again.connect("plain-pub-2")
+    again.publish("plain/dev", b"after", qos=1, packet_id=1)
+    again.read(P.PUBACK)
+    assert sub.received()[1].payload == b"after"  # the bad one never arrived
+
+
 def test_a_delayed_will_waits_and_is_dropped_when_the_client_returns(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient]
 ) -> None:

@@ -1,10 +1,14 @@
-"""An MQTT publisher's wake-ups and confirms (workers/mqtt_inbound.py).
+"""An MQTT publisher's wake-ups, confirms and plain publishes
+(workers/mqtt_inbound.py).
 
 Wake-ups (shm/wake.py at_once): a QoS 0 publish in a long read has its
 subscriber's worker woken at once, before the rest of the read; QoS 1 and
 lone publishes wait for the loop iteration's end, as every other wake-up
 does. Confirms (Inbound.confirmed_at_once): taken from the inner connection
-without a frame, unless frames it wrote before are still unread."""
+without a frame, unless frames it wrote before are still unread. Plain
+publishes (Inbound.publish_plain): a PUBLISH to a topic published to before,
+without a Packet object, the same frames as the decoder's path; any other
+left to the decoder."""
 
 from __future__ import annotations
 
@@ -39,14 +43,17 @@ class StandInClient:
         self.long_read = long_read
         self.session = Session.in_memory()
         self.published: list[bool] = []
+        self.frames: list[bytes] = []  # what went to the inner connection
+        self.allowed = True
         self.amqp_out = bytearray()  # the inner connection's frames not yet read
         self.sent: list[bytes] = []
 
     def may_publish(self, routing_key: str) -> bool:
-        return True
+        return self.allowed
 
     def to_amqp(self, data: bytes) -> None:
         self.published.append(self.waker.at_once)
+        self.frames.append(data)
 
     def send(self, data: bytes) -> None:
         self.sent.append(data)
@@ -90,3 +97,81 @@ def test_a_confirm_is_taken_at_once_unless_earlier_frames_are_unread(unread: byt
     else:
         assert client.sent == [] and len(inbound.confirms) == 2
     assert inbound.confirmed_at_once(2, 2) is False  # (only channel 1 publishes)
+
+
+def publish_body(topic: bytes, packet_id: int | None, payload: bytes, level: int) -> bytes:
+    body = len(topic).to_bytes(2, "big") + topic
+    if packet_id is not None:
+        body += packet_id.to_bytes(2, "big")
+    if level == P.MQTT_5:
+        body += b"\x00"  # no properties
+    return body + payload
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_plain_publish_makes_the_frames_of_the_decoders_path(level: int, qos: int) -> None:
+    waker = StandInWaker()
+    client = StandInClient(waker, long_read=False)
+    client.level = level
+    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    flags = qos << 1
+    first = publish_body(b"sensors/1/temp", 7 if qos else None, b"21.5", level)
+    assert inbound.publish_plain(flags, first) is False  # a topic not seen yet
+    inbound.publish(P.decode(P.PUBLISH, flags, first, level))  # type: ignore[arg-type]
+    second = publish_body(b"sensors/1/temp", 8 if qos else None, b"21.6", level)
+    assert inbound.publish_plain(flags, second) is True
+    decoded = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    decoded.confirm_seq = 1
+    decoded.publish(P.decode(P.PUBLISH, flags, second, level))  # type: ignore[arg-type]
+    assert client.frames[1] == client.frames[2]  # the same basic.publish, header, body
+    assert inbound.confirm_seq == 2
+    if qos:
+        assert inbound.confirms == {1: ((P.PUBACK, 7), None), 2: ((P.PUBACK, 8), None)}
+    else:
+        assert inbound.confirms == {}
+
+
+@pytest.mark.parametrize(
+    ("flags", "body", "why"),
+    [
+        (0x02, publish_body(b"sensors/2/temp", 9, b"x", P.MQTT_311), "a topic not seen"),
+        (0x03, publish_body(b"sensors/1/temp", 9, b"x", P.MQTT_311), "retained"),
+        (0x04, publish_body(b"sensors/1/temp", 9, b"x", P.MQTT_311), "QoS 2"),
+        (0x06, publish_body(b"sensors/1/temp", 9, b"x", P.MQTT_311), "QoS 3"),
+        (0x08, publish_body(b"sensors/1/temp", None, b"x", P.MQTT_311), "DUP at QoS 0"),
+        (0x02, publish_body(b"sensors/1/temp", 0, b"x", P.MQTT_311), "packet id 0"),
+        (0x02, b"\x00\x0esensors/1/temp\x00", "a packet id cut short"),
+        (0x00, b"\x00\x0fsensors/1/temp", "a topic longer than the packet"),
+        (0x00, b"\x00", "no topic length"),
+    ],
+)
+def test_a_publish_that_is_not_plain_is_left_to_the_decoder(
+    flags: int, body: bytes, why: str
+) -> None:
+    waker = StandInWaker()
+    client = StandInClient(waker, long_read=False)
+    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    for qos in (0, 1):
+        known = publish_body(b"sensors/1/temp", 7 if qos else None, b"21.5", P.MQTT_311)
+        inbound.publish(P.decode(P.PUBLISH, qos << 1, known, P.MQTT_311))  # type: ignore[arg-type]
+    sent = len(client.frames)
+    assert inbound.publish_plain(flags, body) is False, why
+    assert len(client.frames) == sent and inbound.confirm_seq == 2
+
+
+def test_a_plain_publish_asks_the_permission_and_a_5_0_ones_properties_go_to_the_decoder() -> None:
+    waker = StandInWaker()
+    client = StandInClient(waker, long_read=False)
+    client.level = P.MQTT_5
+    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    known = publish_body(b"sensors/1/temp", 7, b"21.5", P.MQTT_5)
+    inbound.publish(P.decode(P.PUBLISH, 0x02, known, P.MQTT_5))  # type: ignore[arg-type]
+    with_properties = (
+        b"\x00\x0esensors/1/temp\x00\x08\x02\x01\x00x"  # (id 8; payload format indicator 0)
+    )
+    assert inbound.publish_plain(0x02, with_properties) is False
+    client.allowed = False  # the permission taken away since
+    assert inbound.publish_plain(0x02, publish_body(b"sensors/1/temp", 8, b"x", P.MQTT_5)) is False
+    client.allowed = True
+    assert inbound.publish_plain(0x02, publish_body(b"sensors/1/temp", 8, b"x", P.MQTT_5)) is True
