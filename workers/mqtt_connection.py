@@ -576,6 +576,11 @@ class MqttConnection(asyncio.Protocol):
                     break
                 delivery = self.delivery
                 if kind == F.METHOD and delivery is None and buffer[at + 7 : at + 11] == F.DELIVER:
+                    if self.open and self.outbound:  # a planned run in C, as far as it goes
+                        taken = self.outbound.run(buffer, at)
+                        if taken > at:
+                            at = taken
+                            continue
                     # A delivery's three frames in one go, where they are all here.
                     whole = F.whole_delivery(buffer, at, end)
                     if whole is not None:

@@ -30,6 +30,7 @@ from shoal.broker import ipc
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.amqp_frames import Delivered
+from shoal.workers._mqtt_wire import deliveries
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_session import fingerprint
 from shoal.workers.mqtt_subscriptions import Subscriptions
@@ -55,6 +56,12 @@ class Outbound:
         # PUBLISH heads without properties, by (topic, flags, payload size): P.publish_head.
         self.heads: dict[tuple[str, int, int], bytes] = {}
         self.empty_properties = b"\x00" if conn.level == P.MQTT_5 else b""
+        # The C path's plans (`run`): a delivery's (queue, routing key,
+        # properties) as framed -> (topic, QoS, retain), or None where it
+        # needs Python; for the subscriptions' version `planned_for`.
+        self.planned: dict[bytes, tuple[bytes, int, bool] | None] = {}
+        self.planned_for = -1
+        self.miss: bytes | None = None  # the key of the delivery `run` left to deliver()
 
     def resume(self) -> None:
         """A returning session's PUBRELs go again (MQTT-4.4.0-1)."""
@@ -62,6 +69,28 @@ class Outbound:
             self.conn.send(P.encode_ack(self.conn.level, P.PUBREL, packet_id))
 
     # ----------------------------------------------------------- deliveries
+    def run(self, buffer: bytearray, at: int) -> int:
+        """The inner connection's run of deliveries at `at`, as far as it is
+        planned, as PUBLISHes in one C call (workers/_mqtt_wire.c): where
+        Python's path goes on. Only where nothing but the plan decides a
+        PUBLISH's bytes: no topic aliases, no maximum packet size, no QoS 2
+        message under way (its packet ids and order are the session's)."""
+        state = self.conn.session.state
+        if self.alias_max or self.max_packet is not None or self.line:
+            return at
+        if state.sent or state.released:
+            return at
+        version = self.subscriptions.version
+        if self.planned_for != version:
+            self.planned.clear()
+            self.planned_for = version
+        at, self.next_packet_id, packets, self.miss = deliveries(
+            buffer, at, self.planned, self.unacked, self.next_packet_id, self.conn.level == P.MQTT_5
+        )
+        if packets is not None:
+            self.conn.send(packets)
+        return at
+
     def deliver(self, deliver: Delivered, props: C.Basic.Properties, payload: bytes) -> None:
         conn = self.conn
         tag = deliver.delivery_tag
@@ -69,12 +98,23 @@ class Outbound:
         routing_key = deliver.routing_key
         queue_qos = self.subscriptions.consumed.get(queue, 0)
         plan = self._plan(queue, routing_key, props)
+        miss, self.miss = self.miss, None
         if plan is None:  # a $-topic, or only no-local subscriptions matched
+            if miss is not None:
+                self._learn(miss, None)
             self._settle(tag, queue_qos)
             return
         topic, qos, out, retain = plan
         if queue_qos < qos:
             qos = queue_qos
+        if miss is not None:
+            # What run may do for the next alike: QoS 0 or 1 as the plan
+            # says, unless a 5.0 property, an expiry or an ack at once is in it.
+            plain = not out and qos < 2 and not (queue_qos and not qos)
+            if plain and M.EXPIRES_HEADER not in (props.headers or {}):
+                self._learn(miss, (topic.encode(), qos, retain))
+            else:
+                self._learn(miss, None)
         if qos < 2:
             packet_id = None
             if qos:
@@ -161,6 +201,11 @@ class Outbound:
             # (props kept with it: its id is not reused while the plan lives)
             self.plans[key] = (props, subscriptions.version, plan)
         return plan
+
+    def _learn(self, key: bytes, plan: tuple[bytes, int, bool] | None) -> None:
+        if len(self.planned) >= PLANS:
+            self.planned.clear()
+        self.planned[key] = plan
 
     def send_retained(self, message: ipc.RetainedMessage, qos: int, subs: list[Any]) -> None:
         """A retained message for a new subscription, RETAIN set (MQTT-3.3.1-6)."""

@@ -115,6 +115,32 @@ def test_publish_and_subscribe_at_each_qos(
     assert sub.next("message").payload == b"last"  # the other topic never came
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_runs_of_deliveries_arrive_whole_in_order_at_the_subscriptions_qos(
+    mqtt_broker: tuple[Broker, int], clients: list[Client], version: int
+) -> None:
+    """Runs of alike deliveries, each but the first written in C
+    (Outbound.run), of every size class of a PUBLISH's remaining length."""
+    broker, port = mqtt_broker
+    sub = connected(clients, port, version, "run-sub")
+    assert sub.subscribe("runs/q1/#", 1) == [1] and sub.subscribe("runs/q0/#", 0) == [0]
+    sizes = [0, 1, 120, 130, 16_380, 20_000] * 5
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        for level in ("q1", "q0"):
+            for i, size in enumerate(sizes):
+                props = pika.BasicProperties(headers={"x-mqtt-publish-qos": 1})
+                ch.basic_publish("amq.topic", f"runs.{level}.t", bytes([i]) * size, props)
+    finally:
+        conn.close()
+    for qos, level in ((1, "q1"), (0, "q0")):
+        for i, size in enumerate(sizes):
+            message = sub.next("message")
+            assert (message.topic, message.qos) == (f"runs/{level}/t", qos)
+            assert message.payload == bytes([i]) * size
+
+
 def test_amqp_and_mqtt_share_messages_both_ways(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:

@@ -351,3 +351,38 @@ def test_wildcards_do_not_match_dollar_topics(
         conn.close()
     assert system.received()[1].topic == "$SYS/broker/load"
     assert everything.received()[1].topic == "plain/topic"  # not the $SYS one before it
+
+
+def test_retain_as_published_changed_holds_from_the_next_delivery(
+    mqtt_broker: tuple[Broker, int],
+) -> None:
+    """A delivery's bytes are planned once per (queue, topic, properties)
+    and its later alike ones written in C (Outbound.run): a subscription
+    changed in between must change them, as retain-as-published does here."""
+    _broker, port = mqtt_broker
+    got: queue.Queue[Any] = queue.Queue()
+    sub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="rap-sub", protocol=paho.MQTTv5)
+    pub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="rap-pub", protocol=paho.MQTTv5)
+    sub.on_message = lambda _c, _u, m: got.put(m)
+    subscribed: queue.Queue[Any] = queue.Queue()
+    sub.on_subscribe = lambda *_a: subscribed.put(True)
+    try:
+        for c in (sub, pub):
+            c.connect("127.0.0.1", port)
+            c.loop_start()
+        for rap in (True, False, True):
+            sub.subscribe("rap/#", options=SubscribeOptions(qos=1, retainAsPublished=rap))
+            subscribed.get(timeout=WAIT_S)
+            flags = []
+            for i in range(6):  # the first planned in Python, the rest alike
+                pub.publish("rap/x", b"%d" % i, qos=1, retain=True).wait_for_publish(WAIT_S)
+                message = got.get(timeout=WAIT_S)
+                if message.payload == b"%d" % i:  # (not the retained copy a new subscription gets)
+                    flags.append(message.retain)
+                else:
+                    flags.append(got.get(timeout=WAIT_S).retain)
+            assert flags == [rap] * 6
+    finally:
+        for c in (sub, pub):
+            c.disconnect()
+            c.loop_stop()
