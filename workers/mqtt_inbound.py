@@ -249,8 +249,17 @@ class Inbound:
         return True
 
     def confirmed(self, tag: int, multiple: bool, ack: bool) -> None:
-        seqs = [s for s in self.confirms if s <= tag] if multiple else [tag]
-        for seq in sorted(seqs):
+        if multiple:
+            # In ascending order as inserted (confirm_seq only grows): the
+            # run up to `tag` is a prefix, not a scan of all outstanding.
+            seqs = []
+            for seq in self.confirms:
+                if seq > tag:
+                    break
+                seqs.append(seq)
+        else:
+            seqs = [tag]
+        for seq in seqs:
             got = self.confirms.pop(seq, None)
             if got is None:
                 continue
