@@ -21,9 +21,8 @@ the management API's connection rows.
     PINGREQ          PINGRESP; keep-alive: closed after 1.5 x its interval
     DISCONNECT       closed without the will; any other end publishes the will
                      (5.0: after its will delay, unless the client comes back)
-    RETAIN           kept by the scheduler once confirmed, on disk before the
-                     ack (ipc.Retain); a new
-                     subscription gets what its filter matches (ipc.RetainedFor)
+    RETAIN           kept by the scheduler once confirmed, on disk before the ack
+                     (ipc.Retain); a new subscription gets what its filter matches
     the client id    connecting again: its older connection, on any worker, goes
 """
 
@@ -158,19 +157,22 @@ class MqttConnection(asyncio.Protocol):
                         self._settle_acks()  # (as _packet does first)
                     if self.inbound.publish_plain(flags, body):
                         continue
+                self.inbound.feed_plain()
                 if self.connect is None and ptype != P.CONNECT:
                     raise P.ProtocolError("the first packet is not CONNECT")  # MQTT-3.1.0-1
                 self._packet(P.decode(ptype, flags, body, self.level))
         except P.PacketError as exc:
             log.info("mqtt client %s: %s", self.client_id or "(not connected)", exc.text)
+            self.inbound.feed_plain()  # (what came before it is published)
             self.disconnect(exc.reason)
         except Exception:
             # A bug in handling one client must cost that client only.
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
+            self.inbound.feed_plain()
             self.disconnect(0x83)  # implementation specific error
         finally:
-            # Neither outlives the read (a packet held for a SUBACK is handled later).
-            self.long_read = False
+            self.inbound.feed_plain()
+            self.long_read = False  # (neither it nor at_once outlives the read)
             self.ctx.waker.at_once = False  # (a QoS 0 publish here may have left it set)
             if batch:
                 self._end_batch()
@@ -516,6 +518,7 @@ class MqttConnection(asyncio.Protocol):
 
     # ------------------------------------------------------- the AMQP side
     def to_amqp(self, data: bytes) -> None:
+        self.inbound.feed_plain()  # (first: the client's order)
         if self.amqp is not None:
             self.amqp.data_received(data)
 

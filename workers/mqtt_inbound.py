@@ -64,6 +64,10 @@ class Inbound:
         # routing key's length: topic bytes -> (routing key, its basic.publish
         # method frame), for publish_plain.
         self.plain_topics: dict[bytes, tuple[str, bytes]] = {}
+        # A read's plain publishes, framed, not yet given to the inner
+        # connection (feed_plain), and whether one asks for a wake-up now.
+        self.plain: list[bytes] = []
+        self.plain_wake = False
 
     def publish(self, packet: P.Publish) -> None:
         packet_id = packet.packet_id
@@ -141,12 +145,28 @@ class Inbound:
         if properties is None or not conn.may_publish(routing_key):
             return False  # (a refusal is the decoder's path's to say)
         if not flags and conn.long_read:
-            self.waker.at_once = True  # (as publish does: see there)
+            self.plain_wake = True  # (as publish does: see there)
         self.confirm_seq += 1
         if ack is not None:
             self.confirms[self.confirm_seq] = (ack, None)
-        conn.to_amqp(F.with_content(method, 1, properties, body[at:], conn.frame_max))
+        self.plain.append(F.with_content(method, 1, properties, body[at:], conn.frame_max))
         return True
+
+    def feed_plain(self) -> None:
+        """The plain publishes held so far, to the inner connection in one
+        read of its own: its per-read work (permissions, the publish lane's
+        arming and accounting, the confirms) once for a run of them, not per
+        message. Called before anything else goes to it (to_amqp), at the
+        end of the client's read, and before the client is disconnected:
+        the inner connection sees every frame in the client's order."""
+        frames = self.plain
+        if not frames:
+            return
+        self.plain = []
+        if self.plain_wake:
+            self.plain_wake = False
+            self.waker.at_once = True
+        self.conn.to_amqp(b"".join(frames) if len(frames) > 1 else frames[0])
 
     def _may_publish(self, routing_key: str, packet: P.Publish) -> bool:
         """Write on amq.topic and the topic permissions, as RabbitMQ's plugin

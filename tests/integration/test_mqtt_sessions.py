@@ -302,6 +302,53 @@ def test_a_devices_repeated_publishes_arrive_and_a_malformed_one_still_ends_it(
     assert sub.received()[1].payload == b"after"  # the bad one never arrived
 
 
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_a_run_of_plain_and_other_publishes_in_one_write_keeps_its_order(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    """A read's plain publishes reach the inner connection together
+    (Inbound.feed_plain), before any other packet of the read: a QoS 2 and a
+    retained publish among them keep their places, every QoS 1 one is
+    PUBACKed, and a malformed packet at the end still lets all before it
+    through before the connection ends."""
+    _broker, port = mqtt_broker
+    sub = raw(raws, port, P.MQTT_311)
+    sub.connect("run-sub")
+    assert sub.subscribe("run/#", 2) == b"\x02"
+    pub = raw(raws, port, level)
+    pub.connect("run-pub")
+    pub.publish("run/a", b"first", qos=1, packet_id=1)  # (its topic known from here on)
+    pub.publish("run/a", b"first-0")
+    assert pub.read(P.PUBACK)[2][:2] == b"\x00\x01"
+    sent = [
+        ("run/a", b"p1", 1, False, 2),
+        ("run/a", b"p2", 1, False, 3),
+        ("run/b", b"two", 2, False, 4),
+        ("run/a", b"p3", 0, False, None),
+        ("run/r", b"kept", 1, True, 5),
+        ("run/a", b"p4", 1, False, 6),
+        ("run/a", b"p5", 0, False, None),
+    ]
+    bad = b"\x00\x05run/a\x00\x00" + (b"\x00" if level == P.MQTT_5 else b"") + b"bad"
+    run = b"".join(
+        P.encode_publish(level, topic, payload, qos, retain, False, packet_id, {})
+        for topic, payload, qos, retain, packet_id in sent
+    )
+    pub.sock.sendall(run + bytes([0x32, len(bad)]) + bad)  # ends with QoS 1, packet id 0
+    got = []
+    for _ in range(2 + len(sent)):
+        flags, message = sub.received()
+        got.append((message.topic, message.payload, (flags >> 1) & 3))
+        if message.packet_id is not None:
+            sub.ack(P.PUBACK if flags & 0x06 == 0x02 else P.PUBREC, message.packet_id)
+    assert got == [("run/a", b"first", 1), ("run/a", b"first-0", 0)] + [
+        (topic, payload, qos) for topic, payload, qos, _retain, _id in sent
+    ]
+    assert pub.closed_by_broker()
+    acked = {int.from_bytes(body[:2], "big") for kind, _f, body in pub.got if kind == P.PUBACK}
+    assert {2, 3, 6} <= acked  # (the retained one's waits for its write: it may not come)
+
+
 def test_a_delayed_will_waits_and_is_dropped_when_the_client_returns(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient]
 ) -> None:

@@ -121,6 +121,8 @@ def test_a_plain_publish_makes_the_frames_of_the_decoders_path(level: int, qos: 
     inbound.publish(P.decode(P.PUBLISH, flags, first, level))  # type: ignore[arg-type]
     second = publish_body(b"sensors/1/temp", 8 if qos else None, b"21.6", level)
     assert inbound.publish_plain(flags, second) is True
+    assert len(client.frames) == 1  # held until fed
+    inbound.feed_plain()
     decoded = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
     decoded.confirm_seq = 1
     decoded.publish(P.decode(P.PUBLISH, flags, second, level))  # type: ignore[arg-type]
@@ -175,3 +177,40 @@ def test_a_plain_publish_asks_the_permission_and_a_5_0_ones_properties_go_to_the
     assert inbound.publish_plain(0x02, publish_body(b"sensors/1/temp", 8, b"x", P.MQTT_5)) is False
     client.allowed = True
     assert inbound.publish_plain(0x02, publish_body(b"sensors/1/temp", 8, b"x", P.MQTT_5)) is True
+
+
+@pytest.mark.parametrize("long_read", [False, True])
+def test_a_reads_plain_publishes_reach_the_inner_connection_in_one_go(long_read: bool) -> None:
+    """feed_plain: the held publishes' frames as one read of the inner
+    connection, in order; a QoS 0 one in a long read asks for its wake-up
+    then (as publish does at once), a QoS 1 one never."""
+    waker = StandInWaker()
+    client = StandInClient(waker, long_read)
+    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    for qos in (0, 1):
+        known = publish_body(b"sensors/1/temp", 7 if qos else None, b"21.5", P.MQTT_311)
+        inbound.publish(P.decode(P.PUBLISH, qos << 1, known, P.MQTT_311))  # type: ignore[arg-type]
+    waker.at_once = False
+    client.published.clear()
+    client.frames.clear()
+    inbound.feed_plain()
+    assert client.frames == []  # nothing held: nothing sent
+    one = [publish_body(b"sensors/1/temp", 8 + i, b"%d" % i, P.MQTT_311) for i in range(3)]
+    for body in one:
+        assert inbound.publish_plain(0x02, body) is True
+    inbound.feed_plain()
+    assert client.published == [False]  # QoS 1 only: no wake-up now
+    two = [publish_body(b"sensors/1/temp", None, b"q0-%d" % i, P.MQTT_311) for i in range(2)]
+    for body in two:
+        assert inbound.publish_plain(0x00, body) is True
+    assert not waker.at_once  # (asked for when fed, not before)
+    inbound.feed_plain()
+    assert client.published == [False, long_read]
+    assert len(client.frames) == 2
+    for sent, bodies, qos in ((client.frames[0], one, 1), (client.frames[1], two, 0)):
+        expected = Inbound(StandInClient(waker, False), StandInSubscriptions(), waker)  # type: ignore[arg-type]
+        decoded = expected.conn
+        for body in bodies:
+            expected.publish(P.decode(P.PUBLISH, qos << 1, body, P.MQTT_311))  # type: ignore[arg-type]
+        assert sent == b"".join(decoded.frames)  # type: ignore[attr-defined]
+    assert sorted(inbound.confirms) == [2, 3, 4, 5]  # (the first QoS 1 one, then these)
