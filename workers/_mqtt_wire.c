@@ -9,8 +9,9 @@
  * bridge has planned before (`plans`) becomes PUBLISH packets in one call:
  * QoS 0 and 1, no 5.0 properties, no topic alias, not redelivered. Anything
  * else (another frame, a delivery not planned or planned as None, a body in
- * several frames, a redelivery, no free packet id) ends the run where it
- * is, untouched: Python's path takes it, and teaches the plan (`miss`).
+ * several frames or above BIG_BODY, a redelivery, no free packet id) ends the
+ * run where it is, untouched: Python's path takes it, and teaches the plan
+ * (`miss`); so does a run's size past RUN_BYTES (the caller calls again).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,6 +24,11 @@
 #define FRAME_END 0xCE
 #define PUBLISH_TYPE 0x30
 #define MAX_PACKET_ID 65535
+/* A run's packets stop at about RUN_BYTES, and a body above BIG_BODY goes
+ * through Python: the buffer below, kept for the process's life, stays
+ * small whatever sizes messages have (a large body gains little here). */
+#define RUN_BYTES (256 * 1024)
+#define BIG_BODY (64 * 1024)
 
 static unsigned char *out_buf; /* the run's packets, copied out once; one per process */
 static Py_ssize_t out_cap;
@@ -225,7 +231,8 @@ deliveries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t used = 0;
     PyObject *miss = NULL;
     Delivery d;
-    while (delivery_at(p, n, at, &d) && !d.redelivered) {
+    while (used < RUN_BYTES && delivery_at(p, n, at, &d) && !d.redelivered &&
+           d.body_len <= BIG_BODY) {
         PyObject *key = plan_key(&d);
         if (key == NULL)
             goto error;

@@ -118,6 +118,24 @@ def test_the_run_stops_at_whatever_its_plans_do_not_decide() -> None:
     assert deliveries(buffer, len(buffer), plans, {}, 1, False) == (len(buffer), 1, None, None)
 
 
+def test_a_run_is_cut_at_about_256_kib_and_a_body_over_64_kib_is_pythons() -> None:
+    payloads = [bytes([i]) * 60_000 for i in range(10)]
+    buffer = bytearray(b"".join(delivery(i + 1, p) for i, p in enumerate(payloads)))
+    plans = planned(buffer, (b"big", 0, False))
+    got = b""
+    at = 0
+    for _call in range(2):  # five of them fill the first run past 256 KiB
+        at, _next_id, packets, _miss = deliveries(buffer, at, plans, {}, 1, False)
+        assert packets is not None
+        got += packets
+    assert at == len(buffer)
+    assert got == b"".join(
+        P.encode_publish(P.MQTT_311, "big", p, 0, False, False, None, {}) for p in payloads
+    )
+    big = bytearray(delivery(1, b"x" * (64 * 1024 + 1)))
+    assert deliveries(big, 0, plans, {}, 1, False) == (0, 1, None, None)  # (planned alike)
+
+
 def test_bad_arguments_are_refused_not_read() -> None:
     buffer = bytearray(delivery(1, b"a"))
     with pytest.raises(IndexError):
