@@ -75,6 +75,7 @@ class Outbound:
         Python's path goes on. Only where nothing but the plan decides a
         PUBLISH's bytes: no topic aliases, no maximum packet size, no QoS 2
         message under way (its packet ids and order are the session's)."""
+        self.miss = None  # (only the delivery at `at`, from this call, may be planned)
         state = self.conn.session.state
         if self.alias_max or self.max_packet is not None or self.line:
             return at
