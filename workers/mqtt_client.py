@@ -32,7 +32,7 @@ class MqttClient(Protocol):
     def disconnect(self, reason: int) -> None:
         """End the connection for a fault (5.0: DISCONNECT with `reason` first)."""
 
-    def may_publish(self, routing_key: str) -> bool:
+    def may_publish(self, routing_key: bytes) -> bool:
         """Whether the user may publish to amq.topic with this key."""
 
     def keep_retained(self, message: Any) -> asyncio.Future[Any]:

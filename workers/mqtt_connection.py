@@ -481,13 +481,13 @@ class MqttConnection(asyncio.Protocol):
         while self.held and not self.busy and not self.closed:
             self._packet(self.held.pop(0))
 
-    def may_publish(self, routing_key: str) -> bool:
+    def may_publish(self, routing_key: bytes) -> bool:
         """Write on amq.topic and its topic permissions for this key."""
         if self.amqp is None:
             return False
         access = self.amqp.access
         access.refresh()
-        return access.may_publish(INBOUND_EXCHANGE, routing_key.encode())
+        return access.may_publish(INBOUND_EXCHANGE, routing_key)
 
     @property
     def vhost(self) -> str:

@@ -42,6 +42,9 @@ PLAIN_TOPICS_MAX = 64  # the topics a connection publishes to that publish_plain
 # A PUBLISH's flags (DUP, QoS, RETAIN) that publish_plain takes: QoS 0, and
 # QoS 1 with DUP or without; none retained.
 _PLAIN_FLAGS = frozenset({0x00, 0x02, 0x0A})
+# A PUBACK with success, without its packet id: 3.1.1's, and 5.0's short
+# form (3.4.2.1), the same bytes (encode_ack's).
+_PUBACK_HEAD = bytes((P.PUBACK << 4, 2))
 
 
 class Inbound:
@@ -63,7 +66,7 @@ class Inbound:
         # Topics published to before, which passed decode's checks and the
         # routing key's length: topic bytes -> (routing key, its basic.publish
         # method frame), for publish_plain.
-        self.plain_topics: dict[bytes, tuple[str, bytes]] = {}
+        self.plain_topics: dict[bytes, tuple[bytes, bytes]] = {}
         # A read's plain publishes, framed, not yet given to the inner
         # connection (feed_plain), and whether one asks for a wake-up now.
         self.plain: list[bytes] = []
@@ -82,14 +85,15 @@ class Inbound:
             return
         topic = self.topic_aliases.topic(packet)
         routing_key = M.mqtt_to_amqp(topic)
-        if len(routing_key.encode()) > MAX_ROUTING_KEY:
+        key = routing_key.encode()
+        if len(key) > MAX_ROUTING_KEY:
             self._refuse(packet, 0x90, f"a topic of over {MAX_ROUTING_KEY} bytes")
             return
-        if not self._may_publish(routing_key, packet):
+        if not self._may_publish(key, packet):
             return
         if packet.topic and len(self.plain_topics) < PLAIN_TOPICS_MAX:
-            method = F.publish_method(1, EXCHANGE, routing_key.encode())
-            self.plain_topics[packet.topic.encode()] = (routing_key, method)
+            method = F.publish_method(1, EXCHANGE, key)
+            self.plain_topics[packet.topic.encode()] = (key, method)
         props = self._properties(packet)
         ack = None
         if packet.qos:
@@ -168,7 +172,7 @@ class Inbound:
             self.waker.at_once = True
         self.conn.to_amqp(b"".join(frames) if len(frames) > 1 else frames[0])
 
-    def _may_publish(self, routing_key: str, packet: P.Publish) -> bool:
+    def _may_publish(self, routing_key: bytes, packet: P.Publish) -> bool:
         """Write on amq.topic and the topic permissions, as RabbitMQ's plugin
         checks them: refused, a 5.0 client's QoS 1 or 2 message gets its
         PUBACK or PUBREC with 0x87 and a QoS 0 one is dropped; a 3.1.1
@@ -302,7 +306,9 @@ class Inbound:
             self._acked(kind, packet_id)
 
     def _acked(self, kind: int, packet_id: int) -> None:
-        if kind == P.PUBREC:
+        if kind == P.PUBACK:
+            self.conn.send(_PUBACK_HEAD + packet_id.to_bytes(2, "big"))
+        elif kind == P.PUBREC:
             self._pubrec(packet_id)
         else:
             self.conn.send(P.encode_ack(self.conn.level, kind, packet_id))

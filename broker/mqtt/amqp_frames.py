@@ -28,6 +28,10 @@ DELIVER = b"\x00\x3c\x00\x3c"  # basic.deliver: class 60, method 60
 _ACK = b"\x00\x3c\x00\x50"  # basic.ack: 60, 80
 _NACK = b"\x00\x3c\x00\x78"  # basic.nack: 60, 120
 _ACK_OUT = struct.Struct(">HHQB")
+# A content header frame up to its properties: type, channel, size, class,
+# weight, body size; and the end of that frame with the body frame's head.
+_HEADER_HEAD = struct.Struct(">BHIHHQ")
+_BODY_HEAD = struct.Struct(">BBHI")
 CACHE_MAX = 256  # distinct property byte strings kept decoded
 
 
@@ -79,6 +83,18 @@ def with_content(
     method: bytes, channel: int, properties: bytes, payload: bytes, frame_max: int
 ) -> bytes:
     """A publish's method frame, then its content header and body frames."""
+    size = len(payload)
+    if 0 < size <= frame_max - 8:  # the commonest: the body in one frame, in one join
+        return b"".join(
+            (
+                method,
+                _HEADER_HEAD.pack(HEADER, channel, 12 + len(properties), 60, 0, size),
+                properties,
+                _BODY_HEAD.pack(0xCE, BODY, channel, size),
+                payload,
+                FRAME_END,
+            )
+        )
     parts = [method, frame(HEADER, channel, _HEADER_START.pack(60, 0, len(payload)) + properties)]
     step = frame_max - 8
     for at in range(0, len(payload), step):

@@ -328,33 +328,47 @@ class PacketReader:
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
         buf = self.buffer
-        buf += data
+        if buf:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            # The commonest read: whole packets and nothing held. They are
+            # cut from `data` itself (no copy into the buffer and out again);
+            # only a partial packet at its end is kept.
+            src = data
         out: list[tuple[int, int, bytes]] = []
         pos = 0
-        end = len(buf)
+        end = len(src)
         while end - pos >= 2:
-            length, shift, i, complete = 0, 0, pos + 1, False
-            while i < end:
-                b = buf[i]
-                i += 1
-                length |= (b & 0x7F) << shift
-                if not b & 0x80:
-                    complete = True
-                    break
-                shift += 7
-                if shift > 21:
-                    raise MalformedPacket("remaining length longer than 4 bytes")
-            if not complete:
-                break  # the remaining length is not all here yet
+            b = src[pos + 1]
+            if b < 0x80:  # a remaining length of one byte: under 128
+                length, i = b, pos + 2
+            else:
+                length, shift, i, complete = 0, 0, pos + 1, False
+                while i < end:
+                    b = src[i]
+                    i += 1
+                    length |= (b & 0x7F) << shift
+                    if not b & 0x80:
+                        complete = True
+                        break
+                    shift += 7
+                    if shift > 21:
+                        raise MalformedPacket("remaining length longer than 4 bytes")
+                if not complete:
+                    break  # the remaining length is not all here yet
             if i - pos + length > self.max_size:
                 raise PacketTooLarge(f"packet of {i - pos + length} bytes")
             if end - i < length:
                 break
-            first = buf[pos]
-            out.append((first >> 4, first & 0x0F, bytes(buf[i : i + length])))
+            first = src[pos]
+            out.append((first >> 4, first & 0x0F, bytes(src[i : i + length])))
             pos = i + length
-        if pos:
-            del buf[:pos]
+        if src is buf:
+            if pos:
+                del buf[:pos]
+        elif pos < end:
+            buf += data[pos:] if pos else data
         return out
 
 

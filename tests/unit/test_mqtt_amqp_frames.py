@@ -24,7 +24,7 @@ PROPS = [
 
 
 @pytest.mark.parametrize("props", PROPS)
-@pytest.mark.parametrize("size", [0, 1, 100, 2 * 4096 + 17])
+@pytest.mark.parametrize("size", [0, 1, 100, 4096 - 8, 4096 - 7, 2 * 4096 + 17])
 def test_publish_frames_are_pamqps(props: C.Basic.Properties, size: int) -> None:
     payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
     frame_max = 4096

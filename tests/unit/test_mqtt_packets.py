@@ -11,6 +11,7 @@ encoders build, and what paho sends is what the decoders read.
 from __future__ import annotations
 
 import queue
+import random
 import socket
 import threading
 from collections.abc import Iterator
@@ -220,6 +221,31 @@ def test_the_reader_waits_for_whole_packets_and_splits_runs() -> None:
     got = reader.feed(publish[-1:] + P.encode_pingresp() + publish[:3])
     assert [t for t, _f, _b in got] == [P.PUBLISH, P.PINGRESP]
     assert [t for t, _f, _b in reader.feed(publish[3:])] == [P.PUBLISH]
+
+
+def test_any_split_of_a_stream_gives_the_same_whole_packets() -> None:
+    """Reads cut anywhere (inside a remaining length, a body, between
+    packets; several packets in one): the same packets, each whole, in order,
+    whether the read starts with bytes held from the last one or not."""
+    rng = random.Random(41)
+    packets = [
+        P.encode_publish(P.MQTT_311, "d/1", b"x" * size, qos=1, packet_id=i + 1)
+        for i, size in enumerate((0, 1, 120, 121, 122, 200, 16_500, 3))
+    ] + [P.encode_pingresp(), P.encode_ack(P.MQTT_311, P.PUBACK, 7)]
+    stream = b"".join(packets)
+    expected = P.PacketReader().feed(stream)
+    assert len(expected) == len(packets)
+    for _ in range(200):
+        reader = P.PacketReader()
+        got: list[tuple[int, int, bytes]] = []
+        at = 0
+        while at < len(stream):
+            step = rng.choice((1, 2, 3, rng.randrange(1, 40), rng.randrange(1, len(stream))))
+            got += reader.feed(stream[at : at + step])
+            at += step
+        assert got == expected
+        assert not reader.buffer
+        assert all(type(body) is bytes for _t, _f, body in got)
 
 
 def test_a_packet_over_the_maximum_size_is_refused_before_its_body() -> None:
