@@ -12,6 +12,14 @@
  * several frames or above BIG_BODY, a redelivery, no free packet id) ends the
  * run where it is, untouched: Python's path takes it, and teaches the plan
  * (`miss`); so does a run's size past RUN_BYTES (the caller calls again).
+ *
+ * The other way (workers/mqtt_inbound.py, Inbound.publish_run): a run of a
+ * device's plain PUBLISHes in one read (QoS 0 or 1, not retained, no 5.0
+ * properties, to a topic it published to before) becomes the inner AMQP
+ * connection's basic.publish, content header and body frames in one call;
+ * the packet ids come back for the confirms. It stops, untouched, at any
+ * other packet, a packet not whole in the read, a malformed or oversized
+ * one, or a body that does not fit one frame: Python's path takes it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -51,6 +59,15 @@ out_room(Py_ssize_t need)
     return 0;
 }
 
+/* The run's first `used` bytes of out_buf as bytes, or None for none. */
+static PyObject *
+run_taken(Py_ssize_t used)
+{
+    if (!used)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)out_buf, used);
+}
+
 static uint32_t
 be32(const unsigned char *p)
 {
@@ -61,6 +78,20 @@ static uint64_t
 be64(const unsigned char *p)
 {
     return ((uint64_t)be32(p) << 32) | be32(p + 4);
+}
+
+/* The buffer argument, with `at` inside it: 0, or -1 with an error set. */
+static int
+open_buffer(PyObject *obj, Py_ssize_t at, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (at < 0 || at > view->len) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_IndexError, "at out of range");
+        return -1;
+    }
+    return 0;
 }
 
 /* The frame at `off`: 1 and its type and payload (start, size) when it is
@@ -219,15 +250,10 @@ deliveries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    if (open_buffer(args[0], at, &view) < 0)
         return NULL;
     const unsigned char *p = view.buf;
     Py_ssize_t n = view.len;
-    if (at < 0 || at > n) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_IndexError, "at out of range");
-        return NULL;
-    }
     Py_ssize_t used = 0;
     PyObject *miss = NULL;
     Delivery d;
@@ -293,13 +319,11 @@ deliveries(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         at = d.next;
     }
     PyBuffer_Release(&view);
-    PyObject *packets = used ? PyBytes_FromStringAndSize((const char *)out_buf, used) : Py_None;
+    PyObject *packets = run_taken(used);
     if (packets == NULL) {
         Py_XDECREF(miss);
         return NULL;
     }
-    if (packets == Py_None)
-        Py_INCREF(packets);
     if (miss == NULL) {
         miss = Py_None;
         Py_INCREF(miss);
@@ -311,14 +335,181 @@ error:
     return NULL;
 }
 
+/* The content header frame's start (type, channel 1, size, class 60,
+ * weight 0, body size) and, behind its properties, its end octet. */
+static unsigned char *
+put_header(unsigned char *o, PyObject *props, Py_ssize_t body_len)
+{
+    Py_ssize_t plen = PyBytes_GET_SIZE(props);
+    uint32_t size = (uint32_t)(12 + plen);
+    uint64_t b = (uint64_t)body_len;
+    *o++ = FRAME_HEADER;
+    *o++ = 0;
+    *o++ = 1;
+    for (int i = 3; i >= 0; i--)
+        *o++ = (unsigned char)(size >> (8 * i));
+    *o++ = 0;
+    *o++ = 60;
+    *o++ = 0;
+    *o++ = 0;
+    for (int i = 7; i >= 0; i--)
+        *o++ = (unsigned char)(b >> (8 * i));
+    memcpy(o, PyBytes_AS_STRING(props), plen);
+    o += plen;
+    *o++ = FRAME_END;
+    return o;
+}
+
+/*
+ * publishes(data, at, topics, props0, props1, level5, max_packet, frame_max)
+ *     -> (at, frames, ids)
+ *
+ * topics: topic bytes -> (routing key, basic.publish method frame) (Inbound's
+ * plain_topics); props0, props1: the content header properties of a QoS 0
+ * and a QoS 1 publish, or None (such a publish ends the run); frames: the
+ * run's AMQP frames as one bytes object, or None; ids: each publish's
+ * packet id, 0 for QoS 0, in order.
+ */
+static PyObject *
+publishes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "publishes(data, at, topics, props0, props1, level5, max_packet, frame_max)");
+        return NULL;
+    }
+    PyObject *topics = args[2], *props0 = args[3], *props1 = args[4];
+    if (!PyDict_Check(topics) || (props0 != Py_None && !PyBytes_Check(props0)) ||
+        (props1 != Py_None && !PyBytes_Check(props1))) {
+        PyErr_SetString(PyExc_TypeError, "topics must be a dict, props0 and props1 bytes or None");
+        return NULL;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t max_packet = PyLong_AsSsize_t(args[6]);
+    Py_ssize_t frame_max = PyLong_AsSsize_t(args[7]);
+    int level5 = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred() || level5 < 0)
+        return NULL;
+    Py_buffer view;
+    if (open_buffer(args[0], at, &view) < 0)
+        return NULL;
+    const unsigned char *p = view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *ids = PyList_New(0);
+    if (ids == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_ssize_t used = 0;
+    while (used < RUN_BYTES && n - at >= 2) {
+        unsigned char first = p[at];
+        if (first != 0x30 && first != 0x32 && first != 0x3A)
+            break; /* not a PUBLISH at QoS 0 or 1 (with DUP or without), or retained */
+        int qos = (first >> 1) & 3;
+        Py_ssize_t remaining = 0, i = at + 1;
+        int shift = 0, complete = 0;
+        while (i < n && shift <= 21) {
+            unsigned char b = p[i++];
+            remaining |= (Py_ssize_t)(b & 0x7F) << shift;
+            if (!(b & 0x80)) {
+                complete = 1;
+                break;
+            }
+            shift += 7;
+        }
+        if (!complete || i - at + remaining > max_packet || n - i < remaining)
+            break; /* not whole here, malformed or too large: Python says which */
+        const unsigned char *body = p + i;
+        Py_ssize_t end = remaining;
+        if (end < 2)
+            break;
+        Py_ssize_t topic_end = 2 + (((Py_ssize_t)body[0] << 8) | body[1]);
+        if (end < topic_end)
+            break;
+        Py_ssize_t k = topic_end;
+        long id = 0;
+        if (qos) {
+            if (end < k + 2)
+                break;
+            id = ((long)body[k] << 8) | body[k + 1];
+            if (!id)
+                break;
+            k += 2;
+        }
+        if (level5) {
+            if (end <= k || body[k])
+                break; /* properties: the decoder's */
+            k += 1;
+        }
+        Py_ssize_t body_len = end - k;
+        PyObject *props = qos ? props1 : props0;
+        if (props == Py_None || body_len > BIG_BODY || body_len > frame_max - 8)
+            break;
+        PyObject *topic = PyBytes_FromStringAndSize((const char *)body + 2, topic_end - 2);
+        if (topic == NULL)
+            goto error;
+        PyObject *known = PyDict_GetItemWithError(topics, topic); /* borrowed */
+        Py_DECREF(topic);
+        if (known == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            break;
+        }
+        if (!PyTuple_Check(known) || PyTuple_GET_SIZE(known) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(known, 1)))
+            break;
+        PyObject *method = PyTuple_GET_ITEM(known, 1);
+        Py_ssize_t mlen = PyBytes_GET_SIZE(method);
+        Py_ssize_t size = mlen + 8 + 12 + PyBytes_GET_SIZE(props) + (body_len ? 8 + body_len : 0);
+        if (out_room(used + size) < 0)
+            goto error;
+        PyObject *pid = PyLong_FromLong(id);
+        if (pid == NULL)
+            goto error;
+        int failed = PyList_Append(ids, pid);
+        Py_DECREF(pid);
+        if (failed < 0)
+            goto error;
+        unsigned char *o = out_buf + used;
+        memcpy(o, PyBytes_AS_STRING(method), mlen);
+        o = put_header(o + mlen, props, body_len);
+        if (body_len) {
+            *o++ = FRAME_BODY;
+            *o++ = 0;
+            *o++ = 1;
+            for (int b = 3; b >= 0; b--)
+                *o++ = (unsigned char)((uint32_t)body_len >> (8 * b));
+            memcpy(o, body + k, body_len);
+            o += body_len;
+            *o++ = FRAME_END;
+        }
+        used = o - out_buf;
+        at = i + remaining;
+    }
+    PyBuffer_Release(&view);
+    PyObject *frames = run_taken(used);
+    if (frames == NULL) {
+        Py_DECREF(ids);
+        return NULL;
+    }
+    return Py_BuildValue("(nNN)", at, frames, ids);
+
+error:
+    PyBuffer_Release(&view);
+    Py_DECREF(ids);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"deliveries", (PyCFunction)(void (*)(void))deliveries, METH_FASTCALL,
      "A run of planned deliveries of the inner AMQP connection as PUBLISH packets."},
+    {"publishes", (PyCFunction)(void (*)(void))publishes, METH_FASTCALL,
+     "A run of a device's plain PUBLISHes as the inner AMQP connection's frames."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_mqtt_wire", "An MQTT client's deliveries: AMQP frames in, PUBLISHes out.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_mqtt_wire", "An MQTT client's deliveries and plain publishes between AMQP frames and MQTT packets.", -1, methods,
 };
 
 PyMODINIT_FUNC

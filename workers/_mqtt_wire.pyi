@@ -12,3 +12,18 @@ def deliveries(
     """A run of planned deliveries of the inner AMQP connection at `at` as
     PUBLISH packets: (where Python goes on, the next packet id, the packets
     or None, the key of an unplanned delivery at the new `at` or None)."""
+
+def publishes(
+    data: Buffer,
+    at: int,
+    topics: dict[bytes, tuple[bytes, bytes]],
+    props0: bytes | None,
+    props1: bytes | None,
+    level5: bool,
+    max_packet: int,
+    frame_max: int,
+    /,
+) -> tuple[int, bytes | None, list[int]]:
+    """A run of a device's plain PUBLISHes at `at` as the inner AMQP
+    connection's frames: (where Python goes on, the frames or None, each
+    publish's packet id, 0 for QoS 0)."""

@@ -64,9 +64,9 @@ class ConnectionAccess:
         if not self.allowed(permission, kind, name):
             raise access.refused(kind, name, self.vhost, self.user)
 
-    def may_publish(self, exchange: bytes, routing_key: bytes) -> bool:
+    def may_publish(self, exchange: bytes, routing_key: bytes | None) -> bool:
         """The publish path's check: write on the exchange, and the topic
-        permission of a topic exchange."""
+        permission of a topic exchange (routing key None: of every key)."""
         # No journal check here: the connection calls refresh() once per read.
         granted = self._published.get(exchange)
         if granted is None:
@@ -78,6 +78,8 @@ class ConnectionAccess:
             return False
         if not self._topics:  # the common case: one dict lookup per publish
             return True
+        if routing_key is None:  # (topic permissions decide per key)
+            return False
         key = routing_key.decode(errors="replace")
         return self._topic_allows(WRITE, exchange.decode(errors="replace"), key)
 

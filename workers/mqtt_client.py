@@ -32,8 +32,8 @@ class MqttClient(Protocol):
     def disconnect(self, reason: int) -> None:
         """End the connection for a fault (5.0: DISCONNECT with `reason` first)."""
 
-    def may_publish(self, routing_key: bytes) -> bool:
-        """Whether the user may publish to amq.topic with this key."""
+    def may_publish(self, routing_key: bytes | None) -> bool:
+        """Whether the user may publish to amq.topic with this key (None: any key)."""
 
     def keep_retained(self, message: Any) -> asyncio.Future[Any]:
         """The scheduler keeps a retained message (ipc.Retain): answered once on disk."""

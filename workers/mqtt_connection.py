@@ -136,6 +136,9 @@ class MqttConnection(asyncio.Protocol):
         if batch:  # what this read's packets answer goes out in one write
             self.out = []
         try:
+            if self.open and not (self.busy or self.closed or self.acks or self.reader.buffer):
+                at = self.inbound.publish_run(data, self.reader.max_size)  # (a run in C)
+                data = data[at:] if at else data
             for ptype, flags, body in self.reader.feed(data):
                 if self.closed:
                     return
@@ -302,11 +305,8 @@ class MqttConnection(asyncio.Protocol):
             return
         keep_alive = self.connect.keep_alive if self.connect is not None else 0
         if keep_alive and time.monotonic() - self.last_recv > keep_alive * 1.5:
-            log.info(
-                "mqtt client %s: keep-alive of %d s passed",
-                self.client_id or "(not connected)",
-                keep_alive,
-            )
+            who = self.client_id or "(not connected)"
+            log.info("mqtt client %s: keep-alive of %d s passed", who, keep_alive)
             self.disconnect(0x8D)  # keep alive timeout
             return
         self.timer = self.ctx.loop.call_later(max(1.0, keep_alive / 2), self._connect_timeout)
@@ -481,8 +481,8 @@ class MqttConnection(asyncio.Protocol):
         while self.held and not self.busy and not self.closed:
             self._packet(self.held.pop(0))
 
-    def may_publish(self, routing_key: bytes) -> bool:
-        """Write on amq.topic and its topic permissions for this key."""
+    def may_publish(self, routing_key: bytes | None) -> bool:
+        """Write on amq.topic and its topic permissions for this key (None: any)."""
         if self.amqp is None:
             return False
         access = self.amqp.access

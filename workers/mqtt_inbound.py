@@ -30,6 +30,7 @@ from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import TopicAliases
 from shoal.shm.wake import Waker
+from shoal.workers._mqtt_wire import publishes
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_subscriptions import Subscriptions
 
@@ -155,6 +156,40 @@ class Inbound:
             self.confirms[self.confirm_seq] = (ack, None)
         self.plain.append(F.with_content(method, 1, properties, body[at:], conn.frame_max))
         return True
+
+    def publish_run(self, data: bytes, max_packet: int) -> int:
+        """A read's leading run of plain publishes (publish_plain's) in one C
+        call (workers/_mqtt_wire.c), where the user may publish to every
+        routing key (no topic permissions): how many bytes of `data` it took,
+        0 for none. What it stops at is the packet loop's."""
+        topics = self.plain_topics
+        if not topics:
+            return 0
+        conn = self.conn
+        publisher = conn.client_id if self.subscriptions.no_local else None
+        known = self.known_properties
+        at, frames, ids = publishes(
+            data,
+            0,
+            topics,
+            known.get((0, False, publisher)),
+            known.get((1, False, publisher)),
+            conn.level == P.MQTT_5,
+            max_packet,
+            conn.frame_max,
+        )
+        if frames is None or not conn.may_publish(None):
+            return 0  # (one refused: the packet loop says so)
+        seq, confirms = self.confirm_seq, self.confirms
+        for packet_id in ids:
+            seq += 1
+            if packet_id:
+                confirms[seq] = ((P.PUBACK, packet_id), None)
+        self.confirm_seq = seq
+        if conn.long_read and 0 in ids:
+            self.plain_wake = True  # (as publish does: see there)
+        self.plain.append(frames)
+        return at
 
     def feed_plain(self) -> None:
         """The plain publishes held so far, to the inner connection in one

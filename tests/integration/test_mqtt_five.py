@@ -332,6 +332,44 @@ def test_topic_permissions_refuse_a_subscription_and_a_publish_not_the_connectio
         assert client.closed_by_broker()
 
 
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_a_device_publishing_again_to_a_topic_is_checked_each_read(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    """Publishes to a topic used before go through C (Inbound.publish_run)
+    only where the user may write to every key: with topic permissions
+    they are checked one by one, and a write permission taken away applies
+    from the next read."""
+    from tests.clients import shoal
+
+    broker, port = mqtt_broker
+    user = f"dev{level}"
+    for args in (
+        ("add_user", user, "pw"),
+        ("set_permissions", user, ".*", ".*", ".*"),
+        ("set_topic_permissions", user, "amq.topic", "^open", "^open"),
+    ):
+        assert shoal(broker, "ctl", *args).returncode == 0
+    client = RawClient(port, level)
+    raws.append(client)
+    assert client.connect(f"again-{level}", {}, username=user, password=b"pw")[1] == 0
+    assert client.subscribe("open/#", 1) == b"\x01"
+    for packet_id in (1, 2, 3):  # the later two: a topic published to before
+        client.publish("open/a", b"m%d" % packet_id, qos=1, packet_id=packet_id)
+        assert client.read(P.PUBACK)[2][:2] == packet_id.to_bytes(2, "big")
+        assert client.received()[1].payload == b"m%d" % packet_id
+    assert shoal(broker, "ctl", "clear_topic_permissions", user).returncode == 0
+    client.publish("open/a", b"m4", qos=1, packet_id=4)  # every key allowed now
+    assert client.read(P.PUBACK)[2][:2] == b"\x00\x04"
+    assert client.received()[1].payload == b"m4"
+    assert shoal(broker, "ctl", "set_permissions", user, ".*", "", ".*").returncode == 0
+    client.publish("open/a", b"m5", qos=1, packet_id=5)
+    if level == P.MQTT_5:
+        assert client.read(P.PUBACK)[2][:3] == b"\x00\x05\x87"  # not authorized
+    else:
+        assert client.closed_by_broker()
+
+
 def test_wildcards_do_not_match_dollar_topics(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient]
 ) -> None:

@@ -48,7 +48,7 @@ class StandInClient:
         self.amqp_out = bytearray()  # the inner connection's frames not yet read
         self.sent: list[bytes] = []
 
-    def may_publish(self, routing_key: bytes) -> bool:
+    def may_publish(self, routing_key: bytes | None) -> bool:
         return self.allowed
 
     def to_amqp(self, data: bytes) -> None:
