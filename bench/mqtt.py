@@ -1242,8 +1242,8 @@ def method_notes(opts: argparse.Namespace) -> list[str]:
         "law): it ranks the brokers as their rates do.",
         "",
         "Defaults that bound QoS 1 deliveries: unacknowledged messages per QoS 1 "
-        "subscription, Shoal 100, RabbitMQ's plugin 10 (`mqtt.prefetch`), mosquitto 20 "
-        "(`max_inflight_messages`). mosquitto is "
+        "subscription, Shoal 1,000 (`--mqtt-prefetch`), RabbitMQ's plugin 10 "
+        "(`mqtt.prefetch`), mosquitto 20 (`max_inflight_messages`). mosquitto is "
         "single-threaded: one core is its ceiling. The load generator shares the "
         "machine's cores with the brokers (its CPU is in the last table).",
         "",

@@ -187,6 +187,13 @@ def _broker_parser() -> argparse.ArgumentParser:
         help="MQTT over WebSocket port, path /ws, as RabbitMQ's web-mqtt "
         "(default %(default)s; 0: off)",
     )
+    p.add_argument(
+        "--mqtt-prefetch",
+        type=int,
+        default=d.mqtt_prefetch,
+        help="QoS 1 and 2 deliveries in flight per MQTT subscription, 1 to 65535 "
+        "(default %(default)s; a 5.0 client's receive maximum bounds it too)",
+    )
     p.add_argument("--tls-cert", default=d.tls_cert, help="PEM certificate chain of the server")
     p.add_argument("--tls-key", default=d.tls_key, help="PEM private key (default: in --tls-cert)")
     p.add_argument(

@@ -25,6 +25,10 @@ class Config(msgspec.Struct, frozen=True):
     mqtt_port: int = 1883
     mqtts_port: int = 8883  # with the --tls-* certificates
     mqtt_ws_port: int = 15675  # MQTT over WebSocket, path /ws (RabbitMQ's web-mqtt)
+    # QoS 1 and 2 deliveries in flight per subscription queue (RabbitMQ's
+    # mqtt.prefetch, mosquitto's max_inflight_messages): enough to keep a
+    # fast subscriber's link full; a 5.0 client bounds it with its receive maximum.
+    mqtt_prefetch: int = 1000
     tls_cert: str = ""  # PEM: the server's certificate chain
     tls_key: str = ""  # PEM: its private key ("": in tls_cert)
     tls_ca: str = ""  # PEM: CAs that client certificates are verified against ("": none asked)

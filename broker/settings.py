@@ -38,6 +38,7 @@ RELOADABLE = frozenset(
         "graceful_timeout",
         "frame_max",
         "channel_max",
+        "mqtt_prefetch",
         "heartbeat",
         "handshake_timeout",
         "max_handshaking",
@@ -136,6 +137,8 @@ def check(c: Config, explicit: frozenset[str] = frozenset()) -> list[str]:
             problems.append(f"--{listeners[port]} and --{name} are both {port}")
         elif port and on:
             listeners[port] = name
+    if not 1 <= c.mqtt_prefetch <= 0xFFFF:
+        problems.append("--mqtt-prefetch is a count, 1 to 65535")
     if not c.plain_listener and not c.tls_port:
         problems.append("--no-plain-listener needs --tls-port: no listener is left")
     for name in ("memory_high_watermark", "arena_high_watermark", "memory_low_watermark"):

@@ -55,10 +55,6 @@ from shoal.workers.mqtt_transport import AmqpSide
 
 log = logging.getLogger("shoal.mqtt")
 
-# QoS 1 and 2 deliveries in flight per queue (RabbitMQ's mqtt.prefetch is 10,
-# mosquitto's max_inflight_messages 20: 100 keeps a fast subscriber's link full;
-# a 5.0 client bounds it with its receive maximum).
-PREFETCH = 100
 PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its payload
 # "mqtt-subscription-" + id + "qos1" + "-<connection id>" within a queue name's 255 bytes
 MAX_CLIENT_ID = 216
@@ -684,7 +680,7 @@ class MqttConnection(asyncio.Protocol):
         self.outbound.deliver(deliver, properties, payload)
 
     def _flow_control(self) -> None:
-        """QoS 1 and 2 deliveries in flight: PREFETCH per queue, and over all
+        """QoS 1 and 2 deliveries in flight: --mqtt-prefetch per queue, and over all
         queues at most the 5.0 client's receive maximum (MQTT-3.3.4-9; the
         channel's global prefetch). QoS 0 queues go without acks."""
         assert self.connect is not None
@@ -693,7 +689,7 @@ class MqttConnection(asyncio.Protocol):
         if receive_maximum is not None:
             limit = C.Basic.Qos(prefetch_count=receive_maximum, global_=True)
             then = lambda _r: self.call(limit, lambda _q: self._session())  # noqa: E731
-        self.call(C.Basic.Qos(prefetch_count=PREFETCH), then)
+        self.call(C.Basic.Qos(prefetch_count=self.ctx.config.mqtt_prefetch), then)
 
 
 def _ignore(_reply: Any) -> None:

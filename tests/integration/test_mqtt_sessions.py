@@ -234,6 +234,33 @@ def test_a_read_of_pubacks_alone_frees_the_receive_maximum(
     assert rest == [b"m%d" % i for i in range(6, 11)]
 
 
+def test_mqtt_prefetch_bounds_a_subscriptions_deliveries_in_flight(
+    broker_factory: Any, raws: list[RawClient]
+) -> None:
+    """--mqtt-prefetch: QoS 1 deliveries not yet acked, per subscription,
+    for a 3.1.1 client, which has no receive maximum to say it."""
+    from tests.broker_process import free_port
+
+    port = free_port()
+    broker_factory(args=("--mqtt-port", str(port), "--mqtt-prefetch", "3"))
+    sub = raw(raws, port, P.MQTT_311)
+    sub.connect("prefetched")
+    assert sub.subscribe("pf/#", 1) == b"\x01"
+    pub = raw(raws, port, P.MQTT_311)
+    pub.connect("prefetched-pub")
+    for i in range(1, 7):
+        pub.publish(f"pf/{i}", b"m%d" % i, qos=1, packet_id=i)
+        pub.read(P.PUBACK)
+    first = [sub.received()[1] for _ in range(3)]
+    assert [m.payload for m in first] == [b"m1", b"m2", b"m3"]
+    sub.sock.settimeout(0.5)
+    with pytest.raises(socket.timeout):
+        sub.received()  # three in flight: nothing more until a PUBACK
+    sub.sock.settimeout(WAIT_S)
+    sub.ack(P.PUBACK, first[0].packet_id or 0)
+    assert sub.received()[1].payload == b"m4"
+
+
 @pytest.mark.parametrize(
     "bad_puback",
     [b"\x41\x02\x00\x01", b"\x40\x02\x00\x00"],
