@@ -461,17 +461,17 @@ publishes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *method = PyTuple_GET_ITEM(known, 1);
         Py_ssize_t mlen = PyBytes_GET_SIZE(method);
         Py_ssize_t size = mlen + 8 + 12 + PyBytes_GET_SIZE(props) + (body_len ? 8 + body_len : 0);
-        if (out_room(used + size) < 0)
-            goto error;
         PyObject *pid = PyLong_FromLong(id);
-        if (pid == NULL)
+        Py_INCREF(method); /* (held while the id is appended: the dict is the caller's) */
+        int failed = pid == NULL || out_room(used + size) < 0 || PyList_Append(ids, pid) < 0;
+        Py_XDECREF(pid);
+        if (failed) {
+            Py_DECREF(method);
             goto error;
-        int failed = PyList_Append(ids, pid);
-        Py_DECREF(pid);
-        if (failed < 0)
-            goto error;
+        }
         unsigned char *o = out_buf + used;
         memcpy(o, PyBytes_AS_STRING(method), mlen);
+        Py_DECREF(method);
         o = put_header(o + mlen, props, body_len);
         if (body_len) {
             *o++ = FRAME_BODY;

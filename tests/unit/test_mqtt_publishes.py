@@ -120,3 +120,25 @@ def test_bad_arguments_are_refused() -> None:
         publishes(data, len(data) + 1, TOPICS, PROPS0, PROPS1, False, MAX_PACKET, FRAME_MAX)
     with pytest.raises(TypeError):
         publishes(data, 0)  # type: ignore[call-arg]
+
+
+def test_any_bytes_give_a_prefix_of_whole_publishes_or_nothing() -> None:
+    """Untrusted input: random cuts and flips of a valid run never read past
+    it, and what the run takes is always whole packets the loop would split."""
+    import random
+
+    rng = random.Random(41)
+    good = b"".join(
+        P.encode_publish(level, TOPIC, b"x" * size, qos, packet_id=7 if qos else None)
+        for level, size, qos in ((P.MQTT_311, 3, 1), (P.MQTT_311, 130, 0), (P.MQTT_311, 0, 1))
+    )
+    for _ in range(3000):
+        data = bytearray(good[: rng.randrange(len(good) + 1)])
+        for _ in range(rng.randrange(4)):
+            if data:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        at, frames, ids = run(bytes(data), max_packet=rng.choice((MAX_PACKET, 40)))
+        assert 0 <= at <= len(data)
+        assert (frames is None) == (at == 0) == (not ids)
+        if at:
+            assert len(P.PacketReader().feed(bytes(data[:at]))) == len(ids)
