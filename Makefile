@@ -17,8 +17,11 @@ run: $(STAMP)
 	$(VENV)/bin/shoal $(ARGS)
 
 ## Run the test suite (unit, shared-memory races, integration with real clients).
+## On as many processes as there are CPUs, up to 4 (pytest-xdist): most of a
+## test's time is a broker starting, stopping, or waiting on a socket. ARGS="-n 0"
+## runs it in one process (pdb, -s).
 test: $(STAMP)
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist worksteal $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker workers shm store perf spark tests bench interop grafana
