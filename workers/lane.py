@@ -32,7 +32,13 @@ message is Python's.
 A place one lane learnt is offered to every lane of the worker
 (workers/lane_places.py): `arm` adds those this connection may publish to, so
 a publisher rotating over many queues routes in Python only what no
-connection on its worker has sent there yet.
+connection on its worker has sent there yet. Only a lane that learnt
+ROTATING places itself takes them: every lane taking every place is work
+of lanes x places, and a worker with 1,000 devices each publishing to its
+own topic spent over a second of its loop on it (issue 41's fan-in with one
+worker: deliveries held 1 s after the devices started), and again, spread
+over the devices' next publishes, after each change of the queues or
+bindings (it clears every lane).
 
 What `arm` checks before each read, because it decides whether the cached
 route still holds: the connection open and not blocked, the channel the same
@@ -62,6 +68,11 @@ from shoal.workers.lane_places import LanePlaces
 from shoal.workers.routes import Routes
 
 _NO_PAGE_OUT = 1 << 62
+# The places a lane learns from its own channel's publishes before it takes
+# those other lanes learnt: a publisher rotating over many queues gets there
+# in as many messages routed in Python; one sending to a place or three, as
+# most do, never pays for the worker's other places.
+ROTATING = 4
 
 
 class LaneContext(AppendContext, Protocol):
@@ -104,6 +115,7 @@ class PublishLane:
         "ctx",
         "known",
         "lane",
+        "learnt_here",
         "max_body",
         "publisher",
         "routes_version",
@@ -119,6 +131,8 @@ class PublishLane:
         self.publisher: LanePublisher | None = None
         # The places it knows: (exchange, routing key) -> qid.
         self.known: dict[tuple[bytes, bytes], int] = {}
+        # How many of them it learnt from its own publishes (offer).
+        self.learnt_here = 0
         # How many of the worker's learnt places (ctx.lane_places) it has looked at.
         self.absorbed = 0
         # Whether a known place's persistent messages go to the message
@@ -169,6 +183,7 @@ class PublishLane:
         store_uid = shared.table.uid(qid) if ctx.persist is not None else 0
         if self.lane.add(exchange, routing_key, queue, ring, mask, qid, store_uid):
             self.known[place] = qid
+            self.learnt_here += 1
             self.stores = self.stores or bool(store_uid)
             learnt = (self.conn.vhost_id, exchange, routing_key, qid, queue, ring, mask, store_uid)
             ctx.lane_places.learn(self.catalog_gen, self.routes_version, learnt)
@@ -190,6 +205,7 @@ class PublishLane:
         )
         self.publisher = publisher
         self.known.clear()
+        self.learnt_here = 0
         self.absorbed = 0
         self.stores = False
         self.catalog_gen = ctx.shared.catalog.catalog_generation()
@@ -199,6 +215,7 @@ class PublishLane:
     def clear(self) -> None:
         self.lane.clear()
         self.known.clear()
+        self.learnt_here = 0
         self.absorbed = 0
         self.stores = False
         self.publisher = None
@@ -233,7 +250,7 @@ class PublishLane:
         ):
             self.clear()  # a route may have changed: Python routes the next ones
             return None
-        if len(ctx.lane_places.learnt) != self.absorbed:
+        if self.learnt_here >= ROTATING and len(ctx.lane_places.learnt) != self.absorbed:
             self._take_places()
         pager = ctx.pager
         if pager is not None and pager.files:

@@ -10,7 +10,10 @@ seconds of the run. What makes a place fit for a lane is the worker's (its
 vhost, its route, its queue's kind, the catalog generation and definitions
 version it was learnt under); only the permission to publish there is the
 connection's, and a lane checks that itself before it takes a place from here
-(PublishLane.arm). So a place one lane learnt is offered to all of them.
+(PublishLane.arm). So a place one lane learnt is offered to all of them; a
+lane takes them once it has learnt lane.ROTATING places of its own (a
+publisher that sends to one place, as most devices do, need not look at
+the worker's thousand others).
 """
 
 from __future__ import annotations

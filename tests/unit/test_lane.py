@@ -28,7 +28,7 @@ from shoal.store import messages, records
 from shoal.workers import pacing
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
-from shoal.workers.lane import PublishLane
+from shoal.workers.lane import ROTATING, PublishLane
 from shoal.workers.pull import pull
 from tests.unit.test_connection import Client, worker_context
 
@@ -487,9 +487,9 @@ def test_a_connection_takes_the_places_another_one_learnt_where_it_may_publish(
     two_users_ctx: WorkerContext,
 ) -> None:
     """Publishers that rotate over many queues (the 500 quiet connections
-    over 250 queues): a place one connection's lane learnt is every lane's
-    on that worker, once its own first message set it up, but only where
-    that connection's user may publish."""
+    over 250 queues): a place one connection's lane learnt is every rotating
+    lane's on that worker, once ROTATING places of its own made it one, but
+    only where that connection's user may publish."""
     ctx = two_users_ctx
     names = [b"r%d" % i for i in range(5)]
     _, qids = opened(ctx, *names)
@@ -500,7 +500,9 @@ def test_a_connection_takes_the_places_another_one_learnt_where_it_may_publish(
     assert teacher.conn.publish_lane is not None and teacher.conn.publish_lane.lane.routes == 6
 
     learner = logged_in(ctx, "guest")
-    learner.send(publish(1, b"second", routing_key="r4"))  # Python, and the lane set up
+    own = names[5 - ROTATING :]
+    for name in own:  # Python, and the lane set up: a rotating publisher's
+        learner.send(publish(1, b"second", routing_key=name.decode()))
     rounds = 20
     learner.send(rotation(names, rounds))
     assert learner.conn.publish_lane is not None and learner.conn.publish_lane.lane.routes == 6
@@ -509,7 +511,7 @@ def test_a_connection_takes_the_places_another_one_learnt_where_it_may_publish(
         later = [b"%d" % n for n in range(rounds)]
         assert (
             queue_bodies(ctx, qid)
-            == [b"first"] * (1 + (name == b"r0")) + ([b"second"] if name == b"r4" else []) + later
+            == [b"first"] * (1 + (name == b"r0")) + ([b"second"] if name in own else []) + later
         )
 
     limited = logged_in(ctx, "limited")
@@ -519,3 +521,26 @@ def test_a_connection_takes_the_places_another_one_learnt_where_it_may_publish(
     lane = limited.conn.publish_lane
     assert lane is not None and lane.lane.routes == 1  # not the default exchange's five
     assert set(lane.known) == {(b"amq.direct", b"r0")}
+
+
+def test_a_lane_with_a_place_or_three_of_its_own_takes_no_others(big_ctx: WorkerContext) -> None:
+    """1,000 devices each publishing to a topic of its own: every lane taking
+    every other lane's place is work of lanes x places (over a second of one
+    worker's loop for issue 41's fan-in). A lane that learnt fewer than
+    ROTATING places itself keeps to those, and still takes their publishes."""
+    names = [b"d%d" % i for i in range(12)]
+    _, qids = opened(big_ctx, *names)
+    devices = []
+    for name in names:
+        device = logged_in(big_ctx, "guest")
+        device.send(publish(1, b"first", routing_key=name.decode()))
+        devices.append(device)
+    for device, name in zip(devices, names, strict=True):
+        device.send(publish(1, b"again", routing_key=name.decode()) * 3)
+        publish_lane = device.conn.publish_lane
+        assert publish_lane is not None
+        assert set(publish_lane.known) == {(b"", name)}
+        assert publish_lane.lane.routes == 1
+        assert lane_taken(device) == 3
+    for qid in qids:
+        assert queue_bodies(big_ctx, qid) == [b"first"] + [b"again"] * 3
