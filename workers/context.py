@@ -187,6 +187,10 @@ class WorkerContext(Requests):
         self.expiry: MessageExpiry = _NoExpiry()
         self.dead_letters: DeadLettering = _NoExpiry()
         self.connections: set[WorkerConnection] = set()
+        # Those of them that were logging in when last looked at, for
+        # max_handshaking (workers/connection.py prunes it, when full, of
+        # those past connection.open).
+        self.handshaking: set[WorkerConnection] = set()
         # MQTT clients by (vhost, client id), for a takeover (ipc.TakeOver).
         self.mqtt_clients: dict[tuple[str, str], MqttClient] = {}
         self.consumers: dict[int, Consumer] = {}

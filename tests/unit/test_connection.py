@@ -111,7 +111,7 @@ def ctx(tmp_path: Path) -> Iterator[WorkerContext]:
 
 
 def worker_context(
-    tmp_path: Path, limits: L.Limits, definitions: Sequence[Any] = ()
+    tmp_path: Path, limits: L.Limits, definitions: Sequence[Any] = (), config: Config | None = None
 ) -> Iterator[WorkerContext]:
     """One IO worker's context on a fresh segment (removed after), its
     journal holding `definitions` after the defaults."""
@@ -121,7 +121,7 @@ def worker_context(
     CatalogWriter(seg, Op).compact([*ops, *definitions])
     loop = asyncio.new_event_loop()
     efd = os.eventfd(0, os.EFD_NONBLOCK)
-    yield WorkerContext(Config(), seg, 0, 1, efd, loop)
+    yield WorkerContext(config or Config(), seg, 0, 1, efd, loop)
     loop.close()
     os.close(efd)
     seg.unlink()
@@ -332,3 +332,22 @@ def test_a_confirm_does_not_overtake_frames_not_yet_written(ctx: WorkerContext) 
     assert sunk == []
     frames = [f for _ch, f in client.received()]
     assert [type(f) for f in frames] == [C.Basic.Cancel, C.Basic.Ack]
+
+
+def test_connections_logging_in_are_bounded_per_worker(tmp_path: Path) -> None:
+    """--max-handshaking: more connections still logging in than the limit
+    are closed at once; those past connection.open, or gone, free a slot
+    (the worker keeps the handshaking ones in a set, pruned when full)."""
+    limits = L.Limits(max_workers=1, max_queues=64, queue_capacity=64, arena_bytes=1 << 16)
+    for ctx in worker_context(tmp_path, limits, config=Config(max_handshaking=2)):
+        opened = [Client(ctx), Client(ctx)]
+        assert not any(c.transport.closed for c in opened)
+        assert Client(ctx).transport.closed  # a third one logging in
+        for client in opened:
+            client.open()
+        waiting = [Client(ctx), Client(ctx)]  # the opened ones no longer count
+        assert not any(c.transport.closed for c in waiting)
+        assert Client(ctx).transport.closed
+        waiting[0].conn.connection_lost(None)  # a slot freed by a client that went
+        assert not Client(ctx).transport.closed
+        assert Client(ctx).transport.closed
