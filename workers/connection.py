@@ -136,29 +136,11 @@ class Connection(asyncio.Protocol):
                 pass
         transport.set_write_buffer_limits(high=1 << 20, low=1 << 18)
         self.ctx.connections.add(self)
-        if not self._may_handshake():
+        if not may_handshake(self.ctx, self):
             self._close_transport()  # too many still logging in: this one is not served
             return
         timeout = self.ctx.config.handshake_timeout - (time.monotonic() - self.accepted_at)
         self.timer = self.ctx.loop.call_later(max(0.0, timeout), self._handshake_timeout)
-
-    def _may_handshake(self) -> bool:
-        """Whether fewer than max_handshaking connections of this worker are
-        logging in; if so this one counts among them. Not a scan of every
-        connection per accept: 10,000 devices reconnecting to a worker after
-        a restart would make that 50 million looks. The set is pruned of
-        those past their handshake only when it is full: a look at the
-        limit's worth of connections per `limit` accepted, unless they are
-        all still logging in (a flood, refused one by one as before)."""
-        handshaking = self.ctx.handshaking
-        limit = self.ctx.config.max_handshaking
-        if len(handshaking) >= limit:
-            for conn in [c for c in handshaking if c.state >= OPEN]:
-                handshaking.discard(conn)
-            if len(handshaking) >= limit:
-                return False
-        handshaking.add(self)
-        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.ctx.handshaking.discard(self)
@@ -636,6 +618,25 @@ class Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+
+def may_handshake(ctx: WorkerContext, conn: Connection) -> bool:
+    """Whether fewer than max_handshaking connections of this worker are
+    logging in; if so `conn` counts among them. Not a scan of every
+    connection per accept: 10,000 devices reconnecting to a worker after a
+    restart would make that 50 million looks. The set is pruned of those
+    past their handshake only when it is full: a look at the limit's worth
+    of connections per `limit` accepted, unless they are all still logging
+    in (a flood, refused one by one as before)."""
+    handshaking = ctx.handshaking
+    limit = ctx.config.max_handshaking
+    if len(handshaking) >= limit:
+        for other in [c for c in handshaking if c.state >= OPEN]:
+            handshaking.discard(other)
+        if len(handshaking) >= limit:
+            return False
+    handshaking.add(conn)
+    return True
 
 
 def connection_error(exc: framing.FrameError) -> errors.ConnectionError_:
