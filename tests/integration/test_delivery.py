@@ -411,6 +411,11 @@ def _publish_fair(broker: Broker) -> None:
     """FAIR_MESSAGES bodies of the same size: the publish and header frames
     are the same for all; writes of many messages at a time."""
     client = raw_connect(broker.port)
+    # The broker paces this publisher while the four consumers drain its
+    # backlog (workers/pacing.py): a write may wait longer than RawClient's
+    # 10 s where the machine is busy (make test's parallel run). The test's
+    # own 60 s bound the whole.
+    client.sock.settimeout(60)
     prefix = pamqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="fair"), 1)
     prefix += pamqp_frame.marshal(
         ContentHeader(body_size=FAIR_BODY_SIZE, properties=C.Basic.Properties()), 1
