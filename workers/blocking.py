@@ -47,6 +47,8 @@ class BlockingContext(Protocol):
     @property
     def stats(self) -> Counters: ...
 
+    gauges_stale: bool  # (the blocked counts of the statistics: workers/context.py)
+
 
 class BlockedConnection(Protocol):
     """What the part reads of its connection (workers/connection.py)."""
@@ -169,6 +171,7 @@ class PublisherBlocks:
         if self.conn.state != OPEN:
             return  # told at connection.open, if still raised then
         self.alarm_reason = memory.reason(bits) if bits else ""
+        self.conn.ctx.gauges_stale = True  # (memory or disk: the statistics say which)
         if not bits:
             self.flow_blocked.pop(ALARM_PENDING, None)
             self.flow_unblock(ALARM)
@@ -183,6 +186,7 @@ class PublisherBlocks:
         self.flow_blocked.pop(ALARM_PENDING, None)
         if ALARM not in self.flow_blocked:
             self.flow_blocked[ALARM] = 0
+            self.conn.ctx.gauges_stale = True
             self._blocked(self.alarm_reason)
 
     def flow_unblock(self, qid: int) -> None:
@@ -201,6 +205,7 @@ class PublisherBlocks:
         """Keep the queue's count of blocked publishers (Q_BLOCKED_PUBLISHERS,
         for the metrics) unless the queue was deleted since (`state`, its
         Q_STATE when this connection blocked on it, changed). Returns Q_STATE."""
+        self.conn.ctx.gauges_stale = True  # (the connection's blocked or not)
         if qid < 0:  # ALARM, ALARM_PENDING
             return 0
         return self.conn.ctx.shared.table.count_blocked_publisher(qid, delta, state)

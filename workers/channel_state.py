@@ -160,6 +160,8 @@ class PublishContext(IngestContext, Requests, Protocol):
     @property
     def exchange_counts(self) -> dict[int, dict[bytes, list[int]]]: ...
 
+    gauges_stale: bool  # (a new publisher: workers/context.py)
+
 
 class DeliveryContext(PullContext, ConsumeContext, GetContext, Requests, Protocol):
     """What the delivery book (workers/delivery.py) uses of its worker: the

@@ -178,6 +178,7 @@ class Connection(asyncio.Protocol):
         ctx = self.ctx
         ctx.stats.v[stats.CHANNELS_CLOSED] += len(self.channels)
         ctx.stats.v[stats.CONNECTIONS_CLOSED] += 1
+        ctx.gauges_stale = True
         self.channels.clear()
         self.confirm_channels.clear()
         self.blocks.released()
@@ -351,6 +352,7 @@ class Connection(asyncio.Protocol):
             ctx.user_channels.check_open(self.user, ctx.routes.definitions.users, ctx.connections)
             self.channels[number] = Channel(self, number)
             self.ctx.stats.v[stats.CHANNELS_OPENED] += 1
+            self.ctx.gauges_stale = True
             self.write(framing.encode_method(number, C.Channel.OpenOk()))
             return
         if ftype == framing.FRAME_HEARTBEAT:
@@ -427,6 +429,7 @@ class Connection(asyncio.Protocol):
         channel = self.channels.pop(number, None)
         if channel is not None:
             self.ctx.stats.v[stats.CHANNELS_CLOSED] += 1
+            self.ctx.gauges_stale = True
             self.confirm_channels.discard(channel.publisher)
             self.blocks.release_reading(channel)
 

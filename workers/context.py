@@ -187,6 +187,12 @@ class WorkerContext(Requests):
         self.expiry: MessageExpiry = _NoExpiry()
         self.dead_letters: DeadLettering = _NoExpiry()
         self.connections: set[WorkerConnection] = set()
+        # The channel, publisher and blocked-publisher counts of the worker's
+        # statistics walk every connection: redone only after one of them
+        # changed (workers/worker.py _flush_stats), not four times a second
+        # over thousands of idle clients. Set where channels open and close,
+        # a channel first publishes and a connection's flow blocks change.
+        self.gauges_stale = True
         # Those of them that were logging in when last looked at, for
         # max_handshaking (workers/connection.py prunes it, when full, of
         # those past connection.open).

@@ -89,6 +89,8 @@ class LaneContext(AppendContext, Protocol):
     @property
     def lane_places(self) -> LanePlaces: ...
 
+    gauges_stale: bool  # (a new publisher: workers/context.py)
+
 
 class LaneConnection(Protocol):
     """What the lane uses of its connection (workers/connection.py)."""
@@ -340,6 +342,8 @@ class PublishLane:
                 counted = exchanges[exchange] = [0, 0]
             counted[0] += count
             counted[1] += count  # every lane publish is routed
+        if not publisher.publish_count:
+            ctx.gauges_stale = True  # a new publisher (the statistics count them)
         publisher.publish_count += n
         stats = publisher.stats
         stats[ROUTED] += n

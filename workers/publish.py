@@ -455,17 +455,17 @@ class Publisher:
         record: int,
         streams: list[tuple[int, int]] | None,
     ) -> None:
-        """A message is in its queues (or returned, or dropped): count it,
-        then confirm it, or queue its confirm behind its record's sync or
-        its streams' writers."""
+        """A message is in its queues (or returned, or dropped): count it, then
+        confirm it, or queue its confirm behind its record's sync or its streams' writers."""
+        if not self.publish_count:
+            self.ctx.gauges_stale = True  # a new publisher (the statistics count them)
         self.publish_count += 1
         try:  # (a subscript, not .get: this is every message's path)
             counted = self.exchange_counts[exchange]
         except KeyError:
             counted = self.exchange_counts[exchange] = [0, 0]
         counted[0] += 1
-        # Statistics (shm/stats.py): RECEIVED is derived at flush time.
-        stats = self.stats
+        stats = self.stats  # (shm/stats.py; RECEIVED is derived at flush time)
         if routed:
             counted[1] += 1
             stats[ROUTED] += 1

@@ -32,9 +32,9 @@ from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
+from shoal.workers.gauges import Gauges
 from shoal.workers.ingest import Ingest
 from shoal.workers.lease_watch import LeaseWatch
-from shoal.workers.memory_guard import ALARM
 from shoal.workers.message_ttl import Expiry
 from shoal.workers.mqtt_connection import MqttConnection
 from shoal.workers.mqtt_websocket import MqttWebSocket
@@ -68,6 +68,7 @@ class Worker:
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.ctx = WorkerContext(config, seg, index, incarnation, efd, self.loop, worker_efds)
+        self.gauges = Gauges(self.ctx)  # (the statistics' counts: _flush_stats)
         self.stopping = False
         self.watched_ready: set[int] = set()  # _sweep_watches' last look
         self.draining = False  # retiring: paging in before exiting (_graceful_stop)
@@ -138,28 +139,8 @@ class Worker:
 
     def _flush_stats(self, again: bool = True) -> None:
         """Store this worker's statistics for the metrics process (shm/stats.py)."""
-        ctx = self.ctx
-        v = ctx.stats.v
-        channels = [ch for conn in ctx.connections for ch in conn.channels.values()]
-        v[stats.CHANNELS] = len(channels)
-        v[stats.CONSUMERS] = len(ctx.consumers)
-        v[stats.PUBLISHERS] = sum(1 for ch in channels if ch.publish_count)
-        capacity = memory_ = disk = 0
-        for conn in ctx.connections:
-            if conn.flow_blocked:
-                if ALARM in conn.flow_blocked:
-                    memory_ += "memory" in conn.alarm_reason
-                    disk += "disk" in conn.alarm_reason
-                capacity += any(qid >= 0 for qid in conn.flow_blocked)
-        v[stats.BLOCKED_CAPACITY], v[stats.BLOCKED_MEMORY], v[stats.BLOCKED_DISK] = (
-            capacity,
-            memory_,
-            disk,
-        )
-        ctx.stats.flush()
-        counts = ctx.user_channels.report(ctx.connections)
-        if counts is not None:
-            ctx.send(counts)
+        self.gauges.update(force=not again)
+        self.ctx.stats.flush()
         if again:
             self.loop.call_later(stats.FLUSH_INTERVAL, self._flush_stats)
 
@@ -327,6 +308,7 @@ class Worker:
 
     def _resync(self, m: ipc.Resync) -> None:
         self.ctx.user_channels.resync()
+        self.ctx.gauges_stale = True  # (the counts go to the new scheduler)
         self.ctx.hello()
 
     def _channel_totals(self, m: ipc.ChannelTotals) -> None:
