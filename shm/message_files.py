@@ -101,8 +101,10 @@ class MessageFileTable:
     def owned(self) -> list[tuple[int, MessageFileName, bool]]:
         """Our claimed slots: (slot, name, sealed)."""
         a, found = self.a, []
+        # (Every second, by each worker's sweep: one load per free slot.)
+        at = self._at(self.first) - layout.MESSAGE_FILE_SLOT_SIZE
         for slot in range(self.first, self.first + layout.MESSAGE_FILE_SLOTS):
-            at = self._at(slot)
+            at += layout.MESSAGE_FILE_SLOT_SIZE
             word = a.load(at + layout.SG_NAME)
             if word:
                 writer = a.load(at + layout.SG_WRITER)

@@ -60,16 +60,25 @@ def consumer_timeout_ms(
 
 def mark(channel: TimedChannel, now: float) -> None:
     """Once a second: tags from channel.next_tag on are delivered after `now`.
-    Marks at or below the oldest unacknowledged delivery are dropped."""
+    Marks at or below the oldest unacknowledged delivery are dropped; with
+    none unacknowledged, none is kept (a later delivery's tag is at or above
+    any mark made now: only the first mark above a tag dates it). So a
+    channel that holds no delivery costs the once-a-second walk nothing
+    (`needs_marks`)."""
     marks = channel.delivery_marks
     if not channel.unacked:
         marks.clear()
-    else:  # only the first mark above a delivery dates it
-        oldest = next(iter(channel.unacked))
-        while marks and marks[0][0] <= oldest:
-            marks.popleft()
+        return
+    oldest = next(iter(channel.unacked))  # only the first mark above a delivery dates it
+    while marks and marks[0][0] <= oldest:
+        marks.popleft()
     if not marks or marks[-1][0] != channel.next_tag:
         marks.append((channel.next_tag, now))
+
+
+def needs_marks(channel: TimedChannel) -> bool:
+    """Whether mark and check have anything to do for `channel`."""
+    return bool(channel.unacked or channel.delivery_marks)
 
 
 def delivered_before(tags: list[int], marks: Marks, tag: int) -> float | None:

@@ -151,9 +151,12 @@ class Worker:
         now = time.monotonic()
         for conn in list(self.ctx.connections):
             for channel in list(conn.channels.values()):
+                delivery = channel.delivery  # type: ignore[attr-defined]
+                if not timeouts.needs_marks(delivery):
+                    continue  # (most channels of an idle broker)
                 try:
-                    timeouts.mark(channel.delivery, now)  # type: ignore[attr-defined]
-                    timeouts.check(channel.delivery, now)  # type: ignore[attr-defined]
+                    timeouts.mark(delivery, now)
+                    timeouts.check(delivery, now)
                 except Exception:
                     log.exception("consumer timeout check failed")
         self.loop.call_later(HEARTBEAT_INTERVAL, self._tick)

@@ -66,6 +66,27 @@ def test_marks_older_than_the_oldest_delivery_go() -> None:
     assert len(ch.delivery_marks) <= 2  # the mark above the oldest delivery, and now's
 
 
+def test_a_channel_holding_no_delivery_keeps_no_marks() -> None:
+    """The once-a-second walk skips it (needs_marks), and a delivery made
+    after is still dated by the first mark made after it: never early."""
+    ch = FakeChannel([FakeConsumer(1500)])
+    assert not timeouts.needs_marks(ch)
+    ch.deliver(ch.consumers[b"0"])
+    assert timeouts.needs_marks(ch)
+    timeouts.mark(ch, 1.0)  # delivered before 1.0
+    ch.unacked.clear()  # acked
+    timeouts.mark(ch, 2.0)
+    assert not timeouts.needs_marks(ch)
+    ch.deliver(ch.consumers[b"0"])  # at some time after 2.0 (skipped: 2.0 is not kept)
+    for now in (3.0, 4.0):  # dated before 3.0: at most 1 s old at 4.0
+        timeouts.mark(ch, now)
+        timeouts.check(ch, now)
+    assert ch.timed_out == []
+    timeouts.mark(ch, 4.5)
+    timeouts.check(ch, 4.5)
+    assert [tags for _c, tags in ch.timed_out] == [[2]]
+
+
 def test_the_timeout_comes_from_the_consumer_then_the_queue_then_the_broker() -> None:
     pick = timeouts.consumer_timeout_ms
     assert pick({"x-consumer-timeout": 5}, {"x-consumer-timeout": 7}, 9) == 5
