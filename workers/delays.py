@@ -88,7 +88,7 @@ class Delays(Ticker):
             if qid not in owned or shared.table.generation(qid) != self.indexes[qid].generation:
                 del self.indexes[qid]  # deleted (maybe re-created) or no longer ours
         if not owned:
-            self._schedule(NOTHING_POLL)  # (a queue of its own may appear any moment)
+            self._poll(NOTHING_POLL)  # (a queue of its own may appear any moment)
             return
         now = now_ms()
         wake = now + int(POLL * 1000)

@@ -141,7 +141,7 @@ class Expiry(Ticker):
         now = now_ms()
         owned = self._owned_now(now)
         if not owned:
-            self._schedule(NOTHING_POLL)  # (a queue of its own may appear any moment)
+            self._poll(NOTHING_POLL)  # (a queue of its own may appear any moment)
             return
         budget = BATCH
         wake = now + int(POLL * 1000)

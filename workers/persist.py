@@ -35,6 +35,7 @@ from shoal.store.records import encode as encode_record
 from shoal.store.settles import SettleWriter
 from shoal.store.sync import GroupSync, durability_lost
 from shoal.workers.pending import Pending
+from shoal.workers.ticker import on_grid
 
 log = logging.getLogger("shoal.worker")
 
@@ -124,7 +125,7 @@ class Persister:
         self.waiting: set[Confirming] = set()
         self._synced_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._flush_scheduled = False
-        self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self._sweeper = loop.call_later(on_grid(loop, SWEEP_INTERVAL), self._sweep)
 
     # ------------------------------------------------------------ settles
     def settle(self, tag: tuple[int, int, int], uid: int) -> None:
@@ -360,7 +361,7 @@ class Persister:
     def _sweep(self) -> None:
         """Delete our sealed message files that nothing points into any more;
         close ack files of message files deleted (by us or by their owners)."""
-        self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self._sweeper = self.loop.call_later(on_grid(self.loop, SWEEP_INTERVAL), self._sweep)
         table = self.table
         open_ = self.message_file
         if (

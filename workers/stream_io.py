@@ -42,6 +42,7 @@ from shoal.store import stream_segments as files
 from shoal.store.stream_segments import stream_directory
 from shoal.store.sync import durability_lost
 from shoal.workers.persist import Confirming  # (a channel whose confirms wait for a sync)
+from shoal.workers.ticker import on_grid
 
 log = logging.getLogger("shoal.worker")
 
@@ -156,7 +157,7 @@ class Streams:
             return
         qids = self.qids
         if not qids:
-            delay = NO_STREAMS_TICK
+            delay = on_grid(self.loop, NO_STREAMS_TICK)  # (with the worker's other polls)
         else:
             delay = TICK if any(self.owns(qid) for qid in qids) else IDLE_TICK
         self._timer = self.loop.call_later(delay, self.tick)

@@ -39,6 +39,7 @@ from shoal.workers.message_ttl import Expiry
 from shoal.workers.mqtt_connection import MqttConnection
 from shoal.workers.mqtt_websocket import MqttWebSocket
 from shoal.workers.pull import give_back_watch, pull, take_watch
+from shoal.workers.ticker import on_grid
 
 HEARTBEAT_INTERVAL = 1.0
 OWNERSHIP_POLL = 0.05  # s: how soon a change of the worker count is acted on
@@ -142,7 +143,7 @@ class Worker:
         self.gauges.update(force=not again)
         self.ctx.stats.flush()
         if again:
-            self.loop.call_later(stats.FLUSH_INTERVAL, self._flush_stats)
+            self.loop.call_later(on_grid(self.loop, stats.FLUSH_INTERVAL), self._flush_stats)
 
     def _tick(self) -> None:
         self.ctx.heartbeat(time.monotonic_ns())
@@ -159,7 +160,7 @@ class Worker:
                     timeouts.check(delivery, now)
                 except Exception:
                     log.exception("consumer timeout check failed")
-        self.loop.call_later(HEARTBEAT_INTERVAL, self._tick)
+        self.loop.call_later(on_grid(self.loop, HEARTBEAT_INTERVAL), self._tick)
 
     def _poll_ownership(self) -> None:
         """The worker count changes (shm/ownership.py): give up the queues
@@ -172,12 +173,12 @@ class Worker:
             if self.ctx.streams is not None:
                 self.ctx.streams.release_unowned()
             ownership.acknowledge()
-        self.loop.call_later(OWNERSHIP_POLL, self._poll_ownership)
+        self.loop.call_later(on_grid(self.loop, OWNERSHIP_POLL), self._poll_ownership)
 
     def _poll_lease(self) -> None:
         assert self.lease is not None
         self.lease.check()
-        self.loop.call_later(lease_watch.POLL, self._poll_lease)
+        self.loop.call_later(on_grid(self.loop, lease_watch.POLL), self._poll_lease)
 
     def _close_clients(self) -> None:
         for conn in list(self.ctx.connections):
@@ -185,7 +186,7 @@ class Worker:
 
     def _poll_alarms(self) -> None:
         self.ctx.guard.poll()
-        self.loop.call_later(memory.POLL_INTERVAL, self._poll_alarms)
+        self.loop.call_later(on_grid(self.loop, memory.POLL_INTERVAL), self._poll_alarms)
 
     def _reload(self) -> None:
         """SIGHUP: the settings the supervisor resolved (broker/settings.py:
