@@ -189,7 +189,7 @@ class WorkerContext(Requests):
         self.connections: set[WorkerConnection] = set()
         # The channel, publisher and blocked-publisher counts of the worker's
         # statistics walk every connection: redone only after one of them
-        # changed (workers/worker.py _flush_stats), not four times a second
+        # changed (workers/gauges.py), not four times a second
         # over thousands of idle clients. Set where channels open and close,
         # a channel first publishes and a connection's flow blocks change.
         self.gauges_stale = True
