@@ -162,6 +162,12 @@ async def vhost(request: web.Request) -> web.StreamResponse:
     if request.method == "PUT":
         if name not in backend.current().vhost_ids:
             await backend.control({"op": "add_vhost", "vhost": name})
+            # As RabbitMQ's API does: whoever creates a vhost may use it at
+            # once (a client's next call declares a queue in it as that user).
+            await backend.control(
+                {"op": "set_permissions", "vhost": name, "user": request["user"]}
+                | dict.fromkeys(("configure", "write", "read"), ".*")
+            )
             return web.Response(status=201)
         return web.Response(status=204)
     await backend.control({"op": "delete_vhost", "vhost": name})
@@ -211,6 +217,25 @@ async def user(request: web.Request) -> web.StreamResponse:
             {"op": "change_password", "user": name, "password": fields["password"]}
         )
     await backend.control({"op": "set_user_tags", "user": name, "tags": tags})
+    return web.Response(status=204)
+
+
+async def users_bulk_delete(request: web.Request) -> web.Response:
+    """POST /api/users/bulk-delete {"users": [...]}: RabbitMQ's, in order,
+    stopping at the first name that is not a user (those before it stay
+    deleted), with its error bodies."""
+    require_admin(request)
+    body = await read_body(request)
+    names = body.get("users")
+    if not isinstance(names, list):
+        return error(400, "bad_request", "[{key_missing,users}]")
+    backend = request.app[BACKEND]
+    for name in names:
+        if str(name) not in backend.current().users:
+            return web.json_response(
+                {"error": "bad_request", "reason": ["no_such_user", str(name)]}, status=400
+            )
+        await backend.control({"op": "delete_user", "user": str(name)})
     return web.Response(status=204)
 
 

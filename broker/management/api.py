@@ -22,7 +22,15 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from shoal.broker.amqp import access
-from shoal.broker.management import admin, limits_api, nodes_api, objects, shovels_api, ui
+from shoal.broker.management import (
+    admin,
+    legacy_health,
+    limits_api,
+    nodes_api,
+    objects,
+    shovels_api,
+    ui,
+)
 from shoal.broker.management.backend import AmqpError, ControlError
 from shoal.broker.management.http import BACKEND, error
 
@@ -100,6 +108,7 @@ def routes(app: web.Application) -> None:
     r.add_get("/api/users/{name}/permissions", admin.permissions)
     r.add_get("/api/users", admin.users)
     r.add_get("/api/users/", admin.users)  # the UI asks with the slash
+    r.add_post("/api/users/bulk-delete", admin.users_bulk_delete)  # before /api/users/{name}
     _resource(r, "/api/users/{name}", admin.user, ("GET", "PUT", "DELETE"))
     r.add_get("/api/permissions", admin.permissions)
     _resource(r, "/api/permissions/{vhost}/{user}", admin.permission, ("GET", "PUT", "DELETE"))
@@ -139,5 +148,6 @@ def routes(app: web.Application) -> None:
     _resource(r, "/api/definitions", admin.definitions, ("GET", "POST"))
     r.add_get("/api/health/checks/{check}", admin.health)
     r.add_get("/api/health/checks/{check}/{arg}", admin.health)
+    legacy_health.routes(r)
     limits_api.routes(r)
     shovels_api.routes(r)

@@ -277,6 +277,44 @@ def test_definitions_connections_and_health(managed: Broker) -> None:
     assert status == 200 and overview["rabbitmq_version"].startswith("3.")
 
 
+def test_what_amqpstorms_management_api_calls_answers_as_rabbitmqs(managed: Broker) -> None:
+    """The calls AMQPStorm's functional tests make that RabbitMQ 3.10 answers
+    (docs/interop.md): a vhost made through the API is its maker's to use at
+    once, users go in bulk, and the older health endpoints answer."""
+    assert http(managed, "PUT", "/vhosts/made") == (201, None)
+    assert http(managed, "GET", "/permissions/made/guest") == (
+        200,
+        {"user": "guest", "vhost": "made", "configure": ".*", "write": ".*", "read": ".*"},
+    )
+    assert http(managed, "PUT", "/queues/made/q", {"durable": True})[0] == 201
+    assert http(managed, "DELETE", "/permissions/made/guest")[0] == 204
+    assert http(managed, "PUT", "/vhosts/made") == (204, None)  # no grant when it exists
+    assert http(managed, "GET", "/permissions/made/guest")[0] == 404
+
+    for name in ("b1", "b2", "b3"):
+        assert http(managed, "PUT", f"/users/{name}", {"password": "pw", "tags": ""})[0] == 201
+    assert http(managed, "POST", "/users/bulk-delete", {"users": ["b1", "b2"]}) == (204, None)
+    assert http(managed, "POST", "/users/bulk-delete", {}) == (
+        400,
+        {"error": "bad_request", "reason": "[{key_missing,users}]"},
+    )
+    assert http(managed, "POST", "/users/bulk-delete", {"users": ["b3", "nobody"]}) == (
+        400,
+        {"error": "bad_request", "reason": ["no_such_user", "nobody"]},
+    )
+    users = [u["name"] for u in http(managed, "GET", "/users")[1]]
+    assert users == ["guest"]  # b3, before the unknown name, went too
+
+    assert http(managed, "GET", "/aliveness-test/%2F") == (200, {"status": "ok"})
+    assert http(managed, "GET", "/aliveness-test/nowhere")[0] == 404
+    status, queue = http(managed, "GET", "/queues/%2F/aliveness-test")
+    assert status == 200 and queue["messages"] == 0  # kept, its message taken back
+    node = http(managed, "GET", "/overview")[1]["node"]
+    for path in ("/healthchecks/node", "/healthchecks/node/", f"/healthchecks/node/{node}"):
+        assert http(managed, "GET", path) == (200, {"status": "ok"}), path
+    assert http(managed, "GET", "/healthchecks/node/rabbit@elsewhere")[0] == 404
+
+
 @pytest.mark.slow  # its own CI step (.ci/run: slow): out of make test's 10 minutes
 def test_the_virtual_hosts_check_fails_while_the_broker_cannot_serve(managed: Broker) -> None:
     """RabbitMQ's virtual-hosts check answers whether every vhost's processes
