@@ -78,11 +78,14 @@ async def queue(request: web.Request) -> web.StreamResponse:
     if request.method == "GET":
         for row in await backend.rows("list_queues", vhost=vhost):
             if row["name"] == name:
-                consumers = [
-                    shapes.consumer_detail(c, None)
-                    for c in await scoped(request, "list_consumers")
-                    if c["vhost"] == vhost and c["queue_name"] == name
-                ]
+                consumers = await consumer_details(
+                    request,
+                    [
+                        c
+                        for c in await scoped(request, "list_consumers")
+                        if c["vhost"] == vhost and c["queue_name"] == name
+                    ],
+                )
                 live = request.app[RATES].live()
                 return web.json_response(
                     _queue_object(request, {**row, "vhost": vhost}, live, consumers)
@@ -338,15 +341,37 @@ async def connection(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-async def channel_rows(request: web.Request) -> list[dict[str, Any]]:
-    """Channels with their connection's peer and their consumers."""
+async def _channels_and_connections(
+    request: web.Request,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The channels the caller may see, each with its connection's peer,
+    and those connections by name."""
     rows = await scoped(request, "list_channels")
     connections = {c["name"]: c for c in await scoped(request, "list_connections")}
-    consumers = await scoped(request, "list_consumers")
-    by_channel: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         peer = connections.get(row["connection"], {})
         row["peer_host"], row["peer_port"] = peer.get("peer_host"), peer.get("peer_port")
+    return rows, connections
+
+
+async def consumer_details(
+    request: web.Request, consumers: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Consumers as RabbitMQ lists them, their channel's details whole
+    (connection_name, number, user, peer: what clients' tests read)."""
+    rows, _connections = await _channels_and_connections(request)
+    channels = {r["name"]: r for r in rows}
+    node = node_name()
+    return [
+        shapes.consumer_detail({**c, "node": node}, channels.get(c["channel"])) for c in consumers
+    ]
+
+
+async def channel_rows(request: web.Request) -> list[dict[str, Any]]:
+    """Channels with their connection's peer and their consumers."""
+    rows, connections = await _channels_and_connections(request)
+    consumers = await scoped(request, "list_consumers")
+    by_channel: dict[str, list[dict[str, Any]]] = {}
     channels = {r["name"]: r for r in rows}
     for c in consumers:
         detail = shapes.consumer_detail({**c, "node": node_name()}, channels.get(c["channel"]))
@@ -386,11 +411,5 @@ async def connection_channels(request: web.Request) -> web.Response:
 async def consumers(request: web.Request) -> web.Response:
     rows = await scoped(request, "list_consumers")
     vhost = path_vhost(request) if "vhost" in request.match_info else None
-    return listing(
-        request,
-        [
-            shapes.consumer_detail({**r, "node": node_name()}, None)
-            for r in rows
-            if vhost is None or r["vhost"] == vhost
-        ],
-    )
+    chosen = [r for r in rows if vhost is None or r["vhost"] == vhost]
+    return listing(request, await consumer_details(request, chosen))

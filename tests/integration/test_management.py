@@ -385,6 +385,40 @@ def test_an_objects_bindings_and_permissions(managed: Broker) -> None:
     assert http(managed, "GET", "/users/guest/permissions")[1] == perms
 
 
+def test_a_consumers_channel_details_are_whole_wherever_it_is_listed(managed: Broker) -> None:
+    """RabbitMQ's consumer_details name the consumer's channel whole, on a
+    queue's page and in /api/consumers: nameko's tests, for one, read
+    channel_details' connection_name to see which connection consumes."""
+    conn = connect(managed)
+    conn.channel()  # channel 1, unused: the consumer's is number 2
+    ch = conn.channel()
+    ch.queue_declare("cd")
+    tag = ch.basic_consume("cd", lambda *_: None)
+    status, connections = http(managed, "GET", "/connections")
+    assert status == 200 and len(connections) == 1
+    connection = connections[0]
+    node = http(managed, "GET", "/overview")[1]["node"]
+    expected = {
+        "name": f"{connection['name']} (2)",
+        "connection_name": connection["name"],
+        "number": 2,
+        "user": "guest",
+        "peer_host": connection["peer_host"],
+        "peer_port": connection["peer_port"],
+        "node": node,
+    }
+    status, queue = http(managed, "GET", "/queues/%2F/cd")
+    assert status == 200
+    assert [(c["consumer_tag"], c["channel_details"]) for c in queue["consumer_details"]] == [
+        (tag, expected)
+    ]
+    for path in ("/consumers", "/consumers/%2F"):
+        status, listed = http(managed, "GET", path)
+        assert status == 200
+        assert [(c["consumer_tag"], c["channel_details"]) for c in listed] == [(tag, expected)]
+    conn.close()
+
+
 def test_message_stats_count_and_rate_as_rabbitmqs(broker_factory: Callable[..., Broker]) -> None:
     port = free_port()
     broker = broker_factory(
