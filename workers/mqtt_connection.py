@@ -47,7 +47,7 @@ from shoal.shm import stats
 from shoal.workers import framing
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
-from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
+from shoal.workers.mqtt_inbound import RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM, Inbound
 from shoal.workers.mqtt_outbound import Outbound
 from shoal.workers.mqtt_session import Session
 from shoal.workers.mqtt_subscriptions import Subscriptions
@@ -339,7 +339,8 @@ class MqttConnection(asyncio.Protocol):
                 self.will = None
             expiry = packet.properties.get("session_expiry_interval")
             if expiry is not None and self.connect is not None:
-                if not self.persistent and expiry:  # MQTT-3.14.2-2
+                if expiry and not self.connect.properties.get("session_expiry_interval"):
+                    # MQTT-3.14.2-2 (0 at CONNECT, even where a session resumed)
                     raise P.ProtocolError("a session expiry set at DISCONNECT, 0 at CONNECT")
                 self.session_expiry = expiry
             self._close()
@@ -417,6 +418,8 @@ class MqttConnection(asyncio.Protocol):
         self.session, present = Session.open(
             self.ctx.config.data_path(), key[0], key[1], self.persistent, self.connect.clean
         )
+        if present and not self.persistent:  # 5.0, no expiry: resumed, ends with it
+            self.persistent = True
         self.session.failed = lambda: self.disconnect(0x80)
         self.outbound = Outbound(self, self.subscriptions, self.connect.properties)
         if self.persistent:  # on disk before anything: a reconnect finds it
@@ -454,7 +457,7 @@ class MqttConnection(asyncio.Protocol):
         if self.level == P.MQTT_5:
             props = {
                 "topic_alias_maximum": TOPIC_ALIAS_MAXIMUM,
-                "receive_maximum": 65535,
+                "receive_maximum": RECEIVE_MAXIMUM,
                 "maximum_packet_size": self.max_packet,
             }
             if self.assigned_id:  # MQTT-3.2.2-16

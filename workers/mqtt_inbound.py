@@ -38,6 +38,13 @@ log = logging.getLogger("shoal.mqtt")
 
 EXCHANGE = M.EXCHANGE.encode()
 TOPIC_ALIAS_MAXIMUM = 64  # the 5.0 topic aliases a client may set (CONNACK says so)
+# 5.0's Receive Maximum (CONNACK says so): the QoS 1 and 2 PUBLISHes a client
+# may have unacknowledged. Enforced for QoS 2, whose packet ids wait in the
+# session (written to disk with it) until the client's PUBREL: a client that
+# never sends one would grow it without bound. (QoS 1 PUBACKs follow the
+# broker's own confirms: the broker bounds those itself.)
+RECEIVE_MAXIMUM = 4096
+RECEIVE_MAXIMUM_EXCEEDED = 0x93
 MAX_ROUTING_KEY = 255  # an AMQP shortstr: a longer topic cannot be routed (5.0: 0x90)
 PLAIN_TOPICS_MAX = 64  # the topics a connection publishes to that publish_plain knows
 # A PUBLISH's flags (DUP, QoS, RETAIN) that publish_plain takes: QoS 0, and
@@ -101,6 +108,9 @@ class Inbound:
             assert packet_id is not None
             ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet_id)
             if packet.qos == 2:
+                if len(self.conn.session.received) + len(self.qos2_publishing) >= (RECEIVE_MAXIMUM):
+                    self.conn.disconnect(RECEIVE_MAXIMUM_EXCEEDED)  # (5.0 4.9)
+                    return
                 # Its id goes to the session once the message is confirmed,
                 # then PUBREC (a crash in between: the client sends it again,
                 # a duplicate rather than a loss); until then a resend is

@@ -103,13 +103,14 @@ class Session:
         cls, data_path: str, vhost: str, client_id: str, persistent: bool, clean: bool
     ) -> tuple[Session, bool]:
         """The session of `client_id`, and whether one was there (CONNACK's
-        session present). A clean start or a non-persistent session removes
-        an earlier one's file; an expired one counts as gone."""
+        session present). Without a clean start an earlier session resumes,
+        on disk, even for a connection whose own session would not outlive
+        it (5.0 with no session expiry: MQTT-3.1.2-4, the caller then ends
+        it with the connection). A clean start removes an earlier one's
+        file; an expired one counts as gone; a new session that ends with
+        its connection is kept in memory only."""
         path = session_path(data_path, vhost, client_id)
         state: SessionState | None = None
-        if not persistent:  # it ends with this connection
-            _unlink(path)
-            return cls(SessionState(vhost, client_id), None), False
         if not clean:
             try:
                 with open(path, "rb") as f:
@@ -122,6 +123,8 @@ class Session:
                 state = None
         if state is None:
             _unlink(path)
+            if not persistent:  # it ends with this connection
+                return cls(SessionState(vhost, client_id), None), False
             state = SessionState(vhost, client_id)
             present = False
         else:

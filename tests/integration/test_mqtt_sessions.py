@@ -510,6 +510,74 @@ def test_a_session_comes_back_with_another_expiry(
     assert old.connect("changes", {}, clean=False)[:2] == (True, 0)
 
 
+def test_a_session_resumed_without_an_expiry_delivers_what_waited_then_ends(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """MQTT-3.1.2-4: clean start 0 resumes the session there is, whatever
+    the new CONNECT's session expiry; with none (0) the session then ends
+    with that connection (MQTT-3.1.2-11). Eclipse Paho's interoperability
+    tests (test_offline_message_queueing, test_publication_expiry) reconnect
+    so. And 0 at that CONNECT still makes a DISCONNECT's expiry a protocol
+    error (MQTT-3.14.2-2), though the session resumed."""
+    _broker, port = mqtt_broker
+    first = raw(raws, port)
+    first.connect("returner", PERSISTENT_5, clean=False)
+    assert first.subscribe("ret/#", 1) == b"\x01"
+    first.close()
+    pub = raw(raws, port)
+    pub.connect("ret-pub")
+    pub.publish("ret/1", b"waited", qos=1, packet_id=1)
+    pub.read(P.PUBACK)
+
+    back = raw(raws, port)
+    assert back.connect("returner", {}, clean=False)[:2] == (True, 0)
+    _flags, message = back.received()
+    assert (message.topic, message.payload) == ("ret/1", b"waited")
+    assert message.packet_id is not None
+    back.ack(P.PUBACK, message.packet_id)
+    disconnect = bytes((0,)) + P.encode_properties({"session_expiry_interval": 60})
+    back.sock.sendall(P.packet(P.DISCONNECT, 0, disconnect))
+    _kind, _flags, reason = back.read(P.DISCONNECT)
+    assert reason[0] == 0x82  # protocol error
+    assert back.closed_by_broker()
+
+    pub.publish("ret/2", b"nobody's", qos=1, packet_id=2)
+    pub.read(P.PUBACK)
+    after = raw(raws, port)
+    assert after.connect("returner", {}, clean=False)[:2] == (False, 0)  # it ended
+    after.sock.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        after.received()
+
+
+def test_qos2_publishes_past_the_receive_maximum_end_the_connection(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """5.0 4.9: a client with more unacknowledged QoS 2 PUBLISHes than the
+    CONNACK's Receive Maximum (no PUBREL for any) is disconnected with 0x93,
+    before its session holds more packet ids than that (Eclipse Paho's
+    interoperability test_flow_control2 does this)."""
+    from shoal.workers.mqtt_inbound import RECEIVE_MAXIMUM
+
+    _broker, port = mqtt_broker
+    client = raw(raws, port)
+    _present, code, props = client.connect("greedy", {})
+    assert code == 0 and props["receive_maximum"] == RECEIVE_MAXIMUM
+    batch = b"".join(
+        P.encode_publish(P.MQTT_5, "g/1", b"x", 2, packet_id=i)
+        for i in range(1, RECEIVE_MAXIMUM + 1)
+    )
+    client.sock.sendall(batch)
+    for _ in range(RECEIVE_MAXIMUM):
+        client.read(P.PUBREC)  # each taken: the maximum itself is allowed
+    client.sock.sendall(P.encode_publish(P.MQTT_5, "g/1", b"x", 2, packet_id=RECEIVE_MAXIMUM + 1))
+    _kind, _flags, reason = client.read(P.DISCONNECT)
+    assert reason[0] == 0x93  # receive maximum exceeded
+    assert client.closed_by_broker()
+    again = raw(raws, port)
+    assert again.connect("polite", {})[1] == 0  # the broker serves on
+
+
 def test_a_topic_too_long_for_amqp_is_refused_not_fatal(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient]
 ) -> None:
