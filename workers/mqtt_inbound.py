@@ -108,7 +108,7 @@ class Inbound:
             assert packet_id is not None
             ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet_id)
             if packet.qos == 2:
-                if len(self.conn.session.received) + len(self.qos2_publishing) >= (RECEIVE_MAXIMUM):
+                if len(self.conn.session.received) + len(self.qos2_publishing) >= RECEIVE_MAXIMUM:
                     self.conn.disconnect(RECEIVE_MAXIMUM_EXCEEDED)  # (5.0 4.9)
                     return
                 # Its id goes to the session once the message is confirmed,
