@@ -51,7 +51,7 @@ from shoal.workers.mqtt_inbound import RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM, Inb
 from shoal.workers.mqtt_outbound import Outbound
 from shoal.workers.mqtt_session import Session
 from shoal.workers.mqtt_subscriptions import Subscriptions
-from shoal.workers.mqtt_transport import AmqpSide
+from shoal.workers.mqtt_transport import LINGER_TIMEOUT, AmqpSide, Linger
 
 log = logging.getLogger("shoal.mqtt")
 
@@ -87,6 +87,7 @@ class MqttConnection(asyncio.Protocol):
         self.connect: P.Connect | None = None
         self.open = False
         self.closed = False
+        self.ended = False  # connection_lost ran (at _close, or at the socket's end)
         self.will: P.Will | None = None
         self.amqp: Connection | None = None
         self.amqp_out = bytearray()
@@ -126,6 +127,8 @@ class MqttConnection(asyncio.Protocol):
         self.timer = self.ctx.loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # (a closed connection's socket lingers: its input is dropped)
         self.last_recv = time.monotonic()
         self.long_read = len(data) >= LONG_READ
         batch = self.out is None
@@ -193,21 +196,28 @@ class MqttConnection(asyncio.Protocol):
         self.disconnect(0x8E)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.ended:
+            return
+        self.ended = True
         if self.timer is not None:
             self.timer.cancel()
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] -= 1
         self.closed = True
-        waits = False
+        waits = ends_now = False
         try:
             if self.open and self.persistent:
                 self.session.end(self.session_expiry)
+                ends_now = self.session_expiry == 0 and not self.session.detached
             waits = self._will_at_end()
         except Exception:
             # A bug here must not leave the inner connection (its consumers,
             # its unacked messages) or the client id's registry entry behind.
             log.exception("mqtt client %s: at its end", self.client_id)
         finally:
-            if not waits:
+            if ends_now:  # (no will waits: 0 s; bounded: the inner connection may not answer)
+                self.subscriptions.delete_session_queues(self._end_amqp)
+                self.ctx.loop.call_later(LINGER_TIMEOUT, self._end_amqp)
+            elif not waits:
                 self._end_amqp()
 
     def _end_amqp(self) -> None:
@@ -217,6 +227,7 @@ class MqttConnection(asyncio.Protocol):
                 del self.ctx.mqtt_clients[key]
         amqp, self.amqp = self.amqp, None
         if amqp is not None:
+            self.counted_out = True  # (a second call does nothing)
             amqp.connection_lost(None)  # its channels and exclusive queues go; counted out
         elif not self.counted_out:
             self.counted_out = True
@@ -274,16 +285,17 @@ class MqttConnection(asyncio.Protocol):
         """One write (one system call) for the packets a read of either side
         made: a run of deliveries, or a device's PUBACKs."""
         out, self.out = self.out, None
-        if out and self.transport is not None and not self.transport.is_closing():
+        if out and not self.closed and not self.transport.is_closing():
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     def _close(self) -> None:
+        """The client's connection ends now, its socket lingers (Linger)."""
         if self.acks:  # (before the inner connection's end requeues them)
             self._settle_acks()
         self._flush()  # (a DISCONNECT may be waiting in the batch)
         self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+        if self.transport is not None and Linger.starts(self.transport, self.ctx.loop):
+            self.ctx.loop.call_soon(self.connection_lost, None)  # (ends now, not re-entered)
 
     def disconnect(self, reason: int) -> None:
         """End the connection for a fault: a 5.0 client hears why (3.1.1
@@ -432,19 +444,8 @@ class MqttConnection(asyncio.Protocol):
         if self.closed:
             return
         accepted = lambda: self._accepted(present)  # noqa: E731
-        if self.connect.clean or not present:
-            # An earlier persistent session's queues go: a clean start, or a
-            # session that ended (expired) while its queues lived on.
-            earlier = f"mqtt-subscription-{self.connect.client_id}qos"
-            self.call(
-                C.Queue.Delete(queue=earlier + "0"),
-                lambda _r: self.call(
-                    C.Queue.Delete(queue=earlier + "1"),
-                    lambda _r: self.call(
-                        C.Queue.Delete(queue=earlier + "2"), lambda _r: accepted()
-                    ),
-                ),
-            )
+        if self.connect.clean or not present:  # an earlier session's queues go
+            self.subscriptions.delete_session_queues(accepted)
         elif present:
             self.subscriptions.resume(accepted)
         else:

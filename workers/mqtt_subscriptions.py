@@ -85,6 +85,22 @@ class Subscriptions:
 
         next_step()
 
+    def delete_session_queues(self, then: Callable[[], None]) -> None:
+        """The persistent session's queues deleted, one after another; then
+        `then`. A clean start's earlier session, a session that expired while
+        its queues lived on, or one that ends with its connection (their
+        x-expires are the first connection's: matching messages would
+        collect in them until then)."""
+        names = [f"mqtt-subscription-{self.conn.client_id}qos{qos}" for qos in (0, 1, 2)]
+
+        def next_delete(_reply: Any = None) -> None:
+            if names:
+                self.conn.call(C.Queue.Delete(queue=names.pop(0)), next_delete)
+            else:
+                then()
+
+        next_delete()
+
     def matching(self, queue: str, topic: str) -> list[Subscribed]:
         """The subscriptions whose queue is `queue` and whose filter matches `topic`."""
         found = []

@@ -1,10 +1,14 @@
 """The transport an MQTT client's inner AMQP connection writes to
 (workers/mqtt_connection.py): its writes go to the bridge, which turns them
-into MQTT packets; reading is paused and resumed on the client's socket."""
+into MQTT packets; reading is paused and resumed on the client's socket.
+And how that socket closes (Linger)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
+
+from shoal.workers.connection import LINGER_TIMEOUT
 
 # What the inner connection may ask of the client's socket: its addresses, and
 # over TLS the session and the client's certificate (EXTERNAL logins, the
@@ -43,7 +47,7 @@ class AmqpSide:
             self.bridge.from_amqp(part)
 
     def pause_reading(self) -> None:
-        if self.bridge.transport is not None:
+        if self.bridge.transport is not None and not self.bridge.closed:  # (Linger reads)
             self.bridge.transport.pause_reading()
 
     def resume_reading(self) -> None:
@@ -67,3 +71,30 @@ class AmqpSide:
     def get_write_buffer_size(self) -> int:
         transport = self.bridge.transport
         return 0 if transport is None else int(transport.get_write_buffer_size())
+
+
+class Linger:
+    """The broker closes a client's socket so that the client reads what was
+    last written (5.0's DISCONNECT and its reason): our FIN goes at once
+    (write_eof), and the client's input is read and dropped (the bridge's
+    data_received, once closed) until the client closes its end or
+    LINGER_TIMEOUT passes. Closing a socket with input unread sends a RST
+    instead, which can overtake the DISCONNECT: the client's next read fails
+    and the reason is lost (Eclipse Paho's test_flow_control2 sends on while
+    the broker disconnects it). TLS and WebSocket transports close at once."""
+
+    @staticmethod
+    def starts(transport: Any, loop: asyncio.AbstractEventLoop) -> bool:
+        """True where the socket lingers; False: it is closed (or closing)."""
+        can = getattr(transport, "can_write_eof", None)
+        if transport.is_closing() or can is None or not can():
+            transport.close()
+            return False
+        try:
+            transport.write_eof()
+            transport.resume_reading()  # (the inner connection may have paused it)
+        except (OSError, RuntimeError):  # the socket is already gone
+            transport.close()
+            return False
+        loop.call_later(LINGER_TIMEOUT, transport.close)
+        return True

@@ -16,7 +16,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from shoal.broker.mqtt import packets as P
-from tests.broker_process import Broker
+from tests.broker_process import Broker, wait_for
+from tests.integration.test_mqtt import _queue_names
 from tests.mqtt_raw import RawClient
 
 WAIT_S = 10
@@ -541,6 +542,13 @@ def test_a_session_resumed_without_an_expiry_delivers_what_waited_then_ends(
     assert reason[0] == 0x82  # protocol error
     assert back.closed_by_broker()
 
+    # The session ended: its queue goes now, not at the x-expires (3,600 s)
+    # it was first declared with, where "ret/2" would wait unread till then.
+    wait_for(
+        lambda: "mqtt-subscription-returnerqos1" not in _queue_names(_broker),
+        WAIT_S,
+        "the ended session's queue to go",
+    )
     pub.publish("ret/2", b"nobody's", qos=1, packet_id=2)
     pub.read(P.PUBACK)
     after = raw(raws, port)
@@ -576,6 +584,25 @@ def test_qos2_publishes_past_the_receive_maximum_end_the_connection(
     assert client.closed_by_broker()
     again = raw(raws, port)
     assert again.connect("polite", {})[1] == 0  # the broker serves on
+
+
+def test_a_disconnect_is_read_though_the_client_sent_on(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """A client disconnected while its packets still arrive reads the
+    DISCONNECT and its reason, then the end of the stream: the broker reads
+    and drops what follows rather than close with it unread (a reset that
+    can reach the client before it reads the DISCONNECT)."""
+    _broker, port = mqtt_broker
+    client = raw(raws, port)
+    assert client.connect("talker", {})[1] == 0
+    malformed = P.packet(P.PUBLISH, 0b0110, b"\x00\x01t\x00\x01x")  # QoS 3
+    trailing = P.packet(P.PINGREQ, 0, b"") * (1 << 23)  # 16 MiB, past the socket buffers
+    client.sock.sendall(malformed + trailing)  # (a reset would fail this)
+    _kind, _flags, reason = client.read(P.DISCONNECT)
+    assert reason[0] == 0x81  # malformed packet
+    assert client.closed_by_broker()
+    assert all(kind == P.PINGRESP for kind, _f, _b in client.got)  # (those it read first)
 
 
 def test_a_topic_too_long_for_amqp_is_refused_not_fatal(
