@@ -197,6 +197,7 @@ class AmqpConnection(asyncio.Protocol):
             "connection.blocked": True,
             "basic.nack": True,
             "consumer_cancel_notify": True,
+            "authentication_failure_close": True,  # (a bad password: 403 at once)
         }
         self._send(
             frame.marshal(

@@ -530,6 +530,15 @@ class Connection(asyncio.Protocol):
         if self.state == AWAIT_HEADER:
             self._close_transport()
             return
+        if self.timer is not None:
+            self.timer.cancel()
+        if isinstance(exc, errors.SilentClose):  # a handshake RabbitMQ answers with no frame
+            log.info("connection %x from %s: %s", self.id, self.peer_host, exc.reply_text)
+            self.state = CLOSED
+            self.eof_sent = True  # nothing goes out; the client's EOF closes ours (eof_received)
+            self.out = []
+            self.timer = self.ctx.loop.call_later(exc.delay, self._close_transport)
+            return
         for channel in self.channels.values():
             channel.release()
         self.state = CLOSING
@@ -544,8 +553,6 @@ class Connection(asyncio.Protocol):
                 ),
             )
         )
-        if self.timer is not None:
-            self.timer.cancel()
         self.timer = self.ctx.loop.call_later(CLOSE_OK_TIMEOUT, self._close_transport)
 
     def describe(self) -> dict[str, Any]:

@@ -139,13 +139,24 @@ class Handshake:
         routes.sync()
         conn.auth_mechanism = method.mechanism
         conn.client_properties = dict(props)
-        conn.user = negotiation.login(
-            method,
-            routes.definitions.users,
-            conn.peer_host,
-            config.loopback_users,
-            conn.certificate_user,
-        )
+        try:
+            conn.user = negotiation.login(
+                method,
+                routes.definitions.users,
+                conn.peer_host,
+                config.loopback_users,
+                conn.certificate_user,
+            )
+        except errors.SilentClose:
+            raise
+        except errors.ConnectionError_ as refused:
+            if conn.capabilities.get("authentication_failure_close") is True:
+                raise  # connection.close 403, as the client asked
+            # RabbitMQ's answer to a client that did not ask: no frame, the
+            # socket closed after the handshake timeout (or by the client).
+            raise errors.SilentClose(
+                refused.reply_code, refused.reply_text, config.handshake_timeout
+            ) from None
         conn.state = AWAIT_TUNE_OK
         conn.write(
             framing.encode_method(

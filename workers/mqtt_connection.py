@@ -624,10 +624,8 @@ class MqttConnection(asyncio.Protocol):
             if self.external:
                 mechanism, response = "EXTERNAL", b""
             assert self.connect is not None
-            props: dict[str, Any] = {
-                "product": "Shoal MQTT",
-                "client_id": self.connect.client_id,
-            }
+            props: dict[str, Any] = {"product": "Shoal MQTT", "client_id": self.connect.client_id}
+            props["capabilities"] = {"authentication_failure_close": True}  # (a refusal's 403)
             self.method(
                 C.Connection.StartOk(
                     client_properties=props, mechanism=mechanism, response=response.decode()

@@ -5,6 +5,7 @@ the handshake and calls these."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
@@ -18,6 +19,8 @@ from pamqp import decode as pamqp_decode
 from shoal.broker import VERSION
 from shoal.broker.amqp import access, errors
 from shoal.broker.amqp.definitions import Definitions, PermissionSet, UserSet
+
+log = logging.getLogger("shoal.connection")
 
 
 def server_properties(worker: int) -> dict[str, Any]:
@@ -59,20 +62,38 @@ def login(
     403 "Login was refused ...": an unknown user, a wrong password, or one
     of `loopback_users` from another machine (the same text, measured). EXTERNAL: the user named
     by the client's verified TLS certificate (`certificate_user`), whose
-    password is not asked for."""
-    if method.mechanism == "EXTERNAL":
-        if not certificate_user or certificate_user not in users:
-            raise access.login_refused(method.mechanism)
+    password is not asked for. A mechanism not offered or a malformed
+    response: errors.SilentClose, as RabbitMQ (no frame, a close 3 s later)."""
+    mechanism = method.mechanism
+    if mechanism not in mechanisms(certificate_user).split():
+        # RabbitMQ's command_invalid: EXTERNAL is one it knows, offered only
+        # over TLS with a client certificate.
+        known = "invalid" if mechanism in ("EXTERNAL", "PLAIN", "AMQPLAIN") else "unknown"
+        raise errors.SilentClose(
+            errors.COMMAND_INVALID, f"{known} authentication mechanism '{mechanism}'"
+        )
+    if mechanism == "EXTERNAL":
+        if certificate_user not in users:
+            log.warning("EXTERNAL login refused: user '%s' - unknown", certificate_user)
+            raise access.login_refused(mechanism)
         got_user = certificate_user
     else:
-        got_user, got_password = _credentials(method.mechanism, method.response)
+        credentials = _credentials(mechanism, method.response)
+        if credentials is None:  # RabbitMQ's syntax_error
+            raise errors.SilentClose(
+                errors.SYNTAX_ERROR, f"{mechanism} response {method.response!r} invalid"
+            )
+        got_user, got_password = credentials
         record = users.get(got_user)
         if record is None or not access.password_matches(
             record.password_hash, record.hashing_algorithm, got_password
         ):
-            raise access.login_refused(method.mechanism)
+            why = "invalid credentials" if record is not None else "unknown user"
+            log.warning("%s login refused: user '%s' - %s", mechanism, got_user, why)
+            raise access.login_refused(mechanism)
     if got_user in loopback_users and not access.is_loopback(peer_host):
-        raise access.login_refused(method.mechanism)  # RabbitMQ 3.10 says no more
+        log.warning("user '%s' can only connect via localhost (from %s)", got_user, peer_host)
+        raise access.login_refused(mechanism)  # RabbitMQ 3.10 says no more
     return got_user
 
 
@@ -160,7 +181,10 @@ def obeys_channel_flow(props: dict[str, Any]) -> bool:
     return text("platform") in CHANNEL_FLOW_PLATFORMS or text("product") in CHANNEL_FLOW_PRODUCTS
 
 
-def _credentials(mechanism: str, response: Any) -> tuple[str, str]:
+def _credentials(mechanism: str, response: Any) -> tuple[str, str] | None:
+    """(user, password) of a PLAIN or AMQPLAIN response; None where it is
+    malformed: PLAIN without its two NULs (an empty response, as clients
+    send for an empty password), AMQPLAIN without LOGIN and PASSWORD."""
     # pamqp decodes the response as UTF-8: encode it back the same way.
     raw = (
         response.encode(errors="surrogateescape")
@@ -170,14 +194,14 @@ def _credentials(mechanism: str, response: Any) -> tuple[str, str]:
     if mechanism == "PLAIN":
         parts = raw.split(b"\0")
         if len(parts) != 3:
-            return "", ""
+            return None
         return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-    if mechanism == "AMQPLAIN":
-        try:
-            _n, table = pamqp_decode.field_table(struct.pack(">I", len(raw)) + raw)
-        except Exception:
-            return "", ""
-        login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-        as_str = lambda v: v.decode(errors="replace") if isinstance(v, bytes) else str(v)  # noqa: E731
-        return as_str(login), as_str(password)
-    return "", ""
+    try:
+        _n, table = pamqp_decode.field_table(struct.pack(">I", len(raw)) + raw)
+    except Exception:
+        return None
+    login, password = table.get("LOGIN"), table.get("PASSWORD")
+    if not isinstance(login, str | bytes) or not isinstance(password, str | bytes):
+        return None
+    as_str = lambda v: v.decode(errors="replace") if isinstance(v, bytes) else v  # noqa: E731
+    return as_str(login), as_str(password)

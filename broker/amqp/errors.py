@@ -64,6 +64,24 @@ class ConnectionError_(AMQPError):
     """Closes the whole connection."""
 
 
+# How long RabbitMQ keeps a client it does not trust waiting before it drops
+# the socket (its ?SILENT_CLOSE_DELAY): no quick retries of bad logins.
+SILENT_CLOSE_DELAY = 3.0
+
+
+class SilentClose(ConnectionError_):
+    """A handshake RabbitMQ answers without a frame: the socket closes
+    `delay` seconds later, or when the client closes its end, and what the
+    client sends meanwhile is dropped. A malformed login response or an
+    unknown mechanism (SILENT_CLOSE_DELAY); a refused login of a client
+    that did not announce authentication_failure_close (the handshake
+    timeout). The reply text is for the log only."""
+
+    def __init__(self, code: int, detail: str, delay: float = SILENT_CLOSE_DELAY) -> None:
+        super().__init__(code, detail)
+        self.delay = delay
+
+
 def no_queue(name: str, vhost: str) -> str:
     return f"no queue '{name}' in vhost '{vhost}'"
 

@@ -21,6 +21,7 @@ provokes one, so a test injects it (SHOAL_FAULT_INTERNAL_QUEUE).
 from __future__ import annotations
 
 import struct
+import time
 from typing import Any
 
 import pytest
@@ -119,6 +120,45 @@ def test_login_refused_is_403(broker: Broker, mechanism: str) -> None:
         0,
         0,
     )
+
+
+def silence_then_close(client: RawClient) -> float:
+    """Seconds until the broker closes the socket, having sent nothing."""
+    began = time.monotonic()
+    client.sock.settimeout(15)
+    try:
+        data = client.sock.recv(65536)
+    except ConnectionResetError:
+        data = b""
+    assert data == b"", f"the broker answered: {data!r}"
+    return time.monotonic() - began
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "response"), [("PLAIN", ""), ("AMQPLAIN", ""), ("SCRAM-SHA-1", "n,,n=guest")]
+)
+def test_a_malformed_login_is_closed_silently_after_3_s(
+    broker: Broker, mechanism: str, response: str
+) -> None:
+    """RabbitMQ's answer to a malformed SASL response (php-amqplib sends an
+    empty one for an empty password) or a mechanism it did not offer: no
+    connection.close, even for a client that asked for one on a refused
+    login; the socket dropped after 3 s (no quick retries)."""
+    client = RawClient(broker.port)
+    client.start(mechanism=mechanism, response=response)
+    assert 2.5 <= silence_then_close(client) <= 10
+
+
+def test_a_refused_login_without_authentication_failure_close_is_not_told(
+    broker_factory: Any,
+) -> None:
+    """A client that did not announce authentication_failure_close (Go's
+    amqp091) gets no connection.close for a wrong password: RabbitMQ drops
+    the socket after the handshake timeout, which it sees as the refusal."""
+    broker = broker_factory(args=("--handshake-timeout", "1"))
+    client = RawClient(broker.port)
+    client.start(response="\0guest\0wrong", capabilities={"authentication_failure_close": False})
+    assert 0.5 <= silence_then_close(client) <= 10
 
 
 def test_access_refused_channel_errors(broker: Broker) -> None:

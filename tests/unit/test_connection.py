@@ -154,14 +154,74 @@ def test_09_header_is_accepted_and_a_bad_one_answered(ctx: WorkerContext) -> Non
     assert bad.transport.data == b"AMQP\x00\x00\x09\x01" and bad.transport.closed
 
 
+ASKS_FOR_A_CLOSE = {"capabilities": {"authentication_failure_close": True}}
+
+
 def test_bad_password_is_403(ctx: WorkerContext) -> None:
     client = Client(ctx)
     client.send(b"AMQP\x00\x00\x09\x01")
     client.received()
-    client.method(0, C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0nope"))
+    client.method(
+        0,
+        C.Connection.StartOk(
+            client_properties=ASKS_FOR_A_CLOSE, mechanism="PLAIN", response="\0guest\0nope"
+        ),
+    )
     ((_ch, close),) = client.received()
     assert isinstance(close, C.Connection.Close) and close.reply_code == 403
     assert close.reply_text.startswith("ACCESS_REFUSED - Login was refused")
+
+
+def silent_close_in(client: Client) -> float:
+    """Seconds until the connection, which wrote nothing, closes its socket."""
+    conn = client.conn
+    assert client.received() == [] and not client.transport.closed
+    assert conn.timer is not None
+    return conn.timer.when() - client.loop.time()
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "response"),
+    [
+        ("PLAIN", ""),  # what clients send for an empty password (php-amqplib)
+        ("PLAIN", "guest\0guest"),
+        ("AMQPLAIN", "\x05LOGINS\x00\x00\x00\x05guest"),  # no PASSWORD
+        ("CRAM-MD5", "guest"),  # a mechanism not offered
+        ("EXTERNAL", ""),  # offered only with a TLS client certificate
+    ],
+)
+def test_a_login_rabbitmq_does_not_trust_gets_no_frame_and_a_close_3_s_later(
+    ctx: WorkerContext, mechanism: str, response: str
+) -> None:
+    """RabbitMQ answers a malformed response or a mechanism it did not offer
+    with silence (syntax_error / command_invalid in the starting state): it
+    drops the socket after ?SILENT_CLOSE_DELAY, whatever the client asked."""
+    client = Client(ctx)
+    client.send(b"AMQP\x00\x00\x09\x01")
+    client.received()
+    start_ok = C.Connection.StartOk(
+        client_properties=ASKS_FOR_A_CLOSE, mechanism=mechanism, response=response
+    )
+    client.method(0, start_ok)
+    assert silent_close_in(client) == pytest.approx(3.0, abs=0.1)
+    client.method(0, C.Connection.TuneOk(channel_max=100, frame_max=131072, heartbeat=0))
+    assert client.received() == []  # (input is dropped meanwhile)
+    assert client.conn.eof_received() is None  # the client's close ends it at once
+
+
+def test_a_refused_login_without_authentication_failure_close_gets_no_close(
+    tmp_path: Path,
+) -> None:
+    """A client that did not announce authentication_failure_close (Go's
+    amqp091) hears nothing of a refused login from RabbitMQ: its socket is
+    closed after the handshake timeout."""
+    limits = L.Limits(max_workers=1, max_queues=64, queue_capacity=64, arena_bytes=1 << 16)
+    for ctx in worker_context(tmp_path, limits, config=Config(handshake_timeout=7.0)):
+        client = Client(ctx)
+        client.send(b"AMQP\x00\x00\x09\x01")
+        client.received()
+        client.method(0, C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0nope"))
+        assert silent_close_in(client) == pytest.approx(7.0, abs=0.1)
 
 
 def test_frames_on_a_channel_that_is_not_open(ctx: WorkerContext) -> None:
