@@ -94,7 +94,7 @@ class Subscriptions:
         names = [f"mqtt-subscription-{self.conn.client_id}qos{qos}" for qos in (0, 1, 2)]
 
         def next_delete(_reply: Any = None) -> None:
-            if names:
+            if names and not self.conn.session.detached:  # (taken over: the newer one's)
                 self.conn.call(C.Queue.Delete(queue=names.pop(0)), next_delete)
             else:
                 then()
