@@ -103,7 +103,8 @@ class Connection(asyncio.Protocol):
         self.eof_received_early = False  # the client shut its end before our close-ok
         self.released = False  # see _release
         self.last_recv = time.monotonic()
-        self.sent_since_tick = False
+        self.sent_since_tick = False  # (heartbeat_tick)
+        self.heartbeat_sent = False
         self.timer: asyncio.TimerHandle | None = None
         self.confirm_channels: set[Confirms] = set()  # the publishers of channels in confirm mode
         self.confirm_timer: asyncio.TimerHandle | None = None  # see flush_confirms
@@ -353,7 +354,7 @@ class Connection(asyncio.Protocol):
             self.channels[number] = Channel(self, number)
             self.ctx.stats.v[stats.CHANNELS_OPENED] += 1
             self.ctx.gauges_stale = True
-            self.write(framing.encode_method(number, C.Channel.OpenOk()))
+            self.write(framing.encode_channel_open_ok(number))
             return
         if ftype == framing.FRAME_HEARTBEAT:
             raise errors.ConnectionError_(
@@ -517,8 +518,14 @@ class Connection(asyncio.Protocol):
             # RabbitMQ closes without a close frame: the peer is gone.
             self._close_transport()
             return
-        if not self.sent_since_tick:
+        if not self.sent_since_tick or not self.heartbeat_sent:
+            # As RabbitMQ's sender: at the first tick whatever went out, then
+            # whenever nothing did; written now, so that it is not itself
+            # counted as traffic (a client that gives up after one interval
+            # of silence, as amqp-client.js, hears from us every half one).
+            self.heartbeat_sent = True
             self.write(framing.HEARTBEAT_FRAME)
+            self.flush()
         self.sent_since_tick = False
         self.timer = self.ctx.loop.call_later(interval / 2, self.heartbeat_tick)
 

@@ -306,3 +306,15 @@ def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
 
 def encode_method(channel: int, method: Any) -> bytes:
     return pamqp_frame.marshal(method, channel)
+
+
+# channel.open-ok's reserved long string, empty as RabbitMQ and LavinMQ send it.
+# pamqp's OpenOk can only say "0" (its default, and all its validation takes):
+# CloudAMQP's amqp-client.js skips the field as 4 bytes and loses the frame.
+_CHANNEL_OPEN_OK = b"\x00\x14\x00\x0b\x00\x00\x00\x00"
+
+
+def encode_channel_open_ok(channel: int) -> bytes:
+    return _HEADER.pack(FRAME_METHOD, channel, len(_CHANNEL_OPEN_OK)) + (
+        _CHANNEL_OPEN_OK + FRAME_END_BYTE
+    )

@@ -265,6 +265,40 @@ def test_publish_to_unknown_exchange_closes_only_the_channel(ctx: WorkerContext)
     assert isinstance(client.received()[0][1], C.Channel.OpenOk)
 
 
+def test_heartbeats_go_every_half_interval_of_silence_the_first_at_once(
+    ctx: WorkerContext,
+) -> None:
+    """RabbitMQ's heartbeat sender (rabbit_heartbeat.erl) wakes every half
+    interval: it sends at its first wake whatever went out before, then
+    whenever nothing else went out since the last wake, its own heartbeats
+    not counted. CloudAMQP's amqp-client.js closes after one interval of
+    silence: a heartbeat per interval (counting our own as traffic) lost it
+    the connection half the time."""
+    client = Client(ctx)
+    client.send(b"AMQP\x00\x00\x09\x01")
+    client.method(0, C.Connection.StartOk(mechanism="PLAIN", response="\0guest\0guest"))
+    client.method(0, C.Connection.TuneOk(channel_max=100, frame_max=131072, heartbeat=60))
+    client.method(0, C.Connection.Open(virtual_host="/"))
+    client.received()  # start, tune, open-ok: traffic, but the first tick sends all the same
+    conn = client.conn
+    assert conn.timer is not None  # the first tick, half an interval on
+    assert conn.timer.when() - client.loop.time() == pytest.approx(30, abs=1)
+    heartbeat = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+    for _ in range(3):  # an idle connection: one at every tick
+        conn.heartbeat_tick()
+        assert client.transport.data == heartbeat
+        client.transport.data = b""
+    client.method(1, C.Channel.Open())  # channel.open-ok goes out: the next tick is quiet
+    assert client.transport.data == b"\x01\x00\x01\x00\x00\x00\x08\x00\x14\x00\x0b" + (
+        b"\x00\x00\x00\x00\xce"  # (its reserved long string empty, as RabbitMQ's)
+    )
+    client.transport.data = b""
+    conn.heartbeat_tick()
+    assert client.transport.data == b""
+    conn.heartbeat_tick()
+    assert client.transport.data == heartbeat
+
+
 def test_heartbeat_on_a_channel_is_a_frame_error(ctx: WorkerContext) -> None:
     client = Client(ctx)
     client.open()
