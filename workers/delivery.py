@@ -5,7 +5,6 @@ messages it owns (ack, nack, reject, recover, requeue on close)."""
 from __future__ import annotations
 
 import logging
-import os
 from collections import deque
 from collections.abc import Callable
 
@@ -13,6 +12,7 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import dead_letter_rules, errors, field_table, properties
+from shoal.broker.amqp.definitions import server_generated
 from shoal.shm import stats
 from shoal.shm.arena import read_message
 from shoal.shm.queue_table import QueueFlag
@@ -491,7 +491,7 @@ class DeliveryBook:
         # RabbitMQ checks no permission on direct reply-to's pseudo-queue.
         permission = "" if self.reply_queue and method.queue == self.reply_queue.decode() else READ
         name, qid = self.resolve_queue(method.queue, (60, 20), permission)
-        tag = (method.consumer_tag or "").encode() or b"amq.ctag-" + os.urandom(11).hex().encode()
+        tag = (method.consumer_tag or "").encode() or server_generated(b"amq.ctag")
         if tag in self.consumers:
             raise errors.ConnectionError_(
                 errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag.decode()}'", 60, 20

@@ -214,7 +214,13 @@ ACCESS_OPS = (
 
 def server_named_queue() -> bytes:
     """A name for a queue declared without one (RabbitMQ's form)."""
-    return b"amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=")
+    return server_generated(b"amq.gen")
+
+
+def server_generated(prefix: bytes) -> bytes:
+    """RabbitMQ's generated names (rabbit_guid:binary): the prefix, '-', 16
+    random bytes in URL-safe base64 (amq.gen-..., amq.ctag-...)."""
+    return prefix + b"-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=")
 
 
 def default_exchange_ops(vhost: str) -> list[Op]:

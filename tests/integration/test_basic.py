@@ -10,6 +10,7 @@ and say so. The reply texts are RabbitMQ's (rabbit_channel.erl, rabbit_reader.er
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import struct
 import time
@@ -496,7 +497,8 @@ def test_consumer_tags_server_generated_and_reuse(broker: Broker) -> None:
     for _ in range(2):
         client.method(1, C.Basic.Consume(queue="tags", consumer_tag=""))
         tags.append(client.expect(C.Basic.ConsumeOk, 1).consumer_tag)
-    assert all(tag.startswith("amq.ctag-") and len(tag) > len("amq.ctag-") for tag in tags)
+    # RabbitMQ's form: 16 random bytes in URL-safe base64 after the prefix.
+    assert all(re.fullmatch(r"amq\.ctag-[A-Za-z0-9_-]{22}", tag) for tag in tags), tags
     assert tags[0] != tags[1]
     client.method(1, C.Basic.Consume(queue="tags", consumer_tag="x"))
     assert client.expect(C.Basic.ConsumeOk, 1).consumer_tag == "x"
