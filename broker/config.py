@@ -54,7 +54,9 @@ class Config(msgspec.Struct, frozen=True):
     # A consumer holding a delivery unacked longer is cancelled (ms; 0: no
     # limit; workers/timeouts.py). RabbitMQ's default, 30 min.
     consumer_timeout: int = 1_800_000
-    max_message_size: int = 16 << 20
+    # RabbitMQ's default since 3.8 (max_message_size, 128 MiB): clients' own
+    # suites publish 23 and 32 MB bodies (Bunny's publishing edge cases).
+    max_message_size: int = 128 << 20
     # Memory guard (shm/memory.py): publishers are blocked while an arena is
     # above the lower of its two high marks, released at `low` x that mark.
     memory_high_watermark: float = 0.4  # share of RAM for message bodies (all arenas)

@@ -312,6 +312,12 @@ class DeliveryBook:
         """Ack (requeue None), or nack/reject (requeue True/False); `method_id`
         (ack 80, reject 90, nack 120) goes into the close of an unknown tag."""
         unacked = self.unacked
+        if multiple and tag and tag not in unacked and tag not in self.timed_out_tags:
+            # RabbitMQ's collect_acks looks for the tag itself, multiple or not
+            # (only 0 means "all"): settled nothing, the channel closes.
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
+            )
         touched: set[Consumer] = set()
         acked = 0
         if multiple and requeue is None and unacked:

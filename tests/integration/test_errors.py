@@ -300,6 +300,31 @@ def test_precondition_failed_channel_errors(broker: Broker) -> None:
         60,
         80,
     )
+    # A multiple ack (or nack) of a tag not outstanding: RabbitMQ looks for
+    # that tag (only 0 means all), settles nothing and closes the channel;
+    # the outstanding message goes back to its queue (Bunny's basic_ack_spec).
+    client.open_channel(10)
+    for number, settle, method_id in (
+        (8, C.Basic.Ack(delivery_tag=82, multiple=True), 80),
+        (9, C.Basic.Nack(delivery_tag=82, multiple=True, requeue=False), 120),
+    ):
+        client.open_channel(number)
+        client.publish(number, b"kept", routing_key="twice")
+        client.method(number, C.Basic.Get(queue="twice"))
+        client.expect(C.Basic.GetOk, number)
+        client.expect(ContentHeader, number)
+        client.expect(ContentBody, number)
+        client.method(number, settle)
+        assert fields(client.channel_close(number)) == (
+            406,
+            "PRECONDITION_FAILED - unknown delivery tag 82",
+            60,
+            method_id,
+        )
+        client.method(10, C.Queue.Declare(queue="twice", passive=True))
+        assert client.expect(C.Queue.DeclareOk, 10).message_count == 1  # not settled
+        client.method(10, C.Queue.Purge(queue="twice"))
+        client.expect(C.Queue.PurgeOk, 10)
     client.open_channel(7)
     client.method(7, C.Exchange.Declare(exchange="typed", exchange_type="direct"))
     client.expect(C.Exchange.DeclareOk, 7)
