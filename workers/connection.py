@@ -583,6 +583,7 @@ class Connection(asyncio.Protocol):
         """An operator's doing: 320 CONNECTION_FORCED, as RabbitMQ closes."""
         if self.state in (OPEN, AWAIT_OPEN) and not self.closed:
             self.fail(errors.ConnectionError_(errors.CONNECTION_FORCED, text))
+            self.flush()  # written now: the scheduler's next question is answered after it
 
     def shutdown(self) -> None:
         """Broker shutdown: close with 320 CONNECTION_FORCED, as RabbitMQ does."""

@@ -167,7 +167,13 @@ class Introspection:
             for worker, described in sorted(replies.items())
             for c in described
         ]
-        return C.run(lambda r: self._connection_answers[type(r)](r, connections), request)
+        reply = C.run(lambda r: self._connection_answers[type(r)](r, connections), request)
+        if isinstance(request, C.CloseConnection) and not isinstance(reply, C.Failed):
+            # Answered, as RabbitMQ's close_connection, once the close frame
+            # is written: each worker reads its link in order, so its answer
+            # to this question comes after it handled the Disconnect.
+            await self._ask_workers("connections")
+        return reply
 
     async def exchange_stats(self) -> C.Rows:
         """Each exchange's messages in and out, summed over the workers (a
