@@ -465,11 +465,12 @@ class QueueLifecycle:
             )
         ready = self.state.messages(q)
         # RabbitMQ counts ready messages only: a message delivered and not
-        # yet acknowledged does not make the queue "not empty".
+        # yet acknowledged does not make the queue "not empty" (rabbit_channel's
+        # text, "~s not empty", word for word).
         if if_empty and ready:
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED,
-                f"queue '{name.decode()}' in vhost '{vhost}' is not empty",
+                f"queue '{name.decode()}' in vhost '{vhost}' not empty",
             )
         self.remove_queue(q)
         return ready

@@ -35,7 +35,7 @@ def test_delete_if_unused_and_if_empty(broker: Broker) -> None:
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
         ch.queue_delete("busy", if_empty=True)
     assert exc.value.reply_code == 406
-    assert exc.value.reply_text == "PRECONDITION_FAILED - queue 'busy' in vhost '/' is not empty"
+    assert exc.value.reply_text == "PRECONDITION_FAILED - queue 'busy' in vhost '/' not empty"
     ch = conn.channel()
     ch.basic_consume("busy", lambda *a: None)
     ch2 = conn.channel()
