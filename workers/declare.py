@@ -15,6 +15,7 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.broker.amqp.definitions import server_named_queue
+from shoal.broker.amqp.names import strip_cr_lf
 from shoal.broker.amqp.routing import EXCHANGE_TYPES
 from shoal.workers import framing, reply_to
 from shoal.workers.channel_state import ChannelConnection, DeclareContext
@@ -68,6 +69,7 @@ class Declarer:
         return raw, qid
 
     async def queue_declare(self, method: C.Queue.Declare) -> None:
+        method.queue = strip_cr_lf(method.queue)  # (as RabbitMQ: names.py)
         name = method.queue.encode()
         if _FAULT_QUEUE and name == _FAULT_QUEUE:
             raise RuntimeError("injected fault")
@@ -119,6 +121,7 @@ class Declarer:
             )
 
     async def queue_delete(self, method: C.Queue.Delete) -> None:
+        method.queue = strip_cr_lf(method.queue)
         name = method.queue.encode() if method.queue else self.last_queue
         conn = self.conn
         conn.access.check(CONFIGURE, "queue", name.decode())
@@ -150,6 +153,7 @@ class Declarer:
             )
 
     def exchange_declare(self, method: C.Exchange.Declare) -> Coroutine[Any, Any, None]:
+        method.exchange = strip_cr_lf(method.exchange)
         if not method.exchange:
             raise errors.ChannelError(
                 errors.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 10
@@ -177,7 +181,7 @@ class Declarer:
         )
 
     def exchange_delete(self, method: C.Exchange.Delete) -> Coroutine[Any, Any, None]:
-        name = method.exchange
+        name = method.exchange = strip_cr_lf(method.exchange)
         if not name:
             raise errors.ChannelError(
                 errors.ACCESS_REFUSED, "operation not permitted on the default exchange", 40, 20
@@ -200,6 +204,8 @@ class Declarer:
         self, method: C.Exchange.Bind | C.Exchange.Unbind
     ) -> Coroutine[Any, Any, None]:
         unbind = isinstance(method, C.Exchange.Unbind)
+        method.source = strip_cr_lf(method.source)
+        method.destination = strip_cr_lf(method.destination)
         for name in (method.source, method.destination):
             if not name:
                 raise errors.ChannelError(
@@ -225,7 +231,8 @@ class Declarer:
     def queue_bind(self, method: C.Queue.Bind | C.Queue.Unbind) -> Coroutine[Any, Any, None]:
         unbind = isinstance(method, C.Queue.Unbind)
         class_method = divmod(method.index, 0x10000)
-        queue = method.queue
+        method.exchange = strip_cr_lf(method.exchange)
+        queue = method.queue = strip_cr_lf(method.queue)
         routing_key = method.routing_key
         if not queue:
             # The spec's shortcuts: the channel's last declared queue, and

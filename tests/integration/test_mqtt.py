@@ -238,6 +238,25 @@ def test_a_persistent_session_keeps_its_messages_while_away(
     assert (message.topic, message.payload, message.qos) == ("news/today", b"kept", 1)
 
 
+@pytest.mark.parametrize("clean", [True, False])
+def test_client_ids_topics_and_groups_outside_amqps_name_grammar_subscribe(
+    mqtt_broker: tuple[Broker, int], clients: list[Client], clean: bool
+) -> None:
+    """A client id, a topic and a shared group with non-ASCII letters and
+    punctuation: their queues' names (mqtt-subscription-<id>qos1,
+    mqtt-shared-<group>/<filter>) are outside pamqp's grammar, which made the
+    bridge's queue.declare raise (broker/amqp/names.py)."""
+    _broker, port = mqtt_broker
+    sub = connected(clients, port, paho.MQTTv5, "dév!ce$1", clean=clean)
+    assert sub.subscribe("tëst/#", 1) == [1]
+    assert sub.subscribe("$share/grüppe!/x/+", 1) == [1]
+    pub = connected(clients, port, paho.MQTTv311, "pub-utf8")
+    pub.c.publish("tëst/a", b"hello", qos=1).wait_for_publish(WAIT_S)
+    pub.c.publish("x/y", b"shared", qos=1).wait_for_publish(WAIT_S)
+    got = {sub.next("message").payload for _ in range(2)}
+    assert got == {b"hello", b"shared"}
+
+
 def test_a_malformed_packet_closes_only_its_connection(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pika
 import pytest
+from pamqp import commands as C
+from pamqp import frame as pamqp_frame
 
+from shoal.broker.amqp import names  # noqa: F401  (pamqp's name grammar widened, as the broker's)
 from tests.broker_process import Broker, queue_gone, wait_for
+from tests.integration.test_malformed import expect, handshake
 
 
 def connect(broker: Broker) -> pika.BlockingConnection:
@@ -100,3 +104,40 @@ def test_delete_if_empty_counts_ready_messages_only(broker: Broker) -> None:
     assert method is not None
     assert ch.queue_delete("in-flight", if_empty=True).method.message_count == 0
     conn.close()
+
+
+def test_names_are_any_utf8_and_lose_cr_lf_as_in_rabbitmq(broker: Broker) -> None:
+    """Names outside pamqp's grammar (non-ASCII letters, punctuation) come back
+    wherever a name does (declare-ok, get-ok, return): they closed the
+    connection with 541 before. CR and LF are stripped from declares,
+    deletes and bindings, as rabbit_channel's strip_cr_lf does (the Java
+    client's QueueLifecycle and ExchangeDeclare tests)."""
+    conn = connect(broker)
+    ch = conn.channel()
+    queue, exchange = "café jobs!$*", "événements!"
+    assert ch.queue_declare(queue).method.queue == queue
+    ch.exchange_declare(exchange + "\n", "direct")
+    ch.exchange_declare(exchange, passive=True)  # the stripped name is the exchange's
+    ch.queue_bind(queue, exchange + "\r\n", "k")
+    ch.basic_publish(exchange, "k", b"hi")
+    method, _props, body = ch.basic_get(queue, auto_ack=True)
+    assert method is not None and (method.exchange, body) == (exchange, b"hi")
+    returned: list[str] = []
+    ch.add_on_return_callback(lambda _ch, m, _p, _b: returned.append(m.exchange))
+    ch.basic_publish(exchange, "nowhere", b"x", mandatory=True)
+    wait_for(lambda: conn.process_data_events(0.05) or returned, 5, "basic.return")
+    assert returned == [exchange]
+    ch.exchange_delete(exchange + "\r")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.exchange_declare(exchange, passive=True)
+    assert exc.value.reply_code == 404
+    conn.close()
+    # (pika waits for a declare-ok that names the queue as asked: a raw client)
+    s = handshake(broker.port)
+    s.sendall(pamqp_frame.marshal(C.Queue.Declare(queue="orders\r\n"), 1))
+    assert expect(s, C.Queue.DeclareOk).queue == "orders"  # type: ignore[attr-defined]
+    s.sendall(pamqp_frame.marshal(C.Queue.Delete(queue="orders\n"), 1))
+    expect(s, C.Queue.DeleteOk)
+    s.sendall(pamqp_frame.marshal(C.Queue.Declare(queue="orders", passive=True), 1))
+    assert expect(s, C.Channel.Close).reply_code == 404  # type: ignore[attr-defined]
+    s.close()
