@@ -153,10 +153,9 @@ class Handshake:
             if conn.capabilities.get("authentication_failure_close") is True:
                 raise  # connection.close 403, as the client asked
             # RabbitMQ's answer to a client that did not ask: no frame, the
-            # socket closed after the handshake timeout (or by the client).
-            raise errors.SilentClose(
-                refused.reply_code, refused.reply_text, config.handshake_timeout
-            ) from None
+            # socket closed 3 s later (rabbit_reader's close_connection
+            # timer, its ?NORMAL_TIMEOUT before tune), or by the client.
+            raise errors.SilentClose(refused.reply_code, refused.reply_text) from None
         conn.state = AWAIT_TUNE_OK
         conn.write(
             framing.encode_method(

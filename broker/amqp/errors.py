@@ -72,10 +72,9 @@ SILENT_CLOSE_DELAY = 3.0
 class SilentClose(ConnectionError_):
     """A handshake RabbitMQ answers without a frame: the socket closes
     `delay` seconds later, or when the client closes its end, and what the
-    client sends meanwhile is dropped. A malformed login response or an
-    unknown mechanism (SILENT_CLOSE_DELAY); a refused login of a client
-    that did not announce authentication_failure_close (the handshake
-    timeout). The reply text is for the log only."""
+    client sends meanwhile is dropped: a malformed login response, an
+    unknown mechanism, a refused login of a client that did not announce
+    authentication_failure_close. The reply text is for the log only."""
 
     def __init__(self, code: int, detail: str, delay: float = SILENT_CLOSE_DELAY) -> None:
         super().__init__(code, detail)
