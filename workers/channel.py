@@ -190,8 +190,9 @@ class Channel:
             elif ftype == framing.FRAME_BODY:
                 self._on_body(payload)
             else:
-                raise errors.ConnectionError_(
-                    errors.FRAME_ERROR, f"unexpected frame type {ftype} on channel"
+                raise errors.ConnectionError_(  # (rabbit_reader's unexpected_frame)
+                    errors.UNEXPECTED_FRAME,
+                    f"type {ftype}, {framing.payload_snippet(bytes(payload))}",
                 )
         except errors.ChannelError as exc:
             if not exc.class_id and ftype == framing.FRAME_METHOD:  # as RabbitMQ: the method's
@@ -315,7 +316,7 @@ class Channel:
                 self.number,
                 C.Channel.Close(
                     reply_code=exc.reply_code,
-                    reply_text=exc.reply_text[:255],
+                    reply_text=errors.fit_shortstr(exc.reply_text),
                     class_id=exc.class_id,
                     method_id=exc.method_id,
                 ),

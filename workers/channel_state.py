@@ -37,6 +37,23 @@ from shoal.workers.stream_io import Streams
 
 # Publish assembly states
 IDLE, EXPECT_HEADER, EXPECT_BODY = 0, 1, 2
+
+
+def out_of_order(state: int) -> errors.ConnectionError_:
+    """A content frame the channel's publish state did not expect, in
+    rabbit_command_assembler's words (class and method: basic.publish's
+    while one is under way)."""
+    if state == EXPECT_HEADER:
+        expected = "expected content header for class 60, got non content header frame instead"
+    elif state == EXPECT_BODY:
+        expected = "expected content body, got non content body frame instead"
+    else:
+        return errors.ConnectionError_(
+            errors.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+        )
+    return errors.ConnectionError_(errors.UNEXPECTED_FRAME, expected, 60, 40)
+
+
 RETRY_DELAY = 0.005  # seconds between retries while a queue or the arena is full
 
 

@@ -379,12 +379,14 @@ class Connection(asyncio.Protocol):
                     )
                 return
             publisher.confirm_held = False
-            self.ctx.stats.v[stats.CONFIRMED] += high - publisher.confirm_sent
+            count = high - publisher.confirm_sent
+            self.ctx.stats.v[stats.CONFIRMED] += count
             publisher.confirm_sent = high
             sink = self.confirm_sink
             # (Not past frames still unwritten: the bridge reads them in order.)
             if sink is None or self.out or not sink(publisher.number, high):
-                self.write(framing.encode_ack(publisher.number, high, True))
+                # As RabbitMQ: one confirm alone is not "multiple".
+                self.write(framing.encode_ack(publisher.number, high, count > 1))
 
     def _open_publisher(self, publisher: Confirms) -> bool:
         """Whether `publisher` is that of a channel still open here."""
@@ -475,9 +477,9 @@ class Connection(asyncio.Protocol):
         elif isinstance(method, C.Connection.Blocked | C.Connection.Unblocked):
             pass
         else:
-            raise errors.ConnectionError_(
-                errors.COMMAND_INVALID,
-                f"{method.name} is not valid on channel 0",
+            raise errors.ConnectionError_(  # (rabbit_reader's words)
+                errors.CHANNEL_ERROR,
+                "unexpected method in connection state running",
                 *divmod(method.index, 0x10000),
             )
 
@@ -554,7 +556,7 @@ class Connection(asyncio.Protocol):
                 0,
                 C.Connection.Close(
                     reply_code=exc.reply_code,
-                    reply_text=exc.reply_text[:255],
+                    reply_text=errors.fit_shortstr(exc.reply_text),
                     class_id=exc.class_id,
                     method_id=exc.method_id,
                 ),

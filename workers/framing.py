@@ -129,11 +129,16 @@ def split(
         if data[stop] != FRAME_END:
             raise FrameError(
                 501,
-                f"FRAME_ERROR - type {ftype}, first 16 octets = <<>>: "
+                f"FRAME_ERROR - type {ftype}, "
+                f"{payload_snippet(bytes(data[off + 7 : stop]))}: "
                 f"{{invalid_frame_end_marker,{data[stop]}}}",
             )
         if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
-            raise FrameError(501, f"FRAME_ERROR - unknown frame type {ftype}")
+            raise FrameError(
+                501,
+                f"FRAME_ERROR - type {ftype}, {payload_snippet(bytes(data[off + 7 : stop]))}: "
+                "unknown_frame",
+            )
         frames.append((ftype, channel, view[off + 7 : stop]))
         off = stop + 1
         most -= 1
@@ -173,6 +178,27 @@ def decode_method(payload: memoryview) -> Any:
             index & 0xFFFF,
         ) from exc
     return method
+
+
+def payload_snippet(payload: bytes) -> str:
+    """How rabbit_reader's frame errors show a frame's payload: `all octets
+    = <<...>>` up to 16 bytes, else `first 16 octets = <<...>>`, the
+    bytes as Erlang's ~p prints a binary (<<"text">> when printable)."""
+    if len(payload) <= 16:
+        return f"all octets = {erlang_term(payload)}"
+    return f"first 16 octets = {erlang_term(payload[:16])}"
+
+
+# Erlang's printable Latin-1 (io_lib:printable_latin1_list) and ~p's escapes.
+_ESCAPES = {10: "\\n", 13: "\\r", 9: "\\t", 11: "\\v", 8: "\\b", 12: "\\f", 27: "\\e"}
+_ESCAPES.update({34: '\\"', 92: "\\\\"})
+
+
+def erlang_term(data: bytes) -> str:
+    """A binary as Erlang's ~p prints it: <<"ab">>, <<0,20>>, <<>>."""
+    if data and all(32 <= b <= 126 or b >= 160 or b in _ESCAPES for b in data):
+        return '<<"' + "".join(_ESCAPES.get(b) or chr(b) for b in data) + '">>'
+    return "<<" + ",".join(str(b) for b in data) + ">>"
 
 
 def erlang_binary(data: bytes, limit: int = 64) -> str:

@@ -38,12 +38,15 @@ from shoal.workers.channel_state import (
     Consumers,
     PublishContext,
     Transactional,
+    out_of_order,
 )
 from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, Ingest, times_for, to_store
 from shoal.workers.pager import PAGE_IN_INTERVAL
 from shoal.workers.pending import Pending
 
 log = logging.getLogger("shoal.worker")
+
+
 DELAY_QUEUES = DELAY_QUEUE_PREFIX.encode()
 # The content header's first flag byte: reply-to (0x0200) and headers
 # (0x2000, for CC and BCC) need more than routing.
@@ -326,9 +329,7 @@ class Publisher:
     def on_header(self, payload: memoryview) -> None:
         pending = self.pending
         if self.state != EXPECT_HEADER or pending is None:
-            raise errors.ConnectionError_(
-                errors.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
-            )
+            raise out_of_order(self.state)
         class_id, body_size = framing.decode_content_header(payload)
         if class_id != 60:
             raise errors.ConnectionError_(
@@ -392,9 +393,7 @@ class Publisher:
     def on_body(self, payload: memoryview) -> None:
         pending = self.pending
         if self.state != EXPECT_BODY or pending is None:
-            raise errors.ConnectionError_(
-                errors.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
-            )
+            raise out_of_order(self.state)
         n = len(payload)
         if pending.received + n > pending.body_size:
             raise errors.ConnectionError_(
@@ -516,7 +515,7 @@ class Publisher:
         self.conn.write(
             framing.encode_method(
                 self.number,
-                C.Basic.Nack(delivery_tag=self.publish_seq, multiple=False, requeue=False),
+                C.Basic.Nack(delivery_tag=self.publish_seq, multiple=False, requeue=True),
             )
         )
 
@@ -676,11 +675,12 @@ class Publisher:
         """basic.nack publish `seq`, after acking those before it."""
         if seq - 1 > self.confirm_sent:
             self.stats[CONFIRMED] += seq - 1 - self.confirm_sent
-            self.conn.write(framing.encode_ack(self.number, seq - 1, True))
+            multiple = seq - 1 - self.confirm_sent > 1  # (one alone: not multiple, as RabbitMQ)
+            self.conn.write(framing.encode_ack(self.number, seq - 1, multiple))
         self.confirm_sent = seq
         self.conn.write(
             framing.encode_method(
-                self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False)
+                self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=True)
             )
         )
 

@@ -45,10 +45,19 @@ def reply_text(code: int, detail: str) -> str:
     return f"{_NAMES.get(code, 'ERROR')} - {detail}"
 
 
+def fit_shortstr(text: str) -> str:
+    """A reply text over a shortstr's 255 bytes as RabbitMQ cuts it
+    (rabbit_binary_generator): its first 252 bytes and "..."."""
+    raw = text.encode()
+    if len(raw) <= 255:
+        return text
+    return raw[:252].decode(errors="ignore") + "..."
+
+
 class AMQPError(Exception):
     def __init__(self, code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
         self.reply_code = code
-        self.reply_text = (
+        self.reply_text = fit_shortstr(
             detail if detail.startswith(_NAMES.get(code, "\0")) else reply_text(code, detail)
         )
         self.class_id = class_id

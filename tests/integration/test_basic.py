@@ -648,6 +648,34 @@ def test_publisher_confirms_pika_cover_every_sequence_number(broker: Broker) -> 
     conn.close()
 
 
+def test_a_confirm_alone_is_not_multiple_and_a_nack_says_requeue_as_rabbitmqs(
+    broker: Broker,
+) -> None:
+    """rabbit_channel's send_confirms: one confirm is basic.ack(tag, multiple
+    false); a publisher nack (reject-publish) carries the field's default,
+    requeue true."""
+    conn = pika_connection(broker)
+    ch = conn.channel()
+    ch.queue_declare("one-confirm")
+    ch.queue_declare("full-1", arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    got: list[tuple[str, int, bool, bool]] = []
+
+    def on_confirm(frame: Any) -> None:
+        m = frame.method
+        got.append((type(m).__name__, m.delivery_tag, m.multiple, getattr(m, "requeue", False)))
+
+    selected: list[bool] = []
+    ch._impl.confirm_delivery(
+        ack_nack_callback=on_confirm, callback=lambda _f: selected.append(True)
+    )
+    wait_for(lambda: conn.process_data_events(0.02) or selected, 5, "confirm.select-ok")
+    for expected in (1, 2, 3):
+        ch._impl.basic_publish("", "one-confirm" if expected == 1 else "full-1", b"m")
+        wait_for(lambda n=expected: conn.process_data_events(0.02) or len(got) >= n, 5, "a confirm")
+    assert got == [("Ack", 1, False, False), ("Ack", 2, False, False), ("Nack", 3, False, True)]
+    conn.close()
+
+
 def test_publisher_confirms_aio_pika(broker: Broker) -> None:
     async def scenario() -> None:
         conn = await aio_pika.connect(broker.url)

@@ -397,6 +397,54 @@ def test_unknown_exchange_type_is_command_invalid(broker: Broker) -> None:
     )
 
 
+def test_a_channel_method_on_channel_0_is_rabbitmqs_channel_error(broker: Broker) -> None:
+    assert hard_error(broker.port, method(0, C.Queue.Declare(queue="q"))) == (
+        504,
+        "CHANNEL_ERROR - unexpected method in connection state running",
+        50,
+        10,
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        pytest.param(
+            frame(9, 1, b"ab"),
+            'FRAME_ERROR - type 9, all octets = <<"ab">>: unknown_frame',
+            id="unknown-type",
+        ),
+        pytest.param(
+            method(1, C.Basic.Qos())[:-1] + b"\x00",
+            "FRAME_ERROR - type 1, all octets = <<0,60,0,10,0,0,0,0,0,0,0>>: "
+            "{invalid_frame_end_marker,0}",
+            id="bad-frame-end",
+        ),
+        pytest.param(
+            frame(1, 1, b"0123456789abcdefXYZ")[:-1] + b"\x01",
+            'FRAME_ERROR - type 1, first 16 octets = <<"0123456789abcdef">>: '
+            "{invalid_frame_end_marker,1}",
+            id="bad-frame-end-long-payload",
+        ),
+    ],
+)
+def test_frame_errors_show_the_payload_as_rabbitmq(broker: Broker, data: bytes, text: str) -> None:
+    """rabbit_reader's frame_error: the frame's type, its payload (up to 16
+    octets) as Erlang prints a binary, the error."""
+    assert hard_error(broker.port, data) == (501, text, 0, 0)
+
+
+def test_a_reply_text_over_255_bytes_is_cut_as_rabbitmqs(broker: Broker) -> None:
+    """rabbit_binary_generator: 252 bytes and "..." (a cut at 255 lost the
+    text's end without saying so)."""
+    client = raw_connect(broker.port, channel=None)
+    name = "q" * 240
+    code, text, _c, _m = soft_error(client, 1, method(1, C.Queue.Declare(queue=name, passive=True)))
+    assert code == 404
+    full = f"NOT_FOUND - no queue '{name}' in vhost '/'"
+    assert text == full[:252] + "..." and len(text.encode()) == 255
+
+
 # ------------------------------------------------------------- 504
 def test_method_on_a_channel_that_is_not_open(broker: Broker) -> None:
     data = method(5, C.Basic.Qos(prefetch_count=1))
@@ -440,6 +488,21 @@ def test_second_channel_open(broker: Broker) -> None:
             header(1, 10),
             ("expected method frame, got non method frame instead", 0, 0),
             id="header-without-publish",
+        ),
+        pytest.param(
+            publish(1, routing_key="q") + body(1, b"xyz"),
+            ("expected content header for class 60, got non content header frame instead", 60, 40),
+            id="body-instead-of-header",
+        ),
+        pytest.param(
+            publish(1, routing_key="q") + header(1, 10) + header(1, 10),
+            ("expected content body, got non content body frame instead", 60, 40),
+            id="header-instead-of-body",
+        ),
+        pytest.param(
+            frame(8, 1, b""),  # the Java client's UnexpectedFrames.heartbeatOnChannel
+            ("type 8, all octets = <<>>", 0, 0),
+            id="heartbeat-on-a-channel",
         ),
     ],
 )
