@@ -183,6 +183,8 @@ class Channel:
                 elif index == framing.REJECT:
                     tag, bits = framing.decode_ack(payload)
                     self._acknowledge(tag, False, bool(bits & 1), 90)
+                elif index == framing.ACCESS_REQUEST:
+                    self.conn.write(framing.encode_access_request_ok(self.number))
                 else:
                     self._method(framing.decode_method(payload))
             elif ftype == framing.FRAME_HEADER:

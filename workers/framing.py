@@ -340,6 +340,19 @@ def encode_method(channel: int, method: Any) -> bytes:
 _CHANNEL_OPEN_OK = b"\x00\x14\x00\x0b\x00\x00\x00\x00"
 
 
+# access.request (AMQP 0-8's realms, still sent by old clients and codecs):
+# pamqp no longer knows the class; RabbitMQ answers access.request-ok with
+# ticket 1 and the channel goes on.
+ACCESS_REQUEST = 0x001E000A
+_ACCESS_REQUEST_OK = b"\x00\x1e\x00\x0b\x00\x01"
+
+
+def encode_access_request_ok(channel: int) -> bytes:
+    return _HEADER.pack(FRAME_METHOD, channel, len(_ACCESS_REQUEST_OK)) + (
+        _ACCESS_REQUEST_OK + FRAME_END_BYTE
+    )
+
+
 def encode_channel_open_ok(channel: int) -> bytes:
     return _HEADER.pack(FRAME_METHOD, channel, len(_CHANNEL_OPEN_OK)) + (
         _CHANNEL_OPEN_OK + FRAME_END_BYTE

@@ -41,6 +41,7 @@ def server_properties(worker: int) -> dict[str, Any]:
             "authentication_failure_close": True,
             "per_consumer_qos": True,
             "consumer_priorities": True,
+            "direct_reply_to": True,
         },
         # Which IO worker serves this connection: visible to any client. As
         # strings: RabbitMQ sends only long strings, booleans and tables here,

@@ -112,7 +112,7 @@ def headers_match(binding: Mapping[str, Any], headers: Mapping[str, Any] | None)
         if key == "x-match" or (key.startswith("x-") and not with_x):
             continue
         present = key in headers
-        ok = present and (value is None or headers[key] == value)
+        ok = present and (value is None or _same_value(headers[key], value))
         if want_all and not ok:
             return False
         if not want_all and ok:
@@ -120,6 +120,12 @@ def headers_match(binding: Mapping[str, Any], headers: Mapping[str, Any] | None)
     # all: nothing failed; any: nothing matched (an any-binding with no keys
     # matches nothing, as in RabbitMQ).
     return want_all
+
+
+def _same_value(header: Any, bound: Any) -> bool:
+    """RabbitMQ compares a header with a binding's value type and all: a
+    boolean is not the number 1 (Python's True == 1 is)."""
+    return header == bound and (header.__class__ is bool) == (bound.__class__ is bool)
 
 
 MATCHING_TYPES = ("direct", "fanout", "topic", "headers")

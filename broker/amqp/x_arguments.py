@@ -181,10 +181,15 @@ def check_equivalent(
     name: bytes, vhost: str, arguments: dict[str, Any], current: dict[str, Any]
 ) -> None:
     """RabbitMQ compares the arguments it knows on a redeclare; others
-    (a client's own x-foo) may differ."""
+    (a client's own x-foo) may differ. Type classes count, as in its
+    assert_args_equivalence: 10 is not 10.0 (nor true 1)."""
     for key in EQUIVALENT_QUEUE_ARGUMENTS:
         got, have = arguments.get(key), current.get(key)
-        if got != have or (type(got) is bool) != (type(have) is bool):
+        if (
+            got != have
+            or (type(got) is bool) != (type(have) is bool)
+            or (type(got) is float) != (type(have) is float)
+        ):
             raise errors.ChannelError(
                 errors.PRECONDITION_FAILED,
                 f"inequivalent arg '{key}' for queue '{name.decode()}' in vhost "

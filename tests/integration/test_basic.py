@@ -709,6 +709,18 @@ def test_update_secret_is_answered(broker: Broker) -> None:
     client.close()
 
 
+def test_access_request_gets_ticket_1_as_in_rabbitmq(broker: Broker) -> None:
+    """access.request (class 30, AMQP 0-8's realms) from an old client: the
+    answer is access.request-ok with ticket 1 and the channel goes on (it
+    was a 540 connection error)."""
+    client = raw_connect(broker.port)
+    client.send(struct.pack(">BHI", 1, 1, 9) + b"\x00\x1e\x00\x0a\x01/\x00\x01\x00" + b"\xce")
+    assert client.raw_frame() == (1, 1, b"\x00\x1e\x00\x0b\x00\x01")
+    client.send(pamqp_frame.marshal(C.Queue.Declare(queue="after-access"), 1))
+    assert client.expect(C.Queue.DeclareOk, 1).queue == "after-access"
+    client.close()
+
+
 def test_server_properties_and_capabilities(broker: Broker) -> None:
     conn = pika_connection(broker)
     props = conn._impl.server_properties
@@ -723,6 +735,8 @@ def test_server_properties_and_capabilities(broker: Broker) -> None:
         "connection.blocked",
         "authentication_failure_close",
         "per_consumer_qos",
+        "consumer_priorities",
+        "direct_reply_to",  # (RabbitMQ 3.10's list, whole)
     ):
         assert capabilities.get(name) is True, f"capability {name!r}"
     conn.close()

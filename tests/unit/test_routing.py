@@ -68,6 +68,10 @@ def test_pathological_hashes_stay_fast() -> None:
         ({"x-match": "any-with-x", "x-k": 1}, {"x-k": 1}, True),
         ({"x-match": "any"}, {"a": 1}, False),
         ({"x-match": "all"}, None, True),
+        ({"a": True}, {"a": 1}, False),  # a boolean is not a number (RabbitMQ's types)
+        ({"a": 1}, {"a": True}, False),
+        ({"a": True}, {"a": True}, True),
+        ({"a": 1}, {"a": 1.0}, True),
     ],
 )
 def test_headers_matching(binding: dict, headers: dict | None, expected: bool) -> None:

@@ -69,6 +69,11 @@ def test_equivalence_names_both_values_as_rabbitmq_does() -> None:
         {"x-single-active-consumer": 1},
         {"x-single-active-consumer": True},
     )
+    # An integer and a float are of other type classes (the Java client's
+    # PerQueueTTL.queueReDeclareSemanticNonEquivalence: 10 then 10.0).
+    assert refusal(
+        X.check_equivalent, b"q", "/", {"x-message-ttl": 10.0}, {"x-message-ttl": 10}
+    ).endswith("received '10.0' but current is '10'")
 
 
 def test_x_match() -> None:
