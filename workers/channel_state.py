@@ -267,11 +267,15 @@ class Transaction:
     """What a transactional channel has done since its last commit/rollback:
     whole messages (routed, held, not yet appended) and acknowledgements."""
 
-    __slots__ = ("publishes", "settles")
+    __slots__ = ("held", "publishes", "settles")
 
     def __init__(self) -> None:
         self.publishes: list[Pending] = []
         self.settles: list[tuple[int, bool, bool | None, int]] = []
+        # Delivery tags those acknowledgements settle: no longer outstanding
+        # to the client (a second ack of one is unknown, basic.recover skips
+        # them) though still unacknowledged until the commit.
+        self.held: set[int] = set()
 
 
 class Transactional(Protocol):

@@ -304,9 +304,32 @@ class DeliveryBook:
     def acknowledge(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
         tx = self.transactions.tx
         if tx is not None:
+            self._hold(tx.held, tag, multiple, method_id)
             tx.settles.append((tag, multiple, requeue, method_id))  # applied on commit
         else:
             self.settle(tag, multiple, requeue, method_id)
+
+    def _hold(self, held: set[int], tag: int, multiple: bool, method_id: int) -> None:
+        """A transaction's ack, nack or reject takes its tags now (as
+        collect_acks): one not outstanding is 406 at once, not at commit;
+        basic.recover leaves taken tags alone."""
+        unacked = self.unacked
+        if multiple and not tag:
+            held.update(unacked)
+            return
+        if tag not in unacked or tag in held:
+            if tag in self.timed_out_tags:
+                return  # (its consumer's timeout requeued it: settle says so)
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED, f"unknown delivery tag {tag}", 60, method_id
+            )
+        if not multiple:
+            held.add(tag)
+            return
+        for t in unacked:  # in delivery order: tags only grow
+            if t > tag:
+                break
+            held.add(t)
 
     def settle(self, tag: int, multiple: bool, requeue: bool | None, method_id: int) -> None:
         """Ack (requeue None), or nack/reject (requeue True/False); `method_id`
@@ -446,7 +469,18 @@ class DeliveryBook:
             return
         shared.settle(qid, seq)
 
-    def requeue_all(self) -> None:
+    def requeue_all(self, keep: set[int] | None = None) -> None:
+        """Every unacknowledged message back to its queue; but those of
+        `keep` (a transaction's settled tags, basic.recover's exception)."""
+        if keep:
+            for tag in [t for t in self.unacked if t not in keep]:
+                consumer, qid, seq, size = self.unacked.pop(tag)
+                self._finish(qid, seq, True)
+                self.unacked_bytes -= size
+                if consumer is not None:
+                    consumer.unacked -= 1
+                    consumer.unacked_bytes -= size
+            return
         for consumer, qid, seq, _size in self.unacked.values():
             self._finish(qid, seq, True)
             if consumer is not None:
@@ -624,7 +658,8 @@ class DeliveryBook:
 
     def basic_recover(self, method: C.Basic.Recover | C.Basic.RecoverAsync) -> None:
         if method.requeue:
-            self.requeue_all()
+            tx = self.transactions.tx
+            self.requeue_all(tx.held if tx is not None else None)
         else:
             self._redeliver_in_place()
         for consumer in self.consumers.values():

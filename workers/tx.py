@@ -132,3 +132,4 @@ class Transactions:
                 release_hold(self.ctx.seg, pending.block)
         self.tx.publishes.clear()
         self.tx.settles.clear()
+        self.tx.held.clear()  # (their tags outstanding again)

@@ -89,3 +89,38 @@ def test_mandatory_unroutable_is_returned_at_commit(broker: Broker) -> None:
     wait_for(lambda: conn.process_data_events(0.05) or returned, 5, "basic.return")
     assert returned == [b"lost?"]
     conn.close()
+
+
+def test_a_transaction_takes_its_acks_tags_at_once(broker: Broker) -> None:
+    """As rabbit_channel's collect_acks: an ack in a transaction takes its
+    tags now. A tag not outstanding (never delivered, or acked already in
+    this transaction) is 406 at once, not at the commit; basic.recover does
+    not redeliver an acked, uncommitted message, and a rollback gives the
+    tags back (the Java client's InvalidAcksTx and Transactions tests)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("txt")
+    for body in (b"a", b"b"):
+        ch.basic_publish("", "txt", body)
+    ch.tx_select()
+    first, _p, _b = ch.basic_get("txt")
+    _second, _p, _b = ch.basic_get("txt")
+    ch.basic_ack(first.delivery_tag)
+    ch.basic_recover(requeue=True)  # only the second goes back
+    assert ch.queue_declare("txt", passive=True).method.message_count == 1
+    ch.tx_rollback()  # the first's tag is outstanding again: it can be acked
+    ch.basic_ack(first.delivery_tag)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.basic_ack(first.delivery_tag)  # twice in one transaction
+        ch.basic_qos(prefetch_count=1)  # (a round trip: the close comes before its ok)
+    assert exc.value.args == (
+        406,
+        f"PRECONDITION_FAILED - unknown delivery tag {first.delivery_tag}",
+    )
+    ch = conn.channel()
+    ch.tx_select()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.basic_ack(999)
+        ch.basic_qos(prefetch_count=1)
+    assert exc.value.args == (406, "PRECONDITION_FAILED - unknown delivery tag 999")
+    conn.close()
