@@ -61,7 +61,7 @@ class Connection(asyncio.Protocol):
         self.id = ctx.next_connection_id()
         self.transport: Any = None  # uvloop's TCPTransport
         self.state = AWAIT_HEADER
-        self.reader = framing.FrameReader(ctx.config.frame_max)
+        self.reader = framing.FrameReader(framing.FRAME_MIN_SIZE)  # (until tune-ok)
         self.head = b""
         self.channels: dict[int, Channel] = {}
         self.frame_max = ctx.config.frame_max

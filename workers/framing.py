@@ -63,6 +63,11 @@ class FrameError(Exception):
         self.method_id = method_id
 
 
+# AMQP's smallest frame_max: the limit on every frame until connection.tune-ok
+# settles the connection's (rabbit_reader's ?FRAME_MIN_SIZE: a larger
+# connection.start-ok is refused, as the Java client's FrameMax tests expect).
+FRAME_MIN_SIZE = 4096
+
 # scan()'s item for a whole publish (method, content header and one body
 # frame in one read): (PUBLISH_WHOLE, channel, view, start, exchange,
 # routing key, bits, header, body); workers/_wire.c says more.

@@ -144,7 +144,7 @@ def check_tune_ok(method: C.Connection.TuneOk, frame_max: int, channel_max: int)
     """The client's connection.tune-ok within what we offered, or RabbitMQ's
     error (with the class/method ids of connection.tune)."""
     for name, value, low, high in (
-        ("frame_max", method.frame_max, 4096, frame_max),
+        ("frame_max", method.frame_max, 4096, frame_max),  # (framing.FRAME_MIN_SIZE)
         ("channel_max", method.channel_max, 0, channel_max),
     ):
         if value and value < low:

@@ -601,3 +601,25 @@ def test_internal_error_costs_only_its_own_connection(broker_factory: Any) -> No
         10,
     )
     alive(bystander)
+
+
+def test_a_frame_over_4096_bytes_before_tune_ok_is_refused(broker: Broker) -> None:
+    """Until tune-ok settles frame_max, AMQP's smallest (4096) holds: a
+    connection.start-ok of 5,000 bytes is refused (the Java client's
+    FrameMax.rejectLargeFramesDuringConnectionNegotiation), one under it
+    is not."""
+    big = RawClient(broker.port)
+    big.sock.sendall(b"AMQP\x00\x00\x09\x01")
+    big.expect(C.Connection.Start)
+    start_ok = C.Connection.StartOk(
+        client_properties={"padding": "x" * 5000}, mechanism="PLAIN", response="\0guest\0guest"
+    )
+    big.send(pamqp_frame.marshal(start_ok, 0))
+    assert big.closed_by_server(5)
+    small = RawClient(broker.port)
+    small.sock.sendall(b"AMQP\x00\x00\x09\x01")
+    small.expect(C.Connection.Start)
+    start_ok.client_properties = {"padding": "x" * 3000}
+    small.send(pamqp_frame.marshal(start_ok, 0))
+    small.expect(C.Connection.Tune)
+    small.close()
