@@ -85,7 +85,7 @@ class DeadLettering(Protocol):
 class _NoExpiry:
     """Until the worker starts its own (workers/worker.py)."""
 
-    def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
+    def drop_if_expired(self, qid: int, seq: int, block: int, graceless: bool = False) -> bool:
         return False
 
     def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool:

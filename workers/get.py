@@ -89,7 +89,7 @@ class Getter:
         for log_qid in logs:
             got = ctx.shared.acquire(log_qid, 0)
             while isinstance(got, tuple) and (
-                ctx.expiry.drop_if_expired(log_qid, got[0], got[1], get=True)
+                ctx.expiry.drop_if_expired(log_qid, got[0], got[1], graceless=True)
                 or (got[2] and ctx.expiry.drop_if_over_limit(log_qid, got[0], got[1]))
             ):
                 got = ctx.shared.acquire(log_qid, 0)  # that one expired: dead-lettered

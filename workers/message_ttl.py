@@ -73,17 +73,19 @@ class Expiry(Ticker):
         self._resume: dict[int, tuple[int, int]] = {}
 
     # ------------------------------------------------------------ consumers
-    def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool:
+    def drop_if_expired(self, qid: int, seq: int, block: int, graceless: bool = False) -> bool:
         """An entry this worker just acquired from log `qid`: if it has
         expired, dead-letter and delete it and return True (the caller
         acquires the next). One byte read for a message with no expiry.
-        `get`: for basic.get, which never gets a message with a TTL of 0."""
+        `graceless`: for basic.get, which never gets a message with a TTL of
+        0, and for a redelivery (a TTL of 0 reaches a consumer once: one
+        requeued expires, as in RabbitMQ)."""
         ctx = self.ctx
         times = message_times(ctx.seg, block)
         if times is None:
             return False
         published, expires = times
-        grace = 0 if get else ttl.ZERO_TTL_GRACE_MS
+        grace = 0 if graceless else ttl.ZERO_TTL_GRACE_MS
         if _due(published, expires, ctx.shared.table.message_ttl(qid), now_ms(), grace) is not None:
             return False
         self._expire(qid, seq, block)

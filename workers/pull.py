@@ -42,7 +42,7 @@ DEAL_ONE_PREFETCH = 16
 class MessageExpiry(Protocol):
     """workers/message_ttl.py, as the pull loop uses it."""
 
-    def drop_if_expired(self, qid: int, seq: int, block: int, get: bool = False) -> bool: ...
+    def drop_if_expired(self, qid: int, seq: int, block: int, graceless: bool = False) -> bool: ...
     def drop_if_over_limit(self, qid: int, seq: int, block: int) -> bool: ...
 
 
@@ -278,7 +278,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     # persistent one delivered without acks), acquired.
                     seq, block, redelivered = a, b, bool(c)
                     work += 1
-                    if (timed(block) and drop_if_expired(qid, seq, block)) or (
+                    if (timed(block) and drop_if_expired(qid, seq, block, redelivered)) or (
                         redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
                     ):
                         continue  # dead-lettered instead, as below: no delivery
@@ -304,7 +304,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     consumer.pointer = seq + 1
                     work += 1
                     expired = timed(block)
-                    if (expired and drop_if_expired(qid, seq, block)) or (
+                    if (expired and drop_if_expired(qid, seq, block, redelivered)) or (
                         redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
                     ):
                         # Dead-lettered instead (workers/message_ttl.py), or put back
@@ -352,7 +352,7 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                 return
             log_qid, seq, block, redelivered = taken
             work += 1
-            if (timed(block) and drop_if_expired(log_qid, seq, block)) or (
+            if (timed(block) and drop_if_expired(log_qid, seq, block, redelivered)) or (
                 redelivered and ctx.expiry.drop_if_over_limit(log_qid, seq, block)
             ):
                 continue  # dead-lettered instead, as above: bounded work, no delivery

@@ -91,6 +91,28 @@ def test_ttl_zero_reaches_only_a_consumer_ready_now(broker: Broker) -> None:
     conn.close()
 
 
+def test_a_ttl_zero_message_requeued_expires(broker: Broker) -> None:
+    """A TTL of 0 reaches a consumer once: rejected with requeue, the message
+    has expired (RabbitMQ's requeue checks it; the Java client's TTLHandling
+    zeroTTLDelivery), here dead-lettered as expired, not delivered again."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("ttl7.dead")
+    dead_letter = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "ttl7.dead"}
+    ch.queue_declare("ttl7", arguments={"x-message-ttl": 0, **dead_letter})
+    got: list[int] = []
+    ch.basic_consume("ttl7", lambda c, m, p, b: got.append(m.delivery_tag))
+    ch.basic_publish("", "ttl7", b"once")
+    wait_for(lambda: conn.process_data_events(0.02) or got, 5, "the delivery")
+    ch.basic_reject(got[0], requeue=True)
+    wait_for(lambda: _count(ch, "ttl7.dead") == 1, 5, "the requeued message dead-lettered")
+    conn.process_data_events(0.1)
+    assert len(got) == 1
+    method, _props, _body = ch.basic_get("ttl7.dead", auto_ack=True)
+    assert method is not None
+    conn.close()
+
+
 def test_persistent_messages_keep_their_ttl_across_a_restart(broker: Broker) -> None:
     """The message survives the restart and then expires, whether its TTL
     ran out while the broker was down or after: its dead-lettering with
