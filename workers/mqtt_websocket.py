@@ -190,9 +190,14 @@ class MqttWebSocket(asyncio.Protocol):
             self.sock.resume_reading()
 
     def write(self, data: bytes) -> None:
-        """One MQTT write, one binary message."""
+        """An MQTT write (whole packets, several for a batch): a binary
+        message per packet, as mosquitto and RabbitMQ's web-mqtt frame them,
+        in one socket write. Eclipse Paho's C client reads one packet of a
+        message and leaves the rest unread until more data comes: a PUBACK
+        behind a PUBLISH in one message hung its tests."""
         if self.ws.state is ConnectionState.OPEN and not self._closing():
-            self._send(BytesMessage(data=data))
+            send = self.ws.send
+            self.sock.write(b"".join(send(BytesMessage(data=p)) for p in mqtt_packets(data)))
 
     def close(self, code: int = CloseReason.NORMAL_CLOSURE) -> None:
         """A close frame (if the WebSocket is still open), then the socket
@@ -216,6 +221,26 @@ class MqttWebSocket(asyncio.Protocol):
     def _log(self, what: object) -> None:
         peer = self.sock.get_extra_info("peername") if self.sock is not None else None
         log.info("mqtt over websocket from %s: %s", peer, what)
+
+
+def mqtt_packets(data: bytes) -> list[bytes]:
+    """`data` (whole MQTT packets) cut at their boundaries: each packet's
+    fixed header, its remaining length (a varint), that many bytes."""
+    packets = []
+    at, size = 0, len(data)
+    while at < size:
+        i, length, shift = at + 1, 0, 0
+        while i < size:
+            byte = data[i]
+            i += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        end = min(i + length, size)
+        packets.append(data[at:end] if at or end < size else data)
+        at = end
+    return packets
 
 
 class WebSocketTransport:

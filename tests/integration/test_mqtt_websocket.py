@@ -283,6 +283,7 @@ class RawWs:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
         self.ws = WSConnection(ConnectionType.CLIENT)
         self.stream = bytearray()
+        self.messages: list[bytes] = []  # each binary message the broker sent
         self.events: deque[Event] = deque()
         self.eof = False
         self.send(Request(host="127.0.0.1", target="/ws", subprotocols=list(subprotocols)))
@@ -314,6 +315,7 @@ class RawWs:
         for event in self.ws.events():
             if isinstance(event, BytesMessage):
                 self.stream += event.data
+                self.messages.append(event.data)
             else:
                 self.events.append(event)
 
@@ -382,6 +384,11 @@ def test_packets_split_anyhow_over_fragments_and_messages(
     raw.send_message(stream[: len(one) + 7])  # `two` starts in this message...
     raw.send_message(stream[len(one) + 7 :], fragment=1000)  # ...and ends in this one
     assert sorted([raw.packet(), raw.packet(), raw.packet()]) == sorted([one, two, PINGRESP])
+    # One packet a message, as mosquitto sends them: the answers of one read
+    # went in one message, and Eclipse Paho's C client hung on the second.
+    raw.send_message(PINGREQ * 3)
+    assert [raw.packet() for _ in range(3)] == [PINGRESP] * 3
+    assert raw.messages[-3:] == [PINGRESP] * 3
     raw.send(Ping(b"are you there"))
     assert raw.next_event(Pong).payload == b"are you there"
 
