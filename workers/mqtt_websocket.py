@@ -195,9 +195,10 @@ class MqttWebSocket(asyncio.Protocol):
         in one socket write. Eclipse Paho's C client reads one packet of a
         message and leaves the rest unread until more data comes: a PUBACK
         behind a PUBLISH in one message hung its tests."""
-        if self.ws.state is ConnectionState.OPEN and not self._closing():
+        sock = self.sock
+        if self.ws.state is ConnectionState.OPEN and sock is not None and not sock.is_closing():
             send = self.ws.send
-            self.sock.write(b"".join(send(BytesMessage(data=p)) for p in mqtt_packets(data)))
+            sock.write(b"".join(send(BytesMessage(data=p)) for p in mqtt_packets(data)))
 
     def close(self, code: int = CloseReason.NORMAL_CLOSURE) -> None:
         """A close frame (if the WebSocket is still open), then the socket
