@@ -78,9 +78,8 @@ class MqttConnection(asyncio.Protocol):
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.transport: Any = None
-        # The largest packet taken: a message of --max-message-size and its
-        # topic and properties (5.0 CONNACK says so; the rest is refused
-        # before its body is buffered).
+        # The largest packet taken: a message of --max-message-size, its topic and
+        # properties (5.0 CONNACK says so; larger is refused before buffering).
         self.max_packet = ctx.config.max_message_size + PACKET_OVERHEAD
         self.reader = P.PacketReader(self.max_packet)
         self.level = P.MQTT_311
@@ -206,12 +205,12 @@ class MqttConnection(asyncio.Protocol):
         waits = ends_now = False
         try:
             if self.open and self.persistent:
+                self.inbound.received_at_end(self.amqp)  # (before the session's last write)
                 self.session.end(self.session_expiry)
                 ends_now = self.session_expiry == 0 and not self.session.detached
             waits = self._will_at_end()
         except Exception:
-            # A bug here must not leave the inner connection (its consumers,
-            # its unacked messages) or the client id's registry entry behind.
+            # A bug here must not leave the inner connection or the registry entry behind.
             log.exception("mqtt client %s: at its end", self.client_id)
         finally:
             if ends_now:  # (no will waits: 0 s; bounded: the inner connection may not answer)
@@ -294,6 +293,9 @@ class MqttConnection(asyncio.Protocol):
             self._settle_acks()
         self._flush()  # (a DISCONNECT may be waiting in the batch)
         self.closed = True
+        if self.open and self.persistent:  # before the client sees the close: a reconnect reads it
+            self.inbound.received_at_end(self.amqp)
+            self.session.show()
         if self.transport is not None and Linger.starts(self.transport, self.ctx.loop):
             self.ctx.loop.call_soon(self.connection_lost, None)  # (ends now, not re-entered)
 

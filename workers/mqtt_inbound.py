@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 from shoal.broker import ipc
 from shoal.broker.mqtt import amqp_frames as F
@@ -33,6 +34,9 @@ from shoal.shm.wake import Waker
 from shoal.workers._mqtt_wire import publishes
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_subscriptions import Subscriptions
+
+if TYPE_CHECKING:
+    from shoal.workers.connection import Connection
 
 log = logging.getLogger("shoal.mqtt")
 
@@ -251,6 +255,25 @@ class Inbound:
             self.conn.send(P.encode_ack(self.conn.level, P.PUBREC, packet_id))
 
         session.save(written)
+
+    def received_at_end(self, amqp: Connection | None) -> None:
+        """The connection ends (a DISCONNECT right after QoS 2 PUBLISHes)
+        before their confirms (a sync under way): those the inner
+        connection took, in their queues, count as received in the
+        session's last write, so their resends after a reconnect are not
+        published again (MQTT-4.3.3; Eclipse Paho's test45 pending tokens).
+        Those past its confirm_high (held, not appended) are not: their
+        resends publish them. (One refused by a full queue, its nack still
+        on its way, counts too: its resend is not tried again.)"""
+        channel = amqp.channels.get(1) if amqp is not None and self.qos2_publishing else None
+        if channel is None:
+            return
+        taken = channel.publisher.confirm_high
+        for seq, (waiting, _retain) in self.confirms.items():
+            if seq > taken:
+                break  # (in ascending order)
+            if waiting is not None and waiting[0] == P.PUBREC:
+                self.conn.session.received.add(waiting[1])
 
     def pubrel(self, packet_id: int) -> None:
         """The QoS 2 exchange ends: PUBCOMP once the session no longer holds

@@ -10,6 +10,7 @@ import queue
 import socket
 from typing import Any
 
+import pika
 import pytest
 from paho.mqtt import client as paho
 from paho.mqtt.packettypes import PacketTypes
@@ -213,6 +214,44 @@ def test_pubacks_written_with_a_disconnect_or_a_subscribe_all_count(
     pub.read(P.PUBACK)
     _flags, first = sub.received()
     assert first.payload == b"last"  # none of the 40 PUBACKed again before it
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_qos2_publishes_then_disconnect_are_published_once_when_resent(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    """QoS 2 PUBLISHes and DISCONNECT in one write, before their confirms
+    (the persistent messages' sync): after a reconnect the client resends
+    them (DUP), and none is published twice (MQTT-4.3.3; Eclipse Paho's
+    test45 pending tokens got 13 messages for 7)."""
+    broker, port = mqtt_broker
+    props = PERSISTENT_5 if level == P.MQTT_5 else {}
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare(f"twice-{level}", durable=True)
+    ch.queue_bind(f"twice-{level}", "amq.topic", f"twice.{level}.#")
+    client = raw(raws, port, level)
+    client.connect(f"twice-{level}", props, clean=False)
+    ids = range(1, 7)
+    publishes = [
+        P.encode_publish(level, f"twice/{level}/{i}", b"m%d" % i, 2, packet_id=i) for i in ids
+    ]
+    client.sock.sendall(b"".join(publishes) + b"\xe0\x00")
+    assert client.closed_by_broker()
+    client = raw(raws, port, level)
+    assert client.connect(f"twice-{level}", props, clean=False)[:2] == (True, 0)
+    client.sock.sendall(
+        b"".join(
+            P.encode_publish(level, f"twice/{level}/{i}", b"m%d" % i, 2, packet_id=i, dup=True)
+            for i in ids
+        )
+    )
+    for i in ids:
+        assert client.read(P.PUBREC)[2][:2] == i.to_bytes(2, "big")
+        client.ack(P.PUBREL, i)
+        client.read(P.PUBCOMP)
+    assert ch.queue_declare(f"twice-{level}", passive=True).method.message_count == len(ids)
+    conn.close()
 
 
 def test_a_read_of_pubacks_alone_frees_the_receive_maximum(
