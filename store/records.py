@@ -250,6 +250,20 @@ def replace_file(path: str, data: bytes, tmp_suffix: str = ".new") -> None:
     sync_directory(os.path.dirname(path) or ".")
 
 
+def show_file(path: str, data: bytes, tmp_suffix: str) -> None:
+    """`data` in place of `path` now for every reader, not yet durably: a
+    replace_file of it follows (an MQTT session's end, which a reconnect on
+    another worker must read). A replace_file already under way, of an
+    older state, may still rename over it until the one that follows."""
+    tmp = path + tmp_suffix
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        _write_all(fd, data, 0)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
 def sync_directory(path: str) -> None:
     """Make a directory's entries (a new file, a rename into place, a
     removal) durable, on a cluster's in-sync followers too."""

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from shoal.store.records import replace_file
+from shoal.store.records import replace_file, show_file
 
 log = logging.getLogger("shoal.mqtt")
 
@@ -191,11 +191,8 @@ class Session:
         what a reconnect reads, before the client can see this end."""
         if self.path is not None and not self.detached:
             self.state.received = sorted(self.received)
-            shown = f"{self.path}.{os.getpid()}.end"
             try:
-                with open(shown, "wb") as f:  # (the write under way syncs the same state)
-                    f.write(msgspec.msgpack.encode(self.state))
-                os.replace(shown, self.path)
+                show_file(self.path, msgspec.msgpack.encode(self.state), f".{os.getpid()}.end")
             except OSError as exc:
                 log.error("MQTT session %r not shown at its end: %s", self.path, exc)
 
