@@ -17,12 +17,7 @@ from pamqp import commands as C
 
 from shoal.broker.amqp import errors
 from shoal.workers import framing
-from shoal.workers.channel_state import (
-    EXPECT_BODY,
-    EXPECT_HEADER,
-    IDLE,
-    ChannelConnection,
-)
+from shoal.workers.channel_state import IDLE, ChannelConnection, out_of_order
 from shoal.workers.context import RemoteError
 from shoal.workers.declare import Declarer
 from shoal.workers.delivery import DeliveryBook
@@ -156,21 +151,8 @@ class Channel:
         try:
             if ftype == framing.FRAME_METHOD:
                 state = self.publisher.state
-                if state == EXPECT_HEADER:
-                    raise errors.ConnectionError_(
-                        errors.UNEXPECTED_FRAME,
-                        "expected content header for class 60, "
-                        "got non content header frame instead",
-                        60,
-                        40,
-                    )
-                if state == EXPECT_BODY:
-                    raise errors.ConnectionError_(
-                        errors.UNEXPECTED_FRAME,
-                        "expected content body, got non content body frame instead",
-                        60,
-                        40,
-                    )
+                if state != IDLE:  # a method amid a message's content frames
+                    raise out_of_order(state)
                 index = framing.method_index(payload)
                 if index == framing.PUBLISH:
                     self._on_publish(payload)
