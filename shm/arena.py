@@ -388,6 +388,24 @@ def message_times(seg: Segment, block: int) -> tuple[int, int] | None:
     return published, expires
 
 
+def restamp_times(seg: Segment, block: int, published: int) -> tuple[int, int] | None:
+    """Move a TIMED message's times to `published` (ms), its own expiry by
+    as much; the new times, or None for a message that is not timed. Only
+    for a block its publisher still holds, appended nowhere yet (a
+    transaction's message at its commit: RabbitMQ counts a TTL from when the
+    message enters its queue)."""
+    times = message_times(seg, block)
+    if times is None:
+        return None
+    was, expires = times
+    p = block + layout.BLOCK_HEADER
+    ex_len, rk_len, _flags, props_len, body_len = layout.MSG_PREFIX.unpack_from(seg.buf, p)
+    at = p + layout.MSG_PREFIX.size + ex_len + rk_len + props_len + body_len
+    times = published, expires + published - was if expires else 0
+    layout.MSG_TIME.pack_into(seg.buf, at, *times)
+    return times
+
+
 def read_tag(seg: Segment, block: int) -> tuple[int, int, int] | None:
     """(message file slot, check, record offset) of a tagged message; None for an
     untagged one. A reader that holds no reference (purge, before its CAS)

@@ -240,6 +240,11 @@ class QueueTable:
         """How many times slot `qid` has been created (its Q_STATE's high bits)."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_STATE) >> 8
 
+    def incarnation(self, qid: int) -> int:
+        """Slot `qid`'s Q_STATE: one value for as long as one queue lives in
+        it, another once it is deleted or the slot holds a new queue."""
+        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_STATE)
+
     def is_active(self, qid: int) -> bool:
         return (
             self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE

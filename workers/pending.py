@@ -23,6 +23,7 @@ class Pending:
         "entries",
         "exchange",
         "header",
+        "incarnations",
         "late",
         "levelled",
         "mandatory",
@@ -69,3 +70,6 @@ class Pending:
         # (accepted, not returned).
         self.dedup: DedupMark | None = None
         self.deduped = False
+        # In a transaction: each queue's incarnation (shm/queue_table.py)
+        # when it was routed; the commit appends only to those still there.
+        self.incarnations: list[int] | None = None

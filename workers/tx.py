@@ -12,7 +12,8 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
-from shoal.shm.arena import release_hold
+from shoal.broker.amqp.ttl import now_ms
+from shoal.shm.arena import read_message, release_hold, restamp_times
 from shoal.workers import framing
 from shoal.workers.channel_state import (
     RETRY_DELAY,
@@ -21,6 +22,7 @@ from shoal.workers.channel_state import (
     Transaction,
     TxContext,
 )
+from shoal.workers.pending import Pending
 from shoal.workers.publish import Publisher
 
 log = logging.getLogger("shoal.worker")
@@ -74,6 +76,9 @@ class Transactions:
             while todo:
                 pending = todo[0]
                 ctx = self.ctx
+                if pending.incarnations is not None and not self._enters(pending):
+                    todo.pop(0)  # its queues went: returned if mandatory, else dropped
+                    continue
                 if (ctx.routes.dedup_exchanges or ctx.shared.catalog.dedup_now) and (
                     pending.dedup is None and pending.qids
                 ):
@@ -112,6 +117,27 @@ class Transactions:
             if self.conn.closed:
                 return
         self.conn.write(framing.encode_method(self.number, C.Tx.CommitOk()))
+
+    def _enters(self, pending: Pending) -> bool:
+        """At the commit, as rabbit_channel delivers then: the message goes
+        to those of the queues it was routed to that are still there (a
+        queue deleted since, or a new one in its slot, does not get it), and
+        its TTL counts from now. False when none is left: a mandatory
+        message comes back, any other is dropped."""
+        table, seg = self.ctx.shared.table, self.ctx.seg
+        incarnations, pending.incarnations = pending.incarnations or [], None
+        if pending.times is not None:
+            pending.times = restamp_times(seg, pending.block, now_ms())
+        qids, incarnation = pending.qids, table.incarnation
+        if not qids:  # unroutable when published: returned as it is
+            return True
+        qids[:] = [q for q, was in zip(qids, incarnations, strict=True) if incarnation(q) == was]
+        if qids:
+            return True
+        if pending.mandatory:
+            self.publisher.return_unroutable(pending, read_message(seg, pending.block)[3])
+        self.publisher.ingest.drop(pending)
+        return False
 
     def tx_rollback(self, method: C.Tx.Rollback) -> None:
         if self.tx is None:

@@ -124,3 +124,50 @@ def test_a_transaction_takes_its_acks_tags_at_once(broker: Broker) -> None:
         ch.basic_qos(prefetch_count=1)
     assert exc.value.args == (406, "PRECONDITION_FAILED - unknown delivery tag 999")
     conn.close()
+
+
+def test_a_queue_deleted_before_the_commit_returns_a_mandatory_publish(broker: Broker) -> None:
+    """As rabbit_channel: routed at the publish, delivered at the commit to
+    the queues still there. A mandatory message whose queue was deleted in
+    between comes back (312 NO_ROUTE) with its body, and a queue declared
+    meanwhile in the deleted one's place does not get it (the Java client's
+    Routing.basicReturnTransactional)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    returned: list[tuple[int, str, bytes]] = []
+    ch.add_on_return_callback(lambda c, m, p, b: returned.append((m.reply_code, m.routing_key, b)))
+    ch.queue_declare("txgone")
+    ch.tx_select()
+    ch.basic_publish("", "txgone", b"routed, then gone", mandatory=True)
+    ch.basic_publish("", "txgone", b"not mandatory")
+    other = conn.channel()
+    other.queue_delete("txgone")
+    other.queue_declare("txnew")  # may take the deleted queue's place
+    ch.tx_commit()
+    wait_for(lambda: conn.process_data_events(0.05) or returned, 5, "basic.return")
+    assert returned == [(312, "txgone", b"routed, then gone")]
+    assert other.queue_declare("txnew", passive=True).method.message_count == 0
+    ch.queue_declare("txgone")
+    ch.basic_publish("", "txgone", b"routed", mandatory=True)
+    ch.tx_commit()
+    assert ch.basic_get("txgone", auto_ack=True)[2] == b"routed"
+    assert len(returned) == 1
+    conn.close()
+
+
+def test_a_transactional_publish_expires_counting_from_the_commit(broker: Broker) -> None:
+    """A queue's TTL counts from when the message enters the queue, which
+    in a transaction is the commit (RabbitMQ; the Java client's
+    transactionalPublishWithGet)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("txttl", arguments={"x-message-ttl": 400})
+    ch.tx_select()
+    ch.basic_publish("", "txttl", b"queue ttl")
+    ch.basic_publish("", "txttl", b"own ttl", pika.BasicProperties(expiration="400"))
+    ch.queue_declare("txttl", passive=True)  # a round trip: both are in
+    conn.sleep(0.6)  # (a wait the test measures, not a synchronisation)
+    ch.tx_commit()
+    got = [ch.basic_get("txttl", auto_ack=True)[2] for _ in range(2)]
+    assert got == [b"queue ttl", b"own ttl"]
+    conn.close()
