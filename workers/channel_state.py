@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from shoal.broker.amqp import errors
@@ -229,6 +230,11 @@ class ChannelContext(PublishContext, DeliveryContext, DeclareContext, TxContext,
     context, which it holds as that (so that no part reaches the rest)."""
 
 
+# Connection.protocol of an AMQP client's own connection (a protocol bridge's
+# names its protocol: "MQTT 5.0", workers/mqtt_connection.py).
+AMQP_0_9_1 = "AMQP 0-9-1"
+
+
 class ChannelConnection(Protocol):
     """What a channel uses of its connection."""
 
@@ -246,6 +252,7 @@ class ChannelConnection(Protocol):
     held_bytes: int
     confirm_timer: asyncio.TimerHandle | None
     transport: Any
+    protocol: str
 
     def write(self, data: bytes) -> None: ...
     def write_many(self, frames: list[bytes]) -> None: ...
@@ -276,6 +283,12 @@ class Transaction:
         # to the client (a second ack of one is unknown, basic.recover skips
         # them) though still unacknowledged until the commit.
         self.held: set[int] = set()
+
+    def keep(self, pending: Pending, incarnation: Callable[[int], int]) -> None:
+        """A publish for the commit, with each of its queues' incarnation
+        (shm/queue_table.py): the commit appends to those still there."""
+        pending.incarnations = [incarnation(qid) for qid in pending.qids]
+        self.publishes.append(pending)
 
 
 class Transactional(Protocol):

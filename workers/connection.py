@@ -24,7 +24,7 @@ from shoal.shm import stats
 from shoal.workers import describe, framing, negotiation, tls
 from shoal.workers.blocking import PublisherBlocks
 from shoal.workers.channel import Channel
-from shoal.workers.channel_state import ChannelCore, Confirms
+from shoal.workers.channel_state import AMQP_0_9_1, ChannelCore, Confirms
 from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.context import WorkerContext
 from shoal.workers.framing import PUBLISH_WHOLE
@@ -77,7 +77,7 @@ class Connection(asyncio.Protocol):
         self.client_properties: dict[str, Any] = {}
         # What list_connections says it speaks (an MQTT client's own
         # connection: "MQTT 3.1.1" or "MQTT 5.0", workers/mqtt_connection.py).
-        self.protocol = "AMQP 0-9-1"
+        self.protocol = AMQP_0_9_1
         self.connected_at = int(time.time() * 1000)  # ms, as RabbitMQ's connected_at
         # Bytes and socket reads/writes, as RabbitMQ's recv_oct/send_oct/recv_cnt/send_cnt.
         self.recv_oct = self.send_oct = self.recv_cnt = self.send_cnt = 0

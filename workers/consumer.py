@@ -39,7 +39,6 @@ class DeliveryChannel(Protocol):
     @property
     def global_prefetch(self) -> int: ...
     def wants_work(self, consumer: Consumer) -> bool: ...
-    def credit_left(self, consumer: Consumer) -> int | None: ...
     def credit_room(self, consumer: Consumer) -> int: ...
     def deliver(
         self,
@@ -171,7 +170,8 @@ class Consumer:
     def inspect(self) -> dict[str, Any]:
         """What `shoal status --consumers` shows of this consumer."""
         ch = self.channel
-        credit = None if self.no_ack else ch.credit_left(self)
+        # Messages it may still take under its prefetch count (None: no count limit).
+        credit = ch.prefetch_count - self.unacked if ch.prefetch_count and not self.no_ack else None
         if self.levels is None:
             pointer: object = self.pointer
         else:

@@ -17,15 +17,12 @@ from shoal.shm import stats
 from shoal.shm.arena import read_message
 from shoal.shm.queue_table import QueueFlag
 from shoal.shm.queues import Message
-from shoal.shm.stats import (
-    DELIVERED_CONSUME_AUTO_ACK,
-    DELIVERED_CONSUME_MANUAL_ACK,
-    REDELIVERED,
-)
+from shoal.shm.stats import DELIVERED_CONSUME_AUTO_ACK, DELIVERED_CONSUME_MANUAL_ACK, REDELIVERED
 from shoal.store.stream_segments import StreamMessage
 from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import ack_run, deliver_frames, deliver_run
 from shoal.workers.channel_state import (
+    AMQP_0_9_1,
     ChannelConnection,
     ChannelCore,
     DeliveryContext,
@@ -62,6 +59,7 @@ class DeliveryBook:
         "global_prefetch",
         "global_prefetch_size",
         "next_tag",
+        "no_ack_held",
         "number",
         "prefetch_count",
         "prefetch_size",
@@ -98,6 +96,7 @@ class DeliveryBook:
         self.prefetch_size = 0
         self.global_prefetch = 0
         self.global_prefetch_size = 0
+        self.no_ack_held = False  # (basic_qos)
         self.unacked_bytes = 0
         self.acked = 0  # messages acknowledged on this channel (its message_stats)
         self.flow_active = True  # the client's channel.flow
@@ -114,7 +113,7 @@ class DeliveryBook:
         """Consumer.wants_work, in one call on the delivery path."""
         return (
             not consumer.cancelled
-            and (consumer.no_ack or self.has_credit(consumer))
+            and ((consumer.no_ack and not self.no_ack_held) or self.has_credit(consumer))
             and self.flow_active
             and not self.channel.closing
             and self.conn.can_deliver()
@@ -146,11 +145,6 @@ class DeliveryBook:
         if self.global_prefetch:
             room = min(room, self.global_prefetch - len(self.unacked))
         return room
-
-    def credit_left(self, consumer: Consumer) -> int | None:
-        """Messages the consumer may still take under its prefetch count
-        (None: no count limit), for `shoal status --consumers`."""
-        return self.prefetch_count - consumer.unacked if self.prefetch_count else None
 
     def deliver(
         self,
@@ -513,6 +507,10 @@ class DeliveryBook:
         if method.global_:
             self.global_prefetch = method.prefetch_count
             self.global_prefetch_size = method.prefetch_size
+            # rabbit_limiter: at its global limit a channel holds no-ack consumers too;
+            # not MQTT's QoS 0 (the bridge's limit is a receive maximum, QoS 1 and 2).
+            limited = bool(method.prefetch_count or method.prefetch_size)
+            self.no_ack_held = limited and self.conn.protocol == AMQP_0_9_1
         else:
             self.prefetch_count = method.prefetch_count
             self.prefetch_size = method.prefetch_size

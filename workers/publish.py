@@ -422,9 +422,7 @@ class Publisher:
         routed = bool(pending.qids) or pending.deduped  # append consumes the list
         if tx is not None:
             if pending.qids or pending.mandatory:
-                incarnation = ctx.shared.table.incarnation
-                pending.incarnations = [incarnation(qid) for qid in pending.qids]
-                tx.publishes.append(pending)
+                tx.keep(pending, ctx.shared.table.incarnation)
         elif pending.qids:
             missing = self.assign_levels(pending)
             if missing is not None:
@@ -612,9 +610,8 @@ class Publisher:
             self.confirm_held = True
         return not bits & WAIT
 
-    def return_unroutable(self, pending: Pending, body: bytes | None = None) -> None:
-        """basic.return of a mandatory message that reached no queue (`body`:
-        one that was routed, its bytes in its block)."""
+    def return_unroutable(self, pending: Pending) -> None:
+        """basic.return of a mandatory message that reached no queue."""
         method = C.Basic.Return(
             reply_code=312,
             reply_text="NO_ROUTE",
@@ -623,10 +620,7 @@ class Publisher:
         )
         frames = [framing.encode_method(self.number, method)]
         frames += framing.encode_content(
-            self.number,
-            pending.header,
-            body if body is not None else bytes(pending.body or b""),
-            self.conn.frame_max,
+            self.number, pending.header, bytes(pending.body or b""), self.conn.frame_max
         )
         self.conn.write_many(frames)
 

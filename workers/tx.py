@@ -135,7 +135,8 @@ class Transactions:
         if qids:
             return True
         if pending.mandatory:
-            self.publisher.return_unroutable(pending, read_message(seg, pending.block)[3])
+            pending.body = bytearray(read_message(seg, pending.block)[3])
+            self.publisher.return_unroutable(pending)
         self.publisher.ingest.drop(pending)
         return False
 

@@ -561,6 +561,15 @@ def test_five_receive_maximum_and_maximum_packet_size_bound_what_is_sent(
         with pytest.raises(socket.timeout):
             raw.read(P.PUBLISH)  # receive maximum 2: nothing more until a PUBACK
         raw.sock.settimeout(WAIT_S)
+        # QoS 0 goes past it (MQTT-3.3.4-9 bounds QoS 1 and 2 only), though
+        # an AMQP channel's global limit holds its no-ack consumers.
+        raw.sock.sendall(P.packet(P.SUBSCRIBE, 2, b"\x00\x02\x00" + P.string("zero/#") + b"\x00"))
+        raw.read(P.SUBACK)
+        conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+        conn.channel().basic_publish("amq.topic", "zero.x", b"at most once")
+        conn.close()
+        zero = P.decode(*raw.read(P.PUBLISH), P.MQTT_5)
+        assert isinstance(zero, P.Publish) and (zero.payload, zero.qos) == (b"at most once", 0)
         raw.sock.sendall(P.encode_ack(P.MQTT_5, P.PUBACK, first[0].packet_id))  # type: ignore[union-attr, arg-type]
         third = P.decode(*raw.read(P.PUBLISH), P.MQTT_5)
         assert isinstance(third, P.Publish) and third.payload == b"m2"

@@ -35,6 +35,33 @@ def test_global_prefetch_is_shared_by_the_channel_s_consumers(broker: Broker) ->
     conn.close()
 
 
+def test_a_channel_at_its_global_limit_holds_its_no_ack_consumers(broker: Broker) -> None:
+    """As rabbit_limiter: no-ack deliveries do not count against a global
+    limit, but a channel at it delivers to no consumer, no-ack ones included
+    (the Java client's QosTests.noAckObeysLimit and noAckNoAlterLimit)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    for q in ("acked", "unacked"):
+        ch.queue_declare(q)
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    acked: list[pika.spec.Basic.Deliver] = []
+    free: list[bytes] = []
+    ch.basic_consume("acked", lambda c, m, p, b: acked.append(m))
+    ch.basic_consume("unacked", lambda c, m, p, b: free.append(b), auto_ack=True)
+    ch.basic_publish("", "acked", b"holds the limit")
+    wait_for(lambda: conn.process_data_events(0.05) or acked, 5, "the acked delivery")
+    ch.basic_publish("", "unacked", b"waits")
+    settle(conn)
+    assert free == []
+    ch.basic_ack(acked[0].delivery_tag)
+    wait_for(lambda: conn.process_data_events(0.05) or free, 5, "the no-ack delivery")
+    for i in range(3):  # no-ack deliveries take no credit
+        ch.basic_publish("", "unacked", b"%d" % i)
+    wait_for(lambda: conn.process_data_events(0.05) or len(free) == 4, 5, "3 more")
+    assert free == [b"waits", b"0", b"1", b"2"]
+    conn.close()
+
+
 def test_qos_change_applies_to_a_live_consumer(broker: Broker) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
