@@ -334,10 +334,7 @@ class SharedQueues:
             return FULL if self.table.is_active(qid) else GONE
         outcome = APPENDED
         if limited:
-            last = self.last_seq
-            for dropped in limits.drop_head(self, qid, self.events.dropped):
-                self._drained(dropped)
-            self.last_seq = last
+            self._drop_head(qid)
         if a.load(q + layout.Q_CAPACITY):  # one load when the queue has no capacity
             target, logs = self.table.flow_queue(qid)
             if flow.over_capacity(self.seg, target, logs):
@@ -370,10 +367,22 @@ class SharedQueues:
 
     def requeue(self, qid: int, seq: int) -> None:
         """An acquired entry goes back to the queue, redelivered, and the
-        scheduler hears of the work."""
+        scheduler hears of the work. It is ready again: a drop-head queue
+        then over its length limit drops from its head (RabbitMQ's
+        requeue_and_run), where the entry went back."""
         if self.release(qid, seq):
+            if self.a.load(self.layout.queue(qid) + layout.Q_OVERFLOW):
+                self._drop_head(qid)
             assert self.waker is not None
             self.waker.work_added(qid)
+
+    def _drop_head(self, qid: int) -> None:
+        """limits.drop_head, then the dropped logs' blocked publishers; the
+        dead-letter handler's own publishes leave `last_seq` as it was."""
+        last = self.last_seq
+        for dropped in limits.drop_head(self, qid, self.events.dropped):
+            self._drained(dropped)
+        self.last_seq = last
 
     def _drained(self, qid: int) -> None:
         """Entries of `qid` were deleted: release its blocked publishers if

@@ -84,6 +84,27 @@ def test_unacknowledged_messages_do_not_count(broker: Broker) -> None:
     conn.close()
 
 
+def test_requeued_messages_count_again_and_drop_head_drops_them(broker: Broker) -> None:
+    """As rabbit_amqqueue_process's requeue_and_run: requeued messages are
+    ready again, and a drop-head queue then over its limit drops from its
+    head, where they went back, dead-lettering them (the Java client's
+    QueueSizeLimit.requeue and requeueWithDlx)."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.queue_declare("requeue-dlq")
+    ch.queue_bind("requeue-dlq", "amq.fanout")
+    args = {"x-max-length": 3, "x-dead-letter-exchange": "amq.fanout"}
+    ch.queue_declare("requeue-limit", arguments=args)
+    publish(ch, "requeue-limit", [b"old%d" % i for i in range(3)])
+    tags = [ch.basic_get("requeue-limit")[0].delivery_tag for _ in range(3)]
+    publish(ch, "requeue-limit", [b"new%d" % i for i in range(3)])
+    ch.basic_nack(tags[0], requeue=True)
+    ch.basic_nack(tags[2], multiple=True, requeue=True)
+    assert drain(ch, "requeue-limit") == [b"new0", b"new1", b"new2"]
+    assert drain(ch, "requeue-dlq") == [b"old0", b"old1", b"old2"]
+    conn.close()
+
+
 def test_drop_head_on_a_priority_queue_drops_what_would_be_delivered_next(
     broker: Broker,
 ) -> None:
