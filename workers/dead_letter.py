@@ -155,11 +155,7 @@ class DeadLetters:
                 "queue %r: a message with a malformed content header not dead-lettered", name
             )
             return True
-        qids: list[int] = []
-        for key in letter.routing_keys:
-            for target in self._route(vhost, vhost_id, where.exchange, key, letter.header):
-                if target not in qids:
-                    qids.append(target)
+        qids = self._route(vhost, vhost_id, where.exchange, letter.routing_keys, letter.header)
         if reason != dead_letter_rules.REJECTED:
             qids = [
                 q
@@ -192,13 +188,18 @@ class DeadLetters:
             self._dead_letter(source, message, dead_letter_rules.MAXLEN)
 
     def _route(
-        self, vhost: str, vhost_id: int, exchange: bytes, key: bytes, header: bytes
-    ) -> tuple[int, ...]:
+        self, vhost: str, vhost_id: int, exchange: bytes, keys: list[bytes], header: bytes
+    ) -> list[int]:
+        """The queues a dead letter's routing keys reach: all of them matched
+        at each exchange on the way (rabbit_exchange:route), or on the
+        default exchange the queues they name."""
         ctx = self.ctx
         if not exchange:
-            qid = ctx.shared.catalog.lookup(key, vhost_id)
-            return () if qid is None or qid in ctx.shared.catalog.delay_queues() else (qid,)
+            catalog = ctx.shared.catalog
+            qids = [catalog.lookup(key, vhost_id) for key in keys]
+            delays = catalog.delay_queues()
+            return list(dict.fromkeys(q for q in qids if q is not None and q not in delays))
         try:
-            return ctx.routes.route(vhost, vhost_id, exchange, key, header)
+            return list(ctx.routes.route(vhost, vhost_id, exchange, keys[0], header, also=keys[1:]))
         except errors.AMQPError:  # no such exchange (RabbitMQ drops the message too)
-            return ()
+            return []

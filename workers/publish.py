@@ -308,22 +308,19 @@ class Publisher:
         self, exchange: bytes, routing_key: bytes, raw_header: bytes, also: list[bytes]
     ) -> list[int]:
         """qids a message reaches with its routing key and the keys `also`
-        (CC and BCC: broker/amqp/properties.py sender_selected); the default
+        (CC and BCC: broker/amqp/properties.py sender_selected), all matched
+        at every exchange on the way (rabbit_exchange:route); the default
         exchange: the queues named by them. Raises ChannelError for a
         missing exchange."""
-        conn = self.conn
-        if not also:  # the common case: one key
-            if not exchange:
-                qid = self.ctx.shared.catalog.lookup(routing_key, conn.vhost_id)
-                if qid is None or routing_key.startswith(DELAY_QUEUES):
-                    return []  # (a delay queue is the broker's own)
-                return [qid]
-            return list(
-                self.ctx.routes.route(conn.vhost, conn.vhost_id, exchange, routing_key, raw_header)
-            )
+        ctx, vhost_id = self.ctx, self.conn.vhost_id
+        if exchange:
+            route, vhost = ctx.routes.route, self.conn.vhost
+            return list(route(vhost, vhost_id, exchange, routing_key, raw_header, also=also))
         qids: list[int] = []
-        for key in (routing_key, *also):
-            qids += [qid for qid in self._route(exchange, key, raw_header, []) if qid not in qids]
+        for key in (routing_key, *also):  # (a delay queue is the broker's own)
+            qid = ctx.shared.catalog.lookup(key, vhost_id)
+            if qid is not None and qid not in qids and not key.startswith(DELAY_QUEUES):
+                qids.append(qid)
         return qids
 
     def on_header(self, payload: memoryview) -> None:

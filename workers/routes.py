@@ -10,6 +10,7 @@ Headers exchanges are not cached: their result depends on each message.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pamqp.header import ContentHeader
@@ -125,18 +126,20 @@ class Routes:
         routing_key: bytes,
         raw_header: bytes,
         due: bool = False,
+        also: Sequence[bytes] = (),
     ) -> tuple[int, ...]:
         """qids of the queues a message published to a named exchange reaches.
         Raises ChannelError for a missing or internal exchange. `due`: a
         delayed message routed from its delayed exchange once due
-        (workers/delays.py)."""
+        (workers/delays.py). `also`: its CC and BCC keys, matched with its
+        routing key at each exchange (not cached)."""
         self.sync()
         queue_gen = self.shared.catalog.catalog_generation()
         if queue_gen != self._queue_gen:
             self._cache.clear()
             self._queue_gen = queue_gen
         key = (vhost_id, exchange, routing_key)
-        hit = None if due else self._cache.get(key)
+        hit = None if due or also else self._cache.get(key)
         if hit is not None:
             return hit
         router = self.definitions.vhosts.get(vhost)
@@ -154,11 +157,15 @@ class Routes:
                 40,
             )
         names, by_headers = router.route_checked(
-            name, routing_key.decode(errors="replace"), lambda: message_headers(raw_header), due
+            name,
+            routing_key.decode(errors="replace"),
+            lambda: message_headers(raw_header),
+            due,
+            [k.decode(errors="replace") for k in also],
         )
         lookup = self.shared.catalog.lookup
         qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)
-        if not by_headers:
+        if not (by_headers or also):
             if len(self._cache) >= CACHE_MAX:
                 self._cache.clear()
             self._cache[key] = qids

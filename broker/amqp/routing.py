@@ -10,7 +10,7 @@ falls back to an exchange's `alternate-exchange` when nothing matched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 # A destination: ("q", queue name) or ("e", exchange name).
@@ -352,14 +352,18 @@ class Router:
         routing_key: str,
         headers: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
         due: bool = False,
+        also: Sequence[str] = (),
     ) -> tuple[set[str], bool]:
         """route(), plus whether the headers were consulted (a headers or a
         delayed exchange: then the result depends on the message, not only
         on its routing key). `headers` may be a function: it is called only
         if needed. `due`: a delayed message whose delay is over, routed
-        from its delayed exchange `exchange` (not held again)."""
+        from its delayed exchange `exchange` (not held again). `also`: more
+        routing keys (CC and BCC), matched with the first at every exchange
+        on the way, as rabbit_exchange:route matches a message's keys."""
+        keys = (routing_key, *also) if also else (routing_key,)
         if exchange == "":
-            return {routing_key}, False
+            return set(keys), False
         queues: set[str] = set()
         lazy = _LazyHeaders(headers)
         if due:
@@ -367,15 +371,15 @@ class Router:
             visited = {exchange}
             x = self.exchanges.get(exchange)
             if x is not None:
-                self._route_matches(x, routing_key, lazy, queues, visited)
+                self._route_matches(x, keys, lazy, queues, visited)
             return queues, True
-        self._route(exchange, routing_key, lazy, queues, set())
+        self._route(exchange, keys, lazy, queues, set())
         return queues, lazy.used
 
     def _route(
         self,
         name: str,
-        routing_key: str,
+        keys: tuple[str, ...],
         headers: _LazyHeaders,
         queues: set[str],
         visited: set[str],
@@ -389,12 +393,12 @@ class Router:
         if exchange.type == DELAYED and delay_ms(headers.get()):
             queues.add(delay_queue(name))  # held until due (workers/delays.py)
             return
-        self._route_matches(exchange, routing_key, headers, queues, visited)
+        self._route_matches(exchange, keys, headers, queues, visited)
 
     def _route_matches(
         self,
         exchange: Exchange,
-        routing_key: str,
+        keys: tuple[str, ...],
         headers: _LazyHeaders,
         queues: set[str],
         visited: set[str],
@@ -402,14 +406,15 @@ class Router:
         before = len(queues)
         found_exchange = False
         table = headers.get() if exchange.kind == "headers" else None
-        for kind, dest in exchange.match(routing_key, table):
-            if kind == "q":
-                queues.add(dest)
-            else:
-                found_exchange = True
-                self._route(dest, routing_key, headers, queues, visited)
+        for routing_key in keys:
+            for kind, dest in exchange.match(routing_key, table):
+                if kind == "q":
+                    queues.add(dest)
+                else:
+                    found_exchange = True
+                    self._route(dest, keys, headers, queues, visited)
         if len(queues) == before and not found_exchange and exchange.alternate:
-            self._route(exchange.alternate, routing_key, headers, queues, visited)
+            self._route(exchange.alternate, keys, headers, queues, visited)
 
     def unbind_all(self, dest: Dest) -> None:
         """A queue or exchange was deleted: drop every binding to it,

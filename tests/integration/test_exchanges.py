@@ -379,6 +379,27 @@ def test_exchange_to_exchange_bind_and_unbind(broker: Broker, clients: Clients) 
     assert bodies(decl, "e2e-mid") == [b"7"]
 
 
+def test_cc_and_bcc_keys_route_at_every_exchange_on_the_way(
+    broker: Broker, clients: Clients
+) -> None:
+    """As rabbit_exchange:route: a message's routing keys (its own, CC's,
+    BCC's) are matched at each exchange it passes through, not followed one
+    by one from the first (the Java client's CcRoutes.boundExchanges)."""
+    decl = clients.on(0).channel()
+    pub = confirming(clients.on(1))
+    decl.exchange_declare("cc-direct", "direct")
+    decl.exchange_declare("cc-topic", "topic")
+    decl.queue_declare("cc-q")
+    decl.exchange_bind("cc-topic", "cc-direct", "key1")  # reached by the CC key
+    decl.queue_bind("cc-q", "cc-topic", "key2")  # matched by the BCC key there
+    headers = {"CC": ["key1"], "BCC": ["key2"]}
+    pub.basic_publish("cc-direct", "", b"cc", pika.BasicProperties(headers=headers))
+    method, props, body = decl.basic_get("cc-q", auto_ack=True)
+    assert body == b"cc" and props.headers == {"CC": ["key1"]}
+    pub.basic_publish("cc-direct", "", b"none", pika.BasicProperties(headers={"CC": ["key2"]}))
+    assert count(decl, "cc-q") == 0
+
+
 def test_alternate_exchange_gets_what_nothing_else_routes(broker: Broker, clients: Clients) -> None:
     decl = clients.on(0).channel()
     pub = clients.on(1).channel()
