@@ -32,7 +32,7 @@ from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.pager import Pager
 from shoal.workers.pending import Pending
 from shoal.workers.persist import Persister
-from shoal.workers.pull import MessageExpiry, PullContext
+from shoal.workers.pull import PullContext
 from shoal.workers.routes import Routes
 from shoal.workers.stream_io import Streams
 
@@ -138,23 +138,15 @@ class ChannelBlocks(Protocol):
     def alarm_felt(self) -> None: ...
 
 
-class GetContext(Protocol):
+class GetContext(PullContext, Protocol):
     """What basic.get (workers/get.py) uses of its worker: the queues,
-    expiry, the paging files and streams a message may be in, and the
-    counters."""
+    expiry, the paging files and streams a message may be in, the
+    counters, and the pull loop's parts (the channel's consumers first)."""
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
     @property
     def seg(self) -> Segment: ...
     @property
-    def shared(self) -> SharedQueues: ...
-    @property
-    def expiry(self) -> MessageExpiry: ...
-    @property
     def pager(self) -> Pager | None: ...
-    @property
-    def streams(self) -> Streams | None: ...
     @property
     def stats(self) -> Counters: ...
 
@@ -181,7 +173,7 @@ class PublishContext(IngestContext, Requests, Protocol):
     gauges_stale: bool  # (a new publisher: workers/context.py)
 
 
-class DeliveryContext(PullContext, ConsumeContext, GetContext, Requests, Protocol):
+class DeliveryContext(GetContext, ConsumeContext, Requests, Protocol):
     """What the delivery book (workers/delivery.py) uses of its worker: the
     pull loop's, a consume's and basic.get's parts, and the consumers, the
     message store (settles), dead-lettering, routing and the settings."""

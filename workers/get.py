@@ -18,6 +18,7 @@ from shoal.workers import framing
 from shoal.workers.channel_state import ChannelConnection, ChannelCore, GetContext
 from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer
+from shoal.workers.pull import take_ready
 
 # basic.get on a queue whose messages are in another worker's paging file
 # waits for its pager (every 2 ms) this many times this long at most.
@@ -29,6 +30,7 @@ class GetBook(Protocol):
     """What basic.get uses of its channel's delivery book (workers/delivery.py)."""
 
     next_tag: int
+    consumers: dict[bytes, Consumer]
     unacked: dict[int, tuple[Consumer | None, int, int, int]]
     unacked_bytes: int
 
@@ -53,6 +55,15 @@ class Getter:
 
     def __init__(self, book: GetBook) -> None:
         self.book = book
+
+    def _consumers_first(self, qid: int) -> None:
+        """The channel's own consumers of the queue take what is ready for
+        them first, as from RabbitMQ's queue process, which gave them what
+        the channel published before this get (the Java client's
+        BindingLifecycle: a publish, then a get on a consumed queue, is empty)."""
+        for consumer in list(self.book.consumers.values()):
+            if consumer.qid == qid:
+                take_ready(self.book.ctx, consumer)
 
     def _get_later(self, method: C.Basic.Get, tries: int) -> None:
         """Try basic.get again in a moment; the channel's later frames wait."""
@@ -85,6 +96,8 @@ class Getter:
             raise amqp_streams.not_supported("basic.get", name, book.conn.vhost, 60, 70)
         if tries == GET_TRIES:
             ctx.shared.table.count_get(qid)  # the queue is in use (x-expires)
+            if book.consumers:
+                self._consumers_first(qid)
         logs = ctx.shared.catalog.logs(qid)  # highest priority first
         for log_qid in logs:
             got = ctx.shared.acquire(log_qid, 0)

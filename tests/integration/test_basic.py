@@ -417,6 +417,29 @@ def test_basic_get_ok_fields_get_empty_and_no_ack(broker: Broker) -> None:
     conn.close()
 
 
+def test_a_get_after_a_publish_finds_the_channel_s_consumer_served_first(
+    broker: Broker,
+) -> None:
+    """RabbitMQ's queue gives a publish to a consumer with credit at once, so
+    the same channel's basic.get after it is empty (the Java client's
+    BindingLifecycle); past the consumer's credit the get takes the rest."""
+    conn = pika_connection(broker)
+    ch = conn.channel()
+    ch.queue_declare("consumed")
+    got: list[bytes] = []
+    ch.basic_qos(prefetch_count=2)
+    ch.basic_consume("consumed", lambda c, m, p, b: got.append(b))
+    for i in range(3):
+        ch.basic_publish("", "consumed", b"%d" % i)
+        if i == 0:
+            assert ch.basic_get("consumed") == (None, None, None)
+    method, _p, body = ch.basic_get("consumed", auto_ack=True)
+    assert (body, method.message_count) == (b"2", 0)
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) == 2, 5, "2 deliveries")
+    assert got == [b"0", b"1"]
+    conn.close()
+
+
 def test_aio_pika_get(broker: Broker) -> None:
     async def scenario() -> None:
         conn = await aio_pika.connect(broker.url)
