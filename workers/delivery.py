@@ -56,6 +56,7 @@ class DeliveryBook:
         "ctx",
         "delivery_marks",
         "flow_active",
+        "gets",
         "global_prefetch",
         "global_prefetch_size",
         "next_tag",
@@ -73,22 +74,16 @@ class DeliveryBook:
     )
 
     def __init__(
-        self,
-        channel: ChannelCore,
-        conn: ChannelConnection,
-        transactions: Transactional,
-        resolve_queue: ResolveQueue,
+        self, channel: ChannelCore, conn: ChannelConnection, tx: Transactional, find: ResolveQueue
     ) -> None:
-        self.channel = channel
-        self.conn = conn
+        self.channel, self.conn, self.transactions, self.resolve_queue = channel, conn, tx, find
         self.ctx: DeliveryContext = conn.ctx
         self.number = channel.number
-        self.transactions = transactions
-        self.resolve_queue = resolve_queue
         self.stats = conn.ctx.stats.v  # this worker's counters (shm/stats.py)
         self.consumers: dict[bytes, Consumer] = {}
         # delivery tag -> (consumer or None for basic.get, qid, seq, body bytes)
         self.unacked: dict[int, tuple[Consumer | None, int, int, int]] = {}
+        self.gets = 0  # of them, basic.get's (no credit: RabbitMQ's limiter ignores them)
         self.next_tag = 1
         # basic.qos: per consumer (global=false) and per channel (global=true),
         # in messages and in body bytes.
@@ -126,7 +121,7 @@ class DeliveryBook:
         exceeded by one message."""
         if self.prefetch_count and consumer.unacked >= self.prefetch_count:
             return False
-        if self.global_prefetch and len(self.unacked) >= self.global_prefetch:
+        if self.global_prefetch and len(self.unacked) - self.gets >= self.global_prefetch:
             return False
         if self.prefetch_size and consumer.unacked_bytes >= self.prefetch_size:
             return False
@@ -143,7 +138,7 @@ class DeliveryBook:
             return 1
         room = self.prefetch_count - consumer.unacked if self.prefetch_count else 1 << 30
         if self.global_prefetch:
-            room = min(room, self.global_prefetch - len(self.unacked))
+            room = min(room, self.global_prefetch - len(self.unacked) + self.gets)
         return room
 
     def deliver(
@@ -363,12 +358,9 @@ class DeliveryBook:
             self._ack_tags(tags, touched)
         else:
             for t in tags:
-                consumer, qid, seq, size = unacked.pop(t)
+                consumer, qid, seq, _size = self._take(t)
                 self._finish(qid, seq, requeue)
-                self.unacked_bytes -= size
                 if consumer is not None:
-                    consumer.unacked -= 1
-                    consumer.unacked_bytes -= size
                     touched.add(consumer)
         self._credit_back(touched)
 
@@ -402,7 +394,9 @@ class DeliveryBook:
                     seqs = by_queue[qid] = []
                 seqs.append(seq)
             size_sum += size
-            if consumer is not None:
+            if consumer is None:
+                self.gets -= 1
+            else:
                 consumer.unacked -= 1
                 consumer.unacked_bytes -= size
                 touched.add(consumer)
@@ -436,7 +430,9 @@ class DeliveryBook:
             self.acked += count
             self.unacked_bytes -= body_bytes
             for consumer, n, size in consumers:
-                if consumer is not None:
+                if consumer is None:
+                    self.gets -= n
+                else:
                     consumer.unacked -= n
                     consumer.unacked_bytes -= size
                     touched.add(consumer)
@@ -468,19 +464,26 @@ class DeliveryBook:
         `keep` (a transaction's settled tags, basic.recover's exception)."""
         if keep:
             for tag in [t for t in self.unacked if t not in keep]:
-                consumer, qid, seq, size = self.unacked.pop(tag)
+                _consumer, qid, seq, _size = self._take(tag)
                 self._finish(qid, seq, True)
-                self.unacked_bytes -= size
-                if consumer is not None:
-                    consumer.unacked -= 1
-                    consumer.unacked_bytes -= size
             return
         for consumer, qid, seq, _size in self.unacked.values():
             self._finish(qid, seq, True)
             if consumer is not None:
                 consumer.unacked = consumer.unacked_bytes = 0
         self.unacked.clear()
-        self.unacked_bytes = 0
+        self.unacked_bytes = self.gets = 0
+
+    def _take(self, tag: int) -> tuple[Consumer | None, int, int, int]:
+        """Unacked entry `tag`, out of the book and its counts."""
+        entry = consumer, _qid, _seq, size = self.unacked.pop(tag)
+        self.unacked_bytes -= size
+        if consumer is None:
+            self.gets -= 1
+        else:
+            consumer.unacked -= 1
+            consumer.unacked_bytes -= size
+        return entry
 
     def release(self) -> None:
         """The channel closes: its consumers are cancelled and its reply
@@ -609,11 +612,9 @@ class DeliveryBook:
             )
             return
         for tag in tags:
-            _consumer, qid, seq, size = self.unacked.pop(tag)
+            _consumer, qid, seq, _size = self._take(tag)
             self._finish(qid, seq, True)
-            self.unacked_bytes -= size
             self.timed_out_tags.add(tag)
-        consumer.unacked = consumer.unacked_bytes = 0
         log.info(
             "connection %x channel %d: consumer %r timed out (%d ms), %d requeued",
             self.conn.id,
@@ -680,11 +681,7 @@ class DeliveryBook:
         ctx = self.ctx
         out: list[bytes] = []
         for tag in sorted(self.unacked):
-            consumer, qid, seq, size = self.unacked.pop(tag)
-            self.unacked_bytes -= size
-            if consumer is not None:
-                consumer.unacked -= 1
-                consumer.unacked_bytes -= size
+            consumer, qid, seq, _size = self._take(tag)
             if seq < 0:
                 continue  # a browser's copy: there is nothing to redeliver
             block = None

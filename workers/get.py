@@ -30,6 +30,7 @@ class GetBook(Protocol):
     """What basic.get uses of its channel's delivery book (workers/delivery.py)."""
 
     next_tag: int
+    gets: int
     consumers: dict[bytes, Consumer]
     unacked: dict[int, tuple[Consumer | None, int, int, int]]
     unacked_bytes: int
@@ -135,6 +136,7 @@ class Getter:
             ctx.shared.settle_taken(log_qid, seq)
         else:
             book.unacked[tag] = (None, log_qid, seq, len(body))
+            book.gets += 1
             book.unacked_bytes += len(body)
         paged_out = ctx.shared.table.paged_out(
             qid

@@ -62,6 +62,33 @@ def test_a_channel_at_its_global_limit_holds_its_no_ack_consumers(broker: Broker
     conn.close()
 
 
+def test_basic_get_takes_no_credit_from_the_global_limit(broker: Broker) -> None:
+    """As rabbit_limiter: messages taken by basic.get and not yet acked do
+    not count against the channel's global prefetch (the Java client's
+    QosTests.permutations)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.queue_declare("limited")
+    ch.queue_declare("fetched")
+    for i in range(4):
+        ch.basic_publish("", "limited", b"%d" % i)
+        ch.basic_publish("", "fetched", b"%d" % i)
+    ch.basic_qos(prefetch_count=2, global_qos=True)
+    gets = [ch.basic_get("fetched")[0] for _ in range(3)]  # unacked
+    got: list[pika.spec.Basic.Deliver] = []
+    ch.basic_consume("limited", lambda c, m, p, b: got.append(m))
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) >= 2, 5, "2 deliveries")
+    settle(conn)
+    assert len(got) == 2
+    for method in list(got):  # (not multiple: that would ack the gets too)
+        ch.basic_ack(method.delivery_tag)
+    wait_for(lambda: conn.process_data_events(0.05) or len(got) >= 4, 5, "2 more")
+    for method in gets:
+        ch.basic_ack(method.delivery_tag)
+    assert ch.queue_declare("fetched", passive=True).method.message_count == 1
+    conn.close()
+
+
 def test_qos_change_applies_to_a_live_consumer(broker: Broker) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
