@@ -5,8 +5,9 @@ messages it owns (ack, nack, reject, recover, requeue on close)."""
 from __future__ import annotations
 
 import logging
+import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pamqp import commands as C
 
@@ -87,10 +88,8 @@ class DeliveryBook:
         self.next_tag = 1
         # basic.qos: per consumer (global=false) and per channel (global=true),
         # in messages and in body bytes.
-        self.prefetch_count = 0
-        self.prefetch_size = 0
-        self.global_prefetch = 0
-        self.global_prefetch_size = 0
+        self.prefetch_count = self.prefetch_size = 0
+        self.global_prefetch = self.global_prefetch_size = 0
         self.no_ack_held = False  # (basic_qos)
         self.unacked_bytes = 0
         self.acked = 0  # messages acknowledged on this channel (its message_stats)
@@ -406,9 +405,14 @@ class DeliveryBook:
             shared.drained(qid)
 
     def _credit_back(self, touched: set[Consumer]) -> None:
+        order: Iterable[Consumer] = touched
         if self.global_prefetch or self.global_prefetch_size:
-            touched.update(self.consumers.values())  # channel-wide credit came back
-        for consumer in touched:
+            # Channel-wide credit: to every consumer from a random one on, each with
+            # an equal chance at it (rabbit_limiter's notify_queues).
+            every = list(self.consumers.values())
+            at = random.randrange(len(every)) if every else 0
+            order = every[at:] + every[:at]
+        for consumer in order:
             update_interest(self.ctx, consumer)
 
     def _ack_run(self, tag: int, touched: set[Consumer]) -> int:

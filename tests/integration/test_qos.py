@@ -89,6 +89,31 @@ def test_basic_get_takes_no_credit_from_the_global_limit(broker: Broker) -> None
     conn.close()
 
 
+def test_global_credit_coming_back_is_not_always_taken_by_the_same_queue(
+    broker: Broker,
+) -> None:
+    """A global limit of 1 over three consumed queues: each credit that comes
+    back goes to the consumers from a random one on (rabbit_limiter's
+    notify_queues), so no queue is left behind (the Java client's
+    QosTests.fairness; before, the same queue won every time)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    queues = [f"fair-{i}" for i in range(3)]
+    got: list[tuple[str, int]] = []
+    for q in queues:
+        ch.queue_declare(q)
+        ch.queue_bind(q, "amq.fanout")
+        ch.basic_consume(q, lambda c, m, p, b, q=q: got.append((q, m.delivery_tag)))
+    for i in range(30):
+        ch.basic_publish("amq.fanout", "", b"%d" % i)
+    for n in range(1, 30):  # (a chance of 3 x (2/3)^29 that a queue is not served)
+        wait_for(lambda n=n: conn.process_data_events(0.02) or len(got) >= n, 5, "a delivery")
+        ch.basic_ack(got[-1][1])
+    assert {q for q, _tag in got} == set(queues)
+    conn.close()
+
+
 def test_qos_change_applies_to_a_live_consumer(broker: Broker) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     ch = conn.channel()
