@@ -126,7 +126,7 @@ def make(
         headers[b"x-first-death-exchange"] = F.longstr(exchange)
         tables = [[(b"count", F.long(1)), *info]]
     else:
-        tables = [F.entries(v[5:]) for v in F.array_values(old) if v[:1] == b"F"]
+        tables = _grouped([F.entries(v[5:]) for v in F.array_values(old) if v[:1] == b"F"])
         matches = [t for t in tables if _queue_and_reason(t) == (queue, reason.encode())]
         if matches:
             current = _counted_up(matches[0])
@@ -149,6 +149,26 @@ def make(
     )
     deaths = [_queue_and_reason(t) for t in tables]
     return DeadLetter(properties.join(prefix, values), route_keys, deaths)
+
+
+def _grouped(tables: list[list[F.Entry]]) -> list[list[F.Entry]]:
+    """x-death entries of one queue and reason folded into the first of
+    them, which counts them if it has no count of its own: a message from a
+    broker before RabbitMQ's per-entry counts (rabbitmq-server#78) had one
+    entry per death (RabbitMQ 3.10's group_by_queue_and_reason, which also
+    reverses the entries' order; kept here, most recent first, as later
+    RabbitMQ keeps it)."""
+    if len(tables) < 2:
+        return tables
+    by_key: dict[tuple[bytes, bytes], list[list[F.Entry]]] = {}
+    for table in tables:
+        by_key.setdefault(_queue_and_reason(table), []).append(table)
+    grouped = []
+    for first, *rest in by_key.values():
+        if not any(name == b"count" for name, _v in first):
+            first = [(b"count", F.long(1 + len(rest))), *first]
+        grouped.append(first)
+    return grouped
 
 
 def _queue_and_reason(items: list[F.Entry]) -> tuple[bytes, bytes]:

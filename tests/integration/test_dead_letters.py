@@ -172,6 +172,36 @@ def test_expired_and_rejected_in_turn(broker: Broker) -> None:
     conn.close()
 
 
+def test_x_death_entries_of_an_older_broker_are_grouped_by_queue_and_reason(
+    broker: Broker,
+) -> None:
+    """A message from a broker before per-entry counts had an x-death entry
+    per death; dead-lettering it folds those of one queue and reason into
+    one, counted (RabbitMQ's group_by_queue_and_reason; the Java client's
+    XDeathHeaderGrowth.handlingOfXDeathHeadersFromEarlierVersions)."""
+    conn = connect(broker)
+    ch = conn.channel()
+    fanout_dlx(ch)
+    ch.queue_declare("legacy", arguments={"x-dead-letter-exchange": "dlx"})
+
+    def death(queue: str) -> dict[str, Any]:
+        return {"reason": "expired", "queue": queue, "exchange": "old", "routing-keys": ["k"]}
+
+    deaths = [death(q) for q in ("q97", "q97", "q98", "q97", "q99", "q99")]
+    ch.basic_publish("", "legacy", b"l", pika.BasicProperties(headers={"x-death": deaths}))
+    method = wait_for(lambda: ch.basic_get("legacy")[0], 10, "the message")
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    got = wait_for(lambda: ch.basic_get("dlq", auto_ack=True)[1], 10, "its dead letter")
+    entries = [(d["queue"], d["reason"], d["count"]) for d in got.headers["x-death"]]
+    assert entries == [
+        ("legacy", "rejected", 1),
+        ("q97", "expired", 3),
+        ("q98", "expired", 1),
+        ("q99", "expired", 2),
+    ]
+    conn.close()
+
+
 def test_a_cycle_without_a_rejection_is_dropped(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()
