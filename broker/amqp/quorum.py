@@ -20,7 +20,24 @@ QUEUE_TYPE = "rabbit_quorum_queue"
 CLASSIC_QUEUE_TYPE = "rabbit_classic_queue"
 DEFAULT_DELIVERY_LIMIT = 20  # RabbitMQ 4's for quorum queues (3.10 had none)
 # Arguments a quorum queue refuses (RabbitMQ 3.10: priorities came in 4.0).
-UNSUPPORTED = ("x-max-priority", "x-queue-mode", "x-capacity", "x-flow-resume-capacity")
+UNSUPPORTED = (
+    "x-max-priority",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-queue-master-locator",
+    "x-capacity",
+    "x-flow-resume-capacity",
+)
+# Arguments of quorum and stream queues a classic queue refuses (RabbitMQ
+# 3.10, measured; x-delivery-limit is Shoal's on classic queues too).
+CLASSIC_UNSUPPORTED = (
+    "x-quorum-initial-group-size",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+)
 AT_MOST_ONCE, AT_LEAST_ONCE = "at-most-once", "at-least-once"
 
 
@@ -38,6 +55,17 @@ def queue_type(name: bytes, vhost: str, arguments: dict[str, Any]) -> str:
             f"\"unsupported queue type '{kind}'\"",
         )
     return str(kind)
+
+
+def check_classic(name: bytes, vhost: str, arguments: dict[str, Any]) -> None:
+    """A classic queue's declare: other types' arguments refused."""
+    for key in CLASSIC_UNSUPPORTED:
+        if key in arguments:
+            raise errors.ChannelError(
+                errors.PRECONDITION_FAILED,
+                f"invalid arg '{key}' for queue '{name.decode(errors='replace')}' in vhost "
+                f"'{vhost}' of queue type {CLASSIC_QUEUE_TYPE}",
+            )
 
 
 def check_declare(

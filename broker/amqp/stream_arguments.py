@@ -27,6 +27,7 @@ UNSUPPORTED = (
     "x-single-active-consumer",
     "x-delivery-limit",
     "x-queue-mode",
+    "x-queue-version",
     "x-queue-master-locator",
     "x-max-in-memory-length",
     "x-capacity",

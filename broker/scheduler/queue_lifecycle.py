@@ -229,6 +229,7 @@ class QueueLifecycle:
             if DELAY_QUEUE_ARGUMENT not in arguments and not name.startswith(REPLY_QUEUES):
                 self._check_queue_limit(vhost, name)  # (not the broker's own queues)
             kind = quorum.queue_type(name, vhost, arguments)
+            X.mode_and_version(name, vhost, arguments)
             stream = None
             counting = 0
             dedup_spec = None
@@ -242,6 +243,8 @@ class QueueLifecycle:
             else:
                 if kind == quorum.QUORUM:
                     quorum.check_declare(name, vhost, arguments, durable, exclusive, auto_delete)
+                else:
+                    quorum.check_classic(name, vhost, arguments)
                 max_priority = X.max_priority(name, vhost, arguments)
                 single_active = X.single_active(name, vhost, arguments)
                 rules = self.rules(vhost, name, arguments, kind)

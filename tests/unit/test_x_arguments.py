@@ -82,3 +82,33 @@ def test_x_match() -> None:
     assert 'Invalid x-match field value <<"some">>' in refusal(
         X.check_x_match, {"x-match": b"some"}
     )
+
+
+def test_queue_mode_and_version_as_rabbitmq_3_10_checks_them() -> None:
+    """Measured against RabbitMQ 3.10.8 through pika (tail of each reply text)."""
+    for fine in ({}, {"x-queue-mode": "lazy"}, {"x-queue-mode": "default"}, {"x-queue-version": 2}):
+        X.mode_and_version(b"q", "/", fine)
+    where = "invalid arg '{}' for queue 'q' in vhost '/': "
+    for args, tail in (
+        ({"x-queue-mode": "LAZY"}, "\"unsupported queue mode 'LAZY'\""),
+        ({"x-queue-mode": True}, "{unacceptable_type,bool}"),
+        ({"x-queue-mode": b"lazy"}, "{unacceptable_type,binary}"),
+        ({"x-queue-version": 0}, "\"unsupported queue version '0'\""),
+        ({"x-queue-version": -1}, "{value_negative,-1}"),
+        ({"x-queue-version": True}, '"expected integer, got bool"'),
+        ({"x-queue-version": "2"}, '"expected integer, got longstr"'),
+        ({"x-queue-mode": "foo", "x-queue-version": 9}, "\"unsupported queue mode 'foo'\""),
+    ):
+        key = next(iter(args)) if "x-queue-mode" not in args else "x-queue-mode"
+        assert refusal(X.mode_and_version, b"q", "/", args).endswith(where.format(key) + tail)
+
+
+def test_other_queue_types_arguments_are_refused_by_a_classic_queue() -> None:
+    from shoal.broker.amqp import quorum
+
+    quorum.check_classic(b"q", "/", {"x-delivery-limit": 5, "x-queue-mode": "lazy"})
+    for key in ("x-max-age", "x-max-in-memory-length", "x-quorum-initial-group-size"):
+        assert refusal(quorum.check_classic, b"q", "/", {key: 1}) == (
+            f"PRECONDITION_FAILED - invalid arg '{key}' for queue 'q' in vhost '/' of queue "
+            "type rabbit_classic_queue"
+        )
