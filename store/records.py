@@ -26,10 +26,11 @@ the directory (`replace_records`).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from shoal.store import disk, replica
@@ -250,18 +251,45 @@ def replace_file(path: str, data: bytes, tmp_suffix: str = ".new") -> None:
     sync_directory(os.path.dirname(path) or ".")
 
 
-def show_file(path: str, data: bytes, tmp_suffix: str) -> None:
-    """`data` in place of `path` now for every reader, not yet durably: a
-    replace_file of it follows (an MQTT session's end, which a reconnect on
-    another worker must read). A replace_file already under way, of an
-    older state, may still rename over it until the one that follows."""
+def replace_unless_newer(
+    path: str,
+    data: bytes,
+    tmp_suffix: str,
+    newer_there: Callable[[bytes], bool],
+    durable: bool = True,
+) -> bool:
+    """replace_file (without `durable`: not synced, in place for readers
+    only) for writers in several processes whose writes may finish out of
+    order: the rename happens under
+    an exclusive flock of `path + ".lock"`, and only if `newer_there`, given
+    the bytes in place then, says they are not newer than `data`. False:
+    dropped, the newer file stays (an MQTT session's older connection
+    finishing a write after the newer one's)."""
     tmp = path + tmp_suffix
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         _write_all(fd, data, 0)
+        if durable:
+            disk.fdatasync(fd)
     finally:
         os.close(fd)
-    os.rename(tmp, path)
+    lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released by the close)
+        try:
+            with open(path, "rb") as f:
+                there = f.read()
+        except FileNotFoundError:
+            there = b""
+        if there and newer_there(there):
+            os.unlink(tmp)
+            return False
+        os.rename(tmp, path)
+    finally:
+        os.close(lock)
+    if durable:
+        sync_directory(os.path.dirname(path) or ".")
+    return True
 
 
 def sync_directory(path: str) -> None:

@@ -15,9 +15,18 @@ QoS 2 message the client was told of nor delivers one twice.
                no PUBCOMP yet: PUBREL is sent again when the client comes back
 
 A clean session keeps all this in memory only (`path` None): it ends with its
-connection. Writes are whole files (store/records.py replace_file: synced,
-renamed), off the event loop, one at a time per session; a change's
+connection. Writes are whole files (store/records.py replace_unless_newer:
+synced, renamed), off the event loop, one at a time per session; a change's
 callbacks run once a write that holds it is done.
+
+A client that connects again may land on another worker while its older
+connection's write is still under way. Each file carries its version:
+(generation, writes), the generation one more than the file's it was
+opened from, the writes counted by the connection. A write renames its file
+into place only over an older version, under the session's lock file, so an
+older connection's late write never replaces what the newer one wrote or
+read. A clean start leaves a tombstone of the next generation (`cleared`),
+not nothing, for the same reason.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from shoal.store.records import replace_file, show_file
+from shoal.store.records import replace_unless_newer
 
 log = logging.getLogger("shoal.mqtt")
 
@@ -60,6 +69,9 @@ class SessionState(msgspec.Struct):
     # queue's arguments cannot change, so a reconnect with another expiry (or
     # protocol version) declares them as they are.
     queue_expires: int = -1  # -1: not declared yet
+    generation: int = 0  # (the version: see above)
+    writes: int = 0
+    cleared: bool = False  # a tombstone: no session
 
 
 def session_path(data_path: str, vhost: str, client_id: str) -> str:
@@ -111,18 +123,21 @@ class Session:
         its connection is kept in memory only."""
         path = session_path(data_path, vhost, client_id)
         state: SessionState | None = None
-        if not clean:
-            try:
-                with open(path, "rb") as f:
-                    state = msgspec.msgpack.decode(f.read(), type=SessionState)
-            except FileNotFoundError:
-                pass
-            except (OSError, msgspec.DecodeError) as exc:
-                log.error("MQTT session of %r not read from %s: %s", client_id, path, exc)
-            if state is not None and state.expires_at and state.expires_at < time.time():
-                state = None
+        try:
+            with open(path, "rb") as f:
+                state = msgspec.msgpack.decode(f.read(), type=SessionState)
+        except FileNotFoundError:
+            pass
+        except (OSError, msgspec.DecodeError) as exc:
+            log.error("MQTT session of %r not read from %s: %s", client_id, path, exc)
+        generation = 1 if state is None else state.generation + 1
+        if state is not None and (
+            clean or state.cleared or (state.expires_at and state.expires_at < time.time())
+        ):
+            tombstone = SessionState(vhost, client_id, generation=generation, cleared=True)
+            Session(tombstone, path).write_now(durable=True)  # (an older write's late rename loses)
+            state = None
         if state is None:
-            _unlink(path)
             if not persistent:  # it ends with this connection
                 return cls(SessionState(vhost, client_id), None), False
             state = SessionState(vhost, client_id)
@@ -130,6 +145,7 @@ class Session:
         else:
             present = True
             state.expires_at = 0.0
+        state.generation, state.writes = generation, 0
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return cls(state, path), present
 
@@ -150,17 +166,16 @@ class Session:
         assert self.path is not None
         self.writing, self.pending = True, False
         waiting, self.waiting = self.waiting, []
-        self.state.received = sorted(self.received)
-        data = msgspec.msgpack.encode(self.state)
+        data, newer_there = self._snapshot()
         # Each write its own temporary file: a takeover's older connection, in
         # this worker or another, may write the session at the same time.
         Session.writes += 1
         suffix = f".{os.getpid()}.{Session.writes}.new"
         written = asyncio.get_running_loop().run_in_executor(
-            None, replace_file, self.path, data, suffix
+            None, replace_unless_newer, self.path, data, suffix, newer_there
         )
 
-        def done(future: asyncio.Future[None]) -> None:
+        def done(future: asyncio.Future[bool]) -> None:
             self.writing = False
             if future.exception() is not None:
                 # What the callbacks would promise is not on disk: none runs,
@@ -190,11 +205,33 @@ class Session:
         """The state in the file now, unsynced (the synced write follows):
         what a reconnect reads, before the client can see this end."""
         if self.path is not None and not self.detached:
-            self.state.received = sorted(self.received)
             try:
-                show_file(self.path, msgspec.msgpack.encode(self.state), f".{os.getpid()}.end")
+                self.write_now(durable=False)
             except OSError as exc:
                 log.error("MQTT session %r not shown at its end: %s", self.path, exc)
+
+    def write_now(self, durable: bool) -> None:
+        """The state in the file, on the event loop (unless a newer one is there)."""
+        assert self.path is not None
+        data, newer_there = self._snapshot()
+        replace_unless_newer(self.path, data, f".{os.getpid()}.now", newer_there, durable)
+
+    def _snapshot(self) -> tuple[bytes, Callable[[bytes], bool]]:
+        """The state's bytes as its next version, and the test of a file's
+        bytes for a newer version than that."""
+        state = self.state
+        state.received = sorted(self.received)
+        state.writes += 1
+        mine = (state.generation, state.writes)
+
+        def newer_there(there: bytes) -> bool:
+            try:
+                other = msgspec.msgpack.decode(there, type=SessionState)
+            except msgspec.DecodeError:
+                return False  # (unreadable: replaced)
+            return (other.generation, other.writes) > mine
+
+        return msgspec.msgpack.encode(state), newer_there
 
     def ids_in_use(self) -> set[int]:
         return set(self.state.sent) | set(self.state.released)
@@ -202,10 +239,3 @@ class Session:
 
 def _nothing() -> None:
     pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -138,3 +138,19 @@ def test_a_small_file_is_replaced_whole(tmp_path: Path) -> None:
     records.replace_file(str(path), b"2\n")
     assert path.read_bytes() == b"2\n"
     assert sorted(os.listdir(tmp_path)) == ["epoch"]
+
+
+def test_a_late_older_write_does_not_replace_a_newer_file(tmp_path: Path) -> None:
+    """replace_unless_newer: writes that finish out of order leave the
+    newest; one that loses leaves no temporary file behind."""
+    path = str(tmp_path / "session")
+
+    def older_than(mine: int) -> object:
+        return lambda there: int(there) > mine
+
+    for version in (1, 3):
+        assert records.replace_unless_newer(path, b"%d" % version, ".w", older_than(version))
+    assert not records.replace_unless_newer(path, b"2", ".late", older_than(2), durable=False)
+    assert Path(path).read_bytes() == b"3"
+    assert records.replace_unless_newer(path, b"3", ".tie", older_than(3))  # (a tie replaces)
+    assert sorted(os.listdir(tmp_path)) == ["session", "session.lock"]

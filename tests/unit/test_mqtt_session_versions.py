@@ -1,0 +1,57 @@
+"""An MQTT session's file when two connections of one client write it (a
+reconnect on another worker while the older connection's write is under
+way): the newer connection's state is never replaced by the older's."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+
+from shoal.workers.mqtt_session import Session, SessionState, Subscribed, session_path
+
+
+def on_disk(data: Path) -> SessionState:
+    path = session_path(str(data), "/", "device-1")
+    return msgspec.msgpack.decode(Path(path).read_bytes(), type=SessionState)
+
+
+def saved(session: Session) -> None:
+    """session.save(), waited for."""
+
+    async def wait() -> None:
+        done = asyncio.get_running_loop().create_future()
+        session.save(lambda: done.set_result(None))
+        await asyncio.wait_for(done, 5)
+
+    asyncio.run(wait())
+
+
+def test_an_older_connection_s_late_write_loses(tmp_path: Path) -> None:
+    older, present = Session.open(str(tmp_path), "/", "device-1", persistent=True, clean=False)
+    assert not present
+    older.state.subscriptions["a/#"] = Subscribed(1, "q-a")
+    saved(older)
+    newer, present = Session.open(str(tmp_path), "/", "device-1", persistent=True, clean=False)
+    assert present and "a/#" in newer.state.subscriptions
+    newer.received.add(7)  # a QoS 2 id the newer connection took
+    saved(newer)
+    older.state.subscriptions["b/#"] = Subscribed(1, "q-b")  # late: its write was under way
+    saved(older)
+    older.show()
+    state = on_disk(tmp_path)
+    assert state.received == [7] and "b/#" not in state.subscriptions
+    assert (state.generation, state.writes) == (2, 1)
+
+
+def test_a_clean_start_leaves_a_tombstone_an_older_write_cannot_revive(tmp_path: Path) -> None:
+    older, _ = Session.open(str(tmp_path), "/", "device-1", persistent=True, clean=False)
+    older.state.subscriptions["a/#"] = Subscribed(1, "q-a")
+    saved(older)
+    clean, present = Session.open(str(tmp_path), "/", "device-1", persistent=False, clean=True)
+    assert not present and clean.path is None
+    saved(older)  # the older connection's write, finishing after the clean start
+    assert on_disk(tmp_path).cleared
+    again, present = Session.open(str(tmp_path), "/", "device-1", persistent=True, clean=False)
+    assert not present and again.state.subscriptions == {}
