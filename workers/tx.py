@@ -126,13 +126,13 @@ class Transactions:
         message comes back, any other is dropped."""
         table, seg = self.ctx.shared.table, self.ctx.seg
         incarnations, pending.incarnations = pending.incarnations or [], None
-        if pending.times is not None:
-            pending.times = restamp_times(seg, pending.block, now_ms())
         qids, incarnation = pending.qids, table.incarnation
-        if not qids:  # unroutable when published: returned as it is
+        if not qids:  # unroutable when published (no block): returned as it is
             return True
         qids[:] = [q for q, was in zip(qids, incarnations, strict=True) if incarnation(q) == was]
         if qids:
+            if pending.times is not None:
+                pending.times = restamp_times(seg, pending.block, now_ms())
             return True
         if pending.mandatory:
             pending.body = bytearray(read_message(seg, pending.block)[3])

@@ -91,6 +91,24 @@ def test_mandatory_unroutable_is_returned_at_commit(broker: Broker) -> None:
     conn.close()
 
 
+def test_an_unroutable_message_with_an_expiration_is_returned_at_commit(broker: Broker) -> None:
+    """It has no block in shared memory: the commit's restamp of a TTL
+    (counted from the commit) must not touch one."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    ch = conn.channel()
+    returned: list[bytes] = []
+    ch.add_on_return_callback(lambda c, m, p, b: returned.append(b))
+    ch.queue_declare("txexp")
+    ch.tx_select()
+    ch.basic_publish("", "nowhere", b"x", pika.BasicProperties(expiration="60000"), mandatory=True)
+    ch.basic_publish("", "txexp", b"kept", pika.BasicProperties(expiration="60000"))
+    ch.tx_commit()
+    wait_for(lambda: conn.process_data_events(0.05) or returned, 5, "basic.return")
+    assert returned == [b"x"]
+    assert ch.basic_get("txexp", auto_ack=True)[2] == b"kept"
+    conn.close()
+
+
 def test_a_transaction_takes_its_acks_tags_at_once(broker: Broker) -> None:
     """As rabbit_channel's collect_acks: an ack in a transaction takes its
     tags now. A tag not outstanding (never delivered, or acked already in
