@@ -394,7 +394,7 @@ def test_cc_and_bcc_keys_route_at_every_exchange_on_the_way(
     decl.queue_bind("cc-q", "cc-topic", "key2")  # matched by the BCC key there
     headers = {"CC": ["key1"], "BCC": ["key2"]}
     pub.basic_publish("cc-direct", "", b"cc", pika.BasicProperties(headers=headers))
-    method, props, body = decl.basic_get("cc-q", auto_ack=True)
+    _method, props, body = decl.basic_get("cc-q", auto_ack=True)
     assert body == b"cc" and props.headers == {"CC": ["key1"]}
     pub.basic_publish("cc-direct", "", b"none", pika.BasicProperties(headers={"CC": ["key2"]}))
     assert count(decl, "cc-q") == 0
