@@ -319,9 +319,21 @@ class Definitions:
             op.internal,
             op.arguments,
         )
+        policies = self.policies.get(op.vhost)
+        if policies:  # (one exchange: a replay of many declares stays linear)
+            found = policy_rules.alternate_exchanges(list(policies.values()), [op.name])
+            router.policy_alternates.pop(op.name, None)
+            router.policy_alternates.update(found)
 
     def _exchange_deleted(self, router: Router, op: ExchangeDeleted) -> None:
         router.delete(op.name)
+        router.policy_alternates.pop(op.name, None)
+
+    def _exchange_policies(self, vhost: str, router: Router) -> None:
+        """What the policies now say of the vhost's exchanges: their alternate exchanges."""
+        router.policy_alternates = policy_rules.alternate_exchanges(
+            list(self.policies.get(vhost, {}).values()), list(router.exchanges)
+        )
 
     def _bound(self, router: Router, op: Bound) -> None:
         router.bind(op.source, (op.kind, op.dest), op.routing_key, op.arguments)
@@ -344,9 +356,11 @@ class Definitions:
             "priority": op.priority,
             "definition": op.definition,
         }
+        self._exchange_policies(op.vhost, router)
 
     def _policy_cleared(self, router: Router, op: PolicyCleared) -> None:
         self.policies.get(op.vhost, {}).pop(op.name, None)
+        self._exchange_policies(op.vhost, router)
 
     def _parameter_set(self, router: Router, op: ParameterSet) -> None:
         self.parameters.setdefault(op.vhost, {})[(op.component, op.name)] = op.value

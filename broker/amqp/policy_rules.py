@@ -3,10 +3,11 @@ queues whose names match a pattern, as RabbitMQ's policies are, and how a
 policy and a queue's own x-arguments combine.
 
 A policy has a name, a virtual host, a pattern (a regular expression
-searched in the queue's name, as RabbitMQ does), what it applies to
-(`queues` or `all`; exchanges take none of these keys), a priority, and a
-definition. Of the policies matching a queue the one with the highest
-priority applies (ties: the first name in order), and only that one.
+searched in the queue's or exchange's name, as RabbitMQ does), what it
+applies to (`queues`, `exchanges` or `all`), a priority, and a definition.
+Of the policies matching a queue (an exchange) the one with the highest
+priority applies (ties: the first name in order), and only that one. An
+exchange takes one key, `alternate-exchange`; its own argument wins.
 
 RabbitMQ's rule for a key both sides set (rabbit_classic_queue's and
 rabbit_quorum_queue's policy lookups): the numeric limits (message-ttl,
@@ -37,6 +38,8 @@ KEYS: dict[str, tuple[str, bool]] = {
     "overflow": ("x-overflow", False),
     "dead-letter-strategy": ("x-dead-letter-strategy", False),
 }
+# Policy keys for exchanges (the exchange argument each stands for).
+EXCHANGE_KEYS = {"alternate-exchange": "alternate-exchange"}
 APPLY_TO = ("queues", "all", "exchanges")
 
 
@@ -57,14 +60,14 @@ def check(name: str, pattern: str, apply_to: str, definition: dict[str, Any]) ->
     if not definition:
         raise PolicyError("a policy's definition must set at least one key")
     for key, value in definition.items():
-        if key not in KEYS:
+        if key not in KEYS and key not in EXCHANGE_KEYS:
             raise PolicyError(f"'{key}' is not a recognised policy key")
         _check_value(key, value)
 
 
 def _check_value(key: str, value: Any) -> None:
     is_int = isinstance(value, int) and not isinstance(value, bool)
-    if key in ("dead-letter-exchange", "dead-letter-routing-key"):
+    if key in ("dead-letter-exchange", "dead-letter-routing-key", "alternate-exchange"):
         if not isinstance(value, str):
             raise PolicyError(f"{key}: {value!r} is not a string")
     elif key == "overflow":
@@ -83,12 +86,16 @@ def _check_value(key: str, value: Any) -> None:
         raise PolicyError(f"{key}: {value} is above {MAX_EXPIRY}")
 
 
-def applying(policies: list[dict[str, Any]], queue: str) -> dict[str, Any] | None:
+def applying(
+    policies: list[dict[str, Any]], name: str, to: str = "queues"
+) -> dict[str, Any] | None:
     """The policy (as stored: name, pattern, apply-to, priority,
-    definition) that applies to queue `queue`, of one virtual host's."""
+    definition) that applies to the queue (`to` "exchanges": the exchange)
+    `name`, of one virtual host's."""
     best = None
+    other = "exchanges" if to == "queues" else "queues"
     for policy in sorted(policies, key=lambda p: p["name"]):
-        if policy["apply-to"] == "exchanges" or not re.search(policy["pattern"], queue):
+        if policy["apply-to"] == other or not re.search(policy["pattern"], name):
             continue
         if best is None or policy["priority"] > best["priority"]:
             best = policy
@@ -101,6 +108,8 @@ def effective(arguments: dict[str, Any], policy: dict[str, Any] | None) -> dict[
         return arguments
     merged = dict(arguments)
     for key, value in policy["definition"].items():
+        if key not in KEYS:
+            continue  # (an exchange's key, of a policy that applies to all)
         argument, lower_wins = KEYS[key]
         own = merged.get(argument)
         if own is None or (lower_wins and _comparable(own) and _comparable(value) and value < own):
@@ -110,3 +119,15 @@ def effective(arguments: dict[str, Any], policy: dict[str, Any] | None) -> dict[
 
 def _comparable(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def alternate_exchanges(policies: list[dict[str, Any]], exchanges: list[str]) -> dict[str, str]:
+    """Exchange -> the alternate exchange its policy names (those whose
+    policy names none are left out)."""
+    found = {}
+    for name in exchanges:
+        policy = applying(policies, name, "exchanges") if policies else None
+        alternate = policy["definition"].get("alternate-exchange") if policy else None
+        if alternate:
+            found[name] = alternate
+    return found

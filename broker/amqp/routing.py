@@ -271,6 +271,9 @@ class Router:
     def __init__(self) -> None:
         self.exchanges: dict[str, Exchange] = {}
         self.by_dest: dict[Dest, dict[BindingKey, dict[str, Any]]] = {}
+        # Exchange -> the alternate exchange a policy gives it
+        # (broker/amqp/policy_rules.py); its own argument comes first.
+        self.policy_alternates: dict[str, str] = {}
 
     def declare(
         self,
@@ -413,8 +416,10 @@ class Router:
                 else:
                     found_exchange = True
                     self._route(dest, keys, headers, queues, visited)
-        if len(queues) == before and not found_exchange and exchange.alternate:
-            self._route(exchange.alternate, keys, headers, queues, visited)
+        if len(queues) == before and not found_exchange:
+            alternate = exchange.alternate or self.policy_alternates.get(exchange.name)
+            if alternate:
+                self._route(alternate, keys, headers, queues, visited)
 
     def unbind_all(self, dest: Dest) -> None:
         """A queue or exchange was deleted: drop every binding to it,

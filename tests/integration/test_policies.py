@@ -143,3 +143,29 @@ def test_bad_policies_are_refused(broker: Broker) -> None:
         assert done.returncode == 1 and text in done.stdout, done.stdout
     done = shoal_policy(broker, "clear", "never-set")
     assert done.returncode == 1 and "no policy 'never-set' in vhost '/'" in done.stdout
+
+
+def test_an_alternate_exchange_by_policy_and_the_exchange_s_own_first(broker: Broker) -> None:
+    """RabbitMQ's recommended way to give exchanges an alternate: a policy
+    with `alternate-exchange`, applying to exchanges (or all) whose names
+    match, existing ones at once; an exchange's own argument wins (the Java
+    client's Policies.alternateExchange and alternateExchangeArgs)."""
+    conn = connect(broker)
+    ch = conn.channel()
+    for ae, queue in (("ae", "caught"), ("ae2", "caught2")):
+        ch.exchange_declare(ae, "fanout")
+        ch.queue_declare(queue)
+        ch.queue_bind(queue, ae)
+    ch.exchange_declare("has-ae", "fanout")
+    ch.exchange_declare("has-ae-args", "fanout", arguments={"alternate-exchange": "ae2"})
+    set_policy(broker, "AE", "^has-ae", {"alternate-exchange": "ae"}, "--apply-to", "exchanges")
+    ch.confirm_delivery()
+    ch.basic_publish("has-ae", "", b"by policy")
+    ch.basic_publish("has-ae-args", "", b"by argument")
+    ch.exchange_declare("has-ae-later", "fanout")  # declared after the policy: it applies too
+    ch.basic_publish("has-ae-later", "", b"later")
+    assert (count(ch, "caught"), count(ch, "caught2")) == (2, 1)
+    assert shoal_policy(broker, "clear", "AE").returncode == 0
+    ch.basic_publish("has-ae", "", b"unrouted")
+    assert count(ch, "caught") == 2
+    conn.close()
