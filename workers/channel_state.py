@@ -245,6 +245,7 @@ class ChannelConnection(Protocol):
     confirm_timer: asyncio.TimerHandle | None
     transport: Any
     protocol: str
+    fanout_work: int  # (workers/fanout_turns.py)
 
     def write(self, data: bytes) -> None: ...
     def write_many(self, frames: list[bytes]) -> None: ...

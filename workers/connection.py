@@ -21,12 +21,13 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.listeners import socket_address
 from shoal.shm import stats
-from shoal.workers import describe, framing, negotiation, tls
+from shoal.workers import describe, fanout_turns, framing, negotiation, tls
 from shoal.workers.blocking import PublisherBlocks
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import AMQP_0_9_1, ChannelCore, Confirms
 from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.context import WorkerContext
+from shoal.workers.fanout_turns import FANOUT_PER_TURN
 from shoal.workers.framing import PUBLISH_WHOLE
 from shoal.workers.handshake import (
     AWAIT_HEADER,
@@ -120,6 +121,9 @@ class Connection(asyncio.Protocol):
         # are the crash tests' interposer.
         self.publish_lane = PublishLane(self) if PublishLane.usable(ctx) else None
         self.pacer = Pacer(self, ctx.shared, ctx.loop)  # workers/pacing.py
+        # Appends of messages that reached several queues, since the loop last
+        # turned for this connection (workers/fanout_turns.py).
+        self.fanout_work = 0
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport: Any) -> None:
@@ -277,14 +281,7 @@ class Connection(asyncio.Protocol):
             if lane is not None:
                 for qid, count, _watcher, _x in publish_lane.account():  # type: ignore[union-attr]
                     self.pacer.published(qid, count)
-        try:
-            self._dispatch(frames)
-        except errors.ConnectionError_ as exc:
-            self.fail(exc)
-        except framing.FrameError as exc:
-            self.fail(connection_error(exc))
-        for publisher in self.confirm_channels:
-            self.flush_confirms(publisher)
+        self.dispatch(frames)
 
     def method_from_bridge(self, number: int, payload: bytes) -> None:
         """One method frame's payload from a protocol bridge in this worker
@@ -297,9 +294,24 @@ class Connection(asyncio.Protocol):
         except errors.ConnectionError_ as exc:
             self.fail(exc)
 
+    def dispatch(self, frames: list[Any]) -> None:
+        """A read's frames (or what is left of them a loop turn later), then
+        the confirms they allow."""
+        try:
+            self._dispatch(frames)
+        except errors.ConnectionError_ as exc:
+            self.fail(exc)
+        except framing.FrameError as exc:
+            self.fail(connection_error(exc))
+        for publisher in self.confirm_channels:
+            self.flush_confirms(publisher)
+
     def _dispatch(self, frames: list[Any]) -> None:
         channels = self.channels
-        for frame in frames:
+        for i, frame in enumerate(frames):
+            if self.fanout_work >= FANOUT_PER_TURN:  # (workers/fanout_turns.py)
+                fanout_turns.defer(self, frames[i:], self.ctx.loop)
+                return
             if frame[0] == PUBLISH_WHOLE:
                 # A whole publish, decoded by workers/_wire.c scan: the fast
                 # path for an idle channel, else its three frames one by one.

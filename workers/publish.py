@@ -244,6 +244,8 @@ class Publisher:
                 if self.confirm and self.delivery.consumers and not self.confirm_held
                 else None,
             )
+            if len(qids) > 1:  # (workers/fanout_turns.py)
+                conn.fanout_work += len(qids)
             if not outcome or self._outcome(outcome):  # every queue has it (its HOLD dropped)
                 rejected = bool(outcome & REJECTED_BIT)
                 self._account(exchange, True, False, body_size, rejected, -1, None)
@@ -590,6 +592,8 @@ class Publisher:
             if self.confirm and self.delivery.consumers and not self.confirm_held
             else None
         )
+        if len(pending.qids) > 1:  # (workers/fanout_turns.py)
+            self.conn.fanout_work += len(pending.qids)
         bits = self.ingest.put(pending, reached)
         return not bits or self._outcome(bits)
 

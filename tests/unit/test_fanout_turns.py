@@ -1,0 +1,61 @@
+"""workers/fanout_turns.py: a connection whose messages fan out to many
+queues lets the event loop turn every FANOUT_PER_TURN appends; the rest of
+its read waits, in order, with its reads held, then goes in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pamqp import commands as C
+
+from shoal.broker.amqp import definitions as D
+from shoal.shm import layout as L
+from shoal.shm.queues import SharedQueues
+from shoal.workers.context import WorkerContext
+from tests.unit.test_connection import Client, worker_context
+from tests.unit.test_lane import publish, queue_bodies
+
+QUEUES = [f"fan{i}" for i in range(10)]
+
+
+@pytest.fixture
+def fan_ctx(tmp_path: Path) -> Iterator[WorkerContext]:
+    bindings = [D.Bound("/", "fan", "q", q, "", {}) for q in QUEUES]
+    yield from worker_context(
+        tmp_path,
+        L.Limits(max_workers=1, max_queues=64, queue_capacity=1 << 10, arena_bytes=4 << 20),
+        [D.ExchangeDeclared("/", "fan", "fanout", True, False, False, {}), *bindings],
+    )
+
+
+def one_turn(loop: asyncio.AbstractEventLoop) -> None:
+    """One iteration of the loop: the callbacks ready now, not those they schedule."""
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+
+
+def test_a_fanning_out_read_is_taken_a_turn_at_a_time_in_order(
+    fan_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shoal.workers.connection.FANOUT_PER_TURN", 50)
+    shared = SharedQueues(fan_ctx.seg)
+    for qid, name in enumerate(QUEUES):
+        shared.create(qid, name.encode(), 0, 0)
+    client = Client(fan_ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.received()
+    read = b"".join(publish(1, b"%d" % i, "", "fan") for i in range(20))
+    read += publish(1, b"alone", "fan0", "")  # one queue: counted as nothing
+    client.conn.data_received(read)
+    assert [len(queue_bodies(fan_ctx, qid)) for qid in range(10)] == [5] * 10
+    assert client.transport.paused  # its reads wait with the rest of this one
+    for taken in (10, 15, 20):
+        one_turn(client.loop)
+        assert len(queue_bodies(fan_ctx, 3)) == taken
+    one_turn(client.loop)
+    assert queue_bodies(fan_ctx, 0) == [b"%d" % i for i in range(20)] + [b"alone"]
+    assert not client.transport.paused and not client.conn.closed
