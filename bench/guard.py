@@ -88,6 +88,8 @@ SCENARIOS = (
     Scenario("persist4", "4 -> 4, 64 B, persistent + confirms (200), one queue",
              ("--producers", "4", "--consumers", "4", "--size", "64", "--persistent",
               "--confirm", "200", *COMMON), durable=True),
+    Scenario("fanout", "1 -> fanout exchange -> 10 queues, 64 B",
+             ("--fanout", "10", "--consumers", "10", "--size", "64", *COMMON)),
 )  # fmt: skip
 
 
