@@ -3,7 +3,8 @@ of a running broker, as rabbitmqctl's set_policy / clear_policy /
 list_policies do, through the scheduler's control socket (found as `shoal
 status` finds the broker: --port or --runtime-dir).
 
-    shoal policy set NAME PATTERN DEFINITION [--priority N] [--apply-to queues|exchanges|all] [--vhost V]
+    shoal policy set NAME PATTERN DEFINITION [--priority N] [--apply-to queues|exchanges|all]
+                     [--vhost V]
     shoal policy clear NAME [--vhost V]
     shoal policy list [--vhost V] [--json]
 
