@@ -297,39 +297,37 @@ class Connection(asyncio.Protocol):
     def dispatch(self, frames: list[Any]) -> None:
         """A read's frames (or what is left of them a loop turn later), then
         the confirms they allow."""
+        channels = self.channels
         try:
-            self._dispatch(frames)
+            for i, frame in enumerate(frames):
+                if self.fanout_work >= FANOUT_PER_TURN:  # (workers/fanout_turns.py)
+                    fanout_turns.defer(self, frames[i:], self.ctx.loop)
+                    return
+                if frame[0] == PUBLISH_WHOLE:
+                    # A whole publish, decoded by workers/_wire.c scan: the fast
+                    # path for an idle channel, else its three frames one by one.
+                    if self.state == OPEN:
+                        channel = channels.get(frame[1])
+                        if channel is not None and channel.fast_publish(frame):
+                            publisher = channel.publisher
+                            if publisher.confirm:
+                                self.confirm_channels.add(publisher)
+                            continue
+                    for ftype, number, payload in framing.publish_frames(frame):
+                        self._frame(ftype, number, payload)
+                        if self.state == CLOSED:
+                            return
+                    continue
+                self._frame(*frame)
+                if self.state == CLOSED:
+                    return
         except errors.ConnectionError_ as exc:
             self.fail(exc)
         except framing.FrameError as exc:
             self.fail(connection_error(exc))
-        for publisher in self.confirm_channels:
-            self.flush_confirms(publisher)
-
-    def _dispatch(self, frames: list[Any]) -> None:
-        channels = self.channels
-        for i, frame in enumerate(frames):
-            if self.fanout_work >= FANOUT_PER_TURN:  # (workers/fanout_turns.py)
-                fanout_turns.defer(self, frames[i:], self.ctx.loop)
-                return
-            if frame[0] == PUBLISH_WHOLE:
-                # A whole publish, decoded by workers/_wire.c scan: the fast
-                # path for an idle channel, else its three frames one by one.
-                if self.state == OPEN:
-                    channel = channels.get(frame[1])
-                    if channel is not None and channel.fast_publish(frame):
-                        publisher = channel.publisher
-                        if publisher.confirm:
-                            self.confirm_channels.add(publisher)
-                        continue
-                for ftype, number, payload in framing.publish_frames(frame):
-                    self._frame(ftype, number, payload)
-                    if self.state == CLOSED:
-                        return
-                continue
-            self._frame(*frame)
-            if self.state == CLOSED:
-                return
+        finally:
+            for confirming in self.confirm_channels:
+                self.flush_confirms(confirming)
 
     def _frame(self, ftype: int, number: int, payload: memoryview) -> None:
         if self.state != OPEN:
