@@ -27,6 +27,7 @@ from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.consume_args import ConsumeContext
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import DeadLettering, Requests
+from shoal.workers.firehose import Firehose
 from shoal.workers.ingest import IngestContext
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.pager import Pager
@@ -38,6 +39,16 @@ from shoal.workers.stream_io import Streams
 
 # Publish assembly states
 IDLE, EXPECT_HEADER, EXPECT_BODY = 0, 1, 2
+
+
+def not_basic_content(class_id: int) -> errors.ConnectionError_:
+    """A content header of another class than basic's (rabbit_command_assembler)."""
+    return errors.ConnectionError_(
+        errors.UNEXPECTED_FRAME,
+        f"expected content header for class 60, got one for class {class_id} instead",
+        60,
+        40,
+    )
 
 
 def out_of_order(state: int) -> errors.ConnectionError_:
@@ -149,6 +160,8 @@ class GetContext(PullContext, Protocol):
     def pager(self) -> Pager | None: ...
     @property
     def stats(self) -> Counters: ...
+    @property
+    def firehose(self) -> Firehose | None: ...
 
 
 class PublishContext(IngestContext, Requests, Protocol):
@@ -169,6 +182,8 @@ class PublishContext(IngestContext, Requests, Protocol):
     def stats(self) -> Counters: ...
     @property
     def exchange_counts(self) -> dict[int, dict[bytes, list[int]]]: ...
+    @property
+    def firehose(self) -> Firehose | None: ...
 
     gauges_stale: bool  # (a new publisher: workers/context.py)
 

@@ -21,7 +21,16 @@ CACHE_MAX = 1024
 
 
 class ConnectionAccess:
-    __slots__ = ("_decided", "_published", "_topics", "_version", "routes", "user", "vhost")
+    __slots__ = (
+        "_decided",
+        "_published",
+        "_topics",
+        "_version",
+        "routes",
+        "tracing",
+        "user",
+        "vhost",
+    )
 
     def __init__(self, routes: Routes, user: str, vhost: str) -> None:
         self.routes = routes
@@ -31,6 +40,9 @@ class ConnectionAccess:
         self._decided: dict[tuple[str, str, str], bool] = {}
         self._published: dict[bytes, bool] = {}  # exchange -> write granted
         self._topics = False  # the user has topic permissions in this vhost
+        # The vhost's firehose is on (workers/firehose.py): read here, with the
+        # journal, so that the paths that trace read one attribute.
+        self.tracing = False
         self._fresh()  # current at once: the first read's publishes are checked too
 
     def refresh(self) -> None:
@@ -46,8 +58,10 @@ class ConnectionAccess:
             self._version = routes.version
             self._decided.clear()
             self._published.clear()
-            topics = routes.definitions.topic_permissions
+            definitions = routes.definitions
+            topics = definitions.topic_permissions
             self._topics = bool(topics) and (self.vhost, self.user) in topics
+            self.tracing = self.vhost in definitions.tracing
 
     def allowed(self, permission: str, kind: str, name: str) -> bool:
         self._fresh()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from shoal.broker import ipc
 from shoal.broker.config import Config
@@ -28,6 +28,9 @@ from shoal.workers.pull import MessageExpiry, drop_watch
 from shoal.workers.routes import Routes
 from shoal.workers.stream_io import Streams
 from shoal.workers.user_channels import UserChannels
+
+if TYPE_CHECKING:
+    from shoal.workers.firehose import Firehose
 
 
 class CountsPublishes(Protocol):
@@ -186,6 +189,8 @@ class WorkerContext(Requests):
         # Message TTL and dead-lettering (workers/message_ttl.py, workers/dead_letter.py).
         self.expiry: MessageExpiry = _NoExpiry()
         self.dead_letters: DeadLettering = _NoExpiry()
+        # The firehose (workers/firehose.py), once the store is open.
+        self.firehose: Firehose | None = None
         self.connections: set[WorkerConnection] = set()
         # The channel, publisher and blocked-publisher counts of the worker's
         # statistics walk every connection: redone only after one of them

@@ -151,10 +151,9 @@ class DeliveryBook:
     ) -> None:
         """Deliver entry `seq` of log `qid` (the consumer's queue, or one of
         its priority levels), acquired by `consumer`, into `out`: its frames
-        built in C straight from shared memory (workers/_wire.c), unless its
-        header changes on the way (x-shoal-id; a redelivery's
-        x-delivery-count)."""
-        if consumer.stamp or redelivered:
+        built in C from shared memory (workers/_wire.c), unless its header
+        changes (x-shoal-id, x-delivery-count) or the firehose copies it."""
+        if consumer.stamp or redelivered or self.conn.access.tracing:
             self._send(consumer, qid, seq, read_message(self.ctx.seg, block), redelivered, out)
             return
         tag = self.next_tag
@@ -191,8 +190,8 @@ class DeliveryBook:
         the plain Atomic (the caller delivers one by one)."""
         shared = self.ctx.shared
         args = shared.run_args(qid)
-        if args is None or consumer.stamp:
-            return None
+        if args is None or consumer.stamp or self.conn.access.tracing:
+            return None  # (the firehose: one by one, each traced in _send)
         no_ack = consumer.no_ack
         frames, count, consumer.pointer, next_tag, body_bytes, status, a, b, c = deliver_run(
             args,
@@ -243,6 +242,8 @@ class DeliveryBook:
         out: list[bytes],
     ) -> None:
         exchange, routing_key, header, body = message
+        if self.conn.access.tracing and (firehose := self.ctx.firehose) is not None:
+            firehose.delivered(self.conn, self.number, consumer.queue_name, redelivered, message)
         if consumer.stamp and seq >= 0:
             header = properties.add_header(header, self._entry_id(qid, seq))
         if redelivered and seq >= 0 and (count := self.delivery_count(qid, seq, False)):

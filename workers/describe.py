@@ -31,6 +31,13 @@ class Describable(Protocol):
     def blocked_sent(self) -> bool: ...
 
 
+def connection_name(transport: asyncio.BaseTransport) -> str:
+    """RabbitMQ's name of a connection: "peer:port -> local:port"."""
+    peer = socket_address(transport.get_extra_info("peername"))
+    local = socket_address(transport.get_extra_info("sockname"))
+    return f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"
+
+
 def connection_row(
     conn: Describable, transport: asyncio.Transport, channels: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -39,7 +46,7 @@ def connection_row(
     ssl_object = transport.get_extra_info("ssl_object")
     return {
         "id": conn.id,
-        "name": f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}",
+        "name": connection_name(transport),
         "user": conn.user,
         "vhost": conn.vhost,
         "host": local[0],

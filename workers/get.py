@@ -127,6 +127,9 @@ class Getter:
         if redelivered:
             v[stats.REDELIVERED] += 1
         exchange, routing_key, header, body = read_message(ctx.seg, block)
+        if book.conn.access.tracing and ctx.firehose is not None:
+            message = (exchange, routing_key, header, body)
+            ctx.firehose.delivered(book.conn, book.number, name, redelivered, message)
         count = book.delivery_count(log_qid, seq, True)
         if count is not None:
             header = properties.with_header(header, b"x-delivery-count", field_table.long(count))

@@ -35,6 +35,7 @@ class Pending:
         "streams",
         "tag",
         "times",
+        "trace",
     )
 
     def __init__(self, exchange: bytes, routing_key: bytes, mandatory: bool) -> None:
@@ -73,3 +74,6 @@ class Pending:
         # In a transaction: each queue's incarnation (shm/queue_table.py)
         # when it was routed; the commit appends only to those still there.
         self.incarnations: list[int] | None = None
+        # Its routing keys (its own, CC, BCC) while the vhost's firehose is on
+        # (workers/firehose.py): traced once its body is in, then None.
+        self.trace: list[bytes] | None = None

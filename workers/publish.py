@@ -38,6 +38,7 @@ from shoal.workers.channel_state import (
     Consumers,
     PublishContext,
     Transactional,
+    not_basic_content,
     out_of_order,
 )
 from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, Ingest, times_for, to_store
@@ -171,8 +172,8 @@ class Publisher:
         if self.state != IDLE or channel.busy or channel.closing:
             return False
         conn = self.conn
-        if conn.flow_blocked or channel.flow_backlog:
-            return False  # handle() keeps it (flow control, resource alarms)
+        if conn.flow_blocked or channel.flow_backlog or conn.access.tracing:
+            return False  # handle() keeps it (flow control, resource alarms); the firehose
         _, _, _, _, exchange, routing_key, bits, header, body = frame
         ctx = self.ctx
         body_size = len(body)
@@ -331,12 +332,7 @@ class Publisher:
             raise out_of_order(self.state)
         class_id, body_size = framing.decode_content_header(payload)
         if class_id != 60:
-            raise errors.ConnectionError_(
-                errors.UNEXPECTED_FRAME,
-                f"expected content header for class 60, got one for class {class_id} instead",
-                60,
-                40,
-            )
+            raise not_basic_content(class_id)
         limit = self.ctx.config.max_message_size
         if body_size > limit:
             self.state = IDLE
@@ -360,6 +356,8 @@ class Publisher:
                 pending.qids = self._route(
                     pending.exchange, pending.routing_key, pending.header, also
                 )
+                if self.conn.access.tracing:
+                    pending.trace = [pending.routing_key, *also]
                 pending.times = times_for(
                     self.ctx.shared, pending.header, pending.qids, looked=True
                 )
@@ -414,6 +412,8 @@ class Publisher:
         assert pending is not None
         ctx = self.ctx
         tx = self.transactions.tx
+        if pending.trace is not None and ctx.firehose is not None:
+            ctx.firehose.published(self.conn, self.number, pending)
         if (ctx.routes.dedup_exchanges or ctx.shared.catalog.dedup_now) and (
             pending.dedup is None and tx is None and pending.qids
         ):

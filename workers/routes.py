@@ -127,12 +127,14 @@ class Routes:
         raw_header: bytes,
         due: bool = False,
         also: Sequence[bytes] = (),
+        own: bool = False,
     ) -> tuple[int, ...]:
         """qids of the queues a message published to a named exchange reaches.
         Raises ChannelError for a missing or internal exchange. `due`: a
         delayed message routed from its delayed exchange once due
         (workers/delays.py). `also`: its CC and BCC keys, matched with its
-        routing key at each exchange (not cached)."""
+        routing key at each exchange (not cached). `own`: a message of the
+        broker's own (the firehose's), which an internal exchange takes."""
         self.sync()
         queue_gen = self.shared.catalog.catalog_generation()
         if queue_gen != self._queue_gen:
@@ -149,7 +151,7 @@ class Routes:
             raise errors.ChannelError(
                 errors.NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'", 60, 40
             )
-        if x.internal and not due:
+        if x.internal and not (due or own):
             raise errors.ChannelError(
                 errors.ACCESS_REFUSED,
                 f"cannot publish to internal exchange '{name}' in vhost '{vhost}'",

@@ -32,6 +32,7 @@ from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
+from shoal.workers.firehose import Firehose
 from shoal.workers.gauges import Gauges
 from shoal.workers.ingest import Ingest
 from shoal.workers.lease_watch import LeaseWatch
@@ -105,6 +106,7 @@ class Worker:
             store_directory(data_dir), paging_directory(data_dir), streams_directory(data_dir)
         )
         ctx.dead_letters = dead_letters = DeadLetters(ctx)
+        ctx.firehose = firehose = Firehose(ctx)
         ctx.events.serve(dead_letters, Ingest(ctx))
         ctx.expiry = expiry = Expiry(ctx, dead_letters)
         expiry.start()
@@ -112,6 +114,7 @@ class Worker:
         delays.start()
         ctx.ownership.acknowledge()  # owns() answers from the word read at start
         self._poll_ownership()
+        self._poll_tracing(firehose)
         if self.index == 0:
             loop.create_task(restore.load(ctx))
         self._tick()
@@ -174,6 +177,12 @@ class Worker:
                 self.ctx.streams.release_unowned()
             ownership.acknowledge()
         self.loop.call_later(on_grid(self.loop, OWNERSHIP_POLL), self._poll_ownership)
+
+    def _poll_tracing(self, firehose: Firehose) -> None:
+        """The firehose on or off for connections that do not read (due
+        with the ownership poll: no wake-up of its own)."""
+        firehose.poll()
+        self.loop.call_later(on_grid(self.loop, OWNERSHIP_POLL), self._poll_tracing, firehose)
 
     def _poll_lease(self) -> None:
         assert self.lease is not None

@@ -17,6 +17,8 @@ operation is a msgspec Struct, encoded as a msgpack array led by its letter
     P  PolicyCleared      vhost, name
     V  VHostDeleted       vhost: with everything in it (the scheduler removes its queues first)
     l  VHostLimitsSet     vhost, limits: max-connections, max-queues (absent: none)
+    r  TracingSet         vhost, on: the firehose (workers/firehose.py); never on disk,
+                          as in RabbitMQ a restart turns it off
     w  UserSet            user, password_hash, hashing_algorithm, tags, limits (the whole user)
     W  UserDeleted        user: and their permissions
     a  PermissionSet      vhost, user, configure, write, read (broker/amqp/access.py)
@@ -51,6 +53,9 @@ DEFAULT_EXCHANGES = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
 )
+# The firehose's exchange (RabbitMQ's rabbit_trace): internal, so only the
+# broker publishes to it.
+TRACE_EXCHANGE = "amq.rabbitmq.trace"
 
 
 class Operation(msgspec.Struct, array_like=True, gc=False):
@@ -138,6 +143,10 @@ class VHostLimitsSet(Operation, tag="l"):
     limits: dict[str, int]
 
 
+class TracingSet(Operation, tag="r"):
+    on: bool
+
+
 class UserOperation(msgspec.Struct, array_like=True, gc=False):
     """Base of the records of a user, who belongs to no virtual host."""
 
@@ -200,6 +209,7 @@ Op = Union[  # noqa: UP007
     TopicPermissionCleared,
     ParameterSet,
     ParameterCleared,
+    TracingSet,
 ]
 ACCESS_OPS = (
     VHostLimitsSet,
@@ -226,8 +236,23 @@ def server_generated(prefix: bytes) -> bytes:
 def default_exchange_ops(vhost: str) -> list[Op]:
     """The amq.* exchanges every virtual host starts with (durable)."""
     return [
-        ExchangeDeclared(vhost, name, type_, True, False, False, {})
-        for name, type_ in DEFAULT_EXCHANGES
+        *(
+            ExchangeDeclared(vhost, name, type_, True, False, False, {})
+            for name, type_ in DEFAULT_EXCHANGES
+        ),
+        ExchangeDeclared(vhost, TRACE_EXCHANGE, "topic", True, False, True, {}),
+    ]
+
+
+def missing_default_exchanges(definitions: Definitions) -> list[Op]:
+    """The amq.* exchanges a vhost kept by an older version lacks (the
+    firehose's came later)."""
+    return [
+        op
+        for vhost, router in definitions.vhosts.items()
+        if vhost in definitions.vhost_ids
+        for op in default_exchange_ops(vhost)
+        if isinstance(op, ExchangeDeclared) and op.name not in router.exchanges
     ]
 
 
@@ -261,6 +286,7 @@ class Definitions:
         "policies",
         "queue_arguments",
         "topic_permissions",
+        "tracing",
         "users",
         "vhost_ids",
         "vhost_limits",
@@ -277,6 +303,7 @@ class Definitions:
         # vhost -> (component, name) -> value: runtime parameters (shovels)
         self.parameters: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self.vhost_limits: dict[str, dict[str, int]] = {}
+        self.tracing: set[str] = set()  # vhosts with the firehose on
         self.users: dict[str, UserSet] = {}
         self.permissions: dict[tuple[str, str], PermissionSet] = {}  # (vhost, user)
         # (vhost, user) -> exchange -> its topic permission
@@ -375,12 +402,19 @@ class Definitions:
         self.policies.pop(vhost, None)
         self.parameters.pop(vhost, None)
         self.vhost_limits.pop(vhost, None)
+        self.tracing.discard(vhost)
         for table in (self.queue_arguments, self.permissions, self.topic_permissions):
             for key in [key for key in table if key[0] == vhost]:
                 del table[key]
 
     def _vhost_limits_set(self, router: Router, op: VHostLimitsSet) -> None:
         self.vhost_limits[op.vhost] = op.limits
+
+    def _tracing_set(self, router: Router, op: TracingSet) -> None:
+        if op.on:
+            self.tracing.add(op.vhost)
+        else:
+            self.tracing.discard(op.vhost)
 
     def _user_set(self, router: Router, op: UserSet) -> None:
         self.users[op.user] = op
@@ -446,6 +480,7 @@ class Definitions:
             for (component, name), value in parameters.items():
                 ops.append(ParameterSet(vhost, component, name, value))
         ops += self.access_snapshot()
+        ops += [TracingSet(vhost, True) for vhost in self.tracing]
         return ops
 
 
@@ -474,6 +509,7 @@ _APPLY: dict[type, _Apply] = dict(
         _on(PolicyCleared, Definitions._policy_cleared),
         _on(VHostDeleted, Definitions._vhost_deleted),
         _on(VHostLimitsSet, Definitions._vhost_limits_set),
+        _on(TracingSet, Definitions._tracing_set),
         _on(UserSet, Definitions._user_set),
         _on(UserDeleted, Definitions._user_deleted),
         _on(PermissionSet, Definitions._permission_set),

@@ -141,6 +141,7 @@ _BASIC_PROPERTIES = (
     (0x0008, "s"),  # app-id
     (0x0004, "s"),  # cluster-id
 )
+BASIC_PROPERTY_KINDS = _BASIC_PROPERTIES
 
 
 def split(header: bytes) -> tuple[bytes, dict[int, bytes]]:

@@ -138,7 +138,7 @@ async def _vhost_objects(request: web.Request, names: list[str]) -> list[dict[st
             "description": "",
             "tags": [],
             "metadata": {"description": "", "tags": []},
-            "tracing": False,
+            "tracing": v in definitions.tracing,
             "limits": definitions.vhost_limits.get(v, {}),
             **shapes.vhost_fields(
                 request.app[RATES],
@@ -160,7 +160,9 @@ async def vhost(request: web.Request) -> web.StreamResponse:
         return web.json_response((await _vhost_objects(request, [name]))[0])
     require_admin(request)
     if request.method == "PUT":
-        if name not in backend.current().vhost_ids:
+        body = await read_body(request)
+        created = name not in backend.current().vhost_ids
+        if created:
             await backend.control({"op": "add_vhost", "vhost": name})
             # As RabbitMQ's API does: whoever creates a vhost may use it at
             # once (a client's next call declares a queue in it as that user).
@@ -168,8 +170,10 @@ async def vhost(request: web.Request) -> web.StreamResponse:
                 {"op": "set_permissions", "vhost": name, "user": request["user"]}
                 | dict.fromkeys(("configure", "write", "read"), ".*")
             )
-            return web.Response(status=201)
-        return web.Response(status=204)
+        tracing = body.get("tracing")
+        if isinstance(tracing, bool):  # (absent: as it was)
+            await backend.control({"op": "trace_on" if tracing else "trace_off", "vhost": name})
+        return web.Response(status=201 if created else 204)
     await backend.control({"op": "delete_vhost", "vhost": name})
     return web.Response(status=204)
 

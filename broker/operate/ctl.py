@@ -187,6 +187,8 @@ VERBS: dict[str, Verb] = {
     "add_vhost": Verb(("name",), _fields(op="add_vhost"), done='Adding vhost "{name}" ...'),
     "delete_vhost": Verb(("name",), _fields(op="delete_vhost"), done='Deleting vhost "{name}" ...'),
     "list_vhosts": Verb((), _fields(), "Listing vhosts ...", ("name",)),
+    "trace_on": Verb((), _fields(), done='Starting tracing for vhost "{vhost}" ...'),
+    "trace_off": Verb((), _fields(), done='Stopping tracing for vhost "{vhost}" ...'),
     "set_vhost_limits": Verb(
         ("definition",),
         _vhost_limits,
@@ -450,6 +452,8 @@ def main(argv: list[str]) -> int:
         )
     if ns.verb == "authenticate_user" and not quiet:
         print("Success")
+    if ns.verb in ("trace_on", "trace_off"):  # (rabbitmqctl prints it with -q too)
+        print(f"Trace {'enabled' if ns.verb == 'trace_on' else 'disabled'} for vhost {ns.vhost}")
     if ns.verb == "export_definitions":
         text = json.dumps(answer["definitions"], indent=1)
         if ns.path == "-":

@@ -188,13 +188,27 @@ class Accounts:
         return C.OK
 
     def list_vhosts(self, r: C.ListVhosts) -> C.Rows:
-        limits = self.state.definitions.vhost_limits
+        definitions = self.state.definitions
         return C.Rows(
             [
-                {"name": vhost, "limits": limits.get(vhost, {})}
-                for vhost in self.state.definitions.vhost_ids
+                {
+                    "name": vhost,
+                    "limits": definitions.vhost_limits.get(vhost, {}),
+                    "tracing": vhost in definitions.tracing,
+                }
+                for vhost in definitions.vhost_ids
             ]
         )
+
+    def trace(self, r: C.TraceOn | C.TraceOff) -> C.Ok:
+        """The firehose on or off (workers/firehose.py). rabbitmqctl takes a
+        vhost that does not exist too: so does this, changing nothing."""
+        vhost, on = r.in_vhost(self.state.vhost), isinstance(r, C.TraceOn)
+        definitions = self.state.definitions
+        if vhost in definitions.vhost_ids and (vhost in definitions.tracing) != on:
+            self._journal(D.TracingSet(vhost, on))
+            log.info("tracing %s for vhost %r", "enabled" if on else "disabled", vhost)
+        return C.OK
 
     def set_vhost_limits(self, r: C.SetVhostLimits) -> C.Ok:
         vhost = self.vhost(r)

@@ -117,6 +117,14 @@ class ClearVhostLimits(InVhost, tag="clear_vhost_limits", kw_only=True):
     pass
 
 
+class TraceOn(InVhost, tag="trace_on", kw_only=True):
+    """The firehose on for a vhost (rabbitmqctl trace_on; workers/firehose.py)."""
+
+
+class TraceOff(InVhost, tag="trace_off", kw_only=True):
+    pass
+
+
 class SetPermissions(InVhost, tag="set_permissions", kw_only=True):
     user: str = ""
     configure: str = ""
@@ -264,6 +272,8 @@ Request = Union[  # noqa: UP007 (a Union: msgspec decodes it by its tag)
     ListVhosts,
     SetVhostLimits,
     ClearVhostLimits,
+    TraceOn,
+    TraceOff,
     SetPermissions,
     ClearPermissions,
     ListPermissions,

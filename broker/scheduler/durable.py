@@ -120,6 +120,7 @@ class Restored:
         an administrator with every permission in it (RabbitMQ's first
         boot). Later, the default vhost only if the log has none at all."""
         ops = self.definitions.snapshot()
+        ops += D.missing_default_exchanges(self.definitions)
         ids = self.definitions.vhost_ids
         if not self.seeded:
             if default_vhost not in ids:

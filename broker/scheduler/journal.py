@@ -87,8 +87,10 @@ class Journal:
             ) from None
         for file_name in caches_gone:
             dedup_caches.remove(self.state.config, file_name)
-        if not lasting or isinstance(op, definitions.QueueArgumentsSet | definitions.QueueGone):
-            return
+        if not lasting or isinstance(
+            op, definitions.QueueArgumentsSet | definitions.QueueGone | definitions.TracingSet
+        ):
+            return  # (never lasting: the firehose goes with a restart, as in RabbitMQ)
         try:
             self.persist(op)
         except errors.ChannelError:

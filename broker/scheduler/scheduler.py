@@ -398,6 +398,8 @@ def _control_table(s: Scheduler) -> dict[type[C.Op], C.Handler]:
             C.handler(C.DeleteVhost, accounts.delete_vhost),
             C.handler(C.ListVhosts, accounts.list_vhosts),
             C.handler(C.SetVhostLimits, accounts.set_vhost_limits),
+            C.handler(C.TraceOn, accounts.trace),
+            C.handler(C.TraceOff, accounts.trace),
             C.handler(C.ClearVhostLimits, accounts.clear_vhost_limits),
             C.handler(C.SetPermissions, accounts.set_permissions),
             C.handler(C.ClearPermissions, accounts.clear_permissions),

@@ -20,6 +20,7 @@ RECORDS: list[tuple[D.Op, list[object]]] = [
     (D.Unbound("/", "x", "e", "y", "", {}), ["u", "/", "x", "e", "y", "", {}]),
     (D.QueueArgumentsSet("/", "q1", {"x-max-length": 5}), ["q", "/", "q1", {"x-max-length": 5}]),
     (D.QueueGone("/", "q1"), ["Q", "/", "q1"]),
+    (D.TracingSet("/", True), ["r", "/", True]),
 ]
 
 
@@ -63,3 +64,24 @@ def test_a_snapshot_replays_to_the_same_state() -> None:
     assert copy.snapshot() == defs.snapshot()
     assert copy.vhost_ids == {"/": 0, "v2": 1}
     assert copy.router("/").route("amq.topic", "a.b", None) == {"q1"}
+
+
+def test_tracing_is_kept_by_the_journal_not_by_the_durable_records() -> None:
+    """The firehose (workers/firehose.py) replays in the shared-memory
+    journal's snapshot; a restart (durable records) turns it off, as in
+    RabbitMQ; a vhost kept by a version before the trace exchange gets it."""
+    defs = D.Definitions()
+    for op in [*D.new_vhost_ops("/", 0), D.TracingSet("/", True)]:
+        defs.apply(op)
+    assert D.TracingSet("/", True) in defs.snapshot() and defs.tracing == {"/"}
+    trace = defs.router("/").exchanges[D.TRACE_EXCHANGE]
+    assert (trace.type, trace.durable, trace.internal) == ("topic", True, True)
+    defs.apply(D.TracingSet("/", False))
+    assert defs.tracing == set() and not any(isinstance(op, D.TracingSet) for op in defs.snapshot())
+    old = D.Definitions()
+    for op in D.new_vhost_ops("/", 0)[:-1]:  # (the trace exchange is the last)
+        old.apply(op)
+    assert D.missing_default_exchanges(old) == [
+        D.ExchangeDeclared("/", D.TRACE_EXCHANGE, "topic", True, False, True, {})
+    ]
+    assert D.missing_default_exchanges(defs) == []
