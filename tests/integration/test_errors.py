@@ -531,33 +531,25 @@ def test_unknown_vhost_is_not_allowed(broker: Broker) -> None:
 
 
 @pytest.mark.parametrize(
-    ("tune", "text"),
+    "tune",
     [
-        pytest.param(
-            {"frame_max": 262144},
-            "negotiated frame_max = 262144 is higher than the maximum allowed value (131072)",
-            id="frame_max-too-large",
-        ),
-        pytest.param(
-            {"frame_max": 1024},
-            "negotiated frame_max = 1024 is lower than the minimum allowed value (4096)",
-            id="frame_max-too-small",
-        ),
-        pytest.param(
-            {"channel_max": 3000},
-            "negotiated channel_max = 3000 is higher than the maximum allowed value (2047)",
-            id="channel_max-too-large",
-        ),
+        pytest.param({"frame_max": 262144}, id="frame_max-too-large"),
+        pytest.param({"frame_max": 1024}, id="frame_max-too-small"),
+        pytest.param({"channel_max": 3000}, id="channel_max-too-large"),
+        pytest.param({"channel_max": 0}, id="channel_max-no-limit"),
     ],
 )
-def test_tune_ok_outside_the_server_s_limits(
-    broker: Broker, tune: dict[str, int], text: str
+def test_tune_ok_outside_the_server_s_limits_is_closed_silently(
+    broker: Broker, tune: dict[str, int]
 ) -> None:
+    """RabbitMQ 3.10.8 (measured): no connection.close for a tune-ok beyond
+    what it offered (a 0, "no limit", included where it has a limit), the
+    socket dropped 3 s later, as for any handshake error before open."""
     client = RawClient(broker.port)
     client.start()
     client.tune(**tune)
     client.method(0, C.Connection.Open(virtual_host="/"))
-    assert fields(client.connection_close()) == (530, f"NOT_ALLOWED - {text}", 10, 30)
+    assert 2.5 <= silence_then_close(client) <= 10
 
 
 # ------------------------------------------------------------- 540
