@@ -19,6 +19,7 @@ from pamqp import decode as pamqp_decode
 from shoal.broker import VERSION
 from shoal.broker.amqp import access, errors
 from shoal.broker.amqp.definitions import Definitions, PermissionSet, UserSet
+from shoal.broker.amqp.definitions_json import RABBIT_VERSION
 
 log = logging.getLogger("shoal.connection")
 
@@ -27,7 +28,11 @@ def server_properties(worker: int) -> dict[str, Any]:
     """connection.start's server-properties table."""
     return {
         "product": "Shoal",
-        "version": VERSION,
+        # The RabbitMQ version Shoal answers as, which clients compare (aioamqp's
+        # tests take 0.1.0 for a RabbitMQ before 3.3.5, whose deletes of missing
+        # objects were 404s), as the management API's rabbitmq_version; Shoal's
+        # own is shoal_version.
+        "version": RABBIT_VERSION,
         "platform": f"Python {sys.version.split()[0]}",
         "copyright": "Shoal authors",
         "information": "Licensed under the Apache License 2.0",
@@ -47,6 +52,7 @@ def server_properties(worker: int) -> dict[str, Any]:
         # strings: RabbitMQ sends only long strings, booleans and tables here,
         # and codecs written against AMQP 0-8 know no short-short-int ('b'),
         # the type pamqp picks for a small integer.
+        "shoal_version": VERSION,
         "shoal_worker": str(worker),
         "shoal_worker_pid": str(os.getpid()),
     }

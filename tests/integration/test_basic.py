@@ -26,6 +26,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
+from shoal.broker import VERSION
 from tests.broker_process import Broker, wait_for
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -749,6 +750,9 @@ def test_server_properties_and_capabilities(broker: Broker) -> None:
     props = conn._impl.server_properties
     for key in ("product", "version", "platform"):
         assert isinstance(props[key], str) and props[key], key
+    # The RabbitMQ version it answers as (clients compare it), its own beside.
+    assert props["product"] == "Shoal" and props["version"] == "3.10.8"
+    assert props["shoal_version"] == VERSION
     capabilities = props["capabilities"]
     for name in (
         "publisher_confirms",
