@@ -163,11 +163,10 @@ class Publisher:
         the body in one frame). Returns False, having changed nothing,
         whenever the general path is needed (errors, unroutable, a full
         arena): the caller then feeds the three frames one by one. A message
-        that uses no feature beyond routing (transient or for no durable
-        queue, no TTL, no priority, no stream, no paging, no transaction)
-        goes straight into its queues, a persistent one for one durable
-        queue through Queue.publish_durable; the others take the Pending
-        path (_complete)."""
+        using nothing beyond routing (transient or for no durable queue; no
+        TTL, priority, stream, paging, transaction) goes straight into its
+        queues, a persistent one for one durable queue through
+        Queue.publish_durable; the others take the Pending path (_complete)."""
         channel = self.channel
         if self.state != IDLE or channel.busy or channel.closing:
             return False
@@ -619,10 +618,11 @@ class Publisher:
             exchange=pending.exchange.decode(),
             routing_key=pending.routing_key.decode(errors="replace"),
         )
+        if self.confirm:  # earlier publishes' confirms first, as RabbitMQ flushes per method
+            self.conn.flush_confirms(self)
+        body = bytes(pending.body or b"")
         frames = [framing.encode_method(self.number, method)]
-        frames += framing.encode_content(
-            self.number, pending.header, bytes(pending.body or b""), self.conn.frame_max
-        )
+        frames += framing.encode_content(self.number, pending.header, body, self.conn.frame_max)
         self.conn.write_many(frames)
 
     def confirm_select(self, method: C.Confirm.Select) -> None:

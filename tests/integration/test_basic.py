@@ -512,6 +512,33 @@ def test_return_comes_before_the_publisher_confirm(broker: Broker) -> None:
     conn.close()
 
 
+def test_a_return_follows_the_confirms_of_earlier_publishes(broker: Broker) -> None:
+    """RabbitMQ flushes a channel's confirms after each method, so a basic.return
+    never overtakes an earlier publish's ack (php-amqp's suite counts acks in
+    that order): two unroutable publishes in one write, the second mandatory,
+    give ack(1), return(2), ack(2), none multiple."""
+    client = raw_connect(broker.port)
+    client.method(1, C.Confirm.Select())
+    client.expect(C.Confirm.SelectOk, 1)
+    client.method(1, C.Exchange.Declare(exchange="no-bindings", exchange_type="fanout"))
+    client.expect(C.Exchange.DeclareOk, 1)
+    publish = C.Basic.Publish(exchange="no-bindings", routing_key="")
+    header = ContentHeader(body_size=1, properties=C.Basic.Properties())
+    frames = b""
+    for mandatory in (False, True):
+        publish.mandatory = mandatory
+        frames += pamqp_frame.marshal(publish, 1) + pamqp_frame.marshal(header, 1)
+        frames += pamqp_frame.marshal(ContentBody(b"m"), 1)
+    client.send(frames)
+    first = client.expect(C.Basic.Ack, 1)
+    assert (first.delivery_tag, first.multiple) == (1, False)
+    assert client.expect(C.Basic.Return, 1).reply_code == 312
+    client.expect(ContentHeader, 1)
+    client.expect(ContentBody, 1)
+    second = client.expect(C.Basic.Ack, 1)
+    assert (second.delivery_tag, second.multiple) == (2, False)
+
+
 # ------------------------------------------------------------- consumers
 def test_consumer_tags_server_generated_and_reuse(broker: Broker) -> None:
     client = raw_connect(broker.port)
