@@ -31,7 +31,11 @@ class ReplyChannel(Protocol):
 
 
 def new_name() -> bytes:
-    return PREFIX + base64.urlsafe_b64encode(os.urandom(18))
+    """RabbitMQ 3.10's shape, which clients match (php-amqp's suite:
+    `amq.rabbitmq.reply-to.%s.%s==`): two base64 tokens after the prefix, a
+    dot between, the second 16 random bytes (RabbitMQ: its channel's pid,
+    then a secure key)."""
+    return PREFIX + base64.b64encode(os.urandom(24)) + b"." + base64.b64encode(os.urandom(16))
 
 
 def declare_request(vhost: str, name: bytes, conn_id: int) -> ipc.Declare:
