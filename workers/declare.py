@@ -12,7 +12,7 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker import ipc
-from shoal.broker.amqp import errors
+from shoal.broker.amqp import consistent_hash, errors
 from shoal.broker.amqp import stream_arguments as amqp_streams
 from shoal.broker.amqp.definitions import server_named_queue
 from shoal.broker.amqp.names import strip_cr_lf
@@ -165,6 +165,8 @@ class Declarer:
         if not method.passive:
             alternate = (method.arguments or {}).get("alternate-exchange")
             self._check_declare("exchange", method.exchange, alternate)
+            if method.exchange_type == consistent_hash.CONSISTENT_HASH:
+                consistent_hash.check_arguments(method.arguments or {})
         return self._definitions_rpc(
             method,
             C.Exchange.DeclareOk(),

@@ -34,14 +34,30 @@ CACHE_MAX = 4096
 _EXCHANGE_OPS = (ExchangeDeclared, ExchangeDeleted, VHostAdded, VHostDeleted)
 
 
-def message_headers(raw_header: bytes) -> dict[str, Any]:
-    """The `headers` table of a raw content header (only headers exchanges need it)."""
+def _content_header(raw_header: bytes) -> ContentHeader:
     header = ContentHeader()
     try:
         header.unmarshal(raw_header)
     except Exception as exc:  # checked at publish (workers/_wire.c): should not happen
         raise errors.ConnectionError_(errors.INTERNAL_ERROR, "INTERNAL_ERROR") from exc
-    return header.properties.headers or {}
+    return header
+
+
+def message_headers(raw_header: bytes) -> dict[str, Any]:
+    """The `headers` table of a raw content header (only headers exchanges need it)."""
+    return _content_header(raw_header).properties.headers or {}
+
+
+def message_properties(raw_header: bytes) -> dict[str, Any]:
+    """What a consistent-hash exchange may hash of a message's properties
+    (broker/amqp/consistent_hash.py): the timestamp in seconds."""
+    props = _content_header(raw_header).properties
+    stamp = props.timestamp
+    return {
+        "correlation_id": props.correlation_id,
+        "message_id": props.message_id,
+        "timestamp": None if stamp is None else int(stamp.timestamp()),
+    }
 
 
 class Routes:
@@ -164,6 +180,7 @@ class Routes:
             lambda: message_headers(raw_header),
             due,
             [k.decode(errors="replace") for k in also],
+            lambda: message_properties(raw_header),
         )
         lookup = self.shared.catalog.lookup
         qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)

@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from shoal.broker.amqp import consistent_hash
+from shoal.broker.amqp.consistent_hash import CONSISTENT_HASH
+
 # A destination: ("q", queue name) or ("e", exchange name).
 Dest = tuple[str, str]
 
@@ -137,7 +140,7 @@ DELAYED = "x-delayed-message"
 # RabbitMQ's message-deduplication plugin's exchange type: routes as fanout
 # once its cache has let the message through (broker/amqp/dedup_arguments.py).
 DEDUPLICATION = "x-message-deduplication"
-EXCHANGE_TYPES = (*MATCHING_TYPES, DELAYED, DEDUPLICATION)
+EXCHANGE_TYPES = (*MATCHING_TYPES, DELAYED, DEDUPLICATION, CONSISTENT_HASH)
 DELAY_QUEUE_PREFIX = "amq.delayed."
 
 
@@ -168,6 +171,7 @@ class Exchange:
         "internal",
         "kind",
         "name",
+        "ring",
         "topic",
         "type",
     )
@@ -190,7 +194,7 @@ class Exchange:
         kind = (arguments or {}).get("x-delayed-type") if type_ == DELAYED else type_
         if type_ == DEDUPLICATION:
             kind = "fanout"
-        self.kind = kind if kind in MATCHING_TYPES else "direct"
+        self.kind = kind if kind in (*MATCHING_TYPES, CONSISTENT_HASH) else "direct"
         self.alternate = alternate
         self.durable = durable
         self.auto_delete = auto_delete
@@ -202,6 +206,9 @@ class Exchange:
         self.fanout: set[Dest] = set()
         self.topic = TopicTrie()
         self.headers: list[tuple[dict[str, Any], Dest]] = []
+        # x-consistent-hash: each binding's destination as many times as its
+        # weight (broker/amqp/consistent_hash.py).
+        self.ring: list[Dest] = []
 
     def bind(
         self, dest: Dest, routing_key: str, arguments: Mapping[str, Any] | None = None
@@ -217,6 +224,8 @@ class Exchange:
             self._refanout()
         elif self.kind == "topic":
             self.topic.add(routing_key, dest)
+        elif self.kind == CONSISTENT_HASH:
+            self._rering()
         else:
             self.headers.append((args, dest))
         return True
@@ -240,12 +249,17 @@ class Exchange:
             still = any(d == dest and rk == routing_key for d, rk, _ in self.bindings)
             if not still:
                 self.topic.remove(routing_key, dest)
+        elif self.kind == CONSISTENT_HASH:
+            self._rering()
         else:
             self.headers.remove((args, dest))
         return True
 
     def _refanout(self) -> None:
         self.fanout = {d for d, _rk, _a in self.bindings}
+
+    def _rering(self) -> None:
+        self.ring = consistent_hash.buckets([(d, rk) for d, rk, _a in self.bindings])
 
     def match(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Dest]:
         if self.kind == "direct":
@@ -356,6 +370,7 @@ class Router:
         headers: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
         due: bool = False,
         also: Sequence[str] = (),
+        properties: Callable[[], Mapping[str, Any]] | None = None,
     ) -> tuple[set[str], bool]:
         """route(), plus whether the headers were consulted (a headers or a
         delayed exchange: then the result depends on the message, not only
@@ -363,12 +378,14 @@ class Router:
         if needed. `due`: a delayed message whose delay is over, routed
         from its delayed exchange `exchange` (not held again). `also`: more
         routing keys (CC and BCC), matched with the first at every exchange
-        on the way, as rabbit_exchange:route matches a message's keys."""
+        on the way, as rabbit_exchange:route matches a message's keys.
+        `properties`: the message's properties by name, for a consistent-hash
+        exchange's hash-property (consulting them counts as the headers)."""
         keys = (routing_key, *also) if also else (routing_key,)
         if exchange == "":
             return set(keys), False
         queues: set[str] = set()
-        lazy = _LazyHeaders(headers)
+        lazy = _LazyHeaders(headers, properties)
         if due:
             lazy.get()  # never cached: the same key with a delay is held
             visited = {exchange}
@@ -410,12 +427,21 @@ class Router:
         found_exchange = False
         table = headers.get() if exchange.kind == "headers" else None
         for routing_key in keys:
-            for kind, dest in exchange.match(routing_key, table):
+            if exchange.kind == CONSISTENT_HASH:  # (one destination, by the first key)
+                picked = consistent_hash.pick(
+                    exchange.ring, exchange.arguments, keys[0], headers.get, headers.props
+                )
+                matched: Iterable[Dest] = () if picked is None else (picked,)
+            else:
+                matched = exchange.match(routing_key, table)
+            for kind, dest in matched:
                 if kind == "q":
                     queues.add(dest)
                 else:
                     found_exchange = True
                     self._route(dest, keys, headers, queues, visited)
+            if exchange.kind == CONSISTENT_HASH:
+                break
         if len(queues) == before and not found_exchange:
             alternate = exchange.alternate or self.policy_alternates.get(exchange.name)
             if alternate:
@@ -432,12 +458,22 @@ class Router:
 
 
 class _LazyHeaders:
-    __slots__ = ("source", "table", "used")
+    __slots__ = ("properties", "source", "table", "used")
 
-    def __init__(self, source: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None) -> None:
+    def __init__(
+        self,
+        source: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None,
+        properties: Callable[[], Mapping[str, Any]] | None = None,
+    ) -> None:
         self.source = source
+        self.properties = properties
         self.table: Mapping[str, Any] | None = None
         self.used = False
+
+    def props(self) -> Mapping[str, Any]:
+        """The message's properties by name (none known: empty)."""
+        self.used = True
+        return self.properties() if self.properties is not None else {}
 
     def get(self) -> Mapping[str, Any]:
         if not self.used:

@@ -25,7 +25,7 @@ from shoal.broker.management.rates import requested_age
 from shoal.broker.observe.cluster_view import cluster_status
 from shoal.shm import processes
 
-# RabbitMQ 3.10's descriptions; the two plugins' types as their plugins name them.
+# RabbitMQ 3.10's descriptions; the plugins' types as their plugins name them.
 EXCHANGE_TYPES = [
     {"name": name, "description": description, "enabled": True}
     for name, description in (
@@ -34,6 +34,7 @@ EXCHANGE_TYPES = [
         ("headers", "AMQP headers exchange, as per the AMQP specification"),
         ("topic", "AMQP topic exchange, as per the AMQP specification"),
         ("x-delayed-message", "Delayed Message Exchange."),
+        ("x-consistent-hash", "Consistent Hashing Exchange"),
         ("x-message-deduplication", "Message Deduplication Exchange."),
     )
 ]
@@ -47,6 +48,7 @@ PLUGINS = [
     "rabbitmq_management",
     "rabbitmq_prometheus",
     "rabbitmq_delayed_message_exchange",
+    "rabbitmq_consistent_hash_exchange",
     "rabbitmq_message_deduplication",
     "rabbitmq_stream",
 ]

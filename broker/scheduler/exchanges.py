@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shoal.broker import ipc
-from shoal.broker.amqp import dedup_arguments, definitions, errors, routing
+from shoal.broker.amqp import consistent_hash, dedup_arguments, definitions, errors, routing
 from shoal.broker.amqp import x_arguments as X
 from shoal.broker.amqp.routing import frozen_args as _frozen_args
 from shoal.broker.scheduler import dedup_caches
@@ -169,6 +169,8 @@ class Exchanges:
             raise errors.ChannelError(errors.NOT_FOUND, f"no exchange '{dest}' in vhost '{vhost}'")
         if exchange.kind == "headers" and not unbind:
             X.check_x_match(args)
+        if exchange.kind == consistent_hash.CONSISTENT_HASH and not unbind:
+            consistent_hash.check_weight(routing_key)
         if unbind:
             self._journal(definitions.Unbound(vhost, source, kind, dest, routing_key, args))
             self.auto_delete(vhost, {source})
