@@ -16,7 +16,7 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.broker.amqp import errors
-from shoal.workers import framing
+from shoal.workers import amqp_0_8, framing
 from shoal.workers.channel_state import IDLE, ChannelConnection, out_of_order
 from shoal.workers.context import RemoteError
 from shoal.workers.declare import Declarer
@@ -167,6 +167,8 @@ class Channel:
                     self._acknowledge(tag, False, bool(bits & 1), 90)
                 elif index == framing.ACCESS_REQUEST:
                     self.conn.write(framing.encode_access_request_ok(self.number))
+                elif self.conn.protocol == amqp_0_8.PROTOCOL:  # (its basic.consume)
+                    self._method(framing.decode_method(amqp_0_8.consume(payload)))  # type: ignore[arg-type]
                 else:
                     self._method(framing.decode_method(payload))
             elif ftype == framing.FRAME_HEADER:

@@ -21,7 +21,7 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.listeners import socket_address
 from shoal.shm import stats
-from shoal.workers import describe, fanout_turns, framing, negotiation, tls
+from shoal.workers import amqp_0_8, describe, fanout_turns, framing, negotiation, tls
 from shoal.workers.blocking import PublisherBlocks
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import AMQP_0_9_1, ChannelCore, Confirms
@@ -364,7 +364,10 @@ class Connection(asyncio.Protocol):
             self.channels[number] = Channel(self, number)
             self.ctx.stats.v[stats.CHANNELS_OPENED] += 1
             self.ctx.gauges_stale = True
-            self.write(framing.encode_channel_open_ok(number))
+            if self.protocol == amqp_0_8.PROTOCOL:
+                self.write(amqp_0_8.channel_open_ok(number))
+            else:
+                self.write(framing.encode_channel_open_ok(number))
             return
         if ftype == framing.FRAME_HEARTBEAT:
             raise errors.ConnectionError_(
@@ -454,11 +457,13 @@ class Connection(asyncio.Protocol):
             raise errors.ConnectionError_(
                 errors.UNEXPECTED_FRAME, f"frame type {ftype} on channel 0"
             )
+        if self.protocol == amqp_0_8.PROTOCOL:
+            payload = amqp_0_8.inbound(payload)  # type: ignore[assignment]
         method = framing.decode_method(payload)
         if self.state == CLOSING:
             if isinstance(method, C.Connection.CloseOk | C.Connection.Close):
                 if isinstance(method, C.Connection.Close):
-                    self.write(framing.encode_method(0, C.Connection.CloseOk()))
+                    self.write(amqp_0_8.close_ok(self.protocol))
                 self._release()
                 self._close_gracefully(fin=True)  # ours was the first close
             return
@@ -513,7 +518,7 @@ class Connection(asyncio.Protocol):
 
     def _send_close_ok(self) -> None:
         if not self.closed and not self.eof_sent:
-            self.write(framing.encode_method(0, C.Connection.CloseOk()))
+            self.write(amqp_0_8.close_ok(self.protocol))
             self._close_gracefully()  # cancels the timer
 
     # ------------------------------------------------------------- timers
@@ -561,17 +566,13 @@ class Connection(asyncio.Protocol):
         for channel in self.channels.values():
             channel.release()
         self.state = CLOSING
-        self.write(
-            framing.encode_method(
-                0,
-                C.Connection.Close(
-                    reply_code=exc.reply_code,
-                    reply_text=errors.fit_shortstr(exc.reply_text),
-                    class_id=exc.class_id,
-                    method_id=exc.method_id,
-                ),
-            )
+        close = C.Connection.Close(
+            reply_code=exc.reply_code,
+            reply_text=errors.fit_shortstr(exc.reply_text),
+            class_id=exc.class_id,
+            method_id=exc.method_id,
         )
+        self.write(amqp_0_8.for_client(self.protocol, framing.encode_method(0, close)))
         self.timer = self.ctx.loop.call_later(CLOSE_OK_TIMEOUT, self._close_transport)
 
     def describe(self) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from shoal.store.stream_segments import StreamMessage
 from shoal.workers import consume_args, framing, reply_to, timeouts
 from shoal.workers._wire import ack_run, deliver_frames, deliver_run
 from shoal.workers.channel_state import (
-    AMQP_0_9_1,
     ChannelConnection,
     ChannelCore,
     DeliveryContext,
@@ -518,7 +517,7 @@ class DeliveryBook:
             # rabbit_limiter: at its global limit a channel holds no-ack consumers too;
             # not MQTT's QoS 0 (the bridge's limit is a receive maximum, QoS 1 and 2).
             limited = bool(method.prefetch_count or method.prefetch_size)
-            self.no_ack_held = limited and self.conn.protocol == AMQP_0_9_1
+            self.no_ack_held = limited and self.conn.protocol.startswith("AMQP")
         else:
             self.prefetch_count = method.prefetch_count
             self.prefetch_size = method.prefetch_size

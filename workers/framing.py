@@ -30,8 +30,9 @@ FRAME_END_BYTE = b"\xce"
 FRAME_OVERHEAD = 8  # 7-byte header + frame end
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-# The 0-9 header is accepted as 0-9-1 (RabbitMQ does the same).
-ACCEPTED_HEADERS = (PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09", b"AMQP\x01\x01\x09\x01")
+# The 0-9 header is accepted as 0-9-1 (RabbitMQ does the same); 0-8's two
+# headers are workers/amqp_0_8.py's.
+ACCEPTED_HEADERS = (PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09")
 
 # Method indexes (class_id << 16 | method_id) taken from pamqp, not typed in.
 PUBLISH = commands.Basic.Publish.index

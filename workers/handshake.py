@@ -13,7 +13,7 @@ from pamqp import commands as C
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.config import Config
-from shoal.workers import framing, negotiation
+from shoal.workers import amqp_0_8, framing, negotiation
 from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.context import RemoteError
 from shoal.workers.memory_guard import MemoryGuard
@@ -71,6 +71,7 @@ class HandshakeConnection(Protocol):
     capabilities: dict[str, Any]
     obeys_channel_flow: bool
     timer: asyncio.TimerHandle | None
+    protocol: str  # "AMQP 0-9-1", or 0-8's (workers/amqp_0_8.py)
 
     id: int
     opened: bool  # counted by the scheduler (CONN_OPEN sent)
@@ -106,7 +107,8 @@ class Handshake:
             return b""
         header, rest = conn.head[:8], conn.head[8:]
         conn.head = b""
-        if header not in framing.ACCEPTED_HEADERS:
+        old = header in amqp_0_8.HEADERS
+        if header not in framing.ACCEPTED_HEADERS and not old:
             # The spec: answer with the header we support, then close.
             assert conn.transport is not None
             conn.transport.write(framing.PROTOCOL_HEADER)
@@ -114,13 +116,17 @@ class Handshake:
             conn.state = CLOSED
             return b""
         conn.state = AWAIT_START_OK
+        properties = negotiation.server_properties(conn.ctx.index)
+        if old:  # (as RabbitMQ: 8-0, no capabilities)
+            conn.protocol = amqp_0_8.PROTOCOL
+            properties = amqp_0_8.server_properties(properties)
         conn.write(
             framing.encode_method(
                 0,
                 C.Connection.Start(
-                    version_major=0,
-                    version_minor=9,
-                    server_properties=negotiation.server_properties(conn.ctx.index),
+                    version_major=8 if old else 0,
+                    version_minor=0 if old else 9,
+                    server_properties=properties,
                     mechanisms=negotiation.mechanisms(conn.certificate_user),
                     locales="en_US",
                 ),
