@@ -23,7 +23,7 @@ from shoal.broker.config import Config
 from shoal.broker.management.http import BACKEND, RATES, STARTED, error, node_name, path_name
 from shoal.broker.management.rates import requested_age
 from shoal.broker.observe.cluster_view import cluster_status
-from shoal.shm import processes
+from shoal.shm import memory, processes
 
 # RabbitMQ 3.10's descriptions; the plugins' types as their plugins name them.
 EXCHANGE_TYPES = [
@@ -145,6 +145,8 @@ def node_object(request: web.Request) -> dict[str, Any]:
     except OSError:
         disk_free = 0
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    seg = request.app[RATES].seg
+    alarms, ram = memory.broker_alarms(seg), psutil.virtual_memory().total
     node: dict[str, Any] = {
         "name": node_name(),
         "type": "disc",
@@ -153,13 +155,17 @@ def node_object(request: web.Request) -> dict[str, Any]:
         "partitions": [],
         "os_pid": str(os.getpid()),
         "rates_mode": "basic",
-        "mem_limit": psutil.virtual_memory().total,
-        "mem_alarm": False,
+        # RabbitMQ's: the high watermark's share of RAM, and the alarms in
+        # force (monitoring's watermark checks alert on them).
+        "mem_limit": int(ram * config.memory_high_watermark)
+        if config.memory_high_watermark
+        else ram,
+        "mem_alarm": bool(alarms & memory.ALARM_MEMORY),
         "mem_calculation_strategy": "rss",
         "fd_total": soft,
         "sockets_total": soft,
-        "disk_free_limit": 50_000_000,
-        "disk_free_alarm": False,
+        "disk_free_limit": memory.configured(seg).disk_free_limit,
+        "disk_free_alarm": bool(alarms & memory.ALARM_DISK),
         # Erlang's "processes" are Shoal's OS threads (every process's).
         "proc_total": resource.getrlimit(resource.RLIMIT_NPROC)[0],
         "processors": os.cpu_count() or 1,

@@ -22,6 +22,7 @@ from typing import Any
 
 import pika
 import pika.exceptions
+import psutil
 import pytest
 
 from tests.broker_process import Broker, free_port, wait_for
@@ -522,3 +523,19 @@ def test_limits_parameters_and_pages(managed: Broker) -> None:
         "total_count": 5,
     }
     assert [q["name"] for q in page["items"]] == ["page-2", "page-3"]
+
+
+def test_a_nodes_alarms_and_limits_are_the_brokers(broker_factory: Callable[..., Broker]) -> None:
+    """/api/nodes as monitoring reads it (nagios' check_rabbitmq_watermark
+    alerts on mem_alarm / disk_free_alarm): the alarms in force, the disk
+    limit set, and mem_limit as RabbitMQ's, the high watermark's share of RAM."""
+    managed = start_managed(broker_factory, "--disk-free-limit", str(1 << 60))
+
+    def alarmed() -> dict[str, Any] | None:
+        (node,) = http(managed, "GET", "/nodes")[1]
+        return node if node["disk_free_alarm"] else None
+
+    node = wait_for(alarmed, 20, "the disk alarm in /api/nodes")
+    assert node["disk_free_limit"] == 1 << 60 and node["mem_alarm"] is False
+    assert node["mem_limit"] == int(psutil.virtual_memory().total * 0.4)
+    assert http(managed, "GET", f"/nodes/{node['name']}")[1]["disk_free_alarm"] is True
