@@ -250,6 +250,12 @@ def _broker_parser() -> argparse.ArgumentParser:
         help="how often the management API samples message rates (default %(default)s ms)",
     )
     p.add_argument(
+        "--node-name",
+        default=d.node_name,
+        help="the node's name in the management API, the metrics and the firehose, as "
+        "RabbitMQ's RABBITMQ_NODENAME (default shoal@<hostname>)",
+    )
+    p.add_argument(
         "--cluster-name",
         default=d.cluster_name,
         help="rabbitmq_cluster label of the metrics (default shoal@<hostname>); with "

@@ -86,7 +86,8 @@ class Config(msgspec.Struct, frozen=True):
     # Dynamic shovels (broker/shovel): a process that runs the shovel
     # parameters (RabbitMQ's rabbitmq_shovel plugin, here always built in).
     shovels: bool = True
-    cluster_name: str = ""  # rabbitmq_identity_info's rabbitmq_cluster ("": shoal@<host>)
+    cluster_name: str = ""  # rabbitmq_identity_info's rabbitmq_cluster ("": the node name)
+    node_name: str = ""  # RabbitMQ's RABBITMQ_NODENAME ("": shoal@<host>; broker/node_name.py)
     # A replicated cluster (broker/cluster, docs/cluster.md); no etcd: standalone.
     cluster_etcd: tuple[str, ...] = ()
     cluster_port: int = 5679  # the replication listener

@@ -20,11 +20,11 @@ connections take the general paths: no publish lane, deliveries one by one.
 
 from __future__ import annotations
 
-import socket
 import struct
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shoal.broker import node_name
 from shoal.broker.amqp import errors, field_table, properties
 from shoal.broker.amqp.definitions import TRACE_EXCHANGE as _TRACE_NAME
 from shoal.shm.arena import read_message
@@ -120,7 +120,7 @@ class Firehose:
         self.ctx = ctx
         self._put = Ingest(ctx).put_new
         self._tracing: frozenset[str] = frozenset()
-        self.node = f"shoal@{socket.gethostname()}"
+        self.node = node_name.node_name()
 
     def poll(self) -> None:
         """A connection learns that tracing changed at its next read; one

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import struct
 import sys
 from collections.abc import Collection, Mapping
@@ -16,7 +15,7 @@ from typing import Any
 from pamqp import commands as C
 from pamqp import decode as pamqp_decode
 
-from shoal.broker import VERSION
+from shoal.broker import VERSION, node_name
 from shoal.broker.amqp import access, errors
 from shoal.broker.amqp.definitions import Definitions, PermissionSet, UserSet
 from shoal.broker.amqp.definitions_json import RABBIT_VERSION
@@ -36,7 +35,7 @@ def server_properties(worker: int) -> dict[str, Any]:
         "platform": f"Python {sys.version.split()[0]}",
         "copyright": "Shoal authors",
         "information": "Licensed under the Apache License 2.0",
-        "cluster_name": f"shoal@{socket.gethostname()}",
+        "cluster_name": node_name.node_name(),
         "capabilities": {
             "publisher_confirms": True,
             "basic.nack": True,

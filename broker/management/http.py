@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from typing import Any
 
 from aiohttp import web
 
+from shoal.broker import node_name as shoal_node_name
 from shoal.broker.management.backend import Backend
 from shoal.broker.management.rates import Rates
 from shoal.broker.management.shapes import ChannelRates, DataRates, ExchangeRates
@@ -157,7 +157,7 @@ async def read_body(request: web.Request) -> dict[str, Any]:
 
 
 def node_name() -> str:
-    return f"shoal@{socket.gethostname()}"
+    return shoal_node_name.node_name()
 
 
 async def per_vhost(request: web.Request, op: str, vhost: str | None) -> list[dict[str, Any]]:

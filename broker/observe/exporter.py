@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import platform
 import resource
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +25,7 @@ from prometheus_client.core import (
     UntypedMetricFamily,
 )
 
-from shoal.broker import VERSION
+from shoal.broker import VERSION, node_name
 from shoal.broker.amqp.definitions import Definitions, Op
 from shoal.broker.config import Config
 from shoal.broker.observe.cluster_families import cluster_families
@@ -67,7 +66,7 @@ class Exporter:
         self.reader = CatalogReader(seg, Op)
         self.definitions = Definitions()
         self.started = time.time()
-        self.node_name = f"shoal@{socket.gethostname()}"
+        self.node_name = node_name.node_name()
         self.cluster = config.cluster_name or self.node_name
         self._procs: dict[int, psutil.Process] = {}
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import socket
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from shoal.broker import ipc
+from shoal.broker import ipc, node_name
 from shoal.broker.amqp.definitions import Definitions
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.state import QueueState
@@ -163,7 +162,7 @@ class Introspection:
         items), close_connection: from the workers' answers."""
         replies, _missing = await self._ask_workers("connections")
         connections = [
-            {**c, "pid": f"<shoal@{socket.gethostname()}.{worker}.{c['id']:x}>"}
+            {**c, "pid": f"<{node_name.node_name()}.{worker}.{c['id']:x}>"}
             for worker, described in sorted(replies.items())
             for c in described
         ]

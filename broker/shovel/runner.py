@@ -23,12 +23,11 @@ import json
 import logging
 import os
 import signal
-import socket
 from typing import Any
 
 from setproctitle import setproctitle
 
-from shoal.broker import json_socket
+from shoal.broker import json_socket, node_name
 from shoal.broker.amqp import shovel_definition as S
 from shoal.broker.amqp.definitions import Definitions, Op
 from shoal.broker.config import Config
@@ -54,7 +53,7 @@ class Shovels:
         self.running: dict[Key, tuple[dict[str, Any], Shovel]] = {}
         # Definitions this version cannot run (said once in the log each).
         self.refused: dict[Key, dict[str, Any]] = {}
-        self.node = f"shoal@{socket.gethostname()}"
+        self.node = node_name.node_name()
         self.endpoints = Endpoints(config.port, config.default_user, config.default_pass)
 
     def wanted(self) -> dict[Key, dict[str, Any]]:

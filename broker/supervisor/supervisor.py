@@ -26,7 +26,7 @@ import psutil
 from setproctitle import setproctitle
 
 from shoal.broker import listeners as listening
-from shoal.broker import settings
+from shoal.broker import node_name, settings
 from shoal.broker.amqp.definitions import Op
 from shoal.broker.config import Config
 from shoal.broker.ipc import WorkerGone, encode, socketpair
@@ -252,6 +252,7 @@ class Supervisor:
     # ---------------------------------------------------------------- run
     def run(self) -> int:
         setproctitle(f"shoal: supervisor (port {self.config.port})")
+        node_name.adopt(self.config.node_name)  # (before any child: they inherit it)
         # First, before anything is created or cleaned up: a broker that
         # holds this data directory must not lose its files to us.
         self.data_lock = datadir.lock(self.config.data_path(), datadir.inherited_lock())

@@ -539,3 +539,19 @@ def test_a_nodes_alarms_and_limits_are_the_brokers(broker_factory: Callable[...,
     assert node["disk_free_limit"] == 1 << 60 and node["mem_alarm"] is False
     assert node["mem_limit"] == int(psutil.virtual_memory().total * 0.4)
     assert http(managed, "GET", f"/nodes/{node['name']}")[1]["disk_free_alarm"] is True
+
+
+def test_the_node_name_is_rabbitmqs_nodename_where_one_is_given(
+    broker_factory: Callable[..., Broker],
+) -> None:
+    """--node-name (RabbitMQ's RABBITMQ_NODENAME): monitoring checks ask for
+    /api/nodes/rabbit@<host> (nagios-plugins-rabbitmq); every process answers
+    with the name given."""
+    managed = start_managed(broker_factory, "--node-name", "rabbit@monitored")
+    assert http(managed, "GET", "/overview")[1]["node"] == "rabbit@monitored"
+    status, node = http(managed, "GET", "/nodes/rabbit@monitored")
+    assert status == 200 and node["name"] == "rabbit@monitored"
+    assert http(managed, "GET", "/nodes/shoal@monitored")[0] == 404
+    conn = connect(managed)
+    assert conn._impl.server_properties["cluster_name"] == "rabbit@monitored"
+    conn.close()
