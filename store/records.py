@@ -264,7 +264,11 @@ def replace_unless_newer(
     an exclusive flock of `path + ".lock"`, and only if `newer_there`, given
     the bytes in place then, says they are not newer than `data`. False:
     dropped, the newer file stays (an MQTT session's older connection
-    finishing a write after the newer one's)."""
+    finishing a write after the newer one's). A durable write dropped
+    makes the newer file durable in its stead: that one may be a write
+    without `durable` (a session's state shown at a connection's end),
+    and what the caller waits for must be on disk, and on a cluster's
+    in-sync followers, either way."""
     tmp = path + tmp_suffix
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
@@ -273,23 +277,28 @@ def replace_unless_newer(
             disk.fdatasync(fd)
     finally:
         os.close(fd)
+    replaced = True
     lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # (released by the close)
         try:
             with open(path, "rb") as f:
                 there = f.read()
+                if there and newer_there(there):
+                    replaced = False
+                    if durable:
+                        disk.fdatasync(f.fileno())
         except FileNotFoundError:
-            there = b""
-        if there and newer_there(there):
+            pass
+        if replaced:
+            os.rename(tmp, path)
+        else:
             os.unlink(tmp)
-            return False
-        os.rename(tmp, path)
     finally:
         os.close(lock)
     if durable:
         sync_directory(os.path.dirname(path) or ".")
-    return True
+    return replaced
 
 
 def sync_directory(path: str) -> None:

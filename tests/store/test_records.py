@@ -154,3 +154,32 @@ def test_a_late_older_write_does_not_replace_a_newer_file(tmp_path: Path) -> Non
     assert Path(path).read_bytes() == b"3"
     assert records.replace_unless_newer(path, b"3", ".tie", older_than(3))  # (a tie replaces)
     assert sorted(os.listdir(tmp_path)) == ["session", "session.lock"]
+
+
+def test_a_durable_write_that_loses_makes_the_newer_file_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newer file in place may have been written without `durable` (an
+    MQTT session's state shown at its connection's end): a durable write
+    dropped for it syncs that file and mirrors the directory in its stead,
+    or what its caller waits for (a SUBACK's subscription) would be on no
+    disk and on no follower."""
+    path = str(tmp_path / "session")
+    synced: list[bytes] = []
+    mirrored: list[str] = []
+
+    def fdatasync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).read_bytes())
+
+    class Link:
+        def mirror(self, mirrored_path: str, whole: bool = False) -> None:
+            mirrored.append(mirrored_path)
+
+    monkeypatch.setattr(records.disk, "fdatasync", fdatasync)
+    monkeypatch.setattr(records.replica, "link", Link())
+    assert records.replace_unless_newer(path, b"3", ".shown", lambda _: False, durable=False)
+    assert (synced, mirrored) == ([], [])
+    assert not records.replace_unless_newer(path, b"2", ".late", lambda there: int(there) > 2)
+    assert Path(path).read_bytes() == b"3"
+    assert synced == [b"2", b"3"]  # its own temporary file, then the newer one in place
+    assert mirrored == [str(tmp_path)]
