@@ -72,6 +72,17 @@ class RawClient:
             return suback[2 + 1 + suback[2] :]  # (packet id, properties' length, properties)
         return suback[2:]
 
+    def unsubscribe(self, topic_filter: str, packet_id: int = 1) -> bytes:
+        """UNSUBSCRIBE one filter; 5.0's UNSUBACK codes (3.1.1's has none)."""
+        body = packet_id.to_bytes(2, "big")
+        if self.level == P.MQTT_5:
+            body += P.encode_properties({})
+        self.sock.sendall(P.packet(P.UNSUBSCRIBE, 2, body + P.string(topic_filter)))
+        unsuback = self.read(P.UNSUBACK)[2]
+        if self.level == P.MQTT_5:
+            return unsuback[2 + 1 + unsuback[2] :]
+        return b""
+
     def publish(
         self, topic: str, payload: bytes, qos: int = 0, packet_id: int | None = None, **kw: Any
     ) -> None:

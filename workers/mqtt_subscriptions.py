@@ -121,13 +121,19 @@ class Subscriptions:
         retained: list[tuple[str, int]] = []  # (filter, QoS) to send retained messages for
         steps = list(packet.subscriptions)
 
+        def subscribed() -> None:
+            conn.send(P.encode_suback(conn.level, packet.packet_id, codes))
+            for topic_filter, qos in retained:
+                conn.send_retained(topic_filter, qos)
+            conn.serve_held()
+
         def next_step() -> None:
             if not steps:
-                conn.send(P.encode_suback(conn.level, packet.packet_id, codes))
-                conn.session.save()
-                for topic_filter, qos in retained:
-                    conn.send_retained(topic_filter, qos)
-                conn.serve_held()
+                # The SUBACK once the session holds the subscriptions on disk
+                # (a cluster's followers too): a failover or a restart after
+                # it must not forget them (MQTT-3.8.4 lets a matching PUBLISH
+                # come first).
+                conn.session.save(subscribed)
                 return
             one = steps.pop(0)
             try:
@@ -236,11 +242,13 @@ class Subscriptions:
         filters = list(packet.topic_filters)
         codes: list[int] = []
 
+        def unsubscribed() -> None:
+            conn.send(P.encode_unsuback(conn.level, packet.packet_id, codes))
+            conn.serve_held()
+
         def next_step(_reply: Any = None) -> None:
             if not filters:
-                conn.send(P.encode_unsuback(conn.level, packet.packet_id, codes))
-                conn.session.save()
-                conn.serve_held()
+                conn.session.save(unsubscribed)  # (as the SUBACK: once on disk)
                 return
             topic_filter = filters.pop(0)
             sub = self.filters.pop(topic_filter, None)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import queue
 import socket
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pika
 import pytest
 from paho.mqtt import client as paho
@@ -17,7 +20,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from shoal.broker.mqtt import packets as P
-from tests.broker_process import Broker, wait_for
+from shoal.store import disk
+from shoal.workers.mqtt_session import SessionState, session_path
+from tests.broker_process import Broker, free_port, wait_for
 from tests.integration.test_mqtt import _queue_names
 from tests.mqtt_raw import RawClient
 
@@ -506,6 +511,31 @@ def test_a_retained_message_acked_survives_a_kill_9_right_after(
     sub.subscribe("kept/#", 1)
     got = {sub.received()[1].payload for _ in range(2)}
     assert got == {b"state-1", b"state-2"}
+
+
+def test_a_suback_comes_once_the_subscription_is_on_disk(
+    broker_factory: Callable[..., Broker], raws: list[RawClient], tmp_path: Path
+) -> None:
+    """A persistent session's SUBACK (and UNSUBACK) waits for the session's
+    synced write: a crash or a cluster's failover right after it keeps what
+    the client was told. Syncs are made slow (store/disk.py) so that a
+    SUBACK sent before the write would be read before the file has it."""
+    faults = tmp_path / "disk-faults"
+    faults.write_text("slow 0.3")
+    port = free_port()
+    broker = broker_factory(args=("--mqtt-port", str(port)), env={disk.ENV: str(faults)})
+    path = session_path(broker.data_dir, "/", "durable-subscriber")
+
+    def on_disk() -> SessionState:
+        with open(path, "rb") as f:
+            return msgspec.msgpack.decode(f.read(), type=SessionState)
+
+    device = raw(raws, port)
+    assert device.connect("durable-subscriber", PERSISTENT_5, clean=False)[:2] == (False, 0)
+    assert device.subscribe("plant/+/alarm", 1) == b"\x01"
+    assert list(on_disk().subscriptions) == ["plant/+/alarm"]
+    assert device.unsubscribe("plant/+/alarm") == b"\x00"
+    assert on_disk().subscriptions == {}
 
 
 def test_two_alike_qos2_messages_are_both_delivered(
