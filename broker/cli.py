@@ -8,7 +8,7 @@ import os
 import sys
 
 from shoal.broker import settings
-from shoal.broker.config import Config, default_workers
+from shoal.broker.config import Config, default_workers, parse_auth_mechanisms
 
 
 def _version() -> str:
@@ -218,6 +218,14 @@ def _broker_parser() -> argparse.ArgumentParser:
         default=d.loopback_users,
         help="users who may log in from this machine only, comma-separated (RabbitMQ's "
         "loopback_users; default guest; '' lets them in from anywhere)",
+    )
+    p.add_argument(
+        "--auth-mechanisms",
+        type=parse_auth_mechanisms,
+        default=d.auth_mechanisms,
+        help="SASL mechanisms offered, comma-separated (RabbitMQ's auth_mechanisms; default "
+        "PLAIN,AMQPLAIN; add EXTERNAL for logins by TLS client certificate, whose CN is the "
+        "user, also for MQTT clients that give no user name)",
     )
     p.add_argument(
         "--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"]

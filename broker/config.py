@@ -12,6 +12,24 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+# The SASL mechanisms Shoal knows (auth_mechanisms names some of them).
+KNOWN_AUTH_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
+
+
+def parse_auth_mechanisms(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """`PLAIN,AMQPLAIN,EXTERNAL` (or a list of names) as auth_mechanisms;
+    ValueError for an unknown name or none at all."""
+    names = text.split(",") if isinstance(text, str) else list(text)
+    mechanisms = tuple(dict.fromkeys(n.strip().upper() for n in names if n.strip()))
+    unknown = [n for n in mechanisms if n not in KNOWN_AUTH_MECHANISMS]
+    if unknown or not mechanisms:
+        raise ValueError(
+            f"auth mechanisms {', '.join(unknown) or '(none)'}: "
+            f"choose from {', '.join(KNOWN_AUTH_MECHANISMS)}"
+        )
+    return mechanisms
+
+
 class Config(msgspec.Struct, frozen=True):
     # Addresses to listen on; "::" is every address, IPv4 and IPv6 (one
     # dual-stack socket, as RabbitMQ listens): broker/listeners.py.
@@ -75,6 +93,12 @@ class Config(msgspec.Struct, frozen=True):
     # Users who may log in from loopback addresses only (RabbitMQ's
     # loopback_users; [] lets guest in from anywhere).
     loopback_users: tuple[str, ...] = ("guest",)
+    # The SASL mechanisms connection.start offers (RabbitMQ's auth_mechanisms,
+    # whose default is PLAIN and AMQPLAIN): EXTERNAL, a verified TLS client
+    # certificate's CN as the user, only where listed (RabbitMQ needs its
+    # rabbitmq_auth_mechanism_ssl plugin for it), and then also for MQTT
+    # clients that give no user name (RabbitMQ's mqtt.ssl_cert_login).
+    auth_mechanisms: tuple[str, ...] = ("PLAIN", "AMQPLAIN")
     log_level: str = "info"
     metrics_port: int = 15692  # Prometheus endpoint (broker/observe/metrics.py); 0: off
     metrics_bind: str = ""  # "": the same address as --bind

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from shoal.broker.config import Config
+from shoal.broker.config import Config, parse_auth_mechanisms
 
 SETTINGS_FILE = "settings.msgpack"
 
@@ -80,6 +80,11 @@ def read_file(path: str) -> dict[str, Any]:
             raise SettingsError(f"{path}: unknown setting '{key}'")
         if name == "loopback_users" and isinstance(value, str):
             value = tuple(u for u in value.split(",") if u)
+        if name == "auth_mechanisms":
+            try:
+                value = parse_auth_mechanisms(value)
+            except (ValueError, AttributeError) as exc:
+                raise SettingsError(f"{path}: {exc}") from None
         if name == "bind" and isinstance(value, str):
             value = (value,)  # one address, or a list of them
         if name in PATHS and isinstance(value, str) and value:

@@ -127,7 +127,9 @@ class Handshake:
                     version_major=8 if old else 0,
                     version_minor=0 if old else 9,
                     server_properties=properties,
-                    mechanisms=negotiation.mechanisms(conn.certificate_user),
+                    mechanisms=negotiation.mechanisms(
+                        conn.certificate_user, conn.ctx.config.auth_mechanisms
+                    ),
                     locales="en_US",
                 ),
             )
@@ -152,6 +154,7 @@ class Handshake:
                 conn.peer_host,
                 config.loopback_users,
                 conn.certificate_user,
+                config.auth_mechanisms,
             )
         except errors.SilentClose:
             raise

@@ -10,7 +10,7 @@ MQTT client gets everything an AMQP one has, unchanged: users, vhosts
 the management API's connection rows.
 
     CONNECT          protocol header, start-ok (PLAIN; EXTERNAL for a TLS client
-                     certificate and no user name), tune-ok, open, channel 1,
+                     certificate and no user name, if enabled), tune-ok, open, channel 1,
                      confirm.select, basic.qos; the session (workers/mqtt_session.py)
                      and its queues; then CONNACK (session present; a refused
                      login: the CONNACK code for it)
@@ -410,9 +410,9 @@ class MqttConnection(asyncio.Protocol):
             self.amqp.protocol = "Web " + self.amqp.protocol  # RabbitMQ's web-mqtt says so
         self.amqp.connection_made(AmqpSide(self))
         self.amqp.confirm_sink = self.inbound.confirmed_at_once
-        # A TLS client certificate and no user name: the certificate's user
-        # (SASL EXTERNAL, RabbitMQ's mqtt.ssl_cert_login).
-        self.external = packet.username is None and bool(self.amqp.certificate_user)
+        # No user name, a TLS client certificate, EXTERNAL on: its user (mqtt.ssl_cert_login).
+        cert_login = "EXTERNAL" in self.ctx.config.auth_mechanisms
+        self.external = packet.username is None and cert_login and bool(self.amqp.certificate_user)
         self.login = (user, password, vhost)
         self.to_amqp(framing.PROTOCOL_HEADER)
 

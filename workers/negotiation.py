@@ -63,15 +63,17 @@ def login(
     peer_host: str,
     loopback_users: Collection[str],
     certificate_user: str = "",
+    enabled: Collection[str] = ("PLAIN", "AMQPLAIN"),
 ) -> str:
     """The user connection.start-ok's credentials log in as, or RabbitMQ's
     403 "Login was refused ...": an unknown user, a wrong password, or one
     of `loopback_users` from another machine (the same text, measured). EXTERNAL: the user named
     by the client's verified TLS certificate (`certificate_user`), whose
-    password is not asked for. A mechanism not offered or a malformed
-    response: errors.SilentClose, as RabbitMQ (no frame, a close 3 s later)."""
+    password is not asked for. A mechanism not offered (of `enabled`) or a
+    malformed response: errors.SilentClose, as RabbitMQ (no frame, a close
+    3 s later)."""
     mechanism = method.mechanism
-    if mechanism not in mechanisms(certificate_user).split():
+    if mechanism not in mechanisms(certificate_user, enabled).split():
         # RabbitMQ's command_invalid: EXTERNAL is one it knows, offered only
         # over TLS with a client certificate.
         known = "invalid" if mechanism in ("EXTERNAL", "PLAIN", "AMQPLAIN") else "unknown"
@@ -103,10 +105,13 @@ def login(
     return got_user
 
 
-def mechanisms(certificate_user: str) -> str:
-    """connection.start's mechanisms: EXTERNAL too over TLS with a client
-    certificate."""
-    return "PLAIN AMQPLAIN EXTERNAL" if certificate_user else "PLAIN AMQPLAIN"
+def mechanisms(certificate_user: str, enabled: Collection[str] = ("PLAIN", "AMQPLAIN")) -> str:
+    """connection.start's mechanisms: those `enabled` (--auth-mechanisms),
+    EXTERNAL among them only over TLS with a client certificate. Offered by
+    default it broke clients that take it first (py-amqp, so Celery and
+    Kombu, over mutual TLS with a password: 403 for a CN that is no user),
+    where RabbitMQ offers it only with its plugin enabled and listed."""
+    return " ".join(m for m in enabled if m != "EXTERNAL" or certificate_user)
 
 
 def connection_limited(vhost: str, user: str, definitions: Definitions) -> bool:

@@ -39,10 +39,10 @@ EXCHANGE_TYPES = [
     )
 ]
 AUTH_MECHANISMS = [
-    {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism", "enabled": True},
-    {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism", "enabled": True},
+    {"name": "PLAIN", "description": "SASL PLAIN authentication mechanism"},
+    {"name": "AMQPLAIN", "description": "QPid AMQPLAIN mechanism"},
+    {"name": "EXTERNAL", "description": "SASL EXTERNAL authentication mechanism"},
 ]
-EXTERNAL = {"name": "EXTERNAL", "description": "SASL EXTERNAL authentication mechanism"}
 # What Shoal does of RabbitMQ's plugins (the UI lists them on a node's page).
 PLUGINS = [
     "rabbitmq_management",
@@ -178,7 +178,9 @@ def node_object(request: web.Request) -> dict[str, Any]:
         "enabled_plugins": PLUGINS,
         "exchange_types": EXCHANGE_TYPES,
         # EXTERNAL: offered on TLS connections with a client certificate.
-        "auth_mechanisms": [*AUTH_MECHANISMS, {**EXTERNAL, "enabled": bool(config.tls_port)}],
+        "auth_mechanisms": [
+            {**m, "enabled": m["name"] in config.auth_mechanisms} for m in AUTH_MECHANISMS
+        ],
         "contexts": contexts(config),
         "applications": [
             {"name": "rabbit", "description": "Shoal", "version": RABBITMQ_VERSION},

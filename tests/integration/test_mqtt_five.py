@@ -279,6 +279,7 @@ def test_a_tls_client_certificate_logs_in_as_its_common_name(
             str(certs.server_pem),
             "--tls-ca",
             str(certs.ca_pem),
+            *("--auth-mechanisms", "PLAIN,AMQPLAIN,EXTERNAL"),  # (mqtt.ssl_cert_login)
         )
     )
     from tests.clients import shoal

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import amqp
 import pika
 import pika.exceptions
 import pytest
@@ -54,6 +55,7 @@ def tls_broker(broker_factory: Callable[..., Broker], certs: Certs) -> Iterator[
         args=(
             *("--tls-port", str(port), "--tls-cert", str(certs.server_pem)),
             *("--tls-ca", str(certs.ca_pem)),
+            *("--auth-mechanisms", "PLAIN,AMQPLAIN,EXTERNAL"),
         )
     )
     broker.tls_port = port  # type: ignore[attr-defined]
@@ -117,6 +119,43 @@ def test_external_login_takes_the_user_from_the_certificate(
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as caught:
         tls_connect(tls_broker, certs.client_context(with_cert=True), external)
     assert "authentication mechanism EXTERNAL" in str(caught.value)
+
+
+def test_external_is_offered_only_where_enabled_as_rabbitmq(
+    broker_factory: Callable[..., Broker], certs: Certs
+) -> None:
+    """By default (RabbitMQ's auth_mechanisms, PLAIN and AMQPLAIN) a client
+    certificate does not bring EXTERNAL: py-amqp (Celery, Kombu) takes
+    EXTERNAL first where offered, and a mutual-TLS client that logs in with
+    a password got 403 for a CN that is no user."""
+    port = free_port()
+    broker_factory(
+        args=(
+            *("--tls-port", str(port), "--tls-cert", str(certs.server_pem)),
+            *("--tls-ca", str(certs.ca_pem)),
+        )
+    )
+    client_pem = certs.server_pem.parent / "client.pem"
+    certs.client.private_key_and_cert_chain_pem.write_to_path(str(client_pem))
+    conn = amqp.Connection(
+        f"127.0.0.1:{port}",
+        userid="guest",
+        password="guest",
+        ssl={
+            "ca_certs": str(certs.ca_pem),
+            "certfile": str(client_pem),
+            "cert_reqs": ssl.CERT_REQUIRED,
+            "server_hostname": "localhost",
+        },
+        connect_timeout=10,
+    )
+    conn.connect()
+    try:
+        assert conn.mechanisms == [b"PLAIN", b"AMQPLAIN"]
+        channel = conn.channel()
+        channel.queue_declare("py-amqp-tls", auto_delete=True)
+    finally:
+        conn.close()
 
 
 def test_a_certificate_from_another_ca_fails_the_handshake(

@@ -33,6 +33,7 @@ def test_flags_win_over_the_file_which_wins_over_defaults(tmp_path: Path) -> Non
         ('log-level = "loud"\n', "log level 'loud'"),
         ("memory-high-watermark = 2.0\n", "is a fraction, 0 to 1"),
         ("heartbeat = \n", "cannot read"),
+        ('auth-mechanisms = "PLAIN,CRAM-MD5"\n', "auth mechanisms CRAM-MD5: choose from"),
     ],
 )
 def test_a_bad_file_is_refused_with_the_setting_named(
@@ -114,3 +115,13 @@ def test_two_listeners_on_one_port_are_refused(capsys: pytest.CaptureFixture[str
     assert "--port and --mqtt-port are both 1883" in capsys.readouterr().err
     config_from_args(["--port", "1883", "--mqtt-port", "0"])
     config_from_args(["--port", "8883"])  # MQTTS is not listening without a certificate
+
+
+def test_auth_mechanisms_are_plain_and_amqplain_unless_listed(tmp_path: Path) -> None:
+    """RabbitMQ's auth_mechanisms: EXTERNAL only where named; a flag or the
+    file, a comma-separated string or a list."""
+    assert config_from_args([]).auth_mechanisms == ("PLAIN", "AMQPLAIN")
+    flag = config_from_args(["--auth-mechanisms", "plain,external"])
+    assert flag.auth_mechanisms == ("PLAIN", "EXTERNAL")
+    f = write(tmp_path / "s.toml", 'auth-mechanisms = ["AMQPLAIN", "EXTERNAL"]\n')
+    assert config_from_args(["--config", f]).auth_mechanisms == ("AMQPLAIN", "EXTERNAL")
