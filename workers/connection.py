@@ -301,7 +301,7 @@ class Connection(asyncio.Protocol):
         try:
             for i, frame in enumerate(frames):
                 if self.fanout_work >= FANOUT_PER_TURN:  # (workers/fanout_turns.py)
-                    fanout_turns.defer(self, frames[i:], self.ctx.loop)
+                    fanout_turns.defer(self, frames[i:], self.ctx.loop, FANOUT_PER_TURN)
                     return
                 if frame[0] == PUBLISH_WHOLE:
                     # A whole publish, decoded by workers/_wire.c scan: the fast

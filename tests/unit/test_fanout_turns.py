@@ -59,3 +59,32 @@ def test_a_fanning_out_read_is_taken_a_turn_at_a_time_in_order(
     one_turn(client.loop)
     assert queue_bodies(fan_ctx, 0) == [b"%d" % i for i in range(20)] + [b"alone"]
     assert not client.transport.paused and not client.conn.closed
+
+
+def test_connections_that_fan_out_share_a_turn(
+    fan_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two fanning-out connections waiting for their next turn do half the
+    appends each there, so a turn does not grow with their number (the
+    other connections' events wait for a turn's end)."""
+    monkeypatch.setattr("shoal.workers.connection.FANOUT_PER_TURN", 60)
+    shared = SharedQueues(fan_ctx.seg)
+    for qid, name in enumerate(QUEUES):
+        shared.create(qid, name.encode(), 0, 0)
+    clients = [Client(fan_ctx) for _ in range(2)]
+    for c in clients:
+        c.open()
+        c.method(1, C.Channel.Open())
+        c.received()
+    for n, c in enumerate(clients):
+        c.conn.data_received(b"".join(publish(1, b"%d-%d" % (n, i), "", "fan") for i in range(30)))
+    assert len(queue_bodies(fan_ctx, 4)) == 12  # 6 messages of 10 appends each
+    one_turn(clients[0].loop)
+    assert len(queue_bodies(fan_ctx, 4)) == 18  # 3 each: 30 appends, half of 60
+    for _ in range(20):
+        one_turn(clients[0].loop)
+    bodies = queue_bodies(fan_ctx, 4)
+    for n in range(2):
+        mine = [b for b in bodies if b.startswith(b"%d-" % n)]
+        assert mine == [b"%d-%d" % (n, i) for i in range(30)]  # in order
+    assert not any(c.transport.paused for c in clients)
