@@ -84,6 +84,20 @@ class Atomic:
         dropping: int,
         /,
     ) -> int: ...
+    def drop_entries(
+        self,
+        queue: int,
+        ring: int,
+        mask: int,
+        start: int,
+        end: int,
+        purge: bool,
+        arenas: int,
+        arena_bytes: int,
+        dropping: int,
+        tags: bool,
+        /,
+    ) -> tuple[int, list[tuple[int, int, int]] | None]: ...
     def release_hold(self, block: int, arenas: int, arena_bytes: int, /) -> bool: ...
     def read_tag(self, block: int, /) -> tuple[int, int, int] | None: ...
     def write_tag(self, block: int, slot: int, check: int, offset: int, /) -> None: ...

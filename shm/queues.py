@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from shoal.shm import _atomic, flow, layout, limits
+from shoal.shm import _atomic, flow, layout, limits, queue_drops
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import body_length, body_refs_drop, read_tag
 from shoal.shm.queue_catalog import QueueCatalog
@@ -248,32 +248,19 @@ class SharedQueues:
         state = a.load(q + layout.Q_STATE)
         a.store(q + layout.Q_STATE, (state >> 8) << 8 | layout.QS_FREE)
         a.fetch_add(layout.H_CATALOG_GEN, 1)
-        dropped = 0
         ring = self.layout.log(qid)
         head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
         # The message store counts the durable entries dropped here down (the
         # queue's uid is gone from definitions.log: recovery skips them anyway).
         uid = a.load(q + layout.Q_UID) if self.events.records_settles else 0
-        for seq in range(head, tail):
-            cell = ring + (seq & self.mask) * layout.CELL_SIZE
-            while True:
-                w = a.load(cell)
-                wseq, st = w >> _SEQ, w & layout.STATE_MASK
-                if wseq > seq or (wseq == seq and st == _DEL):
-                    break
-                live = wseq == seq and st in (_AVAIL, _ACQ)
-                # The body word is read while the cell still holds `seq` live:
-                # once it is DELETED the head may pass it and a publisher
-                # reuse the cell (and its body word) for seq + capacity.
-                block = a.load(cell + 8) if live else 0
-                tag = read_tag(self.seg, block) if uid and block else None
-                # A cell still being published (older seq) is tombstoned too:
-                # the publisher's CAS then fails and it drops its reference.
-                if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
-                    dropped += 1 if live else 0
-                    if tag is not None:  # uid 0: count it down, write no record
-                        self.events.settled(tag, 0)
-                    break
+        if a.__class__ is Atomic:  # one C call (shm/_atomic.c drop_entries), these steps
+            dropped, tags = a.drop_entries(
+                q, ring, self.mask, head, tail, False, *self._drop_geometry(), bool(uid)
+            )
+            for settled in tags or ():  # uid 0: counted down, no record written
+                self.events.settled(settled, 0)
+        else:
+            dropped = queue_drops.remove_entries(self, ring, head, tail, uid)
         a.store(q + layout.Q_HEAD, tail)
         for field in (layout.Q_READY, layout.Q_UNACKED, layout.Q_BYTES, layout.Q_READY_BYTES):
             a.store(q + field, 0)
@@ -429,7 +416,7 @@ class SharedQueues:
         publish lane's append, workers/lane.py, saw it): take it back unless
         remove() already tombstoned it; True if this call took it."""
         cell = self.layout.log(qid) + (t & self.mask) * layout.CELL_SIZE
-        return self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
+        return self.delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
 
     def _taken_back(self, qid: int, t: int, block: int) -> NoReturn:
         """The queue was deleted after entry `t` was published (and maybe
@@ -464,7 +451,7 @@ class SharedQueues:
         if not published:
             raise QueueFull(qid)
         if a.load(q + layout.Q_STATE) != state:
-            taken = self._delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
+            taken = self.delete_and_drop(cell, t << _SEQ | _AVAIL, t << _SEQ | _DEL, block)
             raise QueueGone(qid, taken)
         a.fetch_add(q + layout.Q_CHANGES, 1)  # before READY, as in the C append
         a.fetch_add(q + layout.Q_READY, 1)
@@ -628,25 +615,23 @@ class SharedQueues:
         paged_out = a.load(q + layout.Q_PAGED_OUT)
         a.fetch_add(q + layout.Q_PURGES, 1)
         ring = self.layout.log(qid)
-        purged = 0
         uid = a.load(q + layout.Q_UID) if self.events.records_settles else 0
-        for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):
-            cell = ring + (seq & self.mask) * layout.CELL_SIZE
-            w = a.load(cell)
-            if w >> _SEQ != seq or w & layout.STATE_MASK != _AVAIL:
-                continue
-            # Read the body before the CAS, as in remove() and the C ack
-            # (and its tag: used only if the CAS shows it was still ours).
-            block = a.load(cell + 8)
-            size = body_length(self.seg, block)
-            tag = read_tag(self.seg, block) if uid else None
-            if self._delete_and_drop(cell, w, seq << _SEQ | _DEL, block):
-                if tag is not None:
-                    self.events.settled(tag, uid)
-                a.fetch_add(q + layout.Q_READY, -1)
-                a.fetch_add(q + layout.Q_BYTES, -size)
-                a.fetch_add(q + layout.Q_READY_BYTES, -size)
-                purged += 1
+        if a.__class__ is Atomic:  # one C call (shm/_atomic.c drop_entries), these steps
+            purged, tags = a.drop_entries(
+                q,
+                ring,
+                self.mask,
+                a.load(q + layout.Q_HEAD),
+                a.load(q + layout.Q_TAIL),
+                True,
+                *self._drop_geometry(),
+                bool(uid),
+            )
+            for settled in tags or ():
+                self.events.settled(settled, uid)
+            self._advance_head(qid)
+            return purged + paged_out
+        purged = queue_drops.purge_entries(self, q, ring, uid)
         self._advance_head(qid)
         return purged + paged_out
 
@@ -655,7 +640,7 @@ class SharedQueues:
         reference to `block` (read from the cell before). The caller moves
         the counters and the head (shm/timed_entries.py drop_expired, as purge)."""
         seq = word >> _SEQ
-        return self._delete_and_drop(cell, word, seq << _SEQ | _DEL, block)
+        return self.delete_and_drop(cell, word, seq << _SEQ | _DEL, block)
 
     def drained(self, qid: int) -> None:
         """Entries of `qid` were deleted other than by settle() (the
@@ -667,7 +652,7 @@ class SharedQueues:
         """Move log `qid`'s head past the entries deleted at it (section 4)."""
         self._advance_head(qid)
 
-    def _delete_and_drop(self, cell: int, expected: int, deleted: int, block: int) -> bool:
+    def delete_and_drop(self, cell: int, expected: int, deleted: int, block: int) -> bool:
         """CAS a cell to DELETED and drop its body reference (if `block`),
         advertising the drop in flight in this process's P_DROPPING word
         from before the CAS until after the drop, as the C ack does."""
@@ -683,6 +668,10 @@ class SharedQueues:
         finally:
             if block:
                 a.store(self.dropping, 0)
+
+    def _drop_geometry(self) -> tuple[int, int, int]:
+        """drop_entries' (arenas, arena_bytes, dropping) arguments."""
+        return self.layout.arenas, self.layout.limits.arena_bytes, self.dropping
 
     def _advance_head(self, qid: int) -> None:
         """Move the head past deleted cells so they can be reused. Safe to

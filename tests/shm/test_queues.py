@@ -869,3 +869,36 @@ def test_queue_names_are_per_virtual_host(make_segment: SegmentFactory) -> None:
     assert reader.catalog.lookup(b"q", 1) == 6
     assert reader.catalog.lookup(b"q", 2) is None
     assert sorted(sched.catalog.scan()) == [(0, b"q", 5), (1, b"q", 6)]
+
+
+@pytest.mark.parametrize("operation", ["purge", "remove"])
+def test_the_c_drop_loop_leaves_what_the_python_one_does(env: Env, operation: str) -> None:
+    """purge() and remove() run their loop in C (shm/_atomic.c drop_entries)
+    where the Atomic is the C one, in Python otherwise (an Interposer): the
+    same log (available, acquired, acked, a publish under way) comes out
+    the same from both, cells, counters and body references."""
+    env.sched.create(6, b"twin", 0, 0)
+    for qid in (env.qid, 6):
+        for i in range(CAP - 2):
+            env.pub(b"m%d" % i, qid)
+        for pointer in (0, 3):
+            got = env.c1.acquire(qid, pointer)
+            assert not isinstance(got, int)
+        assert env.c1.ack(qid, 0)
+        a, q = env.seg.atomic, env.seg.layout.queue(qid)
+        assert a.cas(q + L.Q_TAIL, CAP - 2, CAP - 1)  # a publisher reserved seq CAP - 2
+    live_before = arena_usage(env.seg, PRODUCER)[1]
+    outcomes = []
+    for qid, python in ((env.qid, False), (6, True)):
+        if python:
+            env.sched.a = Interposer(env.seg.atomic, lambda *_: None)  # type: ignore[assignment]
+        outcomes.append(getattr(env.sched, operation)(qid))
+        env.sched.a = env.seg.atomic
+    assert outcomes[0] == outcomes[1] == (CAP - 4 if operation == "purge" else CAP - 3)
+    states = [[cell_state(env.seg, qid, s) for s in range(CAP)] for qid in (env.qid, 6)]
+    assert states[0] == states[1]
+    fields = (L.Q_HEAD, L.Q_TAIL, L.Q_READY, L.Q_UNACKED, L.Q_BYTES, L.Q_READY_BYTES)
+    assert [env.q(f) for f in fields] == [env.q(f, 6) for f in fields]
+    kept = 2 if operation == "purge" else 0  # the acquired entry of each queue
+    assert arena_usage(env.seg, PRODUCER)[1] == kept
+    assert live_before == 2 * (CAP - 3)
