@@ -23,7 +23,7 @@ from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.fanout_handshakes import raw_open  # noqa: E402
+from bench.fanout_handshakes import raw_open
 
 QUEUE = "drop-backlog"
 
