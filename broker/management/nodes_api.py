@@ -177,7 +177,8 @@ def node_object(request: web.Request) -> dict[str, Any]:
         "log_files": ["<stdout>"],
         "enabled_plugins": PLUGINS,
         "exchange_types": EXCHANGE_TYPES,
-        # EXTERNAL: offered on TLS connections with a client certificate.
+        # EXTERNAL: enabled where --auth-mechanisms lists it (then offered over TLS
+        # to a client with a certificate).
         "auth_mechanisms": [
             {**m, "enabled": m["name"] in config.auth_mechanisms} for m in AUTH_MECHANISMS
         ],
