@@ -194,6 +194,13 @@ def _broker_parser() -> argparse.ArgumentParser:
         help="QoS 1 and 2 deliveries in flight per MQTT subscription, 1 to 65535 "
         "(default %(default)s; a 5.0 client's receive maximum bounds it too)",
     )
+    p.add_argument(
+        "--mqtt-receive-maximum",
+        type=int,
+        default=d.mqtt_receive_maximum,
+        help="QoS 2 PUBLISHes an MQTT client may have unreleased, 1 to 65535, "
+        "the Receive Maximum of a 5.0 CONNACK (default %(default)s)",
+    )
     p.add_argument("--tls-cert", default=d.tls_cert, help="PEM certificate chain of the server")
     p.add_argument("--tls-key", default=d.tls_key, help="PEM private key (default: in --tls-cert)")
     p.add_argument(

@@ -47,6 +47,10 @@ class Config(msgspec.Struct, frozen=True):
     # mqtt.prefetch, mosquitto's max_inflight_messages): enough to keep a
     # fast subscriber's link full; a 5.0 client bounds it with its receive maximum.
     mqtt_prefetch: int = 1000
+    # 5.0's Receive Maximum in CONNACK: the QoS 2 PUBLISHes a client may have
+    # unreleased (workers/mqtt_inbound.py); mosquitto's max_inflight_messages
+    # is 20, an operator who wants its bound sets that.
+    mqtt_receive_maximum: int = 4096
     tls_cert: str = ""  # PEM: the server's certificate chain
     tls_key: str = ""  # PEM: its private key ("": in tls_cert)
     tls_ca: str = ""  # PEM: CAs that client certificates are verified against ("": none asked)

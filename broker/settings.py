@@ -39,6 +39,7 @@ RELOADABLE = frozenset(
         "frame_max",
         "channel_max",
         "mqtt_prefetch",
+        "mqtt_receive_maximum",
         "heartbeat",
         "handshake_timeout",
         "max_handshaking",
@@ -142,8 +143,9 @@ def check(c: Config, explicit: frozenset[str] = frozenset()) -> list[str]:
             problems.append(f"--{listeners[port]} and --{name} are both {port}")
         elif port and on:
             listeners[port] = name
-    if not 1 <= c.mqtt_prefetch <= 0xFFFF:
-        problems.append("--mqtt-prefetch is a count, 1 to 65535")
+    for name in ("mqtt_prefetch", "mqtt_receive_maximum"):
+        if not 1 <= getattr(c, name) <= 0xFFFF:
+            problems.append(f"--{name.replace('_', '-')} is a count, 1 to 65535")
     if not c.plain_listener and not c.tls_port:
         problems.append("--no-plain-listener needs --tls-port: no listener is left")
     for name in ("memory_high_watermark", "arena_high_watermark", "memory_low_watermark"):

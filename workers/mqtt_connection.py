@@ -47,7 +47,7 @@ from shoal.shm import stats
 from shoal.workers import framing
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
-from shoal.workers.mqtt_inbound import RECEIVE_MAXIMUM, TOPIC_ALIAS_MAXIMUM, Inbound
+from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
 from shoal.workers.mqtt_outbound import Outbound
 from shoal.workers.mqtt_session import Session
 from shoal.workers.mqtt_subscriptions import Subscriptions
@@ -103,7 +103,7 @@ class MqttConnection(asyncio.Protocol):
         self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
         self.session = Session.in_memory()
         self.subscriptions = Subscriptions(self)
-        self.inbound = Inbound(self, self.subscriptions, ctx.waker)
+        self.inbound = Inbound(self, self.subscriptions, ctx.waker, ctx.config.mqtt_receive_maximum)
         self.outbound: Outbound | None = None
         self.delivery: list[Any] | None = None  # [Delivered, (size, properties), bytearray]
         self.properties_cache = F.PropertiesCache()  # deliveries' content headers
@@ -460,7 +460,7 @@ class MqttConnection(asyncio.Protocol):
         if self.level == P.MQTT_5:
             props = {
                 "topic_alias_maximum": TOPIC_ALIAS_MAXIMUM,
-                "receive_maximum": RECEIVE_MAXIMUM,
+                "receive_maximum": self.inbound.receive_maximum,
                 "maximum_packet_size": self.max_packet,
             }
             if self.assigned_id:  # MQTT-3.2.2-16

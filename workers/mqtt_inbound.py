@@ -46,8 +46,9 @@ TOPIC_ALIAS_MAXIMUM = 64  # the 5.0 topic aliases a client may set (CONNACK says
 # may have unacknowledged. Enforced for QoS 2, whose packet ids wait in the
 # session (written to disk with it) until the client's PUBREL: a client that
 # never sends one would grow it without bound. (QoS 1 PUBACKs follow the
-# broker's own confirms: the broker bounds those itself.)
-RECEIVE_MAXIMUM = 4096
+# broker's own confirms: the broker bounds those itself.) The count is
+# --mqtt-receive-maximum, read once per connection: a reload does not change
+# what an open connection's CONNACK said.
 RECEIVE_MAXIMUM_EXCEEDED = 0x93
 MAX_ROUTING_KEY = 255  # an AMQP shortstr: a longer topic cannot be routed (5.0: 0x90)
 PLAIN_TOPICS_MAX = 64  # the topics a connection publishes to that publish_plain knows
@@ -60,7 +61,9 @@ _PUBACK_HEAD = bytes((P.PUBACK << 4, 2))
 
 
 class Inbound:
-    def __init__(self, conn: MqttClient, subscriptions: Subscriptions, waker: Waker) -> None:
+    def __init__(
+        self, conn: MqttClient, subscriptions: Subscriptions, waker: Waker, receive_maximum: int
+    ) -> None:
         self.conn = conn
         self.subscriptions = subscriptions
         self.waker = waker  # (a long run of QoS 0 publishes wakes at once)
@@ -71,6 +74,7 @@ class Inbound:
         self.confirms: dict[int, tuple[tuple[int, int] | None, ipc.Retain | None]] = {}
         # QoS 2 publishes on their way to PUBREC: the confirm, then the session's write.
         self.qos2_publishing: set[int] = set()
+        self.receive_maximum = receive_maximum  # (CONNACK says it)
         self.topic_aliases = TopicAliases(TOPIC_ALIAS_MAXIMUM)  # 5.0: the client's
         # The content header properties of PUBLISHes without 5.0 properties,
         # by (QoS, retain, publisher).
@@ -112,7 +116,8 @@ class Inbound:
             assert packet_id is not None
             ack = (P.PUBACK if packet.qos == 1 else P.PUBREC, packet_id)
             if packet.qos == 2:
-                if len(self.conn.session.received) + len(self.qos2_publishing) >= RECEIVE_MAXIMUM:
+                unreleased = len(self.conn.session.received) + len(self.qos2_publishing)
+                if unreleased >= self.receive_maximum:
                     self.conn.disconnect(RECEIVE_MAXIMUM_EXCEEDED)  # (5.0 4.9)
                     return
                 # Its id goes to the session once the message is confirmed,

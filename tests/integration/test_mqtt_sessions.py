@@ -627,27 +627,32 @@ def test_a_session_resumed_without_an_expiry_delivers_what_waited_then_ends(
         after.received()
 
 
+@pytest.mark.parametrize("setting", [None, 20])
 def test_qos2_publishes_past_the_receive_maximum_end_the_connection(
-    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+    broker_factory: Callable[..., Broker], raws: list[RawClient], setting: int | None
 ) -> None:
     """5.0 4.9: a client with more unacknowledged QoS 2 PUBLISHes than the
     CONNACK's Receive Maximum (no PUBREL for any) is disconnected with 0x93,
     before its session holds more packet ids than that (Eclipse Paho's
-    interoperability test_flow_control2 does this)."""
-    from shoal.workers.mqtt_inbound import RECEIVE_MAXIMUM
-
-    _broker, port = mqtt_broker
+    interoperability test_flow_control2 does this). The maximum is
+    --mqtt-receive-maximum, 4,096 unless set (mosquitto's is 20: Paho C's
+    test11 needs a small one)."""
+    port = free_port()
+    args = ("--mqtt-port", str(port))
+    if setting is not None:
+        args += ("--mqtt-receive-maximum", str(setting))
+    broker_factory(args=args)
+    maximum = setting or 4096
     client = raw(raws, port)
     _present, code, props = client.connect("greedy", {})
-    assert code == 0 and props["receive_maximum"] == RECEIVE_MAXIMUM
+    assert code == 0 and props["receive_maximum"] == maximum
     batch = b"".join(
-        P.encode_publish(P.MQTT_5, "g/1", b"x", 2, packet_id=i)
-        for i in range(1, RECEIVE_MAXIMUM + 1)
+        P.encode_publish(P.MQTT_5, "g/1", b"x", 2, packet_id=i) for i in range(1, maximum + 1)
     )
     client.sock.sendall(batch)
-    for _ in range(RECEIVE_MAXIMUM):
+    for _ in range(maximum):
         client.read(P.PUBREC)  # each taken: the maximum itself is allowed
-    client.sock.sendall(P.encode_publish(P.MQTT_5, "g/1", b"x", 2, packet_id=RECEIVE_MAXIMUM + 1))
+    client.sock.sendall(P.encode_publish(P.MQTT_5, "g/1", b"x", 2, packet_id=maximum + 1))
     _kind, _flags, reason = client.read(P.DISCONNECT)
     assert reason[0] == 0x93  # receive maximum exceeded
     assert client.closed_by_broker()

@@ -72,7 +72,7 @@ def test_only_a_qos_0_publish_in_a_long_read_wakes_its_subscribers_at_once(
 ) -> None:
     waker = StandInWaker()
     client = StandInClient(waker, long_read)
-    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    inbound = Inbound(client, StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
     packet: Any = P.Publish("sensors/1/temp", b"21.5", qos, packet_id=7 if qos else None)
     inbound.publish(packet)
     assert client.published == [at_once]
@@ -85,7 +85,7 @@ def test_a_confirm_is_taken_at_once_unless_earlier_frames_are_unread(unread: byt
     them, say), the confirm is declined and comes as a frame after them."""
     waker = StandInWaker()
     client = StandInClient(waker, long_read=False)
-    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    inbound = Inbound(client, StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
     for packet_id in (7, 8):
         packet: Any = P.Publish("sensors/1/temp", b"21.5", 1, packet_id=packet_id)
         inbound.publish(packet)
@@ -114,7 +114,7 @@ def test_a_plain_publish_makes_the_frames_of_the_decoders_path(level: int, qos: 
     waker = StandInWaker()
     client = StandInClient(waker, long_read=False)
     client.level = level
-    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    inbound = Inbound(client, StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
     flags = qos << 1
     first = publish_body(b"sensors/1/temp", 7 if qos else None, b"21.5", level)
     assert inbound.publish_plain(flags, first) is False  # a topic not seen yet
@@ -123,7 +123,7 @@ def test_a_plain_publish_makes_the_frames_of_the_decoders_path(level: int, qos: 
     assert inbound.publish_plain(flags, second) is True
     assert len(client.frames) == 1  # held until fed
     inbound.feed_plain()
-    decoded = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    decoded = Inbound(client, StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
     decoded.confirm_seq = 1
     decoded.publish(P.decode(P.PUBLISH, flags, second, level))  # type: ignore[arg-type]
     assert client.frames[1] == client.frames[2]  # the same basic.publish, header, body
@@ -153,7 +153,7 @@ def test_a_publish_that_is_not_plain_is_left_to_the_decoder(
 ) -> None:
     waker = StandInWaker()
     client = StandInClient(waker, long_read=False)
-    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    inbound = Inbound(client, StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
     for qos in (0, 1):
         known = publish_body(b"sensors/1/temp", 7 if qos else None, b"21.5", P.MQTT_311)
         inbound.publish(P.decode(P.PUBLISH, qos << 1, known, P.MQTT_311))  # type: ignore[arg-type]
@@ -166,7 +166,7 @@ def test_a_plain_publish_asks_the_permission_and_a_5_0_ones_properties_go_to_the
     waker = StandInWaker()
     client = StandInClient(waker, long_read=False)
     client.level = P.MQTT_5
-    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    inbound = Inbound(client, StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
     known = publish_body(b"sensors/1/temp", 7, b"21.5", P.MQTT_5)
     inbound.publish(P.decode(P.PUBLISH, 0x02, known, P.MQTT_5))  # type: ignore[arg-type]
     with_properties = (
@@ -186,7 +186,7 @@ def test_a_reads_plain_publishes_reach_the_inner_connection_in_one_go(long_read:
     then (as publish does at once), a QoS 1 one never."""
     waker = StandInWaker()
     client = StandInClient(waker, long_read)
-    inbound = Inbound(client, StandInSubscriptions(), waker)  # type: ignore[arg-type]
+    inbound = Inbound(client, StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
     for qos in (0, 1):
         known = publish_body(b"sensors/1/temp", 7 if qos else None, b"21.5", P.MQTT_311)
         inbound.publish(P.decode(P.PUBLISH, qos << 1, known, P.MQTT_311))  # type: ignore[arg-type]
@@ -208,7 +208,7 @@ def test_a_reads_plain_publishes_reach_the_inner_connection_in_one_go(long_read:
     assert client.published == [False, long_read]
     assert len(client.frames) == 2
     for sent, bodies, qos in ((client.frames[0], one, 1), (client.frames[1], two, 0)):
-        expected = Inbound(StandInClient(waker, False), StandInSubscriptions(), waker)  # type: ignore[arg-type]
+        expected = Inbound(StandInClient(waker, False), StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
         decoded = expected.conn
         for body in bodies:
             expected.publish(P.decode(P.PUBLISH, qos << 1, body, P.MQTT_311))  # type: ignore[arg-type]

@@ -74,13 +74,19 @@ def test_the_example_file_names_only_known_settings(tmp_path: Path) -> None:
     assert settings.read_file(uncommented)["workers"] == 4
 
 
-def test_mqtt_prefetch_is_a_count_of_1_to_65535(capsys: pytest.CaptureFixture[str]) -> None:
-    assert config_from_args([]).mqtt_prefetch == 1000
-    assert config_from_args(["--mqtt-prefetch", "65535"]).mqtt_prefetch == 65535
+@pytest.mark.parametrize(
+    ("option", "default"), [("--mqtt-prefetch", 1000), ("--mqtt-receive-maximum", 4096)]
+)
+def test_mqtt_windows_are_counts_of_1_to_65535(
+    capsys: pytest.CaptureFixture[str], option: str, default: int
+) -> None:
+    field = option[2:].replace("-", "_")
+    assert getattr(config_from_args([]), field) == default
+    assert getattr(config_from_args([option, "65535"]), field) == 65535
     for bad in ("0", "65536"):
         with pytest.raises(SystemExit):
-            config_from_args(["--mqtt-prefetch", bad])
-        assert "--mqtt-prefetch is a count, 1 to 65535" in capsys.readouterr().err
+            config_from_args([option, bad])
+        assert f"{option} is a count, 1 to 65535" in capsys.readouterr().err
 
 
 def test_an_mqtts_port_needs_a_certificate() -> None:
