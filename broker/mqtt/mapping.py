@@ -18,6 +18,14 @@ RETAIN_HEADER = "x-mqtt-retain"  # published with RETAIN (5.0's retain as publis
 PUBLISHER_HEADER = "x-mqtt-publisher"  # the client id, when it has a no-local subscription
 EXPIRES_HEADER = "x-mqtt-expires-at"  # 5.0 message expiry: when (Unix seconds)
 FORMAT_HEADER = "x-mqtt-payload-format"  # 5.0 payload format indicator 1 (UTF-8)
+# What does not fit AMQP's short strings goes in headers, as RabbitMQ 3.13's
+# MQTT plugin puts it: correlation data that is not a short UTF-8 string
+# (binary, a UUID's 16 bytes), a response topic of over 255 bytes.
+CORRELATION_HEADER = "x-correlation-id"
+REPLY_TOPIC_HEADER = "x-reply-to-topic"
+_NOT_USER = frozenset({CORRELATION_HEADER, REPLY_TOPIC_HEADER})  # (not user properties)
+SHORTSTR = 255
+TABLE_KEY = 128  # pamqp's longest field name (it would cut a longer one)
 
 # The 5.0 properties a message carries on to its receivers (3.3.2.3).
 FORWARDED_PROPERTIES = frozenset(
@@ -46,10 +54,13 @@ def amqp_properties(
 ) -> C.Basic.Properties:
     """A PUBLISH's QoS and 5.0 properties as AMQP's: QoS 1 and 2 persistent;
     content type, response topic (reply-to), correlation data (correlation-id),
-    message expiry (expiration, ms), user properties (headers)."""
+    message expiry (expiration, ms), user properties (headers). What AMQP's
+    fields cannot hold: as RabbitMQ's plugin (a content type or user
+    property name too long dropped, the rest in headers)."""
     headers: dict[str, Any] = {QOS_HEADER: qos}
     for key, value in properties.get("user_property", ()):
-        headers[key] = value
+        if len(key.encode()) <= TABLE_KEY:
+            headers[key] = value
     if retain:
         headers[RETAIN_HEADER] = 1
     if publisher is not None:
@@ -59,15 +70,35 @@ def amqp_properties(
     expiry = properties.get("message_expiry_interval")
     if expiry is not None:
         headers[EXPIRES_HEADER] = int(time.time()) + expiry
-    correlation = properties.get("correlation_data")
+    correlation_id = correlation = properties.get("correlation_data")
+    if correlation is not None:
+        correlation_id = _short_text(correlation)
+        if correlation_id is None:
+            headers[CORRELATION_HEADER] = bytearray(correlation)  # (a byte array, "x")
+    reply_to = properties.get("response_topic")
+    if reply_to is not None and len(reply_to.encode()) > SHORTSTR:
+        headers[REPLY_TOPIC_HEADER], reply_to = reply_to, None
+    content_type = properties.get("content_type")
     return C.Basic.Properties(
         delivery_mode=2 if qos else 1,
         headers=headers,
-        content_type=properties.get("content_type"),
-        correlation_id=None if correlation is None else correlation.decode(errors="replace"),
-        reply_to=properties.get("response_topic"),
+        content_type=content_type
+        if content_type and len(content_type.encode()) <= SHORTSTR
+        else None,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
         expiration=None if expiry is None else str(expiry * 1000),
     )
+
+
+def _short_text(data: bytes) -> str | None:
+    """`data` as an AMQP short string, if it is one: UTF-8, no NUL, 255 bytes at most."""
+    if len(data) > SHORTSTR or b"\0" in data:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def published_qos(props: C.Basic.Properties) -> int:
@@ -84,17 +115,23 @@ def mqtt_properties(props: C.Basic.Properties) -> Properties:
     out: Properties = {}
     if props.content_type:
         out["content_type"] = props.content_type
-    if props.reply_to:
-        out["response_topic"] = props.reply_to
-    if props.correlation_id:
-        out["correlation_data"] = props.correlation_id.encode()
     headers = props.headers or {}
+    reply_to = props.reply_to or headers.get(REPLY_TOPIC_HEADER)
+    if isinstance(reply_to, str) and reply_to:
+        out["response_topic"] = reply_to
+    correlation = props.correlation_id or headers.get(CORRELATION_HEADER)
+    if isinstance(correlation, str):
+        correlation = correlation.encode()
+    if isinstance(correlation, (bytes, bytearray)) and correlation:
+        out["correlation_data"] = bytes(correlation)
     if headers.get(FORMAT_HEADER):
         out["payload_format_indicator"] = 1
     expires_at = headers.get(EXPIRES_HEADER)
     if isinstance(expires_at, int):  # what is left of it (MQTT-3.3.2-6)
         out["message_expiry_interval"] = max(1, expires_at - int(time.time()))
-    users = [(k, str(v)) for k, v in headers.items() if not k.startswith("x-mqtt")]
+    users = [
+        (k, str(v)) for k, v in headers.items() if k not in _NOT_USER and not k.startswith("x-mqtt")
+    ]
     if users:
         out["user_property"] = users
     return out

@@ -425,3 +425,49 @@ def test_retain_as_published_changed_holds_from_the_next_delivery(
         for c in (sub, pub):
             c.disconnect()
             c.loop_stop()
+
+
+def test_what_amqp_fields_cannot_hold_travels_in_headers_as_rabbitmqs(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """Binary correlation data (a UUID's bytes) and a response topic of over
+    255 bytes reach an MQTT subscriber unchanged and an AMQP consumer in
+    RabbitMQ 3.13's headers (x-correlation-id, x-reply-to-topic); a content
+    type or user property name AMQP cannot hold is dropped, as RabbitMQ's
+    plugin drops it, and the message still goes (a fuzzer's PUBLISH of them
+    was an internal error)."""
+    from tests.clients import connect
+
+    mqtt_port = mqtt_broker[1]
+    amqp = connect(mqtt_broker[0]).channel()
+    amqp.queue_declare("fields-seen", exclusive=True)
+    amqp.queue_bind("fields-seen", "amq.topic", "fields.#")
+    sub = raw(raws, mqtt_port, "fields-sub")
+    assert sub.subscribe("fields/#", 1) == b"\x01"
+    pub = raw(raws, mqtt_port, "fields-pub")
+    correlation = b"\xff\x00\x10" + bytes(range(13))  # 16 bytes, not UTF-8
+    long_topic = "replies/" + "r" * 300
+    pub.publish(
+        "fields/x",
+        b"payload",
+        1,
+        packet_id=5,
+        properties={
+            "correlation_data": correlation,
+            "response_topic": long_topic,
+            "content_type": "c" * 300,
+            "user_property": [("k" * 200, "dropped"), ("kept", "v")],
+        },
+    )
+    assert pub.read(P.PUBACK)[2][:2] == b"\x00\x05"
+    _flags, message = sub.received()
+    assert message.payload == b"payload"
+    assert message.properties["correlation_data"] == correlation
+    assert message.properties["response_topic"] == long_topic
+    assert "content_type" not in message.properties
+    assert message.properties["user_property"] == [("kept", "v")]
+    _method, props, body = amqp.basic_get("fields-seen", auto_ack=True)
+    assert body == b"payload" and props.correlation_id is None and props.reply_to is None
+    assert bytes(props.headers["x-correlation-id"]) == correlation
+    assert props.headers["x-reply-to-topic"] == long_topic
+    assert props.headers["kept"] == "v" and "k" * 200 not in props.headers

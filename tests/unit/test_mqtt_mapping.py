@@ -1,0 +1,50 @@
+"""broker/mqtt/mapping.py without sockets: a PUBLISH's 5.0 properties
+through an AMQP content header (pamqp's bytes) and back."""
+
+from __future__ import annotations
+
+from pamqp import header as amqp_header
+
+from shoal.broker.mqtt import mapping as M
+from shoal.broker.mqtt.amqp_frames import properties_bytes
+from shoal.broker.mqtt.packets import Properties
+
+
+def through_amqp(properties: Properties) -> tuple[Properties, dict[str, object]]:
+    """The properties as a subscriber gets them, and the AMQP headers between."""
+    raw = properties_bytes(M.amqp_properties(1, properties))
+    header = amqp_header.ContentHeader()
+    header.unmarshal(b"\x00\x3c\x00\x00" + (0).to_bytes(8, "big") + raw)
+    return M.mqtt_properties(header.properties), dict(header.properties.headers or {})
+
+
+def test_short_text_fields_stay_amqp_fields() -> None:
+    back, headers = through_amqp(
+        {"correlation_data": b"req-1", "response_topic": "replies/a", "content_type": "text/x"}
+    )
+    assert back["correlation_data"] == b"req-1"
+    assert back["response_topic"] == "replies/a"
+    assert back["content_type"] == "text/x"
+    assert M.CORRELATION_HEADER not in headers and M.REPLY_TOPIC_HEADER not in headers
+
+
+def test_binary_correlation_data_goes_in_a_header_and_comes_back_whole() -> None:
+    for correlation in (b"\xff\xfe" + bytes(14), b"a\x00b", b"x" * 256):
+        back, headers = through_amqp({"correlation_data": correlation})
+        assert back["correlation_data"] == correlation
+        assert bytes(headers[M.CORRELATION_HEADER]) == correlation  # type: ignore[arg-type]
+        assert "user_property" not in back  # (the header is not a user property)
+
+
+def test_a_long_response_topic_goes_in_a_header() -> None:
+    topic = "r/" + "t" * 300
+    back, headers = through_amqp({"response_topic": topic})
+    assert back["response_topic"] == topic and headers[M.REPLY_TOPIC_HEADER] == topic
+
+
+def test_what_amqp_cannot_hold_is_dropped_as_rabbitmq_drops_it() -> None:
+    back, _headers = through_amqp(
+        {"content_type": "c" * 256, "user_property": [("k" * 129, "x"), ("k", "v")]}
+    )
+    assert "content_type" not in back
+    assert back["user_property"] == [("k", "v")]
