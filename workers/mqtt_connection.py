@@ -64,15 +64,6 @@ CONNECT_TIMEOUT_S = 10.0
 LONG_READ = 1024
 INBOUND_EXCHANGE = M.EXCHANGE.encode()
 
-# CONNACK codes: (3.1.1, 5.0)
-BAD_PROTOCOL = (1, 0x84)
-BAD_CLIENT_ID = (2, 0x85)
-UNAVAILABLE = (3, 0x88)
-BAD_LOGIN = (4, 0x86)
-NOT_AUTHORIZED = (5, 0x87)
-BAD_AUTH_METHOD = (5, 0x8C)  # 5.0 enhanced authentication: none is offered
-BAD_WILL_TOPIC = (3, 0x90)  # (3.1.1 has no code for it: server unavailable)
-
 
 class MqttConnection(asyncio.Protocol):
     def __init__(self, ctx: WorkerContext) -> None:
@@ -163,9 +154,7 @@ class MqttConnection(asyncio.Protocol):
                     raise P.ProtocolError("the first packet is not CONNECT")  # MQTT-3.1.0-1
                 self._packet(P.decode(ptype, flags, body, self.level))
         except P.PacketError as exc:
-            log.info("mqtt client %s: %s", self.client_id or "(not connected)", exc.text)
-            self.inbound.feed_plain()  # (what came before it is published)
-            self.disconnect(exc.reason)
+            self._malformed(exc)
         except Exception:
             # A bug in handling one client must cost that client only.
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")
@@ -368,26 +357,26 @@ class MqttConnection(asyncio.Protocol):
     def _on_connect(self, packet: P.Connect) -> None:
         self.connect = packet
         if packet.level not in (P.MQTT_311, P.MQTT_5) or packet.protocol_name != "MQTT":
-            self._refuse(BAD_PROTOCOL)  # (3.1's "MQIsdp" included)
+            self._refuse(M.BAD_PROTOCOL)  # (3.1's "MQIsdp" included)
             return
         self.level = packet.level
         if "authentication_method" in packet.properties:
-            self._refuse(BAD_AUTH_METHOD)  # 5.0 enhanced authentication (4.12)
+            self._refuse(M.BAD_AUTH_METHOD)  # 5.0 enhanced authentication (4.12)
             return
         if not packet.client_id:
             if not packet.clean and packet.level == P.MQTT_311:
-                self._refuse(BAD_CLIENT_ID)  # MQTT-3.1.3-8
+                self._refuse(M.BAD_CLIENT_ID)  # MQTT-3.1.3-8
                 return
             packet.client_id = "shoal-" + os.urandom(8).hex()
             self.assigned_id = True
         if len(packet.client_id.encode()) > MAX_CLIENT_ID:
-            self._refuse(BAD_CLIENT_ID)
+            self._refuse(M.BAD_CLIENT_ID)
             return
         self.client_id = packet.client_id
         if packet.level == P.MQTT_5:
             self.session_expiry = int(packet.properties.get("session_expiry_interval", 0))
         if packet.will is not None and len(M.mqtt_to_amqp(packet.will.topic).encode()) > 255:
-            self._refuse(BAD_WILL_TOPIC)  # (an AMQP routing key: 255 bytes at most)
+            self._refuse(M.BAD_WILL_TOPIC)  # (an AMQP routing key: 255 bytes at most)
             return
         self.will = packet.will
         # A session outlives its connection: 3.1.1 without clean session;
@@ -404,6 +393,12 @@ class MqttConnection(asyncio.Protocol):
             user, password = config.default_user, config.default_pass.encode()
         else:
             password = packet.password or b""
+        try:
+            password.decode()  # (a PLAIN response is text: no user's password is other bytes)
+        except UnicodeDecodeError:
+            log.info("mqtt client %s: login refused, the password is not UTF-8", self.client_id)
+            self._refuse(M.BAD_LOGIN)
+            return
         self.amqp = Connection(self.ctx)
         self.amqp.protocol = "MQTT 5.0" if self.level == P.MQTT_5 else "MQTT 3.1.1"
         if self.transport.get_extra_info("websocket"):
@@ -478,10 +473,20 @@ class MqttConnection(asyncio.Protocol):
         self.serve_held()
 
     def serve_held(self) -> None:
-        """The packets held while the CONNACK or a (UN)SUBACK was coming, in order."""
+        """The packets held while the CONNACK or a (UN)SUBACK was coming, in
+        order: one found wrong only now (a topic alias not set) ends the
+        connection as it would have when read."""
         self.busy = False
-        while self.held and not self.busy and not self.closed:
-            self._packet(self.held.pop(0))
+        try:
+            while self.held and not self.busy and not self.closed:
+                self._packet(self.held.pop(0))
+        except P.PacketError as exc:
+            self._malformed(exc)
+
+    def _malformed(self, exc: P.PacketError) -> None:
+        log.info("mqtt client %s: %s", self.client_id or "(not connected)", exc.text)
+        self.inbound.feed_plain()  # (what came before it is published)
+        self.disconnect(exc.reason)
 
     def may_publish(self, routing_key: bytes | None) -> bool:
         """Write on amq.topic and its topic permissions for this key (None: any)."""
@@ -648,26 +653,16 @@ class MqttConnection(asyncio.Protocol):
             log.info("mqtt client %s: %s", self.client_id or "(not connected)", frame.reply_text)
             self.method(C.Channel.CloseOk(), 1)
             self.disconnect(0x87 if frame.reply_code == 403 else 0x80)
-        elif channel == 1 and self.expect:
+        elif channel == 1 and self.expect and self.amqp is not None:  # (not once it ended)
             self.expect.popleft()(frame)
 
     def _amqp_refused(self, code: int, text: str) -> None:
         log.info("mqtt client %s: %s", self.client_id or "(not connected)", text)
         self.method(C.Connection.CloseOk(), 0)
         if self.open:
-            # 5.0's reason: the broker stopping 0x8B (server shutting down), an
-            # operator's close (shoal ctl close_connection, a user or vhost
-            # deleted) 0x98 (administrative action), anything else 0x80.
-            if code == 320:
-                self.disconnect(0x8B if "'shutdown'" in text else 0x98)
-            else:
-                self.disconnect(0x80)
-        elif code == 403 and "Login was refused" in text:
-            self._refuse(BAD_LOGIN)
-        elif code in (403, 530):
-            self._refuse(NOT_AUTHORIZED)
+            self.disconnect(M.disconnect_reason_of(code, text))
         else:
-            self._refuse(UNAVAILABLE)
+            self._refuse(M.refusal_of(code, text))
 
     def _deliver_gathered(self) -> None:
         """The delivery whose frames were read one by one (self.delivery)."""

@@ -135,3 +135,33 @@ def mqtt_properties(props: C.Basic.Properties) -> Properties:
     if users:
         out["user_property"] = users
     return out
+
+
+# CONNACK refusals: (3.1.1's return code, 5.0's reason code)
+BAD_PROTOCOL = (1, 0x84)
+BAD_CLIENT_ID = (2, 0x85)
+UNAVAILABLE = (3, 0x88)
+BAD_LOGIN = (4, 0x86)
+NOT_AUTHORIZED = (5, 0x87)
+BAD_AUTH_METHOD = (5, 0x8C)  # 5.0 enhanced authentication: none is offered
+BAD_WILL_TOPIC = (3, 0x90)  # (3.1.1 has no code for it: server unavailable)
+
+
+def refusal_of(code: int, text: str) -> tuple[int, int]:
+    """The CONNACK for a client whose inner AMQP connection was closed
+    before it opened (its connection.close's code and text)."""
+    if code == 403 and "Login was refused" in text:
+        return BAD_LOGIN
+    if code in (403, 530):  # (no access to the vhost)
+        return NOT_AUTHORIZED
+    return UNAVAILABLE
+
+
+def disconnect_reason_of(code: int, text: str) -> int:
+    """5.0's DISCONNECT reason for a connected client whose inner AMQP
+    connection the broker closed: the broker stopping 0x8B (server shutting
+    down), an operator's close (shoal ctl close_connection, a user or vhost
+    deleted) 0x98 (administrative action), anything else 0x80."""
+    if code == 320:
+        return 0x8B if "'shutdown'" in text else 0x98
+    return 0x80

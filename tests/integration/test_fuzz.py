@@ -8,9 +8,10 @@ works afterwards."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from shoal.perf.fuzz import Bystander, fuzz
-from tests.broker_process import Broker
+from tests.broker_process import Broker, free_port, wait_for
 from tests.clients import connect
 
 FRAMES = 60_000
@@ -42,3 +43,43 @@ def test_fuzzed_frames_hurt_no_one(broker: Broker) -> None:
     ch.confirm_delivery()
     ch.basic_publish("", "after-fuzz", b"still fine")
     assert ch.basic_get("after-fuzz", auto_ack=True)[2] == b"still fine"
+
+
+MQTT_PACKETS = 30_000
+
+
+def test_fuzzed_mqtt_packets_hurt_no_one(broker_factory: Callable[..., Broker]) -> None:
+    """The same for the MQTT listener (issue 41: malformed packets get the
+    right disconnect and never touch other clients): 3.1.1 and 5.0 packets,
+    valid and mutated, CONNECT refusals, takeovers, wills, clients that
+    vanish mid-packet; an MQTT bystander (paho-mqtt, QoS 1) and an AMQP one
+    keep working and lose nothing."""
+    from shoal.perf import mqtt_fuzz
+
+    port = free_port()
+    broker = broker_factory(args=("--mqtt-port", str(port)))
+    before = pids(broker)
+    mqtt_bystander = mqtt_fuzz.Bystander("127.0.0.1", port)
+    amqp_bystander = Bystander("127.0.0.1", broker.port)
+    for b in (mqtt_bystander, amqp_bystander):
+        b.start()
+    try:
+        stats = asyncio.run(mqtt_fuzz.fuzz("127.0.0.1", port, MQTT_PACKETS, 16, seed=11))
+    finally:
+        for b in (mqtt_bystander, amqp_bystander):
+            b.stop.set()
+            b.join(60)
+    assert stats.packets >= MQTT_PACKETS and stats.connections > 100, stats
+    assert stats.closed_by_broker > 50, stats  # the broker did refuse what was wrong
+    for b in (mqtt_bystander, amqp_bystander):
+        assert b.verdict() == "", b.verdict()
+        assert b.sent > 0
+    assert pids(broker) == before, "a broker process died or was replaced"
+    log = broker.log()
+    assert "Traceback" not in log and "internal error" not in log, log[-3000:]
+    after = mqtt_fuzz.Bystander("127.0.0.1", port)  # a new client is served
+    after.start()
+    wait_for(lambda: after.sent >= 3 or bool(after.failure), 20, "a new MQTT client's messages")
+    after.stop.set()
+    after.join(30)
+    assert after.verdict() == "", after.verdict()

@@ -1,7 +1,10 @@
 """broker/mqtt/mapping.py without sockets: a PUBLISH's 5.0 properties
-through an AMQP content header (pamqp's bytes) and back."""
+through an AMQP content header (pamqp's bytes) and back, and the CONNACK or
+DISCONNECT an inner AMQP connection's close becomes."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from pamqp import header as amqp_header
 
@@ -10,7 +13,7 @@ from shoal.broker.mqtt.amqp_frames import properties_bytes
 from shoal.broker.mqtt.packets import Properties
 
 
-def through_amqp(properties: Properties) -> tuple[Properties, dict[str, object]]:
+def through_amqp(properties: Properties) -> tuple[Properties, dict[str, Any]]:
     """The properties as a subscriber gets them, and the AMQP headers between."""
     raw = properties_bytes(M.amqp_properties(1, properties))
     header = amqp_header.ContentHeader()
@@ -32,7 +35,7 @@ def test_binary_correlation_data_goes_in_a_header_and_comes_back_whole() -> None
     for correlation in (b"\xff\xfe" + bytes(14), b"a\x00b", b"x" * 256):
         back, headers = through_amqp({"correlation_data": correlation})
         assert back["correlation_data"] == correlation
-        assert bytes(headers[M.CORRELATION_HEADER]) == correlation  # type: ignore[arg-type]
+        assert bytes(headers[M.CORRELATION_HEADER]) == correlation
         assert "user_property" not in back  # (the header is not a user property)
 
 
@@ -48,3 +51,12 @@ def test_what_amqp_cannot_hold_is_dropped_as_rabbitmq_drops_it() -> None:
     )
     assert "content_type" not in back
     assert back["user_property"] == [("k", "v")]
+
+
+def test_an_inner_connections_close_as_connack_or_disconnect() -> None:
+    assert M.refusal_of(403, "ACCESS_REFUSED - Login was refused using ...") == M.BAD_LOGIN
+    assert M.refusal_of(530, "NOT_ALLOWED - access to vhost 'v' refused") == M.NOT_AUTHORIZED
+    assert M.refusal_of(541, "INTERNAL_ERROR") == M.UNAVAILABLE
+    assert M.disconnect_reason_of(320, "CONNECTION_FORCED - broker forced 'shutdown'") == 0x8B
+    assert M.disconnect_reason_of(320, "CONNECTION_FORCED - Closed via management") == 0x98
+    assert M.disconnect_reason_of(541, "INTERNAL_ERROR") == 0x80
