@@ -78,6 +78,8 @@ class AllowAll:
     """A connection's access (workers/connection_access.py) that grants everything:
     the harness has no login."""
 
+    tracing = False  # (the firehose off)
+
     def refresh(self) -> None:
         pass
 
@@ -100,6 +102,7 @@ def main() -> None:
     p.add_argument("--messages", type=int, default=50_000)
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--deliver", action="store_true", help="and deliver, acked every 100")
+    p.add_argument("--no-ack", action="store_true", help="with --deliver: a no-ack consumer")
     p.add_argument("--chunk", type=int, default=65536, help="bytes per socket read")
     p.add_argument(
         "--persistent",
@@ -143,7 +146,7 @@ def main() -> None:
         c.channels[1] = Channel(c, 1)
     ch = sub.channels[1].delivery  # (the channel's delivery book, workers/delivery.py)
     ch.prefetch_count = 500
-    consumer = Consumer(1, b"ctag", ch, 0, b"bench", False, False, 0)
+    consumer = Consumer(1, b"ctag", ch, 0, b"bench", ns.no_ack, False, 0)
     ctx.consumers[1] = consumer
     data = publish_frames(ns.messages, ns.size, ns.persistent, ns.dedup != "off")
     chunks = [data[i : i + ns.chunk] for i in range(0, len(data), ns.chunk)]
@@ -163,8 +166,9 @@ def main() -> None:
             while ctx.shared.table.word(0, layout.Q_READY):
                 pull(ctx, consumer)
                 sub.flush()
-                while ch.next_tag - 1 - acked >= 100 or (
-                    ch.next_tag - 1 > acked and not ctx.shared.table.word(0, layout.Q_READY)
+                while not ns.no_ack and (
+                    ch.next_tag - 1 - acked >= 100
+                    or (ch.next_tag - 1 > acked and not ctx.shared.table.word(0, layout.Q_READY))
                 ):
                     acked = min(acked + 100, ch.next_tag - 1)
                     sub.data_received(ack_frame(acked))
