@@ -393,10 +393,8 @@ class MqttConnection(asyncio.Protocol):
             user, password = config.default_user, config.default_pass.encode()
         else:
             password = packet.password or b""
-        try:
-            password.decode()  # (a PLAIN response is text: no user's password is other bytes)
-        except UnicodeDecodeError:
-            log.info("mqtt client %s: login refused, the password is not UTF-8", self.client_id)
+        if not M.sasl_text(password):
+            log.info("mqtt client %s: login refused, the password is not text", self.client_id)
             self._refuse(M.BAD_LOGIN)
             return
         self.amqp = Connection(self.ctx)

@@ -147,6 +147,19 @@ BAD_AUTH_METHOD = (5, 0x8C)  # 5.0 enhanced authentication: none is offered
 BAD_WILL_TOPIC = (3, 0x90)  # (3.1.1 has no code for it: server unavailable)
 
 
+def sasl_text(data: bytes) -> bool:
+    """Whether `data` can be a field of a SASL PLAIN response (UTF-8, no
+    NUL): an MQTT password (binary data) that is not matches no user's, and
+    the inner connection's login could not carry it."""
+    if b"\0" in data:
+        return False
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def refusal_of(code: int, text: str) -> tuple[int, int]:
     """The CONNACK for a client whose inner AMQP connection was closed
     before it opened (its connection.close's code and text)."""

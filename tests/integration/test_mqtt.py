@@ -202,6 +202,23 @@ def test_a_wrong_password_gets_connack_4_and_a_known_user_connects(
     assert good.connect("/:guest", "guest") == 0  # RabbitMQ's vhost:user form
 
 
+@pytest.mark.parametrize("password", [b"\xffguest", b"gu\x00est"], ids=["not-utf8", "nul"])
+def test_a_password_that_is_not_text_is_a_refused_login(
+    mqtt_broker: tuple[Broker, int], password: bytes
+) -> None:
+    """MQTT's password is binary data; SASL PLAIN's is text without NULs, so
+    no user's password is such bytes: CONNACK 4 (5.0: 0x86), as a wrong one
+    (it was an internal error, or "server unavailable" for a NUL)."""
+    _broker, port = mqtt_broker
+    for level, code in ((4, 4), (5, 0x86)):
+        client = RawClient(port, level)
+        try:
+            assert client.connect("binary-pw", username="guest", password=password)[1] == code
+            assert client.closed_by_broker()
+        finally:
+            client.close()
+
+
 def test_the_will_goes_out_when_a_client_vanishes_not_when_it_disconnects(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:

@@ -60,3 +60,8 @@ def test_an_inner_connections_close_as_connack_or_disconnect() -> None:
     assert M.disconnect_reason_of(320, "CONNECTION_FORCED - broker forced 'shutdown'") == 0x8B
     assert M.disconnect_reason_of(320, "CONNECTION_FORCED - Closed via management") == 0x98
     assert M.disconnect_reason_of(541, "INTERNAL_ERROR") == 0x80
+
+
+def test_a_password_sasl_plain_cannot_carry_is_no_users() -> None:
+    assert M.sasl_text("pässword".encode()) and M.sasl_text(b"")
+    assert not M.sasl_text(b"\xff\xfe") and not M.sasl_text(b"pass\x00word")
