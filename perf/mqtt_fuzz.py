@@ -266,16 +266,100 @@ class PacketMaker:
         return bytes(data)
 
 
+class WebSocketFramer:
+    """A client's side of RFC 6455 for the fuzzer: the upgrade request
+    (now and then a wrong one), then MQTT bytes cut into masked binary
+    frames at random places (fragments, continuations), with pings, text
+    frames, unmasked or reserved-bit frames and lengths that lie mixed in."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def upgrade(self) -> bytes:
+        rng = self.rng
+        path, protocol = "/ws", "mqtt"
+        roll = rng.random()
+        if roll < 0.03:
+            path = rng.choice(["/", "/wss", "/ws/x", "*"])
+        elif roll < 0.06:
+            protocol = rng.choice(["", "amqp", "mqttv3.1", "mqtt, x"])
+        head = (
+            f"GET {path} HTTP/1.1\r\nHost: fuzz\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\n"
+        )
+        if protocol:
+            head += f"Sec-WebSocket-Protocol: {protocol}\r\n"
+        request = (head + "\r\n").encode()
+        if rng.random() < 0.02:  # a request that is not one
+            request = rng.randbytes(rng.randint(1, 200)) + b"\r\n\r\n"
+        return request
+
+    def frame(self, opcode: int, payload: bytes, fin: bool = True) -> bytes:
+        rng = self.rng
+        head = bytearray(((0x80 if fin else 0) | opcode,))
+        masked = rng.random() > 0.005  # a client's frames are masked (RFC 6455 5.1)
+        size = len(payload)
+        mask_bit = 0x80 if masked else 0
+        if size < 126:
+            head.append(mask_bit | size)
+        elif size < 1 << 16:
+            head += bytes((mask_bit | 126,)) + struct.pack(">H", size)
+        else:
+            head += bytes((mask_bit | 127,)) + struct.pack(">Q", size)
+        if masked:
+            key = rng.randbytes(4)
+            head += key
+            payload = bytes(b ^ key[i & 3] for i, b in enumerate(payload))
+        return bytes(head) + payload
+
+    def frames(self, data: bytes) -> bytes:
+        """`data` as binary frames cut at random, with other frames between."""
+        rng = self.rng
+        out: list[bytes] = []
+        at, first = 0, True
+        while at < len(data):
+            cut = rng.choice([len(data) - at, rng.randint(1, len(data) - at)])
+            chunk, at = data[at : at + cut], at + cut
+            out.append(self.frame(2 if first else 0, chunk, fin=at >= len(data)))
+            first = False
+            roll = rng.random()
+            if roll < 0.03:
+                out.append(self.frame(9, b"ping"))  # a control frame amid fragments
+            elif roll < 0.035:
+                out.append(self.frame(1, b"text"))  # MQTT-6.0.0-1: closes
+        if rng.random() < 0.02:  # reserved bits, a reserved opcode, a length that lies
+            broken = bytearray(self.frame(2, b"\x00"))
+            broken[0] |= rng.choice([0x10, 0x20, 0x40, 0x03, 0x0B])
+            out.append(bytes(broken) if rng.random() < 0.7 else b"\x82\xff" + bytes(8))
+        return b"".join(out)
+
+
 async def fuzz_connection(
-    host: str, port: int, rng: random.Random, packets_wanted: int, user: str, password: str
+    host: str,
+    port: int,
+    rng: random.Random,
+    packets_wanted: int,
+    user: str,
+    password: str,
+    websocket: bool = False,
 ) -> FuzzStats:
     """One connection: a CONNECT (valid most of the time), then batches of
-    valid and mutated packets until the broker ends it or enough were sent."""
+    valid and mutated packets until the broker ends it or enough were sent;
+    with `websocket`, after an upgrade, in WebSocket frames."""
     stats = FuzzStats(connections=1)
     maker = PacketMaker(rng)
+    framer = WebSocketFramer(rng) if websocket else None
     try:
         reader, writer = await asyncio.open_connection(host, port)
-    except OSError as exc:
+        if framer is not None:  # the upgrade's answer before any frame (RFC 6455 4.1)
+            writer.write(framer.upgrade())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            if not head.startswith(b"HTTP/1.1 101"):
+                writer.close()
+                stats.closed_by_broker += 1
+                return stats
+    except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
         stats.errors[type(exc).__name__] = 1
         return stats
     closed = asyncio.Event()
@@ -311,6 +395,8 @@ async def fuzz_connection(
                 batch.append(one)
             out += batch
             data = b"".join(out)
+            if framer is not None:
+                data = framer.frames(data)
             out = []
             writer.write(data)
             stats.packets += len(batch)
@@ -343,9 +429,11 @@ async def fuzz(
     seed: int,
     user: str = "guest",
     password: str = "guest",
+    websocket: bool = False,
 ) -> FuzzStats:
     """`packets` packets in all, over `connections` connections at a time
-    (each gets a fresh one when the broker ends it)."""
+    (each gets a fresh one when the broker ends it); `websocket`: to the
+    MQTT-over-WebSocket port (path /ws) instead."""
     total = FuzzStats()
     master = random.Random(seed)
     remaining = packets
@@ -356,7 +444,7 @@ async def fuzz(
         while remaining > 0:
             want = min(remaining, rng.randint(1, 300))
             remaining -= want
-            stats = await fuzz_connection(host, port, rng, want, user, password)
+            stats = await fuzz_connection(host, port, rng, want, user, password, websocket)
             remaining += want - stats.packets  # not sent: another connection sends them
             total.add(stats)
             if stats.errors:
@@ -452,12 +540,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--user", default="guest")
     p.add_argument("--password", default="guest")
+    p.add_argument(
+        "--websocket-port",
+        type=int,
+        default=0,
+        help="fuzz this MQTT-over-WebSocket port (path /ws); the bystander stays on --port",
+    )
     ns = p.parse_args(argv)
     bystander = Bystander(ns.host, ns.port)
     bystander.start()
     started = time.monotonic()
+    target = ns.websocket_port or ns.port
     stats = asyncio.run(
-        fuzz(ns.host, ns.port, ns.packets, ns.connections, ns.seed, ns.user, ns.password)
+        fuzz(
+            ns.host,
+            target,
+            ns.packets,
+            ns.connections,
+            ns.seed,
+            ns.user,
+            ns.password,
+            bool(ns.websocket_port),
+        )
     )
     elapsed = time.monotonic() - started
     bystander.stop.set()

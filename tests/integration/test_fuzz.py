@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
 from shoal.perf.fuzz import Bystander, fuzz
 from tests.broker_process import Broker, free_port, wait_for
 from tests.clients import connect
@@ -48,23 +50,30 @@ def test_fuzzed_frames_hurt_no_one(broker: Broker) -> None:
 MQTT_PACKETS = 30_000
 
 
-def test_fuzzed_mqtt_packets_hurt_no_one(broker_factory: Callable[..., Broker]) -> None:
-    """The same for the MQTT listener (issue 41: malformed packets get the
+@pytest.mark.parametrize("websocket", [False, True], ids=["tcp", "websocket"])
+def test_fuzzed_mqtt_packets_hurt_no_one(
+    broker_factory: Callable[..., Broker], websocket: bool
+) -> None:
+    """The same for the MQTT listeners (issue 41: malformed packets get the
     right disconnect and never touch other clients): 3.1.1 and 5.0 packets,
     valid and mutated, CONNECT refusals, takeovers, wills, clients that
-    vanish mid-packet; an MQTT bystander (paho-mqtt, QoS 1) and an AMQP one
-    keep working and lose nothing."""
+    vanish mid-packet; over WebSocket, in frames cut at random, with bad
+    upgrades and bad frames among them. An MQTT bystander (paho-mqtt, QoS 1)
+    and an AMQP one keep working and lose nothing."""
     from shoal.perf import mqtt_fuzz
 
-    port = free_port()
-    broker = broker_factory(args=("--mqtt-port", str(port)))
+    port, ws_port = free_port(), free_port()
+    broker = broker_factory(args=("--mqtt-port", str(port), "--mqtt-ws-port", str(ws_port)))
     before = pids(broker)
     mqtt_bystander = mqtt_fuzz.Bystander("127.0.0.1", port)
     amqp_bystander = Bystander("127.0.0.1", broker.port)
     for b in (mqtt_bystander, amqp_bystander):
         b.start()
     try:
-        stats = asyncio.run(mqtt_fuzz.fuzz("127.0.0.1", port, MQTT_PACKETS, 16, seed=11))
+        target = ws_port if websocket else port
+        stats = asyncio.run(
+            mqtt_fuzz.fuzz("127.0.0.1", target, MQTT_PACKETS, 16, seed=11, websocket=websocket)
+        )
     finally:
         for b in (mqtt_bystander, amqp_bystander):
             b.stop.set()
