@@ -613,6 +613,8 @@ class MqttConnection(asyncio.Protocol):
                     _used, channel, frame = amqp_frame.unmarshal(bytes(buffer[at:end]))
                     self._from_amqp(channel, frame)
                 at = end
+        except P.PacketError as exc:  # (a packet served only now, held or half done)
+            self._malformed(exc)
         except Exception:
             # A bug in handling one client must cost that client only.
             log.exception("mqtt client %s: internal error", self.client_id or "(not connected)")

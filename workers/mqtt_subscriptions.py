@@ -120,6 +120,10 @@ class Subscriptions:
         codes: list[int] = []
         retained: list[tuple[str, int]] = []  # (filter, QoS) to send retained messages for
         steps = list(packet.subscriptions)
+        # MQTT-3.8.3-4, for the whole packet before any of its filters takes
+        # effect (and while its read's handler can answer the error).
+        if any(one.no_local and _is_shared(one.topic_filter) for one in steps):
+            raise P.ProtocolError("no local on a shared subscription")
 
         def subscribed() -> None:
             conn.send(P.encode_suback(conn.level, packet.packet_id, codes))
@@ -148,8 +152,6 @@ class Subscriptions:
                 codes.append(INVALID_FILTER[level5])
                 next_step()
                 return
-            if group is not None and one.no_local:
-                raise P.ProtocolError("no local on a shared subscription")  # MQTT-3.8.3-4
             plain = one.topic_filter if group is None else group[1]
             if not conn.may_subscribe(M.mqtt_to_amqp(plain)):  # (RabbitMQ's topic permissions)
                 codes.append(NOT_AUTHORIZED[level5])
@@ -265,3 +267,12 @@ class Subscriptions:
                 self._unbind(topic_filter, sub.queue, next_step)
 
         next_step()
+
+
+def _is_shared(topic_filter: str) -> bool:
+    """A shared subscription's filter ($share/group/...; a malformed one is
+    not, and gets its own code)."""
+    try:
+        return shared(topic_filter) is not None
+    except ValueError:
+        return False

@@ -204,6 +204,29 @@ def test_a_shared_subscription_gives_each_message_to_one_member(
             c.loop_stop()
 
 
+def test_no_local_on_a_shared_subscription_is_a_protocol_error_for_the_whole_packet(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """MQTT-3.8.3-4: DISCONNECT 0x82 before any filter of the SUBSCRIBE takes
+    effect, also when the shared one is not its first (it was an internal
+    error, 0x83, raised while the first filter's binding was under way)."""
+    broker, port = mqtt_broker
+    client = raw(raws, port, "nolocal-shared", session_expiry_interval=60)
+    body = b"\x00\x07" + P.encode_properties({})
+    body += P.string("plain/a") + b"\x01" + P.string("$share/g/x") + bytes((1 | NO_LOCAL,))
+    client.sock.sendall(P.packet(P.SUBSCRIBE, 2, body))
+    assert client.read(P.DISCONNECT)[2][:1] == b"\x82"
+    assert client.closed_by_broker()
+    again = raw(raws, port, "nolocal-shared", session_expiry_interval=60)
+    checker = raw(raws, port, "nolocal-checker")
+    checker.publish("plain/a", b"to nobody", 1, packet_id=1)
+    checker.read(P.PUBACK)
+    again.sock.settimeout(0.5)
+    with pytest.raises(TimeoutError):  # plain/a was never subscribed
+        again.received()
+    assert "internal error" not in broker.log()
+
+
 def test_message_expiry_is_counted_down_and_other_properties_pass(
     mqtt_broker: tuple[Broker, int],
 ) -> None:
