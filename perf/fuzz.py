@@ -32,8 +32,21 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+# Other headers a client may send: AMQP 0-8 (answered in 0-8), 0-9, 0-10.
+OTHER_HEADERS = [b"AMQP\x01\x01\x08\x00", b"AMQP\x00\x00\x09\x00", b"AMQP\x00\x00\x0a\x00"]
 READ_CHUNK = 1 << 16
-HEADERS: list[dict[str, Any] | None] = [None, {"CC": ["fz"]}, {"x-delay": 5}, {"a": 1}]
+HEADERS: list[dict[str, Any] | None] = [
+    None,
+    {"CC": ["fz"]},
+    {"BCC": ["fz.q", 7]},
+    {"x-delay": 5},
+    {"x-delay": -1},
+    {"a": 1},
+    {"x-deduplication-header": "k1"},
+    {"x-deduplication-header": 5, "x-cache-ttl": "x"},
+    {"hash-on": "v", "x-match": "any"},
+    {"x-death": [{"queue": "q", "count": "bad"}]},
+]
 
 
 @dataclass
@@ -93,6 +106,18 @@ class FrameMaker:
             {"x-dead-letter-exchange": self.name()},
             {"x-match": rng.choice(["all", "any", "nope"]), "k": "v"},
             {"x-expires": rng.randint(-1, 1000)},
+            {"x-queue-type": "stream", "x-max-length-bytes": rng.choice([0, 1, -1, 1 << 40])},
+            {"x-stream-offset": rng.choice(["first", "last", "next", 5, -1, "nope", 1.5])},
+            {"x-overflow": rng.choice(["drop-head", "reject-publish", "reject-publish-dlx", "x"])},
+            {"x-single-active-consumer": rng.choice([True, False, 1, "yes"])},
+            {"x-dead-letter-routing-key": self.name(), "x-dead-letter-exchange": ""},
+            {"x-delivery-limit": rng.randint(-1, 3), "x-queue-type": "quorum"},
+            {"x-message-deduplication": True, "x-cache-size": rng.randint(-1, 5)},
+            {"x-delayed-type": rng.choice(["direct", "topic", "nope", 5])},
+            {"x-priority": rng.randint(-10, 300)},
+            {"x-queue-mode": rng.choice(["lazy", "default", "x"])},
+            {"x-consistent-hash": "x", "hash-header": "h"},
+            {"x-max-age": rng.choice(["1D", "5s", "x", 7])},
         ]
         return rng.choice(choices)
 
@@ -118,7 +143,18 @@ class FrameMaker:
             lambda: C.Queue.Delete(queue=name(), if_unused=rng.random() < 0.5),
             lambda: C.Exchange.Declare(
                 exchange=name(),
-                exchange_type=rng.choice(["direct", "fanout", "topic", "headers", "nope"]),
+                exchange_type=rng.choice(
+                    [
+                        "direct",
+                        "fanout",
+                        "topic",
+                        "headers",
+                        "nope",
+                        "x-consistent-hash",
+                        "x-delayed-message",
+                        "x-message-deduplication",
+                    ]
+                ),
                 passive=rng.random() < 0.2,
                 durable=rng.random() < 0.3,
                 arguments=table(),
@@ -134,6 +170,12 @@ class FrameMaker:
                 arguments=table(),
             ),
             lambda: C.Basic.Cancel(consumer_tag=name()),
+            lambda: C.Basic.Consume(queue="amq.rabbitmq.reply-to", no_ack=rng.random() < 0.8),
+            lambda: C.Exchange.Unbind(destination=name(), source=name(), routing_key=name()),
+            lambda: C.Queue.Bind(
+                queue=name(), exchange=name(), routing_key=rng.choice(["1", "10", "x"])
+            ),
+            lambda: C.Basic.RecoverAsync(requeue=rng.random() < 0.5),
             lambda: C.Basic.Get(queue=name(), no_ack=rng.random() < 0.5),
             lambda: C.Basic.Ack(delivery_tag=rng.randint(0, 50), multiple=rng.random() < 0.5),
             lambda: C.Basic.Nack(delivery_tag=rng.randint(0, 50), requeue=rng.random() < 0.5),
@@ -154,7 +196,9 @@ class FrameMaker:
         body = rng.randbytes(rng.choice([0, 1, 10, 1000, 5000]))
         props = C.Basic.Properties(
             delivery_mode=rng.choice([None, 1, 2]),
-            expiration=rng.choice([None, "0", "100", "-1", "abc"]),
+            expiration=rng.choice([None, "0", "100", "-1", "abc", "99999999999999999999"]),
+            reply_to=rng.choice([None, "amq.rabbitmq.reply-to", "amq.rabbitmq.reply-to.x"]),
+            user_id=rng.choice([None, "guest", "other"]),
             priority=rng.choice([None, 0, 9, 255]),
             headers=rng.choice(HEADERS),
         )
@@ -162,9 +206,10 @@ class FrameMaker:
             _marshal(
                 channel,
                 C.Basic.Publish(
-                    exchange=rng.choice(["", "amq.topic", "nope"]),
-                    routing_key=self.name(),
+                    exchange=rng.choice(["", "amq.topic", "nope", "amq.rabbitmq.trace"]),
+                    routing_key=rng.choice([self.name(), "amq.rabbitmq.reply-to"]),
                     mandatory=rng.random() < 0.5,
+                    immediate=rng.random() < 0.02,
                 ),
             ),
             _marshal(channel, pheader.ContentHeader(0, len(body), props)),
@@ -180,6 +225,9 @@ class FrameMaker:
         channel = rng.randint(1, channels)
         if rng.random() < 0.4:
             return self.publish(channel)
+        if rng.random() < 0.01:  # access.request (0-9-1 keeps it; pamqp has no class for it)
+            payload = struct.pack(">HHB", 30, 10, 5) + b"/data" + bytes((rng.randrange(32),))
+            return [struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce"]
         return [_marshal(channel, self.method())]
 
     def mutate(self, frame: bytes) -> bytes:
@@ -241,6 +289,8 @@ async def fuzz_connection(
     try:
         start = PROTOCOL_HEADER
         if rng.random() < 0.05:
+            start = rng.choice(OTHER_HEADERS)
+        elif rng.random() < 0.05:
             start = maker.mutate(start)
         out = [start]
         if rng.random() < 0.85:
