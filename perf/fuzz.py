@@ -23,6 +23,7 @@ import random
 import struct
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,13 @@ def handshake(user: str, password: str, vhost: str) -> bytes:
             C.Connection.Open(virtual_host=vhost),
         )
     )
+
+
+def _recover_async(requeue: bool) -> C.Basic.RecoverAsync:
+    """basic.recover-async, without pamqp's DeprecationWarning for it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return C.Basic.RecoverAsync(requeue=requeue)
 
 
 class FrameMaker:
@@ -175,7 +183,7 @@ class FrameMaker:
             lambda: C.Queue.Bind(
                 queue=name(), exchange=name(), routing_key=rng.choice(["1", "10", "x"])
             ),
-            lambda: C.Basic.RecoverAsync(requeue=rng.random() < 0.5),
+            lambda: _recover_async(rng.random() < 0.5),
             lambda: C.Basic.Get(queue=name(), no_ack=rng.random() < 0.5),
             lambda: C.Basic.Ack(delivery_tag=rng.randint(0, 50), multiple=rng.random() < 0.5),
             lambda: C.Basic.Nack(delivery_tag=rng.randint(0, 50), requeue=rng.random() < 0.5),
