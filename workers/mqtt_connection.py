@@ -647,22 +647,20 @@ class MqttConnection(asyncio.Protocol):
             self.method(C.Channel.Open(), 1)
         elif isinstance(frame, C.Channel.OpenOk):
             self.call(C.Confirm.Select(), lambda _r: self._flow_control())
-        elif isinstance(frame, C.Connection.Close):
-            self._amqp_refused(frame.reply_code or 0, frame.reply_text or "")
+        elif isinstance(frame, C.Connection.Close):  # (the login refused, or closed later)
+            code, text = frame.reply_code or 0, frame.reply_text or ""
+            log.info("mqtt client %s: %s", self.client_id or "(not connected)", text)
+            self.method(C.Connection.CloseOk(), 0)
+            if self.open:
+                self.disconnect(M.disconnect_reason_of(code, text))
+            else:
+                self._refuse(M.refusal_of(code, text))
         elif isinstance(frame, C.Channel.Close):
             log.info("mqtt client %s: %s", self.client_id or "(not connected)", frame.reply_text)
             self.method(C.Channel.CloseOk(), 1)
             self.disconnect(0x87 if frame.reply_code == 403 else 0x80)
         elif channel == 1 and self.expect and self.amqp is not None:  # (not once it ended)
             self.expect.popleft()(frame)
-
-    def _amqp_refused(self, code: int, text: str) -> None:
-        log.info("mqtt client %s: %s", self.client_id or "(not connected)", text)
-        self.method(C.Connection.CloseOk(), 0)
-        if self.open:
-            self.disconnect(M.disconnect_reason_of(code, text))
-        else:
-            self._refuse(M.refusal_of(code, text))
 
     def _deliver_gathered(self) -> None:
         """The delivery whose frames were read one by one (self.delivery)."""
