@@ -96,7 +96,7 @@ def main() -> int:
                         "127.0.0.1", target, ns.frames, ns.connections, seed, websocket=websocket
                     )
                 )
-                sent, connections = mqtt_stats.packets, mqtt_stats.connections
+                sent, connections = mqtt_stats.frames, mqtt_stats.connections
             else:
                 stats = asyncio.run(fuzz("127.0.0.1", broker.port, ns.frames, ns.connections, seed))
                 sent, connections = stats.frames, stats.connections

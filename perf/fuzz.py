@@ -24,6 +24,7 @@ import struct
 import threading
 import time
 import warnings
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ HEADERS: list[dict[str, Any] | None] = [
 
 @dataclass
 class FuzzStats:
-    frames: int = 0
+    frames: int = 0  # sent (perf/mqtt_fuzz.py: packets)
     connections: int = 0
     closed_by_broker: int = 0  # connections the broker closed (an error found)
     bytes_sent: int = 0
@@ -63,6 +64,8 @@ class FuzzStats:
         self.connections += other.connections
         self.closed_by_broker += other.closed_by_broker
         self.bytes_sent += other.bytes_sent
+        for k, v in other.errors.items():
+            self.errors[k] = self.errors.get(k, 0) + v
 
 
 def _marshal(channel: int, frame: Any) -> bytes:
@@ -91,6 +94,13 @@ def _recover_async(requeue: bool) -> C.Basic.RecoverAsync:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return C.Basic.RecoverAsync(requeue=requeue)
+
+
+def flip_bits(rng: random.Random, data: bytearray) -> None:
+    """One to four bits of `data` flipped, anywhere."""
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(len(data))
+        data[i] ^= 1 << rng.randrange(8)
 
 
 class FrameMaker:
@@ -242,10 +252,8 @@ class FrameMaker:
         rng = self.rng
         data = bytearray(frame)
         kind = rng.randrange(9)
-        if kind == 0 and data:  # flip bytes
-            for _ in range(rng.randint(1, 4)):
-                i = rng.randrange(len(data))
-                data[i] ^= 1 << rng.randrange(8)
+        if kind == 0 and data:
+            flip_bits(rng, data)
         elif kind == 1 and len(data) > 8:  # truncated (the rest comes with the next frame)
             del data[rng.randrange(7, len(data)) :]
         elif kind == 2 and len(data) >= 7:  # a size that lies
@@ -283,6 +291,48 @@ async def fuzz_connection(
     except OSError as exc:
         stats.errors[type(exc).__name__] = 1
         return stats
+    start = PROTOCOL_HEADER
+    if rng.random() < 0.05:
+        start = rng.choice(OTHER_HEADERS)
+    elif rng.random() < 0.05:
+        start = maker.mutate(start)
+    first = [start]
+    if rng.random() < 0.85:
+        first.append(handshake(user, password, vhost))
+        first.append(_marshal(1, C.Channel.Open()))
+        if rng.random() < 0.5:
+            first.append(_marshal(2, C.Channel.Open()))
+
+    def batch() -> list[bytes]:
+        out: list[bytes] = []
+        for _ in range(rng.randint(1, 20)):
+            frames = maker.valid_batch(2)
+            if rng.random() < 0.15:
+                i = rng.randrange(len(frames))
+                frames[i] = maker.mutate(frames[i])
+            elif rng.random() < 0.02:
+                frames = [rng.randbytes(rng.randint(1, 300))]
+            out += frames
+        return out
+
+    await drive(reader, writer, stats, frames_wanted, first, batch)
+    return stats
+
+
+async def drive(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    stats: FuzzStats,
+    wanted: int,
+    first: list[bytes],
+    batch: Callable[[], list[bytes]],
+    wrap: Callable[[bytes], bytes] | None = None,
+    vanish: Callable[[], bool] | None = None,
+) -> None:
+    """One fuzzing connection's life: `first`, then `batch()`es (each
+    `wrap`ped, if given: WebSocket frames) until the broker ends it or
+    `wanted` frames went, reading and dropping what the broker sends; then
+    closed, or aborted where `vanish()` says so (a client gone mid-frame)."""
     closed = asyncio.Event()
 
     async def drain() -> None:
@@ -294,33 +344,16 @@ async def fuzz_connection(
         closed.set()
 
     draining = asyncio.create_task(drain())
+    out = first
     try:
-        start = PROTOCOL_HEADER
-        if rng.random() < 0.05:
-            start = rng.choice(OTHER_HEADERS)
-        elif rng.random() < 0.05:
-            start = maker.mutate(start)
-        out = [start]
-        if rng.random() < 0.85:
-            out.append(handshake(user, password, vhost))
-            out.append(_marshal(1, C.Channel.Open()))
-            if rng.random() < 0.5:
-                out.append(_marshal(2, C.Channel.Open()))
-        while stats.frames < frames_wanted and not closed.is_set():
-            batch: list[bytes] = []
-            for _ in range(rng.randint(1, 20)):
-                frames = maker.valid_batch(2)
-                if rng.random() < 0.15:
-                    i = rng.randrange(len(frames))
-                    frames[i] = maker.mutate(frames[i])
-                elif rng.random() < 0.02:
-                    frames = [rng.randbytes(rng.randint(1, 300))]
-                batch += frames
-            out += batch
-            data = b"".join(out)
+        while stats.frames < wanted and not closed.is_set():
+            frames = batch()
+            data = b"".join(out + frames)
+            if wrap is not None:
+                data = wrap(data)
             out = []
             writer.write(data)
-            stats.frames += len(batch)
+            stats.frames += len(frames)
             stats.bytes_sent += len(data)
             try:
                 await asyncio.wait_for(writer.drain(), 5)
@@ -330,13 +363,15 @@ async def fuzz_connection(
         if closed.is_set():
             stats.closed_by_broker += 1
     finally:
-        writer.close()
+        if vanish is not None and vanish():
+            writer.transport.abort()
+        else:
+            writer.close()
         draining.cancel()
         try:
             await writer.wait_closed()
         except (ConnectionError, OSError):
             pass
-    return stats
 
 
 async def fuzz(
@@ -351,21 +386,36 @@ async def fuzz(
 ) -> FuzzStats:
     """`frames` frames in all, over `connections` connections at a time
     (each gets a fresh one when the broker closes it)."""
+
+    def one(rng: random.Random, want: int) -> Awaitable[FuzzStats]:
+        return fuzz_connection(host, port, rng, want, user, password, vhost)
+
+    return await in_lanes(one, frames, connections, seed, 400)
+
+
+async def in_lanes(
+    one: Callable[[random.Random, int], Awaitable[FuzzStats]],
+    total_frames: int,
+    connections: int,
+    seed: int,
+    most: int,
+) -> FuzzStats:
+    """`total_frames` over `connections` lanes at a time, each a run of
+    connections `one(rng, frames wanted)` (at most `most` frames each) that
+    says how many it sent: what a connection did not send, another does."""
     total = FuzzStats()
     master = random.Random(seed)
-    remaining = frames
+    remaining = total_frames
 
     async def lane(lane_seed: int) -> None:
         nonlocal remaining
         rng = random.Random(lane_seed)
         while remaining > 0:
-            want = min(remaining, rng.randint(1, 400))
+            want = min(remaining, rng.randint(1, most))
             remaining -= want
-            stats = await fuzz_connection(host, port, rng, want, user, password, vhost)
-            remaining += want - stats.frames  # not sent: another connection sends them
+            stats = await one(rng, want)
+            remaining += want - stats.frames
             total.add(stats)
-            for k, v in stats.errors.items():
-                total.errors[k] = total.errors.get(k, 0) + v
             if stats.errors:
                 await asyncio.sleep(0.05)
 
@@ -373,19 +423,54 @@ async def fuzz(
     return total
 
 
-class Bystander(threading.Thread):
+class Watcher(threading.Thread):
+    """A well-behaved client beside the fuzzing (subclasses: run): its
+    numbered messages sent and received, and any failure."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(daemon=True)
+        self.host, self.port = host, port
+        self.stop = threading.Event()
+        self.sent = 0
+        self.received: list[int] = []
+        self.failure = ""
+
+    def verdict(self) -> str:
+        """ "" if undisturbed: every message once, in order."""
+        if self.failure:
+            return self.failure
+        if self.received != list(range(self.sent)):
+            missing = sorted(set(range(self.sent)) - set(self.received))
+            return f"sent {self.sent}, received {len(self.received)}; missing {missing[:10]}"
+        return ""
+
+
+def report(stats: FuzzStats, unit: str, elapsed: float, bystander: Watcher) -> int:
+    """Print a run's JSON report; the exit status (1: the bystander was disturbed)."""
+    out = {
+        unit: stats.frames,
+        "connections": stats.connections,
+        "closed_by_broker": stats.closed_by_broker,
+        "bytes": stats.bytes_sent,
+        "seconds": round(elapsed, 1),
+        f"{unit}_per_second": round(stats.frames / elapsed) if elapsed else 0,
+        "connect_errors": stats.errors,
+        "bystander_messages": bystander.sent,
+        "bystander": bystander.verdict() or "undisturbed",
+    }
+    print(json.dumps(out, indent=2))
+    return 1 if bystander.verdict() else 0
+
+
+class Bystander(Watcher):
     """A well-behaved client on its own connection during the fuzzing:
     publishes numbered persistent messages with confirms to its own queue
     and consumes them; any error, a closed connection, or a message lost,
     repeated or out of order is recorded."""
 
     def __init__(self, host: str, port: int, queue: str = "fuzz.bystander") -> None:
-        super().__init__(daemon=True)
-        self.host, self.port, self.queue = host, port, queue
-        self.stop = threading.Event()
-        self.sent = 0
-        self.received: list[int] = []
-        self.failure = ""
+        super().__init__(host, port)
+        self.queue = queue
 
     def run(self) -> None:
         import pika  # the well-behaved client: a real library
@@ -414,27 +499,22 @@ class Bystander(threading.Thread):
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
 
-    def verdict(self) -> str:
-        """ "" if undisturbed: every message once, in order."""
-        if self.failure:
-            return self.failure
-        if self.received != list(range(self.sent)):
-            missing = sorted(set(range(self.sent)) - set(self.received))
-            return f"sent {self.sent}, received {len(self.received)}; missing {missing[:10]}"
-        return ""
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m shoal.perf.fuzz", description=__doc__.split("\n\n")[0]
-    )
+def arguments(module: str, doc: str, port: int, unit: str) -> argparse.ArgumentParser:
+    """A fuzzer's command line: where, how much (--frames or --packets), the login."""
+    p = argparse.ArgumentParser(prog=f"python -m shoal.perf.{module}", description=doc)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=5672)
-    p.add_argument("--frames", type=int, default=100_000)
+    p.add_argument("--port", type=int, default=port)
+    p.add_argument(f"--{unit}", type=int, default=100_000)
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--user", default="guest")
     p.add_argument("--password", default="guest")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = arguments("fuzz", __doc__.split("\n\n")[0], 5672, "frames")
     p.add_argument("--vhost", default="/")
     ns = p.parse_args(argv)
     bystander = Bystander(ns.host, ns.port)
@@ -446,19 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     bystander.stop.set()
     bystander.join(30)
-    report = {
-        "frames": stats.frames,
-        "connections": stats.connections,
-        "closed_by_broker": stats.closed_by_broker,
-        "bytes": stats.bytes_sent,
-        "seconds": round(elapsed, 1),
-        "frames_per_second": round(stats.frames / elapsed) if elapsed else 0,
-        "connect_errors": stats.errors,
-        "bystander_messages": bystander.sent,
-        "bystander": bystander.verdict() or "undisturbed",
-    }
-    print(json.dumps(report, indent=2))
-    return 1 if bystander.verdict() else 0
+    return report(stats, "frames", elapsed, bystander)
 
 
 if __name__ == "__main__":

@@ -19,17 +19,24 @@ makes a run repeatable. The bystander needs paho-mqtt (the test extras).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import random
 import struct
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
 
-READ_CHUNK = 1 << 16
+from shoal.perf.fuzz import (
+    FuzzStats,
+    Watcher,
+    arguments,
+    drive,
+    flip_bits,
+    in_lanes,
+    report,
+)
+
 # The fuzzers' client ids: few, so that connections take each other's
 # sessions over (and persistent sessions are resumed) as well.
 CLIENT_IDS = ["fz1", "fz2", "fz3", "fz4", "", "fz\u00e9", "x" * 40]
@@ -51,23 +58,6 @@ TOPICS = [
     "fz/\x00",
     "x" * 300,
 ]
-
-
-@dataclass
-class FuzzStats:
-    packets: int = 0
-    connections: int = 0
-    closed_by_broker: int = 0  # connections the broker ended (an error found)
-    bytes_sent: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-
-    def add(self, other: FuzzStats) -> None:
-        self.packets += other.packets
-        self.connections += other.connections
-        self.closed_by_broker += other.closed_by_broker
-        self.bytes_sent += other.bytes_sent
-        for k, v in other.errors.items():
-            self.errors[k] = self.errors.get(k, 0) + v
 
 
 def varint(n: int) -> bytes:
@@ -239,10 +229,8 @@ class PacketMaker:
         rng = self.rng
         data = bytearray(data_in)
         kind = rng.randrange(9)
-        if kind == 0 and data:  # flip bits
-            for _ in range(rng.randint(1, 4)):
-                i = rng.randrange(len(data))
-                data[i] ^= 1 << rng.randrange(8)
+        if kind == 0 and data:
+            flip_bits(rng, data)
         elif kind == 1 and len(data) > 2:  # truncated (the rest comes with the next packet)
             del data[rng.randrange(1, len(data)) :]
         elif kind == 2 and len(data) >= 2:  # a remaining length that lies
@@ -362,62 +350,32 @@ async def fuzz_connection(
     except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
         stats.errors[type(exc).__name__] = 1
         return stats
-    closed = asyncio.Event()
-
-    async def drain() -> None:
-        try:
-            while await reader.read(READ_CHUNK):
-                pass
-        except (ConnectionError, OSError):
-            pass
-        closed.set()
-
-    draining = asyncio.create_task(drain())
     level = rng.choice([4, 5])
-    try:
-        roll = rng.random()
-        if roll < 0.8:
-            out = [maker.connect(level, user, password)]
-        elif roll < 0.85:
-            out = [maker.connect(level, user, "wrong")]
-        elif roll < 0.88:
-            out = [maker.connect(rng.choice([3, 6, 0]), user, password)]
-        else:
-            out = [maker.mutate(maker.connect(level, user, password))]
-        while stats.packets < packets_wanted and not closed.is_set():
-            batch: list[bytes] = []
-            for _ in range(rng.randint(1, 20)):
-                one = maker.valid(level)
-                if rng.random() < 0.12:
-                    one = maker.mutate(one)
-                elif rng.random() < 0.01:
-                    one = rng.randbytes(rng.randint(1, 300))
-                batch.append(one)
-            out += batch
-            data = b"".join(out)
-            if framer is not None:
-                data = framer.frames(data)
-            out = []
-            writer.write(data)
-            stats.packets += len(batch)
-            stats.bytes_sent += len(data)
-            try:
-                await asyncio.wait_for(writer.drain(), 5)
-            except (ConnectionError, OSError, TimeoutError):
-                break
-            await asyncio.sleep(0)
-        if closed.is_set():
-            stats.closed_by_broker += 1
-    finally:
-        if rng.random() < 0.5:
-            writer.transport.abort()  # vanished, maybe mid-packet
-        else:
-            writer.close()
-        draining.cancel()
-        try:
-            await writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
+    roll = rng.random()
+    if roll < 0.8:
+        first = [maker.connect(level, user, password)]
+    elif roll < 0.85:
+        first = [maker.connect(level, user, "wrong")]
+    elif roll < 0.88:
+        first = [maker.connect(rng.choice([3, 6, 0]), user, password)]
+    else:
+        first = [maker.mutate(maker.connect(level, user, password))]
+
+    def batch() -> list[bytes]:
+        out: list[bytes] = []
+        for _ in range(rng.randint(1, 20)):
+            one = maker.valid(level)
+            if rng.random() < 0.12:
+                one = maker.mutate(one)
+            elif rng.random() < 0.01:
+                one = rng.randbytes(rng.randint(1, 300))
+            out.append(one)
+        return out
+
+    wrap = framer.frames if framer is not None else None
+    await drive(
+        reader, writer, stats, packets_wanted, first, batch, wrap, lambda: rng.random() < 0.5
+    )
     return stats
 
 
@@ -434,40 +392,22 @@ async def fuzz(
     """`packets` packets in all, over `connections` connections at a time
     (each gets a fresh one when the broker ends it); `websocket`: to the
     MQTT-over-WebSocket port (path /ws) instead."""
-    total = FuzzStats()
-    master = random.Random(seed)
-    remaining = packets
 
-    async def lane(lane_seed: int) -> None:
-        nonlocal remaining
-        rng = random.Random(lane_seed)
-        while remaining > 0:
-            want = min(remaining, rng.randint(1, 300))
-            remaining -= want
-            stats = await fuzz_connection(host, port, rng, want, user, password, websocket)
-            remaining += want - stats.packets  # not sent: another connection sends them
-            total.add(stats)
-            if stats.errors:
-                await asyncio.sleep(0.05)
+    def one(rng: random.Random, want: int) -> Awaitable[FuzzStats]:
+        return fuzz_connection(host, port, rng, want, user, password, websocket)
 
-    await asyncio.gather(*(lane(master.randrange(1 << 30)) for _ in range(connections)))
-    return total
+    return await in_lanes(one, packets, connections, seed, 300)
 
 
-class Bystander(threading.Thread):
+class Bystander(Watcher):
     """A well-behaved MQTT client during the fuzzing (paho-mqtt, 5.0):
     subscribes at QoS 1 to a topic of its own and publishes numbered QoS 1
     messages to it, each waited for; any failure, a disconnect, or a message
     lost, repeated or out of order is recorded."""
 
     def __init__(self, host: str, port: int) -> None:
-        super().__init__(daemon=True)
-        self.host, self.port = host, port
+        super().__init__(host, port)
         self.topic = f"bystander/{uuid.uuid4().hex}"
-        self.stop = threading.Event()
-        self.sent = 0
-        self.received: list[int] = []
-        self.failure = ""
 
     def run(self) -> None:
         from paho.mqtt import client as paho
@@ -519,27 +459,9 @@ class Bystander(threading.Thread):
         except Exception as exc:
             self.failure = f"{type(exc).__name__}: {exc}"
 
-    def verdict(self) -> str:
-        """ "" if undisturbed: every message once, in order."""
-        if self.failure:
-            return self.failure
-        if self.received != list(range(self.sent)):
-            missing = sorted(set(range(self.sent)) - set(self.received))
-            return f"sent {self.sent}, received {len(self.received)}; missing {missing[:10]}"
-        return ""
-
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m shoal.perf.mqtt_fuzz", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=1883)
-    p.add_argument("--packets", type=int, default=100_000)
-    p.add_argument("--connections", type=int, default=32)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--user", default="guest")
-    p.add_argument("--password", default="guest")
+    p = arguments("mqtt_fuzz", __doc__.split("\n\n")[0], 1883, "packets")
     p.add_argument(
         "--websocket-port",
         type=int,
@@ -566,19 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     bystander.stop.set()
     bystander.join(30)
-    report = {
-        "packets": stats.packets,
-        "connections": stats.connections,
-        "closed_by_broker": stats.closed_by_broker,
-        "bytes": stats.bytes_sent,
-        "seconds": round(elapsed, 1),
-        "packets_per_second": round(stats.packets / elapsed) if elapsed else 0,
-        "connect_errors": stats.errors,
-        "bystander_messages": bystander.sent,
-        "bystander": bystander.verdict() or "undisturbed",
-    }
-    print(json.dumps(report, indent=2))
-    return 1 if bystander.verdict() else 0
+    return report(stats, "packets", elapsed, bystander)
 
 
 if __name__ == "__main__":
