@@ -92,8 +92,13 @@ def amqp_properties(
 
 
 def _short_text(data: bytes) -> str | None:
-    """`data` as an AMQP short string, if it is one: UTF-8, no NUL, 255 bytes at most."""
-    if len(data) > SHORTSTR or b"\0" in data:
+    """`data` as an AMQP short string, if it is one: text, 255 bytes at most."""
+    return _text(data) if len(data) <= SHORTSTR else None
+
+
+def _text(data: bytes) -> str | None:
+    """`data` decoded, if it is UTF-8 without a NUL."""
+    if b"\0" in data:
         return None
     try:
         return data.decode()
@@ -151,13 +156,7 @@ def sasl_text(data: bytes) -> bool:
     """Whether `data` can be a field of a SASL PLAIN response (UTF-8, no
     NUL): an MQTT password (binary data) that is not matches no user's, and
     the inner connection's login could not carry it."""
-    if b"\0" in data:
-        return False
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
+    return _text(data) is not None
 
 
 def refusal_of(code: int, text: str) -> tuple[int, int]:
