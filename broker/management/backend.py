@@ -104,6 +104,8 @@ class Backend:
         whether a message was routed without changing it."""
         if not self.config.plain_listener:
             raise AmqpError(503, "the management API needs the plain AMQP listener")
+        if len(vhost.encode()) > 255:  # (an AMQP short string: no vhost is so named)
+            raise AmqpError(404, f"vhost '{vhost[:32]}...' not found")
         return await asyncio.to_thread(self._amqp, user, password, vhost, work)
 
     def _amqp(self, user: str, password: str, vhost: str, work: Callable[[Any], T]) -> T:
@@ -126,9 +128,14 @@ class Backend:
             raise AmqpError(503, f"cannot connect to the broker: {exc!r}") from None
         try:
             return work(connection.channel())
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            raise AmqpError(exc.reply_code, exc.reply_text) from None
-        except pika.exceptions.ConnectionClosedByBroker as exc:
+        except pika.exceptions.ShortStringTooLong as exc:  # (a name no queue or exchange has)
+            raise ValueError(f"name too long: {len(exc.args[0])} bytes (255 at most)") from None
+        except (
+            pika.exceptions.ChannelClosedByBroker,
+            pika.exceptions.ConnectionClosedByBroker,
+        ) as exc:
+            if exc.reply_code == 503:  # COMMAND_INVALID: the request's fault (400, as RabbitMQ)
+                raise ValueError(exc.reply_text) from None
             raise AmqpError(exc.reply_code, exc.reply_text) from None
         finally:
             if connection.is_open:

@@ -156,6 +156,17 @@ async def read_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def arguments_of(body: dict[str, Any]) -> dict[str, Any]:
+    """A declare's or binding's "arguments": a JSON object (absent or null:
+    none); anything else is the client's error (400, the middleware's)."""
+    arguments = body.get("arguments")
+    if arguments is None:
+        return {}
+    if not isinstance(arguments, dict):
+        raise ValueError(f"arguments must be a JSON object, not {type(arguments).__name__}")
+    return arguments
+
+
 def node_name() -> str:
     return shoal_node_name.node_name()
 

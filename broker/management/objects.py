@@ -18,6 +18,7 @@ from shoal.broker.management.http import (
     DATA_RATES,
     EXCHANGE_RATES,
     RATES,
+    arguments_of,
     check_vhost,
     error,
     is_admin,
@@ -107,7 +108,7 @@ async def queue(request: web.Request) -> web.StreamResponse:
         name,
         durable=bool(body.get("durable", True)),
         auto_delete=bool(body.get("auto_delete", False)),
-        arguments=body.get("arguments") or {},
+        arguments=arguments_of(body),
     )
     return await _declared(request, "list_queues", declare)
 
@@ -201,7 +202,7 @@ async def exchange(request: web.Request) -> web.StreamResponse:
         durable=bool(body.get("durable", True)),
         auto_delete=bool(body.get("auto_delete", False)),
         internal=bool(body.get("internal", False)),
-        arguments=body.get("arguments") or {},
+        arguments=arguments_of(body),
     )
     return await _declared(request, "list_exchanges", declare)
 
@@ -290,7 +291,7 @@ async def binding_create(request: web.Request) -> web.StreamResponse:
     source, dest = path_name(request, "source"), path_name(request, "dest")
     body = await read_body(request)
     key = str(body.get("routing_key", ""))
-    arguments = body.get("arguments") or {}
+    arguments = arguments_of(body)
     if request.match_info["kind"] == "q":
         work: Callable[[Any], Any] = lambda ch: ch.queue_bind(dest, source, key, arguments)  # noqa: E731
     else:

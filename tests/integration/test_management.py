@@ -364,6 +364,24 @@ def test_only_rabbitmqs_methods_change_things(managed: Broker) -> None:
     assert http(managed, "PUT", "/policies/keep/cap", policy, "pm", "pw")[0] == 201
 
 
+def test_requests_the_broker_refuses_are_the_clients_fault_as_in_rabbitmq(managed: Broker) -> None:
+    """A close the broker sends other than 404 and 403 is 400, as RabbitMQ's
+    rabbit_mgmt_util (an unknown exchange type, COMMAND_INVALID 503, was a
+    503 service_unavailable); arguments that are not an object, and names no
+    AMQP short string holds, are 400 or 404, never 500 (found by random
+    requests over every route)."""
+    status, body = http(managed, "PUT", "/exchanges/%2F/typo", {"type": "nope"})
+    assert status == 400 and "unknown exchange type 'nope'" in body["reason"], body
+    status, body = http(managed, "PUT", "/exchanges/%2F/typo", {"arguments": True})
+    assert status == 400 and "arguments" in body["reason"], body
+    assert http(managed, "PUT", "/queues/%2F/typo", {"arguments": [1]})[0] == 400
+    long_name = "q" * 300
+    assert http(managed, "DELETE", f"/queues/%2F/{long_name}")[0] == 400
+    assert http(managed, "POST", f"/exchanges/{long_name}/x/publish", {})[0] == 404
+    assert http(managed, "GET", "/exchanges/%2F/amq.direct")[0] == 200  # (it serves on)
+    assert "Error handling request" not in managed.log()
+
+
 def test_an_objects_bindings_and_permissions(managed: Broker) -> None:
     ch = connect(managed).channel()
     ch.queue_declare("oq")
