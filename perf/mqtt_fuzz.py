@@ -331,6 +331,7 @@ async def fuzz_connection(
     user: str,
     password: str,
     websocket: bool = False,
+    mutated: float = 0.12,
 ) -> FuzzStats:
     """One connection: a CONNECT (valid most of the time), then batches of
     valid and mutated packets until the broker ends it or enough were sent;
@@ -365,7 +366,7 @@ async def fuzz_connection(
         out: list[bytes] = []
         for _ in range(rng.randint(1, 20)):
             one = maker.valid(level)
-            if rng.random() < 0.12:
+            if rng.random() < mutated:
                 one = maker.mutate(one)
             elif rng.random() < 0.01:
                 one = rng.randbytes(rng.randint(1, 300))
@@ -388,13 +389,15 @@ async def fuzz(
     user: str = "guest",
     password: str = "guest",
     websocket: bool = False,
+    mutated: float = 0.12,
 ) -> FuzzStats:
     """`packets` packets in all, over `connections` connections at a time
     (each gets a fresh one when the broker ends it); `websocket`: to the
-    MQTT-over-WebSocket port (path /ws) instead."""
+    MQTT-over-WebSocket port (path /ws) instead; `mutated`: the share of
+    packets mutated (fewer: longer lives, deeper states)."""
 
     def one(rng: random.Random, want: int) -> Awaitable[FuzzStats]:
-        return fuzz_connection(host, port, rng, want, user, password, websocket)
+        return fuzz_connection(host, port, rng, want, user, password, websocket, mutated)
 
     return await in_lanes(one, packets, connections, seed, 300)
 
@@ -468,6 +471,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="fuzz this MQTT-over-WebSocket port (path /ws); the bystander stays on --port",
     )
+    p.add_argument(
+        "--mutated",
+        type=float,
+        default=0.12,
+        help="the share of packets mutated (lower: connections live longer, deeper states)",
+    )
     ns = p.parse_args(argv)
     bystander = Bystander(ns.host, ns.port)
     bystander.start()
@@ -483,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             ns.user,
             ns.password,
             bool(ns.websocket_port),
+            ns.mutated,
         )
     )
     elapsed = time.monotonic() - started
