@@ -269,8 +269,8 @@ def _user(entry: dict[str, Any]) -> D.UserSet:
     tags = entry.get("tags", [])
     if isinstance(tags, str):  # before 3.9: "administrator,management"
         tags = tags.split(",")
-    if not isinstance(tags, list):
-        raise DefinitionsError(f"user {name!r}: tags must be a list")
+    if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
+        raise DefinitionsError(f"user {name!r}: tags must be a list of names")
     limits = entry.get("limits") or {}
     if not isinstance(limits, dict):
         raise DefinitionsError(f"user {name!r}: limits must be an object")

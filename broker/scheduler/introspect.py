@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -26,6 +27,8 @@ from shoal.broker import ipc, node_name
 from shoal.broker.amqp.definitions import Definitions
 from shoal.broker.scheduler import control as C
 from shoal.broker.scheduler.state import QueueState
+
+log = logging.getLogger("shoal.scheduler")
 
 SOCKET_NAME = "scheduler.sock"
 REPLY_TIMEOUT = 2.0
@@ -114,12 +117,16 @@ class Introspection:
         try:
             line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT)
             answer: C.Reply | dict[str, Any]
-            if line.strip() == b"consumers":
-                answer = await self.consumers()
-            elif line.startswith(b"{"):  # one JSON request (control.py)
-                answer = await self.answer(C.decode(line))
-            else:
-                answer = C.Failed(f"unknown request {line.strip()[:40]!r}; try 'consumers'")
+            try:
+                if line.strip() == b"consumers":
+                    answer = await self.consumers()
+                elif line.startswith(b"{"):  # one JSON request (control.py)
+                    answer = await self.answer(C.decode(line))
+                else:
+                    answer = C.Failed(f"unknown request {line.strip()[:40]!r}; try 'consumers'")
+            except Exception:  # a bug: this request's failure, answered, not the scheduler's
+                log.exception("control request %.80r failed", line)
+                answer = C.Failed("internal error (see the broker's log)")
             writer.write(C.encode(answer))
             await writer.drain()
         except (TimeoutError, ConnectionError):

@@ -378,8 +378,12 @@ def test_requests_the_broker_refuses_are_the_clients_fault_as_in_rabbitmq(manage
     long_name = "q" * 300
     assert http(managed, "DELETE", f"/queues/%2F/{long_name}")[0] == 400
     assert http(managed, "POST", f"/exchanges/{long_name}/x/publish", {})[0] == 404
+    user = {"name": "t", "password": "p", "tags": [["administrator"]]}  # (not names)
+    status, body = http(managed, "POST", "/definitions", {"users": [user]})
+    assert status == 400 and "tags must be a list of names" in body["reason"], body
     assert http(managed, "GET", "/exchanges/%2F/amq.direct")[0] == 200  # (it serves on)
-    assert "Error handling request" not in managed.log()
+    log = managed.log()
+    assert "Error handling request" not in log and "Traceback" not in log
 
 
 def test_an_objects_bindings_and_permissions(managed: Broker) -> None:

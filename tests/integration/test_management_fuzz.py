@@ -118,3 +118,44 @@ def test_random_requests_get_no_server_error(broker_factory: Callable[..., Broke
     assert statuses.get(401, 0) < REQUESTS // 10, statuses  # the admin stayed one
     assert "Error handling request" not in broker.log()
     assert http(broker, "GET", "/overview")[0] == 200  # guest is left alone too
+
+
+SECTIONS = {
+    "users": ["name", "password", "password_hash", "hashing_algorithm", "tags", "limits"],
+    "vhosts": ["name", "description", "tags", "default_queue_type", "metadata", "limits"],
+    "permissions": ["user", "vhost", "configure", "write", "read"],
+    "topic_permissions": ["user", "vhost", "exchange", "write", "read"],
+    "queues": ["name", "vhost", "durable", "auto_delete", "arguments", "type"],
+    "exchanges": ["name", "vhost", "type", "durable", "auto_delete", "internal", "arguments"],
+    "bindings": ["source", "vhost", "destination", "destination_type", "routing_key", "arguments"],
+    "policies": ["name", "vhost", "pattern", "apply-to", "definition", "priority"],
+    "parameters": ["name", "vhost", "component", "value"],
+    "global_parameters": ["name", "value"],
+}
+
+
+def test_random_definitions_are_imported_or_refused(broker_factory: Callable[..., Broker]) -> None:
+    """Definitions files of random shape (every section, fields of every
+    JSON type): each import is done or refused with 400, none is a server
+    error or a traceback in the scheduler (tags that were not names were)."""
+    broker = start_managed(broker_factory)
+    rng = random.Random(3)
+    statuses: dict[int, int] = {}
+    for _ in range(400):
+        body: dict[str, Any] = {}
+        for section in rng.sample(list(SECTIONS), rng.randrange(1, 4)):
+            fields = SECTIONS[section]
+            body[section] = [
+                {f: value(rng) for f in rng.sample(fields, rng.randrange(len(fields) + 1))}
+                for _ in range(rng.randrange(1, 3))
+            ]
+            for entry in body[section]:  # (guest keeps its password and rights)
+                if entry.get("name") == "guest" or entry.get("user") == "guest":
+                    entry["name"] = entry["user"] = "other"
+        path = rng.choice(["/definitions", "/definitions/%2F"])
+        status, _reply = http(broker, "POST", path, body)
+        statuses[status] = statuses.get(status, 0) + 1
+    assert set(statuses) <= {200, 201, 204, 400, 404}, statuses
+    assert statuses.get(400, 0) > 50 and statuses.get(204, 0) > 5, statuses
+    log = broker.log()
+    assert "Traceback" not in log and "Error handling request" not in log
