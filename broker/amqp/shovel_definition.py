@@ -127,6 +127,8 @@ def _uri(name: str, term: Any) -> str | None:
     uris = [term] if isinstance(term, str) else term
     if not isinstance(uris, list):
         return f"{name} should be list, actually was {erl(term)}"
+    if not uris:  # (RabbitMQ takes [] and its shovel then fails to start)
+        return f"{name} should be a non-empty list of URIs"
     for uri in uris:
         if not isinstance(uri, str):
             return f"{name} should be binary, actually was {erl(uri)}"

@@ -84,7 +84,12 @@ class Shovels:
             self.refused[key] = value
             return
         cluster_name = self.config.cluster_name or self.node
-        shovel = Shovel(vhost, name, spec, self.endpoints, cluster_name, self._completed)
+        try:
+            shovel = Shovel(vhost, name, spec, self.endpoints, cluster_name, self._completed)
+        except Exception:  # a bug with this definition: the other shovels start all the same
+            log.exception("shovel %r in vhost %r not started", name, vhost)
+            self.refused[key] = value
+            return
         self.running[key] = (value, shovel)
         shovel.start()
         log.info("shovel %r in vhost %r started", name, vhost)

@@ -116,6 +116,14 @@ def test_what_rabbitmq_refuses_is_refused_in_its_words(value: Any, reasons: list
         S.parse("s", value)
 
 
+def test_no_uri_at_all_is_refused_where_rabbitmq_would_fail_to_start() -> None:
+    """An empty list of URIs: RabbitMQ takes it and its shovel fails; here the
+    definition is refused (it took the shovels process's reconciling down,
+    every other shovel with it, found by random definitions)."""
+    for key in ("src-uri", "dest-uri"):
+        assert S.check("s", {**BASE, key: []}) == [f"{key} should be a non-empty list of URIs"]
+
+
 def test_amqp10_is_refused_with_a_reason() -> None:
     [reason] = S.check("s", {**BASE, "src-protocol": "amqp10"})
     assert "amqp10" in reason and "not supported" in reason
