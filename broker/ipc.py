@@ -288,10 +288,13 @@ class Watch(Message, tag=46):
     its worker arms Q_WATCH itself when the consumer runs dry and is woken
     directly by publishers, no DONE, no NOTIFY), or takes it back (another
     consumer came): the worker answers with the DONE that ends the turn.
+    `taken`: the scheduler found the watch armed and took it off Q_WATCH
+    itself (the consumer was idle), so the DONE comes without a pull.
     shm/ARCHITECTURE.md 7b."""
 
     cid: int
     own: bool
+    taken: bool = False
 
 
 class ConsumerGone(Message, tag=22):

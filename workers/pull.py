@@ -169,13 +169,14 @@ def take_watch(ctx: PullContext, consumer: Consumer) -> None:
         pull(ctx, consumer)
 
 
-def give_back_watch(ctx: PullContext, consumer: Consumer) -> None:
+def give_back_watch(ctx: PullContext, consumer: Consumer, taken: bool = False) -> None:
     """The scheduler takes the watch back (another consumer came): the DONE
     that ends this consumer's turn tells it the watch is its own again, now
-    if the consumer was idle, else when its pull runs dry."""
+    if the consumer was idle (its watch still armed, or `taken` off Q_WATCH
+    by the scheduler already), else when its pull runs dry."""
     if not consumer.direct:
         return
-    if drop_watch(ctx, consumer):
+    if drop_watch(ctx, consumer) or taken:
         ctx.send(ipc.Done(consumer.cid, consumer.dry_at))
     else:
         # Pulling, or a publisher took the watch and its wake-up comes to a

@@ -277,7 +277,7 @@ class Worker:
         if m.own:
             take_watch(self.ctx, consumer)
         else:
-            give_back_watch(self.ctx, consumer)
+            give_back_watch(self.ctx, consumer, m.taken)
 
     def _on_watch_wake(self, eventfd: bool = True) -> None:
         """A publisher took the watch of a queue whose only consumer is ours

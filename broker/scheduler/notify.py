@@ -214,13 +214,18 @@ class Notification:
 
     def _take_watch_back(self, q: QueueState) -> None:
         """Another consumer came: the watching worker gives the watch back
-        with a DONE, which ends its consumer's turn as usual."""
+        with a DONE, which ends its consumer's turn as usual. An armed watch
+        is taken off Q_WATCH here first, before the new consumer's
+        consume-ok: publishers stop waking that worker at once, not once it
+        has read this (meanwhile they woke it, and its consumer took what
+        they published though the new one had a higher priority)."""
         key = q.direct
         assert key is not None
         q.direct = None
+        taken = self.state.waker.unwatch(q.qid, key[0])
         link = self.links.get(key[0])
         if link is not None:
-            link.send(ipc.Watch(key[1], False))
+            link.send(ipc.Watch(key[1], False, taken))
 
     def hello(self, worker: int, m: ipc.Hello) -> None:
         """A worker (re)introduces itself with its full consumer state."""

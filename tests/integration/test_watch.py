@@ -13,7 +13,7 @@ import signal
 from typing import Any
 
 from tests.broker_process import Broker, wait_for
-from tests.clients import connect, connections_on_both_workers, pump
+from tests.clients import connect, connections_on_both_workers, pump, worker_of
 from tests.integration.test_introspect import consumers_of
 
 
@@ -155,3 +155,49 @@ def test_a_consumer_of_a_deep_queue_refills_its_credit_without_the_scheduler(
     assert setup.queue_declare("eager", passive=True).method.message_count == 1000 - 300
     first.close()
     second.close()
+
+
+def test_what_comes_after_a_higher_priority_consumers_consume_ok_is_not_the_watchers(
+    broker: Broker,
+) -> None:
+    """The queue's only consumer watches it; a consumer of higher priority
+    comes. From its consume-ok on, publishers no longer wake the watching
+    worker: the scheduler takes the armed watch off Q_WATCH before it
+    answers, rather than when that worker reads its message. The watching
+    worker is stopped meanwhile to make the race certain (a CI run saw the
+    low-priority consumer take 21 of 500 messages published after both
+    consume-oks)."""
+    low_conn, high_conn = connections_on_both_workers(broker)
+    low_ch = low_conn.channel()
+    low_ch.queue_declare("prio-watch")
+    low: list[bytes] = []
+    low_ch.basic_consume(
+        "prio-watch",
+        lambda c, m, p, body: low.append(body),
+        True,
+        consumer_tag="low",
+        arguments={"x-priority": 1},
+    )
+    high_ch = high_conn.channel()
+    high_ch.basic_publish("", "prio-watch", b"warm")
+    pump([low_conn], lambda: low == [b"warm"], 10, "the first message")
+    wait_for(lambda: watching(broker, "prio-watch", "low"), 10, "the consumer to watch")
+    low_worker = broker.pids("io-worker")[worker_of(low_conn)]
+    os.kill(low_worker, signal.SIGSTOP)
+    high: list[bytes] = []
+    try:
+        high_ch.basic_consume(
+            "prio-watch",
+            lambda c, m, p, body: high.append(body),
+            True,
+            consumer_tag="high",
+            arguments={"x-priority": 10},
+        )
+        for i in range(20):
+            high_ch.basic_publish("", "prio-watch", b"%d" % i)
+    finally:
+        os.kill(low_worker, signal.SIGCONT)
+    pump([low_conn, high_conn], lambda: len(high) + len(low) == 21, 10, "20 messages")
+    assert low == [b"warm"] and high == [b"%d" % i for i in range(20)]
+    for c in (low_conn, high_conn):
+        c.close()
