@@ -109,6 +109,14 @@ P_OWNERSHIP_SEEN = 112
 # then drains its paging files before it exits, and it is not replaced.
 P_RETIRING = 120
 P_STATS = 128  # shm/stats.py: the process's counters, flushed by itself
+# IO worker: the move of an old unacked entry to its log's tail in progress
+# (shm/entry_moves.py): log qid + 1 (0: none), the entry's block, the seq it
+# moves from, and 1 + the seq it reserved (0: none yet). The supervisor
+# finishes it after a kill.
+P_MOVE_QUEUE = PROC_SIZE - 32
+P_MOVE_BLOCK = PROC_SIZE - 24
+P_MOVE_FROM = PROC_SIZE - 16
+P_MOVE_TO = PROC_SIZE - 8
 ROLE_WORKER, ROLE_ACCEPTOR, ROLE_SCHEDULER, ROLE_SUPERVISOR, ROLE_METRICS = 1, 2, 3, 4, 5
 ROLE_MANAGEMENT = 6
 ROLE_NAMES = {

@@ -8,7 +8,8 @@ release entries concurrently, and every step below is safe against that.
 from __future__ import annotations
 
 from shoal.shm import layout
-from shoal.shm.arena import held_blocks, read_tag, release_hold
+from shoal.shm.arena import body_refs_drop, held_blocks, read_tag, release_hold
+from shoal.shm.entry_moves import finish_move
 from shoal.shm.queues import SharedQueues, unpublished
 from shoal.shm.segment import Segment
 
@@ -41,12 +42,16 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     it). Returns {qid: entries released}.
     """
     shared = SharedQueues(seg, 0)
+    # A move of an old entry to its log's tail cut short (shm/entry_moves.py):
+    # finished first, so that its entry is live in one cell, released below.
+    moved = finish_move(shared, worker + 1)
     released = release_owner(shared, worker + 1)
     held = held_blocks(seg, worker)
-    if held:
+    recount = set(held) if moved is None else {*held, moved}
+    if recount:
         # Cells, then drops in flight, then the count word: in this order a
         # concurrent ack can only make us keep a reference too many.
-        live = count_references(shared, set(held))
+        live = count_references(shared, recount)
         in_flight = dropping(seg, worker)
         a = seg.atomic
         for block in held:
@@ -55,6 +60,10 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
             if excess:
                 a.fetch_add(block + layout.B_REFS, -excess)
             release_hold(seg, block)
+        if moved is not None and moved not in held:
+            excess = a.load(moved + layout.B_REFS) - live.get(moved, 0) - in_flight.get(moved, 0)
+            if excess > 0:
+                body_refs_drop(seg, moved, excess)
     # Killed inside an ack between the cell's CAS and the drop, the worker
     # leaks that one reference: whether the drop happened cannot be told.
     seg.atomic.store(seg.layout.proc(worker) + layout.P_DROPPING, 0)

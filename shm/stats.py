@@ -89,7 +89,7 @@ GAUGES = (
     MQTT_CONNECTIONS,
 ) = tuple(range(COUNTERS, COUNTERS + 11))
 WORDS = COUNTERS + len(GAUGES)
-assert layout.P_STATS + WORDS * 8 <= layout.PROC_SIZE
+assert layout.P_STATS + WORDS * 8 <= layout.P_MOVE_QUEUE
 
 _bisect = bisect.bisect_left
 
