@@ -39,6 +39,7 @@ from shoal.workers.lease_watch import LeaseWatch
 from shoal.workers.message_ttl import Expiry
 from shoal.workers.mqtt_connection import MqttConnection
 from shoal.workers.mqtt_websocket import MqttWebSocket
+from shoal.workers.pinned_heads import PinnedHeads
 from shoal.workers.pull import give_back_watch, pull, take_watch
 from shoal.workers.ticker import on_grid
 
@@ -112,6 +113,8 @@ class Worker:
         expiry.start()
         delays = Delays(ctx)
         delays.start()
+        pinned = PinnedHeads(ctx.shared, loop, lambda: _delivery_books(ctx))
+        pinned.start()
         ctx.ownership.acknowledge()  # owns() answers from the word read at start
         self._poll_ownership()
         self._poll_tracing(firehose)
@@ -139,6 +142,7 @@ class Worker:
                 ctx.streams.close()
             expiry.close()
             delays.close()
+            pinned.close()
         return 0
 
     def _flush_stats(self, again: bool = True) -> None:
@@ -406,6 +410,16 @@ class Worker:
 
 _M = TypeVar("_M", bound=ipc.Message)
 Handler = Callable[[Worker, Any], None]
+
+
+def _delivery_books(ctx: WorkerContext) -> list[Any]:
+    """Every channel's delivery book on this worker (MQTT sessions' inner
+    AMQP connections are among ctx.connections)."""
+    return [
+        channel.delivery  # type: ignore[attr-defined]
+        for conn in list(ctx.connections)
+        for channel in list(conn.channels.values())
+    ]
 
 
 def _on(cls: type[_M], handler: Callable[[Worker, _M], None]) -> tuple[type, Handler]:
