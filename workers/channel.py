@@ -372,6 +372,7 @@ class Channel:
             # ours arrives (that frame is part of the handshake, not one on
             # a closed channel).
             return
+        self.conn.closed_in_read.add(self.number)
         self.conn.forget_channel(self.number)
 
     def _channel_close_ok(self, method: C.Channel.CloseOk) -> None:

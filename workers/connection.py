@@ -65,6 +65,11 @@ class Connection(asyncio.Protocol):
         self.reader = framing.FrameReader(framing.FRAME_MIN_SIZE)  # (until tune-ok)
         self.head = b""
         self.channels: dict[int, Channel] = {}
+        # Channels the client closed in this read: what it sent after its
+        # channel.close in the same read is dropped, not a connection error
+        # (RabbitMQ's channel process still takes it until the reader has
+        # forgotten the channel, after the frames of that read).
+        self.closed_in_read: set[int] = set()
         self.frame_max = ctx.config.frame_max
         self.channel_max = ctx.config.channel_max
         self.heartbeat = 0
@@ -263,6 +268,8 @@ class Connection(asyncio.Protocol):
 
     def _data_received(self, data: bytes) -> None:
         self.last_recv = time.monotonic()
+        if self.closed_in_read:
+            self.closed_in_read.clear()
         self.recv_oct += len(data)  # per read: the management UI's data rates
         self.recv_cnt += 1
         if self.state == AWAIT_HEADER:
@@ -373,6 +380,8 @@ class Connection(asyncio.Protocol):
             raise errors.ConnectionError_(
                 errors.FRAME_ERROR, "heartbeat frame on a non-zero channel"
             )
+        if number in self.closed_in_read:
+            return  # sent right after the client's own channel.close
         raise errors.ConnectionError_(
             errors.CHANNEL_ERROR, "expected 'channel.open'", *divmod(index, 0x10000)
         )

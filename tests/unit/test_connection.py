@@ -235,6 +235,31 @@ def test_frames_on_a_channel_that_is_not_open(ctx: WorkerContext) -> None:
     assert close.reply_text == "CHANNEL_ERROR - expected 'channel.open'"
 
 
+def test_frames_right_after_the_clients_channel_close_are_dropped(ctx: WorkerContext) -> None:
+    """What a client sends on a channel after its own channel.close, in the
+    same read (lavinmqperf acks the deliveries it still had when it closes),
+    is dropped as RabbitMQ's channel process drops it, not a connection
+    error; in a later read, the channel is closed: 504 as before."""
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.method(2, C.Channel.Open())
+    client.received()
+    client.send(
+        pamqp_frame.marshal(C.Channel.Close(200, "bye", 0, 0), 1)
+        + pamqp_frame.marshal(C.Basic.Ack(delivery_tag=250, multiple=True), 1)
+        + pamqp_frame.marshal(C.Basic.Qos(prefetch_count=5), 2)
+    )
+    frames = client.received()
+    assert [(ch, type(f)) for ch, f in frames] == [(1, C.Channel.CloseOk), (2, C.Basic.QosOk)]
+    client.method(1, C.Basic.Ack(delivery_tag=500, multiple=True))
+    ((_ch, close),) = client.received()
+    assert (close.reply_code, close.reply_text) == (
+        504,
+        "CHANNEL_ERROR - expected 'channel.open'",
+    )
+
+
 def test_second_channel_open_is_a_channel_error(ctx: WorkerContext) -> None:
     client = Client(ctx)
     client.open()
