@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -372,7 +373,7 @@ class Channel:
             # ours arrives (that frame is part of the handshake, not one on
             # a closed channel).
             return
-        self.conn.closed_in_read.add(self.number)
+        self.conn.closed_by_client[self.number] = time.monotonic()
         self.conn.forget_channel(self.number)
 
     def _channel_close_ok(self, method: C.Channel.CloseOk) -> None:

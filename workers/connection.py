@@ -54,6 +54,9 @@ LINGER_TIMEOUT = 2.0
 # consumer, which RabbitMQ sends first (Publisher._consumes): the scheduler may
 # hand the message to another consumer, or be slow.
 CONFIRM_HOLD = 0.01
+# How long after a client's channel.close what it still sends on that channel
+# is dropped rather than a connection error (Connection.closed_by_client).
+LATE_FRAMES = 1.0
 
 
 class Connection(asyncio.Protocol):
@@ -65,11 +68,12 @@ class Connection(asyncio.Protocol):
         self.reader = framing.FrameReader(framing.FRAME_MIN_SIZE)  # (until tune-ok)
         self.head = b""
         self.channels: dict[int, Channel] = {}
-        # Channels the client closed in this read: what it sent after its
-        # channel.close in the same read is dropped, not a connection error
-        # (RabbitMQ's channel process still takes it until the reader has
-        # forgotten the channel, after the frames of that read).
-        self.closed_in_read: set[int] = set()
+        # Channels the client closed, and when: what it sent on one after its
+        # channel.close, up to LATE_FRAMES seconds later, is dropped, not a
+        # connection error (RabbitMQ's channel process still takes it until
+        # the reader has forgotten the channel; a client acks the deliveries
+        # it still had before it sees the close-ok).
+        self.closed_by_client: dict[int, float] = {}
         self.frame_max = ctx.config.frame_max
         self.channel_max = ctx.config.channel_max
         self.heartbeat = 0
@@ -268,8 +272,6 @@ class Connection(asyncio.Protocol):
 
     def _data_received(self, data: bytes) -> None:
         self.last_recv = time.monotonic()
-        if self.closed_in_read:
-            self.closed_in_read.clear()
         self.recv_oct += len(data)  # per read: the management UI's data rates
         self.recv_cnt += 1
         if self.state == AWAIT_HEADER:
@@ -366,6 +368,7 @@ class Connection(asyncio.Protocol):
         index = framing.method_index(payload) if ftype == framing.FRAME_METHOD else 0
         if index == C.Channel.Open.index:
             negotiation.check_channel_max(len(self.channels), self.channel_max)
+            self.closed_by_client.pop(number, None)
             ctx = self.ctx
             ctx.user_channels.check_open(self.user, ctx.routes.definitions.users, ctx.connections)
             self.channels[number] = Channel(self, number)
@@ -380,7 +383,8 @@ class Connection(asyncio.Protocol):
             raise errors.ConnectionError_(
                 errors.FRAME_ERROR, "heartbeat frame on a non-zero channel"
             )
-        if number in self.closed_in_read:
+        closed = self.closed_by_client.get(number)
+        if closed is not None and time.monotonic() - closed < LATE_FRAMES:
             return  # sent right after the client's own channel.close
         raise errors.ConnectionError_(
             errors.CHANNEL_ERROR, "expected 'channel.open'", *divmod(index, 0x10000)

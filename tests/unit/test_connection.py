@@ -23,6 +23,7 @@ from shoal.broker.scheduler.durable import Restored
 from shoal.shm import layout as L
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.segment import Segment
+from shoal.workers import connection as connection_module
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
 
@@ -236,10 +237,10 @@ def test_frames_on_a_channel_that_is_not_open(ctx: WorkerContext) -> None:
 
 
 def test_frames_right_after_the_clients_channel_close_are_dropped(ctx: WorkerContext) -> None:
-    """What a client sends on a channel after its own channel.close, in the
-    same read (lavinmqperf acks the deliveries it still had when it closes),
-    is dropped as RabbitMQ's channel process drops it, not a connection
-    error; in a later read, the channel is closed: 504 as before."""
+    """What a client sends on a channel after its own channel.close, before it
+    saw the close-ok (lavinmqperf acks the deliveries it still had), is
+    dropped as RabbitMQ's channel process takes it, not a connection error;
+    LATE_FRAMES later the channel is closed: 504 as before."""
     client = Client(ctx)
     client.open()
     client.method(1, C.Channel.Open())
@@ -252,7 +253,14 @@ def test_frames_right_after_the_clients_channel_close_are_dropped(ctx: WorkerCon
     )
     frames = client.received()
     assert [(ch, type(f)) for ch, f in frames] == [(1, C.Channel.CloseOk), (2, C.Basic.QosOk)]
-    client.method(1, C.Basic.Ack(delivery_tag=500, multiple=True))
+    client.method(1, C.Basic.Ack(delivery_tag=500, multiple=True))  # a later read
+    client.method(2, C.Basic.Qos(prefetch_count=6))
+    assert [type(f) for _ch, f in client.received()] == [C.Basic.QosOk]
+    client.method(1, C.Channel.Open())  # a new channel of that number ...
+    client.method(1, C.Channel.Close(200, "bye", 0, 0))
+    client.received()
+    client.conn.closed_by_client[1] -= connection_module.LATE_FRAMES  # ... a while ago
+    client.method(1, C.Basic.Ack(delivery_tag=1))
     ((_ch, close),) = client.received()
     assert (close.reply_code, close.reply_text) == (
         504,
