@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -373,8 +372,7 @@ class Channel:
             # ours arrives (that frame is part of the handshake, not one on
             # a closed channel).
             return
-        self.conn.closed_by_client[self.number] = time.monotonic()
-        self.conn.forget_channel(self.number)
+        self.conn.forget_channel(self.number, by_client=True)
 
     def _channel_close_ok(self, method: C.Channel.CloseOk) -> None:
         self.conn.forget_channel(self.number)

@@ -454,7 +454,11 @@ class Connection(asyncio.Protocol):
             if self.channels.get(channel.number) is channel and not channel.closing:
                 self.write(frame)
 
-    def forget_channel(self, number: int) -> None:
+    def forget_channel(self, number: int, by_client: bool = False) -> None:
+        """The channel is gone; `by_client`: the client's channel.close closed
+        it (what it still sends on it for LATE_FRAMES is dropped)."""
+        if by_client:
+            self.closed_by_client[number] = time.monotonic()
         channel = self.channels.pop(number, None)
         if channel is not None:
             self.ctx.stats.v[stats.CHANNELS_CLOSED] += 1
