@@ -8,8 +8,10 @@ Every second the worker looks at each active log's fill (two loads a log).
 A log at least half full is watched every FAST_POLL: if its head has not
 moved since the last look and the cells from the head on that are not ready
 include some this worker holds, those are moved, and their channels'
-delivery books name their new seqs. A flowing log's head moves between two
-looks and nothing is done; an idle broker's logs cost one look a second.
+delivery books name their new seqs; if none are this worker's (a backlog at
+the head, or another worker's entries) the log is looked at again after the
+next look at every log. A flowing log's head moves between two looks and
+nothing is done; an idle broker's logs cost one look a second.
 """
 
 from __future__ import annotations
@@ -94,9 +96,17 @@ class PinnedHeads:
                 continue
             if head == seen:
                 try:
-                    self.unpin(qid)
+                    moved = self.unpin(qid)
                 except Exception:
                     log.exception("moving the entries at the head of log %d failed", qid)
+                    moved = 0
+                if not moved:
+                    # A backlog at the head, or entries other workers hold:
+                    # looked at again after the next look at every log, so that
+                    # a broker with many deep queues does not look at each ten
+                    # times a second.
+                    del watched[qid]
+                    continue
                 head = head_and_fill(shared, qid)[0]
             watched[qid] = head
         if watched and not self._closed:
