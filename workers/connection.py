@@ -411,8 +411,14 @@ class Connection(asyncio.Protocol):
             sink = self.confirm_sink
             # (Not past frames still unwritten: the bridge reads them in order.)
             if sink is None or self.out or not sink(publisher.number, high):
-                # As RabbitMQ: one confirm alone is not "multiple".
-                self.write(framing.encode_ack(publisher.number, high, count > 1))
+                # Always multiple, even for one (RabbitMQ sends one alone
+                # with multiple false): every tag up to `high` is confirmed,
+                # so it means the same to a client, and a client that looks
+                # for a tag's callback only after its publish is written
+                # (amqp-client.cr's on_confirm: a check, then an insert)
+                # loses a single confirm that beats it, and waits for good
+                # (lavinmqperf's confirm window stalled at Shoal's speed).
+                self.write(framing.encode_ack(publisher.number, high, True))
 
     def _open_publisher(self, publisher: Confirms) -> bool:
         """Whether `publisher` is that of a channel still open here."""

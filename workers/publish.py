@@ -676,8 +676,8 @@ class Publisher:
         """basic.nack publish `seq`, after acking those before it."""
         if seq - 1 > self.confirm_sent:
             self.stats[CONFIRMED] += seq - 1 - self.confirm_sent
-            multiple = seq - 1 - self.confirm_sent > 1  # (one alone: not multiple, as RabbitMQ)
-            self.conn.write(framing.encode_ack(self.number, seq - 1, multiple))
+            # Cumulative, even for one (Connection.flush_confirms says why).
+            self.conn.write(framing.encode_ack(self.number, seq - 1, True))
         self.confirm_sent = seq
         self.conn.write(
             framing.encode_method(

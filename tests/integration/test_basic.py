@@ -531,12 +531,12 @@ def test_a_return_follows_the_confirms_of_earlier_publishes(broker: Broker) -> N
         frames += pamqp_frame.marshal(ContentBody(b"m"), 1)
     client.send(frames)
     first = client.expect(C.Basic.Ack, 1)
-    assert (first.delivery_tag, first.multiple) == (1, False)
+    assert (first.delivery_tag, first.multiple) == (1, True)
     assert client.expect(C.Basic.Return, 1).reply_code == 312
     client.expect(ContentHeader, 1)
     client.expect(ContentBody, 1)
     second = client.expect(C.Basic.Ack, 1)
-    assert (second.delivery_tag, second.multiple) == (2, False)
+    assert (second.delivery_tag, second.multiple) == (2, True)
 
 
 # ------------------------------------------------------------- consumers
@@ -699,12 +699,15 @@ def test_publisher_confirms_pika_cover_every_sequence_number(broker: Broker) -> 
     conn.close()
 
 
-def test_a_confirm_alone_is_not_multiple_and_a_nack_says_requeue_as_rabbitmqs(
+def test_confirms_are_cumulative_and_a_nack_says_requeue_as_rabbitmqs(
     broker: Broker,
 ) -> None:
-    """rabbit_channel's send_confirms: one confirm is basic.ack(tag, multiple
-    false); a publisher nack (reject-publish) carries the field's default,
-    requeue true."""
+    """A confirm is basic.ack(tag, multiple true) even for one publish: every
+    tag up to it is confirmed, so it means what rabbit_channel's
+    send_confirms' multiple-false ack of one means, and a client that
+    registers a tag's callback after writing its publish (amqp-client.cr)
+    cannot lose a single confirm that arrives first. A publisher nack
+    (reject-publish) carries the field's default, requeue true."""
     conn = pika_connection(broker)
     ch = conn.channel()
     ch.queue_declare("one-confirm")
@@ -723,7 +726,7 @@ def test_a_confirm_alone_is_not_multiple_and_a_nack_says_requeue_as_rabbitmqs(
     for expected in (1, 2, 3):
         ch._impl.basic_publish("", "one-confirm" if expected == 1 else "full-1", b"m")
         wait_for(lambda n=expected: conn.process_data_events(0.02) or len(got) >= n, 5, "a confirm")
-    assert got == [("Ack", 1, False, False), ("Ack", 2, False, False), ("Nack", 3, False, True)]
+    assert got == [("Ack", 1, True, False), ("Ack", 2, True, False), ("Nack", 3, False, True)]
     conn.close()
 
 
