@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from shoal.shm.entry_moves import head_and_fill, held_from_head, move_entry
@@ -48,9 +48,9 @@ class PinnedHeads:
         self,
         shared: SharedQueues,
         loop: asyncio.AbstractEventLoop,
-        books: Any,
+        books: Callable[[], Iterable[Book]],
     ) -> None:
-        """`books`: a callable giving the worker's delivery books, at each look."""
+        """`books`: the worker's delivery books, asked for at each look that moves."""
         self._shared = shared
         self._loop = loop
         self._books = books
