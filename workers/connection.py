@@ -130,8 +130,8 @@ class Connection(asyncio.Protocol):
         # are the crash tests' interposer.
         self.publish_lane = PublishLane(self) if PublishLane.usable(ctx) else None
         self.pacer = Pacer(self, ctx.shared, ctx.loop)  # workers/pacing.py
-        # Appends of messages that reached several queues, since the loop last
-        # turned for this connection (workers/fanout_turns.py).
+        # Appends of messages that reached several queues in this read (or
+        # in its deferred rest's turn: workers/fanout_turns.py).
         self.fanout_work = 0
 
     # ------------------------------------------------------------ transport
@@ -279,6 +279,10 @@ class Connection(asyncio.Protocol):
             if not data:
                 return
         self.access.refresh()  # a permission changed applies from this read on
+        # The fan-out budget is per read (one loop turn's callback): counted
+        # across reads, a steady fan-out publisher was held and resumed every
+        # FANOUT_PER_TURN appends however short its turns (workers/fanout_turns.py).
+        self.fanout_work = 0
         publish_lane = self.publish_lane
         lane = publish_lane.arm() if publish_lane is not None else None
         try:

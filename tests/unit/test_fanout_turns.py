@@ -88,3 +88,25 @@ def test_connections_that_fan_out_share_a_turn(
         mine = [b for b in bodies if b.startswith(b"%d-" % n)]
         assert mine == [b"%d-%d" % (n, i) for i in range(30)]  # in order
     assert not any(c.transport.paused for c in clients)
+
+
+def test_reads_each_within_the_budget_are_never_held(
+    fan_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget is a read's (one loop turn's callback): a steady fan-out
+    publisher whose reads are each under it is never held, however many
+    reads it sends (counted across reads, the second read below waited a
+    turn with the socket paused)."""
+    monkeypatch.setattr("shoal.workers.connection.FANOUT_PER_TURN", 50)
+    shared = SharedQueues(fan_ctx.seg)
+    for qid, name in enumerate(QUEUES):
+        shared.create(qid, name.encode(), 0, 0)
+    client = Client(fan_ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.received()
+    for n in range(10):
+        read = b"".join(publish(1, b"%d-%d" % (n, i), "", "fan") for i in range(4))
+        client.conn.data_received(read)  # 40 appends: under 50
+        assert not client.transport.paused
+        assert len(queue_bodies(fan_ctx, 7)) == 4 * (n + 1)  # all of it, in this read
