@@ -37,17 +37,23 @@ def one_turn(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_forever()
 
 
+def fanning_client(ctx: WorkerContext) -> Client:
+    """The ten queues made, and a client with channel 1 open."""
+    shared = SharedQueues(ctx.seg)
+    for qid, name in enumerate(QUEUES):
+        shared.create(qid, name.encode(), 0, 0)
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.received()
+    return client
+
+
 def test_a_fanning_out_read_is_taken_a_turn_at_a_time_in_order(
     fan_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("shoal.workers.connection.FANOUT_PER_TURN", 50)
-    shared = SharedQueues(fan_ctx.seg)
-    for qid, name in enumerate(QUEUES):
-        shared.create(qid, name.encode(), 0, 0)
-    client = Client(fan_ctx)
-    client.open()
-    client.method(1, C.Channel.Open())
-    client.received()
+    client = fanning_client(fan_ctx)
     read = b"".join(publish(1, b"%d" % i, "", "fan") for i in range(20))
     read += publish(1, b"alone", "fan0", "")  # one queue: counted as nothing
     client.conn.data_received(read)
@@ -98,13 +104,7 @@ def test_reads_each_within_the_budget_are_never_held(
     reads it sends (counted across reads, the second read below waited a
     turn with the socket paused)."""
     monkeypatch.setattr("shoal.workers.connection.FANOUT_PER_TURN", 50)
-    shared = SharedQueues(fan_ctx.seg)
-    for qid, name in enumerate(QUEUES):
-        shared.create(qid, name.encode(), 0, 0)
-    client = Client(fan_ctx)
-    client.open()
-    client.method(1, C.Channel.Open())
-    client.received()
+    client = fanning_client(fan_ctx)
     for n in range(10):
         read = b"".join(publish(1, b"%d-%d" % (n, i), "", "fan") for i in range(4))
         client.conn.data_received(read)  # 40 appends: under 50
