@@ -15,8 +15,9 @@ from typing import Any
 
 from pamqp import commands as C
 
+from shoal.broker import ipc
 from shoal.broker.amqp import errors
-from shoal.workers import amqp_0_8, framing
+from shoal.workers import amqp_0_8, framing, reply_to
 from shoal.workers.channel_state import IDLE, ChannelConnection, out_of_order
 from shoal.workers.context import RemoteError
 from shoal.workers.declare import Declarer
@@ -350,10 +351,10 @@ class Channel:
             ],
         }
 
-    def release(self) -> None:
+    def release(self) -> asyncio.Future[ipc.Counted] | None:
         """Cancel consumers, roll back an open transaction and requeue unacked
-        messages (close or crash)."""
-        self.delivery.release()
+        messages (close or crash); the reply queue's delete, if it had one."""
+        deleting = self.delivery.release()
         self.transactions.rollback()
         self.delivery.requeue_all()
         self.publisher.release()
@@ -361,11 +362,13 @@ class Channel:
         # the unconfirmed publishes of a channel that closes.
         self.conn.held_bytes -= sum(len(payload) for _ftype, payload in self.flow_backlog)
         self.flow_backlog.clear()
+        return deleting
 
     def _channel_close(self, method: C.Channel.Close) -> None:
         self.conn.flush_confirms(self.publisher, force=True)
-        self.release()
-        self.conn.write(framing.encode_method(self.number, C.Channel.CloseOk()))
+        deleting = self.release()  # (close-ok after the reply queue's delete: workers/reply_to.py)
+        close_ok = framing.encode_method(self.number, C.Channel.CloseOk())
+        reply_to.answer_after(self.conn, deleting, close_ok, self.ctx.loop)
         if self.closing:
             # The client's channel.close crossed ours: answered, as RabbitMQ
             # does, and the channel stays until the client's close-ok for

@@ -279,10 +279,7 @@ class Connection(asyncio.Protocol):
             if not data:
                 return
         self.access.refresh()  # a permission changed applies from this read on
-        # The fan-out budget is per read (one loop turn's callback): counted
-        # across reads, a steady fan-out publisher was held and resumed every
-        # FANOUT_PER_TURN appends however short its turns (workers/fanout_turns.py).
-        self.fanout_work = 0
+        self.fanout_work = 0  # the fan-out budget is a read's (workers/fanout_turns.py)
         publish_lane = self.publish_lane
         lane = publish_lane.arm() if publish_lane is not None else None
         try:

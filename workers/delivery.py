@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+from asyncio import Future
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -34,7 +35,6 @@ from shoal.workers.pull import drop_watch, start, take_ready, update_interest
 from shoal.workers.send_bound import bound_unsent
 
 log = logging.getLogger("shoal.worker")
-
 
 _ALL_TAGS = (1 << 64) - 1  # a multiple ack of tag 0: every delivery
 
@@ -489,14 +489,13 @@ class DeliveryBook:
             consumer.unacked_bytes -= size
         return entry
 
-    def release(self) -> None:
-        """The channel closes: its consumers are cancelled and its reply
-        queue deleted (its unacknowledged messages are requeued after its
-        transaction is rolled back: requeue_all)."""
+    def release(self) -> Future[ipc.Counted] | None:
+        """The channel closes: consumers cancelled, the reply queue's delete
+        asked (returned; unacked messages go back later: requeue_all)."""
         for consumer in self.consumers.values():
             self._drop_consumer(consumer)
         self.consumers.clear()
-        self.drop_reply_queue()
+        return self.drop_reply_queue()
 
     def _drop_consumer(self, consumer: Consumer) -> None:
         drop_watch(self.ctx, consumer)  # the scheduler's again with the CANCEL
@@ -591,15 +590,16 @@ class DeliveryBook:
         update_interest(ctx, consumer)
 
     def basic_cancel(self, method: C.Basic.Cancel) -> None:
-        tag = method.consumer_tag or ""
+        tag, deleting = method.consumer_tag or "", None
         consumer = self.consumers.pop(tag.encode(), None)
         if consumer is not None:
             take_ready(self.ctx, consumer)  # what the channel did before comes first
             self._drop_consumer(consumer)
             if consumer.queue_name == self.reply_queue:
-                self.drop_reply_queue()
-        if not method.nowait:
-            self.conn.write(framing.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag)))
+                deleting = self.drop_reply_queue()
+        if not method.nowait:  # (after the reply queue's delete: workers/reply_to.py)
+            cancel_ok = framing.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag))
+            reply_to.answer_after(self.conn, deleting, cancel_ok, self.ctx.loop)
 
     def time_out(self, consumer: Consumer, tags: list[int]) -> None:
         """Consumer timeout (workers/timeouts.py): requeue its unacked
@@ -630,13 +630,11 @@ class DeliveryBook:
         self.consumers.pop(consumer.tag, None)
         self.cancel_from_server(consumer)
 
-    def drop_reply_queue(self) -> None:
-        """The reply consumer is gone (cancelled, or its channel closed): so
-        is its queue; later replies to it are unroutable."""
+    def drop_reply_queue(self) -> Future[ipc.Counted] | None:
+        """The reply consumer is gone (cancelled, or its channel closed): so is
+        its queue, later replies to it unroutable once the delete is answered."""
         name, self.reply_queue = self.reply_queue, b""
-        if name:
-            done = self.ctx.request(ipc.Delete(self.conn.vhost, name, False, False, self.conn.id))
-            done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return reply_to.delete(self.ctx, self.conn.vhost, name, self.conn.id) if name else None
 
     def cancel_from_server(self, consumer: Consumer) -> None:
         """An auto-close browser reached the end of its queue."""

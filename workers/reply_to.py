@@ -8,20 +8,35 @@ Shoal makes the name a real queue: exclusive to the connection, not
 durable, made by the scheduler when the channel starts its reply consumer
 and deleted when the consumer is cancelled or the channel closes, so a reply
 from any IO worker is routed and delivered as to any queue, and a reply to
-a channel that is gone is unroutable (basic.return under mandatory).
+a channel that is gone is unroutable (basic.return under mandatory). The
+cancel-ok or close-ok waits for that delete (`answer_after`): a reply sent
+once the client has it is unroutable, as RabbitMQ's channel is gone then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 from typing import Protocol
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors, properties
+from shoal.workers.context import Requests
 
 PSEUDO_QUEUE = "amq.rabbitmq.reply-to"
 PREFIX = b"amq.rabbitmq.reply-to."
+# How long a cancel-ok or close-ok waits for the reply queue's delete (a
+# scheduler being restarted answers late; the client need not wait for that).
+ANSWER_WAIT = 3.0
+
+
+class Answering(Protocol):
+    """What answer_after uses of a connection."""
+
+    closed: bool
+
+    def write(self, data: bytes) -> None: ...
 
 
 class ReplyChannel(Protocol):
@@ -75,3 +90,36 @@ def rewrite(channel: ReplyChannel, header: bytes) -> bytes:
             errors.PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40
         )
     return properties.with_reply_to(header, channel.reply_queue)
+
+
+def delete(ctx: Requests, vhost: str, name: bytes, conn_id: int) -> asyncio.Future[ipc.Counted]:
+    """The reply queue's delete, asked of the scheduler (a failure is the
+    scheduler's to log: retrieved here, so never reported unretrieved)."""
+    done = ctx.request(ipc.Delete(vhost, name, False, False, conn_id))
+    done.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return done
+
+
+def answer_after(
+    conn: Answering,
+    deleting: asyncio.Future[ipc.Counted] | None,
+    frame: bytes,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """`frame` (a cancel-ok or close-ok) written once the reply queue's
+    delete is answered (at once without one), at most ANSWER_WAIT s later."""
+    if deleting is None:
+        conn.write(frame)
+        return
+    sent = False
+
+    def send(*_: object) -> None:
+        nonlocal sent
+        if not sent:
+            sent = True
+            timer.cancel()
+            if not conn.closed:
+                conn.write(frame)
+
+    timer = loop.call_later(ANSWER_WAIT, send)
+    deleting.add_done_callback(send)

@@ -6,14 +6,25 @@ RabbitMQ's texts when it is misused. pika over real sockets."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pika
 import pytest
+from pamqp import commands as C
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
 
 from tests.broker_process import Broker
 from tests.clients import connect, connections_on_both_workers, pump
+from tests.integration.test_compat import Wire
+from tests.integration.test_malformed import handshake
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 
@@ -64,6 +75,82 @@ def test_rpc_round_trip_across_workers(broker: Broker) -> None:
     with pytest.raises(pika.exceptions.UnroutableError):
         back.basic_publish("", next(iter(names)), b"late", mandatory=True)
     client.close()
+    server.close()
+
+
+def reply_name(server: Any) -> str:
+    """The reply queue name of the request a client published to
+    "requests" (declared by the caller), as the RPC server sees it."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        request = server.basic_get("requests", auto_ack=True)[1]
+        if request is not None:
+            assert request.reply_to.startswith(REPLY_TO + ".")
+            return str(request.reply_to)
+    raise AssertionError("no request within 10 s")
+
+
+@contextlib.contextmanager
+def scheduler_stopped_for(broker: Broker, seconds: float) -> Iterator[None]:
+    """The scheduler (which deletes queues) stopped, resumed `seconds` later."""
+    scheduler = broker.pids("scheduler")[0]
+    os.kill(scheduler, signal.SIGSTOP)
+    resume = threading.Timer(seconds, os.kill, (scheduler, signal.SIGCONT))
+    resume.start()
+    try:
+        yield
+    finally:
+        resume.join()
+        os.kill(scheduler, signal.SIGCONT)
+
+
+def test_a_reply_after_the_cancel_ok_is_unroutable(broker: Broker) -> None:
+    """cancel-ok (and close-ok) wait for the reply queue's delete, so an RPC
+    server that replies once the client's channel.close returned (pika
+    cancels its consumers first) gets the reply back (mandatory), from any
+    worker. The scheduler stopped for 0.5 s: without that wait the answers
+    came at once, and the reply went into the queue still there, to nobody."""
+    client, server = connections_on_both_workers(broker)
+    back = server.channel()
+    back.queue_declare("requests")
+    cch = client.channel()
+    cch.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+    cch.basic_publish("", "requests", b"q", pika.BasicProperties(reply_to=REPLY_TO))
+    name = reply_name(back)
+    back.confirm_delivery()
+    with scheduler_stopped_for(broker, 0.5):
+        started = time.monotonic()
+        cch.close()
+        assert time.monotonic() - started >= 0.4  # its answers came after the delete
+        with pytest.raises(pika.exceptions.UnroutableError):
+            back.basic_publish("", name, b"late", mandatory=True)
+    client.close()
+    server.close()
+
+
+def test_a_reply_after_the_close_ok_is_unroutable(broker: Broker) -> None:
+    """The same for a client that closes its channel without cancelling
+    its reply consumer first (a raw client here; aio-pika does so)."""
+    server = connect(broker)
+    back = server.channel()
+    back.queue_declare("requests")
+    wire = Wire(handshake(broker.port))  # (channel 1 open)
+    wire.send(1, C.Basic.Consume(queue=REPLY_TO, consumer_tag="r", no_ack=True))
+    wire.expect(C.Basic.ConsumeOk)
+    request = C.Basic.Publish(exchange="", routing_key="requests")
+    props = C.Basic.Properties(reply_to=REPLY_TO)
+    wire.send(1, request, ContentHeader(0, 1, props), ContentBody(b"q"))
+    name = reply_name(back)
+    back.confirm_delivery()
+    with scheduler_stopped_for(broker, 0.5):
+        started = time.monotonic()
+        wire.send(1, C.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        wire.sock.settimeout(10)
+        wire.expect(C.Channel.CloseOk)
+        assert time.monotonic() - started >= 0.4  # after the delete
+        with pytest.raises(pika.exceptions.UnroutableError):
+            back.basic_publish("", name, b"late", mandatory=True)
+    wire.sock.close()
     server.close()
 
 
