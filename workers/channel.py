@@ -366,9 +366,12 @@ class Channel:
 
     def _channel_close(self, method: C.Channel.Close) -> None:
         self.conn.flush_confirms(self.publisher, force=True)
-        deleting = self.release()  # (close-ok after the reply queue's delete: workers/reply_to.py)
+        deleting = self.release()
         close_ok = framing.encode_method(self.number, C.Channel.CloseOk())
-        reply_to.answer_after(self.conn, deleting, close_ok, self.ctx.loop)
+        if deleting is None:
+            self.conn.write(close_ok)
+        else:  # after the reply queue's delete (workers/reply_to.py)
+            reply_to.answer_later(self.ctx.loop, self.conn, deleting, close_ok)
         if self.closing:
             # The client's channel.close crossed ours: answered, as RabbitMQ
             # does, and the channel stays until the client's close-ok for

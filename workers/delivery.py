@@ -589,7 +589,7 @@ class DeliveryBook:
         start(ctx, consumer)
         update_interest(ctx, consumer)
 
-    def basic_cancel(self, method: C.Basic.Cancel) -> None:
+    def basic_cancel(self, method: C.Basic.Cancel) -> reply_to.Answer | None:
         tag, deleting = method.consumer_tag or "", None
         consumer = self.consumers.pop(tag.encode(), None)
         if consumer is not None:
@@ -597,9 +597,12 @@ class DeliveryBook:
             self._drop_consumer(consumer)
             if consumer.queue_name == self.reply_queue:
                 deleting = self.drop_reply_queue()
-        if not method.nowait:  # (after the reply queue's delete: workers/reply_to.py)
-            cancel_ok = framing.encode_method(self.number, C.Basic.CancelOk(consumer_tag=tag))
-            reply_to.answer_after(self.conn, deleting, cancel_ok, self.ctx.loop)
+        frame = None if method.nowait else framing.encode_method(self.number, C.Basic.CancelOk(tag))
+        if deleting is not None:  # answered after the delete (workers/reply_to.py)
+            return reply_to.answer_after(self.conn, deleting, frame)
+        if frame is not None:
+            self.conn.write(frame)
+        return None
 
     def time_out(self, consumer: Consumer, tags: list[int]) -> None:
         """Consumer timeout (workers/timeouts.py): requeue its unacked

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from typing import Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors, properties
@@ -29,6 +30,7 @@ PREFIX = b"amq.rabbitmq.reply-to."
 # How long a cancel-ok or close-ok waits for the reply queue's delete (a
 # scheduler being restarted answers late; the client need not wait for that).
 ANSWER_WAIT = 3.0
+Answer = Coroutine[Any, Any, None]  # answer_after's: a channel holds its later frames for it
 
 
 class Answering(Protocol):
@@ -100,26 +102,30 @@ def delete(ctx: Requests, vhost: str, name: bytes, conn_id: int) -> asyncio.Futu
     return done
 
 
-def answer_after(
-    conn: Answering,
-    deleting: asyncio.Future[ipc.Counted] | None,
-    frame: bytes,
-    loop: asyncio.AbstractEventLoop,
+async def answer_after(
+    conn: Answering, deleting: asyncio.Future[ipc.Counted], frame: bytes | None
 ) -> None:
-    """`frame` (a cancel-ok or close-ok) written once the reply queue's
-    delete is answered (at once without one), at most ANSWER_WAIT s later."""
-    if deleting is None:
+    """`frame` (a cancel-ok or close-ok; None for a nowait cancel) written once
+    the reply queue's delete is answered, at most ANSWER_WAIT s later (a
+    cancel's channel holds its later frames meanwhile: answers stay in order)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(deleting), ANSWER_WAIT)
+    except Exception:  # (timed out, or refused: the scheduler's to log)
+        pass
+    if frame is not None and not conn.closed:
         conn.write(frame)
-        return
-    sent = False
 
-    def send(*_: object) -> None:
-        nonlocal sent
-        if not sent:
-            sent = True
-            timer.cancel()
-            if not conn.closed:
-                conn.write(frame)
 
-    timer = loop.call_later(ANSWER_WAIT, send)
-    deleting.add_done_callback(send)
+_ANSWERING: set[asyncio.Task[None]] = set()  # strong references: the loop keeps weak ones
+
+
+def answer_later(
+    loop: asyncio.AbstractEventLoop,
+    conn: Answering,
+    deleting: asyncio.Future[ipc.Counted],
+    frame: bytes,
+) -> None:
+    """answer_after as a task of its own: a close-ok, whose channel is gone."""
+    task = loop.create_task(answer_after(conn, deleting, frame))
+    _ANSWERING.add(task)
+    task.add_done_callback(_ANSWERING.discard)

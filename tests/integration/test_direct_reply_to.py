@@ -154,6 +154,20 @@ def test_a_reply_after_the_close_ok_is_unroutable(broker: Broker) -> None:
     server.close()
 
 
+def test_answers_after_a_reply_cancel_keep_their_order(broker: Broker) -> None:
+    """The cancel-ok that waits for the reply queue's delete is not overtaken
+    by the answer to the next method on its channel (sent at once after it)."""
+    wire = Wire(handshake(broker.port))  # (channel 1 open)
+    wire.send(1, C.Basic.Consume(queue=REPLY_TO, consumer_tag="r", no_ack=True))
+    wire.expect(C.Basic.ConsumeOk)
+    with scheduler_stopped_for(broker, 0.3):
+        wire.send(1, C.Basic.Cancel(consumer_tag="r"), C.Basic.Qos(prefetch_count=5))
+        wire.sock.settimeout(10)
+        wire.expect(C.Basic.CancelOk)
+        wire.expect(C.Basic.QosOk)
+    wire.sock.close()
+
+
 def test_misuse_gets_rabbitmqs_texts(broker: Broker) -> None:
     conn = connect(broker)
 
