@@ -7,9 +7,12 @@
  * shm/layout.py. Every call checks bounds and 8-byte alignment, so a bad
  * offset raises instead of corrupting memory.
  *
- * All operations are __ATOMIC_SEQ_CST: the store-then-load handshakes between
- * publishers and the scheduler (see shm/ARCHITECTURE.md, "no lost wake-ups")
- * are Dekker-style and need a total order, not just acquire/release.
+ * Loads, read-modify-writes and the stores of the Python-facing calls are
+ * __ATOMIC_SEQ_CST: the store-then-load handshakes between publishers and
+ * the scheduler (see shm/ARCHITECTURE.md, "no lost wake-ups") are
+ * Dekker-style and need a total order, not just acquire/release. The few
+ * stores inside append and ack that no such handshake reads are release
+ * stores (STORE_RELEASE, below, says why each may be).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -246,6 +249,62 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define CAS(p, e, d) \
     __atomic_compare_exchange_n((p), (e), (d), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
 #define ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_SEQ_CST)
+/*
+ * A store no Dekker handshake reads while the writer runs: the append
+ * intent and the P_DROPPING word (read by recovery: the intent only once
+ * its writer is dead, P_DROPPING after a seq_cst load of the cell whose
+ * CAS follows the store), and a cell's block word (read only after a load
+ * of the cell word whose CAS publishes it). Release orders it after
+ * everything before it and the seq_cst CAS after it orders it before what
+ * follows; on x86 it is a plain mov where seq_cst is an xchg, a full
+ * barrier, four of them per append before (shm/ARCHITECTURE.md 8).
+ */
+#define STORE_RELEASE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+/* A run's tally (shm/_queues_api.h ShoalTally; shm/layout.py P_TALLY):
+ * its process-slot words are the queue record's offset + 1 (0: no run),
+ * the queue's Q_STATE when the run began, and the sums of the fields
+ * below, in this order. */
+#define P_DROPPING 104
+#define P_TALLY 936
+#define T_QUEUE 0
+#define T_STATE 1
+#define T_SUMS 2
+enum { TALLY_READY, TALLY_UNACKED, TALLY_READY_BYTES, TALLY_BYTES, TALLY_ACKED };
+static const int TALLY_OFFSETS[SHOAL_TALLY_FIELDS] = {Q_READY, Q_UNACKED, Q_READY_BYTES,
+                                                      Q_BYTES, Q_ACKED};
+
+/* Whether a transition of queue q counts into `tally` (a run of q). */
+static inline int
+tallies(const ShoalTally *tally, const uint64_t *q)
+{
+    return tally != NULL && tally->q == q;
+}
+
+/* Add v to a sum of the tally; its slot word follows (relaxed: recovery
+ * reads it only once this process is dead). A transition counts into its
+ * tally right after its CAS, with nothing costly in between: a signal
+ * finds a process at a costly instruction (a locked one waiting for its
+ * cache line, a load that misses) far more often than elsewhere, and a
+ * kill there leaves the CAS and its count both done or both not (the
+ * random kills of tests/shm/test_tally.py: with the counts after the
+ * ack's reference drop, 18 of 40 left a counter off by one; with them
+ * before the CAS, 3-5 of 40; right after it, 4 of 480). */
+static inline void
+tally_add(ShoalTally *tally, int field, uint64_t v)
+{
+    tally->d[field] += v;
+    __atomic_store_n(tally->words + T_SUMS + field, tally->d[field], __ATOMIC_RELAXED);
+}
+
+/* A message's body length from its (checked) block; 0 if out of range. */
+static inline uint64_t
+body_of(AtomicObject *self, uint64_t block)
+{
+    if ((block & 7) || block + MSG_BODY_LEN + 8 > (uint64_t)self->len)
+        return 0;
+    return *(uint64_t *)(self->base + block + MSG_BODY_LEN);
+}
 
 static int
 queue_args(AtomicObject *self, PyObject *const *args, uint64_t **q, char **ring,
@@ -300,7 +359,7 @@ advance_head(uint64_t *q, char *ring, unsigned long long mask)
 static int
 acquire_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask,
              uint64_t start, uint64_t owner, uint64_t *seq_out, uint64_t *block_out,
-             int *redelivered)
+             int *redelivered, ShoalTally *tally)
 {
     uint64_t head = LOAD(q + Q_HEAD / 8);
     uint64_t seq = start > head ? start : head;
@@ -319,14 +378,25 @@ acquire_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
         }
         if (wseq == seq && (w & ST_MASK) == ST_AVAILABLE) {
             uint64_t acquired = (seq << SEQ_SHIFT) | owner | (w & REDELIVERED) | ST_ACQUIRED;
+            int tallied = tallies(tally, q);
+            /* Read before the CAS, so that no load that may miss lies
+             * between it and the count (see tally_add): if the CAS succeeds
+             * the cell was this entry's all along, and so were its block
+             * and body read here; if it fails they go unused. */
+            uint64_t body = tallied ? body_of(self, LOAD(cell + 1)) : 0;
             if (CAS(cell, &w, acquired)) {
-                ADD(q + Q_READY / 8, (uint64_t)-1);
-                ADD(q + Q_UNACKED / 8, 1);
+                if (tallied) {
+                    tally_add(tally, TALLY_READY, (uint64_t)-1);
+                    tally_add(tally, TALLY_UNACKED, 1);
+                    tally_add(tally, TALLY_READY_BYTES, (uint64_t)0 - body);
+                }
                 uint64_t block = LOAD(cell + 1);
-                /* Ours now: the body cannot be freed under us. */
-                if (!(block & 7) && block + MSG_BODY_LEN + 8 <= (uint64_t)self->len)
-                    ADD(q + Q_READY_BYTES / 8,
-                        (uint64_t)0 - *(uint64_t *)(self->base + block + MSG_BODY_LEN));
+                if (!tallied) {
+                    ADD(q + Q_READY / 8, (uint64_t)-1);
+                    ADD(q + Q_UNACKED / 8, 1);
+                    /* Ours now: the body cannot be freed under us. */
+                    ADD(q + Q_READY_BYTES / 8, (uint64_t)0 - body_of(self, block));
+                }
                 *seq_out = seq;
                 *block_out = block;
                 *redelivered = (w & REDELIVERED) != 0;
@@ -356,7 +426,7 @@ Atomic_acquire(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     uint64_t seq, block;
     int redelivered;
-    if (!acquire_core(self, q, ring, mask, start, owner, &seq, &block, &redelivered))
+    if (!acquire_core(self, q, ring, mask, start, owner, &seq, &block, &redelivered, NULL))
         return PyLong_FromUnsignedLongLong(seq);
     return Py_BuildValue("(KKO)", (unsigned long long)seq, (unsigned long long)block,
                          redelivered ? Py_True : Py_False);
@@ -391,7 +461,8 @@ drop_reference(AtomicObject *self, uint64_t block, uint64_t size, Py_ssize_t are
  * with an exception set. */
 static int
 ack_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask, uint64_t seq,
-          uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping)
+          uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping,
+          ShoalTally *tally)
 {
     uint64_t *cell = cell_of(ring, mask, seq);
     uint64_t w = LOAD(cell);
@@ -409,16 +480,24 @@ ack_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask, 
     uint64_t *b = (uint64_t *)(self->base + block);
     uint64_t size = LOAD(b + B_SIZE / 8);
     uint64_t body = block + MSG_BODY_LEN + 8 <= (uint64_t)self->len ? b[MSG_BODY_LEN / 8] : 0;
-    __atomic_store_n(dropping, block, __ATOMIC_SEQ_CST);
+    int tallied = tallies(tally, q);
+    STORE_RELEASE(dropping, block);
     if (!CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED)) {
-        __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
+        STORE_RELEASE(dropping, 0);
         return 0;
     }
+    if (tallied) { /* right after the CAS, before the costly drop (tally_add) */
+        tally_add(tally, TALLY_UNACKED, (uint64_t)-1);
+        tally_add(tally, TALLY_BYTES, (uint64_t)0 - body);
+        tally_add(tally, TALLY_ACKED, 1);
+    }
     drop_reference(self, block, size, arenas, arena_bytes);
-    __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
-    ADD(q + Q_UNACKED / 8, (uint64_t)-1);
-    ADD(q + Q_BYTES / 8, (uint64_t)0 - body);
-    ADD(q + Q_ACKED / 8, 1);
+    STORE_RELEASE(dropping, 0);
+    if (!tallied) {
+        ADD(q + Q_UNACKED / 8, (uint64_t)-1);
+        ADD(q + Q_BYTES / 8, (uint64_t)0 - body);
+        ADD(q + Q_ACKED / 8, 1);
+    }
     if (LOAD(q + Q_HEAD / 8) == seq)
         advance_head(q, ring, mask);
     return 1;
@@ -463,7 +542,7 @@ Atomic_ack(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     if ((seq == (uint64_t)-1 && PyErr_Occurred()) ||
         ack_args(self, args + 4, &owner, &arenas, &arena_bytes, &dropping) < 0)
         return NULL;
-    int done = ack_entry(self, q, ring, mask, seq, owner, arenas, arena_bytes, dropping);
+    int done = ack_entry(self, q, ring, mask, seq, owner, arenas, arena_bytes, dropping, NULL);
     return done < 0 ? NULL : PyLong_FromLong(done);
 }
 
@@ -498,7 +577,7 @@ Atomic_ack_many(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
         uint64_t seq = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(args[3], i));
         if (seq == (uint64_t)-1 && PyErr_Occurred())
             return NULL;
-        int got = ack_entry(self, q, ring, mask, seq, owner, arenas, arena_bytes, dropping);
+        int got = ack_entry(self, q, ring, mask, seq, owner, arenas, arena_bytes, dropping, NULL);
         if (got < 0)
             return NULL;
         done += got;
@@ -591,14 +670,14 @@ Atomic_drop_entries(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
                     if (tag == Py_None)
                         Py_CLEAR(tag);
                 }
-                __atomic_store_n(dropping, block, __ATOMIC_SEQ_CST);
+                STORE_RELEASE(dropping, block);
             }
             uint64_t size = block ? LOAD((uint64_t *)(self->base + block) + B_SIZE / 8) : 0;
             int done = CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED);
             if (done && block)
                 drop_reference(self, block, size, arenas, arena_bytes);
             if (block)
-                __atomic_store_n(dropping, 0, __ATOMIC_SEQ_CST);
+                STORE_RELEASE(dropping, 0);
             if (done) {
                 count += live;
                 if (purge) {
@@ -711,20 +790,20 @@ append_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
         t = LOAD(q + Q_TAIL / 8);
         if (t - LOAD(q + Q_HEAD / 8) >= mask + 1)
             return -1;
-        __atomic_store_n(intent_seq, t, __ATOMIC_SEQ_CST);
-        __atomic_store_n(intent_queue, qid + 1, __ATOMIC_SEQ_CST);
+        STORE_RELEASE(intent_seq, t);
+        STORE_RELEASE(intent_queue, qid + 1);
         uint64_t expected = t;
         if (CAS(q + Q_TAIL / 8, &expected, t + 1))
             break;
     }
     uint64_t *cell = cell_of(ring, mask, t);
     uint64_t old = LOAD(cell);
-    __atomic_store_n(cell + 1, block, __ATOMIC_SEQ_CST);
+    STORE_RELEASE(cell + 1, block);
     uint64_t wseq = old >> SEQ_SHIFT;
     int published = 0;
     if (wseq < t || (wseq == t && (old & ST_MASK) == 0))
         published = CAS(cell, &old, (t << SEQ_SHIFT) | ST_AVAILABLE);
-    __atomic_store_n(intent_queue, 0, __ATOMIC_SEQ_CST);
+    STORE_RELEASE(intent_queue, 0);
     if (!published)
         return -1;
     if (LOAD(q + Q_STATE / 8) != state)
@@ -1391,18 +1470,67 @@ api_release_hold(PyObject *atomic, Py_ssize_t block, Py_ssize_t arenas, Py_ssize
 
 static int
 api_acquire(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t start,
-            uint64_t owner, uint64_t *seq, uint64_t *block, int *redelivered)
+            uint64_t owner, uint64_t *seq, uint64_t *block, int *redelivered, ShoalTally *tally)
 {
     return acquire_core((AtomicObject *)atomic, q, ring, mask, start, owner, seq, block,
-                        redelivered);
+                        redelivered, tally);
 }
 
 static int
 api_ack(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t seq,
-        uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping)
+        uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping,
+        ShoalTally *tally)
 {
     return ack_entry((AtomicObject *)atomic, q, ring, mask, seq, owner, arenas, arena_bytes,
-                     dropping);
+                     dropping, tally);
+}
+
+static int
+api_tally_begin(PyObject *atomic, uint64_t *q, uint64_t *dropping, ShoalTally *tally)
+{
+    AtomicObject *self = (AtomicObject *)atomic;
+    char *words = (char *)dropping - P_DROPPING + P_TALLY;
+    if (!self->has_view || words < self->base ||
+        words + (T_SUMS + SHOAL_TALLY_FIELDS) * 8 > self->base + self->len ||
+        (char *)q < self->base || (char *)q + QUEUE_SIZE > self->base + self->len) {
+        PyErr_SetString(PyExc_IndexError, "tally words or queue out of range");
+        return -1;
+    }
+    tally->q = q;
+    tally->words = (uint64_t *)words;
+    tally->state = LOAD(q + Q_STATE / 8);
+    for (int i = 0; i < SHOAL_TALLY_FIELDS; i++) {
+        tally->d[i] = 0;
+        __atomic_store_n(tally->words + T_SUMS + i, 0, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(tally->words + T_STATE, tally->state, __ATOMIC_RELAXED);
+    STORE_RELEASE(tally->words + T_QUEUE, (uint64_t)((char *)q - self->base) + 1);
+    return 0;
+}
+
+/* Each sum's slot word cleared, then the sum added: a kill between the two
+ * loses that one sum (the window is one plain store; a kill after the
+ * addition, where a signal more often finds the process, leaves nothing
+ * to add twice). */
+static void
+api_tally_settle(ShoalTally *tally)
+{
+    uint64_t *q = tally->q;
+    if (q == NULL)
+        return;
+    /* Deleted (and maybe declared again) since the run began: remove() and
+     * create() stored the counters, the sums belong to nobody. */
+    int same = LOAD(q + Q_STATE / 8) == tally->state;
+    for (int i = 0; i < SHOAL_TALLY_FIELDS; i++) {
+        if (!tally->d[i])
+            continue;
+        STORE_RELEASE(tally->words + T_SUMS + i, 0);
+        if (same)
+            ADD(q + TALLY_OFFSETS[i] / 8, tally->d[i]);
+        tally->d[i] = 0;
+    }
+    STORE_RELEASE(tally->words + T_QUEUE, 0);
+    tally->q = NULL;
 }
 
 static uint64_t *
@@ -1449,6 +1577,8 @@ static ShoalQueuesAPI queues_api = {
     .release_hold = api_release_hold,
     .acquire = api_acquire,
     .ack = api_ack,
+    .tally_begin = api_tally_begin,
+    .tally_settle = api_tally_settle,
     .held_block = api_held_block,
     .changes = api_changes,
     .word = api_word,
@@ -1571,6 +1701,8 @@ PyInit__atomic(void)
         PyModule_AddIntConstant(m, "Q_PUBLISHED", Q_PUBLISHED) < 0 ||
         PyModule_AddIntConstant(m, "P_INTENT_QUEUE", P_INTENT_QUEUE) < 0 ||
         PyModule_AddIntConstant(m, "P_INTENT_SEQ", P_INTENT_SEQ) < 0 ||
+        PyModule_AddIntConstant(m, "P_DROPPING", P_DROPPING) < 0 ||
+        PyModule_AddIntConstant(m, "P_TALLY", P_TALLY) < 0 ||
         PyModule_AddIntConstant(m, "Q_TAIL", Q_TAIL) < 0 ||
         PyModule_AddIntConstant(m, "Q_HEAD", Q_HEAD) < 0 ||
         PyModule_AddIntConstant(m, "Q_READY", Q_READY) < 0 ||

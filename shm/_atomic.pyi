@@ -5,6 +5,8 @@ Q_CHANGES: int
 Q_PUBLISHED: int
 P_INTENT_QUEUE: int
 P_INTENT_SEQ: int
+P_DROPPING: int
+P_TALLY: int
 Q_TAIL: int
 Q_HEAD: int
 Q_READY: int

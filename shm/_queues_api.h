@@ -17,11 +17,27 @@
 #include <stdint.h>
 
 #define SHOAL_QUEUES_API_CAPSULE "shoal.shm._atomic._C_API"
-#define SHOAL_QUEUES_API_VERSION 1
+#define SHOAL_QUEUES_API_VERSION 2
 
 /* publish() for a queue with a length limit or a capacity: nothing done. */
 #define SHOAL_WATCHER_BITS 12
 #define SHOAL_PUBLISH_RULES LLONG_MIN
+
+/*
+ * A run's counter changes for one queue (shm/ARCHITECTURE.md 2b): a
+ * consumer's run of acquires and acks adds READY, UNACKED, READY_BYTES,
+ * BYTES and ACKED to the queue record once, at its end (tally_settle),
+ * instead of three contended atomic additions per entry. Meanwhile the
+ * sums are mirrored in the running process's slot (P_TALLY) so that the
+ * supervisor's recovery adds them for a worker killed mid-run.
+ */
+#define SHOAL_TALLY_FIELDS 5
+typedef struct {
+    uint64_t *q;     /* the queue record; NULL: no run */
+    uint64_t *words; /* the process slot's P_TALLY words */
+    uint64_t state;  /* the queue's Q_STATE when the run began */
+    uint64_t d[SHOAL_TALLY_FIELDS]; /* READY, UNACKED, READY_BYTES, BYTES, ACKED (mod 2^64) */
+} ShoalTally;
 
 typedef struct {
     unsigned version;
@@ -47,14 +63,23 @@ typedef struct {
     int (*release_hold)(PyObject *atomic, Py_ssize_t block, Py_ssize_t arenas,
                         Py_ssize_t arena_bytes);
     /* Atomic.acquire: 1 with (seq, block, redelivered), or 0 with the
-     * pointer to resume from in *seq. */
+     * pointer to resume from in *seq. Its counters go to `tally` if it is
+     * a run of queue `q` (else at once). */
     int (*acquire)(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask,
                    uint64_t start, uint64_t owner, uint64_t *seq, uint64_t *block,
-                   int *redelivered);
+                   int *redelivered, ShoalTally *tally);
     /* Atomic.ack for one entry: 1, 0 (not this owner's), or -1 with an
-     * exception set. */
+     * exception set. Its counters as acquire's. */
     int (*ack)(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t seq,
-               uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping);
+               uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping,
+               ShoalTally *tally);
+    /* A run of queue `q` begins: `tally` set up, its words in the slot of
+     * the process whose P_DROPPING word `dropping` is. 0, or -1 with an
+     * exception set. Every begin needs its settle, on every path. */
+    int (*tally_begin)(PyObject *atomic, uint64_t *q, uint64_t *dropping, ShoalTally *tally);
+    /* The run's sums added to its queue (unless the queue was deleted
+     * since it began) and its slot words cleared. */
+    void (*tally_settle)(ShoalTally *tally);
     /* The block of entry `seq` while this owner holds it (ACQUIRED), else
      * 0. */
     uint64_t (*held_block)(PyObject *atomic, char *ring, unsigned long long mask, uint64_t seq,

@@ -109,6 +109,15 @@ P_OWNERSHIP_SEEN = 112
 # then drains its paging files before it exits, and it is not replaced.
 P_RETIRING = 120
 P_STATS = 128  # shm/stats.py: the process's counters, flushed by itself
+# IO worker: the tally of a consumer's run in progress (shm/_queues_api.h
+# ShoalTally; shm/ARCHITECTURE.md 2b): the queue record's offset + 1 (0:
+# none), its Q_STATE when the run began, then the run's sums, not yet added
+# to the queue, of READY, UNACKED, READY_BYTES, BYTES and ACKED (mod 2**64).
+# The supervisor adds them for a worker killed mid-run (shm/recovery.py).
+P_TALLY = PROC_SIZE - 32 - 56
+P_TALLY_QUEUE = P_TALLY
+P_TALLY_STATE = P_TALLY + 8
+P_TALLY_SUMS = P_TALLY + 16
 # IO worker: the move of an old unacked entry to its log's tail in progress
 # (shm/entry_moves.py): log qid + 1 (0: none), the entry's block, the seq it
 # moves from, and 1 + the seq it reserved (0: none yet). The supervisor
@@ -315,6 +324,9 @@ assert (
     _atomic.P_INTENT_QUEUE,
     _atomic.P_INTENT_SEQ,
 ) == (Q_STATE, Q_CHANGES, Q_PUBLISHED, P_INTENT_QUEUE, P_INTENT_SEQ), "append offsets"
+# A run's tally words (shm/_atomic.c count, api_tally_begin): found from the
+# P_DROPPING word's address.
+assert (_atomic.P_DROPPING, _atomic.P_TALLY) == (P_DROPPING, P_TALLY), "tally offsets"
 # The body length C reads from a message record (append, ack).
 assert _atomic.Q_BYTES == Q_BYTES and _atomic.Q_READY_BYTES == Q_READY_BYTES
 assert _atomic.MSG_BODY_LEN == BLOCK_HEADER + 8 == BLOCK_HEADER + MSG_PREFIX.size - 8

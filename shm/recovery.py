@@ -42,6 +42,9 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     it). Returns {qid: entries released}.
     """
     shared = SharedQueues(seg, 0)
+    # A consumer's run cut short: its counters first, as if it had ended,
+    # so that the releases below undo counted acquisitions.
+    settle_tally(seg, worker)
     # A move of an old entry to its log's tail cut short (shm/entry_moves.py):
     # finished first, so that its entry is live in one cell, released below.
     moved = finish_move(shared, worker + 1)
@@ -68,6 +71,42 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     # leaks that one reference: whether the drop happened cannot be told.
     seg.atomic.store(seg.layout.proc(worker) + layout.P_DROPPING, 0)
     return released
+
+
+# The counters a run's tally sums, in the order of its P_TALLY_SUMS words
+# (shm/_atomic.c TALLY_OFFSETS).
+TALLY_COUNTERS = (
+    layout.Q_READY,
+    layout.Q_UNACKED,
+    layout.Q_READY_BYTES,
+    layout.Q_BYTES,
+    layout.Q_ACKED,
+)
+
+
+def settle_tally(seg: Segment, worker: int) -> bool:
+    """Add the sums of the run dead IO worker `worker` was in (its
+    P_TALLY words: workers/_wire.c deliver_run and ack_run add a run's
+    counters to its queue once, at its end) to that queue, unless it was
+    deleted since the run began, and clear them. True if there was one."""
+    a, offsets = seg.atomic, seg.layout
+    slot = offsets.proc(worker)
+    queue = a.load(slot + layout.P_TALLY_QUEUE)
+    if not queue:
+        return False
+    q = queue - 1
+    first = offsets.queue(0)
+    in_table = first <= q < offsets.queue(offsets.limits.max_queues)
+    same = in_table and (q - first) % layout.QUEUE_SIZE == 0
+    same = same and a.load(q + layout.Q_STATE) == a.load(slot + layout.P_TALLY_STATE)
+    for i, counter in enumerate(TALLY_COUNTERS):
+        word = slot + layout.P_TALLY_SUMS + 8 * i
+        total = a.load(word)
+        if total and same:
+            a.fetch_add(q + counter, total)
+        a.store(word, 0)
+    a.store(slot + layout.P_TALLY_QUEUE, 0)
+    return True
 
 
 def release_owner(shared: SharedQueues, owner: int) -> dict[int, int]:

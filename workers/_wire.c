@@ -1370,11 +1370,15 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "consumer_tag is not a short string");
         return NULL;
     }
-    uint64_t *q, *dropping = NULL;
+    uint64_t *q, *dropping;
     char *ring;
-    if (queues_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0)
+    if (queues_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0 ||
+        (dropping = queues_api->word(atomic, dropping_off)) == NULL)
         return NULL;
-    if (no_ack && (dropping = queues_api->word(atomic, dropping_off)) == NULL)
+    /* The run's counters go to the queue once, at its end (every return
+     * below settles it). */
+    ShoalTally tally;
+    if (queues_api->tally_begin(atomic, q, dropping, &tally) < 0)
         return NULL;
     Py_ssize_t len;
     const unsigned char *base = (const unsigned char *)queues_api->base(atomic, &len);
@@ -1386,13 +1390,13 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         uint64_t seq, block;
         int redelivered;
         if (!queues_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
-                                &redelivered)) {
+                                &redelivered, &tally)) {
             pointer = seq;
             /* Read the counter before the scan that decides DONE: anything
              * published after it bumps it, and the scheduler compares. */
             uint64_t changes = queues_api->changes(q);
             if (!queues_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
-                                    &redelivered)) {
+                                    &redelivered, &tally)) {
                 pointer = seq;
                 status = RUN_EMPTY;
                 a = changes;
@@ -1424,7 +1428,8 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         used += size;
         if (no_ack) {
             /* After the copy: this may free the block. */
-            if (queues_api->ack(atomic, q, ring, mask, seq, owner, arenas, arena_bytes, dropping) < 0)
+            if (queues_api->ack(atomic, q, ring, mask, seq, owner, arenas, arena_bytes, dropping,
+                                &tally) < 0)
                 goto fail;
         } else {
             PyObject *key = PyLong_FromUnsignedLongLong(tag);
@@ -1445,6 +1450,7 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
          * errors, after which the worker is in trouble anyway. */
         goto fail;
     }
+    queues_api->tally_settle(&tally);
     PyObject *frames = Py_None;
     if (used) {
         frames = PyBytes_FromStringAndSize((const char *)run_buf, used);
@@ -1456,6 +1462,7 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(NnKKKiKKK)", frames, delivered, (unsigned long long)pointer, tag,
                          body_bytes, status, a, b, c);
 fail:
+    queues_api->tally_settle(&tally);
     return NULL;
 }
 
@@ -1538,6 +1545,13 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(settled);
         return PyErr_NoMemory();
     }
+    /* The acks' counters go to the queue once, after the walk. */
+    ShoalTally tally;
+    if (queues_api->tally_begin(atomic, q, dropping, &tally) < 0) {
+        PyMem_Free(keys);
+        Py_DECREF(settled);
+        return NULL;
+    }
     PyObject *group_consumer[ACK_GROUPS];
     long long group_count[ACK_GROUPS];
     unsigned long long group_bytes[ACK_GROUPS], body_bytes = 0;
@@ -1590,7 +1604,7 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             groups++;
         }
         int done = queues_api->ack(atomic, q, ring, mask, (uint64_t)seq, owner, arenas,
-                                  arena_bytes, dropping);
+                                  arena_bytes, dropping, &tally);
         if (done < 0) {
             Py_XDECREF(store_tag);
             failed = 1;
@@ -1613,6 +1627,7 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         group_bytes[g] += size;
         body_bytes += size;
     }
+    queues_api->tally_settle(&tally);
     /* Out of the book once the walk is over (a dict may not change under
      * PyDict_Next). */
     for (Py_ssize_t i = 0; i < n; i++) {
