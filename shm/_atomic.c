@@ -913,6 +913,89 @@ Atomic_publish(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(got);
 }
 
+/*
+ * publish_many(queues, logs, log_bytes, mask, block, intent, qids)
+ *   -> (done, wakes, gone, last_seq)
+ * publish() of one block into each queue of the list `qids` in turn (the
+ * queue record at queues + qid * QUEUE_SIZE, its log at logs + qid *
+ * log_bytes), until one is not appended: a fanning-out message's appends
+ * (workers/ingest.py put_now) in one call instead of a Python call and a C
+ * call per queue. `done`: how many were appended; `wakes`: [(qid, watcher)]
+ * for the wake-ups it took (the caller wakes them), or None; `gone`: -1, or
+ * the seq of the entry qids[done] got though its queue was deleted after
+ * the append (the caller takes it back); `last_seq`: the last appended
+ * entry's seq. qids[done] is left to the caller otherwise: a queue with
+ * rules, full, or gone before its append (nothing done to it).
+ */
+static PyObject *
+Atomic_publish_many(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyList_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "publish_many(queues, logs, log_bytes, mask, block, intent, qids: list)");
+        return NULL;
+    }
+    Py_ssize_t queues = PyLong_AsSsize_t(args[0]), logs = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t log_bytes = PyLong_AsSsize_t(args[2]);
+    unsigned long long mask = PyLong_AsUnsignedLongLong(args[3]);
+    uint64_t block = PyLong_AsUnsignedLongLong(args[4]);
+    Py_ssize_t ioff = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!self->has_view || ioff < 0 || (ioff & 7) || ioff + P_INTENT_SEQ + 8 > self->len ||
+        (block & 7) || block + MSG_BODY_LEN + 8 > (uint64_t)self->len || log_bytes < 0 ||
+        (uint64_t)log_bytes < (mask + 1) * 16) {
+        PyErr_SetString(PyExc_IndexError, "intent, block or log size out of range");
+        return NULL;
+    }
+    PyObject *qids = args[6], *wakes = NULL;
+    Py_ssize_t done = 0, count = PyList_GET_SIZE(qids);
+    long long gone = -1;
+    unsigned long long last_seq = 0;
+    for (; done < count; done++) {
+        uint64_t qid = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(qids, done));
+        if (PyErr_Occurred())
+            goto fail;
+        Py_ssize_t qoff = queues + (Py_ssize_t)qid * QUEUE_SIZE;
+        Py_ssize_t roff = logs + (Py_ssize_t)qid * log_bytes;
+        if (qid > (uint64_t)self->len || qoff < 0 || (qoff & 7) || qoff + QUEUE_SIZE > self->len ||
+            roff < 0 || (roff & 7) || roff + (Py_ssize_t)((mask + 1) * 16) > self->len) {
+            PyErr_SetString(PyExc_IndexError, "queue or ring out of range");
+            goto fail;
+        }
+        long long got = publish_core(self, (uint64_t *)(self->base + qoff), self->base + roff,
+                                     mask, block, ioff, qid);
+        if (got == PUBLISH_RULES || got == -1)
+            break;
+        if (got < -1) {
+            gone = -2 - got;
+            break;
+        }
+        last_seq = (unsigned long long)got >> WATCHER_BITS;
+        long long watcher = got & ((1LL << WATCHER_BITS) - 1);
+        if (watcher) {
+            PyObject *wake = Py_BuildValue("(KL)", (unsigned long long)qid, watcher);
+            if (wake == NULL || (wakes == NULL && (wakes = PyList_New(0)) == NULL) ||
+                PyList_Append(wakes, wake) < 0) {
+                Py_XDECREF(wake);
+                goto fail;
+            }
+            Py_DECREF(wake);
+        }
+    }
+    if (wakes == NULL) {
+        wakes = Py_None;
+        Py_INCREF(wakes);
+    }
+    return Py_BuildValue("(nNLK)", done, wakes, gone, last_seq);
+fail:
+    /* The wake-ups it took are lost with the exception: the scheduler's
+     * sweep finds such queues (shm/ARCHITECTURE.md 7); only a corrupt qid
+     * list gets here. */
+    Py_XDECREF(wakes);
+    return NULL;
+}
+
 /* An arena's bounds and an allocation cursor in it, as alloc checks them. */
 static int
 arena_ok(AtomicObject *self, Py_ssize_t base, Py_ssize_t end, Py_ssize_t cursor)
@@ -1631,6 +1714,8 @@ static PyMethodDef Atomic_methods[] = {
      "Allocate a held block in the owner's arena."},
     {"publish", (PyCFunction)(void (*)(void))Atomic_publish, METH_FASTCALL,
      "Publish a body reference to a queue with no rules."},
+    {"publish_many", (PyCFunction)(void (*)(void))Atomic_publish_many, METH_FASTCALL,
+     "publish() of one block into each of a list of queues, until one needs more."},
     {"append", (PyCFunction)(void (*)(void))Atomic_append, METH_FASTCALL,
      "Publish a body reference at a queue's tail."},
     {"acquire", (PyCFunction)(void (*)(void))Atomic_acquire, METH_FASTCALL,

@@ -56,6 +56,17 @@ class Atomic:
     def publish(
         self, queue: int, ring: int, mask: int, block: int, intent: int, qid: int, /
     ) -> int | None: ...
+    def publish_many(
+        self,
+        queues: int,
+        logs: int,
+        log_bytes: int,
+        mask: int,
+        block: int,
+        intent: int,
+        qids: list[int],
+        /,
+    ) -> tuple[int, list[tuple[int, int]] | None, int, int]: ...
     def acquire(
         self, queue: int, ring: int, mask: int, start: int, owner_bits: int, /
     ) -> tuple[int, int, bool] | int: ...

@@ -23,6 +23,7 @@ from typing import NoReturn
 from shoal.shm import _atomic, flow, layout, limits, queue_drops
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import body_length, body_refs_drop, read_tag
+from shoal.shm.fanout import publish_plain_many
 from shoal.shm.queue_catalog import QueueCatalog
 from shoal.shm.queue_events import NO_EVENTS, QueueEvents
 from shoal.shm.queue_table import QueueTable
@@ -272,6 +273,11 @@ class SharedQueues:
     # queue for a publish and one for an ack or a requeue, so that a worker
     # never reads a queue record itself and every path that enqueues or
     # settles passes here.
+
+    def enqueue_plain_many(self, qids: list[int], block: int, intent: int) -> int:
+        """enqueue() of `block` into `qids` in order in one C call, up to a
+        queue with rules, full or gone (shm/fanout.py): how many are done."""
+        return publish_plain_many(self, qids, block, intent)
 
     def enqueue(self, qid: int, block: int, body_size: int, intent: int) -> int:
         """Append a reference to `block` (its body `body_size` bytes) to log

@@ -209,6 +209,19 @@ class Ingest:
             stream_qids = streams.qids
         queues = self.queues
         done = bits = 0
+        pager = self.pager
+        if (
+            reached is None
+            and not stream_qids
+            and (pager is None or (not pager.files and self.arena.used <= pager.arena_high))
+        ):
+            # No queue of them pages, none is a stream (_pages, publish_plain):
+            # the appends in one call, up to a queue that needs more.
+            done = self.shared.enqueue_plain_many(qids, block, self.slot)
+            if done == len(qids):
+                release_hold(self.seg, block)
+                return done, bits
+            qids = qids[done:]
         for qid in qids:
             queue = queues.get(qid) or self.queue(qid)
             got = queue.publish_plain(block, body_size, mark, stream_qids)

@@ -119,6 +119,50 @@ def test_a_stream_is_left_to_the_general_path(ctx: WorkerContext) -> None:
     assert ctx.shared.table.ready(1) == 0
 
 
+def test_the_fast_path_fans_out_in_one_call_and_wakes_the_watched_queues(
+    ctx: WorkerContext,
+) -> None:
+    """put_now's appends to many plain queues (shm/fanout.py): every queue
+    gets the entry, the block one reference per queue, and a queue the
+    scheduler watches has its watch taken and its bit set."""
+    qids = list(range(1, 9))
+    for qid in qids[2:]:
+        ctx.shared.create(qid, b"q%d" % qid, 0, 0)
+    watched = ctx.seg.layout.queue(5) + L.Q_WATCH
+    ctx.seg.atomic.store(watched, L.WATCH_SCHEDULER)
+    pending = _pending(ctx, qids)
+    ingest = Ingest(ctx)
+    assert ingest.put_now(qids, pending.block, 4, True, None, None) == (8, 0)
+    assert [ctx.shared.table.ready(qid) for qid in qids] == [1] * 8
+    assert ctx.seg.atomic.load(pending.block + L.B_REFS) == 8  # the HOLD dropped
+    assert ctx.seg.atomic.load(watched) == 0
+    waker = ctx.shared.waker
+    assert waker is not None
+    waker.flush_deferred()
+    assert waker.drain(ctx.seg.layout.limits.max_queues) == [5]
+
+
+def test_the_fan_out_leaves_a_queue_with_rules_and_a_full_one_to_enqueue(
+    ctx: WorkerContext,
+) -> None:
+    """The one call stops at a queue that needs enqueue (a length limit here)
+    and the loop does it and the rest; a full queue further on makes the
+    publish wait there, the queues before it done."""
+    ctx.shared.create(3, b"q3", 0, 0, length_limits=(1 + 1, 0, L.OVERFLOW_REJECT_PUBLISH))
+    ctx.shared.create(4, b"q4", 0, 0)
+    ingest = Ingest(ctx)
+    for _ in range(CELLS):
+        assert ingest.put_new(b"", b"q4", b"", b"b", [4])
+    first = _pending(ctx, [1, 3, 2])
+    assert ingest.put_now([1, 3, 2], first.block, 4, True, None, None) == (3, 0)
+    refused = _pending(ctx, [1, 3, 2])
+    assert ingest.put_now([1, 3, 2], refused.block, 4, True, None, None) == (3, REJECTED_BIT)
+    assert [ctx.shared.table.ready(qid) for qid in (1, 2, 3)] == [2, 2, 1]
+    waiting = _pending(ctx, [1, 2, 4, 3])
+    assert ingest.put_now([1, 2, 4, 3], waiting.block, 4, True, None, None) == (2, WAIT)
+    assert [ctx.shared.table.ready(qid) for qid in (1, 2, 3, 4)] == [3, 3, 1, CELLS]
+
+
 def _pending(ctx: WorkerContext, qids: list[int]) -> Pending:
     """A message written into a block of the worker's arena, as the
     channel's header and body frames leave it."""
