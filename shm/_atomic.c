@@ -265,14 +265,22 @@ Atomic_find_entry(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
  * its process-slot words are the queue record's offset + 1 (0: no run),
  * the queue's Q_STATE when the run began, and the sums of the fields
  * below, in this order. */
-#define P_DROPPING 104
-#define P_TALLY 936
+#define P_DROPPING SHOAL_P_DROPPING
+#define P_TALLY SHOAL_P_TALLY
 #define T_QUEUE 0
 #define T_STATE 1
 #define T_SUMS 2
-enum { TALLY_READY, TALLY_UNACKED, TALLY_READY_BYTES, TALLY_BYTES, TALLY_ACKED };
-static const int TALLY_OFFSETS[SHOAL_TALLY_FIELDS] = {Q_READY, Q_UNACKED, Q_READY_BYTES,
-                                                      Q_BYTES, Q_ACKED};
+enum {
+    TALLY_CHANGES,
+    TALLY_READY,
+    TALLY_UNACKED,
+    TALLY_READY_BYTES,
+    TALLY_BYTES,
+    TALLY_ACKED,
+    TALLY_PUBLISHED
+};
+static const int TALLY_OFFSETS[SHOAL_TALLY_FIELDS] = {
+    Q_CHANGES, Q_READY, Q_UNACKED, Q_READY_BYTES, Q_BYTES, Q_ACKED, Q_PUBLISHED};
 
 /* Whether a transition of queue q counts into `tally` (a run of q). */
 static inline int
@@ -775,7 +783,7 @@ Atomic_advance_head(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* append's steps (the comment above); returns what append returns. */
 static long long
 append_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask,
-             uint64_t block, Py_ssize_t ioff, uint64_t qid)
+             uint64_t block, Py_ssize_t ioff, uint64_t qid, ShoalTally *tally)
 {
     /* The publisher wrote the record before appending: its body length is
      * what the queue's byte count (Q_BYTES) adds. */
@@ -808,6 +816,14 @@ append_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
         return -1;
     if (LOAD(q + Q_STATE / 8) != state)
         return -2 - (long long)t;
+    if (tallies(tally, q)) { /* the settle adds them, CHANGES first */
+        tally_add(tally, TALLY_CHANGES, 1);
+        tally_add(tally, TALLY_READY, 1);
+        tally_add(tally, TALLY_BYTES, body);
+        tally_add(tally, TALLY_READY_BYTES, body);
+        tally_add(tally, TALLY_PUBLISHED, 1);
+        return (long long)t;
+    }
     /* CHANGES before READY: the scheduler reads READY then CHANGES, so a
      * READY it sees counting this entry comes with a CHANGES that does too
      * (shm/ARCHITECTURE.md 7, "several consumers"). */
@@ -858,32 +874,40 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (append_call(self, args, nargs, "append(queue, ring, mask, block, intent, qid)", &q, &ring,
                     &mask, &block, &ioff, &qid) < 0)
         return NULL;
-    return PyLong_FromLongLong(append_entry(self, q, ring, mask, block, ioff, qid));
+    return PyLong_FromLongLong(append_entry(self, q, ring, mask, block, ioff, qid, NULL));
 }
 
 /* publish's steps for checked arguments: PUBLISH_RULES (nothing done),
  * -1, -2 - seq, or seq << WATCHER_BITS | watcher, as publish() returns
  * them. */
 #define PUBLISH_RULES SHOAL_PUBLISH_RULES
+/* The scheduler's watch word taken if it waits (shm/wake.py work_added),
+ * after the counters that announce the work: the watcher to wake, or 0. */
+static uint64_t
+take_watch(uint64_t *q)
+{
+    uint64_t watcher = LOAD(q + Q_WATCH / 8);
+    if (watcher && !CAS(q + Q_WATCH / 8, &watcher, 0))
+        watcher = 0; /* someone else took the wake-up first */
+    return watcher;
+}
+
 static long long
 publish_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask, uint64_t block,
-             Py_ssize_t ioff, uint64_t qid)
+             Py_ssize_t ioff, uint64_t qid, ShoalTally *tally)
 {
     if (LOAD(q + Q_OVERFLOW / 8) || LOAD(q + Q_CAPACITY / 8))
         return PUBLISH_RULES;
     uint64_t *refs = (uint64_t *)(self->base + block + B_REFS);
     ADD(refs, 1);
-    long long t = append_entry(self, q, ring, mask, block, ioff, qid);
+    long long t = append_entry(self, q, ring, mask, block, ioff, qid, tally);
     if (t == -1) {
         ADD(refs, (uint64_t)-1);
         return -1;
     }
-    if (t < 0)
-        return t;
-    uint64_t watcher = LOAD(q + Q_WATCH / 8);
-    if (watcher && !CAS(q + Q_WATCH / 8, &watcher, 0))
-        watcher = 0; /* someone else took the wake-up first */
-    return t << WATCHER_BITS | (long long)watcher;
+    if (t < 0 || tallies(tally, q))
+        return t < 0 ? t : t << WATCHER_BITS; /* (a run's watch: at its settle) */
+    return t << WATCHER_BITS | (long long)take_watch(q);
 }
 
 /*
@@ -907,7 +931,7 @@ Atomic_publish(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (append_call(self, args, nargs, "publish(queue, ring, mask, block, intent, qid)", &q,
                     &ring, &mask, &block, &ioff, &qid) < 0)
         return NULL;
-    long long got = publish_core(self, q, ring, mask, block, ioff, qid);
+    long long got = publish_core(self, q, ring, mask, block, ioff, qid, NULL);
     if (got == PUBLISH_RULES)
         Py_RETURN_NONE;
     return PyLong_FromLongLong(got);
@@ -964,7 +988,7 @@ Atomic_publish_many(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         long long got = publish_core(self, (uint64_t *)(self->base + qoff), self->base + roff,
-                                     mask, block, ioff, qid);
+                                     mask, block, ioff, qid, NULL);
         if (got == PUBLISH_RULES || got == -1)
             break;
         if (got < -1) {
@@ -1540,9 +1564,9 @@ api_alloc(PyObject *atomic, Py_ssize_t base, Py_ssize_t end, Py_ssize_t *cursor,
 
 static long long
 api_publish(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t block,
-            Py_ssize_t intent, uint64_t qid)
+            Py_ssize_t intent, uint64_t qid, ShoalTally *tally)
 {
-    return publish_core((AtomicObject *)atomic, q, ring, mask, block, intent, qid);
+    return publish_core((AtomicObject *)atomic, q, ring, mask, block, intent, qid, tally);
 }
 
 static int
@@ -1569,12 +1593,12 @@ api_ack(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint
 }
 
 static int
-api_tally_begin(PyObject *atomic, uint64_t *q, uint64_t *dropping, ShoalTally *tally)
+api_tally_begin(PyObject *atomic, uint64_t *q, Py_ssize_t slot, ShoalTally *tally)
 {
     AtomicObject *self = (AtomicObject *)atomic;
-    char *words = (char *)dropping - P_DROPPING + P_TALLY;
-    if (!self->has_view || words < self->base ||
-        words + (T_SUMS + SHOAL_TALLY_FIELDS) * 8 > self->base + self->len ||
+    char *words = self->base + slot + P_TALLY;
+    if (!self->has_view || slot < 0 || (slot & 7) ||
+        slot + P_TALLY + (T_SUMS + SHOAL_TALLY_FIELDS) * 8 > self->len ||
         (char *)q < self->base || (char *)q + QUEUE_SIZE > self->base + self->len) {
         PyErr_SetString(PyExc_IndexError, "tally words or queue out of range");
         return -1;
@@ -1591,10 +1615,11 @@ api_tally_begin(PyObject *atomic, uint64_t *q, uint64_t *dropping, ShoalTally *t
     return 0;
 }
 
-/* Each sum's slot word cleared, then the sum added: a kill between the two
- * loses that one sum (the window is one plain store; a kill after the
- * addition, where a signal more often finds the process, leaves nothing
- * to add twice). */
+/* Each sum added, then its slot word cleared: a kill between the two has
+ * recovery add that sum twice, but the window is one plain store, and a
+ * kill at the addition (where a signal finds a process far more often, see
+ * tally_add) leaves the word for recovery to add. The other order lost a
+ * run's sum in 1 of 40 random kills. */
 static void
 api_tally_settle(ShoalTally *tally)
 {
@@ -1607,9 +1632,9 @@ api_tally_settle(ShoalTally *tally)
     for (int i = 0; i < SHOAL_TALLY_FIELDS; i++) {
         if (!tally->d[i])
             continue;
-        STORE_RELEASE(tally->words + T_SUMS + i, 0);
         if (same)
             ADD(q + TALLY_OFFSETS[i] / 8, tally->d[i]);
+        STORE_RELEASE(tally->words + T_SUMS + i, 0);
         tally->d[i] = 0;
     }
     STORE_RELEASE(tally->words + T_QUEUE, 0);
@@ -1662,6 +1687,7 @@ static ShoalQueuesAPI queues_api = {
     .ack = api_ack,
     .tally_begin = api_tally_begin,
     .tally_settle = api_tally_settle,
+    .take_watch = take_watch,
     .held_block = api_held_block,
     .changes = api_changes,
     .word = api_word,

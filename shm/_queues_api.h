@@ -25,18 +25,23 @@
 
 /*
  * A run's counter changes for one queue (shm/ARCHITECTURE.md 2b): a
- * consumer's run of acquires and acks adds READY, UNACKED, READY_BYTES,
- * BYTES and ACKED to the queue record once, at its end (tally_settle),
- * instead of three contended atomic additions per entry. Meanwhile the
- * sums are mirrored in the running process's slot (P_TALLY) so that the
- * supervisor's recovery adds them for a worker killed mid-run.
+ * consumer's run of acquires and acks, or a publish lane's run of appends,
+ * adds its counters to the queue record once, at its end (tally_settle),
+ * instead of three to five contended atomic additions per entry. Meanwhile
+ * the sums are mirrored in the running process's slot (P_TALLY) so that
+ * the supervisor's recovery adds them for a worker killed mid-run.
  */
-#define SHOAL_TALLY_FIELDS 5
+#define SHOAL_TALLY_FIELDS 7
+/* A process slot's words (shm/layout.py P_DROPPING, P_TALLY). */
+#define SHOAL_P_DROPPING 104
+#define SHOAL_P_TALLY 920
 typedef struct {
     uint64_t *q;     /* the queue record; NULL: no run */
     uint64_t *words; /* the process slot's P_TALLY words */
     uint64_t state;  /* the queue's Q_STATE when the run began */
-    uint64_t d[SHOAL_TALLY_FIELDS]; /* READY, UNACKED, READY_BYTES, BYTES, ACKED (mod 2^64) */
+    /* CHANGES, READY, UNACKED, READY_BYTES, BYTES, ACKED, PUBLISHED (mod
+     * 2^64), added in this order: CHANGES before READY (ARCHITECTURE 7). */
+    uint64_t d[SHOAL_TALLY_FIELDS];
 } ShoalTally;
 
 typedef struct {
@@ -56,9 +61,11 @@ typedef struct {
     int (*alloc)(PyObject *atomic, Py_ssize_t base, Py_ssize_t end, Py_ssize_t *cursor,
                  Py_ssize_t need, Py_ssize_t *block, uint64_t *used);
     /* Atomic.publish: SHOAL_PUBLISH_RULES, -1, -2 - seq, or
-     * seq << SHOAL_WATCHER_BITS | the watcher it took (0: none). */
+     * seq << SHOAL_WATCHER_BITS | the watcher it took (0: none). In a run
+     * of queue `q` (`tally`), its counters go to the tally and the watch
+     * is left to tally_settle (the watcher part is 0). */
     long long (*publish)(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask,
-                         uint64_t block, Py_ssize_t intent, uint64_t qid);
+                         uint64_t block, Py_ssize_t intent, uint64_t qid, ShoalTally *tally);
     /* Atomic.release_hold: 1 if that freed the block. */
     int (*release_hold)(PyObject *atomic, Py_ssize_t block, Py_ssize_t arenas,
                         Py_ssize_t arena_bytes);
@@ -73,13 +80,17 @@ typedef struct {
     int (*ack)(PyObject *atomic, uint64_t *q, char *ring, unsigned long long mask, uint64_t seq,
                uint64_t owner, Py_ssize_t arenas, Py_ssize_t arena_bytes, uint64_t *dropping,
                ShoalTally *tally);
-    /* A run of queue `q` begins: `tally` set up, its words in the slot of
-     * the process whose P_DROPPING word `dropping` is. 0, or -1 with an
-     * exception set. Every begin needs its settle, on every path. */
-    int (*tally_begin)(PyObject *atomic, uint64_t *q, uint64_t *dropping, ShoalTally *tally);
+    /* A run of queue `q` begins: `tally` set up, its words in the process
+     * slot at offset `slot`. 0, or -1 with an exception set. Every begin
+     * needs its settle, on every path. */
+    int (*tally_begin)(PyObject *atomic, uint64_t *q, Py_ssize_t slot, ShoalTally *tally);
     /* The run's sums added to its queue (unless the queue was deleted
-     * since it began) and its slot words cleared. */
+     * since it began) and its slot words cleared; nothing for a run never
+     * begun or already settled. */
     void (*tally_settle)(ShoalTally *tally);
+    /* A queue's watch taken as publish() takes it, for appends whose
+     * counters are in (settled): the watcher to wake, or 0. */
+    uint64_t (*take_watch)(uint64_t *q);
     /* The block of entry `seq` while this owner holds it (ACQUIRED), else
      * 0. */
     uint64_t (*held_block)(PyObject *atomic, char *ring, unsigned long long mask, uint64_t seq,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shoal.shm import layout
+from shoal.shm.queue_table import counted
 from shoal.shm.queues import SharedQueues
 from shoal.shm.stream_words import StreamBounds, StreamWords
 
@@ -62,7 +63,7 @@ def read(shared: SharedQueues, qid: int) -> QueueCounters:
     word = shared.table.word
 
     def total(field: int) -> int:
-        return sum(word(log, field) for log in logs)
+        return sum(counted(word(log, field)) for log in logs)
 
     paged_out = word(qid, layout.Q_PAGED_OUT)
     stream = None

@@ -109,12 +109,13 @@ P_OWNERSHIP_SEEN = 112
 # then drains its paging files before it exits, and it is not replaced.
 P_RETIRING = 120
 P_STATS = 128  # shm/stats.py: the process's counters, flushed by itself
-# IO worker: the tally of a consumer's run in progress (shm/_queues_api.h
-# ShoalTally; shm/ARCHITECTURE.md 2b): the queue record's offset + 1 (0:
-# none), its Q_STATE when the run began, then the run's sums, not yet added
-# to the queue, of READY, UNACKED, READY_BYTES, BYTES and ACKED (mod 2**64).
-# The supervisor adds them for a worker killed mid-run (shm/recovery.py).
-P_TALLY = PROC_SIZE - 32 - 56
+# IO worker: the tally of a C run in progress (shm/_queues_api.h ShoalTally;
+# shm/ARCHITECTURE.md 2b): the queue record's offset + 1 (0: none), its
+# Q_STATE when the run began, then the run's sums, not yet added to the
+# queue, of CHANGES, READY, UNACKED, READY_BYTES, BYTES, ACKED and PUBLISHED
+# (mod 2**64). The supervisor adds them for a worker killed mid-run
+# (shm/recovery.py).
+P_TALLY = PROC_SIZE - 32 - 72
 P_TALLY_QUEUE = P_TALLY
 P_TALLY_STATE = P_TALLY + 8
 P_TALLY_SUMS = P_TALLY + 16

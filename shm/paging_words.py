@@ -12,6 +12,7 @@ only: the queue's settings that forbid paging out, and its log's fill.
 from __future__ import annotations
 
 from shoal.shm import layout
+from shoal.shm.queue_table import counted
 from shoal.shm.segment import Segment
 
 
@@ -65,4 +66,4 @@ class PagingWords:
         return self._a.load(self._layout.queue(qid) + layout.Q_TAIL)
 
     def ready(self, qid: int) -> int:
-        return self._a.load(self._layout.queue(qid) + layout.Q_READY)
+        return counted(self._a.load(self._layout.queue(qid) + layout.Q_READY))

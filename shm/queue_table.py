@@ -18,6 +18,15 @@ from shoal.shm.queue_catalog import QueueCatalog
 from shoal.shm.segment import Segment
 
 _QUEUE_SIZE = layout.QUEUE_SIZE
+_NEGATIVE = 1 << 63
+
+
+def counted(word: int) -> int:
+    """A counter word (READY, BYTES, READY_BYTES) as a count. C runs add
+    their counters at their end (shm/ARCHITECTURE.md 2b), so a consumer's
+    decrements may land before the increments of the publish run whose
+    entries it took: a moment's negative value reads as 0, not 2**64 - n."""
+    return 0 if word >= _NEGATIVE else word
 
 
 class QueueFlag(IntFlag):
@@ -127,7 +136,7 @@ class QueueTable:
 
     def log_ready(self, qid: int) -> int:
         """Ready entries in log `qid` alone."""
-        return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY)
+        return counted(self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY))
 
     def paged_out(self, qid: int) -> int:
         """Messages of queue `qid` in the IO workers' paging files
@@ -199,7 +208,7 @@ class QueueTable:
         """Messages ready in queue `qid` (over all its logs)."""
         levels = self.catalog.priority_levels().get(qid)  # one load unless it changed
         if levels is None:
-            return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY)
+            return counted(self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_READY))
         return sum(self.log_ready(log) for log in levels.descending)
 
     def taken(self, qid: int) -> int:

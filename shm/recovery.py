@@ -39,12 +39,14 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     its reference drop), then the count word. In that order a concurrent
     ack can only make us keep a reference too many (a leak of one block),
     never drop one too many (a body freed while an entry still points at
-    it). Returns {qid: entries released}.
+    it). First of all, the counters of a C run it was in (settle_tally).
+    Returns {qid: entries released} (with 0 for the queue its cut-short
+    publish run appended to: it needs the wake-up too).
     """
     shared = SharedQueues(seg, 0)
-    # A consumer's run cut short: its counters first, as if it had ended,
-    # so that the releases below undo counted acquisitions.
-    settle_tally(seg, worker)
+    # A C run cut short: its counters first, as if it had ended, so that the
+    # releases below undo counted acquisitions.
+    appended = settle_tally(seg, worker)
     # A move of an old entry to its log's tail cut short (shm/entry_moves.py):
     # finished first, so that its entry is live in one cell, released below.
     moved = finish_move(shared, worker + 1)
@@ -70,43 +72,51 @@ def recover_worker(seg: Segment, worker: int) -> dict[int, int]:
     # Killed inside an ack between the cell's CAS and the drop, the worker
     # leaks that one reference: whether the drop happened cannot be told.
     seg.atomic.store(seg.layout.proc(worker) + layout.P_DROPPING, 0)
+    if appended is not None:  # the wake-up its run's end would have taken
+        released.setdefault(appended, 0)
     return released
 
 
 # The counters a run's tally sums, in the order of its P_TALLY_SUMS words
-# (shm/_atomic.c TALLY_OFFSETS).
+# (shm/_atomic.c TALLY_OFFSETS): CHANGES before READY (ARCHITECTURE.md 7).
 TALLY_COUNTERS = (
+    layout.Q_CHANGES,
     layout.Q_READY,
     layout.Q_UNACKED,
     layout.Q_READY_BYTES,
     layout.Q_BYTES,
     layout.Q_ACKED,
+    layout.Q_PUBLISHED,
 )
 
 
-def settle_tally(seg: Segment, worker: int) -> bool:
-    """Add the sums of the run dead IO worker `worker` was in (its
-    P_TALLY words: workers/_wire.c deliver_run and ack_run add a run's
-    counters to its queue once, at its end) to that queue, unless it was
-    deleted since the run began, and clear them. True if there was one."""
+def settle_tally(seg: Segment, worker: int) -> int | None:
+    """Add the sums of the C run dead IO worker `worker` was in (its
+    P_TALLY words: workers/_wire.c's delivery, ack and publish lane runs
+    add their counters to their queue once, at their end) to that queue,
+    unless it was deleted since the run began, and clear them. Returns the
+    queue's log if the run had appended to it (it needs a wake-up, which
+    the run's end would have taken), else None."""
     a, offsets = seg.atomic, seg.layout
     slot = offsets.proc(worker)
     queue = a.load(slot + layout.P_TALLY_QUEUE)
     if not queue:
-        return False
+        return None
     q = queue - 1
     first = offsets.queue(0)
     in_table = first <= q < offsets.queue(offsets.limits.max_queues)
     same = in_table and (q - first) % layout.QUEUE_SIZE == 0
     same = same and a.load(q + layout.Q_STATE) == a.load(slot + layout.P_TALLY_STATE)
+    appended = False
     for i, counter in enumerate(TALLY_COUNTERS):
         word = slot + layout.P_TALLY_SUMS + 8 * i
         total = a.load(word)
         if total and same:
             a.fetch_add(q + counter, total)
+            appended = appended or counter == layout.Q_CHANGES
         a.store(word, 0)
     a.store(slot + layout.P_TALLY_QUEUE, 0)
-    return True
+    return (q - first) // layout.QUEUE_SIZE if appended else None
 
 
 def release_owner(shared: SharedQueues, owner: int) -> dict[int, int]:

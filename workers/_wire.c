@@ -532,10 +532,12 @@ typedef struct {
 
 typedef struct {
     uint64_t qid;
+    uint64_t *q; /* its queue record */
     LaneRoute *route; /* whose touched mark take() clears: routes move only between runs */
     PyObject *exchange; /* its route's exchange, a reference of its own (the route may go) */
     long long n;
-    int watcher; /* the Q_WATCH value its first append took (0: none) */
+    int watcher;   /* the Q_WATCH value a scan's end took (0: none) */
+    int unwatched; /* appended to since a scan's end last took its watch */
 } LaneTouch;
 
 typedef struct {
@@ -572,6 +574,10 @@ typedef struct {
     Py_ssize_t records_len, records_cap;
     long long st_count; /* records in `records` */
     long long st_first; /* the run's first stored message, 1-based in n (0: none) */
+    /* The counters of the appends to the queue the last publish went to,
+     * added to it when the next goes elsewhere or the scan ends
+     * (lane_end_run; shm/ARCHITECTURE.md 2b). */
+    ShoalTally tally;
 } LaneObject;
 
 static uint64_t
@@ -615,6 +621,26 @@ lane_untouch(LaneObject *lane)
 {
     for (int i = 0; i < lane->ntouched; i++)
         Py_CLEAR(lane->touched[i].exchange);
+}
+
+/* A scan's appends are over: the last queue's counters added (the others'
+ * were as the publishes moved on), then each queue appended to has its
+ * watch taken, after its counters (the publisher's side of the
+ * no-lost-wake-up handshake, shm/ARCHITECTURE.md 7); take() reports the
+ * watchers to wake. */
+static void
+lane_end_run(LaneObject *lane)
+{
+    queues_api->tally_settle(&lane->tally);
+    for (int i = 0; i < lane->ntouched; i++) {
+        LaneTouch *t = &lane->touched[i];
+        if (!t->unwatched)
+            continue;
+        t->unwatched = 0;
+        uint64_t watcher = queues_api->take_watch(t->q);
+        if (watcher)
+            t->watcher = (int)watcher;
+    }
 }
 
 static void
@@ -874,8 +900,8 @@ Lane_clear(LaneObject *self, PyObject *unused)
  * record count, first stored) and resets the counts; buckets: the bodies per size bucket, or None when all
  * were in the first (at most 100 bytes); touched: [(qid, messages, watcher, exchange)] of the
  * routes the run appended through (one per exchange and routing key: the exchange's message
- * counts are one addition per route and run), the watcher the Q_WATCH value its first append took
- * (0: none; shm/wake.py Waker.wake); gone: (qid, seq, block) of an entry
+ * counts are one addition per route and run), the watcher the Q_WATCH value a scan's end took
+ * after its appends' counters (0: none; shm/wake.py Waker.wake; lane_end_run); gone: (qid, seq, block) of an entry
  * whose queue was deleted under the append (the caller takes it back, then
  * drops the block's HOLD), or None, and whether its message was stored
  * (its PUBLISH record says UNAPPENDED; the caller counts its entry down if
@@ -1146,8 +1172,18 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
                          lane->st_reserved);
         __atomic_fetch_add(lane->st_live, 1, __ATOMIC_SEQ_CST);
     }
+    if (lane->tally.q != route->q) { /* another queue: the last one's counters go in */
+        queues_api->tally_settle(&lane->tally);
+        if (queues_api->tally_begin(lane->atomic, route->q, lane->intent, &lane->tally) < 0) {
+            PyErr_Clear(); /* (out of range: never, the route was checked) Python's path */
+            if (stored)
+                __atomic_fetch_sub(lane->st_live, 1, __ATOMIC_SEQ_CST);
+            queues_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
+            return 0;
+        }
+    }
     long long got = queues_api->publish(lane->atomic, route->q, route->ring, route->mask,
-                                       (uint64_t)block, lane->intent, route->qid);
+                                       (uint64_t)block, lane->intent, route->qid, &lane->tally);
     if (got == SHOAL_PUBLISH_RULES || got == -1) {
         /* A length limit or a capacity, or no room, or gone: Python's path
          * (the block, never appended, goes with its HOLD). */
@@ -1173,8 +1209,9 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
         t->route = route;
         t->exchange = route->exchange; /* counted per exchange by its caller (workers/lane.py) */
         Py_INCREF(t->exchange);
+        t->q = route->q;
         t->n = 0;
-        t->watcher = 0;
+        t->watcher = t->unwatched = 0;
         route->touched = lane->ntouched;
     }
     LaneTouch *touch = &lane->touched[route->touched - 1];
@@ -1187,9 +1224,7 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
         lane->gone_qid = route->qid;
         lane->armed = 0;
     } else {
-        long long watcher = got & ((1LL << SHOAL_WATCHER_BITS) - 1);
-        if (watcher)
-            touch->watcher = (int)watcher; /* the first append takes it: one a run */
+        touch->unwatched = 1; /* its watch: at the scan's end (lane_end_run) */
         queues_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
     }
     int bucket = 0;
@@ -1378,7 +1413,7 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* The run's counters go to the queue once, at its end (every return
      * below settles it). */
     ShoalTally tally;
-    if (queues_api->tally_begin(atomic, q, dropping, &tally) < 0)
+    if (queues_api->tally_begin(atomic, q, dropping_off - SHOAL_P_DROPPING, &tally) < 0)
         return NULL;
     Py_ssize_t len;
     const unsigned char *base = (const unsigned char *)queues_api->base(atomic, &len);
@@ -1547,7 +1582,7 @@ ack_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     /* The acks' counters go to the queue once, after the walk. */
     ShoalTally tally;
-    if (queues_api->tally_begin(atomic, q, dropping, &tally) < 0) {
+    if (queues_api->tally_begin(atomic, q, dropping_off - SHOAL_P_DROPPING, &tally) < 0) {
         PyMem_Free(keys);
         Py_DECREF(settled);
         return NULL;
@@ -1718,6 +1753,7 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (!lane->armed)
             lane = NULL;
     }
+    LaneObject *run_lane = lane; /* `lane` goes NULL when it stops; its run ends below */
     PyObject *view = args[0];
     Py_ssize_t frame_max = PyLong_AsSsize_t(args[1]);
     if (frame_max == -1 && PyErr_Occurred())
@@ -1820,8 +1856,12 @@ scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(last_ex);
     Py_XDECREF(last_rk);
     PyBuffer_Release(&buf);
+    if (run_lane != NULL)
+        lane_end_run(run_lane);
     return Py_BuildValue("(NnO)", items, off, anomaly ? Py_True : Py_False);
 fail:
+    if (run_lane != NULL)
+        lane_end_run(run_lane);
     Py_XDECREF(items);
     Py_XDECREF(last_ex);
     Py_XDECREF(last_rk);

@@ -335,7 +335,7 @@ class PublishLane:
         assert publisher is not None
         exchanges = publisher.exchange_counts
         for qid, count, watcher, exchange in touched:
-            if watcher:  # the watcher its first append took (shm/wake.py)
+            if watcher:  # the watch its scan took after the counters (shm/wake.py)
                 waker.wake(qid, watcher)
             counted = exchanges.get(exchange)  # one addition per route and run
             if counted is None:

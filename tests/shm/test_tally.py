@@ -37,8 +37,12 @@ def _publish(seg: Segment, count: int) -> None:
         release_hold(seg, block)
 
 
+# The counters a consumer's runs change.
+CONSUMER_COUNTERS = (L.Q_READY, L.Q_UNACKED, L.Q_READY_BYTES, L.Q_BYTES, L.Q_ACKED)
+
+
 def _counters(seg: Segment) -> dict[int, int]:
-    return {field: signed(qword(seg, QID, field)) for field in TALLY_COUNTERS}
+    return {field: signed(qword(seg, QID, field)) for field in CONSUMER_COUNTERS}
 
 
 def _cells(seg: Segment) -> tuple[int, int, int]:
@@ -104,7 +108,7 @@ def test_runs_leave_the_counters_as_one_by_one_acquires_and_acks(
         L.Q_BYTES: 0,
         L.Q_ACKED: 1000,
     }
-    assert _tally_words(seg) == [0] * 6  # nothing left for a recovery
+    assert _tally_words(seg) == [0] * 8  # nothing left for a recovery
 
 
 def test_recovery_adds_the_tally_of_a_run_cut_short(make_segment: SegmentFactory) -> None:
@@ -135,13 +139,46 @@ def test_recovery_adds_the_tally_of_a_run_cut_short(make_segment: SegmentFactory
     assert _tally_words(seg)[0] == 0
 
 
+def test_recovery_adds_the_tally_of_a_publish_run_cut_short_and_asks_for_its_wake_up(
+    make_segment: SegmentFactory,
+) -> None:
+    """A worker killed in a publish lane's run after appending 4 entries:
+    their cells are AVAILABLE, the queue's counters do not count them yet,
+    its slot's tally does. Recovery adds it (the queue counts them: declare
+    and the scheduler see them) and names the queue for the wake-up the
+    run's end would have taken."""
+    seg = _created(make_segment)
+    _publish(seg, 4)
+    a, q, slot = seg.atomic, seg.layout.queue(QID), seg.layout.proc(WORKER)
+    sums = {
+        L.Q_CHANGES: 4,
+        L.Q_READY: 4,
+        L.Q_READY_BYTES: 4 * len(BODY),
+        L.Q_BYTES: 4 * len(BODY),
+        L.Q_PUBLISHED: 4,
+    }
+    for field, value in sums.items():  # what the C appends left: no counts
+        a.fetch_add(q + field, -value)
+    a.store(slot + L.P_TALLY_STATE, a.load(q + L.Q_STATE))
+    for i, field in enumerate(TALLY_COUNTERS):
+        a.store(slot + L.P_TALLY_SUMS + 8 * i, sums.get(field, 0))
+    a.store(slot + L.P_TALLY_QUEUE, q + 1)
+    assert _counters(seg)[L.Q_READY] == 0
+
+    assert recover_worker(seg, WORKER) == {QID: 0}
+    assert _counters(seg)[L.Q_READY] == 4 and qword(seg, QID, L.Q_PUBLISHED) == 4
+    assert qword(seg, QID, L.Q_CHANGES) == 4
+    assert _tally_words(seg) == [0] * 8
+
+
 def test_recovery_drops_the_tally_of_a_queue_deleted_since(make_segment: SegmentFactory) -> None:
     """The run's queue was deleted and declared again (Q_STATE moved): the
     sums belong to nobody, the new queue's counters stay as they are."""
     seg = _created(make_segment)
     a, q, slot = seg.atomic, seg.layout.queue(QID), seg.layout.proc(WORKER)
     a.store(slot + L.P_TALLY_STATE, a.load(q + L.Q_STATE))
-    a.store(slot + L.P_TALLY_SUMS, (-7) % (1 << 64))  # READY
+    ready_sum = slot + L.P_TALLY_SUMS + 8 * TALLY_COUNTERS.index(L.Q_READY)
+    a.store(ready_sum, (-7) % (1 << 64))
     a.store(slot + L.P_TALLY_QUEUE, q + 1)
     scheduler = SharedQueues(seg, 0)
     scheduler.remove(QID)
@@ -149,7 +186,7 @@ def test_recovery_drops_the_tally_of_a_queue_deleted_since(make_segment: Segment
     _publish(seg, 2)
     recover_worker(seg, WORKER)
     assert _counters(seg)[L.Q_READY] == 2
-    assert _tally_words(seg) == [0] * 6
+    assert _tally_words(seg) == [0] * 8
 
 
 def test_a_worker_killed_anywhere_in_its_runs_leaves_the_counters_true(
