@@ -282,11 +282,14 @@ enum {
 static const int TALLY_OFFSETS[SHOAL_TALLY_FIELDS] = {
     Q_CHANGES, Q_READY, Q_UNACKED, Q_READY_BYTES, Q_BYTES, Q_ACKED, Q_PUBLISHED};
 
-/* Whether a transition of queue q counts into `tally` (a run of q). */
+/* Whether a transition of queue q, whose Q_STATE is `state`, counts into
+ * `tally`: a run of q, begun while q was this queue (a transition of one
+ * declared since, in the same slot, counts at once as outside a run: the
+ * settle drops the sums of a queue deleted meanwhile). */
 static inline int
-tallies(const ShoalTally *tally, const uint64_t *q)
+tallies(const ShoalTally *tally, const uint64_t *q, uint64_t state)
 {
-    return tally != NULL && tally->q == q;
+    return tally != NULL && tally->q == q && tally->state == state;
 }
 
 /* Add v to a sum of the tally; its slot word follows (relaxed: recovery
@@ -297,7 +300,7 @@ tallies(const ShoalTally *tally, const uint64_t *q)
  * kill there leaves the CAS and its count both done or both not (the
  * random kills of tests/shm/test_tally.py: with the counts after the
  * ack's reference drop, 18 of 40 left a counter off by one; with them
- * before the CAS, 3-5 of 40; right after it, 4 of 480). */
+ * before the CAS, 3-5 of 40; right after it, 5 of 300). */
 static inline void
 tally_add(ShoalTally *tally, int field, uint64_t v)
 {
@@ -386,7 +389,7 @@ acquire_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
         }
         if (wseq == seq && (w & ST_MASK) == ST_AVAILABLE) {
             uint64_t acquired = (seq << SEQ_SHIFT) | owner | (w & REDELIVERED) | ST_ACQUIRED;
-            int tallied = tallies(tally, q);
+            int tallied = tally != NULL && tallies(tally, q, LOAD(q + Q_STATE / 8));
             /* Read before the CAS, so that no load that may miss lies
              * between it and the count (see tally_add): if the CAS succeeds
              * the cell was this entry's all along, and so were its block
@@ -488,7 +491,7 @@ ack_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask, 
     uint64_t *b = (uint64_t *)(self->base + block);
     uint64_t size = LOAD(b + B_SIZE / 8);
     uint64_t body = block + MSG_BODY_LEN + 8 <= (uint64_t)self->len ? b[MSG_BODY_LEN / 8] : 0;
-    int tallied = tallies(tally, q);
+    int tallied = tally != NULL && tallies(tally, q, LOAD(q + Q_STATE / 8));
     STORE_RELEASE(dropping, block);
     if (!CAS(cell, &w, (seq << SEQ_SHIFT) | ST_DELETED)) {
         STORE_RELEASE(dropping, 0);
@@ -783,8 +786,9 @@ Atomic_advance_head(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* append's steps (the comment above); returns what append returns. */
 static long long
 append_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mask,
-             uint64_t block, Py_ssize_t ioff, uint64_t qid, ShoalTally *tally)
+             uint64_t block, Py_ssize_t ioff, uint64_t qid, ShoalTally *tally, int *tallied)
 {
+    *tallied = 0;
     /* The publisher wrote the record before appending: its body length is
      * what the queue's byte count (Q_BYTES) adds. */
     uint64_t body = *(uint64_t *)(self->base + block + MSG_BODY_LEN);
@@ -816,7 +820,8 @@ append_entry(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
         return -1;
     if (LOAD(q + Q_STATE / 8) != state)
         return -2 - (long long)t;
-    if (tallies(tally, q)) { /* the settle adds them, CHANGES first */
+    if (tallies(tally, q, state)) { /* the settle adds them, CHANGES first */
+        *tallied = 1;
         tally_add(tally, TALLY_CHANGES, 1);
         tally_add(tally, TALLY_READY, 1);
         tally_add(tally, TALLY_BYTES, body);
@@ -874,7 +879,8 @@ Atomic_append(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (append_call(self, args, nargs, "append(queue, ring, mask, block, intent, qid)", &q, &ring,
                     &mask, &block, &ioff, &qid) < 0)
         return NULL;
-    return PyLong_FromLongLong(append_entry(self, q, ring, mask, block, ioff, qid, NULL));
+    int tallied;
+    return PyLong_FromLongLong(append_entry(self, q, ring, mask, block, ioff, qid, NULL, &tallied));
 }
 
 /* publish's steps for checked arguments: PUBLISH_RULES (nothing done),
@@ -900,13 +906,14 @@ publish_core(AtomicObject *self, uint64_t *q, char *ring, unsigned long long mas
         return PUBLISH_RULES;
     uint64_t *refs = (uint64_t *)(self->base + block + B_REFS);
     ADD(refs, 1);
-    long long t = append_entry(self, q, ring, mask, block, ioff, qid, tally);
+    int tallied;
+    long long t = append_entry(self, q, ring, mask, block, ioff, qid, tally, &tallied);
     if (t == -1) {
         ADD(refs, (uint64_t)-1);
         return -1;
     }
-    if (t < 0 || tallies(tally, q))
-        return t < 0 ? t : t << WATCHER_BITS; /* (a run's watch: at its settle) */
+    if (t < 0 || tallied)
+        return t < 0 ? t : t << WATCHER_BITS; /* (a run's watch: after its settle) */
     return t << WATCHER_BITS | (long long)take_watch(q);
 }
 

@@ -1224,7 +1224,12 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
         lane->gone_qid = route->qid;
         lane->armed = 0;
     } else {
-        touch->unwatched = 1; /* its watch: at the scan's end (lane_end_run) */
+        /* Its watch: at the scan's end (lane_end_run); an append counted at
+         * once (its queue declared again since the run began) took it. */
+        long long watcher = got & ((1LL << SHOAL_WATCHER_BITS) - 1);
+        if (watcher)
+            touch->watcher = (int)watcher;
+        touch->unwatched = 1;
         queues_api->release_hold(lane->atomic, block, lane->arenas, lane->arena_bytes);
     }
     int bucket = 0;
