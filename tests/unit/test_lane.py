@@ -454,6 +454,39 @@ def test_the_lane_knows_every_queue_a_publisher_rotates_over(big_ctx: WorkerCont
         assert queue_bodies(big_ctx, qid) == [b"first"] + [b"%d" % n for n in range(rounds)]
 
 
+def test_a_lane_run_counts_once_then_takes_the_watch_of_each_queue_it_appended_to(
+    big_ctx: WorkerContext,
+) -> None:
+    """A read that the lane takes into three queues, each watched by the
+    scheduler (shm/ARCHITECTURE.md 2b, 7): after it every queue counts its
+    entries (READY, PUBLISHED, CHANGES), has its watch taken and its bit
+    set for the scheduler; the slot's tally is clear. A queue the read did
+    not touch keeps its watch."""
+    names = [b"w0", b"w1", b"w2", b"idle"]
+    client, qids = opened(big_ctx, *names)
+    for name in names[:3]:  # one read each: each teaches the lane its place
+        client.send(publish(1, b"first", routing_key=name.decode()))
+    seg, a = big_ctx.seg, big_ctx.seg.atomic
+    waker = big_ctx.shared.waker
+    assert waker is not None
+    waker.flush_deferred()
+    waker.drain(seg.layout.limits.max_queues)  # the first reads' wake-ups
+    for qid in qids:
+        a.store(seg.layout.queue(qid) + L.Q_WATCH, L.WATCH_SCHEDULER)
+    before = lane_taken(client)
+    client.send(rotation(names[:3], 30))
+    assert lane_taken(client) - before == 90
+    for qid in qids[:3]:
+        assert big_ctx.shared.table.ready(qid) == 31
+        assert big_ctx.shared.table.word(qid, L.Q_PUBLISHED) == 31
+        assert big_ctx.shared.table.word(qid, L.Q_CHANGES) == 31
+        assert a.load(seg.layout.queue(qid) + L.Q_WATCH) == 0
+    assert a.load(seg.layout.queue(qids[3]) + L.Q_WATCH) == L.WATCH_SCHEDULER
+    waker.flush_deferred()
+    assert sorted(waker.drain(seg.layout.limits.max_queues)) == qids[:3]
+    assert a.load(big_ctx.slot + L.P_TALLY_QUEUE) == 0
+
+
 @pytest.fixture
 def two_users_ctx(tmp_path: Path) -> Iterator[WorkerContext]:
     """guest, and `limited`, who may publish to amq.direct only; queue r0
