@@ -72,6 +72,7 @@ class Consumer:
         "direct",
         "dry_at",
         "exclusive",
+        "interest_kept",
         "interested",
         "levels",
         "no_ack",
@@ -151,6 +152,11 @@ class Consumer:
         # that found nothing (its last DONE's).
         self.direct = False
         self.dry_at = 0
+        # A consumer that watches its queue itself and ran out of credit
+        # (or write room) tells the scheduler nothing (update_interest): the
+        # scheduler still counts it interested and NOTIFIED, and it pulls
+        # again as soon as its credit is back.
+        self.interest_kept = False
         self.since = 0  # when the scheduler registered it (its CONSUME reply)
         # 1 between its CONSUME and its consume-ok, 2 if a NOTIFY came then:
         # start() serves it once consume-ok is written. 0: started.

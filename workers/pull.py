@@ -92,16 +92,47 @@ def turn_quota(ready: int, consumers: int, prefetch: int = 0) -> int:
 
 
 def update_interest(ctx: PullContext, consumer: Consumer) -> None:
-    """Tell the scheduler when this consumer's readiness changes."""
+    """Tell the scheduler when this consumer's readiness changes; not while
+    it watches its queue itself (keep_interest)."""
     want = consumer.wants_work()
     if want != consumer.interested and not consumer.cancelled:
         consumer.interested = want
         if not want:
             consumer.notified = False
+            if consumer.direct:
+                keep_interest(ctx, consumer)
+                return
             drop_watch(ctx, consumer)  # INTEREST(false) gives the scheduler the queue back
+        elif consumer.interest_kept:
+            consumer.interest_kept = False
+            if ctx.shared.table.consumer_count(consumer.qid) == 1:
+                ctx.loop.call_soon(pull, ctx, consumer)  # still the scheduler's: pull on
+            else:
+                # Another consumer registered (the scheduler counts it before
+                # its consume-ok) and the watch's take-back is on its way: the
+                # turn goes back now, with work left, so what is published
+                # from here on is dealt by the scheduler (priorities).
+                drop_watch(ctx, consumer)
+                ctx.send(ipc.Done(consumer.cid, -1))
+            return
         ctx.send(ipc.Interest(consumer.cid, want))
         if want and _pulls_at_once(ctx, consumer):
             ctx.loop.call_soon(pull, ctx, consumer)
+
+
+def keep_interest(ctx: PullContext, consumer: Consumer) -> None:
+    """The queue's only consumer, watching it itself (take_watch), ran out
+    of credit or write room: it keeps the watch's place and the scheduler's
+    NOTIFIED, with no INTEREST(false) now and no INTEREST(true) and NOTIFY
+    when its credit comes back (update_interest pulls then). A consumer
+    that acks every 100 of a prefetch of 500 ran out of credit at about
+    every ack: two messages through the scheduler and its answers per ack.
+    Its watch, if armed, is taken off Q_WATCH (a publisher that takes it
+    first wakes a pull that finds no credit: nothing). The scheduler
+    learns of the lost interest when it takes the watch back
+    (give_back_watch) or the worker says HELLO (drop_watch)."""
+    consumer.interest_kept = True
+    ctx.waker.unwatch(consumer.qid, ctx.index)
 
 
 def _pulls_at_once(ctx: PullContext, consumer: Consumer) -> bool:
@@ -176,6 +207,10 @@ def give_back_watch(ctx: PullContext, consumer: Consumer, taken: bool = False) -
     by the scheduler already), else when its pull runs dry."""
     if not consumer.direct:
         return
+    if consumer.interest_kept:
+        drop_watch(ctx, consumer)  # its turn ends with the INTEREST(false) it kept
+        ctx.send(ipc.Interest(consumer.cid, False))
+        return
     if drop_watch(ctx, consumer) or taken:
         ctx.send(ipc.Done(consumer.cid, consumer.dry_at))
     else:
@@ -191,6 +226,7 @@ def drop_watch(ctx: PullContext, consumer: Consumer) -> bool:
     if not consumer.direct:
         return False
     consumer.direct = False
+    consumer.interest_kept = False  # `interested` says what the scheduler learns next
     if ctx.watching.get(consumer.qid) is consumer:
         del ctx.watching[consumer.qid]
     return ctx.waker.unwatch(consumer.qid, ctx.index)

@@ -337,6 +337,56 @@ def test_low_priority_consumer_gets_nothing_while_high_priority_has_credit_then_
         conn.close()
 
 
+def test_a_lone_consumer_out_of_credit_yields_to_a_new_higher_priority_one_then_resumes(
+    broker_factory: Any,
+) -> None:
+    """The queue's only consumer, watching it itself, runs out of credit and
+    tells the scheduler nothing (workers/pull.py keep_interest). A
+    higher-priority consumer then comes: what is published after its
+    consume-ok is its own, though the first one acks meanwhile; once it is
+    cancelled, the first one, acking, gets the rest (the scheduler learnt of
+    its kept interest when it took the watch back)."""
+    broker = broker_factory(workers=WORKERS)
+    low_conn, high_conn = spread_connections(broker, 2)
+    pub_conn = connect(broker)
+    pub_conn.channel().queue_declare("kept")
+    low_ch = low_conn.channel()
+    low_ch.basic_qos(prefetch_count=10)
+    low: list[Delivery] = []
+    low_ch.basic_consume("kept", recorder(low), arguments={"x-priority": 1})
+    publish_range(pub_conn, "kept", 0, 30)
+    pump([low_conn], lambda: len(low) >= 10, 10, "the low consumer's prefetch")
+    idle([low_conn])
+    assert [b for b, _r, _t in low] == m(*range(10)), "its credit, and no more"
+
+    high_ch = high_conn.channel()
+    high: list[bytes] = []
+    high_ch.basic_consume(
+        "kept", lambda _c, _m, _p, body: high.append(body), auto_ack=True,
+        arguments={"x-priority": 10},
+    )  # fmt: skip
+    conns = [low_conn, high_conn]
+    pump(conns, lambda: len(high) >= 20, 10, "the backlog to the high consumer")
+    low_ch.basic_ack(low[-1][2], multiple=True)
+    publish_range(pub_conn, "kept", 30, 130)
+    pump(conns, lambda: len(high) >= 120, 10, "what came after its consume-ok")
+    idle(conns)
+    assert high == m(*range(10, 130)) and len(low) == 10
+
+    high_ch.close()
+    publish_range(pub_conn, "kept", 130, 160)
+    acked = 10
+    deadline = time.monotonic() + 10
+    while len(low) < 40 and time.monotonic() < deadline:
+        low_conn.process_data_events(0.02)
+        if len(low) > acked:
+            low_ch.basic_ack(low[-1][2], multiple=True)
+            acked = len(low)
+    assert [b for b, _r, _t in low[10:]] == m(*range(130, 160))
+    for conn in (low_conn, high_conn, pub_conn):
+        conn.close()
+
+
 # ------------------------------------------------------------------ fairness
 FAIR_CONSUMERS = 4
 FAIR_MESSAGES = 40_000
