@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from shoal.shm.wake import Waker
 from shoal.workers.consumer import Consumer
 from shoal.workers.pull import drop_watch, give_back_watch, take_watch, update_interest
 from tests.unit.test_fairness import QID, WORKER, FakeContext, consumers, fill, ready
+from tests.unit.test_fairness import seg as seg  # the fixture: one queue, QID
 
 PREFETCH = 10
 
@@ -56,17 +56,6 @@ class WatchingContext(FakeContext):
     def close(self) -> None:
         for fd in self.efds:
             os.close(fd)
-
-
-@pytest.fixture
-def seg(tmp_path: Path) -> Iterator[Segment]:
-    from shoal.shm.queues import SharedQueues
-
-    limits = L.Limits(max_workers=2, max_queues=64, queue_capacity=256, arena_bytes=1 << 16)
-    seg = Segment.create(str(tmp_path / "seg"), limits)
-    SharedQueues(seg, 0).create(QID, b"q", 0, 0)
-    yield seg
-    seg.unlink()
 
 
 @pytest.fixture
