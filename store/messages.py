@@ -35,12 +35,13 @@ import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from shoal.store import records
+from shoal.store import records, replica
 
 MESSAGE_FILE_MAGIC = b"SHOALM"
 ACKS_MAGIC = b"SHOALA"
 VERSION = 1
 MESSAGE_FILE_BYTES = 8 << 20  # a message file is sealed once it is this large
+ZEROS_AHEAD = 1 << 20  # written past a message file's last record (RecordFile.zeros_ahead)
 # The seq of an entry whose append failed (the queue refused the message, or
 # was deleted meanwhile): its record was reserved for it, recovery skips it.
 UNAPPENDED = (1 << 64) - 1
@@ -192,6 +193,8 @@ class MessageFileWriter:
         if existing:
             self.file.close()
             raise FileExistsError(f"message file {message_file} already holds records")
+        if replica.link is None:
+            self.file.zeros_ahead(ZEROS_AHEAD)
 
     @property
     def size(self) -> int:
@@ -358,6 +361,6 @@ _queue_order = operator.itemgetter(EPOCH, SEQ)
 def _read(path: str, magic: bytes, skipped: list[tuple[str, records.Skipped]]) -> list[bytes]:
     file, payloads, cut = records.open_records(path, magic, VERSION)
     file.close()
-    if cut is not None:
+    if cut is not None and cut.reason != records.ZERO_TAIL:  # zeros: written ahead, no record
         skipped.append((os.path.basename(path), cut))
     return payloads

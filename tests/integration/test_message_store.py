@@ -14,6 +14,7 @@ import aio_pika
 import pika
 import pytest
 
+from shoal.store import records
 from tests.broker_process import Broker, wait_for
 from tests.clients import connect
 
@@ -172,7 +173,9 @@ def test_a_damaged_segment_tail_is_skipped_and_logged(broker: Broker, damage: st
     broker.crash()
     (segment,) = [f for f in store_files(broker) if f.endswith(".seg")]
     path = os.path.join(msgs_dir(broker), segment)
-    size = os.path.getsize(path)
+    with open(path, "rb") as f:  # where its records end: zeros are written past them
+        _records, size, zeros = records.decode_all(f.read(), records.HEADER_SIZE)
+    assert len(_records) == 50 and zeros in ("", "checksum mismatch")
     with open(path, "r+b") as f:
         if damage == "truncated":  # a power cut in the middle of the last record
             f.truncate(size - 100)

@@ -88,7 +88,8 @@ def test_a_torn_tail_costs_only_the_record_cut_short(tmp_path: Path, which: str)
         if which == "segment"
         else M.acks_path(d, w.message_file, 0)
     )
-    os.truncate(path, os.path.getsize(path) - 5)
+    # (A message file has zeros written past its last record: w.size is where they begin.)
+    os.truncate(path, (w.size if which == "segment" else os.path.getsize(path)) - 5)
     recovered = M.recover(d, {Q1})
     [(name, cut)] = recovered.skipped
     assert name == os.path.basename(path) and cut.reason == "truncated record"
@@ -160,3 +161,26 @@ def test_settles_records_hold_many_pairs_and_settle_records_still_read() -> None
         M.decode_settles(M.encode_publish([], b"x"))
     with pytest.raises(ValueError):
         M.decode_settles(b"T" + b"\0" * 15)  # a pair cut short
+
+
+def test_a_message_file_keeps_zeros_ahead_unless_a_cluster_mirrors_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zeros past the last record (records.RecordFile.zeros_ahead) make a
+    sync after an append an overwrite; a follower copies what a file's size
+    says was appended, so a cluster's message files have none."""
+    d = str(tmp_path)
+    w = M.MessageFileWriter(d, M.message_file_name(1, 0, 0))
+    publish(w, b"x", M.Entry(Q1, 0, 1, 0))
+    path = M.message_file_path(d, w.message_file)
+    assert os.path.getsize(path) == w.size + M.ZEROS_AHEAD
+    assert M.recover(d, {Q1}).skipped == [], "the zeros are no damage"
+
+    class Followers:  # a cluster's replica link that confirms every mirror
+        def mirror(self, path: str, whole: bool = False) -> None:
+            pass
+
+    monkeypatch.setattr(M.replica, "link", Followers())
+    mirrored = M.MessageFileWriter(d, M.message_file_name(1, 0, 1))
+    publish(mirrored, b"x", M.Entry(Q1, 0, 1, 1))
+    assert os.path.getsize(M.message_file_path(d, mirrored.message_file)) == mirrored.size

@@ -183,3 +183,54 @@ def test_a_durable_write_that_loses_makes_the_newer_file_durable(
     assert Path(path).read_bytes() == b"3"
     assert synced == [b"2", b"3"]  # its own temporary file, then the newer one in place
     assert mirrored == [str(tmp_path)]
+
+
+def test_zeros_written_ahead_are_overwritten_in_place_and_read_as_the_end(
+    tmp_path: Path,
+) -> None:
+    """With zeros_ahead the file keeps zeros past its last record, so that
+    appends overwrite blocks the file has (a cheaper fdatasync); more are
+    written once half of them are used. A crash leaves them: they read as
+    ZERO_TAIL, and the records before come back. A close cuts them off."""
+    path = tmp_path / "r.log"
+    step = 64 << 10
+    f, _, _ = records.open_records(str(path), MAGIC, 1)
+    f.zeros_ahead(step)
+    f.append([b"first"])
+    first_end = f.size
+    assert path.stat().st_size == first_end + step, "zeros past the first record"
+    f.append([os.urandom(1000) for _ in range(20)])
+    assert path.stat().st_size == first_end + step, "appends stay inside the zeros"
+    payloads = [os.urandom(1000) for _ in range(20)]
+    f.append(payloads)  # past half of them: the next step
+    assert path.stat().st_size == first_end + 2 * step
+    f.sync()
+    crashed = path.read_bytes()  # what a kill -9 leaves: the file as it is now
+    f.close()
+    assert path.stat().st_size == f.size, "a close cuts the zeros off"
+    path.write_bytes(crashed)
+    got, skipped, size = reopen(path)
+    assert got[0] == b"first" and got[-20:] == payloads and len(got) == 41
+    assert skipped is not None and skipped.reason == records.ZERO_TAIL
+    assert size == f.size == path.stat().st_size, "cut where the records end"
+
+
+def test_no_room_for_zeros_ahead_leaves_appends_as_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "r.log"
+    f, _, _ = records.open_records(str(path), MAGIC, 1)
+    f.zeros_ahead(64 << 10)
+    real_pwrite = records.disk.pwrite
+
+    def no_room_for_zeros(fd: int, data: bytes, offset: int) -> int:
+        if not any(data):
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(records.disk, "pwrite", no_room_for_zeros)
+    f.append([b"kept"])
+    assert path.stat().st_size == f.size, "no zeros, no error"
+    f.append([b"and this"])
+    f.close()
+    assert reopen(path)[:2] == ([b"kept", b"and this"], None)
