@@ -23,7 +23,7 @@ per-round ratios candidate / reference and their spread (min..max), and with
 `--rabbitmq` candidate / RabbitMQ. A drop beyond the spread is a defect
 (docs/benchmarks.md, "The guard").
 
-The reference moves forward only to a commit measured faster than it in
+The reference moves forward only to a commit measured at or above it in
 every scenario: edit bench/REFERENCE, with the guard's table in the commit.
 """
 
