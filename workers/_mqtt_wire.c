@@ -94,6 +94,21 @@ open_buffer(PyObject *obj, Py_ssize_t at, Py_buffer *view)
     return 0;
 }
 
+/* A run's buffer from `at` on, and the new list it fills: 0, or -1 with
+ * nothing held and the exception set. */
+static int
+open_run(PyObject *obj, Py_ssize_t at, Py_buffer *view, PyObject **list)
+{
+    if (open_buffer(obj, at, view) < 0)
+        return -1;
+    *list = PyList_New(0);
+    if (*list == NULL) {
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
 /* The frame at `off`: 1 and its type and payload (start, size) when it is
  * whole in the buffer and ends with its end octet, else 0. */
 static int
@@ -391,15 +406,11 @@ publishes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred() || level5 < 0)
         return NULL;
     Py_buffer view;
-    if (open_buffer(args[0], at, &view) < 0)
+    PyObject *ids;
+    if (open_run(args[0], at, &view, &ids) < 0)
         return NULL;
     const unsigned char *p = view.buf;
     Py_ssize_t n = view.len;
-    PyObject *ids = PyList_New(0);
-    if (ids == NULL) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
     Py_ssize_t used = 0;
     while (used < RUN_BYTES && n - at >= 2) {
         unsigned char first = p[at];
@@ -500,11 +511,76 @@ error:
     return NULL;
 }
 
+/* pubacks(data, at, unacked, nothing) -> (at, tags)
+ *
+ * A subscriber's read's leading run of PUBACKs with success in their short
+ * form (3.1.1's, and 5.0's without a reason code: 0x40 0x02 id): each id's
+ * delivery tag popped from `unacked` (packet id -> tag, the Outbound's), the
+ * tags that are not `nothing` (a retained message's: no delivery to ack) in
+ * order. An unknown id is nothing, as Outbound.puback has it. It stops at any
+ * other packet, a PUBACK with id 0 (malformed: the decoder says so) or one
+ * not whole here: the packet loop takes the rest. */
+static PyObject *
+pubacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "pubacks(data, at, unacked, nothing)");
+        return NULL;
+    }
+    PyObject *unacked = args[2], *nothing = args[3];
+    if (!PyDict_Check(unacked)) {
+        PyErr_SetString(PyExc_TypeError, "unacked must be a dict");
+        return NULL;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    if (at == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    PyObject *tags;
+    if (open_run(args[0], at, &view, &tags) < 0)
+        return NULL;
+    const unsigned char *p = view.buf;
+    Py_ssize_t n = view.len;
+    while (n - at >= 4 && p[at] == 0x40 && p[at + 1] == 2) {
+        long id = ((long)p[at + 2] << 8) | p[at + 3];
+        if (!id)
+            break;
+        PyObject *key = PyLong_FromLong(id);
+        if (key == NULL)
+            goto error;
+        PyObject *tag = PyDict_GetItemWithError(unacked, key); /* borrowed */
+        if (tag != NULL) {
+            Py_INCREF(tag);
+            int failed = PyDict_DelItem(unacked, key) < 0;
+            int wanted = !failed ? PyObject_RichCompareBool(tag, nothing, Py_NE) : 0;
+            failed = failed || wanted < 0 || (wanted && PyList_Append(tags, tag) < 0);
+            Py_DECREF(tag);
+            if (failed) {
+                Py_DECREF(key);
+                goto error;
+            }
+        }
+        Py_DECREF(key);
+        if (tag == NULL && PyErr_Occurred())
+            goto error;
+        at += 4;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nN)", at, tags);
+
+error:
+    PyBuffer_Release(&view);
+    Py_DECREF(tags);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"deliveries", (PyCFunction)(void (*)(void))deliveries, METH_FASTCALL,
      "A run of planned deliveries of the inner AMQP connection as PUBLISH packets."},
     {"publishes", (PyCFunction)(void (*)(void))publishes, METH_FASTCALL,
      "A run of a device's plain PUBLISHes as the inner AMQP connection's frames."},
+    {"pubacks", (PyCFunction)(void (*)(void))pubacks, METH_FASTCALL,
+     "A subscriber's run of PUBACKs: the delivery tags they settle."},
     {NULL, NULL, 0, NULL},
 };
 

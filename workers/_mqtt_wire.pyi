@@ -27,3 +27,14 @@ def publishes(
     """A run of a device's plain PUBLISHes at `at` as the inner AMQP
     connection's frames: (where Python goes on, the frames or None, each
     publish's packet id, 0 for QoS 0)."""
+
+def pubacks(
+    data: Buffer,
+    at: int,
+    unacked: dict[int, int],
+    nothing: int,
+    /,
+) -> tuple[int, list[int]]:
+    """A subscriber's read's leading run of PUBACKs with success (short form)
+    at `at`: (where Python goes on, the delivery tags of their ids popped from
+    `unacked`, those equal to `nothing` left out)."""

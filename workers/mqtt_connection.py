@@ -126,7 +126,10 @@ class MqttConnection(asyncio.Protocol):
             self.out = []
         try:
             if self.open and not (self.busy or self.closed or self.acks or self.reader.buffer):
-                at = self.inbound.publish_run(data, self.reader.max_size)  # (a run in C)
+                if data[0] == 0x40 and self.outbound is not None:  # (a run of PUBACKs in C)
+                    at = self.outbound.puback_run(data, self.acks)
+                else:
+                    at = self.inbound.publish_run(data, self.reader.max_size)  # (a run in C)
                 data = data[at:] if at else data
             for ptype, flags, body in self.reader.feed(data):
                 if self.closed:

@@ -30,7 +30,7 @@ from shoal.broker import ipc
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.amqp_frames import Delivered
-from shoal.workers._mqtt_wire import deliveries
+from shoal.workers._mqtt_wire import deliveries, pubacks
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_session import fingerprint
 from shoal.workers.mqtt_subscriptions import Subscriptions
@@ -280,6 +280,14 @@ class Outbound:
             self.conn.ack(tag)
 
     # ------------------------------------------------------ the client's acks
+    def puback_run(self, data: bytes, acks: list[int]) -> int:
+        """A read's leading run of PUBACKs with success (puback's, in one C
+        call): their deliveries' tags join `acks`, the read's batch
+        (MqttConnection.ack's). Returns how many bytes it took."""
+        at, tags = pubacks(data, 0, self.unacked, NOTHING_TO_ACK)
+        acks += tags
+        return at
+
     def puback(self, packet_id: int) -> None:
         """A QoS 1 delivery's PUBACK: it is acked (an unknown id: nothing)."""
         self._settle(self.unacked.pop(packet_id, NOTHING_TO_ACK), 1)
