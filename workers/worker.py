@@ -45,6 +45,13 @@ from shoal.workers.ticker import on_grid
 
 HEARTBEAT_INTERVAL = 1.0
 OWNERSHIP_POLL = 0.05  # s: how soon a change of the worker count is acted on
+# The collector's young generation runs after this many more container
+# objects made than freed (Python's default 700). A worker's are nearly all
+# short-lived (a read's tuples and lists): at 700 its 1,000 MQTT subscribers
+# (fan-out QoS 1) ran ~64 young passes a second, and their survivors a full
+# pass every 2 s of ~15 ms; at 10,000 one young pass a second, no full one in
+# 10 s, and fan-in's CPU per message fell 3-6 % (docs/benchmarks.md).
+GC_YOUNG = 10_000
 
 log = logging.getLogger("shoal.worker")
 
@@ -129,6 +136,7 @@ class Worker:
         # What the worker built to start (modules, pamqp's tables, caches) is
         # never garbage: the collector's full passes need not walk it again.
         gc.freeze()
+        gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
         try:
             loop.run_forever()
         finally:
