@@ -91,6 +91,38 @@ def test_confirmed_persistent_messages_outlive_the_broker(broker: Broker, crash:
     wait_for(lambda: not store_files(broker), 10, "no segment and no ack file")
 
 
+@pytest.mark.parametrize("durable", ["plain", "priority"])
+def test_a_persistent_fan_out_to_many_transient_queues_is_stored_for_its_durable_one(
+    broker: Broker, durable: str
+) -> None:
+    """A persistent message fanned out to a dozen transient queues and one
+    durable queue (or durable priority queue) is in the message store for
+    that one: it is there after a crash, the transient queues are gone."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.exchange_declare("wide", "fanout", durable=True)
+    for i in range(12):
+        ch.queue_declare(f"wide-t{i}", durable=False)
+        ch.queue_bind(f"wide-t{i}", "wide")
+    arguments = {"x-max-priority": 5} if durable == "priority" else None
+    ch.queue_declare("wide-d", durable=True, arguments=arguments)
+    ch.queue_bind("wide-d", "wide")
+    for i in range(5):
+        props = pika.BasicProperties(delivery_mode=2, priority=i)
+        ch.basic_publish("wide", "", b"m%d" % i, props)
+    conn.close()
+    broker.restart(crash=True)
+
+    conn = connect(broker)
+    ch = conn.channel()
+    bodies = sorted(b for b, _ in drain(ch, "wide-d"))
+    assert bodies == [b"m%d" % i for i in range(5)]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        conn.channel().queue_declare("wide-t0", passive=True)
+    conn.close()
+
+
 def test_pipelined_confirmed_publishes_outlive_a_sigkill(broker: Broker) -> None:
     """A publisher with thousands of persistent publishes in flight
     (aio-pika, confirms): runs of them arrive in one read, and go into the
