@@ -97,6 +97,7 @@ class Connection(asyncio.Protocol):
         self.obeys_channel_flow = False  # see _obeys_channel_flow
         self.out: list[bytes] = []
         self.flush_scheduled = False
+        self.scheduled_flush: Callable[[], None] = self.flush  # (an MQTT bridge's reads it too)
         self.write_paused = False
         # Its parts: the handshake until connection.open-ok, and what holds
         # its publishers back (workers/blocking.py), whose entry points the
@@ -238,13 +239,13 @@ class Connection(asyncio.Protocol):
         self.out.append(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            self.ctx.loop.call_soon(self.flush)
+            self.ctx.loop.call_soon(self.scheduled_flush)
 
     def write_many(self, frames: list[bytes]) -> None:
         self.out += frames
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            self.ctx.loop.call_soon(self.flush)
+            self.ctx.loop.call_soon(self.scheduled_flush)
 
     def flush(self) -> None:
         self.flush_scheduled = False

@@ -404,7 +404,9 @@ class MqttConnection(asyncio.Protocol):
         self.amqp.protocol = "MQTT 5.0" if self.level == P.MQTT_5 else "MQTT 3.1.1"
         if self.transport.get_extra_info("websocket"):
             self.amqp.protocol = "Web " + self.amqp.protocol  # RabbitMQ's web-mqtt says so
-        self.amqp.connection_made(AmqpSide(self))
+        side = AmqpSide(self)
+        self.amqp.connection_made(side)
+        self.amqp.scheduled_flush = side.flush_then_read(self.amqp.flush)
         self.amqp.confirm_sink = self.inbound.confirmed_at_once
         # No user name, a TLS client certificate, EXTERNAL on: its user (mqtt.ssl_cert_login).
         cert_login = "EXTERNAL" in self.ctx.config.auth_mechanisms
@@ -566,10 +568,10 @@ class MqttConnection(asyncio.Protocol):
         is inside its flush, which must not be re-entered)."""
         if not self.amqp_reading:
             self.amqp_reading = True
-            self.ctx.loop.call_soon(self._read_amqp)
+            self.ctx.loop.call_soon(self.read_amqp)
         self.amqp_out += data
 
-    def _read_amqp(self) -> None:
+    def read_amqp(self) -> None:
         """Each whole frame the inner connection wrote (type, channel, size,
         payload, end byte), one at a time: a message's frames and confirms
         by hand (broker/mqtt/amqp_frames.py), the rest through pamqp."""

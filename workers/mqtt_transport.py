@@ -6,6 +6,7 @@ And how that socket closes (Linger)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from shoal.workers.connection import LINGER_TIMEOUT
@@ -19,8 +20,11 @@ _FORWARDED = frozenset({"peername", "sockname", "ssl_object", "peercert", "ciphe
 class Bridge(Protocol):
     transport: Any  # the MQTT client's socket transport (uvloop's)
     closed: bool
+    amqp_out: bytearray  # what the inner connection wrote and the bridge has not read
+    amqp_reading: bool  # a read of amqp_out is due (from_amqp scheduled it)
 
     def from_amqp(self, data: bytes) -> None: ...
+    def read_amqp(self) -> None: ...
     def amqp_closed(self) -> None: ...
 
 
@@ -38,6 +42,31 @@ class AmqpSide:
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
+
+    def flush_then_read(self, flush: Callable[[], None]) -> Callable[[], None]:
+        """The inner connection's flush at the end of a loop turn, and the
+        bridge's read of what it wrote right after it, in the same callback:
+        a delivery's MQTT packets leave one loop turn sooner (not after the
+        next turn's reads: fan-in's devices) and without a callback of their
+        own. Only this flush, the one the loop calls: one made inside the
+        inner connection's own methods (a close, a heartbeat) leaves its
+        read to from_amqp's callback, as the bridge must not re-enter them."""
+        bridge = self.bridge
+
+        def flush_then_read() -> None:
+            if bridge.amqp_reading:
+                flush()  # an earlier write's read is scheduled: it reads this too
+                return
+            bridge.amqp_reading = True  # (from_amqp: no callback of its own)
+            try:
+                flush()
+            finally:
+                if bridge.amqp_out:
+                    bridge.read_amqp()
+                else:
+                    bridge.amqp_reading = False
+
+        return flush_then_read
 
     def write(self, data: bytes) -> None:
         self.bridge.from_amqp(data)
