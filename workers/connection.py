@@ -239,13 +239,13 @@ class Connection(asyncio.Protocol):
         self.out.append(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            self.ctx.loop.call_soon(self.scheduled_flush)
+            self.ctx.flush_soon(self.scheduled_flush)
 
     def write_many(self, frames: list[bytes]) -> None:
         self.out += frames
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            self.ctx.loop.call_soon(self.scheduled_flush)
+            self.ctx.flush_soon(self.scheduled_flush)
 
     def flush(self) -> None:
         self.flush_scheduled = False

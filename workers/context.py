@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from shoal.broker import ipc
@@ -155,6 +155,9 @@ class WorkerContext(Requests):
         # The queues whose only consumer, on this worker, watches them itself
         # (the scheduler's Watch): qid -> that consumer (workers/consumer.py).
         self.watching: dict[int, Consumer] = {}
+        # While a watch's wake-up pulls: the flushes its deliveries asked
+        # for, run at its end (flush_soon, Worker._on_watch_wake).
+        self.flushes_now: list[Callable[[], None]] | None = None
         # The lower parts' events and their handlers (workers/events.py):
         # given to each part as it is made.
         self.events = events = WorkerEvents()
@@ -241,6 +244,15 @@ class WorkerContext(Requests):
     def next_connection_id(self) -> int:
         """Globally unique while this worker lives: worker index in the high bits."""
         return (self.index << 40) | (self.incarnation << 24 & (0xFFFF << 24)) | next(self._conn_ids)
+
+    def flush_soon(self, flush: Callable[[], None]) -> None:
+        """A connection's output (Connection.write): written at the end of
+        this loop turn, or, during a watch's wake-up, at that wake-up's end."""
+        held = self.flushes_now
+        if held is None:
+            self.loop.call_soon(flush)
+        else:
+            held.append(flush)
 
     # -------------------------------------------------------- scheduler link
     def attach_link(self, link: ipc.Link[ipc.ToWorker]) -> None:
