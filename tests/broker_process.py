@@ -36,6 +36,20 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _share(low: int, high: int) -> tuple[int, int]:
+    """This test process's slice of [low, high]: under pytest-xdist each
+    worker picks from a slice of its own. A test that restarts its broker
+    on the same port frees it for a moment, and another worker's pick of
+    that very port then took it (a SIGKILL restart failed: EADDRINUSE)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if count < 2 or not worker.startswith("gw") or not worker[2:].isdigit():
+        return low, high
+    size = (high - low + 1) // count
+    start = low + int(worker[2:]) % count * size
+    return start, start + size - 1
+
+
 _EPHEMERAL = _ephemeral_ports()
 _handed_out: set[int] = set()
 _pick = random.Random()  # its own: a test that seeds `random` must not repeat ports
@@ -49,9 +63,11 @@ def free_port() -> int:
     broker's bind, as the local port of any outgoing connection (a
     client's, a follower's), and then the broker cannot listen on it
     (a cluster node that won an election failed so: EADDRINUSE). No port
-    is handed out twice in one test process."""
-    low = 10000
-    high = _EPHEMERAL[0] - 1
+    is handed out twice in one test process, nor by two pytest-xdist
+    workers (_share)."""
+    low, high = 10000, _EPHEMERAL[0] - 1
+    if high - low >= 4000:
+        low, high = _share(low, high)
     if high - low < 1000:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
