@@ -43,7 +43,7 @@ import msgspec
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 12
+VERSION = 13
 
 HEADER_SIZE = 4096
 # header words
@@ -82,6 +82,17 @@ H_OWNERSHIP = H_LOADED + 24
 # imported (the scheduler's; 0: none): SIGHUP imports it again only if it
 # changed, also after a scheduler restart.
 H_DEFINITIONS_DIGEST = H_LOADED + 32
+# The catalog's change ring (shm/queue_catalog.py): the change that moved
+# H_CATALOG_GEN from g to g + 1 leaves (g mod 2**40) << 24 | qid in word
+# g % CATALOG_RING, so that a reader catches up by re-reading the queues
+# that changed rather than every slot. A word whose tag is not g (not yet
+# written, or overwritten a lap later) or whose qid is CATALOG_RESCAN sends
+# the reader to a full rescan.
+H_CATALOG_RING = 1024
+CATALOG_RING = 256
+CATALOG_QID_BITS = 24
+CATALOG_RESCAN = (1 << CATALOG_QID_BITS) - 1
+assert H_DEFINITIONS_DIGEST + 8 <= H_CATALOG_RING <= HEADER_SIZE - CATALOG_RING * 8
 
 # process table
 PROC_SLOTS_EXTRA = 5  # supervisor, acceptor, scheduler, metrics, management
@@ -381,8 +392,8 @@ class Limits(msgspec.Struct, frozen=True):
             raise ValueError("queue_capacity must be a power of two >= 16")
         if not 1 <= self.max_workers <= OWNER_MASK - 1:
             raise ValueError(f"max_workers must be 1..{OWNER_MASK - 1}")
-        if self.max_queues < 1 or self.max_queues % 64:
-            raise ValueError("max_queues must be a positive multiple of 64")
+        if not 1 <= self.max_queues < CATALOG_RESCAN or self.max_queues % 64:
+            raise ValueError(f"max_queues must be a multiple of 64, 64..{CATALOG_RESCAN - 63}")
         if self.arena_bytes < 1 << 16 or self.arena_bytes % 4096:
             raise ValueError("arena_bytes must be a multiple of 4096 and at least 64 KiB")
         if self.catalog_bytes < 1 << 16 or self.catalog_bytes % 4096:

@@ -1,6 +1,9 @@
 """The queue catalog as every process reads it: which queues exist, by name
 and by kind (plain, priority, stream, delayed, timed, deduplicating), from a
-per-process cache rebuilt when the scheduler bumps the catalog generation.
+per-process cache brought up to date when the scheduler bumps the catalog
+generation: by re-reading the queues its change ring names (one slot per
+change), or, when the ring cannot tell (a lap behind, a priority queue's
+change, a restarted scheduler), by a scan of every slot.
 
 A queue's own words are shm/queue_table.py's; its log operations are
 shm/queues.py's (SharedQueues, which holds both).
@@ -11,7 +14,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from shoal.shm import layout
+from shoal.shm._atomic import Atomic
 from shoal.shm.segment import Segment
+
+_TAG_MASK = (1 << (64 - layout.CATALOG_QID_BITS)) - 1
+_QID_MASK = (1 << layout.CATALOG_QID_BITS) - 1
+
+
+def note_catalog_change(a: Atomic, qid: int) -> None:
+    """Writer's side (the scheduler, after a slot's words are written):
+    bump the generation, then leave the change in the ring. A reader that
+    sees the new generation before the ring word finds the old tag there
+    and rescans; a writer killed between the two leaves the same."""
+    g = a.fetch_add(layout.H_CATALOG_GEN, 1)
+    word = (g & _TAG_MASK) << layout.CATALOG_QID_BITS | qid
+    a.store(layout.H_CATALOG_RING + g % layout.CATALOG_RING * 8, word)
 
 
 class QueueCatalog:
@@ -21,16 +38,23 @@ class QueueCatalog:
 
     __slots__ = (
         "_active",
+        "_active_set",
+        "_dedup_set",
         "_delayed",
+        "_delayed_set",
+        "_keys",
         "_levels",
         "_names",
         "_names_gen",
         "_plain",
+        "_stream_set",
         "_streams",
         "_ttl",
+        "_ttl_set",
         "a",
         "dedup_now",
         "layout",
+        "rescans",
         "seg",
         "timed_now",
     )
@@ -52,7 +76,16 @@ class QueueCatalog:
         # Queues with a deduplication cache (QF_DEDUP) as of the last look
         # at the cache: a publish, which has looked just before, tests it.
         self.dedup_now: frozenset[int] = frozenset()
+        # What the frozen views above are made from, kept for the ring's
+        # catch-up: each queue's name key by qid, and the kinds' sets.
+        self._keys: dict[int, tuple[int, bytes]] = {}
+        self._active_set: set[int] = set()
+        self._stream_set: set[int] = set()
+        self._ttl_set: set[int] = set()
+        self._delayed_set: set[int] = set()
+        self._dedup_set: set[int] = set()
         self._names_gen = -1
+        self.rescans = 0  # full scans of the slots so far (the tests look)
 
     def catalog_generation(self) -> int:
         return self.a.load(layout.H_CATALOG_GEN)
@@ -104,52 +137,118 @@ class QueueCatalog:
 
     def _refresh(self) -> None:
         gen = self.a.load(layout.H_CATALOG_GEN)
-        if gen == self._names_gen:
+        known = self._names_gen
+        if gen == known:
             return
-        names: dict[tuple[int, bytes], int] = {}
-        levels: dict[int, PriorityLevels] = {}
+        if known < 0 or gen - known > layout.CATALOG_RING or not self._catch_up(known, gen):
+            self._rescan(gen)
+
+    def _catch_up(self, known: int, gen: int) -> bool:
+        """Re-read the queues the ring names for generations known..gen-1;
+        False (the cache half-updated, for _rescan to replace) where it
+        cannot tell. A slot re-read while a later change is being written
+        is read again at that change's own ring word (its bump comes after
+        its slot's words), so the cache is current as of `gen`."""
+        a, ring = self.a, layout.H_CATALOG_RING
+        changed = set()
+        for g in range(known, gen):
+            word = a.load(ring + g % layout.CATALOG_RING * 8)
+            qid = word & _QID_MASK
+            if word >> layout.CATALOG_QID_BITS != g & _TAG_MASK or qid == layout.CATALOG_RESCAN:
+                return False
+            changed.add(qid)
+        for qid in changed:
+            if not self._reread(qid):
+                return False
+        self._derive()
+        self._names_gen = gen
+        return True
+
+    def _reread(self, qid: int) -> bool:
+        """One slot's entries in the cache made current; False for a slot
+        that is or was part of a priority queue (its levels: a rescan)."""
+        if qid in self._levels:
+            return False
+        key = self._keys.pop(qid, None)
+        if key is None and qid in self._active_set:  # a level slot
+            return False
+        if key is not None and self._names.get(key) == qid:
+            del self._names[key]
+        for kind in (
+            self._active_set,
+            self._stream_set,
+            self._ttl_set,
+            self._delayed_set,
+            self._dedup_set,
+        ):
+            kind.discard(qid)
+        a, q = self.a, self.layout.queue(qid)
+        if a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
+            return True
+        if a.load(q + layout.Q_PARENT) or a.load(q + layout.Q_MAX_PRIORITY):
+            return False
+        self._add_declared(qid, q)
+        return True
+
+    def _add_declared(self, qid: int, q: int) -> None:
+        """An active declared queue's slot (at `q`) into the cache, but for
+        its priority levels."""
+        a = self.a
+        self._active_set.add(qid)
+        if a.load(q + layout.Q_MESSAGE_TTL):
+            self._ttl_set.add(qid)
+        key = (a.load(q + layout.Q_VHOST), self._name(q))
+        self._names[key] = qid
+        self._keys[qid] = key
+        flags = a.load(q + layout.Q_FLAGS)
+        if flags & layout.QF_STREAM:
+            self._stream_set.add(qid)
+        if flags & layout.QF_DELAYED:
+            self._delayed_set.add(qid)
+        if flags & layout.QF_DEDUP:
+            self._dedup_set.add(qid)
+
+    def _rescan(self, gen: int) -> None:
+        """The whole cache from every slot."""
+        self.rescans += 1
+        a = self.a
+        self._names, self._keys, self._levels = {}, {}, {}
         children: list[tuple[int, int, int]] = []
-        streams = set()
-        ttl = set()
-        delayed = set()
-        deduplicating = set()
-        active = []
+        self._active_set, self._stream_set, self._ttl_set = set(), set(), set()
+        self._delayed_set, self._dedup_set = set(), set()
         for qid in range(self.layout.limits.max_queues):
             q = self.layout.queue(qid)
-            if self.a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
+            if a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
                 continue
-            active.append(qid)
-            if self.a.load(q + layout.Q_MESSAGE_TTL):
-                ttl.add(qid)
-            parent = self.a.load(q + layout.Q_PARENT)
-            if parent:
-                children.append((parent - 1, self.a.load(q + layout.Q_LEVEL), qid))
+            parent = a.load(q + layout.Q_PARENT)
+            if parent:  # a level slot: active, timed like its queue, found through it
+                self._active_set.add(qid)
+                if a.load(q + layout.Q_MESSAGE_TTL):
+                    self._ttl_set.add(qid)
+                children.append((parent - 1, a.load(q + layout.Q_LEVEL), qid))
                 continue
-            names[(self.a.load(q + layout.Q_VHOST), self._name(q))] = qid
-            top = self.a.load(q + layout.Q_MAX_PRIORITY)
+            self._add_declared(qid, q)
+            top = a.load(q + layout.Q_MAX_PRIORITY)
             if top:
-                levels[qid] = PriorityLevels(top, qid)
-            flags = self.a.load(q + layout.Q_FLAGS)
-            if flags & layout.QF_STREAM:
-                streams.add(qid)
-            if flags & layout.QF_DELAYED:
-                delayed.add(qid)
-            if flags & layout.QF_DEDUP:
-                deduplicating.add(qid)
+                self._levels[qid] = PriorityLevels(top, qid)
         for parent, level, qid in children:
-            if parent in levels:
-                levels[parent].add(level, qid)
-        self._names, self._levels, self._streams = names, levels, frozenset(streams)
-        self._ttl = frozenset(ttl)
-        self._active = tuple(active)
-        self._delayed = frozenset(delayed)
-        self.timed_now = (self._ttl, self._delayed)
-        self.dedup_now = frozenset(deduplicating)
-        self._plain = frozenset(names.values()).difference(
-            levels, self._streams, self._ttl, self._delayed, self.dedup_now
-        )
+            if parent in self._levels:
+                self._levels[parent].add(level, qid)
+        self._derive()
         # Re-read: if it moved while we scanned, rescan next time.
-        self._names_gen = gen if self.a.load(layout.H_CATALOG_GEN) == gen else -1
+        self._names_gen = gen if a.load(layout.H_CATALOG_GEN) == gen else -1
+
+    def _derive(self) -> None:
+        """The frozen views the hot paths test, from the sets."""
+        self._streams = frozenset(self._stream_set)
+        self._ttl = frozenset(self._ttl_set)
+        self._active = tuple(sorted(self._active_set))
+        self._delayed = frozenset(self._delayed_set)
+        self.timed_now = (self._ttl, self._delayed)
+        self.dedup_now = frozenset(self._dedup_set)
+        self._plain = frozenset(self._names.values()).difference(
+            self._levels, self._streams, self._ttl, self._delayed, self.dedup_now
+        )
 
     def logs(self, qid: int) -> list[int]:
         """The logs that make up queue `qid`: itself, or for a priority queue

@@ -24,7 +24,7 @@ from shoal.shm import _atomic, flow, layout, limits, queue_drops
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import body_length, body_refs_drop, read_tag
 from shoal.shm.fanout import publish_plain_many
-from shoal.shm.queue_catalog import QueueCatalog
+from shoal.shm.queue_catalog import QueueCatalog, note_catalog_change
 from shoal.shm.queue_events import NO_EVENTS, QueueEvents
 from shoal.shm.queue_table import QueueTable
 from shoal.shm.segment import Segment
@@ -216,7 +216,7 @@ class SharedQueues:
         self.seg.buf[q + layout.Q_NAME : q + layout.Q_NAME + len(name)] = name
         a.store(q + layout.Q_NAME_LEN, len(name))
         a.store(q + layout.Q_STATE, ((state >> 8) + 1) << 8 | layout.QS_ACTIVE)
-        a.fetch_add(layout.H_CATALOG_GEN, 1)
+        note_catalog_change(a, qid)
 
     def set_rules(
         self,
@@ -240,7 +240,14 @@ class SharedQueues:
         a.store(q + layout.Q_DELIVERY_LIMIT, delivery_limit)
         a.store(q + layout.Q_CAPACITY, capacity)
         a.store(q + layout.Q_RESUME, resume)
-        a.fetch_add(layout.H_CATALOG_GEN, 1)
+        note_catalog_change(a, qid)
+
+    def catalog_rescan(self) -> None:
+        """Scheduler only, once it has read the slots as a restarted
+        scheduler: every reader rescans the catalog (a predecessor killed
+        between a slot's change and its ring word left a change no ring
+        word names)."""
+        note_catalog_change(self.a, layout.CATALOG_RESCAN)
 
     def remove(self, qid: int) -> int:
         """Scheduler only: deactivate a queue and delete every entry it holds,
@@ -248,7 +255,7 @@ class SharedQueues:
         a, q = self.a, self.layout.queue(qid)
         state = a.load(q + layout.Q_STATE)
         a.store(q + layout.Q_STATE, (state >> 8) << 8 | layout.QS_FREE)
-        a.fetch_add(layout.H_CATALOG_GEN, 1)
+        note_catalog_change(a, qid)
         ring = self.layout.log(qid)
         head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
         # The message store counts the durable entries dropped here down (the

@@ -108,6 +108,7 @@ class QueueLifecycle:
             used.add(qid)
         limit = self.seg.layout.limits.max_queues
         self.free_qids = [q for q in range(limit) if q not in used]
+        self.shared.catalog_rescan()
 
     def known_uids(self, restored: Restored) -> None:
         """A restarted scheduler: its durable queues' uids, from the log
