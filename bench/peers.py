@@ -374,6 +374,16 @@ def server_version(uri: str) -> str:
     return ""
 
 
+def add_lavinmq_tools_argument(p: argparse.ArgumentParser) -> None:
+    """--lavinmq-tools, for start_brokers' LavinMQ."""
+    p.add_argument(
+        "--lavinmq-tools",
+        type=Path,
+        default=Path(os.environ.get("LAVINMQ_TOOLS") or DEFAULT_TOOLS),
+        help="folder with LavinMQ's run.sh and binaries ($LAVINMQ_TOOLS)",
+    )
+
+
 def start_brokers(
     stack: contextlib.ExitStack, keys: Sequence[str], opts: argparse.Namespace
 ) -> list[Broker]:
@@ -1092,12 +1102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shoal-args", default="", help="extra arguments for `python -m shoal.broker`")
     p.add_argument("--pause", type=float, default=1.0, help="seconds between runs")
     p.add_argument("--latency", action="store_true", help="lavinmqperf -l in every scenario")
-    p.add_argument(
-        "--lavinmq-tools",
-        type=Path,
-        default=Path(os.environ.get("LAVINMQ_TOOLS") or DEFAULT_TOOLS),
-        help="folder with LavinMQ's run.sh and binaries ($LAVINMQ_TOOLS)",
-    )
+    add_lavinmq_tools_argument(p)
     p.add_argument("--out", type=Path, help="write the Markdown section here too")
     p.add_argument("--json-out", type=Path, help="write every raw run here")
     return p

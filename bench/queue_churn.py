@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import machine_info, shoal_revision
-from peers import DEFAULT_TOOLS, Broker, start_brokers
+from peers import Broker, add_lavinmq_tools_argument, start_brokers
 
 METHODS = ("declare", "bind", "consume", "cancel", "delete")
 
@@ -106,12 +105,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="Shoal IO workers (default 2)")
     p.add_argument("--shoal-args", default="", help="extra arguments for Shoal")
-    p.add_argument(
-        "--lavinmq-tools",
-        type=Path,
-        default=Path(os.environ.get("LAVINMQ_TOOLS") or DEFAULT_TOOLS),
-        help="folder with LavinMQ's run.sh and binaries ($LAVINMQ_TOOLS)",
-    )
+    add_lavinmq_tools_argument(p)
     opts = p.parse_args()
     keys = [k for k in opts.brokers.split(",") if k]
     with contextlib.ExitStack() as stack:
