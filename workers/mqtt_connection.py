@@ -93,7 +93,7 @@ class MqttConnection(asyncio.Protocol):
         self.early: list[tuple[Any, Any, bytes]] = []  # deliveries that came before it
         self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
         self.session = Session.in_memory()
-        self.subscriptions = Subscriptions(self)
+        self.subscriptions = Subscriptions(self, ctx.shared.catalog, ctx.routes)
         self.inbound = Inbound(self, self.subscriptions, ctx.waker, ctx.config.mqtt_receive_maximum)
         self.outbound: Outbound | None = None
         self.delivery: list[Any] | None = None  # [Delivered, (size, properties), bytearray]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
@@ -31,6 +31,10 @@ from shoal.broker.mqtt.topics import matches, shared, valid_filter
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_session import Subscribed
 
+if TYPE_CHECKING:
+    from shoal.shm.queue_catalog import QueueCatalog
+    from shoal.workers.routes import Routes
+
 MAX_QUEUE_NAME = 255
 # SUBACK failure codes: (3.1.1, 5.0)
 INVALID_FILTER = (0x80, 0x8F)
@@ -38,8 +42,10 @@ NOT_AUTHORIZED = (0x80, 0x87)
 
 
 class Subscriptions:
-    def __init__(self, conn: MqttClient) -> None:
+    def __init__(self, conn: MqttClient, catalog: QueueCatalog, routes: Routes) -> None:
         self.conn = conn
+        self.catalog = catalog  # which queues exist (a session's earlier ones)
+        self.routes = routes
         self.consumed: dict[str, int] = {}  # queue -> the QoS it is consumed with
         self.no_local = False  # any no-local subscription: this client's publishes say who
         # Bumped by every change to the filters or the queues consumed: what
@@ -91,7 +97,14 @@ class Subscriptions:
         its queues lived on, or one that ends with its connection (their
         x-expires are the first connection's: matching messages would
         collect in them until then)."""
-        names = [f"mqtt-subscription-{self.conn.client_id}qos{qos}" for qos in (0, 1, 2)]
+        # Only those that exist: a device that always starts clean costs no
+        # scheduler round trip here (its CONNACK waits for these).
+        vhost_id = self.routes.vhost_id(self.conn.vhost)
+        names = []
+        for qos in (0, 1, 2):
+            name = f"mqtt-subscription-{self.conn.client_id}qos{qos}"
+            if vhost_id is not None and self.catalog.lookup(name.encode(), vhost_id) is not None:
+                names.append(name)
 
         def next_delete(_reply: Any = None) -> None:
             if names and not self.conn.session.detached:  # (taken over: the newer one's)

@@ -83,6 +83,31 @@ def test_session_present_says_whether_the_session_was_kept(
     assert clean.connect("kept", props, clean=True)[:2] == (False, 0)  # a clean start ends it
 
 
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_a_clean_start_drops_the_earlier_sessions_queues(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    """A persistent session's queues (one per QoS subscribed) are gone by
+    the CONNACK of a clean start with its client id, and what is published
+    after it waits nowhere; a client id that never had a session connects
+    clean beside it."""
+    broker, port = mqtt_broker
+    props = PERSISTENT_5 if level == P.MQTT_5 else {}
+    first = raw(raws, port, level)
+    first.connect(f"earlier{level}", props, clean=False)
+    assert first.subscribe("drop/0", 0) == b"\x00"
+    assert first.subscribe("drop/1", 1) == b"\x01"
+    first.close()
+    mine = {f"mqtt-subscription-earlier{level}qos{q}" for q in (0, 1)}
+    wait_for(lambda: mine <= set(_queue_names(broker)), WAIT_S, "the session's queues")
+    fresh = raw(raws, port, level)
+    assert fresh.connect(f"never{level}", {}, clean=True)[:2] == (False, 0)
+    assert mine <= set(_queue_names(broker))  # another client's clean start: kept
+    clean = raw(raws, port, level)
+    assert clean.connect(f"earlier{level}", {}, clean=True)[:2] == (False, 0)
+    assert not mine & set(_queue_names(broker))
+
+
 def test_a_qos2_delivery_resumes_with_its_packet_id_after_a_reconnect(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient]
 ) -> None:
