@@ -201,6 +201,14 @@ def _broker_parser() -> argparse.ArgumentParser:
         help="QoS 2 PUBLISHes an MQTT client may have unreleased, 1 to 65535, "
         "the Receive Maximum of a 5.0 CONNACK (default %(default)s)",
     )
+    p.add_argument(
+        "--mqtt-max-keep-alive",
+        type=int,
+        default=d.mqtt_max_keep_alive,
+        help="the longest keep alive in seconds an MQTT client may ask, 0 to 65535: "
+        "a 5.0 client asking more or none gets it as Server Keep Alive, a 3.1.1 one "
+        "is refused, as mosquitto's max_keepalive (default %(default)s: no maximum)",
+    )
     p.add_argument("--tls-cert", default=d.tls_cert, help="PEM certificate chain of the server")
     p.add_argument("--tls-key", default=d.tls_key, help="PEM private key (default: in --tls-cert)")
     p.add_argument(

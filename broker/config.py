@@ -51,6 +51,12 @@ class Config(msgspec.Struct, frozen=True):
     # unreleased (workers/mqtt_inbound.py); mosquitto's max_inflight_messages
     # is 20, an operator who wants its bound sets that.
     mqtt_receive_maximum: int = 4096
+    # The longest keep alive a client may ask (mosquitto's max_keepalive),
+    # so that a dead client is found within 1.5x it: a 5.0 client asking
+    # more, or none (0), gets this one as CONNACK's Server Keep Alive; a
+    # 3.1.1 client, which cannot be told, is refused (identifier rejected,
+    # as mosquitto). 0: no maximum, every client's own stands (RabbitMQ).
+    mqtt_max_keep_alive: int = 0
     tls_cert: str = ""  # PEM: the server's certificate chain
     tls_key: str = ""  # PEM: its private key ("": in tls_cert)
     tls_ca: str = ""  # PEM: CAs that client certificates are verified against ("": none asked)

@@ -40,6 +40,7 @@ RELOADABLE = frozenset(
         "channel_max",
         "mqtt_prefetch",
         "mqtt_receive_maximum",
+        "mqtt_max_keep_alive",
         "heartbeat",
         "handshake_timeout",
         "max_handshaking",
@@ -146,6 +147,8 @@ def check(c: Config, explicit: frozenset[str] = frozenset()) -> list[str]:
     for name in ("mqtt_prefetch", "mqtt_receive_maximum"):
         if not 1 <= getattr(c, name) <= 0xFFFF:
             problems.append(f"--{name.replace('_', '-')} is a count, 1 to 65535")
+    if not 0 <= c.mqtt_max_keep_alive <= 0xFFFF:
+        problems.append("--mqtt-max-keep-alive is in seconds, 0 to 65535")
     if not c.plain_listener and not c.tls_port:
         problems.append("--no-plain-listener needs --tls-port: no listener is left")
     for name in ("memory_high_watermark", "arena_high_watermark", "memory_low_watermark"):

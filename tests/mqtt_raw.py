@@ -27,6 +27,7 @@ class RawClient:
         username: str | None = None,
         password: bytes | None = None,
         will: tuple[str, bytes, int, dict[str, Any]] | None = None,
+        keep_alive: int = 60,
     ) -> tuple[bool, int, dict[str, Any]]:
         """CONNECT; CONNACK's (session present, code, 5.0 properties)."""
         flags = 0x02 if clean else 0
@@ -36,7 +37,7 @@ class RawClient:
             flags |= 0x80
         if password is not None:
             flags |= 0x40
-        body = P.string("MQTT") + bytes((self.level, flags)) + b"\x00\x3c"
+        body = P.string("MQTT") + bytes((self.level, flags)) + keep_alive.to_bytes(2, "big")
         if self.level == P.MQTT_5:
             body += P.encode_properties(props or {})
         body += P.string(client_id)

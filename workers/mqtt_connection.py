@@ -56,8 +56,6 @@ from shoal.workers.mqtt_transport import LINGER_TIMEOUT, AmqpSide, Linger
 log = logging.getLogger("shoal.mqtt")
 
 PACKET_OVERHEAD = 1 << 16  # a packet's topic, properties and headers beyond its payload
-# "mqtt-subscription-" + id + "qos1" + "-<connection id>" within a queue name's 255 bytes
-MAX_CLIENT_ID = 216
 CONNECT_TIMEOUT_S = 10.0
 # A read this long holds a run of packets: its QoS 0 publishes wake their
 # subscribers' workers at once (Inbound.publish, shm/wake.py at_once).
@@ -109,6 +107,7 @@ class MqttConnection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.login: tuple[str, bytes, str] = ("", b"", "/")  # user, password, vhost
         self.external = False  # log in with the TLS client certificate (SASL EXTERNAL)
+        self.server_keep_alive = 0  # 5.0: CONNACK's, where --mqtt-max-keep-alive cut it
 
     # ------------------------------------------------------------ the socket
     def connection_made(self, transport: Any) -> None:
@@ -363,24 +362,19 @@ class MqttConnection(asyncio.Protocol):
             self._refuse(M.BAD_PROTOCOL)  # (3.1's "MQIsdp" included)
             return
         self.level = packet.level
-        if "authentication_method" in packet.properties:
-            self._refuse(M.BAD_AUTH_METHOD)  # 5.0 enhanced authentication (4.12)
+        maximum = self.ctx.config.mqtt_max_keep_alive
+        refusal = M.connect_refusal(packet, maximum)
+        if refusal is not None:
+            self._refuse(refusal)
             return
-        if not packet.client_id:
-            if not packet.clean and packet.level == P.MQTT_311:
-                self._refuse(M.BAD_CLIENT_ID)  # MQTT-3.1.3-8
-                return
+        if not packet.client_id:  # (3.1.1 with clean session, or 5.0: refused above if not)
             packet.client_id = "shoal-" + os.urandom(8).hex()
             self.assigned_id = True
-        if len(packet.client_id.encode()) > MAX_CLIENT_ID:
-            self._refuse(M.BAD_CLIENT_ID)
-            return
         self.client_id = packet.client_id
+        if M.keep_alive_over(packet.keep_alive, maximum):  # (5.0: 3.1.1 is refused)
+            packet.keep_alive = self.server_keep_alive = maximum
         if packet.level == P.MQTT_5:
             self.session_expiry = int(packet.properties.get("session_expiry_interval", 0))
-        if packet.will is not None and len(M.mqtt_to_amqp(packet.will.topic).encode()) > 255:
-            self._refuse(M.BAD_WILL_TOPIC)  # (an AMQP routing key: 255 bytes at most)
-            return
         self.will = packet.will
         # A session outlives its connection: 3.1.1 without clean session;
         # 5.0 with a session expiry interval (whatever clean start says).
@@ -463,6 +457,8 @@ class MqttConnection(asyncio.Protocol):
             }
             if self.assigned_id:  # MQTT-3.2.2-16
                 props["assigned_client_identifier"] = self.connect.client_id
+            if self.server_keep_alive:  # MQTT-3.2.2-21: the client uses it
+                props["server_keep_alive"] = self.server_keep_alive
         self.send(P.encode_connack(self.level, present, 0, props))
         self.outbound.resume()
         early, self.early = self.early, []

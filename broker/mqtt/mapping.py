@@ -9,6 +9,7 @@ from typing import Any
 
 from pamqp import commands as C
 
+from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.packets import Properties
 
 EXCHANGE = "amq.topic"
@@ -150,6 +151,33 @@ BAD_LOGIN = (4, 0x86)
 NOT_AUTHORIZED = (5, 0x87)
 BAD_AUTH_METHOD = (5, 0x8C)  # 5.0 enhanced authentication: none is offered
 BAD_WILL_TOPIC = (3, 0x90)  # (3.1.1 has no code for it: server unavailable)
+
+
+# "mqtt-subscription-" + id + "qos1" + "-<connection id>" within a queue name's 255 bytes
+MAX_CLIENT_ID = 216
+
+
+def connect_refusal(packet: P.Connect, max_keep_alive: int) -> tuple[int, int] | None:
+    """Why a CONNECT of a known protocol level is refused before its login,
+    None if it is not. `max_keep_alive` is --mqtt-max-keep-alive."""
+    if "authentication_method" in packet.properties:
+        return BAD_AUTH_METHOD  # 5.0 enhanced authentication (4.12)
+    if not packet.client_id and not packet.clean and packet.level == P.MQTT_311:
+        return BAD_CLIENT_ID  # MQTT-3.1.3-8
+    if len(packet.client_id.encode()) > MAX_CLIENT_ID:
+        return BAD_CLIENT_ID
+    if packet.level != P.MQTT_5 and keep_alive_over(packet.keep_alive, max_keep_alive):
+        return BAD_CLIENT_ID  # 3.1.1 cannot be told another keep alive (mosquitto's answer)
+    if packet.will is not None and len(mqtt_to_amqp(packet.will.topic).encode()) > 255:
+        return BAD_WILL_TOPIC  # (an AMQP routing key: 255 bytes at most)
+    return None
+
+
+def keep_alive_over(asked: int, maximum: int) -> bool:
+    """Whether a CONNECT's keep alive is past --mqtt-max-keep-alive (0: no
+    maximum). None asked (0: never checked) is past any maximum, as with
+    mosquitto's max_keepalive: the operator wants every dead client found."""
+    return maximum > 0 and (asked == 0 or asked > maximum)
 
 
 def sasl_text(data: bytes) -> bool:

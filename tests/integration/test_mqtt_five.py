@@ -267,6 +267,40 @@ def test_enhanced_authentication_is_refused_cleanly(
     assert other.read(P.DISCONNECT)[2][:1] == b"\x82"
 
 
+def test_max_keep_alive_is_the_server_keep_alive_or_a_refusal(
+    broker_factory: Callable[..., Broker], raws: list[RawClient]
+) -> None:
+    """--mqtt-max-keep-alive, as mosquitto's max_keepalive: a 5.0 client
+    asking more, or none (0), gets it as CONNACK's Server Keep Alive and is
+    held to it; a 3.1.1 client, which cannot be told, is refused with
+    "identifier rejected". Eclipse Paho's interoperability
+    test_server_keep_alive runs against a broker set so (60 for 120)."""
+    port = free_port()
+    broker_factory(args=("--mqtt-port", str(port), "--mqtt-max-keep-alive", "2"))
+    connacks: queue.Queue[Any] = queue.Queue()
+    c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="ka-paho", protocol=paho.MQTTv5)
+    c.on_connect = lambda _c, _u, _f, code, props: connacks.put((code, props))
+    try:
+        c.connect("127.0.0.1", port, keepalive=120)
+        c.loop_start()
+        code, props = connacks.get(timeout=WAIT_S)
+        assert code == 0 and props.ServerKeepAlive == 2
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    for asked, server in ((1, None), (2, None), (3, 2), (0, 2)):
+        client = RawClient(port)
+        raws.append(client)
+        _present, code, props = client.connect(f"ka-{asked}", {}, keep_alive=asked)
+        assert (code, props.get("server_keep_alive")) == (0, server), asked
+    # The last one asked for none and was told 2 s: silent, it is closed at 1.5x that.
+    assert client.closed_by_broker()
+    for asked, code in ((3, 0x02), (0, 0x02), (2, 0)):
+        old = RawClient(port, P.MQTT_311)
+        raws.append(old)
+        assert old.connect(f"ka311-{asked}", keep_alive=asked)[1] == code, asked
+
+
 def test_aiomqtt_publishes_and_subscribes(mqtt_broker: tuple[Broker, int]) -> None:
     aiomqtt = pytest.importorskip("aiomqtt")
     _broker, port = mqtt_broker

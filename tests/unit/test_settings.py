@@ -89,6 +89,15 @@ def test_mqtt_windows_are_counts_of_1_to_65535(
         assert f"{option} is a count, 1 to 65535" in capsys.readouterr().err
 
 
+def test_mqtt_max_keep_alive_is_0_to_65535_seconds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert config_from_args([]).mqtt_max_keep_alive == 0  # no maximum, as RabbitMQ
+    assert config_from_args(["--mqtt-max-keep-alive", "65535"]).mqtt_max_keep_alive == 65535
+    for bad in ("-1", "65536"):
+        with pytest.raises(SystemExit):
+            config_from_args(["--mqtt-max-keep-alive", bad])
+        assert "--mqtt-max-keep-alive is in seconds, 0 to 65535" in capsys.readouterr().err
+
+
 def test_an_mqtts_port_needs_a_certificate() -> None:
     with pytest.raises(SystemExit):  # argparse's error, with the reason
         config_from_args(["--mqtts-port", "8883"])
