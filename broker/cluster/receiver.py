@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -31,6 +32,12 @@ class Receiver:
     ) -> None:
         self.me = me
         self.mirror = mirror.Mirror(me.root)
+        # The mirror is not thread-safe and its operations run on threads:
+        # a cancel of run() does not stop a thread in the middle of _apply,
+        # and closing the mirror's descriptors under it would let its writes
+        # land in whatever file reuses those numbers next (a failover opens
+        # the data directory's files right after). The close waits for it.
+        self._mirror_lock = threading.Lock()
         self.acked = 0  # the last mark acknowledged
         self.caught_up = False  # acknowledged at least one mark on this connection
         self.last_ack = 0.0
@@ -76,11 +83,32 @@ class Receiver:
                         self.last_ack = time.monotonic()
         finally:
             writer.close()
+            await self._close_mirror()
+
+    async def _close_mirror(self) -> None:
+        """Close the mirror once no thread applies to it, also when run() is
+        cancelled (again) meanwhile: the wait is one apply's writes and sync."""
+        closing = asyncio.ensure_future(asyncio.to_thread(self._close_locked))
+        cancelled = False
+        while not closing.done():
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def _close_locked(self) -> None:
+        with self._mirror_lock:
             self.mirror.close()
 
     def _apply(self, messages: list[P.Message]) -> int:
         """Apply a run of operations; sync and return the last mark among
         them (0: none)."""
+        with self._mirror_lock:
+            return self._apply_locked(messages)
+
+    def _apply_locked(self, messages: list[P.Message]) -> int:
         mark = 0
         m = self.mirror
         for message in messages:

@@ -11,9 +11,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -425,6 +427,53 @@ def test_a_slow_comparison_of_a_big_copy_blocks_neither_the_leader_nor_the_follo
             longest = max(longest, loop.time() - before)
         assert longest < 1.0, f"the leader's loop stood still for {longest:.1f} s"
         assert p.task is not None and not p.task.done(), "the follower reconnected"
+
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize("cancels", [1, 2])
+def test_a_follower_stopped_during_an_apply_closes_its_files_only_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancels: int
+) -> None:
+    """A follower stopped (its leader changed, the node stops) while a thread
+    applies the leader's writes: the mirror's descriptors are closed once that
+    thread is done, not under it, where its writes would land in whatever file
+    reused their numbers next (a failover opens the data directory's files).
+    Cancelled again while it waits (cancel_and_wait does), it still waits."""
+    events: list[str] = []
+    closed = threading.Event()
+    real_append, real_close = mirror.Mirror.append, mirror.Mirror.close
+    real_close_locked = Receiver._close_locked
+
+    def close_locked(self: Receiver) -> None:
+        events.append("closing")
+        real_close_locked(self)
+
+    def slow_append(self: mirror.Mirror, *args: Any, **kw: Any) -> None:
+        events.append("append")
+        closed.wait(2)  # (bounded: with the close waiting for this thread, it never comes)
+        events.append("appended")
+        real_append(self, *args, **kw)
+
+    def close(self: mirror.Mirror) -> None:
+        events.append("close")
+        closed.set()
+        real_close(self)
+
+    async def body(p: Pair) -> None:
+        (p.leader / "seg").write_bytes(b"x" * 4096)
+        monkeypatch.setattr(mirror.Mirror, "append", slow_append)
+        monkeypatch.setattr(mirror.Mirror, "close", close)
+        monkeypatch.setattr(Receiver, "_close_locked", close_locked)
+        await p.start()
+        await until(lambda: "append" in events)
+        assert p.task is not None
+        p.task.cancel()
+        if cancels == 2:
+            await until(lambda: "closing" in events)
+            p.task.cancel()
+        await asyncio.gather(p.task, return_exceptions=True)
+        assert events[:4] == ["append", "closing", "appended", "close"]
 
     run(tmp_path, body)
 
