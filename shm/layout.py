@@ -82,6 +82,10 @@ H_OWNERSHIP = H_LOADED + 24
 # imported (the scheduler's; 0: none): SIGHUP imports it again only if it
 # changed, also after a scheduler restart.
 H_DEFINITIONS_DIGEST = H_LOADED + 32
+# When an IO worker last began an MQTT SUBSCRIBE (monotonic ns; 0: never): any
+# worker may store it, a hint that sends publishers to the workers'
+# P_SUBSCRIBING words (shm/subscribe_barrier.py).
+H_SUBSCRIBED_AT = H_LOADED + 40
 # The catalog's change ring (shm/queue_catalog.py): the change that moved
 # H_CATALOG_GEN from g to g + 1 leaves (g mod 2**40) << 24 | qid in word
 # g % CATALOG_RING, so that a reader catches up by re-reading the queues
@@ -119,6 +123,9 @@ P_OWNERSHIP_SEEN = 112
 # IO worker: 1 when the supervisor retires it (fewer workers): its SIGTERM
 # then drains its paging files before it exits, and it is not replaced.
 P_RETIRING = 120
+# IO worker: when its oldest MQTT SUBSCRIBE still under way began (monotonic
+# ns; 0: none); one writer, the worker (shm/subscribe_barrier.py).
+P_SUBSCRIBING = 912
 P_STATS = 128  # shm/stats.py: the process's counters, flushed by itself
 # IO worker: the tally of a C run in progress (shm/_queues_api.h ShoalTally;
 # shm/ARCHITECTURE.md 2b): the queue record's offset + 1 (0: none), its

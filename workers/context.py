@@ -16,6 +16,7 @@ from shoal.shm.processes import Header, ProcessSlot
 from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
+from shoal.shm.subscribe_barrier import SubscribeBarrier
 from shoal.shm.wake import Waker
 from shoal.workers.consumer import Consumer
 from shoal.workers.dedup_filter import Deduplicator
@@ -171,6 +172,7 @@ class WorkerContext(Requests):
         self.lane_places = LanePlaces()
         self.slot = seg.layout.proc(index)  # the shared queues' handle for this publisher
         self.process = ProcessSlot(seg, index)
+        self.subscribe_barrier = SubscribeBarrier(seg, index)  # MQTT's (shm/subscribe_barrier.py)
         self.epoch = Header(seg).epoch()  # this start's number, set before any fork
         # Users' channels over all workers, for max-channels limits.
         self.user_channels = UserChannels()

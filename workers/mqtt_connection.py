@@ -45,6 +45,7 @@ from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.shm import stats
 from shoal.workers import framing
+from shoal.workers import mqtt_inner as inner
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
 from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
@@ -60,6 +61,8 @@ CONNECT_TIMEOUT_S = 10.0
 # A read this long holds a run of packets: its QoS 0 publishes wake their
 # subscribers' workers at once (Inbound.publish, shm/wake.py at_once).
 LONG_READ = 1024
+SUBSCRIBE_POLL_S = 0.001  # a read held by others' SUBSCRIBEs looks again this often
+clock = time.monotonic_ns
 INBOUND_EXCHANGE = M.EXCHANGE.encode()
 
 
@@ -90,8 +93,11 @@ class MqttConnection(asyncio.Protocol):
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
         self.early: list[tuple[Any, Any, bytes]] = []  # deliveries that came before it
         self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
+        self.prefetch = ctx.config.mqtt_prefetch  # (as of its CONNECT)
         self.session = Session.in_memory()
-        self.subscriptions = Subscriptions(self, ctx.shared.catalog, ctx.routes)
+        self.subscriptions = Subscriptions(
+            self, ctx.shared.catalog, ctx.routes, ctx.subscribe_barrier
+        )
         self.inbound = Inbound(self, self.subscriptions, ctx.waker, ctx.config.mqtt_receive_maximum)
         self.outbound: Outbound | None = None
         self.delivery: list[Any] | None = None  # [Delivered, (size, properties), bytearray]
@@ -118,12 +124,21 @@ class MqttConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return  # (a closed connection's socket lingers: its input is dropped)
+        if data[0] == 0x82 and self.open and not self.subscriptions.binding:
+            self.subscriptions.begin()  # (before it is decoded: others' publishes race it)
         self.last_recv = time.monotonic()
         self.long_read = len(data) >= LONG_READ
         batch = self.out is None
         if batch:  # what this read's packets answer goes out in one write
             self.out = []
         try:
+            barrier = self.ctx.subscribe_barrier  # (others' SUBSCRIBEs: not its own)
+            if (
+                self.open
+                and not (self.busy or self.subscriptions.binding)
+                and barrier.holds(now := clock(), now)
+            ):
+                self._hold_for_subscribes(now)
             if self.open and not (self.busy or self.closed or self.acks or self.reader.buffer):
                 if data[0] == 0x40 and self.outbound is not None:  # (a run of PUBACKs in C)
                     at = self.outbound.puback_run(data, self.acks)
@@ -169,6 +184,21 @@ class MqttConnection(asyncio.Protocol):
             if batch:
                 self._end_batch()
 
+    def _hold_for_subscribes(self, since_ns: int) -> None:
+        """Another client's SUBSCRIBE, read before this read, is under way
+        (shm/subscribe_barrier.py): this read's packets and the next wait,
+        as during a SUBSCRIBE of its own, until its bindings are in place."""
+        self.busy = True
+        self.ctx.loop.call_later(SUBSCRIBE_POLL_S, self._poll_subscribes, since_ns)
+
+    def _poll_subscribes(self, since_ns: int) -> None:
+        if self.closed:
+            return
+        if self.ctx.subscribe_barrier.holds(since_ns, clock()):
+            self.ctx.loop.call_later(SUBSCRIBE_POLL_S, self._poll_subscribes, since_ns)
+        else:
+            self.serve_held()
+
     def taken_over(self) -> None:
         """The client connected again (a takeover): this connection goes,
         5.0's with reason 0x8E, its will published (but a delayed one: the
@@ -189,6 +219,7 @@ class MqttConnection(asyncio.Protocol):
         if self.ended:
             return
         self.ended = True
+        self.subscriptions.bound()  # (a SUBSCRIBE under way no longer holds others)
         if self.timer is not None:
             self.timer.cancel()
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] -= 1
@@ -352,20 +383,20 @@ class MqttConnection(asyncio.Protocol):
         else:  # AUTH: enhanced authentication is not offered (none was asked for)
             raise P.ProtocolError("AUTH without an authentication method")
 
-    def _refuse(self, code: tuple[int, int]) -> None:
+    def refuse(self, code: tuple[int, int]) -> None:
         self.send(P.encode_connack(self.level, False, code[self.level == P.MQTT_5]))
         self._close()
 
     def _on_connect(self, packet: P.Connect) -> None:
         self.connect = packet
         if packet.level not in (P.MQTT_311, P.MQTT_5) or packet.protocol_name != "MQTT":
-            self._refuse(M.BAD_PROTOCOL)  # (3.1's "MQIsdp" included)
+            self.refuse(M.BAD_PROTOCOL)  # (3.1's "MQIsdp" included)
             return
         self.level = packet.level
         maximum = self.ctx.config.mqtt_max_keep_alive
         refusal = M.connect_refusal(packet, maximum)
         if refusal is not None:
-            self._refuse(refusal)
+            self.refuse(refusal)
             return
         if not packet.client_id:  # (3.1.1 with clean session, or 5.0: refused above if not)
             packet.client_id = "shoal-" + os.urandom(8).hex()
@@ -392,7 +423,7 @@ class MqttConnection(asyncio.Protocol):
             password = packet.password or b""
         if not M.sasl_text(password):
             log.info("mqtt client %s: login refused, the password is not text", self.client_id)
-            self._refuse(M.BAD_LOGIN)
+            self.refuse(M.BAD_LOGIN)
             return
         self.amqp = Connection(self.ctx)
         self.amqp.protocol = "MQTT 5.0" if self.level == P.MQTT_5 else "MQTT 3.1.1"
@@ -408,7 +439,7 @@ class MqttConnection(asyncio.Protocol):
         self.login = (user, password, vhost)
         self.to_amqp(framing.PROTOCOL_HEADER)
 
-    def _session(self) -> None:
+    def start_session(self) -> None:
         """A clean session starts with no queue of an earlier one; a
         persistent one consumes its queues at once (what came while it was
         away is delivered). Then the CONNACK. First, any other connection
@@ -612,7 +643,7 @@ class MqttConnection(asyncio.Protocol):
                     self.inbound.confirmed(*confirm)
                 else:
                     _used, channel, frame = amqp_frame.unmarshal(bytes(buffer[at:end]))
-                    self._from_amqp(channel, frame)
+                    inner.answer(self, channel, frame)
                 at = end
         except P.PacketError as exc:  # (a packet served only now, held or half done)
             self._malformed(exc)
@@ -624,44 +655,6 @@ class MqttConnection(asyncio.Protocol):
             del buffer[:at]
             if batch:
                 self._end_batch()
-
-    def _from_amqp(self, channel: int, frame: Any) -> None:
-        if isinstance(frame, C.Connection.Start):
-            user, password, _vhost = self.login
-            mechanism, response = "PLAIN", b"\x00" + user.encode() + b"\x00" + password
-            if self.external:
-                mechanism, response = "EXTERNAL", b""
-            assert self.connect is not None
-            props: dict[str, Any] = {"product": "Shoal MQTT", "client_id": self.connect.client_id}
-            props["capabilities"] = {"authentication_failure_close": True}  # (a refusal's 403)
-            self.method(
-                C.Connection.StartOk(
-                    client_properties=props, mechanism=mechanism, response=response.decode()
-                ),
-                0,
-            )
-        elif isinstance(frame, C.Connection.Tune):
-            self.frame_max = frame.frame_max or self.frame_max
-            self.method(C.Connection.TuneOk(frame.channel_max, frame.frame_max, 0), 0)
-            self.method(C.Connection.Open(virtual_host=self.login[2]), 0)
-        elif isinstance(frame, C.Connection.OpenOk):
-            self.method(C.Channel.Open(), 1)
-        elif isinstance(frame, C.Channel.OpenOk):
-            self.call(C.Confirm.Select(), lambda _r: self._flow_control())
-        elif isinstance(frame, C.Connection.Close):  # (the login refused, or closed later)
-            code, text = frame.reply_code or 0, frame.reply_text or ""
-            log.info("mqtt client %s: %s", self.client_id or "(not connected)", text)
-            self.method(C.Connection.CloseOk(), 0)
-            if self.open:
-                self.disconnect(M.disconnect_reason_of(code, text))
-            else:
-                self._refuse(M.refusal_of(code, text))
-        elif isinstance(frame, C.Channel.Close):
-            log.info("mqtt client %s: %s", self.client_id or "(not connected)", frame.reply_text)
-            self.method(C.Channel.CloseOk(), 1)
-            self.disconnect(0x87 if frame.reply_code == 403 else 0x80)
-        elif channel == 1 and self.expect and self.amqp is not None:  # (not once it ended)
-            self.expect.popleft()(frame)
 
     def _deliver_gathered(self) -> None:
         """The delivery whose frames were read one by one (self.delivery)."""
@@ -676,18 +669,6 @@ class MqttConnection(asyncio.Protocol):
             self.early.append((deliver, properties, payload))
             return
         self.outbound.deliver(deliver, properties, payload)
-
-    def _flow_control(self) -> None:
-        """QoS 1 and 2 deliveries in flight: --mqtt-prefetch per queue, and over all
-        queues at most the 5.0 client's receive maximum (MQTT-3.3.4-9; the
-        channel's global prefetch). QoS 0 queues go without acks."""
-        assert self.connect is not None
-        receive_maximum = self.connect.properties.get("receive_maximum")
-        then = lambda _r: self._session()  # noqa: E731
-        if receive_maximum is not None:
-            limit = C.Basic.Qos(prefetch_count=receive_maximum, global_=True)
-            then = lambda _r: self.call(limit, lambda _q: self._session())  # noqa: E731
-        self.call(C.Basic.Qos(prefetch_count=self.ctx.config.mqtt_prefetch), then)
 
 
 def _ignore(_reply: Any) -> None:

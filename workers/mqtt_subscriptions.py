@@ -33,6 +33,7 @@ from shoal.workers.mqtt_session import Subscribed
 
 if TYPE_CHECKING:
     from shoal.shm.queue_catalog import QueueCatalog
+    from shoal.shm.subscribe_barrier import SubscribeBarrier
     from shoal.workers.routes import Routes
 
 MAX_QUEUE_NAME = 255
@@ -42,8 +43,12 @@ NOT_AUTHORIZED = (0x80, 0x87)
 
 
 class Subscriptions:
-    def __init__(self, conn: MqttClient, catalog: QueueCatalog, routes: Routes) -> None:
+    def __init__(
+        self, conn: MqttClient, catalog: QueueCatalog, routes: Routes, barrier: SubscribeBarrier
+    ) -> None:
         self.conn = conn
+        self.barrier = barrier  # others' publishes read during a SUBSCRIBE wait for its binds
+        self.binding = 0  # the barrier's token of the SUBSCRIBE under way (0: none)
         self.catalog = catalog  # which queues exist (a session's earlier ones)
         self.routes = routes
         self.consumed: dict[str, int] = {}  # queue -> the QoS it is consumed with
@@ -137,6 +142,7 @@ class Subscriptions:
         # effect (and while its read's handler can answer the error).
         if any(one.no_local and _is_shared(one.topic_filter) for one in steps):
             raise P.ProtocolError("no local on a shared subscription")
+        self.begin()
 
         def subscribed() -> None:
             conn.send(P.encode_suback(conn.level, packet.packet_id, codes))
@@ -146,6 +152,7 @@ class Subscriptions:
 
         def next_step() -> None:
             if not steps:
+                self.bound()
                 # The SUBACK once the session holds the subscriptions on disk
                 # (a cluster's followers too): a failover or a restart after
                 # it must not forget them (MQTT-3.8.4 lets a matching PUBLISH
@@ -205,6 +212,19 @@ class Subscriptions:
                 self._consume(queue, one.qos, lambda: self._bind(one.topic_filter, queue, done))
 
         next_step()
+
+    def begin(self) -> None:
+        """A SUBSCRIBE is read: publishes others' reads take from now on
+        wait for its bindings (shm/subscribe_barrier.py)."""
+        if not self.binding:
+            self.binding = self.barrier.begin()
+
+    def bound(self) -> None:
+        """The SUBSCRIBE's bindings are in place, or it ends with its
+        connection: others' publishes go on."""
+        if self.binding:
+            self.barrier.end(self.binding)
+            self.binding = 0
 
     def _rejoin(self, queue: str, qos: int, then: Callable[[], None]) -> None:
         self.consumed.pop(queue, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from shoal.shm import layout
 from tests.broker_process import Broker, free_port, wait_for
 from tests.mqtt_raw import RawClient
 
@@ -303,6 +305,34 @@ def test_unsubscribe_stops_the_messages_of_that_filter_only(
     c.c.publish("b/1", b"kept", qos=1).wait_for_publish(WAIT_S)
     message = c.next("message")
     assert (message.topic, message.payload, message.qos) == ("b/1", b"kept", 0)
+
+
+def test_a_publish_read_after_another_clients_subscribe_reaches_it(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    """A client subscribes and another publishes without waiting for the
+    SUBACK (Eclipse Paho's test_subscribe_options and test_request_response):
+    as on mosquitto, the message reaches the subscription. The scheduler
+    stopped holds the SUBSCRIBE's bind; the PUBLISH goes once a worker has
+    read the SUBSCRIBE (its subscribe barrier word, shm/subscribe_barrier.py)
+    and must wait for the bind rather than be routed to no queue."""
+    broker, port = mqtt_broker
+    publisher = connected(clients, port, paho.MQTTv5, "race-publisher")
+    subscriber = connected(clients, port, paho.MQTTv5, "race-subscriber")
+    seg = broker.segment()
+    words = [seg.layout.proc(i) + layout.P_SUBSCRIBING for i in broker.pids("io-worker")]
+    scheduler = broker.pids("scheduler")[0]
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        subscriber.c.subscribe("race/1", 1)
+        wait_for(lambda: any(seg.atomic.load(word) for word in words), WAIT_S, "the SUBSCRIBE read")
+        publisher.c.publish("race/1", b"after the subscribe", qos=1)
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    assert subscriber.next("suback")
+    message = subscriber.next("message")
+    assert (message.topic, message.payload) == ("race/1", b"after the subscribe")
+    wait_for(lambda: not any(seg.atomic.load(word) for word in words), WAIT_S, "the barrier down")
 
 
 def test_five_properties_cross_to_amqp_and_back(

@@ -1,0 +1,81 @@
+"""MQTT's subscribe barrier: a PUBLISH read after another client's SUBSCRIBE
+was read waits until that subscription is bound, as on a broker that serves
+every client from one thread in the order their packets come (mosquitto).
+
+Without it the bind's round trip to the scheduler (2-5 ms) is a window in
+which a message published after the SUBSCRIBE reached the broker misses it:
+Eclipse Paho's interoperability tests (client_test5 test_subscribe_options,
+test_request_response) subscribe one client and publish from another without
+waiting for the SUBACK, and lost the message.
+
+Words (shm/layout.py):
+- P_SUBSCRIBING, per IO worker, its one writer: when its oldest SUBSCRIBE
+  still under way began (monotonic ns; 0: none). Its start clears it: a
+  killed predecessor's subscribes died with it.
+- H_SUBSCRIBED_AT, any IO worker: when one last began a SUBSCRIBE. Only a
+  hint: a publisher looks at the workers' words while it is recent, so that
+  a read costs one load when nobody subscribes.
+
+A subscribe holds others' publishes for BARRIER_NS at most, from its start:
+a word left behind (a worker stopped mid-subscribe, a scheduler that does
+not answer) stops mattering then.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shoal.shm import layout
+from shoal.shm.processes import Header
+from shoal.shm.segment import Segment
+
+BARRIER_NS = 2_000_000_000
+
+
+class SubscribeBarrier:
+    """One IO worker's side: its subscribes under way, and the question its
+    MQTT publishers ask before a read."""
+
+    __slots__ = ("_a", "_header", "_mine", "_next", "_proc", "_starts")
+
+    def __init__(self, seg: Segment, index: int) -> None:
+        self._a = seg.atomic
+        self._header = Header(seg)
+        self._proc = seg.layout.proc
+        self._mine = seg.layout.proc(index) + layout.P_SUBSCRIBING
+        self._starts: dict[int, int] = {}  # token -> start (ascending: insertion order)
+        self._next = 0
+        self._a.store(self._mine, 0)
+
+    def begin(self) -> int:
+        """A SUBSCRIBE begins: publishes read from now on wait for end(token)."""
+        now = time.monotonic_ns()
+        starts = self._starts
+        for token, start in list(starts.items()):  # (one never ended: its connection went)
+            if now - start < BARRIER_NS:
+                break
+            del starts[token]
+        token = self._next = self._next + 1
+        starts[token] = now
+        self._a.store(self._mine, next(iter(starts.values())))
+        self._a.store(layout.H_SUBSCRIBED_AT, now)
+        return token
+
+    def end(self, token: int) -> None:
+        """Its bindings are in place (or it is abandoned)."""
+        starts = self._starts
+        if starts.pop(token, None) is not None:
+            self._a.store(self._mine, next(iter(starts.values()), 0))
+
+    def holds(self, since_ns: int, now: int) -> bool:
+        """Whether a publish read at `since_ns` waits now (monotonic ns): a
+        SUBSCRIBE read before it is still under way, begun less than
+        BARRIER_NS ago."""
+        load = self._a.load
+        if now - load(layout.H_SUBSCRIBED_AT) >= BARRIER_NS:
+            return False  # (the one load of a read when nobody subscribes)
+        for index in range(self._header.workers()):
+            start = load(self._proc(index) + layout.P_SUBSCRIBING)
+            if start and start <= since_ns and now - start < BARRIER_NS:
+                return True
+        return False
