@@ -122,7 +122,7 @@ class MqttConnection(asyncio.Protocol):
         self.timer = self.ctx.loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or not data:  # (an empty WebSocket message: nothing)
             return  # (a closed connection's socket lingers: its input is dropped)
         if data[0] == 0x82 and self.open and not self.subscriptions.binding:
             self.subscriptions.begin()  # (before it is decoded: others' publishes race it)

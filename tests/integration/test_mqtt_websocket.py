@@ -389,6 +389,9 @@ def test_packets_split_anyhow_over_fragments_and_messages(
     raw.send_message(PINGREQ * 3)
     assert [raw.packet() for _ in range(3)] == [PINGRESP] * 3
     assert raw.messages[-3:] == [PINGRESP] * 3
+    raw.send(Message(data=b"", message_finished=True))  # an empty message: nothing
+    raw.send_message(PINGREQ)
+    assert raw.packet() == PINGRESP
     raw.send(Ping(b"are you there"))
     assert raw.next_event(Pong).payload == b"are you there"
 
