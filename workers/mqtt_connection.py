@@ -124,8 +124,11 @@ class MqttConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or not data:  # (an empty WebSocket message: nothing)
             return  # (a closed connection's socket lingers: its input is dropped)
-        if data[0] == 0x82 and self.open and not self.subscriptions.binding:
-            self.subscriptions.begin()  # (before it is decoded: others' publishes race it)
+        if data[0] == 0x82 and self.open and not (self.subscriptions.binding or self.reader.buffer):
+            # A read that starts with a SUBSCRIBE (at a packet's start, not
+            # inside a held one's payload): the barrier before it is decoded,
+            # as others' publishes race it by microseconds.
+            self.subscriptions.begin()
         self.last_recv = time.monotonic()
         self.long_read = len(data) >= LONG_READ
         batch = self.out is None

@@ -19,6 +19,7 @@ from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from shoal.broker.mqtt import packets as P
 from shoal.shm import layout
 from tests.broker_process import Broker, free_port, wait_for
 from tests.mqtt_raw import RawClient
@@ -335,6 +336,30 @@ def test_a_publish_read_after_another_clients_subscribe_reaches_it(
     wait_for(lambda: not any(seg.atomic.load(word) for word in words), WAIT_S, "the barrier down")
 
 
+def test_a_read_inside_a_payload_that_starts_like_a_subscribe_raises_no_barrier(
+    mqtt_broker: tuple[Broker, int],
+) -> None:
+    """A publish whose payload's second read starts with SUBSCRIBE's first
+    byte (0x82) is no SUBSCRIBE: no worker's barrier word goes up, which
+    would hold every MQTT publisher for 2 s. The PINGRESP shows the first
+    part (PINGREQ and the PUBLISH's head) was read before the rest is sent."""
+    broker, port = mqtt_broker
+    seg = broker.segment()
+    words = [seg.layout.proc(i) + layout.P_SUBSCRIBING for i in broker.pids("io-worker")]
+    raw = RawClient(port)
+    try:
+        assert raw.connect("payload-0x82")[1] == 0
+        publish = P.encode_publish(P.MQTT_5, "plain/1", b"head" + b"\x82\x05tail", 1, packet_id=7)
+        split = publish.index(b"\x82\x05tail")
+        raw.sock.sendall(P.packet(P.PINGREQ, 0, b"") + publish[:split])
+        raw.read(P.PINGRESP)
+        raw.sock.sendall(publish[split:])
+        assert raw.read(P.PUBACK)[2][:2] == (7).to_bytes(2, "big")
+        assert not any(seg.atomic.load(word) for word in words)
+    finally:
+        raw.close()
+
+
 def test_five_properties_cross_to_amqp_and_back(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:
@@ -382,8 +407,6 @@ def test_a_qos2_publish_sent_again_before_pubrel_is_delivered_once(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:
     import socket
-
-    from shoal.broker.mqtt import packets as P
 
     _broker, port = mqtt_broker
     sub = connected(clients, port, paho.MQTTv311, "sub-q2")
@@ -584,8 +607,6 @@ def test_five_receive_maximum_and_maximum_packet_size_bound_what_is_sent(
 ) -> None:
     import socket
 
-    from shoal.broker.mqtt import packets as P
-
     broker, port = mqtt_broker
     raw = RawClient(port)
     try:
@@ -627,7 +648,6 @@ def test_five_receive_maximum_and_maximum_packet_size_bound_what_is_sent(
 def test_five_a_packet_over_the_maximum_size_gets_disconnect_0x95(
     mqtt_broker: tuple[Broker, int],
 ) -> None:
-    from shoal.broker.mqtt import packets as P
 
     _broker, port = mqtt_broker
     raw = RawClient(port)
