@@ -648,7 +648,6 @@ def test_five_receive_maximum_and_maximum_packet_size_bound_what_is_sent(
 def test_five_a_packet_over_the_maximum_size_gets_disconnect_0x95(
     mqtt_broker: tuple[Broker, int],
 ) -> None:
-
     _broker, port = mqtt_broker
     raw = RawClient(port)
     try:
