@@ -52,7 +52,14 @@ def test_a_fast_producer_is_blocked_at_capacity_and_resumes_at_the_resume_size(
     wch = watcher.channel()
     wch.basic_qos(prefetch_count=5)
     wch.basic_consume("capped", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
-    pump([producer, watcher], lambda: len(got) >= 60, 20, "all 60 messages")
+    # (connection.unblocked reaches the producer's socket, which pump may
+    # read after the watcher's last delivery: wait for both.)
+    pump(
+        [producer, watcher],
+        lambda: len(got) >= 60 and "unblocked" in events,
+        20,
+        "all 60 messages and connection.unblocked",
+    )
     assert events[:2] == ["blocked", "unblocked"]
     assert depth(watcher, "capped") == 0
     producer.close()
@@ -209,7 +216,14 @@ def test_a_priority_queue_counts_all_its_levels_against_its_capacity(broker: Bro
     wch.basic_consume(
         "capped-prio", lambda c, m, p, b: (got.append(p.priority), c.basic_ack(m.delivery_tag))
     )
-    pump([producer, watcher], lambda: len(got) >= 60, 20, "all 60 messages")
+    # (connection.unblocked reaches the producer's socket, which pump may
+    # read after the watcher's last delivery: wait for both.)
+    pump(
+        [producer, watcher],
+        lambda: len(got) >= 60 and "unblocked" in events,
+        20,
+        "all 60 messages and connection.unblocked",
+    )
     assert events[:2] == ["blocked", "unblocked"]
     producer.close()
     watcher.close()

@@ -341,7 +341,14 @@ def test_capacity_and_a_publisher_blocked_on_it(metered: tuple[Broker, int]) -> 
     wch = watcher.channel()
     wch.basic_qos(prefetch_count=5)
     wch.basic_consume("capped", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
-    pump([producer, watcher], lambda: len(got) >= 25, 20, "all 25 messages")
+    # The unblock frame goes to the producer's socket, which pump may read
+    # after the watcher's last delivery: wait for both.
+    pump(
+        [producer, watcher],
+        lambda: len(got) >= 25 and "unblocked" in events,
+        20,
+        "all 25 messages and connection.unblocked",
+    )
     assert events[:2] == ["blocked", "unblocked"]
     s = blocked(0)
     assert value(s, "rabbitmq_queue_messages_bytes", **q) == 0
