@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import compileall
 import gc
 import socket
 from collections.abc import Iterator
@@ -41,6 +42,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run the cluster's tests: etcd and three nodes (their own CI step)",
     )
+
+
+# The folders of Shoal's packages (pyproject's package-dir), from the repository root.
+PACKAGE_DIRS = ("broker", "workers", "shm", "store", "perf", "spark")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # (pytest-xdist's workers: the controller did)
+        compile_packages()
+
+
+def compile_packages() -> None:
+    """Byte-compile Shoal's modules once, before the tests start brokers.
+    Where PYTHONDONTWRITEBYTECODE is set (this project's machines set it)
+    Python writes no .pyc of its own, so every broker a test started
+    compiled all of its modules again: 0.4 s of its 0.8 s start, over the
+    suite's ~600 starts. compileall writes them regardless; an unchanged
+    module is a stat (its .pyc is checked against the source's mtime)."""
+    root = Path(__file__).resolve().parent.parent
+    for name in PACKAGE_DIRS:
+        compileall.compile_dir(root / name, quiet=1, workers=1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
