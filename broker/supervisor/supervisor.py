@@ -9,6 +9,7 @@ was filling are released, and the scheduler is told to forget its consumers.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -294,15 +295,8 @@ class Supervisor:
 
     def _main_loop(self, wake_r: int) -> int:
         while True:
-            try:
-                # Quicker while the worker count changes (scaling.py).
-                select.select([wake_r], [], [], 0.02 if self.scaling.busy else 0.5)
-            except InterruptedError:
-                pass
-            try:
-                os.read(wake_r, 4096)
-            except BlockingIOError:
-                pass
+            # Quicker while the worker count changes (scaling.py).
+            _sleep_for_signals(wake_r, 0.02 if self.scaling.busy else 0.5)
             while self.signals:
                 sig = self.signals.pop(0)
                 if sig == signal.SIGCHLD:
@@ -586,24 +580,13 @@ class Supervisor:
                     pass
 
     def _wait_for(self, roles: tuple[str, ...], timeout: float) -> bool:
-        """Until the children of `roles` are gone (False after `timeout`).
-        Woken by their SIGCHLD through the wake-up pipe, not at the next
-        20 ms poll: a stop's three phases each waited ~20 ms for nothing."""
+        """Until the children of `roles` are gone (False after `timeout`), woken by SIGCHLD."""
         deadline = time.monotonic() + timeout
-        wake_r = self._wake_fds[0]
         while any(c.pid for c in self.children if c.role in roles):
             self._reap()
-            now = time.monotonic()
-            if now >= deadline:
+            if time.monotonic() >= deadline:
                 return False
-            try:
-                select.select([wake_r], [], [], min(0.02, deadline - now))
-            except InterruptedError:
-                pass
-            try:
-                os.read(wake_r, 4096)  # (the main loop, which drains it, has returned)
-            except BlockingIOError:
-                pass
+            _sleep_for_signals(self._wake_fds[0], 0.02)
         return True
 
     def _graceful_stop(self) -> int:
@@ -664,6 +647,14 @@ class Supervisor:
                 os.rmdir(self.config.runtime_path())
             except OSError:
                 pass
+
+
+def _sleep_for_signals(wake_r: int, seconds: float) -> None:
+    """Until a signal's byte arrives in the wake-up pipe (then drained), at most `seconds`."""
+    with contextlib.suppress(InterruptedError):
+        select.select([wake_r], [], [], seconds)
+    with contextlib.suppress(BlockingIOError):
+        os.read(wake_r, 4096)
 
 
 def _remove_stale_segment(path: str) -> bool:
