@@ -52,6 +52,21 @@ def pump(
             c.process_data_events(time_limit=0.02)
 
 
+def pump_until_drained_and_unblocked(
+    conns: list[pika.BlockingConnection], got: list[Any], n: int, events: list[str]
+) -> None:
+    """Until `got` has `n` deliveries and the producer's `events` has its
+    connection.unblocked. The broker writes that before it releases the held
+    publishes, but pump may read the watcher's last delivery before the
+    producer's socket: waiting for the deliveries alone can miss it."""
+    pump(
+        conns,
+        lambda: len(got) >= n and "unblocked" in events,
+        20,
+        f"all {n} messages and connection.unblocked",
+    )
+
+
 def assert_declare_refused(
     broker: Broker, queue: str, arguments: dict[str, Any], text: str
 ) -> None:

@@ -17,7 +17,12 @@ import pytest
 from shoal.shm import layout as L
 from shoal.shm.queues import SharedQueues
 from tests.broker_process import Broker
-from tests.clients import assert_declare_refused, connect, pump
+from tests.clients import (
+    assert_declare_refused,
+    connect,
+    pump,
+    pump_until_drained_and_unblocked,
+)
 
 BODY = b"x" * 1000
 CAPACITY = {"x-capacity": 20_000, "x-flow-resume-capacity": 10_000}
@@ -52,14 +57,7 @@ def test_a_fast_producer_is_blocked_at_capacity_and_resumes_at_the_resume_size(
     wch = watcher.channel()
     wch.basic_qos(prefetch_count=5)
     wch.basic_consume("capped", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
-    # (connection.unblocked reaches the producer's socket, which pump may
-    # read after the watcher's last delivery: wait for both.)
-    pump(
-        [producer, watcher],
-        lambda: len(got) >= 60 and "unblocked" in events,
-        20,
-        "all 60 messages and connection.unblocked",
-    )
+    pump_until_drained_and_unblocked([producer, watcher], got, 60, events)
     assert events[:2] == ["blocked", "unblocked"]
     assert depth(watcher, "capped") == 0
     producer.close()
@@ -216,14 +214,7 @@ def test_a_priority_queue_counts_all_its_levels_against_its_capacity(broker: Bro
     wch.basic_consume(
         "capped-prio", lambda c, m, p, b: (got.append(p.priority), c.basic_ack(m.delivery_tag))
     )
-    # (connection.unblocked reaches the producer's socket, which pump may
-    # read after the watcher's last delivery: wait for both.)
-    pump(
-        [producer, watcher],
-        lambda: len(got) >= 60 and "unblocked" in events,
-        20,
-        "all 60 messages and connection.unblocked",
-    )
+    pump_until_drained_and_unblocked([producer, watcher], got, 60, events)
     assert events[:2] == ["blocked", "unblocked"]
     producer.close()
     watcher.close()

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.broker_process import Broker, free_port, wait_for
-from tests.clients import connect, pump
+from tests.clients import connect, pump, pump_until_drained_and_unblocked
 
 AMQP = {"protocol": "amqp091"}
 CLASSIC = {"protocol": "amqp091", "queue_type": "rabbit_classic_queue"}
@@ -341,14 +341,7 @@ def test_capacity_and_a_publisher_blocked_on_it(metered: tuple[Broker, int]) -> 
     wch = watcher.channel()
     wch.basic_qos(prefetch_count=5)
     wch.basic_consume("capped", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
-    # The unblock frame goes to the producer's socket, which pump may read
-    # after the watcher's last delivery: wait for both.
-    pump(
-        [producer, watcher],
-        lambda: len(got) >= 25 and "unblocked" in events,
-        20,
-        "all 25 messages and connection.unblocked",
-    )
+    pump_until_drained_and_unblocked([producer, watcher], got, 25, events)
     assert events[:2] == ["blocked", "unblocked"]
     s = blocked(0)
     assert value(s, "rabbitmq_queue_messages_bytes", **q) == 0
