@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_mqtt_publish.h" /* a plain PUBLISH's parse: one definition */
+
 #define FRAME_METHOD 1
 #define FRAME_HEADER 2
 #define FRAME_BODY 3
@@ -412,64 +414,21 @@ publishes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *p = view.buf;
     Py_ssize_t n = view.len;
     Py_ssize_t used = 0;
-    while (used < RUN_BYTES && n - at >= 2) {
-        unsigned char first = p[at];
-        if (first != 0x30 && first != 0x32 && first != 0x3A)
-            break; /* not a PUBLISH at QoS 0 or 1 (with DUP or without), or retained */
-        int qos = (first >> 1) & 3;
-        Py_ssize_t remaining = 0, i = at + 1;
-        int shift = 0, complete = 0;
-        while (i < n && shift <= 21) {
-            unsigned char b = p[i++];
-            remaining |= (Py_ssize_t)(b & 0x7F) << shift;
-            if (!(b & 0x80)) {
-                complete = 1;
-                break;
-            }
-            shift += 7;
-        }
-        if (!complete || i - at + remaining > max_packet || n - i < remaining)
-            break; /* not whole here, malformed or too large: Python says which */
-        const unsigned char *body = p + i;
-        Py_ssize_t end = remaining;
-        if (end < 2)
-            break;
-        Py_ssize_t topic_end = 2 + (((Py_ssize_t)body[0] << 8) | body[1]);
-        if (end < topic_end)
-            break;
-        Py_ssize_t k = topic_end;
-        long id = 0;
-        if (qos) {
-            if (end < k + 2)
-                break;
-            id = ((long)body[k] << 8) | body[k + 1];
-            if (!id)
-                break;
-            k += 2;
-        }
-        if (level5) {
-            if (end <= k || body[k])
-                break; /* properties: the decoder's */
-            k += 1;
-        }
-        Py_ssize_t body_len = end - k;
+    PlainPublish pub;
+    while (used < RUN_BYTES && plain_publish_at(p, n, at, level5, max_packet, &pub)) {
+        int qos = pub.qos;
+        long id = pub.id;
+        Py_ssize_t body_len = pub.body_len;
         PyObject *props = qos ? props1 : props0;
         if (props == Py_None || body_len > BIG_BODY || body_len > frame_max - 8)
             break;
-        PyObject *topic = PyBytes_FromStringAndSize((const char *)body + 2, topic_end - 2);
-        if (topic == NULL)
-            goto error;
-        PyObject *known = PyDict_GetItemWithError(topics, topic); /* borrowed */
-        Py_DECREF(topic);
-        if (known == NULL) {
-            if (PyErr_Occurred())
+        int lookup_failed;
+        PyObject *method = plain_publish_known(topics, &pub, 1, &lookup_failed); /* its frame */
+        if (method == NULL) {
+            if (lookup_failed)
                 goto error;
             break;
         }
-        if (!PyTuple_Check(known) || PyTuple_GET_SIZE(known) != 2 ||
-            !PyBytes_Check(PyTuple_GET_ITEM(known, 1)))
-            break;
-        PyObject *method = PyTuple_GET_ITEM(known, 1);
         Py_ssize_t mlen = PyBytes_GET_SIZE(method);
         Py_ssize_t size = mlen + 8 + 12 + PyBytes_GET_SIZE(props) + (body_len ? 8 + body_len : 0);
         PyObject *pid = PyLong_FromLong(id);
@@ -490,12 +449,12 @@ publishes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             *o++ = 1;
             for (int b = 3; b >= 0; b--)
                 *o++ = (unsigned char)((uint32_t)body_len >> (8 * b));
-            memcpy(o, body + k, body_len);
+            memcpy(o, pub.body, body_len);
             o += body_len;
             *o++ = FRAME_END;
         }
         used = o - out_buf;
-        at = i + remaining;
+        at = pub.next;
     }
     PyBuffer_Release(&view);
     PyObject *frames = run_taken(used);

@@ -25,6 +25,7 @@
 
 #include "../shm/_record.h" /* the message record's format: one definition */
 #include "../shm/_queues_api.h"
+#include "_mqtt_publish.h" /* an MQTT device's plain PUBLISH (Lane.mqtt_run) */
 
 static ShoalQueuesAPI *queues_api; /* shm/_atomic.c's C API, at import */
 
@@ -1241,6 +1242,147 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
     return 1;
 }
 
+/* A growing output buffer that starts on the stack: 0, or -1 with an error set. */
+typedef struct {
+    unsigned char *p;
+    Py_ssize_t len, cap;
+    unsigned char stack[512];
+} SmallBuf;
+
+static void
+small_init(SmallBuf *b)
+{
+    b->p = b->stack;
+    b->len = 0;
+    b->cap = sizeof b->stack;
+}
+
+static int
+small_room(SmallBuf *b, Py_ssize_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap * 2;
+    while (cap < b->len + more)
+        cap *= 2;
+    unsigned char *grown = PyMem_Malloc(cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(grown, b->p, b->len);
+    if (b->p != b->stack)
+        PyMem_Free(b->p);
+    b->p = grown;
+    b->cap = cap;
+    return 0;
+}
+
+static void
+small_free(SmallBuf *b)
+{
+    if (b->p != b->stack)
+        PyMem_Free(b->p);
+}
+
+/* mqtt_run(data, exchange, topics, props0, props1, level5, max_packet)
+ *     -> (at, n, acks, ids)
+ *
+ * An MQTT device's read (workers/mqtt_lane.py): its leading plain PUBLISHes
+ * (workers/_mqtt_publish.h) to topics it published to before, straight into
+ * their queues through the armed lane, as scan() takes the same messages
+ * from the inner AMQP connection's frames, without the frames. topics:
+ * topic bytes -> (routing key, ...) (Inbound's plain_topics); props0,
+ * props1: the content header properties of a QoS 0 and a QoS 1 message, or
+ * None (such a publish ends the run). It stops, untouched, at the first
+ * PUBLISH the lane does not take and at any other packet: Python's path
+ * takes the rest. at: where that is; n: the messages taken; acks: the
+ * PUBACKs of its QoS 1 ones (whether they may go now is the caller's to
+ * decide: a persistent message may wait for its sync); ids: each message's
+ * packet id, two bytes big-endian, 0 for QoS 0, in order. */
+#define HEADER_ROOM 512
+static PyObject *
+Lane_mqtt_run(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "mqtt_run(data, exchange, topics, props0, props1, level5, max_packet)");
+        return NULL;
+    }
+    PyObject *exchange = args[1], *topics = args[2], *props0 = args[3], *props1 = args[4];
+    if (!PyBytes_Check(exchange) || !PyDict_Check(topics) ||
+        (props0 != Py_None && !PyBytes_Check(props0)) ||
+        (props1 != Py_None && !PyBytes_Check(props1))) {
+        PyErr_SetString(PyExc_TypeError, "exchange must be bytes, topics a dict, props0 and "
+                                         "props1 bytes or None");
+        return NULL;
+    }
+    int level5 = PyObject_IsTrue(args[5]);
+    Py_ssize_t max_packet = PyLong_AsSsize_t(args[6]);
+    if (level5 < 0 || (max_packet == -1 && PyErr_Occurred()))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = view.buf;
+    const unsigned char *ex = (const unsigned char *)PyBytes_AS_STRING(exchange);
+    Py_ssize_t ex_len = PyBytes_GET_SIZE(exchange), at = 0;
+    unsigned char header[HEADER_ROOM];
+    SmallBuf acks, ids;
+    small_init(&acks);
+    small_init(&ids);
+    long long n = 0;
+    int armed = self->armed;
+    PyObject *out = NULL;
+    PlainPublish pub;
+    while (self->armed && plain_publish_at(p, view.len, at, level5, max_packet, &pub)) {
+        PyObject *props = pub.qos ? props1 : props0;
+        if (props == Py_None || !pub.body_len)
+            break; /* (an empty body: no body frame, scan's whole publish has one) */
+        Py_ssize_t plen = PyBytes_GET_SIZE(props);
+        if (12 + plen > HEADER_ROOM)
+            break;
+        int error;
+        PyObject *rk = plain_publish_known(topics, &pub, 0, &error); /* (its routing key) */
+        if (rk == NULL) {
+            if (error)
+                goto done;
+            break;
+        }
+        if (small_room(&acks, 4) < 0 || small_room(&ids, 2) < 0)
+            goto done;
+        /* The content header's payload: class 60, weight 0, body size, properties. */
+        header[0] = 0;
+        header[1] = 60;
+        header[2] = header[3] = 0;
+        for (int i = 0; i < 8; i++)
+            header[4 + i] = (unsigned char)((uint64_t)pub.body_len >> (8 * (7 - i)));
+        memcpy(header + 12, PyBytes_AS_STRING(props), plen);
+        if (!lane_take(self, ex, ex_len, (const unsigned char *)PyBytes_AS_STRING(rk),
+                       PyBytes_GET_SIZE(rk), 0, header, 12 + plen, pub.body, pub.body_len))
+            break;
+        n++;
+        ids.p[ids.len++] = (unsigned char)(pub.id >> 8);
+        ids.p[ids.len++] = (unsigned char)pub.id;
+        if (pub.qos) { /* a PUBACK with success, 3.1.1's and 5.0's short form alike */
+            acks.p[acks.len++] = 0x40;
+            acks.p[acks.len++] = 2;
+            acks.p[acks.len++] = (unsigned char)(pub.id >> 8);
+            acks.p[acks.len++] = (unsigned char)pub.id;
+        }
+        at = pub.next;
+    }
+    out = Py_BuildValue("(nLy#y#)", at, n, (const char *)acks.p, acks.len, (const char *)ids.p,
+                        ids.len);
+done:
+    if (armed)
+        lane_end_run(self);
+    PyBuffer_Release(&view);
+    small_free(&acks);
+    small_free(&ids);
+    return out;
+}
+
 static PyMethodDef Lane_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))Lane_configure, METH_FASTCALL,
      "The lane's channel and arena; its routes forgotten."},
@@ -1252,6 +1394,8 @@ static PyMethodDef Lane_methods[] = {
      "Let the next scan take persistent messages with their PUBLISH records."},
     {"clear", (PyCFunction)Lane_clear, METH_NOARGS, "Take nothing until configured again."},
     {"take", (PyCFunction)Lane_take, METH_NOARGS, "What the lane did since the last take."},
+    {"mqtt_run", (PyCFunction)(void (*)(void))Lane_mqtt_run, METH_FASTCALL,
+     "An MQTT device's plain PUBLISHes straight into their queues."},
     {NULL, NULL, 0, NULL},
 };
 

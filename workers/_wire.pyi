@@ -76,6 +76,17 @@ class Lane:
         int,
         int,
     ]: ...
+    def mqtt_run(
+        self,
+        data: Buffer,
+        exchange: bytes,
+        topics: dict[bytes, tuple[bytes, bytes]],
+        props0: bytes | None,
+        props1: bytes | None,
+        level5: bool,
+        max_packet: int,
+        /,
+    ) -> tuple[int, int, bytes, bytes]: ...
 
 def properties_ok(header: Buffer, /) -> bool: ...
 def dedup_key(header: Buffer, /) -> bytes | bool | None: ...

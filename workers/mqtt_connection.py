@@ -146,7 +146,7 @@ class MqttConnection(asyncio.Protocol):
                 if data[0] == 0x40 and self.outbound is not None:  # (a run of PUBACKs in C)
                     at = self.outbound.puback_run(data, self.acks)
                 else:
-                    at = self.inbound.publish_run(data, self.reader.max_size)  # (a run in C)
+                    at = self.inbound.publish_run(data, self.reader.max_size, self.amqp)  # (in C)
                 data = data[at:] if at else data
             for ptype, flags, body in self.reader.feed(data):
                 if self.closed:

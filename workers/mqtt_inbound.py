@@ -33,6 +33,7 @@ from shoal.broker.mqtt.topics import TopicAliases
 from shoal.shm.wake import Waker
 from shoal.workers._mqtt_wire import publishes
 from shoal.workers.mqtt_client import MqttClient
+from shoal.workers.mqtt_lane import lane_run
 from shoal.workers.mqtt_subscriptions import Subscriptions
 
 if TYPE_CHECKING:
@@ -176,29 +177,31 @@ class Inbound:
         self.plain.append(F.with_content(method, 1, properties, body[at:], conn.frame_max))
         return True
 
-    def publish_run(self, data: bytes, max_packet: int) -> int:
-        """A read's leading run of plain publishes (publish_plain's) in one C
-        call (workers/_mqtt_wire.c), where the user may publish to every
-        routing key (no topic permissions): how many bytes of `data` it took,
-        0 for none. What it stops at is the packet loop's."""
+    def publish_run(self, data: bytes, max_packet: int, amqp: Connection | None) -> int:
+        """A read's leading run of plain publishes (publish_plain's), where
+        the user may publish to every routing key (no topic permissions):
+        straight into their queues through the inner connection's publish
+        lane where it takes them (workers/mqtt_lane.py), the rest in one C
+        call as the inner connection's frames (workers/_mqtt_wire.c). How
+        many bytes of `data` it took, 0 for none. What it stops at is the
+        packet loop's."""
         topics = self.plain_topics
-        if not topics:
-            return 0
         conn = self.conn
+        if not topics or not conn.may_publish(None):
+            return 0  # (one refused: the packet loop says so)
         publisher = conn.client_id if self.subscriptions.no_local else None
         known = self.known_properties
+        props0, props1 = known.get((0, False, publisher)), known.get((1, False, publisher))
+        at = 0
+        if amqp is not None and not self.plain:
+            at = lane_run(self, amqp, data, props0, props1, max_packet)
+            if at == len(data):
+                return at
         at, frames, ids = publishes(
-            data,
-            0,
-            topics,
-            known.get((0, False, publisher)),
-            known.get((1, False, publisher)),
-            conn.level == P.MQTT_5,
-            max_packet,
-            conn.frame_max,
+            data, at, topics, props0, props1, conn.level == P.MQTT_5, max_packet, conn.frame_max
         )
-        if frames is None or not conn.may_publish(None):
-            return 0  # (one refused: the packet loop says so)
+        if frames is None:
+            return at
         seq, confirms = self.confirm_seq, self.confirms
         for packet_id in ids:
             seq += 1
