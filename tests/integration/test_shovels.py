@@ -210,13 +210,20 @@ def management(port: int, method: str, path: str, body: Any = None) -> tuple[int
         return exc.code, json.loads(exc.read() or b"null")
 
 
+def _management_answers(port: int) -> bool:
+    try:
+        return management(port, "GET", "/overview")[0] == 200
+    except OSError:  # not listening yet (the broker's AMQP port may be up before it)
+        return False
+
+
 def test_the_management_api_sets_lists_restarts_and_deletes_shovels(
     broker_factory: Callable[..., Broker],
 ) -> None:
     port = free_port()
     broker_factory(workers=1, args=("--shovels", "--management-port", str(port)))
     destination = broker_factory(workers=1)
-    wait_for(lambda: management(port, "GET", "/overview")[0] == 200, 20, "the management API")
+    wait_for(lambda: _management_answers(port), 20, "the management API")
     path = "/parameters/shovel/%2F/" + urllib.parse.quote("Move from jobs", safe="")
     value = {
         "src-uri": "amqp://",
