@@ -205,6 +205,48 @@ def test_kill_9_with_qos1_and_qos2_in_flight_loses_nothing_confirmed_and_repeats
         assert (again[payload].packet_id, again[payload].dup) == (seen[payload].packet_id, True)
 
 
+def test_kill_9_loses_none_of_a_devices_pubacked_repeats_into_a_kept_session(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """A device publishing to one topic again and again: from its second
+    message on, the inner connection's publish lane takes them straight
+    into the kept session's durable queue (workers/mqtt_lane.py), one at a
+    time and then a run in one write, and each PUBACK waits for its
+    message's sync: every message PUBACKed is there after a kill -9, in
+    order."""
+    broker, port = mqtt_broker
+    sub = raw(raws, port)
+    sub.connect("lane-keeper", PERSISTENT_5, clean=False)
+    assert sub.subscribe("lane/dev", 1) == b"\x01"
+    pub = raw(raws, port, P.MQTT_311)
+    pub.connect("lane-dev")
+    singles = [b"one-%d" % i for i in range(1, 21)]
+    for i, payload in enumerate(singles, 1):
+        pub.publish("lane/dev", payload, qos=1, packet_id=i)
+        assert pub.read(P.PUBACK)[2][:2] == i.to_bytes(2, "big")
+    run = [b"run-%d" % i for i in range(30)]
+    pub.sock.sendall(
+        b"".join(
+            P.encode_publish(P.MQTT_311, "lane/dev", payload, 1, packet_id=100 + i)
+            for i, payload in enumerate(run)
+        )
+    )
+    for i in range(len(run)):
+        assert pub.read(P.PUBACK)[2][:2] == (100 + i).to_bytes(2, "big")
+
+    broker.crash()
+    broker.restart()
+
+    sub = raw(raws, port)
+    assert sub.connect("lane-keeper", PERSISTENT_5, clean=False)[:2] == (True, 0)
+    got = []
+    for _ in range(len(singles) + len(run)):  # (none acked before the crash)
+        _flags, message = sub.received()
+        got.append(message.payload)
+        sub.ack(P.PUBACK, message.packet_id or 0)
+    assert got == singles + run
+
+
 @pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
 def test_pubacks_written_with_a_disconnect_or_a_subscribe_all_count(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
