@@ -820,6 +820,24 @@ Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* arm(cursor, used, high, page_out_high): the lane takes publishes in the
  * next scan; the arena's cursor and fill as the worker's Arena has them. */
+/* Arm the lane for a read from the arena's cursor and fill: 1, or 0 (not
+ * configured, no route, the cursor out of the arena) with nothing changed. */
+static int
+lane_arm_at(LaneObject *self, Py_ssize_t cursor, uint64_t used, uint64_t high,
+            uint64_t page_out_high)
+{
+    if (!self->configured || !self->nroutes ||
+        !queues_api->arena_ok(self->atomic, self->arena_base, self->arena_end, cursor))
+        return 0;
+    self->cursor = cursor;
+    self->used = used;
+    self->high = high;
+    self->page_out_high = page_out_high;
+    self->armed = 1;
+    self->store_on = 0; /* until store_window() opens it for this read */
+    return 1;
+}
+
 static PyObject *
 Lane_arm(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -833,17 +851,10 @@ Lane_arm(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned long long page_out_high = PyLong_AsUnsignedLongLongMask(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    if (!self->configured || !self->nroutes ||
-        !queues_api->arena_ok(self->atomic, self->arena_base, self->arena_end, cursor)) {
+    if (!lane_arm_at(self, cursor, used, high, page_out_high)) {
         PyErr_SetString(PyExc_ValueError, "lane not configured, or cursor out of range");
         return NULL;
     }
-    self->cursor = cursor;
-    self->used = used;
-    self->high = high;
-    self->page_out_high = page_out_high;
-    self->armed = 1;
-    self->store_on = 0; /* until store_window() opens it for this read */
     Py_RETURN_NONE;
 }
 
@@ -897,6 +908,25 @@ Lane_clear(LaneObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* What the lane did since the last take(), forgotten (reported). */
+static void
+lane_reset_taken(LaneObject *self)
+{
+    for (int i = 0; i < SIZE_BUCKET_COUNT; i++)
+        self->buckets[i] = 0;
+    for (int i = 0; i < self->ntouched; i++) /* not the whole table: a read touches few */
+        if (self->touched[i].route != NULL)
+            self->touched[i].route->touched = 0;
+    lane_untouch(self);
+    self->n = 0;
+    self->body_bytes = 0;
+    self->ntouched = self->allocated = 0;
+    self->gone_seq = -1;
+    self->gone_stored = 0;
+    self->records_len = 0;
+    self->st_count = self->st_first = 0;
+}
+
 /* take() -> (n, body bytes, buckets, cursor, used, touched, gone, records,
  * record count, first stored) and resets the counts; buckets: the bodies per size bucket, or None when all
  * were in the first (at most 100 bytes); touched: [(qid, messages, watcher, exchange)] of the
@@ -924,8 +954,6 @@ Lane_take(LaneObject *self, PyObject *unused)
         for (int i = 0; i < SIZE_BUCKET_COUNT; i++)
             PyTuple_SET_ITEM(buckets, i, PyLong_FromLongLong(self->buckets[i]));
     }
-    for (int i = 0; i < SIZE_BUCKET_COUNT; i++)
-        self->buckets[i] = 0;
     PyObject *touched = PyList_New(self->ntouched);
     if (touched == NULL) {
         Py_DECREF(buckets);
@@ -942,9 +970,6 @@ Lane_take(LaneObject *self, PyObject *unused)
         }
         PyList_SET_ITEM(touched, i, item);
     }
-    for (int i = 0; i < self->ntouched; i++) /* not the whole table: a read touches few */
-        if (self->touched[i].route != NULL)
-            self->touched[i].route->touched = 0;
     PyObject *gone = Py_None;
     Py_INCREF(gone);
     if (self->gone_seq >= 0) {
@@ -972,14 +997,7 @@ Lane_take(LaneObject *self, PyObject *unused)
     PyObject *result = Py_BuildValue("(LKNnKNNNLL)", self->n, self->body_bytes, buckets,
                                      self->cursor, (unsigned long long)self->used, touched, gone,
                                      records, self->st_count, self->st_first);
-    lane_untouch(self);
-    self->n = 0;
-    self->body_bytes = 0;
-    self->ntouched = self->allocated = 0;
-    self->gone_seq = -1;
-    self->gone_stored = 0;
-    self->records_len = 0;
-    self->st_count = self->st_first = 0;
+    lane_reset_taken(self);
     return result;
 }
 
@@ -1301,39 +1319,35 @@ small_free(SmallBuf *b)
  * decide: a persistent message may wait for its sync); ids: each message's
  * packet id, two bytes big-endian, 0 for QoS 0, in order. */
 #define HEADER_ROOM 512
-static PyObject *
-Lane_mqtt_run(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+
+/* The run itself, for mqtt_run and mqtt_read (args: theirs from data to
+ * max_packet): 0 with *at, *n, acks and ids set, or -1 with an error set.
+ * The lane's run is ended (lane_end_run) either way, if it was armed. */
+static int
+mqtt_run_core(LaneObject *self, PyObject *const *args, Py_ssize_t *at_out, long long *n_out,
+              SmallBuf *acks, SmallBuf *ids)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "mqtt_run(data, exchange, topics, props0, props1, level5, max_packet)");
-        return NULL;
-    }
     PyObject *exchange = args[1], *topics = args[2], *props0 = args[3], *props1 = args[4];
     if (!PyBytes_Check(exchange) || !PyDict_Check(topics) ||
         (props0 != Py_None && !PyBytes_Check(props0)) ||
         (props1 != Py_None && !PyBytes_Check(props1))) {
         PyErr_SetString(PyExc_TypeError, "exchange must be bytes, topics a dict, props0 and "
                                          "props1 bytes or None");
-        return NULL;
+        return -1;
     }
     int level5 = PyObject_IsTrue(args[5]);
     Py_ssize_t max_packet = PyLong_AsSsize_t(args[6]);
     if (level5 < 0 || (max_packet == -1 && PyErr_Occurred()))
-        return NULL;
+        return -1;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
+        return -1;
     const unsigned char *p = view.buf;
     const unsigned char *ex = (const unsigned char *)PyBytes_AS_STRING(exchange);
     Py_ssize_t ex_len = PyBytes_GET_SIZE(exchange), at = 0;
     unsigned char header[HEADER_ROOM];
-    SmallBuf acks, ids;
-    small_init(&acks);
-    small_init(&ids);
     long long n = 0;
-    int armed = self->armed;
-    PyObject *out = NULL;
+    int armed = self->armed, result = -1;
     PlainPublish pub;
     while (self->armed && plain_publish_at(p, view.len, at, level5, max_packet, &pub)) {
         PyObject *props = pub.qos ? props1 : props0;
@@ -1349,7 +1363,7 @@ Lane_mqtt_run(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             break;
         }
-        if (small_room(&acks, 4) < 0 || small_room(&ids, 2) < 0)
+        if (small_room(acks, 4) < 0 || small_room(ids, 2) < 0)
             goto done;
         /* The content header's payload: class 60, weight 0, body size, properties. */
         header[0] = 0;
@@ -1362,26 +1376,66 @@ Lane_mqtt_run(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
                        PyBytes_GET_SIZE(rk), 0, header, 12 + plen, pub.body, pub.body_len))
             break;
         n++;
-        ids.p[ids.len++] = (unsigned char)(pub.id >> 8);
-        ids.p[ids.len++] = (unsigned char)pub.id;
+        ids->p[ids->len++] = (unsigned char)(pub.id >> 8);
+        ids->p[ids->len++] = (unsigned char)pub.id;
         if (pub.qos) { /* a PUBACK with success, 3.1.1's and 5.0's short form alike */
-            acks.p[acks.len++] = 0x40;
-            acks.p[acks.len++] = 2;
-            acks.p[acks.len++] = (unsigned char)(pub.id >> 8);
-            acks.p[acks.len++] = (unsigned char)pub.id;
+            acks->p[acks->len++] = 0x40;
+            acks->p[acks->len++] = 2;
+            acks->p[acks->len++] = (unsigned char)(pub.id >> 8);
+            acks->p[acks->len++] = (unsigned char)pub.id;
         }
         at = pub.next;
     }
-    out = Py_BuildValue("(nLy#y#)", at, n, (const char *)acks.p, acks.len, (const char *)ids.p,
-                        ids.len);
+    *at_out = at;
+    *n_out = n;
+    result = 0;
 done:
     if (armed)
         lane_end_run(self);
     PyBuffer_Release(&view);
+    return result;
+}
+
+/* mqtt_run(data, exchange, topics, props0, props1, level5, max_packet)
+ *     -> (at, n, acks, ids)
+ *
+ * An MQTT device's read (workers/mqtt_lane.py): its leading plain PUBLISHes
+ * (workers/_mqtt_publish.h) to topics it published to before, straight into
+ * their queues through the armed lane, as scan() takes the same messages
+ * from the inner AMQP connection's frames, without the frames. topics:
+ * topic bytes -> (routing key, ...) (Inbound's plain_topics); props0,
+ * props1: the content header properties of a QoS 0 and a QoS 1 message, or
+ * None (such a publish ends the run). It stops, untouched, at the first
+ * PUBLISH the lane does not take and at any other packet: Python's path
+ * takes the rest. at: where that is; n: the messages taken; acks: the
+ * PUBACKs of its QoS 1 ones (whether they may go now is the caller's to
+ * decide: a persistent message may wait for its sync); ids: each message's
+ * packet id, two bytes big-endian, 0 for QoS 0, in order. */
+static PyObject *
+Lane_mqtt_run(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "mqtt_run(data, exchange, topics, props0, props1, level5, max_packet)");
+        return NULL;
+    }
+    SmallBuf acks, ids;
+    small_init(&acks);
+    small_init(&ids);
+    Py_ssize_t at;
+    long long n;
+    PyObject *out = NULL;
+    if (mqtt_run_core(self, args, &at, &n, &acks, &ids) == 0)
+        out = Py_BuildValue("(nLy#y#)", at, n, (const char *)acks.p, acks.len,
+                            (const char *)ids.p, ids.len);
     small_free(&acks);
     small_free(&ids);
     return out;
 }
+
+static PyTypeObject LaneType;
+#include "_lane_account.h"
+#include "_lane_device.h"
 
 static PyMethodDef Lane_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))Lane_configure, METH_FASTCALL,
@@ -1396,6 +1450,8 @@ static PyMethodDef Lane_methods[] = {
     {"take", (PyCFunction)Lane_take, METH_NOARGS, "What the lane did since the last take."},
     {"mqtt_run", (PyCFunction)(void (*)(void))Lane_mqtt_run, METH_FASTCALL,
      "An MQTT device's plain PUBLISHes straight into their queues."},
+    {"mqtt_read", (PyCFunction)(void (*)(void))Lane_mqtt_read, METH_FASTCALL,
+     "mqtt_run, and what the run took counted as PublishLane.account counts it."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2029,6 +2085,8 @@ static PyMethodDef methods[] = {
      "Basic.Deliver, content header and body frames of a message record."},
     {"deliver_run", (PyCFunction)(void (*)(void))deliver_run, METH_FASTCALL,
      "A plain consumer's run of deliveries, frames built from shared memory."},
+    {"stat_places", (PyCFunction)(void (*)(void))stat_places, METH_FASTCALL,
+     "The statistics' counter places mqtt_read counts in (shm/stats.py)."},
     {"ack_run", (PyCFunction)(void (*)(void))ack_run, METH_FASTCALL,
      "A multiple ack's run of one queue's entries, out of a channel's book."},
     {NULL, NULL, 0, NULL},
@@ -2061,12 +2119,20 @@ PyInit__wire(void)
     if (PyType_Ready(&LaneType) < 0)
         return NULL;
     crc_init();
+    if (lane_names_init() < 0 || PyType_Ready(&DeviceReadType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) {
         Py_DECREF(&LaneType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&DeviceReadType);
+    if (PyModule_AddObject(m, "DeviceRead", (PyObject *)&DeviceReadType) < 0) {
+        Py_DECREF(&DeviceReadType);
         Py_DECREF(m);
         return NULL;
     }

@@ -87,7 +87,34 @@ class Lane:
         max_packet: int,
         /,
     ) -> tuple[int, int, bytes, bytes]: ...
+    def mqtt_read(
+        self,
+        data: Buffer,
+        exchange: bytes,
+        topics: dict[bytes, tuple[bytes, bytes]],
+        props0: bytes | None,
+        props1: bytes | None,
+        level5: bool,
+        max_packet: int,
+        long_read_waker: object | None,
+        arena: object,
+        publisher: object,
+        waker: object,
+        pacer: object,
+        ctx: object,
+        confirm_channels: set[Any],
+        /,
+    ) -> tuple[int, int, bytes, bytes]: ...
 
+class DeviceRead:
+    """A device's reads through its publish lane in C (workers/_lane_device.h)."""
+
+    def __init__(self, *args: Any) -> None: ...
+    def read(self, data: Buffer, long_read: bool, /) -> int | tuple[int, int, bytes, bytes]: ...
+
+def stat_places(
+    routed: int, size_sum: int, size_buckets: int, received_confirm: int, confirmed: int, /
+) -> None: ...
 def properties_ok(header: Buffer, /) -> bool: ...
 def dedup_key(header: Buffer, /) -> bytes | bool | None: ...
 def scan(

@@ -57,9 +57,9 @@ from typing import Protocol
 from shoal.broker.config import Config
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import release_hold
-from shoal.shm.stats import RECEIVED_CONFIRM, ROUTED, SIZE_BUCKETS, SIZE_SUM
+from shoal.shm.stats import CONFIRMED, RECEIVED_CONFIRM, ROUTED, SIZE_BUCKETS, SIZE_SUM
 from shoal.shm.wake import Waker
-from shoal.workers._wire import Lane
+from shoal.workers._wire import Lane, stat_places
 from shoal.workers.channel_state import IDLE, Confirms, LanePublisher
 from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.handshake import OPEN
@@ -68,6 +68,9 @@ from shoal.workers.lane_places import LanePlaces
 from shoal.workers.routes import Routes
 
 _NO_PAGE_OUT = 1 << 62
+# Where Lane.mqtt_read and DeviceRead count a run as `account` and lane_run
+# do (workers/_lane_account.h, _lane_device.h).
+stat_places(ROUTED, SIZE_SUM, SIZE_BUCKETS, RECEIVED_CONFIRM, CONFIRMED)
 # The places a lane learns from its own channel's publishes before it takes
 # those other lanes learnt: a publisher rotating over many queues gets there
 # in as many messages routed in Python; one sending to a place or three, as

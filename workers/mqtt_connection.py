@@ -49,6 +49,7 @@ from shoal.workers import mqtt_inner as inner
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
 from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
+from shoal.workers.mqtt_lane import device_read, device_run
 from shoal.workers.mqtt_outbound import Outbound
 from shoal.workers.mqtt_session import Session
 from shoal.workers.mqtt_subscriptions import Subscriptions
@@ -122,6 +123,20 @@ class MqttConnection(asyncio.Protocol):
         self.timer = self.ctx.loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
 
     def data_received(self, data: bytes) -> None:
+        fast = self.inbound.fast
+        if fast is not None and data:  # a device's publishes, in C (workers/mqtt_lane.py)
+            self.last_recv = time.monotonic()
+            self.inbound.fast = None  # (until a read the lane takes whole again)
+            try:
+                taken = device_run(fast, self.inbound, self.amqp, data, len(data) >= LONG_READ)
+            except Exception:
+                log.exception("mqtt client %s: internal error", self.client_id)
+                self.disconnect(0x83)  # implementation specific error
+                return
+            if taken == len(data):
+                self.inbound.fast = fast
+                return
+            data = data[taken:] if taken else data
         if self.closed or not data:  # (an empty WebSocket message: nothing)
             return  # (a closed connection's socket lingers: its input is dropped)
         if data[0] == 0x82 and self.open and not (self.subscriptions.binding or self.reader.buffer):
@@ -147,6 +162,8 @@ class MqttConnection(asyncio.Protocol):
                     at = self.outbound.puback_run(data, self.acks)
                 else:
                     at = self.inbound.publish_run(data, self.reader.max_size, self.amqp)  # (in C)
+                    if self.inbound.lane_whole and self.amqp is not None:
+                        self.inbound.fast = device_read(self, self.inbound, self.amqp)
                 data = data[at:] if at else data
             for ptype, flags, body in self.reader.feed(data):
                 if self.closed:
@@ -227,6 +244,7 @@ class MqttConnection(asyncio.Protocol):
             self.timer.cancel()
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] -= 1
         self.closed = True
+        self.inbound.fast = None
         waits = ends_now = False
         try:
             if self.open and self.persistent:
@@ -318,6 +336,7 @@ class MqttConnection(asyncio.Protocol):
             self._settle_acks()
         self._flush()  # (a DISCONNECT may be waiting in the batch)
         self.closed = True
+        self.inbound.fast = None  # (it holds this connection: no cycle left behind)
         if self.open and self.persistent:  # before the client sees the close: a reconnect reads it
             self.inbound.received_at_end(self.amqp)
             self.session.show()

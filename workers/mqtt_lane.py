@@ -29,19 +29,28 @@ paths take the rest of the read, in order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shoal.broker import ipc
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
+from shoal.shm import layout as L
+from shoal.shm.catalog import C_GEN
 from shoal.shm.stats import CONFIRMED
+from shoal.shm.subscribe_barrier import BARRIER_NS
 from shoal.shm.wake import Waker
+from shoal.workers._wire import DeviceRead, Lane
+from shoal.workers.channel_state import IDLE
+from shoal.workers.handshake import OPEN
+from shoal.workers.lane import ROTATING
 from shoal.workers.mqtt_client import MqttClient
+from shoal.workers.mqtt_subscriptions import Subscriptions
 
 if TYPE_CHECKING:
     from shoal.workers.connection import Connection
 
 EXCHANGE = M.EXCHANGE.encode()
+mqtt_read = Lane.mqtt_read  # (the tests count its runs through this name)
 
 
 class LaneInbound(Protocol):
@@ -53,6 +62,25 @@ class LaneInbound(Protocol):
     confirm_seq: int  # channel 1's last publish's confirm number
     # The acks waiting for their confirms: confirm number -> (packet type and id, retained).
     confirms: dict[int, tuple[tuple[int, int] | None, ipc.Retain | None]]
+    lane_whole: bool  # the last run took its read whole, confirmed at once
+
+
+class DeviceInbound(LaneInbound, Protocol):
+    """What DeviceRead holds of the client's publishing side besides."""
+
+    subscriptions: Subscriptions
+    known_properties: dict[tuple[int, bool, str | None], bytes]
+    plain: list[bytes]  # publishes framed, not yet fed to the inner connection
+    fast: DeviceRead | None
+
+
+class DeviceConnection(Protocol):
+    """What DeviceRead holds of the device's MqttConnection (workers/mqtt_connection.py)."""
+
+    transport: Any
+    reader: P.PacketReader
+    level: int
+    client_id: str
 
 
 def lane_run(
@@ -65,7 +93,9 @@ def lane_run(
 ) -> int:
     """The read's leading plain PUBLISHes into their queues through the
     inner connection's publish lane: how many bytes of `data` it took (0:
-    none, the lane not armed or not taking the first)."""
+    none, the lane not armed or not taking the first). Sets
+    inbound.lane_whole when it took all of `data` and confirmed it at once."""
+    inbound.lane_whole = False
     publish_lane = amqp.publish_lane
     if publish_lane is None or publish_lane.publisher is None:
         return 0
@@ -74,23 +104,39 @@ def lane_run(
     if lane is None:
         return 0
     conn = inbound.conn
+    ctx = amqp.ctx
+    publisher = publish_lane.publisher
+    run = None
     try:
-        at, n, acks, ids = lane.mqtt_run(
-            data, EXCHANGE, inbound.plain_topics, props0, props1,
-            conn.level == P.MQTT_5, max_packet,
+        # The run, counted in C as `account` would (workers/_lane_account.h).
+        run = mqtt_read(
+            lane, data, EXCHANGE, inbound.plain_topics, props0, props1,
+            conn.level == P.MQTT_5, max_packet, inbound.waker if conn.long_read else None,
+            ctx.arena, publisher, ctx.waker, amqp.pacer, ctx, amqp.confirm_channels,
         )  # fmt: skip
-        if n * 4 != len(acks) and conn.long_read:
-            inbound.waker.at_once = True  # (a QoS 0 run: as Inbound.publish does)
     finally:
-        for qid, count, _watcher, _exchange in publish_lane.account():
-            amqp.pacer.published(qid, count)
+        if lane.n:  # PUBLISH records, or a queue deleted under an append: account's
+            for qid, count, _watcher, _exchange in publish_lane.account():
+                amqp.pacer.published(qid, count)
+    at = run_end(inbound, amqp, run)
+    inbound.lane_whole = at == len(data) and not inbound.confirms
+    return at
+
+
+def run_end(inbound: LaneInbound, amqp: Connection, run: tuple[int, int, bytes, bytes]) -> int:
+    """What the inner connection's read does after a counted run: its
+    counters, the confirm numbers, the confirms. How many bytes it took."""
+    at, n, acks, ids = run
     if not n:
         return 0
+    publish_lane = amqp.publish_lane
+    assert publish_lane is not None and publish_lane.publisher is not None
+    publisher = publish_lane.publisher
+    conn = inbound.conn
     amqp.recv_oct += at  # (the management UI's data rates, as the frames' were)
     amqp.recv_cnt += 1
     seq = inbound.confirm_seq
     inbound.confirm_seq = seq + n  # (channel 1 numbers every publish)
-    publisher = publish_lane.publisher
     high = publisher.confirmable()
     if high == publisher.publish_seq and not (inbound.confirms or amqp.out or conn.amqp_out):
         # Every publish confirmed, none held before these: flush_confirms's
@@ -108,3 +154,49 @@ def lane_run(
             confirms[seq] = ((P.PUBACK, packet_id), None)
     amqp.flush_confirms(publisher)
     return at
+
+
+def device_read(
+    conn: DeviceConnection, inbound: DeviceInbound, amqp: Connection
+) -> DeviceRead | None:
+    """For a device whose read the lane just took whole (inbound.lane_whole),
+    its next reads in one C call (workers/_lane_device.h), or None where the
+    lane's route depends on more than that call looks at again: a lane
+    taking other lanes' places (ROTATING), or keeping PUBLISH records."""
+    publish_lane = amqp.publish_lane
+    if publish_lane is None or publish_lane.stores or publish_lane.learnt_here >= ROTATING:
+        return None
+    publisher = publish_lane.publisher
+    if publisher is None or not inbound.plain_topics:
+        return None
+    ctx = amqp.ctx
+    client = conn.client_id if inbound.subscriptions.no_local else None  # (as publish_run)
+    known = inbound.known_properties
+    journal = ctx.routes.reader
+    return DeviceRead(
+        publish_lane.lane, conn, inbound, conn.transport, conn.reader, amqp, publish_lane,
+        amqp.channels, publisher.channel, publisher, publisher.transactions, publisher.delivery,
+        ctx, ctx.arena, ctx.waker, amqp.pacer, amqp.confirm_channels, publisher.stats,
+        EXCHANGE, inbound.plain_topics, known.get((0, False, client)),
+        known.get((1, False, client)), conn.level == P.MQTT_5, conn.reader.max_size,
+        publisher.number, journal.base + C_GEN, journal.gen, L.H_CATALOG_GEN,
+        publish_lane.catalog_gen, L.H_SUBSCRIBED_AT, BARRIER_NS, OPEN, IDLE,
+    )  # fmt: skip
+
+
+def device_run(
+    fast: DeviceRead, inbound: LaneInbound, amqp: Connection | None, data: bytes, long_read: bool
+) -> int:
+    """A device's read through its DeviceRead: how many bytes of `data` it
+    took (0: none, Python's path reads them all, as what it leaves)."""
+    assert amqp is not None  # (a DeviceRead is made with its inner connection)
+    try:
+        taken = fast.read(data, long_read)
+        if isinstance(taken, int):
+            return taken
+        # A run its Python counts (PUBLISH records, a queue deleted under it).
+        for qid, count, _watcher, _exchange in amqp.publish_lane.account():  # type: ignore[union-attr]
+            amqp.pacer.published(qid, count)
+        return run_end(inbound, amqp, taken)
+    finally:
+        amqp.ctx.waker.at_once = False  # (it does not outlive the read: data_received's)

@@ -320,19 +320,28 @@ def test_a_publish_read_after_another_clients_subscribe_reaches_it(
     broker, port = mqtt_broker
     publisher = connected(clients, port, paho.MQTTv5, "race-publisher")
     subscriber = connected(clients, port, paho.MQTTv5, "race-subscriber")
+    publish_during_a_held_subscribe(broker, publisher, subscriber, "race/1")
+
+
+def publish_during_a_held_subscribe(
+    broker: Broker, publisher: Client, subscriber: Client, topic: str
+) -> None:
+    """The scheduler stopped, `subscriber` subscribes to `topic` and, once a
+    worker has read the SUBSCRIBE, `publisher` publishes "after the
+    subscribe" to it: the subscriber gets it."""
     seg = broker.segment()
     words = [seg.layout.proc(i) + layout.P_SUBSCRIBING for i in broker.pids("io-worker")]
     scheduler = broker.pids("scheduler")[0]
     os.kill(scheduler, signal.SIGSTOP)
     try:
-        subscriber.c.subscribe("race/1", 1)
+        subscriber.c.subscribe(topic, 1)
         wait_for(lambda: any(seg.atomic.load(word) for word in words), WAIT_S, "the SUBSCRIBE read")
-        publisher.c.publish("race/1", b"after the subscribe", qos=1)
+        publisher.c.publish(topic, b"after the subscribe", qos=1)
     finally:
         os.kill(scheduler, signal.SIGCONT)
     assert subscriber.next("suback")
     message = subscriber.next("message")
-    assert (message.topic, message.payload) == ("race/1", b"after the subscribe")
+    assert (message.topic, message.payload) == (topic, b"after the subscribe")
     wait_for(lambda: not any(seg.atomic.load(word) for word in words), WAIT_S, "the barrier down")
 
 

@@ -21,8 +21,9 @@ from shoal.broker.mqtt import packets as P
 from shoal.shm import layout as L
 from shoal.shm import stats
 from shoal.shm.arena import read_message
+from shoal.workers import mqtt_lane
+from shoal.workers._wire import Lane
 from shoal.workers.context import WorkerContext
-from shoal.workers.lane import PublishLane
 from shoal.workers.mqtt_inbound import Inbound
 from tests.unit.test_connection import Client, worker_context
 from tests.unit.test_lane import logged_in, opened, queue_bodies
@@ -45,18 +46,19 @@ def topic_ctx(tmp_path: Path) -> Iterator[WorkerContext]:
     )
 
 
-TAKEN: list[int] = []  # what each lane run took (PublishLane.account)
+TAKEN: list[int] = []  # what each lane run took (Lane.mqtt_read's n)
 
 
 @pytest.fixture(autouse=True)
 def lane_counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    original = PublishLane.account
+    original = mqtt_lane.mqtt_read
 
-    def account(self: PublishLane) -> Any:
-        TAKEN.append(self.lane.n)
-        return original(self)
+    def mqtt_read(lane: Lane, *args: Any) -> Any:
+        result = original(lane, *args)
+        TAKEN.append(result[1])
+        return result
 
-    monkeypatch.setattr(PublishLane, "account", account)
+    monkeypatch.setattr(mqtt_lane, "mqtt_read", mqtt_read)
     TAKEN.clear()
     yield
 
@@ -129,6 +131,13 @@ def test_a_run_goes_into_the_queue_with_the_records_and_confirms_of_the_frames_p
     assert queue_bodies(topic_ctx, qid) == [b"first", b"first", *bodies]
     v = topic_ctx.stats.v
     assert v[stats.ROUTED] == v[stats.RECEIVED_CONFIRM] == v[stats.CONFIRMED] == 302
+    # The counts the lane's run made in C (workers/_lane_account.h) are
+    # those of the frames path's two: per exchange, per publisher, the sizes.
+    assert publisher.exchange_counts[b"amq.topic"] == [302, 302]
+    assert publisher.publish_count == 302
+    assert v[stats.SIZE_SUM] == 2 * len(b"first") + sum(map(len, bodies))
+    assert v[stats.SIZE_BUCKETS] == 302  # (every body within the first bound)
+    assert topic_ctx.arena.dirty and topic_ctx.arena.used > 0
     # Each record is what the frames path wrote for a message alike: the
     # exchange, the routing key, the content header with the QoS's properties.
     log = topic_ctx.seg.layout.log(qid)

@@ -1,0 +1,95 @@
+"""A device's publishes in one C call once its reads go whole through its
+publish lane (workers/mqtt_lane.py DeviceRead, workers/_lane_device.h): what
+changes around a device already publishing that way still applies to its
+next message, as on the Python path: a binding made meanwhile, another
+client's SUBSCRIBE under way, a queue deleted. paho-mqtt and pika over real
+sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pika
+import pytest
+from paho.mqtt import client as paho
+
+from tests.broker_process import Broker
+from tests.integration.test_mqtt import (
+    WAIT_S,
+    Client,
+    clients,
+    connected,
+    publish_during_a_held_subscribe,
+)
+
+__all__ = ["clients"]
+
+
+@pytest.fixture
+def amqp(
+    mqtt_broker: tuple[Broker, int],
+) -> Iterator[pika.adapters.blocking_connection.BlockingChannel]:
+    conn = pika.BlockingConnection(pika.URLParameters(mqtt_broker[0].url))
+    try:
+        yield conn.channel()
+    finally:
+        conn.close()
+
+
+def publish_acked(device: Client, topic: str, body: bytes) -> None:
+    """One QoS 1 publish, its PUBACK awaited (so each is a read of its own)."""
+    device.c.publish(topic, body, qos=1).wait_for_publish(WAIT_S)
+
+
+def drained(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> list[bytes]:
+    got = []
+    while True:
+        method, _props, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            return got
+        got.append(body)
+
+
+def test_a_binding_made_while_a_device_publishes_gets_its_next_messages(
+    mqtt_broker: tuple[Broker, int],
+    clients: list[Client],
+    amqp: pika.adapters.blocking_connection.BlockingChannel,
+) -> None:
+    _broker, port = mqtt_broker
+    amqp.queue_declare("first", auto_delete=False)
+    amqp.queue_bind("first", "amq.topic", "plant.9.temp")
+    device = connected(clients, port, paho.MQTTv311, "device-9")
+    for i in range(10):  # (the lane learns the place, then takes the reads in C)
+        publish_acked(device, "plant/9/temp", b"before %d" % i)
+    amqp.queue_declare("later", auto_delete=False)
+    amqp.queue_bind("later", "amq.topic", "plant.*.temp")
+    for i in range(5):
+        publish_acked(device, "plant/9/temp", b"after %d" % i)
+    assert drained(amqp, "later") == [b"after %d" % i for i in range(5)]
+    assert drained(amqp, "first") == [b"before %d" % i for i in range(10)] + [
+        b"after %d" % i for i in range(5)
+    ]
+    # Its queue deleted: the next messages go where the bindings now say.
+    amqp.queue_delete("first")
+    publish_acked(device, "plant/9/temp", b"one queue left")
+    assert drained(amqp, "later") == [b"one queue left"]
+
+
+def test_a_device_publishing_in_c_waits_for_another_clients_subscribe(
+    mqtt_broker: tuple[Broker, int],
+    clients: list[Client],
+    amqp: pika.adapters.blocking_connection.BlockingChannel,
+) -> None:
+    """test_mqtt's subscribe race, with a publisher whose reads already go
+    through DeviceRead: the SUBSCRIBE read first holds its next read."""
+    broker, port = mqtt_broker
+    amqp.queue_declare("watch", auto_delete=False)
+    amqp.queue_bind("watch", "amq.topic", "race.2")
+    publisher = connected(clients, port, paho.MQTTv5, "warm-publisher")
+    for i in range(10):
+        publish_acked(publisher, "race/2", b"warm %d" % i)
+    subscriber = connected(clients, port, paho.MQTTv5, "late-subscriber")
+    for i in range(10, 15):  # (its connecting changed the catalog: in C again)
+        publish_acked(publisher, "race/2", b"warm %d" % i)
+    publish_during_a_held_subscribe(broker, publisher, subscriber, "race/2")
+    assert drained(amqp, "watch")[-1] == b"after the subscribe"

@@ -1,0 +1,201 @@
+"""A device's reads in one C call (workers/_wire.c DeviceRead,
+workers/_lane_device.h), against the lane run it stands for
+(workers/mqtt_lane.py lane_run): made after a read the lane took whole and
+confirmed at once, it takes the next reads the same way (the same queue
+entries, statistics, confirm numbers; the PUBACKs in one write), and takes
+nothing, leaving the read to Python's path, whenever one of that path's
+conditions does not hold. A real segment and inner Connection; the MQTT side
+is Inbound with a stand-in for its MqttConnection (test_mqtt_lane's Device)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from shoal.broker.mqtt import packets as P
+from shoal.shm import layout as L
+from shoal.shm import stats
+from shoal.shm.catalog import C_GEN
+from shoal.workers._wire import DeviceRead
+from shoal.workers.context import WorkerContext
+from shoal.workers.handshake import CLOSING
+from shoal.workers.mqtt_lane import device_read, device_run
+from tests.unit.test_lane import opened, queue_bodies
+from tests.unit.test_mqtt_lane import MAX_PACKET, Device, first_publish, packet, topic_ctx
+
+__all__ = ["topic_ctx"]  # (the fixture, used by name)
+
+
+class StandInTransport:
+    def __init__(self, writes: list[bytes]) -> None:
+        self.writes = writes
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+class StandInSubscribing:
+    binding = 0  # no SUBSCRIBE of its own under way
+
+
+class Connected(Device):
+    """Device, with what DeviceRead looks at of an MqttConnection."""
+
+    closed = False
+    busy = False
+    open = True
+    client_id = "device-1"
+
+    def __init__(self, ctx: WorkerContext, level: int) -> None:
+        super().__init__(ctx, level)
+        # (An MqttConnection's `acks`, the deliveries a batch settled, which
+        # DeviceRead reads: over Device's method; pubacks() is that.)
+        self.acks: list[int] = []  # type: ignore[assignment]
+        self.reader = P.PacketReader(MAX_PACKET)
+        self.subscriptions = StandInSubscribing()
+        self.transport = StandInTransport(self.sent)
+
+    def pubacks(self) -> list[int]:
+        return Device.acks(self)
+
+    def fast(self) -> DeviceRead:
+        """A whole read through the lane, then its DeviceRead."""
+        data = packet(self.level, b"whole", 1, 2)
+        assert self.read(data) == len(data) and self.inbound.lane_whole
+        made = device_read(self, self.inbound, self.client.conn)  # type: ignore[arg-type]
+        assert made is not None
+        return made
+
+    def read_in_c(self, fast: DeviceRead, data: bytes) -> int:
+        return device_run(fast, self.inbound, self.client.conn, data, len(data) >= 1024)
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_it_takes_the_next_reads_as_the_lane_run_does(topic_ctx: WorkerContext, level: int) -> None:
+    _, (qid,) = opened(topic_ctx, b"q")
+    device = Connected(topic_ctx, level)
+    first_publish(device, qos=0)
+    first_publish(device, qos=1, packet_id=1)
+    fast = device.fast()
+    device.sent.clear()
+    bodies = [b"c%04d" % i for i in range(200)]
+    qos = [i % 4 != 0 for i in range(200)]
+    data = b"".join(
+        packet(level, b, q, 10 + i) for i, (b, q) in enumerate(zip(bodies, qos, strict=True))
+    )
+    assert device.read_in_c(fast, data) == len(data)
+    assert len(device.sent) == 1, "the read's PUBACKs in one write"
+    assert device.pubacks() == [10 + i for i in range(200) if qos[i]]
+    publisher = device.client.conn.channels[1].publisher  # type: ignore[attr-defined]
+    assert device.inbound.confirm_seq == publisher.publish_seq == publisher.confirm_sent == 203
+    assert device.inbound.confirms == {}
+    assert device.client.received() == []
+    assert queue_bodies(topic_ctx, qid) == [b"first", b"first", b"whole", *bodies]
+    v = topic_ctx.stats.v
+    assert v[stats.ROUTED] == v[stats.RECEIVED_CONFIRM] == v[stats.CONFIRMED] == 203
+    assert publisher.exchange_counts[b"amq.topic"] == [203, 203]
+    assert publisher.publish_count == 203
+    inner = device.client.conn
+    assert inner.recv_cnt >= 2 and inner.recv_oct >= len(data)
+    # A read it takes in part: the PUBLISH, not the PINGREQ after it (the
+    # packet loop's).
+    one = packet(level, b"last", 1, 300)
+    assert device.read_in_c(fast, one + b"\xc0\x00") == len(one)
+    assert device.pubacks()[-1] == 300
+
+
+def _journal(ctx: WorkerContext, device: Connected) -> None:
+    reader = ctx.routes.reader
+    ctx.seg.atomic.fetch_add(reader.base + C_GEN, 1)  # (the scheduler journaled a change)
+
+
+def _catalog(ctx: WorkerContext, device: Connected) -> None:
+    ctx.seg.atomic.fetch_add(L.H_CATALOG_GEN, 1)  # (a queue created or deleted)
+
+
+def _subscribing(ctx: WorkerContext, device: Connected) -> None:
+    import time
+
+    ctx.seg.atomic.store(L.H_SUBSCRIBED_AT, time.monotonic_ns())  # (another's SUBSCRIBE)
+
+
+def _closed(ctx: WorkerContext, device: Connected) -> None:
+    device.closed = True
+
+
+def _busy(ctx: WorkerContext, device: Connected) -> None:
+    device.busy = True
+
+
+def _binding(ctx: WorkerContext, device: Connected) -> None:
+    device.subscriptions.binding = 1
+
+
+def _partial_packet(ctx: WorkerContext, device: Connected) -> None:
+    device.reader.buffer += b"\x30"
+
+
+def _settled(ctx: WorkerContext, device: Connected) -> None:
+    device.acks.append(1)
+
+
+def _unread(ctx: WorkerContext, device: Connected) -> None:
+    device.amqp_out += b"\x01"
+
+
+def _inner_out(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.out.append(b"\x01")  # type: ignore[attr-defined]
+
+
+def _held_confirm(ctx: WorkerContext, device: Connected) -> None:
+    device.inbound.confirms[99] = ((P.PUBACK, 99), None)
+
+
+def _inner_closing(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.state = CLOSING
+
+
+def _blocked(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.flow_blocked[1] = 1
+
+
+def _channel_busy(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.channels[1].busy = True  # type: ignore[attr-defined]
+
+
+def _paging(ctx: WorkerContext, device: Connected) -> None:
+    class Pager:
+        files = {1: object()}
+        arena_high = 0
+
+    ctx.pager = Pager()  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _journal, _catalog, _subscribing, _closed, _busy, _binding, _partial_packet, _settled,
+        _unread, _inner_out, _held_confirm, _inner_closing, _blocked, _channel_busy, _paging,
+    ],
+)  # fmt: skip
+def test_it_takes_nothing_when_the_path_it_stands_for_would_not(
+    topic_ctx: WorkerContext, change: Callable[[WorkerContext, Connected], None]
+) -> None:
+    """Each condition of data_received's branch, publish_run's, arm's and
+    lane_run's confirms, changed after the DeviceRead was made: the read is
+    left whole to Python's path, nothing appended, nothing sent, nothing
+    counted."""
+    _, (qid,) = opened(topic_ctx, b"q")
+    device = Connected(topic_ctx, P.MQTT_311)
+    first_publish(device)
+    fast = device.fast()
+    before = queue_bodies(topic_ctx, qid)
+    device.sent.clear()
+    routed = topic_ctx.stats.v[stats.ROUTED]
+    change(topic_ctx, device)
+    data = packet(P.MQTT_311, b"not now", 1, 7)
+    assert device.read_in_c(fast, data) == 0
+    assert queue_bodies(topic_ctx, qid) == before
+    assert device.sent == []
+    assert topic_ctx.stats.v[stats.ROUTED] == routed

@@ -1,0 +1,408 @@
+/* A device's read in one C call (workers/mqtt_lane.py DeviceRead, issue 41's
+ * fan-in).
+ *
+ * A device publishing one message a read paid, around Lane.mqtt_read, the
+ * Python of three layers for each: MqttConnection.data_received's
+ * conditions, Inbound.publish_run's, lane_run with the definitions journal
+ * (ConnectionAccess.refresh), PublishLane.arm's checks and the confirms'.
+ * With a thousand devices per worker each read finds those objects out of
+ * the cache: about 25 µs a message, three times the run itself.
+ *
+ * Once a read went whole through the lane with its PUBACKs sent at once,
+ * lane_run makes a DeviceRead; MqttConnection gives it the next reads first.
+ * read() takes a read only where that path would have taken it the same
+ * way, and else takes nothing (0: Python's path reads it, as before, and
+ * drops the DeviceRead):
+ *   - the MQTT side as data_received's branch needs it (open, not closed,
+ *     not busy, nothing held, no settled acks, no partial packet) and no
+ *     SUBSCRIBE under way anywhere (shm/subscribe_barrier.py's first load);
+ *   - no definitions changed since (the journal's generation word is the
+ *     one its routes last replayed, so refresh() would do nothing) and no
+ *     queue created or deleted (the catalog generation, as arm's);
+ *   - each of PublishLane.arm's conditions on the inner connection, its
+ *     channel and publisher, read from them now (workers/lane.py);
+ *   - nothing that lets confirms wait (lane_run's condition for sending them
+ *     at once: no PUBACK held, no inner frames unread, nothing unsynced).
+ * Then it arms the lane from the arena as arm() does, runs it
+ * (mqtt_run_core), counts it (lane_account) and does lane_run's rest: the
+ * inner connection's read counters, the confirm numbers, the PUBACKs
+ * through the transport. A run that framed records or lost an entry's
+ * queue under its append comes back as mqtt_run's tuple, uncounted:
+ * lane_run's Python counts it (PublishLane.account). What the run did not
+ * take (at < len(data)) is Python's path's.
+ *
+ * Included by _wire.c after _lane_account.h; part of that module. */
+
+typedef struct {
+    PyObject_HEAD
+    LaneObject *lane;
+    /* The MQTT side: MqttConnection, its Inbound, transport, reader. */
+    PyObject *conn, *inbound, *transport, *reader;
+    /* The inner AMQP connection, its publish lane, channel and publisher. */
+    PyObject *amqp, *publish_lane, *channels, *channel, *publisher, *transactions, *delivery;
+    /* The worker's: context, arena, waker, the inner connection's pacer
+     * and confirming publishers, the statistics list. */
+    PyObject *ctx, *arena, *waker, *pacer, *confirm_channels, *stats;
+    /* mqtt_run's arguments 1-6 after data (exchange ... max_packet). */
+    PyObject *run_args[6];
+    PyObject *number; /* the channel's number, an int (the channels' key) */
+    uint64_t *journal, *catalog, *subscribed_at;
+    uint64_t journal_gen, catalog_gen;
+    long long barrier_ns, open_state, idle_state;
+} DeviceReadObject;
+
+/* The truth of obj.name: 1, 0, or -1 with an error set. */
+static int
+attr_true(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* obj.name as a C integer: 0, or -1 with an error set. */
+static int
+attr_ll(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Whether obj.name is `what`: 1, 0, or -1 with an error set. */
+static int
+attr_is(PyObject *obj, PyObject *name, PyObject *what)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int r = v == what;
+    Py_DECREF(v);
+    return r;
+}
+
+static uint64_t
+word_now(const uint64_t *word)
+{
+    return __atomic_load_n(word, __ATOMIC_SEQ_CST);
+}
+
+/* 1 when every condition for taking this read holds (see the top), 0 when
+ * one does not, -1 with an error set. */
+static int
+device_may_read(DeviceReadObject *d)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (now - (long long)word_now(d->subscribed_at) < d->barrier_ns)
+        return 0; /* a SUBSCRIBE under way somewhere: data_received's barrier decides */
+    if (word_now(d->journal) != d->journal_gen || word_now(d->catalog) != d->catalog_gen)
+        return 0;
+    /* Each false is required, in data_received's, publish_run's, arm's and
+     * lane_run's order. */
+    struct {
+        PyObject *obj, *name;
+    } falses[] = {
+        {d->conn, names.closed},         {d->conn, names.busy},
+        {d->conn, names.acks},           {d->reader, names.buffer},
+        {d->inbound, names.plain},       {d->amqp, names.flow_blocked},
+        {d->channel, names.closing},     {d->channel, names.busy},
+        {d->channel, names.flow_backlog}, {d->delivery, names.consumers},
+        {d->publisher, names.confirm_held}, {d->inbound, names.confirms},
+        {d->amqp, names.out},            {d->conn, names.amqp_out},
+        {d->publisher, names.unsynced},  {d->publisher, names.stream_waits},
+    };
+    for (size_t i = 0; i < sizeof falses / sizeof falses[0]; i++) {
+        int r = attr_true(falses[i].obj, falses[i].name);
+        if (r != 0)
+            return r < 0 ? -1 : 0;
+    }
+    int r = attr_true(d->conn, names.open);
+    if (r <= 0)
+        return r;
+    PyObject *subscriptions = PyObject_GetAttr(d->conn, names.subscriptions);
+    if (subscriptions == NULL)
+        return -1;
+    r = attr_true(subscriptions, names.binding);
+    Py_DECREF(subscriptions);
+    if (r != 0)
+        return r < 0 ? -1 : 0;
+    long long state;
+    if (attr_ll(d->amqp, names.state, &state) < 0)
+        return -1;
+    if (state != d->open_state)
+        return 0;
+    PyObject *current = PyDict_GetItemWithError(d->channels, d->number); /* (borrowed) */
+    if (current != d->channel)
+        return PyErr_Occurred() ? -1 : 0;
+    if (attr_ll(d->publisher, names.state, &state) < 0)
+        return -1;
+    if (state != d->idle_state)
+        return 0;
+    if ((r = attr_is(d->publisher, names.pending, Py_None)) <= 0 ||
+        (r = attr_is(d->transactions, names.tx, Py_None)) <= 0 ||
+        (r = attr_is(d->publish_lane, names.publisher, d->publisher)) <= 0)
+        return r;
+    PyObject *config = PyObject_GetAttr(d->ctx, names.config);
+    if (config == NULL)
+        return -1;
+    long long max_body;
+    r = attr_ll(config, names.max_message_size, &max_body);
+    Py_DECREF(config);
+    if (r < 0)
+        return -1;
+    return (uint64_t)max_body == d->lane->max_body;
+}
+
+/* arm(): the lane from the arena's cursor and fill and the pager's high
+ * mark, as PublishLane.arm gives them. 1, 0 (a pager with files: not now),
+ * or -1 with an error set. */
+static int
+device_arm(DeviceReadObject *d)
+{
+    long long page_out = 1LL << 62;
+    PyObject *pager = PyObject_GetAttr(d->ctx, names.pager);
+    if (pager == NULL)
+        return -1;
+    if (pager != Py_None) {
+        int files = attr_true(pager, names.files);
+        int r = files != 0 ? files : attr_ll(pager, names.arena_high, &page_out);
+        Py_DECREF(pager);
+        if (r != 0)
+            return r < 0 ? -1 : 0;
+    } else
+        Py_DECREF(pager);
+    long long cursor, used, high;
+    if (attr_ll(d->arena, names.cursor, &cursor) < 0 || attr_ll(d->arena, names.used, &used) < 0 ||
+        attr_ll(d->arena, names.high, &high) < 0)
+        return -1;
+    return lane_arm_at(d->lane, (Py_ssize_t)cursor, (uint64_t)used, (uint64_t)high,
+                       (uint64_t)page_out); /* (0: Python's arm says why) */
+}
+
+/* read(data, long_read) -> int | (at, n, acks, ids): bytes of data taken,
+ * counted and confirmed (0: none, Python's path reads it all); the tuple:
+ * a run lane_run's Python must count (records, or an entry gone). */
+static PyObject *
+DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "read(data, long_read)");
+        return NULL;
+    }
+    int long_read = PyObject_IsTrue(args[1]);
+    if (long_read < 0)
+        return NULL;
+    int may = device_may_read(d);
+    if (may > 0)
+        may = device_arm(d);
+    if (may <= 0)
+        return may < 0 ? NULL : PyLong_FromLong(0);
+    PyObject *run_args[7] = {args[0]};
+    memcpy(run_args + 1, d->run_args, sizeof d->run_args);
+    SmallBuf acks, ids;
+    small_init(&acks);
+    small_init(&ids);
+    Py_ssize_t at = 0;
+    long long n = 0;
+    PyObject *out = NULL;
+    LaneObject *lane = d->lane;
+    int ran = mqtt_run_core(lane, run_args, &at, &n, &acks, &ids);
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb); /* (the run's failure: after the count) */
+    int at_once = long_read && lane->n * 4 != (long long)acks.len; /* (QoS 0: Inbound.publish's) */
+    int r = at_once ? PyObject_SetAttr(d->waker, names.at_once, Py_True) : 0;
+    if (r == 0 && (lane->gone_seq >= 0 || lane->st_count)) {
+        /* Python counts it (lane_run's account): mqtt_run's result. */
+        if (ran == 0)
+            out = Py_BuildValue("(nLy#y#)", at, n, (const char *)acks.p, acks.len,
+                                (const char *)ids.p, ids.len);
+        goto done;
+    }
+    PyObject *objs[6] = {d->arena, d->publisher, d->waker, d->pacer, d->ctx, d->confirm_channels};
+    if (r == 0)
+        r = lane_account(lane, objs);
+    if (at_once && PyObject_SetAttr(d->waker, names.at_once, Py_False) < 0)
+        r = -1; /* (it does not outlive the read: data_received's finally) */
+    if (r < 0 || ran < 0 || !n) {
+        if (r == 0 && ran == 0)
+            out = PyLong_FromLong(0); /* nothing taken: Python's path reads it */
+        goto done;
+    }
+    /* lane_run's rest: the read's counters, the confirm numbers, the
+     * confirms (nothing waits before them: device_may_read) and so the
+     * PUBACKs, now. */
+    long long high, sent, seq;
+    if (attr_add(d->amqp, names.recv_oct, at) < 0 || attr_add(d->amqp, names.recv_cnt, 1) < 0 ||
+        attr_add(d->inbound, names.confirm_seq, n) < 0 ||
+        attr_ll(d->publisher, names.confirm_high, &high) < 0 ||
+        attr_ll(d->publisher, names.confirm_sent, &sent) < 0 ||
+        attr_ll(d->publisher, names.publish_seq, &seq) < 0)
+        goto done;
+    if (high != seq) {
+        PyErr_SetString(PyExc_RuntimeError, "a device's run left confirms behind");
+        goto done;
+    }
+    if (item_add(d->stats, stat_confirmed, high - sent) < 0)
+        goto done;
+    PyObject *v = PyLong_FromLongLong(high);
+    r = v == NULL ? -1 : PyObject_SetAttr(d->publisher, names.confirm_sent, v);
+    Py_XDECREF(v);
+    if (r < 0)
+        goto done;
+    if (acks.len) {
+        PyObject *packets = PyBytes_FromStringAndSize((const char *)acks.p, acks.len);
+        PyObject *w = packets == NULL
+                          ? NULL
+                          : PyObject_CallMethodOneArg(d->transport, names.write, packets);
+        Py_XDECREF(packets);
+        if (w == NULL)
+            goto done;
+        Py_DECREF(w);
+    }
+    out = PyLong_FromSsize_t(at);
+done:
+    small_free(&acks);
+    small_free(&ids);
+    return run_failure_first(out, exc_type, exc_value, exc_tb);
+}
+
+/* DeviceRead(lane, conn, inbound, transport, reader, amqp, publish_lane,
+ *            channels, channel, publisher, transactions, delivery, ctx,
+ *            arena, waker, pacer, confirm_channels, stats, exchange, topics,
+ *            props0, props1, level5, max_packet, number, journal_word,
+ *            journal_gen, catalog_word, catalog_gen, subscribed_at_word,
+ *            barrier_ns, open_state, idle_state): made by lane_run
+ * (workers/mqtt_lane.py) after a read the lane took whole. The words are
+ * offsets into the segment of the lane's Atomic. */
+static int
+DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
+{
+    PyObject *o[25];
+    unsigned long long journal_word, journal_gen, catalog_word, catalog_gen, subscribed_at_word;
+    long long barrier_ns, open_state, idle_state;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOO!OOOOOOOOO!O!O!O!OOOOOKKKKKLLL:DeviceRead", &LaneType,
+                          &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &PyDict_Type, &o[7],
+                          &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15],
+                          &PySet_Type, &o[16], &PyList_Type, &o[17], &PyBytes_Type, &o[18],
+                          &PyDict_Type, &o[19], &o[20], &o[21], &o[22], &o[23], &o[24],
+                          &journal_word, &journal_gen, &catalog_word, &catalog_gen,
+                          &subscribed_at_word, &barrier_ns, &open_state, &idle_state))
+        return -1;
+    LaneObject *lane = (LaneObject *)o[0];
+    uint64_t *journal = queues_api->word(lane->atomic, (Py_ssize_t)journal_word);
+    uint64_t *catalog = journal == NULL ? NULL : queues_api->word(lane->atomic, (Py_ssize_t)catalog_word);
+    uint64_t *subscribed_at =
+        catalog == NULL ? NULL : queues_api->word(lane->atomic, (Py_ssize_t)subscribed_at_word);
+    if (subscribed_at == NULL)
+        return -1;
+    PyObject **fields[] = {
+        (PyObject **)&d->lane, &d->conn,      &d->inbound,     &d->transport,
+        &d->reader,            &d->amqp,      &d->publish_lane, &d->channels,
+        &d->channel,           &d->publisher, &d->transactions, &d->delivery,
+        &d->ctx,               &d->arena,     &d->waker,       &d->pacer,
+        &d->confirm_channels,  &d->stats,     &d->run_args[0], &d->run_args[1],
+        &d->run_args[2],       &d->run_args[3], &d->run_args[4], &d->run_args[5],
+        &d->number,
+    };
+    for (int i = 0; i < 25; i++)
+        Py_XSETREF(*fields[i], Py_NewRef(o[i]));
+    d->journal = journal;
+    d->catalog = catalog;
+    d->subscribed_at = subscribed_at;
+    d->journal_gen = journal_gen;
+    d->catalog_gen = catalog_gen;
+    d->barrier_ns = barrier_ns;
+    d->open_state = open_state;
+    d->idle_state = idle_state;
+    return 0;
+}
+
+static int
+DeviceRead_traverse(DeviceReadObject *d, visitproc visit, void *arg)
+{
+    Py_VISIT(d->lane);
+    Py_VISIT(d->conn);
+    Py_VISIT(d->inbound);
+    Py_VISIT(d->transport);
+    Py_VISIT(d->reader);
+    Py_VISIT(d->amqp);
+    Py_VISIT(d->publish_lane);
+    Py_VISIT(d->channels);
+    Py_VISIT(d->channel);
+    Py_VISIT(d->publisher);
+    Py_VISIT(d->transactions);
+    Py_VISIT(d->delivery);
+    Py_VISIT(d->ctx);
+    Py_VISIT(d->arena);
+    Py_VISIT(d->waker);
+    Py_VISIT(d->pacer);
+    Py_VISIT(d->confirm_channels);
+    Py_VISIT(d->stats);
+    for (int i = 0; i < 6; i++)
+        Py_VISIT(d->run_args[i]);
+    Py_VISIT(d->number);
+    return 0;
+}
+
+static int
+DeviceRead_clear(DeviceReadObject *d)
+{
+    Py_CLEAR(d->lane);
+    Py_CLEAR(d->conn);
+    Py_CLEAR(d->inbound);
+    Py_CLEAR(d->transport);
+    Py_CLEAR(d->reader);
+    Py_CLEAR(d->amqp);
+    Py_CLEAR(d->publish_lane);
+    Py_CLEAR(d->channels);
+    Py_CLEAR(d->channel);
+    Py_CLEAR(d->publisher);
+    Py_CLEAR(d->transactions);
+    Py_CLEAR(d->delivery);
+    Py_CLEAR(d->ctx);
+    Py_CLEAR(d->arena);
+    Py_CLEAR(d->waker);
+    Py_CLEAR(d->pacer);
+    Py_CLEAR(d->confirm_channels);
+    Py_CLEAR(d->stats);
+    for (int i = 0; i < 6; i++)
+        Py_CLEAR(d->run_args[i]);
+    Py_CLEAR(d->number);
+    return 0;
+}
+
+static void
+DeviceRead_dealloc(DeviceReadObject *d)
+{
+    PyObject_GC_UnTrack(d);
+    DeviceRead_clear(d);
+    Py_TYPE(d)->tp_free((PyObject *)d);
+}
+
+static PyMethodDef DeviceRead_methods[] = {
+    {"read", (PyCFunction)(void (*)(void))DeviceRead_read, METH_FASTCALL,
+     "A device's read through its lane, counted and confirmed; 0: Python's path reads it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject DeviceReadType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shoal.workers._wire.DeviceRead",
+    .tp_basicsize = sizeof(DeviceReadObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A device's reads through its publish lane in C (workers/_lane_device.h).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)DeviceRead_init,
+    .tp_traverse = (traverseproc)DeviceRead_traverse,
+    .tp_clear = (inquiry)DeviceRead_clear,
+    .tp_dealloc = (destructor)DeviceRead_dealloc,
+    .tp_methods = DeviceRead_methods,
+};
