@@ -190,13 +190,17 @@ def device_run(
     """A device's read through its DeviceRead: how many bytes of `data` it
     took (0: none, Python's path reads them all, as what it leaves)."""
     assert amqp is not None  # (a DeviceRead is made with its inner connection)
+    waker = amqp.ctx.waker
     try:
-        taken = fast.read(data, long_read)
-        if isinstance(taken, int):
-            return taken
-        # A run its Python counts (PUBLISH records, a queue deleted under it).
+        taken = fast.read(data, long_read)  # (a count it makes leaves Waker.at_once unset)
+    except BaseException:
+        waker.at_once = False  # (it does not outlive the read: data_received's)
+        raise
+    if isinstance(taken, int):
+        return taken
+    try:  # a run its Python counts (PUBLISH records, a queue deleted under it)
         for qid, count, _watcher, _exchange in amqp.publish_lane.account():  # type: ignore[union-attr]
             amqp.pacer.published(qid, count)
         return run_end(inbound, amqp, taken)
     finally:
-        amqp.ctx.waker.at_once = False  # (it does not outlive the read: data_received's)
+        waker.at_once = False

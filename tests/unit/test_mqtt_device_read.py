@@ -85,6 +85,7 @@ def test_it_takes_the_next_reads_as_the_lane_run_does(topic_ctx: WorkerContext, 
         packet(level, b, q, 10 + i) for i, (b, q) in enumerate(zip(bodies, qos, strict=True))
     )
     assert device.read_in_c(fast, data) == len(data)
+    assert not topic_ctx.waker.at_once  # (a long read's QoS 0 asked for it: not beyond the read)
     assert len(device.sent) == 1, "the read's PUBACKs in one write"
     assert device.pubacks() == [10 + i for i in range(200) if qos[i]]
     publisher = device.client.conn.channels[1].publisher  # type: ignore[attr-defined]
