@@ -227,7 +227,9 @@ class PublishLane:
 
     def arm(self) -> Lane | None:
         """The lane for this read's scan, if it may take publishes now. Call
-        after the connection's ConnectionAccess.refresh (its routes synced)."""
+        after the connection's ConnectionAccess.refresh (its routes synced).
+        An MQTT device's DeviceRead checks the same conditions in C
+        (workers/_lane_device.h): a condition added here goes there too."""
         publisher = self.publisher
         if publisher is None or not self.known:
             return None
@@ -310,7 +312,9 @@ class PublishLane:
         """After a scan with the lane armed: what it took, as fast_publish's
         `_account` and `Arena.alloc` would have counted it one by one, and
         the wake-ups its appends took. Returns [(qid, messages, watcher,
-        exchange)] of the routes it appended through."""
+        exchange)] of the routes it appended through. Lane.mqtt_read counts
+        the same in C (workers/_lane_account.h): a count added here goes
+        there too."""
         n, body_bytes, buckets, cursor, used, touched, gone, records, stored, first_stored = (
             self.lane.take()
         )
