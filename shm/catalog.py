@@ -151,6 +151,12 @@ class CatalogReader:
         self.epoch = -1
         self.offset = 0
 
+    @property
+    def gen_word(self) -> int:
+        """The offset of the word changed() looks at (a C reader's own look:
+        workers/_lane_device.h); `gen` is its value as of the last poll."""
+        return self.base + C_GEN
+
     def changed(self) -> bool:
         """One atomic load: is there anything new?"""
         return self.a.load(self.base + C_GEN) != self.gen

@@ -90,6 +90,10 @@ class QueueCatalog:
     def catalog_generation(self) -> int:
         return self.a.load(layout.H_CATALOG_GEN)
 
+    # The offset of the word catalog_generation() loads (a C reader's own
+    # look: workers/_lane_device.h).
+    generation_word = layout.H_CATALOG_GEN
+
     def lookup(self, name: bytes, vhost: int = 0) -> int | None:
         """qid of the active queue called `name` in virtual host `vhost` (an
         id), from a cache rebuilt only when the scheduler bumps the catalog

@@ -47,6 +47,11 @@ class SubscribeBarrier:
         self._next = 0
         self._a.store(self._mine, 0)
 
+    # The offset of the word holds() looks at first (a C reader's own look:
+    # workers/_lane_device.h), and how long a SUBSCRIBE may hold publishes.
+    subscribed_at_word = layout.H_SUBSCRIBED_AT
+    barrier_ns = BARRIER_NS
+
     def begin(self) -> int:
         """A SUBSCRIBE begins: publishes read from now on wait for end(token)."""
         now = time.monotonic_ns()

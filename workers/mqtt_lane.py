@@ -34,10 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from shoal.broker import ipc
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
-from shoal.shm import layout as L
-from shoal.shm.catalog import C_GEN
 from shoal.shm.stats import CONFIRMED
-from shoal.shm.subscribe_barrier import BARRIER_NS
 from shoal.shm.wake import Waker
 from shoal.workers._wire import DeviceRead, Lane
 from shoal.workers.channel_state import IDLE
@@ -172,15 +169,15 @@ def device_read(
     ctx = amqp.ctx
     client = conn.client_id if inbound.subscriptions.no_local else None  # (as publish_run)
     known = inbound.known_properties
-    journal = ctx.routes.reader
+    journal, barrier = ctx.routes.reader, ctx.subscribe_barrier
     return DeviceRead(
         publish_lane.lane, conn, inbound, conn.transport, conn.reader, amqp, publish_lane,
         amqp.channels, publisher.channel, publisher, publisher.transactions, publisher.delivery,
         ctx, ctx.arena, ctx.waker, amqp.pacer, amqp.confirm_channels, publisher.stats,
         EXCHANGE, inbound.plain_topics, known.get((0, False, client)),
         known.get((1, False, client)), conn.level == P.MQTT_5, conn.reader.max_size,
-        publisher.number, journal.base + C_GEN, journal.gen, L.H_CATALOG_GEN,
-        publish_lane.catalog_gen, L.H_SUBSCRIBED_AT, BARRIER_NS, OPEN, IDLE,
+        publisher.number, journal.gen_word, journal.gen, ctx.shared.catalog.generation_word,
+        publish_lane.catalog_gen, barrier.subscribed_at_word, barrier.barrier_ns, OPEN, IDLE,
     )  # fmt: skip
 
 

@@ -464,9 +464,17 @@ def test_the_sweep_releases_what_an_acker_killed_in_the_window_left_blocked(
     assert qword(race.seg, QID, L.Q_FLOW) == L.FLOW_BLOCKED
     assert qword(race.seg, QID, L.Q_BYTES) <= RESUME
     assert ctrl.load(WAITING) == 1 and race.running("publisher")
-    race.sweep()
-    assert race.sweep_releases == 1 and ctrl.load(GEN) == 1
-    assert qword(race.seg, QID, L.Q_FLOW) == L.FLOW_OPEN
+    # The publisher stopped while the sweep releases it: once released, with
+    # no acker draining, it fills the queue and blocks it again, and on a
+    # busy machine it could do so before the look below.
+    (publisher,) = race.running("publisher")
+    os.kill(publisher, signal.SIGSTOP)
+    try:
+        race.sweep()
+        assert race.sweep_releases == 1 and ctrl.load(GEN) == 1
+        assert qword(race.seg, QID, L.Q_FLOW) == L.FLOW_OPEN
+    finally:
+        os.kill(publisher, signal.SIGCONT)
     while not ctrl.load(RELEASED):
         assert time.monotonic() < deadline, f"the publisher was not released: {race.state()}"
         time.sleep(0.0002)

@@ -14,9 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from shoal.broker.mqtt import packets as P
-from shoal.shm import layout as L
 from shoal.shm import stats
-from shoal.shm.catalog import C_GEN
 from shoal.workers._wire import DeviceRead
 from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import CLOSING
@@ -107,18 +105,18 @@ def test_it_takes_the_next_reads_as_the_lane_run_does(topic_ctx: WorkerContext, 
 
 
 def _journal(ctx: WorkerContext, device: Connected) -> None:
-    reader = ctx.routes.reader
-    ctx.seg.atomic.fetch_add(reader.base + C_GEN, 1)  # (the scheduler journaled a change)
+    ctx.seg.atomic.fetch_add(ctx.routes.reader.gen_word, 1)  # (the scheduler journaled a change)
 
 
 def _catalog(ctx: WorkerContext, device: Connected) -> None:
-    ctx.seg.atomic.fetch_add(L.H_CATALOG_GEN, 1)  # (a queue created or deleted)
+    ctx.seg.atomic.fetch_add(ctx.shared.catalog.generation_word, 1)  # (a queue made or deleted)
 
 
 def _subscribing(ctx: WorkerContext, device: Connected) -> None:
     import time
 
-    ctx.seg.atomic.store(L.H_SUBSCRIBED_AT, time.monotonic_ns())  # (another's SUBSCRIBE)
+    barrier = ctx.subscribe_barrier
+    ctx.seg.atomic.store(barrier.subscribed_at_word, time.monotonic_ns())  # (another's SUBSCRIBE)
 
 
 def _closed(ctx: WorkerContext, device: Connected) -> None:
