@@ -64,24 +64,6 @@ lane_names_init(void)
     return 0;
 }
 
-/* obj.name += n (an int attribute): 0, or -1 with an error set. */
-static int
-attr_add(PyObject *obj, PyObject *name, long long n)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    PyObject *add = PyLong_FromLongLong(n);
-    PyObject *sum = add == NULL ? NULL : PyNumber_Add(v, add);
-    Py_DECREF(v);
-    Py_XDECREF(add);
-    if (sum == NULL)
-        return -1;
-    int r = PyObject_SetAttr(obj, name, sum);
-    Py_DECREF(sum);
-    return r;
-}
-
 /* list[i] += n: 0, or -1 with an error set. */
 static int
 item_add(PyObject *list, Py_ssize_t i, long long n)

@@ -51,42 +51,6 @@ typedef struct {
     long long barrier_ns, open_state, idle_state;
 } DeviceReadObject;
 
-/* The truth of obj.name: 1, 0, or -1 with an error set. */
-static int
-attr_true(PyObject *obj, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
-/* obj.name as a C integer: 0, or -1 with an error set. */
-static int
-attr_ll(PyObject *obj, PyObject *name, long long *out)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
-/* Whether obj.name is `what`: 1, 0, or -1 with an error set. */
-static int
-attr_is(PyObject *obj, PyObject *name, PyObject *what)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return -1;
-    int r = v == what;
-    Py_DECREF(v);
-    return r;
-}
-
 static uint64_t
 word_now(const uint64_t *word)
 {
