@@ -533,6 +533,9 @@ error:
     return NULL;
 }
 
+#include "_attrs.h"     /* attribute reads and adds: one definition */
+#include "_mqtt_flush.h" /* DeliveryFlush: deliveries from the inner connection's flush */
+
 static PyMethodDef methods[] = {
     {"deliveries", (PyCFunction)(void (*)(void))deliveries, METH_FASTCALL,
      "A run of planned deliveries of the inner AMQP connection as PUBLISH packets."},
@@ -550,5 +553,10 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__mqtt_wire(void)
 {
-    return PyModule_Create(&module);
+    if (flush_names_init() < 0 || PyType_Ready(&DeliveryFlushType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "DeliveryFlush", (PyObject *)&DeliveryFlushType) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 from typing_extensions import Buffer
 
 def deliveries(
@@ -38,3 +40,12 @@ def pubacks(
     """A subscriber's read's leading run of PUBACKs with success (short form)
     at `at`: (where Python goes on, the delivery tags of their ids popped from
     `unacked`, those equal to `nothing` left out)."""
+
+class DeliveryFlush:
+    """An MQTT subscriber's inner connection's scheduled flush: where only
+    planned deliveries are to write (and the bridge reads nothing else),
+    Connection.flush, the bridge's read and Outbound.run in one call, the
+    PUBLISHes written to `conn`'s transport; else `fallback()`."""
+
+    def __init__(self, conn: object, amqp: object, fallback: Callable[[], None], /) -> None: ...
+    def __call__(self) -> None: ...

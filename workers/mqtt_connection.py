@@ -453,7 +453,7 @@ class MqttConnection(asyncio.Protocol):
             self.amqp.protocol = "Web " + self.amqp.protocol  # RabbitMQ's web-mqtt says so
         side = AmqpSide(self)
         self.amqp.connection_made(side)
-        self.amqp.scheduled_flush = side.flush_then_read(self.amqp.flush)
+        self.amqp.scheduled_flush = side.scheduled_flush(self.amqp)
         self.amqp.confirm_sink = self.inbound.confirmed_at_once
         # No user name, a TLS client certificate, EXTERNAL on: its user (mqtt.ssl_cert_login).
         cert_login = "EXTERNAL" in self.ctx.config.auth_mechanisms

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from shoal.workers._mqtt_wire import DeliveryFlush
 from shoal.workers.connection import LINGER_TIMEOUT
 
 # What the inner connection may ask of the client's socket: its addresses, and
@@ -42,6 +43,13 @@ class AmqpSide:
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
+
+    def scheduled_flush(self, amqp: Any) -> Callable[[], None]:
+        """The inner connection `amqp`'s flush at the end of a loop turn:
+        where it has only planned deliveries to write and the bridge reads
+        nothing else, one C call writes them as PUBLISHes to the client's
+        socket (workers/_mqtt_flush.h); else flush_then_read's chain."""
+        return DeliveryFlush(self.bridge, amqp, self.flush_then_read(amqp.flush))
 
     def flush_then_read(self, flush: Callable[[], None]) -> Callable[[], None]:
         """The inner connection's flush at the end of a loop turn, and the
