@@ -2075,6 +2075,8 @@ fail:
     return NULL;
 }
 
+#include "_ack_read.h" /* AckRead: a subscriber's reads of PUBACKs */
+
 static PyMethodDef methods[] = {
     {"properties_ok", properties_ok, METH_O,
      "Whether a content header payload's basic properties are well formed."},
@@ -2120,7 +2122,8 @@ PyInit__wire(void)
     if (PyType_Ready(&LaneType) < 0)
         return NULL;
     crc_init();
-    if (lane_names_init() < 0 || PyType_Ready(&DeviceReadType) < 0)
+    if (lane_names_init() < 0 || PyType_Ready(&DeviceReadType) < 0 || ack_names_init() < 0 ||
+        PyType_Ready(&AckReadType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -2134,6 +2137,10 @@ PyInit__wire(void)
     Py_INCREF(&DeviceReadType);
     if (PyModule_AddObject(m, "DeviceRead", (PyObject *)&DeviceReadType) < 0) {
         Py_DECREF(&DeviceReadType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "AckRead", (PyObject *)&AckReadType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -48,6 +48,7 @@ from shoal.workers import framing
 from shoal.workers import mqtt_inner as inner
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
+from shoal.workers.mqtt_acks import ack_read
 from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
 from shoal.workers.mqtt_lane import device_read, device_run
 from shoal.workers.mqtt_outbound import Outbound
@@ -160,6 +161,8 @@ class MqttConnection(asyncio.Protocol):
             if self.open and not (self.busy or self.closed or self.acks or self.reader.buffer):
                 if data[0] == 0x40 and self.outbound is not None:  # (a run of PUBACKs in C)
                     at = self.outbound.puback_run(data, self.acks)
+                    if at == len(data):  # the next such reads in one C call
+                        self.inbound.fast = ack_read(self)
                 else:
                     at = self.inbound.publish_run(data, self.reader.max_size, self.amqp)  # (in C)
                     if self.inbound.lane_whole and self.amqp is not None:

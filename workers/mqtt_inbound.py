@@ -37,7 +37,7 @@ from shoal.workers.mqtt_lane import lane_run
 from shoal.workers.mqtt_subscriptions import Subscriptions
 
 if TYPE_CHECKING:
-    from shoal.workers._wire import DeviceRead
+    from shoal.workers._wire import AckRead, DeviceRead
     from shoal.workers.connection import Connection
 
 log = logging.getLogger("shoal.mqtt")
@@ -93,7 +93,7 @@ class Inbound:
         # then the next reads' way in C (workers/mqtt_lane.py device_read),
         # until a read it does not take (MqttConnection.data_received).
         self.lane_whole = False
-        self.fast: DeviceRead | None = None
+        self.fast: DeviceRead | AckRead | None = None
 
     def publish(self, packet: P.Publish) -> None:
         packet_id = packet.packet_id

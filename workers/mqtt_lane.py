@@ -36,7 +36,7 @@ from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.shm.stats import CONFIRMED
 from shoal.shm.wake import Waker
-from shoal.workers._wire import DeviceRead, Lane
+from shoal.workers._wire import AckRead, DeviceRead, Lane
 from shoal.workers.channel_state import IDLE
 from shoal.workers.handshake import OPEN
 from shoal.workers.lane import ROTATING
@@ -68,7 +68,7 @@ class DeviceInbound(LaneInbound, Protocol):
     subscriptions: Subscriptions
     known_properties: dict[tuple[int, bool, str | None], bytes]
     plain: list[bytes]  # publishes framed, not yet fed to the inner connection
-    fast: DeviceRead | None
+    fast: DeviceRead | AckRead | None
 
 
 class DeviceConnection(Protocol):
@@ -182,11 +182,16 @@ def device_read(
 
 
 def device_run(
-    fast: DeviceRead, inbound: LaneInbound, amqp: Connection | None, data: bytes, long_read: bool
+    fast: DeviceRead | AckRead,
+    inbound: LaneInbound,
+    amqp: Connection | None,
+    data: bytes,
+    long_read: bool,
 ) -> int:
-    """A device's read through its DeviceRead: how many bytes of `data` it
-    took (0: none, Python's path reads them all, as what it leaves)."""
-    assert amqp is not None  # (a DeviceRead is made with its inner connection)
+    """A client's read through its DeviceRead (or a subscriber's AckRead,
+    workers/mqtt_acks.py): how many bytes of `data` it took (0: none,
+    Python's path reads them all, as what it leaves)."""
+    assert amqp is not None  # (each is made with its inner connection)
     waker = amqp.ctx.waker
     try:
         taken = fast.read(data, long_read)  # (a count it makes leaves Waker.at_once unset)
