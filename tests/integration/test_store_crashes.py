@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 
+from shoal.shm.layout import MSG_PREFIX
+from shoal.store import messages, records
 from tests.broker_process import Broker, wait_for
 from tests.clients import connect, worker_of
 
@@ -31,7 +35,11 @@ CONNECTION_ERRORS = (pika.exceptions.AMQPError, OSError, AssertionError)
 @dataclass
 class Ledger:
     """What the clients saw, per round: ids published (attempted), confirmed,
-    and acked (the ack was sent)."""
+    and acked: the ack attempted, recorded before basic_ack. pika writes the
+    ack frame, then reads what the socket has in the same poll: if the
+    broker took the ack (its SETTLE written) and was killed before that
+    read, basic_ack raises for an ack the broker has, and the message is
+    rightly gone."""
 
     published: set[bytes] = field(default_factory=set)
     confirmed: set[bytes] = field(default_factory=set)
@@ -81,9 +89,9 @@ def consumer(broker: Broker, ledger: Ledger, stop: threading.Event) -> None:
                 ledger.delivered.add(body)
             # Now and then a message is left unacked: it must come back.
             if random.random() < 0.9:
-                ch.basic_ack(method.delivery_tag)
                 with ledger.lock:
-                    ledger.acked.add(body)
+                    ledger.acked.add(body)  # before: it may reach the broker and still raise
+                ch.basic_ack(method.delivery_tag)
 
         for queue in QUEUES:
             ch.basic_consume(queue, on_message)
@@ -162,12 +170,16 @@ def check(ledger: Ledger, found: dict[str, list[tuple[bytes, bool]]], redelivere
 
 
 @pytest.mark.slow  # its own CI step (.ci/run: slow)
-def test_confirmed_messages_survive_20_sigkills_of_the_whole_broker(broker: Broker) -> None:
+def test_confirmed_messages_survive_20_sigkills_of_the_whole_broker(
+    broker: Broker, tmp_path: Path
+) -> None:
     declare(broker)
     rng = random.Random(1325)
+    before = tmp_path / "msgs-before-start"  # what the last recovery read (store_trace)
     for round_ in range(ROUNDS):
         ledger = Ledger()
         run_load(broker, ledger, rng.uniform(0.1, 0.8), broker.crash)
+        keep_store(broker, before)
         broker.start()
         if round_ % 4 == 3:
             # Crash again right after a recovery (with some acks in between):
@@ -178,10 +190,12 @@ def test_confirmed_messages_survive_20_sigkills_of_the_whole_broker(broker: Brok
                 method, _props, body = ch.basic_get(QUEUES[0])
                 if method is None:
                     break
-                ch.basic_ack(method.delivery_tag)
                 ledger.acked.add(body)
+                ch.basic_ack(method.delivery_tag)
             conn.close()
-            broker.restart(crash=True)
+            broker.crash()
+            keep_store(broker, before)
+            broker.start()
         found = drain(broker)
         assert ledger.confirmed, f"round {round_}: nothing was confirmed"
         try:
@@ -190,8 +204,12 @@ def test_confirmed_messages_survive_20_sigkills_of_the_whole_broker(broker: Brok
             # Rare failures are hard to get again: say which round, and what
             # the broker logged (its recovery's counts included).
             log = broker.log_path.read_text(errors="replace")[-6000:]
+            missing = (
+                ledger.confirmed - ledger.acked - {b for got in found.values() for b, _ in got}
+            )
             raise AssertionError(
-                f"round {round_}: {exc}\n{left_behind(broker)}\n--- broker log ---\n{log}"
+                f"round {round_}: {exc}\n{left_behind(broker)}\n"
+                f"{trace_or_why(before, missing, ledger)}\n--- broker log ---\n{log}"
             ) from None
     # Everything drained: the store's files go.
     wait_for(lambda: not store_segments(broker), 10, "segments deleted after the drain")
@@ -207,6 +225,74 @@ def left_behind(broker: Broker) -> str:
     conn.close()
     files = sorted(os.listdir(os.path.join(broker.data_dir, "msgs")))
     return f"queues still hold {counts}; msgs/ holds {files}"
+
+
+def keep_store(broker: Broker, to: Path) -> None:
+    """A copy of msgs/ while the broker is down: what its next start's
+    recovery reads (store_trace)."""
+    shutil.rmtree(to, ignore_errors=True)
+    shutil.copytree(os.path.join(broker.data_dir, "msgs"), to)
+
+
+def trace_or_why(directory: Path, missing: set[bytes], ledger: Ledger) -> str:
+    try:
+        return store_trace(directory, missing, ledger)
+    except (OSError, ValueError) as exc:  # a diagnosis must not hide the failure
+        return f"no store trace: {exc!r}"
+
+
+def store_trace(directory: Path, missing: set[bytes], ledger: Ledger) -> str:
+    """Where the store had each of the first lost messages when the broker
+    was killed (`directory`: keep_store's copy), read without writing
+    (records.open_records would cut a file): its PUBLISH record (file,
+    offset, entries) and the SETTLE records that name it, or none. No
+    record: the store lost it; a record that nothing settles: recovery
+    dropped it; a SETTLE: an ack took it, one its consumer attempted
+    (then recorded here) unless the broker settled the wrong entry."""
+    lost = set(sorted(missing)[:5])
+    if not lost:
+        return ""
+    names = sorted(os.listdir(directory))
+    found: dict[bytes, list[tuple[str, int, list[messages.Entry]]]] = {}
+    settled: dict[tuple[str, int, int], list[str]] = {}
+    ends = []
+    for name in names:
+        with open(os.path.join(directory, name), "rb") as f:
+            data = f.read()
+        payloads, end, reason = records.decode_all(data, records.HEADER_SIZE)
+        if data.count(0, end) == len(data) - end:
+            reason = "then zeros" if end < len(data) else "whole"
+        ends.append(f"{name}: {len(payloads)} records, {end}/{len(data)} bytes ({reason})")
+        if ".acks." in name:
+            for payload in payloads:
+                for offset, uid in messages.decode_settles(payload):
+                    key = (name.split(".acks.")[0], offset, uid)
+                    settled.setdefault(key, []).append(name)
+            continue
+        if not name.endswith(".seg"):
+            continue
+        offset = records.HEADER_SIZE
+        for payload in payloads:
+            if payload[:1] == b"P":
+                entries, message = messages.decode_publish(payload)
+                ex, rk, _flags, props, size = MSG_PREFIX.unpack_from(message)
+                at = MSG_PREFIX.size + ex + rk + props
+                body = bytes(message[at : at + size])
+                if body in lost:
+                    found.setdefault(body, []).append((name[: -len(".seg")], offset, entries))
+            offset += records.RECORD_OVERHEAD + len(payload)
+    lines = ["msgs/ before the last start: " + "; ".join(ends)]
+    for body in sorted(lost):
+        seen = f"delivered={body in ledger.delivered}, ack attempted={body in ledger.acked}"
+        if body not in found:
+            lines.append(f"{body!r} ({seen}): no PUBLISH record in msgs/")
+        for message_file, offset, entries in found.get(body, []):
+            acks = {e.uid: settled.get((message_file, offset, e.uid), []) for e in entries}
+            lines.append(
+                f"{body!r} ({seen}): PUBLISH at {message_file}:{offset} {entries}, "
+                f"settled by {acks}"
+            )
+    return "\n".join(lines)
 
 
 def store_segments(broker: Broker) -> list[str]:
