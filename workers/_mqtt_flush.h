@@ -219,16 +219,21 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
         PyObject *amqp_out = PyObject_GetAttr(self->conn, fnames.amqp_out);
         PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(buffer) + at,
                                                    PyBytes_GET_SIZE(buffer) - at);
-        r = batch == NULL || amqp_out == NULL || rest == NULL ||
-                    PyObject_SetAttr(self->conn, fnames.out, batch) < 0 ||
-                    !PyByteArray_Check(amqp_out)
-                ? -1
-                : 0;
+        r = batch == NULL || amqp_out == NULL || rest == NULL ? -1 : 0;
+        if (r == 0 && !PyByteArray_Check(amqp_out)) {
+            PyErr_SetString(PyExc_TypeError, "amqp_out must be a bytearray");
+            r = -1;
+        }
         if (r == 0) {
             PyObject *grown = PySequence_InPlaceConcat(amqp_out, rest);
             r = grown == NULL ? -1 : 0;
             Py_XDECREF(grown);
         }
+        /* The batch opens last: a failure before leaves no batch that no
+         * _end_batch would close (the rest waits in amqp_out for the next
+         * read). */
+        if (r == 0)
+            r = PyObject_SetAttr(self->conn, fnames.out, batch);
         Py_XDECREF(batch);
         Py_XDECREF(amqp_out);
         Py_XDECREF(rest);

@@ -162,6 +162,19 @@ def test_a_run_that_stops_leaves_the_rest_to_read_amqp_after_its_packets() -> No
     assert inner.send_cnt == 1 and fallbacks == []
 
 
+def test_a_rest_it_cannot_hand_on_opens_no_batch() -> None:
+    # The rest goes to amqp_out before the batch opens: where it cannot (a
+    # bridge whose buffer is not a bytearray), the flush raises and leaves
+    # no batch that no _end_batch would close (the client's next packets
+    # would wait behind it).
+    confirm = frame.marshal(C.Basic.Ack(7, False), 1)
+    bridge, _inner, fallbacks, flush = _setup([delivery(1, b"one"), confirm])
+    bridge.amqp_out = b""  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="bytearray"):
+        flush()
+    assert bridge.out is None and bridge.reads == [] and fallbacks == []
+
+
 def _reading(b: Bridge, i: Inner) -> None:
     b.amqp_reading = True
 
