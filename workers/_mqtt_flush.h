@@ -199,6 +199,7 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
     /* (at, next_id, packets, miss); the miss is Python's to find again. */
     Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(ran, 0));
     PyObject *packets = PyTuple_GET_ITEM(ran, 2);
+    int handed = packets == Py_None; /* the run's packets written or in a batch */
     int r = at < 0 ? -1 : 0;
     if (r == 0)
         r = PyObject_SetAttr(f->outbound, fnames.next_packet_id, PyTuple_GET_ITEM(ran, 1));
@@ -207,6 +208,7 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
     if (r == 0 && at == PyBytes_GET_SIZE(buffer)) {
         /* The whole output: its PUBLISHes in one write (_flush). */
         if (packets != Py_None) {
+            handed = 1;
             PyObject *w = PyObject_CallMethodOneArg(f->transport, fnames.write, packets);
             r = w == NULL ? -1 : 0;
             Py_XDECREF(w);
@@ -232,8 +234,10 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
         /* The batch opens last: a failure before leaves no batch that no
          * _end_batch would close (the rest waits in amqp_out for the next
          * read). */
-        if (r == 0)
+        if (r == 0) {
             r = PyObject_SetAttr(self->conn, fnames.out, batch);
+            handed = r == 0;
+        }
         Py_XDECREF(batch);
         Py_XDECREF(amqp_out);
         Py_XDECREF(rest);
@@ -254,6 +258,18 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
                 PyErr_Restore(exc_type, exc_value, exc_tb);
             }
         }
+    }
+    if (!handed) {
+        /* The run booked its packets' ids (unacked, next_packet_id): they
+         * go out before the failure is raised, else the client would never
+         * see the ids the session waits on. */
+        PyObject *exc_type, *exc_value, *exc_tb;
+        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+        PyObject *w = PyObject_CallMethodOneArg(f->transport, fnames.write, packets);
+        Py_XDECREF(w);
+        if (w == NULL)
+            PyErr_Clear(); /* (the first failure is the one to raise) */
+        PyErr_Restore(exc_type, exc_value, exc_tb);
     }
     Py_DECREF(ran);
     return r;

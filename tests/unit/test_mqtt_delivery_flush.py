@@ -166,13 +166,19 @@ def test_a_rest_it_cannot_hand_on_opens_no_batch() -> None:
     # The rest goes to amqp_out before the batch opens: where it cannot (a
     # bridge whose buffer is not a bytearray), the flush raises and leaves
     # no batch that no _end_batch would close (the client's next packets
-    # would wait behind it).
+    # would wait behind it). The run's packets are written all the same:
+    # their ids are booked (unacked, next_packet_id), and a client that
+    # never got them would wait on those ids until it reconnects.
     confirm = frame.marshal(C.Basic.Ack(7, False), 1)
-    bridge, _inner, fallbacks, flush = _setup([delivery(1, b"one"), confirm])
+    first = delivery(1, b"one")
+    bridge, _inner, fallbacks, flush = _setup([first, confirm])
+    packets = deliveries(bytearray(first), 0, dict(bridge.outbound.planned), {}, 1, False)[2]
     bridge.amqp_out = b""  # type: ignore[assignment]
     with pytest.raises(TypeError, match="bytearray"):
         flush()
     assert bridge.out is None and bridge.reads == [] and fallbacks == []
+    assert bridge.outbound.unacked == {1: 1} and bridge.outbound.next_packet_id == 2
+    assert bridge.transport.writes == [packets]
 
 
 def _reading(b: Bridge, i: Inner) -> None:
