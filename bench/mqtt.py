@@ -24,7 +24,8 @@ CLOCK_MONOTONIC timestamp, so latency is publish -> delivery):
 
 Per run: delivered msg/s (messages received in the measured window / its length),
 latency p50/p99 of those, broker CPU seconds (its whole process tree, user + system,
-psutil) per 100k delivered, and the load generator's CPU (% of one core). The load
+psutil) per 100k delivered, and apart (user / system: the broker's own code against
+the kernel's work for it), and the load generator's CPU (% of one core). The load
 generator is one process per run: asyncio on uvloop, raw sockets, the MQTT packets
 encoded and parsed here; it connects its clients at a bounded concurrency, retrying
 what fails, and only then starts the clock (warm-up, then the measured window).
@@ -105,6 +106,7 @@ from peers import (  # noqa: E402
     server_version,
     shoal_root,
     tree_cpu,
+    tree_cpu_times,
 )
 
 BROKERS = {"shoal": "Shoal", "mosquitto": "mosquitto", "rabbitmq": "RabbitMQ"}
@@ -752,6 +754,10 @@ class Broker:
     def cpu(self) -> float | None:
         return tree_cpu(self.root) if self.root is not None else None
 
+    def cpu_times(self) -> tuple[float, float] | None:
+        """(user, system) seconds of the broker's process tree."""
+        return tree_cpu_times(self.root) if self.root is not None else None
+
     def alive(self) -> bool:
         return self.root is not None and not gone(self.root)
 
@@ -1077,9 +1083,9 @@ def run_one(
         t1 = t0 + opts.seconds
         parent.send(("go", t0, t1))
         sleep_until(t0)
-        cpu0 = broker.cpu()
+        cpu0 = broker.cpu_times()
         sleep_until(t1)
-        cpu1 = broker.cpu()
+        cpu1 = broker.cpu_times()
         if not parent.poll(DRAIN_MAX_S + 30):
             record["error"] = "the load generator did not report"
             return record
@@ -1089,9 +1095,13 @@ def run_one(
             return record
         record.update(info)
         if cpu0 is not None and cpu1 is not None:
-            record["broker_cpu_s"] = cpu1 - cpu0
+            user, system = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+            record["broker_cpu_s"] = user + system
             if record["delivered"]:
-                record["cpu_s_per_100k"] = (cpu1 - cpu0) / record["delivered"] * 1e5
+                per_100k = 1e5 / record["delivered"]
+                record["cpu_s_per_100k"] = (user + system) * per_100k
+                record["user_s_per_100k"] = user * per_100k
+                record["system_s_per_100k"] = system * per_100k
         if not record["delivered"]:
             record["error"] = "nothing delivered in the window"
         finished = True
@@ -1126,6 +1136,8 @@ def summary_line(r: dict[str, Any]) -> str:
     )
     if r.get("cpu_s_per_100k") is not None:
         text += f", broker CPU {r['broker_cpu_s']:.2f} s = {r['cpu_s_per_100k']:.2f} s/100k"
+        if r.get("user_s_per_100k") is not None:
+            text += f" ({r['user_s_per_100k']:.2f} user, {r['system_s_per_100k']:.2f} system)"
     text += f", generator {r['generator_cpu_pct']:.0f} %, connect {r.get('connect_s', 0):.1f} s"
     if r.get("connect_retries"):
         text += f" ({r['connect_retries']} retries)"
@@ -1219,6 +1231,16 @@ def latency_cell(runs: Sequence[dict[str, Any]]) -> str:
     return p50 if p50 in ("failed", "-") else f"{p50} / {p99}"
 
 
+def cpu_split_cell(runs: Sequence[dict[str, Any]]) -> str:
+    """The medians of user and of system time (the two need not add up to the
+    total's median): the broker's own code against the kernel's work for it."""
+    users = [v for r in runs if (v := dig(r, "user_s_per_100k")) is not None]
+    systems = [v for r in runs if (v := dig(r, "system_s_per_100k")) is not None]
+    if not users or not systems:
+        return "failed" if runs else "-"
+    return f"{statistics.median(users):.2f} / {statistics.median(systems):.2f}"
+
+
 def method_notes(opts: argparse.Namespace) -> list[str]:
     return [
         "Method: MQTT 3.1.1 clients, clean sessions, keep-alive off, user guest; "
@@ -1300,6 +1322,13 @@ def render_report(
         brokers,
         records,
         lambda rs: cell(rs, ("cpu_s_per_100k",), lambda v: num(v, 2)),
+    )
+    lines += table(
+        "Broker CPU seconds per 100k delivered: user / system",
+        scenarios,
+        brokers,
+        records,
+        cpu_split_cell,
     )
     lines += table(
         "Broker CPU with the clients connected and idle, % of one core",

@@ -208,11 +208,18 @@ class Broker:
 def tree_cpu(root: psutil.Process) -> float | None:
     """User + system CPU seconds of a process and all its descendants, the dead
     children each one has reaped included (children_user, children_system)."""
+    times = tree_cpu_times(root)
+    return None if times is None else times[0] + times[1]
+
+
+def tree_cpu_times(root: psutil.Process) -> tuple[float, float] | None:
+    """tree_cpu's seconds apart: (user, system). Where a broker's CPU goes
+    beside another's (its own code, or the kernel's system calls) starts here."""
     try:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return None
-    total = 0.0
+    user = system = 0.0
     for proc in procs:
         try:
             t = proc.cpu_times()
@@ -220,8 +227,9 @@ def tree_cpu(root: psutil.Process) -> float | None:
             if proc is root:
                 return None
             continue  # a child that exited meanwhile: its parent has reaped its time
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+        user += t.user + t.children_user
+        system += t.system + t.children_system
+    return user, system
 
 
 def port_free(port: int) -> bool:
