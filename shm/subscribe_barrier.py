@@ -36,21 +36,38 @@ class SubscribeBarrier:
     """One IO worker's side: its subscribes under way, and the question its
     MQTT publishers ask before a read."""
 
-    __slots__ = ("_a", "_header", "_mine", "_next", "_proc", "_starts")
+    __slots__ = ("_a", "_header", "_max_workers", "_mine", "_next", "_proc", "_starts")
 
     def __init__(self, seg: Segment, index: int) -> None:
         self._a = seg.atomic
         self._header = Header(seg)
         self._proc = seg.layout.proc
+        self._max_workers = seg.layout.limits.max_workers
         self._mine = seg.layout.proc(index) + layout.P_SUBSCRIBING
         self._starts: dict[int, int] = {}  # token -> start (ascending: insertion order)
         self._next = 0
         self._a.store(self._mine, 0)
 
-    # The offset of the word holds() looks at first (a C reader's own look:
-    # workers/_lane_device.h), and how long a SUBSCRIBE may hold publishes.
+    # The offset of the word holds() looks at first, and how long a
+    # SUBSCRIBE may hold publishes.
     subscribed_at_word = layout.H_SUBSCRIBED_AT
     barrier_ns = BARRIER_NS
+
+    @property
+    def words(self) -> tuple[int, int, int, int, int, int]:
+        """What holds() reads, for the C reads' own look (workers/_barrier.h):
+        the hint's offset, the worker count's, IO worker 0's P_SUBSCRIBING
+        and the stride to the next one's, the most workers, BARRIER_NS."""
+        first = self._proc(0) + layout.P_SUBSCRIBING
+        stride = self._proc(1) - self._proc(0)
+        return (
+            layout.H_SUBSCRIBED_AT,
+            layout.H_WORKERS,
+            first,
+            stride,
+            self._max_workers,
+            BARRIER_NS,
+        )
 
     def begin(self) -> int:
         """A SUBSCRIBE begins: publishes read from now on wait for end(token)."""

@@ -16,8 +16,8 @@
  *     without properties) with non-zero packet ids;
  *   - the MQTT side as data_received's branch needs it (open, not closed,
  *     not busy, no settled acks, no partial packet, no plain publishes
- *     held, no batch) and no SUBSCRIBE under way anywhere (the subscribe
- *     barrier's hint word: data_received's barrier decides then);
+ *     held, no batch) and no SUBSCRIBE under way anywhere
+ *     (workers/_barrier.h: data_received's barrier holds it then);
  *   - channel 1 takes acks at once (acks_from_bridge: not busy, not
  *     closing, no flow block or backlog, its publisher idle, no
  *     transaction), and is the one it was made with, on the same inner
@@ -65,8 +65,8 @@ typedef struct {
      * statistics list. */
     PyObject *shared, *table, *persist, *stats;
     PyObject *number; /* channel 1's key */
-    uint64_t *subscribed_at;
-    long long barrier_ns, idle_state, nothing;
+    BarrierWords barrier;
+    long long idle_state, nothing;
     Py_ssize_t stat_acknowledged;
 } AckReadObject;
 
@@ -78,7 +78,7 @@ ack_may_read(AckReadObject *d)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    if (now - (long long)__atomic_load_n(d->subscribed_at, __ATOMIC_SEQ_CST) < d->barrier_ns)
+    if (barrier_holds(&d->barrier, now))
         return 0;
     struct {
         PyObject *obj, *name;
@@ -311,29 +311,29 @@ AckRead_read(AckReadObject *d, PyObject *const *args, Py_ssize_t nargs)
 
 /* AckRead(conn, inbound, reader, outbound, amqp, channels, channel,
  *         delivery, publisher, transactions, shared, table, persist, stats,
- *         number, subscribed_at_word, barrier_ns, idle_state, nothing,
- *         stat_acknowledged): made by workers/mqtt_outbound.py ack_read
- * after a read of PUBACKs went whole through Python's path. */
+ *         number, barrier_words, idle_state, nothing, stat_acknowledged):
+ * made by workers/mqtt_acks.py ack_read after a read of PUBACKs went whole
+ * through Python's path (barrier_words: SubscribeBarrier.words). */
 static int
 AckRead_init(AckReadObject *d, PyObject *args, PyObject *kwds)
 {
     PyObject *o[15];
-    unsigned long long subscribed_at_word;
-    long long barrier_ns, idle_state, nothing;
+    PyObject *barrier;
+    long long idle_state, nothing;
     Py_ssize_t stat_acknowledged;
-    if (!PyArg_ParseTuple(args, "OOOOOO!OOOOOOOO!OKLLLn:AckRead", &o[0], &o[1], &o[2], &o[3],
+    if (!PyArg_ParseTuple(args, "OOOOOO!OOOOOOOO!OO!LLn:AckRead", &o[0], &o[1], &o[2], &o[3],
                           &o[4], &PyDict_Type, &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11],
-                          &o[12], &PyList_Type, &o[13], &o[14], &subscribed_at_word,
-                          &barrier_ns, &idle_state, &nothing, &stat_acknowledged))
+                          &o[12], &PyList_Type, &o[13], &o[14], &PyTuple_Type, &barrier,
+                          &idle_state, &nothing, &stat_acknowledged))
         return -1;
     PyObject *ids = PyObject_GetAttr(o[3], anames.unacked);
     PyObject *unacked = ids == NULL ? NULL : PyObject_GetAttr(o[7], anames.unacked);
     PyObject *atomic = unacked == NULL ? NULL : PyObject_GetAttr(o[10], anames.a);
     int bad = atomic == NULL || !PyDict_CheckExact(ids) || !PyDict_CheckExact(unacked);
-    uint64_t *subscribed_at =
-        bad ? NULL : queues_api->word(atomic, (Py_ssize_t)subscribed_at_word);
+    BarrierWords words;
+    bad = bad || barrier_words(&words, atomic, barrier) < 0;
     Py_XDECREF(atomic);
-    if (subscribed_at == NULL || stat_acknowledged < 0 ||
+    if (bad || stat_acknowledged < 0 ||
         stat_acknowledged >= PyList_GET_SIZE(o[13])) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "AckRead: not an Outbound's and a book's dicts");
@@ -350,8 +350,7 @@ AckRead_init(AckReadObject *d, PyObject *args, PyObject *kwds)
         Py_XSETREF(*fields[i], Py_NewRef(o[i]));
     Py_XSETREF(d->ids, ids);
     Py_XSETREF(d->unacked, unacked);
-    d->subscribed_at = subscribed_at;
-    d->barrier_ns = barrier_ns;
+    d->barrier = words;
     d->idle_state = idle_state;
     d->nothing = nothing;
     d->stat_acknowledged = stat_acknowledged;

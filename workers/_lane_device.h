@@ -15,7 +15,7 @@
  * drops the DeviceRead):
  *   - the MQTT side as data_received's branch needs it (open, not closed,
  *     not busy, nothing held, no settled acks, no partial packet) and no
- *     SUBSCRIBE under way anywhere (shm/subscribe_barrier.py's first load);
+ *     SUBSCRIBE under way anywhere (workers/_barrier.h);
  *   - no definitions changed since (the journal's generation word is the
  *     one its routes last replayed, so refresh() would do nothing) and no
  *     queue created or deleted (the catalog generation, as arm's);
@@ -46,9 +46,10 @@ typedef struct {
     /* mqtt_run's arguments 1-6 after data (exchange ... max_packet). */
     PyObject *run_args[6];
     PyObject *number; /* the channel's number, an int (the channels' key) */
-    uint64_t *journal, *catalog, *subscribed_at;
+    uint64_t *journal, *catalog;
     uint64_t journal_gen, catalog_gen;
-    long long barrier_ns, open_state, idle_state;
+    BarrierWords barrier;
+    long long open_state, idle_state;
 } DeviceReadObject;
 
 static uint64_t
@@ -65,8 +66,8 @@ device_may_read(DeviceReadObject *d)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    if (now - (long long)word_now(d->subscribed_at) < d->barrier_ns)
-        return 0; /* a SUBSCRIBE under way somewhere: data_received's barrier decides */
+    if (barrier_holds(&d->barrier, now))
+        return 0; /* a SUBSCRIBE under way somewhere: data_received's barrier holds it */
     if (word_now(d->journal) != d->journal_gen || word_now(d->catalog) != d->catalog_gen)
         return 0;
     /* Each false is required, in data_received's, publish_run's, arm's and
@@ -242,30 +243,30 @@ done:
  *            channels, channel, publisher, transactions, delivery, ctx,
  *            arena, waker, pacer, confirm_channels, stats, exchange, topics,
  *            props0, props1, level5, max_packet, number, journal_word,
- *            journal_gen, catalog_word, catalog_gen, subscribed_at_word,
- *            barrier_ns, open_state, idle_state): made by lane_run
- * (workers/mqtt_lane.py) after a read the lane took whole. The words are
- * offsets into the segment of the lane's Atomic. */
+ *            journal_gen, catalog_word, catalog_gen, barrier_words,
+ *            open_state, idle_state): made by lane_run (workers/mqtt_lane.py)
+ * after a read the lane took whole. The words are offsets into the segment
+ * of the lane's Atomic (barrier_words: SubscribeBarrier.words). */
 static int
 DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
 {
     PyObject *o[25];
-    unsigned long long journal_word, journal_gen, catalog_word, catalog_gen, subscribed_at_word;
-    long long barrier_ns, open_state, idle_state;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOO!OOOOOOOOO!O!O!O!OOOOOKKKKKLLL:DeviceRead", &LaneType,
+    unsigned long long journal_word, journal_gen, catalog_word, catalog_gen;
+    PyObject *barrier;
+    long long open_state, idle_state;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOO!OOOOOOOOO!O!O!O!OOOOOKKKKO!LL:DeviceRead", &LaneType,
                           &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &PyDict_Type, &o[7],
                           &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15],
                           &PySet_Type, &o[16], &PyList_Type, &o[17], &PyBytes_Type, &o[18],
                           &PyDict_Type, &o[19], &o[20], &o[21], &o[22], &o[23], &o[24],
                           &journal_word, &journal_gen, &catalog_word, &catalog_gen,
-                          &subscribed_at_word, &barrier_ns, &open_state, &idle_state))
+                          &PyTuple_Type, &barrier, &open_state, &idle_state))
         return -1;
     LaneObject *lane = (LaneObject *)o[0];
     uint64_t *journal = queues_api->word(lane->atomic, (Py_ssize_t)journal_word);
     uint64_t *catalog = journal == NULL ? NULL : queues_api->word(lane->atomic, (Py_ssize_t)catalog_word);
-    uint64_t *subscribed_at =
-        catalog == NULL ? NULL : queues_api->word(lane->atomic, (Py_ssize_t)subscribed_at_word);
-    if (subscribed_at == NULL)
+    BarrierWords words;
+    if (catalog == NULL || barrier_words(&words, lane->atomic, barrier) < 0)
         return -1;
     PyObject **fields[] = {
         (PyObject **)&d->lane, &d->conn,      &d->inbound,     &d->transport,
@@ -280,10 +281,9 @@ DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
         Py_XSETREF(*fields[i], Py_NewRef(o[i]));
     d->journal = journal;
     d->catalog = catalog;
-    d->subscribed_at = subscribed_at;
+    d->barrier = words;
     d->journal_gen = journal_gen;
     d->catalog_gen = catalog_gen;
-    d->barrier_ns = barrier_ns;
     d->open_state = open_state;
     d->idle_state = idle_state;
     return 0;

@@ -1435,6 +1435,7 @@ Lane_mqtt_run(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyTypeObject LaneType;
 #include "_attrs.h" /* attribute reads and adds: one definition */
+#include "_barrier.h" /* the subscribe barrier, as DeviceRead and AckRead look */
 #include "_lane_account.h"
 #include "_lane_device.h"
 

@@ -40,6 +40,6 @@ def ack_read(conn: Subscriber) -> AckRead | None:
     return AckRead(
         conn, conn.inbound, conn.reader, outbound, amqp, amqp.channels, channel, delivery,
         channel.publisher, delivery.transactions, ctx.shared, ctx.shared.table, ctx.persist,
-        delivery.stats, CHANNEL, barrier.subscribed_at_word, barrier.barrier_ns, IDLE,
+        delivery.stats, CHANNEL, barrier.words, IDLE,
         NOTHING_TO_ACK, stats.ACKNOWLEDGED,
     )  # fmt: skip

@@ -177,7 +177,7 @@ def device_read(
         EXCHANGE, inbound.plain_topics, known.get((0, False, client)),
         known.get((1, False, client)), conn.level == P.MQTT_5, conn.reader.max_size,
         publisher.number, journal.gen_word, journal.gen, ctx.shared.catalog.generation_word,
-        publish_lane.catalog_gen, barrier.subscribed_at_word, barrier.barrier_ns, OPEN, IDLE,
+        publish_lane.catalog_gen, barrier.words, OPEN, IDLE,
     )  # fmt: skip
 
 

@@ -153,8 +153,16 @@ def test_tags_that_are_not_the_oldest_go_to_the_reads_batch(big_ctx: WorkerConte
     assert counts(big_ctx, qid, consumer, sub)[0] == MESSAGES - 2
 
 
+def subscribing(ctx: WorkerContext) -> int:
+    """A SUBSCRIBE of this worker's begun (a broker's header counts its
+    workers: the test segment's does not until told)."""
+    if not ctx.seg.atomic.load(L.H_WORKERS):
+        ctx.seg.atomic.store(L.H_WORKERS, 1)
+    return ctx.subscribe_barrier.begin()
+
+
 def _subscribing(ctx: WorkerContext, sub: Subscriber) -> None:
-    ctx.subscribe_barrier.begin()
+    subscribing(ctx)
 
 
 def _closed(ctx: WorkerContext, sub: Subscriber) -> None:
@@ -256,6 +264,20 @@ def test_it_takes_nothing_when_the_path_it_stands_for_would_not(
     if before is not None:
         assert counts(big_ctx, qid, consumer, sub) == before
     assert 101 in sub.outbound.unacked and sub.batches == 0
+
+
+def test_a_subscribe_that_ended_does_not_hold_it(big_ctx: WorkerContext) -> None:
+    """Only a SUBSCRIBE under way holds a read (workers/_barrier.h): one
+    that began a moment ago and is bound already does not, though the
+    barrier's hint is still recent."""
+    _client, qid, consumer, sub = delivered(big_ctx)
+    fast = ack_read(sub)
+    assert fast is not None
+    token = subscribing(big_ctx)
+    assert fast.read(pubacks(101), False) == 0  # under way: Python's path holds it
+    big_ctx.subscribe_barrier.end(token)
+    assert fast.read(pubacks(101, 102), False) == 8
+    assert counts(big_ctx, qid, consumer, sub)[0] == MESSAGES - 2
 
 
 @pytest.mark.parametrize(

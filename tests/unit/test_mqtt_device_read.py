@@ -20,6 +20,7 @@ from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import CLOSING
 from shoal.workers.mqtt_lane import device_read, device_run
 from tests.unit.test_lane import opened, queue_bodies
+from tests.unit.test_mqtt_ack_read import subscribing
 from tests.unit.test_mqtt_lane import MAX_PACKET, Device, first_publish, packet, topic_ctx
 
 __all__ = ["topic_ctx"]  # (the fixture, used by name)
@@ -113,10 +114,7 @@ def _catalog(ctx: WorkerContext, device: Connected) -> None:
 
 
 def _subscribing(ctx: WorkerContext, device: Connected) -> None:
-    import time
-
-    barrier = ctx.subscribe_barrier
-    ctx.seg.atomic.store(barrier.subscribed_at_word, time.monotonic_ns())  # (another's SUBSCRIBE)
+    subscribing(ctx)  # (another client's, on this worker)
 
 
 def _closed(ctx: WorkerContext, device: Connected) -> None:
@@ -169,6 +167,25 @@ def _paging(ctx: WorkerContext, device: Connected) -> None:
         arena_high = 0
 
     ctx.pager = Pager()  # type: ignore[assignment]
+
+
+def test_a_subscribe_that_ended_does_not_hold_it(topic_ctx: WorkerContext) -> None:
+    """Only a SUBSCRIBE under way stops the read (workers/_barrier.h): one
+    bound a moment ago does not, though the barrier's hint is recent (a
+    fleet whose devices subscribe more often than every BARRIER_NS kept
+    none of its reads in C)."""
+    _, (qid,) = opened(topic_ctx, b"q")
+    device = Connected(topic_ctx, P.MQTT_311)
+    first_publish(device)
+    fast = device.fast()
+    token = subscribing(topic_ctx)
+    held = packet(P.MQTT_311, b"held", 1, 7)
+    assert device.read_in_c(fast, held) == 0  # under way: Python's path holds it
+    topic_ctx.subscribe_barrier.end(token)
+    data = packet(P.MQTT_311, b"taken", 1, 8)
+    assert device.read_in_c(fast, data) == len(data)
+    assert queue_bodies(topic_ctx, qid)[-1] == b"taken"
+    assert device.pubacks()[-1] == 8
 
 
 @pytest.mark.parametrize(
