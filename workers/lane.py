@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from shoal.broker.amqp.errors import AMQPError
 from shoal.broker.config import Config
 from shoal.shm._atomic import Atomic
 from shoal.shm.arena import release_hold
@@ -76,6 +77,9 @@ stat_places(ROUTED, SIZE_SUM, SIZE_BUCKETS, RECEIVED_CONFIRM, CONFIRMED)
 # in as many messages routed in Python; one sending to a place or three, as
 # most do, never pays for the worker's other places.
 ROTATING = 4
+# The most places a lane checks again after a change of the definitions or
+# the queues (PublishLane._still_routed) rather than forgetting them.
+RECHECK_MAX = 8
 
 
 class LaneContext(AppendContext, Protocol):
@@ -99,6 +103,7 @@ class LaneConnection(Protocol):
     """What the lane uses of its connection (workers/connection.py)."""
 
     state: int
+    vhost: str
     vhost_id: int
     access: ConnectionAccess
     flow_blocked: dict[int, int]
@@ -122,6 +127,7 @@ class PublishLane:
         "lane",
         "learnt_here",
         "max_body",
+        "places",
         "publisher",
         "routes_version",
         "stores",
@@ -134,8 +140,10 @@ class PublishLane:
         self.ctx = ctx = conn.ctx
         self.lane = Lane(ctx.seg.atomic)
         self.publisher: LanePublisher | None = None
-        # The places it knows: (exchange, routing key) -> qid.
+        # The places it knows: (exchange, routing key) -> qid, and what the
+        # lane holds of each one's queue: (queue, ring, mask, store uid).
         self.known: dict[tuple[bytes, bytes], int] = {}
+        self.places: dict[tuple[bytes, bytes], tuple[int, int, int, int]] = {}
         # How many of them it learnt from its own publishes (offer).
         self.learnt_here = 0
         # How many of the worker's learnt places (ctx.lane_places) it has looked at.
@@ -188,6 +196,7 @@ class PublishLane:
         store_uid = shared.table.uid(qid) if ctx.persist is not None else 0
         if self.lane.add(exchange, routing_key, queue, ring, mask, qid, store_uid):
             self.known[place] = qid
+            self.places[place] = (queue, ring, mask, store_uid)
             self.learnt_here += 1
             self.stores = self.stores or bool(store_uid)
             learnt = (self.conn.vhost_id, exchange, routing_key, qid, queue, ring, mask, store_uid)
@@ -210,6 +219,7 @@ class PublishLane:
         )
         self.publisher = publisher
         self.known.clear()
+        self.places.clear()
         self.learnt_here = 0
         self.absorbed = 0
         self.stores = False
@@ -220,6 +230,7 @@ class PublishLane:
     def clear(self) -> None:
         self.lane.clear()
         self.known.clear()
+        self.places.clear()
         self.learnt_here = 0
         self.absorbed = 0
         self.stores = False
@@ -253,9 +264,11 @@ class PublishLane:
         if (
             ctx.shared.catalog.catalog_generation() != self.catalog_gen
             or ctx.routes.version != self.routes_version
-            or self.max_body != ctx.config.max_message_size
-        ):
-            self.clear()  # a route may have changed: Python routes the next ones
+        ) and not self._still_routed():
+            self.clear()  # a route changed: Python routes the next ones
+            return None
+        if self.max_body != ctx.config.max_message_size:
+            self.clear()
             return None
         if self.learnt_here >= ROTATING and len(ctx.lane_places.learnt) != self.absorbed:
             self._take_places()
@@ -279,6 +292,51 @@ class PublishLane:
                 slot, check, epoch, limit, header, live = self.window = window
                 lane.store_window(slot, check, epoch, reserved, limit, header, live)
         return lane
+
+    def _still_routed(self) -> bool:
+        """After a change of the definitions (exchanges, bindings,
+        permissions) or of the queues, anywhere: whether every place the
+        lane knows still routes to its queue alone, as the lane holds it,
+        and may be published to. Then the lane keeps its places under the
+        new generations. Forgetting them cost each publisher two reads
+        through Python's path per change (one routed, one to learn the
+        place again): a fleet whose devices reconnect, each SUBSCRIBE and
+        each clean session's end a change, kept few of its reads in C. A
+        lane that knows many places (a rotating publisher) is cleared."""
+        known = self.known
+        if not known or len(known) > RECHECK_MAX:
+            return False
+        ctx, conn = self.ctx, self.conn
+        shared, routes = ctx.shared, ctx.routes
+        catalog = shared.catalog
+        catalog_gen = catalog.catalog_generation()  # (before: a change during shows next time)
+        if catalog.dedup_now or routes.dedup_exchanges:
+            return False
+        plain = catalog.plain_queues()
+        vhost, vhost_id, access = conn.vhost, conn.vhost_id, conn.access
+        persist = ctx.persist
+        places = self.places
+        for place, qid in known.items():
+            exchange, routing_key = place
+            if qid not in plain or not access.may_publish(exchange, routing_key):
+                return False
+            queue, ring, mask, _owner = shared.acquire_args(qid)
+            store_uid = shared.table.uid(qid) if persist is not None else 0
+            if places.get(place) != (queue, ring, mask, store_uid):
+                return False
+            if not exchange:  # the default exchange: the queue its key names
+                if catalog.lookup(routing_key, vhost_id) != qid:
+                    return False
+                continue
+            try:
+                qids = routes.route(vhost, vhost_id, exchange, routing_key, b"")
+            except AMQPError:
+                return False
+            if qids != (qid,) or not routes.cached(vhost_id, exchange, routing_key):
+                return False  # (another queue, none, or a headers exchange on the way)
+        self.catalog_gen = catalog_gen
+        self.routes_version = routes.version
+        return True
 
     def _take_places(self) -> None:
         """The places this worker's other lanes learnt since the last look
@@ -306,6 +364,7 @@ class PublishLane:
             if not lane.add(exchange, routing_key, queue, ring, mask, qid, store_uid):
                 return  # it keeps as many as it can
             known[place] = qid
+            self.places[place] = (queue, ring, mask, store_uid)
             self.stores = self.stores or bool(store_uid)
 
     def account(self) -> list[tuple[int, int, int, bytes]]:
