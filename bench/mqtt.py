@@ -130,6 +130,7 @@ class Scenario:
     title: str
     kind: str  # "fan-in", "fan-out" or "1-1"
     qos: int
+    churn_s: float = 0.0  # fan-in: a client connects, subscribes and leaves this often
 
 
 SCENARIOS = (
@@ -138,6 +139,13 @@ SCENARIOS = (
         "1,000 devices x 5 msg/s QoS 1 -> 1 subscriber (devices/#, QoS 1)",
         "fan-in",
         1,
+    ),
+    Scenario(
+        "fan-in-churn",
+        "fan-in, and every 0.5 s a client connecting, subscribing (QoS 1) and leaving",
+        "fan-in",
+        1,
+        0.5,
     ),
     Scenario("fan-out-qos0", "1 publisher -> 1,000 subscribers of one topic, QoS 0", "fan-out", 0),
     Scenario("fan-out-qos1", "1 publisher -> 1,000 subscribers of one topic, QoS 1", "fan-out", 1),
@@ -608,6 +616,8 @@ class Generator:
             for i, device in enumerate(self.devices):
                 device.next_at = base + period * i / count
                 self.loop.call_at(device.next_at, self.fire, device)
+            if self.spec["churn_s"]:
+                watch = asyncio.ensure_future(self.churn(self.spec["churn_s"]))
         await asyncio.sleep(max(0.0, t1 - time.monotonic()) + 0.01)
         self.stopped = True
         if self.publisher is not None:
@@ -615,6 +625,19 @@ class Generator:
         if watch is not None:
             watch.cancel()
         await self.drain()
+
+    async def churn(self, period: float) -> None:
+        """Devices reconnecting: a clean session that subscribes to a topic
+        of its own and leaves, every `period` s (each SUBSCRIBE and each
+        end a change of the broker's queues and bindings)."""
+        n = 0
+        while not self.stopped:
+            client = await self.connect(f"{self.spec['tag']}c{n}", None, f"churn/{n}", 1)
+            client.transport.write(DISCONNECT)
+            client.transport.close()
+            self.clients.remove(client)
+            n += 1
+            await asyncio.sleep(period)
 
     async def watch(self, publisher: Publisher) -> None:
         seen, since = (-1, -1), time.monotonic()
@@ -1046,6 +1069,7 @@ def run_one(
         "port": broker.port,
         "kind": scenario.kind,
         "qos": scenario.qos,
+        "churn_s": scenario.churn_s,
         "tag": f"sb{round_no}{slot}{SCENARIOS.index(scenario)}x",
         "anonymous": False,
         "size": opts.size,

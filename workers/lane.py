@@ -36,9 +36,7 @@ connection on its worker has sent there yet. Only a lane that learnt
 ROTATING places itself takes them: every lane taking every place is work
 of lanes x places, and a worker with 1,000 devices each publishing to its
 own topic spent over a second of its loop on it (issue 41's fan-in with one
-worker: deliveries held 1 s after the devices started), and again, spread
-over the devices' next publishes, after each change of the queues or
-bindings (it clears every lane).
+worker: deliveries held 1 s after the devices started).
 
 What `arm` checks before each read, because it decides whether the cached
 route still holds: the connection open and not blocked, the channel the same
@@ -46,7 +44,11 @@ one and idle (nothing pending, no transaction, no flow backlog), the queue
 table and the exchanges unchanged since `offer` (generation and version),
 the permission still there, no paging files, and for a confirming channel no
 consumer of its own (its confirms may wait for that delivery: RabbitMQ's
-deliver-before-ack order, `Publisher._consumes`).
+deliver-before-ack order, `Publisher._consumes`). After a change of the
+queue table or the exchanges, anywhere, a lane with a few places checks
+each again (`_still_routed`: its queue still plain and where the lane holds
+it, its route still that queue alone, the write still permitted) and keeps
+them if all hold; else, as a lane with many places does, it forgets them.
 """
 
 from __future__ import annotations
