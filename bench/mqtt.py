@@ -14,6 +14,9 @@ CLOCK_MONOTONIC timestamp, so latency is publish -> delivery):
 - fan-in: 1,000 device connections, each publishing QoS 1 to `devices/<i>` at 5 msg/s
   (5,000 msg/s in all, spread evenly), at most 100 PUBACKs outstanding per device;
   one MQTT subscriber to `devices/#` at QoS 1 receives them all.
+- fan-in-churn: the same, and every 0.5 s a client (a device reconnecting) connects
+  with a clean session, subscribes to `churn/<n>` at QoS 1 and leaves: a change of
+  the broker's queues and bindings twice a second.
 - fan-out-qos0 / fan-out-qos1: one publisher, 1,000 subscribers of one topic. The
   publisher keeps at most 10 messages not yet delivered to every subscriber (10,000
   deliveries in flight) and, at QoS 1, at most 100 PUBACKs outstanding: the brokers'
