@@ -312,6 +312,8 @@ class PublishLane:
         shared, routes = ctx.shared, ctx.routes
         catalog = shared.catalog
         catalog_gen = catalog.catalog_generation()  # (before: a change during shows next time)
+        routes.sync()
+        routes_version = routes.version  # (the same: one journaled during the checks fails them)
         if catalog.dedup_now or routes.dedup_exchanges:
             return False
         plain = catalog.plain_queues()
@@ -336,8 +338,10 @@ class PublishLane:
                 return False
             if qids != (qid,) or not routes.cached(vhost_id, exchange, routing_key):
                 return False  # (another queue, none, or a headers exchange on the way)
+        if routes.version != routes_version:
+            return False
         self.catalog_gen = catalog_gen
-        self.routes_version = routes.version
+        self.routes_version = routes_version
         return True
 
     def _take_places(self) -> None:
