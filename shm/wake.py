@@ -34,6 +34,7 @@ class Waker:
         "a",
         "at_once",
         "bitmap",
+        "bitmaps",
         "deferred",
         "efd",
         "layout",
@@ -53,6 +54,9 @@ class Waker:
         # Each IO worker's eventfd, by index (none where a test has no
         # workers: nobody can then hand a worker a queue's watch).
         self.worker_efds = tuple(worker_efds)
+        # Their wake bitmaps, by index: the lane's counting wakes them in C
+        # (workers/_waker.h) from these, as wake() does from the layout.
+        self.bitmaps = tuple(seg.layout.worker_bitmap(w) for w in range(len(self.worker_efds)))
         # In an IO worker: its index, and what wakes it without its eventfd
         # (the publisher and the watcher in one process: no system call).
         self.local = -1

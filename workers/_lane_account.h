@@ -153,12 +153,10 @@ lane_account(LaneObject *self, PyObject *const *objs)
     for (int i = 0; i < ntaken; i++) {
         TakenRoute *t = &taken[i];
         if (t->watcher) { /* the watch its scan took after the counters (shm/wake.py) */
-            PyObject *w = PyObject_CallMethod(waker, "wake", "Ki", t->qid, t->watcher);
-            if (w == NULL) {
+            if (waker_wake(self->atomic, waker, t->qid, t->watcher) < 0) {
                 Py_DECREF(exchanges);
                 goto done;
             }
-            Py_DECREF(w);
         }
         PyObject *counted = PyDict_GetItemWithError(exchanges, t->exchange); /* (borrowed) */
         if (counted == NULL) {
@@ -213,12 +211,9 @@ lane_account(LaneObject *self, PyObject *const *objs)
     Py_DECREF(stats);
     if (confirm < 0)
         goto done;
-    for (int i = 0; i < ntaken; i++) {
-        PyObject *p = PyObject_CallMethod(pacer, "published", "KL", taken[i].qid, taken[i].n);
-        if (p == NULL)
+    for (int i = 0; i < ntaken; i++)
+        if (pacer_published(pacer, taken[i].qid, taken[i].n) < 0)
             goto done;
-        Py_DECREF(p);
-    }
     result = 0;
 done:
     Py_XDECREF(cursor);

@@ -1436,6 +1436,7 @@ Lane_mqtt_run(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyTypeObject LaneType;
 #include "_attrs.h" /* attribute reads and adds: one definition */
 #include "_barrier.h" /* the subscribe barrier, as DeviceRead and AckRead look */
+#include "_waker.h"   /* Waker.wake and Pacer.published where plain */
 #include "_lane_account.h"
 #include "_lane_device.h"
 
@@ -2123,8 +2124,8 @@ PyInit__wire(void)
     if (PyType_Ready(&LaneType) < 0)
         return NULL;
     crc_init();
-    if (lane_names_init() < 0 || PyType_Ready(&DeviceReadType) < 0 || ack_names_init() < 0 ||
-        PyType_Ready(&AckReadType) < 0)
+    if (lane_names_init() < 0 || waker_names_init() < 0 || PyType_Ready(&DeviceReadType) < 0 ||
+        ack_names_init() < 0 || PyType_Ready(&AckReadType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -9,16 +9,20 @@ is Inbound with a stand-in for its MqttConnection (test_mqtt_lane's Device)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
 
 from shoal.broker.mqtt import packets as P
+from shoal.shm import layout as L
 from shoal.shm import stats
+from shoal.shm.wake import Waker
 from shoal.workers._wire import DeviceRead
 from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import CLOSING
 from shoal.workers.mqtt_lane import device_read, device_run
+from shoal.workers.pacing import PACE_EVERY
 from tests.unit.test_lane import opened, queue_bodies
 from tests.unit.test_mqtt_ack_read import subscribing
 from tests.unit.test_mqtt_lane import MAX_PACKET, Device, first_publish, packet, topic_ctx
@@ -215,3 +219,71 @@ def test_it_takes_nothing_when_the_path_it_stands_for_would_not(
     assert queue_bodies(topic_ctx, qid) == before
     assert device.sent == []
     assert topic_ctx.stats.v[stats.ROUTED] == routed
+
+
+@pytest.mark.parametrize("how", ["deferred", "at_once", "now", "local"])
+def test_a_read_wakes_its_queues_watcher_as_waker_wake_does(
+    topic_ctx: WorkerContext, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counting's wake-up in C (workers/_waker.h) makes Waker.wake's
+    steps: the watching worker's bit set and, where that bitmap word was
+    empty, its eventfd written now (no deferral, or at_once) or owed to the
+    loop iteration's end (one flush scheduled, however many reads), or, for
+    this worker's own watch, on_local called instead."""
+    _, (qid,) = opened(topic_ctx, b"q")
+    device = Connected(topic_ctx, P.MQTT_311)
+    first_publish(device)
+    fast = device.fast()
+    waker, a = topic_ctx.waker, topic_ctx.seg.atomic
+    efd = os.eventfd(0, os.EFD_NONBLOCK)
+    scheduled: list[Callable[[], None]] = []
+    woken: list[int] = []
+    waker.worker_efds = (efd,)  # (the test's only worker, 0, watches q)
+    waker.bitmaps = (topic_ctx.seg.layout.worker_bitmap(0),)
+    waker.local = 0 if how == "local" else -1
+    waker.on_local = lambda: woken.append(1)
+    if how != "now":
+        waker.defer_to(scheduled.append)
+    waker.at_once = how == "at_once"
+    monkeypatch.setattr(Waker, "wake", None)  # (the C steps, not a call of the method)
+    watch = topic_ctx.seg.layout.queue(qid) + L.Q_WATCH
+    word = waker.bitmaps[0] + (qid >> 6) * 8
+    try:
+        for i in range(3):
+            a.store(watch, L.WATCH_WORKER)  # its consumer, asleep again, watches
+            data = packet(P.MQTT_311, b"m%d" % i, 1, 10 + i)
+            assert device.read_in_c(fast, data) == len(data)
+            assert a.load(watch) == 0, "the read took the watch"
+            assert a.load(word) == 1 << (qid & 63)
+        written = []
+        try:
+            written.append(os.eventfd_read(efd))
+        except BlockingIOError:
+            pass
+        if how == "deferred":
+            assert written == [] and waker.deferred == [efd]
+            assert scheduled == [waker.flush_deferred]  # one flush for the three
+            scheduled[0]()
+            assert os.eventfd_read(efd) == 1 and waker.deferred == []
+        else:
+            assert scheduled == [] and not waker.at_once
+            assert written == ([] if how == "local" else [1])
+        assert woken == ([1] if how == "local" else [])
+    finally:
+        os.close(efd)
+
+
+def test_a_read_counts_down_its_pacers_next_look(topic_ctx: WorkerContext) -> None:
+    """The pacer's count in C (workers/_waker.h): a read counts `due` down,
+    and the read that reaches it looks (Pacer.published), which counts
+    PACE_EVERY again."""
+    opened(topic_ctx, b"q")
+    device = Connected(topic_ctx, P.MQTT_311)
+    first_publish(device)
+    fast = device.fast()
+    pacer = device.client.conn.pacer  # type: ignore[attr-defined]
+    pacer.due = 3
+    for i, due in enumerate([2, 1, PACE_EVERY]):
+        data = packet(P.MQTT_311, b"m", 1, 10 + i)
+        assert device.read_in_c(fast, data) == len(data)
+        assert pacer.due == due and pacer.qid == -1
