@@ -9,7 +9,7 @@
  * with a thousand connections' objects out of the caches.
  *
  * Once a read of PUBACKs went whole through that path, data_received gives
- * the next reads to an AckRead first (inbound.fast, as a device's
+ * the next reads to an AckRead first (its front.fast, as a device's
  * DeviceRead). read() takes a read only where that path would have taken
  * it the same way, and else takes nothing (0: Python's path reads it):
  *   - the read is nothing but short-form PUBACKs (3.1.1's, 5.0's success

@@ -9,7 +9,8 @@
  * the cache: about 25 µs a message, three times the run itself.
  *
  * Once a read went whole through the lane with its PUBACKs sent at once,
- * lane_run makes a DeviceRead; MqttConnection gives it the next reads first.
+ * lane_run makes a DeviceRead; the connection's MqttFront gives it the next
+ * reads first, without a Python frame (workers/_mqtt_front.h).
  * read() takes a read only where that path would have taken it the same
  * way, and else takes nothing (0: Python's path reads it, as before, and
  * drops the DeviceRead):

@@ -2077,7 +2077,8 @@ fail:
     return NULL;
 }
 
-#include "_ack_read.h" /* AckRead: a subscriber's reads of PUBACKs */
+#include "_ack_read.h"    /* AckRead: a subscriber's reads of PUBACKs */
+#include "_mqtt_front.h"  /* MqttFront: a client's reads to those without Python */
 
 static PyMethodDef methods[] = {
     {"properties_ok", properties_ok, METH_O,
@@ -2125,7 +2126,7 @@ PyInit__wire(void)
         return NULL;
     crc_init();
     if (lane_names_init() < 0 || waker_names_init() < 0 || PyType_Ready(&DeviceReadType) < 0 ||
-        ack_names_init() < 0 || PyType_Ready(&AckReadType) < 0)
+        ack_names_init() < 0 || PyType_Ready(&AckReadType) < 0 || PyType_Ready(&FrontType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -2142,7 +2143,8 @@ PyInit__wire(void)
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddObjectRef(m, "AckRead", (PyObject *)&AckReadType) < 0) {
+    if (PyModule_AddObjectRef(m, "AckRead", (PyObject *)&AckReadType) < 0 ||
+        PyModule_AddObjectRef(m, "MqttFront", (PyObject *)&FrontType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

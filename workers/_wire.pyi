@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from typing import Any
 
 from typing_extensions import Buffer
@@ -117,6 +118,26 @@ class AckRead:
 
     def __init__(self, *args: Any) -> None: ...
     def read(self, data: Buffer, long_read: bool, /) -> int: ...
+
+class MqttFront:
+    """An MQTT client's socket protocol: its reads in C first (workers/_mqtt_front.h)."""
+
+    fast: DeviceRead | AckRead | None
+    def __init__(
+        self,
+        conn: Any,
+        rest: Callable[[Any, bytes], None],
+        counted: Callable[[Any, tuple[int, int, bytes, bytes]], int],
+        failed: Callable[[Any, BaseException], None],
+        long_read: int,
+        /,
+    ) -> None: ...
+    def data_received(self, data: bytes, /) -> None: ...
+    def connection_made(self, transport: Any, /) -> None: ...
+    def connection_lost(self, exc: Exception | None, /) -> None: ...
+    def eof_received(self) -> bool | None: ...
+    def pause_writing(self) -> None: ...
+    def resume_writing(self) -> None: ...
 
 def stat_places(
     routed: int, size_sum: int, size_buckets: int, received_confirm: int, confirmed: int, /

@@ -1,8 +1,8 @@
 """A subscriber's reads of PUBACKs in one C call (workers/_wire.c AckRead,
 workers/_ack_read.h): made after a read of PUBACKs went whole through
-MqttConnection.data_received's Python path; the next such reads go to it
-first (inbound.fast, as a device's DeviceRead, workers/mqtt_lane.py), and it
-takes a read only where that path would have taken it the same way."""
+MqttConnection's Python path; the next such reads go to it first (its
+front.fast, workers/mqtt_front.py, as a device's DeviceRead), and it takes
+a read only where that path would have taken it the same way."""
 
 from __future__ import annotations
 

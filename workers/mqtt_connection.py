@@ -46,11 +46,13 @@ from shoal.broker.mqtt import packets as P
 from shoal.shm import stats
 from shoal.workers import framing
 from shoal.workers import mqtt_inner as inner
+from shoal.workers._wire import MqttFront
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
 from shoal.workers.mqtt_acks import ack_read
+from shoal.workers.mqtt_front import counted, failed, install
 from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
-from shoal.workers.mqtt_lane import device_read, device_run
+from shoal.workers.mqtt_lane import device_read
 from shoal.workers.mqtt_outbound import Outbound
 from shoal.workers.mqtt_session import Session
 from shoal.workers.mqtt_subscriptions import Subscriptions
@@ -116,28 +118,20 @@ class MqttConnection(asyncio.Protocol):
         self.login: tuple[str, bytes, str] = ("", b"", "/")  # user, password, vhost
         self.external = False  # log in with the TLS client certificate (SASL EXTERNAL)
         self.server_keep_alive = 0  # 5.0: CONNACK's, where --mqtt-max-keep-alive cut it
+        self.front = MqttFront(self, MqttConnection._read, counted, failed, LONG_READ)
 
     # ------------------------------------------------------------ the socket
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] += 1  # (`shoal status`, the metrics)
         self.timer = self.ctx.loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
+        install(self.front, transport)  # (its reads go to the front: workers/mqtt_front.py)
 
-    def data_received(self, data: bytes) -> None:
-        fast = self.inbound.fast
-        if fast is not None and data:  # a device's publishes, in C (workers/mqtt_lane.py)
-            self.last_recv = time.monotonic()
-            self.inbound.fast = None  # (until a read the lane takes whole again)
-            try:
-                taken = device_run(fast, self.inbound, self.amqp, data, len(data) >= LONG_READ)
-            except Exception:
-                log.exception("mqtt client %s: internal error", self.client_id)
-                self.disconnect(0x83)  # implementation specific error
-                return
-            if taken == len(data):
-                self.inbound.fast = fast
-                return
-            data = data[taken:] if taken else data
+    def data_received(self, data: bytes) -> None:  # (TLS's, WebSocket's: the front's too)
+        self.front.data_received(data)
+
+    def _read(self, data: bytes) -> None:
+        """A read, or what the front's fast read (front.fast) left of it."""
         if self.closed or not data:  # (an empty WebSocket message: nothing)
             return  # (a closed connection's socket lingers: its input is dropped)
         if data[0] == 0x82 and self.open and not (self.subscriptions.binding or self.reader.buffer):
@@ -162,11 +156,11 @@ class MqttConnection(asyncio.Protocol):
                 if data[0] == 0x40 and self.outbound is not None:  # (a run of PUBACKs in C)
                     at = self.outbound.puback_run(data, self.acks)
                     if at == len(data):  # the next such reads in one C call
-                        self.inbound.fast = ack_read(self)
+                        self.front.fast = ack_read(self)
                 else:
                     at = self.inbound.publish_run(data, self.reader.max_size, self.amqp)  # (in C)
                     if self.inbound.lane_whole and self.amqp is not None:
-                        self.inbound.fast = device_read(self, self.inbound, self.amqp)
+                        self.front.fast = device_read(self, self.inbound, self.amqp)
                 data = data[at:] if at else data
             for ptype, flags, body in self.reader.feed(data):
                 if self.closed:
@@ -247,7 +241,7 @@ class MqttConnection(asyncio.Protocol):
             self.timer.cancel()
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] -= 1
         self.closed = True
-        self.inbound.fast = None
+        self.front.fast = None
         waits = ends_now = False
         try:
             if self.open and self.persistent:
@@ -339,7 +333,7 @@ class MqttConnection(asyncio.Protocol):
             self._settle_acks()
         self._flush()  # (a DISCONNECT may be waiting in the batch)
         self.closed = True
-        self.inbound.fast = None  # (it holds this connection: no cycle left behind)
+        self.front.fast = None  # (it holds this connection: no cycle left behind)
         if self.open and self.persistent:  # before the client sees the close: a reconnect reads it
             self.inbound.received_at_end(self.amqp)
             self.session.show()

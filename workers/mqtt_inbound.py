@@ -37,7 +37,6 @@ from shoal.workers.mqtt_lane import lane_run
 from shoal.workers.mqtt_subscriptions import Subscriptions
 
 if TYPE_CHECKING:
-    from shoal.workers._wire import AckRead, DeviceRead
     from shoal.workers.connection import Connection
 
 log = logging.getLogger("shoal.mqtt")
@@ -89,11 +88,10 @@ class Inbound:
         # connection (feed_plain), and whether one asks for a wake-up now.
         self.plain: list[bytes] = []
         self.plain_wake = False
-        # The lane's last run took its read whole, confirmed at once; and
-        # then the next reads' way in C (workers/mqtt_lane.py device_read),
-        # until a read it does not take (MqttConnection.data_received).
+        # The lane's last run took its read whole, confirmed at once: the
+        # next reads' way in C (workers/mqtt_lane.py device_read, given to
+        # MqttConnection.front) until a read it does not take.
         self.lane_whole = False
-        self.fast: DeviceRead | AckRead | None = None
 
     def publish(self, packet: P.Publish) -> None:
         packet_id = packet.packet_id

@@ -36,7 +36,7 @@ from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.shm.stats import CONFIRMED
 from shoal.shm.wake import Waker
-from shoal.workers._wire import AckRead, DeviceRead, Lane
+from shoal.workers._wire import DeviceRead, Lane
 from shoal.workers.channel_state import IDLE
 from shoal.workers.handshake import OPEN
 from shoal.workers.lane import ROTATING
@@ -68,7 +68,6 @@ class DeviceInbound(LaneInbound, Protocol):
     subscriptions: Subscriptions
     known_properties: dict[tuple[int, bool, str | None], bytes]
     plain: list[bytes]  # publishes framed, not yet fed to the inner connection
-    fast: DeviceRead | AckRead | None
 
 
 class DeviceConnection(Protocol):
@@ -181,28 +180,12 @@ def device_read(
     )  # fmt: skip
 
 
-def device_run(
-    fast: DeviceRead | AckRead,
-    inbound: LaneInbound,
-    amqp: Connection | None,
-    data: bytes,
-    long_read: bool,
-) -> int:
-    """A client's read through its DeviceRead (or a subscriber's AckRead,
-    workers/mqtt_acks.py): how many bytes of `data` it took (0: none,
-    Python's path reads them all, as what it leaves)."""
-    assert amqp is not None  # (each is made with its inner connection)
-    waker = amqp.ctx.waker
+def counted_run(inbound: LaneInbound, amqp: Connection, run: tuple[int, int, bytes, bytes]) -> int:
+    """A DeviceRead's run that its Python counts (PUBLISH records, a queue
+    deleted under it): lane_run's account and rest. How many bytes it took."""
     try:
-        taken = fast.read(data, long_read)  # (a count it makes leaves Waker.at_once unset)
-    except BaseException:
-        waker.at_once = False  # (it does not outlive the read: data_received's)
-        raise
-    if isinstance(taken, int):
-        return taken
-    try:  # a run its Python counts (PUBLISH records, a queue deleted under it)
         for qid, count, _watcher, _exchange in amqp.publish_lane.account():  # type: ignore[union-attr]
             amqp.pacer.published(qid, count)
-        return run_end(inbound, amqp, taken)
+        return run_end(inbound, amqp, run)
     finally:
-        waker.at_once = False
+        amqp.ctx.waker.at_once = False  # (it does not outlive the read)

@@ -18,10 +18,11 @@ from shoal.broker.mqtt import packets as P
 from shoal.shm import layout as L
 from shoal.shm import stats
 from shoal.shm.wake import Waker
-from shoal.workers._wire import DeviceRead
+from shoal.workers._wire import DeviceRead, MqttFront
 from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import CLOSING
-from shoal.workers.mqtt_lane import device_read, device_run
+from shoal.workers.mqtt_front import counted, failed
+from shoal.workers.mqtt_lane import device_read
 from shoal.workers.pacing import PACE_EVERY
 from tests.unit.test_lane import opened, queue_bodies
 from tests.unit.test_mqtt_ack_read import subscribing
@@ -71,7 +72,29 @@ class Connected(Device):
         return made
 
     def read_in_c(self, fast: DeviceRead, data: bytes) -> int:
-        return device_run(fast, self.inbound, self.client.conn, data, len(data) >= 1024)
+        """A read through the socket's protocol, MqttFront (workers/_mqtt_front.h),
+        with `fast` as its fast read: the bytes it took (those it left went
+        to Python's path, here a stand-in that keeps them)."""
+        left: list[bytes] = []
+        front = MqttFront(self, lambda _conn, rest: left.append(rest), counted, failed, 1024)
+        front.fast = fast
+        front.data_received(data)
+        assert (front.fast is fast) == (not left), "kept for the next read if it took all"
+        return len(data) - len(left[0]) if left else len(data)
+
+    # What MqttFront's callbacks use of an MqttConnection.
+    last_recv = 0.0
+
+    @property
+    def amqp(self) -> object:
+        return self.client.conn
+
+    @property
+    def ctx(self) -> WorkerContext:
+        return self.client.conn.ctx  # type: ignore[no-any-return]
+
+    def disconnect(self, reason: int) -> None:
+        raise AssertionError(f"disconnected ({reason:#x})")
 
 
 @pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])

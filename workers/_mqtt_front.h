@@ -1,0 +1,230 @@
+/* An MQTT client's socket reads handed to its DeviceRead or AckRead
+ * without a Python frame (workers/mqtt_front.py, issue 41's fan-in).
+ *
+ * A device's read went: uvloop -> MqttConnection.data_received (Python) ->
+ * device_run (Python) -> DeviceRead.read (C). Both frames did little (the
+ * read's time, the fast path's hand-over, the result's test) but ran the
+ * interpreter on every read of a thousand connections, cold each time.
+ * MqttFront is the socket's protocol instead (plain TCP; TLS and WebSocket
+ * transports call MqttConnection.data_received, which calls the front):
+ * data_received runs the fast read in C, and calls Python only for what
+ * the fast read leaves (`rest`: MqttConnection._read, Python's path), for
+ * a run Python must count (`counted`) and for a failure (`failed`). Its
+ * other protocol methods are the connection's.
+ *
+ * Included by _wire.c after _lane_device.h and _ack_read.h; part of that
+ * module. */
+
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *conn;    /* the MqttConnection */
+    PyObject *fast;    /* its DeviceRead or AckRead, or NULL: Python's path */
+    PyObject *rest;    /* rest(conn, data): Python's path for a read */
+    PyObject *counted; /* counted(conn, run) -> int: a run Python counts */
+    PyObject *failed;  /* failed(conn, exc): the fast read raised exc */
+    Py_ssize_t long_read; /* a read this long is a long one (LONG_READ) */
+} FrontObject;
+
+static PyObject *front_last_recv; /* "last_recv", interned */
+
+/* The fast read of `data` (non-empty): bytes taken, or -1 with an error. */
+static Py_ssize_t
+front_fast_read(FrontObject *f, PyObject *fast, PyObject *data)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* (time.monotonic's clock) */
+    PyObject *now = PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    if (now == NULL || PyObject_SetAttr(f->conn, front_last_recv, now) < 0) {
+        Py_XDECREF(now);
+        return -1;
+    }
+    Py_DECREF(now);
+    PyObject *args[2] = {data, PyBytes_GET_SIZE(data) >= f->long_read ? Py_True : Py_False};
+    PyObject *r = Py_IS_TYPE(fast, &DeviceReadType)
+                      ? DeviceRead_read((DeviceReadObject *)fast, args, 2)
+                      : AckRead_read((AckReadObject *)fast, args, 2);
+    if (r != NULL && !PyLong_CheckExact(r)) { /* a run its Python counts */
+        PyObject *c = PyObject_CallFunctionObjArgs(f->counted, f->conn, r, NULL);
+        Py_DECREF(r);
+        r = c;
+    }
+    if (r == NULL)
+        return -1;
+    Py_ssize_t taken = PyLong_AsSsize_t(r);
+    Py_DECREF(r);
+    if (taken < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "a fast read took less than nothing");
+    return taken;
+}
+
+static PyObject *
+Front_data_received(FrontObject *f, PyObject *data)
+{
+    PyObject *fast = f->fast;
+    if (fast == NULL || !PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) == 0)
+        return PyObject_CallFunctionObjArgs(f->rest, f->conn, data, NULL);
+    f->fast = NULL; /* (until a read it takes whole again; its reference is ours) */
+    Py_ssize_t taken = front_fast_read(f, fast, data);
+    if (taken < 0) {
+        Py_DECREF(fast);
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL && value != NULL)
+            PyException_SetTraceback(value, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        if (value == NULL)
+            return NULL;
+        PyObject *r = PyObject_CallFunctionObjArgs(f->failed, f->conn, value, NULL);
+        Py_DECREF(value);
+        return r;
+    }
+    Py_ssize_t len = PyBytes_GET_SIZE(data);
+    if (taken >= len) {
+        if (f->fast == NULL)
+            f->fast = fast; /* the next read goes the same way */
+        else
+            Py_DECREF(fast);
+        Py_RETURN_NONE;
+    }
+    Py_DECREF(fast);
+    if (taken == 0)
+        return PyObject_CallFunctionObjArgs(f->rest, f->conn, data, NULL);
+    PyObject *left = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + taken, len - taken);
+    if (left == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallFunctionObjArgs(f->rest, f->conn, left, NULL);
+    Py_DECREF(left);
+    return r;
+}
+
+/* The connection's own method `name`, with the arguments given. */
+static PyObject *
+front_forward(FrontObject *f, const char *name, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *method = PyObject_GetAttrString(f->conn, name);
+    if (method == NULL)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(method, args, (size_t)nargs, NULL);
+    Py_DECREF(method);
+    return r;
+}
+
+/* The protocol methods that are the connection's own. */
+#define FRONT_FORWARD_ONE(name)                                                                \
+    static PyObject *Front_##name(FrontObject *f, PyObject *arg)                               \
+    {                                                                                          \
+        return front_forward(f, #name, &arg, 1);                                               \
+    }
+#define FRONT_FORWARD_NONE(name)                                                               \
+    static PyObject *Front_##name(FrontObject *f, PyObject *unused)                            \
+    {                                                                                          \
+        return front_forward(f, #name, NULL, 0);                                               \
+    }
+FRONT_FORWARD_ONE(connection_made)
+FRONT_FORWARD_ONE(connection_lost)
+FRONT_FORWARD_NONE(eof_received)
+FRONT_FORWARD_NONE(pause_writing)
+FRONT_FORWARD_NONE(resume_writing)
+
+static PyObject *
+Front_get_fast(FrontObject *f, void *closure)
+{
+    return Py_NewRef(f->fast != NULL ? f->fast : Py_None);
+}
+
+static int
+Front_set_fast(FrontObject *f, PyObject *v, void *closure)
+{
+    if (v == NULL || v == Py_None) {
+        Py_CLEAR(f->fast);
+        return 0;
+    }
+    if (!Py_IS_TYPE(v, &DeviceReadType) && !Py_IS_TYPE(v, &AckReadType)) {
+        PyErr_SetString(PyExc_TypeError, "fast: a DeviceRead, an AckRead or None");
+        return -1;
+    }
+    Py_XSETREF(f->fast, Py_NewRef(v));
+    return 0;
+}
+
+/* MqttFront(conn, rest, counted, failed, long_read). */
+static int
+Front_init(FrontObject *f, PyObject *args, PyObject *kwds)
+{
+    PyObject *conn, *rest, *counted, *failed;
+    Py_ssize_t long_read;
+    if (!PyArg_ParseTuple(args, "OOOOn:MqttFront", &conn, &rest, &counted, &failed, &long_read))
+        return -1;
+    if (front_last_recv == NULL &&
+        (front_last_recv = PyUnicode_InternFromString("last_recv")) == NULL)
+        return -1;
+    Py_XSETREF(f->conn, Py_NewRef(conn));
+    Py_XSETREF(f->rest, Py_NewRef(rest));
+    Py_XSETREF(f->counted, Py_NewRef(counted));
+    Py_XSETREF(f->failed, Py_NewRef(failed));
+    Py_CLEAR(f->fast);
+    f->long_read = long_read;
+    return 0;
+}
+
+#define FRONT_OBJECTS(X) X(conn) X(fast) X(rest) X(counted) X(failed)
+
+static int
+Front_traverse(FrontObject *f, visitproc visit, void *arg)
+{
+#define FRONT_VISIT(name) Py_VISIT(f->name);
+    FRONT_OBJECTS(FRONT_VISIT)
+    return 0;
+}
+
+static int
+Front_clear(FrontObject *f)
+{
+#define FRONT_CLEAR(name) Py_CLEAR(f->name);
+    FRONT_OBJECTS(FRONT_CLEAR)
+    return 0;
+}
+
+static void
+Front_dealloc(FrontObject *f)
+{
+    PyObject_GC_UnTrack(f);
+    Front_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyMethodDef Front_methods[] = {
+    {"data_received", (PyCFunction)Front_data_received, METH_O,
+     "A read: the fast read's first, then Python's path for what it leaves."},
+    {"connection_made", (PyCFunction)Front_connection_made, METH_O, "The connection's."},
+    {"connection_lost", (PyCFunction)Front_connection_lost, METH_O, "The connection's."},
+    {"eof_received", (PyCFunction)Front_eof_received, METH_NOARGS, "The connection's."},
+    {"pause_writing", (PyCFunction)Front_pause_writing, METH_NOARGS, "The connection's."},
+    {"resume_writing", (PyCFunction)Front_resume_writing, METH_NOARGS, "The connection's."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Front_getset[] = {
+    {"fast", (getter)Front_get_fast, (setter)Front_set_fast,
+     "The DeviceRead or AckRead the next read goes to first (None: Python's path).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject FrontType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shoal.workers._wire.MqttFront",
+    .tp_basicsize = sizeof(FrontObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An MQTT client's socket protocol: its reads in C first (workers/_mqtt_front.h).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Front_init,
+    .tp_traverse = (traverseproc)Front_traverse,
+    .tp_clear = (inquiry)Front_clear,
+    .tp_dealloc = (destructor)Front_dealloc,
+    .tp_methods = Front_methods,
+    .tp_getset = Front_getset,
+};
