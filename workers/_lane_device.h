@@ -19,7 +19,11 @@
  *     SUBSCRIBE under way anywhere (workers/_barrier.h);
  *   - no definitions changed since (the journal's generation word is the
  *     one its routes last replayed, so refresh() would do nothing) and no
- *     queue created or deleted (the catalog generation, as arm's);
+ *     queue created or deleted (the catalog generation, as arm's); else,
+ *     the other conditions holding, lane_run's steps before its run in
+ *     Python (device_recheck: refresh, arm with its re-check of the
+ *     lane's places) and, where they leave the lane armed, the conditions
+ *     once more under the new generations;
  *   - each of PublishLane.arm's conditions on the inner connection, its
  *     channel and publisher, read from them now (workers/lane.py);
  *   - nothing that lets confirms wait (lane_run's condition for sending them
@@ -47,6 +51,7 @@ typedef struct {
     /* mqtt_run's arguments 1-6 after data (exchange ... max_packet). */
     PyObject *run_args[6];
     PyObject *number; /* the channel's number, an int (the channels' key) */
+    PyObject *recheck; /* device_recheck's Python: recheck(amqp) -> (journal, catalog) | None */
     uint64_t *journal, *catalog;
     uint64_t journal_gen, catalog_gen;
     BarrierWords barrier;
@@ -59,18 +64,38 @@ word_now(const uint64_t *word)
     return __atomic_load_n(word, __ATOMIC_SEQ_CST);
 }
 
-/* 1 when every condition for taking this read holds (see the top), 0 when
- * one does not, -1 with an error set. */
+/* After a change of the definitions or the queues (the journal's or the
+ * catalog's generation moved): lane_run's steps before its run, in Python
+ * (mqtt_lane.py device_recheck: the journal replayed, the lane's places
+ * checked again by arm), and the generations they hold for. 1: go on, 0:
+ * Python's path takes the read, -1 with an error set. */
 static int
-device_may_read(DeviceReadObject *d)
+device_recheck(DeviceReadObject *d)
+{
+    PyObject *gens = PyObject_CallOneArg(d->recheck, d->amqp);
+    if (gens == NULL)
+        return -1;
+    unsigned long long journal_gen, catalog_gen;
+    int r = gens != Py_None && PyArg_ParseTuple(gens, "KK", &journal_gen, &catalog_gen);
+    Py_DECREF(gens);
+    if (r <= 0)
+        return PyErr_Occurred() ? -1 : 0;
+    d->journal_gen = journal_gen;
+    d->catalog_gen = catalog_gen;
+    return 1;
+}
+
+/* 1 when every condition for taking this read holds (see the top), 0 when
+ * one does not, -1 with an error set. `again`: a second look, after a
+ * re-check (device_recheck ran Python: each condition is read anew). */
+static int
+device_may_read(DeviceReadObject *d, int again)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     if (barrier_holds(&d->barrier, now))
         return 0; /* a SUBSCRIBE under way somewhere: data_received's barrier holds it */
-    if (word_now(d->journal) != d->journal_gen || word_now(d->catalog) != d->catalog_gen)
-        return 0;
     /* Each false is required, in data_received's, publish_run's, arm's and
      * lane_run's order. */
     struct {
@@ -124,7 +149,13 @@ device_may_read(DeviceReadObject *d)
     Py_DECREF(config);
     if (r < 0)
         return -1;
-    return (uint64_t)max_body == d->lane->max_body;
+    if ((uint64_t)max_body != d->lane->max_body)
+        return 0;
+    if (word_now(d->journal) == d->journal_gen && word_now(d->catalog) == d->catalog_gen)
+        return 1;
+    if (again)
+        return 0; /* changed again under the re-check: Python's path */
+    return device_recheck(d) <= 0 ? (PyErr_Occurred() ? -1 : 0) : device_may_read(d, 1);
 }
 
 /* arm(): the lane from the arena's cursor and fill and the pager's high
@@ -166,7 +197,7 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
     int long_read = PyObject_IsTrue(args[1]);
     if (long_read < 0)
         return NULL;
-    int may = device_may_read(d);
+    int may = device_may_read(d, 0);
     if (may > 0)
         may = device_arm(d);
     if (may <= 0)
@@ -245,7 +276,7 @@ done:
  *            arena, waker, pacer, confirm_channels, stats, exchange, topics,
  *            props0, props1, level5, max_packet, number, journal_word,
  *            journal_gen, catalog_word, catalog_gen, barrier_words,
- *            open_state, idle_state): made by lane_run (workers/mqtt_lane.py)
+ *            open_state, idle_state, recheck): made by lane_run (workers/mqtt_lane.py)
  * after a read the lane took whole. The words are offsets into the segment
  * of the lane's Atomic (barrier_words: SubscribeBarrier.words). */
 static int
@@ -255,13 +286,14 @@ DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
     unsigned long long journal_word, journal_gen, catalog_word, catalog_gen;
     PyObject *barrier;
     long long open_state, idle_state;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOO!OOOOOOOOO!O!O!O!OOOOOKKKKO!LL:DeviceRead", &LaneType,
+    PyObject *recheck;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOO!OOOOOOOOO!O!O!O!OOOOOKKKKO!LLO:DeviceRead", &LaneType,
                           &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &PyDict_Type, &o[7],
                           &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15],
                           &PySet_Type, &o[16], &PyList_Type, &o[17], &PyBytes_Type, &o[18],
                           &PyDict_Type, &o[19], &o[20], &o[21], &o[22], &o[23], &o[24],
                           &journal_word, &journal_gen, &catalog_word, &catalog_gen,
-                          &PyTuple_Type, &barrier, &open_state, &idle_state))
+                          &PyTuple_Type, &barrier, &open_state, &idle_state, &recheck))
         return -1;
     LaneObject *lane = (LaneObject *)o[0];
     uint64_t *journal = queues_api->word(lane->atomic, (Py_ssize_t)journal_word);
@@ -280,6 +312,7 @@ DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
     };
     for (int i = 0; i < 25; i++)
         Py_XSETREF(*fields[i], Py_NewRef(o[i]));
+    Py_XSETREF(d->recheck, Py_NewRef(recheck));
     d->journal = journal;
     d->catalog = catalog;
     d->barrier = words;
@@ -314,6 +347,7 @@ DeviceRead_traverse(DeviceReadObject *d, visitproc visit, void *arg)
     for (int i = 0; i < 6; i++)
         Py_VISIT(d->run_args[i]);
     Py_VISIT(d->number);
+    Py_VISIT(d->recheck);
     return 0;
 }
 
@@ -341,6 +375,7 @@ DeviceRead_clear(DeviceReadObject *d)
     for (int i = 0; i < 6; i++)
         Py_CLEAR(d->run_args[i]);
     Py_CLEAR(d->number);
+    Py_CLEAR(d->recheck);
     return 0;
 }
 

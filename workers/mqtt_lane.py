@@ -176,8 +176,25 @@ def device_read(
         EXCHANGE, inbound.plain_topics, known.get((0, False, client)),
         known.get((1, False, client)), conn.level == P.MQTT_5, conn.reader.max_size,
         publisher.number, journal.gen_word, journal.gen, ctx.shared.catalog.generation_word,
-        publish_lane.catalog_gen, barrier.words, OPEN, IDLE,
+        publish_lane.catalog_gen, barrier.words, OPEN, IDLE, device_recheck,
     )  # fmt: skip
+
+
+def device_recheck(amqp: Connection) -> tuple[int, int] | None:
+    """For a DeviceRead after a change of the definitions or the queues
+    (its generations moved): what lane_run does before its run, the journal
+    replayed and the lane armed (its places checked again, PublishLane.arm),
+    and device_read's own conditions. The journal's and the catalog's
+    generations the lane holds for, or None: Python's path takes the read,
+    as before. Else each device read the next read after a change (a fleet
+    reconnecting: most of them) through Python's path and a new DeviceRead."""
+    publish_lane = amqp.publish_lane
+    if publish_lane is None or publish_lane.publisher is None:
+        return None
+    amqp.access.refresh()  # (as lane_run's: a permission changed applies now)
+    if publish_lane.arm() is None or publish_lane.stores or publish_lane.learnt_here >= ROTATING:
+        return None
+    return amqp.ctx.routes.reader.gen, publish_lane.catalog_gen
 
 
 def counted_run(inbound: LaneInbound, amqp: Connection, run: tuple[int, int, bytes, bytes]) -> int:
