@@ -351,3 +351,32 @@ def test_it_goes_on_through_changes_that_leave_its_place_alone(
         assert len(rechecks) == i + 1, "once a change"
     assert queue_bodies(topic_ctx, qid)[-4:] == [b"m00", b"m01", b"m10", b"m11"]
     assert device.pubacks()[-4:] == [10, 11, 12, 13]
+
+
+def test_a_fast_read_that_fails_costs_its_client_only(topic_ctx: WorkerContext) -> None:
+    """A fault in the fast read (here a condition that cannot be read) is
+    the front's `failed`: the client is disconnected with 0x83
+    (implementation specific error), as Python's path answers its own
+    faults, and the read goes no further: nothing appended, no PUBACK."""
+
+    class Unreadable:
+        def __bool__(self) -> bool:
+            raise ValueError("a condition that cannot be read")
+
+    _, (qid,) = opened(topic_ctx, b"q")
+    device = Connected(topic_ctx, P.MQTT_311)
+    first_publish(device)
+    fast = device.fast()
+    before = queue_bodies(topic_ctx, qid)
+    device.sent.clear()
+    reasons: list[int] = []
+    device.disconnect = reasons.append  # type: ignore[method-assign]
+    device.busy = Unreadable()  # type: ignore[assignment]
+    left: list[bytes] = []
+    front = MqttFront(device, lambda _conn, rest: left.append(rest), counted, failed, 1024)
+    front.fast = fast
+    topic_ctx.waker.at_once = True
+    front.data_received(packet(P.MQTT_311, b"lost", 1, 7))
+    assert reasons == [0x83] and left == [] and front.fast is None
+    assert not topic_ctx.waker.at_once
+    assert queue_bodies(topic_ctx, qid) == before and device.sent == []
