@@ -157,7 +157,9 @@ class Routes:
             self._cache.clear()
             self._queue_gen = queue_gen
         key = (vhost_id, exchange, routing_key)
-        hit = None if due or also else self._cache.get(key)
+        # (Not the firehose's own routes: an internal exchange's route cached
+        # would be served to a client's publish without the check below.)
+        hit = None if due or also or own else self._cache.get(key)
         if hit is not None:
             return hit
         router = self.definitions.vhosts.get(vhost)
@@ -184,7 +186,7 @@ class Routes:
         )
         lookup = self.shared.catalog.lookup
         qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)
-        if not (by_headers or also):
+        if not (by_headers or also or own):
             if len(self._cache) >= CACHE_MAX:
                 self._cache.clear()
             self._cache[key] = qids

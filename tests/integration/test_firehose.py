@@ -156,15 +156,37 @@ def test_a_consumer_that_only_receives_is_traced_once_tracing_is_on(broker: Brok
         c.close()
 
 
-def test_only_the_broker_publishes_to_the_trace_exchange(broker: Broker) -> None:
-    ch = connect(broker).channel()
-    ch.basic_publish(TRACE, "publish.x", b"forged")
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
-        ch.queue_declare("after", passive=True)
+@pytest.mark.parametrize("tracing", [False, True])
+def test_only_the_broker_publishes_to_the_trace_exchange(broker: Broker, tracing: bool) -> None:
+    """Refused with tracing on too, for a key the firehose has just routed
+    in the same worker (its route was cached, and served to a client's
+    publish without the internal exchange's check)."""
+    conn = connect(broker)
+    ch = conn.channel()
+    if tracing:
+        ctl(broker, "trace_on")
+    try:
+        if tracing:
+            ch.queue_declare("fh-forge-trace")
+            ch.queue_bind("fh-forge-trace", TRACE, "#")
+            ch.queue_declare("fh-forge")
+            ch.basic_publish("", "fh-forge", b"traced")  # the firehose routes publish.
+            traced(ch, "fh-forge-trace", 1)
+        ch.basic_publish(TRACE, "publish." if tracing else "publish.x", b"forged")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            ch.queue_declare("after", passive=True)
+    finally:
+        if tracing:
+            ctl(broker, "trace_off")
     assert refused.value.reply_code == 403
     assert refused.value.reply_text == (
         f"ACCESS_REFUSED - cannot publish to internal exchange '{TRACE}' in vhost '/'"
     )
+    if tracing:
+        ch = conn.channel()
+        assert ch.queue_delete("fh-forge-trace").method.message_count == 0, "nothing forged"
+        ch.queue_delete("fh-forge")
+    conn.close()
 
 
 def test_the_management_api_turns_tracing_on_and_shows_it(
