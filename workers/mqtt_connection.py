@@ -151,7 +151,7 @@ class MqttConnection(asyncio.Protocol):
                 and not (self.busy or self.subscriptions.binding)
                 and barrier.holds(now := clock(), now)
             ):
-                self._hold_for_subscribes(now)
+                _hold_for_subscribes(self, now)
             if self.open and not (self.busy or self.closed or self.acks or self.reader.buffer):
                 if data[0] == 0x40 and self.outbound is not None:  # (a run of PUBACKs in C)
                     at = self.outbound.puback_run(data, self.acks)
@@ -200,21 +200,6 @@ class MqttConnection(asyncio.Protocol):
             self.ctx.waker.at_once = False  # (a QoS 0 publish here may have left it set)
             if batch:
                 self._end_batch()
-
-    def _hold_for_subscribes(self, since_ns: int) -> None:
-        """Another client's SUBSCRIBE, read before this read, is under way
-        (shm/subscribe_barrier.py): this read's packets and the next wait,
-        as during a SUBSCRIBE of its own, until its bindings are in place."""
-        self.busy = True
-        self.ctx.loop.call_later(SUBSCRIBE_POLL_S, self._poll_subscribes, since_ns)
-
-    def _poll_subscribes(self, since_ns: int) -> None:
-        if self.closed:
-            return
-        if self.ctx.subscribe_barrier.holds(since_ns, clock()):
-            self.ctx.loop.call_later(SUBSCRIBE_POLL_S, self._poll_subscribes, since_ns)
-        else:
-            self.serve_held()
 
     def taken_over(self) -> None:
         """The client connected again (a takeover): this connection goes,
@@ -692,3 +677,20 @@ class MqttConnection(asyncio.Protocol):
 
 def _ignore(_reply: Any) -> None:
     pass
+
+
+def _hold_for_subscribes(conn: MqttConnection, since_ns: int) -> None:
+    """Another client's SUBSCRIBE, read before this read, is under way
+    (shm/subscribe_barrier.py): this read's packets and the next wait, as
+    during a SUBSCRIBE of its own, until its bindings are in place."""
+    conn.busy = True
+    conn.ctx.loop.call_later(SUBSCRIBE_POLL_S, _poll_subscribes, conn, since_ns)
+
+
+def _poll_subscribes(conn: MqttConnection, since_ns: int) -> None:
+    if conn.closed:
+        return
+    if conn.ctx.subscribe_barrier.holds(since_ns, clock()):
+        conn.ctx.loop.call_later(SUBSCRIBE_POLL_S, _poll_subscribes, conn, since_ns)
+    else:
+        conn.serve_held()
