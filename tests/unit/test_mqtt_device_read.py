@@ -136,6 +136,17 @@ def test_it_takes_the_next_reads_as_the_lane_run_does(topic_ctx: WorkerContext, 
     assert device.pubacks()[-1] == 300
 
 
+def reading_in_c(ctx: WorkerContext) -> tuple[int, Connected, DeviceRead, list[bytes]]:
+    """Queue q, and a device whose reads go to its DeviceRead: q's id, the
+    device (nothing sent yet), its DeviceRead and what q holds so far."""
+    _, (qid,) = opened(ctx, b"q")
+    device = Connected(ctx, P.MQTT_311)
+    first_publish(device)
+    fast = device.fast()
+    device.sent.clear()
+    return qid, device, fast, queue_bodies(ctx, qid)
+
+
 def _second_queue(ctx: WorkerContext, device: Connected) -> None:
     SharedQueues(ctx.seg).create(1, b"q2", 0, 0)  # (the catalog's change: the lane keeps its place)
     journal = CatalogWriter(ctx.seg, D.Op)
@@ -236,12 +247,7 @@ def test_it_takes_nothing_when_the_path_it_stands_for_would_not(
     lane_run's confirms, changed after the DeviceRead was made: the read is
     left whole to Python's path, nothing appended, nothing sent, nothing
     counted."""
-    _, (qid,) = opened(topic_ctx, b"q")
-    device = Connected(topic_ctx, P.MQTT_311)
-    first_publish(device)
-    fast = device.fast()
-    before = queue_bodies(topic_ctx, qid)
-    device.sent.clear()
+    qid, device, fast, before = reading_in_c(topic_ctx)
     routed = topic_ctx.stats.v[stats.ROUTED]
     change(topic_ctx, device)
     data = packet(P.MQTT_311, b"not now", 1, 7)
@@ -363,12 +369,7 @@ def test_a_fast_read_that_fails_costs_its_client_only(topic_ctx: WorkerContext) 
         def __bool__(self) -> bool:
             raise ValueError("a condition that cannot be read")
 
-    _, (qid,) = opened(topic_ctx, b"q")
-    device = Connected(topic_ctx, P.MQTT_311)
-    first_publish(device)
-    fast = device.fast()
-    before = queue_bodies(topic_ctx, qid)
-    device.sent.clear()
+    qid, device, fast, before = reading_in_c(topic_ctx)
     reasons: list[int] = []
     device.disconnect = reasons.append  # type: ignore[method-assign]
     device.busy = Unreadable()  # type: ignore[assignment]
