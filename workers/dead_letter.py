@@ -191,8 +191,8 @@ class DeadLetters:
         self, vhost: str, vhost_id: int, exchange: bytes, keys: list[bytes], header: bytes
     ) -> list[int]:
         """The queues a dead letter's routing keys reach: all of them matched
-        at each exchange on the way (rabbit_exchange:route), or on the
-        default exchange the queues they name."""
+        at each exchange on the way (rabbit_exchange:route, an internal
+        exchange too), or on the default exchange the queues they name."""
         ctx = self.ctx
         if not exchange:
             catalog = ctx.shared.catalog
@@ -200,6 +200,7 @@ class DeadLetters:
             delays = catalog.delay_queues()
             return list(dict.fromkeys(q for q in qids if q is not None and q not in delays))
         try:
-            return list(ctx.routes.route(vhost, vhost_id, exchange, keys[0], header, also=keys[1:]))
+            route = ctx.routes.route
+            return list(route(vhost, vhost_id, exchange, keys[0], header, also=keys[1:], own=True))
         except errors.AMQPError:  # no such exchange (RabbitMQ drops the message too)
             return []

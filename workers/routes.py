@@ -150,16 +150,17 @@ class Routes:
         delayed message routed from its delayed exchange once due
         (workers/delays.py). `also`: its CC and BCC keys, matched with its
         routing key at each exchange (not cached). `own`: a message of the
-        broker's own (the firehose's), which an internal exchange takes."""
+        broker's own (the firehose's, a dead letter), which an internal
+        exchange takes (rabbit_exchange:route; basic.publish's check is the
+        channel's). An internal exchange's routes are never cached, so that
+        a hit needs no check: a client's publish to it always reaches it."""
         self.sync()
         queue_gen = self.shared.catalog.catalog_generation()
         if queue_gen != self._queue_gen:
             self._cache.clear()
             self._queue_gen = queue_gen
         key = (vhost_id, exchange, routing_key)
-        # (Not the firehose's own routes: an internal exchange's route cached
-        # would be served to a client's publish without the check below.)
-        hit = None if due or also or own else self._cache.get(key)
+        hit = None if due or also else self._cache.get(key)
         if hit is not None:
             return hit
         router = self.definitions.vhosts.get(vhost)
@@ -186,7 +187,7 @@ class Routes:
         )
         lookup = self.shared.catalog.lookup
         qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)
-        if not (by_headers or also or own):
+        if not (by_headers or also or x.internal):
             if len(self._cache) >= CACHE_MAX:
                 self._cache.clear()
             self._cache[key] = qids

@@ -308,6 +308,33 @@ def test_a_missing_dead_letter_exchange_drops_the_message(broker: Broker) -> Non
     conn.close()
 
 
+def test_an_internal_dead_letter_exchange_takes_dead_letters(broker: Broker) -> None:
+    """An internal exchange refuses clients' publishes, not the broker's own
+    dead letters (RabbitMQ 3.10 routes them: rabbit_dead_letter goes past
+    basic.publish's check). A common set-up: the DLX hidden from clients."""
+    conn = connect(broker)
+    ch = conn.channel()
+    ch.exchange_declare("hidden_dlx", "topic", internal=True)
+    ch.queue_declare("hidden_dlq")
+    ch.queue_bind("hidden_dlq", "hidden_dlx", "#")
+    ch.queue_declare("hidden_src", arguments={"x-dead-letter-exchange": "hidden_dlx"})
+    for _ in range(2):  # the second: a route the first may have left cached
+        ch.basic_publish("", "hidden_src", b"h")
+        method, _ = next_message(ch, "hidden_src", ack=False)
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        method, message = next_message(ch, "hidden_dlq")
+        assert (message["body"], message["routing_key"]) == ("h", "hidden_src")
+    # ... and a client's publish to it is still refused, the route now known.
+    ch.basic_publish("hidden_dlx", "hidden_src", b"forged")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.basic_get("hidden_dlq")
+    assert refused.value.reply_code == 403
+    assert "cannot publish to internal exchange 'hidden_dlx'" in refused.value.reply_text
+    ch = conn.channel()
+    assert ch.queue_declare("hidden_dlq", passive=True).method.message_count == 0
+    conn.close()
+
+
 def test_persistent_dead_letters_survive_a_restart(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()
