@@ -3,9 +3,22 @@
 The definitions live in the shared-memory journal the scheduler writes
 (shm/catalog.py). Before routing, the worker checks one word for news and
 replays only what changed. Routing results are cached per (vhost, exchange,
-routing key) until the definitions or the queue table change, so a steady
-publish stream to a topic exchange costs one dict lookup, not a trie walk.
-Headers exchanges are not cached: their result depends on each message.
+routing key), so a steady publish stream to a topic exchange costs one dict
+lookup, not a trie walk. Headers exchanges are not cached: their result
+depends on each message.
+
+An entry keeps the queue names its key reached and their qids as of a
+catalog generation: a queue made or deleted anywhere has the names looked
+up again at the entry's next use, not routed again. A change of the
+definitions forgets only the entries it may change (`_forget`): a queue's
+binding those of its exchange the binding key matches (the one key of a
+direct or wildcard-free topic binding, else all of the exchange's), a
+queue's end those its bindings matched, and permissions, users, limits and
+parameters none. Anything that may reach an exchange from another one (an
+exchange binding, an alternate exchange) or that changes the exchanges
+themselves forgets every entry. A fleet of devices that reconnect (a queue
+and a binding per session) and RPC clients with a reply queue per call kept
+re-routing every key after each change.
 """
 
 from __future__ import annotations
@@ -18,13 +31,22 @@ from pamqp.header import ContentHeader
 from shoal.broker.amqp import dedup_arguments, errors
 from shoal.broker.amqp.dedup_arguments import DedupSpec
 from shoal.broker.amqp.definitions import (
+    ACCESS_OPS,
+    Bound,
     Definitions,
     ExchangeDeclared,
     ExchangeDeleted,
     Op,
+    ParameterCleared,
+    ParameterSet,
+    QueueArgumentsSet,
+    QueueGone,
+    TracingSet,
+    Unbound,
     VHostAdded,
     VHostDeleted,
 )
+from shoal.broker.amqp.routing import Router
 from shoal.shm.catalog import CatalogReader
 from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
@@ -32,6 +54,12 @@ from shoal.shm.segment import Segment
 CACHE_MAX = 4096
 # Operations that may change which exchanges deduplicate.
 _EXCHANGE_OPS = (ExchangeDeclared, ExchangeDeleted, VHostAdded, VHostDeleted)
+# Operations that change no route (the firehose's are never cached): every
+# entry stays. Any operation not named here or handled in _forget forgets all.
+_ROUTE_NEUTRAL = (*ACCESS_OPS, QueueArgumentsSet, ParameterSet, ParameterCleared, TracingSet)
+# A cache entry: the route's qids, its queue names, and the catalog
+# generation the qids were looked up at.
+Entry = tuple[tuple[int, ...], tuple[bytes, ...], int]
 
 
 def _content_header(raw_header: bytes) -> ContentHeader:
@@ -62,8 +90,9 @@ def message_properties(raw_header: bytes) -> dict[str, Any]:
 
 class Routes:
     __slots__ = (
+        "_by_exchange",
         "_cache",
-        "_queue_gen",
+        "_plain",
         "dedup_exchanges",
         "definitions",
         "reader",
@@ -75,8 +104,11 @@ class Routes:
         self.reader = CatalogReader(seg, Op)
         self.shared = shared
         self.definitions = Definitions()
-        self._cache: dict[tuple[int, bytes, bytes], tuple[int, ...]] = {}
-        self._queue_gen = -1
+        self._cache: dict[tuple[int, bytes, bytes], Entry] = {}
+        # (vhost id, exchange) -> the routing keys of its entries
+        self._by_exchange: dict[tuple[int, bytes], set[bytes]] = {}
+        # vhost -> whether nothing reaches an exchange from another (_plain_vhost)
+        self._plain: dict[str, bool] = {}
         self.version = 0  # bumped whenever the definitions change (caches key on it)
         # Exchanges with a deduplication cache (workers/dedup_filter.py), by
         # (vhost id, name): empty unless one is declared (one flag test).
@@ -99,14 +131,79 @@ class Routes:
         reset, ops = self.reader.poll()
         if reset:
             self.definitions = Definitions()
+            self._forget_all()
         exchanges_changed = reset
         for op in ops:
+            self._forget(op)  # (before: a queue's end needs the bindings it takes)
             self.definitions.apply(op)
             exchanges_changed = exchanges_changed or isinstance(op, _EXCHANGE_OPS)
-        self._cache.clear()
         self.version += 1
         if exchanges_changed:
             self.dedup_exchanges = self._dedup_exchanges()
+
+    def _forget(self, op: Op) -> None:
+        """Drop the entries `op` may change (see the top)."""
+        if isinstance(op, _ROUTE_NEUTRAL):
+            return
+        if isinstance(op, (Bound, Unbound)) and op.kind == "q":
+            self._forget_binding(op.vhost, op.source, op.routing_key)
+        elif isinstance(op, QueueGone):
+            router = self.definitions.vhosts.get(op.vhost)
+            for source, routing_key, _args in router.bindings_to(("q", op.queue)) if router else ():
+                self._forget_binding(op.vhost, source, routing_key)
+        else:
+            self._forget_all()
+
+    def _forget_all(self) -> None:
+        self._cache.clear()
+        self._by_exchange.clear()
+        self._plain.clear()
+
+    def _forget_binding(self, vhost: str, source: str, binding_key: str) -> None:
+        """A binding of exchange `source` to a queue made or removed: the
+        entries of the keys it matches (all of the vhost's where another
+        exchange may lead to `source`)."""
+        definitions = self.definitions
+        vhost_id, router = definitions.vhost_ids.get(vhost), definitions.vhosts.get(vhost)
+        if vhost_id is None or router is None or not self._plain_vhost(vhost, router):
+            self._forget_all()
+            return
+        exchange = source.encode()
+        keys = self._by_exchange.get((vhost_id, exchange))
+        if not keys:
+            return
+        x = router.exchanges.get(source)
+        cache = self._cache
+        if x is not None and (
+            x.kind == "direct"
+            or (x.kind == "topic" and "*" not in binding_key and "#" not in binding_key)
+        ):
+            key = binding_key.encode()  # it matches that key alone
+            if key in keys:
+                keys.discard(key)
+                del cache[(vhost_id, exchange, key)]
+            return
+        for key in keys:
+            del cache[(vhost_id, exchange, key)]
+        del self._by_exchange[(vhost_id, exchange)]
+
+    def _plain_vhost(self, vhost: str, router: Router) -> bool:
+        """Whether no exchange of the vhost reaches another (an exchange
+        binding, an alternate exchange of its own or a policy's): then a
+        queue binding changes the routes of its own exchange only. Known
+        until an operation that forgets all (those are the ones that change it)."""
+        plain = self._plain.get(vhost)
+        if plain is None:
+            plain = self._plain[vhost] = not (
+                router.policy_alternates
+                or any(x.alternate for x in router.exchanges.values())
+                or any(kind == "e" for kind, _name in router.by_dest)
+            )
+        return plain
+
+    def _resolved(self, names: tuple[bytes, ...], vhost_id: int) -> tuple[int, ...]:
+        lookup = self.shared.catalog.lookup
+        return tuple(qid for n in names if (qid := lookup(n, vhost_id)) is not None)
 
     def _dedup_exchanges(self) -> dict[tuple[int, bytes], DedupSpec]:
         found: dict[tuple[int, bytes], DedupSpec] = {}
@@ -130,8 +227,9 @@ class Routes:
     def cached(self, vhost_id: int, exchange: bytes, routing_key: bytes) -> bool:
         """Whether route() answered for (exchange, routing key) from its cache:
         the answer depends on nothing in the message (no headers exchange on
-        the way) and holds until the exchanges (`version`) or the queue table
-        (its catalog generation) change (workers/lane.py)."""
+        the way). Whether it holds after a change of the exchanges
+        (`version`) or the queue table (its catalog generation) another
+        route() says (workers/lane.py)."""
         return (vhost_id, exchange, routing_key) in self._cache
 
     def route(
@@ -156,13 +254,14 @@ class Routes:
         a hit needs no check: a client's publish to it always reaches it."""
         self.sync()
         queue_gen = self.shared.catalog.catalog_generation()
-        if queue_gen != self._queue_gen:
-            self._cache.clear()
-            self._queue_gen = queue_gen
         key = (vhost_id, exchange, routing_key)
         hit = None if due or also else self._cache.get(key)
         if hit is not None:
-            return hit
+            if hit[2] == queue_gen:
+                return hit[0]
+            qids = self._resolved(hit[1], vhost_id)  # a queue made or deleted somewhere
+            self._cache[key] = (qids, hit[1], queue_gen)
+            return qids
         router = self.definitions.vhosts.get(vhost)
         name = exchange.decode(errors="replace")
         x = router.exchanges.get(name) if router is not None else None
@@ -177,18 +276,22 @@ class Routes:
                 60,
                 40,
             )
+        text = routing_key.decode(errors="replace")
         names, by_headers = router.route_checked(
             name,
-            routing_key.decode(errors="replace"),
+            text,
             lambda: message_headers(raw_header),
             due,
             [k.decode(errors="replace") for k in also],
             lambda: message_properties(raw_header),
         )
-        lookup = self.shared.catalog.lookup
-        qids = tuple(qid for n in names if (qid := lookup(n.encode(), vhost_id)) is not None)
-        if not (by_headers or also or x.internal):
+        queue_names = tuple(n.encode() for n in names)
+        qids = self._resolved(queue_names, vhost_id)
+        # (Names as a binding's operation spells them: _forget finds the entry.)
+        spelt = text.encode() == routing_key and name.encode() == exchange
+        if spelt and not (by_headers or also or x.internal):
             if len(self._cache) >= CACHE_MAX:
-                self._cache.clear()
-            self._cache[key] = qids
+                self._forget_all()
+            self._cache[key] = (qids, queue_names, queue_gen)
+            self._by_exchange.setdefault((vhost_id, exchange), set()).add(routing_key)
         return qids
