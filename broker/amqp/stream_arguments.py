@@ -10,7 +10,7 @@ import re
 from typing import Any, NamedTuple
 
 from shoal.broker.amqp import errors, properties
-from shoal.broker.amqp.x_arguments import field_type, replicated_properties
+from shoal.broker.amqp.x_arguments import field_type, not_integer, replicated_properties
 
 # RabbitMQ's default segment size (x-stream-max-segment-size-bytes).
 DEFAULT_SEGMENT_BYTES = 500_000_000
@@ -128,7 +128,7 @@ def _integer(arguments: dict[str, Any], key: str, where: str) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise errors.ChannelError(
             errors.PRECONDITION_FAILED,
-            f"invalid arg '{key}' for {where}: \"expected integer, got {field_type(value)}\"",
+            f"invalid arg '{key}' for {where}: {not_integer(value)}",
         )
     if value < 0:
         raise errors.ChannelError(

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from shoal.broker.amqp import errors, properties
-from shoal.broker.amqp.x_arguments import MAX_EXPIRY, field_type
+from shoal.broker.amqp.x_arguments import MAX_EXPIRY, not_integer
 
 # A TTL of 0 means "deliverable only to a consumer ready now". A consumer
 # that is ready acquires the message within a loop iteration of its publish
@@ -36,9 +36,7 @@ def message_ttl(name: bytes, vhost: str, arguments: dict[str, Any]) -> int | Non
         return None
     where = f"invalid arg 'x-message-ttl' for queue '{name.decode()}' in vhost '{vhost}'"
     if not isinstance(value, int) or isinstance(value, bool):
-        raise errors.ChannelError(
-            errors.PRECONDITION_FAILED, f'{where}: "expected integer, got {field_type(value)}"'
-        )
+        raise errors.ChannelError(errors.PRECONDITION_FAILED, f"{where}: {not_integer(value)}")
     problem = expiry_problem(value)
     if problem:
         raise errors.ChannelError(errors.PRECONDITION_FAILED, f"{where}: {problem}")

@@ -602,6 +602,26 @@ def test_exclusive_consumer_and_consume_on_a_missing_queue(broker: Broker) -> No
     conn.close()
 
 
+@pytest.mark.parametrize(("value", "kind"), [("high", "longstr"), (True, "bool")])
+def test_a_consumer_priority_that_is_no_integer_is_refused(
+    broker: Broker, value: object, kind: str
+) -> None:
+    """In RabbitMQ 3.10.8's words (measured): a consumer's x-priority is
+    checked as a queue's integer arguments are, and named with its queue."""
+    conn = pika_connection(broker)
+    ch = conn.channel()
+    ch.queue_declare("prio_bad")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+        ch.basic_consume("prio_bad", lambda *a: None, arguments={"x-priority": value})
+    assert (exc.value.reply_code, exc.value.reply_text) == (
+        406,
+        "PRECONDITION_FAILED - invalid arg 'x-priority' for queue 'prio_bad' in vhost '/': "
+        f'"expected integer, got {kind}"',
+    )
+    conn.channel().queue_delete("prio_bad")
+    conn.close()
+
+
 def test_consumer_priority_wins_while_it_has_credit(broker: Broker) -> None:
     conn = pika_connection(broker)
     pub = conn.channel()

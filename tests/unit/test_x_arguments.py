@@ -22,10 +22,13 @@ def test_max_priority() -> None:
     assert X.max_priority(b"q", "/", {}) == 0
     assert X.max_priority(b"q", "/", {"x-max-priority": 10}) == 10
     assert refusal(X.max_priority, b"q", "/", {"x-max-priority": 256}).endswith(
-        "invalid arg 'x-max-priority' for queue 'q' in vhost '/': {max_priority_out_of_range,256}"
+        "invalid arg 'x-max-priority' for queue 'q' in vhost '/': {max_value_exceeded,256}"
     )
     assert refusal(X.max_priority, b"q", "/", {"x-max-priority": True}).endswith(
-        "{unacceptable_type,bool}"
+        '"expected integer, got bool"'
+    )
+    assert refusal(X.max_priority, b"q", "/", {"x-max-priority": -1}).endswith(
+        "{value_negative,-1}"
     )
 
 
