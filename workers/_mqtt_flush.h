@@ -23,7 +23,8 @@
  * delivery: a first delivery of a topic, a confirm, a consume-ok) leaves
  * the rest to the bridge's read_amqp, after the run's packets, in one
  * batch (_end_batch), as read_amqp's own batch would have been. Where a
- * condition does not hold, the Python chain (`fallback`) runs instead.
+ * condition does not hold, the Python chain (`fallback`) runs instead. A
+ * failure of either is `failed`'s: the client disconnected (flush_failure).
  *
  * Included by _mqtt_wire.c after `deliveries`; part of that module. */
 
@@ -32,6 +33,7 @@ typedef struct {
     PyObject *conn;     /* the bridge: MqttConnection */
     PyObject *amqp;     /* its inner Connection */
     PyObject *fallback; /* AmqpSide.flush_then_read's closure */
+    PyObject *failed;   /* failed(exc): what a failure of either costs its client */
 } DeliveryFlushObject;
 
 #define FLUSH_NAMES(X)                                                                          \
@@ -275,6 +277,30 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
     return r;
 }
 
+/* The flush (this C path or the chain) raised: where it is an Exception,
+ * failed(exc) answers it (mqtt_transport.py flush_failed: logged, the
+ * client disconnected), so that a fault costs that client only and leaves
+ * no connection whose inner output was partly lost (the rest of a run
+ * that stopped, taken from the inner connection before the failure) open
+ * with deliveries it will never see. Else (KeyboardInterrupt...) raised
+ * on. Returns failed's result, or NULL with an error set. */
+static PyObject *
+flush_failure(DeliveryFlushObject *self)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return NULL;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    PyObject *r = PyObject_CallOneArg(self->failed, value);
+    Py_DECREF(value);
+    return r;
+}
+
 static PyObject *
 DeliveryFlush_call(DeliveryFlushObject *self, PyObject *args, PyObject *kwargs)
 {
@@ -286,30 +312,32 @@ DeliveryFlush_call(DeliveryFlushObject *self, PyObject *args, PyObject *kwargs)
     int may = flush_may_run(self, &f);
     if (may <= 0) {
         flush_parts_clear(&f);
-        return may < 0 ? NULL : PyObject_CallNoArgs(self->fallback);
+        PyObject *chain = may < 0 ? NULL : PyObject_CallNoArgs(self->fallback);
+        return chain == NULL ? flush_failure(self) : chain;
     }
     PyObject *buffer = flush_take_output(self, f.out);
     int r = buffer == NULL ? -1 : flush_run(self, &f, buffer);
     Py_XDECREF(buffer);
     flush_parts_clear(&f);
-    return r < 0 ? NULL : Py_NewRef(Py_None);
+    return r < 0 ? flush_failure(self) : Py_NewRef(Py_None);
 }
 
-/* DeliveryFlush(conn, amqp, fallback): made by MqttConnection once its
+/* DeliveryFlush(conn, amqp, fallback, failed): made by MqttConnection once its
  * inner connection exists (workers/mqtt_connection.py). */
 static int
 DeliveryFlush_init(DeliveryFlushObject *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *conn, *amqp, *fallback;
-    if (!PyArg_ParseTuple(args, "OOO:DeliveryFlush", &conn, &amqp, &fallback))
+    PyObject *conn, *amqp, *fallback, *failed;
+    if (!PyArg_ParseTuple(args, "OOOO:DeliveryFlush", &conn, &amqp, &fallback, &failed))
         return -1;
-    if (!PyCallable_Check(fallback)) {
-        PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(failed)) {
+        PyErr_SetString(PyExc_TypeError, "fallback and failed must be callable");
         return -1;
     }
     Py_XSETREF(self->conn, Py_NewRef(conn));
     Py_XSETREF(self->amqp, Py_NewRef(amqp));
     Py_XSETREF(self->fallback, Py_NewRef(fallback));
+    Py_XSETREF(self->failed, Py_NewRef(failed));
     return 0;
 }
 
@@ -319,6 +347,7 @@ DeliveryFlush_traverse(DeliveryFlushObject *self, visitproc visit, void *arg)
     Py_VISIT(self->conn);
     Py_VISIT(self->amqp);
     Py_VISIT(self->fallback);
+    Py_VISIT(self->failed);
     return 0;
 }
 
@@ -328,6 +357,7 @@ DeliveryFlush_clear(DeliveryFlushObject *self)
     Py_CLEAR(self->conn);
     Py_CLEAR(self->amqp);
     Py_CLEAR(self->fallback);
+    Py_CLEAR(self->failed);
     return 0;
 }
 

@@ -45,7 +45,15 @@ class DeliveryFlush:
     """An MQTT subscriber's inner connection's scheduled flush: where only
     planned deliveries are to write (and the bridge reads nothing else),
     Connection.flush, the bridge's read and Outbound.run in one call, the
-    PUBLISHes written to `conn`'s transport; else `fallback()`."""
+    PUBLISHes written to `conn`'s transport; else `fallback()`. An
+    Exception raised by either is given to `failed`."""
 
-    def __init__(self, conn: object, amqp: object, fallback: Callable[[], None], /) -> None: ...
+    def __init__(
+        self,
+        conn: object,
+        amqp: object,
+        fallback: Callable[[], None],
+        failed: Callable[[Exception], None],
+        /,
+    ) -> None: ...
     def __call__(self) -> None: ...

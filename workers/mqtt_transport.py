@@ -6,11 +6,15 @@ And how that socket closes (Linger)."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from shoal.workers._mqtt_wire import DeliveryFlush
 from shoal.workers.connection import LINGER_TIMEOUT
+
+log = logging.getLogger("shoal.mqtt")
 
 # What the inner connection may ask of the client's socket: its addresses, and
 # over TLS the session and the client's certificate (EXTERNAL logins, the
@@ -19,6 +23,7 @@ _FORWARDED = frozenset({"peername", "sockname", "ssl_object", "peercert", "ciphe
 
 
 class Bridge(Protocol):
+    client_id: str
     transport: Any  # the MQTT client's socket transport (uvloop's)
     closed: bool
     amqp_out: bytearray  # what the inner connection wrote and the bridge has not read
@@ -27,6 +32,18 @@ class Bridge(Protocol):
     def from_amqp(self, data: bytes) -> None: ...
     def read_amqp(self) -> None: ...
     def amqp_closed(self) -> None: ...
+    def disconnect(self, reason: int) -> None: ...
+
+
+def flush_failed(bridge: Bridge, exc: Exception) -> None:
+    """The inner connection's scheduled flush raised (its C path or the
+    chain): part of its output may be lost (taken from it, not yet read
+    into packets), and the deliveries in it would wait unseen. The client
+    is disconnected (0x83, implementation specific error), as a fault in
+    its read is answered: its unacknowledged deliveries go back to their
+    queues, and no other client is touched."""
+    log.error("mqtt client %s: internal error in a flush", bridge.client_id, exc_info=exc)
+    bridge.disconnect(0x83)
 
 
 class AmqpSide:
@@ -48,8 +65,11 @@ class AmqpSide:
         """The inner connection `amqp`'s flush at the end of a loop turn:
         where it has only planned deliveries to write and the bridge reads
         nothing else, one C call writes them as PUBLISHes to the client's
-        socket (workers/_mqtt_flush.h); else flush_then_read's chain."""
-        return DeliveryFlush(self.bridge, amqp, self.flush_then_read(amqp.flush))
+        socket (workers/_mqtt_flush.h); else flush_then_read's chain. A
+        failure of either disconnects the client (flush_failed)."""
+        bridge = self.bridge
+        failed = functools.partial(flush_failed, bridge)
+        return DeliveryFlush(bridge, amqp, self.flush_then_read(amqp.flush), failed)
 
     def flush_then_read(self, flush: Callable[[], None]) -> Callable[[], None]:
         """The inner connection's flush at the end of a loop turn, and the

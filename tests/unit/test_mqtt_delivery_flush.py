@@ -11,6 +11,7 @@ Stand-ins with the attributes the chain reads; no sockets."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from pamqp import frame
 
 from shoal.broker.mqtt import packets as P
 from shoal.workers._mqtt_wire import DeliveryFlush, deliveries
+from shoal.workers.mqtt_transport import AmqpSide
 from tests.unit.test_mqtt_deliveries import delivery, planned
 
 TOPIC = b"sensors/1/temp"
@@ -114,8 +116,12 @@ def _setup(
     bridge = Bridge(Outbound(plans))
     inner = Inner(list(frames))
     fallbacks: list[int] = []
-    flush = DeliveryFlush(bridge, inner, lambda: fallbacks.append(1))
+    flush = DeliveryFlush(bridge, inner, lambda: fallbacks.append(1), unexpected)
     return bridge, inner, fallbacks, flush
+
+
+def unexpected(exc: Exception) -> None:
+    raise AssertionError("the flush failed") from exc
 
 
 @pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
@@ -164,18 +170,20 @@ def test_a_run_that_stops_leaves_the_rest_to_read_amqp_after_its_packets() -> No
 
 def test_a_rest_it_cannot_hand_on_opens_no_batch() -> None:
     # The rest goes to amqp_out before the batch opens: where it cannot (a
-    # bridge whose buffer is not a bytearray), the flush raises and leaves
-    # no batch that no _end_batch would close (the client's next packets
-    # would wait behind it). The run's packets are written all the same:
-    # their ids are booked (unacked, next_packet_id), and a client that
-    # never got them would wait on those ids until it reconnects.
+    # bridge whose buffer is not a bytearray), the flush fails, is given to
+    # `failed` (the client disconnected: the rest is lost) and leaves no
+    # batch that no _end_batch would close. The run's packets are written
+    # all the same: their ids are booked (unacked, next_packet_id), and a
+    # client that never got them would wait on those ids.
     confirm = frame.marshal(C.Basic.Ack(7, False), 1)
     first = delivery(1, b"one")
-    bridge, _inner, fallbacks, flush = _setup([first, confirm])
+    bridge, inner, fallbacks, _ = _setup([first, confirm])
+    failures: list[Exception] = []
+    flush = DeliveryFlush(bridge, inner, lambda: fallbacks.append(1), failures.append)
     packets = deliveries(bytearray(first), 0, dict(bridge.outbound.planned), {}, 1, False)[2]
     bridge.amqp_out = b""  # type: ignore[assignment]
-    with pytest.raises(TypeError, match="bytearray"):
-        flush()
+    flush()
+    assert [type(e) for e in failures] == [TypeError] and "bytearray" in str(failures[0])
     assert bridge.out is None and bridge.reads == [] and fallbacks == []
     assert bridge.outbound.unacked == {1: 1} and bridge.outbound.next_packet_id == 2
     assert bridge.transport.writes == [packets]
@@ -298,11 +306,49 @@ def test_what_the_chain_raises_and_bad_calls() -> None:
     def fails() -> None:
         raise RuntimeError("the chain's own failure")
 
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
     bridge = Bridge(Outbound({}))
     bridge.closed = True
-    with pytest.raises(RuntimeError, match="own failure"):
-        DeliveryFlush(bridge, Inner([b"x"]), fails)()
+    failures: list[Exception] = []
+    DeliveryFlush(bridge, Inner([b"x"]), fails, failures.append)()
+    assert [str(e) for e in failures] == ["the chain's own failure"]
+    assert failures[0].__traceback__ is not None  # (logged with where it failed)
+    with pytest.raises(KeyboardInterrupt):  # (not an Exception: raised on)
+        DeliveryFlush(bridge, Inner([b"x"]), interrupted, failures.append)()
+    with pytest.raises(ValueError, match="failed's own"):  # failed's failure is raised
+
+        def failing_failed(exc: Exception) -> None:
+            raise ValueError("failed's own")
+
+        DeliveryFlush(bridge, Inner([b"x"]), fails, failing_failed)()
     with pytest.raises(TypeError):
-        DeliveryFlush(bridge, Inner([]), None)  # type: ignore[arg-type]
+        DeliveryFlush(bridge, Inner([]), None, failures.append)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        DeliveryFlush(bridge, Inner([]), fails)(1)  # type: ignore[call-arg]
+        DeliveryFlush(bridge, Inner([]), fails)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        DeliveryFlush(bridge, Inner([]), fails, failures.append)(1)  # type: ignore[call-arg]
+
+
+def test_a_failed_flush_disconnects_its_client_only(caplog: pytest.LogCaptureFixture) -> None:
+    """The scheduled flush AmqpSide makes: a failure (here the inner
+    connection's own flush, in the chain) is logged and disconnects that
+    client with 0x83, as a fault in its read does; it does not reach the
+    loop, whose other callbacks (other clients' flushes) go on."""
+
+    class Failing(Inner):
+        def flush(self) -> None:
+            raise RuntimeError("lost output")
+
+    bridge = Bridge(Outbound({}))
+    bridge.closed = True  # (the chain, not the C path)
+    reasons: list[int] = []
+    bridge.client_id = "dev-1"  # type: ignore[attr-defined]
+    bridge.disconnect = reasons.append  # type: ignore[attr-defined]
+    flush = AmqpSide(bridge).scheduled_flush(Failing([b"x"]))  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="shoal.mqtt"):
+        flush()
+    assert reasons == [0x83]
+    assert "mqtt client dev-1: internal error in a flush" in caplog.text
+    assert "lost output" in caplog.text
