@@ -54,8 +54,8 @@ class ConnectionAccess:
     def _fresh(self) -> None:
         routes = self.routes
         routes.sync()
-        if routes.version != self._version:
-            self._version = routes.version
+        if routes.access_version != self._version:
+            self._version = routes.access_version
             self._decided.clear()
             self._published.clear()
             definitions = routes.definitions

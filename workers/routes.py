@@ -39,6 +39,8 @@ from shoal.broker.amqp.definitions import (
     Op,
     ParameterCleared,
     ParameterSet,
+    PolicyCleared,
+    PolicySet,
     QueueArgumentsSet,
     QueueGone,
     TracingSet,
@@ -57,6 +59,23 @@ _EXCHANGE_OPS = (ExchangeDeclared, ExchangeDeleted, VHostAdded, VHostDeleted)
 # Operations that change no route (the firehose's are never cached): every
 # entry stays. Any operation not named here or handled in _forget forgets all.
 _ROUTE_NEUTRAL = (*ACCESS_OPS, QueueArgumentsSet, ParameterSet, ParameterCleared, TracingSet)
+# Operations that change no access decision (ConnectionAccess's caches: the
+# permissions, topic permissions and firehose flag of a vhost's users). Any
+# other bumps `access_version`: a queue bound or deleted (a fleet's clean
+# sessions coming and going) no longer makes every connection of the worker
+# decide its permissions again.
+_ACCESS_NEUTRAL = (
+    Bound,
+    Unbound,
+    QueueGone,
+    QueueArgumentsSet,
+    ExchangeDeclared,
+    ExchangeDeleted,
+    PolicySet,
+    PolicyCleared,
+    ParameterSet,
+    ParameterCleared,
+)
 # A cache entry: the route's qids, its queue names, and the catalog
 # generation the qids were looked up at.
 Entry = tuple[tuple[int, ...], tuple[bytes, ...], int]
@@ -93,6 +112,7 @@ class Routes:
         "_by_exchange",
         "_cache",
         "_plain",
+        "access_version",
         "dedup_exchanges",
         "definitions",
         "reader",
@@ -110,6 +130,7 @@ class Routes:
         # vhost -> whether nothing reaches an exchange from another (_plain_vhost)
         self._plain: dict[str, bool] = {}
         self.version = 0  # bumped whenever the definitions change (caches key on it)
+        self.access_version = 0  # bumped when they change a permission (_ACCESS_NEUTRAL)
         # Exchanges with a deduplication cache (workers/dedup_filter.py), by
         # (vhost id, name): empty unless one is declared (one flag test).
         self.dedup_exchanges: dict[tuple[int, bytes], DedupSpec] = {}
@@ -132,12 +153,15 @@ class Routes:
         if reset:
             self.definitions = Definitions()
             self._forget_all()
-        exchanges_changed = reset
+        exchanges_changed = access_changed = reset
         for op in ops:
             self._forget(op)  # (before: a queue's end needs the bindings it takes)
             self.definitions.apply(op)
             exchanges_changed = exchanges_changed or isinstance(op, _EXCHANGE_OPS)
+            access_changed = access_changed or not isinstance(op, _ACCESS_NEUTRAL)
         self.version += 1
+        if access_changed:
+            self.access_version += 1
         if exchanges_changed:
             self.dedup_exchanges = self._dedup_exchanges()
 

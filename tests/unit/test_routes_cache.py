@@ -22,6 +22,7 @@ from shoal.shm import layout as L
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
+from shoal.workers.connection_access import WRITE, ConnectionAccess
 from shoal.workers.routes import Routes
 
 QUEUES = [f"q{i}" for i in range(6)]
@@ -208,3 +209,62 @@ def test_a_binding_reached_through_another_exchange_changes_its_route(
     assert routes.cached(vhost_id, source, key)
     journal.do(D.Bound("/", "xa", "q", "q1", "", {}))  # (fanout: any key)
     assert routed(routes, "/", vhost_id, source, key, False) == [journal.qids[("/", "q1")]]
+
+
+ACCESS_EXCHANGES = [b"xt", b"xd", b"amq.topic", b""]
+ACCESS_KEYS = [b"a.b", b"b", b"secret.x"]
+
+
+def access_step(journal: Journal, rnd: random.Random) -> None:
+    """A change of a permission, a topic permission, the firehose or the
+    user, or (half the time) one of the queues and routes."""
+    if rnd.random() < 0.5:
+        journal.step(rnd)
+        return
+    choice = rnd.random()
+    pattern = rnd.choice([".*", "^x.*", "^$", "^amq\\..*"])
+    if choice < 0.3:
+        journal.do(D.PermissionSet("/", "guest", ".*", pattern, ".*"))
+    elif choice < 0.4:
+        journal.do(D.PermissionCleared("/", "guest"))
+    elif choice < 0.6:
+        exchange = rnd.choice(["xt", "amq.topic"])
+        journal.do(D.TopicPermissionSet("/", "guest", exchange, rnd.choice(["^a", ".*"]), ".*"))
+    elif choice < 0.7:
+        journal.do(D.TopicPermissionCleared("/", "guest", ""))
+    elif choice < 0.85:
+        journal.do(D.TracingSet("/", rnd.random() < 0.5))
+    elif choice < 0.92:
+        journal.do(D.UserDeleted("guest"))  # (its permissions with it)
+    else:
+        journal.do(D.UserSet("guest", "", "", ["administrator"], {}))
+
+
+def decisions(access: ConnectionAccess) -> list[Any]:
+    access.refresh()
+    got: list[Any] = [access.tracing]
+    for exchange in ACCESS_EXCHANGES:
+        for key in ACCESS_KEYS:
+            got.append(access.may_publish(exchange, key))
+        got.append(access.allowed(WRITE, "exchange", exchange.decode()))
+    return got
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_connections_access_decisions_follow_every_change(seg: Segment, seed: int) -> None:
+    """ConnectionAccess keeps its decisions through changes that decide no
+    permission (Routes.access_version: a fleet's queues and bindings coming
+    and going): after each change of a random run, a connection that has
+    lived through all of them decides as one made now."""
+    rnd = random.Random(seed)
+    journal = Journal(seg)
+    routes = Routes(seg, SharedQueues(seg))
+    lived = ConnectionAccess(routes, "guest", "/")
+    kept = 0
+    for step in range(200):
+        before = routes.access_version
+        access_step(journal, rnd)
+        fresh = ConnectionAccess(Routes(seg, SharedQueues(seg)), "guest", "/")
+        assert decisions(lived) == decisions(fresh), (seed, step)
+        kept += routes.access_version == before
+    assert kept > 50  # (the changes that decide nothing left the decisions in place)
