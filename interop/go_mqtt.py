@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Run Eclipse Paho's Go MQTT client's functional tests against Shoal (issue 41).
+
+    python interop/go_mqtt.py --deselect-file interop/deselect.txt \\
+        --expect-file interop/expected.txt          # what CI runs
+    python interop/go_mqtt.py --address 127.0.0.3   # any broker on ADDRESS:1883
+
+The suite is Debian's: `golang-github-eclipse-paho.mqtt.golang-dev` (1.1.1) ships
+the client's source with its tests; its `fvt_*_test.go` (the functional
+verification tests: QoS 0/1/2 both ways, wills, clean sessions, keep-alive,
+reconnects, the client's stores) talk to a broker at tcp://$TEST_FVT_ADDR:1883.
+Debian's `golang-go` (1.19) builds them; the package's unit tests are left out
+of the build, as one of them (`unit_router_test.go`, a variable declared and
+not used) no longer compiles with it.
+
+The port is fixed at 1883, so the broker listens on a loopback address of its
+own (127.0.0.2 upwards, the first whose 1883 is free): a broker already on
+127.0.0.1:1883 (a mosquitto started for comparison) is not in the way.
+
+Exit status 0 only if the binary exited 0, no test failed, every selected test
+reported an outcome, every deselect entry names a test, and at least the passes
+that --expect-file records (suite name `paho.mqtt.golang`) were seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from go_client import GOCODE, go_environment, listed, tally
+from run import CACHE, REPO, RESULTS, log, meets_expectations, read_deselect, read_expected
+
+from shoal.broker.cli import local_command
+
+SUITE = "paho.mqtt.golang"
+PACKAGE = "github.com/eclipse/paho.mqtt.golang"
+DEPENDENCIES = ("golang.org/x/net",)  # websocket and proxy, which the client imports
+DEBIAN_PACKAGES = "golang-go golang-github-eclipse-paho.mqtt.golang-dev"
+WORK = CACHE / "go-mqtt"
+BINARY = WORK / "paho.mqtt.golang.test"
+MQTT_PORT = 1883  # the suite's (fvt_test.go)
+
+
+def build() -> Path:
+    """The test binary from Debian's source, its unit tests left out, unless
+    already built from the same source (its files' sizes as the stamp)."""
+    src = GOCODE / PACKAGE
+    if not (src / "fvt_client_test.go").is_file():
+        raise SystemExit(f"needs Debian's {DEBIAN_PACKAGES} (apt-get install -y {DEBIAN_PACKAGES})")
+    stamp_text = "\n".join(f"{p.name} {p.stat().st_size}" for p in sorted(src.glob("*.go")))
+    stamp = WORK / "stamp"
+    if BINARY.is_file() and stamp.is_file() and stamp.read_text() == stamp_text:
+        return BINARY
+    gopath = WORK / "gopath"  # go_environment's GOPATH is interop/.cache/go's: ours instead
+    package = gopath / "src" / PACKAGE
+    package.mkdir(parents=True, exist_ok=True)
+    for entry in src.iterdir():
+        link = package / entry.name
+        if entry.name.startswith("unit_") or link.is_symlink():
+            continue
+        link.symlink_to(entry)
+    for dep in DEPENDENCIES:
+        link = gopath / "src" / dep
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(GOCODE / dep)
+    env = {**go_environment(), "GOPATH": str(gopath), "GOCACHE": str(WORK / "build-cache")}
+    cmd = ["go", "test", "-c", "-o", str(BINARY), PACKAGE]
+    log(" ".join(cmd))
+    subprocess.run(cmd, check=True, env=env, cwd=WORK)
+    stamp.write_text(stamp_text)
+    return BINARY
+
+
+def free_loopback() -> str:
+    """A loopback address whose port 1883 is free."""
+    for last in range(2, 250):
+        address = f"127.0.0.{last}"
+        with socket.socket() as s:
+            try:
+                s.bind((address, MQTT_PORT))
+                return address
+            except OSError:
+                continue
+    raise SystemExit("no loopback address 127.0.0.2-249 has port 1883 free")
+
+
+def wait_listening(address: str, deadline: float, proc: subprocess.Popen[bytes]) -> None:
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with socket.create_connection((address, MQTT_PORT), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"Shoal did not listen on {address}:{MQTT_PORT} (see its log)")
+
+
+def run_suite(binary: Path, address: str, selected: list[str], logfile: Path, timeout: int) -> dict:
+    pattern = "^(" + "|".join(selected) + ")$"
+    cmd = [str(binary), "-test.v", "-test.timeout", f"{timeout}s", "-test.run", pattern]
+    started = time.monotonic()
+    with open(logfile, "w") as fh:
+        proc = subprocess.run(
+            cmd,
+            env={"TEST_FVT_ADDR": address, "PATH": "/usr/bin:/bin"},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            timeout=timeout + 60,
+            cwd=tempfile.gettempdir(),  # (its file store tests write under the working directory)
+        )
+    counts = tally(logfile.read_text(errors="replace"), selected)
+    counts["rc"] = proc.returncode
+    counts["wall"] = round(time.monotonic() - started)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--address", help="a running broker's address (its MQTT on 1883)")
+    p.add_argument("--deselect-file", help="as interop/run.py's; entries 'paho.mqtt.golang:Test'")
+    p.add_argument("--expect-file", help="as interop/run.py's; the line 'paho.mqtt.golang N 0'")
+    p.add_argument("--timeout", type=int, default=300, help="the whole run's limit, s (300)")
+    args = p.parse_args(argv)
+
+    def _on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds: the broker gets stopped
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    WORK.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    binary = build()
+    names = listed(binary)
+    deselect = read_deselect(args.deselect_file, SUITE)
+    unmatched = [name for name in deselect if name not in names]
+    for name in unmatched:
+        log(f"deselect entry {name!r} names no test of {SUITE}")
+    selected = [name for name in names if name not in deselect]
+    label = "url" if args.address else "shoal"
+    logfile = RESULTS / f"{label}-{SUITE}.log"
+    crashed = False
+    if args.address:
+        c = run_suite(binary, args.address, selected, logfile, args.timeout)
+    else:
+        address = free_loopback()
+        with socket.socket() as s:  # (AMQP's port: the suite does not use it)
+            s.bind((address, 0))
+            amqp_port = s.getsockname()[1]
+        with tempfile.TemporaryDirectory(prefix="shoal-go-mqtt-") as rundir:
+            cmd = local_command(amqp_port, 2, rundir, "--mqtt-port", str(MQTT_PORT), bind=address)
+            with open(RESULTS / f"{label}-{SUITE}-broker.log", "w") as broker_log:
+                proc = subprocess.Popen(cmd, cwd=REPO, stdout=broker_log, stderr=subprocess.STDOUT)
+                try:
+                    wait_listening(address, time.monotonic() + 30, proc)
+                    c = run_suite(binary, address, selected, logfile, args.timeout)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                    crashed = proc.returncode != 0
+    print(
+        f"\n{SUITE} against {args.address or 'Shoal (started here)'}: {c['PASS']} passed, "
+        f"{c['FAIL']} failed, {c['SKIP']} skipped, {c['not run']} not run, "
+        f"{len(deselect)} deselected, {c['wall']} s (rc {c['rc']}"
+        f"{', a panic' if c['panic'] else ''}); output in {logfile}"
+    )
+    bad = crashed or bool(unmatched) or c["rc"] != 0 or c["FAIL"] > 0 or c["not run"] > 0
+    if args.expect_file:
+        summary = {SUITE: {"passed": c["PASS"], "skipped": c["SKIP"]}}
+        bad |= not meets_expectations(summary, read_expected(args.expect_file))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
