@@ -41,13 +41,26 @@ FORWARDED_PROPERTIES = frozenset(
 )
 
 
+# MQTT's level separator `/` is AMQP's `.`, as RabbitMQ maps them; and a `.`
+# in a topic, an ordinary character in MQTT, is a `/` in AMQP, an ordinary
+# character there. RabbitMQ 3.x leaves the `.` as it is: a topic such as
+# `devices/192.168.0.5/status` or Sparkplug B's `spBv1.0/group/...` then has
+# AMQP levels where MQTT has none, `devices/+/status` does not match it, and a
+# subscriber gets it back as `devices/192/168/0/5/status`. Swapping the two
+# keeps every dot-free topic as RabbitMQ maps it and every topic whole both ways
+# (NATS maps MQTT's `.` to `//` for the same reason).
+_TO_AMQP = str.maketrans({"/": ".", ".": "/", "+": "*"})
+_TO_MQTT = str.maketrans({".": "/", "/": ".", "*": "+"})
+
+
 def mqtt_to_amqp(topic: str) -> str:
     """A topic name or filter as a routing key or binding key."""
-    return topic.replace("/", ".").replace("+", "*")
+    return topic.translate(_TO_AMQP)
 
 
 def amqp_to_mqtt(key: str) -> str:
-    return key.replace("*", "+").replace(".", "/")
+    """A routing key as the topic name MQTT subscribers get."""
+    return key.translate(_TO_MQTT)
 
 
 def amqp_properties(

@@ -171,6 +171,38 @@ def test_amqp_and_mqtt_share_messages_both_ways(
         conn.close()
 
 
+def test_a_topic_with_dots_keeps_its_levels_and_its_name(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    """A `.` in a topic (an address, Sparkplug B's spBv1.0) is an ordinary
+    character in MQTT: `devices/+/status` matches `devices/192.168.0.5/status`
+    and the subscriber gets that name back, as from mosquitto (RabbitMQ 3.x
+    routes it as `devices.192.168.0.5.status`: not matched, and named
+    `devices/192/168/0/5/status` where a `#` gets it). AMQP sees the dots as `/`."""
+    broker, port = mqtt_broker
+    subscriber = connected(clients, port, paho.MQTTv5, "dots-sub")
+    assert subscriber.subscribe("devices/+/status", 1) == [1]
+    assert subscriber.subscribe("spBv1.0/#", 1) == [1]
+    device = connected(clients, port, paho.MQTTv311, "dots-device")
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, "amq.topic", "devices.*.status")
+        for topic in ("devices/192.168.0.5/status", "spBv1.0/plant/NBIRTH/edge"):
+            device.c.publish(topic, b"up", qos=1).wait_for_publish(WAIT_S)
+            message = subscriber.next("message")
+            assert (message.topic, message.payload) == (topic, b"up")
+        method, _props, body = next(ch.consume(q, inactivity_timeout=WAIT_S))
+        assert (method.routing_key, body) == ("devices.192/168/0/5.status", b"up")
+        ch.cancel()
+        ch.basic_publish("amq.topic", "devices.10/0/0/1.status", b"from amqp")
+        message = subscriber.next("message")
+        assert (message.topic, message.payload) == ("devices/10.0.0.1/status", b"from amqp")
+    finally:
+        conn.close()
+
+
 def test_empty_small_and_multi_frame_messages_reach_a_subscriber_whole(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from pamqp import header as amqp_header
 
+from shoal.broker.amqp.routing import TopicTrie
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt.amqp_frames import properties_bytes
 from shoal.broker.mqtt.packets import Properties
@@ -65,3 +67,30 @@ def test_an_inner_connections_close_as_connack_or_disconnect() -> None:
 def test_a_password_sasl_plain_cannot_carry_is_no_users() -> None:
     assert M.sasl_text("pässword".encode()) and M.sasl_text(b"")
     assert not M.sasl_text(b"\xff\xfe") and not M.sasl_text(b"pass\x00word")
+
+
+@pytest.mark.parametrize(
+    ("topic", "key"),
+    [
+        ("sensors/3/temp", "sensors.3.temp"),  # RabbitMQ's mapping, as AMQP consumers bind
+        ("devices/192.168.0.5/status", "devices.192/168/0/5.status"),
+        ("spBv1.0/plant/NBIRTH/edge", "spBv1/0.plant.NBIRTH.edge"),  # Sparkplug B
+        ("/leading/", ".leading."),
+        ("a.b", "a/b"),
+    ],
+)
+def test_a_topic_keeps_its_levels_and_its_dots_both_ways(topic: str, key: str) -> None:
+    """A dot in a topic is no AMQP level separator: it maps to `/`, and back."""
+    assert M.mqtt_to_amqp(topic) == key
+    assert M.amqp_to_mqtt(key) == topic
+
+
+def test_a_filter_with_a_dot_matches_as_mqtt_does() -> None:
+    """devices/+/status matches devices/192.168.0.5/status in MQTT: its binding
+    key matches the routing key on a topic exchange."""
+    trie = TopicTrie()
+    binding = M.mqtt_to_amqp("devices/+/status")
+    assert binding == "devices.*.status"
+    trie.add(binding, ("q", "sub"))
+    assert trie.match(M.mqtt_to_amqp("devices/192.168.0.5/status")) == {("q", "sub")}
+    assert trie.match(M.mqtt_to_amqp("devices/a/b/status")) == set()
