@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,9 +33,8 @@ import time
 from pathlib import Path
 
 from go_client import GOCODE, go_environment, listed, tally
-from run import CACHE, REPO, RESULTS, log, meets_expectations, read_deselect, read_expected
-
-from shoal.broker.cli import local_command
+from loopback import free_loopback, shoal_on
+from run import CACHE, RESULTS, log, meets_expectations, read_deselect, read_expected
 
 SUITE = "paho.mqtt.golang"
 PACKAGE = "github.com/eclipse/paho.mqtt.golang"
@@ -76,29 +74,6 @@ def build() -> Path:
     subprocess.run(cmd, check=True, env=env, cwd=WORK)
     stamp.write_text(stamp_text)
     return BINARY
-
-
-def free_loopback() -> str:
-    """A loopback address whose port 1883 is free."""
-    for last in range(2, 250):
-        address = f"127.0.0.{last}"
-        with socket.socket() as s:
-            try:
-                s.bind((address, MQTT_PORT))
-                return address
-            except OSError:
-                continue
-    raise SystemExit("no loopback address 127.0.0.2-249 has port 1883 free")
-
-
-def wait_listening(address: str, deadline: float, proc: subprocess.Popen[bytes]) -> None:
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with socket.create_connection((address, MQTT_PORT), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"Shoal did not listen on {address}:{MQTT_PORT} (see its log)")
 
 
 def run_suite(binary: Path, address: str, selected: list[str], logfile: Path, timeout: int) -> dict:
@@ -147,25 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.address:
         c = run_suite(binary, args.address, selected, logfile, args.timeout)
     else:
-        address = free_loopback()
-        with socket.socket() as s:  # (AMQP's port: the suite does not use it)
-            s.bind((address, 0))
-            amqp_port = s.getsockname()[1]
-        with tempfile.TemporaryDirectory(prefix="shoal-go-mqtt-") as rundir:
-            cmd = local_command(amqp_port, 2, rundir, "--mqtt-port", str(MQTT_PORT), bind=address)
-            with open(RESULTS / f"{label}-{SUITE}-broker.log", "w") as broker_log:
-                proc = subprocess.Popen(cmd, cwd=REPO, stdout=broker_log, stderr=subprocess.STDOUT)
-                try:
-                    wait_listening(address, time.monotonic() + 30, proc)
-                    c = run_suite(binary, address, selected, logfile, args.timeout)
-                finally:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
-                    crashed = proc.returncode != 0
+        address = free_loopback([MQTT_PORT])
+        with shoal_on(address, MQTT_PORT, [], RESULTS / f"{label}-{SUITE}-broker.log") as broker:
+            c = run_suite(binary, address, selected, logfile, args.timeout)
+        crashed = broker.crashed
     print(
         f"\n{SUITE} against {args.address or 'Shoal (started here)'}: {c['PASS']} passed, "
         f"{c['FAIL']} failed, {c['SKIP']} skipped, {c['not run']} not run, "
