@@ -91,7 +91,13 @@ class Subscriptions:
             # Bound again: the queue may have gone (a group's, or one that
             # expired before the session's file did) and been declared anew.
             self._consume(
-                sub.queue, sub.qos, lambda: self._bind(topic_filter, sub.queue, next_step)
+                sub.queue,
+                sub.qos,
+                lambda: self._bind(
+                    topic_filter,
+                    sub.queue,
+                    lambda: self._unbind_legacy(topic_filter, sub.queue, next_step),
+                ),
             )
 
         next_step()
@@ -236,6 +242,19 @@ class Subscriptions:
         key = M.mqtt_to_amqp(group[1] if group is not None else topic_filter)
         bind = C.Queue.Bind(queue=queue, exchange=M.EXCHANGE, routing_key=key)
         self.conn.call(bind, lambda _r: then())
+
+    def _unbind_legacy(self, topic_filter: str, queue: str, then: Callable[[], None]) -> None:
+        """A filter with a `.` was bound, before 2d9b621, with the dot as a
+        level (RabbitMQ 3.x's mapping): that binding is dropped when its
+        session returns, or it would deliver what the filter does not match."""
+        group = shared(topic_filter)
+        plain = group[1] if group is not None else topic_filter
+        legacy = M.legacy_amqp_key(plain)
+        if legacy == M.mqtt_to_amqp(plain):
+            then()
+            return
+        unbind = C.Queue.Unbind(queue=queue, exchange=M.EXCHANGE, routing_key=legacy)
+        self.conn.call(unbind, lambda _r: then())
 
     def _unbind(self, topic_filter: str, queue: str, then: Callable[[Any], None]) -> None:
         key = M.mqtt_to_amqp(topic_filter)

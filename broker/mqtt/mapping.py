@@ -58,6 +58,12 @@ def mqtt_to_amqp(topic: str) -> str:
     return topic.translate(_TO_AMQP)
 
 
+def legacy_amqp_key(topic_filter: str) -> str:
+    """A filter's binding key as Shoal made it before 2d9b621 (RabbitMQ 3.x's
+    mapping: a `.` left as a level separator); a returning session drops it."""
+    return topic_filter.replace("/", ".").replace("+", "*")
+
+
 def amqp_to_mqtt(key: str) -> str:
     """A routing key as the topic name MQTT subscribers get."""
     return key.translate(_TO_MQTT)

@@ -203,6 +203,32 @@ def test_a_topic_with_dots_keeps_its_levels_and_its_name(
         conn.close()
 
 
+def test_a_returning_session_drops_the_binding_a_dot_had_before(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    """A session's filter with a `.` was bound with the dot as a level before
+    the mapping kept dots (devices.10.0.0.5.#): when the session returns, that
+    binding goes, and only what the filter matches is delivered."""
+    broker, port = mqtt_broker
+    away = connected(clients, port, paho.MQTTv311, "legacy-dots", clean=False)
+    assert away.subscribe("devices/10.0.0.5/#", 1) == [1]
+    away.close()
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:  # what the earlier mapping bound for that filter
+        conn.channel().queue_bind(
+            "mqtt-subscription-legacy-dotsqos1", "amq.topic", "devices.10.0.0.5.#"
+        )
+    finally:
+        conn.close()
+    back = connected(clients, port, paho.MQTTv311, "legacy-dots", clean=False)
+    publisher = connected(clients, port, paho.MQTTv311, "legacy-dots-pub")
+    for topic in ("devices/10/0/0/5/x", "devices/10.0.0.5/y"):
+        publisher.c.publish(topic, topic.encode(), qos=1).wait_for_publish(WAIT_S)
+    message = back.next("message")
+    assert message.topic == "devices/10.0.0.5/y"
+    assert back.events.empty()
+
+
 def test_empty_small_and_multi_frame_messages_reach_a_subscriber_whole(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:
