@@ -35,7 +35,7 @@ from pathlib import Path
 
 import trustme
 from loopback import free_loopback, shoal_on
-from run import CACHE, RESULTS, log, meets_expectations, read_deselect, read_expected
+from run import CACHE, RESULTS, exit_status, log, read_deselect, unmatched_deselects
 
 SUITE = "aiomqtt"
 SDIST = "aiomqtt-2.5.1"
@@ -125,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         capture_output=True,
         text=True,
     ).stdout.splitlines()
-    unmatched = [test for test in deselect if test not in collected]
-    for test in unmatched:
-        log(f"deselect entry {test!r} names no test of {SUITE}")
+    unmatched = unmatched_deselects(deselect, collected, SUITE)
     logfile = RESULTS / f"shoal-{SUITE}.log"
     extra = ["--mqtts-port", str(MQTTS_PORT), "--tls-cert", str(server)]
     with shoal_on(address, MQTT_PORT, extra, RESULTS / f"shoal-{SUITE}-broker.log") as broker:
@@ -138,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         f"output in {logfile}"
     )
     bad = broker.crashed or bool(unmatched) or c["FAILED"] > 0 or c["ERROR"] > 0
-    if args.expect_file:
-        summary = {SUITE: {"passed": c["PASSED"], "skipped": c["SKIPPED"]}}
-        bad |= not meets_expectations(summary, read_expected(args.expect_file))
-    return 1 if bad else 0
+    return exit_status(SUITE, c["PASSED"], c["SKIPPED"], bad, args.expect_file)
 
 
 if __name__ == "__main__":

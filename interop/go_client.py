@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 # interop/run.py: the broker it starts, the deselect and expect files' formats.
-from run import CACHE, RESULTS, Shoal, log, meets_expectations, read_deselect, read_expected
+from run import CACHE, RESULTS, Shoal, exit_status, log, read_deselect, unmatched_deselects
 
 SUITE = "amqp091-go"
 GOCODE = Path("/usr/share/gocode/src")
@@ -146,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     binary = build()
     names = listed(binary)
     deselect = read_deselect(args.deselect_file, SUITE)
-    unmatched = [name for name in deselect if name not in names]
-    for name in unmatched:
-        log(f"deselect entry {name!r} names no test of {SUITE}")
+    unmatched = unmatched_deselects(deselect, names, SUITE)
     selected = [name for name in names if name not in deselect]
     logfile = RESULTS / f"{label}-{SUITE}.log"
     if args.url:
@@ -168,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         f"; output in {logfile}"
     )
     bad = crashed or bool(unmatched) or c["rc"] != 0 or c["FAIL"] > 0 or c["not run"] > 0
-    if args.expect_file:
-        summary = {SUITE: {"passed": c["PASS"], "skipped": c["SKIP"]}}
-        bad |= not meets_expectations(summary, read_expected(args.expect_file))
-    return 1 if bad else 0
+    return exit_status(SUITE, c["PASS"], c["SKIP"], bad, args.expect_file)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from go_client import GOCODE, go_environment, listed, tally
 from loopback import free_loopback, shoal_on
-from run import CACHE, RESULTS, log, meets_expectations, read_deselect, read_expected
+from run import CACHE, RESULTS, exit_status, log, read_deselect, unmatched_deselects
 
 SUITE = "paho.mqtt.golang"
 PACKAGE = "github.com/eclipse/paho.mqtt.golang"
@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     binary = build()
     names = listed(binary)
     deselect = read_deselect(args.deselect_file, SUITE)
-    unmatched = [name for name in deselect if name not in names]
-    for name in unmatched:
-        log(f"deselect entry {name!r} names no test of {SUITE}")
+    unmatched = unmatched_deselects(deselect, names, SUITE)
     selected = [name for name in names if name not in deselect]
     label = "url" if args.address else "shoal"
     logfile = RESULTS / f"{label}-{SUITE}.log"
@@ -133,10 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{', a panic' if c['panic'] else ''}); output in {logfile}"
     )
     bad = crashed or bool(unmatched) or c["rc"] != 0 or c["FAIL"] > 0 or c["not run"] > 0
-    if args.expect_file:
-        summary = {SUITE: {"passed": c["PASS"], "skipped": c["SKIP"]}}
-        bad |= not meets_expectations(summary, read_expected(args.expect_file))
-    return 1 if bad else 0
+    return exit_status(SUITE, c["PASS"], c["SKIP"], bad, args.expect_file)
 
 
 if __name__ == "__main__":

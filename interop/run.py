@@ -54,6 +54,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -593,6 +594,25 @@ def main(argv: list[str] | None = None) -> int:
         bad |= total == 0 or c["rc"] not in (0, 1)
     if args.expect_file:
         bad |= not meets_expectations(summary, read_expected(args.expect_file))
+    return 1 if bad else 0
+
+
+def unmatched_deselects(deselect: list[str], names: Iterable[str], suite: str) -> list[str]:
+    """The deselect entries that name no test of `suite` (each logged): a
+    stale entry fails a run, as a test that vanished must be noticed."""
+    known = set(names)
+    unmatched = [name for name in deselect if name not in known]
+    for name in unmatched:
+        log(f"deselect entry {name!r} names no test of {suite}")
+    return unmatched
+
+
+def exit_status(suite: str, passed: int, skipped: int, bad: bool, expect_file: str | None) -> int:
+    """A runner's exit status: 1 if `bad` or, with an expect file, if fewer
+    passed or more were skipped than it records for `suite`."""
+    if expect_file:
+        summary = {suite: {"passed": passed, "skipped": skipped}}
+        bad |= not meets_expectations(summary, read_expected(expect_file))
     return 1 if bad else 0
 
 
