@@ -43,7 +43,7 @@ stat_places(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 /* The attribute names this and _lane_device.h read and write, interned. */
 #define LANE_NAMES(X)                                                                          \
     X(cursor) X(used) X(dirty) X(high) X(on_high) X(wake) X(published) X(exchange_counts)     \
-    X(publish_count) X(gauges_stale) X(stats) X(confirm) X(publish_seq) X(confirm_high)       \
+    X(publish_count) X(census) X(first_publish) X(stats) X(confirm) X(publish_seq) X(confirm_high)       \
     X(at_once) X(closed) X(open) X(busy) X(acks) X(buffer) X(plain) X(state) X(flow_blocked)  \
     X(closing) X(flow_backlog) X(pending) X(tx) X(consumers) X(confirm_held) X(publisher)      \
     X(config) X(max_message_size) X(confirms) X(out) X(amqp_out) X(unsynced) X(stream_waits)  \
@@ -92,6 +92,20 @@ typedef struct {
 /* PublishLane.account and the pacer's count for a run with no records and
  * nothing gone; the lane's counts reset first (a failure below leaves
  * nothing to count twice). 0, or -1 with an error set. */
+/* A channel's first publish: ctx.census.first_publish(publisher)
+ * (workers/census.py; once a channel, so through Python). */
+static int
+first_publish(PyObject *ctx, PyObject *publisher)
+{
+    PyObject *census = PyObject_GetAttr(ctx, names.census);
+    if (census == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethodOneArg(census, names.first_publish, publisher);
+    Py_DECREF(census);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 static int
 lane_account(LaneObject *self, PyObject *const *objs)
 {
@@ -179,7 +193,7 @@ lane_account(LaneObject *self, PyObject *const *objs)
         goto done;
     int first = PyObject_Not(count);
     Py_DECREF(count);
-    if (first < 0 || (first && PyObject_SetAttr(ctx, names.gauges_stale, Py_True) < 0))
+    if (first < 0 || (first && first_publish(ctx, publisher) < 0))
         goto done; /* a new publisher (the statistics count them) */
     if (attr_add(publisher, names.publish_count, n) < 0)
         goto done;

@@ -18,6 +18,7 @@ from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.workers import framing
+from shoal.workers.census import Census
 from shoal.workers.handshake import OPEN
 from shoal.workers.memory_guard import ALARM, ALARM_PENDING
 
@@ -47,7 +48,8 @@ class BlockingContext(Protocol):
     @property
     def stats(self) -> Counters: ...
 
-    gauges_stale: bool  # (the blocked counts of the statistics: workers/context.py)
+    @property
+    def census(self) -> Census: ...  # (the blocked counts of the statistics)
 
 
 class BlockedConnection(Protocol):
@@ -61,6 +63,8 @@ class BlockedConnection(Protocol):
     obeys_channel_flow: bool
     flow_blocked: dict[int, int]
 
+    @property
+    def alarm_reason(self) -> str: ...
     @property
     def channels(self) -> Mapping[int, FlowChannel]: ...
     @property
@@ -171,7 +175,7 @@ class PublisherBlocks:
         if self.conn.state != OPEN:
             return  # told at connection.open, if still raised then
         self.alarm_reason = memory.reason(bits) if bits else ""
-        self.conn.ctx.gauges_stale = True  # (memory or disk: the statistics say which)
+        self.conn.ctx.census.flow_changed(self.conn)  # (memory or disk: the statistics say which)
         if not bits:
             self.flow_blocked.pop(ALARM_PENDING, None)
             self.flow_unblock(ALARM)
@@ -186,7 +190,7 @@ class PublisherBlocks:
         self.flow_blocked.pop(ALARM_PENDING, None)
         if ALARM not in self.flow_blocked:
             self.flow_blocked[ALARM] = 0
-            self.conn.ctx.gauges_stale = True
+            self.conn.ctx.census.flow_changed(self.conn)
             self._blocked(self.alarm_reason)
 
     def flow_unblock(self, qid: int) -> None:
@@ -205,7 +209,7 @@ class PublisherBlocks:
         """Keep the queue's count of blocked publishers (Q_BLOCKED_PUBLISHERS,
         for the metrics) unless the queue was deleted since (`state`, its
         Q_STATE when this connection blocked on it, changed). Returns Q_STATE."""
-        self.conn.ctx.gauges_stale = True  # (the connection's blocked or not)
+        self.conn.ctx.census.flow_changed(self.conn)  # (the connection's blocked or not)
         if qid < 0:  # ALARM, ALARM_PENDING
             return 0
         return self.conn.ctx.shared.table.count_blocked_publisher(qid, delta, state)

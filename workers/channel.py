@@ -49,6 +49,7 @@ class Channel:
         "busy",
         "closing",
         "conn",
+        "counted_user",
         "ctx",
         "declarer",
         "delivery",
@@ -64,6 +65,7 @@ class Channel:
         self.conn = conn
         self.ctx = conn.ctx
         self.number = number
+        self.counted_user: str | None = None  # the user its worker's census counts it under
         self.closing = False
         self.busy = False
         self.backlog: deque[tuple[int, memoryview]] = deque()

@@ -23,6 +23,7 @@ from shoal.shm._atomic import Atomic
 from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
+from shoal.workers.census import Census
 from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.consume_args import ConsumeContext
 from shoal.workers.consumer import Consumer
@@ -36,6 +37,7 @@ from shoal.workers.persist import Persister
 from shoal.workers.pull import PullContext
 from shoal.workers.routes import Routes
 from shoal.workers.stream_io import Streams
+from shoal.workers.timeouts import TimedBooks
 
 # Publish assembly states
 IDLE, EXPECT_HEADER, EXPECT_BODY = 0, 1, 2
@@ -89,6 +91,7 @@ class ChannelCore(Protocol):
     closing: bool  # the server closed it: only close/close-ok matter
     backlog: deque[tuple[int, memoryview]]  # frames waiting while busy
     flow_backlog: deque[tuple[int, memoryview]]  # frames kept by flow control
+    counted_user: str | None  # (workers/census.py)
 
     def fail(self, exc: errors.AMQPError) -> None: ...
     def resume(self) -> None: ...
@@ -162,6 +165,8 @@ class GetContext(PullContext, Protocol):
     def stats(self) -> Counters: ...
     @property
     def firehose(self) -> Firehose | None: ...
+    @property
+    def timed_books(self) -> TimedBooks: ...  # (a get's unacked delivery, a consumer)
 
 
 class PublishContext(IngestContext, Requests, Protocol):
@@ -185,7 +190,8 @@ class PublishContext(IngestContext, Requests, Protocol):
     @property
     def firehose(self) -> Firehose | None: ...
 
-    gauges_stale: bool  # (a new publisher: workers/context.py)
+    @property
+    def census(self) -> Census: ...  # (a new publisher: workers/census.py)
 
 
 class DeliveryContext(GetContext, ConsumeContext, Requests, Protocol):

@@ -180,20 +180,19 @@ class Connection(asyncio.Protocol):
         return None
 
     def _release(self) -> asyncio.Future[Any] | None:
-        """Once, when the connection ends (its close handshake, or the socket
-        going): give back its channels (unacked messages requeued, consumers
-        cancelled) and its place in the worker's counts, and tell the
-        scheduler, which deletes its exclusive queues. The future is the
-        scheduler's answer (None if already released)."""
+        """Once, when the connection ends (its close handshake, or the socket going): give
+        back its channels (unacked messages requeued, consumers cancelled) and its place in
+        the worker's counts (its census), and tell the scheduler, which deletes its
+        exclusive queues. The future is the scheduler's answer (None if already released)."""
         if self.released:
             return None
         self.released = True
+        ctx = self.ctx
         for channel in self.channels.values():
             channel.release()
-        ctx = self.ctx
+            ctx.census.left(channel)
         ctx.stats.v[stats.CHANNELS_CLOSED] += len(self.channels)
         ctx.stats.v[stats.CONNECTIONS_CLOSED] += 1
-        ctx.gauges_stale = True
         self.channels.clear()
         self.confirm_channels.clear()
         self.blocks.released()
@@ -372,10 +371,11 @@ class Connection(asyncio.Protocol):
             negotiation.check_channel_max(len(self.channels), self.channel_max)
             self.closed_by_client.pop(number, None)
             ctx = self.ctx
-            ctx.user_channels.check_open(self.user, ctx.routes.definitions.users, ctx.connections)
-            self.channels[number] = Channel(self, number)
-            self.ctx.stats.v[stats.CHANNELS_OPENED] += 1
-            self.ctx.gauges_stale = True
+            census, users = ctx.census, ctx.routes.definitions.users
+            ctx.user_channels.check_open(self.user, users, census.per_user)
+            self.channels[number] = channel = Channel(self, number)
+            census.opened(channel, self.user)
+            ctx.stats.v[stats.CHANNELS_OPENED] += 1
             if self.protocol == amqp_0_8.PROTOCOL:
                 self.write(amqp_0_8.channel_open_ok(number))
             else:
@@ -470,7 +470,7 @@ class Connection(asyncio.Protocol):
         channel = self.channels.pop(number, None)
         if channel is not None:
             self.ctx.stats.v[stats.CHANNELS_CLOSED] += 1
-            self.ctx.gauges_stale = True
+            self.ctx.census.left(channel)
             self.confirm_channels.discard(channel.publisher)
             self.blocks.release_reading(channel)
 

@@ -18,6 +18,7 @@ from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
 from shoal.shm.subscribe_barrier import SubscribeBarrier
 from shoal.shm.wake import Waker
+from shoal.workers.census import Census
 from shoal.workers.consumer import Consumer
 from shoal.workers.dedup_filter import Deduplicator
 from shoal.workers.events import WorkerEvents
@@ -28,6 +29,7 @@ from shoal.workers.persist import Persister
 from shoal.workers.pull import MessageExpiry, drop_watch
 from shoal.workers.routes import Routes
 from shoal.workers.stream_io import Streams
+from shoal.workers.timeouts import TimedBooks
 from shoal.workers.user_channels import UserChannels
 
 if TYPE_CHECKING:
@@ -197,12 +199,11 @@ class WorkerContext(Requests):
         # The firehose (workers/firehose.py), once the store is open.
         self.firehose: Firehose | None = None
         self.connections: set[WorkerConnection] = set()
-        # The channel, publisher and blocked-publisher counts of the worker's
-        # statistics walk every connection: redone only after one of them
-        # changed (workers/gauges.py), not four times a second
-        # over thousands of idle clients. Set where channels open and close,
-        # a channel first publishes and a connection's flow blocks change.
-        self.gauges_stale = True
+        # Its channels, publishers and blocked publishers, counted as they
+        # change (workers/census.py): the statistics' (workers/gauges.py).
+        self.census = Census()
+        # The delivery books whose consumer time-outs the tick checks.
+        self.timed_books = TimedBooks()
         # Those of them that were logging in when last looked at, for
         # max_handshaking (workers/connection.py prunes it, when full, of
         # those past connection.open).

@@ -550,17 +550,17 @@ class DeliveryBook:
             ctx.routes.definitions.queue_arguments.get((self.conn.vhost, name.decode()), {}),
             ctx.config.consumer_timeout,
         )
-        # Registered as interested at once (a consumer registered later, its
-        # INTEREST sent after consume-ok, could lose a NOTIFY race to a
-        # publish that reaches the scheduler first: a lower priority one
-        # served before it). No delivery overtakes consume-ok: `starting`
-        # holds any NOTIFY until start() below.
+        # Registered as interested at once (a consumer registered later, its INTEREST
+        # sent after consume-ok, could lose a NOTIFY race to a publish that reaches the
+        # scheduler first: a lower priority one served before it). No delivery
+        # overtakes consume-ok: `starting` holds any NOTIFY until start() below.
         consumer.interested = consumer.wants_work()
         consumer.starting = 1
         if consumer.no_ack:
             bound_unsent(self.conn.transport)  # what it has not read waits in the queue
         self.consumers[tag] = consumer
         ctx.consumers[consumer.cid] = consumer
+        ctx.timed_books.add(self)  # (its deliveries' time-outs: workers/timeouts.py)
         try:
             registered = await ctx.request(
                 ipc.Consume(

@@ -19,6 +19,7 @@ from shoal.workers.channel_state import ChannelConnection, ChannelCore, GetConte
 from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer
 from shoal.workers.pull import take_ready
+from shoal.workers.timeouts import TimedChannel
 
 # basic.get on a queue whose messages are in another worker's paging file
 # waits for its pager (every 2 ms) this many times this long at most.
@@ -26,8 +27,9 @@ GET_TRIES = 250
 GET_RETRY_DELAY = 0.004
 
 
-class GetBook(Protocol):
-    """What basic.get uses of its channel's delivery book (workers/delivery.py)."""
+class GetBook(TimedChannel, Protocol):
+    """What basic.get uses of its channel's delivery book (workers/delivery.py;
+    its time-outs' parts: a get's delivery is timed from then on)."""
 
     next_tag: int
     gets: int
@@ -140,6 +142,7 @@ class Getter:
         else:
             book.unacked[tag] = (None, log_qid, seq, len(body))
             book.gets += 1
+            ctx.timed_books.add(book)  # (workers/timeouts.py)
             book.unacked_bytes += len(body)
         paged_out = ctx.shared.table.paged_out(
             qid

@@ -63,6 +63,7 @@ from shoal.shm.arena import release_hold
 from shoal.shm.stats import CONFIRMED, RECEIVED_CONFIRM, ROUTED, SIZE_BUCKETS, SIZE_SUM
 from shoal.shm.wake import Waker
 from shoal.workers._wire import Lane, stat_places
+from shoal.workers.census import Census
 from shoal.workers.channel_state import IDLE, Confirms, LanePublisher
 from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.handshake import OPEN
@@ -98,7 +99,8 @@ class LaneContext(AppendContext, Protocol):
     @property
     def lane_places(self) -> LanePlaces: ...
 
-    gauges_stale: bool  # (a new publisher: workers/context.py)
+    @property
+    def census(self) -> Census: ...  # (a new publisher: workers/census.py)
 
 
 class LaneConnection(Protocol):
@@ -415,7 +417,7 @@ class PublishLane:
             counted[0] += count
             counted[1] += count  # every lane publish is routed
         if not publisher.publish_count:
-            ctx.gauges_stale = True  # a new publisher (the statistics count them)
+            ctx.census.first_publish(publisher)  # a new publisher (the statistics count them)
         publisher.publish_count += n
         stats = publisher.stats
         stats[ROUTED] += n

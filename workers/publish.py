@@ -455,7 +455,7 @@ class Publisher:
         """A message is in its queues (or returned, or dropped): count it, then
         confirm it, or queue its confirm behind its record's sync or its streams' writers."""
         if not self.publish_count:
-            self.ctx.gauges_stale = True  # a new publisher (the statistics count them)
+            self.ctx.census.first_publish(self)  # a new publisher (the statistics count them)
         self.publish_count += 1
         try:  # (a subscript, not .get: this is every message's path)
             counted = self.exchange_counts[exchange]

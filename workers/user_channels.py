@@ -8,21 +8,11 @@ three channel.opens sent back to back past a limit of 2; measured)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Protocol
+from collections.abc import Mapping
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.amqp.definitions import UserSet
-
-
-class Opened(Protocol):
-    """What is counted of a connection (workers/connection.py)."""
-
-    @property
-    def user(self) -> str: ...
-    @property
-    def channels(self) -> Mapping[int, object]: ...
 
 
 class UserChannels:
@@ -32,14 +22,15 @@ class UserChannels:
         self.reported: dict[str, int] = {}  # this worker's counts, as last sent
         self.totals: dict[str, int] = {}  # over all workers, as last heard
 
-    def check_open(self, user: str, users: Mapping[str, UserSet], here: Iterable[Opened]) -> None:
-        """Before a channel.open of `user` (on this worker's `here`
-        connections): RabbitMQ's 530 when the user's limit is reached."""
+    def check_open(self, user: str, users: Mapping[str, UserSet], here: Mapping[str, int]) -> None:
+        """Before a channel.open of `user` (`here`: this worker's channels
+        per user, workers/census.py): RabbitMQ's 530 when the user's limit
+        is reached."""
         record = users.get(user)
         limit = record.limits.get("max-channels") if record is not None else None
         if limit is None:
             return
-        local = sum(len(c.channels) for c in here if c.user == user)
+        local = here.get(user, 0)
         others = max(0, self.totals.get(user, 0) - self.reported.get(user, 0))
         if local + others >= limit:
             raise errors.ConnectionError_(
@@ -50,12 +41,10 @@ class UserChannels:
                 0,
             )
 
-    def report(self, here: Iterable[Opened]) -> ipc.ChannelCounts | None:
-        """The counts to send (those that changed), or None."""
-        counts: dict[str, int] = {}
-        for conn in here:
-            if conn.user and conn.channels:
-                counts[conn.user] = counts.get(conn.user, 0) + len(conn.channels)
+    def report(self, here: Mapping[str, int]) -> ipc.ChannelCounts | None:
+        """The counts to send (those that changed since the last), or None.
+        `here`: this worker's channels per user (workers/census.py)."""
+        counts = dict(here)
         changed = {u: n for u, n in counts.items() if self.reported.get(u) != n}
         changed.update({u: 0 for u in self.reported if u not in counts})
         if not changed:

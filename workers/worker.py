@@ -27,7 +27,7 @@ from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
 from shoal.store.paging_files import paging_directory
 from shoal.store.stream_segments import streams_directory
-from shoal.workers import lease_watch, restore, timeouts, tls
+from shoal.workers import lease_watch, restore, tls
 from shoal.workers.connection import Connection
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
@@ -164,17 +164,7 @@ class Worker:
         self.ctx.heartbeat(time.monotonic_ns())
         self._sweep_watches()
         self.ctx.arena.trim()
-        now = time.monotonic()
-        for conn in list(self.ctx.connections):
-            for channel in list(conn.channels.values()):
-                delivery = channel.delivery  # type: ignore[attr-defined]
-                if not timeouts.needs_marks(delivery):
-                    continue  # (most channels of an idle broker)
-                try:
-                    timeouts.mark(delivery, now)
-                    timeouts.check(delivery, now)
-                except Exception:
-                    log.exception("consumer timeout check failed")
+        self.ctx.timed_books.tick(time.monotonic())
         self.loop.call_later(on_grid(self.loop, HEARTBEAT_INTERVAL), self._tick)
 
     def _poll_ownership(self) -> None:
@@ -349,7 +339,7 @@ class Worker:
 
     def _resync(self, m: ipc.Resync) -> None:
         self.ctx.user_channels.resync()
-        self.ctx.gauges_stale = True  # (the counts go to the new scheduler)
+        self.ctx.census.changed = True  # (the counts go to the new scheduler)
         self.ctx.hello()
 
     def _channel_totals(self, m: ipc.ChannelTotals) -> None:

@@ -1,22 +1,25 @@
-"""The statistics' counts that walk every connection (workers/gauges.py):
-right after every change they count, and not walked at a flush when nothing
-changed (with thousands of idle clients that walk was most of a worker's
-idle CPU)."""
+"""The statistics' counts of a worker's clients (workers/gauges.py), kept
+by its census as channels open and leave (workers/census.py): right after
+every change, and the same as a walk of every connection would give."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pamqp import commands as C
+from pamqp import frame as pamqp_frame
+from pamqp.body import ContentBody as Body
+from pamqp.header import ContentHeader
 
 from shoal.broker import ipc
 from shoal.shm import layout as L
 from shoal.shm import memory, stats
 from shoal.workers.context import WorkerContext
-from shoal.workers.gauges import CHECK_EVERY, Gauges
+from shoal.workers.gauges import Gauges
 from tests.unit.test_connection import Client, unroutable_publishes, worker_context
 
 
@@ -79,20 +82,83 @@ def publishing_client(ctx: WorkerContext) -> Client:
     return client
 
 
-def test_a_flush_with_nothing_changed_walks_no_connection(ctx: WorkerContext) -> None:
-    """Told nothing changed, the counts stay as they were (here: a value
-    no walk would give), until the walk every CHECK_EVERY flushes."""
+def publishes(channel: int, exchange: str = "", count: int = 1) -> bytes:
+    header = pamqp_frame.marshal(ContentHeader(0, 2, C.Basic.Properties()), channel)
+    one = (
+        pamqp_frame.marshal(C.Basic.Publish(exchange=exchange, routing_key="nowhere"), channel)
+        + header
+        + pamqp_frame.marshal(Body(b"hi"), channel)
+    )
+    return one * count
+
+
+def walked(clients: list[Client]) -> tuple[int, int, dict[str, int]]:
+    """The counts as a walk of every connection gives them."""
+    channels = [ch for c in clients for ch in c.conn.channels.values()]
+    per_user = {"guest": len(channels)} if channels else {}
+    return len(channels), sum(1 for ch in channels if ch.publish_count), per_user
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_census_counts_what_a_walk_of_every_connection_would(
+    ctx: WorkerContext, seed: int
+) -> None:
+    """Random channel opens, publishes (the first makes a publisher), closes by
+    the client and by the server (a publish to a missing exchange), and
+    connections lost: after each, the statistics' counts and the per-user
+    counts equal a walk's (what the gauges were before workers/census.py)."""
+    rng = random.Random(seed)
+    sent: list[Any] = []
+    ctx.send = sent.append  # type: ignore[method-assign]  # (no scheduler here)
     gauges = Gauges(ctx)
-    client = publishing_client(ctx)
-    gauges.update()
-    assert counts(ctx) == (1, 1)
-    ctx.stats.v[stats.CHANNELS] = 99
-    client.send(unroutable_publishes(client, 3))  # (not a new publisher: no change)
-    while (gauges.flushes + 1) % CHECK_EVERY:
+    clients: list[Client] = []
+    for _ in range(300):
+        op = rng.choice(["connect", "open", "open", "publish", "publish", "close", "fail", "lose"])
+        if op == "connect" or not clients:
+            client = Client(ctx)
+            client.open()
+            clients.append(client)
+            continue
+        client = rng.choice(clients)
+        number = rng.randint(1, 4)
+        is_open = number in client.conn.channels
+        if op == "open" and not is_open:
+            client.method(number, C.Channel.Open())
+        elif op == "publish" and is_open:
+            client.send(publishes(number, count=rng.randint(1, 3)))
+        elif op == "close" and is_open:
+            client.method(
+                number, C.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0)
+            )
+        elif op == "fail" and is_open:  # the server closes it: 404, then the client's close-ok
+            client.send(publishes(number, exchange="missing"))
+            client.method(number, C.Channel.CloseOk())
+        elif op == "lose":
+            client.conn.connection_lost(None)
+            clients.remove(client)
+        client.received()
         gauges.update()
-        assert counts(ctx) == (99, 1)
-    gauges.update()
-    assert counts(ctx) == (1, 1)
+        channels, publishers, per_user = walked(clients)
+        assert counts(ctx) == (channels, publishers), (seed, op)
+        assert ctx.census.per_user == per_user
+    reported = {}
+    for m in sent:
+        if isinstance(m, ipc.ChannelCounts):
+            reported.update(m.counts)
+    assert {u: n for u, n in reported.items() if n} == walked(clients)[2]
+
+
+def test_a_publish_counted_after_its_channel_left_is_not_a_publisher(ctx: WorkerContext) -> None:
+    """A channel whose first publish is counted after it left (a run
+    accounted late) leaves the count as it was."""
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.received()
+    channel = client.conn.channels[1]
+    client.conn.connection_lost(None)
+    ctx.census.first_publish(channel.publisher)
+    assert ctx.census.publishers == 0
 
 
 def test_a_publisher_blocked_by_the_alarms_is_counted_at_the_next_flush(

@@ -629,3 +629,25 @@ def test_a_place_its_user_may_no_longer_publish_to_is_let_go(two_users_ctx: Work
     closes = [f for _c, f in limited.received() if isinstance(f, C.Channel.Close)]
     assert closes and closes[0].reply_code == 403
     assert queue_bodies(ctx, r0) == [b"first", b"a", b"a", b"a"]
+
+
+def test_publishers_are_counted_once_each_whichever_path_takes_their_publishes(
+    big_ctx: WorkerContext,
+) -> None:
+    """The statistics' publishers (workers/census.py): a channel counts
+    once from its first publish on, through the lane in C as in Python,
+    and not after it closed."""
+    client, _ = opened(big_ctx, b"q")
+    client.send(publish(1, b"first"))
+    client.send(publish(1, b"second") * 2)
+    assert big_ctx.census.publishers == 1
+    client.method(2, C.Channel.Open())
+    client.received()
+    client.send(publish(2, b"third"))
+    taken = lane_taken(client)
+    client.send(publish(2, b"fourth") * 3)
+    assert lane_taken(client) == taken + 3  # (in C)
+    assert (big_ctx.census.publishers, big_ctx.census.channels) == (2, 2)
+    client.method(1, C.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
+    client.send(publish(2, b"fifth") * 3)
+    assert (big_ctx.census.publishers, big_ctx.census.channels) == (1, 1)
