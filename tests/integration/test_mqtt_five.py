@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import select
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -528,3 +530,28 @@ def test_what_amqp_fields_cannot_hold_travels_in_headers_as_rabbitmqs(
     assert bytes(props.headers["x-correlation-id"]) == correlation
     assert props.headers["x-reply-to-topic"] == long_topic
     assert props.headers["kept"] == "v" and "k" * 200 not in props.headers
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_a_client_silent_for_one_and_a_half_keep_alives_is_disconnected(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    """MQTT-3.1.2-24: nothing received for 1.5x the keep-alive (1 s here),
+    the broker closes the connection, 5.0 after a DISCONNECT 0x8D (keep
+    alive timeout); a PINGREQ before then keeps it open."""
+    _broker, port = mqtt_broker
+    client = RawClient(port, level)
+    raws.append(client)
+    assert client.connect(f"silent-{level}", keep_alive=1)[1] == 0
+    started = time.monotonic()
+    assert not select.select([client.sock], [], [], 1.0)[0]  # (1 s of the broker's silence)
+    client.sock.sendall(P.packet(P.PINGREQ, 0, b""))
+    assert client.read(P.PINGRESP)
+    pinged = time.monotonic()
+    assert client.closed_by_broker()
+    silent = time.monotonic() - pinged
+    assert 1.4 <= silent <= 3.0, silent
+    assert time.monotonic() - started > 2.4  # (the ping counted)
+    if level == P.MQTT_5:
+        _kind, _flags, body = client.read(P.DISCONNECT)
+        assert body[0] == 0x8D
