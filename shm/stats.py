@@ -18,7 +18,7 @@ import bisect
 from shoal.shm import layout
 from shoal.shm.segment import Segment
 
-FLUSH_INTERVAL = 0.25
+FLUSH_INTERVAL = 0.2
 
 # Counters (monotonic), named after RabbitMQ's rabbitmq_global_* and churn families.
 (

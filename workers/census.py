@@ -5,7 +5,7 @@ held back (flow control, the memory and disk alarms).
 
 Counted where channels open and leave a connection and where a channel
 first publishes, not by walking every connection: at each statistics flush
-(four times a second) that walk, and the consumer time-outs' walk of every
+(then four times a second) that walk, and the consumer time-outs' walk of every
 channel once a second, were nearly all the idle CPU of a worker with 10,000
 MQTT clients (4 % of a core against mosquitto's 0.15 %, docs/benchmarks.md)
 and grew with every client a fleet added.

@@ -1,6 +1,6 @@
 """Users' max-channels limits (RabbitMQ's user limits): the channels a user
 has open over all IO workers. Each worker reports its own counts per user
-to the scheduler with its statistics (every 0.25 s, the users whose count
+to the scheduler with its statistics (every 0.2 s, the users whose count
 changed); the scheduler sends every worker the totals that changed. A
 channel.open checks this worker's count now plus the others' last known:
 as RabbitMQ's channel tracking, eventually consistent (RabbitMQ 3.10 let

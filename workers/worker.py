@@ -44,7 +44,11 @@ from shoal.workers.pull import give_back_watch, pull, take_watch
 from shoal.workers.ticker import on_grid
 
 HEARTBEAT_INTERVAL = 1.0
-OWNERSHIP_POLL = 0.05  # s: how soon a change of the worker count is acted on
+# s: how soon a change of the worker count is acted on. Every poll of an
+# idle worker falls on one 0.1 s grid (this, the alarms', the statistics'
+# 0.2 s, the streams', the expiry's and the delays' looks for new queues):
+# 10 wake-ups a second, where a 50 ms poll made 20 (docs/benchmarks.md).
+OWNERSHIP_POLL = 0.1
 # The collector's young generation runs after this many more container
 # objects made than freed (Python's default 700). A worker's are nearly all
 # short-lived (a read's tuples and lists): at 700 its 1,000 MQTT subscribers
