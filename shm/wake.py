@@ -13,10 +13,11 @@ An IO worker defers those writes to the end of its loop iteration
 woke, rather than one per message that finds its watcher's bitmap word
 empty. A worker killed in between leaves bits set with no write behind
 them; the watchers' sweeps (the scheduler's, Worker._sweep_watches) pull
-such queues and drain the bitmap. A reader in the middle of a long run of
-QoS 0 MQTT publishes asks for its next wake-up at once (`at_once`): the
-subscriber's worker then delivers while this one still reads, where waiting
-for the end of the run would serialise the two.
+such queues and drain the bitmap. An MQTT reader asks for its next wake-up
+at once (`at_once`) in a short read (a device's message or few) and in the
+middle of a long run of QoS 0 publishes: the subscriber's worker then
+delivers while this one still reads or writes the PUBACK, where waiting for
+the end of the read would serialise the two.
 """
 
 from __future__ import annotations

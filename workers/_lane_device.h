@@ -214,7 +214,9 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
     int ran = mqtt_run_core(lane, run_args, &at, &n, &acks, &ids);
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb); /* (the run's failure: after the count) */
-    int at_once = long_read && lane->n * 4 != (long long)acks.len; /* (QoS 0: Inbound.publish's) */
+    /* Inbound.publish's rule: a short read (a device's message or few) or a
+     * long run's QoS 0 publish wakes the subscriber's worker now. */
+    int at_once = !long_read || lane->n * 4 != (long long)acks.len;
     int r = at_once ? PyObject_SetAttr(d->waker, names.at_once, Py_True) : 0;
     if (r == 0 && (lane->gone_seq >= 0 || lane->st_count)) {
         /* Python counts it (lane_run's account): mqtt_run's result. */

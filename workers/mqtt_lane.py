@@ -102,6 +102,8 @@ def lane_run(
     conn = inbound.conn
     ctx = amqp.ctx
     publisher = publish_lane.publisher
+    if not conn.long_read:  # (Inbound.publish's rule; a long read's QoS 0: mqtt_read's)
+        inbound.waker.at_once = True
     run = None
     try:
         # The run, counted in C as `account` would (workers/_lane_account.h).

@@ -257,15 +257,17 @@ def test_it_takes_nothing_when_the_path_it_stands_for_would_not(
     assert topic_ctx.stats.v[stats.ROUTED] == routed
 
 
-@pytest.mark.parametrize("how", ["deferred", "at_once", "now", "local"])
+@pytest.mark.parametrize("how", ["deferred", "short", "at_once", "now", "local"])
 def test_a_read_wakes_its_queues_watcher_as_waker_wake_does(
     topic_ctx: WorkerContext, how: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The counting's wake-up in C (workers/_waker.h) makes Waker.wake's
     steps: the watching worker's bit set and, where that bitmap word was
-    empty, its eventfd written now (no deferral, or at_once) or owed to the
-    loop iteration's end (one flush scheduled, however many reads), or, for
-    this worker's own watch, on_local called instead."""
+    empty, its eventfd written now (no deferral, at_once, or a short read:
+    a device's message, Inbound.publish's rule) or, for a long run of QoS 1
+    publishes, owed to the loop iteration's end (one flush scheduled,
+    however many reads), or, for this worker's own watch, on_local called
+    instead."""
     _, (qid,) = opened(topic_ctx, b"q")
     device = Connected(topic_ctx, P.MQTT_311)
     first_publish(device)
@@ -287,7 +289,12 @@ def test_a_read_wakes_its_queues_watcher_as_waker_wake_does(
     try:
         for i in range(3):
             a.store(watch, L.WATCH_WORKER)  # its consumer, asleep again, watches
-            data = packet(P.MQTT_311, b"m%d" % i, 1, 10 + i)
+            if how == "deferred":  # (12 of them: a long read, LONG_READ)
+                ids = range(10 + i * 12, 22 + i * 12)
+                data = b"".join(packet(P.MQTT_311, b"m" * 100, 1, pid) for pid in ids)
+                assert len(data) >= 1024
+            else:
+                data = packet(P.MQTT_311, b"m%d" % i, 1, 10 + i)
             assert device.read_in_c(fast, data) == len(data)
             assert a.load(watch) == 0, "the read took the watch"
             assert a.load(word) == 1 << (qid & 63)

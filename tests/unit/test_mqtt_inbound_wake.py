@@ -1,11 +1,12 @@
 """An MQTT publisher's wake-ups, confirms and plain publishes
 (workers/mqtt_inbound.py).
 
-Wake-ups (shm/wake.py at_once): a QoS 0 publish in a long read has its
-subscriber's worker woken at once, before the rest of the read; QoS 1 and
-lone publishes wait for the loop iteration's end, as every other wake-up
-does. Confirms (Inbound.confirmed_at_once): taken from the inner connection
-without a frame, unless frames it wrote before are still unread. Plain
+Wake-ups (shm/wake.py at_once): a publish in a short read (a device's
+message or few) and a QoS 0 publish in a long read have the subscriber's
+worker woken at once, before the rest of the read; QoS 1 and 2 publishes in
+a long read wait for the loop iteration's end, as every other wake-up does.
+Confirms (Inbound.confirmed_at_once): taken from the inner connection without
+a frame, unless frames it wrote before are still unread. Plain
 publishes (Inbound.publish_plain): a PUBLISH to a topic published to before,
 without a Packet object, the same frames as the decoder's path; any other
 left to the decoder."""
@@ -65,9 +66,16 @@ class StandInSubscriptions:
 
 @pytest.mark.parametrize(
     ("qos", "long_read", "at_once"),
-    [(0, True, True), (0, False, False), (1, True, False), (2, True, False)],
+    [
+        (0, True, True),
+        (0, False, True),
+        (1, False, True),
+        (2, False, True),
+        (1, True, False),
+        (2, True, False),
+    ],
 )
-def test_only_a_qos_0_publish_in_a_long_read_wakes_its_subscribers_at_once(
+def test_a_short_read_or_a_qos_0_publish_in_a_long_one_wakes_its_subscribers_at_once(
     qos: int, long_read: bool, at_once: bool
 ) -> None:
     waker = StandInWaker()
@@ -182,8 +190,8 @@ def test_a_plain_publish_asks_the_permission_and_a_5_0_ones_properties_go_to_the
 @pytest.mark.parametrize("long_read", [False, True])
 def test_a_reads_plain_publishes_reach_the_inner_connection_in_one_go(long_read: bool) -> None:
     """feed_plain: the held publishes' frames as one read of the inner
-    connection, in order; a QoS 0 one in a long read asks for its wake-up
-    then (as publish does at once), a QoS 1 one never."""
+    connection, in order, asking for their wake-up then as publish does at
+    once: in a short read always, in a long one for QoS 0 only."""
     waker = StandInWaker()
     client = StandInClient(waker, long_read)
     inbound = Inbound(client, StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
@@ -199,13 +207,14 @@ def test_a_reads_plain_publishes_reach_the_inner_connection_in_one_go(long_read:
     for body in one:
         assert inbound.publish_plain(0x02, body) is True
     inbound.feed_plain()
-    assert client.published == [False]  # QoS 1 only: no wake-up now
+    assert client.published == [not long_read]  # QoS 1 only: now in a short read
+    waker.at_once = False  # (as the wake-up it asked for does)
     two = [publish_body(b"sensors/1/temp", None, b"q0-%d" % i, P.MQTT_311) for i in range(2)]
     for body in two:
         assert inbound.publish_plain(0x00, body) is True
     assert not waker.at_once  # (asked for when fed, not before)
     inbound.feed_plain()
-    assert client.published == [False, long_read]
+    assert client.published == [not long_read, True]
     assert len(client.frames) == 2
     for sent, bodies, qos in ((client.frames[0], one, 1), (client.frames[1], two, 0)):
         expected = Inbound(StandInClient(waker, False), StandInSubscriptions(), waker, 4096)  # type: ignore[arg-type]
