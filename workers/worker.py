@@ -124,7 +124,9 @@ class Worker:
         expiry.start()
         delays = Delays(ctx)
         delays.start()
-        pinned = PinnedHeads(ctx.shared, loop, lambda: _delivery_books(ctx))
+        # The books that may hold unacked deliveries: those the time-outs
+        # visit (a consumer's or a basic.get's), not every channel's.
+        pinned = PinnedHeads(ctx.shared, loop, lambda: list(ctx.timed_books.books))
         pinned.start()
         ctx.ownership.acknowledge()  # owns() answers from the word read at start
         self._poll_ownership()
@@ -428,16 +430,6 @@ class Worker:
 
 _M = TypeVar("_M", bound=ipc.Message)
 Handler = Callable[[Worker, Any], None]
-
-
-def _delivery_books(ctx: WorkerContext) -> list[Any]:
-    """Every channel's delivery book on this worker (MQTT sessions' inner
-    AMQP connections are among ctx.connections)."""
-    return [
-        channel.delivery  # type: ignore[attr-defined]
-        for conn in list(ctx.connections)
-        for channel in list(conn.channels.values())
-    ]
 
 
 def _on(cls: type[_M], handler: Callable[[Worker, _M], None]) -> tuple[type, Handler]:
