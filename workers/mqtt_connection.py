@@ -511,15 +511,16 @@ class MqttConnection(asyncio.Protocol):
         self.serve_held()
 
     def serve_held(self) -> None:
-        """The packets held while the CONNACK or a (UN)SUBACK was coming, in
-        order: one found wrong only now (a topic alias not set) ends the
-        connection as it would have when read."""
+        """The packets held while the CONNACK or a (UN)SUBACK was coming, in order:
+        one found wrong only now (a topic alias not set) ends it as when read."""
         self.busy = False
         try:
             while self.held and not self.busy and not self.closed:
                 self._packet(self.held.pop(0))
         except P.PacketError as exc:
             self._malformed(exc)
+        finally:
+            self.ctx.waker.at_once = False  # (as after a read: a held PUBLISH sets it)
 
     def _malformed(self, exc: P.PacketError) -> None:
         log.info("mqtt client %s: %s", self.client_id or "(not connected)", exc.text)
@@ -599,8 +600,7 @@ class MqttConnection(asyncio.Protocol):
             self.disconnect(0x80)
 
     def from_amqp(self, data: bytes) -> None:
-        """What the inner connection wrote: read once its write returns (it
-        is inside its flush, which must not be re-entered)."""
+        """Inner frames: read once their write returns (inside its flush: no re-entry)."""
         if not self.amqp_reading:
             self.amqp_reading = True
             self.ctx.loop.call_soon(self.read_amqp)
