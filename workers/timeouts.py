@@ -119,9 +119,10 @@ def check(channel: TimedChannel, now: float) -> None:
 
 
 class TimedBooks:
-    """The delivery books the once-a-second marks and checks visit: those
-    that gained a consumer or a basic.get delivery (the only ways into
-    `unacked`), kept until they hold nothing and have no consumer. Visiting
+    """The delivery books the once-a-second marks and checks visit, and the
+    pinned heads' look (workers/pinned_heads.py): those that gained a
+    consumer or a basic.get delivery (the only ways into `unacked`), kept
+    until they hold nothing and have no consumer. Visiting
     every channel of every connection instead cost an idle worker with
     10,000 MQTT clients most of its idle CPU (workers/census.py)."""
 
