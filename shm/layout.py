@@ -457,6 +457,27 @@ class Layout:
         """IO worker `worker`'s wake bitmap: one bit per queue."""
         return self.worker_bitmaps + worker * (self.limits.max_queues // 8)
 
+    def pull_geometry(self, worker: int) -> tuple[int, ...]:
+        """Where a watched queue's wake-up pull in C (workers/_watched_pull.h)
+        finds a queue's words and log: (queues, logs, a log's bytes,
+        QUEUE_SIZE, max queues, Q_RELEASE_GEN, Q_UID, Q_WATCH, Q_CHANGES,
+        arenas, arena bytes, the watch value of IO worker `worker`)."""
+        limits = self.limits
+        return (
+            self.queues,
+            self.logs,
+            limits.queue_capacity * CELL_SIZE,
+            QUEUE_SIZE,
+            limits.max_queues,
+            Q_RELEASE_GEN,
+            Q_UID,
+            Q_WATCH,
+            Q_CHANGES,
+            self.arenas,
+            limits.arena_bytes,
+            WATCH_WORKER + worker,
+        )
+
     def proc(self, slot: int) -> int:
         return self.procs + slot * PROC_SIZE
 

@@ -1575,61 +1575,67 @@ store_args(PyObject *tuple, PyObject **atomic, Py_ssize_t *qoff, Py_ssize_t *rof
  * SharedQueues.run_args: (atomic, queue, ring, mask, owner bits, arenas,
  * arena bytes, dropping word, whether the message store records settles).
  */
-static PyObject *
-deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError,
-                        "deliver_run(shared, pointer, limit, channel, consumer_tag, next_tag, "
-                        "frame_max, no_ack, unacked, consumer, qid)");
-        return NULL;
-    }
+/* What a run needs (deliver_run's arguments, parsed) and what it gives. */
+typedef struct {
     PyObject *atomic;
     Py_ssize_t qoff, roff, arenas, arena_bytes, dropping_off;
     unsigned long long mask, owner;
     int settle_hook;
-    if (store_args(args[0], &atomic, &qoff, &roff, &mask, &owner, &arenas, &arena_bytes,
-                   &dropping_off, &settle_hook) < 0)
-        return NULL;
-    uint64_t pointer = PyLong_AsUnsignedLongLong(args[1]);
-    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
-    long channel = PyLong_AsLong(args[3]);
-    unsigned long long tag = PyLong_AsUnsignedLongLong(args[5]);
-    Py_ssize_t frame_max = PyLong_AsSsize_t(args[6]);
-    int no_ack = PyObject_IsTrue(args[7]);
-    PyObject *unacked = args[8], *consumer = args[9], *qid = args[10];
-    if (PyErr_Occurred() || no_ack < 0)
-        return NULL;
-    if (frame_max < 9 || channel < 0 || channel > 0xFFFF || arenas < 0 || arena_bytes <= 0 ||
-        (!no_ack && !PyDict_Check(unacked))) {
-        PyErr_SetString(PyExc_ValueError, "deliver_run: bad frame_max, channel, arena or book");
-        return NULL;
-    }
-    char *ctag;
+    uint64_t pointer;
+    Py_ssize_t limit;
+    long channel;
+    unsigned long long tag;
+    Py_ssize_t frame_max;
+    int no_ack;
+    PyObject *unacked, *consumer, *qid;
+    const char *ctag;
     Py_ssize_t ctag_len;
-    if (PyBytes_AsStringAndSize(args[4], &ctag, &ctag_len) < 0)
-        return NULL;
-    if (ctag_len < 1 || ctag_len != 1 + (unsigned char)ctag[0]) {
-        PyErr_SetString(PyExc_ValueError, "consumer_tag is not a short string");
-        return NULL;
+} RunIn;
+
+typedef struct {
+    Py_ssize_t used; /* bytes of frames in run_buf */
+    Py_ssize_t delivered;
+    uint64_t pointer;
+    unsigned long long tag, body_bytes;
+    int status;
+    unsigned long long a, b, c;
+} RunOut;
+
+/* The run itself (deliver_run's, below): 0 with its frames in run_buf,
+ * or -1 with an error set. */
+static int
+run_core(const RunIn *in, RunOut *o)
+{
+    if (in->frame_max < 9 || in->channel < 0 || in->channel > 0xFFFF || in->arenas < 0 ||
+        in->arena_bytes <= 0 || (!in->no_ack && !PyDict_Check(in->unacked))) {
+        PyErr_SetString(PyExc_ValueError, "deliver_run: bad frame_max, channel, arena or book");
+        return -1;
     }
+    if (in->ctag_len < 1 || in->ctag_len != 1 + (unsigned char)in->ctag[0]) {
+        PyErr_SetString(PyExc_ValueError, "consumer_tag is not a short string");
+        return -1;
+    }
+    PyObject *atomic = in->atomic;
+    unsigned long long mask = in->mask, owner = in->owner;
     uint64_t *q, *dropping;
     char *ring;
-    if (queues_api->queue(atomic, qoff, roff, mask, &q, &ring) < 0 ||
-        (dropping = queues_api->word(atomic, dropping_off)) == NULL)
-        return NULL;
+    if (queues_api->queue(atomic, in->qoff, in->roff, mask, &q, &ring) < 0 ||
+        (dropping = queues_api->word(atomic, in->dropping_off)) == NULL)
+        return -1;
     /* The run's counters go to the queue once, at its end (every return
      * below settles it). */
     ShoalTally tally;
-    if (queues_api->tally_begin(atomic, q, dropping_off - SHOAL_P_DROPPING, &tally) < 0)
-        return NULL;
+    if (queues_api->tally_begin(atomic, q, in->dropping_off - SHOAL_P_DROPPING, &tally) < 0)
+        return -1;
     Py_ssize_t len;
     const unsigned char *base = (const unsigned char *)queues_api->base(atomic, &len);
+    uint64_t pointer = in->pointer;
+    unsigned long long tag = in->tag;
     Py_ssize_t used = 0, delivered = 0;
     unsigned long long body_bytes = 0;
     int status = RUN_FULL;
     unsigned long long a = 0, b = 0, c = 0;
-    while (delivered < limit) {
+    while (delivered < in->limit) {
         uint64_t seq, block;
         int redelivered;
         if (!queues_api->acquire(atomic, q, ring, mask, pointer, owner, &seq, &block,
@@ -1654,60 +1660,96 @@ deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (record >= 0 && record <= len - MSG_PREFIX_SIZE) {
             const unsigned char *r = base + record;
             flags = r[2] | r[3] << 8;
-            size = delivery_size(r, len - record - MSG_PREFIX_SIZE, ctag_len, frame_max,
+            size = delivery_size(r, len - record - MSG_PREFIX_SIZE, in->ctag_len, in->frame_max,
                                  &body_len);
         }
-        if (redelivered || (flags & MSG_TIMED) || (no_ack && settle_hook && (flags & MSG_TAGGED)) ||
-            size < 0) {
+        if (redelivered || (flags & MSG_TIMED) ||
+            (in->no_ack && in->settle_hook && (flags & MSG_TAGGED)) || size < 0) {
             status = RUN_ENTRY;
             a = seq;
             b = block;
             c = (unsigned long long)redelivered;
             break;
         }
+        /* (A failure below leaves the entry acquired, undelivered: Python's
+         * error path requeues what the channel holds; this one is lost to
+         * it only in memory errors, after which the worker is in trouble
+         * anyway.) */
         if (run_room(used + size) < 0)
-            goto fail_holding;
-        write_delivery(run_buf + used, base + record, channel, ctag, ctag_len, tag, 0, frame_max);
+            goto fail;
+        write_delivery(run_buf + used, base + record, in->channel, in->ctag, in->ctag_len, tag, 0,
+                       in->frame_max);
         used += size;
-        if (no_ack) {
+        if (in->no_ack) {
             /* After the copy: this may free the block. */
-            if (queues_api->ack(atomic, q, ring, mask, seq, owner, arenas, arena_bytes, dropping,
-                                &tally) < 0)
+            if (queues_api->ack(atomic, q, ring, mask, seq, owner, in->arenas, in->arena_bytes,
+                                dropping, &tally) < 0)
                 goto fail;
         } else {
             PyObject *key = PyLong_FromUnsignedLongLong(tag);
-            PyObject *value = key ? unacked_entry(consumer, qid, seq, body_len) : NULL;
-            int bad = value == NULL || PyDict_SetItem(unacked, key, value) < 0;
+            PyObject *value = key ? unacked_entry(in->consumer, in->qid, seq, body_len) : NULL;
+            int bad = value == NULL || PyDict_SetItem(in->unacked, key, value) < 0;
             Py_XDECREF(key);
             Py_XDECREF(value);
             if (bad)
-                goto fail_holding;
+                goto fail;
         }
         tag++;
         delivered++;
         body_bytes += body_len;
-        continue;
-    fail_holding:
-        /* The entry stays acquired, undelivered: Python's error path requeues
-         * what the channel holds; this one is lost to it only in memory
-         * errors, after which the worker is in trouble anyway. */
-        goto fail;
     }
     queues_api->tally_settle(&tally);
+    *o = (RunOut){used, delivered, pointer, tag, body_bytes, status, a, b, c};
+    return 0;
+fail:
+    queues_api->tally_settle(&tally);
+    return -1;
+}
+
+static PyObject *
+deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError,
+                        "deliver_run(shared, pointer, limit, channel, consumer_tag, next_tag, "
+                        "frame_max, no_ack, unacked, consumer, qid)");
+        return NULL;
+    }
+    RunIn in;
+    if (store_args(args[0], &in.atomic, &in.qoff, &in.roff, &in.mask, &in.owner, &in.arenas,
+                   &in.arena_bytes, &in.dropping_off, &in.settle_hook) < 0)
+        return NULL;
+    in.pointer = PyLong_AsUnsignedLongLong(args[1]);
+    in.limit = PyLong_AsSsize_t(args[2]);
+    in.channel = PyLong_AsLong(args[3]);
+    in.tag = PyLong_AsUnsignedLongLong(args[5]);
+    in.frame_max = PyLong_AsSsize_t(args[6]);
+    in.no_ack = PyObject_IsTrue(args[7]);
+    in.unacked = args[8];
+    in.consumer = args[9];
+    in.qid = args[10];
+    if (PyErr_Occurred() || in.no_ack < 0)
+        return NULL;
+    char *ctag;
+    if (PyBytes_AsStringAndSize(args[4], &ctag, &in.ctag_len) < 0)
+        return NULL;
+    in.ctag = ctag;
+    RunOut o;
+    if (run_core(&in, &o) < 0)
+        return NULL;
     PyObject *frames = Py_None;
-    if (used) {
-        frames = PyBytes_FromStringAndSize((const char *)run_buf, used);
+    if (o.used) {
+        frames = PyBytes_FromStringAndSize((const char *)run_buf, o.used);
         if (frames == NULL)
             return NULL;
     } else {
         Py_INCREF(frames);
     }
-    return Py_BuildValue("(NnKKKiKKK)", frames, delivered, (unsigned long long)pointer, tag,
-                         body_bytes, status, a, b, c);
-fail:
-    queues_api->tally_settle(&tally);
-    return NULL;
+    return Py_BuildValue("(NnKKKiKKK)", frames, o.delivered, (unsigned long long)o.pointer, o.tag,
+                         o.body_bytes, o.status, o.a, o.b, o.c);
 }
+
+#include "_watched_pull.h" /* WatchedPull: a watched queue's wake-up pull */
 
 
 /* A persistent message's tag (shm/arena.py read_tag: "<IIQ" after the body
@@ -2126,7 +2168,8 @@ PyInit__wire(void)
         return NULL;
     crc_init();
     if (lane_names_init() < 0 || waker_names_init() < 0 || PyType_Ready(&DeviceReadType) < 0 ||
-        ack_names_init() < 0 || PyType_Ready(&AckReadType) < 0 || PyType_Ready(&FrontType) < 0)
+        ack_names_init() < 0 || PyType_Ready(&AckReadType) < 0 || PyType_Ready(&FrontType) < 0 ||
+        wp_names_init() < 0 || PyType_Ready(&WatchedPullType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -2144,13 +2187,18 @@ PyInit__wire(void)
         return NULL;
     }
     if (PyModule_AddObjectRef(m, "AckRead", (PyObject *)&AckReadType) < 0 ||
-        PyModule_AddObjectRef(m, "MqttFront", (PyObject *)&FrontType) < 0) {
+        PyModule_AddObjectRef(m, "MqttFront", (PyObject *)&FrontType) < 0 ||
+        PyModule_AddObjectRef(m, "WatchedPull", (PyObject *)&WatchedPullType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "RUN_FULL", RUN_FULL) < 0 ||
         PyModule_AddIntConstant(m, "RUN_EMPTY", RUN_EMPTY) < 0 ||
-        PyModule_AddIntConstant(m, "RUN_ENTRY", RUN_ENTRY) < 0) {
+        PyModule_AddIntConstant(m, "RUN_ENTRY", RUN_ENTRY) < 0 ||
+        PyModule_AddIntConstant(m, "PULL_IN_PYTHON", PULL_IN_PYTHON) < 0 ||
+        PyModule_AddIntConstant(m, "PULL_YIELD", PULL_YIELD) < 0 ||
+        PyModule_AddIntConstant(m, "PULL_WATCH_LOST", PULL_WATCH_LOST) < 0 ||
+        PyModule_AddIntConstant(m, "PULL_ENTRY", PULL_ENTRY) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -11,6 +11,10 @@ MSG_TIME_SIZE: int
 RUN_FULL: int
 RUN_EMPTY: int
 RUN_ENTRY: int
+PULL_IN_PYTHON: int
+PULL_YIELD: int
+PULL_WATCH_LOST: int
+PULL_ENTRY: int
 
 class Lane:
     """A connection's publish lane (workers/lane.py)."""
@@ -118,6 +122,12 @@ class AckRead:
 
     def __init__(self, *args: Any) -> None: ...
     def read(self, data: Buffer, long_read: bool, /) -> int: ...
+
+class WatchedPull:
+    """A watched queue's wake-up pull in one C call (workers/_watched_pull.h)."""
+
+    def __init__(self, *args: Any) -> None: ...
+    def pull(self, consumer: Any, /) -> tuple[int, int, int, int] | None: ...
 
 class MqttFront:
     """An MQTT client's socket protocol: its reads in C first (workers/_mqtt_front.h)."""

@@ -12,13 +12,20 @@ queue log and skips entries others hold.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 from shoal.broker import ipc
 from shoal.shm import readers
 from shoal.shm.queues import SharedQueues
 from shoal.shm.wake import Waker
-from shoal.workers._wire import RUN_EMPTY, RUN_FULL
+from shoal.workers._wire import (
+    PULL_ENTRY,
+    PULL_WATCH_LOST,
+    PULL_YIELD,
+    RUN_EMPTY,
+    RUN_FULL,
+)
 from shoal.workers.consumer import Consumer, DeliveryChannel
 from shoal.workers.stream_io import BURST as STREAM_BURST
 from shoal.workers.stream_io import SCAN as STREAM_SCAN
@@ -34,6 +41,8 @@ BURST = 1024
 # bounds what a draining backlog adds to a quiet queue's latency on the same
 # worker (bench/quiet_queue.py).
 LOCAL_BURST = 512
+# WatchedPull.pull's answer where Python goes on: (code, a, b, c).
+PullAnswer = tuple[int, int, int, int]
 # Consumers with a prefetch count up to this, on a queue with others, take one
 # message a turn (turn_quota).
 DEAL_ONE_PREFETCH = 16
@@ -313,14 +322,9 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
                     # RUN_ENTRY: an entry the run left to Python (a
                     # redelivery, a message that may have expired, a
                     # persistent one delivered without acks), acquired.
-                    seq, block, redelivered = a, b, bool(c)
                     work += 1
-                    if (timed(block) and drop_if_expired(qid, seq, block, redelivered)) or (
-                        redelivered and ctx.expiry.drop_if_over_limit(qid, seq, block)
-                    ):
-                        continue  # dead-lettered instead, as below: no delivery
-                    deliver(consumer, qid, seq, block, redelivered, out)
-                    delivered += 1
+                    if deliver_taken(ctx, consumer, a, b, bool(c), out):
+                        delivered += 1
                     continue
                 # One by one (the crash tests' interposed atomics).
                 changes_now = shared.table.changes_reader(qid)
@@ -401,6 +405,61 @@ def pull(ctx: PullContext, consumer: Consumer) -> None:
             conn.write_many(out)
             if conn.confirm_timer is not None:
                 conn.deliveries_written()
+
+
+def deliver_taken(
+    ctx: PullContext, consumer: Consumer, seq: int, block: int, redelivered: bool, out: list[bytes]
+) -> bool:
+    """An entry of the consumer's queue that a run in C acquired and left to
+    Python (RUN_ENTRY: a redelivery, a message that may have expired, a
+    persistent one delivered without acks): delivered into `out` (True), or
+    dead-lettered instead, or put back when its dead-letter target has no
+    room (workers/message_ttl.py): no delivery, so neither credit nor the
+    turn's quota is used."""
+    qid, expiry = consumer.qid, ctx.expiry
+    timed = ctx.shared.seg.atomic.timed(block)  # a message that carries times may have expired
+    if (timed and expiry.drop_if_expired(qid, seq, block, redelivered)) or (
+        redelivered and expiry.drop_if_over_limit(qid, seq, block)
+    ):
+        return False
+    consumer.channel.deliver(consumer, qid, seq, block, redelivered, out)
+    return True
+
+
+def pull_watched(
+    ctx: PullContext, consumer: Consumer, run: Callable[[Consumer], PullAnswer | None]
+) -> None:
+    """pull() for a publish's wake-up of a queue's watch (Worker._on_watch_wake):
+    `run` (WatchedPull.pull, workers/_watched_pull.h) takes pull's plain
+    runs for a consumer that watches its queue in one C call, and says
+    where Python goes on: in pull() from the start (a condition of the
+    plain branch does not hold, or the consumer no longer wants work:
+    nothing done yet), at the burst's end (_yield), at went_dry's watch
+    another took, or with an entry acquired for Python (then pull() goes on
+    from it). Without `run`'s answer the wake-up ended idle, its watch armed
+    again (or taken by a publisher, whose wake comes)."""
+    answer = run(consumer)
+    if answer is None:
+        return
+    code, a, b, c = answer
+    if code == PULL_YIELD:
+        _yield(ctx, consumer)
+        return
+    if code == PULL_WATCH_LOST:
+        drop_watch(ctx, consumer)  # someone else watches: the scheduler's again
+        ctx.send(ipc.Done(consumer.cid, a))
+        return
+    if code == PULL_ENTRY:
+        out: list[bytes] = []
+        try:
+            deliver_taken(ctx, consumer, a, b, bool(c), out)
+        finally:
+            if out:
+                conn = consumer.channel.conn
+                conn.write_many(out)
+                if conn.confirm_timer is not None:
+                    conn.deliveries_written()
+    pull(ctx, consumer)
 
 
 def _prefetch(channel: DeliveryChannel, consumer: Consumer) -> int:

@@ -22,16 +22,20 @@ from setproctitle import setproctitle
 from shoal.broker import ipc, settings
 from shoal.broker.config import Config
 from shoal.shm import memory, stats
+from shoal.shm._atomic import Atomic
 from shoal.shm.lease_cell import LeaseCell
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
 from shoal.store.paging_files import paging_directory
 from shoal.store.stream_segments import streams_directory
 from shoal.workers import lease_watch, restore, tls
-from shoal.workers.connection import Connection
+from shoal.workers._wire import WatchedPull
+from shoal.workers.connection import OPEN, Connection
+from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
 from shoal.workers.dead_letter import DeadLetters
 from shoal.workers.delays import Delays
+from shoal.workers.delivery import DeliveryBook
 from shoal.workers.firehose import Firehose
 from shoal.workers.gauges import Gauges
 from shoal.workers.ingest import Ingest
@@ -40,7 +44,7 @@ from shoal.workers.message_ttl import Expiry
 from shoal.workers.mqtt_connection import MqttConnection
 from shoal.workers.mqtt_websocket import MqttWebSocket
 from shoal.workers.pinned_heads import PinnedHeads
-from shoal.workers.pull import give_back_watch, pull, take_watch
+from shoal.workers.pull import PullAnswer, give_back_watch, pull, pull_watched, take_watch
 from shoal.workers.ticker import on_grid
 
 HEARTBEAT_INTERVAL = 1.0
@@ -58,6 +62,30 @@ OWNERSHIP_POLL = 0.1
 GC_YOUNG = 10_000
 
 log = logging.getLogger("shoal.worker")
+
+
+def watched_puller(ctx: WorkerContext) -> Callable[[Consumer], PullAnswer | None] | None:
+    """The C pull of a watched queue's only consumer (workers/_watched_pull.h)
+    over this worker's shared queues; None where their atomics are not the
+    plain Atomic (the crash tests' interposer: pull() in Python)."""
+    shared = ctx.shared
+    if shared.a.__class__ is not Atomic:
+        return None
+    return WatchedPull(
+        shared,
+        shared.events,
+        ctx.stats.v,
+        Consumer,
+        DeliveryBook,
+        Connection,
+        OPEN,
+        stats.DELIVERED_CONSUME_AUTO_ACK,
+        stats.DELIVERED_CONSUME_MANUAL_ACK,
+        shared.mask,
+        shared.owner_bits,
+        shared.dropping,
+        shared.layout.pull_geometry(ctx.index),
+    ).pull
 
 
 class Worker:
@@ -85,6 +113,8 @@ class Worker:
         self.gauges = Gauges(self.ctx)  # (the statistics' counts: _flush_stats)
         self.stopping = False
         self.watched_ready: set[int] = set()  # _sweep_watches' last look
+        # A watch's wake-up pull in C (watched_puller), once running.
+        self.watched_pull: Callable[[Consumer], PullAnswer | None] | None = None
         self.draining = False  # retiring: paging in before exiting (_graceful_stop)
         # The AMQPS and MQTTS listeners' server context (workers/tls.py), made again
         # on SIGHUP.
@@ -108,6 +138,7 @@ class Worker:
             ctx.waker.local = self.index
             ctx.waker.on_local = self._watch_woken_here
         ctx.waker.defer_to(loop.call_soon)  # one eventfd write per iteration (shm/wake.py)
+        self.watched_pull = watched_puller(ctx)
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
@@ -300,11 +331,16 @@ class Worker:
         max_queues = self.seg.layout.limits.max_queues
         held: list[Callable[[], None]] = []
         ctx.flushes_now = held
+        run = self.watched_pull
         try:
             for qid in ctx.waker.drain_worker(self.index, max_queues, eventfd):
                 consumer = ctx.watching.get(qid)
-                if consumer is not None:
+                if consumer is None:
+                    continue
+                if run is None:
                     pull(ctx, consumer)
+                else:
+                    pull_watched(ctx, consumer, run)
         finally:
             ctx.flushes_now = None
             for flush in held:
