@@ -1,5 +1,5 @@
 /* WatchedPull: the pull of a watched queue's only consumer when a publish
- * wakes it (workers/pull.py pull_watched, Worker._on_watch_wake; issue 41's
+ * wakes it (Worker._on_watch_wake: pull_each; pull.py go_on_watched; issue 41's
  * fan-in: the subscriber's side).
  *
  * A consumer that watches its queue itself (pull.py take_watch) is woken
@@ -497,6 +497,40 @@ write_fail: {
 }
 }
 
+/* pull_each(qids, watching, go_on): a wake-up's pulls, as
+ * Worker._on_watch_wake's loop: for each queue drained from the worker's
+ * bitmap, the consumer that watches it (none: skipped, the watch dropped
+ * meanwhile) pulled, and where Python goes on, go_on(consumer, answer)
+ * (pull.py go_on_watched). One C loop for a fan-out's thousand queues. */
+static PyObject *
+WatchedPull_pull_each(WatchedPullObject *w, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "pull_each(qids: list, watching: dict, go_on)");
+        return NULL;
+    }
+    PyObject *qids = args[0], *watching = args[1], *go_on = args[2];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(qids); i++) {
+        PyObject *consumer = PyDict_GetItemWithError(watching, PyList_GET_ITEM(qids, i));
+        if (consumer == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            continue;
+        }
+        Py_INCREF(consumer); /* (go_on may drop the watch and its dict entry) */
+        PyObject *answer = WatchedPull_pull(w, consumer);
+        PyObject *done = answer == NULL || answer == Py_None
+                             ? Py_XNewRef(answer)
+                             : PyObject_CallFunctionObjArgs(go_on, consumer, answer, NULL);
+        Py_DECREF(consumer);
+        Py_XDECREF(answer);
+        if (done == NULL)
+            return NULL;
+        Py_DECREF(done);
+    }
+    Py_RETURN_NONE;
+}
+
 static int
 WatchedPull_init(WatchedPullObject *w, PyObject *args, PyObject *kwds)
 {
@@ -578,6 +612,8 @@ WatchedPull_dealloc(WatchedPullObject *w)
 static PyMethodDef WatchedPull_methods[] = {
     {"pull", (PyCFunction)WatchedPull_pull, METH_O,
      "A watch's wake-up pull: None, or (code, a, b, c) for Python to go on."},
+    {"pull_each", (PyCFunction)(void (*)(void))WatchedPull_pull_each, METH_FASTCALL,
+     "A wake-up's pulls of the queues drained, each watching consumer's."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -128,6 +128,13 @@ class WatchedPull:
 
     def __init__(self, *args: Any) -> None: ...
     def pull(self, consumer: Any, /) -> tuple[int, int, int, int] | None: ...
+    def pull_each(
+        self,
+        qids: list[int],
+        watching: dict[int, Any],
+        go_on: Callable[[Any, tuple[int, int, int, int]], None],
+        /,
+    ) -> None: ...
 
 class MqttFront:
     """An MQTT client's socket protocol: its reads in C first (workers/_mqtt_front.h)."""

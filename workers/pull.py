@@ -12,7 +12,6 @@ queue log and skips entries others hold.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Protocol
 
 from shoal.broker import ipc
@@ -426,21 +425,15 @@ def deliver_taken(
     return True
 
 
-def pull_watched(
-    ctx: PullContext, consumer: Consumer, run: Callable[[Consumer], PullAnswer | None]
-) -> None:
-    """pull() for a publish's wake-up of a queue's watch (Worker._on_watch_wake):
-    `run` (WatchedPull.pull, workers/_watched_pull.h) takes pull's plain
-    runs for a consumer that watches its queue in one C call, and says
-    where Python goes on: in pull() from the start (a condition of the
-    plain branch does not hold, or the consumer no longer wants work:
-    nothing done yet), at the burst's end (_yield), at went_dry's watch
-    another took, or with an entry acquired for Python (then pull() goes on
-    from it). Without `run`'s answer the wake-up ended idle, its watch armed
-    again (or taken by a publisher, whose wake comes)."""
-    answer = run(consumer)
-    if answer is None:
-        return
+def go_on_watched(ctx: PullContext, consumer: Consumer, answer: PullAnswer) -> None:
+    """A publish's wake-up of a queue's watch pulls its consumer in C
+    (Worker._on_watch_wake: WatchedPull.pull_each, workers/_watched_pull.h,
+    pull's plain runs for a consumer that watches its queue); this is where
+    it hands the pull back to Python: in pull() from the
+    start (a condition of the plain branch does not hold, or the consumer
+    no longer wants work: nothing done yet), at the burst's end (_yield),
+    at went_dry's watch another took, or with an entry acquired for Python
+    (then pull() goes on from it)."""
     code, a, b, c = answer
     if code == PULL_YIELD:
         _yield(ctx, consumer)

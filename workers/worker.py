@@ -14,6 +14,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import uvloop
@@ -44,7 +45,7 @@ from shoal.workers.message_ttl import Expiry
 from shoal.workers.mqtt_connection import MqttConnection
 from shoal.workers.mqtt_websocket import MqttWebSocket
 from shoal.workers.pinned_heads import PinnedHeads
-from shoal.workers.pull import PullAnswer, give_back_watch, pull, pull_watched, take_watch
+from shoal.workers.pull import give_back_watch, go_on_watched, pull, take_watch
 from shoal.workers.ticker import on_grid
 
 HEARTBEAT_INTERVAL = 1.0
@@ -64,7 +65,7 @@ GC_YOUNG = 10_000
 log = logging.getLogger("shoal.worker")
 
 
-def watched_puller(ctx: WorkerContext) -> Callable[[Consumer], PullAnswer | None] | None:
+def watched_pull(ctx: WorkerContext) -> WatchedPull | None:
     """The C pull of a watched queue's only consumer (workers/_watched_pull.h)
     over this worker's shared queues; None where their atomics are not the
     plain Atomic (the crash tests' interposer: pull() in Python)."""
@@ -85,7 +86,7 @@ def watched_puller(ctx: WorkerContext) -> Callable[[Consumer], PullAnswer | None
         shared.owner_bits,
         shared.dropping,
         shared.layout.pull_geometry(ctx.index),
-    ).pull
+    )
 
 
 class Worker:
@@ -113,8 +114,10 @@ class Worker:
         self.gauges = Gauges(self.ctx)  # (the statistics' counts: _flush_stats)
         self.stopping = False
         self.watched_ready: set[int] = set()  # _sweep_watches' last look
-        # A watch's wake-up pull in C (watched_puller), once running.
-        self.watched_pull: Callable[[Consumer], PullAnswer | None] | None = None
+        # A watch's wake-up pulls in C (watched_pull), once running, and
+        # where they hand back to Python.
+        self.watched: WatchedPull | None = None
+        self.go_on_watched = partial(go_on_watched, self.ctx)
         self.draining = False  # retiring: paging in before exiting (_graceful_stop)
         # The AMQPS and MQTTS listeners' server context (workers/tls.py), made again
         # on SIGHUP.
@@ -138,7 +141,7 @@ class Worker:
             ctx.waker.local = self.index
             ctx.waker.on_local = self._watch_woken_here
         ctx.waker.defer_to(loop.call_soon)  # one eventfd write per iteration (shm/wake.py)
-        self.watched_pull = watched_puller(ctx)
+        self.watched = watched_pull(ctx)
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
@@ -331,16 +334,16 @@ class Worker:
         max_queues = self.seg.layout.limits.max_queues
         held: list[Callable[[], None]] = []
         ctx.flushes_now = held
-        run = self.watched_pull
+        watched = self.watched
         try:
-            for qid in ctx.waker.drain_worker(self.index, max_queues, eventfd):
-                consumer = ctx.watching.get(qid)
-                if consumer is None:
-                    continue
-                if run is None:
-                    pull(ctx, consumer)
-                else:
-                    pull_watched(ctx, consumer, run)
+            qids = ctx.waker.drain_worker(self.index, max_queues, eventfd)
+            if watched is not None:
+                watched.pull_each(qids, ctx.watching, self.go_on_watched)
+            else:
+                for qid in qids:
+                    consumer = ctx.watching.get(qid)
+                    if consumer is not None:
+                        pull(ctx, consumer)
         finally:
             ctx.flushes_now = None
             for flush in held:

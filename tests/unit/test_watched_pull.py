@@ -1,10 +1,10 @@
-"""A watch's wake-up pull in C (workers/_watched_pull.h, pull.py pull_watched)
+"""A watch's wake-up pull in C (workers/_watched_pull.h, pull.py go_on_watched)
 does what Python's pull() does for a queue's only consumer that watches it.
 
 A real connection (tests/unit/test_connection.py's Client: a fake transport
 records what the broker writes), its channel's DeliveryBook and a Consumer on
 a real shared-memory queue; each case runs once through pull() and once
-through pull_watched with the worker's WatchedPull, and both must give the
+through the worker's WatchedPull.pull_each, and both must give the
 client the same frames and leave the consumer, its book and the queue's
 watch the same.
 """
@@ -28,8 +28,8 @@ from shoal.shm.queues import SharedQueues
 from shoal.workers._wire import PULL_IN_PYTHON, PULL_WATCH_LOST
 from shoal.workers.consumer import Consumer
 from shoal.workers.context import WorkerContext
-from shoal.workers.pull import pull, pull_watched
-from shoal.workers.worker import watched_puller
+from shoal.workers.pull import go_on_watched, pull
+from shoal.workers.worker import watched_pull
 from tests.shm._support import publish_until_accepted
 from tests.unit.test_connection import Client, worker_context
 from tests.unit.test_fairness import QID
@@ -74,19 +74,23 @@ def fill(ctx: WorkerContext, n: int) -> None:
 
 
 def wake(ctx: WorkerContext, client: Client, path: str) -> Any:
-    """The wake-up's pull by `path`, then the loop's turn (the flush)."""
+    """The wake-up's pull by `path`, then the loop's turn (the flush). The
+    C path's answer: None where it took the whole wake-up."""
     consumer = client.consumer  # type: ignore[attr-defined]
-    answer: Any = "python"
+    answers: list[Any] = [None]
     if path == "python":
         pull(ctx, consumer)
     else:
-        run = watched_puller(ctx)
-        assert run is not None
-        answers: list[Any] = []
-        pull_watched(ctx, consumer, lambda c: answers.append(run(c)) or answers[-1])
-        answer = answers[0]
+        watched = watched_pull(ctx)
+        assert watched is not None
+
+        def go_on(taken: Consumer, answer: Any) -> None:
+            answers[0] = answer
+            go_on_watched(ctx, taken, answer)
+
+        watched.pull_each([QID, QID + 1], ctx.watching, go_on)  # (QID + 1: nobody watches)
     ctx.loop.run_until_complete(asyncio.sleep(0))
-    return answer
+    return answers[0]
 
 
 def watch(ctx: WorkerContext) -> int:
@@ -181,9 +185,9 @@ def test_a_consumer_not_watching_is_left_to_python(ctx: WorkerContext) -> None:
     consumer = client.consumer  # type: ignore[attr-defined]
     consumer.direct = False
     fill(ctx, 1)
-    run = watched_puller(ctx)
-    assert run is not None
-    assert run(consumer) == (PULL_IN_PYTHON, 0, 0, 0)
+    watched = watched_pull(ctx)
+    assert watched is not None
+    assert watched.pull(consumer) == (PULL_IN_PYTHON, 0, 0, 0)
     assert not consumer.notified and consumer.pointer == 0 and state(ctx, client)["ready"] == 1
 
 
