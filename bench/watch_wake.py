@@ -5,8 +5,9 @@ A real segment, WorkerContext, Connection (fake transport), channel and
 DeliveryBook, and a Consumer that watches its queue (tests/unit/
 test_watched_pull.py's set-up); each wake-up finds one message ready (published
 outside the timing), delivers it and arms the watch again, as fan-in's
-subscriber does for every device message. The flush that writes the frames is
-the same for both and not timed. Rounds alternate between the paths.
+subscriber does for every device message. The connection's flush is held to the
+wake-up's end as Worker._on_watch_wake holds it, and run after the timing (the
+same for both). Rounds alternate between the paths.
 
     python bench/watch_wake.py --wakes 20000 --rounds 5
 """
@@ -14,11 +15,11 @@ the same for both and not timed. Rounds alternate between the paths.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,13 +51,17 @@ def one_round(path: str, wakes: int) -> float:
                 fill(ctx, 1)
                 # The publisher takes the watch (its CAS to 0) and wakes us.
                 assert ctx.waker.unwatch(QID, ctx.index)
+                held: list[Callable[[], None]] = []
                 start = time.perf_counter_ns()
+                ctx.flushes_now = held  # as Worker._on_watch_wake
                 if path == "python":
                     pull(ctx, consumer)
                 else:
                     watched.pull_each(qids, ctx.watching, go_on)
+                ctx.flushes_now = None
                 spent += time.perf_counter_ns() - start
-                ctx.loop.run_until_complete(asyncio.sleep(0))  # the flush
+                for flush in held:  # (the wake-up's end)
+                    flush()
                 client.transport.data = b""
             assert consumer.unacked == wakes and consumer.direct
             return spent / wakes / 1000

@@ -42,7 +42,7 @@ enum { PULL_IN_PYTHON = 0, PULL_YIELD = 1, PULL_WATCH_LOST = 2, PULL_ENTRY = 3 }
     X(gets) X(unacked_bytes) X(flow_active) X(closing) X(write_paused) X(state) X(release_gen)     \
     X(pointer) X(number) X(tag_sstr) X(next_tag) X(frame_max) X(records_settles) X(dry_at) X(out)  \
     X(flush_scheduled) X(scheduled_flush) X(flush_soon) X(confirm_timer) X(deliveries_written)     \
-    X(drained) X(ctx) X(write_many)
+    X(drained) X(ctx) X(write_many) X(flushes_now)
 
 #define WP_NAME_FIELD(name) PyObject *name;
 static struct {
@@ -262,15 +262,24 @@ wp_write(PyObject *conn, PyObject *out)
         if (!scheduled) {
             if (PyObject_SetAttr(conn, wpnames.flush_scheduled, Py_True) < 0)
                 return -1;
+            /* WorkerContext.flush_soon: held for the wake-up's end (its
+             * flushes_now list), else the loop's call_soon. */
             PyObject *ctx = PyObject_GetAttr(conn, wpnames.ctx);
             PyObject *flush = ctx == NULL ? NULL : PyObject_GetAttr(conn, wpnames.scheduled_flush);
-            PyObject *done =
-                flush == NULL ? NULL : PyObject_CallMethodOneArg(ctx, wpnames.flush_soon, flush);
+            PyObject *held = flush == NULL ? NULL : PyObject_GetAttr(ctx, wpnames.flushes_now);
+            int failed = held == NULL;
+            if (!failed && PyList_CheckExact(held)) {
+                failed = PyList_Append(held, flush) < 0;
+            } else if (!failed) {
+                PyObject *done = PyObject_CallMethodOneArg(ctx, wpnames.flush_soon, flush);
+                failed = done == NULL;
+                Py_XDECREF(done);
+            }
             Py_XDECREF(ctx);
             Py_XDECREF(flush);
-            if (done == NULL)
+            Py_XDECREF(held);
+            if (failed)
                 return -1;
-            Py_DECREF(done);
         }
     } else {
         Py_DECREF(buffer);
