@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import compileall
 import gc
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.broker_process import Broker
+
+# Every broker the tests start, and this process, check an MQTT device's
+# gate against the conditions it stands for (workers/_lane_device.h): a
+# change that should have shut it and did not fails the client's read.
+os.environ.setdefault("SHOAL_DEVICE_GATE_AUDIT", "1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -48,7 +48,7 @@ stat_places(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     X(closing) X(flow_backlog) X(pending) X(tx) X(consumers) X(confirm_held) X(publisher)      \
     X(config) X(max_message_size) X(confirms) X(out) X(amqp_out) X(unsynced) X(stream_waits)  \
     X(pager) X(files) X(arena_high) X(recv_oct) X(recv_cnt) X(confirm_seq) X(confirm_sent)    \
-    X(write) X(binding) X(subscriptions)
+    X(write) X(binding) X(subscriptions) X(flush_scheduled)
 #define LANE_NAME_FIELD(name) PyObject *name;
 static struct {
     LANE_NAMES(LANE_NAME_FIELD)

@@ -28,6 +28,21 @@
  *     channel and publisher, read from them now (workers/lane.py);
  *   - nothing that lets confirms wait (lane_run's condition for sending them
  *     at once: no PUBACK held, no inner frames unread, nothing unsynced).
+ * The conditions on the device's own objects (all but the barrier, the
+ * generations, the size limit and the pager, read every time) are read
+ * once and then stand behind a gate: a thousand devices a worker find
+ * those dozen objects out of the cache at every read (device_may_read was
+ * a tenth of fan-in's CPU). The gate opens when they all hold and is shut
+ * by whatever may turn one false between reads (shut_gate(), through the
+ * inner Connection's `device_gate`; the list and why it is whole:
+ * docs/mqtt.md, "A device's gate"): the inner connection's first write of
+ * a loop turn (a close, a channel's end, a frame for the client each come
+ * with one), its failure and end, the publisher blocks' alarm and flow
+ * block, the inner connection's entry points outside the device's reads,
+ * and a run this read could not count itself. (The MQTT connection's close
+ * drops the DeviceRead: _mqtt_front.h.) With device_gate_audit(True) (the
+ * test runs) an open gate reads the conditions anyway and raises where one
+ * fails.
  * Then it arms the lane from the arena as arm() does, runs it
  * (mqtt_run_core), counts it (lane_account) and does lane_run's rest: the
  * inner connection's read counters, the confirm numbers, the PUBACKs
@@ -56,7 +71,11 @@ typedef struct {
     uint64_t journal_gen, catalog_gen;
     BarrierWords barrier;
     long long open_state, idle_state;
+    char gate_open; /* the conditions held, and nothing shut it since */
 } DeviceReadObject;
+
+/* device_gate_audit(on): an open gate's conditions read anyway (tests). */
+static int device_gate_audit_on;
 
 static uint64_t
 word_now(const uint64_t *word)
@@ -85,19 +104,14 @@ device_recheck(DeviceReadObject *d)
     return 1;
 }
 
-/* 1 when every condition for taking this read holds (see the top), 0 when
- * one does not, -1 with an error set. `again`: a second look, after a
- * re-check (device_recheck ran Python: each condition is read anew). */
+/* The conditions on the device's own objects (see the top): 1 when each
+ * holds, 0 when one does not, -1 with an error set. */
 static int
-device_may_read(DeviceReadObject *d, int again)
+device_conditions(DeviceReadObject *d)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    if (barrier_holds(&d->barrier, now))
-        return 0; /* a SUBSCRIBE under way somewhere: data_received's barrier holds it */
     /* Each false is required, in data_received's, publish_run's, arm's and
-     * lane_run's order. */
+     * lane_run's order (and the inner connection's flush not scheduled:
+     * its first write of a turn shuts the gate, Connection.write). */
     struct {
         PyObject *obj, *name;
     } falses[] = {
@@ -107,8 +121,9 @@ device_may_read(DeviceReadObject *d, int again)
         {d->channel, names.closing},     {d->channel, names.busy},
         {d->channel, names.flow_backlog}, {d->delivery, names.consumers},
         {d->publisher, names.confirm_held}, {d->inbound, names.confirms},
-        {d->amqp, names.out},            {d->conn, names.amqp_out},
-        {d->publisher, names.unsynced},  {d->publisher, names.stream_waits},
+        {d->amqp, names.out},            {d->amqp, names.flush_scheduled},
+        {d->conn, names.amqp_out},       {d->publisher, names.unsynced},
+        {d->publisher, names.stream_waits},
     };
     for (size_t i = 0; i < sizeof falses / sizeof falses[0]; i++) {
         int r = attr_true(falses[i].obj, falses[i].name);
@@ -141,11 +156,36 @@ device_may_read(DeviceReadObject *d, int again)
         (r = attr_is(d->transactions, names.tx, Py_None)) <= 0 ||
         (r = attr_is(d->publish_lane, names.publisher, d->publisher)) <= 0)
         return r;
+    return 1;
+}
+
+/* 1 when every condition for taking this read holds (see the top), 0 when
+ * one does not, -1 with an error set. `again`: a second look, after a
+ * re-check (device_recheck ran Python, which may have shut the gate). */
+static int
+device_may_read(DeviceReadObject *d, int again)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (barrier_holds(&d->barrier, now))
+        return 0; /* a SUBSCRIBE under way somewhere: data_received's barrier holds it */
+    if (!d->gate_open || device_gate_audit_on) {
+        int r = device_conditions(d);
+        if (r == 0 && d->gate_open) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "a device's gate stood open over a condition that changed");
+            return -1;
+        }
+        if (r <= 0)
+            return r;
+        d->gate_open = 1; /* (before the run: what shuts it during the run stands) */
+    }
     PyObject *config = PyObject_GetAttr(d->ctx, names.config);
     if (config == NULL)
         return -1;
     long long max_body;
-    r = attr_ll(config, names.max_message_size, &max_body);
+    int r = attr_ll(config, names.max_message_size, &max_body);
     Py_DECREF(config);
     if (r < 0)
         return -1;
@@ -219,7 +259,9 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
     int at_once = !long_read || lane->n * 4 != (long long)acks.len;
     int r = at_once ? PyObject_SetAttr(d->waker, names.at_once, Py_True) : 0;
     if (r == 0 && (lane->gone_seq >= 0 || lane->st_count)) {
-        /* Python counts it (lane_run's account): mqtt_run's result. */
+        /* Python counts it (lane_run's account): mqtt_run's result; its
+         * confirms may wait (run_end), so the next read looks again. */
+        d->gate_open = 0;
         if (ran == 0)
             out = Py_BuildValue("(nLy#y#)", at, n, (const char *)acks.p, acks.len,
                                 (const char *)ids.p, ids.len);
@@ -322,6 +364,7 @@ DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
     d->catalog_gen = catalog_gen;
     d->open_state = open_state;
     d->idle_state = idle_state;
+    d->gate_open = 0; /* (its first read reads every condition) */
     return 0;
 }
 
@@ -389,10 +432,45 @@ DeviceRead_dealloc(DeviceReadObject *d)
     Py_TYPE(d)->tp_free((PyObject *)d);
 }
 
+/* shut_gate(): a condition may have changed; the next read reads them all. */
+static PyObject *
+DeviceRead_shut_gate(DeviceReadObject *d, PyObject *unused)
+{
+    d->gate_open = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+DeviceRead_get_gate_open(DeviceReadObject *d, void *closure)
+{
+    return PyBool_FromLong(d->gate_open);
+}
+
+/* device_gate_audit(on) (module function): where on, an open gate's
+ * conditions are read anyway and one that fails raises (the test runs:
+ * a change that should have shut the gate and did not). */
+static PyObject *
+device_gate_audit(PyObject *module, PyObject *on)
+{
+    int r = PyObject_IsTrue(on);
+    if (r < 0)
+        return NULL;
+    device_gate_audit_on = r;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef DeviceRead_methods[] = {
     {"read", (PyCFunction)(void (*)(void))DeviceRead_read, METH_FASTCALL,
      "A device's read through its lane, counted and confirmed; 0: Python's path reads it."},
+    {"shut_gate", (PyCFunction)DeviceRead_shut_gate, METH_NOARGS,
+     "A condition may have changed: the next read reads them all again."},
     {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef DeviceRead_getset[] = {
+    {"gate_open", (getter)DeviceRead_get_gate_open, NULL,
+     "Whether the next read skips the conditions on the device's objects.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject DeviceReadType = {
@@ -407,4 +485,5 @@ static PyTypeObject DeviceReadType = {
     .tp_clear = (inquiry)DeviceRead_clear,
     .tp_dealloc = (destructor)DeviceRead_dealloc,
     .tp_methods = DeviceRead_methods,
+    .tp_getset = DeviceRead_getset,
 };

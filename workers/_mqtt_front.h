@@ -25,6 +25,7 @@ typedef struct {
     PyObject *counted; /* counted(conn, run) -> int: a run Python counts */
     PyObject *failed;  /* failed(conn, exc): the fast read raised exc */
     Py_ssize_t long_read; /* a read this long is a long one (LONG_READ) */
+    unsigned long sets;   /* `fast` set from Python (a close sets None): counted */
 } FrontObject;
 
 static PyObject *front_last_recv; /* "last_recv", interned */
@@ -66,6 +67,7 @@ Front_data_received(FrontObject *f, PyObject *data)
     if (fast == NULL || !PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) == 0)
         return PyObject_CallFunctionObjArgs(f->rest, f->conn, data, NULL);
     f->fast = NULL; /* (until a read it takes whole again; its reference is ours) */
+    unsigned long sets = f->sets;
     Py_ssize_t taken = front_fast_read(f, fast, data);
     if (taken < 0) {
         Py_DECREF(fast);
@@ -84,10 +86,10 @@ Front_data_received(FrontObject *f, PyObject *data)
     }
     Py_ssize_t len = PyBytes_GET_SIZE(data);
     if (taken >= len) {
-        if (f->fast == NULL)
+        if (f->fast == NULL && f->sets == sets)
             f->fast = fast; /* the next read goes the same way */
         else
-            Py_DECREF(fast);
+            Py_DECREF(fast); /* (Python set `fast` during the read: a close's None stands) */
         Py_RETURN_NONE;
     }
     Py_DECREF(fast);
@@ -139,6 +141,7 @@ Front_get_fast(FrontObject *f, void *closure)
 static int
 Front_set_fast(FrontObject *f, PyObject *v, void *closure)
 {
+    f->sets++;
     if (v == NULL || v == Py_None) {
         Py_CLEAR(f->fast);
         return 0;

@@ -42,7 +42,8 @@ enum { PULL_IN_PYTHON = 0, PULL_YIELD = 1, PULL_WATCH_LOST = 2, PULL_ENTRY = 3 }
     X(gets) X(unacked_bytes) X(flow_active) X(closing) X(write_paused) X(state) X(release_gen)     \
     X(pointer) X(number) X(tag_sstr) X(next_tag) X(frame_max) X(records_settles) X(dry_at) X(out)  \
     X(flush_scheduled) X(scheduled_flush) X(flush_soon) X(confirm_timer) X(deliveries_written)     \
-    X(drained) X(ctx) X(write_many) X(flushes_now)
+    X(drained) X(ctx) X(write_many) X(flushes_now) X(device_gate)          \
+    X(shut_gate)
 
 #define WP_NAME_FIELD(name) PyObject *name;
 static struct {
@@ -262,6 +263,15 @@ wp_write(PyObject *conn, PyObject *out)
         if (!scheduled) {
             if (PyObject_SetAttr(conn, wpnames.flush_scheduled, Py_True) < 0)
                 return -1;
+            /* Connection.write's: an MQTT device's gate shut (_lane_device.h). */
+            PyObject *gate = PyObject_GetAttr(conn, wpnames.device_gate);
+            PyObject *shut = gate == NULL || gate == Py_None
+                                 ? Py_XNewRef(gate)
+                                 : PyObject_CallMethodNoArgs(gate, wpnames.shut_gate);
+            Py_XDECREF(gate);
+            if (shut == NULL)
+                return -1;
+            Py_DECREF(shut);
             /* WorkerContext.flush_soon: held for the wake-up's end (its
              * flushes_now list), else the loop's call_soon. */
             PyObject *ctx = PyObject_GetAttr(conn, wpnames.ctx);

@@ -2137,6 +2137,8 @@ static PyMethodDef methods[] = {
      "The statistics' counter places mqtt_read counts in (shm/stats.py)."},
     {"ack_run", (PyCFunction)(void (*)(void))ack_run, METH_FASTCALL,
      "A multiple ack's run of one queue's entries, out of a channel's book."},
+    {"device_gate_audit", device_gate_audit, METH_O,
+     "Where true, a DeviceRead's open gate reads its conditions anyway and raises where one fails."},
     {NULL, NULL, 0, NULL},
 };
 

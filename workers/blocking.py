@@ -17,7 +17,8 @@ from shoal.shm import flow, memory, stats
 from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
-from shoal.workers import framing
+from shoal.workers import device_gate, framing
+from shoal.workers._wire import DeviceRead
 from shoal.workers.census import Census
 from shoal.workers.handshake import OPEN
 from shoal.workers.memory_guard import ALARM, ALARM_PENDING
@@ -62,6 +63,7 @@ class BlockedConnection(Protocol):
     capabilities: dict[str, Any]
     obeys_channel_flow: bool
     flow_blocked: dict[int, int]
+    device_gate: DeviceRead | None  # (workers/device_gate.py)
 
     @property
     def alarm_reason(self) -> str: ...
@@ -163,6 +165,7 @@ class PublisherBlocks:
     def flow_block(self, qid: int, logs: list[int] | None = None) -> None:
         """A publish took queue `qid` (`logs`: a priority queue's) above its
         capacity: hold further publishes until it is back at its resume size."""
+        device_gate.shut(self.conn)  # (also inside a device's read: its count)
         if qid in self.flow_blocked or not flow.arm(self.conn.ctx.seg, qid, logs):
             return
         self.flow_blocked[qid] = self._count_blocked(qid, 1, None)
@@ -172,6 +175,7 @@ class PublisherBlocks:
     def alarm(self, bits: int) -> None:
         """The broker-wide memory or disk alarm was raised (bits) or cleared (0).
         As in RabbitMQ only publishers are blocked, others at their first publish."""
+        device_gate.shut(self.conn)  # (an MQTT device's inner connection writes nothing)
         if self.conn.state != OPEN:
             return  # told at connection.open, if still raised then
         self.alarm_reason = memory.reason(bits) if bits else ""
@@ -187,6 +191,7 @@ class PublisherBlocks:
     def alarm_felt(self) -> None:
         """A publisher meets the raised alarm: hold its publishes (as a
         queue over capacity does) and say why, in RabbitMQ's words."""
+        device_gate.shut(self.conn)
         self.flow_blocked.pop(ALARM_PENDING, None)
         if ALARM not in self.flow_blocked:
             self.flow_blocked[ALARM] = 0

@@ -18,7 +18,7 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
-from shoal.workers import amqp_0_8, framing, reply_to
+from shoal.workers import amqp_0_8, device_gate, framing, reply_to
 from shoal.workers.channel_state import IDLE, ChannelConnection, out_of_order
 from shoal.workers.context import RemoteError
 from shoal.workers.declare import Declarer
@@ -218,6 +218,7 @@ class Channel:
 
     def _async_done(self, task: asyncio.Task[None], method: Any) -> None:
         self.busy = False
+        device_gate.shut(self.conn)  # (outside a read: an MQTT device's checks again)
         exc = task.exception() if not task.cancelled() else None  # retrieved, even if unused
         if self.conn.closed:
             return
@@ -290,6 +291,7 @@ class Channel:
         outside the connection's read: what the read's guard does for an
         error (close the connection, 541 for a bug) is done here (found by
         perf/fuzz.py: a kept frame out of order escaped to the loop)."""
+        device_gate.shut(self.conn)  # (outside a read: an MQTT device's checks again)
         try:
             self.handle(ftype, payload)
         except errors.ConnectionError_ as exc:

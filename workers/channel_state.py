@@ -23,6 +23,7 @@ from shoal.shm._atomic import Atomic
 from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
+from shoal.workers._wire import DeviceRead
 from shoal.workers.census import Census
 from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.consume_args import ConsumeContext
@@ -258,6 +259,7 @@ class ChannelConnection(Protocol):
     vhost: str
     vhost_id: int
     access: ConnectionAccess
+    device_gate: DeviceRead | None  # (workers/device_gate.py)
     frame_max: int
     closed: bool
     capabilities: dict[str, Any]

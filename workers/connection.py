@@ -21,7 +21,8 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.listeners import socket_address
 from shoal.shm import stats
-from shoal.workers import amqp_0_8, describe, fanout_turns, framing, negotiation, tls
+from shoal.workers import amqp_0_8, describe, device_gate, fanout_turns, framing, negotiation, tls
+from shoal.workers._wire import DeviceRead
 from shoal.workers.blocking import PublisherBlocks
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import AMQP_0_9_1, ChannelCore, Confirms
@@ -38,6 +39,7 @@ from shoal.workers.handshake import (
     CLOSING,
     OPEN,
     Handshake,
+    may_handshake,
 )
 from shoal.workers.lane import PublishLane
 from shoal.workers.pacing import Pacer
@@ -134,6 +136,7 @@ class Connection(asyncio.Protocol):
         # Appends of messages that reached several queues in this read (or
         # in its deferred rest's turn: workers/fanout_turns.py).
         self.fanout_work = 0
+        self.device_gate: DeviceRead | None = None  # an MQTT device's (workers/device_gate.py)
 
     # ------------------------------------------------------------ transport
     def connection_made(self, transport: Any) -> None:
@@ -151,7 +154,7 @@ class Connection(asyncio.Protocol):
                 pass
         transport.set_write_buffer_limits(high=1 << 20, low=1 << 18)
         self.ctx.connections.add(self)
-        if not may_handshake(self.ctx, self):
+        if not may_handshake(self.ctx.handshaking, self.ctx.config.max_handshaking, self):
             self._close_transport()  # too many still logging in: this one is not served
             return
         timeout = self.ctx.config.handshake_timeout - (time.monotonic() - self.accepted_at)
@@ -159,6 +162,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.ctx.handshaking.discard(self)
+        device_gate.shut(self)
         if self.closed:
             return
         self.closed = True
@@ -234,17 +238,23 @@ class Connection(asyncio.Protocol):
         return not self.write_paused and self.state == OPEN
 
     # What is written during one loop iteration leaves as one buffer (flush).
+    # Its first write shuts a device's gate: a close, a channel's end, a
+    # frame for the client each come with one (docs/mqtt.md; so does wp_write).
     def write(self, data: bytes) -> None:
         self.out.append(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.ctx.flush_soon(self.scheduled_flush)
+            if self.device_gate is not None:
+                self.device_gate.shut_gate()
 
     def write_many(self, frames: list[bytes]) -> None:
         self.out += frames
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.ctx.flush_soon(self.scheduled_flush)
+            if self.device_gate is not None:
+                self.device_gate.shut_gate()
 
     def flush(self) -> None:
         self.flush_scheduled = False
@@ -271,6 +281,8 @@ class Connection(asyncio.Protocol):
             self.fail(errors.ConnectionError_(errors.INTERNAL_ERROR, f"{type(exc).__name__}"))
 
     def _data_received(self, data: bytes) -> None:
+        if self.device_gate is not None:  # (an MQTT client's frames: its Python path)
+            self.device_gate.shut_gate()
         self.last_recv = time.monotonic()
         self.recv_oct += len(data)  # per read: the management UI's data rates
         self.recv_cnt += 1
@@ -297,6 +309,7 @@ class Connection(asyncio.Protocol):
         """One method frame's payload from a protocol bridge in this worker
         (an MQTT client's PUBACK as basic.ack): handled as a read of the
         frame would be, without the read (its framing, its publish lane)."""
+        device_gate.shut(self)
         if self.state == CLOSED:
             return
         try:
@@ -574,6 +587,7 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------ closing
     def fail(self, exc: errors.AMQPError) -> None:
         """A connection exception: send connection.close and wait for close-ok."""
+        device_gate.shut(self)
         if self.state in (CLOSING, CLOSED):
             return
         if self.state == AWAIT_HEADER:
@@ -674,25 +688,6 @@ class Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-
-
-def may_handshake(ctx: WorkerContext, conn: Connection) -> bool:
-    """Whether fewer than max_handshaking connections of this worker are
-    logging in; if so `conn` counts among them. Not a scan of every
-    connection per accept: 10,000 devices reconnecting to a worker after a
-    restart would make that 50 million looks. The set is pruned of those
-    past their handshake only when it is full: a look at the limit's worth
-    of connections per `limit` accepted, unless they are all still logging
-    in (a flood, refused one by one as before)."""
-    handshaking = ctx.handshaking
-    limit = ctx.config.max_handshaking
-    if len(handshaking) >= limit:
-        for other in [c for c in handshaking if c.state >= OPEN]:
-            handshaking.discard(other)
-        if len(handshaking) >= limit:
-            return False
-    handshaking.add(conn)
-    return True
 
 
 def connection_error(exc: framing.FrameError) -> errors.ConnectionError_:

@@ -205,7 +205,7 @@ class WorkerContext(Requests):
         # The delivery books whose consumer time-outs the tick checks.
         self.timed_books = TimedBooks()
         # Those of them that were logging in when last looked at, for
-        # max_handshaking (workers/connection.py prunes it, when full, of
+        # max_handshaking (workers/handshake.py may_handshake prunes it, when full, of
         # those past connection.open).
         self.handshaking: set[WorkerConnection] = set()
         # MQTT clients by (vhost, client id), for a takeover (ipc.TakeOver).

@@ -15,7 +15,7 @@ from shoal.broker.amqp import errors
 from shoal.broker.config import Config
 from shoal.workers import amqp_0_8, framing, negotiation
 from shoal.workers.connection_access import ConnectionAccess
-from shoal.workers.context import RemoteError
+from shoal.workers.context import RemoteError, WorkerConnection
 from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.routes import Routes
 
@@ -244,3 +244,21 @@ def _ignore_result(done: asyncio.Future[Any]) -> None:
 
 
 OPENING = "opening"  # the read holder while the scheduler counts the connection
+
+
+def may_handshake(handshaking: set[WorkerConnection], limit: int, conn: WorkerConnection) -> bool:
+    """Whether fewer than `limit` (max_handshaking) connections of this
+    worker are logging in (`handshaking`, its set); if so `conn` counts
+    among them. Not a scan of every
+    connection per accept: 10,000 devices reconnecting to a worker after a
+    restart would make that 50 million looks. The set is pruned of those
+    past their handshake only when it is full: a look at the limit's worth
+    of connections per `limit` accepted, unless they are all still logging
+    in (a flood, refused one by one as before)."""
+    if len(handshaking) >= limit:
+        for other in [c for c in handshaking if c.state >= OPEN]:
+            handshaking.discard(other)
+        if len(handshaking) >= limit:
+            return False
+    handshaking.add(conn)
+    return True

@@ -29,6 +29,7 @@ paths take the rest of the read, in order.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shoal.broker import ipc
@@ -36,7 +37,7 @@ from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.shm.stats import CONFIRMED
 from shoal.shm.wake import Waker
-from shoal.workers._wire import DeviceRead, Lane
+from shoal.workers._wire import DeviceRead, Lane, device_gate_audit
 from shoal.workers.channel_state import IDLE
 from shoal.workers.handshake import OPEN
 from shoal.workers.lane import ROTATING
@@ -47,6 +48,11 @@ if TYPE_CHECKING:
     from shoal.workers.connection import Connection
 
 EXCHANGE = M.EXCHANGE.encode()
+# The test runs set it: a DeviceRead's open gate reads its conditions anyway
+# and raises where one fails (a change that did not shut it: _lane_device.h).
+AUDIT = "SHOAL_DEVICE_GATE_AUDIT"
+if os.environ.get(AUDIT):
+    device_gate_audit(True)
 mqtt_read = Lane.mqtt_read  # (the tests count its runs through this name)
 
 
@@ -160,7 +166,10 @@ def device_read(
     """For a device whose read the lane just took whole (inbound.lane_whole),
     its next reads in one C call (workers/_lane_device.h), or None where the
     lane's route depends on more than that call looks at again: a lane
-    taking other lanes' places (ROTATING), or keeping PUBLISH records."""
+    taking other lanes' places (ROTATING), or keeping PUBLISH records.
+    The inner connection keeps it as its `device_gate`, which it shuts
+    wherever what the DeviceRead checks may change."""
+    amqp.device_gate = None
     publish_lane = amqp.publish_lane
     if publish_lane is None or publish_lane.stores or publish_lane.learnt_here >= ROTATING:
         return None
@@ -171,7 +180,7 @@ def device_read(
     client = conn.client_id if inbound.subscriptions.no_local else None  # (as publish_run)
     known = inbound.known_properties
     journal, barrier = ctx.routes.reader, ctx.subscribe_barrier
-    return DeviceRead(
+    amqp.device_gate = made = DeviceRead(
         publish_lane.lane, conn, inbound, conn.transport, conn.reader, amqp, publish_lane,
         amqp.channels, publisher.channel, publisher, publisher.transactions, publisher.delivery,
         ctx, ctx.arena, ctx.waker, amqp.pacer, amqp.confirm_channels, publisher.stats,
@@ -180,6 +189,7 @@ def device_read(
         publisher.number, journal.gen_word, journal.gen, ctx.shared.catalog.generation_word,
         publish_lane.catalog_gen, barrier.words, OPEN, IDLE, device_recheck,
     )  # fmt: skip
+    return made
 
 
 def device_recheck(amqp: Connection) -> tuple[int, int] | None:

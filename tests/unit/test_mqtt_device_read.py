@@ -10,19 +10,22 @@ is Inbound with a stand-in for its MqttConnection (test_mqtt_lane's Device)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from shoal.broker.amqp import definitions as D
+from shoal.broker.amqp import errors
+from shoal.broker.mqtt import amqp_frames as F
 from shoal.broker.mqtt import packets as P
 from shoal.shm import layout as L
 from shoal.shm import stats
 from shoal.shm.catalog import CatalogWriter
+from shoal.shm.memory import ALARM_MEMORY
 from shoal.shm.queues import SharedQueues
 from shoal.shm.wake import Waker
 from shoal.workers import mqtt_lane
-from shoal.workers._wire import DeviceRead, MqttFront
+from shoal.workers._wire import DeviceRead, MqttFront, device_gate_audit
 from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import CLOSING
 from shoal.workers.mqtt_front import counted, failed
@@ -388,3 +391,140 @@ def test_a_fast_read_that_fails_costs_its_client_only(topic_ctx: WorkerContext) 
     assert reasons == [0x83] and left == [] and front.fast is None
     assert not topic_ctx.waker.at_once
     assert queue_bodies(topic_ctx, qid) == before and device.sent == []
+
+
+# The gate (workers/_lane_device.h): once every condition held, a read
+# reads only the shared words, the size limit and the pager, until
+# something that may change a condition shuts it.
+
+
+@pytest.fixture
+def unaudited() -> Iterator[None]:
+    """The gate as it runs in production: an open gate's conditions unread
+    (the test runs read them anyway: SHOAL_DEVICE_GATE_AUDIT, tests/conftest.py)."""
+    device_gate_audit(False)
+    yield
+    device_gate_audit(bool(os.environ.get(mqtt_lane.AUDIT)))
+
+
+def test_an_open_gate_leaves_the_conditions_unread(
+    topic_ctx: WorkerContext, unaudited: None
+) -> None:
+    """A new DeviceRead reads every condition; one whole read later its gate
+    is open and a condition changed behind its back (here directly, which
+    no code does) goes unseen, until the gate is shut: what the gate saves,
+    and why each change must shut it (the tests after this one)."""
+    _, device, fast, _ = reading_in_c(topic_ctx)
+    assert not fast.gate_open
+    data = packet(P.MQTT_311, b"a", 1, 7)
+    assert device.read_in_c(fast, data) == len(data) and fast.gate_open
+    device.busy = True
+    data = packet(P.MQTT_311, b"b", 1, 8)
+    assert device.read_in_c(fast, data) == len(data)
+    fast.shut_gate()
+    assert device.read_in_c(fast, packet(P.MQTT_311, b"c", 1, 9)) == 0
+    assert not fast.gate_open
+
+
+def test_the_audit_fails_a_read_an_open_gate_should_not_have_taken(
+    topic_ctx: WorkerContext,
+) -> None:
+    """With the audit on (every test run) an open gate over a condition
+    that fails is a fault of the fast read: the client is disconnected
+    (0x83) and nothing is appended or acknowledged."""
+    device_gate_audit(True)
+    try:
+        qid, device, fast, _ = reading_in_c(topic_ctx)
+        data = packet(P.MQTT_311, b"a", 1, 7)
+        assert device.read_in_c(fast, data) == len(data) and fast.gate_open
+        before, sent = queue_bodies(topic_ctx, qid), len(device.sent)
+        reasons: list[int] = []
+        device.disconnect = reasons.append  # type: ignore[method-assign]
+        device.busy = True
+        front = MqttFront(device, lambda _conn, rest: None, counted, failed, 1024)
+        front.fast = fast
+        front.data_received(packet(P.MQTT_311, b"b", 1, 8))
+        assert reasons == [0x83] and front.fast is None
+        assert queue_bodies(topic_ctx, qid) == before and len(device.sent) == sent
+    finally:
+        device_gate_audit(bool(os.environ.get(mqtt_lane.AUDIT)))
+
+
+def _written(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.write(b"\x01")  # type: ignore[attr-defined]
+
+
+def _written_many(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.write_many([b"\x01", b"\x02"])  # type: ignore[attr-defined]
+
+
+def _failed(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.fail(errors.ConnectionError_(errors.INTERNAL_ERROR, "a fault"))  # type: ignore[attr-defined]
+
+
+def _lost(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.connection_lost(None)  # type: ignore[attr-defined]
+
+
+def _over_capacity(ctx: WorkerContext, device: Connected) -> None:
+    ctx.seg.atomic.store(ctx.seg.layout.queue(0) + L.Q_RESUME, 0)  # (q holds more than that)
+    device.client.conn.blocks.flow_block(0)  # type: ignore[attr-defined]
+
+
+def _memory_alarm(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.blocks.alarm(ALARM_MEMORY)  # type: ignore[attr-defined]
+
+
+def _unknown_ack(ctx: WorkerContext, device: Connected) -> None:
+    device.client.conn.method_from_bridge(1, F.ack_method(99))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_written, _written_many, _failed, _lost, _over_capacity, _memory_alarm, _unknown_ack],
+)
+def test_what_changes_a_condition_between_reads_shuts_the_gate(
+    topic_ctx: WorkerContext, change: Callable[[WorkerContext, Connected], None], unaudited: None
+) -> None:
+    """Changes that reach an open gate from outside the device's reads,
+    made by the code that makes them (the inner connection's writes, its
+    failure and end, a queue over its capacity, the memory alarm, a frame
+    from the bridge): the next read is left whole to Python's path."""
+    qid, device, fast, _ = reading_in_c(topic_ctx)
+    data = packet(P.MQTT_311, b"a", 1, 7)
+    assert device.read_in_c(fast, data) == len(data) and fast.gate_open
+    before, sent = queue_bodies(topic_ctx, qid), len(device.sent)
+    change(topic_ctx, device)
+    assert not fast.gate_open
+    assert device.read_in_c(fast, packet(P.MQTT_311, b"not now", 1, 8)) == 0
+    assert queue_bodies(topic_ctx, qid) == before and len(device.sent) == sent
+
+
+def test_a_close_inside_a_fast_read_keeps_the_device_read_away(
+    topic_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MqttConnection._close and connection_lost drop the front's DeviceRead
+    (front.fast = None). One run by Python inside a fast read (here from its
+    re-check) stands: the front does not put the DeviceRead back after the
+    read, and the socket's next reads go to Python's path, which drops what
+    a closed connection sends."""
+    fronts: list[MqttFront] = []
+    recheck = mqtt_lane.device_recheck
+
+    def closing(amqp: object) -> object:
+        fronts[0].fast = None  # (what a close does)
+        return recheck(amqp)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mqtt_lane, "device_recheck", closing)
+    qid, device, fast, _ = reading_in_c(topic_ctx)
+    left: list[bytes] = []
+    front = MqttFront(device, lambda _conn, rest: left.append(rest), counted, failed, 1024)
+    fronts.append(front)
+    front.fast = fast
+    SharedQueues(topic_ctx.seg).create(1, b"q2", 0, 0)  # (the next read re-checks)
+    data = packet(P.MQTT_311, b"last", 1, 7)
+    front.data_received(data)
+    assert left == [] and queue_bodies(topic_ctx, qid)[-1] == b"last"
+    assert front.fast is None
+    front.data_received(packet(P.MQTT_311, b"after", 1, 8))
+    assert len(left) == 1

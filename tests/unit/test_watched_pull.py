@@ -207,3 +207,28 @@ def test_the_channel_s_other_limits_hold(
     wake(ctx, client, path)
     got = state(ctx, client)
     assert len(got["deliveries"]) == delivered and got["ready"] == 5 - delivered
+
+
+class Gate:
+    """What an MQTT device's DeviceRead is to its inner connection's writes."""
+
+    def __init__(self) -> None:
+        self.shut = 0
+
+    def shut_gate(self) -> None:
+        self.shut += 1
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_its_write_shuts_a_device_s_gate_as_connection_write_does(
+    ctx: WorkerContext, path: str
+) -> None:
+    """The first write of a turn shuts the connection's device gate
+    (workers/_lane_device.h: a delivery to an MQTT client that also
+    publishes leaves its DeviceRead to check every condition again)."""
+    client = watching_consumer(ctx)
+    gate = client.conn.device_gate = Gate()  # type: ignore[assignment]
+    fill(ctx, 2)
+    wake(ctx, client, path)
+    assert gate.shut == 1
+    assert len(state(ctx, client)["deliveries"]) == 2
