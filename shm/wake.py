@@ -61,7 +61,7 @@ class Waker:
         # In an IO worker: its index, and what wakes it without its eventfd
         # (the publisher and the watcher in one process: no system call).
         self.local = -1
-        self.on_local: Callable[[], None] | None = None
+        self.on_local: Callable[[], object] | None = None
         # With defer_to: the eventfds this iteration's wake-ups still owe a
         # write, and how the flush that writes them is scheduled.
         self.deferred: list[int] | None = None

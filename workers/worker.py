@@ -6,6 +6,7 @@ Post-fork only: the loop is created here, never in the supervisor.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -139,7 +140,10 @@ class Worker:
         if self.index < len(ctx.waker.worker_efds):
             loop.add_reader(ctx.waker.worker_efds[self.index], self._on_watch_wake)
             ctx.waker.local = self.index
-            ctx.waker.on_local = self._watch_woken_here
+            # A publish here took our own watch: pull once its read is done
+            # (as the eventfd's wake-up would), without the system calls; a
+            # partial, not a method: no Python frame per wake-up.
+            ctx.waker.on_local = functools.partial(loop.call_soon, self._on_watch_wake, False)
         ctx.waker.defer_to(loop.call_soon)  # one eventfd write per iteration (shm/wake.py)
         self.watched = watched_pull(ctx)
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
@@ -351,11 +355,6 @@ class Worker:
                     flush()
                 except Exception:  # (one connection's fault stays its own)
                     log.exception("a connection's flush failed")
-
-    def _watch_woken_here(self) -> None:
-        """A publish on this worker took our own watch: pull once its read is
-        done (as the eventfd's wake-up would), without the system calls."""
-        self.loop.call_soon(self._on_watch_wake, False)
 
     def _sweep_watches(self) -> None:
         """Belt and braces, as the scheduler's sweep: a watched queue with
