@@ -26,9 +26,11 @@ typedef struct {
     PyObject *failed;  /* failed(conn, exc): the fast read raised exc */
     Py_ssize_t long_read; /* a read this long is a long one (LONG_READ) */
     unsigned long sets;   /* `fast` set from Python (a close sets None): counted */
+    /* When the last fast read came (time.monotonic's clock): the keep-alive's
+     * (MqttConnection._connect_timeout), here and not in the connection's
+     * last_recv, so that a fast read leaves that cold object alone. */
+    double last_fast;
 } FrontObject;
-
-static PyObject *front_last_recv; /* "last_recv", interned */
 
 /* The fast read of `data` (non-empty): bytes taken, or -1 with an error. */
 static Py_ssize_t
@@ -36,12 +38,7 @@ front_fast_read(FrontObject *f, PyObject *fast, PyObject *data)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts); /* (time.monotonic's clock) */
-    PyObject *now = PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
-    if (now == NULL || PyObject_SetAttr(f->conn, front_last_recv, now) < 0) {
-        Py_XDECREF(now);
-        return -1;
-    }
-    Py_DECREF(now);
+    f->last_fast = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
     PyObject *args[2] = {data, PyBytes_GET_SIZE(data) >= f->long_read ? Py_True : Py_False};
     PyObject *r = Py_IS_TYPE(fast, &DeviceReadType)
                       ? DeviceRead_read((DeviceReadObject *)fast, args, 2)
@@ -162,15 +159,13 @@ Front_init(FrontObject *f, PyObject *args, PyObject *kwds)
     Py_ssize_t long_read;
     if (!PyArg_ParseTuple(args, "OOOOn:MqttFront", &conn, &rest, &counted, &failed, &long_read))
         return -1;
-    if (front_last_recv == NULL &&
-        (front_last_recv = PyUnicode_InternFromString("last_recv")) == NULL)
-        return -1;
     Py_XSETREF(f->conn, Py_NewRef(conn));
     Py_XSETREF(f->rest, Py_NewRef(rest));
     Py_XSETREF(f->counted, Py_NewRef(counted));
     Py_XSETREF(f->failed, Py_NewRef(failed));
     Py_CLEAR(f->fast);
     f->long_read = long_read;
+    f->last_fast = 0.0;
     return 0;
 }
 
@@ -211,9 +206,17 @@ static PyMethodDef Front_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *
+Front_get_last_fast_read(FrontObject *f, void *closure)
+{
+    return PyFloat_FromDouble(f->last_fast);
+}
+
 static PyGetSetDef Front_getset[] = {
     {"fast", (getter)Front_get_fast, (setter)Front_set_fast,
      "The DeviceRead or AckRead the next read goes to first (None: Python's path).", NULL},
+    {"last_fast_read", (getter)Front_get_last_fast_read, NULL,
+     "When the last fast read came, time.monotonic()'s clock (0.0: none yet).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -143,6 +143,8 @@ class MqttFront:
     """An MQTT client's socket protocol: its reads in C first (workers/_mqtt_front.h)."""
 
     fast: DeviceRead | AckRead | None
+    @property
+    def last_fast_read(self) -> float: ...
     def __init__(
         self,
         conn: Any,

@@ -342,7 +342,7 @@ class MqttConnection(asyncio.Protocol):
         keep_alive = self.connect.keep_alive if self.connect is not None else 0
         # MQTT-3.1.2-24: nothing for 1.5x the keep-alive. Woken at that deadline, not
         # every half keep-alive (an idle fleet's timers: a third as many).
-        left = self.last_recv + keep_alive * 1.5 - time.monotonic()
+        left = max(self.last_recv, self.front.last_fast_read) + keep_alive * 1.5 - time.monotonic()
         if not keep_alive:
             return
         if left < 0:

@@ -7,12 +7,15 @@ sockets."""
 
 from __future__ import annotations
 
+import select
+import time
 from collections.abc import Iterator
 
 import pika
 import pytest
 from paho.mqtt import client as paho
 
+from shoal.broker.mqtt import packets as P
 from tests.broker_process import Broker
 from tests.integration.test_mqtt import (
     WAIT_S,
@@ -21,6 +24,7 @@ from tests.integration.test_mqtt import (
     connected,
     publish_during_a_held_subscribe,
 )
+from tests.mqtt_raw import RawClient
 
 __all__ = ["clients"]
 
@@ -93,3 +97,31 @@ def test_a_device_publishing_in_c_waits_for_another_clients_subscribe(
         publish_acked(publisher, "race/2", b"warm %d" % i)
     publish_during_a_held_subscribe(broker, publisher, subscriber, "race/2")
     assert drained(amqp, "watch")[-1] == b"after the subscribe"
+
+
+def test_a_device_publishing_in_c_is_alive_to_the_keep_alive(
+    mqtt_broker: tuple[Broker, int], amqp: pika.adapters.blocking_connection.BlockingChannel
+) -> None:
+    """MQTT-3.1.2-24 for reads the front's fast read takes (their time is
+    the front's, workers/_mqtt_front.h): a device publishing every 0.5 s
+    with a keep-alive of 1 s stays connected well past 1.5 s, and is
+    disconnected 1.5 s after its last message."""
+    _broker, port = mqtt_broker
+    amqp.queue_declare("alive", auto_delete=False)
+    amqp.queue_bind("alive", "amq.topic", "alive.1")
+    device = RawClient(port, P.MQTT_311)
+    try:
+        assert device.connect("alive-1", keep_alive=1)[1] == 0
+        started = time.monotonic()
+        for i in range(8):  # (the first read learns the place; the rest in C)
+            if i:
+                assert not select.select([device.sock], [], [], 0.5)[0]  # (0.5 s: no close)
+            device.publish("alive/1", b"m%d" % i, qos=1, packet_id=i + 1)
+            last = time.monotonic()
+            assert device.read(P.PUBACK)[2] == (i + 1).to_bytes(2, "big")
+        assert last - started > 3.4
+        assert device.closed_by_broker()
+        assert 1.4 <= time.monotonic() - last <= 3.0
+    finally:
+        device.close()
+    assert len(drained(amqp, "alive")) == 8

@@ -10,6 +10,7 @@ is Inbound with a stand-in for its MqttConnection (test_mqtt_lane's Device)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -90,8 +91,6 @@ class Connected(Device):
         return len(data) - len(left[0]) if left else len(data)
 
     # What MqttFront's callbacks use of an MqttConnection.
-    last_recv = 0.0
-
     @property
     def amqp(self) -> object:
         return self.client.conn
@@ -528,3 +527,17 @@ def test_a_close_inside_a_fast_read_keeps_the_device_read_away(
     assert front.fast is None
     front.data_received(packet(P.MQTT_311, b"after", 1, 8))
     assert len(left) == 1
+
+
+def test_a_fast_read_s_time_is_the_front_s(topic_ctx: WorkerContext) -> None:
+    """The keep-alive counts a fast read (MqttConnection._connect_timeout
+    reads the front's last_fast_read besides the connection's last_recv):
+    its time is kept in the front, the connection's objects left alone."""
+    _, device, fast, _ = reading_in_c(topic_ctx)
+    front = MqttFront(device, lambda _conn, rest: None, counted, failed, 1024)
+    front.fast = fast
+    assert front.last_fast_read == 0.0
+    before = time.monotonic()
+    front.data_received(packet(P.MQTT_311, b"a", 1, 7))
+    assert before <= front.last_fast_read <= time.monotonic()
+    assert front.fast is fast and not hasattr(device, "last_recv")

@@ -21,8 +21,6 @@ WAIT_S = 5.0
 class Connection(asyncio.Protocol):
     """An MqttConnection's part the front calls: its reads and its end."""
 
-    last_recv = 0.0
-
     def __init__(self, done: asyncio.Future[None]) -> None:
         self.done = done
         self.reads: list[bytes] = []
