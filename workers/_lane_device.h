@@ -45,8 +45,8 @@
  * fails.
  * Then it arms the lane from the arena as arm() does, runs it
  * (mqtt_run_core), counts it (lane_account) and does lane_run's rest: the
- * inner connection's read counters, the confirm numbers, the PUBACKs
- * through the transport. A run that framed records or lost an entry's
+ * inner connection's read counters (owed, until fold()), the confirm
+ * numbers, the PUBACKs through the transport. A run that framed records or lost an entry's
  * queue under its append comes back as mqtt_run's tuple, uncounted:
  * lane_run's Python counts it (PublishLane.account). What the run did not
  * take (at < len(data)) is Python's path's.
@@ -72,6 +72,11 @@ typedef struct {
     BarrierWords barrier;
     long long open_state, idle_state;
     char gate_open; /* the conditions held, and nothing shut it since */
+    /* The inner connection's read counters (recv_oct, recv_cnt) owed by the
+     * reads taken since the last fold(): only its management row reads them
+     * (Connection.describe folds first), and adding to them touched that
+     * cold object at every read. */
+    long long owed_oct, owed_cnt;
 } DeviceReadObject;
 
 /* device_gate_audit(on): an open gate's conditions read anyway (tests). */
@@ -277,12 +282,13 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
             out = PyLong_FromLong(0); /* nothing taken: Python's path reads it */
         goto done;
     }
-    /* lane_run's rest: the read's counters, the confirm numbers, the
+    /* lane_run's rest: the read's counters (owed: fold), the confirm numbers, the
      * confirms (nothing waits before them: device_may_read) and so the
      * PUBACKs, now. */
     long long high, sent, seq;
-    if (attr_add(d->amqp, names.recv_oct, at) < 0 || attr_add(d->amqp, names.recv_cnt, 1) < 0 ||
-        attr_add(d->inbound, names.confirm_seq, n) < 0 ||
+    d->owed_oct += at;
+    d->owed_cnt += 1;
+    if (attr_add(d->inbound, names.confirm_seq, n) < 0 ||
         attr_ll(d->publisher, names.confirm_high, &high) < 0 ||
         attr_ll(d->publisher, names.confirm_sent, &sent) < 0 ||
         attr_ll(d->publisher, names.publish_seq, &seq) < 0)
@@ -365,6 +371,7 @@ DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
     d->open_state = open_state;
     d->idle_state = idle_state;
     d->gate_open = 0; /* (its first read reads every condition) */
+    d->owed_oct = d->owed_cnt = 0;
     return 0;
 }
 
@@ -432,6 +439,23 @@ DeviceRead_dealloc(DeviceReadObject *d)
     Py_TYPE(d)->tp_free((PyObject *)d);
 }
 
+/* fold(): the read counters owed, added to the inner connection's. */
+static PyObject *
+DeviceRead_fold(DeviceReadObject *d, PyObject *unused)
+{
+    if (d->amqp != NULL && d->owed_oct) {
+        if (attr_add(d->amqp, names.recv_oct, d->owed_oct) < 0)
+            return NULL;
+        d->owed_oct = 0;
+    }
+    if (d->amqp != NULL && d->owed_cnt) {
+        if (attr_add(d->amqp, names.recv_cnt, d->owed_cnt) < 0)
+            return NULL;
+        d->owed_cnt = 0;
+    }
+    Py_RETURN_NONE;
+}
+
 /* shut_gate(): a condition may have changed; the next read reads them all. */
 static PyObject *
 DeviceRead_shut_gate(DeviceReadObject *d, PyObject *unused)
@@ -464,6 +488,8 @@ static PyMethodDef DeviceRead_methods[] = {
      "A device's read through its lane, counted and confirmed; 0: Python's path reads it."},
     {"shut_gate", (PyCFunction)DeviceRead_shut_gate, METH_NOARGS,
      "A condition may have changed: the next read reads them all again."},
+    {"fold", (PyCFunction)DeviceRead_fold, METH_NOARGS,
+     "The reads' counters owed since the last fold, added to the inner connection's."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -619,6 +619,8 @@ class Connection(asyncio.Protocol):
         (workers/describe.py); {} before it is open."""
         if self.state != OPEN or self.transport is None:
             return {}
+        if self.device_gate is not None:  # (an MQTT device's reads, counted in C)
+            self.device_gate.fold()
         channels = [channel.describe() for channel in self.channels.values()]
         return describe.connection_row(self, self.transport, channels)
 

@@ -169,6 +169,8 @@ def device_read(
     taking other lanes' places (ROTATING), or keeping PUBLISH records.
     The inner connection keeps it as its `device_gate`, which it shuts
     wherever what the DeviceRead checks may change."""
+    if amqp.device_gate is not None:
+        amqp.device_gate.fold()  # (the read counters the last one owes)
     amqp.device_gate = None
     publish_lane = amqp.publish_lane
     if publish_lane is None or publish_lane.stores or publish_lane.learnt_here >= ROTATING:

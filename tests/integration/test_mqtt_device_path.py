@@ -125,3 +125,25 @@ def test_a_device_publishing_in_c_is_alive_to_the_keep_alive(
     finally:
         device.close()
     assert len(drained(amqp, "alive")) == 8
+
+
+def test_a_device_s_reads_in_c_are_counted_in_its_connection_s_row(
+    mqtt_broker: tuple[Broker, int],
+    clients: list[Client],
+    amqp: pika.adapters.blocking_connection.BlockingChannel,
+) -> None:
+    """list_connections' recv_oct and recv_cnt count the reads DeviceRead
+    takes (owed in C, folded into the row when it is made)."""
+    from tests.integration.test_ctl import rows
+
+    broker, port = mqtt_broker
+    amqp.queue_declare("counted", auto_delete=False)
+    amqp.queue_bind("counted", "amq.topic", "meter.1")
+    device = connected(clients, port, paho.MQTTv311, "meter-1")
+    body = b"x" * 200
+    for _ in range(30):
+        publish_acked(device, "meter/1", body)
+    listed = rows(broker, "list_connections", "recv_oct", "recv_cnt", "client_properties")
+    (row,) = [r for r in listed if r["client_properties"].get("client_id") == "meter-1"]  # type: ignore[attr-defined]
+    assert row["recv_cnt"] >= 30 and row["recv_oct"] >= 30 * len(body)  # type: ignore[operator]
+    assert len(drained(amqp, "counted")) == 30
