@@ -28,6 +28,14 @@
  *     channel and publisher, read from them now (workers/lane.py);
  *   - nothing that lets confirms wait (lane_run's condition for sending them
  *     at once: no PUBACK held, no inner frames unread, nothing unsynced).
+ * Then it arms the lane from the arena as arm() does, runs it
+ * (mqtt_run_core), counts it (lane_account) and does lane_run's rest: the
+ * inner connection's read counters (owed, until fold()), the confirm
+ * numbers, the PUBACKs through the transport. A run that framed records or
+ * lost an entry's queue under its append comes back as mqtt_run's tuple,
+ * uncounted: lane_run's Python counts it (PublishLane.account). What the
+ * run did not take (at < len(data)) is Python's path's.
+ *
  * The conditions on the device's own objects (all but the barrier, the
  * generations, the size limit and the pager, read every time) are read
  * once and then stand behind a gate: a thousand devices a worker find
@@ -43,13 +51,6 @@
  * drops the DeviceRead: _mqtt_front.h.) With device_gate_audit(True) (the
  * test runs) an open gate reads the conditions anyway and raises where one
  * fails.
- * Then it arms the lane from the arena as arm() does, runs it
- * (mqtt_run_core), counts it (lane_account) and does lane_run's rest: the
- * inner connection's read counters (owed, until fold()), the confirm
- * numbers, the PUBACKs through the transport. A run that framed records or lost an entry's
- * queue under its append comes back as mqtt_run's tuple, uncounted:
- * lane_run's Python counts it (PublishLane.account). What the run did not
- * take (at < len(data)) is Python's path's.
  *
  * Included by _wire.c after _lane_account.h; part of that module. */
 
@@ -282,9 +283,9 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
             out = PyLong_FromLong(0); /* nothing taken: Python's path reads it */
         goto done;
     }
-    /* lane_run's rest: the read's counters (owed: fold), the confirm numbers, the
-     * confirms (nothing waits before them: device_may_read) and so the
-     * PUBACKs, now. */
+    /* lane_run's rest: the read's counters (owed: fold), the confirm
+     * numbers, the confirms (nothing waits before them: device_may_read) and
+     * so the PUBACKs, now. */
     long long high, sent, seq;
     d->owed_oct += at;
     d->owed_cnt += 1;
