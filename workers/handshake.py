@@ -249,12 +249,12 @@ OPENING = "opening"  # the read holder while the scheduler counts the connection
 def may_handshake(handshaking: set[WorkerConnection], limit: int, conn: WorkerConnection) -> bool:
     """Whether fewer than `limit` (max_handshaking) connections of this
     worker are logging in (`handshaking`, its set); if so `conn` counts
-    among them. Not a scan of every
-    connection per accept: 10,000 devices reconnecting to a worker after a
-    restart would make that 50 million looks. The set is pruned of those
-    past their handshake only when it is full: a look at the limit's worth
-    of connections per `limit` accepted, unless they are all still logging
-    in (a flood, refused one by one as before)."""
+    among them. Not a scan of every connection per accept: 10,000 devices
+    reconnecting to a worker after a restart would make that 50 million
+    looks. The set is pruned of those past their handshake only when it is
+    full: a look at the limit's worth of connections per `limit` accepted,
+    unless they are all still logging in (a flood, refused one by one as
+    before)."""
     if len(handshaking) >= limit:
         for other in [c for c in handshaking if c.state >= OPEN]:
             handshaking.discard(other)
