@@ -478,6 +478,12 @@ class Layout:
             WATCH_WORKER + worker,
         )
 
+    def ack_geometry(self) -> tuple[int, int]:
+        """Where a subscriber's reads of PUBACKs in C (workers/_ack_read.h)
+        find a settled queue's words from its queue's offset: (Q_UID,
+        Q_CAPACITY)."""
+        return Q_UID, Q_CAPACITY
+
     def proc(self, slot: int) -> int:
         return self.procs + slot * PROC_SIZE
 

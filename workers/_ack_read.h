@@ -26,7 +26,9 @@
  * that are the channel's oldest deliveries, in order (what a subscriber's
  * PUBACKs are), are settled as DeliveryBook.settle settles a multiple ack:
  * ack_run deletes the first queue's run of them in C, its counts go where
- * _ack_run puts them, and Python's _ack_tags settles any rest; the
+ * _ack_run puts them (the queue's run_args and its uid and capacity words
+ * kept for the next read of the same queue: no Python call for those), and
+ * Python's _ack_tags settles any rest; the
  * consumers' credit comes back through _credit_back. Other tags go to
  * MqttConnection's acks and _end_batch, as the read's batch would.
  *
@@ -36,7 +38,7 @@
     X(closed) X(busy) X(acks) X(buffer) X(plain) X(out) X(open) X(outbound) X(amqp) X(closing)  \
     X(flow_blocked) X(flow_backlog) X(state) X(tx) X(timed_out_tags) X(acked) X(unacked) X(a)      \
     X(unacked_bytes) X(gets) X(run_args) X(uid) X(drained) X(settle_many) X(_ack_tags)           \
-    X(_credit_back) X(_end_batch) X(pop)
+    X(_credit_back) X(_end_batch) X(pop) X(records_settles)
 
 #define ACK_NAME_FIELD(name) PyObject *name;
 static struct {
@@ -65,6 +67,16 @@ typedef struct {
      * statistics list. */
     PyObject *shared, *table, *persist, *stats;
     PyObject *number; /* channel 1's key */
+    /* What ack_settle looked up of the queue a read settled, kept while
+     * the next reads settle the same one (a subscriber's one session
+     * queue): SharedQueues.run_args' tuple for args_qid (its last item,
+     * whether its settles are recorded, checked again each time: the
+     * worker's events say whether the store records any, the queue's uid
+     * word whether it is durable) and the queue's uid and capacity words
+     * (QueueTable.uid, SharedQueues._drained's first load). */
+    PyObject *events, *args_qid, *args;
+    uint64_t *uid_word, *capacity_word;
+    Py_ssize_t q_uid, q_capacity; /* shm/layout.py's Q_UID, Q_CAPACITY */
     BarrierWords barrier;
     long long idle_state, nothing;
     Py_ssize_t stat_acknowledged;
@@ -155,6 +167,48 @@ ack_call(PyObject *obj, PyObject *name, PyObject *const *args, size_t nargs)
     return 0;
 }
 
+/* SharedQueues.run_args(qid) (a new reference; None as it says), from
+ * what an earlier settle of the same queue kept where its last item still
+ * holds; else asked again, and its words found. NULL with an error set. */
+static PyObject *
+ack_run_args(AckReadObject *d, PyObject *qid)
+{
+    int same = d->args_qid == NULL ? 0 : PyObject_RichCompareBool(d->args_qid, qid, Py_EQ);
+    if (same < 0)
+        return NULL;
+    if (same) {
+        int records = attr_true(d->events, anames.records_settles);
+        if (records < 0)
+            return NULL;
+        int durable = __atomic_load_n(d->uid_word, __ATOMIC_SEQ_CST) != 0;
+        if ((PyTuple_GET_ITEM(d->args, 8) == Py_True) == (records && durable))
+            return Py_NewRef(d->args);
+    }
+    PyObject *args = PyObject_CallMethodOneArg(d->shared, anames.run_args, qid);
+    if (args == NULL || args == Py_None)
+        return args; /* (None: the crash tests' atomics; nothing kept) */
+    if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 9) {
+        Py_DECREF(args);
+        PyErr_SetString(PyExc_TypeError, "run_args: a tuple of 9");
+        return NULL;
+    }
+    Py_ssize_t queue = PyLong_AsSsize_t(PyTuple_GET_ITEM(args, 1));
+    uint64_t *uid = queue < 0 ? NULL : queues_api->word(PyTuple_GET_ITEM(args, 0), queue + d->q_uid);
+    uint64_t *capacity =
+        uid == NULL ? NULL : queues_api->word(PyTuple_GET_ITEM(args, 0), queue + d->q_capacity);
+    if (capacity == NULL) {
+        Py_DECREF(args);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a queue's words outside the segment");
+        return NULL;
+    }
+    Py_XSETREF(d->args_qid, Py_NewRef(qid));
+    Py_XSETREF(d->args, Py_NewRef(args));
+    d->uid_word = uid;
+    d->capacity_word = capacity;
+    return args;
+}
+
 /* DeliveryBook.settle(tags[-1], multiple) of tags that are the book's
  * oldest: _ack_run's part in C, the rest and the credit by its Python.
  * 0, or -1 with an error set. */
@@ -179,12 +233,16 @@ ack_settle(AckReadObject *d, PyObject *tags)
     if (seq == -1 && PyErr_Occurred())
         goto done;
     if (seq >= 0) { /* (a browser's copy took nothing: Python's rest settles it) */
-        args = PyObject_CallMethodOneArg(d->shared, anames.run_args, qid);
+        args = ack_run_args(d, qid);
         if (args == NULL)
             goto done;
     }
     if (args != NULL && args != Py_None) {
-        if ((uid = PyObject_CallMethodOneArg(d->table, anames.uid, qid)) == NULL)
+        /* QueueTable.uid's load (words kept with args: the crash tests'
+         * atomics take Python's, with no words) */
+        uid = d->args == args ? PyLong_FromUnsignedLongLong(__atomic_load_n(d->uid_word, __ATOMIC_SEQ_CST))
+                              : PyObject_CallMethodOneArg(d->table, anames.uid, qid);
+        if (uid == NULL)
             goto done;
         PyObject *run[5] = {args, qid, d->unacked, upto, uid};
         if ((ran = ack_run(NULL, run, 5)) == NULL)
@@ -217,7 +275,9 @@ ack_settle(AckReadObject *d, PyObject *tags)
                            PySet_Add(touched, consumer) < 0)
                     goto done;
             }
-            if (ack_call(d->shared, anames.drained, &qid, 1) < 0)
+            /* SharedQueues.drained: nothing to release without a capacity */
+            if ((d->args != args || __atomic_load_n(d->capacity_word, __ATOMIC_SEQ_CST)) &&
+                ack_call(d->shared, anames.drained, &qid, 1) < 0)
                 goto done;
         }
     }
@@ -318,13 +378,14 @@ static int
 AckRead_init(AckReadObject *d, PyObject *args, PyObject *kwds)
 {
     PyObject *o[15];
-    PyObject *barrier;
+    PyObject *barrier, *events;
     long long idle_state, nothing;
-    Py_ssize_t stat_acknowledged;
-    if (!PyArg_ParseTuple(args, "OOOOOO!OOOOOOOO!OO!LLn:AckRead", &o[0], &o[1], &o[2], &o[3],
+    Py_ssize_t stat_acknowledged, q_uid, q_capacity;
+    if (!PyArg_ParseTuple(args, "OOOOOO!OOOOOOOO!OO!LLnOnn:AckRead", &o[0], &o[1], &o[2], &o[3],
                           &o[4], &PyDict_Type, &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11],
                           &o[12], &PyList_Type, &o[13], &o[14], &PyTuple_Type, &barrier,
-                          &idle_state, &nothing, &stat_acknowledged))
+                          &idle_state, &nothing, &stat_acknowledged, &events, &q_uid,
+                          &q_capacity))
         return -1;
     PyObject *ids = PyObject_GetAttr(o[3], anames.unacked);
     PyObject *unacked = ids == NULL ? NULL : PyObject_GetAttr(o[7], anames.unacked);
@@ -354,12 +415,19 @@ AckRead_init(AckReadObject *d, PyObject *args, PyObject *kwds)
     d->idle_state = idle_state;
     d->nothing = nothing;
     d->stat_acknowledged = stat_acknowledged;
+    Py_XSETREF(d->events, Py_NewRef(events));
+    Py_CLEAR(d->args_qid);
+    Py_CLEAR(d->args);
+    d->uid_word = d->capacity_word = NULL;
+    d->q_uid = q_uid;
+    d->q_capacity = q_capacity;
     return 0;
 }
 
 #define ACK_FIELDS(X)                                                                           \
     X(conn) X(inbound) X(reader) X(outbound) X(ids) X(amqp) X(channels) X(channel) X(delivery)  \
-    X(unacked) X(publisher) X(transactions) X(shared) X(table) X(persist) X(stats) X(number)
+    X(unacked) X(publisher) X(transactions) X(shared) X(table) X(persist) X(stats) X(number)  \
+    X(events) X(args_qid) X(args)
 
 static int
 AckRead_traverse(AckReadObject *d, visitproc visit, void *arg)

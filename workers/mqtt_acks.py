@@ -41,5 +41,5 @@ def ack_read(conn: Subscriber) -> AckRead | None:
         conn, conn.inbound, conn.reader, outbound, amqp, amqp.channels, channel, delivery,
         channel.publisher, delivery.transactions, ctx.shared, ctx.shared.table, ctx.persist,
         delivery.stats, CHANNEL, barrier.words, IDLE,
-        NOTHING_TO_ACK, stats.ACKNOWLEDGED,
+        NOTHING_TO_ACK, stats.ACKNOWLEDGED, ctx.shared.events, *ctx.shared.layout.ack_geometry(),
     )  # fmt: skip

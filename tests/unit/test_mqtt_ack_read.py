@@ -153,6 +153,66 @@ def test_tags_that_are_not_the_oldest_go_to_the_reads_batch(big_ctx: WorkerConte
     assert counts(big_ctx, qid, consumer, sub)[0] == MESSAGES - 2
 
 
+class Recorder:
+    """A persist that keeps the settles it is given."""
+
+    def __init__(self) -> None:
+        self.settled: list[Any] = []
+
+    def settle_many(self, settled: list[Any]) -> None:
+        self.settled.append(list(settled))
+
+
+def test_a_queue_settled_again_is_looked_up_once_until_it_records(
+    big_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a read looked up of its queue (run_args) serves the next reads
+    of the same queue, until whether its settles are recorded changes (the
+    store records them and the queue is durable): then it asks again, and
+    ack_run gets the answer that records them (no settle left unrecorded)."""
+    _client, qid, consumer, sub = delivered(big_ctx)
+    shared = big_ctx.shared
+    asked: list[Any] = []
+    run_args = type(shared).run_args
+    monkeypatch.setattr(
+        type(shared), "run_args", lambda self, q: asked.append(run_args(self, q)) or asked[-1]
+    )
+    big_ctx.persist = recorder = Recorder()  # type: ignore[assignment]
+    fast = ack_read(sub)
+    assert fast is not None
+    for first in (101, 103, 105):
+        assert fast.read(pubacks(first, first + 1), False) == 8
+    assert len(asked) == 1 and asked[0][-1] is False
+    assert counts(big_ctx, qid, consumer, sub)[0] == MESSAGES - 6
+    monkeypatch.setattr(shared.events, "records_settles", True)
+    assert fast.read(pubacks(107), False) == 4  # not durable: the same answer
+    assert len(asked) == 1
+    shared.table.set_uid(qid, 7)  # durable now: its settles are recorded
+    assert fast.read(pubacks(108), False) == 4
+    assert len(asked) == 2 and asked[1][-1] is True
+    assert counts(big_ctx, qid, consumer, sub)[0] == MESSAGES - 8
+    assert recorder.settled == [] or all(recorder.settled)
+
+
+def test_a_queue_with_a_capacity_releases_its_publishers_after_a_read(
+    big_ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SharedQueues.drained, asked after a read that deleted entries only
+    where the queue has a capacity (its first load, in C)."""
+    _client, qid, consumer, sub = delivered(big_ctx)
+    shared = big_ctx.shared
+    drained: list[int] = []
+    monkeypatch.setattr(type(shared), "drained", lambda _self, q: drained.append(q))
+    fast = ack_read(sub)
+    assert fast is not None
+    assert fast.read(pubacks(101), False) == 4
+    assert drained == []
+    shared.a.store(shared.layout.queue(qid) + L.Q_CAPACITY, 1 << 20)
+    assert fast.read(pubacks(102, 103), False) == 8
+    assert drained == [qid]
+    assert counts(big_ctx, qid, consumer, sub)[0] == MESSAGES - 3
+
+
 def subscribing(ctx: WorkerContext) -> int:
     """A SUBSCRIBE of this worker's begun (a broker's header counts its
     workers: the test segment's does not until told)."""
