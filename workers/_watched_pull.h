@@ -517,7 +517,7 @@ write_fail: {
 }
 
 /* pull_each(qids, watching, go_on): a wake-up's pulls, as
- * Worker._on_watch_wake's loop: for each queue drained from the worker's
+ * A wake-up's loop (wake, below): for each queue drained from the worker's
  * bitmap, the consumer that watches it (none: skipped, the watch dropped
  * meanwhile) pulled, and where Python goes on, go_on(consumer, answer)
  * (pull.py go_on_watched). One C loop for a fan-out's thousand queues. */
@@ -546,6 +546,118 @@ WatchedPull_pull_each(WatchedPullObject *w, PyObject *const *args, Py_ssize_t na
         if (done == NULL)
             return NULL;
         Py_DECREF(done);
+    }
+    Py_RETURN_NONE;
+}
+
+/* A flush's exception given to flush_failed (it logs it), or its own
+ * failure reported as unraisable: the next flushes still run. */
+static void
+wp_flush_failed(PyObject *flush_failed)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *r = value == NULL ? NULL : PyObject_CallOneArg(flush_failed, value);
+    if (r == NULL)
+        PyErr_WriteUnraisable(flush_failed);
+    Py_XDECREF(r);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+/* wake(efd, bitmap, words, ctx, watching, go_on, flush_failed): a watch's
+ * wake-up (Worker._on_watch_wake) in one call, without its Python frames:
+ * the worker's eventfd read (efd < 0: woken by Waker.on_local, nothing to
+ * read), its bitmap's `words` drained at offset `bitmap` (Waker._drain's
+ * take_bits), pull_each of those queues while ctx.flushes_now holds the
+ * flushes their connections ask for, and then those flushes, each its own:
+ * one that raises an Exception goes to flush_failed(exc) and the rest
+ * still run. */
+static PyObject *
+WatchedPull_wake(WatchedPullObject *w, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyDict_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "wake(efd, bitmap, words, ctx, watching: dict, go_on, flush_failed)");
+        return NULL;
+    }
+    long efd = PyLong_AsLong(args[0]);
+    Py_ssize_t bitmap = PyLong_AsSsize_t(args[1]), words = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    uint64_t *word = words > 0 && bitmap >= 0 ? wp_word(w, bitmap) : NULL;
+    if (word == NULL || wp_word(w, bitmap + (words - 1) * 8) == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "wake: a bitmap of at least one word");
+        return NULL;
+    }
+    PyObject *ctx = args[3], *flush_failed = args[6];
+    PyObject *held = PyList_New(0);
+    if (held == NULL || PyObject_SetAttr(ctx, wpnames.flushes_now, held) < 0) {
+        Py_XDECREF(held);
+        return NULL;
+    }
+    int r = 0;
+    if (efd >= 0) {
+        uint64_t count;
+        if (read((int)efd, &count, sizeof count) < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            PyErr_SetFromErrno(PyExc_OSError); /* (os.eventfd_read's; empty: nothing) */
+            r = -1;
+        }
+    }
+    PyObject *qids = r < 0 ? NULL : PyList_New(0);
+    for (Py_ssize_t i = 0; qids != NULL && i < words; i++) {
+        if (!__atomic_load_n(word + i, __ATOMIC_SEQ_CST))
+            continue;
+        uint64_t bits = __atomic_exchange_n(word + i, 0, __ATOMIC_SEQ_CST);
+        while (bits) {
+            PyObject *qid = PyLong_FromSsize_t(i * 64 + __builtin_ctzll(bits));
+            if (qid == NULL || PyList_Append(qids, qid) < 0)
+                Py_CLEAR(qids); /* (the bits taken are the sweeps' to find) */
+            Py_XDECREF(qid);
+            bits &= bits - 1;
+            if (qids == NULL)
+                break;
+        }
+    }
+    if (qids != NULL && PyList_GET_SIZE(qids)) {
+        PyObject *each[3] = {qids, args[4], args[5]};
+        PyObject *done = WatchedPull_pull_each(w, each, 3);
+        r = done == NULL ? -1 : 0;
+        Py_XDECREF(done);
+    } else if (qids == NULL)
+        r = -1;
+    Py_XDECREF(qids);
+    /* finally: the flushes held, each its own */
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    if (PyObject_SetAttr(ctx, wpnames.flushes_now, Py_None) < 0)
+        PyErr_WriteUnraisable(ctx);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(held); i++) {
+        PyObject *flush = Py_NewRef(PyList_GET_ITEM(held, i));
+        PyObject *done = PyObject_CallNoArgs(flush);
+        Py_DECREF(flush);
+        if (done != NULL) {
+            Py_DECREF(done);
+            continue;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) { /* (as Python's: it goes up now) */
+            Py_XDECREF(exc_type);
+            Py_XDECREF(exc_value);
+            Py_XDECREF(exc_tb);
+            Py_DECREF(held);
+            return NULL;
+        }
+        wp_flush_failed(flush_failed);
+    }
+    Py_DECREF(held);
+    if (exc_type != NULL) {
+        PyErr_Restore(exc_type, exc_value, exc_tb);
+        return NULL;
     }
     Py_RETURN_NONE;
 }
@@ -633,6 +745,8 @@ static PyMethodDef WatchedPull_methods[] = {
      "A watch's wake-up pull: None, or (code, a, b, c) for Python to go on."},
     {"pull_each", (PyCFunction)(void (*)(void))WatchedPull_pull_each, METH_FASTCALL,
      "A wake-up's pulls of the queues drained, each watching consumer's."},
+    {"wake", (PyCFunction)(void (*)(void))WatchedPull_wake, METH_FASTCALL,
+     "A watch's wake-up: the eventfd, the bitmap drained, its pulls and their flushes."},
     {NULL, NULL, 0, NULL},
 };
 

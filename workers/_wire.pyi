@@ -139,6 +139,17 @@ class WatchedPull:
         go_on: Callable[[Any, tuple[int, int, int, int]], None],
         /,
     ) -> None: ...
+    def wake(
+        self,
+        efd: int,
+        bitmap: int,
+        words: int,
+        ctx: Any,
+        watching: dict[int, Any],
+        go_on: Callable[[Any, tuple[int, int, int, int]], None],
+        flush_failed: Callable[[BaseException], object],
+        /,
+    ) -> None: ...
 
 class MqttFront:
     """An MQTT client's socket protocol: its reads in C first (workers/_mqtt_front.h)."""

@@ -66,6 +66,12 @@ GC_YOUNG = 10_000
 log = logging.getLogger("shoal.worker")
 
 
+def _flush_failed(exc: BaseException) -> None:
+    """A connection's flush at a watch's wake-up raised: logged, and the
+    wake-up's other flushes still run (one connection's fault stays its own)."""
+    log.error("a connection's flush failed", exc_info=exc)
+
+
 def watched_pull(ctx: WorkerContext) -> WatchedPull | None:
     """The C pull of a watched queue's only consumer (workers/_watched_pull.h)
     over this worker's shared queues; None where their atomics are not the
@@ -137,15 +143,22 @@ class Worker:
         ctx.hello()
         self.handoff_sock.setblocking(False)
         loop.add_reader(self.handoff_sock.fileno(), self._on_handoff)
+        self.watched = watched = watched_pull(ctx)
         if self.index < len(ctx.waker.worker_efds):
-            loop.add_reader(ctx.waker.worker_efds[self.index], self._on_watch_wake)
+            efd = ctx.waker.worker_efds[self.index]
             ctx.waker.local = self.index
-            # A publish here took our own watch: pull once its read is done
-            # (as the eventfd's wake-up would), without the system calls; a
-            # partial, not a method: no Python frame per wake-up.
-            ctx.waker.on_local = functools.partial(loop.call_soon, self._on_watch_wake, False)
+            if watched is not None:
+                # The wake-up in one C call (WatchedPull.wake): no Python
+                # frame per wake-up, from the eventfd or from a publish here
+                # that took our own watch (pulled once its read is done, as
+                # the eventfd's wake-up would, without the system calls).
+                wake = self._wake_args()
+                loop.add_reader(efd, watched.wake, efd, *wake)
+                ctx.waker.on_local = functools.partial(loop.call_soon, watched.wake, -1, *wake)
+            else:
+                loop.add_reader(efd, self._on_watch_wake)
+                ctx.waker.on_local = functools.partial(loop.call_soon, self._on_watch_wake, False)
         ctx.waker.defer_to(loop.call_soon)  # one eventfd write per iteration (shm/wake.py)
-        self.watched = watched_pull(ctx)
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
@@ -325,6 +338,15 @@ class Worker:
         else:
             give_back_watch(self.ctx, consumer, m.taken)
 
+    def _wake_args(self) -> tuple[Any, ...]:
+        """WatchedPull.wake's arguments after the eventfd: this worker's
+        bitmap and its words, the context, its watching consumers, how
+        Python goes on after a pull, and what logs a flush's failure."""
+        ctx = self.ctx
+        words = self.seg.layout.limits.max_queues // 64
+        bitmap = self.seg.layout.worker_bitmap(self.index)
+        return bitmap, words, ctx, ctx.watching, self.go_on_watched, _flush_failed
+
     def _on_watch_wake(self, eventfd: bool = True) -> None:
         """A publisher took the watch of a queue whose only consumer is ours
         (shm/wake.py): pull it, as a NOTIFY would. The connections the pulls
@@ -333,28 +355,29 @@ class Worker:
         where a fan-out's next message (a read to append to 1,000 queues)
         came before this one's deliveries were written: fan-out QoS 1 to
         1,000 MQTT subscribers 1.2x the messages a second, CPU 0.8x
-        (docs/benchmarks.md)."""
+        (docs/benchmarks.md). With the C pull this is WatchedPull.wake (run
+        registers it without this frame); Python's is the crash tests'."""
         ctx = self.ctx
+        watched = self.watched
+        if watched is not None:
+            efd = ctx.waker.worker_efds[self.index] if eventfd else -1
+            watched.wake(efd, *self._wake_args())
+            return
         max_queues = self.seg.layout.limits.max_queues
         held: list[Callable[[], None]] = []
         ctx.flushes_now = held
-        watched = self.watched
         try:
-            qids = ctx.waker.drain_worker(self.index, max_queues, eventfd)
-            if watched is not None:
-                watched.pull_each(qids, ctx.watching, self.go_on_watched)
-            else:
-                for qid in qids:
-                    consumer = ctx.watching.get(qid)
-                    if consumer is not None:
-                        pull(ctx, consumer)
+            for qid in ctx.waker.drain_worker(self.index, max_queues, eventfd):
+                consumer = ctx.watching.get(qid)
+                if consumer is not None:
+                    pull(ctx, consumer)
         finally:
             ctx.flushes_now = None
             for flush in held:
                 try:
                     flush()
-                except Exception:  # (one connection's fault stays its own)
-                    log.exception("a connection's flush failed")
+                except Exception as exc:  # (one connection's fault stays its own)
+                    _flush_failed(exc)
 
     def _sweep_watches(self) -> None:
         """Belt and braces, as the scheduler's sweep: a watched queue with

@@ -12,8 +12,10 @@ watch the same.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +234,58 @@ def test_its_write_shuts_a_device_s_gate_as_connection_write_does(
     wake(ctx, client, path)
     assert gate.shut == 1
     assert len(state(ctx, client)["deliveries"]) == 2
+
+
+def bitmap_word(ctx: WorkerContext) -> int:
+    return int(ctx.seg.atomic.load(ctx.seg.layout.worker_bitmap(ctx.index)))
+
+
+def test_a_wake_up_in_one_call_reads_drains_pulls_and_flushes(
+    ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WatchedPull.wake, Worker's eventfd callback: the eventfd read, the
+    worker's bitmap drained, the watching consumer pulled, and the flush
+    its connection asked for run before it returns (no loop turn); a flush
+    that raises is flush_failed's, not the wake-up's."""
+    client = watching_consumer(ctx)
+    fill(ctx, 2)
+    watched = watched_pull(ctx)
+    assert watched is not None
+    bitmap = ctx.seg.layout.worker_bitmap(ctx.index)
+    ctx.seg.atomic.store(bitmap, 1 << QID)  # a publisher took the watch
+    efd = os.eventfd(0, os.EFD_NONBLOCK)
+    try:
+        os.eventfd_write(efd, 1)
+        failed: list[BaseException] = []
+        conn = client.conn
+        flush = conn.scheduled_flush
+
+        def failing_flush() -> None:  # (writes, then fails)
+            flush()
+            raise ZeroDivisionError
+
+        monkeypatch.setattr(conn, "scheduled_flush", failing_flush)
+        words = LIMITS.max_queues // 64
+        watched.wake(
+            efd, bitmap, words, ctx, ctx.watching, partial(go_on_watched, ctx), failed.append
+        )
+        assert ctx.flushes_now is None
+        got = state(ctx, client)  # (no loop turn: written by the wake-up)
+        assert got["deliveries"] == [(1, "ctag", False), (2, "ctag", False)]
+        assert [type(e) for e in failed] == [ZeroDivisionError]
+        assert bitmap_word(ctx) == 0
+        with pytest.raises(BlockingIOError):
+            os.eventfd_read(efd)  # read by the wake-up
+        # Woken by a publish of this worker's (on_local): no eventfd to read.
+        os.eventfd_write(efd, 1)
+        fill(ctx, 1)
+        ctx.seg.atomic.store(bitmap, 1 << QID)
+        watched.wake(
+            -1, bitmap, words, ctx, ctx.watching, partial(go_on_watched, ctx), failed.append
+        )
+        assert state(ctx, client)["deliveries"] == [(3, "ctag", False)]
+        assert os.eventfd_read(efd) == 1
+    finally:
+        os.close(efd)
+    with pytest.raises(ValueError):
+        watched.wake(-1, bitmap, 0, ctx, ctx.watching, print, print)
