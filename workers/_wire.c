@@ -510,6 +510,7 @@ done:
 #define HEADERS_BIT 0x20       /* 0x2000 */
 #define LANE_ROUTES 1024       /* the most routes a lane keeps */
 #define LANE_TOUCHED 64        /* queues one run may append to */
+#define LANE_TOUCHED_INLINE 4  /* of them, held in the lane itself (a device's run: one) */
 
 /* Bodies' size buckets (shm/stats.py SIZE_BOUNDS): the first bound a body
  * does not exceed; the last bucket is above all. */
@@ -559,7 +560,12 @@ typedef struct {
     long long n;
     unsigned long long body_bytes;
     long long buckets[SIZE_BUCKET_COUNT];
-    LaneTouch touched[LANE_TOUCHED];
+    /* The run's queues: touched_inline until a run appends to more, then
+     * an array of LANE_TOUCHED kept for the lane's life (an idle MQTT
+     * connection's lane was 3 KiB of this list, a tenth of the connection). */
+    LaneTouch *touched;
+    LaneTouch touched_inline[LANE_TOUCHED_INLINE];
+    int touched_cap;
     int ntouched, allocated;
     long long gone_seq;
     Py_ssize_t gone_block;
@@ -616,6 +622,23 @@ route_slot(LaneObject *lane, uint64_t hash, const unsigned char *ex, Py_ssize_t 
     }
 }
 
+/* The run's list of queues moved from the lane's inline few to an array
+ * of LANE_TOUCHED: 0, or -1 (no error set) where it is that already or
+ * the memory is not there (the run then stops as at a full list). */
+static int
+lane_touched_grow(LaneObject *lane)
+{
+    if (lane->touched_cap >= LANE_TOUCHED || lane->touched != lane->touched_inline)
+        return -1;
+    LaneTouch *touched = PyMem_Malloc(LANE_TOUCHED * sizeof(LaneTouch));
+    if (touched == NULL)
+        return -1;
+    memcpy(touched, lane->touched_inline, sizeof lane->touched_inline);
+    lane->touched = touched;
+    lane->touched_cap = LANE_TOUCHED;
+    return 0;
+}
+
 /* The touches' own references, dropped (take() has reported them). */
 static void
 lane_untouch(LaneObject *lane)
@@ -670,6 +693,10 @@ Lane_init(LaneObject *self, PyObject *args, PyObject *kwds)
     }
     Py_XSETREF(self->atomic, Py_NewRef(atomic));
     lane_forget(self);
+    if (self->touched == NULL) {
+        self->touched = self->touched_inline;
+        self->touched_cap = LANE_TOUCHED_INLINE;
+    }
     self->configured = self->armed = 0;
     self->gone_seq = -1;
     return 0;
@@ -680,6 +707,8 @@ Lane_dealloc(LaneObject *self)
 {
     lane_untouch(self);
     lane_forget(self);
+    if (self->touched != self->touched_inline)
+        PyMem_Free(self->touched);
     PyMem_Free(self->records);
     Py_XDECREF(self->atomic);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -1156,7 +1185,7 @@ lane_take(LaneObject *lane, const unsigned char *ex, Py_ssize_t ex_len, const un
         return 0;
     if ((uint64_t)bsize > lane->max_body || lane->used > lane->page_out_high)
         return 0;
-    if (!route->touched && lane->ntouched == LANE_TOUCHED)
+    if (!route->touched && lane->ntouched == lane->touched_cap && lane_touched_grow(lane) < 0)
         return 0; /* the run's list of queues is full: the rest next read */
     Py_ssize_t payload = MSG_PREFIX_SIZE + ex_len + rk_len + hsize + bsize;
     Py_ssize_t record_bytes = 0;

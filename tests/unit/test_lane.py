@@ -456,6 +456,26 @@ def test_the_lane_knows_every_queue_a_publisher_rotates_over(big_ctx: WorkerCont
         assert queue_bodies(big_ctx, qid) == [b"first"] + [b"%d" % n for n in range(rounds)]
 
 
+def test_a_run_over_more_queues_than_its_list_holds_stops_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """A read that rotates over 70 queues: the run's list of queues grows
+    from the lane's own few to its 64 and stops at the 65th queue (the rest
+    of the read goes on after it); every queue gets its messages, in order."""
+    limits = L.Limits(max_workers=1, max_queues=128, queue_capacity=1 << 10, arena_bytes=4 << 20)
+    for ctx in worker_context(tmp_path, limits):
+        names = [b"many%d" % i for i in range(70)]
+        client, qids = opened(ctx, *names)
+        for name in names:  # one read each: each teaches the lane its place
+            client.send(publish(1, b"first", routing_key=name.decode()))
+        assert client.conn.publish_lane is not None
+        before = lane_taken(client)
+        client.send(rotation(names, 3))
+        assert lane_taken(client) - before >= 64
+        for qid in qids:
+            assert queue_bodies(ctx, qid) == [b"first", b"0", b"1", b"2"]
+
+
 def test_a_lane_run_counts_once_then_takes_the_watch_of_each_queue_it_appended_to(
     big_ctx: WorkerContext,
 ) -> None:
