@@ -27,6 +27,7 @@ from shoal.workers.get import Getter
 from shoal.workers.memory_guard import ALARM_PENDING
 from shoal.workers.publish import Publisher
 from shoal.workers.tx import Transactions
+from shoal.workers.unmade import UNMADE
 
 log = logging.getLogger("shoal.worker")
 
@@ -68,7 +69,7 @@ class Channel:
         self.counted_user: str | None = None  # the user its worker's census counts it under
         self.closing = False
         self.busy = False
-        self.backlog: deque[tuple[int, memoryview]] = deque()
+        self.backlog: deque[tuple[int, memoryview]] = UNMADE
         # Publishes (and what follows them) kept while the connection is
         # flow-blocked on a queue over capacity (shm/flow.py).
         self.flow_backlog: deque[tuple[int, memoryview]] = deque()
@@ -150,6 +151,8 @@ class Channel:
 
     def handle(self, ftype: int, payload: memoryview) -> None:
         if self.busy:
+            if self.backlog is UNMADE:
+                self.backlog = deque()
             self.backlog.append((ftype, payload))
             return
         if (self.conn.flow_blocked or self.flow_backlog) and self._keep_for_flow(ftype, payload):

@@ -33,6 +33,7 @@ from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer
 from shoal.workers.pull import drop_watch, start, take_ready, update_interest
 from shoal.workers.send_bound import bound_unsent
+from shoal.workers.unmade import UNMADE
 
 log = logging.getLogger("shoal.worker")
 
@@ -99,7 +100,7 @@ class DeliveryBook:
         # Consumer timeouts (workers/timeouts.py): delivery tags marked with
         # the time once a second, and tags requeued by a timeout (their
         # late acks are ignored).
-        self.delivery_marks: deque[tuple[int, float]] = deque()
+        self.delivery_marks: deque[tuple[int, float]] = UNMADE
         self.timed_out_tags: set[int] = set()
 
     def wants_work(self, consumer: Consumer) -> bool:

@@ -34,6 +34,7 @@ from shoal.workers._mqtt_wire import deliveries, pubacks
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_session import fingerprint
 from shoal.workers.mqtt_subscriptions import Subscriptions
+from shoal.workers.unmade import UNMADE
 
 NOTHING_TO_ACK = -1  # the delivery tag of a retained message's PUBLISH (no AMQP delivery)
 ID_NOT_FOUND = 0x92  # 5.0: packet identifier not found
@@ -50,7 +51,7 @@ class Outbound:
         self.alias_max: int = props.get("topic_alias_maximum", 0)
         self.aliases: dict[str, int] = {}
         self.max_packet: int | None = props.get("maximum_packet_size")
-        self.line: deque[list[Any]] = deque()  # [ready, packet] in delivery order
+        self.line: deque[list[Any]] = UNMADE  # [ready, packet] in delivery order
         # (queue, routing key, id(properties)) -> (properties, subscriptions' version, plan)
         self.plans: dict[tuple[str, str, int], tuple[Any, int, Any]] = {}
         # PUBLISH heads without properties, by (topic, flags, payload size): P.publish_head.
@@ -154,6 +155,8 @@ class Outbound:
             False,
             (topic, payload, 2, retain, bool(deliver.redelivered), packet_id, out, tag),
         ]
+        if self.line is UNMADE:
+            self.line = deque()
         self.line.append(entry)
 
         def written() -> None:

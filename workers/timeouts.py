@@ -23,6 +23,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from shoal.broker.amqp import errors
+from shoal.workers.unmade import UNMADE
 
 log = logging.getLogger("shoal.worker")
 
@@ -76,6 +77,8 @@ def mark(channel: TimedChannel, now: float) -> None:
     while marks and marks[0][0] <= oldest:
         marks.popleft()
     if not marks or marks[-1][0] != channel.next_tag:
+        if marks is UNMADE:
+            marks = channel.delivery_marks = deque()
         marks.append((channel.next_tag, now))
 
 

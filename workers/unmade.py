@@ -1,0 +1,27 @@
+"""A deque not made yet: one shared, empty stand-in for the per-connection
+queues that most connections never use (an MQTT device's inner channel
+backlog, its sync replies, its publisher's stream waits, its book's
+delivery marks, its Outbound's line). A deque allocates its first block of
+64 slots when made: seven of them were a fifth of an idle MQTT connection's
+28 KiB (docs/benchmarks.md). Readers see an empty deque; whoever adds makes
+the real one first (`if x is UNMADE: x = self.x = deque()`), and an add to
+the stand-in itself raises rather than sharing what it holds between
+connections."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NoReturn
+
+
+class _Unmade(deque[Any]):
+    __slots__ = ()
+
+    def _refuse(self, *_args: Any) -> NoReturn:
+        raise TypeError("add to a deque made for its owner, not to UNMADE")
+
+    append = appendleft = extend = extendleft = insert = _refuse
+    __iadd__ = _refuse
+
+
+UNMADE: deque[Any] = _Unmade()
