@@ -149,11 +149,16 @@ class Channel:
             self.fail(exc)
         return True
 
+    def keep(self, ftype: int, payload: memoryview, first: bool = False) -> None:
+        """A frame kept in the backlog while busy (at its head: one to try
+        again first); the backlog is made by its first frame (workers/unmade.py)."""
+        if self.backlog is UNMADE:
+            self.backlog = deque()
+        (self.backlog.appendleft if first else self.backlog.append)((ftype, payload))
+
     def handle(self, ftype: int, payload: memoryview) -> None:
         if self.busy:
-            if self.backlog is UNMADE:
-                self.backlog = deque()
-            self.backlog.append((ftype, payload))
+            self.keep(ftype, payload)
             return
         if (self.conn.flow_blocked or self.flow_backlog) and self._keep_for_flow(ftype, payload):
             return

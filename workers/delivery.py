@@ -97,9 +97,8 @@ class DeliveryBook:
         # Direct reply-to (workers/reply_to.py): the queue this channel's
         # reply consumer reads (b"": none).
         self.reply_queue = b""
-        # Consumer timeouts (workers/timeouts.py): delivery tags marked with
-        # the time once a second, and tags requeued by a timeout (their
-        # late acks are ignored).
+        # Consumer timeouts (workers/timeouts.py): delivery tags marked with the time once
+        # a second, and tags requeued by a timeout (their late acks are ignored).
         self.delivery_marks: deque[tuple[int, float]] = UNMADE
         self.timed_out_tags: set[int] = set()
 

@@ -32,7 +32,6 @@ import asyncio
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -57,7 +56,6 @@ from shoal.workers.mqtt_outbound import Outbound
 from shoal.workers.mqtt_session import Session
 from shoal.workers.mqtt_subscriptions import Subscriptions
 from shoal.workers.mqtt_transport import LINGER_TIMEOUT, AmqpSide, Linger
-from shoal.workers.unmade import UNMADE
 
 log = logging.getLogger("shoal.mqtt")
 
@@ -92,7 +90,7 @@ class MqttConnection(asyncio.Protocol):
         self.conn_id = 0  # the AMQP connection's id, once it is open
         self.persistent = False  # the session outlives the connection
         self.frame_max = 131072
-        self.expect: deque[Callable[[Any], None]] = UNMADE  # channel 1's sync replies
+        self.expect: list[Callable[[Any], None]] = []  # channel 1's sync replies, in order
         self.out: list[bytes] | None = None  # packets of a batch, written at its end
         self.acks: list[int] = []  # deliveries a batch settled, acked at its end
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
@@ -592,8 +590,6 @@ class MqttConnection(asyncio.Protocol):
 
     def call(self, method: Any, then: Callable[[Any], None]) -> None:
         """A synchronous method on channel 1; `then` gets its reply."""
-        if self.expect is UNMADE:
-            self.expect = deque()
         self.expect.append(then)
         self.method(method)
 

@@ -6,7 +6,6 @@ its closes as MQTT refusals or disconnects."""
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -25,7 +24,7 @@ class InnerSide(MqttClient, Protocol):
     login: tuple[str, bytes, str]  # user, password, vhost
     external: bool  # log in with the TLS client certificate
     prefetch: int  # --mqtt-prefetch: QoS 1 and 2 deliveries in flight per queue
-    expect: deque[Callable[[Any], None]]  # channel 1's sync replies
+    expect: list[Callable[[Any], None]]  # channel 1's sync replies (a few at most)
     amqp: Any  # the inner connection (None once it ended)
 
     def refuse(self, code: tuple[int, int]) -> None:
@@ -75,7 +74,7 @@ def answer(conn: InnerSide, channel: int, frame: Any) -> None:
         conn.method(C.Channel.CloseOk(), 1)
         conn.disconnect(0x87 if frame.reply_code == 403 else 0x80)
     elif channel == 1 and conn.expect and conn.amqp is not None:  # (not once it ended)
-        conn.expect.popleft()(frame)
+        conn.expect.pop(0)(frame)
 
 
 def flow_control(conn: InnerSide) -> None:

@@ -44,7 +44,6 @@ from shoal.workers.channel_state import (
 from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, Ingest, times_for, to_store
 from shoal.workers.pager import PAGE_IN_INTERVAL
 from shoal.workers.pending import Pending
-from shoal.workers.unmade import UNMADE
 
 log = logging.getLogger("shoal.worker")
 
@@ -118,16 +117,14 @@ class Publisher:
         self.unsynced: deque[tuple[int, int, bool]] = deque()
         # Publishes to stream queues not yet durable in the streams' files,
         # in order: (publish seq, [(qid, log seq)]); see confirmable().
-        self.stream_waits: deque[tuple[int, list[tuple[int, int]]]] = UNMADE
+        self.stream_waits: deque[tuple[int, list[tuple[int, int]]]] = deque()
 
     def suspend_retry(self, payload: memoryview | None, ftype: int = 0) -> None:
         """Back-pressure: a queue or the arena is full. Keep the frame, stop
         reading the socket, and try again shortly."""
         channel = self.channel
         if payload is not None:
-            if channel.backlog is UNMADE:
-                channel.backlog = deque()
-            channel.backlog.appendleft((ftype, payload))
+            channel.keep(ftype, payload, first=True)
         channel.busy = True
         self.conn.blocks.hold_reading(channel)
         self.ctx.loop.call_later(RETRY_DELAY, self._retry)
@@ -485,8 +482,6 @@ class Publisher:
                     self.unsynced.append((self.publish_seq, record, False))
                     self.ctx.persist.wait(self)  # type: ignore[union-attr]
                 if streams:  # ... or for its streams' writers
-                    if self.stream_waits is UNMADE:
-                        self.stream_waits = deque()
                     self.stream_waits.append((self.publish_seq, streams))
                     self.ctx.streams.wait(self)  # type: ignore[union-attr]
         pager = self.ctx.pager

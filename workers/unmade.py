@@ -1,8 +1,7 @@
 """A deque not made yet: one shared, empty stand-in for the per-connection
-queues that most connections never use (an MQTT device's inner channel
-backlog, its sync replies, its publisher's stream waits, its book's
-delivery marks, its Outbound's line). A deque allocates its first block of
-64 slots when made: seven of them were a fifth of an idle MQTT connection's
+queues that most connections never use (a channel's backlog, its book's
+delivery marks, an MQTT Outbound's line). A deque allocates its first block
+of 64 slots when made: an idle MQTT connection made seven, a fifth of its
 28 KiB (docs/benchmarks.md). Readers see an empty deque; whoever adds makes
 the real one first (`if x is UNMADE: x = self.x = deque()`), and an add to
 the stand-in itself raises rather than sharing what it holds between
