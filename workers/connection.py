@@ -27,6 +27,7 @@ from shoal.workers.blocking import PublisherBlocks
 from shoal.workers.channel import Channel
 from shoal.workers.channel_state import AMQP_0_9_1, ChannelCore, Confirms
 from shoal.workers.connection_access import ConnectionAccess
+from shoal.workers.connection_slots import CONNECTION_SLOTS
 from shoal.workers.context import WorkerContext
 from shoal.workers.fanout_turns import FANOUT_PER_TURN
 from shoal.workers.framing import PUBLISH_WHOLE
@@ -62,6 +63,8 @@ LATE_FRAMES = 1.0
 
 
 class Connection(asyncio.Protocol):
+    __slots__ = CONNECTION_SLOTS
+
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.id = ctx.next_connection_id()

@@ -3,11 +3,10 @@ own inside this worker, as RabbitMQ's MQTT plugin long did (issue 41).
 
 The client's packets (broker/mqtt/packets.py) become AMQP methods that the
 worker's own `Connection` (workers/connection.py) handles as if a client had
-sent them, and what that connection writes back becomes MQTT packets. So an
-MQTT client gets everything an AMQP one has, unchanged: users, vhosts
-(RabbitMQ's `vhost:user` user names) and permissions, routing through
-`amq.topic`, queues in the shared store, confirms, flow control, metrics and
-the management API's connection rows.
+sent them, and what it writes back becomes MQTT packets. So an MQTT client
+gets all an AMQP one has: users, vhosts (`vhost:user` user names) and
+permissions, routing through `amq.topic`, queues in the shared store,
+confirms, flow control, metrics and the management API's connection rows.
 
     CONNECT          protocol header, start-ok (PLAIN; EXTERNAL for a TLS client
                      certificate and no user name, if enabled), tune-ok, open, channel 1,
@@ -47,6 +46,7 @@ from shoal.workers import framing
 from shoal.workers import mqtt_inner as inner
 from shoal.workers._wire import MqttFront
 from shoal.workers.connection import Connection
+from shoal.workers.connection_slots import MQTT_CONNECTION_SLOTS
 from shoal.workers.context import WorkerContext
 from shoal.workers.mqtt_acks import ack_read
 from shoal.workers.mqtt_front import counted, failed, install
@@ -70,11 +70,12 @@ INBOUND_EXCHANGE = M.EXCHANGE.encode()
 
 
 class MqttConnection(asyncio.Protocol):
+    __slots__ = MQTT_CONNECTION_SLOTS
+
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
         self.transport: Any = None
-        # The largest packet taken: a message of --max-message-size, its topic and
-        # properties (5.0 CONNACK says so; larger is refused before buffering).
+        # The largest packet taken (a --max-message-size message; 5.0 CONNACK says so).
         self.max_packet = ctx.config.max_message_size + PACKET_OVERHEAD
         self.reader = P.PacketReader(self.max_packet)
         self.level = P.MQTT_311
