@@ -27,12 +27,12 @@ from shoal.workers.get import Getter
 from shoal.workers.memory_guard import ALARM_PENDING
 from shoal.workers.publish import Publisher
 from shoal.workers.tx import Transactions
-from shoal.workers.unmade import UNMADE
+from shoal.workers.unmade import UNMADE, made
 
 log = logging.getLogger("shoal.worker")
 
 
-_Handler = Callable[[Any], Coroutine[Any, Any, None] | None]
+_Handler = Callable[[Any, Any], Coroutine[Any, Any, None] | None]
 
 
 class Channel:
@@ -42,7 +42,6 @@ class Channel:
     __slots__ = (
         "_ack_each",
         "_acknowledge",
-        "_handlers",
         "_on_body",
         "_on_header",
         "_on_publish",
@@ -71,8 +70,8 @@ class Channel:
         self.busy = False
         self.backlog: deque[tuple[int, memoryview]] = UNMADE
         # Publishes (and what follows them) kept while the connection is
-        # flow-blocked on a queue over capacity (shm/flow.py).
-        self.flow_backlog: deque[tuple[int, memoryview]] = deque()
+        # flow-blocked on a queue over capacity (shm/flow.py); made when kept.
+        self.flow_backlog: deque[tuple[int, memoryview]] = UNMADE
         self.flow_told = True  # the last channel.flow active= we sent (send_flow)
         self.declarer = declarer = Declarer(conn, number)
         self.transactions = transactions = Transactions(self, conn)
@@ -88,32 +87,6 @@ class Channel:
         self._on_body = publisher.on_body
         self._acknowledge = delivery.acknowledge
         self._ack_each = delivery.ack_each
-        self._handlers: dict[type, _Handler] = {
-            C.Channel.Close: self._channel_close,
-            C.Channel.CloseOk: self._channel_close_ok,
-            C.Channel.FlowOk: self._channel_flow_ok,
-            C.Channel.Open: self._channel_open,
-            C.Channel.Flow: delivery.channel_flow,
-            C.Basic.Qos: delivery.basic_qos,
-            C.Basic.Consume: delivery.basic_consume,
-            C.Basic.Cancel: delivery.basic_cancel,
-            C.Basic.Get: Getter(delivery).basic_get,
-            C.Basic.Recover: delivery.basic_recover,
-            C.Basic.RecoverAsync: delivery.basic_recover,
-            C.Confirm.Select: publisher.confirm_select,
-            C.Tx.Select: transactions.tx_select,
-            C.Tx.Commit: transactions.tx_commit,
-            C.Tx.Rollback: transactions.tx_rollback,
-            C.Queue.Declare: declarer.queue_declare,
-            C.Queue.Bind: declarer.queue_bind,
-            C.Queue.Unbind: declarer.queue_bind,
-            C.Exchange.Declare: declarer.exchange_declare,
-            C.Exchange.Delete: declarer.exchange_delete,
-            C.Exchange.Bind: declarer.exchange_bind,
-            C.Exchange.Unbind: declarer.exchange_bind,
-            C.Queue.Delete: declarer.queue_delete,
-            C.Queue.Purge: declarer.queue_purge,
-        }
 
     @property
     def publish_count(self) -> int:
@@ -208,12 +181,13 @@ class Channel:
             self.fail(exc)
 
     def _method(self, method: Any) -> None:
-        handler = self._handlers.get(type(method))
-        if handler is None:
+        entry = HANDLERS.get(type(method))
+        if entry is None:
             raise errors.ConnectionError_(
                 errors.COMMAND_INVALID, "unimplemented method", *divmod(method.index, 0x10000)
             )
-        result = handler(method)
+        part, handler = entry
+        result = handler(self if part is None else getattr(self, part), method)
         if result is not None:
             self._run_async(result, method)
 
@@ -268,14 +242,14 @@ class Channel:
                 self.conn.blocks.alarm_felt()  # a publish under the alarm (RabbitMQ's should_block)
         elif not self.flow_backlog:
             return False  # the rest of a message whose publish was accepted
-        self.flow_backlog.append((ftype, payload))
+        made(self, "flow_backlog").append((ftype, payload))
         self.conn.blocks.flow_held(len(payload))
         return True
 
     def release_flow(self) -> None:
         """The connection is no longer flow-blocked: handle what was kept, in
         order, until it is all done or the connection blocks again."""
-        kept, self.flow_backlog = self.flow_backlog, deque()
+        kept, self.flow_backlog = self.flow_backlog, UNMADE
         released = 0
         while kept and not self.conn.closed:
             ftype, payload = kept.popleft()
@@ -426,3 +400,39 @@ class Channel:
 _NEVER_KEPT = frozenset(
     (framing.ACK, framing.NACK, framing.REJECT, C.Channel.Close.index, C.Channel.CloseOk.index)
 )
+
+
+def _basic_get(book: DeliveryBook, method: C.Basic.Get) -> None:
+    Getter(book).basic_get(method)  # (a Getter holds only the book)
+
+
+# Each method's handler: the part of the channel that handles it (None: the
+# channel itself) and its function, one table for every channel. A table of
+# bound methods per channel was 2.7 KiB, an eighth of what an idle MQTT
+# client holds (docs/benchmarks.md, "An idle connection's memory again").
+HANDLERS: dict[type, tuple[str | None, _Handler]] = {
+    C.Channel.Close: (None, Channel._channel_close),
+    C.Channel.CloseOk: (None, Channel._channel_close_ok),
+    C.Channel.FlowOk: (None, Channel._channel_flow_ok),
+    C.Channel.Open: (None, Channel._channel_open),
+    C.Channel.Flow: ("delivery", DeliveryBook.channel_flow),
+    C.Basic.Qos: ("delivery", DeliveryBook.basic_qos),
+    C.Basic.Consume: ("delivery", DeliveryBook.basic_consume),
+    C.Basic.Cancel: ("delivery", DeliveryBook.basic_cancel),
+    C.Basic.Get: ("delivery", _basic_get),
+    C.Basic.Recover: ("delivery", DeliveryBook.basic_recover),
+    C.Basic.RecoverAsync: ("delivery", DeliveryBook.basic_recover),
+    C.Confirm.Select: ("publisher", Publisher.confirm_select),
+    C.Tx.Select: ("transactions", Transactions.tx_select),
+    C.Tx.Commit: ("transactions", Transactions.tx_commit),
+    C.Tx.Rollback: ("transactions", Transactions.tx_rollback),
+    C.Queue.Declare: ("declarer", Declarer.queue_declare),
+    C.Queue.Bind: ("declarer", Declarer.queue_bind),
+    C.Queue.Unbind: ("declarer", Declarer.queue_bind),
+    C.Exchange.Declare: ("declarer", Declarer.exchange_declare),
+    C.Exchange.Delete: ("declarer", Declarer.exchange_delete),
+    C.Exchange.Bind: ("declarer", Declarer.exchange_bind),
+    C.Exchange.Unbind: ("declarer", Declarer.exchange_bind),
+    C.Queue.Delete: ("declarer", Declarer.queue_delete),
+    C.Queue.Purge: ("declarer", Declarer.queue_purge),
+}

@@ -70,6 +70,7 @@ from shoal.workers.handshake import OPEN
 from shoal.workers.ingest import AppendContext
 from shoal.workers.lane_places import LanePlaces
 from shoal.workers.routes import Routes
+from shoal.workers.unmade import made
 
 _NO_PAGE_OUT = 1 << 62
 # Where Lane.mqtt_read and DeviceRead count a run as `account` and lane_run
@@ -431,7 +432,8 @@ class PublishLane:
         if publisher.confirm:
             stats[RECEIVED_CONFIRM] += n
             if record >= 0:  # confirms from the first stored message on wait for the sync
-                publisher.unsynced.append((publisher.publish_seq + first_stored, record, False))
+                seq = publisher.publish_seq + first_stored
+                made(publisher, "unsynced").append((seq, record, False))
                 persist.wait(publisher)  # type: ignore[union-attr]  # records: a store
             publisher.publish_seq += n
             publisher.confirm_high = publisher.publish_seq

@@ -44,6 +44,7 @@ from shoal.workers.channel_state import (
 from shoal.workers.ingest import FLOW, HELD, REJECTED_BIT, WAIT, Ingest, times_for, to_store
 from shoal.workers.pager import PAGE_IN_INTERVAL
 from shoal.workers.pending import Pending
+from shoal.workers.unmade import UNMADE, made
 
 log = logging.getLogger("shoal.worker")
 
@@ -114,10 +115,10 @@ class Publisher:
         self.confirm_held = False
         # Persistent publishes whose records are not yet durable, in order:
         # (publish seq, record index, nack owed); see confirmable().
-        self.unsynced: deque[tuple[int, int, bool]] = deque()
+        self.unsynced: deque[tuple[int, int, bool]] = UNMADE  # (made when used)
         # Publishes to stream queues not yet durable in the streams' files,
         # in order: (publish seq, [(qid, log seq)]); see confirmable().
-        self.stream_waits: deque[tuple[int, list[tuple[int, int]]]] = deque()
+        self.stream_waits: deque[tuple[int, list[tuple[int, int]]]] = UNMADE
 
     def suspend_retry(self, payload: memoryview | None, ftype: int = 0) -> None:
         """Back-pressure: a queue or the arena is full. Keep the frame, stop
@@ -479,10 +480,10 @@ class Publisher:
             else:
                 self.confirm_high = self.publish_seq
                 if record >= 0:  # its confirm waits for its record's sync
-                    self.unsynced.append((self.publish_seq, record, False))
+                    made(self, "unsynced").append((self.publish_seq, record, False))
                     self.ctx.persist.wait(self)  # type: ignore[union-attr]
                 if streams:  # ... or for its streams' writers
-                    self.stream_waits.append((self.publish_seq, streams))
+                    made(self, "stream_waits").append((self.publish_seq, streams))
                     self.ctx.streams.wait(self)  # type: ignore[union-attr]
         pager = self.ctx.pager
         if pager is not None and pager.files and pager.exhausted:
@@ -502,9 +503,8 @@ class Publisher:
         after acking those before (cumulative), once they are durable."""
         unsynced = self.unsynced
         if unsynced or record >= 0:
-            unsynced.append(
-                (self.publish_seq, max(record, unsynced[-1][1] if unsynced else 0), True)
-            )
+            high = max(record, unsynced[-1][1] if unsynced else 0)
+            made(self, "unsynced").append((self.publish_seq, high, True))
             self.confirm_high = self.publish_seq
             self.ctx.persist.wait(self)  # type: ignore[union-attr]
             return

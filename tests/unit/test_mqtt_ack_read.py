@@ -25,6 +25,7 @@ from shoal.workers.delivery import DeliveryBook
 from shoal.workers.mqtt_acks import ack_read
 from shoal.workers.mqtt_outbound import NOTHING_TO_ACK
 from shoal.workers.pull import pull
+from shoal.workers.unmade import made
 from tests.unit.test_connection import Client
 from tests.unit.test_lane import big_ctx, consume, opened, publish
 
@@ -270,7 +271,7 @@ def _blocked(ctx: WorkerContext, sub: Subscriber) -> None:
 
 
 def _flow_backlog(ctx: WorkerContext, sub: Subscriber) -> None:
-    sub.amqp.channels[1].flow_backlog.append(b"x")
+    made(sub.amqp.channels[1], "flow_backlog").append(b"x")
 
 
 def _publishing(ctx: WorkerContext, sub: Subscriber) -> None:

@@ -6,10 +6,26 @@ every other connection."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from pamqp import commands as C
+from pamqp import frame as amqp_frame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
 
-from shoal.workers.unmade import UNMADE
+from shoal.shm import layout as L
+from shoal.workers.context import WorkerContext
+from shoal.workers.unmade import UNMADE, made
+from tests.unit.test_connection import Client, worker_context
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> Iterator[WorkerContext]:
+    yield from worker_context(
+        tmp_path, L.Limits(max_workers=1, max_queues=64, queue_capacity=64, arena_bytes=1 << 16)
+    )
 
 
 def test_it_reads_as_an_empty_deque() -> None:
@@ -43,3 +59,41 @@ def test_an_in_place_add_is_refused_too() -> None:
     with pytest.raises(TypeError):
         made += [1]
     assert not UNMADE
+
+
+def test_made_makes_each_owner_its_own_deque_once() -> None:
+    class Owner:
+        def __init__(self) -> None:
+            self.kept: deque[int] = UNMADE
+
+    a, b = Owner(), Owner()
+    made(a, "kept").append(1)
+    assert a.kept is not UNMADE and list(a.kept) == [1] and made(a, "kept") is a.kept
+    assert b.kept is UNMADE and not UNMADE
+    made(b, "kept").append(2)
+    assert list(b.kept) == [2] and list(a.kept) == [1]
+
+
+def test_a_channel_keeps_for_flow_control_in_its_own_deque_then_lets_it_go(
+    ctx: WorkerContext,
+) -> None:
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.received()
+    channel = client.conn.channels[1]
+    publisher = channel.publisher
+    assert channel.flow_backlog is UNMADE  # nothing kept: none of its own
+    assert publisher.unsynced is UNMADE and publisher.stream_waits is UNMADE
+    client.conn.flow_blocked[7] = 0  # a queue it published to is over capacity (shm/flow.py)
+    client.send(
+        amqp_frame.marshal(C.Basic.Publish(exchange="", routing_key="nowhere"), 1)
+        + amqp_frame.marshal(ContentHeader(0, 1, C.Basic.Properties()), 1)
+        + amqp_frame.marshal(ContentBody(b"x"), 1)
+    )
+    kept = channel.flow_backlog
+    assert kept is not UNMADE and len(kept) == 3  # publish, header, body
+    del client.conn.flow_blocked[7]
+    channel.release_flow()
+    assert channel.flow_backlog is UNMADE and not kept and not UNMADE  # handled, in order
+    assert client.received() == []  # unroutable, not mandatory: dropped
