@@ -22,6 +22,7 @@ from shoal.workers._wire import DeviceRead
 from shoal.workers.census import Census
 from shoal.workers.handshake import OPEN
 from shoal.workers.memory_guard import ALARM, ALARM_PENDING
+from shoal.workers.unmade import UNMADE_SET, made_set
 
 # Publish frames a flow-blocked connection's channels may keep before the
 # socket stops being read.
@@ -91,8 +92,8 @@ class PublisherBlocks:
 
     def __init__(self, conn: BlockedConnection) -> None:
         self.conn = conn
-        self.read_holders: set[object] = set()
-        self.blocking_holders: set[object] = set()  # those the client is told of
+        self.read_holders: set[object] = UNMADE_SET  # (made when one holds)
+        self.blocking_holders: set[object] = UNMADE_SET  # those the client is told of
         self.blocked_sent = False
         self.blocked_at = 0.0  # monotonic time it was blocked at (0: it is not)
         # Its connection's queues over capacity (workers/connection.py):
@@ -116,9 +117,9 @@ class PublisherBlocks:
         short internal wait (a scheduler round trip) it is not told of."""
         if not self.read_holders and self.conn.transport is not None:
             self.conn.transport.pause_reading()
-        self.read_holders.add(holder)
+        made_set(self, "read_holders").add(holder)
         if reason is not None:
-            self.blocking_holders.add(holder)
+            made_set(self, "blocking_holders").add(holder)
             self._blocked(reason)
 
     def release_reading(self, holder: object) -> None:

@@ -33,7 +33,7 @@ from shoal.workers.connection_access import READ
 from shoal.workers.consumer import Consumer
 from shoal.workers.pull import drop_watch, start, take_ready, update_interest
 from shoal.workers.send_bound import bound_unsent
-from shoal.workers.unmade import UNMADE
+from shoal.workers.unmade import UNMADE, UNMADE_SET, made_set
 
 log = logging.getLogger("shoal.worker")
 
@@ -100,7 +100,7 @@ class DeliveryBook:
         # Consumer timeouts (workers/timeouts.py): delivery tags marked with the time once
         # a second, and tags requeued by a timeout (their late acks are ignored).
         self.delivery_marks: deque[tuple[int, float]] = UNMADE
-        self.timed_out_tags: set[int] = set()
+        self.timed_out_tags: set[int] = UNMADE_SET
 
     def wants_work(self, consumer: Consumer) -> bool:
         """Consumer.wants_work, in one call on the delivery path."""
@@ -621,7 +621,7 @@ class DeliveryBook:
         for tag in tags:
             _consumer, qid, seq, _size = self._take(tag)
             self._finish(qid, seq, True)
-            self.timed_out_tags.add(tag)
+            made_set(self, "timed_out_tags").add(tag)
         log.info(
             "connection %x channel %d: consumer %r timed out (%d ms), %d requeued",
             self.conn.id,

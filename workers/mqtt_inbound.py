@@ -35,6 +35,7 @@ from shoal.workers._mqtt_wire import publishes
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_lane import lane_run
 from shoal.workers.mqtt_subscriptions import Subscriptions
+from shoal.workers.unmade import UNMADE_SET, made_set
 
 if TYPE_CHECKING:
     from shoal.workers.connection import Connection
@@ -74,7 +75,7 @@ class Inbound:
         # type and id, or None; the retained message to keep, or None).
         self.confirms: dict[int, tuple[tuple[int, int] | None, ipc.Retain | None]] = {}
         # QoS 2 publishes on their way to PUBREC: the confirm, then the session's write.
-        self.qos2_publishing: set[int] = set()
+        self.qos2_publishing: set[int] = UNMADE_SET  # (made by the first)
         self.receive_maximum = receive_maximum  # (CONNACK says it)
         self.topic_aliases = TopicAliases(TOPIC_ALIAS_MAXIMUM)  # 5.0: the client's
         # The content header properties of PUBLISHes without 5.0 properties,
@@ -129,7 +130,7 @@ class Inbound:
                 # then PUBREC (a crash in between: the client sends it again,
                 # a duplicate rather than a loss); until then a resend is
                 # recognised here.
-                self.qos2_publishing.add(packet_id)
+                made_set(self, "qos2_publishing").add(packet_id)
         if not (packet.qos and self.conn.long_read):
             # The subscriber's worker is woken now, not when this read is
             # done: a short read's (a device's message or few) reaches it
@@ -264,7 +265,7 @@ class Inbound:
     def _pubrec(self, packet_id: int) -> None:
         """A QoS 2 message confirmed: its id in the session, on disk, then PUBREC."""
         session = self.conn.session
-        session.received.add(packet_id)
+        made_set(session, "received").add(packet_id)
 
         def written() -> None:
             self.qos2_publishing.discard(packet_id)
@@ -289,7 +290,7 @@ class Inbound:
             if seq > taken:
                 break  # (in ascending order)
             if waiting is not None and waiting[0] == P.PUBREC:
-                self.conn.session.received.add(waiting[1])
+                made_set(self.conn.session, "received").add(waiting[1])
 
     def pubrel(self, packet_id: int) -> None:
         """The QoS 2 exchange ends: PUBCOMP once the session no longer holds

@@ -41,6 +41,7 @@ from collections.abc import Callable
 import msgspec
 
 from shoal.store.records import replace_unless_newer
+from shoal.workers.unmade import UNMADE_SET
 
 log = logging.getLogger("shoal.mqtt")
 
@@ -98,7 +99,7 @@ class Session:
     def __init__(self, state: SessionState, path: str | None) -> None:
         self.state = state
         self.path = path  # None: a clean session's, kept in memory only
-        self.received = set(state.received)
+        self.received: set[int] = set(state.received) if state.received else UNMADE_SET
         self.writing = False
         self.pending = False  # a change came while a write was under way
         self.detached = False  # taken over: the newer connection writes it

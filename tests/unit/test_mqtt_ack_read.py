@@ -25,7 +25,7 @@ from shoal.workers.delivery import DeliveryBook
 from shoal.workers.mqtt_acks import ack_read
 from shoal.workers.mqtt_outbound import NOTHING_TO_ACK
 from shoal.workers.pull import pull
-from shoal.workers.unmade import made
+from shoal.workers.unmade import made, made_set
 from tests.unit.test_connection import Client
 from tests.unit.test_lane import big_ctx, consume, opened, publish
 
@@ -283,7 +283,7 @@ def _transaction(ctx: WorkerContext, sub: Subscriber) -> None:
 
 
 def _timed_out(ctx: WorkerContext, sub: Subscriber) -> None:
-    sub.amqp.channels[1].delivery.timed_out_tags.add(50)
+    made_set(sub.amqp.channels[1].delivery, "timed_out_tags").add(50)
 
 
 def _channel_reopened(ctx: WorkerContext, sub: Subscriber) -> None:

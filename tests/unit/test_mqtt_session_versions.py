@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 
 from shoal.workers.mqtt_session import Session, SessionState, Subscribed, session_path
+from shoal.workers.unmade import made_set
 
 
 def on_disk(data: Path) -> SessionState:
@@ -35,7 +36,7 @@ def test_an_older_connection_s_late_write_loses(tmp_path: Path) -> None:
     saved(older)
     newer, present = Session.open(str(tmp_path), "/", "device-1", persistent=True, clean=False)
     assert present and "a/#" in newer.state.subscriptions
-    newer.received.add(7)  # a QoS 2 id the newer connection took
+    made_set(newer, "received").add(7)  # a QoS 2 id the newer connection took
     saved(newer)
     older.state.subscriptions["b/#"] = Subscribed(1, "q-b")  # late: its write was under way
     saved(older)

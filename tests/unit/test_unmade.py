@@ -17,7 +17,7 @@ from pamqp.header import ContentHeader
 
 from shoal.shm import layout as L
 from shoal.workers.context import WorkerContext
-from shoal.workers.unmade import UNMADE, made
+from shoal.workers.unmade import UNMADE, UNMADE_SET, made, made_set
 from tests.unit.test_connection import Client, worker_context
 
 
@@ -59,6 +59,40 @@ def test_an_in_place_add_is_refused_too() -> None:
     with pytest.raises(TypeError):
         made += [1]
     assert not UNMADE
+
+
+def test_the_set_stand_in_reads_as_an_empty_set_and_refuses_every_addition() -> None:
+    assert isinstance(UNMADE_SET, set)
+    assert not UNMADE_SET and len(UNMADE_SET) == 0 and 1 not in UNMADE_SET
+    UNMADE_SET.discard(1)  # (nothing to take out: owners discard what they may not have made)
+    UNMADE_SET.clear()
+    adds = [
+        lambda s: s.add(1),
+        lambda s: s.update([1]),
+        lambda s: s.intersection_update([1]),
+        lambda s: s.difference_update([1]),
+        lambda s: s.symmetric_difference_update([1]),
+    ]
+    for add in adds:
+        with pytest.raises(TypeError):
+            add(UNMADE_SET)
+    made = UNMADE_SET
+    with pytest.raises(TypeError):
+        made |= {1}
+    with pytest.raises(TypeError):
+        made ^= {1}
+    assert not UNMADE_SET
+
+
+def test_made_set_makes_each_owner_its_own_set_once() -> None:
+    class Owner:
+        def __init__(self) -> None:
+            self.held: set[int] = UNMADE_SET
+
+    a, b = Owner(), Owner()
+    made_set(a, "held").add(1)
+    assert a.held is not UNMADE_SET and a.held == {1} and made_set(a, "held") is a.held
+    assert b.held is UNMADE_SET and not UNMADE_SET
 
 
 def test_made_makes_each_owner_its_own_deque_once() -> None:
