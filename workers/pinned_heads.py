@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from shoal.shm.entry_moves import head_and_fill, held_from_head, move_entry
+from shoal.shm.entry_moves import half_full, head_and_fill, held_from_head, move_entry
 from shoal.shm.queues import SharedQueues
 from shoal.workers.ticker import on_grid
 
@@ -72,13 +72,9 @@ class PinnedHeads:
     def _look_all(self) -> None:
         """Every log's fill: those at least half full are watched."""
         shared = self._shared
-        half = shared.cap // 2
         watched = self.watched
-        for qid in shared.catalog.active_logs():
-            if qid not in watched:
-                head, fill = head_and_fill(shared, qid)
-                if fill >= half:
-                    watched[qid] = head
+        for qid, head in half_full(shared, shared.catalog.active_logs(), watched):
+            watched[qid] = head
         if watched and self._fast is None:
             self._fast = self._loop.call_later(on_grid(self._loop, FAST_POLL), self._look_watched)
         if not self._closed:

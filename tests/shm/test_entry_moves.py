@@ -7,7 +7,7 @@ import pytest
 
 from shoal.shm import layout as L
 from shoal.shm.arena import Arena, arena_usage
-from shoal.shm.entry_moves import head_and_fill, held_from_head, move_entry
+from shoal.shm.entry_moves import half_full, head_and_fill, held_from_head, move_entry
 from shoal.shm.queues import QueueFull, SharedQueues
 from shoal.shm.recovery import recover_worker
 from shoal.shm.segment import Segment
@@ -63,6 +63,23 @@ def _pinned(seg: Segment, held: int) -> tuple[SharedQueues, SharedQueues, list[i
     assert len(_drain(other)) == CAP - 1 - held
     assert head_and_fill(other, QID) == (0, CAP - 1)
     return holder, other, blocks
+
+
+def test_half_full_names_the_logs_at_least_half_full_with_their_heads(seg: Segment) -> None:
+    holder, _other, arena = _setup(seg)
+    SharedQueues(seg, 0).create(QID + 1, b"q2", 0, 0)
+    producer = SharedQueues(seg, 1)
+    _fill(seg, producer, arena, CAP // 2 - 1)
+    assert half_full(holder, [QID, QID + 1], ()) == []  # one short of half
+    _fill(seg, producer, arena, 1)
+    assert half_full(holder, [QID, QID + 1], ()) == [(QID, 0)]
+    _take(holder)
+    assert holder.ack(QID, 0)
+    assert half_full(holder, [QID, QID + 1], ()) == []  # the head moved on: below half again
+    _fill(seg, producer, arena, 1)
+    assert half_full(holder, [QID, QID + 1], ()) == [(QID, 1)]
+    assert half_full(holder, [QID, QID + 1], {QID}) == []  # already watched
+    assert head_and_fill(holder, QID) == (1, CAP // 2)
 
 
 def test_a_moved_entry_goes_to_the_tail_and_the_head_passes_it(seg: Segment) -> None:
