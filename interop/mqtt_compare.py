@@ -227,6 +227,21 @@ def auth_method(port: int, login: Login) -> str:
         c.close()
 
 
+def empty_user_name(port: int, _login: Login) -> str:
+    """A user name of length 0 and no password, at both levels (gmqtt's and
+    aiomqtt's tests log in so, against an anonymous broker)."""
+    codes = []
+    for level in (P.MQTT_311, P.MQTT_5):
+        c = RawClient(port, level)
+        try:
+            codes.append(f"{c.connect(_uid('eu'), {}, username='')[1]:#x}")
+        except (EOFError, OSError):
+            codes.append("closed")
+        finally:
+            c.close()
+    return "CONNACK " + " / ".join(codes)
+
+
 PROBES: list[tuple[str, Callable[[int, Login], str]]] = [
     ("QoS 2 subscription", qos2_subscription),
     ("session present on return (3.1.1)", session_present),
@@ -240,6 +255,7 @@ PROBES: list[tuple[str, Callable[[int, Login], str]]] = [
     ("5.0 CONNACK properties", connack_five),
     ("5.0 shared subscription", shared_subscription),
     ("5.0 authentication method", auth_method),
+    ("empty user name, no password (3.1.1 / 5.0)", empty_user_name),
 ]
 
 

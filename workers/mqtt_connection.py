@@ -205,9 +205,7 @@ class MqttConnection(asyncio.Protocol):
         """The client connected again (a takeover): this connection goes,
         5.0's with reason 0x8E, its will published (but a delayed one: the
         client is back). The session is the new connection's to write."""
-        log.info(
-            "mqtt client %s: taken over by a new connection", self.client_id or "(not connected)"
-        )
+        log.info("mqtt client %s: taken over by a new connection", self.client_id or "-")
         self.session.detached = True
         self.taken = True
         if self.will_timer is not None:  # gone already, its will delayed: not sent
@@ -425,10 +423,10 @@ class MqttConnection(asyncio.Protocol):
         vhost, user = config.default_vhost, packet.username
         if user is not None and ":" in user:
             vhost, user = user.split(":", 1)
-        if user is None:
-            user, password = config.default_user, config.default_pass.encode()
+        if user is None or not (user or packet.password):  # (empty: as mosquitto)
+            user, password, anonymous = config.default_user, config.default_pass.encode(), True
         else:
-            password = packet.password or b""
+            password, anonymous = packet.password or b"", False
         if not M.sasl_text(password):
             log.info("mqtt client %s: login refused, the password is not text", self.client_id)
             self.refuse(M.BAD_LOGIN)
@@ -441,9 +439,9 @@ class MqttConnection(asyncio.Protocol):
         self.amqp.connection_made(side)
         self.amqp.scheduled_flush = side.scheduled_flush(self.amqp)
         self.amqp.confirm_sink = self.inbound.confirmed_at_once
-        # No user name, a TLS client certificate, EXTERNAL on: its user (mqtt.ssl_cert_login).
+        # Anonymous, a TLS client certificate, EXTERNAL on: its user (mqtt.ssl_cert_login).
         cert_login = "EXTERNAL" in self.ctx.config.auth_mechanisms
-        self.external = packet.username is None and cert_login and bool(self.amqp.certificate_user)
+        self.external = anonymous and cert_login and bool(self.amqp.certificate_user)
         self.login = (user, password, vhost)
         self.to_amqp(framing.PROTOCOL_HEADER)
 

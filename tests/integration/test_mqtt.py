@@ -280,6 +280,30 @@ def test_a_password_that_is_not_text_is_a_refused_login(
             client.close()
 
 
+@pytest.mark.parametrize("password", [None, b""], ids=["no-password", "empty-password"])
+def test_an_empty_user_name_without_a_password_is_anonymous(
+    mqtt_broker: tuple[Broker, int], password: bytes | None
+) -> None:
+    """An empty user name and no (or an empty) password log in as a client
+    with no user name does (the default user), as on mosquitto: the tests of
+    clients written against it send them (gmqtt's, aiomqtt's). RabbitMQ 3.10
+    refuses them; an empty name with a password is still checked, and refused."""
+    _broker, port = mqtt_broker
+    for level, refused in ((4, 4), (5, 0x86)):
+        client = RawClient(port, level)
+        try:
+            assert client.connect("empty-name", username="", password=password)[1] == 0
+            assert client.subscribe("anon/x", 1) == b"\x01"  # (a user with its rights)
+        finally:
+            client.close()
+        client = RawClient(port, level)
+        try:
+            assert client.connect("empty-name", username="", password=b"guest")[1] == refused
+            assert client.closed_by_broker()
+        finally:
+            client.close()
+
+
 def test_the_will_goes_out_when_a_client_vanishes_not_when_it_disconnects(
     mqtt_broker: tuple[Broker, int], clients: list[Client]
 ) -> None:
