@@ -2,7 +2,7 @@
 MQTT ports (1883, 8883) and take only a host name: 127.0.0.2 upwards, the
 first whose ports are all free, so that a broker already on 127.0.0.1:1883 (a
 mosquitto started for comparison) is not in the way (interop/go_mqtt.py,
-interop/aiomqtt_suite.py)."""
+interop/aiomqtt_suite.py, interop/gmqtt_suite.py)."""
 
 from __future__ import annotations
 
