@@ -43,19 +43,21 @@ def go_client_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 def test_the_recorded_counts_cover_every_suite_and_ci_checks_them() -> None:
     run = run_module()
     expected = run.read_expected(str(ROOT / "interop" / "expected.txt"))
-    assert set(expected) == {*run.SUITES, "amqp091-go", "paho.mqtt.golang", "aiomqtt"}
+    assert set(expected) == {*run.SUITES, "amqp091-go", "paho.mqtt.golang", "aiomqtt", "gmqtt"}
     assert all(
         passed > 900 for suite, (passed, _skipped) in expected.items() if suite in run.SUITES
     )
     assert expected["amqp091-go"] == (112, 0)
     assert expected["paho.mqtt.golang"] == (40, 0)
-    assert expected["aiomqtt"] == (57, 0)
+    assert expected["aiomqtt"] == (58, 0)
+    assert expected["gmqtt"] == (82, 0)
     ci = (ROOT / ".ci" / "run").read_text()
     assert "interop/run.py --deselect-file interop/deselect.txt" in ci
     assert "interop/go_client.py --deselect-file interop/deselect.txt" in ci
     assert "interop/go_mqtt.py --deselect-file interop/deselect.txt" in ci
     assert "interop/aiomqtt_suite.py --deselect-file interop/deselect.txt" in ci
-    assert ci.count("--expect-file interop/expected.txt") == 4
+    assert "interop/gmqtt_suite.py --deselect-file interop/deselect.txt" in ci
+    assert ci.count("--expect-file interop/expected.txt") == 5
     assert "\n.venv/bin/python interop/paho_mqtt.py\n" in ci  # (any failure fails it)
 
 
