@@ -66,7 +66,9 @@ class Config(msgspec.Struct, frozen=True):
     runtime_dir: str = ""  # "": $RUNTIME_DIRECTORY or /dev/shm/shoal-<port>
     data_dir: str = ""  # "": $STATE_DIRECTORY or $XDG_DATA_HOME/shoal/<port> (data_path)
     graceful_timeout: float = 10.0
-    max_queues: int = 4096  # RabbitMQ has none: brokers hold thousands (MQTT sessions)
+    # RabbitMQ has none: a fleet of MQTT clients holds a queue per subscribing session.
+    # Slots cost memory only once used (H_QUEUES_USED, shm/layout.py): ~1 KiB each.
+    max_queues: int = 65536
     queue_capacity: int = 1 << 18
     arena_mb: int = 256
     catalog_mb: int = 16  # exchanges and bindings journal

@@ -37,13 +37,14 @@ See shm/ARCHITECTURE.md for the states, transitions and owners.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import msgspec
 
 from shoal.shm import _atomic
 
 MAGIC = int.from_bytes(b"SHOALSHM", "little")
-VERSION = 13
+VERSION = 14
 
 HEADER_SIZE = 4096
 # header words
@@ -86,6 +87,12 @@ H_DEFINITIONS_DIGEST = H_LOADED + 32
 # worker may store it, a hint that sends publishers to the workers'
 # P_SUBSCRIBING words (shm/subscribe_barrier.py).
 H_SUBSCRIBED_AT = H_LOADED + 40
+# One past the highest queue slot ever made active in this segment (the
+# scheduler's, SharedQueues.create: raised before the slot's Q_STATE is
+# stored, never lowered). Whatever looks at every slot (the catalog's scans,
+# recovery, the wake bitmaps' drains) stops there: a slot never used is never
+# touched, so a large --max-queues costs its memory only as queues use it.
+H_QUEUES_USED = H_LOADED + 48
 # The catalog's change ring (shm/queue_catalog.py): the change that moved
 # H_CATALOG_GEN from g to g + 1 leaves (g mod 2**40) << 24 | qid in word
 # g % CATALOG_RING, so that a reader catches up by re-reading the queues
@@ -96,7 +103,7 @@ H_CATALOG_RING = 1024
 CATALOG_RING = 256
 CATALOG_QID_BITS = 24
 CATALOG_RESCAN = (1 << CATALOG_QID_BITS) - 1
-assert H_DEFINITIONS_DIGEST + 8 <= H_CATALOG_RING <= HEADER_SIZE - CATALOG_RING * 8
+assert H_QUEUES_USED + 8 <= H_CATALOG_RING <= HEADER_SIZE - CATALOG_RING * 8
 
 # process table
 PROC_SLOTS_EXTRA = 5  # supervisor, acceptor, scheduler, metrics, management
@@ -457,11 +464,17 @@ class Layout:
         """IO worker `worker`'s wake bitmap: one bit per queue."""
         return self.worker_bitmaps + worker * (self.limits.max_queues // 8)
 
+    def slots_used(self, a: Any) -> int:
+        """How many slots, from 0, a look at every queue slot must cover
+        (H_QUEUES_USED, at most max_queues)."""
+        return min(a.load(H_QUEUES_USED), self.limits.max_queues)
+
     def pull_geometry(self, worker: int) -> tuple[int, ...]:
         """Where a watched queue's wake-up pull in C (workers/_watched_pull.h)
         finds a queue's words and log: (queues, logs, a log's bytes,
         QUEUE_SIZE, max queues, Q_RELEASE_GEN, Q_UID, Q_WATCH, Q_CHANGES,
-        arenas, arena bytes, the watch value of IO worker `worker`)."""
+        arenas, arena bytes, the watch value of IO worker `worker`,
+        H_QUEUES_USED)."""
         limits = self.limits
         return (
             self.queues,
@@ -476,6 +489,7 @@ class Layout:
             self.arenas,
             limits.arena_bytes,
             WATCH_WORKER + worker,
+            H_QUEUES_USED,
         )
 
     def ack_geometry(self) -> tuple[int, int]:

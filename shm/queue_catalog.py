@@ -220,7 +220,7 @@ class QueueCatalog:
         children: list[tuple[int, int, int]] = []
         self._active_set, self._stream_set, self._ttl_set = set(), set(), set()
         self._delayed_set, self._dedup_set = set(), set()
-        for qid in range(self.layout.limits.max_queues):
+        for qid in range(self.layout.slots_used(self.a)):
             q = self.layout.queue(qid)
             if a.load(q + layout.Q_STATE) & 0xFF != layout.QS_ACTIVE:
                 continue
@@ -263,7 +263,7 @@ class QueueCatalog:
     def scan(self) -> Iterator[tuple[int, bytes, int]]:
         """(vhost id, name, qid) of every active declared queue (not the
         level slots of priority queues)."""
-        for qid in range(self.layout.limits.max_queues):
+        for qid in range(self.layout.slots_used(self.a)):
             q = self.layout.queue(qid)
             if self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE and not self.a.load(
                 q + layout.Q_PARENT
@@ -272,7 +272,7 @@ class QueueCatalog:
 
     def level_slots(self) -> Iterator[tuple[int, int, int]]:
         """(declared queue's qid, level, qid) of every active level slot."""
-        for qid in range(self.layout.limits.max_queues):
+        for qid in range(self.layout.slots_used(self.a)):
             q = self.layout.queue(qid)
             parent = self.a.load(q + layout.Q_PARENT)
             if parent and self.a.load(q + layout.Q_STATE) & 0xFF == layout.QS_ACTIVE:

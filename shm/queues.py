@@ -215,6 +215,8 @@ class SharedQueues:
             a.store(q + field, value)
         self.seg.buf[q + layout.Q_NAME : q + layout.Q_NAME + len(name)] = name
         a.store(q + layout.Q_NAME_LEN, len(name))
+        if a.load(layout.H_QUEUES_USED) <= qid:  # (before the slot is active: scans find it)
+            a.store(layout.H_QUEUES_USED, qid + 1)
         a.store(q + layout.Q_STATE, ((state >> 8) + 1) << 8 | layout.QS_ACTIVE)
         note_catalog_change(a, qid)
 

@@ -135,7 +135,7 @@ def release_owner(shared: SharedQueues, owner: int) -> dict[int, int]:
             a.cas(cell, w, seq << layout.SEQ_SHIFT | layout.S_DELETED)
         a.store(slot + layout.P_INTENT_QUEUE, 0)
     released: dict[int, int] = {}
-    for qid in range(offsets.limits.max_queues):
+    for qid in range(offsets.slots_used(a)):
         q = offsets.queue(qid)
         head, tail = a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)
         # Not filtered on Q_UNACKED: the worker may have died between an
@@ -163,7 +163,7 @@ def count_references(shared: SharedQueues, blocks: set[int]) -> dict[int, int]:
     at each of `blocks`. Supervisor recovery only: O(queued entries)."""
     a, offsets = shared.a, shared.layout
     counts: dict[int, int] = {}
-    for qid in range(offsets.limits.max_queues):
+    for qid in range(offsets.slots_used(a)):
         q = offsets.queue(qid)
         ring = offsets.log(qid)
         for seq in range(a.load(q + layout.Q_HEAD), a.load(q + layout.Q_TAIL)):

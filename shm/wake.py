@@ -157,10 +157,11 @@ class Waker:
             except BlockingIOError:
                 pass
         a = self.a
+        words = (min(a.load(layout.H_QUEUES_USED), max_queues) + 63) // 64  # (no bit past it)
         if a.__class__ is Atomic:  # in one call
-            return a.take_bits(bitmap, max_queues // 64)
+            return a.take_bits(bitmap, words)
         found: list[int] = []
-        for word_index in range(max_queues // 64):
+        for word_index in range(words):
             off = bitmap + word_index * 8
             w = a.load(off)
             while w and not a.cas(off, w, 0):

@@ -73,6 +73,7 @@ typedef struct {
     Py_ssize_t arenas, arena_bytes, dropping;
     uint64_t watch_value; /* WATCH_WORKER + this worker's index */
     Py_ssize_t stat_auto_ack, stat_manual_ack;
+    Py_ssize_t queues_used; /* H_QUEUES_USED: a drain's words stop at its slot */
 } WatchedPullObject;
 
 /* The word at `off` of the segment (NULL with an error set). */
@@ -573,7 +574,8 @@ wp_flush_failed(PyObject *flush_failed)
  * wake-up (Worker._on_watch_wake) in one call, without its Python frames:
  * the worker's eventfd read (efd < 0: woken by Waker.on_local, nothing to
  * read), its bitmap's `words` drained at offset `bitmap` (Waker._drain's
- * take_bits), pull_each of those queues while ctx.flushes_now holds the
+ * take_bits; those past the highest slot ever used, H_QUEUES_USED, have no
+ * bit to find and are not looked at), pull_each of those queues while ctx.flushes_now holds the
  * flushes their connections ask for, and then those flushes, each its own:
  * one that raises an Exception goes to flush_failed(exc) and the rest
  * still run. */
@@ -595,6 +597,12 @@ WatchedPull_wake(WatchedPullObject *w, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_ValueError, "wake: a bitmap of at least one word");
         return NULL;
     }
+    uint64_t *used = wp_word(w, w->queues_used);
+    if (used == NULL)
+        return NULL;
+    Py_ssize_t in_use = (Py_ssize_t)((__atomic_load_n(used, __ATOMIC_SEQ_CST) + 63) / 64);
+    if (in_use < words)
+        words = in_use;
     PyObject *ctx = args[3], *flush_failed = args[6];
     PyObject *held = PyList_New(0);
     if (held == NULL || PyObject_SetAttr(ctx, wpnames.flushes_now, held) < 0) {
@@ -668,15 +676,15 @@ WatchedPull_init(WatchedPullObject *w, PyObject *args, PyObject *kwds)
     PyObject *shared, *events, *stats, *consumer_type, *book_type, *conn_type, *geometry;
     long long open_state;
     Py_ssize_t queues, logs, log_stride, queue_size, max_queues, q_release_gen, q_uid, q_watch,
-        q_changes, arenas, arena_bytes, dropping, stat_auto_ack, stat_manual_ack;
+        q_changes, arenas, arena_bytes, dropping, stat_auto_ack, stat_manual_ack, queues_used;
     unsigned long long mask, owner, watch_value;
     if (!PyArg_ParseTuple(args, "OOOO!O!O!LnnKKnO!:WatchedPull", &shared, &events, &stats,
                           &PyType_Type, &consumer_type, &PyType_Type, &book_type, &PyType_Type,
                           &conn_type, &open_state, &stat_auto_ack, &stat_manual_ack, &mask, &owner,
                           &dropping, &PyTuple_Type, &geometry) ||
-        !PyArg_ParseTuple(geometry, "nnnnnnnnnnnK:Layout.pull_geometry", &queues, &logs,
+        !PyArg_ParseTuple(geometry, "nnnnnnnnnnnKn:Layout.pull_geometry", &queues, &logs,
                           &log_stride, &queue_size, &max_queues, &q_release_gen, &q_uid, &q_watch,
-                          &q_changes, &arenas, &arena_bytes, &watch_value))
+                          &q_changes, &arenas, &arena_bytes, &watch_value, &queues_used))
         return -1;
     PyObject *atomic = PyObject_GetAttrString(shared, "a");
     if (atomic == NULL)
@@ -701,7 +709,7 @@ WatchedPull_init(WatchedPullObject *w, PyObject *args, PyObject *kwds)
     w->q_release_gen = q_release_gen, w->q_uid = q_uid, w->q_watch = q_watch;
     w->q_changes = q_changes;
     w->mask = mask, w->owner = owner, w->arenas = arenas, w->arena_bytes = arena_bytes;
-    w->dropping = dropping, w->watch_value = watch_value;
+    w->dropping = dropping, w->watch_value = watch_value, w->queues_used = queues_used;
     w->stat_auto_ack = stat_auto_ack, w->stat_manual_ack = stat_manual_ack;
     return 0;
 }

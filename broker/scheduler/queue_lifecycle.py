@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -60,7 +61,7 @@ class QueueLifecycle:
         self.consumers = state.consumers
         self.links = state.links
         self.stats = state.stats
-        self.free_qids: list[int] = []  # queue table slots, oldest freed first
+        self.free_qids: deque[int] = deque()  # queue table slots, oldest freed first
         self.journal = journal
         self._journal = journal.journal
         self._persist = journal.persist
@@ -107,7 +108,7 @@ class QueueLifecycle:
             self.level_of[qid] = owner
             used.add(qid)
         limit = self.seg.layout.limits.max_queues
-        self.free_qids = [q for q in range(limit) if q not in used]
+        self.free_qids = deque(q for q in range(limit) if q not in used)
         self.shared.catalog_rescan()
 
     def known_uids(self, restored: Restored) -> None:
@@ -270,7 +271,7 @@ class QueueLifecycle:
                     if arguments:
                         self._journal(definitions.QueueGone(vhost, name.decode()))
                     raise
-            qid = self.free_qids.pop(0)  # oldest free slot first: slow reuse
+            qid = self.free_qids.popleft()  # oldest free slot first: slow reuse
             flags = (
                 (QueueFlag.DURABLE if durable else 0)
                 | (QueueFlag.EXCLUSIVE if exclusive else 0)
@@ -423,7 +424,7 @@ class QueueLifecycle:
         if not self.free_qids:
             log.warning("queue %r: no free slot for priority %d (--max-queues)", q.name, level)
             return ipc.LevelLog(q.levels[max(p for p in q.levels if p < level)])
-        slot = self.free_qids.pop(0)
+        slot = self.free_qids.popleft()
         vhost_id = self.state.definitions.vhost_ids[q.vhost]
         # A level has its queue's capacity and length limits, so that a publish
         # to it finds them with the same one load as a queue's own publish.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pika
+import psutil
 import pytest
 from pamqp import commands as C
 from pamqp import frame as pamqp_frame
@@ -141,3 +142,38 @@ def test_names_are_any_utf8_and_lose_cr_lf_as_in_rabbitmq(broker: Broker) -> Non
     s.sendall(pamqp_frame.marshal(C.Queue.Declare(queue="orders", passive=True), 1))
     assert expect(s, C.Channel.Close).reply_code == 404  # type: ignore[attr-defined]
     s.close()
+
+
+def _segment_resident_kib(pid: int) -> int:
+    """KiB of the shared segment (shoal.shm) mapped into process `pid`."""
+    kib, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            if line[:1] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = line.rstrip().endswith("shoal.shm")
+            elif inside and line.startswith("Rss:"):
+                kib += int(line.split()[1])
+    return kib
+
+
+def test_a_large_queue_limit_costs_the_slots_used_not_the_limit(broker_factory: type) -> None:
+    """--max-queues 262,144: past 4,096 queues, and the segment's queue table
+    (1 KiB a slot) touched only as far as the slots used (H_QUEUES_USED):
+    every process used to read every slot at its start (256 MiB here)."""
+    broker = broker_factory(args=("--max-queues", "262144"))
+    conn = connect(broker)
+    try:
+        ch = conn.channel()
+        names = [ch.queue_declare("", exclusive=True).method.queue for _ in range(4100)]
+        ch.basic_publish("", names[-1], b"the last queue's")
+        wait_for(
+            lambda: ch.basic_get(names[-1], auto_ack=True)[2] == b"the last queue's",
+            5,
+            "the message back from the 4,100th queue",
+        )
+        assert broker.proc is not None
+        processes = psutil.Process(broker.proc.pid).children(recursive=True)
+        scheduler = next(p for p in processes if "scheduler" in " ".join(p.cmdline()))
+        assert _segment_resident_kib(scheduler.pid) < 32 * 1024  # (4,100 slots: ~4 MiB)
+    finally:
+        conn.close()

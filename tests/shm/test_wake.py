@@ -11,10 +11,23 @@ from collections.abc import Iterator
 import pytest
 
 from shoal.shm import layout as L
+from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.wake import Waker
 
-from ._support import SegmentFactory, qword
+from ._support import SMALL, SegmentFactory, qword
+
+
+def all_used(seg: Segment) -> Segment:
+    """Every slot counted as used (H_QUEUES_USED): these tests set queues'
+    words and bits without creating the queues."""
+    seg.atomic.store(L.H_QUEUES_USED, seg.layout.limits.max_queues)
+    return seg
+
+
+@pytest.fixture
+def seg(make_segment: SegmentFactory) -> Segment:
+    return all_used(make_segment(SMALL))
 
 
 @pytest.fixture
@@ -74,7 +87,7 @@ def test_drain_returns_the_queues_and_clears_bits_and_eventfd(
 
 def test_eventfd_written_once_per_empty_bitmap_word(make_segment: SegmentFactory, efd: int) -> None:
     limits = L.Limits(max_workers=2, max_queues=128, queue_capacity=16, arena_bytes=1 << 16)
-    big = make_segment(limits)
+    big = all_used(make_segment(limits))
     waker = Waker(big, efd)
     waker.kick(3)
     waker.kick(4)  # same word, already non-empty: no second write
@@ -82,6 +95,26 @@ def test_eventfd_written_once_per_empty_bitmap_word(make_segment: SegmentFactory
     assert os.eventfd_read(efd) == 2
     assert waker.drain(128) == [3, 4, 70]
     assert not readable(efd)
+
+
+def test_a_drain_looks_no_further_than_the_highest_slot_ever_used(
+    make_segment: SegmentFactory, efd: int
+) -> None:
+    """A queue's creation raises H_QUEUES_USED past its slot before the slot
+    is active; a drain takes the bits of the words up to it and leaves the
+    rest untouched (no queue there could have set one)."""
+    limits = L.Limits(max_workers=2, max_queues=256, queue_capacity=16, arena_bytes=1 << 16)
+    fresh = make_segment(limits)
+    assert fresh.atomic.load(L.H_QUEUES_USED) == 0
+    SharedQueues(fresh, 0).create(70, b"q70", 0, 0)
+    assert fresh.atomic.load(L.H_QUEUES_USED) == 71
+    SharedQueues(fresh, 0).create(5, b"q5", 0, 0)
+    assert fresh.atomic.load(L.H_QUEUES_USED) == 71  # (never lowered)
+    for qid in (5, 70, 130):  # 130: a word past the slots used (set here by hand)
+        word = fresh.layout.bitmap + qid // 64 * 8
+        fresh.atomic.store(word, fresh.atomic.load(word) | 1 << qid % 64)
+    assert Waker(fresh, efd).drain(256) == [5, 70]
+    assert fresh.atomic.load(fresh.layout.bitmap + 16) == 1 << 2  # left as it was
 
 
 def test_eventfd_readable_iff_a_kick_happened(seg: Segment, waker: Waker, efd: int) -> None:
