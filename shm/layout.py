@@ -93,6 +93,10 @@ H_SUBSCRIBED_AT = H_LOADED + 40
 # recovery, the wake bitmaps' drains) stops there: a slot never used is never
 # touched, so a large --max-queues costs its memory only as queues use it.
 H_QUEUES_USED = H_LOADED + 48
+# How many times a queue's Q_TIMED went from 0 to 1 (whoever stores it adds 1
+# after the store, QueueTable.mark_timed): the expirers' look at which of
+# their logs are timed is taken again only when this or the catalog moved.
+H_TIMED_MARKS = H_LOADED + 56
 # The catalog's change ring (shm/queue_catalog.py): the change that moved
 # H_CATALOG_GEN from g to g + 1 leaves (g mod 2**40) << 24 | qid in word
 # g % CATALOG_RING, so that a reader catches up by re-reading the queues
@@ -103,7 +107,7 @@ H_CATALOG_RING = 1024
 CATALOG_RING = 256
 CATALOG_QID_BITS = 24
 CATALOG_RESCAN = (1 << CATALOG_QID_BITS) - 1
-assert H_QUEUES_USED + 8 <= H_CATALOG_RING <= HEADER_SIZE - CATALOG_RING * 8
+assert H_TIMED_MARKS + 8 <= H_CATALOG_RING <= HEADER_SIZE - CATALOG_RING * 8
 
 # process table
 PROC_SLOTS_EXTRA = 5  # supervisor, acceptor, scheduler, metrics, management

@@ -68,10 +68,16 @@ class QueueTable:
 
     def mark_timed(self, qid: int) -> None:
         """A message with an expiry time went into log `qid`: its owner's
-        expirer looks at it from now on (a load, and one store per queue)."""
+        expirer looks at it from now on (a load, and once per queue a store
+        and H_TIMED_MARKS + 1 after it, which sends the expirers to look)."""
         at = self.queues + qid * _QUEUE_SIZE + layout.Q_TIMED
         if not self.a.load(at):
             self.a.store(at, 1)
+            self.a.fetch_add(layout.H_TIMED_MARKS, 1)
+
+    def timed_marks(self) -> int:
+        """H_TIMED_MARKS: moves whenever a queue's Q_TIMED is first stored."""
+        return self.a.load(layout.H_TIMED_MARKS)
 
     def timed(self, qid: int) -> bool:
         """Whether log `qid` may hold messages that expire."""

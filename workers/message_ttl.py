@@ -26,7 +26,7 @@ from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
 from shoal.workers.dead_letter import DeadLetters
-from shoal.workers.ticker import IDLE_POLL, NOTHING_POLL, Ticker
+from shoal.workers.ticker import NOTHING_POLL, Ticker
 
 POLL = 0.02  # seconds between looks at the heads of queues that may expire
 BATCH = 2048  # expired messages taken per loop iteration (then the others run)
@@ -68,8 +68,8 @@ class Expiry(Ticker):
         self.ctx = ctx
         self.dead_letters = dead_letters
         self.expired = 0  # messages this worker expired (tests, status)
-        # (generations, until, the timed qids, the candidates): see _owned_now.
-        self._owned: tuple[int, int, list[int], list[int]] = (-1, 0, [], [])
+        # (generations, timed marks, the timed qids, the candidates): see _owned_now.
+        self._owned: tuple[int, int, list[int], list[int]] = (-1, -1, [], [])
         # qid -> (its release generation, where the last scan stopped)
         self._resume: dict[int, tuple[int, int]] = {}
 
@@ -115,22 +115,24 @@ class Expiry(Ticker):
         self.expired += 1
 
     # -------------------------------------------------------------- expirer
-    def _owned_now(self, now: int) -> list[int]:
+    def _owned_now(self) -> list[int]:
         """The logs this worker expires: its own (qid % workers, shm/ownership.py) that have a
         TTL or had a timed message, not streams (their writer takes their
         entries) nor delay queues (due times are not expiry:
         workers/delays.py). The candidates (its own logs, not streams nor
         delay queues) change only with the catalog or the owners, and are
-        walked again then; which of them are timed (a first timed message,
-        a policy's TTL) is looked up every IDLE_POLL. (A walk of every log
-        four times a second was most of an idle worker's CPU beside a
-        thousand MQTT sessions' queues.)"""
+        walked again then; which of them are timed only with the catalog (a
+        policy's TTL) or a first timed message in one (H_TIMED_MARKS), and
+        are looked up again then. (A walk of every log four times a second
+        was most of an idle worker's CPU beside a thousand MQTT sessions'
+        queues.)"""
         shared = self.ctx.shared
         ownership = self.ctx.ownership
         # A new queue, or a new owner for some (the worker count changed).
         generation = shared.catalog.catalog_generation() << 32 | ownership.generation
-        cached_gen, until, owned, candidates = self._owned
-        if generation == cached_gen and now < until:
+        marks = shared.table.timed_marks()  # (before the look: a mark after it moves it)
+        cached_gen, cached_marks, owned, candidates = self._owned
+        if generation == cached_gen and marks == cached_marks:
             return owned
         if generation != cached_gen:
             skipped = shared.catalog.delay_queues() | shared.catalog.stream_queues()
@@ -138,7 +140,7 @@ class Expiry(Ticker):
             candidates = [q for q in shared.catalog.active_logs() if owns(q) and q not in skipped]
         timed = shared.table.timed
         owned = [qid for qid in candidates if timed(qid)]
-        self._owned = (generation, now + int(IDLE_POLL * 1000), owned, candidates)
+        self._owned = (generation, marks, owned, candidates)
         self._resume = {qid: at for qid, at in self._resume.items() if qid in owned}
         return owned
 
@@ -146,7 +148,7 @@ class Expiry(Ticker):
         ctx = self.ctx
         shared = ctx.shared
         now = now_ms()
-        owned = self._owned_now(now)
+        owned = self._owned_now()
         if not owned:
             self._poll(NOTHING_POLL)  # (a queue of its own may appear any moment)
             return
