@@ -447,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
     )
+    from shoal.broker.supervisor.open_files import raise_open_files_limit
+
+    raise_open_files_limit()  # (every process of the broker inherits it)
     if config.cluster_etcd:
         from shoal.broker.cluster.node import run_node
 
