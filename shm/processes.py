@@ -173,6 +173,11 @@ class Header:
     def set_epoch(self, epoch: int) -> None:
         self._a.store(layout.H_EPOCH, epoch)
 
+    def timed_marks(self) -> int:
+        """H_TIMED_MARKS (QueueTable.mark_timed adds to it): moves whenever a
+        queue's Q_TIMED is first stored."""
+        return self._a.load(layout.H_TIMED_MARKS)
+
     def workers(self) -> int:
         """IO workers the acceptor hands connections to."""
         return self._a.load(layout.H_WORKERS)

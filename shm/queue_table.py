@@ -75,10 +75,6 @@ class QueueTable:
             self.a.store(at, 1)
             self.a.fetch_add(layout.H_TIMED_MARKS, 1)
 
-    def timed_marks(self) -> int:
-        """H_TIMED_MARKS: moves whenever a queue's Q_TIMED is first stored."""
-        return self.a.load(layout.H_TIMED_MARKS)
-
     def timed(self, qid: int) -> bool:
         """Whether log `qid` may hold messages that expire."""
         q = self.queues + qid * _QUEUE_SIZE

@@ -22,6 +22,7 @@ from shoal.broker.amqp import dead_letter_rules, ttl
 from shoal.broker.amqp.ttl import now_ms
 from shoal.shm.arena import message_times
 from shoal.shm.ownership import OwnershipView
+from shoal.shm.processes import Header
 from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
 from shoal.shm.timed_entries import BUSY, NOT_TIMED, drop_expired, take_expired
@@ -61,13 +62,14 @@ def _due(
 class Expiry(Ticker):
     """This worker's message expiry."""
 
-    __slots__ = ("_owned", "_resume", "ctx", "dead_letters", "expired")
+    __slots__ = ("_owned", "_resume", "ctx", "dead_letters", "expired", "header")
 
     def __init__(self, ctx: ExpiryContext, dead_letters: DeadLetters) -> None:
         super().__init__(ctx.loop)
         self.ctx = ctx
         self.dead_letters = dead_letters
         self.expired = 0  # messages this worker expired (tests, status)
+        self.header = Header(ctx.seg)
         # (generations, timed marks, the timed qids, the candidates): see _owned_now.
         self._owned: tuple[int, int, list[int], list[int]] = (-1, -1, [], [])
         # qid -> (its release generation, where the last scan stopped)
@@ -130,7 +132,7 @@ class Expiry(Ticker):
         ownership = self.ctx.ownership
         # A new queue, or a new owner for some (the worker count changed).
         generation = shared.catalog.catalog_generation() << 32 | ownership.generation
-        marks = shared.table.timed_marks()  # (before the look: a mark after it moves it)
+        marks = self.header.timed_marks()  # (before the look: a mark after it moves it)
         cached_gen, cached_marks, owned, candidates = self._owned
         if generation == cached_gen and marks == cached_marks:
             return owned
