@@ -389,12 +389,10 @@ class Notification:
         return any(q.dry.get(key) != now for key in q.qcm.candidates())
 
     def _count_consumer_states(self) -> None:
-        v = self.stats.v
-        for gauge in _STATE_GAUGES.values():
-            v[gauge] = 0
-        for q in self.queues.values():
-            for state in q.qcm.states():
-                v[_STATE_GAUGES[state]] += 1
+        """The gauges from the tally the queues' managers keep as consumers move."""
+        v, tally = self.stats.v, self.state.consumer_tally
+        for state, gauge in _STATE_GAUGES.items():
+            v[gauge] = tally[state]
 
     def sweep(self) -> None:
         """Belt and braces: a queue that has ready entries and interested

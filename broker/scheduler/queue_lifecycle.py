@@ -86,6 +86,7 @@ class QueueLifecycle:
                 bool(flags & QueueFlag.EXCLUSIVE),
                 bool(flags & QueueFlag.AUTO_DELETE),
                 self.shared.table.owner_connection(qid),
+                self.state.consumer_tally,
             )
             q.max_priority = self.shared.table.max_priority(qid)
             q.stream = bool(flags & QueueFlag.STREAM)
@@ -304,7 +305,9 @@ class QueueLifecycle:
             if dedup_spec is not None:
                 cache = self._dedup_file(vhost, name, qid)
                 dedup_caches.create(self.state.config, dedup_spec, cache)
-            q = QueueState(qid, vhost, name, durable, exclusive, auto_delete, owner)
+            q = QueueState(
+                qid, vhost, name, durable, exclusive, auto_delete, owner, self.state.consumer_tally
+            )
             q.uid = uid if durable and not exclusive else 0
             q.stream = stream is not None
             q.expires_ms = expires
@@ -508,6 +511,7 @@ class QueueLifecycle:
             link = self.links.get(worker)
             if link is not None:
                 link.send(ipc.ConsumerGone(cid))
+        q.qcm.clear()
         if not self.shared.table.flow_open(q.qid):
             self.state.send_all(ipc.Unblock(q.qid))  # its publishers wait for nothing now
         for level, qid in q.levels.items():

@@ -20,7 +20,7 @@ from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.amqp.definitions import Bound, Definitions, Op
 from shoal.broker.config import Config
-from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager
+from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager, Tally, new_tally
 from shoal.shm._atomic import Atomic
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.processes import ProcessSlot
@@ -94,6 +94,7 @@ class QueueState:
         exclusive: bool,
         auto_delete: bool,
         owner: int,
+        tally: Tally | None = None,
     ) -> None:
         self.qid = qid
         self.vhost = vhost
@@ -104,7 +105,7 @@ class QueueState:
         self.owner = owner
         self.had_consumers = False
         self.uid = 0  # a durable queue's, in the data directory (durable.py); else 0
-        self.qcm = QueueConsumerManager()
+        self.qcm = QueueConsumerManager(tally=tally)  # (the scheduler's: SchedulerState)
         # Browsers that ran dry, with the Q_CHANGES value they read before
         # their last scan: each is notified again as soon as it moves.
         self.browsing: dict[ConsumerKey, int] = {}
@@ -179,6 +180,7 @@ class SchedulerState:
         self.by_name: dict[tuple[str, bytes], QueueState] = {}  # (vhost, name) -> queue
         self.level_of: dict[int, QueueState] = {}  # level slot qid -> its queue
         self.consumers: dict[ConsumerKey, tuple[int, bool]] = {}  # -> (qid, exclusive)
+        self.consumer_tally = new_tally()  # consumers per state, every queue's (the gauges)
         self.vhost = config.default_vhost  # the default virtual host
         self.catalog = CatalogWriter(seg, Op)
         self.definitions = Definitions()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.broker.scheduler.consumers import QueueConsumerManager, State
+from shoal.broker.scheduler.consumers import QueueConsumerManager, State, new_tally
 
 
 def test_notifies_one_at_a_time_round_robin() -> None:
@@ -147,3 +147,33 @@ def test_turns_are_interchangeable_among_equals_only() -> None:
     sac.add((0, 1))
     sac.add((1, 2))
     assert not sac.turns_interchangeable(), "only the active one may take"
+
+
+def test_a_shared_tally_follows_every_move_and_a_queue_that_goes() -> None:
+    """The scheduler's gauges: two queues' managers keep one tally as their
+    consumers move; it always equals a count of both, and a queue cleared
+    (deleted with its consumers) takes its own out."""
+    tally = new_tally()
+    a, b = QueueConsumerManager(tally=tally), QueueConsumerManager(tally=tally)
+
+    def both() -> dict[State, int]:
+        return {s: a.counts()[s] + b.counts()[s] for s in State}
+
+    a.add((0, 1))
+    a.add((0, 2), priority=5)
+    a.add((1, 3), acquiring=False)
+    b.add((1, 4), interested=False)
+    assert tally == both()
+    key = a.notify_next()
+    assert key == (0, 2) and tally == both() and tally[State.NOTIFIED] == 1
+    a.set_interest((0, 1), False)
+    b.set_interest((1, 4), True)
+    a.set_interest((1, 3), False)
+    assert tally == both()
+    a.done((0, 2))
+    assert tally == both() and tally[State.NOTIFIED] == 0
+    assert b.notify_next() == (1, 4)
+    b.remove((1, 4))
+    assert tally == both()
+    a.clear()
+    assert len(a) == 0 and tally == both() == new_tally()
