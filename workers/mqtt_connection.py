@@ -503,6 +503,7 @@ class MqttConnection(asyncio.Protocol):
             self.outbound.deliver(*delivery)
         if self.timer is not None:
             self.timer.cancel()
+            self.timer = None  # (keep alive 0: no timer, none kept)
         keep_alive = self.connect.keep_alive
         if keep_alive:
             self.timer = self.ctx.loop.call_later(keep_alive * 1.5, self._connect_timeout)
