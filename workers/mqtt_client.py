@@ -22,6 +22,7 @@ class MqttClient(Protocol):
     frame_max: int  # the inner connection's
     long_read: bool  # the read being handled holds a run of packets
     amqp_out: bytearray  # what the inner connection wrote and the bridge has not read
+    held: list[Any]  # packets read while a (UN)SUBACK was coming, not yet served
 
     @property
     def vhost(self) -> str: ...
