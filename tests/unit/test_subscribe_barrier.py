@@ -1,18 +1,24 @@
 """MQTT's subscribe barrier (shm/subscribe_barrier.py): which publish reads
-wait for which SUBSCRIBEs, across two workers' views of one segment."""
+wait for which SUBSCRIBEs, across two workers' views of one segment; and a
+SUBSCRIBE held in its connection behind another keeps it up until its own
+bindings (gmqtt's shared subscription test lost a whole burst)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from shoal.broker.mqtt import packets as P
 from shoal.shm import layout
 from shoal.shm.processes import Header
 from shoal.shm.segment import Segment
 from shoal.shm.subscribe_barrier import BARRIER_NS, SubscribeBarrier
+from shoal.workers.mqtt_session import Session, SessionState
+from shoal.workers.mqtt_subscriptions import Subscriptions
 
 
 @pytest.fixture
@@ -72,3 +78,68 @@ def test_nobody_subscribing_costs_one_load(seg: Segment) -> None:
     now = time.monotonic_ns()
     assert seg.atomic.load(layout.H_SUBSCRIBED_AT) == 0
     assert not publisher.holds(now, now)
+
+
+# ------------------------------------------- a SUBSCRIBE held behind another
+class Client:
+    """The parts of an MQTT connection a SUBSCRIBE uses; the inner channel's
+    replies come when the test says (`answer`)."""
+
+    level = P.MQTT_311
+    closed = False
+    persistent = False
+    conn_id = 7
+    client_id = "held"
+
+    def __init__(self) -> None:
+        self.session = Session(SessionState("/", "held"), None)
+        self.held: list[Any] = []
+        self.calls: list[Callable[[Any], None]] = []
+        self.sent: list[bytes] = []
+        self.subscriptions: Subscriptions | None = None
+
+    def call(self, _method: Any, then: Callable[[Any], None]) -> None:
+        self.calls.append(then)
+
+    def answer(self) -> None:
+        """Every reply the inner channel owes, until none is owed."""
+        while self.calls:
+            self.calls.pop(0)(None)
+
+    def may_subscribe(self, _key: str) -> bool:
+        return True
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def send_retained(self, _topic_filter: str, _qos: int) -> None:
+        pass
+
+    def serve_held(self) -> None:
+        assert self.subscriptions is not None
+        while self.held:
+            self.subscriptions.subscribe(self.held.pop(0))
+
+
+def subscribe(packet_id: int, topic_filter: str) -> P.Subscribe:
+    return P.Subscribe(packet_id, [P.Subscription(topic_filter, 1)])
+
+
+def test_a_held_subscribe_keeps_the_barrier_until_its_own_bindings(seg: Segment) -> None:
+    client = Client()
+    subs = Subscriptions(client, None, None, SubscribeBarrier(seg, 0))  # type: ignore[arg-type]
+    client.subscriptions = subs
+    publisher = SubscribeBarrier(seg, 1)  # another worker's view
+    subs.subscribe(subscribe(1, "a/#"))  # under way: its queue declared, consumed, bound
+    client.held.append(subscribe(2, "b/#"))  # read behind it, held until its SUBACK
+    read_at = time.monotonic_ns()  # another worker reads a publish now
+    assert publisher.holds(read_at, time.monotonic_ns())
+    client.calls.pop(0)(None)  # a/#'s queue declared
+    client.calls.pop(0)(None)  # ... consumed
+    client.calls.pop(0)(None)  # ... bound: its SUBACK, and b/# served (its bind asked)
+    assert len(client.sent) == 1 and client.calls, "b/#'s bind is under way"
+    assert publisher.holds(read_at, time.monotonic_ns()), "b/# not bound yet: still held"
+    client.answer()
+    assert len(client.sent) == 2
+    assert not publisher.holds(read_at, time.monotonic_ns())
+    assert subs.binding == 0
