@@ -19,6 +19,13 @@ Words (shm/layout.py):
 A subscribe holds others' publishes for BARRIER_NS at most, from its start:
 a word left behind (a worker stopped mid-subscribe, a scheduler that does
 not answer) stops mattering then.
+
+The word goes up in C, as the worker's front (workers/_mqtt_front.h) takes a
+read that starts with a SUBSCRIBE's first byte, before any Python: raised
+only once Python had decoded the read's start, a publisher on another worker
+that looked meanwhile (the socket read, the word still down: tens of
+microseconds when the worker is preempted there) went ahead. begin() takes
+the front's time as the SUBSCRIBE's start; unclaimed() drops it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from shoal.shm.processes import Header
 from shoal.shm.segment import Segment
 
 BARRIER_NS = 2_000_000_000
+FRONT_NS = 10_000_000  # the front's word older than this at begin() is a stale one
 
 
 class SubscribeBarrier:
@@ -69,10 +77,21 @@ class SubscribeBarrier:
             BARRIER_NS,
         )
 
+    @property
+    def front_words(self) -> tuple[object, int, int]:
+        """Where the C front raises this worker's word at a SUBSCRIBE's read
+        (workers/_mqtt_front.h): the segment's atomic, P_SUBSCRIBING's and
+        H_SUBSCRIBED_AT's offsets."""
+        return self._a, self._mine, layout.H_SUBSCRIBED_AT
+
     def begin(self) -> int:
         """A SUBSCRIBE begins: publishes read from now on wait for end(token)."""
         now = time.monotonic_ns()
         starts = self._starts
+        if not starts:  # (the front raised the word at its read: that is its start)
+            raised = self._a.load(self._mine)
+            if 0 < now - raised < FRONT_NS:  # (not one a closed connection's read left)
+                now = raised
         for token, start in list(starts.items()):  # (one never ended: its connection went)
             if now - start < BARRIER_NS:
                 break
@@ -82,6 +101,13 @@ class SubscribeBarrier:
         self._a.store(self._mine, next(iter(starts.values())))
         self._a.store(layout.H_SUBSCRIBED_AT, now)
         return token
+
+    def unclaimed(self) -> None:
+        """A read the front took for a SUBSCRIBE's is none (a payload's
+        byte) or not one to begin (a SUBSCRIBE already under way in its
+        connection, or before its CONNACK): the word it raised drops."""
+        if not self._starts:
+            self._a.store(self._mine, 0)
 
     def end(self, token: int) -> None:
         """Its bindings are in place (or it is abandoned)."""

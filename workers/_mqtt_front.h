@@ -30,7 +30,24 @@ typedef struct {
      * (MqttConnection._connect_timeout), here and not in the connection's
      * last_recv, so that a fast read leaves that cold object alone. */
     double last_fast;
+    /* This worker's P_SUBSCRIBING and H_SUBSCRIBED_AT (or NULL): a read that
+     * starts with a SUBSCRIBE's first byte raises the word here, before any
+     * Python runs (SubscribeBarrier.begin takes it over, or `unclaimed`
+     * drops it), so that no other worker finds this socket read and the
+     * word still down (shm/subscribe_barrier.py). */
+    uint64_t *subscribing;
+    uint64_t *subscribed_at;
 } FrontObject;
+
+static void
+front_subscribe_read(FrontObject *f)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec, none = 0;
+    __atomic_compare_exchange_n(f->subscribing, &none, now, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    __atomic_store_n(f->subscribed_at, now, __ATOMIC_SEQ_CST);
+}
 
 /* The fast read of `data` (non-empty): bytes taken, or -1 with an error. */
 static Py_ssize_t
@@ -61,6 +78,9 @@ static PyObject *
 Front_data_received(FrontObject *f, PyObject *data)
 {
     PyObject *fast = f->fast;
+    if (f->subscribing != NULL && PyBytes_CheckExact(data) && PyBytes_GET_SIZE(data) > 0 &&
+        (unsigned char)PyBytes_AS_STRING(data)[0] == 0x82)
+        front_subscribe_read(f);
     if (fast == NULL || !PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) == 0)
         return PyObject_CallFunctionObjArgs(f->rest, f->conn, data, NULL);
     f->fast = NULL; /* (until a read it takes whole again; its reference is ours) */
@@ -151,14 +171,23 @@ Front_set_fast(FrontObject *f, PyObject *v, void *closure)
     return 0;
 }
 
-/* MqttFront(conn, rest, counted, failed, long_read). */
+/* MqttFront(conn, rest, counted, failed, long_read[, atomic, subscribing, subscribed_at]):
+ * the last three SubscribeBarrier.front_words. */
 static int
 Front_init(FrontObject *f, PyObject *args, PyObject *kwds)
 {
-    PyObject *conn, *rest, *counted, *failed;
-    Py_ssize_t long_read;
-    if (!PyArg_ParseTuple(args, "OOOOn:MqttFront", &conn, &rest, &counted, &failed, &long_read))
+    PyObject *conn, *rest, *counted, *failed, *atomic = NULL;
+    Py_ssize_t long_read, subscribing = 0, subscribed_at = 0;
+    if (!PyArg_ParseTuple(args, "OOOOn|Onn:MqttFront", &conn, &rest, &counted, &failed, &long_read,
+                          &atomic, &subscribing, &subscribed_at))
         return -1;
+    f->subscribing = f->subscribed_at = NULL;
+    if (atomic != NULL && atomic != Py_None) {
+        f->subscribing = queues_api->word(atomic, subscribing);
+        f->subscribed_at = f->subscribing == NULL ? NULL : queues_api->word(atomic, subscribed_at);
+        if (f->subscribed_at == NULL)
+            return -1;
+    }
     Py_XSETREF(f->conn, Py_NewRef(conn));
     Py_XSETREF(f->rest, Py_NewRef(rest));
     Py_XSETREF(f->counted, Py_NewRef(counted));

@@ -164,6 +164,9 @@ class MqttFront:
         counted: Callable[[Any, tuple[int, int, bytes, bytes]], int],
         failed: Callable[[Any, BaseException], None],
         long_read: int,
+        atomic: Any = None,
+        subscribing: int = 0,
+        subscribed_at: int = 0,
         /,
     ) -> None: ...
     def data_received(self, data: bytes, /) -> None: ...

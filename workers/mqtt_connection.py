@@ -118,7 +118,8 @@ class MqttConnection(asyncio.Protocol):
         self.login: tuple[str, bytes, str] = ("", b"", "/")  # user, password, vhost
         self.external = False  # log in with the TLS client certificate (SASL EXTERNAL)
         self.server_keep_alive = 0  # 5.0: CONNACK's, where --mqtt-max-keep-alive cut it
-        self.front = MqttFront(self, MqttConnection._read, counted, failed, LONG_READ)
+        words = ctx.subscribe_barrier.front_words
+        self.front = MqttFront(self, MqttConnection._read, counted, failed, LONG_READ, *words)
 
     # ------------------------------------------------------------ the socket
     def connection_made(self, transport: Any) -> None:
@@ -134,11 +135,11 @@ class MqttConnection(asyncio.Protocol):
         """A read, or what the front's fast read (front.fast) left of it."""
         if self.closed or not data:  # (an empty WebSocket message: nothing)
             return  # (a closed connection's socket lingers: its input is dropped)
-        if data[0] == 0x82 and self.open and not (self.subscriptions.binding or self.reader.buffer):
-            # A read that starts with a SUBSCRIBE (at a packet's start, not
-            # inside a held one's payload): the barrier before it is decoded,
-            # as others' publishes race it by microseconds.
-            self.subscriptions.begin()
+        if data[0] == 0x82:  # A SUBSCRIBE's read, if at a packet's start (not in a held
+            # one's payload): the barrier's up before it is decoded (the front
+            # raised its word), as others' publishes race it by microseconds.
+            subscriptions, reader = self.subscriptions, self.reader
+            subscriptions.begin(self.open and not (subscriptions.binding or reader.buffer))
         self.last_recv = time.monotonic()
         self.long_read = len(data) >= LONG_READ
         batch = self.out is None
@@ -510,8 +511,8 @@ class MqttConnection(asyncio.Protocol):
         self.serve_held()
 
     def serve_held(self) -> None:
-        """The packets held while the CONNACK or a (UN)SUBACK was coming, in order:
-        one found wrong only now (a topic alias not set) ends it as when read."""
+        """The packets held (for a CONNACK, a (UN)SUBACK, others' SUBSCRIBEs), in
+        order; one wrong only now (a topic alias not set) ends it as if read."""
         self.busy = False
         try:
             while self.held and not self.busy and not self.closed:

@@ -224,10 +224,13 @@ class Subscriptions:
 
         next_step()
 
-    def begin(self) -> None:
-        """A SUBSCRIBE is read: publishes others' reads take from now on
-        wait for its bindings (shm/subscribe_barrier.py)."""
-        if not self.binding:
+    def begin(self, starts: bool = True) -> None:
+        """A SUBSCRIBE is read (`starts`; else a read that only starts like
+        one): publishes others' reads take from now on wait for its
+        bindings (shm/subscribe_barrier.py)."""
+        if not starts:
+            self.barrier.unclaimed()
+        elif not self.binding:
             self.binding = self.barrier.begin()
 
     def bound(self) -> None:

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
+import types
+from pathlib import Path
 from typing import Any
 
 import uvloop
 
+from shoal.shm import layout
+from shoal.shm.segment import Segment
+from shoal.shm.subscribe_barrier import SubscribeBarrier
 from shoal.workers._wire import MqttFront
 from shoal.workers.mqtt_front import counted, failed, install
 
@@ -79,3 +85,33 @@ def test_only_a_plain_tcp_transport_gets_the_front() -> None:
     other = Other()
     install(object(), other)
     assert other.protocol is None
+
+
+def test_a_read_that_starts_like_a_subscribe_raises_the_barrier_word_before_python(
+    tmp_path: Path,
+) -> None:
+    """The front raises its worker's P_SUBSCRIBING (and the hint) as it takes
+    a read whose first byte is SUBSCRIBE's, before the connection's Python
+    sees it (shm/subscribe_barrier.py): a publisher on another worker must
+    not find the socket read and the word down. Other reads leave it."""
+    limits = layout.Limits(max_workers=2, max_queues=64, queue_capacity=16, arena_bytes=1 << 16)
+    seg = Segment.create(str(tmp_path / "front.shm"), limits)
+    try:
+        barrier = SubscribeBarrier(seg, 0)
+        atomic, word, hint = barrier.front_words
+        seen: list[int] = []
+        conn = types.SimpleNamespace(read=lambda _c, data: seen.append(atomic.load(word)))
+        front = MqttFront(conn, conn.read, counted, failed, 1024, *barrier.front_words)
+        before = time.monotonic_ns()
+        front.data_received(b"\x30\x03\x00\x01a")
+        assert seen == [0] and atomic.load(hint) == 0
+        front.data_received(b"\x82\x06\x00\x01\x00\x01a\x01")
+        assert seen[1] >= before and atomic.load(hint) == seen[1], "up before Python ran"
+        token = barrier.begin()
+        assert atomic.load(word) == seen[1], "begin() takes the front's time as the start"
+        barrier.end(token)
+        atomic.store(word, 5)  # (another SUBSCRIBE's start: the front leaves it)
+        front.data_received(b"\x82\x06\x00\x02\x00\x01a\x01")
+        assert atomic.load(word) == 5
+    finally:
+        seg.unlink()

@@ -80,6 +80,29 @@ def test_nobody_subscribing_costs_one_load(seg: Segment) -> None:
     assert not publisher.holds(now, now)
 
 
+def test_the_fronts_word_at_a_subscribes_read_is_its_start_or_drops(seg: Segment) -> None:
+    """The C front raises the word at the read (front_words), before any
+    Python: begin() takes that as the SUBSCRIBE's start; a read that was
+    no SUBSCRIBE to begin drops it, unless one is under way."""
+    worker, publisher = SubscribeBarrier(seg, 0), SubscribeBarrier(seg, 1)
+    atomic, word, hint = worker.front_words
+    read_at = time.monotonic_ns()
+    atomic.store(word, read_at)  # (what the front stores)
+    atomic.store(hint, read_at)
+    assert publisher.holds(read_at, read_at), "held from the read on"
+    token = worker.begin()
+    assert atomic.load(word) == read_at
+    worker.end(token)
+    atomic.store(word, time.monotonic_ns())
+    worker.unclaimed()
+    assert atomic.load(word) == 0
+    token = worker.begin()
+    start = atomic.load(word)
+    worker.unclaimed()  # (a SUBSCRIBE under way: its word stays)
+    assert atomic.load(word) == start
+    worker.end(token)
+
+
 # ------------------------------------------- a SUBSCRIBE held behind another
 class Client:
     """The parts of an MQTT connection a SUBSCRIBE uses; the inner channel's
