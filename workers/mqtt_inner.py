@@ -1,7 +1,8 @@
 """The inner AMQP connection of an MQTT client (workers/mqtt_connection.py),
 from the client's side: the login (PLAIN, or EXTERNAL with a TLS client
 certificate), tune, open, channel 1 with confirms and the QoS windows, and
-its closes as MQTT refusals or disconnects."""
+its closes as MQTT refusals or disconnects; channel 2, the subscriptions'
+queue.declares (Declares)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class InnerSide(MqttClient, Protocol):
     prefetch: int  # --mqtt-prefetch: QoS 1 and 2 deliveries in flight per queue
     expect: list[Callable[[Any], None]]  # channel 1's sync replies (a few at most)
     amqp: Any  # the inner connection (None once it ended)
+    subscriptions: Any  # its Subscriptions (their declares: channel 2)
 
     def refuse(self, code: tuple[int, int]) -> None:
         """CONNACK with a refusal (3.1.1's code, 5.0's), then the close."""
@@ -39,7 +41,9 @@ log = logging.getLogger("shoal.mqtt")
 
 def answer(conn: InnerSide, channel: int, frame: Any) -> None:
     """A frame the inner connection wrote that is not a delivery or a confirm."""
-    if isinstance(frame, C.Connection.Start):
+    if channel == DECLARES:
+        conn.subscriptions.declares.answer(frame)
+    elif isinstance(frame, C.Connection.Start):
         user, password, _vhost = conn.login
         mechanism, response = "PLAIN", b"\x00" + user.encode() + b"\x00" + password
         if conn.external:
@@ -88,3 +92,71 @@ def flow_control(conn: InnerSide) -> None:
         limit = C.Basic.Qos(prefetch_count=receive_maximum, global_=True)
         then = lambda _r: conn.call(limit, lambda _q: conn.start_session())  # noqa: E731
     conn.call(C.Basic.Qos(prefetch_count=conn.prefetch), then)
+
+
+DECLARES = 2  # the inner connection's channel for the subscriptions' queue.declares
+
+
+def refusal_code(close: C.Channel.Close, level5: bool) -> int:
+    """The SUBACK code of a filter whose queue.declare `close` refused (5.0's;
+    3.1.1 has 0x80 only): the queue limits (--max-queues: 506; a vhost's
+    max-queues: 406 "... queue limit ...") are a quota (0x97), a
+    permission's 403 is not authorized (0x87), the rest unspecified."""
+    code, text = close.reply_code or 0, close.reply_text or ""
+    if not level5:
+        return 0x80
+    if code == 506 or (code == 406 and "queue limit" in text):
+        return 0x97
+    return 0x87 if code == 403 else 0x80
+
+
+class Declares:
+    """Channel 2 of an MQTT client's inner connection: its subscriptions'
+    queue.declares, one at a time. A declare the broker refuses (a queue
+    limit, a permission) closes this channel and not channel 1, whose
+    consumers deliver the client's other subscriptions: the SUBSCRIBE
+    answers that filter with a failure code and the connection goes on
+    (MQTT-3.9.3), and the channel opens again for the next declare."""
+
+    __slots__ = ("conn", "open", "sent", "waiting")
+
+    def __init__(self, conn: MqttClient) -> None:
+        self.conn = conn
+        self.open = False  # channel 2 open, or its Channel.Open sent
+        self.sent = False  # the first waiting declare is out
+        # (declare, its reply's callback, its refusal's)
+        self.waiting: list[tuple[Any, Callable[[Any], None], Callable[[Any], None]]] = []
+
+    def declare(
+        self, method: Any, then: Callable[[Any], None], refused: Callable[[Any], None]
+    ) -> None:
+        """queue.declare `method`: `then` gets its DeclareOk, `refused` the Channel.Close."""
+        self.waiting.append((method, then, refused))
+        if not self.sent:
+            self._next()
+
+    def answer(self, frame: Any) -> None:
+        """A frame on channel 2."""
+        if isinstance(frame, C.Channel.OpenOk):
+            if self.waiting:
+                self.conn.method(self.waiting[0][0], DECLARES)
+            return
+        if isinstance(frame, C.Channel.Close):
+            self.conn.method(C.Channel.CloseOk(), DECLARES)
+            self.open = False
+            log.info("mqtt client %s: %s", self.conn.client_id, frame.reply_text)
+        elif not isinstance(frame, C.Queue.DeclareOk) or not self.sent:
+            return
+        _method, then, refused = self.waiting.pop(0)
+        self.sent = False
+        if self.waiting:  # (before the callback, which may declare again)
+            self._next()
+        (refused if isinstance(frame, C.Channel.Close) else then)(frame)
+
+    def _next(self) -> None:
+        self.sent = True
+        if self.open:
+            self.conn.method(self.waiting[0][0], DECLARES)
+        else:  # (sent at its OpenOk)
+            self.open = True
+            self.conn.method(C.Channel.Open(), DECLARES)

@@ -29,6 +29,7 @@ from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import matches, shared, valid_filter
 from shoal.workers.mqtt_client import MqttClient
+from shoal.workers.mqtt_inner import Declares, refusal_code
 from shoal.workers.mqtt_session import Subscribed
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class Subscriptions:
         self.catalog = catalog  # which queues exist (a session's earlier ones)
         self.routes = routes
         self.consumed: dict[str, int] = {}  # queue -> the QoS it is consumed with
+        self.declares = Declares(conn)  # (channel 2: a refused declare leaves channel 1)
         self.no_local = False  # any no-local subscription: this client's publishes say who
         # Bumped by every change to the filters or the queues consumed: what
         # was planned for deliveries before (workers/mqtt_outbound.py) is stale.
@@ -192,6 +194,10 @@ class Subscriptions:
             old = self.filters.get(one.topic_filter)
             sub = Subscribed(one.qos, queue, identifier, one.no_local, one.retain_as_published)
 
+            def refused(close: Any) -> None:  # (a queue limit: MQTT-3.9.3's failure)
+                codes.append(refusal_code(close, level5))
+                next_step()
+
             def done() -> None:
                 self.filters[one.topic_filter] = sub
                 self.version += 1
@@ -206,11 +212,13 @@ class Subscriptions:
                 next_step()
 
             if old is not None and old.queue != queue:  # a new QoS for the filter: moved
+                # (a refused queue keeps the old subscription: its binding back)
+                back = lambda c: self._bind(one.topic_filter, old.queue, lambda: refused(c))  # noqa: E731
                 self._unbind(
                     one.topic_filter,
                     old.queue,
                     lambda _r: self._consume(
-                        queue, one.qos, lambda: self._bind(one.topic_filter, queue, done)
+                        queue, one.qos, lambda: self._bind(one.topic_filter, queue, done), back
                     ),
                 )
             elif group is not None and old is not None and old.qos != one.qos:
@@ -220,7 +228,8 @@ class Subscriptions:
                     lambda _r: self._rejoin(queue, one.qos, done),
                 )
             else:
-                self._consume(queue, one.qos, lambda: self._bind(one.topic_filter, queue, done))
+                bind = lambda: self._bind(one.topic_filter, queue, done)  # noqa: E731
+                self._consume(queue, one.qos, bind, refused)
 
         next_step()
 
@@ -268,8 +277,16 @@ class Subscriptions:
         key = M.mqtt_to_amqp(topic_filter)
         self.conn.call(C.Queue.Unbind(queue=queue, exchange=M.EXCHANGE, routing_key=key), then)
 
-    def _consume(self, queue: str, qos: int, then: Callable[[], None]) -> None:
-        """Queue `queue` declared and consumed (once per connection), then `then`."""
+    def _consume(
+        self,
+        queue: str,
+        qos: int,
+        then: Callable[[], None],
+        refused: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Queue `queue` declared and consumed (once per connection), then
+        `then`; a declare refused (its Channel.Close) goes to `refused`, or
+        without it (a returning session's queues) ends the connection."""
         conn = self.conn
         if queue in self.consumed or conn.closed:  # (closed: a will delay's wait)
             then()
@@ -296,7 +313,15 @@ class Subscriptions:
             consume = C.Basic.Consume(queue=queue, consumer_tag=queue, no_ack=qos == 0)
             conn.call(consume, lambda _r: then())
 
-        conn.call(declare, declared)
+        def not_declared(close: Any) -> None:
+            self.consumed.pop(queue, None)
+            self.version += 1
+            if refused is not None:
+                refused(close)
+            else:
+                conn.disconnect(0x87 if close.reply_code == 403 else 0x80)
+
+        self.declares.declare(declare, declared, not_declared)
 
     # ---------------------------------------------------------- UNSUBSCRIBE
     def unsubscribe(self, packet: P.Unsubscribe) -> None:

@@ -23,6 +23,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from shoal.broker.mqtt import packets as P
 from tests.broker_process import Broker, free_port
+from tests.integration.test_ctl import ctl
 from tests.mqtt_raw import RawClient
 
 WAIT_S = 10
@@ -555,3 +556,29 @@ def test_a_client_silent_for_one_and_a_half_keep_alives_is_disconnected(
     if level == P.MQTT_5:
         _kind, _flags, body = client.read(P.DISCONNECT)
         assert body[0] == 0x8D
+
+
+def test_a_subscription_past_a_queue_limit_is_refused_and_the_connection_goes_on(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """A filter whose queue the broker refuses (here the vhost's max-queues)
+    gets a SUBACK failure, 5.0's quota exceeded (0x97), 3.1.1's 0x80, and
+    the connection keeps its other subscriptions (MQTT-3.9.3); once the
+    limit is gone the same filter is granted."""
+    broker, port = mqtt_broker
+    ctl(broker, "set_vhost_limits", "-p", "/", '{"max-queues": 1}')
+    client = raw(raws, port, "limited")
+    assert client.subscribe("limit/a", 1) == b"\x01"
+    assert client.subscribe("limit/b", 0, packet_id=2) == b"\x97", "a second queue: refused"
+    older = RawClient(port, P.MQTT_311)
+    raws.append(older)
+    assert older.connect("limited-311")[1] == 0
+    assert older.subscribe("limit/c", 1) == b"\x80"
+    client.publish("limit/a", b"still subscribed", 1, packet_id=3)
+    _flags, message = client.received()
+    assert (message.topic, message.payload) == ("limit/a", b"still subscribed")
+    ctl(broker, "clear_vhost_limits", "-p", "/")
+    assert client.subscribe("limit/b", 0, packet_id=4) == b"\x00"
+    older.publish("limit/b", b"granted now")
+    _flags, message = client.received()
+    assert (message.topic, message.payload) == ("limit/b", b"granted now")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pamqp import commands as C
 
 from shoal.broker.mqtt import packets as P
 from shoal.shm import layout
@@ -124,8 +125,15 @@ class Client:
     def call(self, _method: Any, then: Callable[[Any], None]) -> None:
         self.calls.append(then)
 
+    def method(self, method: Any, channel: int = 1) -> None:
+        """Channel 2's (the declares'): answered as channel 1's calls are."""
+        assert channel == 2 and self.subscriptions is not None
+        declares = self.subscriptions.declares
+        reply = C.Channel.OpenOk() if isinstance(method, C.Channel.Open) else C.Queue.DeclareOk()
+        self.calls.append(lambda _r: declares.answer(reply))
+
     def answer(self) -> None:
-        """Every reply the inner channel owes, until none is owed."""
+        """Every reply the inner channels owe, until none is owed."""
         while self.calls:
             self.calls.pop(0)(None)
 
@@ -157,6 +165,7 @@ def test_a_held_subscribe_keeps_the_barrier_until_its_own_bindings(seg: Segment)
     client.held.append(subscribe(2, "b/#"))  # read behind it, held until its SUBACK
     read_at = time.monotonic_ns()  # another worker reads a publish now
     assert publisher.holds(read_at, time.monotonic_ns())
+    client.calls.pop(0)(None)  # the declares' channel open
     client.calls.pop(0)(None)  # a/#'s queue declared
     client.calls.pop(0)(None)  # ... consumed
     client.calls.pop(0)(None)  # ... bound: its SUBACK, and b/# served (its bind asked)
