@@ -145,7 +145,9 @@ class Declares:
             self.conn.method(C.Channel.CloseOk(), DECLARES)
             self.open = False
             log.info("mqtt client %s: %s", self.conn.client_id, frame.reply_text)
-        elif not isinstance(frame, C.Queue.DeclareOk) or not self.sent:
+        elif not isinstance(frame, C.Queue.DeclareOk):
+            return
+        if not (self.sent and self.waiting):  # (nothing of ours was under way)
             return
         _method, then, refused = self.waiting.pop(0)
         self.sent = False
