@@ -1742,6 +1742,8 @@ Atomic_take_bits(AtomicObject *self, PyObject *const *args, Py_ssize_t nargs)
     return found;
 }
 
+#include "_scan.h"
+
 static PyMethodDef Atomic_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))Atomic_alloc, METH_FASTCALL,
      "Allocate a held block in the owner's arena."},
@@ -1779,6 +1781,12 @@ static PyMethodDef Atomic_methods[] = {
      "A key's hash in a deduplication cache."},
     {"dedup_add", (PyCFunction)(void (*)(void))Atomic_dedup_add, METH_FASTCALL,
      "Check-and-add a key in a deduplication cache (shm/dedup_cache.py)."},
+    {"counted_among", (PyCFunction)(void (*)(void))Atomic_counted_among, METH_FASTCALL,
+     "The qids whose counter word is above 0 (shm/_scan.h)."},
+    {"differ_among", (PyCFunction)(void (*)(void))Atomic_differ_among, METH_FASTCALL,
+     "The qids whose word is not `value` (shm/_scan.h)."},
+    {"span_among", (PyCFunction)(void (*)(void))Atomic_span_among, METH_FASTCALL,
+     "(qid, low word) of the records whose two words are `least` apart (shm/_scan.h)."},
     {"load", (PyCFunction)(void (*)(void))Atomic_load, METH_FASTCALL, "Atomic 64-bit load."},
     {"store", (PyCFunction)(void (*)(void))Atomic_store, METH_FASTCALL, "Atomic 64-bit store."},
     {"cas", (PyCFunction)(void (*)(void))Atomic_cas, METH_FASTCALL,

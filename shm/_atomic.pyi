@@ -1,3 +1,5 @@
+from collections.abc import Container, Iterable
+
 from typing_extensions import Buffer
 
 Q_STATE: int
@@ -44,6 +46,25 @@ MSG_TAG_SIZE: int
 class Atomic:
     def __init__(self, buffer: Buffer, /) -> None: ...
     def load(self, offset: int, /) -> int: ...
+    # One word of many queue records in one call (shm/_scan.h): the word of
+    # queue q at base + q * stride + offset.
+    def counted_among(
+        self, qids: Iterable[int], base: int, stride: int, offset: int, /
+    ) -> list[int]: ...
+    def differ_among(
+        self, qids: Iterable[int], base: int, stride: int, offset: int, value: int, /
+    ) -> list[int]: ...
+    def span_among(
+        self,
+        qids: Iterable[int],
+        skip: Container[int],
+        base: int,
+        stride: int,
+        low: int,
+        high: int,
+        least: int,
+        /,
+    ) -> list[tuple[int, int]]: ...
     def store(self, offset: int, value: int, /) -> None: ...
     def cas(self, offset: int, expected: int, desired: int, /) -> bool: ...
     def fetch_add(self, offset: int, delta: int, /) -> int: ...

@@ -72,18 +72,18 @@ def half_full(
     shared: SharedQueues, qids: Iterable[int], known: Container[int]
 ) -> list[tuple[int, int]]:
     """(qid, head) of each log of `qids` not in `known` that is at least half
-    full: head_and_fill's two loads in one pass, without its calls per log
-    (the pinned heads' look at every log, once a second in each worker)."""
-    load, queues, half = shared.a.load, shared.layout.queues, shared.cap // 2
-    head_at, tail_at, size = layout.Q_HEAD, layout.Q_TAIL, layout.QUEUE_SIZE
-    found = []
-    for qid in qids:
-        if qid not in known:
-            q = queues + qid * size
-            head = load(q + head_at)
-            if load(q + tail_at) - head >= half:
-                found.append((qid, head))
-    return found
+    full: head_and_fill's two loads in one C call over all of them
+    (shm/_scan.h; the pinned heads' look at every log, once a second in
+    each worker)."""
+    return shared.a.span_among(
+        qids,
+        known,
+        shared.layout.queues,
+        layout.QUEUE_SIZE,
+        layout.Q_HEAD,
+        layout.Q_TAIL,
+        shared.cap // 2,
+    )
 
 
 def held_from_head(shared: SharedQueues, qid: int, limit: int) -> list[int]:

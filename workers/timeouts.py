@@ -121,6 +121,9 @@ def check(channel: TimedChannel, now: float) -> None:
         channel.time_out(consumer, tags)
 
 
+PRUNE_TICKS = 8  # ticks between the drops of books with nothing and no consumer
+
+
 class TimedBooks:
     """The delivery books the once-a-second marks and checks visit, and the
     pinned heads' look (workers/pinned_heads.py): those that gained a
@@ -129,20 +132,27 @@ class TimedBooks:
     every channel of every connection instead cost an idle worker with
     10,000 MQTT clients most of its idle CPU (workers/census.py)."""
 
-    __slots__ = ("books",)
+    __slots__ = ("books", "ticks")
 
     def __init__(self) -> None:
         self.books: set[TimedChannel] = set()
+        self.ticks = 0
 
     def add(self, book: TimedChannel) -> None:
         self.books.add(book)
 
     def tick(self, now: float) -> None:
-        for book in list(self.books):
-            if not needs_marks(book):
-                if not book.consumers:
-                    self.books.discard(book)  # (a consume or a get adds it again)
-                continue
+        # needs_marks inlined and the idle books passed over in one
+        # comprehension: 10,000 MQTT subscribers are 10,000 books, nearly
+        # all holding nothing, walked once a second.
+        books = self.books
+        busy = [b for b in books if b.unacked or b.delivery_marks]
+        self.ticks += 1
+        if self.ticks % PRUNE_TICKS == 0:
+            # Those that hold nothing and have no consumer go (a consume or a
+            # get adds a book again); one walk more every PRUNE_TICKS.
+            books.difference_update([b for b in books if not (b.consumers or b.unacked)])
+        for book in busy:
             try:
                 mark(book, now)
                 check(book, now)

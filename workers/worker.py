@@ -26,6 +26,7 @@ from shoal.broker.config import Config
 from shoal.shm import memory, stats
 from shoal.shm._atomic import Atomic
 from shoal.shm.lease_cell import LeaseCell
+from shoal.shm.queue_scan import ready_among
 from shoal.shm.segment import Segment
 from shoal.store.messages import store_directory
 from shoal.store.paging_files import paging_directory
@@ -386,7 +387,7 @@ class Worker:
         worker defers to the end of its loop iteration, shm/wake.py): drain
         the bitmap, whose word the lost one left set, and pull."""
         ctx = self.ctx
-        ready = {qid for qid in ctx.watching if ctx.shared.table.ready(qid)}
+        ready = ready_among(ctx.shared.table, ctx.watching)
         lost = ready & self.watched_ready
         if lost:  # its bit may be left set too, holding back its word's wake-ups
             self._on_watch_wake(False)

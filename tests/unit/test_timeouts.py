@@ -100,20 +100,22 @@ def test_the_timeout_comes_from_the_consumer_then_the_queue_then_the_broker() ->
 def test_the_tick_visits_the_books_that_may_hold_deliveries_and_drops_the_rest() -> None:
     """TimedBooks: a channel with a consumer, or a get's delivery, is marked
     and checked each tick (a timeout still fires); once it holds nothing
-    and has no consumer it is dropped, until a consume or a get adds it."""
+    and has no consumer it is dropped within PRUNE_TICKS ticks, until a
+    consume or a get adds it."""
     books = timeouts.TimedBooks()
     consumer = FakeConsumer(1000)
     consuming, getting, idle = FakeChannel([consumer]), FakeChannel([]), FakeChannel([])
     getting.deliver(None)  # basic.get, not yet acked
     for ch in (consuming, getting, idle):
         books.add(ch)  # (what a consume and a get do)
-    books.tick(0.0)
+    for _ in range(timeouts.PRUNE_TICKS):
+        books.tick(0.0)
     assert books.books == {consuming, getting}
     consuming.deliver(consumer)
     for now in (1.0, 2.0, 3.0):
         books.tick(now)
     assert consuming.timed_out == [(consumer, [1])]
     getting.unacked.clear()  # acked
-    books.tick(4.0)  # its marks go
-    books.tick(5.0)
+    for now in range(4, 4 + timeouts.PRUNE_TICKS):
+        books.tick(float(now))  # its marks go, then the book
     assert books.books == {consuming}  # (its consumer stays, with nothing unacked)
