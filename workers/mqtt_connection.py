@@ -53,7 +53,7 @@ from shoal.workers.mqtt_front import counted, failed, install
 from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
 from shoal.workers.mqtt_lane import device_read
 from shoal.workers.mqtt_outbound import Outbound
-from shoal.workers.mqtt_session import Session
+from shoal.workers.mqtt_session import Session, open_owned
 from shoal.workers.mqtt_subscriptions import Subscriptions
 from shoal.workers.mqtt_transport import LINGER_TIMEOUT, AmqpSide, Linger
 
@@ -207,14 +207,13 @@ class MqttConnection(asyncio.Protocol):
         5.0's with reason 0x8E, its will published (but a delayed one: the
         client is back). The session is the new connection's to write."""
         log.info("mqtt client %s: taken over by a new connection", self.client_id or "-")
-        self.session.detached = True
         self.taken = True
         if self.will_timer is not None:  # gone already, its will delayed: not sent
             self.will_timer.cancel()
             self.will_timer = None
             self._end_amqp()
-            return
-        self.disconnect(0x8E)
+        self.disconnect(0x8E)  # (its _close shows the session's state in the file)
+        self.session.let_go()  # the newer connection reads it now (open_owned)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.ended:
@@ -242,6 +241,7 @@ class MqttConnection(asyncio.Protocol):
                 self.ctx.loop.call_later(LINGER_TIMEOUT, self._end_amqp)
             elif not waits:
                 self._end_amqp()
+            self.session.release_owner()  # (one that never opened: before its CONNACK)
 
     def _end_amqp(self) -> None:
         if self.connect is not None and self.amqp is not None:
@@ -421,13 +421,8 @@ class MqttConnection(asyncio.Protocol):
         else:
             self.persistent = not packet.clean
         config = self.ctx.config
-        vhost, user = config.default_vhost, packet.username
-        if user is not None and ":" in user:
-            vhost, user = user.split(":", 1)
-        if user is None or not (user or packet.password):  # (empty: as mosquitto)
-            user, password, anonymous = config.default_user, config.default_pass.encode(), True
-        else:
-            password, anonymous = packet.password or b"", False
+        login = M.login_of(packet, config.default_vhost, config.default_user, config.default_pass)
+        vhost, user, password, anonymous = login
         if not M.sasl_text(password):
             log.info("mqtt client %s: login refused, the password is not text", self.client_id)
             self.refuse(M.BAD_LOGIN)
@@ -459,9 +454,12 @@ class MqttConnection(asyncio.Protocol):
         if older is not None and older is not self:
             older.taken_over()
         self.ctx.send(ipc.ClientIdConnected(key[0], key[1], self.conn_id))
-        self.session, present = Session.open(
-            self.ctx.config.data_path(), key[0], key[1], self.persistent, self.connect.clean
-        )
+        modes, where = (self.persistent, self.connect.clean), (self.ctx.config.data_path(), *key)
+        open_owned(self.ctx.loop, where, modes, lambda: self.closed, self._opened, self.refuse)
+
+    def _opened(self, session: Session, present: bool) -> None:
+        assert self.connect is not None
+        self.session = session
         if present and not self.persistent:  # 5.0, no expiry: resumed, ends with it
             self.persistent = True
         self.session.failed = lambda: self.disconnect(0x80)

@@ -27,11 +27,21 @@ into place only over an older version, under the session's lock file, so an
 older connection's late write never replaces what the newer one wrote or
 read. A clean start leaves a tombstone of the next generation (`cleared`),
 not nothing, for the same reason.
+
+And a connection reads the file only once it owns the session: an exclusive
+flock of `<hash>.owner` (SessionOwner), held from before the read to the
+connection's last write. A client that connects again, on any worker, waits
+(at most OWNER_WAIT) for its older connection to be taken over: that one
+writes its state (the QoS 2 ids it published, their resends not to be
+published again) and lets go. Without it the newer connection could read
+the file before the older one's last write and publish a QoS 2 message
+twice. A killed worker's locks go with its file descriptors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import logging
 import os
@@ -40,12 +50,17 @@ from collections.abc import Callable
 
 import msgspec
 
+from shoal.broker.mqtt.mapping import UNAVAILABLE
 from shoal.store.records import replace_unless_newer
 from shoal.workers.unmade import UNMADE_SET
 
 log = logging.getLogger("shoal.mqtt")
 
 DIRECTORY = "mqtt-sessions"
+OWNER_WAIT = 5.0  # s a connection waits for the older one of its client id to let go
+# Tests: each session write off the loop sleeps this long first (a slow disk),
+# so that a takeover comes while one is under way.
+_WRITE_DELAY = float(os.environ.get("SHOAL_FAULT_SESSION_WRITE_S") or 0)
 
 
 class Subscribed(msgspec.Struct, array_like=True):
@@ -105,6 +120,18 @@ class Session:
         self.detached = False  # taken over: the newer connection writes it
         self.waiting: list[Callable[[], None]] = []
         self.failed: Callable[[], None] = _nothing  # a write failed (the connection ends)
+        self.owner: SessionOwner | None = None  # held while this connection writes it
+
+    def let_go(self) -> None:
+        """Taken over: this connection, its state written, writes the session
+        no more; the newer connection may read it now."""
+        self.detached = True
+        self.release_owner()
+
+    def release_owner(self) -> None:
+        if self.owner is not None:
+            self.owner.release()
+            self.owner = None
 
     @classmethod
     def in_memory(cls) -> Session:
@@ -172,8 +199,9 @@ class Session:
         # this worker or another, may write the session at the same time.
         Session.writes += 1
         suffix = f".{os.getpid()}.{Session.writes}.new"
+        write = replace_unless_newer if not _WRITE_DELAY else _slow_replace
         written = asyncio.get_running_loop().run_in_executor(
-            None, replace_unless_newer, self.path, data, suffix, newer_there
+            None, write, self.path, data, suffix, newer_there
         )
 
         def done(future: asyncio.Future[bool]) -> None:
@@ -201,6 +229,7 @@ class Session:
             self.state.expires_at = time.time() + expiry_s
         self.save()
         self.show()
+        self.release_owner()  # (the last write: a reconnect may read it now)
 
     def show(self) -> None:
         """The state in the file now, unsynced (the synced write follows):
@@ -240,3 +269,82 @@ class Session:
 
 def _nothing() -> None:
     pass
+
+
+def _slow_replace(path: str, data: bytes, suffix: str, newer: Callable[[bytes], bool]) -> bool:
+    time.sleep(_WRITE_DELAY)
+    return replace_unless_newer(path, data, suffix, newer)
+
+
+class SessionOwner:
+    """The exclusive flock of a session's `.owner` file (not the `.lock` that
+    a write's rename takes for a moment): whoever holds it is the one
+    connection that reads and writes the session."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, session_file: str) -> None:
+        self.path = session_file + ".owner"
+        self.fd = -1
+
+    def try_take(self) -> bool:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # (the flock goes with it)
+            self.fd = -1
+
+
+def open_owned(
+    loop: asyncio.AbstractEventLoop,
+    where: tuple[str, str, str],
+    modes: tuple[bool, bool],
+    closed: Callable[[], bool],
+    then: Callable[[Session, bool], None],
+    refuse: Callable[[tuple[int, int]], None],
+) -> None:
+    """Session.open for a CONNECT (`where`: data path, vhost, client id;
+    `modes`: persistent, clean), then `then(session, present)`. A session
+    that may be read or outlive the connection is opened once this
+    connection owns it (SessionOwner): tries every 1-50 ms while the older
+    connection of the client id (told by the takeover) writes its last
+    state; refused as unavailable if that one still holds it after
+    OWNER_WAIT (a hung worker: the client tries again); nothing if the
+    connection closed meanwhile."""
+    (data_path, vhost, client_id), (persistent, clean) = where, modes
+    if clean and not persistent:  # its state is new and ends with it: nothing to wait for
+        then(*Session.open(data_path, vhost, client_id, persistent, clean))
+        return
+    owner = SessionOwner(session_path(data_path, vhost, client_id))
+    deadline = loop.time() + OWNER_WAIT
+    delay = 0.001
+
+    def attempt() -> None:
+        nonlocal delay
+        if closed():
+            return
+        if not owner.try_take():
+            if loop.time() > deadline:
+                log.warning("MQTT session of %r still held by an older connection", client_id)
+                refuse(UNAVAILABLE)
+            else:
+                loop.call_later(delay, attempt)
+                delay = min(delay * 2, 0.05)
+            return
+        session, present = Session.open(data_path, vhost, client_id, persistent, clean)
+        if session.path is None:
+            owner.release()  # (kept in memory only)
+        else:
+            session.owner = owner
+        then(session, present)
+
+    attempt()

@@ -176,6 +176,21 @@ BAD_WILL_TOPIC = (3, 0x90)  # (3.1.1 has no code for it: server unavailable)
 MAX_CLIENT_ID = 216
 
 
+def login_of(
+    packet: P.Connect, default_vhost: str, default_user: str, default_pass: str
+) -> tuple[str, str, bytes, bool]:
+    """(vhost, user, password, anonymous) of a CONNECT: RabbitMQ's
+    `vhost:user` user name picks the vhost; no user name, or an empty one
+    with no or an empty password (as mosquitto takes it), logs in as the
+    default user."""
+    vhost, user = default_vhost, packet.username
+    if user is not None and ":" in user:
+        vhost, user = user.split(":", 1)
+    if user is None or not (user or packet.password):
+        return vhost, default_user, default_pass.encode(), True
+    return vhost, user, packet.password or b"", False
+
+
 def connect_refusal(packet: P.Connect, max_keep_alive: int) -> tuple[int, int] | None:
     """Why a CONNECT of a known protocol level is refused before its login,
     None if it is not. `max_keep_alive` is --mqtt-max-keep-alive."""

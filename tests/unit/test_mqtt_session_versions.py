@@ -8,8 +8,17 @@ import asyncio
 from pathlib import Path
 
 import msgspec
+import pytest
 
-from shoal.workers.mqtt_session import Session, SessionState, Subscribed, session_path
+from shoal.broker.mqtt.mapping import UNAVAILABLE
+from shoal.workers import mqtt_session
+from shoal.workers.mqtt_session import (
+    Session,
+    SessionState,
+    Subscribed,
+    open_owned,
+    session_path,
+)
 from shoal.workers.unmade import made_set
 
 
@@ -56,3 +65,43 @@ def test_a_clean_start_leaves_a_tombstone_an_older_write_cannot_revive(tmp_path:
     assert on_disk(tmp_path).cleared
     again, present = Session.open(str(tmp_path), "/", "device-1", persistent=True, clean=False)
     assert not present and again.state.subscriptions == {}
+
+
+def _open_owned(
+    data: Path, closed: bool = False
+) -> tuple[list[tuple[Session, bool]], list[tuple[int, int]]]:
+    """open_owned of device-1's persistent session, run until it opened,
+    refused or gave up (bounded)."""
+    opened: list[tuple[Session, bool]] = []
+    refused: list[tuple[int, int]] = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        where = (str(data), "/", "device-1")
+        open_owned(
+            loop, where, (True, False), lambda: closed, lambda *a: opened.append(a), refused.append
+        )
+        deadline = loop.time() + 5
+        while not (opened or refused or closed) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    return opened, refused
+
+
+def test_a_session_is_opened_once_its_older_connection_lets_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's flock: the next connection waits for it, and is refused
+    (server unavailable) if it is still held after OWNER_WAIT."""
+    monkeypatch.setattr(mqtt_session, "OWNER_WAIT", 0.2)
+    ((first, present),) = _open_owned(tmp_path)[0]
+    assert not present and first.owner is not None
+    opened, refused = _open_owned(tmp_path)
+    assert opened == [] and refused == [UNAVAILABLE]
+    assert _open_owned(tmp_path, closed=True) == ([], [])  # gone meanwhile: nothing
+    first.let_go()
+    ((second, _),) = _open_owned(tmp_path)[0]
+    assert second.owner is not None and second.owner.fd >= 0
+    second.release_owner()
+    assert second.owner is None
