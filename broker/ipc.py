@@ -263,6 +263,9 @@ class RetainedMessage(msgspec.Struct, array_like=True, gc=False):
     payload: bytes
     qos: int
     properties: dict[str, Any]  # MQTT 5.0's (content type, user properties...)
+    # 5.0's message expiry: the wall clock's second it expires at (0: never). Not
+    # handed to a subscription after it; before it, with what is left of it.
+    expires_at: int = 0
 
 
 class RetainedList(Message, tag=50):

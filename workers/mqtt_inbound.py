@@ -144,7 +144,7 @@ class Inbound:
         retain = None
         if packet.retain:  # kept once the broker has taken the message
             kept = {k: v for k, v in packet.properties.items() if k in M.FORWARDED_PROPERTIES}
-            plain = ipc.RetainedMessage(topic, packet.payload, packet.qos, kept)
+            plain = ipc.RetainedMessage(topic, packet.payload, packet.qos, kept, M.expires_at(kept))
             retain = ipc.Retain(self.conn.vhost, plain)
         self.amqp_publish(routing_key, packet.payload, props, ack, retain)
 

@@ -212,13 +212,19 @@ class Outbound:
         self.planned[key] = plan
 
     def send_retained(self, message: ipc.RetainedMessage, qos: int, subs: list[Any]) -> None:
-        """A retained message for a new subscription, RETAIN set (MQTT-3.3.1-6)."""
+        """A retained message for a new subscription, RETAIN set (MQTT-3.3.1-6);
+        not one whose 5.0 expiry has passed, else with what is left of it."""
+        left = M.expiry_left(message.expires_at) if message.expires_at else 0
+        if message.expires_at and left <= 0:
+            return
         qos = min(qos, message.qos)
         packet_id = None
         if qos:
             packet_id = self._packet_id()
             self.unacked[packet_id] = NOTHING_TO_ACK
         out: P.Properties = dict(message.properties) if self.conn.level == P.MQTT_5 else {}
+        if left and out:
+            out["message_expiry_interval"] = left
         identifiers = [sub.identifier for sub in subs if sub.identifier]
         if identifiers:
             out["subscription_identifier"] = identifiers

@@ -89,7 +89,7 @@ def amqp_properties(
         headers[FORMAT_HEADER] = 1
     expiry = properties.get("message_expiry_interval")
     if expiry is not None:
-        headers[EXPIRES_HEADER] = int(time.time()) + expiry
+        headers[EXPIRES_HEADER] = expires_at(properties)
     correlation_id = correlation = properties.get("correlation_data")
     if correlation is not None:
         correlation_id = _short_text(correlation)
@@ -151,9 +151,9 @@ def mqtt_properties(props: C.Basic.Properties) -> Properties:
         out["correlation_data"] = bytes(correlation)
     if headers.get(FORMAT_HEADER):
         out["payload_format_indicator"] = 1
-    expires_at = headers.get(EXPIRES_HEADER)
-    if isinstance(expires_at, int):  # what is left of it (MQTT-3.3.2-6)
-        out["message_expiry_interval"] = max(1, expires_at - int(time.time()))
+    expiry_second = headers.get(EXPIRES_HEADER)
+    if isinstance(expiry_second, int):  # what is left of it (MQTT-3.3.2-6)
+        out["message_expiry_interval"] = max(1, expiry_left(expiry_second))
     users = [
         (k, str(v)) for k, v in headers.items() if k not in _NOT_USER and not k.startswith("x-mqtt")
     ]
@@ -174,6 +174,18 @@ BAD_WILL_TOPIC = (3, 0x90)  # (3.1.1 has no code for it: server unavailable)
 
 # "mqtt-subscription-" + id + "qos1" + "-<connection id>" within a queue name's 255 bytes
 MAX_CLIENT_ID = 216
+
+
+def expires_at(properties: Properties) -> int:
+    """The wall clock's second a 5.0 message expires at (0: it has no expiry)."""
+    expiry = properties.get("message_expiry_interval")
+    return 0 if expiry is None else int(time.time()) + expiry
+
+
+def expiry_left(expires_at: int) -> int:
+    """What is left of a message's expiry, in whole seconds (MQTT-3.3.2-6);
+    0 or less: expired."""
+    return expires_at - int(time.time())
 
 
 def login_of(

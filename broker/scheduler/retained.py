@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -70,13 +71,18 @@ class RetainedMessages:
         return None
 
     def retained_for(self, worker: int, m: ipc.RetainedFor) -> ipc.RetainedList:
-        return ipc.RetainedList(
-            [
-                message
-                for (vhost, topic), message in self.by_topic.items()
-                if vhost == m.vhost and matches(m.topic_filter, topic)
-            ]
-        )
+        """Those `m.topic_filter` matches in its vhost. One whose 5.0 expiry
+        has passed is dropped here (from the file at the next write)."""
+        now = int(time.time())
+        found = []
+        for key, message in list(self.by_topic.items()):
+            if key[0] != m.vhost or not matches(m.topic_filter, key[1]):
+                continue
+            if message.expires_at and message.expires_at <= now:
+                del self.by_topic[key]
+            else:
+                found.append(message)
+        return ipc.RetainedList(found)
 
     def flush(self) -> None:
         self.flushing = None

@@ -22,7 +22,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from shoal.broker.mqtt import packets as P
-from tests.broker_process import Broker, free_port
+from tests.broker_process import Broker, free_port, wait_for
 from tests.integration.test_ctl import ctl
 from tests.mqtt_raw import RawClient
 
@@ -174,6 +174,32 @@ def test_retain_as_published_and_retain_handling(
     keeps.sock.settimeout(0.5)
     with pytest.raises(socket.timeout):
         keeps.received()
+
+
+def test_a_retained_message_s_expiry_counts_down_and_an_expired_one_is_not_sent(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient]
+) -> None:
+    """MQTT-3.3.2-5 / -6: a retained message whose expiry passed is not
+    handed to a new subscription; one that has not goes with what is left of
+    its interval, RETAIN set (they went on as published before)."""
+    _broker, port = mqtt_broker
+    pub = raw(raws, port, "expiring-pub")
+    for packet_id, (topic, expiry) in enumerate((("exp/short", 1), ("exp/long", 3600)), 1):
+        props = {"message_expiry_interval": expiry}
+        pub.publish(topic, b"kept", 1, packet_id, retain=True, properties=props)
+        pub.read(P.PUBACK)
+    published = time.time()
+    # The short one's second is over: the broker counts whole seconds of the
+    # wall clock (as a queue's copies, MQTT-3.3.2-6), so 2 s on ours.
+    wait_for(lambda: time.time() > published + 2.05, 5, "the short expiry passed")
+    sub = raw(raws, port, "expiring-sub")
+    assert sub.subscribe("exp/#", 1) == b"\x01"
+    flags, kept = sub.received()
+    assert kept.topic == "exp/long" and flags & 1
+    assert 3500 < kept.properties["message_expiry_interval"] <= 3598
+    sub.sock.settimeout(0.5)
+    with pytest.raises(socket.timeout):
+        sub.received()  # not the short one
 
 
 def test_a_shared_subscription_gives_each_message_to_one_member(
