@@ -74,6 +74,7 @@ MQTT_CONNECTION_SLOTS = (
     "amqp_out",
     "amqp_reading",
     "assigned_id",
+    "at_eof",
     "busy",
     "client_id",
     "closed",

@@ -23,6 +23,7 @@ class MqttClient(Protocol):
     long_read: bool  # the read being handled holds a run of packets
     amqp_out: bytearray  # what the inner connection wrote and the bridge has not read
     held: list[Any]  # packets read while a (UN)SUBACK was coming, not yet served
+    outbound: Any  # its deliveries (workers/mqtt_outbound.py), once the session is open
 
     @property
     def vhost(self) -> str: ...
@@ -36,8 +37,8 @@ class MqttClient(Protocol):
     def may_publish(self, routing_key: bytes | None) -> bool:
         """Whether the user may publish to amq.topic with this key (None: any key)."""
 
-    def keep_retained(self, message: Any) -> asyncio.Future[Any]:
-        """The scheduler keeps a retained message (ipc.Retain): answered once on disk."""
+    def ask(self, request: Any) -> asyncio.Future[Any]:
+        """The scheduler's answer to `request` (ipc.Retain: once on disk; ipc.RetainedFor)."""
 
     def send(self, data: bytes) -> None:
         """A packet to the client."""
@@ -56,6 +57,3 @@ class MqttClient(Protocol):
 
     def serve_held(self) -> None:
         """The packets held while a (UN)SUBACK was coming."""
-
-    def send_retained(self, topic_filter: str, qos: int) -> None:
-        """The retained messages for a new subscription."""

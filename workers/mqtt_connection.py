@@ -95,6 +95,7 @@ class MqttConnection(asyncio.Protocol):
         self.out: list[bytes] | None = None  # packets of a batch, written at its end
         self.acks: list[int] = []  # deliveries a batch settled, acked at its end
         self.held: list[P.Packet] = []  # packets that came before the CONNACK
+        self.at_eof = False  # the client closed its side with packets held: served, then closed
         self.early: list[tuple[Any, Any, bytes]] = []  # deliveries that came before it
         self.busy = False  # a SUBSCRIBE or UNSUBSCRIBE under way: later packets wait
         self.prefetch = ctx.config.mqtt_prefetch  # (as of its CONNECT)
@@ -508,6 +509,16 @@ class MqttConnection(asyncio.Protocol):
             self.timer = self.ctx.loop.call_later(keep_alive * 1.5, self._connect_timeout)
         self.serve_held()
 
+    def eof_received(self) -> bool:
+        """The client closed its side with packets still waiting (a CONNECT,
+        a PUBLISH and a DISCONNECT in one write, then close; mosquitto serves
+        them): they are served as if it had waited, then the connection ends.
+        True keeps the transport (asyncio.Protocol)."""
+        waiting = self.held or self.busy or (self.connect is not None and not self.open)
+        tls = self.transport.get_extra_info("sslcontext") is not None  # (no half-close there)
+        self.at_eof = bool(waiting) and not self.closed and not tls
+        return self.at_eof
+
     def serve_held(self) -> None:
         """The packets held (for a CONNACK, a (UN)SUBACK, others' SUBSCRIBEs), in
         order; one wrong only now (a topic alias not set) ends it as if read."""
@@ -515,6 +526,8 @@ class MqttConnection(asyncio.Protocol):
         try:
             while self.held and not self.busy and not self.closed:
                 self._packet(self.held.pop(0))
+            if self.at_eof and not (self.held or self.busy or self.closed):
+                self._close()  # (its will, if no DISCONNECT came: as at the socket's end)
         except P.PacketError as exc:
             self._malformed(exc)
         finally:
@@ -537,28 +550,12 @@ class MqttConnection(asyncio.Protocol):
     def vhost(self) -> str:
         return self.amqp.vhost if self.amqp is not None else ""
 
-    def keep_retained(self, message: ipc.Retain) -> asyncio.Future[ipc.Ok]:
-        """The scheduler keeps a retained message: answered once on disk."""
-        return self.ctx.request(message)
+    def ask(self, request: Any) -> asyncio.Future[Any]:
+        """The scheduler's answer to `request` (a retained message kept: once on disk)."""
+        return self.ctx.request(request)
 
     def may_subscribe(self, routing_key: str) -> bool:
         return self.amqp is not None and self.amqp.access.may_bind_topic(M.EXCHANGE, routing_key)
-
-    def send_retained(self, topic_filter: str, qos: int) -> None:
-        """The retained messages `topic_filter` matches, for its new subscription."""
-        if self.amqp is None:
-            return
-        asked = self.ctx.request(ipc.RetainedFor(self.amqp.vhost, topic_filter))
-        subs = [self.session.state.subscriptions[topic_filter]]
-
-        def got(future: asyncio.Future[ipc.RetainedList]) -> None:
-            if self.closed or future.cancelled() or future.exception() is not None:
-                return
-            assert self.outbound is not None
-            for message in future.result().messages:
-                self.outbound.send_retained(message, qos, subs)
-
-        asked.add_done_callback(got)
 
     # ------------------------------------------------------- the AMQP side
     def to_amqp(self, data: bytes) -> None:

@@ -374,7 +374,7 @@ class Inbound:
                 continue
             waiting, retain = got
             if ack and retain is not None:
-                kept = self.conn.keep_retained(retain)
+                kept = self.conn.ask(retain)
                 if waiting is not None:  # acked once the retained message is on disk too
                     kept.add_done_callback(functools.partial(self._retained, *waiting))
                 continue

@@ -29,7 +29,7 @@ read. A clean start leaves a tombstone of the next generation (`cleared`),
 not nothing, for the same reason.
 
 And a connection reads the file only once it owns the session: an exclusive
-flock of `<hash>.owner` (SessionOwner), held from before the read to the
+flock of `<hash>.owner` (store/owner_lock.py), held from before the read to the
 connection's last write. A client that connects again, on any worker, waits
 (at most OWNER_WAIT) for its older connection to be taken over: that one
 writes its state (the QoS 2 ids it published, their resends not to be
@@ -41,7 +41,6 @@ twice. A killed worker's locks go with its file descriptors.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import logging
 import os
@@ -51,6 +50,7 @@ from collections.abc import Callable
 import msgspec
 
 from shoal.broker.mqtt.mapping import UNAVAILABLE
+from shoal.store.owner_lock import OwnerLock
 from shoal.store.records import replace_unless_newer
 from shoal.workers.unmade import UNMADE_SET
 
@@ -58,9 +58,6 @@ log = logging.getLogger("shoal.mqtt")
 
 DIRECTORY = "mqtt-sessions"
 OWNER_WAIT = 5.0  # s a connection waits for the older one of its client id to let go
-# Tests: each session write off the loop sleeps this long first (a slow disk),
-# so that a takeover comes while one is under way.
-_WRITE_DELAY = float(os.environ.get("SHOAL_FAULT_SESSION_WRITE_S") or 0)
 
 
 class Subscribed(msgspec.Struct, array_like=True):
@@ -120,7 +117,7 @@ class Session:
         self.detached = False  # taken over: the newer connection writes it
         self.waiting: list[Callable[[], None]] = []
         self.failed: Callable[[], None] = _nothing  # a write failed (the connection ends)
-        self.owner: SessionOwner | None = None  # held while this connection writes it
+        self.owner: OwnerLock | None = None  # held while this connection writes it
 
     def let_go(self) -> None:
         """Taken over: this connection, its state written, writes the session
@@ -199,9 +196,8 @@ class Session:
         # this worker or another, may write the session at the same time.
         Session.writes += 1
         suffix = f".{os.getpid()}.{Session.writes}.new"
-        write = replace_unless_newer if not _WRITE_DELAY else _slow_replace
         written = asyncio.get_running_loop().run_in_executor(
-            None, write, self.path, data, suffix, newer_there
+            None, replace_unless_newer, self.path, data, suffix, newer_there
         )
 
         def done(future: asyncio.Future[bool]) -> None:
@@ -271,39 +267,6 @@ def _nothing() -> None:
     pass
 
 
-def _slow_replace(path: str, data: bytes, suffix: str, newer: Callable[[bytes], bool]) -> bool:
-    time.sleep(_WRITE_DELAY)
-    return replace_unless_newer(path, data, suffix, newer)
-
-
-class SessionOwner:
-    """The exclusive flock of a session's `.owner` file (not the `.lock` that
-    a write's rename takes for a moment): whoever holds it is the one
-    connection that reads and writes the session."""
-
-    __slots__ = ("fd", "path")
-
-    def __init__(self, session_file: str) -> None:
-        self.path = session_file + ".owner"
-        self.fd = -1
-
-    def try_take(self) -> bool:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self.fd = fd
-        return True
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # (the flock goes with it)
-            self.fd = -1
-
-
 def open_owned(
     loop: asyncio.AbstractEventLoop,
     where: tuple[str, str, str],
@@ -315,7 +278,7 @@ def open_owned(
     """Session.open for a CONNECT (`where`: data path, vhost, client id;
     `modes`: persistent, clean), then `then(session, present)`. A session
     that may be read or outlive the connection is opened once this
-    connection owns it (SessionOwner): tries every 1-50 ms while the older
+    connection owns it (store/owner_lock.py): tries every 1-50 ms while the older
     connection of the client id (told by the takeover) writes its last
     state; refused as unavailable if that one still holds it after
     OWNER_WAIT (a hung worker: the client tries again); nothing if the
@@ -324,7 +287,7 @@ def open_owned(
     if clean and not persistent:  # its state is new and ends with it: nothing to wait for
         then(*Session.open(data_path, vhost, client_id, persistent, clean))
         return
-    owner = SessionOwner(session_path(data_path, vhost, client_id))
+    owner = OwnerLock(session_path(data_path, vhost, client_id) + ".owner")
     deadline = loop.time() + OWNER_WAIT
     delay = 0.001
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
+from shoal.broker import ipc
 from shoal.broker.amqp.x_arguments import MAX_EXPIRY
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
@@ -127,6 +128,20 @@ class Subscriptions:
 
         next_delete()
 
+    def send_retained(self, topic_filter: str, qos: int) -> None:
+        """The retained messages `topic_filter` matches, for its new subscription."""
+        conn = self.conn
+        asked = conn.ask(ipc.RetainedFor(conn.vhost, topic_filter))
+        subs = [conn.session.state.subscriptions[topic_filter]]
+
+        def got(future: Any) -> None:
+            if conn.closed or future.cancelled() or future.exception() is not None:
+                return
+            for message in future.result().messages:
+                conn.outbound.send_retained(message, qos, subs)
+
+        asked.add_done_callback(got)
+
     def matching(self, queue: str, topic: str) -> list[Subscribed]:
         """The subscriptions whose queue is `queue` and whose filter matches `topic`."""
         found = []
@@ -155,7 +170,7 @@ class Subscriptions:
         def subscribed() -> None:
             conn.send(P.encode_suback(conn.level, packet.packet_id, codes))
             for topic_filter, qos in retained:
-                conn.send_retained(topic_filter, qos)
+                self.send_retained(topic_filter, qos)
             conn.serve_held()
 
         def next_step() -> None:

@@ -6,6 +6,7 @@ open_owned), on the same worker or another."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pika
 import psutil
@@ -56,10 +57,14 @@ def _balanced(broker: Broker, fillers: list[pika.BlockingConnection]) -> None:
 @pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_takeover_while_a_qos2_ids_write_is_under_way_publishes_the_resend_once(
-    broker_factory: Callable[..., Broker], raws: list[RawClient], level: int, workers: int
+    broker_factory: Callable[..., Broker],
+    raws: list[RawClient],
+    tmp_path: Path,
+    level: int,
+    workers: int,
 ) -> None:
     """A device's QoS 2 PUBLISH is in its queue, and the session write that
-    holds its packet id still under way (a slow disk: 1 s a write, so no
+    holds its packet id still under way (a slow disk: 0.3 s a sync, so no
     PUBREC yet), when the device connects again and sends it once more
     (DUP). The older connection, taken over, writes its ids and lets go
     before the newer one reads them: the resend gets its PUBREC and is not
@@ -68,8 +73,10 @@ def test_a_takeover_while_a_qos2_ids_write_is_under_way_publishes_the_resend_onc
     connection lands on the other one (the acceptor's fewest connections:
     the AMQP consumer's worker)."""
     port = free_port()
+    faults = tmp_path / "disk-faults"
+    faults.write_text("slow 0.3")  # every sync 0.3 s (store/disk.py)
     broker = broker_factory(
-        workers, ("--mqtt-port", str(port)), env={"SHOAL_FAULT_SESSION_WRITE_S": "1"}
+        workers, ("--mqtt-port", str(port)), env={"SHOAL_DISK_FAULTS": str(faults)}
     )
     props = PERSISTENT_5 if level == P.MQTT_5 else {}
     name, client_id = f"takeover-{level}", f"device-{level}"

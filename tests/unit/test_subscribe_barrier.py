@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pamqp import commands as C
 
+from shoal.broker import ipc
 from shoal.broker.mqtt import packets as P
 from shoal.shm import layout
 from shoal.shm.processes import Header
@@ -114,6 +116,8 @@ class Client:
     persistent = False
     conn_id = 7
     client_id = "held"
+    vhost = "/"
+    outbound = None  # (no retained message is sent)
 
     def __init__(self) -> None:
         self.session = Session(SessionState("/", "held"), None)
@@ -143,8 +147,11 @@ class Client:
     def send(self, data: bytes) -> None:
         self.sent.append(data)
 
-    def send_retained(self, _topic_filter: str, _qos: int) -> None:
-        pass
+    def ask(self, _request: Any) -> Future[Any]:
+        """The scheduler's answer, at once: no retained message."""
+        answered: Future[Any] = Future()
+        answered.set_result(ipc.RetainedList([]))
+        return answered
 
     def serve_held(self) -> None:
         assert self.subscriptions is not None
