@@ -357,7 +357,7 @@ AckRead_read(AckReadObject *d, PyObject *const *args, Py_ssize_t nargs)
             r = ack_settle(d, tags);
         else if (oldest == 0) {
             /* The read's batch settles them as Python's path would. */
-            PyObject *acks = PyObject_GetAttr(d->conn, anames.acks);
+            PyObject *acks = attr_get(d->conn, anames.acks);
             r = acks == NULL ? -1 : PyList_SetSlice(acks, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, tags);
             Py_XDECREF(acks);
             if (r == 0)
@@ -387,9 +387,9 @@ AckRead_init(AckReadObject *d, PyObject *args, PyObject *kwds)
                           &idle_state, &nothing, &stat_acknowledged, &events, &q_uid,
                           &q_capacity))
         return -1;
-    PyObject *ids = PyObject_GetAttr(o[3], anames.unacked);
-    PyObject *unacked = ids == NULL ? NULL : PyObject_GetAttr(o[7], anames.unacked);
-    PyObject *atomic = unacked == NULL ? NULL : PyObject_GetAttr(o[10], anames.a);
+    PyObject *ids = attr_get(o[3], anames.unacked);
+    PyObject *unacked = ids == NULL ? NULL : attr_get(o[7], anames.unacked);
+    PyObject *atomic = unacked == NULL ? NULL : attr_get(o[10], anames.a);
     int bad = atomic == NULL || !PyDict_CheckExact(ids) || !PyDict_CheckExact(unacked);
     BarrierWords words;
     bad = bad || barrier_words(&words, atomic, barrier) < 0;

@@ -97,7 +97,7 @@ typedef struct {
 static int
 first_publish(PyObject *ctx, PyObject *publisher)
 {
-    PyObject *census = PyObject_GetAttr(ctx, names.census);
+    PyObject *census = attr_get(ctx, names.census);
     if (census == NULL)
         return -1;
     PyObject *r = PyObject_CallMethodOneArg(census, names.first_publish, publisher);
@@ -127,7 +127,7 @@ lane_account(LaneObject *self, PyObject *const *objs)
     PyObject *cursor = PyLong_FromSsize_t(self->cursor);
     lane_reset_taken(self);
     int result = -1;
-    if (cursor == NULL || PyObject_SetAttr(arena, names.cursor, cursor) < 0)
+    if (cursor == NULL || attr_set(arena, names.cursor, cursor) < 0)
         goto done;
     if (!n) {
         result = 0;
@@ -136,14 +136,14 @@ lane_account(LaneObject *self, PyObject *const *objs)
     PyObject *v = PyLong_FromUnsignedLongLong(used);
     if (v == NULL)
         goto done;
-    int r = PyObject_SetAttr(arena, names.used, v);
+    int r = attr_set(arena, names.used, v);
     if (r == 0)
-        r = PyObject_SetAttr(arena, names.dirty, Py_True);
-    PyObject *high = r < 0 ? NULL : PyObject_GetAttr(arena, names.high);
+        r = attr_set(arena, names.dirty, Py_True);
+    PyObject *high = r < 0 ? NULL : attr_get(arena, names.high);
     int above = high == NULL ? -1 : PyObject_RichCompareBool(v, high, Py_GT);
     Py_XDECREF(high);
     if (above > 0) {
-        PyObject *on_high = PyObject_GetAttr(arena, names.on_high);
+        PyObject *on_high = attr_get(arena, names.on_high);
         if (on_high == NULL)
             above = -1;
         else if (on_high != Py_None) {
@@ -156,7 +156,7 @@ lane_account(LaneObject *self, PyObject *const *objs)
     Py_DECREF(v);
     if (above < 0)
         goto done;
-    PyObject *exchanges = PyObject_GetAttr(publisher, names.exchange_counts);
+    PyObject *exchanges = attr_get(publisher, names.exchange_counts);
     if (exchanges == NULL)
         goto done;
     if (!PyDict_Check(exchanges)) {
@@ -188,7 +188,7 @@ lane_account(LaneObject *self, PyObject *const *objs)
         }
     }
     Py_DECREF(exchanges);
-    PyObject *count = PyObject_GetAttr(publisher, names.publish_count);
+    PyObject *count = attr_get(publisher, names.publish_count);
     if (count == NULL)
         goto done;
     int first = PyObject_Not(count);
@@ -197,7 +197,7 @@ lane_account(LaneObject *self, PyObject *const *objs)
         goto done; /* a new publisher (the statistics count them) */
     if (attr_add(publisher, names.publish_count, n) < 0)
         goto done;
-    PyObject *stats = PyObject_GetAttr(publisher, names.stats);
+    PyObject *stats = attr_get(publisher, names.stats);
     if (stats == NULL)
         goto done;
     r = item_add(stats, stat_routed, n);
@@ -208,7 +208,7 @@ lane_account(LaneObject *self, PyObject *const *objs)
             r = item_add(stats, stat_size_buckets + i, buckets[i]);
     int confirm = r;
     if (confirm == 0) {
-        PyObject *c = PyObject_GetAttr(publisher, names.confirm);
+        PyObject *c = attr_get(publisher, names.confirm);
         confirm = c == NULL ? -1 : PyObject_IsTrue(c);
         Py_XDECREF(c);
     }
@@ -216,8 +216,8 @@ lane_account(LaneObject *self, PyObject *const *objs)
         r = item_add(stats, stat_received_confirm, n);
         if (r == 0)
             r = attr_add(publisher, names.publish_seq, n);
-        PyObject *seq = r < 0 ? NULL : PyObject_GetAttr(publisher, names.publish_seq);
-        if (seq == NULL || PyObject_SetAttr(publisher, names.confirm_high, seq) < 0 ||
+        PyObject *seq = r < 0 ? NULL : attr_get(publisher, names.publish_seq);
+        if (seq == NULL || attr_set(publisher, names.confirm_high, seq) < 0 ||
             PySet_Add(confirm_channels, publisher) < 0)
             confirm = -1;
         Py_XDECREF(seq);
@@ -288,7 +288,7 @@ Lane_mqtt_read(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb); /* (the run's failure, if any: after the count) */
     int counted = 0;
     if (args[7] != Py_None && self->n * 4 != (long long)acks.len) /* (QoS 0: Inbound.publish's) */
-        counted = PyObject_SetAttr(args[7], names.at_once, Py_True);
+        counted = attr_set(args[7], names.at_once, Py_True);
     if (armed && counted == 0 && self->gone_seq < 0 && !self->st_count)
         counted = lane_account(self, args + 8);
     if (ran == 0 && counted == 0)

@@ -139,7 +139,7 @@ device_conditions(DeviceReadObject *d)
     int r = attr_true(d->conn, names.open);
     if (r <= 0)
         return r;
-    PyObject *subscriptions = PyObject_GetAttr(d->conn, names.subscriptions);
+    PyObject *subscriptions = attr_get(d->conn, names.subscriptions);
     if (subscriptions == NULL)
         return -1;
     r = attr_true(subscriptions, names.binding);
@@ -187,7 +187,7 @@ device_may_read(DeviceReadObject *d, int again)
             return r;
         d->gate_open = 1; /* (before the run: what shuts it during the run stands) */
     }
-    PyObject *config = PyObject_GetAttr(d->ctx, names.config);
+    PyObject *config = attr_get(d->ctx, names.config);
     if (config == NULL)
         return -1;
     long long max_body;
@@ -211,7 +211,7 @@ static int
 device_arm(DeviceReadObject *d)
 {
     long long page_out = 1LL << 62;
-    PyObject *pager = PyObject_GetAttr(d->ctx, names.pager);
+    PyObject *pager = attr_get(d->ctx, names.pager);
     if (pager == NULL)
         return -1;
     if (pager != Py_None) {
@@ -263,7 +263,7 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
     /* Inbound.publish's rule: a short read (a device's message or few) or a
      * long run's QoS 0 publish wakes the subscriber's worker now. */
     int at_once = !long_read || lane->n * 4 != (long long)acks.len;
-    int r = at_once ? PyObject_SetAttr(d->waker, names.at_once, Py_True) : 0;
+    int r = at_once ? attr_set(d->waker, names.at_once, Py_True) : 0;
     if (r == 0 && (lane->gone_seq >= 0 || lane->st_count)) {
         /* Python counts it (lane_run's account): mqtt_run's result; its
          * confirms may wait (run_end), so the next read looks again. */
@@ -276,7 +276,7 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
     PyObject *objs[6] = {d->arena, d->publisher, d->waker, d->pacer, d->ctx, d->confirm_channels};
     if (r == 0)
         r = lane_account(lane, objs);
-    if (at_once && PyObject_SetAttr(d->waker, names.at_once, Py_False) < 0)
+    if (at_once && attr_set(d->waker, names.at_once, Py_False) < 0)
         r = -1; /* (it does not outlive the read: data_received's finally) */
     if (r < 0 || ran < 0 || !n) {
         if (r == 0 && ran == 0)
@@ -301,7 +301,7 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
     if (item_add(d->stats, stat_confirmed, high - sent) < 0)
         goto done;
     PyObject *v = PyLong_FromLongLong(high);
-    r = v == NULL ? -1 : PyObject_SetAttr(d->publisher, names.confirm_sent, v);
+    r = v == NULL ? -1 : attr_set(d->publisher, names.confirm_sent, v);
     Py_XDECREF(v);
     if (r < 0)
         goto done;

@@ -96,11 +96,11 @@ flush_may_run(DeliveryFlushObject *self, FlushParts *f)
         (r = attr_is(conn, fnames.delivery, Py_None)) <= 0 ||
         (r = attr_is(amqp, fnames.transport, Py_None)) != 0)
         return r < 0 ? -1 : 0;
-    if ((f->out = PyObject_GetAttr(amqp, fnames.out)) == NULL)
+    if ((f->out = attr_get(amqp, fnames.out)) == NULL)
         return -1;
     if (!PyList_CheckExact(f->out) || PyList_GET_SIZE(f->out) == 0)
         return 0;
-    if ((f->outbound = PyObject_GetAttr(conn, fnames.outbound)) == NULL)
+    if ((f->outbound = attr_get(conn, fnames.outbound)) == NULL)
         return -1;
     if (f->outbound == Py_None)
         return 0;
@@ -111,8 +111,8 @@ flush_may_run(DeliveryFlushObject *self, FlushParts *f)
         return r < 0 ? -1 : 0;
     if ((r = attr_is(outbound, fnames.max_packet, Py_None)) <= 0)
         return r;
-    PyObject *session = PyObject_GetAttr(conn, fnames.session);
-    PyObject *state = session == NULL ? NULL : PyObject_GetAttr(session, fnames.state);
+    PyObject *session = attr_get(conn, fnames.session);
+    PyObject *state = session == NULL ? NULL : attr_get(session, fnames.state);
     Py_XDECREF(session);
     if (state == NULL)
         return -1;
@@ -122,20 +122,20 @@ flush_may_run(DeliveryFlushObject *self, FlushParts *f)
     Py_DECREF(state);
     if (r != 0)
         return r < 0 ? -1 : 0;
-    PyObject *subscriptions = PyObject_GetAttr(outbound, fnames.subscriptions);
-    PyObject *version = subscriptions == NULL ? NULL : PyObject_GetAttr(subscriptions, fnames.version);
+    PyObject *subscriptions = attr_get(outbound, fnames.subscriptions);
+    PyObject *version = subscriptions == NULL ? NULL : attr_get(subscriptions, fnames.version);
     Py_XDECREF(subscriptions);
-    PyObject *planned_for = version == NULL ? NULL : PyObject_GetAttr(outbound, fnames.planned_for);
+    PyObject *planned_for = version == NULL ? NULL : attr_get(outbound, fnames.planned_for);
     r = planned_for == NULL ? -1 : PyObject_RichCompareBool(version, planned_for, Py_EQ);
     Py_XDECREF(version);
     Py_XDECREF(planned_for);
     if (r <= 0)
         return r; /* (plans of another version: Outbound.run clears them) */
-    if ((f->planned = PyObject_GetAttr(outbound, fnames.planned)) == NULL ||
-        (f->unacked = PyObject_GetAttr(outbound, fnames.unacked)) == NULL ||
-        (f->next_id = PyObject_GetAttr(outbound, fnames.next_packet_id)) == NULL)
+    if ((f->planned = attr_get(outbound, fnames.planned)) == NULL ||
+        (f->unacked = attr_get(outbound, fnames.unacked)) == NULL ||
+        (f->next_id = attr_get(outbound, fnames.next_packet_id)) == NULL)
         return -1;
-    PyObject *level = PyObject_GetAttr(conn, fnames.level);
+    PyObject *level = attr_get(conn, fnames.level);
     if (level == NULL)
         return -1;
     long lv = PyLong_AsLong(level);
@@ -144,7 +144,7 @@ flush_may_run(DeliveryFlushObject *self, FlushParts *f)
         return -1;
     f->level5 = lv == 5;
     /* _flush's: the client's socket, not closing. */
-    if ((f->transport = PyObject_GetAttr(conn, fnames.transport)) == NULL)
+    if ((f->transport = attr_get(conn, fnames.transport)) == NULL)
         return -1;
     if (f->transport == Py_None)
         return 0;
@@ -172,11 +172,11 @@ flush_take_output(DeliveryFlushObject *self, PyObject *out)
     if (buffer == NULL)
         return NULL;
     PyObject *fresh = PyList_New(0);
-    if (fresh == NULL || PyObject_SetAttr(self->amqp, fnames.out, fresh) < 0 ||
-        PyObject_SetAttr(self->amqp, fnames.flush_scheduled, Py_False) < 0 ||
+    if (fresh == NULL || attr_set(self->amqp, fnames.out, fresh) < 0 ||
+        attr_set(self->amqp, fnames.flush_scheduled, Py_False) < 0 ||
         attr_add(self->amqp, fnames.send_oct, PyBytes_GET_SIZE(buffer)) < 0 ||
         attr_add(self->amqp, fnames.send_cnt, 1) < 0 ||
-        PyObject_SetAttr(self->amqp, fnames.sent_since_tick, Py_True) < 0) {
+        attr_set(self->amqp, fnames.sent_since_tick, Py_True) < 0) {
         Py_XDECREF(fresh);
         Py_DECREF(buffer);
         return NULL;
@@ -204,9 +204,9 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
     int handed = packets == Py_None; /* the run's packets written or in a batch */
     int r = at < 0 ? -1 : 0;
     if (r == 0)
-        r = PyObject_SetAttr(f->outbound, fnames.next_packet_id, PyTuple_GET_ITEM(ran, 1));
+        r = attr_set(f->outbound, fnames.next_packet_id, PyTuple_GET_ITEM(ran, 1));
     if (r == 0)
-        r = PyObject_SetAttr(f->outbound, fnames.miss, Py_None);
+        r = attr_set(f->outbound, fnames.miss, Py_None);
     if (r == 0 && at == PyBytes_GET_SIZE(buffer)) {
         /* The whole output: its PUBLISHes in one write (_flush). */
         if (packets != Py_None) {
@@ -220,7 +220,7 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
         PyObject *batch = PyList_New(0);
         if (batch != NULL && packets != Py_None && PyList_Append(batch, packets) < 0)
             Py_CLEAR(batch);
-        PyObject *amqp_out = PyObject_GetAttr(self->conn, fnames.amqp_out);
+        PyObject *amqp_out = attr_get(self->conn, fnames.amqp_out);
         PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(buffer) + at,
                                                    PyBytes_GET_SIZE(buffer) - at);
         r = batch == NULL || amqp_out == NULL || rest == NULL ? -1 : 0;
@@ -237,7 +237,7 @@ flush_run(DeliveryFlushObject *self, FlushParts *f, PyObject *buffer)
          * _end_batch would close (the rest waits in amqp_out for the next
          * read). */
         if (r == 0) {
-            r = PyObject_SetAttr(self->conn, fnames.out, batch);
+            r = attr_set(self->conn, fnames.out, batch);
             handed = r == 0;
         }
         Py_XDECREF(batch);

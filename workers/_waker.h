@@ -56,7 +56,7 @@ waker_wake_python(PyObject *waker, unsigned long long qid, int watcher)
 static int
 waker_signal(PyObject *waker, PyObject *efd)
 {
-    PyObject *deferred = PyObject_GetAttr(waker, waker_names.deferred);
+    PyObject *deferred = attr_get(waker, waker_names.deferred);
     if (deferred == NULL)
         return -1;
     int now = deferred == Py_None;
@@ -64,7 +64,7 @@ waker_signal(PyObject *waker, PyObject *efd)
     if (!now) {
         now = attr_true(waker, waker_names.at_once);
         if (now > 0) /* one wake-up now, the rest at the iteration's end */
-            r = PyObject_SetAttr(waker, waker_names.at_once, Py_False);
+            r = attr_set(waker, waker_names.at_once, Py_False);
     }
     if (now < 0 || r < 0) {
         Py_DECREF(deferred);
@@ -96,11 +96,11 @@ waker_signal(PyObject *waker, PyObject *efd)
         }
     }
     if (n == 0) {
-        PyObject *schedule = PyObject_GetAttr(waker, waker_names.schedule);
+        PyObject *schedule = attr_get(waker, waker_names.schedule);
         if (schedule == NULL)
             r = -1;
         else if (schedule != Py_None) {
-            PyObject *flush = PyObject_GetAttr(waker, waker_names.flush_deferred);
+            PyObject *flush = attr_get(waker, waker_names.flush_deferred);
             PyObject *h = flush == NULL ? NULL : PyObject_CallOneArg(schedule, flush);
             r = h == NULL ? -1 : 0;
             Py_XDECREF(h);
@@ -119,11 +119,11 @@ waker_signal(PyObject *waker, PyObject *efd)
 static int
 waker_wake(PyObject *atomic, PyObject *waker, unsigned long long qid, int watcher)
 {
-    PyObject *a = PyObject_GetAttr(waker, waker_names.a);
+    PyObject *a = attr_get(waker, waker_names.a);
     if (a == NULL)
         return -1;
     Py_DECREF(a); /* (the waker holds it) */
-    PyObject *bitmaps = PyObject_GetAttr(waker, waker_names.bitmaps);
+    PyObject *bitmaps = attr_get(waker, waker_names.bitmaps);
     if (bitmaps == NULL)
         return -1;
     Py_ssize_t worker = (Py_ssize_t)watcher - SHOAL_WATCH_WORKER;
@@ -145,7 +145,7 @@ waker_wake(PyObject *atomic, PyObject *waker, unsigned long long qid, int watche
         return -1;
     PyObject *on_local = NULL;
     if (local == worker) {
-        on_local = PyObject_GetAttr(waker, waker_names.on_local);
+        on_local = attr_get(waker, waker_names.on_local);
         if (on_local == NULL)
             return -1;
         if (on_local == Py_None)
@@ -162,7 +162,7 @@ waker_wake(PyObject *atomic, PyObject *waker, unsigned long long qid, int watche
         Py_XDECREF(r);
         return r == NULL ? -1 : 0;
     }
-    PyObject *efds = PyObject_GetAttr(waker, waker_names.worker_efds);
+    PyObject *efds = attr_get(waker, waker_names.worker_efds);
     if (efds == NULL)
         return -1;
     int r;
@@ -190,7 +190,7 @@ pacer_published(PyObject *pacer, unsigned long long qid, long long n)
         return -1;
     if (due - n > 0) {
         PyObject *v = PyLong_FromLongLong(due - n);
-        int r = v == NULL ? -1 : PyObject_SetAttr(pacer, waker_names.due, v);
+        int r = v == NULL ? -1 : attr_set(pacer, waker_names.due, v);
         Py_XDECREF(v);
         return r;
     }

@@ -88,7 +88,7 @@ static int
 wp_set_ll(PyObject *obj, PyObject *name, long long value)
 {
     PyObject *v = PyLong_FromLongLong(value);
-    int r = v == NULL ? -1 : PyObject_SetAttr(obj, name, v);
+    int r = v == NULL ? -1 : attr_set(obj, name, v);
     Py_XDECREF(v);
     return r;
 }
@@ -110,7 +110,7 @@ wp_plain(WatchedPullObject *w, PyObject *consumer, PyObject *book, PyObject *con
         (r = attr_is(consumer, wpnames.levels, Py_None)) <= 0 ||
         (r = attr_is(consumer, wpnames.wanted, Py_None)) <= 0)
         return r;
-    PyObject *access = PyObject_GetAttr(conn, wpnames.access);
+    PyObject *access = attr_get(conn, wpnames.access);
     if (access == NULL)
         return -1;
     r = attr_true(access, wpnames.tracing);
@@ -123,7 +123,7 @@ wp_plain(WatchedPullObject *w, PyObject *consumer, PyObject *book, PyObject *con
 static int
 wp_book_held(PyObject *book, long long *held)
 {
-    PyObject *unacked = PyObject_GetAttr(book, wpnames.unacked);
+    PyObject *unacked = attr_get(book, wpnames.unacked);
     if (unacked == NULL)
         return -1;
     Py_ssize_t have = PyObject_Size(unacked);
@@ -179,7 +179,7 @@ wp_wants_work(WatchedPullObject *w, PyObject *consumer, PyObject *book, PyObject
         return r;
     if ((r = attr_true(book, wpnames.flow_active)) <= 0)
         return r;
-    PyObject *channel = PyObject_GetAttr(book, wpnames.channel);
+    PyObject *channel = attr_get(book, wpnames.channel);
     if (channel == NULL)
         return -1;
     r = attr_true(channel, wpnames.closing);
@@ -251,7 +251,7 @@ wp_write(PyObject *conn, PyObject *out)
 {
     if (PyList_GET_SIZE(out) == 0)
         return 0;
-    PyObject *buffer = PyObject_GetAttr(conn, wpnames.out);
+    PyObject *buffer = attr_get(conn, wpnames.out);
     if (buffer == NULL)
         return -1;
     int r;
@@ -262,10 +262,10 @@ wp_write(PyObject *conn, PyObject *out)
         if (scheduled < 0)
             return -1;
         if (!scheduled) {
-            if (PyObject_SetAttr(conn, wpnames.flush_scheduled, Py_True) < 0)
+            if (attr_set(conn, wpnames.flush_scheduled, Py_True) < 0)
                 return -1;
             /* Connection.write's: an MQTT device's gate shut (_lane_device.h). */
-            PyObject *gate = PyObject_GetAttr(conn, wpnames.device_gate);
+            PyObject *gate = attr_get(conn, wpnames.device_gate);
             PyObject *shut = gate == NULL || gate == Py_None
                                  ? Py_XNewRef(gate)
                                  : PyObject_CallMethodNoArgs(gate, wpnames.shut_gate);
@@ -275,9 +275,9 @@ wp_write(PyObject *conn, PyObject *out)
             Py_DECREF(shut);
             /* WorkerContext.flush_soon: held for the wake-up's end (its
              * flushes_now list), else the loop's call_soon. */
-            PyObject *ctx = PyObject_GetAttr(conn, wpnames.ctx);
-            PyObject *flush = ctx == NULL ? NULL : PyObject_GetAttr(conn, wpnames.scheduled_flush);
-            PyObject *held = flush == NULL ? NULL : PyObject_GetAttr(ctx, wpnames.flushes_now);
+            PyObject *ctx = attr_get(conn, wpnames.ctx);
+            PyObject *flush = ctx == NULL ? NULL : attr_get(conn, wpnames.scheduled_flush);
+            PyObject *held = flush == NULL ? NULL : attr_get(ctx, wpnames.flushes_now);
             int failed = held == NULL;
             if (!failed && PyList_CheckExact(held)) {
                 failed = PyList_Append(held, flush) < 0;
@@ -370,9 +370,9 @@ wp_run(WatchedPullObject *w, PyObject *consumer, PyObject *book, PyObject *conn,
     if (settles < 0)
         return -1;
     in.settle_hook = settles && __atomic_load_n(uid, __ATOMIC_SEQ_CST) != 0;
-    PyObject *ctag = PyObject_GetAttr(consumer, wpnames.tag_sstr);
+    PyObject *ctag = attr_get(consumer, wpnames.tag_sstr);
     PyObject *unacked = ctag == NULL ? NULL : no_ack ? Py_NewRef(Py_None)
-                                                     : PyObject_GetAttr(book, wpnames.unacked);
+                                                     : attr_get(book, wpnames.unacked);
     char *ctag_p;
     int r = -1;
     if (unacked != NULL && PyBytes_AsStringAndSize(ctag, &ctag_p, &in.ctag_len) == 0) {
@@ -393,7 +393,7 @@ WatchedPull_pull(WatchedPullObject *w, PyObject *consumer)
 {
     if (Py_TYPE(consumer) != (PyTypeObject *)w->consumer_type)
         return Py_BuildValue("(iiii)", PULL_IN_PYTHON, 0, 0, 0);
-    PyObject *book = PyObject_GetAttr(consumer, wpnames.channel);
+    PyObject *book = attr_get(consumer, wpnames.channel);
     if (book == NULL)
         return NULL;
     PyObject *conn = NULL, *qid = NULL, *out = NULL, *result = NULL;
@@ -401,7 +401,7 @@ WatchedPull_pull(WatchedPullObject *w, PyObject *consumer)
     unsigned long long a = 0, b = 0, c = 0;
     if (Py_TYPE(book) != (PyTypeObject *)w->book_type)
         goto answer;
-    if ((conn = PyObject_GetAttr(book, wpnames.conn)) == NULL)
+    if ((conn = attr_get(book, wpnames.conn)) == NULL)
         goto fail;
     if (Py_TYPE(conn) != (PyTypeObject *)w->conn_type)
         goto answer;
@@ -410,7 +410,7 @@ WatchedPull_pull(WatchedPullObject *w, PyObject *consumer)
             goto fail;
         goto answer;
     }
-    if ((qid = PyObject_GetAttr(consumer, wpnames.qid)) == NULL)
+    if ((qid = attr_get(consumer, wpnames.qid)) == NULL)
         goto fail;
     Py_ssize_t q_id = PyLong_AsSsize_t(qid);
     if (q_id == -1 && PyErr_Occurred())
@@ -428,7 +428,7 @@ WatchedPull_pull(WatchedPullObject *w, PyObject *consumer)
     if (changes == NULL || (out = PyList_New(0)) == NULL)
         goto fail;
     /* From here on as pull(): notified, then runs until one stops it. */
-    if (PyObject_SetAttr(consumer, wpnames.notified, Py_True) < 0)
+    if (attr_set(consumer, wpnames.notified, Py_True) < 0)
         goto write_fail;
     Py_ssize_t work = 0;
     for (;;) {
@@ -470,7 +470,7 @@ WatchedPull_pull(WatchedPullObject *w, PyObject *consumer)
             break;
         }
         /* RUN_EMPTY: went_dry, for a consumer that watches its queue. */
-        if (PyObject_SetAttr(consumer, wpnames.notified, Py_False) < 0 ||
+        if (attr_set(consumer, wpnames.notified, Py_False) < 0 ||
             wp_set_ll(consumer, wpnames.dry_at, (long long)o.a) < 0)
             goto write_fail;
         uint64_t expected = 0;
@@ -489,7 +489,7 @@ WatchedPull_pull(WatchedPullObject *w, PyObject *consumer)
             idle = 1; /* idle; or a publisher took the watch: its wake comes */
             break;
         }
-        if (PyObject_SetAttr(consumer, wpnames.notified, Py_True) < 0)
+        if (attr_set(consumer, wpnames.notified, Py_True) < 0)
             goto write_fail;
     }
     if (wp_write(conn, out) < 0)
@@ -605,7 +605,7 @@ WatchedPull_wake(WatchedPullObject *w, PyObject *const *args, Py_ssize_t nargs)
         words = in_use;
     PyObject *ctx = args[3], *flush_failed = args[6];
     PyObject *held = PyList_New(0);
-    if (held == NULL || PyObject_SetAttr(ctx, wpnames.flushes_now, held) < 0) {
+    if (held == NULL || attr_set(ctx, wpnames.flushes_now, held) < 0) {
         Py_XDECREF(held);
         return NULL;
     }
@@ -643,7 +643,7 @@ WatchedPull_wake(WatchedPullObject *w, PyObject *const *args, Py_ssize_t nargs)
     /* finally: the flushes held, each its own */
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    if (PyObject_SetAttr(ctx, wpnames.flushes_now, Py_None) < 0)
+    if (attr_set(ctx, wpnames.flushes_now, Py_None) < 0)
         PyErr_WriteUnraisable(ctx);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(held); i++) {
         PyObject *flush = Py_NewRef(PyList_GET_ITEM(held, i));

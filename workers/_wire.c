@@ -2151,6 +2151,27 @@ fail:
 #include "_ack_read.h"    /* AckRead: a subscriber's reads of PUBACKs */
 #include "_mqtt_front.h"  /* MqttFront: a client's reads to those without Python */
 
+/* attr_get and attr_set (workers/_attrs.h) from Python: tests/unit/test_attr_places.py. */
+static PyObject *
+slot_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_get(obj, name: str)");
+        return NULL;
+    }
+    return attr_get(args[0], args[1]);
+}
+
+static PyObject *
+slot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyUnicode_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slot_set(obj, name: str, value)");
+        return NULL;
+    }
+    return attr_set(args[0], args[1], args[2]) < 0 ? NULL : Py_NewRef(Py_None);
+}
+
 static PyMethodDef methods[] = {
     {"properties_ok", properties_ok, METH_O,
      "Whether a content header payload's basic properties are well formed."},
@@ -2166,6 +2187,10 @@ static PyMethodDef methods[] = {
      "The statistics' counter places mqtt_read counts in (shm/stats.py)."},
     {"ack_run", (PyCFunction)(void (*)(void))ack_run, METH_FASTCALL,
      "A multiple ack's run of one queue's entries, out of a channel's book."},
+    {"slot_get", (PyCFunction)(void (*)(void))slot_get, METH_FASTCALL,
+     "obj.name as the C paths read it (workers/_attrs.h): for tests."},
+    {"slot_set", (PyCFunction)(void (*)(void))slot_set, METH_FASTCALL,
+     "obj.name = value as the C paths write it (workers/_attrs.h): for tests."},
     {"device_gate_audit", device_gate_audit, METH_O,
      "Where true, a DeviceRead's open gate reads its conditions anyway and raises where one fails."},
     {NULL, NULL, 0, NULL},

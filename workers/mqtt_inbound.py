@@ -63,6 +63,22 @@ _PUBACK_HEAD = bytes((P.PUBACK << 4, 2))
 
 
 class Inbound:
+    __slots__ = (
+        "confirm_seq",
+        "confirms",
+        "conn",
+        "known_properties",
+        "lane_whole",
+        "plain",
+        "plain_topics",
+        "plain_wake",
+        "qos2_publishing",
+        "receive_maximum",
+        "subscriptions",
+        "topic_aliases",
+        "waker",
+    )
+
     def __init__(
         self, conn: MqttClient, subscriptions: Subscriptions, waker: Waker, receive_maximum: int
     ) -> None:

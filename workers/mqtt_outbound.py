@@ -42,6 +42,23 @@ PLANS = 1024  # deliveries' plans kept (Outbound._plan)
 
 
 class Outbound:
+    __slots__ = (
+        "alias_max",
+        "aliases",
+        "conn",
+        "empty_properties",
+        "heads",
+        "line",
+        "max_packet",
+        "miss",
+        "next_packet_id",
+        "planned",
+        "planned_for",
+        "plans",
+        "subscriptions",
+        "unacked",
+    )
+
     def __init__(self, conn: MqttClient, subscriptions: Subscriptions, props: P.Properties) -> None:
         self.conn = conn
         self.subscriptions = subscriptions

@@ -106,6 +106,18 @@ def fingerprint(routing_key: str, payload: bytes, headers: object) -> bytes:
 
 
 class Session:
+    __slots__ = (
+        "detached",
+        "failed",
+        "owner",
+        "path",
+        "pending",
+        "received",
+        "state",
+        "waiting",
+        "writing",
+    )
+
     writes = 0  # this process's session writes (their temporary files' names)
 
     def __init__(self, state: SessionState, path: str | None) -> None:

@@ -45,6 +45,18 @@ NOT_AUTHORIZED = (0x80, 0x87)
 
 
 class Subscriptions:
+    __slots__ = (
+        "barrier",
+        "binding",
+        "catalog",
+        "conn",
+        "consumed",
+        "declares",
+        "no_local",
+        "routes",
+        "version",
+    )
+
     def __init__(
         self, conn: MqttClient, catalog: QueueCatalog, routes: Routes, barrier: SubscribeBarrier
     ) -> None:
