@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import os
 import time
@@ -58,6 +59,10 @@ log = logging.getLogger("shoal.mqtt")
 
 DIRECTORY = "mqtt-sessions"
 OWNER_WAIT = 5.0  # s a connection waits for the older one of its client id to let go
+# This process's session writes, their temporary files' names (a module's
+# counter: a class attribute changed at every write would change the class,
+# and with it its version tag, which workers/_attrs.h's cache keys on).
+WRITE_NUMBERS = itertools.count(1)
 
 
 class Subscribed(msgspec.Struct, array_like=True):
@@ -117,8 +122,6 @@ class Session:
         "waiting",
         "writing",
     )
-
-    writes = 0  # this process's session writes (their temporary files' names)
 
     def __init__(self, state: SessionState, path: str | None) -> None:
         self.state = state
@@ -206,8 +209,7 @@ class Session:
         data, newer_there = self._snapshot()
         # Each write its own temporary file: a takeover's older connection, in
         # this worker or another, may write the session at the same time.
-        Session.writes += 1
-        suffix = f".{os.getpid()}.{Session.writes}.new"
+        suffix = f".{os.getpid()}.{next(WRITE_NUMBERS)}.new"
         written = asyncio.get_running_loop().run_in_executor(
             None, replace_unless_newer, self.path, data, suffix, newer_there
         )
