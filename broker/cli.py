@@ -209,6 +209,13 @@ def _broker_parser() -> argparse.ArgumentParser:
         "a 5.0 client asking more or none gets it as Server Keep Alive, a 3.1.1 one "
         "is refused, as mosquitto's max_keepalive (default %(default)s: no maximum)",
     )
+    p.add_argument(
+        "--mqtt-colocate",
+        action=argparse.BooleanOptionalAction,
+        default=d.mqtt_colocate,
+        help="move a slow MQTT publisher's connection to the IO worker of the one "
+        "consumer its topic reaches: less CPU, more latency (default: off; docs/mqtt.md)",
+    )
     p.add_argument("--tls-cert", default=d.tls_cert, help="PEM certificate chain of the server")
     p.add_argument("--tls-key", default=d.tls_key, help="PEM private key (default: in --tls-cert)")
     p.add_argument(

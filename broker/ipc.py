@@ -393,6 +393,10 @@ class TakeOver(Message, tag=48):
 # which listener accepted it.
 HANDOFF_PLAIN, HANDOFF_TLS, HANDOFF_MQTT, HANDOFF_MQTTS = b"c", b"t", b"m", b"s"
 HANDOFF_MQTT_WS = b"w"  # MQTT over WebSocket (workers/mqtt_websocket.py)
+# An MQTT connection moved from another IO worker: its CONNECT's length (4
+# bytes, big-endian), the CONNECT and the read that moved it follow
+# (workers/mqtt_move.py).
+HANDOFF_MQTT_MOVED = b"v"
 
 
 # What each end receives. A Union, not `A | B`: mypy takes it as a type alias.

@@ -41,6 +41,7 @@ RELOADABLE = frozenset(
         "mqtt_prefetch",
         "mqtt_receive_maximum",
         "mqtt_max_keep_alive",
+        "mqtt_colocate",
         "heartbeat",
         "handshake_timeout",
         "max_handshaking",

@@ -144,6 +144,12 @@ class Waker:
         watch = self.queues + qid * layout.QUEUE_SIZE + layout.Q_WATCH
         return self.a.cas(watch, 0, layout.WATCH_WORKER + worker)
 
+    def watcher(self, qid: int) -> int:
+        """The IO worker whose consumer of `qid` watches it itself, or -1
+        (none, or the scheduler's watch)."""
+        watch = self.a.load(self.queues + qid * layout.QUEUE_SIZE + layout.Q_WATCH)
+        return watch - layout.WATCH_WORKER if watch >= layout.WATCH_WORKER else -1
+
     def unwatch(self, qid: int, worker: int) -> bool:
         """Take the worker's watch back (CAS it to 0): False if a publisher
         took it first (and wakes the worker)."""

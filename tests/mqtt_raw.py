@@ -5,9 +5,14 @@ so a test can hold an exchange at any step."""
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from shoal.broker.mqtt import packets as P
+
+if TYPE_CHECKING:
+    from tests.broker_process import Broker
 
 WAIT_S = 10
 
@@ -136,3 +141,18 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def worker_of(broker: Broker, client: RawClient) -> int:
+    """The pid of the IO worker that holds `client`'s connection."""
+    here = client.sock.getsockname()
+    for pid in broker.pids("io-worker").values():
+        if any(c.raddr and tuple(c.raddr) == here for c in psutil.Process(pid).net_connections()):
+            return pid
+    raise AssertionError("no worker holds the connection")
+
+
+def worker_counts(broker: Broker) -> list[int]:
+    """Each IO worker's connections, as the acceptor counts them."""
+    workers = [p for p in broker.status()["processes"] if p["role"] == "io-worker"]
+    return [p["connections"] for p in sorted(workers, key=lambda p: p["index"])]

@@ -96,6 +96,8 @@ MQTT_CONNECTION_SLOTS = (
     "login",
     "long_read",
     "max_packet",
+    "move",
+    "moved",
     "open",
     "out",
     "outbound",

@@ -210,6 +210,9 @@ class WorkerContext(Requests):
         self.handshaking: set[WorkerConnection] = set()
         # MQTT clients by (vhost, client id), for a takeover (ipc.TakeOver).
         self.mqtt_clients: dict[tuple[str, str], MqttClient] = {}
+        # Every IO worker slot's hand-off socket (the acceptor's end), by
+        # index: where a moved MQTT connection goes (workers/mqtt_move.py).
+        self.peer_handoffs: Sequence[Any] = ()
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)
         self._conn_ids = itertools.count(1)

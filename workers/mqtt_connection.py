@@ -52,9 +52,10 @@ from shoal.workers.mqtt_acks import ack_read
 from shoal.workers.mqtt_front import counted, failed, install
 from shoal.workers.mqtt_inbound import TOPIC_ALIAS_MAXIMUM, Inbound
 from shoal.workers.mqtt_lane import device_read
+from shoal.workers.mqtt_move import intercept, may_move
 from shoal.workers.mqtt_outbound import Outbound
 from shoal.workers.mqtt_session import Session, open_owned
-from shoal.workers.mqtt_subscriptions import Subscriptions
+from shoal.workers.mqtt_subscriptions import Subscriptions, hold_for_subscribes
 from shoal.workers.mqtt_transport import LINGER_TIMEOUT, AmqpSide, Linger
 
 log = logging.getLogger("shoal.mqtt")
@@ -64,7 +65,6 @@ CONNECT_TIMEOUT_S = 10.0
 # A read this long holds a run of packets: its QoS 0 publishes wake their
 # subscribers' workers at once (Inbound.publish, shm/wake.py at_once).
 LONG_READ = 1024
-SUBSCRIBE_POLL_S = 0.001  # a read held by others' SUBSCRIBEs looks again this often
 clock = time.monotonic_ns
 INBOUND_EXCHANGE = M.EXCHANGE.encode()
 
@@ -72,8 +72,10 @@ INBOUND_EXCHANGE = M.EXCHANGE.encode()
 class MqttConnection(asyncio.Protocol):
     __slots__ = MQTT_CONNECTION_SLOTS
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    def __init__(self, ctx: WorkerContext, moved: tuple[bytes, bytes] | None = None) -> None:
         self.ctx = ctx
+        self.moved = moved  # from another worker: its CONNECT and first read (mqtt_move.py)
+        self.move = may_move(ctx) if moved is None else None  # (until its first PUBLISH)
         self.transport: Any = None
         # The largest packet taken (a --max-message-size message; 5.0 CONNACK says so).
         self.max_packet = ctx.config.max_message_size + PACKET_OVERHEAD
@@ -128,6 +130,9 @@ class MqttConnection(asyncio.Protocol):
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] += 1  # (`shoal status`, the metrics)
         self.timer = self.ctx.loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
         install(self.front, transport)  # (its reads go to the front: workers/mqtt_front.py)
+        if self.moved is not None:  # (before any read of its own)
+            for part in self.moved:
+                self.data_received(part)
 
     def data_received(self, data: bytes) -> None:  # (TLS's, WebSocket's: the front's too)
         self.front.data_received(data)
@@ -136,6 +141,8 @@ class MqttConnection(asyncio.Protocol):
         """A read, or what the front's fast read (front.fast) left of it."""
         if self.closed or not data:  # (an empty WebSocket message: nothing)
             return  # (a closed connection's socket lingers: its input is dropped)
+        if self.move is not None and intercept(self, data):
+            return  # (it went to its subscriber's worker)
         if data[0] == 0x82:  # A SUBSCRIBE's read, if at a packet's start (not in a held
             # one's payload): the barrier's up before it is decoded (the front
             # raised its word), as others' publishes race it by microseconds.
@@ -153,7 +160,7 @@ class MqttConnection(asyncio.Protocol):
                 and not (self.busy or self.subscriptions.binding)
                 and barrier.holds(now := clock(), now)
             ):
-                _hold_for_subscribes(self, now)
+                hold_for_subscribes(self, now)
             if self.open and not (self.busy or self.closed or self.acks or self.reader.buffer):
                 if data[0] == 0x40 and self.outbound is not None:  # (a run of PUBACKs in C)
                     at = self.outbound.puback_run(data, self.acks)
@@ -161,7 +168,7 @@ class MqttConnection(asyncio.Protocol):
                         self.front.fast = ack_read(self)
                 else:
                     at = self.inbound.publish_run(data, self.reader.max_size, self.amqp)  # (in C)
-                    if self.inbound.lane_whole and self.amqp is not None:
+                    if self.inbound.lane_whole and self.amqp is not None and self.move is None:
                         self.front.fast = device_read(self, self.inbound, self.amqp)
                 data = data[at:] if at else data
             for ptype, flags, body in self.reader.feed(data):
@@ -392,7 +399,8 @@ class MqttConnection(asyncio.Protocol):
             raise P.ProtocolError("AUTH without an authentication method")
 
     def refuse(self, code: tuple[int, int]) -> None:
-        self.send(P.encode_connack(self.level, False, code[self.level == P.MQTT_5]))
+        if self.moved is None:  # (a moved one's client had its CONNACK: it just goes)
+            self.send(P.encode_connack(self.level, False, code[self.level == P.MQTT_5]))
         self._close()
 
     def _on_connect(self, packet: P.Connect) -> None:
@@ -496,7 +504,8 @@ class MqttConnection(asyncio.Protocol):
                 props["assigned_client_identifier"] = self.connect.client_id
             if self.server_keep_alive:  # MQTT-3.2.2-21: the client uses it
                 props["server_keep_alive"] = self.server_keep_alive
-        self.send(P.encode_connack(self.level, present, 0, props))
+        if self.moved is None:  # (a moved connection's client has had its CONNACK)
+            self.send(P.encode_connack(self.level, present, 0, props))
         self.outbound.resume()
         early, self.early = self.early, []
         for delivery in early:
@@ -676,20 +685,3 @@ class MqttConnection(asyncio.Protocol):
 
 def _ignore(_reply: Any) -> None:
     pass
-
-
-def _hold_for_subscribes(conn: MqttConnection, since_ns: int) -> None:
-    """Another client's SUBSCRIBE, read before this read, is under way
-    (shm/subscribe_barrier.py): this read's packets and the next wait, as
-    during a SUBSCRIBE of its own, until its bindings are in place."""
-    conn.busy = True
-    conn.ctx.loop.call_later(SUBSCRIBE_POLL_S, _poll_subscribes, conn, since_ns)
-
-
-def _poll_subscribes(conn: MqttConnection, since_ns: int) -> None:
-    if conn.closed:
-        return
-    if conn.ctx.subscribe_barrier.holds(since_ns, clock()):
-        conn.ctx.loop.call_later(SUBSCRIBE_POLL_S, _poll_subscribes, conn, since_ns)
-    else:
-        conn.serve_held()

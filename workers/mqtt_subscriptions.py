@@ -19,6 +19,7 @@ a returning client's queues are consumed again at once.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -388,3 +389,23 @@ def _is_shared(topic_filter: str) -> bool:
         return shared(topic_filter) is not None
     except ValueError:
         return False
+
+
+SUBSCRIBE_POLL_S = 0.001  # a read held by others' SUBSCRIBEs looks again this often
+
+
+def hold_for_subscribes(conn: Any, since_ns: int) -> None:
+    """Another client's SUBSCRIBE, read before this read, is under way
+    (shm/subscribe_barrier.py): this read's packets and the next wait, as
+    during a SUBSCRIBE of its own, until its bindings are in place."""
+    conn.busy = True
+    conn.ctx.loop.call_later(SUBSCRIBE_POLL_S, poll_subscribes, conn, since_ns)
+
+
+def poll_subscribes(conn: Any, since_ns: int) -> None:
+    if conn.closed:
+        return
+    if conn.ctx.subscribe_barrier.holds(since_ns, time.monotonic_ns()):
+        conn.ctx.loop.call_later(SUBSCRIBE_POLL_S, poll_subscribes, conn, since_ns)
+    else:
+        conn.serve_held()

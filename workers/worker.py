@@ -45,6 +45,7 @@ from shoal.workers.ingest import Ingest
 from shoal.workers.lease_watch import LeaseWatch
 from shoal.workers.message_ttl import Expiry
 from shoal.workers.mqtt_connection import MqttConnection
+from shoal.workers.mqtt_move import MOVE_MAX, moved_parts
 from shoal.workers.mqtt_websocket import MqttWebSocket
 from shoal.workers.pinned_heads import PinnedHeads
 from shoal.workers.pull import give_back_watch, go_on_watched, pull, take_watch
@@ -108,6 +109,7 @@ class Worker:
         sched_sock: socket.socket,
         handoff_sock: socket.socket,
         worker_efds: Sequence[int] = (),
+        peers: Sequence[socket.socket] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -119,6 +121,7 @@ class Worker:
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.ctx = WorkerContext(config, seg, index, incarnation, efd, self.loop, worker_efds)
+        self.ctx.peer_handoffs = tuple(peers)
         self.gauges = Gauges(self.ctx)  # (the statistics' counts: _flush_stats)
         self.stopping = False
         self.watched_ready: set[int] = set()  # _sweep_watches' last look
@@ -278,17 +281,22 @@ class Worker:
     def _on_handoff(self) -> None:
         for _ in range(64):
             try:
-                kind, fds, _flags, _addr = socket.recv_fds(self.handoff_sock, 64, 16)
+                data, fds, _flags, _addr = socket.recv_fds(self.handoff_sock, MOVE_MAX, 16)
             except BlockingIOError:
                 return
             if not fds:
                 return
+            kind, moved = data[:1], moved_parts(data)
             for fd in fds:
                 secure = kind in (ipc.HANDOFF_TLS, ipc.HANDOFF_MQTTS)
-                self._adopt(fd, self.tls if secure else None, kind)
+                self._adopt(fd, self.tls if secure else None, kind, moved)
 
     def _adopt(
-        self, fd: int, tls_context: ssl.SSLContext | None = None, kind: bytes = ipc.HANDOFF_PLAIN
+        self,
+        fd: int,
+        tls_context: ssl.SSLContext | None = None,
+        kind: bytes = ipc.HANDOFF_PLAIN,
+        moved: tuple[bytes, bytes] | None = None,
     ) -> None:
         sock = socket.socket(fileno=fd)
         if self.lease is not None:
@@ -302,6 +310,8 @@ class Worker:
         protocol: Callable[[WorkerContext], asyncio.Protocol] = Connection
         if kind in (ipc.HANDOFF_MQTT, ipc.HANDOFF_MQTTS):
             protocol = MqttConnection
+        elif moved is not None:  # from another worker, its CONNECT replayed here
+            protocol = partial(MqttConnection, moved=moved)
         elif kind == ipc.HANDOFF_MQTT_WS:
             protocol = MqttWebSocket  # the HTTP upgrade, then MqttConnection inside
 
@@ -525,9 +535,12 @@ def run_worker(
     sched_sock: socket.socket,
     handoff_sock: socket.socket,
     worker_efds: Sequence[int] = (),
+    peers: Sequence[socket.socket] = (),
 ) -> int:
     setproctitle(f"shoal: io-worker {index} (port {config.port})")
     # Fault injection for tests of the supervisor's crash-loop back-off.
     if os.environ.get("SHOAL_FAULT_WORKER_BOOT") == str(index):
         raise RuntimeError(f"injected boot failure of io-worker {index}")
-    return Worker(config, seg, index, incarnation, efd, sched_sock, handoff_sock, worker_efds).run()
+    return Worker(
+        config, seg, index, incarnation, efd, sched_sock, handoff_sock, worker_efds, peers
+    ).run()

@@ -385,7 +385,8 @@ class Supervisor:
         if child.role == "io-worker":
             sched_end = self.sched_pairs[child.index][1]
             handoff_end = self.handoff_pairs[child.index][1]
-            keep = {sched_end.fileno(), handoff_end.fileno()}
+            peers = [pair[0] for pair in self.handoff_pairs]  # (workers/mqtt_move.py)
+            keep = {sched_end.fileno(), handoff_end.fileno()} | {s.fileno() for s in peers}
             ProcessSlot(seg, child.index).set_role(Role.WORKER)
             main: Callable[[], int] = lambda: run_worker(  # noqa: E731
                 self.config,
@@ -396,6 +397,7 @@ class Supervisor:
                 sched_end,
                 handoff_end,
                 self.worker_efds,
+                peers,
             )
         elif child.role == "scheduler":
             links = {i: pair[0] for i, pair in enumerate(self.sched_pairs)}
@@ -425,17 +427,14 @@ class Supervisor:
             keep = {s.fileno() for s in handoffs} | {s.fileno() for s, _ in self.listeners}
             ProcessSlot.acceptor(seg).set_role(Role.ACCEPTOR)
             main = lambda: acceptor.run_acceptor(self.config.port, seg, self.listeners, handoffs)  # noqa: E731
-        for s in self._all_sockets():
-            if s.fileno() not in keep:
-                s.close()
+        for s in (s for s in self._all_sockets() if s.fileno() not in keep):
+            s.close()
         os.close(self.data_lock)  # the lock is the supervisor's alone
         return main()
 
     def _all_sockets(self) -> list[socket.socket]:
-        out: list[socket.socket] = [s for s, _kind in self.listeners]
-        for pair in self.sched_pairs + self.handoff_pairs:
-            out += pair
-        return out
+        pairs = self.sched_pairs + self.handoff_pairs
+        return [s for s, _kind in self.listeners] + [s for pair in pairs for s in pair]
 
     def _reap(self) -> None:
         while True:

@@ -9,12 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pika
-import psutil
 import pytest
 
 from shoal.broker.mqtt import packets as P
 from tests.broker_process import Broker, free_port, wait_for
 from tests.mqtt_raw import RawClient
+from tests.mqtt_raw import worker_counts as _counts
+from tests.mqtt_raw import worker_of as _worker_of
 
 WAIT_S = 10
 PERSISTENT_5 = {"session_expiry_interval": 3600}
@@ -24,21 +25,6 @@ def _client(raws: list[RawClient], port: int, level: int) -> RawClient:
     client = RawClient(port, level)
     raws.append(client)
     return client
-
-
-def _worker_of(broker: Broker, client: RawClient) -> int:
-    """The pid of the IO worker that holds `client`'s connection."""
-    here = client.sock.getsockname()
-    for pid in broker.pids("io-worker").values():
-        if any(c.raddr and tuple(c.raddr) == here for c in psutil.Process(pid).net_connections()):
-            return pid
-    raise AssertionError("no worker holds the connection")
-
-
-def _counts(broker: Broker) -> list[int]:
-    """Each IO worker's connections, as the acceptor counts them."""
-    workers = [p for p in broker.status()["processes"] if p["role"] == "io-worker"]
-    return [p["connections"] for p in sorted(workers, key=lambda p: p["index"])]
 
 
 def _balanced(broker: Broker, fillers: list[pika.BlockingConnection]) -> None:
