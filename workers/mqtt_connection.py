@@ -75,7 +75,7 @@ class MqttConnection(asyncio.Protocol):
     def __init__(self, ctx: WorkerContext, moved: tuple[bytes, bytes] | None = None) -> None:
         self.ctx = ctx
         self.moved = moved  # from another worker: its CONNECT and first read (mqtt_move.py)
-        self.move = may_move(ctx) if moved is None else None  # (until its first PUBLISH)
+        self.move = may_move(ctx) if moved is None else None  # (for its first reads)
         self.transport: Any = None
         # The largest packet taken (a --max-message-size message; 5.0 CONNACK says so).
         self.max_packet = ctx.config.max_message_size + PACKET_OVERHEAD

@@ -6,14 +6,14 @@ both processes a wake-up: the device's worker reads it, the subscriber's
 is woken by an eventfd to deliver it (shm/wake.py). At a device's few
 messages a second each of those is a sleep and a wake of its own:
 measured with 1,000 devices, two workers switched 15,795 times where one
-worker (and mosquitto) switched ~8,600 (docs/benchmarks.md). So a fresh
-MQTT connection whose first packet after its CONNACK is a PUBLISH to a
-topic that reaches exactly one queue, watched by its only consumer on
-another worker (Q_WATCH, shm/ARCHITECTURE.md 7b), moves there: its socket
+worker (and mosquitto) switched ~8,600 (docs/benchmarks.md). So, with
+--mqtt-colocate, an MQTT connection whose PUBLISHes go to a topic that
+reaches exactly one queue, watched by its only consumer on another worker
+(Waker.watcher, shm/ARCHITECTURE.md 7b), moves there: its socket
 (SCM_RIGHTS over that worker's hand-off socket, as the acceptor hands
 connections), its CONNECT, which the new worker replays without a second
-CONNACK, and the read with that PUBLISH, served there. The client sees
-nothing: no byte of its stream is lost or answered twice.
+CONNACK, and the read with the PUBLISH that moved it, served there. The
+client sees nothing: no byte of its stream is lost or answered twice.
 
 Only a device moves: a connection that publishes slowly (its first
 MOVE_AFTER PUBLISHes at no more than MOVE_RATE a second; a fast publisher
@@ -95,8 +95,9 @@ def moved_parts(data: bytes) -> tuple[bytes, bytes] | None:
 
 def intercept(conn: Any, data: bytes) -> bool:
     """MqttConnection._read's first look while conn.move is set: the bytes
-    before its CONNECT kept, and the first read after its CONNACK moved
-    where it should go. True: the connection went (the read with it)."""
+    before its CONNECT kept; after its CONNACK, its reads counted and, once
+    it is found a slow publisher to one watched queue, the read that found
+    it moved where it should go. True: the connection went (the read with it)."""
     move = conn.move
     if conn.connect is None:  # (the CONNECT, or part of it)
         move.connect += data
