@@ -6,11 +6,12 @@ The rules without IO are workers/negotiation.py's."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Protocol
 
 from pamqp import commands as C
 
-from shoal.broker import ipc
+from shoal.broker import ipc, node_name
 from shoal.broker.amqp import errors
 from shoal.broker.config import Config
 from shoal.workers import amqp_0_8, framing, negotiation
@@ -20,6 +21,40 @@ from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.routes import Routes
 
 AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+
+
+# connection.start as written, by what its table and mechanisms hold: the
+# server-properties table (a dozen entries, the capabilities' table inside)
+# encoded once per worker, not at each connection. An MQTT client's inner
+# connection writes one too: pamqp's encoding of it was 6 % of a connect's
+# CPU in a storm of 8,000 (docs/benchmarks.md).
+_START_FRAMES: dict[tuple[int, int, bool, str, str], bytes] = {}
+
+
+def start_frame(worker: int, old: bool, mechanisms: str) -> bytes:
+    """connection.start's frame for worker `worker`'s connection: AMQP 0-8's
+    (`old`) or 0-9-1's, offering `mechanisms`."""
+    # (the pid and the node's name are in the table: a fork, adopt)
+    key = (worker, os.getpid(), old, mechanisms, node_name.node_name())
+    frame = _START_FRAMES.get(key)
+    if frame is None:
+        properties = negotiation.server_properties(worker)
+        if old:
+            properties = amqp_0_8.server_properties(properties)
+        frame = framing.encode_method(
+            0,
+            C.Connection.Start(
+                version_major=8 if old else 0,
+                version_minor=0 if old else 9,
+                server_properties=properties,
+                mechanisms=mechanisms,
+                locales="en_US",
+            ),
+        )
+        if len(_START_FRAMES) >= 16:  # (a bound: keys change only with the configuration)
+            _START_FRAMES.clear()
+        _START_FRAMES[key] = frame
+    return frame
 
 
 class HandshakeBlocks(Protocol):
@@ -116,24 +151,10 @@ class Handshake:
             conn.state = CLOSED
             return b""
         conn.state = AWAIT_START_OK
-        properties = negotiation.server_properties(conn.ctx.index)
         if old:  # (as RabbitMQ: 8-0, no capabilities)
             conn.protocol = amqp_0_8.PROTOCOL
-            properties = amqp_0_8.server_properties(properties)
-        conn.write(
-            framing.encode_method(
-                0,
-                C.Connection.Start(
-                    version_major=8 if old else 0,
-                    version_minor=0 if old else 9,
-                    server_properties=properties,
-                    mechanisms=negotiation.mechanisms(
-                        conn.certificate_user, conn.ctx.config.auth_mechanisms
-                    ),
-                    locales="en_US",
-                ),
-            )
-        )
+        mechanisms = negotiation.mechanisms(conn.certificate_user, conn.ctx.config.auth_mechanisms)
+        conn.write(start_frame(conn.ctx.index, old, mechanisms))
         return rest
 
     def start_ok(self, method: C.Connection.StartOk) -> None:

@@ -653,6 +653,8 @@ class MqttConnection(asyncio.Protocol):
                     self.delivery = [F.deliver(payload), None, bytearray()]
                 elif kind == F.METHOD and (confirm := F.confirm_of(payload)) is not None:
                     self.inbound.confirmed(*confirm)
+                elif kind == F.METHOD and payload[:4] == inner.START_PAYLOAD:
+                    inner.answer(self, 0, inner.START)  # (its table not decoded: unread)
                 else:
                     _used, channel, frame = amqp_frame.unmarshal(bytes(buffer[at:end]))
                     inner.answer(self, channel, frame)
