@@ -35,10 +35,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pamqp import commands as C
-from pamqp import frame as amqp_frame
 
 from shoal.broker import ipc
 from shoal.broker.mqtt import amqp_frames as F
+from shoal.broker.mqtt import inner_frames
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.shm import stats
@@ -591,7 +591,7 @@ class MqttConnection(asyncio.Protocol):
                 amqp.method_from_bridge(1, F.ack_method(tag))
 
     def method(self, method: Any, channel: int = 1) -> None:
-        self.to_amqp(amqp_frame.marshal(method, channel))
+        self.to_amqp(inner_frames.encoded(method, channel))
 
     def call(self, method: Any, then: Callable[[Any], None]) -> None:
         """A synchronous method on channel 1; `then` gets its reply."""
@@ -653,10 +653,8 @@ class MqttConnection(asyncio.Protocol):
                     self.delivery = [F.deliver(payload), None, bytearray()]
                 elif kind == F.METHOD and (confirm := F.confirm_of(payload)) is not None:
                     self.inbound.confirmed(*confirm)
-                elif kind == F.METHOD and payload[:4] == inner.START_PAYLOAD:
-                    inner.answer(self, 0, inner.START)  # (its table not decoded: unread)
                 else:
-                    _used, channel, frame = amqp_frame.unmarshal(bytes(buffer[at:end]))
+                    channel, frame = inner_frames.decoded(bytes(buffer[at:end]))
                     inner.answer(self, channel, frame)
                 at = end
         except P.PacketError as exc:  # (a packet served only now, held or half done)

@@ -38,13 +38,6 @@ class InnerSide(MqttClient, Protocol):
 
 log = logging.getLogger("shoal.mqtt")
 
-# connection.start, which the inner connection writes first: the answer is
-# the same whatever its table holds, so the frame is known by its class and
-# method ids (10, 10) and not decoded (the server-properties table: 5 % of a
-# connect's CPU in a storm).
-START_PAYLOAD = b"\x00\x0a\x00\x0a"
-START = C.Connection.Start()
-
 
 def answer(conn: InnerSide, channel: int, frame: Any) -> None:
     """A frame the inner connection wrote that is not a delivery or a confirm."""
