@@ -64,13 +64,15 @@ class ConsumerRecord(msgspec.Struct, array_like=True, gc=False):
 
 # ------------------------------------------------------ worker -> scheduler
 class Hello(Message, tag=1):
-    """A worker (re)introduces itself with every consumer it has, and its
-    open connections: [conn_id, vhost, user] each."""
+    """A worker (re)introduces itself with every consumer it has, its open
+    connections, [conn_id, vhost, user] each, and its MQTT clients, [conn_id,
+    vhost, client id] each (broker/scheduler/mqtt_clients.py)."""
 
     worker: int
     incarnation: int
     consumers: list[ConsumerRecord]
     connections: list[tuple[int, str, str]] = []
+    mqtt_clients: list[tuple[int, str, str]] = []
 
 
 class Declare(Request, tag=2):
@@ -356,7 +358,8 @@ class ChannelTotals(Message, tag=27):
 
 class ClientIdConnected(Message, tag=47):
     """An MQTT client connected with client id `client_id` in `vhost`
-    (connection `conn_id`): the scheduler tells every worker (TakeOver)."""
+    (connection `conn_id`): the scheduler tells the worker of its older
+    connection, if another worker holds one (TakeOver)."""
 
     vhost: str
     client_id: str

@@ -295,7 +295,8 @@ class WorkerContext(Requests):
             drop_watch(self, consumer)
         records = [c.record() for c in self.consumers.values()]
         connections = [c.opened_as() for c in self.connections if c.opened_as()[0]]
-        self.send(ipc.Hello(self.index, self.incarnation, records, connections))
+        clients = [(c.conn_id, vhost, cid) for (vhost, cid), c in self.mqtt_clients.items()]
+        self.send(ipc.Hello(self.index, self.incarnation, records, connections, clients))
         for _fut, message in list(self._pending.values()):
             self.send(message)
 

@@ -45,6 +45,7 @@ from shoal.broker.scheduler.durable import open_log
 from shoal.broker.scheduler.exchanges import Exchanges
 from shoal.broker.scheduler.introspect import Introspection, socket_path
 from shoal.broker.scheduler.journal import Journal
+from shoal.broker.scheduler.mqtt_clients import MqttClients, worker_of
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
 from shoal.broker.scheduler.parameters import Parameters
 from shoal.broker.scheduler.policies import Policies
@@ -97,6 +98,7 @@ class Scheduler:
         self.parameters = Parameters(state, self.journal)
         self.accounts = Accounts(state, self.journal, self.lifecycle.remove_queue)
         self.connections = Connections(state)
+        self.mqtt_clients = MqttClients()
         self.retained = RetainedMessages(config.data_path(), self.loop, self._reply)  # MQTT's
         self.transfer = Transfer(
             state,
@@ -299,12 +301,17 @@ class Scheduler:
     def _on_conn_closed(self, worker: int, m: ipc.ConnClosed) -> ipc.Ok:
         self.lifecycle.connection_closed(m.conn_id)  # its exclusive queues go
         self.connections.connection_closed(m.conn_id)
+        self.mqtt_clients.closed(m.conn_id)
         return ipc.Ok()
 
     # Notices: nobody waits for an answer (see _NOTICES).
     def _on_client_id_connected(self, worker: int, m: ipc.ClientIdConnected) -> None:
-        # Every worker looks for that client id's other connection.
-        self.state.send_all(ipc.TakeOver(m.vhost, m.client_id, m.conn_id))
+        # The worker that holds the client id's older connection, if another
+        # does, closes it (broker/scheduler/mqtt_clients.py).
+        older = self.mqtt_clients.connected(m.vhost, m.client_id, m.conn_id)
+        link = None if older is None else self.links.get(worker_of(older))
+        if link is not None:
+            link.send(ipc.TakeOver(m.vhost, m.client_id, m.conn_id))
 
     def _on_consumers(self, worker: int, m: ipc.Consumers) -> None:
         self.introspection.on_consumers(worker, m.req, m.consumers)
@@ -314,6 +321,7 @@ class Scheduler:
             self.links.pop(worker, None)
         # The link it came on says which: m.worker is the same.
         self.connections.known_connections(worker, [])
+        self.mqtt_clients.known(worker, [])
         self.notification.worker_gone(worker)
 
     def _on_channel_counts(self, worker: int, m: ipc.ChannelCounts) -> None:
@@ -323,6 +331,8 @@ class Scheduler:
         if worker not in self.links and worker in self.all_links:
             self.links[worker] = self.all_links[worker]  # a worker added at runtime
         self.connections.known_connections(worker, m.connections)
+        for vhost, client_id, newer in self.mqtt_clients.known(worker, m.mqtt_clients):
+            self.all_links[worker].send(ipc.TakeOver(vhost, client_id, newer))
         self.notification.hello(worker, m)
         # Users' channels as this scheduler knows them, all of them: a new
         # worker has none, and a new scheduler's may differ from what an
