@@ -214,7 +214,8 @@ def _broker_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=d.mqtt_colocate,
         help="move a slow MQTT publisher's connection to the IO worker of the one "
-        "consumer its topic reaches: less CPU, more latency (default: off; docs/mqtt.md)",
+        "consumer its topic reaches: less CPU, a little more latency (default: on; "
+        "docs/mqtt.md)",
     )
     p.add_argument("--tls-cert", default=d.tls_cert, help="PEM certificate chain of the server")
     p.add_argument("--tls-key", default=d.tls_key, help="PEM private key (default: in --tls-cert)")

@@ -59,10 +59,10 @@ class Config(msgspec.Struct, frozen=True):
     mqtt_max_keep_alive: int = 0
     # A slow publisher's connection moves to the IO worker of the one
     # consumer its topic reaches (workers/mqtt_move.py): one process's
-    # wake-up a message instead of two, ~30 % less CPU in fan-in, but a
-    # higher p50 latency (its deliveries wait for the worker's other reads),
-    # so off until that is mended.
-    mqtt_colocate: bool = False
+    # wake-up a message instead of two, ~30 % less CPU in fan-in, for a
+    # p50 latency some 0.05 ms higher (docs/mqtt.md); --no-mqtt-colocate
+    # keeps every connection where the acceptor put it.
+    mqtt_colocate: bool = True
     tls_cert: str = ""  # PEM: the server's certificate chain
     tls_key: str = ""  # PEM: its private key ("": in tls_cert)
     tls_ca: str = ""  # PEM: CAs that client certificates are verified against ("": none asked)

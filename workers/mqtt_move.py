@@ -6,10 +6,11 @@ both processes a wake-up: the device's worker reads it, the subscriber's
 is woken by an eventfd to deliver it (shm/wake.py). At a device's few
 messages a second each of those is a sleep and a wake of its own:
 measured with 1,000 devices, two workers switched 15,795 times where one
-worker (and mosquitto) switched ~8,600 (docs/benchmarks.md). So, with
---mqtt-colocate, an MQTT connection whose PUBLISHes go to a topic that
-reaches exactly one queue, watched by its only consumer on another worker
-(Waker.watcher, shm/ARCHITECTURE.md 7b), moves there: its socket
+worker (and mosquitto) switched ~8,600 (docs/benchmarks.md). So (on by
+default; --no-mqtt-colocate turns it off) an MQTT connection whose
+PUBLISHes go to a topic that reaches exactly one queue, watched by its
+only consumer on another worker (Waker.watcher, shm/ARCHITECTURE.md 7b),
+moves there: its socket
 (SCM_RIGHTS over that worker's hand-off socket, as the acceptor hands
 connections), its CONNECT, which the new worker replays without a second
 CONNACK, and the read with the PUBLISH that moved it, served there. The

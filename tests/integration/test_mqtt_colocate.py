@@ -111,10 +111,11 @@ def test_a_device_moves_to_its_subscriber_s_worker_unseen(
     assert (will.topic, will.payload) == ("wills/d", b"gone")
 
 
-def test_by_default_a_device_stays(
+def test_with_no_mqtt_colocate_a_device_stays(
     broker_factory: Callable[..., Broker], raws: list[RawClient]
 ) -> None:
-    broker, _port, subscriber, device = _subscribed_and_device(broker_factory, raws)
+    off = "--no-mqtt-colocate"
+    broker, _port, subscriber, device = _subscribed_and_device(broker_factory, raws, off)
     where = _worker_of(broker, device)
     _publish_slowly(device, [b"m1", b"m2", b"m3", b"m4"])
     assert [subscriber.received()[1].payload for _ in range(4)] == [b"m1", b"m2", b"m3", b"m4"]
