@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
-from shoal.broker.scheduler.state import SchedulerState
+from shoal.broker.scheduler.state import SchedulerState, worker_of
 
 
 class Connections:
@@ -56,7 +56,7 @@ class Connections:
     def known_connections(self, worker: int, connections: list[tuple[int, str, str]]) -> None:
         """A worker's HELLO (or its death, with none): its connections now.
         Its channel counts start again from its next report."""
-        for conn_id in [c for c in self.client_connections if c >> 40 == worker]:
+        for conn_id in [c for c in self.client_connections if worker_of(c) == worker]:
             del self.client_connections[conn_id]
         for conn_id, vhost, user in connections:
             self.client_connections[conn_id] = (vhost, user)

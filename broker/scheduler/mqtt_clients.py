@@ -19,12 +19,9 @@ HELLO's connection is older than a notice's (see known()).
 
 from __future__ import annotations
 
+from shoal.broker.scheduler.state import worker_of
+
 Key = tuple[str, str]  # (vhost, client id)
-
-
-def worker_of(conn_id: int) -> int:
-    """The IO worker a connection id was made on (WorkerContext.next_conn_id)."""
-    return conn_id >> 40
 
 
 class MqttClients:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from shoal.broker import ipc
 from shoal.broker.amqp import errors
 from shoal.broker.scheduler.consumers import ConsumerKey, State
-from shoal.broker.scheduler.state import QueueState, SchedulerState
+from shoal.broker.scheduler.state import QueueState, SchedulerState, worker_of
 from shoal.shm import flow, stats
 from shoal.shm.queue_scan import flow_closed_among, ready_among
 
@@ -275,7 +275,7 @@ class Notification:
     def worker_gone(self, worker: int) -> None:
         self._drop_worker_consumers(worker)
         self._heard_from(worker)
-        for q in [q for q in self.queues.values() if q.exclusive and q.owner >> 40 == worker]:
+        for q in [q for q in self.queues.values() if q.exclusive and worker_of(q.owner) == worker]:
             self._remove_queue(q)
 
     def _drop_worker_consumers(self, worker: int) -> None:

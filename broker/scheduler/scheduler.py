@@ -45,13 +45,13 @@ from shoal.broker.scheduler.durable import open_log
 from shoal.broker.scheduler.exchanges import Exchanges
 from shoal.broker.scheduler.introspect import Introspection, socket_path
 from shoal.broker.scheduler.journal import Journal
-from shoal.broker.scheduler.mqtt_clients import MqttClients, worker_of
+from shoal.broker.scheduler.mqtt_clients import MqttClients
 from shoal.broker.scheduler.notify import SWEEP_INTERVAL, Notification
 from shoal.broker.scheduler.parameters import Parameters
 from shoal.broker.scheduler.policies import Policies
 from shoal.broker.scheduler.queue_lifecycle import QueueLifecycle
 from shoal.broker.scheduler.retained import RetainedMessages
-from shoal.broker.scheduler.state import SchedulerState
+from shoal.broker.scheduler.state import SchedulerState, worker_of
 from shoal.broker.scheduler.transfer import Transfer
 from shoal.shm.message_files import MessageFileTable
 from shoal.shm.processes import Header, ProcessSlot, Role

@@ -34,6 +34,13 @@ from shoal.store.definitions_log import DefinitionsLog, QueueDeclared
 from shoal.store.settles import SettleWriter
 
 
+def worker_of(conn_id: int) -> int:
+    """The IO worker a connection id was made on (WorkerContext.next_conn_id:
+    the worker's index above bit 40): its exclusive queues, its counted
+    connections and its MQTT clients go with that worker."""
+    return conn_id >> 40
+
+
 class SchedulerEvents:
     """The scheduler's queue events (shm.queues QueueEvents): purges and
     queue deletions settle persistent messages, recorded by its settle

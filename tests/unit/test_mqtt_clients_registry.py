@@ -4,7 +4,8 @@ connection of a client id is told to close it."""
 
 from __future__ import annotations
 
-from shoal.broker.scheduler.mqtt_clients import MqttClients, worker_of
+from shoal.broker.scheduler.mqtt_clients import MqttClients
+from shoal.broker.scheduler.state import worker_of
 
 
 def conn(worker: int, n: int) -> int:
