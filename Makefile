@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench clean deb
 
-$(STAMP): pyproject.toml shm/_atomic.c shm/_queues_api.h shm/_record.h shm/_scan.h workers/_wire.c workers/_mqtt_wire.c workers/_mqtt_publish.h workers/_mqtt_flush.h workers/_lane_account.h workers/_lane_device.h workers/_ack_read.h workers/_attrs.h workers/_barrier.h workers/_waker.h workers/_mqtt_front.h workers/_watched_pull.h
+$(STAMP): pyproject.toml shm/_atomic.c shm/_queues_api.h shm/_record.h shm/_scan.h workers/_wire.c workers/_mqtt_wire.c workers/_mqtt_publish.h workers/_mqtt_flush.h workers/_lane_account.h workers/_ack_defer.h workers/_lane_device.h workers/_ack_read.h workers/_attrs.h workers/_barrier.h workers/_waker.h workers/_mqtt_front.h workers/_watched_pull.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

@@ -78,6 +78,12 @@ typedef struct {
      * (Connection.describe folds first), and adding to them touched that
      * cold object at every read. */
     long long owed_oct, owed_cnt;
+    /* During a read through a plain TCP socket's front: where its PUBACKs
+     * are held to the turn's end (workers/_ack_defer.h; borrowed, NULL
+     * otherwise: they are written at once). */
+    AckBatchObject *defer_batch;
+    AckHold *defer_hold;
+    PyObject *defer_owner;
 } DeviceReadObject;
 
 /* device_gate_audit(on): an open gate's conditions read anyway (tests). */
@@ -305,6 +311,11 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(v);
     if (r < 0)
         goto done;
+    if (acks.len && d->defer_hold != NULL) { /* behind the deliveries (_ack_defer.h) */
+        if (ack_hold_add(d->defer_batch, d->defer_hold, d->defer_owner, acks.p, acks.len) < 0)
+            goto done;
+        acks.len = 0;
+    }
     if (acks.len) {
         PyObject *packets = PyBytes_FromStringAndSize((const char *)acks.p, acks.len);
         PyObject *w = packets == NULL

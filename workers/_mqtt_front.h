@@ -37,7 +37,47 @@ typedef struct {
      * word still down (shm/subscribe_barrier.py). */
     uint64_t *subscribing;
     uint64_t *subscribed_at;
+    /* The worker's AckBatch and the socket's transport (a plain TCP one:
+     * batch_with()), and the PUBACKs its DeviceRead's reads hold for the
+     * batch's flush (workers/_ack_defer.h). */
+    AckBatchObject *batch;
+    PyObject *transport;
+    AckHold hold;
 } FrontObject;
+
+/* The PUBACKs the front holds, written (nothing held: nothing). A write
+ * that fails is the transport's to report (its connection ends): the
+ * PUBACKs are moot then. */
+static void
+front_flush_acks(FrontObject *f)
+{
+    if (f->hold.len == 0)
+        return;
+    PyObject *packets = PyBytes_FromStringAndSize((const char *)f->hold.p, f->hold.len);
+    f->hold.len = 0;
+    PyObject *w = packets == NULL ? NULL : PyObject_CallMethodOneArg(f->transport, names.write, packets);
+    Py_XDECREF(packets);
+    if (w == NULL)
+        PyErr_Clear();
+    Py_XDECREF(w);
+}
+
+/* flush() (AckBatch's, the ready queue's callback): every front's held
+ * PUBACKs written. */
+static PyObject *
+AckBatch_flush(AckBatchObject *b, PyObject *unused)
+{
+    b->scheduled = 0;
+    b->flushes++;
+    PyObject *fronts = b->pending, *fresh = PyList_New(0);
+    if (fresh == NULL)
+        return NULL;
+    b->pending = fresh;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(fronts); i++)
+        front_flush_acks((FrontObject *)PyList_GET_ITEM(fronts, i));
+    Py_DECREF(fronts);
+    Py_RETURN_NONE;
+}
 
 static void
 front_subscribe_read(FrontObject *f)
@@ -57,9 +97,20 @@ front_fast_read(FrontObject *f, PyObject *fast, PyObject *data)
     clock_gettime(CLOCK_MONOTONIC, &ts); /* (time.monotonic's clock) */
     f->last_fast = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
     PyObject *args[2] = {data, PyBytes_GET_SIZE(data) >= f->long_read ? Py_True : Py_False};
-    PyObject *r = Py_IS_TYPE(fast, &DeviceReadType)
-                      ? DeviceRead_read((DeviceReadObject *)fast, args, 2)
-                      : AckRead_read((AckReadObject *)fast, args, 2);
+    PyObject *r;
+    if (Py_IS_TYPE(fast, &DeviceReadType)) {
+        DeviceReadObject *d = (DeviceReadObject *)fast;
+        if (f->batch != NULL) { /* its PUBACKs held behind the turn's deliveries */
+            d->defer_batch = f->batch;
+            d->defer_hold = &f->hold;
+            d->defer_owner = (PyObject *)f;
+        }
+        r = DeviceRead_read(d, args, 2);
+        d->defer_batch = NULL;
+        d->defer_hold = NULL;
+        d->defer_owner = NULL;
+    } else
+        r = AckRead_read((AckReadObject *)fast, args, 2);
     if (r != NULL && !PyLong_CheckExact(r)) { /* a run its Python counts */
         PyObject *c = PyObject_CallFunctionObjArgs(f->counted, f->conn, r, NULL);
         Py_DECREF(r);
@@ -144,7 +195,13 @@ front_forward(FrontObject *f, const char *name, PyObject *const *args, Py_ssize_
         return front_forward(f, #name, NULL, 0);                                               \
     }
 FRONT_FORWARD_ONE(connection_made)
-FRONT_FORWARD_ONE(connection_lost)
+
+static PyObject *
+Front_connection_lost(FrontObject *f, PyObject *exc)
+{
+    f->hold.len = 0; /* (its client reads nothing more) */
+    return front_forward(f, "connection_lost", &exc, 1);
+}
 FRONT_FORWARD_NONE(eof_received)
 FRONT_FORWARD_NONE(pause_writing)
 FRONT_FORWARD_NONE(resume_writing)
@@ -171,6 +228,37 @@ Front_set_fast(FrontObject *f, PyObject *v, void *closure)
     return 0;
 }
 
+/* batch_with(batch, transport): the worker's AckBatch its DeviceRead's
+ * PUBACKs are held for, and the transport they go to (a plain TCP one:
+ * workers/mqtt_front.py install). */
+static PyObject *
+Front_batch_with(FrontObject *f, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !Py_IS_TYPE(args[0], &AckBatchType)) {
+        PyErr_SetString(PyExc_TypeError, "batch_with(batch: AckBatch, transport)");
+        return NULL;
+    }
+    front_flush_acks(f);
+    Py_XSETREF(f->batch, (AckBatchObject *)Py_NewRef(args[0]));
+    Py_XSETREF(f->transport, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* flush_acks(): the PUBACKs held, written now (before any other write to
+ * the client: MqttConnection.send and _flush). */
+static PyObject *
+Front_flush_acks(FrontObject *f, PyObject *unused)
+{
+    front_flush_acks(f);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Front_get_acks_held(FrontObject *f, void *closure)
+{
+    return PyLong_FromSsize_t(f->hold.len);
+}
+
 /* MqttFront(conn, rest, counted, failed, long_read[, atomic, subscribing, subscribed_at]):
  * the last three SubscribeBarrier.front_words. */
 static int
@@ -193,12 +281,13 @@ Front_init(FrontObject *f, PyObject *args, PyObject *kwds)
     Py_XSETREF(f->counted, Py_NewRef(counted));
     Py_XSETREF(f->failed, Py_NewRef(failed));
     Py_CLEAR(f->fast);
+    ack_hold_free(&f->hold);
     f->long_read = long_read;
     f->last_fast = 0.0;
     return 0;
 }
 
-#define FRONT_OBJECTS(X) X(conn) X(fast) X(rest) X(counted) X(failed)
+#define FRONT_OBJECTS(X) X(conn) X(fast) X(rest) X(counted) X(failed) X(batch) X(transport)
 
 static int
 Front_traverse(FrontObject *f, visitproc visit, void *arg)
@@ -221,6 +310,7 @@ Front_dealloc(FrontObject *f)
 {
     PyObject_GC_UnTrack(f);
     Front_clear(f);
+    ack_hold_free(&f->hold);
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
 
@@ -231,6 +321,10 @@ static PyMethodDef Front_methods[] = {
     {"connection_lost", (PyCFunction)Front_connection_lost, METH_O, "The connection's."},
     {"eof_received", (PyCFunction)Front_eof_received, METH_NOARGS, "The connection's."},
     {"pause_writing", (PyCFunction)Front_pause_writing, METH_NOARGS, "The connection's."},
+    {"batch_with", (PyCFunction)(void (*)(void))Front_batch_with, METH_FASTCALL,
+     "The worker's AckBatch and this socket's transport: its PUBACKs held to the turn's end."},
+    {"flush_acks", (PyCFunction)Front_flush_acks, METH_NOARGS,
+     "The PUBACKs held, written now (before another write to the client)."},
     {"resume_writing", (PyCFunction)Front_resume_writing, METH_NOARGS, "The connection's."},
     {NULL, NULL, 0, NULL},
 };
@@ -244,6 +338,8 @@ Front_get_last_fast_read(FrontObject *f, void *closure)
 static PyGetSetDef Front_getset[] = {
     {"fast", (getter)Front_get_fast, (setter)Front_set_fast,
      "The DeviceRead or AckRead the next read goes to first (None: Python's path).", NULL},
+    {"acks_held", (getter)Front_get_acks_held, NULL,
+     "Bytes of PUBACKs held for the AckBatch's flush.", NULL},
     {"last_fast_read", (getter)Front_get_last_fast_read, NULL,
      "When the last fast read came, time.monotonic()'s clock (0.0: none yet).", NULL},
     {NULL, NULL, NULL, NULL, NULL},

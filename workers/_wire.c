@@ -1467,6 +1467,7 @@ static PyTypeObject LaneType;
 #include "_barrier.h" /* the subscribe barrier, as DeviceRead and AckRead look */
 #include "_waker.h"   /* Waker.wake and Pacer.published where plain */
 #include "_lane_account.h"
+#include "_ack_defer.h" /* AckBatch: devices' PUBACKs behind the deliveries */
 #include "_lane_device.h"
 
 static PyMethodDef Lane_methods[] = {
@@ -2225,6 +2226,7 @@ PyInit__wire(void)
     crc_init();
     if (lane_names_init() < 0 || waker_names_init() < 0 || PyType_Ready(&DeviceReadType) < 0 ||
         ack_names_init() < 0 || PyType_Ready(&AckReadType) < 0 || PyType_Ready(&FrontType) < 0 ||
+        PyType_Ready(&AckBatchType) < 0 ||
         wp_names_init() < 0 || PyType_Ready(&WatchedPullType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
@@ -2244,6 +2246,7 @@ PyInit__wire(void)
     }
     if (PyModule_AddObjectRef(m, "AckRead", (PyObject *)&AckReadType) < 0 ||
         PyModule_AddObjectRef(m, "MqttFront", (PyObject *)&FrontType) < 0 ||
+        PyModule_AddObjectRef(m, "AckBatch", (PyObject *)&AckBatchType) < 0 ||
         PyModule_AddObjectRef(m, "WatchedPull", (PyObject *)&WatchedPullType) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -213,6 +213,9 @@ class WorkerContext(Requests):
         # Every IO worker slot's hand-off socket (the acceptor's end), by
         # index: where a moved MQTT connection goes (workers/mqtt_move.py).
         self.peer_handoffs: Sequence[Any] = ()
+        # Its plain TCP devices' PUBACKs, held to the turn's end behind the
+        # deliveries (workers/_ack_defer.h), made at the first (workers/mqtt_front.py).
+        self.ack_batch: Any = None
         self.consumers: dict[int, Consumer] = {}
         self._cids = itertools.count(1)
         self._conn_ids = itertools.count(1)

@@ -129,7 +129,7 @@ class MqttConnection(asyncio.Protocol):
         self.transport = transport
         self.ctx.stats.v[stats.MQTT_CONNECTIONS] += 1  # (`shoal status`, the metrics)
         self.timer = self.ctx.loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
-        install(self.front, transport)  # (its reads go to the front: workers/mqtt_front.py)
+        install(self.front, transport, self.ctx)  # (its reads: the front, workers/mqtt_front.py)
         if self.moved is not None:  # (before any read of its own)
             for part in self.moved:
                 self.data_received(part)
@@ -305,6 +305,7 @@ class MqttConnection(asyncio.Protocol):
         if self.out is not None:  # in a batch: written at its end
             self.out.append(data)
         elif self.transport is not None and not self.closed:
+            self.front.flush_acks()  # (a device's PUBACKs held: first)
             self.transport.write(data)
 
     def _end_batch(self) -> None:
@@ -317,6 +318,7 @@ class MqttConnection(asyncio.Protocol):
         made: a run of deliveries, or a device's PUBACKs."""
         out, self.out = self.out, None
         if out and not self.closed and not self.transport.is_closing():
+            self.front.flush_acks()  # (a device's PUBACKs held: first)
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     def _close(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from uvloop.loop import TCPTransport  # type: ignore[attr-defined]  # (not in its stubs)
 
+from shoal.workers._wire import AckBatch
 from shoal.workers.mqtt_lane import counted_run
 
 log = logging.getLogger("shoal.mqtt")
@@ -33,12 +34,23 @@ class FrontConnection(Protocol):
     def disconnect(self, reason: int) -> None: ...
 
 
-def install(front: Any, transport: Any) -> None:
+def install(front: Any, transport: Any, ctx: Any) -> None:
     """The front as the socket's protocol, where the socket is uvloop's
     plain TCP transport (set in connection_made, before reading starts: no
-    epoll change). Others keep calling MqttConnection.data_received."""
+    epoll change), its DeviceRead's PUBACKs held for the worker's AckBatch
+    (workers/_ack_defer.h). Others keep calling MqttConnection.data_received
+    and write their PUBACKs at once."""
     if isinstance(transport, TCPTransport):
         transport.set_protocol(front)
+        front.batch_with(ack_batch(ctx), transport)
+
+
+def ack_batch(ctx: Any) -> AckBatch:
+    """The worker's AckBatch, made at its first plain TCP client."""
+    batch = ctx.ack_batch
+    if batch is None:
+        batch = ctx.ack_batch = AckBatch(ctx.loop.call_soon)
+    return batch
 
 
 def counted(conn: FrontConnection, run: tuple[int, int, bytes, bytes]) -> int:

@@ -147,3 +147,31 @@ def test_a_device_s_reads_in_c_are_counted_in_its_connection_s_row(
     (row,) = [r for r in listed if r["client_properties"].get("client_id") == "meter-1"]  # type: ignore[attr-defined]
     assert row["recv_cnt"] >= 30 and row["recv_oct"] >= 30 * len(body)  # type: ignore[operator]
     assert len(drained(amqp, "counted")) == 30
+
+
+def test_a_device_s_held_puback_goes_before_what_python_answers_after_it(
+    mqtt_broker: tuple[Broker, int], amqp: pika.adapters.blocking_connection.BlockingChannel
+) -> None:
+    """The PUBACKs of a device's reads taken in C wait for the turn's end
+    (workers/_ack_defer.h), but nothing overtakes them on the socket: a
+    read whose PUBLISH the C path takes and whose PINGREQ Python's path
+    answers gets the PUBACK first, then the PINGRESP, in the order the
+    client sent them (MqttConnection's writes flush the held PUBACKs)."""
+    _broker, port = mqtt_broker
+    amqp.queue_declare("held", auto_delete=False)
+    amqp.queue_bind("held", "amq.topic", "held.1")
+    device = RawClient(port, P.MQTT_311)
+    try:
+        assert device.connect("held-1")[1] == 0
+        for i in range(1, 6):  # (the first reads learn the place; the rest in C)
+            device.publish("held/1", b"m%d" % i, qos=1, packet_id=i)
+            assert device.read(P.PUBACK)[2] == i.to_bytes(2, "big")
+        for i in range(6, 16):
+            together = P.encode_publish(P.MQTT_311, "held/1", b"m%d" % i, 1, packet_id=i)
+            device.sock.sendall(together + P.packet(P.PINGREQ, 0, b""))
+            first, second = device.read(P.PUBACK, P.PINGRESP), device.read(P.PUBACK, P.PINGRESP)
+            assert [first[0], second[0]] == [P.PUBACK, P.PINGRESP]
+            assert first[2] == i.to_bytes(2, "big")
+    finally:
+        device.close()
+    assert drained(amqp, "held") == [b"m%d" % i for i in range(1, 16)]

@@ -36,7 +36,8 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        install(self.front, transport)
+        loop = asyncio.get_running_loop()
+        install(self.front, transport, types.SimpleNamespace(ack_batch=None, loop=loop))
 
     def read(self, data: bytes) -> None:
         self.reads.append(data)
@@ -83,7 +84,7 @@ def test_only_a_plain_tcp_transport_gets_the_front() -> None:
             self.protocol = protocol
 
     other = Other()
-    install(object(), other)
+    install(object(), other, None)
     assert other.protocol is None
 
 
