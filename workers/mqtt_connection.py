@@ -317,9 +317,10 @@ class MqttConnection(asyncio.Protocol):
         """One write (one system call) for the packets a read of either side
         made: a run of deliveries, or a device's PUBACKs."""
         out, self.out = self.out, None
-        if out and not self.closed and not self.transport.is_closing():
-            self.front.flush_acks()  # (a device's PUBACKs held: first)
-            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
+        if not self.closed and not self.transport.is_closing():
+            self.front.flush_acks()  # (a device's PUBACKs held: first, and before a close)
+            if out:
+                self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     def _close(self) -> None:
         """The client's connection ends now, its socket lingers (Linger)."""

@@ -175,3 +175,29 @@ def test_a_device_s_held_puback_goes_before_what_python_answers_after_it(
     finally:
         device.close()
     assert drained(amqp, "held") == [b"m%d" % i for i in range(1, 16)]
+
+
+def test_a_device_s_held_puback_is_written_before_the_broker_closes_it(
+    mqtt_broker: tuple[Broker, int], amqp: pika.adapters.blocking_connection.BlockingChannel
+) -> None:
+    """A read whose PUBLISH the C path takes (its PUBACK held to the turn's
+    end) and whose next packet is malformed: the broker closes the
+    connection in that read, and the PUBACK of the message it stored goes
+    out before the close."""
+    _broker, port = mqtt_broker
+    amqp.queue_declare("closing", auto_delete=False)
+    amqp.queue_bind("closing", "amq.topic", "closing.1")
+    device = RawClient(port, P.MQTT_311)
+    try:
+        assert device.connect("closing-1")[1] == 0
+        for i in range(1, 6):  # (the first reads learn the place; the rest in C)
+            device.publish("closing/1", b"m%d" % i, qos=1, packet_id=i)
+            assert device.read(P.PUBACK)[2] == i.to_bytes(2, "big")
+        last = P.encode_publish(P.MQTT_311, "closing/1", b"last", 1, packet_id=6)
+        device.sock.sendall(last + bytes((P.PINGREQ << 4, 1, 0)))  # (a PINGREQ with a body)
+        assert device.closed_by_broker()
+        assert [p[0] for p in device.got] == [P.PUBACK]
+        assert device.got[0][2] == (6).to_bytes(2, "big")
+    finally:
+        device.close()
+    assert drained(amqp, "closing") == [b"m%d" % i for i in range(1, 6)] + [b"last"]
