@@ -149,6 +149,22 @@ def test_a_device_s_reads_in_c_are_counted_in_its_connection_s_row(
     assert len(drained(amqp, "counted")) == 30
 
 
+def publishing_in_c(
+    port: int, amqp: pika.adapters.blocking_connection.BlockingChannel, name: str
+) -> RawClient:
+    """Queue `name` bound to `<name>.1`, and a raw 3.1.1 client that has
+    published m1..m5 to `<name>/1` at QoS 1, each acked: its reads now go
+    to its DeviceRead (the first reads learn the place; the rest in C)."""
+    amqp.queue_declare(name, auto_delete=False)
+    amqp.queue_bind(name, "amq.topic", f"{name}.1")
+    device = RawClient(port, P.MQTT_311)
+    assert device.connect(f"{name}-1")[1] == 0
+    for i in range(1, 6):
+        device.publish(f"{name}/1", b"m%d" % i, qos=1, packet_id=i)
+        assert device.read(P.PUBACK)[2] == i.to_bytes(2, "big")
+    return device
+
+
 def test_a_device_s_held_puback_goes_before_what_python_answers_after_it(
     mqtt_broker: tuple[Broker, int], amqp: pika.adapters.blocking_connection.BlockingChannel
 ) -> None:
@@ -157,15 +173,8 @@ def test_a_device_s_held_puback_goes_before_what_python_answers_after_it(
     read whose PUBLISH the C path takes and whose PINGREQ Python's path
     answers gets the PUBACK first, then the PINGRESP, in the order the
     client sent them (MqttConnection's writes flush the held PUBACKs)."""
-    _broker, port = mqtt_broker
-    amqp.queue_declare("held", auto_delete=False)
-    amqp.queue_bind("held", "amq.topic", "held.1")
-    device = RawClient(port, P.MQTT_311)
+    device = publishing_in_c(mqtt_broker[1], amqp, "held")
     try:
-        assert device.connect("held-1")[1] == 0
-        for i in range(1, 6):  # (the first reads learn the place; the rest in C)
-            device.publish("held/1", b"m%d" % i, qos=1, packet_id=i)
-            assert device.read(P.PUBACK)[2] == i.to_bytes(2, "big")
         for i in range(6, 16):
             together = P.encode_publish(P.MQTT_311, "held/1", b"m%d" % i, 1, packet_id=i)
             device.sock.sendall(together + P.packet(P.PINGREQ, 0, b""))
@@ -184,15 +193,8 @@ def test_a_device_s_held_puback_is_written_before_the_broker_closes_it(
     end) and whose next packet is malformed: the broker closes the
     connection in that read, and the PUBACK of the message it stored goes
     out before the close."""
-    _broker, port = mqtt_broker
-    amqp.queue_declare("closing", auto_delete=False)
-    amqp.queue_bind("closing", "amq.topic", "closing.1")
-    device = RawClient(port, P.MQTT_311)
+    device = publishing_in_c(mqtt_broker[1], amqp, "closing")
     try:
-        assert device.connect("closing-1")[1] == 0
-        for i in range(1, 6):  # (the first reads learn the place; the rest in C)
-            device.publish("closing/1", b"m%d" % i, qos=1, packet_id=i)
-            assert device.read(P.PUBACK)[2] == i.to_bytes(2, "big")
         last = P.encode_publish(P.MQTT_311, "closing/1", b"last", 1, packet_id=6)
         device.sock.sendall(last + bytes((P.PINGREQ << 4, 1, 0)))  # (a PINGREQ with a body)
         assert device.closed_by_broker()
