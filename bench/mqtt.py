@@ -718,7 +718,13 @@ def percentiles(samples: array) -> dict[str, float] | None:
     def at(q: float) -> float:
         return ordered[min(n - 1, int(q * (n - 1) + 0.5))] / 1e6
 
-    return {"p50": at(0.5), "p99": at(0.99), "max": ordered[-1] / 1e6, "count": n}
+    return {
+        "p50": at(0.5),
+        "p99": at(0.99),
+        "p999": at(0.999),
+        "max": ordered[-1] / 1e6,
+        "count": n,
+    }
 
 
 async def generate(conn: Any, spec: dict[str, Any]) -> None:
@@ -1072,7 +1078,7 @@ def run_one(
         "port": broker.port,
         "kind": scenario.kind,
         "qos": scenario.qos,
-        "churn_s": scenario.churn_s,
+        "churn_s": (opts.churn_period or scenario.churn_s) if scenario.churn_s else 0.0,
         "tag": f"sb{round_no}{slot}{SCENARIOS.index(scenario)}x",
         "anonymous": False,
         "size": opts.size,
@@ -1159,7 +1165,8 @@ def summary_line(r: dict[str, Any]) -> str:
     lat = r.get("latency_ms") or {}
     text = (
         f"{head} delivered {r['delivered_rate']:,.0f}/s (published {r['publish_rate']:,.0f}/s)"
-        f", latency p50 {ms(lat.get('p50'))} p99 {ms(lat.get('p99'))} ms"
+        f", latency p50 {ms(lat.get('p50'))} p99 {ms(lat.get('p99'))}"
+        f" p99.9 {ms(lat.get('p999'))} ms"
     )
     if r.get("cpu_s_per_100k") is not None:
         text += f", broker CPU {r['broker_cpu_s']:.2f} s = {r['cpu_s_per_100k']:.2f} s/100k"
@@ -1400,6 +1407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=64, help="payload bytes (at least 8)")
     p.add_argument("--devices", type=int, default=1000, help="fan-in publishers")
     p.add_argument("--device-rate", type=float, default=5.0, help="msg/s per fan-in device")
+    p.add_argument(
+        "--churn-period", type=float, help="fan-in-churn: s between its clients (default 0.5)"
+    )
     p.add_argument("--subscribers", type=int, default=1000, help="fan-out subscribers")
     p.add_argument("--window", type=int, default=1000, help="1-1: messages not yet received")
     p.add_argument(
