@@ -137,6 +137,10 @@ P_RETIRING = 120
 # IO worker: when its oldest MQTT SUBSCRIBE still under way began (monotonic
 # ns; 0: none); one writer, the worker (shm/subscribe_barrier.py).
 P_SUBSCRIBING = 912
+# IO worker: the topic bits its SUBSCRIBEs under way could match (0: none;
+# every bit: not yet decoded); one writer, the worker. The word just before
+# P_SUBSCRIBING: the C reads find it there (workers/_barrier.h, _mqtt_front.h).
+P_SUBSCRIBE_TOPICS = P_SUBSCRIBING - 8
 P_STATS = 128  # shm/stats.py: the process's counters, flushed by itself
 # IO worker: the tally of a C run in progress (shm/_queues_api.h ShoalTally;
 # shm/ARCHITECTURE.md 2b): the queue record's offset + 1 (0: none), its

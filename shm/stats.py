@@ -89,7 +89,8 @@ GAUGES = (
     MQTT_CONNECTIONS,
 ) = tuple(range(COUNTERS, COUNTERS + 11))
 WORDS = COUNTERS + len(GAUGES)
-assert layout.P_STATS + WORDS * 8 <= layout.P_SUBSCRIBING < layout.P_TALLY
+assert layout.P_STATS + WORDS * 8 <= layout.P_SUBSCRIBE_TOPICS
+assert layout.P_SUBSCRIBE_TOPICS < layout.P_SUBSCRIBING < layout.P_TALLY
 
 _bisect = bisect.bisect_left
 

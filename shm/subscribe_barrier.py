@@ -12,6 +12,14 @@ Words (shm/layout.py):
 - P_SUBSCRIBING, per IO worker, its one writer: when its oldest SUBSCRIBE
   still under way began (monotonic ns; 0: none). Its start clears it: a
   killed predecessor's subscribes died with it.
+- P_SUBSCRIBE_TOPICS, per IO worker, its one writer: the topic bits its
+  SUBSCRIBEs under way could match (workers/_barrier.h: a filter's first one
+  or two plain levels, hashed; a filter that starts with a wildcard, or one
+  not decoded yet, every bit). A publish whose topics share no bit with it
+  is not held by that worker's SUBSCRIBEs: a fleet's clients subscribing to
+  their own topics no longer hold every device's messages. It is stored
+  before the start it goes with, so a publisher that sees a start sees
+  topics that cover it.
 - H_SUBSCRIBED_AT, any IO worker: when one last began a SUBSCRIBE. Only a
   hint: a publisher looks at the workers' words while it is recent, so that
   a read costs one load when nobody subscribes.
@@ -37,6 +45,7 @@ from shoal.shm.processes import Header
 from shoal.shm.segment import Segment
 
 BARRIER_NS = 2_000_000_000
+ALL_TOPICS = (1 << 64) - 1  # every topic bit: a SUBSCRIBE not decoded yet, or a read not looked at
 FRONT_NS = 10_000_000  # the front's word older than this at begin() is a stale one
 
 
@@ -44,7 +53,17 @@ class SubscribeBarrier:
     """One IO worker's side: its subscribes under way, and the question its
     MQTT publishers ask before a read."""
 
-    __slots__ = ("_a", "_header", "_max_workers", "_mine", "_next", "_proc", "_starts")
+    __slots__ = (
+        "_a",
+        "_header",
+        "_max_workers",
+        "_mine",
+        "_next",
+        "_proc",
+        "_starts",
+        "_topics",
+        "_topics_word",
+    )
 
     def __init__(self, seg: Segment, index: int) -> None:
         self._a = seg.atomic
@@ -52,9 +71,12 @@ class SubscribeBarrier:
         self._proc = seg.layout.proc
         self._max_workers = seg.layout.limits.max_workers
         self._mine = seg.layout.proc(index) + layout.P_SUBSCRIBING
+        self._topics_word = seg.layout.proc(index) + layout.P_SUBSCRIBE_TOPICS
         self._starts: dict[int, int] = {}  # token -> start (ascending: insertion order)
+        self._topics: dict[int, int] = {}  # token -> its filters' topic bits
         self._next = 0
         self._a.store(self._mine, 0)
+        self._a.store(self._topics_word, 0)
 
     # The offset of the word holds() looks at first, and how long a
     # SUBSCRIBE may hold publishes.
@@ -85,7 +107,8 @@ class SubscribeBarrier:
         return self._a, self._mine, layout.H_SUBSCRIBED_AT
 
     def begin(self) -> int:
-        """A SUBSCRIBE begins: publishes read from now on wait for end(token)."""
+        """A SUBSCRIBE begins: publishes read from now on wait for end(token),
+        those of every topic until narrow(token, ...) says its filters'."""
         now = time.monotonic_ns()
         starts = self._starts
         if not starts:  # (the front raised the word at its read: that is its start)
@@ -96,11 +119,34 @@ class SubscribeBarrier:
             if now - start < BARRIER_NS:
                 break
             del starts[token]
+            self._topics.pop(token, None)
         token = self._next = self._next + 1
         starts[token] = now
+        self._topics[token] = ALL_TOPICS
+        self._a.store(self._topics_word, ALL_TOPICS)  # (before the start it covers)
         self._a.store(self._mine, next(iter(starts.values())))
         self._a.store(layout.H_SUBSCRIBED_AT, now)
         return token
+
+    def narrow(self, token: int, topics: int) -> None:
+        """SUBSCRIBE `token`'s filters are decoded: it holds only publishes
+        whose topics share a bit with `topics` (workers/_barrier.h)."""
+        if token in self._topics:
+            self._topics[token] = topics
+            self._store_topics()
+
+    def widen(self, token: int) -> None:
+        """Another SUBSCRIBE, not decoded yet, goes on under `token`
+        (Subscriptions: one read behind another in its connection)."""
+        if token in self._topics:
+            self._topics[token] = ALL_TOPICS
+            self._store_topics()
+
+    def _store_topics(self) -> None:
+        topics = 0
+        for bits in self._topics.values():
+            topics |= bits
+        self._a.store(self._topics_word, topics)
 
     def unclaimed(self) -> None:
         """A read the front took for a SUBSCRIBE's is none (a payload's
@@ -108,22 +154,36 @@ class SubscribeBarrier:
         connection, or before its CONNACK): the word it raised drops."""
         if not self._starts:
             self._a.store(self._mine, 0)
+        self._store_topics()  # (the front stored every bit)
 
     def end(self, token: int) -> None:
         """Its bindings are in place (or it is abandoned)."""
         starts = self._starts
         if starts.pop(token, None) is not None:
+            self._topics.pop(token, None)
             self._a.store(self._mine, next(iter(starts.values()), 0))
+            self._store_topics()
 
-    def holds(self, since_ns: int, now: int) -> bool:
+    def recent(self, now: int) -> bool:
+        """Whether any worker began a SUBSCRIBE less than BARRIER_NS ago
+        (the one load of a read when nobody subscribes)."""
+        return now - self._a.load(layout.H_SUBSCRIBED_AT) < BARRIER_NS
+
+    def holds(self, since_ns: int, now: int, topics: int = ALL_TOPICS) -> bool:
         """Whether a publish read at `since_ns` waits now (monotonic ns): a
         SUBSCRIBE read before it is still under way, begun less than
-        BARRIER_NS ago."""
+        BARRIER_NS ago, whose filters may match the read's `topics` (its
+        bits, workers/_barrier.h)."""
         load = self._a.load
         if now - load(layout.H_SUBSCRIBED_AT) >= BARRIER_NS:
             return False  # (the one load of a read when nobody subscribes)
         for index in range(self._header.workers()):
             start = load(self._proc(index) + layout.P_SUBSCRIBING)
-            if start and start <= since_ns and now - start < BARRIER_NS:
+            if (
+                start
+                and start <= since_ns
+                and now - start < BARRIER_NS
+                and load(self._proc(index) + layout.P_SUBSCRIBE_TOPICS) & topics
+            ):
                 return True
         return False

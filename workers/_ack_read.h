@@ -16,8 +16,8 @@
  *     without properties) with non-zero packet ids;
  *   - the MQTT side as data_received's branch needs it (open, not closed,
  *     not busy, no settled acks, no partial packet, no plain publishes
- *     held, no batch) and no SUBSCRIBE under way anywhere
- *     (workers/_barrier.h: data_received's barrier holds it then);
+ *     held, no batch); a SUBSCRIBE under way anywhere holds no read
+ *     without a PUBLISH (workers/_barrier.h);
  *   - channel 1 takes acks at once (acks_from_bridge: not busy, not
  *     closing, no flow block or backlog, its publisher idle, no
  *     transaction), and is the one it was made with, on the same inner
@@ -77,7 +77,6 @@ typedef struct {
     PyObject *events, *args_qid, *args;
     uint64_t *uid_word, *capacity_word;
     Py_ssize_t q_uid, q_capacity; /* shm/layout.py's Q_UID, Q_CAPACITY */
-    BarrierWords barrier;
     long long idle_state, nothing;
     Py_ssize_t stat_acknowledged;
 } AckReadObject;
@@ -87,11 +86,6 @@ typedef struct {
 static int
 ack_may_read(AckReadObject *d)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    if (barrier_holds(&d->barrier, now))
-        return 0;
     struct {
         PyObject *obj, *name;
     } falses[] = {
@@ -371,29 +365,24 @@ AckRead_read(AckReadObject *d, PyObject *const *args, Py_ssize_t nargs)
 
 /* AckRead(conn, inbound, reader, outbound, amqp, channels, channel,
  *         delivery, publisher, transactions, shared, table, persist, stats,
- *         number, barrier_words, idle_state, nothing, stat_acknowledged):
+ *         number, idle_state, nothing, stat_acknowledged):
  * made by workers/mqtt_acks.py ack_read after a read of PUBACKs went whole
- * through Python's path (barrier_words: SubscribeBarrier.words). */
+ * through Python's path. */
 static int
 AckRead_init(AckReadObject *d, PyObject *args, PyObject *kwds)
 {
     PyObject *o[15];
-    PyObject *barrier, *events;
+    PyObject *events;
     long long idle_state, nothing;
     Py_ssize_t stat_acknowledged, q_uid, q_capacity;
-    if (!PyArg_ParseTuple(args, "OOOOOO!OOOOOOOO!OO!LLnOnn:AckRead", &o[0], &o[1], &o[2], &o[3],
+    if (!PyArg_ParseTuple(args, "OOOOOO!OOOOOOOO!OLLnOnn:AckRead", &o[0], &o[1], &o[2], &o[3],
                           &o[4], &PyDict_Type, &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11],
-                          &o[12], &PyList_Type, &o[13], &o[14], &PyTuple_Type, &barrier,
-                          &idle_state, &nothing, &stat_acknowledged, &events, &q_uid,
-                          &q_capacity))
+                          &o[12], &PyList_Type, &o[13], &o[14], &idle_state, &nothing,
+                          &stat_acknowledged, &events, &q_uid, &q_capacity))
         return -1;
     PyObject *ids = attr_get(o[3], anames.unacked);
     PyObject *unacked = ids == NULL ? NULL : attr_get(o[7], anames.unacked);
-    PyObject *atomic = unacked == NULL ? NULL : attr_get(o[10], anames.a);
-    int bad = atomic == NULL || !PyDict_CheckExact(ids) || !PyDict_CheckExact(unacked);
-    BarrierWords words;
-    bad = bad || barrier_words(&words, atomic, barrier) < 0;
-    Py_XDECREF(atomic);
+    int bad = unacked == NULL || !PyDict_CheckExact(ids) || !PyDict_CheckExact(unacked);
     if (bad || stat_acknowledged < 0 ||
         stat_acknowledged >= PyList_GET_SIZE(o[13])) {
         if (!PyErr_Occurred())
@@ -411,7 +400,6 @@ AckRead_init(AckReadObject *d, PyObject *args, PyObject *kwds)
         Py_XSETREF(*fields[i], Py_NewRef(o[i]));
     Py_XSETREF(d->ids, ids);
     Py_XSETREF(d->unacked, unacked);
-    d->barrier = words;
     d->idle_state = idle_state;
     d->nothing = nothing;
     d->stat_acknowledged = stat_acknowledged;

@@ -171,17 +171,24 @@ device_conditions(DeviceReadObject *d)
     return 1;
 }
 
-/* 1 when every condition for taking this read holds (see the top), 0 when
- * one does not, -1 with an error set. `again`: a second look, after a
- * re-check (device_recheck ran Python, which may have shut the gate). */
+/* 1 when every condition for taking this read (`data`, bytes) holds (see
+ * the top), 0 when one does not, -1 with an error set. `again`: a second
+ * look, after a re-check (device_recheck ran Python, which may have shut
+ * the gate). */
 static int
-device_may_read(DeviceReadObject *d, int again)
+device_may_read(DeviceReadObject *d, PyObject *data, int again)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    if (barrier_holds(&d->barrier, now))
-        return 0; /* a SUBSCRIBE under way somewhere: data_received's barrier holds it */
+    const unsigned char *bytes = NULL; /* (not bytes: every topic) */
+    Py_ssize_t len = 0;
+    if (PyBytes_Check(data)) {
+        bytes = (const unsigned char *)PyBytes_AS_STRING(data);
+        len = PyBytes_GET_SIZE(data);
+    }
+    if (barrier_holds(&d->barrier, now, bytes, len))
+        return 0; /* a SUBSCRIBE under way that its topics may match: Python's barrier holds it */
     if (!d->gate_open || device_gate_audit_on) {
         int r = device_conditions(d);
         if (r == 0 && d->gate_open) {
@@ -207,7 +214,7 @@ device_may_read(DeviceReadObject *d, int again)
         return 1;
     if (again)
         return 0; /* changed again under the re-check: Python's path */
-    return device_recheck(d) <= 0 ? (PyErr_Occurred() ? -1 : 0) : device_may_read(d, 1);
+    return device_recheck(d) <= 0 ? (PyErr_Occurred() ? -1 : 0) : device_may_read(d, data, 1);
 }
 
 /* arm(): the lane from the arena's cursor and fill and the pager's high
@@ -249,7 +256,7 @@ DeviceRead_read(DeviceReadObject *d, PyObject *const *args, Py_ssize_t nargs)
     int long_read = PyObject_IsTrue(args[1]);
     if (long_read < 0)
         return NULL;
-    int may = device_may_read(d, 0);
+    int may = device_may_read(d, args[0], 0);
     if (may > 0)
         may = device_arm(d);
     if (may <= 0)

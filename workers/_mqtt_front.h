@@ -85,6 +85,9 @@ front_subscribe_read(FrontObject *f)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec, none = 0;
+    /* Its filters unknown yet: every topic, before the start (the word
+     * before P_SUBSCRIBING: P_SUBSCRIBE_TOPICS; begin() narrows it). */
+    __atomic_store_n(f->subscribing - 1, ~0ULL, __ATOMIC_SEQ_CST);
     __atomic_compare_exchange_n(f->subscribing, &none, now, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     __atomic_store_n(f->subscribed_at, now, __ATOMIC_SEQ_CST);
 }
@@ -260,7 +263,8 @@ Front_get_acks_held(FrontObject *f, void *closure)
 }
 
 /* MqttFront(conn, rest, counted, failed, long_read[, atomic, subscribing, subscribed_at]):
- * the last three SubscribeBarrier.front_words. */
+ * the last three SubscribeBarrier.front_words (the word before `subscribing`
+ * is the worker's P_SUBSCRIBE_TOPICS). */
 static int
 Front_init(FrontObject *f, PyObject *args, PyObject *kwds)
 {
@@ -271,7 +275,10 @@ Front_init(FrontObject *f, PyObject *args, PyObject *kwds)
         return -1;
     f->subscribing = f->subscribed_at = NULL;
     if (atomic != NULL && atomic != Py_None) {
-        f->subscribing = queues_api->word(atomic, subscribing);
+        /* (the word before it too: its SUBSCRIBEs' topics, P_SUBSCRIBE_TOPICS) */
+        f->subscribing = queues_api->word(atomic, subscribing - 8) == NULL
+                             ? NULL
+                             : queues_api->word(atomic, subscribing);
         f->subscribed_at = f->subscribing == NULL ? NULL : queues_api->word(atomic, subscribed_at);
         if (f->subscribed_at == NULL)
             return -1;

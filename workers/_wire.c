@@ -2173,7 +2173,32 @@ slot_set(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return attr_set(args[0], args[1], args[2]) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
+/* The subscribe barrier's topic bits (workers/_barrier.h) from Python. */
+static PyObject *
+read_topics(PyObject *self, PyObject *data)
+{
+    if (!PyBytes_Check(data)) /* (a read not looked at: every topic) */
+        return PyLong_FromUnsignedLongLong(ALL_TOPICS);
+    return PyLong_FromUnsignedLongLong(read_topic_bits(
+        (const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)));
+}
+
+static PyObject *
+filter_topics(PyObject *self, PyObject *topic_filter)
+{
+    if (!PyBytes_Check(topic_filter) || PyBytes_GET_SIZE(topic_filter) == 0) {
+        PyErr_SetString(PyExc_TypeError, "filter_topics(topic_filter: bytes, not empty)");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(topic_filter_bits(
+        (const unsigned char *)PyBytes_AS_STRING(topic_filter), PyBytes_GET_SIZE(topic_filter)));
+}
+
 static PyMethodDef methods[] = {
+    {"read_topics", read_topics, METH_O,
+     "The subscribe barrier's bits of a read's PUBLISH topics (every bit: not bytes, not only PUBLISHes)."},
+    {"filter_topics", filter_topics, METH_O,
+     "The subscribe barrier's bits of a topic filter (not a shared one's $share/group/)."},
     {"properties_ok", properties_ok, METH_O,
      "Whether a content header payload's basic properties are well formed."},
     {"dedup_key", dedup_key, METH_O,

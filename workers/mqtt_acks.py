@@ -36,10 +36,9 @@ def ack_read(conn: Subscriber) -> AckRead | None:
         return None
     delivery = channel.delivery
     ctx = amqp.ctx
-    barrier = ctx.subscribe_barrier
     return AckRead(
         conn, conn.inbound, conn.reader, outbound, amqp, amqp.channels, channel, delivery,
         channel.publisher, delivery.transactions, ctx.shared, ctx.shared.table, ctx.persist,
-        delivery.stats, CHANNEL, barrier.words, IDLE,
+        delivery.stats, CHANNEL, IDLE,
         NOTHING_TO_ACK, stats.ACKNOWLEDGED, ctx.shared.events, *ctx.shared.layout.ack_geometry(),
     )  # fmt: skip

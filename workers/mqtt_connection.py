@@ -42,9 +42,10 @@ from shoal.broker.mqtt import inner_frames
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.shm import stats
+from shoal.shm.subscribe_barrier import ALL_TOPICS
 from shoal.workers import framing
 from shoal.workers import mqtt_inner as inner
-from shoal.workers._wire import MqttFront
+from shoal.workers._wire import MqttFront, read_topics
 from shoal.workers.connection import Connection
 from shoal.workers.connection_slots import MQTT_CONNECTION_SLOTS
 from shoal.workers.context import WorkerContext
@@ -158,7 +159,8 @@ class MqttConnection(asyncio.Protocol):
             if (
                 self.open
                 and not (self.busy or self.subscriptions.binding)
-                and barrier.holds(now := clock(), now)
+                and barrier.recent(now := clock())  # (its publishes' topics: if not mid-packet)
+                and barrier.holds(now, now, ALL_TOPICS if self.reader.buffer else read_topics(data))
             ):
                 hold_for_subscribes(self, now)
             if self.open and not (self.busy or self.closed or self.acks or self.reader.buffer):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
@@ -30,6 +30,7 @@ from shoal.broker.amqp.x_arguments import MAX_EXPIRY
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import matches, shared, valid_filter
+from shoal.workers._wire import filter_topics
 from shoal.workers.mqtt_client import MqttClient
 from shoal.workers.mqtt_inner import Declares, refusal_code
 from shoal.workers.mqtt_session import Subscribed
@@ -179,6 +180,8 @@ class Subscriptions:
         if any(one.no_local and _is_shared(one.topic_filter) for one in steps):
             raise P.ProtocolError("no local on a shared subscription")
         self.begin()
+        if not any(isinstance(p, P.Subscribe) for p in conn.held):  # (else: theirs too)
+            self.barrier.narrow(self.binding, filters_topics(one.topic_filter for one in steps))
 
         def subscribed() -> None:
             conn.send(P.encode_suback(conn.level, packet.packet_id, codes))
@@ -269,6 +272,8 @@ class Subscriptions:
             self.barrier.unclaimed()
         elif not self.binding:
             self.binding = self.barrier.begin()
+        else:  # (one read behind another in this connection: not decoded yet)
+            self.barrier.widen(self.binding)
 
     def bound(self) -> None:
         """The SUBSCRIBE's bindings are in place, or it ends with its
@@ -380,6 +385,22 @@ class Subscriptions:
                 self._unbind(topic_filter, sub.queue, next_step)
 
         next_step()
+
+
+def filters_topics(topic_filters: Iterable[str]) -> int:
+    """The subscribe barrier's topic bits of a SUBSCRIBE's filters
+    (workers/_barrier.h): a shared one's filter after $share/group/; one
+    that is malformed (refused, never bound), none."""
+    topics = 0
+    for topic_filter in topic_filters:
+        try:
+            group = shared(topic_filter)
+        except ValueError:
+            continue
+        plain = topic_filter if group is None else group[1]
+        if plain and valid_filter(plain):
+            topics |= filter_topics(plain.encode())
+    return topics
 
 
 def _is_shared(topic_filter: str) -> bool:

@@ -31,6 +31,7 @@ from shoal.workers.context import WorkerContext
 from shoal.workers.handshake import CLOSING
 from shoal.workers.mqtt_front import counted, failed
 from shoal.workers.mqtt_lane import device_read
+from shoal.workers.mqtt_subscriptions import filters_topics
 from shoal.workers.pacing import PACE_EVERY
 from tests.unit.test_lane import opened, queue_bodies
 from tests.unit.test_mqtt_ack_read import subscribing
@@ -237,6 +238,26 @@ def test_a_subscribe_that_ended_does_not_hold_it(topic_ctx: WorkerContext) -> No
     assert device.read_in_c(fast, data) == len(data)
     assert queue_bodies(topic_ctx, qid)[-1] == b"taken"
     assert device.pubacks()[-1] == 8
+
+
+def test_a_subscribe_its_topic_cannot_match_does_not_hold_it(topic_ctx: WorkerContext) -> None:
+    """A SUBSCRIBE under way holds the reads whose topics its filters may
+    match (workers/_barrier.h topic bits): not yet decoded, every read; then
+    only those."""
+    _, (qid,) = opened(topic_ctx, b"q")
+    device = Connected(topic_ctx, P.MQTT_311)
+    first_publish(device)  # (sensors/1/temp)
+    fast = device.fast()
+    barrier = topic_ctx.subscribe_barrier
+    token = subscribing(topic_ctx)
+    assert device.read_in_c(fast, packet(P.MQTT_311, b"held", 1, 7)) == 0
+    barrier.narrow(token, filters_topics(["clients/7/cmd", "other/#"]))
+    data = packet(P.MQTT_311, b"taken", 1, 8)
+    assert device.read_in_c(fast, data) == len(data)
+    assert queue_bodies(topic_ctx, qid)[-1] == b"taken"
+    barrier.narrow(token, filters_topics(["sensors/+/temp"]))
+    assert device.read_in_c(fast, packet(P.MQTT_311, b"held", 1, 9)) == 0
+    barrier.end(token)
 
 
 @pytest.mark.parametrize(

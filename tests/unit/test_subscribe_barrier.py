@@ -1,10 +1,14 @@
 """MQTT's subscribe barrier (shm/subscribe_barrier.py): which publish reads
-wait for which SUBSCRIBEs, across two workers' views of one segment; and a
-SUBSCRIBE held in its connection behind another keeps it up until its own
-bindings (gmqtt's shared subscription test lost a whole burst)."""
+wait for which SUBSCRIBEs, across two workers' views of one segment, by
+time and by topic; and a SUBSCRIBE held in its connection behind another
+keeps it up until its own bindings (gmqtt's shared subscription test lost a
+whole burst)."""
 
 from __future__ import annotations
 
+import itertools
+import random
+import struct
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -16,12 +20,14 @@ from pamqp import commands as C
 
 from shoal.broker import ipc
 from shoal.broker.mqtt import packets as P
+from shoal.broker.mqtt.topics import matches, valid_filter
 from shoal.shm import layout
 from shoal.shm.processes import Header
 from shoal.shm.segment import Segment
-from shoal.shm.subscribe_barrier import BARRIER_NS, SubscribeBarrier
+from shoal.shm.subscribe_barrier import ALL_TOPICS, BARRIER_NS, SubscribeBarrier
+from shoal.workers._wire import filter_topics, read_topics
 from shoal.workers.mqtt_session import Session, SessionState
-from shoal.workers.mqtt_subscriptions import Subscriptions
+from shoal.workers.mqtt_subscriptions import Subscriptions, filters_topics
 
 
 @pytest.fixture
@@ -90,7 +96,8 @@ def test_the_fronts_word_at_a_subscribes_read_is_its_start_or_drops(seg: Segment
     worker, publisher = SubscribeBarrier(seg, 0), SubscribeBarrier(seg, 1)
     atomic, word, hint = worker.front_words
     read_at = time.monotonic_ns()
-    atomic.store(word, read_at)  # (what the front stores)
+    atomic.store(word - 8, ALL_TOPICS)  # (what the front stores: its topics first)
+    atomic.store(word, read_at)
     atomic.store(hint, read_at)
     assert publisher.holds(read_at, read_at), "held from the read on"
     token = worker.begin()
@@ -104,6 +111,105 @@ def test_the_fronts_word_at_a_subscribes_read_is_its_start_or_drops(seg: Segment
     worker.unclaimed()  # (a SUBSCRIBE under way: its word stays)
     assert atomic.load(word) == start
     worker.end(token)
+
+
+def publish_packet(topic: bytes, qos: int = 1, payload: bytes = b"m") -> bytes:
+    body = struct.pack("!H", len(topic)) + topic + (b"\x00\x01" if qos else b"") + payload
+    return bytes([0x30 | qos << 1, len(body)]) + body
+
+
+LEVELS = ["a", "b", "", "dev", "$SYS", "x y"]
+
+
+def test_a_filter_shares_a_topic_bit_with_every_topic_it_matches() -> None:
+    """The barrier's bits (workers/_barrier.h) never let a matching publish
+    go ahead: every (filter, topic) pair over a few levels, matched by the
+    broker's own rule."""
+    topics = ["/".join(t) for n in (1, 2, 3) for t in itertools.product(LEVELS, repeat=n)]
+    filters = {
+        "/".join(f)
+        for n in (1, 2, 3)
+        for f in itertools.product([*LEVELS, "+", "#"], repeat=n)
+        if "#" not in f[:-1] and valid_filter("/".join(f))
+    }
+    matched = 0
+    for topic_filter in filters:
+        bits = filter_topics(topic_filter.encode())
+        assert bits
+        for topic in topics:
+            if matches(topic_filter, topic):
+                matched += 1
+                assert bits & read_topics(publish_packet(topic.encode())), (topic_filter, topic)
+    assert matched > 1000
+
+
+def test_a_reads_bits_are_its_publishes_topics_or_every_bit() -> None:
+    one, two = publish_packet(b"devices/1"), publish_packet(b"sensors/2/temp", qos=0)
+    assert read_topics(one + two) == read_topics(one) | read_topics(two)
+    pingreq, puback = b"\xc0\x00", b"\x40\x02\x00\x07"
+    assert read_topics(pingreq + one + puback) == read_topics(one), "others publish nothing"
+    assert read_topics(puback * 3) == 0, "a read without a publish: held by none"
+    assert read_topics(puback[:1]) == ALL_TOPICS, "its length not whole"
+    assert read_topics(one[:5]) == ALL_TOPICS, "its topic not whole"
+    assert read_topics(one + two[:3]) == ALL_TOPICS
+    assert read_topics(publish_packet(b"")) == ALL_TOPICS, "a topic alias"
+    assert read_topics(b"") == 0
+    assert read_topics(bytearray(one)) == ALL_TOPICS, "(not bytes: not looked at)"
+    # a fleet's own topics against another client's: apart
+    assert not filter_topics(b"churn/3") & read_topics(one)
+    assert filter_topics(b"#") == filter_topics(b"+/x") == ALL_TOPICS
+
+
+def test_a_subscribe_holds_only_publishes_its_filters_may_match(seg: Segment) -> None:
+    subscriber, publisher = SubscribeBarrier(seg, 0), SubscribeBarrier(seg, 1)
+    device = read_topics(publish_packet(b"devices/17"))
+    token = subscriber.begin()
+    now = time.monotonic_ns()
+    assert publisher.holds(now, now, device), "not decoded yet: every topic"
+    subscriber.narrow(token, filters_topics(["churn/3", "$share/g/other/+"]))
+    assert not publisher.holds(now, now, device)
+    assert publisher.holds(now, now), "a read not looked at"
+    second = subscriber.begin()  # another client's, on the same worker
+    assert publisher.holds(now, time.monotonic_ns(), device)
+    subscriber.narrow(second, filters_topics(["devices/+/cmd"]))
+    assert publisher.holds(now, time.monotonic_ns(), device), "devices/#'s first level"
+    subscriber.end(second)
+    assert not publisher.holds(now, time.monotonic_ns(), device)
+    subscriber.widen(token)  # a SUBSCRIBE read behind it, not decoded
+    assert publisher.holds(now, time.monotonic_ns(), device)
+    subscriber.end(token)
+    assert seg.atomic.load(seg.layout.proc(0) + layout.P_SUBSCRIBE_TOPICS) == 0
+
+
+def test_the_fronts_every_topic_stays_until_the_read_is_decoded(seg: Segment) -> None:
+    """The front stores every bit as it raises the word; a read that was no
+    SUBSCRIBE gives back what the ones under way hold."""
+    worker, publisher = SubscribeBarrier(seg, 0), SubscribeBarrier(seg, 1)
+    device = read_topics(publish_packet(b"devices/17"))
+    token = worker.begin()
+    worker.narrow(token, filters_topics(["churn/3"]))
+    topics_word = seg.layout.proc(0) + layout.P_SUBSCRIBE_TOPICS
+    seg.atomic.store(topics_word, ALL_TOPICS)  # (the front, at a read of 0x82)
+    now = time.monotonic_ns()
+    assert publisher.holds(now, now, device)
+    worker.unclaimed()
+    assert not publisher.holds(now, time.monotonic_ns(), device)
+    worker.end(token)
+
+
+def test_random_filters_and_topics_never_miss() -> None:
+    rng = random.Random(41)
+    words = ["a", "bb", "c", "", "dd", "e"]
+    for _ in range(20_000):
+        topic = "/".join(rng.choice(words) for _ in range(rng.randint(1, 5)))
+        levels = [rng.choice([*words, "+"]) for _ in range(rng.randint(1, 5))]
+        if rng.random() < 0.3:
+            levels.append("#")
+        topic_filter = "/".join(levels)
+        if valid_filter(topic_filter) and matches(topic_filter, topic):
+            assert filter_topics(topic_filter.encode()) & read_topics(
+                publish_packet(topic.encode())
+            ), (topic_filter, topic)
 
 
 # ------------------------------------------- a SUBSCRIBE held behind another
