@@ -57,6 +57,14 @@ class QueueCounters:
     redelivered: int = 0  # entries released back (requeued), since then
 
 
+def published(shared: SharedQueues, qid: int) -> int:
+    """Declared queue `qid`'s messages published, summed over its logs (what
+    read() counts, without its other counters: a moving MQTT device asks at
+    its first PUBLISHes, workers/mqtt_move.py)."""
+    word = shared.table.word
+    return sum(counted(word(log, layout.Q_PUBLISHED)) for log in shared.catalog.logs(qid))
+
+
 def read(shared: SharedQueues, qid: int) -> QueueCounters:
     """The counters of declared queue `qid`, summed over its logs."""
     logs = shared.catalog.logs(qid)

@@ -62,6 +62,13 @@ _PLAIN_FLAGS = frozenset({0x00, 0x02, 0x0A})
 _PUBACK_HEAD = bytes((P.PUBACK << 4, 2))
 
 
+# The content header properties of PUBLISHes without 5.0 properties and
+# without a publisher's name (no no-local subscription): the same bytes for
+# every connection, encoded once per worker, not at each connection's first
+# PUBLISH (pamqp's encoding was a few percent of a connect or a move).
+_ANYONES_PROPERTIES: dict[tuple[int, bool, str | None], bytes] = {}
+
+
 class Inbound:
     __slots__ = (
         "confirm_seq",
@@ -354,8 +361,13 @@ class Inbound:
         key = (packet.qos, packet.retain, publisher)
         known = self.known_properties.get(key)
         if known is None:
-            props = M.amqp_properties(packet.qos, {}, packet.retain, publisher)
-            known = self.known_properties[key] = F.properties_bytes(props)
+            known = _ANYONES_PROPERTIES.get(key) if publisher is None else None
+            if known is None:
+                props = M.amqp_properties(packet.qos, {}, packet.retain, publisher)
+                known = F.properties_bytes(props)
+                if publisher is None:
+                    _ANYONES_PROPERTIES[key] = known
+            self.known_properties[key] = known
         return known
 
     def publish_will(self, will: P.Will) -> None:

@@ -142,7 +142,7 @@ def intercept(conn: Any, data: bytes) -> bool:
 
 def _published(conn: Any, qid: int) -> int:
     """Queue `qid`'s messages published, all its publishers'."""
-    return counters.read(conn.ctx.shared, qid).published if qid >= 0 else 0
+    return counters.published(conn.ctx.shared, qid) if qid >= 0 else 0
 
 
 def _only_connect(raw: bytes) -> bool:

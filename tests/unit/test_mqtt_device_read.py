@@ -19,8 +19,8 @@ from shoal.broker.amqp import definitions as D
 from shoal.broker.amqp import errors
 from shoal.broker.mqtt import amqp_frames as F
 from shoal.broker.mqtt import packets as P
+from shoal.shm import counters, stats
 from shoal.shm import layout as L
-from shoal.shm import stats
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.memory import ALARM_MEMORY
 from shoal.shm.queues import SharedQueues
@@ -238,6 +238,24 @@ def test_a_subscribe_that_ended_does_not_hold_it(topic_ctx: WorkerContext) -> No
     assert device.read_in_c(fast, data) == len(data)
     assert queue_bodies(topic_ctx, qid)[-1] == b"taken"
     assert device.pubacks()[-1] == 8
+
+
+def test_a_queues_published_count_alone_is_reads(topic_ctx: WorkerContext) -> None:
+    """counters.published (a moving device's look, workers/mqtt_move.py)
+    counts what counters.read does."""
+    _, (qid,) = opened(topic_ctx, b"q")
+    device = Connected(topic_ctx, P.MQTT_311)
+    first_publish(device)
+    fast = device.fast()
+    for packet_id in (2, 3):
+        data = packet(P.MQTT_311, b"m", 1, packet_id)
+        assert device.read_in_c(fast, data) == len(data)
+    before = counters.published(topic_ctx.shared, qid)
+    data = packet(P.MQTT_311, b"m", 1, 4)
+    assert device.read_in_c(fast, data) == len(data)
+    published = counters.read(topic_ctx.shared, qid).published
+    assert published == before + 1 >= 3
+    assert counters.published(topic_ctx.shared, qid) == published
 
 
 def test_a_subscribe_its_topic_cannot_match_does_not_hold_it(topic_ctx: WorkerContext) -> None:
