@@ -154,7 +154,9 @@ class SubscribeBarrier:
         connection, or before its CONNACK): the word it raised drops."""
         if not self._starts:
             self._a.store(self._mine, 0)
-        self._store_topics()  # (the front stored every bit)
+            self._a.store(self._topics_word, 0)  # (the front stored every bit)
+        # (else the front's every bit stays until a narrow or an end: the read
+        # may be a SUBSCRIBE held behind one under way, not yet decoded)
 
     def end(self, token: int) -> None:
         """Its bindings are in place (or it is abandoned)."""

@@ -313,6 +313,8 @@ class MqttConnection(asyncio.Protocol):
     def _end_batch(self) -> None:
         if self.acks:
             self._settle_acks()
+        if self.subscriptions.narrowing is not None:  # (a SUBSCRIBE decoded in it)
+            self.subscriptions.narrowed()
         self._flush()
 
     def _flush(self) -> None:
@@ -375,6 +377,8 @@ class MqttConnection(asyncio.Protocol):
             # Served once the CONNACK is out, or once the (UN)SUBACK is: a
             # PUBLISH after a SUBSCRIBE sees the subscription made.
             self.held.append(packet)
+            if isinstance(packet, P.Subscribe):
+                self.subscriptions.held_behind()
         elif isinstance(packet, P.Publish):
             self.inbound.publish(packet)
         elif isinstance(packet, P.Ack):

@@ -54,6 +54,7 @@ class Subscriptions:
         "conn",
         "consumed",
         "declares",
+        "narrowing",
         "no_local",
         "routes",
         "version",
@@ -65,6 +66,7 @@ class Subscriptions:
         self.conn = conn
         self.barrier = barrier  # others' publishes read during a SUBSCRIBE wait for its binds
         self.binding = 0  # the barrier's token of the SUBSCRIBE under way (0: none)
+        self.narrowing: int | None = None  # its filters' topic bits, for the read's end
         self.catalog = catalog  # which queues exist (a session's earlier ones)
         self.routes = routes
         self.consumed: dict[str, int] = {}  # queue -> the QoS it is consumed with
@@ -180,8 +182,8 @@ class Subscriptions:
         if any(one.no_local and _is_shared(one.topic_filter) for one in steps):
             raise P.ProtocolError("no local on a shared subscription")
         self.begin()
-        if not any(isinstance(p, P.Subscribe) for p in conn.held):  # (else: theirs too)
-            self.barrier.narrow(self.binding, filters_topics(one.topic_filter for one in steps))
+        # (narrowed at the end of the read: a SUBSCRIBE behind it in the read is not held yet)
+        self.narrowing = filters_topics(one.topic_filter for one in steps)
 
         def subscribed() -> None:
             conn.send(P.encode_suback(conn.level, packet.packet_id, codes))
@@ -195,7 +197,7 @@ class Subscriptions:
                 # keeps the barrier, begun before its read: others' publishes
                 # read meanwhile wait for its bindings too (gmqtt's shared
                 # subscription test lost all of a burst published between).
-                if not any(isinstance(p, P.Subscribe) for p in conn.held):
+                if not self._subscribe_held():
                     self.bound()
                 # The SUBACK once the session holds the subscriptions on disk
                 # (a cluster's followers too): a failover or a restart after
@@ -274,6 +276,24 @@ class Subscriptions:
             self.binding = self.barrier.begin()
         else:  # (one read behind another in this connection: not decoded yet)
             self.barrier.widen(self.binding)
+
+    def narrowed(self) -> None:
+        """The end of the read that decoded a SUBSCRIBE under way: others'
+        publishes wait for it only where its filters may match their topics
+        (shm/subscribe_barrier.py), unless a SUBSCRIBE read behind it waits
+        in the connection (not decoded for the barrier: every topic still)."""
+        topics, self.narrowing = self.narrowing, None
+        if topics is not None and self.binding and not self._subscribe_held():
+            self.barrier.narrow(self.binding, topics)
+
+    def held_behind(self) -> None:
+        """A SUBSCRIBE is held in the connection behind the one under way:
+        the barrier holds every topic for it until it is served."""
+        if self.binding:
+            self.barrier.widen(self.binding)
+
+    def _subscribe_held(self) -> bool:
+        return any(isinstance(p, P.Subscribe) for p in self.conn.held)
 
     def bound(self) -> None:
         """The SUBSCRIBE's bindings are in place, or it ends with its

@@ -182,8 +182,9 @@ def test_a_subscribe_holds_only_publishes_its_filters_may_match(seg: Segment) ->
 
 
 def test_the_fronts_every_topic_stays_until_the_read_is_decoded(seg: Segment) -> None:
-    """The front stores every bit as it raises the word; a read that was no
-    SUBSCRIBE gives back what the ones under way hold."""
+    """The front stores every bit as it raises the word; a read that began
+    no SUBSCRIBE leaves it while one is under way (it may be one held
+    behind it), and drops it when none is."""
     worker, publisher = SubscribeBarrier(seg, 0), SubscribeBarrier(seg, 1)
     device = read_topics(publish_packet(b"devices/17"))
     token = worker.begin()
@@ -192,9 +193,14 @@ def test_the_fronts_every_topic_stays_until_the_read_is_decoded(seg: Segment) ->
     seg.atomic.store(topics_word, ALL_TOPICS)  # (the front, at a read of 0x82)
     now = time.monotonic_ns()
     assert publisher.holds(now, now, device)
-    worker.unclaimed()
+    worker.unclaimed()  # (maybe a SUBSCRIBE held behind the one under way)
+    assert publisher.holds(now, time.monotonic_ns(), device), "every topic until told"
+    worker.narrow(token, filters_topics(["churn/3"]))
     assert not publisher.holds(now, time.monotonic_ns(), device)
     worker.end(token)
+    seg.atomic.store(topics_word, ALL_TOPICS)
+    worker.unclaimed()  # none under way: the word drops
+    assert seg.atomic.load(topics_word) == 0
 
 
 def test_random_filters_and_topics_never_miss() -> None:
@@ -287,4 +293,62 @@ def test_a_held_subscribe_keeps_the_barrier_until_its_own_bindings(seg: Segment)
     client.answer()
     assert len(client.sent) == 2
     assert not publisher.holds(read_at, time.monotonic_ns())
+    assert subs.binding == 0
+
+
+def test_a_subscribe_read_behind_another_keeps_every_topic_held(seg: Segment) -> None:
+    """Two SUBSCRIBEs in one read: the first's filters narrow the barrier
+    only at the read's end, and not while the second waits behind it
+    undecoded for the barrier; served, the second narrows it to its own."""
+    client = Client()
+    subs = Subscriptions(client, None, None, SubscribeBarrier(seg, 0))  # type: ignore[arg-type]
+    client.subscriptions = subs
+    publisher = SubscribeBarrier(seg, 1)
+    b_topic = read_topics(publish_packet(b"b/1"))
+    subs.begin()  # (the read's first byte: the front's word, then begin)
+    subs.subscribe(subscribe(1, "a/#"))
+    client.held.append(subscribe(2, "b/#"))  # decoded next in the same read
+    subs.held_behind()
+    subs.narrowed()  # the read's end
+    now = time.monotonic_ns()
+    assert publisher.holds(now, now, b_topic), "b/# is under way too"
+    client.calls.pop(0)(None)  # the declares' channel open
+    client.calls.pop(0)(None)  # a/#'s queue declared
+    client.calls.pop(0)(None)  # ... consumed
+    client.calls.pop(0)(None)  # ... bound: its SUBACK, and b/# served
+    subs.narrowed()  # (the end of the inner read that served it)
+    now = time.monotonic_ns()
+    assert publisher.holds(now, now, b_topic)
+    assert not publisher.holds(now, now, read_topics(publish_packet(b"c/1")))
+    client.answer()
+    assert not publisher.holds(now, time.monotonic_ns(), b_topic)
+    assert subs.binding == 0
+
+
+def test_a_subscribe_read_later_behind_another_keeps_every_topic_held(seg: Segment) -> None:
+    """A SUBSCRIBE read after the read of the one under way in its
+    connection (the front's every topic, then unclaimed: not one to begin)
+    keeps every topic held after another client's SUBSCRIBE on the worker
+    ends, until it is served."""
+    client = Client()
+    worker = SubscribeBarrier(seg, 0)
+    subs = Subscriptions(client, None, None, worker)  # type: ignore[arg-type]
+    client.subscriptions = subs
+    publisher = SubscribeBarrier(seg, 1)
+    b_topic = read_topics(publish_packet(b"b/1"))
+    subs.subscribe(subscribe(1, "a/#"))
+    subs.narrowed()  # its read's end
+    now = time.monotonic_ns()
+    assert not publisher.holds(now, now, b_topic)
+    atomic, word, _hint = worker.front_words
+    atomic.store(word - 8, ALL_TOPICS)  # the next read starts with 0x82: the front
+    subs.begin(False)  # (a SUBSCRIBE under way in its connection: none begins)
+    client.held.append(subscribe(2, "b/#"))
+    subs.held_behind()
+    other = worker.begin()  # another client's SUBSCRIBE on this worker, bound
+    worker.end(other)
+    now = time.monotonic_ns()
+    assert publisher.holds(now, now, b_topic), "b/# read: held until served"
+    client.answer()
+    assert not publisher.holds(now, time.monotonic_ns(), b_topic)
     assert subs.binding == 0
