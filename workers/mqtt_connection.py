@@ -155,14 +155,18 @@ class MqttConnection(asyncio.Protocol):
         if batch:  # what this read's packets answer goes out in one write
             self.out = []
         try:
-            barrier = self.ctx.subscribe_barrier  # (others' SUBSCRIBEs: not its own)
-            if (
+            barrier, subs = self.ctx.subscribe_barrier, self.subscriptions  # (others' SUBSCRIBEs)
+            if subs.held_topics is not None:  # (held for them: its publishes' topics join)
+                subs.held_topics |= ALL_TOPICS if self.reader.buffer else read_topics(data)
+            elif (
                 self.open
-                and not (self.busy or self.subscriptions.binding)
+                and not (self.busy or subs.binding)
                 and barrier.recent(now := clock())  # (its publishes' topics: if not mid-packet)
-                and barrier.holds(now, now, ALL_TOPICS if self.reader.buffer else read_topics(data))
+                and barrier.holds(
+                    now, now, t := ALL_TOPICS if self.reader.buffer else read_topics(data)
+                )
             ):
-                hold_for_subscribes(self, now)
+                hold_for_subscribes(self, now, t)
             if self.open and not (self.busy or self.closed or self.acks or self.reader.buffer):
                 if data[0] == 0x40 and self.outbound is not None:  # (a run of PUBACKs in C)
                     at = self.outbound.puback_run(data, self.acks)

@@ -54,6 +54,7 @@ class Subscriptions:
         "conn",
         "consumed",
         "declares",
+        "held_topics",
         "narrowing",
         "no_local",
         "routes",
@@ -67,6 +68,9 @@ class Subscriptions:
         self.barrier = barrier  # others' publishes read during a SUBSCRIBE wait for its binds
         self.binding = 0  # the barrier's token of the SUBSCRIBE under way (0: none)
         self.narrowing: int | None = None  # its filters' topic bits, for the read's end
+        # Held for others' SUBSCRIBEs (hold_for_subscribes): the topic bits of
+        # the reads held, which they wait for (None: not held for them).
+        self.held_topics: int | None = None
         self.catalog = catalog  # which queues exist (a session's earlier ones)
         self.routes = routes
         self.consumed: dict[str, int] = {}  # queue -> the QoS it is consumed with
@@ -435,18 +439,23 @@ def _is_shared(topic_filter: str) -> bool:
 SUBSCRIBE_POLL_S = 0.001  # a read held by others' SUBSCRIBEs looks again this often
 
 
-def hold_for_subscribes(conn: Any, since_ns: int) -> None:
+def hold_for_subscribes(conn: Any, since_ns: int, topics: int) -> None:
     """Another client's SUBSCRIBE, read before this read, is under way
-    (shm/subscribe_barrier.py): this read's packets and the next wait, as
-    during a SUBSCRIBE of its own, until its bindings are in place."""
+    (shm/subscribe_barrier.py) and may match the read's `topics`: this
+    read's packets and the next wait, as during a SUBSCRIBE of its own,
+    until no SUBSCRIBE read before it that may match them or the next
+    reads' topics (Subscriptions.held_topics) is under way."""
     conn.busy = True
+    conn.subscriptions.held_topics = topics
     conn.ctx.loop.call_later(SUBSCRIBE_POLL_S, poll_subscribes, conn, since_ns)
 
 
 def poll_subscribes(conn: Any, since_ns: int) -> None:
     if conn.closed:
         return
-    if conn.ctx.subscribe_barrier.holds(since_ns, time.monotonic_ns()):
+    topics = conn.subscriptions.held_topics
+    if conn.ctx.subscribe_barrier.holds(since_ns, time.monotonic_ns(), topics):
         conn.ctx.loop.call_later(SUBSCRIBE_POLL_S, poll_subscribes, conn, since_ns)
     else:
+        conn.subscriptions.held_topics = None
         conn.serve_held()

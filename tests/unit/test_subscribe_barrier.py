@@ -27,7 +27,7 @@ from shoal.shm.segment import Segment
 from shoal.shm.subscribe_barrier import ALL_TOPICS, BARRIER_NS, SubscribeBarrier
 from shoal.workers._wire import filter_topics, read_topics
 from shoal.workers.mqtt_session import Session, SessionState
-from shoal.workers.mqtt_subscriptions import Subscriptions, filters_topics
+from shoal.workers.mqtt_subscriptions import Subscriptions, filters_topics, hold_for_subscribes
 
 
 @pytest.fixture
@@ -352,3 +352,38 @@ def test_a_subscribe_read_later_behind_another_keeps_every_topic_held(seg: Segme
     client.answer()
     assert not publisher.holds(now, time.monotonic_ns(), b_topic)
     assert subs.binding == 0
+
+
+def test_a_held_read_goes_on_once_no_subscribe_under_way_may_match_its_topics(
+    seg: Segment,
+) -> None:
+    """A read held while a SUBSCRIBE's filters were not decoded goes on at
+    the next look once they are known not to match its topics (and the
+    topics of the reads held after it), not at that SUBSCRIBE's end."""
+    worker, publisher = SubscribeBarrier(seg, 0), SubscribeBarrier(seg, 1)
+    token = worker.begin()
+    served: list[bool] = []
+    later: list[Any] = []
+
+    class Loop:
+        def call_later(self, _delay: float, callback: Any, *args: Any) -> None:
+            later.append(lambda: callback(*args))
+
+    conn = type("Conn", (), {})()
+    conn.closed, conn.busy = False, False
+    conn.ctx = type("Ctx", (), {"subscribe_barrier": publisher, "loop": Loop()})()
+    conn.subscriptions = type("Subs", (), {"held_topics": None})()
+    conn.serve_held = lambda: served.append(True)
+    since = time.monotonic_ns()
+    hold_for_subscribes(conn, since, read_topics(publish_packet(b"devices/1")))
+    assert conn.busy and len(later) == 1
+    conn.subscriptions.held_topics |= read_topics(publish_packet(b"sensors/2"))  # a later read
+    later.pop()()
+    assert not served, "not decoded: every topic"
+    worker.narrow(token, filters_topics(["sensors/+"]))
+    later.pop()()
+    assert not served, "the later read's topic may match"
+    worker.narrow(token, filters_topics(["churn/3"]))
+    later.pop()()
+    assert served == [True] and conn.subscriptions.held_topics is None
+    worker.end(token)
