@@ -86,7 +86,8 @@ front_subscribe_read(FrontObject *f)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec, none = 0;
     /* Its filters unknown yet: every topic, before the start (the word
-     * before P_SUBSCRIBING: P_SUBSCRIBE_TOPICS; begin() narrows it). */
+     * before P_SUBSCRIBING: P_SUBSCRIBE_TOPICS; narrowed once the read that
+     * brought it is decoded, SubscribeBarrier.narrow). */
     __atomic_store_n(f->subscribing - 1, ~0ULL, __ATOMIC_SEQ_CST);
     __atomic_compare_exchange_n(f->subscribing, &none, now, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     __atomic_store_n(f->subscribed_at, now, __ATOMIC_SEQ_CST);
