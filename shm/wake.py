@@ -150,6 +150,10 @@ class Waker:
         watch = self.a.load(self.queues + qid * layout.QUEUE_SIZE + layout.Q_WATCH)
         return watch - layout.WATCH_WORKER if watch >= layout.WATCH_WORKER else -1
 
+    def watched(self, qid: int) -> bool:
+        """Whether anyone (the scheduler, a worker) watches `qid` now."""
+        return self.a.load(self.queues + qid * layout.QUEUE_SIZE + layout.Q_WATCH) != 0
+
     def unwatch(self, qid: int, worker: int) -> bool:
         """Take the worker's watch back (CAS it to 0): False if a publisher
         took it first (and wakes the worker)."""

@@ -59,6 +59,11 @@ MOVE_LOOK = 10  # its reads looked at: after these it stays where it is
 # reads spread over the workers are the others' cores).
 QUEUE_RATE_MAX = 20_000.0
 _HEADER = struct.Struct("!I")  # the CONNECT's length
+# How long a queue's watch seen armed by a worker names its consumer's
+# worker while the word is taken (_watcher); a wrong guess costs a move, not
+# a message.
+WATCH_SEEN_S = 1.0
+_SEEN: dict[int, tuple[int, float]] = {}  # qid: (worker, when seen watching)
 
 
 class Move:
@@ -201,8 +206,11 @@ def _target(conn: Any, data: bytes, qid: int) -> int | None:
     ):
         return None
     ctx = conn.ctx
-    worker = ctx.waker.watcher(qid)
-    if worker < 0 or worker == ctx.index:
+    worker = _watcher(ctx, qid)
+    if worker < 0:
+        return None
+    if worker == ctx.index:
+        conn.move = None  # (its subscriber is here: it stays, on the C path from this read on)
         return None
     if worker >= min(len(ctx.peer_handoffs), Header(ctx.seg).workers()):
         return None  # (a watch left by a worker retired since)
@@ -210,6 +218,29 @@ def _target(conn: Any, data: bytes, qid: int) -> int | None:
     if not slot.ready() or slot.retiring():
         return None  # (starting again, or going: the connection stays)
     return worker
+
+
+def _watcher(ctx: Any, qid: int) -> int:
+    """The worker whose consumer, queue `qid`'s only one, watches it: armed
+    now, or (taken by a publisher that woke it, not armed again yet) armed
+    when last looked at, within WATCH_SEEN_S. A busy consumer's watch is off
+    for most of its wake-ups: looking only at the word would leave a device
+    that should move waiting for a read that finds it armed (reads on
+    Python's path meanwhile, and the moves spread over seconds)."""
+    now = time.monotonic()
+    worker = ctx.waker.watcher(qid)
+    if worker >= 0:
+        _SEEN[qid] = (worker, now)
+        return worker
+    seen = _SEEN.get(qid)
+    if (
+        seen is None
+        or now - seen[1] > WATCH_SEEN_S
+        or ctx.waker.watched(qid)  # (the scheduler's watch: more consumers, or none)
+        or ctx.shared.table.consumer_count(qid) != 1
+    ):
+        return -1
+    return seen[0]
 
 
 def _topic(data: bytes) -> bytes | None:
