@@ -19,6 +19,10 @@ from shoal.shm.segment import Segment
 
 _TAG_MASK = (1 << (64 - layout.CATALOG_QID_BITS)) - 1
 _QID_MASK = (1 << layout.CATALOG_QID_BITS) - 1
+_UNKNOWN = object()
+# What changed between two catalog generations: the slots (qids) and the
+# (vhost, name) keys of those that are queues now (QueueCatalog.changed_since).
+Changes = tuple[frozenset[int], frozenset[tuple[int, bytes]]]
 
 
 def note_catalog_change(a: Atomic, qid: int) -> None:
@@ -39,6 +43,7 @@ class QueueCatalog:
     __slots__ = (
         "_active",
         "_active_set",
+        "_changes",
         "_dedup_set",
         "_delayed",
         "_delayed_set",
@@ -85,6 +90,9 @@ class QueueCatalog:
         self._delayed_set: set[int] = set()
         self._dedup_set: set[int] = set()
         self._names_gen = -1
+        # changed_since's answers, by (from, to) generation (few: the
+        # readers that ask were mostly armed at the same change).
+        self._changes: dict[tuple[int, int], Changes | None] = {}
         self.rescans = 0  # full scans of the slots so far (the tests look)
 
     def catalog_generation(self) -> int:
@@ -139,6 +147,30 @@ class QueueCatalog:
         self._refresh()
         return self._ttl
 
+    def changed_since(self, since: int, gen: int) -> Changes | None:
+        """What changed in generations since..gen-1 (gen: a generation read
+        before the call): the qids the change ring names, and the (vhost,
+        name) keys those slots have now (a deleted one none: its name finds
+        no queue now). None where the ring cannot tell (a lap behind, a
+        change not in the ring yet, a rescan's), and the caller must look
+        at everything it depends on. For a reader of one queue's or a few
+        names' routes that skips a change touching none of them
+        (workers/lane.py PublishLane._untouched)."""
+        memo = self._changes.get((since, gen), _UNKNOWN)
+        if memo is not _UNKNOWN:
+            return memo  # type: ignore[return-value]
+        found: Changes | None = None
+        if 0 <= since <= gen and gen - since <= layout.CATALOG_RING:
+            self._refresh()  # (its names as of gen at least)
+            qids = self._ring(since, gen)
+            if qids is not None:
+                keys = self._keys
+                found = (frozenset(qids), frozenset(keys[q] for q in qids if q in keys))
+        if len(self._changes) >= 16:
+            self._changes.clear()
+        self._changes[(since, gen)] = found
+        return found
+
     def _refresh(self) -> None:
         gen = self.a.load(layout.H_CATALOG_GEN)
         known = self._names_gen
@@ -153,20 +185,29 @@ class QueueCatalog:
         cannot tell. A slot re-read while a later change is being written
         is read again at that change's own ring word (its bump comes after
         its slot's words), so the cache is current as of `gen`."""
-        a, ring = self.a, layout.H_CATALOG_RING
-        changed = set()
-        for g in range(known, gen):
-            word = a.load(ring + g % layout.CATALOG_RING * 8)
-            qid = word & _QID_MASK
-            if word >> layout.CATALOG_QID_BITS != g & _TAG_MASK or qid == layout.CATALOG_RESCAN:
-                return False
-            changed.add(qid)
+        changed = self._ring(known, gen)
+        if changed is None:
+            return False
         for qid in changed:
             if not self._reread(qid):
                 return False
         self._derive()
         self._names_gen = gen
         return True
+
+    def _ring(self, since: int, gen: int) -> set[int] | None:
+        """The qids the change ring names for generations since..gen-1, or
+        None where it cannot tell (a word overwritten a lap later or not
+        written yet, a rescan's mark)."""
+        a, ring = self.a, layout.H_CATALOG_RING
+        changed = set()
+        for g in range(since, gen):
+            word = a.load(ring + g % layout.CATALOG_RING * 8)
+            qid = word & _QID_MASK
+            if word >> layout.CATALOG_QID_BITS != g & _TAG_MASK or qid == layout.CATALOG_RESCAN:
+                return None
+            changed.add(qid)
+        return changed
 
     def _reread(self, qid: int) -> bool:
         """One slot's entries in the cache made current; False for a slot

@@ -132,6 +132,7 @@ class PublishLane:
         "lane",
         "learnt_here",
         "max_body",
+        "names",
         "places",
         "publisher",
         "routes_version",
@@ -149,6 +150,11 @@ class PublishLane:
         # lane holds of each one's queue: (queue, ring, mask, store uid).
         self.known: dict[tuple[bytes, bytes], int] = {}
         self.places: dict[tuple[bytes, bytes], tuple[int, int, int, int]] = {}
+        # The queue names each known place's route had when the lane last
+        # looked (Routes.entry_names; the default exchange's: its key),
+        # where it knows them: a change that touches none of them and
+        # none of its queues leaves the place as it is (_untouched).
+        self.names: dict[tuple[bytes, bytes], tuple[bytes, ...]] = {}
         # How many of them it learnt from its own publishes (offer).
         self.learnt_here = 0
         # How many of the worker's learnt places (ctx.lane_places) it has looked at.
@@ -202,6 +208,12 @@ class PublishLane:
         if self.lane.add(exchange, routing_key, queue, ring, mask, qid, store_uid):
             self.known[place] = qid
             self.places[place] = (queue, ring, mask, store_uid)
+            # (the lane's generations are the current ones: the route just taken's)
+            names = routes.entry_names(self.conn.vhost_id, exchange, routing_key)
+            if not exchange:
+                self.names[place] = (routing_key,)
+            elif names is not None:
+                self.names[place] = names
             self.learnt_here += 1
             self.stores = self.stores or bool(store_uid)
             learnt = (self.conn.vhost_id, exchange, routing_key, qid, queue, ring, mask, store_uid)
@@ -225,6 +237,7 @@ class PublishLane:
         self.publisher = publisher
         self.known.clear()
         self.places.clear()
+        self.names.clear()
         self.learnt_here = 0
         self.absorbed = 0
         self.stores = False
@@ -236,6 +249,7 @@ class PublishLane:
         self.lane.clear()
         self.known.clear()
         self.places.clear()
+        self.names.clear()
         self.learnt_here = 0
         self.absorbed = 0
         self.stores = False
@@ -319,10 +333,16 @@ class PublishLane:
         routes_version = routes.version  # (the same: one journaled during the checks fails them)
         if catalog.dedup_now or routes.dedup_exchanges:
             return False
+        if self._untouched(catalog_gen):
+            if catalog.dedup_now:  # (a deduplicating queue came with the changes)
+                return False
+            self.catalog_gen = catalog_gen
+            self.routes_version = routes_version
+            return True
         plain = catalog.plain_queues()
         vhost, vhost_id, access = conn.vhost, conn.vhost_id, conn.access
         persist = ctx.persist
-        places = self.places
+        places, names = self.places, self.names
         for place, qid in known.items():
             exchange, routing_key = place
             if qid not in plain or not access.may_publish(exchange, routing_key):
@@ -334,17 +354,53 @@ class PublishLane:
             if not exchange:  # the default exchange: the queue its key names
                 if catalog.lookup(routing_key, vhost_id) != qid:
                     return False
+                names[place] = (routing_key,)
                 continue
             try:
                 qids = routes.route(vhost, vhost_id, exchange, routing_key, b"")
             except AMQPError:
                 return False
-            if qids != (qid,) or not routes.cached(vhost_id, exchange, routing_key):
+            route_names = routes.entry_names(vhost_id, exchange, routing_key)
+            if qids != (qid,) or route_names is None:
                 return False  # (another queue, none, or a headers exchange on the way)
+            names[place] = route_names
         if routes.version != routes_version:
             return False
         self.catalog_gen = catalog_gen
         self.routes_version = routes_version
+        return True
+
+    def _untouched(self, catalog_gen: int) -> bool:
+        """Whether no change since the lane's generations (the definitions
+        replayed just before: Routes.sync) can touch a place it knows: each
+        place's route the same cached entry (no binding or exchange change
+        touched it), none of the queues changed since (the catalog's change
+        ring) its queue or named as its route's names are, and its publish
+        permitted. A fleet's reconnects (a SUBSCRIBE's queue and binding, a
+        clean session's end: changes of other keys and queues) then cost
+        each device's next read this look, not every check again. False:
+        _still_routed looks at everything (a place whose names it does not
+        know, a ring that cannot tell)."""
+        known, names = self.known, self.names
+        if len(names) != len(known):
+            return False
+        changes = self.ctx.shared.catalog.changed_since(self.catalog_gen, catalog_gen)
+        if changes is None:
+            return False
+        changed, changed_names = changes
+        conn, routes = self.conn, self.ctx.routes
+        vhost_id, access = conn.vhost_id, conn.access
+        for place, qid in known.items():
+            if qid in changed:
+                return False
+            exchange, routing_key = place
+            route_names = names[place]
+            if exchange and routes.entry_names(vhost_id, exchange, routing_key) is not route_names:
+                return False
+            if changed_names and any((vhost_id, name) in changed_names for name in route_names):
+                return False
+            if not access.may_publish(exchange, routing_key):
+                return False
         return True
 
     def _take_places(self) -> None:

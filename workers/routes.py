@@ -193,15 +193,16 @@ class Routes:
             self._forget_all()
             return
         exchange = source.encode()
+        x = router.exchanges.get(source)
+        one_key = x is not None and (
+            x.kind == "direct"
+            or (x.kind == "topic" and "*" not in binding_key and "#" not in binding_key)
+        )
         keys = self._by_exchange.get((vhost_id, exchange))
         if not keys:
             return
-        x = router.exchanges.get(source)
         cache = self._cache
-        if x is not None and (
-            x.kind == "direct"
-            or (x.kind == "topic" and "*" not in binding_key and "#" not in binding_key)
-        ):
+        if one_key:
             key = binding_key.encode()  # it matches that key alone
             if key in keys:
                 keys.discard(key)
@@ -255,6 +256,17 @@ class Routes:
         (`version`) or the queue table (its catalog generation) another
         route() says (workers/lane.py)."""
         return (vhost_id, exchange, routing_key) in self._cache
+
+    def entry_names(
+        self, vhost_id: int, exchange: bytes, routing_key: bytes
+    ) -> tuple[bytes, ...] | None:
+        """The queue names of route()'s cached entry for (exchange, routing
+        key), the very object (None: no entry). The same object later: no
+        change of the definitions since touched the entry (_forget drops
+        every entry a change may touch; route() makes a new one); its names
+        may resolve to other queues after a change of the queue table."""
+        hit = self._cache.get((vhost_id, exchange, routing_key))
+        return None if hit is None else hit[1]
 
     def route(
         self,

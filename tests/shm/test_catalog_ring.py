@@ -125,6 +125,37 @@ def test_a_reader_a_lap_behind_or_after_a_restarted_scheduler_rescans(seg: Segme
     assert reader.catalog.rescans == 3
 
 
+def test_what_changed_between_two_generations_names_each_slot_and_its_queue_now(
+    seg: Segment,
+) -> None:
+    """changed_since (a publish lane's look after a change, workers/lane.py):
+    the slots the ring names, each with the queue it holds now (a removed
+    one: none); None where the ring cannot tell, so the reader looks at
+    everything."""
+    sched, reader = SharedQueues(seg, 0), SharedQueues(seg, 1)
+    catalog = reader.catalog
+    sched.create(3, b"a", 0, 0)
+    start = catalog.catalog_generation()
+    assert catalog.changed_since(start, start) == (frozenset(), frozenset())
+    sched.create(9, b"b", 0, 0, vhost=1)
+    sched.remove(3)
+    sched.create(5, b"c", 0, 0)
+    gen = catalog.catalog_generation()
+    assert catalog.changed_since(start, gen) == (
+        frozenset({3, 9, 5}),
+        frozenset({(1, b"b"), (0, b"c")}),
+    )
+    assert catalog.changed_since(gen - 1, gen) == (frozenset({5}), frozenset({(0, b"c")}))
+    sched.catalog_rescan()  # (a restarted scheduler's mark: the ring cannot tell)
+    assert catalog.changed_since(gen, catalog.catalog_generation()) is None
+    later = catalog.catalog_generation()
+    for _ in range(L.CATALOG_RING // 2 + 1):  # more changes than the ring holds
+        sched.create(4, b"x", 0, 0)
+        sched.remove(4)
+    assert catalog.changed_since(later, catalog.catalog_generation()) is None
+    assert catalog.changed_since(-1, catalog.catalog_generation()) is None  # (never looked)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_catching_up_ends_where_a_scan_does(make_segment: SegmentFactory, seed: int) -> None:
     """Random changes, readers refreshing after 1 to 300 of them (a lap of

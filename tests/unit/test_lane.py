@@ -23,7 +23,6 @@ from shoal.broker.amqp import definitions as D
 from shoal.shm import layout as L
 from shoal.shm import stats
 from shoal.shm.arena import read_message, read_tag, record_bytes
-from shoal.shm.catalog import CatalogWriter
 from shoal.shm.queues import SharedQueues
 from shoal.store import messages, records
 from shoal.workers import pacing
@@ -94,6 +93,10 @@ TAKEN: dict[int, int] = {}  # publishes each connection's lane took (by id)
 
 @pytest.fixture(autouse=True)
 def lane_counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    yield from counting_lanes(monkeypatch)
+
+
+def counting_lanes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Count what each lane takes: PublishLane.account sees each run."""
     original = PublishLane.account
 
@@ -511,6 +514,10 @@ def test_a_lane_run_counts_once_then_takes_the_watch_of_each_queue_it_appended_t
 
 @pytest.fixture
 def two_users_ctx(tmp_path: Path) -> Iterator[WorkerContext]:
+    yield from two_users_context(tmp_path)
+
+
+def two_users_context(tmp_path: Path) -> Iterator[WorkerContext]:
     """guest, and `limited`, who may publish to amq.direct only; queue r0
     is bound to amq.direct with key r0."""
     yield from worker_context(
@@ -597,58 +604,6 @@ def test_a_lane_with_a_place_or_three_of_its_own_takes_no_others(big_ctx: Worker
         assert lane_taken(device) == 3
     for qid in qids:
         assert queue_bodies(big_ctx, qid) == [b"first"] + [b"again"] * 3
-
-
-def test_the_lane_keeps_its_place_through_changes_that_leave_it_alone(
-    two_users_ctx: WorkerContext,
-) -> None:
-    """A queue made elsewhere (the catalog generation moves) and a binding
-    of another key (the journal's): the place still routes to its queue
-    alone, and the lane goes on taking its publishes (forgetting it cost
-    every publisher reads through Python's path after each change). A
-    binding that gives the place a second queue: the lane lets it go, and
-    both queues get what follows."""
-    ctx = two_users_ctx
-    client, (r0,) = opened(ctx, b"r0")
-    journal = CatalogWriter(ctx.seg, D.Op)
-
-    def run(body: bytes, count: int = 5) -> None:
-        client.send(b"".join(publish(1, body, "r0", "amq.direct") for _ in range(count)))
-
-    client.send(publish(1, b"first", "r0", "amq.direct"))  # Python routes it, the lane learns
-    run(b"a")
-    assert lane_taken(client) == 5
-    other = 7
-    SharedQueues(ctx.seg).create(other, b"other", 0, 0)
-    run(b"b")
-    assert lane_taken(client) == 10
-    journal.append(D.Bound("/", "amq.direct", "q", "other", "elsewhere", {}), list)
-    run(b"c")
-    assert lane_taken(client) == 15
-    journal.append(D.Bound("/", "amq.direct", "q", "other", "r0", {}), list)
-    run(b"d")
-    assert lane_taken(client) == 15  # routed by Python: to both
-    assert queue_bodies(ctx, r0) == [b"first"] + [b"a"] * 5 + [b"b"] * 5 + [b"c"] * 5 + [b"d"] * 5
-    assert queue_bodies(ctx, other) == [b"d"] * 5
-
-
-def test_a_place_its_user_may_no_longer_publish_to_is_let_go(two_users_ctx: WorkerContext) -> None:
-    """A permission changed (the journal's generation moves): the place is
-    checked again, the write refused, so the lane forgets it and Python's
-    path refuses the publish as RabbitMQ does."""
-    ctx = two_users_ctx
-    _, (r0,) = opened(ctx, b"r0")
-    limited = logged_in(ctx, "limited")
-    limited.send(publish(1, b"first", "r0", "amq.direct"))
-    limited.send(b"".join(publish(1, b"a", "r0", "amq.direct") for _ in range(3)))
-    assert lane_taken(limited) == 3
-    journal = CatalogWriter(ctx.seg, D.Op)
-    journal.append(D.PermissionSet("/", "limited", ".*", r"^nothing$", ".*"), list)
-    limited.send(publish(1, b"refused", "r0", "amq.direct"))
-    assert lane_taken(limited) == 3
-    closes = [f for _c, f in limited.received() if isinstance(f, C.Channel.Close)]
-    assert closes and closes[0].reply_code == 403
-    assert queue_bodies(ctx, r0) == [b"first", b"a", b"a", b"a"]
 
 
 def test_publishers_are_counted_once_each_whichever_path_takes_their_publishes(
