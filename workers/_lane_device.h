@@ -67,7 +67,8 @@ typedef struct {
     /* mqtt_run's arguments 1-6 after data (exchange ... max_packet). */
     PyObject *run_args[6];
     PyObject *number; /* the channel's number, an int (the channels' key) */
-    PyObject *recheck; /* device_recheck's Python: recheck(amqp) -> (journal, catalog) | None */
+    PyObject *recheck; /* device_recheck's Python: recheck(amqp, journal, catalog) -> (journal, catalog) | None */
+    PyObject *wave;    /* the worker's last change wave, a bytearray (see device_wave_passes) */
     uint64_t *journal, *catalog;
     uint64_t journal_gen, catalog_gen;
     BarrierWords barrier;
@@ -103,7 +104,9 @@ word_now(const uint64_t *word)
 static int
 device_recheck(DeviceReadObject *d)
 {
-    PyObject *gens = PyObject_CallOneArg(d->recheck, d->amqp);
+    PyObject *gens = PyObject_CallFunction(d->recheck, "OKK", d->amqp,
+                                           (unsigned long long)d->journal_gen,
+                                           (unsigned long long)d->catalog_gen);
     if (gens == NULL)
         return -1;
     unsigned long long journal_gen, catalog_gen;
@@ -113,6 +116,44 @@ device_recheck(DeviceReadObject *d)
         return PyErr_Occurred() ? -1 : 0;
     d->journal_gen = journal_gen;
     d->catalog_gen = catalog_gen;
+    return 1;
+}
+
+/* The worker's last change wave (workers/route_touch.py DeviceWave): after
+ * a device's re-check in Python found its lane armed under generations
+ * (to_journal, to_catalog), what changed since (from_journal,
+ * from_catalog), as blooms of the queues, queue names, (exchange, key)s and
+ * exchanges it touched. Another device that held at the same `from` and
+ * sees the same `to` now, whose lane's places depend on none of them (its
+ * signature, LaneObject.sig), is where the re-check would leave it: it goes
+ * on under the new generations without Python (a fleet's thousand devices
+ * each re-checked in Python after every SUBSCRIBE and every clean
+ * session's end elsewhere: 7 us each, out of the cache). */
+enum {
+    WAVE_VALID,
+    WAVE_FROM_JOURNAL,
+    WAVE_FROM_CATALOG,
+    WAVE_TO_JOURNAL,
+    WAVE_TO_CATALOG,
+    WAVE_TOUCHED, /* four blooms: queues, names, keys, exchanges (sig's order) */
+    WAVE_WORDS = WAVE_TOUCHED + 4,
+};
+
+static int
+device_wave_passes(DeviceReadObject *d, uint64_t journal, uint64_t catalog)
+{
+    const LaneObject *lane = d->lane;
+    if (!lane->sig_ok || PyByteArray_GET_SIZE(d->wave) < WAVE_WORDS * 8)
+        return 0;
+    uint64_t w[WAVE_WORDS];
+    memcpy(w, PyByteArray_AS_STRING(d->wave), sizeof w);
+    if (!w[WAVE_VALID] || w[WAVE_FROM_JOURNAL] != d->journal_gen ||
+        w[WAVE_FROM_CATALOG] != d->catalog_gen || w[WAVE_TO_JOURNAL] != journal ||
+        w[WAVE_TO_CATALOG] != catalog)
+        return 0;
+    for (int i = 0; i < 4; i++)
+        if (lane->sig[i] & w[WAVE_TOUCHED + i])
+            return 0;
     return 1;
 }
 
@@ -210,10 +251,16 @@ device_may_read(DeviceReadObject *d, PyObject *data, int again)
         return -1;
     if ((uint64_t)max_body != d->lane->max_body)
         return 0;
-    if (word_now(d->journal) == d->journal_gen && word_now(d->catalog) == d->catalog_gen)
+    uint64_t journal = word_now(d->journal), catalog = word_now(d->catalog);
+    if (journal == d->journal_gen && catalog == d->catalog_gen)
         return 1;
     if (again)
         return 0; /* changed again under the re-check: Python's path */
+    if (device_wave_passes(d, journal, catalog)) {
+        d->journal_gen = journal; /* (what the re-check would have left) */
+        d->catalog_gen = catalog;
+        return 1;
+    }
     return device_recheck(d) <= 0 ? (PyErr_Occurred() ? -1 : 0) : device_may_read(d, data, 1);
 }
 
@@ -345,7 +392,7 @@ done:
  *            arena, waker, pacer, confirm_channels, stats, exchange, topics,
  *            props0, props1, level5, max_packet, number, journal_word,
  *            journal_gen, catalog_word, catalog_gen, barrier_words,
- *            open_state, idle_state, recheck): made by lane_run (workers/mqtt_lane.py)
+ *            open_state, idle_state, recheck, wave): made by lane_run (workers/mqtt_lane.py)
  * after a read the lane took whole. The words are offsets into the segment
  * of the lane's Atomic (barrier_words: SubscribeBarrier.words). */
 static int
@@ -355,14 +402,15 @@ DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
     unsigned long long journal_word, journal_gen, catalog_word, catalog_gen;
     PyObject *barrier;
     long long open_state, idle_state;
-    PyObject *recheck;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOO!OOOOOOOOO!O!O!O!OOOOOKKKKO!LLO:DeviceRead", &LaneType,
+    PyObject *recheck, *wave;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOO!OOOOOOOOO!O!O!O!OOOOOKKKKO!LLOO!:DeviceRead", &LaneType,
                           &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &PyDict_Type, &o[7],
                           &o[8], &o[9], &o[10], &o[11], &o[12], &o[13], &o[14], &o[15],
                           &PySet_Type, &o[16], &PyList_Type, &o[17], &PyBytes_Type, &o[18],
                           &PyDict_Type, &o[19], &o[20], &o[21], &o[22], &o[23], &o[24],
                           &journal_word, &journal_gen, &catalog_word, &catalog_gen,
-                          &PyTuple_Type, &barrier, &open_state, &idle_state, &recheck))
+                          &PyTuple_Type, &barrier, &open_state, &idle_state, &recheck,
+                          &PyByteArray_Type, &wave))
         return -1;
     LaneObject *lane = (LaneObject *)o[0];
     uint64_t *journal = queues_api->word(lane->atomic, (Py_ssize_t)journal_word);
@@ -382,6 +430,7 @@ DeviceRead_init(DeviceReadObject *d, PyObject *args, PyObject *kwds)
     for (int i = 0; i < 25; i++)
         Py_XSETREF(*fields[i], Py_NewRef(o[i]));
     Py_XSETREF(d->recheck, Py_NewRef(recheck));
+    Py_XSETREF(d->wave, Py_NewRef(wave));
     d->journal = journal;
     d->catalog = catalog;
     d->barrier = words;
@@ -419,6 +468,7 @@ DeviceRead_traverse(DeviceReadObject *d, visitproc visit, void *arg)
         Py_VISIT(d->run_args[i]);
     Py_VISIT(d->number);
     Py_VISIT(d->recheck);
+    Py_VISIT(d->wave);
     return 0;
 }
 
@@ -447,6 +497,7 @@ DeviceRead_clear(DeviceReadObject *d)
         Py_CLEAR(d->run_args[i]);
     Py_CLEAR(d->number);
     Py_CLEAR(d->recheck);
+    Py_CLEAR(d->wave);
     return 0;
 }
 

@@ -585,6 +585,14 @@ typedef struct {
      * added to it when the next goes elsewhere or the scan ends
      * (lane_end_run; shm/ARCHITECTURE.md 2b). */
     ShoalTally tally;
+    /* What its places depend on, as Python last checked them all (sign()):
+     * 64-bit blooms of their queues, their routes' queue names, their
+     * (exchange, key)s and exchanges (workers/route_touch.py). A device's
+     * read after a change of the definitions or the queues goes on in C
+     * where the change touched none of them (_lane_device.h, the wave).
+     * sig_ok: set by sign(), dropped by whatever changes a place. */
+    uint64_t sig[4];
+    int sig_ok;
 } LaneObject;
 
 static uint64_t
@@ -679,6 +687,7 @@ lane_forget(LaneObject *lane)
     for (int i = 0; i < lane->ntouched; i++) /* take() still reports their counts */
         lane->touched[i].route = NULL;
     lane->nroutes = lane->cap = 0;
+    lane->sig_ok = 0;
 }
 
 static int
@@ -818,6 +827,7 @@ Lane_add(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *rk = (const unsigned char *)PyBytes_AS_STRING(args[1]);
     Py_ssize_t ex_len = PyBytes_GET_SIZE(args[0]), rk_len = PyBytes_GET_SIZE(args[1]);
     uint64_t hash = route_hash(ex, ex_len, rk, rk_len);
+    self->sig_ok = 0; /* (a place added or changed: Python signs it again) */
     if (self->cap && self->routes) {
         LaneRoute *r = route_slot(self, hash, ex, ex_len, rk, rk_len);
         if (r->exchange != NULL) { /* known: the queue may have changed */
@@ -927,6 +937,32 @@ Lane_store_window(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     self->st_live = word;
     self->store_on = 1;
     Py_RETURN_NONE;
+}
+
+/* sign(queues, names, keys, exchanges): the blooms of what its places
+ * depend on, as Python checked them just now (see LaneObject). */
+static PyObject *
+Lane_sign(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "sign(queues, names, keys, exchanges)");
+        return NULL;
+    }
+    uint64_t sig[4];
+    for (int i = 0; i < 4; i++) {
+        sig[i] = PyLong_AsUnsignedLongLong(args[i]);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    memcpy(self->sig, sig, sizeof sig);
+    self->sig_ok = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Lane_get_signed(LaneObject *self, void *closure)
+{
+    return PyBool_FromLong(self->sig_ok);
 }
 
 static PyObject *
@@ -1480,6 +1516,8 @@ static PyMethodDef Lane_methods[] = {
     {"store_window", (PyCFunction)(void (*)(void))Lane_store_window, METH_FASTCALL,
      "Let the next scan take persistent messages with their PUBLISH records."},
     {"clear", (PyCFunction)Lane_clear, METH_NOARGS, "Take nothing until configured again."},
+    {"sign", (PyCFunction)(void (*)(void))Lane_sign, METH_FASTCALL,
+     "What its places depend on, as Python just checked them."},
     {"take", (PyCFunction)Lane_take, METH_NOARGS, "What the lane did since the last take."},
     {"mqtt_run", (PyCFunction)(void (*)(void))Lane_mqtt_run, METH_FASTCALL,
      "An MQTT device's plain PUBLISHes straight into their queues."},
@@ -1494,6 +1532,7 @@ static PyGetSetDef Lane_getset[] = {
     {"configured", (getter)Lane_get_configured, NULL, "Whether configured.", NULL},
     {"channel", (getter)Lane_get_channel, NULL, "The lane's channel (0: none).", NULL},
     {"routes", (getter)Lane_get_routes, NULL, "How many routes it knows.", NULL},
+    {"signed", (getter)Lane_get_signed, NULL, "Whether sign() stands for its places.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

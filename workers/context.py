@@ -27,6 +27,7 @@ from shoal.workers.memory_guard import MemoryGuard
 from shoal.workers.pager import Pager
 from shoal.workers.persist import Persister
 from shoal.workers.pull import MessageExpiry, drop_watch
+from shoal.workers.route_touch import DeviceWave
 from shoal.workers.routes import Routes
 from shoal.workers.stream_io import Streams
 from shoal.workers.timeouts import TimedBooks
@@ -175,6 +176,7 @@ class WorkerContext(Requests):
         self.slot = seg.layout.proc(index)  # the shared queues' handle for this publisher
         self.process = ProcessSlot(seg, index)
         self.subscribe_barrier = SubscribeBarrier(seg, index)  # MQTT's (shm/subscribe_barrier.py)
+        self.device_wave = DeviceWave()  # the devices' last change (workers/route_touch.py)
         self.epoch = Header(seg).epoch()  # this start's number, set before any fork
         # Users' channels over all workers, for max-channels limits.
         self.user_channels = UserChannels()

@@ -69,6 +69,7 @@ from shoal.workers.connection_access import ConnectionAccess
 from shoal.workers.handshake import OPEN
 from shoal.workers.ingest import AppendContext
 from shoal.workers.lane_places import LanePlaces
+from shoal.workers.route_touch import lane_signature
 from shoal.workers.routes import Routes
 from shoal.workers.unmade import made
 
@@ -214,6 +215,7 @@ class PublishLane:
                 self.names[place] = (routing_key,)
             elif names is not None:
                 self.names[place] = names
+            self._sign()
             self.learnt_here += 1
             self.stores = self.stores or bool(store_uid)
             learnt = (self.conn.vhost_id, exchange, routing_key, qid, queue, ring, mask, store_uid)
@@ -338,6 +340,7 @@ class PublishLane:
                 return False
             self.catalog_gen = catalog_gen
             self.routes_version = routes_version
+            self._sign()
             return True
         plain = catalog.plain_queues()
         vhost, vhost_id, access = conn.vhost, conn.vhost_id, conn.access
@@ -368,7 +371,17 @@ class PublishLane:
             return False
         self.catalog_gen = catalog_gen
         self.routes_version = routes_version
+        self._sign()
         return True
+
+    def _sign(self) -> None:
+        """What its places depend on, for a device's read after a change
+        elsewhere (workers/route_touch.py), where it knows each place's
+        names: the places as just checked. (Lane.add drops it: a place
+        learnt from another lane, without names, leaves it unsigned.)"""
+        known, names = self.known, self.names
+        if known and len(names) == len(known):
+            self.lane.sign(*lane_signature(self.conn.vhost_id, known, names))
 
     def _untouched(self, catalog_gen: int) -> bool:
         """Whether no change since the lane's generations (the definitions

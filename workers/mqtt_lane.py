@@ -190,25 +190,34 @@ def device_read(
         known.get((1, False, client)), conn.level == P.MQTT_5, conn.reader.max_size,
         publisher.number, journal.gen_word, journal.gen, ctx.shared.catalog.generation_word,
         publish_lane.catalog_gen, barrier.words, OPEN, IDLE, device_recheck,
+        ctx.device_wave.words,
     )  # fmt: skip
     return made
 
 
-def device_recheck(amqp: Connection) -> tuple[int, int] | None:
+def device_recheck(
+    amqp: Connection, journal_from: int = -1, catalog_from: int = -1
+) -> tuple[int, int] | None:
     """For a DeviceRead after a change of the definitions or the queues
-    (its generations moved): what lane_run does before its run, the journal
-    replayed and the lane armed (its places checked again, PublishLane.arm),
-    and device_read's own conditions. The journal's and the catalog's
-    generations the lane holds for, or None: Python's path takes the read,
-    as before. Else each device read the next read after a change (a fleet
-    reconnecting: most of them) through Python's path and a new DeviceRead."""
+    (its generations moved from journal_from and catalog_from): what
+    lane_run does before its run, the journal replayed and the lane armed
+    (its places checked again, PublishLane.arm), and device_read's own
+    conditions. The journal's and the catalog's generations the lane holds
+    for, or None: Python's path takes the read, as before. Else each device
+    read the next read after a change (a fleet reconnecting: most of them)
+    through Python's path and a new DeviceRead. What changed in between
+    becomes the worker's wave: the next devices it cannot touch go on in C
+    (workers/route_touch.py)."""
     publish_lane = amqp.publish_lane
     if publish_lane is None or publish_lane.publisher is None:
         return None
     amqp.access.refresh()  # (as lane_run's: a permission changed applies now)
     if publish_lane.arm() is None or publish_lane.stores or publish_lane.learnt_here >= ROTATING:
         return None
-    return amqp.ctx.routes.reader.gen, publish_lane.catalog_gen
+    ctx = amqp.ctx
+    journal_to, catalog_to = ctx.routes.reader.gen, publish_lane.catalog_gen
+    ctx.device_wave.learn(ctx, journal_from, catalog_from, journal_to, catalog_to)
+    return journal_to, catalog_to
 
 
 def counted_run(inbound: LaneInbound, amqp: Connection, run: tuple[int, int, bytes, bytes]) -> int:

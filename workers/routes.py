@@ -52,6 +52,7 @@ from shoal.broker.amqp.routing import Router
 from shoal.shm.catalog import CatalogReader
 from shoal.shm.queues import SharedQueues
 from shoal.shm.segment import Segment
+from shoal.workers.route_touch import JournalTouches
 
 CACHE_MAX = 4096
 # Operations that may change which exchanges deduplicate.
@@ -117,6 +118,7 @@ class Routes:
         "definitions",
         "reader",
         "shared",
+        "touches",
         "version",
     )
 
@@ -134,6 +136,9 @@ class Routes:
         # Exchanges with a deduplication cache (workers/dedup_filter.py), by
         # (vhost id, name): empty unless one is declared (one flag test).
         self.dedup_exchanges: dict[tuple[int, bytes], DedupSpec] = {}
+        # What each sync's operations may have changed, as blooms (a
+        # device's read after a change: workers/route_touch.py).
+        self.touches = JournalTouches()
 
     def vhost_id(self, vhost: str) -> int | None:
         """The id of a virtual host (None: there is no such vhost)."""
@@ -149,10 +154,13 @@ class Routes:
         """Replay what the scheduler journaled since the last call."""
         if not self.reader.changed():
             return
+        gen_from, touches = self.reader.gen, self.touches
+        touches.begin()
         reset, ops = self.reader.poll()
         if reset:
             self.definitions = Definitions()
             self._forget_all()
+            touches.everything()
         exchanges_changed = access_changed = reset
         for op in ops:
             self._forget(op)  # (before: a queue's end needs the bindings it takes)
@@ -162,6 +170,8 @@ class Routes:
         self.version += 1
         if access_changed:
             self.access_version += 1
+            touches.everything()  # (a permission: every place's publish)
+        touches.end(gen_from, self.reader.gen)
         if exchanges_changed:
             self.dedup_exchanges = self._dedup_exchanges()
 
@@ -177,6 +187,7 @@ class Routes:
                 self._forget_binding(op.vhost, source, routing_key)
         else:
             self._forget_all()
+            self.touches.everything()
 
     def _forget_all(self) -> None:
         self._cache.clear()
@@ -191,6 +202,7 @@ class Routes:
         vhost_id, router = definitions.vhost_ids.get(vhost), definitions.vhosts.get(vhost)
         if vhost_id is None or router is None or not self._plain_vhost(vhost, router):
             self._forget_all()
+            self.touches.everything()
             return
         exchange = source.encode()
         x = router.exchanges.get(source)
@@ -198,6 +210,8 @@ class Routes:
             x.kind == "direct"
             or (x.kind == "topic" and "*" not in binding_key and "#" not in binding_key)
         )
+        # (whether or not this worker has a route of it cached: a lane may know it)
+        self.touches.binding(vhost_id, exchange, binding_key.encode(), one_key)
         keys = self._by_exchange.get((vhost_id, exchange))
         if not keys:
             return

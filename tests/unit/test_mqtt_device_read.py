@@ -389,7 +389,9 @@ def test_it_goes_on_through_changes_that_leave_its_place_alone(
     rechecks: list[object] = []
     recheck = mqtt_lane.device_recheck
     monkeypatch.setattr(
-        mqtt_lane, "device_recheck", lambda amqp: rechecks.append(amqp) or recheck(amqp)
+        mqtt_lane,
+        "device_recheck",
+        lambda amqp, *gens: rechecks.append(amqp) or recheck(amqp, *gens),
     )
     _, (qid,) = opened(topic_ctx, b"q")
     device = Connected(topic_ctx, P.MQTT_311)
@@ -553,9 +555,9 @@ def test_a_close_inside_a_fast_read_keeps_the_device_read_away(
     fronts: list[MqttFront] = []
     recheck = mqtt_lane.device_recheck
 
-    def closing(amqp: object) -> object:
+    def closing(amqp: object, *gens: int) -> object:
         fronts[0].fast = None  # (what a close does)
-        return recheck(amqp)  # type: ignore[arg-type]
+        return recheck(amqp, *gens)  # type: ignore[arg-type]
 
     monkeypatch.setattr(mqtt_lane, "device_recheck", closing)
     qid, device, fast, _ = reading_in_c(topic_ctx)
