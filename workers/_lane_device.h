@@ -68,7 +68,7 @@ typedef struct {
     PyObject *run_args[6];
     PyObject *number; /* the channel's number, an int (the channels' key) */
     PyObject *recheck; /* device_recheck's Python: recheck(amqp, journal, catalog) -> (journal, catalog) | None */
-    PyObject *wave;    /* the worker's last change wave, a bytearray (see device_wave_passes) */
+    PyObject *wave;    /* the worker's last change waves, a bytearray (see device_wave_passes) */
     uint64_t *journal, *catalog;
     uint64_t journal_gen, catalog_gen;
     BarrierWords barrier;
@@ -119,11 +119,13 @@ device_recheck(DeviceReadObject *d)
     return 1;
 }
 
-/* The worker's last change wave (workers/route_touch.py DeviceWave): after
+/* The worker's last change waves (workers/route_touch.py DeviceWave): after
  * a device's re-check in Python found its lane armed under generations
  * (to_journal, to_catalog), what changed since (from_journal,
- * from_catalog), as blooms of the queues, queue names, (exchange, key)s and
- * exchanges it touched. Another device that held at the same `from` and
+ * from_catalog), in a signature's words (_wire.c SIG_*): a bloom of the
+ * exchanges it touched, the (exchange, key)s, queues and queue names
+ * exactly (a fleet's devices share their one queue: a bloom's false positive
+ * there sent all of them to Python, and one of a key 1 in 64). Another device that held at the same `from` and
  * sees the same `to` now, whose lane's places depend on none of them (its
  * signature, LaneObject.sig), is where the re-check would leave it: it goes
  * on under the new generations without Python (a fleet's thousand devices
@@ -135,26 +137,50 @@ enum {
     WAVE_FROM_CATALOG,
     WAVE_TO_JOURNAL,
     WAVE_TO_CATALOG,
-    WAVE_TOUCHED, /* four blooms: queues, names, keys, exchanges (sig's order) */
-    WAVE_WORDS = WAVE_TOUCHED + 4,
+    WAVE_TOUCHED, /* SIG_WORDS: what it touched, as a lane's signature (_wire.c) */
+    WAVE_WORDS = WAVE_TOUCHED + SIG_WORDS,
+    /* The last few waves, each for its own `from` (devices that missed a
+     * change, reading less often than changes come, are one or two behind). */
+    WAVE_SLOTS = 4,
 };
+
+/* Whether two of the signature's exact sets share a value (SET_ALL: more
+ * than SET_MAX, meets any that is not empty). */
+static int
+set_meets(const uint64_t *a, const uint64_t *b)
+{
+    if (!a[0] || !b[0])
+        return 0;
+    if (a[0] > SET_MAX || b[0] > SET_MAX)
+        return 1;
+    for (uint64_t i = 1; i <= a[0]; i++)
+        for (uint64_t j = 1; j <= b[0]; j++)
+            if (a[i] == b[j])
+                return 1;
+    return 0;
+}
 
 static int
 device_wave_passes(DeviceReadObject *d, uint64_t journal, uint64_t catalog)
 {
     const LaneObject *lane = d->lane;
-    if (!lane->sig_ok || PyByteArray_GET_SIZE(d->wave) < WAVE_WORDS * 8)
+    if (!lane->sig_ok || PyByteArray_GET_SIZE(d->wave) < WAVE_SLOTS * WAVE_WORDS * 8)
         return 0;
-    uint64_t w[WAVE_WORDS];
+    uint64_t w[WAVE_SLOTS][WAVE_WORDS];
     memcpy(w, PyByteArray_AS_STRING(d->wave), sizeof w);
-    if (!w[WAVE_VALID] || w[WAVE_FROM_JOURNAL] != d->journal_gen ||
-        w[WAVE_FROM_CATALOG] != d->catalog_gen || w[WAVE_TO_JOURNAL] != journal ||
-        w[WAVE_TO_CATALOG] != catalog)
-        return 0;
-    for (int i = 0; i < 4; i++)
-        if (lane->sig[i] & w[WAVE_TOUCHED + i])
-            return 0;
-    return 1;
+    for (int slot = 0; slot < WAVE_SLOTS; slot++) {
+        const uint64_t *v = w[slot];
+        if (!v[WAVE_VALID] || v[WAVE_FROM_JOURNAL] != d->journal_gen ||
+            v[WAVE_FROM_CATALOG] != d->catalog_gen || v[WAVE_TO_JOURNAL] != journal ||
+            v[WAVE_TO_CATALOG] != catalog)
+            continue;
+        const uint64_t *touched = v + WAVE_TOUCHED, *sig = lane->sig;
+        return !((sig[SIG_EXCHANGES] & touched[SIG_EXCHANGES]) ||
+                 set_meets(sig + SIG_KEYS, touched + SIG_KEYS) ||
+                 set_meets(sig + SIG_QUEUES, touched + SIG_QUEUES) ||
+                 set_meets(sig + SIG_NAMES, touched + SIG_NAMES));
+    }
+    return 0;
 }
 
 /* The conditions on the device's own objects (see the top): 1 when each

@@ -542,6 +542,20 @@ typedef struct {
     int unwatched; /* appended to since a scan's end last took its watch */
 } LaneTouch;
 
+/* A lane's signature and a change wave's touches, word by word
+ * (workers/route_touch.py SIGNATURE): a bloom of exchanges, then three sets
+ * of at most SET_MAX exact values, each its count first (SET_ALL: more,
+ * meets any set that is not empty). */
+enum {
+    SIG_EXCHANGES,
+    SIG_KEYS,                        /* count, then an (exchange, key)'s 64-bit hash each */
+    SIG_QUEUES = SIG_KEYS + 5,       /* count, then qid + 1 each */
+    SIG_NAMES = SIG_QUEUES + 5,      /* count, then a queue name's 64-bit hash each */
+    SIG_WORDS = SIG_NAMES + 5,
+    SET_MAX = 4,
+    SET_ALL = 255,
+};
+
 typedef struct {
     PyObject_HEAD
     PyObject *atomic;
@@ -585,13 +599,14 @@ typedef struct {
      * added to it when the next goes elsewhere or the scan ends
      * (lane_end_run; shm/ARCHITECTURE.md 2b). */
     ShoalTally tally;
-    /* What its places depend on, as Python last checked them all (sign()):
-     * 64-bit blooms of their queues, their routes' queue names, their
-     * (exchange, key)s and exchanges (workers/route_touch.py). A device's
-     * read after a change of the definitions or the queues goes on in C
-     * where the change touched none of them (_lane_device.h, the wave).
-     * sig_ok: set by sign(), dropped by whatever changes a place. */
-    uint64_t sig[4];
+    /* What its places depend on, as Python last checked them all (sign()),
+     * in SIG_WORDS words (workers/route_touch.py): a bloom of their
+     * exchanges, and their (exchange, key)s, queues and routes' queue names
+     * as small exact sets. A device's read after a change of the
+     * definitions or the queues goes on in C where the change touched none
+     * of them (_lane_device.h, the waves). sig_ok: set by sign(), dropped by
+     * whatever changes a place. */
+    uint64_t sig[SIG_WORDS];
     int sig_ok;
 } LaneObject;
 
@@ -939,22 +954,16 @@ Lane_store_window(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* sign(queues, names, keys, exchanges): the blooms of what its places
- * depend on, as Python checked them just now (see LaneObject). */
+/* sign(signature): what its places depend on, as Python checked them just
+ * now: SIG_WORDS native words (see LaneObject). */
 static PyObject *
-Lane_sign(LaneObject *self, PyObject *const *args, Py_ssize_t nargs)
+Lane_sign(LaneObject *self, PyObject *signature)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "sign(queues, names, keys, exchanges)");
+    if (!PyBytes_Check(signature) || PyBytes_GET_SIZE(signature) != sizeof self->sig) {
+        PyErr_SetString(PyExc_ValueError, "sign(signature): SIG_WORDS words as bytes");
         return NULL;
     }
-    uint64_t sig[4];
-    for (int i = 0; i < 4; i++) {
-        sig[i] = PyLong_AsUnsignedLongLong(args[i]);
-        if (PyErr_Occurred())
-            return NULL;
-    }
-    memcpy(self->sig, sig, sizeof sig);
+    memcpy(self->sig, PyBytes_AS_STRING(signature), sizeof self->sig);
     self->sig_ok = 1;
     Py_RETURN_NONE;
 }
@@ -1516,7 +1525,7 @@ static PyMethodDef Lane_methods[] = {
     {"store_window", (PyCFunction)(void (*)(void))Lane_store_window, METH_FASTCALL,
      "Let the next scan take persistent messages with their PUBLISH records."},
     {"clear", (PyCFunction)Lane_clear, METH_NOARGS, "Take nothing until configured again."},
-    {"sign", (PyCFunction)(void (*)(void))Lane_sign, METH_FASTCALL,
+    {"sign", (PyCFunction)Lane_sign, METH_O,
      "What its places depend on, as Python just checked them."},
     {"take", (PyCFunction)Lane_take, METH_NOARGS, "What the lane did since the last take."},
     {"mqtt_run", (PyCFunction)(void (*)(void))Lane_mqtt_run, METH_FASTCALL,

@@ -381,7 +381,7 @@ class PublishLane:
         learnt from another lane, without names, leaves it unsigned.)"""
         known, names = self.known, self.names
         if known and len(names) == len(known):
-            self.lane.sign(*lane_signature(self.conn.vhost_id, known, names))
+            self.lane.sign(lane_signature(self.conn.vhost_id, known, names))
 
     def _untouched(self, catalog_gen: int) -> bool:
         """Whether no change since the lane's generations (the definitions

@@ -1,5 +1,5 @@
-"""What a change of the definitions or the queues may touch, as 64-bit
-blooms, and an IO worker's last change wave: how a device's read goes on in
+"""What a change of the definitions or the queues may touch, and an IO
+worker's last change waves: how a device's read goes on in
 C after a change elsewhere (workers/_lane_device.h device_wave_passes).
 
 A device's publish lane holds places, (exchange, routing key) -> one
@@ -9,23 +9,25 @@ in Python at its next read (workers/mqtt_lane.py device_recheck, ~7 us out
 of the cache): a fleet where clients come and go (each SUBSCRIBE a queue and
 a binding, each clean session's end their removal) paid that per device per
 change. Now the first device's re-check also writes down the wave: the
-generations it went from and to and what changed in between, as blooms:
+generations it went from and to and what changed in between, the way a
+lane's signature is made (small exact sets, and a 64-bit bloom of exchanges):
 
 - the queues the catalog's change ring names (QueueCatalog.changed_since)
-  and the names those queues have now;
+  and the names those queues have now, as small exact sets;
 - the (exchange, key) pairs whose routes the journal's operations may
   change (Routes.sync records them, as `_forget` decides which cached
   routes to drop: a binding of a direct exchange or a wildcard-free topic
-  binding its key alone, other bindings their whole exchange, anything
-  else, or a permission, every key).
+  binding its key alone, other bindings their whole exchange in the bloom,
+  anything else, or a permission, every exchange's bit).
 
 A lane signs what its places depend on (PublishLane._sign, after Python
 checked them all): its queues, its routes' queue names, its (exchange,
 key)s and exchanges. Another device that held at the wave's `from` and
-sees its `to`, whose signature meets none of the wave's bits, is where a
-re-check would leave it, and goes on in C. A bit in common (a bloom's false
-positive, or a change that may touch it) sends it to Python's re-check as
-before: the blooms only ever skip work that would find nothing.
+sees its `to`, whose signature meets none of the wave's, is where a
+re-check would leave it, and goes on in C. Anything in common (the bloom's
+false positive, a set too large, or a change that may touch it) sends it to
+Python's re-check as before: the signatures only ever skip work that would
+find nothing.
 """
 
 from __future__ import annotations
@@ -36,10 +38,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 ALL = (1 << 64) - 1  # every bit: a change that may touch anything
+# A signature (a lane's, or what a wave touched; _wire.c SIG_*): a 64-bit
+# bloom of exchanges, then the (exchange, key)s and queue names (64-bit
+# hashes) and the queues (qid + 1) as sets of at most SET_MAX, each its
+# count first (SET_ALL: more, meeting any set that is not empty). Those
+# are exact: a fleet's devices all route to one queue, and a bloom's false
+# positive there sent every device to Python (one of a key, 1 in 64 of them).
+SET_MAX = 4
+SET_ALL = 255
+SIGNATURE = struct.Struct(f"={1 + 3 * (1 + SET_MAX)}Q")
 # The wave's words (_lane_device.h WAVE_*): valid, from (journal, catalog),
-# to (journal, catalog), and the blooms of the queues, queue names, keys
-# and exchanges touched.
-_WAVE = struct.Struct("=9Q")
+# to (journal, catalog), and what it touched, as a signature.
+_ENDS = struct.Struct("=5Q")
+WAVE_SIZE = _ENDS.size + SIGNATURE.size
+WAVE_SLOTS = 4  # the last waves kept, each for its own `from` (_lane_device.h)
 # Journal syncs remembered (Routes.touches): a device further behind than
 # these re-checks in Python.
 TOUCHES_KEPT = 64
@@ -53,72 +65,92 @@ def bit(value: object) -> int:
     return 1 << (hash(value) & 63)
 
 
-def key_bit(vhost_id: int, exchange: bytes, routing_key: bytes) -> int:
-    return bit((vhost_id, exchange, routing_key))
+def exact(value: object) -> int:
+    """`value`'s 64-bit hash in a signature's set (never 0). Two values with
+    one hash only cost a re-check; one value has one hash in a process."""
+    return hash(value) & ALL or 1
+
+
+def key_hash(vhost_id: int, exchange: bytes, routing_key: bytes) -> int:
+    return exact((vhost_id, exchange, routing_key))
 
 
 def exchange_bit(vhost_id: int, exchange: bytes) -> int:
     return bit((vhost_id, exchange))
 
 
-def name_bit(vhost_id: int, name: bytes) -> int:
-    return bit((vhost_id, b"\x00q", name))  # (not a key's or an exchange's)
+def name_hash(vhost_id: int, name: bytes) -> int:
+    return exact((vhost_id, b"\x00q", name))  # (not a key's)
 
 
-def qid_bit(qid: int) -> int:
-    return 1 << (qid & 63)
+def signature(
+    exchanges: int, keys: Iterable[int], queues: Iterable[int], names: Iterable[int]
+) -> bytes:
+    words = [exchanges]
+    for values in (set(keys), set(queues), set(names)):
+        if len(values) > SET_MAX:
+            words += [SET_ALL] + [0] * SET_MAX
+        else:
+            words += [len(values), *values] + [0] * (SET_MAX - len(values))
+    return SIGNATURE.pack(*words)
 
 
 def lane_signature(
     vhost_id: int, known: Mapping[Place, int], names: Mapping[Place, Iterable[bytes]]
-) -> tuple[int, int, int, int]:
-    """The blooms of what a lane's places depend on: (queues, names, keys,
-    exchanges), the order of the wave's."""
-    queues = route_names = keys = exchanges = 0
+) -> bytes:
+    """What a lane's places depend on: their exchanges, (exchange, key)s,
+    queues and routes' queue names."""
+    exchanges = 0
+    keys: set[int] = set()
+    queues: set[int] = set()
+    route_names: set[int] = set()
     for place, qid in known.items():
         exchange, routing_key = place
-        queues |= qid_bit(qid)
-        for name in names[place]:
-            route_names |= name_bit(vhost_id, name)
-        keys |= key_bit(vhost_id, exchange, routing_key)
         exchanges |= exchange_bit(vhost_id, exchange)
-    return queues, route_names, keys, exchanges
+        keys.add(key_hash(vhost_id, exchange, routing_key))
+        queues.add(qid + 1)
+        route_names.update(name_hash(vhost_id, name) for name in names[place])
+    return signature(exchanges, keys, queues, route_names)
 
 
 class JournalTouches:
     """Routes.sync's record: for each sync that replayed operations, the
-    generations it went from and to and the blooms of the (exchange, key)s
-    and exchanges whose routes they may change."""
+    generations it went from and to, the (exchange, key)s whose routes they
+    may change, and a bloom of the exchanges all of whose keys' routes they
+    may change (every bit: anything)."""
 
     __slots__ = ("exchanges", "kept", "keys")
 
     def __init__(self) -> None:
-        self.kept: deque[tuple[int, int, int, int]] = deque(maxlen=TOUCHES_KEPT)
-        self.keys = self.exchanges = 0  # the sync under way's
+        self.kept: deque[tuple[int, int, frozenset[int], int]] = deque(maxlen=TOUCHES_KEPT)
+        self.keys: set[int] = set()  # the sync under way's
+        self.exchanges = 0
 
     def begin(self) -> None:
-        self.keys = self.exchanges = 0
+        self.keys = set()
+        self.exchanges = 0
 
     def everything(self) -> None:
-        self.keys = self.exchanges = ALL
+        self.exchanges = ALL  # (every place has an exchange)
 
     def binding(self, vhost_id: int, exchange: bytes, binding_key: bytes, one_key: bool) -> None:
         """A queue binding made or removed: its key's route (one_key: a
         direct or wildcard-free topic binding), else its exchange's every key."""
         if one_key:
-            self.keys |= key_bit(vhost_id, exchange, binding_key)
+            self.keys.add(key_hash(vhost_id, exchange, binding_key))
         else:
             self.exchanges |= exchange_bit(vhost_id, exchange)
 
     def end(self, gen_from: int, gen_to: int) -> None:
-        self.kept.append((gen_from, gen_to, self.keys, self.exchanges))
+        self.kept.append((gen_from, gen_to, frozenset(self.keys), self.exchanges))
 
-    def between(self, gen_from: int, gen_to: int) -> tuple[int, int] | None:
-        """The blooms (keys, exchanges) of the syncs from `gen_from` to
+    def between(self, gen_from: int, gen_to: int) -> tuple[int, frozenset[int]] | None:
+        """(the exchanges' bloom, the keys) of the syncs from `gen_from` to
         `gen_to`, or None where they are not all remembered."""
         if gen_from == gen_to:
-            return 0, 0
-        keys = exchanges = 0
+            return 0, frozenset()
+        keys: set[int] = set()
+        exchanges = 0
         at = gen_from
         for start, end, k, e in self.kept:
             if start != at:
@@ -129,18 +161,21 @@ class JournalTouches:
             exchanges |= e
             at = end
             if at == gen_to:
-                return keys, exchanges
+                return exchanges, frozenset(keys)
         return None
 
 
 class DeviceWave:
-    """The worker's last change wave, read by every DeviceRead in C (a
-    bytearray of _WAVE's words, never resized: C holds it)."""
+    """The worker's last change waves, read by every DeviceRead in C (a
+    bytearray of WAVE_SLOTS waves, never resized: C holds it). Devices that
+    missed a change are a wave or two behind the others: each `from` has a
+    slot, the oldest given up first."""
 
-    __slots__ = ("words",)
+    __slots__ = ("next", "words")
 
     def __init__(self) -> None:
-        self.words = bytearray(_WAVE.size)
+        self.words = bytearray(WAVE_SIZE * WAVE_SLOTS)
+        self.next = 0  # the slot the next new wave takes
 
     def learn(
         self, ctx: Any, journal_from: int, catalog_from: int, journal_to: int, catalog_to: int
@@ -154,25 +189,21 @@ class DeviceWave:
         journal = routes.touches.between(journal_from, journal_to) if journal_from >= 0 else None
         catalog = shared.catalog.changed_since(catalog_from, catalog_to)
         if journal is None or catalog is None or shared.catalog.dedup_now or routes.dedup_exchanges:
-            self.words[:8] = bytes(8)  # (not valid)
-            return
+            return  # (no wave: each device re-checks in Python)
         changed, changed_names = catalog
-        queues = route_names = 0
-        for qid in changed:
-            queues |= qid_bit(qid)
-        for vhost_id, name in changed_names:
-            route_names |= name_bit(vhost_id, name)
-        keys, exchanges = journal
-        _WAVE.pack_into(
-            self.words,
-            0,
-            1,
-            journal_from,
-            catalog_from,
-            journal_to,
-            catalog_to,
-            queues,
-            route_names,
-            keys,
+        exchanges, keys = journal
+        touched = signature(
             exchanges,
+            keys,
+            {qid + 1 for qid in changed},
+            {name_hash(vhost_id, name) for vhost_id, name in changed_names},
         )
+        ends = (1, journal_from, catalog_from, journal_to, catalog_to)
+        for slot in range(WAVE_SLOTS):  # (the same wave learnt again: its slot)
+            if _ENDS.unpack_from(self.words, slot * WAVE_SIZE) == ends:
+                break
+        else:
+            slot, self.next = self.next, (self.next + 1) % WAVE_SLOTS
+        at = slot * WAVE_SIZE
+        _ENDS.pack_into(self.words, at, *ends)
+        self.words[at + _ENDS.size : at + WAVE_SIZE] = touched
