@@ -25,6 +25,7 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 from pamqp.body import ContentBody
 
+import shoal.workers
 from shoal.shm import layout as L
 from shoal.shm.queues import SharedQueues
 from shoal.workers.context import WorkerContext
@@ -50,12 +51,19 @@ def documented_walk() -> tuple[list[str], set[str]]:
     return walk, below
 
 
+# Where the broker's packages are imported from (.build/import/shoal/): by
+# that prefix, not by a "/shoal/" anywhere in the path, which a checkout in a
+# directory called shoal (git clone's default) has in every file's, its
+# virtual environment's and the tests' too.
+PACKAGE = str(Path(shoal.workers.__file__).parent.parent).replace("\\", "/") + "/"
+
+
 def module_of(code: Any) -> str | None:
     """`workers/publish.py` for a function of the broker's packages, else None."""
     name = code.co_filename.replace("\\", "/")
-    if "/shoal/" not in name:
+    if not name.startswith(PACKAGE):
         return None
-    return name.rsplit("/shoal/", 1)[1]
+    return name[len(PACKAGE) :]
 
 
 class CallTrace:
