@@ -171,6 +171,8 @@ class Exchange:
         "internal",
         "kind",
         "name",
+        "pairs",
+        "per_dest",
         "ring",
         "topic",
         "type",
@@ -202,6 +204,12 @@ class Exchange:
         self.arguments = dict(arguments or {})
         # (dest, routing key, arguments) -> True: bindings are a set
         self.bindings: dict[tuple[Dest, str, tuple[tuple[str, Any], ...]], dict[str, Any]] = {}
+        # How many bindings each (dest, routing key) and each dest has (they
+        # differ in their arguments): whether an unbind leaves the key's
+        # match or the fanout's dest, without a scan of every binding (a
+        # fleet's clean sessions leaving unbound one of n each: n² in all).
+        self.pairs: dict[tuple[Dest, str], int] = {}
+        self.per_dest: dict[Dest, int] = {}
         self.direct: dict[str, set[Dest]] = {}
         self.fanout: set[Dest] = set()
         self.topic = TopicTrie()
@@ -218,10 +226,13 @@ class Exchange:
         if key in self.bindings:
             return False
         self.bindings[key] = args
+        pair = (dest, routing_key)
+        self.pairs[pair] = self.pairs.get(pair, 0) + 1
+        self.per_dest[dest] = self.per_dest.get(dest, 0) + 1
         if self.kind == "direct":
             self.direct.setdefault(routing_key, set()).add(dest)
         elif self.kind == "fanout":
-            self._refanout()
+            self.fanout.add(dest)
         elif self.kind == "topic":
             self.topic.add(routing_key, dest)
         elif self.kind == CONSISTENT_HASH:
@@ -237,16 +248,26 @@ class Exchange:
         key = (dest, routing_key, frozen_args(args))
         if self.bindings.pop(key, None) is None:
             return False
+        pair = (dest, routing_key)
+        still = self.pairs[pair] - 1  # (bindings of the pair left)
+        if still:
+            self.pairs[pair] = still
+        else:
+            del self.pairs[pair]
+        dest_left = self.per_dest[dest] - 1
+        if dest_left:
+            self.per_dest[dest] = dest_left
+        else:
+            del self.per_dest[dest]
         if self.kind == "direct":
-            still = any(d == dest and rk == routing_key for d, rk, _ in self.bindings)
             if not still:
                 self.direct.get(routing_key, set()).discard(dest)
                 if not self.direct.get(routing_key):
                     self.direct.pop(routing_key, None)
         elif self.kind == "fanout":
-            self._refanout()
+            if not dest_left:
+                self.fanout.discard(dest)
         elif self.kind == "topic":
-            still = any(d == dest and rk == routing_key for d, rk, _ in self.bindings)
             if not still:
                 self.topic.remove(routing_key, dest)
         elif self.kind == CONSISTENT_HASH:
@@ -254,9 +275,6 @@ class Exchange:
         else:
             self.headers.remove((args, dest))
         return True
-
-    def _refanout(self) -> None:
-        self.fanout = {d for d, _rk, _a in self.bindings}
 
     def _rering(self) -> None:
         self.ring = consistent_hash.buckets([(d, rk) for d, rk, _a in self.bindings])

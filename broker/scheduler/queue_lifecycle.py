@@ -62,6 +62,10 @@ class QueueLifecycle:
         self.links = state.links
         self.stats = state.stats
         self.free_qids: deque[int] = deque()  # queue table slots, oldest freed first
+        # Each connection's exclusive queues (conn id -> qid -> queue): a
+        # close deletes its own, without a scan of every queue (a fleet of
+        # clean MQTT sessions leaving: n² in all).
+        self.exclusive_of: dict[int, dict[int, QueueState]] = {}
         self.journal = journal
         self._journal = journal.journal
         self._persist = journal.persist
@@ -97,8 +101,7 @@ class QueueLifecycle:
             except errors.AMQPError:
                 q.expires_ms = 0
             self.queue_used(q)  # a restarted scheduler: the clock starts again
-            self.queues[qid] = q
-            self.by_name[(q.vhost, name)] = q
+            self._add(q)
             used.add(qid)
         for parent, level, qid in self.shared.catalog.level_slots():
             owner = self.queues.get(parent)
@@ -314,8 +317,7 @@ class QueueLifecycle:
             q.max_priority = max_priority
             q.qcm.single_active = single_active
             self.stats.v[stats.QUEUES_CREATED] += 1
-            self.queues[qid] = q
-            self.by_name[(vhost, name)] = q
+            self._add(q)
             self.queue_used(q)
         return ipc.QueueDeclared(q.qid, q.name, self.state.messages(q), len(q.qcm))
 
@@ -521,6 +523,12 @@ class QueueLifecycle:
                 self.free_qids.append(qid)
         self.queues.pop(q.qid, None)
         self.by_name.pop((q.vhost, q.name), None)
+        if q.exclusive:
+            mine = self.exclusive_of.get(q.owner)
+            if mine is not None:
+                mine.pop(q.qid, None)
+                if not mine:
+                    del self.exclusive_of[q.owner]
         if q.stream:  # its files go with it (a reader with one open reads on)
             remove_stream(stream_directory(streams_directory(self.state.config.data_path()), q.uid))
         if q.durable and not q.exclusive:
@@ -581,8 +589,14 @@ class QueueLifecycle:
                 remove_stream(os.path.join(root, name))
 
     def connection_closed(self, conn_id: int) -> None:
-        for q in [q for q in self.queues.values() if q.exclusive and q.owner == conn_id]:
+        for q in list(self.exclusive_of.get(conn_id, {}).values()):
             self.remove_queue(q)
+
+    def _add(self, q: QueueState) -> None:
+        self.queues[q.qid] = q
+        self.by_name[(q.vhost, q.name)] = q
+        if q.exclusive:
+            self.exclusive_of.setdefault(q.owner, {})[q.qid] = q
 
 
 def _length_record(

@@ -114,6 +114,40 @@ def test_kill_scheduler_consumers_keep_receiving(broker: Broker) -> None:
     pub.close()
 
 
+def test_exclusive_queues_known_again_after_the_scheduler_s_restart(broker: Broker) -> None:
+    """A restarted scheduler finds each exclusive queue's owner again: a
+    close after the restart deletes that connection's queues and no other's."""
+    leaving, staying, looker = connect(broker), connect(broker), connect(broker)
+    leaving.channel().queue_declare("leaving.1", exclusive=True)
+    leaving.channel().queue_declare("leaving.2", exclusive=True)
+    staying.channel().queue_declare("staying", exclusive=True)
+    old = broker.pids("scheduler")[0]
+    os.kill(old, signal.SIGKILL)
+    wait_for(
+        lambda: broker.pids("scheduler").get(0, old) != old and broker.pids("scheduler")[0],
+        10,
+        "new scheduler",
+    )
+
+    def gone(name: str) -> bool:
+        """404 once it is gone; another's exclusive queue is 405 RESOURCE_LOCKED."""
+        try:
+            looker.channel().queue_declare(name, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            assert exc.reply_code in (404, 405)
+            return exc.reply_code == 404
+        raise AssertionError(f"{name}: declared passively from another connection")
+
+    assert not gone("staying")  # (answered by the new scheduler)
+    leaving.close()
+
+    wait_for(lambda: gone("leaving.1") and gone("leaving.2"), 10, "the closed one's queues gone")
+    assert not gone("staying")
+    staying.close()
+    wait_for(lambda: gone("staying"), 10, "the other's queue gone at its close")
+    looker.close()
+
+
 def test_kill_acceptor_is_replaced_and_connections_survive(broker: Broker) -> None:
     conn = connect(broker)
     ch = conn.channel()

@@ -94,6 +94,39 @@ def test_direct_fanout_and_unbind() -> None:
     assert r.route("", "named") == {"named"}
 
 
+@pytest.mark.parametrize(
+    ("kind", "key", "routed_by"),
+    [
+        ("direct", "rk", "rk"),
+        ("topic", "a.*", "a.b"),
+        ("fanout", "k1", "anything"),
+    ],
+)
+def test_a_binding_that_differs_in_its_arguments_keeps_the_route(
+    kind: str, key: str, routed_by: str
+) -> None:
+    """Two bindings of one queue and key that differ only in their
+    arguments: unbinding one leaves the other routing; unbinding both
+    stops it, and another queue's binding is untouched throughout."""
+    r = Router()
+    e = r.declare("x", kind)
+    assert e.bind(("q", "twice"), key, {"x-a": 1})
+    assert e.bind(("q", "twice"), key, {"x-a": 2})
+    assert e.bind(("q", "twice"), "k2" if kind == "fanout" else key + "z", {})
+    assert e.bind(("q", "other"), key)
+    assert r.route("x", routed_by) == {"twice", "other"}
+    assert e.unbind(("q", "twice"), key, {"x-a": 1})
+    assert r.route("x", routed_by) == {"twice", "other"}
+    assert not e.unbind(("q", "twice"), key, {"x-a": 1})  # (gone already: counted once)
+    assert e.unbind(("q", "twice"), key, {"x-a": 2})
+    # a fanout routes to a queue while any of its bindings is left
+    assert r.route("x", routed_by) == ({"twice", "other"} if kind == "fanout" else {"other"})
+    assert e.unbind(("q", "twice"), "k2" if kind == "fanout" else key + "z", {})
+    assert r.route("x", routed_by) == {"other"}
+    assert e.bind(("q", "twice"), key, {"x-a": 1})  # and back
+    assert r.route("x", routed_by) == {"twice", "other"}
+
+
 def test_exchange_to_exchange_with_a_cycle_routes_once() -> None:
     r = Router()
     r.declare("t", "topic").bind(("e", "f"), "orders.#")
