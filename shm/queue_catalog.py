@@ -20,6 +20,7 @@ from shoal.shm.segment import Segment
 _TAG_MASK = (1 << (64 - layout.CATALOG_QID_BITS)) - 1
 _QID_MASK = (1 << layout.CATALOG_QID_BITS) - 1
 _UNKNOWN = object()
+_NO_KEY = (-1, b"")  # (no queue has it)
 # What changed between two catalog generations: the slots (qids) and the
 # (vhost, name) keys of those that are queues now (QueueCatalog.changed_since).
 Changes = tuple[frozenset[int], frozenset[tuple[int, bytes]]]
@@ -72,7 +73,7 @@ class QueueCatalog:
         self._levels: dict[int, PriorityLevels] = {}
         self._streams: frozenset[int] = frozenset()
         self._ttl: frozenset[int] = frozenset()
-        self._active: tuple[int, ...] = ()
+        self._active: tuple[int, ...] | None = ()  # None: sort _active_set when asked
         self._delayed: frozenset[int] = frozenset()
         # (ttl_queues(), delay_queues()) as of the last look at the cache:
         # for a publish, which has looked (lookup, route) just before.
@@ -130,6 +131,8 @@ class QueueCatalog:
     def active_logs(self) -> tuple[int, ...]:
         """Every active log: declared queues and level slots (same cache)."""
         self._refresh()
+        if self._active is None:  # (sorted once asked: the ticks ask, not every change)
+            self._active = tuple(sorted(self._active_set))
         return self._active
 
     def delay_queues(self) -> frozenset[int]:
@@ -188,10 +191,18 @@ class QueueCatalog:
         changed = self._ring(known, gen)
         if changed is None:
             return False
+        kinds = (self._stream_set, self._ttl_set, self._delayed_set, self._dedup_set)
+        special = False  # a queue of a kind the views list changed
+        displaced: set[int] = set()
         for qid in changed:
-            if not self._reread(qid):
+            special = special or any(qid in kind for kind in kinds)
+            if not self._reread(qid, displaced):
                 return False
-        self._derive()
+            special = special or any(qid in kind for kind in kinds)
+        if special:
+            self._derive()
+        else:
+            self._derive_plain(changed | displaced)
         self._names_gen = gen
         return True
 
@@ -209,9 +220,10 @@ class QueueCatalog:
             changed.add(qid)
         return changed
 
-    def _reread(self, qid: int) -> bool:
+    def _reread(self, qid: int, displaced: set[int] | None = None) -> bool:
         """One slot's entries in the cache made current; False for a slot
-        that is or was part of a priority queue (its levels: a rescan)."""
+        that is or was part of a priority queue (its levels: a rescan). A
+        queue its name no longer finds goes into `displaced`."""
         if qid in self._levels:
             return False
         key = self._keys.pop(qid, None)
@@ -232,10 +244,10 @@ class QueueCatalog:
             return True
         if a.load(q + layout.Q_PARENT) or a.load(q + layout.Q_MAX_PRIORITY):
             return False
-        self._add_declared(qid, q)
+        self._add_declared(qid, q, displaced)
         return True
 
-    def _add_declared(self, qid: int, q: int) -> None:
+    def _add_declared(self, qid: int, q: int, displaced: set[int] | None = None) -> None:
         """An active declared queue's slot (at `q`) into the cache, but for
         its priority levels."""
         a = self.a
@@ -243,6 +255,10 @@ class QueueCatalog:
         if a.load(q + layout.Q_MESSAGE_TTL):
             self._ttl_set.add(qid)
         key = (a.load(q + layout.Q_VHOST), self._name(q))
+        if displaced is not None:
+            before = self._names.get(key)
+            if before is not None and before != qid:
+                displaced.add(before)
         self._names[key] = qid
         self._keys[qid] = key
         flags = a.load(q + layout.Q_FLAGS)
@@ -283,11 +299,21 @@ class QueueCatalog:
         # Re-read: if it moved while we scanned, rescan next time.
         self._names_gen = gen if a.load(layout.H_CATALOG_GEN) == gen else -1
 
+    def _derive_plain(self, qids: set[int]) -> None:
+        """_derive where only plain queues changed (`qids`, and those whose
+        names they took): the plain view corrected for them alone, and the
+        others as they were. A thousand subscribers' queues: one change
+        cost a rebuild of every view from every queue, in every worker."""
+        names, keys = self._names, self._keys
+        now = {qid for qid in qids if names.get(keys.get(qid, _NO_KEY)) == qid}
+        self._plain = self._plain.difference(qids).union(now)
+        self._active = None
+
     def _derive(self) -> None:
         """The frozen views the hot paths test, from the sets."""
         self._streams = frozenset(self._stream_set)
         self._ttl = frozenset(self._ttl_set)
-        self._active = tuple(sorted(self._active_set))
+        self._active = None
         self._delayed = frozenset(self._delayed_set)
         self.timed_now = (self._ttl, self._delayed)
         self.dedup_now = frozenset(self._dedup_set)
