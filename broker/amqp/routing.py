@@ -30,11 +30,15 @@ class TopicTrie:
     def __init__(self) -> None:
         self._root = _Node()
 
-    def add(self, pattern: str, dest: Dest) -> None:
+    def add(self, pattern: str, dest: Dest) -> bool:
+        """Whether `dest` is new to `pattern` (not there already)."""
         node = self._root
         for word in _words(pattern):
             node = node.children.setdefault(word, _Node())
+        if dest in node.dests:
+            return False
         node.dests.add(dest)
+        return True
 
     def remove(self, pattern: str, dest: Dest) -> None:
         path = [self._root]
@@ -166,13 +170,12 @@ class Exchange:
         "bindings",
         "direct",
         "durable",
+        "extra",
         "fanout",
         "headers",
         "internal",
         "kind",
         "name",
-        "pairs",
-        "per_dest",
         "ring",
         "topic",
         "type",
@@ -204,12 +207,13 @@ class Exchange:
         self.arguments = dict(arguments or {})
         # (dest, routing key, arguments) -> True: bindings are a set
         self.bindings: dict[tuple[Dest, str, tuple[tuple[str, Any], ...]], dict[str, Any]] = {}
-        # How many bindings each (dest, routing key) and each dest has (they
-        # differ in their arguments): whether an unbind leaves the key's
-        # match or the fanout's dest, without a scan of every binding (a
+        # The bindings beyond the first of one (dest, routing key) of a
+        # direct or topic exchange, or of one dest of a fanout (they differ
+        # in their arguments), by that pair or dest: whether an unbind
+        # leaves the match its dest, without a scan of every binding (a
         # fleet's clean sessions leaving unbound one of n each: n² in all).
-        self.pairs: dict[tuple[Dest, str], int] = {}
-        self.per_dest: dict[Dest, int] = {}
+        # Most have one binding a pair, and no entry here.
+        self.extra: dict[Any, int] = {}
         self.direct: dict[str, set[Dest]] = {}
         self.fanout: set[Dest] = set()
         self.topic = TopicTrie()
@@ -226,15 +230,18 @@ class Exchange:
         if key in self.bindings:
             return False
         self.bindings[key] = args
-        pair = (dest, routing_key)
-        self.pairs[pair] = self.pairs.get(pair, 0) + 1
-        self.per_dest[dest] = self.per_dest.get(dest, 0) + 1
         if self.kind == "direct":
-            self.direct.setdefault(routing_key, set()).add(dest)
+            dests = self.direct.setdefault(routing_key, set())
+            if dest in dests:
+                self._count_extra((dest, routing_key), 1)
+            dests.add(dest)
         elif self.kind == "fanout":
+            if dest in self.fanout:
+                self._count_extra(dest, 1)
             self.fanout.add(dest)
         elif self.kind == "topic":
-            self.topic.add(routing_key, dest)
+            if not self.topic.add(routing_key, dest):
+                self._count_extra((dest, routing_key), 1)
         elif self.kind == CONSISTENT_HASH:
             self._rering()
         else:
@@ -248,32 +255,34 @@ class Exchange:
         key = (dest, routing_key, frozen_args(args))
         if self.bindings.pop(key, None) is None:
             return False
-        pair = (dest, routing_key)
-        still = self.pairs[pair] - 1  # (bindings of the pair left)
-        if still:
-            self.pairs[pair] = still
-        else:
-            del self.pairs[pair]
-        dest_left = self.per_dest[dest] - 1
-        if dest_left:
-            self.per_dest[dest] = dest_left
-        else:
-            del self.per_dest[dest]
         if self.kind == "direct":
-            if not still:
+            if not self._count_extra((dest, routing_key), -1):
                 self.direct.get(routing_key, set()).discard(dest)
                 if not self.direct.get(routing_key):
                     self.direct.pop(routing_key, None)
         elif self.kind == "fanout":
-            if not dest_left:
+            if not self._count_extra(dest, -1):
                 self.fanout.discard(dest)
         elif self.kind == "topic":
-            if not still:
+            if not self._count_extra((dest, routing_key), -1):
                 self.topic.remove(routing_key, dest)
         elif self.kind == CONSISTENT_HASH:
             self._rering()
         else:
             self.headers.remove((args, dest))
+        return True
+
+    def _count_extra(self, key: Any, step: int) -> bool:
+        """`extra[key] += step` (1: a binding more; -1: one fewer, where
+        there was one more). Whether another binding stood behind the one
+        an unbind takes (-1: it leaves the dest matched)."""
+        n = self.extra.get(key, 0)
+        if step < 0 and not n:
+            return False
+        if n + step:
+            self.extra[key] = n + step
+        else:
+            del self.extra[key]
         return True
 
     def _rering(self) -> None:
