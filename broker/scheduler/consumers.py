@@ -3,7 +3,7 @@
 A pure state machine (no IO, no shared memory) kept by the scheduler per
 queue. Consumers move between lists as their state changes:
 
-    INTERESTED      ready for work; one deque per consumer priority
+    INTERESTED      ready for work; one ordered set per consumer priority
     NOTIFIED        told there is work; pulls until the queue gives it nothing
     NOT_INTERESTED  out of credit, or its connection is backed up
     NON_ACQUIRING   browsers: always notified, never take entries
@@ -15,13 +15,12 @@ consumers: `notify_next` makes the first, `notify_more` adds one of the same
 (or a higher) priority, which the scheduler does while a backlog has work for
 several (broker/scheduler/notify.py). A notified consumer that runs dry, or
 has taken its share of what was ready (workers/pull.py, turn_quota), goes
-to the back of its priority's Interested deque, which gives the round-robin
+to the back of its priority's Interested set, which gives the round-robin
 fairness Qpid calls "asymptotic".
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator
 from enum import Enum
 
@@ -78,7 +77,12 @@ class QueueConsumerManager:
         # has told it its consumers: it must know which one came first.
         self.held = False
         self._nodes: dict[ConsumerKey, _Node] = {}
-        self._interested: dict[int, deque[ConsumerKey]] = {}
+        # Interested, by priority: dicts as ordered sets, not deques. A
+        # deque is 760 bytes with one key in it (every queue with a
+        # consumer, in the scheduler: a fleet's subscribers' queues), a
+        # one-key dict 224; and a removal from the middle (a consumer
+        # cancelled, out of credit) takes one step, not a walk.
+        self._interested: dict[int, dict[ConsumerKey, None]] = {}
         self._priorities: list[int] = []  # descending
         # The Notified list, in the order they were notified (a dict as an
         # ordered set).
@@ -152,7 +156,7 @@ class QueueConsumerManager:
             return False
         self.tally[node.state] -= 1
         if node.state is State.INTERESTED:
-            self._interested[node.priority].remove(key)
+            del self._interested[node.priority][key]
         return self.notified.pop(key, False) is None
 
     def set_interest(self, key: ConsumerKey, interested: bool) -> bool:
@@ -170,7 +174,7 @@ class QueueConsumerManager:
                 self._push(node)
             return False
         if node.state is State.INTERESTED:
-            self._interested[node.priority].remove(key)
+            del self._interested[node.priority][key]
         self._set(node, State.NOT_INTERESTED)
         if was_notified:
             del self.notified[key]
@@ -229,7 +233,7 @@ class QueueConsumerManager:
             if least is not None and node.priority < least:
                 return None  # candidates come highest priority first
             if skip is None or not skip(key):
-                self._interested[node.priority].remove(key)
+                del self._interested[node.priority][key]
                 self._set(node, State.NOTIFIED)
                 self.notified[key] = None
                 return key
@@ -266,7 +270,7 @@ class QueueConsumerManager:
     def _push(self, node: _Node) -> None:
         pending = self._interested.get(node.priority)
         if pending is None:
-            pending = self._interested[node.priority] = deque()
+            pending = self._interested[node.priority] = {}
             self._priorities.append(node.priority)
             self._priorities.sort(reverse=True)
-        pending.append(node.key)
+        pending[node.key] = None
