@@ -265,6 +265,10 @@ class Channel:
         while self.backlog and not self.busy and not self.conn.closed:
             ftype, payload = self.backlog.popleft()
             self._handle_later(ftype, payload)
+        if not self.backlog:
+            # Drained: its deque goes (its block of 64 slots; a channel kept
+            # a frame behind one declare, and held the block for its life).
+            self.backlog = UNMADE
         if not self.conn.closed:
             self.conn.flush_confirms(self.publisher)
 

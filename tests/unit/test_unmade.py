@@ -131,3 +131,26 @@ def test_a_channel_keeps_for_flow_control_in_its_own_deque_then_lets_it_go(
     channel.release_flow()
     assert channel.flow_backlog is UNMADE and not kept and not UNMADE  # handled, in order
     assert client.received() == []  # unroutable, not mandatory: dropped
+
+
+def test_a_channel_s_backlog_goes_once_drained(ctx: WorkerContext) -> None:
+    """A frame read while its channel waits for the scheduler is kept in a
+    deque of the channel's own; handled, the deque goes back to UNMADE (a
+    subscriber's channel kept one frame behind its consume and held the
+    deque's block for its life)."""
+    client = Client(ctx)
+    client.open()
+    client.method(1, C.Channel.Open())
+    client.received()
+    channel = client.conn.channels[1]
+    assert channel.backlog is UNMADE
+    client.send(
+        amqp_frame.marshal(C.Exchange.Declare(exchange="kept-behind", exchange_type="direct"), 1)
+        + amqp_frame.marshal(C.Basic.Qos(prefetch_count=5), 1)
+    )
+    kept = channel.backlog
+    assert kept is not UNMADE and len(kept) == 1  # the qos, behind the declare's round trip
+    client.scheduler_answers()
+    replies = [type(f) for _ch, f in client.received()]
+    assert replies == [C.Exchange.DeclareOk, C.Basic.QosOk]  # in order
+    assert channel.backlog is UNMADE and not kept
