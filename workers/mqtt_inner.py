@@ -116,14 +116,17 @@ class Declares:
     limit, a permission) closes this channel and not channel 1, whose
     consumers deliver the client's other subscriptions: the SUBSCRIBE
     answers that filter with a failure code and the connection goes on
-    (MQTT-3.9.3), and the channel opens again for the next declare."""
+    (MQTT-3.9.3), and the channel opens again for the next declare. With
+    nothing left to declare the channel closes: a channel is some 2 KiB of
+    the worker's (its book, publisher, ingest...), and most clients
+    subscribe once, at their connect."""
 
-    __slots__ = ("conn", "open", "sent", "waiting")
+    __slots__ = ("conn", "sent", "state", "waiting")
 
     def __init__(self, conn: MqttClient) -> None:
         self.conn = conn
-        self.open = False  # channel 2 open, or its Channel.Open sent
-        self.sent = False  # the first waiting declare is out
+        self.state = CHANNEL_CLOSED
+        self.sent = False  # the first waiting declare is under way
         # (declare, its reply's callback, its refusal's)
         self.waiting: list[tuple[Any, Callable[[Any], None], Callable[[Any], None]]] = []
 
@@ -138,12 +141,18 @@ class Declares:
     def answer(self, frame: Any) -> None:
         """A frame on channel 2."""
         if isinstance(frame, C.Channel.OpenOk):
+            self.state = CHANNEL_OPEN
             if self.waiting:
                 self.conn.method(self.waiting[0][0], DECLARES)
             return
+        if isinstance(frame, C.Channel.CloseOk):  # (ours, idle): open again if needed
+            self.state = CHANNEL_CLOSED
+            if self.sent:
+                self._open()
+            return
         if isinstance(frame, C.Channel.Close):
             self.conn.method(C.Channel.CloseOk(), DECLARES)
-            self.open = False
+            self.state = CHANNEL_CLOSED
             log.info("mqtt client %s: %s", self.conn.client_id, frame.reply_text)
         elif not isinstance(frame, C.Queue.DeclareOk):
             return
@@ -153,12 +162,24 @@ class Declares:
         self.sent = False
         if self.waiting:  # (before the callback, which may declare again)
             self._next()
+        elif self.state == CHANNEL_OPEN:  # nothing more to declare: the channel goes
+            self.state = CHANNEL_CLOSING
+            self.conn.method(IDLE_CLOSE, DECLARES)
         (refused if isinstance(frame, C.Channel.Close) else then)(frame)
 
     def _next(self) -> None:
         self.sent = True
-        if self.open:
+        if self.state == CHANNEL_OPEN:
             self.conn.method(self.waiting[0][0], DECLARES)
-        else:  # (sent at its OpenOk)
-            self.open = True
-            self.conn.method(C.Channel.Open(), DECLARES)
+        elif self.state == CHANNEL_CLOSED:
+            self._open()
+        # (opening: sent at its OpenOk; closing: opened again at its CloseOk)
+
+    def _open(self) -> None:
+        self.state = CHANNEL_OPENING
+        self.conn.method(C.Channel.Open(), DECLARES)
+
+
+IDLE_CLOSE = C.Channel.Close(reply_code=200, reply_text="Goodbye", class_id=0, method_id=0)
+# Channel 2's states (Declares.state)
+CHANNEL_CLOSED, CHANNEL_OPENING, CHANNEL_OPEN, CHANNEL_CLOSING = range(4)

@@ -26,13 +26,15 @@ _START_IDS = b"\x00\x0a\x00\x0a"
 START = C.Connection.Start()
 
 # What the bridge sends with the same fields at every connect of a worker
-# (tune-ok, a vhost's open, channel.open, confirm.select, basic.qos).
+# (tune-ok, a vhost's open, channel.open, confirm.select, basic.qos; the
+# declares' channel closed when idle, workers/mqtt_inner.py Declares).
 _SAME_EACH_TIME = (
     C.Connection.TuneOk,
     C.Connection.Open,
     C.Channel.Open,
     C.Confirm.Select,
     C.Basic.Qos,
+    C.Channel.Close,
 )
 # The inner connection's replies the bridge only tests the type of (or, for
 # tune, reads): one object per distinct frame serves every connection.
@@ -40,6 +42,7 @@ _SAME_REPLIES = (
     C.Connection.Tune,
     C.Connection.OpenOk,
     C.Channel.OpenOk,
+    C.Channel.CloseOk,
     C.Confirm.SelectOk,
     C.Basic.QosOk,
 )

@@ -542,6 +542,35 @@ def test_an_mqtt_connection_is_listed_with_its_protocol_and_client_id(
     assert {r["user"] for r in listed} == {"guest"}
 
 
+def test_a_subscriber_keeps_one_channel_between_its_subscribes(
+    mqtt_broker: tuple[Broker, int], clients: list[Client]
+) -> None:
+    """The declares' channel (channel 2 of the inner connection) closes once
+    a SUBSCRIBE's queues are declared, and opens again for the next one:
+    a connection listed with one channel after each SUBACK, each
+    subscription delivering, at its own QoS (two queues: 0 and 1)."""
+    from tests.integration.test_ctl import rows
+
+    broker, port = mqtt_broker
+    sub = connected(clients, port, paho.MQTTv311, "two-subscribes")
+    pub = connected(clients, port, paho.MQTTv311, "their-publisher")
+
+    host, local_port = sub.c.socket().getsockname()[:2]
+
+    def channels() -> list[object]:
+        """The numbers of its inner connection's channels (RabbitMQ's names:
+        "peer:port -> local:port (number)")."""
+        listed = rows(broker, "list_channels", "name", "number")
+        return [r["number"] for r in listed if str(r["name"]).startswith(f"{host}:{local_port} ")]
+
+    for topic, qos in (("first/t", 1), ("second/t", 0), ("first/u", 1)):
+        assert sub.subscribe(topic, qos) == [qos]
+        wait_for(lambda: channels() == [1], WAIT_S, f"channel 1 alone after {topic}'s SUBACK")
+        pub.c.publish(topic, topic.encode(), qos=1).wait_for_publish(WAIT_S)
+        message = sub.next("message")
+        assert (message.topic, message.payload, message.qos) == (topic, topic.encode(), qos)
+
+
 def test_status_and_metrics_count_mqtt_connections(
     broker_factory: Callable[..., Broker], clients: list[Client]
 ) -> None:

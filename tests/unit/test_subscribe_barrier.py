@@ -245,6 +245,9 @@ class Client:
         """Channel 2's (the declares'): answered as channel 1's calls are."""
         assert channel == 2 and self.subscriptions is not None
         declares = self.subscriptions.declares
+        if isinstance(method, C.Channel.Close):  # (idle: its close-ok at once, out of the way)
+            declares.answer(C.Channel.CloseOk())
+            return
         reply = C.Channel.OpenOk() if isinstance(method, C.Channel.Open) else C.Queue.DeclareOk()
         self.calls.append(lambda _r: declares.answer(reply))
 
