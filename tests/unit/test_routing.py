@@ -48,6 +48,30 @@ def test_topic_remove_prunes_and_keeps_others() -> None:
     assert trie._root.children == {}
 
 
+def test_a_pattern_keeps_its_dests_however_many_come_and_go() -> None:
+    """A node keeps a few dests in a tuple and more in a set (routing.py
+    _FEW_DESTS): each add and remove, across that line both ways, leaves
+    the pattern matching exactly the dests bound to it."""
+    trie = TopicTrie()
+    dests = [("q", str(i)) for i in range(9)]
+    bound: set[tuple[str, str]] = set()
+    for d in dests:
+        assert trie.add("a.*", d)
+        assert not trie.add("a.*", d)  # (there already)
+        bound.add(d)
+        assert trie.match("a.b") == bound
+    for d in dests[::2] + dests[1::2]:
+        trie.remove("a.*", d)
+        bound.discard(d)
+        assert trie.match("a.b") == bound
+        assert trie.add("a.#", d) and trie.match("a.b") == bound | {d}
+        trie.remove("a.#", d)
+    assert trie._root.children == {}
+    for d in dests[:3]:  # and back: a tuple again
+        assert trie.add("a.*", d)
+    assert trie.match("a.b") == set(dests[:3])
+
+
 def test_pathological_hashes_stay_fast() -> None:
     trie = TopicTrie()
     trie.add(".".join(["#"] * 20) + ".x", ("q", "p"))
