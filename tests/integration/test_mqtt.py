@@ -548,7 +548,7 @@ def test_a_subscriber_keeps_one_channel_between_its_subscribes(
     """The declares' channel (channel 2 of the inner connection) closes once
     a SUBSCRIBE's queues are declared, and opens again for the next one:
     a connection listed with one channel after each SUBACK, each
-    subscription delivering, at its own QoS (two queues: 0 and 1)."""
+    subscription delivering, at its own QoS (a queue for each QoS)."""
     from tests.integration.test_ctl import rows
 
     broker, port = mqtt_broker
@@ -569,6 +569,15 @@ def test_a_subscriber_keeps_one_channel_between_its_subscribes(
         pub.c.publish(topic, topic.encode(), qos=1).wait_for_publish(WAIT_S)
         message = sub.next("message")
         assert (message.topic, message.payload, message.qos) == (topic, topic.encode(), qos)
+    # One SUBSCRIBE of three filters at three QoS: a declare each, one after
+    # another, the channel closing after each and opening again for the next.
+    sub.c.subscribe([("third/0", 0), ("third/1", 1), ("third/2", 2)])
+    assert [int(getattr(c, "value", c)) for c in sub.next("suback")] == [0, 1, 2]
+    wait_for(lambda: channels() == [1], WAIT_S, "channel 1 alone after the three")
+    for qos in (0, 1, 2):
+        pub.c.publish(f"third/{qos}", b"%d" % qos, qos=2).wait_for_publish(WAIT_S)
+        message = sub.next("message")
+        assert (message.topic, message.payload, message.qos) == (f"third/{qos}", b"%d" % qos, qos)
 
 
 def test_status_and_metrics_count_mqtt_connections(
