@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # interop/run.py: the broker it starts, the deselect and expect files' formats.
 from run import CACHE, RESULTS, Shoal, exit_status, log, read_deselect, unmatched_deselects
@@ -46,6 +47,7 @@ DEBIAN_PACKAGES = "golang-go golang-github-rabbitmq-amqp091-go-dev"
 WORK = CACHE / "go"
 BINARY = WORK / "amqp091-go.test"
 OUTCOME = re.compile(r"^--- (PASS|FAIL|SKIP): (\S+)")
+RUNNING = re.compile(r"^=== RUN   (Test[^\s/]+)$", re.MULTILINE)  # top-level tests
 
 
 def go_environment() -> dict[str, str]:
@@ -91,7 +93,7 @@ def listed(binary: Path) -> list[str]:
 
 def run_suite(
     binary: Path, url: str, selected: list[str], logfile: Path, timeout: int
-) -> dict[str, int]:
+) -> dict[str, Any]:
     pattern = "^(" + "|".join(re.escape(name) for name in selected) + ")$"
     cmd = [str(binary), "-test.v", "-test.timeout", f"{timeout}s", "-test.run", pattern]
     started = time.monotonic()
@@ -110,10 +112,11 @@ def run_suite(
     return counts
 
 
-def tally(text: str, selected: list[str]) -> dict[str, int]:
+def tally(text: str, selected: list[str]) -> dict[str, Any]:
     """Outcomes from a -test.v run's output: top-level tests only (subtests
     are indented), the selected tests that never reported (a panic ends the
-    run), and whether it panicked or goleak found goroutines left behind."""
+    run), the tests started but never ended (where a hang stopped it), and
+    whether it panicked or goleak found goroutines left behind."""
     outcomes: dict[str, str] = {}
     for line in text.splitlines():
         m = OUTCOME.match(line)
@@ -123,6 +126,8 @@ def tally(text: str, selected: list[str]) -> dict[str, int]:
     tests = [name for name in selected if name.startswith("Test")]  # examples may print no ---
     counts["not run"] = sum(1 for name in tests if name not in outcomes)
     counts["panic"] = int("\npanic: " in text)
+    started = RUNNING.findall(text)
+    counts["running"] = [name for name in started if name not in outcomes][:3]
     counts["goleak"] = int("goleak: Errors" in text)
     return counts
 
@@ -165,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{', a panic' if c['panic'] else ''}{', goleak found goroutines' if c['goleak'] else ''})"
         f"; output in {logfile}"
     )
+    if c["running"]:
+        print(f"{SUITE}: still running when the run ended: {', '.join(c['running'])}")
     bad = crashed or bool(unmatched) or c["rc"] != 0 or c["FAIL"] > 0 or c["not run"] > 0
     return exit_status(SUITE, c["PASS"], c["SKIP"], bad, args.expect_file)
 

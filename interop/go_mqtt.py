@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(deselect)} deselected, {c['wall']} s (rc {c['rc']}"
         f"{', a panic' if c['panic'] else ''}); output in {logfile}"
     )
+    if c["running"]:
+        print(f"{SUITE}: still running when the run ended: {', '.join(c['running'])}")
     bad = crashed or bool(unmatched) or c["rc"] != 0 or c["FAIL"] > 0 or c["not run"] > 0
     return exit_status(SUITE, c["PASS"], c["SKIP"], bad, args.expect_file)
 

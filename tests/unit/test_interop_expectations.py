@@ -47,7 +47,7 @@ def test_the_recorded_counts_cover_every_suite_and_ci_checks_them() -> None:
     assert all(
         passed > 900 for suite, (passed, _skipped) in expected.items() if suite in run.SUITES
     )
-    assert expected["amqp091-go"] == (112, 0)
+    assert expected["amqp091-go"] == (111, 0)
     assert expected["paho.mqtt.golang"] == (40, 0)
     assert expected["aiomqtt"] == (58, 0)
     assert expected["gmqtt"] == (82, 0)
@@ -87,6 +87,20 @@ def test_a_go_run_that_panics_counts_the_tests_it_never_ran(
     assert (c["PASS"], c["FAIL"], c["SKIP"]) == (2, 1, 0)  # the subtest is not counted
     assert c["not run"] == 1  # PublishConsume, after the panic
     assert c["panic"] == 1 and c["goleak"] == 0
+
+
+def test_a_go_run_stopped_by_its_time_limit_names_the_test_that_hung(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    go = go_client_module(monkeypatch)
+    text = (
+        "=== RUN   TestOpen\n--- PASS: TestOpen (0.00s)\n"
+        "=== RUN   TestConfirm\n=== RUN   TestConfirm/sub\n"
+        "panic: test timed out after 5m0s\n"
+    )
+    c = go.tally(text, ["TestOpen", "TestConfirm", "TestLater"])
+    assert c["running"] == ["TestConfirm"]  # not its subtest, not the one never started
+    assert (c["PASS"], c["not run"], c["panic"]) == (1, 2, 1)
 
 
 def test_a_go_run_that_leaves_a_connection_open_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
