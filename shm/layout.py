@@ -97,6 +97,14 @@ H_QUEUES_USED = H_LOADED + 48
 # after the store, QueueTable.mark_timed): the expirers' look at which of
 # their logs are timed is taken again only when this or the catalog moved.
 H_TIMED_MARKS = H_LOADED + 56
+# How many MQTT retained messages the scheduler keeps, all vhosts (its
+# RetainedMessages, stored at every change and at its start; a message past
+# its expiry counts until dropped). A new subscription asks the scheduler for
+# the retained messages its filter matches only while this is not 0: a
+# fleet's devices that subscribe where nothing is retained save that round
+# trip. Stored before a Retain is answered: a client told of its retained
+# message (PUBACK) is never followed by a subscriber that reads 0 here.
+H_RETAINED = H_LOADED + 64
 # The catalog's change ring (shm/queue_catalog.py): the change that moved
 # H_CATALOG_GEN from g to g + 1 leaves (g mod 2**40) << 24 | qid in word
 # g % CATALOG_RING, so that a reader catches up by re-reading the queues

@@ -214,6 +214,13 @@ class Header:
     def set_definitions_digest(self, digest: int) -> None:
         self._a.store(layout.H_DEFINITIONS_DIGEST, digest)
 
+    def retained(self) -> int:
+        """MQTT retained messages kept (H_RETAINED; the scheduler's)."""
+        return self._a.load(layout.H_RETAINED)
+
+    def set_retained(self, count: int) -> None:
+        self._a.store(layout.H_RETAINED, count)
+
 
 LOAD_NOT_BEGUN, LOAD_RUNNING, LOAD_DONE = (
     layout.LOAD_NOT_BEGUN,

@@ -177,7 +177,8 @@ class WorkerContext(Requests):
         self.process = ProcessSlot(seg, index)
         self.subscribe_barrier = SubscribeBarrier(seg, index)  # MQTT's (shm/subscribe_barrier.py)
         self.device_wave = DeviceWave()  # the devices' last change (workers/route_touch.py)
-        self.epoch = Header(seg).epoch()  # this start's number, set before any fork
+        self.header = Header(seg)  # the broker-wide words (H_RETAINED: MQTT's subscribes)
+        self.epoch = self.header.epoch()  # this start's number, set before any fork
         # Users' channels over all workers, for max-channels limits.
         self.user_channels = UserChannels()
         # Which queues' background work is this worker's (shm/ownership.py).

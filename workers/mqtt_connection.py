@@ -104,7 +104,7 @@ class MqttConnection(asyncio.Protocol):
         self.prefetch = ctx.config.mqtt_prefetch  # (as of its CONNECT)
         self.session = Session.in_memory()
         self.subscriptions = Subscriptions(
-            self, ctx.shared.catalog, ctx.routes, ctx.subscribe_barrier
+            self, ctx.shared.catalog, ctx.routes, ctx.subscribe_barrier, ctx.header
         )
         self.inbound = Inbound(self, self.subscriptions, ctx.waker, ctx.config.mqtt_receive_maximum)
         self.outbound: Outbound | None = None

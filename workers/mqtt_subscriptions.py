@@ -36,6 +36,7 @@ from shoal.workers.mqtt_inner import Declares, refusal_code
 from shoal.workers.mqtt_session import Subscribed
 
 if TYPE_CHECKING:
+    from shoal.shm.processes import Header
     from shoal.shm.queue_catalog import QueueCatalog
     from shoal.shm.subscribe_barrier import SubscribeBarrier
     from shoal.workers.routes import Routes
@@ -54,6 +55,7 @@ class Subscriptions:
         "conn",
         "consumed",
         "declares",
+        "header",
         "held_topics",
         "narrowing",
         "no_local",
@@ -62,9 +64,15 @@ class Subscriptions:
     )
 
     def __init__(
-        self, conn: MqttClient, catalog: QueueCatalog, routes: Routes, barrier: SubscribeBarrier
+        self,
+        conn: MqttClient,
+        catalog: QueueCatalog,
+        routes: Routes,
+        barrier: SubscribeBarrier,
+        header: Header,
     ) -> None:
         self.conn = conn
+        self.header = header  # H_RETAINED: whether a new subscription asks for retained ones
         self.barrier = barrier  # others' publishes read during a SUBSCRIBE wait for its binds
         self.binding = 0  # the barrier's token of the SUBSCRIBE under way (0: none)
         self.narrowing: int | None = None  # its filters' topic bits, for the read's end
@@ -149,7 +157,10 @@ class Subscriptions:
         next_delete()
 
     def send_retained(self, topic_filter: str, qos: int) -> None:
-        """The retained messages `topic_filter` matches, for its new subscription."""
+        """The retained messages `topic_filter` matches, for its new subscription:
+        none to ask for while the scheduler keeps none (shm/layout.py H_RETAINED)."""
+        if not self.header.retained():
+            return
         conn = self.conn
         asked = conn.ask(ipc.RetainedFor(conn.vhost, topic_filter))
         subs = [conn.session.state.subscriptions[topic_filter]]

@@ -40,10 +40,19 @@ Reply = Callable[[int, int, ipc.Answer], None]  # (worker, req, answer)
 
 
 class RetainedMessages:
-    def __init__(self, data_path: str, loop: asyncio.AbstractEventLoop, reply: Reply) -> None:
+    def __init__(
+        self,
+        data_path: str,
+        loop: asyncio.AbstractEventLoop,
+        reply: Reply,
+        counted: Callable[[int], None] = lambda _n: None,
+    ) -> None:
         self.path = os.path.join(data_path, FILE)
         self.loop = loop
         self.reply = reply
+        # Told how many are kept at every change (the header's H_RETAINED:
+        # workers ask for a new subscription's only while some are kept).
+        self.counted = counted
         self.waiting: list[tuple[int, int]] = []  # (worker, req) answered at the next write
         self.by_topic: dict[tuple[str, str], ipc.RetainedMessage] = {}
         self.flushing: asyncio.TimerHandle | None = None
@@ -57,6 +66,7 @@ class RetainedMessages:
             kept = []
         for vhost, message in kept:
             self.by_topic[(vhost, message.topic)] = message
+        counted(len(self.by_topic))
 
     def retain(self, worker: int, m: ipc.Retain) -> ipc.Ok | None:
         """Kept; answered (Ok) once on disk: None now, the reply at the write."""
@@ -65,6 +75,7 @@ class RetainedMessages:
             self.by_topic[key] = m.message
         elif self.by_topic.pop(key, None) is None:
             return ipc.Ok()  # (nothing kept there: nothing to write)
+        self.counted(len(self.by_topic))  # (before the answer: see shm/layout.py H_RETAINED)
         self.waiting.append((worker, m.req))
         if self.flushing is None:
             self.flushing = self.loop.call_later(FLUSH_S, self.flush)
@@ -82,6 +93,7 @@ class RetainedMessages:
                 del self.by_topic[key]
             else:
                 found.append(message)
+        self.counted(len(self.by_topic))
         return ipc.RetainedList(found)
 
     def flush(self) -> None:

@@ -99,7 +99,9 @@ class Scheduler:
         self.accounts = Accounts(state, self.journal, self.lifecycle.remove_queue)
         self.connections = Connections(state)
         self.mqtt_clients = MqttClients()
-        self.retained = RetainedMessages(config.data_path(), self.loop, self._reply)  # MQTT's
+        self.retained = RetainedMessages(  # MQTT's
+            config.data_path(), self.loop, self._reply, Header(seg).set_retained
+        )
         self.transfer = Transfer(
             state,
             self.journal,

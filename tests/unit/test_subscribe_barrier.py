@@ -274,13 +274,23 @@ class Client:
             self.subscriptions.subscribe(self.held.pop(0))
 
 
+class NoneRetained:
+    """The header's H_RETAINED word, as read by a new subscription: none kept."""
+
+    def retained(self) -> int:
+        return 0
+
+
+NONE_RETAINED = NoneRetained()
+
+
 def subscribe(packet_id: int, topic_filter: str) -> P.Subscribe:
     return P.Subscribe(packet_id, [P.Subscription(topic_filter, 1)])
 
 
 def test_a_held_subscribe_keeps_the_barrier_until_its_own_bindings(seg: Segment) -> None:
     client = Client()
-    subs = Subscriptions(client, None, None, SubscribeBarrier(seg, 0))  # type: ignore[arg-type]
+    subs = Subscriptions(client, None, None, SubscribeBarrier(seg, 0), NONE_RETAINED)  # type: ignore[arg-type]
     client.subscriptions = subs
     publisher = SubscribeBarrier(seg, 1)  # another worker's view
     subs.subscribe(subscribe(1, "a/#"))  # under way: its queue declared, consumed, bound
@@ -304,7 +314,7 @@ def test_a_subscribe_read_behind_another_keeps_every_topic_held(seg: Segment) ->
     only at the read's end, and not while the second waits behind it
     undecoded for the barrier; served, the second narrows it to its own."""
     client = Client()
-    subs = Subscriptions(client, None, None, SubscribeBarrier(seg, 0))  # type: ignore[arg-type]
+    subs = Subscriptions(client, None, None, SubscribeBarrier(seg, 0), NONE_RETAINED)  # type: ignore[arg-type]
     client.subscriptions = subs
     publisher = SubscribeBarrier(seg, 1)
     b_topic = read_topics(publish_packet(b"b/1"))
@@ -335,7 +345,7 @@ def test_a_subscribe_read_later_behind_another_keeps_every_topic_held(seg: Segme
     ends, until it is served."""
     client = Client()
     worker = SubscribeBarrier(seg, 0)
-    subs = Subscriptions(client, None, None, worker)  # type: ignore[arg-type]
+    subs = Subscriptions(client, None, None, worker, NONE_RETAINED)  # type: ignore[arg-type]
     client.subscriptions = subs
     publisher = SubscribeBarrier(seg, 1)
     b_topic = read_topics(publish_packet(b"b/1"))
