@@ -1,6 +1,7 @@
 """The declares' channel of an MQTT client's inner connection
 (workers/mqtt_inner.py Declares): one declare at a time, the channel opened
-for the first and closed when none waits, a declare that comes while it
+for the first (the declare sent behind the open, not at its open-ok) and
+closed when none waits, a declare that comes while it
 closes sent once it is open again, a refused one answered and the channel
 opened again for the next."""
 
@@ -38,11 +39,12 @@ def test_a_declare_opens_the_channel_and_the_last_answer_closes_it() -> None:
     conn, got = Conn(), []
     declares = Declares(conn)  # type: ignore[arg-type]
     declares.declare(declare("a"), got.append, got.append)
-    assert conn.taken() == [C.Channel.Open]
+    assert conn.sent[1].queue == "a"
+    assert conn.taken() == [C.Channel.Open, C.Queue.Declare]  # pipelined
     declares.declare(declare("b"), got.append, got.append)  # (waits behind a)
     assert conn.taken() == []
     declares.answer(C.Channel.OpenOk())
-    assert [m.queue for m in conn.sent] == ["a"] and conn.taken() == [C.Queue.Declare]
+    assert conn.taken() == []  # (a is under way)
     declares.answer(C.Queue.DeclareOk(queue="a"))
     assert [m.queue for m in conn.sent] == ["b"]  # b next, the channel kept open
     conn.taken()
@@ -61,10 +63,10 @@ def test_a_declare_while_the_channel_closes_goes_once_it_is_open_again() -> None
     declares.declare(declare("b"), got.append, got.append)  # the close under way
     assert conn.taken() == [], "not on a closing channel"
     declares.answer(C.Channel.CloseOk())
-    assert conn.taken() == [C.Channel.Open]
+    assert conn.sent[1].queue == "b"
+    assert conn.taken() == [C.Channel.Open, C.Queue.Declare]
     declares.answer(C.Channel.OpenOk())
-    assert [m.queue for m in conn.sent] == ["b"]
-    conn.taken()
+    assert conn.taken() == []
     declares.answer(C.Queue.DeclareOk(queue="b"))
     assert conn.taken() == [C.Channel.Close]
     declares.answer(C.Channel.CloseOk())  # (nothing waits: stays closed)
@@ -81,8 +83,8 @@ def test_a_refused_declare_is_answered_and_the_next_opens_the_channel_again() ->
     declares.answer(close)  # the broker's: the channel is closed (its close-ok sent)
     assert conn.taken() == [C.Channel.CloseOk] and refused == [close] and not done
     declares.declare(declare("next"), done.append, refused.append)
-    assert conn.taken() == [C.Channel.Open]
+    assert conn.taken() == [C.Channel.Open, C.Queue.Declare]
     declares.answer(C.Channel.OpenOk())
     declares.answer(C.Queue.DeclareOk(queue="next"))
-    assert conn.taken() == [C.Queue.Declare, C.Channel.Close]
+    assert conn.taken() == [C.Channel.Close]
     assert [f.queue for f in done] == ["next"]
