@@ -142,3 +142,27 @@ def test_any_bytes_give_a_prefix_of_whole_publishes_or_nothing() -> None:
         assert (frames is None) == (at == 0) == (not ids)
         if at:
             assert len(P.PacketReader().feed(bytes(data[:at]))) == len(ids)
+
+
+@pytest.mark.parametrize("known", [2, 4, 5, 9])
+def test_each_topic_of_a_few_or_of_many_takes_its_own_frame(known: int) -> None:
+    """A device's topics dict scanned while small, looked up past four:
+    topics that share a prefix or a length take their own frames, and one
+    not in the dict (a longer one, a prefix) stops the run there."""
+    names = [f"devices/7/t{i}" for i in range(known - 1)] + ["devices/7/t"]
+    topics = {}
+    for name in names:
+        key = name.replace("/", ".").encode()
+        topics[name.encode()] = (key, F.publish_method(1, b"amq.topic", key))
+    order = names[::-1] + names
+    data = b"".join(P.encode_publish(P.MQTT_311, n, n.encode(), 0) for n in order)
+    expected = b"".join(
+        F.with_content(topics[n.encode()][1], 1, PROPS0, n.encode(), FRAME_MAX) for n in order
+    )
+    assert run(data, topics=topics) == (len(data), expected, [0] * len(order))
+    for unknown in ("devices/7/t00", "devices/7/", "devices/7/tX"):
+        stop = P.encode_publish(P.MQTT_311, unknown, b"u", 0)
+        first = P.encode_publish(P.MQTT_311, names[0], b"f", 0)
+        at, frames, ids = run(first + stop, topics=topics)
+        assert at == len(first) and ids == [0]
+        assert frames == F.with_content(topics[names[0].encode()][1], 1, PROPS0, b"f", FRAME_MAX)
