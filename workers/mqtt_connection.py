@@ -43,7 +43,6 @@ from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.shm import stats
 from shoal.shm.subscribe_barrier import ALL_TOPICS
-from shoal.workers import framing
 from shoal.workers import mqtt_inner as inner
 from shoal.workers._wire import MqttFront, read_topics
 from shoal.workers.connection import Connection
@@ -461,7 +460,7 @@ class MqttConnection(asyncio.Protocol):
         cert_login = "EXTERNAL" in self.ctx.config.auth_mechanisms
         self.external = anonymous and cert_login and bool(self.amqp.certificate_user)
         self.login = (user, password, vhost)
-        self.to_amqp(framing.PROTOCOL_HEADER)
+        inner.log_in(self)
 
     def start_session(self) -> None:
         """A clean session starts with no queue of an earlier one; a

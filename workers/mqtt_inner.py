@@ -1,8 +1,8 @@
 """The inner AMQP connection of an MQTT client (workers/mqtt_connection.py),
-from the client's side: the login (PLAIN, or EXTERNAL with a TLS client
-certificate), tune, open, channel 1 with confirms and the QoS windows, and
-its closes as MQTT refusals or disconnects; channel 2, the subscriptions'
-queue.declares (Declares)."""
+from the client's side: the login in place (PLAIN, or EXTERNAL with a TLS
+client certificate; no handshake frames), channel 1 with confirms and the
+QoS windows, and its closes as MQTT refusals or disconnects; channel 2, the
+subscriptions' queue.declares (Declares)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from pamqp import commands as C
 
+from shoal.broker.mqtt import inner_frames
 from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.workers.mqtt_client import MqttClient
@@ -39,32 +40,36 @@ class InnerSide(MqttClient, Protocol):
 log = logging.getLogger("shoal.mqtt")
 
 
+def log_in(conn: InnerSide) -> None:
+    """The inner connection's login, in place (Handshake.open_in_place:
+    no handshake frames), then channel 1 once it is open: at once, or at
+    connection.open-ok where the scheduler checks a connection limit first.
+    A refusal comes back as the connection's close (`answer`)."""
+    user, password, vhost = conn.login
+    mechanism, response = "PLAIN", b"\x00" + user.encode() + b"\x00" + password
+    if conn.external:
+        mechanism, response = "EXTERNAL", b""
+    assert conn.connect is not None
+    props: dict[str, Any] = {"product": "Shoal MQTT", "client_id": conn.connect.client_id}
+    props["capabilities"] = {"authentication_failure_close": True}  # (a refusal's 403)
+    start_ok = C.Connection.StartOk(
+        client_properties=props, mechanism=mechanism, response=response.decode()
+    )
+    amqp = conn.amqp
+    opened = amqp.handshake.open_in_place(start_ok, vhost)
+    conn.frame_max = amqp.frame_max or conn.frame_max  # (what tune would have said)
+    if opened:
+        open_channel(conn)
+
+
 def answer(conn: InnerSide, channel: int, frame: Any) -> None:
     """A frame the inner connection wrote that is not a delivery or a confirm."""
     if channel == DECLARES:
         conn.subscriptions.declares.answer(frame)
-    elif isinstance(frame, C.Connection.Start):
-        user, password, _vhost = conn.login
-        mechanism, response = "PLAIN", b"\x00" + user.encode() + b"\x00" + password
-        if conn.external:
-            mechanism, response = "EXTERNAL", b""
-        assert conn.connect is not None
-        props: dict[str, Any] = {"product": "Shoal MQTT", "client_id": conn.connect.client_id}
-        props["capabilities"] = {"authentication_failure_close": True}  # (a refusal's 403)
-        conn.method(
-            C.Connection.StartOk(
-                client_properties=props, mechanism=mechanism, response=response.decode()
-            ),
-            0,
-        )
-    elif isinstance(frame, C.Connection.Tune):
-        conn.frame_max = frame.frame_max or conn.frame_max
-        conn.method(C.Connection.TuneOk(frame.channel_max, frame.frame_max, 0), 0)
-        conn.method(C.Connection.Open(virtual_host=conn.login[2]), 0)
-    elif isinstance(frame, C.Connection.OpenOk):
-        conn.method(C.Channel.Open(), 1)
-    elif isinstance(frame, C.Channel.OpenOk):
-        conn.call(C.Confirm.Select(), lambda _r: flow_control(conn))
+    elif isinstance(frame, C.Connection.OpenOk):  # (after a connection limit's check)
+        open_channel(conn)
+    elif isinstance(frame, C.Channel.OpenOk):  # (the methods behind it went with it)
+        pass
     elif isinstance(frame, C.Connection.Close):  # (the login refused, or closed later)
         code, text = frame.reply_code or 0, frame.reply_text or ""
         log.info("mqtt client %s: %s", conn.client_id or "(not connected)", text)
@@ -81,17 +86,29 @@ def answer(conn: InnerSide, channel: int, frame: Any) -> None:
         conn.expect.pop(0)(frame)
 
 
-def flow_control(conn: InnerSide) -> None:
-    """QoS 1 and 2 deliveries in flight: --mqtt-prefetch per queue, and over all
-    queues at most the 5.0 client's receive maximum (MQTT-3.3.4-9; the
-    channel's global prefetch). QoS 0 queues go without acks."""
+def open_channel(conn: InnerSide) -> None:
+    """Channel 1, in confirm mode, with its flow control: QoS 1 and 2
+    deliveries in flight --mqtt-prefetch per queue, and over all queues at
+    most the 5.0 client's receive maximum (MQTT-3.3.4-9; the channel's
+    global prefetch; QoS 0 queues go without acks). Its methods go
+    together, not each at the reply to the one before: the inner
+    connection takes them in order. The session starts at the last reply."""
     assert conn.connect is not None
     receive_maximum = conn.connect.properties.get("receive_maximum")
-    then = lambda _r: conn.start_session()  # noqa: E731
+    methods = [OPEN, CONFIRM_SELECT, C.Basic.Qos(prefetch_count=conn.prefetch)]
     if receive_maximum is not None:
-        limit = C.Basic.Qos(prefetch_count=receive_maximum, global_=True)
-        then = lambda _r: conn.call(limit, lambda _q: conn.start_session())  # noqa: E731
-    conn.call(C.Basic.Qos(prefetch_count=conn.prefetch), then)
+        methods.append(C.Basic.Qos(prefetch_count=receive_maximum, global_=True))
+    replies = len(methods) - 1  # (channel.open-ok is not expected: answer)
+    conn.expect += [_ignore] * (replies - 1)
+    conn.expect.append(lambda _r: conn.start_session())
+    conn.to_amqp(b"".join([inner_frames.encoded(method, 1) for method in methods]))
+
+
+def _ignore(_reply: Any) -> None:
+    pass
+
+
+CONFIRM_SELECT = C.Confirm.Select()
 
 
 DECLARES = 2  # the inner connection's channel for the subscriptions' queue.declares

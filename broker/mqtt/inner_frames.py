@@ -1,16 +1,13 @@
-"""The handshake frames between an MQTT client's bridge
-(workers/mqtt_connection.py) and its inner AMQP connection, without pamqp's
-work each time where the bytes repeat.
+"""The frames between an MQTT client's bridge (workers/mqtt_connection.py)
+and its inner AMQP connection, without pamqp's work each time where the
+bytes repeat.
 
-Each MQTT connect runs an AMQP handshake in its worker: start, start-ok,
-tune, tune-ok, open, open-ok, channel.open, confirm.select, basic.qos and
-their replies, each encoded by pamqp on one side and decoded on the other.
-In a storm of 8,000 connects that was 35-40 % of the workers' CPU
-(docs/benchmarks.md). All but start-ok (the client's credentials) are the
-same bytes for every client of a worker and vhost: the bridge's are encoded
-once (`encoded`), and the replies it reads are decoded once (`decoded`);
-connection.start is known by its method ids and its table never decoded (the
-bridge's answer does not depend on it).
+The login itself has no frames (Handshake.open_in_place); what follows
+it does: channel.open, confirm.select, basic.qos and their replies, each
+encoded by pamqp on one side and decoded on the other. In a storm of 8,000
+connects that was 35-40 % of the workers' CPU (docs/benchmarks.md). Most
+are the same bytes for every client of a worker: the bridge's are encoded
+once (`encoded`), and the replies it reads are decoded once (`decoded`).
 """
 
 from __future__ import annotations
@@ -20,26 +17,21 @@ from typing import Any
 from pamqp import commands as C
 from pamqp import frame as pamqp_frame
 
-CACHE_MAX = 64  # distinct frames kept each way (a vhost's open: one each)
-# connection.start (class 10, method 10) at a method frame's payload offset.
-_START_IDS = b"\x00\x0a\x00\x0a"
-START = C.Connection.Start()
+CACHE_MAX = 64  # distinct frames kept each way
 
 # What the bridge sends with the same fields at every connect of a worker
-# (tune-ok, a vhost's open, channel.open, confirm.select, basic.qos; the
-# declares' channel closed when idle, workers/mqtt_inner.py Declares).
+# (channel.open, confirm.select, basic.qos; the declares' channel closed
+# when idle, workers/mqtt_inner.py Declares).
 _SAME_EACH_TIME = (
-    C.Connection.TuneOk,
-    C.Connection.Open,
     C.Channel.Open,
     C.Confirm.Select,
     C.Basic.Qos,
     C.Channel.Close,
 )
-# The inner connection's replies the bridge only tests the type of (or, for
-# tune, reads): one object per distinct frame serves every connection.
+# The inner connection's replies the bridge only tests the type of: one
+# object per distinct frame serves every connection (open-ok: after a
+# connection limit's check, Handshake.open_in_place).
 _SAME_REPLIES = (
-    C.Connection.Tune,
     C.Connection.OpenOk,
     C.Channel.OpenOk,
     C.Channel.CloseOk,
@@ -65,12 +57,10 @@ def encoded(method: Any, channel: int) -> bytes:
 
 def decoded(raw: bytes) -> tuple[int, Any]:
     """A whole frame's channel and method (or other frame), as
-    pamqp.frame.unmarshal reads them; connection.start's fields unread."""
+    pamqp.frame.unmarshal reads them."""
     hit = _decoded.get(raw)
     if hit is not None:
         return hit
-    if raw[:1] == b"\x01" and raw[7:11] == _START_IDS:
-        return 0, START
     _used, channel, frame = pamqp_frame.unmarshal(raw)
     if isinstance(frame, _SAME_REPLIES):
         if len(_decoded) >= CACHE_MAX:

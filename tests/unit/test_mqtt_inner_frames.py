@@ -1,4 +1,4 @@
-"""The bridge's handshake frames encoded and decoded once
+"""The bridge's frames encoded and decoded once
 (broker/mqtt/inner_frames.py): the same bytes and methods as pamqp's."""
 
 from __future__ import annotations
@@ -10,19 +10,13 @@ from pamqp import commands as C
 from pamqp import frame as pamqp_frame
 
 from shoal.broker.mqtt import inner_frames
-from shoal.workers import handshake
 
 SENT = [
-    (C.Connection.TuneOk(2047, 131072, 0), 0),
-    (C.Connection.TuneOk(0, 4096, 0), 0),
-    (C.Connection.Open(virtual_host="/"), 0),
-    (C.Connection.Open(virtual_host="fleet"), 0),
     (C.Channel.Open(), 1),
     (C.Channel.Open(), 2),
     (C.Confirm.Select(), 1),
     (C.Basic.Qos(prefetch_count=10), 1),
     (C.Basic.Qos(prefetch_count=20, global_=True), 1),
-    (C.Connection.StartOk(client_properties={"client_id": "a"}, response="\0u\0p"), 0),
     (C.Queue.Declare(queue="mqtt-subscription-a"), 2),
 ]
 
@@ -44,7 +38,6 @@ def test_frames_with_other_fields_are_other_frames() -> None:
 
 
 REPLIES = [
-    (C.Connection.Tune(2047, 131072, 60), 0),
     (C.Connection.OpenOk(), 0),
     (C.Channel.OpenOk(), 1),
     (C.Confirm.SelectOk(), 1),
@@ -63,13 +56,3 @@ def test_what_the_bridge_reads_is_pamqps_method(method: Any, channel: int) -> No
         assert got_channel == channel
         assert type(got) is type(method)
         assert dict(got) == dict(method)
-
-
-def test_connection_start_is_known_without_its_table() -> None:
-    raw = handshake.start_frame(0, False, "PLAIN")
-    assert inner_frames.decoded(raw) == (0, inner_frames.START)
-    # A table that would not decode is not read at all.
-    broken = raw[:11] + b"\xff" * (len(raw) - 12) + raw[-1:]
-    assert inner_frames.decoded(broken) == (0, inner_frames.START)
-    with pytest.raises(Exception):  # noqa: B017 (whatever pamqp raises for it)
-        pamqp_frame.unmarshal(broken)
