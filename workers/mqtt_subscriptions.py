@@ -124,11 +124,8 @@ class Subscriptions:
             self._consume(
                 sub.queue,
                 sub.qos,
-                lambda: self._bind(
-                    topic_filter,
-                    sub.queue,
-                    lambda: self._unbind_legacy(topic_filter, sub.queue, next_step),
-                ),
+                lambda: self._unbind_legacy(topic_filter, sub.queue, next_step),
+                bind=topic_filter,
             )
 
         next_step()
@@ -265,9 +262,7 @@ class Subscriptions:
                 self._unbind(
                     one.topic_filter,
                     old.queue,
-                    lambda _r: self._consume(
-                        queue, one.qos, lambda: self._bind(one.topic_filter, queue, done), back
-                    ),
+                    lambda _r: self._consume(queue, one.qos, done, back, bind=one.topic_filter),
                 )
             elif group is not None and old is not None and old.qos != one.qos:
                 # the group's queue, consumed anew with or without acks
@@ -276,8 +271,7 @@ class Subscriptions:
                     lambda _r: self._rejoin(queue, one.qos, done),
                 )
             else:
-                bind = lambda: self._bind(one.topic_filter, queue, done)  # noqa: E731
-                self._consume(queue, one.qos, bind, refused)
+                self._consume(queue, one.qos, done, refused, bind=one.topic_filter)
 
         next_step()
 
@@ -351,13 +345,21 @@ class Subscriptions:
         qos: int,
         then: Callable[[], None],
         refused: Callable[[Any], None] | None = None,
+        bind: str | None = None,
     ) -> None:
-        """Queue `queue` declared and consumed (once per connection), then
-        `then`; a declare refused (its Channel.Close) goes to `refused`, or
-        without it (a returning session's queues) ends the connection."""
+        """Queue `queue` declared and consumed (once per connection), and
+        with `bind` (a topic filter) bound for it, then `then`; a declare
+        refused (its Channel.Close) goes to `refused`, or without it (a
+        returning session's queues) ends the connection. The bind goes with
+        the consume, not at its reply: channel 1 takes them in order (the
+        bind waits there behind the consume's round trip to the scheduler),
+        and the bridge reads one reply less apart."""
         conn = self.conn
         if queue in self.consumed or conn.closed:  # (closed: a will delay's wait)
-            then()
+            if bind is not None:
+                self._bind(bind, queue, then)
+            else:
+                then()
             return
         self.consumed[queue] = qos
         self.version += 1
@@ -379,7 +381,11 @@ class Subscriptions:
 
         def declared(_reply: Any) -> None:
             consume = C.Basic.Consume(queue=queue, consumer_tag=queue, no_ack=qos == 0)
-            conn.call(consume, lambda _r: then())
+            if bind is None:
+                conn.call(consume, lambda _r: then())
+                return
+            conn.call(consume, _ignore)
+            self._bind(bind, queue, then)
 
         def not_declared(close: Any) -> None:
             self.consumed.pop(queue, None)
@@ -470,3 +476,7 @@ def poll_subscribes(conn: Any, since_ns: int) -> None:
     else:
         conn.subscriptions.held_topics = None
         conn.serve_held()
+
+
+def _ignore(_reply: Any) -> None:
+    pass
