@@ -166,7 +166,7 @@ class Handshake:
         heartbeat) and open handled as their frames would be, with no frame
         either way: no protocol header, connection.start, tune or open-ok
         written or read (in a storm of MQTT connects, their encoding,
-        decoding and three turns of the bridge's reading were a tenth of a
+        decoding and three turns of the bridge's reading were a tenth to a third of a
         connect's CPU). True: open now; False: the scheduler checks a
         connection limit first, and connection.open-ok is written once it
         agrees. A refusal closes the connection as for any client: its
@@ -189,7 +189,7 @@ class Handshake:
 
     def start_ok(self, method: C.Connection.StartOk, tune: bool = True) -> None:
         """The login; then connection.tune, unless `tune` is False (a
-        bridge's login in place: Connection.open_in_place)."""
+        bridge's login in place: open_in_place)."""
         conn = self.conn
         props = method.client_properties or {}
         caps = props.get("capabilities")
