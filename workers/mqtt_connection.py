@@ -288,7 +288,7 @@ class MqttConnection(asyncio.Protocol):
         if self.taken:
             return False  # (the client is back already)
         for queue in list(self.subscriptions.consumed):
-            self.call(C.Basic.Cancel(consumer_tag=queue), _ignore)
+            self.call(C.Basic.Cancel(consumer_tag=queue), inner.ignore_reply)
 
         def publish() -> None:
             self.will_timer = None
@@ -693,7 +693,3 @@ class MqttConnection(asyncio.Protocol):
             self.early.append((deliver, properties, payload))
             return
         self.outbound.deliver(deliver, properties, payload)
-
-
-def _ignore(_reply: Any) -> None:
-    pass

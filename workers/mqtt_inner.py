@@ -99,13 +99,13 @@ def open_channel(conn: InnerSide) -> None:
     if receive_maximum is not None:
         methods.append(C.Basic.Qos(prefetch_count=receive_maximum, global_=True))
     replies = len(methods) - 1  # (channel.open-ok is not expected: answer)
-    conn.expect += [_ignore] * (replies - 1)
+    conn.expect += [ignore_reply] * (replies - 1)
     conn.expect.append(lambda _r: conn.start_session())
     conn.to_amqp(b"".join([inner_frames.encoded(method, 1) for method in methods]))
 
 
-def _ignore(_reply: Any) -> None:
-    pass
+def ignore_reply(_reply: Any) -> None:
+    """A reply nothing waits for (the bridge's calls whose answer only keeps the order)."""
 
 
 CONFIRM_SELECT = C.Confirm.Select()

@@ -32,7 +32,7 @@ from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import matches, shared, valid_filter
 from shoal.workers._wire import filter_topics
 from shoal.workers.mqtt_client import MqttClient
-from shoal.workers.mqtt_inner import Declares, refusal_code
+from shoal.workers.mqtt_inner import Declares, ignore_reply, refusal_code
 from shoal.workers.mqtt_session import Subscribed
 
 if TYPE_CHECKING:
@@ -384,7 +384,7 @@ class Subscriptions:
             if bind is None:
                 conn.call(consume, lambda _r: then())
                 return
-            conn.call(consume, _ignore)
+            conn.call(consume, ignore_reply)
             self._bind(bind, queue, then)
 
         def not_declared(close: Any) -> None:
@@ -476,7 +476,3 @@ def poll_subscribes(conn: Any, since_ns: int) -> None:
     else:
         conn.subscriptions.held_topics = None
         conn.serve_held()
-
-
-def _ignore(_reply: Any) -> None:
-    pass
