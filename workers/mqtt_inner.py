@@ -17,6 +17,9 @@ from shoal.broker.mqtt import mapping as M
 from shoal.broker.mqtt import packets as P
 from shoal.workers.mqtt_client import MqttClient
 
+Reply = Callable[[Any], None]
+Follow = tuple[Any, Reply, Reply]  # (queue.bind, its BindOk's callback, its refusal's)
+
 
 class InnerSide(MqttClient, Protocol):
     """What the handshake uses of the connection (workers/mqtt_connection.py)."""
@@ -136,7 +139,11 @@ class Declares:
     (MQTT-3.9.3), and the channel opens again for the next declare. With
     nothing left to declare the channel closes: a channel is some 2 KiB of
     the worker's (its book, publisher, ingest...), and most clients
-    subscribe once, at their connect."""
+    subscribe once, at their connect. A declare may bring a queue.bind to
+    send on this channel at its declare-ok (`follow`): the declare's
+    callback sends the consume on channel 1 in the same turn, and the worker
+    asks the scheduler for both at once (a SUBSCRIBE's round trips to it:
+    two, not three)."""
 
     __slots__ = ("conn", "sent", "state", "waiting")
 
@@ -144,14 +151,16 @@ class Declares:
         self.conn = conn
         self.state = CHANNEL_CLOSED
         self.sent = False  # the first waiting declare is under way
-        # (declare, its reply's callback, its refusal's)
-        self.waiting: list[tuple[Any, Callable[[Any], None], Callable[[Any], None]]] = []
+        # (declare or its bind, its reply's callback, its refusal's, what follows it)
+        self.waiting: list[tuple[Any, Reply, Reply, Follow | None]] = []
 
     def declare(
-        self, method: Any, then: Callable[[Any], None], refused: Callable[[Any], None]
+        self, method: Any, then: Reply, refused: Reply, follow: Follow | None = None
     ) -> None:
-        """queue.declare `method`: `then` gets its DeclareOk, `refused` the Channel.Close."""
-        self.waiting.append((method, then, refused))
+        """queue.declare `method`: `then` gets its DeclareOk, `refused` the
+        Channel.Close. With `follow` (a queue.bind, its BindOk's callback,
+        its Channel.Close's), the bind goes at the DeclareOk, before `then`."""
+        self.waiting.append((method, then, refused, follow))
         if not self.sent:
             self._next()
 
@@ -169,11 +178,17 @@ class Declares:
             self.conn.method(C.Channel.CloseOk(), DECLARES)
             self.state = CHANNEL_CLOSED
             log.info("mqtt client %s: %s", self.conn.client_id, frame.reply_text)
-        elif not isinstance(frame, C.Queue.DeclareOk):
+        elif not isinstance(frame, (C.Queue.DeclareOk, C.Queue.BindOk)):
             return
         if not (self.sent and self.waiting):  # (nothing of ours was under way)
             return
-        _method, then, refused = self.waiting.pop(0)
+        _method, then, refused, follow = self.waiting.pop(0)
+        if follow is not None and isinstance(frame, C.Queue.DeclareOk):
+            bind, bound, bind_refused = follow
+            self.waiting.insert(0, (bind, bound, bind_refused, None))
+            self.conn.method(bind, DECLARES)  # (before `then`'s consume: one request batch)
+            then(frame)
+            return
         self.sent = False
         if self.waiting:  # (before the callback, which may declare again)
             self._next()

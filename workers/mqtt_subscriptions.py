@@ -32,7 +32,7 @@ from shoal.broker.mqtt import packets as P
 from shoal.broker.mqtt.topics import matches, shared, valid_filter
 from shoal.workers._wire import filter_topics
 from shoal.workers.mqtt_client import MqttClient
-from shoal.workers.mqtt_inner import Declares, ignore_reply, refusal_code
+from shoal.workers.mqtt_inner import Declares, refusal_code
 from shoal.workers.mqtt_session import Subscribed
 
 if TYPE_CHECKING:
@@ -317,10 +317,7 @@ class Subscriptions:
         self._consume(queue, qos, then)
 
     def _bind(self, topic_filter: str, queue: str, then: Callable[[], None]) -> None:
-        group = shared(topic_filter)
-        key = M.mqtt_to_amqp(group[1] if group is not None else topic_filter)
-        bind = C.Queue.Bind(queue=queue, exchange=M.EXCHANGE, routing_key=key)
-        self.conn.call(bind, lambda _r: then())
+        self.conn.call(_bind_method(topic_filter, queue), lambda _r: then())
 
     def _unbind_legacy(self, topic_filter: str, queue: str, then: Callable[[], None]) -> None:
         """A filter with a `.` was bound, before 2d9b621, with the dot as a
@@ -348,12 +345,12 @@ class Subscriptions:
         bind: str | None = None,
     ) -> None:
         """Queue `queue` declared and consumed (once per connection), and
-        with `bind` (a topic filter) bound for it, then `then`; a declare
-        refused (its Channel.Close) goes to `refused`, or without it (a
-        returning session's queues) ends the connection. The bind goes with
-        the consume, not at its reply: channel 1 takes them in order (the
-        bind waits there behind the consume's round trip to the scheduler),
-        and the bridge reads one reply less apart."""
+        with `bind` (a topic filter) bound for it, then `then`; a declare or
+        its bind refused (its Channel.Close) goes to `refused`, or without it
+        (a returning session's queues) ends the connection. A new queue's
+        bind follows its declare on channel 2 while channel 1 takes the
+        consume: both in one round trip to the scheduler (channel 1 would
+        hold the bind behind the consume's)."""
         conn = self.conn
         if queue in self.consumed or conn.closed:  # (closed: a will delay's wait)
             if bind is not None:
@@ -379,23 +376,30 @@ class Subscriptions:
         else:
             declare = C.Queue.Declare(queue=queue, exclusive=True, auto_delete=True)
 
-        def declared(_reply: Any) -> None:
-            consume = C.Basic.Consume(queue=queue, consumer_tag=queue, no_ack=qos == 0)
-            if bind is None:
-                conn.call(consume, lambda _r: then())
-                return
-            conn.call(consume, ignore_reply)
-            self._bind(bind, queue, then)
+        replies = [1 if bind is None else 2]  # the consume's, the bind's
 
-        def not_declared(close: Any) -> None:
-            self.consumed.pop(queue, None)
-            self.version += 1
+        def answered(_reply: Any) -> None:
+            replies[0] -= 1
+            if not replies[0]:
+                then()
+
+        def declared(_reply: Any) -> None:
+            conn.call(C.Basic.Consume(queue=queue, consumer_tag=queue, no_ack=qos == 0), answered)
+
+        def not_done(close: Any) -> None:
             if refused is not None:
                 refused(close)
             else:
                 conn.disconnect(0x87 if close.reply_code == 403 else 0x80)
 
-        self.declares.declare(declare, declared, not_declared)
+        def not_declared(close: Any) -> None:
+            self.consumed.pop(queue, None)
+            self.version += 1
+            not_done(close)
+
+        # (a bind refused after the consume went: the queue stays consumed, unbound)
+        follow = None if bind is None else (_bind_method(bind, queue), answered, not_done)
+        self.declares.declare(declare, declared, not_declared, follow)
 
     # ---------------------------------------------------------- UNSUBSCRIBE
     def unsubscribe(self, packet: P.Unsubscribe) -> None:
@@ -442,6 +446,13 @@ def filters_topics(topic_filters: Iterable[str]) -> int:
         if plain and valid_filter(plain):
             topics |= filter_topics(plain.encode())
     return topics
+
+
+def _bind_method(topic_filter: str, queue: str) -> C.Queue.Bind:
+    """The queue.bind of `topic_filter` (its group's filter, if shared) to `queue`."""
+    group = shared(topic_filter)
+    key = M.mqtt_to_amqp(group[1] if group is not None else topic_filter)
+    return C.Queue.Bind(queue=queue, exchange=M.EXCHANGE, routing_key=key)
 
 
 def _is_shared(topic_filter: str) -> bool:

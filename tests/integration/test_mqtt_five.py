@@ -420,6 +420,34 @@ def test_topic_permissions_refuse_a_subscription_and_a_publish_not_the_connectio
 
 
 @pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
+def test_a_binding_refused_fails_its_filter_not_the_connection(
+    mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
+) -> None:
+    """A user who may make and read its subscription queue and publish to
+    amq.topic, but not write to the queue: the queue is declared and
+    consumed, its queue.bind refused (RabbitMQ's write permission on the
+    queue). The SUBACK says not authorized for that filter and the
+    connection goes on, as for a topic permission (the bind goes on the
+    subscriptions' own channel)."""
+    from tests.clients import shoal
+
+    broker, port = mqtt_broker
+    for args in (
+        ("add_user", "reader", "pw"),
+        ("set_permissions", "reader", ".*", "^amq\\.topic$", ".*"),
+    ):
+        assert shoal(broker, "ctl", *args).returncode == 0
+    client = RawClient(port, level)
+    raws.append(client)
+    assert client.connect("bindless", {}, username="reader", password=b"pw")[1] == 0
+    refused = 0x87 if level == P.MQTT_5 else 0x80
+    assert client.subscribe("any/#", 1) == bytes((refused,))
+    assert client.subscribe("other/+", 0, packet_id=2) == bytes((refused,))
+    client.publish("any/a", b"m", qos=1, packet_id=3)
+    assert client.read(P.PUBACK)[2][:2] == b"\x00\x03"
+
+
+@pytest.mark.parametrize("level", [P.MQTT_311, P.MQTT_5])
 def test_a_device_publishing_again_to_a_topic_is_checked_each_read(
     mqtt_broker: tuple[Broker, int], raws: list[RawClient], level: int
 ) -> None:
