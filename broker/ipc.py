@@ -488,7 +488,17 @@ def salvage(inbound: Inbound[M], data: bytes) -> list[M]:
 class Link(Generic[M]):
     """One end of a SEQPACKET socketpair, driven by an asyncio loop."""
 
-    __slots__ = ("_batch", "_inbound", "_inbox", "_loop", "_on_message", "_out", "_writing", "sock")
+    __slots__ = (
+        "_batch",
+        "_inbound",
+        "_inbox",
+        "_loop",
+        "_on_message",
+        "_out",
+        "_timer",
+        "_writing",
+        "sock",
+    )
 
     def __init__(
         self,
@@ -506,14 +516,33 @@ class Link(Generic[M]):
         self._batch: list[Message] = []
         self._inbox = bytearray(MAX_MESSAGE)
         self._writing = False
+        # The flush of a batch of notices only (send_later), until a message
+        # that goes at once joins them.
+        self._timer: asyncio.TimerHandle | None = None
         loop.add_reader(sock.fileno(), self._readable)
 
     def send(self, message: Message) -> None:
-        if not self._batch:
+        if self._timer is not None:  # (the notices waiting go with it, in order)
+            self._timer.cancel()
+            self._timer = None
+            self._loop.call_soon(self.flush)
+        elif not self._batch:
             self._loop.call_soon(self.flush)
         self._batch.append(message)
 
+    def send_later(self, message: Message, delay: float) -> None:
+        """A notice nobody waits for: sent with the next message that goes
+        at once, or after `delay` seconds. Each datagram wakes the other
+        process; a worker's connects and their subscriptions' requests
+        share one (and a storm's connects their few)."""
+        if not self._batch:
+            self._timer = self._loop.call_later(delay, self.flush)
+        self._batch.append(message)
+
     def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         batch, self._batch = self._batch, []
         # Keep each datagram well under the socket buffer.
         for start in range(0, len(batch), 512):

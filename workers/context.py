@@ -102,6 +102,10 @@ class _NoExpiry:
         return True
 
 
+# How long a notice nobody waits for may wait for company (Link.send_later).
+NOTICE_DELAY = 0.02
+
+
 class Requests(Protocol):
     """The scheduler's requests, as the worker's parts make them
     (WorkerContext.request): which answer each request gets (broker/ipc.py)."""
@@ -274,14 +278,30 @@ class WorkerContext(Requests):
         if self.link is not None:
             self.link.send(message)
 
+    def send_later(self, message: ipc.Message) -> None:
+        """A notice the scheduler may take a little later (NOTICE_DELAY):
+        it goes with this worker's next message, or alone at the delay."""
+        if self.link is not None:
+            self.link.send_later(message, NOTICE_DELAY)
+
     def request(self, message: ipc.Request) -> asyncio.Future[Any]:
         """Send a request to the scheduler (numbering it); the future gets
         the answer, or a RemoteError for a refusal. Which answer each
         request gets is Requests' overloads (the parts see it as that)."""
+        fut = self._numbered(message)
+        self.send(message)
+        return fut
+
+    def request_later(self, message: ipc.ConnOpen) -> asyncio.Future[ipc.Ok]:
+        """A request whose answer nobody waits for, sent as send_later's notices."""
+        fut = self._numbered(message)
+        self.send_later(message)
+        return fut
+
+    def _numbered(self, message: ipc.Request) -> asyncio.Future[Any]:
         message.req = req = next(self._reqs)
         fut: asyncio.Future[Any] = self.loop.create_future()
         self._pending[req] = (fut, message)
-        self.send(message)
         return fut
 
     def on_reply(self, req: int, answer: ipc.Answer) -> None:

@@ -86,6 +86,7 @@ class HandshakeContext(Protocol):
     @property
     def guard(self) -> MemoryGuard: ...
     def request(self, message: ipc.ConnOpen) -> asyncio.Future[ipc.Ok]: ...
+    def request_later(self, message: ipc.ConnOpen) -> asyncio.Future[ipc.Ok]: ...
 
 
 class HandshakeConnection(Protocol):
@@ -261,16 +262,19 @@ class Handshake:
         conn.vhost = vhost = method.virtual_host
         conn.access = ConnectionAccess(routes, conn.user, vhost)
         # Counted by the scheduler for max-connections; waited for only when
-        # a limit applies (a round trip, the socket unread meanwhile).
+        # a limit applies (a round trip, the socket unread meanwhile). Else
+        # the count may come a little later: a limit set meanwhile counts
+        # it at most NOTICE_DELAY late, and the scheduler wakes once for a
+        # storm's connects, and for a client's connect and its first requests.
         check = negotiation.connection_limited(vhost, conn.user, definitions)
-        opened = conn.ctx.request(ipc.ConnOpen(conn.id, vhost, conn.user, check))
+        opening = ipc.ConnOpen(conn.id, vhost, conn.user, check)
         conn.opened = True
         if not check:
-            opened.add_done_callback(_ignore_result)
+            conn.ctx.request_later(opening).add_done_callback(_ignore_result)
             self._opened(answer)
             return True
         conn.blocks.hold_reading(OPENING, None)
-        opened.add_done_callback(self._open_answered)
+        conn.ctx.request(opening).add_done_callback(self._open_answered)
         return False
 
     def _open_answered(self, answer: asyncio.Future[Any]) -> None:

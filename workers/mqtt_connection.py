@@ -474,7 +474,11 @@ class MqttConnection(asyncio.Protocol):
         self.ctx.mqtt_clients[key] = self
         if older is not None and older is not self:
             older.taken_over()
-        self.ctx.send(ipc.ClientIdConnected(key[0], key[1], self.conn_id))
+        connected = ipc.ClientIdConnected(key[0], key[1], self.conn_id)
+        if self.connect.clean and not self.persistent:  # (no session to wait for: later)
+            self.ctx.send_later(connected)
+        else:
+            self.ctx.send(connected)
         modes, where = (self.persistent, self.connect.clean), (self.ctx.config.data_path(), *key)
         open_owned(self.ctx.loop, where, modes, lambda: self.closed, self._opened, self.refuse)
 

@@ -129,3 +129,34 @@ def test_a_link_delivers_a_batch_as_one_datagram_in_order() -> None:
         scheduler_end.close()
     finally:
         loop.close()
+
+
+def test_a_notice_sent_later_waits_for_company_or_its_delay() -> None:
+    """Link.send_later: a notice goes with the next message sent at once,
+    before it (the scheduler sees a worker's messages in order), or alone
+    once its delay is up; never at once by itself."""
+    loop = asyncio.new_event_loop()
+    a, b = ipc.socketpair()
+    got: list[Any] = []
+    try:
+        worker_end = ipc.Link(a, loop, lambda m: None, ipc.WORKER_INBOUND)
+        scheduler_end = ipc.Link(b, loop, got.append, ipc.SCHEDULER_INBOUND)
+
+        async def until(count: int) -> None:
+            while len(got) < count:
+                await asyncio.sleep(0.01)
+
+        worker_end.send_later(ipc.Done(1, 1), 60.0)
+        worker_end.send_later(ipc.Done(2, 2), 60.0)
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert got == []  # (held: nothing else went)
+        worker_end.send(ipc.Done(3, 3))
+        loop.run_until_complete(asyncio.wait_for(until(3), 5))
+        assert got == [ipc.Done(1, 1), ipc.Done(2, 2), ipc.Done(3, 3)]
+        worker_end.send_later(ipc.Done(4, 4), 0.01)
+        loop.run_until_complete(asyncio.wait_for(until(4), 5))
+        assert got[3] == ipc.Done(4, 4)
+        worker_end.close()
+        scheduler_end.close()
+    finally:
+        loop.close()
