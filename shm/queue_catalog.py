@@ -135,6 +135,11 @@ class QueueCatalog:
             self._active = tuple(sorted(self._active_set))
         return self._active
 
+    def is_active(self, qid: int) -> bool:
+        """Whether `qid` is one of active_logs() (same cache, without its sort)."""
+        self._refresh()
+        return qid in self._active_set
+
     def delay_queues(self) -> frozenset[int]:
         """The delay queues of delayed message exchanges (same cache)."""
         self._refresh()

@@ -70,8 +70,9 @@ class Expiry(Ticker):
         self.dead_letters = dead_letters
         self.expired = 0  # messages this worker expired (tests, status)
         self.header = Header(ctx.seg)
-        # (generations, timed marks, the timed qids, the candidates): see _owned_now.
-        self._owned: tuple[int, int, list[int], list[int]] = (-1, -1, [], [])
+        # (the catalog's and the owners' generations, the timed marks, the
+        # timed qids, the candidates): see _owned_now.
+        self._owned: tuple[int, int, int, list[int], set[int]] = (-1, -1, -1, [], set())
         # qid -> (its release generation, where the last scan stopped)
         self._resume: dict[int, tuple[int, int]] = {}
 
@@ -122,29 +123,56 @@ class Expiry(Ticker):
         TTL or had a timed message, not streams (their writer takes their
         entries) nor delay queues (due times are not expiry:
         workers/delays.py). The candidates (its own logs, not streams nor
-        delay queues) change only with the catalog or the owners, and are
-        walked again then; which of them are timed only with the catalog (a
-        policy's TTL) or a first timed message in one (H_TIMED_MARKS), and
-        are looked up again then. (A walk of every log four times a second
-        was most of an idle worker's CPU beside a thousand MQTT sessions'
-        queues.)"""
-        shared = self.ctx.shared
+        delay queues) change only with the catalog or the owners; which of
+        them are timed only with the catalog (a policy's TTL) or a first
+        timed message in one (H_TIMED_MARKS). A catalog change looks again
+        at the queues it names only (QueueCatalog.changed_since), and the
+        rest where it cannot tell: a walk of every log at each change cost a
+        worker beside ten thousand MQTT sessions' queues a millisecond or
+        more a tick, ten ticks a second while clients come and go."""
+        catalog = self.ctx.shared.catalog
         ownership = self.ctx.ownership
-        # A new queue, or a new owner for some (the worker count changed).
-        generation = shared.catalog.catalog_generation() << 32 | ownership.generation
+        generation, owners = catalog.catalog_generation(), ownership.generation
         marks = self.header.timed_marks()  # (before the look: a mark after it moves it)
-        cached_gen, cached_marks, owned, candidates = self._owned
-        if generation == cached_gen and marks == cached_marks:
+        known, known_owners, known_marks, owned, candidates = self._owned
+        if generation == known and owners == known_owners and marks == known_marks:
             return owned
-        if generation != cached_gen:
-            skipped = shared.catalog.delay_queues() | shared.catalog.stream_queues()
+        timed = self.ctx.shared.table.timed
+        changes = None
+        if owners == known_owners and generation != known:
+            changes = catalog.changed_since(known, generation)
+        if owners != known_owners or (generation != known and changes is None):
+            skipped = catalog.delay_queues() | catalog.stream_queues()
             owns = ownership.owns
-            candidates = [q for q in shared.catalog.active_logs() if owns(q) and q not in skipped]
-        timed = shared.table.timed
-        owned = [qid for qid in candidates if timed(qid)]
-        self._owned = (generation, marks, owned, candidates)
+            candidates = {q for q in catalog.active_logs() if owns(q) and q not in skipped}
+            owned = sorted(q for q in candidates if timed(q))
+        else:
+            now = set(owned) if changes is not None and marks == known_marks else None
+            if changes is not None:
+                self._look_again(changes[0], candidates, now)
+            owned = sorted(now if now is not None else (q for q in candidates if timed(q)))
+        self._owned = (generation, owners, marks, owned, candidates)
         self._resume = {qid: at for qid, at in self._resume.items() if qid in owned}
         return owned
+
+    def _look_again(
+        self, qids: frozenset[int], candidates: set[int], owned: set[int] | None
+    ) -> None:
+        """The candidates (and the timed among them, `owned`, where given)
+        made current for the catalog's changed `qids`."""
+        catalog = self.ctx.shared.catalog
+        skipped = catalog.delay_queues() | catalog.stream_queues()
+        owns, timed = self.ctx.ownership.owns, self.ctx.shared.table.timed
+        for q in qids:
+            if catalog.is_active(q) and owns(q) and q not in skipped:
+                candidates.add(q)
+                if owned is not None and timed(q):
+                    owned.add(q)
+                    continue
+            else:
+                candidates.discard(q)
+            if owned is not None:
+                owned.discard(q)
 
     def _tick(self) -> None:
         ctx = self.ctx
