@@ -78,7 +78,7 @@ class QueueCatalog:
         # (ttl_queues(), delay_queues()) as of the last look at the cache:
         # for a publish, which has looked (lookup, route) just before.
         self.timed_now: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())
-        self._plain: frozenset[int] = frozenset()
+        self._plain: set[int] = set()  # (changed in place: plain_queues())
         # Queues with a deduplication cache (QF_DEDUP) as of the last look
         # at the cache: a publish, which has looked just before, tests it.
         self.dedup_now: frozenset[int] = frozenset()
@@ -115,11 +115,12 @@ class QueueCatalog:
         self._refresh()
         return self._levels
 
-    def plain_queues(self) -> frozenset[int]:
+    def plain_queues(self) -> set[int]:
         """Declared queues that are not priority, stream, delay or
         deduplicating queues and have no message TTL (same cache): a message routed to these alone,
         with no expiration, needs no timestamp, no level and no stream
-        writer (workers/publish.py fast_publish)."""
+        writer (workers/publish.py fast_publish). For membership tests
+        now: the set changes in place with the catalog (not the caller's to change)."""
         self._refresh()
         return self._plain
 
@@ -311,7 +312,10 @@ class QueueCatalog:
         cost a rebuild of every view from every queue, in every worker."""
         names, keys = self._names, self._keys
         now = {qid for qid in qids if names.get(keys.get(qid, _NO_KEY)) == qid}
-        self._plain = self._plain.difference(qids).union(now)
+        # In place: a copy of the whole view per change was most of a worker's
+        # CPU beside 8,000 MQTT sessions' queues while clients came and went.
+        self._plain.difference_update(qids)
+        self._plain.update(now)
         self._active = None
 
     def _derive(self) -> None:
@@ -322,7 +326,7 @@ class QueueCatalog:
         self._delayed = frozenset(self._delayed_set)
         self.timed_now = (self._ttl, self._delayed)
         self.dedup_now = frozenset(self._dedup_set)
-        self._plain = frozenset(self._names.values()).difference(
+        self._plain = set(self._names.values()).difference(
             self._levels, self._streams, self._ttl, self._delayed, self.dedup_now
         )
 
