@@ -146,9 +146,14 @@ def test_a_notice_sent_later_waits_for_company_or_its_delay() -> None:
             while len(got) < count:
                 await asyncio.sleep(0.01)
 
+        async def turns(count: int) -> None:
+            for _ in range(count):  # (a loop turn each: no timed wait)
+                await asyncio.sleep(0)
+
         worker_end.send_later(ipc.Done(1, 1), 60.0)
         worker_end.send_later(ipc.Done(2, 2), 60.0)
-        loop.run_until_complete(asyncio.sleep(0.05))
+        # A message sent at once is flushed the next turn and read the turn after.
+        loop.run_until_complete(turns(10))
         assert got == []  # (held: nothing else went)
         worker_end.send(ipc.Done(3, 3))
         loop.run_until_complete(asyncio.wait_for(until(3), 5))
