@@ -20,7 +20,9 @@ condition; the alarm is broker-wide while any worker's bits are set, and every
 worker then blocks all its publishing connections (connection.blocked, as
 RabbitMQ does on its memory and disk alarms). The owner checks its arena on
 every allocation, so its own publishers are held back before the arena is
-full; the others learn at their next poll (POLL_INTERVAL), while they still
+full; the others learn at once, as a worker that raises or clears its bits
+rings their doorbells (shm/wake.py), or at their next poll for a ring lost
+(a second; POLL_INTERVAL while an alarm is up), and meanwhile
 allocate from arenas of their own that are below the mark.
 """
 
@@ -33,7 +35,9 @@ from shoal.shm.segment import Segment
 
 ALARM_MEMORY = 1
 ALARM_DISK = 2
-POLL_INTERVAL = 0.1  # seconds between a worker's looks at the other workers' alarms
+# seconds between a worker's looks at the alarms while one is raised (while
+# none is, its slow poll's: workers/ticker.py UNASKED_POLL, a second)
+POLL_INTERVAL = 0.1
 
 
 class Watermarks:

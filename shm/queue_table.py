@@ -66,14 +66,17 @@ class QueueTable:
         counted with no limit, limit + 2."""
         return self.a.load(self.queues + qid * _QUEUE_SIZE + layout.Q_DELIVERY_LIMIT)
 
-    def mark_timed(self, qid: int) -> None:
+    def mark_timed(self, qid: int) -> bool:
         """A message with an expiry time went into log `qid`: its owner's
         expirer looks at it from now on (a load, and once per queue a store
-        and H_TIMED_MARKS + 1 after it, which sends the expirers to look)."""
+        and H_TIMED_MARKS + 1 after it, which sends the expirers to look).
+        True for that first mark (SharedQueues.mark_timed rings them)."""
         at = self.queues + qid * _QUEUE_SIZE + layout.Q_TIMED
-        if not self.a.load(at):
-            self.a.store(at, 1)
-            self.a.fetch_add(layout.H_TIMED_MARKS, 1)
+        if self.a.load(at):
+            return False
+        self.a.store(at, 1)
+        self.a.fetch_add(layout.H_TIMED_MARKS, 1)
+        return True
 
     def timed(self, qid: int) -> bool:
         """Whether log `qid` may hold messages that expire."""

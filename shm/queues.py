@@ -18,6 +18,7 @@ Transitions (who may make them is in shm/ARCHITECTURE.md):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NoReturn
 
 from shoal.shm import _atomic, flow, layout, limits, queue_drops
@@ -101,6 +102,7 @@ class SharedQueues:
         "log_bytes",
         "logs_base",
         "mask",
+        "on_timed_rules",
         "owner",
         "owner_bits",
         "queues",
@@ -137,6 +139,7 @@ class SharedQueues:
         self.logs_base = seg.layout.logs
         self.log_bytes = self.cap * layout.CELL_SIZE
         self.owner = owner
+        self.on_timed_rules: Callable[[], object] = lambda: None  # (the scheduler's ring)
         self.owner_bits = owner << layout.OWNER_SHIFT
         if slot is None:
             slot = owner - 1 if owner else layout.supervisor_slot(seg.layout)
@@ -219,6 +222,8 @@ class SharedQueues:
             a.store(layout.H_QUEUES_USED, qid + 1)
         a.store(q + layout.Q_STATE, ((state >> 8) + 1) << 8 | layout.QS_ACTIVE)
         note_catalog_change(a, qid)
+        if message_ttl or flags & (layout.QF_STREAM | layout.QF_DELAYED):
+            self.on_timed_rules()  # (the workers' expirers, delays, stream writers look)
 
     def set_rules(
         self,
@@ -243,6 +248,7 @@ class SharedQueues:
         a.store(q + layout.Q_CAPACITY, capacity)
         a.store(q + layout.Q_RESUME, resume)
         note_catalog_change(a, qid)
+        self.on_timed_rules()  # (a policy: rare)
 
     def catalog_rescan(self) -> None:
         """Scheduler only, once it has read the slots as a restarted

@@ -19,6 +19,9 @@ from shoal.shm import layout
 from shoal.shm.segment import Segment
 
 FLUSH_INTERVAL = 0.2
+# ... and while nothing moved since the last flush (an idle worker's one
+# wake-up a second, with its other polls).
+IDLE_FLUSH_INTERVAL = 1.0
 
 # Counters (monotonic), named after RabbitMQ's rabbitmq_global_* and churn families.
 (
@@ -110,7 +113,7 @@ def size_bucket(body_bytes: int) -> int:
 class Counters:
     """One process's statistics: `v[i]` on the hot path, flush() to publish."""
 
-    __slots__ = ("a", "base", "v")
+    __slots__ = ("a", "base", "flushed", "v")
 
     def __init__(self, seg: Segment, slot: int) -> None:
         self.a = seg.atomic
@@ -118,14 +121,20 @@ class Counters:
         self.v = [self.a.load(self.base + 8 * i) for i in range(COUNTERS)] + [0] * (
             WORDS - COUNTERS
         )
+        self.flushed: list[int] = []  # v as last stored (none yet: the first flush stores)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Store the values into the slot: False (and no store) if none moved."""
         v = self.v
         # Every publish is routed, returned or dropped: no separate count kept.
         v[RECEIVED] = v[ROUTED] + v[UNROUTABLE_DROPPED] + v[UNROUTABLE_RETURNED]
+        if v == self.flushed:
+            return False
         store, base = self.a.store, self.base
         for i, value in enumerate(v):
             store(base + 8 * i, value)
+        self.flushed = list(v)
+        return True
 
 
 def read(seg: Segment, slot: int) -> list[int]:

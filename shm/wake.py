@@ -18,6 +18,11 @@ at once (`at_once`) in a short read (a device's message or few) and in the
 middle of a long run of QoS 0 publishes: the subscriber's worker then
 delivers while this one still reads or writes the PUBACK, where waiting for
 the end of the read would serialise the two.
+
+Each IO worker also has a doorbell, a second eventfd of its own
+(`ring_workers`): its writers ring it when a word that the worker's slow
+polls watch changes, so those polls can run once a second on an idle broker
+(ten wake-ups a second a worker before) and still see the change at once.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class Waker:
         "at_once",
         "bitmap",
         "bitmaps",
+        "control_efds",
         "deferred",
         "efd",
         "layout",
@@ -46,7 +52,13 @@ class Waker:
         "worker_efds",
     )
 
-    def __init__(self, seg: Segment, efd: int, worker_efds: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        seg: Segment,
+        efd: int,
+        worker_efds: Sequence[int] = (),
+        control_efds: Sequence[int] = (),
+    ) -> None:
         self.a = seg.atomic
         self.layout = seg.layout
         self.bitmap = seg.layout.bitmap
@@ -58,6 +70,8 @@ class Waker:
         # Their wake bitmaps, by index: the lane's counting wakes them in C
         # (workers/_waker.h) from these, as wake() does from the layout.
         self.bitmaps = tuple(seg.layout.worker_bitmap(w) for w in range(len(self.worker_efds)))
+        # Each IO worker's doorbell (ring_workers), by index.
+        self.control_efds = tuple(control_efds)
         # In an IO worker: its index, and what wakes it without its eventfd
         # (the publisher and the watcher in one process: no system call).
         self.local = -1
@@ -78,6 +92,18 @@ class Waker:
         their wake-ups from 1.02 to 0.94 (shm/ARCHITECTURE.md 7)."""
         self.schedule = schedule
         self.deferred = []
+
+    def ring_workers(self, worker: int = -1, but: int = -1) -> None:
+        """Ring IO worker `worker`'s doorbell, or every worker's (-1): a word
+        its slow polls watch changed (the owners, tracing, a memory alarm, a
+        queue that expires, delays or is a stream: Worker._on_doorbell). The
+        polls still run, once a second, for a ring lost to a writer killed
+        after its change and before the ring. `but`: a worker not rung
+        (the writer itself)."""
+        efds = self.control_efds if worker < 0 else self.control_efds[worker : worker + 1]
+        for index, efd in enumerate(efds):
+            if index != but or worker >= 0:
+                os.eventfd_write(efd, 1)
 
     def work_added(self, qid: int) -> None:
         """Call after bumping Q_CHANGES. The seq_cst order of (our CHANGES

@@ -151,6 +151,7 @@ class WorkerContext(Requests):
         efd: int,
         loop: asyncio.AbstractEventLoop,
         worker_efds: Sequence[int] = (),
+        control_efds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -159,7 +160,7 @@ class WorkerContext(Requests):
         self.incarnation = incarnation
         self.owner = index + 1
         self.loop = loop
-        self.waker = Waker(seg, efd, worker_efds)
+        self.waker = Waker(seg, efd, worker_efds, control_efds)
         # The queues whose only consumer, on this worker, watches them itself
         # (the scheduler's Watch): qid -> that consumer (workers/consumer.py).
         self.watching: dict[int, Consumer] = {}

@@ -18,7 +18,7 @@ from shoal.workers.census import Census
 from shoal.workers.memory_guard import ALARM
 from shoal.workers.user_channels import UserChannels
 
-CHECK_EVERY = 25  # flushes (5 s at shm/stats.py's FLUSH_INTERVAL)
+CHECK_EVERY = 25  # flushes (5 s at shm/stats.py's FLUSH_INTERVAL, 25 s idle)
 
 
 class GaugesContext(Protocol):

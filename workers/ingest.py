@@ -144,6 +144,14 @@ def to_store(ctx: IngestContext, header: bytes, qids: list[int]) -> int:
     return 0
 
 
+def mark_timed(shared: SharedQueues, qid: int) -> None:
+    """A message with an expiry time went into log `qid`
+    (QueueTable.mark_timed); the first one rings the workers' doorbells: the
+    owner's expirer looks now, not at its next poll."""
+    if shared.table.mark_timed(qid) and shared.waker is not None:
+        shared.waker.ring_workers()
+
+
 class Ingest:
     """This worker's way into its queues, bound to its context once."""
 
@@ -410,7 +418,7 @@ class Queue:
             publish_record.appended(ingest.persister(), self.shared, pending, qid, outcome)
         if outcome in (APPENDED, OVER_CAPACITY):
             if pending.times is not None:
-                self.shared.table.mark_timed(qid)
+                mark_timed(self.shared, qid)
             streams = ingest.streams
             if streams is not None and outcome == APPENDED and qid in streams.qids:
                 if pending.streams is None:
@@ -504,7 +512,7 @@ class Queue:
         if redelivered:
             shared.mark_redelivered(qid, shared.last_seq)
         if payload_may_expire(payload):  # workers/message_ttl.py
-            shared.table.mark_timed(qid)
+            mark_timed(shared, qid)
         return outcome
 
     def _page_out(self, pending: Pending) -> None:

@@ -8,6 +8,7 @@ its connections: blocked while it is raised, unblocked when it clears.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection
 from typing import Protocol
@@ -19,6 +20,8 @@ from shoal.shm.arena import Arena
 from shoal.shm.processes import ProcessSlot
 from shoal.shm.segment import Segment
 from shoal.shm.stats import Counters
+from shoal.shm.wake import Waker
+from shoal.workers.ticker import UNASKED_POLL, on_grid
 
 log = logging.getLogger("shoal.memory")
 
@@ -62,10 +65,14 @@ class GuardHost(Protocol):
     def stats(self) -> Counters: ...
     @property
     def connections(self) -> Collection[Alarmed]: ...
+    @property
+    def waker(self) -> Waker: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
 
 
 class MemoryGuard:
-    __slots__ = ("alarms", "ctx", "high", "marks", "raised", "watched")
+    __slots__ = ("_timer", "alarms", "ctx", "high", "marks", "raised", "watched")
 
     def __init__(self, ctx: GuardHost) -> None:
         self.ctx = ctx
@@ -80,6 +87,24 @@ class MemoryGuard:
         # The file systems that must not fill: the data directory's (the
         # disk store) and the runtime directory's (the segment's pages).
         self.watched = (ctx.config.data_path(), ctx.config.runtime_path())
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """The guard's poll, from now on: every POLL_INTERVAL while an alarm
+        is raised (this worker's arena or file system to look at again), the
+        worker's slow poll while none is (raising or clearing one rings every
+        worker's doorbell)."""
+        self.poll()
+        loop = self.ctx.loop
+        interval = memory.POLL_INTERVAL if self.raised or self.alarms else UNASKED_POLL
+        self._timer = loop.call_later(on_grid(loop, interval), self.start)
+
+    def _sooner(self) -> None:
+        """An alarm is up: the next poll within POLL_INTERVAL, not the slow one."""
+        timer, loop = self._timer, self.ctx.loop
+        if timer is not None and timer.when() - loop.time() > memory.POLL_INTERVAL:
+            timer.cancel()
+            self._timer = loop.call_later(on_grid(loop, memory.POLL_INTERVAL), self.start)
 
     def allocated(self, used: int) -> None:
         """An allocation took the arena to `used` bytes, above the high mark
@@ -118,11 +143,14 @@ class MemoryGuard:
             )
         self.raised = bits
         memory.publish_alarms(self.ctx.seg, self.ctx.index, bits)
+        self.ctx.waker.ring_workers(but=self.ctx.index)  # (the others apply it now)
         self.apply(memory.broker_alarms(self.ctx.seg))
 
     def apply(self, bits: int) -> None:
         if bits == self.alarms:
             return
         self.alarms = bits
+        if bits:
+            self._sooner()
         for conn in list(self.ctx.connections):
             conn.blocks.alarm(bits)

@@ -42,7 +42,7 @@ from shoal.store import stream_segments as files
 from shoal.store.stream_segments import stream_directory
 from shoal.store.sync import durability_lost
 from shoal.workers.persist import Confirming  # (a channel whose confirms wait for a sync)
-from shoal.workers.ticker import on_grid
+from shoal.workers.ticker import UNASKED_POLL, on_grid
 
 log = logging.getLogger("shoal.worker")
 
@@ -53,10 +53,11 @@ TICK = 0.001  # how often a writer looks at its streams' logs, and waiting confi
 CONFIRM_TICK = 0.0002
 IDLE_TICK = 0.01  # ... and how often when it writes none and holds no confirm
 # ... and when the broker has no stream queue at all: a broker without
-# streams pays ten wake-ups a second for them, not a hundred (an idle IO
-# worker's CPU went from 0.2 % to 2 % with the 10 ms tick), and a new
-# stream's writer starts within this.
-NO_STREAMS_TICK = 0.1
+# streams pays a wake-up a second for them, not a hundred (an idle IO
+# worker's CPU went from 0.2 % to 2 % with the 10 ms tick). A new stream's
+# writer starts at once all the same: the scheduler's creation rings the
+# worker's doorbell (look_now); this poll is for a ring that was lost.
+NO_STREAMS_TICK = UNASKED_POLL
 RETENTION_INTERVAL = 1.0
 CHUNK_MESSAGES = 4096  # a chunk's most messages ...
 CHUNK_BYTES = 4 << 20  # ... and bytes (of bodies), as one write
@@ -117,7 +118,7 @@ class Streams:
         self.writers: dict[int, _Writer] = {}
         self.waiting: set[Confirming] = set()
         self._last_retention = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._confirm_timer: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -161,6 +162,15 @@ class Streams:
         else:
             delay = TICK if any(self.owns(qid) for qid in qids) else IDLE_TICK
         self._timer = self.loop.call_later(delay, self.tick)
+
+    def look_now(self) -> None:
+        """The worker's doorbell (a stream may have been made): tick now
+        rather than at the next poll, which is a second away with no stream."""
+        if self._closed or self.qids:
+            return  # (with streams, ticks are due every TICK or IDLE_TICK)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_soon(self.tick)
 
     def close(self) -> None:
         """A stopping worker: what its streams' logs hold is written and

@@ -5,12 +5,21 @@ long as the worker runs."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 IDLE_POLL = 0.25  # seconds before a job looks again for what it should watch
-# How often a job that has nothing to watch looks for something: ten
-# wake-ups a second per job on a broker that uses no TTL and no delayed
-# exchange, not fifty (a new queue of its own waits at most this long).
-NOTHING_POLL = 0.1
+# How often a worker's slow polls look unasked: the owners, tracing, the
+# alarms while none is up, and the jobs with nothing to watch (expiry and
+# delays without a queue of their own, streams without a stream): one
+# wake-up a second on an idle worker. A change does not wait for them: its
+# writer rings the worker's doorbell (Worker._on_doorbell, shm/wake.py);
+# they are there for a ring that was lost. Tests make it ten minutes, to show
+# that every change comes through its ring (tests/integration/test_doorbells.py).
+UNASKED_POLL = float(os.environ.get("SHOAL_UNASKED_POLL_S", "1.0"))
+# How often a job that has nothing to watch looks for something: a queue
+# of its own to watch, whose making (the scheduler) or first message that
+# expires (its publisher) rings the doorbell (look_now).
+NOTHING_POLL = UNASKED_POLL
 
 
 def on_grid(loop: asyncio.AbstractEventLoop, interval: float) -> float:
@@ -32,7 +41,8 @@ class Ticker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._timer: asyncio.TimerHandle | None = None
+        # The one pending call of _tick (a timer, or call_soon's handle).
+        self._timer: asyncio.Handle | None = None
         self._closed = False
 
     def start(self) -> None:
@@ -54,7 +64,16 @@ class Ticker:
     def _again_soon(self) -> None:
         """More work than one tick's share: go on after the others' turn."""
         if not self._closed:
-            self._loop.call_soon(self._tick)
+            self._timer = self._loop.call_soon(self._tick)
+
+    def look_now(self) -> None:
+        """The worker's doorbell rang (Worker._on_doorbell): the pending tick
+        now, in place of its timer (one pending call at a time, always)."""
+        if self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_soon(self._tick)
 
     def _tick(self) -> None:
         raise NotImplementedError

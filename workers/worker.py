@@ -23,7 +23,7 @@ from setproctitle import setproctitle
 
 from shoal.broker import ipc, settings
 from shoal.broker.config import Config
-from shoal.shm import memory, stats
+from shoal.shm import stats
 from shoal.shm._atomic import Atomic
 from shoal.shm.lease_cell import LeaseCell
 from shoal.shm.queue_scan import ready_among
@@ -49,14 +49,16 @@ from shoal.workers.mqtt_move import MOVE_MAX, moved_parts
 from shoal.workers.mqtt_websocket import MqttWebSocket
 from shoal.workers.pinned_heads import PinnedHeads
 from shoal.workers.pull import give_back_watch, go_on_watched, pull, take_watch
-from shoal.workers.ticker import on_grid
+from shoal.workers.ticker import UNASKED_POLL, on_grid
 
 HEARTBEAT_INTERVAL = 1.0
-# s: how soon a change of the worker count is acted on. Every poll of an
-# idle worker falls on one 0.1 s grid (this, the alarms', the statistics'
-# 0.2 s, the streams', the expiry's and the delays' looks for new queues):
-# 10 wake-ups a second, where a 50 ms poll made 20 (docs/benchmarks.md).
-OWNERSHIP_POLL = 0.1
+# s: how often the worker looks at the owners (the worker count) and the
+# tracing switch unasked. Every poll of an idle worker falls on one 1 s grid
+# (this, the alarms', the statistics', the streams', the expiry's and the
+# delays' looks for new queues): one wake-up a second, where the 0.1 s grid
+# made ten (0.2 % of a core a worker) and a 50 ms poll twenty. A change does
+# not wait for them: its writer rings the worker's doorbell (_on_doorbell).
+OWNERSHIP_POLL = UNASKED_POLL
 # The collector's young generation runs after this many more container
 # objects made than freed (Python's default 700). A worker's are nearly all
 # short-lived (a read's tuples and lists): at 700 its 1,000 MQTT subscribers
@@ -110,6 +112,7 @@ class Worker:
         handoff_sock: socket.socket,
         worker_efds: Sequence[int] = (),
         peers: Sequence[socket.socket] = (),
+        control_efds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -120,9 +123,14 @@ class Worker:
         self.handoff_sock = handoff_sock
         self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.ctx = WorkerContext(config, seg, index, incarnation, efd, self.loop, worker_efds)
+        self.ctx = WorkerContext(
+            config, seg, index, incarnation, efd, self.loop, worker_efds, control_efds
+        )
         self.ctx.peer_handoffs = tuple(peers)
         self.gauges = Gauges(self.ctx)  # (the statistics' counts: _flush_stats)
+        # The tracing switch and the jobs that look again when the doorbell
+        # rings (_on_doorbell).
+        self._look_now: tuple[Callable[[], None], ...] = ()
         self.stopping = False
         self.watched_ready: set[int] = set()  # _sweep_watches' last look
         # A watch's wake-up pulls in C (watched_pull), once running, and
@@ -163,6 +171,8 @@ class Worker:
                 loop.add_reader(efd, self._on_watch_wake)
                 ctx.waker.on_local = functools.partial(loop.call_soon, self._on_watch_wake, False)
         ctx.waker.defer_to(loop.call_soon)  # one eventfd write per iteration (shm/wake.py)
+        if self.index < len(ctx.waker.control_efds):
+            loop.add_reader(ctx.waker.control_efds[self.index], self._on_doorbell)
         loop.add_signal_handler(signal.SIGTERM, self._graceful_stop)
         loop.add_signal_handler(signal.SIGINT, self._fast_stop)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
@@ -183,6 +193,7 @@ class Worker:
         # visit (a consumer's or a basic.get's), not every channel's.
         pinned = PinnedHeads(ctx.shared, loop, lambda: list(ctx.timed_books.books))
         pinned.start()
+        self._look_now = (firehose.poll, expiry.look_now, delays.look_now)
         ctx.ownership.acknowledge()  # owns() answers from the word read at start
         self._poll_ownership()
         self._poll_tracing(firehose)
@@ -192,7 +203,7 @@ class Worker:
         if self.lease is not None:
             self._poll_lease()
         self._flush_stats()
-        self._poll_alarms()
+        ctx.guard.start()
         process.set_ready(True)
         # What the worker built to start (modules, pamqp's tables, caches) is
         # never garbage: the collector's full passes need not walk it again.
@@ -215,11 +226,14 @@ class Worker:
         return 0
 
     def _flush_stats(self, again: bool = True) -> None:
-        """Store this worker's statistics for the metrics process (shm/stats.py)."""
+        """Store this worker's statistics for the metrics process
+        (shm/stats.py): every FLUSH_INTERVAL while they move, every
+        IDLE_FLUSH_INTERVAL (with the worker's other polls) while not."""
         self.gauges.update(force=not again)
-        self.ctx.stats.flush()
+        moved = self.ctx.stats.flush()
         if again:
-            self.loop.call_later(on_grid(self.loop, stats.FLUSH_INTERVAL), self._flush_stats)
+            interval = stats.FLUSH_INTERVAL if moved else stats.IDLE_FLUSH_INTERVAL
+            self.loop.call_later(on_grid(self.loop, interval), self._flush_stats)
 
     def _tick(self) -> None:
         self.ctx.heartbeat(time.monotonic_ns())
@@ -228,7 +242,28 @@ class Worker:
         self.ctx.timed_books.tick(time.monotonic())
         self.loop.call_later(on_grid(self.loop, HEARTBEAT_INTERVAL), self._tick)
 
+    def _on_doorbell(self) -> None:
+        """A writer rang this worker's doorbell (Waker.ring_workers): a word
+        that its slow polls watch changed (the owners, tracing, an alarm, a
+        queue to expire, delay or write as a stream). Each looks now; their
+        timers stay, for a ring that is lost."""
+        ctx = self.ctx
+        try:
+            os.eventfd_read(ctx.waker.control_efds[self.index])
+        except BlockingIOError:
+            return
+        self._look_at_owners()
+        ctx.guard.poll()
+        for look_now in self._look_now:
+            look_now()
+        if ctx.streams is not None:
+            ctx.streams.look_now()
+
     def _poll_ownership(self) -> None:
+        self._look_at_owners()
+        self.loop.call_later(on_grid(self.loop, OWNERSHIP_POLL), self._poll_ownership)
+
+    def _look_at_owners(self) -> None:
         """The worker count changes (shm/ownership.py): give up the queues
         this worker no longer owns, then say so. Expiry and delays ask
         owns() at every tick and keep nothing between ticks that another
@@ -239,7 +274,6 @@ class Worker:
             if self.ctx.streams is not None:
                 self.ctx.streams.release_unowned()
             ownership.acknowledge()
-        self.loop.call_later(on_grid(self.loop, OWNERSHIP_POLL), self._poll_ownership)
 
     def _poll_tracing(self, firehose: Firehose) -> None:
         """The firehose on or off for connections that do not read (due
@@ -255,10 +289,6 @@ class Worker:
     def _close_clients(self) -> None:
         for conn in list(self.ctx.connections):
             conn.shutdown()
-
-    def _poll_alarms(self) -> None:
-        self.ctx.guard.poll()
-        self.loop.call_later(on_grid(self.loop, memory.POLL_INTERVAL), self._poll_alarms)
 
     def _reload(self) -> None:
         """SIGHUP: the settings the supervisor resolved (broker/settings.py:
@@ -536,11 +566,21 @@ def run_worker(
     handoff_sock: socket.socket,
     worker_efds: Sequence[int] = (),
     peers: Sequence[socket.socket] = (),
+    control_efds: Sequence[int] = (),
 ) -> int:
     setproctitle(f"shoal: io-worker {index} (port {config.port})")
     # Fault injection for tests of the supervisor's crash-loop back-off.
     if os.environ.get("SHOAL_FAULT_WORKER_BOOT") == str(index):
         raise RuntimeError(f"injected boot failure of io-worker {index}")
     return Worker(
-        config, seg, index, incarnation, efd, sched_sock, handoff_sock, worker_efds, peers
+        config,
+        seg,
+        index,
+        incarnation,
+        efd,
+        sched_sock,
+        handoff_sock,
+        worker_efds,
+        peers,
+        control_efds,
     ).run()

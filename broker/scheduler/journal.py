@@ -87,6 +87,10 @@ class Journal:
             ) from None
         for file_name in caches_gone:
             dedup_caches.remove(self.state.config, file_name)
+        if isinstance(op, definitions.TracingSet):
+            # The connections that only receive learn it from the workers'
+            # poll (workers/firehose.py): now, not within a second.
+            self.state.waker.ring_workers()
         if not lasting or isinstance(
             op, definitions.QueueArgumentsSet | definitions.QueueGone | definitions.TracingSet
         ):

@@ -75,6 +75,7 @@ class Scheduler:
         efd: int,
         links: dict[int, socket.socket],
         worker_efds: Sequence[int] = (),
+        control_efds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -86,7 +87,14 @@ class Scheduler:
             for i, s in links.items()
         }
         state = self.state = SchedulerState(
-            config, seg, efd, self.loop, all_links, _running_workers(seg), worker_efds
+            config,
+            seg,
+            efd,
+            self.loop,
+            all_links,
+            _running_workers(seg),
+            worker_efds,
+            control_efds,
         )
         self.all_links = all_links
         self.links = state.links
@@ -455,6 +463,7 @@ def run_scheduler(
     efd: int,
     links: dict[int, socket.socket],
     worker_efds: Sequence[int] = (),
+    control_efds: Sequence[int] = (),
 ) -> int:
     setproctitle(f"shoal: scheduler (port {config.port})")
-    return Scheduler(config, seg, efd, links, worker_efds).run()
+    return Scheduler(config, seg, efd, links, worker_efds, control_efds).run()

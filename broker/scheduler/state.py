@@ -166,6 +166,7 @@ class SchedulerState:
         all_links: dict[int, ipc.Link[ipc.ToScheduler]],
         running: list[int],
         worker_efds: Sequence[int] = (),
+        control_efds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.seg = seg
@@ -173,8 +174,11 @@ class SchedulerState:
         self.process = ProcessSlot.scheduler(seg)
         slot = self.process.index
         self.events = SchedulerEvents()
+        self.waker = Waker(seg, efd, worker_efds, control_efds)
         self.shared = SharedQueues(seg, 0, slot, events=self.events)
-        self.waker = Waker(seg, efd, worker_efds)
+        # A queue that expires, delays or is a stream, made or changed: the
+        # workers' expirers, delays and stream writers look now.
+        self.shared.on_timed_rules = self.waker.ring_workers
         self.stream_words = StreamWords(seg)
         self.stats = Counters(seg, slot)
         self.loop = loop

@@ -47,6 +47,7 @@ class Supervised(Protocol):
     workers: int
     max_workers: int
     children: list[Child]
+    control_efds: list[int]
 
     def spawn(self, child: Child) -> None: ...
     def recover_worker(self, index: int, retired: bool = False) -> None: ...
@@ -92,6 +93,7 @@ class Scaling:
                     log.warning("IO workers slow to hand their queues over (still waiting)")
                 return
             ownership.finish(seg)
+            self._ring_workers()
             self.transition = 0
             log.info("%d IO workers", sup.workers)
         wanted = Header(seg).workers_wanted()
@@ -102,8 +104,15 @@ class Scaling:
 
     def _begin(self, count: int) -> None:
         self.transition = ownership.begin(self._seg(), count)
+        self._ring_workers()
         self.transition_since = time.monotonic()
         self.warned = False
+
+    def _ring_workers(self) -> None:
+        """The owners changed: every worker's doorbell (Worker._on_doorbell)
+        rather than their once-a-second poll."""
+        for efd in self.sup.control_efds:
+            os.eventfd_write(efd, 1)
 
     def _add(self) -> None:
         sup = self.sup

@@ -201,12 +201,12 @@ class Supervisor:
         for port, unused in activated.items():
             log.warning("socket activation: no listener of ours on port %d, closed", port)
             unused.close()
-        self.efd = os.eventfd(0, os.EFD_NONBLOCK)
-        os.set_inheritable(self.efd, True)
-        # Each worker slot's own eventfd (shm/wake.py): publishers wake a
-        # worker whose queue's only consumer watches the queue itself.
-        self.worker_efds = [os.eventfd(0, os.EFD_NONBLOCK) for _ in range(self.max_workers)]
-        for fd in self.worker_efds:
+        # The scheduler's eventfd and each worker slot's two (shm/wake.py): its
+        # wake-ups (a watched queue's publishers) and doorbell (Waker.ring_workers).
+        n = self.max_workers
+        self.efd, *efds = [os.eventfd(0, os.EFD_NONBLOCK) for _ in range(1 + 2 * n)]
+        self.worker_efds, self.control_efds = efds[:n], efds[n:]
+        for fd in (self.efd, *efds):
             os.set_inheritable(fd, True)
         # A link and a hand-off pair for every worker slot, used or not: a
         # worker added at runtime finds its own in the scheduler and acceptor.
@@ -398,13 +398,14 @@ class Supervisor:
                 handoff_end,
                 self.worker_efds,
                 peers,
+                self.control_efds,
             )
         elif child.role == "scheduler":
             links = {i: pair[0] for i, pair in enumerate(self.sched_pairs)}
             keep = {s.fileno() for s in links.values()}
             ProcessSlot.scheduler(seg).set_role(Role.SCHEDULER)
             main = lambda: run_scheduler(  # noqa: E731
-                self.config, seg, self.efd, links, self.worker_efds
+                self.config, seg, self.efd, links, self.worker_efds, self.control_efds
             )
         elif child.role == "metrics":
             ProcessSlot.metrics(seg).set_role(Role.METRICS)
@@ -501,7 +502,7 @@ class Supervisor:
         # 2. Its unacknowledged deliveries go back to their queues; bodies it
         #    was still filling or routing are settled (shm/recovery.py).
         released = recover_worker(seg, index)
-        waker = Waker(seg, self.efd, self.worker_efds)
+        waker = Waker(seg, self.efd, self.worker_efds, self.control_efds)
         for qid in released:
             waker.work_added(qid)
         # A worker killed between setting a wake bit and writing the eventfd
