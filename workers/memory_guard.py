@@ -146,6 +146,10 @@ class MemoryGuard:
         self.ctx.waker.ring_workers(but=self.ctx.index)  # (the others apply it now)
         self.apply(memory.broker_alarms(self.ctx.seg))
 
+    def look_at_others(self) -> None:
+        """The doorbell: another worker raised or cleared its bits."""
+        self.apply(memory.broker_alarms(self.ctx.seg))
+
     def apply(self, bits: int) -> None:
         if bits == self.alarms:
             return

@@ -37,13 +37,14 @@ def on_grid(loop: asyncio.AbstractEventLoop, interval: float) -> float:
 class Ticker:
     """Subclasses implement _tick() and end it with _schedule()."""
 
-    __slots__ = ("_closed", "_loop", "_timer")
+    __slots__ = ("_closed", "_loop", "_resting", "_timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         # The one pending call of _tick (a timer, or call_soon's handle).
         self._timer: asyncio.Handle | None = None
         self._closed = False
+        self._resting = False  # (its next tick is _poll's: it had nothing to do)
 
     def start(self) -> None:
         self._schedule(0)
@@ -53,24 +54,30 @@ class Ticker:
         if self._timer is not None:
             self._timer.cancel()
 
-    def _schedule(self, delay: float) -> None:
+    def _schedule(self, delay: float, resting: bool = False) -> None:
         if not self._closed:
+            self._resting = resting
             self._timer = self._loop.call_later(delay, self._tick)
 
     def _poll(self, interval: float) -> None:
-        """Look again in `interval`, with the worker's other polls (on_grid)."""
-        self._schedule(on_grid(self._loop, interval))
+        """Look again in `interval`, with the worker's other polls (on_grid):
+        nothing to watch until then, unless the doorbell rings (look_now)."""
+        self._schedule(on_grid(self._loop, interval), resting=True)
 
     def _again_soon(self) -> None:
         """More work than one tick's share: go on after the others' turn."""
         if not self._closed:
+            self._resting = False
             self._timer = self._loop.call_soon(self._tick)
 
     def look_now(self) -> None:
-        """The worker's doorbell rang (Worker._on_doorbell): the pending tick
-        now, in place of its timer (one pending call at a time, always)."""
-        if self._closed:
+        """The worker's doorbell rang (Worker._on_doorbell): a job resting
+        (nothing to watch) ticks now, in place of its timer (one pending
+        call at a time, always); a busy one sees the change at its next
+        tick, which is due soon anyway."""
+        if self._closed or not self._resting:
             return
+        self._resting = False
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self._loop.call_soon(self._tick)

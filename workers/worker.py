@@ -59,6 +59,7 @@ HEARTBEAT_INTERVAL = 1.0
 # made ten (0.2 % of a core a worker) and a 50 ms poll twenty. A change does
 # not wait for them: its writer rings the worker's doorbell (_on_doorbell).
 OWNERSHIP_POLL = UNASKED_POLL
+DOORBELL_GAP = 0.005  # s: the least time between two looks the doorbell asks for
 # The collector's young generation runs after this many more container
 # objects made than freed (Python's default 700). A worker's are nearly all
 # short-lived (a read's tuples and lists): at 700 its 1,000 MQTT subscribers
@@ -131,6 +132,7 @@ class Worker:
         # The tracing switch and the jobs that look again when the doorbell
         # rings (_on_doorbell).
         self._look_now: tuple[Callable[[], None], ...] = ()
+        self._looked_at = 0.0  # (the loop's time of the doorbell's last look)
         self.stopping = False
         self.watched_ready: set[int] = set()  # _sweep_watches' last look
         # A watch's wake-up pulls in C (watched_pull), once running, and
@@ -245,15 +247,33 @@ class Worker:
     def _on_doorbell(self) -> None:
         """A writer rang this worker's doorbell (Waker.ring_workers): a word
         that its slow polls watch changed (the owners, tracing, an alarm, a
-        queue to expire, delay or write as a stream). Each looks now; their
-        timers stay, for a ring that is lost."""
-        ctx = self.ctx
+        queue to expire, delay or write as a stream). Each looks now (their
+        timers stay, for a ring that is lost), or DOORBELL_GAP after the
+        last look where rings come faster: a client making TTL queues by the
+        thousand rings every worker for each."""
+        efd = self.ctx.waker.control_efds[self.index]
         try:
-            os.eventfd_read(ctx.waker.control_efds[self.index])
+            os.eventfd_read(efd)
         except BlockingIOError:
             return
+        wait = self._looked_at + DOORBELL_GAP - self.loop.time()
+        if wait > 0:
+            # The doorbell unheard until then: more rings cost their writers
+            # a write, and this worker no wake-up; the look sees them all.
+            self.loop.remove_reader(efd)
+            self.loop.call_later(wait, self._look_later, efd)
+        else:
+            self._look_at_all()
+
+    def _look_later(self, efd: int) -> None:
+        self.loop.add_reader(efd, self._on_doorbell)
+        self._look_at_all()
+
+    def _look_at_all(self) -> None:
+        ctx = self.ctx
+        self._looked_at = self.loop.time()
         self._look_at_owners()
-        ctx.guard.poll()
+        ctx.guard.look_at_others()
         for look_now in self._look_now:
             look_now()
         if ctx.streams is not None:

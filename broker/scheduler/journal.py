@@ -90,7 +90,7 @@ class Journal:
         if isinstance(op, definitions.TracingSet):
             # The connections that only receive learn it from the workers'
             # poll (workers/firehose.py): now, not within a second.
-            self.state.waker.ring_workers()
+            self.state.doorbell.ring()
         if not lasting or isinstance(
             op, definitions.QueueArgumentsSet | definitions.QueueGone | definitions.TracingSet
         ):

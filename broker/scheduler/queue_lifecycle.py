@@ -115,7 +115,7 @@ class QueueLifecycle:
         limit = self.seg.layout.limits.max_queues
         self.free_qids = deque(q for q in range(limit) if q not in used)
         self.shared.catalog_rescan()
-        self.state.waker.ring_workers()  # (what the rescan finds, the workers' polls see now)
+        self.state.doorbell.ring()  # (what the rescan finds, the workers' polls see now)
 
     def known_uids(self, restored: Restored) -> None:
         """A restarted scheduler: its durable queues' uids, from the log

@@ -21,6 +21,7 @@ from shoal.broker.amqp import errors
 from shoal.broker.amqp.definitions import Bound, Definitions, Op
 from shoal.broker.config import Config
 from shoal.broker.scheduler.consumers import ConsumerKey, QueueConsumerManager, Tally, new_tally
+from shoal.broker.scheduler.doorbell import Doorbell
 from shoal.shm._atomic import Atomic
 from shoal.shm.catalog import CatalogWriter
 from shoal.shm.processes import ProcessSlot
@@ -178,7 +179,8 @@ class SchedulerState:
         self.shared = SharedQueues(seg, 0, slot, events=self.events)
         # A queue that expires, delays or is a stream, made or changed: the
         # workers' expirers, delays and stream writers look now.
-        self.shared.on_timed_rules = self.waker.ring_workers
+        self.doorbell = Doorbell(self.waker, loop)
+        self.shared.on_timed_rules = self.doorbell.ring
         self.stream_words = StreamWords(seg)
         self.stats = Counters(seg, slot)
         self.loop = loop

@@ -8,7 +8,7 @@ from typing import cast
 
 import pytest
 
-from shoal.workers.ticker import on_grid
+from shoal.workers.ticker import NOTHING_POLL, Ticker, on_grid
 
 
 class Clock:
@@ -44,3 +44,44 @@ def test_a_poll_run_at_its_grid_point_waits_a_whole_interval() -> None:
         loop = cast(asyncio.AbstractEventLoop, Clock(now))
         assert on_grid(loop, 0.05) == pytest.approx(0.05)
         assert on_grid(loop, 0.1) in (pytest.approx(0.05), pytest.approx(0.1))
+
+
+class Job(Ticker):
+    """A job with nothing to watch until `work` says so (as expiry's)."""
+
+    __slots__ = ("ticks", "work")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.ticks = 0
+        self.work = False
+
+    def _tick(self) -> None:
+        self.ticks += 1
+        if self.work:
+            self._schedule(0.02)
+        else:
+            self._poll(NOTHING_POLL)
+
+
+def test_the_doorbell_wakes_a_resting_job_once_and_a_busy_one_never() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        job = Job(loop)
+        job.start()
+        for _ in range(3):
+            await asyncio.sleep(0)  # (loop turns: the start's tick ran)
+        assert job.ticks == 1  # resting: its next look a poll away
+        job.work = True
+        job.look_now()
+        job.look_now()  # (a second ring before the tick: still one pending call)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert job.ticks == 2
+        job.look_now()  # busy: its next tick is due soon, none added
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert job.ticks == 2
+        job.close()
+
+    asyncio.run(run())
