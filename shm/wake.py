@@ -93,16 +93,14 @@ class Waker:
         self.schedule = schedule
         self.deferred = []
 
-    def ring_workers(self, worker: int = -1, but: int = -1) -> None:
-        """Ring IO worker `worker`'s doorbell, or every worker's (-1): a word
-        its slow polls watch changed (the owners, tracing, a memory alarm, a
-        queue that expires, delays or is a stream: Worker._on_doorbell). The
-        polls still run, once a second, for a ring lost to a writer killed
-        after its change and before the ring. `but`: a worker not rung
-        (the writer itself)."""
-        efds = self.control_efds if worker < 0 else self.control_efds[worker : worker + 1]
-        for index, efd in enumerate(efds):
-            if index != but or worker >= 0:
+    def ring_workers(self, but: int = -1) -> None:
+        """Ring every IO worker's doorbell but `but`'s (the writer itself): a
+        word its slow polls watch changed (the owners, tracing, a memory
+        alarm, a queue that expires, delays or is a stream:
+        Worker._on_doorbell). The polls still run, once a second, for a ring
+        lost to a writer killed after its change and before the ring."""
+        for index, efd in enumerate(self.control_efds):
+            if index != but:
                 os.eventfd_write(efd, 1)
 
     def work_added(self, qid: int) -> None:
